@@ -1,0 +1,23 @@
+/*
+ * cli.h - the `megac` subcommands. Each lives in its own cmd_*.c file,
+ * parses its own options (each has --help) and returns the process exit
+ * status: 0 success, 1 a finding (validation failed, test mismatch), 2 bad
+ * input or usage.
+ */
+#ifndef MEGAC_CLI_H
+#define MEGAC_CLI_H
+
+#include <stdbool.h>
+
+int cmd_doctor(int argc, char **argv);
+int cmd_lower(int argc, char **argv);
+int cmd_validate(int argc, char **argv);
+int cmd_compile(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_fuzz_validator(int argc, char **argv);
+
+/* True if argv has -h/--help; commands print their usage then. */
+bool cli_wants_help(int argc, char **argv);
+
+#endif

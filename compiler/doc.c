@@ -1,0 +1,306 @@
+/*
+ * doc.c - libyaml events folded into a DocNode tree with positions.
+ *
+ * Grammar accepted: any YAML 1.1 document made of mappings, sequences and
+ * scalars (block or flow, so JSON too). Aliases are rejected; duplicate
+ * mapping keys are errors (JSON allows them, a model description must not).
+ */
+#include "compiler/doc.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+typedef struct {
+    Doc *doc;
+    Diag *d;
+    yaml_parser_t p;
+    yaml_event_t ev;
+    bool ok;
+} Builder;
+
+static void doc_verror(Doc *doc, Diag *d, const char *kind, const DocNode *n, const char *fmt, va_list ap)
+{
+    diag_vreport(d, kind, &doc->src, n ? n->line : 0, n ? n->col : 0, fmt, ap);
+}
+
+void doc_error(Doc *doc, Diag *d, const DocNode *n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    doc_verror(doc, d, "error", n, fmt, ap);
+    va_end(ap);
+}
+
+void doc_note(Doc *doc, Diag *d, const DocNode *n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    doc_verror(doc, d, "note", n, fmt, ap);
+    va_end(ap);
+}
+
+static bool next_event(Builder *b)
+{
+    if (!yaml_parser_parse(&b->p, &b->ev)) {
+        const yaml_mark_t *m = &b->p.problem_mark;
+        diag_error(b->d, &b->doc->src, (int)m->line + 1, (int)m->column + 1, "%s%s%s",
+                   b->p.problem ? b->p.problem : "syntax error",
+                   b->p.context ? " " : "", b->p.context ? b->p.context : "");
+        b->ok = false;
+        return false;
+    }
+    return true;
+}
+
+static DocNode *new_node(Builder *b, DocKind k, const yaml_mark_t *m)
+{
+    DocNode *n = ARENA_NEW(&b->doc->arena, DocNode);
+    n->kind = k;
+    n->line = (int)m->line + 1;
+    n->col = (int)m->column + 1;
+    return n;
+}
+
+static DocNode *build_node(Builder *b, int depth);
+
+/* Reads children until the matching end event. */
+static bool build_children(Builder *b, DocNode *n, yaml_event_type_t end, int depth)
+{
+    size_t cap = 0, kcap = 0, nk = 0, ni = 0;
+    DocNode **items = NULL, **keys = NULL;
+    for (;;) {
+        if (!next_event(b))
+            goto fail;
+        if (b->ev.type == end) {
+            yaml_event_delete(&b->ev);
+            break;
+        }
+        DocNode *c = build_node(b, depth + 1);
+        if (!c)
+            goto fail;
+        if (n->kind == DOC_MAP && nk == ni) {
+            if (c->kind != DOC_SCALAR) {
+                doc_error(b->doc, b->d, c, "mapping keys must be plain scalars");
+                goto fail;
+            }
+            for (size_t i = 0; i < nk; i++) {
+                if (strcmp(keys[i]->str, c->str) == 0) {
+                    doc_error(b->doc, b->d, c, "duplicate key '%s'", c->str);
+                    doc_note(b->doc, b->d, keys[i], "first given here");
+                    b->ok = false;
+                }
+            }
+            VEC_PUSH(keys, nk, kcap, c);
+        } else {
+            VEC_PUSH(items, ni, cap, c);
+        }
+    }
+    n->n = (int)ni;
+    n->items = ARENA_ARRAY(&b->doc->arena, DocNode *, ni);
+    if (ni)
+        memcpy(n->items, items, ni * sizeof *items);
+    if (n->kind == DOC_MAP) {
+        n->keys = ARENA_ARRAY(&b->doc->arena, DocNode *, nk);
+        if (nk)
+            memcpy(n->keys, keys, nk * sizeof *keys);
+    }
+    free(items);
+    free(keys);
+    return true;
+fail:
+    free(items);
+    free(keys);
+    return false;
+}
+
+/* Builds the node whose start event is in b->ev (consumed). */
+static DocNode *build_node(Builder *b, int depth)
+{
+    yaml_event_t ev = b->ev;
+    DocNode *n = NULL;
+    if (depth > 256) {
+        diag_error(b->d, &b->doc->src, (int)ev.start_mark.line + 1, (int)ev.start_mark.column + 1,
+                   "document nested too deeply");
+        yaml_event_delete(&ev);
+        b->ok = false;
+        return NULL;
+    }
+    switch (ev.type) {
+    case YAML_SCALAR_EVENT:
+        n = new_node(b, DOC_SCALAR, &ev.start_mark);
+        n->str = arena_strndup(&b->doc->arena, (const char *)ev.data.scalar.value, ev.data.scalar.length);
+        n->len = ev.data.scalar.length;
+        n->quoted = ev.data.scalar.style == YAML_SINGLE_QUOTED_SCALAR_STYLE ||
+                    ev.data.scalar.style == YAML_DOUBLE_QUOTED_SCALAR_STYLE;
+        yaml_event_delete(&ev);
+        return n;
+    case YAML_SEQUENCE_START_EVENT:
+        n = new_node(b, DOC_SEQ, &ev.start_mark);
+        yaml_event_delete(&ev);
+        return build_children(b, n, YAML_SEQUENCE_END_EVENT, depth) ? n : NULL;
+    case YAML_MAPPING_START_EVENT:
+        n = new_node(b, DOC_MAP, &ev.start_mark);
+        yaml_event_delete(&ev);
+        return build_children(b, n, YAML_MAPPING_END_EVENT, depth) ? n : NULL;
+    case YAML_ALIAS_EVENT:
+        diag_error(b->d, &b->doc->src, (int)ev.start_mark.line + 1, (int)ev.start_mark.column + 1,
+                   "YAML aliases are not supported");
+        break;
+    default:
+        diag_error(b->d, &b->doc->src, (int)ev.start_mark.line + 1, (int)ev.start_mark.column + 1,
+                   "unexpected YAML event");
+        break;
+    }
+    yaml_event_delete(&ev);
+    b->ok = false;
+    return NULL;
+}
+
+bool doc_parse(Doc *doc, const char *path, char *text, size_t len, Diag *d)
+{
+    memset(doc, 0, sizeof *doc);
+    doc->src.path = xstrdup(path);
+    doc->src.text = text;
+    doc->src.len = len;
+    Builder b = {.doc = doc, .d = d, .ok = true};
+    yaml_parser_initialize(&b.p);
+    yaml_parser_set_input_string(&b.p, (const unsigned char *)text, len);
+    bool in_doc = false;
+    while (b.ok && next_event(&b)) {
+        yaml_event_type_t t = b.ev.type;
+        if (t == YAML_STREAM_END_EVENT) {
+            yaml_event_delete(&b.ev);
+            break;
+        }
+        if (t == YAML_DOCUMENT_START_EVENT) {
+            if (doc->root || in_doc) {
+                diag_error(d, &doc->src, (int)b.ev.start_mark.line + 1, (int)b.ev.start_mark.column + 1,
+                           "only one YAML document per file is allowed");
+                b.ok = false;
+            }
+            in_doc = true;
+            yaml_event_delete(&b.ev);
+            continue;
+        }
+        if (t == YAML_DOCUMENT_END_EVENT || t == YAML_STREAM_START_EVENT) {
+            yaml_event_delete(&b.ev);
+            continue;
+        }
+        doc->root = build_node(&b, 0);
+        if (!doc->root)
+            b.ok = false;
+    }
+    yaml_parser_delete(&b.p);
+    return b.ok;
+}
+
+bool doc_load(Doc *doc, const char *path, Diag *d)
+{
+    size_t len;
+    char *text = read_file(path, &len);
+    if (!text) {
+        memset(doc, 0, sizeof *doc);
+        diag_file_error(d, path, "cannot read file: %s", strerror(errno));
+        return false;
+    }
+    return doc_parse(doc, path, text, len, d);
+}
+
+void doc_free(Doc *doc)
+{
+    arena_free(&doc->arena);
+    srcfile_free(&doc->src);
+    doc->root = NULL;
+}
+
+DocNode *doc_get(const DocNode *m, const char *key)
+{
+    if (!m || m->kind != DOC_MAP)
+        return NULL;
+    for (int i = 0; i < m->n; i++)
+        if (strcmp(m->keys[i]->str, key) == 0)
+            return m->items[i];
+    return NULL;
+}
+
+const char *doc_kind_name(DocKind k)
+{
+    return k == DOC_SCALAR ? "a scalar" : k == DOC_SEQ ? "a list" : "a mapping";
+}
+
+const char *doc_str(Doc *doc, Diag *d, const DocNode *n)
+{
+    if (!n || n->kind != DOC_SCALAR) {
+        doc_error(doc, d, n, "expected a string, found %s", n ? doc_kind_name(n->kind) : "nothing");
+        return NULL;
+    }
+    return n->str;
+}
+
+bool doc_is_null(const DocNode *n)
+{
+    return !n || (n->kind == DOC_SCALAR && !n->quoted &&
+                  (strcmp(n->str, "null") == 0 || strcmp(n->str, "~") == 0 || n->len == 0));
+}
+
+bool doc_int(Doc *doc, Diag *d, const DocNode *n, int64_t *out)
+{
+    if (!n || n->kind != DOC_SCALAR || n->quoted) {
+        doc_error(doc, d, n, "expected an integer, found %s",
+                  !n ? "nothing" : n->kind != DOC_SCALAR ? doc_kind_name(n->kind) : "a quoted string");
+        return false;
+    }
+    char *end;
+    errno = 0;
+    long long v = strtoll(n->str, &end, 0);
+    if (errno || end == n->str || *end) {
+        /* accept integral floats written as 1e5 or 32.0 */
+        double x = strtod(n->str, &end);
+        if (end != n->str && !*end && x == floor(x) && fabs(x) < 9e15) {
+            *out = (int64_t)x;
+            return true;
+        }
+        doc_error(doc, d, n, "expected an integer, found '%s'", n->str);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool doc_double(Doc *doc, Diag *d, const DocNode *n, double *out)
+{
+    if (!n || n->kind != DOC_SCALAR || n->quoted) {
+        doc_error(doc, d, n, "expected a number, found %s",
+                  !n ? "nothing" : n->kind != DOC_SCALAR ? doc_kind_name(n->kind) : "a quoted string");
+        return false;
+    }
+    char *end;
+    errno = 0;
+    double v = strtod(n->str, &end);
+    if (end == n->str || *end || !isfinite(v)) {
+        doc_error(doc, d, n, "expected a number, found '%s'", n->str);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool doc_bool(Doc *doc, Diag *d, const DocNode *n, bool *out)
+{
+    if (n && n->kind == DOC_SCALAR && !n->quoted) {
+        if (!strcmp(n->str, "true") || !strcmp(n->str, "True") || !strcmp(n->str, "yes")) {
+            *out = true;
+            return true;
+        }
+        if (!strcmp(n->str, "false") || !strcmp(n->str, "False") || !strcmp(n->str, "no")) {
+            *out = false;
+            return true;
+        }
+    }
+    doc_error(doc, d, n, "expected true or false, found %s",
+              !n ? "nothing" : n->kind != DOC_SCALAR ? doc_kind_name(n->kind) : n->str);
+    return false;
+}

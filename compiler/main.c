@@ -1,0 +1,60 @@
+/*
+ * main.c - the megac driver: dispatches to a subcommand.
+ */
+#include "compiler/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} commands[] = {
+    {"doctor", cmd_doctor, "report the toolchain, devices and usable features"},
+    {"lower", cmd_lower, "lower a model description to a schedule (.sched)"},
+    {"validate", cmd_validate, "prove a schedule free of deadlocks and races"},
+    {"compile", cmd_compile, "compile a model to a bundle (NAME.megac/)"},
+    {"run", cmd_run, "decode text from a model or a bundle"},
+    {"bench", cmd_bench, "measure decode speed against the bandwidth ceiling"},
+    {"fuzz-validator", cmd_fuzz_validator, "adversarial campaign: validator vs model checker"},
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: megac <command> [options]\n\n"
+                 "megac compiles a Llama-family model into one persistent megakernel per\n"
+                 "decode step (CPU via LLVM, CUDA via NVRTC) and runs it.\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-16s %s\n", commands[i].name, commands[i].help);
+    fprintf(out, "\n'megac <command> --help' describes a command.\n");
+}
+
+bool cli_wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0)
+            break;
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
+            return true;
+    }
+    return false;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "megac: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,181 @@
+/*
+ * model.h - the compiler's view of a model: its description (parsed from
+ * models/*.yaml, see models/README.md), its weights (loaded from llama2.c,
+ * safetensors, GGUF or synthesized), and the plain-C reference decode.
+ *
+ * Conventions every part of megac relies on:
+ *  - Matrices are row-major [out][in]: y[i] = sum_j W[i*in + j] * x[j].
+ *  - Weights are held in f32 after loading (quantized GGUF blocks are
+ *    dequantized on load for now).
+ *  - q/k rows are kept in the order of their source; `rope_pairing` says how
+ *    that source rotates: ROPE_ADJACENT pairs (2i, 2i+1) within each head
+ *    (llama2.c, Meta, GGUF); ROPE_HALF pairs (i, i + head_dim/2) (HF).
+ */
+#ifndef MEGAC_MODEL_H
+#define MEGAC_MODEL_H
+
+#include "ir/dtype.h"
+#include "ir/util.h"
+
+typedef enum { ROPE_ADJACENT, ROPE_HALF } RopePairing;
+typedef enum { ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3 } RopeScaling;
+
+typedef enum {
+    WFMT_LLAMA2C,       /* llama2.c .bin, v0 layout */
+    WFMT_SAFETENSORS,   /* a .safetensors file, or a dir / index.json for shards */
+    WFMT_GGUF,          /* GGUF v3 */
+    WFMT_SYNTHETIC,     /* seeded weights at the model's shapes */
+} WeightFormat;
+
+typedef enum {
+    TOKFMT_NONE,
+    TOKFMT_LLAMA2C,     /* tokenizer.bin */
+    TOKFMT_HF,          /* tokenizer.json */
+    TOKFMT_GGUF,        /* the vocabulary inside the weights' GGUF file */
+    TOKFMT_BYTES,       /* built in: ids 0-2 = <unk> <s> </s>, id 3+b = byte b */
+} TokFormat;
+
+/* Tensor classes, for per-class quantization knobs. */
+#define TCLASS_LIST(X) \
+    X(EMBED, "embed")  \
+    X(ATTN, "attn")    \
+    X(MLP, "mlp")      \
+    X(LM_HEAD, "lm_head")
+typedef enum {
+#define X(n, s) TCLASS_##n,
+    TCLASS_LIST(X)
+#undef X
+    TCLASS_COUNT
+} TensorClass;
+
+/* Quantization formats a knob can name. Only QUANT_NONE (keep the source
+ * precision, computed in f32) is implemented by the backends so far. */
+typedef enum { QUANT_NONE, QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_W8A16, QUANT_W4A16, QUANT_W8A8, QUANT_W4A8 } QuantKind;
+typedef struct {
+    QuantKind kind;
+    int group;              /* W4: 32, 64 or 128 */
+} QuantSpec;
+
+typedef enum { ATTN_DENSE, ATTN_SINK_WINDOW, ATTN_QUEST } AttnKind;
+typedef enum { KV_FULL, KV_STREAMING, KV_H2O, KV_TOVA, KV_SNAPKV } KvPolicyKind;
+typedef struct {
+    AttnKind kind;
+    int sinks, window, page, budget;    /* meaning depends on kind */
+} AttnSpec;
+typedef struct {
+    KvPolicyKind kind;
+    int budget, sinks, window;
+} KvPolicy;
+
+#define MODEL_MAX_LAYERS 256
+
+typedef struct ModelDesc {
+    const char *name;
+    const char *path;           /* the YAML file it came from ("<embedded>" for the default) */
+    const char *dir;            /* its folder: relative paths resolve against it */
+
+    /* architecture */
+    int dim;                    /* hidden size */
+    int hidden_dim;             /* intermediate (FFN) size */
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;               /* usually dim / n_heads */
+    int vocab_size;
+    int max_seq;                /* max context = KV cache rows */
+    double norm_eps;
+    bool tie_embeddings;        /* lm_head shares the token embedding */
+    bool qkv_bias;              /* q/k/v projections carry a bias (Qwen2) */
+
+    /* RoPE */
+    double rope_theta;
+    RopePairing rope_pairing;
+    RopeScaling rope_scaling;
+    double rope_factor;         /* llama3: 8 or 32 */
+    double rope_low_freq_factor;    /* llama3: 1 */
+    double rope_high_freq_factor;   /* llama3: 4 */
+    int rope_orig_max_pos;      /* llama3: 8192 */
+
+    /* where the weights and tokenizer come from */
+    WeightFormat weights_format;
+    const char *weights_path;   /* resolved against dir; NULL for synthetic */
+    uint64_t weights_seed;      /* synthetic */
+    TokFormat tok_format;
+    const char *tok_path;       /* resolved; for TOKFMT_GGUF the weights file */
+    int bos_id, eos_id;         /* -1 when unknown (taken from the tokenizer) */
+
+    /* compile knobs */
+    DType act_dtype;            /* activation dtype: f32 only so far */
+    QuantSpec quant[TCLASS_COUNT];
+    AttnSpec attn[MODEL_MAX_LAYERS];
+    KvPolicy kv[MODEL_MAX_LAYERS];
+    const char *targets[8];     /* e.g. "cpu", "sm_90"; NULL-terminated */
+    int workers;                /* 0 = the target's default */
+} ModelDesc;
+
+/* ---- desc.c: model descriptions ---- */
+
+/* A `--set key=value` override, applied after the file is read. */
+typedef struct {
+    const char *key;            /* dotted path, e.g. "quant.default" */
+    const char *value;          /* YAML scalar or flow text */
+} DescOverride;
+
+/* Parses a model description. Errors go to d as file:line:col; returns
+ * false on any error (then *m is unspecified). */
+bool desc_load(ModelDesc *m, Arena *a, const char *path, const DescOverride *ov, int nov, Diag *d);
+bool desc_parse(ModelDesc *m, Arena *a, const char *path, const char *text, size_t len,
+                const DescOverride *ov, int nov, Diag *d);
+/* The default model embedded in the binary (no files needed). */
+extern const char desc_default_yaml[];
+extern const char desc_default_name[];
+/* Checks dims for consistency (heads divide, etc.). */
+bool desc_check(const ModelDesc *m, Diag *d);
+void desc_print(const ModelDesc *m, FILE *out);
+
+/* ---- weights ---- */
+
+/* One decoder layer's tensors. Shapes are (rows, cols) = (out, in). */
+typedef struct {
+    float *attn_norm;   /* (dim) */
+    float *wq;          /* (n_heads*head_dim, dim) */
+    float *wk;          /* (n_kv_heads*head_dim, dim) */
+    float *wv;          /* (n_kv_heads*head_dim, dim) */
+    float *bq, *bk, *bv;/* (rows) or NULL without qkv_bias */
+    float *wo;          /* (dim, n_heads*head_dim) */
+    float *ffn_norm;    /* (dim) */
+    float *w_gate;      /* (hidden_dim, dim)   "w1" */
+    float *w_up;        /* (hidden_dim, dim)   "w3" */
+    float *w_down;      /* (dim, hidden_dim)   "w2" */
+} LayerWeights;
+
+typedef struct Weights {
+    const ModelDesc *m;
+    float *tok_embed;   /* (vocab, dim) */
+    LayerWeights *layers;   /* (n_layers) */
+    float *final_norm;  /* (dim) */
+    float *lm_head;     /* (vocab, dim); == tok_embed when tied */
+    RopePairing pairing;    /* convention of wq/wk rows as loaded */
+    Arena arena;        /* owns every tensor above */
+    size_t nbytes;      /* total f32 bytes held */
+} Weights;
+
+/* Loads (or synthesizes) the weights the description names, checking every
+ * shape against it. Errors name the file and the tensor. */
+bool weights_load(Weights *w, const ModelDesc *m, Diag *d);
+void weights_free(Weights *w);
+
+/* ---- reference.c: the oracle ---- */
+
+/* Plain-C batch-1 decode with a KV cache: one function per op, float64
+ * accumulation. Every backend is tested against it. */
+typedef struct RefState RefState;
+RefState *ref_new(const Weights *w);
+void ref_free(RefState *s);
+void ref_reset(RefState *s);
+/* Feeds `token` at position `pos` (0-based; must equal the number of tokens
+ * fed since the last reset) and returns the logits (vocab floats, owned by
+ * s, valid until the next call). */
+const float *ref_step(RefState *s, int token, int pos);
+
+#endif

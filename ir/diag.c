@@ -1,0 +1,189 @@
+/*
+ * diag.c - user-facing diagnostics in the form compilers use:
+ *
+ *   models/x.yaml:12:5: error: unknown key 'hiden'; did you mean 'hidden'?
+ *      12 |     hiden: 64
+ *         |     ^
+ *
+ * Errors are counted, not fatal; the caller decides when to stop.
+ */
+#include "ir/util.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void diag_init(Diag *d)
+{
+    memset(d, 0, sizeof *d);
+    d->out = stderr;
+}
+
+static void print_source_line(FILE *out, const SrcFile *src, int line, int col)
+{
+    if (!src || !src->text || line <= 0)
+        return;
+    const char *p = src->text, *end = src->text + src->len;
+    for (int l = 1; l < line && p < end; p++)
+        if (*p == '\n')
+            l++;
+    if (p >= end && line > 1)
+        return;
+    const char *e = p;
+    while (e < end && *e != '\n' && *e != '\r')
+        e++;
+    fprintf(out, "%5d | %.*s\n", line, (int)(e - p), p);
+    if (col <= 0)
+        return;
+    fprintf(out, "      | ");
+    for (int i = 1; i < col && p + i - 1 < e; i++)
+        fputc(p[i - 1] == '\t' ? '\t' : ' ', out);
+    fputs("^\n", out);
+}
+
+void diag_vreport(Diag *d, const char *kind, const SrcFile *src, int line, int col, const char *fmt, va_list ap)
+{
+    FILE *out = d && d->out ? d->out : stderr;
+    int limit = d && d->max_errors ? d->max_errors : 50;
+    bool is_error = strcmp(kind, "error") == 0;
+    if (d && is_error) {
+        d->nerrors++;
+        if (d->nerrors == limit + 1)
+            fprintf(out, "megac: too many errors; stopping the report here\n");
+        if (d->nerrors > limit)
+            return;
+    } else if (d && d->nerrors > limit) {
+        return;
+    }
+    if (d && strcmp(kind, "warning") == 0)
+        d->nwarnings++;
+    const char *path = src && src->path ? src->path : "megac";
+    if (line > 0 && col > 0)
+        fprintf(out, "%s:%d:%d: %s: ", path, line, col, kind);
+    else if (line > 0)
+        fprintf(out, "%s:%d: %s: ", path, line, kind);
+    else
+        fprintf(out, "%s: %s: ", path, kind);
+    vfprintf(out, fmt, ap);
+    fputc('\n', out);
+    print_source_line(out, src, line, col);
+}
+
+void diag_error(Diag *d, const SrcFile *src, int line, int col, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    diag_vreport(d, "error", src, line, col, fmt, ap);
+    va_end(ap);
+}
+
+void diag_warning(Diag *d, const SrcFile *src, int line, int col, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    diag_vreport(d, "warning", src, line, col, fmt, ap);
+    va_end(ap);
+}
+
+void diag_note(Diag *d, const SrcFile *src, int line, int col, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    diag_vreport(d, "note", src, line, col, fmt, ap);
+    va_end(ap);
+}
+
+void diag_file_error(Diag *d, const char *path, const char *fmt, ...)
+{
+    SrcFile f = {.path = path};
+    va_list ap;
+    va_start(ap, fmt);
+    diag_vreport(d, "error", &f, 0, 0, fmt, ap);
+    va_end(ap);
+}
+
+char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = xmalloc(cap);
+    for (;;) {
+        if (n + 1 >= cap)
+            buf = xrealloc(buf, cap *= 2);
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0)
+            break;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) {
+        free(buf);
+        errno = EIO;
+        return NULL;
+    }
+    buf[n] = 0;
+    if (len)
+        *len = n;
+    return buf;
+}
+
+bool srcfile_load(SrcFile *f, const char *path)
+{
+    size_t n;
+    char *t = read_file(path, &n);
+    if (!t)
+        return false;
+    f->path = xstrdup(path);
+    f->text = t;
+    f->len = n;
+    return true;
+}
+
+void srcfile_free(SrcFile *f)
+{
+    free((void *)f->path);
+    free((void *)f->text);
+    memset(f, 0, sizeof *f);
+}
+
+int str_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    int *row = xmalloc((lb + 1) * sizeof *row);
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int prev = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int cur = row[j];
+            int sub = prev + (a[i - 1] != b[j - 1]);
+            int del = row[j] + 1, ins = row[j - 1] + 1;
+            row[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+            prev = cur;
+        }
+    }
+    int r = row[lb];
+    free(row);
+    return r;
+}
+
+const char *str_closest(const char *s, const char *const *cands)
+{
+    const char *best = NULL;
+    int bestd = 1 << 30;
+    for (const char *const *c = cands; *c; c++) {
+        int dd = str_distance(s, *c);
+        if (dd < bestd) {
+            bestd = dd;
+            best = *c;
+        }
+    }
+    int len = (int)strlen(s);
+    int limit = len / 3 > 2 ? len / 3 : 2;
+    return best && bestd <= limit ? best : NULL;
+}

@@ -1,0 +1,88 @@
+/*
+ * megac.h - the megac runtime: open a compiled bundle (NAME.megac/), feed a
+ * prompt, decode, sample, read logits. It links no compiler code and no
+ * LLVM; the CUDA driver is loaded with dlopen when a bundle needs it.
+ *
+ * Every call returns MEGAC_OK or an error status; megac_error() gives the
+ * message. The runtime never exits the process.
+ */
+#ifndef MEGAC_H
+#define MEGAC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    MEGAC_OK = 0,
+    MEGAC_ERR_IO,           /* a file could not be read */
+    MEGAC_ERR_FORMAT,       /* a bundle file is malformed or mismatched */
+    MEGAC_ERR_ARG,          /* bad argument (token id, position past context) */
+    MEGAC_ERR_DEVICE,       /* no driver / GPU, or a driver call failed */
+    MEGAC_ERR_KERNEL,       /* the kernel aborted (watchdog) */
+    MEGAC_ERR_NOMEM,
+} megac_status;
+
+typedef struct megac_model megac_model;
+
+typedef struct megac_sampler {
+    float temperature;      /* 0 = greedy */
+    int top_k;              /* 0 = off */
+    float top_p;            /* 1 = off */
+    uint64_t seed;
+} megac_sampler;
+
+typedef struct megac_stats {
+    int prompt_tokens, generated_tokens;
+    double prefill_s, decode_s;     /* wall time */
+} megac_stats;
+
+/* Called for every generated token with its decoded text; return non-zero
+ * to stop. */
+typedef int (*megac_token_cb)(void *user, int token, const char *text);
+
+megac_status megac_open(const char *bundle_dir, megac_model **out);
+/* Overrides the bundle's worker count where the backend allows (CPU:
+ * threads; must equal the schedule's worker count for now). */
+void megac_close(megac_model *m);
+const char *megac_error(const megac_model *m);          /* last error of m */
+const char *megac_last_open_error(void);                /* why open failed */
+
+/* Model facts. */
+int megac_vocab_size(const megac_model *m);
+int megac_max_seq(const megac_model *m);
+int megac_bos(const megac_model *m);
+int megac_eos(const megac_model *m);
+int megac_num_workers(const megac_model *m);
+uint64_t megac_weights_bytes(const megac_model *m);
+
+megac_status megac_reset(megac_model *m);               /* position back to 0 */
+/* Runs one decode step: token at the current position; advances it. */
+megac_status megac_step(megac_model *m, int token);
+/* Logits of the last step (vocab floats, owned by m). */
+const float *megac_logits(const megac_model *m);
+/* The kernel's own greedy choice for the last step. */
+int megac_argmax(const megac_model *m);
+int megac_position(const megac_model *m);
+
+/* Tokenizer of the bundle. encode: returns the number of ids written
+ * (at most cap), or -1 with megac_error set. */
+int megac_encode(megac_model *m, const char *text, int add_bos, int *ids, int cap);
+/* Text of one token (valid until the next call on m); handles byte pieces
+ * and the leading-space rule after BOS. */
+const char *megac_decode(megac_model *m, int prev_token, int token);
+
+int megac_sample(const float *logits, int n, const megac_sampler *s, uint64_t *rng_state);
+
+/* Feeds the prompt (already tokenized), then samples up to n_new tokens,
+ * calling cb for each; stops at EOS/BOS or when cb returns non-zero. */
+megac_status megac_generate(megac_model *m, const int *prompt, int nprompt, int n_new,
+                            const megac_sampler *s, megac_token_cb cb, void *user, megac_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

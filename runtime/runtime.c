@@ -1,0 +1,4 @@
+/*
+ * runtime.c - placeholder until the runtime lands.
+ */
+#include "runtime/megac.h"

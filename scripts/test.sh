@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite: a -Werror build and its tests, then the same suite
+# under AddressSanitizer + UBSan. Used by the README and by .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/deps.sh
+jobs=$(nproc)
+cmake -S . -B build -DMEGAC_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$jobs"
+(cd build && ctest --output-on-failure -j"$jobs")
+cmake -S . -B build-asan -DMEGAC_WERROR=ON -DMEGAC_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build build-asan -j"$jobs"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 MEGAC_SANITIZED=1 ctest --output-on-failure -j"$jobs")

@@ -1,0 +1,60 @@
+/*
+ * test_util.c - diagnostics, arena, half-precision conversions.
+ */
+#include "compiler/doc.h"
+#include "ir/util.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+Test(util, caret_diagnostic)
+{
+    char buf[512] = {0};
+    FILE *f = fmemopen(buf, sizeof buf, "w");
+    Diag d;
+    diag_init(&d);
+    d.out = f;
+    SrcFile src = {.path = "m.yaml", .text = "a: 1\nhiden: 2\n", .len = 14};
+    diag_error(&d, &src, 2, 1, "unknown key 'hiden'");
+    fclose(f);
+    cr_assert_eq(d.nerrors, 1);
+    cr_assert_str_eq(buf, "m.yaml:2:1: error: unknown key 'hiden'\n    2 | hiden: 2\n      | ^\n");
+}
+
+Test(util, closest)
+{
+    const char *c[] = {"hidden", "heads", "layers", NULL};
+    cr_assert_str_eq(str_closest("hiden", c), "hidden");
+    cr_assert_null(str_closest("zzzzzzzz", c));
+}
+
+Test(util, half_roundtrip)
+{
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = f16_to_f32((uint16_t)h);
+        if (isnan(f))
+            continue;
+        cr_assert_eq(f32_to_f16(f), h, "f16 %04x", h);
+    }
+    cr_assert_eq(f32_to_bf16(1.0f), 0x3f80);
+    cr_assert_float_eq(bf16_to_f32(0x4049), 3.140625f, 0);
+}
+
+Test(doc, positions_and_json)
+{
+    Doc doc;
+    Diag d;
+    diag_init(&d);
+    char *t = xstrdup("{\"a\": [1, 2.5], \"b\": {\"c\": \"x\"}}");
+    cr_assert(doc_parse(&doc, "t.json", t, strlen(t), &d));
+    DocNode *a = doc_get(doc.root, "a");
+    cr_assert_eq(a->kind, DOC_SEQ);
+    cr_assert_eq(a->n, 2);
+    double v;
+    cr_assert(doc_double(&doc, &d, a->items[1], &v));
+    cr_assert_float_eq(v, 2.5, 0);
+    cr_assert_str_eq(doc_get(doc_get(doc.root, "b"), "c")->str, "x");
+    cr_assert_eq(doc_get(doc.root, "b")->col, 22);
+    doc_free(&doc);
+}

@@ -1,0 +1,4 @@
+/*
+ * validator.c - placeholder until the validator lands.
+ */
+#include "validator/validator.h"
