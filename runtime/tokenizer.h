@@ -1,0 +1,56 @@
+/*
+ * tokenizer.h - tokenizers in C: encode and decode for
+ *   TOK_SPM    score-driven merges with byte fallback (llama2.c tokenizer.bin,
+ *              GGUF "llama" vocabularies)
+ *   TOK_BPE    byte-level BPE with merges by rank and a pre-tokenizer split
+ *              (HF tokenizer.json of SmolLM2 / Llama-3; GGUF "gpt2")
+ *   TOK_BYTES  the built-in byte tokenizer of the embedded default model
+ * plus a compact native file (tokenizer.bin in a bundle) that the runtime
+ * reads; importers from the source formats live in compiler/tok_import.c.
+ */
+#ifndef MEGAC_TOKENIZER_H
+#define MEGAC_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { TOK_SPM = 1, TOK_BPE = 2, TOK_BYTES = 3 } TokKind;
+typedef enum { PRETOK_NONE = 0, PRETOK_GPT2 = 1, PRETOK_LLAMA3 = 2 } PreTokKind;
+
+typedef struct Tokenizer Tokenizer;     /* opaque; see tokenizer.c */
+
+/* Builders (used by importers): a tokenizer of `kind` with n pieces. */
+Tokenizer *tok_new(TokKind kind, int n_vocab);
+/* Sets piece id (bytes, not NUL-terminated) and its score (SPM) . */
+void tok_set_piece(Tokenizer *t, int id, const char *bytes, size_t len, float score);
+/* BPE: merge of pieces a + b with rank r (lower merges first). */
+bool tok_add_merge(Tokenizer *t, const char *a, size_t alen, const char *b, size_t blen, int rank);
+/* Marks id as special (matched verbatim in the input, never split). */
+void tok_set_special(Tokenizer *t, int id);
+void tok_set_ids(Tokenizer *t, int bos, int eos);
+void tok_set_pretok(Tokenizer *t, PreTokKind k);
+/* Call once after building: builds lookup tables. */
+void tok_finish(Tokenizer *t);
+void tok_free(Tokenizer *t);
+
+/* Native file. Errors into err (a message naming the file). */
+Tokenizer *tok_load(const char *path, char *err, size_t errlen);
+bool tok_save(const Tokenizer *t, const char *path, char *err, size_t errlen);
+/* llama2.c tokenizer.bin (needs the vocab size from the model header). */
+Tokenizer *tok_load_llama2c(const char *path, int n_vocab, char *err, size_t errlen);
+
+int tok_vocab(const Tokenizer *t);
+int tok_bos(const Tokenizer *t);
+int tok_eos(const Tokenizer *t);
+TokKind tok_kind(const Tokenizer *t);
+
+/* Encodes text; returns the number of ids (at most cap; -1 if cap is too
+ * small). Special tokens written in the text are recognized. */
+int tok_encode(const Tokenizer *t, const char *text, bool add_bos, int *ids, int cap);
+/* The bytes of `id` as text, given the previous id (SPM drops the leading
+ * space after BOS; byte pieces <0xXX> become the byte). Writes into buf
+ * (NUL-terminated) and returns its length. */
+int tok_decode(const Tokenizer *t, int prev, int id, char *buf, size_t cap);
+
+#endif
