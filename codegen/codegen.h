@@ -1,9 +1,34 @@
 /*
  * codegen.h - the backends: a validated Schedule in, a kernel artifact out.
+ * Both consume the same op semantics (ir/ops.h) and kernel ABI
+ * (runtime/kernel_abi.h).
  */
 #ifndef MEGAC_CODEGEN_H
 #define MEGAC_CODEGEN_H
 
 #include "ir/ir.h"
+
+/* ---- cpu/: LLVM C API -> kernel.so ---- */
+typedef struct CpuOptions {
+    const char *cpu;        /* NULL: the host (LLVMGetHostCPUName/Features);
+                               or a named level such as "x86-64-v3" */
+    bool verbose;           /* progress on stderr */
+    bool keep_ir;           /* also write kernel.ll next to the .so */
+} CpuOptions;
+bool cg_cpu_compile(const Schedule *s, const CpuOptions *o, const char *so_path, Diag *d);
+
+/* ---- cuda/: CUDA C -> NVRTC -> cubin; and the same C on the host ---- */
+typedef struct CudaKernelInfo {
+    int threads_per_block;
+    int regs_per_thread;    /* read back from the cubin */
+    int smem_per_block;     /* static + dynamic bytes */
+    int local_bytes;        /* spills: must be 0 */
+} CudaKernelInfo;
+/* arch: "sm_80", "sm_90", "sm_120". The NVRTC log is printed on failure. */
+bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path, CudaKernelInfo *info,
+                     Diag *d);
+/* The generated CUDA C compiled for the host through the shim: a .so with
+ * the CPU kernel ABI (one worker = one block, run as a thread). */
+bool cg_hostcuda_compile(const Schedule *s, const char *so_path, Diag *d);
 
 #endif

@@ -164,6 +164,17 @@ typedef struct Weights {
  * shape against it. Errors name the file and the tensor. */
 bool weights_load(Weights *w, const ModelDesc *m, Diag *d);
 void weights_free(Weights *w);
+/* A tensor by its schedule buffer name: "embed", "final_norm", "lm_head",
+ * "L<l>.attn_norm", "L<l>.wq", "L<l>.wk", "L<l>.wv", "L<l>.bq", "L<l>.bk",
+ * "L<l>.bv", "L<l>.wo", "L<l>.ffn_norm", "L<l>.w_gate", "L<l>.w_up",
+ * "L<l>.w_down". NULL if absent (bias without qkv_bias, unknown name). */
+const float *weights_tensor(const Weights *w, const char *name, int64_t *nelem);
+
+/* ---- rope.c ---- */
+/* Per-pair inverse frequencies (head_dim/2 values), llama3 scaling applied. */
+void rope_freqs(const ModelDesc *m, double *freq);
+/* The "rope" weight buffer: [max_seq][head_dim/2][2] = cos, sin of pos*freq. */
+void rope_table_fill(const ModelDesc *m, float *out);
 
 /* ---- reference.c: the oracle ---- */
 

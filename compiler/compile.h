@@ -1,0 +1,31 @@
+/*
+ * compile.h - the compiler's passes as the driver calls them, in order:
+ *   desc_load -> weights_load -> tok_import -> lower_model ->
+ *   val_schedule_check -> cg_*_compile -> bundle_write
+ */
+#ifndef MEGAC_COMPILE_H
+#define MEGAC_COMPILE_H
+
+#include "compiler/model.h"
+#include "ir/ir.h"
+#include "runtime/tokenizer.h"
+
+/* ---- lower.c ---- */
+/* The whole decode step of batch 1 for the model, for `workers` workers
+ * (0 = the target's default). NULL (with errors in d) if the model cannot
+ * be lowered. */
+Schedule *lower_model(const ModelDesc *m, const Target *t, int workers, Diag *d);
+
+/* ---- tok_import.c ---- */
+/* The tokenizer the description names (llama2.c, HF json, GGUF vocab, or
+ * the built-in bytes). NULL with an error naming the file otherwise. */
+Tokenizer *tok_import(const ModelDesc *m, Diag *d);
+
+/* ---- bundle.c ---- */
+/* Writes NAME.megac/: manifest.yaml, schedule.sched, weights.bin (kernel
+ * layout, from sched_layout offsets), tokenizer.bin; the kernel file is
+ * already in dir. */
+bool bundle_write(const char *dir, const ModelDesc *m, const Weights *w, const Tokenizer *t,
+                  const Schedule *s, const char *kernel_file, Diag *d);
+
+#endif
