@@ -1315,8 +1315,8 @@ bool desc_parse(ModelDesc *m, Arena *a, const char *path, const char *text, size
         diag_error(d, &doc.src, 0, 0, "empty model description");
     for (int i = 0; parsed && doc.root && i < nov; i++)
         override_apply(&c, &ods[i], &ov[i]);
-    if (parsed && doc.root && doc.root->kind == DOC_MAP && d->nerrors == errors0)
-        desc_walk(&c, &cfg);
+    if (parsed && doc.root)
+        desc_walk(&c, &cfg);    /* a failed override left the tree intact */
     if (d->nerrors == errors0)
         check_run(m, &c, d);
     for (int i = 0; i < nov; i++)
