@@ -1389,6 +1389,10 @@ static void print_params(FILE *out, const char *const *names, const int *vals, i
 static void print_layers(const ModelDesc *m, FILE *out)
 {
     int nl = m->n_layers < MODEL_MAX_LAYERS ? m->n_layers : MODEL_MAX_LAYERS;
+    if (nl <= 0) {
+        fputs("  attention: []\n  kv_policy: []\n", out);
+        return;
+    }
     fputs("  attention:\n", out);
     for (int lo = 0, hi; lo < nl; lo = hi + 1) {
         for (hi = lo; hi + 1 < nl && !memcmp(&m->attn[hi + 1], &m->attn[lo], sizeof m->attn[lo]); hi++) {
