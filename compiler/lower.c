@@ -4,7 +4,13 @@
  * Stages of one step, in the order every worker runs them (W workers):
  *
  *   embed      x[c0:c1] = embed[tok]              a few tiles of x     -> signal embed
- *   per layer l:
+ *   per layer l, when kv_heads is a multiple of W (1, 2, 4, 8 workers for
+ *   most models), q/k/v and attention fuse into one stage:
+ *   comb.l     wait (embed | down.l-1); worker h % W, for each kv head h:
+ *              the q rows of head group h and the k/v rows of head h with
+ *              the fused norm, rope, kv_append, attn (nsplit 1), combine
+ *                                                                      -> signal comb.l
+ *   otherwise (e.g. 3 or 132 workers):
  *   qkv.l      wait (embed | down.l-1)
  *              q/k/v rows = rmsnorm(x)*attn_norm . Wq|Wk|Wv (+ bias), the
  *              concatenated rows tiled over all workers by weight bytes
@@ -25,7 +31,7 @@
  *              argmax of each tile into amax[tile]                      -> signal lm
  *              the worker of tile 0: wait lm, argmax_combine -> next
  *
- * So a layer costs 5 all-join waits plus, with split attention, one small
+ * So a layer costs 4 all-join waits when fused, else 5 plus, with split attention, one small
  * per-head wait (rope/append -> other splits) and one per-head join
  * (splits -> combine). Each stage waits only on the stage before it; that
  * stage's join transitively covers everything earlier, which also orders
@@ -67,6 +73,7 @@ typedef struct Lower {
     Schedule *s;
     int nw;                 /* workers */
     int G, hd, nsplit;
+    bool fused;             /* q/k/v and attention in one stage (kv heads % W == 0) */
     int rot;                /* first worker of the next GEMV stage */
     int lm_tiles;
     uint32_t *nsig;         /* per counter: total increments emitted */
@@ -400,12 +407,50 @@ static void lower_ffn_stage(Lower *L, int l)
     lower_stage_end(L, c);
 }
 
+/* Fused q/k/v + attention when kv heads divide evenly over the workers:
+ * worker h % W projects the q rows of group h and k/v rows of head h, then
+ * ropes, appends, attends and combines with no wait in between. */
+static void lower_fused_attn_stage(Lower *L, int l)
+{
+    const ModelDesc *m = L->m;
+    int64_t hd = L->hd, g = L->G;
+    Seg q = {lower_w(L, l, "wq"), L->q, lower_w(L, l, "bq"), (int64_t)m->n_heads * hd};
+    Seg k = {lower_w(L, l, "wk"), L->k, lower_w(L, l, "bk"), (int64_t)m->n_kv_heads * hd};
+    Seg v = {lower_w(L, l, "wv"), L->v, lower_w(L, l, "bv"), (int64_t)m->n_kv_heads * hd};
+    uint32_t nw = lower_w(L, l, "attn_norm");
+    char name[32];
+    snprintf(name, sizeof name, "kc.%d", l);
+    uint32_t kc = (uint32_t)sched_find_buffer(L->s, name);
+    snprintf(name, sizeof name, "vc.%d", l);
+    uint32_t vc = (uint32_t)sched_find_buffer(L->s, name);
+    snprintf(name, sizeof name, "comb.%d", l);
+    uint32_t comb = lower_counter(L, name);
+    lower_stage_begin(L);
+    for (int h = 0; h < m->n_kv_heads; h++) {
+        int w = h % L->nw;
+        lower_stage_enter(L, w);
+        lower_gemv(L, w, &q, L->x, nw, h * g * hd, (h + 1) * g * hd, m->dim, false);
+        lower_gemv(L, w, &k, L->x, nw, h * hd, (h + 1) * hd, m->dim, false);
+        lower_gemv(L, w, &v, L->x, nw, h * hd, (h + 1) * hd, m->dim, false);
+        lower_rope(L, w, L->q, h * L->G, (h + 1) * L->G);
+        lower_rope(L, w, L->k, h, h + 1);
+        lower_kv_append(L, w, kc, vc, h);
+        lower_attn(L, w, kc, vc, h, 0);
+        lower_attn_combine(L, w, h);
+    }
+    lower_stage_end(L, comb);
+}
+
 static void lower_layer(Lower *L, int l)
 {
     const ModelDesc *m = L->m;
     char name[32];
-    lower_qkv_stage(L, l);
-    lower_attn_stage(L, l);
+    if (L->fused) {
+        lower_fused_attn_stage(L, l);
+    } else {
+        lower_qkv_stage(L, l);
+        lower_attn_stage(L, l);
+    }
     Seg o = {lower_w(L, l, "wo"), L->x, BUF_NONE, m->dim};
     snprintf(name, sizeof name, "o.%d", l);
     lower_gemv_stage(L, &o, 1, L->att, BUF_NONE, (int64_t)m->n_heads * L->hd, true, lower_counter(L, name));
@@ -554,7 +599,8 @@ Schedule *lower_model(const ModelDesc *m, const Target *t, int workers, Diag *d)
     if (!lower_check(m, nw, d))
         return NULL;
     Lower L = {.m = m, .nw = nw, .hd = m->head_dim, .G = m->n_heads / m->n_kv_heads, .prev = UINT32_MAX};
-    L.nsplit = nw / m->n_kv_heads;
+    L.fused = m->n_kv_heads % nw == 0;
+    L.nsplit = L.fused ? 1 : nw / m->n_kv_heads;
     int maxsplit = (m->max_seq + LOWER_ATTN_BLOCK - 1) / LOWER_ATTN_BLOCK;
     L.nsplit = L.nsplit < 1 ? 1 : L.nsplit > maxsplit ? maxsplit : L.nsplit;
     L.s = sched_new(m->name ? m->name : "model", t->name, nw);

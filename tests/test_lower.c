@@ -362,3 +362,18 @@ Test(lower, rejects_unsupported_models)
     m->attn[2].kind = ATTN_SINK_WINDOW;
     expect_reject(m, "not supported yet: sparse attention");
 }
+
+Test(lower, fused_attention_stage)
+{
+    ModelDesc *m = stories260k();
+    Schedule *s = lower(m, "cpu", 2);
+    /* 4 kv heads over 2 workers: q/k/v and attention share a stage */
+    cr_assert_eq(s->nctrs, 2 + 5 * 4);
+    cr_assert_eq(sched_find_counter(s, "qkv.0"), -1);
+    uint32_t nwait = 0;
+    for (uint32_t i = 0; i < s->workers[1].ninst; i++)
+        nwait += s->workers[1].insts[i].kind == INST_WAIT;
+    cr_assert_leq(nwait, 1 + 5 * 4 + 1, "worker 1 waits %u times", nwait);
+    sched_free(s);
+    free(m);
+}
