@@ -17,11 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* desc_load is written on branch `desc`; until that branch is merged the
- * symbol may be missing, and `lower` says so instead of failing to link.
- * TODO(integrator): drop this pragma once desc is merged. */
-#pragma weak desc_load
-
 #define LOWER_MAX_SETS 64
 
 typedef struct LowerArgs {
@@ -136,8 +131,6 @@ int cmd_lower(int argc, char **argv)
     Schedule *s = NULL;
     if (!lower_args_parse(&a, argc, argv)) {
         lower_usage(stderr);
-    } else if (!desc_load) {
-        fprintf(stderr, "megac lower: this build has no model description reader (desc_load) yet\n");
     } else if (desc_load(m, &arena, a.model, a.set, a.nset, &d)) {
         const char *tname = a.target ? a.target : m->targets[0] ? m->targets[0] : "cpu";
         const Target *t = target_lookup(tname, &d);

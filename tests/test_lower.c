@@ -14,7 +14,9 @@
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 static ModelDesc *toy(int dim, int hidden, int layers, int heads, int kv, int hd, int vocab, int seq)
 {
@@ -376,4 +378,36 @@ Test(lower, fused_attention_stage)
     cr_assert_leq(nwait, 1 + 5 * 4 + 1, "worker 1 waits %u times", nwait);
     sched_free(s);
     free(m);
+}
+
+Test(lower, cli)
+{
+    char out[] = "/tmp/megac_lower_XXXXXX";
+    int fd = mkstemp(out);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    char *cmd = xasprintf("%s lower %s/models/stories260k.yaml --target host-cuda --workers 3 --set max_seq=256 -o %s 2>&1",
+                          MEGAC_BIN, MEGAC_SRC, out);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    char line[512] = {0};
+    cr_assert_not_null(fgets(line, sizeof line, p));
+    cr_assert_eq(pclose(p), 0, "%s", line);
+    cr_assert(strstr(line, "megac lower: stories260k for host-cuda: 3 workers,") && strstr(line, "buffers"), "%s", line);
+    Diag d;
+    diag_init(&d);
+    Schedule *s = sched_load(out, &d);
+    cr_assert_not_null(s);
+    cr_assert_eq(s->nworkers, 3);
+    cr_assert_eq(s->shape.max_seq, 256);
+    check_all(s, true);
+    sched_free(s);
+    unlink(out);
+    free(cmd);
+    cmd = xasprintf("%s lower %s/models/stories260k.yaml --target sm_91 -o %s 2>&1", MEGAC_BIN, MEGAC_SRC, out);
+    p = popen(cmd, "r");
+    cr_assert(fgets(line, sizeof line, p));
+    cr_assert_eq(WEXITSTATUS(pclose(p)), 2);
+    cr_assert(strstr(line, "unknown target 'sm_91'"), "%s", line);
+    free(cmd);
 }
