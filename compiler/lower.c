@@ -31,9 +31,9 @@
  *              argmax of each tile into amax[tile]                      -> signal lm
  *              the worker of tile 0: wait lm, argmax_combine -> next
  *
- * So a layer costs 4 all-join waits when fused, else 5 plus, with split attention, one small
- * per-head wait (rope/append -> other splits) and one per-head join
- * (splits -> combine). Each stage waits only on the stage before it; that
+ * So a layer costs 4 all-join waits when fused, else 5 plus, with split
+ * attention, one small per-head wait (rope/append -> other splits) and one
+ * per-head join (splits -> combine). Each stage waits only on the stage before it; that
  * stage's join transitively covers everything earlier, which also orders
  * the reuse of scratch buffers across layers (write-after-read). Counters
  * are never reused, so every wait is an all-join (threshold = the total of
