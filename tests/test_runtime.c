@@ -150,6 +150,11 @@ static char *make_bundle(int workers)
 
 static void remove_bundle(char *dir)
 {
+    if (getenv("MEGAC_TEST_KEEP")) {     /* for debugging: leave it */
+        fprintf(stderr, "kept %s\n", dir);
+        free(dir);
+        return;
+    }
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     cr_assert_eq(system(cmd), 0);
@@ -391,4 +396,25 @@ Test(runtime, refuses_mismatched_bundles)
     cr_assert_eq(megac_open(dir, &m), MEGAC_ERR_FORMAT);
     remove_bundle(dir);
     expect_refusal("/nonexistent/x.megac", MEGAC_ERR_IO, "/nonexistent/x.megac/manifest.yaml", "cannot read");
+}
+
+/* `megac bench` on the toy bundle: its last line has the four figures. */
+Test(runtime, bench_reports_rate_and_ceiling)
+{
+    char *dir = make_bundle(2);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s bench %s -n 8 --runs 3 --ceiling-mb 32 2>&1", MEGAC_BIN, dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    char line[512], last[512] = "";
+    while (fgets(line, sizeof line, p))
+        snprintf(last, sizeof last, "%s", line);
+    cr_assert_eq(pclose(p), 0, "%s: %s", cmd, last);
+    double tok_s, gbps, ceil, ratio;
+    cr_assert_eq(sscanf(last, "tok_s=%lf gbps=%lf ceiling_gbps=%lf ratio=%lf", &tok_s, &gbps, &ceil, &ratio), 4,
+                 "%s", last);
+    cr_assert(tok_s > 0 && gbps > 0 && ceil > 0, "%s", last);
+    cr_assert_float_eq(gbps, tok_s * V * V * 4 / 1e9, 1e-3 + 1e-3 * gbps, "%s", last);
+    cr_assert_float_eq(ratio, gbps / ceil, 1e-3 + 1e-2 * ratio, "%s", last);
+    remove_bundle(dir);
 }
