@@ -1,0 +1,310 @@
+/*
+ * test_weights.c - the weight loaders: llama2.c (the real stories260K and
+ * small files written here), safetensors and GGUF fixtures made by
+ * tests/fixtures/weights/make_fixtures.py, malformed files built in a temp
+ * dir from good ones, and the synthetic generator's determinism.
+ */
+#include "compiler/weights_impl.h" /* first: it includes model.h with a -Wcomment workaround */
+#include "compiler/gguf.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SHARED MEGAC_SRC "/../shared"
+#define FIXTURES MEGAC_SRC "/tests/fixtures/weights"
+
+/* ---- helpers ---- */
+
+static void desc_tiny(ModelDesc *m, WeightFormat fmt, const char *path)
+{
+    memset(m, 0, sizeof *m);
+    m->name = "tiny";
+    m->path = "tiny.yaml";
+    m->dim = 16;
+    m->hidden_dim = 24;
+    m->n_layers = 2;
+    m->n_heads = 4;
+    m->n_kv_heads = 2;
+    m->head_dim = 4;
+    m->vocab_size = 32;
+    m->max_seq = 8;
+    m->norm_eps = 1e-5;
+    m->tie_embeddings = true;
+    m->rope_theta = 10000;
+    m->rope_pairing = ROPE_ADJACENT;
+    m->weights_format = fmt;
+    m->weights_path = path;
+    m->weights_seed = 7;
+}
+
+static void desc_stories(ModelDesc *m)
+{
+    desc_tiny(m, WFMT_LLAMA2C, SHARED "/models/stories260K.bin");
+    m->dim = 64;
+    m->hidden_dim = 172;
+    m->n_layers = 5;
+    m->n_heads = 8;
+    m->n_kv_heads = 4;
+    m->head_dim = 8;
+    m->vocab_size = 512;
+    m->max_seq = 512;
+}
+
+/* Loads with diagnostics captured into buf; returns the load result. */
+static bool load_capture(Weights *w, const ModelDesc *m, char *buf, size_t n)
+{
+    memset(buf, 0, n);
+    FILE *f = fmemopen(buf, n - 1, "w");
+    cr_assert_not_null(f);
+    Diag d;
+    diag_init(&d);
+    d.out = f;
+    bool ok = weights_load(w, m, &d);
+    fclose(f);
+    cr_assert_eq(ok, d.nerrors == 0, "result %d with %d errors: %s", ok, d.nerrors, buf);
+    return ok;
+}
+
+static char *tmp_path(const char *name)
+{
+    static char dir[64];
+    if (!dir[0]) {
+        snprintf(dir, sizeof dir, "/tmp/megac_wtest_XXXXXX");
+        cr_assert_not_null(mkdtemp(dir));
+    }
+    return xasprintf("%s/%s", dir, name);
+}
+
+static void write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "%s", path);
+    cr_assert_eq(fwrite(p, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+}
+
+static unsigned char *read_bytes(const char *path, size_t *n)
+{
+    char *p = read_file(path, n);
+    cr_assert_not_null(p, "cannot read %s", path);
+    return (unsigned char *)p;
+}
+
+static float float_at(const unsigned char *p, size_t off)
+{
+    float x;
+    memcpy(&x, p + off, 4);
+    return x;
+}
+
+/* ---- llama2.c ---- */
+
+Test(weights, stories260k_llama2c)
+{
+    if (access(SHARED "/models/stories260K.bin", R_OK) != 0)
+        cr_skip("../shared/models/stories260K.bin is absent");
+    ModelDesc m;
+    desc_stories(&m);
+    Weights w;
+    char err[1024];
+    cr_assert(load_capture(&w, &m, err, sizeof err), "%s", err);
+    size_t n;
+    unsigned char *raw = read_bytes(SHARED "/models/stories260K.bin", &n);
+    cr_assert_eq(n, 1056540u);
+    /* offsets by hand: header 28; embed 512*64; rms_att 5*64; wq 5*64*64 */
+    size_t embed = 28, rms_att = embed + 512 * 64 * 4, wq = rms_att + 5 * 64 * 4;
+    size_t wk = wq + 5 * 64 * 64 * 4, wv = wk + 5 * 32 * 64 * 4, wo = wv + 5 * 32 * 64 * 4;
+    size_t rms_ffn = wo + 5 * 64 * 64 * 4, w1 = rms_ffn + 5 * 64 * 4, w2 = w1 + 5 * 172 * 64 * 4;
+    size_t w3 = w2 + 5 * 64 * 172 * 4, rms_final = w3 + 5 * 172 * 64 * 4;
+    cr_assert_eq(w.tok_embed[0], float_at(raw, embed));
+    cr_assert_eq(w.tok_embed[511 * 64 + 63], float_at(raw, embed + (511 * 64 + 63) * 4));
+    cr_assert_eq(w.layers[0].attn_norm[5], float_at(raw, rms_att + 5 * 4));
+    cr_assert_eq(w.layers[3].wq[7 * 64 + 9], float_at(raw, wq + (3 * 64 * 64 + 7 * 64 + 9) * 4));
+    cr_assert_eq(w.layers[4].wk[31 * 64 + 63], float_at(raw, wk + (4 * 32 * 64 + 31 * 64 + 63) * 4));
+    cr_assert_eq(w.layers[1].wv[100], float_at(raw, wv + (1 * 32 * 64 + 100) * 4));
+    cr_assert_eq(w.layers[2].wo[1000], float_at(raw, wo + (2 * 64 * 64 + 1000) * 4));
+    cr_assert_eq(w.layers[4].ffn_norm[63], float_at(raw, rms_ffn + (4 * 64 + 63) * 4));
+    cr_assert_eq(w.layers[2].w_gate[171 * 64], float_at(raw, w1 + (2 * 172 * 64 + 171 * 64) * 4));
+    cr_assert_eq(w.layers[2].w_down[63 * 172 + 171], float_at(raw, w2 + (2 * 64 * 172 + 63 * 172 + 171) * 4));
+    cr_assert_eq(w.layers[0].w_up[10999], float_at(raw, w3 + 10999 * 4));
+    cr_assert_eq(w.final_norm[17], float_at(raw, rms_final + 17 * 4));
+    cr_assert_eq(w.lm_head, w.tok_embed);
+    cr_assert_eq(w.pairing, ROPE_ADJACENT);
+    int64_t ne;
+    cr_assert_eq(weights_tensor(&w, "L3.wq", &ne), w.layers[3].wq);
+    cr_assert_eq(ne, 64 * 64);
+    cr_assert_eq(weights_tensor(&w, "L4.w_down", &ne), w.layers[4].w_down);
+    cr_assert_eq(ne, 64 * 172);
+    cr_assert_eq(weights_tensor(&w, "lm_head", &ne), w.tok_embed);
+    cr_assert_null(weights_tensor(&w, "L0.bq", NULL));
+    cr_assert_null(weights_tensor(&w, "L5.wq", NULL));
+    cr_assert_null(weights_tensor(&w, "L1.embed", NULL));
+    cr_assert_null(weights_tensor(&w, "wq", NULL));
+    cr_assert_eq(w.nbytes, (size_t)(512 * 64 + 5 * (2 * 64 + 2 * 64 * 64 + 2 * 32 * 64 + 3 * 172 * 64) + 64) * 4);
+    free(raw);
+    weights_free(&w);
+}
+
+/* A small llama2.c file for the tiny model: header, then float i*0.001 for
+ * the i-th float of the body (so every position is recognizable). */
+static char *llama2c_tiny(const char *name, bool shared, size_t *size_out)
+{
+    ModelDesc m;
+    desc_tiny(&m, WFMT_LLAMA2C, NULL);
+    int seq = 8;
+    int32_t h[7] = {m.dim, m.hidden_dim, m.n_layers, m.n_heads, m.n_kv_heads, shared ? 32 : -32, seq};
+    size_t L = 2, dim = 16, kv = 8, hid = 24, V = 32;
+    size_t nf = V * dim + L * (2 * dim + 2 * dim * dim + 2 * kv * dim + 3 * hid * dim) + dim + seq * 2 * 2 +
+                (shared ? 0 : V * dim);
+    size_t size = 28 + nf * 4;
+    unsigned char *buf = xmalloc(size);
+    memcpy(buf, h, 28);
+    for (size_t i = 0; i < nf; i++) {
+        float x = (float)i * 0.001f;
+        memcpy(buf + 28 + i * 4, &x, 4);
+    }
+    char *path = tmp_path(name);
+    write_bytes(path, buf, size);
+    free(buf);
+    if (size_out)
+        *size_out = size;
+    return path;
+}
+
+Test(weights, llama2c_unshared_classifier)
+{
+    size_t size;
+    char *path = llama2c_tiny("unshared.bin", false, &size);
+    ModelDesc m;
+    desc_tiny(&m, WFMT_LLAMA2C, path);
+    m.tie_embeddings = false;
+    Weights w;
+    char err[1024];
+    cr_assert(load_capture(&w, &m, err, sizeof err), "%s", err);
+    cr_assert_neq(w.lm_head, w.tok_embed);
+    /* wcls is the last vocab*dim floats */
+    size_t nf = (size - 28) / 4;
+    cr_assert_eq(w.lm_head[0], (float)(nf - 32 * 16) * 0.001f);
+    cr_assert_eq(w.lm_head[32 * 16 - 1], (float)(nf - 1) * 0.001f);
+    /* layer 1's wk starts after embed, rms_att(2), wq(2), wk(1) */
+    size_t off = 32 * 16 + 2 * 16 + 2 * 256 + 128;
+    cr_assert_eq(w.layers[1].wk[0], (float)off * 0.001f);
+    weights_free(&w);
+    free(path);
+}
+
+/* Loads `m` expecting failure and an error containing `want`. */
+static void expect_error(const ModelDesc *m, const char *want)
+{
+    Weights w;
+    char err[2048];
+    cr_assert_not(load_capture(&w, m, err, sizeof err), "loaded, expected: %s", want);
+    cr_assert_not_null(strstr(err, want), "expected '%s' in:\n%s", want, err);
+    cr_assert_not_null(strstr(err, m->weights_path ? m->weights_path : "tiny.yaml"), "no path in: %s", err);
+}
+
+Test(weights, llama2c_bad_inputs)
+{
+    size_t size;
+    char *path = llama2c_tiny("good.bin", true, &size);
+    size_t n;
+    unsigned char *raw = read_bytes(path, &n);
+    ModelDesc m;
+
+    char *trunc = tmp_path("trunc.bin");
+    write_bytes(trunc, raw, size - 4 * 16 * 24);
+    desc_tiny(&m, WFMT_LLAMA2C, trunc);
+    expect_error(&m, "truncated");
+
+    char *hdr = tmp_path("hdr.bin");
+    write_bytes(hdr, raw, 20);
+    desc_tiny(&m, WFMT_LLAMA2C, hdr);
+    expect_error(&m, "a llama2.c header alone is 28");
+
+    char *trail = tmp_path("trail.bin");
+    unsigned char *big = xcalloc(size + 8, 1);
+    memcpy(big, raw, size);
+    write_bytes(trail, big, size + 8);
+    desc_tiny(&m, WFMT_LLAMA2C, trail);
+    expect_error(&m, "trailing data");
+
+    desc_tiny(&m, WFMT_LLAMA2C, path);
+    m.hidden_dim = 32;
+    expect_error(&m, "hidden_dim is 24, but the model description says 32");
+
+    desc_tiny(&m, WFMT_LLAMA2C, path);
+    m.tie_embeddings = false;
+    expect_error(&m, "shared with the embedding");
+
+    desc_tiny(&m, WFMT_LLAMA2C, path);
+    m.rope_pairing = ROPE_HALF;
+    expect_error(&m, "RoPE pairing 'adjacent'");
+
+    desc_tiny(&m, WFMT_LLAMA2C, path);
+    m.qkv_bias = true;
+    expect_error(&m, "no q/k/v biases");
+
+    desc_tiny(&m, WFMT_LLAMA2C, "/nonexistent/x.bin");
+    expect_error(&m, "cannot open");
+
+    free(big);
+    free(raw);
+    free(trunc);
+    free(hdr);
+    free(trail);
+    free(path);
+}
+
+/* ---- synthetic ---- */
+
+static double tensor_sum(const float *p, int64_t n)
+{
+    double s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)p[i] * (double)((i % 7) + 1);
+    return s;
+}
+
+Test(weights, synthetic_deterministic)
+{
+    ModelDesc m;
+    desc_tiny(&m, WFMT_SYNTHETIC, NULL);
+    m.qkv_bias = true;
+    m.tie_embeddings = false;
+    Weights a, b;
+    char err[1024];
+    cr_assert(load_capture(&a, &m, err, sizeof err), "%s", err);
+    cr_assert(load_capture(&b, &m, err, sizeof err), "%s", err);
+    const char *names[] = {"embed", "L0.wq", "L1.bk", "L1.wo", "L0.ffn_norm", "L1.w_down", "final_norm", "lm_head"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        int64_t na, nb;
+        const float *pa = weights_tensor(&a, names[i], &na), *pb = weights_tensor(&b, names[i], &nb);
+        cr_assert(pa && pb && pa != pb && na == nb, "%s", names[i]);
+        cr_assert_eq(memcmp(pa, pb, (size_t)na * 4), 0, "%s differs between two generations", names[i]);
+        cr_assert_eq(tensor_sum(pa, na), tensor_sum(pb, nb));
+    }
+    /* the formula in synthetic.c's header, recomputed here */
+    float u = synthetic_uniform(7, "L0.wq", 5);
+    cr_assert_eq(a.layers[0].wq[5], u * (float)(1.0 / sqrt(16.0)));
+    float t = 0.1f * synthetic_uniform(7, "L0.ffn_norm", 3);
+    cr_assert_eq(a.layers[0].ffn_norm[3], 1.0f + t);
+    cr_assert_eq(a.layers[1].w_down[10], synthetic_uniform(7, "L1.w_down", 10) * (float)(1.0 / sqrt(24.0 * 4)));
+    /* pinned values (computed by an independent Python version of the
+     * formula): the generator must never change silently */
+    cr_assert_eq(synthetic_uniform(0, "embed", 0), -0x1.5ae88p-4f, "%a", synthetic_uniform(0, "embed", 0));
+    cr_assert_eq(synthetic_uniform(42, "L3.wq", 1000), -0x1.679db0p-1f, "%a", synthetic_uniform(42, "L3.wq", 1000));
+    /* a different seed gives different weights */
+    m.weights_seed = 8;
+    Weights c;
+    cr_assert(load_capture(&c, &m, err, sizeof err), "%s", err);
+    cr_assert_neq(memcmp(a.layers[0].wq, c.layers[0].wq, 16 * 16 * 4), 0);
+    /* range and scale */
+    for (int i = 0; i < 32 * 16; i++)
+        cr_assert(a.tok_embed[i] >= -1.0f && a.tok_embed[i] < 1.0f);
+    weights_free(&a);
+    weights_free(&b);
+    weights_free(&c);
+}
