@@ -7,6 +7,8 @@
  * weights.
  */
 #include "compiler/reference.h"
+#include "compiler/doc.h"
+#include "runtime/megac.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -247,4 +249,153 @@ Test(ref_model, reset_and_cache_growth)
     NEAR(lg[0], first[0], 0);
     NEAR(lg[1], first[1], 0);
     ref_free(s);
+}
+
+/* ---- whole models ---- */
+
+#define SHARED MEGAC_SRC "/../shared"
+
+static bool shared_present(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (f)
+        fclose(f);
+    return f != NULL;
+}
+
+/* stories260K as its llama2.c header and run.c describe it. */
+static void desc_stories(ModelDesc *m)
+{
+    memset(m, 0, sizeof *m);
+    m->name = "stories260K";
+    m->path = "stories260K (test)";
+    m->dim = 64, m->hidden_dim = 172, m->n_layers = 5, m->n_heads = 8, m->n_kv_heads = 4;
+    m->head_dim = 8, m->vocab_size = 512, m->max_seq = 512, m->norm_eps = 1e-5;
+    m->tie_embeddings = true;
+    m->rope_theta = 10000;
+    m->rope_pairing = ROPE_ADJACENT;
+    m->weights_format = WFMT_LLAMA2C;
+    m->weights_path = SHARED "/models/stories260K.bin";
+    m->bos_id = 1, m->eos_id = 2;
+}
+
+static void weights_load_ok(Weights *w, const ModelDesc *m)
+{
+    Diag d;
+    diag_init(&d);
+    cr_assert(weights_load(w, m, &d), "weights of %s did not load", m->name);
+}
+
+/* The ids of stories260K_greedy.json ("greedy_token_ids"). */
+static int golden_ids(int *ids, int cap)
+{
+    Doc doc;
+    Diag d;
+    diag_init(&d);
+    cr_assert(doc_load(&doc, SHARED "/golden/stories260K_greedy.json", &d));
+    DocNode *seq = doc_get(doc.root, "greedy_token_ids");
+    cr_assert(seq && seq->kind == DOC_SEQ && seq->n <= cap);
+    for (int i = 0; i < seq->n; i++) {
+        int64_t v;
+        cr_assert(doc_int(&doc, &d, seq->items[i], &v));
+        ids[i] = (int)v;
+    }
+    int n = seq->n;
+    doc_free(&doc);
+    return n;
+}
+
+Test(ref_golden, stories260k_logits_first16)
+{
+    if (!shared_present(SHARED "/models/stories260K.bin") ||
+        !shared_present(SHARED "/golden/stories260K_logits_first16.f32"))
+        cr_skip_test("../shared (stories260K.bin and its goldens) is absent");
+    static float want[16][512];
+    FILE *f = fopen(SHARED "/golden/stories260K_logits_first16.f32", "rb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fread(want, sizeof want, 1, f), 1);
+    fclose(f);
+    int ids[300];
+    cr_assert_geq(golden_ids(ids, 300), 16);
+    ModelDesc m;
+    Weights w;
+    desc_stories(&m);
+    weights_load_ok(&w, &m);
+    RefState *s = ref_new(&w);
+    double worst = 0;
+    for (int pos = 0; pos < 16; pos++) {
+        const float *lg = ref_step(s, ids[pos], pos);
+        for (int i = 0; i < 512; i++)
+            worst = fmax(worst, fabs((double)lg[i] - want[pos][i]));
+    }
+    cr_assert_leq(worst, 1e-4, "largest logit difference %g", worst);
+    ref_free(s);
+    weights_free(&w);
+}
+
+/* Greedy from BOS reproduces the 255 ids of run.c (ids[0] is BOS). */
+Test(ref_golden, stories260k_greedy_from_bos)
+{
+    if (!shared_present(SHARED "/models/stories260K.bin") ||
+        !shared_present(SHARED "/golden/stories260K_greedy.json"))
+        cr_skip_test("../shared (stories260K.bin and its goldens) is absent");
+    int ids[300];
+    int n = golden_ids(ids, 300);
+    cr_assert_eq(n, 256);
+    ModelDesc m;
+    Weights w;
+    desc_stories(&m);
+    weights_load_ok(&w, &m);
+    RefState *s = ref_new(&w);
+    megac_sampler greedy = {.temperature = 0, .top_p = 1};
+    uint64_t rng = 0;
+    int tok = ids[0];
+    for (int pos = 0; pos + 1 < n; pos++) {
+        int next = megac_sample(ref_step(s, tok, pos), m.vocab_size, &greedy, &rng);
+        cr_assert_eq(next, ids[pos + 1], "position %d: got %d, run.c has %d", pos + 1, next, ids[pos + 1]);
+        tok = next;
+    }
+    ref_free(s);
+    weights_free(&w);
+}
+
+/* Logits of a few steps are finite with a standard deviation in [0.1, 100]. */
+static void assert_well_conditioned(const ModelDesc *m, int nsteps)
+{
+    Weights w;
+    weights_load_ok(&w, m);
+    RefState *s = ref_new(&w);
+    for (int pos = 0; pos < nsteps; pos++) {
+        const float *lg = ref_step(s, (pos * 7919 + 1) % m->vocab_size, pos);
+        double sum = 0, sq = 0;
+        for (int i = 0; i < m->vocab_size; i++) {
+            cr_assert(isfinite(lg[i]), "%s: logit %d at pos %d is %g", m->name, i, pos, lg[i]);
+            sum += lg[i];
+        }
+        double mean = sum / m->vocab_size;
+        for (int i = 0; i < m->vocab_size; i++)
+            sq += (lg[i] - mean) * (lg[i] - mean);
+        double sd = sqrt(sq / m->vocab_size);
+        cr_assert(sd >= 0.1 && sd <= 100, "%s: logit std %g at pos %d", m->name, sd, pos);
+    }
+    ref_free(s);
+    weights_free(&w);
+}
+
+/* SmolLM2-135M shapes (HF config), synthetic weights. */
+Test(ref_synthetic, smollm2_135m_shapes_well_conditioned)
+{
+    ModelDesc m;
+    memset(&m, 0, sizeof m);
+    m.name = "synthetic SmolLM2-135M";
+    m.path = "smollm2 (test)";
+    m.dim = 576, m.hidden_dim = 1536, m.n_layers = 30, m.n_heads = 9, m.n_kv_heads = 3;
+    m.head_dim = 64, m.vocab_size = 49152, m.max_seq = 8, m.norm_eps = 1e-5;
+    m.tie_embeddings = true;
+    m.rope_theta = 100000;
+    m.rope_pairing = ROPE_HALF;
+    m.weights_format = WFMT_SYNTHETIC;
+    m.weights_seed = 1;
+    m.bos_id = m.eos_id = -1;
+    assert_well_conditioned(&m, 3);
 }
