@@ -223,6 +223,9 @@ static megac_status cpu_step(megac_model *m, int token, int pos)
     pool->args.pos = pos;
     cpu_pool_run(pool);
     const MegacAbort *a = &pool->abort_info;
+    if (a->flag && a->counter == UINT32_MAX)    /* the kernel refused the step itself */
+        return rt_fail(m, MEGAC_ERR_KERNEL, "kernel refused position %u (flag %u, limit %u): nothing ran", a->value,
+                       a->flag, a->threshold);
     if (a->flag)
         return rt_fail(m, MEGAC_ERR_KERNEL,
                        "kernel aborted at position %d: worker %u, pc %u waited on counter %u, which stayed at %u "
