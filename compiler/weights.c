@@ -7,7 +7,8 @@
  * Weights.arena, then hands the slots to the format's loader
  * (load_llama2c.c, load_safetensors.c, load_gguf.c) or to the synthetic
  * generator (synthetic.c). Loaders check every source shape against its
- * slot and report errors as "path: error: tensor 'name': ...".
+ * slot and report errors as "path: error: tensor 'name': ..."; loading
+ * stops at the first bad tensor so that one mistake gives one error.
  *
  * Also here: the read-only file mapping and the f16/bf16 -> f32 conversion
  * the loaders share, and weights_tensor, the lookup by schedule buffer name.
@@ -281,6 +282,57 @@ const WSlot *weights_slots(const Weights *w, Arena *a, int *n)
     slot_push(mw, v, n, WK_FINAL_NORM, -1);
     slot_push(mw, v, n, WK_LM_HEAD, -1);
     return v;
+}
+
+/* ---- filling from a source of named tensors ---- */
+
+/* Errors for tensors that the file has but the description says the model
+ * lacks, which would otherwise be ignored and give wrong answers. */
+static bool weights_extra_check(Weights *w, const WSource *src, Arena *a, Diag *d)
+{
+    const ModelDesc *m = w->m;
+    bool ok = true;
+    for (int l = 0; l < m->n_layers && !m->qkv_bias && ok; l++) {
+        WSlot b = {.kind = WK_BQ, .layer = l};
+        char *name = src->name(a, &b);
+        if (src->has(src->ctx, name)) {
+            diag_file_error(d, src->path, "tensor '%s': the file has q/k/v biases, but the model description "
+                            "says qkv_bias: false", name);
+            ok = false;
+        }
+    }
+    WSlot head = {.kind = WK_LM_HEAD, .layer = -1, .rows = m->vocab_size, .cols = m->dim};
+    char *name = src->name(a, &head);
+    if (m->tie_embeddings && src->has(src->ctx, name)) {
+        int64_t n = wslot_nelem(&head);
+        float *tmp = xmalloc((size_t)n * sizeof *tmp);
+        int r = src->fetch(src->ctx, name, &head, tmp, d);
+        if (r > 0 && memcmp(tmp, w->tok_embed, (size_t)n * sizeof *tmp) != 0) {
+            diag_file_error(d, src->path, "tensor '%s': the file has a separate classifier, but the model "
+                            "description says tie_embeddings: true", name);
+        }
+        ok = ok && r > 0 && memcmp(tmp, w->tok_embed, (size_t)n * sizeof *tmp) == 0;
+        free(tmp);
+    }
+    return ok;
+}
+
+bool weights_fill(Weights *w, const WSource *src, Diag *d)
+{
+    Arena a = {0};
+    int n;
+    const WSlot *slots = weights_slots(w, &a, &n);
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) { /* stops at the first bad tensor: one error, not a cascade */
+        char *name = src->name(&a, &slots[i]);
+        int r = src->fetch(src->ctx, name, &slots[i], slots[i].dst, d);
+        if (r == 0)
+            diag_file_error(d, src->path, "tensor '%s' is missing", name);
+        ok = r > 0;
+    }
+    ok = ok && weights_extra_check(w, src, &a, d);
+    arena_free(&a);
+    return ok;
 }
 
 /* ---- the entry points ---- */
