@@ -701,6 +701,25 @@ static bool bpe_segment(const Tokenizer *t, const char *s, size_t len, IdBuf *o)
     return ok;
 }
 
+int tok_split(const Tokenizer *t, const char *text, size_t *ends, int cap)
+{
+    Chars c;
+    int n = 0;
+    if (!chars_init(&c, text, strlen(text))) {
+        chars_free(&c);
+        return -1;
+    }
+    for (size_t i = 0; i < c.n && n >= 0;) {
+        i = pretok_next(t, &c, i);
+        if (n < cap)
+            ends[n++] = c.off[i];
+        else
+            n = -1;
+    }
+    chars_free(&c);
+    return n;
+}
+
 /* ---- SPM ---- */
 
 /* llama2.c: each UTF-8 char (lead byte + up to 3 continuation bytes) as a

@@ -65,6 +65,10 @@ Tokenizer *tok_new_bytes(void);
 /* Encodes text; returns the number of ids (at most cap; -1 if cap is too
  * small). Special tokens written in the text are recognized. */
 int tok_encode(const Tokenizer *t, const char *text, bool add_bos, int *ids, int cap);
+/* The pre-tokenizer's words of text (special tokens not handled): writes
+ * the end byte offset of each word to ends; returns the count, or -1 if cap
+ * is too small. For tests and tools. */
+int tok_split(const Tokenizer *t, const char *text, size_t *ends, int cap);
 /* The bytes of `id` as text, given the previous id (SPM drops the leading
  * space after BOS; byte pieces <0xXX> become the byte). Writes into buf
  * (NUL-terminated) and returns its length. */
