@@ -283,6 +283,57 @@ const WSlot *weights_slots(const Weights *w, Arena *a, int *n)
     return v;
 }
 
+/* ---- filling from a source of named tensors ---- */
+
+/* Errors for tensors that the file has but the description says the model
+ * lacks, which would otherwise be ignored and give wrong answers. */
+static bool weights_extra_check(Weights *w, const WSource *src, Arena *a, Diag *d)
+{
+    const ModelDesc *m = w->m;
+    bool ok = true;
+    for (int l = 0; l < m->n_layers && !m->qkv_bias && ok; l++) {
+        WSlot b = {.kind = WK_BQ, .layer = l};
+        char *name = src->name(a, &b);
+        if (src->has(src->ctx, name)) {
+            diag_file_error(d, src->path, "tensor '%s': the file has q/k/v biases, but the model description "
+                            "says qkv_bias: false", name);
+            ok = false;
+        }
+    }
+    WSlot head = {.kind = WK_LM_HEAD, .layer = -1, .rows = m->vocab_size, .cols = m->dim};
+    char *name = src->name(a, &head);
+    if (m->tie_embeddings && src->has(src->ctx, name)) {
+        int64_t n = wslot_nelem(&head);
+        float *tmp = xmalloc((size_t)n * sizeof *tmp);
+        int r = src->fetch(src->ctx, name, &head, tmp, d);
+        if (r > 0 && memcmp(tmp, w->tok_embed, (size_t)n * sizeof *tmp) != 0) {
+            diag_file_error(d, src->path, "tensor '%s': the file has a separate classifier, but the model "
+                            "description says tie_embeddings: true", name);
+        }
+        ok = ok && r > 0 && memcmp(tmp, w->tok_embed, (size_t)n * sizeof *tmp) == 0;
+        free(tmp);
+    }
+    return ok;
+}
+
+bool weights_fill(Weights *w, const WSource *src, Diag *d)
+{
+    Arena a = {0};
+    int n;
+    const WSlot *slots = weights_slots(w, &a, &n);
+    bool ok = true;
+    for (int i = 0; i < n; i++) {
+        char *name = src->name(&a, &slots[i]);
+        int r = src->fetch(src->ctx, name, &slots[i], slots[i].dst, d);
+        if (r == 0)
+            diag_file_error(d, src->path, "tensor '%s' is missing", name);
+        ok = ok && r > 0;
+    }
+    ok = ok && weights_extra_check(w, src, &a, d);
+    arena_free(&a);
+    return ok;
+}
+
 /* ---- the entry points ---- */
 
 /* Refuses shapes whose element counts are nonsense (the description's own

@@ -92,6 +92,31 @@ void convert_to_f32(float *dst, const void *src, int64_t n, SrcType t);
 /* Errors when the source's RoPE pairing differs from the description's. */
 bool weights_pairing_check(const Weights *w, Diag *d, const char *path, RopePairing src);
 
+/* A source of named tensors (safetensors, GGUF) for weights_fill. fetch
+ * converts tensor `name` into dst after checking its shape against the
+ * slot: it returns 1 when done, 0 when the source has no such tensor, -1
+ * after reporting an error. */
+typedef struct WSource {
+    void *ctx;
+    const char *path;                               /* named in "missing" errors */
+    char *(*name)(Arena *a, const WSlot *s);         /* wslot_hf_name, wslot_gguf_name */
+    int (*fetch)(void *ctx, const char *name, const WSlot *s, float *dst, Diag *d);
+    bool (*has)(void *ctx, const char *name);
+} WSource;
+/* Fills every slot of w from src, reporting each missing or bad tensor;
+ * also refuses tensors the description says the model lacks (q/k/v biases
+ * without qkv_bias, a separate lm_head that differs from the embedding
+ * when tied). */
+bool weights_fill(Weights *w, const WSource *src, Diag *d);
+
+/* ---- gguf.c (beyond compiler/gguf.h) ---- */
+typedef struct GgufTensor GgufTensor;
+typedef struct GgufFile GgufFile;
+/* A tensor by name of n bytes (not NUL-terminated). */
+const GgufTensor *gguf_find_tensor_n(const GgufFile *g, const char *name, size_t n);
+/* "Q4_0", "F16", ...; "unknown" for types this reader has no size for. */
+const char *gguf_type_name(uint32_t ggml_type);
+
 /* ---- load_llama2c.c, load_safetensors.c, load_gguf.c, synthetic.c ---- */
 bool load_llama2c(Weights *w, const char *path, Diag *d);
 bool load_safetensors(Weights *w, const char *path, Diag *d);

@@ -308,3 +308,149 @@ Test(weights, synthetic_deterministic)
     weights_free(&b);
     weights_free(&c);
 }
+
+/* ---- fixtures: every tensor against the generator's expected f32 ---- */
+
+static void desc_gguf(ModelDesc *m, const char *path)
+{
+    desc_tiny(m, WFMT_GGUF, path);
+    m->dim = 32;
+    m->hidden_dim = 64;
+    m->head_dim = 8;
+    m->tie_embeddings = false;
+}
+
+static void desc_st(ModelDesc *m, const char *path)
+{
+    desc_tiny(m, WFMT_SAFETENSORS, path);
+    m->qkv_bias = true;
+    m->tie_embeddings = false;
+    m->rope_pairing = ROPE_HALF;
+}
+
+static void desc_sharded(ModelDesc *m, const char *path)
+{
+    desc_tiny(m, WFMT_SAFETENSORS, path);
+    m->rope_pairing = ROPE_HALF;
+}
+
+/* Compares every slot of w, in slot order, with the expected stream. */
+static void expect_all(const Weights *w, const char *expected_path)
+{
+    size_t n;
+    unsigned char *want = read_bytes(expected_path, &n);
+    Arena a = {0};
+    int ns;
+    const WSlot *s = weights_slots(w, &a, &ns);
+    size_t off = 0;
+    for (int i = 0; i < ns; i++) {
+        size_t bytes = (size_t)wslot_nelem(&s[i]) * 4;
+        cr_assert_leq(off + bytes, n);
+        for (int64_t j = 0; j < wslot_nelem(&s[i]); j++) {
+            float x = float_at(want, off + (size_t)j * 4);
+            cr_assert_eq(s[i].dst[j], x, "%s[%ld]: %a, expected %a", wslot_canon_name(&a, &s[i]), (long)j,
+                         (double)s[i].dst[j], (double)x);
+        }
+        off += bytes;
+    }
+    cr_assert_eq(off, n, "expected stream has %zu bytes, the model %zu", n, off);
+    arena_free(&a);
+    free(want);
+}
+
+static void skip_without_fixtures(void)
+{
+    if (access(FIXTURES "/tiny.gguf", R_OK) != 0)
+        cr_skip("fixtures absent; run tests/fixtures/weights/make_fixtures.py");
+}
+
+Test(weights, safetensors_single)
+{
+    skip_without_fixtures();
+    ModelDesc m;
+    desc_st(&m, FIXTURES "/tiny.safetensors");
+    Weights w;
+    char err[1024];
+    cr_assert(load_capture(&w, &m, err, sizeof err), "%s", err);
+    cr_assert_eq(w.pairing, ROPE_HALF);
+    cr_assert_neq(w.lm_head, w.tok_embed);
+    cr_assert_not_null(w.layers[1].bv);
+    expect_all(&w, FIXTURES "/tiny.safetensors.expected.bin");
+    weights_free(&w);
+}
+
+Test(weights, safetensors_sharded)
+{
+    skip_without_fixtures();
+    const char *paths[] = {FIXTURES "/sharded", FIXTURES "/sharded/model.safetensors.index.json"};
+    for (int i = 0; i < 2; i++) {
+        ModelDesc m;
+        desc_sharded(&m, paths[i]);
+        Weights w;
+        char err[1024];
+        cr_assert(load_capture(&w, &m, err, sizeof err), "%s: %s", paths[i], err);
+        cr_assert_eq(w.lm_head, w.tok_embed);
+        cr_assert_null(w.layers[0].bq);
+        expect_all(&w, FIXTURES "/sharded.expected.bin");
+        weights_free(&w);
+    }
+}
+
+Test(weights, gguf_all_types)
+{
+    skip_without_fixtures();
+    ModelDesc m;
+    desc_gguf(&m, FIXTURES "/tiny.gguf");
+    Weights w;
+    char err[1024];
+    cr_assert(load_capture(&w, &m, err, sizeof err), "%s", err);
+    cr_assert_eq(w.pairing, ROPE_ADJACENT);
+    expect_all(&w, FIXTURES "/tiny.gguf.expected.bin");
+    weights_free(&w);
+}
+
+Test(weights, gguf_metadata)
+{
+    skip_without_fixtures();
+    Diag d;
+    diag_init(&d);
+    GgufFile *g = gguf_open(FIXTURES "/tiny.gguf", &d);
+    cr_assert_not_null(g);
+    cr_assert_eq(g->version, 3);
+    cr_assert_eq(g->alignment, 32);
+    GgufStr s;
+    cr_assert(gguf_get_str(g, "general.architecture", &s));
+    cr_assert(s.len == 5 && memcmp(s.s, "llama", 5) == 0);
+    int64_t i;
+    cr_assert(gguf_get_int(g, "llama.block_count", &i) && i == 2);
+    cr_assert(gguf_get_int(g, "test.u8", &i) && i == 200);
+    cr_assert(gguf_get_int(g, "test.i8", &i) && i == -5);
+    cr_assert(gguf_get_int(g, "test.i64", &i) && i == -1234567890123);
+    cr_assert(gguf_get_int(g, "test.u64", &i) && i == (int64_t)1 << 40);
+    cr_assert(gguf_get_int(g, "tokenizer.ggml.bos_token_id", &i) && i == 1);
+    double f;
+    cr_assert(gguf_get_float(g, "test.f64", &f) && f == 0.1);
+    cr_assert(gguf_get_float(g, "llama.rope.freq_base", &f) && f == 10000.0);
+    cr_assert(gguf_get_float(g, "llama.attention.layer_norm_rms_epsilon", &f) && f == (double)1e-5f);
+    cr_assert_not(gguf_get_float(g, "test.i8", &f));
+    cr_assert_not(gguf_get_int(g, "test.f64", &i));
+    cr_assert_not(gguf_get_str(g, "test.u8", &s));
+    cr_assert_not(gguf_get_int(g, "no.such.key", &i));
+    const GgufKV *b = gguf_find(g, "test.bool");
+    cr_assert(b && b->type == GGUF_T_BOOL && b->v.b);
+    const GgufKV *tok = gguf_find(g, "tokenizer.ggml.tokens");
+    cr_assert(tok && tok->type == GGUF_T_ARRAY && tok->arr_type == GGUF_T_STRING && tok->arr_n == 32);
+    cr_assert(tok->strs[1].len == 3 && memcmp(tok->strs[1].s, "<s>", 3) == 0);
+    cr_assert(tok->strs[31].len == 5 && memcmp(tok->strs[31].s, "tok28", 5) == 0);
+    const GgufKV *sc = gguf_find(g, "tokenizer.ggml.scores");
+    cr_assert(sc && sc->arr_type == GGUF_T_F32 && sc->arr_n == 32);
+    float x;
+    memcpy(&x, (const char *)sc->data + 5 * 4, 4);
+    cr_assert_eq(x, -5.0f);
+    const GgufTensor *t = gguf_find_tensor(g, "blk.1.ffn_down.weight");
+    cr_assert(t && t->ndim == 2 && t->dims[0] == 64 && t->dims[1] == 32 && t->ggml_type == 2);
+    cr_assert_eq(t->nbytes, 32 * 64 / 32 * 18);
+    cr_assert_null(gguf_find_tensor(g, "blk.2.ffn_down.weight"));
+    cr_assert_eq(d.nerrors, 0);
+    gguf_close(g);
+}
