@@ -399,3 +399,15 @@ Test(ref_synthetic, smollm2_135m_shapes_well_conditioned)
     m.bos_id = m.eos_id = -1;
     assert_well_conditioned(&m, 3);
 }
+
+/* The embedded default model (synthetic weights, no files). */
+Test(ref_synthetic, default_model_well_conditioned)
+{
+    Arena a = {0};
+    ModelDesc m;
+    Diag d;
+    diag_init(&d);
+    cr_assert(desc_load(&m, &a, NULL, NULL, 0, &d) && desc_check(&m, &d));
+    assert_well_conditioned(&m, 8);
+    arena_free(&a);
+}
