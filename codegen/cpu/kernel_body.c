@@ -1,0 +1,465 @@
+/*
+ * kernel_body.c - the CPU megakernel's op bodies and dispatch loop, in plain
+ * C. It is not compiled into megac: the build turns it into LLVM bitcode
+ * (clang -emit-llvm, no vectorization yet), megac embeds the bitcode, and at
+ * compile time cpu_emit.c links it with a glue module that defines the
+ * schedule's instruction table and the model shape as constants (see
+ * kernel_table.h), then optimizes the whole for the target CPU. Loads from
+ * the shape table fold to constants, so the bodies end up specialized to the
+ * model; the loop over the instruction table is the validated schedule.
+ *
+ * Semantics of every op: ir/ops.h. Synchronization: `signal` is a release
+ * atomic add; `wait` spins with acquire loads and pause, yields past a
+ * bound, and gives up past the watchdog deadline, recording where in
+ * MegacArgs.abort_info; a worker that sees the abort flag returns.
+ *
+ * Wide vectors are written with the generic vector extension (16 floats);
+ * the backend splits them to what the target has (AVX2: 2 x 8, AVX-512: 1).
+ */
+#define _GNU_SOURCE
+#include "codegen/cpu/kernel_table.h"
+#include "ir/dtype.h"
+#include "ir/ops.h"
+#include "runtime/kernel_abi.h"
+
+#include <math.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+/* Defined by the glue module. */
+extern const int64_t megac_k_insts[];
+extern const int32_t megac_k_wstart[];
+extern const int64_t megac_k_shape[];
+extern const float megac_k_eps;
+extern const uint32_t megac_k_nworkers;
+
+void megac_worker(const MegacArgs *a, uint32_t worker);
+
+/* Same values as InstKind of ir/ir.h (not included: it drags in stdio). */
+enum { K_INST_OP, K_INST_SIGNAL, K_INST_WAIT };
+
+#define SHAPE(i) megac_k_shape[i]
+#define NEG_INF (-__builtin_inff())
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef float v16fu __attribute__((vector_size(64), aligned(4)));
+#define LOAD16(p) (*(const v16fu *)(p))
+
+/* ---- helpers ---- */
+
+static float hsum16(const v16f *v)
+{
+    float s = 0.0f;
+    for (int i = 0; i < 16; i++)
+        s += (*v)[i];
+    return s;
+}
+
+static float dot_f32(const float *a, const float *b, int64_t n)
+{
+    v16f acc = {0};
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        acc += LOAD16(a + j) * LOAD16(b + j);
+    float s = hsum16(&acc);
+    for (; j < n; j++)
+        s += a[j] * b[j];
+    return s;
+}
+
+/* 1 / sqrt(mean(x[0:n]^2) + eps) */
+static float rms_scale(const float *x, int64_t n)
+{
+    return 1.0f / sqrtf(dot_f32(x, x, n) / (float)n + megac_k_eps);
+}
+
+/* Address of operand i of an instruction; NULL when absent. */
+static void *opnd(const MegacArgs *a, const int64_t *in, int i)
+{
+    uint64_t w = (uint64_t)in[KT_OPND + i];
+    if (w == KT_NONE)
+        return NULL;
+    if (w & KT_ARENA)
+        return (char *)a->arena + (w & ~KT_ARENA);
+    return (char *)(uintptr_t)a->weights + w;
+}
+
+static int opnd_dtype(const int64_t *in, int i)
+{
+    return (int)(((uint64_t)in[KT_DTYPES] >> (8 * i)) & 0xff);
+}
+
+/* ---- op bodies ---- */
+
+/* out[c0:c1] = table[tok[0]][c0:c1]; an out-of-range token gives zeros. */
+static void op_embed(const MegacArgs *a, const int64_t *in)
+{
+    int32_t tok = *(const int32_t *)opnd(a, in, 0);
+    const float *table = opnd(a, in, 1);
+    float *out = opnd(a, in, 2);
+    int64_t c0 = in[KT_PARAM], c1 = in[KT_PARAM + 1], dim = SHAPE(KS_DIM);
+    if (tok < 0 || tok >= SHAPE(KS_VOCAB)) {
+        memset(out + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+        return;
+    }
+    memcpy(out + c0, table + (int64_t)tok * dim + c0, (size_t)(c1 - c0) * sizeof(float));
+}
+
+static void op_rmsnorm(const MegacArgs *a, const int64_t *in)
+{
+    const float *x = opnd(a, in, 0), *w = opnd(a, in, 1);
+    float *out = opnd(a, in, 2);
+    int64_t n = in[KT_PARAM];
+    float s = rms_scale(x, n);
+    for (int64_t j = 0; j < n; j++)
+        out[j] = x[j] * s * w[j];
+}
+
+static void gemv_store(float *y, const float *b, int64_t r, float v, int accum)
+{
+    if (b)
+        v += b[r];
+    y[r] = accum ? y[r] + v : v;
+}
+
+/* y[r0:r1] (+)= W[r0:r1, 0:k] . x (+ b): four rows at a time, one 16-wide
+ * accumulator per row, the four weight rows streamed side by side. */
+static void gemv_f32(const float *W, const float *x, float *y, const float *b, int64_t r0, int64_t r1,
+                     int64_t k, int accum)
+{
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        const float *w0 = W + r * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
+        v16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        int64_t j = 0;
+        for (; j + 16 <= k; j += 16) {
+            v16f xv = LOAD16(x + j);
+            a0 += LOAD16(w0 + j) * xv;
+            a1 += LOAD16(w1 + j) * xv;
+            a2 += LOAD16(w2 + j) * xv;
+            a3 += LOAD16(w3 + j) * xv;
+        }
+        float s0 = hsum16(&a0), s1 = hsum16(&a1), s2 = hsum16(&a2), s3 = hsum16(&a3);
+        for (; j < k; j++) {
+            s0 += w0[j] * x[j];
+            s1 += w1[j] * x[j];
+            s2 += w2[j] * x[j];
+            s3 += w3[j] * x[j];
+        }
+        gemv_store(y, b, r, s0, accum);
+        gemv_store(y, b, r + 1, s1, accum);
+        gemv_store(y, b, r + 2, s2, accum);
+        gemv_store(y, b, r + 3, s3, accum);
+    }
+    for (; r < r1; r++)
+        gemv_store(y, b, r, dot_f32(W + r * k, x, k), accum);
+}
+
+/* The weight dtype picks the row kernel; cpu_check.c rejects the dtypes
+ * that have none yet, so `default` is unreachable. */
+static void gemv_rows(const MegacArgs *a, const int64_t *in, const float *x)
+{
+    float *y = opnd(a, in, 2);
+    const float *b = opnd(a, in, 4);
+    int64_t r0 = in[KT_PARAM], r1 = in[KT_PARAM + 1], k = in[KT_PARAM + 2];
+    int accum = (in[KT_PARAM + 3] & GEMV_ACCUM) != 0;
+    if (!(in[KT_PARAM + 3] & GEMV_BIAS))
+        b = NULL;
+    switch (opnd_dtype(in, 0)) {
+    case DT_F32:
+        gemv_f32(opnd(a, in, 0), x, y, b, r0, r1, k, accum);
+        break;
+    default:
+        break;
+    }
+}
+
+static void op_gemv(const MegacArgs *a, const int64_t *in)
+{
+    const float *x = opnd(a, in, 1);
+    int64_t k = in[KT_PARAM + 2];
+    if (!(in[KT_PARAM + 3] & GEMV_NORM)) {
+        gemv_rows(a, in, x);
+        return;
+    }
+    /* k <= CPU_NORM_K_MAX (cpu_check.c), so this stays a modest VLA. */
+    const float *nw = opnd(a, in, 3);
+    float xin[k];
+    float s = rms_scale(x, k);
+    for (int64_t j = 0; j < k; j++)
+        xin[j] = x[j] * s * nw[j];
+    gemv_rows(a, in, xin);
+}
+
+/* Rotates heads [h0, h1) of v by the angles of row `pos` of the rope
+ * table; pair i is (2i, 2i+1) or (i, i + hd/2). */
+static void op_rope(const MegacArgs *a, const int64_t *in)
+{
+    float *v = opnd(a, in, 0);
+    const float *tab = opnd(a, in, 1);
+    int64_t hd = SHAPE(KS_HEAD_DIM), half = hd / 2;
+    int halfpair = SHAPE(KS_ROPE_PAIRING) == 1;
+    const float *cs = tab + a->pos * half * 2;
+    for (int64_t h = in[KT_PARAM]; h < in[KT_PARAM + 1]; h++) {
+        float *x = v + h * hd;
+        for (int64_t i = 0; i < half; i++) {
+            int64_t i0 = halfpair ? i : 2 * i, i1 = halfpair ? i + half : 2 * i + 1;
+            float c = cs[2 * i], s = cs[2 * i + 1], x0 = x[i0], x1 = x[i1];
+            x[i0] = x0 * c - x1 * s;
+            x[i1] = x0 * s + x1 * c;
+        }
+    }
+}
+
+static void op_kv_append(const MegacArgs *a, const int64_t *in)
+{
+    const float *k = opnd(a, in, 0), *v = opnd(a, in, 1);
+    float *kc = opnd(a, in, 2), *vc = opnd(a, in, 3);
+    int64_t h = in[KT_PARAM], hd = SHAPE(KS_HEAD_DIM);
+    int64_t row = (h * SHAPE(KS_MAX_SEQ) + a->pos) * hd;
+    memcpy(kc + row, k + h * hd, (size_t)hd * sizeof(float));
+    memcpy(vc + row, v + h * hd, (size_t)hd * sizeof(float));
+}
+
+/* One row t of the online softmax for one q head: p holds hd outputs, m, l. */
+static void attn_row(float *p, const float *q, const float *krow, const float *vrow, int64_t hd, float scale)
+{
+    float sc = dot_f32(q, krow, hd) * scale;
+    float m = p[hd], l = p[hd + 1];
+    if (sc > m) {
+        float r = m == NEG_INF ? 0.0f : expf(m - sc);
+        for (int64_t d = 0; d < hd; d++)
+            p[d] *= r;
+        l *= r;
+        m = sc;
+    }
+    float e = expf(sc - m);
+    for (int64_t d = 0; d < hd; d++)
+        p[d] += e * vrow[d];
+    p[hd] = m;
+    p[hd + 1] = l + e;
+}
+
+/* Partials of split s for the G q heads of kv head h over rows t <= pos
+ * with (t / block) % nsplit == s; an empty split leaves zeros, -inf, 0. */
+static void op_attn(const MegacArgs *a, const int64_t *in)
+{
+    const float *q = opnd(a, in, 0), *kc = opnd(a, in, 1), *vc = opnd(a, in, 2);
+    float *part = opnd(a, in, 3);
+    int64_t h = in[KT_PARAM], s = in[KT_PARAM + 1], nsplit = in[KT_PARAM + 2], block = in[KT_PARAM + 3];
+    int64_t hd = SHAPE(KS_HEAD_DIM), G = SHAPE(KS_N_HEADS) / SHAPE(KS_N_KV_HEADS);
+    float scale = 1.0f / sqrtf((float)hd);
+    float *p = part + (h * nsplit + s) * G * (hd + 2);
+    for (int64_t g = 0; g < G; g++) {
+        memset(p + g * (hd + 2), 0, (size_t)hd * sizeof(float));
+        p[g * (hd + 2) + hd] = NEG_INF;
+        p[g * (hd + 2) + hd + 1] = 0.0f;
+    }
+    const float *kh = kc + h * SHAPE(KS_MAX_SEQ) * hd, *vh = vc + h * SHAPE(KS_MAX_SEQ) * hd;
+    for (int64_t t0 = s * block; t0 <= a->pos; t0 += nsplit * block) {
+        int64_t t1 = t0 + block <= a->pos + 1 ? t0 + block : a->pos + 1;
+        for (int64_t t = t0; t < t1; t++)
+            for (int64_t g = 0; g < G; g++)
+                attn_row(p + g * (hd + 2), q + (h * G + g) * hd, kh + t * hd, vh + t * hd, hd, scale);
+    }
+}
+
+/* out[q head] = sum_s o_s * e^(m_s - M) / sum_s l_s * e^(m_s - M) */
+static void op_attn_combine(const MegacArgs *a, const int64_t *in)
+{
+    const float *part = opnd(a, in, 0);
+    float *out = opnd(a, in, 1);
+    int64_t h = in[KT_PARAM], nsplit = in[KT_PARAM + 1];
+    int64_t hd = SHAPE(KS_HEAD_DIM), G = SHAPE(KS_N_HEADS) / SHAPE(KS_N_KV_HEADS);
+    for (int64_t g = 0; g < G; g++) {
+        float *o = out + (h * G + g) * hd;
+        float M = NEG_INF, L = 0.0f;
+        for (int64_t s = 0; s < nsplit; s++) {
+            float m = part[((h * nsplit + s) * G + g) * (hd + 2) + hd];
+            M = m > M ? m : M;
+        }
+        memset(o, 0, (size_t)hd * sizeof(float));
+        for (int64_t s = 0; s < nsplit; s++) {
+            const float *p = part + ((h * nsplit + s) * G + g) * (hd + 2);
+            if (p[hd] == NEG_INF)
+                continue;
+            float e = expf(p[hd] - M);
+            L += p[hd + 1] * e;
+            for (int64_t d = 0; d < hd; d++)
+                o[d] += p[d] * e;
+        }
+        float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        for (int64_t d = 0; d < hd; d++)
+            o[d] *= inv;
+    }
+}
+
+static void op_silu_mul(const MegacArgs *a, const int64_t *in)
+{
+    const float *g = opnd(a, in, 0), *u = opnd(a, in, 1);
+    float *out = opnd(a, in, 2);
+    for (int64_t r = in[KT_PARAM]; r < in[KT_PARAM + 1]; r++)
+        out[r] = g[r] / (1.0f + expf(-g[r])) * u[r];
+}
+
+static void op_add(const MegacArgs *a, const int64_t *in)
+{
+    float *x = opnd(a, in, 0);
+    const float *y = opnd(a, in, 1);
+    for (int64_t r = in[KT_PARAM]; r < in[KT_PARAM + 1]; r++)
+        x[r] += y[r];
+}
+
+/* amax[slot] = (max of x[r0:r1], first index of it) */
+static void op_argmax(const MegacArgs *a, const int64_t *in)
+{
+    const float *x = opnd(a, in, 0);
+    float *amax = opnd(a, in, 1);
+    int64_t r0 = in[KT_PARAM], r1 = in[KT_PARAM + 1], slot = in[KT_PARAM + 2];
+    float best = NEG_INF;
+    int64_t idx = r0;
+    for (int64_t r = r0; r < r1; r++) {
+        if (x[r] > best) {
+            best = x[r];
+            idx = r;
+        }
+    }
+    amax[2 * slot] = best;
+    amax[2 * slot + 1] = (float)idx;
+}
+
+/* out[0] = index of the largest partial; the lowest index wins ties. */
+static void op_argmax_combine(const MegacArgs *a, const int64_t *in)
+{
+    const float *amax = opnd(a, in, 0);
+    int64_t nslot = in[KT_PARAM];
+    float best = amax[0], idx = amax[1];
+    for (int64_t i = 1; i < nslot; i++) {
+        float v = amax[2 * i], j = amax[2 * i + 1];
+        if (v > best || (v == best && j < idx)) {
+            best = v;
+            idx = j;
+        }
+    }
+    if (opnd_dtype(in, 1) == DT_I32)
+        *(int32_t *)opnd(a, in, 1) = (int32_t)idx;
+    else
+        *(float *)opnd(a, in, 1) = idx;
+}
+
+static void op_run(const MegacArgs *a, const int64_t *in)
+{
+    switch (in[KT_OP]) {
+    case OP_EMBED: op_embed(a, in); break;
+    case OP_RMSNORM: op_rmsnorm(a, in); break;
+    case OP_GEMV: op_gemv(a, in); break;
+    case OP_ROPE: op_rope(a, in); break;
+    case OP_KV_APPEND: op_kv_append(a, in); break;
+    case OP_ATTN: op_attn(a, in); break;
+    case OP_ATTN_COMBINE: op_attn_combine(a, in); break;
+    case OP_SILU_MUL: op_silu_mul(a, in); break;
+    case OP_ADD: op_add(a, in); break;
+    case OP_ARGMAX: op_argmax(a, in); break;
+    case OP_ARGMAX_COMBINE: op_argmax_combine(a, in); break;
+    default: break;
+    }
+}
+
+/* ---- synchronization ---- */
+
+#define WAIT_SPIN_BATCH 64      /* pauses between deadline checks */
+#define WAIT_YIELD_AFTER 256    /* batches of pure spinning before yielding */
+#define WAIT_DEFAULT_NS 2000000000ull
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void cpu_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static int abort_seen(const MegacArgs *a)
+{
+    return a->abort_info && __atomic_load_n(&a->abort_info->flag, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* The first worker to give up records where; the others just return. */
+static void abort_record(const MegacArgs *a, uint32_t flag, uint32_t worker, uint32_t pc, uint32_t ctr,
+                         uint32_t value, uint32_t threshold)
+{
+    uint32_t zero = 0;
+    MegacAbort *ab = a->abort_info;
+    if (!ab || !__atomic_compare_exchange_n(&ab->flag, &zero, flag, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return;
+    ab->worker = worker;
+    ab->pc = pc;
+    ab->counter = ctr;
+    ab->value = value;
+    ab->threshold = threshold;
+}
+
+/* wait c >= n. Returns 0 when the worker must stop (deadline or abort). */
+static int sync_wait(const MegacArgs *a, uint32_t worker, uint32_t pc, uint32_t c, uint32_t n)
+{
+    uint32_t *ctr = a->counters + c;
+    if (__atomic_load_n(ctr, __ATOMIC_ACQUIRE) >= n)
+        return 1;
+    uint64_t limit = a->timeout_ns ? a->timeout_ns : WAIT_DEFAULT_NS;
+    uint64_t t0 = now_ns();
+    for (uint64_t batch = 0;; batch++) {
+        for (int i = 0; i < WAIT_SPIN_BATCH; i++) {
+            if (__atomic_load_n(ctr, __ATOMIC_ACQUIRE) >= n)
+                return 1;
+            cpu_pause();
+        }
+        if (abort_seen(a))
+            return 0;
+        if (batch >= WAIT_YIELD_AFTER)
+            sched_yield();
+        if (now_ns() - t0 > limit) {
+            abort_record(a, KT_ABORT_TIMEOUT, worker, pc, c, __atomic_load_n(ctr, __ATOMIC_ACQUIRE), n);
+            return 0;
+        }
+    }
+}
+
+/* ---- entry point ---- */
+
+void megac_worker(const MegacArgs *a, uint32_t worker)
+{
+    if (worker >= megac_k_nworkers)
+        return;
+    if (a->pos < 0 || a->pos >= SHAPE(KS_MAX_SEQ)) {
+        abort_record(a, KT_ABORT_BAD_POS, worker, UINT32_MAX, UINT32_MAX, (uint32_t)a->pos,
+                     (uint32_t)SHAPE(KS_MAX_SEQ));
+        return;
+    }
+    int32_t first = megac_k_wstart[worker], end = megac_k_wstart[worker + 1];
+    for (int32_t i = first; i < end; i++) {
+        const int64_t *in = megac_k_insts + (int64_t)i * KT_STRIDE;
+        switch (in[KT_KIND]) {
+        case K_INST_OP:
+            op_run(a, in);
+            break;
+        case K_INST_SIGNAL:
+            __atomic_fetch_add(a->counters + in[KT_COUNTER], (uint32_t)in[KT_AMOUNT], __ATOMIC_RELEASE);
+            break;
+        case K_INST_WAIT:
+            if (!sync_wait(a, worker, (uint32_t)(i - first), (uint32_t)in[KT_COUNTER], (uint32_t)in[KT_AMOUNT]))
+                return;
+            break;
+        default:
+            break;
+        }
+    }
+}

@@ -1,0 +1,689 @@
+/*
+ * test_cpu_ops.c - the CPU backend end to end: small schedules built in
+ * memory with the ir.h API are compiled by cg_cpu_compile into a temporary
+ * kernel.so, loaded with dlopen and run by a small pthread harness (one
+ * thread per worker, counters zeroed before each step), on random inputs.
+ * Every op is compared against a scalar double-precision implementation
+ * written here from the semantics of ir/ops.h; then a multi-worker
+ * signal/wait chain, the wait watchdog, and the bad-position guard.
+ *
+ * MEGAC_CPU_BENCH=1 also runs a large GEMV and prints its bandwidth.
+ */
+#include "codegen/codegen.h"
+#include "codegen/cpu/kernel_table.h"
+#include "runtime/kernel_abi.h"
+
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- harness ---- */
+
+typedef void (*WorkerFn)(const MegacArgs *, uint32_t);
+
+typedef struct Kern {
+    Schedule *s;
+    char dir[64], so[96];
+    void *dl;
+    WorkerFn worker;
+    char *weights, *arena;
+    uint32_t *ctrs;
+    MegacAbort abort_info;
+} Kern;
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float rnd(void)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(rng_state >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+}
+
+static void *zalloc64(uint64_t n)
+{
+    size_t m = (size_t)((n + 63) / 64 * 64);
+    void *p = aligned_alloc(64, m ? m : 64);
+    cr_assert_not_null(p);
+    memset(p, 0, m ? m : 64);
+    return p;
+}
+
+static void kern_build(Kern *k, Schedule *s)
+{
+    memset(k, 0, sizeof *k);
+    k->s = s;
+    sched_layout(s);
+    strcpy(k->dir, "/tmp/megac_cpu_XXXXXX");
+    cr_assert_not_null(mkdtemp(k->dir));
+    snprintf(k->so, sizeof k->so, "%s/kernel.so", k->dir);
+    Diag d;
+    diag_init(&d);
+    CpuOptions o = {.cpu = NULL, .verbose = getenv("MEGAC_CPU_VERBOSE") != NULL};
+    cr_assert(cg_cpu_compile(s, &o, k->so, &d), "cg_cpu_compile failed");
+    k->dl = dlopen(k->so, RTLD_NOW | RTLD_LOCAL);
+    cr_assert_not_null(k->dl, "dlopen: %s", dlerror());
+    k->worker = (WorkerFn)(uintptr_t)dlsym(k->dl, "megac_worker");
+    cr_assert_not_null(k->worker);
+    const uint64_t *abi = dlsym(k->dl, "megac_kernel_abi"), *hash = dlsym(k->dl, "megac_schedule_hash");
+    const uint32_t *nw = dlsym(k->dl, "megac_num_workers");
+    cr_assert(abi && hash && nw);
+    cr_assert_eq(*abi, MEGAC_KERNEL_ABI);
+    cr_assert_eq(*hash, sched_hash(s));
+    cr_assert_eq(*nw, s->nworkers);
+    k->weights = zalloc64(s->weights_bytes);
+    k->arena = zalloc64(s->arena_bytes);
+    k->ctrs = zalloc64(4 * (s->nctrs + 1));
+}
+
+static void kern_free(Kern *k)
+{
+    dlclose(k->dl);
+    unlink(k->so);
+    rmdir(k->dir);
+    free(k->weights);
+    free(k->arena);
+    free(k->ctrs);
+    sched_free(k->s);
+}
+
+static void *buf(Kern *k, uint32_t b)
+{
+    const Buffer *bf = &k->s->bufs[b];
+    return (bf->cls == BUF_WEIGHT ? k->weights : k->arena) + bf->offset;
+}
+
+static void fill(Kern *k, uint32_t b)
+{
+    float *p = buf(k, b);
+    for (int64_t i = 0; i < k->s->bufs[b].nelem; i++)
+        p[i] = rnd();
+}
+
+typedef struct {
+    Kern *k;
+    MegacArgs *args;
+    uint32_t w;
+} Job;
+
+static void *job_main(void *p)
+{
+    Job *j = p;
+    j->k->worker(j->args, j->w);
+    return NULL;
+}
+
+/* One decode step: counters zeroed, one thread per worker. */
+static void kern_step(Kern *k, int64_t pos, uint64_t timeout_ns)
+{
+    uint32_t n = k->s->nworkers;
+    memset(k->ctrs, 0, 4 * (k->s->nctrs + 1));
+    MegacArgs args = {k->weights, k->arena, k->ctrs, &k->abort_info, pos, timeout_ns};
+    pthread_t th[16];
+    Job jobs[16];
+    cr_assert(n <= 16);
+    for (uint32_t w = 0; w < n; w++) {
+        jobs[w] = (Job){k, &args, w};
+        cr_assert_eq(pthread_create(&th[w], NULL, job_main, &jobs[w]), 0);
+    }
+    for (uint32_t w = 0; w < n; w++)
+        pthread_join(th[w], NULL);
+}
+
+static uint32_t add_buf(Schedule *s, const char *name, BufClass c, int64_t n)
+{
+    return sched_add_buffer(s, name, DT_F32, c, 1, &n);
+}
+
+/* Op with whole-buffer accesses (the backend only uses the buffer). */
+static void add_op(Schedule *s, int w, int op, const int32_t *p, const uint32_t *bufs)
+{
+    const OpInfo *oi = op_info(op);
+    Access acc[OP_MAX_OPERANDS];
+    for (int i = 0; i < oi->noperands; i++) {
+        uint32_t b = bufs[i];
+        int64_t n = b == BUF_NONE ? 0 : s->bufs[b].nelem;
+        acc[i] = (Access){b, (uint8_t)(i == 0 ? ACC_RW : ACC_R), affine_const(0), affine_const(n)};
+    }
+    sched_op(s, w, op, p, acc);
+}
+
+static void expect_close(const char *what, const float *got, const double *ref, const double *mag, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double scale = mag ? mag[i] : fabs(ref[i]);
+        double tol = 1e-5 * (scale + 1e-2);
+        cr_assert(fabs((double)got[i] - ref[i]) <= tol, "%s[%ld]: got %.9g, want %.9g (tol %.3g)", what, (long)i,
+                  (double)got[i], ref[i], tol);
+    }
+}
+
+/* ---- reference ops, in double ---- */
+
+static double ref_rms_scale(const float *x, int64_t n, double eps)
+{
+    double ss = 0;
+    for (int64_t j = 0; j < n; j++)
+        ss += (double)x[j] * x[j];
+    return 1.0 / sqrt(ss / (double)n + eps);
+}
+
+/* y[r] for r in [r0, r1); other entries keep y0. */
+static void ref_gemv(const float *W, const float *x, const float *nw, const float *b, const float *y0, int64_t rows,
+                     int64_t r0, int64_t r1, int64_t k, int flags, double eps, double *y, double *mag)
+{
+    double sc = (flags & GEMV_NORM) ? ref_rms_scale(x, k, eps) : 1.0;
+    for (int64_t r = 0; r < rows; r++) {
+        y[r] = y0[r];
+        mag[r] = fabs(y0[r]);
+        if (r < r0 || r >= r1)
+            continue;
+        double acc = 0, m = 0;
+        for (int64_t j = 0; j < k; j++) {
+            double xin = (flags & GEMV_NORM) ? x[j] * sc * nw[j] : x[j];
+            acc += (double)W[r * k + j] * xin;
+            m += fabs((double)W[r * k + j] * xin);
+        }
+        if (flags & GEMV_BIAS)
+            acc += b[r], m += fabs(b[r]);
+        y[r] = (flags & GEMV_ACCUM) ? y0[r] + acc : acc;
+        mag[r] = m + ((flags & GEMV_ACCUM) ? fabs(y0[r]) : 0);
+    }
+}
+
+static void ref_rope(const float *v, int64_t n, const float *tab, int64_t pos, int64_t h0, int64_t h1, int64_t hd,
+                     int half, double *out)
+{
+    for (int64_t i = 0; i < n; i++)
+        out[i] = v[i];
+    for (int64_t h = h0; h < h1; h++) {
+        for (int64_t i = 0; i < hd / 2; i++) {
+            int64_t i0 = half ? i : 2 * i, i1 = half ? i + hd / 2 : 2 * i + 1;
+            double c = tab[(pos * (hd / 2) + i) * 2], s = tab[(pos * (hd / 2) + i) * 2 + 1];
+            double x0 = v[h * hd + i0], x1 = v[h * hd + i1];
+            out[h * hd + i0] = x0 * c - x1 * s;
+            out[h * hd + i1] = x0 * s + x1 * c;
+        }
+    }
+}
+
+/* ---- the op schedule ---- */
+
+enum { HD = 20, NH = 4, NKV = 2, G = NH / NKV, DIM = NH * HD, HID = 100, VOCAB = 37, SEQ = 16, NSPLIT = 3, BLOCK = 2 };
+
+typedef struct OpBufs {
+    uint32_t tok, table, emb_out;
+    uint32_t rx, rw, rout;
+    uint32_t W1, x1, nw1, b1, y_plain, y_acc, y_norm;
+    uint32_t W2, x2, nw2, b2, y_all;
+    uint32_t vq, rope;
+    uint32_t kin, vin, kca, vca;
+    uint32_t q, kc, vc, part;
+    uint32_t partc, outc;
+    uint32_t sg, su, sout, aa, ab;
+    uint32_t xam, amax, amaxc, amout;
+} OpBufs;
+
+static ModelShape op_shape(int pairing)
+{
+    return (ModelShape){.dim = DIM, .hidden_dim = HID, .n_layers = 1, .n_heads = NH, .n_kv_heads = NKV,
+                        .head_dim = HD, .vocab_size = VOCAB, .max_seq = SEQ, .norm_eps = 1e-5,
+                        .rope_pairing = pairing};
+}
+
+static void op_buffers(Schedule *s, OpBufs *b)
+{
+    int64_t one = 1, tshape[2] = {VOCAB, DIM};
+    b->tok = sched_add_buffer(s, "tok", DT_I32, BUF_IO, 1, &one);
+    b->table = sched_add_buffer(s, "embed", DT_F32, BUF_WEIGHT, 2, tshape);
+    b->emb_out = add_buf(s, "emb_out", BUF_SCRATCH, DIM);
+    b->rx = add_buf(s, "rx", BUF_STATE, DIM), b->rw = add_buf(s, "rw", BUF_WEIGHT, DIM);
+    b->rout = add_buf(s, "rout", BUF_SCRATCH, DIM);
+    b->W1 = add_buf(s, "W1", BUF_WEIGHT, 37 * DIM), b->x1 = add_buf(s, "x1", BUF_STATE, DIM);
+    b->nw1 = add_buf(s, "nw1", BUF_WEIGHT, DIM), b->b1 = add_buf(s, "b1", BUF_WEIGHT, 37);
+    b->y_plain = add_buf(s, "y_plain", BUF_SCRATCH, 37), b->y_acc = add_buf(s, "y_acc", BUF_SCRATCH, 37);
+    b->y_norm = add_buf(s, "y_norm", BUF_SCRATCH, 37);
+    b->W2 = add_buf(s, "W2", BUF_WEIGHT, 23 * HID), b->x2 = add_buf(s, "x2", BUF_STATE, HID);
+    b->nw2 = add_buf(s, "nw2", BUF_WEIGHT, HID), b->b2 = add_buf(s, "b2", BUF_WEIGHT, 23);
+    b->y_all = add_buf(s, "y_all", BUF_SCRATCH, 23);
+    b->vq = add_buf(s, "vq", BUF_SCRATCH, NH * HD), b->rope = add_buf(s, "rope", BUF_WEIGHT, SEQ * HD);
+    b->kin = add_buf(s, "kin", BUF_SCRATCH, NKV * HD), b->vin = add_buf(s, "vin", BUF_SCRATCH, NKV * HD);
+    b->kca = add_buf(s, "kca", BUF_KV, NKV * SEQ * HD), b->vca = add_buf(s, "vca", BUF_KV, NKV * SEQ * HD);
+    b->q = add_buf(s, "q", BUF_SCRATCH, NH * HD);
+    b->kc = add_buf(s, "kc", BUF_KV, NKV * SEQ * HD), b->vc = add_buf(s, "vc", BUF_KV, NKV * SEQ * HD);
+    b->part = add_buf(s, "part", BUF_SCRATCH, NKV * NSPLIT * G * (HD + 2));
+    b->partc = add_buf(s, "partc", BUF_SCRATCH, NKV * NSPLIT * G * (HD + 2));
+    b->outc = add_buf(s, "outc", BUF_SCRATCH, NH * HD);
+    b->sg = add_buf(s, "sg", BUF_SCRATCH, HID), b->su = add_buf(s, "su", BUF_SCRATCH, HID);
+    b->sout = add_buf(s, "sout", BUF_SCRATCH, HID);
+    b->aa = add_buf(s, "aa", BUF_SCRATCH, HID), b->ab = add_buf(s, "ab", BUF_SCRATCH, HID);
+    b->xam = add_buf(s, "xam", BUF_SCRATCH, VOCAB), b->amax = add_buf(s, "amax", BUF_SCRATCH, 6);
+    b->amaxc = add_buf(s, "amaxc", BUF_SCRATCH, 8);
+    b->amout = sched_add_buffer(s, "amout", DT_I32, BUF_IO, 1, &one);
+}
+
+#define OP(o, p, ...) add_op(s, (w++) % nw, o, (const int32_t[])p, (const uint32_t[]){__VA_ARGS__})
+#define P(...) {__VA_ARGS__}
+
+/* Every op at least once, independent of each other, round-robin over the
+ * workers (no op reads what another writes, so no sync is needed). */
+static void op_insts(Schedule *s, const OpBufs *b, int nw)
+{
+    int w = 0;
+    const uint32_t N = BUF_NONE;
+    OP(OP_EMBED, P(8, 72), b->tok, b->table, b->emb_out);
+    OP(OP_RMSNORM, P(DIM), b->rx, b->rw, b->rout);
+    OP(OP_GEMV, P(0, 37, DIM, 0), b->W1, b->x1, b->y_plain, N, N);
+    OP(OP_GEMV, P(5, 31, DIM, GEMV_ACCUM | GEMV_BIAS), b->W1, b->x1, b->y_acc, N, b->b1);
+    OP(OP_GEMV, P(0, 37, DIM, GEMV_NORM), b->W1, b->x1, b->y_norm, b->nw1, N);
+    OP(OP_GEMV, P(2, 23, HID, GEMV_NORM | GEMV_ACCUM | GEMV_BIAS), b->W2, b->x2, b->y_all, b->nw2, b->b2);
+    OP(OP_ROPE, P(1, 4), b->vq, b->rope);
+    OP(OP_KV_APPEND, P(1), b->kin, b->vin, b->kca, b->vca);
+    for (int h = 0; h < NKV; h++)
+        for (int sp = 0; sp < NSPLIT; sp++)
+            OP(OP_ATTN, P(h, sp, NSPLIT, BLOCK), b->q, b->kc, b->vc, b->part);
+    for (int h = 0; h < NKV; h++)
+        OP(OP_ATTN_COMBINE, P(h, NSPLIT), b->partc, b->outc);
+    OP(OP_SILU_MUL, P(3, 90), b->sg, b->su, b->sout);
+    OP(OP_ADD, P(0, HID), b->aa, b->ab);
+    OP(OP_ARGMAX, P(0, 13, 0), b->xam, b->amax);
+    OP(OP_ARGMAX, P(13, 26, 1), b->xam, b->amax);
+    OP(OP_ARGMAX, P(26, 37, 2), b->xam, b->amax);
+    OP(OP_ARGMAX_COMBINE, P(4), b->amaxc, b->amout);
+}
+
+static Kern op_kernel(int nw, int pairing, OpBufs *b)
+{
+    Schedule *s = sched_new("cpu_ops", "cpu", nw);
+    s->shape = op_shape(pairing);
+    op_buffers(s, b);
+    op_insts(s, b, nw);
+    Kern k;
+    kern_build(&k, s);
+    return k;
+}
+
+/* Random inputs, with the structure some ops need. */
+static void op_inputs(Kern *k, const OpBufs *b)
+{
+    for (uint32_t i = 0; i < k->s->nbufs; i++)
+        if (k->s->bufs[i].dtype == DT_F32)
+            fill(k, i);
+    *(int32_t *)buf(k, b->tok) = 29;
+    float *xam = buf(k, b->xam);
+    xam[2] = xam[5] = 3.0f;   /* tie inside slot 0: 2 wins */
+    xam[17] = xam[30] = 5.0f; /* equal maxima of slots 1 and 2 */
+    float *pc = buf(k, b->partc);
+    for (int i = 0; i < NKV * NSPLIT * G; i++) {
+        float *e = pc + i * (HD + 2);
+        e[HD] = 2.0f * rnd();
+        e[HD + 1] = 1.5f + rnd();
+        if (i % 5 == 3) /* an empty split */
+            memset(e, 0, HD * sizeof(float)), e[HD] = -INFINITY, e[HD + 1] = 0;
+    }
+    float *am = buf(k, b->amaxc);
+    float vals[8] = {3, 40, 7, 12, 7, 9, 2, 41};
+    memcpy(am, vals, sizeof vals); /* max 7 at indices 12 and 9: 9 wins */
+    *(int32_t *)buf(k, b->amout) = -1;
+}
+
+/* Snapshot of a buffer before the step, for in-place and untouched parts. */
+static float *snap(Kern *k, uint32_t b)
+{
+    size_t n = (size_t)k->s->bufs[b].nelem * sizeof(float);
+    float *p = malloc(n);
+    memcpy(p, buf(k, b), n);
+    return p;
+}
+
+static void check_gemv(Kern *k, const char *what, uint32_t W, uint32_t x, uint32_t nw, uint32_t bb, uint32_t y,
+                       const float *y0, int64_t r0, int64_t r1, int64_t kk, int flags)
+{
+    int64_t rows = k->s->bufs[y].nelem;
+    double ref[128], mag[128];
+    ref_gemv(buf(k, W), buf(k, x), buf(k, nw), buf(k, bb), y0, rows, r0, r1, kk, flags, 1e-5, ref, mag);
+    expect_close(what, buf(k, y), ref, mag, rows);
+}
+
+static void check_attn(Kern *k, const OpBufs *b, int64_t pos)
+{
+    const float *q = buf(k, b->q), *kc = buf(k, b->kc), *vc = buf(k, b->vc), *part = buf(k, b->part);
+    for (int h = 0; h < NKV; h++)
+        for (int sp = 0; sp < NSPLIT; sp++)
+            for (int g = 0; g < G; g++) {
+                double m = -INFINITY, l = 0, o[HD] = {0};
+                double sc[SEQ];
+                for (int t = 0; t <= pos; t++) {
+                    sc[t] = -INFINITY;
+                    if ((t / BLOCK) % NSPLIT != sp)
+                        continue;
+                    double d = 0;
+                    for (int j = 0; j < HD; j++)
+                        d += (double)q[(h * G + g) * HD + j] * kc[(h * SEQ + t) * HD + j];
+                    sc[t] = d / sqrt((double)HD);
+                    m = fmax(m, sc[t]);
+                }
+                for (int t = 0; t <= pos; t++) {
+                    if (sc[t] == -INFINITY)
+                        continue;
+                    double e = exp(sc[t] - m);
+                    l += e;
+                    for (int j = 0; j < HD; j++)
+                        o[j] += e * vc[(h * SEQ + t) * HD + j];
+                }
+                const float *got = part + ((h * NSPLIT + sp) * G + g) * (HD + 2);
+                double want[HD + 2];
+                memcpy(want, o, sizeof o);
+                want[HD] = m, want[HD + 1] = l;
+                if (m == -INFINITY) {
+                    cr_assert(got[HD] == -INFINITY && got[HD + 1] == 0, "empty split h%d s%d: m %g l %g", h, sp,
+                              (double)got[HD], (double)got[HD + 1]);
+                    expect_close("attn empty split", got, want, NULL, HD);
+                } else {
+                    expect_close("attn partial", got, want, NULL, HD + 2);
+                }
+            }
+}
+
+static void check_attn_combine(Kern *k, const OpBufs *b)
+{
+    const float *pc = buf(k, b->partc);
+    double ref[NH * HD];
+    for (int h = 0; h < NKV; h++)
+        for (int g = 0; g < G; g++) {
+            double M = -INFINITY, L = 0, o[HD] = {0};
+            for (int sp = 0; sp < NSPLIT; sp++)
+                M = fmax(M, pc[((h * NSPLIT + sp) * G + g) * (HD + 2) + HD]);
+            for (int sp = 0; sp < NSPLIT; sp++) {
+                const float *e = pc + ((h * NSPLIT + sp) * G + g) * (HD + 2);
+                if (e[HD] == -INFINITY)
+                    continue;
+                double f = exp(e[HD] - M);
+                L += e[HD + 1] * f;
+                for (int j = 0; j < HD; j++)
+                    o[j] += e[j] * f;
+            }
+            for (int j = 0; j < HD; j++)
+                ref[(h * G + g) * HD + j] = o[j] / L;
+        }
+    expect_close("attn_combine", buf(k, b->outc), ref, NULL, NH * HD);
+}
+
+static void check_elementwise(Kern *k, const OpBufs *b, const float *aa0)
+{
+    double ref[HID > VOCAB ? HID : VOCAB];
+    const float *g = buf(k, b->sg), *u = buf(k, b->su), *sout = buf(k, b->sout), *ab = buf(k, b->ab);
+    for (int r = 3; r < 90; r++)
+        ref[r - 3] = g[r] / (1.0 + exp(-(double)g[r])) * u[r];
+    expect_close("silu_mul", sout + 3, ref, NULL, 87);
+    for (int r = 0; r < HID; r++)
+        ref[r] = (double)aa0[r] + ab[r];
+    expect_close("add", buf(k, b->aa), ref, NULL, HID);
+}
+
+static void check_argmax(Kern *k, const OpBufs *b)
+{
+    const float *x = buf(k, b->xam), *am = buf(k, b->amax);
+    int bounds[4] = {0, 13, 26, 37};
+    for (int sl = 0; sl < 3; sl++) {
+        int best = bounds[sl];
+        for (int r = bounds[sl]; r < bounds[sl + 1]; r++)
+            if (x[r] > x[best])
+                best = r;
+        cr_assert_eq(am[2 * sl], x[best], "argmax slot %d value", sl);
+        cr_assert_eq(am[2 * sl + 1], (float)best, "argmax slot %d index %g, want %d", sl, (double)am[2 * sl + 1], best);
+    }
+    cr_assert_eq(am[1], 2.0f, "a tie inside a slot keeps the first index");
+    cr_assert(am[3] == 17.0f && am[5] == 30.0f);
+    cr_assert_eq(*(int32_t *)buf(k, b->amout), 9, "argmax_combine: lowest index among equal maxima");
+}
+
+static void check_misc(Kern *k, const OpBufs *b, const float *emb0, const float *vq0, int64_t pos, int half)
+{
+    const float *out = buf(k, b->emb_out), *tab = buf(k, b->table);
+    for (int c = 0; c < DIM; c++)
+        cr_assert_eq(out[c], c >= 8 && c < 72 ? tab[29 * DIM + c] : emb0[c], "embed[%d]", c);
+    double ref[NH * HD], mag[NH * HD];
+    double sc = ref_rms_scale(buf(k, b->rx), DIM, 1e-5);
+    const float *rx = buf(k, b->rx), *rw = buf(k, b->rw);
+    for (int j = 0; j < DIM; j++)
+        ref[j] = rx[j] * sc * rw[j];
+    expect_close("rmsnorm", buf(k, b->rout), ref, NULL, DIM);
+    ref_rope(vq0, NH * HD, buf(k, b->rope), pos, 1, 4, HD, half, ref);
+    for (int j = 0; j < NH * HD; j++)
+        mag[j] = 2.0;
+    expect_close("rope", buf(k, b->vq), ref, mag, NH * HD);
+    const float *kin = buf(k, b->kin), *vin = buf(k, b->vin), *kca = buf(k, b->kca), *vca = buf(k, b->vca);
+    cr_assert(memcmp(kca + (1 * SEQ + pos) * HD, kin + HD, HD * sizeof(float)) == 0, "kv_append k row");
+    cr_assert(memcmp(vca + (1 * SEQ + pos) * HD, vin + HD, HD * sizeof(float)) == 0, "kv_append v row");
+}
+
+/* Builds the op schedule for nw workers and checks every op at a few
+ * positions (pos 1 leaves attention splits empty). */
+static void run_ops(int nw, int pairing)
+{
+    OpBufs b;
+    Kern k = op_kernel(nw, pairing, &b);
+    int64_t positions[] = {0, 1, 7, SEQ - 1};
+    for (int i = 0; i < 4; i++) {
+        op_inputs(&k, &b);
+        float *y_acc = snap(&k, b.y_acc), *y_all = snap(&k, b.y_all), *y_plain = snap(&k, b.y_plain);
+        float *y_norm = snap(&k, b.y_norm), *emb = snap(&k, b.emb_out), *vq = snap(&k, b.vq), *aa = snap(&k, b.aa);
+        kern_step(&k, positions[i], 0);
+        cr_assert_eq(k.abort_info.flag, 0);
+        check_gemv(&k, "gemv plain", b.W1, b.x1, b.nw1, b.b1, b.y_plain, y_plain, 0, 37, DIM, 0);
+        check_gemv(&k, "gemv accum+bias", b.W1, b.x1, b.nw1, b.b1, b.y_acc, y_acc, 5, 31, DIM, GEMV_ACCUM | GEMV_BIAS);
+        check_gemv(&k, "gemv norm", b.W1, b.x1, b.nw1, b.b1, b.y_norm, y_norm, 0, 37, DIM, GEMV_NORM);
+        check_gemv(&k, "gemv norm+accum+bias", b.W2, b.x2, b.nw2, b.b2, b.y_all, y_all, 2, 23, HID,
+                   GEMV_NORM | GEMV_ACCUM | GEMV_BIAS);
+        check_misc(&k, &b, emb, vq, positions[i], pairing);
+        check_attn(&k, &b, positions[i]);
+        check_attn_combine(&k, &b);
+        check_elementwise(&k, &b, aa);
+        check_argmax(&k, &b);
+        free(y_acc), free(y_all), free(y_plain), free(y_norm), free(emb), free(vq), free(aa);
+    }
+    kern_free(&k);
+}
+
+Test(cpu_ops, every_op_one_worker_adjacent_rope)
+{
+    run_ops(1, 0);
+}
+
+Test(cpu_ops, every_op_three_workers_half_rope)
+{
+    run_ops(3, 1);
+}
+
+/* ---- synchronization ---- */
+
+enum { CN = 1000 };
+
+/* A value chain that hops across three workers through signal/wait,
+ * including a counter that two workers signal and one waits for twice. */
+Test(cpu_ops, signal_wait_chain)
+{
+    Schedule *s = sched_new("chain", "cpu", 3);
+    s->shape = op_shape(0);
+    uint32_t x = add_buf(s, "x", BUF_STATE, CN), y = add_buf(s, "y", BUF_STATE, CN);
+    uint32_t u = add_buf(s, "u", BUF_STATE, CN), t = add_buf(s, "t", BUF_SCRATCH, CN);
+    uint32_t z = add_buf(s, "z", BUF_STATE, CN);
+    uint32_t c[7];
+    for (int i = 0; i < 7; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "c%d", i);
+        c[i] = sched_add_counter(s, name);
+    }
+    const int32_t all[2] = {0, CN};
+    add_op(s, 0, OP_ADD, all, (uint32_t[]){x, y});                  /* x += y */
+    sched_signal(s, 0, c[0], 1);
+    sched_wait(s, 1, c[0], 1);
+    add_op(s, 1, OP_SILU_MUL, all, (uint32_t[]){x, u, t});          /* t = silu(x) u */
+    sched_signal(s, 1, c[1], 1);
+    sched_wait(s, 2, c[1], 1);
+    add_op(s, 2, OP_ADD, all, (uint32_t[]){x, t});                  /* x += t */
+    sched_signal(s, 2, c[2], 1);
+    sched_wait(s, 0, c[2], 1);
+    add_op(s, 0, OP_SILU_MUL, all, (uint32_t[]){x, u, t});          /* t = silu(x) u */
+    sched_signal(s, 0, c[3], 1);
+    sched_wait(s, 1, c[3], 1);
+    add_op(s, 1, OP_ADD, all, (uint32_t[]){x, t});                  /* x += t */
+    sched_signal(s, 1, c[4], 2);
+    sched_signal(s, 1, c[6], 1);
+    sched_wait(s, 2, c[4], 2);
+    add_op(s, 2, OP_ADD, all, (uint32_t[]){z, x});                  /* z += x */
+    sched_signal(s, 2, c[6], 1);
+    sched_wait(s, 0, c[6], 2);
+    add_op(s, 0, OP_ADD, all, (uint32_t[]){z, x});                  /* z += x */
+    Kern k;
+    kern_build(&k, s);
+    for (int step = 0; step < 50; step++) {
+        fill(&k, x), fill(&k, y), fill(&k, u), fill(&k, z);
+        double rx[CN], rz[CN];
+        const float *px = buf(&k, x), *py = buf(&k, y), *pu = buf(&k, u), *pz = buf(&k, z);
+        for (int i = 0; i < CN; i++) {
+            float xv = px[i] + py[i];
+            xv += xv / (1.0f + expf(-xv)) * pu[i];
+            xv += xv / (1.0f + expf(-xv)) * pu[i];
+            rx[i] = xv;
+            rz[i] = (double)pz[i] + 2.0 * xv;
+        }
+        kern_step(&k, 0, 0);
+        cr_assert_eq(k.abort_info.flag, 0, "step %d aborted", step);
+        expect_close("chain x", buf(&k, x), rx, NULL, CN);
+        expect_close("chain z", buf(&k, z), rz, NULL, CN);
+    }
+    kern_free(&k);
+}
+
+static double elapsed_s(struct timespec a)
+{
+    struct timespec b;
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+}
+
+/* Worker 0 waits for 3 on a counter that only reaches 2: the watchdog must
+ * stop it and record exactly where; worker 1 finishes normally. */
+Test(cpu_ops, watchdog)
+{
+    Schedule *s = sched_new("watchdog", "cpu", 2);
+    s->shape = op_shape(0);
+    uint32_t a = add_buf(s, "a", BUF_STATE, 16), b = add_buf(s, "b", BUF_STATE, 16);
+    uint32_t c0 = sched_add_counter(s, "c0"), c1 = sched_add_counter(s, "c1");
+    sched_signal(s, 0, c1, 1);
+    add_op(s, 0, OP_ADD, (int32_t[]){0, 16}, (uint32_t[]){a, b});
+    sched_wait(s, 0, c0, 3);
+    add_op(s, 0, OP_ADD, (int32_t[]){0, 16}, (uint32_t[]){a, b});
+    sched_wait(s, 1, c1, 1);
+    sched_signal(s, 1, c0, 2);
+    Kern k;
+    kern_build(&k, s);
+    fill(&k, a), fill(&k, b);
+    float a0 = ((float *)buf(&k, a))[3], b0 = ((float *)buf(&k, b))[3];
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    kern_step(&k, 0, 50 * 1000 * 1000);
+    double dt = elapsed_s(t0);
+    cr_assert(dt >= 0.045 && dt < 1.5, "watchdog after %.3f s", dt);
+    MegacAbort *ab = &k.abort_info;
+    cr_assert_eq(ab->flag, KT_ABORT_TIMEOUT);
+    cr_assert_eq(ab->worker, 0);
+    cr_assert_eq(ab->pc, 2);
+    cr_assert_eq(ab->counter, c0);
+    cr_assert_eq(ab->value, 2);
+    cr_assert_eq(ab->threshold, 3);
+    cr_assert_eq(((float *)buf(&k, a))[3], a0 + b0, "the op after the failed wait must not run");
+
+    /* With the flag already set, a hung wait returns at once. */
+    *ab = (MegacAbort){.flag = KT_ABORT_TIMEOUT, .worker = 7};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    kern_step(&k, 0, 10ull * 1000 * 1000 * 1000);
+    cr_assert(elapsed_s(t0) < 1.0, "a set abort flag stops waiting workers");
+    cr_assert_eq(ab->worker, 7, "the first abort is kept");
+    kern_free(&k);
+}
+
+Test(cpu_ops, bad_position_runs_nothing)
+{
+    Schedule *s = sched_new("badpos", "cpu", 1);
+    s->shape = op_shape(0);
+    uint32_t a = add_buf(s, "a", BUF_STATE, 16), b = add_buf(s, "b", BUF_STATE, 16);
+    add_op(s, 0, OP_ADD, (int32_t[]){0, 16}, (uint32_t[]){a, b});
+    Kern k;
+    kern_build(&k, s);
+    fill(&k, a), fill(&k, b);
+    float a0 = ((float *)buf(&k, a))[0];
+    kern_step(&k, SEQ, 0);
+    cr_assert_eq(k.abort_info.flag, KT_ABORT_BAD_POS);
+    cr_assert_eq(k.abort_info.value, SEQ);
+    cr_assert_eq(((float *)buf(&k, a))[0], a0);
+    kern_free(&k);
+}
+
+Test(cpu_ops, unsupported_dtype_is_an_error)
+{
+    Schedule *s = sched_new("f16", "cpu", 1);
+    s->shape = op_shape(0);
+    int64_t shp[2] = {8, 16};
+    uint32_t w = sched_add_buffer(s, "w", DT_F16, BUF_WEIGHT, 2, shp);
+    uint32_t x = add_buf(s, "x", BUF_STATE, 16), y = add_buf(s, "y", BUF_SCRATCH, 8);
+    add_op(s, 0, OP_GEMV, (int32_t[]){0, 8, 16, 0}, (uint32_t[]){w, x, y, BUF_NONE, BUF_NONE});
+    sched_layout(s);
+    char out[1024] = {0};
+    FILE *f = fmemopen(out, sizeof out, "w");
+    Diag d;
+    diag_init(&d);
+    d.out = f;
+    cr_assert_not(cg_cpu_compile(s, NULL, "/tmp/megac_cpu_never.so", &d));
+    fclose(f);
+    cr_assert_eq(d.nerrors, 1);
+    cr_assert(strstr(out, "gemv operand 'w' (buffer 'w') of dtype f16 is not supported"), "%s", out);
+    sched_free(s);
+}
+
+/* ---- GEMV bandwidth (MEGAC_CPU_BENCH=1) ---- */
+
+static void bench_gemv(int nw, int64_t rows, int64_t kk)
+{
+    Schedule *s = sched_new("bench", "cpu", nw);
+    s->shape = op_shape(0);
+    uint32_t W = add_buf(s, "W", BUF_WEIGHT, rows * kk), x = add_buf(s, "x", BUF_STATE, kk);
+    uint32_t y = add_buf(s, "y", BUF_SCRATCH, rows);
+    for (int w = 0; w < nw; w++)
+        add_op(s, w, OP_GEMV, (int32_t[]){(int32_t)(rows * w / nw), (int32_t)(rows * (w + 1) / nw), (int32_t)kk, 0},
+               (uint32_t[]){W, x, y, BUF_NONE, BUF_NONE});
+    Kern k;
+    kern_build(&k, s);
+    fill(&k, W), fill(&k, x);
+    kern_step(&k, 0, 0);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int reps = 10;
+    for (int i = 0; i < reps; i++)
+        kern_step(&k, 0, 0);
+    double dt = elapsed_s(t0) / reps;
+    const float *pw = buf(&k, W), *px = buf(&k, x), *py = buf(&k, y);
+    for (int64_t r = 0; r < rows; r += rows / 7) {
+        double acc = 0, mag = 0;
+        for (int64_t j = 0; j < kk; j++)
+            acc += (double)pw[r * kk + j] * px[j], mag += fabs((double)pw[r * kk + j] * px[j]);
+        cr_assert(fabs(py[r] - acc) <= 1e-5 * mag, "bench row %ld", (long)r);
+    }
+    fprintf(stderr, "gemv f32 %ldx%ld, %d worker(s): %.3f ms, %.1f GB/s\n", (long)rows, (long)kk, nw, dt * 1e3,
+            (double)rows * (double)kk * 4.0 / dt / 1e9);
+    kern_free(&k);
+}
+
+Test(cpu_ops, gemv_bandwidth, .timeout = 120)
+{
+    if (!getenv("MEGAC_CPU_BENCH"))
+        cr_skip_test("set MEGAC_CPU_BENCH=1 to measure GEMV bandwidth");
+    bench_gemv(1, 8192, 8192);
+    bench_gemv(2, 8192, 8192);
+}
