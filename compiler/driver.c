@@ -115,9 +115,8 @@ static bool pass_tok_import(Compilation *c)
 /* Lowers, lays out, then prints and parses back the schedule. */
 static bool pass_lower_model(Compilation *c)
 {
-    c->target = target_lookup(c->o->target, &c->d);
     int workers = c->o->workers ? c->o->workers : c->m.workers;
-    c->lowered = c->target ? lower_model(&c->m, c->target, workers, &c->d) : NULL;
+    c->lowered = lower_model(&c->m, c->target, workers, &c->d);
     if (!c->lowered)
         return pass_done(c, "lower_model", false, NULL);
     sched_layout(c->lowered);
@@ -191,7 +190,8 @@ static bool out_dir_make(Compilation *c)
 /* The pass list; returns the exit status. */
 static int compile_passes(Compilation *c)
 {
-    if (!pass_desc_load(c) || !pass_weights_load(c) || !pass_tok_import(c) || !out_dir_make(c) ||
+    c->target = target_lookup(c->o->target, &c->d);     /* before any work */
+    if (!c->target || !pass_desc_load(c) || !pass_weights_load(c) || !pass_tok_import(c) || !out_dir_make(c) ||
         !pass_lower_model(c))
         return 2;
     if (!pass_validate(c, NULL)) {

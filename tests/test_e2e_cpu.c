@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define SHARED MEGAC_SRC "/../shared"
@@ -225,5 +226,71 @@ Test(e2e_cpu, stories260K_run_gives_llama2c_text)
     cr_assert_str_eq(out, want);
     free(want);
     free(b);
+    rm_rf(dir);
+}
+
+/* Runs a shell command; returns its exit status and its output in out. */
+static int sh(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* A schedule the validator refuses is never compiled: exit 1, the finding,
+ * and no kernel or manifest in the folder. */
+Test(e2e_cpu, compile_refuses_an_unsafe_schedule)
+{
+    char *dir = tmp_dir();
+    char cmd[2048], out[8192], path[1200];
+    snprintf(cmd, sizeof cmd, "%s compile default --target sm_80 --workers 4000 -o '%s/b.megac' 2>&1", MEGAC_BIN,
+             dir);
+    cr_assert_eq(sh(cmd, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "schedule.sched:1:1: error: residency"), "%s", out);
+    cr_assert(strstr(out, "no code was generated"), "%s", out);
+    snprintf(path, sizeof path, "%s/b.megac/manifest.yaml", dir);
+    cr_assert(!file_exists(path));
+    snprintf(path, sizeof path, "%s/b.megac/kernel.sm_80.cubin", dir);
+    cr_assert(!file_exists(path));
+    rm_rf(dir);
+}
+
+Test(e2e_cpu, compile_usage_errors)
+{
+    char cmd[2048], out[8192];
+    snprintf(cmd, sizeof cmd, "%s compile --help", MEGAC_BIN);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0);
+    cr_assert(strstr(out, "usage: megac compile MODEL.yaml --target TARGET"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s compile default --target sm_99 -o /tmp/never.megac 2>&1", MEGAC_BIN);
+    cr_assert_eq(sh(cmd, out, sizeof out), 2);
+    cr_assert(strstr(out, "unknown target 'sm_99'"), "%s", out);
+    cr_assert(!strstr(out, "desc_load"), "work done before the target was checked: %s", out);
+    snprintf(cmd, sizeof cmd, "%s compile default --workers 0 2>&1", MEGAC_BIN);
+    cr_assert_eq(sh(cmd, out, sizeof out), 2);
+    cr_assert(strstr(out, "bad worker count '0'"), "%s", out);
+}
+
+/* `megac run MODEL.yaml --engine cpu` compiles into .megac-cache once, then
+ * reuses it; the text equals that of the bundle compiled by hand. */
+Test(e2e_cpu, run_from_description_uses_a_cache)
+{
+    char *dir = tmp_dir();
+    char cmd[4096], out1[16384], out2[16384], out3[16384];
+    snprintf(cmd, sizeof cmd, "cd '%s' && %s run --engine cpu --workers 2 --temp 0 -n 40 --set max_seq=64 2>&1",
+             dir, MEGAC_BIN);
+    cr_assert_eq(sh(cmd, out1, sizeof out1), 0, "%s", out1);
+    cr_assert(strstr(out1, "compiling default for cpu into .megac-cache/"), "%s", out1);
+    cr_assert_eq(sh(cmd, out2, sizeof out2), 0, "%s", out2);
+    cr_assert(strstr(out2, "using the cached bundle .megac-cache/"), "%s", out2);
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && %s compile default --workers 2 --set max_seq=64 -q -o b.megac && "
+             "%s run b.megac --temp 0 -n 40 2>/dev/null",
+             dir, MEGAC_BIN, MEGAC_BIN);
+    cr_assert_eq(sh(cmd, out3, sizeof out3), 0, "%s", out3);
+    cr_assert(strlen(out3) > 1);
+    cr_assert(strstr(out2, out3), "cached run:\n%s\nbundle run:\n%s", out2, out3);
     rm_rf(dir);
 }
