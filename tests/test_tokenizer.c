@@ -2,7 +2,7 @@
  * test_tokenizer.c - the tokenizers against outside references:
  *   - llama2.c's tok512 (stories260K): encodings pinned from
  *     fixtures/tokenizer/llama2c_ref.py (a Python model of run.c), and the
- *     decode of the golden greedy run of ../shared/golden;
+ *     golden greedy run of ../shared/golden decoded and re-encoded;
  *   - HF tokenizers with SmolLM2's tokenizer.json: every string of
  *     fixtures/tokenizer/smollm2_golden.json encodes to the same ids and
  *     decodes back, also after a native-file round trip;
@@ -133,6 +133,8 @@ Test(tokenizer, tok512_decode_golden)
     char *s = decode_all(t, v[0], v + 1, n - 1);
     cr_assert_str_eq(s, text->str);
     free(s);
+    /* and this text encodes back to the same 256 ids (llama2c_ref.py agrees) */
+    expect_ids(t, text->str, true, v, n);
     doc_free(&doc);
     tok_free(t);
 }
