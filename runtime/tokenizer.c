@@ -351,31 +351,37 @@ static void tok_byte_ids(Tokenizer *t)
     }
 }
 
-static const Tokenizer *tok_sort_ctx;
+typedef struct { uint32_t len; int id; } SpecialKey;
 
 static int tok_special_cmp(const void *x, const void *y)
 {
-    int a = *(const int *)x, b = *(const int *)y;
-    uint32_t la = tok_sort_ctx->plen[a], lb = tok_sort_ctx->plen[b];
-    return la != lb ? (la > lb ? -1 : 1) : a - b;
+    const SpecialKey *a = x, *b = y;
+    return a->len != b->len ? (a->len > b->len ? -1 : 1) : a->id - b->id;
 }
 
+/* Special ids, longest content first (so the first match is the longest). */
 static bool tok_specials_index(Tokenizer *t)
 {
     free(t->specials);
     t->nspecials = 0;
     t->specials = malloc((size_t)t->n_vocab * sizeof *t->specials);
-    if (!t->specials)
+    SpecialKey *keys = malloc((size_t)t->n_vocab * sizeof *keys);
+    if (!t->specials || !keys) {
+        free(keys);
         return false;
+    }
     memset(t->special_first, 0, sizeof t->special_first);
     for (int id = 0; id < t->n_vocab; id++) {
         if (t->special[id] && t->piece[id] && t->plen[id] > 0) {
-            t->specials[t->nspecials++] = id;
+            keys[t->nspecials++] = (SpecialKey){t->plen[id], id};
             t->special_first[(unsigned char)t->piece[id][0]] = 1;
         }
     }
-    tok_sort_ctx = t;
-    qsort(t->specials, (size_t)t->nspecials, sizeof *t->specials, tok_special_cmp);
+    if (t->nspecials > 1)
+        qsort(keys, (size_t)t->nspecials, sizeof *keys, tok_special_cmp);
+    for (int i = 0; i < t->nspecials; i++)
+        t->specials[i] = keys[i].id;
+    free(keys);
     return true;
 }
 
