@@ -683,8 +683,10 @@ static bool pair_cost(const Tokenizer *t, int a, int b, double *cost, int *out)
 
 static void heap_push(Merger *m, int l, int r)
 {
+    if (l < 0 || r < 0)
+        return;
     MergeCand c = {0, 0, l, r, m->id[l], m->id[r]};
-    if (l < 0 || r < 0 || !pair_cost(m->t, c.a, c.b, &c.cost, &c.out))
+    if (!pair_cost(m->t, c.a, c.b, &c.cost, &c.out))
         return;
     size_t i = m->nheap++;      /* capacity: see merger_run */
     for (; i > 0 && cand_less(&c, &m->heap[(i - 1) / 2]); i = (i - 1) / 2)
