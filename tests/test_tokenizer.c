@@ -189,6 +189,14 @@ static int check_bpe_golden(const Tokenizer *t)
     return n;
 }
 
+static void write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    cr_assert_eq(fwrite(p, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+}
+
 static ModelDesc model_with_tok(TokFormat f, const char *path, int vocab)
 {
     ModelDesc m;
@@ -280,6 +288,61 @@ Test(tokenizer, pretok_llama3_regex)
     check_splits(PRETOK_LLAMA3, "llama3");
 }
 
+/* A small tokenizer.json: "a b" merges, an added token, GPT-2 regex. */
+Test(tokenizer, hf_small_json)
+{
+    static const char json[] =
+        "{\"added_tokens\": [{\"id\": 7, \"content\": \"<|x|>\", \"special\": true}],\n"
+        " \"normalizer\": null,\n"
+        " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true},\n"
+        " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"\u0120\": 2, \"ab\": 3, \"\u0120ab\": 4,\n"
+        "   \"c\": 5, \"\u010a\": 6}, \"merges\": [\"a b\", \"\u0120 ab\"]}}\n";
+    char path[] = "/tmp/megac_toksmall_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    write_bytes(path, json, strlen(json));
+    ModelDesc m = model_with_tok(TOKFMT_HF, path, 0);
+    Diag d;
+    diag_init(&d);
+    Tokenizer *t = tok_import(&m, &d);
+    unlink(path);
+    cr_assert(t);
+    cr_assert_eq(tok_vocab(t), 8);
+    cr_assert_eq(tok_pretok(t), PRETOK_GPT2);
+    size_t len;
+    const char *p = tok_piece(t, 6, &len);
+    cr_assert(p && len == 1 && p[0] == '\n', "U+010A is byte 0x0A");
+    static const int want[] = {3, 4, 6, 7, 0, 2, 5};
+    expect_ids(t, "ab ab\n<|x|>a c", false, want, 7);
+    char *txt = decode_all(t, -1, want, 7);
+    cr_assert_str_eq(txt, "ab ab\n<|x|>a c");
+    free(txt);
+    tok_free(t);
+}
+
+/* PRETOK_LLAMA3 takes a word that is a whole piece as is (ignore_merges);
+ * the others build it from merges only. */
+Test(tokenizer, llama3_whole_word)
+{
+    for (int k = 0; k < 2; k++) {
+        Tokenizer *t = tok_new(TOK_BPE, 257);
+        for (int b = 0; b < 256; b++) {
+            char c = (char)b;
+            tok_set_piece(t, b, &c, 1, 0.0f);
+        }
+        tok_set_piece(t, 256, "hello", 5, 0.0f);
+        tok_set_pretok(t, k ? PRETOK_LLAMA3 : PRETOK_GPT2);
+        tok_finish(t);
+        cr_assert_null(tok_error(t));
+        int ids[8];
+        int n = tok_encode(t, "hello", false, ids, 8);
+        cr_assert_eq(n, k ? 1 : 5);
+        cr_assert_eq(ids[0], k ? 256 : 'h');
+        tok_free(t);
+    }
+}
+
 /* ---- GGUF vocabulary ---- */
 
 Test(tokenizer, smollm2_gguf_golden)
@@ -336,14 +399,6 @@ Test(tokenizer, gguf_spm_matches_llama2c)
 
 /* ---- bad files and importer errors ---- */
 
-static void write_bytes(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    cr_assert(f);
-    cr_assert_eq(fwrite(p, 1, n, f), n);
-    cr_assert_eq(fclose(f), 0);
-}
-
 Test(tokenizer, native_bad_files)
 {
     Tokenizer *t = tok512();
@@ -364,6 +419,15 @@ Test(tokenizer, native_bad_files)
         err[0] = '\0';
         cr_assert_null(tok_load(path, err, sizeof err), "a file cut at %zu bytes loads", cut);
         cr_assert(strstr(err, path), "the error names the file: %s", err);
+    }
+    for (size_t i = 0; i < n; i += 1 + i / 16) {     /* flipped bytes: loads or fails, never crashes */
+        char saved = good[i];
+        good[i] = (char)(saved ^ 0xA5);
+        write_bytes(path, good, n);
+        u = tok_load(path, err, sizeof err);
+        cr_assert(u || strstr(err, path), "%s", err);
+        tok_free(u);
+        good[i] = saved;
     }
     good[40] = (char)0x7f;  /* the first piece's length becomes huge */
     write_bytes(path, good, n);
