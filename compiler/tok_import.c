@@ -179,17 +179,25 @@ static bool hf_id(HfImport *h, const DocNode *n, int limit, int *id)
     return true;
 }
 
-/* The vocabulary size: one past the largest id, or the model's if larger. */
+/* The vocabulary size: one past the largest id, or the model's if larger;
+ * -1 after an error. */
 static int hf_vocab_size(HfImport *h, const DocNode *vocab, const DocNode *added)
 {
     int64_t max = -1, v;
-    for (int i = 0; i < vocab->n; i++)
-        if (doc_int(&h->doc, h->d, vocab->items[i], &v) && v > max)
-            max = v;
-    for (int i = 0; added && i < added->n; i++)
-        if (doc_int(&h->doc, h->d, doc_get(added->items[i], "id"), &v) && v > max)
-            max = v;
-    if (h->m->vocab_size > 0 && max >= h->m->vocab_size) {
+    for (int i = 0; i < vocab->n; i++) {
+        if (!doc_int(&h->doc, h->d, vocab->items[i], &v))
+            return -1;
+        max = v > max ? v : max;
+    }
+    for (int i = 0; added && i < added->n; i++) {
+        const DocNode *id = doc_get(added->items[i], "id");
+        if (!id)
+            doc_error(&h->doc, h->d, added->items[i], "added token without an id");
+        if (!id || !doc_int(&h->doc, h->d, id, &v))
+            return -1;
+        max = v > max ? v : max;
+    }
+    if ((h->m->vocab_size > 0 && max >= h->m->vocab_size) || max >= (1 << 24)) {
         doc_error(&h->doc, h->d, vocab, "tokenizer has id %lld but the model's vocab_size is %d", (long long)max,
                   h->m->vocab_size);
         return -1;
@@ -281,8 +289,10 @@ static bool hf_build(HfImport *h)
         return false;
     }
     int nv = hf_vocab_size(h, vocab, added);
-    if (nv <= 0 || h->d->nerrors || !(h->t = tok_new(TOK_BPE, nv)))
+    if (nv <= 0)
         return false;
+    if (!(h->t = tok_new(TOK_BPE, nv)))
+        die("out of memory");
     tok_set_pretok(h->t, pk);
     tok_set_ids(h->t, h->m->bos_id, h->m->eos_id);
     return hf_vocab(h, vocab) && hf_added(h, added) && hf_merges(h, merges);
@@ -469,11 +479,12 @@ static Tokenizer *gguf_build(const GgufFile *g, const ModelDesc *m, Diag *d)
                         model.s);
         return NULL;
     }
-    if ((bpe && !gguf_pretok(g, d, &pk)) || (m->vocab_size > 0 && tokens->arr_n > (uint64_t)m->vocab_size) ||
-        tokens->arr_n == 0 || tokens->arr_n > (1u << 24)) {
-        if (!d->nerrors)
-            diag_file_error(d, g->path, "%llu tokens do not fit the model's vocab_size %d",
-                            (unsigned long long)tokens->arr_n, m->vocab_size);
+    if (bpe && !gguf_pretok(g, d, &pk))
+        return NULL;
+    if ((m->vocab_size > 0 && tokens->arr_n > (uint64_t)m->vocab_size) || tokens->arr_n == 0 ||
+        tokens->arr_n > (1u << 24)) {
+        diag_file_error(d, g->path, "%llu tokens do not fit the model's vocab_size %d",
+                        (unsigned long long)tokens->arr_n, m->vocab_size);
         return NULL;
     }
     int nv = m->vocab_size > 0 ? m->vocab_size : (int)tokens->arr_n;
@@ -528,6 +539,10 @@ static Tokenizer *tok_import_llama2c(const ModelDesc *m, Diag *d)
 Tokenizer *tok_import(const ModelDesc *m, Diag *d)
 {
     Tokenizer *t = NULL;
+    if (m->tok_format != TOKFMT_BYTES && m->tok_format != TOKFMT_NONE && !m->tok_path) {
+        diag_file_error(d, m->path, "the tokenizer's file is not given");
+        return NULL;
+    }
     switch (m->tok_format) {
     case TOKFMT_LLAMA2C:
         return tok_import_llama2c(m, d);
