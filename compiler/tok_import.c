@@ -336,6 +336,13 @@ static const GgufKV *gguf_array(const GgufFile *g, const char *key, GgufType et,
     return kv;
 }
 
+/* An optional array: absent is fine (*out = NULL), malformed is an error. */
+static bool gguf_array_opt(const GgufFile *g, const char *key, GgufType et, uint64_t n, Diag *d, const GgufKV **out)
+{
+    *out = gguf_find(g, key) ? gguf_array(g, key, et, n, d) : NULL;
+    return *out || !gguf_find(g, key);
+}
+
 static int32_t gguf_i32_at(const GgufKV *kv, uint64_t i)
 {
     int32_t v;
@@ -433,13 +440,13 @@ static bool gguf_vocab(Tokenizer *t, const GgufFile *g, bool spm, Diag *d)
 {
     uint64_t n = (uint64_t)tok_vocab(t);
     const GgufKV *tokens = gguf_array(g, "tokenizer.ggml.tokens", GGUF_T_STRING, 0, d);
-    const GgufKV *types = gguf_array(g, "tokenizer.ggml.token_type", GGUF_T_I32, tokens ? tokens->arr_n : 0, d);
-    const GgufKV *scores = spm ? gguf_array(g, "tokenizer.ggml.scores", GGUF_T_F32, tokens ? tokens->arr_n : 0, d) : NULL;
-    if (!tokens || !types || (spm && !scores))
+    const GgufKV *types = NULL, *scores = NULL;   /* optional, as in llama.cpp: normal, score 0 */
+    if (!tokens || !gguf_array_opt(g, "tokenizer.ggml.token_type", GGUF_T_I32, tokens->arr_n, d, &types) ||
+        !gguf_array_opt(g, "tokenizer.ggml.scores", GGUF_T_F32, tokens->arr_n, d, &scores))
         return false;
     for (uint64_t i = 0; i < tokens->arr_n && i < n; i++) {
-        bool special = gguf_is_special(gguf_i32_at(types, i));
-        bool ok = spm ? gguf_spm_piece(t, (int)i, tokens->strs[i], gguf_f32_at(scores, i))
+        bool special = types && gguf_is_special(gguf_i32_at(types, i));
+        bool ok = spm ? gguf_spm_piece(t, (int)i, tokens->strs[i], scores ? gguf_f32_at(scores, i) : 0.0f)
                       : gguf_bpe_piece(t, (int)i, tokens->strs[i], special);
         if (!ok) {
             diag_file_error(d, g->path, "tokenizer.ggml.tokens[%llu] is not in the byte-level alphabet",

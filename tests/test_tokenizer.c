@@ -486,6 +486,41 @@ Test(tokenizer, hf_import_errors)
     free(e);
 }
 
+/* The weights' GGUF fixture has tokens and scores but no token types
+ * (optional, as in llama.cpp); a GGUF without a vocabulary is one error. */
+Test(tokenizer, gguf_minimal_and_without_vocab)
+{
+    const char *path = MEGAC_SRC "/tests/fixtures/weights/tiny.gguf";
+    need_file(path);
+    ModelDesc m = model_with_tok(TOKFMT_GGUF, path, 0);
+    Diag d;
+    diag_init(&d);
+    Tokenizer *t = tok_import(&m, &d);
+    cr_assert(t);
+    cr_assert_eq(tok_kind(t), TOK_SPM);
+    cr_assert_eq(tok_vocab(t), 32);
+    cr_assert_eq(tok_bos(t), 1);
+    tok_free(t);
+
+    static const unsigned char empty[24] = {'G', 'G', 'U', 'F', 3};  /* v3, no tensors, no keys */
+    char tmp[] = "/tmp/megac_tokgguf_XXXXXX";
+    int fd = mkstemp(tmp);
+    cr_assert(fd >= 0);
+    close(fd);
+    write_bytes(tmp, empty, sizeof empty);
+    m = model_with_tok(TOKFMT_GGUF, tmp, 0);
+    char *out = NULL;
+    size_t len = 0;
+    d.out = open_memstream(&out, &len);
+    cr_assert(d.out);
+    cr_assert_null(tok_import(&m, &d));
+    fclose(d.out);
+    unlink(tmp);
+    cr_assert_eq(d.nerrors, 1);
+    cr_assert(strstr(out, ": error: no tokenizer.ggml.model"), "%s", out);
+    free(out);
+}
+
 Test(tokenizer, import_llama2c_and_bytes)
 {
     need_file(TOK512);
