@@ -23,7 +23,7 @@
  * Unicode classes: \p{L} and \p{N} are the general categories L* and N*
  * from tok_unicode.inc (generated from Unicode 14 data); \s is the
  * White_Space property, as in Oniguruma (which HF tokenizers uses). The
- * case-insensitive contractions of Llama-3 fold ASCII only. Invalid UTF-8
+ * case-insensitive contractions of Llama-3 fold ASCII and U+017F. Invalid UTF-8
  * bytes are taken one at a time as "other" (neither letter, number nor
  * space).
  *
@@ -564,9 +564,13 @@ static size_t run_of(const Chars *c, size_t i, CharClass k)
 
 static bool is_nl(uint32_t c) { return c == '\r' || c == '\n'; }
 
+/* Case folding for the contraction letters: ASCII, and U+017F (long s),
+ * the one other char whose simple case fold is among s t r e v m l d. */
 static uint32_t fold(uint32_t c, bool icase)
 {
-    return icase && c >= 'A' && c <= 'Z' ? c + 32 : c;
+    if (!icase)
+        return c;
+    return c >= 'A' && c <= 'Z' ? c + 32 : c == 0x17F ? 's' : c;
 }
 
 /* '(s|t|re|ve|m|ll|d), optionally ASCII case-insensitive: end index or 0. */
