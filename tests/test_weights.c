@@ -416,6 +416,28 @@ Test(weights, gguf_all_types)
     weights_free(&w);
 }
 
+Test(weights, gguf_neox_arch_pairing)
+{
+    skip_without_fixtures();
+    size_t n;
+    unsigned char *raw = read_bytes(FIXTURES "/tiny.gguf", &n);
+    unsigned char *a = memmem(raw, n, "llama", 5); /* general.architecture's value comes first */
+    cr_assert_not_null(a);
+    memcpy(a, "gemma", 5);
+    char *path = tmp_path("gemma.gguf");
+    write_bytes(path, raw, n);
+    ModelDesc m;
+    desc_gguf(&m, path);
+    m.rope_pairing = ROPE_HALF;
+    Weights w;
+    char err[1024];
+    cr_assert(load_capture(&w, &m, err, sizeof err), "%s", err);
+    cr_assert_eq(w.pairing, ROPE_HALF);
+    weights_free(&w);
+    free(path);
+    free(raw);
+}
+
 Test(weights, gguf_metadata)
 {
     skip_without_fixtures();
