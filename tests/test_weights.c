@@ -567,7 +567,8 @@ Test(weights, safetensors_bad_inputs)
     st_expect("range.st", h, &p, "tensor 'model.norm.weight': data_offsets [16000, 16064] run past the end");
     free(h);
     h = str_patch(p.header, norm, o, "[0,60]");
-    st_expect("size.st", h, &p, "tensor 'model.norm.weight': data_offsets span 60 bytes, but F32 of that shape needs 64");
+    st_expect("size.st", h, &p, "tensor 'model.norm.weight': data_offsets span 60 bytes, "
+                                 "but F32 of that shape needs 64");
     free(h);
 
     o2 = st_offsets(p.header, "model.layers.0.input_layernorm.weight");
@@ -582,7 +583,8 @@ Test(weights, safetensors_bad_inputs)
     free(h);
     h = str_patch(p.header, "\"model.layers.1.self_attn.q_proj.weight\":{", "\"shape\":[16,16]", "\"shape\":[8,32]");
     st_expect("shape2.st", h, &p,
-              "tensor 'model.layers.1.self_attn.q_proj.weight': shape [8, 32] does not match the model (expected [16, 16])");
+              "tensor 'model.layers.1.self_attn.q_proj.weight': shape [8, 32] does not match the model "
+              "(expected [16, 16])");
     free(h);
 
     h = str_patch(p.header, "", "\"model.norm.weight\"", "\"model.norm.weigXt\"");
@@ -707,7 +709,8 @@ Test(weights, gguf_bad_inputs)
     memcpy(b, raw, n);
     u64 = 16;
     memcpy(b + q + 4 + 8, &u64, 8);
-    gguf_expect("shape.gguf", b, n, "tensor 'blk.0.attn_q.weight': shape [16, 32] does not match the model (expected [32, 32])");
+    gguf_expect("shape.gguf", b, n,
+                "tensor 'blk.0.attn_q.weight': shape [16, 32] does not match the model (expected [32, 32])");
     memcpy(b, raw, n);
     u32 = 20; /* IQ4_NL: same block size as Q4_0 */
     memcpy(b + q + 20, &u32, 4);
@@ -719,7 +722,8 @@ Test(weights, gguf_bad_inputs)
     memcpy(b, raw, n);
     u64 = 1 << 30;
     memcpy(b + q + 24, &u64, 8);
-    gguf_expect("offset.gguf", b, n, "tensor 'blk.0.attn_q.weight': data at offset 1073741824 (576 bytes) runs past the end");
+    gguf_expect("offset.gguf", b, n,
+                "tensor 'blk.0.attn_q.weight': data at offset 1073741824 (576 bytes) runs past the end");
     memcpy(b, raw, n);
     memcpy(&u64, b + q + 24, 8);
     u64 += 1;
