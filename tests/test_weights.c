@@ -8,6 +8,7 @@
 #include "compiler/gguf.h"
 
 #include <criterion/criterion.h>
+#include <ftw.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,11 +70,28 @@ static bool load_capture(Weights *w, const ModelDesc *m, char *buf, size_t n)
     return ok;
 }
 
+static char tmp_dir[64];
+
+static int tmp_remove(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+/* Each test runs in its own process; this removes its temp dir after it. */
+static void tmp_cleanup(void)
+{
+    if (tmp_dir[0])
+        nftw(tmp_dir, tmp_remove, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+TestSuite(weights, .fini = tmp_cleanup);
+
 static char *tmp_path(const char *name)
 {
-    static char dir[64];
+    char *dir = tmp_dir;
     if (!dir[0]) {
-        snprintf(dir, sizeof dir, "/tmp/megac_wtest_XXXXXX");
+        snprintf(dir, sizeof tmp_dir, "/tmp/megac_wtest_XXXXXX");
         cr_assert_not_null(mkdtemp(dir));
     }
     return xasprintf("%s/%s", dir, name);
