@@ -217,7 +217,6 @@ static bool waits_for(const Val *v, const Exec *e, uint32_t from, uint32_t to, u
 static void stall_report(Val *v, const Exec *e)
 {
     uint8_t *seen = xmalloc(v->nw);
-    int before = v->r->ndeadlock;
     for (uint32_t w = 0; w < v->nw; w++) {
         if (e->pc[w] >= v->s->workers[w].ninst)
             continue;
@@ -239,9 +238,9 @@ static void stall_report(Val *v, const Exec *e)
         val_note(v, xb->line, "worker %u is blocked at inst %u, %s >= %u", x, e->pc[x],
                  val_inst_name(v, x, e->pc[x]), xb->amount);
     }
-    if (v->r->ndeadlock == before)
+    if (v->r->ndeadlock == 0 && v->r->nstructure == 0)
         for (uint32_t w = 0; w < v->nw; w++)
-            if (e->pc[w] < v->s->workers[w].ninst && v->r->nstructure == 0) {
+            if (e->pc[w] < v->s->workers[w].ninst) {
                 const Inst *in = val_inst(v, w, e->pc[w]);
                 val_error(v, &v->r->ndeadlock, in->line, "deadlock: worker %u inst %u: %s >= %u never passes", w,
                           e->pc[w], val_inst_name(v, w, e->pc[w]), in->amount);
