@@ -326,23 +326,28 @@ static void parser_skip_line_end(Parser *ps)
         parser_error(ps, ps->p, "unexpected text at end of line");
 }
 
+/* A word of non-blank characters (schedule and target names may hold '-'). */
+static size_t parser_word(Parser *ps, const char **start, const char *what)
+{
+    parser_skip_space(ps);
+    *start = ps->p;
+    while (ps->p < ps->end && *ps->p != ' ' && *ps->p != '\t')
+        ps->p++;
+    size_t n = (size_t)(ps->p - *start);
+    if (!n)
+        parser_error(ps, *start, "expected %s", what);
+    return n;
+}
+
 /* schedule NAME target TARGET workers N */
 static bool parse_schedule_line(Parser *ps)
 {
     const char *name, *tgt;
     size_t nn, nt;
     int64_t w;
-    if (!parser_keyword(ps, "schedule") || !(nn = parser_name(ps, &name, "schedule name")) ||
-        !parser_keyword(ps, "target"))
+    if (!parser_keyword(ps, "schedule") || !(nn = parser_word(ps, &name, "schedule name")) ||
+        !parser_keyword(ps, "target") || !(nt = parser_word(ps, &tgt, "target name")))
         return false;
-    parser_skip_space(ps);
-    const char *at = ps->p;
-    while (ps->p < ps->end && *ps->p != ' ' && *ps->p != '\t')
-        ps->p++;
-    tgt = at;
-    nt = (size_t)(ps->p - at);
-    if (!nt)
-        return parser_error(ps, at, "expected target name");
     if (!parser_keyword(ps, "workers") || !parser_int(ps, 1, 65535, &w, "worker count"))
         return false;
     char *n = xstrndup(name, nn), *t = xstrndup(tgt, nt);

@@ -1,0 +1,1479 @@
+/*
+ * desc.c - model descriptions: models/NAME.yaml (schema: models/README.md)
+ * read into a ModelDesc.
+ *
+ * The YAML is parsed into a DocNode tree (doc.h). `--set key=value`
+ * overrides are spliced into that tree before anything is interpreted, so
+ * an override is checked exactly like a line of the file, and its errors
+ * point at `<command line>:1:COL`. Interpretation then walks the tree in
+ * dependency order: weights (their format picks the RoPE pairing default),
+ * arch (dims, possibly from an HF config.json or a llama2.c header, keys
+ * beside those overriding them), top-level scalars, rope, tokenizer, and the
+ * compile knobs (layer ranges need n_layers). Every error is collected,
+ * none stops the walk; when the walk found none, desc_check's consistency
+ * rules run and report at the key that set the offending value.
+ */
+#include "compiler/doc.h"
+/* model.h's header comment holds "models/" "*.yaml" (-Wcomment); until its
+ * owner rewords it, silence that one warning around the include. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wcomment"
+#include "compiler/model.h"
+#pragma GCC diagnostic pop
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char desc_default_name[] = "default";
+const char desc_default_yaml[] =
+    "# The default model: a tiny synthetic Llama that needs no files.\n"
+    "# `megac ... default` (or desc_load with path NULL) uses this text,\n"
+    "# which is embedded in megac; tests check the two copies agree.\n"
+    "name: default\n"
+    "arch:\n"
+    "  dim: 64\n"
+    "  hidden_dim: 176\n"
+    "  n_layers: 2\n"
+    "  n_heads: 4\n"
+    "  n_kv_heads: 2\n"
+    "  vocab_size: 259\n"
+    "  max_seq: 256\n"
+    "weights: {format: synthetic, seed: 1}\n"
+    "tokenizer: {format: bytes}\n";
+
+#define DESC_EMBEDDED_PATH "<embedded>"
+#define DESC_MAX_DIM (1 << 20)
+#define DESC_MAX_VOCAB (1 << 24)
+#define DESC_MAX_SEQ (1 << 24)
+#define DESC_MAX_WORKERS 4096
+
+/* Fields desc_check reasons about; Ctx.at[] remembers the node that set each. */
+typedef enum {
+    F_DIM, F_HIDDEN, F_LAYERS, F_HEADS, F_KV_HEADS, F_HEAD_DIM, F_VOCAB, F_MAX_SEQ,
+    F_EPS, F_THETA, F_SCALING, F_TOKENIZER, F_WEIGHTS, F_BOS, F_EOS, F_WORKERS, F_COUNT
+} Field;
+
+/* A node that did not come from the description itself (an override's
+ * value, a node created for it, the HF config) and the Doc it quotes. */
+typedef struct {
+    Doc *doc;
+    const DocNode *root;
+} Origin;
+
+typedef struct {
+    ModelDesc *m;
+    Arena *a;
+    Diag *d;
+    Doc *doc;                   /* the description */
+    Origin *orig;               /* searched newest first */
+    size_t norig, corig;
+    const DocNode *at[F_COUNT]; /* where each checked field was last set */
+    int max_pos;                /* the model's own max context, 0 if unknown */
+    bool from_config;           /* arch came from an HF config (HF pairing) */
+} Ctx;
+
+static const char *const top_keys[] = {"name", "arch", "norm_eps", "tie_embeddings", "qkv_bias", "rope",
+                                       "weights", "tokenizer", "bos", "eos", "compile", NULL};
+static const char *const arch_keys[] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                                        "vocab_size", "max_seq", "from-config", "from-checkpoint", NULL};
+static const char *const rope_keys[] = {"theta", "pairing", "scaling", NULL};
+static const char *const scaling_keys[] = {"type", "factor", "low_freq_factor", "high_freq_factor",
+                                           "original_max_pos", NULL};
+static const char *const weights_keys[] = {"format", "path", "seed", NULL};
+static const char *const tok_keys[] = {"format", "path", NULL};
+static const char *const compile_keys[] = {"act_dtype", "quant", "attention", "kv_policy",
+                                           "targets", "workers", "max_seq", NULL};
+static const char *const quant_keys[] = {"default", "embed", "attn", "mlp", "lm_head", NULL};
+static const char *const attn_keys[] = {"layers", "kind", "sinks", "window", "page", "budget", NULL};
+static const char *const kv_keys[] = {"layers", "policy", "budget", "sinks", "window", NULL};
+
+/* Enum spellings, in enum order. */
+static const char *const weights_formats[] = {"llama2c", "safetensors", "gguf", "synthetic", NULL};
+static const char *const tok_formats[] = {"none", "llama2c", "hf", "gguf", "bytes", NULL};
+static const char *const pairings[] = {"adjacent", "half", NULL};
+static const char *const scaling_types[] = {"llama3", NULL};
+static const char *const act_dtypes[] = {"f32", "f16", "bf16", NULL};
+static const char *const quant_names[] = {"none", "f32", "f16", "bf16", "w8a16", "w4a16", "w8a8", "w4a8", NULL};
+static const char *const attn_kinds[] = {"dense", "sink_window", "quest", NULL};
+static const char *const kv_kinds[] = {"full", "streaming", "h2o", "tova", "snapkv", NULL};
+static const char *const target_names[] = {"cpu", "sm_80", "sm_90", "sm_120", "host-cuda", NULL};
+
+/* Per-kind parameters of attention entries and KV policies: the names are
+ * the keys after "layers" and the kind; masks say which a kind requires and
+ * which it allows. */
+typedef struct {
+    unsigned need, allow;       /* bit i: params[i] */
+} ParamMask;
+static const char *const attn_params[] = {"sinks", "window", "page", "budget"};
+static const ParamMask attn_kind_params[] = {
+    [ATTN_DENSE] = {0, 0},
+    [ATTN_SINK_WINDOW] = {0x3, 0x3},    /* sinks, window */
+    [ATTN_QUEST] = {0xc, 0xc},          /* page, budget */
+};
+static const char *const kv_params[] = {"budget", "sinks", "window"};
+static const ParamMask kv_kind_params[] = {
+    [KV_FULL] = {0, 0},
+    [KV_STREAMING] = {0x6, 0x6},        /* sinks, window */
+    [KV_H2O] = {0x1, 0x5},              /* budget (+ recent window) */
+    [KV_TOVA] = {0x1, 0x1},             /* budget */
+    [KV_SNAPKV] = {0x1, 0x5},           /* budget (+ observation window) */
+};
+
+/* ---- locating and reporting ---- */
+
+static bool node_within(const DocNode *t, const DocNode *n)
+{
+    if (t == n)
+        return true;
+    if (t->kind == DOC_SCALAR)
+        return false;
+    for (int i = 0; i < t->n; i++)
+        if ((t->kind == DOC_MAP && node_within(t->keys[i], n)) || node_within(t->items[i], n))
+            return true;
+    return false;
+}
+
+/* The document a node's position refers to. */
+static Doc *ctx_doc_of(Ctx *c, const DocNode *n)
+{
+    for (size_t i = c->norig; n && i-- > 0;)
+        if (node_within(c->orig[i].root, n))
+            return c->orig[i].doc;
+    return c->doc;
+}
+
+static void ctx_origin_add(Ctx *c, Doc *doc, const DocNode *root)
+{
+    Origin o = {doc, root};
+    VEC_PUSH(c->orig, c->norig, c->corig, o);
+}
+
+static void ctx_vreport(Ctx *c, const char *kind, const DocNode *n, const char *fmt, va_list ap)
+{
+    Doc *doc = ctx_doc_of(c, n);
+    diag_vreport(c->d, kind, &doc->src, n ? n->line : 0, n ? n->col : 0, fmt, ap);
+}
+
+static void MEGAC_PRINTF(3, 4) ctx_error(Ctx *c, const DocNode *n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ctx_vreport(c, "error", n, fmt, ap);
+    va_end(ap);
+}
+
+static void MEGAC_PRINTF(3, 4) ctx_note(Ctx *c, const DocNode *n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ctx_vreport(c, "note", n, fmt, ap);
+    va_end(ap);
+}
+
+/* "a, b or c" */
+static const char *names_join(Arena *a, const char *const *names)
+{
+    const char *s = "";
+    for (int i = 0; names[i]; i++)
+        s = arena_printf(a, "%s%s%s", s, i == 0 ? "" : names[i + 1] ? ", " : " or ", names[i]);
+    return s;
+}
+
+static int name_index(const char *s, const char *const *names)
+{
+    for (int i = 0; names[i]; i++)
+        if (strcmp(s, names[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* "prefix.key", or just "key" at the top level. */
+static const char *key_path(Ctx *c, const char *prefix, const char *key)
+{
+    return prefix && *prefix ? arena_printf(c->a, "%s.%s", prefix, key) : key;
+}
+
+/* ---- typed scalars ---- */
+
+static const char *node_found(const DocNode *n)
+{
+    return n->kind == DOC_SEQ ? "a list" : n->kind == DOC_MAP ? "a mapping" : n->quoted ? "a quoted string" : NULL;
+}
+
+/* INT: an unquoted decimal integer (or an integral number such as 32.0). */
+static bool node_int(Ctx *c, const DocNode *n, const char *what, int64_t lo, int64_t hi, int64_t *out)
+{
+    if (node_found(n)) {
+        ctx_error(c, n, "expected an integer for '%s', found %s", what, node_found(n));
+        return false;
+    }
+    char *end;
+    errno = 0;
+    long long v = strtoll(n->str, &end, 10);
+    if (errno || end == n->str || *end) {
+        double x = strtod(n->str, &end);
+        if (end == n->str || *end || x != floor(x) || fabs(x) > 9e15) {
+            ctx_error(c, n, "expected an integer for '%s', found '%s'", what, n->str);
+            return false;
+        }
+        v = (long long)x;
+    }
+    if (v < lo || v > hi) {
+        if (hi >= INT_MAX)
+            ctx_error(c, n, "'%s' must be at least %lld, found %lld", what, (long long)lo, v);
+        else
+            ctx_error(c, n, "'%s' must be between %lld and %lld, found %lld", what, (long long)lo,
+                      (long long)hi, v);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool node_int32(Ctx *c, const DocNode *n, const char *what, int lo, int *out)
+{
+    int64_t v;
+    if (!node_int(c, n, what, lo, INT_MAX, &v))
+        return false;
+    *out = (int)v;
+    return true;
+}
+
+/* NUMBER: an unquoted decimal or exponent float. */
+static bool node_double(Ctx *c, const DocNode *n, const char *what, double *out)
+{
+    if (node_found(n)) {
+        ctx_error(c, n, "expected a number for '%s', found %s", what, node_found(n));
+        return false;
+    }
+    char *end;
+    double v = strtod(n->str, &end);
+    if (end == n->str || *end || !isfinite(v)) {
+        ctx_error(c, n, "expected a number for '%s', found '%s'", what, n->str);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+/* BOOL: true | false (also True/False/yes/no, as JSON and YAML 1.1 write). */
+static bool node_bool(Ctx *c, const DocNode *n, const char *what, bool *out)
+{
+    static const char *const yes[] = {"true", "True", "yes", NULL}, *const no[] = {"false", "False", "no", NULL};
+    if (!node_found(n) && name_index(n->str, yes) >= 0) {
+        *out = true;
+        return true;
+    }
+    if (!node_found(n) && name_index(n->str, no) >= 0) {
+        *out = false;
+        return true;
+    }
+    if (node_found(n))
+        ctx_error(c, n, "expected true or false for '%s', found %s", what, node_found(n));
+    else
+        ctx_error(c, n, "expected true or false for '%s', found '%s'", what, n->str);
+    return false;
+}
+
+static const char *node_str(Ctx *c, const DocNode *n, const char *what)
+{
+    if (n->kind != DOC_SCALAR) {
+        ctx_error(c, n, "expected a string for '%s', found %s", what, doc_kind_name(n->kind));
+        return NULL;
+    }
+    return n->str;
+}
+
+/* ENUM: one of `names`; -1 (and an error suggesting the closest) if not. */
+static int node_enum(Ctx *c, const DocNode *n, const char *what, const char *const *names)
+{
+    const char *s = node_str(c, n, what);
+    if (!s)
+        return -1;
+    int i = name_index(s, names);
+    if (i >= 0)
+        return i;
+    const char *near = str_closest(s, names);
+    if (near)
+        ctx_error(c, n, "bad value '%s' for '%s'; did you mean '%s'?", s, what, near);
+    else
+        ctx_error(c, n, "bad value '%s' for '%s' (expected %s)", s, what, names_join(c->a, names));
+    return -1;
+}
+
+/* Reports keys of map `n` that are not in `valid`; false if `n` is not a
+ * map at all. `where` names the map ("" for the top level). */
+static bool map_check(Ctx *c, const DocNode *n, const char *where, const char *const *valid)
+{
+    if (n->kind != DOC_MAP) {
+        if (*where)
+            ctx_error(c, n, "expected a mapping for '%s', found %s", where, doc_kind_name(n->kind));
+        else
+            ctx_error(c, n, "expected a mapping of model description keys, found %s", doc_kind_name(n->kind));
+        return false;
+    }
+    for (int i = 0; i < n->n; i++) {
+        const char *k = n->keys[i]->str;
+        if (name_index(k, valid) >= 0)
+            continue;
+        const char *near = str_closest(k, valid);
+        const char *in = *where ? arena_printf(c->a, " in '%s'", where) : "";
+        if (near)
+            ctx_error(c, n->keys[i], "unknown key '%s'%s; did you mean '%s'?", k, in, near);
+        else
+            ctx_error(c, n->keys[i], "unknown key '%s'%s (expected %s)", k, in, names_join(c->a, valid));
+    }
+    return true;
+}
+
+static void missing_key(Ctx *c, const DocNode *map, const char *where, const char *key)
+{
+    if (*where)
+        ctx_error(c, map, "missing key '%s' in '%s'", key, where);
+    else
+        ctx_error(c, map, "missing key '%s'", key);
+}
+
+/* Reads map[key] into *out when present; records it as field f (-1: none). */
+static void field_int(Ctx *c, const DocNode *map, const char *where, const char *key, int lo, int *out, int f)
+{
+    const DocNode *n = doc_get(map, key);
+    if (n && node_int32(c, n, key_path(c, where, key), lo, out) && f >= 0)
+        c->at[f] = n;
+}
+
+static void field_double(Ctx *c, const DocNode *map, const char *where, const char *key, double *out, int f)
+{
+    const DocNode *n = doc_get(map, key);
+    if (n && node_double(c, n, key_path(c, where, key), out) && f >= 0)
+        c->at[f] = n;
+}
+
+static void field_bool(Ctx *c, const DocNode *map, const char *where, const char *key, bool *out)
+{
+    const DocNode *n = doc_get(map, key);
+    if (n)
+        node_bool(c, n, key_path(c, where, key), out);
+}
+
+/* A path written in the description, resolved against its folder. */
+static const char *path_resolve(Ctx *c, const char *p)
+{
+    const char *dir = c->m->dir;
+    if (p[0] == '/' || strcmp(dir, ".") == 0)
+        return arena_strdup(c->a, p);
+    size_t n = strlen(dir);
+    return arena_printf(c->a, "%s%s%s", dir, dir[n - 1] == '/' ? "" : "/", p);
+}
+
+static const char *field_path(Ctx *c, const DocNode *map, const char *where, const char *key)
+{
+    const DocNode *n = doc_get(map, key);
+    const char *s = n ? node_str(c, n, key_path(c, where, key)) : NULL;
+    if (s && !*s) {
+        ctx_error(c, n, "'%s' is empty", key_path(c, where, key));
+        return NULL;
+    }
+    return s ? path_resolve(c, s) : NULL;
+}
+
+/* ---- --set overrides ---- */
+
+static void map_put(Arena *a, DocNode *map, DocNode *key, DocNode *val)
+{
+    for (int i = 0; i < map->n; i++) {
+        if (strcmp(map->keys[i]->str, key->str) == 0) {
+            map->items[i] = val;
+            return;
+        }
+    }
+    DocNode **keys = ARENA_ARRAY(a, DocNode *, map->n + 1), **items = ARENA_ARRAY(a, DocNode *, map->n + 1);
+    if (map->n) {
+        memcpy(keys, map->keys, (size_t)map->n * sizeof *keys);
+        memcpy(items, map->items, (size_t)map->n * sizeof *items);
+    }
+    keys[map->n] = key;
+    items[map->n] = val;
+    map->keys = keys;
+    map->items = items;
+    map->n++;
+}
+
+static DocNode *override_node(Doc *od, DocKind k, const char *s, size_t n, int col)
+{
+    DocNode *x = ARENA_NEW(&od->arena, DocNode);
+    x->kind = k;
+    x->line = 1;
+    x->col = col;
+    if (k == DOC_SCALAR) {
+        x->str = arena_strndup(&od->arena, s, n);
+        x->len = n;
+    }
+    return x;
+}
+
+/* KEY := NAME ('.' NAME)*, NAME := [A-Za-z0-9_-]+. A first NAME that is not
+ * a top-level key but a compile knob (or, failing that, an arch key) is
+ * short for compile.NAME (arch.NAME): `workers=4`, `quant.default=f32`,
+ * `n_layers=1`. Returns the prefix to add ("" for none), or NULL. */
+static const char *override_prefix(Ctx *c, Doc *od, const char *key, size_t klen)
+{
+    size_t n = strcspn(key, ".");
+    char *first = arena_strndup(c->a, key, n);
+    for (size_t i = 0; i < klen; i++) {
+        char ch = key[i];
+        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+                  ch == '-' || (ch == '.' && i > 0 && i + 1 < klen && key[i + 1] != '.');
+        if (!ok) {
+            diag_error(c->d, &od->src, 1, (int)i + 1, "bad --set key '%.*s' (expected NAME.NAME...)", (int)klen,
+                       key);
+            return NULL;
+        }
+    }
+    if (name_index(first, top_keys) >= 0)
+        return "";
+    if (name_index(first, compile_keys) >= 0)
+        return "compile.";
+    if (name_index(first, arch_keys) >= 0)
+        return "arch.";
+    const char *const *lists[] = {top_keys, compile_keys, arch_keys};
+    const char *all[64];
+    int na = 0;
+    for (int l = 0; l < 3; l++)
+        for (int i = 0; lists[l][i]; i++)
+            all[na++] = lists[l][i];
+    all[na] = NULL;
+    const char *near = str_closest(first, all);
+    if (near)
+        diag_error(c->d, &od->src, 1, 1, "unknown key '%s' in --set; did you mean '%s'?", first, near);
+    else
+        diag_error(c->d, &od->src, 1, 1, "unknown key '%s' in --set", first);
+    return NULL;
+}
+
+/* Splices value root `v` at dotted `key` (written at column 1 of the
+ * override text) into the description's root map, creating maps on the way. */
+static bool override_splice(Ctx *c, Doc *od, const char *key, const char *prefix, DocNode *v)
+{
+    DocNode *cur = c->doc->root;
+    const char *full = arena_printf(c->a, "%s%s", prefix, key);
+    int shift = -(int)strlen(prefix);
+    for (const char *p = full;;) {
+        size_t n = strcspn(p, ".");
+        int col = (int)(p - full) + shift + 1;
+        DocNode *k = override_node(od, DOC_SCALAR, p, n, col < 1 ? 1 : col);
+        ctx_origin_add(c, od, k);
+        if (!p[n]) {
+            map_put(&od->arena, cur, k, v);
+            return true;
+        }
+        DocNode *next = doc_get(cur, k->str);
+        if (!next) {
+            next = override_node(od, DOC_MAP, NULL, 0, k->col);
+            ctx_origin_add(c, od, next);
+            map_put(&od->arena, cur, k, next);
+        } else if (next->kind != DOC_MAP) {
+            diag_error(c->d, &od->src, 1, k->col, "cannot set '%s': '%.*s' is not a mapping", full,
+                       (int)(p + n - full), full);
+            return false;
+        }
+        cur = next;
+        p += n + 1;
+    }
+}
+
+/* Applies one `key=value`: the value is parsed as YAML (a scalar, or flow
+ * `[..]`/`{..}`) in a Doc whose source line is the override text itself. */
+static bool override_apply(Ctx *c, Doc *od, const DescOverride *o)
+{
+    size_t klen = strlen(o->key);
+    char *text = xasprintf("%s=%s", o->key, o->value ? o->value : "");
+    size_t len = strlen(text);
+    if (klen == 0) {
+        SrcFile src = {.path = "<command line>", .text = text, .len = len};
+        diag_error(c->d, &src, 1, 1, "--set expects key=value");
+        free(text);
+        return false;
+    }
+    memset(text, ' ', klen + 1);   /* keeps the value's columns */
+    if (!doc_parse(od, "<command line>", text, len, c->d))
+        return false;
+    memcpy(text, o->key, klen);
+    text[klen] = '=';
+    const char *prefix = override_prefix(c, od, o->key, klen);
+    if (!prefix)
+        return false;
+    if (!od->root) {
+        diag_error(c->d, &od->src, 1, (int)klen + 2, "missing value for '%s'", o->key);
+        return false;
+    }
+    ctx_origin_add(c, od, od->root);
+    return override_splice(c, od, o->key, prefix, od->root);
+}
+
+/* ---- weights, tokenizer ---- */
+
+/* weights: {format: llama2c|safetensors|gguf|synthetic, path: PATH, seed: INT}
+ * path is required except for synthetic weights, seed only for those. */
+static void desc_weights(Ctx *c, const DocNode *w)
+{
+    ModelDesc *m = c->m;
+    c->at[F_WEIGHTS] = w;
+    if (!map_check(c, w, "weights", weights_keys))
+        return;
+    const DocNode *f = doc_get(w, "format");
+    if (!f) {
+        missing_key(c, w, "weights", "format");
+        return;
+    }
+    int fmt = node_enum(c, f, "weights.format", weights_formats);
+    if (fmt < 0)
+        return;
+    m->weights_format = (WeightFormat)fmt;
+    const DocNode *path = doc_get(w, "path"), *seed = doc_get(w, "seed");
+    if (fmt == WFMT_SYNTHETIC) {
+        if (path)
+            ctx_error(c, path, "'weights.path' does not apply to synthetic weights");
+        int64_t s = 0;
+        if (seed && node_int(c, seed, "weights.seed", 0, INT64_MAX, &s))
+            m->weights_seed = (uint64_t)s;
+        return;
+    }
+    if (seed)
+        ctx_error(c, seed, "'weights.seed' applies only to synthetic weights");
+    if (!path)
+        missing_key(c, w, "weights", "path");
+    else
+        m->weights_path = field_path(c, w, "weights", "path");
+}
+
+/* tokenizer: {format: none|llama2c|hf|gguf|bytes, path: PATH}. llama2c and
+ * hf need a path; gguf defaults to the weights' GGUF file. */
+static void desc_tokenizer(Ctx *c, const DocNode *t)
+{
+    ModelDesc *m = c->m;
+    c->at[F_TOKENIZER] = t;
+    if (!map_check(c, t, "tokenizer", tok_keys))
+        return;
+    const DocNode *f = doc_get(t, "format"), *path = doc_get(t, "path");
+    if (!f) {
+        missing_key(c, t, "tokenizer", "format");
+        return;
+    }
+    int fmt = node_enum(c, f, "tokenizer.format", tok_formats);
+    if (fmt < 0)
+        return;
+    m->tok_format = (TokFormat)fmt;
+    if (fmt == TOKFMT_NONE || fmt == TOKFMT_BYTES) {
+        if (path)
+            ctx_error(c, path, "'tokenizer.path' does not apply to format '%s'", tok_formats[fmt]);
+    } else if (path) {
+        m->tok_path = field_path(c, t, "tokenizer", "path");
+    } else if (fmt == TOKFMT_GGUF && m->weights_format == WFMT_GGUF) {
+        m->tok_path = m->weights_path;
+    } else {
+        missing_key(c, t, "tokenizer", "path");
+    }
+}
+
+/* ---- arch from an HF config.json ---- */
+
+typedef enum { HF_LLAMA, HF_MISTRAL, HF_QWEN2 } HfArch;
+
+/* The architecture a config names: architectures[0], else model_type.
+ * Llama, Mistral and Qwen2 are the Llama family megac computes. */
+static int config_arch(Ctx *c, const DocNode *root, const DocNode *at)
+{
+    static const char *const classes[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", NULL};
+    static const char *const types[] = {"llama", "mistral", "qwen2", NULL};
+    const DocNode *archs = doc_get(root, "architectures"), *type = doc_get(root, "model_type");
+    const DocNode *n = archs && archs->kind == DOC_SEQ && archs->n > 0 ? archs->items[0] : type;
+    if (!n || n->kind != DOC_SCALAR) {
+        ctx_error(c, n ? n : root, "config names no architecture (expected 'architectures' or 'model_type')");
+        return -1;
+    }
+    int k = name_index(n->str, n == type ? types : classes);
+    if (k < 0) {
+        ctx_error(c, n, "architecture '%s' is not supported (megac computes Llama, Mistral and Qwen2 models)",
+                  n->str);
+        ctx_note(c, at, "config named here");
+    }
+    return k;
+}
+
+/* Config keys whose presence (with a non-default value) needs math megac
+ * does not have: refused by name rather than silently ignored. */
+static void config_refuse(Ctx *c, const DocNode *root, int arch)
+{
+    const DocNode *act = doc_get(root, "hidden_act");
+    if (act && (act->kind != DOC_SCALAR || strcmp(act->str, "silu") != 0))
+        ctx_error(c, act, "hidden_act '%s' is not supported (megac computes SiLU MLPs)",
+                  act->kind == DOC_SCALAR ? act->str : "?");
+    bool b = false;
+    const DocNode *n = doc_get(root, "attention_bias");
+    if (n && node_bool(c, n, "attention_bias", &b) && b && arch != HF_QWEN2)
+        ctx_error(c, n, "attention_bias (q/k/v/o biases) is not supported yet");
+    n = doc_get(root, "mlp_bias");
+    if (n && node_bool(c, n, "mlp_bias", &b) && b)
+        ctx_error(c, n, "mlp_bias is not supported yet");
+    const char *sw = arch == HF_QWEN2 ? "use_sliding_window" : "sliding_window";
+    n = doc_get(root, sw);
+    if (arch == HF_QWEN2 && n && node_bool(c, n, sw, &b) && b)
+        ctx_error(c, n, "sliding window attention (use_sliding_window: true) is not supported yet");
+    if (arch == HF_MISTRAL && n && !doc_is_null(n))
+        ctx_error(c, n, "sliding window attention (sliding_window: %s) is not supported yet",
+                  n->kind == DOC_SCALAR ? n->str : "?");
+    n = doc_get(root, "sliding_window_size");   /* MLC presets spell it so */
+    if (arch == HF_MISTRAL && n && !doc_is_null(n))
+        ctx_error(c, n, "sliding window attention (sliding_window_size: %s) is not supported yet",
+                  n->kind == DOC_SCALAR ? n->str : "?");
+}
+
+/* rope_scaling (or transformers 5's rope_parameters): {rope_type|type:
+ * default|llama3, factor, low_freq_factor, high_freq_factor,
+ * original_max_position_embeddings}; rope_parameters also holds rope_theta. */
+static void config_rope(Ctx *c, const DocNode *s)
+{
+    ModelDesc *m = c->m;
+    if (doc_is_null(s))
+        return;
+    if (s->kind != DOC_MAP) {
+        ctx_error(c, s, "expected a mapping for 'rope_scaling', found %s", doc_kind_name(s->kind));
+        return;
+    }
+    field_double(c, s, "", "rope_theta", &m->rope_theta, F_THETA);
+    const DocNode *t = doc_get(s, "rope_type") ? doc_get(s, "rope_type") : doc_get(s, "type");
+    const char *type = t ? node_str(c, t, "rope_type") : "default";
+    if (!type || strcmp(type, "default") == 0)
+        return;
+    if (strcmp(type, "llama3") != 0) {
+        ctx_error(c, t, "RoPE scaling '%s' is not supported yet (only llama3)", type);
+        return;
+    }
+    m->rope_scaling = ROPE_SCALING_LLAMA3;
+    c->at[F_SCALING] = s;
+    static const char *const need[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                       "original_max_position_embeddings", NULL};
+    for (int i = 0; need[i]; i++)
+        if (!doc_get(s, need[i]))
+            missing_key(c, s, "rope_scaling", need[i]);
+    field_double(c, s, "", "factor", &m->rope_factor, -1);
+    field_double(c, s, "", "low_freq_factor", &m->rope_low_freq_factor, -1);
+    field_double(c, s, "", "high_freq_factor", &m->rope_high_freq_factor, -1);
+    field_int(c, s, "", "original_max_position_embeddings", 1, &m->rope_orig_max_pos, -1);
+}
+
+/* The first id of an int or a list of ints (eos_token_id may be a list). */
+static void config_token_id(Ctx *c, const DocNode *root, const char *key, int *out, int f)
+{
+    const DocNode *n = doc_get(root, key);
+    if (n && n->kind == DOC_SEQ)
+        n = n->n > 0 ? n->items[0] : NULL;
+    if (n && !doc_is_null(n) && node_int32(c, n, key, 0, out))
+        c->at[f] = n;
+}
+
+static void config_dims(Ctx *c, const DocNode *r)
+{
+    ModelDesc *m = c->m;
+    static const char *const need[] = {"hidden_size", "intermediate_size", "num_hidden_layers",
+                                       "num_attention_heads", "vocab_size", "max_position_embeddings", NULL};
+    for (int i = 0; need[i]; i++)
+        if (!doc_get(r, need[i]))
+            missing_key(c, r, "", need[i]);
+    field_int(c, r, "", "hidden_size", 1, &m->dim, F_DIM);
+    field_int(c, r, "", "intermediate_size", 1, &m->hidden_dim, F_HIDDEN);
+    field_int(c, r, "", "num_hidden_layers", 1, &m->n_layers, F_LAYERS);
+    field_int(c, r, "", "num_attention_heads", 1, &m->n_heads, F_HEADS);
+    if (!doc_is_null(doc_get(r, "num_key_value_heads")))
+        field_int(c, r, "", "num_key_value_heads", 1, &m->n_kv_heads, F_KV_HEADS);
+    if (!doc_is_null(doc_get(r, "head_dim")))
+        field_int(c, r, "", "head_dim", 1, &m->head_dim, F_HEAD_DIM);
+    field_int(c, r, "", "vocab_size", 1, &m->vocab_size, F_VOCAB);
+    field_int(c, r, "", "max_position_embeddings", 1, &c->max_pos, F_MAX_SEQ);
+    m->max_seq = c->max_pos < 4096 ? c->max_pos : 4096;
+    m->norm_eps = 1e-6;     /* transformers' default for all three */
+    field_double(c, r, "", "rms_norm_eps", &m->norm_eps, F_EPS);
+    field_double(c, r, "", "rope_theta", &m->rope_theta, F_THETA);
+    config_rope(c, doc_get(r, "rope_scaling"));
+    config_rope(c, doc_get(r, "rope_parameters"));
+    m->tie_embeddings = false;
+    field_bool(c, r, "", "tie_word_embeddings", &m->tie_embeddings);
+    config_token_id(c, r, "bos_token_id", &m->bos_id, F_BOS);
+    config_token_id(c, r, "eos_token_id", &m->eos_id, F_EOS);
+}
+
+/* arch: {from-config: PATH}: reads an HF config.json (JSON is YAML flow). */
+static void arch_from_config(Ctx *c, Doc *cfg, const DocNode *at)
+{
+    const char *what = "arch.from-config";
+    const char *p = node_str(c, at, what);
+    if (!p)
+        return;
+    const char *path = path_resolve(c, p);
+    size_t len;
+    char *text = read_file(path, &len);
+    if (!text) {
+        ctx_error(c, at, "cannot read config '%s': %s", path, strerror(errno));
+        return;
+    }
+    if (!doc_parse(cfg, path, text, len, c->d) || !cfg->root)
+        return;
+    ctx_origin_add(c, cfg, cfg->root);
+    if (cfg->root->kind != DOC_MAP) {
+        ctx_error(c, cfg->root, "expected a JSON object in an HF config, found %s",
+                  doc_kind_name(cfg->root->kind));
+        return;
+    }
+    int arch = config_arch(c, cfg->root, at);
+    if (arch < 0)
+        return;
+    c->from_config = true;
+    c->m->qkv_bias = arch == HF_QWEN2;
+    config_refuse(c, cfg->root, arch);
+    config_dims(c, cfg->root);
+}
+
+/* arch: {from-checkpoint: PATH}: a llama2.c .bin header, seven int32: dim,
+ * hidden_dim, n_layers, n_heads, n_kv_heads, vocab (negative: unshared
+ * classifier), seq_len. */
+static void arch_from_checkpoint(Ctx *c, const DocNode *at)
+{
+    ModelDesc *m = c->m;
+    const char *p = node_str(c, at, "arch.from-checkpoint");
+    if (!p)
+        return;
+    const char *path = path_resolve(c, p);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        ctx_error(c, at, "cannot read checkpoint '%s': %s", path, strerror(errno));
+        return;
+    }
+    int32_t h[7];
+    size_t got = fread(h, sizeof h[0], 7, f);
+    fclose(f);
+    if (got != 7 || h[0] <= 0 || h[1] <= 0 || h[2] <= 0 || h[3] <= 0 || h[4] <= 0 || h[5] == 0 || h[5] == INT32_MIN ||
+        h[6] <= 0) {
+        ctx_error(c, at, "'%s' does not start with a llama2.c header (7 positive int32)", path);
+        return;
+    }
+    m->dim = h[0], m->hidden_dim = h[1], m->n_layers = h[2], m->n_heads = h[3], m->n_kv_heads = h[4];
+    m->vocab_size = h[5] < 0 ? -h[5] : h[5];
+    m->tie_embeddings = h[5] > 0;
+    m->max_seq = c->max_pos = h[6];
+    m->norm_eps = 1e-5;     /* hard-coded in llama2.c */
+    for (int i = F_DIM; i <= F_MAX_SEQ; i++)
+        c->at[i] = at;
+}
+
+/* arch: {dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim,
+ *        vocab_size, max_seq} | {from-config: PATH, KEY: override...}
+ *      | {from-checkpoint: PATH, KEY: override...} */
+static void desc_arch(Ctx *c, Doc *cfg, const DocNode *a)
+{
+    ModelDesc *m = c->m;
+    if (!map_check(c, a, "arch", arch_keys))
+        return;
+    const DocNode *fc = doc_get(a, "from-config"), *fk = doc_get(a, "from-checkpoint");
+    if (fc && fk) {
+        ctx_error(c, fk, "'from-checkpoint' and 'from-config' cannot both be given");
+        return;
+    }
+    if (fc)
+        arch_from_config(c, cfg, fc);
+    else if (fk)
+        arch_from_checkpoint(c, fk);
+    static const char *const need[] = {"dim", "hidden_dim", "n_layers", "n_heads", "vocab_size", "max_seq", NULL};
+    for (int i = 0; !fc && !fk && need[i]; i++)
+        if (!doc_get(a, need[i]))
+            missing_key(c, a, "arch", need[i]);
+    field_int(c, a, "arch", "dim", 1, &m->dim, F_DIM);
+    field_int(c, a, "arch", "hidden_dim", 1, &m->hidden_dim, F_HIDDEN);
+    field_int(c, a, "arch", "n_layers", 1, &m->n_layers, F_LAYERS);
+    field_int(c, a, "arch", "n_heads", 1, &m->n_heads, F_HEADS);
+    field_int(c, a, "arch", "n_kv_heads", 1, &m->n_kv_heads, F_KV_HEADS);
+    field_int(c, a, "arch", "head_dim", 1, &m->head_dim, F_HEAD_DIM);
+    field_int(c, a, "arch", "vocab_size", 1, &m->vocab_size, F_VOCAB);
+    if (doc_get(a, "max_seq")) {
+        field_int(c, a, "arch", "max_seq", 1, &m->max_seq, F_MAX_SEQ);
+        c->max_pos = m->max_seq;
+    }
+    if (!m->n_kv_heads) {
+        m->n_kv_heads = m->n_heads;
+        c->at[F_KV_HEADS] = c->at[F_HEADS];
+    }
+    if (!m->head_dim && m->n_heads > 0 && m->dim % m->n_heads == 0)
+        m->head_dim = m->dim / m->n_heads;
+}
+
+/* ---- rope ---- */
+
+/* scaling: none | {type: llama3, factor: NUMBER, low_freq_factor: 1,
+ *                  high_freq_factor: 4, original_max_pos: 8192} */
+static void desc_rope_scaling(Ctx *c, const DocNode *s)
+{
+    ModelDesc *m = c->m;
+    c->at[F_SCALING] = s;
+    if (doc_is_null(s) || (s->kind == DOC_SCALAR && !s->quoted && strcmp(s->str, "none") == 0)) {
+        m->rope_scaling = ROPE_SCALING_NONE;
+        return;
+    }
+    if (!map_check(c, s, "rope.scaling", scaling_keys))
+        return;
+    const DocNode *t = doc_get(s, "type");
+    if (!t)
+        missing_key(c, s, "rope.scaling", "type");
+    else if (node_enum(c, t, "rope.scaling.type", scaling_types) < 0)
+        return;
+    if (!doc_get(s, "factor"))
+        missing_key(c, s, "rope.scaling", "factor");
+    m->rope_scaling = ROPE_SCALING_LLAMA3;
+    m->rope_low_freq_factor = 1, m->rope_high_freq_factor = 4, m->rope_orig_max_pos = 8192;
+    field_double(c, s, "rope.scaling", "factor", &m->rope_factor, -1);
+    field_double(c, s, "rope.scaling", "low_freq_factor", &m->rope_low_freq_factor, -1);
+    field_double(c, s, "rope.scaling", "high_freq_factor", &m->rope_high_freq_factor, -1);
+    field_int(c, s, "rope.scaling", "original_max_pos", 1, &m->rope_orig_max_pos, -1);
+}
+
+/* rope: {theta: NUMBER, pairing: adjacent|half, scaling: ...} */
+static void desc_rope(Ctx *c, const DocNode *r)
+{
+    if (!map_check(c, r, "rope", rope_keys))
+        return;
+    field_double(c, r, "rope", "theta", &c->m->rope_theta, F_THETA);
+    const DocNode *p = doc_get(r, "pairing");
+    int k = p ? node_enum(c, p, "rope.pairing", pairings) : -1;
+    if (k >= 0)
+        c->m->rope_pairing = (RopePairing)k;
+    const DocNode *s = doc_get(r, "scaling");
+    if (s)
+        desc_rope_scaling(c, s);
+}
+
+/* ---- compile knobs ---- */
+
+/* QUANT := none|f32|f16|bf16|w8a16|w4a16[-gG]|w8a8|w4a8[-gG], G in 32|64|128. */
+static bool quant_parse(const char *s, QuantSpec *q)
+{
+    char name[16];
+    size_t n = strcspn(s, "-");
+    if (n >= sizeof name)
+        return false;
+    memcpy(name, s, n);
+    name[n] = 0;
+    int k = name_index(name, quant_names);
+    if (k < 0)
+        return false;
+    q->kind = (QuantKind)k;
+    q->group = k == QUANT_W4A16 || k == QUANT_W4A8 ? 128 : 0;
+    if (!s[n])
+        return true;
+    static const char *const groups[] = {"-g32", "-g64", "-g128", NULL};
+    int g = name_index(s + n, groups);
+    if (!q->group || g < 0)
+        return false;
+    q->group = 32 << g;
+    return true;
+}
+
+static bool quant_node(Ctx *c, const DocNode *n, const char *what, QuantSpec *q)
+{
+    const char *s = node_str(c, n, what);
+    if (!s)
+        return false;
+    if (!quant_parse(s, q)) {
+        const char *near = str_closest(s, quant_names);
+        if (near)
+            ctx_error(c, n, "bad value '%s' for '%s'; did you mean '%s'?", s, what, near);
+        else
+            ctx_error(c, n, "bad value '%s' for '%s' (expected none, f32, f16, bf16, w8a16, w4a16[-g32|-g64|-g128],"
+                      " w8a8 or w4a8[-g32|-g64|-g128])", s, what);
+        return false;
+    }
+    if (q->kind != QUANT_NONE && q->kind != QUANT_F32) {
+        ctx_error(c, n, "quantization '%s' ('%s') is not supported yet (only none and f32)", s, what);
+        return false;
+    }
+    return true;
+}
+
+/* quant: QUANT | {default: QUANT, embed: QUANT, attn: QUANT, mlp: QUANT,
+ *                 lm_head: QUANT}; a class not named takes the default. */
+static void desc_quant(Ctx *c, const DocNode *q)
+{
+    ModelDesc *m = c->m;
+    QuantSpec def = {QUANT_NONE, 0};
+    if (q->kind == DOC_SCALAR) {
+        quant_node(c, q, "compile.quant", &def);
+        for (int i = 0; i < TCLASS_COUNT; i++)
+            m->quant[i] = def;
+        return;
+    }
+    if (!map_check(c, q, "compile.quant", quant_keys))
+        return;
+    if (doc_get(q, "default"))
+        quant_node(c, doc_get(q, "default"), "compile.quant.default", &def);
+    for (int i = 0; i < TCLASS_COUNT; i++) {
+        const DocNode *n = doc_get(q, quant_keys[i + 1]);
+        m->quant[i] = def;
+        if (n)
+            quant_node(c, n, key_path(c, "compile.quant", quant_keys[i + 1]), &m->quant[i]);
+    }
+}
+
+/* RANGE := all | N | N- | N-M (layers N..M inclusive; N- is N..last).
+ * Sets [*lo, *hi] within 0..nl-1, or reports why not. */
+static bool range_parse(Ctx *c, const DocNode *n, const char *what, int nl, int *lo, int *hi)
+{
+    const char *s = node_str(c, n, what);
+    if (!s)
+        return false;
+    if (strcmp(s, "all") == 0) {
+        *lo = 0, *hi = nl - 1;
+        return true;
+    }
+    char *end;
+    long a = strtol(s, &end, 10), b = a;
+    bool ok = end != s && s[0] >= '0' && s[0] <= '9' && a <= INT_MAX;
+    if (ok && *end == '-') {
+        const char *t = end + 1;
+        b = *t ? strtol(t, &end, 10) : nl - 1;
+        ok = !*t || (end != t && t[0] >= '0' && t[0] <= '9' && b <= INT_MAX);
+        end = *t ? end : (char *)t;
+    }
+    if (!ok || *end) {
+        ctx_error(c, n, "bad layer range '%s' (expected N, N-M, N- or all)", s);
+        return false;
+    }
+    if (a >= nl || b >= nl) {
+        ctx_error(c, n, "layer range '%s' is out of bounds: the model has %d layers (0-%d)", s, nl, nl - 1);
+        return false;
+    }
+    if (a > b) {
+        ctx_error(c, n, "bad layer range '%s': it starts after it ends", s);
+        return false;
+    }
+    *lo = (int)a, *hi = (int)b;
+    return true;
+}
+
+/* Claims layers lo..hi for entry `e` of a per-layer list; overlaps with an
+ * earlier entry are errors. */
+static bool range_claim(Ctx *c, const DocNode **owner, const DocNode *e, const DocNode *rn, const char *list, int lo,
+                        int hi)
+{
+    for (int l = lo; l <= hi; l++) {
+        if (owner[l]) {
+            ctx_error(c, rn, "layer %d is already covered by an earlier entry of '%s'", l, list);
+            ctx_note(c, owner[l], "the earlier entry");
+            return false;
+        }
+    }
+    for (int l = lo; l <= hi; l++)
+        owner[l] = e;
+    return true;
+}
+
+/* Reads the params of one entry: keys names[i] -> vals[i], checked
+ * against the kind's need/allow masks. */
+static bool params_read(Ctx *c, const DocNode *e, const char *list, const char *kind, const char *const *names,
+                        int nnames, unsigned need, unsigned allow, int *vals)
+{
+    bool ok = true;
+    for (int i = 0; i < nnames; i++) {
+        const DocNode *n = doc_get(e, names[i]);
+        const char *what = arena_printf(c->a, "%s.%s", list, names[i]);
+        if (n && !(allow >> i & 1)) {
+            ctx_error(c, n, "'%s' does not apply to %s '%s'", names[i], list, kind);
+            ok = false;
+        } else if (!n && (need >> i & 1)) {
+            ctx_error(c, e, "missing key '%s' in '%s' entry (%s '%s' needs it)", names[i], list, list, kind);
+            ok = false;
+        } else if (n) {
+            ok &= node_int32(c, n, what, strcmp(names[i], "sinks") == 0 ? 0 : 1, &vals[i]);
+        }
+    }
+    return ok;
+}
+
+/* One entry of attention/kv_policy: {layers: RANGE, KINDKEY: KIND, params}.
+ * Returns the kind (-1 on error) and fills lo/hi/vals. */
+static int entry_read(Ctx *c, const DocNode *e, const char *list, const char *const *keys, const char *kindkey,
+                      const char *const *kinds, const char *const *pnames, int np, const ParamMask *mk,
+                      const DocNode **owner, int *vals)
+{
+    if (!map_check(c, e, arena_printf(c->a, "compile.%s entry", list), keys))
+        return -1;
+    const DocNode *rn = doc_get(e, "layers"), *kn = doc_get(e, kindkey);
+    if (!rn)
+        missing_key(c, e, arena_printf(c->a, "compile.%s entry", list), "layers");
+    if (!kn)
+        missing_key(c, e, arena_printf(c->a, "compile.%s entry", list), kindkey);
+    if (!rn || !kn)
+        return -1;
+    const char *what = arena_printf(c->a, "compile.%s.%s", list, kindkey);
+    int k = node_enum(c, kn, what, kinds);
+    int lo = 0, hi = -1, nl = c->m->n_layers;
+    bool ok = k >= 0 && params_read(c, e, list, kinds[k], pnames, np, mk[k].need, mk[k].allow, vals);
+    if (nl >= 1 && nl <= MODEL_MAX_LAYERS && range_parse(c, rn, arena_printf(c->a, "compile.%s.layers", list), nl,
+                                                         &lo, &hi))
+        ok &= range_claim(c, owner, e, rn, arena_printf(c->a, "compile.%s", list), lo, hi);
+    if (k > 0) {
+        ctx_error(c, kn, "%s '%s' is not supported yet (only %s)", strcmp(list, "attention") == 0 ? "attention kind"
+                  : "KV policy", kinds[k], kinds[0]);
+        ok = false;
+    }
+    vals[np] = lo, vals[np + 1] = hi;
+    return ok ? k : -1;
+}
+
+/* attention: [{layers: RANGE, kind: dense|sink_window|quest, sinks, window,
+ * page, budget}, ...]; layers not covered stay dense. */
+static void desc_attention(Ctx *c, const DocNode *l)
+{
+    if (l->kind != DOC_SEQ) {
+        ctx_error(c, l, "expected a list for 'compile.attention', found %s", doc_kind_name(l->kind));
+        return;
+    }
+    const DocNode **owner = ARENA_ARRAY(c->a, const DocNode *, MODEL_MAX_LAYERS);
+    for (int i = 0; i < l->n; i++) {
+        int v[6] = {0};
+        int k = entry_read(c, l->items[i], "attention", attn_keys, "kind", attn_kinds, attn_params, 4,
+                           attn_kind_params, owner, v);
+        for (int x = v[4]; k >= 0 && x <= v[5]; x++)
+            c->m->attn[x] = (AttnSpec){(AttnKind)k, v[0], v[1], v[2], v[3]};
+    }
+}
+
+/* kv_policy: [{layers: RANGE, policy: full|streaming|h2o|tova|snapkv,
+ * budget, sinks, window}, ...]; layers not covered keep the full cache. */
+static void desc_kv_policy(Ctx *c, const DocNode *l)
+{
+    if (l->kind != DOC_SEQ) {
+        ctx_error(c, l, "expected a list for 'compile.kv_policy', found %s", doc_kind_name(l->kind));
+        return;
+    }
+    const DocNode **owner = ARENA_ARRAY(c->a, const DocNode *, MODEL_MAX_LAYERS);
+    for (int i = 0; i < l->n; i++) {
+        int v[5] = {0};
+        int k = entry_read(c, l->items[i], "kv_policy", kv_keys, "policy", kv_kinds, kv_params, 3, kv_kind_params,
+                           owner, v);
+        for (int x = v[3]; k >= 0 && x <= v[4]; x++)
+            c->m->kv[x] = (KvPolicy){(KvPolicyKind)k, v[0], v[1], v[2]};
+    }
+}
+
+/* targets: TARGET | [TARGET, ...], TARGET in cpu|sm_80|sm_90|sm_120|host-cuda */
+static void desc_targets(Ctx *c, const DocNode *t)
+{
+    int n = t->kind == DOC_SEQ ? t->n : 1, nt = 0;
+    for (int i = 0; i < n; i++) {
+        const DocNode *x = t->kind == DOC_SEQ ? t->items[i] : t;
+        int k = node_enum(c, x, "compile.targets", target_names);
+        if (k < 0)
+            continue;
+        bool dup = false;
+        for (int j = 0; j < nt; j++)
+            dup |= c->m->targets[j] == target_names[k];
+        if (dup)
+            ctx_error(c, x, "target '%s' is listed twice", target_names[k]);
+        else
+            c->m->targets[nt++] = target_names[k];
+    }
+}
+
+/* compile: {act_dtype, quant, attention, kv_policy, targets, workers, max_seq} */
+static void desc_compile(Ctx *c, const DocNode *k)
+{
+    ModelDesc *m = c->m;
+    if (!map_check(c, k, "compile", compile_keys))
+        return;
+    const DocNode *n = doc_get(k, "act_dtype");
+    int dt = n ? node_enum(c, n, "compile.act_dtype", act_dtypes) : 0;
+    if (dt > 0)
+        ctx_error(c, n, "activation dtype '%s' is not supported yet (only f32)", act_dtypes[dt]);
+    if ((n = doc_get(k, "quant")))
+        desc_quant(c, n);
+    if ((n = doc_get(k, "attention")))
+        desc_attention(c, n);
+    if ((n = doc_get(k, "kv_policy")))
+        desc_kv_policy(c, n);
+    if ((n = doc_get(k, "targets")))
+        desc_targets(c, n);
+    if ((n = doc_get(k, "workers"))) {
+        int64_t w;
+        if (node_int(c, n, "compile.workers", 1, DESC_MAX_WORKERS, &w))
+            m->workers = (int)w;
+    }
+    if ((n = doc_get(k, "max_seq")) && node_int32(c, n, "compile.max_seq", 1, &m->max_seq)) {
+        c->at[F_MAX_SEQ] = n;
+        if (c->max_pos && m->max_seq > c->max_pos)
+            ctx_error(c, n, "'compile.max_seq' (%d) exceeds the model's maximum context (%d)", m->max_seq,
+                      c->max_pos);
+    }
+}
+
+/* ---- checks ---- */
+
+typedef struct {
+    const ModelDesc *m;
+    Ctx *c;                 /* NULL: report against the file as a whole */
+    Diag *d;
+    bool ok;
+} Checker;
+
+static void MEGAC_PRINTF(3, 4) check_fail(Checker *k, int f, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (k->c) {
+        const DocNode *n = f >= 0 && k->c->at[f] ? k->c->at[f] : k->c->doc->root;
+        ctx_vreport(k->c, "error", n, fmt, ap);
+    } else {
+        SrcFile src = {.path = k->m->path ? k->m->path : "megac"};
+        diag_vreport(k->d, "error", &src, 0, 0, fmt, ap);
+    }
+    va_end(ap);
+    k->ok = false;
+}
+
+static void check_range(Checker *k, int f, const char *name, int v, int lo, int hi)
+{
+    if (v < lo || v > hi)
+        check_fail(k, f, "%s must be between %d and %d, found %d", name, lo, hi, v);
+}
+
+static void check_dims(Checker *k)
+{
+    const ModelDesc *m = k->m;
+    check_range(k, F_DIM, "dim", m->dim, 1, DESC_MAX_DIM);
+    check_range(k, F_HIDDEN, "hidden_dim", m->hidden_dim, 1, DESC_MAX_DIM);
+    check_range(k, F_LAYERS, "n_layers", m->n_layers, 1, MODEL_MAX_LAYERS);
+    check_range(k, F_VOCAB, "vocab_size", m->vocab_size, 1, DESC_MAX_VOCAB);
+    check_range(k, F_MAX_SEQ, "max_seq", m->max_seq, 1, DESC_MAX_SEQ);
+    check_range(k, F_HEADS, "n_heads", m->n_heads, 1, 4096);
+    if (m->n_heads < 1)
+        return;
+    if (m->n_kv_heads < 1 || m->n_heads % m->n_kv_heads)
+        check_fail(k, F_KV_HEADS, "n_kv_heads (%d) must divide n_heads (%d)", m->n_kv_heads, m->n_heads);
+    if (m->head_dim <= 0 && m->dim % m->n_heads)
+        check_fail(k, F_HEADS, "n_heads (%d) does not divide dim (%d); give head_dim", m->n_heads, m->dim);
+    else if (m->head_dim <= 0 || m->head_dim % 2 || (int64_t)m->head_dim * m->n_heads > DESC_MAX_DIM)
+        check_fail(k, F_HEAD_DIM, "head_dim (%d) must be even, positive, and head_dim * n_heads at most %d",
+                   m->head_dim, DESC_MAX_DIM);
+}
+
+static void check_rope(Checker *k)
+{
+    const ModelDesc *m = k->m;
+    if (!(m->norm_eps > 0 && m->norm_eps < 1))
+        check_fail(k, F_EPS, "norm_eps must be in (0, 1), found %g", m->norm_eps);
+    if (!(m->rope_theta > 1))
+        check_fail(k, F_THETA, "rope theta must be greater than 1, found %g", m->rope_theta);
+    if (m->rope_scaling != ROPE_SCALING_LLAMA3)
+        return;
+    if (!(m->rope_factor >= 1) || !(m->rope_low_freq_factor > 0) ||
+        !(m->rope_high_freq_factor > m->rope_low_freq_factor) || m->rope_orig_max_pos < 1)
+        check_fail(k, F_SCALING, "llama3 RoPE scaling needs factor >= 1 and 0 < low_freq_factor <"
+                   " high_freq_factor, found factor %g, low %g, high %g", m->rope_factor,
+                   m->rope_low_freq_factor, m->rope_high_freq_factor);
+}
+
+static void check_io(Checker *k)
+{
+    const ModelDesc *m = k->m;
+    if (m->weights_format != WFMT_SYNTHETIC && !m->weights_path)
+        check_fail(k, F_WEIGHTS, "weights of format %s need a path", weights_formats[m->weights_format]);
+    if ((m->tok_format == TOKFMT_LLAMA2C || m->tok_format == TOKFMT_HF || m->tok_format == TOKFMT_GGUF) &&
+        !m->tok_path)
+        check_fail(k, F_TOKENIZER, "a %s tokenizer needs a path", tok_formats[m->tok_format]);
+    if (m->tok_format == TOKFMT_BYTES && m->vocab_size < 259)
+        check_fail(k, F_TOKENIZER, "the bytes tokenizer needs vocab_size >= 259, found %d", m->vocab_size);
+    if (m->bos_id >= m->vocab_size)
+        check_fail(k, F_BOS, "bos id %d is outside the vocabulary (%d)", m->bos_id, m->vocab_size);
+    if (m->eos_id >= m->vocab_size)
+        check_fail(k, F_EOS, "eos id %d is outside the vocabulary (%d)", m->eos_id, m->vocab_size);
+    if (m->workers < 0 || m->workers > DESC_MAX_WORKERS)
+        check_fail(k, F_WORKERS, "workers must be between 0 and %d, found %d", DESC_MAX_WORKERS, m->workers);
+}
+
+/* Knobs the backends do not implement yet (parsing reports these at the
+ * node, so only hand-built descriptions reach this). */
+static void check_knobs(Checker *k)
+{
+    const ModelDesc *m = k->m;
+    if (m->act_dtype != DT_F32)
+        check_fail(k, -1, "activation dtype %s is not supported yet", dtype_name(m->act_dtype));
+    for (int i = 0; i < TCLASS_COUNT; i++)
+        if (m->quant[i].kind != QUANT_NONE && m->quant[i].kind != QUANT_F32)
+            check_fail(k, -1, "quantization %s is not supported yet", quant_names[m->quant[i].kind]);
+    for (int l = 0; l < m->n_layers && l < MODEL_MAX_LAYERS; l++) {
+        if (m->attn[l].kind != ATTN_DENSE)
+            check_fail(k, -1, "attention kind %s (layer %d) is not supported yet",
+                       attn_kinds[m->attn[l].kind], l);
+        if (m->kv[l].kind != KV_FULL)
+            check_fail(k, -1, "KV policy %s (layer %d) is not supported yet", kv_kinds[m->kv[l].kind], l);
+    }
+}
+
+static bool check_run(const ModelDesc *m, Ctx *c, Diag *d)
+{
+    Checker k = {m, c, d, true};
+    check_dims(&k);
+    check_rope(&k);
+    check_io(&k);
+    if (!c)
+        check_knobs(&k);
+    return k.ok;
+}
+
+bool desc_check(const ModelDesc *m, Diag *d)
+{
+    return check_run(m, NULL, d);
+}
+
+/* ---- the walk ---- */
+
+static void desc_defaults(ModelDesc *m)
+{
+    memset(m, 0, sizeof *m);
+    m->norm_eps = 1e-5;
+    m->rope_theta = 10000;
+    m->bos_id = m->eos_id = -1;
+    m->act_dtype = DT_F32;
+}
+
+static const char *dir_of(Arena *a, const char *path)
+{
+    const char *s = strrchr(path, '/');
+    if (!s || strcmp(path, DESC_EMBEDDED_PATH) == 0)
+        return ".";
+    return s == path ? "/" : arena_strndup(a, path, (size_t)(s - path));
+}
+
+/* name: NAME, letters, digits, '.', '_' and '-' (it names the bundle). */
+static void desc_name(Ctx *c, const DocNode *root)
+{
+    const DocNode *n = doc_get(root, "name");
+    const char *s = n ? node_str(c, n, "name") : NULL;
+    if (!n)
+        missing_key(c, root, "", "name");
+    if (!s)
+        return;
+    if (!*s || strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != strlen(s)) {
+        ctx_error(c, n, "name '%s' must be made of letters, digits, '.', '_' and '-'", s);
+        return;
+    }
+    c->m->name = arena_strdup(c->a, s);
+}
+
+static void desc_walk(Ctx *c, Doc *cfg)
+{
+    ModelDesc *m = c->m;
+    const DocNode *r = c->doc->root, *n;
+    if (!map_check(c, r, "", top_keys))
+        return;
+    desc_name(c, r);
+    if ((n = doc_get(r, "weights")))
+        desc_weights(c, n);
+    else
+        missing_key(c, r, "", "weights");
+    if ((n = doc_get(r, "arch")))
+        desc_arch(c, cfg, n);
+    else
+        missing_key(c, r, "", "arch");
+    field_double(c, r, "", "norm_eps", &m->norm_eps, F_EPS);
+    field_bool(c, r, "", "tie_embeddings", &m->tie_embeddings);
+    field_bool(c, r, "", "qkv_bias", &m->qkv_bias);
+    m->rope_pairing = m->weights_format == WFMT_SAFETENSORS ||
+                      (m->weights_format == WFMT_SYNTHETIC && c->from_config) ? ROPE_HALF : ROPE_ADJACENT;
+    if ((n = doc_get(r, "rope")))
+        desc_rope(c, n);
+    if ((n = doc_get(r, "tokenizer")))
+        desc_tokenizer(c, n);
+    field_int(c, r, "", "bos", 0, &m->bos_id, F_BOS);
+    field_int(c, r, "", "eos", 0, &m->eos_id, F_EOS);
+    if ((n = doc_get(r, "compile")))
+        desc_compile(c, n);
+}
+
+bool desc_parse(ModelDesc *m, Arena *a, const char *path, const char *text, size_t len, const DescOverride *ov,
+                int nov, Diag *d)
+{
+    int errors0 = d->nerrors;
+    desc_defaults(m);
+    m->path = arena_strdup(a, path);
+    m->dir = dir_of(a, path);
+    Doc doc, cfg = {0};
+    Doc *ods = xcalloc((size_t)nov + 1, sizeof *ods);
+    Ctx c = {.m = m, .a = a, .d = d, .doc = &doc};
+    bool parsed = doc_parse(&doc, path, xstrndup(text, len), len, d);
+    if (parsed && !doc.root)
+        diag_error(d, &doc.src, 0, 0, "empty model description");
+    for (int i = 0; parsed && doc.root && i < nov; i++)
+        override_apply(&c, &ods[i], &ov[i]);
+    if (parsed && doc.root && doc.root->kind == DOC_MAP && d->nerrors == errors0)
+        desc_walk(&c, &cfg);
+    if (d->nerrors == errors0)
+        check_run(m, &c, d);
+    for (int i = 0; i < nov; i++)
+        doc_free(&ods[i]);
+    free(ods);
+    free(c.orig);
+    doc_free(&cfg);
+    doc_free(&doc);
+    return d->nerrors == errors0;
+}
+
+bool desc_load(ModelDesc *m, Arena *a, const char *path, const DescOverride *ov, int nov, Diag *d)
+{
+    if (!path || strcmp(path, desc_default_name) == 0)
+        return desc_parse(m, a, DESC_EMBEDDED_PATH, desc_default_yaml, strlen(desc_default_yaml), ov, nov, d);
+    size_t len;
+    char *text = read_file(path, &len);
+    if (!text) {
+        diag_file_error(d, path, "cannot read model description: %s", strerror(errno));
+        return false;
+    }
+    bool ok = desc_parse(m, a, path, text, len, ov, nov, d);
+    free(text);
+    return ok;
+}
+
+/* ---- printing: the resolved description, as YAML desc_parse reads back ---- */
+
+static void print_double(FILE *out, const char *key, double v)
+{
+    char buf[40];
+    snprintf(buf, sizeof buf, "%.15g", v);
+    if (strtod(buf, NULL) != v)
+        snprintf(buf, sizeof buf, "%.17g", v);
+    fprintf(out, "%s: %s\n", key, buf);
+}
+
+static void print_str(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (; *s; s++)
+        fprintf(out, *s == '"' || *s == '\\' ? "\\%c" : "%c", *s);
+    fputc('"', out);
+}
+
+static void print_quant(FILE *out, QuantSpec q)
+{
+    fputs(quant_names[q.kind], out);
+    if (q.group)
+        fprintf(out, "-g%d", q.group);
+}
+
+static void print_range(FILE *out, int lo, int hi, int nl)
+{
+    if (lo == 0 && hi == nl - 1)
+        fputs("all", out);
+    else if (lo == hi)
+        fprintf(out, "%d", lo);
+    else
+        fprintf(out, "%d-%d", lo, hi);
+}
+
+static void print_params(FILE *out, const char *const *names, const int *vals, int n, unsigned allow)
+{
+    for (int i = 0; i < n; i++)
+        if (allow >> i & 1)
+            fprintf(out, ", %s: %d", names[i], vals[i]);
+}
+
+static void print_layers(const ModelDesc *m, FILE *out)
+{
+    int nl = m->n_layers < MODEL_MAX_LAYERS ? m->n_layers : MODEL_MAX_LAYERS;
+    fputs("  attention:\n", out);
+    for (int lo = 0, hi; lo < nl; lo = hi + 1) {
+        for (hi = lo; hi + 1 < nl && !memcmp(&m->attn[hi + 1], &m->attn[lo], sizeof m->attn[lo]); hi++) {
+        }
+        const AttnSpec *s = &m->attn[lo];
+        fputs("    - {layers: ", out);
+        print_range(out, lo, hi, nl);
+        fprintf(out, ", kind: %s", attn_kinds[s->kind]);
+        print_params(out, attn_params, (const int[]){s->sinks, s->window, s->page, s->budget}, 4,
+                     attn_kind_params[s->kind].allow);
+        fputs("}\n", out);
+    }
+    fputs("  kv_policy:\n", out);
+    for (int lo = 0, hi; lo < nl; lo = hi + 1) {
+        for (hi = lo; hi + 1 < nl && !memcmp(&m->kv[hi + 1], &m->kv[lo], sizeof m->kv[lo]); hi++) {
+        }
+        const KvPolicy *s = &m->kv[lo];
+        fputs("    - {layers: ", out);
+        print_range(out, lo, hi, nl);
+        fprintf(out, ", policy: %s", kv_kinds[s->kind]);
+        print_params(out, kv_params, (const int[]){s->budget, s->sinks, s->window}, 3, kv_kind_params[s->kind].allow);
+        fputs("}\n", out);
+    }
+}
+
+static void print_compile(const ModelDesc *m, FILE *out)
+{
+    fprintf(out, "compile:\n  act_dtype: %s\n  quant: {", dtype_name(m->act_dtype));
+    for (int i = 0; i < TCLASS_COUNT; i++) {
+        fprintf(out, "%s%s: ", i ? ", " : "", quant_keys[i + 1]);
+        print_quant(out, m->quant[i]);
+    }
+    fputs("}\n", out);
+    print_layers(m, out);
+    fputs("  targets: [", out);
+    for (int i = 0; i < 8 && m->targets[i]; i++)
+        fprintf(out, "%s%s", i ? ", " : "", m->targets[i]);
+    fputs("]\n", out);
+    if (m->workers)
+        fprintf(out, "  workers: %d\n", m->workers);
+}
+
+static void print_io(const ModelDesc *m, FILE *out)
+{
+    fprintf(out, "weights: {format: %s", weights_formats[m->weights_format]);
+    if (m->weights_format == WFMT_SYNTHETIC)
+        fprintf(out, ", seed: %llu", (unsigned long long)m->weights_seed);
+    if (m->weights_path) {
+        fputs(", path: ", out);
+        print_str(out, m->weights_path);
+    }
+    fprintf(out, "}\ntokenizer: {format: %s", tok_formats[m->tok_format]);
+    if (m->tok_path) {
+        fputs(", path: ", out);
+        print_str(out, m->tok_path);
+    }
+    fputs("}\n", out);
+    if (m->bos_id >= 0)
+        fprintf(out, "bos: %d\n", m->bos_id);
+    if (m->eos_id >= 0)
+        fprintf(out, "eos: %d\n", m->eos_id);
+}
+
+/* Paths are printed resolved (relative to the working directory). */
+void desc_print(const ModelDesc *m, FILE *out)
+{
+    fprintf(out, "# %s (paths resolved against the working directory)\n", m->path ? m->path : "?");
+    fprintf(out, "name: %s\narch:\n", m->name ? m->name : "?");
+    fprintf(out, "  dim: %d\n  hidden_dim: %d\n  n_layers: %d\n  n_heads: %d\n  n_kv_heads: %d\n", m->dim,
+            m->hidden_dim, m->n_layers, m->n_heads, m->n_kv_heads);
+    fprintf(out, "  head_dim: %d\n  vocab_size: %d\n  max_seq: %d\n", m->head_dim, m->vocab_size, m->max_seq);
+    print_double(out, "norm_eps", m->norm_eps);
+    fprintf(out, "tie_embeddings: %s\nqkv_bias: %s\nrope:\n", m->tie_embeddings ? "true" : "false",
+            m->qkv_bias ? "true" : "false");
+    print_double(out, "  theta", m->rope_theta);
+    fprintf(out, "  pairing: %s\n", pairings[m->rope_pairing]);
+    if (m->rope_scaling == ROPE_SCALING_LLAMA3) {
+        fputs("  scaling:\n    type: llama3\n", out);
+        print_double(out, "    factor", m->rope_factor);
+        print_double(out, "    low_freq_factor", m->rope_low_freq_factor);
+        print_double(out, "    high_freq_factor", m->rope_high_freq_factor);
+        fprintf(out, "    original_max_pos: %d\n", m->rope_orig_max_pos);
+    } else {
+        fputs("  scaling: none\n", out);
+    }
+    print_io(m, out);
+    print_compile(m, out);
+}

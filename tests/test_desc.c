@@ -1,0 +1,720 @@
+/*
+ * test_desc.c - model descriptions: every shipped models/NAME.yaml parses and
+ * checks; HF configs of the zoo give the shapes of ../shared/hf-configs/
+ * shapes.json and non-Llama ones are refused; exact diagnostics for each
+ * kind of user mistake; --set overrides; the embedded default model equals
+ * models/default.yaml; desc_print reads back to the same description.
+ */
+#include "compiler/doc.h"
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wcomment"
+#include "compiler/model.h"
+#pragma GCC diagnostic pop
+
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <math.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SHARED MEGAC_SRC "/../shared"
+#define FIXTURES MEGAC_SRC "/tests/fixtures/desc"
+
+static char errs[16384];
+
+/* Parses `text` as if read from `path`; diagnostics land in errs. */
+static bool parse(ModelDesc *m, Arena *a, const char *path, const char *text, const DescOverride *ov, int nov,
+                  int *nerr)
+{
+    memset(errs, 0, sizeof errs);
+    FILE *f = fmemopen(errs, sizeof errs - 1, "w");
+    cr_assert_not_null(f);
+    Diag d;
+    diag_init(&d);
+    d.out = f;
+    bool ok = desc_parse(m, a, path, text, strlen(text), ov, nov, &d);
+    fclose(f);
+    if (nerr)
+        *nerr = d.nerrors;
+    cr_assert_eq(ok, d.nerrors == 0, "ok=%d but %d errors:\n%s", ok, d.nerrors, errs);
+    return ok;
+}
+
+/* Parses and expects exactly `want` on the diagnostics stream. */
+static void expect_errors(const char *text, const DescOverride *ov, int nov, const char *want)
+{
+    ModelDesc m;
+    Arena a = {0};
+    int n;
+    cr_assert_not(parse(&m, &a, "models/x.yaml", text, ov, nov, &n), "accepted:\n%s", text);
+    cr_assert_str_eq(errs, want, "for\n%s\ngot:\n%s", text, errs);
+    arena_free(&a);
+}
+
+static bool shared_present(void)
+{
+    return access(SHARED "/hf-configs/shapes.json", R_OK) == 0;
+}
+
+static bool ends_with(const char *s, const char *suf)
+{
+    size_t n = strlen(s), k = strlen(suf);
+    return n >= k && strcmp(s + n - k, suf) == 0;
+}
+
+/* ---- shipped models ---- */
+
+Test(desc, shipped_models_parse_and_check)
+{
+    DIR *dir = opendir(MEGAC_SRC "/models");
+    cr_assert_not_null(dir);
+    int count = 0;
+    struct dirent *e;
+    while ((e = readdir(dir))) {
+        if (!ends_with(e->d_name, ".yaml"))
+            continue;
+        char path[1024];
+        snprintf(path, sizeof path, MEGAC_SRC "/models/%s", e->d_name);
+        size_t len;
+        char *text = read_file(path, &len);
+        cr_assert_not_null(text);
+        bool needs_shared = strstr(text, "from-") != NULL;
+        if (needs_shared && !shared_present()) {
+            free(text);
+            continue;
+        }
+        ModelDesc m;
+        Arena a = {0};
+        cr_assert(parse(&m, &a, path, text, NULL, 0, NULL), "%s:\n%s", path, errs);
+        Diag d;
+        diag_init(&d);
+        cr_assert(desc_check(&m, &d), "%s", path);
+        char stem[256];
+        snprintf(stem, sizeof stem, "%.*s", (int)(strlen(e->d_name) - 5), e->d_name);
+        cr_assert_str_eq(m.name, stem, "a model's name is its file's name");
+        free(text);
+        arena_free(&a);
+        count++;
+    }
+    closedir(dir);
+    cr_assert_geq(count, shared_present() ? 7 : 6);
+}
+
+static void load(ModelDesc *m, Arena *a, const char *file)
+{
+    char path[512];
+    snprintf(path, sizeof path, MEGAC_SRC "/models/%s", file);
+    Diag d;
+    diag_init(&d);
+    cr_assert(desc_load(m, a, path, NULL, 0, &d), "%s", path);
+}
+
+Test(desc, shipped_values)
+{
+    ModelDesc m;
+    Arena a = {0};
+    load(&m, &a, "stories260k.yaml");
+    cr_assert_eq(m.dim, 64);
+    cr_assert_eq(m.hidden_dim, 172);
+    cr_assert_eq(m.n_layers, 5);
+    cr_assert_eq(m.n_heads, 8);
+    cr_assert_eq(m.n_kv_heads, 4);
+    cr_assert_eq(m.head_dim, 8);
+    cr_assert_eq(m.vocab_size, 512);
+    cr_assert_eq(m.max_seq, 512);
+    cr_assert(m.tie_embeddings);
+    cr_assert_eq(m.rope_pairing, ROPE_ADJACENT);
+    cr_assert_eq(m.weights_format, WFMT_LLAMA2C);
+    cr_assert_str_eq(m.weights_path, MEGAC_SRC "/models/../../shared/models/stories260K.bin");
+    cr_assert_eq(m.tok_format, TOKFMT_LLAMA2C);
+    cr_assert_str_eq(m.tok_path, MEGAC_SRC "/models/../../shared/models/tok512.bin");
+
+    load(&m, &a, "llama-3.2-1b.yaml");
+    cr_assert_eq(m.rope_scaling, ROPE_SCALING_LLAMA3);
+    cr_assert_float_eq(m.rope_factor, 32, 0);
+    cr_assert_float_eq(m.rope_high_freq_factor, 4, 0);
+    cr_assert_eq(m.rope_orig_max_pos, 8192);
+    cr_assert_eq(m.rope_pairing, ROPE_HALF);
+    cr_assert_eq(m.max_seq, 4096);
+    cr_assert_eq(m.weights_format, WFMT_SYNTHETIC);
+    cr_assert_null(m.weights_path);
+
+    load(&m, &a, "llama-3.1-8b.yaml");
+    cr_assert_eq(m.head_dim, 128);
+    cr_assert_not(m.tie_embeddings);
+    cr_assert_float_eq(m.rope_factor, 8, 0);
+    cr_assert_eq(m.max_seq, 4096);
+
+    load(&m, &a, "qwen2.5-0.5b.yaml");
+    cr_assert(m.qkv_bias);
+    cr_assert_float_eq(m.norm_eps, 1e-6, 0);
+    cr_assert_eq(m.n_heads * m.head_dim, m.dim);
+
+    load(&m, &a, "smollm2-135m.yaml");
+    cr_assert_eq(m.n_heads, 9);
+    cr_assert_eq(m.head_dim, 64);
+    cr_assert_eq(m.tok_format, TOKFMT_BYTES);
+    arena_free(&a);
+}
+
+Test(desc, embedded_default_equals_file)
+{
+    size_t len;
+    char *text = read_file(MEGAC_SRC "/models/default.yaml", &len);
+    cr_assert_not_null(text);
+    cr_assert_str_eq(text, desc_default_yaml);
+    free(text);
+    ModelDesc m, n;
+    Arena a = {0};
+    Diag d;
+    diag_init(&d);
+    cr_assert(desc_load(&m, &a, NULL, NULL, 0, &d));
+    cr_assert(desc_load(&n, &a, "default", NULL, 0, &d));
+    cr_assert_str_eq(m.name, desc_default_name);
+    cr_assert_str_eq(m.path, "<embedded>");
+    cr_assert_str_eq(n.name, "default");
+    cr_assert_eq(m.dim, 64);
+    cr_assert_eq(m.hidden_dim, 176);
+    cr_assert_eq(m.n_layers, 2);
+    cr_assert_eq(m.n_heads, 4);
+    cr_assert_eq(m.n_kv_heads, 2);
+    cr_assert_eq(m.head_dim, 16);
+    cr_assert_eq(m.vocab_size, 259);
+    cr_assert_eq(m.max_seq, 256);
+    cr_assert_eq(m.weights_format, WFMT_SYNTHETIC);
+    cr_assert_eq(m.weights_seed, 1);
+    cr_assert_eq(m.tok_format, TOKFMT_BYTES);
+    cr_assert_eq(m.rope_pairing, ROPE_ADJACENT);
+    cr_assert_eq(m.workers, 0);
+    cr_assert_null(m.targets[0]);
+    for (int i = 0; i < TCLASS_COUNT; i++)
+        cr_assert_eq(m.quant[i].kind, QUANT_NONE);
+    arena_free(&a);
+}
+
+/* ---- HF configs ---- */
+
+/* Which shapes.json entry each config file must match ("" = refused). */
+static const struct {
+    const char *file, *shape;
+} hf_expect[] = {
+    {"Llama-3.2-1B.config.json", "Llama-3.2-1B"},
+    {"Qwen2.5-0.5B-Instruct.config.json", "Qwen2.5-0.5B(-Instruct)"},
+    {"Qwen2.5-1.5B-Instruct.config.json", "Qwen2.5-1.5B(-Instruct)"},
+    {"SmolLM2-135M.config.json", "SmolLM2-135M"},
+    {"TinyLlama-1.1B-Chat-v1.0.config.json", "TinyLlama-1.1B-Chat-v1.0"},
+    {"presets/llama3_1_8b.json", "Llama-3.1-8B"},
+    {"presets/llama3_2_1b.json", "Llama-3.2-1B"},
+    {"presets/llama3_2_3b.json", "Llama-3.2-3B"},
+    {"presets/mistral_7b.json", ""},        /* sliding window 4096 */
+    {"presets/mistral_7b_v03.json", "Mistral-7B-v0.3"},
+    {"presets/phi-3_5.json", ""},           /* Phi3: fused weights */
+    {"presets/qwen2_0_5b.json", "Qwen2.5-0.5B(-Instruct)"},
+    {"presets/qwen2_1_5b.json", "Qwen2.5-1.5B(-Instruct)"},
+    {"presets/smollm2_135m.json", "SmolLM2-135M"},
+    {"presets/smollm2_1_7b.json", "SmolLM2-1.7B"},
+    {"presets/smollm2_360m.json", "SmolLM2-360M"},
+    {"presets/tinyllama_1b_chat_v1.0.json", "TinyLlama-1.1B-Chat-v1.0"},
+};
+
+static const DocNode *shape_find(const DocNode *shapes, const char *name)
+{
+    for (int i = 0; i < shapes->n; i++)
+        if (strcmp(doc_get(shapes->items[i], "name")->str, name) == 0)
+            return shapes->items[i];
+    return NULL;
+}
+
+static double shape_num(const DocNode *s, const char *key)
+{
+    const DocNode *n = doc_get(s, key);
+    cr_assert(n && n->kind == DOC_SCALAR, "%s", key);
+    return strtod(n->str, NULL);
+}
+
+static void shape_compare(const ModelDesc *m, const DocNode *s, const char *file)
+{
+    cr_assert_eq(m->dim, shape_num(s, "hidden_size"), "%s", file);
+    cr_assert_eq(m->hidden_dim, shape_num(s, "intermediate_size"), "%s", file);
+    cr_assert_eq(m->n_layers, shape_num(s, "num_hidden_layers"), "%s", file);
+    cr_assert_eq(m->n_heads, shape_num(s, "num_attention_heads"), "%s", file);
+    cr_assert_eq(m->n_kv_heads, shape_num(s, "num_key_value_heads"), "%s", file);
+    cr_assert_eq(m->head_dim, shape_num(s, "head_dim"), "%s", file);
+    cr_assert_eq(m->vocab_size, shape_num(s, "vocab_size"), "%s", file);
+    cr_assert_float_eq(m->rope_theta, shape_num(s, "rope_theta"), 0, "%s", file);
+    cr_assert_float_eq(m->norm_eps, shape_num(s, "rms_norm_eps"), 0, "%s", file);
+    int mpe = (int)shape_num(s, "max_position_embeddings");
+    cr_assert_eq(m->max_seq, mpe < 4096 ? mpe : 4096, "%s", file);
+    cr_assert_eq(m->tie_embeddings, strcmp(doc_get(s, "tie_word_embeddings")->str, "true") == 0, "%s", file);
+    const DocNode *bias = doc_get(s, "attention_bias");
+    cr_assert_eq(m->qkv_bias, strstr(bias->str, "q/k/v") != NULL, "%s", file);
+    const DocNode *sc = doc_get(s, "rope_scaling");
+    cr_assert_eq(m->rope_scaling, doc_is_null(sc) ? ROPE_SCALING_NONE : ROPE_SCALING_LLAMA3, "%s", file);
+    if (!doc_is_null(sc)) {
+        cr_assert_float_eq(m->rope_factor, shape_num(sc, "factor"), 0, "%s", file);
+        cr_assert_float_eq(m->rope_low_freq_factor, shape_num(sc, "low_freq_factor"), 0, "%s", file);
+        cr_assert_float_eq(m->rope_high_freq_factor, shape_num(sc, "high_freq_factor"), 0, "%s", file);
+        cr_assert_eq(m->rope_orig_max_pos, shape_num(sc, "original_max_position_embeddings"), "%s", file);
+    }
+    cr_assert_eq(m->rope_pairing, ROPE_HALF, "%s", file);
+}
+
+/* Every config file present must have an expectation; none is skipped. */
+static void hf_dir_covered(const char *sub)
+{
+    char dpath[512];
+    snprintf(dpath, sizeof dpath, SHARED "/hf-configs/%s", sub);
+    DIR *dir = opendir(dpath);
+    cr_assert_not_null(dir);
+    struct dirent *e;
+    while ((e = readdir(dir))) {
+        if (!ends_with(e->d_name, ".json") || strcmp(e->d_name, "shapes.json") == 0)
+            continue;
+        char name[512];
+        snprintf(name, sizeof name, "%s%s", sub, e->d_name);
+        bool found = false;
+        for (size_t i = 0; i < sizeof hf_expect / sizeof hf_expect[0]; i++)
+            found |= strcmp(hf_expect[i].file, name) == 0;
+        cr_assert(found, "no expectation for hf-configs/%s", name);
+    }
+    closedir(dir);
+}
+
+Test(desc, hf_configs_match_shapes)
+{
+    if (!shared_present())
+        cr_skip("../shared/hf-configs is absent");
+    hf_dir_covered("");
+    hf_dir_covered("presets/");
+    Doc shapes;
+    Diag d;
+    diag_init(&d);
+    cr_assert(doc_load(&shapes, SHARED "/hf-configs/shapes.json", &d));
+    for (size_t i = 0; i < sizeof hf_expect / sizeof hf_expect[0]; i++) {
+        char text[1024];
+        snprintf(text, sizeof text,
+                 "name: t\narch: {from-config: " SHARED "/hf-configs/%s}\nweights: {format: synthetic}\n",
+                 hf_expect[i].file);
+        ModelDesc m;
+        Arena a = {0};
+        int nerr;
+        bool ok = parse(&m, &a, "t.yaml", text, NULL, 0, &nerr);
+        if (!*hf_expect[i].shape) {
+            cr_assert_not(ok, "%s should be refused", hf_expect[i].file);
+            cr_assert(strstr(errs, "not supported"), "%s: %s", hf_expect[i].file, errs);
+        } else {
+            cr_assert(ok, "%s: %s", hf_expect[i].file, errs);
+            const DocNode *s = shape_find(shapes.root, hf_expect[i].shape);
+            cr_assert_not_null(s, "%s", hf_expect[i].shape);
+            shape_compare(&m, s, hf_expect[i].file);
+        }
+        arena_free(&a);
+    }
+    doc_free(&shapes);
+}
+
+Test(desc, hf_yaml_with_overrides)
+{
+    if (!shared_present())
+        cr_skip("../shared/hf-configs is absent");
+    ModelDesc m;
+    Arena a = {0};
+    load(&m, &a, "smollm2-135m-hf.yaml");
+    cr_assert_eq(m.dim, 576);
+    cr_assert_eq(m.n_layers, 30);
+    cr_assert_float_eq(m.rope_theta, 100000, 0);     /* from rope_parameters */
+    cr_assert_eq(m.max_seq, 4096);
+    cr_assert_eq(m.rope_pairing, ROPE_HALF);
+    cr_assert_eq(m.bos_id, 0);
+    const char *text = "name: t\n"
+                       "arch: {from-config: ../../shared/hf-configs/Llama-3.2-1B.config.json, n_layers: 2}\n"
+                       "weights: {format: gguf, path: x.gguf}\n"
+                       "rope: {theta: 1000}\n"
+                       "compile: {max_seq: 64}\n";
+    cr_assert(parse(&m, &a, MEGAC_SRC "/models/t.yaml", text, NULL, 0, NULL), "%s", errs);
+    cr_assert_eq(m.n_layers, 2);
+    cr_assert_eq(m.dim, 2048);
+    cr_assert_float_eq(m.rope_theta, 1000, 0);
+    cr_assert_eq(m.max_seq, 64);
+    cr_assert_eq(m.rope_pairing, ROPE_ADJACENT, "GGUF weights rotate adjacent pairs");
+    cr_assert_eq(m.eos_id, 128001);
+    arena_free(&a);
+}
+
+Test(desc, hf_fixture_config)
+{
+    ModelDesc m;
+    Arena a = {0};
+    const char *text = "name: t\narch: {from-config: tiny-llama.config.json}\nweights: {format: synthetic}\n";
+    cr_assert(parse(&m, &a, FIXTURES "/t.yaml", text, NULL, 0, NULL), "%s", errs);
+    cr_assert_eq(m.n_layers, 3);
+    cr_assert_eq(m.n_kv_heads, 2);
+    cr_assert_eq(m.head_dim, 16);
+    cr_assert_eq(m.eos_id, 2, "first of an eos list");
+    cr_assert_eq(m.bos_id, 1);
+    cr_assert_eq(m.rope_scaling, ROPE_SCALING_LLAMA3);
+    cr_assert_float_eq(m.rope_factor, 8, 0);
+    cr_assert_float_eq(m.norm_eps, 1e-6, 0);
+    cr_assert(m.tie_embeddings);
+    arena_free(&a);
+}
+
+static void expect_config_refused(const char *file, const char *want_fmt)
+{
+    char text[512], want[2048];
+    snprintf(text, sizeof text, "name: t\narch: {from-config: %s}\nweights: {format: synthetic}\n", file);
+    snprintf(want, sizeof want, want_fmt, FIXTURES "/", FIXTURES "/");
+    ModelDesc m;
+    Arena a = {0};
+    cr_assert_not(parse(&m, &a, FIXTURES "/t.yaml", text, NULL, 0, NULL), "%s accepted", file);
+    cr_assert_str_eq(errs, want);
+    arena_free(&a);
+}
+
+Test(desc, non_llama_refused)
+{
+    expect_config_refused("gemma-2b.config.json",
+                          "%sgemma-2b.config.json:8:5: error: architecture 'GemmaForCausalLM' is not supported "
+                          "(megac computes Llama, Mistral and Qwen2 models)\n"
+                          "    8 |     \"GemmaForCausalLM\"\n"
+                          "      |     ^\n"
+                          "%st.yaml:2:21: note: config named here\n"
+                          "    2 | arch: {from-config: gemma-2b.config.json}\n"
+                          "      |                     ^\n");
+}
+
+Test(desc, unsupported_llama_variants_refused)
+{
+    ModelDesc m;
+    Arena a = {0};
+    const char *files[] = {"phi3-mini.config.json", "mistral-swa.config.json", "tiny-llama-yarn.config.json"};
+    const char *why[] = {"architecture 'Phi3ForCausalLM' is not supported",
+                         "sliding window attention (sliding_window: 4096) is not supported yet",
+                         "RoPE scaling 'yarn' is not supported yet (only llama3)"};
+    for (int i = 0; i < 3; i++) {
+        char text[512];
+        snprintf(text, sizeof text, "name: t\narch: {from-config: %s}\nweights: {format: synthetic}\n", files[i]);
+        cr_assert_not(parse(&m, &a, FIXTURES "/t.yaml", text, NULL, 0, NULL), "%s", files[i]);
+        cr_assert(strstr(errs, why[i]), "%s: %s", files[i], errs);
+    }
+    arena_free(&a);
+}
+
+Test(desc, from_checkpoint)
+{
+    if (access(SHARED "/models/stories260K.bin", R_OK) != 0)
+        cr_skip("../shared/models/stories260K.bin is absent");
+    ModelDesc m;
+    Arena a = {0};
+    const char *text = "name: s\narch: {from-checkpoint: ../../shared/models/stories260K.bin}\n"
+                       "weights: {format: llama2c, path: ../../shared/models/stories260K.bin}\n";
+    cr_assert(parse(&m, &a, MEGAC_SRC "/models/s.yaml", text, NULL, 0, NULL), "%s", errs);
+    cr_assert_eq(m.dim, 64);
+    cr_assert_eq(m.hidden_dim, 172);
+    cr_assert_eq(m.n_layers, 5);
+    cr_assert_eq(m.n_heads, 8);
+    cr_assert_eq(m.n_kv_heads, 4);
+    cr_assert_eq(m.vocab_size, 512);
+    cr_assert_eq(m.max_seq, 512);
+    cr_assert(m.tie_embeddings);
+    cr_assert_eq(m.rope_pairing, ROPE_ADJACENT);
+    arena_free(&a);
+}
+
+/* ---- diagnostics ---- */
+
+#define BASE "name: x\nweights: {format: synthetic}\n"
+#define ARCH "arch: {dim: 64, hidden_dim: 128, n_layers: 4, n_heads: 4, vocab_size: 300, max_seq: 64}\n"
+
+Test(desc, diag_unknown_key_suggests)
+{
+    expect_errors("name: x\nweights: {format: synthetic}\narch:\n  dim: 64\n  hiden_dim: 128\n  n_layers: 2\n"
+                  "  n_heads: 4\n  vocab_size: 300\n  max_seq: 64\n",
+                  NULL, 0,
+                  "models/x.yaml:5:3: error: unknown key 'hiden_dim' in 'arch'; did you mean 'hidden_dim'?\n"
+                  "    5 |   hiden_dim: 128\n"
+                  "      |   ^\n"
+                  "models/x.yaml:4:3: error: missing key 'hidden_dim' in 'arch'\n"
+                  "    4 |   dim: 64\n"
+                  "      |   ^\n");
+}
+
+Test(desc, diag_missing_keys_collected)
+{
+    expect_errors("name: x\narch:\n  dim: 64\ncompile: {workers: 0}\n", NULL, 0,
+                  "models/x.yaml:1:1: error: missing key 'weights'\n"
+                  "    1 | name: x\n"
+                  "      | ^\n"
+                  "models/x.yaml:3:3: error: missing key 'hidden_dim' in 'arch'\n"
+                  "    3 |   dim: 64\n"
+                  "      |   ^\n"
+                  "models/x.yaml:3:3: error: missing key 'n_layers' in 'arch'\n"
+                  "    3 |   dim: 64\n"
+                  "      |   ^\n"
+                  "models/x.yaml:3:3: error: missing key 'n_heads' in 'arch'\n"
+                  "    3 |   dim: 64\n"
+                  "      |   ^\n"
+                  "models/x.yaml:3:3: error: missing key 'vocab_size' in 'arch'\n"
+                  "    3 |   dim: 64\n"
+                  "      |   ^\n"
+                  "models/x.yaml:3:3: error: missing key 'max_seq' in 'arch'\n"
+                  "    3 |   dim: 64\n"
+                  "      |   ^\n"
+                  "models/x.yaml:4:20: error: 'compile.workers' must be between 1 and 4096, found 0\n"
+                  "    4 | compile: {workers: 0}\n"
+                  "      |                    ^\n");
+}
+
+Test(desc, diag_wrong_type)
+{
+    expect_errors(BASE "arch: {dim: 64, hidden_dim: [1], n_layers: four, n_heads: 4, vocab_size: 300, max_seq: 64}\n"
+                  "tie_embeddings: maybe\n",
+                  NULL, 0,
+                  "models/x.yaml:3:29: error: expected an integer for 'arch.hidden_dim', found a list\n"
+                  "    3 | arch: {dim: 64, hidden_dim: [1], n_layers: four, n_heads: 4, vocab_size: 300, max_seq: 64}\n"
+                  "      |                             ^\n"
+                  "models/x.yaml:3:44: error: expected an integer for 'arch.n_layers', found 'four'\n"
+                  "    3 | arch: {dim: 64, hidden_dim: [1], n_layers: four, n_heads: 4, vocab_size: 300, max_seq: 64}\n"
+                  "      |                                            ^\n"
+                  "models/x.yaml:4:17: error: expected true or false for 'tie_embeddings', found 'maybe'\n"
+                  "    4 | tie_embeddings: maybe\n"
+                  "      |                 ^\n");
+}
+
+Test(desc, diag_bad_value)
+{
+    expect_errors("name: x\nweights: {format: safetensor, path: m.safetensors}\n" ARCH, NULL, 0,
+                  "models/x.yaml:2:19: error: bad value 'safetensor' for 'weights.format'; did you mean "
+                  "'safetensors'?\n"
+                  "    2 | weights: {format: safetensor, path: m.safetensors}\n"
+                  "      |                   ^\n");
+}
+
+Test(desc, diag_bad_range)
+{
+    expect_errors(BASE ARCH "compile:\n  attention:\n    - {layers: 3-1, kind: dense}\n"
+                  "    - {layers: 2-9, kind: dense}\n    - {layers: x, kind: dense}\n",
+                  NULL, 0,
+                  "models/x.yaml:6:16: error: bad layer range '3-1': it starts after it ends\n"
+                  "    6 |     - {layers: 3-1, kind: dense}\n"
+                  "      |                ^\n"
+                  "models/x.yaml:7:16: error: layer range '2-9' is out of bounds: the model has 4 layers (0-3)\n"
+                  "    7 |     - {layers: 2-9, kind: dense}\n"
+                  "      |                ^\n"
+                  "models/x.yaml:8:16: error: bad layer range 'x' (expected N, N-M, N- or all)\n"
+                  "    8 |     - {layers: x, kind: dense}\n"
+                  "      |                ^\n");
+}
+
+Test(desc, diag_overlap)
+{
+    expect_errors(BASE ARCH "compile:\n  kv_policy:\n    - {layers: 0-2, policy: full}\n"
+                  "    - {layers: 2-, policy: full}\n",
+                  NULL, 0,
+                  "models/x.yaml:7:16: error: layer 2 is already covered by an earlier entry of "
+                  "'compile.kv_policy'\n"
+                  "    7 |     - {layers: 2-, policy: full}\n"
+                  "      |                ^\n"
+                  "models/x.yaml:6:7: note: the earlier entry\n"
+                  "    6 |     - {layers: 0-2, policy: full}\n"
+                  "      |       ^\n");
+}
+
+Test(desc, diag_unsupported_knobs)
+{
+    expect_errors(BASE ARCH "compile:\n  act_dtype: bf16\n  quant: {default: w4a16-g64, mlp: f32}\n"
+                  "  attention: [{layers: all, kind: sink_window, sinks: 4, window: 64}]\n"
+                  "  kv_policy: [{layers: 1, policy: h2o, budget: 32}]\n",
+                  NULL, 0,
+                  "models/x.yaml:5:14: error: activation dtype 'bf16' is not supported yet (only f32)\n"
+                  "    5 |   act_dtype: bf16\n"
+                  "      |              ^\n"
+                  "models/x.yaml:6:20: error: quantization 'w4a16-g64' ('compile.quant.default') is not supported "
+                  "yet (only none and f32)\n"
+                  "    6 |   quant: {default: w4a16-g64, mlp: f32}\n"
+                  "      |                    ^\n"
+                  "models/x.yaml:7:35: error: attention kind 'sink_window' is not supported yet (only dense)\n"
+                  "    7 |   attention: [{layers: all, kind: sink_window, sinks: 4, window: 64}]\n"
+                  "      |                                   ^\n"
+                  "models/x.yaml:8:35: error: KV policy 'h2o' is not supported yet (only full)\n"
+                  "    8 |   kv_policy: [{layers: 1, policy: h2o, budget: 32}]\n"
+                  "      |                                   ^\n");
+}
+
+Test(desc, diag_kind_params)
+{
+    expect_errors(BASE ARCH "compile:\n  attention: [{layers: all, kind: quest, page: 16, window: 8}]\n", NULL, 0,
+                  "models/x.yaml:5:60: error: 'window' does not apply to attention 'quest'\n"
+                  "    5 |   attention: [{layers: all, kind: quest, page: 16, window: 8}]\n"
+                  "      |                                                            ^\n"
+                  "models/x.yaml:5:15: error: missing key 'budget' in 'attention' entry (attention 'quest' needs "
+                  "it)\n"
+                  "    5 |   attention: [{layers: all, kind: quest, page: 16, window: 8}]\n"
+                  "      |               ^\n"
+                  "models/x.yaml:5:35: error: attention kind 'quest' is not supported yet (only dense)\n"
+                  "    5 |   attention: [{layers: all, kind: quest, page: 16, window: 8}]\n"
+                  "      |                                   ^\n");
+}
+
+Test(desc, diag_check_at_key)
+{
+    expect_errors(BASE "arch: {dim: 64, hidden_dim: 128, n_layers: 2, n_heads: 4, n_kv_heads: 3, vocab_size: 300,"
+                  " max_seq: 64}\n",
+                  NULL, 0,
+                  "models/x.yaml:3:71: error: n_kv_heads (3) must divide n_heads (4)\n"
+                  "    3 | arch: {dim: 64, hidden_dim: 128, n_layers: 2, n_heads: 4, n_kv_heads: 3, vocab_size: 300,"
+                  " max_seq: 64}\n"
+                  "      |                                                                       ^\n");
+    expect_errors(BASE "arch: {dim: 60, hidden_dim: 128, n_layers: 300, n_heads: 8, vocab_size: 300, max_seq: 64}\n"
+                  "tokenizer: {format: bytes}\n",
+                  NULL, 0,
+                  "models/x.yaml:3:44: error: n_layers must be between 1 and 256, found 300\n"
+                  "    3 | arch: {dim: 60, hidden_dim: 128, n_layers: 300, n_heads: 8, vocab_size: 300, max_seq: 64}\n"
+                  "      |                                            ^\n"
+                  "models/x.yaml:3:58: error: n_heads (8) does not divide dim (60); give head_dim\n"
+                  "    3 | arch: {dim: 60, hidden_dim: 128, n_layers: 300, n_heads: 8, vocab_size: 300, max_seq: 64}\n"
+                  "      |                                                          ^\n");
+}
+
+Test(desc, desc_check_by_hand)
+{
+    ModelDesc m;
+    Arena a = {0};
+    Diag d;
+    diag_init(&d);
+    cr_assert(desc_load(&m, &a, NULL, NULL, 0, &d));
+    m.path = "hand.yaml";
+    m.head_dim = 7;
+    m.quant[TCLASS_MLP].kind = QUANT_W8A16;
+    memset(errs, 0, sizeof errs);
+    d.out = fmemopen(errs, sizeof errs - 1, "w");
+    cr_assert_not(desc_check(&m, &d));
+    fclose(d.out);
+    cr_assert_str_eq(errs, "hand.yaml: error: head_dim (7) must be even, positive, and head_dim * n_heads at most "
+                           "1048576\n"
+                           "hand.yaml: error: quantization w8a16 is not supported yet\n");
+    arena_free(&a);
+}
+
+/* ---- --set overrides ---- */
+
+Test(desc, set_overrides)
+{
+    ModelDesc m;
+    Arena a = {0};
+    DescOverride ov[] = {
+        {"workers", "4"},
+        {"compile.workers", "8"},           /* later wins */
+        {"quant.default", "f32"},
+        {"n_layers", "3"},
+        {"rope.theta", "5e5"},
+        {"compile.targets", "[cpu, sm_90]"},
+        {"attention", "[{layers: 0-1, kind: dense}, {layers: 2-, kind: dense}]"},
+        {"tokenizer", "{format: none}"},
+    };
+    cr_assert(parse(&m, &a, "models/default.yaml", desc_default_yaml, ov, 8, NULL), "%s", errs);
+    cr_assert_eq(m.workers, 8);
+    cr_assert_eq(m.quant[TCLASS_EMBED].kind, QUANT_F32);
+    cr_assert_eq(m.quant[TCLASS_LM_HEAD].kind, QUANT_F32);
+    cr_assert_eq(m.n_layers, 3);
+    cr_assert_float_eq(m.rope_theta, 5e5, 0);
+    cr_assert_str_eq(m.targets[0], "cpu");
+    cr_assert_str_eq(m.targets[1], "sm_90");
+    cr_assert_null(m.targets[2]);
+    cr_assert_eq(m.tok_format, TOKFMT_NONE);
+    cr_assert_eq(m.dim, 64, "untouched keys keep their values");
+    arena_free(&a);
+}
+
+Test(desc, set_errors)
+{
+    DescOverride ov1[] = {{"workerz", "4"}};
+    expect_errors(desc_default_yaml, ov1, 1,
+                  "<command line>:1:1: error: unknown key 'workerz' in --set; did you mean 'workers'?\n"
+                  "    1 | workerz=4\n"
+                  "      | ^\n");
+    DescOverride ov2[] = {{"quant.defualt", "none"}};
+    expect_errors(desc_default_yaml, ov2, 1,
+                  "<command line>:1:7: error: unknown key 'defualt' in 'compile.quant'; did you mean 'default'?\n"
+                  "    1 | quant.defualt=none\n"
+                  "      |       ^\n");
+    DescOverride ov3[] = {{"compile.workers", "many"}};
+    expect_errors(desc_default_yaml, ov3, 1,
+                  "<command line>:1:17: error: expected an integer for 'compile.workers', found 'many'\n"
+                  "    1 | compile.workers=many\n"
+                  "      |                 ^\n");
+    DescOverride ov4[] = {{"arch.dim.x", "1"}};
+    expect_errors(desc_default_yaml, ov4, 1,
+                  "<command line>:1:6: error: cannot set 'arch.dim.x': 'arch.dim' is not a mapping\n"
+                  "    1 | arch.dim.x=1\n"
+                  "      |      ^\n");
+    DescOverride ov5[] = {{"workers", ""}};
+    expect_errors(desc_default_yaml, ov5, 1,
+                  "<command line>:1:9: error: missing value for 'workers'\n"
+                  "    1 | workers=\n"
+                  "      |         ^\n");
+    DescOverride ov6[] = {{"targets", "[cpu, sm_91]"}};
+    expect_errors(desc_default_yaml, ov6, 1,
+                  "<command line>:1:15: error: bad value 'sm_91' for 'compile.targets'; did you mean 'sm_90'?\n"
+                  "    1 | targets=[cpu, sm_91]\n"
+                  "      |               ^\n");
+}
+
+/* ---- layer ranges ---- */
+
+Test(desc, ranges_cover_and_default)
+{
+    ModelDesc m;
+    Arena a = {0};
+    DescOverride ov[] = {{"n_layers", "6"},
+                         {"attention", "[{layers: 0-1, kind: dense}, {layers: 3, kind: dense}, {layers: 4-, kind: dense}]"},
+                         {"kv_policy", "[{layers: all, policy: full}]"}};
+    cr_assert(parse(&m, &a, "models/default.yaml", desc_default_yaml, ov, 3, NULL), "%s", errs);
+    for (int l = 0; l < 6; l++) {
+        cr_assert_eq(m.attn[l].kind, ATTN_DENSE);
+        cr_assert_eq(m.kv[l].kind, KV_FULL);
+    }
+    DescOverride bad[] = {{"kv_policy", "[{layers: 6-, policy: full}]"}, {"n_layers", "6"}};
+    expect_errors(desc_default_yaml, bad, 2,
+                  "<command line>:1:21: error: layer range '6-' is out of bounds: the model has 6 layers (0-5)\n"
+                  "    1 | kv_policy=[{layers: 6-, policy: full}]\n"
+                  "      |                     ^\n");
+    arena_free(&a);
+}
+
+/* ---- printing ---- */
+
+static void roundtrip(const char *file)
+{
+    ModelDesc m, n;
+    Arena a = {0};
+    if (file)
+        load(&m, &a, file);
+    else
+        cr_assert(desc_load(&m, &a, NULL, NULL, 0, &(Diag){.out = stderr}));
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_not_null(f);
+    desc_print(&m, f);
+    fclose(f);
+    cr_assert(parse(&n, &a, m.path, buf, NULL, 0, NULL), "%s\n%s", buf, errs);
+    cr_assert_str_eq(n.name, m.name);
+    /* every scalar field is equal; pointers are compared as strings above */
+    n.name = m.name, n.path = m.path, n.dir = m.dir;
+    n.weights_path = m.weights_path, n.tok_path = m.tok_path;
+    for (int i = 0; i < 8; i++) {
+        cr_assert((!n.targets[i] && !m.targets[i]) || !strcmp(n.targets[i], m.targets[i]));
+        n.targets[i] = m.targets[i];
+    }
+    cr_assert(memcmp(&n, &m, sizeof m) == 0, "%s: desc_print did not read back the same:\n%s", file, buf);
+    free(buf);
+    arena_free(&a);
+}
+
+Test(desc, print_reads_back)
+{
+    roundtrip(NULL);
+    roundtrip("llama-3.2-1b.yaml");
+    roundtrip("qwen2.5-0.5b.yaml");
+}
