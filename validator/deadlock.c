@@ -14,7 +14,15 @@
  *
  * Happens-before (§3): program order plus, for a wait `c >= n`, the
  * signals s to c it is guaranteed to observe: those with amount(s) >
- * total(c) - n, since without s the counter cannot reach n. Each wait gets
+ * total(c) - n, since without s the counter cannot reach n. Refinement:
+ * a signal that follows (in its worker) a wait on c with threshold >= n
+ * cannot run before c first reaches n, so it neither helps reach n nor is
+ * observed; leaving those out of total(c) keeps the rule sound and orders
+ * what a duplicated late signal would otherwise leave unordered. The same
+ * holds for a signal that happens after such a wait through other
+ * workers: the run is repeated (at most 4 more times) with the
+ * happens-before of the previous run, each sound, until nothing changes.
+ * Each wait gets
  * a vector clock (clock[i] = how many of worker i's instructions happen
  * before it), the join of its worker's clock and the clocks of the
  * guaranteed signals; joins are cached per (counter, threshold). The
@@ -39,6 +47,8 @@ typedef struct Exec {
     uint32_t *sig_start;    /* (nctrs + 1) CSR of signal instructions per counter */
     uint32_t *sig;          /* global ids of signals */
     uint32_t *sig_w;        /* their workers */
+    uint32_t *sig_after;    /* the largest threshold of a wait on the same counter
+                               before the signal in its worker (0: none) */
     JoinCache *jc;
     uint32_t njc, capjc;
     uint32_t *jc_head;      /* (nctrs) */
@@ -77,17 +87,27 @@ static void exec_init(Val *v, Exec *e)
         e->sig_start[c + 1] += e->sig_start[c];
     e->sig = xmalloc((nsig ? nsig : 1) * sizeof *e->sig);
     e->sig_w = xmalloc((nsig ? nsig : 1) * sizeof *e->sig_w);
+    e->sig_after = xmalloc((nsig ? nsig : 1) * sizeof *e->sig_after);
     uint32_t *fill = xcalloc(nc ? nc : 1, sizeof *fill);
-    for (uint32_t w = 0; w < v->nw; w++)
+    uint32_t *wmax = xcalloc(nc ? nc : 1, sizeof *wmax);
+    for (uint32_t w = 0; w < v->nw; w++) {
         for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
             const Inst *in = val_inst(v, w, t);
+            if (in->kind == INST_WAIT && in->amount > wmax[in->counter])
+                wmax[in->counter] = in->amount;
             if (in->kind != INST_SIGNAL)
                 continue;
             uint32_t k = e->sig_start[in->counter] + fill[in->counter]++;
             e->sig[k] = v->base[w] + t;
             e->sig_w[k] = w;
+            e->sig_after[k] = wmax[in->counter];
         }
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++)
+            if (val_inst(v, w, t)->kind == INST_WAIT)
+                wmax[val_inst(v, w, t)->counter] = 0;
+    }
     free(fill);
+    free(wmax);
 }
 
 static void exec_fini(Exec *e)
@@ -98,6 +118,7 @@ static void exec_fini(Exec *e)
     free(e->sig_start);
     free(e->sig);
     free(e->sig_w);
+    free(e->sig_after);
     free(e->jc);
     free(e->jc_head);
 }
@@ -109,10 +130,14 @@ static uint32_t join_guaranteed(Val *v, Exec *e, uint32_t c, uint32_t n)
         if (e->jc[j].n == n)
             return e->jc[j].clock;
     uint32_t id = clock_new(v);
-    uint64_t others_max = v->ctotal[c] - n;     /* n <= total: the wait passed */
+    uint64_t early = 0;     /* increments that can run before c first reaches n */
+    for (uint32_t k = e->sig_start[c]; k < e->sig_start[c + 1]; k++)
+        if (e->sig_after[k] < n)
+            early += val_inst(v, e->sig_w[k], e->sig[k] - v->base[e->sig_w[k]])->amount;
+    ASSERT(early >= n);     /* the wait passed, so c reached n with these alone */
     for (uint32_t k = e->sig_start[c]; k < e->sig_start[c + 1]; k++) {
         uint32_t g = e->sig[k], w = e->sig_w[k], t = g - v->base[w];
-        if (val_inst(v, w, t)->amount <= others_max)
+        if (e->sig_after[k] >= n || val_inst(v, w, t)->amount <= early - n)
             continue;
         ASSERT(e->pc[w] > t);
         uint32_t *dst = v->pool + (size_t)id * v->nw;
@@ -249,6 +274,98 @@ static void stall_report(Val *v, const Exec *e)
     free(seen);
 }
 
+/* One greedy run from the initial state; true if every worker finished. */
+static bool exec_run(Val *v, Exec *e)
+{
+    memset(e->pc, 0, v->nw * sizeof *e->pc);
+    memset(e->value, 0, (v->s->nctrs ? v->s->nctrs : 1) * sizeof *e->value);
+    for (uint32_t w = 0; w < v->nw; w++)
+        e->cur[w] = NOCLOCK;
+    for (uint32_t c = 0; c < v->s->nctrs; c++)
+        e->jc_head[c] = NOCLOCK;
+    e->njc = 0;
+    v->npool = 0;
+    for (uint32_t g = 0; g < v->ntotal; g++)
+        v->seg[g] = NOCLOCK;
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (uint32_t w = 0; w < v->nw; w++)
+            moved |= exec_worker(v, e, w);
+    }
+    bool done = true;
+    for (uint32_t w = 0; w < v->nw; w++)
+        done &= e->pc[w] >= v->s->workers[w].ninst;
+    return done;
+}
+
+/* The waits on one counter, by (worker, inst), with the running maximum of
+ * their thresholds within each worker. */
+typedef struct CWait {
+    uint32_t w, t, pmax;
+} CWait;
+
+/* Largest threshold of a wait on c (in cw[0..n)) that happens before the
+ * instruction whose clock is clk (worker w, index t). */
+static uint32_t waits_before(const Val *v, const CWait *cw, uint32_t n, const uint32_t *clk, uint32_t w, uint32_t t)
+{
+    uint32_t best = 0;
+    for (uint32_t s = 0, e; s < n; s = e) {
+        uint32_t i = cw[s].w, bound = i == w ? t : clk ? clk[i] : 0;
+        for (e = s; e < n && cw[e].w == i; e++)
+            ;
+        uint32_t lo = s, hi = e;    /* last entry with t < bound */
+        while (lo < hi) {
+            uint32_t mid = lo + (hi - lo) / 2;
+            if (cw[mid].t < bound)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo > s && cw[lo - 1].pmax > best)
+            best = cw[lo - 1].pmax;
+    }
+    return best;
+}
+
+/* Widens sig_after with the happens-before of the last run: a signal that
+ * happens after a wait on its counter cannot help that wait's threshold be
+ * reached first. True if anything changed. */
+static bool exec_refine(Val *v, Exec *e)
+{
+    const Schedule *s = v->s;
+    uint32_t nc = s->nctrs;
+    uint32_t *start = xcalloc(nc + 1, sizeof *start), *fill = xcalloc(nc ? nc : 1, sizeof *fill);
+    for (uint32_t w = 0; w < v->nw; w++)
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++)
+            if (val_inst(v, w, t)->kind == INST_WAIT)
+                start[val_inst(v, w, t)->counter + 1]++;
+    for (uint32_t c = 0; c < nc; c++)
+        start[c + 1] += start[c];
+    CWait *cw = xmalloc((start[nc] ? start[nc] : 1) * sizeof *cw);
+    for (uint32_t w = 0; w < v->nw; w++)
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
+            const Inst *in = val_inst(v, w, t);
+            if (in->kind != INST_WAIT)
+                continue;
+            uint32_t k = start[in->counter] + fill[in->counter]++;
+            uint32_t prev = k > start[in->counter] && cw[k - 1].w == w ? cw[k - 1].pmax : 0;
+            cw[k] = (CWait){w, t, in->amount > prev ? in->amount : prev};
+        }
+    bool changed = false;
+    for (uint32_t c = 0; c < nc; c++)
+        for (uint32_t k = e->sig_start[c]; k < e->sig_start[c + 1]; k++) {
+            uint32_t g = e->sig[k], w = e->sig_w[k];
+            const uint32_t *clk = v->seg[g] == NOCLOCK ? NULL : val_clock(v, v->seg[g]);
+            uint32_t m = waits_before(v, cw + start[c], start[c + 1] - start[c], clk, w, g - v->base[w]);
+            if (m > e->sig_after[k])
+                e->sig_after[k] = m, changed = true;
+        }
+    free(start);
+    free(fill);
+    free(cw);
+    return changed;
+}
+
 bool val_deadlock_check(Val *v)
 {
     Exec e;
@@ -256,18 +373,11 @@ bool val_deadlock_check(Val *v)
     unsatisfiable_report(v);
     exec_init(v, &e);
     v->seg = xmalloc((v->ntotal ? v->ntotal : 1) * sizeof *v->seg);
-    for (uint32_t g = 0; g < v->ntotal; g++)
-        v->seg[g] = NOCLOCK;
-    for (bool moved = true; moved;) {
-        moved = false;
-        for (uint32_t w = 0; w < v->nw; w++)
-            moved |= exec_worker(v, &e, w);
-    }
-    bool done = true;
-    for (uint32_t w = 0; w < v->nw; w++)
-        done &= e.pc[w] >= v->s->workers[w].ninst;
+    bool done = exec_run(v, &e);
     if (!done)
         stall_report(v, &e);
+    for (int pass = 0; done && pass < 4 && exec_refine(v, &e); pass++)
+        exec_run(v, &e);
     exec_fini(&e);
     return done && v->r->ndeadlock == before;
 }
