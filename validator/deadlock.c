@@ -20,7 +20,10 @@
  * observed; leaving those out of total(c) keeps the rule sound and orders
  * what a duplicated late signal would otherwise leave unordered. The same
  * holds for a signal that happens after such a wait through other
- * workers: the run is repeated (at most 4 more times) with the
+ * workers. And when c first reaches n, the signals that ran are closed
+ * under happens-before: if s has not run, neither has any signal after
+ * s, so s is guaranteed when the early increments outside s and its
+ * successors sum to less than n. The run is repeated (at most 4 more times) with the
  * happens-before of the previous run, each sound, until nothing changes.
  * Each wait gets
  * a vector clock (clock[i] = how many of worker i's instructions happen
@@ -48,7 +51,9 @@ typedef struct Exec {
     uint32_t *sig;          /* global ids of signals */
     uint32_t *sig_w;        /* their workers */
     uint32_t *sig_after;    /* the largest threshold of a wait on the same counter
-                               before the signal in its worker (0: none) */
+                               known to happen before the signal (0: none) */
+    size_t *after_ofs;      /* (nctrs) offset of counter c's matrix in `after` */
+    uint8_t *after;         /* after[i*k + j]: signal j of c happens after signal i */
     JoinCache *jc;
     uint32_t njc, capjc;
     uint32_t *jc_head;      /* (nctrs) */
@@ -108,6 +113,18 @@ static void exec_init(Val *v, Exec *e)
     }
     free(fill);
     free(wmax);
+    e->after_ofs = xcalloc(nc + 1, sizeof *e->after_ofs);
+    for (uint32_t c = 0; c < nc; c++) {
+        size_t k = e->sig_start[c + 1] - e->sig_start[c];
+        e->after_ofs[c + 1] = e->after_ofs[c] + k * k;
+    }
+    e->after = xcalloc(e->after_ofs[nc] + 1, 1);
+    for (uint32_t c = 0; c < nc; c++) {
+        uint32_t s0 = e->sig_start[c], k = e->sig_start[c + 1] - s0;
+        for (uint32_t i = 0; i < k; i++)
+            for (uint32_t j = 0; j < k; j++)
+                e->after[e->after_ofs[c] + (size_t)i * k + j] = e->sig_w[s0 + i] == e->sig_w[s0 + j] && e->sig[s0 + j] > e->sig[s0 + i];
+    }
 }
 
 static void exec_fini(Exec *e)
@@ -119,6 +136,8 @@ static void exec_fini(Exec *e)
     free(e->sig);
     free(e->sig_w);
     free(e->sig_after);
+    free(e->after_ofs);
+    free(e->after);
     free(e->jc);
     free(e->jc_head);
 }
@@ -130,22 +149,31 @@ static uint32_t join_guaranteed(Val *v, Exec *e, uint32_t c, uint32_t n)
         if (e->jc[j].n == n)
             return e->jc[j].clock;
     uint32_t id = clock_new(v);
+    uint32_t s0 = e->sig_start[c], ns = e->sig_start[c + 1] - s0;
+    const uint8_t *after = e->after + e->after_ofs[c];
     uint64_t early = 0;     /* increments that can run before c first reaches n */
-    for (uint32_t k = e->sig_start[c]; k < e->sig_start[c + 1]; k++)
+    for (uint32_t k = s0; k < s0 + ns; k++)
         if (e->sig_after[k] < n)
             early += val_inst(v, e->sig_w[k], e->sig[k] - v->base[e->sig_w[k]])->amount;
     ASSERT(early >= n);     /* the wait passed, so c reached n with these alone */
-    for (uint32_t k = e->sig_start[c]; k < e->sig_start[c + 1]; k++) {
-        uint32_t g = e->sig[k], w = e->sig_w[k], t = g - v->base[w];
-        if (e->sig_after[k] >= n || val_inst(v, w, t)->amount <= early - n)
+    for (uint32_t i = 0; i < ns; i++) {
+        uint32_t k = s0 + i, g = e->sig[k], w = e->sig_w[k], t = g - v->base[w];
+        if (e->sig_after[k] >= n)
+            continue;
+        /* without s, neither s nor what follows s can have run */
+        uint64_t with_s = val_inst(v, w, t)->amount;
+        for (uint32_t j = 0; j < ns; j++)
+            if (after[(size_t)i * ns + j] && e->sig_after[s0 + j] < n)
+                with_s += val_inst(v, e->sig_w[s0 + j], e->sig[s0 + j] - v->base[e->sig_w[s0 + j]])->amount;
+        if (with_s <= early - n)
             continue;
         ASSERT(e->pc[w] > t);
         uint32_t *dst = v->pool + (size_t)id * v->nw;
         if (v->seg[g] != NOCLOCK) {
             const uint32_t *src = val_clock(v, v->seg[g]);
-            for (uint32_t i = 0; i < v->nw; i++)
-                if (src[i] > dst[i])
-                    dst[i] = src[i];
+            for (uint32_t x = 0; x < v->nw; x++)
+                if (src[x] > dst[x])
+                    dst[x] = src[x];
         }
         if (dst[w] < t + 1)
             dst[w] = t + 1;
@@ -360,6 +388,21 @@ static bool exec_refine(Val *v, Exec *e)
             if (m > e->sig_after[k])
                 e->sig_after[k] = m, changed = true;
         }
+    for (uint32_t c = 0; c < nc; c++) {
+        uint32_t s0 = e->sig_start[c], k = e->sig_start[c + 1] - s0;
+        uint8_t *after = e->after + e->after_ofs[c];
+        for (uint32_t j = 0; j < k; j++) {
+            uint32_t gj = e->sig[s0 + j];
+            if (v->seg[gj] == NOCLOCK)
+                continue;
+            const uint32_t *clk = val_clock(v, v->seg[gj]);
+            for (uint32_t i = 0; i < k; i++) {
+                uint32_t wi = e->sig_w[s0 + i];
+                if (!after[(size_t)i * k + j] && wi != e->sig_w[s0 + j] && clk[wi] > e->sig[s0 + i] - v->base[wi])
+                    after[(size_t)i * k + j] = 1, changed = true;
+            }
+        }
+    }
     free(start);
     free(fill);
     free(cw);
