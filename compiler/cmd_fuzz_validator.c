@@ -74,6 +74,9 @@ static const int tiny_models[][8] = {
     {32, 48, 2, 4, 2, 8, 48, 16},
     {32, 64, 1, 4, 4, 8, 40, 8},
     {24, 40, 2, 3, 1, 8, 32, 16},
+    /* big enough for GEMV stages to be cut into several tiles */
+    {128, 256, 1, 4, 2, 32, 256, 16},
+    {96, 192, 2, 6, 3, 16, 128, 16},
 };
 
 static bool base_build(Campaign *c)

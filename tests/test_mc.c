@@ -122,3 +122,32 @@ Test(mc, in_memory_findings)
     cr_assert(r.race || r.uninit, "%s", r.why);
     sched_free(s);
 }
+
+/* A small adversarial campaign: no false accept, every real lowering
+ * accepted (exit 0), and the last line in the documented form. */
+Test(fuzz, small_campaign_has_no_false_accepts)
+{
+    char cmd[512], line[512], last[512] = "";
+    snprintf(cmd, sizeof cmd, "%s fuzz-validator --seed 7 --count 300", MEGAC_BIN);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    bool none_row = false;
+    while (fgets(line, sizeof line, p)) {
+        snprintf(last, sizeof last, "%s", line);
+        unsigned long long n, as, au, rs, ru, unk;
+        if (sscanf(line, "unmutated %llu %llu %llu %llu %llu %llu", &n, &as, &au, &rs, &ru, &unk) == 6) {
+            cr_assert_gt(n, 0);
+            cr_assert_eq(as, n, "a real lowering was rejected or judged unsafe: %s", line);
+            none_row = true;
+        }
+    }
+    int st = pclose(p);
+    cr_assert(none_row, "no row for unmutated lowerings");
+    unsigned long long n, u, fa, fr;
+    cr_assert_eq(sscanf(last, "schedules=%llu unsafe=%llu false_accepts=%llu false_rejects=%llu", &n, &u, &fa, &fr), 4,
+                 "last line: %s", last);
+    cr_assert_eq(n, 300);
+    cr_assert_eq(fa, 0, "%s", last);
+    cr_assert_gt(u, 100, "the campaign should plant mostly real defects: %s", last);
+    cr_assert_eq(WEXITSTATUS(st), 0);
+}

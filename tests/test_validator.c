@@ -77,6 +77,25 @@ Test(validator, valid_files_pass)
     }
 }
 
+/* Real lowerings (fixtures made by `megac lower`) are accepted. */
+Test(validator, lowered_fixtures_pass)
+{
+    static const char *files[] = {"stories260k_w2.sched", "stories260k_w3.sched", "stories260k_w8.sched"};
+    for (int i = 0; i < 3; i++) {
+        char *path = xasprintf("%s/tests/sched/roundtrip/%s", MEGAC_SRC, files[i]);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            cr_skip("%s not present", path);
+        fclose(f);
+        Expect got[256];
+        int ngot;
+        ValResult r;
+        cr_assert(validate_file(path, got, &ngot, &r), "%s rejected (first at line %d: %s)", path,
+                  ngot ? got[0].line : 0, ngot ? got[0].kind : "");
+        free(path);
+    }
+}
+
 Test(validator, invalid_files_report_exactly_their_expectations)
 {
     char *files[CORPUS_MAX];
