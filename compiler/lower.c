@@ -1,0 +1,572 @@
+/*
+ * lower.c - the whole batch-1 decode step as per-worker programs.
+ *
+ * Stages of one step, in the order every worker runs them (W workers):
+ *
+ *   embed      x[c0:c1] = embed[tok]              a few tiles of x     -> signal embed
+ *   per layer l:
+ *   qkv.l      wait (embed | down.l-1)
+ *              q/k/v rows = rmsnorm(x)*attn_norm . Wq|Wk|Wv (+ bias), the
+ *              concatenated rows tiled over all workers by weight bytes
+ *                                                                      -> signal qkv.l
+ *   attn.l     wait qkv.l; task (h, s) for kv head h and split s < nsplit,
+ *              on worker (h*nsplit + s) % W, nsplit = max(1, W / kv_heads):
+ *                s == 0: rope q heads of group h and k head h, kv_append h
+ *                        (-> signal kv.l.h when nsplit > 1)
+ *                s >  0: wait kv.l.h >= 1
+ *                attn(h, s) partials; s < nsplit-1: signal attn.l.h
+ *                s == nsplit-1: wait attn.l.h >= nsplit-1, attn_combine h
+ *                                                                      -> signal comb.l
+ *   o.l        wait comb.l; x[rows] += Wo[rows] . att, tiled by bytes   -> signal o.l
+ *   ffn.l      wait o.l; gate and up rows = rmsnorm(x)*ffn_norm . Wg|Wu,
+ *              then hb = silu(gate)*up on the same rows (same worker)   -> signal ffn.l
+ *   down.l     wait ffn.l; x[rows] += Wdown[rows] . hb                  -> signal down.l
+ *   lm         wait down.L-1; logits rows = rmsnorm(x)*final_norm . Wlm,
+ *              argmax of each tile into amax[tile]                      -> signal lm
+ *              the worker of tile 0: wait lm, argmax_combine -> next
+ *
+ * So a layer costs 5 all-join waits plus, with split attention, one small
+ * per-head wait (rope/append -> other splits) and one per-head join
+ * (splits -> combine). Each stage waits only on the stage before it; that
+ * stage's join transitively covers everything earlier, which also orders
+ * the reuse of scratch buffers across layers (write-after-read). Counters
+ * are never reused, so every wait is an all-join (threshold = the total of
+ * the increments to its counter) and observes every signal.
+ *
+ * Deadlock freedom: every worker emits the stages in the same order; a
+ * stage's tasks only wait on earlier stages, and inside the attention stage
+ * task i only waits on tasks j < i of the same head, which precede it on
+ * every worker (tasks are dealt round-robin in index order).
+ *
+ * Load balance: a GEMV stage's rows are cut into equal-byte tiles, one per
+ * worker, but never below LOWER_MIN_TILE_BYTES of weights (tiny tiles are
+ * merged, leaving some workers idle in that stage rather than all of them
+ * paying for a trivial tile); when a stage has fewer tiles than workers the
+ * first worker rotates from stage to stage so idle slots spread evenly.
+ */
+/* model.h's top comment holds "models/" "*.yaml", which -Wcomment flags
+ * (model.h is not this file's to fix). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wcomment"
+#include "compiler/compile.h"
+#pragma GCC diagnostic pop
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Smallest GEMV tile, in weight bytes: below it the wait/signal pair costs
+ * more than the work it parallelizes. */
+#define LOWER_MIN_TILE_BYTES (16 * 1024)
+/* Smallest embedding tile, in elements. */
+#define LOWER_MIN_EMBED_TILE 512
+/* KV rows per attention block (splits interleave blocks). */
+#define LOWER_ATTN_BLOCK 32
+
+typedef struct Lower {
+    const ModelDesc *m;
+    Schedule *s;
+    int nw;                 /* workers */
+    int G, hd, nsplit;
+    int rot;                /* first worker of the next GEMV stage */
+    int lm_tiles;
+    uint32_t *nsig;         /* per counter: total increments emitted */
+    uint32_t capsig;
+    bool *in_stage;         /* per worker: has waited in the current stage */
+    /* buffers */
+    uint32_t x, q, k, v, att, part, gate, up, hb, amax, tok, logits, next, rope, embed, final_norm, lm_head;
+    uint32_t prev;          /* counter of the previous stage */
+} Lower;
+
+/* One matrix of a stage's concatenated row space. */
+typedef struct Seg {
+    uint32_t w, y, b;       /* weight, output, bias (BUF_NONE if none) */
+    int64_t rows;
+} Seg;
+
+static uint32_t lower_buf(Lower *L, const char *name, BufClass c, int rank, int64_t d0, int64_t d1, int64_t d2,
+                          int64_t d3)
+{
+    int64_t shape[4] = {d0, d1, d2, d3};
+    return sched_add_buffer(L->s, name, c == BUF_IO && strcmp(name, "logits") != 0 ? DT_I32 : DT_F32, c, rank, shape);
+}
+
+static uint32_t lower_wbuf(Lower *L, int l, const char *name, int rank, int64_t d0, int64_t d1)
+{
+    char n[64];
+    snprintf(n, sizeof n, "L%d.%s", l, name);
+    return lower_buf(L, n, BUF_WEIGHT, rank, d0, d1, 0, 0);
+}
+
+/* A weight of layer l by its short name ("wq", "attn_norm", ...). */
+static uint32_t lower_w(Lower *L, int l, const char *name)
+{
+    char n[64];
+    snprintf(n, sizeof n, "L%d.%s", l, name);
+    int64_t id = sched_find_buffer(L->s, n);
+    return id < 0 ? BUF_NONE : (uint32_t)id;
+}
+
+static uint32_t lower_counter(Lower *L, const char *name)
+{
+    uint32_t c = sched_add_counter(L->s, name);
+    while (L->capsig <= c) {
+        L->capsig = L->capsig ? 2 * L->capsig : 256;
+        L->nsig = xrealloc(L->nsig, L->capsig * sizeof *L->nsig);
+    }
+    L->nsig[c] = 0;
+    return c;
+}
+
+static void lower_signal(Lower *L, int w, uint32_t c, uint32_t k)
+{
+    sched_signal(L->s, w, c, k);
+    L->nsig[c] += k;
+}
+
+/* All-join: wait until every increment emitted so far to c has landed. */
+static void lower_join(Lower *L, int w, uint32_t c)
+{
+    ASSERT(L->nsig[c] > 0);
+    sched_wait(L->s, w, c, L->nsig[c]);
+}
+
+/* Starts a stage: workers wait on the previous stage once, before their
+ * first task in this one. */
+static void lower_stage_begin(Lower *L)
+{
+    memset(L->in_stage, 0, (size_t)L->nw * sizeof *L->in_stage);
+}
+
+static void lower_stage_enter(Lower *L, int w)
+{
+    if (L->in_stage[w])
+        return;
+    L->in_stage[w] = true;
+    if (L->prev != UINT32_MAX)
+        lower_join(L, w, L->prev);
+}
+
+/* Every worker that took part in the stage signals c once. */
+static void lower_stage_end(Lower *L, uint32_t c)
+{
+    for (int w = 0; w < L->nw; w++)
+        if (L->in_stage[w])
+            lower_signal(L, w, c, 1);
+    L->prev = c;
+}
+
+static Access acc_r(uint32_t b, int64_t lo, int64_t hi)
+{
+    return (Access){b, ACC_R, affine_const(lo), affine_const(hi)};
+}
+
+static Access acc_mode(uint32_t b, int mode, int64_t lo, int64_t hi)
+{
+    return (Access){b, (uint8_t)mode, affine_const(lo), affine_const(hi)};
+}
+
+static Access acc_pos(uint32_t b, int mode, Affine lo, Affine hi)
+{
+    return (Access){b, (uint8_t)mode, lo, hi};
+}
+
+static const Access acc_none = {BUF_NONE, 0, {0, 0}, {0, 0}};
+
+/* ---- op emitters: each op's access list, written out per ops.h ---- */
+
+static void lower_gemv(Lower *L, int w, const Seg *sg, uint32_t x, uint32_t nw, int64_t r0, int64_t r1, int64_t k,
+                       bool accum)
+{
+    int flags = (accum ? GEMV_ACCUM : 0) | (nw != BUF_NONE ? GEMV_NORM : 0) | (sg->b != BUF_NONE ? GEMV_BIAS : 0);
+    int32_t p[4] = {(int32_t)r0, (int32_t)r1, (int32_t)k, flags};
+    Access a[5] = {acc_r(sg->w, r0 * k, r1 * k), acc_r(x, 0, k), acc_mode(sg->y, accum ? ACC_RW : ACC_W, r0, r1),
+                   nw != BUF_NONE ? acc_r(nw, 0, k) : acc_none, sg->b != BUF_NONE ? acc_r(sg->b, r0, r1) : acc_none};
+    sched_op(L->s, w, OP_GEMV, p, a);
+}
+
+static void lower_rope(Lower *L, int w, uint32_t v, int h0, int h1)
+{
+    int32_t p[2] = {h0, h1};
+    Access a[2] = {acc_mode(v, ACC_RW, (int64_t)h0 * L->hd, (int64_t)h1 * L->hd),
+                   acc_pos(L->rope, ACC_R, (Affine){0, L->hd}, (Affine){L->hd, L->hd})};
+    sched_op(L->s, w, OP_ROPE, p, a);
+}
+
+static void lower_kv_append(Lower *L, int w, uint32_t kc, uint32_t vc, int h)
+{
+    int64_t hd = L->hd, base = (int64_t)h * L->m->max_seq * hd;
+    int32_t p[1] = {h};
+    Affine lo = {base, hd}, hi = {base + hd, hd};
+    Access a[4] = {acc_r(L->k, h * hd, (h + 1) * hd), acc_r(L->v, h * hd, (h + 1) * hd), acc_pos(kc, ACC_W, lo, hi),
+                   acc_pos(vc, ACC_W, lo, hi)};
+    sched_op(L->s, w, OP_KV_APPEND, p, a);
+}
+
+static void lower_attn(Lower *L, int w, uint32_t kc, uint32_t vc, int h, int sp)
+{
+    int64_t hd = L->hd, g = L->G, base = (int64_t)h * L->m->max_seq * hd, e = g * (hd + 2);
+    int64_t p0 = ((int64_t)h * L->nsplit + sp) * e;
+    int32_t p[4] = {h, sp, L->nsplit, LOWER_ATTN_BLOCK};
+    Affine lo = affine_const(base), hi = {base + hd, hd};
+    Access a[4] = {acc_r(L->q, h * g * hd, (h + 1) * g * hd), acc_pos(kc, ACC_R, lo, hi), acc_pos(vc, ACC_R, lo, hi),
+                   acc_mode(L->part, ACC_W, p0, p0 + e)};
+    sched_op(L->s, w, OP_ATTN, p, a);
+}
+
+static void lower_attn_combine(Lower *L, int w, int h)
+{
+    int64_t hd = L->hd, g = L->G, e = g * (hd + 2) * L->nsplit;
+    int32_t p[2] = {h, L->nsplit};
+    Access a[2] = {acc_r(L->part, h * e, (h + 1) * e), acc_mode(L->att, ACC_W, h * g * hd, (h + 1) * g * hd)};
+    sched_op(L->s, w, OP_ATTN_COMBINE, p, a);
+}
+
+static void lower_silu_mul(Lower *L, int w, int64_t r0, int64_t r1)
+{
+    int32_t p[2] = {(int32_t)r0, (int32_t)r1};
+    Access a[3] = {acc_r(L->gate, r0, r1), acc_r(L->up, r0, r1), acc_mode(L->hb, ACC_W, r0, r1)};
+    sched_op(L->s, w, OP_SILU_MUL, p, a);
+}
+
+static void lower_argmax(Lower *L, int w, int64_t r0, int64_t r1, int slot)
+{
+    int32_t p[3] = {(int32_t)r0, (int32_t)r1, slot};
+    Access a[2] = {acc_r(L->logits, r0, r1), acc_mode(L->amax, ACC_W, 2 * slot, 2 * slot + 2)};
+    sched_op(L->s, w, OP_ARGMAX, p, a);
+}
+
+/* ---- tiling ---- */
+
+/* How many tiles `rows` rows of `row_bytes` each are cut into. */
+static int lower_ntiles(const Lower *L, int64_t rows, int64_t row_bytes)
+{
+    int64_t n = rows * row_bytes / LOWER_MIN_TILE_BYTES;
+    n = n < 1 ? 1 : n > L->nw ? L->nw : n;
+    return (int)(n > rows ? rows : n);
+}
+
+/* First row of tile t of n over `rows` rows (equal sizes, +-1). */
+static int64_t lower_tile_lo(int64_t rows, int n, int t)
+{
+    return rows * t / n;
+}
+
+/* The worker of tile t in the current stage. */
+static int lower_tile_worker(const Lower *L, int t)
+{
+    return (L->rot + t) % L->nw;
+}
+
+static void lower_rotate(Lower *L, int ntiles)
+{
+    if (ntiles < L->nw)
+        L->rot = (L->rot + ntiles) % L->nw;
+}
+
+/* A GEMV stage over the concatenated rows of seg[0..nseg): each worker's
+ * tile becomes one gemv per matrix it touches. */
+static void lower_gemv_stage(Lower *L, const Seg *seg, int nseg, uint32_t x, uint32_t nw, int64_t k, bool accum,
+                             uint32_t ctr)
+{
+    int64_t rows = 0;
+    for (int i = 0; i < nseg; i++)
+        rows += seg[i].rows;
+    int n = lower_ntiles(L, rows, (int64_t)dtype_bytes(L->s->bufs[seg[0].w].dtype, k));
+    lower_stage_begin(L);
+    for (int t = 0; t < n; t++) {
+        int w = lower_tile_worker(L, t);
+        int64_t a = lower_tile_lo(rows, n, t), b = lower_tile_lo(rows, n, t + 1), base = 0;
+        lower_stage_enter(L, w);
+        for (int i = 0; i < nseg; base += seg[i++].rows) {
+            int64_t r0 = a > base ? a - base : 0, r1 = b - base < seg[i].rows ? b - base : seg[i].rows;
+            if (r0 < r1)
+                lower_gemv(L, w, &seg[i], x, nw, r0, r1, k, accum);
+        }
+    }
+    lower_rotate(L, n);
+    lower_stage_end(L, ctr);
+}
+
+/* ---- stages ---- */
+
+static void lower_embed_stage(Lower *L)
+{
+    int64_t dim = L->m->dim;
+    int n = (int)(dim / LOWER_MIN_EMBED_TILE);
+    n = n < 1 ? 1 : n > L->nw ? L->nw : n;
+    lower_stage_begin(L);
+    for (int t = 0; t < n; t++) {
+        int w = lower_tile_worker(L, t);
+        int64_t c0 = lower_tile_lo(dim, n, t), c1 = lower_tile_lo(dim, n, t + 1);
+        int32_t p[2] = {(int32_t)c0, (int32_t)c1};
+        Access a[3] = {acc_r(L->tok, 0, 1), acc_r(L->embed, 0, (int64_t)L->m->vocab_size * dim),
+                       acc_mode(L->x, ACC_W, c0, c1)};
+        lower_stage_enter(L, w);
+        sched_op(L->s, w, OP_EMBED, p, a);
+    }
+    lower_rotate(L, n);
+    lower_stage_end(L, lower_counter(L, "embed"));
+}
+
+static void lower_qkv_stage(Lower *L, int l)
+{
+    const ModelDesc *m = L->m;
+    Seg seg[3] = {
+        {lower_w(L, l, "wq"), L->q, lower_w(L, l, "bq"), (int64_t)m->n_heads * L->hd},
+        {lower_w(L, l, "wk"), L->k, lower_w(L, l, "bk"), (int64_t)m->n_kv_heads * L->hd},
+        {lower_w(L, l, "wv"), L->v, lower_w(L, l, "bv"), (int64_t)m->n_kv_heads * L->hd},
+    };
+    char name[32];
+    snprintf(name, sizeof name, "qkv.%d", l);
+    lower_gemv_stage(L, seg, 3, L->x, lower_w(L, l, "attn_norm"), m->dim, false, lower_counter(L, name));
+}
+
+/* Task (h, s) of the attention stage; see the file comment. */
+static void lower_attn_task(Lower *L, int h, int sp, uint32_t kc, uint32_t vc, const uint32_t *kv_ctr,
+                            const uint32_t *attn_ctr, int *ncomb)
+{
+    int w = (h * L->nsplit + sp) % L->nw, ns = L->nsplit;
+    lower_stage_enter(L, w);
+    if (sp == 0) {
+        lower_rope(L, w, L->q, h * L->G, (h + 1) * L->G);
+        lower_rope(L, w, L->k, h, h + 1);
+        lower_kv_append(L, w, kc, vc, h);
+        if (ns > 1)
+            lower_signal(L, w, kv_ctr[h], 1);
+    } else {
+        lower_join(L, w, kv_ctr[h]);
+    }
+    lower_attn(L, w, kc, vc, h, sp);
+    if (sp < ns - 1) {
+        lower_signal(L, w, attn_ctr[h], 1);
+        return;
+    }
+    if (ns > 1)
+        lower_join(L, w, attn_ctr[h]);
+    lower_attn_combine(L, w, h);
+    ncomb[w]++;
+}
+
+static void lower_attn_stage(Lower *L, int l)
+{
+    int nkv = L->m->n_kv_heads, ns = L->nsplit;
+    char name[48];
+    uint32_t *kv_ctr = xcalloc((size_t)nkv, sizeof *kv_ctr), *attn_ctr = xcalloc((size_t)nkv, sizeof *attn_ctr);
+    int *ncomb = xcalloc((size_t)L->nw, sizeof *ncomb);
+    for (int h = 0; h < nkv && ns > 1; h++) {
+        snprintf(name, sizeof name, "kv.%d.%d", l, h);
+        kv_ctr[h] = lower_counter(L, name);
+        snprintf(name, sizeof name, "attn.%d.%d", l, h);
+        attn_ctr[h] = lower_counter(L, name);
+    }
+    snprintf(name, sizeof name, "kc.%d", l);
+    uint32_t kc = (uint32_t)sched_find_buffer(L->s, name);
+    snprintf(name, sizeof name, "vc.%d", l);
+    uint32_t vc = (uint32_t)sched_find_buffer(L->s, name);
+    snprintf(name, sizeof name, "comb.%d", l);
+    uint32_t comb = lower_counter(L, name);
+    lower_stage_begin(L);
+    for (int i = 0; i < nkv * ns; i++)
+        lower_attn_task(L, i / ns, i % ns, kc, vc, kv_ctr, attn_ctr, ncomb);
+    for (int w = 0; w < L->nw; w++)
+        if (ncomb[w])
+            lower_signal(L, w, comb, (uint32_t)ncomb[w]);
+    L->prev = comb;
+    free(kv_ctr);
+    free(attn_ctr);
+    free(ncomb);
+}
+
+static void lower_ffn_stage(Lower *L, int l)
+{
+    const ModelDesc *m = L->m;
+    int64_t rows = m->hidden_dim, dim = m->dim;
+    int n = lower_ntiles(L, rows, 2 * (int64_t)dtype_bytes(DT_F32, dim));
+    Seg g = {lower_w(L, l, "w_gate"), L->gate, BUF_NONE, rows}, u = {lower_w(L, l, "w_up"), L->up, BUF_NONE, rows};
+    uint32_t nw = lower_w(L, l, "ffn_norm");
+    char name[32];
+    snprintf(name, sizeof name, "ffn.%d", l);
+    uint32_t c = lower_counter(L, name);
+    lower_stage_begin(L);
+    for (int t = 0; t < n; t++) {
+        int w = lower_tile_worker(L, t);
+        int64_t r0 = lower_tile_lo(rows, n, t), r1 = lower_tile_lo(rows, n, t + 1);
+        lower_stage_enter(L, w);
+        lower_gemv(L, w, &g, L->x, nw, r0, r1, dim, false);
+        lower_gemv(L, w, &u, L->x, nw, r0, r1, dim, false);
+        lower_silu_mul(L, w, r0, r1);
+    }
+    lower_rotate(L, n);
+    lower_stage_end(L, c);
+}
+
+static void lower_layer(Lower *L, int l)
+{
+    const ModelDesc *m = L->m;
+    char name[32];
+    lower_qkv_stage(L, l);
+    lower_attn_stage(L, l);
+    Seg o = {lower_w(L, l, "wo"), L->x, BUF_NONE, m->dim};
+    snprintf(name, sizeof name, "o.%d", l);
+    lower_gemv_stage(L, &o, 1, L->att, BUF_NONE, (int64_t)m->n_heads * L->hd, true, lower_counter(L, name));
+    lower_ffn_stage(L, l);
+    Seg dn = {lower_w(L, l, "w_down"), L->x, BUF_NONE, m->dim};
+    snprintf(name, sizeof name, "down.%d", l);
+    lower_gemv_stage(L, &dn, 1, L->hb, BUF_NONE, m->hidden_dim, true, lower_counter(L, name));
+}
+
+/* LM head with the final norm, an argmax per tile, and the combine on the
+ * worker of tile 0. */
+static void lower_lm_stage(Lower *L)
+{
+    const ModelDesc *m = L->m;
+    int64_t rows = m->vocab_size;
+    int n = L->lm_tiles, w0 = lower_tile_worker(L, 0);
+    Seg sg = {L->lm_head, L->logits, BUF_NONE, rows};
+    uint32_t c = lower_counter(L, "lm");
+    lower_stage_begin(L);
+    for (int t = 0; t < n; t++) {
+        int w = lower_tile_worker(L, t);
+        int64_t r0 = lower_tile_lo(rows, n, t), r1 = lower_tile_lo(rows, n, t + 1);
+        lower_stage_enter(L, w);
+        lower_gemv(L, w, &sg, L->x, L->final_norm, r0, r1, m->dim, false);
+        lower_argmax(L, w, r0, r1, t);
+    }
+    lower_rotate(L, n);
+    lower_stage_end(L, c);
+    lower_join(L, w0, c);
+    int32_t p[1] = {n};
+    Access a[2] = {acc_r(L->amax, 0, 2 * (int64_t)n), acc_mode(L->next, ACC_W, 0, 1)};
+    sched_op(L->s, w0, OP_ARGMAX_COMBINE, p, a);
+}
+
+/* ---- buffers ---- */
+
+static void lower_weights(Lower *L)
+{
+    const ModelDesc *m = L->m;
+    int64_t dim = m->dim, qd = (int64_t)m->n_heads * L->hd, kvd = (int64_t)m->n_kv_heads * L->hd, hid = m->hidden_dim;
+    L->embed = lower_buf(L, "embed", BUF_WEIGHT, 2, m->vocab_size, dim, 0, 0);
+    for (int l = 0; l < m->n_layers; l++) {
+        lower_wbuf(L, l, "attn_norm", 1, dim, 0);
+        lower_wbuf(L, l, "wq", 2, qd, dim);
+        lower_wbuf(L, l, "wk", 2, kvd, dim);
+        lower_wbuf(L, l, "wv", 2, kvd, dim);
+        if (m->qkv_bias) {
+            lower_wbuf(L, l, "bq", 1, qd, 0);
+            lower_wbuf(L, l, "bk", 1, kvd, 0);
+            lower_wbuf(L, l, "bv", 1, kvd, 0);
+        }
+        lower_wbuf(L, l, "wo", 2, dim, qd);
+        lower_wbuf(L, l, "ffn_norm", 1, dim, 0);
+        lower_wbuf(L, l, "w_gate", 2, hid, dim);
+        lower_wbuf(L, l, "w_up", 2, hid, dim);
+        lower_wbuf(L, l, "w_down", 2, dim, hid);
+    }
+    L->final_norm = lower_buf(L, "final_norm", BUF_WEIGHT, 1, dim, 0, 0, 0);
+    L->lm_head = m->tie_embeddings ? L->embed : lower_buf(L, "lm_head", BUF_WEIGHT, 2, m->vocab_size, dim, 0, 0);
+    L->rope = lower_buf(L, "rope", BUF_WEIGHT, 3, m->max_seq, L->hd / 2, 2, 0);
+}
+
+static void lower_buffers(Lower *L)
+{
+    const ModelDesc *m = L->m;
+    int64_t qd = (int64_t)m->n_heads * L->hd, kvd = (int64_t)m->n_kv_heads * L->hd;
+    lower_weights(L);
+    L->tok = lower_buf(L, "tok", BUF_IO, 1, 1, 0, 0, 0);
+    L->logits = lower_buf(L, "logits", BUF_IO, 1, m->vocab_size, 0, 0, 0);
+    L->next = lower_buf(L, "next", BUF_IO, 1, 1, 0, 0, 0);
+    for (int l = 0; l < m->n_layers; l++) {
+        char n[32];
+        snprintf(n, sizeof n, "kc.%d", l);
+        lower_buf(L, n, BUF_KV, 3, m->n_kv_heads, m->max_seq, L->hd, 0);
+        snprintf(n, sizeof n, "vc.%d", l);
+        lower_buf(L, n, BUF_KV, 3, m->n_kv_heads, m->max_seq, L->hd, 0);
+    }
+    L->x = lower_buf(L, "x", BUF_SCRATCH, 1, m->dim, 0, 0, 0);
+    L->q = lower_buf(L, "q", BUF_SCRATCH, 1, qd, 0, 0, 0);
+    L->k = lower_buf(L, "k", BUF_SCRATCH, 1, kvd, 0, 0, 0);
+    L->v = lower_buf(L, "v", BUF_SCRATCH, 1, kvd, 0, 0, 0);
+    L->att = lower_buf(L, "att", BUF_SCRATCH, 1, qd, 0, 0, 0);
+    L->part = lower_buf(L, "part", BUF_SCRATCH, 4, m->n_kv_heads, L->nsplit, L->G, L->hd + 2);
+    L->gate = lower_buf(L, "gate", BUF_SCRATCH, 1, m->hidden_dim, 0, 0, 0);
+    L->up = lower_buf(L, "up", BUF_SCRATCH, 1, m->hidden_dim, 0, 0, 0);
+    L->hb = lower_buf(L, "hb", BUF_SCRATCH, 1, m->hidden_dim, 0, 0, 0);
+    L->amax = lower_buf(L, "amax", BUF_SCRATCH, 2, L->lm_tiles, 2, 0, 0);
+}
+
+/* ---- checks ---- */
+
+static bool lower_fail(const ModelDesc *m, Diag *d, const char *fmt, const char *what, long long v)
+{
+    char msg[256];
+    snprintf(msg, sizeof msg, fmt, what, v);
+    diag_file_error(d, m->path ? m->path : m->name, "cannot lower model '%s': %s", m->name ? m->name : "?", msg);
+    return false;
+}
+
+/* What the lowering (and the backends behind it) support so far. */
+static bool lower_check(const ModelDesc *m, int workers, Diag *d)
+{
+    const struct {
+        const char *what;
+        long long v;
+    } pos[] = {{"dim", m->dim},         {"hidden_dim", m->hidden_dim}, {"n_layers", m->n_layers},
+               {"n_heads", m->n_heads}, {"n_kv_heads", m->n_kv_heads}, {"head_dim", m->head_dim},
+               {"vocab_size", m->vocab_size}, {"max_seq", m->max_seq}, {"workers", workers}};
+    bool ok = true;
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        if (pos[i].v <= 0 || pos[i].v > INT32_MAX / 4)
+            ok = lower_fail(m, d, "%s must be positive and below 2^29 (got %lld)", pos[i].what, pos[i].v);
+    if (!ok)
+        return false;
+    if (m->n_heads % m->n_kv_heads)
+        ok = lower_fail(m, d, "%s (%lld) must divide n_heads", "n_kv_heads", m->n_kv_heads);
+    if (m->head_dim % 2)
+        ok = lower_fail(m, d, "%s %lld is odd (RoPE rotates pairs)", "head_dim", m->head_dim);
+    if (m->n_layers > MODEL_MAX_LAYERS)
+        ok = lower_fail(m, d, "%s %lld exceeds MODEL_MAX_LAYERS", "n_layers", m->n_layers);
+    if (workers > 65535)
+        ok = lower_fail(m, d, "%s %lld is more than 65535", "workers", workers);
+    if ((int64_t)m->vocab_size * m->dim > INT32_MAX || (int64_t)m->hidden_dim * m->dim > INT32_MAX ||
+        (int64_t)m->n_heads * m->head_dim * m->dim > INT32_MAX)
+        ok = lower_fail(m, d, "%s: a weight matrix has more than 2^31 elements (%lld)", "not supported yet", 0);
+    if (m->act_dtype != DT_F32)
+        ok = lower_fail(m, d, "%s: activation dtype %lld is not f32", "not supported yet", m->act_dtype);
+    for (int c = 0; c < TCLASS_COUNT; c++)
+        if (m->quant[c].kind != QUANT_NONE && m->quant[c].kind != QUANT_F32)
+            ok = lower_fail(m, d, "%s: quantized weights (tensor class %lld)", "not supported yet", c);
+    for (int l = 0; ok && l < m->n_layers; l++)
+        if (m->attn[l].kind != ATTN_DENSE || m->kv[l].kind != KV_FULL)
+            ok = lower_fail(m, d, "%s: sparse attention or KV eviction (layer %lld)", "not supported yet", l);
+    return ok;
+}
+
+static ModelShape lower_shape(const ModelDesc *m)
+{
+    return (ModelShape){m->dim, m->hidden_dim, m->n_layers, m->n_heads, m->n_kv_heads, m->head_dim,
+                        m->vocab_size, m->max_seq, m->norm_eps, (int)m->rope_pairing};
+}
+
+Schedule *lower_model(const ModelDesc *m, const Target *t, int workers, Diag *d)
+{
+    int nw = workers > 0 ? workers : m->workers > 0 ? m->workers : t->default_workers;
+    if (!lower_check(m, nw, d))
+        return NULL;
+    Lower L = {.m = m, .nw = nw, .hd = m->head_dim, .G = m->n_heads / m->n_kv_heads, .prev = UINT32_MAX};
+    L.nsplit = nw / m->n_kv_heads;
+    int maxsplit = (m->max_seq + LOWER_ATTN_BLOCK - 1) / LOWER_ATTN_BLOCK;
+    L.nsplit = L.nsplit < 1 ? 1 : L.nsplit > maxsplit ? maxsplit : L.nsplit;
+    L.s = sched_new(m->name ? m->name : "model", t->name, nw);
+    L.s->shape = lower_shape(m);
+    L.in_stage = xcalloc((size_t)nw, sizeof *L.in_stage);
+    L.lm_tiles = lower_ntiles(&L, m->vocab_size, (int64_t)dtype_bytes(DT_F32, m->dim));
+    lower_buffers(&L);
+    lower_embed_stage(&L);
+    for (int l = 0; l < m->n_layers; l++)
+        lower_layer(&L, l);
+    lower_lm_stage(&L);
+    free(L.in_stage);
+    free(L.nsig);
+    return L.s;
+}

@@ -1,0 +1,291 @@
+/*
+ * ops.c - the op table (built once from OP_LIST in ops.h) and each op's
+ * footprint: the exact access list an op body touches, computed from the
+ * instruction's params and the schedule's shape. The validator compares an
+ * instruction's declared accesses against it; lowering and the tests use it
+ * to build and check access lists.
+ *
+ * Ranges are element ranges [lo, hi) of the flattened buffer, affine in the
+ * step's position `pos` (see the layouts in ops.h). Buffer ids are copied
+ * from the instruction's own accesses; a footprint says modes and ranges.
+ */
+#include "ir/ir.h"
+
+#include <string.h>
+
+static OpInfo op_table[OP_COUNT];
+static bool op_table_ready;
+
+static const struct {
+    const char *name, *operands, *params, *meaning;
+} op_src[] = {
+#define X(n, s, o, p, m) {s, o, p, m},
+    OP_LIST(X)
+#undef X
+};
+_Static_assert(sizeof op_src / sizeof op_src[0] == OP_COUNT, "op_src must list every op");
+
+/* Splits a space-separated word list into at most `max` words (static
+ * strings: the words are copied once into a static pool). */
+static int op_words_split(const char *list, const char **out, bool *optional, int max)
+{
+    static char pool[1024];
+    static size_t used;
+    int n = 0;
+    for (const char *p = list; *p;) {
+        while (*p == ' ')
+            p++;
+        if (!*p)
+            break;
+        const char *e = p;
+        while (*e && *e != ' ')
+            e++;
+        size_t len = (size_t)(e - p);
+        bool opt = len > 0 && p[len - 1] == '?';
+        if (opt)
+            len--;
+        ASSERT(n < max && used + len + 1 <= sizeof pool);
+        memcpy(pool + used, p, len);
+        pool[used + len] = 0;
+        out[n] = pool + used;
+        if (optional)
+            optional[n] = opt;
+        used += len + 1;
+        n++;
+        p = e;
+    }
+    return n;
+}
+
+static void op_table_build(void)
+{
+    for (int i = 0; i < OP_COUNT; i++) {
+        OpInfo *o = &op_table[i];
+        o->name = op_src[i].name;
+        o->meaning = op_src[i].meaning;
+        o->noperands = op_words_split(op_src[i].operands, o->operand, o->optional, OP_MAX_OPERANDS);
+        o->nparams = op_words_split(op_src[i].params, o->param, NULL, OP_MAX_PARAMS);
+    }
+    op_table_ready = true;
+}
+
+const OpInfo *op_info(int op)
+{
+    ASSERT(op >= 0 && op < OP_COUNT);
+    if (!op_table_ready)
+        op_table_build();
+    return &op_table[op];
+}
+
+int op_from_name(const char *name)
+{
+    for (int i = 0; i < OP_COUNT; i++)
+        if (strcmp(op_src[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* ---- footprints ---- */
+
+typedef struct Fp {
+    const Schedule *s;
+    const Inst *in;
+    Access *out;
+    const char **why;
+} Fp;
+
+/* Sets operand i to mode m over the constant-or-affine range [lo, hi). */
+static void fp_set(Fp *f, int i, int mode, Affine lo, Affine hi)
+{
+    f->out[i] = (Access){.buf = f->s->accs[f->in->acc + (uint32_t)i].buf, .mode = (uint8_t)mode, .lo = lo, .hi = hi};
+}
+
+static void fp_const(Fp *f, int i, int mode, int64_t lo, int64_t hi)
+{
+    fp_set(f, i, mode, affine_const(lo), affine_const(hi));
+}
+
+static void fp_absent(Fp *f, int i)
+{
+    f->out[i] = (Access){.buf = BUF_NONE};
+}
+
+/* Elements of the buffer bound to operand i (0 when absent). */
+static int64_t fp_nelem(const Fp *f, int i)
+{
+    uint32_t b = f->s->accs[f->in->acc + (uint32_t)i].buf;
+    return b == BUF_NONE || b >= f->s->nbufs ? 0 : f->s->bufs[b].nelem;
+}
+
+static bool fp_fail(Fp *f, const char *why)
+{
+    *f->why = why;
+    return false;
+}
+
+static bool fp_embed(Fp *f)
+{
+    const ModelShape *m = &f->s->shape;
+    int64_t c0 = f->in->p[0], c1 = f->in->p[1];
+    if (c0 < 0 || c0 >= c1 || c1 > m->dim)
+        return fp_fail(f, "embed needs 0 <= c0 < c1 <= dim");
+    fp_const(f, 0, ACC_R, 0, 1);
+    /* the row is the token, known only at run time: the whole table */
+    fp_const(f, 1, ACC_R, 0, (int64_t)m->vocab_size * m->dim);
+    fp_const(f, 2, ACC_W, c0, c1);
+    return true;
+}
+
+static bool fp_rmsnorm(Fp *f)
+{
+    int64_t n = f->in->p[0];
+    if (n <= 0)
+        return fp_fail(f, "rmsnorm needs n > 0");
+    fp_const(f, 0, ACC_R, 0, n);
+    fp_const(f, 1, ACC_R, 0, n);
+    fp_const(f, 2, ACC_W, 0, n);
+    return true;
+}
+
+static bool fp_gemv(Fp *f)
+{
+    int64_t r0 = f->in->p[0], r1 = f->in->p[1], k = f->in->p[2], fl = f->in->p[3];
+    if (k <= 0 || r0 < 0 || r0 >= r1)
+        return fp_fail(f, "gemv needs k > 0 and 0 <= r0 < r1");
+    if (fl & ~(GEMV_ACCUM | GEMV_NORM | GEMV_BIAS))
+        return fp_fail(f, "gemv has unknown flags");
+    if (fp_nelem(f, 0) % k != 0 || r1 > fp_nelem(f, 0) / k)
+        return fp_fail(f, "gemv rows r1 exceed the weight's rows (elements / k)");
+    fp_const(f, 0, ACC_R, r0 * k, r1 * k);
+    fp_const(f, 1, ACC_R, 0, k);
+    fp_const(f, 2, fl & GEMV_ACCUM ? ACC_RW : ACC_W, r0, r1);
+    if (fl & GEMV_NORM)
+        fp_const(f, 3, ACC_R, 0, k);
+    else
+        fp_absent(f, 3);
+    if (fl & GEMV_BIAS)
+        fp_const(f, 4, ACC_R, r0, r1);
+    else
+        fp_absent(f, 4);
+    return true;
+}
+
+static bool fp_rope(Fp *f)
+{
+    const ModelShape *m = &f->s->shape;
+    int64_t h0 = f->in->p[0], h1 = f->in->p[1], hd = m->head_dim;
+    if (h0 < 0 || h0 >= h1 || h1 * hd > fp_nelem(f, 0))
+        return fp_fail(f, "rope needs 0 <= h0 < h1 and heads [h0,h1) inside v");
+    fp_const(f, 0, ACC_RW, h0 * hd, h1 * hd);
+    fp_set(f, 1, ACC_R, (Affine){0, hd}, (Affine){hd, hd});
+    return true;
+}
+
+static bool fp_kv_append(Fp *f)
+{
+    const ModelShape *m = &f->s->shape;
+    int64_t h = f->in->p[0], hd = m->head_dim, base = h * m->max_seq * hd;
+    if (h < 0 || h >= m->n_kv_heads)
+        return fp_fail(f, "kv_append needs 0 <= h < kv_heads");
+    fp_const(f, 0, ACC_R, h * hd, (h + 1) * hd);
+    fp_const(f, 1, ACC_R, h * hd, (h + 1) * hd);
+    fp_set(f, 2, ACC_W, (Affine){base, hd}, (Affine){base + hd, hd});
+    fp_set(f, 3, ACC_W, (Affine){base, hd}, (Affine){base + hd, hd});
+    return true;
+}
+
+static bool fp_attn(Fp *f)
+{
+    const ModelShape *m = &f->s->shape;
+    int64_t h = f->in->p[0], sp = f->in->p[1], ns = f->in->p[2], blk = f->in->p[3];
+    int64_t hd = m->head_dim, g = m->n_heads / m->n_kv_heads, base = h * m->max_seq * hd;
+    if (h < 0 || h >= m->n_kv_heads)
+        return fp_fail(f, "attn needs 0 <= h < kv_heads");
+    if (ns <= 0 || sp < 0 || sp >= ns || blk <= 0)
+        return fp_fail(f, "attn needs nsplit > 0, 0 <= s < nsplit and block > 0");
+    fp_const(f, 0, ACC_R, h * g * hd, (h + 1) * g * hd);
+    fp_set(f, 1, ACC_R, affine_const(base), (Affine){base + hd, hd});
+    fp_set(f, 2, ACC_R, affine_const(base), (Affine){base + hd, hd});
+    int64_t e = g * (hd + 2), p0 = (h * ns + sp) * e;
+    fp_const(f, 3, ACC_W, p0, p0 + e);
+    return true;
+}
+
+static bool fp_attn_combine(Fp *f)
+{
+    const ModelShape *m = &f->s->shape;
+    int64_t h = f->in->p[0], ns = f->in->p[1];
+    int64_t hd = m->head_dim, g = m->n_heads / m->n_kv_heads, e = g * (hd + 2);
+    if (h < 0 || h >= m->n_kv_heads || ns <= 0)
+        return fp_fail(f, "attn_combine needs 0 <= h < kv_heads and nsplit > 0");
+    fp_const(f, 0, ACC_R, h * ns * e, (h + 1) * ns * e);
+    fp_const(f, 1, ACC_W, h * g * hd, (h + 1) * g * hd);
+    return true;
+}
+
+static bool fp_rows(Fp *f, int nin, int out_mode)
+{
+    int64_t r0 = f->in->p[0], r1 = f->in->p[1];
+    if (r0 < 0 || r0 >= r1)
+        return fp_fail(f, "needs 0 <= r0 < r1");
+    for (int i = 0; i < nin; i++)
+        fp_const(f, i, ACC_R, r0, r1);
+    fp_const(f, nin, out_mode, r0, r1);
+    return true;
+}
+
+/* a[r0:r1] += b[r0:r1]: a is read and written */
+static bool fp_add(Fp *f)
+{
+    int64_t r0 = f->in->p[0], r1 = f->in->p[1];
+    if (r0 < 0 || r0 >= r1)
+        return fp_fail(f, "add needs 0 <= r0 < r1");
+    fp_const(f, 0, ACC_RW, r0, r1);
+    fp_const(f, 1, ACC_R, r0, r1);
+    return true;
+}
+
+static bool fp_argmax(Fp *f)
+{
+    int64_t r0 = f->in->p[0], r1 = f->in->p[1], slot = f->in->p[2];
+    if (r0 < 0 || r0 >= r1 || slot < 0)
+        return fp_fail(f, "argmax needs 0 <= r0 < r1 and slot >= 0");
+    fp_const(f, 0, ACC_R, r0, r1);
+    fp_const(f, 1, ACC_W, 2 * slot, 2 * slot + 2);
+    return true;
+}
+
+static bool fp_argmax_combine(Fp *f)
+{
+    int64_t n = f->in->p[0];
+    if (n <= 0)
+        return fp_fail(f, "argmax_combine needs nslot > 0");
+    fp_const(f, 0, ACC_R, 0, 2 * n);
+    fp_const(f, 1, ACC_W, 0, 1);
+    return true;
+}
+
+bool op_footprint(const Schedule *s, const Inst *in, Access *out, const char **why)
+{
+    static const char *dummy;
+    Fp f = {s, in, out, why ? why : &dummy};
+    ASSERT(in->kind == INST_OP && in->op < OP_COUNT);
+    const ModelShape *m = &s->shape;
+    if (m->head_dim <= 0 || m->n_kv_heads <= 0 || m->n_heads % m->n_kv_heads != 0)
+        return fp_fail(&f, "the schedule's shape is invalid (head_dim, heads, kv_heads)");
+    switch ((OpCode)in->op) {
+    case OP_EMBED: return fp_embed(&f);
+    case OP_RMSNORM: return fp_rmsnorm(&f);
+    case OP_GEMV: return fp_gemv(&f);
+    case OP_ROPE: return fp_rope(&f);
+    case OP_KV_APPEND: return fp_kv_append(&f);
+    case OP_ATTN: return fp_attn(&f);
+    case OP_ATTN_COMBINE: return fp_attn_combine(&f);
+    case OP_SILU_MUL: return fp_rows(&f, 2, ACC_W);
+    case OP_ADD: return fp_add(&f);
+    case OP_ARGMAX: return fp_argmax(&f);
+    case OP_ARGMAX_COMBINE: return fp_argmax_combine(&f);
+    case OP_COUNT: break;
+    }
+    die("bad op %d", in->op);
+}

@@ -1,0 +1,281 @@
+/*
+ * test_ir.c - the schedule IR: op table, targets, the .sched format (round
+ * trip of every tests/sched/ file, exact parse errors) and op footprints.
+ */
+#include "ir/ir.h"
+
+#include <criterion/criterion.h>
+#include <criterion/redirect.h>
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+Test(ops, table)
+{
+    cr_assert_eq(op_from_name("gemv"), OP_GEMV);
+    cr_assert_eq(op_from_name("argmax_combine"), OP_ARGMAX_COMBINE);
+    cr_assert_eq(op_from_name("gemm"), -1);
+    const OpInfo *g = op_info(OP_GEMV);
+    cr_assert_eq(g->noperands, 5);
+    cr_assert_str_eq(g->operand[3], "nw");
+    cr_assert(g->optional[3] && g->optional[4] && !g->optional[2]);
+    cr_assert_eq(g->nparams, 4);
+    cr_assert_str_eq(g->param[3], "flags");
+    for (int i = 0; i < OP_COUNT; i++) {
+        cr_assert_eq(op_from_name(op_info(i)->name), i);
+        cr_assert(op_info(i)->noperands >= 1 && op_info(i)->nparams >= 1);
+    }
+}
+
+Test(target, lookup)
+{
+    Diag d;
+    diag_init(&d);
+    const Target *t = target_lookup("sm_90", &d);
+    cr_assert(t && t->sms == 132 && t->smem_per_sm == 228 * 1024 && t->arch == 90);
+    cr_assert_eq(target_lookup("sm_120", &d)->max_threads_per_sm, 1536);
+    cr_assert_eq(target_lookup("sm_80", &d)->default_workers, 108);
+    cr_assert_eq(target_lookup("host-cuda", &d)->default_workers, 4);
+    cr_assert_geq(target_lookup("cpu", &d)->default_workers, 1);
+    cr_assert_eq(d.nerrors, 0);
+    char buf[256] = {0};
+    d.out = fmemopen(buf, sizeof buf, "w");
+    cr_assert_null(target_lookup("sm_89", &d));
+    fclose(d.out);
+    cr_assert_eq(d.nerrors, 1);
+    cr_assert(strstr(buf, "unknown target 'sm_89'"), "%s", buf);
+}
+
+/* The text with comments and blank lines removed: what the printer makes
+ * of a canonical file. */
+static char *strip_comments(const char *t)
+{
+    char *out = malloc(strlen(t) + 1), *o = out;
+    while (*t) {
+        const char *e = strchr(t, '\n');
+        size_t n = e ? (size_t)(e - t) : strlen(t);
+        const char *c = memchr(t, '#', n);
+        size_t k = c ? (size_t)(c - t) : n;
+        while (k > 0 && (t[k - 1] == ' ' || t[k - 1] == '\t'))
+            k--;
+        size_t lead = strspn(t, " \t");
+        if (k > lead) {
+            memcpy(o, t, k);
+            o += k;
+            *o++ = '\n';
+        }
+        t += n + (e != NULL);
+    }
+    *o = 0;
+    return out;
+}
+
+/* Calls fn on every *.sched under dir, recursively. */
+static int each_sched(const char *dir, void (*fn)(const char *path))
+{
+    DIR *dp = opendir(dir);
+    int n = 0;
+    if (!dp)
+        return 0;
+    struct dirent *de;
+    while ((de = readdir(dp)) != NULL) {
+        if (de->d_name[0] == '.')
+            continue;
+        char *p = xasprintf("%s/%s", dir, de->d_name);
+        struct stat st;
+        if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
+            n += each_sched(p, fn);
+        else if (strlen(p) > 6 && strcmp(p + strlen(p) - 6, ".sched") == 0) {
+            fn(p);
+            n++;
+        }
+        free(p);
+    }
+    closedir(dp);
+    return n;
+}
+
+/* A file the validator tests expect to fail parsing carries
+ * `# expect-error: parse`; every other file round-trips exactly. */
+static void roundtrip_one(const char *path)
+{
+    size_t len;
+    char *text = read_file(path, &len);
+    cr_assert_not_null(text, "%s", path);
+    Diag d;
+    diag_init(&d);
+    bool parse_error_expected = strstr(text, "expect-error: parse") != NULL;
+    if (parse_error_expected)
+        d.out = fopen("/dev/null", "w");
+    Schedule *s = sched_parse(path, text, len, &d);
+    if (parse_error_expected) {
+        fclose(d.out);
+        cr_assert_null(s, "%s: expected a parse error", path);
+        free(text);
+        return;
+    }
+    cr_assert_not_null(s, "%s does not parse", path);
+    char *printed = sched_to_string(s), *want = strip_comments(text);
+    cr_assert_str_eq(printed, want, "%s: print(parse(x)) != x", path);
+    Schedule *s2 = sched_parse(path, printed, strlen(printed), &d);
+    cr_assert_not_null(s2);
+    cr_assert_eq(sched_hash(s), sched_hash(s2));
+    sched_free(s2);
+    free(printed);
+    free(want);
+    sched_free(s);
+    free(text);
+}
+
+Test(sched_text, roundtrip_all_files)
+{
+    int n = each_sched(MEGAC_SRC "/tests/sched", roundtrip_one);
+    cr_assert_geq(n, 2, "found only %d .sched files", n);
+}
+
+/* Parses `text`, expecting failure; returns the diagnostics printed. */
+static char *parse_errors(const char *text, int *nerrors)
+{
+    static char buf[4096];
+    memset(buf, 0, sizeof buf);
+    Diag d;
+    diag_init(&d);
+    d.out = fmemopen(buf, sizeof buf, "w");
+    Schedule *s = sched_parse("t.sched", text, strlen(text), &d);
+    fclose(d.out);
+    cr_assert_null(s);
+    *nerrors = d.nerrors;
+    return buf;
+}
+
+#define HDR "schedule t target cpu workers 1\n" \
+            "shape dim=4 hidden=8 layers=1 heads=1 kv_heads=1 head_dim=4 vocab=4 max_seq=8 eps=1e-05 pairing=adjacent\n"
+
+Test(sched_text, errors_line_col)
+{
+    int n;
+    char *e = parse_errors(HDR "buffer x f32 [4] scratch\nbuffer x f32 [4] scratch\nworker 0\n", &n);
+    cr_assert_eq(n, 1);
+    cr_assert(strstr(e, "t.sched:4:8: error: buffer 'x' is declared twice\n"
+                        "    4 | buffer x f32 [4] scratch\n"
+                        "      |        ^\n"), "%s", e);
+
+    e = parse_errors(HDR "buffer x f33 [4] scratch\ncounter c\nworker 0\n  wait d >= 1\n  signal c 1\n", &n);
+    cr_assert_eq(n, 3, "%s", e);
+    cr_assert(strstr(e, "t.sched:3:10: error: unknown dtype 'f33'"), "%s", e);
+    cr_assert(strstr(e, "t.sched:6:8: error: unknown counter 'd'"), "%s", e);
+    cr_assert(strstr(e, "t.sched:7:12: error: expected '+'"), "%s", e);
+
+    e = parse_errors(HDR "buffer x f32 [4] scratch\nworker 0\n"
+                         "  op rmsnorm(n=4) x: r x[0:4], w: r y[0:4], out: w x[0:4]\n"
+                         "  op rmsnorm(m=4) x: r x[0:4], w: r x[0:4], out: w x[0:4]\n"
+                         "  op rmsnorm(n=4) x: r x[0:4], w: - , out: w x[0:4]\n"
+                         "  op gemv(r0=0, r1=1, k=4, flags=norm|acum) w: r x[0:4], x: r x[0:4], y: w x[0:1], nw: -, b: -\n"
+                         "  op rmsnorm(n=4) x: r x[0:4*pos+], w: r x[0:4], out: w x[0:4]\n",
+                     &n);
+    cr_assert_eq(n, 5, "%s", e);
+    cr_assert(strstr(e, "t.sched:5:37: error: unknown buffer 'y'"), "%s", e);
+    cr_assert(strstr(e, "t.sched:6:14: error: expected param 'n', found 'm'"), "%s", e);
+    cr_assert(strstr(e, "t.sched:7:35: error: operand 'w' of rmsnorm is not optional"), "%s", e);
+    cr_assert(strstr(e, "t.sched:8:39: error: unknown flag 'acum'"), "%s", e);
+    cr_assert(strstr(e, "t.sched:9:34: error: expected a range bound"), "%s", e);
+}
+
+Test(sched_text, errors_structure)
+{
+    int n;
+    char *e = parse_errors("shape dim=4\n", &n);
+    cr_assert(strstr(e, "t.sched:1:1: error: expected 'schedule'"), "%s", e);
+    e = parse_errors(HDR "worker 1\n", &n);
+    cr_assert(strstr(e, "t.sched:3:8: error: expected 'worker 0'"), "%s", e);
+    e = parse_errors("schedule t target cpu workers 2\n"
+                     "shape dim=4 hidden=8 layers=1 heads=1 kv_heads=1 head_dim=4 vocab=4 max_seq=8 eps=1e-05 pairing=adjacent\n"
+                     "worker 0\n  # only one\n",
+                     &n);
+    cr_assert(strstr(e, "t.sched:4:1: error: missing 'worker 1'"), "%s", e);
+    e = parse_errors("schedule t target cpu workers 1\n"
+                     "shape dim=4 hidden=8 layers=1 heads=1 head_dim=4 vocab=4 max_seq=8 eps=1e-05 pairing=adjacent\n",
+                     &n);
+    cr_assert(strstr(e, "t.sched:2:39: error: expected shape key 'kv_heads'"), "%s", e);
+    e = parse_errors(HDR "worker 0\nbuffer x f32 [4] scratch\n", &n);
+    cr_assert(strstr(e, "t.sched:4:1: error: declarations must come before the first worker"), "%s", e);
+}
+
+Test(sched_text, affine_forms)
+{
+    const char *t = HDR "buffer kc f32 [1, 8, 4] kv\nworker 0\n"
+                        "  op rmsnorm(n=4) x: r kc[ 8 + 4*pos : 4 * pos+12 ], w: r kc[pos-0:1*pos], out: w kc[-pos+3:0]\n";
+    Diag d;
+    diag_init(&d);
+    Schedule *s = sched_parse("t.sched", t, strlen(t), &d);
+    cr_assert_not_null(s);
+    Access *a = &s->accs[s->workers[0].insts[0].acc];
+    cr_assert(a[0].lo.c == 8 && a[0].lo.k == 4 && a[0].hi.c == 12 && a[0].hi.k == 4);
+    cr_assert(a[2].lo.c == 3 && a[2].lo.k == -1);
+    char *p = sched_to_string(s);
+    cr_assert(strstr(p, "x: r kc[4*pos+8:4*pos+12], w: r kc[pos:pos], out: w kc[-pos+3:0]\n"), "%s", p);
+    free(p);
+    sched_free(s);
+}
+
+/* Footprints of one instruction of each kind, from the formulas of ops.h. */
+static Schedule *fp_sched(void)
+{
+    Schedule *s = sched_new("fp", "cpu", 1);
+    s->shape = (ModelShape){.dim = 64, .hidden_dim = 172, .n_layers = 1, .n_heads = 8, .n_kv_heads = 4,
+                            .head_dim = 8, .vocab_size = 512, .max_seq = 512, .norm_eps = 1e-5};
+    int64_t wq[2] = {64, 64}, kc[3] = {4, 512, 8}, v64[1] = {64}, part[4] = {4, 2, 2, 10};
+    sched_add_buffer(s, "wq", DT_F32, BUF_WEIGHT, 2, wq);
+    sched_add_buffer(s, "x", DT_F32, BUF_SCRATCH, 1, v64);
+    sched_add_buffer(s, "kc", DT_F32, BUF_KV, 3, kc);
+    sched_add_buffer(s, "part", DT_F32, BUF_SCRATCH, 4, part);
+    return s;
+}
+
+static void fp_check(const Access *a, int mode, int64_t lo_c, int64_t lo_k, int64_t hi_c, int64_t hi_k)
+{
+    cr_assert_eq(a->mode, mode);
+    cr_assert(a->lo.c == lo_c && a->lo.k == lo_k && a->hi.c == hi_c && a->hi.k == hi_k,
+              "[%lld+%lld*pos : %lld+%lld*pos]", (long long)a->lo.c, (long long)a->lo.k, (long long)a->hi.c,
+              (long long)a->hi.k);
+}
+
+Test(ops, footprint)
+{
+    Schedule *s = fp_sched();
+    Access in[5] = {{0, ACC_R, {0, 0}, {0, 0}}, {1, ACC_R, {0, 0}, {0, 0}}, {1, ACC_W, {0, 0}, {0, 0}},
+                    {1, ACC_R, {0, 0}, {0, 0}}, {BUF_NONE, 0, {0, 0}, {0, 0}}};
+    sched_op(s, 0, OP_GEMV, (int32_t[]){8, 40, 64, GEMV_ACCUM | GEMV_NORM}, in);
+    Access out[5];
+    const char *why = NULL;
+    cr_assert(op_footprint(s, &s->workers[0].insts[0], out, &why));
+    fp_check(&out[0], ACC_R, 8 * 64, 0, 40 * 64, 0);
+    fp_check(&out[1], ACC_R, 0, 0, 64, 0);
+    fp_check(&out[2], ACC_RW, 8, 0, 40, 0);
+    fp_check(&out[3], ACC_R, 0, 0, 64, 0);
+    cr_assert_eq(out[4].buf, BUF_NONE);
+    cr_assert_eq(out[0].buf, 0);
+
+    Access kv[4] = {{1, 0, {0, 0}, {0, 0}}, {1, 0, {0, 0}, {0, 0}}, {2, 0, {0, 0}, {0, 0}}, {2, 0, {0, 0}, {0, 0}}};
+    sched_op(s, 0, OP_KV_APPEND, (int32_t[]){3}, kv);
+    cr_assert(op_footprint(s, &s->workers[0].insts[1], out, &why));
+    fp_check(&out[2], ACC_W, 3 * 512 * 8, 8, 3 * 512 * 8 + 8, 8);
+    fp_check(&out[0], ACC_R, 24, 0, 32, 0);
+
+    Access at[4] = {{1, 0, {0, 0}, {0, 0}}, {2, 0, {0, 0}, {0, 0}}, {2, 0, {0, 0}, {0, 0}}, {3, 0, {0, 0}, {0, 0}}};
+    sched_op(s, 0, OP_ATTN, (int32_t[]){1, 1, 2, 16}, at);
+    cr_assert(op_footprint(s, &s->workers[0].insts[2], out, &why));
+    fp_check(&out[0], ACC_R, 16, 0, 32, 0);
+    fp_check(&out[1], ACC_R, 4096, 0, 4096 + 8, 8);
+    fp_check(&out[3], ACC_W, 3 * 20, 0, 4 * 20, 0);
+
+    /* invalid params: rows past the weight, kv head out of range */
+    sched_op(s, 0, OP_GEMV, (int32_t[]){0, 65, 64, 0}, in);
+    cr_assert_not(op_footprint(s, &s->workers[0].insts[3], out, &why));
+    cr_assert(strstr(why, "r1"), "%s", why);
+    sched_op(s, 0, OP_KV_APPEND, (int32_t[]){4}, kv);
+    cr_assert_not(op_footprint(s, &s->workers[0].insts[4], out, &why));
+    cr_assert(strstr(why, "kv_heads"), "%s", why);
+    sched_free(s);
+}

@@ -1,0 +1,364 @@
+/*
+ * test_lower.c - lowering a model to a schedule: the text form round-trips
+ * with the same hash, every op's declared accesses equal its footprint, an
+ * abstract execution (round-robin over workers, monotone counters)
+ * completes, small schedules are race free under the happens-before of
+ * program order plus guaranteed signal->wait edges, GEMV bytes are balanced,
+ * and models that cannot be lowered are rejected with an error.
+ */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wcomment" /* model.h's top comment */
+#include "compiler/compile.h"
+#pragma GCC diagnostic pop
+
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static ModelDesc *toy(int dim, int hidden, int layers, int heads, int kv, int hd, int vocab, int seq)
+{
+    ModelDesc *m = calloc(1, sizeof *m);
+    *m = (ModelDesc){.name = "toy", .dim = dim, .hidden_dim = hidden, .n_layers = layers, .n_heads = heads,
+                     .n_kv_heads = kv, .head_dim = hd, .vocab_size = vocab, .max_seq = seq, .norm_eps = 1e-5,
+                     .tie_embeddings = true, .rope_theta = 10000, .act_dtype = DT_F32};
+    return m;
+}
+
+static ModelDesc *stories260k(void)
+{
+    return toy(64, 172, 5, 8, 4, 8, 512, 512);
+}
+
+static Schedule *lower(const ModelDesc *m, const char *target, int workers)
+{
+    Diag d;
+    diag_init(&d);
+    const Target *t = target_lookup(target, &d);
+    cr_assert_not_null(t);
+    Schedule *s = lower_model(m, t, workers, &d);
+    cr_assert_not_null(s, "lowering failed");
+    cr_assert_eq(d.nerrors, 0);
+    return s;
+}
+
+static void check_roundtrip(const Schedule *s)
+{
+    char *t = sched_to_string(s);
+    Diag d;
+    diag_init(&d);
+    Schedule *p = sched_parse("lowered.sched", t, strlen(t), &d);
+    cr_assert_not_null(p, "lowered schedule does not parse");
+    char *t2 = sched_to_string(p);
+    cr_assert(strcmp(t, t2) == 0, "print(parse(print(s))) != print(s)");
+    cr_assert_eq(sched_hash(s), sched_hash(p));
+    free(t);
+    free(t2);
+    sched_free(p);
+}
+
+static bool access_eq(const Access *a, const Access *b)
+{
+    if (a->buf != b->buf)
+        return false;
+    if (a->buf == BUF_NONE)
+        return true;
+    return a->mode == b->mode && a->lo.c == b->lo.c && a->lo.k == b->lo.k && a->hi.c == b->hi.c &&
+           a->hi.k == b->hi.k;
+}
+
+/* Every op's declared accesses equal its footprint and stay in bounds. */
+static void check_footprints(const Schedule *s)
+{
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        for (uint32_t i = 0; i < s->workers[w].ninst; i++) {
+            const Inst *in = &s->workers[w].insts[i];
+            if (in->kind != INST_OP)
+                continue;
+            Access fp[OP_MAX_OPERANDS];
+            const char *why = "";
+            cr_assert(op_footprint(s, in, fp, &why), "worker %u inst %u (%s): %s", w, i, op_info(in->op)->name, why);
+            for (int k = 0; k < in->nacc; k++) {
+                const Access *a = &s->accs[in->acc + (uint32_t)k];
+                cr_assert(access_eq(a, &fp[k]), "worker %u inst %u (%s) operand %s differs from its footprint", w,
+                          i, op_info(in->op)->name, op_info(in->op)->operand[k]);
+                if (a->buf == BUF_NONE)
+                    continue;
+                int64_t S = s->shape.max_seq - 1, n = s->bufs[a->buf].nelem;
+                cr_assert(affine_at(a->lo, 0) >= 0 && affine_at(a->hi, S) <= n && affine_at(a->lo, S) >= 0 &&
+                              affine_at(a->hi, 0) <= n,
+                          "worker %u inst %u: range out of %s", w, i, s->bufs[a->buf].name);
+            }
+        }
+}
+
+/* Round-robin abstract execution with monotone counters. Each op gets a
+ * vector clock (vc[op][w] = how many instructions of worker w happen before
+ * it) when `vcs` is non-NULL: a wait joins the clocks of the signals it is
+ * guaranteed to observe (the other increments cannot reach its threshold). */
+typedef struct Exec {
+    uint32_t **vc;      /* per worker, per instruction: nworkers entries */
+} Exec;
+
+static char exec_msg[512];
+
+/* NULL if the execution completes, else why not. */
+static const char *run_execution(const Schedule *s, Exec *ex)
+{
+    exec_msg[0] = 0;
+    uint32_t W = s->nworkers, nc = s->nctrs;
+    uint64_t *ctr = calloc(nc, sizeof *ctr), *total = calloc(nc, sizeof *total);
+    uint32_t *pc = calloc(W, sizeof *pc);
+    for (uint32_t w = 0; w < W; w++)
+        for (uint32_t i = 0; i < s->workers[w].ninst; i++)
+            if (s->workers[w].insts[i].kind == INST_SIGNAL)
+                total[s->workers[w].insts[i].counter] += s->workers[w].insts[i].amount;
+    uint32_t *cur = ex ? calloc((size_t)W * W, sizeof *cur) : NULL;
+    bool progress = true;
+    while (progress) {
+        progress = false;
+        for (uint32_t w = 0; w < W; w++) {
+            const Worker *wk = &s->workers[w];
+            while (pc[w] < wk->ninst) {
+                const Inst *in = &wk->insts[pc[w]];
+                if (in->kind == INST_WAIT) {
+                    if (in->amount > total[in->counter] && !exec_msg[0])
+                        snprintf(exec_msg, sizeof exec_msg, "wait %s >= %u can never be satisfied",
+                                 s->ctrs[in->counter].name, in->amount);
+                    if (ctr[in->counter] < in->amount)
+                        break;
+                    if (ex) {   /* join guaranteed signals */
+                        for (uint32_t v = 0; v < W; v++)
+                            for (uint32_t j = 0; j < s->workers[v].ninst; j++) {
+                                const Inst *g = &s->workers[v].insts[j];
+                                if (g->kind == INST_SIGNAL && g->counter == in->counter &&
+                                    total[g->counter] - g->amount < in->amount)
+                                    for (uint32_t u = 0; u < W; u++)
+                                        if (ex->vc[v][j * W + u] > cur[w * W + u])
+                                            cur[w * W + u] = ex->vc[v][j * W + u];
+                            }
+                    }
+                }
+                if (in->kind == INST_SIGNAL)
+                    ctr[in->counter] += in->amount;
+                if (ex) {
+                    cur[w * W + w] = pc[w] + 1;
+                    memcpy(&ex->vc[w][pc[w] * W], &cur[w * W], W * sizeof *cur);
+                }
+                pc[w]++;
+                progress = true;
+            }
+        }
+    }
+    for (uint32_t w = 0; w < W && !exec_msg[0]; w++)
+        if (pc[w] != s->workers[w].ninst)
+            snprintf(exec_msg, sizeof exec_msg, "deadlock: worker %u stuck at instruction %u", w, pc[w]);
+    free(ctr);
+    free(total);
+    free(pc);
+    free(cur);
+    return exec_msg[0] ? exec_msg : NULL;
+}
+
+static bool overlap(const Access *a, const Access *b, int64_t pos)
+{
+    return affine_at(a->lo, pos) < affine_at(b->hi, pos) && affine_at(b->lo, pos) < affine_at(a->hi, pos);
+}
+
+/* Two ops of different workers conflict if some access pair overlaps
+ * (at pos 0, 1 or max_seq-1) on one buffer with at least one write. */
+static bool ops_conflict(const Schedule *s, const Inst *x, const Inst *y, const char **buf)
+{
+    int64_t poss[3] = {0, 1, s->shape.max_seq - 1};
+    for (int p = 0; p < x->nacc; p++)
+        for (int q = 0; q < y->nacc; q++) {
+            const Access *u = &s->accs[x->acc + (uint32_t)p], *v = &s->accs[y->acc + (uint32_t)q];
+            if (u->buf == BUF_NONE || u->buf != v->buf || !((u->mode | v->mode) & ACC_W))
+                continue;
+            for (int k = 0; k < 3; k++)
+                if (overlap(u, v, poss[k])) {
+                    *buf = s->bufs[u->buf].name;
+                    return true;
+                }
+        }
+    return false;
+}
+
+/* NULL if every conflicting pair of ops from different workers is ordered
+ * by the vector clocks (or execution fails: then why). */
+static const char *find_race(const Schedule *s)
+{
+    static char msg[512];
+    uint32_t W = s->nworkers;
+    Exec ex = {calloc(W, sizeof *ex.vc)};
+    for (uint32_t w = 0; w < W; w++)
+        ex.vc[w] = calloc((size_t)s->workers[w].ninst * W + 1, sizeof **ex.vc);
+    const char *why = run_execution(s, &ex);
+    for (uint32_t a = 0; a < W && !why; a++)
+        for (uint32_t i = 0; i < s->workers[a].ninst && !why; i++)
+            for (uint32_t b = a + 1; b < W && !why; b++)
+                for (uint32_t j = 0; j < s->workers[b].ninst && !why; j++) {
+                    const Inst *x = &s->workers[a].insts[i], *y = &s->workers[b].insts[j];
+                    const char *buf;
+                    if (x->kind != INST_OP || y->kind != INST_OP || ex.vc[b][j * W + a] >= i + 1 ||
+                        ex.vc[a][i * W + b] >= j + 1 || !ops_conflict(s, x, y, &buf))
+                        continue;
+                    snprintf(msg, sizeof msg, "race on %s: worker %u inst %u (%s) vs worker %u inst %u (%s)", buf, a,
+                             i, op_info(x->op)->name, b, j, op_info(y->op)->name);
+                    why = msg;
+                }
+    for (uint32_t w = 0; w < W; w++)
+        free(ex.vc[w]);
+    free(ex.vc);
+    return why;
+}
+
+static void check_all(const Schedule *s, bool races)
+{
+    check_roundtrip(s);
+    check_footprints(s);
+    const char *why = races ? find_race(s) : run_execution(s, NULL);
+    cr_assert_null(why, "%s", why);
+}
+
+Test(lower, small_models_at_1_2_3_8_workers)
+{
+    ModelDesc *ms[2] = {stories260k(), toy(96, 256, 2, 6, 2, 16, 300, 64)};
+    ms[1]->qkv_bias = true;
+    ms[1]->tie_embeddings = false;
+    ms[1]->rope_pairing = ROPE_HALF;
+    int ws[4] = {1, 2, 3, 8};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) {
+            Schedule *s = lower(ms[i], "cpu", ws[j]);
+            cr_assert_eq(s->nworkers, (uint32_t)ws[j]);
+            check_all(s, true);
+            sched_free(s);
+        }
+    free(ms[0]);
+    free(ms[1]);
+}
+
+/* The checks above can fail: dropping one wait (threshold 0 observes no
+ * signal) makes a race, raising one makes a deadlock. */
+Test(lower, checks_catch_broken_schedules)
+{
+    ModelDesc *m = stories260k();
+    Schedule *s = lower(m, "cpu", 3);
+    Inst *first_wait = NULL;
+    for (uint32_t i = 0; i < s->workers[1].ninst && !first_wait; i++)
+        if (s->workers[1].insts[i].kind == INST_WAIT)
+            first_wait = &s->workers[1].insts[i];
+    cr_assert_not_null(first_wait);
+    uint32_t n = first_wait->amount;
+    first_wait->amount = 0;
+    const char *why = find_race(s);
+    cr_assert(why && strstr(why, "race on"), "%s", why ? why : "no race found");
+    first_wait->amount = n + 1;
+    why = run_execution(s, NULL);
+    cr_assert(why && strstr(why, "can never be satisfied"), "%s", why ? why : "no deadlock found");
+    sched_free(s);
+    free(m);
+}
+
+/* Weight bytes each worker streams in one step (GEMV weights). */
+static void worker_bytes(const Schedule *s, double *out)
+{
+    for (uint32_t w = 0; w < s->nworkers; w++) {
+        out[w] = 0;
+        for (uint32_t i = 0; i < s->workers[w].ninst; i++) {
+            const Inst *in = &s->workers[w].insts[i];
+            if (in->kind == INST_OP && in->op == OP_GEMV)
+                out[w] += (double)(in->p[1] - in->p[0]) * in->p[2] * 4.0;
+        }
+    }
+}
+
+Test(lower, llama_3_1_8b_sm_90)
+{
+    ModelDesc *m = toy(4096, 14336, 32, 32, 8, 128, 128256, 4096);
+    m->name = "llama-3.1-8b";
+    m->tie_embeddings = false;
+    m->rope_pairing = ROPE_HALF;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    Schedule *s = lower(m, "sm_90", 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    uint64_t ninst = 0;
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        ninst += s->workers[w].ninst;
+    cr_log_info("llama-3.1-8b sm_90: %u workers, %llu instructions, %u counters, lowered in %.1f ms", s->nworkers,
+                (unsigned long long)ninst, s->nctrs, ms);
+    cr_assert_eq(s->nworkers, 132);
+    check_all(s, false);
+    double *b = calloc(s->nworkers, sizeof *b), sum = 0, max = 0;
+    worker_bytes(s, b);
+    for (uint32_t w = 0; w < s->nworkers; w++) {
+        sum += b[w];
+        max = b[w] > max ? b[w] : max;
+    }
+    double all = 0;
+    for (uint32_t i = 0; i < s->nbufs; i++)
+        if (s->bufs[i].cls == BUF_WEIGHT && s->bufs[i].rank == 2)
+            all += (double)s->bufs[i].nelem * 4.0 - (strcmp(s->bufs[i].name, "embed") == 0 ? (double)s->bufs[i].nelem * 4.0 : 0);
+    cr_assert_float_eq(sum, all, 1.0, "every matrix but embed is streamed once: %.0f vs %.0f", sum, all);
+    cr_assert_lt(max / (sum / s->nworkers), 1.03, "worker bytes unbalanced: max/mean = %.3f", max / (sum / s->nworkers));
+    free(b);
+    sched_free(s);
+    free(m);
+}
+
+Test(lower, many_workers_race_free)
+{
+    ModelDesc *m = stories260k();
+    Schedule *s = lower(m, "sm_90", 0);
+    cr_assert_eq(s->nworkers, 132);
+    check_all(s, true);
+    sched_free(s);
+    free(m);
+}
+
+Test(lower, stage_structure)
+{
+    ModelDesc *m = stories260k();
+    Schedule *s = lower(m, "cpu", 8);
+    /* embed, lm, and per layer qkv comb o ffn down + kv.h and attn.h for 4 kv heads (nsplit 2) */
+    cr_assert_eq(s->nctrs, 2 + 5 * (5 + 2 * 4));
+    cr_assert_geq(sched_find_counter(s, "attn.4.3"), 0);
+    cr_assert_geq(sched_find_buffer(s, "rope"), 0);
+    cr_assert_eq(sched_find_buffer(s, "lm_head"), -1, "tied model: the LM head reads embed");
+    int64_t part = sched_find_buffer(s, "part");
+    cr_assert_eq(s->bufs[part].shape[1], 2);
+    sched_layout(s);
+    cr_assert_eq(s->bufs[0].offset, 0);
+    for (uint32_t i = 0; i < s->nbufs; i++)
+        cr_assert_eq(s->bufs[i].offset % 64, 0);
+    cr_assert_geq(s->weights_bytes, 4ull * 512 * 64);
+    sched_free(s);
+    free(m);
+}
+
+static void expect_reject(ModelDesc *m, const char *what)
+{
+    char buf[1024] = {0};
+    Diag d;
+    diag_init(&d);
+    d.out = fmemopen(buf, sizeof buf, "w");
+    Schedule *s = lower_model(m, target_lookup("cpu", &d), 2, &d);
+    fclose(d.out);
+    cr_assert_null(s);
+    cr_assert_geq(d.nerrors, 1);
+    cr_assert(strstr(buf, what), "%s", buf);
+    free(m);
+}
+
+Test(lower, rejects_unsupported_models)
+{
+    expect_reject(toy(63, 172, 1, 9, 3, 7, 512, 64), "head_dim 7 is odd");
+    expect_reject(toy(64, 172, 1, 8, 3, 8, 512, 64), "must divide n_heads");
+    expect_reject(toy(64, 0, 1, 8, 4, 8, 512, 64), "hidden_dim must be positive");
+    ModelDesc *m = stories260k();
+    m->attn[2].kind = ATTN_SINK_WINDOW;
+    expect_reject(m, "not supported yet: sparse attention");
+}
