@@ -374,7 +374,7 @@ static void op_run(const MegacArgs *a, const int64_t *in)
 /* ---- synchronization ---- */
 
 #define WAIT_SPIN_BATCH 64      /* pauses between deadline checks */
-#define WAIT_YIELD_AFTER 256    /* batches of pure spinning before yielding */
+#define WAIT_YIELD_AFTER 8      /* batches of pure spinning before yielding */
 #define WAIT_DEFAULT_NS 2000000000ull
 
 static uint64_t now_ns(void)
