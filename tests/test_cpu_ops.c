@@ -965,3 +965,55 @@ Test(cpu_ops, compiles_smollm2_135m_shape, .timeout = 120)
     rmdir(dir);
     sched_free(s);
 }
+
+/* A whole decode step of a SmolLM2-135M-shaped model (f32, random weights,
+ * context cut to 1024): step time and weight bytes read per second. */
+Test(cpu_ops, decode_step_bandwidth, .timeout = 300)
+{
+    if (!getenv("MEGAC_CPU_BENCH"))
+        cr_skip_test("set MEGAC_CPU_BENCH=1 to measure a whole decode step");
+    int nw = getenv("MEGAC_CPU_WORKERS") ? atoi(getenv("MEGAC_CPU_WORKERS")) : 2;
+    ModelDesc m = toy_model(576, 1536, 30, 9, 3, 64, 49152, 1024, ROPE_HALF);
+    Kern k;
+    kern_build(&k, lower_for_cpu(&m, nw));
+    toy_weights(&k, &m);
+    *(int32_t *)buf(&k, (uint32_t)sched_find_buffer(k.s, "tok")) = 1;
+    double best = 1e9, total = 0;
+    int steps = 40;
+    for (int pos = 0; pos < steps; pos++) {
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        kern_step(&k, pos, 0);
+        double dt = elapsed_s(t0);
+        cr_assert_eq(k.abort_info.flag, 0);
+        if (pos >= 4) {
+            best = dt < best ? dt : best;
+            total += dt;
+        }
+    }
+    double gb = (double)k.s->weights_bytes / 1e9;
+    fprintf(stderr, "SmolLM2-135M shape f32, %d workers: %.2f GB weights, best %.2f ms/step = %.1f GB/s, mean %.1f GB/s\n",
+            nw, gb, best * 1e3, gb / best, gb * (steps - 4) / total);
+    kern_free(&k);
+}
+
+/* Params an op body could not run with are refused at compile time. */
+Test(cpu_ops, bad_params_are_errors)
+{
+    Schedule *s = sched_new("badparams", "cpu", 1);
+    s->shape = op_shape(0);
+    uint32_t q = add_buf(s, "q", BUF_SCRATCH, NH * HD), kc = add_buf(s, "kc", BUF_KV, NKV * SEQ * HD);
+    uint32_t vc = add_buf(s, "vc", BUF_KV, NKV * SEQ * HD), part = add_buf(s, "part", BUF_SCRATCH, 1024);
+    add_op(s, 0, OP_ATTN, (int32_t[]){0, 0, 1, 0}, (uint32_t[]){q, kc, vc, part});
+    sched_layout(s);
+    char out[1024] = {0};
+    FILE *f = fmemopen(out, sizeof out, "w");
+    Diag d;
+    diag_init(&d);
+    d.out = f;
+    cr_assert_not(cg_cpu_compile(s, NULL, "/tmp/megac_cpu_never.so", &d));
+    fclose(f);
+    cr_assert_eq(d.nerrors, 1);
+    cr_assert(strstr(out, "error: attn: attn needs nsplit > 0, 0 <= s < nsplit and block > 0"), "%s", out);
+    sched_free(s);
+}
