@@ -175,19 +175,16 @@ static bool st_header_parse(StFile *sf, Doc *doc, Arena *a, Diag *d)
     }
     const DocNode *r = doc->root;
     sf->e = ARENA_ARRAY(a, StEntry, r->n);
-    bool ok = true;
     for (int i = 0; i < r->n; i++) {
         if (strcmp(r->keys[i]->str, "__metadata__") == 0)
             continue;
         StEntry *e = &sf->e[sf->ne];
-        if (st_entry_parse(sf, r->keys[i], r->items[i], e, d)) {
-            e->name = arena_strdup(a, e->name);
-            sf->ne++;
-        } else {
-            ok = false;
-        }
+        if (!st_entry_parse(sf, r->keys[i], r->items[i], e, d))
+            return false; /* one error per file: a truncated one would list every later tensor */
+        e->name = arena_strdup(a, e->name);
+        sf->ne++;
     }
-    return ok && st_overlap_check(sf, d);
+    return st_overlap_check(sf, d);
 }
 
 /* header := u64le N, N bytes of JSON; data follows. */

@@ -7,7 +7,8 @@
  * Weights.arena, then hands the slots to the format's loader
  * (load_llama2c.c, load_safetensors.c, load_gguf.c) or to the synthetic
  * generator (synthetic.c). Loaders check every source shape against its
- * slot and report errors as "path: error: tensor 'name': ...".
+ * slot and report errors as "path: error: tensor 'name': ..."; loading
+ * stops at the first bad tensor so that one mistake gives one error.
  *
  * Also here: the read-only file mapping and the f16/bf16 -> f32 conversion
  * the loaders share, and weights_tensor, the lookup by schedule buffer name.
@@ -322,12 +323,12 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d)
     int n;
     const WSlot *slots = weights_slots(w, &a, &n);
     bool ok = true;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && ok; i++) { /* stops at the first bad tensor: one error, not a cascade */
         char *name = src->name(&a, &slots[i]);
         int r = src->fetch(src->ctx, name, &slots[i], slots[i].dst, d);
         if (r == 0)
             diag_file_error(d, src->path, "tensor '%s' is missing", name);
-        ok = ok && r > 0;
+        ok = r > 0;
     }
     ok = ok && weights_extra_check(w, src, &a, d);
     arena_free(&a);

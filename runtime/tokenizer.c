@@ -295,7 +295,8 @@ static size_t tok_mhash_slot(const Tokenizer *t, int a, int b)
 /* Sorts merges by rank and indexes them by pair (the first rank wins). */
 static bool tok_merges_index(Tokenizer *t)
 {
-    qsort(t->merges, (size_t)t->nmerges, sizeof *t->merges, tok_merge_cmp);
+    if (t->nmerges > 1)
+        qsort(t->merges, (size_t)t->nmerges, sizeof *t->merges, tok_merge_cmp);
     size_t cap = 16;
     while (cap < (size_t)t->nmerges * 2)
         cap <<= 1;

@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define SHARED MEGAC_SRC "/../shared"
@@ -204,6 +205,12 @@ static void expect_error(const ModelDesc *m, const char *want)
     cr_assert_not(load_capture(&w, m, err, sizeof err), "loaded, expected: %s", want);
     cr_assert_not_null(strstr(err, want), "expected '%s' in:\n%s", want, err);
     cr_assert_not_null(strstr(err, m->weights_path ? m->weights_path : "tiny.yaml"), "no path in: %s", err);
+    int nerr = 0;
+    for (const char *p = err; (p = strstr(p, "error: ")); p++)
+        nerr++;
+    cr_assert_eq(nerr, 1, "expected one error, got:\n%s", err);
+    if (getenv("MEGAC_SHOW_ERRORS"))
+        fputs(err, stderr);
 }
 
 Test(weights, llama2c_bad_inputs)
@@ -453,4 +460,266 @@ Test(weights, gguf_metadata)
     cr_assert_null(gguf_find_tensor(g, "blk.2.ffn_down.weight"));
     cr_assert_eq(d.nerrors, 0);
     gguf_close(g);
+}
+
+/* ---- malformed safetensors, built from the fixture ---- */
+
+typedef struct {
+    char *header;           /* NUL-terminated JSON */
+    unsigned char *data;
+    size_t ndata;
+} StParts;
+
+static StParts st_split(const char *path)
+{
+    size_t n;
+    unsigned char *raw = read_bytes(path, &n);
+    uint64_t h;
+    memcpy(&h, raw, 8);
+    StParts p = {xstrndup((char *)raw + 8, h), xmalloc(n - 8 - h + 1), n - 8 - h};
+    memcpy(p.data, raw + 8 + h, p.ndata);
+    free(raw);
+    return p;
+}
+
+static char *st_write(const char *name, const char *header, const unsigned char *data, size_t ndata)
+{
+    char *path = tmp_path(name);
+    uint64_t h = strlen(header);
+    unsigned char *buf = xmalloc(8 + h + ndata);
+    memcpy(buf, &h, 8);
+    memcpy(buf + 8, header, h);
+    memcpy(buf + 8 + h, data, ndata);
+    write_bytes(path, buf, 8 + h + ndata);
+    free(buf);
+    return path;
+}
+
+/* header with the first `from` after `anchor` replaced by `to` */
+static char *str_patch(const char *s, const char *anchor, const char *from, const char *to)
+{
+    const char *a = strstr(s, anchor);
+    cr_assert_not_null(a, "no '%s'", anchor);
+    const char *f = strstr(a, from);
+    cr_assert_not_null(f, "no '%s' after '%s'", from, anchor);
+    return xasprintf("%.*s%s%s", (int)(f - s), s, to, f + strlen(from));
+}
+
+/* the "[b,e]" data_offsets text of tensor `name` */
+static char *st_offsets(const char *header, const char *name)
+{
+    char *key = xasprintf("\"%s\":{", name);
+    const char *o = strstr(strstr(header, key), "\"data_offsets\":[");
+    const char *e = strchr(o, ']');
+    free(key);
+    o += strlen("\"data_offsets\":");
+    return xstrndup(o, (size_t)(e - o + 1));
+}
+
+static void st_expect(const char *file, const char *header, const StParts *p, const char *want)
+{
+    char *path = st_write(file, header, p->data, p->ndata);
+    ModelDesc m;
+    desc_st(&m, path);
+    expect_error(&m, want);
+    free(path);
+}
+
+Test(weights, safetensors_bad_inputs)
+{
+    skip_without_fixtures();
+    StParts p = st_split(FIXTURES "/tiny.safetensors");
+    const char *norm = "\"model.norm.weight\":{";
+    char *h, *o, *o2;
+
+    h = str_patch(p.header, "\"dtype\":\"F16\"", "F16", "Q9");
+    st_expect("dtype.st", h, &p, "unknown dtype 'Q9'");
+    free(h);
+
+    h = str_patch(p.header, norm, "\"F32\"", "\"I32\"");
+    st_expect("i32.st", h, &p, "tensor 'model.norm.weight': dtype I32 is not supported");
+    free(h);
+
+    o = st_offsets(p.header, "model.norm.weight");
+    h = str_patch(p.header, norm, o, "[16000,16064]");
+    st_expect("range.st", h, &p, "tensor 'model.norm.weight': data_offsets [16000, 16064] run past the end");
+    free(h);
+    h = str_patch(p.header, norm, o, "[0,60]");
+    st_expect("size.st", h, &p, "tensor 'model.norm.weight': data_offsets span 60 bytes, but F32 of that shape needs 64");
+    free(h);
+
+    o2 = st_offsets(p.header, "model.layers.0.input_layernorm.weight");
+    h = str_patch(p.header, norm, o, o2);
+    st_expect("overlap.st", h, &p, "overlap tensor");
+    free(h);
+    free(o);
+    free(o2);
+
+    h = str_patch(p.header, norm, "\"shape\":[16]", "\"shape\":[4,4]");
+    st_expect("shape.st", h, &p, "tensor 'model.norm.weight': shape [4, 4] does not match the model (expected [16])");
+    free(h);
+    h = str_patch(p.header, "\"model.layers.1.self_attn.q_proj.weight\":{", "\"shape\":[16,16]", "\"shape\":[8,32]");
+    st_expect("shape2.st", h, &p,
+              "tensor 'model.layers.1.self_attn.q_proj.weight': shape [8, 32] does not match the model (expected [16, 16])");
+    free(h);
+
+    h = str_patch(p.header, "", "\"model.norm.weight\"", "\"model.norm.weigXt\"");
+    st_expect("missing.st", h, &p, "tensor 'model.norm.weight' is missing");
+    free(h);
+
+    st_expect("json.st", "{\"a\": [1, 2", &p, "while parsing a flow sequence");
+
+    /* truncated data, header length past the end, file shorter than 8 */
+    char *path = st_write("trunc.st", p.header, p.data, p.ndata - 100);
+    ModelDesc m;
+    desc_st(&m, path);
+    expect_error(&m, "run past the end of the data section");
+    free(path);
+    path = tmp_path("hlen.st");
+    uint64_t big = 1 << 20;
+    write_bytes(path, &big, 8);
+    desc_st(&m, path);
+    expect_error(&m, "header length 1048576 runs past the end of the file (8 bytes)");
+    write_bytes(path, &big, 5);
+    expect_error(&m, "file is truncated: 5 bytes");
+    free(path);
+
+    /* the description disagrees with the file */
+    desc_st(&m, FIXTURES "/tiny.safetensors");
+    m.qkv_bias = false;
+    expect_error(&m, "says qkv_bias: false");
+    desc_st(&m, FIXTURES "/tiny.safetensors");
+    m.tie_embeddings = true;
+    expect_error(&m, "tensor 'lm_head.weight': the file has a separate classifier");
+    desc_st(&m, FIXTURES "/tiny.safetensors");
+    m.rope_pairing = ROPE_ADJACENT;
+    expect_error(&m, "RoPE pairing 'half'");
+    desc_st(&m, FIXTURES "/tiny.safetensors");
+    m.n_layers = 3;
+    expect_error(&m, "tensor 'model.layers.2.input_layernorm.weight' is missing");
+    desc_st(&m, FIXTURES);
+    expect_error(&m, "no model.safetensors or model.safetensors.index.json");
+    free(p.header);
+    free(p.data);
+}
+
+Test(weights, safetensors_bad_index)
+{
+    skip_without_fixtures();
+    size_t n;
+    char *idx = (char *)read_bytes(FIXTURES "/sharded/model.safetensors.index.json", &n);
+    char *dir = tmp_path("shards");
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    /* shard 1 copied, shard 2 absent: its tensors' file cannot be opened */
+    size_t ns;
+    unsigned char *s1 = read_bytes(FIXTURES "/sharded/model-00001-of-00002.safetensors", &ns);
+    char *p1 = xasprintf("%s/model-00001-of-00002.safetensors", dir);
+    write_bytes(p1, s1, ns);
+    char *pi = xasprintf("%s/model.safetensors.index.json", dir);
+    write_bytes(pi, idx, n);
+    ModelDesc m;
+    desc_sharded(&m, dir);
+    expect_error(&m, "model-00002-of-00002.safetensors: error: cannot open weights file");
+    /* the index points a tensor at a shard that does not hold it */
+    unsigned char *s2 = read_bytes(FIXTURES "/sharded/model-00002-of-00002.safetensors", &ns);
+    char *p2 = xasprintf("%s/model-00002-of-00002.safetensors", dir);
+    write_bytes(p2, s2, ns);
+    free(s2);
+    free(p2);
+    char *moved = str_patch(idx, "\"model.norm.weight\"", "model-00002", "model-00001");
+    write_bytes(pi, moved, strlen(moved));
+    expect_error(&m, "tensor 'model.norm.weight' is missing (the index says it is in this file)");
+    write_bytes(pi, "{\"metadata\": {}}", 16);
+    expect_error(&m, "expected a \"weight_map\" object");
+    free(moved);
+    free(pi);
+    free(p1);
+    free(s1);
+    free(dir);
+    free(idx);
+}
+
+/* ---- malformed GGUF, patched from the fixture ---- */
+
+/* Offset of the bytes right after tensor `name`'s name in its info. */
+static size_t gguf_info_at(const unsigned char *raw, size_t n, const char *name)
+{
+    size_t k = strlen(name);
+    for (size_t i = 8; i + k <= n; i++)
+        if (memcmp(raw + i, name, k) == 0 && raw[i - 8] == k && raw[i + k] < 8)
+            return i + k;
+    cr_assert_fail("tensor info '%s' not found", name);
+    return 0;
+}
+
+static void gguf_expect(const char *file, const unsigned char *raw, size_t n, const char *want)
+{
+    char *path = tmp_path(file);
+    write_bytes(path, raw, n);
+    ModelDesc m;
+    desc_gguf(&m, path);
+    expect_error(&m, want);
+    free(path);
+}
+
+Test(weights, gguf_bad_inputs)
+{
+    skip_without_fixtures();
+    size_t n;
+    unsigned char *raw = read_bytes(FIXTURES "/tiny.gguf", &n);
+    unsigned char *b = xmalloc(n);
+    uint32_t u32;
+    uint64_t u64;
+
+    memcpy(b, raw, n);
+    b[0] = 'X';
+    gguf_expect("magic.gguf", b, n, "not a GGUF file (bad magic)");
+    memcpy(b, raw, n);
+    b[4] = 4;
+    gguf_expect("version.gguf", b, n, "GGUF version 4 is not supported");
+    gguf_expect("cut.gguf", raw, 300, "file is truncated");
+    gguf_expect("short.gguf", raw, 3000, "runs past the end of the file");
+    gguf_expect("empty.gguf", raw, 0, "bad magic");
+
+    size_t q = gguf_info_at(raw, n, "blk.0.attn_q.weight"); /* u32 ndim, u64 dims[2], u32 type, u64 off */
+    memcpy(b, raw, n);
+    u64 = 16;
+    memcpy(b + q + 4 + 8, &u64, 8);
+    gguf_expect("shape.gguf", b, n, "tensor 'blk.0.attn_q.weight': shape [16, 32] does not match the model (expected [32, 32])");
+    memcpy(b, raw, n);
+    u32 = 20; /* IQ4_NL: same block size as Q4_0 */
+    memcpy(b + q + 20, &u32, 4);
+    gguf_expect("type.gguf", b, n, "tensor 'blk.0.attn_q.weight': type IQ4_NL (20) is not supported");
+    memcpy(b, raw, n);
+    u32 = 99;
+    memcpy(b + q + 20, &u32, 4);
+    gguf_expect("type99.gguf", b, n, "type unknown (99) is not supported");
+    memcpy(b, raw, n);
+    u64 = 1 << 30;
+    memcpy(b + q + 24, &u64, 8);
+    gguf_expect("offset.gguf", b, n, "tensor 'blk.0.attn_q.weight': data at offset 1073741824 (576 bytes) runs past the end");
+    memcpy(b, raw, n);
+    memcpy(&u64, b + q + 24, 8);
+    u64 += 1;
+    memcpy(b + q + 24, &u64, 8);
+    gguf_expect("align.gguf", b, n, "is not aligned");
+
+    size_t a = gguf_info_at(raw, n, "blk.0.attn_norm.weight"), o = gguf_info_at(raw, n, "output_norm.weight");
+    memcpy(b, raw, n);
+    memcpy(b + o + 4 + 8 + 4, raw + a + 4 + 8 + 4, 8); /* output_norm at attn_norm's offset */
+    gguf_expect("overlap.gguf", b, n, "data overlaps tensor");
+
+    memcpy(b, raw, n);
+    memcpy(b + gguf_info_at(raw, n, "blk.1.ffn_up.weight") - 6, "uq", 2);
+    gguf_expect("missing.gguf", b, n, "tensor 'blk.1.ffn_up.weight' is missing");
+
+    ModelDesc m;
+    desc_gguf(&m, FIXTURES "/tiny.gguf");
+    m.n_kv_heads = 4;
+    expect_error(&m, "key 'llama.attention.head_count_kv' is 2, but the model description says 4");
+    desc_gguf(&m, FIXTURES "/tiny.gguf");
+    m.rope_pairing = ROPE_HALF;
+    expect_error(&m, "RoPE pairing 'adjacent'");
+    free(b);
+    free(raw);
 }
