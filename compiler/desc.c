@@ -924,6 +924,18 @@ static void desc_quant(Ctx *c, const DocNode *q)
     }
 }
 
+/* Reads decimal digits at p (at least one, value at most INT_MAX); returns
+ * the end, or NULL. */
+static const char *range_number(const char *p, long *v)
+{
+    if (*p < '0' || *p > '9')
+        return NULL;
+    for (*v = 0; *p >= '0' && *p <= '9'; p++)
+        if ((*v = *v * 10 + (*p - '0')) > INT_MAX)
+            return NULL;
+    return p;
+}
+
 /* RANGE := all | N | N- | N-M (layers N..M inclusive; N- is N..last).
  * Sets [*lo, *hi] within 0..nl-1, or reports why not. */
 static bool range_parse(Ctx *c, const DocNode *n, const char *what, int nl, int *lo, int *hi)
@@ -935,16 +947,14 @@ static bool range_parse(Ctx *c, const DocNode *n, const char *what, int nl, int 
         *lo = 0, *hi = nl - 1;
         return true;
     }
-    char *end;
-    long a = strtol(s, &end, 10), b = a;
-    bool ok = end != s && s[0] >= '0' && s[0] <= '9' && a <= INT_MAX;
-    if (ok && *end == '-') {
-        const char *t = end + 1;
-        b = *t ? strtol(t, &end, 10) : nl - 1;
-        ok = !*t || (end != t && t[0] >= '0' && t[0] <= '9' && b <= INT_MAX);
-        end = *t ? end : (char *)t;
-    }
-    if (!ok || *end) {
+    long a = 0, b;
+    const char *p = range_number(s, &a);
+    b = a;
+    if (p && p[0] == '-' && p[1])
+        p = range_number(p + 1, &b);
+    else if (p && p[0] == '-')
+        b = nl - 1, p++;
+    if (!p || *p) {
         ctx_error(c, n, "bad layer range '%s' (expected N, N-M, N- or all)", s);
         return false;
     }
@@ -1315,8 +1325,8 @@ bool desc_parse(ModelDesc *m, Arena *a, const char *path, const char *text, size
         diag_error(d, &doc.src, 0, 0, "empty model description");
     for (int i = 0; parsed && doc.root && i < nov; i++)
         override_apply(&c, &ods[i], &ov[i]);
-    if (parsed && doc.root && doc.root->kind == DOC_MAP && d->nerrors == errors0)
-        desc_walk(&c, &cfg);
+    if (parsed && doc.root)
+        desc_walk(&c, &cfg);    /* a failed override left the tree intact */
     if (d->nerrors == errors0)
         check_run(m, &c, d);
     for (int i = 0; i < nov; i++)
@@ -1389,6 +1399,10 @@ static void print_params(FILE *out, const char *const *names, const int *vals, i
 static void print_layers(const ModelDesc *m, FILE *out)
 {
     int nl = m->n_layers < MODEL_MAX_LAYERS ? m->n_layers : MODEL_MAX_LAYERS;
+    if (nl <= 0) {
+        fputs("  attention: []\n  kv_policy: []\n", out);
+        return;
+    }
     fputs("  attention:\n", out);
     for (int lo = 0, hi; lo < nl; lo = hi + 1) {
         for (hi = lo; hi + 1 < nl && !memcmp(&m->attn[hi + 1], &m->attn[lo], sizeof m->attn[lo]); hi++) {

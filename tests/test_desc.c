@@ -718,3 +718,32 @@ Test(desc, print_reads_back)
     roundtrip("llama-3.2-1b.yaml");
     roundtrip("qwen2.5-0.5b.yaml");
 }
+
+Test(desc, from_checkpoint_fixture)
+{
+    ModelDesc m;
+    Arena a = {0};
+    const char *text = "name: t\narch: {from-checkpoint: tiny-header.bin, max_seq: 64}\nweights: {format: synthetic}\n";
+    cr_assert(parse(&m, &a, FIXTURES "/t.yaml", text, NULL, 0, NULL), "%s", errs);
+    cr_assert_eq(m.dim, 64);
+    cr_assert_eq(m.hidden_dim, 176);
+    cr_assert_eq(m.n_layers, 2);
+    cr_assert_eq(m.n_kv_heads, 2);
+    cr_assert_eq(m.vocab_size, 300);
+    cr_assert_not(m.tie_embeddings, "negative vocab: unshared classifier");
+    cr_assert_eq(m.max_seq, 64, "a key beside from-checkpoint overrides it");
+    cr_assert_eq(m.rope_pairing, ROPE_ADJACENT);
+    arena_free(&a);
+}
+
+Test(desc, errors_from_file_and_overrides_collected)
+{
+    DescOverride ov[] = {{"workerz", "4"}};
+    expect_errors("name: x\nweights: {format: synthetic}\nnorm_eps: tiny\n" ARCH, ov, 1,
+                  "<command line>:1:1: error: unknown key 'workerz' in --set; did you mean 'workers'?\n"
+                  "    1 | workerz=4\n"
+                  "      | ^\n"
+                  "models/x.yaml:3:11: error: expected a number for 'norm_eps', found 'tiny'\n"
+                  "    3 | norm_eps: tiny\n"
+                  "      |           ^\n");
+}
