@@ -370,7 +370,7 @@ int run_reference(const RunOptions *o)
 
 /* ---- the command ---- */
 
-static void run_options_free(RunOptions *o)
+void run_options_free(RunOptions *o)
 {
     for (int i = 0; i < o->nsets; i++)
         free((char *)o->sets[i].key);

@@ -78,6 +78,7 @@ Test(run_options, values_and_defaults)
     cr_assert_str_eq(o.sets[0].value, "w8a16");
     cr_assert_str_eq(o.sets[1].key, "workers");
     cr_assert_str_eq(o.sets[1].value, "3");
+    run_options_free(&o);
 }
 
 Test(run_options, bundle_defaults_to_cpu)
