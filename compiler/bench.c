@@ -5,13 +5,14 @@
  * timed over `ntok` tokens after a BOS step, each step fed the kernel's own
  * argmax (what greedy generation does, minus detokenization).
  *
- * Read ceiling: the best read bandwidth plain code reaches on this machine
- * right now. A buffer several times the last-level cache is touched first
- * (so page faults are not timed), then every CPU runs one thread over its
- * own slice, reading `streams` sequential streams interleaved one cache line
- * at a time (what hardware prefetchers like, and what a GEMV over several
- * rows looks like); each pass is timed from a common start to the last
- * thread's finish, and the median pass is reported.
+ * Read ceiling: the read bandwidth plain code reaches on this machine right
+ * now. A buffer several times the last-level cache is touched first (so
+ * page faults are not timed), then in each pass every CPU runs one thread
+ * over its own slice, reading `streams` sequential streams interleaved one
+ * cache line at a time (what hardware prefetchers like, and what a GEMV over
+ * several rows looks like); a pass is timed from a common start to the last
+ * thread's finish. The caller interleaves passes with decode runs, so both
+ * see the same machine (other load, frequency).
  */
 #include "compiler/bench.h"
 
@@ -120,7 +121,13 @@ static size_t ceiling_buffer_bytes(void)
     return want;
 }
 
-double bench_read_ceiling_gbps(size_t bytes, int threads, int streams, int passes)
+struct BenchCeiling {
+    v2u64 *buf;
+    size_t len;                 /* bytes mapped */
+    int threads, streams;
+};
+
+BenchCeiling *bench_ceiling_new(size_t bytes, int threads, int streams)
 {
     if (threads <= 0)
         threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -128,27 +135,44 @@ double bench_read_ceiling_gbps(size_t bytes, int threads, int streams, int passe
         threads = 1;
     if (bytes == 0)
         bytes = ceiling_buffer_bytes();
-    size_t nvec = bytes / sizeof(v2u64);
-    if (passes < 1 || passes > 64 || streams < 1)
-        return -1;
-    size_t len = nvec * sizeof(v2u64);
-    void *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (buf == MAP_FAILED)
-        return -1;
-    madvise(buf, len, MADV_HUGEPAGE);   /* fewer faults and TLB misses; advisory */
-    memset(buf, 1, len);
-    double gbps[64];
-    size_t per_thread = nvec / (size_t)threads / (size_t)streams / 4 * 4 * (size_t)streams;
-    double read = (double)(per_thread * (size_t)threads * sizeof(v2u64));
-    int ok = 0;
-    read_pass(buf, nvec, threads, streams);     /* warm-up */
-    for (int p = 0; p < passes; p++) {
-        double s = read_pass(buf, nvec, threads, streams);
-        if (s > 0)
-            gbps[ok++] = read / s / 1e9;
+    if (streams < 1 || bytes < (size_t)threads * (size_t)streams * 64)
+        return NULL;
+    BenchCeiling *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->len = bytes / sizeof(v2u64) * sizeof(v2u64);
+    c->threads = threads;
+    c->streams = streams;
+    void *buf = mmap(NULL, c->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED) {
+        free(c);
+        return NULL;
     }
-    munmap(buf, len);
-    return ok == passes ? bench_median(gbps, ok) : -1;
+    madvise(buf, c->len, MADV_HUGEPAGE);    /* fewer faults and TLB misses; advisory */
+    memset(buf, 1, c->len);
+    c->buf = buf;
+    read_pass(c->buf, c->len / sizeof(v2u64), threads, streams);     /* warm-up */
+    return c;
+}
+
+double bench_ceiling_pass(BenchCeiling *c)
+{
+    size_t nvec = c->len / sizeof(v2u64);
+    size_t per_thread = nvec / (size_t)c->threads / (size_t)c->streams / 4 * 4 * (size_t)c->streams;
+    double read = (double)(per_thread * (size_t)c->threads * sizeof(v2u64));
+    double s = read_pass(c->buf, nvec, c->threads, c->streams);
+    return s > 0 ? read / s / 1e9 : -1;
+}
+
+int bench_ceiling_threads(const BenchCeiling *c) { return c->threads; }
+size_t bench_ceiling_bytes(const BenchCeiling *c) { return c->len; }
+
+void bench_ceiling_free(BenchCeiling *c)
+{
+    if (!c)
+        return;
+    munmap(c->buf, c->len);
+    free(c);
 }
 
 double bench_decode_tok_s(megac_model *m, int ntok)

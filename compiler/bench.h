@@ -10,12 +10,18 @@
 
 #include <stddef.h>
 
-/* Read bandwidth of this machine in GB/s (1e9 bytes/s): `threads` threads
- * (0 = all online CPUs), each reading its slice of a buffer of `bytes`
- * (0 = much larger than the last-level cache) as `streams` interleaved
- * sequential streams; the median of `passes` passes. Returns a negative
- * value if the buffer cannot be allocated or a thread cannot start. */
-double bench_read_ceiling_gbps(size_t bytes, int threads, int streams, int passes);
+/* The read-bandwidth probe: a buffer of `bytes` (0 = several times the
+ * last-level cache), touched, and `threads` threads (0 = all online CPUs)
+ * that each read their slice as `streams` interleaved sequential streams.
+ * NULL if memory or arguments do not allow it. */
+typedef struct BenchCeiling BenchCeiling;
+BenchCeiling *bench_ceiling_new(size_t bytes, int threads, int streams);
+/* One timed pass over the whole buffer: GB/s (1e9 bytes/s), or negative
+ * if a thread could not start. */
+double bench_ceiling_pass(BenchCeiling *c);
+int bench_ceiling_threads(const BenchCeiling *c);
+size_t bench_ceiling_bytes(const BenchCeiling *c);
+void bench_ceiling_free(BenchCeiling *c);
 
 /* Decodes `ntok` greedy tokens after BOS (the model's own argmax fed back)
  * and returns the decode rate in tokens/s, or a negative value with the

@@ -254,9 +254,9 @@ bool bundle_write(const char *dir, const ModelDesc *m, const Weights *w, const T
         diag_file_error(d, dir, "cannot create the bundle folder: %s", strerror(errno));
         return false;
     }
-    if (tok_vocab(t) != m->vocab_size) {
-        diag_file_error(d, m->path, "the tokenizer has %d tokens, the model's vocabulary %d", tok_vocab(t),
-                        m->vocab_size);
+    if (tok_vocab(t) > m->vocab_size) {
+        diag_file_error(d, m->path, "the tokenizer has %d tokens, more than the model's vocabulary of %d",
+                        tok_vocab(t), m->vocab_size);
         return false;
     }
     char *manifest = xasprintf("%s/manifest.yaml", dir);

@@ -13,11 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define BENCH_MAX_RUNS 64
 #define BENCH_STREAMS 4
-#define BENCH_PASSES 5
 
 typedef struct {
     const char *bundle;
@@ -32,11 +30,11 @@ static void bench_usage(FILE *out)
             "Decodes TOKENS greedy tokens (default 128) R times (default 5) and reports\n"
             "the median decode rate and its spread, the weight bytes read per token,\n"
             "the effective bandwidth, and a read-bandwidth ceiling measured in the same\n"
-            "run (all CPUs, %d sequential streams per thread, a buffer several times the\n"
-            "last-level cache unless --ceiling-mb says otherwise, median of %d passes).\n"
-            "The last line is\n"
+            "run: one pass after each decode run, all CPUs, %d sequential streams per\n"
+            "thread, over a buffer several times the last-level cache (or --ceiling-mb),\n"
+            "median of the R passes. The last line is\n"
             "  tok_s=... gbps=... ceiling_gbps=... ratio=...\n",
-            BENCH_STREAMS, BENCH_PASSES);
+            BENCH_STREAMS);
 }
 
 /* A positive int option value, or -1. */
@@ -89,15 +87,53 @@ static unsigned long long bench_read_bytes(const char *bundle)
     return v;
 }
 
-/* Runs the decode `runs` times; fills rates; false on a runtime error. */
-static bool bench_decode_runs(megac_model *m, const BenchOptions *o, double *rates)
+/* Min, median and max of n values (sorts v). */
+static void spread(double *v, int n, double *lo, double *med, double *hi)
 {
-    if (bench_decode_tok_s(m, o->ntok < 8 ? o->ntok : 8) < 0)    /* warm-up */
+    *med = bench_median(v, n);
+    *lo = v[0];
+    *hi = v[n - 1];
+}
+
+/* R decode runs, each followed by a ceiling pass; false on an error
+ * (reported). */
+static bool bench_runs(megac_model *m, BenchCeiling *c, const BenchOptions *o, double *rates, double *ceil)
+{
+    if (bench_decode_tok_s(m, o->ntok < 8 ? o->ntok : 8) < 0) {    /* warm-up */
+        fprintf(stderr, "megac bench: %s\n", megac_error(m));
         return false;
-    for (int r = 0; r < o->runs; r++)
-        if ((rates[r] = bench_decode_tok_s(m, o->ntok)) < 0)
+    }
+    for (int r = 0; r < o->runs; r++) {
+        if ((rates[r] = bench_decode_tok_s(m, o->ntok)) < 0) {
+            fprintf(stderr, "megac bench: %s\n", megac_error(m));
             return false;
+        }
+        if ((ceil[r] = bench_ceiling_pass(c)) < 0) {
+            fprintf(stderr, "megac bench: a read-ceiling thread did not start\n");
+            return false;
+        }
+    }
     return true;
+}
+
+static void bench_report(const BenchOptions *o, megac_model *m, const BenchCeiling *c, double *rates, double *ceil)
+{
+    int ntok = o->ntok < megac_max_seq(m) - 1 ? o->ntok : megac_max_seq(m) - 1;
+    unsigned long long wbytes = megac_weights_bytes(m), rbytes = bench_read_bytes(o->bundle);
+    if (rbytes == 0)
+        rbytes = wbytes;
+    double lo, tok_s, hi, clo, ceiling, chi;
+    spread(rates, o->runs, &lo, &tok_s, &hi);
+    spread(ceil, o->runs, &clo, &ceiling, &chi);
+    double gbps = tok_s * (double)rbytes / 1e9;
+    printf("bundle: %s (%d workers)\n", o->bundle, megac_num_workers(m));
+    printf("decode: %d tokens x %d runs: median %.2f tok/s (min %.2f, max %.2f)\n", ntok, o->runs, tok_s, lo, hi);
+    printf("weights read per token: %.3f MB (weights.bin %.3f MB)\n", rbytes / 1e6, wbytes / 1e6);
+    printf("effective read bandwidth: %.2f GB/s\n", gbps);
+    printf("read ceiling: median %.2f GB/s (min %.2f, max %.2f; %d threads x %d streams over %.0f MiB, one pass "
+           "after each run)\n",
+           ceiling, clo, chi, bench_ceiling_threads(c), BENCH_STREAMS, bench_ceiling_bytes(c) / 1048576.0);
+    printf("tok_s=%.2f gbps=%.3f ceiling_gbps=%.3f ratio=%.3f\n", tok_s, gbps, ceiling, gbps / ceiling);
 }
 
 int cmd_bench(int argc, char **argv)
@@ -116,38 +152,16 @@ int cmd_bench(int argc, char **argv)
         fprintf(stderr, "megac bench: %s\n", megac_last_open_error());
         return 2;
     }
-    double rates[BENCH_MAX_RUNS];
-    if (!bench_decode_runs(m, &o, rates)) {
-        fprintf(stderr, "megac bench: %s\n", megac_error(m));
-        megac_close(m);
-        return 1;
+    BenchCeiling *c = bench_ceiling_new((size_t)o.ceiling_mb << 20, 0, BENCH_STREAMS);
+    double rates[BENCH_MAX_RUNS], ceil[BENCH_MAX_RUNS];
+    int rc = 1;
+    if (!c)
+        fprintf(stderr, "megac bench: cannot set up the read-ceiling probe (memory)\n");
+    else if (bench_runs(m, c, &o, rates, ceil)) {
+        bench_report(&o, m, c, rates, ceil);
+        rc = 0;
     }
-    int ntok = o.ntok < megac_max_seq(m) - 1 ? o.ntok : megac_max_seq(m) - 1;
-    int workers = megac_num_workers(m);
-    unsigned long long wbytes = megac_weights_bytes(m), rbytes = bench_read_bytes(o.bundle);
+    bench_ceiling_free(c);
     megac_close(m);
-    if (rbytes == 0)
-        rbytes = wbytes;
-    double lo = rates[0], hi = rates[0];
-    for (int r = 1; r < o.runs; r++) {
-        lo = rates[r] < lo ? rates[r] : lo;
-        hi = rates[r] > hi ? rates[r] : hi;
-    }
-    double tok_s = bench_median(rates, o.runs);
-    double gbps = tok_s * (double)rbytes / 1e9;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    double ceiling = bench_read_ceiling_gbps((size_t)o.ceiling_mb << 20, 0, BENCH_STREAMS, BENCH_PASSES);
-    if (ceiling <= 0) {
-        fprintf(stderr, "megac bench: cannot measure the read ceiling (out of memory or threads)\n");
-        return 1;
-    }
-    printf("bundle: %s (%d workers)\n", o.bundle, workers);
-    printf("decode: %d tokens x %d runs: median %.1f tok/s (min %.1f, max %.1f, spread %.1f%%)\n", ntok, o.runs,
-           tok_s, lo, hi, tok_s > 0 ? 100.0 * (hi - lo) / tok_s : 0.0);
-    printf("weights read per token: %.3f MB (weights.bin %.3f MB)\n", rbytes / 1e6, wbytes / 1e6);
-    printf("effective read bandwidth: %.2f GB/s\n", gbps);
-    printf("read ceiling: %.2f GB/s (%ld threads x %d streams, median of %d passes)\n", ceiling, ncpu,
-           BENCH_STREAMS, BENCH_PASSES);
-    printf("tok_s=%.2f gbps=%.3f ceiling_gbps=%.3f ratio=%.3f\n", tok_s, gbps, ceiling, gbps / ceiling);
-    return 0;
+    return rc;
 }

@@ -8,7 +8,7 @@
  * while the prompt lasts the next token is forced, afterwards it is
  * sampled; every next token is printed as it comes (the prompt included)
  * and the loop stops when pos reaches -n (which counts BOS) or when the
- * model produces BOS or EOS. A newline ends the text.
+ * model samples BOS or EOS (a prompt may contain them: chat formats do). A newline ends the text.
  * Statistics go to stderr so that stdout is the text alone.
  */
 #include "compiler/run.h"  /* first: includes model.h with -Wcomment silenced */
@@ -255,6 +255,7 @@ typedef struct {
     const ModelDesc *m;
     int bos, eos;
     int *prompt, nprompt;
+    bool bos_added;         /* prompt[0] is the BOS the encoder put there */
     int generated;          /* sampled tokens */
     int positions;          /* steps run */
 } RunRef;
@@ -266,7 +267,7 @@ static bool run_ref_generate(RunRef *r, const RunOptions *o, int steps)
     uint64_t rng = 0;
     char piece[512];
     int token = r->prompt[0];
-    if (token != r->bos && !run_piece_write(piece, tok_decode(r->tok, -1, token, piece, sizeof piece)))
+    if (!r->bos_added && !run_piece_write(piece, tok_decode(r->tok, -1, token, piece, sizeof piece)))
         return false;
     for (int pos = 0; pos < steps; pos++) {
         const float *logits = ref_step(r->ref, token, pos);
@@ -279,9 +280,9 @@ static bool run_ref_generate(RunRef *r, const RunOptions *o, int steps)
             if (next < 0)
                 die("out of memory in the sampler");
             r->generated++;
+            if (next == r->bos || next == r->eos)
+                break;
         }
-        if (next == r->bos || next == r->eos)
-            break;
         int len = tok_decode(r->tok, token, next, piece, sizeof piece);
         if (!run_piece_write(piece, len))
             return false;
@@ -298,10 +299,11 @@ static bool run_ref_generate(RunRef *r, const RunOptions *o, int steps)
 static bool run_ref_encode(RunRef *r, const char *prompt)
 {
     const char *text = prompt ? prompt : "";
-    bool add_bos = tok_kind(r->tok) != TOK_BPE || !*text;
+    bool add_bos = (tok_kind(r->tok) != TOK_BPE || !*text) && tok_bos(r->tok) >= 0;
     int cap = (int)strlen(text) + 8;
     r->prompt = xmalloc(sizeof(int) * (size_t)cap);
     r->nprompt = tok_encode(r->tok, text, add_bos, r->prompt, cap);
+    r->bos_added = add_bos;
     if (r->nprompt < 1) {
         fprintf(stderr, "megac run: the prompt could not be encoded\n");
         return false;
@@ -370,7 +372,7 @@ int run_reference(const RunOptions *o)
 
 /* ---- the command ---- */
 
-static void run_options_free(RunOptions *o)
+void run_options_free(RunOptions *o)
 {
     for (int i = 0; i < o->nsets; i++)
         free((char *)o->sets[i].key);
@@ -391,9 +393,7 @@ int cmd_run(int argc, char **argv)
     case ENGINE_CPU:
     case ENGINE_HOST_CUDA:
     case ENGINE_CUDA:
-        /* run_bundle(&o) plugs in here once the runtime provides it. */
-        fprintf(stderr, "megac run: engine %s: not available yet\n", run_engine_name(o.engine));
-        rc = 2;
+        rc = run_bundle(&o);
         break;
     default:
         die("engine %d", (int)o.engine);

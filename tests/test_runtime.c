@@ -377,6 +377,10 @@ Test(runtime, refuses_mismatched_bundles)
     expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "missing key 'eos'");
     edit_file(dir, "manifest.yaml", "bos: 1\n", "bos: 1\neos: 2\n");
 
+    edit_file(dir, "manifest.yaml", "vocab: 259", "vocab: 258");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "tokenizer.bin", "259 tokens, more than the model's vocabulary of 258");
+    edit_file(dir, "manifest.yaml", "vocab: 258", "vocab: 259");
+
     edit_file(dir, "manifest.yaml", "io_logits: 1024", "io_logits: 1028");
     expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "do not fit the arena");
     edit_file(dir, "manifest.yaml", "io_logits: 1028", "io_logits: 1024");

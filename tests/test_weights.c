@@ -8,6 +8,7 @@
 #include "compiler/gguf.h"
 
 #include <criterion/criterion.h>
+#include <ftw.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,11 +70,28 @@ static bool load_capture(Weights *w, const ModelDesc *m, char *buf, size_t n)
     return ok;
 }
 
+static char tmp_dir[64];
+
+static int tmp_remove(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+/* Each test runs in its own process; this removes its temp dir after it. */
+static void tmp_cleanup(void)
+{
+    if (tmp_dir[0])
+        nftw(tmp_dir, tmp_remove, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+TestSuite(weights, .fini = tmp_cleanup);
+
 static char *tmp_path(const char *name)
 {
-    static char dir[64];
+    char *dir = tmp_dir;
     if (!dir[0]) {
-        snprintf(dir, sizeof dir, "/tmp/megac_wtest_XXXXXX");
+        snprintf(dir, sizeof tmp_dir, "/tmp/megac_wtest_XXXXXX");
         cr_assert_not_null(mkdtemp(dir));
     }
     return xasprintf("%s/%s", dir, name);
@@ -416,6 +434,28 @@ Test(weights, gguf_all_types)
     weights_free(&w);
 }
 
+Test(weights, gguf_neox_arch_pairing)
+{
+    skip_without_fixtures();
+    size_t n;
+    unsigned char *raw = read_bytes(FIXTURES "/tiny.gguf", &n);
+    unsigned char *a = memmem(raw, n, "llama", 5); /* general.architecture's value comes first */
+    cr_assert_not_null(a);
+    memcpy(a, "gemma", 5);
+    char *path = tmp_path("gemma.gguf");
+    write_bytes(path, raw, n);
+    ModelDesc m;
+    desc_gguf(&m, path);
+    m.rope_pairing = ROPE_HALF;
+    Weights w;
+    char err[1024];
+    cr_assert(load_capture(&w, &m, err, sizeof err), "%s", err);
+    cr_assert_eq(w.pairing, ROPE_HALF);
+    weights_free(&w);
+    free(path);
+    free(raw);
+}
+
 Test(weights, gguf_metadata)
 {
     skip_without_fixtures();
@@ -545,7 +585,8 @@ Test(weights, safetensors_bad_inputs)
     st_expect("range.st", h, &p, "tensor 'model.norm.weight': data_offsets [16000, 16064] run past the end");
     free(h);
     h = str_patch(p.header, norm, o, "[0,60]");
-    st_expect("size.st", h, &p, "tensor 'model.norm.weight': data_offsets span 60 bytes, but F32 of that shape needs 64");
+    st_expect("size.st", h, &p, "tensor 'model.norm.weight': data_offsets span 60 bytes, "
+                                 "but F32 of that shape needs 64");
     free(h);
 
     o2 = st_offsets(p.header, "model.layers.0.input_layernorm.weight");
@@ -560,7 +601,8 @@ Test(weights, safetensors_bad_inputs)
     free(h);
     h = str_patch(p.header, "\"model.layers.1.self_attn.q_proj.weight\":{", "\"shape\":[16,16]", "\"shape\":[8,32]");
     st_expect("shape2.st", h, &p,
-              "tensor 'model.layers.1.self_attn.q_proj.weight': shape [8, 32] does not match the model (expected [16, 16])");
+              "tensor 'model.layers.1.self_attn.q_proj.weight': shape [8, 32] does not match the model "
+              "(expected [16, 16])");
     free(h);
 
     h = str_patch(p.header, "", "\"model.norm.weight\"", "\"model.norm.weigXt\"");
@@ -685,7 +727,8 @@ Test(weights, gguf_bad_inputs)
     memcpy(b, raw, n);
     u64 = 16;
     memcpy(b + q + 4 + 8, &u64, 8);
-    gguf_expect("shape.gguf", b, n, "tensor 'blk.0.attn_q.weight': shape [16, 32] does not match the model (expected [32, 32])");
+    gguf_expect("shape.gguf", b, n,
+                "tensor 'blk.0.attn_q.weight': shape [16, 32] does not match the model (expected [32, 32])");
     memcpy(b, raw, n);
     u32 = 20; /* IQ4_NL: same block size as Q4_0 */
     memcpy(b + q + 20, &u32, 4);
@@ -697,7 +740,8 @@ Test(weights, gguf_bad_inputs)
     memcpy(b, raw, n);
     u64 = 1 << 30;
     memcpy(b + q + 24, &u64, 8);
-    gguf_expect("offset.gguf", b, n, "tensor 'blk.0.attn_q.weight': data at offset 1073741824 (576 bytes) runs past the end");
+    gguf_expect("offset.gguf", b, n,
+                "tensor 'blk.0.attn_q.weight': data at offset 1073741824 (576 bytes) runs past the end");
     memcpy(b, raw, n);
     memcpy(&u64, b + q + 24, 8);
     u64 += 1;

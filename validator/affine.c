@@ -67,9 +67,9 @@ const char *affine_str(Affine a, char *buf, size_t n)
     if (a.k == 0)
         snprintf(buf, n, "%lld", (long long)a.c);
     else if (a.c == 0)
-        snprintf(buf, n, a.k == 1 ? "pos" : "%lld*pos", (long long)a.k);
-    else if (a.k == 1)
-        snprintf(buf, n, "pos%+lld", (long long)a.c);
+        snprintf(buf, n, a.k == 1 ? "pos" : a.k == -1 ? "-pos" : "%lld*pos", (long long)a.k);
+    else if (a.k == 1 || a.k == -1)
+        snprintf(buf, n, a.k == 1 ? "pos%+lld" : "-pos%+lld", (long long)a.c);
     else
         snprintf(buf, n, "%lld*pos%+lld", (long long)a.k, (long long)a.c);
     return buf;

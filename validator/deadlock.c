@@ -14,7 +14,18 @@
  *
  * Happens-before (§3): program order plus, for a wait `c >= n`, the
  * signals s to c it is guaranteed to observe: those with amount(s) >
- * total(c) - n, since without s the counter cannot reach n. Each wait gets
+ * total(c) - n, since without s the counter cannot reach n. Refinement:
+ * a signal that follows (in its worker) a wait on c with threshold >= n
+ * cannot run before c first reaches n, so it neither helps reach n nor is
+ * observed; leaving those out of total(c) keeps the rule sound and orders
+ * what a duplicated late signal would otherwise leave unordered. The same
+ * holds for a signal that happens after such a wait through other
+ * workers. And when c first reaches n, the signals that ran are closed
+ * under happens-before: if s has not run, neither has any signal after
+ * s, so s is guaranteed when the early increments outside s and its
+ * successors sum to less than n. The run is repeated (at most 4 more times) with the
+ * happens-before of the previous run, each sound, until nothing changes.
+ * Each wait gets
  * a vector clock (clock[i] = how many of worker i's instructions happen
  * before it), the join of its worker's clock and the clocks of the
  * guaranteed signals; joins are cached per (counter, threshold). The
@@ -39,6 +50,10 @@ typedef struct Exec {
     uint32_t *sig_start;    /* (nctrs + 1) CSR of signal instructions per counter */
     uint32_t *sig;          /* global ids of signals */
     uint32_t *sig_w;        /* their workers */
+    uint32_t *sig_after;    /* the largest threshold of a wait on the same counter
+                               known to happen before the signal (0: none) */
+    size_t *after_ofs;      /* (nctrs) offset of counter c's matrix in `after` */
+    uint8_t *after;         /* after[i*k + j]: signal j of c happens after signal i */
     JoinCache *jc;
     uint32_t njc, capjc;
     uint32_t *jc_head;      /* (nctrs) */
@@ -77,17 +92,39 @@ static void exec_init(Val *v, Exec *e)
         e->sig_start[c + 1] += e->sig_start[c];
     e->sig = xmalloc((nsig ? nsig : 1) * sizeof *e->sig);
     e->sig_w = xmalloc((nsig ? nsig : 1) * sizeof *e->sig_w);
+    e->sig_after = xmalloc((nsig ? nsig : 1) * sizeof *e->sig_after);
     uint32_t *fill = xcalloc(nc ? nc : 1, sizeof *fill);
-    for (uint32_t w = 0; w < v->nw; w++)
+    uint32_t *wmax = xcalloc(nc ? nc : 1, sizeof *wmax);
+    for (uint32_t w = 0; w < v->nw; w++) {
         for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
             const Inst *in = val_inst(v, w, t);
+            if (in->kind == INST_WAIT && in->amount > wmax[in->counter])
+                wmax[in->counter] = in->amount;
             if (in->kind != INST_SIGNAL)
                 continue;
             uint32_t k = e->sig_start[in->counter] + fill[in->counter]++;
             e->sig[k] = v->base[w] + t;
             e->sig_w[k] = w;
+            e->sig_after[k] = wmax[in->counter];
         }
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++)
+            if (val_inst(v, w, t)->kind == INST_WAIT)
+                wmax[val_inst(v, w, t)->counter] = 0;
+    }
     free(fill);
+    free(wmax);
+    e->after_ofs = xcalloc(nc + 1, sizeof *e->after_ofs);
+    for (uint32_t c = 0; c < nc; c++) {
+        size_t k = e->sig_start[c + 1] - e->sig_start[c];
+        e->after_ofs[c + 1] = e->after_ofs[c] + k * k;
+    }
+    e->after = xcalloc(e->after_ofs[nc] + 1, 1);
+    for (uint32_t c = 0; c < nc; c++) {
+        uint32_t s0 = e->sig_start[c], k = e->sig_start[c + 1] - s0;
+        for (uint32_t i = 0; i < k; i++)
+            for (uint32_t j = 0; j < k; j++)
+                e->after[e->after_ofs[c] + (size_t)i * k + j] = e->sig_w[s0 + i] == e->sig_w[s0 + j] && e->sig[s0 + j] > e->sig[s0 + i];
+    }
 }
 
 static void exec_fini(Exec *e)
@@ -98,6 +135,9 @@ static void exec_fini(Exec *e)
     free(e->sig_start);
     free(e->sig);
     free(e->sig_w);
+    free(e->sig_after);
+    free(e->after_ofs);
+    free(e->after);
     free(e->jc);
     free(e->jc_head);
 }
@@ -109,18 +149,31 @@ static uint32_t join_guaranteed(Val *v, Exec *e, uint32_t c, uint32_t n)
         if (e->jc[j].n == n)
             return e->jc[j].clock;
     uint32_t id = clock_new(v);
-    uint64_t others_max = v->ctotal[c] - n;     /* n <= total: the wait passed */
-    for (uint32_t k = e->sig_start[c]; k < e->sig_start[c + 1]; k++) {
-        uint32_t g = e->sig[k], w = e->sig_w[k], t = g - v->base[w];
-        if (val_inst(v, w, t)->amount <= others_max)
+    uint32_t s0 = e->sig_start[c], ns = e->sig_start[c + 1] - s0;
+    const uint8_t *after = e->after + e->after_ofs[c];
+    uint64_t early = 0;     /* increments that can run before c first reaches n */
+    for (uint32_t k = s0; k < s0 + ns; k++)
+        if (e->sig_after[k] < n)
+            early += val_inst(v, e->sig_w[k], e->sig[k] - v->base[e->sig_w[k]])->amount;
+    ASSERT(early >= n);     /* the wait passed, so c reached n with these alone */
+    for (uint32_t i = 0; i < ns; i++) {
+        uint32_t k = s0 + i, g = e->sig[k], w = e->sig_w[k], t = g - v->base[w];
+        if (e->sig_after[k] >= n)
+            continue;
+        /* without s, neither s nor what follows s can have run */
+        uint64_t with_s = val_inst(v, w, t)->amount;
+        for (uint32_t j = 0; j < ns; j++)
+            if (after[(size_t)i * ns + j] && e->sig_after[s0 + j] < n)
+                with_s += val_inst(v, e->sig_w[s0 + j], e->sig[s0 + j] - v->base[e->sig_w[s0 + j]])->amount;
+        if (with_s <= early - n)
             continue;
         ASSERT(e->pc[w] > t);
         uint32_t *dst = v->pool + (size_t)id * v->nw;
         if (v->seg[g] != NOCLOCK) {
             const uint32_t *src = val_clock(v, v->seg[g]);
-            for (uint32_t i = 0; i < v->nw; i++)
-                if (src[i] > dst[i])
-                    dst[i] = src[i];
+            for (uint32_t x = 0; x < v->nw; x++)
+                if (src[x] > dst[x])
+                    dst[x] = src[x];
         }
         if (dst[w] < t + 1)
             dst[w] = t + 1;
@@ -217,7 +270,6 @@ static bool waits_for(const Val *v, const Exec *e, uint32_t from, uint32_t to, u
 static void stall_report(Val *v, const Exec *e)
 {
     uint8_t *seen = xmalloc(v->nw);
-    int before = v->r->ndeadlock;
     for (uint32_t w = 0; w < v->nw; w++) {
         if (e->pc[w] >= v->s->workers[w].ninst)
             continue;
@@ -239,15 +291,122 @@ static void stall_report(Val *v, const Exec *e)
         val_note(v, xb->line, "worker %u is blocked at inst %u, %s >= %u", x, e->pc[x],
                  val_inst_name(v, x, e->pc[x]), xb->amount);
     }
-    if (v->r->ndeadlock == before)
+    if (v->r->ndeadlock == 0 && v->r->nstructure == 0)
         for (uint32_t w = 0; w < v->nw; w++)
-            if (e->pc[w] < v->s->workers[w].ninst && v->r->nstructure == 0) {
+            if (e->pc[w] < v->s->workers[w].ninst) {
                 const Inst *in = val_inst(v, w, e->pc[w]);
                 val_error(v, &v->r->ndeadlock, in->line, "deadlock: worker %u inst %u: %s >= %u never passes", w,
                           e->pc[w], val_inst_name(v, w, e->pc[w]), in->amount);
                 break;
             }
     free(seen);
+}
+
+/* One greedy run from the initial state; true if every worker finished. */
+static bool exec_run(Val *v, Exec *e)
+{
+    memset(e->pc, 0, v->nw * sizeof *e->pc);
+    memset(e->value, 0, (v->s->nctrs ? v->s->nctrs : 1) * sizeof *e->value);
+    for (uint32_t w = 0; w < v->nw; w++)
+        e->cur[w] = NOCLOCK;
+    for (uint32_t c = 0; c < v->s->nctrs; c++)
+        e->jc_head[c] = NOCLOCK;
+    e->njc = 0;
+    v->npool = 0;
+    for (uint32_t g = 0; g < v->ntotal; g++)
+        v->seg[g] = NOCLOCK;
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (uint32_t w = 0; w < v->nw; w++)
+            moved |= exec_worker(v, e, w);
+    }
+    bool done = true;
+    for (uint32_t w = 0; w < v->nw; w++)
+        done &= e->pc[w] >= v->s->workers[w].ninst;
+    return done;
+}
+
+/* The waits on one counter, by (worker, inst), with the running maximum of
+ * their thresholds within each worker. */
+typedef struct CWait {
+    uint32_t w, t, pmax;
+} CWait;
+
+/* Largest threshold of a wait on c (in cw[0..n)) that happens before the
+ * instruction whose clock is clk (worker w, index t). */
+static uint32_t waits_before(const Val *v, const CWait *cw, uint32_t n, const uint32_t *clk, uint32_t w, uint32_t t)
+{
+    uint32_t best = 0;
+    for (uint32_t s = 0, e; s < n; s = e) {
+        uint32_t i = cw[s].w, bound = i == w ? t : clk ? clk[i] : 0;
+        for (e = s; e < n && cw[e].w == i; e++)
+            ;
+        uint32_t lo = s, hi = e;    /* last entry with t < bound */
+        while (lo < hi) {
+            uint32_t mid = lo + (hi - lo) / 2;
+            if (cw[mid].t < bound)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo > s && cw[lo - 1].pmax > best)
+            best = cw[lo - 1].pmax;
+    }
+    return best;
+}
+
+/* Widens sig_after with the happens-before of the last run: a signal that
+ * happens after a wait on its counter cannot help that wait's threshold be
+ * reached first. True if anything changed. */
+static bool exec_refine(Val *v, Exec *e)
+{
+    const Schedule *s = v->s;
+    uint32_t nc = s->nctrs;
+    uint32_t *start = xcalloc(nc + 1, sizeof *start), *fill = xcalloc(nc ? nc : 1, sizeof *fill);
+    for (uint32_t w = 0; w < v->nw; w++)
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++)
+            if (val_inst(v, w, t)->kind == INST_WAIT)
+                start[val_inst(v, w, t)->counter + 1]++;
+    for (uint32_t c = 0; c < nc; c++)
+        start[c + 1] += start[c];
+    CWait *cw = xmalloc((start[nc] ? start[nc] : 1) * sizeof *cw);
+    for (uint32_t w = 0; w < v->nw; w++)
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
+            const Inst *in = val_inst(v, w, t);
+            if (in->kind != INST_WAIT)
+                continue;
+            uint32_t k = start[in->counter] + fill[in->counter]++;
+            uint32_t prev = k > start[in->counter] && cw[k - 1].w == w ? cw[k - 1].pmax : 0;
+            cw[k] = (CWait){w, t, in->amount > prev ? in->amount : prev};
+        }
+    bool changed = false;
+    for (uint32_t c = 0; c < nc; c++)
+        for (uint32_t k = e->sig_start[c]; k < e->sig_start[c + 1]; k++) {
+            uint32_t g = e->sig[k], w = e->sig_w[k];
+            const uint32_t *clk = v->seg[g] == NOCLOCK ? NULL : val_clock(v, v->seg[g]);
+            uint32_t m = waits_before(v, cw + start[c], start[c + 1] - start[c], clk, w, g - v->base[w]);
+            if (m > e->sig_after[k])
+                e->sig_after[k] = m, changed = true;
+        }
+    for (uint32_t c = 0; c < nc; c++) {
+        uint32_t s0 = e->sig_start[c], k = e->sig_start[c + 1] - s0;
+        uint8_t *after = e->after + e->after_ofs[c];
+        for (uint32_t j = 0; j < k; j++) {
+            uint32_t gj = e->sig[s0 + j];
+            if (v->seg[gj] == NOCLOCK)
+                continue;
+            const uint32_t *clk = val_clock(v, v->seg[gj]);
+            for (uint32_t i = 0; i < k; i++) {
+                uint32_t wi = e->sig_w[s0 + i];
+                if (!after[(size_t)i * k + j] && wi != e->sig_w[s0 + j] && clk[wi] > e->sig[s0 + i] - v->base[wi])
+                    after[(size_t)i * k + j] = 1, changed = true;
+            }
+        }
+    }
+    free(start);
+    free(fill);
+    free(cw);
+    return changed;
 }
 
 bool val_deadlock_check(Val *v)
@@ -257,18 +416,11 @@ bool val_deadlock_check(Val *v)
     unsatisfiable_report(v);
     exec_init(v, &e);
     v->seg = xmalloc((v->ntotal ? v->ntotal : 1) * sizeof *v->seg);
-    for (uint32_t g = 0; g < v->ntotal; g++)
-        v->seg[g] = NOCLOCK;
-    for (bool moved = true; moved;) {
-        moved = false;
-        for (uint32_t w = 0; w < v->nw; w++)
-            moved |= exec_worker(v, &e, w);
-    }
-    bool done = true;
-    for (uint32_t w = 0; w < v->nw; w++)
-        done &= e.pc[w] >= v->s->workers[w].ninst;
+    bool done = exec_run(v, &e);
     if (!done)
         stall_report(v, &e);
+    for (int pass = 0; done && pass < 4 && exec_refine(v, &e); pass++)
+        exec_run(v, &e);
     exec_fini(&e);
     return done && v->r->ndeadlock == before;
 }

@@ -95,6 +95,12 @@ static void op_footprint_check(Val *v, uint32_t w, uint32_t t)
     for (int i = 0; i < in->nacc; i++) {
         const Access *a = &v->s->accs[in->acc + i];
         char b1[160], b2[160];
+        if (fp[i].buf == BUF_NONE && fp[i].mode != 0) {
+            val_error(v, &v->r->nstructure, in->line,
+                      "structure: worker %u inst %u: op %s: operand '%s' is required by the params but absent", w, t,
+                      oi->name, oi->operand[i]);
+            continue;
+        }
         if (acc_equal(a, &fp[i]))
             continue;
         val_error(v, &v->r->nstructure, in->line,

@@ -2,8 +2,10 @@
  * cpu_check.c - what the CPU backend can run. The validator has already
  * proved the schedule well formed, free of deadlocks and races; this pass
  * only rejects what the kernel body does not implement yet (dtypes other
- * than f32 activations and weights, oversized normalized GEMV inputs) and
- * a schedule whose buffers have no offsets, each as an error at the
+ * than f32 activations and weights, oversized normalized GEMV inputs), op
+ * params the bodies' loops cannot run with (op_footprint's checks: the
+ * validator reports them too, but a kernel must never loop forever), and a
+ * schedule whose buffers have no offsets, each as an error at the
  * instruction's .sched line.
  */
 #include "codegen/cpu/cpu.h"
@@ -57,6 +59,10 @@ static void check_inst(const Schedule *s, const Inst *in, Diag *d)
         diag_error(d, &src, in->line, 1, "malformed op instruction (opcode %u, %u operands)", in->op, in->nacc);
         return;
     }
+    Access fp[OP_MAX_OPERANDS];
+    const char *why = NULL;
+    if (!op_footprint(s, in, fp, &why)) /* params the bodies' loops rely on */
+        diag_error(d, &src, in->line, 1, "%s: %s", op_info(in->op)->name, why);
     check_operands(s, in, d);
     if (in->op == OP_GEMV && (in->p[3] & GEMV_NORM) && in->p[2] > CPU_NORM_K_MAX)
         diag_error(d, &src, in->line, 1, "gemv with norm over k = %d > %d inputs is not supported by the CPU backend yet",

@@ -49,12 +49,16 @@ typedef float v16fu __attribute__((vector_size(64), aligned(4)));
 
 /* ---- helpers ---- */
 
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+
+/* Sum of the 16 lanes, as a tree of halving adds. */
 static float hsum16(const v16f *v)
 {
-    float s = 0.0f;
-    for (int i = 0; i < 16; i++)
-        s += (*v)[i];
-    return s;
+    v8f h8 = __builtin_shufflevector(*v, *v, 0, 1, 2, 3, 4, 5, 6, 7) +
+             __builtin_shufflevector(*v, *v, 8, 9, 10, 11, 12, 13, 14, 15);
+    v4f h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+    return (h4[0] + h4[2]) + (h4[1] + h4[3]);
 }
 
 static float dot_f32(const float *a, const float *b, int64_t n)
@@ -370,7 +374,7 @@ static void op_run(const MegacArgs *a, const int64_t *in)
 /* ---- synchronization ---- */
 
 #define WAIT_SPIN_BATCH 64      /* pauses between deadline checks */
-#define WAIT_YIELD_AFTER 256    /* batches of pure spinning before yielding */
+#define WAIT_YIELD_AFTER 8      /* batches of pure spinning before yielding */
 #define WAIT_DEFAULT_NS 2000000000ull
 
 static uint64_t now_ns(void)
