@@ -1,0 +1,437 @@
+/*
+ * weights.c - loading a model's weights into f32 buffers, whatever the
+ * source format.
+ *
+ * weights_load first lists the tensors the description implies (the
+ * "slots": name, expected [rows, cols]) and allocates each one in
+ * Weights.arena, then hands the slots to the format's loader
+ * (load_llama2c.c, load_safetensors.c, load_gguf.c) or to the synthetic
+ * generator (synthetic.c). Loaders check every source shape against its
+ * slot and report errors as "path: error: tensor 'name': ..."; loading
+ * stops at the first bad tensor so that one mistake gives one error.
+ *
+ * Also here: the read-only file mapping and the f16/bf16 -> f32 conversion
+ * the loaders share, and weights_tensor, the lookup by schedule buffer name.
+ */
+#include "compiler/weights_impl.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *const wkind_canon_names[] = {
+#define X(e, c, h, g) c,
+    WKIND_LIST(X)
+#undef X
+};
+static const char *const wkind_hf_names[] = {
+#define X(e, c, h, g) h,
+    WKIND_LIST(X)
+#undef X
+};
+static const char *const wkind_gguf_names[] = {
+#define X(e, c, h, g) g,
+    WKIND_LIST(X)
+#undef X
+};
+_Static_assert(sizeof wkind_canon_names / sizeof *wkind_canon_names == WK_COUNT, "WKIND_LIST");
+
+/* ---- file mapping ---- */
+
+bool wfile_open(WFile *f, const char *path, Diag *d)
+{
+    memset(f, 0, sizeof *f);
+    f->path = path;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        diag_file_error(d, path, "cannot open weights file: %s", strerror(errno));
+        return false;
+    }
+    struct stat st;
+    int r = fstat(fd, &st);
+    if (r != 0 || !S_ISREG(st.st_mode)) {
+        diag_file_error(d, path, "cannot read weights file: %s",
+                        r != 0 ? strerror(errno) : S_ISDIR(st.st_mode) ? "it is a folder" : "not a regular file");
+        close(fd);
+        return false;
+    }
+    f->size = (size_t)st.st_size;
+    if (f->size > 0) {
+        void *p = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            diag_file_error(d, path, "cannot map weights file: %s", strerror(errno));
+            close(fd);
+            return false;
+        }
+        f->map = p;
+    }
+    close(fd);
+    return true;
+}
+
+void wfile_close(WFile *f)
+{
+    if (f->map && munmap((void *)f->map, f->size) != 0)
+        die("munmap(%s): %s", f->path, strerror(errno));
+    f->map = NULL;
+    f->size = 0;
+}
+
+/* ---- names and shapes ---- */
+
+bool wkind_is_per_layer(WKind k)
+{
+    return k != WK_EMBED && k != WK_FINAL_NORM && k != WK_LM_HEAD;
+}
+
+const char *wkind_canon(WKind k)
+{
+    ASSERT(k >= 0 && k < WK_COUNT);
+    return wkind_canon_names[k];
+}
+
+char *wslot_canon_name(Arena *a, const WSlot *s)
+{
+    if (!wkind_is_per_layer(s->kind))
+        return arena_strdup(a, wkind_canon_names[s->kind]);
+    return arena_printf(a, "L%d.%s", s->layer, wkind_canon_names[s->kind]);
+}
+
+char *wslot_hf_name(Arena *a, const WSlot *s)
+{
+    if (!wkind_is_per_layer(s->kind))
+        return arena_strdup(a, wkind_hf_names[s->kind]);
+    return arena_printf(a, "model.layers.%d.%s", s->layer, wkind_hf_names[s->kind]);
+}
+
+char *wslot_gguf_name(Arena *a, const WSlot *s)
+{
+    if (!wkind_is_per_layer(s->kind))
+        return arena_strdup(a, wkind_gguf_names[s->kind]);
+    return arena_printf(a, "blk.%d.%s", s->layer, wkind_gguf_names[s->kind]);
+}
+
+int64_t wslot_nelem(const WSlot *s)
+{
+    return s->rows * (s->cols ? s->cols : 1);
+}
+
+const char *shape_str(char *buf, size_t n, int ndim, const int64_t *shape)
+{
+    size_t off = 0;
+    off += (size_t)snprintf(buf + off, n - off, "[");
+    for (int i = 0; i < ndim && off < n; i++)
+        off += (size_t)snprintf(buf + off, n - off, "%s%" PRId64, i ? ", " : "", shape[i]);
+    if (off < n)
+        snprintf(buf + off, n - off, "]");
+    return buf;
+}
+
+bool wslot_shape_check(const WSlot *s, Diag *d, const char *path, const char *name, int ndim,
+                       const int64_t *shape)
+{
+    int64_t want[2] = {s->rows, s->cols};
+    int wn = s->cols ? 2 : 1;
+    bool ok = ndim == wn;
+    for (int i = 0; ok && i < wn; i++)
+        ok = shape[i] == want[i];
+    if (!ok) {
+        char got[96], exp[96];
+        diag_file_error(d, path, "tensor '%s': shape %s does not match the model (expected %s)", name,
+                        shape_str(got, sizeof got, ndim, shape), shape_str(exp, sizeof exp, wn, want));
+    }
+    return ok;
+}
+
+bool weights_pairing_check(const Weights *w, Diag *d, const char *path, RopePairing src)
+{
+    static const char *const names[] = {"adjacent", "half"};
+    if (w->m->rope_pairing == src)
+        return true;
+    diag_file_error(d, path, "this file's q/k rows use RoPE pairing '%s', but the model description says '%s'",
+                    names[src], names[w->m->rope_pairing]);
+    return false;
+}
+
+void convert_to_f32(float *dst, const void *src, int64_t n, SrcType t)
+{
+    const unsigned char *p = src;
+    switch (t) {
+    case SRC_F32:
+        memcpy(dst, p, (size_t)n * 4); /* hosts are little-endian */
+        break;
+    case SRC_F16:
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = f16_to_f32((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
+        break;
+    case SRC_BF16:
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = bf16_to_f32((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
+        break;
+    }
+}
+
+/* ---- slots ---- */
+
+static void slot_shape(const ModelDesc *m, WKind k, int64_t *rows, int64_t *cols)
+{
+    int64_t q = (int64_t)m->n_heads * m->head_dim, kv = (int64_t)m->n_kv_heads * m->head_dim;
+    int64_t r = 0, c = 0;
+    switch (k) {
+    case WK_EMBED: case WK_LM_HEAD: r = m->vocab_size; c = m->dim; break;
+    case WK_ATTN_NORM: case WK_FFN_NORM: case WK_FINAL_NORM: r = m->dim; break;
+    case WK_WQ: r = q; c = m->dim; break;
+    case WK_WK: case WK_WV: r = kv; c = m->dim; break;
+    case WK_BQ: r = q; break;
+    case WK_BK: case WK_BV: r = kv; break;
+    case WK_WO: r = m->dim; c = q; break;
+    case WK_W_GATE: case WK_W_UP: r = m->hidden_dim; c = m->dim; break;
+    case WK_W_DOWN: r = m->dim; c = m->hidden_dim; break;
+    case WK_COUNT: die("bad tensor kind");
+    }
+    *rows = r;
+    *cols = c;
+}
+
+static float **slot_field(Weights *w, WKind k, int l)
+{
+    LayerWeights *L = l >= 0 ? &w->layers[l] : NULL;
+    switch (k) {
+    case WK_EMBED: return &w->tok_embed;
+    case WK_FINAL_NORM: return &w->final_norm;
+    case WK_LM_HEAD: return &w->lm_head;
+    case WK_ATTN_NORM: return &L->attn_norm;
+    case WK_WQ: return &L->wq;
+    case WK_WK: return &L->wk;
+    case WK_WV: return &L->wv;
+    case WK_BQ: return &L->bq;
+    case WK_BK: return &L->bk;
+    case WK_BV: return &L->bv;
+    case WK_WO: return &L->wo;
+    case WK_FFN_NORM: return &L->ffn_norm;
+    case WK_W_GATE: return &L->w_gate;
+    case WK_W_UP: return &L->w_up;
+    case WK_W_DOWN: return &L->w_down;
+    case WK_COUNT: break;
+    }
+    die("bad tensor kind");
+}
+
+float *weights_slot_dst(Weights *w, WKind k, int layer)
+{
+    return *slot_field(w, k, layer);
+}
+
+/* Allocates tensor k of layer l (-1: global) in the arena. */
+static void slot_alloc(Weights *w, WKind k, int l)
+{
+    int64_t rows, cols;
+    slot_shape(w->m, k, &rows, &cols);
+    int64_t n = rows * (cols ? cols : 1);
+    *slot_field(w, k, l) = ARENA_ARRAY(&w->arena, float, n);
+    w->nbytes += (size_t)n * sizeof(float);
+}
+
+static bool slot_wanted(const ModelDesc *m, WKind k)
+{
+    if (k == WK_BQ || k == WK_BK || k == WK_BV)
+        return m->qkv_bias;
+    return k != WK_LM_HEAD || !m->tie_embeddings;
+}
+
+static void slots_alloc(Weights *w)
+{
+    const ModelDesc *m = w->m;
+    w->layers = ARENA_ARRAY(&w->arena, LayerWeights, m->n_layers);
+    slot_alloc(w, WK_EMBED, -1);
+    for (int l = 0; l < m->n_layers; l++)
+        for (WKind k = WK_ATTN_NORM; k <= WK_W_DOWN; k++)
+            if (slot_wanted(m, k))
+                slot_alloc(w, k, l);
+    slot_alloc(w, WK_FINAL_NORM, -1);
+    if (slot_wanted(m, WK_LM_HEAD))
+        slot_alloc(w, WK_LM_HEAD, -1);
+    else
+        w->lm_head = w->tok_embed;
+}
+
+static void slot_push(Weights *w, WSlot *v, int *n, WKind k, int l)
+{
+    if (!slot_wanted(w->m, k))
+        return;
+    WSlot *s = &v[(*n)++];
+    s->kind = k;
+    s->layer = l;
+    slot_shape(w->m, k, &s->rows, &s->cols);
+    s->dst = *slot_field(w, k, l);
+}
+
+const WSlot *weights_slots(const Weights *w, Arena *a, int *n)
+{
+    Weights *mw = (Weights *)w; /* slot_field only reads through it here */
+    WSlot *v = ARENA_ARRAY(a, WSlot, 3 + (WK_W_DOWN - WK_ATTN_NORM + 1) * w->m->n_layers);
+    *n = 0;
+    slot_push(mw, v, n, WK_EMBED, -1);
+    for (int l = 0; l < w->m->n_layers; l++)
+        for (WKind k = WK_ATTN_NORM; k <= WK_W_DOWN; k++)
+            slot_push(mw, v, n, k, l);
+    slot_push(mw, v, n, WK_FINAL_NORM, -1);
+    slot_push(mw, v, n, WK_LM_HEAD, -1);
+    return v;
+}
+
+/* ---- filling from a source of named tensors ---- */
+
+/* A file with q/k/v biases for a model without them would load "fine" and
+ * give wrong answers: refuse it. */
+static bool weights_bias_check(const Weights *w, const WSource *src, Arena *a, Diag *d)
+{
+    for (int l = 0; l < w->m->n_layers && !w->m->qkv_bias; l++) {
+        WSlot b = {.kind = WK_BQ, .layer = l};
+        char *name = src->name(a, &b);
+        if (src->has(src->ctx, name)) {
+            diag_file_error(d, src->path, "tensor '%s': the file has q/k/v biases, but the model description "
+                            "says qkv_bias: false", name);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A tied model whose file carries its own classifier: fine when it is a
+ * copy of the embedding, an error when it differs. */
+static bool weights_tied_check(const Weights *w, const WSource *src, Arena *a, Diag *d)
+{
+    const ModelDesc *m = w->m;
+    WSlot head = {.kind = WK_LM_HEAD, .layer = -1, .rows = m->vocab_size, .cols = m->dim};
+    char *name = src->name(a, &head);
+    if (!m->tie_embeddings || !src->has(src->ctx, name))
+        return true;
+    size_t bytes = (size_t)wslot_nelem(&head) * sizeof(float);
+    float *tmp = xmalloc(bytes);
+    bool ok = src->fetch(src->ctx, name, &head, tmp, d) > 0;
+    if (ok && memcmp(tmp, w->tok_embed, bytes) != 0) {
+        diag_file_error(d, src->path, "tensor '%s': the file has a separate classifier, but the model "
+                        "description says tie_embeddings: true", name);
+        ok = false;
+    }
+    free(tmp);
+    return ok;
+}
+
+bool weights_fill(Weights *w, const WSource *src, Diag *d)
+{
+    Arena a = {0};
+    int n;
+    const WSlot *slots = weights_slots(w, &a, &n);
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) { /* stops at the first bad tensor: one error, not a cascade */
+        char *name = src->name(&a, &slots[i]);
+        int r = src->fetch(src->ctx, name, &slots[i], slots[i].dst, d);
+        if (r == 0)
+            diag_file_error(d, src->path, "tensor '%s' is missing", name);
+        ok = r > 0;
+    }
+    ok = ok && weights_bias_check(w, src, &a, d) && weights_tied_check(w, src, &a, d);
+    arena_free(&a);
+    return ok;
+}
+
+/* ---- the entry points ---- */
+
+/* Refuses shapes whose element counts are nonsense (the description's own
+ * checks live in desc.c; this only guards the allocation). */
+static bool weights_dims_check(const ModelDesc *m, Diag *d)
+{
+    const char *path = m->path ? m->path : "megac";
+    if (m->dim <= 0 || m->hidden_dim <= 0 || m->n_layers <= 0 || m->n_heads <= 0 || m->n_kv_heads <= 0 ||
+        m->head_dim <= 0 || m->vocab_size <= 0 || m->n_layers > MODEL_MAX_LAYERS) {
+        diag_file_error(d, path, "model dimensions must be positive (and at most %d layers) to load weights",
+                        MODEL_MAX_LAYERS);
+        return false;
+    }
+    double q = (double)m->n_heads * m->head_dim, kv = (double)m->n_kv_heads * m->head_dim;
+    double per_layer = 2.0 * q * m->dim + 2.0 * kv * m->dim + 3.0 * m->hidden_dim * m->dim;
+    double total = 2.0 * m->vocab_size * m->dim + m->n_layers * per_layer;
+    if (total > 1e11) {
+        diag_file_error(d, path, "model too large to hold in f32: %.3g parameters", total);
+        return false;
+    }
+    return true;
+}
+
+bool weights_load(Weights *w, const ModelDesc *m, Diag *d)
+{
+    memset(w, 0, sizeof *w);
+    w->m = m;
+    if (!weights_dims_check(m, d))
+        return false;
+    slots_alloc(w);
+    int before = d->nerrors;
+    bool ok = false;
+    switch (m->weights_format) {
+    case WFMT_LLAMA2C: ok = load_llama2c(w, m->weights_path, d); break;
+    case WFMT_SAFETENSORS: ok = load_safetensors(w, m->weights_path, d); break;
+    case WFMT_GGUF: ok = load_gguf(w, m->weights_path, d); break;
+    case WFMT_SYNTHETIC:
+        w->pairing = m->rope_pairing;
+        synthetic_fill(w);
+        ok = true;
+        break;
+    }
+    if (!ok || d->nerrors > before) {
+        weights_free(w);
+        return false;
+    }
+    return true;
+}
+
+void weights_free(Weights *w)
+{
+    arena_free(&w->arena);
+    w->tok_embed = w->final_norm = w->lm_head = NULL;
+    w->layers = NULL;
+    w->nbytes = 0;
+}
+
+/* Parses "L<l>.<kind>" or a global name into (kind, layer). */
+static bool canon_parse(const char *name, int n_layers, WKind *k, int *layer)
+{
+    *layer = -1;
+    const char *suffix = name;
+    if (name[0] == 'L' && name[1] >= '0' && name[1] <= '9') {
+        char *end;
+        long l = strtol(name + 1, &end, 10);
+        if (*end != '.' || l >= n_layers)
+            return false;
+        *layer = (int)l;
+        suffix = end + 1;
+    }
+    for (int i = 0; i < WK_COUNT; i++)
+        if (strcmp(suffix, wkind_canon_names[i]) == 0 && wkind_is_per_layer((WKind)i) == (*layer >= 0)) {
+            *k = (WKind)i;
+            return true;
+        }
+    return false;
+}
+
+const float *weights_tensor(const Weights *w, const char *name, int64_t *nelem)
+{
+    WKind k;
+    int layer;
+    if (!w->layers || !canon_parse(name, w->m->n_layers, &k, &layer))
+        return NULL;
+    const float *p = *slot_field((Weights *)w, k, layer);
+    if (!p)
+        return NULL;
+    int64_t rows, cols;
+    slot_shape(w->m, k, &rows, &cols);
+    if (nelem)
+        *nelem = rows * (cols ? cols : 1);
+    return p;
+}

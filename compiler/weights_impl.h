@@ -1,0 +1,129 @@
+/*
+ * weights_impl.h - what the weight loaders share (private to compiler/):
+ * the list of tensors a model needs ("slots", each with its canonical,
+ * HF and GGUF name and its expected shape), a read-only file mapping, and
+ * the f16/bf16 -> f32 conversion. weights.c allocates every slot's f32
+ * buffer in Weights.arena before a loader runs; a loader only fills them.
+ *
+ * Sections follow the file that defines each prototype.
+ */
+#ifndef MEGAC_WEIGHTS_IMPL_H
+#define MEGAC_WEIGHTS_IMPL_H
+
+/* model.h's top comment contains "models/" "*.yaml", which -Wcomment flags;
+ * until that header is fixed, silence it for this include only. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wcomment"
+#include "compiler/model.h"
+#pragma GCC diagnostic pop
+
+/* Tensor kinds: enum name, canonical name (weights_tensor), HF suffix,
+ * GGUF suffix. Per-layer kinds get "L<l>.", "model.layers.<l>." and
+ * "blk.<l>." prefixes; the global ones are full names. */
+#define WKIND_LIST(X)                                                              \
+    X(EMBED, "embed", "model.embed_tokens.weight", "token_embd.weight")            \
+    X(ATTN_NORM, "attn_norm", "input_layernorm.weight", "attn_norm.weight")        \
+    X(WQ, "wq", "self_attn.q_proj.weight", "attn_q.weight")                        \
+    X(WK, "wk", "self_attn.k_proj.weight", "attn_k.weight")                        \
+    X(WV, "wv", "self_attn.v_proj.weight", "attn_v.weight")                        \
+    X(BQ, "bq", "self_attn.q_proj.bias", "attn_q.bias")                            \
+    X(BK, "bk", "self_attn.k_proj.bias", "attn_k.bias")                            \
+    X(BV, "bv", "self_attn.v_proj.bias", "attn_v.bias")                            \
+    X(WO, "wo", "self_attn.o_proj.weight", "attn_output.weight")                   \
+    X(FFN_NORM, "ffn_norm", "post_attention_layernorm.weight", "ffn_norm.weight")  \
+    X(W_GATE, "w_gate", "mlp.gate_proj.weight", "ffn_gate.weight")                 \
+    X(W_UP, "w_up", "mlp.up_proj.weight", "ffn_up.weight")                         \
+    X(W_DOWN, "w_down", "mlp.down_proj.weight", "ffn_down.weight")                 \
+    X(FINAL_NORM, "final_norm", "model.norm.weight", "output_norm.weight")         \
+    X(LM_HEAD, "lm_head", "lm_head.weight", "output.weight")
+
+typedef enum {
+#define X(e, c, h, g) WK_##e,
+    WKIND_LIST(X)
+#undef X
+    WK_COUNT
+} WKind;
+
+/* One tensor the model needs. cols == 0 marks a vector of `rows` floats. */
+typedef struct WSlot {
+    WKind kind;
+    int layer;              /* -1 for global tensors */
+    int64_t rows, cols;
+    float *dst;             /* rows * max(cols, 1) floats in Weights.arena */
+} WSlot;
+
+/* Element types a source tensor can have. */
+typedef enum { SRC_F32, SRC_F16, SRC_BF16 } SrcType;
+
+/* A whole file mapped read-only. size may be 0 (then map is NULL). */
+typedef struct WFile {
+    const char *path;
+    const unsigned char *map;
+    size_t size;
+} WFile;
+
+/* ---- weights.c ---- */
+bool wfile_open(WFile *f, const char *path, Diag *d);
+void wfile_close(WFile *f);
+/* The slots of w (buffers allocated by weights_load), listed in arena a in
+ * a fixed order: embed, then per layer attn_norm wq wk wv [bq bk bv] wo
+ * ffn_norm w_gate w_up w_down, then final_norm, then lm_head unless tied. */
+const WSlot *weights_slots(const Weights *w, Arena *a, int *n);
+bool wkind_is_per_layer(WKind k);
+const char *wkind_canon(WKind k);
+/* "L3.wq", "model.layers.3.self_attn.q_proj.weight", "blk.3.attn_q.weight"
+ * (arena-allocated). */
+char *wslot_canon_name(Arena *a, const WSlot *s);
+char *wslot_hf_name(Arena *a, const WSlot *s);
+char *wslot_gguf_name(Arena *a, const WSlot *s);
+int64_t wslot_nelem(const WSlot *s);
+/* The buffer of tensor k in layer `layer` (-1 for global ones); NULL when
+ * the model has no such tensor. */
+float *weights_slot_dst(Weights *w, WKind k, int layer);
+/* Formats a shape as "[a, b]" into buf. */
+const char *shape_str(char *buf, size_t n, int ndim, const int64_t *shape);
+/* Checks a source tensor's shape (outermost first) against the slot;
+ * reports "tensor 'name': shape [..] does not match the model (expected
+ * [..])" on a mismatch. */
+bool wslot_shape_check(const WSlot *s, Diag *d, const char *path, const char *name, int ndim,
+                       const int64_t *shape);
+/* Converts n little-endian elements at src (any alignment) to f32. */
+void convert_to_f32(float *dst, const void *src, int64_t n, SrcType t);
+/* Errors when the source's RoPE pairing differs from the description's. */
+bool weights_pairing_check(const Weights *w, Diag *d, const char *path, RopePairing src);
+
+/* A source of named tensors (safetensors, GGUF) for weights_fill. fetch
+ * converts tensor `name` into dst after checking its shape against the
+ * slot: it returns 1 when done, 0 when the source has no such tensor, -1
+ * after reporting an error. */
+typedef struct WSource {
+    void *ctx;
+    const char *path;                               /* named in "missing" errors */
+    char *(*name)(Arena *a, const WSlot *s);         /* wslot_hf_name, wslot_gguf_name */
+    int (*fetch)(void *ctx, const char *name, const WSlot *s, float *dst, Diag *d);
+    bool (*has)(void *ctx, const char *name);
+} WSource;
+/* Fills every slot of w from src, reporting each missing or bad tensor;
+ * also refuses tensors the description says the model lacks (q/k/v biases
+ * without qkv_bias, a separate lm_head that differs from the embedding
+ * when tied). */
+bool weights_fill(Weights *w, const WSource *src, Diag *d);
+
+/* ---- gguf.c (beyond compiler/gguf.h) ---- */
+typedef struct GgufTensor GgufTensor;
+typedef struct GgufFile GgufFile;
+/* A tensor by name of n bytes (not NUL-terminated). */
+const GgufTensor *gguf_find_tensor_n(const GgufFile *g, const char *name, size_t n);
+/* "Q4_0", "F16", ...; "unknown" for types this reader has no size for. */
+const char *gguf_type_name(uint32_t ggml_type);
+
+/* ---- load_llama2c.c, load_safetensors.c, load_gguf.c, synthetic.c ---- */
+bool load_llama2c(Weights *w, const char *path, Diag *d);
+bool load_safetensors(Weights *w, const char *path, Diag *d);
+bool load_gguf(Weights *w, const char *path, Diag *d);
+void synthetic_fill(Weights *w);
+/* The synthetic value generator, exposed for tests: element i of the
+ * tensor named `canon` (e.g. "L0.wq") before scaling, in [-1, 1). */
+float synthetic_uniform(uint64_t seed, const char *canon, int64_t i);
+
+#endif

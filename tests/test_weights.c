@@ -1,0 +1,769 @@
+/*
+ * test_weights.c - the weight loaders: llama2.c (the real stories260K and
+ * small files written here), safetensors and GGUF fixtures made by
+ * tests/fixtures/weights/make_fixtures.py, malformed files built in a temp
+ * dir from good ones, and the synthetic generator's determinism.
+ */
+#include "compiler/weights_impl.h" /* first: it includes model.h with a -Wcomment workaround */
+#include "compiler/gguf.h"
+
+#include <criterion/criterion.h>
+#include <ftw.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SHARED MEGAC_SRC "/../shared"
+#define FIXTURES MEGAC_SRC "/tests/fixtures/weights"
+
+/* ---- helpers ---- */
+
+static void desc_tiny(ModelDesc *m, WeightFormat fmt, const char *path)
+{
+    memset(m, 0, sizeof *m);
+    m->name = "tiny";
+    m->path = "tiny.yaml";
+    m->dim = 16;
+    m->hidden_dim = 24;
+    m->n_layers = 2;
+    m->n_heads = 4;
+    m->n_kv_heads = 2;
+    m->head_dim = 4;
+    m->vocab_size = 32;
+    m->max_seq = 8;
+    m->norm_eps = 1e-5;
+    m->tie_embeddings = true;
+    m->rope_theta = 10000;
+    m->rope_pairing = ROPE_ADJACENT;
+    m->weights_format = fmt;
+    m->weights_path = path;
+    m->weights_seed = 7;
+}
+
+static void desc_stories(ModelDesc *m)
+{
+    desc_tiny(m, WFMT_LLAMA2C, SHARED "/models/stories260K.bin");
+    m->dim = 64;
+    m->hidden_dim = 172;
+    m->n_layers = 5;
+    m->n_heads = 8;
+    m->n_kv_heads = 4;
+    m->head_dim = 8;
+    m->vocab_size = 512;
+    m->max_seq = 512;
+}
+
+/* Loads with diagnostics captured into buf; returns the load result. */
+static bool load_capture(Weights *w, const ModelDesc *m, char *buf, size_t n)
+{
+    memset(buf, 0, n);
+    FILE *f = fmemopen(buf, n - 1, "w");
+    cr_assert_not_null(f);
+    Diag d;
+    diag_init(&d);
+    d.out = f;
+    bool ok = weights_load(w, m, &d);
+    fclose(f);
+    cr_assert_eq(ok, d.nerrors == 0, "result %d with %d errors: %s", ok, d.nerrors, buf);
+    return ok;
+}
+
+static char tmp_dir[64];
+
+static int tmp_remove(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+/* Each test runs in its own process; this removes its temp dir after it. */
+static void tmp_cleanup(void)
+{
+    if (tmp_dir[0])
+        nftw(tmp_dir, tmp_remove, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+TestSuite(weights, .fini = tmp_cleanup);
+
+static char *tmp_path(const char *name)
+{
+    char *dir = tmp_dir;
+    if (!dir[0]) {
+        snprintf(dir, sizeof tmp_dir, "/tmp/megac_wtest_XXXXXX");
+        cr_assert_not_null(mkdtemp(dir));
+    }
+    return xasprintf("%s/%s", dir, name);
+}
+
+static void write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "%s", path);
+    cr_assert_eq(fwrite(p, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+}
+
+static unsigned char *read_bytes(const char *path, size_t *n)
+{
+    char *p = read_file(path, n);
+    cr_assert_not_null(p, "cannot read %s", path);
+    return (unsigned char *)p;
+}
+
+static float float_at(const unsigned char *p, size_t off)
+{
+    float x;
+    memcpy(&x, p + off, 4);
+    return x;
+}
+
+/* ---- llama2.c ---- */
+
+Test(weights, stories260k_llama2c)
+{
+    if (access(SHARED "/models/stories260K.bin", R_OK) != 0)
+        cr_skip("../shared/models/stories260K.bin is absent");
+    ModelDesc m;
+    desc_stories(&m);
+    Weights w;
+    char err[1024];
+    cr_assert(load_capture(&w, &m, err, sizeof err), "%s", err);
+    size_t n;
+    unsigned char *raw = read_bytes(SHARED "/models/stories260K.bin", &n);
+    cr_assert_eq(n, 1056540u);
+    /* offsets by hand: header 28; embed 512*64; rms_att 5*64; wq 5*64*64 */
+    size_t embed = 28, rms_att = embed + 512 * 64 * 4, wq = rms_att + 5 * 64 * 4;
+    size_t wk = wq + 5 * 64 * 64 * 4, wv = wk + 5 * 32 * 64 * 4, wo = wv + 5 * 32 * 64 * 4;
+    size_t rms_ffn = wo + 5 * 64 * 64 * 4, w1 = rms_ffn + 5 * 64 * 4, w2 = w1 + 5 * 172 * 64 * 4;
+    size_t w3 = w2 + 5 * 64 * 172 * 4, rms_final = w3 + 5 * 172 * 64 * 4;
+    cr_assert_eq(w.tok_embed[0], float_at(raw, embed));
+    cr_assert_eq(w.tok_embed[511 * 64 + 63], float_at(raw, embed + (511 * 64 + 63) * 4));
+    cr_assert_eq(w.layers[0].attn_norm[5], float_at(raw, rms_att + 5 * 4));
+    cr_assert_eq(w.layers[3].wq[7 * 64 + 9], float_at(raw, wq + (3 * 64 * 64 + 7 * 64 + 9) * 4));
+    cr_assert_eq(w.layers[4].wk[31 * 64 + 63], float_at(raw, wk + (4 * 32 * 64 + 31 * 64 + 63) * 4));
+    cr_assert_eq(w.layers[1].wv[100], float_at(raw, wv + (1 * 32 * 64 + 100) * 4));
+    cr_assert_eq(w.layers[2].wo[1000], float_at(raw, wo + (2 * 64 * 64 + 1000) * 4));
+    cr_assert_eq(w.layers[4].ffn_norm[63], float_at(raw, rms_ffn + (4 * 64 + 63) * 4));
+    cr_assert_eq(w.layers[2].w_gate[171 * 64], float_at(raw, w1 + (2 * 172 * 64 + 171 * 64) * 4));
+    cr_assert_eq(w.layers[2].w_down[63 * 172 + 171], float_at(raw, w2 + (2 * 64 * 172 + 63 * 172 + 171) * 4));
+    cr_assert_eq(w.layers[0].w_up[10999], float_at(raw, w3 + 10999 * 4));
+    cr_assert_eq(w.final_norm[17], float_at(raw, rms_final + 17 * 4));
+    cr_assert_eq(w.lm_head, w.tok_embed);
+    cr_assert_eq(w.pairing, ROPE_ADJACENT);
+    int64_t ne;
+    cr_assert_eq(weights_tensor(&w, "L3.wq", &ne), w.layers[3].wq);
+    cr_assert_eq(ne, 64 * 64);
+    cr_assert_eq(weights_tensor(&w, "L4.w_down", &ne), w.layers[4].w_down);
+    cr_assert_eq(ne, 64 * 172);
+    cr_assert_eq(weights_tensor(&w, "lm_head", &ne), w.tok_embed);
+    cr_assert_null(weights_tensor(&w, "L0.bq", NULL));
+    cr_assert_null(weights_tensor(&w, "L5.wq", NULL));
+    cr_assert_null(weights_tensor(&w, "L1.embed", NULL));
+    cr_assert_null(weights_tensor(&w, "wq", NULL));
+    cr_assert_eq(w.nbytes, (size_t)(512 * 64 + 5 * (2 * 64 + 2 * 64 * 64 + 2 * 32 * 64 + 3 * 172 * 64) + 64) * 4);
+    free(raw);
+    weights_free(&w);
+}
+
+/* A small llama2.c file for the tiny model: header, then float i*0.001 for
+ * the i-th float of the body (so every position is recognizable). */
+static char *llama2c_tiny(const char *name, bool shared, size_t *size_out)
+{
+    ModelDesc m;
+    desc_tiny(&m, WFMT_LLAMA2C, NULL);
+    int seq = 8;
+    int32_t h[7] = {m.dim, m.hidden_dim, m.n_layers, m.n_heads, m.n_kv_heads, shared ? 32 : -32, seq};
+    size_t L = 2, dim = 16, kv = 8, hid = 24, V = 32;
+    size_t nf = V * dim + L * (2 * dim + 2 * dim * dim + 2 * kv * dim + 3 * hid * dim) + dim + seq * 2 * 2 +
+                (shared ? 0 : V * dim);
+    size_t size = 28 + nf * 4;
+    unsigned char *buf = xmalloc(size);
+    memcpy(buf, h, 28);
+    for (size_t i = 0; i < nf; i++) {
+        float x = (float)i * 0.001f;
+        memcpy(buf + 28 + i * 4, &x, 4);
+    }
+    char *path = tmp_path(name);
+    write_bytes(path, buf, size);
+    free(buf);
+    if (size_out)
+        *size_out = size;
+    return path;
+}
+
+Test(weights, llama2c_unshared_classifier)
+{
+    size_t size;
+    char *path = llama2c_tiny("unshared.bin", false, &size);
+    ModelDesc m;
+    desc_tiny(&m, WFMT_LLAMA2C, path);
+    m.tie_embeddings = false;
+    Weights w;
+    char err[1024];
+    cr_assert(load_capture(&w, &m, err, sizeof err), "%s", err);
+    cr_assert_neq(w.lm_head, w.tok_embed);
+    /* wcls is the last vocab*dim floats */
+    size_t nf = (size - 28) / 4;
+    cr_assert_eq(w.lm_head[0], (float)(nf - 32 * 16) * 0.001f);
+    cr_assert_eq(w.lm_head[32 * 16 - 1], (float)(nf - 1) * 0.001f);
+    /* layer 1's wk starts after embed, rms_att(2), wq(2), wk(1) */
+    size_t off = 32 * 16 + 2 * 16 + 2 * 256 + 128;
+    cr_assert_eq(w.layers[1].wk[0], (float)off * 0.001f);
+    weights_free(&w);
+    free(path);
+}
+
+/* Loads `m` expecting failure and an error containing `want`. */
+static void expect_error(const ModelDesc *m, const char *want)
+{
+    Weights w;
+    char err[2048];
+    cr_assert_not(load_capture(&w, m, err, sizeof err), "loaded, expected: %s", want);
+    cr_assert_not_null(strstr(err, want), "expected '%s' in:\n%s", want, err);
+    cr_assert_not_null(strstr(err, m->weights_path ? m->weights_path : "tiny.yaml"), "no path in: %s", err);
+    int nerr = 0;
+    for (const char *p = err; (p = strstr(p, "error: ")); p++)
+        nerr++;
+    cr_assert_eq(nerr, 1, "expected one error, got:\n%s", err);
+    if (getenv("MEGAC_SHOW_ERRORS"))
+        fputs(err, stderr);
+}
+
+Test(weights, llama2c_bad_inputs)
+{
+    size_t size;
+    char *path = llama2c_tiny("good.bin", true, &size);
+    size_t n;
+    unsigned char *raw = read_bytes(path, &n);
+    ModelDesc m;
+
+    char *trunc = tmp_path("trunc.bin");
+    write_bytes(trunc, raw, size - 4 * 16 * 24);
+    desc_tiny(&m, WFMT_LLAMA2C, trunc);
+    expect_error(&m, "truncated");
+
+    char *hdr = tmp_path("hdr.bin");
+    write_bytes(hdr, raw, 20);
+    desc_tiny(&m, WFMT_LLAMA2C, hdr);
+    expect_error(&m, "a llama2.c header alone is 28");
+
+    char *trail = tmp_path("trail.bin");
+    unsigned char *big = xcalloc(size + 8, 1);
+    memcpy(big, raw, size);
+    write_bytes(trail, big, size + 8);
+    desc_tiny(&m, WFMT_LLAMA2C, trail);
+    expect_error(&m, "trailing data");
+
+    desc_tiny(&m, WFMT_LLAMA2C, path);
+    m.hidden_dim = 32;
+    expect_error(&m, "hidden_dim is 24, but the model description says 32");
+
+    desc_tiny(&m, WFMT_LLAMA2C, path);
+    m.tie_embeddings = false;
+    expect_error(&m, "shared with the embedding");
+
+    desc_tiny(&m, WFMT_LLAMA2C, path);
+    m.rope_pairing = ROPE_HALF;
+    expect_error(&m, "RoPE pairing 'adjacent'");
+
+    desc_tiny(&m, WFMT_LLAMA2C, path);
+    m.qkv_bias = true;
+    expect_error(&m, "no q/k/v biases");
+
+    desc_tiny(&m, WFMT_LLAMA2C, "/nonexistent/x.bin");
+    expect_error(&m, "cannot open");
+
+    free(big);
+    free(raw);
+    free(trunc);
+    free(hdr);
+    free(trail);
+    free(path);
+}
+
+/* ---- synthetic ---- */
+
+static double tensor_sum(const float *p, int64_t n)
+{
+    double s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)p[i] * (double)((i % 7) + 1);
+    return s;
+}
+
+Test(weights, synthetic_deterministic)
+{
+    ModelDesc m;
+    desc_tiny(&m, WFMT_SYNTHETIC, NULL);
+    m.qkv_bias = true;
+    m.tie_embeddings = false;
+    Weights a, b;
+    char err[1024];
+    cr_assert(load_capture(&a, &m, err, sizeof err), "%s", err);
+    cr_assert(load_capture(&b, &m, err, sizeof err), "%s", err);
+    const char *names[] = {"embed", "L0.wq", "L1.bk", "L1.wo", "L0.ffn_norm", "L1.w_down", "final_norm", "lm_head"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        int64_t na, nb;
+        const float *pa = weights_tensor(&a, names[i], &na), *pb = weights_tensor(&b, names[i], &nb);
+        cr_assert(pa && pb && pa != pb && na == nb, "%s", names[i]);
+        cr_assert_eq(memcmp(pa, pb, (size_t)na * 4), 0, "%s differs between two generations", names[i]);
+        cr_assert_eq(tensor_sum(pa, na), tensor_sum(pb, nb));
+    }
+    /* the formula in synthetic.c's header, recomputed here */
+    float u = synthetic_uniform(7, "L0.wq", 5);
+    cr_assert_eq(a.layers[0].wq[5], u * (float)(1.0 / sqrt(16.0)));
+    float t = 0.1f * synthetic_uniform(7, "L0.ffn_norm", 3);
+    cr_assert_eq(a.layers[0].ffn_norm[3], 1.0f + t);
+    cr_assert_eq(a.layers[1].w_down[10], synthetic_uniform(7, "L1.w_down", 10) * (float)(1.0 / sqrt(24.0 * 4)));
+    /* pinned values (computed by an independent Python version of the
+     * formula): the generator must never change silently */
+    cr_assert_eq(synthetic_uniform(0, "embed", 0), -0x1.5ae88p-4f, "%a", synthetic_uniform(0, "embed", 0));
+    cr_assert_eq(synthetic_uniform(42, "L3.wq", 1000), -0x1.679db0p-1f, "%a", synthetic_uniform(42, "L3.wq", 1000));
+    /* a different seed gives different weights */
+    m.weights_seed = 8;
+    Weights c;
+    cr_assert(load_capture(&c, &m, err, sizeof err), "%s", err);
+    cr_assert_neq(memcmp(a.layers[0].wq, c.layers[0].wq, 16 * 16 * 4), 0);
+    /* range and scale */
+    for (int i = 0; i < 32 * 16; i++)
+        cr_assert(a.tok_embed[i] >= -1.0f && a.tok_embed[i] < 1.0f);
+    weights_free(&a);
+    weights_free(&b);
+    weights_free(&c);
+}
+
+/* ---- fixtures: every tensor against the generator's expected f32 ---- */
+
+static void desc_gguf(ModelDesc *m, const char *path)
+{
+    desc_tiny(m, WFMT_GGUF, path);
+    m->dim = 32;
+    m->hidden_dim = 64;
+    m->head_dim = 8;
+    m->tie_embeddings = false;
+}
+
+static void desc_st(ModelDesc *m, const char *path)
+{
+    desc_tiny(m, WFMT_SAFETENSORS, path);
+    m->qkv_bias = true;
+    m->tie_embeddings = false;
+    m->rope_pairing = ROPE_HALF;
+}
+
+static void desc_sharded(ModelDesc *m, const char *path)
+{
+    desc_tiny(m, WFMT_SAFETENSORS, path);
+    m->rope_pairing = ROPE_HALF;
+}
+
+/* Compares every slot of w, in slot order, with the expected stream. */
+static void expect_all(const Weights *w, const char *expected_path)
+{
+    size_t n;
+    unsigned char *want = read_bytes(expected_path, &n);
+    Arena a = {0};
+    int ns;
+    const WSlot *s = weights_slots(w, &a, &ns);
+    size_t off = 0;
+    for (int i = 0; i < ns; i++) {
+        size_t bytes = (size_t)wslot_nelem(&s[i]) * 4;
+        cr_assert_leq(off + bytes, n);
+        for (int64_t j = 0; j < wslot_nelem(&s[i]); j++) {
+            float x = float_at(want, off + (size_t)j * 4);
+            cr_assert_eq(s[i].dst[j], x, "%s[%ld]: %a, expected %a", wslot_canon_name(&a, &s[i]), (long)j,
+                         (double)s[i].dst[j], (double)x);
+        }
+        off += bytes;
+    }
+    cr_assert_eq(off, n, "expected stream has %zu bytes, the model %zu", n, off);
+    arena_free(&a);
+    free(want);
+}
+
+static void skip_without_fixtures(void)
+{
+    if (access(FIXTURES "/tiny.gguf", R_OK) != 0)
+        cr_skip("fixtures absent; run tests/fixtures/weights/make_fixtures.py");
+}
+
+Test(weights, safetensors_single)
+{
+    skip_without_fixtures();
+    ModelDesc m;
+    desc_st(&m, FIXTURES "/tiny.safetensors");
+    Weights w;
+    char err[1024];
+    cr_assert(load_capture(&w, &m, err, sizeof err), "%s", err);
+    cr_assert_eq(w.pairing, ROPE_HALF);
+    cr_assert_neq(w.lm_head, w.tok_embed);
+    cr_assert_not_null(w.layers[1].bv);
+    expect_all(&w, FIXTURES "/tiny.safetensors.expected.bin");
+    weights_free(&w);
+}
+
+Test(weights, safetensors_sharded)
+{
+    skip_without_fixtures();
+    const char *paths[] = {FIXTURES "/sharded", FIXTURES "/sharded/model.safetensors.index.json"};
+    for (int i = 0; i < 2; i++) {
+        ModelDesc m;
+        desc_sharded(&m, paths[i]);
+        Weights w;
+        char err[1024];
+        cr_assert(load_capture(&w, &m, err, sizeof err), "%s: %s", paths[i], err);
+        cr_assert_eq(w.lm_head, w.tok_embed);
+        cr_assert_null(w.layers[0].bq);
+        expect_all(&w, FIXTURES "/sharded.expected.bin");
+        weights_free(&w);
+    }
+}
+
+Test(weights, gguf_all_types)
+{
+    skip_without_fixtures();
+    ModelDesc m;
+    desc_gguf(&m, FIXTURES "/tiny.gguf");
+    Weights w;
+    char err[1024];
+    cr_assert(load_capture(&w, &m, err, sizeof err), "%s", err);
+    cr_assert_eq(w.pairing, ROPE_ADJACENT);
+    expect_all(&w, FIXTURES "/tiny.gguf.expected.bin");
+    weights_free(&w);
+}
+
+Test(weights, gguf_neox_arch_pairing)
+{
+    skip_without_fixtures();
+    size_t n;
+    unsigned char *raw = read_bytes(FIXTURES "/tiny.gguf", &n);
+    unsigned char *a = memmem(raw, n, "llama", 5); /* general.architecture's value comes first */
+    cr_assert_not_null(a);
+    memcpy(a, "gemma", 5);
+    char *path = tmp_path("gemma.gguf");
+    write_bytes(path, raw, n);
+    ModelDesc m;
+    desc_gguf(&m, path);
+    m.rope_pairing = ROPE_HALF;
+    Weights w;
+    char err[1024];
+    cr_assert(load_capture(&w, &m, err, sizeof err), "%s", err);
+    cr_assert_eq(w.pairing, ROPE_HALF);
+    weights_free(&w);
+    free(path);
+    free(raw);
+}
+
+Test(weights, gguf_metadata)
+{
+    skip_without_fixtures();
+    Diag d;
+    diag_init(&d);
+    GgufFile *g = gguf_open(FIXTURES "/tiny.gguf", &d);
+    cr_assert_not_null(g);
+    cr_assert_eq(g->version, 3);
+    cr_assert_eq(g->alignment, 32);
+    GgufStr s;
+    cr_assert(gguf_get_str(g, "general.architecture", &s));
+    cr_assert(s.len == 5 && memcmp(s.s, "llama", 5) == 0);
+    int64_t i;
+    cr_assert(gguf_get_int(g, "llama.block_count", &i) && i == 2);
+    cr_assert(gguf_get_int(g, "test.u8", &i) && i == 200);
+    cr_assert(gguf_get_int(g, "test.i8", &i) && i == -5);
+    cr_assert(gguf_get_int(g, "test.i64", &i) && i == -1234567890123);
+    cr_assert(gguf_get_int(g, "test.u64", &i) && i == (int64_t)1 << 40);
+    cr_assert(gguf_get_int(g, "tokenizer.ggml.bos_token_id", &i) && i == 1);
+    double f;
+    cr_assert(gguf_get_float(g, "test.f64", &f) && f == 0.1);
+    cr_assert(gguf_get_float(g, "llama.rope.freq_base", &f) && f == 10000.0);
+    cr_assert(gguf_get_float(g, "llama.attention.layer_norm_rms_epsilon", &f) && f == (double)1e-5f);
+    cr_assert_not(gguf_get_float(g, "test.i8", &f));
+    cr_assert_not(gguf_get_int(g, "test.f64", &i));
+    cr_assert_not(gguf_get_str(g, "test.u8", &s));
+    cr_assert_not(gguf_get_int(g, "no.such.key", &i));
+    const GgufKV *b = gguf_find(g, "test.bool");
+    cr_assert(b && b->type == GGUF_T_BOOL && b->v.b);
+    const GgufKV *tok = gguf_find(g, "tokenizer.ggml.tokens");
+    cr_assert(tok && tok->type == GGUF_T_ARRAY && tok->arr_type == GGUF_T_STRING && tok->arr_n == 32);
+    cr_assert(tok->strs[1].len == 3 && memcmp(tok->strs[1].s, "<s>", 3) == 0);
+    cr_assert(tok->strs[31].len == 5 && memcmp(tok->strs[31].s, "tok28", 5) == 0);
+    const GgufKV *sc = gguf_find(g, "tokenizer.ggml.scores");
+    cr_assert(sc && sc->arr_type == GGUF_T_F32 && sc->arr_n == 32);
+    float x;
+    memcpy(&x, (const char *)sc->data + 5 * 4, 4);
+    cr_assert_eq(x, -5.0f);
+    const GgufTensor *t = gguf_find_tensor(g, "blk.1.ffn_down.weight");
+    cr_assert(t && t->ndim == 2 && t->dims[0] == 64 && t->dims[1] == 32 && t->ggml_type == 2);
+    cr_assert_eq(t->nbytes, 32 * 64 / 32 * 18);
+    cr_assert_null(gguf_find_tensor(g, "blk.2.ffn_down.weight"));
+    cr_assert_eq(d.nerrors, 0);
+    gguf_close(g);
+}
+
+/* ---- malformed safetensors, built from the fixture ---- */
+
+typedef struct {
+    char *header;           /* NUL-terminated JSON */
+    unsigned char *data;
+    size_t ndata;
+} StParts;
+
+static StParts st_split(const char *path)
+{
+    size_t n;
+    unsigned char *raw = read_bytes(path, &n);
+    uint64_t h;
+    memcpy(&h, raw, 8);
+    StParts p = {xstrndup((char *)raw + 8, h), xmalloc(n - 8 - h + 1), n - 8 - h};
+    memcpy(p.data, raw + 8 + h, p.ndata);
+    free(raw);
+    return p;
+}
+
+static char *st_write(const char *name, const char *header, const unsigned char *data, size_t ndata)
+{
+    char *path = tmp_path(name);
+    uint64_t h = strlen(header);
+    unsigned char *buf = xmalloc(8 + h + ndata);
+    memcpy(buf, &h, 8);
+    memcpy(buf + 8, header, h);
+    memcpy(buf + 8 + h, data, ndata);
+    write_bytes(path, buf, 8 + h + ndata);
+    free(buf);
+    return path;
+}
+
+/* header with the first `from` after `anchor` replaced by `to` */
+static char *str_patch(const char *s, const char *anchor, const char *from, const char *to)
+{
+    const char *a = strstr(s, anchor);
+    cr_assert_not_null(a, "no '%s'", anchor);
+    const char *f = strstr(a, from);
+    cr_assert_not_null(f, "no '%s' after '%s'", from, anchor);
+    return xasprintf("%.*s%s%s", (int)(f - s), s, to, f + strlen(from));
+}
+
+/* the "[b,e]" data_offsets text of tensor `name` */
+static char *st_offsets(const char *header, const char *name)
+{
+    char *key = xasprintf("\"%s\":{", name);
+    const char *o = strstr(strstr(header, key), "\"data_offsets\":[");
+    const char *e = strchr(o, ']');
+    free(key);
+    o += strlen("\"data_offsets\":");
+    return xstrndup(o, (size_t)(e - o + 1));
+}
+
+static void st_expect(const char *file, const char *header, const StParts *p, const char *want)
+{
+    char *path = st_write(file, header, p->data, p->ndata);
+    ModelDesc m;
+    desc_st(&m, path);
+    expect_error(&m, want);
+    free(path);
+}
+
+Test(weights, safetensors_bad_inputs)
+{
+    skip_without_fixtures();
+    StParts p = st_split(FIXTURES "/tiny.safetensors");
+    const char *norm = "\"model.norm.weight\":{";
+    char *h, *o, *o2;
+
+    h = str_patch(p.header, "\"dtype\":\"F16\"", "F16", "Q9");
+    st_expect("dtype.st", h, &p, "unknown dtype 'Q9'");
+    free(h);
+
+    h = str_patch(p.header, norm, "\"F32\"", "\"I32\"");
+    st_expect("i32.st", h, &p, "tensor 'model.norm.weight': dtype I32 is not supported");
+    free(h);
+
+    o = st_offsets(p.header, "model.norm.weight");
+    h = str_patch(p.header, norm, o, "[16000,16064]");
+    st_expect("range.st", h, &p, "tensor 'model.norm.weight': data_offsets [16000, 16064] run past the end");
+    free(h);
+    h = str_patch(p.header, norm, o, "[0,60]");
+    st_expect("size.st", h, &p, "tensor 'model.norm.weight': data_offsets span 60 bytes, "
+                                 "but F32 of that shape needs 64");
+    free(h);
+
+    o2 = st_offsets(p.header, "model.layers.0.input_layernorm.weight");
+    h = str_patch(p.header, norm, o, o2);
+    st_expect("overlap.st", h, &p, "overlap tensor");
+    free(h);
+    free(o);
+    free(o2);
+
+    h = str_patch(p.header, norm, "\"shape\":[16]", "\"shape\":[4,4]");
+    st_expect("shape.st", h, &p, "tensor 'model.norm.weight': shape [4, 4] does not match the model (expected [16])");
+    free(h);
+    h = str_patch(p.header, "\"model.layers.1.self_attn.q_proj.weight\":{", "\"shape\":[16,16]", "\"shape\":[8,32]");
+    st_expect("shape2.st", h, &p,
+              "tensor 'model.layers.1.self_attn.q_proj.weight': shape [8, 32] does not match the model "
+              "(expected [16, 16])");
+    free(h);
+
+    h = str_patch(p.header, "", "\"model.norm.weight\"", "\"model.norm.weigXt\"");
+    st_expect("missing.st", h, &p, "tensor 'model.norm.weight' is missing");
+    free(h);
+
+    st_expect("json.st", "{\"a\": [1, 2", &p, "while parsing a flow sequence");
+
+    /* truncated data, header length past the end, file shorter than 8 */
+    char *path = st_write("trunc.st", p.header, p.data, p.ndata - 100);
+    ModelDesc m;
+    desc_st(&m, path);
+    expect_error(&m, "run past the end of the data section");
+    free(path);
+    path = tmp_path("hlen.st");
+    uint64_t big = 1 << 20;
+    write_bytes(path, &big, 8);
+    desc_st(&m, path);
+    expect_error(&m, "header length 1048576 runs past the end of the file (8 bytes)");
+    write_bytes(path, &big, 5);
+    expect_error(&m, "file is truncated: 5 bytes");
+    free(path);
+
+    /* the description disagrees with the file */
+    desc_st(&m, FIXTURES "/tiny.safetensors");
+    m.qkv_bias = false;
+    expect_error(&m, "says qkv_bias: false");
+    desc_st(&m, FIXTURES "/tiny.safetensors");
+    m.tie_embeddings = true;
+    expect_error(&m, "tensor 'lm_head.weight': the file has a separate classifier");
+    desc_st(&m, FIXTURES "/tiny.safetensors");
+    m.rope_pairing = ROPE_ADJACENT;
+    expect_error(&m, "RoPE pairing 'half'");
+    desc_st(&m, FIXTURES "/tiny.safetensors");
+    m.n_layers = 3;
+    expect_error(&m, "tensor 'model.layers.2.input_layernorm.weight' is missing");
+    desc_st(&m, FIXTURES);
+    expect_error(&m, "no model.safetensors or model.safetensors.index.json");
+    free(p.header);
+    free(p.data);
+}
+
+Test(weights, safetensors_bad_index)
+{
+    skip_without_fixtures();
+    size_t n;
+    char *idx = (char *)read_bytes(FIXTURES "/sharded/model.safetensors.index.json", &n);
+    char *dir = tmp_path("shards");
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    /* shard 1 copied, shard 2 absent: its tensors' file cannot be opened */
+    size_t ns;
+    unsigned char *s1 = read_bytes(FIXTURES "/sharded/model-00001-of-00002.safetensors", &ns);
+    char *p1 = xasprintf("%s/model-00001-of-00002.safetensors", dir);
+    write_bytes(p1, s1, ns);
+    char *pi = xasprintf("%s/model.safetensors.index.json", dir);
+    write_bytes(pi, idx, n);
+    ModelDesc m;
+    desc_sharded(&m, dir);
+    expect_error(&m, "model-00002-of-00002.safetensors: error: cannot open weights file");
+    /* the index points a tensor at a shard that does not hold it */
+    unsigned char *s2 = read_bytes(FIXTURES "/sharded/model-00002-of-00002.safetensors", &ns);
+    char *p2 = xasprintf("%s/model-00002-of-00002.safetensors", dir);
+    write_bytes(p2, s2, ns);
+    free(s2);
+    free(p2);
+    char *moved = str_patch(idx, "\"model.norm.weight\"", "model-00002", "model-00001");
+    write_bytes(pi, moved, strlen(moved));
+    expect_error(&m, "tensor 'model.norm.weight' is missing (the index says it is in this file)");
+    write_bytes(pi, "{\"metadata\": {}}", 16);
+    expect_error(&m, "expected a \"weight_map\" object");
+    free(moved);
+    free(pi);
+    free(p1);
+    free(s1);
+    free(dir);
+    free(idx);
+}
+
+/* ---- malformed GGUF, patched from the fixture ---- */
+
+/* Offset of the bytes right after tensor `name`'s name in its info. */
+static size_t gguf_info_at(const unsigned char *raw, size_t n, const char *name)
+{
+    size_t k = strlen(name);
+    for (size_t i = 8; i + k <= n; i++)
+        if (memcmp(raw + i, name, k) == 0 && raw[i - 8] == k && raw[i + k] < 8)
+            return i + k;
+    cr_assert_fail("tensor info '%s' not found", name);
+    return 0;
+}
+
+static void gguf_expect(const char *file, const unsigned char *raw, size_t n, const char *want)
+{
+    char *path = tmp_path(file);
+    write_bytes(path, raw, n);
+    ModelDesc m;
+    desc_gguf(&m, path);
+    expect_error(&m, want);
+    free(path);
+}
+
+Test(weights, gguf_bad_inputs)
+{
+    skip_without_fixtures();
+    size_t n;
+    unsigned char *raw = read_bytes(FIXTURES "/tiny.gguf", &n);
+    unsigned char *b = xmalloc(n);
+    uint32_t u32;
+    uint64_t u64;
+
+    memcpy(b, raw, n);
+    b[0] = 'X';
+    gguf_expect("magic.gguf", b, n, "not a GGUF file (bad magic)");
+    memcpy(b, raw, n);
+    b[4] = 4;
+    gguf_expect("version.gguf", b, n, "GGUF version 4 is not supported");
+    gguf_expect("cut.gguf", raw, 300, "file is truncated");
+    gguf_expect("short.gguf", raw, 3000, "runs past the end of the file");
+    gguf_expect("empty.gguf", raw, 0, "bad magic");
+
+    size_t q = gguf_info_at(raw, n, "blk.0.attn_q.weight"); /* u32 ndim, u64 dims[2], u32 type, u64 off */
+    memcpy(b, raw, n);
+    u64 = 16;
+    memcpy(b + q + 4 + 8, &u64, 8);
+    gguf_expect("shape.gguf", b, n,
+                "tensor 'blk.0.attn_q.weight': shape [16, 32] does not match the model (expected [32, 32])");
+    memcpy(b, raw, n);
+    u32 = 20; /* IQ4_NL: same block size as Q4_0 */
+    memcpy(b + q + 20, &u32, 4);
+    gguf_expect("type.gguf", b, n, "tensor 'blk.0.attn_q.weight': type IQ4_NL (20) is not supported");
+    memcpy(b, raw, n);
+    u32 = 99;
+    memcpy(b + q + 20, &u32, 4);
+    gguf_expect("type99.gguf", b, n, "type unknown (99) is not supported");
+    memcpy(b, raw, n);
+    u64 = 1 << 30;
+    memcpy(b + q + 24, &u64, 8);
+    gguf_expect("offset.gguf", b, n,
+                "tensor 'blk.0.attn_q.weight': data at offset 1073741824 (576 bytes) runs past the end");
+    memcpy(b, raw, n);
+    memcpy(&u64, b + q + 24, 8);
+    u64 += 1;
+    memcpy(b + q + 24, &u64, 8);
+    gguf_expect("align.gguf", b, n, "is not aligned");
+
+    size_t a = gguf_info_at(raw, n, "blk.0.attn_norm.weight"), o = gguf_info_at(raw, n, "output_norm.weight");
+    memcpy(b, raw, n);
+    memcpy(b + o + 4 + 8 + 4, raw + a + 4 + 8 + 4, 8); /* output_norm at attn_norm's offset */
+    gguf_expect("overlap.gguf", b, n, "data overlaps tensor");
+
+    memcpy(b, raw, n);
+    memcpy(b + gguf_info_at(raw, n, "blk.1.ffn_up.weight") - 6, "uq", 2);
+    gguf_expect("missing.gguf", b, n, "tensor 'blk.1.ffn_up.weight' is missing");
+
+    ModelDesc m;
+    desc_gguf(&m, FIXTURES "/tiny.gguf");
+    m.n_kv_heads = 4;
+    expect_error(&m, "key 'llama.attention.head_count_kv' is 2, but the model description says 4");
+    desc_gguf(&m, FIXTURES "/tiny.gguf");
+    m.rope_pairing = ROPE_HALF;
+    expect_error(&m, "RoPE pairing 'adjacent'");
+    free(b);
+    free(raw);
+}
