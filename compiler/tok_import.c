@@ -179,17 +179,25 @@ static bool hf_id(HfImport *h, const DocNode *n, int limit, int *id)
     return true;
 }
 
-/* The vocabulary size: one past the largest id, or the model's if larger. */
+/* The vocabulary size: one past the largest id, or the model's if larger;
+ * -1 after an error. */
 static int hf_vocab_size(HfImport *h, const DocNode *vocab, const DocNode *added)
 {
     int64_t max = -1, v;
-    for (int i = 0; i < vocab->n; i++)
-        if (doc_int(&h->doc, h->d, vocab->items[i], &v) && v > max)
-            max = v;
-    for (int i = 0; added && i < added->n; i++)
-        if (doc_int(&h->doc, h->d, doc_get(added->items[i], "id"), &v) && v > max)
-            max = v;
-    if (h->m->vocab_size > 0 && max >= h->m->vocab_size) {
+    for (int i = 0; i < vocab->n; i++) {
+        if (!doc_int(&h->doc, h->d, vocab->items[i], &v))
+            return -1;
+        max = v > max ? v : max;
+    }
+    for (int i = 0; added && i < added->n; i++) {
+        const DocNode *id = doc_get(added->items[i], "id");
+        if (!id)
+            doc_error(&h->doc, h->d, added->items[i], "added token without an id");
+        if (!id || !doc_int(&h->doc, h->d, id, &v))
+            return -1;
+        max = v > max ? v : max;
+    }
+    if ((h->m->vocab_size > 0 && max >= h->m->vocab_size) || max >= (1 << 24)) {
         doc_error(&h->doc, h->d, vocab, "tokenizer has id %lld but the model's vocab_size is %d", (long long)max,
                   h->m->vocab_size);
         return -1;
@@ -281,8 +289,10 @@ static bool hf_build(HfImport *h)
         return false;
     }
     int nv = hf_vocab_size(h, vocab, added);
-    if (nv <= 0 || h->d->nerrors || !(h->t = tok_new(TOK_BPE, nv)))
+    if (nv <= 0)
         return false;
+    if (!(h->t = tok_new(TOK_BPE, nv)))
+        die("out of memory");
     tok_set_pretok(h->t, pk);
     tok_set_ids(h->t, h->m->bos_id, h->m->eos_id);
     return hf_vocab(h, vocab) && hf_added(h, added) && hf_merges(h, merges);
@@ -324,6 +334,13 @@ static const GgufKV *gguf_array(const GgufFile *g, const char *key, GgufType et,
         return NULL;
     }
     return kv;
+}
+
+/* An optional array: absent is fine (*out = NULL), malformed is an error. */
+static bool gguf_array_opt(const GgufFile *g, const char *key, GgufType et, uint64_t n, Diag *d, const GgufKV **out)
+{
+    *out = gguf_find(g, key) ? gguf_array(g, key, et, n, d) : NULL;
+    return *out || !gguf_find(g, key);
 }
 
 static int32_t gguf_i32_at(const GgufKV *kv, uint64_t i)
@@ -423,13 +440,13 @@ static bool gguf_vocab(Tokenizer *t, const GgufFile *g, bool spm, Diag *d)
 {
     uint64_t n = (uint64_t)tok_vocab(t);
     const GgufKV *tokens = gguf_array(g, "tokenizer.ggml.tokens", GGUF_T_STRING, 0, d);
-    const GgufKV *types = gguf_array(g, "tokenizer.ggml.token_type", GGUF_T_I32, tokens ? tokens->arr_n : 0, d);
-    const GgufKV *scores = spm ? gguf_array(g, "tokenizer.ggml.scores", GGUF_T_F32, tokens ? tokens->arr_n : 0, d) : NULL;
-    if (!tokens || !types || (spm && !scores))
+    const GgufKV *types = NULL, *scores = NULL;   /* optional, as in llama.cpp: normal, score 0 */
+    if (!tokens || !gguf_array_opt(g, "tokenizer.ggml.token_type", GGUF_T_I32, tokens->arr_n, d, &types) ||
+        !gguf_array_opt(g, "tokenizer.ggml.scores", GGUF_T_F32, tokens->arr_n, d, &scores))
         return false;
     for (uint64_t i = 0; i < tokens->arr_n && i < n; i++) {
-        bool special = gguf_is_special(gguf_i32_at(types, i));
-        bool ok = spm ? gguf_spm_piece(t, (int)i, tokens->strs[i], gguf_f32_at(scores, i))
+        bool special = types && gguf_is_special(gguf_i32_at(types, i));
+        bool ok = spm ? gguf_spm_piece(t, (int)i, tokens->strs[i], scores ? gguf_f32_at(scores, i) : 0.0f)
                       : gguf_bpe_piece(t, (int)i, tokens->strs[i], special);
         if (!ok) {
             diag_file_error(d, g->path, "tokenizer.ggml.tokens[%llu] is not in the byte-level alphabet",
@@ -469,11 +486,12 @@ static Tokenizer *gguf_build(const GgufFile *g, const ModelDesc *m, Diag *d)
                         model.s);
         return NULL;
     }
-    if ((bpe && !gguf_pretok(g, d, &pk)) || (m->vocab_size > 0 && tokens->arr_n > (uint64_t)m->vocab_size) ||
-        tokens->arr_n == 0 || tokens->arr_n > (1u << 24)) {
-        if (!d->nerrors)
-            diag_file_error(d, g->path, "%llu tokens do not fit the model's vocab_size %d",
-                            (unsigned long long)tokens->arr_n, m->vocab_size);
+    if (bpe && !gguf_pretok(g, d, &pk))
+        return NULL;
+    if ((m->vocab_size > 0 && tokens->arr_n > (uint64_t)m->vocab_size) || tokens->arr_n == 0 ||
+        tokens->arr_n > (1u << 24)) {
+        diag_file_error(d, g->path, "%llu tokens do not fit the model's vocab_size %d",
+                        (unsigned long long)tokens->arr_n, m->vocab_size);
         return NULL;
     }
     int nv = m->vocab_size > 0 ? m->vocab_size : (int)tokens->arr_n;
@@ -528,6 +546,10 @@ static Tokenizer *tok_import_llama2c(const ModelDesc *m, Diag *d)
 Tokenizer *tok_import(const ModelDesc *m, Diag *d)
 {
     Tokenizer *t = NULL;
+    if (m->tok_format != TOKFMT_BYTES && m->tok_format != TOKFMT_NONE && !m->tok_path) {
+        diag_file_error(d, m->path, "the tokenizer's file is not given");
+        return NULL;
+    }
     switch (m->tok_format) {
     case TOKFMT_LLAMA2C:
         return tok_import_llama2c(m, d);

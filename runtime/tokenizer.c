@@ -23,7 +23,7 @@
  * Unicode classes: \p{L} and \p{N} are the general categories L* and N*
  * from tok_unicode.inc (generated from Unicode 14 data); \s is the
  * White_Space property, as in Oniguruma (which HF tokenizers uses). The
- * case-insensitive contractions of Llama-3 fold ASCII only. Invalid UTF-8
+ * case-insensitive contractions of Llama-3 fold ASCII and U+017F. Invalid UTF-8
  * bytes are taken one at a time as "other" (neither letter, number nor
  * space).
  *
@@ -351,31 +351,37 @@ static void tok_byte_ids(Tokenizer *t)
     }
 }
 
-static const Tokenizer *tok_sort_ctx;
+typedef struct { uint32_t len; int id; } SpecialKey;
 
 static int tok_special_cmp(const void *x, const void *y)
 {
-    int a = *(const int *)x, b = *(const int *)y;
-    uint32_t la = tok_sort_ctx->plen[a], lb = tok_sort_ctx->plen[b];
-    return la != lb ? (la > lb ? -1 : 1) : a - b;
+    const SpecialKey *a = x, *b = y;
+    return a->len != b->len ? (a->len > b->len ? -1 : 1) : a->id - b->id;
 }
 
+/* Special ids, longest content first (so the first match is the longest). */
 static bool tok_specials_index(Tokenizer *t)
 {
     free(t->specials);
     t->nspecials = 0;
     t->specials = malloc((size_t)t->n_vocab * sizeof *t->specials);
-    if (!t->specials)
+    SpecialKey *keys = malloc((size_t)t->n_vocab * sizeof *keys);
+    if (!t->specials || !keys) {
+        free(keys);
         return false;
+    }
     memset(t->special_first, 0, sizeof t->special_first);
     for (int id = 0; id < t->n_vocab; id++) {
         if (t->special[id] && t->piece[id] && t->plen[id] > 0) {
-            t->specials[t->nspecials++] = id;
+            keys[t->nspecials++] = (SpecialKey){t->plen[id], id};
             t->special_first[(unsigned char)t->piece[id][0]] = 1;
         }
     }
-    tok_sort_ctx = t;
-    qsort(t->specials, (size_t)t->nspecials, sizeof *t->specials, tok_special_cmp);
+    if (t->nspecials > 1)
+        qsort(keys, (size_t)t->nspecials, sizeof *keys, tok_special_cmp);
+    for (int i = 0; i < t->nspecials; i++)
+        t->specials[i] = keys[i].id;
+    free(keys);
     return true;
 }
 
@@ -558,9 +564,13 @@ static size_t run_of(const Chars *c, size_t i, CharClass k)
 
 static bool is_nl(uint32_t c) { return c == '\r' || c == '\n'; }
 
+/* Case folding for the contraction letters: ASCII, and U+017F (long s),
+ * the one other char whose simple case fold is among s t r e v m l d. */
 static uint32_t fold(uint32_t c, bool icase)
 {
-    return icase && c >= 'A' && c <= 'Z' ? c + 32 : c;
+    if (!icase)
+        return c;
+    return c >= 'A' && c <= 'Z' ? c + 32 : c == 0x17F ? 's' : c;
 }
 
 /* '(s|t|re|ve|m|ll|d), optionally ASCII case-insensitive: end index or 0. */
@@ -630,6 +640,118 @@ static size_t match_llama3(const Chars *c, size_t i)
     return match_space_tail(c, i);
 }
 
+/* ---- merging symbols (both SPM and BPE) ----
+ *
+ * Symbols sit in a linked list; candidate pairs in a binary heap ordered by
+ * (cost, position of the left symbol): the lowest cost first, the leftmost
+ * on ties, which is exactly "repeatedly merge the best pair, leftmost
+ * first" (llama2.c scans for it; HF and SentencePiece use such a queue)
+ * in O(n log n). Entries made stale by earlier merges are skipped on pop.
+ */
+
+typedef struct {
+    double cost;            /* SPM: -score of the merged piece; BPE: rank */
+    int out;                /* the merged piece */
+    int l, r;               /* symbol indices */
+    int a, b;               /* their pieces when pushed */
+} MergeCand;
+
+typedef struct {
+    const Tokenizer *t;
+    int *id, *prev, *next;  /* (n) symbols; prev/next -1 at the ends */
+    MergeCand *heap;
+    size_t nheap, capheap;
+} Merger;
+
+static bool cand_less(const MergeCand *x, const MergeCand *y)
+{
+    return x->cost != y->cost ? x->cost < y->cost : x->l < y->l;
+}
+
+/* The cost of merging pieces a and b, or false when they do not merge. */
+static bool pair_cost(const Tokenizer *t, int a, int b, double *cost, int *out)
+{
+    if (t->kind == TOK_BPE) {
+        int r = tok_merge_rank(t, a, b);
+        if (r < 0)
+            return false;
+        *cost = r, *out = t->merges[r].out;
+        return true;
+    }
+    int id = tok_lookup2(t, a, b);
+    if (id < 0 || t->score[id] <= -1e10f)   /* llama2.c's best_score starts at -1e10 */
+        return false;
+    *cost = -(double)t->score[id], *out = id;
+    return true;
+}
+
+static void heap_push(Merger *m, int l, int r)
+{
+    if (l < 0 || r < 0)
+        return;
+    MergeCand c = {0, 0, l, r, m->id[l], m->id[r]};
+    if (!pair_cost(m->t, c.a, c.b, &c.cost, &c.out))
+        return;
+    size_t i = m->nheap++;      /* capacity: see merger_run */
+    for (; i > 0 && cand_less(&c, &m->heap[(i - 1) / 2]); i = (i - 1) / 2)
+        m->heap[i] = m->heap[(i - 1) / 2];
+    m->heap[i] = c;
+}
+
+static MergeCand heap_pop(Merger *m)
+{
+    MergeCand top = m->heap[0], last = m->heap[--m->nheap];
+    size_t i = 0;
+    for (;;) {
+        size_t k = 2 * i + 1;
+        if (k >= m->nheap)
+            break;
+        if (k + 1 < m->nheap && cand_less(&m->heap[k + 1], &m->heap[k]))
+            k++;
+        if (!cand_less(&m->heap[k], &last))
+            break;
+        m->heap[i] = m->heap[k];
+        i = k;
+    }
+    if (m->nheap)
+        m->heap[i] = last;
+    return top;
+}
+
+/* Merges sym[0..n) in place; returns the new count, or -1 (no memory). */
+static int merger_run(const Tokenizer *t, int *sym, int n)
+{
+    if (n < 2)
+        return n;
+    Merger m = {t, sym, malloc((size_t)n * sizeof(int)), malloc((size_t)n * sizeof(int)),
+                malloc((size_t)n * 3 * sizeof(MergeCand)), 0, (size_t)n * 3};
+    if (!m.prev || !m.next || !m.heap) {
+        free(m.prev), free(m.next), free(m.heap);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        m.prev[i] = i - 1, m.next[i] = i + 1 < n ? i + 1 : -1;
+    for (int i = 0; i + 1 < n; i++)
+        heap_push(&m, i, i + 1);
+    while (m.nheap) {   /* n - 1 initial pairs + 2 per merge (< n merges) fit in 3n */
+        MergeCand c = heap_pop(&m);
+        if (m.id[c.l] != c.a || m.next[c.l] != c.r || m.id[c.r] != c.b)
+            continue;   /* stale */
+        m.id[c.l] = c.out;
+        m.id[c.r] = -1;
+        m.next[c.l] = m.next[c.r];
+        if (m.next[c.r] >= 0)
+            m.prev[m.next[c.r]] = c.l;
+        heap_push(&m, m.prev[c.l], c.l);
+        heap_push(&m, c.l, m.next[c.l]);
+    }
+    int k = 0;
+    for (int i = 0; i >= 0; i = m.next[i])
+        sym[k++] = sym[i];
+    free(m.prev), free(m.next), free(m.heap);
+    return k;
+}
+
 /* ---- BPE ---- */
 
 /* Merges the byte pieces of word s[0..n) by rank and appends the ids. */
@@ -642,36 +764,24 @@ static bool bpe_word(const Tokenizer *t, const char *s, size_t n, IdBuf *o)
             return true;
         }
     }
-    int *sym = malloc(n * sizeof *sym);
+    int *sym = malloc((n + 1) * sizeof *sym);
     if (!sym)
         return false;
-    size_t m = 0;
+    int m = 0;
     for (size_t i = 0; i < n; i++)
         if (t->byte_id[(unsigned char)s[i]] >= 0)   /* no piece: dropped, as HF does without unk */
             sym[m++] = t->byte_id[(unsigned char)s[i]];
-    for (;;) {
-        int best = -1;
-        size_t at = 0;
-        for (size_t i = 0; i + 1 < m; i++) {
-            int r = tok_merge_rank(t, sym[i], sym[i + 1]);
-            if (r >= 0 && (best < 0 || r < best))
-                best = r, at = i;
-        }
-        if (best < 0)
-            break;
-        sym[at] = t->merges[best].out;
-        memmove(sym + at + 1, sym + at + 2, (m - at - 2) * sizeof *sym);
-        m--;
-    }
-    for (size_t i = 0; i < m; i++)
+    m = merger_run(t, sym, m);
+    for (int i = 0; i < m; i++)
         ids_push(o, sym[i]);
     free(sym);
-    return true;
+    return m >= 0;
 }
 
 /* The end of the pre-tokenizer word at c[i]. With PRETOK_GPT2_DIGITS a
- * number char is a word alone and the regex sees only the spans between. */
-static size_t pretok_next(const Tokenizer *t, const Chars *c, size_t i)
+ * number char is a word alone and the regex sees only the spans between;
+ * *span caches the end of the current span (start with 0). */
+static size_t pretok_next(const Tokenizer *t, const Chars *c, size_t i, size_t *span)
 {
     if (t->pretok == PRETOK_LLAMA3)
         return match_llama3(c, i);
@@ -681,11 +791,14 @@ static size_t pretok_next(const Tokenizer *t, const Chars *c, size_t i)
         return c->n;
     if (c->cls[i] == CC_NUMBER)
         return i + 1;
-    Chars span = *c;
-    span.n = i;
-    while (span.n < c->n && c->cls[span.n] != CC_NUMBER)
-        span.n++;
-    return match_gpt2(&span, i);
+    if (*span <= i) {
+        *span = i;
+        while (*span < c->n && c->cls[*span] != CC_NUMBER)
+            ++*span;
+    }
+    Chars sub = *c;
+    sub.n = *span;
+    return match_gpt2(&sub, i);
 }
 
 /* Splits s[0..len) with the pre-tokenizer and encodes each word. */
@@ -693,8 +806,9 @@ static bool bpe_segment(const Tokenizer *t, const char *s, size_t len, IdBuf *o)
 {
     Chars c;
     bool ok = chars_init(&c, s, len);
+    size_t span = 0;
     for (size_t i = 0; ok && i < c.n;) {
-        size_t j = pretok_next(t, &c, i);
+        size_t j = pretok_next(t, &c, i, &span);
         ok = bpe_word(t, s + c.off[i], c.off[j] - c.off[i], o);
         i = j;
     }
@@ -710,8 +824,9 @@ int tok_split(const Tokenizer *t, const char *text, size_t *ends, int cap)
         chars_free(&c);
         return -1;
     }
+    size_t span = 0;
     for (size_t i = 0; i < c.n && n >= 0;) {
-        i = pretok_next(t, &c, i);
+        i = pretok_next(t, &c, i, &span);
         if (n < cap)
             ends[n++] = c.off[i];
         else
@@ -747,25 +862,11 @@ static bool spm_segment(const Tokenizer *t, const char *s, size_t len, IdBuf *o)
                     sym[m++] = t->byte_id[(unsigned char)s[i + b]];
         i += k;
     }
-    for (;;) {
-        float best = -1e10f;
-        int best_id = -1;
-        size_t at = 0;
-        for (size_t i = 0; i + 1 < m; i++) {
-            int id = tok_lookup2(t, sym[i], sym[i + 1]);
-            if (id >= 0 && t->score[id] > best)
-                best = t->score[id], best_id = id, at = i;
-        }
-        if (best_id < 0)
-            break;
-        sym[at] = best_id;
-        memmove(sym + at + 1, sym + at + 2, (m - at - 2) * sizeof *sym);
-        m--;
-    }
-    for (size_t i = 0; i < m; i++)
+    int k = merger_run(t, sym, (int)m);
+    for (int i = 0; i < k; i++)
         ids_push(o, sym[i]);
     free(sym);
-    return true;
+    return k >= 0;
 }
 
 /* ---- encode ---- */

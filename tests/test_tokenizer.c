@@ -2,7 +2,7 @@
  * test_tokenizer.c - the tokenizers against outside references:
  *   - llama2.c's tok512 (stories260K): encodings pinned from
  *     fixtures/tokenizer/llama2c_ref.py (a Python model of run.c), and the
- *     decode of the golden greedy run of ../shared/golden;
+ *     golden greedy run of ../shared/golden decoded and re-encoded;
  *   - HF tokenizers with SmolLM2's tokenizer.json: every string of
  *     fixtures/tokenizer/smollm2_golden.json encodes to the same ids and
  *     decodes back, also after a native-file round trip;
@@ -133,6 +133,8 @@ Test(tokenizer, tok512_decode_golden)
     char *s = decode_all(t, v[0], v + 1, n - 1);
     cr_assert_str_eq(s, text->str);
     free(s);
+    /* and this text encodes back to the same 256 ids (llama2c_ref.py agrees) */
+    expect_ids(t, text->str, true, v, n);
     doc_free(&doc);
     tok_free(t);
 }
@@ -187,6 +189,14 @@ static int check_bpe_golden(const Tokenizer *t)
     return n;
 }
 
+static void write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    cr_assert_eq(fwrite(p, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+}
+
 static ModelDesc model_with_tok(TokFormat f, const char *path, int vocab)
 {
     ModelDesc m;
@@ -217,7 +227,7 @@ Test(tokenizer, smollm2_json_golden)
     cr_assert_eq(tok_vocab(t), 49152);
     cr_assert_eq(tok_nmerges(t), 48900);
     cr_assert(tok_is_special(t, 1) && !tok_is_special(t, 17));
-    cr_assert_eq(check_bpe_golden(t), 72);
+    cr_assert_eq(check_bpe_golden(t), 74);
 
     /* the native file holds all of it */
     char path[] = "/tmp/megac_tok_XXXXXX", err[512];
@@ -278,6 +288,61 @@ Test(tokenizer, pretok_llama3_regex)
     check_splits(PRETOK_LLAMA3, "llama3");
 }
 
+/* A small tokenizer.json: "a b" merges, an added token, GPT-2 regex. */
+Test(tokenizer, hf_small_json)
+{
+    static const char json[] =
+        "{\"added_tokens\": [{\"id\": 7, \"content\": \"<|x|>\", \"special\": true}],\n"
+        " \"normalizer\": null,\n"
+        " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true},\n"
+        " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"\u0120\": 2, \"ab\": 3, \"\u0120ab\": 4,\n"
+        "   \"c\": 5, \"\u010a\": 6}, \"merges\": [\"a b\", \"\u0120 ab\"]}}\n";
+    char path[] = "/tmp/megac_toksmall_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    write_bytes(path, json, strlen(json));
+    ModelDesc m = model_with_tok(TOKFMT_HF, path, 0);
+    Diag d;
+    diag_init(&d);
+    Tokenizer *t = tok_import(&m, &d);
+    unlink(path);
+    cr_assert(t);
+    cr_assert_eq(tok_vocab(t), 8);
+    cr_assert_eq(tok_pretok(t), PRETOK_GPT2);
+    size_t len;
+    const char *p = tok_piece(t, 6, &len);
+    cr_assert(p && len == 1 && p[0] == '\n', "U+010A is byte 0x0A");
+    static const int want[] = {3, 4, 6, 7, 0, 2, 5};
+    expect_ids(t, "ab ab\n<|x|>a c", false, want, 7);
+    char *txt = decode_all(t, -1, want, 7);
+    cr_assert_str_eq(txt, "ab ab\n<|x|>a c");
+    free(txt);
+    tok_free(t);
+}
+
+/* PRETOK_LLAMA3 takes a word that is a whole piece as is (ignore_merges);
+ * the others build it from merges only. */
+Test(tokenizer, llama3_whole_word)
+{
+    for (int k = 0; k < 2; k++) {
+        Tokenizer *t = tok_new(TOK_BPE, 257);
+        for (int b = 0; b < 256; b++) {
+            char c = (char)b;
+            tok_set_piece(t, b, &c, 1, 0.0f);
+        }
+        tok_set_piece(t, 256, "hello", 5, 0.0f);
+        tok_set_pretok(t, k ? PRETOK_LLAMA3 : PRETOK_GPT2);
+        tok_finish(t);
+        cr_assert_null(tok_error(t));
+        int ids[8];
+        int n = tok_encode(t, "hello", false, ids, 8);
+        cr_assert_eq(n, k ? 1 : 5);
+        cr_assert_eq(ids[0], k ? 256 : 'h');
+        tok_free(t);
+    }
+}
+
 /* ---- GGUF vocabulary ---- */
 
 Test(tokenizer, smollm2_gguf_golden)
@@ -334,14 +399,6 @@ Test(tokenizer, gguf_spm_matches_llama2c)
 
 /* ---- bad files and importer errors ---- */
 
-static void write_bytes(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    cr_assert(f);
-    cr_assert_eq(fwrite(p, 1, n, f), n);
-    cr_assert_eq(fclose(f), 0);
-}
-
 Test(tokenizer, native_bad_files)
 {
     Tokenizer *t = tok512();
@@ -362,6 +419,15 @@ Test(tokenizer, native_bad_files)
         err[0] = '\0';
         cr_assert_null(tok_load(path, err, sizeof err), "a file cut at %zu bytes loads", cut);
         cr_assert(strstr(err, path), "the error names the file: %s", err);
+    }
+    for (size_t i = 0; i < n; i += 1 + i / 16) {     /* flipped bytes: loads or fails, never crashes */
+        char saved = good[i];
+        good[i] = (char)(saved ^ 0xA5);
+        write_bytes(path, good, n);
+        u = tok_load(path, err, sizeof err);
+        cr_assert(u || strstr(err, path), "%s", err);
+        tok_free(u);
+        good[i] = saved;
     }
     good[40] = (char)0x7f;  /* the first piece's length becomes huge */
     write_bytes(path, good, n);
@@ -418,6 +484,41 @@ Test(tokenizer, hf_import_errors)
                            " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a c\"]}}\n");
     cr_assert(strstr(e, ":2:65: error: bad merge"), "%s", e);
     free(e);
+}
+
+/* The weights' GGUF fixture has tokens and scores but no token types
+ * (optional, as in llama.cpp); a GGUF without a vocabulary is one error. */
+Test(tokenizer, gguf_minimal_and_without_vocab)
+{
+    const char *path = MEGAC_SRC "/tests/fixtures/weights/tiny.gguf";
+    need_file(path);
+    ModelDesc m = model_with_tok(TOKFMT_GGUF, path, 0);
+    Diag d;
+    diag_init(&d);
+    Tokenizer *t = tok_import(&m, &d);
+    cr_assert(t);
+    cr_assert_eq(tok_kind(t), TOK_SPM);
+    cr_assert_eq(tok_vocab(t), 32);
+    cr_assert_eq(tok_bos(t), 1);
+    tok_free(t);
+
+    static const unsigned char empty[24] = {'G', 'G', 'U', 'F', 3};  /* v3, no tensors, no keys */
+    char tmp[] = "/tmp/megac_tokgguf_XXXXXX";
+    int fd = mkstemp(tmp);
+    cr_assert(fd >= 0);
+    close(fd);
+    write_bytes(tmp, empty, sizeof empty);
+    m = model_with_tok(TOKFMT_GGUF, tmp, 0);
+    char *out = NULL;
+    size_t len = 0;
+    d.out = open_memstream(&out, &len);
+    cr_assert(d.out);
+    cr_assert_null(tok_import(&m, &d));
+    fclose(d.out);
+    unlink(tmp);
+    cr_assert_eq(d.nerrors, 1);
+    cr_assert(strstr(out, ": error: no tokenizer.ggml.model"), "%s", out);
+    free(out);
 }
 
 Test(tokenizer, import_llama2c_and_bytes)
