@@ -162,6 +162,7 @@ MK_INLINE float mk_dot_row(const float *w, const float *x, int k, unsigned lane)
     if ((k & 3) == 0) {
         const float4 *w4 = (const float4 *)w, *x4 = (const float4 *)x;
         int k4 = k >> 2, j = (int)lane;
+#pragma unroll 1
         for (; j + 96 < k4; j += 128) {
             float4 wa = mk_ldg4(w4 + j), wb = mk_ldg4(w4 + j + 32);
             float4 wc = mk_ldg4(w4 + j + 64), wd = mk_ldg4(w4 + j + 96);
@@ -171,6 +172,7 @@ MK_INLINE float mk_dot_row(const float *w, const float *x, int k, unsigned lane)
             a2 += wc.x * xc.x + wc.y * xc.y + wc.z * xc.z + wc.w * xc.w;
             a3 += wd.x * xd.x + wd.y * xd.y + wd.z * xd.z + wd.w * xd.w;
         }
+#pragma unroll 1
         for (; j < k4; j += 32) {
             float4 wa = mk_ldg4(w4 + j), xa = x4[j];
             a0 += wa.x * xa.x + wa.y * xa.y + wa.z * xa.z + wa.w * xa.w;
@@ -267,6 +269,7 @@ MK_DEV void op_attn(const MegacArgs *a, const unsigned *in)
                 acc[g][i] = 0.0f;
             }
         }
+#pragma unroll 1
         for (int idx = (int)warp;; idx += MK_AW) {
             long long t = (long long)(s + (idx / block) * nsplit) * block + idx % block;
             if (t > a->pos)
