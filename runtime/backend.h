@@ -98,4 +98,7 @@ bool rt_path(char *buf, size_t cap, const char *dir, const char *name);
 /* ---- cpu_backend.c ---- */
 extern const RtBackend rt_cpu_backend;
 
+/* ---- cuda_backend.c ---- */
+extern const RtBackend rt_cuda_backend;
+
 #endif

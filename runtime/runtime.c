@@ -31,6 +31,8 @@ static const RtBackend *backend_for(const char *target)
 {
     if (strcmp(target, "cpu") == 0 || strcmp(target, "host-cuda") == 0)
         return &rt_cpu_backend;
+    if (strncmp(target, "sm_", 3) == 0)
+        return &rt_cuda_backend;
     return NULL;
 }
 
