@@ -180,7 +180,7 @@ static void cubin_compile(const char *yaml, const char *arch)
     static const char *const syms[] = {"megac_kernel", "megac_kernel_abi", "megac_schedule_hash", "megac_num_workers"};
     for (int i = 0; i < 4; i++)
         cr_assert(memmem(cubin, n, syms[i], strlen(syms[i]) + 1), "%s: no symbol %s", path, syms[i]);
-    fprintf(stderr, "%s %s: %u workers, %d regs, %d B smem\n", r.m.name, arch, s->nworkers, info.regs_per_thread,
+    cr_log_info("%s %s: %u workers, %d regs, %d B smem", r.m.name, arch, s->nworkers, info.regs_per_thread,
                 info.smem_per_block);
     free(cubin);
     sched_free(s);

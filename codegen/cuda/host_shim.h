@@ -293,10 +293,21 @@ static void mk_block_free(void *p)
     free(b);
 }
 
+static int mk_key_made;
+
 static void mk_key_make(void)
 {
     if (pthread_key_create(&mk_blk_key, mk_block_free) != 0)
         abort();
+    mk_key_made = 1;
+}
+
+/* dlclose: the key's destructor lives in this library. The runtime joins
+ * every thread that ran a block (freeing its block) before it unloads. */
+__attribute__((destructor)) static void mk_key_delete(void)
+{
+    if (mk_key_made)
+        pthread_key_delete(mk_blk_key);
 }
 
 /* This OS thread's block, made on first use; freed when the thread exits. */

@@ -475,7 +475,7 @@ MK_DEV unsigned mk_wait(const MegacArgs *a, unsigned worker, unsigned pc, unsign
                 return 1;
             }
             mk_nanosleep(ns);
-            ns = ns < 1024 ? 2 * ns : ns;
+            ns = ns < 256 ? 2 * ns : ns;
         }
         if (a->abort_info && mk_ld_acquire(&a->abort_info->flag) != 0)
             return 0;
