@@ -21,6 +21,7 @@
 #include "codegen/codegen.h"
 #include "codegen/cuda/cuda.h"
 #include "runtime/cuda_driver.h"
+#include "runtime/kernel_abi.h"
 #include "runtime/megac.h"
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wcomment"
@@ -29,6 +30,7 @@
 #pragma GCC diagnostic pop
 
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -240,6 +242,130 @@ Test(cuda_nvrtc, unknown_arch_is_an_error)
     fclose(d.out);
     sched_free(s);
     model_close(&r);
+}
+
+/* ---- host-cuda: GEMV paths, op by op ---- */
+
+typedef void (*WorkerFn)(const MegacArgs *, uint32_t);
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+
+static float rnd(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(rng >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+}
+
+typedef struct {
+    int r0, r1, rows, k, flags;
+    uint32_t w, x, y, nw, b;
+} GemvCase;
+
+/* Every GEMV path of kernel_body.cuh on one host block: rows split over
+ * warps (1 and 2 rows), a row length that is not a multiple of 4, warp per
+ * row, and an input too long for the shared scratch (read from the arena),
+ * each against a double-precision sum. */
+Test(cuda_host, gemv_paths_match_double)
+{
+    static const int spec[][5] = {
+        {0, 1, 3, 64, GEMV_NORM | GEMV_BIAS}, {3, 5, 6, 68, GEMV_ACCUM}, {0, 7, 7, 66, GEMV_BIAS},
+        {0, 50, 50, 64, GEMV_NORM | GEMV_ACCUM}, {1, 4, 4, 8200, 0},
+    };
+    enum { N = 5 };
+    Schedule *s = sched_new("gemv", "host-cuda", 1);
+    s->shape = (ModelShape){.dim = 64, .hidden_dim = 64, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1,
+                            .head_dim = 8, .vocab_size = 16, .max_seq = 16, .norm_eps = 1e-5};
+    GemvCase c[N];
+    for (int i = 0; i < N; i++) {
+        char name[32];
+        GemvCase *g = &c[i];
+        g->r0 = spec[i][0], g->r1 = spec[i][1], g->rows = spec[i][2], g->k = spec[i][3], g->flags = spec[i][4];
+        int64_t wn[2] = {g->rows, g->k}, kn = g->k, rn = g->rows;
+        snprintf(name, sizeof name, "w%d", i);
+        g->w = sched_add_buffer(s, name, DT_F32, BUF_WEIGHT, 2, wn);
+        snprintf(name, sizeof name, "nw%d", i);
+        g->nw = sched_add_buffer(s, name, DT_F32, BUF_WEIGHT, 1, &kn);
+        snprintf(name, sizeof name, "b%d", i);
+        g->b = sched_add_buffer(s, name, DT_F32, BUF_WEIGHT, 1, &rn);
+        snprintf(name, sizeof name, "x%d", i);
+        g->x = sched_add_buffer(s, name, DT_F32, BUF_STATE, 1, &kn);
+        snprintf(name, sizeof name, "y%d", i);
+        g->y = sched_add_buffer(s, name, DT_F32, BUF_STATE, 1, &rn);
+        int32_t p[OP_MAX_PARAMS] = {g->r0, g->r1, g->k, g->flags};
+        Access acc[5] = {
+            {g->w, ACC_R, affine_const((int64_t)g->r0 * g->k), affine_const((int64_t)g->r1 * g->k)},
+            {g->x, ACC_R, affine_const(0), affine_const(g->k)},
+            {g->y, (uint8_t)(g->flags & GEMV_ACCUM ? ACC_RW : ACC_W), affine_const(g->r0), affine_const(g->r1)},
+            {g->flags & GEMV_NORM ? g->nw : BUF_NONE, ACC_R, affine_const(0), affine_const(g->k)},
+            {g->flags & GEMV_BIAS ? g->b : BUF_NONE, ACC_R, affine_const(g->r0), affine_const(g->r1)},
+        };
+        if (!(g->flags & GEMV_NORM))
+            acc[3].hi = affine_const(0);
+        if (!(g->flags & GEMV_BIAS))
+            acc[4].lo = acc[4].hi = affine_const(0);
+        sched_op(s, 0, OP_GEMV, p, acc);
+    }
+    sched_layout(s);
+    char *dir = tmp_dir(), so[1200];
+    snprintf(so, sizeof so, "%s/kernel.so", dir);
+    Diag d;
+    diag_init(&d);
+    cr_assert(cg_hostcuda_compile(s, so, &d));
+    void *dl = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    cr_assert(dl, "%s", dlerror());
+    WorkerFn fn = (WorkerFn)(uintptr_t)dlsym(dl, "megac_worker");
+    cr_assert(fn);
+    char *weights = aligned_alloc(64, (s->weights_bytes + 63) / 64 * 64);
+    char *arena = aligned_alloc(64, (s->arena_bytes + 63) / 64 * 64);
+    cr_assert(weights && arena);
+    for (uint32_t b = 0; b < s->nbufs; b++) {
+        float *p = (float *)((s->bufs[b].cls == BUF_WEIGHT ? weights : arena) + s->bufs[b].offset);
+        for (int64_t i = 0; i < s->bufs[b].nelem; i++)
+            p[i] = rnd();
+    }
+    /* the expected results, from the inputs before the step */
+    double *want[N];
+    for (int i = 0; i < N; i++) {
+        GemvCase *g = &c[i];
+        const float *W = (const float *)(weights + s->bufs[g->w].offset), *x = (const float *)(arena + s->bufs[g->x].offset);
+        const float *nw = (const float *)(weights + s->bufs[g->nw].offset), *b = (const float *)(weights + s->bufs[g->b].offset);
+        const float *y = (const float *)(arena + s->bufs[g->y].offset);
+        double ss = 0;
+        for (int j = 0; j < g->k; j++)
+            ss += (double)x[j] * x[j];
+        double sc = 1.0 / sqrt(ss / g->k + 1e-5);
+        want[i] = malloc(sizeof(double) * (size_t)g->rows);
+        for (int r = 0; r < g->rows; r++) {
+            want[i][r] = y[r];
+            if (r < g->r0 || r >= g->r1)
+                continue;
+            double acc = 0;
+            for (int j = 0; j < g->k; j++)
+                acc += (double)W[(int64_t)r * g->k + j] * ((g->flags & GEMV_NORM) ? x[j] * sc * nw[j] : x[j]);
+            if (g->flags & GEMV_BIAS)
+                acc += b[r];
+            want[i][r] = (g->flags & GEMV_ACCUM) ? want[i][r] + acc : acc;
+        }
+    }
+    uint32_t ctr[1] = {0};
+    MegacAbort ab;
+    memset(&ab, 0, sizeof ab);
+    MegacArgs args = {weights, arena, ctr, &ab, 0, 0};
+    fn(&args, 0);
+    cr_assert_eq(ab.flag, 0);
+    for (int i = 0; i < N; i++) {
+        const float *y = (const float *)(arena + s->bufs[c[i].y].offset);
+        for (int r = 0; r < c[i].rows; r++)
+            cr_assert(fabs(y[r] - want[i][r]) <= 1e-4 * (1 + sqrt((double)c[i].k)),
+                      "case %d (rows [%d, %d) of %d, k %d, flags %d): y[%d] = %.7g, want %.7g", i, c[i].r0, c[i].r1,
+                      c[i].rows, c[i].k, c[i].flags, r, y[r], want[i][r]);
+        free(want[i]);
+    }
+    dlclose(dl);
+    free(weights);
+    free(arena);
+    sched_free(s);
+    rm_rf(dir);
 }
 
 /* ---- host-cuda ---- */

@@ -142,7 +142,7 @@ typedef struct MkBlock {
     unsigned worker;
 } MkBlock;
 
-static _Thread_local MkBlock *mk_blk __attribute__((tls_model("initial-exec")));
+static _Thread_local MkBlock *mk_blk;
 static pthread_key_t mk_blk_key;
 static pthread_once_t mk_blk_once = PTHREAD_ONCE_INIT;
 

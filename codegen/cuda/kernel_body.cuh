@@ -154,40 +154,76 @@ MK_DEV void op_rmsnorm(const MegacArgs *a, const unsigned *in)
         out[j] = x[j] * s * w[j];
 }
 
-/* One warp's dot product of a weight row with the input, reduced so that
- * every lane holds it. 16-byte loads, four in flight per lane. */
-MK_INLINE float mk_dot_row(const float *w, const float *x, int k, unsigned lane)
+/* One warp's dot product of float4s [j0, j1) of a weight row and the input,
+ * reduced so that every lane holds it: 16-byte loads, four in flight per
+ * lane. */
+MK_INLINE float mk_dot4(const float4 *w4, const float4 *x4, int j0, int j1, unsigned lane)
 {
     float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-    if ((k & 3) == 0) {
-        const float4 *w4 = (const float4 *)w, *x4 = (const float4 *)x;
-        int k4 = k >> 2, j = (int)lane;
+    int j = j0 + (int)lane;
 #pragma unroll 1
-        for (; j + 96 < k4; j += 128) {
-            float4 wa = mk_ldg4(w4 + j), wb = mk_ldg4(w4 + j + 32);
-            float4 wc = mk_ldg4(w4 + j + 64), wd = mk_ldg4(w4 + j + 96);
-            float4 xa = x4[j], xb = x4[j + 32], xc = x4[j + 64], xd = x4[j + 96];
-            a0 += wa.x * xa.x + wa.y * xa.y + wa.z * xa.z + wa.w * xa.w;
-            a1 += wb.x * xb.x + wb.y * xb.y + wb.z * xb.z + wb.w * xb.w;
-            a2 += wc.x * xc.x + wc.y * xc.y + wc.z * xc.z + wc.w * xc.w;
-            a3 += wd.x * xd.x + wd.y * xd.y + wd.z * xd.z + wd.w * xd.w;
-        }
+    for (; j + 96 < j1; j += 128) {
+        float4 wa = mk_ldg4(w4 + j), wb = mk_ldg4(w4 + j + 32);
+        float4 wc = mk_ldg4(w4 + j + 64), wd = mk_ldg4(w4 + j + 96);
+        float4 xa = x4[j], xb = x4[j + 32], xc = x4[j + 64], xd = x4[j + 96];
+        a0 += wa.x * xa.x + wa.y * xa.y + wa.z * xa.z + wa.w * xa.w;
+        a1 += wb.x * xb.x + wb.y * xb.y + wb.z * xb.z + wb.w * xb.w;
+        a2 += wc.x * xc.x + wc.y * xc.y + wc.z * xc.z + wc.w * xc.w;
+        a3 += wd.x * xd.x + wd.y * xd.y + wd.z * xd.z + wd.w * xd.w;
+    }
 #pragma unroll 1
-        for (; j < k4; j += 32) {
-            float4 wa = mk_ldg4(w4 + j), xa = x4[j];
-            a0 += wa.x * xa.x + wa.y * xa.y + wa.z * xa.z + wa.w * xa.w;
-        }
-    } else {
-        for (int j = (int)lane; j < k; j += 32)
-            a0 += w[j] * x[j];
+    for (; j < j1; j += 32) {
+        float4 wa = mk_ldg4(w4 + j), xa = x4[j];
+        a0 += wa.x * xa.x + wa.y * xa.y + wa.z * xa.z + wa.w * xa.w;
     }
     return mk_warp_sum((a0 + a1) + (a2 + a3));
 }
 
+/* The same for a row whose length is not a multiple of 4. */
+MK_INLINE float mk_dot1(const float *w, const float *x, int k, unsigned lane)
+{
+    float a0 = 0.0f;
+    for (int j = (int)lane; j < k; j += 32)
+        a0 += w[j] * x[j];
+    return mk_warp_sum(a0);
+}
+
+MK_INLINE void mk_gemv_store(float *y, const float *b, int r, float v, int flags)
+{
+    if (flags & MK_GEMV_BIAS)
+        v += b[r];
+    y[r] = (flags & MK_GEMV_ACCUM) ? y[r] + v : v;
+}
+
+/* Fewer rows than warps: `split` warps share each row, each taking a
+ * contiguous slice of it; the slices' sums meet in shared memory and are
+ * added in a fixed order. */
+MK_DEV void mk_gemv_split(const float *W, const float *xin, float *y, const float *b, int r0, int nrows, int k,
+                          int flags)
+{
+    unsigned tid = mk_tid(), lane = tid & 31u, warp = tid >> 5;
+    int split = MK_NWARPS / nrows, row = (int)warp / split, part = (int)warp % split, k4 = k >> 2;
+    int chunk = ((k4 + split - 1) / split + 31) / 32 * 32;
+    if (row < nrows) {
+        int j0 = part * chunk, j1 = j0 + chunk < k4 ? j0 + chunk : k4;
+        float v = mk_dot4((const float4 *)(W + (long long)(r0 + row) * k), (const float4 *)xin, j0, j1, lane);
+        if (lane == 0)
+            mk_red[warp] = v;
+    }
+    mk_sync();
+    if ((int)tid < nrows) {
+        float v = 0.0f;
+        for (int p = 0; p < split; p++)
+            v += mk_red[(int)tid * split + p];
+        mk_gemv_store(y, b, r0 + (int)tid, v, flags);
+    }
+}
+
 /* y[r0:r1] (+)= W[r0:r1, 0:k] . xin (+ b): the input is staged in shared
  * memory (normalized there with GEMV_NORM) when it fits, then each warp
- * takes rows r0 + warp, r0 + warp + MK_NWARPS, ... cuda_check.c refuses a
- * GEMV_NORM whose k does not fit. */
+ * takes rows r0 + warp, r0 + warp + MK_NWARPS, ... (or, with fewer rows
+ * than warps, a slice of a row). cuda_check.c refuses a GEMV_NORM whose k
+ * does not fit. */
 MK_DEV void op_gemv(const MegacArgs *a, const unsigned *in)
 {
     const float *W = (const float *)mk_opnd(a, in, 0), *x = (const float *)mk_opnd(a, in, 1);
@@ -203,13 +239,16 @@ MK_DEV void op_gemv(const MegacArgs *a, const unsigned *in)
         mk_sync();
         xin = mk_sm;
     }
+    if ((k & 3) == 0 && r1 > r0 && 2 * (r1 - r0) <= MK_NWARPS) {
+        mk_gemv_split(W, xin, y, b, r0, r1 - r0, k, flags);
+        return;
+    }
     for (int r = r0 + (int)(tid >> 5); r < r1; r += MK_NWARPS) {
-        float v = mk_dot_row(W + (long long)r * k, xin, k, lane);
-        if (lane == 0) {
-            if (flags & MK_GEMV_BIAS)
-                v += b[r];
-            y[r] = (flags & MK_GEMV_ACCUM) ? y[r] + v : v;
-        }
+        const float *w = W + (long long)r * k;
+        float v = (k & 3) == 0 ? mk_dot4((const float4 *)w, (const float4 *)xin, 0, k >> 2, lane)
+                               : mk_dot1(w, xin, k, lane);
+        if (lane == 0)
+            mk_gemv_store(y, b, r, v, flags);
     }
 }
 
