@@ -9,7 +9,8 @@
 #
 # Writes into $OUT (or ./gpu-report/): gpu-check.json, gpu-check.md and the
 # logs. Environment: HBM_GBPS (peak bandwidth, default 4800 for an H200),
-# BENCH_TOKENS (decode steps per run, default 64).
+# BENCH_TOKENS (decode steps per run, default 64), MODELS (default
+# "smollm2-135m llama-3.2-1b").
 #
 # megac's kernels keep f32 weights for now (the lowering emits no bf16 or
 # quantized weights yet), so they read twice the bytes of the bf16 baseline;
@@ -58,7 +59,7 @@ nvcc -O3 -std=c++17 -arch="sm_$cc" tools/gpubench/gpubench.cu -lcublas -o "$buil
 yaml_num() { sed -n "s/^  $2: *\([0-9]*\).*/\1/p" "$1" | head -1; }
 
 rows=()
-for model in smollm2-135m llama-3.2-1b; do
+for model in ${MODELS:-smollm2-135m llama-3.2-1b}; do
     yaml=models/$model.yaml
     bundle=$build/$model.$target.megac
     log "$model: megac compile --target $target"

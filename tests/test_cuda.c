@@ -610,7 +610,7 @@ Test(cuda_gpu, stories260K_run_gives_llama2c_text, .timeout = 300)
     rm_rf(dir);
 }
 
-Test(cuda_gpu, without_a_driver_the_error_is_clear)
+Test(cuda_runtime, without_a_driver_the_error_is_clear)
 {
     CudaDriver drv;
     char err[512];
