@@ -7,7 +7,8 @@
  *     vs f64 reference; README of ../shared/golden: ~1.5e-5 for stories260K)
  *   - the kernel's argmax equals the reference's at every step.
  * And `megac run` of stories260K reproduces llama2.c's greedy text exactly
- * (../shared/golden/stories260K_once_upon_a_time_n200.txt).
+ * (../shared/golden: the "Once upon a time" prompt, n 200, and no prompt,
+ * n 256).
  * Models: stories260K (../shared; skipped when absent), the embedded
  * default model, and a small synthetic model written here.
  */
@@ -28,6 +29,7 @@
 #define SHARED MEGAC_SRC "/../shared"
 #define STORIES_YAML MEGAC_SRC "/models/stories260k.yaml"
 #define GOLDEN SHARED "/golden/stories260K_once_upon_a_time_n200.txt"
+#define GOLDEN_NOPROMPT SHARED "/golden/stories260K_noprompt_n256.txt"
 
 #define ATOL 1e-4
 #define RTOL 1e-5
@@ -207,25 +209,35 @@ static char *slurp(const char *path)
     return strdup(buf);
 }
 
-/* llama2.c's greedy text, token for token, through `megac run`. */
-Test(e2e_cpu, stories260K_run_gives_llama2c_text)
+/* `megac run BUNDLE ARGS` must print exactly the golden file. */
+static void expect_run_text(const char *bundle, const char *args, const char *golden)
 {
-    if (!file_exists(GOLDEN) || !file_exists(SHARED "/models/stories260K.bin"))
-        cr_skip("../shared golden or model is absent");
-    char *dir = tmp_dir();
-    char *b = compile_bundle(STORIES_YAML, 2, dir);
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s run '%s' --temp 0 -n 200 --prompt 'Once upon a time' 2>/dev/null", MEGAC_BIN, b);
+    snprintf(cmd, sizeof cmd, "%s run '%s' %s 2>/dev/null", MEGAC_BIN, bundle, args);
     FILE *p = popen(cmd, "r");
     cr_assert(p);
     static char out[1 << 16];
     size_t n = fread(out, 1, sizeof out - 1, p);
     out[n] = 0;
     cr_assert_eq(pclose(p), 0, "%s", cmd);
-    char *want = slurp(GOLDEN);
-    cr_assert_str_eq(out, want);
+    char *want = slurp(golden);
+    cr_assert_str_eq(out, want, "%s", cmd);
     free(want);
-    free(b);
+}
+
+/* llama2.c's greedy text, token for token, through `megac run` (with a
+ * prompt, and from BOS alone), at 2 and 3 workers. */
+Test(e2e_cpu, stories260K_run_gives_llama2c_text)
+{
+    if (!file_exists(GOLDEN) || !file_exists(GOLDEN_NOPROMPT) || !file_exists(SHARED "/models/stories260K.bin"))
+        cr_skip("../shared golden or model is absent");
+    char *dir = tmp_dir();
+    for (int w = 2; w <= 3; w++) {
+        char *b = compile_bundle(STORIES_YAML, w, dir);
+        expect_run_text(b, "--temp 0 -n 200 --prompt 'Once upon a time'", GOLDEN);
+        expect_run_text(b, "--temp 0 -n 256", GOLDEN_NOPROMPT);
+        free(b);
+    }
     rm_rf(dir);
 }
 
