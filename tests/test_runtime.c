@@ -381,6 +381,10 @@ Test(runtime, refuses_mismatched_bundles)
     expect_refusal(dir, MEGAC_ERR_FORMAT, "tokenizer.bin", "259 tokens, more than the model's vocabulary of 258");
     edit_file(dir, "manifest.yaml", "vocab: 258", "vocab: 259");
 
+    edit_file(dir, "manifest.yaml", "target: cpu", "target: sm_90");
+    expect_refusal(dir, MEGAC_ERR_DEVICE, "target 'sm_90'", "CUDA backend");
+    edit_file(dir, "manifest.yaml", "target: sm_90", "target: cpu");
+
     edit_file(dir, "manifest.yaml", "io_logits: 1024", "io_logits: 1028");
     expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "do not fit the arena");
     edit_file(dir, "manifest.yaml", "io_logits: 1028", "io_logits: 1024");
