@@ -8,6 +8,9 @@
  * wakes every worker; worker w calls megac_worker(&args, w) and reports
  * done; the caller sleeps until all W are done, then checks the abort flag
  * that a kernel wait sets when its watchdog expires.
+ *
+ * MEGAC_WATCHDOG_MS in the environment (read at open) sets the kernel's
+ * wait deadline (MegacArgs.timeout_ns); unset, the kernel's default holds.
  */
 #include "runtime/backend.h"
 
@@ -187,9 +190,11 @@ static megac_status cpu_open(megac_model *m)
     CpuPool *pool = calloc(1, sizeof *pool);
     if (!pool)
         return rt_fail(m, MEGAC_ERR_NOMEM, "out of memory");
-    pthread_mutex_init(&pool->mu, NULL);
-    pthread_cond_init(&pool->go, NULL);
-    pthread_cond_init(&pool->done, NULL);
+    if (pthread_mutex_init(&pool->mu, NULL) != 0 || pthread_cond_init(&pool->go, NULL) != 0 ||
+        pthread_cond_init(&pool->done, NULL) != 0) {
+        free(pool);     /* these inits cannot fail on Linux; if one did, nothing else was made */
+        return rt_fail(m, MEGAC_ERR_NOMEM, "cannot create the worker pool's mutex and condition variables");
+    }
     m->be_state = pool;
     pool->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!pool->dl)
