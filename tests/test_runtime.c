@@ -426,3 +426,35 @@ Test(runtime, bench_reports_rate_and_ceiling)
     cr_assert_float_eq(ratio, gbps / ceil, 1e-3 + 1e-2 * ratio, "%s", last);
     remove_bundle(dir);
 }
+
+/* The runtime builds and runs alone: the runtime sources with only libc, pthreads
+ * and libdl (no compiler, IR or LLVM code) opens the toy bundle and steps. */
+Test(runtime, builds_alone)
+{
+    char *dir = make_bundle(2);
+    static const char main_src[] =
+        "#include \"runtime/megac.h\"\n"
+        "#include <stdio.h>\n"
+        "int main(int argc, char **argv) {\n"
+        "    megac_model *m;\n"
+        "    if (argc < 2 || megac_open(argv[1], &m)) { fprintf(stderr, \"%s\\n\", megac_last_open_error()); return 1; }\n"
+        "    int ok = megac_step(m, 72) == MEGAC_OK;\n"
+        "    printf(\"%d %d\\n\", ok, megac_argmax(m));\n"
+        "    megac_close(m);\n"
+        "    return !ok;\n"
+        "}\n";
+    write_text(dir, "main.c", main_src);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "cc -std=c11 -D_GNU_SOURCE -O1 -I%s -o %s/alone %s/main.c %s/runtime/*.c -lpthread -ldl -lm && "
+             "%s/alone %s",
+             MEGAC_SRC, dir, dir, MEGAC_SRC, dir, dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    int ok = -1, next = -1;
+    cr_assert_eq(fscanf(p, "%d %d", &ok, &next), 2, "%s", cmd);
+    cr_assert_eq(pclose(p), 0, "%s", cmd);
+    cr_assert_eq(ok, 1);
+    cr_assert_eq(next, toy_argmax(72));
+    remove_bundle(dir);
+}
