@@ -76,7 +76,7 @@ static void *cpu_thread_main(void *p)
     }
 }
 
-/* Looks up a data symbol of the kernel; NULL with m->err set if absent. */
+/* Looks up a symbol of the kernel; NULL with m->err set if absent. */
 static const void *cpu_symbol(megac_model *m, void *dl, const char *path, const char *name)
 {
     dlerror();
@@ -93,15 +93,15 @@ static const void *cpu_symbol(megac_model *m, void *dl, const char *path, const 
 /* The kernel must say it is the kernel this manifest describes. */
 static megac_status cpu_kernel_check(megac_model *m, CpuPool *pool, const char *path)
 {
-    const uint64_t *abi = cpu_symbol(m, pool->dl, path, "megac_kernel_abi");
-    const uint64_t *hash = abi ? cpu_symbol(m, pool->dl, path, "megac_schedule_hash") : NULL;
-    const uint32_t *nw = hash ? cpu_symbol(m, pool->dl, path, "megac_num_workers") : NULL;
-    dlerror();
-    pool->worker = nw ? (megac_worker_fn)(uintptr_t)dlsym(pool->dl, "megac_worker") : NULL;
-    if (!nw)
+    const uint64_t *abi, *hash;
+    const uint32_t *nw;
+    const void *fn;
+    if (!(abi = cpu_symbol(m, pool->dl, path, "megac_kernel_abi")) ||
+        !(hash = cpu_symbol(m, pool->dl, path, "megac_schedule_hash")) ||
+        !(nw = cpu_symbol(m, pool->dl, path, "megac_num_workers")) ||
+        !(fn = cpu_symbol(m, pool->dl, path, "megac_worker")))
         return MEGAC_ERR_FORMAT;
-    if (!pool->worker)
-        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: the kernel does not export 'megac_worker'", path);
+    pool->worker = (megac_worker_fn)(uintptr_t)fn;
     if (*abi != MEGAC_KERNEL_ABI)
         return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: kernel ABI %" PRIu64 ", but this runtime speaks ABI %u",
                        path, *abi, MEGAC_KERNEL_ABI);

@@ -395,6 +395,14 @@ Test(runtime, refuses_mismatched_bundles)
     uint64_t h = fnv1a(sched_text, strlen(sched_text));
     compile_kernel(dir, 2, h, 7);
     expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "kernel ABI 7");
+    char cmd[2048];
+    write_text(dir, "empty.c", "int megac_not_a_kernel;\n");
+    snprintf(cmd, sizeof cmd, "cc -shared -fPIC -o %s/kernel.so %s/empty.c", dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "does not export 'megac_kernel_abi'");
+    snprintf(path, sizeof path, "%s/kernel.so", dir);
+    cr_assert_eq(unlink(path), 0);
+    expect_refusal(dir, MEGAC_ERR_IO, "kernel.so", "cannot load the kernel");
     compile_kernel(dir, 2, h, 1);
 
     snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
