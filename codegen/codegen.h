@@ -31,4 +31,10 @@ bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path
  * the CPU kernel ABI (one worker = one block, run as a thread). */
 bool cg_hostcuda_compile(const Schedule *s, const char *so_path, Diag *d);
 
+/* ---- info.c: for `megac doctor` ---- */
+const char *cg_llvm_version(void);
+bool cg_llvm_host(char **cpu, char **features);     /* xmalloc'd strings */
+bool cg_nvrtc_version(int *major, int *minor);
+bool cg_nvrtc_supports(int arch);                   /* e.g. 90 */
+
 #endif

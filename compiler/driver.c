@@ -29,13 +29,6 @@
 #include <sys/stat.h>
 #include <time.h>
 
-/* The CUDA backends are another branch's work and may not be linked in yet:
- * referenced weakly, they are NULL until then and the target is refused
- * with a message. Remove these two lines once codegen/cuda is merged (a
- * weak reference does not pull an object out of a static library). */
-#pragma weak cg_cuda_compile
-#pragma weak cg_hostcuda_compile
-
 /* Everything one compilation owns. */
 typedef struct Compilation {
     const CompileOptions *o;
@@ -161,9 +154,6 @@ static bool pass_codegen(Compilation *c, CudaKernelInfo *info)
         CpuOptions co = {c->o->cpu, false, false};
         pass = "cg_cpu_compile";
         ok = cg_cpu_compile(c->s, &co, c->kernel_path, &c->d);
-    } else if (t->kind == TARGET_HOST_CUDA ? !cg_hostcuda_compile : !cg_cuda_compile) {
-        diag_file_error(&c->d, c->o->out, "target '%s': this megac was built without the CUDA backend", t->name);
-        return pass_done(c, "codegen", false, NULL);
     } else if (t->kind == TARGET_HOST_CUDA) {
         c->kernel_file = "kernel.so";
         c->kernel_path = xasprintf("%s/%s", c->o->out, c->kernel_file);

@@ -1,6 +1,6 @@
 /*
  * model.h - the compiler's view of a model: its description (parsed from
- * models/*.yaml, see models/README.md), its weights (loaded from llama2.c,
+ * models/NAME.yaml, see models/README.md), its weights (loaded from llama2.c,
  * safetensors, GGUF or synthesized), and the plain-C reference decode.
  *
  * Conventions every part of megac relies on:
