@@ -31,9 +31,9 @@
  *              argmax of each tile into amax[tile]                      -> signal lm
  *              the worker of tile 0: wait lm, argmax_combine -> next
  *
- * So a layer costs 4 all-join waits when fused, else 5 plus, with split attention, one small
- * per-head wait (rope/append -> other splits) and one per-head join
- * (splits -> combine). Each stage waits only on the stage before it; that
+ * So a layer costs 4 all-join waits when fused, else 5 plus, with split
+ * attention, one small per-head wait (rope/append -> other splits) and one
+ * per-head join (splits -> combine). Each stage waits only on the stage before it; that
  * stage's join transitively covers everything earlier, which also orders
  * the reuse of scratch buffers across layers (write-after-read). Counters
  * are never reused, so every wait is an all-join (threshold = the total of
@@ -90,18 +90,18 @@ typedef struct Seg {
     int64_t rows;
 } Seg;
 
-static uint32_t lower_buf(Lower *L, const char *name, BufClass c, int rank, int64_t d0, int64_t d1, int64_t d2,
+static uint32_t lower_buf(Lower *L, const char *name, DType t, BufClass c, int rank, int64_t d0, int64_t d1, int64_t d2,
                           int64_t d3)
 {
     int64_t shape[4] = {d0, d1, d2, d3};
-    return sched_add_buffer(L->s, name, c == BUF_IO && strcmp(name, "logits") != 0 ? DT_I32 : DT_F32, c, rank, shape);
+    return sched_add_buffer(L->s, name, t, c, rank, shape);
 }
 
 static uint32_t lower_wbuf(Lower *L, int l, const char *name, int rank, int64_t d0, int64_t d1)
 {
     char n[64];
     snprintf(n, sizeof n, "L%d.%s", l, name);
-    return lower_buf(L, n, BUF_WEIGHT, rank, d0, d1, 0, 0);
+    return lower_buf(L, n, DT_F32, BUF_WEIGHT, rank, d0, d1, 0, 0);
 }
 
 /* A weight of layer l by its short name ("wq", "attn_norm", ...). */
@@ -491,7 +491,7 @@ static void lower_weights(Lower *L)
 {
     const ModelDesc *m = L->m;
     int64_t dim = m->dim, qd = (int64_t)m->n_heads * L->hd, kvd = (int64_t)m->n_kv_heads * L->hd, hid = m->hidden_dim;
-    L->embed = lower_buf(L, "embed", BUF_WEIGHT, 2, m->vocab_size, dim, 0, 0);
+    L->embed = lower_buf(L, "embed", DT_F32, BUF_WEIGHT, 2, m->vocab_size, dim, 0, 0);
     for (int l = 0; l < m->n_layers; l++) {
         lower_wbuf(L, l, "attn_norm", 1, dim, 0);
         lower_wbuf(L, l, "wq", 2, qd, dim);
@@ -508,9 +508,9 @@ static void lower_weights(Lower *L)
         lower_wbuf(L, l, "w_up", 2, hid, dim);
         lower_wbuf(L, l, "w_down", 2, dim, hid);
     }
-    L->final_norm = lower_buf(L, "final_norm", BUF_WEIGHT, 1, dim, 0, 0, 0);
-    L->lm_head = m->tie_embeddings ? L->embed : lower_buf(L, "lm_head", BUF_WEIGHT, 2, m->vocab_size, dim, 0, 0);
-    L->rope = lower_buf(L, "rope", BUF_WEIGHT, 3, m->max_seq, L->hd / 2, 2, 0);
+    L->final_norm = lower_buf(L, "final_norm", DT_F32, BUF_WEIGHT, 1, dim, 0, 0, 0);
+    L->lm_head = m->tie_embeddings ? L->embed : lower_buf(L, "lm_head", DT_F32, BUF_WEIGHT, 2, m->vocab_size, dim, 0, 0);
+    L->rope = lower_buf(L, "rope", DT_F32, BUF_WEIGHT, 3, m->max_seq, L->hd / 2, 2, 0);
 }
 
 static void lower_buffers(Lower *L)
@@ -518,26 +518,26 @@ static void lower_buffers(Lower *L)
     const ModelDesc *m = L->m;
     int64_t qd = (int64_t)m->n_heads * L->hd, kvd = (int64_t)m->n_kv_heads * L->hd;
     lower_weights(L);
-    L->tok = lower_buf(L, "tok", BUF_IO, 1, 1, 0, 0, 0);
-    L->logits = lower_buf(L, "logits", BUF_IO, 1, m->vocab_size, 0, 0, 0);
-    L->next = lower_buf(L, "next", BUF_IO, 1, 1, 0, 0, 0);
+    L->tok = lower_buf(L, "tok", DT_I32, BUF_IO, 1, 1, 0, 0, 0);
+    L->logits = lower_buf(L, "logits", DT_F32, BUF_IO, 1, m->vocab_size, 0, 0, 0);
+    L->next = lower_buf(L, "next", DT_I32, BUF_IO, 1, 1, 0, 0, 0);
     for (int l = 0; l < m->n_layers; l++) {
         char n[32];
         snprintf(n, sizeof n, "kc.%d", l);
-        lower_buf(L, n, BUF_KV, 3, m->n_kv_heads, m->max_seq, L->hd, 0);
+        lower_buf(L, n, DT_F32, BUF_KV, 3, m->n_kv_heads, m->max_seq, L->hd, 0);
         snprintf(n, sizeof n, "vc.%d", l);
-        lower_buf(L, n, BUF_KV, 3, m->n_kv_heads, m->max_seq, L->hd, 0);
+        lower_buf(L, n, DT_F32, BUF_KV, 3, m->n_kv_heads, m->max_seq, L->hd, 0);
     }
-    L->x = lower_buf(L, "x", BUF_SCRATCH, 1, m->dim, 0, 0, 0);
-    L->q = lower_buf(L, "q", BUF_SCRATCH, 1, qd, 0, 0, 0);
-    L->k = lower_buf(L, "k", BUF_SCRATCH, 1, kvd, 0, 0, 0);
-    L->v = lower_buf(L, "v", BUF_SCRATCH, 1, kvd, 0, 0, 0);
-    L->att = lower_buf(L, "att", BUF_SCRATCH, 1, qd, 0, 0, 0);
-    L->part = lower_buf(L, "part", BUF_SCRATCH, 4, m->n_kv_heads, L->nsplit, L->G, L->hd + 2);
-    L->gate = lower_buf(L, "gate", BUF_SCRATCH, 1, m->hidden_dim, 0, 0, 0);
-    L->up = lower_buf(L, "up", BUF_SCRATCH, 1, m->hidden_dim, 0, 0, 0);
-    L->hb = lower_buf(L, "hb", BUF_SCRATCH, 1, m->hidden_dim, 0, 0, 0);
-    L->amax = lower_buf(L, "amax", BUF_SCRATCH, 2, L->lm_tiles, 2, 0, 0);
+    L->x = lower_buf(L, "x", DT_F32, BUF_SCRATCH, 1, m->dim, 0, 0, 0);
+    L->q = lower_buf(L, "q", DT_F32, BUF_SCRATCH, 1, qd, 0, 0, 0);
+    L->k = lower_buf(L, "k", DT_F32, BUF_SCRATCH, 1, kvd, 0, 0, 0);
+    L->v = lower_buf(L, "v", DT_F32, BUF_SCRATCH, 1, kvd, 0, 0, 0);
+    L->att = lower_buf(L, "att", DT_F32, BUF_SCRATCH, 1, qd, 0, 0, 0);
+    L->part = lower_buf(L, "part", DT_F32, BUF_SCRATCH, 4, m->n_kv_heads, L->nsplit, L->G, L->hd + 2);
+    L->gate = lower_buf(L, "gate", DT_F32, BUF_SCRATCH, 1, m->hidden_dim, 0, 0, 0);
+    L->up = lower_buf(L, "up", DT_F32, BUF_SCRATCH, 1, m->hidden_dim, 0, 0, 0);
+    L->hb = lower_buf(L, "hb", DT_F32, BUF_SCRATCH, 1, m->hidden_dim, 0, 0, 0);
+    L->amax = lower_buf(L, "amax", DT_F32, BUF_SCRATCH, 2, L->lm_tiles, 2, 0, 0);
 }
 
 /* ---- checks ---- */

@@ -279,3 +279,17 @@ Test(ops, footprint)
     cr_assert(strstr(why, "kv_heads"), "%s", why);
     sched_free(s);
 }
+
+Test(sched_text, hash_follows_text)
+{
+    const char *t = HDR "buffer x f32 [4] scratch\ncounter c\nworker 0\n  signal c +1\n";
+    Diag d;
+    diag_init(&d);
+    Schedule *a = sched_parse("a.sched", t, strlen(t), &d), *b = sched_parse("b.sched", t, strlen(t), &d);
+    cr_assert(a && b);
+    cr_assert_eq(sched_hash(a), sched_hash(b));
+    b->workers[0].insts[0].amount = 2;
+    cr_assert_neq(sched_hash(a), sched_hash(b));
+    sched_free(a);
+    sched_free(b);
+}
