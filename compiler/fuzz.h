@@ -24,6 +24,9 @@
     X(RESIDENCY, "not-co-resident")                                     \
     X(OOB, "out-of-bounds")                                             \
     X(BAD_PARAMS, "bad-op-params")                                      \
+    X(MERGE_COUNTERS, "counters-merged")                                \
+    X(SIGNAL_AMOUNT, "signal-amount-changed")                           \
+    X(MOVE_WAIT, "wait-moved")                                          \
     X(RANDOM, "random")
 
 typedef enum {

@@ -300,6 +300,50 @@ static bool mut_bad_params(Schedule *s, FuzzRng *r)
     return true;
 }
 
+/* Two counters become one (the "which producer" confusion): the waits on
+ * the second keep their thresholds or count on top of the first's total. */
+static bool mut_merge_counters(Schedule *s, FuzzRng *r)
+{
+    if (s->nctrs < 2)
+        return false;
+    uint32_t a = fuzz_below(r, s->nctrs), b = (a + 1 + fuzz_below(r, s->nctrs - 1)) % s->nctrs;
+    uint32_t shift = fuzz_below(r, 2) ? (uint32_t)counter_total(s, a) : 0;
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
+            Inst *in = &s->workers[w].insts[t];
+            if (in->kind != INST_OP && in->counter == b) {
+                in->counter = a;
+                if (in->kind == INST_WAIT)
+                    in->amount += shift;
+            }
+        }
+    return true;
+}
+
+static bool mut_signal_amount(Schedule *s, FuzzRng *r)
+{
+    Site x;
+    if (!site_pick(s, r, is_signal, &x))
+        return false;
+    Inst *in = inst_at(s, x);
+    if (in->amount > 1 && fuzz_below(r, 2))
+        in->amount--;
+    else
+        in->amount++;
+    return true;
+}
+
+static bool mut_move_wait(Schedule *s, FuzzRng *r)
+{
+    Site x;
+    if (!site_pick(s, r, is_wait, &x))
+        return false;
+    Inst in = *inst_at(s, x);
+    inst_remove(s, x.w, x.t);
+    inst_insert(s, x.w, fuzz_below(r, s->workers[x.w].ninst + 1), in);
+    return true;
+}
+
 bool fuzz_mutate(Schedule *s, FuzzClass c, FuzzRng *r)
 {
     Site x;
@@ -338,6 +382,9 @@ bool fuzz_mutate(Schedule *s, FuzzClass c, FuzzRng *r)
     case FUZZ_RESIDENCY: return mut_residency(s, r);
     case FUZZ_OOB: return mut_oob(s, r);
     case FUZZ_BAD_PARAMS: return mut_bad_params(s, r);
+    case FUZZ_MERGE_COUNTERS: return mut_merge_counters(s, r);
+    case FUZZ_SIGNAL_AMOUNT: return mut_signal_amount(s, r);
+    case FUZZ_MOVE_WAIT: return mut_move_wait(s, r);
     case FUZZ_NONE:
     case FUZZ_RANDOM:
     case FUZZ_CLASS_COUNT: break;

@@ -218,6 +218,20 @@ static bool exec_worker(Val *v, Exec *e, uint32_t w)
     return moved;
 }
 
+/* Notes citing the signals of counter c (the first few). */
+static void signals_note(Val *v, uint32_t c)
+{
+    int shown = 0;
+    for (uint32_t w = 0; w < v->nw && shown < 4; w++)
+        for (uint32_t t = 0; t < v->s->workers[w].ninst && shown < 4; t++) {
+            const Inst *in = val_inst(v, w, t);
+            if (in->kind == INST_SIGNAL && in->counter == c) {
+                val_note(v, in->line, "worker %u inst %u signals %s +%u", w, t, v->s->ctrs[c].name, in->amount);
+                shown++;
+            }
+        }
+}
+
 static void unsatisfiable_report(Val *v)
 {
     for (uint32_t w = 0; w < v->nw; w++)
@@ -229,6 +243,8 @@ static void unsatisfiable_report(Val *v)
                           "deadlock: worker %u inst %u: wait %s >= %u can never pass: the step signals it only %llu "
                           "times in all",
                           w, t, v->s->ctrs[in->counter].name, in->amount, (unsigned long long)tot);
+            if (in->kind == INST_WAIT && tot > 0 && in->amount > tot)
+                signals_note(v, in->counter);
         }
 }
 

@@ -150,7 +150,8 @@ static bool covered_at(Race *rc, const RAcc *a, int64_t pos, int64_t *gap)
     uint32_t n = 0;
     for (uint32_t k = 0; k < rc->ncov; k++)
         rc->ivl[n++] = (Ivl){affine_at(rc->cov[k]->lo, pos), affine_at(rc->cov[k]->hi, pos)};
-    qsort(rc->ivl, n, sizeof *rc->ivl, ivl_cmp);
+    if (n > 1)
+        qsort(rc->ivl, n, sizeof *rc->ivl, ivl_cmp);
     int64_t cur = lo;
     for (uint32_t k = 0; k < n && cur < hi; k++) {
         if (rc->ivl[k].lo > cur)
