@@ -84,11 +84,13 @@ static const char *engine_target(RunEngine e)
     }
 }
 
-/* Does the bundle's target run on the engine asked for? */
+/* Does the bundle's target run on the engine asked for? The cpu engine
+ * (the default for a bundle) also runs host-cuda bundles: both are a
+ * kernel.so on CPU threads. */
 static bool engine_accepts(RunEngine e, const char *target)
 {
     if (e == ENGINE_CPU)
-        return strcmp(target, "cpu") == 0;
+        return strcmp(target, "cpu") == 0 || strcmp(target, "host-cuda") == 0;
     if (e == ENGINE_HOST_CUDA)
         return strcmp(target, "host-cuda") == 0;
     return strncmp(target, "sm_", 3) == 0;

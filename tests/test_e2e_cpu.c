@@ -241,6 +241,31 @@ Test(e2e_cpu, stories260K_run_gives_llama2c_text)
     rm_rf(dir);
 }
 
+/* A host-cuda bundle (the generated CUDA C run on CPU threads) through the
+ * same runtime: its text is a prefix of llama2.c's. Short: fibers are slow. */
+Test(e2e_cpu, stories260K_host_cuda_bundle_runs)
+{
+    if (!file_exists(GOLDEN) || !file_exists(SHARED "/models/stories260K.bin"))
+        cr_skip("../shared golden or model is absent");
+    char *dir = tmp_dir();
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "%s compile %s --target host-cuda --workers 2 -q -o %s/h.megac && "
+             "%s run %s/h.megac --temp 0 -n 24 --prompt 'Once upon a time' 2>/dev/null",
+             MEGAC_BIN, STORIES_YAML, dir, MEGAC_BIN, dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    static char out[1 << 14];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    cr_assert_eq(pclose(p), 0, "%s", cmd);
+    char *want = slurp(GOLDEN);
+    cr_assert(n > 20 && out[n - 1] == '\n', "%s", out);
+    cr_assert(strncmp(out, want, n - 1) == 0, "host-cuda text:\n%s\nis not a prefix of the golden", out);
+    free(want);
+    rm_rf(dir);
+}
+
 /* Runs a shell command; returns its exit status and its output in out. */
 static int sh(const char *cmd, char *out, size_t cap)
 {
