@@ -466,3 +466,26 @@ Test(runtime, builds_alone)
     cr_assert_eq(next, toy_argmax(72));
     remove_bundle(dir);
 }
+
+/* Sampling at temperature > 0 goes through megac_sample with the seed: the
+ * same seed gives the same tokens, and they stay in the vocabulary. */
+Test(runtime, generate_sampling_follows_the_seed)
+{
+    char *dir = make_bundle(2);
+    megac_model *m;
+    cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
+    int prompt[] = {1, 50};
+    megac_sampler s = {1.5f, 0, 1.0f, 42};
+    Collected a = {0, 100, {0}}, b = {0, 100, {0}};
+    cr_assert_eq(megac_generate(m, prompt, 2, 12, &s, collect, &a, NULL), MEGAC_OK, "%s", megac_error(m));
+    cr_assert_eq(megac_reset(m), MEGAC_OK);
+    cr_assert_eq(megac_generate(m, prompt, 2, 12, &s, collect, &b, NULL), MEGAC_OK, "%s", megac_error(m));
+    cr_assert_gt(a.n, 0);
+    cr_assert_eq(a.n, b.n);
+    cr_assert_arr_eq(a.toks, b.toks, sizeof(int) * (size_t)a.n);
+    for (int i = 0; i < a.n; i++)
+        cr_assert(a.toks[i] >= 0 && a.toks[i] < V && a.toks[i] != 1 && a.toks[i] != 2);
+    cr_assert_eq(megac_position(m), 2 + a.n - (a.n == 12 ? 1 : 0));
+    megac_close(m);
+    remove_bundle(dir);
+}
