@@ -241,6 +241,35 @@ Test(e2e_cpu, stories260K_run_gives_llama2c_text)
     rm_rf(dir);
 }
 
+/* Sampling (temperature 0.8, seed 7) draws the same tokens from the kernel's
+ * logits as from the reference engine's: same sampler, same seed handling.
+ * (The f32/f64 logit difference, ~1e-5, could flip a draw only when a
+ * uniform lands within ~1e-6 of a bucket edge.) */
+Test(e2e_cpu, stories260K_sampled_text_matches_reference_engine)
+{
+    if (!file_exists(SHARED "/models/stories260K.bin"))
+        cr_skip("../shared/models/stories260K.bin is absent");
+    char *dir = tmp_dir();
+    char *b = compile_bundle(STORIES_YAML, 2, dir);
+    const char *args = "--temp 0.8 --top-p 1 --seed 7 -n 120 --prompt 'Once upon a time'";
+    char cmd[4096];
+    static char got[1 << 14], want[1 << 14];
+    snprintf(cmd, sizeof cmd, "%s run '%s' %s 2>/dev/null", MEGAC_BIN, b, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    got[fread(got, 1, sizeof got - 1, p)] = 0;
+    cr_assert_eq(pclose(p), 0, "%s", cmd);
+    snprintf(cmd, sizeof cmd, "%s run %s --engine reference %s 2>/dev/null", MEGAC_BIN, STORIES_YAML, args);
+    p = popen(cmd, "r");
+    cr_assert(p);
+    want[fread(want, 1, sizeof want - 1, p)] = 0;
+    cr_assert_eq(pclose(p), 0, "%s", cmd);
+    cr_assert(strlen(got) > 100, "%s", got);
+    cr_assert_str_eq(got, want);
+    free(b);
+    rm_rf(dir);
+}
+
 /* A host-cuda bundle (the generated CUDA C run on CPU threads) through the
  * same runtime: its text is a prefix of llama2.c's. Short: fibers are slow. */
 Test(e2e_cpu, stories260K_host_cuda_bundle_runs)
