@@ -360,3 +360,28 @@ Test(e2e_cpu, run_from_description_uses_a_cache)
     cr_assert(strstr(out2, out3), "cached run:\n%s\nbundle run:\n%s", out2, out3);
     rm_rf(dir);
 }
+
+/* A replaced weight file is not served from a stale cache entry. */
+Test(e2e_cpu, run_cache_follows_the_weight_file)
+{
+    if (!file_exists(SHARED "/models/stories260K.bin"))
+        cr_skip("../shared/models/stories260K.bin is absent");
+    char *dir = tmp_dir();
+    char cmd[4096], out[16384];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && cp %s/models/stories260K.bin w.bin && cp %s/models/tok512.bin t.bin && "
+             "sed -e 's|path: .*stories260K.bin|path: w.bin|' -e 's|path: .*tok512.bin|path: t.bin|' %s > m.yaml",
+             dir, SHARED, SHARED, STORIES_YAML);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
+    snprintf(cmd, sizeof cmd, "cd '%s' && %s run m.yaml --engine cpu --workers 1 --temp 0 -n 8 2>&1", dir, MEGAC_BIN);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "compiling m.yaml"), "%s", out);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "using the cached bundle"), "%s", out);
+    char touch[2048];
+    snprintf(touch, sizeof touch, "touch -d '2001-01-01' '%s/w.bin'", dir);
+    cr_assert_eq(system(touch), 0);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "compiling m.yaml"), "a changed weight file reused the cache: %s", out);
+    rm_rf(dir);
+}
