@@ -9,6 +9,7 @@
  * worker 0 wait on a counter nobody signals, to trip the watchdog.
  * Then the bundle is damaged in the ways megac_open must refuse.
  */
+#include "runtime/backend.h"
 #include "runtime/megac.h"
 #include "runtime/tokenizer.h"
 
@@ -488,4 +489,43 @@ Test(runtime, generate_sampling_follows_the_seed)
     cr_assert_eq(megac_position(m), 2 + a.n - (a.n == 12 ? 1 : 0));
     megac_close(m);
     remove_bundle(dir);
+}
+
+/* The manifest parser on its own: every line's error names file:line. */
+static const char good_manifest[] =
+    "# c\r\nformat: 1\r\nname: \"x y\"\ntarget: cpu\nkernel: kernel.so\nkernel_abi: 1\n"
+    "schedule_hash: 00000000DEADbeef\nweights_bytes: 10\nweights_read_bytes: 9\narena_bytes: 4096\n"
+    "counters: 3\nworkers: 2\nvocab: 5\nmax_seq: 8\nbos: -1\neos: 2\nio_tok: 0\nio_logits: 64\nio_next: 4\n";
+
+static void expect_manifest_error(const char *from, const char *to, const char *msg)
+{
+    char text[2048], err[512];
+    const char *at = strstr(good_manifest, from);
+    cr_assert(at, "%s", from);
+    snprintf(text, sizeof text, "%.*s%s%s", (int)(at - good_manifest), good_manifest, to, at + strlen(from));
+    RtManifest man;
+    cr_assert_eq(rt_manifest_parse(&man, "m.yaml", text, strlen(text), err, sizeof err), MEGAC_ERR_FORMAT, "%s",
+                 text);
+    cr_assert_str_eq(err, msg);
+}
+
+Test(runtime, manifest_parser)
+{
+    RtManifest man;
+    char err[512];
+    cr_assert_eq(rt_manifest_parse(&man, "m.yaml", good_manifest, strlen(good_manifest), err, sizeof err), MEGAC_OK,
+                 "%s", err);
+    cr_assert_str_eq(man.name, "x y");
+    cr_assert_eq(man.schedule_hash, 0xdeadbeefull);
+    cr_assert_eq(man.bos, -1);
+    cr_assert_eq(man.counters, 3);
+    cr_assert_eq(man.off_logits, 64);
+    expect_manifest_error("counters: 3", "counters: -3", "m.yaml:11: error: bad value '-3' for 'counters'");
+    expect_manifest_error("counters: 3", "counters: 3x", "m.yaml:11: error: bad value '3x' for 'counters'");
+    expect_manifest_error("workers: 2", "workers: 4294967296", "m.yaml:12: error: bad value '4294967296' for 'workers'");
+    expect_manifest_error("vocab: 5\n", "vocab: 5\nvocab: 6\n", "m.yaml:14: error: duplicate key 'vocab'");
+    expect_manifest_error("eos: 2", "eos 2", "m.yaml:16: error: expected `key: value`");
+    expect_manifest_error("eos: 2", "Eos: 2", "m.yaml:16: error: expected `key: value`");
+    expect_manifest_error("name: \"x y\"", "name:", "m.yaml:3: error: bad value '' for 'name'");
+    expect_manifest_error("io_next: 4\n", "", "m.yaml: error: missing key 'io_next'");
 }
