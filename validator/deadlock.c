@@ -342,7 +342,7 @@ static void stall_report(Val *v, const Exec *e)
                 x = y;
         val_error(v, &v->r->ndeadlock, in->line,
                   "deadlock: worker %u inst %u: wait %s >= %u is stuck at %llu: the missing increments (worker %u "
-                  "inst %lld, signal %s) sit behind a wait that itself waits on this worker",
+                  "inst %lld, signal %s) sit behind a blocked wait that (transitively) waits on this worker",
                   w, e->pc[w], cn, in->amount, (unsigned long long)e->value[in->counter], x, (long long)st, cn);
         const Inst *xb = val_inst(v, x, e->pc[x]);
         val_note(v, xb->line, "worker %u is blocked at inst %u, %s >= %u", x, e->pc[x],

@@ -83,7 +83,8 @@ static void race_report(Race *rc, const RAcc *a, const RAcc *x, int64_t pos, boo
     acc_desc(v, rc->buf, early, dx, sizeof dx);
     if (kv_order)
         val_error(v, &v->r->nrace, val_inst(v, late->w, late->t)->line,
-                  "race: kv-order: %s before %s writes the row of this step (pos=%lld): the read must come after",
+                  "race: kv-order: %s happens before %s, which writes the row this step adds (pos=%lld); the read "
+                  "must come after the append",
                   da, dx, (long long)pos);
     else
         val_error(v, &v->r->nrace, val_inst(v, late->w, late->t)->line,
