@@ -510,14 +510,6 @@ bool val_deadlock_check(Val *v)
     return done && v->r->ndeadlock == before;
 }
 
-bool val_hb(const Val *v, uint32_t wa, uint32_t ta, uint32_t wb, uint32_t tb)
-{
-    if (wa == wb)
-        return ta < tb;
-    uint32_t id = v->seg[v->base[wb] + tb];
-    return id != NOCLOCK && val_clock(v, id)[wa] > ta;
-}
-
 /* The line of the `schedule ...` header, for whole-schedule findings. */
 static int header_line(const Val *v)
 {
