@@ -128,37 +128,30 @@ static void gemv_store(float *y, const float *b, int64_t r, float v, int accum)
     y[r] = accum ? y[r] + v : v;
 }
 
-/* y[r0:r1] (+)= W[r0:r1, 0:k] . x (+ b): four rows at a time, one 16-wide
- * accumulator per row, the four weight rows streamed side by side. */
+/* y[r0:r1] (+)= W[r0:r1, 0:k] . x (+ b): one row at a time, so the weights
+ * are read as one sequential stream (what hardware prefetchers follow
+ * best, also for short rows), with four 16-wide accumulators. */
 static void gemv_f32(const float *W, const float *x, float *y, const float *b, int64_t r0, int64_t r1,
                      int64_t k, int accum)
 {
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const float *w0 = W + r * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *w = W + r * k;
         v16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
         int64_t j = 0;
-        for (; j + 16 <= k; j += 16) {
-            v16f xv = LOAD16(x + j);
-            a0 += LOAD16(w0 + j) * xv;
-            a1 += LOAD16(w1 + j) * xv;
-            a2 += LOAD16(w2 + j) * xv;
-            a3 += LOAD16(w3 + j) * xv;
+        for (; j + 64 <= k; j += 64) {
+            a0 += LOAD16(w + j) * LOAD16(x + j);
+            a1 += LOAD16(w + j + 16) * LOAD16(x + j + 16);
+            a2 += LOAD16(w + j + 32) * LOAD16(x + j + 32);
+            a3 += LOAD16(w + j + 48) * LOAD16(x + j + 48);
         }
-        float s0 = hsum16(&a0), s1 = hsum16(&a1), s2 = hsum16(&a2), s3 = hsum16(&a3);
-        for (; j < k; j++) {
-            s0 += w0[j] * x[j];
-            s1 += w1[j] * x[j];
-            s2 += w2[j] * x[j];
-            s3 += w3[j] * x[j];
-        }
-        gemv_store(y, b, r, s0, accum);
-        gemv_store(y, b, r + 1, s1, accum);
-        gemv_store(y, b, r + 2, s2, accum);
-        gemv_store(y, b, r + 3, s3, accum);
+        for (; j + 16 <= k; j += 16)
+            a0 += LOAD16(w + j) * LOAD16(x + j);
+        a0 += (a1 + a2) + a3;
+        float s = hsum16(&a0);
+        for (; j < k; j++)
+            s += w[j] * x[j];
+        gemv_store(y, b, r, s, accum);
     }
-    for (; r < r1; r++)
-        gemv_store(y, b, r, dot_f32(W + r * k, x, k), accum);
 }
 
 /* The weight dtype picks the row kernel; cpu_check.c rejects the dtypes
