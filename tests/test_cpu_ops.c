@@ -1047,3 +1047,39 @@ Test(cpu_ops, bad_params_are_errors)
     cr_assert(strstr(out, "error: attn: attn needs nsplit > 0, 0 <= s < nsplit and block > 0"), "%s", out);
     sched_free(s);
 }
+
+/* Attention alone at a late position: 30 layers of SmolLM2-shaped KV
+ * (3 kv heads, G = 3, hd = 64), one split, every row written first. */
+Test(cpu_ops, attention_bandwidth, .timeout = 120)
+{
+    if (!getenv("MEGAC_CPU_BENCH"))
+        cr_skip_test("set MEGAC_CPU_BENCH=1 to measure attention bandwidth");
+    enum { L = 30, KV = 3, GG = 3, D = 64, S = 1024 };
+    Schedule *s = sched_new("attn_bench", "cpu", 1);
+    s->shape = (ModelShape){.dim = 576, .hidden_dim = 1536, .n_layers = L, .n_heads = KV * GG, .n_kv_heads = KV,
+                            .head_dim = D, .vocab_size = 8, .max_seq = S, .norm_eps = 1e-5};
+    uint32_t q = add_buf(s, "q", BUF_SCRATCH, KV * GG * D), part = add_buf(s, "part", BUF_SCRATCH, KV * GG * (D + 2));
+    for (int l = 0; l < L; l++) {
+        char n[16];
+        snprintf(n, sizeof n, "kc%d", l);
+        uint32_t kc = add_buf(s, n, BUF_KV, KV * S * D);
+        snprintf(n, sizeof n, "vc%d", l);
+        uint32_t vc = add_buf(s, n, BUF_KV, KV * S * D);
+        for (int h = 0; h < KV; h++)
+            add_op(s, 0, OP_ATTN, (int32_t[]){h, 0, 1, 32}, (uint32_t[]){q, kc, vc, part});
+    }
+    Kern k;
+    kern_build(&k, s);
+    for (uint32_t i = 0; i < s->nbufs; i++)
+        fill(&k, i);
+    int64_t pos = S - 1;
+    double best = 1e9;
+    for (int i = 0; i < 20; i++) {
+        kern_step(&k, pos, 0);
+        best = last_step_cpu_s < best ? last_step_cpu_s : best;
+    }
+    double gb = 2.0 * L * KV * (double)(pos + 1) * D * 4 / 1e9;
+    fprintf(stderr, "attention, %d layers x %d kv heads, pos %ld: %.3f GB KV, CPU time %.3f ms = %.1f GB/s\n", L, KV,
+            (long)pos, gb, best * 1e3, gb / best);
+    kern_free(&k);
+}
