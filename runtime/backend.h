@@ -98,9 +98,7 @@ bool rt_path(char *buf, size_t cap, const char *dir, const char *name);
 /* ---- cpu_backend.c ---- */
 extern const RtBackend rt_cpu_backend;
 
-/* ---- cuda_backend.c (branch cuda) ---- */
-/* Runs kernel.sm_XX.cubin through the driver API. Not defined until that
- * file lands; then backend_for() in runtime.c returns it for "sm_" targets. */
+/* ---- cuda_backend.c ---- */
 extern const RtBackend rt_cuda_backend;
 
 #endif

@@ -31,6 +31,8 @@ static const RtBackend *backend_for(const char *target)
 {
     if (strcmp(target, "cpu") == 0 || strcmp(target, "host-cuda") == 0)
         return &rt_cpu_backend;
+    if (strncmp(target, "sm_", 3) == 0)
+        return &rt_cuda_backend;
     return NULL;
 }
 
@@ -44,9 +46,7 @@ static megac_status model_open(megac_model *m, const char *dir)
         return st;
     m->be = backend_for(m->man.target);
     if (!m->be)
-        return rt_fail(m, MEGAC_ERR_DEVICE,
-                       "%s: target '%s' needs the CUDA backend, which this runtime does not have yet", dir,
-                       m->man.target);
+        return rt_fail(m, MEGAC_ERR_FORMAT, "%s/manifest.yaml: error: unknown target '%s'", dir, m->man.target);
     return m->be->open(m);
 }
 

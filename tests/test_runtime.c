@@ -382,8 +382,13 @@ Test(runtime, refuses_mismatched_bundles)
     expect_refusal(dir, MEGAC_ERR_FORMAT, "tokenizer.bin", "259 tokens, more than the model's vocabulary of 258");
     edit_file(dir, "manifest.yaml", "vocab: 258", "vocab: 259");
 
-    edit_file(dir, "manifest.yaml", "target: cpu", "target: sm_90");
-    expect_refusal(dir, MEGAC_ERR_DEVICE, "target 'sm_90'", "CUDA backend");
+    edit_file(dir, "manifest.yaml", "target: cpu", "target: tpu");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "unknown target 'tpu'");
+    /* a CUDA target goes to the CUDA backend: no driver here, or a kernel.so
+     * that is no cubin on a GPU machine; either way a refusal, not a crash */
+    edit_file(dir, "manifest.yaml", "target: tpu", "target: sm_90");
+    megac_status st = megac_open(dir, &m);
+    cr_assert(st != MEGAC_OK && m == NULL && megac_last_open_error()[0], "status %d", st);
     edit_file(dir, "manifest.yaml", "target: sm_90", "target: cpu");
 
     edit_file(dir, "manifest.yaml", "io_logits: 1024", "io_logits: 1028");

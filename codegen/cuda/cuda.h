@@ -15,7 +15,7 @@
 #include <stddef.h>
 
 #define CUDA_THREADS_GPU 512    /* threads per block on a GPU (16 warps) */
-#define CUDA_THREADS_HOST 128   /* on the host: 4 warps of fibers */
+#define CUDA_THREADS_HOST 64    /* on the host: 2 warps of fibers */
 #define CUDA_SMEM_FLOATS_MAX 8192   /* GEMV input staging cap (32 KiB) */
 #define CUDA_SMEM_FLOATS_LIMIT 12000 /* whole scratch: under 48 KiB of static smem */
 #define CUDA_ARENA_BIT (1ull << 63)

@@ -41,7 +41,7 @@ MK_INLINE void mk_nanosleep(unsigned ns) { __nanosleep(ns); }
 MK_INLINE unsigned mk_ld_acquire(const unsigned *p)
 {
     unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 

@@ -4,9 +4,10 @@
  *   platform   cuda_prelude.cuh (NVRTC) or host_shim.h (the host)
  *   shape      #defines: the model constants the op bodies are specialized
  *              to, the block size, the shared scratch and attention layout
- *   schedule   megac_k_insts: MK_STRIDE 32-bit words per instruction
- *              (kernel_body.cuh's MK_W_* order), every worker's list in
- *              order; megac_k_wstart: where each worker's list starts;
+ *   schedule   megac_k_insts: the instructions as a stream of 32-bit
+ *              words (2 per signal or wait, 2 + params + operands per op;
+ *              kernel_body.cuh describes them), every worker's list in
+ *              order; megac_k_wstart: the word where each worker's starts;
  *              megac_k_bufs: each buffer's byte offset, MK_ARENA_BIT set
  *              unless it is a weight
  *   constants  megac_kernel_abi, megac_schedule_hash, megac_num_workers
@@ -20,8 +21,6 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define CUDA_STRIDE 16
 
 _Static_assert(INST_OP == 0 && INST_SIGNAL == 1 && INST_WAIT == 2, "kernel_body.cuh's MK_INST_* mirror InstKind");
 _Static_assert(OP_EMBED == 0 && OP_RMSNORM == 1 && OP_GEMV == 2 && OP_ROPE == 3 && OP_KV_APPEND == 4 &&
@@ -83,52 +82,60 @@ static void source_shape(FILE *f, const Schedule *s, const CudaLayout *l)
     fprintf(f, "#define MK_DIM %d\n#define MK_HD %d\n#define MK_G %d\n#define MK_VOCAB %d\n#define MK_MAX_SEQ %d\n",
             sh->dim, sh->head_dim, source_group(s), sh->vocab_size, sh->max_seq);
     fprintf(f, "#define MK_ROPE_HALF %d\n#define MK_EPS %.9ef\n", sh->rope_pairing == 1, sh->norm_eps);
-    fprintf(f, "#define MK_NWORKERS %uu\n#define MK_STRIDE %d\n#define MK_ARENA_BIT 0x%llxull\n", s->nworkers,
-            CUDA_STRIDE, (unsigned long long)CUDA_ARENA_BIT);
+    fprintf(f, "#define MK_NWORKERS %uu\n#define MK_ARENA_BIT 0x%llxull\n", s->nworkers,
+            (unsigned long long)CUDA_ARENA_BIT);
 }
 
-/* One instruction as CUDA_STRIDE words (kernel_body.cuh's MK_W_*). */
-static void source_inst_encode(const Schedule *s, const Inst *in, uint32_t *w)
+/* One instruction as words of kernel_body.cuh's stream; returns how many. */
+static int source_inst_encode(const Schedule *s, const Inst *in, uint32_t *w)
 {
-    for (int i = 0; i < CUDA_STRIDE; i++)
-        w[i] = 0;
-    w[0] = (uint32_t)in->kind | (uint32_t)in->op << 8;
-    w[1] = in->counter;
-    w[2] = in->amount;
-    for (int i = 0; i < OP_MAX_PARAMS; i++)
-        w[3 + i] = (uint32_t)in->p[i];
-    for (int i = 0; i < OP_MAX_OPERANDS; i++)
-        w[9 + i] = 0xffffffffu;
-    if (in->kind != INST_OP)
-        return;
+    if (in->kind != INST_OP) {
+        ASSERT(in->counter < (1u << 24));
+        w[0] = (uint32_t)in->kind | in->counter << 8;
+        w[1] = in->amount;
+        return 2;
+    }
+    const OpInfo *oi = op_info(in->op);
+    int np = oi->nparams, n = 0;
+    w[n++] = (uint32_t)in->kind | (uint32_t)in->op << 8 | (uint32_t)np << 16 | (uint32_t)in->nacc << 24;
+    for (int i = 0; i < np; i++)
+        w[n++] = (uint32_t)in->p[i];
+    uint32_t dt = 0;
     for (int i = 0; i < in->nacc; i++) {
         uint32_t b = s->accs[in->acc + (uint32_t)i].buf;
-        w[9 + i] = b;
+        w[n++] = b;
         if (b != BUF_NONE)
-            w[14] |= (uint32_t)s->bufs[b].dtype << (4 * i);
+            dt |= (uint32_t)s->bufs[b].dtype << (4 * i);
     }
+    w[n++] = dt;
+    return n;
 }
 
 static void source_tables(FILE *f, const Schedule *s)
 {
-    uint32_t n = 0, enc[CUDA_STRIDE];
+    uint32_t enc[2 + OP_MAX_PARAMS + OP_MAX_OPERANDS];
+    uint32_t *start = xmalloc(sizeof *start * ((size_t)s->nworkers + 1));
+    uint64_t n = 0;
     fprintf(f, "MK_TABLE unsigned megac_k_insts[] = {\n");
-    for (uint32_t w = 0; w < s->nworkers; w++)
-        for (uint32_t i = 0; i < s->workers[w].ninst; i++, n++) {
-            source_inst_encode(s, &s->workers[w].insts[i], enc);
-            for (int j = 0; j < CUDA_STRIDE; j++)
+    for (uint32_t w = 0; w < s->nworkers; w++) {
+        start[w] = (uint32_t)n;
+        for (uint32_t i = 0; i < s->workers[w].ninst; i++) {
+            int k = source_inst_encode(s, &s->workers[w].insts[i], enc);
+            for (int j = 0; j < k; j++)
                 fprintf(f, "%uu,", enc[j]);
-            fputc('\n', f);
+            fputc(i % 8 == 7 ? '\n' : ' ', f);
+            n += (uint64_t)k;
+            ASSERT(n < INT32_MAX);
         }
+        fputc('\n', f);
+    }
+    start[s->nworkers] = (uint32_t)n;
     if (n == 0)
         fprintf(f, "0u\n");
     fprintf(f, "};\nMK_TABLE int megac_k_wstart[] = {");
-    n = 0;
-    for (uint32_t w = 0; w <= s->nworkers; w++) {
-        fprintf(f, "%u,", n);
-        if (w < s->nworkers)
-            n += s->workers[w].ninst;
-    }
+    for (uint32_t w = 0; w <= s->nworkers; w++)
+        fprintf(f, "%u,", start[w]);
+    free(start);
     fprintf(f, "};\nMK_TABLE unsigned long long megac_k_bufs[] = {\n");
     for (uint32_t b = 0; b < s->nbufs; b++) {
         const Buffer *bf = &s->bufs[b];

@@ -7,10 +7,10 @@
  * Blocks are real threads, so they run concurrently and meet only through
  * the counters, exactly as on a GPU.
  *
- * The block's MK_THREADS CUDA threads are fibers on that OS thread (stacks
- * made once with makecontext; switches with _setjmp/_longjmp, which do not
- * touch the signal mask). A fiber runs until it reaches a barrier, then
- * yields to the block's round-robin scheduler:
+ * The block's MK_THREADS CUDA threads are fibers on that OS thread, made
+ * once per thread (ucontext, or on x86-64 a register swap that skips the
+ * signal mask). A fiber runs until it waits at a barrier, then passes
+ * control straight to the next fiber that can run, round-robin:
  *   __syncthreads   a block barrier (all MK_THREADS fibers arrive)
  *   warp shuffles   each lane writes its value, a warp barrier (the warp's
  *                   32 fibers), each lane reads its partner's; two buffers
@@ -23,7 +23,6 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
-#include <setjmp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,14 +62,69 @@ typedef struct dim3 {
 } dim3;
 
 #define MK_HOST_STACK (64 * 1024)
+enum { MK_WAIT_NONE, MK_WAIT_BLOCK, MK_WAIT_WARP };
+
+/* A fiber's saved context. On x86-64 a switch saves the callee-saved
+ * registers on the old stack and swaps stack pointers (a few ns); elsewhere
+ * it is ucontext's swapcontext. */
+#if defined(__x86_64__)
+typedef struct MkCtx {
+    void *sp;
+} MkCtx;
+void mk_ctx_swap(MkCtx *from, MkCtx *to) __attribute__((visibility("hidden")));
+__asm__(".text\n"
+        ".globl mk_ctx_swap\n"
+        ".hidden mk_ctx_swap\n"
+        ".type mk_ctx_swap,@function\n"
+        "mk_ctx_swap:\n"
+        "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq (%rsi), %rsp\n"
+        "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+        "  ret\n"
+        ".size mk_ctx_swap, .-mk_ctx_swap\n");
+
+/* A context that, switched to, calls fn (which never returns) on the stack. */
+static void mk_ctx_make(MkCtx *c, char *stack, size_t size, void (*fn)(void))
+{
+    uintptr_t top = ((uintptr_t)stack + size) & ~(uintptr_t)15;
+    void **sp = (void **)top;
+    *--sp = 0;                  /* fn's return address: none */
+    memcpy(--sp, &fn, sizeof fn);   /* where the first switch returns to */
+    for (int i = 0; i < 6; i++)
+        *--sp = 0;              /* r15 r14 r13 r12 rbx rbp */
+    c->sp = sp;
+}
+#else
+typedef struct MkCtx {
+    ucontext_t uc;
+} MkCtx;
+
+static void mk_ctx_swap(MkCtx *from, MkCtx *to)
+{
+    if (swapcontext(&from->uc, &to->uc) != 0)
+        abort();
+}
+
+static void mk_ctx_make(MkCtx *c, char *stack, size_t size, void (*fn)(void))
+{
+    if (getcontext(&c->uc) != 0)
+        abort();
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = size;
+    c->uc.uc_link = NULL;
+    makecontext(&c->uc, fn, 0);
+}
+#endif
 
 typedef struct MkFiber {
-    jmp_buf jb;
-    ucontext_t uc;
+    MkCtx ctx;
     dim3 tid;
     unsigned shfl_seq;          /* shuffles done: picks the buffer */
-    int started, done;
-    void *stack;
+    unsigned wait_kind;         /* MK_WAIT_*: what this fiber is parked on */
+    unsigned wait_gen;          /* the barrier generation it waits to pass */
+    int done;
+    char *stack;
 } MkFiber;
 
 typedef struct MkWarp {
@@ -81,15 +135,14 @@ typedef struct MkWarp {
 typedef struct MkBlock {
     MkFiber f[MK_THREADS];
     MkWarp warp[MK_THREADS / 32];
-    jmp_buf sched;
-    ucontext_t sched_uc;
+    MkCtx sched;            /* megac_worker, waiting for the step to end */
     unsigned cur, left;
     unsigned bar_count, bar_gen;
     const MegacArgs *a;
     unsigned worker;
 } MkBlock;
 
-static _Thread_local MkBlock *mk_blk;
+static _Thread_local MkBlock *mk_blk __attribute__((tls_model("initial-exec")));
 static pthread_key_t mk_blk_key;
 static pthread_once_t mk_blk_once = PTHREAD_ONCE_INIT;
 
@@ -99,12 +152,46 @@ static pthread_once_t mk_blk_once = PTHREAD_ONCE_INIT;
 
 static void mk_worker_run(const MegacArgs *a, unsigned worker);
 
-/* Back to the scheduler; returns when the scheduler resumes this fiber. */
-static void mk_yield(void)
+/* Whether fiber n can run: unfinished, and past the barrier it waits at. */
+static int mk_runnable(const MkBlock *b, unsigned n)
+{
+    const MkFiber *f = &b->f[n];
+    if (f->done)
+        return 0;
+    if (f->wait_kind == MK_WAIT_BLOCK)
+        return b->bar_gen != f->wait_gen;
+    if (f->wait_kind == MK_WAIT_WARP)
+        return b->warp[n >> 5].gen != f->wait_gen;
+    return 1;
+}
+
+/* Switches from the running fiber to the next runnable one, round-robin;
+ * returns when some fiber switches back to this one. Nobody runnable means
+ * a barrier that not every thread reaches: a kernel bug. */
+static void mk_switch(void)
+{
+    MkBlock *b = mk_blk;
+    unsigned me = b->cur, n = me;
+    for (unsigned i = 0; i < MK_THREADS; i++) {
+        n = n + 1 == MK_THREADS ? 0 : n + 1;
+        if (mk_runnable(b, n)) {
+            b->cur = n;
+            if (n != me)
+                mk_ctx_swap(&b->f[me].ctx, &b->f[n].ctx);
+            return;
+        }
+    }
+    abort();
+}
+
+/* Parks the running fiber until the barrier generation moves past gen. */
+static void mk_park(unsigned kind, unsigned gen)
 {
     MkFiber *f = &mk_blk->f[mk_blk->cur];
-    if (!_setjmp(f->jb))
-        _longjmp(mk_blk->sched, 1);
+    f->wait_kind = kind;
+    f->wait_gen = gen;
+    mk_switch();
+    f->wait_kind = MK_WAIT_NONE;
 }
 
 static void __syncthreads(void)
@@ -116,8 +203,7 @@ static void __syncthreads(void)
         b->bar_gen++;
         return;
     }
-    while (b->bar_gen == gen)
-        mk_yield();
+    mk_park(MK_WAIT_BLOCK, gen);
 }
 
 static void mk_warp_barrier(MkWarp *w)
@@ -128,8 +214,7 @@ static void mk_warp_barrier(MkWarp *w)
         w->gen++;
         return;
     }
-    while (w->gen == gen)
-        mk_yield();
+    mk_park(MK_WAIT_WARP, gen);
 }
 
 static uint32_t mk_shfl_xor_bits(uint32_t v, int m)
@@ -185,13 +270,18 @@ static inline unsigned long long mk_time_ns(void)
 
 /* ---- the block: fibers and their scheduler ---- */
 
-/* A fiber runs the worker's program once per step, then parks. */
+/* A fiber runs the worker's program once per step, then parks; the last
+ * one to finish switches back to megac_worker. */
 static void mk_fiber_main(void)
 {
     for (;;) {
         mk_worker_run(mk_blk->a, mk_blk->worker);
-        mk_blk->f[mk_blk->cur].done = 1;
-        mk_yield();
+        MkBlock *b = mk_blk;
+        b->f[b->cur].done = 1;
+        if (--b->left == 0)
+            mk_ctx_swap(&b->f[b->cur].ctx, &b->sched);
+        else
+            mk_switch();
     }
 }
 
@@ -221,13 +311,12 @@ static MkBlock *mk_block_get(void)
     for (unsigned i = 0; i < MK_THREADS; i++) {
         MkFiber *f = &b->f[i];
         f->tid.x = i;
-        f->stack = malloc(MK_HOST_STACK);
-        if (!f->stack || getcontext(&f->uc) != 0)
+        f->stack = (char *)malloc(MK_HOST_STACK);
+        if (!f->stack)
             abort();
-        f->uc.uc_stack.ss_sp = f->stack;
-        f->uc.uc_stack.ss_size = MK_HOST_STACK;
-        f->uc.uc_link = NULL;
-        makecontext(&f->uc, mk_fiber_main, 0);
+        /* stagger the stack tops so that the fibers' hot frames do not all
+         * fall into the same cache sets */
+        mk_ctx_make(&f->ctx, f->stack, MK_HOST_STACK - 64 * (i % 61), mk_fiber_main);
     }
     if (pthread_setspecific(mk_blk_key, b) != 0)
         abort();
@@ -235,32 +324,17 @@ static MkBlock *mk_block_get(void)
     return b;
 }
 
-/* Runs every fiber of the block round-robin until all have finished. */
+/* Runs every fiber of the block until all have finished. */
 static void mk_block_run(MkBlock *b)
 {
     for (unsigned i = 0; i < MK_THREADS; i++) {
         b->f[i].done = 0;
         b->f[i].shfl_seq = 0;
+        b->f[i].wait_kind = MK_WAIT_NONE;
     }
     b->left = MK_THREADS;
     b->cur = 0;
-    while (b->left) {
-        MkFiber *f = &b->f[b->cur];
-        if (!f->done) {
-            if (!_setjmp(b->sched)) {
-                if (!f->started) {
-                    f->started = 1;
-                    swapcontext(&b->sched_uc, &f->uc);
-                } else {
-                    _longjmp(f->jb, 1);
-                }
-            }
-            f = &b->f[b->cur];
-            if (f->done)
-                b->left--;
-        }
-        b->cur = (b->cur + 1) % MK_THREADS;
-    }
+    mk_ctx_swap(&b->sched, &b->f[0].ctx);
 }
 
 MK_EXPORT void megac_worker(const MegacArgs *a, uint32_t worker);

@@ -4,10 +4,14 @@
  * Embedded in megac at build time and pasted after the generated part of a
  * kernel source (cuda_source.c), which defines the model shape (MK_DIM,
  * MK_HD, ...), the block size MK_THREADS, the shared scratch size, and the
- * validated schedule as tables: megac_k_insts (MK_STRIDE words per
- * instruction, workers one after another, worker w owning entries
+ * validated schedule as tables: megac_k_insts (a stream of 32-bit words,
+ * the instructions of each worker in order, worker w owning the words
  * [megac_k_wstart[w], megac_k_wstart[w+1])) and megac_k_bufs (a byte offset
- * per buffer, MK_ARENA_BIT set for the arena). Before those come the
+ * per buffer, MK_ARENA_BIT set for the arena). An instruction is
+ *   signal, wait:  kind | counter << 8,  amount
+ *   op:            kind | op << 8 | nparams << 16 | noperands << 24,
+ *                  the params, the operands' buffer indices (MK_NONE if
+ *                  absent), their dtypes (4 bits each) Before those come the
  * platform primitives: cuda_prelude.cuh for NVRTC, host_shim.h for the host
  * (blocks as threads, CUDA threads as fibers).
  *
@@ -27,13 +31,9 @@
 #define MK_ABORT_BAD_POS 2u
 #define MK_DEFAULT_TIMEOUT_NS 2000000000ull
 
-/* Instruction words (cuda_source.c writes them in this order). */
-#define MK_W_HEAD 0     /* kind | op << 8 */
-#define MK_W_COUNTER 1
-#define MK_W_AMOUNT 2
-#define MK_W_PARAM 3    /* 6 params */
-#define MK_W_OPND 9     /* 5 buffer indices, MK_NONE if absent */
-#define MK_W_DTYPES 14  /* 4 bits per operand */
+/* An op instruction's fields (cuda_source.c writes them in this order). */
+#define MK_NPARAM(in) (((in)[0] >> 16) & 0xffu)
+#define MK_NOPND(in) ((in)[0] >> 24)
 enum { MK_INST_OP, MK_INST_SIGNAL, MK_INST_WAIT };
 
 /* Same values as OpCode of ir/ops.h (cuda_source.c checks). */
@@ -56,7 +56,7 @@ MK_SHARED unsigned mk_stop;
 
 MK_INLINE void *mk_opnd(const MegacArgs *a, const unsigned *in, int i)
 {
-    unsigned b = in[MK_W_OPND + i];
+    unsigned b = in[1 + MK_NPARAM(in) + i];
     if (b == MK_NONE)
         return 0;
     unsigned long long w = megac_k_bufs[b];
@@ -67,12 +67,12 @@ MK_INLINE void *mk_opnd(const MegacArgs *a, const unsigned *in, int i)
 
 MK_INLINE int mk_dtype(const unsigned *in, int i)
 {
-    return (int)((in[MK_W_DTYPES] >> (4 * i)) & 15u);
+    return (int)((in[1 + MK_NPARAM(in) + MK_NOPND(in)] >> (4 * i)) & 15u);
 }
 
 MK_INLINE int mk_param(const unsigned *in, int i)
 {
-    return (int)in[MK_W_PARAM + i];
+    return (int)in[1 + i];
 }
 
 MK_INLINE float mk_warp_sum(float v)
@@ -162,6 +162,7 @@ MK_INLINE float mk_dot_row(const float *w, const float *x, int k, unsigned lane)
     if ((k & 3) == 0) {
         const float4 *w4 = (const float4 *)w, *x4 = (const float4 *)x;
         int k4 = k >> 2, j = (int)lane;
+#pragma unroll 1
         for (; j + 96 < k4; j += 128) {
             float4 wa = mk_ldg4(w4 + j), wb = mk_ldg4(w4 + j + 32);
             float4 wc = mk_ldg4(w4 + j + 64), wd = mk_ldg4(w4 + j + 96);
@@ -171,6 +172,7 @@ MK_INLINE float mk_dot_row(const float *w, const float *x, int k, unsigned lane)
             a2 += wc.x * xc.x + wc.y * xc.y + wc.z * xc.z + wc.w * xc.w;
             a3 += wd.x * xd.x + wd.y * xd.y + wd.z * xd.z + wd.w * xd.w;
         }
+#pragma unroll 1
         for (; j < k4; j += 32) {
             float4 wa = mk_ldg4(w4 + j), xa = x4[j];
             a0 += wa.x * xa.x + wa.y * xa.y + wa.z * xa.z + wa.w * xa.w;
@@ -267,6 +269,7 @@ MK_DEV void op_attn(const MegacArgs *a, const unsigned *in)
                 acc[g][i] = 0.0f;
             }
         }
+#pragma unroll 1
         for (int idx = (int)warp;; idx += MK_AW) {
             long long t = (long long)(s + (idx / block) * nsplit) * block + idx % block;
             if (t > a->pos)
@@ -422,7 +425,7 @@ MK_DEV void op_argmax_combine(const MegacArgs *a, const unsigned *in)
 
 MK_DEV void mk_op_run(const MegacArgs *a, const unsigned *in)
 {
-    switch ((in[MK_W_HEAD] >> 8) & 0xffu) {
+    switch ((in[0] >> 8) & 0xffu) {
     case MK_OP_EMBED: op_embed(a, in); break;
     case MK_OP_RMSNORM: op_rmsnorm(a, in); break;
     case MK_OP_GEMV: op_gemv(a, in); break;
@@ -497,22 +500,26 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
                             (unsigned)MK_MAX_SEQ);
         return;
     }
-    int first = megac_k_wstart[worker], end = megac_k_wstart[worker + 1];
-    for (int i = first; i < end; i++) {
-        const unsigned *in = megac_k_insts + (long long)i * MK_STRIDE;
-        unsigned kind = in[MK_W_HEAD] & 0xffu;
+    int p = megac_k_wstart[worker], end = megac_k_wstart[worker + 1];
+    for (unsigned pc = 0; p < end; pc++) {
+        const unsigned *in = megac_k_insts + p;
+        unsigned kind = in[0] & 0xffu;
         if (kind == MK_INST_OP) {
             mk_op_run(a, in);
             mk_sync();
-        } else if (kind == MK_INST_SIGNAL) {
+            p += 2 + (int)MK_NPARAM(in) + (int)MK_NOPND(in);
+            continue;
+        }
+        p += 2;
+        if (kind == MK_INST_SIGNAL) {
             /* the op before ended with a barrier: the block's writes are done */
             if (tid == 0) {
                 mk_fence();
-                mk_atomic_add(a->counters + in[MK_W_COUNTER], in[MK_W_AMOUNT]);
+                mk_atomic_add(a->counters + (in[0] >> 8), in[1]);
             }
         } else if (kind == MK_INST_WAIT) {
             if (tid == 0)
-                mk_stop = !mk_wait(a, worker, (unsigned)(i - first), in[MK_W_COUNTER], in[MK_W_AMOUNT]);
+                mk_stop = !mk_wait(a, worker, pc, in[0] >> 8, in[1]);
             mk_sync();
             if (mk_stop)
                 return;
