@@ -220,6 +220,11 @@ static void stats_print(const megac_stats *st, const megac_model *m)
     double dec = st->decode_s > 0 ? st->generated_tokens / st->decode_s : 0;
     fprintf(stderr, "megac run: %d prompt tokens (%.1f tok/s), %d generated (%.1f tok/s), %d workers\n",
             st->prompt_tokens, pre, st->generated_tokens, dec, megac_num_workers(m));
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (ncpu > 0 && megac_num_workers(m) > ncpu)
+        fprintf(stderr, "megac run: note: %d workers on %ld CPUs: a worker's waits spin while the one it waits "
+                        "for is not running; compile with --workers %ld or fewer for speed\n",
+                megac_num_workers(m), ncpu, ncpu);
 }
 
 /* Opens the bundle, generates, prints; returns the exit status. */
