@@ -105,6 +105,8 @@ static Schedule *campaign_make(Campaign *c, FuzzClass k, FuzzRng *r)
 {
     if (k == FUZZ_RANDOM)
         return fuzz_random(r, c->workers_max);
+    if (k == FUZZ_RANDOM_DAG)
+        return fuzz_random_dag(r, c->workers_max);
     for (int tries = 0; tries < 16; tries++) {
         Schedule *s = fuzz_clone(c->base[fuzz_below(r, (uint32_t)c->nbase)]);
         if (k == FUZZ_NONE || fuzz_mutate(s, k, r))

@@ -24,7 +24,11 @@
     X(RESIDENCY, "not-co-resident")                                     \
     X(OOB, "out-of-bounds")                                             \
     X(BAD_PARAMS, "bad-op-params")                                      \
-    X(RANDOM, "random")
+    X(MERGE_COUNTERS, "counters-merged")                                \
+    X(SIGNAL_AMOUNT, "signal-amount-changed")                           \
+    X(MOVE_WAIT, "wait-moved")                                          \
+    X(RANDOM, "random")                                                 \
+    X(RANDOM_DAG, "random-dag")
 
 typedef enum {
 #define X(n, s) FUZZ_##n,
@@ -49,5 +53,10 @@ Schedule *fuzz_clone(const Schedule *s);
 bool fuzz_mutate(Schedule *s, FuzzClass c, FuzzRng *r);
 /* A random small schedule of `add` and `silu_mul` ops, signals and waits. */
 Schedule *fuzz_random(FuzzRng *r, int workers_max);
+/* Random tasks dealt to workers in index order, each conflicting pair
+ * ordered by a wait on the earlier task's counter (counters shared by
+ * several tasks, thresholds cumulative), with a few waits wrong or left
+ * out: mostly safe schedules that exercise the happens-before rules. */
+Schedule *fuzz_random_dag(FuzzRng *r, int workers_max);
 
 #endif

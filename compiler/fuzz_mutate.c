@@ -300,6 +300,50 @@ static bool mut_bad_params(Schedule *s, FuzzRng *r)
     return true;
 }
 
+/* Two counters become one (the "which producer" confusion): the waits on
+ * the second keep their thresholds or count on top of the first's total. */
+static bool mut_merge_counters(Schedule *s, FuzzRng *r)
+{
+    if (s->nctrs < 2)
+        return false;
+    uint32_t a = fuzz_below(r, s->nctrs), b = (a + 1 + fuzz_below(r, s->nctrs - 1)) % s->nctrs;
+    uint32_t shift = fuzz_below(r, 2) ? (uint32_t)counter_total(s, a) : 0;
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
+            Inst *in = &s->workers[w].insts[t];
+            if (in->kind != INST_OP && in->counter == b) {
+                in->counter = a;
+                if (in->kind == INST_WAIT)
+                    in->amount += shift;
+            }
+        }
+    return true;
+}
+
+static bool mut_signal_amount(Schedule *s, FuzzRng *r)
+{
+    Site x;
+    if (!site_pick(s, r, is_signal, &x))
+        return false;
+    Inst *in = inst_at(s, x);
+    if (in->amount > 1 && fuzz_below(r, 2))
+        in->amount--;
+    else
+        in->amount++;
+    return true;
+}
+
+static bool mut_move_wait(Schedule *s, FuzzRng *r)
+{
+    Site x;
+    if (!site_pick(s, r, is_wait, &x))
+        return false;
+    Inst in = *inst_at(s, x);
+    inst_remove(s, x.w, x.t);
+    inst_insert(s, x.w, fuzz_below(r, s->workers[x.w].ninst + 1), in);
+    return true;
+}
+
 bool fuzz_mutate(Schedule *s, FuzzClass c, FuzzRng *r)
 {
     Site x;
@@ -338,8 +382,12 @@ bool fuzz_mutate(Schedule *s, FuzzClass c, FuzzRng *r)
     case FUZZ_RESIDENCY: return mut_residency(s, r);
     case FUZZ_OOB: return mut_oob(s, r);
     case FUZZ_BAD_PARAMS: return mut_bad_params(s, r);
+    case FUZZ_MERGE_COUNTERS: return mut_merge_counters(s, r);
+    case FUZZ_SIGNAL_AMOUNT: return mut_signal_amount(s, r);
+    case FUZZ_MOVE_WAIT: return mut_move_wait(s, r);
     case FUZZ_NONE:
     case FUZZ_RANDOM:
+    case FUZZ_RANDOM_DAG:
     case FUZZ_CLASS_COUNT: break;
     }
     return false;
@@ -397,5 +445,73 @@ Schedule *fuzz_random(FuzzRng *r, int workers_max)
                 sched_wait(s, (int)w, fuzz_below(r, nc), 1 + fuzz_below(r, 3));
         }
     }
+    return s;
+}
+
+typedef struct DagTask {
+    uint32_t w, a, b, ctr, amount;
+    int32_t r0, r1;
+    uint64_t upto;          /* increments to ctr from tasks up to this one */
+} DagTask;
+
+static bool dag_conflict(const DagTask *x, const DagTask *y)
+{
+    bool meet = x->r0 < y->r1 && y->r0 < x->r1;
+    return meet && (x->a == y->a || x->a == y->b || y->a == x->b);
+}
+
+/* Appends the waits task j needs (on its worker), then j, then its signal. */
+static void dag_emit(Schedule *s, FuzzRng *r, const DagTask *t, uint32_t j)
+{
+    for (uint32_t i = 0; i < j; i++) {
+        if (t[i].w == t[j].w || !dag_conflict(&t[i], &t[j]))
+            continue;
+        uint32_t k = fuzz_below(r, 20);
+        if (k == 0)
+            continue;   /* forgotten */
+        uint64_t thr = t[i].upto;
+        if (k == 1 && thr > 1)
+            thr--;      /* one short */
+        sched_wait(s, (int)t[j].w, t[i].ctr, (uint32_t)thr);
+    }
+    int32_t p[OP_MAX_PARAMS] = {t[j].r0, t[j].r1};
+    Access acc[2] = {{t[j].a, ACC_RW, {t[j].r0, 0}, {t[j].r1, 0}}, {t[j].b, ACC_R, {t[j].r0, 0}, {t[j].r1, 0}}};
+    sched_op(s, (int)t[j].w, OP_ADD, p, acc);
+    sched_signal(s, (int)t[j].w, t[j].ctr, t[j].amount);
+}
+
+Schedule *fuzz_random_dag(FuzzRng *r, int workers_max)
+{
+    uint32_t nw = 2 + fuzz_below(r, (uint32_t)(workers_max > 4 ? 3 : workers_max - 1));
+    uint32_t ntask = 4 + fuzz_below(r, 7), nc = 1 + fuzz_below(r, 4);
+    Schedule *s = sched_new("random-dag", "cpu", (int)nw);
+    s->shape = (ModelShape){.dim = 16, .hidden_dim = 16, .n_layers = 1, .n_heads = 1, .n_kv_heads = 1,
+                            .head_dim = 16, .vocab_size = 16, .max_seq = 8, .norm_eps = 1e-5};
+    int64_t shape[1] = {16};
+    for (int i = 0; i < 3; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "s%d", i);
+        sched_add_buffer(s, name, DT_F32, BUF_STATE, 1, shape);
+    }
+    for (uint32_t k = 0; k < nc; k++) {
+        char name[16];
+        snprintf(name, sizeof name, "c%u", k);
+        sched_add_counter(s, name);
+    }
+    DagTask t[16];
+    uint64_t total[4] = {0};
+    for (uint32_t j = 0; j < ntask; j++) {
+        DagTask *x = &t[j];
+        x->w = fuzz_below(r, nw);
+        x->a = fuzz_below(r, 3);
+        x->b = fuzz_below(r, 3);
+        x->r0 = (int32_t)fuzz_below(r, 16);
+        x->r1 = x->r0 + 1 + (int32_t)fuzz_below(r, (uint32_t)(16 - x->r0));
+        x->ctr = fuzz_below(r, nc);
+        x->amount = 1 + fuzz_below(r, 2);
+        x->upto = total[x->ctr] += x->amount;
+    }
+    for (uint32_t j = 0; j < ntask; j++)
+        dag_emit(s, r, t, j);
     return s;
 }

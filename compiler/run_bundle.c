@@ -3,11 +3,11 @@
  * options): decode text with a compiled NAME.megac/ through the runtime.
  *
  * Given a model description instead of a bundle, it first compiles one into
- * .megac-cache/<key>.megac, where the key hashes everything the bundle
- * depends on that the command line can name: the description's bytes, the
- * --set overrides, the target, the worker count, and this megac executable
- * (size and modification time, so a rebuilt compiler does not reuse stale
- * kernels). Weight files the description points to are not hashed.
+ * .megac-cache/<key>.megac, where the key hashes what the bundle depends
+ * on: the description's bytes, the --set overrides, the target, the worker
+ * count, and the identity (path, size, modification time) of this megac
+ * executable and of the weight and tokenizer files the description names,
+ * so a rebuilt compiler or a replaced checkpoint is not served stale.
  *
  * Text goes to stdout as llama2.c's run.c prints it: -n counts positions,
  * BOS included; the prompt's pieces are printed, then each generated piece
@@ -84,11 +84,13 @@ static const char *engine_target(RunEngine e)
     }
 }
 
-/* Does the bundle's target run on the engine asked for? */
+/* Does the bundle's target run on the engine asked for? The cpu engine
+ * (the default for a bundle) also runs host-cuda bundles: both are a
+ * kernel.so on CPU threads. */
 static bool engine_accepts(RunEngine e, const char *target)
 {
     if (e == ENGINE_CPU)
-        return strcmp(target, "cpu") == 0;
+        return strcmp(target, "cpu") == 0 || strcmp(target, "host-cuda") == 0;
     if (e == ENGINE_HOST_CUDA)
         return strcmp(target, "host-cuda") == 0;
     return strncmp(target, "sm_", 3) == 0;
@@ -104,6 +106,37 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 
 /* The cache key of compiling o for `target`; false if the description
  * cannot be read. */
+/* Folds a file's identity (path, size, modification time) into h. */
+static uint64_t fnv_file_id(uint64_t h, const char *path)
+{
+    struct stat sb;
+    if (!path)
+        return h;
+    h = fnv(h, path, strlen(path) + 1);
+    if (stat(path, &sb) == 0) {
+        int64_t id[3] = {(int64_t)sb.st_size, (int64_t)sb.st_mtim.tv_sec, (int64_t)sb.st_mtim.tv_nsec};
+        h = fnv(h, id, sizeof id);
+    }
+    return h;
+}
+
+/* The weight and tokenizer files the description names, folded into h;
+ * false (errors reported) if the description does not load. */
+static bool fnv_model_files(uint64_t *h, const RunOptions *o)
+{
+    Arena a = {0};
+    Diag d;
+    diag_init(&d);
+    ModelDesc m;
+    bool ok = o->model ? desc_load(&m, &a, o->model, o->sets, o->nsets, &d)
+                       : desc_parse(&m, &a, "<embedded>", desc_default_yaml, strlen(desc_default_yaml), o->sets,
+                                    o->nsets, &d);
+    if (ok)
+        *h = fnv_file_id(fnv_file_id(*h, m.weights_path), m.tok_path);
+    arena_free(&a);
+    return ok;
+}
+
 static bool cache_key(const RunOptions *o, const char *target, uint64_t *key)
 {
     uint64_t h = 0xcbf29ce484222325ull;
@@ -125,11 +158,9 @@ static bool cache_key(const RunOptions *o, const char *target, uint64_t *key)
     }
     h = fnv(h, target, strlen(target) + 1);
     h = fnv(h, &o->workers, sizeof o->workers);
-    struct stat sb;
-    if (stat("/proc/self/exe", &sb) == 0) {
-        int64_t id[2] = {(int64_t)sb.st_size, (int64_t)sb.st_mtime};
-        h = fnv(h, id, sizeof id);
-    }
+    h = fnv_file_id(h, "/proc/self/exe");
+    if (!fnv_model_files(&h, o))
+        return false;
     *key = h;
     return true;
 }
@@ -189,6 +220,11 @@ static void stats_print(const megac_stats *st, const megac_model *m)
     double dec = st->decode_s > 0 ? st->generated_tokens / st->decode_s : 0;
     fprintf(stderr, "megac run: %d prompt tokens (%.1f tok/s), %d generated (%.1f tok/s), %d workers\n",
             st->prompt_tokens, pre, st->generated_tokens, dec, megac_num_workers(m));
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (ncpu > 0 && megac_num_workers(m) > ncpu)
+        fprintf(stderr, "megac run: note: %d workers on %ld CPUs: a worker's waits spin while the one it waits "
+                        "for is not running; compile with --workers %ld or fewer for speed\n",
+                megac_num_workers(m), ncpu, ncpu);
 }
 
 /* Opens the bundle, generates, prints; returns the exit status. */

@@ -149,17 +149,39 @@ static const ManKey *man_key_find(const char *key)
     return NULL;
 }
 
+/* Applies one non-blank, non-comment line; returns an error message
+ * (written into msg) or NULL. */
+static const char *man_line_apply(RtManifest *man, bool *seen, char *line, char *msg, size_t cap)
+{
+    char *key, *val;
+    if (!man_line_split(line, &key, &val))
+        return "expected `key: value`";
+    const ManKey *k = man_key_find(key);
+    if (!k)
+        snprintf(msg, cap, "unknown key '%s'", key);
+    else if (seen[k - man_keys])
+        snprintf(msg, cap, "duplicate key '%s'", key);
+    else if (!man_value_set(man, k, val))
+        snprintf(msg, cap, "bad value '%s' for '%s'", val, key);
+    else if (k->off == offsetof(RtManifest, format) && man->format != RT_FORMAT_VERSION)
+        snprintf(msg, cap, "bundle format %d, but this runtime reads format %d", man->format, RT_FORMAT_VERSION);
+    else {
+        seen[k - man_keys] = true;
+        return NULL;
+    }
+    return msg;
+}
+
 megac_status rt_manifest_parse(RtManifest *man, const char *path, const char *text, size_t len,
                                char *err, size_t errlen)
 {
     memset(man, 0, sizeof *man);
     bool seen[NKEYS] = {0};
     int lineno = 0;
-    for (size_t i = 0; i < len;) {
-        size_t e = i;
-        while (e < len && text[e] != '\n')
-            e++;
-        char line[512];
+    for (size_t i = 0, e; i < len; i = e + 1) {
+        for (e = i; e < len && text[e] != '\n'; e++)
+            ;
+        char line[512], msg[640];
         size_t n = e - i;
         lineno++;
         if (n >= sizeof line) {
@@ -168,31 +190,11 @@ megac_status rt_manifest_parse(RtManifest *man, const char *path, const char *te
         }
         memcpy(line, text + i, n);
         line[n] = 0;
-        i = e + 1;
         if (strspn(line, " \t\r") == n || line[0] == '#')
             continue;
-        char *key, *val;
-        if (!man_line_split(line, &key, &val)) {
-            snprintf(err, errlen, "%s:%d: error: expected `key: value`", path, lineno);
-            return MEGAC_ERR_FORMAT;
-        }
-        const ManKey *k = man_key_find(key);
-        if (!k) {
-            snprintf(err, errlen, "%s:%d: error: unknown key '%s'", path, lineno, key);
-            return MEGAC_ERR_FORMAT;
-        }
-        if (seen[k - man_keys]) {
-            snprintf(err, errlen, "%s:%d: error: duplicate key '%s'", path, lineno, key);
-            return MEGAC_ERR_FORMAT;
-        }
-        seen[k - man_keys] = true;
-        if (!man_value_set(man, k, val)) {
-            snprintf(err, errlen, "%s:%d: error: bad value '%s' for '%s'", path, lineno, val, key);
-            return MEGAC_ERR_FORMAT;
-        }
-        if (k->off == offsetof(RtManifest, format) && man->format != RT_FORMAT_VERSION) {
-            snprintf(err, errlen, "%s:%d: error: bundle format %d, but this runtime reads format %d",
-                     path, lineno, man->format, RT_FORMAT_VERSION);
+        const char *why = man_line_apply(man, seen, line, msg, sizeof msg);
+        if (why) {
+            snprintf(err, errlen, "%s:%d: error: %s", path, lineno, why);
             return MEGAC_ERR_FORMAT;
         }
     }

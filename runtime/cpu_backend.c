@@ -8,6 +8,9 @@
  * wakes every worker; worker w calls megac_worker(&args, w) and reports
  * done; the caller sleeps until all W are done, then checks the abort flag
  * that a kernel wait sets when its watchdog expires.
+ *
+ * MEGAC_WATCHDOG_MS in the environment (read at open) sets the kernel's
+ * wait deadline (MegacArgs.timeout_ns); unset, the kernel's default holds.
  */
 #include "runtime/backend.h"
 
@@ -73,7 +76,7 @@ static void *cpu_thread_main(void *p)
     }
 }
 
-/* Looks up a data symbol of the kernel; NULL with m->err set if absent. */
+/* Looks up a symbol of the kernel; NULL with m->err set if absent. */
 static const void *cpu_symbol(megac_model *m, void *dl, const char *path, const char *name)
 {
     dlerror();
@@ -90,15 +93,15 @@ static const void *cpu_symbol(megac_model *m, void *dl, const char *path, const 
 /* The kernel must say it is the kernel this manifest describes. */
 static megac_status cpu_kernel_check(megac_model *m, CpuPool *pool, const char *path)
 {
-    const uint64_t *abi = cpu_symbol(m, pool->dl, path, "megac_kernel_abi");
-    const uint64_t *hash = abi ? cpu_symbol(m, pool->dl, path, "megac_schedule_hash") : NULL;
-    const uint32_t *nw = hash ? cpu_symbol(m, pool->dl, path, "megac_num_workers") : NULL;
-    dlerror();
-    pool->worker = nw ? (megac_worker_fn)(uintptr_t)dlsym(pool->dl, "megac_worker") : NULL;
-    if (!nw)
+    const uint64_t *abi, *hash;
+    const uint32_t *nw;
+    const void *fn;
+    if (!(abi = cpu_symbol(m, pool->dl, path, "megac_kernel_abi")) ||
+        !(hash = cpu_symbol(m, pool->dl, path, "megac_schedule_hash")) ||
+        !(nw = cpu_symbol(m, pool->dl, path, "megac_num_workers")) ||
+        !(fn = cpu_symbol(m, pool->dl, path, "megac_worker")))
         return MEGAC_ERR_FORMAT;
-    if (!pool->worker)
-        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: the kernel does not export 'megac_worker'", path);
+    pool->worker = (megac_worker_fn)(uintptr_t)fn;
     if (*abi != MEGAC_KERNEL_ABI)
         return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: kernel ABI %" PRIu64 ", but this runtime speaks ABI %u",
                        path, *abi, MEGAC_KERNEL_ABI);
@@ -187,9 +190,11 @@ static megac_status cpu_open(megac_model *m)
     CpuPool *pool = calloc(1, sizeof *pool);
     if (!pool)
         return rt_fail(m, MEGAC_ERR_NOMEM, "out of memory");
-    pthread_mutex_init(&pool->mu, NULL);
-    pthread_cond_init(&pool->go, NULL);
-    pthread_cond_init(&pool->done, NULL);
+    if (pthread_mutex_init(&pool->mu, NULL) != 0 || pthread_cond_init(&pool->go, NULL) != 0 ||
+        pthread_cond_init(&pool->done, NULL) != 0) {
+        free(pool);     /* these inits cannot fail on Linux; if one did, nothing else was made */
+        return rt_fail(m, MEGAC_ERR_NOMEM, "cannot create the worker pool's mutex and condition variables");
+    }
     m->be_state = pool;
     pool->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!pool->dl)

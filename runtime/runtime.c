@@ -46,9 +46,7 @@ static megac_status model_open(megac_model *m, const char *dir)
         return st;
     m->be = backend_for(m->man.target);
     if (!m->be)
-        return rt_fail(m, MEGAC_ERR_DEVICE,
-                       "%s: target '%s' needs the CUDA backend, which this runtime does not have yet", dir,
-                       m->man.target);
+        return rt_fail(m, MEGAC_ERR_FORMAT, "%s/manifest.yaml: error: unknown target '%s'", dir, m->man.target);
     return m->be->open(m);
 }
 
@@ -165,7 +163,7 @@ megac_status megac_generate(megac_model *m, const int *prompt, int nprompt, int 
     memset(st, 0, sizeof *st);
     if (nprompt < 1)
         return rt_fail(m, MEGAC_ERR_ARG, "megac_generate needs at least one prompt token (BOS)");
-    uint64_t rng = s ? s->seed : 0;
+    uint64_t rng = 0;       /* 0: megac_sample seeds it from s->seed, as the reference engine does */
     double t0 = now_s();
     megac_status rc;
     for (int i = 0; i < nprompt; i++)
@@ -177,6 +175,8 @@ megac_status megac_generate(megac_model *m, const int *prompt, int nprompt, int 
     int prev = prompt[nprompt - 1];
     for (int i = 0; i < n_new; i++) {
         int tok = generate_pick(m, s, &rng);
+        if (tok < 0 && s && s->temperature > 0.0f)
+            return rt_fail(m, MEGAC_ERR_NOMEM, "the sampler could not allocate its candidates");
         if (tok < 0 || tok >= m->man.vocab)
             return rt_fail(m, MEGAC_ERR_KERNEL, "the kernel chose token %d, outside the vocabulary", tok);
         if (tok == m->man.eos || tok == m->man.bos)

@@ -7,7 +7,8 @@
  *     vs f64 reference; README of ../shared/golden: ~1.5e-5 for stories260K)
  *   - the kernel's argmax equals the reference's at every step.
  * And `megac run` of stories260K reproduces llama2.c's greedy text exactly
- * (../shared/golden/stories260K_once_upon_a_time_n200.txt).
+ * (../shared/golden: the "Once upon a time" prompt, n 200, and no prompt,
+ * n 256).
  * Models: stories260K (../shared; skipped when absent), the embedded
  * default model, and a small synthetic model written here.
  */
@@ -28,6 +29,7 @@
 #define SHARED MEGAC_SRC "/../shared"
 #define STORIES_YAML MEGAC_SRC "/models/stories260k.yaml"
 #define GOLDEN SHARED "/golden/stories260K_once_upon_a_time_n200.txt"
+#define GOLDEN_NOPROMPT SHARED "/golden/stories260K_noprompt_n256.txt"
 
 #define ATOL 1e-4
 #define RTOL 1e-5
@@ -207,25 +209,89 @@ static char *slurp(const char *path)
     return strdup(buf);
 }
 
-/* llama2.c's greedy text, token for token, through `megac run`. */
-Test(e2e_cpu, stories260K_run_gives_llama2c_text)
+/* `megac run BUNDLE ARGS` must print exactly the golden file. */
+static void expect_run_text(const char *bundle, const char *args, const char *golden)
 {
-    if (!file_exists(GOLDEN) || !file_exists(SHARED "/models/stories260K.bin"))
-        cr_skip("../shared golden or model is absent");
-    char *dir = tmp_dir();
-    char *b = compile_bundle(STORIES_YAML, 2, dir);
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s run '%s' --temp 0 -n 200 --prompt 'Once upon a time' 2>/dev/null", MEGAC_BIN, b);
+    snprintf(cmd, sizeof cmd, "%s run '%s' %s 2>/dev/null", MEGAC_BIN, bundle, args);
     FILE *p = popen(cmd, "r");
     cr_assert(p);
     static char out[1 << 16];
     size_t n = fread(out, 1, sizeof out - 1, p);
     out[n] = 0;
     cr_assert_eq(pclose(p), 0, "%s", cmd);
-    char *want = slurp(GOLDEN);
-    cr_assert_str_eq(out, want);
+    char *want = slurp(golden);
+    cr_assert_str_eq(out, want, "%s", cmd);
     free(want);
+}
+
+/* llama2.c's greedy text, token for token, through `megac run` (with a
+ * prompt, and from BOS alone), at 2 and 3 workers. */
+Test(e2e_cpu, stories260K_run_gives_llama2c_text)
+{
+    if (!file_exists(GOLDEN) || !file_exists(GOLDEN_NOPROMPT) || !file_exists(SHARED "/models/stories260K.bin"))
+        cr_skip("../shared golden or model is absent");
+    char *dir = tmp_dir();
+    for (int w = 2; w <= 3; w++) {
+        char *b = compile_bundle(STORIES_YAML, w, dir);
+        expect_run_text(b, "--temp 0 -n 200 --prompt 'Once upon a time'", GOLDEN);
+        expect_run_text(b, "--temp 0 -n 256", GOLDEN_NOPROMPT);
+        free(b);
+    }
+    rm_rf(dir);
+}
+
+/* Sampling (temperature 0.8, seed 7) draws the same tokens from the kernel's
+ * logits as from the reference engine's: same sampler, same seed handling.
+ * (The f32/f64 logit difference, ~1e-5, could flip a draw only when a
+ * uniform lands within ~1e-6 of a bucket edge.) */
+Test(e2e_cpu, stories260K_sampled_text_matches_reference_engine)
+{
+    if (!file_exists(SHARED "/models/stories260K.bin"))
+        cr_skip("../shared/models/stories260K.bin is absent");
+    char *dir = tmp_dir();
+    char *b = compile_bundle(STORIES_YAML, 2, dir);
+    const char *args = "--temp 0.8 --top-p 1 --seed 7 -n 120 --prompt 'Once upon a time'";
+    char cmd[4096];
+    static char got[1 << 14], want[1 << 14];
+    snprintf(cmd, sizeof cmd, "%s run '%s' %s 2>/dev/null", MEGAC_BIN, b, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    got[fread(got, 1, sizeof got - 1, p)] = 0;
+    cr_assert_eq(pclose(p), 0, "%s", cmd);
+    snprintf(cmd, sizeof cmd, "%s run %s --engine reference %s 2>/dev/null", MEGAC_BIN, STORIES_YAML, args);
+    p = popen(cmd, "r");
+    cr_assert(p);
+    want[fread(want, 1, sizeof want - 1, p)] = 0;
+    cr_assert_eq(pclose(p), 0, "%s", cmd);
+    cr_assert(strlen(got) > 100, "%s", got);
+    cr_assert_str_eq(got, want);
     free(b);
+    rm_rf(dir);
+}
+
+/* A host-cuda bundle (the generated CUDA C run on CPU threads) through the
+ * same runtime: its text is a prefix of llama2.c's. Short: fibers are slow. */
+Test(e2e_cpu, stories260K_host_cuda_bundle_runs)
+{
+    if (!file_exists(GOLDEN) || !file_exists(SHARED "/models/stories260K.bin"))
+        cr_skip("../shared golden or model is absent");
+    char *dir = tmp_dir();
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "%s compile %s --target host-cuda --workers 2 -q -o %s/h.megac && "
+             "%s run %s/h.megac --temp 0 -n 24 --prompt 'Once upon a time' 2>/dev/null",
+             MEGAC_BIN, STORIES_YAML, dir, MEGAC_BIN, dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    static char out[1 << 14];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    cr_assert_eq(pclose(p), 0, "%s", cmd);
+    char *want = slurp(GOLDEN);
+    cr_assert(n > 20 && out[n - 1] == '\n', "%s", out);
+    cr_assert(strncmp(out, want, n - 1) == 0, "host-cuda text:\n%s\nis not a prefix of the golden", out);
+    free(want);
     rm_rf(dir);
 }
 
@@ -292,5 +358,30 @@ Test(e2e_cpu, run_from_description_uses_a_cache)
     cr_assert_eq(sh(cmd, out3, sizeof out3), 0, "%s", out3);
     cr_assert(strlen(out3) > 1);
     cr_assert(strstr(out2, out3), "cached run:\n%s\nbundle run:\n%s", out2, out3);
+    rm_rf(dir);
+}
+
+/* A replaced weight file is not served from a stale cache entry. */
+Test(e2e_cpu, run_cache_follows_the_weight_file)
+{
+    if (!file_exists(SHARED "/models/stories260K.bin"))
+        cr_skip("../shared/models/stories260K.bin is absent");
+    char *dir = tmp_dir();
+    char cmd[4096], out[16384];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && cp %s/models/stories260K.bin w.bin && cp %s/models/tok512.bin t.bin && "
+             "sed -e 's|path: .*stories260K.bin|path: w.bin|' -e 's|path: .*tok512.bin|path: t.bin|' %s > m.yaml",
+             dir, SHARED, SHARED, STORIES_YAML);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
+    snprintf(cmd, sizeof cmd, "cd '%s' && %s run m.yaml --engine cpu --workers 1 --temp 0 -n 8 2>&1", dir, MEGAC_BIN);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "compiling m.yaml"), "%s", out);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "using the cached bundle"), "%s", out);
+    char touch[2048];
+    snprintf(touch, sizeof touch, "touch -d '2001-01-01' '%s/w.bin'", dir);
+    cr_assert_eq(system(touch), 0);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "compiling m.yaml"), "a changed weight file reused the cache: %s", out);
     rm_rf(dir);
 }

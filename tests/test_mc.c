@@ -128,7 +128,7 @@ Test(mc, in_memory_findings)
 Test(fuzz, small_campaign_has_no_false_accepts)
 {
     char cmd[512], line[512], last[512] = "";
-    snprintf(cmd, sizeof cmd, "%s fuzz-validator --seed 7 --count 300", MEGAC_BIN);
+    snprintf(cmd, sizeof cmd, "%s fuzz-validator --seed 7 --count 300 --workers-max 4", MEGAC_BIN);
     FILE *p = popen(cmd, "r");
     cr_assert_not_null(p);
     bool none_row = false;

@@ -9,6 +9,7 @@
  * worker 0 wait on a counter nobody signals, to trip the watchdog.
  * Then the bundle is damaged in the ways megac_open must refuse.
  */
+#include "runtime/backend.h"
 #include "runtime/megac.h"
 #include "runtime/tokenizer.h"
 
@@ -381,6 +382,15 @@ Test(runtime, refuses_mismatched_bundles)
     expect_refusal(dir, MEGAC_ERR_FORMAT, "tokenizer.bin", "259 tokens, more than the model's vocabulary of 258");
     edit_file(dir, "manifest.yaml", "vocab: 258", "vocab: 259");
 
+    edit_file(dir, "manifest.yaml", "target: cpu", "target: tpu");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "unknown target 'tpu'");
+    /* a CUDA target goes to the CUDA backend: no driver here, or a kernel.so
+     * that is no cubin on a GPU machine; either way a refusal, not a crash */
+    edit_file(dir, "manifest.yaml", "target: tpu", "target: sm_90");
+    megac_status st = megac_open(dir, &m);
+    cr_assert(st != MEGAC_OK && m == NULL && megac_last_open_error()[0], "status %d", st);
+    edit_file(dir, "manifest.yaml", "target: sm_90", "target: cpu");
+
     edit_file(dir, "manifest.yaml", "io_logits: 1024", "io_logits: 1028");
     expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "do not fit the arena");
     edit_file(dir, "manifest.yaml", "io_logits: 1028", "io_logits: 1024");
@@ -391,6 +401,14 @@ Test(runtime, refuses_mismatched_bundles)
     uint64_t h = fnv1a(sched_text, strlen(sched_text));
     compile_kernel(dir, 2, h, 7);
     expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "kernel ABI 7");
+    char cmd[2048];
+    write_text(dir, "empty.c", "int megac_not_a_kernel;\n");
+    snprintf(cmd, sizeof cmd, "cc -shared -fPIC -o %s/kernel.so %s/empty.c", dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "does not export 'megac_kernel_abi'");
+    snprintf(path, sizeof path, "%s/kernel.so", dir);
+    cr_assert_eq(unlink(path), 0);
+    expect_refusal(dir, MEGAC_ERR_IO, "kernel.so", "cannot load the kernel");
     compile_kernel(dir, 2, h, 1);
 
     snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
@@ -421,4 +439,98 @@ Test(runtime, bench_reports_rate_and_ceiling)
     cr_assert_float_eq(gbps, tok_s * V * V * 4 / 1e9, 1e-3 + 1e-3 * gbps, "%s", last);
     cr_assert_float_eq(ratio, gbps / ceil, 1e-3 + 1e-2 * ratio, "%s", last);
     remove_bundle(dir);
+}
+
+/* The runtime builds and runs alone: the runtime sources with only libc, pthreads
+ * and libdl (no compiler, IR or LLVM code) opens the toy bundle and steps. */
+Test(runtime, builds_alone)
+{
+    char *dir = make_bundle(2);
+    static const char main_src[] =
+        "#include \"runtime/megac.h\"\n"
+        "#include <stdio.h>\n"
+        "int main(int argc, char **argv) {\n"
+        "    megac_model *m;\n"
+        "    if (argc < 2 || megac_open(argv[1], &m)) { fprintf(stderr, \"%s\\n\", megac_last_open_error()); return 1; }\n"
+        "    int ok = megac_step(m, 72) == MEGAC_OK;\n"
+        "    printf(\"%d %d\\n\", ok, megac_argmax(m));\n"
+        "    megac_close(m);\n"
+        "    return !ok;\n"
+        "}\n";
+    write_text(dir, "main.c", main_src);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "cc -std=c11 -D_GNU_SOURCE -O1 -I%s -o %s/alone %s/main.c %s/runtime/*.c -lpthread -ldl -lm && "
+             "%s/alone %s",
+             MEGAC_SRC, dir, dir, MEGAC_SRC, dir, dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    int ok = -1, next = -1;
+    cr_assert_eq(fscanf(p, "%d %d", &ok, &next), 2, "%s", cmd);
+    cr_assert_eq(pclose(p), 0, "%s", cmd);
+    cr_assert_eq(ok, 1);
+    cr_assert_eq(next, toy_argmax(72));
+    remove_bundle(dir);
+}
+
+/* Sampling at temperature > 0 goes through megac_sample with the seed: the
+ * same seed gives the same tokens, and they stay in the vocabulary. */
+Test(runtime, generate_sampling_follows_the_seed)
+{
+    char *dir = make_bundle(2);
+    megac_model *m;
+    cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
+    int prompt[] = {1, 50};
+    megac_sampler s = {1.5f, 0, 1.0f, 42};
+    Collected a = {0, 100, {0}}, b = {0, 100, {0}};
+    cr_assert_eq(megac_generate(m, prompt, 2, 12, &s, collect, &a, NULL), MEGAC_OK, "%s", megac_error(m));
+    cr_assert_eq(megac_reset(m), MEGAC_OK);
+    cr_assert_eq(megac_generate(m, prompt, 2, 12, &s, collect, &b, NULL), MEGAC_OK, "%s", megac_error(m));
+    cr_assert_gt(a.n, 0);
+    cr_assert_eq(a.n, b.n);
+    cr_assert_arr_eq(a.toks, b.toks, sizeof(int) * (size_t)a.n);
+    for (int i = 0; i < a.n; i++)
+        cr_assert(a.toks[i] >= 0 && a.toks[i] < V && a.toks[i] != 1 && a.toks[i] != 2);
+    cr_assert_eq(megac_position(m), 2 + a.n - (a.n == 12 ? 1 : 0));
+    megac_close(m);
+    remove_bundle(dir);
+}
+
+/* The manifest parser on its own: every line's error names file:line. */
+static const char good_manifest[] =
+    "# c\r\nformat: 1\r\nname: \"x y\"\ntarget: cpu\nkernel: kernel.so\nkernel_abi: 1\n"
+    "schedule_hash: 00000000DEADbeef\nweights_bytes: 10\nweights_read_bytes: 9\narena_bytes: 4096\n"
+    "counters: 3\nworkers: 2\nvocab: 5\nmax_seq: 8\nbos: -1\neos: 2\nio_tok: 0\nio_logits: 64\nio_next: 4\n";
+
+static void expect_manifest_error(const char *from, const char *to, const char *msg)
+{
+    char text[2048], err[512];
+    const char *at = strstr(good_manifest, from);
+    cr_assert(at, "%s", from);
+    snprintf(text, sizeof text, "%.*s%s%s", (int)(at - good_manifest), good_manifest, to, at + strlen(from));
+    RtManifest man;
+    cr_assert_eq(rt_manifest_parse(&man, "m.yaml", text, strlen(text), err, sizeof err), MEGAC_ERR_FORMAT, "%s",
+                 text);
+    cr_assert_str_eq(err, msg);
+}
+
+Test(runtime, manifest_parser)
+{
+    RtManifest man;
+    char err[512];
+    cr_assert_eq(rt_manifest_parse(&man, "m.yaml", good_manifest, strlen(good_manifest), err, sizeof err), MEGAC_OK,
+                 "%s", err);
+    cr_assert_str_eq(man.name, "x y");
+    cr_assert_eq(man.schedule_hash, 0xdeadbeefull);
+    cr_assert_eq(man.bos, -1);
+    cr_assert_eq(man.counters, 3);
+    cr_assert_eq(man.off_logits, 64);
+    expect_manifest_error("counters: 3", "counters: -3", "m.yaml:11: error: bad value '-3' for 'counters'");
+    expect_manifest_error("counters: 3", "counters: 3x", "m.yaml:11: error: bad value '3x' for 'counters'");
+    expect_manifest_error("workers: 2", "workers: 4294967296", "m.yaml:12: error: bad value '4294967296' for 'workers'");
+    expect_manifest_error("vocab: 5\n", "vocab: 5\nvocab: 6\n", "m.yaml:14: error: duplicate key 'vocab'");
+    expect_manifest_error("eos: 2", "eos 2", "m.yaml:16: error: expected `key: value`");
+    expect_manifest_error("eos: 2", "Eos: 2", "m.yaml:16: error: expected `key: value`");
+    expect_manifest_error("name: \"x y\"", "name:", "m.yaml:3: error: bad value '' for 'name'");
+    expect_manifest_error("io_next: 4\n", "", "m.yaml: error: missing key 'io_next'");
 }

@@ -23,7 +23,9 @@
  * workers. And when c first reaches n, the signals that ran are closed
  * under happens-before: if s has not run, neither has any signal after
  * s, so s is guaranteed when the early increments outside s and its
- * successors sum to less than n. The run is repeated (at most 4 more times) with the
+ * successors sum to less than n. Finally, some early signal has run when
+ * the wait passes, so the meet of their clocks happens before it too
+ * (a common producer reached through different workers). The run is repeated (at most 4 more times) with the
  * happens-before of the previous run, each sound, until nothing changes.
  * Each wait gets
  * a vector clock (clock[i] = how many of worker i's instructions happen
@@ -52,6 +54,9 @@ typedef struct Exec {
     uint32_t *sig_w;        /* their workers */
     uint32_t *sig_after;    /* the largest threshold of a wait on the same counter
                                known to happen before the signal (0: none) */
+    uint32_t *sigclk;       /* (nsig * nw) each signal's clock in the previous run,
+                               own entry included; NULL before the second run */
+    bool lower_bound;       /* a meet used a signal the run had not reached */
     size_t *after_ofs;      /* (nctrs) offset of counter c's matrix in `after` */
     uint8_t *after;         /* after[i*k + j]: signal j of c happens after signal i */
     JoinCache *jc;
@@ -136,10 +141,45 @@ static void exec_fini(Exec *e)
     free(e->sig);
     free(e->sig_w);
     free(e->sig_after);
+    free(e->sigclk);
     free(e->after_ofs);
     free(e->after);
     free(e->jc);
     free(e->jc_head);
+}
+
+/* At least one early signal of c has run when a wait `c >= n` passes, so
+ * what happens before all of them happens before the wait: dst is joined
+ * with the meet of their clocks. A signal the greedy run has not reached
+ * yet contributes its worker's current clock, a lower bound of its own. */
+static void meet_early(Val *v, Exec *e, uint32_t c, uint32_t n, uint32_t *dst)
+{
+    uint32_t *m = xmalloc(v->nw * sizeof *m);
+    for (uint32_t x = 0; x < v->nw; x++)
+        m[x] = UINT32_MAX;
+    for (uint32_t k = e->sig_start[c]; k < e->sig_start[c + 1]; k++) {
+        uint32_t w = e->sig_w[k], t = e->sig[k] - v->base[w];
+        if (e->sig_after[k] >= n)
+            continue;
+        bool ran = e->pc[w] > t;
+        uint32_t id = ran ? v->seg[e->sig[k]] : e->cur[w];
+        const uint32_t *src = id == NOCLOCK ? NULL : val_clock(v, id);
+        const uint32_t *prev = !ran && e->sigclk ? e->sigclk + (size_t)k * v->nw : NULL;
+        e->lower_bound |= !ran;
+        for (uint32_t x = 0; x < v->nw; x++) {
+            uint32_t val = src ? src[x] : 0;
+            if (prev && prev[x] > val)
+                val = prev[x];
+            if (x == w && val < t + 1)
+                val = t + 1;
+            if (val < m[x])
+                m[x] = val;
+        }
+    }
+    for (uint32_t x = 0; x < v->nw; x++)
+        if (m[x] != UINT32_MAX && m[x] > dst[x])
+            dst[x] = m[x];
+    free(m);
 }
 
 /* The clock of everything a wait `c >= n` is guaranteed to observe. */
@@ -178,6 +218,7 @@ static uint32_t join_guaranteed(Val *v, Exec *e, uint32_t c, uint32_t n)
         if (dst[w] < t + 1)
             dst[w] = t + 1;
     }
+    meet_early(v, e, c, n, v->pool + (size_t)id * v->nw);
     VEC_PUSH(e->jc, e->njc, e->capjc, ((JoinCache){c, n, id, e->jc_head[c]}));
     e->jc_head[c] = e->njc - 1;
     return id;
@@ -218,6 +259,20 @@ static bool exec_worker(Val *v, Exec *e, uint32_t w)
     return moved;
 }
 
+/* Notes citing the signals of counter c (the first few). */
+static void signals_note(Val *v, uint32_t c)
+{
+    int shown = 0;
+    for (uint32_t w = 0; w < v->nw && shown < 4; w++)
+        for (uint32_t t = 0; t < v->s->workers[w].ninst && shown < 4; t++) {
+            const Inst *in = val_inst(v, w, t);
+            if (in->kind == INST_SIGNAL && in->counter == c) {
+                val_note(v, in->line, "worker %u inst %u signals %s +%u", w, t, v->s->ctrs[c].name, in->amount);
+                shown++;
+            }
+        }
+}
+
 static void unsatisfiable_report(Val *v)
 {
     for (uint32_t w = 0; w < v->nw; w++)
@@ -229,6 +284,8 @@ static void unsatisfiable_report(Val *v)
                           "deadlock: worker %u inst %u: wait %s >= %u can never pass: the step signals it only %llu "
                           "times in all",
                           w, t, v->s->ctrs[in->counter].name, in->amount, (unsigned long long)tot);
+            if (in->kind == INST_WAIT && tot > 0 && in->amount > tot)
+                signals_note(v, in->counter);
         }
 }
 
@@ -285,7 +342,7 @@ static void stall_report(Val *v, const Exec *e)
                 x = y;
         val_error(v, &v->r->ndeadlock, in->line,
                   "deadlock: worker %u inst %u: wait %s >= %u is stuck at %llu: the missing increments (worker %u "
-                  "inst %lld, signal %s) sit behind a wait that itself waits on this worker",
+                  "inst %lld, signal %s) sit behind a blocked wait that (transitively) waits on this worker",
                   w, e->pc[w], cn, in->amount, (unsigned long long)e->value[in->counter], x, (long long)st, cn);
         const Inst *xb = val_inst(v, x, e->pc[x]);
         val_note(v, xb->line, "worker %u is blocked at inst %u, %s >= %u", x, e->pc[x],
@@ -409,6 +466,27 @@ static bool exec_refine(Val *v, Exec *e)
     return changed;
 }
 
+/* Keeps each signal's clock from the run just made, for the meets of the
+ * next run (a sound lower bound of the clock). True if any grew. */
+static bool sigclk_update(Val *v, Exec *e)
+{
+    uint32_t nsig = e->sig_start[v->s->nctrs];
+    bool grew = false;
+    if (!e->sigclk)
+        e->sigclk = xcalloc((size_t)(nsig ? nsig : 1) * v->nw, sizeof *e->sigclk);
+    for (uint32_t k = 0; k < nsig; k++) {
+        uint32_t g = e->sig[k], w = e->sig_w[k];
+        uint32_t *dst = e->sigclk + (size_t)k * v->nw;
+        const uint32_t *src = v->seg[g] == NOCLOCK ? NULL : val_clock(v, v->seg[g]);
+        for (uint32_t x = 0; x < v->nw; x++) {
+            uint32_t val = x == w ? g - v->base[w] + 1 : src ? src[x] : 0;
+            if (val > dst[x])
+                dst[x] = val, grew = true;
+        }
+    }
+    return grew;
+}
+
 bool val_deadlock_check(Val *v)
 {
     Exec e;
@@ -419,18 +497,17 @@ bool val_deadlock_check(Val *v)
     bool done = exec_run(v, &e);
     if (!done)
         stall_report(v, &e);
-    for (int pass = 0; done && pass < 4 && exec_refine(v, &e); pass++)
+    for (int pass = 0; done && pass < 4; pass++) {
+        bool changed = exec_refine(v, &e);
+        if (e.lower_bound)
+            changed |= sigclk_update(v, &e);
+        if (!changed)
+            break;
+        e.lower_bound = false;
         exec_run(v, &e);
+    }
     exec_fini(&e);
     return done && v->r->ndeadlock == before;
-}
-
-bool val_hb(const Val *v, uint32_t wa, uint32_t ta, uint32_t wb, uint32_t tb)
-{
-    if (wa == wb)
-        return ta < tb;
-    uint32_t id = v->seg[v->base[wb] + tb];
-    return id != NOCLOCK && val_clock(v, id)[wa] > ta;
 }
 
 /* The line of the `schedule ...` header, for whole-schedule findings. */

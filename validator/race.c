@@ -83,7 +83,8 @@ static void race_report(Race *rc, const RAcc *a, const RAcc *x, int64_t pos, boo
     acc_desc(v, rc->buf, early, dx, sizeof dx);
     if (kv_order)
         val_error(v, &v->r->nrace, val_inst(v, late->w, late->t)->line,
-                  "race: kv-order: %s before %s writes the row of this step (pos=%lld): the read must come after",
+                  "race: kv-order: %s happens before %s, which writes the row this step adds (pos=%lld); the read "
+                  "must come after the append",
                   da, dx, (long long)pos);
     else
         val_error(v, &v->r->nrace, val_inst(v, late->w, late->t)->line,
@@ -150,7 +151,8 @@ static bool covered_at(Race *rc, const RAcc *a, int64_t pos, int64_t *gap)
     uint32_t n = 0;
     for (uint32_t k = 0; k < rc->ncov; k++)
         rc->ivl[n++] = (Ivl){affine_at(rc->cov[k]->lo, pos), affine_at(rc->cov[k]->hi, pos)};
-    qsort(rc->ivl, n, sizeof *rc->ivl, ivl_cmp);
+    if (n > 1)
+        qsort(rc->ivl, n, sizeof *rc->ivl, ivl_cmp);
     int64_t cur = lo;
     for (uint32_t k = 0; k < n && cur < hi; k++) {
         if (rc->ivl[k].lo > cur)
@@ -211,10 +213,7 @@ static void cov_gather(Race *rc, const RAcc *a, bool quick)
     rc->ncov = 0;
     for (uint32_t s = 0, e; s < b->nwr; s = e) {
         worker_writes(b, s, &s, &e);
-        uint32_t c1 = b->wr[s].w == a->w ? s : split_before(rc->v, b->wr, s, e, a);
-        if (b->wr[s].w == a->w)
-            while (c1 < e && b->wr[c1].t < a->t)
-                c1++;
+        uint32_t c1 = split_before(rc->v, b->wr, s, e, a);    /* same worker: t < a's */
         for (uint32_t k = c1, seen = 0; k > s && (!quick || seen < 8); k--, seen++) {
             RAcc *x = &b->wr[k - 1];
             if (x->hhi <= a->hlo || a->hhi <= x->hlo)

@@ -46,7 +46,13 @@ bool val_deadlock_check(Val *v);
 void val_residency_check(Val *v);
 static inline const uint32_t *val_clock(const Val *v, uint32_t id) { return v->pool + (size_t)id * v->nw; }
 /* Does instruction (wa, ta) happen before (wb, tb)? */
-bool val_hb(const Val *v, uint32_t wa, uint32_t ta, uint32_t wb, uint32_t tb);
+static inline bool val_hb(const Val *v, uint32_t wa, uint32_t ta, uint32_t wb, uint32_t tb)
+{
+    if (wa == wb)
+        return ta < tb;
+    uint32_t id = v->seg[v->base[wb] + tb];
+    return id != UINT32_MAX && v->pool[(size_t)id * v->nw + wa] > ta;
+}
 
 /* ---- race.c ---- */
 void val_race_check(Val *v);

@@ -46,6 +46,7 @@ enum { K_INST_OP, K_INST_SIGNAL, K_INST_WAIT };
 typedef float v16f __attribute__((vector_size(64)));
 typedef float v16fu __attribute__((vector_size(64), aligned(4)));
 #define LOAD16(p) (*(const v16fu *)(p))
+#define STORE16(p, v) (*(v16fu *)(p) = (v))
 
 /* ---- helpers ---- */
 
@@ -128,37 +129,30 @@ static void gemv_store(float *y, const float *b, int64_t r, float v, int accum)
     y[r] = accum ? y[r] + v : v;
 }
 
-/* y[r0:r1] (+)= W[r0:r1, 0:k] . x (+ b): four rows at a time, one 16-wide
- * accumulator per row, the four weight rows streamed side by side. */
+/* y[r0:r1] (+)= W[r0:r1, 0:k] . x (+ b): one row at a time, so the weights
+ * are read as one sequential stream (what hardware prefetchers follow
+ * best, also for short rows), with four 16-wide accumulators. */
 static void gemv_f32(const float *W, const float *x, float *y, const float *b, int64_t r0, int64_t r1,
                      int64_t k, int accum)
 {
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        const float *w0 = W + r * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *w = W + r * k;
         v16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
         int64_t j = 0;
-        for (; j + 16 <= k; j += 16) {
-            v16f xv = LOAD16(x + j);
-            a0 += LOAD16(w0 + j) * xv;
-            a1 += LOAD16(w1 + j) * xv;
-            a2 += LOAD16(w2 + j) * xv;
-            a3 += LOAD16(w3 + j) * xv;
+        for (; j + 64 <= k; j += 64) {
+            a0 += LOAD16(w + j) * LOAD16(x + j);
+            a1 += LOAD16(w + j + 16) * LOAD16(x + j + 16);
+            a2 += LOAD16(w + j + 32) * LOAD16(x + j + 32);
+            a3 += LOAD16(w + j + 48) * LOAD16(x + j + 48);
         }
-        float s0 = hsum16(&a0), s1 = hsum16(&a1), s2 = hsum16(&a2), s3 = hsum16(&a3);
-        for (; j < k; j++) {
-            s0 += w0[j] * x[j];
-            s1 += w1[j] * x[j];
-            s2 += w2[j] * x[j];
-            s3 += w3[j] * x[j];
-        }
-        gemv_store(y, b, r, s0, accum);
-        gemv_store(y, b, r + 1, s1, accum);
-        gemv_store(y, b, r + 2, s2, accum);
-        gemv_store(y, b, r + 3, s3, accum);
+        for (; j + 16 <= k; j += 16)
+            a0 += LOAD16(w + j) * LOAD16(x + j);
+        a0 += (a1 + a2) + a3;
+        float s = hsum16(&a0);
+        for (; j < k; j++)
+            s += w[j] * x[j];
+        gemv_store(y, b, r, s, accum);
     }
-    for (; r < r1; r++)
-        gemv_store(y, b, r, dot_f32(W + r * k, x, k), accum);
 }
 
 /* The weight dtype picks the row kernel; cpu_check.c rejects the dtypes
@@ -227,23 +221,121 @@ static void op_kv_append(const MegacArgs *a, const int64_t *in)
     memcpy(vc + row, v + h * hd, (size_t)hd * sizeof(float));
 }
 
-/* One row t of the online softmax for one q head: p holds hd outputs, m, l. */
-static void attn_row(float *p, const float *q, const float *krow, const float *vrow, int64_t hd, float scale)
+#define ATTN_CHUNK 64     /* rows scored before their softmax update */
+
+/* e^x for x <= 0 (softmax weights), in plain arithmetic the loop vectorizer
+ * turns into vector code: x = n ln2 + r, |r| <= ln2/2 (Cody-Waite), e^r by
+ * a degree-7 polynomial (Cephes expf, ~1 ulp), 2^n through the exponent
+ * bits. Below -87 the result is about 1e-38 instead of a subnormal. */
+static float exp_nonpos(float x)
 {
-    float sc = dot_f32(q, krow, hd) * scale;
+    x = x < -87.0f ? -87.0f : x;
+    float n = __builtin_rintf(x * 1.44269504088896341f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return y * scale;
+}
+
+/* sc[i] = scale * q . k[i] for n rows of k (hd floats each), four rows at
+ * a time so that the four dot products' FMA chains overlap. */
+static void attn_scores(float *sc, const float *q, const float *k, int64_t n, int64_t hd, float scale)
+{
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float *k0 = k + i * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
+        v16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        int64_t j = 0;
+        for (; j + 16 <= hd; j += 16) {
+            v16f qv = LOAD16(q + j);
+            a0 += LOAD16(k0 + j) * qv;
+            a1 += LOAD16(k1 + j) * qv;
+            a2 += LOAD16(k2 + j) * qv;
+            a3 += LOAD16(k3 + j) * qv;
+        }
+        float s0 = hsum16(&a0), s1 = hsum16(&a1), s2 = hsum16(&a2), s3 = hsum16(&a3);
+        for (; j < hd; j++) {
+            s0 += k0[j] * q[j];
+            s1 += k1[j] * q[j];
+            s2 += k2[j] * q[j];
+            s3 += k3[j] * q[j];
+        }
+        sc[i] = s0 * scale;
+        sc[i + 1] = s1 * scale;
+        sc[i + 2] = s2 * scale;
+        sc[i + 3] = s3 * scale;
+    }
+    for (; i < n; i++)
+        sc[i] = dot_f32(q, k + i * hd, hd) * scale;
+}
+
+/* o[0:hd] += sum_i w[i] * v[i][0:hd] over n rows: 64 outputs at a time
+ * held in four registers across all rows, then 16, then single ones. */
+static void attn_accum(float *o, const float *w, const float *v, int64_t n, int64_t hd)
+{
+    int64_t d = 0;
+    for (; d + 64 <= hd; d += 64) {
+        v16f a0 = LOAD16(o + d), a1 = LOAD16(o + d + 16), a2 = LOAD16(o + d + 32), a3 = LOAD16(o + d + 48);
+        for (int64_t i = 0; i < n; i++) {
+            const float *vr = v + i * hd + d;
+            a0 += w[i] * LOAD16(vr);
+            a1 += w[i] * LOAD16(vr + 16);
+            a2 += w[i] * LOAD16(vr + 32);
+            a3 += w[i] * LOAD16(vr + 48);
+        }
+        STORE16(o + d, a0);
+        STORE16(o + d + 16, a1);
+        STORE16(o + d + 32, a2);
+        STORE16(o + d + 48, a3);
+    }
+    for (; d + 16 <= hd; d += 16) {
+        v16f a = LOAD16(o + d);
+        for (int64_t i = 0; i < n; i++)
+            a += w[i] * LOAD16(v + i * hd + d);
+        STORE16(o + d, a);
+    }
+    for (; d < hd; d++) {
+        float a = o[d];
+        for (int64_t i = 0; i < n; i++)
+            a += w[i] * v[i * hd + d];
+        o[d] = a;
+    }
+}
+
+/* Rows [t0, t0+n) of the online softmax for one q head: all scores of the
+ * chunk first, one rescale of the running state, the weights e^(s - m) as
+ * one vector loop, then the weighted sum of the v rows. p holds hd
+ * outputs, then m, then l. */
+static void attn_chunk(float *p, const float *q, const float *kh, const float *vh, int64_t t0, int64_t n,
+                       int64_t hd, float scale)
+{
+    float sc[ATTN_CHUNK], mx = NEG_INF;
+    attn_scores(sc, q, kh + t0 * hd, n, hd, scale);
+    for (int64_t i = 0; i < n; i++)
+        mx = sc[i] > mx ? sc[i] : mx;
     float m = p[hd], l = p[hd + 1];
-    if (sc > m) {
-        float r = m == NEG_INF ? 0.0f : expf(m - sc);
+    if (mx > m) {
+        float r = m == NEG_INF ? 0.0f : expf(m - mx);
         for (int64_t d = 0; d < hd; d++)
             p[d] *= r;
         l *= r;
-        m = sc;
+        m = mx;
     }
-    float e = expf(sc - m);
-    for (int64_t d = 0; d < hd; d++)
-        p[d] += e * vrow[d];
+    for (int64_t i = 0; i < n; i++)
+        sc[i] = exp_nonpos(sc[i] - m);
+    for (int64_t i = 0; i < n; i++)
+        l += sc[i];
+    attn_accum(p, sc, vh + t0 * hd, n, hd);
     p[hd] = m;
-    p[hd + 1] = l + e;
+    p[hd + 1] = l;
 }
 
 /* Partials of split s for the G q heads of kv head h over rows t <= pos
@@ -262,11 +354,13 @@ static void op_attn(const MegacArgs *a, const int64_t *in)
         p[g * (hd + 2) + hd + 1] = 0.0f;
     }
     const float *kh = kc + h * SHAPE(KS_MAX_SEQ) * hd, *vh = vc + h * SHAPE(KS_MAX_SEQ) * hd;
-    for (int64_t t0 = s * block; t0 <= a->pos; t0 += nsplit * block) {
-        int64_t t1 = t0 + block <= a->pos + 1 ? t0 + block : a->pos + 1;
-        for (int64_t t = t0; t < t1; t++)
+    for (int64_t b0 = s * block; b0 <= a->pos; b0 += nsplit * block) {
+        int64_t b1 = b0 + block <= a->pos + 1 ? b0 + block : a->pos + 1;
+        for (int64_t t0 = b0; t0 < b1; t0 += ATTN_CHUNK) {
+            int64_t n = b1 - t0 < ATTN_CHUNK ? b1 - t0 : ATTN_CHUNK;
             for (int64_t g = 0; g < G; g++)
-                attn_row(p + g * (hd + 2), q + (h * G + g) * hd, kh + t * hd, vh + t * hd, hd, scale);
+                attn_chunk(p + g * (hd + 2), q + (h * G + g) * hd, kh, vh, t0, n, hd, scale);
+        }
     }
 }
 

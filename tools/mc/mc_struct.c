@@ -3,7 +3,8 @@
  * op meanings and layouts in ops.h (not from op_footprint): what each op
  * touches, that the declared accesses say exactly that, bounds over all
  * pos (ranges are affine, so the extremes at pos 0 and max_seq-1 decide),
- * no writes to weights, no wait >= 0 or signal +0, and residency.
+ * no writes to weights, dtypes (f32 activations, i32 token ids), the KV
+ * and rope layouts, no wait >= 0 or signal +0, and residency.
  */
 #include "tools/mc/mc_int.h"
 
@@ -120,6 +121,14 @@ static bool mc_op_check(Mc *m, uint32_t w, uint32_t t, const Inst *in)
             return mc_fail(m, &m->r->structure, "w%u i%u: operand %d out of bounds of %s", w, t, i, b->name);
         if ((a->mode & ACC_W) && b->cls == BUF_WEIGHT)
             return mc_fail(m, &m->r->structure, "w%u i%u: writes weight %s", w, t, b->name);
+        bool ids = (in->op == OP_EMBED && i == 0) || (in->op == OP_ARGMAX_COMBINE && i == 1);
+        if (b->cls == BUF_WEIGHT ? b->dtype == DT_I32 : b->dtype != (ids ? DT_I32 : DT_F32))
+            return mc_fail(m, &m->r->structure, "w%u i%u: operand %d has the wrong dtype", w, t, i);
+        int64_t cache = (int64_t)s->shape.n_kv_heads * S * s->shape.head_dim;
+        bool is_cache = (in->op == OP_KV_APPEND && i >= 2) || (in->op == OP_ATTN && (i == 1 || i == 2));
+        if ((is_cache && b->nelem != cache) || (in->op == OP_ROPE && i == 1 && b->nelem != S * s->shape.head_dim))
+            return mc_fail(m, &m->r->structure, "w%u i%u: operand %d: %s is not laid out as ops.h says", w, t, i,
+                           b->name);
     }
     return true;
 }
