@@ -249,6 +249,58 @@ Test(cuda_nvrtc, unknown_arch_is_an_error)
     model_close(&r);
 }
 
+Test(cuda_nvrtc, failure_prints_the_program_log)
+{
+    char path[] = "/tmp/megac-cuda-log-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    FILE *err = fdopen(fd, "w+");
+    Diag d;
+    diag_init(&d);
+    d.out = err;
+    const char *src = "extern \"C\" __global__ void megac_kernel(int a) { undeclared_thing(a); }\n";
+    cr_assert_not(cuda_nvrtc_compile(src, "sm_90", 512, "/tmp/never.cubin", NULL, &d));
+    cr_assert_eq(d.nerrors, 1);
+    fflush(err);
+    rewind(err);
+    static char text[1 << 14];
+    size_t n = fread(text, 1, sizeof text - 1, err);
+    text[n] = 0;
+    cr_assert(strstr(text, "nvrtcCompileProgram (--gpu-architecture=sm_90) failed") && strstr(text, "program log") &&
+                  strstr(text, "undeclared_thing"),
+              "%s", text);
+    fclose(err);
+    unlink(path);
+}
+
+/* A weight dtype the kernel body has no GEMV for: an error at the
+ * instruction, no NVRTC run. */
+Test(cuda_nvrtc, unsupported_dtype_is_an_error)
+{
+    Schedule *s = sched_new("bf16", "sm_90", 1);
+    s->shape = (ModelShape){.dim = 64, .hidden_dim = 64, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1,
+                            .head_dim = 8, .vocab_size = 16, .max_seq = 16, .norm_eps = 1e-5};
+    int64_t wn[2] = {4, 64}, kn = 64, rn = 4;
+    uint32_t w = sched_add_buffer(s, "w", DT_BF16, BUF_WEIGHT, 2, wn);
+    uint32_t x = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, &kn), y = sched_add_buffer(s, "y", DT_F32, BUF_STATE, 1, &rn);
+    int32_t p[OP_MAX_PARAMS] = {0, 4, 64, 0};
+    Access acc[5] = {{w, ACC_R, affine_const(0), affine_const(256)},
+                     {x, ACC_R, affine_const(0), affine_const(64)},
+                     {y, ACC_W, affine_const(0), affine_const(4)},
+                     {BUF_NONE, ACC_R, affine_const(0), affine_const(0)},
+                     {BUF_NONE, ACC_R, affine_const(0), affine_const(0)}};
+    sched_op(s, 0, OP_GEMV, p, acc);
+    sched_layout(s);
+    Diag d;
+    diag_init(&d);
+    d.out = fopen("/dev/null", "w");
+    cr_assert_not(cg_cuda_compile(s, "sm_90", "/tmp/never.cubin", NULL, &d));
+    cr_assert_not(cg_hostcuda_compile(s, "/tmp/never.so", &d));
+    cr_assert_eq(d.nerrors, 2);
+    fclose(d.out);
+    sched_free(s);
+}
+
 /* ---- host-cuda: GEMV paths, op by op ---- */
 
 typedef void (*WorkerFn)(const MegacArgs *, uint32_t);
