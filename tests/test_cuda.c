@@ -494,13 +494,13 @@ Test(cuda_host, stories260K_matches_reference, .timeout = 300)
 {
     if (!file_exists(SHARED "/models/stories260K.bin"))
         cr_skip("../shared/models/stories260K.bin is absent");
-    bundles_vs_reference(STORIES_YAML, "host-cuda", host_blocks, 4, 48);
+    bundles_vs_reference(STORIES_YAML, "host-cuda", host_blocks, 4, 32);
 }
 
 Test(cuda_host, synthetic_model_matches_reference, .timeout = 300)
 {
     char *dir = tmp_dir(), *yaml = write_synth(dir);
-    bundles_vs_reference(yaml, "host-cuda", host_blocks, 4, 48);
+    bundles_vs_reference(yaml, "host-cuda", host_blocks, 4, 32);
     free(yaml);
     rm_rf(dir);
 }
