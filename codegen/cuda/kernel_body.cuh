@@ -280,89 +280,98 @@ MK_DEV void op_kv_append(const MegacArgs *a, const unsigned *in)
     }
 }
 
-/* Split s of kv head h: warps 0..MK_AW-1 each run an online softmax over
- * every MK_AW-th row of the split (lanes hold MK_HDL elements of a head),
- * then the block merges the warps' (acc, m, l) through shared memory into
- * the partial [G][hd + 2]. An empty split leaves zeros, -inf, 0. */
+#define MK_E (MK_HD + 2)     /* one partial: hd outputs, m, l */
+
+/* One warp's online softmax for the G q heads of kv head h over rows
+ * t = row(idx) for idx = warp, warp + MK_AW, ... up to pos, where
+ * row(idx) enumerates the split's rows; lanes hold MK_HDL elements of a
+ * head. The warp's (acc, m, l) go to its slot of the shared scratch. */
+MK_DEV void mk_attn_warp(const MegacArgs *a, const float *q, const float *kh, const float *vh, int h, int s,
+                         int nsplit, int block, unsigned warp, unsigned lane)
+{
+    const float scale = 1.0f / sqrtf((float)MK_HD);
+    float qv[MK_G][MK_HDL], acc[MK_G][MK_HDL], m[MK_G], l[MK_G];
+#pragma unroll
+    for (int g = 0; g < MK_G; g++) {
+        m[g] = MK_NEG_INF;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MK_HDL; i++) {
+            int d = (int)lane + 32 * i;
+            qv[g][i] = d < MK_HD ? q[(long long)(h * MK_G + g) * MK_HD + d] : 0.0f;
+            acc[g][i] = 0.0f;
+        }
+    }
+#pragma unroll 1
+    for (int idx = (int)warp;; idx += MK_AW) {
+        long long t = (long long)(s + (idx / block) * nsplit) * block + idx % block;
+        if (t > a->pos)
+            break;
+        float kr[MK_HDL], vr[MK_HDL];
+#pragma unroll
+        for (int i = 0; i < MK_HDL; i++) {
+            int d = (int)lane + 32 * i;
+            kr[i] = d < MK_HD ? kh[t * MK_HD + d] : 0.0f;
+            vr[i] = d < MK_HD ? vh[t * MK_HD + d] : 0.0f;
+        }
+#pragma unroll
+        for (int g = 0; g < MK_G; g++) {
+            float sc = 0.0f;
+#pragma unroll
+            for (int i = 0; i < MK_HDL; i++)
+                sc += qv[g][i] * kr[i];
+            sc = mk_warp_sum(sc) * scale;
+            if (sc > m[g]) {
+                float r = m[g] == MK_NEG_INF ? 0.0f : expf(m[g] - sc);
+#pragma unroll
+                for (int i = 0; i < MK_HDL; i++)
+                    acc[g][i] *= r;
+                l[g] *= r;
+                m[g] = sc;
+            }
+            float e = expf(sc - m[g]);
+#pragma unroll
+            for (int i = 0; i < MK_HDL; i++)
+                acc[g][i] += e * vr[i];
+            l[g] += e;
+        }
+    }
+    float *mine = mk_sm + warp * MK_G * MK_E;
+#pragma unroll
+    for (int g = 0; g < MK_G; g++) {
+#pragma unroll
+        for (int i = 0; i < MK_HDL; i++)
+            if ((int)lane + 32 * i < MK_HD)
+                mine[g * MK_E + (int)lane + 32 * i] = acc[g][i];
+        if (lane == 0) {
+            mine[g * MK_E + MK_HD] = m[g];
+            mine[g * MK_E + MK_HD + 1] = l[g];
+        }
+    }
+}
+
+/* Split s of kv head h: warps 0..MK_AW-1 each run mk_attn_warp, then the
+ * block merges the warps' partials, in warp order, into part[h][s]
+ * ([G][hd + 2]). An empty split leaves zeros, -inf, 0. */
 MK_DEV void op_attn(const MegacArgs *a, const unsigned *in)
 {
     const float *q = (const float *)mk_opnd(a, in, 0);
     const float *kc = (const float *)mk_opnd(a, in, 1), *vc = (const float *)mk_opnd(a, in, 2);
     float *part = (float *)mk_opnd(a, in, 3);
     int h = mk_param(in, 0), s = mk_param(in, 1), nsplit = mk_param(in, 2), block = mk_param(in, 3);
-    unsigned tid = mk_tid(), lane = tid & 31u, warp = tid >> 5;
-    const float scale = 1.0f / sqrtf((float)MK_HD);
-    const int E = MK_HD + 2;
-    float *p = part + (long long)(h * nsplit + s) * MK_G * E;
-    if (warp < MK_AW) {
-        float qv[MK_G][MK_HDL], acc[MK_G][MK_HDL], m[MK_G], l[MK_G];
-        const float *kh = kc + (long long)h * MK_MAX_SEQ * MK_HD, *vh = vc + (long long)h * MK_MAX_SEQ * MK_HD;
-#pragma unroll
-        for (int g = 0; g < MK_G; g++) {
-            m[g] = MK_NEG_INF;
-            l[g] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < MK_HDL; i++) {
-                int d = (int)lane + 32 * i;
-                qv[g][i] = d < MK_HD ? q[(long long)(h * MK_G + g) * MK_HD + d] : 0.0f;
-                acc[g][i] = 0.0f;
-            }
-        }
-#pragma unroll 1
-        for (int idx = (int)warp;; idx += MK_AW) {
-            long long t = (long long)(s + (idx / block) * nsplit) * block + idx % block;
-            if (t > a->pos)
-                break;
-            float kr[MK_HDL], vr[MK_HDL];
-#pragma unroll
-            for (int i = 0; i < MK_HDL; i++) {
-                int d = (int)lane + 32 * i;
-                kr[i] = d < MK_HD ? kh[t * MK_HD + d] : 0.0f;
-                vr[i] = d < MK_HD ? vh[t * MK_HD + d] : 0.0f;
-            }
-#pragma unroll
-            for (int g = 0; g < MK_G; g++) {
-                float sc = 0.0f;
-#pragma unroll
-                for (int i = 0; i < MK_HDL; i++)
-                    sc += qv[g][i] * kr[i];
-                sc = mk_warp_sum(sc) * scale;
-                if (sc > m[g]) {
-                    float r = m[g] == MK_NEG_INF ? 0.0f : expf(m[g] - sc);
-#pragma unroll
-                    for (int i = 0; i < MK_HDL; i++)
-                        acc[g][i] *= r;
-                    l[g] *= r;
-                    m[g] = sc;
-                }
-                float e = expf(sc - m[g]);
-#pragma unroll
-                for (int i = 0; i < MK_HDL; i++)
-                    acc[g][i] += e * vr[i];
-                l[g] += e;
-            }
-        }
-        float *mine = mk_sm + warp * MK_G * E;
-#pragma unroll
-        for (int g = 0; g < MK_G; g++) {
-#pragma unroll
-            for (int i = 0; i < MK_HDL; i++)
-                if ((int)lane + 32 * i < MK_HD)
-                    mine[g * E + (int)lane + 32 * i] = acc[g][i];
-            if (lane == 0) {
-                mine[g * E + MK_HD] = m[g];
-                mine[g * E + MK_HD + 1] = l[g];
-            }
-        }
-    }
+    unsigned tid = mk_tid(), warp = tid >> 5;
+    if (warp < MK_AW)
+        mk_attn_warp(a, q, kc + (long long)h * MK_MAX_SEQ * MK_HD, vc + (long long)h * MK_MAX_SEQ * MK_HD, h, s,
+                     nsplit, block, warp, tid & 31u);
     mk_sync();
-    for (int j = (int)tid; j < MK_G * E; j += MK_THREADS) {
-        int g = j / E, d = j % E;
+    float *p = part + (long long)(h * nsplit + s) * MK_G * MK_E;
+    for (int j = (int)tid; j < MK_G * MK_E; j += MK_THREADS) {
+        int g = j / MK_E, d = j % MK_E;
         float M = MK_NEG_INF, o = 0.0f;
         for (int w = 0; w < MK_AW; w++)
-            M = fmaxf(M, mk_sm[(w * MK_G + g) * E + MK_HD]);
+            M = fmaxf(M, mk_sm[(w * MK_G + g) * MK_E + MK_HD]);
         for (int w = 0; w < MK_AW && M != MK_NEG_INF && d != MK_HD; w++) {
-            const float *pw = mk_sm + (w * MK_G + g) * E;
+            const float *pw = mk_sm + (w * MK_G + g) * MK_E;
             if (pw[MK_HD] != MK_NEG_INF)
                 o += pw[d] * expf(pw[MK_HD] - M);
         }
@@ -376,7 +385,7 @@ MK_DEV void op_attn_combine(const MegacArgs *a, const unsigned *in)
     const float *part = (const float *)mk_opnd(a, in, 0);
     float *out = (float *)mk_opnd(a, in, 1);
     int h = mk_param(in, 0), nsplit = mk_param(in, 1);
-    const int E = MK_HD + 2;
+    const int E = MK_E;
     for (int j = (int)mk_tid(); j < MK_G * MK_HD; j += MK_THREADS) {
         int g = j / MK_HD, d = j % MK_HD;
         float M = MK_NEG_INF, L = 0.0f, o = 0.0f;
