@@ -281,7 +281,7 @@ Test(cuda_nvrtc, unsupported_dtype_is_an_error)
     s->shape = (ModelShape){.dim = 64, .hidden_dim = 64, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1,
                             .head_dim = 8, .vocab_size = 16, .max_seq = 16, .norm_eps = 1e-5};
     int64_t wn[2] = {4, 64}, kn = 64, rn = 4;
-    uint32_t w = sched_add_buffer(s, "w", DT_BF16, BUF_WEIGHT, 2, wn);
+    uint32_t w = sched_add_buffer(s, "w", DT_F16, BUF_WEIGHT, 2, wn);
     uint32_t x = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, &kn), y = sched_add_buffer(s, "y", DT_F32, BUF_STATE, 1, &rn);
     int32_t p[OP_MAX_PARAMS] = {0, 4, 64, 0};
     Access acc[5] = {{w, ACC_R, affine_const(0), affine_const(256)},
@@ -318,17 +318,19 @@ typedef struct {
     uint32_t w, x, y, nw, b;
 } GemvCase;
 
-/* Every GEMV path of kernel_body.cuh on one host block: rows split over
- * warps (1 and 2 rows), a row length that is not a multiple of 4, warp per
- * row, and an input too long for the shared scratch (read from the arena),
- * each against a double-precision sum. */
+/* Every GEMV path of kernel_body.cuh on one host block, for f32 and bf16
+ * weights: rows split over warps (1 and 2 rows), a row length that is not
+ * a multiple of the vector width, warp per row, and an input too long for
+ * the shared scratch (read from the arena), each against a double sum. */
 Test(cuda_host, gemv_paths_match_double)
 {
-    static const int spec[][5] = {
-        {0, 1, 3, 64, GEMV_NORM | GEMV_BIAS}, {3, 5, 6, 68, GEMV_ACCUM}, {0, 7, 7, 66, GEMV_BIAS},
-        {0, 50, 50, 64, GEMV_NORM | GEMV_ACCUM}, {1, 4, 4, 8200, 0},
+    static const int spec[][6] = {
+        {0, 1, 3, 64, GEMV_NORM | GEMV_BIAS, DT_F32}, {3, 5, 6, 68, GEMV_ACCUM, DT_F32},
+        {0, 7, 7, 66, GEMV_BIAS, DT_F32},           {0, 50, 50, 64, GEMV_NORM | GEMV_ACCUM, DT_F32},
+        {1, 4, 4, 8200, 0, DT_F32},                 {0, 2, 2, 64, GEMV_ACCUM, DT_BF16},
+        {0, 9, 9, 128, GEMV_NORM, DT_BF16},         {0, 3, 3, 60, GEMV_BIAS, DT_BF16},
     };
-    enum { N = 5 };
+    enum { N = 8 };
     Schedule *s = sched_new("gemv", "host-cuda", 1);
     s->shape = (ModelShape){.dim = 64, .hidden_dim = 64, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1,
                             .head_dim = 8, .vocab_size = 16, .max_seq = 16, .norm_eps = 1e-5};
@@ -339,7 +341,7 @@ Test(cuda_host, gemv_paths_match_double)
         g->r0 = spec[i][0], g->r1 = spec[i][1], g->rows = spec[i][2], g->k = spec[i][3], g->flags = spec[i][4];
         int64_t wn[2] = {g->rows, g->k}, kn = g->k, rn = g->rows;
         snprintf(name, sizeof name, "w%d", i);
-        g->w = sched_add_buffer(s, name, DT_F32, BUF_WEIGHT, 2, wn);
+        g->w = sched_add_buffer(s, name, (DType)spec[i][5], BUF_WEIGHT, 2, wn);
         snprintf(name, sizeof name, "nw%d", i);
         g->nw = sched_add_buffer(s, name, DT_F32, BUF_WEIGHT, 1, &kn);
         snprintf(name, sizeof name, "b%d", i);
@@ -376,15 +378,21 @@ Test(cuda_host, gemv_paths_match_double)
     char *arena = aligned_alloc(64, (s->arena_bytes + 63) / 64 * 64);
     cr_assert(weights && arena);
     for (uint32_t b = 0; b < s->nbufs; b++) {
-        float *p = (float *)((s->bufs[b].cls == BUF_WEIGHT ? weights : arena) + s->bufs[b].offset);
-        for (int64_t i = 0; i < s->bufs[b].nelem; i++)
-            p[i] = rnd();
+        char *p = (s->bufs[b].cls == BUF_WEIGHT ? weights : arena) + s->bufs[b].offset;
+        for (int64_t i = 0; i < s->bufs[b].nelem; i++) {
+            if (s->bufs[b].dtype == DT_BF16)
+                ((uint16_t *)p)[i] = f32_to_bf16(rnd());
+            else
+                ((float *)p)[i] = rnd();
+        }
     }
     /* the expected results, from the inputs before the step */
     double *want[N];
     for (int i = 0; i < N; i++) {
         GemvCase *g = &c[i];
-        const float *W = (const float *)(weights + s->bufs[g->w].offset), *x = (const float *)(arena + s->bufs[g->x].offset);
+        const char *W = weights + s->bufs[g->w].offset;
+        const float *x = (const float *)(arena + s->bufs[g->x].offset);
+        bool bf = s->bufs[g->w].dtype == DT_BF16;
         const float *nw = (const float *)(weights + s->bufs[g->nw].offset), *b = (const float *)(weights + s->bufs[g->b].offset);
         const float *y = (const float *)(arena + s->bufs[g->y].offset);
         double ss = 0;
@@ -398,7 +406,11 @@ Test(cuda_host, gemv_paths_match_double)
                 continue;
             double acc = 0;
             for (int j = 0; j < g->k; j++)
-                acc += (double)W[(int64_t)r * g->k + j] * ((g->flags & GEMV_NORM) ? x[j] * sc * nw[j] : x[j]);
+            {
+                int64_t e = (int64_t)r * g->k + j;
+                double wv = bf ? bf16_to_f32(((const uint16_t *)W)[e]) : ((const float *)W)[e];
+                acc += wv * ((g->flags & GEMV_NORM) ? x[j] * sc * nw[j] : x[j]);
+            }
             if (g->flags & GEMV_BIAS)
                 acc += b[r];
             want[i][r] = (g->flags & GEMV_ACCUM) ? want[i][r] + acc : acc;

@@ -57,6 +57,11 @@ typedef struct float4 {
 } float4;
 _Static_assert(sizeof(float4) == 16, "float4 is 16 bytes, as in CUDA");
 
+typedef struct uint4 {
+    _Alignas(16) unsigned x;
+    unsigned y, z, w;
+} uint4;
+
 typedef struct dim3 {
     unsigned x, y, z;
 } dim3;
@@ -242,6 +247,14 @@ static inline void mk_sync(void) { __syncthreads(); }
 static inline float mk_shfl_xor_f(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 static inline int mk_shfl_xor_i(int v, int m) { return (int)mk_shfl_xor_bits((uint32_t)v, m); }
 static inline float4 mk_ldg4(const float4 *p) { return *p; }
+static inline uint4 mk_ldg4u(const uint4 *p) { return *p; }
+
+static inline float mk_as_float(unsigned u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
 static inline void mk_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 static inline void mk_atomic_add(unsigned *p, unsigned v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 static inline unsigned mk_ld_acquire(const unsigned *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }

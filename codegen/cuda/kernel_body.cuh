@@ -45,6 +45,7 @@ enum {
 #define MK_GEMV_NORM 2
 #define MK_GEMV_BIAS 4
 #define MK_DT_F32 0     /* DType values of ir/dtype.h */
+#define MK_DT_BF16 2
 #define MK_DT_I32 3
 
 /* Block-shared scratch: GEMV inputs, attention partials, reductions. */
@@ -74,6 +75,11 @@ MK_INLINE int mk_param(const unsigned *in, int i)
 {
     return (int)in[1 + i];
 }
+
+/* bf16 -> f32: the 16 bits are the top half of a float */
+MK_INLINE float mk_bf16(unsigned short h) { return mk_as_float((unsigned)h << 16); }
+MK_INLINE float mk_bf16_lo(unsigned u) { return mk_as_float(u << 16); }
+MK_INLINE float mk_bf16_hi(unsigned u) { return mk_as_float(u & 0xffff0000u); }
 
 MK_INLINE float mk_warp_sum(float v)
 {
@@ -139,9 +145,11 @@ MK_DEV void op_embed(const MegacArgs *a, const unsigned *in)
     const float *table = (const float *)mk_opnd(a, in, 1);
     float *out = (float *)mk_opnd(a, in, 2);
     int c0 = mk_param(in, 0), c1 = mk_param(in, 1);
-    int ok = tok >= 0 && tok < MK_VOCAB;
-    for (int j = c0 + (int)mk_tid(); j < c1; j += MK_THREADS)
-        out[j] = ok ? table[(long long)tok * MK_DIM + j] : 0.0f;
+    int ok = tok >= 0 && tok < MK_VOCAB, bf = mk_dtype(in, 1) == MK_DT_BF16;
+    for (int j = c0 + (int)mk_tid(); j < c1; j += MK_THREADS) {
+        long long e = (long long)tok * MK_DIM + j;
+        out[j] = !ok ? 0.0f : bf ? mk_bf16(((const unsigned short *)(const void *)table)[e]) : table[e];
+    }
 }
 
 MK_DEV void op_rmsnorm(const MegacArgs *a, const unsigned *in)
@@ -179,13 +187,52 @@ MK_INLINE float mk_dot4(const float4 *w4, const float4 *x4, int j0, int j1, unsi
     return mk_warp_sum((a0 + a1) + (a2 + a3));
 }
 
-/* The same for a row whose length is not a multiple of 4. */
-MK_INLINE float mk_dot1(const float *w, const float *x, int k, unsigned lane)
+/* bf16 weights: a 16-byte load is 8 weights, against two float4 of input. */
+MK_INLINE float mk_dot8(const float4 *x4, unsigned j, uint4 w)
+{
+    float4 xa = x4[2 * j], xb = x4[2 * j + 1];
+    return mk_bf16_lo(w.x) * xa.x + mk_bf16_hi(w.x) * xa.y + mk_bf16_lo(w.y) * xa.z + mk_bf16_hi(w.y) * xa.w +
+           mk_bf16_lo(w.z) * xb.x + mk_bf16_hi(w.z) * xb.y + mk_bf16_lo(w.w) * xb.z + mk_bf16_hi(w.w) * xb.w;
+}
+
+/* mk_dot4 for bf16 rows: units [j0, j1) of 8 weights. */
+MK_INLINE float mk_dot4_bf16(const uint4 *w8, const float4 *x4, int j0, int j1, unsigned lane)
+{
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    int j = j0 + (int)lane;
+#pragma unroll 1
+    for (; j + 96 < j1; j += 128) {
+        uint4 wa = mk_ldg4u(w8 + j), wb = mk_ldg4u(w8 + j + 32), wc = mk_ldg4u(w8 + j + 64), wd = mk_ldg4u(w8 + j + 96);
+        a0 += mk_dot8(x4, (unsigned)j, wa);
+        a1 += mk_dot8(x4, (unsigned)j + 32, wb);
+        a2 += mk_dot8(x4, (unsigned)j + 64, wc);
+        a3 += mk_dot8(x4, (unsigned)j + 96, wd);
+    }
+#pragma unroll 1
+    for (; j < j1; j += 32)
+        a0 += mk_dot8(x4, (unsigned)j, mk_ldg4u(w8 + j));
+    return mk_warp_sum((a0 + a1) + (a2 + a3));
+}
+
+/* A row whose length is not a multiple of the vector width. */
+MK_INLINE float mk_dot1(const void *w, int bf, const float *x, int k, unsigned lane)
 {
     float a0 = 0.0f;
     for (int j = (int)lane; j < k; j += 32)
-        a0 += w[j] * x[j];
+        a0 += (bf ? mk_bf16(((const unsigned short *)w)[j]) : ((const float *)w)[j]) * x[j];
     return mk_warp_sum(a0);
+}
+
+/* Elements per 16-byte load for a weight dtype. */
+#define MK_UNIT(bf) ((bf) ? 8 : 4)
+
+/* Units [j0, j1) of row r (W has k columns; k is a multiple of the unit). */
+MK_INLINE float mk_dot_units(const void *W, int bf, long long r, int k, const float *xin, int j0, int j1,
+                             unsigned lane)
+{
+    if (bf)
+        return mk_dot4_bf16((const uint4 *)((const unsigned short *)W + r * k), (const float4 *)xin, j0, j1, lane);
+    return mk_dot4((const float4 *)((const float *)W + r * k), (const float4 *)xin, j0, j1, lane);
 }
 
 MK_INLINE void mk_gemv_store(float *y, const float *b, int r, float v, int flags)
@@ -198,15 +245,15 @@ MK_INLINE void mk_gemv_store(float *y, const float *b, int r, float v, int flags
 /* Fewer rows than warps: `split` warps share each row, each taking a
  * contiguous slice of it; the slices' sums meet in shared memory and are
  * added in a fixed order. */
-MK_DEV void mk_gemv_split(const float *W, const float *xin, float *y, const float *b, int r0, int nrows, int k,
+MK_DEV void mk_gemv_split(const void *W, int bf, const float *xin, float *y, const float *b, int r0, int nrows, int k,
                           int flags)
 {
     unsigned tid = mk_tid(), lane = tid & 31u, warp = tid >> 5;
-    int split = MK_NWARPS / nrows, row = (int)warp / split, part = (int)warp % split, k4 = k >> 2;
-    int chunk = ((k4 + split - 1) / split + 31) / 32 * 32;
+    int split = MK_NWARPS / nrows, row = (int)warp / split, part = (int)warp % split, ku = k / MK_UNIT(bf);
+    int chunk = ((ku + split - 1) / split + 31) / 32 * 32;
     if (row < nrows) {
-        int j0 = part * chunk, j1 = j0 + chunk < k4 ? j0 + chunk : k4;
-        float v = mk_dot4((const float4 *)(W + (long long)(r0 + row) * k), (const float4 *)xin, j0, j1, lane);
+        int j0 = part * chunk, j1 = j0 + chunk < ku ? j0 + chunk : ku;
+        float v = mk_dot_units(W, bf, r0 + row, k, xin, j0, j1, lane);
         if (lane == 0)
             mk_red[warp] = v;
     }
@@ -226,10 +273,12 @@ MK_DEV void mk_gemv_split(const float *W, const float *xin, float *y, const floa
  * does not fit. */
 MK_DEV void op_gemv(const MegacArgs *a, const unsigned *in)
 {
-    const float *W = (const float *)mk_opnd(a, in, 0), *x = (const float *)mk_opnd(a, in, 1);
+    const void *W = mk_opnd(a, in, 0);
+    const float *x = (const float *)mk_opnd(a, in, 1);
     float *y = (float *)mk_opnd(a, in, 2);
     const float *nw = (const float *)mk_opnd(a, in, 3), *b = (const float *)mk_opnd(a, in, 4);
     int r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2), flags = mk_param(in, 3);
+    int bf = mk_dtype(in, 0) == MK_DT_BF16, vec = k % MK_UNIT(bf) == 0;
     unsigned tid = mk_tid(), lane = tid & 31u;
     const float *xin = x;
     if (k <= MK_SMEM_FLOATS) {
@@ -239,14 +288,15 @@ MK_DEV void op_gemv(const MegacArgs *a, const unsigned *in)
         mk_sync();
         xin = mk_sm;
     }
-    if ((k & 3) == 0 && r1 > r0 && 2 * (r1 - r0) <= MK_NWARPS) {
-        mk_gemv_split(W, xin, y, b, r0, r1 - r0, k, flags);
+    if (vec && r1 > r0 && 2 * (r1 - r0) <= MK_NWARPS) {
+        mk_gemv_split(W, bf, xin, y, b, r0, r1 - r0, k, flags);
         return;
     }
     for (int r = r0 + (int)(tid >> 5); r < r1; r += MK_NWARPS) {
-        const float *w = W + (long long)r * k;
-        float v = (k & 3) == 0 ? mk_dot4((const float4 *)w, (const float4 *)xin, 0, k >> 2, lane)
-                               : mk_dot1(w, xin, k, lane);
+        float v = vec ? mk_dot_units(W, bf, r, k, xin, 0, k / MK_UNIT(bf), lane)
+                      : mk_dot1(bf ? (const void *)((const unsigned short *)W + (long long)r * k)
+                                   : (const void *)((const float *)W + (long long)r * k),
+                                bf, xin, k, lane);
         if (lane == 0)
             mk_gemv_store(y, b, r, v, flags);
     }
