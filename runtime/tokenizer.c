@@ -1180,3 +1180,8 @@ Tokenizer *tok_load_llama2c(const char *path, int n_vocab, char *err, size_t err
     free(buf);
     return t;
 }
+
+bool tok_default_bos(const Tokenizer *t, const char *text)
+{
+    return (tok_kind(t) != TOK_BPE || !text || !*text) && tok_bos(t) >= 0;
+}
