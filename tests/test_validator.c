@@ -221,7 +221,7 @@ Test(cli, validate_exit_codes)
     char tmp[] = "/tmp/megac_val_XXXXXX";
     int fd = mkstemp(tmp);
     cr_assert_geq(fd, 0);
-    cr_assert_eq(write(fd, "schedule x target cpu workers 1\nshape dim=\n", 44), 44);
+    cr_assert_eq(write(fd, "schedule x target cpu workers 1\nshape dim=\n", 43), 43);
     close(fd);
     snprintf(cmd, sizeof cmd, "%s validate %s 2>/dev/null", MEGAC_BIN, tmp);
     cr_assert_eq(WEXITSTATUS(system(cmd)), 2, "a parse error exits 2");
