@@ -1054,7 +1054,8 @@ Test(cpu_ops, attention_bandwidth, .timeout = 120)
 {
     if (!getenv("MEGAC_CPU_BENCH"))
         cr_skip_test("set MEGAC_CPU_BENCH=1 to measure attention bandwidth");
-    enum { L = 30, KV = 3, GG = 3, D = 64, S = 1024 };
+    enum { KV = 3, GG = 3, D = 64, S = 1024 };
+    int L = getenv("MEGAC_CPU_LAYERS") ? atoi(getenv("MEGAC_CPU_LAYERS")) : 30;
     Schedule *s = sched_new("attn_bench", "cpu", 1);
     s->shape = (ModelShape){.dim = 576, .hidden_dim = 1536, .n_layers = L, .n_heads = KV * GG, .n_kv_heads = KV,
                             .head_dim = D, .vocab_size = 8, .max_seq = S, .norm_eps = 1e-5};

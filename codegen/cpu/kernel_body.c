@@ -222,6 +222,7 @@ static void op_kv_append(const MegacArgs *a, const int64_t *in)
 }
 
 #define ATTN_CHUNK 64     /* rows scored before their softmax update */
+#define ATTN_PF_ROWS 32   /* k and v rows are prefetched this far ahead */
 
 /* e^x for x <= 0 (softmax weights), in plain arithmetic the loop vectorizer
  * turns into vector code: x = n ln2 + r, |r| <= ln2/2 (Cody-Waite), e^r by
@@ -310,15 +311,12 @@ static void attn_accum(float *o, const float *w, const float *v, int64_t n, int6
     }
 }
 
-/* Rows [t0, t0+n) of the online softmax for one q head: all scores of the
- * chunk first, one rescale of the running state, the weights e^(s - m) as
- * one vector loop, then the weighted sum of the v rows. p holds hd
- * outputs, then m, then l. */
-static void attn_chunk(float *p, const float *q, const float *kh, const float *vh, int64_t t0, int64_t n,
-                       int64_t hd, float scale)
+/* The softmax state of one q head after a chunk with scores sc[0:n]: the
+ * running max m and sum l move to the chunk's max, outputs p[0:hd] are
+ * rescaled, and sc becomes the weights e^(s - m) (one vector loop). */
+static void attn_softmax_step(float *p, float *sc, int64_t n, int64_t hd)
 {
-    float sc[ATTN_CHUNK], mx = NEG_INF;
-    attn_scores(sc, q, kh + t0 * hd, n, hd, scale);
+    float mx = NEG_INF;
     for (int64_t i = 0; i < n; i++)
         mx = sc[i] > mx ? sc[i] : mx;
     float m = p[hd], l = p[hd + 1];
@@ -333,9 +331,41 @@ static void attn_chunk(float *p, const float *q, const float *kh, const float *v
         sc[i] = exp_nonpos(sc[i] - m);
     for (int64_t i = 0; i < n; i++)
         l += sc[i];
-    attn_accum(p, sc, vh + t0 * hd, n, hd);
     p[hd] = m;
     p[hd + 1] = l;
+}
+
+/* Asks for the cache lines of n floats at p ahead of their use: the loops
+ * over k and v rows do too much per line for the out-of-order window alone
+ * to keep enough of the stream in flight. Rows past the run are harmless
+ * (a prefetch never faults). */
+static void attn_prefetch_rows(const float *p, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 16)
+        __builtin_prefetch(p + i, 0, 3);
+}
+
+/* Rows [t0, t0+n) of the online softmax for all G q heads of a kv head:
+ * scores, softmax update, weighted sum of v. Each group of four k (then v)
+ * rows serves every q head while it is in L1, so the stream from memory
+ * overlaps the arithmetic. p: G entries of hd outputs, m, l. */
+static void attn_chunk(float *p, const float *q, const float *kh, const float *vh, int64_t t0, int64_t n,
+                       int64_t hd, int64_t G, float scale)
+{
+    float sc[G][ATTN_CHUNK];
+    const float *k = kh + t0 * hd, *v = vh + t0 * hd;
+    for (int64_t i = 0; i < n; i += 4) {
+        attn_prefetch_rows(k + (i + ATTN_PF_ROWS) * hd, 4 * hd);
+        for (int64_t g = 0; g < G; g++)
+            attn_scores(sc[g] + i, q + g * hd, k + i * hd, n - i < 4 ? n - i : 4, hd, scale);
+    }
+    for (int64_t g = 0; g < G; g++)
+        attn_softmax_step(p + g * (hd + 2), sc[g], n, hd);
+    for (int64_t i = 0; i < n; i += 4) {
+        attn_prefetch_rows(v + (i + ATTN_PF_ROWS) * hd, 4 * hd);
+        for (int64_t g = 0; g < G; g++)
+            attn_accum(p + g * (hd + 2), sc[g] + i, v + i * hd, n - i < 4 ? n - i : 4, hd);
+    }
 }
 
 /* Partials of split s for the G q heads of kv head h over rows t <= pos
@@ -354,12 +384,13 @@ static void op_attn(const MegacArgs *a, const int64_t *in)
         p[g * (hd + 2) + hd + 1] = 0.0f;
     }
     const float *kh = kc + h * SHAPE(KS_MAX_SEQ) * hd, *vh = vc + h * SHAPE(KS_MAX_SEQ) * hd;
-    for (int64_t b0 = s * block; b0 <= a->pos; b0 += nsplit * block) {
-        int64_t b1 = b0 + block <= a->pos + 1 ? b0 + block : a->pos + 1;
+    /* With one split the blocks are back to back: one run of rows. */
+    int64_t run = nsplit == 1 ? a->pos + 1 : block, stride = nsplit == 1 ? a->pos + 1 : nsplit * block;
+    for (int64_t b0 = s * block; b0 <= a->pos; b0 += stride) {
+        int64_t b1 = b0 + run <= a->pos + 1 ? b0 + run : a->pos + 1;
         for (int64_t t0 = b0; t0 < b1; t0 += ATTN_CHUNK) {
             int64_t n = b1 - t0 < ATTN_CHUNK ? b1 - t0 : ATTN_CHUNK;
-            for (int64_t g = 0; g < G; g++)
-                attn_chunk(p + g * (hd + 2), q + (h * G + g) * hd, kh, vh, t0, n, hd, scale);
+            attn_chunk(p, q + h * G * hd, kh, vh, t0, n, hd, G, scale);
         }
     }
 }
