@@ -15,6 +15,13 @@
  *
  * Wide vectors are written with the generic vector extension (16 floats);
  * the backend splits them to what the target has (AVX2: 2 x 8, AVX-512: 1).
+ * Decode reads every weight once per step, so the bodies are shaped for
+ * memory streams (measured on the build host, see tests/test_cpu_ops.c):
+ * GEMV reads one row at a time as a single sequential stream (faster than
+ * interleaving four rows, and than software prefetch on top); attention
+ * serves all q heads of a kv head from each group of k/v rows while it is
+ * in L1 and prefetches rows ahead, since its work per cache line is too
+ * large for the out-of-order window alone to keep the stream going.
  */
 #define _GNU_SOURCE
 #include "codegen/cpu/kernel_table.h"
