@@ -1083,3 +1083,110 @@ Test(cpu_ops, attention_bandwidth, .timeout = 120)
             (long)pos, gb, best * 1e3, gb / best);
     kern_free(&k);
 }
+
+/* ---- stories260K against the llama2.c-checked goldens (../shared) ---- */
+
+#define SHARED MEGAC_SRC "/../shared/"
+
+/* Copies n floats from the llama2.c file cursor into buffer name[l]. */
+static const float *l2c_take(Kern *k, const float *src, const char *name, int layers, int64_t per_layer)
+{
+    for (int l = 0; l < (layers ? layers : 1); l++) {
+        char n[64];
+        if (layers)
+            snprintf(n, sizeof n, "L%d.%s", l, name);
+        else
+            snprintf(n, sizeof n, "%s", name);
+        int64_t id = sched_find_buffer(k->s, n);
+        cr_assert(id >= 0 && k->s->bufs[id].nelem == per_layer, "buffer %s", n);
+        memcpy(buf(k, (uint32_t)id), src, (size_t)per_layer * sizeof(float));
+        src += per_layer;
+    }
+    return src;
+}
+
+/* llama2.c v0 layout: config, then each tensor for all layers in turn. */
+static void l2c_load(Kern *k, const ModelDesc *m, const float *w)
+{
+    int64_t dim = m->dim, hid = m->hidden_dim, kvd = (int64_t)m->n_kv_heads * m->head_dim;
+    int L = m->n_layers;
+    w = l2c_take(k, w, "embed", 0, m->vocab_size * dim);
+    w = l2c_take(k, w, "attn_norm", L, dim);
+    w = l2c_take(k, w, "wq", L, dim * dim);
+    w = l2c_take(k, w, "wk", L, kvd * dim);
+    w = l2c_take(k, w, "wv", L, kvd * dim);
+    w = l2c_take(k, w, "wo", L, dim * dim);
+    w = l2c_take(k, w, "ffn_norm", L, dim);
+    w = l2c_take(k, w, "w_gate", L, hid * dim);
+    w = l2c_take(k, w, "w_down", L, dim * hid);
+    w = l2c_take(k, w, "w_up", L, hid * dim);
+    w = l2c_take(k, w, "final_norm", 0, dim);
+    w += (int64_t)m->max_seq * m->head_dim; /* llama2.c's own freq_cis tables */
+    if (!m->tie_embeddings)
+        l2c_take(k, w, "lm_head", 0, m->vocab_size * dim);
+    float *rope = buf(k, (uint32_t)sched_find_buffer(k->s, "rope"));
+    for (int pos = 0; pos < m->max_seq; pos++)
+        for (int i = 0; i < m->head_dim / 2; i++) {
+            double a = pos * pow(10000.0, -2.0 * i / m->head_dim);
+            rope[(pos * (m->head_dim / 2) + i) * 2] = (float)cos(a);
+            rope[(pos * (m->head_dim / 2) + i) * 2 + 1] = (float)sin(a);
+        }
+}
+
+static int json_ids(const char *text, const char *key, int *ids, int max)
+{
+    const char *p = strstr(text, key);
+    cr_assert_not_null(p, "no %s in the golden json", key);
+    p = strchr(p, '[');
+    int n = 0;
+    while (p && *p != ']' && n < max) {
+        char *e;
+        long v = strtol(p + 1, &e, 10);
+        if (e == p + 1)
+            break;
+        ids[n++] = (int)v;
+        p = e;
+        while (*p == ' ' || *p == '\n')
+            p++;
+    }
+    return n;
+}
+
+/* Logits of the first 16 steps against the float64 golden (atol 1e-4, as
+ * its README says), then greedy decoding from BOS against llama2.c's
+ * tokens, with 3 workers. */
+Test(cpu_ops, stories260k_matches_goldens)
+{
+    size_t nbin, nlog, njs;
+    char *bin = read_file(SHARED "models/stories260K.bin", &nbin);
+    char *lg = read_file(SHARED "golden/stories260K_logits_first16.f32", &nlog);
+    char *js = read_file(SHARED "golden/stories260K_greedy.json", &njs);
+    if (!bin || !lg || !js)
+        cr_skip_test("../shared/models/stories260K.bin or its goldens are not present");
+    int32_t cfg[7];
+    memcpy(cfg, bin, sizeof cfg);
+    ModelDesc m = toy_model(cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[0] / cfg[3], abs(cfg[5]), cfg[6],
+                            ROPE_ADJACENT);
+    m.tie_embeddings = cfg[5] > 0;
+    Kern k;
+    kern_build(&k, lower_for_cpu(&m, 3));
+    l2c_load(&k, &m, (const float *)(bin + sizeof cfg));
+    int ids[512];
+    int nids = json_ids(js, "\"greedy_token_ids\"", ids, 512);
+    cr_assert(nids > 64 && nlog == 16 * (size_t)m.vocab_size * sizeof(float));
+    const float *gold = (const float *)lg;
+    int32_t *tok = buf(&k, (uint32_t)sched_find_buffer(k.s, "tok"));
+    const int32_t *next = buf(&k, (uint32_t)sched_find_buffer(k.s, "next"));
+    const float *logits = buf(&k, (uint32_t)sched_find_buffer(k.s, "logits"));
+    for (int pos = 0; pos + 1 < nids && pos < 128; pos++) {
+        *tok = ids[pos];
+        kern_step(&k, pos, 0);
+        cr_assert_eq(k.abort_info.flag, 0);
+        for (int i = 0; pos < 16 && i < m.vocab_size; i++)
+            cr_assert(fabsf(logits[i] - gold[pos * m.vocab_size + i]) <= 1e-4f, "pos %d logit %d: %.7f, golden %.7f",
+                      pos, i, (double)logits[i], (double)gold[pos * m.vocab_size + i]);
+        cr_assert_eq(*next, ids[pos + 1], "pos %d: greedy %d, llama2.c %d", pos, *next, ids[pos + 1]);
+    }
+    kern_free(&k);
+    free(bin), free(lg), free(js);
+}
