@@ -1190,3 +1190,32 @@ Test(cpu_ops, stories260k_matches_goldens)
     kern_free(&k);
     free(bin), free(lg), free(js);
 }
+
+/* Failures of the toolchain steps come back as errors, not crashes. */
+Test(cpu_ops, toolchain_errors_are_reported)
+{
+    Schedule *s = sched_new("errs", "cpu", 1);
+    s->shape = op_shape(0);
+    uint32_t a = add_buf(s, "a", BUF_STATE, 16), b = add_buf(s, "b", BUF_STATE, 16);
+    add_op(s, 0, OP_ADD, (int32_t[]){0, 16}, (uint32_t[]){a, b});
+    sched_layout(s);
+    const struct {
+        const char *cpu, *so, *want;
+    } cases[] = {
+        {"pentium-9000", "/tmp/megac_cpu_never.so", "unknown CPU 'pentium-9000'"},
+        {NULL, "/nonexistent-dir/kernel.so", "LLVMTargetMachineEmitToFile failed"},
+    };
+    for (int i = 0; i < 2; i++) {
+        char out[1024] = {0};
+        FILE *f = fmemopen(out, sizeof out, "w");
+        Diag d;
+        diag_init(&d);
+        d.out = f;
+        CpuOptions o = {.cpu = cases[i].cpu};
+        cr_assert_not(cg_cpu_compile(s, &o, cases[i].so, &d));
+        fclose(f);
+        cr_assert_eq(d.nerrors, 1, "%s", out);
+        cr_assert(strstr(out, cases[i].want), "%s", out);
+    }
+    sched_free(s);
+}
