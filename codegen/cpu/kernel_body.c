@@ -162,8 +162,9 @@ static void gemv_f32(const float *W, const float *x, float *y, const float *b, i
     }
 }
 
-/* The weight dtype picks the row kernel; cpu_check.c rejects the dtypes
- * that have none yet, so `default` is unreachable. */
+/* The weight dtype picks the row kernel; check_gemv_weight() of
+ * cpu_check.c refuses the dtypes that have none yet, so `default` is
+ * unreachable. A new dtype: a row kernel, a case here, a case there. */
 static void gemv_rows(const MegacArgs *a, const int64_t *in, const float *x)
 {
     float *y = opnd(a, in, 2);
