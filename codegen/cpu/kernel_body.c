@@ -238,7 +238,7 @@ static void op_kv_append(const MegacArgs *a, const int64_t *in)
  * bits. Below -87 the result is about 1e-38 instead of a subnormal. */
 static float exp_nonpos(float x)
 {
-    x = x < -87.0f ? -87.0f : x;
+    x = x > -87.0f ? (x < 0.0f ? x : 0.0f) : -87.0f; /* NaN too: no poison in the int cast */
     float n = __builtin_rintf(x * 1.44269504088896341f);
     float r = x - n * 0.693359375f + n * 2.12194440e-4f;
     float y = 1.9875691500e-4f;
