@@ -224,8 +224,8 @@ static void stats_print(const megac_stats *st, const megac_model *m)
             st->prompt_tokens, st->generated_tokens, dec, pre, megac_num_workers(m));
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (ncpu > 0 && megac_num_workers(m) > ncpu)
-        fprintf(stderr, "megac run: note: %d workers on %ld CPUs: a worker's waits spin while the one it waits "
-                        "for is not running; compile with --workers %ld or fewer for speed\n",
+        fprintf(stderr, "megac run: note: %d workers on %ld CPUs: workers take turns on the cores; "
+                        "compile with --workers %ld or fewer for speed\n",
                 megac_num_workers(m), ncpu, ncpu);
 }
 

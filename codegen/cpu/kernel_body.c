@@ -10,7 +10,8 @@
  *
  * Semantics of every op: ir/ops.h. Synchronization: `signal` is a release
  * atomic add; `wait` spins with acquire loads and pause, yields past a
- * bound, and gives up past the watchdog deadline, recording where in
+ * bound, then sleeps on a futex (so more workers than cores stay fast), and
+ * gives up past the watchdog deadline, recording where in
  * MegacArgs.abort_info; a worker that sees the abort flag returns.
  *
  * Wide vectors are written with the generic vector extension (16 floats);
@@ -29,11 +30,14 @@
 #include "ir/ops.h"
 #include "runtime/kernel_abi.h"
 
+#include <linux/futex.h>
 #include <math.h>
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Defined by the glue module. */
 extern const int64_t megac_k_insts[];
@@ -508,7 +512,14 @@ static void op_run(const MegacArgs *a, const int64_t *in)
 
 #define WAIT_SPIN_BATCH 64      /* pauses between deadline checks */
 #define WAIT_YIELD_AFTER 8      /* batches of pure spinning before yielding */
+#define WAIT_SLEEP_AFTER 64     /* batches before sleeping on a futex */
+#define WAIT_SLEEP_NS 1000000   /* a sleeper re-checks the deadline this often */
 #define WAIT_DEFAULT_NS 2000000000ull
+/* Bit 31 of a counter says "someone sleeps on me": a signal that sees it
+ * wakes the sleepers. Counts stay below 2^31 (the validator bounds them by
+ * the schedule's signals); waits compare the low 31 bits. */
+#define CTR_SLEEPERS 0x80000000u
+#define CTR_COUNT(v) ((v) & ~CTR_SLEEPERS)
 
 static uint64_t now_ns(void)
 {
@@ -545,26 +556,52 @@ static void abort_record(const MegacArgs *a, uint32_t flag, uint32_t worker, uin
     ab->threshold = threshold;
 }
 
+/* signal c +k: release, then wake sleepers if any. */
+static void sync_signal(const MegacArgs *a, uint32_t c, uint32_t k)
+{
+    uint32_t *ctr = a->counters + c;
+    uint32_t old = __atomic_fetch_add(ctr, k, __ATOMIC_RELEASE);
+    if (old & CTR_SLEEPERS)
+        syscall(SYS_futex, ctr, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0);
+}
+
+/* Sleeps until *ctr changes from `seen` (or a short timeout passes). Used
+ * only after spinning, when the producer is probably not running: with more
+ * workers than cores, spinning would take the core from it. */
+static void sync_sleep(uint32_t *ctr, uint32_t seen)
+{
+    uint32_t v = seen | CTR_SLEEPERS;
+    if (!(seen & CTR_SLEEPERS) &&
+        !__atomic_compare_exchange_n(ctr, &seen, v, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return;     /* it moved: re-check */
+    struct timespec ts = {0, WAIT_SLEEP_NS};
+    syscall(SYS_futex, ctr, FUTEX_WAIT_PRIVATE, v, &ts, NULL, 0);
+}
+
 /* wait c >= n. Returns 0 when the worker must stop (deadline or abort). */
 static int sync_wait(const MegacArgs *a, uint32_t worker, uint32_t pc, uint32_t c, uint32_t n)
 {
     uint32_t *ctr = a->counters + c;
-    if (__atomic_load_n(ctr, __ATOMIC_ACQUIRE) >= n)
+    if (CTR_COUNT(__atomic_load_n(ctr, __ATOMIC_ACQUIRE)) >= n)
         return 1;
     uint64_t limit = a->timeout_ns ? a->timeout_ns : WAIT_DEFAULT_NS;
     uint64_t t0 = now_ns();
     for (uint64_t batch = 0;; batch++) {
+        uint32_t v = 0;
         for (int i = 0; i < WAIT_SPIN_BATCH; i++) {
-            if (__atomic_load_n(ctr, __ATOMIC_ACQUIRE) >= n)
+            v = __atomic_load_n(ctr, __ATOMIC_ACQUIRE);
+            if (CTR_COUNT(v) >= n)
                 return 1;
             cpu_pause();
         }
         if (abort_seen(a))
             return 0;
-        if (batch >= WAIT_YIELD_AFTER)
+        if (batch >= WAIT_SLEEP_AFTER)
+            sync_sleep(ctr, v);
+        else if (batch >= WAIT_YIELD_AFTER)
             sched_yield();
         if (now_ns() - t0 > limit) {
-            abort_record(a, KT_ABORT_TIMEOUT, worker, pc, c, __atomic_load_n(ctr, __ATOMIC_ACQUIRE), n);
+            abort_record(a, KT_ABORT_TIMEOUT, worker, pc, c, CTR_COUNT(__atomic_load_n(ctr, __ATOMIC_ACQUIRE)), n);
             return 0;
         }
     }
@@ -589,7 +626,7 @@ void megac_worker(const MegacArgs *a, uint32_t worker)
             op_run(a, in);
             break;
         case K_INST_SIGNAL:
-            __atomic_fetch_add(a->counters + in[KT_COUNTER], (uint32_t)in[KT_AMOUNT], __ATOMIC_RELEASE);
+            sync_signal(a, (uint32_t)in[KT_COUNTER], (uint32_t)in[KT_AMOUNT]);
             break;
         case K_INST_WAIT:
             if (!sync_wait(a, worker, (uint32_t)(i - first), (uint32_t)in[KT_COUNTER], (uint32_t)in[KT_AMOUNT]))
