@@ -34,7 +34,7 @@
  *   n_merges x { i32 a, i32 b }          (rank = index; a+b is a piece)
  * Every count and length is checked against the file size on load.
  *
- * Runtime code: no compiler headers, no exit(); errors come back as NULL /
+ * Runtime code: no compiler headers, never ends the process; errors come back as NULL /
  * false / -1 with a message.
  */
 #include "runtime/tokenizer.h"
