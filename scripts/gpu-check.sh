@@ -53,7 +53,10 @@ gpu_tests=$(grep -cE '^\[PASS\] cuda_gpu::' "$out/test_cuda.log" || true)
 gpu_skips=$(grep -cE '^\[SKIP\] cuda_gpu::' "$out/test_cuda.log" || true)
 
 log "building the cuBLAS baseline"
-nvcc -O3 -std=c++17 -arch="sm_$cc" tools/gpubench/gpubench.cu -lcublas -o "$build/gpubench" >"$out/gpubench-build.log" 2>&1
+nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+cudalib=$(dirname "$(dirname "$nvcc")")/lib64
+"$nvcc" -O3 -std=c++17 -arch="sm_$cc" tools/gpubench/gpubench.cu -L"$cudalib" -lcublas \
+    -Xlinker -rpath -Xlinker "$cudalib" -o "$build/gpubench" >"$out/gpubench-build.log" 2>&1
 
 # key VALUE from a models/*.yaml arch section (flat "  key: value" lines)
 yaml_num() { sed -n "s/^  $2: *\([0-9]*\).*/\1/p" "$1" | head -1; }
