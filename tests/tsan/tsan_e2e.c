@@ -8,7 +8,8 @@
  * atomics, and so checks dynamically that the validated schedule is
  * race-free.
  *
- *   tsan_e2e           compiles the embedded default model for 1, 2 and 3
+ *   tsan_e2e           compiles the embedded default model, and
+ *                      stories260K when ../shared has it, for 1, 2 and 3
  *                      workers (driver_compile, as `megac compile` does),
  *                      then per bundle: prompt + greedy decode, reset, the
  *                      same again, and megac_generate. Exit 1 unless the
@@ -17,7 +18,7 @@
  *                      same argmax, logits within tolerance), the tokens are
  *                      the same at every worker count, and megac_generate
  *                      picks them too. A TSan report makes the exit status 66.
- *   tsan_e2e --race    the negative control: lowers the same model for 2
+ *   tsan_e2e --race    the negative control: lowers the default model for 2
  *                      workers, drops the first wait whose absence the
  *                      validator reports as a race, compiles that schedule
  *                      anyway (cg_cpu_compile; the validator is bypassed)
@@ -41,8 +42,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define PROMPT "Once upon a time"
+#define STORIES_YAML MEGAC_SRC "/models/stories260k.yaml"
+#define STORIES_BIN MEGAC_SRC "/../shared/models/stories260K.bin"
 #define MAX_PROMPT 64
 #define NDECODE 40
 #define ATOL 1e-4
@@ -85,21 +89,24 @@ static void rm_tree(const char *dir)
         perror(dir);
 }
 
-/* The embedded default model's description and weights. */
+/* A model's description and weights; `model` is "default" (embedded) or
+ * a description file. */
 typedef struct Model {
     Arena arena;
     ModelDesc m;
     Weights w;
 } Model;
 
-static bool model_load(Model *md)
+static bool model_load(Model *md, const char *model)
 {
     memset(md, 0, sizeof *md);
     Diag d;
     diag_init(&d);
-    return desc_parse(&md->m, &md->arena, "<embedded>", desc_default_yaml, strlen(desc_default_yaml), NULL, 0,
-                      &d) &&
-           weights_load(&md->w, &md->m, &d);
+    bool ok = strcmp(model, "default") == 0
+                  ? desc_parse(&md->m, &md->arena, "<embedded>", desc_default_yaml, strlen(desc_default_yaml),
+                               NULL, 0, &d)
+                  : desc_load(&md->m, &md->arena, model, NULL, 0, &d);
+    return ok && weights_load(&md->w, &md->m, &d);
 }
 
 static void model_free(Model *md)
@@ -110,12 +117,12 @@ static void model_free(Model *md)
 
 /* ---- the clean run ---- */
 
-/* `megac compile default --target cpu --workers w -o out`, in process. */
-static bool bundle_compile(int w, const char *out)
+/* `megac compile MODEL --target cpu --workers w -o out`, in process. */
+static bool bundle_compile(const char *model, int w, const char *out)
 {
     CompileOptions o;
     memset(&o, 0, sizeof o);
-    o.model = "default";
+    o.model = model;
     o.target = "cpu";
     o.workers = w;
     o.out = out;
@@ -223,13 +230,58 @@ static void check_reference(const Model *md, const Run *r, int w)
         }
         worst = fmax(worst, err);
         if (err > ATOL + RTOL * scale)
-            fail("at %d workers, position %d: max |logit diff| %.3g from the reference", w, pos, err);
+            fail("%s at %d workers, position %d: max |logit diff| %.3g from the reference", md->m.name, w, pos,
+                 err);
         if (best != r->argmax[pos])
-            fail("at %d workers, position %d: the kernel picks %d, the reference %d", w, pos, r->argmax[pos], best);
+            fail("%s at %d workers, position %d: the kernel picks %d, the reference %d", md->m.name, w, pos,
+                 r->argmax[pos], best);
     }
-    fprintf(stderr, "tsan_e2e: %d workers: %d steps, twice; max |logit diff| from the reference %.3g\n", w,
-            r->ntok, worst);
+    fprintf(stderr, "tsan_e2e: %s, %d workers: %d steps, twice; max |logit diff| from the reference %.3g\n",
+            md->m.name, w, r->ntok, worst);
     ref_free(ref);
+}
+
+/* The first prompt of a bundle, tokenized by the bundle's tokenizer. */
+static int prompt_encode(const char *dir, int *prompt)
+{
+    megac_model *mm;
+    if (megac_open(dir, &mm) != MEGAC_OK) {
+        fail("megac_open: %s", megac_last_open_error());
+        return -1;
+    }
+    int n = megac_encode(mm, PROMPT, -1, prompt, MAX_PROMPT);
+    megac_close(mm);
+    return n;
+}
+
+/* One model at every worker count, its bundles in tmp. */
+static void clean_model(const char *model, const char *tmp)
+{
+    char dirs[NCOUNTS][64];
+    for (int i = 0; i < NCOUNTS; i++) {
+        snprintf(dirs[i], sizeof dirs[i], "%s/w%d.megac", tmp, worker_counts[i]);
+        if (!bundle_compile(model, worker_counts[i], dirs[i])) {
+            fail("compiling %s for %d workers", model, worker_counts[i]);
+            return;
+        }
+    }
+    Model md;
+    int prompt[MAX_PROMPT], nprompt = prompt_encode(dirs[0], prompt);
+    if (nprompt < 1 || !model_load(&md, model)) {
+        fail("cannot tokenize the prompt or load %s", model);
+        return;
+    }
+    Run runs[NCOUNTS] = {{0}};
+    for (int i = 0; i < NCOUNTS; i++) {
+        if (!bundle_exercise(dirs[i], prompt, nprompt, worker_counts[i], &runs[i]))
+            continue;
+        check_reference(&md, &runs[i], worker_counts[i]);
+        if (memcmp(runs[i].argmax, runs[0].argmax, sizeof runs[0].argmax) != 0)
+            fail("%s: %d workers pick other tokens than %d", md.m.name, worker_counts[i], worker_counts[0]);
+    }
+    for (int i = 0; i < NCOUNTS; i++)
+        free(runs[i].logits);
+    model_free(&md);
 }
 
 static int run_clean(void)
@@ -239,39 +291,13 @@ static int run_clean(void)
         perror("mkdtemp");
         return 2;
     }
-    char dirs[NCOUNTS][64];
-    for (int i = 0; i < NCOUNTS; i++) {
-        snprintf(dirs[i], sizeof dirs[i], "%s/w%d.megac", tmp, worker_counts[i]);
-        if (!bundle_compile(worker_counts[i], dirs[i])) {
-            fprintf(stderr, "tsan_e2e: compiling the default model for %d workers failed\n", worker_counts[i]);
-            rm_tree(tmp);
-            return 2;
-        }
-    }
-    Model md;
-    megac_model *mm;
-    int prompt[MAX_PROMPT], nprompt = -1;
-    if (megac_open(dirs[0], &mm) == MEGAC_OK) {
-        nprompt = megac_encode(mm, PROMPT, -1, prompt, MAX_PROMPT);
-        megac_close(mm);
-    }
-    if (nprompt < 1 || !model_load(&md)) {
-        fprintf(stderr, "tsan_e2e: cannot open the bundle or the model: %s\n", megac_last_open_error());
-        rm_tree(tmp);
-        return 2;
-    }
-    Run runs[NCOUNTS] = {{0}};
-    for (int i = 0; i < NCOUNTS; i++) {
-        if (!bundle_exercise(dirs[i], prompt, nprompt, worker_counts[i], &runs[i]))
-            continue;
-        check_reference(&md, &runs[i], worker_counts[i]);
-        if (memcmp(runs[i].argmax, runs[0].argmax, sizeof runs[0].argmax) != 0)
-            fail("%d workers pick other tokens than %d", worker_counts[i], worker_counts[0]);
-    }
-    for (int i = 0; i < NCOUNTS; i++)
-        free(runs[i].logits);
-    model_free(&md);
+    clean_model("default", tmp);
     rm_tree(tmp);
+    if (access(STORIES_BIN, R_OK) == 0 && mkdtemp(strcpy(tmp, "/tmp/megac-tsan-XXXXXX"))) {
+        clean_model(STORIES_YAML, tmp);
+        rm_tree(tmp);
+    } else
+        fprintf(stderr, "tsan_e2e: stories260K skipped: %s is absent\n", STORIES_BIN);
     fprintf(stderr, "tsan_e2e: %s\n", failures ? "FAILED" : "ok");
     return failures ? 1 : 0;
 }
@@ -362,7 +388,7 @@ static int run_race(void)
 {
     char tmp[] = "/tmp/megac-tsan-race-XXXXXX";
     Model md;
-    if (!mkdtemp(tmp) || !model_load(&md)) {
+    if (!mkdtemp(tmp) || !model_load(&md, "default")) {
         fprintf(stderr, "tsan_e2e: cannot make a folder or load the model: %s\n", strerror(errno));
         return 2;
     }
