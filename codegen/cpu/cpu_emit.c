@@ -18,8 +18,9 @@
  * speculation, as under clang -fsanitize=thread), and after O3 LLVM's TSan
  * passes instrument every load, store and atomic, as clang places them.
  * LLVM 14's pass ignores accesses that are not 1, 2, 4, 8 or 16 bytes
- * wide, which are most of the kernel's (16-float vectors), so those get a
- * __tsan_read_range/__tsan_write_range call first. kernel.so then refers to
+ * wide, which are most of the kernel's (16-float vectors), and masked
+ * loads, stores, gathers and scatters, so those get
+ * __tsan_read_range/__tsan_write_range calls first. kernel.so then refers to
  * __tsan_* symbols, which resolve at dlopen against the TSan runtime of a
  * host process built with -fsanitize=thread (in any other process the
  * dlopen fails and names the symbol).
@@ -329,24 +330,81 @@ static LLVMValueRef tsan_range_decl(CpuJob *j, TsanRange *r, const char *name)
     return f ? f : LLVMAddFunction(j->mod, name, r->fnty);
 }
 
+static void tsan_range_call(TsanRange *r, bool write, LLVMValueRef ptr, LLVMValueRef n)
+{
+    LLVMValueRef args[2] = {LLVMBuildPointerCast(r->b, ptr, r->i8p, ""), n};
+    LLVMBuildCall2(r->b, r->fnty, write ? r->write : r->read, args, 2, "");
+    r->n++;
+}
+
 /* A plain load or store of a size the TSan pass skips (not 1, 2, 4, 8 or
  * 16 bytes) gets a range check before it; stack slots and constants need
  * none, atomics are the TSan pass's. */
-static void tsan_range_inst(TsanRange *r, LLVMValueRef in)
+static void tsan_range_plain(TsanRange *r, LLVMValueRef in, bool write)
 {
-    LLVMOpcode op = LLVMGetInstructionOpcode(in);
-    if ((op != LLVMLoad && op != LLVMStore) || LLVMGetOrdering(in) != LLVMAtomicOrderingNotAtomic)
+    if (LLVMGetOrdering(in) != LLVMAtomicOrderingNotAtomic)
         return;
-    LLVMValueRef ptr = LLVMGetOperand(in, op == LLVMLoad ? 0 : 1);
-    unsigned long long n = LLVMStoreSizeOfType(r->td, LLVMTypeOf(op == LLVMLoad ? in : LLVMGetOperand(in, 0)));
+    LLVMValueRef ptr = LLVMGetOperand(in, write ? 1 : 0);
+    unsigned long long n = LLVMStoreSizeOfType(r->td, LLVMTypeOf(write ? LLVMGetOperand(in, 0) : in));
     LLVMValueRef base = tsan_base(ptr);
     if (n == 1 || n == 2 || n == 4 || n == 8 || n == 16 || LLVMIsAAllocaInst(base) ||
         (LLVMIsAGlobalVariable(base) && LLVMIsGlobalConstant(base)))
         return;
     LLVMPositionBuilderBefore(r->b, in);
-    LLVMValueRef args[2] = {LLVMBuildPointerCast(r->b, ptr, r->i8p, ""), LLVMConstInt(r->i64, n, 0)};
-    LLVMBuildCall2(r->b, r->fnty, op == LLVMLoad ? r->read : r->write, args, 2, "");
-    r->n++;
+    tsan_range_call(r, write, ptr, LLVMConstInt(r->i64, n, 0));
+}
+
+/* llvm.masked.{load,store,gather,scatter}, which the TSan pass ignores:
+ * one check per lane, of the lane's size where its mask bit is set, else
+ * of 0 bytes (no access; folds away for a constant mask). Operands:
+ *   load(ptr, align, mask, passthru)    store(val, ptr, align, mask)
+ *   gather(ptrs, align, mask, passthru) scatter(val, ptrs, align, mask) */
+static void tsan_range_masked(TsanRange *r, LLVMValueRef in)
+{
+    LLVMValueRef callee = LLVMGetCalledValue(in);
+    const char *name = callee ? LLVMGetValueName(callee) : "";
+    static const char *const kinds[] = {"llvm.masked.load.", "llvm.masked.store.", "llvm.masked.gather.",
+                                        "llvm.masked.scatter."};
+    int k = 0;
+    while (k < 4 && strncmp(name, kinds[k], strlen(kinds[k])) != 0)
+        k++;
+    if (k == 4)
+        return;
+    bool write = k == 1 || k == 3, lanes = k >= 2;
+    LLVMTypeRef vty = LLVMTypeOf(write ? LLVMGetOperand(in, 0) : in);
+    LLVMValueRef ptr = LLVMGetOperand(in, write ? 1 : 0), mask = LLVMGetOperand(in, write ? 3 : 2);
+    unsigned long long esize = LLVMStoreSizeOfType(r->td, LLVMGetElementType(vty));
+    LLVMPositionBuilderBefore(r->b, in);
+    LLVMValueRef base = lanes ? NULL : LLVMBuildPointerCast(r->b, ptr, r->i8p, "");
+    for (unsigned i = 0; i < LLVMGetVectorSize(vty); i++) {
+        LLVMValueRef lane = LLVMConstInt(r->i64, i, 0), at;
+        if (lanes)
+            at = LLVMBuildExtractElement(r->b, ptr, lane, "");
+        else {
+            LLVMValueRef off = LLVMConstInt(r->i64, i * esize, 0);
+            at = LLVMBuildGEP2(r->b, LLVMInt8TypeInContext(LLVMGetTypeContext(r->i64)), base, &off, 1, "");
+        }
+        LLVMValueRef on = LLVMBuildExtractElement(r->b, mask, lane, "");
+        LLVMValueRef n = LLVMBuildSelect(r->b, on, LLVMConstInt(r->i64, esize, 0), LLVMConstInt(r->i64, 0, 0), "");
+        tsan_range_call(r, write, at, n);
+    }
+}
+
+static void tsan_range_inst(TsanRange *r, LLVMValueRef in)
+{
+    switch (LLVMGetInstructionOpcode(in)) {
+    case LLVMLoad:
+        tsan_range_plain(r, in, false);
+        break;
+    case LLVMStore:
+        tsan_range_plain(r, in, true);
+        break;
+    case LLVMCall:
+        tsan_range_masked(r, in);
+        break;
+    default:
+        break;
+    }
 }
 
 static void tsan_ranges(CpuJob *j, TsanRange *r)
