@@ -3,9 +3,8 @@
  *
  *   nvrtc      lowered models compile through NVRTC to cubins with no local
  *              memory (stack frame or spills), resources read back, the
- *              exported constants present in the cubin; small models for
- *              sm_80, sm_90 and sm_120, the large ones for sm_90 only (each
- *              big compile takes seconds); ptxas log parsing.
+ *              exported constants present in the cubin: every model in
+ *              models/ for sm_80, sm_90 and sm_120; ptxas log parsing.
  *   host-cuda  the same generated CUDA C run on the host (host_shim.h):
  *              `megac compile --target host-cuda` at 1, 2, 3 and 5 blocks,
  *              greedy decode next to the reference engine (ref_step):
@@ -31,6 +30,7 @@
 
 #include <criterion/criterion.h>
 #include <dlfcn.h>
+#include <glob.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -190,28 +190,22 @@ static void cubin_compile(const char *yaml, const char *arch)
     model_close(&r);
 }
 
-Test(cuda_nvrtc, small_models_all_archs, .timeout = 300)
+/* Every description in models/ compiles for every architecture. */
+Test(cuda_nvrtc, every_model_every_arch, .timeout = 900)
 {
     static const char *const archs[] = {"sm_80", "sm_90", "sm_120"};
-    static const char *const models[] = {MEGAC_SRC "/models/stories260k.yaml", MEGAC_SRC "/models/default.yaml"};
-    for (int m = 0; m < 2; m++)
-        for (int a = 0; a < 3; a++)
-            cubin_compile(models[m], archs[a]);
-}
-
-Test(cuda_nvrtc, large_models_sm90, .timeout = 600)
-{
-    static const char *const models[] = {"smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b",
-                                         "smollm2-135m-hf"};
-    for (int m = 0; m < 5; m++) {
-        char path[1024];
-        snprintf(path, sizeof path, MEGAC_SRC "/models/%s.yaml", models[m]);
-        if (m == 4 && !file_exists(SHARED "/hf-configs/SmolLM2-135M.config.json")) {
+    glob_t g;
+    cr_assert_eq(glob(MEGAC_SRC "/models/*.yaml", 0, NULL, &g), 0, "no models/*.yaml");
+    for (size_t m = 0; m < g.gl_pathc; m++) {
+        const char *path = g.gl_pathv[m];
+        if (strstr(path, "-hf.yaml") && !file_exists(SHARED "/hf-configs/SmolLM2-135M.config.json")) {
             cr_log_warn("%s skipped: ../shared/hf-configs is absent", path);
             continue;
         }
-        cubin_compile(path, "sm_90");
+        for (int a = 0; a < 3; a++)
+            cubin_compile(path, archs[a]);
     }
+    globfree(&g);
 }
 
 Test(cuda_nvrtc, ptxas_log_parse)
