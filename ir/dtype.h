@@ -2,12 +2,40 @@
  * dtype.h - element types shared by weights, buffers and kernels.
  *
  * Block formats (Q8_0, Q4_0, Q4_1) store `block` elements in `block_bytes`
- * bytes exactly as GGUF does (research/techniques.md §1.1). W8 and W4 are
- * megac's own quantized layouts (issue: quantized GEMV).
+ * bytes exactly as GGUF does (research/techniques.md §1.1); a row of K
+ * elements (K a multiple of 32) is K/32 consecutive blocks:
+ *   Q8_0  {f16 d; i8 qs[32]}          w[j] = d * qs[j]
+ *   Q4_0  {f16 d; u8 qs[16]}          w[j] = d * ((qs[j] & 15) - 8), w[j+16] = d * ((qs[j] >> 4) - 8)
+ *   Q4_1  {f16 d; f16 m; u8 qs[16]}   w[j] = d * (qs[j] & 15) + m,   w[j+16] = d * (qs[j] >> 4) + m
+ *
+ * W8 and W4G* are megac's own quantized layouts (issue: quantized GEMV).
+ * They are *row-blocked*: every row of a [rows][K] matrix is a
+ * self-contained record of dtype_row_bytes(t, K) bytes, rows back to back,
+ * so a tile of rows is one contiguous byte range and any K is allowed.
+ * All multi-byte fields are little-endian; every record is a multiple of
+ * 4 bytes (so rows stay 4-byte aligned when the matrix is).
+ *   W8 (per-row int8, symmetric):
+ *     row = {f32 s; i8 q[K]; zero bytes up to a multiple of 4}
+ *     w[j] = s * q[j],  q in [-127, 127]
+ *   W4G<G> (G = 32, 64, 128; group-wise along K, asymmetric, 4-bit):
+ *     row = ceil(K/G) group records; group g holds elements
+ *     [g*G, min(K, (g+1)*G)), L of them (the last group of a row is
+ *     shorter when G does not divide K):
+ *       {f16 s; u8 z; u8 0; u8 qs[16 * ceil(L/32)]}
+ *     qs is cut in chunks of 16 bytes, one per 32 elements, laid out like
+ *     Q4_0: byte 16c+i holds element 32c+i of the group in its low nibble
+ *     and element 32c+16+i in its high nibble (i < 16). Nibbles past L hold
+ *     z (they dequantize to 0 and are never read).
+ *       w = s * (q - z),  q, z in [0, 15]; computed in f32 as
+ *       s * (float)(q - z) (one rounding), by every backend and the
+ *       reference alike.
+ * For row-blocked types the table's `block` is the group along K (W8: 1)
+ * and `block_bytes` the bytes of one full group (W8: 1, the scale apart).
  */
 #ifndef MEGAC_DTYPE_H
 #define MEGAC_DTYPE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,7 +48,11 @@
     X(I8, "i8", 1, 1)                  \
     X(Q8_0, "q8_0", 32, 34)            \
     X(Q4_0, "q4_0", 32, 18)            \
-    X(Q4_1, "q4_1", 32, 20)
+    X(Q4_1, "q4_1", 32, 20)            \
+    X(W8, "w8", 1, 1)                  \
+    X(W4G32, "w4g32", 32, 20)          \
+    X(W4G64, "w4g64", 64, 36)          \
+    X(W4G128, "w4g128", 128, 68)
 
 typedef enum {
 #define X(n, s, b, bb) DT_##n,
@@ -31,9 +63,20 @@ typedef enum {
 
 const char *dtype_name(DType t);
 int dtype_from_name(const char *s);         /* -1 if unknown */
-int dtype_block(DType t);                   /* elements per block */
+int dtype_block(DType t);                   /* elements per block (group) */
 int dtype_block_bytes(DType t);
-/* Bytes for n elements (n must be a multiple of the block). */
+/* Bytes for n elements (n must be a multiple of the block). For a
+ * row-blocked type, n is taken as one row (dtype_row_bytes). */
 size_t dtype_bytes(DType t, int64_t n);
+/* True for W8 and W4G*: byte sizes depend on the row length. */
+bool dtype_is_rowwise(DType t);
+/* True for the weight-only formats (GGUF blocks, W8, W4G*). */
+bool dtype_is_quant(DType t);
+/* Bytes of one row of k elements (block formats: k a multiple of the
+ * block). */
+size_t dtype_row_bytes(DType t, int64_t k);
+/* Bytes of a whole tensor: rows = product of all but the last dim, each a
+ * row of shape[rank-1] elements (rank 0: one element). */
+size_t dtype_tensor_bytes(DType t, int rank, const int64_t *shape);
 
 #endif
