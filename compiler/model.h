@@ -177,7 +177,8 @@ typedef struct Weights {
 } Weights;
 
 /* Loads (or synthesizes) the weights the description names, checking every
- * shape against it. Errors name the file and the tensor. */
+ * shape against it, then applies its quant knobs (quant_apply). Errors
+ * name the file and the tensor. */
 bool weights_load(Weights *w, const ModelDesc *m, Diag *d);
 void weights_free(Weights *w);
 /* A tensor by its schedule buffer name: "embed", "final_norm", "lm_head",

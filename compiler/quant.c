@@ -344,3 +344,30 @@ bool quant_apply(Weights *w, Diag *d)
     arena_free(&a);
     return ok;
 }
+
+/* Elements and stored bytes of matrix `name`, added to *n and *bytes. */
+static void quant_bits_add(const Weights *w, const char *name, double *n, double *bytes)
+{
+    int64_t ne;
+    if (!weights_tensor(w, name, &ne))
+        return;
+    const QTensor *q = weights_qtensor(w, name);
+    *n += (double)ne;
+    *bytes += q ? (double)q->nbytes : 4.0 * (double)ne;
+}
+
+double quant_bits_per_weight(const Weights *w)
+{
+    static const char *const mats[] = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"};
+    double n = 0, bytes = 0;
+    char name[64];
+    quant_bits_add(w, "embed", &n, &bytes);
+    for (int l = 0; l < w->m->n_layers; l++)
+        for (size_t i = 0; i < sizeof mats / sizeof *mats; i++) {
+            snprintf(name, sizeof name, "L%d.%s", l, mats[i]);
+            quant_bits_add(w, name, &n, &bytes);
+        }
+    if (weights_head_separate(w))
+        quant_bits_add(w, "lm_head", &n, &bytes);
+    return n > 0 ? 8.0 * bytes / n : 0;
+}

@@ -58,6 +58,31 @@ bool quant_spec_parse(const char *s, QuantSpec *q);
 /* "w4a16-g32", "w8a16", ... into buf. */
 const char *quant_spec_str(QuantSpec q, char *buf, size_t n);
 
+/* Bits per weight over the matrices of w (embed, projections, a separate
+ * lm_head), as stored. */
+double quant_bits_per_weight(const Weights *w);
+
+/* ---- quant_eval.c: teacher-forced fidelity ---- */
+
+/* One format's figures against the baseline (the model as loaded, quant
+ * none everywhere), over the same token stream. */
+typedef struct QuantEval {
+    QuantSpec spec;
+    double mean_kl;         /* mean over positions of KL(P_base || P_fmt), nats */
+    double top1;            /* fraction of positions whose argmax agrees */
+    double ppl;             /* perplexity of the stream's next tokens */
+    double bpw;             /* bits per matrix weight as stored */
+    int first_diff;         /* first position whose argmax differs; -1 none */
+} QuantEval;
+
+/* The stream: BOS (when the tokenizer adds one) + prompt, continued
+ * greedily by the baseline up to ntokens positions. Each format applies to
+ * the tensor classes in `classes` (bit 1 << TensorClass); the others keep
+ * their source (quant none). out has nfmt + 1 entries: out[0] is the
+ * baseline (kl 0, top1 1). False with errors in d. */
+bool quant_eval(const ModelDesc *m, const char *prompt, int ntokens, unsigned classes, const QuantSpec *fmts,
+                int nfmt, QuantEval *out, Diag *d);
+
 /* ---- lower.c ---- */
 
 /* lower_model with each weight buffer's dtype taken from the loaded (and

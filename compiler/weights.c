@@ -10,9 +10,13 @@
  * slot and report errors as "path: error: tensor 'name': ..."; loading
  * stops at the first bad tensor so that one mistake gives one error.
  *
+ * Then the description's quant knobs are applied (quant.c): matrices
+ * may end up stored in another dtype, their f32 views dequantized from it.
+ *
  * Also here: the read-only file mapping and the f16/bf16 -> f32 conversion
  * the loaders share, and weights_tensor, the lookup by schedule buffer name.
  */
+#include "compiler/quant.h"
 #include "compiler/weights_impl.h"
 
 #include <errno.h>
@@ -386,6 +390,7 @@ bool weights_load(Weights *w, const ModelDesc *m, Diag *d)
         ok = true;
         break;
     }
+    ok = ok && d->nerrors == before && quant_apply(w, d);
     if (!ok || d->nerrors > before) {
         weights_free(w);
         return false;

@@ -1,0 +1,469 @@
+/*
+ * test_quant.c - quantized weights: the byte layouts of ir/dtype.h (checked
+ * with a decoder written here from the layout text, independent of
+ * quant.c), round-trip error bounds, the shorter last group, GGUF blocks
+ * (hand-made, and kept byte-exact from tests/fixtures/weights/tiny.gguf),
+ * GEMV on stored bytes against a float64 GEMV, the quant pass on a model
+ * (classes, tied-head split, f32 views = dequantized bytes), lowering with
+ * the stored dtypes, and teacher-forced fidelity against the recorded
+ * figures in tests/fixtures/quant/ (a regression of more than 10% fails).
+ */
+#include "compiler/compile.h"
+#include "compiler/gguf.h"
+#include "compiler/quant.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "compiler/doc.h"
+
+#define QFIX MEGAC_SRC "/tests/fixtures/quant"
+#define SHARED MEGAC_SRC "/../shared"
+
+static const DType wtypes[] = {DT_W8, DT_W4G32, DT_W4G64, DT_W4G128};
+
+/* Deterministic values in [-1, 1) (an LCG; no libc rand). */
+static float lcg_uniform(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((*s >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0);
+}
+
+static void fill(float *v, int64_t n, uint64_t seed, float scale)
+{
+    for (int64_t i = 0; i < n; i++)
+        v[i] = scale * lcg_uniform(&seed);
+}
+
+static float h2f(const unsigned char *p)
+{
+    return f16_to_f32((uint16_t)(p[0] | p[1] << 8));
+}
+
+/* ---- an independent decoder, written from dtype.h's text ---- */
+
+/* Element j of a W4 row of k elements, group size g. */
+static float w4_elem(const unsigned char *row, int64_t k, int g, int64_t j)
+{
+    const unsigned char *p = row;
+    for (int64_t gs = 0; gs < j / g * g; gs += g)
+        p += 4 + 16 * ((g + 31) / 32);
+    (void)k;
+    int64_t o = j % g, c = o / 32, i = o % 32;
+    unsigned char b = p[4 + 16 * c + i % 16];
+    int q = i < 16 ? b & 15 : b >> 4;
+    return h2f(p) * (float)(q - p[2]);
+}
+
+static float w8_elem(const unsigned char *row, int64_t j)
+{
+    float s;
+    memcpy(&s, row, 4);
+    return s * (float)(int8_t)row[4 + j];
+}
+
+static float indep_elem(DType t, const unsigned char *row, int64_t k, int64_t j)
+{
+    return t == DT_W8 ? w8_elem(row, j) : w4_elem(row, k, dtype_block(t), j);
+}
+
+/* ---- sizes ---- */
+
+Test(quant, dtype_sizes)
+{
+    cr_assert_eq(dtype_row_bytes(DT_W8, 172), 4 + 172);
+    cr_assert_eq(dtype_row_bytes(DT_W8, 7), 4 + 8);
+    cr_assert_eq(dtype_row_bytes(DT_W4G32, 172), 5 * 20 + (4 + 16));     /* last group: 12 */
+    cr_assert_eq(dtype_row_bytes(DT_W4G64, 172), 2 * 36 + (4 + 32));     /* last group: 44 */
+    cr_assert_eq(dtype_row_bytes(DT_W4G128, 172), 68 + (4 + 32));        /* last group: 44 */
+    cr_assert_eq(dtype_row_bytes(DT_W4G128, 256), 2 * 68);
+    cr_assert_eq(dtype_row_bytes(DT_Q4_1, 64), 40);
+    int64_t shape[2] = {3, 172};
+    cr_assert_eq(dtype_tensor_bytes(DT_W4G32, 2, shape), 3 * 120);
+    cr_assert_eq(dtype_tensor_bytes(DT_F32, 2, shape), 3 * 172 * 4);
+    cr_assert_eq(dtype_from_name("w4g64"), DT_W4G64);
+    cr_assert_str_eq(dtype_name(DT_W8), "w8");
+    cr_assert(dtype_is_rowwise(DT_W4G128) && !dtype_is_rowwise(DT_Q8_0) && dtype_is_quant(DT_Q8_0));
+    cr_assert(!dtype_is_quant(DT_F16));
+}
+
+/* ---- layouts ---- */
+
+Test(quant, w8_bytes)
+{
+    float w[5] = {1.0f, -0.5f, 0.25f, 0, -1.0f};
+    unsigned char row[12];
+    quant_row_quantize(DT_W8, w, 5, row);
+    float s;
+    memcpy(&s, row, 4);
+    cr_assert_eq(s, 1.0f / 127.0f);
+    const int8_t want[5] = {127, -64, 32, 0, -127}; /* -63.5 and 31.75 round to nearest, half away */
+    for (int j = 0; j < 5; j++)
+        cr_assert_eq((int8_t)row[4 + j], want[j], "q[%d] = %d", j, (int8_t)row[4 + j]);
+    cr_assert(row[9] == 0 && row[10] == 0 && row[11] == 0, "padding is zero");
+    float y[5];
+    quant_row_dequant(DT_W8, row, 5, y);
+    for (int j = 0; j < 5; j++)
+        cr_assert_eq(y[j], s * (float)want[j]);
+}
+
+/* K = 40 with G = 32: a full group and a group of 8 whose scale and zero
+ * come from those 8 values alone. */
+Test(quant, w4_short_last_group)
+{
+    float w[40];
+    for (int j = 0; j < 32; j++)
+        w[j] = (float)(j % 17) - 8.0f;  /* -8 .. 8 */
+    for (int j = 32; j < 40; j++)
+        w[j] = 0.01f * (float)(j - 32); /* 0 .. 0.07 */
+    unsigned char row[40];
+    cr_assert_eq(dtype_row_bytes(DT_W4G32, 40), sizeof row);
+    quant_row_quantize(DT_W4G32, w, 40, row);
+    cr_assert_eq(h2f(row), f16_to_f32(f32_to_f16(16.0f / 15.0f)));
+    cr_assert_eq(row[3], 0);
+    const unsigned char *g1 = row + 20;
+    cr_assert_eq(h2f(g1), f16_to_f32(f32_to_f16(0.07f / 15.0f)), "last group scale from its 8 values");
+    cr_assert_eq(g1[2], 0, "range [0, 0.07] has zero point 0");
+    for (int i = 8; i < 16; i++)
+        cr_assert_eq(g1[4 + i], 0, "nibbles past the group's end hold z");
+    float y[40];
+    quant_row_dequant(DT_W4G32, row, 40, y);
+    for (int j = 0; j < 40; j++) {
+        cr_assert_eq(y[j], w4_elem(row, 40, 32, j), "element %d", j);
+        /* RTN with an integer zero: within a step; within half a step (and
+         * the f16 rounding of s) where z is exact, as in the last group */
+        float s = h2f(j < 32 ? row : g1), bound = j < 32 ? s : 0.51f * s;
+        cr_assert_leq(fabsf(y[j] - w[j]), bound, "element %d: %g vs %g", j, y[j], w[j]);
+    }
+}
+
+Test(quant, roundtrip_bounds_and_independent_decode)
+{
+    const int64_t ks[] = {7, 32, 64, 172, 200, 300};
+    for (size_t ti = 0; ti < sizeof wtypes / sizeof *wtypes; ti++)
+        for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
+            DType t = wtypes[ti];
+            int64_t k = ks[ki];
+            float *w = malloc(sizeof(float) * (size_t)k), *y = malloc(sizeof(float) * (size_t)k);
+            unsigned char *row = malloc(dtype_row_bytes(t, k));
+            fill(w, k, 17 + (uint64_t)(ti * 31 + ki), 0.3f);
+            w[k / 2] = 0.9f; /* an outlier */
+            quant_row_quantize(t, w, k, row);
+            quant_row_dequant(t, row, k, y);
+            float amax = 0;
+            for (int64_t j = 0; j < k; j++)
+                amax = fabsf(w[j]) > amax ? fabsf(w[j]) : amax;
+            for (int64_t j = 0; j < k; j++) {
+                cr_assert_eq(y[j], indep_elem(t, row, k, j), "%s k=%ld j=%ld", dtype_name(t), (long)k, (long)j);
+                /* W8: half a step of amax/127; W4: a step of at most 2*amax/15 (range holds 0, f16 scale) */
+                float bound = t == DT_W8 ? 0.5f * amax / 127.0f * 1.0001f : amax * 2.0f / 15.0f * 1.001f;
+                cr_assert_leq(fabsf(y[j] - w[j]), bound, "%s k=%ld j=%ld", dtype_name(t), (long)k, (long)j);
+            }
+            free(w);
+            free(y);
+            free(row);
+        }
+}
+
+Test(quant, gguf_blocks_by_hand)
+{
+    unsigned char q80[34], q40[18], q41[20];
+    memset(q80, 0, sizeof q80);
+    q80[0] = 0x00, q80[1] = 0x38; /* d = 0.5 */
+    for (int j = 0; j < 32; j++)
+        q80[2 + j] = (unsigned char)(int8_t)(j - 16);
+    memcpy(q40, q80, 2);
+    memcpy(q41, q80, 2);
+    q41[2] = 0x00, q41[3] = 0xbc; /* m = -1 */
+    for (int j = 0; j < 16; j++)
+        q40[2 + j] = q41[4 + j] = (unsigned char)(j | (15 - j) << 4);
+    float y[32];
+    quant_row_dequant(DT_Q8_0, q80, 32, y);
+    for (int j = 0; j < 32; j++)
+        cr_assert_eq(y[j], 0.5f * (float)(j - 16));
+    quant_row_dequant(DT_Q4_0, q40, 32, y);
+    for (int j = 0; j < 16; j++) {
+        cr_assert_eq(y[j], 0.5f * (float)(j - 8));
+        cr_assert_eq(y[j + 16], 0.5f * (float)(15 - j - 8));
+    }
+    quant_row_dequant(DT_Q4_1, q41, 32, y);
+    for (int j = 0; j < 16; j++) {
+        cr_assert_eq(y[j], 0.5f * (float)j - 1.0f);
+        cr_assert_eq(y[j + 16], 0.5f * (float)(15 - j) - 1.0f);
+    }
+}
+
+/* GEMV on the stored bytes (quant.c's scalar path) against a float64 GEMV
+ * over this file's own decoding: NMSE <= 1e-6 (issue bar for A16). */
+Test(quant, gemv_nmse)
+{
+    const int64_t rows = 48, k = 172;
+    float *w = malloc(sizeof(float) * rows * k), x[172];
+    fill(w, rows * k, 5, 0.1f);
+    fill(x, k, 6, 1.0f);
+    for (size_t ti = 0; ti < sizeof wtypes / sizeof *wtypes; ti++) {
+        DType t = wtypes[ti];
+        size_t rb = dtype_row_bytes(t, k);
+        unsigned char *q = malloc(rb * rows);
+        for (int64_t r = 0; r < rows; r++)
+            quant_row_quantize(t, w + r * k, k, q + r * rb);
+        double y[48], num = 0, den = 0;
+        quant_gemv_ref(t, q, rows, k, x, y);
+        for (int64_t r = 0; r < rows; r++) {
+            double ref = 0;
+            for (int64_t j = 0; j < k; j++)
+                ref += (double)indep_elem(t, q + r * rb, k, j) * x[j];
+            num += (y[r] - ref) * (y[r] - ref);
+            den += ref * ref;
+        }
+        cr_assert_leq(num / den, 1e-6, "%s: nmse %g", dtype_name(t), num / den);
+        free(q);
+    }
+    free(w);
+}
+
+/* ---- the pass on a model ---- */
+
+#define TINY_YAML                                                                                    \
+    "name: qtiny\n"                                                                                  \
+    "arch: {dim: 64, hidden_dim: 172, n_layers: 2, n_heads: 4, n_kv_heads: 2, vocab_size: 300,"      \
+    " max_seq: 64}\n"                                                                                \
+    "tie_embeddings: true\n"                                                                         \
+    "weights: {format: synthetic, seed: 7}\n"                                                        \
+    "tokenizer: {format: bytes}\n"
+
+static bool desc_text(ModelDesc *m, Arena *a, const char *text, const DescOverride *ov, int nov)
+{
+    Diag d;
+    diag_init(&d);
+    return desc_parse(m, a, QFIX "/x.yaml", text, strlen(text), ov, nov, &d) && desc_check(m, &d);
+}
+
+/* Every matrix's f32 view is exactly the dequantization of its bytes. */
+static void expect_views(const Weights *w)
+{
+    for (int i = 0; i < w->nqt; i++) {
+        const QTensor *q = &w->qt[i];
+        int64_t n;
+        const float *f = weights_tensor(w, q->name, &n);
+        cr_assert_not_null(f);
+        cr_assert_eq(n, q->rows * q->cols);
+        float *row = malloc(sizeof(float) * (size_t)q->cols);
+        size_t rb = dtype_row_bytes(q->dtype, q->cols);
+        for (int64_t r = 0; r < q->rows; r++) {
+            quant_row_dequant(q->dtype, q->data + (size_t)r * rb, q->cols, row);
+            cr_assert(memcmp(row, f + r * q->cols, sizeof(float) * (size_t)q->cols) == 0, "%s row %ld", q->name,
+                      (long)r);
+        }
+        free(row);
+    }
+}
+
+Test(quant, apply_classes_and_lower)
+{
+    Arena a = {0};
+    ModelDesc m;
+    DescOverride ov[] = {{"quant", "{default: w8a16, embed: f16, mlp: w4a16-g32}"}};
+    cr_assert(desc_text(&m, &a, TINY_YAML, ov, 1));
+    Diag d;
+    diag_init(&d);
+    Weights w;
+    cr_assert(weights_load(&w, &m, &d));
+    cr_assert_eq(weights_dtype(&w, "embed"), DT_F16);
+    cr_assert_eq(weights_dtype(&w, "L1.wq"), DT_W8);
+    cr_assert_eq(weights_dtype(&w, "L0.w_down"), DT_W4G32);
+    cr_assert_eq(weights_dtype(&w, "lm_head"), DT_W8);
+    cr_assert_eq(weights_dtype(&w, "L0.attn_norm"), DT_F32);
+    cr_assert(weights_head_separate(&w), "tied model split by quantization");
+    expect_views(&w);
+
+    const Target *t = target_lookup("cpu", &d);
+    Schedule *s = lower_model_weights(&m, &w, t, 3, &d);
+    Schedule *s2 = lower_model(&m, t, 3, &d);
+    cr_assert(s && s2);
+    char *a1 = sched_to_string(s), *a2 = sched_to_string(s2);
+    cr_assert_str_eq(a1, a2, "knobs alone give the dtypes the weights have");
+    int64_t b = sched_find_buffer(s, "L0.w_down"), h = sched_find_buffer(s, "lm_head");
+    cr_assert(b >= 0 && h >= 0);
+    cr_assert_eq(s->bufs[b].dtype, DT_W4G32);
+    cr_assert_eq(s->bufs[h].dtype, DT_W8);
+    sched_layout(s);
+    const QTensor *qd = weights_qtensor(&w, "L0.w_down");
+    cr_assert_eq(dtype_tensor_bytes(s->bufs[b].dtype, s->bufs[b].rank, s->bufs[b].shape), qd->nbytes);
+    Schedule *p = sched_parse("x.sched", a1, strlen(a1), &d);
+    cr_assert_not_null(p);
+    char *a3 = sched_to_string(p);
+    cr_assert_str_eq(a1, a3, "text form keeps the dtypes");
+    free(a1), free(a2), free(a3);
+    sched_free(s), sched_free(s2), sched_free(p);
+    weights_free(&w);
+    arena_free(&a);
+}
+
+Test(quant, refused_formats)
+{
+    Arena a = {0};
+    ModelDesc m;
+    DescOverride ov[] = {{"quant.default", "w8a8"}};
+    char buf[512] = {0};
+    Diag d;
+    diag_init(&d);
+    d.out = fmemopen(buf, sizeof buf - 1, "w");
+    cr_assert_not(desc_parse(&m, &a, "x.yaml", TINY_YAML, strlen(TINY_YAML), ov, 1, &d));
+    fclose(d.out);
+    cr_assert(strstr(buf, "quantization 'w8a8' ('compile.quant.default') is not supported yet"), "%s", buf);
+    arena_free(&a);
+}
+
+/* ---- GGUF blocks ---- */
+
+#define GGUF_YAML                                                                                     \
+    "name: tiny-gguf\n"                                                                               \
+    "arch: {dim: 32, hidden_dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, head_dim: 8,"            \
+    " vocab_size: 32, max_seq: 16}\n"                                                                 \
+    "tie_embeddings: false\n"                                                                         \
+    "weights: {format: gguf, path: ../weights/tiny.gguf}\n"                                           \
+    "tokenizer: {format: none}\n"
+
+Test(quant, gguf_blocks_kept_exactly)
+{
+    if (access(MEGAC_SRC "/tests/fixtures/weights/tiny.gguf", R_OK) != 0)
+        cr_skip("tests/fixtures/weights/tiny.gguf absent");
+    Arena a = {0};
+    ModelDesc m;
+    cr_assert(desc_text(&m, &a, GGUF_YAML, NULL, 0));
+    Diag d;
+    diag_init(&d);
+    Weights w;
+    cr_assert(weights_load(&w, &m, &d));
+    GgufFile *g = gguf_open(MEGAC_SRC "/tests/fixtures/weights/tiny.gguf", &d);
+    cr_assert_not_null(g);
+    const struct {
+        const char *canon, *gguf;
+        DType t;
+    } want[] = {{"embed", "token_embd.weight", DT_Q8_0},       {"L0.wq", "blk.0.attn_q.weight", DT_Q4_0},
+                {"L1.wk", "blk.1.attn_k.weight", DT_Q4_1},     {"L0.wo", "blk.0.attn_output.weight", DT_Q8_0},
+                {"L1.w_up", "blk.1.ffn_up.weight", DT_Q4_1},   {"L0.w_down", "blk.0.ffn_down.weight", DT_Q4_0},
+                {"lm_head", "output.weight", DT_Q8_0},         {"L0.wv", NULL, DT_F32}, {"L1.w_gate", NULL, DT_F32}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        cr_assert_eq(weights_dtype(&w, want[i].canon), want[i].t, "%s", want[i].canon);
+        if (!want[i].gguf)
+            continue;
+        const QTensor *q = weights_qtensor(&w, want[i].canon);
+        const GgufTensor *gt = gguf_find_tensor(g, want[i].gguf);
+        cr_assert(q && gt && q->nbytes == gt->nbytes);
+        cr_assert(memcmp(q->data, gt->data, q->nbytes) == 0, "%s: blocks kept byte for byte", want[i].canon);
+    }
+    expect_views(&w);
+    Schedule *s = lower_model_weights(&m, &w, target_lookup("cpu", &d), 2, &d);
+    cr_assert_not_null(s);
+    cr_assert_eq(s->bufs[sched_find_buffer(s, "L1.wk")].dtype, DT_Q4_1);
+    cr_assert_eq(s->bufs[sched_find_buffer(s, "embed")].dtype, DT_Q8_0);
+    sched_free(s);
+    gguf_close(g);
+    weights_free(&w);
+
+    /* quant f32: the same f32 views, no blocks */
+    DescOverride ov[] = {{"quant", "f32"}};
+    ModelDesc m2;
+    cr_assert(desc_text(&m2, &a, GGUF_YAML, ov, 1));
+    Weights w1, w2;
+    cr_assert(weights_load(&w1, &m, &d) && weights_load(&w2, &m2, &d));
+    cr_assert_eq(w2.nqt, 0);
+    int64_t n;
+    const float *f1 = weights_tensor(&w1, "L1.wk", &n), *f2 = weights_tensor(&w2, "L1.wk", NULL);
+    cr_assert(memcmp(f1, f2, sizeof(float) * (size_t)n) == 0);
+    weights_free(&w1);
+    weights_free(&w2);
+    arena_free(&a);
+}
+
+/* ---- fidelity against the recorded figures ---- */
+
+typedef struct Recorded {
+    int tokens;
+    unsigned classes;
+    char prompt[256];
+    int n;
+    QuantSpec spec[16];
+    double kl[16], top1[16];
+} Recorded;
+
+static void recorded_load(Recorded *r, const char *path)
+{
+    Doc doc;
+    Diag d;
+    diag_init(&d);
+    cr_assert(doc_load(&doc, path, &d), "cannot read %s", path);
+    int64_t v;
+    cr_assert(doc_int(&doc, &d, doc_get(doc.root, "tokens"), &v));
+    r->tokens = (int)v;
+    snprintf(r->prompt, sizeof r->prompt, "%s", doc_str(&doc, &d, doc_get(doc.root, "prompt")));
+    static const char *const cls[] = {"embed", "attn", "mlp", "lm_head"};
+    const char *cl = doc_str(&doc, &d, doc_get(doc.root, "classes"));
+    r->classes = 0;
+    for (int c = 0; c < TCLASS_COUNT; c++)
+        r->classes |= strstr(cl, cls[c]) ? 1u << c : 0;
+    const DocNode *f = doc_get(doc.root, "formats");
+    cr_assert(f && f->kind == DOC_SEQ && f->n <= 16);
+    r->n = f->n;
+    for (int i = 0; i < f->n; i++) {
+        cr_assert(quant_spec_parse(doc_str(&doc, &d, doc_get(f->items[i], "format")), &r->spec[i]));
+        cr_assert(doc_double(&doc, &d, doc_get(f->items[i], "mean_kl"), &r->kl[i]));
+        cr_assert(doc_double(&doc, &d, doc_get(f->items[i], "top1"), &r->top1[i]));
+    }
+    doc_free(&doc);
+}
+
+/* Runs the evaluation the file records and fails on a regression of more
+ * than 10%: in mean KL, or in the top-1 disagreement rate (plus one
+ * position of slack, the resolution of a short stream). */
+static void fidelity_check(const ModelDesc *m, const char *path)
+{
+    Recorded r;
+    recorded_load(&r, path);
+    QuantEval *e = calloc((size_t)r.n + 1, sizeof *e);
+    Diag d;
+    diag_init(&d);
+    cr_assert(quant_eval(m, r.prompt, r.tokens, r.classes, r.spec, r.n, e, &d));
+    for (int i = 0; i < r.n; i++) {
+        const QuantEval *q = &e[i + 1];
+        char b[32];
+        quant_spec_str(r.spec[i], b, sizeof b);
+        cr_assert_leq(q->mean_kl, 1.1 * r.kl[i] + 1e-12, "%s: mean KL %g, recorded %g", b, q->mean_kl, r.kl[i]);
+        cr_assert_leq(1 - q->top1, 1.1 * (1 - r.top1[i]) + 1.0 / r.tokens + 1e-12, "%s: top-1 %g, recorded %g", b,
+                      q->top1, r.top1[i]);
+    }
+    free(e);
+}
+
+Test(quant, fidelity_stories260k)
+{
+    if (access(SHARED "/models/stories260K.bin", R_OK) != 0)
+        cr_skip("../shared/models/stories260K.bin absent");
+    Arena a = {0};
+    ModelDesc m;
+    Diag d;
+    diag_init(&d);
+    cr_assert(desc_load(&m, &a, MEGAC_SRC "/models/stories260k.yaml", NULL, 0, &d));
+    fidelity_check(&m, QFIX "/fidelity-stories260k.json");
+    arena_free(&a);
+}
+
+Test(quant, fidelity_smollm2_gguf, .timeout = 120)
+{
+    const char *gguf = getenv("MEGAC_SMOLLM2_GGUF");
+    if (!gguf || !*gguf)
+        cr_skip("MEGAC_SMOLLM2_GGUF is not set (path of SmolLM2-135M-Instruct.Q4_1.gguf)");
+    Arena a = {0};
+    ModelDesc m;
+    Diag d;
+    diag_init(&d);
+    DescOverride ov[] = {{"weights.path", gguf}};
+    cr_assert(desc_load(&m, &a, MEGAC_SRC "/models/smollm2-135m-instruct-gguf.yaml", ov, 1, &d));
+    fidelity_check(&m, QFIX "/fidelity-smollm2-q4_1.json");
+    arena_free(&a);
+}
