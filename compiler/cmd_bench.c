@@ -1,14 +1,167 @@
 /*
- * cmd_bench.c - `megac bench` (not implemented yet).
+ * cmd_bench.c - `megac bench NAME.megac [-n TOKENS] [--runs R]`: decode
+ * speed of a bundle against the read bandwidth this machine reaches in the
+ * same run. Decode at batch 1 is bound by reading the weights once per
+ * token, so tok/s times the weight bytes read per step is the kernel's
+ * effective bandwidth, and its ratio to the measured ceiling says how much
+ * is left. The last line is machine-readable:
+ *   tok_s=... gbps=... ceiling_gbps=... ratio=...
  */
+#include "compiler/bench.h"
 #include "compiler/cli.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BENCH_MAX_RUNS 64
+#define BENCH_STREAMS 4
+
+typedef struct {
+    const char *bundle;
+    int ntok, runs;
+    int ceiling_mb;             /* 0: several times the last-level cache */
+} BenchOptions;
+
+static void bench_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: megac bench NAME.megac [-n TOKENS] [--runs R] [--ceiling-mb MB]\n\n"
+            "Decodes TOKENS greedy tokens (default 128) R times (default 5) and reports\n"
+            "the median decode rate and its spread, the weight bytes read per token,\n"
+            "the effective bandwidth, and a read-bandwidth ceiling measured in the same\n"
+            "run: one pass after each decode run, all CPUs, %d sequential streams per\n"
+            "thread, over a buffer several times the last-level cache (or --ceiling-mb),\n"
+            "median of the R passes. The last line is\n"
+            "  tok_s=... gbps=... ceiling_gbps=... ratio=...\n",
+            BENCH_STREAMS);
+}
+
+/* A positive int option value, or -1. */
+static int parse_count(const char *s, int max)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    return (*s && !*end && v > 0 && v <= max) ? (int)v : -1;
+}
+
+static bool bench_args_parse(int argc, char **argv, BenchOptions *o)
+{
+    *o = (BenchOptions){NULL, 128, 5, 0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int *dst = !strcmp(a, "-n") ? &o->ntok : !strcmp(a, "--runs") ? &o->runs
+                 : !strcmp(a, "--ceiling-mb") ? &o->ceiling_mb : NULL;
+        if (dst && i + 1 < argc) {
+            int v = parse_count(argv[++i], dst == &o->runs ? BENCH_MAX_RUNS : 1 << 20);
+            if (v < 0) {
+                fprintf(stderr, "megac bench: bad value '%s' for %s\n", argv[i], a);
+                return false;
+            }
+            *dst = v;
+        } else if (a[0] == '-' || o->bundle) {
+            fprintf(stderr, "megac bench: unexpected argument '%s'\n", a);
+            return false;
+        } else {
+            o->bundle = a;
+        }
+    }
+    if (!o->bundle)
+        fprintf(stderr, "megac bench: no bundle given\n");
+    return o->bundle != NULL;
+}
+
+/* Weight bytes the kernel reads per step, from the bundle's manifest. */
+static unsigned long long bench_read_bytes(const char *bundle)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/manifest.yaml", bundle);
+    FILE *f = fopen(path, "r");
+    unsigned long long v = 0;
+    char line[512];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "weights_read_bytes: %llu", &v) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* Min, median and max of n values (sorts v). */
+static void spread(double *v, int n, double *lo, double *med, double *hi)
+{
+    *med = bench_median(v, n);
+    *lo = v[0];
+    *hi = v[n - 1];
+}
+
+/* R decode runs, each followed by a ceiling pass; false on an error
+ * (reported). */
+static bool bench_runs(megac_model *m, BenchCeiling *c, const BenchOptions *o, double *rates, double *ceil)
+{
+    if (bench_decode_tok_s(m, o->ntok < 8 ? o->ntok : 8) < 0) {    /* warm-up */
+        fprintf(stderr, "megac bench: %s\n", megac_error(m));
+        return false;
+    }
+    for (int r = 0; r < o->runs; r++) {
+        if ((rates[r] = bench_decode_tok_s(m, o->ntok)) < 0) {
+            fprintf(stderr, "megac bench: %s\n", megac_error(m));
+            return false;
+        }
+        if ((ceil[r] = bench_ceiling_pass(c)) < 0) {
+            fprintf(stderr, "megac bench: a read-ceiling thread did not start\n");
+            return false;
+        }
+    }
+    return true;
+}
+
+static void bench_report(const BenchOptions *o, megac_model *m, const BenchCeiling *c, double *rates, double *ceil)
+{
+    int ntok = o->ntok < megac_max_seq(m) - 1 ? o->ntok : megac_max_seq(m) - 1;
+    unsigned long long wbytes = megac_weights_bytes(m), rbytes = bench_read_bytes(o->bundle);
+    if (rbytes == 0)
+        rbytes = wbytes;
+    double lo, tok_s, hi, clo, ceiling, chi;
+    spread(rates, o->runs, &lo, &tok_s, &hi);
+    spread(ceil, o->runs, &clo, &ceiling, &chi);
+    double gbps = tok_s * (double)rbytes / 1e9;
+    printf("bundle: %s (%d workers)\n", o->bundle, megac_num_workers(m));
+    printf("decode: %d tokens x %d runs: median %.2f tok/s (min %.2f, max %.2f)\n", ntok, o->runs, tok_s, lo, hi);
+    printf("weights read per token: %.3f MB (weights.bin %.3f MB)\n", rbytes / 1e6, wbytes / 1e6);
+    printf("effective read bandwidth: %.2f GB/s\n", gbps);
+    printf("read ceiling: median %.2f GB/s (min %.2f, max %.2f; %d threads x %d streams over %.0f MiB, one pass "
+           "after each run)\n",
+           ceiling, clo, chi, bench_ceiling_threads(c), BENCH_STREAMS, bench_ceiling_bytes(c) / 1048576.0);
+    printf("tok_s=%.2f gbps=%.3f ceiling_gbps=%.3f ratio=%.3f\n", tok_s, gbps, ceiling, gbps / ceiling);
+}
 
 int cmd_bench(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "megac bench: not implemented yet\n");
-    return 2;
+    if (cli_wants_help(argc, argv)) {
+        bench_usage(stdout);
+        return 0;
+    }
+    BenchOptions o;
+    if (!bench_args_parse(argc, argv, &o)) {
+        bench_usage(stderr);
+        return 2;
+    }
+    megac_model *m;
+    if (megac_open(o.bundle, &m) != MEGAC_OK) {
+        fprintf(stderr, "megac bench: %s\n", megac_last_open_error());
+        return 2;
+    }
+    BenchCeiling *c = bench_ceiling_new((size_t)o.ceiling_mb << 20, 0, BENCH_STREAMS);
+    double rates[BENCH_MAX_RUNS], ceil[BENCH_MAX_RUNS];
+    int rc = 1;
+    if (!c)
+        fprintf(stderr, "megac bench: cannot set up the read-ceiling probe (memory)\n");
+    else if (bench_runs(m, c, &o, rates, ceil)) {
+        bench_report(&o, m, c, rates, ceil);
+        rc = 0;
+    }
+    bench_ceiling_free(c);
+    megac_close(m);
+    return rc;
 }

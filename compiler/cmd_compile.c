@@ -1,14 +1,109 @@
 /*
- * cmd_compile.c - `megac compile` (not implemented yet).
+ * cmd_compile.c - `megac compile MODEL.yaml --target T -o NAME.megac/`:
+ * parses the options and runs the pass list of driver.c.
  */
 #include "compiler/cli.h"
+#include "compiler/driver.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void compile_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: megac compile MODEL.yaml --target TARGET [options] -o NAME.megac/\n\n"
+            "Compiles a model description into a bundle: validated schedule, kernel,\n"
+            "weights in kernel layout, tokenizer and manifest. MODEL may be 'default'\n"
+            "for the embedded default model.\n\n"
+            "options:\n"
+            "  --target T      cpu, host-cuda, sm_80, sm_90 or sm_120 (default cpu)\n"
+            "  --workers N     worker count (default: the description's, else the target's)\n"
+            "  --set KEY=VAL   override a description key (repeatable), e.g. --set max_seq=256\n"
+            "  --cpu NAME      CPU target: an x86-64 level such as x86-64-v3 (default: this host)\n"
+            "  -o DIR          the bundle folder (default: NAME.megac from the model's name)\n"
+            "  -q, --quiet     no progress lines\n");
+}
+
+/* Splits "key=value" into a DescOverride; false if there is no '='. */
+static bool set_parse(const char *arg, DescOverride *ov, Arena *a)
+{
+    const char *eq = strchr(arg, '=');
+    if (!eq || eq == arg)
+        return false;
+    ov->key = arena_strndup(a, arg, (size_t)(eq - arg));
+    ov->value = arena_strdup(a, eq + 1);
+    return true;
+}
+
+static bool compile_args_parse(int argc, char **argv, CompileOptions *o, Arena *a)
+{
+    memset(o, 0, sizeof *o);
+    o->target = "cpu";
+    for (int i = 1; i < argc; i++) {
+        const char *x = argv[i];
+        bool has = i + 1 < argc;
+        if (!strcmp(x, "--target") && has)
+            o->target = argv[++i];
+        else if (!strcmp(x, "--cpu") && has)
+            o->cpu = argv[++i];
+        else if (!strcmp(x, "-o") && has)
+            o->out = argv[++i];
+        else if (!strcmp(x, "-q") || !strcmp(x, "--quiet"))
+            o->quiet = true;
+        else if (!strcmp(x, "--workers") && has) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 1 || v > 4096) {
+                fprintf(stderr, "megac compile: bad worker count '%s'\n", argv[i]);
+                return false;
+            }
+            o->workers = (int)v;
+        } else if (!strcmp(x, "--set") && has) {
+            if (o->nsets == DRIVER_MAX_SETS || !set_parse(argv[++i], &o->sets[o->nsets++], a)) {
+                fprintf(stderr, "megac compile: --set wants KEY=VALUE (at most %d), got '%s'\n", DRIVER_MAX_SETS,
+                        argv[i]);
+                return false;
+            }
+        } else if (x[0] == '-' || o->model) {
+            fprintf(stderr, "megac compile: unexpected argument '%s'\n", x);
+            return false;
+        } else
+            o->model = x;
+    }
+    if (!o->model)
+        fprintf(stderr, "megac compile: no model description given\n");
+    return o->model != NULL;
+}
+
+/* NAME.megac from the model file's base name when -o is not given. */
+static const char *default_out(const char *model, Arena *a)
+{
+    if (driver_is_default_model(model))
+        return "default.megac";
+    const char *base = strrchr(model, '/');
+    base = base ? base + 1 : model;
+    const char *dot = strrchr(base, '.');
+    size_t n = dot && dot != base ? (size_t)(dot - base) : strlen(base);
+    return arena_printf(a, "%.*s.megac", (int)n, base);
+}
 
 int cmd_compile(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "megac compile: not implemented yet\n");
-    return 2;
+    if (cli_wants_help(argc, argv)) {
+        compile_usage(stdout);
+        return 0;
+    }
+    Arena a = {0};
+    CompileOptions o;
+    if (!compile_args_parse(argc, argv, &o, &a)) {
+        compile_usage(stderr);
+        arena_free(&a);
+        return 2;
+    }
+    if (!o.out)
+        o.out = default_out(o.model, &a);
+    int rc = driver_compile(&o);
+    arena_free(&a);
+    return rc;
 }

@@ -393,9 +393,7 @@ int cmd_run(int argc, char **argv)
     case ENGINE_CPU:
     case ENGINE_HOST_CUDA:
     case ENGINE_CUDA:
-        /* run_bundle(&o) plugs in here once the runtime provides it. */
-        fprintf(stderr, "megac run: engine %s: not available yet\n", run_engine_name(o.engine));
-        rc = 2;
+        rc = run_bundle(&o);
         break;
     default:
         die("engine %d", (int)o.engine);

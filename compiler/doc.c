@@ -66,11 +66,46 @@ static DocNode *new_node(Builder *b, DocKind k, const yaml_mark_t *m)
 
 static DocNode *build_node(Builder *b, int depth);
 
+/* Open-addressing set of a mapping's keys, so duplicate detection stays
+ * linear for maps with tens of thousands of keys (tokenizer vocabularies). */
+typedef struct {
+    DocNode **slot;
+    size_t cap;
+} KeySet;
+
+/* Inserts key c (the map already holds n keys); returns the earlier node
+ * with the same text, or NULL. */
+static DocNode *keyset_insert(KeySet *ks, DocNode *c, size_t n)
+{
+    if (2 * (n + 1) > ks->cap) {
+        size_t cap = ks->cap ? ks->cap * 2 : 16;
+        DocNode **old = ks->slot;
+        size_t oldcap = ks->cap;
+        ks->slot = xcalloc(cap, sizeof *ks->slot);
+        ks->cap = cap;
+        for (size_t i = 0; i < oldcap; i++)
+            if (old[i]) {
+                size_t h = hash_fnv1a(old[i]->str, old[i]->len, HASH_FNV_INIT) & (cap - 1);
+                while (ks->slot[h])
+                    h = (h + 1) & (cap - 1);
+                ks->slot[h] = old[i];
+            }
+        free(old);
+    }
+    size_t h = hash_fnv1a(c->str, c->len, HASH_FNV_INIT) & (ks->cap - 1);
+    for (; ks->slot[h]; h = (h + 1) & (ks->cap - 1))
+        if (ks->slot[h]->len == c->len && memcmp(ks->slot[h]->str, c->str, c->len) == 0)
+            return ks->slot[h];
+    ks->slot[h] = c;
+    return NULL;
+}
+
 /* Reads children until the matching end event. */
 static bool build_children(Builder *b, DocNode *n, yaml_event_type_t end, int depth)
 {
     size_t cap = 0, kcap = 0, nk = 0, ni = 0;
     DocNode **items = NULL, **keys = NULL;
+    KeySet ks = {0};
     for (;;) {
         if (!next_event(b))
             goto fail;
@@ -86,12 +121,11 @@ static bool build_children(Builder *b, DocNode *n, yaml_event_type_t end, int de
                 doc_error(b->doc, b->d, c, "mapping keys must be plain scalars");
                 goto fail;
             }
-            for (size_t i = 0; i < nk; i++) {
-                if (strcmp(keys[i]->str, c->str) == 0) {
-                    doc_error(b->doc, b->d, c, "duplicate key '%s'", c->str);
-                    doc_note(b->doc, b->d, keys[i], "first given here");
-                    b->ok = false;
-                }
+            DocNode *first = keyset_insert(&ks, c, nk);
+            if (first) {
+                doc_error(b->doc, b->d, c, "duplicate key '%s'", c->str);
+                doc_note(b->doc, b->d, first, "first given here");
+                b->ok = false;
             }
             VEC_PUSH(keys, nk, kcap, c);
         } else {
@@ -109,10 +143,12 @@ static bool build_children(Builder *b, DocNode *n, yaml_event_type_t end, int de
     }
     free(items);
     free(keys);
+    free(ks.slot);
     return true;
 fail:
     free(items);
     free(keys);
+    free(ks.slot);
     return false;
 }
 

@@ -28,6 +28,14 @@ enum {
     CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95,
 };
 
+/* CUfunction_attribute values */
+enum {
+    CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0,
+    CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1,
+    CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3,
+    CU_FUNC_ATTRIBUTE_NUM_REGS = 4,
+};
+
 /* X(name, return, args) for every entry point megac uses. */
 #define CUDA_DRIVER_FNS(X)                                                           \
     X(cuInit, (unsigned int flags))                                                  \

@@ -1,4 +1,195 @@
 /*
- * runtime.c - placeholder until the runtime lands.
+ * runtime.c - the public API of megac.h: open a bundle (bundle.c checks its
+ * files, a backend runs its kernel), step, read logits, tokenize, generate.
+ *
+ * Every call returns a status and leaves a message in the model (or, for a
+ * failed open, in a thread-local buffer read by megac_last_open_error). The
+ * runtime never exits the process. Sampling is sampler.c's megac_sample;
+ * tokenization is tokenizer.c's.
  */
-#include "runtime/megac.h"
+#include "runtime/backend.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static _Thread_local char open_error[RT_ERR_LEN];
+
+megac_status rt_fail(megac_model *m, megac_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->err, sizeof m->err, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* The backend that runs a target's kernel; NULL if this runtime has none. */
+static const RtBackend *backend_for(const char *target)
+{
+    if (strcmp(target, "cpu") == 0 || strcmp(target, "host-cuda") == 0)
+        return &rt_cpu_backend;
+    if (strncmp(target, "sm_", 3) == 0)
+        return &rt_cuda_backend;
+    return NULL;
+}
+
+static megac_status model_open(megac_model *m, const char *dir)
+{
+    m->dir = strdup(dir);
+    if (!m->dir)
+        return rt_fail(m, MEGAC_ERR_NOMEM, "out of memory");
+    megac_status st = rt_bundle_load(m);
+    if (st)
+        return st;
+    m->be = backend_for(m->man.target);
+    if (!m->be)
+        return rt_fail(m, MEGAC_ERR_FORMAT, "%s/manifest.yaml: error: unknown target '%s'", dir, m->man.target);
+    return m->be->open(m);
+}
+
+megac_status megac_open(const char *bundle_dir, megac_model **out)
+{
+    *out = NULL;
+    open_error[0] = 0;
+    if (!bundle_dir) {
+        snprintf(open_error, sizeof open_error, "megac_open: no bundle folder given");
+        return MEGAC_ERR_ARG;
+    }
+    megac_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        snprintf(open_error, sizeof open_error, "megac_open: out of memory");
+        return MEGAC_ERR_NOMEM;
+    }
+    megac_status st = model_open(m, bundle_dir);
+    if (st) {
+        snprintf(open_error, sizeof open_error, "%s", m->err);
+        megac_close(m);
+        return st;
+    }
+    *out = m;
+    return MEGAC_OK;
+}
+
+void megac_close(megac_model *m)
+{
+    if (!m)
+        return;
+    if (m->be && m->be_state)
+        m->be->close(m);
+    rt_bundle_unload(m);
+    free(m->dir);
+    free(m);
+}
+
+const char *megac_error(const megac_model *m) { return m ? m->err : open_error; }
+const char *megac_last_open_error(void) { return open_error; }
+
+int megac_vocab_size(const megac_model *m) { return m->man.vocab; }
+int megac_max_seq(const megac_model *m) { return m->man.max_seq; }
+int megac_bos(const megac_model *m) { return m->man.bos; }
+int megac_eos(const megac_model *m) { return m->man.eos; }
+int megac_num_workers(const megac_model *m) { return (int)m->man.workers; }
+uint64_t megac_weights_bytes(const megac_model *m) { return m->man.weights_bytes; }
+int megac_position(const megac_model *m) { return m->pos; }
+
+megac_status megac_reset(megac_model *m)
+{
+    m->pos = 0;
+    m->stepped = false;
+    m->err[0] = 0;
+    return m->be->reset(m);
+}
+
+megac_status megac_step(megac_model *m, int token)
+{
+    if (token < 0 || token >= m->man.vocab)
+        return rt_fail(m, MEGAC_ERR_ARG, "token %d is outside the vocabulary [0, %d)", token, m->man.vocab);
+    if (m->pos >= m->man.max_seq)
+        return rt_fail(m, MEGAC_ERR_ARG, "position %d is past the context of %d tokens", m->pos, m->man.max_seq);
+    m->stepped = false;
+    megac_status st = m->be->step(m, token, m->pos);
+    if (st)
+        return st;
+    m->pos++;
+    m->stepped = true;
+    return MEGAC_OK;
+}
+
+const float *megac_logits(const megac_model *m) { return m->stepped ? m->logits : NULL; }
+int megac_argmax(const megac_model *m) { return m->stepped ? m->next : -1; }
+
+int megac_encode(megac_model *m, const char *text, int add_bos, int *ids, int cap)
+{
+    int n = tok_encode(m->tok, text, add_bos != 0, ids, cap);
+    if (n < 0)
+        rt_fail(m, MEGAC_ERR_ARG, "the prompt needs more than %d tokens", cap);
+    return n;
+}
+
+const char *megac_decode(megac_model *m, int prev_token, int token)
+{
+    if (token < 0 || token >= tok_vocab(m->tok)) {  /* ids past the tokenizer's: no text */
+        m->piece[0] = 0;
+        return m->piece;
+    }
+    tok_decode(m->tok, prev_token, token, m->piece, sizeof m->piece);
+    return m->piece;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The next token after a step: the kernel's argmax when greedy. */
+static int generate_pick(megac_model *m, const megac_sampler *s, uint64_t *rng)
+{
+    if (!s || s->temperature <= 0.0f)
+        return megac_argmax(m);
+    return megac_sample(megac_logits(m), m->man.vocab, s, rng);
+}
+
+megac_status megac_generate(megac_model *m, const int *prompt, int nprompt, int n_new, const megac_sampler *s,
+                            megac_token_cb cb, void *user, megac_stats *st)
+{
+    megac_stats local = {0};
+    if (!st)
+        st = &local;
+    memset(st, 0, sizeof *st);
+    if (nprompt < 1)
+        return rt_fail(m, MEGAC_ERR_ARG, "megac_generate needs at least one prompt token (BOS)");
+    uint64_t rng = 0;       /* 0: megac_sample seeds it from s->seed, as the reference engine does */
+    double t0 = now_s();
+    megac_status rc;
+    for (int i = 0; i < nprompt; i++)
+        if ((rc = megac_step(m, prompt[i])))
+            return rc;
+    st->prompt_tokens = nprompt;
+    double t1 = now_s();
+    st->prefill_s = t1 - t0;
+    int prev = prompt[nprompt - 1];
+    for (int i = 0; i < n_new; i++) {
+        int tok = generate_pick(m, s, &rng);
+        if (tok < 0 && s && s->temperature > 0.0f)
+            return rt_fail(m, MEGAC_ERR_NOMEM, "the sampler could not allocate its candidates");
+        if (tok < 0 || tok >= m->man.vocab)
+            return rt_fail(m, MEGAC_ERR_KERNEL, "the kernel chose token %d, outside the vocabulary", tok);
+        if (tok == m->man.eos || tok == m->man.bos)
+            break;
+        st->generated_tokens++;
+        if (cb && cb(user, tok, megac_decode(m, prev, tok)))
+            break;
+        prev = tok;
+        if (i + 1 == n_new || m->pos >= m->man.max_seq)
+            break;
+        if ((rc = megac_step(m, tok)))
+            return rc;
+    }
+    st->decode_s = now_s() - t1;
+    return MEGAC_OK;
+}

@@ -119,11 +119,12 @@ Test(run_cmd, help)
     cr_assert(strstr(out, "--engine"));
 }
 
-Test(run_cmd, bundle_engines_not_available_yet)
+/* The CUDA engine needs a compiled cubin bundle (run_bundle.c). */
+Test(run_cmd, cuda_engine_needs_a_bundle)
 {
     static char out[256], err[1024];
     cr_assert_eq(megac_run("--engine cuda", out, sizeof out, err, sizeof err), 2);
-    cr_assert(strstr(err, "engine cuda: not available yet"), "stderr: %s", err);
+    cr_assert(strstr(err, "engine 'cuda' cannot run from a description yet"), "stderr: %s", err);
 }
 
 Test(run_cmd, reference_refuses_a_bundle)

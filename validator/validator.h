@@ -6,6 +6,12 @@
  * Diagnostics are printed as `file:line:col: error: <kind>: ...` citing
  * both instructions (worker, index, .sched line) and the counter or buffer,
  * with `note:` lines. Kinds: structure, deadlock, race, uninit, residency.
+ * KV-order violations (attention reading a row before this step's
+ * kv_append of it) are races, marked "race: kv-order". Races are decided
+ * only on schedules with a clean structure pass and no deadlock.
+ *
+ * The checker tools/mc (tests and `megac fuzz-validator` only) is the
+ * independent oracle this is compared against.
  */
 #ifndef MEGAC_VALIDATOR_H
 #define MEGAC_VALIDATOR_H
@@ -23,7 +29,9 @@ typedef struct ValOptions {
 typedef struct ValResult {
     int nstructure, ndeadlock, nrace, nuninit, nresidency;
     int nerrors;                /* sum of the above */
-    uint64_t pairs_checked;     /* conflicting access pairs examined */
+    uint64_t pairs_checked;     /* (access, write) pairs of different workers on one
+                                   buffer whose order was established: in bulk by
+                                   happens-before, or by an exact overlap test */
 } ValResult;
 
 /* Returns true when the schedule is safe. */

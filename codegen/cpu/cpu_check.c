@@ -1,0 +1,92 @@
+/*
+ * cpu_check.c - what the CPU backend can run. The validator has already
+ * proved the schedule well formed, free of deadlocks and races; this pass
+ * only rejects what the kernel body does not implement yet (dtypes other
+ * than f32 activations and weights, oversized normalized GEMV inputs), op
+ * params the bodies' loops cannot run with (op_footprint's checks: the
+ * validator reports them too, but a kernel must never loop forever), and a
+ * schedule whose buffers have no offsets, each as an error at the
+ * instruction's .sched line.
+ */
+#include "codegen/cpu/cpu.h"
+
+static SrcFile check_src(const Schedule *s)
+{
+    return (SrcFile){.path = s->path ? s->path : (s->name ? s->name : "<schedule>"), .text = NULL, .len = 0};
+}
+
+static const Buffer *check_operand(const Schedule *s, const Inst *in, int i)
+{
+    uint32_t b = s->accs[in->acc + (uint32_t)i].buf;
+    return b == BUF_NONE ? NULL : &s->bufs[b];
+}
+
+/* The dtype operand i must have, or -1 when any of a set is fine. */
+static int check_dtype_wanted(const Inst *in, int i)
+{
+    if (in->op == OP_EMBED && i == 0)
+        return DT_I32;
+    if (in->op == OP_ARGMAX_COMBINE && i == 1)
+        return -1;
+    return DT_F32;
+}
+
+static void check_operands(const Schedule *s, const Inst *in, Diag *d)
+{
+    const OpInfo *oi = op_info(in->op);
+    SrcFile src = check_src(s);
+    for (int i = 0; i < oi->noperands; i++) {
+        const Buffer *b = check_operand(s, in, i);
+        if (!b)
+            continue;
+        int want = check_dtype_wanted(in, i);
+        bool ok = want >= 0 ? (int)b->dtype == want : (b->dtype == DT_F32 || b->dtype == DT_I32);
+        if (!ok)
+            diag_error(d, &src, in->line, 1, "%s operand '%s' (buffer '%s') of dtype %s is not supported by the CPU backend yet",
+                       oi->name, oi->operand[i], b->name, dtype_name(b->dtype));
+    }
+}
+
+static void check_inst(const Schedule *s, const Inst *in, Diag *d)
+{
+    SrcFile src = check_src(s);
+    if (in->kind != INST_OP) {
+        if (in->counter >= s->nctrs)
+            diag_error(d, &src, in->line, 1, "counter %u out of range", in->counter);
+        return;
+    }
+    if (in->op >= OP_COUNT || in->nacc != op_info(in->op)->noperands) {
+        diag_error(d, &src, in->line, 1, "malformed op instruction (opcode %u, %u operands)", in->op, in->nacc);
+        return;
+    }
+    Access fp[OP_MAX_OPERANDS];
+    const char *why = NULL;
+    if (!op_footprint(s, in, fp, &why)) /* params the bodies' loops rely on */
+        diag_error(d, &src, in->line, 1, "%s: %s", op_info(in->op)->name, why);
+    check_operands(s, in, d);
+    if (in->op == OP_GEMV && (in->p[3] & GEMV_NORM) && in->p[2] > CPU_NORM_K_MAX)
+        diag_error(d, &src, in->line, 1, "gemv with norm over k = %d > %d inputs is not supported by the CPU backend yet",
+                   in->p[2], CPU_NORM_K_MAX);
+}
+
+static bool check_layout(const Schedule *s, Diag *d)
+{
+    if (s->nbufs == 0 || s->weights_bytes != 0 || s->arena_bytes != 0)
+        return true;
+    diag_file_error(d, check_src(s).path, "schedule has no buffer layout (sched_layout was not run)");
+    return false;
+}
+
+bool cpu_schedule_check(const Schedule *s, Diag *d)
+{
+    int before = d->nerrors;
+    if (s->nworkers == 0)
+        diag_file_error(d, check_src(s).path, "schedule has no workers");
+    if (s->shape.head_dim % 2 != 0)
+        diag_file_error(d, check_src(s).path, "head_dim %d is odd: RoPE needs pairs", s->shape.head_dim);
+    check_layout(s, d);
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        for (uint32_t i = 0; i < s->workers[w].ninst; i++)
+            check_inst(s, &s->workers[w].insts[i], d);
+    return d->nerrors == before;
+}

@@ -1,0 +1,372 @@
+/*
+ * cpu_emit.c - cg_cpu_compile: the CPU backend's driver. In order:
+ *   check    what the kernel body supports (cpu_check.c)
+ *   parse    the kernel body bitcode embedded in megac (kernel_body.c)
+ *   glue     the schedule's tables and shape as constants (cpu_glue.c)
+ *   link     glue into body (LLVMLinkModules2)
+ *   target   triple, data layout, target-cpu/features on every function
+ *   extern   internalize all but the four symbols the runtime reads
+ *   opt      LLVMRunPasses("default<O3>"), then LLVMVerifyModule
+ *   emit     object file (PIC), then `cc -shared` -> kernel.so
+ * Every LLVM call is checked; its message (and whatever LLVM reported
+ * through the context's diagnostic handler) goes to the Diag.
+ */
+#include "codegen/cpu/cpu.h"
+
+#include <errno.h>
+#include <llvm-c/Analysis.h>
+#include <llvm-c/BitReader.h>
+#include <llvm-c/Linker.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+typedef struct CpuJob {
+    const Schedule *s;
+    const CpuOptions *o;
+    const char *so_path;
+    Diag *d;
+    LLVMContextRef ctx;
+    LLVMModuleRef mod;
+    LLVMTargetMachineRef tm;
+    char *triple;
+    char *cpu, *features;   /* LLVM-owned when taken from the host */
+    bool host;
+    char log[2048];         /* messages from the diagnostic handler */
+    struct timespec t0;
+} CpuJob;
+
+static const char *const cpu_exports[] = {"megac_worker", "megac_kernel_abi", "megac_schedule_hash",
+                                          "megac_num_workers", NULL};
+
+/* Named CPUs accepted besides the host ("host" or NULL). */
+static const char *const cpu_levels[] = {"x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "haswell",
+                                         "skylake", "skylake-avx512", "icelake-server", "sapphirerapids",
+                                         "znver2", "znver3", NULL};
+
+static void job_progress(CpuJob *j, const char *what)
+{
+    if (!j->o->verbose)
+        return;
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    double dt = (double)(t.tv_sec - j->t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - j->t0.tv_nsec);
+    fprintf(stderr, "megac: cpu: %-44s %7.3f s\n", what, dt);
+}
+
+/* LLVM reports some errors (bitcode, linker) only through this handler. */
+static void job_llvm_diag(LLVMDiagnosticInfoRef di, void *p)
+{
+    CpuJob *j = p;
+    if (LLVMGetDiagInfoSeverity(di) != LLVMDSError)
+        return;
+    char *msg = LLVMGetDiagInfoDescription(di);
+    size_t n = strlen(j->log);
+    snprintf(j->log + n, sizeof j->log - n, "%s%s", n ? "; " : "", msg);
+    LLVMDisposeMessage(msg);
+}
+
+static bool job_fail(CpuJob *j, const char *call, const char *msg)
+{
+    const char *m = msg && *msg ? msg : (j->log[0] ? j->log : "no message");
+    diag_file_error(j->d, j->so_path, "%s failed: %s", call, m);
+    return false;
+}
+
+static bool job_parse(CpuJob *j)
+{
+    LLVMMemoryBufferRef buf =
+        LLVMCreateMemoryBufferWithMemoryRange((const char *)cpu_body_bc, cpu_body_bc_len, "kernel_body.bc", 0);
+    if (!buf)
+        return job_fail(j, "LLVMCreateMemoryBufferWithMemoryRange", NULL);
+    LLVMBool bad = LLVMParseBitcodeInContext2(j->ctx, buf, &j->mod);
+    LLVMDisposeMemoryBuffer(buf);
+    if (bad)
+        return job_fail(j, "LLVMParseBitcodeInContext2 (kernel body)", NULL);
+    job_progress(j, "parsed kernel body bitcode");
+    return true;
+}
+
+static bool job_link(CpuJob *j)
+{
+    LLVMModuleRef glue = cpu_glue_build(j->ctx, j->s);
+    if (LLVMLinkModules2(j->mod, glue))
+        return job_fail(j, "LLVMLinkModules2 (kernel body + schedule tables)", NULL);
+    job_progress(j, "built and linked the schedule tables");
+    return true;
+}
+
+static bool job_pick_cpu(CpuJob *j)
+{
+    const char *name = j->o->cpu;
+    j->host = !name || !strcmp(name, "host") || !strcmp(name, "native");
+    if (j->host) {
+        j->cpu = LLVMGetHostCPUName();
+        j->features = LLVMGetHostCPUFeatures();
+        return true;
+    }
+    for (int i = 0; cpu_levels[i]; i++) {
+        if (!strcmp(name, cpu_levels[i])) {
+            j->cpu = xstrdup(name);
+            j->features = xstrdup("");
+            return true;
+        }
+    }
+    diag_file_error(j->d, j->so_path, "unknown CPU '%s' (use host, x86-64, x86-64-v2, x86-64-v3, x86-64-v4, ...)",
+                    name);
+    return false;
+}
+
+static bool job_target_machine(CpuJob *j)
+{
+    LLVMTargetRef t;
+    char *err = NULL;
+    if (LLVMInitializeNativeTarget() || LLVMInitializeNativeAsmPrinter())
+        return job_fail(j, "LLVMInitializeNativeTarget", "no native target in this LLVM");
+    j->triple = LLVMGetDefaultTargetTriple();
+    if (LLVMGetTargetFromTriple(j->triple, &t, &err)) {
+        job_fail(j, "LLVMGetTargetFromTriple", err);
+        LLVMDisposeMessage(err);
+        return false;
+    }
+    if (!job_pick_cpu(j))
+        return false;
+    j->tm = LLVMCreateTargetMachine(t, j->triple, j->cpu, j->features, LLVMCodeGenLevelAggressive, LLVMRelocPIC,
+                                    LLVMCodeModelDefault);
+    if (!j->tm)
+        return job_fail(j, "LLVMCreateTargetMachine", j->cpu);
+    return true;
+}
+
+static bool job_has_avx512(const CpuJob *j)
+{
+    if (j->host)
+        return strstr(j->features, "+avx512f") != NULL;
+    return !strcmp(j->cpu, "x86-64-v4") || strstr(j->cpu, "avx512") || strstr(j->cpu, "icelake") ||
+           strstr(j->cpu, "sapphire");
+}
+
+static void job_set_fn_attr(LLVMContextRef ctx, LLVMValueRef f, const char *k, const char *v)
+{
+    LLVMRemoveStringAttributeAtIndex(f, LLVMAttributeFunctionIndex, k, (unsigned)strlen(k));
+    if (v)
+        LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex,
+                                LLVMCreateStringAttribute(ctx, k, (unsigned)strlen(k), v, (unsigned)strlen(v)));
+}
+
+/* The bitcode was compiled for generic x86-64: retarget every function. */
+static void job_retarget(CpuJob *j)
+{
+    const char *width = job_has_avx512(j) ? "512" : "256";
+    for (LLVMValueRef f = LLVMGetFirstFunction(j->mod); f; f = LLVMGetNextFunction(f)) {
+        if (LLVMIsDeclaration(f))
+            continue;
+        job_set_fn_attr(j->ctx, f, "target-cpu", j->cpu);
+        job_set_fn_attr(j->ctx, f, "target-features", *j->features ? j->features : NULL);
+        job_set_fn_attr(j->ctx, f, "tune-cpu", NULL);
+        job_set_fn_attr(j->ctx, f, "prefer-vector-width", width);
+        job_set_fn_attr(j->ctx, f, "min-legal-vector-width", width);
+    }
+}
+
+static bool job_target(CpuJob *j)
+{
+    if (!job_target_machine(j))
+        return false;
+    LLVMSetTarget(j->mod, j->triple);
+    LLVMTargetDataRef td = LLVMCreateTargetDataLayout(j->tm);
+    char *dl = LLVMCopyStringRepOfTargetData(td);
+    LLVMSetDataLayout(j->mod, dl);
+    LLVMDisposeMessage(dl);
+    LLVMDisposeTargetData(td);
+    job_retarget(j);
+    if (j->o->verbose)
+        fprintf(stderr, "megac: cpu: target %s, cpu %s%s\n", j->triple, j->cpu, job_has_avx512(j) ? " (avx512)" : "");
+    return true;
+}
+
+static bool job_is_export(const char *name)
+{
+    for (int i = 0; cpu_exports[i]; i++)
+        if (!strcmp(name, cpu_exports[i]))
+            return true;
+    return false;
+}
+
+/* Everything but the ABI symbols becomes internal, so O3 may specialize,
+ * inline and fold the tables' loads; the exports must all be defined. */
+static bool job_internalize(CpuJob *j)
+{
+    for (LLVMValueRef f = LLVMGetFirstFunction(j->mod); f; f = LLVMGetNextFunction(f))
+        if (!LLVMIsDeclaration(f) && !job_is_export(LLVMGetValueName(f)))
+            LLVMSetLinkage(f, LLVMInternalLinkage);
+    for (LLVMValueRef g = LLVMGetFirstGlobal(j->mod); g; g = LLVMGetNextGlobal(g))
+        if (!LLVMIsDeclaration(g) && !job_is_export(LLVMGetValueName(g)))
+            LLVMSetLinkage(g, LLVMInternalLinkage);
+    for (int i = 0; cpu_exports[i]; i++) {
+        LLVMValueRef v = i == 0 ? LLVMGetNamedFunction(j->mod, cpu_exports[i]) : LLVMGetNamedGlobal(j->mod, cpu_exports[i]);
+        if (!v || LLVMIsDeclaration(v))
+            die("kernel symbol %s is not defined after linking", cpu_exports[i]);
+        LLVMSetVisibility(v, LLVMDefaultVisibility);
+    }
+    return true;
+}
+
+static bool job_verify(CpuJob *j, const char *when)
+{
+    char *msg = NULL;
+    if (LLVMVerifyModule(j->mod, LLVMReturnStatusAction, &msg)) {
+        char *what = xasprintf("LLVMVerifyModule (%s)", when);
+        job_fail(j, what, msg);
+        free(what);
+        LLVMDisposeMessage(msg);
+        return false;
+    }
+    LLVMDisposeMessage(msg);
+    return true;
+}
+
+static bool job_optimize(CpuJob *j)
+{
+    LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
+    LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
+    LLVMPassBuilderOptionsSetSLPVectorization(po, 1);
+    LLVMPassBuilderOptionsSetLoopUnrolling(po, 1);
+    LLVMErrorRef e = LLVMRunPasses(j->mod, "default<O3>", j->tm, po);
+    LLVMDisposePassBuilderOptions(po);
+    if (e) {
+        char *msg = LLVMGetErrorMessage(e);
+        job_fail(j, "LLVMRunPasses(default<O3>)", msg);
+        LLVMDisposeErrorMessage(msg);
+        return false;
+    }
+    job_progress(j, "optimized (default<O3>)");
+    return job_verify(j, "after O3");
+}
+
+static bool job_keep_ir(CpuJob *j)
+{
+    if (!j->o->keep_ir)
+        return true;
+    char *dir_ll = NULL, *err = NULL;
+    const char *slash = strrchr(j->so_path, '/');
+    dir_ll = slash ? xasprintf("%.*s/kernel.ll", (int)(slash - j->so_path), j->so_path) : xstrdup("kernel.ll");
+    bool ok = !LLVMPrintModuleToFile(j->mod, dir_ll, &err);
+    if (!ok)
+        job_fail(j, "LLVMPrintModuleToFile", err);
+    LLVMDisposeMessage(err);
+    free(dir_ll);
+    return ok;
+}
+
+static bool job_emit_object(CpuJob *j, const char *obj)
+{
+    char *err = NULL;
+    if (LLVMTargetMachineEmitToFile(j->tm, j->mod, (char *)obj, LLVMObjectFile, &err)) {
+        job_fail(j, "LLVMTargetMachineEmitToFile", err);
+        LLVMDisposeMessage(err);
+        return false;
+    }
+    job_progress(j, "emitted object file");
+    return true;
+}
+
+/* Reads what the child wrote to the pipe (its stderr) into buf. */
+static void job_drain(int fd, char *buf, size_t cap)
+{
+    size_t n = 0;
+    for (;;) {
+        char tmp[512];
+        ssize_t r = read(fd, tmp, sizeof tmp);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        size_t take = (size_t)r < cap - 1 - n ? (size_t)r : cap - 1 - n;
+        memcpy(buf + n, tmp, take);
+        n += take;
+    }
+    buf[n] = 0;
+}
+
+/* cc -shared -o so obj -lm, with the linker's stderr captured. */
+static bool job_link_so(CpuJob *j, const char *obj)
+{
+    char *argv[] = {"cc", "-shared", "-o", (char *)j->so_path, (char *)obj, "-lm", NULL};
+    int fds[2];
+    if (pipe(fds) != 0)
+        return job_fail(j, "pipe", strerror(errno));
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+    posix_spawn_file_actions_addclose(&fa, fds[0]);
+    pid_t pid;
+    int rc = posix_spawnp(&pid, "cc", &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fds[1]);
+    if (rc != 0) {
+        close(fds[0]);
+        return job_fail(j, "posix_spawnp(cc)", strerror(rc));
+    }
+    char out[4096];
+    job_drain(fds[0], out, sizeof out);
+    close(fds[0]);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            return job_fail(j, "waitpid(cc)", strerror(errno));
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        return job_fail(j, "cc -shared (linking kernel.so)", out[0] ? out : "linker exited with an error");
+    job_progress(j, "linked kernel.so");
+    return true;
+}
+
+static bool job_emit(CpuJob *j)
+{
+    char *obj = xasprintf("%s.o", j->so_path);
+    bool ok = job_emit_object(j, obj) && job_link_so(j, obj);
+    unlink(obj);
+    free(obj);
+    return ok;
+}
+
+static void job_free(CpuJob *j)
+{
+    if (j->mod)
+        LLVMDisposeModule(j->mod);
+    if (j->tm)
+        LLVMDisposeTargetMachine(j->tm);
+    if (j->ctx)
+        LLVMContextDispose(j->ctx);
+    LLVMDisposeMessage(j->triple);
+    if (j->host) {
+        LLVMDisposeMessage(j->cpu);
+        LLVMDisposeMessage(j->features);
+    } else {
+        free(j->cpu);
+        free(j->features);
+    }
+}
+
+bool cg_cpu_compile(const Schedule *s, const CpuOptions *o, const char *so_path, Diag *d)
+{
+    CpuOptions none = {0};
+    CpuJob j = {.s = s, .o = o ? o : &none, .so_path = so_path, .d = d};
+    clock_gettime(CLOCK_MONOTONIC, &j.t0);
+    if (!cpu_schedule_check(s, d))
+        return false;
+    j.ctx = LLVMContextCreate();
+    LLVMContextSetDiagnosticHandler(j.ctx, job_llvm_diag, &j);
+    bool ok = job_parse(&j) && job_link(&j) && job_target(&j) && job_internalize(&j) &&
+              job_verify(&j, "after linking") && job_optimize(&j) && job_keep_ir(&j) && job_emit(&j);
+    job_free(&j);
+    return ok;
+}

@@ -1,0 +1,53 @@
+/*
+ * cuda.h - internals of the CUDA backend (codegen/cuda), sectioned by the
+ * file that defines each prototype. The pipeline:
+ *   cuda_schedule_check   what the kernel body supports (cuda_check.c)
+ *   cuda_source_build     prelude or host shim + the schedule's shape and
+ *                         tables + kernel_body.cuh (cuda_source.c)
+ *   NVRTC -> cubin, resources read back from ptxas (cuda_nvrtc.c), or
+ *   cc -x c -> kernel.so through host_shim.h (cuda_host.c)
+ */
+#ifndef MEGAC_CODEGEN_CUDA_H
+#define MEGAC_CODEGEN_CUDA_H
+
+#include "codegen/codegen.h"
+
+#include <stddef.h>
+
+#define CUDA_THREADS_GPU 512    /* threads per block on a GPU (16 warps) */
+#define CUDA_THREADS_HOST 64    /* on the host: 2 warps of fibers */
+#define CUDA_SMEM_FLOATS_MAX 8192   /* GEMV input staging cap (32 KiB) */
+#define CUDA_SMEM_FLOATS_LIMIT 12000 /* whole scratch: under 48 KiB of static smem */
+#define CUDA_ARENA_BIT (1ull << 63)
+
+/* ---- cuda_text.c (generated at build time from the embedded sources) ---- */
+extern const char cuda_text_prelude[];      /* cuda_prelude.cuh */
+extern const char cuda_text_host_shim[];    /* host_shim.h */
+extern const char cuda_text_body[];         /* kernel_body.cuh */
+
+/* ---- cuda_check.c ---- */
+/* Whether the kernel body can run every instruction of s; errors cite the
+ * instruction's .sched line. */
+bool cuda_schedule_check(const Schedule *s, Diag *d);
+
+/* ---- cuda_source.c ---- */
+typedef struct CudaLayout {
+    int threads;        /* MK_THREADS */
+    int smem_floats;    /* MK_SMEM_FLOATS: GEMV inputs up to this k are staged */
+    int attn_warps;     /* MK_AW: warps that share an attention split */
+    int hdl;            /* MK_HDL: head elements per lane */
+} CudaLayout;
+/* The block layout for a schedule on the GPU (host = false) or the host. */
+CudaLayout cuda_layout(const Schedule *s, bool host);
+/* The whole kernel source, xmalloc'd. */
+char *cuda_source_build(const Schedule *s, bool host);
+
+/* ---- cuda_nvrtc.c ---- */
+/* bool cg_cuda_compile(...) of codegen.h. Parses ptxas' -v lines for the
+ * entry `megac_kernel` (exposed for tests). */
+bool cuda_ptxas_info_parse(const char *log, CudaKernelInfo *info);
+
+/* ---- cuda_host.c ---- */
+/* bool cg_hostcuda_compile(...) of codegen.h */
+
+#endif

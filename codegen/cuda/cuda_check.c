@@ -1,0 +1,89 @@
+/*
+ * cuda_check.c - what the CUDA kernel body (kernel_body.cuh) can run. The
+ * validator has already proved the schedule well formed, free of deadlocks
+ * and races; this pass rejects what the body does not implement yet (f32
+ * activations and weights only, an i32 token and argmax result), a
+ * normalized GEMV input too long for the shared scratch, an attention head
+ * group too large for it, and a schedule without a buffer layout. Errors
+ * cite the instruction's .sched line.
+ */
+#include "codegen/cuda/cuda.h"
+
+static SrcFile check_src(const Schedule *s)
+{
+    return (SrcFile){.path = s->path ? s->path : (s->name ? s->name : "<schedule>"), .text = NULL, .len = 0};
+}
+
+/* The dtype operand i must have; -1: f32 or i32. */
+static int check_dtype_wanted(const Inst *in, int i)
+{
+    if (in->op == OP_EMBED && i == 0)
+        return DT_I32;
+    if (in->op == OP_ARGMAX_COMBINE && i == 1)
+        return -1;
+    return DT_F32;
+}
+
+static void check_operands(const Schedule *s, const Inst *in, Diag *d)
+{
+    const OpInfo *oi = op_info(in->op);
+    SrcFile src = check_src(s);
+    for (int i = 0; i < oi->noperands; i++) {
+        uint32_t b = s->accs[in->acc + (uint32_t)i].buf;
+        if (b == BUF_NONE)
+            continue;
+        DType t = s->bufs[b].dtype;
+        int want = check_dtype_wanted(in, i);
+        bool ok = want >= 0 ? (int)t == want : (t == DT_F32 || t == DT_I32);
+        if (!ok)
+            diag_error(d, &src, in->line, 1,
+                       "%s operand '%s' (buffer '%s') of dtype %s is not supported by the CUDA backend yet", oi->name,
+                       oi->operand[i], s->bufs[b].name, dtype_name(t));
+    }
+}
+
+static void check_inst(const Schedule *s, const Inst *in, Diag *d)
+{
+    SrcFile src = check_src(s);
+    if (in->kind != INST_OP) {
+        if (in->counter >= s->nctrs)
+            diag_error(d, &src, in->line, 1, "counter %u out of range", in->counter);
+        return;
+    }
+    if (in->op >= OP_COUNT || in->nacc != op_info(in->op)->noperands) {
+        diag_error(d, &src, in->line, 1, "malformed op instruction (opcode %u, %u operands)", in->op, in->nacc);
+        return;
+    }
+    check_operands(s, in, d);
+    if (in->op == OP_GEMV && (in->p[3] & GEMV_NORM) && in->p[2] > CUDA_SMEM_FLOATS_MAX)
+        diag_error(d, &src, in->line, 1,
+                   "gemv with norm over k = %d > %d inputs is not supported by the CUDA backend yet", in->p[2],
+                   CUDA_SMEM_FLOATS_MAX);
+}
+
+static void check_shape(const Schedule *s, Diag *d)
+{
+    const ModelShape *sh = &s->shape;
+    const char *path = check_src(s).path;
+    if (sh->head_dim <= 0 || sh->head_dim % 2 != 0)
+        diag_file_error(d, path, "head_dim %d: RoPE needs a positive even head size", sh->head_dim);
+    if (sh->n_kv_heads <= 0 || sh->n_heads % sh->n_kv_heads != 0)
+        diag_file_error(d, path, "%d heads do not group over %d kv heads", sh->n_heads, sh->n_kv_heads);
+    else if ((sh->n_heads / sh->n_kv_heads) * (sh->head_dim + 2) > CUDA_SMEM_FLOATS_LIMIT)
+        diag_file_error(d, path, "a group of %d q heads of size %d does not fit the CUDA backend's shared memory",
+                        sh->n_heads / sh->n_kv_heads, sh->head_dim);
+    if (s->nbufs != 0 && s->weights_bytes == 0 && s->arena_bytes == 0)
+        diag_file_error(d, path, "schedule has no buffer layout (sched_layout was not run)");
+    if (s->nworkers == 0)
+        diag_file_error(d, path, "schedule has no workers");
+}
+
+bool cuda_schedule_check(const Schedule *s, Diag *d)
+{
+    int before = d->nerrors;
+    check_shape(s, d);
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        for (uint32_t i = 0; i < s->workers[w].ninst; i++)
+            check_inst(s, &s->workers[w].insts[i], d);
+    return d->nerrors == before;
+}

@@ -1,0 +1,53 @@
+/*
+ * cuda_prelude.cuh - the platform primitives kernel_body.cuh is written
+ * against, for NVRTC (a GPU). host_shim.h defines the same names for the
+ * host. Pasted first into every GPU kernel source; nothing here includes a
+ * header, so NVRTC needs no include path.
+ */
+#define MK_DEV __device__
+#define MK_INLINE __device__ __forceinline__
+#define MK_SHARED __shared__
+#define MK_ALIGN16 __align__(16)
+#define MK_INF __int_as_float(0x7f800000)
+#define MK_EXPORT extern "C" __device__
+#define MK_TABLE static __device__ const
+
+/* runtime/kernel_abi.h's structs, with the same layout (cuda_source.c
+ * emits MK_ARGS_BYTES and the offsets it checks from the C definitions). */
+typedef struct MegacAbort {
+    unsigned flag;
+    unsigned worker, pc, counter, value, threshold;
+} MegacAbort;
+
+typedef struct MegacArgs {
+    const void *weights;
+    void *arena;
+    unsigned *counters;
+    MegacAbort *abort_info;
+    long long pos;
+    unsigned long long timeout_ns;
+} MegacArgs;
+
+MK_INLINE unsigned mk_tid(void) { return threadIdx.x; }
+MK_INLINE void mk_sync(void) { __syncthreads(); }
+MK_INLINE float mk_shfl_xor_f(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+MK_INLINE int mk_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+MK_INLINE float4 mk_ldg4(const float4 *p) { return __ldg(p); }
+MK_INLINE void mk_fence(void) { __threadfence(); }
+MK_INLINE void mk_atomic_add(unsigned *p, unsigned v) { atomicAdd(p, v); }
+MK_INLINE unsigned mk_cas(unsigned *p, unsigned cmp, unsigned v) { return atomicCAS(p, cmp, v); }
+MK_INLINE void mk_nanosleep(unsigned ns) { __nanosleep(ns); }
+
+MK_INLINE unsigned mk_ld_acquire(const unsigned *p)
+{
+    unsigned v;
+    asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+MK_INLINE unsigned long long mk_time_ns(void)
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}

@@ -1,0 +1,528 @@
+/*
+ * kernel_body.cuh - the CUDA megakernel's op bodies and dispatch loop.
+ *
+ * Embedded in megac at build time and pasted after the generated part of a
+ * kernel source (cuda_source.c), which defines the model shape (MK_DIM,
+ * MK_HD, ...), the block size MK_THREADS, the shared scratch size, and the
+ * validated schedule as tables: megac_k_insts (a stream of 32-bit words,
+ * the instructions of each worker in order, worker w owning the words
+ * [megac_k_wstart[w], megac_k_wstart[w+1])) and megac_k_bufs (a byte offset
+ * per buffer, MK_ARENA_BIT set for the arena). An instruction is
+ *   signal, wait:  kind | counter << 8,  amount
+ *   op:            kind | op << 8 | nparams << 16 | noperands << 24,
+ *                  the params, the operands' buffer indices (MK_NONE if
+ *                  absent), their dtypes (4 bits each) Before those come the
+ * platform primitives: cuda_prelude.cuh for NVRTC, host_shim.h for the host
+ * (blocks as threads, CUDA threads as fibers).
+ *
+ * The code is the common subset of C11 and CUDA C++: explicit casts from
+ * void *, no references, templates or overloads. Every block-wide step is
+ * reached by all threads of the block; every warp primitive by all 32 lanes
+ * of a warp. Op semantics: ir/ops.h. One block = one worker: an op is run by
+ * the whole block and ends with a block barrier; `signal` is that barrier,
+ * then thread 0 fences and adds; `wait` is thread 0 polling with acquire
+ * loads and back-off (the watchdog records where it gave up), then a barrier.
+ */
+
+#define MK_NWARPS (MK_THREADS / 32)
+#define MK_NEG_INF (-MK_INF)
+#define MK_NONE 0xffffffffu
+#define MK_ABORT_TIMEOUT 1u     /* kernel_table.h's KT_ABORT_* values */
+#define MK_ABORT_BAD_POS 2u
+#define MK_DEFAULT_TIMEOUT_NS 2000000000ull
+
+/* An op instruction's fields (cuda_source.c writes them in this order). */
+#define MK_NPARAM(in) (((in)[0] >> 16) & 0xffu)
+#define MK_NOPND(in) ((in)[0] >> 24)
+enum { MK_INST_OP, MK_INST_SIGNAL, MK_INST_WAIT };
+
+/* Same values as OpCode of ir/ops.h (cuda_source.c checks). */
+enum {
+    MK_OP_EMBED, MK_OP_RMSNORM, MK_OP_GEMV, MK_OP_ROPE, MK_OP_KV_APPEND, MK_OP_ATTN,
+    MK_OP_ATTN_COMBINE, MK_OP_SILU_MUL, MK_OP_ADD, MK_OP_ARGMAX, MK_OP_ARGMAX_COMBINE
+};
+#define MK_GEMV_ACCUM 1
+#define MK_GEMV_NORM 2
+#define MK_GEMV_BIAS 4
+#define MK_DT_F32 0     /* DType values of ir/dtype.h */
+#define MK_DT_I32 3
+
+/* Block-shared scratch: GEMV inputs, attention partials, reductions. */
+MK_SHARED MK_ALIGN16 float mk_sm[MK_SMEM_FLOATS];
+MK_SHARED float mk_red[2 * 32 + 2];
+MK_SHARED unsigned mk_stop;
+
+/* ---- helpers ---- */
+
+MK_INLINE void *mk_opnd(const MegacArgs *a, const unsigned *in, int i)
+{
+    unsigned b = in[1 + MK_NPARAM(in) + i];
+    if (b == MK_NONE)
+        return 0;
+    unsigned long long w = megac_k_bufs[b];
+    if (w & MK_ARENA_BIT)
+        return (char *)a->arena + (w & ~MK_ARENA_BIT);
+    return (char *)(const char *)a->weights + w;
+}
+
+MK_INLINE int mk_dtype(const unsigned *in, int i)
+{
+    return (int)((in[1 + MK_NPARAM(in) + MK_NOPND(in)] >> (4 * i)) & 15u);
+}
+
+MK_INLINE int mk_param(const unsigned *in, int i)
+{
+    return (int)in[1 + i];
+}
+
+MK_INLINE float mk_warp_sum(float v)
+{
+    for (int m = 16; m > 0; m >>= 1)
+        v += mk_shfl_xor_f(v, m);
+    return v;
+}
+
+/* Sum over the block; every thread gets the same value. */
+MK_DEV float mk_block_sum(float v)
+{
+    unsigned tid = mk_tid();
+    v = mk_warp_sum(v);
+    if ((tid & 31u) == 0)
+        mk_red[tid >> 5] = v;
+    mk_sync();
+    if (tid < 32) {
+        float t = tid < MK_NWARPS ? mk_red[tid] : 0.0f;
+        t = mk_warp_sum(t);
+        if (tid == 0)
+            mk_red[64] = t;
+    }
+    mk_sync();
+    float r = mk_red[64];
+    mk_sync();
+    return r;
+}
+
+/* (v, i) wins over (w, j): larger value, then lower index. */
+MK_INLINE int mk_better(float v, int i, float w, int j)
+{
+    return v > w || (v == w && i < j);
+}
+
+MK_INLINE void mk_warp_argmax(float *v, int *i)
+{
+    for (int m = 16; m > 0; m >>= 1) {
+        float w = mk_shfl_xor_f(*v, m);
+        int j = mk_shfl_xor_i(*i, m);
+        if (mk_better(w, j, *v, *i)) {
+            *v = w;
+            *i = j;
+        }
+    }
+}
+
+/* 1 / sqrt(mean(x[0:n]^2) + eps), over the block */
+MK_DEV float mk_rms_scale(const float *x, int n)
+{
+    float s = 0.0f;
+    for (int j = (int)mk_tid(); j < n; j += MK_THREADS)
+        s += x[j] * x[j];
+    s = mk_block_sum(s);
+    return 1.0f / sqrtf(s / (float)n + MK_EPS);
+}
+
+/* ---- op bodies ---- */
+
+/* out[c0:c1] = table[tok[0]][c0:c1]; an out-of-range token gives zeros. */
+MK_DEV void op_embed(const MegacArgs *a, const unsigned *in)
+{
+    int tok = *(const int *)mk_opnd(a, in, 0);
+    const float *table = (const float *)mk_opnd(a, in, 1);
+    float *out = (float *)mk_opnd(a, in, 2);
+    int c0 = mk_param(in, 0), c1 = mk_param(in, 1);
+    int ok = tok >= 0 && tok < MK_VOCAB;
+    for (int j = c0 + (int)mk_tid(); j < c1; j += MK_THREADS)
+        out[j] = ok ? table[(long long)tok * MK_DIM + j] : 0.0f;
+}
+
+MK_DEV void op_rmsnorm(const MegacArgs *a, const unsigned *in)
+{
+    const float *x = (const float *)mk_opnd(a, in, 0), *w = (const float *)mk_opnd(a, in, 1);
+    float *out = (float *)mk_opnd(a, in, 2);
+    int n = mk_param(in, 0);
+    float s = mk_rms_scale(x, n);
+    for (int j = (int)mk_tid(); j < n; j += MK_THREADS)
+        out[j] = x[j] * s * w[j];
+}
+
+/* One warp's dot product of a weight row with the input, reduced so that
+ * every lane holds it. 16-byte loads, four in flight per lane. */
+MK_INLINE float mk_dot_row(const float *w, const float *x, int k, unsigned lane)
+{
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    if ((k & 3) == 0) {
+        const float4 *w4 = (const float4 *)w, *x4 = (const float4 *)x;
+        int k4 = k >> 2, j = (int)lane;
+#pragma unroll 1
+        for (; j + 96 < k4; j += 128) {
+            float4 wa = mk_ldg4(w4 + j), wb = mk_ldg4(w4 + j + 32);
+            float4 wc = mk_ldg4(w4 + j + 64), wd = mk_ldg4(w4 + j + 96);
+            float4 xa = x4[j], xb = x4[j + 32], xc = x4[j + 64], xd = x4[j + 96];
+            a0 += wa.x * xa.x + wa.y * xa.y + wa.z * xa.z + wa.w * xa.w;
+            a1 += wb.x * xb.x + wb.y * xb.y + wb.z * xb.z + wb.w * xb.w;
+            a2 += wc.x * xc.x + wc.y * xc.y + wc.z * xc.z + wc.w * xc.w;
+            a3 += wd.x * xd.x + wd.y * xd.y + wd.z * xd.z + wd.w * xd.w;
+        }
+#pragma unroll 1
+        for (; j < k4; j += 32) {
+            float4 wa = mk_ldg4(w4 + j), xa = x4[j];
+            a0 += wa.x * xa.x + wa.y * xa.y + wa.z * xa.z + wa.w * xa.w;
+        }
+    } else {
+        for (int j = (int)lane; j < k; j += 32)
+            a0 += w[j] * x[j];
+    }
+    return mk_warp_sum((a0 + a1) + (a2 + a3));
+}
+
+/* y[r0:r1] (+)= W[r0:r1, 0:k] . xin (+ b): the input is staged in shared
+ * memory (normalized there with GEMV_NORM) when it fits, then each warp
+ * takes rows r0 + warp, r0 + warp + MK_NWARPS, ... cuda_check.c refuses a
+ * GEMV_NORM whose k does not fit. */
+MK_DEV void op_gemv(const MegacArgs *a, const unsigned *in)
+{
+    const float *W = (const float *)mk_opnd(a, in, 0), *x = (const float *)mk_opnd(a, in, 1);
+    float *y = (float *)mk_opnd(a, in, 2);
+    const float *nw = (const float *)mk_opnd(a, in, 3), *b = (const float *)mk_opnd(a, in, 4);
+    int r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2), flags = mk_param(in, 3);
+    unsigned tid = mk_tid(), lane = tid & 31u;
+    const float *xin = x;
+    if (k <= MK_SMEM_FLOATS) {
+        float s = (flags & MK_GEMV_NORM) ? mk_rms_scale(x, k) : 1.0f;
+        for (int j = (int)tid; j < k; j += MK_THREADS)
+            mk_sm[j] = (flags & MK_GEMV_NORM) ? x[j] * s * nw[j] : x[j];
+        mk_sync();
+        xin = mk_sm;
+    }
+    for (int r = r0 + (int)(tid >> 5); r < r1; r += MK_NWARPS) {
+        float v = mk_dot_row(W + (long long)r * k, xin, k, lane);
+        if (lane == 0) {
+            if (flags & MK_GEMV_BIAS)
+                v += b[r];
+            y[r] = (flags & MK_GEMV_ACCUM) ? y[r] + v : v;
+        }
+    }
+}
+
+/* Rotates heads [h0, h1) of v by the angles of row `pos` of the rope
+ * table; pair i is (2i, 2i+1), or (i, i + hd/2) with MK_ROPE_HALF. */
+MK_DEV void op_rope(const MegacArgs *a, const unsigned *in)
+{
+    float *v = (float *)mk_opnd(a, in, 0);
+    const float *cs = (const float *)mk_opnd(a, in, 1) + a->pos * MK_HD;
+    int h0 = mk_param(in, 0), h1 = mk_param(in, 1), half = MK_HD / 2;
+    for (int p = (int)mk_tid(); p < (h1 - h0) * half; p += MK_THREADS) {
+        int i = p % half;
+        float *x = v + (long long)(h0 + p / half) * MK_HD;
+        int i0 = MK_ROPE_HALF ? i : 2 * i, i1 = MK_ROPE_HALF ? i + half : 2 * i + 1;
+        float c = cs[2 * i], s = cs[2 * i + 1], x0 = x[i0], x1 = x[i1];
+        x[i0] = x0 * c - x1 * s;
+        x[i1] = x0 * s + x1 * c;
+    }
+}
+
+MK_DEV void op_kv_append(const MegacArgs *a, const unsigned *in)
+{
+    const float *k = (const float *)mk_opnd(a, in, 0), *v = (const float *)mk_opnd(a, in, 1);
+    float *kc = (float *)mk_opnd(a, in, 2), *vc = (float *)mk_opnd(a, in, 3);
+    long long h = mk_param(in, 0), row = (h * MK_MAX_SEQ + a->pos) * MK_HD;
+    for (int d = (int)mk_tid(); d < MK_HD; d += MK_THREADS) {
+        kc[row + d] = k[h * MK_HD + d];
+        vc[row + d] = v[h * MK_HD + d];
+    }
+}
+
+/* Split s of kv head h: warps 0..MK_AW-1 each run an online softmax over
+ * every MK_AW-th row of the split (lanes hold MK_HDL elements of a head),
+ * then the block merges the warps' (acc, m, l) through shared memory into
+ * the partial [G][hd + 2]. An empty split leaves zeros, -inf, 0. */
+MK_DEV void op_attn(const MegacArgs *a, const unsigned *in)
+{
+    const float *q = (const float *)mk_opnd(a, in, 0);
+    const float *kc = (const float *)mk_opnd(a, in, 1), *vc = (const float *)mk_opnd(a, in, 2);
+    float *part = (float *)mk_opnd(a, in, 3);
+    int h = mk_param(in, 0), s = mk_param(in, 1), nsplit = mk_param(in, 2), block = mk_param(in, 3);
+    unsigned tid = mk_tid(), lane = tid & 31u, warp = tid >> 5;
+    const float scale = 1.0f / sqrtf((float)MK_HD);
+    const int E = MK_HD + 2;
+    float *p = part + (long long)(h * nsplit + s) * MK_G * E;
+    if (warp < MK_AW) {
+        float qv[MK_G][MK_HDL], acc[MK_G][MK_HDL], m[MK_G], l[MK_G];
+        const float *kh = kc + (long long)h * MK_MAX_SEQ * MK_HD, *vh = vc + (long long)h * MK_MAX_SEQ * MK_HD;
+#pragma unroll
+        for (int g = 0; g < MK_G; g++) {
+            m[g] = MK_NEG_INF;
+            l[g] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < MK_HDL; i++) {
+                int d = (int)lane + 32 * i;
+                qv[g][i] = d < MK_HD ? q[(long long)(h * MK_G + g) * MK_HD + d] : 0.0f;
+                acc[g][i] = 0.0f;
+            }
+        }
+#pragma unroll 1
+        for (int idx = (int)warp;; idx += MK_AW) {
+            long long t = (long long)(s + (idx / block) * nsplit) * block + idx % block;
+            if (t > a->pos)
+                break;
+            float kr[MK_HDL], vr[MK_HDL];
+#pragma unroll
+            for (int i = 0; i < MK_HDL; i++) {
+                int d = (int)lane + 32 * i;
+                kr[i] = d < MK_HD ? kh[t * MK_HD + d] : 0.0f;
+                vr[i] = d < MK_HD ? vh[t * MK_HD + d] : 0.0f;
+            }
+#pragma unroll
+            for (int g = 0; g < MK_G; g++) {
+                float sc = 0.0f;
+#pragma unroll
+                for (int i = 0; i < MK_HDL; i++)
+                    sc += qv[g][i] * kr[i];
+                sc = mk_warp_sum(sc) * scale;
+                if (sc > m[g]) {
+                    float r = m[g] == MK_NEG_INF ? 0.0f : expf(m[g] - sc);
+#pragma unroll
+                    for (int i = 0; i < MK_HDL; i++)
+                        acc[g][i] *= r;
+                    l[g] *= r;
+                    m[g] = sc;
+                }
+                float e = expf(sc - m[g]);
+#pragma unroll
+                for (int i = 0; i < MK_HDL; i++)
+                    acc[g][i] += e * vr[i];
+                l[g] += e;
+            }
+        }
+        float *mine = mk_sm + warp * MK_G * E;
+#pragma unroll
+        for (int g = 0; g < MK_G; g++) {
+#pragma unroll
+            for (int i = 0; i < MK_HDL; i++)
+                if ((int)lane + 32 * i < MK_HD)
+                    mine[g * E + (int)lane + 32 * i] = acc[g][i];
+            if (lane == 0) {
+                mine[g * E + MK_HD] = m[g];
+                mine[g * E + MK_HD + 1] = l[g];
+            }
+        }
+    }
+    mk_sync();
+    for (int j = (int)tid; j < MK_G * E; j += MK_THREADS) {
+        int g = j / E, d = j % E;
+        float M = MK_NEG_INF, o = 0.0f;
+        for (int w = 0; w < MK_AW; w++)
+            M = fmaxf(M, mk_sm[(w * MK_G + g) * E + MK_HD]);
+        for (int w = 0; w < MK_AW && M != MK_NEG_INF && d != MK_HD; w++) {
+            const float *pw = mk_sm + (w * MK_G + g) * E;
+            if (pw[MK_HD] != MK_NEG_INF)
+                o += pw[d] * expf(pw[MK_HD] - M);
+        }
+        p[j] = d == MK_HD ? M : o;
+    }
+}
+
+/* out[q head] = sum_s o_s * e^(m_s - M) / sum_s l_s * e^(m_s - M) */
+MK_DEV void op_attn_combine(const MegacArgs *a, const unsigned *in)
+{
+    const float *part = (const float *)mk_opnd(a, in, 0);
+    float *out = (float *)mk_opnd(a, in, 1);
+    int h = mk_param(in, 0), nsplit = mk_param(in, 1);
+    const int E = MK_HD + 2;
+    for (int j = (int)mk_tid(); j < MK_G * MK_HD; j += MK_THREADS) {
+        int g = j / MK_HD, d = j % MK_HD;
+        float M = MK_NEG_INF, L = 0.0f, o = 0.0f;
+        for (int s = 0; s < nsplit; s++)
+            M = fmaxf(M, part[((long long)(h * nsplit + s) * MK_G + g) * E + MK_HD]);
+        for (int s = 0; s < nsplit; s++) {
+            const float *p = part + ((long long)(h * nsplit + s) * MK_G + g) * E;
+            if (p[MK_HD] == MK_NEG_INF)
+                continue;
+            float e = expf(p[MK_HD] - M);
+            L += p[MK_HD + 1] * e;
+            o += p[d] * e;
+        }
+        out[(long long)(h * MK_G + g) * MK_HD + d] = L > 0.0f ? o * (1.0f / L) : 0.0f;
+    }
+}
+
+MK_DEV void op_silu_mul(const MegacArgs *a, const unsigned *in)
+{
+    const float *g = (const float *)mk_opnd(a, in, 0), *u = (const float *)mk_opnd(a, in, 1);
+    float *out = (float *)mk_opnd(a, in, 2);
+    for (int r = mk_param(in, 0) + (int)mk_tid(); r < mk_param(in, 1); r += MK_THREADS)
+        out[r] = g[r] / (1.0f + expf(-g[r])) * u[r];
+}
+
+MK_DEV void op_add(const MegacArgs *a, const unsigned *in)
+{
+    float *x = (float *)mk_opnd(a, in, 0);
+    const float *y = (const float *)mk_opnd(a, in, 1);
+    for (int r = mk_param(in, 0) + (int)mk_tid(); r < mk_param(in, 1); r += MK_THREADS)
+        x[r] += y[r];
+}
+
+/* amax[slot] = (max of x[r0:r1], first index of it) */
+MK_DEV void op_argmax(const MegacArgs *a, const unsigned *in)
+{
+    const float *x = (const float *)mk_opnd(a, in, 0);
+    float *amax = (float *)mk_opnd(a, in, 1);
+    int r0 = mk_param(in, 0), r1 = mk_param(in, 1), slot = mk_param(in, 2);
+    unsigned tid = mk_tid();
+    float best = MK_NEG_INF;
+    int idx = r0;
+    for (int r = r0 + (int)tid; r < r1; r += MK_THREADS)
+        if (x[r] > best) {
+            best = x[r];
+            idx = r;
+        }
+    mk_warp_argmax(&best, &idx);
+    if ((tid & 31u) == 0) {
+        mk_red[tid >> 5] = best;
+        mk_red[32 + (tid >> 5)] = (float)idx;
+    }
+    mk_sync();
+    if (tid < 32) {
+        best = tid < MK_NWARPS ? mk_red[tid] : MK_NEG_INF;
+        idx = tid < MK_NWARPS ? (int)mk_red[32 + tid] : r0;
+        mk_warp_argmax(&best, &idx);
+        if (tid == 0) {
+            amax[2 * slot] = best;
+            amax[2 * slot + 1] = (float)idx;
+        }
+    }
+}
+
+/* out[0] = index of the largest partial; the lowest index wins ties. */
+MK_DEV void op_argmax_combine(const MegacArgs *a, const unsigned *in)
+{
+    if (mk_tid() != 0)
+        return;
+    const float *amax = (const float *)mk_opnd(a, in, 0);
+    int nslot = mk_param(in, 0);
+    float best = amax[0], idx = amax[1];
+    for (int i = 1; i < nslot; i++) {
+        float v = amax[2 * i], j = amax[2 * i + 1];
+        if (v > best || (v == best && j < idx)) {
+            best = v;
+            idx = j;
+        }
+    }
+    if (mk_dtype(in, 1) == MK_DT_I32)
+        *(int *)mk_opnd(a, in, 1) = (int)idx;
+    else
+        *(float *)mk_opnd(a, in, 1) = idx;
+}
+
+MK_DEV void mk_op_run(const MegacArgs *a, const unsigned *in)
+{
+    switch ((in[0] >> 8) & 0xffu) {
+    case MK_OP_EMBED: op_embed(a, in); break;
+    case MK_OP_RMSNORM: op_rmsnorm(a, in); break;
+    case MK_OP_GEMV: op_gemv(a, in); break;
+    case MK_OP_ROPE: op_rope(a, in); break;
+    case MK_OP_KV_APPEND: op_kv_append(a, in); break;
+    case MK_OP_ATTN: op_attn(a, in); break;
+    case MK_OP_ATTN_COMBINE: op_attn_combine(a, in); break;
+    case MK_OP_SILU_MUL: op_silu_mul(a, in); break;
+    case MK_OP_ADD: op_add(a, in); break;
+    case MK_OP_ARGMAX: op_argmax(a, in); break;
+    case MK_OP_ARGMAX_COMBINE: op_argmax_combine(a, in); break;
+    default: break;
+    }
+}
+
+/* ---- synchronization (thread 0 only) ---- */
+
+/* The first block to give up records where; the others just stop. */
+MK_DEV void mk_abort_record(const MegacArgs *a, unsigned flag, unsigned worker, unsigned pc, unsigned ctr,
+                            unsigned value, unsigned threshold)
+{
+    MegacAbort *ab = a->abort_info;
+    if (!ab || mk_cas(&ab->flag, 0u, flag) != 0u)
+        return;
+    ab->worker = worker;
+    ab->pc = pc;
+    ab->counter = ctr;
+    ab->value = value;
+    ab->threshold = threshold;
+    mk_fence();
+}
+
+/* wait c >= n: acquire loads with exponential back-off. Returns 0 when the
+ * block must stop: the deadline passed (recorded) or another block gave up. */
+MK_DEV unsigned mk_wait(const MegacArgs *a, unsigned worker, unsigned pc, unsigned c, unsigned n)
+{
+    unsigned *ctr = a->counters + c;
+    if (mk_ld_acquire(ctr) >= n)
+        return 1;
+    unsigned long long limit = a->timeout_ns ? a->timeout_ns : MK_DEFAULT_TIMEOUT_NS;
+    unsigned long long t0 = mk_time_ns();
+    unsigned ns = 32;
+    for (;;) {
+        for (int i = 0; i < 16; i++) {
+            if (mk_ld_acquire(ctr) >= n) {
+                mk_fence();
+                return 1;
+            }
+            mk_nanosleep(ns);
+            ns = ns < 1024 ? 2 * ns : ns;
+        }
+        if (a->abort_info && mk_ld_acquire(&a->abort_info->flag) != 0)
+            return 0;
+        unsigned long long t = mk_time_ns();
+        if (t - t0 > limit) {
+            mk_abort_record(a, MK_ABORT_TIMEOUT, worker, pc, c, mk_ld_acquire(ctr), n);
+            return 0;
+        }
+    }
+}
+
+/* ---- one worker's program ---- */
+
+MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
+{
+    unsigned tid = mk_tid();
+    if (worker >= MK_NWORKERS)
+        return;
+    if (a->pos < 0 || a->pos >= MK_MAX_SEQ) {
+        if (tid == 0)
+            mk_abort_record(a, MK_ABORT_BAD_POS, worker, 0xffffffffu, 0xffffffffu, (unsigned)a->pos,
+                            (unsigned)MK_MAX_SEQ);
+        return;
+    }
+    int p = megac_k_wstart[worker], end = megac_k_wstart[worker + 1];
+    for (unsigned pc = 0; p < end; pc++) {
+        const unsigned *in = megac_k_insts + p;
+        unsigned kind = in[0] & 0xffu;
+        if (kind == MK_INST_OP) {
+            mk_op_run(a, in);
+            mk_sync();
+            p += 2 + (int)MK_NPARAM(in) + (int)MK_NOPND(in);
+            continue;
+        }
+        p += 2;
+        if (kind == MK_INST_SIGNAL) {
+            /* the op before ended with a barrier: the block's writes are done */
+            if (tid == 0) {
+                mk_fence();
+                mk_atomic_add(a->counters + (in[0] >> 8), in[1]);
+            }
+        } else if (kind == MK_INST_WAIT) {
+            if (tid == 0)
+                mk_stop = !mk_wait(a, worker, pc, in[0] >> 8, in[1]);
+            mk_sync();
+            if (mk_stop)
+                return;
+        }
+    }
+}

@@ -1,0 +1,34 @@
+/*
+ * bench.h - measurements behind `megac bench` (bench.c): decode speed of a
+ * bundle and the machine's own read-bandwidth ceiling, measured in the same
+ * run so the ratio between them means something.
+ */
+#ifndef MEGAC_BENCH_H
+#define MEGAC_BENCH_H
+
+#include "runtime/megac.h"
+
+#include <stddef.h>
+
+/* The read-bandwidth probe: a buffer of `bytes` (0 = several times the
+ * last-level cache), touched, and `threads` threads (0 = all online CPUs)
+ * that each read their slice as `streams` interleaved sequential streams.
+ * NULL if memory or arguments do not allow it. */
+typedef struct BenchCeiling BenchCeiling;
+BenchCeiling *bench_ceiling_new(size_t bytes, int threads, int streams);
+/* One timed pass over the whole buffer: GB/s (1e9 bytes/s), or negative
+ * if a thread could not start. */
+double bench_ceiling_pass(BenchCeiling *c);
+int bench_ceiling_threads(const BenchCeiling *c);
+size_t bench_ceiling_bytes(const BenchCeiling *c);
+void bench_ceiling_free(BenchCeiling *c);
+
+/* Decodes `ntok` greedy tokens after BOS (the model's own argmax fed back)
+ * and returns the decode rate in tokens/s, or a negative value with the
+ * runtime's error in megac_error(m). */
+double bench_decode_tok_s(megac_model *m, int ntok);
+
+/* Median of n values (sorts v in place). */
+double bench_median(double *v, int n);
+
+#endif

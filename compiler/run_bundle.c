@@ -1,0 +1,291 @@
+/*
+ * run_bundle.c - the bundle engines of `megac run` (cmd_run.c parses the
+ * options): decode text with a compiled NAME.megac/ through the runtime.
+ *
+ * Given a model description instead of a bundle, it first compiles one into
+ * .megac-cache/<key>.megac, where the key hashes what the bundle depends
+ * on: the description's bytes, the --set overrides, the target, the worker
+ * count, and the identity (path, size, modification time) of this megac
+ * executable and of the weight and tokenizer files the description names,
+ * so a rebuilt compiler or a replaced checkpoint is not served stale.
+ *
+ * Text goes to stdout as llama2.c's run.c prints it: -n counts positions,
+ * BOS included; the prompt's pieces are printed, then each generated piece
+ * as it comes (unprintable single bytes skipped), then a newline. Stats go
+ * to stderr.
+ */
+#include "compiler/driver.h"
+#include "compiler/run.h"
+#include "runtime/megac.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define RUN_CACHE_DIR ".megac-cache"
+
+/* Prints a piece unless it is empty or a lone unprintable byte. */
+static void piece_print(const char *p)
+{
+    if (!p[0])
+        return;
+    if (!p[1] && !isprint((unsigned char)p[0]) && !isspace((unsigned char)p[0]))
+        return;
+    fputs(p, stdout);
+}
+
+static int on_token(void *user, int token, const char *text)
+{
+    (void)user;
+    (void)token;
+    piece_print(text);
+    fflush(stdout);
+    return 0;
+}
+
+/* The `target:` line of a bundle's manifest, or "" if unreadable. */
+static void manifest_target(const char *bundle, char *out, size_t cap)
+{
+    char path[4096], line[512];
+    snprintf(path, sizeof path, "%s/manifest.yaml", bundle);
+    out[0] = 0;
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "target: ", 8) == 0) {
+            size_t n = strcspn(line + 8, "\r\n");
+            n = n < cap - 1 ? n : cap - 1;
+            memcpy(out, line + 8, n);
+            out[n] = 0;
+            break;
+        }
+    }
+    if (f)
+        fclose(f);
+}
+
+/* The compile target of an engine; NULL (reported) if it has none here. */
+static const char *engine_target(RunEngine e)
+{
+    switch (e) {
+    case ENGINE_CPU:
+        return "cpu";
+    case ENGINE_HOST_CUDA:
+        return "host-cuda";
+    default:
+        fprintf(stderr, "megac run: engine '%s' cannot run from a description yet; compile a bundle with "
+                        "`megac compile --target sm_XX` and run that\n",
+                run_engine_name(e));
+        return NULL;
+    }
+}
+
+/* Does the bundle's target run on the engine asked for? The cpu engine
+ * (the default for a bundle) also runs host-cuda bundles: both are a
+ * kernel.so on CPU threads. */
+static bool engine_accepts(RunEngine e, const char *target)
+{
+    if (e == ENGINE_CPU)
+        return strcmp(target, "cpu") == 0 || strcmp(target, "host-cuda") == 0;
+    if (e == ENGINE_HOST_CUDA)
+        return strcmp(target, "host-cuda") == 0;
+    return strncmp(target, "sm_", 3) == 0;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ s[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* The cache key of compiling o for `target`; false if the description
+ * cannot be read. */
+/* Folds a file's identity (path, size, modification time) into h. */
+static uint64_t fnv_file_id(uint64_t h, const char *path)
+{
+    struct stat sb;
+    if (!path)
+        return h;
+    h = fnv(h, path, strlen(path) + 1);
+    if (stat(path, &sb) == 0) {
+        int64_t id[3] = {(int64_t)sb.st_size, (int64_t)sb.st_mtim.tv_sec, (int64_t)sb.st_mtim.tv_nsec};
+        h = fnv(h, id, sizeof id);
+    }
+    return h;
+}
+
+/* The weight and tokenizer files the description names, folded into h;
+ * false (errors reported) if the description does not load. */
+static bool fnv_model_files(uint64_t *h, const RunOptions *o)
+{
+    Arena a = {0};
+    Diag d;
+    diag_init(&d);
+    ModelDesc m;
+    bool ok = o->model ? desc_load(&m, &a, o->model, o->sets, o->nsets, &d)
+                       : desc_parse(&m, &a, "<embedded>", desc_default_yaml, strlen(desc_default_yaml), o->sets,
+                                    o->nsets, &d);
+    if (ok)
+        *h = fnv_file_id(fnv_file_id(*h, m.weights_path), m.tok_path);
+    arena_free(&a);
+    return ok;
+}
+
+static bool cache_key(const RunOptions *o, const char *target, uint64_t *key)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    if (o->model) {
+        size_t len;
+        char *text = read_file(o->model, &len);
+        if (!text) {
+            fprintf(stderr, "megac run: %s: cannot read: %s\n", o->model, strerror(errno));
+            return false;
+        }
+        h = fnv(h, text, len);
+        free(text);
+    } else {
+        h = fnv(h, desc_default_yaml, strlen(desc_default_yaml));
+    }
+    for (int i = 0; i < o->nsets; i++) {
+        h = fnv(h, o->sets[i].key, strlen(o->sets[i].key) + 1);
+        h = fnv(h, o->sets[i].value, strlen(o->sets[i].value) + 1);
+    }
+    h = fnv(h, target, strlen(target) + 1);
+    h = fnv(h, &o->workers, sizeof o->workers);
+    h = fnv_file_id(h, "/proc/self/exe");
+    if (!fnv_model_files(&h, o))
+        return false;
+    *key = h;
+    return true;
+}
+
+/* Compiles the description into the cache unless it is there; returns the
+ * bundle path (xmalloc'd) or NULL after reporting. */
+static char *bundle_cached(const RunOptions *o)
+{
+    const char *target = engine_target(o->engine);
+    uint64_t key;
+    if (!target || !cache_key(o, target, &key))
+        return NULL;
+    char *dir = xasprintf(RUN_CACHE_DIR "/%016" PRIx64 ".megac", key);
+    char *manifest = xasprintf("%s/manifest.yaml", dir);
+    bool have = access(manifest, R_OK) == 0;
+    free(manifest);
+    if (have) {
+        fprintf(stderr, "megac run: using the cached bundle %s\n", dir);
+        return dir;
+    }
+    if (mkdir(RUN_CACHE_DIR, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "megac run: cannot create %s: %s\n", RUN_CACHE_DIR, strerror(errno));
+        free(dir);
+        return NULL;
+    }
+    CompileOptions co;
+    memset(&co, 0, sizeof co);
+    co.model = o->model ? o->model : "default";
+    co.target = target;
+    co.workers = o->workers;
+    co.nsets = o->nsets < DRIVER_MAX_SETS ? o->nsets : DRIVER_MAX_SETS;
+    memcpy(co.sets, o->sets, sizeof(DescOverride) * (size_t)co.nsets);
+    co.out = dir;
+    fprintf(stderr, "megac run: compiling %s for %s into %s\n", co.model, target, dir);
+    if (driver_compile(&co) != 0) {
+        free(dir);
+        return NULL;
+    }
+    return dir;
+}
+
+/* Tokenizes the prompt (BOS first); returns the count or -1 (reported). */
+static int prompt_encode(megac_model *m, const char *prompt, int **ids)
+{
+    const char *text = prompt ? prompt : "";
+    int cap = (int)strlen(text) + 8;
+    *ids = xmalloc(sizeof(int) * (size_t)cap);
+    int n = megac_encode(m, text, 1, *ids, cap);
+    if (n < 1)
+        fprintf(stderr, "megac run: cannot tokenize the prompt: %s\n", megac_error(m));
+    return n;
+}
+
+static void stats_print(const megac_stats *st, const megac_model *m)
+{
+    double pre = st->prefill_s > 0 ? st->prompt_tokens / st->prefill_s : 0;
+    double dec = st->decode_s > 0 ? st->generated_tokens / st->decode_s : 0;
+    fprintf(stderr, "megac run: %d prompt tokens (%.1f tok/s), %d generated (%.1f tok/s), %d workers\n",
+            st->prompt_tokens, pre, st->generated_tokens, dec, megac_num_workers(m));
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (ncpu > 0 && megac_num_workers(m) > ncpu)
+        fprintf(stderr, "megac run: note: %d workers on %ld CPUs: a worker's waits spin while the one it waits "
+                        "for is not running; compile with --workers %ld or fewer for speed\n",
+                megac_num_workers(m), ncpu, ncpu);
+}
+
+/* Opens the bundle, generates, prints; returns the exit status. */
+static int bundle_generate(const RunOptions *o, const char *bundle)
+{
+    megac_model *m;
+    if (megac_open(bundle, &m) != MEGAC_OK) {
+        fprintf(stderr, "megac run: %s\n", megac_last_open_error());
+        return 2;
+    }
+    if (o->model_is_bundle && o->workers && o->workers != megac_num_workers(m)) {
+        fprintf(stderr, "megac run: %s has %d workers; recompile it with --workers %d\n", bundle,
+                megac_num_workers(m), o->workers);
+        megac_close(m);
+        return 2;
+    }
+    int *ids = NULL;
+    int n = prompt_encode(m, o->prompt, &ids);
+    int steps = o->steps > 0 && o->steps < megac_max_seq(m) ? o->steps : megac_max_seq(m);
+    int rc = 2;
+    if (n > steps)
+        fprintf(stderr, "megac run: the prompt has %d tokens, more than the %d positions asked for\n", n, steps);
+    if (n < 1 || n > steps)
+        goto out;
+    for (int i = 1; i < n; i++)
+        piece_print(megac_decode(m, ids[i - 1], ids[i]));
+    fflush(stdout);
+    megac_sampler s = {o->temperature, o->top_k, o->top_p, o->seed};
+    megac_stats st;
+    megac_status r = megac_generate(m, ids, n, steps - n + 1, &s, on_token, NULL, &st);
+    printf("\n");
+    fflush(stdout);
+    if (r != MEGAC_OK) {
+        fprintf(stderr, "megac run: %s\n", megac_error(m));
+        rc = 1;
+        goto out;
+    }
+    stats_print(&st, m);
+    rc = 0;
+out:
+    free(ids);
+    megac_close(m);
+    return rc;
+}
+
+int run_bundle(const RunOptions *o)
+{
+    if (!o->model_is_bundle) {
+        char *dir = bundle_cached(o);
+        if (!dir)
+            return 2;
+        int rc = bundle_generate(o, dir);
+        free(dir);
+        return rc;
+    }
+    char target[64];
+    manifest_target(o->model, target, sizeof target);
+    if (target[0] && !engine_accepts(o->engine, target)) {
+        fprintf(stderr, "megac run: %s was compiled for target '%s', not for engine '%s'\n", o->model, target,
+                run_engine_name(o->engine));
+        return 2;
+    }
+    return bundle_generate(o, o->model);
+}

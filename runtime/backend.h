@@ -1,0 +1,104 @@
+/*
+ * backend.h - the runtime's private header: the bundle manifest, the model
+ * object behind megac.h, and the small backend vtable a device plugs into.
+ *
+ * A bundle is a folder NAME.megac/ holding
+ *   manifest.yaml   flat `key: value` lines (see bundle.c for the keys)
+ *   schedule.sched  the validated schedule, as text
+ *   kernel.so       (cpu, host-cuda) or kernel.sm_XX.cubin (CUDA)
+ *   weights.bin     every weight buffer at its schedule offset, 64-aligned
+ *   tokenizer.bin   the native tokenizer file (runtime/tokenizer.h)
+ *
+ * Sections are named by the file that defines them. Nothing here uses the
+ * compiler: the runtime builds alone and never exits the process.
+ */
+#ifndef MEGAC_RT_BACKEND_H
+#define MEGAC_RT_BACKEND_H
+
+#include "runtime/kernel_abi.h"
+#include "runtime/megac.h"
+#include "runtime/tokenizer.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RT_FORMAT_VERSION 1
+#define RT_ERR_LEN 1024
+
+/* manifest.yaml, parsed. Strings are owned by the manifest (fixed size). */
+typedef struct RtManifest {
+    int format;                 /* RT_FORMAT_VERSION */
+    char name[128];
+    char target[32];            /* "cpu", "host-cuda", "sm_90", ... */
+    char kernel[128];           /* file name inside the bundle */
+    uint64_t kernel_abi;        /* MEGAC_KERNEL_ABI the kernel was built for */
+    uint64_t schedule_hash;     /* FNV-1a of schedule.sched */
+    uint64_t weights_bytes;     /* size of weights.bin */
+    uint64_t weights_read_bytes;/* weight bytes the kernel reads per step */
+    uint64_t arena_bytes;       /* state, kv, scratch and io buffers */
+    uint32_t counters;          /* number of step counters */
+    uint32_t workers;
+    int vocab, max_seq, bos, eos;
+    uint64_t off_tok;           /* arena offsets of the io buffers: tok i32 */
+    uint64_t off_logits;        /* logits f32 [vocab] */
+    uint64_t off_next;          /* next i32: the kernel's argmax */
+} RtManifest;
+
+typedef struct RtBackend RtBackend;
+
+/* The object behind `megac_model *`. */
+struct megac_model {
+    char *dir;                  /* the bundle folder */
+    RtManifest man;
+    const RtBackend *be;
+    void *be_state;             /* owned by the backend */
+    const void *weights;        /* weights.bin, mmap'd read-only */
+    size_t weights_len;
+    Tokenizer *tok;
+    int pos;                    /* position of the next step */
+    bool stepped;               /* logits are valid */
+    const float *logits;        /* vocab floats after a step (backend-owned) */
+    int next;                   /* the kernel's argmax after a step */
+    char err[RT_ERR_LEN];
+    char piece[512];            /* megac_decode's text */
+};
+
+/* A device backend: opens the kernel, runs one step, closes. */
+struct RtBackend {
+    const char *name;
+    /* Loads m->dir/m->man.kernel and prepares to run; checks what the kernel
+     * says about itself against the manifest. */
+    megac_status (*open)(megac_model *m);
+    /* Runs one decode step of `token` at `pos`; then m->logits and m->next
+     * hold its results. */
+    megac_status (*step)(megac_model *m, int token, int pos);
+    /* Clears state that lives across steps (KV cache) for a new sequence. */
+    megac_status (*reset)(megac_model *m);
+    void (*close)(megac_model *m);
+};
+
+/* ---- runtime.c ---- */
+/* Sets m->err (printf style) and returns st. */
+megac_status rt_fail(megac_model *m, megac_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- bundle.c ---- */
+/* Parses manifest.yaml text; errors name `path` and the line. */
+megac_status rt_manifest_parse(RtManifest *man, const char *path, const char *text, size_t len,
+                               char *err, size_t errlen);
+/* Reads manifest.yaml, checks schedule.sched against its hash, maps
+ * weights.bin (size checked) and loads tokenizer.bin. */
+megac_status rt_bundle_load(megac_model *m);
+void rt_bundle_unload(megac_model *m);
+uint64_t rt_fnv1a(const void *p, size_t n);
+/* `dir/name` into buf; false if it does not fit. */
+bool rt_path(char *buf, size_t cap, const char *dir, const char *name);
+
+/* ---- cpu_backend.c ---- */
+extern const RtBackend rt_cpu_backend;
+
+/* ---- cuda_backend.c ---- */
+extern const RtBackend rt_cuda_backend;
+
+#endif

@@ -1,0 +1,368 @@
+/*
+ * bundle.c - reads a bundle folder and refuses any set of files that do not
+ * belong together.
+ *
+ * manifest.yaml is flat `key: value` lines (valid YAML, parsed here by hand
+ * so the runtime needs no YAML library); `#` starts a comment line. Every
+ * key below is required, unknown keys are errors, and numbers are decimal
+ * except schedule_hash (16 hex digits, the FNV-1a 64 of schedule.sched's
+ * bytes, which is what the compiler's sched_hash() computes):
+ *
+ *   format: 1                 name: stories260K        target: cpu
+ *   kernel: kernel.so         kernel_abi: 1            schedule_hash: 9ae1...
+ *   weights_bytes: N          weights_read_bytes: N    arena_bytes: N
+ *   counters: N               workers: N               vocab: N
+ *   max_seq: N                bos: N                   eos: N
+ *   io_tok: OFF               io_logits: OFF           io_next: OFF
+ *
+ * Checks at open: the format version, the schedule hash (manifest vs the
+ * bytes of schedule.sched; the kernel's own hash is checked by the backend),
+ * weights.bin's size, the io offsets inside the arena, and that the
+ * tokenizer has no more tokens than the model's vocabulary.
+ */
+#include "runtime/backend.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef enum { MK_INT, MK_U64, MK_U32, MK_HEX, MK_STR } ManKind;
+
+typedef struct {
+    const char *key;
+    ManKind kind;
+    size_t off;                 /* offsetof(RtManifest, field) */
+    size_t size;                /* MK_STR: buffer size */
+} ManKey;
+
+#define MK(k, kind, field) {k, kind, offsetof(RtManifest, field), sizeof(((RtManifest *)0)->field)}
+static const ManKey man_keys[] = {
+    MK("format", MK_INT, format),
+    MK("name", MK_STR, name),
+    MK("target", MK_STR, target),
+    MK("kernel", MK_STR, kernel),
+    MK("kernel_abi", MK_U64, kernel_abi),
+    MK("schedule_hash", MK_HEX, schedule_hash),
+    MK("weights_bytes", MK_U64, weights_bytes),
+    MK("weights_read_bytes", MK_U64, weights_read_bytes),
+    MK("arena_bytes", MK_U64, arena_bytes),
+    MK("counters", MK_U32, counters),
+    MK("workers", MK_U32, workers),
+    MK("vocab", MK_INT, vocab),
+    MK("max_seq", MK_INT, max_seq),
+    MK("bos", MK_INT, bos),
+    MK("eos", MK_INT, eos),
+    MK("io_tok", MK_U64, off_tok),
+    MK("io_logits", MK_U64, off_logits),
+    MK("io_next", MK_U64, off_next),
+};
+#undef MK
+enum { NKEYS = sizeof man_keys / sizeof man_keys[0] };
+
+uint64_t rt_fnv1a(const void *p, size_t n)
+{
+    const unsigned char *s = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= s[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+bool rt_path(char *buf, size_t cap, const char *dir, const char *name)
+{
+    int n = snprintf(buf, cap, "%s/%s", dir, name);
+    return n > 0 && (size_t)n < cap;
+}
+
+/* Stores value text `v` into the field of `k`; false if it does not parse. */
+static bool man_value_set(RtManifest *man, const ManKey *k, const char *v)
+{
+    char *field = (char *)man + k->off;
+    char *end = NULL;
+    if (k->kind == MK_STR) {
+        size_t n = strlen(v);
+        if (n == 0 || n >= k->size)
+            return false;
+        memcpy(field, v, n + 1);
+        return true;
+    }
+    errno = 0;
+    if (k->kind == MK_INT) {    /* bos/eos may be -1 */
+        long x = strtol(v, &end, 10);
+        if (errno || *end || end == v || x < INT32_MIN || x > INT32_MAX)
+            return false;
+        *(int *)field = (int)x;
+        return true;
+    }
+    if (*v == '-' || *v == '+')
+        return false;
+    unsigned long long x = strtoull(v, &end, k->kind == MK_HEX ? 16 : 10);
+    if (errno || *end || end == v)
+        return false;
+    switch (k->kind) {
+    case MK_U32:
+        if (x > UINT32_MAX)
+            return false;
+        *(uint32_t *)field = (uint32_t)x;
+        return true;
+    default:
+        *(uint64_t *)field = (uint64_t)x;
+        return true;
+    }
+}
+
+/* Splits one line into key and value (both trimmed, in place). */
+static bool man_line_split(char *line, char **key, char **val)
+{
+    char *colon = strchr(line, ':');
+    if (!colon)
+        return false;
+    *colon = 0;
+    char *k = line, *v = colon + 1;
+    while (*v == ' ' || *v == '\t')
+        v++;
+    size_t n = strlen(v);
+    while (n && (v[n - 1] == ' ' || v[n - 1] == '\t' || v[n - 1] == '\r'))
+        v[--n] = 0;
+    if (n >= 2 && v[0] == '"' && v[n - 1] == '"') {
+        v[n - 1] = 0;
+        v++;
+    }
+    *key = k;
+    *val = v;
+    return *k && strspn(k, "abcdefghijklmnopqrstuvwxyz_") == strlen(k);
+}
+
+static const ManKey *man_key_find(const char *key)
+{
+    for (int i = 0; i < NKEYS; i++)
+        if (strcmp(man_keys[i].key, key) == 0)
+            return &man_keys[i];
+    return NULL;
+}
+
+/* Applies one non-blank, non-comment line; returns an error message
+ * (written into msg) or NULL. */
+static const char *man_line_apply(RtManifest *man, bool *seen, char *line, char *msg, size_t cap)
+{
+    char *key, *val;
+    if (!man_line_split(line, &key, &val))
+        return "expected `key: value`";
+    const ManKey *k = man_key_find(key);
+    if (!k)
+        snprintf(msg, cap, "unknown key '%s'", key);
+    else if (seen[k - man_keys])
+        snprintf(msg, cap, "duplicate key '%s'", key);
+    else if (!man_value_set(man, k, val))
+        snprintf(msg, cap, "bad value '%s' for '%s'", val, key);
+    else if (k->off == offsetof(RtManifest, format) && man->format != RT_FORMAT_VERSION)
+        snprintf(msg, cap, "bundle format %d, but this runtime reads format %d", man->format, RT_FORMAT_VERSION);
+    else {
+        seen[k - man_keys] = true;
+        return NULL;
+    }
+    return msg;
+}
+
+megac_status rt_manifest_parse(RtManifest *man, const char *path, const char *text, size_t len,
+                               char *err, size_t errlen)
+{
+    memset(man, 0, sizeof *man);
+    bool seen[NKEYS] = {0};
+    int lineno = 0;
+    for (size_t i = 0, e; i < len; i = e + 1) {
+        for (e = i; e < len && text[e] != '\n'; e++)
+            ;
+        char line[512], msg[640];
+        size_t n = e - i;
+        lineno++;
+        if (n >= sizeof line) {
+            snprintf(err, errlen, "%s:%d: error: line too long", path, lineno);
+            return MEGAC_ERR_FORMAT;
+        }
+        memcpy(line, text + i, n);
+        line[n] = 0;
+        if (strspn(line, " \t\r") == n || line[0] == '#')
+            continue;
+        const char *why = man_line_apply(man, seen, line, msg, sizeof msg);
+        if (why) {
+            snprintf(err, errlen, "%s:%d: error: %s", path, lineno, why);
+            return MEGAC_ERR_FORMAT;
+        }
+    }
+    for (int k = 0; k < NKEYS; k++) {
+        if (!seen[k]) {
+            snprintf(err, errlen, "%s: error: missing key '%s'", path, man_keys[k].key);
+            return MEGAC_ERR_FORMAT;
+        }
+    }
+    return MEGAC_OK;
+}
+
+/* Reads a whole small file into a malloc'd buffer. */
+static char *file_slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 8192;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                errno = ENOMEM;
+                return NULL;
+            }
+            buf = nb;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0)
+            break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        errno = EIO;
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+static megac_status bundle_manifest_read(megac_model *m)
+{
+    char path[4096];
+    if (!rt_path(path, sizeof path, m->dir, "manifest.yaml"))
+        return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
+    size_t len;
+    char *text = file_slurp(path, &len);
+    if (!text)
+        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read: %s (is %s a megac bundle?)", path,
+                       strerror(errno), m->dir);
+    megac_status st = rt_manifest_parse(&m->man, path, text, len, m->err, sizeof m->err);
+    free(text);
+    return st;
+}
+
+/* The manifest's numbers must describe a model this runtime can drive. */
+static megac_status bundle_manifest_check(megac_model *m)
+{
+    const RtManifest *x = &m->man;
+    char path[4096];
+    if (!rt_path(path, sizeof path, m->dir, "manifest.yaml"))
+        return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
+    if (x->kernel_abi != MEGAC_KERNEL_ABI)
+        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: kernel_abi %" PRIu64 ", but this runtime speaks ABI %u",
+                       path, x->kernel_abi, MEGAC_KERNEL_ABI);
+    if (x->workers < 1 || x->workers > 4096 || x->vocab < 1 || x->max_seq < 1)
+        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: workers, vocab and max_seq must be positive", path);
+    if (strchr(x->kernel, '/'))
+        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: kernel '%s' must name a file in the bundle", path, x->kernel);
+    uint64_t end_logits = x->off_logits + 4ull * (uint64_t)x->vocab;
+    if (x->off_tok + 4 > x->arena_bytes || x->off_next + 4 > x->arena_bytes || end_logits > x->arena_bytes ||
+        (x->off_tok | x->off_next | x->off_logits) % 4)
+        return rt_fail(m, MEGAC_ERR_FORMAT,
+                       "%s: error: io buffers (tok %" PRIu64 ", logits %" PRIu64 ", next %" PRIu64
+                       ") do not fit the arena of %" PRIu64 " bytes",
+                       path, x->off_tok, x->off_logits, x->off_next, x->arena_bytes);
+    return MEGAC_OK;
+}
+
+/* schedule.sched must be the schedule the manifest was written for. */
+static megac_status bundle_schedule_check(megac_model *m)
+{
+    char path[4096];
+    if (!rt_path(path, sizeof path, m->dir, "schedule.sched"))
+        return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
+    size_t len;
+    char *text = file_slurp(path, &len);
+    if (!text)
+        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+    uint64_t h = rt_fnv1a(text, len);
+    free(text);
+    if (h != m->man.schedule_hash)
+        return rt_fail(m, MEGAC_ERR_FORMAT,
+                       "%s: error: schedule hash %016" PRIx64 " does not match the manifest's %016" PRIx64
+                       " (the schedule was changed after compilation)",
+                       path, h, m->man.schedule_hash);
+    return MEGAC_OK;
+}
+
+static megac_status bundle_weights_map(megac_model *m)
+{
+    char path[4096];
+    if (!rt_path(path, sizeof path, m->dir, "weights.bin"))
+        return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        close(fd);
+        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    }
+    if ((uint64_t)sb.st_size != m->man.weights_bytes) {
+        close(fd);
+        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: %" PRIu64 " bytes, but the manifest says %" PRIu64,
+                       path, (uint64_t)sb.st_size, m->man.weights_bytes);
+    }
+    m->weights_len = (size_t)sb.st_size;
+    if (m->weights_len == 0) {
+        close(fd);
+        return MEGAC_OK;
+    }
+    void *p = mmap(NULL, m->weights_len, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return rt_fail(m, MEGAC_ERR_IO, "%s: mmap: %s", path, strerror(errno));
+    m->weights = p;
+    return MEGAC_OK;
+}
+
+static megac_status bundle_tokenizer_load(megac_model *m)
+{
+    char path[4096], err[512];
+    if (!rt_path(path, sizeof path, m->dir, "tokenizer.bin"))
+        return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
+    m->tok = tok_load(path, err, sizeof err);
+    if (!m->tok)
+        return rt_fail(m, MEGAC_ERR_FORMAT, "%s", err);
+    if (tok_vocab(m->tok) > m->man.vocab)   /* fewer is fine: unused ids (Qwen2.5, byte tokenizers) */
+        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: %d tokens, more than the model's vocabulary of %d", path,
+                       tok_vocab(m->tok), m->man.vocab);
+    return MEGAC_OK;
+}
+
+megac_status rt_bundle_load(megac_model *m)
+{
+    megac_status st;
+    if ((st = bundle_manifest_read(m)) || (st = bundle_manifest_check(m)) || (st = bundle_schedule_check(m)) ||
+        (st = bundle_weights_map(m)) || (st = bundle_tokenizer_load(m)))
+        return st;
+    return MEGAC_OK;
+}
+
+void rt_bundle_unload(megac_model *m)
+{
+    if (m->weights)
+        munmap((void *)m->weights, m->weights_len);
+    m->weights = NULL;
+    if (m->tok)
+        tok_free(m->tok);
+    m->tok = NULL;
+}

@@ -1,0 +1,259 @@
+/*
+ * cpu_backend.c - runs a kernel.so (cpu and host-cuda targets) on W
+ * persistent worker threads.
+ *
+ * The threads start once at open and park on a condition variable between
+ * steps (they do not spin). A step: the caller zeroes the counters, writes
+ * the token into the arena's `tok` buffer, bumps the step generation and
+ * wakes every worker; worker w calls megac_worker(&args, w) and reports
+ * done; the caller sleeps until all W are done, then checks the abort flag
+ * that a kernel wait sets when its watchdog expires.
+ *
+ * MEGAC_WATCHDOG_MS in the environment (read at open) sets the kernel's
+ * wait deadline (MegacArgs.timeout_ns); unset, the kernel's default holds.
+ */
+#include "runtime/backend.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef void (*megac_worker_fn)(const MegacArgs *a, uint32_t worker);
+
+typedef struct CpuPool CpuPool;
+
+typedef struct CpuThread {
+    CpuPool *pool;
+    uint32_t index;
+    pthread_t th;
+    bool started;
+} CpuThread;
+
+struct CpuPool {
+    void *dl;
+    megac_worker_fn worker;
+    void *arena;                /* arena_bytes, 64-byte aligned */
+    uint32_t *counters;
+    MegacAbort abort_info;
+    MegacArgs args;
+    uint32_t nthreads;
+    CpuThread *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t go;          /* workers wait here for a new generation */
+    pthread_cond_t done;        /* the caller waits here for ndone == W */
+    uint64_t gen;               /* step generation */
+    uint32_t ndone;
+    bool quit;
+};
+
+/* Worker thread: park until the generation moves, run, report done. */
+static void *cpu_thread_main(void *p)
+{
+    CpuThread *t = p;
+    CpuPool *pool = t->pool;
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&pool->mu);
+        while (pool->gen == seen && !pool->quit)
+            pthread_cond_wait(&pool->go, &pool->mu);
+        if (pool->quit) {
+            pthread_mutex_unlock(&pool->mu);
+            return NULL;
+        }
+        seen = pool->gen;
+        pthread_mutex_unlock(&pool->mu);
+
+        pool->worker(&pool->args, t->index);
+
+        pthread_mutex_lock(&pool->mu);
+        if (++pool->ndone == pool->nthreads)
+            pthread_cond_signal(&pool->done);
+        pthread_mutex_unlock(&pool->mu);
+    }
+}
+
+/* Looks up a symbol of the kernel; NULL with m->err set if absent. */
+static const void *cpu_symbol(megac_model *m, void *dl, const char *path, const char *name)
+{
+    dlerror();
+    const void *p = dlsym(dl, name);
+    const char *e = dlerror();
+    if (e || !p) {
+        rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: the kernel does not export '%s' (%s)", path, name,
+                e ? e : "null");
+        return NULL;
+    }
+    return p;
+}
+
+/* The kernel must say it is the kernel this manifest describes. */
+static megac_status cpu_kernel_check(megac_model *m, CpuPool *pool, const char *path)
+{
+    const uint64_t *abi, *hash;
+    const uint32_t *nw;
+    const void *fn;
+    if (!(abi = cpu_symbol(m, pool->dl, path, "megac_kernel_abi")) ||
+        !(hash = cpu_symbol(m, pool->dl, path, "megac_schedule_hash")) ||
+        !(nw = cpu_symbol(m, pool->dl, path, "megac_num_workers")) ||
+        !(fn = cpu_symbol(m, pool->dl, path, "megac_worker")))
+        return MEGAC_ERR_FORMAT;
+    pool->worker = (megac_worker_fn)(uintptr_t)fn;
+    if (*abi != MEGAC_KERNEL_ABI)
+        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: kernel ABI %" PRIu64 ", but this runtime speaks ABI %u",
+                       path, *abi, MEGAC_KERNEL_ABI);
+    if (*hash != m->man.schedule_hash)
+        return rt_fail(m, MEGAC_ERR_FORMAT,
+                       "%s: error: the kernel was built for schedule %016" PRIx64
+                       ", but the manifest and schedule.sched are %016" PRIx64,
+                       path, *hash, m->man.schedule_hash);
+    if (*nw != m->man.workers)
+        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: the kernel has %u workers, but the manifest says %u", path,
+                       *nw, m->man.workers);
+    return MEGAC_OK;
+}
+
+static megac_status cpu_memory_init(megac_model *m, CpuPool *pool)
+{
+    size_t bytes = (size_t)((m->man.arena_bytes + 63) / 64 * 64);
+    if (bytes == 0)
+        bytes = 64;
+    if (posix_memalign(&pool->arena, 64, bytes) != 0)
+        return rt_fail(m, MEGAC_ERR_NOMEM, "cannot allocate the %zu-byte arena", bytes);
+    memset(pool->arena, 0, bytes);
+    pool->counters = calloc(m->man.counters ? m->man.counters : 1, sizeof(uint32_t));
+    if (!pool->counters)
+        return rt_fail(m, MEGAC_ERR_NOMEM, "cannot allocate %u counters", m->man.counters);
+    pool->args.weights = m->weights;
+    pool->args.arena = pool->arena;
+    pool->args.counters = pool->counters;
+    pool->args.abort_info = &pool->abort_info;
+    const char *t = getenv("MEGAC_WATCHDOG_MS");
+    pool->args.timeout_ns = t ? (uint64_t)strtoull(t, NULL, 10) * 1000000ull : 0;
+    m->logits = (const float *)((const char *)pool->arena + m->man.off_logits);
+    return MEGAC_OK;
+}
+
+static megac_status cpu_threads_start(megac_model *m, CpuPool *pool)
+{
+    pool->nthreads = m->man.workers;
+    pool->threads = calloc(pool->nthreads, sizeof *pool->threads);
+    if (!pool->threads)
+        return rt_fail(m, MEGAC_ERR_NOMEM, "cannot allocate %u threads", pool->nthreads);
+    for (uint32_t i = 0; i < pool->nthreads; i++) {
+        CpuThread *t = &pool->threads[i];
+        t->pool = pool;
+        t->index = i;
+        int e = pthread_create(&t->th, NULL, cpu_thread_main, t);
+        if (e != 0)
+            return rt_fail(m, MEGAC_ERR_NOMEM, "pthread_create (worker %u of %u): %s", i, pool->nthreads,
+                           strerror(e));
+        t->started = true;
+    }
+    return MEGAC_OK;
+}
+
+static void cpu_close(megac_model *m)
+{
+    CpuPool *pool = m->be_state;
+    if (!pool)
+        return;
+    pthread_mutex_lock(&pool->mu);
+    pool->quit = true;
+    pthread_cond_broadcast(&pool->go);
+    pthread_mutex_unlock(&pool->mu);
+    for (uint32_t i = 0; pool->threads && i < pool->nthreads; i++)
+        if (pool->threads[i].started)
+            pthread_join(pool->threads[i].th, NULL);
+    free(pool->threads);
+    pthread_cond_destroy(&pool->go);
+    pthread_cond_destroy(&pool->done);
+    pthread_mutex_destroy(&pool->mu);
+    /* dlclose only after every thread that ran kernel code has exited */
+    if (pool->dl)
+        dlclose(pool->dl);
+    free(pool->counters);
+    free(pool->arena);
+    free(pool);
+    m->be_state = NULL;
+    m->logits = NULL;
+}
+
+static megac_status cpu_open(megac_model *m)
+{
+    char path[4096];
+    if (!rt_path(path, sizeof path, m->dir, m->man.kernel))
+        return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
+    CpuPool *pool = calloc(1, sizeof *pool);
+    if (!pool)
+        return rt_fail(m, MEGAC_ERR_NOMEM, "out of memory");
+    if (pthread_mutex_init(&pool->mu, NULL) != 0 || pthread_cond_init(&pool->go, NULL) != 0 ||
+        pthread_cond_init(&pool->done, NULL) != 0) {
+        free(pool);     /* these inits cannot fail on Linux; if one did, nothing else was made */
+        return rt_fail(m, MEGAC_ERR_NOMEM, "cannot create the worker pool's mutex and condition variables");
+    }
+    m->be_state = pool;
+    pool->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!pool->dl)
+        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot load the kernel: %s", path, dlerror());
+    megac_status st;
+    if ((st = cpu_kernel_check(m, pool, path)) || (st = cpu_memory_init(m, pool)) ||
+        (st = cpu_threads_start(m, pool)))
+        return st;
+    return MEGAC_OK;
+}
+
+/* Wakes all workers for one step and sleeps until every one is done. */
+static void cpu_pool_run(CpuPool *pool)
+{
+    pthread_mutex_lock(&pool->mu);
+    pool->ndone = 0;
+    pool->gen++;
+    pthread_cond_broadcast(&pool->go);
+    while (pool->ndone < pool->nthreads)
+        pthread_cond_wait(&pool->done, &pool->mu);
+    pthread_mutex_unlock(&pool->mu);
+}
+
+static megac_status cpu_step(megac_model *m, int token, int pos)
+{
+    CpuPool *pool = m->be_state;
+    memset(pool->counters, 0, (m->man.counters ? m->man.counters : 1) * sizeof(uint32_t));
+    memset(&pool->abort_info, 0, sizeof pool->abort_info);
+    int32_t tok = token;
+    memcpy((char *)pool->arena + m->man.off_tok, &tok, sizeof tok);
+    pool->args.pos = pos;
+    cpu_pool_run(pool);
+    const MegacAbort *a = &pool->abort_info;
+    if (a->flag && a->counter == UINT32_MAX)    /* the kernel refused the step itself */
+        return rt_fail(m, MEGAC_ERR_KERNEL, "kernel refused position %u (flag %u, limit %u): nothing ran", a->value,
+                       a->flag, a->threshold);
+    if (a->flag)
+        return rt_fail(m, MEGAC_ERR_KERNEL,
+                       "kernel aborted at position %d: worker %u, pc %u waited on counter %u, which stayed at %u "
+                       "below its threshold %u (watchdog)",
+                       pos, a->worker, a->pc, a->counter, a->value, a->threshold);
+    int32_t next;
+    memcpy(&next, (const char *)pool->arena + m->man.off_next, sizeof next);
+    m->next = next;
+    return MEGAC_OK;
+}
+
+/* A new sequence: state and KV start from zero, as after open. */
+static megac_status cpu_reset(megac_model *m)
+{
+    CpuPool *pool = m->be_state;
+    memset(pool->arena, 0, (size_t)m->man.arena_bytes);
+    return MEGAC_OK;
+}
+
+const RtBackend rt_cpu_backend = {
+    .name = "cpu",
+    .open = cpu_open,
+    .step = cpu_step,
+    .reset = cpu_reset,
+    .close = cpu_close,
+};

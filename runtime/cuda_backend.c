@@ -1,0 +1,290 @@
+/*
+ * cuda_backend.c - runs a kernel.sm_XX.cubin (targets sm_80, sm_90,
+ * sm_120) through the CUDA driver API, loaded with dlopen (cuda_driver.c).
+ *
+ * Open: the driver, device 0 (MEGAC_CUDA_DEVICE picks another), a compute
+ * capability the cubin runs on, the primary context, cuModuleLoadData of
+ * the cubin, its constants (megac_kernel_abi, megac_schedule_hash,
+ * megac_num_workers) checked against the manifest, and the co-residency of
+ * all W blocks (cuOccupancyMaxActiveBlocksPerMultiprocessor x SMs >= W: a
+ * persistent kernel whose blocks are not all resident never finishes).
+ * Weights are uploaded once; the arena (state, KV cache, scratch, io),
+ * the counters and the abort record live on the device.
+ * Step: counters and abort record zeroed with memsets, the token written
+ * into the arena, one cooperative launch of W blocks, then the abort
+ * record, the logits and the kernel's argmax copied back.
+ */
+#include "runtime/backend.h"
+#include "runtime/cuda_driver.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct CudaState {
+    CudaDriver drv;
+    bool have_drv;
+    CUdevice dev;
+    CUcontext ctx;
+    bool have_ctx;
+    CUmodule mod;
+    CUfunction fn;
+    int threads;                /* block size the kernel was built for */
+    CUdeviceptr weights, arena, counters, abort_info;
+    MegacArgs args;             /* device pointers */
+    float *logits;              /* vocab floats, host copy */
+} CudaState;
+
+/* Fails with the driver's message for a call that did not succeed. */
+#define CU_CHECK(m, st, call)                                                                        \
+    do {                                                                                             \
+        CUresult r_ = (st)->drv.call;                                                                \
+        if (r_ != 0)                                                                                 \
+            return rt_fail((m), MEGAC_ERR_DEVICE, "%s failed: %s (%d)", #call,                       \
+                           cuda_driver_error(&(st)->drv, r_), r_);                                   \
+    } while (0)
+
+/* "sm_90" -> 90 */
+static int cuda_target_arch(const char *target)
+{
+    if (strncmp(target, "sm_", 3) != 0)
+        return 0;
+    return atoi(target + 3);
+}
+
+/* A cubin runs on its own major version, at its minor version or later. */
+static megac_status cuda_device_pick(megac_model *m, CudaState *st)
+{
+    int n = 0, ordinal = 0, major = 0, minor = 0, coop = 0;
+    const char *e = getenv("MEGAC_CUDA_DEVICE");
+    if (e)
+        ordinal = atoi(e);
+    CU_CHECK(m, st, cuDeviceGetCount(&n));
+    if (n <= ordinal)
+        return rt_fail(m, MEGAC_ERR_DEVICE, "no CUDA device %d: the driver sees %d device(s)", ordinal, n);
+    CU_CHECK(m, st, cuDeviceGet(&st->dev, ordinal));
+    CU_CHECK(m, st, cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, st->dev));
+    CU_CHECK(m, st, cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, st->dev));
+    CU_CHECK(m, st, cuDeviceGetAttribute(&coop, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, st->dev));
+    int want = cuda_target_arch(m->man.target);
+    char name[256] = "?";
+    st->drv.cuDeviceGetName(name, (int)sizeof name, st->dev);
+    if (major != want / 10 || minor < want % 10)
+        return rt_fail(m, MEGAC_ERR_DEVICE, "%s: the kernel is built for %s, but device %d (%s) is sm_%d%d", m->dir,
+                       m->man.target, ordinal, name, major, minor);
+    if (!coop)
+        return rt_fail(m, MEGAC_ERR_DEVICE, "device %d (%s) does not support cooperative launches", ordinal, name);
+    return MEGAC_OK;
+}
+
+static megac_status cuda_read_cubin(megac_model *m, char **data)
+{
+    char path[4096];
+    if (!rt_path(path, sizeof path, m->dir, m->man.kernel))
+        return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot open the kernel", path);
+    size_t cap = 1 << 20, len = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        len += fread(buf + len, 1, cap - len, f);
+        if (len < cap)
+            break;
+        char *nb = realloc(buf, cap *= 2);
+        if (!nb)
+            free(buf);
+        buf = nb;
+    }
+    bool err = ferror(f);
+    fclose(f);
+    if (!buf)
+        return rt_fail(m, MEGAC_ERR_NOMEM, "%s: out of memory reading the kernel", path);
+    if (err) {
+        free(buf);
+        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read the kernel", path);
+    }
+    *data = buf;
+    return MEGAC_OK;
+}
+
+/* A __device__ constant of the module, copied to the host. */
+static megac_status cuda_global(megac_model *m, CudaState *st, const char *name, void *out, size_t size)
+{
+    CUdeviceptr p;
+    size_t bytes = 0;
+    CUresult r = st->drv.cuModuleGetGlobal_v2(&p, &bytes, st->mod, name);
+    if (r != 0 || bytes != size)
+        return rt_fail(m, MEGAC_ERR_FORMAT, "%s/%s: error: the kernel has no %zu-byte constant '%s' (%s)", m->dir,
+                       m->man.kernel, size, name, r ? cuda_driver_error(&st->drv, r) : "wrong size");
+    CU_CHECK(m, st, cuMemcpyDtoH_v2(out, p, size));
+    return MEGAC_OK;
+}
+
+static megac_status cuda_module_load(megac_model *m, CudaState *st)
+{
+    char *cubin = NULL;
+    megac_status s = cuda_read_cubin(m, &cubin);
+    if (s)
+        return s;
+    CUresult r = st->drv.cuModuleLoadData(&st->mod, cubin);
+    free(cubin);
+    if (r != 0)
+        return rt_fail(m, MEGAC_ERR_DEVICE, "cuModuleLoadData(%s/%s) failed: %s", m->dir, m->man.kernel,
+                       cuda_driver_error(&st->drv, r));
+    CU_CHECK(m, st, cuModuleGetFunction(&st->fn, st->mod, "megac_kernel"));
+    uint64_t abi = 0, hash = 0;
+    uint32_t nw = 0;
+    if ((s = cuda_global(m, st, "megac_kernel_abi", &abi, 8)) || (s = cuda_global(m, st, "megac_schedule_hash", &hash, 8)) ||
+        (s = cuda_global(m, st, "megac_num_workers", &nw, 4)))
+        return s;
+    if (abi != MEGAC_KERNEL_ABI)
+        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: kernel ABI %" PRIu64 ", but this runtime speaks ABI %u",
+                       m->man.kernel, abi, MEGAC_KERNEL_ABI);
+    if (hash != m->man.schedule_hash)
+        return rt_fail(m, MEGAC_ERR_FORMAT,
+                       "%s: error: the kernel was built for schedule %016" PRIx64 ", but the manifest says %016" PRIx64,
+                       m->man.kernel, hash, m->man.schedule_hash);
+    if (nw != m->man.workers)
+        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: the kernel has %u workers, but the manifest says %u",
+                       m->man.kernel, nw, m->man.workers);
+    return MEGAC_OK;
+}
+
+/* All W blocks must be resident at once. */
+static megac_status cuda_residency_check(megac_model *m, CudaState *st)
+{
+    int per_sm = 0, sms = 0, regs = 0, smem = 0;
+    CU_CHECK(m, st, cuFuncGetAttribute(&st->threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, st->fn));
+    CU_CHECK(m, st, cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, st->fn));
+    CU_CHECK(m, st, cuFuncGetAttribute(&smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, st->fn));
+    CU_CHECK(m, st, cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, st->fn, st->threads, 0));
+    CU_CHECK(m, st, cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, st->dev));
+    if ((int64_t)per_sm * sms < (int64_t)m->man.workers)
+        return rt_fail(m, MEGAC_ERR_DEVICE,
+                       "%s: %u blocks cannot all be resident: %d per SM x %d SMs (%d threads, %d registers, %d bytes "
+                       "smem per block); recompile with --workers %d",
+                       m->dir, m->man.workers, per_sm, sms, st->threads, regs, smem, per_sm * sms);
+    return MEGAC_OK;
+}
+
+static megac_status cuda_memory_init(megac_model *m, CudaState *st)
+{
+    size_t arena = (size_t)(m->man.arena_bytes ? m->man.arena_bytes : 64);
+    size_t nctr = (m->man.counters ? m->man.counters : 1) * sizeof(uint32_t);
+    CU_CHECK(m, st, cuMemAlloc_v2(&st->weights, m->weights_len ? m->weights_len : 64));
+    if (m->weights_len)
+        CU_CHECK(m, st, cuMemcpyHtoD_v2(st->weights, m->weights, m->weights_len));
+    CU_CHECK(m, st, cuMemAlloc_v2(&st->arena, arena));
+    CU_CHECK(m, st, cuMemsetD8_v2(st->arena, 0, arena));
+    CU_CHECK(m, st, cuMemAlloc_v2(&st->counters, nctr));
+    CU_CHECK(m, st, cuMemAlloc_v2(&st->abort_info, sizeof(MegacAbort)));
+    st->logits = calloc((size_t)m->man.vocab, sizeof(float));
+    if (!st->logits)
+        return rt_fail(m, MEGAC_ERR_NOMEM, "cannot allocate %d logits", m->man.vocab);
+    st->args.weights = (const void *)(uintptr_t)st->weights;
+    st->args.arena = (void *)(uintptr_t)st->arena;
+    st->args.counters = (uint32_t *)(uintptr_t)st->counters;
+    st->args.abort_info = (MegacAbort *)(uintptr_t)st->abort_info;
+    const char *t = getenv("MEGAC_WATCHDOG_MS");
+    st->args.timeout_ns = t ? (uint64_t)strtoull(t, NULL, 10) * 1000000ull : 0;
+    m->logits = st->logits;
+    return MEGAC_OK;
+}
+
+static void cuda_close(megac_model *m)
+{
+    CudaState *st = m->be_state;
+    if (!st)
+        return;
+    if (st->have_ctx) {
+        CUdeviceptr ptrs[] = {st->weights, st->arena, st->counters, st->abort_info};
+        for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
+            if (ptrs[i])
+                st->drv.cuMemFree_v2(ptrs[i]);
+        if (st->mod)
+            st->drv.cuModuleUnload(st->mod);
+        st->drv.cuDevicePrimaryCtxRelease_v2(st->dev);
+    }
+    if (st->have_drv)
+        cuda_driver_unload(&st->drv);
+    free(st->logits);
+    free(st);
+    m->be_state = NULL;
+    m->logits = NULL;
+}
+
+static megac_status cuda_open(megac_model *m)
+{
+    CudaState *st = calloc(1, sizeof *st);
+    if (!st)
+        return rt_fail(m, MEGAC_ERR_NOMEM, "out of memory");
+    m->be_state = st;
+    char err[512];
+    if (!cuda_driver_load(&st->drv, err, sizeof err))
+        return rt_fail(m, MEGAC_ERR_DEVICE, "%s: cannot run target %s: %s", m->dir, m->man.target, err);
+    st->have_drv = true;
+    megac_status s = cuda_device_pick(m, st);
+    if (s)
+        return s;
+    CU_CHECK(m, st, cuDevicePrimaryCtxRetain(&st->ctx, st->dev));
+    st->have_ctx = true;
+    CU_CHECK(m, st, cuCtxSetCurrent(st->ctx));
+    if ((s = cuda_module_load(m, st)) || (s = cuda_residency_check(m, st)) || (s = cuda_memory_init(m, st)))
+        return s;
+    return MEGAC_OK;
+}
+
+/* What the abort record says, as the CPU backend words it. */
+static megac_status cuda_abort_report(megac_model *m, const MegacAbort *a, int pos)
+{
+    if (a->counter == UINT32_MAX)
+        return rt_fail(m, MEGAC_ERR_KERNEL, "kernel refused position %u (flag %u, limit %u): nothing ran", a->value,
+                       a->flag, a->threshold);
+    return rt_fail(m, MEGAC_ERR_KERNEL,
+                   "kernel aborted at position %d: worker %u, pc %u waited on counter %u, which stayed at %u below "
+                   "its threshold %u (watchdog)",
+                   pos, a->worker, a->pc, a->counter, a->value, a->threshold);
+}
+
+static megac_status cuda_step(megac_model *m, int token, int pos)
+{
+    CudaState *st = m->be_state;
+    int32_t tok = token;
+    CU_CHECK(m, st, cuCtxSetCurrent(st->ctx));
+    CU_CHECK(m, st, cuMemsetD8_v2(st->counters, 0, (m->man.counters ? m->man.counters : 1) * sizeof(uint32_t)));
+    CU_CHECK(m, st, cuMemsetD8_v2(st->abort_info, 0, sizeof(MegacAbort)));
+    CU_CHECK(m, st, cuMemcpyHtoD_v2(st->arena + m->man.off_tok, &tok, sizeof tok));
+    st->args.pos = pos;
+    void *params[] = {&st->args};
+    CU_CHECK(m, st,
+             cuLaunchCooperativeKernel(st->fn, m->man.workers, 1, 1, (unsigned)st->threads, 1, 1, 0, NULL, params));
+    CU_CHECK(m, st, cuCtxSynchronize());
+    MegacAbort a;
+    CU_CHECK(m, st, cuMemcpyDtoH_v2(&a, st->abort_info, sizeof a));
+    if (a.flag)
+        return cuda_abort_report(m, &a, pos);
+    CU_CHECK(m, st, cuMemcpyDtoH_v2(st->logits, st->arena + m->man.off_logits, (size_t)m->man.vocab * sizeof(float)));
+    int32_t next = 0;
+    CU_CHECK(m, st, cuMemcpyDtoH_v2(&next, st->arena + m->man.off_next, sizeof next));
+    m->next = next;
+    return MEGAC_OK;
+}
+
+/* A new sequence: state and KV start from zero, as after open. */
+static megac_status cuda_reset(megac_model *m)
+{
+    CudaState *st = m->be_state;
+    CU_CHECK(m, st, cuCtxSetCurrent(st->ctx));
+    CU_CHECK(m, st, cuMemsetD8_v2(st->arena, 0, (size_t)(m->man.arena_bytes ? m->man.arena_bytes : 64)));
+    return MEGAC_OK;
+}
+
+const RtBackend rt_cuda_backend = {
+    .name = "cuda",
+    .open = cuda_open,
+    .step = cuda_step,
+    .reset = cuda_reset,
+    .close = cuda_close,
+};

@@ -1,0 +1,1085 @@
+/*
+ * test_cpu_ops.c - the CPU backend end to end: small schedules built in
+ * memory with the ir.h API are compiled by cg_cpu_compile into a temporary
+ * kernel.so, loaded with dlopen and run by a small pthread harness (one
+ * thread per worker, counters zeroed before each step), on random inputs.
+ * Every op is compared against a scalar double-precision implementation
+ * written here from the semantics of ir/ops.h; then a multi-worker
+ * signal/wait chain, the wait watchdog, and the bad-position guard.
+ *
+ * MEGAC_CPU_BENCH=1 also runs a large GEMV and prints its bandwidth;
+ * MEGAC_CPU_TARGET=x86-64-v3 compiles for a named CPU instead of the host;
+ * MEGAC_CPU_KEEP=1 keeps each kernel.so and its kernel.ll in /tmp.
+ */
+/* model.h's top comment holds "models/" "*.yaml", which -Wcomment flags. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wcomment"
+#include "compiler/compile.h"
+#pragma GCC diagnostic pop
+#include "codegen/codegen.h"
+#include "codegen/cpu/kernel_table.h"
+#include "runtime/kernel_abi.h"
+
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- harness ---- */
+
+typedef void (*WorkerFn)(const MegacArgs *, uint32_t);
+
+typedef struct Kern {
+    Schedule *s;
+    char dir[64], so[96];
+    void *dl;
+    WorkerFn worker;
+    char *weights, *arena;
+    uint32_t *ctrs;
+    MegacAbort abort_info;
+} Kern;
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float rnd(void)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(rng_state >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
+}
+
+static void *zalloc64(uint64_t n)
+{
+    size_t m = (size_t)((n + 63) / 64 * 64);
+    void *p = aligned_alloc(64, m ? m : 64);
+    cr_assert_not_null(p);
+    memset(p, 0, m ? m : 64);
+    return p;
+}
+
+static void kern_build(Kern *k, Schedule *s)
+{
+    memset(k, 0, sizeof *k);
+    k->s = s;
+    sched_layout(s);
+    strcpy(k->dir, "/tmp/megac_cpu_XXXXXX");
+    cr_assert_not_null(mkdtemp(k->dir));
+    snprintf(k->so, sizeof k->so, "%s/kernel.so", k->dir);
+    Diag d;
+    diag_init(&d);
+    CpuOptions o = {.cpu = getenv("MEGAC_CPU_TARGET"), .verbose = getenv("MEGAC_CPU_VERBOSE") != NULL,
+                    .keep_ir = getenv("MEGAC_CPU_KEEP") != NULL};
+    cr_assert(cg_cpu_compile(s, &o, k->so, &d), "cg_cpu_compile failed");
+    k->dl = dlopen(k->so, RTLD_NOW | RTLD_LOCAL);
+    cr_assert_not_null(k->dl, "dlopen: %s", dlerror());
+    k->worker = (WorkerFn)(uintptr_t)dlsym(k->dl, "megac_worker");
+    cr_assert_not_null(k->worker);
+    const uint64_t *abi = dlsym(k->dl, "megac_kernel_abi"), *hash = dlsym(k->dl, "megac_schedule_hash");
+    const uint32_t *nw = dlsym(k->dl, "megac_num_workers");
+    cr_assert(abi && hash && nw);
+    cr_assert_eq(*abi, MEGAC_KERNEL_ABI);
+    cr_assert_eq(*hash, sched_hash(s));
+    cr_assert_eq(*nw, s->nworkers);
+    k->weights = zalloc64(s->weights_bytes);
+    k->arena = zalloc64(s->arena_bytes);
+    k->ctrs = zalloc64(4 * (s->nctrs + 1));
+}
+
+static void kern_free(Kern *k)
+{
+    dlclose(k->dl);
+    if (getenv("MEGAC_CPU_KEEP")) {
+        fprintf(stderr, "kept %s\n", k->dir);
+    } else {
+        unlink(k->so);
+        rmdir(k->dir);
+    }
+    free(k->weights);
+    free(k->arena);
+    free(k->ctrs);
+    sched_free(k->s);
+}
+
+static void *buf(Kern *k, uint32_t b)
+{
+    const Buffer *bf = &k->s->bufs[b];
+    return (bf->cls == BUF_WEIGHT ? k->weights : k->arena) + bf->offset;
+}
+
+static void fill(Kern *k, uint32_t b)
+{
+    float *p = buf(k, b);
+    for (int64_t i = 0; i < k->s->bufs[b].nelem; i++)
+        p[i] = rnd();
+}
+
+typedef struct {
+    Kern *k;
+    MegacArgs *args;
+    uint32_t w;
+    double cpu_s;           /* CPU time the worker spent in the step */
+} Job;
+
+static double thread_cpu_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Largest CPU time a worker spent in the last step (benchmarks: unlike
+ * wall time, it does not count time the thread was preempted). */
+static double last_step_cpu_s;
+
+static void *job_main(void *p)
+{
+    Job *j = p;
+    double t0 = thread_cpu_s();
+    j->k->worker(j->args, j->w);
+    j->cpu_s = thread_cpu_s() - t0;
+    return NULL;
+}
+
+/* One decode step: counters zeroed, one thread per worker. */
+static void kern_step(Kern *k, int64_t pos, uint64_t timeout_ns)
+{
+    uint32_t n = k->s->nworkers;
+    memset(k->ctrs, 0, 4 * (k->s->nctrs + 1));
+    last_step_cpu_s = 0;
+    MegacArgs args = {k->weights, k->arena, k->ctrs, &k->abort_info, pos, timeout_ns};
+    pthread_t th[16];
+    Job jobs[16];
+    cr_assert(n <= 16);
+    for (uint32_t w = 0; w < n; w++) {
+        jobs[w] = (Job){k, &args, w, 0};
+        cr_assert_eq(pthread_create(&th[w], NULL, job_main, &jobs[w]), 0);
+    }
+    for (uint32_t w = 0; w < n; w++) {
+        pthread_join(th[w], NULL);
+        last_step_cpu_s = jobs[w].cpu_s > last_step_cpu_s ? jobs[w].cpu_s : last_step_cpu_s;
+    }
+}
+
+static uint32_t add_buf(Schedule *s, const char *name, BufClass c, int64_t n)
+{
+    return sched_add_buffer(s, name, DT_F32, c, 1, &n);
+}
+
+/* Op with whole-buffer accesses (the backend only uses the buffer). */
+static void add_op(Schedule *s, int w, int op, const int32_t *p, const uint32_t *bufs)
+{
+    const OpInfo *oi = op_info(op);
+    Access acc[OP_MAX_OPERANDS];
+    for (int i = 0; i < oi->noperands; i++) {
+        uint32_t b = bufs[i];
+        int64_t n = b == BUF_NONE ? 0 : s->bufs[b].nelem;
+        acc[i] = (Access){b, (uint8_t)(i == 0 ? ACC_RW : ACC_R), affine_const(0), affine_const(n)};
+    }
+    sched_op(s, w, op, p, acc);
+}
+
+static void expect_close(const char *what, const float *got, const double *ref, const double *mag, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double scale = mag ? mag[i] : fabs(ref[i]);
+        double tol = 1e-5 * (scale + 1e-2);
+        cr_assert(fabs((double)got[i] - ref[i]) <= tol, "%s[%ld]: got %.9g, want %.9g (tol %.3g)", what, (long)i,
+                  (double)got[i], ref[i], tol);
+    }
+}
+
+/* ---- reference ops, in double ---- */
+
+static double ref_rms_scale(const float *x, int64_t n, double eps)
+{
+    double ss = 0;
+    for (int64_t j = 0; j < n; j++)
+        ss += (double)x[j] * x[j];
+    return 1.0 / sqrt(ss / (double)n + eps);
+}
+
+/* y[r] for r in [r0, r1); other entries keep y0. */
+static void ref_gemv(const float *W, const float *x, const float *nw, const float *b, const float *y0, int64_t rows,
+                     int64_t r0, int64_t r1, int64_t k, int flags, double eps, double *y, double *mag)
+{
+    double sc = (flags & GEMV_NORM) ? ref_rms_scale(x, k, eps) : 1.0;
+    for (int64_t r = 0; r < rows; r++) {
+        y[r] = y0[r];
+        mag[r] = fabs(y0[r]);
+        if (r < r0 || r >= r1)
+            continue;
+        double acc = 0, m = 0;
+        for (int64_t j = 0; j < k; j++) {
+            double xin = (flags & GEMV_NORM) ? x[j] * sc * nw[j] : x[j];
+            acc += (double)W[r * k + j] * xin;
+            m += fabs((double)W[r * k + j] * xin);
+        }
+        if (flags & GEMV_BIAS)
+            acc += b[r], m += fabs(b[r]);
+        y[r] = (flags & GEMV_ACCUM) ? y0[r] + acc : acc;
+        mag[r] = m + ((flags & GEMV_ACCUM) ? fabs(y0[r]) : 0);
+    }
+}
+
+static void ref_rope(const float *v, int64_t n, const float *tab, int64_t pos, int64_t h0, int64_t h1, int64_t hd,
+                     int half, double *out)
+{
+    for (int64_t i = 0; i < n; i++)
+        out[i] = v[i];
+    for (int64_t h = h0; h < h1; h++) {
+        for (int64_t i = 0; i < hd / 2; i++) {
+            int64_t i0 = half ? i : 2 * i, i1 = half ? i + hd / 2 : 2 * i + 1;
+            double c = tab[(pos * (hd / 2) + i) * 2], s = tab[(pos * (hd / 2) + i) * 2 + 1];
+            double x0 = v[h * hd + i0], x1 = v[h * hd + i1];
+            out[h * hd + i0] = x0 * c - x1 * s;
+            out[h * hd + i1] = x0 * s + x1 * c;
+        }
+    }
+}
+
+/* ---- the op schedule ---- */
+
+enum { HD = 20, NH = 4, NKV = 2, G = NH / NKV, DIM = NH * HD, HID = 100, VOCAB = 37, SEQ = 16, NSPLIT = 3, BLOCK = 2 };
+
+typedef struct OpBufs {
+    uint32_t tok, table, emb_out;
+    uint32_t rx, rw, rout;
+    uint32_t W1, x1, nw1, b1, y_plain, y_acc, y_norm;
+    uint32_t W2, x2, nw2, b2, y_all;
+    uint32_t vq, rope;
+    uint32_t kin, vin, kca, vca;
+    uint32_t q, kc, vc, part;
+    uint32_t partc, outc;
+    uint32_t sg, su, sout, aa, ab;
+    uint32_t xam, amax, amaxc, amout;
+} OpBufs;
+
+static ModelShape op_shape(int pairing)
+{
+    return (ModelShape){.dim = DIM, .hidden_dim = HID, .n_layers = 1, .n_heads = NH, .n_kv_heads = NKV,
+                        .head_dim = HD, .vocab_size = VOCAB, .max_seq = SEQ, .norm_eps = 1e-5,
+                        .rope_pairing = pairing};
+}
+
+static void op_buffers(Schedule *s, OpBufs *b)
+{
+    int64_t one = 1, tshape[2] = {VOCAB, DIM};
+    b->tok = sched_add_buffer(s, "tok", DT_I32, BUF_IO, 1, &one);
+    b->table = sched_add_buffer(s, "embed", DT_F32, BUF_WEIGHT, 2, tshape);
+    b->emb_out = add_buf(s, "emb_out", BUF_SCRATCH, DIM);
+    b->rx = add_buf(s, "rx", BUF_STATE, DIM), b->rw = add_buf(s, "rw", BUF_WEIGHT, DIM);
+    b->rout = add_buf(s, "rout", BUF_SCRATCH, DIM);
+    b->W1 = add_buf(s, "W1", BUF_WEIGHT, 37 * DIM), b->x1 = add_buf(s, "x1", BUF_STATE, DIM);
+    b->nw1 = add_buf(s, "nw1", BUF_WEIGHT, DIM), b->b1 = add_buf(s, "b1", BUF_WEIGHT, 37);
+    b->y_plain = add_buf(s, "y_plain", BUF_SCRATCH, 37), b->y_acc = add_buf(s, "y_acc", BUF_SCRATCH, 37);
+    b->y_norm = add_buf(s, "y_norm", BUF_SCRATCH, 37);
+    b->W2 = add_buf(s, "W2", BUF_WEIGHT, 23 * HID), b->x2 = add_buf(s, "x2", BUF_STATE, HID);
+    b->nw2 = add_buf(s, "nw2", BUF_WEIGHT, HID), b->b2 = add_buf(s, "b2", BUF_WEIGHT, 23);
+    b->y_all = add_buf(s, "y_all", BUF_SCRATCH, 23);
+    b->vq = add_buf(s, "vq", BUF_SCRATCH, NH * HD), b->rope = add_buf(s, "rope", BUF_WEIGHT, SEQ * HD);
+    b->kin = add_buf(s, "kin", BUF_SCRATCH, NKV * HD), b->vin = add_buf(s, "vin", BUF_SCRATCH, NKV * HD);
+    b->kca = add_buf(s, "kca", BUF_KV, NKV * SEQ * HD), b->vca = add_buf(s, "vca", BUF_KV, NKV * SEQ * HD);
+    b->q = add_buf(s, "q", BUF_SCRATCH, NH * HD);
+    b->kc = add_buf(s, "kc", BUF_KV, NKV * SEQ * HD), b->vc = add_buf(s, "vc", BUF_KV, NKV * SEQ * HD);
+    b->part = add_buf(s, "part", BUF_SCRATCH, NKV * NSPLIT * G * (HD + 2));
+    b->partc = add_buf(s, "partc", BUF_SCRATCH, NKV * NSPLIT * G * (HD + 2));
+    b->outc = add_buf(s, "outc", BUF_SCRATCH, NH * HD);
+    b->sg = add_buf(s, "sg", BUF_SCRATCH, HID), b->su = add_buf(s, "su", BUF_SCRATCH, HID);
+    b->sout = add_buf(s, "sout", BUF_SCRATCH, HID);
+    b->aa = add_buf(s, "aa", BUF_SCRATCH, HID), b->ab = add_buf(s, "ab", BUF_SCRATCH, HID);
+    b->xam = add_buf(s, "xam", BUF_SCRATCH, VOCAB), b->amax = add_buf(s, "amax", BUF_SCRATCH, 6);
+    b->amaxc = add_buf(s, "amaxc", BUF_SCRATCH, 8);
+    b->amout = sched_add_buffer(s, "amout", DT_I32, BUF_IO, 1, &one);
+}
+
+#define OP(o, p, ...) add_op(s, (w++) % nw, o, (const int32_t[])p, (const uint32_t[]){__VA_ARGS__})
+#define P(...) {__VA_ARGS__}
+
+/* Every op at least once, independent of each other, round-robin over the
+ * workers (no op reads what another writes, so no sync is needed). */
+static void op_insts(Schedule *s, const OpBufs *b, int nw)
+{
+    int w = 0;
+    const uint32_t N = BUF_NONE;
+    OP(OP_EMBED, P(8, 72), b->tok, b->table, b->emb_out);
+    OP(OP_RMSNORM, P(DIM), b->rx, b->rw, b->rout);
+    OP(OP_GEMV, P(0, 37, DIM, 0), b->W1, b->x1, b->y_plain, N, N);
+    OP(OP_GEMV, P(5, 31, DIM, GEMV_ACCUM | GEMV_BIAS), b->W1, b->x1, b->y_acc, N, b->b1);
+    OP(OP_GEMV, P(0, 37, DIM, GEMV_NORM), b->W1, b->x1, b->y_norm, b->nw1, N);
+    OP(OP_GEMV, P(2, 23, HID, GEMV_NORM | GEMV_ACCUM | GEMV_BIAS), b->W2, b->x2, b->y_all, b->nw2, b->b2);
+    OP(OP_ROPE, P(1, 4), b->vq, b->rope);
+    OP(OP_KV_APPEND, P(1), b->kin, b->vin, b->kca, b->vca);
+    for (int h = 0; h < NKV; h++)
+        for (int sp = 0; sp < NSPLIT; sp++)
+            OP(OP_ATTN, P(h, sp, NSPLIT, BLOCK), b->q, b->kc, b->vc, b->part);
+    for (int h = 0; h < NKV; h++)
+        OP(OP_ATTN_COMBINE, P(h, NSPLIT), b->partc, b->outc);
+    OP(OP_SILU_MUL, P(3, 90), b->sg, b->su, b->sout);
+    OP(OP_ADD, P(0, HID), b->aa, b->ab);
+    OP(OP_ARGMAX, P(0, 13, 0), b->xam, b->amax);
+    OP(OP_ARGMAX, P(13, 26, 1), b->xam, b->amax);
+    OP(OP_ARGMAX, P(26, 37, 2), b->xam, b->amax);
+    OP(OP_ARGMAX_COMBINE, P(4), b->amaxc, b->amout);
+}
+
+static Kern op_kernel(int nw, int pairing, OpBufs *b)
+{
+    Schedule *s = sched_new("cpu_ops", "cpu", nw);
+    s->shape = op_shape(pairing);
+    op_buffers(s, b);
+    op_insts(s, b, nw);
+    Kern k;
+    kern_build(&k, s);
+    return k;
+}
+
+/* Random inputs, with the structure some ops need. */
+static void op_inputs(Kern *k, const OpBufs *b)
+{
+    for (uint32_t i = 0; i < k->s->nbufs; i++)
+        if (k->s->bufs[i].dtype == DT_F32)
+            fill(k, i);
+    *(int32_t *)buf(k, b->tok) = 29;
+    float *xam = buf(k, b->xam);
+    xam[2] = xam[5] = 3.0f;   /* tie inside slot 0: 2 wins */
+    xam[17] = xam[30] = 5.0f; /* equal maxima of slots 1 and 2 */
+    float *pc = buf(k, b->partc);
+    for (int i = 0; i < NKV * NSPLIT * G; i++) {
+        float *e = pc + i * (HD + 2);
+        e[HD] = 2.0f * rnd();
+        e[HD + 1] = 1.5f + rnd();
+        if (i % 5 == 3) /* an empty split */
+            memset(e, 0, HD * sizeof(float)), e[HD] = -INFINITY, e[HD + 1] = 0;
+    }
+    float *am = buf(k, b->amaxc);
+    float vals[8] = {3, 40, 7, 12, 7, 9, 2, 41};
+    memcpy(am, vals, sizeof vals); /* max 7 at indices 12 and 9: 9 wins */
+    *(int32_t *)buf(k, b->amout) = -1;
+}
+
+/* Snapshot of a buffer before the step, for in-place and untouched parts. */
+static float *snap(Kern *k, uint32_t b)
+{
+    size_t n = (size_t)k->s->bufs[b].nelem * sizeof(float);
+    float *p = malloc(n);
+    memcpy(p, buf(k, b), n);
+    return p;
+}
+
+static void check_gemv(Kern *k, const char *what, uint32_t W, uint32_t x, uint32_t nw, uint32_t bb, uint32_t y,
+                       const float *y0, int64_t r0, int64_t r1, int64_t kk, int flags)
+{
+    int64_t rows = k->s->bufs[y].nelem;
+    double ref[128], mag[128];
+    ref_gemv(buf(k, W), buf(k, x), buf(k, nw), buf(k, bb), y0, rows, r0, r1, kk, flags, 1e-5, ref, mag);
+    expect_close(what, buf(k, y), ref, mag, rows);
+}
+
+static void check_attn(Kern *k, const OpBufs *b, int64_t pos)
+{
+    const float *q = buf(k, b->q), *kc = buf(k, b->kc), *vc = buf(k, b->vc), *part = buf(k, b->part);
+    for (int h = 0; h < NKV; h++)
+        for (int sp = 0; sp < NSPLIT; sp++)
+            for (int g = 0; g < G; g++) {
+                double m = -INFINITY, l = 0, o[HD] = {0};
+                double sc[SEQ];
+                for (int t = 0; t <= pos; t++) {
+                    sc[t] = -INFINITY;
+                    if ((t / BLOCK) % NSPLIT != sp)
+                        continue;
+                    double d = 0;
+                    for (int j = 0; j < HD; j++)
+                        d += (double)q[(h * G + g) * HD + j] * kc[(h * SEQ + t) * HD + j];
+                    sc[t] = d / sqrt((double)HD);
+                    m = fmax(m, sc[t]);
+                }
+                for (int t = 0; t <= pos; t++) {
+                    if (sc[t] == -INFINITY)
+                        continue;
+                    double e = exp(sc[t] - m);
+                    l += e;
+                    for (int j = 0; j < HD; j++)
+                        o[j] += e * vc[(h * SEQ + t) * HD + j];
+                }
+                const float *got = part + ((h * NSPLIT + sp) * G + g) * (HD + 2);
+                double want[HD + 2];
+                memcpy(want, o, sizeof o);
+                want[HD] = m, want[HD + 1] = l;
+                if (m == -INFINITY) {
+                    cr_assert(got[HD] == -INFINITY && got[HD + 1] == 0, "empty split h%d s%d: m %g l %g", h, sp,
+                              (double)got[HD], (double)got[HD + 1]);
+                    expect_close("attn empty split", got, want, NULL, HD);
+                } else {
+                    expect_close("attn partial", got, want, NULL, HD + 2);
+                }
+            }
+}
+
+static void check_attn_combine(Kern *k, const OpBufs *b)
+{
+    const float *pc = buf(k, b->partc);
+    double ref[NH * HD];
+    for (int h = 0; h < NKV; h++)
+        for (int g = 0; g < G; g++) {
+            double M = -INFINITY, L = 0, o[HD] = {0};
+            for (int sp = 0; sp < NSPLIT; sp++)
+                M = fmax(M, pc[((h * NSPLIT + sp) * G + g) * (HD + 2) + HD]);
+            for (int sp = 0; sp < NSPLIT; sp++) {
+                const float *e = pc + ((h * NSPLIT + sp) * G + g) * (HD + 2);
+                if (e[HD] == -INFINITY)
+                    continue;
+                double f = exp(e[HD] - M);
+                L += e[HD + 1] * f;
+                for (int j = 0; j < HD; j++)
+                    o[j] += e[j] * f;
+            }
+            for (int j = 0; j < HD; j++)
+                ref[(h * G + g) * HD + j] = o[j] / L;
+        }
+    expect_close("attn_combine", buf(k, b->outc), ref, NULL, NH * HD);
+}
+
+static void check_elementwise(Kern *k, const OpBufs *b, const float *aa0)
+{
+    double ref[HID > VOCAB ? HID : VOCAB];
+    const float *g = buf(k, b->sg), *u = buf(k, b->su), *sout = buf(k, b->sout), *ab = buf(k, b->ab);
+    for (int r = 3; r < 90; r++)
+        ref[r - 3] = g[r] / (1.0 + exp(-(double)g[r])) * u[r];
+    expect_close("silu_mul", sout + 3, ref, NULL, 87);
+    for (int r = 0; r < HID; r++)
+        ref[r] = (double)aa0[r] + ab[r];
+    expect_close("add", buf(k, b->aa), ref, NULL, HID);
+}
+
+static void check_argmax(Kern *k, const OpBufs *b)
+{
+    const float *x = buf(k, b->xam), *am = buf(k, b->amax);
+    int bounds[4] = {0, 13, 26, 37};
+    for (int sl = 0; sl < 3; sl++) {
+        int best = bounds[sl];
+        for (int r = bounds[sl]; r < bounds[sl + 1]; r++)
+            if (x[r] > x[best])
+                best = r;
+        cr_assert_eq(am[2 * sl], x[best], "argmax slot %d value", sl);
+        cr_assert_eq(am[2 * sl + 1], (float)best, "argmax slot %d index %g, want %d", sl, (double)am[2 * sl + 1], best);
+    }
+    cr_assert_eq(am[1], 2.0f, "a tie inside a slot keeps the first index");
+    cr_assert(am[3] == 17.0f && am[5] == 30.0f);
+    cr_assert_eq(*(int32_t *)buf(k, b->amout), 9, "argmax_combine: lowest index among equal maxima");
+}
+
+static void check_misc(Kern *k, const OpBufs *b, const float *emb0, const float *vq0, int64_t pos, int half)
+{
+    const float *out = buf(k, b->emb_out), *tab = buf(k, b->table);
+    for (int c = 0; c < DIM; c++)
+        cr_assert_eq(out[c], c >= 8 && c < 72 ? tab[29 * DIM + c] : emb0[c], "embed[%d]", c);
+    double ref[NH * HD], mag[NH * HD];
+    double sc = ref_rms_scale(buf(k, b->rx), DIM, 1e-5);
+    const float *rx = buf(k, b->rx), *rw = buf(k, b->rw);
+    for (int j = 0; j < DIM; j++)
+        ref[j] = rx[j] * sc * rw[j];
+    expect_close("rmsnorm", buf(k, b->rout), ref, NULL, DIM);
+    ref_rope(vq0, NH * HD, buf(k, b->rope), pos, 1, 4, HD, half, ref);
+    for (int j = 0; j < NH * HD; j++)
+        mag[j] = 2.0;
+    expect_close("rope", buf(k, b->vq), ref, mag, NH * HD);
+    const float *kin = buf(k, b->kin), *vin = buf(k, b->vin), *kca = buf(k, b->kca), *vca = buf(k, b->vca);
+    cr_assert(memcmp(kca + (1 * SEQ + pos) * HD, kin + HD, HD * sizeof(float)) == 0, "kv_append k row");
+    cr_assert(memcmp(vca + (1 * SEQ + pos) * HD, vin + HD, HD * sizeof(float)) == 0, "kv_append v row");
+}
+
+/* Builds the op schedule for nw workers and checks every op at a few
+ * positions (pos 1 leaves attention splits empty). */
+static void run_ops(int nw, int pairing)
+{
+    OpBufs b;
+    Kern k = op_kernel(nw, pairing, &b);
+    int64_t positions[] = {0, 1, 7, SEQ - 1};
+    for (int i = 0; i < 4; i++) {
+        op_inputs(&k, &b);
+        float *y_acc = snap(&k, b.y_acc), *y_all = snap(&k, b.y_all), *y_plain = snap(&k, b.y_plain);
+        float *y_norm = snap(&k, b.y_norm), *emb = snap(&k, b.emb_out), *vq = snap(&k, b.vq), *aa = snap(&k, b.aa);
+        kern_step(&k, positions[i], 0);
+        cr_assert_eq(k.abort_info.flag, 0);
+        check_gemv(&k, "gemv plain", b.W1, b.x1, b.nw1, b.b1, b.y_plain, y_plain, 0, 37, DIM, 0);
+        check_gemv(&k, "gemv accum+bias", b.W1, b.x1, b.nw1, b.b1, b.y_acc, y_acc, 5, 31, DIM, GEMV_ACCUM | GEMV_BIAS);
+        check_gemv(&k, "gemv norm", b.W1, b.x1, b.nw1, b.b1, b.y_norm, y_norm, 0, 37, DIM, GEMV_NORM);
+        check_gemv(&k, "gemv norm+accum+bias", b.W2, b.x2, b.nw2, b.b2, b.y_all, y_all, 2, 23, HID,
+                   GEMV_NORM | GEMV_ACCUM | GEMV_BIAS);
+        check_misc(&k, &b, emb, vq, positions[i], pairing);
+        check_attn(&k, &b, positions[i]);
+        check_attn_combine(&k, &b);
+        check_elementwise(&k, &b, aa);
+        check_argmax(&k, &b);
+        free(y_acc), free(y_all), free(y_plain), free(y_norm), free(emb), free(vq), free(aa);
+    }
+    kern_free(&k);
+}
+
+Test(cpu_ops, every_op_one_worker_adjacent_rope)
+{
+    run_ops(1, 0);
+}
+
+Test(cpu_ops, every_op_three_workers_half_rope)
+{
+    run_ops(3, 1);
+}
+
+/* ---- synchronization ---- */
+
+enum { CN = 1000 };
+
+/* A value chain that hops across three workers through signal/wait,
+ * including a counter that two workers signal and one waits for twice. */
+Test(cpu_ops, signal_wait_chain)
+{
+    Schedule *s = sched_new("chain", "cpu", 3);
+    s->shape = op_shape(0);
+    uint32_t x = add_buf(s, "x", BUF_STATE, CN), y = add_buf(s, "y", BUF_STATE, CN);
+    uint32_t u = add_buf(s, "u", BUF_STATE, CN), t = add_buf(s, "t", BUF_SCRATCH, CN);
+    uint32_t z = add_buf(s, "z", BUF_STATE, CN);
+    uint32_t c[7];
+    for (int i = 0; i < 7; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "c%d", i);
+        c[i] = sched_add_counter(s, name);
+    }
+    const int32_t all[2] = {0, CN};
+    add_op(s, 0, OP_ADD, all, (uint32_t[]){x, y});                  /* x += y */
+    sched_signal(s, 0, c[0], 1);
+    sched_wait(s, 1, c[0], 1);
+    add_op(s, 1, OP_SILU_MUL, all, (uint32_t[]){x, u, t});          /* t = silu(x) u */
+    sched_signal(s, 1, c[1], 1);
+    sched_wait(s, 2, c[1], 1);
+    add_op(s, 2, OP_ADD, all, (uint32_t[]){x, t});                  /* x += t */
+    sched_signal(s, 2, c[2], 1);
+    sched_wait(s, 0, c[2], 1);
+    add_op(s, 0, OP_SILU_MUL, all, (uint32_t[]){x, u, t});          /* t = silu(x) u */
+    sched_signal(s, 0, c[3], 1);
+    sched_wait(s, 1, c[3], 1);
+    add_op(s, 1, OP_ADD, all, (uint32_t[]){x, t});                  /* x += t */
+    sched_signal(s, 1, c[4], 2);
+    sched_signal(s, 1, c[6], 1);
+    sched_wait(s, 2, c[4], 2);
+    add_op(s, 2, OP_ADD, all, (uint32_t[]){z, x});                  /* z += x */
+    sched_signal(s, 2, c[6], 1);
+    sched_wait(s, 0, c[6], 2);
+    add_op(s, 0, OP_ADD, all, (uint32_t[]){z, x});                  /* z += x */
+    Kern k;
+    kern_build(&k, s);
+    for (int step = 0; step < 50; step++) {
+        fill(&k, x), fill(&k, y), fill(&k, u), fill(&k, z);
+        double rx[CN], rz[CN];
+        const float *px = buf(&k, x), *py = buf(&k, y), *pu = buf(&k, u), *pz = buf(&k, z);
+        for (int i = 0; i < CN; i++) {
+            float xv = px[i] + py[i];
+            xv += xv / (1.0f + expf(-xv)) * pu[i];
+            xv += xv / (1.0f + expf(-xv)) * pu[i];
+            rx[i] = xv;
+            rz[i] = (double)pz[i] + 2.0 * xv;
+        }
+        kern_step(&k, 0, 0);
+        cr_assert_eq(k.abort_info.flag, 0, "step %d aborted", step);
+        expect_close("chain x", buf(&k, x), rx, NULL, CN);
+        expect_close("chain z", buf(&k, z), rz, NULL, CN);
+    }
+    kern_free(&k);
+}
+
+static double elapsed_s(struct timespec a)
+{
+    struct timespec b;
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+}
+
+/* Worker 0 waits for 3 on a counter that only reaches 2: the watchdog must
+ * stop it and record exactly where; worker 1 finishes normally. */
+Test(cpu_ops, watchdog)
+{
+    Schedule *s = sched_new("watchdog", "cpu", 2);
+    s->shape = op_shape(0);
+    uint32_t a = add_buf(s, "a", BUF_STATE, 16), b = add_buf(s, "b", BUF_STATE, 16);
+    uint32_t c0 = sched_add_counter(s, "c0"), c1 = sched_add_counter(s, "c1");
+    sched_signal(s, 0, c1, 1);
+    add_op(s, 0, OP_ADD, (int32_t[]){0, 16}, (uint32_t[]){a, b});
+    sched_wait(s, 0, c0, 3);
+    add_op(s, 0, OP_ADD, (int32_t[]){0, 16}, (uint32_t[]){a, b});
+    sched_wait(s, 1, c1, 1);
+    sched_signal(s, 1, c0, 2);
+    Kern k;
+    kern_build(&k, s);
+    fill(&k, a), fill(&k, b);
+    float a0 = ((float *)buf(&k, a))[3], b0 = ((float *)buf(&k, b))[3];
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    kern_step(&k, 0, 50 * 1000 * 1000);
+    double dt = elapsed_s(t0);
+    cr_assert(dt >= 0.045 && dt < 1.5, "watchdog after %.3f s", dt);
+    MegacAbort *ab = &k.abort_info;
+    cr_assert_eq(ab->flag, KT_ABORT_TIMEOUT);
+    cr_assert_eq(ab->worker, 0);
+    cr_assert_eq(ab->pc, 2);
+    cr_assert_eq(ab->counter, c0);
+    cr_assert_eq(ab->value, 2);
+    cr_assert_eq(ab->threshold, 3);
+    cr_assert_eq(((float *)buf(&k, a))[3], a0 + b0, "the op after the failed wait must not run");
+
+    /* With the flag already set, a hung wait returns at once. */
+    *ab = (MegacAbort){.flag = KT_ABORT_TIMEOUT, .worker = 7};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    kern_step(&k, 0, 10ull * 1000 * 1000 * 1000);
+    cr_assert(elapsed_s(t0) < 1.0, "a set abort flag stops waiting workers");
+    cr_assert_eq(ab->worker, 7, "the first abort is kept");
+    kern_free(&k);
+}
+
+Test(cpu_ops, bad_position_runs_nothing)
+{
+    Schedule *s = sched_new("badpos", "cpu", 1);
+    s->shape = op_shape(0);
+    uint32_t a = add_buf(s, "a", BUF_STATE, 16), b = add_buf(s, "b", BUF_STATE, 16);
+    add_op(s, 0, OP_ADD, (int32_t[]){0, 16}, (uint32_t[]){a, b});
+    Kern k;
+    kern_build(&k, s);
+    fill(&k, a), fill(&k, b);
+    float a0 = ((float *)buf(&k, a))[0];
+    kern_step(&k, SEQ, 0);
+    cr_assert_eq(k.abort_info.flag, KT_ABORT_BAD_POS);
+    cr_assert_eq(k.abort_info.value, SEQ);
+    cr_assert_eq(((float *)buf(&k, a))[0], a0);
+    kern_free(&k);
+}
+
+Test(cpu_ops, unsupported_dtype_is_an_error)
+{
+    Schedule *s = sched_new("f16", "cpu", 1);
+    s->shape = op_shape(0);
+    int64_t shp[2] = {8, 16};
+    uint32_t w = sched_add_buffer(s, "w", DT_F16, BUF_WEIGHT, 2, shp);
+    uint32_t x = add_buf(s, "x", BUF_STATE, 16), y = add_buf(s, "y", BUF_SCRATCH, 8);
+    add_op(s, 0, OP_GEMV, (int32_t[]){0, 8, 16, 0}, (uint32_t[]){w, x, y, BUF_NONE, BUF_NONE});
+    sched_layout(s);
+    char out[1024] = {0};
+    FILE *f = fmemopen(out, sizeof out, "w");
+    Diag d;
+    diag_init(&d);
+    d.out = f;
+    cr_assert_not(cg_cpu_compile(s, NULL, "/tmp/megac_cpu_never.so", &d));
+    fclose(f);
+    cr_assert_eq(d.nerrors, 1);
+    cr_assert(strstr(out, "gemv operand 'w' (buffer 'w') of dtype f16 is not supported"), "%s", out);
+    sched_free(s);
+}
+
+/* ---- GEMV bandwidth (MEGAC_CPU_BENCH=1) ---- */
+
+static void bench_gemv(int nw, int64_t rows, int64_t kk)
+{
+    Schedule *s = sched_new("bench", "cpu", nw);
+    s->shape = op_shape(0);
+    uint32_t W = add_buf(s, "W", BUF_WEIGHT, rows * kk), x = add_buf(s, "x", BUF_STATE, kk);
+    uint32_t y = add_buf(s, "y", BUF_SCRATCH, rows);
+    for (int w = 0; w < nw; w++)
+        add_op(s, w, OP_GEMV, (int32_t[]){(int32_t)(rows * w / nw), (int32_t)(rows * (w + 1) / nw), (int32_t)kk, 0},
+               (uint32_t[]){W, x, y, BUF_NONE, BUF_NONE});
+    Kern k;
+    kern_build(&k, s);
+    fill(&k, W), fill(&k, x);
+    kern_step(&k, 0, 0);
+    double best = 1e9, total = 0, best_cpu = 1e9;
+    int reps = 20;
+    for (int i = 0; i < reps; i++) {
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        kern_step(&k, 0, 0);
+        double dt = elapsed_s(t0);
+        best = dt < best ? dt : best;
+        best_cpu = last_step_cpu_s < best_cpu ? last_step_cpu_s : best_cpu;
+        total += dt;
+    }
+    const float *pw = buf(&k, W), *px = buf(&k, x), *py = buf(&k, y);
+    for (int64_t r = 0; r < rows; r += rows / 7) {
+        double acc = 0, mag = 0;
+        for (int64_t j = 0; j < kk; j++)
+            acc += (double)pw[r * kk + j] * px[j], mag += fabs((double)pw[r * kk + j] * px[j]);
+        cr_assert(fabs(py[r] - acc) <= 1e-5 * mag, "bench row %ld", (long)r);
+    }
+    double bytes = (double)rows * (double)kk * 4.0;
+    fprintf(stderr, "gemv f32 %ldx%ld, %d worker(s): best %.3f ms = %.1f GB/s, mean %.1f GB/s; CPU time %.1f GB/s\n",
+            (long)rows, (long)kk, nw, best * 1e3, bytes / best / 1e9, bytes * reps / total / 1e9, bytes / best_cpu / 1e9);
+    kern_free(&k);
+}
+
+Test(cpu_ops, gemv_bandwidth, .timeout = 120)
+{
+    if (!getenv("MEGAC_CPU_BENCH"))
+        cr_skip_test("set MEGAC_CPU_BENCH=1 to measure GEMV bandwidth");
+    bench_gemv(1, 8192, 8192);
+    bench_gemv(2, 8192, 8192);
+}
+
+/* ---- whole lowered models ---- */
+
+static ModelDesc toy_model(int dim, int hid, int layers, int heads, int kv, int hd, int vocab, int seq, int pairing)
+{
+    return (ModelDesc){.name = "toy", .dim = dim, .hidden_dim = hid, .n_layers = layers, .n_heads = heads,
+                       .n_kv_heads = kv, .head_dim = hd, .vocab_size = vocab, .max_seq = seq, .norm_eps = 1e-5,
+                       .tie_embeddings = true, .rope_theta = 10000, .rope_pairing = (RopePairing)pairing,
+                       .act_dtype = DT_F32};
+}
+
+static Schedule *lower_for_cpu(const ModelDesc *m, int workers)
+{
+    Diag d;
+    diag_init(&d);
+    const Target *t = target_lookup("cpu", &d);
+    cr_assert_not_null(t);
+    Schedule *s = lower_model(m, t, workers, &d);
+    cr_assert_not_null(s, "lower_model failed");
+    return s;
+}
+
+/* Random weights, scaled like a trained model's (rows of norm ~1); norm
+ * weights near 1; the rope table from the standard frequencies. */
+static void toy_weights(Kern *k, const ModelDesc *m)
+{
+    for (uint32_t i = 0; i < k->s->nbufs; i++) {
+        const Buffer *b = &k->s->bufs[i];
+        if (b->cls != BUF_WEIGHT)
+            continue;
+        float *p = buf(k, i);
+        bool norm = strstr(b->name, "norm") != NULL;
+        float scale = sqrtf(3.0f / (float)(b->rank == 2 ? b->shape[1] : 1));
+        for (int64_t j = 0; j < b->nelem; j++)
+            p[j] = norm ? 1.0f + 0.2f * rnd() : rnd() * scale;
+    }
+    float *rope = buf(k, (uint32_t)sched_find_buffer(k->s, "rope"));
+    for (int pos = 0; pos < m->max_seq; pos++)
+        for (int i = 0; i < m->head_dim / 2; i++) {
+            double a = pos * pow(m->rope_theta, -2.0 * i / m->head_dim);
+            rope[(pos * (m->head_dim / 2) + i) * 2] = (float)cos(a);
+            rope[(pos * (m->head_dim / 2) + i) * 2 + 1] = (float)sin(a);
+        }
+}
+
+/* Plain double-precision Llama decode over the same weights. */
+typedef struct RefModel {
+    const ModelDesc *m;
+    Kern *k;
+    double *kc, *vc;        /* [layers][kv_heads][seq][hd] */
+} RefModel;
+
+static const float *W(RefModel *r, int l, const char *name)
+{
+    char n[64];
+    if (l >= 0)
+        snprintf(n, sizeof n, "L%d.%s", l, name);
+    else
+        snprintf(n, sizeof n, "%s", name);
+    int64_t id = sched_find_buffer(r->k->s, n);
+    cr_assert(id >= 0, "no buffer %s", n);
+    return buf(r->k, (uint32_t)id);
+}
+
+static void ref_matvec(const float *w, const double *x, int64_t rows, int64_t cols, double *y)
+{
+    for (int64_t i = 0; i < rows; i++) {
+        double a = 0;
+        for (int64_t j = 0; j < cols; j++)
+            a += (double)w[i * cols + j] * x[j];
+        y[i] = a;
+    }
+}
+
+static void ref_norm(const double *x, const float *w, int64_t n, double eps, double *out)
+{
+    double ss = 0;
+    for (int64_t j = 0; j < n; j++)
+        ss += x[j] * x[j];
+    double s = 1.0 / sqrt(ss / (double)n + eps);
+    for (int64_t j = 0; j < n; j++)
+        out[j] = x[j] * s * w[j];
+}
+
+static void ref_rotate(RefModel *r, double *v, int nheads, int pos)
+{
+    int hd = r->m->head_dim, half = hd / 2;
+    const float *tab = W(r, -1, "rope") + (int64_t)pos * half * 2;
+    for (int h = 0; h < nheads; h++)
+        for (int i = 0; i < half; i++) {
+            int i0 = r->m->rope_pairing == ROPE_HALF ? i : 2 * i;
+            int i1 = r->m->rope_pairing == ROPE_HALF ? i + half : 2 * i + 1;
+            double c = tab[2 * i], s = tab[2 * i + 1], x0 = v[h * hd + i0], x1 = v[h * hd + i1];
+            v[h * hd + i0] = x0 * c - x1 * s;
+            v[h * hd + i1] = x0 * s + x1 * c;
+        }
+}
+
+static void ref_attention(RefModel *r, int l, const double *q, int pos, double *att)
+{
+    const ModelDesc *m = r->m;
+    int hd = m->head_dim, grp = m->n_heads / m->n_kv_heads;
+    double *sc = malloc(sizeof(double) * (size_t)(pos + 1));
+    for (int qh = 0; qh < m->n_heads; qh++) {
+        int64_t base = ((int64_t)l * m->n_kv_heads + qh / grp) * m->max_seq * hd;
+        double mx = -INFINITY, sum = 0;
+        for (int t = 0; t <= pos; t++) {
+            double d = 0;
+            for (int j = 0; j < hd; j++)
+                d += q[qh * hd + j] * r->kc[base + (int64_t)t * hd + j];
+            sc[t] = d / sqrt((double)hd);
+            mx = fmax(mx, sc[t]);
+        }
+        for (int j = 0; j < hd; j++)
+            att[qh * hd + j] = 0;
+        for (int t = 0; t <= pos; t++) {
+            double e = exp(sc[t] - mx);
+            sum += e;
+            for (int j = 0; j < hd; j++)
+                att[qh * hd + j] += e * r->vc[base + (int64_t)t * hd + j];
+        }
+        for (int j = 0; j < hd; j++)
+            att[qh * hd + j] /= sum;
+    }
+    free(sc);
+}
+
+static void ref_layer(RefModel *r, int l, double *x, int pos, double *tmp)
+{
+    const ModelDesc *m = r->m;
+    int hd = m->head_dim, qd = m->n_heads * hd, kvd = m->n_kv_heads * hd, dim = m->dim, hid = m->hidden_dim;
+    double *xn = tmp, *q = xn + dim, *kk = q + qd, *v = kk + kvd, *att = v + kvd, *o = att + qd, *g = o + dim,
+           *u = g + hid;
+    ref_norm(x, W(r, l, "attn_norm"), dim, m->norm_eps, xn);
+    ref_matvec(W(r, l, "wq"), xn, qd, dim, q);
+    ref_matvec(W(r, l, "wk"), xn, kvd, dim, kk);
+    ref_matvec(W(r, l, "wv"), xn, kvd, dim, v);
+    ref_rotate(r, q, m->n_heads, pos);
+    ref_rotate(r, kk, m->n_kv_heads, pos);
+    for (int h = 0; h < m->n_kv_heads; h++)
+        for (int j = 0; j < hd; j++) {
+            int64_t at = (((int64_t)l * m->n_kv_heads + h) * m->max_seq + pos) * hd + j;
+            r->kc[at] = kk[h * hd + j];
+            r->vc[at] = v[h * hd + j];
+        }
+    ref_attention(r, l, q, pos, att);
+    ref_matvec(W(r, l, "wo"), att, dim, qd, o);
+    for (int j = 0; j < dim; j++)
+        x[j] += o[j];
+    ref_norm(x, W(r, l, "ffn_norm"), dim, m->norm_eps, xn);
+    ref_matvec(W(r, l, "w_gate"), xn, hid, dim, g);
+    ref_matvec(W(r, l, "w_up"), xn, hid, dim, u);
+    for (int j = 0; j < hid; j++)
+        g[j] = g[j] / (1.0 + exp(-g[j])) * u[j];
+    ref_matvec(W(r, l, "w_down"), g, dim, hid, o);
+    for (int j = 0; j < dim; j++)
+        x[j] += o[j];
+}
+
+static void toy_ref_step(RefModel *r, int tok, int pos, double *logits)
+{
+    const ModelDesc *m = r->m;
+    size_t ntmp = (size_t)(4 * m->dim + 4 * m->n_heads * m->head_dim + 2 * m->hidden_dim);
+    double *x = malloc(sizeof(double) * (size_t)m->dim), *tmp = malloc(sizeof(double) * ntmp);
+    const float *emb = W(r, -1, "embed");
+    for (int j = 0; j < m->dim; j++)
+        x[j] = emb[(int64_t)tok * m->dim + j];
+    for (int l = 0; l < m->n_layers; l++)
+        ref_layer(r, l, x, pos, tmp);
+    ref_norm(x, W(r, -1, "final_norm"), m->dim, m->norm_eps, tmp);
+    ref_matvec(emb, tmp, m->vocab_size, m->dim, logits);
+    free(x);
+    free(tmp);
+}
+
+/* Decodes `steps` positions of a lowered toy model with `workers` workers
+ * and compares logits and the greedy token with the double reference. */
+static void run_model(const ModelDesc *m, int workers, int steps)
+{
+    Kern k;
+    kern_build(&k, lower_for_cpu(m, workers));
+    toy_weights(&k, m);
+    size_t kvn = (size_t)m->n_layers * (size_t)m->n_kv_heads * (size_t)m->max_seq * (size_t)m->head_dim;
+    RefModel r = {m, &k, calloc(kvn, sizeof(double)), calloc(kvn, sizeof(double))};
+    double *ref = malloc(sizeof(double) * (size_t)m->vocab_size);
+    double *mag = malloc(sizeof(double) * (size_t)m->vocab_size);
+    int32_t *tokp = buf(&k, (uint32_t)sched_find_buffer(k.s, "tok"));
+    const int32_t *next = buf(&k, (uint32_t)sched_find_buffer(k.s, "next"));
+    const float *logits = buf(&k, (uint32_t)sched_find_buffer(k.s, "logits"));
+    int tok = 1;
+    for (int pos = 0; pos < steps; pos++) {
+        *tokp = tok;
+        kern_step(&k, pos, 0);
+        cr_assert_eq(k.abort_info.flag, 0, "W=%d pos %d: aborted at worker %u pc %u", workers, pos,
+                     k.abort_info.worker, k.abort_info.pc);
+        toy_ref_step(&r, tok, pos, ref);
+        int best = 0;
+        for (int i = 0; i < m->vocab_size; i++) {
+            mag[i] = 1.0;
+            best = ref[i] > ref[best] ? i : best;
+        }
+        expect_close("logits", logits, ref, mag, m->vocab_size);
+        int kbest = 0;
+        for (int i = 0; i < m->vocab_size; i++)
+            kbest = logits[i] > logits[kbest] ? i : kbest;
+        cr_assert_eq(*next, kbest, "W=%d pos %d: next %d is not the argmax %d of the logits", workers, pos, *next,
+                     kbest);
+        /* Greedy agrees with the reference unless the top two are within rounding. */
+        double gap = ref[best] - ref[kbest];
+        cr_assert(kbest == best || gap < 1e-5, "W=%d pos %d: greedy %d, reference %d", workers, pos, kbest, best);
+        tok = (kbest * 7 + pos) % m->vocab_size; /* varied inputs */
+    }
+    free(r.kc), free(r.vc), free(ref), free(mag);
+    kern_free(&k);
+}
+
+Test(cpu_ops, lowered_model_matches_reference)
+{
+    ModelDesc a = toy_model(128, 200, 2, 4, 2, 32, 300, 80, ROPE_HALF);
+    run_model(&a, 1, 40);
+    run_model(&a, 3, 70);   /* 3 blocks of 32 rows, 1 split per kv head */
+    run_model(&a, 8, 70);   /* more workers than cores; 3 splits */
+    ModelDesc b = toy_model(64, 172, 2, 8, 4, 8, 512, 48, ROPE_ADJACENT);
+    run_model(&b, 2, 20);
+    run_model(&b, 5, 20);
+}
+
+/* Lowering and compiling a SmolLM2-135M-shaped model (30 layers, 9/3 heads,
+ * 49152 vocab): the schedule is far larger than the toy ones; no weights
+ * are needed to compile. */
+Test(cpu_ops, compiles_smollm2_135m_shape, .timeout = 120)
+{
+    ModelDesc m = toy_model(576, 1536, 30, 9, 3, 64, 49152, 8192, ROPE_HALF);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int nw = getenv("MEGAC_CPU_WORKERS") ? atoi(getenv("MEGAC_CPU_WORKERS")) : 2;
+    Schedule *s = lower_for_cpu(&m, nw);
+    sched_layout(s);
+    double t_lower = elapsed_s(t0);
+    char dir[] = "/tmp/megac_cpu_XXXXXX", so[64];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(so, sizeof so, "%s/kernel.so", dir);
+    Diag d;
+    diag_init(&d);
+    CpuOptions o = {.verbose = getenv("MEGAC_CPU_VERBOSE") != NULL};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cr_assert(cg_cpu_compile(s, &o, so, &d));
+    double t_cc = elapsed_s(t0);
+    void *dl = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    cr_assert_not_null(dl, "%s", dlerror());
+    const uint32_t *knw = dlsym(dl, "megac_num_workers");
+    cr_assert(knw && *knw == (uint32_t)nw);
+    uint32_t ninst = 0;
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        ninst += s->workers[w].ninst;
+    fprintf(stderr, "SmolLM2-135M shape, %d workers, %u instructions: lower %.2f s, cg_cpu_compile %.2f s\n", nw,
+            ninst, t_lower, t_cc);
+    dlclose(dl);
+    unlink(so);
+    rmdir(dir);
+    sched_free(s);
+}
+
+/* A whole decode step of a SmolLM2-135M-shaped model (f32, random weights,
+ * context cut to 1024): step time and weight bytes read per second. */
+Test(cpu_ops, decode_step_bandwidth, .timeout = 300)
+{
+    if (!getenv("MEGAC_CPU_BENCH"))
+        cr_skip_test("set MEGAC_CPU_BENCH=1 to measure a whole decode step");
+    int nw = getenv("MEGAC_CPU_WORKERS") ? atoi(getenv("MEGAC_CPU_WORKERS")) : 2;
+    ModelDesc m = toy_model(576, 1536, 30, 9, 3, 64, 49152, 1024, ROPE_HALF);
+    Kern k;
+    kern_build(&k, lower_for_cpu(&m, nw));
+    toy_weights(&k, &m);
+    *(int32_t *)buf(&k, (uint32_t)sched_find_buffer(k.s, "tok")) = 1;
+    double gb = (double)k.s->weights_bytes / 1e9;
+    /* Early positions, then late ones: there attention reads 2 * pos rows
+     * of KV per kv head and layer on top of the weights. */
+    int64_t starts[2] = {0, m.max_seq - 24};
+    for (int run = 0; run < 2; run++) {
+        double best = 1e9, total = 0, best_cpu = 1e9;
+        int steps = 24, warm = 4;
+        for (int i = 0; i < steps; i++) {
+            int64_t pos = starts[run] + i;
+            struct timespec t0;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            kern_step(&k, pos, 0);
+            double dt = elapsed_s(t0);
+            cr_assert_eq(k.abort_info.flag, 0);
+            if (i >= warm) {
+                best = dt < best ? dt : best;
+                best_cpu = last_step_cpu_s < best_cpu ? last_step_cpu_s : best_cpu;
+                total += dt;
+            }
+        }
+        double kv = 2.0 * m.n_layers * m.n_kv_heads * (double)(starts[run] + steps) * m.head_dim * 4 / 1e9;
+        fprintf(stderr,
+                "SmolLM2-135M shape f32, %d workers, pos %ld..: %.3f GB weights + %.3f GB KV, best %.2f ms/step = "
+                "%.1f GB/s, mean %.1f GB/s; worker CPU time best %.2f ms = %.1f GB/s\n",
+                nw, (long)starts[run], gb, kv, best * 1e3, (gb + kv) / best, (gb + kv) * (steps - warm) / total,
+                best_cpu * 1e3, (gb + kv) / best_cpu);
+    }
+    kern_free(&k);
+}
+
+/* Params an op body could not run with are refused at compile time. */
+Test(cpu_ops, bad_params_are_errors)
+{
+    Schedule *s = sched_new("badparams", "cpu", 1);
+    s->shape = op_shape(0);
+    uint32_t q = add_buf(s, "q", BUF_SCRATCH, NH * HD), kc = add_buf(s, "kc", BUF_KV, NKV * SEQ * HD);
+    uint32_t vc = add_buf(s, "vc", BUF_KV, NKV * SEQ * HD), part = add_buf(s, "part", BUF_SCRATCH, 1024);
+    add_op(s, 0, OP_ATTN, (int32_t[]){0, 0, 1, 0}, (uint32_t[]){q, kc, vc, part});
+    sched_layout(s);
+    char out[1024] = {0};
+    FILE *f = fmemopen(out, sizeof out, "w");
+    Diag d;
+    diag_init(&d);
+    d.out = f;
+    cr_assert_not(cg_cpu_compile(s, NULL, "/tmp/megac_cpu_never.so", &d));
+    fclose(f);
+    cr_assert_eq(d.nerrors, 1);
+    cr_assert(strstr(out, "error: attn: attn needs nsplit > 0, 0 <= s < nsplit and block > 0"), "%s", out);
+    sched_free(s);
+}
+
+/* Attention alone at a late position: 30 layers of SmolLM2-shaped KV
+ * (3 kv heads, G = 3, hd = 64), one split, every row written first. */
+Test(cpu_ops, attention_bandwidth, .timeout = 120)
+{
+    if (!getenv("MEGAC_CPU_BENCH"))
+        cr_skip_test("set MEGAC_CPU_BENCH=1 to measure attention bandwidth");
+    enum { L = 30, KV = 3, GG = 3, D = 64, S = 1024 };
+    Schedule *s = sched_new("attn_bench", "cpu", 1);
+    s->shape = (ModelShape){.dim = 576, .hidden_dim = 1536, .n_layers = L, .n_heads = KV * GG, .n_kv_heads = KV,
+                            .head_dim = D, .vocab_size = 8, .max_seq = S, .norm_eps = 1e-5};
+    uint32_t q = add_buf(s, "q", BUF_SCRATCH, KV * GG * D), part = add_buf(s, "part", BUF_SCRATCH, KV * GG * (D + 2));
+    for (int l = 0; l < L; l++) {
+        char n[16];
+        snprintf(n, sizeof n, "kc%d", l);
+        uint32_t kc = add_buf(s, n, BUF_KV, KV * S * D);
+        snprintf(n, sizeof n, "vc%d", l);
+        uint32_t vc = add_buf(s, n, BUF_KV, KV * S * D);
+        for (int h = 0; h < KV; h++)
+            add_op(s, 0, OP_ATTN, (int32_t[]){h, 0, 1, 32}, (uint32_t[]){q, kc, vc, part});
+    }
+    Kern k;
+    kern_build(&k, s);
+    for (uint32_t i = 0; i < s->nbufs; i++)
+        fill(&k, i);
+    int64_t pos = S - 1;
+    double best = 1e9;
+    for (int i = 0; i < 20; i++) {
+        kern_step(&k, pos, 0);
+        best = last_step_cpu_s < best ? last_step_cpu_s : best;
+    }
+    double gb = 2.0 * L * KV * (double)(pos + 1) * D * 4 / 1e9;
+    fprintf(stderr, "attention, %d layers x %d kv heads, pos %ld: %.3f GB KV, CPU time %.3f ms = %.1f GB/s\n", L, KV,
+            (long)pos, gb, best * 1e3, gb / best);
+    kern_free(&k);
+}

@@ -1,0 +1,501 @@
+/*
+ * test_cuda.c - the CUDA backend without a GPU, and with one when present.
+ *
+ *   nvrtc      lowered models compile through NVRTC to cubins with no local
+ *              memory (stack frame or spills), resources read back, the
+ *              exported constants present in the cubin; small models for
+ *              sm_80, sm_90 and sm_120, the large ones for sm_90 only (each
+ *              big compile takes seconds); ptxas log parsing.
+ *   host-cuda  the same generated CUDA C run on the host (host_shim.h):
+ *              `megac compile --target host-cuda` at 1, 2, 3 and 5 blocks,
+ *              greedy decode next to the reference engine (ref_step):
+ *              logits within atol + rtol * max|logit|, identical argmax;
+ *              `megac run` of stories260K prints llama2.c's text exactly.
+ *   watchdog   a schedule whose wait can never be satisfied returns
+ *              MEGAC_ERR_KERNEL naming the worker, pc and counter.
+ *   gpu        with a CUDA driver and a GPU: the sm_XX bundle of the same
+ *              models against the reference; skipped (with the reason)
+ *              otherwise.
+ * ../shared is optional: tests that need it skip themselves.
+ */
+#include "codegen/codegen.h"
+#include "codegen/cuda/cuda.h"
+#include "runtime/cuda_driver.h"
+#include "runtime/megac.h"
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wcomment"
+#include "compiler/compile.h"
+#include "compiler/model.h"
+#pragma GCC diagnostic pop
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SHARED MEGAC_SRC "/../shared"
+#define STORIES_YAML MEGAC_SRC "/models/stories260k.yaml"
+#define GOLDEN SHARED "/golden/stories260K_once_upon_a_time_n200.txt"
+
+#define ATOL 1e-4
+#define RTOL 1e-5
+
+/* GQA (3 q heads per kv head), untied, bias-free, half-pair RoPE. */
+static const char synth_yaml[] = "name: synth-cuda\n"
+                                 "arch:\n"
+                                 "  dim: 96\n"
+                                 "  hidden_dim: 200\n"
+                                 "  n_layers: 2\n"
+                                 "  n_heads: 6\n"
+                                 "  n_kv_heads: 2\n"
+                                 "  vocab_size: 300\n"
+                                 "  max_seq: 128\n"
+                                 "norm_eps: 1e-5\n"
+                                 "tie_embeddings: false\n"
+                                 "rope: {theta: 10000, pairing: half}\n"
+                                 "weights: {format: synthetic, seed: 11}\n"
+                                 "tokenizer: {format: bytes}\n";
+
+static bool file_exists(const char *p) { return access(p, R_OK) == 0; }
+
+static char *tmp_dir(void)
+{
+    char *d = strdup("/tmp/megac-cuda-XXXXXX");
+    cr_assert(mkdtemp(d));
+    return d;
+}
+
+static void rm_rf(char *dir)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+    free(dir);
+}
+
+static char *write_synth(const char *dir)
+{
+    char *path = malloc(1200);
+    snprintf(path, 1200, "%s/synth.yaml", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fputs(synth_yaml, f);
+    cr_assert_eq(fclose(f), 0);
+    return path;
+}
+
+/* Runs a shell command; its output (both streams) into out. */
+static int sh(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    return pclose(p);
+}
+
+/* megac compile MODEL --target T --workers W -o DIR/T.wW.megac (W = 0:
+ * the description's or the target's worker count) */
+static char *compile_bundle(const char *model, const char *target, int workers, const char *dir)
+{
+    char *out = malloc(1200), cmd[4096];
+    static char log[1 << 16];
+    snprintf(out, 1200, "%s/%s.w%d.megac", dir, target, workers);
+    char wopt[32] = "";
+    if (workers)
+        snprintf(wopt, sizeof wopt, "--workers %d", workers);
+    snprintf(cmd, sizeof cmd, "%s compile '%s' --target %s %s -q -o '%s' 2>&1", MEGAC_BIN, model, target, wopt, out);
+    cr_assert_eq(sh(cmd, log, sizeof log), 0, "%s failed:\n%s", cmd, log);
+    return out;
+}
+
+/* ---- lowering in this process ---- */
+
+typedef struct {
+    Arena arena;
+    ModelDesc m;
+    Weights w;
+    bool have_w;
+    RefState *ref;
+} Model;
+
+static void model_open(Model *r, const char *path, bool weights)
+{
+    memset(r, 0, sizeof *r);
+    Diag d;
+    diag_init(&d);
+    cr_assert(desc_load(&r->m, &r->arena, path, NULL, 0, &d), "cannot load %s", path);
+    if (weights) {
+        cr_assert(weights_load(&r->w, &r->m, &d), "cannot load the weights of %s", path);
+        r->have_w = true;
+        r->ref = ref_new(&r->w);
+    }
+}
+
+static void model_close(Model *r)
+{
+    if (r->ref)
+        ref_free(r->ref);
+    if (r->have_w)
+        weights_free(&r->w);
+    arena_free(&r->arena);
+}
+
+static Schedule *model_lower(Model *r, const char *target, int workers)
+{
+    Diag d;
+    diag_init(&d);
+    const Target *t = target_lookup(target, &d);
+    cr_assert(t);
+    Schedule *s = lower_model(&r->m, t, workers ? workers : r->m.workers, &d);
+    cr_assert(s, "lowering %s for %s failed", r->m.name, target);
+    sched_layout(s);
+    return s;
+}
+
+/* ---- nvrtc ---- */
+
+static void cubin_compile(const char *yaml, const char *arch)
+{
+    Model r;
+    model_open(&r, yaml, false);
+    Schedule *s = model_lower(&r, arch, 0);
+    char *dir = tmp_dir(), path[1200];
+    snprintf(path, sizeof path, "%s/kernel.%s.cubin", dir, arch);
+    Diag d;
+    diag_init(&d);
+    CudaKernelInfo info;
+    memset(&info, 0, sizeof info);
+    cr_assert(cg_cuda_compile(s, arch, path, &info, &d), "%s for %s: cg_cuda_compile failed", yaml, arch);
+    cr_assert_eq(info.threads_per_block, CUDA_THREADS_GPU);
+    cr_assert(info.regs_per_thread > 0 && info.regs_per_thread <= 65536 / CUDA_THREADS_GPU, "%d registers",
+              info.regs_per_thread);
+    cr_assert(info.smem_per_block > 0 && info.smem_per_block <= 48 * 1024, "%d bytes smem", info.smem_per_block);
+    cr_assert_eq(info.local_bytes, 0, "%s for %s spills: %d bytes of local memory", yaml, arch, info.local_bytes);
+    size_t n = 0;
+    char *cubin = read_file(path, &n);
+    cr_assert(cubin && n > 4 && memcmp(cubin, "\177ELF", 4) == 0, "%s is not an ELF cubin", path);
+    static const char *const syms[] = {"megac_kernel", "megac_kernel_abi", "megac_schedule_hash", "megac_num_workers"};
+    for (int i = 0; i < 4; i++)
+        cr_assert(memmem(cubin, n, syms[i], strlen(syms[i]) + 1), "%s: no symbol %s", path, syms[i]);
+    fprintf(stderr, "%s %s: %u workers, %d regs, %d B smem\n", r.m.name, arch, s->nworkers, info.regs_per_thread,
+                info.smem_per_block);
+    free(cubin);
+    sched_free(s);
+    rm_rf(dir);
+    model_close(&r);
+}
+
+Test(cuda_nvrtc, small_models_all_archs, .timeout = 300)
+{
+    static const char *const archs[] = {"sm_80", "sm_90", "sm_120"};
+    static const char *const models[] = {MEGAC_SRC "/models/stories260k.yaml", MEGAC_SRC "/models/default.yaml"};
+    for (int m = 0; m < 2; m++)
+        for (int a = 0; a < 3; a++)
+            cubin_compile(models[m], archs[a]);
+}
+
+Test(cuda_nvrtc, large_models_sm90, .timeout = 600)
+{
+    static const char *const models[] = {"smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b"};
+    for (int m = 0; m < 4; m++) {
+        char path[1024];
+        snprintf(path, sizeof path, MEGAC_SRC "/models/%s.yaml", models[m]);
+        cubin_compile(path, "sm_90");
+    }
+}
+
+Test(cuda_nvrtc, ptxas_log_parse)
+{
+    const char *log = "ptxas info    : 0 bytes gmem\n"
+                      "ptxas info    : Compiling entry function 'other' for 'sm_90'\n"
+                      "ptxas info    : Function properties for other\n"
+                      "    8 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+                      "ptxas info    : Used 12 registers, used 0 barriers, 0 bytes smem\n"
+                      "ptxas info    : Compiling entry function 'megac_kernel' for 'sm_90'\n"
+                      "ptxas info    : Function properties for megac_kernel\n"
+                      "    0 bytes stack frame, 16 bytes spill stores, 16 bytes spill loads\n"
+                      "ptxas info    : Used 96 registers, used 1 barriers, 33100 bytes smem, 400 bytes cmem[0]\n";
+    CudaKernelInfo k;
+    memset(&k, 0, sizeof k);
+    cr_assert(cuda_ptxas_info_parse(log, &k));
+    cr_assert_eq(k.regs_per_thread, 96);
+    cr_assert_eq(k.smem_per_block, 33100);
+    cr_assert_eq(k.local_bytes, 16);
+    cr_assert_not(cuda_ptxas_info_parse("ptxas info    : Used 12 registers\n", &k));
+}
+
+Test(cuda_nvrtc, unknown_arch_is_an_error)
+{
+    Model r;
+    model_open(&r, MEGAC_SRC "/models/default.yaml", false);
+    Schedule *s = model_lower(&r, "sm_90", 4);
+    Diag d;
+    diag_init(&d);
+    d.out = fopen("/dev/null", "w");
+    cr_assert_not(cg_cuda_compile(s, "sm_75", "/tmp/never.cubin", NULL, &d));
+    cr_assert_eq(d.nerrors, 1);
+    fclose(d.out);
+    sched_free(s);
+    model_close(&r);
+}
+
+/* ---- host-cuda ---- */
+
+static int argmax_f(const float *v, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b])
+            b = i;
+    return b;
+}
+
+/* Greedy decode of ntok steps from BOS, bundle next to the reference. */
+static void compare_greedy(megac_model *mm, Model *r, int ntok, const char *what)
+{
+    int vocab = megac_vocab_size(mm);
+    cr_assert_eq(vocab, r->m.vocab_size);
+    ref_reset(r->ref);
+    cr_assert_eq(megac_reset(mm), MEGAC_OK);
+    int tok = megac_bos(mm);
+    double worst = 0;
+    for (int pos = 0; pos < ntok; pos++) {
+        cr_assert_eq(megac_step(mm, tok), MEGAC_OK, "%s: %s", what, megac_error(mm));
+        const float *got = megac_logits(mm);
+        const float *want = ref_step(r->ref, tok, pos);
+        double scale = 0;
+        for (int i = 0; i < vocab; i++)
+            scale = fmax(scale, fabs(want[i]));
+        double tol = ATOL + RTOL * scale;
+        for (int i = 0; i < vocab; i++) {
+            double e = fabs((double)got[i] - (double)want[i]);
+            worst = fmax(worst, e);
+            cr_assert(e <= tol, "%s: pos %d logit %d: kernel %.7g, reference %.7g (|diff| %.3g > %.3g)", what, pos,
+                      i, got[i], want[i], e, tol);
+        }
+        int k = megac_argmax(mm);
+        cr_assert_eq(k, argmax_f(want, vocab), "%s: pos %d: kernel picks %d, reference %d", what, pos, k,
+                     argmax_f(want, vocab));
+        tok = k;
+    }
+    cr_log_info("%s: %d steps, max |logit diff| %.3g", what, ntok, worst);
+}
+
+/* The model's bundle for `target` at each worker count vs the reference. */
+static void bundles_vs_reference(const char *yaml, const char *target, const int *workers, int nw, int ntok)
+{
+    Model r;
+    model_open(&r, yaml, true);
+    char *dir = tmp_dir();
+    for (int i = 0; i < nw; i++) {
+        char *b = compile_bundle(yaml, target, workers[i], dir);
+        megac_model *mm;
+        cr_assert_eq(megac_open(b, &mm), MEGAC_OK, "%s", megac_last_open_error());
+        cr_assert(!workers[i] || megac_num_workers(mm) == workers[i]);
+        char what[256];
+        snprintf(what, sizeof what, "%s on %s, %d blocks", r.m.name, target, workers[i]);
+        compare_greedy(mm, &r, ntok < megac_max_seq(mm) ? ntok : megac_max_seq(mm), what);
+        megac_close(mm);
+        free(b);
+    }
+    rm_rf(dir);
+    model_close(&r);
+}
+
+static const int host_blocks[] = {1, 2, 3, 5};
+
+Test(cuda_host, stories260K_matches_reference, .timeout = 300)
+{
+    if (!file_exists(SHARED "/models/stories260K.bin"))
+        cr_skip("../shared/models/stories260K.bin is absent");
+    bundles_vs_reference(STORIES_YAML, "host-cuda", host_blocks, 4, 48);
+}
+
+Test(cuda_host, synthetic_model_matches_reference, .timeout = 300)
+{
+    char *dir = tmp_dir(), *yaml = write_synth(dir);
+    bundles_vs_reference(yaml, "host-cuda", host_blocks, 4, 48);
+    free(yaml);
+    rm_rf(dir);
+}
+
+Test(cuda_host, default_model_matches_reference, .timeout = 300)
+{
+    static const int w[] = {3};
+    bundles_vs_reference(MEGAC_SRC "/models/default.yaml", "host-cuda", w, 1, 64);
+}
+
+Test(cuda_host, stories260K_run_gives_llama2c_text, .timeout = 300)
+{
+    if (!file_exists(SHARED "/models/stories260K.bin") || !file_exists(GOLDEN))
+        cr_skip("../shared/models/stories260K.bin or the golden text is absent");
+    char *dir = tmp_dir(), *b = compile_bundle(STORIES_YAML, "host-cuda", 4, dir), cmd[4096];
+    static char out[1 << 16];
+    snprintf(cmd, sizeof cmd, "%s run '%s' --engine host-cuda --prompt 'Once upon a time' -n 200 --temp 0 2>/dev/null",
+             MEGAC_BIN, b);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0);
+    size_t n = 0;
+    char *want = read_file(GOLDEN, &n);
+    cr_assert(want);
+    cr_assert_str_eq(out, want);
+    free(want);
+    free(b);
+    rm_rf(dir);
+}
+
+/* ---- watchdog ---- */
+
+/* Rewrites the manifest's schedule_hash line. */
+static void manifest_set_hash(const char *bundle, uint64_t hash)
+{
+    char path[1400];
+    snprintf(path, sizeof path, "%s/manifest.yaml", bundle);
+    size_t n = 0;
+    char *text = read_file(path, &n);
+    cr_assert(text);
+    char *h = strstr(text, "schedule_hash: ");
+    cr_assert(h);
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hash);
+    memcpy(h + strlen("schedule_hash: "), hex, 16);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    cr_assert_eq(fwrite(text, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+    free(text);
+}
+
+/* A host-cuda bundle whose worker 1 ends with `wait c0 >= 1000000`, which
+ * nothing satisfies (the validator would refuse it, so the kernel is built
+ * here): the step fails with MEGAC_ERR_KERNEL naming worker 1, the wait's
+ * pc and counter 0, and the model stays usable. */
+Test(cuda_host, watchdog_names_the_stuck_wait, .timeout = 120)
+{
+    char *dir = tmp_dir(), *b = compile_bundle(MEGAC_SRC "/models/default.yaml", "host-cuda", 2, dir);
+    char path[1400];
+    snprintf(path, sizeof path, "%s/schedule.sched", b);
+    Diag d;
+    diag_init(&d);
+    Schedule *s = sched_load(path, &d);
+    cr_assert(s);
+    sched_layout(s);
+    uint32_t pc = s->workers[1].ninst;
+    sched_wait(s, 1, 0, 1000000);
+    char *text = sched_to_string(s);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fputs(text, f);
+    cr_assert_eq(fclose(f), 0);
+    free(text);
+    manifest_set_hash(b, sched_hash(s));
+    snprintf(path, sizeof path, "%s/kernel.so", b);
+    cr_assert(cg_hostcuda_compile(s, path, &d));
+    setenv("MEGAC_WATCHDOG_MS", "100", 1);
+    megac_model *m;
+    megac_status st = megac_open(b, &m);
+    unsetenv("MEGAC_WATCHDOG_MS");
+    cr_assert_eq(st, MEGAC_OK, "%s", megac_last_open_error());
+    cr_assert_eq(megac_step(m, 5), MEGAC_ERR_KERNEL);
+    char want[128];
+    snprintf(want, sizeof want, "worker 1, pc %u waited on counter 0", pc);
+    cr_assert(strstr(megac_error(m), want) && strstr(megac_error(m), "threshold 1000000"), "%s", megac_error(m));
+    cr_assert_eq(megac_position(m), 0, "a failed step must not advance");
+    megac_close(m);
+    sched_free(s);
+    free(b);
+    rm_rf(dir);
+}
+
+/* ---- on a GPU ---- */
+
+/* Skips the test unless a CUDA driver and a device are present. */
+static void gpu_require(void)
+{
+    CudaDriver drv;
+    char err[512];
+    if (!cuda_driver_load(&drv, err, sizeof err))
+        cr_skip("no GPU: %s", err);
+    int n = 0;
+    drv.cuDeviceGetCount(&n);
+    cuda_driver_unload(&drv);
+    if (n < 1)
+        cr_skip("no GPU: the CUDA driver sees no device");
+}
+
+/* The compute capability of device 0 as a target name (sm_80, sm_90, sm_120). */
+static const char *gpu_target(void)
+{
+    CudaDriver drv;
+    char err[512];
+    cr_assert(cuda_driver_load(&drv, err, sizeof err), "%s", err);
+    CUdevice dev;
+    int major = 0;
+    cr_assert_eq(drv.cuDeviceGet(&dev, 0), 0);
+    cr_assert_eq(drv.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), 0);
+    cuda_driver_unload(&drv);
+    if (major == 8)
+        return "sm_80";
+    if (major == 9)
+        return "sm_90";
+    if (major == 12)
+        return "sm_120";
+    cr_skip("no megac target for a compute capability %d.x GPU", major);
+    return NULL;
+}
+
+Test(cuda_gpu, stories260K_matches_reference, .timeout = 300)
+{
+    gpu_require();
+    if (!file_exists(SHARED "/models/stories260K.bin"))
+        cr_skip("../shared/models/stories260K.bin is absent");
+    static const int w[] = {1, 3, 16, 0};
+    bundles_vs_reference(STORIES_YAML, gpu_target(), w, 4, 200);
+}
+
+Test(cuda_gpu, synthetic_model_matches_reference, .timeout = 300)
+{
+    gpu_require();
+    static const int w[] = {2, 7, 0};
+    char *dir = tmp_dir(), *yaml = write_synth(dir);
+    bundles_vs_reference(yaml, gpu_target(), w, 3, 100);
+    free(yaml);
+    rm_rf(dir);
+}
+
+Test(cuda_gpu, stories260K_run_gives_llama2c_text, .timeout = 300)
+{
+    gpu_require();
+    if (!file_exists(SHARED "/models/stories260K.bin") || !file_exists(GOLDEN))
+        cr_skip("../shared/models/stories260K.bin or the golden text is absent");
+    char *dir = tmp_dir(), *b = compile_bundle(STORIES_YAML, gpu_target(), 0, dir), cmd[4096];
+    static char out[1 << 16];
+    snprintf(cmd, sizeof cmd, "%s run '%s' --engine cuda --prompt 'Once upon a time' -n 200 --temp 0 2>/dev/null",
+             MEGAC_BIN, b);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0);
+    size_t n = 0;
+    char *want = read_file(GOLDEN, &n);
+    cr_assert(want);
+    cr_assert_str_eq(out, want);
+    free(want);
+    free(b);
+    rm_rf(dir);
+}
+
+Test(cuda_gpu, without_a_driver_the_error_is_clear)
+{
+    CudaDriver drv;
+    char err[512];
+    if (cuda_driver_load(&drv, err, sizeof err)) {
+        cuda_driver_unload(&drv);
+        cr_skip("a CUDA driver is present");
+    }
+    char *dir = tmp_dir(), *b = compile_bundle(MEGAC_SRC "/models/default.yaml", "sm_90", 4, dir);
+    megac_model *m;
+    cr_assert_eq(megac_open(b, &m), MEGAC_ERR_DEVICE);
+    cr_assert(strstr(megac_last_open_error(), "no CUDA driver"), "%s", megac_last_open_error());
+    free(b);
+    rm_rf(dir);
+}

@@ -1,0 +1,387 @@
+/*
+ * test_e2e_cpu.c - end to end on the CPU backend: `megac compile` a model
+ * for 1, 2, 3 and 8 workers, open the bundle with the runtime, and decode
+ * greedily next to the reference engine (ref_step, float64), feeding both
+ * the kernel's own choice:
+ *   - every step's logits agree within atol + rtol * max|logit| (f32 kernel
+ *     vs f64 reference; README of ../shared/golden: ~1.5e-5 for stories260K)
+ *   - the kernel's argmax equals the reference's at every step.
+ * And `megac run` of stories260K reproduces llama2.c's greedy text exactly
+ * (../shared/golden: the "Once upon a time" prompt, n 200, and no prompt,
+ * n 256).
+ * Models: stories260K (../shared; skipped when absent), the embedded
+ * default model, and a small synthetic model written here.
+ */
+#include "runtime/megac.h"
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wcomment"
+#include "compiler/model.h"
+#pragma GCC diagnostic pop
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SHARED MEGAC_SRC "/../shared"
+#define STORIES_YAML MEGAC_SRC "/models/stories260k.yaml"
+#define GOLDEN SHARED "/golden/stories260K_once_upon_a_time_n200.txt"
+#define GOLDEN_NOPROMPT SHARED "/golden/stories260K_noprompt_n256.txt"
+
+#define ATOL 1e-4
+#define RTOL 1e-5
+
+/* A small synthetic model (GQA, untied, 2 layers) in the description
+ * format of models/README.md. */
+static const char synthetic_yaml[] = "name: synth-e2e\n"
+                                     "arch:\n"
+                                     "  dim: 96\n"
+                                     "  hidden_dim: 160\n"
+                                     "  n_layers: 2\n"
+                                     "  n_heads: 6\n"
+                                     "  n_kv_heads: 2\n"
+                                     "  vocab_size: 300\n"
+                                     "  max_seq: 256\n"
+                                     "norm_eps: 1e-5\n"
+                                     "tie_embeddings: false\n"
+                                     "rope: {theta: 10000, pairing: half}\n"
+                                     "weights: {format: synthetic, seed: 7}\n"
+                                     "tokenizer: {format: bytes}\n";
+
+static bool file_exists(const char *p) { return access(p, R_OK) == 0; }
+
+static char *tmp_dir(void)
+{
+    char *d = strdup("/tmp/megac-e2e-XXXXXX");
+    cr_assert(mkdtemp(d));
+    return d;
+}
+
+static void rm_rf(char *dir)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+    free(dir);
+}
+
+/* megac compile MODEL --workers W -o DIR/b.megac; returns the bundle path. */
+static char *compile_bundle(const char *model, int workers, const char *dir)
+{
+    char *out = malloc(1200), cmd[4096];
+    snprintf(out, 1200, "%s/w%d.megac", dir, workers);
+    snprintf(cmd, sizeof cmd, "%s compile '%s' --target cpu --workers %d -q -o '%s' 2>&1", MEGAC_BIN, model,
+             workers, out);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    char log[8192];
+    size_t n = fread(log, 1, sizeof log - 1, p);
+    log[n] = 0;
+    cr_assert_eq(pclose(p), 0, "%s failed:\n%s", cmd, log);
+    return out;
+}
+
+/* The description, weights and reference engine of `model` in this process. */
+typedef struct {
+    Arena arena;
+    ModelDesc m;
+    Weights w;
+    RefState *ref;
+} Ref;
+
+static void ref_open(Ref *r, const char *model)
+{
+    memset(r, 0, sizeof *r);
+    Diag d;
+    diag_init(&d);
+    bool ok = strcmp(model, "default") == 0
+                  ? desc_parse(&r->m, &r->arena, "<embedded>", desc_default_yaml, strlen(desc_default_yaml), NULL, 0,
+                               &d)
+                  : desc_load(&r->m, &r->arena, model, NULL, 0, &d);
+    cr_assert(ok, "cannot load %s", model);
+    cr_assert(weights_load(&r->w, &r->m, &d), "cannot load the weights of %s", model);
+    r->ref = ref_new(&r->w);
+}
+
+static void ref_close(Ref *r)
+{
+    ref_free(r->ref);
+    weights_free(&r->w);
+    arena_free(&r->arena);
+}
+
+static int argmax_f(const float *v, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b])
+            b = i;
+    return b;
+}
+
+/* Decodes ntok greedy tokens from BOS with the bundle and the reference. */
+static void compare_greedy(megac_model *mm, Ref *r, int ntok, const char *what)
+{
+    int vocab = megac_vocab_size(mm);
+    cr_assert_eq(vocab, r->m.vocab_size);
+    ref_reset(r->ref);
+    cr_assert_eq(megac_reset(mm), MEGAC_OK);
+    int tok = megac_bos(mm);
+    double worst = 0;
+    for (int pos = 0; pos < ntok; pos++) {
+        cr_assert_eq(megac_step(mm, tok), MEGAC_OK, "%s: %s", what, megac_error(mm));
+        const float *got = megac_logits(mm);
+        const float *want = ref_step(r->ref, tok, pos);
+        double scale = 0;
+        for (int i = 0; i < vocab; i++)
+            scale = fmax(scale, fabs(want[i]));
+        double tol = ATOL + RTOL * scale;
+        for (int i = 0; i < vocab; i++) {
+            double e = fabs((double)got[i] - (double)want[i]);
+            worst = fmax(worst, e);
+            cr_assert(e <= tol, "%s: pos %d logit %d: kernel %.7g, reference %.7g (|diff| %.3g > %.3g)", what, pos,
+                      i, got[i], want[i], e, tol);
+        }
+        int k = megac_argmax(mm);
+        cr_assert_eq(k, argmax_f(want, vocab), "%s: pos %d: kernel picks %d, reference %d", what, pos, k,
+                     argmax_f(want, vocab));
+        tok = k;
+    }
+    cr_log_info("%s: %d steps, max |logit diff| %.3g", what, ntok, worst);
+}
+
+/* The model at 1, 2, 3 and 8 workers against the reference. */
+static void e2e_model(const char *model, int ntok)
+{
+    static const int workers[] = {1, 2, 3, 8};
+    Ref r;
+    ref_open(&r, model);
+    char *dir = tmp_dir();
+    for (size_t i = 0; i < sizeof workers / sizeof workers[0]; i++) {
+        char *b = compile_bundle(model, workers[i], dir);
+        megac_model *mm;
+        cr_assert_eq(megac_open(b, &mm), MEGAC_OK, "%s", megac_last_open_error());
+        cr_assert_eq(megac_num_workers(mm), workers[i]);
+        char what[256];
+        snprintf(what, sizeof what, "%s, %d workers", model, workers[i]);
+        int n = ntok < megac_max_seq(mm) ? ntok : megac_max_seq(mm);
+        compare_greedy(mm, &r, n, what);
+        megac_close(mm);
+        free(b);
+    }
+    rm_rf(dir);
+    ref_close(&r);
+}
+
+Test(e2e_cpu, stories260K_matches_reference)
+{
+    if (!file_exists(SHARED "/models/stories260K.bin"))
+        cr_skip("../shared/models/stories260K.bin is absent");
+    e2e_model(STORIES_YAML, 200);
+}
+
+Test(e2e_cpu, default_model_matches_reference) { e2e_model("default", 200); }
+
+Test(e2e_cpu, synthetic_model_matches_reference)
+{
+    char *dir = tmp_dir();
+    char path[1200];
+    snprintf(path, sizeof path, "%s/synth.yaml", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fputs(synthetic_yaml, f);
+    cr_assert_eq(fclose(f), 0);
+    e2e_model(path, 200);
+    rm_rf(dir);
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot read %s", path);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return strdup(buf);
+}
+
+/* `megac run BUNDLE ARGS` must print exactly the golden file. */
+static void expect_run_text(const char *bundle, const char *args, const char *golden)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s run '%s' %s 2>/dev/null", MEGAC_BIN, bundle, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    static char out[1 << 16];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    cr_assert_eq(pclose(p), 0, "%s", cmd);
+    char *want = slurp(golden);
+    cr_assert_str_eq(out, want, "%s", cmd);
+    free(want);
+}
+
+/* llama2.c's greedy text, token for token, through `megac run` (with a
+ * prompt, and from BOS alone), at 2 and 3 workers. */
+Test(e2e_cpu, stories260K_run_gives_llama2c_text)
+{
+    if (!file_exists(GOLDEN) || !file_exists(GOLDEN_NOPROMPT) || !file_exists(SHARED "/models/stories260K.bin"))
+        cr_skip("../shared golden or model is absent");
+    char *dir = tmp_dir();
+    for (int w = 2; w <= 3; w++) {
+        char *b = compile_bundle(STORIES_YAML, w, dir);
+        expect_run_text(b, "--temp 0 -n 200 --prompt 'Once upon a time'", GOLDEN);
+        expect_run_text(b, "--temp 0 -n 256", GOLDEN_NOPROMPT);
+        free(b);
+    }
+    rm_rf(dir);
+}
+
+/* Sampling (temperature 0.8, seed 7) draws the same tokens from the kernel's
+ * logits as from the reference engine's: same sampler, same seed handling.
+ * (The f32/f64 logit difference, ~1e-5, could flip a draw only when a
+ * uniform lands within ~1e-6 of a bucket edge.) */
+Test(e2e_cpu, stories260K_sampled_text_matches_reference_engine)
+{
+    if (!file_exists(SHARED "/models/stories260K.bin"))
+        cr_skip("../shared/models/stories260K.bin is absent");
+    char *dir = tmp_dir();
+    char *b = compile_bundle(STORIES_YAML, 2, dir);
+    const char *args = "--temp 0.8 --top-p 1 --seed 7 -n 120 --prompt 'Once upon a time'";
+    char cmd[4096];
+    static char got[1 << 14], want[1 << 14];
+    snprintf(cmd, sizeof cmd, "%s run '%s' %s 2>/dev/null", MEGAC_BIN, b, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    got[fread(got, 1, sizeof got - 1, p)] = 0;
+    cr_assert_eq(pclose(p), 0, "%s", cmd);
+    snprintf(cmd, sizeof cmd, "%s run %s --engine reference %s 2>/dev/null", MEGAC_BIN, STORIES_YAML, args);
+    p = popen(cmd, "r");
+    cr_assert(p);
+    want[fread(want, 1, sizeof want - 1, p)] = 0;
+    cr_assert_eq(pclose(p), 0, "%s", cmd);
+    cr_assert(strlen(got) > 100, "%s", got);
+    cr_assert_str_eq(got, want);
+    free(b);
+    rm_rf(dir);
+}
+
+/* A host-cuda bundle (the generated CUDA C run on CPU threads) through the
+ * same runtime: its text is a prefix of llama2.c's. Short: fibers are slow. */
+Test(e2e_cpu, stories260K_host_cuda_bundle_runs)
+{
+    if (!file_exists(GOLDEN) || !file_exists(SHARED "/models/stories260K.bin"))
+        cr_skip("../shared golden or model is absent");
+    char *dir = tmp_dir();
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "%s compile %s --target host-cuda --workers 2 -q -o %s/h.megac && "
+             "%s run %s/h.megac --temp 0 -n 24 --prompt 'Once upon a time' 2>/dev/null",
+             MEGAC_BIN, STORIES_YAML, dir, MEGAC_BIN, dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    static char out[1 << 14];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    cr_assert_eq(pclose(p), 0, "%s", cmd);
+    char *want = slurp(GOLDEN);
+    cr_assert(n > 20 && out[n - 1] == '\n', "%s", out);
+    cr_assert(strncmp(out, want, n - 1) == 0, "host-cuda text:\n%s\nis not a prefix of the golden", out);
+    free(want);
+    rm_rf(dir);
+}
+
+/* Runs a shell command; returns its exit status and its output in out. */
+static int sh(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* A schedule the validator refuses is never compiled: exit 1, the finding,
+ * and no kernel or manifest in the folder. */
+Test(e2e_cpu, compile_refuses_an_unsafe_schedule)
+{
+    char *dir = tmp_dir();
+    char cmd[2048], out[8192], path[1200];
+    snprintf(cmd, sizeof cmd, "%s compile default --target sm_80 --workers 4000 -o '%s/b.megac' 2>&1", MEGAC_BIN,
+             dir);
+    cr_assert_eq(sh(cmd, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "schedule.sched:1:1: error: residency"), "%s", out);
+    cr_assert(strstr(out, "no code was generated"), "%s", out);
+    snprintf(path, sizeof path, "%s/b.megac/manifest.yaml", dir);
+    cr_assert(!file_exists(path));
+    snprintf(path, sizeof path, "%s/b.megac/kernel.sm_80.cubin", dir);
+    cr_assert(!file_exists(path));
+    rm_rf(dir);
+}
+
+Test(e2e_cpu, compile_usage_errors)
+{
+    char cmd[2048], out[8192];
+    snprintf(cmd, sizeof cmd, "%s compile --help", MEGAC_BIN);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0);
+    cr_assert(strstr(out, "usage: megac compile MODEL.yaml --target TARGET"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s compile default --target sm_99 -o /tmp/never.megac 2>&1", MEGAC_BIN);
+    cr_assert_eq(sh(cmd, out, sizeof out), 2);
+    cr_assert(strstr(out, "unknown target 'sm_99'"), "%s", out);
+    cr_assert(!strstr(out, "desc_load"), "work done before the target was checked: %s", out);
+    snprintf(cmd, sizeof cmd, "%s compile default --workers 0 2>&1", MEGAC_BIN);
+    cr_assert_eq(sh(cmd, out, sizeof out), 2);
+    cr_assert(strstr(out, "bad worker count '0'"), "%s", out);
+}
+
+/* `megac run MODEL.yaml --engine cpu` compiles into .megac-cache once, then
+ * reuses it; the text equals that of the bundle compiled by hand. */
+Test(e2e_cpu, run_from_description_uses_a_cache)
+{
+    char *dir = tmp_dir();
+    char cmd[4096], out1[16384], out2[16384], out3[16384];
+    snprintf(cmd, sizeof cmd, "cd '%s' && %s run --engine cpu --workers 2 --temp 0 -n 40 --set max_seq=64 2>&1",
+             dir, MEGAC_BIN);
+    cr_assert_eq(sh(cmd, out1, sizeof out1), 0, "%s", out1);
+    cr_assert(strstr(out1, "compiling default for cpu into .megac-cache/"), "%s", out1);
+    cr_assert_eq(sh(cmd, out2, sizeof out2), 0, "%s", out2);
+    cr_assert(strstr(out2, "using the cached bundle .megac-cache/"), "%s", out2);
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && %s compile default --workers 2 --set max_seq=64 -q -o b.megac && "
+             "%s run b.megac --temp 0 -n 40 2>/dev/null",
+             dir, MEGAC_BIN, MEGAC_BIN);
+    cr_assert_eq(sh(cmd, out3, sizeof out3), 0, "%s", out3);
+    cr_assert(strlen(out3) > 1);
+    cr_assert(strstr(out2, out3), "cached run:\n%s\nbundle run:\n%s", out2, out3);
+    rm_rf(dir);
+}
+
+/* A replaced weight file is not served from a stale cache entry. */
+Test(e2e_cpu, run_cache_follows_the_weight_file)
+{
+    if (!file_exists(SHARED "/models/stories260K.bin"))
+        cr_skip("../shared/models/stories260K.bin is absent");
+    char *dir = tmp_dir();
+    char cmd[4096], out[16384];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && cp %s/models/stories260K.bin w.bin && cp %s/models/tok512.bin t.bin && "
+             "sed -e 's|path: .*stories260K.bin|path: w.bin|' -e 's|path: .*tok512.bin|path: t.bin|' %s > m.yaml",
+             dir, SHARED, SHARED, STORIES_YAML);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
+    snprintf(cmd, sizeof cmd, "cd '%s' && %s run m.yaml --engine cpu --workers 1 --temp 0 -n 8 2>&1", dir, MEGAC_BIN);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "compiling m.yaml"), "%s", out);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "using the cached bundle"), "%s", out);
+    char touch[2048];
+    snprintf(touch, sizeof touch, "touch -d '2001-01-01' '%s/w.bin'", dir);
+    cr_assert_eq(system(touch), 0);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "compiling m.yaml"), "a changed weight file reused the cache: %s", out);
+    rm_rf(dir);
+}

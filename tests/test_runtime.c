@@ -1,0 +1,536 @@
+/*
+ * test_runtime.c - the runtime on its own, with a hand-written kernel.
+ *
+ * Each test builds a small bundle in a temp folder: a toy kernel.so written
+ * in C below (compiled with the system cc) that follows kernel_abi.h, its
+ * manifest, a schedule text, weights.bin and a byte tokenizer. The toy
+ * kernel's logits are a function of the weights, token and position that the
+ * test recomputes; its workers record their thread ids, and one token makes
+ * worker 0 wait on a counter nobody signals, to trip the watchdog.
+ * Then the bundle is damaged in the ways megac_open must refuse.
+ */
+#include "runtime/backend.h"
+#include "runtime/megac.h"
+#include "runtime/tokenizer.h"
+
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define V 259           /* vocabulary: the byte tokenizer's size */
+#define MAXSEQ 16
+#define HANG_TOKEN 258  /* worker 0 waits for a signal that never comes */
+#define OFF_TOK 0
+#define OFF_NEXT 4
+#define OFF_TIDS 64     /* one i32 per worker */
+#define OFF_LOGITS 1024
+#define ARENA (OFF_LOGITS + 4 * V)
+
+static const char kernel_src[] =
+    "#include <stdint.h>\n"
+    "#include <time.h>\n"
+    "#include <unistd.h>\n"
+    "#include <sys/syscall.h>\n"
+    "typedef struct { uint32_t flag, worker, pc, counter, value, threshold; } MegacAbort;\n"
+    "typedef struct { const void *weights; void *arena; uint32_t *counters; MegacAbort *abort_info;\n"
+    "                 int64_t pos; uint64_t timeout_ns; } MegacArgs;\n"
+    "const uint64_t megac_kernel_abi = KABI;\n"
+    "const uint64_t megac_schedule_hash = HASH;\n"
+    "const uint32_t megac_num_workers = NW;\n"
+    "static uint64_t now_ns(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);\n"
+    "    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec; }\n"
+    "void megac_worker(const MegacArgs *a, uint32_t w) {\n"
+    "    char *ar = a->arena; int tok = *(int32_t *)ar;\n"
+    "    ((int32_t *)(ar + 64))[w] = (int32_t)syscall(SYS_gettid);\n"
+    "    float *lg = (float *)(ar + 1024); const float *W = a->weights;\n"
+    "    for (int i = (int)w; i < 259; i += NW) lg[i] = W[tok * 259 + i] + (float)a->pos;\n"
+    "    __atomic_fetch_add(&a->counters[0], 1, __ATOMIC_RELEASE);\n"
+    "    if (w != 0) return;\n"
+    "    uint32_t need = tok == 258 ? NW + 1 : NW;\n"
+    "    uint64_t dl = now_ns() + (a->timeout_ns ? a->timeout_ns : 2000000000u);\n"
+    "    uint32_t c;\n"
+    "    while ((c = __atomic_load_n(&a->counters[0], __ATOMIC_ACQUIRE)) < need) {\n"
+    "        if (now_ns() > dl) { MegacAbort *x = a->abort_info; x->worker = w; x->pc = 3;\n"
+    "            x->counter = 0; x->value = c; x->threshold = need; x->flag = 1; return; }\n"
+    "    }\n"
+    "    int best = 0; for (int i = 1; i < 259; i++) if (lg[i] > lg[best]) best = i;\n"
+    "    *(int32_t *)(ar + 4) = best;\n"
+    "}\n";
+
+static const char sched_text[] = "# toy schedule of test_runtime.c\nschedule toy\n";
+
+/* Weight of (token, i): distinct values so the argmax is unique. */
+static float toy_weight(int t, int i) { return (float)((t * 37 + i * 101) % 997) / 997.0f; }
+
+static uint64_t fnv1a(const void *p, size_t n)
+{
+    const unsigned char *s = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ s[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static void write_file(const char *dir, const char *name, const void *p, size_t n)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    cr_assert(f, "cannot write %s", path);
+    cr_assert_eq(fwrite(p, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+}
+
+static void write_text(const char *dir, const char *name, const char *s) { write_file(dir, name, s, strlen(s)); }
+
+static void write_manifest(const char *dir, int workers, uint64_t hash, const char *extra)
+{
+    char buf[2048];
+    snprintf(buf, sizeof buf,
+             "# megac bundle\nformat: 1\nname: toy\ntarget: cpu\nkernel: kernel.so\nkernel_abi: 1\n"
+             "schedule_hash: %016" PRIx64 "\nweights_bytes: %d\nweights_read_bytes: %d\narena_bytes: %d\n"
+             "counters: 1\nworkers: %d\nvocab: %d\nmax_seq: %d\nbos: 1\neos: 2\n"
+             "io_tok: %d\nio_logits: %d\nio_next: %d\n%s",
+             hash, V * V * 4, V * V * 4, ARENA, workers, V, MAXSEQ, OFF_TOK, OFF_LOGITS, OFF_NEXT, extra);
+    write_text(dir, "manifest.yaml", buf);
+}
+
+static void compile_kernel(const char *dir, int workers, uint64_t hash, unsigned abi)
+{
+    char src[1024], cmd[4096];
+    snprintf(src, sizeof src, "%s/toy_kernel.c", dir);
+    write_text(dir, "toy_kernel.c", kernel_src);
+    snprintf(cmd, sizeof cmd,
+             "cc -std=c11 -D_GNU_SOURCE -O1 -shared -fPIC -DKABI=%uu -DHASH=0x%016" PRIx64 "ull -DNW=%d "
+             "-o %s/kernel.so %s",
+             abi, hash, workers, dir, src);
+    cr_assert_eq(system(cmd), 0, "cannot compile the toy kernel: %s", cmd);
+}
+
+static void write_tokenizer(const char *dir)
+{
+    Tokenizer *t = tok_new(TOK_BYTES, V);
+    const char *names[3] = {"<unk>", "<s>", "</s>"};
+    for (int i = 0; i < 3; i++)
+        tok_set_piece(t, i, names[i], strlen(names[i]), 0);
+    for (int b = 0; b < 256; b++) {
+        char c = (char)b;
+        tok_set_piece(t, 3 + b, &c, 1, 0);
+    }
+    tok_set_ids(t, 1, 2);
+    tok_finish(t);
+    char path[1024], err[512];
+    snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
+    cr_assert(tok_save(t, path, err, sizeof err), "%s", err);
+    tok_free(t);
+}
+
+/* A complete, consistent toy bundle for `workers` workers in a new temp dir. */
+static char *make_bundle(int workers)
+{
+    char *dir = strdup("/tmp/megac-rt-XXXXXX");
+    cr_assert(mkdtemp(dir));
+    uint64_t h = fnv1a(sched_text, strlen(sched_text));
+    write_text(dir, "schedule.sched", sched_text);
+    write_manifest(dir, workers, h, "");
+    compile_kernel(dir, workers, h, 1);
+    float *w = malloc(sizeof(float) * V * V);
+    for (int t = 0; t < V; t++)
+        for (int i = 0; i < V; i++)
+            w[t * V + i] = toy_weight(t, i);
+    write_file(dir, "weights.bin", w, sizeof(float) * V * V);
+    free(w);
+    write_tokenizer(dir);
+    return dir;
+}
+
+static void remove_bundle(char *dir)
+{
+    if (getenv("MEGAC_TEST_KEEP")) {     /* for debugging: leave it */
+        fprintf(stderr, "kept %s\n", dir);
+        free(dir);
+        return;
+    }
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+    free(dir);
+}
+
+/* Opening `dir` must fail with `st` and a message containing a and b. */
+static void expect_refusal(const char *dir, megac_status st, const char *a, const char *b)
+{
+    megac_model *m = NULL;
+    megac_status got = megac_open(dir, &m);
+    const char *msg = megac_last_open_error();
+    cr_assert_eq(got, st, "status %d, expected %d: %s", got, st, msg);
+    cr_assert_null(m);
+    cr_assert(strstr(msg, a), "message lacks '%s': %s", a, msg);
+    cr_assert(strstr(msg, b), "message lacks '%s': %s", b, msg);
+}
+
+static int toy_argmax(int tok)
+{
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (toy_weight(tok, i) > toy_weight(tok, best))
+            best = i;
+    return best;
+}
+
+Test(runtime, steps_match_the_toy_kernel)
+{
+    char *dir = make_bundle(3);
+    megac_model *m;
+    cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
+    cr_assert_eq(megac_num_workers(m), 3);
+    cr_assert_eq(megac_vocab_size(m), V);
+    cr_assert_eq(megac_weights_bytes(m), (uint64_t)V * V * 4);
+    cr_assert_null(megac_logits(m));
+    int toks[] = {1, 72, 3, 200, 257};
+    for (int s = 0; s < 5; s++) {
+        cr_assert_eq(megac_step(m, toks[s]), MEGAC_OK, "%s", megac_error(m));
+        const float *lg = megac_logits(m);
+        for (int i = 0; i < V; i++)
+            cr_assert_eq(lg[i], toy_weight(toks[s], i) + (float)s, "step %d logit %d", s, i);
+        cr_assert_eq(megac_argmax(m), toy_argmax(toks[s]));
+        cr_assert_eq(megac_position(m), s + 1);
+    }
+    cr_assert_eq(megac_reset(m), MEGAC_OK);
+    cr_assert_eq(megac_position(m), 0);
+    megac_close(m);
+    remove_bundle(dir);
+}
+
+Test(runtime, bad_tokens_and_positions_are_errors)
+{
+    char *dir = make_bundle(1);
+    megac_model *m;
+    cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
+    cr_assert_eq(megac_step(m, V), MEGAC_ERR_ARG);
+    cr_assert(strstr(megac_error(m), "vocabulary"));
+    cr_assert_eq(megac_step(m, -1), MEGAC_ERR_ARG);
+    for (int i = 0; i < MAXSEQ; i++)
+        cr_assert_eq(megac_step(m, 5), MEGAC_OK);
+    cr_assert_eq(megac_step(m, 5), MEGAC_ERR_ARG);
+    cr_assert(strstr(megac_error(m), "context"), "%s", megac_error(m));
+    megac_close(m);
+    remove_bundle(dir);
+}
+
+static double cpu_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Workers are the same W threads every step, and they sleep between steps:
+ * the process burns (almost) no CPU time while no step runs. */
+Test(runtime, workers_persist_and_park_between_steps)
+{
+    char *dir = make_bundle(4);
+    megac_model *m;
+    cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
+    cr_assert_eq(megac_step(m, 10), MEGAC_OK, "%s", megac_error(m));
+    int32_t tids[4];
+    const char *arena = (const char *)megac_logits(m) - OFF_LOGITS;
+    memcpy(tids, arena + OFF_TIDS, sizeof tids);
+    for (int i = 0; i < 4; i++) {
+        cr_assert_neq(tids[i], (int32_t)getpid(), "worker %d ran on the caller's thread", i);
+        for (int j = 0; j < i; j++)
+            cr_assert_neq(tids[i], tids[j], "workers %d and %d share a thread", i, j);
+    }
+    double c0 = cpu_seconds();
+    struct timespec pause = {0, 300 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    double idle = cpu_seconds() - c0;
+    cr_assert_lt(idle, 0.03, "the process used %.3f s of CPU in 0.3 s of idle time: workers spin", idle);
+    for (int s = 0; s < 5; s++) {
+        cr_assert_eq(megac_step(m, 20 + s), MEGAC_OK, "%s", megac_error(m));
+        int32_t again[4];
+        memcpy(again, arena + OFF_TIDS, sizeof again);
+        cr_assert_arr_eq(again, tids, sizeof tids, "step %d ran on new threads", s);
+    }
+    megac_close(m);
+    remove_bundle(dir);
+}
+
+Test(runtime, watchdog_abort_is_reported_not_hung)
+{
+    char *dir = make_bundle(2);
+    setenv("MEGAC_WATCHDOG_MS", "50", 1);
+    megac_model *m;
+    cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
+    unsetenv("MEGAC_WATCHDOG_MS");
+    cr_assert_eq(megac_step(m, 7), MEGAC_OK, "%s", megac_error(m));
+    cr_assert_eq(megac_step(m, HANG_TOKEN), MEGAC_ERR_KERNEL);
+    const char *e = megac_error(m);
+    cr_assert(strstr(e, "worker 0") && strstr(e, "pc 3") && strstr(e, "counter 0") && strstr(e, "at 2") &&
+                  strstr(e, "threshold 3"),
+              "%s", e);
+    cr_assert_eq(megac_position(m), 1, "a failed step must not advance");
+    cr_assert_eq(megac_step(m, 9), MEGAC_OK, "after an abort: %s", megac_error(m));
+    cr_assert_eq(megac_argmax(m), toy_argmax(9));
+    megac_close(m);
+    remove_bundle(dir);
+}
+
+typedef struct {
+    int n, stop_after;
+    int toks[64];
+} Collected;
+
+static int collect(void *user, int token, const char *text)
+{
+    Collected *c = user;
+    cr_assert(text);
+    c->toks[c->n++] = token;
+    return c->n == c->stop_after;
+}
+
+Test(runtime, generate_greedy_streams_tokens)
+{
+    char *dir = make_bundle(2);
+    megac_model *m;
+    cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
+    int prompt[] = {1, 40, 41};
+    Collected c = {0, 100, {0}};
+    megac_sampler greedy = {0, 0, 1, 0};
+    megac_stats st;
+    cr_assert_eq(megac_generate(m, prompt, 3, 6, &greedy, collect, &c, &st), MEGAC_OK, "%s", megac_error(m));
+    int expect = toy_argmax(41);
+    int nexp = 0;
+    for (int i = 0; i < 6 && expect != 1 && expect != 2; i++) {
+        cr_assert_eq(c.toks[i], expect, "token %d", i);
+        nexp++;
+        expect = toy_argmax(expect);
+    }
+    cr_assert_eq(c.n, nexp);
+    cr_assert_eq(st.prompt_tokens, 3);
+    cr_assert_eq(st.generated_tokens, nexp);
+    /* the callback stops it */
+    cr_assert_eq(megac_reset(m), MEGAC_OK);
+    Collected c2 = {0, 2, {0}};
+    cr_assert_eq(megac_generate(m, prompt, 3, 6, &greedy, collect, &c2, &st), MEGAC_OK);
+    cr_assert_eq(c2.n, 2);
+    megac_close(m);
+    remove_bundle(dir);
+}
+
+/* Rewrites `name` in dir with `from` replaced by `to`. */
+static void edit_file(const char *dir, const char *name, const char *from, const char *to)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    cr_assert(f);
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *at = strstr(buf, from);
+    cr_assert(at, "'%s' not in %s", from, path);
+    char out[4096];
+    snprintf(out, sizeof out, "%.*s%s%s", (int)(at - buf), buf, to, at + strlen(from));
+    write_text(dir, name, out);
+}
+
+Test(runtime, refuses_mismatched_bundles)
+{
+    char *dir = make_bundle(2);
+    char path[1024];
+    megac_model *m;
+    cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
+    megac_close(m);
+
+    edit_file(dir, "manifest.yaml", "format: 1", "format: 2");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml:2:", "format 2");
+    edit_file(dir, "manifest.yaml", "format: 2", "format: 1");
+
+    edit_file(dir, "schedule.sched", "toy", "tox");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "schedule.sched", "does not match");
+    edit_file(dir, "schedule.sched", "tox", "toy");
+
+    snprintf(path, sizeof path, "%s/weights.bin", dir);
+    cr_assert_eq(truncate(path, V * V * 4 - 64), 0);
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "weights.bin", "but the manifest says");
+    cr_assert_eq(truncate(path, V * V * 4), 0);
+
+    edit_file(dir, "manifest.yaml", "workers: 2", "workers: 3");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "2 workers, but the manifest says 3");
+    edit_file(dir, "manifest.yaml", "workers: 3", "workers: 2");
+
+    edit_file(dir, "manifest.yaml", "kernel_abi: 1", "kernel_abi: 9");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "kernel_abi 9");
+    edit_file(dir, "manifest.yaml", "kernel_abi: 9", "kernel_abi: 1");
+
+    edit_file(dir, "manifest.yaml", "vocab: 259", "vocab: 259\nvocab_size: 3");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml:14:", "unknown key 'vocab_size'");
+    edit_file(dir, "manifest.yaml", "\nvocab_size: 3", "");
+
+    edit_file(dir, "manifest.yaml", "eos: 2\n", "");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "missing key 'eos'");
+    edit_file(dir, "manifest.yaml", "bos: 1\n", "bos: 1\neos: 2\n");
+
+    edit_file(dir, "manifest.yaml", "vocab: 259", "vocab: 258");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "tokenizer.bin", "259 tokens, more than the model's vocabulary of 258");
+    edit_file(dir, "manifest.yaml", "vocab: 258", "vocab: 259");
+
+    edit_file(dir, "manifest.yaml", "target: cpu", "target: tpu");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "unknown target 'tpu'");
+    /* a CUDA target goes to the CUDA backend: no driver here, or a kernel.so
+     * that is no cubin on a GPU machine; either way a refusal, not a crash */
+    edit_file(dir, "manifest.yaml", "target: tpu", "target: sm_90");
+    megac_status st = megac_open(dir, &m);
+    cr_assert(st != MEGAC_OK && m == NULL && megac_last_open_error()[0], "status %d", st);
+    edit_file(dir, "manifest.yaml", "target: sm_90", "target: cpu");
+
+    edit_file(dir, "manifest.yaml", "io_logits: 1024", "io_logits: 1028");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "do not fit the arena");
+    edit_file(dir, "manifest.yaml", "io_logits: 1028", "io_logits: 1024");
+
+    /* a kernel built for another schedule, with manifest and schedule agreeing */
+    compile_kernel(dir, 2, 0x1234, 1);
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "0000000000001234");
+    uint64_t h = fnv1a(sched_text, strlen(sched_text));
+    compile_kernel(dir, 2, h, 7);
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "kernel ABI 7");
+    char cmd[2048];
+    write_text(dir, "empty.c", "int megac_not_a_kernel;\n");
+    snprintf(cmd, sizeof cmd, "cc -shared -fPIC -o %s/kernel.so %s/empty.c", dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "does not export 'megac_kernel_abi'");
+    snprintf(path, sizeof path, "%s/kernel.so", dir);
+    cr_assert_eq(unlink(path), 0);
+    expect_refusal(dir, MEGAC_ERR_IO, "kernel.so", "cannot load the kernel");
+    compile_kernel(dir, 2, h, 1);
+
+    snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
+    cr_assert_eq(unlink(path), 0);
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "tokenizer.bin", "");
+
+    cr_assert_eq(megac_open(dir, &m), MEGAC_ERR_FORMAT);
+    remove_bundle(dir);
+    expect_refusal("/nonexistent/x.megac", MEGAC_ERR_IO, "/nonexistent/x.megac/manifest.yaml", "cannot read");
+}
+
+/* `megac bench` on the toy bundle: its last line has the four figures. */
+Test(runtime, bench_reports_rate_and_ceiling)
+{
+    char *dir = make_bundle(2);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s bench %s -n 8 --runs 3 --ceiling-mb 32 2>&1", MEGAC_BIN, dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    char line[512], last[512] = "";
+    while (fgets(line, sizeof line, p))
+        snprintf(last, sizeof last, "%s", line);
+    cr_assert_eq(pclose(p), 0, "%s: %s", cmd, last);
+    double tok_s, gbps, ceil, ratio;
+    cr_assert_eq(sscanf(last, "tok_s=%lf gbps=%lf ceiling_gbps=%lf ratio=%lf", &tok_s, &gbps, &ceil, &ratio), 4,
+                 "%s", last);
+    cr_assert(tok_s > 0 && gbps > 0 && ceil > 0, "%s", last);
+    cr_assert_float_eq(gbps, tok_s * V * V * 4 / 1e9, 1e-3 + 1e-3 * gbps, "%s", last);
+    cr_assert_float_eq(ratio, gbps / ceil, 1e-3 + 1e-2 * ratio, "%s", last);
+    remove_bundle(dir);
+}
+
+/* The runtime builds and runs alone: the runtime sources with only libc, pthreads
+ * and libdl (no compiler, IR or LLVM code) opens the toy bundle and steps. */
+Test(runtime, builds_alone)
+{
+    char *dir = make_bundle(2);
+    static const char main_src[] =
+        "#include \"runtime/megac.h\"\n"
+        "#include <stdio.h>\n"
+        "int main(int argc, char **argv) {\n"
+        "    megac_model *m;\n"
+        "    if (argc < 2 || megac_open(argv[1], &m)) { fprintf(stderr, \"%s\\n\", megac_last_open_error()); return 1; }\n"
+        "    int ok = megac_step(m, 72) == MEGAC_OK;\n"
+        "    printf(\"%d %d\\n\", ok, megac_argmax(m));\n"
+        "    megac_close(m);\n"
+        "    return !ok;\n"
+        "}\n";
+    write_text(dir, "main.c", main_src);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "cc -std=c11 -D_GNU_SOURCE -O1 -I%s -o %s/alone %s/main.c %s/runtime/*.c -lpthread -ldl -lm && "
+             "%s/alone %s",
+             MEGAC_SRC, dir, dir, MEGAC_SRC, dir, dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    int ok = -1, next = -1;
+    cr_assert_eq(fscanf(p, "%d %d", &ok, &next), 2, "%s", cmd);
+    cr_assert_eq(pclose(p), 0, "%s", cmd);
+    cr_assert_eq(ok, 1);
+    cr_assert_eq(next, toy_argmax(72));
+    remove_bundle(dir);
+}
+
+/* Sampling at temperature > 0 goes through megac_sample with the seed: the
+ * same seed gives the same tokens, and they stay in the vocabulary. */
+Test(runtime, generate_sampling_follows_the_seed)
+{
+    char *dir = make_bundle(2);
+    megac_model *m;
+    cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
+    int prompt[] = {1, 50};
+    megac_sampler s = {1.5f, 0, 1.0f, 42};
+    Collected a = {0, 100, {0}}, b = {0, 100, {0}};
+    cr_assert_eq(megac_generate(m, prompt, 2, 12, &s, collect, &a, NULL), MEGAC_OK, "%s", megac_error(m));
+    cr_assert_eq(megac_reset(m), MEGAC_OK);
+    cr_assert_eq(megac_generate(m, prompt, 2, 12, &s, collect, &b, NULL), MEGAC_OK, "%s", megac_error(m));
+    cr_assert_gt(a.n, 0);
+    cr_assert_eq(a.n, b.n);
+    cr_assert_arr_eq(a.toks, b.toks, sizeof(int) * (size_t)a.n);
+    for (int i = 0; i < a.n; i++)
+        cr_assert(a.toks[i] >= 0 && a.toks[i] < V && a.toks[i] != 1 && a.toks[i] != 2);
+    cr_assert_eq(megac_position(m), 2 + a.n - (a.n == 12 ? 1 : 0));
+    megac_close(m);
+    remove_bundle(dir);
+}
+
+/* The manifest parser on its own: every line's error names file:line. */
+static const char good_manifest[] =
+    "# c\r\nformat: 1\r\nname: \"x y\"\ntarget: cpu\nkernel: kernel.so\nkernel_abi: 1\n"
+    "schedule_hash: 00000000DEADbeef\nweights_bytes: 10\nweights_read_bytes: 9\narena_bytes: 4096\n"
+    "counters: 3\nworkers: 2\nvocab: 5\nmax_seq: 8\nbos: -1\neos: 2\nio_tok: 0\nio_logits: 64\nio_next: 4\n";
+
+static void expect_manifest_error(const char *from, const char *to, const char *msg)
+{
+    char text[2048], err[512];
+    const char *at = strstr(good_manifest, from);
+    cr_assert(at, "%s", from);
+    snprintf(text, sizeof text, "%.*s%s%s", (int)(at - good_manifest), good_manifest, to, at + strlen(from));
+    RtManifest man;
+    cr_assert_eq(rt_manifest_parse(&man, "m.yaml", text, strlen(text), err, sizeof err), MEGAC_ERR_FORMAT, "%s",
+                 text);
+    cr_assert_str_eq(err, msg);
+}
+
+Test(runtime, manifest_parser)
+{
+    RtManifest man;
+    char err[512];
+    cr_assert_eq(rt_manifest_parse(&man, "m.yaml", good_manifest, strlen(good_manifest), err, sizeof err), MEGAC_OK,
+                 "%s", err);
+    cr_assert_str_eq(man.name, "x y");
+    cr_assert_eq(man.schedule_hash, 0xdeadbeefull);
+    cr_assert_eq(man.bos, -1);
+    cr_assert_eq(man.counters, 3);
+    cr_assert_eq(man.off_logits, 64);
+    expect_manifest_error("counters: 3", "counters: -3", "m.yaml:11: error: bad value '-3' for 'counters'");
+    expect_manifest_error("counters: 3", "counters: 3x", "m.yaml:11: error: bad value '3x' for 'counters'");
+    expect_manifest_error("workers: 2", "workers: 4294967296", "m.yaml:12: error: bad value '4294967296' for 'workers'");
+    expect_manifest_error("vocab: 5\n", "vocab: 5\nvocab: 6\n", "m.yaml:14: error: duplicate key 'vocab'");
+    expect_manifest_error("eos: 2", "eos 2", "m.yaml:16: error: expected `key: value`");
+    expect_manifest_error("eos: 2", "Eos: 2", "m.yaml:16: error: expected `key: value`");
+    expect_manifest_error("name: \"x y\"", "name:", "m.yaml:3: error: bad value '' for 'name'");
+    expect_manifest_error("io_next: 4\n", "", "m.yaml: error: missing key 'io_next'");
+}

@@ -1,0 +1,360 @@
+/*
+ * race.c - race freedom, uninitialized scratch reads and KV order.
+ *
+ * For each buffer that is written in the step, the accesses are grouped by
+ * worker in program order. For an access a of worker j and the writes of
+ * another worker i, happens-before splits i's writes into three runs,
+ * found by binary search because clocks grow along program order:
+ *   [0, c1)   writes that happen before a (clock_a[i] > t),
+ *   [c1, c2)  writes unordered with a,
+ *   [c2, n)   writes that a happens before (clock_x[j] > t_a).
+ * Only the middle run needs an overlap test (exact over pos in [0,
+ * max_seq), affine.c); an overlap there is a race. Write-write pairs are
+ * examined once, from the worker with the higher index. No pair is
+ * skipped, whatever the schedule's size.
+ *
+ * Scratch reads must be covered, for every pos, by writes that happen
+ * before them (the first run of every worker, plus earlier writes of the
+ * same worker); coverage is decided at every pos where the order of the
+ * ranges' ends can change. KV buffers: a read that overlaps a write of this
+ * step must come after it (kv-order), in the same worker too.
+ */
+#include "validator/val_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct RAcc {
+    uint32_t w, t;
+    uint8_t mode;
+    Affine lo, hi;
+    int64_t hlo, hhi;       /* hull over all pos */
+} RAcc;
+
+typedef struct BufAccs {
+    RAcc *all;              /* every access on the buffer, by (worker, inst) */
+    uint32_t nall;
+    RAcc *wr;               /* the writes, by (worker, inst) */
+    uint32_t nwr;
+    bool affine;            /* some range depends on pos */
+} BufAccs;
+
+typedef struct Ivl {
+    int64_t lo, hi;
+} Ivl;
+
+typedef struct Race {
+    Val *v;
+    BufAccs *b;
+    uint32_t buf;
+    RAcc **cov;             /* writes gathered for a coverage test */
+    uint32_t ncov, capcov;
+    Ivl *ivl;
+    uint32_t capivl;
+} Race;
+
+static bool racc_overlap(const Val *v, const RAcc *a, const RAcc *b, int64_t *pos)
+{
+    if (a->hhi <= b->hlo || b->hhi <= a->hlo)
+        return false;
+    *pos = affine_overlap_pos(a->lo, a->hi, b->lo, b->hi, v->nseq);
+    return *pos >= 0;
+}
+
+static const char *acc_desc(const Val *v, uint32_t buf, const RAcc *a, char *out, size_t n)
+{
+    char lo[48], hi[48];
+    snprintf(out, n, "worker %u inst %u (%s) %s %s[%s:%s]", a->w, a->t, val_inst_name(v, a->w, a->t),
+             a->mode == ACC_R ? "reads" : a->mode == ACC_W ? "writes" : "updates", v->s->bufs[buf].name,
+             affine_str(a->lo, lo, sizeof lo), affine_str(a->hi, hi, sizeof hi));
+    return out;
+}
+
+static void race_report(Race *rc, const RAcc *a, const RAcc *x, int64_t pos, bool kv_order)
+{
+    Val *v = rc->v;
+    char da[256], dx[256];
+    const RAcc *late = a, *early = x;
+    if (!kv_order && (x->w > a->w || (x->w == a->w && x->t > a->t)))
+        late = x, early = a;
+    if (kv_order)
+        late = a, early = x;
+    acc_desc(v, rc->buf, late, da, sizeof da);
+    acc_desc(v, rc->buf, early, dx, sizeof dx);
+    if (kv_order)
+        val_error(v, &v->r->nrace, val_inst(v, late->w, late->t)->line,
+                  "race: kv-order: %s happens before %s, which writes the row this step adds (pos=%lld); the read "
+                  "must come after the append",
+                  da, dx, (long long)pos);
+    else
+        val_error(v, &v->r->nrace, val_inst(v, late->w, late->t)->line,
+                  "race: %s and %s are not ordered by happens-before; they overlap at pos=%lld", da, dx,
+                  (long long)pos);
+    val_note(v, val_inst(v, early->w, early->t)->line, "the other access: %s", dx);
+}
+
+/* Writes of worker i on the buffer: [*s, *e) in rc->b->wr. */
+static void worker_writes(const BufAccs *b, uint32_t from, uint32_t *s, uint32_t *e)
+{
+    uint32_t i = b->wr[from].w, k = from;
+    while (k < b->nwr && b->wr[k].w == i)
+        k++;
+    *s = from;
+    *e = k;
+}
+
+/* First index in [lo, hi) whose write does not happen before a. */
+static uint32_t split_before(const Val *v, const RAcc *wr, uint32_t lo, uint32_t hi, const RAcc *a)
+{
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (val_hb(v, wr[mid].w, wr[mid].t, a->w, a->t))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* First index in [lo, hi) whose write a happens before. */
+static uint32_t split_after(const Val *v, const RAcc *wr, uint32_t lo, uint32_t hi, const RAcc *a)
+{
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (val_hb(v, a->w, a->t, wr[mid].w, wr[mid].t))
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+static void cov_push(Race *rc, RAcc *x)
+{
+    VEC_PUSH(rc->cov, rc->ncov, rc->capcov, x);
+}
+
+static int ivl_cmp(const void *pa, const void *pb)
+{
+    const Ivl *a = pa, *b = pb;
+    return a->lo < b->lo ? -1 : a->lo > b->lo;
+}
+
+/* Is a's range at pos covered by the gathered writes? *gap = first hole. */
+static bool covered_at(Race *rc, const RAcc *a, int64_t pos, int64_t *gap)
+{
+    int64_t lo = affine_at(a->lo, pos), hi = affine_at(a->hi, pos);
+    if (rc->ncov > rc->capivl) {
+        rc->capivl = rc->ncov * 2;
+        rc->ivl = xrealloc(rc->ivl, rc->capivl * sizeof *rc->ivl);
+    }
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < rc->ncov; k++)
+        rc->ivl[n++] = (Ivl){affine_at(rc->cov[k]->lo, pos), affine_at(rc->cov[k]->hi, pos)};
+    if (n > 1)
+        qsort(rc->ivl, n, sizeof *rc->ivl, ivl_cmp);
+    int64_t cur = lo;
+    for (uint32_t k = 0; k < n && cur < hi; k++) {
+        if (rc->ivl[k].lo > cur)
+            break;
+        if (rc->ivl[k].hi > cur)
+            cur = rc->ivl[k].hi;
+    }
+    *gap = cur;
+    return cur >= hi;
+}
+
+static void crossings_add(int64_t **pts, uint32_t *n, uint32_t *cap, Affine p, Affine q, int64_t nseq)
+{
+    if (p.k == q.k)
+        return;
+    int64_t num = q.c - p.c, den = p.k - q.k;
+    int64_t f = num / den - ((num % den != 0) && ((num < 0) != (den < 0)));
+    for (int64_t x = f - 1; x <= f + 1; x++)
+        if (x >= 0 && x < nseq)
+            VEC_PUSH(*pts, *n, *cap, x);
+}
+
+/* Coverage for every pos: test each pos where the ends' order can change. */
+static bool covered_all(Race *rc, const RAcc *a, int64_t *bad_pos, int64_t *gap)
+{
+    Val *v = rc->v;
+    if (!rc->b->affine) {
+        *bad_pos = 0;
+        return covered_at(rc, a, 0, gap);
+    }
+    int64_t *pts = NULL;
+    uint32_t n = 0, cap = 0;
+    VEC_PUSH(pts, n, cap, 0);
+    VEC_PUSH(pts, n, cap, v->nseq - 1);
+    Affine e[2] = {a->lo, a->hi};
+    for (uint32_t k = 0; k < rc->ncov; k++)
+        for (int j = 0; j < 2; j++) {
+            crossings_add(&pts, &n, &cap, e[j], rc->cov[k]->lo, v->nseq);
+            crossings_add(&pts, &n, &cap, e[j], rc->cov[k]->hi, v->nseq);
+            for (uint32_t m = 0; m < k; m++) {
+                crossings_add(&pts, &n, &cap, rc->cov[m]->lo, j ? rc->cov[k]->hi : rc->cov[k]->lo, v->nseq);
+                crossings_add(&pts, &n, &cap, rc->cov[m]->hi, j ? rc->cov[k]->hi : rc->cov[k]->lo, v->nseq);
+            }
+        }
+    bool ok = true;
+    for (uint32_t k = 0; k < n && ok; k++)
+        if (!covered_at(rc, a, pts[k], gap))
+            ok = false, *bad_pos = pts[k];
+    free(pts);
+    return ok;
+}
+
+/* Gathers writes that happen before a: all of them, or (quick) only the
+ * latest overlapping one of each worker. */
+static void cov_gather(Race *rc, const RAcc *a, bool quick)
+{
+    const BufAccs *b = rc->b;
+    rc->ncov = 0;
+    for (uint32_t s = 0, e; s < b->nwr; s = e) {
+        worker_writes(b, s, &s, &e);
+        uint32_t c1 = split_before(rc->v, b->wr, s, e, a);    /* same worker: t < a's */
+        for (uint32_t k = c1, seen = 0; k > s && (!quick || seen < 8); k--, seen++) {
+            RAcc *x = &b->wr[k - 1];
+            if (x->hhi <= a->hlo || a->hhi <= x->hlo)
+                continue;
+            cov_push(rc, x);
+            if (quick)
+                break;
+        }
+    }
+}
+
+static void uninit_check(Race *rc, const RAcc *a)
+{
+    Val *v = rc->v;
+    int64_t pos = 0, gap = 0;
+    if (affine_overlap_pos(a->lo, a->hi, a->lo, a->hi, v->nseq) < 0)
+        return;     /* empty for every pos */
+    cov_gather(rc, a, true);
+    if (covered_all(rc, a, &pos, &gap))
+        return;
+    cov_gather(rc, a, false);
+    if (covered_all(rc, a, &pos, &gap))
+        return;
+    char da[256];
+    acc_desc(v, rc->buf, a, da, sizeof da);
+    val_error(v, &v->r->nuninit, val_inst(v, a->w, a->t)->line,
+              "uninit: %s, but element %lld (pos=%lld) of scratch buffer %s is not written by anything that "
+              "happens before it",
+              da, (long long)gap, (long long)pos, v->s->bufs[rc->buf].name);
+    for (uint32_t k = 0; k < rc->b->nwr; k++) {
+        const RAcc *x = &rc->b->wr[k];
+        int64_t p;
+        if ((x->w != a->w || x->t != a->t) && racc_overlap(v, a, x, &p)) {
+            char dx[256];
+            val_note(v, val_inst(v, x->w, x->t)->line, "written by %s, which is not ordered before the read",
+                     acc_desc(v, rc->buf, x, dx, sizeof dx));
+            break;
+        }
+    }
+}
+
+/* a against the writes of one other worker, [s, e). */
+static void pair_check(Race *rc, const RAcc *a, uint32_t s, uint32_t e)
+{
+    Val *v = rc->v;
+    const BufAccs *b = rc->b;
+    uint32_t i = b->wr[s].w;
+    bool a_writes = a->mode & ACC_W;
+    if (a_writes && !(a->mode & ACC_R) && i > a->w)
+        return;     /* write-write: examined from worker i's side */
+    uint32_t c1 = split_before(v, b->wr, s, e, a);
+    uint32_t c2 = split_after(v, b->wr, c1, e, a);
+    v->r->pairs_checked += (uint64_t)(e - s);
+    for (uint32_t k = c1; k < c2; k++) {
+        const RAcc *x = &b->wr[k];
+        int64_t pos;
+        if (a_writes && i > a->w && (x->mode & ACC_R) == 0)
+            continue;   /* write-write seen from the other side */
+        if (racc_overlap(v, a, x, &pos))
+            race_report(rc, a, x, pos, false);
+    }
+    if (v->s->bufs[rc->buf].cls == BUF_KV && a->mode == ACC_R)
+        for (uint32_t k = c2; k < e; k++) {
+            int64_t pos;
+            if (racc_overlap(v, a, &b->wr[k], &pos))
+                race_report(rc, a, &b->wr[k], pos, true);
+        }
+}
+
+/* KV: a read before a later write of the same worker to an overlapping row. */
+static void kv_same_worker_check(Race *rc, const RAcc *a, uint32_t s, uint32_t e)
+{
+    for (uint32_t k = s; k < e; k++) {
+        int64_t pos;
+        if (rc->b->wr[k].t > a->t && racc_overlap(rc->v, a, &rc->b->wr[k], &pos))
+            race_report(rc, a, &rc->b->wr[k], pos, true);
+    }
+}
+
+static void buffer_check(Race *rc)
+{
+    Val *v = rc->v;
+    BufAccs *b = rc->b;
+    const Buffer *buf = &v->s->bufs[rc->buf];
+    for (uint32_t k = 0; k < b->nall; k++) {
+        const RAcc *a = &b->all[k];
+        for (uint32_t s = 0, e; s < b->nwr; s = e) {
+            worker_writes(b, s, &s, &e);
+            if (b->wr[s].w != a->w)
+                pair_check(rc, a, s, e);
+            else if (buf->cls == BUF_KV && a->mode == ACC_R)
+                kv_same_worker_check(rc, a, s, e);
+        }
+        if (buf->cls == BUF_SCRATCH && (a->mode & ACC_R))
+            uninit_check(rc, a);
+    }
+}
+
+/* Buckets every access on a buffer that is written or is scratch. */
+static BufAccs *accesses_collect(Val *v)
+{
+    const Schedule *s = v->s;
+    BufAccs *ba = xcalloc(s->nbufs ? s->nbufs : 1, sizeof *ba);
+    uint32_t *cap_all = xcalloc(s->nbufs ? s->nbufs : 1, sizeof *cap_all);
+    uint32_t *cap_wr = xcalloc(s->nbufs ? s->nbufs : 1, sizeof *cap_wr);
+    for (uint32_t w = 0; w < v->nw; w++)
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
+            const Inst *in = val_inst(v, w, t);
+            for (int i = 0; in->kind == INST_OP && i < in->nacc; i++) {
+                const Access *a = &s->accs[in->acc + i];
+                if (a->buf == BUF_NONE || s->bufs[a->buf].cls == BUF_WEIGHT)
+                    continue;
+                RAcc r = {w, t, a->mode, a->lo, a->hi, affine_min(a->lo, v->nseq), affine_max(a->hi, v->nseq)};
+                BufAccs *b = &ba[a->buf];
+                VEC_PUSH(b->all, b->nall, cap_all[a->buf], r);
+                if (a->mode & ACC_W)
+                    VEC_PUSH(b->wr, b->nwr, cap_wr[a->buf], r);
+                b->affine |= a->lo.k != 0 || a->hi.k != 0;
+            }
+        }
+    free(cap_all);
+    free(cap_wr);
+    return ba;
+}
+
+void val_race_check(Val *v)
+{
+    BufAccs *ba = accesses_collect(v);
+    Race rc = {.v = v};
+    for (uint32_t b = 0; b < v->s->nbufs; b++) {
+        if (ba[b].nwr == 0 && v->s->bufs[b].cls != BUF_SCRATCH)
+            continue;
+        rc.b = &ba[b];
+        rc.buf = b;
+        buffer_check(&rc);
+    }
+    for (uint32_t b = 0; b < v->s->nbufs; b++) {
+        free(ba[b].all);
+        free(ba[b].wr);
+    }
+    free(ba);
+    free(rc.cov);
+    free(rc.ivl);
+}

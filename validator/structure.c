@@ -1,0 +1,212 @@
+/*
+ * structure.c - the structure pass: everything that must hold before the
+ * schedule's behaviour can be reasoned about.
+ *
+ * First the references (op codes, access lists, buffers, counters), which
+ * later passes index with; when one does not resolve the run stops here.
+ * Then, per op: the params are valid for the shape and the declared access
+ * list equals op_footprint (buffer, mode, both ends as affine functions, so
+ * for every pos); per access: non-empty-or-empty but ordered and inside the
+ * buffer for every pos in [0, max_seq); no writes to weights; activations
+ * are not block-quantized. Per sync instruction: signals add at least 1,
+ * waits have a threshold of at least 1 on a counter someone signals.
+ */
+#include "validator/val_int.h"
+
+#include <string.h>
+
+static bool inst_refs_check(Val *v, uint32_t w, uint32_t t)
+{
+    const Schedule *s = v->s;
+    const Inst *in = val_inst(v, w, t);
+    int *n = &v->r->nstructure;
+    if (in->kind == INST_SIGNAL || in->kind == INST_WAIT) {
+        if (in->counter >= s->nctrs) {
+            val_error(v, n, in->line, "structure: worker %u inst %u: counter #%u does not exist", w, t, in->counter);
+            return false;
+        }
+        return true;
+    }
+    if (in->kind != INST_OP || in->op >= OP_COUNT) {
+        val_error(v, n, in->line, "structure: worker %u inst %u: unknown instruction kind %d / op %d", w, t, in->kind, in->op);
+        return false;
+    }
+    const OpInfo *oi = op_info(in->op);
+    if (in->nacc != oi->noperands || (uint64_t)in->acc + in->nacc > s->naccs) {
+        val_error(v, n, in->line, "structure: worker %u inst %u: op %s has %u accesses, expected %d", w, t, oi->name,
+                  in->nacc, oi->noperands);
+        return false;
+    }
+    bool ok = true;
+    for (int i = 0; i < in->nacc; i++) {
+        const Access *a = &s->accs[in->acc + i];
+        if (a->buf == BUF_NONE) {
+            if (!oi->optional[i]) {
+                val_error(v, n, in->line, "structure: worker %u inst %u: op %s: operand '%s' is required", w, t,
+                          oi->name, oi->operand[i]);
+                ok = false;
+            }
+        } else if (a->buf >= s->nbufs || a->mode < ACC_R || a->mode > ACC_RW) {
+            val_error(v, n, in->line, "structure: worker %u inst %u: op %s: operand '%s' names no buffer or mode", w,
+                      t, oi->name, oi->operand[i]);
+            ok = false;
+        }
+    }
+    return ok;
+}
+
+static const char *mode_str(int m)
+{
+    return m == ACC_R ? "r" : m == ACC_W ? "w" : m == ACC_RW ? "rw" : "?";
+}
+
+static const char *acc_str(const Val *v, const Access *a, char *buf, size_t n)
+{
+    char lo[48], hi[48];
+    if (a->buf == BUF_NONE)
+        snprintf(buf, n, "-");
+    else
+        snprintf(buf, n, "%s %s[%s:%s]", mode_str(a->mode), v->s->bufs[a->buf].name, affine_str(a->lo, lo, sizeof lo),
+                 affine_str(a->hi, hi, sizeof hi));
+    return buf;
+}
+
+static bool acc_equal(const Access *a, const Access *b)
+{
+    if (a->buf == BUF_NONE || b->buf == BUF_NONE)
+        return a->buf == b->buf;
+    return a->buf == b->buf && a->mode == b->mode && a->lo.c == b->lo.c && a->lo.k == b->lo.k &&
+           a->hi.c == b->hi.c && a->hi.k == b->hi.k;
+}
+
+/* Params valid for the shape, and the declared accesses are the footprint. */
+static void op_footprint_check(Val *v, uint32_t w, uint32_t t)
+{
+    const Inst *in = val_inst(v, w, t);
+    const OpInfo *oi = op_info(in->op);
+    Access fp[OP_MAX_OPERANDS];
+    const char *why = NULL;
+    memset(fp, 0, sizeof fp);
+    if (!op_footprint(v->s, in, fp, &why)) {
+        val_error(v, &v->r->nstructure, in->line, "structure: worker %u inst %u: op %s: invalid params: %s", w, t,
+                  oi->name, why ? why : "rejected by the op");
+        return;
+    }
+    for (int i = 0; i < in->nacc; i++) {
+        const Access *a = &v->s->accs[in->acc + i];
+        char b1[160], b2[160];
+        if (fp[i].buf == BUF_NONE && fp[i].mode != 0) {
+            val_error(v, &v->r->nstructure, in->line,
+                      "structure: worker %u inst %u: op %s: operand '%s' is required by the params but absent", w, t,
+                      oi->name, oi->operand[i]);
+            continue;
+        }
+        if (acc_equal(a, &fp[i]))
+            continue;
+        val_error(v, &v->r->nstructure, in->line,
+                  "structure: worker %u inst %u: op %s: operand '%s' is declared as %s but the op accesses %s", w, t,
+                  oi->name, oi->operand[i], acc_str(v, a, b1, sizeof b1), acc_str(v, &fp[i], b2, sizeof b2));
+    }
+}
+
+/* Activations are f32; the token and the sampled id are i32. */
+static DType operand_dtype(int op, int i)
+{
+    if ((op == OP_EMBED && i == 0) || (op == OP_ARGMAX_COMBINE && i == 1))
+        return DT_I32;
+    return DT_F32;
+}
+
+/* Operands whose whole layout ops.h fixes: the KV caches and the rope
+ * table. 0 for the others. */
+static int64_t operand_rows(const Schedule *s, int op, int i)
+{
+    const ModelShape *m = &s->shape;
+    if ((op == OP_KV_APPEND && i >= 2) || (op == OP_ATTN && (i == 1 || i == 2)))
+        return (int64_t)m->n_kv_heads * m->max_seq * m->head_dim;
+    if (op == OP_ROPE && i == 1)
+        return (int64_t)m->max_seq * m->head_dim;
+    return 0;
+}
+
+/* In bounds and ordered for every pos; class, dtype and layout rules. */
+static void access_check(Val *v, uint32_t w, uint32_t t, int i)
+{
+    const Inst *in = val_inst(v, w, t);
+    const Access *a = &v->s->accs[in->acc + i];
+    if (a->buf == BUF_NONE)
+        return;
+    const Buffer *b = &v->s->bufs[a->buf];
+    const char *opn = op_info(in->op)->name, *arg = op_info(in->op)->operand[i];
+    int *n = &v->r->nstructure;
+    int64_t lo = affine_min(a->lo, v->nseq), hi = affine_max(a->hi, v->nseq);
+    Affine diff = {a->hi.c - a->lo.c, a->hi.k - a->lo.k};
+    if (lo < 0 || hi > b->nelem)
+        val_error(v, n, in->line,
+                  "structure: worker %u inst %u: op %s: operand '%s' reaches %s[%lld:%lld], outside its %lld elements "
+                  "for some pos in [0, %lld)",
+                  w, t, opn, arg, b->name, (long long)lo, (long long)hi, (long long)b->nelem, (long long)v->nseq);
+    if (affine_min(diff, v->nseq) < 0)
+        val_error(v, n, in->line, "structure: worker %u inst %u: op %s: operand '%s': range on %s ends before it starts",
+                  w, t, opn, arg, b->name);
+    if ((a->mode & ACC_W) && b->cls == BUF_WEIGHT)
+        val_error(v, n, in->line, "structure: worker %u inst %u: op %s writes weight buffer %s", w, t, opn, b->name);
+    DType want = operand_dtype(in->op, i);
+    if (b->cls != BUF_WEIGHT ? b->dtype != want : b->dtype == DT_I32)
+        val_error(v, n, in->line, "structure: worker %u inst %u: op %s: operand '%s' cannot be %s buffer %s of dtype %s",
+                  w, t, opn, arg, bufclass_name(b->cls), b->name, dtype_name(b->dtype));
+    int64_t rows = operand_rows(v->s, in->op, i);
+    if (rows && b->nelem != rows)
+        val_error(v, n, in->line,
+                  "structure: worker %u inst %u: op %s: operand '%s' needs %lld elements (its layout in ops.h), %s has "
+                  "%lld",
+                  w, t, opn, arg, (long long)rows, b->name, (long long)b->nelem);
+}
+
+static void sync_check(Val *v, uint32_t w, uint32_t t)
+{
+    const Inst *in = val_inst(v, w, t);
+    const char *cn = v->s->ctrs[in->counter].name;
+    int *n = &v->r->nstructure;
+    if (in->kind == INST_SIGNAL && in->amount == 0)
+        val_error(v, n, in->line, "structure: worker %u inst %u: signal %s +0 does nothing", w, t, cn);
+    if (in->kind != INST_WAIT)
+        return;
+    if (in->amount == 0)
+        val_error(v, n, in->line, "structure: worker %u inst %u: wait %s >= 0 always passes and orders nothing", w, t, cn);
+    else if (v->ctotal[in->counter] == 0)
+        val_error(v, n, in->line, "structure: worker %u inst %u: waits on counter %s, which nothing signals", w, t, cn);
+}
+
+bool val_structure_check(Val *v)
+{
+    const Schedule *s = v->s;
+    bool refs = true;
+    if (s->nworkers == 0)
+        val_error(v, &v->r->nstructure, 0, "structure: the schedule has no workers");
+    if (s->shape.max_seq <= 0)
+        val_error(v, &v->r->nstructure, 0, "structure: max_seq must be positive");
+    for (uint32_t w = 0; w < v->nw; w++)
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++)
+            refs &= inst_refs_check(v, w, t);
+    if (!refs)
+        return false;
+    for (uint32_t w = 0; w < v->nw; w++)
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
+            const Inst *in = val_inst(v, w, t);
+            if (in->kind == INST_SIGNAL)
+                v->ctotal[in->counter] += in->amount;
+        }
+    for (uint32_t w = 0; w < v->nw; w++)
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
+            const Inst *in = val_inst(v, w, t);
+            if (in->kind != INST_OP) {
+                sync_check(v, w, t);
+                continue;
+            }
+            op_footprint_check(v, w, t);
+            for (int i = 0; i < in->nacc; i++)
+                access_check(v, w, t, i);
+        }
+    return true;
+}
