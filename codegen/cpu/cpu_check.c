@@ -1,8 +1,10 @@
 /*
  * cpu_check.c - what the CPU backend can run. The validator has already
  * proved the schedule well formed, free of deadlocks and races; this pass
- * only rejects what the kernel body does not implement yet (dtypes other
- * than f32 activations and weights, oversized normalized GEMV inputs), op
+ * only rejects what the kernel body does not implement yet (activations
+ * other than f32; weights other than f32, or, for the GEMV matrix and the
+ * embedding table, f16, bf16 and the quantized formats of ir/dtype.h;
+ * oversized normalized GEMV inputs), op
  * params the bodies' loops cannot run with (op_footprint's checks: the
  * validator reports them too, but a kernel must never loop forever), and a
  * schedule whose buffers have no offsets, each as an error at the
@@ -31,6 +33,19 @@ static int check_dtype_wanted(const Inst *in, int i)
     return DT_F32;
 }
 
+/* The weight operands whose dtype may be any weight format: the GEMV
+ * matrix and the embedding table (kernel_body.c dequantizes them in the
+ * dot product / the gather). */
+static bool check_weight_operand(const Inst *in, int i)
+{
+    return (in->op == OP_GEMV && i == 0) || (in->op == OP_EMBED && i == 1);
+}
+
+static bool check_weight_dtype(DType t)
+{
+    return t == DT_F32 || t == DT_F16 || t == DT_BF16 || dtype_is_quant(t);
+}
+
 static void check_operands(const Schedule *s, const Inst *in, Diag *d)
 {
     const OpInfo *oi = op_info(in->op);
@@ -41,6 +56,7 @@ static void check_operands(const Schedule *s, const Inst *in, Diag *d)
             continue;
         int want = check_dtype_wanted(in, i);
         bool ok = want >= 0 ? (int)b->dtype == want : (b->dtype == DT_F32 || b->dtype == DT_I32);
+        ok = ok || (check_weight_operand(in, i) && check_weight_dtype(b->dtype));
         if (!ok)
             diag_error(d, &src, in->line, 1, "%s operand '%s' (buffer '%s') of dtype %s is not supported by the CPU backend yet",
                        oi->name, oi->operand[i], b->name, dtype_name(b->dtype));

@@ -2,7 +2,9 @@
  * cuda_check.c - what the CUDA kernel body (kernel_body.cuh) can run. The
  * validator has already proved the schedule well formed, free of deadlocks
  * and races; this pass rejects what the body does not implement yet (f32
- * activations and weights only, an i32 token and argmax result), a
+ * activations and weights only, except that the GEMV matrix and the
+ * embedding table may also be f16, bf16 or a quantized format of
+ * ir/dtype.h; an i32 token and argmax result), a
  * normalized GEMV input too long for the shared scratch, an attention head
  * group too large for it, and a schedule without a buffer layout. Errors
  * cite the instruction's .sched line.
@@ -24,6 +26,19 @@ static int check_dtype_wanted(const Inst *in, int i)
     return DT_F32;
 }
 
+/* The weight operands whose dtype may be any weight format: the GEMV
+ * matrix and the embedding table (kernel_body.cuh dequantizes them in the
+ * dot product / the gather). */
+static bool check_weight_operand(const Inst *in, int i)
+{
+    return (in->op == OP_GEMV && i == 0) || (in->op == OP_EMBED && i == 1);
+}
+
+static bool check_weight_dtype(DType t)
+{
+    return t == DT_F32 || t == DT_F16 || t == DT_BF16 || dtype_is_quant(t);
+}
+
 static void check_operands(const Schedule *s, const Inst *in, Diag *d)
 {
     const OpInfo *oi = op_info(in->op);
@@ -35,6 +50,7 @@ static void check_operands(const Schedule *s, const Inst *in, Diag *d)
         DType t = s->bufs[b].dtype;
         int want = check_dtype_wanted(in, i);
         bool ok = want >= 0 ? (int)t == want : (t == DT_F32 || t == DT_I32);
+        ok = ok || (check_weight_operand(in, i) && check_weight_dtype(t));
         if (!ok)
             diag_error(d, &src, in->line, 1,
                        "%s operand '%s' (buffer '%s') of dtype %s is not supported by the CUDA backend yet", oi->name,

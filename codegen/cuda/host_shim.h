@@ -243,6 +243,12 @@ static inline float mk_shfl_xor_f(float v, int m) { return __shfl_xor_sync(0xfff
 static inline int mk_shfl_xor_i(int v, int m) { return (int)mk_shfl_xor_bits((uint32_t)v, m); }
 static inline float4 mk_ldg4(const float4 *p) { return *p; }
 static inline void mk_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+static inline float mk_u2f(unsigned u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
 static inline void mk_atomic_add(unsigned *p, unsigned v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 static inline unsigned mk_ld_acquire(const unsigned *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 
