@@ -3,7 +3,8 @@
  * changes a model's predictions (quant_eval.c does the measuring).
  *
  *   megac eval-quant MODEL.yaml [--formats LIST] [--classes LIST] [--tokens N]
- *                    [--prompt TEXT] [--set key=value]... [--json FILE]
+ *                    [--prompt TEXT] [--engine reference|cpu] [--set key=value]...
+ *                    [--json FILE]
  */
 #include "compiler/cli.h"
 #include "compiler/compile.h"
@@ -19,7 +20,7 @@
 /* ---- the command ---- */
 
 typedef struct EvalArgs {
-    const char *model, *prompt, *json, *formats, *classes;
+    const char *model, *prompt, *json, *formats, *classes, *engine;
     int tokens;
     DescOverride set[EVAL_MAX_SETS];
     int nset;
@@ -28,7 +29,7 @@ typedef struct EvalArgs {
 static void eval_usage(FILE *out)
 {
     fprintf(out, "usage: megac eval-quant MODEL.yaml [--formats LIST] [--classes LIST] [--tokens N]\n"
-                 "                        [--prompt TEXT] [--set key=value]... [--json FILE]\n\n"
+                 "                        [--prompt TEXT] [--engine E] [--set key=value]... [--json FILE]\n\n"
                  "Teacher-forced fidelity of quantized weights: runs the float64 reference over\n"
                  "a fixed token stream (BOS and the prompt, continued greedily by the model as\n"
                  "loaded) for the baseline (quant none) and for each format, applied to the\n"
@@ -36,11 +37,14 @@ static void eval_usage(FILE *out)
                  "same-top-1 rate, the first differing position, the perplexity of the stream\n"
                  "and the bits per matrix weight.\n\n"
                  "  --formats LIST  comma-separated: f32 f16 bf16 w8a16 w4a16[-g32|-g64|-g128]\n"
+                 "                  w8a8 w4a8[-g32|-g64|-g128] (these two with --engine cpu)\n"
                  "                  (default w8a16,w4a16-g32,w4a16-g64,w4a16-g128)\n"
                  "  --classes LIST  tensor classes the formats apply to: embed attn mlp lm_head\n"
                  "                  (default all; the others keep their source)\n"
                  "  --tokens N      positions, 2 to the model's max_seq (default 64)\n"
                  "  --prompt TEXT   start of the stream (default \"Once upon a time\")\n"
+                 "  --engine E      what runs the formats: reference (float64, default) or cpu\n"
+                 "                  (a compiled CPU bundle: the kernel path)\n"
                  "  --set key=value override a description key (repeatable)\n"
                  "  --json FILE     also write the figures as JSON\n");
 }
@@ -56,6 +60,12 @@ static bool eval_args_parse(EvalArgs *a, int argc, char **argv)
         }
         if (!strcmp(s, "--formats")) {
             a->formats = argv[++i];
+        } else if (!strcmp(s, "--engine")) {
+            a->engine = argv[++i];
+            if (strcmp(a->engine, "reference") && strcmp(a->engine, "cpu")) {
+                fprintf(stderr, "megac eval-quant: --engine is reference or cpu, not '%s'\n", a->engine);
+                return false;
+            }
         } else if (!strcmp(s, "--classes")) {
             a->classes = argv[++i];
         } else if (!strcmp(s, "--prompt")) {
@@ -104,8 +114,8 @@ static bool eval_formats_parse(const char *list, QuantSpec *f, int *n)
         ok = *n < EVAL_MAX_FORMATS && quant_spec_parse(t, &q) && quant_spec_dtype(q, DT_F32) >= 0 &&
              q.kind != QUANT_NONE;
         if (!ok)
-            fprintf(stderr, "megac eval-quant: bad format '%s' (f32, f16, bf16, w8a16, w4a16[-g32|-g64|-g128]; "
-                            "at most %d)\n", t, EVAL_MAX_FORMATS);
+            fprintf(stderr, "megac eval-quant: bad format '%s' (f32, f16, bf16, w8a16, w4a16[-g32|-g64|-g128], "
+                            "w8a8, w4a8[-g32|-g64|-g128]; at most %d)\n", t, EVAL_MAX_FORMATS);
         else
             f[(*n)++] = q;
     }
@@ -141,7 +151,7 @@ static unsigned eval_classes_parse(const char *list)
 static void eval_print(FILE *out, const ModelDesc *m, const EvalArgs *a, const QuantEval *e, int n)
 {
     fprintf(out, "model %s: %d positions teacher-forced (prompt \"%s\", then the baseline's greedy text); "
-            "formats on %s\n", m->name ? m->name : "?", a->tokens, a->prompt, a->classes);
+            "formats on %s, run by the %s\n", m->name ? m->name : "?", a->tokens, a->prompt, a->classes, a->engine);
     fprintf(out, "%-12s %7s %12s %8s %6s %10s\n", "format", "bpw", "mean_kl", "top1", "first", "ppl");
     for (int i = 0; i <= n; i++) {
         char b[32];
@@ -179,6 +189,8 @@ static bool eval_json_write(const char *path, const ModelDesc *m, const EvalArgs
     eval_json_str(f, a->prompt);
     fprintf(f, ", \"classes\": ");
     eval_json_str(f, a->classes);
+    fprintf(f, ", \"engine\": ");
+    eval_json_str(f, a->engine);
     fprintf(f, ",\n \"baseline\": {\"bpw\": %.6g, \"ppl\": %.9g},\n \"formats\": [\n", e[0].bpw, e[0].ppl);
     for (int i = 1; i <= n; i++) {
         char b[32];
@@ -207,7 +219,8 @@ static int eval_run(EvalArgs *a, unsigned classes, const QuantSpec *f, int nf)
             fprintf(stderr, "megac eval-quant: --tokens %d exceeds the model's max_seq %d\n", a->tokens, m.max_seq);
         } else {
             QuantEval *e = xcalloc((size_t)nf + 1, sizeof *e);
-            if (quant_eval(&m, a->prompt, a->tokens, classes, f, nf, e, &d)) {
+            QuantEvalRun r = {a->prompt, a->tokens, classes, a->engine, a->model, a->set, a->nset};
+            if (quant_eval(&m, &r, f, nf, e, &d)) {
                 eval_print(stdout, &m, a, e, nf);
                 rc = a->json && !eval_json_write(a->json, &m, a, e, nf) ? 2 : 0;
             }
@@ -225,7 +238,7 @@ int cmd_eval_quant(int argc, char **argv)
         return 0;
     }
     EvalArgs a = {.prompt = "Once upon a time", .formats = "w8a16,w4a16-g32,w4a16-g64,w4a16-g128",
-                  .classes = "embed,attn,mlp,lm_head", .tokens = 64};
+                  .classes = "embed,attn,mlp,lm_head", .engine = "reference", .tokens = 64};
     QuantSpec f[EVAL_MAX_FORMATS];
     int nf = 0, rc = 2;
     unsigned classes = 0;

@@ -893,11 +893,6 @@ static bool quant_node(Ctx *c, const DocNode *n, const char *what, QuantSpec *q)
                       " w8a8 or w4a8[-g32|-g64|-g128])", s, what);
         return false;
     }
-    if (q->kind == QUANT_W8A8 || q->kind == QUANT_W4A8) {
-        ctx_error(c, n, "quantization '%s' ('%s') is not supported yet (only none, f32, f16, bf16, w8a16 and "
-                  "w4a16)", s, what);
-        return false;
-    }
     return true;
 }
 
@@ -1218,9 +1213,6 @@ static void check_knobs(Checker *k)
     const ModelDesc *m = k->m;
     if (m->act_dtype != DT_F32)
         check_fail(k, -1, "activation dtype %s is not supported yet", dtype_name(m->act_dtype));
-    for (int i = 0; i < TCLASS_COUNT; i++)
-        if (m->quant[i].kind == QUANT_W8A8 || m->quant[i].kind == QUANT_W4A8)
-            check_fail(k, -1, "quantization %s is not supported yet", quant_names[m->quant[i].kind]);
     for (int l = 0; l < m->n_layers && l < MODEL_MAX_LAYERS; l++) {
         if (m->attn[l].kind != ATTN_DENSE)
             check_fail(k, -1, "attention kind %s (layer %d) is not supported yet",

@@ -612,7 +612,7 @@ static bool lower_check(const ModelDesc *m, int workers, Diag *d)
         ok = lower_fail(m, d, "%s: activation dtype %lld is not f32", "not supported yet", m->act_dtype);
     for (int c = 0; c < TCLASS_COUNT; c++)
         if (quant_spec_dtype(m->quant[c], DT_F32) < 0)
-            ok = lower_fail(m, d, "%s: w8a8/w4a8 weights (tensor class %lld)", "not supported yet", c);
+            ok = lower_fail(m, d, "%s: quantization group of tensor class %lld", "not supported", c);
     for (int l = 0; ok && l < m->n_layers; l++)
         if (m->attn[l].kind != ATTN_DENSE || m->kv[l].kind != KV_FULL)
             ok = lower_fail(m, d, "%s: sparse attention or KV eviction (layer %lld)", "not supported yet", l);

@@ -65,6 +65,12 @@ static size_t w4_nibble(int64_t j, int *shift)
     return (size_t)(16 * (j / 32) + i % 16);
 }
 
+/* Bytes of a W4 group record of len elements. */
+static size_t w4_group_bytes_of(int64_t len)
+{
+    return 4 + 16 * (size_t)((len + 31) / 32);
+}
+
 /* Quantizes a group of L values; returns its record size. */
 static size_t w4_group_quantize(const float *w, int64_t len, unsigned char *out)
 {
@@ -154,6 +160,7 @@ static void q4_1_dequant(const unsigned char *b, int64_t k, float *y)
 
 void quant_row_quantize(DType t, const float *w, int64_t k, unsigned char *out)
 {
+    t = dtype_layout(t);
     switch (t) {
     case DT_F32: memcpy(out, w, (size_t)k * 4); return;
     case DT_F16:
@@ -169,6 +176,7 @@ void quant_row_quantize(DType t, const float *w, int64_t k, unsigned char *out)
 
 void quant_row_dequant(DType t, const unsigned char *row, int64_t k, float *out)
 {
+    t = dtype_layout(t);
     switch (t) {
     case DT_F32: memcpy(out, row, (size_t)k * 4); return;
     case DT_F16:
@@ -201,6 +209,70 @@ void quant_gemv_ref(DType t, const unsigned char *w, int64_t rows, int64_t k, co
     free(row);
 }
 
+/* ---- int8 activations (W8A8, W4A8G*) ---- */
+
+/* Block b of x (len <= 32 values) to int8: returns d = max|x| / 127. */
+static float quant_act_block(const float *x, int64_t len, int8_t *q)
+{
+    float amax = 0;
+    for (int64_t j = 0; j < len; j++)
+        amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+    float d = amax / 127.0f;
+    for (int64_t j = 0; j < len; j++)
+        q[j] = d > 0 ? (int8_t)clampl((long)rintf(x[j] / d), -127, 127) : 0;
+    return d;
+}
+
+/* One row of an A8 dtype against x: the integer sums of dtype.h, each
+ * block's sum scaled in double. */
+static double quant_row_a8(DType t, const unsigned char *row, int64_t k, const float *x)
+{
+    int8_t xq[32];
+    int64_t g = t == DT_W8A8 ? k : dtype_block(t);
+    double y = 0;
+    for (int64_t g0 = 0; g0 < k; g0 += g) {
+        int64_t glen = k - g0 < g ? k - g0 : g;
+        float s;
+        int z = 0;
+        if (t == DT_W8A8) {
+            memcpy(&s, row, 4);
+        } else {
+            s = f16_at(row);
+            z = row[2];
+        }
+        double gs = 0;
+        for (int64_t b = 0; b < glen; b += 32) {
+            int64_t len = glen - b < 32 ? glen - b : 32;
+            float d = quant_act_block(x + g0 + b, len, xq);
+            long isum = 0;
+            for (int64_t j = 0; j < len; j++) {
+                int q;
+                if (t == DT_W8A8) {
+                    q = (int8_t)row[4 + g0 + b + j];
+                } else {
+                    int sft;
+                    size_t by = w4_nibble(b + j, &sft);
+                    q = ((row[4 + by] >> sft) & 15) - z;
+                }
+                isum += (long)q * xq[j];
+            }
+            gs += (double)d * (double)isum;
+        }
+        y += (double)s * gs;
+        if (t != DT_W8A8)
+            row += w4_group_bytes_of(glen);
+    }
+    return y;
+}
+
+void quant_gemv_a8_ref(DType t, const unsigned char *w, int64_t rows, int64_t k, const float *x, double *y)
+{
+    ASSERT(dtype_is_a8(t));
+    size_t rb = dtype_row_bytes(t, k);
+    for (int64_t r = 0; r < rows; r++)
+        y[r] = quant_row_a8(t, w + (size_t)r * rb, k, x);
+}
+
 /* ---- knobs ---- */
 
 int quant_spec_dtype(QuantSpec q, DType src)
@@ -213,7 +285,9 @@ int quant_spec_dtype(QuantSpec q, DType src)
     case QUANT_W8A16: return DT_W8;
     case QUANT_W4A16:
         return q.group == 32 ? DT_W4G32 : q.group == 64 ? DT_W4G64 : q.group == 128 ? DT_W4G128 : -1;
-    case QUANT_W8A8: case QUANT_W4A8: return -1;
+    case QUANT_W8A8: return DT_W8A8;
+    case QUANT_W4A8:
+        return q.group == 32 ? DT_W4A8G32 : q.group == 64 ? DT_W4A8G64 : q.group == 128 ? DT_W4A8G128 : -1;
     }
     return -1;
 }

@@ -9,6 +9,10 @@
  *                widened to hold 0), q = clamp(round(w / s) + z, 0, 15); a
  *                row whose K is not a multiple of G ends with a shorter
  *                group
+ *   w8a8, w4a8-gG  the same weights (DT_W8A8, DT_W4A8G<G>), but the
+ *                GEMV also quantizes its input to int8 per block of 32
+ *                and sums integers (CPU backend only); the reference,
+ *                computing on float inputs, is not exact for them
  *   f16, bf16    rounded to nearest even
  *   none         the source as it is: GGUF Q8_0/Q4_0/Q4_1 blocks are kept
  *                block-exact (never through a float round trip)
@@ -35,13 +39,17 @@ void quant_row_quantize(DType t, const float *w, int64_t k, unsigned char *out);
  * the exact arithmetic every backend uses). */
 void quant_row_dequant(DType t, const unsigned char *row, int64_t k, float *out);
 /* Scalar reference GEMV on stored bytes: y[r] = sum_j w[r][j] * x[j] for
- * rows rows of k, dequantized in f32, accumulated in double. */
+ * rows rows of k, dequantized in f32, accumulated in double (for an A8
+ * dtype: its weights with x unquantized, the float64 A16 reference). */
 void quant_gemv_ref(DType t, const unsigned char *w, int64_t rows, int64_t k, const float *x, double *y);
+/* The A8 GEMV as ir/dtype.h defines it (x quantized per block of 32,
+ * integer sums per block), block sums scaled in double. */
+void quant_gemv_a8_ref(DType t, const unsigned char *w, int64_t rows, int64_t k, const float *x, double *y);
 
 /* ---- quant.c: knobs and the pass ---- */
 
 /* The storage dtype a knob asks for, given the source's (DT_F32 or a GGUF
- * block type); -1 for formats no backend has (w8a8, w4a8). */
+ * block type); -1 for a bad group. */
 int quant_spec_dtype(QuantSpec q, DType src);
 /* The tensor class of a matrix by canonical name ("L3.wq" -> TCLASS_ATTN);
  * -1 for vectors (norms, biases). */
@@ -75,13 +83,31 @@ typedef struct QuantEval {
     int first_diff;         /* first position whose argmax differs; -1 none */
 } QuantEval;
 
-/* The stream: BOS (when the tokenizer adds one) + prompt, continued
- * greedily by the baseline up to ntokens positions. Each format applies to
- * the tensor classes in `classes` (bit 1 << TensorClass); the others keep
- * their source (quant none). out has nfmt + 1 entries: out[0] is the
- * baseline (kl 0, top1 1). False with errors in d. */
-bool quant_eval(const ModelDesc *m, const char *prompt, int ntokens, unsigned classes, const QuantSpec *fmts,
-                int nfmt, QuantEval *out, Diag *d);
+/* What to evaluate. The stream: BOS (when the tokenizer adds one) +
+ * prompt, continued greedily by the baseline up to ntokens positions. Each
+ * format applies to the tensor classes in `classes` (bit 1 << TensorClass);
+ * the others keep their source (quant none). The baseline always runs on
+ * the float64 reference; the formats on `engine`:
+ *   "reference"  the float64 reference on the quantized weights (exact
+ *                for the A16 formats; refuses w8a8/w4a8, whose int8
+ *                inputs it does not model)
+ *   "cpu"        a CPU bundle compiled from `model` with `sets` and the
+ *                format (driver_compile into a temporary folder), run
+ *                through the runtime: the kernel path */
+typedef struct QuantEvalRun {
+    const char *prompt;
+    int ntokens;
+    unsigned classes;
+    const char *engine;
+    const char *model;              /* the description, for engine cpu */
+    const DescOverride *sets;
+    int nsets;
+} QuantEvalRun;
+
+/* out has nfmt + 1 entries: out[0] is the baseline (kl 0, top1 1). False
+ * with errors in d (or on stderr, from the compile pipeline). */
+bool quant_eval(const ModelDesc *m, const QuantEvalRun *r, const QuantSpec *fmts, int nfmt, QuantEval *out,
+                Diag *d);
 
 /* ---- lower.c ---- */
 

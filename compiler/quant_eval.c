@@ -7,18 +7,25 @@
  * A fixed token stream is made once: BOS (when the tokenizer adds one) and
  * the prompt, continued greedily by the baseline, i.e. the model as loaded
  * with quant none everywhere (a GGUF file's own blocks). The float64
- * reference then runs teacher-forced over that stream for the baseline and
- * for each format (applied to the chosen tensor classes), and per format we
+ * reference then runs teacher-forced over that stream for the baseline, and
+ * the reference or a compiled CPU bundle (the kernel path; the only one
+ * for w8a8/w4a8) for each format (applied to the chosen tensor classes),
+ * and per format we
  * measure the mean KL divergence KL(P_base || P_fmt) over positions, the
  * same-top-1 rate, the first position whose top-1 differs, the stream's
  * perplexity and the bits per matrix weight as stored.
  */
 #include "compiler/compile.h"
+#include "compiler/driver.h"
 #include "compiler/quant.h"
+#include "runtime/megac.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The baseline's stream and its log-probabilities. */
 typedef struct EvalBase {
@@ -100,21 +107,119 @@ static bool eval_base(const ModelDesc *m, const char *prompt, EvalBase *b, Quant
     return true;
 }
 
-/* Teacher-forces format q over the stream. */
-static bool eval_format(const ModelDesc *m, unsigned classes, QuantSpec q, const EvalBase *b, QuantEval *e,
-                        Diag *d)
-{
-    ModelDesc mf = eval_desc(m, classes, q);
+/* One format's decoder: the reference on its quantized weights, or a CPU
+ * bundle compiled into a temporary folder and run through the runtime. */
+typedef struct EvalDec {
     Weights w;
-    if (!weights_load(&w, &mf, d))
+    RefState *ref;
+    megac_model *mm;
+    char dir[64], bundle[96];
+} EvalDec;
+
+/* Removes the files of folder `path` (no subfolders), then the folder. */
+static void eval_rmdir(const char *path)
+{
+    DIR *dir = opendir(path);
+    struct dirent *e;
+    while (dir && (e = readdir(dir)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            char f[512];
+            snprintf(f, sizeof f, "%s/%s", path, e->d_name);
+            unlink(f);
+        }
+    if (dir)
+        closedir(dir);
+    rmdir(path);
+}
+
+/* `{embed: X, attn: X, ...}` for the classes in the set, the others none. */
+static char *eval_quant_flow(unsigned classes, QuantSpec q)
+{
+    static const char *const names[] = {
+#define X(n, s) s,
+        TCLASS_LIST(X)
+#undef X
+    };
+    char b[32], *out = xstrdup("{");
+    quant_spec_str(q, b, sizeof b);
+    for (int c = 0; c < TCLASS_COUNT; c++) {
+        char *t = xasprintf("%s%s%s: %s", out, c ? ", " : "", names[c], classes & 1u << c ? b : "none");
+        free(out);
+        out = t;
+    }
+    char *t = xasprintf("%s}", out);
+    free(out);
+    return t;
+}
+
+/* Compiles the model with format q for the cpu and opens the bundle. */
+static bool eval_dec_open_cpu(EvalDec *x, const QuantEvalRun *r, QuantSpec q, Diag *d)
+{
+    snprintf(x->dir, sizeof x->dir, "/tmp/megac_evalq_XXXXXX");
+    if (!mkdtemp(x->dir)) {
+        diag_file_error(d, "/tmp", "cannot create a temporary folder: %s", strerror(errno));
         return false;
-    RefState *r = ref_new(&w);
+    }
+    snprintf(x->bundle, sizeof x->bundle, "%s/b.megac", x->dir);
+    CompileOptions o = {.model = r->model, .target = "cpu", .out = x->bundle, .quiet = true};
+    ASSERT(r->nsets < DRIVER_MAX_SETS);
+    for (int i = 0; i < r->nsets; i++)
+        o.sets[i] = r->sets[i];
+    char *flow = eval_quant_flow(r->classes, q);
+    o.sets[r->nsets] = (DescOverride){"quant", flow};
+    o.nsets = r->nsets + 1;
+    int rc = driver_compile(&o);
+    free(flow);
+    if (rc == 0 && megac_open(x->bundle, &x->mm) == MEGAC_OK)
+        return true;
+    diag_file_error(d, r->model ? r->model : "megac", "the cpu bundle for this format could not be %s: %s",
+                    rc ? "compiled" : "opened", rc ? "see above" : megac_last_open_error());
+    return false;
+}
+
+static bool eval_dec_open(EvalDec *x, const ModelDesc *m, const QuantEvalRun *r, QuantSpec q, Diag *d)
+{
+    ModelDesc mf = eval_desc(m, r->classes, q);
+    memset(x, 0, sizeof *x);
+    if (!weights_load(&x->w, &mf, d))
+        return false;
+    x->w.m = m; /* mf dies here; the reference reads only shapes, which agree */
+    if (r->engine && !strcmp(r->engine, "cpu"))
+        return eval_dec_open_cpu(x, r, q, d);
+    x->ref = ref_new(&x->w);
+    return true;
+}
+
+static const float *eval_dec_step(EvalDec *x, int tok, int pos)
+{
+    if (x->ref)
+        return ref_step(x->ref, tok, pos);
+    if (megac_step(x->mm, tok) != MEGAC_OK)
+        die("eval-quant: megac_step at %d: %s", pos, megac_error(x->mm));
+    return megac_logits(x->mm);
+}
+
+static void eval_dec_close(EvalDec *x)
+{
+    if (x->ref)
+        ref_free(x->ref);
+    if (x->mm)
+        megac_close(x->mm);
+    if (x->dir[0]) {
+        eval_rmdir(x->bundle);
+        eval_rmdir(x->dir);
+    }
+    weights_free(&x->w);
+}
+
+/* Teacher-forces an open decoder over the stream. */
+static void eval_score(EvalDec *x, const EvalBase *b, QuantEval *e)
+{
     double *lp = xmalloc(sizeof(double) * (size_t)b->vocab), kl = 0, nll = 0;
     int same = 0;
-    *e = (QuantEval){.spec = q, .bpw = quant_bits_per_weight(&w), .first_diff = -1};
     for (int pos = 0; pos < b->n; pos++) {
         const double *lb = b->logp + (size_t)pos * (size_t)b->vocab;
-        int top = eval_log_softmax(ref_step(r, b->stream[pos], pos), b->vocab, lp);
+        int top = eval_log_softmax(eval_dec_step(x, b->stream[pos], pos), b->vocab, lp);
         double k = 0;
         for (int i = 0; i < b->vocab; i++)
             k += exp(lb[i]) * (lb[i] - lp[i]);
@@ -129,22 +234,37 @@ static bool eval_format(const ModelDesc *m, unsigned classes, QuantSpec q, const
     e->top1 = (double)same / b->n;
     e->ppl = exp(nll / (b->n - 1));
     free(lp);
-    ref_free(r);
-    weights_free(&w);
-    return true;
 }
 
-bool quant_eval(const ModelDesc *m, const char *prompt, int ntokens, unsigned classes, const QuantSpec *fmts,
-                int nfmt, QuantEval *out, Diag *d)
+static bool eval_format(const ModelDesc *m, const QuantEvalRun *r, QuantSpec q, const EvalBase *b, QuantEval *e,
+                        Diag *d)
 {
-    ASSERT(ntokens >= 2 && ntokens <= m->max_seq);
-    EvalBase b = {.n = ntokens, .vocab = m->vocab_size};
-    b.stream = xcalloc((size_t)ntokens, sizeof *b.stream);
-    b.top = xcalloc((size_t)ntokens, sizeof *b.top);
-    b.logp = xmalloc(sizeof(double) * (size_t)ntokens * (size_t)b.vocab);
-    bool ok = eval_base(m, prompt, &b, &out[0], d);
+    bool cpu = r->engine && !strcmp(r->engine, "cpu");
+    if (!cpu && (q.kind == QUANT_W8A8 || q.kind == QUANT_W4A8)) {
+        diag_file_error(d, m->path ? m->path : "megac", "w8a8 and w4a8 quantize the GEMV inputs, which the "
+                        "reference does not model: evaluate them with the cpu engine");
+        return false;
+    }
+    EvalDec x;
+    bool ok = eval_dec_open(&x, m, r, q, d);
+    *e = (QuantEval){.spec = q, .bpw = ok ? quant_bits_per_weight(&x.w) : 0, .first_diff = -1};
+    if (ok)
+        eval_score(&x, b, e);
+    eval_dec_close(&x);
+    return ok;
+}
+
+bool quant_eval(const ModelDesc *m, const QuantEvalRun *r, const QuantSpec *fmts, int nfmt, QuantEval *out,
+                Diag *d)
+{
+    ASSERT(r->ntokens >= 2 && r->ntokens <= m->max_seq);
+    EvalBase b = {.n = r->ntokens, .vocab = m->vocab_size};
+    b.stream = xcalloc((size_t)b.n, sizeof *b.stream);
+    b.top = xcalloc((size_t)b.n, sizeof *b.top);
+    b.logp = xmalloc(sizeof(double) * (size_t)b.n * (size_t)b.vocab);
+    bool ok = eval_base(m, r->prompt, &b, &out[0], d);
     for (int i = 0; ok && i < nfmt; i++)
-        ok = eval_format(m, classes, fmts[i], &b, &out[i + 1], d);
+        ok = eval_format(m, r, fmts[i], &b, &out[i + 1], d);
     free(b.stream);
     free(b.top);
     free(b.logp);

@@ -38,8 +38,25 @@ int dtype_block_bytes(DType t)
     return dtypes[t].block_bytes;
 }
 
+bool dtype_is_a8(DType t)
+{
+    return t == DT_W8A8 || t == DT_W4A8G32 || t == DT_W4A8G64 || t == DT_W4A8G128;
+}
+
+DType dtype_layout(DType t)
+{
+    switch (t) {
+    case DT_W8A8: return DT_W8;
+    case DT_W4A8G32: return DT_W4G32;
+    case DT_W4A8G64: return DT_W4G64;
+    case DT_W4A8G128: return DT_W4G128;
+    default: return t;
+    }
+}
+
 bool dtype_is_rowwise(DType t)
 {
+    t = dtype_layout(t);
     return t == DT_W8 || t == DT_W4G32 || t == DT_W4G64 || t == DT_W4G128;
 }
 
@@ -56,6 +73,7 @@ static size_t w4_group_bytes(int64_t len)
 
 size_t dtype_row_bytes(DType t, int64_t k)
 {
+    t = dtype_layout(t);
     if (t == DT_W8)
         return 4 + (size_t)((k + 3) / 4 * 4);
     if (dtype_is_rowwise(t)) {

@@ -31,6 +31,16 @@
  *       reference alike.
  * For row-blocked types the table's `block` is the group along K (W8: 1)
  * and `block_bytes` the bytes of one full group (W8: 1, the scale apart).
+ *
+ * W8A8 and W4A8G<G> have exactly the bytes of W8 and W4G<G>; the name
+ * tells the GEMV to quantize its input too: x is cut in blocks of 32 along
+ * K (the last one shorter), each block b gets d_b = max|x_b| / 127 (f32)
+ * and xq_j = rint(x_j / d_b) in [-127, 127] (f32 division, nearest with
+ * ties to even; 0 when d_b is 0), and the
+ * products are integer sums per block:
+ *   W8A8:    y = s * sum_b d_b * sum_{j in b} q_j * xq_j
+ *   W4A8G:   y = sum_g s_g * sum_{b in g} d_b * sum_{j in b} (q_j - z_g) * xq_j
+ * (groups are multiples of 32, so blocks never straddle a group).
  */
 #ifndef MEGAC_DTYPE_H
 #define MEGAC_DTYPE_H
@@ -52,7 +62,11 @@
     X(W8, "w8", 1, 1)                  \
     X(W4G32, "w4g32", 32, 20)          \
     X(W4G64, "w4g64", 64, 36)          \
-    X(W4G128, "w4g128", 128, 68)
+    X(W4G128, "w4g128", 128, 68)       \
+    X(W8A8, "w8a8", 1, 1)              \
+    X(W4A8G32, "w4a8g32", 32, 20)      \
+    X(W4A8G64, "w4a8g64", 64, 36)      \
+    X(W4A8G128, "w4a8g128", 128, 68)
 
 typedef enum {
 #define X(n, s, b, bb) DT_##n,
@@ -70,8 +84,14 @@ int dtype_block_bytes(DType t);
 size_t dtype_bytes(DType t, int64_t n);
 /* True for W8 and W4G*: byte sizes depend on the row length. */
 bool dtype_is_rowwise(DType t);
-/* True for the weight-only formats (GGUF blocks, W8, W4G*). */
+/* True for the weight-only formats (GGUF blocks, W8, W4G*, and the A8
+ * variants). */
 bool dtype_is_quant(DType t);
+/* True for W8A8 and W4A8G*: the GEMV quantizes its input to int8. */
+bool dtype_is_a8(DType t);
+/* The A16 dtype with the same bytes (W8A8 -> W8, W4A8G32 -> W4G32, ...);
+ * t itself for the others. */
+DType dtype_layout(DType t);
 /* Bytes of one row of k elements (block formats: k a multiple of the
  * block). */
 size_t dtype_row_bytes(DType t, int64_t k);

@@ -311,19 +311,48 @@ Test(quant, apply_classes_and_lower)
     arena_free(&a);
 }
 
-Test(quant, refused_formats)
+Test(quant, bad_group_refused)
 {
     Arena a = {0};
     ModelDesc m;
-    DescOverride ov[] = {{"quant.default", "w8a8"}};
+    DescOverride ov[] = {{"quant.default", "w4a16-g48"}};
     char buf[512] = {0};
     Diag d;
     diag_init(&d);
     d.out = fmemopen(buf, sizeof buf - 1, "w");
     cr_assert_not(desc_parse(&m, &a, "x.yaml", TINY_YAML, strlen(TINY_YAML), ov, 1, &d));
     fclose(d.out);
-    cr_assert(strstr(buf, "quantization 'w8a8' ('compile.quant.default') is not supported yet"), "%s", buf);
+    cr_assert(strstr(buf, "bad value 'w4a16-g48' for 'compile.quant.default'"), "%s", buf);
     arena_free(&a);
+}
+
+/* The int8-activation GEMV (quant.c's definition) is within llama.cpp's
+ * bar of the float64 GEMV on the same weights: NMSE <= 5e-4. */
+Test(quant, a8_gemv_reference_nmse)
+{
+    const DType a8[] = {DT_W8A8, DT_W4A8G32, DT_W4A8G64, DT_W4A8G128};
+    const int64_t rows = 40, k = 172;
+    float *w = malloc(sizeof(float) * rows * k), x[172];
+    fill(w, rows * k, 11, 0.1f);
+    fill(x, k, 12, 1.0f);
+    for (size_t ti = 0; ti < sizeof a8 / sizeof *a8; ti++) {
+        size_t rb = dtype_row_bytes(a8[ti], k);
+        cr_assert_eq(rb, dtype_row_bytes(dtype_layout(a8[ti]), k));
+        unsigned char *q = malloc(rb * rows);
+        for (int64_t r = 0; r < rows; r++)
+            quant_row_quantize(a8[ti], w + r * k, k, q + r * rb);
+        double y8[40], y16[40], num = 0, den = 0;
+        quant_gemv_a8_ref(a8[ti], q, rows, k, x, y8);
+        quant_gemv_ref(a8[ti], q, rows, k, x, y16);
+        for (int64_t r = 0; r < rows; r++) {
+            num += (y8[r] - y16[r]) * (y8[r] - y16[r]);
+            den += y16[r] * y16[r];
+        }
+        cr_assert_leq(num / den, 5e-4, "%s: nmse %g", dtype_name(a8[ti]), num / den);
+        cr_assert_gt(num, 0, "%s: the inputs were quantized", dtype_name(a8[ti]));
+        free(q);
+    }
+    free(w);
 }
 
 /* ---- GGUF blocks ---- */
@@ -394,6 +423,7 @@ Test(quant, gguf_blocks_kept_exactly)
 typedef struct Recorded {
     int tokens;
     unsigned classes;
+    char engine[16];
     char prompt[256];
     int n;
     QuantSpec spec[16];
@@ -412,6 +442,8 @@ static void recorded_load(Recorded *r, const char *path)
     snprintf(r->prompt, sizeof r->prompt, "%s", doc_str(&doc, &d, doc_get(doc.root, "prompt")));
     static const char *const cls[] = {"embed", "attn", "mlp", "lm_head"};
     const char *cl = doc_str(&doc, &d, doc_get(doc.root, "classes"));
+    const DocNode *en = doc_get(doc.root, "engine");
+    snprintf(r->engine, sizeof r->engine, "%s", en ? doc_str(&doc, &d, en) : "reference");
     r->classes = 0;
     for (int c = 0; c < TCLASS_COUNT; c++)
         r->classes |= strstr(cl, cls[c]) ? 1u << c : 0;
@@ -429,14 +461,16 @@ static void recorded_load(Recorded *r, const char *path)
 /* Runs the evaluation the file records and fails on a regression of more
  * than 10%: in mean KL, or in the top-1 disagreement rate (plus one
  * position of slack, the resolution of a short stream). */
-static void fidelity_check(const ModelDesc *m, const char *path)
+static void fidelity_check(const ModelDesc *m, const char *model, const DescOverride *sets, int nsets,
+                           const char *path)
 {
     Recorded r;
     recorded_load(&r, path);
+    QuantEvalRun run = {r.prompt, r.tokens, r.classes, r.engine, model, sets, nsets};
     QuantEval *e = calloc((size_t)r.n + 1, sizeof *e);
     Diag d;
     diag_init(&d);
-    cr_assert(quant_eval(m, r.prompt, r.tokens, r.classes, r.spec, r.n, e, &d));
+    cr_assert(quant_eval(m, &run, r.spec, r.n, e, &d));
     for (int i = 0; i < r.n; i++) {
         const QuantEval *q = &e[i + 1];
         char b[32];
@@ -457,7 +491,7 @@ Test(quant, fidelity_stories260k)
     Diag d;
     diag_init(&d);
     cr_assert(desc_load(&m, &a, MEGAC_SRC "/models/stories260k.yaml", NULL, 0, &d));
-    fidelity_check(&m, QFIX "/fidelity-stories260k.json");
+    fidelity_check(&m, NULL, NULL, 0, QFIX "/fidelity-stories260k.json");
     arena_free(&a);
 }
 
@@ -472,7 +506,7 @@ Test(quant, fidelity_smollm2_gguf, .timeout = 120)
     diag_init(&d);
     DescOverride ov[] = {{"weights.path", gguf}};
     cr_assert(desc_load(&m, &a, MEGAC_SRC "/models/smollm2-135m-instruct-gguf.yaml", ov, 1, &d));
-    fidelity_check(&m, QFIX "/fidelity-smollm2-q4_1.json");
+    fidelity_check(&m, NULL, NULL, 0, QFIX "/fidelity-smollm2-q4_1.json");
     arena_free(&a);
 }
 /* ---- the CPU backend on quantized weights ----
@@ -688,7 +722,7 @@ Test(quant, hostcuda_quantized, .timeout = 180)
         diag_init(&d);
         DescOverride q[] = {{"quant", "{default: w4a16-g64, mlp: w4a16-g128, embed: w8a16}"}};
         cr_assert(desc_load(&st, &a, MEGAC_SRC "/models/stories260k.yaml", q, 1, &d));
-        kernel_vs_reference(&st, "host-cuda", 4, 8);
+        kernel_vs_reference(&st, "host-cuda", 4, 4);
     }
     arena_free(&a);
 }
@@ -736,5 +770,116 @@ Test(quant, cpu_smollm2_gguf_own_blocks, .timeout = 300)
     DescOverride ov[] = {{"weights.path", gguf}, {"max_seq", "64"}};
     cr_assert(desc_load(&m, &a, MEGAC_SRC "/models/smollm2-135m-instruct-gguf.yaml", ov, 2, &d));
     kernel_vs_reference(&m, "cpu", 2, 6);
+    arena_free(&a);
+}
+
+/* ---- int8 activations on the CPU (w8a8, w4a8) ---- */
+
+/* One GEMV of an A8 weight compiled for the CPU: equal to quant.c's A8
+ * definition up to summation order, and within 5e-4 NMSE of the float64
+ * GEMV on the same weights. K = 172: a short last block and group. */
+Test(quant, cpu_a8_gemv, .timeout = 60)
+{
+    const DType a8[] = {DT_W8A8, DT_W4A8G32, DT_W4A8G128};
+    const int64_t R = 24, K = 172;
+    float *w = malloc(sizeof(float) * R * K), x[172];
+    fill(w, R * K, 21, 0.1f);
+    fill(x, K, 22, 1.0f);
+    for (size_t ti = 0; ti < sizeof a8 / sizeof *a8; ti++) {
+        Schedule *s = sched_new("a8", "cpu", 1);
+        s->shape = (ModelShape){.dim = (int)K, .hidden_dim = (int)K, .n_layers = 1, .n_heads = 1, .n_kv_heads = 1,
+                                .head_dim = 2, .vocab_size = 16, .max_seq = 4, .norm_eps = 1e-5};
+        int64_t sw[2] = {R, K}, sx[1] = {K}, sy[1] = {R};
+        uint32_t wb = sched_add_buffer(s, "w", a8[ti], BUF_WEIGHT, 2, sw);
+        uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx), yb = sched_add_buffer(s, "y", DT_F32,
+                                                                                              BUF_SCRATCH, 1, sy);
+        Access acc[5] = {{wb, ACC_R, {0, 0}, {R * K, 0}}, {xb, ACC_R, {0, 0}, {K, 0}}, {yb, ACC_W, {0, 0}, {R, 0}},
+                         {BUF_NONE, 0, {0, 0}, {0, 0}}, {BUF_NONE, 0, {0, 0}, {0, 0}}};
+        sched_op(s, 0, OP_GEMV, (int32_t[]){0, (int32_t)R, (int32_t)K, 0}, acc);
+        sched_layout(s);
+        char dir[] = "/tmp/megac_quant_a8_XXXXXX", so[64];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(so, sizeof so, "%s/k.so", dir);
+        Diag d;
+        diag_init(&d);
+        cr_assert(cg_cpu_compile(s, NULL, so, &d));
+        void *dl = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+        cr_assert_not_null(dl, "%s", dlerror());
+        QWorkerFn fn = (QWorkerFn)(uintptr_t)dlsym(dl, "megac_worker");
+        unsigned char *wts = qalloc64(s->weights_bytes), *ar = qalloc64(s->arena_bytes);
+        size_t rb = dtype_row_bytes(a8[ti], K);
+        for (int64_t r = 0; r < R; r++)
+            quant_row_quantize(a8[ti], w + r * K, K, wts + s->bufs[wb].offset + r * rb);
+        memcpy(ar + s->bufs[xb].offset, x, sizeof x);
+        uint32_t ctr[4] = {0};
+        MegacAbort ab = {0};
+        MegacArgs args = {wts, ar, ctr, &ab, 0, 0};
+        fn(&args, 0);
+        const float *y = (const float *)(ar + s->bufs[yb].offset);
+        double y8[24], y16[24], num = 0, den = 0;
+        quant_gemv_a8_ref(a8[ti], wts + s->bufs[wb].offset, R, K, x, y8);
+        quant_gemv_ref(a8[ti], wts + s->bufs[wb].offset, R, K, x, y16);
+        for (int64_t r = 0; r < R; r++) {
+            cr_assert_leq(fabs(y[r] - y8[r]), 1e-5 * (fabs(y8[r]) + 1), "%s row %ld: %g vs %g", dtype_name(a8[ti]),
+                          (long)r, y[r], y8[r]);
+            num += (y[r] - y16[r]) * (y[r] - y16[r]);
+            den += y16[r] * y16[r];
+        }
+        cr_assert_leq(num / den, 5e-4, "%s: nmse %g against float64", dtype_name(a8[ti]), num / den);
+        dlclose(dl);
+        unlink(so);
+        rmdir(dir);
+        free(wts), free(ar);
+        sched_free(s);
+    }
+    free(w);
+}
+
+/* The CUDA backend has no int8-activation GEMV: it refuses, never guesses. */
+Test(quant, cuda_refuses_a8)
+{
+    Arena a = {0};
+    ModelDesc m;
+    DescOverride ov[] = {{"quant", "w8a8"}};
+    cr_assert(desc_text(&m, &a, TINY_YAML, ov, 1));
+    char buf[4096] = {0};
+    Diag d;
+    diag_init(&d);
+    Schedule *s = lower_model(&m, target_lookup("sm_90", &d), 4, &d);
+    cr_assert_not_null(s);
+    sched_layout(s);
+    d.out = fmemopen(buf, sizeof buf - 1, "w");
+    CudaKernelInfo info;
+    cr_assert_not(cg_cuda_compile(s, "sm_90", "/tmp/megac_never.cubin", &info, &d));
+    fclose(d.out);
+    cr_assert(strstr(buf, "of dtype w8a8 is not supported by the CUDA backend yet"), "%s", buf);
+    sched_free(s);
+    arena_free(&a);
+}
+
+/* Teacher-forced fidelity of the kernel path (a CPU bundle per format):
+ * the recorded w8a8/w4a8 figures hold, and for the A16 formats the kernel
+ * path's KL equals the float64 reference path's (kernel correctness). */
+Test(quant, fidelity_stories260k_cpu_kernel, .timeout = 120)
+{
+    if (access(SHARED "/models/stories260K.bin", R_OK) != 0)
+        cr_skip("../shared/models/stories260K.bin absent");
+    const char *path = MEGAC_SRC "/models/stories260k.yaml";
+    Arena a = {0};
+    ModelDesc m;
+    Diag d;
+    diag_init(&d);
+    cr_assert(desc_load(&m, &a, path, NULL, 0, &d));
+    fidelity_check(&m, path, NULL, 0, QFIX "/fidelity-stories260k-cpu.json");
+    QuantSpec f[2] = {{QUANT_W8A16, 0}, {QUANT_W4A16, 32}};
+    QuantEval ek[3], er[3];
+    QuantEvalRun rk = {"Once upon a time", 32, 15, "cpu", path, NULL, 0}, rr = rk;
+    rr.engine = "reference";
+    cr_assert(quant_eval(&m, &rk, f, 2, ek, &d) && quant_eval(&m, &rr, f, 2, er, &d));
+    for (int i = 1; i <= 2; i++) {
+        cr_assert_leq(fabs(ek[i].mean_kl - er[i].mean_kl), 1e-3 * er[i].mean_kl + 1e-9, "kernel KL %g, reference %g",
+                      ek[i].mean_kl, er[i].mean_kl);
+        cr_assert_eq(ek[i].top1, er[i].top1);
+    }
     arena_free(&a);
 }

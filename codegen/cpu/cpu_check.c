@@ -80,6 +80,10 @@ static void check_inst(const Schedule *s, const Inst *in, Diag *d)
     if (!op_footprint(s, in, fp, &why)) /* params the bodies' loops rely on */
         diag_error(d, &src, in->line, 1, "%s: %s", op_info(in->op)->name, why);
     check_operands(s, in, d);
+    const Buffer *w = in->op == OP_GEMV ? check_operand(s, in, 0) : NULL;
+    if (w && dtype_is_a8(w->dtype) && in->p[2] > CPU_NORM_K_MAX)
+        diag_error(d, &src, in->line, 1, "gemv with int8 activations over k = %d > %d inputs is not supported by "
+                   "the CPU backend yet", in->p[2], CPU_NORM_K_MAX);
     if (in->op == OP_GEMV && (in->p[3] & GEMV_NORM) && in->p[2] > CPU_NORM_K_MAX)
         diag_error(d, &src, in->line, 1, "gemv with norm over k = %d > %d inputs is not supported by the CPU backend yet",
                    in->p[2], CPU_NORM_K_MAX);

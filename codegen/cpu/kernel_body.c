@@ -141,10 +141,22 @@ static int64_t w4_group_bytes(int64_t len)
     return 4 + 16 * ((len + 31) / 32);
 }
 
+/* The A16 dtype with the same bytes (ir/dtype.c's dtype_layout). */
+static int qlayout(int t)
+{
+    switch (t) {
+    case DT_W8A8: return DT_W8;
+    case DT_W4A8G32: return DT_W4G32;
+    case DT_W4A8G64: return DT_W4G64;
+    case DT_W4A8G128: return DT_W4G128;
+    default: return t;
+    }
+}
+
 /* Bytes of a row of k elements (ir/dtype.c's dtype_row_bytes). */
 static int64_t qrow_bytes(int t, int64_t k)
 {
-    switch (t) {
+    switch (qlayout(t)) {
     case DT_F32: return 4 * k;
     case DT_F16: case DT_BF16: return 2 * k;
     case DT_Q8_0: return k / 32 * 34;
@@ -152,7 +164,7 @@ static int64_t qrow_bytes(int t, int64_t k)
     case DT_Q4_1: return k / 32 * 20;
     case DT_W8: return 4 + (k + 3) / 4 * 4;
     default: {
-        int64_t g = w4_gsize(t);
+        int64_t g = w4_gsize(qlayout(t));
         return k / g * w4_group_bytes(g) + (k % g ? w4_group_bytes(k % g) : 0);
     }
     }
@@ -171,6 +183,7 @@ static int w4_nib(const unsigned char *qs, int64_t j)
 static float qelem(int t, const unsigned char *row, int64_t k, int64_t j)
 {
     const unsigned char *b;
+    t = qlayout(t);
     switch (t) {
     case DT_F32: { float f; memcpy(&f, row + 4 * j, 4); return f; }
     case DT_F16: return f16_at(row + 2 * j);
@@ -310,6 +323,83 @@ static float dot_half(int t, const unsigned char *row, const float *x, int64_t k
     return s;
 }
 
+/* ---- int8 activations (W8A8, W4A8G*: ir/dtype.h) ---- */
+
+typedef int32_t v16i32 __attribute__((vector_size(64)));
+#define WIDEN_I8_I32(p) __builtin_convertvector(*(const v16i8 *)(p), v16i32)
+#define NIB_LO_I32(q) __builtin_convertvector((q) & (uint8_t)15, v16i32)
+#define NIB_HI_I32(q) __builtin_convertvector((q) >> (uint8_t)4, v16i32)
+
+static int a8_is(int t)
+{
+    return t == DT_W8A8 || t == DT_W4A8G32 || t == DT_W4A8G64 || t == DT_W4A8G128;
+}
+
+/* x[0:k] to int8 per block of 32: xq[k] and one scale per block in dq. */
+static void act_quantize(const float *x, int64_t k, int8_t *xq, float *dq)
+{
+    for (int64_t b = 0; b < k; b += 32) {
+        int64_t len = k - b < 32 ? k - b : 32;
+        float amax = 0;
+        for (int64_t j = 0; j < len; j++)
+            amax = fabsf(x[b + j]) > amax ? fabsf(x[b + j]) : amax;
+        float d = amax / 127.0f;
+        dq[b / 32] = d;
+        for (int64_t j = 0; j < len; j++) {
+            float r = d > 0 ? rintf(x[b + j] / d) : 0.0f;
+            xq[b + j] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+        }
+    }
+}
+
+/* W8A8 row: s * sum_b d_b * (integer sum of block b). */
+static float dot_w8a8(const unsigned char *row, const int8_t *xq, const float *dq, int64_t k)
+{
+    float s;
+    memcpy(&s, row, 4);
+    const unsigned char *q = row + 4;
+    v16f acc = {0};
+    int64_t j = 0;
+    for (; j + 32 <= k; j += 32) {
+        v16i32 p = WIDEN_I8_I32(q + j) * WIDEN_I8_I32(xq + j) + WIDEN_I8_I32(q + j + 16) * WIDEN_I8_I32(xq + j + 16);
+        acc += dq[j / 32] * __builtin_convertvector(p, v16f);
+    }
+    int32_t tail = 0;
+    for (int64_t i = j; i < k; i++)
+        tail += (int8_t)q[i] * xq[i];
+    return s * (hsum16(&acc) + (j < k ? dq[j / 32] * (float)tail : 0.0f));
+}
+
+/* One W4A8 group of len elements (x blocks start at xq, dq). */
+static float dot_w4a8_group(const unsigned char *g, const int8_t *xq, const float *dq, int64_t len)
+{
+    int32_t z = g[2];
+    const unsigned char *qs = g + 4;
+    v16f acc = {0};
+    int64_t j = 0;
+    for (; j + 32 <= len; j += 32, qs += 16) {
+        v16u8 q = *(const v16u8 *)qs;
+        v16i32 p = (NIB_LO_I32(q) - z) * WIDEN_I8_I32(xq + j) + (NIB_HI_I32(q) - z) * WIDEN_I8_I32(xq + j + 16);
+        acc += dq[j / 32] * __builtin_convertvector(p, v16f);
+    }
+    int32_t tail = 0;
+    for (int64_t i = 0; j + i < len; i++)
+        tail += (w4_nib(qs, i) - z) * xq[j + i];
+    return f16_at(g) * (hsum16(&acc) + (j < len ? dq[j / 32] * (float)tail : 0.0f));
+}
+
+static float dot_w4a8(int t, const unsigned char *row, const int8_t *xq, const float *dq, int64_t k)
+{
+    int64_t gs = t == DT_W4A8G32 ? 32 : t == DT_W4A8G64 ? 64 : 128;
+    float s = 0;
+    for (int64_t j = 0; j < k; j += gs) {
+        int64_t len = k - j < gs ? k - j : gs;
+        s += dot_w4a8_group(row, xq + j, dq + j / 32, len);
+        row += w4_group_bytes(len);
+    }
+    return s;
+}
+
 /* Row . x for any weight dtype but f32. */
 static float qdot(int t, const unsigned char *row, const float *x, int64_t k)
 {
@@ -390,6 +480,21 @@ static void gemv_f32(const float *W, const float *x, float *y, const float *b, i
     }
 }
 
+/* y[r0:r1] of an A8 weight: the input quantized once, then integer rows.
+ * k <= CPU_A8_K_MAX (cpu_check.c), so the buffers stay modest VLAs. */
+static void gemv_a8(int t, const unsigned char *W, const float *x, float *y, const float *b, int64_t r0, int64_t r1,
+                    int64_t k, int accum)
+{
+    int8_t xq[k];
+    float dq[(k + 31) / 32];
+    act_quantize(x, k, xq, dq);
+    int64_t rb = qrow_bytes(t, k);
+    for (int64_t r = r0; r < r1; r++) {
+        const unsigned char *row = W + r * rb;
+        gemv_store(y, b, r, t == DT_W8A8 ? dot_w8a8(row, xq, dq, k) : dot_w4a8(t, row, xq, dq, k), accum);
+    }
+}
+
 /* The weight dtype picks the row kernel: f32 four rows at a time, the
  * others (cpu_check.c admits f16, bf16, q8_0, q4_0, q4_1, w8, w4g*) one
  * row at a time with the dequantization fused into the dot product. */
@@ -407,6 +512,10 @@ static void gemv_rows(const MegacArgs *a, const int64_t *in, const float *x)
         return;
     }
     const unsigned char *W = opnd(a, in, 0);
+    if (a8_is(t)) {
+        gemv_a8(t, W, x, y, b, r0, r1, k, accum);
+        return;
+    }
     int64_t rb = qrow_bytes(t, k);
     for (int64_t r = r0; r < r1; r++)
         gemv_store(y, b, r, qdot(t, W + r * rb, x, k), accum);

@@ -4,7 +4,8 @@
  * and races; this pass rejects what the body does not implement yet (f32
  * activations and weights only, except that the GEMV matrix and the
  * embedding table may also be f16, bf16 or a quantized format of
- * ir/dtype.h; an i32 token and argmax result), a
+ * ir/dtype.h other than the int8-activation ones; an i32 token and argmax
+ * result), a
  * normalized GEMV input too long for the shared scratch, an attention head
  * group too large for it, and a schedule without a buffer layout. Errors
  * cite the instruction's .sched line.
@@ -36,7 +37,7 @@ static bool check_weight_operand(const Inst *in, int i)
 
 static bool check_weight_dtype(DType t)
 {
-    return t == DT_F32 || t == DT_F16 || t == DT_BF16 || dtype_is_quant(t);
+    return t == DT_F32 || t == DT_F16 || t == DT_BF16 || (dtype_is_quant(t) && !dtype_is_a8(t));
 }
 
 static void check_operands(const Schedule *s, const Inst *in, Diag *d)
