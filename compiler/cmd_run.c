@@ -43,8 +43,8 @@ static void run_usage(FILE *out)
             "usage: megac run [MODEL.yaml | NAME.megac] [options]\n\n"
             "Decodes text. With no model, runs the embedded default model.\n\n"
             "options:\n"
-            "  --engine E         reference | cpu | host-cuda | cuda (default: reference\n"
-            "                     for a .yaml, cpu for a bundle)\n"
+            "  --engine E         cpu | host-cuda | cuda | reference (default: cpu: the\n"
+            "                     model is compiled to a cached bundle in .megac-cache/)\n"
             "  --prompt TEXT      prompt (default: none, start from BOS)\n"
             "  -n N               positions to run, BOS and prompt included\n"
             "                     (default 256; 0 = the model's context)\n"
@@ -215,7 +215,7 @@ int run_options_parse(RunOptions *o, int argc, char **argv)
     }
     o->model_is_bundle = o->model && run_model_is_bundle(o->model);
     if (o->engine == ENGINE_DEFAULT)
-        o->engine = o->model_is_bundle ? ENGINE_CPU : ENGINE_REFERENCE;
+        o->engine = ENGINE_CPU;
     if (!o->seed_given)
         o->seed = (uint64_t)time(NULL);
     return -1;
@@ -299,7 +299,7 @@ static bool run_ref_generate(RunRef *r, const RunOptions *o, int steps)
 static bool run_ref_encode(RunRef *r, const char *prompt)
 {
     const char *text = prompt ? prompt : "";
-    bool add_bos = (tok_kind(r->tok) != TOK_BPE || !*text) && tok_bos(r->tok) >= 0;
+    bool add_bos = tok_default_bos(r->tok, text);
     int cap = (int)strlen(text) + 8;
     r->prompt = xmalloc(sizeof(int) * (size_t)cap);
     r->nprompt = tok_encode(r->tok, text, add_bos, r->prompt, cap);

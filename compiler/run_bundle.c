@@ -202,13 +202,15 @@ static char *bundle_cached(const RunOptions *o)
     return dir;
 }
 
-/* Tokenizes the prompt (BOS first); returns the count or -1 (reported). */
-static int prompt_encode(megac_model *m, const char *prompt, int **ids)
+/* Tokenizes the prompt (BOS first when the tokenizer wants it, then
+ * *bos = 1); returns the count or -1 (reported). */
+static int prompt_encode(megac_model *m, const char *prompt, int **ids, int *bos)
 {
     const char *text = prompt ? prompt : "";
     int cap = (int)strlen(text) + 8;
     *ids = xmalloc(sizeof(int) * (size_t)cap);
-    int n = megac_encode(m, text, 1, *ids, cap);
+    *bos = megac_wants_bos(m, text);
+    int n = megac_encode(m, text, *bos, *ids, cap);
     if (n < 1)
         fprintf(stderr, "megac run: cannot tokenize the prompt: %s\n", megac_error(m));
     return n;
@@ -218,12 +220,12 @@ static void stats_print(const megac_stats *st, const megac_model *m)
 {
     double pre = st->prefill_s > 0 ? st->prompt_tokens / st->prefill_s : 0;
     double dec = st->decode_s > 0 ? st->generated_tokens / st->decode_s : 0;
-    fprintf(stderr, "megac run: %d prompt tokens (%.1f tok/s), %d generated (%.1f tok/s), %d workers\n",
-            st->prompt_tokens, pre, st->generated_tokens, dec, megac_num_workers(m));
+    fprintf(stderr, "prompt tokens: %d, generated tokens: %d, %.1f tok/s (prefill %.1f tok/s, %d workers)\n",
+            st->prompt_tokens, st->generated_tokens, dec, pre, megac_num_workers(m));
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (ncpu > 0 && megac_num_workers(m) > ncpu)
-        fprintf(stderr, "megac run: note: %d workers on %ld CPUs: a worker's waits spin while the one it waits "
-                        "for is not running; compile with --workers %ld or fewer for speed\n",
+        fprintf(stderr, "megac run: note: %d workers on %ld CPUs: workers take turns on the cores; "
+                        "compile with --workers %ld or fewer for speed\n",
                 megac_num_workers(m), ncpu, ncpu);
 }
 
@@ -241,16 +243,16 @@ static int bundle_generate(const RunOptions *o, const char *bundle)
         megac_close(m);
         return 2;
     }
-    int *ids = NULL;
-    int n = prompt_encode(m, o->prompt, &ids);
+    int *ids = NULL, bos = 0;
+    int n = prompt_encode(m, o->prompt, &ids, &bos);
     int steps = o->steps > 0 && o->steps < megac_max_seq(m) ? o->steps : megac_max_seq(m);
     int rc = 2;
     if (n > steps)
         fprintf(stderr, "megac run: the prompt has %d tokens, more than the %d positions asked for\n", n, steps);
     if (n < 1 || n > steps)
         goto out;
-    for (int i = 1; i < n; i++)
-        piece_print(megac_decode(m, ids[i - 1], ids[i]));
+    for (int i = bos; i < n; i++)
+        piece_print(megac_decode(m, i ? ids[i - 1] : -1, ids[i]));
     fflush(stdout);
     megac_sampler s = {o->temperature, o->top_k, o->top_p, o->seed};
     megac_stats st;

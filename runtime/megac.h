@@ -45,8 +45,6 @@ typedef struct megac_stats {
 typedef int (*megac_token_cb)(void *user, int token, const char *text);
 
 megac_status megac_open(const char *bundle_dir, megac_model **out);
-/* Overrides the bundle's worker count where the backend allows (CPU:
- * threads; must equal the schedule's worker count for now). */
 void megac_close(megac_model *m);
 const char *megac_error(const megac_model *m);          /* last error of m */
 const char *megac_last_open_error(void);                /* why open failed */
@@ -69,8 +67,12 @@ int megac_argmax(const megac_model *m);
 int megac_position(const megac_model *m);
 
 /* Tokenizer of the bundle. encode: returns the number of ids written
- * (at most cap), or -1 with megac_error set. */
+ * (at most cap), or -1 with megac_error set. add_bos: 1 yes, 0 no, -1 the
+ * tokenizer's default (BOS first for SPM/byte vocabularies; byte-level BPE
+ * only for an empty text). */
 int megac_encode(megac_model *m, const char *text, int add_bos, int *ids, int cap);
+/* 1 if the tokenizer's default puts BOS before `text` (see above). */
+int megac_wants_bos(const megac_model *m, const char *text);
 /* Text of one token (valid until the next call on m); handles byte pieces
  * and the leading-space rule after BOS. */
 const char *megac_decode(megac_model *m, int prev_token, int token);

@@ -121,9 +121,14 @@ megac_status megac_step(megac_model *m, int token)
 const float *megac_logits(const megac_model *m) { return m->stepped ? m->logits : NULL; }
 int megac_argmax(const megac_model *m) { return m->stepped ? m->next : -1; }
 
+int megac_wants_bos(const megac_model *m, const char *text)
+{
+    return tok_default_bos(m->tok, text);
+}
+
 int megac_encode(megac_model *m, const char *text, int add_bos, int *ids, int cap)
 {
-    int n = tok_encode(m->tok, text, add_bos != 0, ids, cap);
+    int n = tok_encode(m->tok, text, add_bos < 0 ? tok_default_bos(m->tok, text) : add_bos != 0, ids, cap);
     if (n < 0)
         rt_fail(m, MEGAC_ERR_ARG, "the prompt needs more than %d tokens", cap);
     return n;

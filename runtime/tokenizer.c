@@ -34,7 +34,7 @@
  *   n_merges x { i32 a, i32 b }          (rank = index; a+b is a piece)
  * Every count and length is checked against the file size on load.
  *
- * Runtime code: no compiler headers, no exit(); errors come back as NULL /
+ * Runtime code: no compiler headers, never ends the process; errors come back as NULL /
  * false / -1 with a message.
  */
 #include "runtime/tokenizer.h"
@@ -1179,4 +1179,9 @@ Tokenizer *tok_load_llama2c(const char *path, int n_vocab, char *err, size_t err
     }
     free(buf);
     return t;
+}
+
+bool tok_default_bos(const Tokenizer *t, const char *text)
+{
+    return (tok_kind(t) != TOK_BPE || !text || !*text) && tok_bos(t) >= 0;
 }

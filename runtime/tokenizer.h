@@ -65,6 +65,10 @@ Tokenizer *tok_new_bytes(void);
 /* Encodes text; returns the number of ids (at most cap; -1 if cap is too
  * small). Special tokens written in the text are recognized. */
 int tok_encode(const Tokenizer *t, const char *text, bool add_bos, int *ids, int cap);
+/* Whether a prompt should start with BOS: yes for SPM and byte tokenizers;
+ * for byte-level BPE only when the text is empty (SmolLM2's chat format
+ * carries its own <|im_start|>). One rule for every engine. */
+bool tok_default_bos(const Tokenizer *t, const char *text);
 /* The pre-tokenizer's words of text (special tokens not handled): writes
  * the end byte offset of each word to ends; returns the count, or -1 if cap
  * is too small. For tests and tools. */

@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 ./scripts/deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$(nproc)"
-./build/compiler/megac run --prompt "Hello" -n 32 "$@"
+./build/compiler/megac run --prompt "Hello" -n 48 --temp 0 "$@"

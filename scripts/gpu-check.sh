@@ -9,7 +9,8 @@
 #
 # Writes into $OUT (or ./gpu-report/): gpu-check.json, gpu-check.md and the
 # logs. Environment: HBM_GBPS (peak bandwidth, default 4800 for an H200),
-# BENCH_TOKENS (decode steps per run, default 64).
+# BENCH_TOKENS (decode steps per run, default 64), MODELS (default
+# "smollm2-135m llama-3.2-1b").
 #
 # megac's kernels keep f32 weights for now (the lowering emits no bf16 or
 # quantized weights yet), so they read twice the bytes of the bf16 baseline;
@@ -52,13 +53,16 @@ gpu_tests=$(grep -cE '^\[PASS\] cuda_gpu::' "$out/test_cuda.log" || true)
 gpu_skips=$(grep -cE '^\[SKIP\] cuda_gpu::' "$out/test_cuda.log" || true)
 
 log "building the cuBLAS baseline"
-nvcc -O3 -std=c++17 -arch="sm_$cc" tools/gpubench/gpubench.cu -lcublas -o "$build/gpubench" >"$out/gpubench-build.log" 2>&1
+nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+cudalib=$(dirname "$(dirname "$nvcc")")/lib64
+"$nvcc" -O3 -std=c++17 -arch="sm_$cc" tools/gpubench/gpubench.cu -L"$cudalib" -lcublas \
+    -Xlinker -rpath -Xlinker "$cudalib" -o "$build/gpubench" >"$out/gpubench-build.log" 2>&1
 
 # key VALUE from a models/*.yaml arch section (flat "  key: value" lines)
 yaml_num() { sed -n "s/^  $2: *\([0-9]*\).*/\1/p" "$1" | head -1; }
 
 rows=()
-for model in smollm2-135m llama-3.2-1b; do
+for model in ${MODELS:-smollm2-135m llama-3.2-1b}; do
     yaml=models/$model.yaml
     bundle=$build/$model.$target.megac
     log "$model: megac compile --target $target"

@@ -941,11 +941,10 @@ static void run_model(const ModelDesc *m, int workers, int steps)
 Test(cpu_ops, lowered_model_matches_reference)
 {
     ModelDesc a = toy_model(128, 200, 2, 4, 2, 32, 300, 80, ROPE_HALF);
-    run_model(&a, 1, 40);
     run_model(&a, 3, 70);   /* 3 blocks of 32 rows, 1 split per kv head */
     run_model(&a, 8, 70);   /* more workers than cores; 3 splits */
     ModelDesc b = toy_model(64, 172, 2, 8, 4, 8, 512, 48, ROPE_ADJACENT);
-    run_model(&b, 2, 20);
+    run_model(&b, 1, 20);
     run_model(&b, 5, 20);
 }
 
@@ -955,6 +954,8 @@ Test(cpu_ops, lowered_model_matches_reference)
 Test(cpu_ops, compiles_smollm2_135m_shape, .timeout = 120)
 {
     ModelDesc m = toy_model(576, 1536, 30, 9, 3, 64, 49152, 8192, ROPE_HALF);
+    if (getenv("MEGAC_CPU_LLAMA8B")) /* Llama-3.1-8B's shape instead */
+        m = toy_model(4096, 14336, 32, 32, 8, 128, 128256, 8192, ROPE_HALF);
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int nw = getenv("MEGAC_CPU_WORKERS") ? atoi(getenv("MEGAC_CPU_WORKERS")) : 2;
@@ -977,7 +978,8 @@ Test(cpu_ops, compiles_smollm2_135m_shape, .timeout = 120)
     uint32_t ninst = 0;
     for (uint32_t w = 0; w < s->nworkers; w++)
         ninst += s->workers[w].ninst;
-    fprintf(stderr, "SmolLM2-135M shape, %d workers, %u instructions: lower %.2f s, cg_cpu_compile %.2f s\n", nw,
+    fprintf(stderr, "%s shape, %d workers, %u instructions: lower %.2f s, cg_cpu_compile %.2f s\n",
+            getenv("MEGAC_CPU_LLAMA8B") ? "Llama-3.1-8B" : "SmolLM2-135M", nw,
             ninst, t_lower, t_cc);
     dlclose(dl);
     unlink(so);
@@ -1054,7 +1056,8 @@ Test(cpu_ops, attention_bandwidth, .timeout = 120)
 {
     if (!getenv("MEGAC_CPU_BENCH"))
         cr_skip_test("set MEGAC_CPU_BENCH=1 to measure attention bandwidth");
-    enum { L = 30, KV = 3, GG = 3, D = 64, S = 1024 };
+    enum { KV = 3, GG = 3, D = 64, S = 1024 };
+    int L = getenv("MEGAC_CPU_LAYERS") ? atoi(getenv("MEGAC_CPU_LAYERS")) : 30;
     Schedule *s = sched_new("attn_bench", "cpu", 1);
     s->shape = (ModelShape){.dim = 576, .hidden_dim = 1536, .n_layers = L, .n_heads = KV * GG, .n_kv_heads = KV,
                             .head_dim = D, .vocab_size = 8, .max_seq = S, .norm_eps = 1e-5};
@@ -1082,4 +1085,140 @@ Test(cpu_ops, attention_bandwidth, .timeout = 120)
     fprintf(stderr, "attention, %d layers x %d kv heads, pos %ld: %.3f GB KV, CPU time %.3f ms = %.1f GB/s\n", L, KV,
             (long)pos, gb, best * 1e3, gb / best);
     kern_free(&k);
+}
+
+/* ---- stories260K against the llama2.c-checked goldens (../shared) ---- */
+
+#define SHARED MEGAC_SRC "/../shared/"
+
+/* Copies n floats from the llama2.c file cursor into buffer name[l]. */
+static const float *l2c_take(Kern *k, const float *src, const char *name, int layers, int64_t per_layer)
+{
+    for (int l = 0; l < (layers ? layers : 1); l++) {
+        char n[64];
+        if (layers)
+            snprintf(n, sizeof n, "L%d.%s", l, name);
+        else
+            snprintf(n, sizeof n, "%s", name);
+        int64_t id = sched_find_buffer(k->s, n);
+        cr_assert(id >= 0 && k->s->bufs[id].nelem == per_layer, "buffer %s", n);
+        memcpy(buf(k, (uint32_t)id), src, (size_t)per_layer * sizeof(float));
+        src += per_layer;
+    }
+    return src;
+}
+
+/* llama2.c v0 layout: config, then each tensor for all layers in turn. */
+static void l2c_load(Kern *k, const ModelDesc *m, const float *w)
+{
+    int64_t dim = m->dim, hid = m->hidden_dim, kvd = (int64_t)m->n_kv_heads * m->head_dim;
+    int L = m->n_layers;
+    w = l2c_take(k, w, "embed", 0, m->vocab_size * dim);
+    w = l2c_take(k, w, "attn_norm", L, dim);
+    w = l2c_take(k, w, "wq", L, dim * dim);
+    w = l2c_take(k, w, "wk", L, kvd * dim);
+    w = l2c_take(k, w, "wv", L, kvd * dim);
+    w = l2c_take(k, w, "wo", L, dim * dim);
+    w = l2c_take(k, w, "ffn_norm", L, dim);
+    w = l2c_take(k, w, "w_gate", L, hid * dim);
+    w = l2c_take(k, w, "w_down", L, dim * hid);
+    w = l2c_take(k, w, "w_up", L, hid * dim);
+    w = l2c_take(k, w, "final_norm", 0, dim);
+    w += (int64_t)m->max_seq * m->head_dim; /* llama2.c's own freq_cis tables */
+    if (!m->tie_embeddings)
+        l2c_take(k, w, "lm_head", 0, m->vocab_size * dim);
+    float *rope = buf(k, (uint32_t)sched_find_buffer(k->s, "rope"));
+    for (int pos = 0; pos < m->max_seq; pos++)
+        for (int i = 0; i < m->head_dim / 2; i++) {
+            double a = pos * pow(10000.0, -2.0 * i / m->head_dim);
+            rope[(pos * (m->head_dim / 2) + i) * 2] = (float)cos(a);
+            rope[(pos * (m->head_dim / 2) + i) * 2 + 1] = (float)sin(a);
+        }
+}
+
+static int json_ids(const char *text, const char *key, int *ids, int max)
+{
+    const char *p = strstr(text, key);
+    cr_assert_not_null(p, "no %s in the golden json", key);
+    p = strchr(p, '[');
+    int n = 0;
+    while (p && *p != ']' && n < max) {
+        char *e;
+        long v = strtol(p + 1, &e, 10);
+        if (e == p + 1)
+            break;
+        ids[n++] = (int)v;
+        p = e;
+        while (*p == ' ' || *p == '\n')
+            p++;
+    }
+    return n;
+}
+
+/* Logits of the first 16 steps against the float64 golden (atol 1e-4, as
+ * its README says), then greedy decoding from BOS against llama2.c's
+ * tokens, with 3 workers. */
+Test(cpu_ops, stories260k_matches_goldens)
+{
+    size_t nbin, nlog, njs;
+    char *bin = read_file(SHARED "models/stories260K.bin", &nbin);
+    char *lg = read_file(SHARED "golden/stories260K_logits_first16.f32", &nlog);
+    char *js = read_file(SHARED "golden/stories260K_greedy.json", &njs);
+    if (!bin || !lg || !js)
+        cr_skip_test("../shared/models/stories260K.bin or its goldens are not present");
+    int32_t cfg[7];
+    memcpy(cfg, bin, sizeof cfg);
+    ModelDesc m = toy_model(cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[0] / cfg[3], abs(cfg[5]), cfg[6],
+                            ROPE_ADJACENT);
+    m.tie_embeddings = cfg[5] > 0;
+    Kern k;
+    kern_build(&k, lower_for_cpu(&m, 3));
+    l2c_load(&k, &m, (const float *)(bin + sizeof cfg));
+    int ids[512];
+    int nids = json_ids(js, "\"greedy_token_ids\"", ids, 512);
+    cr_assert(nids > 64 && nlog == 16 * (size_t)m.vocab_size * sizeof(float));
+    const float *gold = (const float *)lg;
+    int32_t *tok = buf(&k, (uint32_t)sched_find_buffer(k.s, "tok"));
+    const int32_t *next = buf(&k, (uint32_t)sched_find_buffer(k.s, "next"));
+    const float *logits = buf(&k, (uint32_t)sched_find_buffer(k.s, "logits"));
+    for (int pos = 0; pos + 1 < nids && pos < 128; pos++) {
+        *tok = ids[pos];
+        kern_step(&k, pos, 0);
+        cr_assert_eq(k.abort_info.flag, 0);
+        for (int i = 0; pos < 16 && i < m.vocab_size; i++)
+            cr_assert(fabsf(logits[i] - gold[pos * m.vocab_size + i]) <= 1e-4f, "pos %d logit %d: %.7f, golden %.7f",
+                      pos, i, (double)logits[i], (double)gold[pos * m.vocab_size + i]);
+        cr_assert_eq(*next, ids[pos + 1], "pos %d: greedy %d, llama2.c %d", pos, *next, ids[pos + 1]);
+    }
+    kern_free(&k);
+    free(bin), free(lg), free(js);
+}
+
+/* Failures of the toolchain steps come back as errors, not crashes. */
+Test(cpu_ops, toolchain_errors_are_reported)
+{
+    Schedule *s = sched_new("errs", "cpu", 1);
+    s->shape = op_shape(0);
+    uint32_t a = add_buf(s, "a", BUF_STATE, 16), b = add_buf(s, "b", BUF_STATE, 16);
+    add_op(s, 0, OP_ADD, (int32_t[]){0, 16}, (uint32_t[]){a, b});
+    sched_layout(s);
+    const struct {
+        const char *cpu, *so, *want;
+    } cases[] = {
+        {"pentium-9000", "/tmp/megac_cpu_never.so", "unknown CPU 'pentium-9000'"},
+        {NULL, "/nonexistent-dir/kernel.so", "LLVMTargetMachineEmitToFile failed"},
+    };
+    for (int i = 0; i < 2; i++) {
+        char out[1024] = {0};
+        FILE *f = fmemopen(out, sizeof out, "w");
+        Diag d;
+        diag_init(&d);
+        d.out = f;
+        CpuOptions o = {.cpu = cases[i].cpu};
+        cr_assert_not(cg_cpu_compile(s, &o, cases[i].so, &d));
+        fclose(f);
+        cr_assert_eq(d.nerrors, 1, "%s", out);
+        cr_assert(strstr(out, cases[i].want), "%s", out);
+    }
+    sched_free(s);
 }

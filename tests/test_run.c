@@ -66,7 +66,7 @@ Test(run_options, values_and_defaults)
                        "--seed", "77", "--set", "quant.default=w8a16", "--set=workers=3"};
     cr_assert_eq(parse(&o, a, 13), -1);
     cr_assert_str_eq(o.model, "m.yaml");
-    cr_assert_eq(o.engine, ENGINE_REFERENCE, "a .yaml defaults to the reference");
+    cr_assert_eq(o.engine, ENGINE_CPU, "a .yaml defaults to the compiled cpu megakernel");
     cr_assert_eq(o.temperature, 0);
     cr_assert_eq(o.steps, 12);
     cr_assert_eq(o.top_k, 5);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Runs the validator on a file; fills the (line, kind) of each error. */
 static bool validate_file(const char *path, Expect *got, int *ngot, ValResult *r)
@@ -216,6 +217,23 @@ Test(cli, validate_exit_codes)
     snprintf(cmd, sizeof cmd, "%s validate %s/tests/sched/invalid/deadlock_cycle.sched 2>/dev/null", MEGAC_BIN, MEGAC_SRC);
     cr_assert_eq(WEXITSTATUS(system(cmd)), 1);
     snprintf(cmd, sizeof cmd, "%s validate /nonexistent.sched 2>/dev/null", MEGAC_BIN);
+    cr_assert_eq(WEXITSTATUS(system(cmd)), 2);
+    char tmp[] = "/tmp/megac_val_XXXXXX";
+    int fd = mkstemp(tmp);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "schedule x target cpu workers 1\nshape dim=\n", 43), 43);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%s validate %s 2>/dev/null", MEGAC_BIN, tmp);
+    cr_assert_eq(WEXITSTATUS(system(cmd)), 2, "a parse error exits 2");
+    unlink(tmp);
+    snprintf(cmd, sizeof cmd, "%s validate %s/tests/sched/valid/tiny_layer.sched --target sm_99 2>/dev/null", MEGAC_BIN,
+             MEGAC_SRC);
+    cr_assert_eq(WEXITSTATUS(system(cmd)), 2, "an unknown target exits 2");
+    snprintf(cmd, sizeof cmd, "%s validate --help >/dev/null", MEGAC_BIN);
+    cr_assert_eq(WEXITSTATUS(system(cmd)), 0);
+    snprintf(cmd, sizeof cmd, "%s fuzz-validator --help >/dev/null", MEGAC_BIN);
+    cr_assert_eq(WEXITSTATUS(system(cmd)), 0);
+    snprintf(cmd, sizeof cmd, "%s fuzz-validator --workers-max 9 2>/dev/null", MEGAC_BIN);
     cr_assert_eq(WEXITSTATUS(system(cmd)), 2);
     snprintf(cmd, sizeof cmd, "%s validate %s/tests/sched/valid/tiny_layer.sched --target sm_90 2>/dev/null", MEGAC_BIN,
              MEGAC_SRC);

@@ -300,8 +300,29 @@ static int64_t pending_signal(const Val *v, const Exec *e, uint32_t c, uint32_t 
     return -1;
 }
 
+/* The wait-for graph of the stalled run: adj[x*nw + y] when blocked worker
+ * x waits on a counter that blocked worker y has yet to signal. Rows of
+ * workers blocked on the same counter are computed once. */
+static uint8_t *waitfor_graph(const Val *v, const Exec *e)
+{
+    uint32_t nw = v->nw;
+    uint8_t *adj = xcalloc((size_t)nw * nw, 1);
+    for (uint32_t x = 0; x < nw; x++) {
+        if (e->pc[x] >= v->s->workers[x].ninst)
+            continue;
+        uint32_t c = val_inst(v, x, e->pc[x])->counter, same = x;
+        for (uint32_t p = 0; p < x && same == x; p++)
+            if (e->pc[p] < v->s->workers[p].ninst && val_inst(v, p, e->pc[p])->counter == c)
+                same = p;
+        for (uint32_t y = 0; y < nw; y++)
+            adj[(size_t)x * nw + y] = same != x ? adj[(size_t)same * nw + y]
+                                                : e->pc[y] < v->s->workers[y].ninst && pending_signal(v, e, c, y) >= 0;
+    }
+    return adj;
+}
+
 /* Can blocked worker `from` reach `to` in the wait-for graph? */
-static bool waits_for(const Val *v, const Exec *e, uint32_t from, uint32_t to, uint8_t *seen)
+static bool waits_for(const Val *v, const uint8_t *adj, uint32_t from, uint32_t to, uint8_t *seen)
 {
     uint32_t *stack = xmalloc(v->nw * sizeof *stack), n = 0;
     bool found = false;
@@ -310,9 +331,8 @@ static bool waits_for(const Val *v, const Exec *e, uint32_t from, uint32_t to, u
     seen[from] = 1;
     while (n && !found) {
         uint32_t x = stack[--n];
-        const Inst *in = val_inst(v, x, e->pc[x]);
         for (uint32_t y = 0; y < v->nw && !found; y++) {
-            if (e->pc[y] >= v->s->workers[y].ninst || pending_signal(v, e, in->counter, y) < 0)
+            if (!adj[(size_t)x * v->nw + y])
                 continue;
             if (y == to)
                 found = true;
@@ -326,13 +346,13 @@ static bool waits_for(const Val *v, const Exec *e, uint32_t from, uint32_t to, u
 
 static void stall_report(Val *v, const Exec *e)
 {
-    uint8_t *seen = xmalloc(v->nw);
+    uint8_t *seen = xmalloc(v->nw), *adj = waitfor_graph(v, e);
     for (uint32_t w = 0; w < v->nw; w++) {
         if (e->pc[w] >= v->s->workers[w].ninst)
             continue;
         const Inst *in = val_inst(v, w, e->pc[w]);
         uint64_t tot = v->ctotal[in->counter];
-        if (tot == 0 || in->amount > tot || !waits_for(v, e, w, w, seen))
+        if (tot == 0 || in->amount > tot || !waits_for(v, adj, w, w, seen))
             continue;
         const char *cn = v->s->ctrs[in->counter].name;
         uint32_t x = w;
@@ -357,6 +377,7 @@ static void stall_report(Val *v, const Exec *e)
                 break;
             }
     free(seen);
+    free(adj);
 }
 
 /* One greedy run from the initial state; true if every worker finished. */

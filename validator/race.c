@@ -36,6 +36,8 @@ typedef struct BufAccs {
     uint32_t nall;
     RAcc *wr;               /* the writes, by (worker, inst) */
     uint32_t nwr;
+    uint32_t *run;          /* (nrun + 1) start of each worker's writes in wr */
+    uint32_t nrun;
     bool affine;            /* some range depends on pos */
 } BufAccs;
 
@@ -93,22 +95,32 @@ static void race_report(Race *rc, const RAcc *a, const RAcc *x, int64_t pos, boo
     val_note(v, val_inst(v, early->w, early->t)->line, "the other access: %s", dx);
 }
 
-/* Writes of worker i on the buffer: [*s, *e) in rc->b->wr. */
-static void worker_writes(const BufAccs *b, uint32_t from, uint32_t *s, uint32_t *e)
+/* Splits wr into one run per worker (wr is sorted by worker). */
+static void runs_build(BufAccs *b)
 {
-    uint32_t i = b->wr[from].w, k = from;
-    while (k < b->nwr && b->wr[k].w == i)
-        k++;
-    *s = from;
-    *e = k;
+    b->run = xmalloc((b->nwr + 1) * sizeof *b->run);
+    b->nrun = 0;
+    for (uint32_t k = 0; k < b->nwr; k++)
+        if (k == 0 || b->wr[k].w != b->wr[k - 1].w)
+            b->run[b->nrun++] = k;
+    b->run[b->nrun] = b->nwr;
 }
 
-/* First index in [lo, hi) whose write does not happen before a. */
-static uint32_t split_before(const Val *v, const RAcc *wr, uint32_t lo, uint32_t hi, const RAcc *a)
+/* The clock of access a's instruction (NULL: nothing happens before it). */
+static const uint32_t *racc_clock(const Val *v, const RAcc *a)
 {
+    uint32_t id = v->seg[v->base[a->w] + a->t];
+    return id == UINT32_MAX ? NULL : val_clock(v, id);
+}
+
+/* First index in the run [lo, hi) of worker i whose write does not happen
+ * before a: the writes before index clk_a[i] of worker i do. */
+static uint32_t split_before(const RAcc *wr, uint32_t lo, uint32_t hi, const RAcc *a, const uint32_t *clk_a)
+{
+    uint32_t i = wr[lo].w, bound = i == a->w ? a->t : clk_a ? clk_a[i] : 0;
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
-        if (val_hb(v, wr[mid].w, wr[mid].t, a->w, a->t))
+        if (wr[mid].t < bound)
             lo = mid + 1;
         else
             hi = mid;
@@ -210,10 +222,11 @@ static bool covered_all(Race *rc, const RAcc *a, int64_t *bad_pos, int64_t *gap)
 static void cov_gather(Race *rc, const RAcc *a, bool quick)
 {
     const BufAccs *b = rc->b;
+    const uint32_t *clk = racc_clock(rc->v, a);
     rc->ncov = 0;
-    for (uint32_t s = 0, e; s < b->nwr; s = e) {
-        worker_writes(b, s, &s, &e);
-        uint32_t c1 = split_before(rc->v, b->wr, s, e, a);    /* same worker: t < a's */
+    for (uint32_t r = 0; r < b->nrun; r++) {
+        uint32_t s = b->run[r], e = b->run[r + 1];
+        uint32_t c1 = split_before(b->wr, s, e, a, clk);
         for (uint32_t k = c1, seen = 0; k > s && (!quick || seen < 8); k--, seen++) {
             RAcc *x = &b->wr[k - 1];
             if (x->hhi <= a->hlo || a->hhi <= x->hlo)
@@ -256,7 +269,7 @@ static void uninit_check(Race *rc, const RAcc *a)
 }
 
 /* a against the writes of one other worker, [s, e). */
-static void pair_check(Race *rc, const RAcc *a, uint32_t s, uint32_t e)
+static void pair_check(Race *rc, const RAcc *a, const uint32_t *clk, uint32_t s, uint32_t e)
 {
     Val *v = rc->v;
     const BufAccs *b = rc->b;
@@ -264,8 +277,8 @@ static void pair_check(Race *rc, const RAcc *a, uint32_t s, uint32_t e)
     bool a_writes = a->mode & ACC_W;
     if (a_writes && !(a->mode & ACC_R) && i > a->w)
         return;     /* write-write: examined from worker i's side */
-    uint32_t c1 = split_before(v, b->wr, s, e, a);
-    uint32_t c2 = split_after(v, b->wr, c1, e, a);
+    uint32_t c1 = split_before(b->wr, s, e, a, clk);
+    uint32_t c2 = c1 == e ? e : split_after(v, b->wr, c1, e, a);
     v->r->pairs_checked += (uint64_t)(e - s);
     for (uint32_t k = c1; k < c2; k++) {
         const RAcc *x = &b->wr[k];
@@ -300,10 +313,11 @@ static void buffer_check(Race *rc)
     const Buffer *buf = &v->s->bufs[rc->buf];
     for (uint32_t k = 0; k < b->nall; k++) {
         const RAcc *a = &b->all[k];
-        for (uint32_t s = 0, e; s < b->nwr; s = e) {
-            worker_writes(b, s, &s, &e);
+        const uint32_t *clk = racc_clock(v, a);
+        for (uint32_t r = 0; r < b->nrun; r++) {
+            uint32_t s = b->run[r], e = b->run[r + 1];
             if (b->wr[s].w != a->w)
-                pair_check(rc, a, s, e);
+                pair_check(rc, a, clk, s, e);
             else if (buf->cls == BUF_KV && a->mode == ACC_R)
                 kv_same_worker_check(rc, a, s, e);
         }
@@ -348,11 +362,13 @@ void val_race_check(Val *v)
             continue;
         rc.b = &ba[b];
         rc.buf = b;
+        runs_build(rc.b);
         buffer_check(&rc);
     }
     for (uint32_t b = 0; b < v->s->nbufs; b++) {
         free(ba[b].all);
         free(ba[b].wr);
+        free(ba[b].run);
     }
     free(ba);
     free(rc.cov);

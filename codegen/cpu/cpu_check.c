@@ -3,8 +3,8 @@
  * proved the schedule well formed, free of deadlocks and races; this pass
  * only rejects what the kernel body does not implement yet (activations
  * other than f32; weights other than f32, or, for the GEMV matrix and the
- * embedding table, f16, bf16 and the quantized formats of ir/dtype.h;
- * oversized normalized GEMV inputs), op
+ * embedding table, the dtypes check_gemv_weight lists; oversized
+ * normalized or int8-quantized GEMV inputs), op
  * params the bodies' loops cannot run with (op_footprint's checks: the
  * validator reports them too, but a kernel must never loop forever), and a
  * schedule whose buffers have no offsets, each as an error at the
@@ -23,27 +23,33 @@ static const Buffer *check_operand(const Schedule *s, const Inst *in, int i)
     return b == BUF_NONE ? NULL : &s->bufs[b];
 }
 
-/* The dtype operand i must have, or -1 when any of a set is fine. */
-static int check_dtype_wanted(const Inst *in, int i)
+/* Weight dtypes the GEMV body has a row kernel for (and the embedding a
+ * gather for). A new one needs a case here and one in gemv_rows() and
+ * qelem() of kernel_body.c. */
+static bool check_gemv_weight(DType t)
 {
+    switch (t) {
+    case DT_F32: case DT_F16: case DT_BF16: case DT_Q8_0: case DT_Q4_0: case DT_Q4_1: case DT_W8: case DT_W4G32:
+    case DT_W4G64: case DT_W4G128: case DT_W8A8: case DT_W4A8G32: case DT_W4A8G64: case DT_W4A8G128:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Whether the kernel body handles operand i of the op in dtype t:
+ * activations, norms, tables and caches are f32; tokens are i32. */
+static bool check_dtype_ok(const Inst *in, int i, DType t)
+{
+    if (in->op == OP_GEMV && i == 0)
+        return check_gemv_weight(t);
     if (in->op == OP_EMBED && i == 0)
-        return DT_I32;
+        return t == DT_I32;
+    if (in->op == OP_EMBED && i == 1)
+        return check_gemv_weight(t);
     if (in->op == OP_ARGMAX_COMBINE && i == 1)
-        return -1;
-    return DT_F32;
-}
-
-/* The weight operands whose dtype may be any weight format: the GEMV
- * matrix and the embedding table (kernel_body.c dequantizes them in the
- * dot product / the gather). */
-static bool check_weight_operand(const Inst *in, int i)
-{
-    return (in->op == OP_GEMV && i == 0) || (in->op == OP_EMBED && i == 1);
-}
-
-static bool check_weight_dtype(DType t)
-{
-    return t == DT_F32 || t == DT_F16 || t == DT_BF16 || dtype_is_quant(t);
+        return t == DT_I32 || t == DT_F32;
+    return t == DT_F32;
 }
 
 static void check_operands(const Schedule *s, const Inst *in, Diag *d)
@@ -54,10 +60,7 @@ static void check_operands(const Schedule *s, const Inst *in, Diag *d)
         const Buffer *b = check_operand(s, in, i);
         if (!b)
             continue;
-        int want = check_dtype_wanted(in, i);
-        bool ok = want >= 0 ? (int)b->dtype == want : (b->dtype == DT_F32 || b->dtype == DT_I32);
-        ok = ok || (check_weight_operand(in, i) && check_weight_dtype(b->dtype));
-        if (!ok)
+        if (!check_dtype_ok(in, i, b->dtype))
             diag_error(d, &src, in->line, 1, "%s operand '%s' (buffer '%s') of dtype %s is not supported by the CPU backend yet",
                        oi->name, oi->operand[i], b->name, dtype_name(b->dtype));
     }

@@ -10,11 +10,19 @@
  *
  * Semantics of every op: ir/ops.h. Synchronization: `signal` is a release
  * atomic add; `wait` spins with acquire loads and pause, yields past a
- * bound, and gives up past the watchdog deadline, recording where in
+ * bound, then sleeps on a futex (so more workers than cores stay fast), and
+ * gives up past the watchdog deadline, recording where in
  * MegacArgs.abort_info; a worker that sees the abort flag returns.
  *
  * Wide vectors are written with the generic vector extension (16 floats);
  * the backend splits them to what the target has (AVX2: 2 x 8, AVX-512: 1).
+ * Decode reads every weight once per step, so the bodies are shaped for
+ * memory streams (measured on the build host, see tests/test_cpu_ops.c):
+ * GEMV reads one row at a time as a single sequential stream (faster than
+ * interleaving four rows, and than software prefetch on top); attention
+ * serves all q heads of a kv head from each group of k/v rows while it is
+ * in L1 and prefetches rows ahead, since its work per cache line is too
+ * large for the out-of-order window alone to keep the stream going.
  * Weights of the GEMV and the embedding may be f16, bf16 or quantized
  * (ir/dtype.h): they are dequantized in registers, inside the dot product.
  */
@@ -24,11 +32,14 @@
 #include "ir/ops.h"
 #include "runtime/kernel_abi.h"
 
+#include <linux/futex.h>
 #include <math.h>
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Defined by the glue module. */
 extern const int64_t megac_k_insts[];
@@ -481,7 +492,7 @@ static void gemv_f32(const float *W, const float *x, float *y, const float *b, i
 }
 
 /* y[r0:r1] of an A8 weight: the input quantized once, then integer rows.
- * k <= CPU_A8_K_MAX (cpu_check.c), so the buffers stay modest VLAs. */
+ * k <= CPU_NORM_K_MAX (cpu_check.c), so the buffers stay modest VLAs. */
 static void gemv_a8(int t, const unsigned char *W, const float *x, float *y, const float *b, int64_t r0, int64_t r1,
                     int64_t k, int accum)
 {
@@ -495,9 +506,9 @@ static void gemv_a8(int t, const unsigned char *W, const float *x, float *y, con
     }
 }
 
-/* The weight dtype picks the row kernel: f32 four rows at a time, the
- * others (cpu_check.c admits f16, bf16, q8_0, q4_0, q4_1, w8, w4g*) one
- * row at a time with the dequantization fused into the dot product. */
+/* The weight dtype picks the row kernel: f32 rows as float streams, the
+ * others (check_gemv_weight() of cpu_check.c lists them) with the
+ * dequantization fused into the dot product, the A8 ones on int8 inputs. */
 static void gemv_rows(const MegacArgs *a, const int64_t *in, const float *x)
 {
     float *y = opnd(a, in, 2);
@@ -569,6 +580,7 @@ static void op_kv_append(const MegacArgs *a, const int64_t *in)
 }
 
 #define ATTN_CHUNK 64     /* rows scored before their softmax update */
+#define ATTN_PF_ROWS 32   /* k and v rows are prefetched this far ahead */
 
 /* e^x for x <= 0 (softmax weights), in plain arithmetic the loop vectorizer
  * turns into vector code: x = n ln2 + r, |r| <= ln2/2 (Cody-Waite), e^r by
@@ -576,7 +588,7 @@ static void op_kv_append(const MegacArgs *a, const int64_t *in)
  * bits. Below -87 the result is about 1e-38 instead of a subnormal. */
 static float exp_nonpos(float x)
 {
-    x = x < -87.0f ? -87.0f : x;
+    x = x > -87.0f ? (x < 0.0f ? x : 0.0f) : -87.0f; /* NaN too: no poison in the int cast */
     float n = __builtin_rintf(x * 1.44269504088896341f);
     float r = x - n * 0.693359375f + n * 2.12194440e-4f;
     float y = 1.9875691500e-4f;
@@ -657,15 +669,12 @@ static void attn_accum(float *o, const float *w, const float *v, int64_t n, int6
     }
 }
 
-/* Rows [t0, t0+n) of the online softmax for one q head: all scores of the
- * chunk first, one rescale of the running state, the weights e^(s - m) as
- * one vector loop, then the weighted sum of the v rows. p holds hd
- * outputs, then m, then l. */
-static void attn_chunk(float *p, const float *q, const float *kh, const float *vh, int64_t t0, int64_t n,
-                       int64_t hd, float scale)
+/* The softmax state of one q head after a chunk with scores sc[0:n]: the
+ * running max m and sum l move to the chunk's max, outputs p[0:hd] are
+ * rescaled, and sc becomes the weights e^(s - m) (one vector loop). */
+static void attn_softmax_step(float *p, float *sc, int64_t n, int64_t hd)
 {
-    float sc[ATTN_CHUNK], mx = NEG_INF;
-    attn_scores(sc, q, kh + t0 * hd, n, hd, scale);
+    float mx = NEG_INF;
     for (int64_t i = 0; i < n; i++)
         mx = sc[i] > mx ? sc[i] : mx;
     float m = p[hd], l = p[hd + 1];
@@ -680,9 +689,41 @@ static void attn_chunk(float *p, const float *q, const float *kh, const float *v
         sc[i] = exp_nonpos(sc[i] - m);
     for (int64_t i = 0; i < n; i++)
         l += sc[i];
-    attn_accum(p, sc, vh + t0 * hd, n, hd);
     p[hd] = m;
     p[hd + 1] = l;
+}
+
+/* Asks for the cache lines of n floats at p ahead of their use: the loops
+ * over k and v rows do too much per line for the out-of-order window alone
+ * to keep enough of the stream in flight. Rows past the run are harmless
+ * (a prefetch never faults). */
+static void attn_prefetch_rows(const float *p, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 16)
+        __builtin_prefetch(p + i, 0, 3);
+}
+
+/* Rows [t0, t0+n) of the online softmax for all G q heads of a kv head:
+ * scores, softmax update, weighted sum of v. Each group of four k (then v)
+ * rows serves every q head while it is in L1, so the stream from memory
+ * overlaps the arithmetic. p: G entries of hd outputs, m, l. */
+static void attn_chunk(float *p, const float *q, const float *kh, const float *vh, int64_t t0, int64_t n,
+                       int64_t hd, int64_t G, float scale)
+{
+    float sc[G][ATTN_CHUNK];
+    const float *k = kh + t0 * hd, *v = vh + t0 * hd;
+    for (int64_t i = 0; i < n; i += 4) {
+        attn_prefetch_rows(k + (i + ATTN_PF_ROWS) * hd, 4 * hd);
+        for (int64_t g = 0; g < G; g++)
+            attn_scores(sc[g] + i, q + g * hd, k + i * hd, n - i < 4 ? n - i : 4, hd, scale);
+    }
+    for (int64_t g = 0; g < G; g++)
+        attn_softmax_step(p + g * (hd + 2), sc[g], n, hd);
+    for (int64_t i = 0; i < n; i += 4) {
+        attn_prefetch_rows(v + (i + ATTN_PF_ROWS) * hd, 4 * hd);
+        for (int64_t g = 0; g < G; g++)
+            attn_accum(p + g * (hd + 2), sc[g] + i, v + i * hd, n - i < 4 ? n - i : 4, hd);
+    }
 }
 
 /* Partials of split s for the G q heads of kv head h over rows t <= pos
@@ -701,12 +742,13 @@ static void op_attn(const MegacArgs *a, const int64_t *in)
         p[g * (hd + 2) + hd + 1] = 0.0f;
     }
     const float *kh = kc + h * SHAPE(KS_MAX_SEQ) * hd, *vh = vc + h * SHAPE(KS_MAX_SEQ) * hd;
-    for (int64_t b0 = s * block; b0 <= a->pos; b0 += nsplit * block) {
-        int64_t b1 = b0 + block <= a->pos + 1 ? b0 + block : a->pos + 1;
+    /* With one split the blocks are back to back: one run of rows. */
+    int64_t run = nsplit == 1 ? a->pos + 1 : block, stride = nsplit == 1 ? a->pos + 1 : nsplit * block;
+    for (int64_t b0 = s * block; b0 <= a->pos; b0 += stride) {
+        int64_t b1 = b0 + run <= a->pos + 1 ? b0 + run : a->pos + 1;
         for (int64_t t0 = b0; t0 < b1; t0 += ATTN_CHUNK) {
             int64_t n = b1 - t0 < ATTN_CHUNK ? b1 - t0 : ATTN_CHUNK;
-            for (int64_t g = 0; g < G; g++)
-                attn_chunk(p + g * (hd + 2), q + (h * G + g) * hd, kh, vh, t0, n, hd, scale);
+            attn_chunk(p, q + h * G * hd, kh, vh, t0, n, hd, G, scale);
         }
     }
 }
@@ -816,7 +858,14 @@ static void op_run(const MegacArgs *a, const int64_t *in)
 
 #define WAIT_SPIN_BATCH 64      /* pauses between deadline checks */
 #define WAIT_YIELD_AFTER 8      /* batches of pure spinning before yielding */
+#define WAIT_SLEEP_AFTER 64     /* batches before sleeping on a futex */
+#define WAIT_SLEEP_NS 1000000   /* a sleeper re-checks the deadline this often */
 #define WAIT_DEFAULT_NS 2000000000ull
+/* Bit 31 of a counter says "someone sleeps on me": a signal that sees it
+ * wakes the sleepers. Counts stay below 2^31 (the validator bounds them by
+ * the schedule's signals); waits compare the low 31 bits. */
+#define CTR_SLEEPERS 0x80000000u
+#define CTR_COUNT(v) ((v) & ~CTR_SLEEPERS)
 
 static uint64_t now_ns(void)
 {
@@ -853,26 +902,52 @@ static void abort_record(const MegacArgs *a, uint32_t flag, uint32_t worker, uin
     ab->threshold = threshold;
 }
 
+/* signal c +k: release, then wake sleepers if any. */
+static void sync_signal(const MegacArgs *a, uint32_t c, uint32_t k)
+{
+    uint32_t *ctr = a->counters + c;
+    uint32_t old = __atomic_fetch_add(ctr, k, __ATOMIC_RELEASE);
+    if (old & CTR_SLEEPERS)
+        syscall(SYS_futex, ctr, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0);
+}
+
+/* Sleeps until *ctr changes from `seen` (or a short timeout passes). Used
+ * only after spinning, when the producer is probably not running: with more
+ * workers than cores, spinning would take the core from it. */
+static void sync_sleep(uint32_t *ctr, uint32_t seen)
+{
+    uint32_t v = seen | CTR_SLEEPERS;
+    if (!(seen & CTR_SLEEPERS) &&
+        !__atomic_compare_exchange_n(ctr, &seen, v, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return;     /* it moved: re-check */
+    struct timespec ts = {0, WAIT_SLEEP_NS};
+    syscall(SYS_futex, ctr, FUTEX_WAIT_PRIVATE, v, &ts, NULL, 0);
+}
+
 /* wait c >= n. Returns 0 when the worker must stop (deadline or abort). */
 static int sync_wait(const MegacArgs *a, uint32_t worker, uint32_t pc, uint32_t c, uint32_t n)
 {
     uint32_t *ctr = a->counters + c;
-    if (__atomic_load_n(ctr, __ATOMIC_ACQUIRE) >= n)
+    if (CTR_COUNT(__atomic_load_n(ctr, __ATOMIC_ACQUIRE)) >= n)
         return 1;
     uint64_t limit = a->timeout_ns ? a->timeout_ns : WAIT_DEFAULT_NS;
     uint64_t t0 = now_ns();
     for (uint64_t batch = 0;; batch++) {
+        uint32_t v = 0;
         for (int i = 0; i < WAIT_SPIN_BATCH; i++) {
-            if (__atomic_load_n(ctr, __ATOMIC_ACQUIRE) >= n)
+            v = __atomic_load_n(ctr, __ATOMIC_ACQUIRE);
+            if (CTR_COUNT(v) >= n)
                 return 1;
             cpu_pause();
         }
         if (abort_seen(a))
             return 0;
-        if (batch >= WAIT_YIELD_AFTER)
+        if (batch >= WAIT_SLEEP_AFTER)
+            sync_sleep(ctr, v);
+        else if (batch >= WAIT_YIELD_AFTER)
             sched_yield();
         if (now_ns() - t0 > limit) {
-            abort_record(a, KT_ABORT_TIMEOUT, worker, pc, c, __atomic_load_n(ctr, __ATOMIC_ACQUIRE), n);
+            abort_record(a, KT_ABORT_TIMEOUT, worker, pc, c, CTR_COUNT(__atomic_load_n(ctr, __ATOMIC_ACQUIRE)), n);
             return 0;
         }
     }
@@ -897,7 +972,7 @@ void megac_worker(const MegacArgs *a, uint32_t worker)
             op_run(a, in);
             break;
         case K_INST_SIGNAL:
-            __atomic_fetch_add(a->counters + in[KT_COUNTER], (uint32_t)in[KT_AMOUNT], __ATOMIC_RELEASE);
+            sync_signal(a, (uint32_t)in[KT_COUNTER], (uint32_t)in[KT_AMOUNT]);
             break;
         case K_INST_WAIT:
             if (!sync_wait(a, worker, (uint32_t)(i - first), (uint32_t)in[KT_COUNTER], (uint32_t)in[KT_AMOUNT]))

@@ -15,7 +15,7 @@
 #include <stddef.h>
 
 #define CUDA_THREADS_GPU 512    /* threads per block on a GPU (16 warps) */
-#define CUDA_THREADS_HOST 64    /* on the host: 2 warps of fibers */
+#define CUDA_THREADS_HOST 128   /* on the host: 4 warps of fibers */
 #define CUDA_SMEM_FLOATS_MAX 8192   /* GEMV input staging cap (32 KiB) */
 #define CUDA_SMEM_FLOATS_LIMIT 12000 /* whole scratch: under 48 KiB of static smem */
 #define CUDA_ARENA_BIT (1ull << 63)
@@ -43,8 +43,12 @@ CudaLayout cuda_layout(const Schedule *s, bool host);
 char *cuda_source_build(const Schedule *s, bool host);
 
 /* ---- cuda_nvrtc.c ---- */
-/* bool cg_cuda_compile(...) of codegen.h. Parses ptxas' -v lines for the
- * entry `megac_kernel` (exposed for tests). */
+/* bool cg_cuda_compile(...) of codegen.h is cuda_source_build, then this:
+ * NVRTC for one architecture, the program log printed on failure, the
+ * ptxas resources checked (no local memory), the cubin written. */
+bool cuda_nvrtc_compile(const char *src, const char *arch, int threads, const char *cubin_path, CudaKernelInfo *info,
+                        Diag *d);
+/* Parses ptxas' -v lines for the entry `megac_kernel` (exposed for tests). */
 bool cuda_ptxas_info_parse(const char *log, CudaKernelInfo *info);
 
 /* ---- cuda_host.c ---- */

@@ -2,10 +2,8 @@
  * cuda_check.c - what the CUDA kernel body (kernel_body.cuh) can run. The
  * validator has already proved the schedule well formed, free of deadlocks
  * and races; this pass rejects what the body does not implement yet (f32
- * activations and weights only, except that the GEMV matrix and the
- * embedding table may also be f16, bf16 or a quantized format of
- * ir/dtype.h other than the int8-activation ones; an i32 token and argmax
- * result), a
+ * activations; f32, bf16, f16 or weight-only quantized GEMV weights and
+ * embeddings; an i32 token), a
  * normalized GEMV input too long for the shared scratch, an attention head
  * group too large for it, and a schedule without a buffer layout. Errors
  * cite the instruction's .sched line.
@@ -17,27 +15,19 @@ static SrcFile check_src(const Schedule *s)
     return (SrcFile){.path = s->path ? s->path : (s->name ? s->name : "<schedule>"), .text = NULL, .len = 0};
 }
 
-/* The dtype operand i must have; -1: f32 or i32. */
-static int check_dtype_wanted(const Inst *in, int i)
+/* Whether the body reads operand i of `in` in dtype t: the token and the
+ * argmax result are i32 (the result may be f32), GEMV weights and the
+ * embedding table f32, bf16, f16 or a quantized format other than the
+ * int8-activation ones (w8a8, w4a8), everything else f32. */
+static bool check_dtype_ok(const Inst *in, int i, DType t)
 {
     if (in->op == OP_EMBED && i == 0)
-        return DT_I32;
+        return t == DT_I32;
     if (in->op == OP_ARGMAX_COMBINE && i == 1)
-        return -1;
-    return DT_F32;
-}
-
-/* The weight operands whose dtype may be any weight format: the GEMV
- * matrix and the embedding table (kernel_body.cuh dequantizes them in the
- * dot product / the gather). */
-static bool check_weight_operand(const Inst *in, int i)
-{
-    return (in->op == OP_GEMV && i == 0) || (in->op == OP_EMBED && i == 1);
-}
-
-static bool check_weight_dtype(DType t)
-{
-    return t == DT_F32 || t == DT_F16 || t == DT_BF16 || (dtype_is_quant(t) && !dtype_is_a8(t));
+        return t == DT_F32 || t == DT_I32;
+    if ((in->op == OP_GEMV && i == 0) || (in->op == OP_EMBED && i == 1))
+        return t == DT_F32 || t == DT_BF16 || t == DT_F16 || (dtype_is_quant(t) && !dtype_is_a8(t));
+    return t == DT_F32;
 }
 
 static void check_operands(const Schedule *s, const Inst *in, Diag *d)
@@ -49,10 +39,7 @@ static void check_operands(const Schedule *s, const Inst *in, Diag *d)
         if (b == BUF_NONE)
             continue;
         DType t = s->bufs[b].dtype;
-        int want = check_dtype_wanted(in, i);
-        bool ok = want >= 0 ? (int)t == want : (t == DT_F32 || t == DT_I32);
-        ok = ok || (check_weight_operand(in, i) && check_weight_dtype(t));
-        if (!ok)
+        if (!check_dtype_ok(in, i, t))
             diag_error(d, &src, in->line, 1,
                        "%s operand '%s' (buffer '%s') of dtype %s is not supported by the CUDA backend yet", oi->name,
                        oi->operand[i], s->bufs[b].name, dtype_name(t));

@@ -149,30 +149,39 @@ static bool nvrtc_resources(const char *log, int threads, const char *path, Cuda
     return true;
 }
 
-bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path, CudaKernelInfo *info, Diag *d)
+bool cuda_nvrtc_compile(const char *src, const char *arch, int threads, const char *cubin_path, CudaKernelInfo *info,
+                        Diag *d)
 {
     int a = nvrtc_arch(arch);
     if (!a) {
         diag_file_error(d, cubin_path, "unknown CUDA architecture '%s' (sm_80, sm_90 or sm_120)", arch);
         return false;
     }
-    if (!cuda_schedule_check(s, d))
-        return false;
-    char *src = cuda_source_build(s, false);
     nvrtcProgram prog;
-    bool ok = nvrtc_check(nvrtcCreateProgram(&prog, src, "megac_kernel.cu", 0, NULL, NULL), "nvrtcCreateProgram",
-                          cubin_path, d);
-    free(src);
-    if (!ok)
+    if (!nvrtc_check(nvrtcCreateProgram(&prog, src, "megac_kernel.cu", 0, NULL, NULL), "nvrtcCreateProgram",
+                     cubin_path, d))
         return false;
     char *log = NULL;
     CudaKernelInfo ki;
-    ok = nvrtc_build(prog, a, cubin_path, &log, d) &&
-         nvrtc_resources(log, cuda_layout(s, false).threads, cubin_path, &ki, d) &&
-         nvrtc_cubin_save(prog, cubin_path, d);
+    bool ok = nvrtc_build(prog, a, cubin_path, &log, d) && nvrtc_resources(log, threads, cubin_path, &ki, d) &&
+              nvrtc_cubin_save(prog, cubin_path, d);
     if (ok && info)
         *info = ki;
     free(log);
     nvrtcDestroyProgram(&prog);
+    return ok;
+}
+
+bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path, CudaKernelInfo *info, Diag *d)
+{
+    if (!nvrtc_arch(arch)) {
+        diag_file_error(d, cubin_path, "unknown CUDA architecture '%s' (sm_80, sm_90 or sm_120)", arch);
+        return false;
+    }
+    if (!cuda_schedule_check(s, d))
+        return false;
+    char *src = cuda_source_build(s, false);
+    bool ok = cuda_nvrtc_compile(src, arch, cuda_layout(s, false).threads, cubin_path, info, d);
+    free(src);
     return ok;
 }

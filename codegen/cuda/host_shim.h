@@ -57,6 +57,11 @@ typedef struct float4 {
 } float4;
 _Static_assert(sizeof(float4) == 16, "float4 is 16 bytes, as in CUDA");
 
+typedef struct uint4 {
+    _Alignas(16) unsigned x;
+    unsigned y, z, w;
+} uint4;
+
 typedef struct dim3 {
     unsigned x, y, z;
 } dim3;
@@ -142,7 +147,7 @@ typedef struct MkBlock {
     unsigned worker;
 } MkBlock;
 
-static _Thread_local MkBlock *mk_blk __attribute__((tls_model("initial-exec")));
+static _Thread_local MkBlock *mk_blk;
 static pthread_key_t mk_blk_key;
 static pthread_once_t mk_blk_once = PTHREAD_ONCE_INIT;
 
@@ -242,13 +247,15 @@ static inline void mk_sync(void) { __syncthreads(); }
 static inline float mk_shfl_xor_f(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 static inline int mk_shfl_xor_i(int v, int m) { return (int)mk_shfl_xor_bits((uint32_t)v, m); }
 static inline float4 mk_ldg4(const float4 *p) { return *p; }
-static inline void mk_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-static inline float mk_u2f(unsigned u)
+static inline uint4 mk_ldg4u(const uint4 *p) { return *p; }
+
+static inline float mk_as_float(unsigned u)
 {
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
 }
+static inline void mk_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 static inline void mk_atomic_add(unsigned *p, unsigned v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 static inline unsigned mk_ld_acquire(const unsigned *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 
@@ -299,10 +306,21 @@ static void mk_block_free(void *p)
     free(b);
 }
 
+static int mk_key_made;
+
 static void mk_key_make(void)
 {
     if (pthread_key_create(&mk_blk_key, mk_block_free) != 0)
         abort();
+    mk_key_made = 1;
+}
+
+/* dlclose: the key's destructor lives in this library. The runtime joins
+ * every thread that ran a block (freeing its block) before it unloads. */
+__attribute__((destructor)) static void mk_key_delete(void)
+{
+    if (mk_key_made)
+        pthread_key_delete(mk_blk_key);
 }
 
 /* This OS thread's block, made on first use; freed when the thread exits. */

@@ -84,6 +84,11 @@ MK_INLINE int mk_param(const unsigned *in, int i)
     return (int)in[1 + i];
 }
 
+/* bf16 -> f32: the 16 bits are the top half of a float */
+MK_INLINE float mk_bf16(unsigned short h) { return mk_as_float((unsigned)h << 16); }
+MK_INLINE float mk_bf16_lo(unsigned u) { return mk_as_float(u << 16); }
+MK_INLINE float mk_bf16_hi(unsigned u) { return mk_as_float(u & 0xffff0000u); }
+
 MK_INLINE float mk_warp_sum(float v)
 {
     for (int m = 16; m > 0; m >>= 1)
@@ -146,22 +151,22 @@ MK_DEV float mk_rms_scale(const float *x, int n)
  * and compiler/quant.c: w = d * q (Q4_1: d * q, then + m), one rounding
  * each. */
 
-MK_INLINE float mk_f16(const unsigned char *p)
+MK_INLINE float mk_f16_at(const unsigned char *p)
 {
     unsigned h = (unsigned)p[0] | (unsigned)p[1] << 8, s = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
     if (e == 0)
         return s ? -((float)m * 5.9604644775390625e-8f) : (float)m * 5.9604644775390625e-8f;
-    return mk_u2f(s | (e == 31 ? 0x7f800000u | m << 13 : (e + 112) << 23 | m << 13));
+    return mk_as_float(s | (e == 31 ? 0x7f800000u | m << 13 : (e + 112) << 23 | m << 13));
 }
 
-MK_INLINE float mk_bf16(const unsigned char *p)
+MK_INLINE float mk_bf16_at(const unsigned char *p)
 {
-    return mk_u2f(((unsigned)p[0] | (unsigned)p[1] << 8) << 16);
+    return mk_as_float(((unsigned)p[0] | (unsigned)p[1] << 8) << 16);
 }
 
-MK_INLINE float mk_f32(const unsigned char *p)
+MK_INLINE float mk_f32_at(const unsigned char *p)
 {
-    return mk_u2f((unsigned)p[0] | (unsigned)p[1] << 8 | (unsigned)p[2] << 16 | (unsigned)p[3] << 24);
+    return mk_as_float((unsigned)p[0] | (unsigned)p[1] << 8 | (unsigned)p[2] << 16 | (unsigned)p[3] << 24);
 }
 
 MK_INLINE long long mk_w4_gsize(int t)
@@ -206,21 +211,21 @@ MK_INLINE float mk_qelem(int t, const unsigned char *row, long long k, long long
     long long g;
     (void)k;
     switch (t) {
-    case MK_DT_F32: return mk_f32(row + 4 * j);
-    case MK_DT_F16: return mk_f16(row + 2 * j);
-    case MK_DT_BF16: return mk_bf16(row + 2 * j);
-    case MK_DT_Q8_0: b = row + j / 32 * 34; return mk_f16(b) * (float)(signed char)b[2 + j % 32];
-    case MK_DT_Q4_0: b = row + j / 32 * 18; return mk_f16(b) * (float)(mk_nib(b + 2, j % 32) - 8);
+    case MK_DT_F32: return mk_f32_at(row + 4 * j);
+    case MK_DT_F16: return mk_f16_at(row + 2 * j);
+    case MK_DT_BF16: return mk_bf16_at(row + 2 * j);
+    case MK_DT_Q8_0: b = row + j / 32 * 34; return mk_f16_at(b) * (float)(signed char)b[2 + j % 32];
+    case MK_DT_Q4_0: b = row + j / 32 * 18; return mk_f16_at(b) * (float)(mk_nib(b + 2, j % 32) - 8);
     case MK_DT_Q4_1: {
         b = row + j / 32 * 20;
-        float lo = mk_f16(b) * (float)mk_nib(b + 4, j % 32);
-        return lo + mk_f16(b + 2);
+        float lo = mk_f16_at(b) * (float)mk_nib(b + 4, j % 32);
+        return lo + mk_f16_at(b + 2);
     }
-    case MK_DT_W8: return mk_f32(row) * (float)(signed char)row[4 + j];
+    case MK_DT_W8: return mk_f32_at(row) * (float)(signed char)row[4 + j];
     default:
         g = mk_w4_gsize(t);
         b = row + j / g * mk_w4_group_bytes(g);
-        return mk_f16(b) * (float)(mk_nib(b + 4, j % g) - (int)b[2]);
+        return mk_f16_at(b) * (float)(mk_nib(b + 4, j % g) - (int)b[2]);
     }
 }
 
@@ -244,7 +249,7 @@ MK_INLINE float mk_dot_qrow(int t, const unsigned char *row, const float *x, int
             acc += mk_qelem(MK_DT_Q4_1, row, k, j) * x[j];
         break;
     case MK_DT_W8: {
-        float s = mk_f32(row);
+        float s = mk_f32_at(row);
         for (int j = (int)lane; j < k; j += 32)
             acc += (float)(signed char)row[4 + j] * x[j];
         acc *= s;
@@ -257,7 +262,7 @@ MK_INLINE float mk_dot_qrow(int t, const unsigned char *row, const float *x, int
             float part = 0.0f;
             for (long long j = (long long)lane; j < len; j += 32)
                 part += (float)(mk_nib(row + 4, j) - (int)row[2]) * x[j0 + j];
-            acc += mk_f16(row) * part;
+            acc += mk_f16_at(row) * part;
             row += mk_w4_group_bytes(len);
         }
         break;
@@ -277,13 +282,18 @@ MK_INLINE float mk_dot_qrow(int t, const unsigned char *row, const float *x, int
 MK_DEV void op_embed(const MegacArgs *a, const unsigned *in)
 {
     int tok = *(const int *)mk_opnd(a, in, 0), t = mk_dtype(in, 1);
-    const unsigned char *table = (const unsigned char *)mk_opnd(a, in, 1);
+    const float *table = (const float *)mk_opnd(a, in, 1);
     float *out = (float *)mk_opnd(a, in, 2);
     int c0 = mk_param(in, 0), c1 = mk_param(in, 1);
-    int ok = tok >= 0 && tok < MK_VOCAB;
-    const unsigned char *row = table + (ok ? tok : 0) * mk_row_bytes(t, MK_DIM);
-    for (int j = c0 + (int)mk_tid(); j < c1; j += MK_THREADS)
-        out[j] = ok ? mk_qelem(t, row, MK_DIM, j) : 0.0f;
+    int ok = tok >= 0 && tok < MK_VOCAB, bf = t == MK_DT_BF16;
+    const unsigned char *row = (const unsigned char *)(const void *)table + (ok ? tok : 0) * mk_row_bytes(t, MK_DIM);
+    for (int j = c0 + (int)mk_tid(); j < c1; j += MK_THREADS) {
+        long long e = (long long)tok * MK_DIM + j;
+        if (t != MK_DT_F32 && !bf)
+            out[j] = ok ? mk_qelem(t, row, MK_DIM, j) : 0.0f;
+        else
+            out[j] = !ok ? 0.0f : bf ? mk_bf16(((const unsigned short *)(const void *)table)[e]) : table[e];
+    }
 }
 
 MK_DEV void op_rmsnorm(const MegacArgs *a, const unsigned *in)
@@ -296,46 +306,124 @@ MK_DEV void op_rmsnorm(const MegacArgs *a, const unsigned *in)
         out[j] = x[j] * s * w[j];
 }
 
-/* One warp's dot product of a weight row with the input, reduced so that
- * every lane holds it. 16-byte loads, four in flight per lane. */
-MK_INLINE float mk_dot_row(const float *w, const float *x, int k, unsigned lane)
+/* One warp's dot product of float4s [j0, j1) of a weight row and the input,
+ * reduced so that every lane holds it: 16-byte loads, four in flight per
+ * lane. */
+MK_INLINE float mk_dot4(const float4 *w4, const float4 *x4, int j0, int j1, unsigned lane)
 {
     float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-    if ((k & 3) == 0) {
-        const float4 *w4 = (const float4 *)w, *x4 = (const float4 *)x;
-        int k4 = k >> 2, j = (int)lane;
+    int j = j0 + (int)lane;
 #pragma unroll 1
-        for (; j + 96 < k4; j += 128) {
-            float4 wa = mk_ldg4(w4 + j), wb = mk_ldg4(w4 + j + 32);
-            float4 wc = mk_ldg4(w4 + j + 64), wd = mk_ldg4(w4 + j + 96);
-            float4 xa = x4[j], xb = x4[j + 32], xc = x4[j + 64], xd = x4[j + 96];
-            a0 += wa.x * xa.x + wa.y * xa.y + wa.z * xa.z + wa.w * xa.w;
-            a1 += wb.x * xb.x + wb.y * xb.y + wb.z * xb.z + wb.w * xb.w;
-            a2 += wc.x * xc.x + wc.y * xc.y + wc.z * xc.z + wc.w * xc.w;
-            a3 += wd.x * xd.x + wd.y * xd.y + wd.z * xd.z + wd.w * xd.w;
-        }
+    for (; j + 96 < j1; j += 128) {
+        float4 wa = mk_ldg4(w4 + j), wb = mk_ldg4(w4 + j + 32);
+        float4 wc = mk_ldg4(w4 + j + 64), wd = mk_ldg4(w4 + j + 96);
+        float4 xa = x4[j], xb = x4[j + 32], xc = x4[j + 64], xd = x4[j + 96];
+        a0 += wa.x * xa.x + wa.y * xa.y + wa.z * xa.z + wa.w * xa.w;
+        a1 += wb.x * xb.x + wb.y * xb.y + wb.z * xb.z + wb.w * xb.w;
+        a2 += wc.x * xc.x + wc.y * xc.y + wc.z * xc.z + wc.w * xc.w;
+        a3 += wd.x * xd.x + wd.y * xd.y + wd.z * xd.z + wd.w * xd.w;
+    }
 #pragma unroll 1
-        for (; j < k4; j += 32) {
-            float4 wa = mk_ldg4(w4 + j), xa = x4[j];
-            a0 += wa.x * xa.x + wa.y * xa.y + wa.z * xa.z + wa.w * xa.w;
-        }
-    } else {
-        for (int j = (int)lane; j < k; j += 32)
-            a0 += w[j] * x[j];
+    for (; j < j1; j += 32) {
+        float4 wa = mk_ldg4(w4 + j), xa = x4[j];
+        a0 += wa.x * xa.x + wa.y * xa.y + wa.z * xa.z + wa.w * xa.w;
     }
     return mk_warp_sum((a0 + a1) + (a2 + a3));
 }
 
-/* y[r0:r1] (+)= W[r0:r1, 0:k] . xin (+ b): the input is staged in shared
+/* bf16 weights: a 16-byte load is 8 weights, against two float4 of input. */
+MK_INLINE float mk_dot8(const float4 *x4, unsigned j, uint4 w)
+{
+    float4 xa = x4[2 * j], xb = x4[2 * j + 1];
+    return mk_bf16_lo(w.x) * xa.x + mk_bf16_hi(w.x) * xa.y + mk_bf16_lo(w.y) * xa.z + mk_bf16_hi(w.y) * xa.w +
+           mk_bf16_lo(w.z) * xb.x + mk_bf16_hi(w.z) * xb.y + mk_bf16_lo(w.w) * xb.z + mk_bf16_hi(w.w) * xb.w;
+}
+
+/* mk_dot4 for bf16 rows: units [j0, j1) of 8 weights. */
+MK_INLINE float mk_dot4_bf16(const uint4 *w8, const float4 *x4, int j0, int j1, unsigned lane)
+{
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    int j = j0 + (int)lane;
+#pragma unroll 1
+    for (; j + 96 < j1; j += 128) {
+        uint4 wa = mk_ldg4u(w8 + j), wb = mk_ldg4u(w8 + j + 32), wc = mk_ldg4u(w8 + j + 64), wd = mk_ldg4u(w8 + j + 96);
+        a0 += mk_dot8(x4, (unsigned)j, wa);
+        a1 += mk_dot8(x4, (unsigned)j + 32, wb);
+        a2 += mk_dot8(x4, (unsigned)j + 64, wc);
+        a3 += mk_dot8(x4, (unsigned)j + 96, wd);
+    }
+#pragma unroll 1
+    for (; j < j1; j += 32)
+        a0 += mk_dot8(x4, (unsigned)j, mk_ldg4u(w8 + j));
+    return mk_warp_sum((a0 + a1) + (a2 + a3));
+}
+
+/* A row whose length is not a multiple of the vector width. */
+MK_INLINE float mk_dot1(const void *w, int bf, const float *x, int k, unsigned lane)
+{
+    float a0 = 0.0f;
+    for (int j = (int)lane; j < k; j += 32)
+        a0 += (bf ? mk_bf16(((const unsigned short *)w)[j]) : ((const float *)w)[j]) * x[j];
+    return mk_warp_sum(a0);
+}
+
+/* Elements per 16-byte load for a weight dtype. */
+#define MK_UNIT(bf) ((bf) ? 8 : 4)
+
+/* Units [j0, j1) of row r (W has k columns; k is a multiple of the unit). */
+MK_INLINE float mk_dot_units(const void *W, int bf, long long r, int k, const float *xin, int j0, int j1,
+                             unsigned lane)
+{
+    if (bf)
+        return mk_dot4_bf16((const uint4 *)((const unsigned short *)W + r * k), (const float4 *)xin, j0, j1, lane);
+    return mk_dot4((const float4 *)((const float *)W + r * k), (const float4 *)xin, j0, j1, lane);
+}
+
+MK_INLINE void mk_gemv_store(float *y, const float *b, int r, float v, int flags)
+{
+    if (flags & MK_GEMV_BIAS)
+        v += b[r];
+    y[r] = (flags & MK_GEMV_ACCUM) ? y[r] + v : v;
+}
+
+/* Fewer rows than warps: `split` warps share each row, each taking a
+ * contiguous slice of it; the slices' sums meet in shared memory and are
+ * added in a fixed order. */
+MK_DEV void mk_gemv_split(const void *W, int bf, const float *xin, float *y, const float *b, int r0, int nrows, int k,
+                          int flags)
+{
+    unsigned tid = mk_tid(), lane = tid & 31u, warp = tid >> 5;
+    int split = MK_NWARPS / nrows, row = (int)warp / split, part = (int)warp % split, ku = k / MK_UNIT(bf);
+    int chunk = ((ku + split - 1) / split + 31) / 32 * 32;
+    if (row < nrows) {
+        int j0 = part * chunk, j1 = j0 + chunk < ku ? j0 + chunk : ku;
+        float v = mk_dot_units(W, bf, r0 + row, k, xin, j0, j1, lane);
+        if (lane == 0)
+            mk_red[warp] = v;
+    }
+    mk_sync();
+    if ((int)tid < nrows) {
+        float v = 0.0f;
+        for (int p = 0; p < split; p++)
+            v += mk_red[(int)tid * split + p];
+        mk_gemv_store(y, b, r0 + (int)tid, v, flags);
+    }
+}
+
+/* y[r0:r1] (+)= W[r0:r1, 0:k] . xin (+ b), W f32 or bf16 (16-byte loads)
+ * or f16 / a quantized format (dequantized in mk_dot_qrow): the input is staged in shared
  * memory (normalized there with GEMV_NORM) when it fits, then each warp
- * takes rows r0 + warp, r0 + warp + MK_NWARPS, ... cuda_check.c refuses a
- * GEMV_NORM whose k does not fit. */
+ * takes rows r0 + warp, r0 + warp + MK_NWARPS, ... (or, with fewer rows
+ * than warps, a slice of a row). cuda_check.c refuses a GEMV_NORM whose k
+ * does not fit. */
 MK_DEV void op_gemv(const MegacArgs *a, const unsigned *in)
 {
-    const float *W = (const float *)mk_opnd(a, in, 0), *x = (const float *)mk_opnd(a, in, 1);
+    const void *W = mk_opnd(a, in, 0);
+    const float *x = (const float *)mk_opnd(a, in, 1);
     float *y = (float *)mk_opnd(a, in, 2);
     const float *nw = (const float *)mk_opnd(a, in, 3), *b = (const float *)mk_opnd(a, in, 4);
     int r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2), flags = mk_param(in, 3);
+    int bf = mk_dtype(in, 0) == MK_DT_BF16, vec = k % MK_UNIT(bf) == 0;
     unsigned tid = mk_tid(), lane = tid & 31u;
     const float *xin = x;
     if (k <= MK_SMEM_FLOATS) {
@@ -346,15 +434,26 @@ MK_DEV void op_gemv(const MegacArgs *a, const unsigned *in)
         xin = mk_sm;
     }
     int t = mk_dtype(in, 0);
-    long long rb = mk_row_bytes(t, k);
-    for (int r = r0 + (int)(tid >> 5); r < r1; r += MK_NWARPS) {
-        float v = t == MK_DT_F32 ? mk_dot_row(W + (long long)r * k, xin, k, lane)
-                                 : mk_dot_qrow(t, (const unsigned char *)W + r * rb, xin, k, lane);
-        if (lane == 0) {
-            if (flags & MK_GEMV_BIAS)
-                v += b[r];
-            y[r] = (flags & MK_GEMV_ACCUM) ? y[r] + v : v;
+    if (t != MK_DT_F32 && !bf) { /* f16 and the quantized formats: dequantized in mk_dot_qrow */
+        long long rb = mk_row_bytes(t, k);
+        for (int r = r0 + (int)(tid >> 5); r < r1; r += MK_NWARPS) {
+            float v = mk_dot_qrow(t, (const unsigned char *)W + r * rb, xin, k, lane);
+            if (lane == 0)
+                mk_gemv_store(y, b, r, v, flags);
         }
+        return;
+    }
+    if (vec && r1 > r0 && 2 * (r1 - r0) <= MK_NWARPS) {
+        mk_gemv_split(W, bf, xin, y, b, r0, r1 - r0, k, flags);
+        return;
+    }
+    for (int r = r0 + (int)(tid >> 5); r < r1; r += MK_NWARPS) {
+        float v = vec ? mk_dot_units(W, bf, r, k, xin, 0, k / MK_UNIT(bf), lane)
+                      : mk_dot1(bf ? (const void *)((const unsigned short *)W + (long long)r * k)
+                                   : (const void *)((const float *)W + (long long)r * k),
+                                bf, xin, k, lane);
+        if (lane == 0)
+            mk_gemv_store(y, b, r, v, flags);
     }
 }
 
@@ -386,89 +485,98 @@ MK_DEV void op_kv_append(const MegacArgs *a, const unsigned *in)
     }
 }
 
-/* Split s of kv head h: warps 0..MK_AW-1 each run an online softmax over
- * every MK_AW-th row of the split (lanes hold MK_HDL elements of a head),
- * then the block merges the warps' (acc, m, l) through shared memory into
- * the partial [G][hd + 2]. An empty split leaves zeros, -inf, 0. */
+#define MK_E (MK_HD + 2)     /* one partial: hd outputs, m, l */
+
+/* One warp's online softmax for the G q heads of kv head h over rows
+ * t = row(idx) for idx = warp, warp + MK_AW, ... up to pos, where
+ * row(idx) enumerates the split's rows; lanes hold MK_HDL elements of a
+ * head. The warp's (acc, m, l) go to its slot of the shared scratch. */
+MK_DEV void mk_attn_warp(const MegacArgs *a, const float *q, const float *kh, const float *vh, int h, int s,
+                         int nsplit, int block, unsigned warp, unsigned lane)
+{
+    const float scale = 1.0f / sqrtf((float)MK_HD);
+    float qv[MK_G][MK_HDL], acc[MK_G][MK_HDL], m[MK_G], l[MK_G];
+#pragma unroll
+    for (int g = 0; g < MK_G; g++) {
+        m[g] = MK_NEG_INF;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MK_HDL; i++) {
+            int d = (int)lane + 32 * i;
+            qv[g][i] = d < MK_HD ? q[(long long)(h * MK_G + g) * MK_HD + d] : 0.0f;
+            acc[g][i] = 0.0f;
+        }
+    }
+#pragma unroll 1
+    for (int idx = (int)warp;; idx += MK_AW) {
+        long long t = (long long)(s + (idx / block) * nsplit) * block + idx % block;
+        if (t > a->pos)
+            break;
+        float kr[MK_HDL], vr[MK_HDL];
+#pragma unroll
+        for (int i = 0; i < MK_HDL; i++) {
+            int d = (int)lane + 32 * i;
+            kr[i] = d < MK_HD ? kh[t * MK_HD + d] : 0.0f;
+            vr[i] = d < MK_HD ? vh[t * MK_HD + d] : 0.0f;
+        }
+#pragma unroll
+        for (int g = 0; g < MK_G; g++) {
+            float sc = 0.0f;
+#pragma unroll
+            for (int i = 0; i < MK_HDL; i++)
+                sc += qv[g][i] * kr[i];
+            sc = mk_warp_sum(sc) * scale;
+            if (sc > m[g]) {
+                float r = m[g] == MK_NEG_INF ? 0.0f : expf(m[g] - sc);
+#pragma unroll
+                for (int i = 0; i < MK_HDL; i++)
+                    acc[g][i] *= r;
+                l[g] *= r;
+                m[g] = sc;
+            }
+            float e = expf(sc - m[g]);
+#pragma unroll
+            for (int i = 0; i < MK_HDL; i++)
+                acc[g][i] += e * vr[i];
+            l[g] += e;
+        }
+    }
+    float *mine = mk_sm + warp * MK_G * MK_E;
+#pragma unroll
+    for (int g = 0; g < MK_G; g++) {
+#pragma unroll
+        for (int i = 0; i < MK_HDL; i++)
+            if ((int)lane + 32 * i < MK_HD)
+                mine[g * MK_E + (int)lane + 32 * i] = acc[g][i];
+        if (lane == 0) {
+            mine[g * MK_E + MK_HD] = m[g];
+            mine[g * MK_E + MK_HD + 1] = l[g];
+        }
+    }
+}
+
+/* Split s of kv head h: warps 0..MK_AW-1 each run mk_attn_warp, then the
+ * block merges the warps' partials, in warp order, into part[h][s]
+ * ([G][hd + 2]). An empty split leaves zeros, -inf, 0. */
 MK_DEV void op_attn(const MegacArgs *a, const unsigned *in)
 {
     const float *q = (const float *)mk_opnd(a, in, 0);
     const float *kc = (const float *)mk_opnd(a, in, 1), *vc = (const float *)mk_opnd(a, in, 2);
     float *part = (float *)mk_opnd(a, in, 3);
     int h = mk_param(in, 0), s = mk_param(in, 1), nsplit = mk_param(in, 2), block = mk_param(in, 3);
-    unsigned tid = mk_tid(), lane = tid & 31u, warp = tid >> 5;
-    const float scale = 1.0f / sqrtf((float)MK_HD);
-    const int E = MK_HD + 2;
-    float *p = part + (long long)(h * nsplit + s) * MK_G * E;
-    if (warp < MK_AW) {
-        float qv[MK_G][MK_HDL], acc[MK_G][MK_HDL], m[MK_G], l[MK_G];
-        const float *kh = kc + (long long)h * MK_MAX_SEQ * MK_HD, *vh = vc + (long long)h * MK_MAX_SEQ * MK_HD;
-#pragma unroll
-        for (int g = 0; g < MK_G; g++) {
-            m[g] = MK_NEG_INF;
-            l[g] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < MK_HDL; i++) {
-                int d = (int)lane + 32 * i;
-                qv[g][i] = d < MK_HD ? q[(long long)(h * MK_G + g) * MK_HD + d] : 0.0f;
-                acc[g][i] = 0.0f;
-            }
-        }
-#pragma unroll 1
-        for (int idx = (int)warp;; idx += MK_AW) {
-            long long t = (long long)(s + (idx / block) * nsplit) * block + idx % block;
-            if (t > a->pos)
-                break;
-            float kr[MK_HDL], vr[MK_HDL];
-#pragma unroll
-            for (int i = 0; i < MK_HDL; i++) {
-                int d = (int)lane + 32 * i;
-                kr[i] = d < MK_HD ? kh[t * MK_HD + d] : 0.0f;
-                vr[i] = d < MK_HD ? vh[t * MK_HD + d] : 0.0f;
-            }
-#pragma unroll
-            for (int g = 0; g < MK_G; g++) {
-                float sc = 0.0f;
-#pragma unroll
-                for (int i = 0; i < MK_HDL; i++)
-                    sc += qv[g][i] * kr[i];
-                sc = mk_warp_sum(sc) * scale;
-                if (sc > m[g]) {
-                    float r = m[g] == MK_NEG_INF ? 0.0f : expf(m[g] - sc);
-#pragma unroll
-                    for (int i = 0; i < MK_HDL; i++)
-                        acc[g][i] *= r;
-                    l[g] *= r;
-                    m[g] = sc;
-                }
-                float e = expf(sc - m[g]);
-#pragma unroll
-                for (int i = 0; i < MK_HDL; i++)
-                    acc[g][i] += e * vr[i];
-                l[g] += e;
-            }
-        }
-        float *mine = mk_sm + warp * MK_G * E;
-#pragma unroll
-        for (int g = 0; g < MK_G; g++) {
-#pragma unroll
-            for (int i = 0; i < MK_HDL; i++)
-                if ((int)lane + 32 * i < MK_HD)
-                    mine[g * E + (int)lane + 32 * i] = acc[g][i];
-            if (lane == 0) {
-                mine[g * E + MK_HD] = m[g];
-                mine[g * E + MK_HD + 1] = l[g];
-            }
-        }
-    }
+    unsigned tid = mk_tid(), warp = tid >> 5;
+    if (warp < MK_AW)
+        mk_attn_warp(a, q, kc + (long long)h * MK_MAX_SEQ * MK_HD, vc + (long long)h * MK_MAX_SEQ * MK_HD, h, s,
+                     nsplit, block, warp, tid & 31u);
     mk_sync();
-    for (int j = (int)tid; j < MK_G * E; j += MK_THREADS) {
-        int g = j / E, d = j % E;
+    float *p = part + (long long)(h * nsplit + s) * MK_G * MK_E;
+    for (int j = (int)tid; j < MK_G * MK_E; j += MK_THREADS) {
+        int g = j / MK_E, d = j % MK_E;
         float M = MK_NEG_INF, o = 0.0f;
         for (int w = 0; w < MK_AW; w++)
-            M = fmaxf(M, mk_sm[(w * MK_G + g) * E + MK_HD]);
+            M = fmaxf(M, mk_sm[(w * MK_G + g) * MK_E + MK_HD]);
         for (int w = 0; w < MK_AW && M != MK_NEG_INF && d != MK_HD; w++) {
-            const float *pw = mk_sm + (w * MK_G + g) * E;
+            const float *pw = mk_sm + (w * MK_G + g) * MK_E;
             if (pw[MK_HD] != MK_NEG_INF)
                 o += pw[d] * expf(pw[MK_HD] - M);
         }
@@ -482,7 +590,7 @@ MK_DEV void op_attn_combine(const MegacArgs *a, const unsigned *in)
     const float *part = (const float *)mk_opnd(a, in, 0);
     float *out = (float *)mk_opnd(a, in, 1);
     int h = mk_param(in, 0), nsplit = mk_param(in, 1);
-    const int E = MK_HD + 2;
+    const int E = MK_E;
     for (int j = (int)mk_tid(); j < MK_G * MK_HD; j += MK_THREADS) {
         int g = j / MK_HD, d = j % MK_HD;
         float M = MK_NEG_INF, L = 0.0f, o = 0.0f;
@@ -620,7 +728,7 @@ MK_DEV unsigned mk_wait(const MegacArgs *a, unsigned worker, unsigned pc, unsign
                 return 1;
             }
             mk_nanosleep(ns);
-            ns = ns < 1024 ? 2 * ns : ns;
+            ns = ns < 256 ? 2 * ns : ns;
         }
         if (a->abort_info && mk_ld_acquire(&a->abort_info->flag) != 0)
             return 0;
