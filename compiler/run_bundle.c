@@ -19,6 +19,7 @@
 #include "runtime/megac.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -165,8 +166,27 @@ static bool cache_key(const RunOptions *o, const char *target, uint64_t *key)
     return true;
 }
 
+/* Removes a bundle folder (flat: files only). */
+static void bundle_remove(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        for (struct dirent *e; (e = readdir(d));) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+                continue;
+            char *p = xasprintf("%s/%s", dir, e->d_name);
+            unlink(p);
+            free(p);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
 /* Compiles the description into the cache unless it is there; returns the
- * bundle path (xmalloc'd) or NULL after reporting. */
+ * bundle path (xmalloc'd) or NULL after reporting. The bundle is written to
+ * a private folder and renamed into place, so concurrent runs never see a
+ * half-written bundle; when two race, the loser's copy is dropped. */
 static char *bundle_cached(const RunOptions *o)
 {
     const char *target = engine_target(o->engine);
@@ -193,12 +213,27 @@ static char *bundle_cached(const RunOptions *o)
     co.workers = o->workers;
     co.nsets = o->nsets < DRIVER_MAX_SETS ? o->nsets : DRIVER_MAX_SETS;
     memcpy(co.sets, o->sets, sizeof(DescOverride) * (size_t)co.nsets);
-    co.out = dir;
+    char *tmp = xasprintf("%s.tmp%ld", dir, (long)getpid());
+    bundle_remove(tmp);
+    co.out = tmp;
     fprintf(stderr, "megac run: compiling %s for %s into %s\n", co.model, target, dir);
     if (driver_compile(&co) != 0) {
+        bundle_remove(tmp);
+        free(tmp);
         free(dir);
         return NULL;
     }
+    if (rename(tmp, dir) != 0) {
+        int err = errno;
+        bundle_remove(tmp);
+        if (err != EEXIST && err != ENOTEMPTY) {
+            fprintf(stderr, "megac run: cannot move the bundle into %s: %s\n", dir, strerror(err));
+            free(tmp);
+            free(dir);
+            return NULL;
+        }
+    }
+    free(tmp);
     return dir;
 }
 

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: a -Werror build and its tests, then the same suite
-# under AddressSanitizer + UBSan. Used by the README and by .ci/run.
+# under AddressSanitizer + UBSan, then the ThreadSanitizer checks of
+# tests/tsan (runtime and generated kernels instrumented; Criterion does not
+# run under TSan, so that build has only those). Used by the README and by
+# .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
@@ -11,3 +14,6 @@ cmake --build build -j"$jobs"
 cmake -S . -B build-asan -DMEGAC_WERROR=ON -DMEGAC_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 MEGAC_SANITIZED=1 ctest --output-on-failure -j"$jobs")
+cmake -S . -B build-tsan -DMEGAC_WERROR=ON -DMEGAC_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build-tsan -j"$jobs" --target tsan_e2e
+(cd build-tsan && ctest --output-on-failure -j"$jobs")

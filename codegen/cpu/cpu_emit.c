@@ -7,9 +7,23 @@
  *   target   triple, data layout, target-cpu/features on every function
  *   extern   internalize all but the four symbols the runtime reads
  *   opt      LLVMRunPasses("default<O3>"), then LLVMVerifyModule
+ *   tsan     only for a ThreadSanitizer kernel (see below)
  *   emit     object file (PIC), then `cc -shared` -> kernel.so
  * Every LLVM call is checked; its message (and whatever LLVM reported
  * through the context's diagnostic handler) goes to the Diag.
+ *
+ * ThreadSanitizer kernel: when megac itself is built with TSan, or when
+ * MEGAC_KERNEL_TSAN=1 (=0 turns it off), every function gets the
+ * sanitize_thread attribute before O3 (so O3 introduces no racy
+ * speculation, as under clang -fsanitize=thread), and after O3 LLVM's TSan
+ * passes instrument every load, store and atomic, as clang places them.
+ * LLVM 14's pass ignores accesses that are not 1, 2, 4, 8 or 16 bytes
+ * wide, which are most of the kernel's (16-float vectors), and masked
+ * loads, stores, gathers and scatters, so those get
+ * __tsan_read_range/__tsan_write_range calls first. kernel.so then refers to
+ * __tsan_* symbols, which resolve at dlopen against the TSan runtime of a
+ * host process built with -fsanitize=thread (in any other process the
+ * dlopen fails and names the symbol).
  */
 #include "codegen/cpu/cpu.h"
 
@@ -40,6 +54,7 @@ typedef struct CpuJob {
     char *triple;
     char *cpu, *features;   /* LLVM-owned when taken from the host */
     bool host;
+    bool tsan;              /* instrument for ThreadSanitizer */
     char log[2048];         /* messages from the diagnostic handler */
     struct timespec t0;
 } CpuJob;
@@ -252,6 +267,186 @@ static bool job_optimize(CpuJob *j)
     return job_verify(j, "after O3");
 }
 
+/* ---- ThreadSanitizer kernel ---- */
+
+#if defined(__SANITIZE_THREAD__)
+#define CPU_HOST_TSAN true
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CPU_HOST_TSAN true
+#endif
+#endif
+#ifndef CPU_HOST_TSAN
+#define CPU_HOST_TSAN false
+#endif
+
+/* MEGAC_KERNEL_TSAN=1 or 0 decides; unset, a TSan-built megac instruments. */
+static bool job_wants_tsan(void)
+{
+    const char *e = getenv("MEGAC_KERNEL_TSAN");
+    if (e && *e)
+        return strcmp(e, "0") != 0;
+    return CPU_HOST_TSAN;
+}
+
+/* sanitize_thread on every function, before O3 (as clang's front end). */
+static bool job_tsan_mark(CpuJob *j)
+{
+    if (!j->tsan)
+        return true;
+    unsigned kind = LLVMGetEnumAttributeKindForName("sanitize_thread", strlen("sanitize_thread"));
+    if (!kind)
+        die("this LLVM has no sanitize_thread attribute");
+    LLVMAttributeRef a = LLVMCreateEnumAttribute(j->ctx, kind, 0);
+    for (LLVMValueRef f = LLVMGetFirstFunction(j->mod); f; f = LLVMGetNextFunction(f))
+        if (!LLVMIsDeclaration(f))
+            LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex, a);
+    return true;
+}
+
+/* The object a pointer points into: GEPs and casts stripped. */
+static LLVMValueRef tsan_base(LLVMValueRef p)
+{
+    for (;;) {
+        bool cexpr = LLVMIsAConstantExpr(p) &&
+                     (LLVMGetConstOpcode(p) == LLVMGetElementPtr || LLVMGetConstOpcode(p) == LLVMBitCast);
+        if (!cexpr && !LLVMIsAGetElementPtrInst(p) && !LLVMIsABitCastInst(p))
+            return p;
+        p = LLVMGetOperand(p, 0);
+    }
+}
+
+typedef struct TsanRange {
+    LLVMTargetDataRef td;
+    LLVMBuilderRef b;
+    LLVMTypeRef fnty, i8p, i64;
+    LLVMValueRef read, write;   /* __tsan_read_range, __tsan_write_range */
+    unsigned n;                 /* calls added */
+} TsanRange;
+
+static LLVMValueRef tsan_range_decl(CpuJob *j, TsanRange *r, const char *name)
+{
+    LLVMValueRef f = LLVMGetNamedFunction(j->mod, name);
+    return f ? f : LLVMAddFunction(j->mod, name, r->fnty);
+}
+
+static void tsan_range_call(TsanRange *r, bool write, LLVMValueRef ptr, LLVMValueRef n)
+{
+    LLVMValueRef args[2] = {LLVMBuildPointerCast(r->b, ptr, r->i8p, ""), n};
+    LLVMBuildCall2(r->b, r->fnty, write ? r->write : r->read, args, 2, "");
+    r->n++;
+}
+
+/* A plain load or store of a size the TSan pass skips (not 1, 2, 4, 8 or
+ * 16 bytes) gets a range check before it; stack slots and constants need
+ * none, atomics are the TSan pass's. */
+static void tsan_range_plain(TsanRange *r, LLVMValueRef in, bool write)
+{
+    if (LLVMGetOrdering(in) != LLVMAtomicOrderingNotAtomic)
+        return;
+    LLVMValueRef ptr = LLVMGetOperand(in, write ? 1 : 0);
+    unsigned long long n = LLVMStoreSizeOfType(r->td, LLVMTypeOf(write ? LLVMGetOperand(in, 0) : in));
+    LLVMValueRef base = tsan_base(ptr);
+    if (n == 1 || n == 2 || n == 4 || n == 8 || n == 16 || LLVMIsAAllocaInst(base) ||
+        (LLVMIsAGlobalVariable(base) && LLVMIsGlobalConstant(base)))
+        return;
+    LLVMPositionBuilderBefore(r->b, in);
+    tsan_range_call(r, write, ptr, LLVMConstInt(r->i64, n, 0));
+}
+
+/* llvm.masked.{load,store,gather,scatter}, which the TSan pass ignores:
+ * one check per lane, of the lane's size where its mask bit is set, else
+ * of 0 bytes (no access; folds away for a constant mask). Operands:
+ *   load(ptr, align, mask, passthru)    store(val, ptr, align, mask)
+ *   gather(ptrs, align, mask, passthru) scatter(val, ptrs, align, mask) */
+static void tsan_range_masked(TsanRange *r, LLVMValueRef in)
+{
+    LLVMValueRef callee = LLVMGetCalledValue(in);
+    const char *name = callee ? LLVMGetValueName(callee) : "";
+    static const char *const kinds[] = {"llvm.masked.load.", "llvm.masked.store.", "llvm.masked.gather.",
+                                        "llvm.masked.scatter."};
+    int k = 0;
+    while (k < 4 && strncmp(name, kinds[k], strlen(kinds[k])) != 0)
+        k++;
+    if (k == 4)
+        return;
+    bool write = k == 1 || k == 3, lanes = k >= 2;
+    LLVMTypeRef vty = LLVMTypeOf(write ? LLVMGetOperand(in, 0) : in);
+    LLVMValueRef ptr = LLVMGetOperand(in, write ? 1 : 0), mask = LLVMGetOperand(in, write ? 3 : 2);
+    unsigned long long esize = LLVMStoreSizeOfType(r->td, LLVMGetElementType(vty));
+    LLVMPositionBuilderBefore(r->b, in);
+    LLVMValueRef base = lanes ? NULL : LLVMBuildPointerCast(r->b, ptr, r->i8p, "");
+    for (unsigned i = 0; i < LLVMGetVectorSize(vty); i++) {
+        LLVMValueRef lane = LLVMConstInt(r->i64, i, 0), at;
+        if (lanes)
+            at = LLVMBuildExtractElement(r->b, ptr, lane, "");
+        else {
+            LLVMValueRef off = LLVMConstInt(r->i64, i * esize, 0);
+            at = LLVMBuildGEP2(r->b, LLVMInt8TypeInContext(LLVMGetTypeContext(r->i64)), base, &off, 1, "");
+        }
+        LLVMValueRef on = LLVMBuildExtractElement(r->b, mask, lane, "");
+        LLVMValueRef n = LLVMBuildSelect(r->b, on, LLVMConstInt(r->i64, esize, 0), LLVMConstInt(r->i64, 0, 0), "");
+        tsan_range_call(r, write, at, n);
+    }
+}
+
+static void tsan_range_inst(TsanRange *r, LLVMValueRef in)
+{
+    switch (LLVMGetInstructionOpcode(in)) {
+    case LLVMLoad:
+        tsan_range_plain(r, in, false);
+        break;
+    case LLVMStore:
+        tsan_range_plain(r, in, true);
+        break;
+    case LLVMCall:
+        tsan_range_masked(r, in);
+        break;
+    default:
+        break;
+    }
+}
+
+static void tsan_ranges(CpuJob *j, TsanRange *r)
+{
+    r->i8p = LLVMPointerType(LLVMInt8TypeInContext(j->ctx), 0);
+    r->i64 = LLVMInt64TypeInContext(j->ctx);
+    LLVMTypeRef params[2] = {r->i8p, r->i64};
+    r->fnty = LLVMFunctionType(LLVMVoidTypeInContext(j->ctx), params, 2, 0);
+    r->read = tsan_range_decl(j, r, "__tsan_read_range");
+    r->write = tsan_range_decl(j, r, "__tsan_write_range");
+    r->td = LLVMGetModuleDataLayout(j->mod);
+    r->b = LLVMCreateBuilderInContext(j->ctx);
+    for (LLVMValueRef f = LLVMGetFirstFunction(j->mod); f; f = LLVMGetNextFunction(f))
+        for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(f); bb; bb = LLVMGetNextBasicBlock(bb))
+            for (LLVMValueRef in = LLVMGetFirstInstruction(bb); in; in = LLVMGetNextInstruction(in))
+                tsan_range_inst(r, in);
+    LLVMDisposeBuilder(r->b);
+}
+
+/* After O3: range checks, then LLVM's TSan passes (module: __tsan_init
+ * constructor; function: every access and atomic). */
+static bool job_tsan(CpuJob *j)
+{
+    if (!j->tsan)
+        return true;
+    TsanRange r = {0};
+    tsan_ranges(j, &r);
+    LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
+    LLVMErrorRef e = LLVMRunPasses(j->mod, "tsan-module,function(tsan)", j->tm, po);
+    LLVMDisposePassBuilderOptions(po);
+    if (e) {
+        char *msg = LLVMGetErrorMessage(e);
+        job_fail(j, "LLVMRunPasses(tsan-module,function(tsan))", msg);
+        LLVMDisposeErrorMessage(msg);
+        return false;
+    }
+    char what[96];
+    snprintf(what, sizeof what, "instrumented for TSan (%u range checks)", r.n);
+    job_progress(j, what);
+    return job_verify(j, "after TSan instrumentation");
+}
+
 static bool job_keep_ir(CpuJob *j)
 {
     if (!j->o->keep_ir)
@@ -365,8 +560,10 @@ bool cg_cpu_compile(const Schedule *s, const CpuOptions *o, const char *so_path,
         return false;
     j.ctx = LLVMContextCreate();
     LLVMContextSetDiagnosticHandler(j.ctx, job_llvm_diag, &j);
+    j.tsan = job_wants_tsan();
     bool ok = job_parse(&j) && job_link(&j) && job_target(&j) && job_internalize(&j) &&
-              job_verify(&j, "after linking") && job_optimize(&j) && job_keep_ir(&j) && job_emit(&j);
+              job_tsan_mark(&j) && job_verify(&j, "after linking") && job_optimize(&j) && job_tsan(&j) && job_keep_ir(&j) &&
+              job_emit(&j);
     job_free(&j);
     return ok;
 }
