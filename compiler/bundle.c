@@ -2,9 +2,10 @@
  * bundle.c - writes a bundle folder NAME.megac/ next to the kernel that
  * codegen already put there:
  *   weights.bin     every BUF_WEIGHT buffer at its sched_layout offset
- *                   (64-byte aligned, gaps zero), converted from the loaded
- *                   f32 tensors to the buffer's dtype; "rope" is computed
- *                   by rope_table_fill
+ *                   (64-byte aligned, gaps zero): a tensor held in the
+ *                   buffer's dtype (quantized, GGUF blocks) as stored,
+ *                   others converted from the loaded f32 tensors to the
+ *                   buffer's dtype; "rope" is computed by rope_table_fill
  *   schedule.sched  sched_print of the schedule
  *   tokenizer.bin   tok_save
  *   manifest.yaml   flat `key: value` lines that runtime/bundle.c reads;
@@ -96,6 +97,17 @@ static bool bundle_zeros_write(FILE *f, uint64_t n)
     return true;
 }
 
+/* Writes n stored bytes at *at. */
+static bool bundle_bytes_write(FILE *f, uint64_t *at, const void *p, size_t n, const char *path, Diag *d)
+{
+    if (fwrite(p, 1, n, f) != n) {
+        diag_file_error(d, path, "cannot write: %s", strerror(errno));
+        return false;
+    }
+    *at += n;
+    return true;
+}
+
 /* Appends buffer b at its offset: zero padding up to it, then its bytes. */
 static bool bundle_weight_write(FILE *f, uint64_t *at, const Buffer *b, const ModelDesc *m, const Weights *w,
                                 const char *path, Diag *d)
@@ -106,10 +118,13 @@ static bool bundle_weight_write(FILE *f, uint64_t *at, const Buffer *b, const Mo
     if (!bundle_zeros_write(f, b->offset - *at))
         goto io;
     *at = b->offset;
+    const QTensor *q = weights_qtensor(w, b->name);
+    if (q && q->dtype == b->dtype) /* quantized (or GGUF) bytes as stored */
+        return bundle_bytes_write(f, at, q->data, q->nbytes, path, d);
     float *v = bundle_tensor_f32(b, m, w, d);
     if (!v)
         return false;
-    size_t bytes = dtype_bytes(b->dtype, b->nelem);
+    size_t bytes = dtype_tensor_bytes(b->dtype, b->rank, b->shape);
     unsigned char *out = xmalloc(bytes);
     bool ok = bundle_convert(b->dtype, v, b->nelem, out);
     if (!ok)
@@ -178,8 +193,11 @@ static uint64_t bundle_read_bytes(const Schedule *s)
                 int64_t n = affine_at(ac->hi, 0) - affine_at(ac->lo, 0);
                 if (in->op == OP_EMBED)
                     n = in->p[1] - in->p[0];
-                int64_t blk = dtype_block(b->dtype);
-                total += dtype_bytes(b->dtype, (n + blk - 1) / blk * blk);
+                int64_t blk = dtype_block(b->dtype), cols = b->shape[b->rank - 1];
+                if (dtype_is_rowwise(b->dtype) && b->rank == 2 && n % cols == 0)
+                    total += (uint64_t)(n / cols) * dtype_row_bytes(b->dtype, cols);
+                else
+                    total += dtype_bytes(b->dtype, (n + blk - 1) / blk * blk);
             }
         }
     }

@@ -16,6 +16,7 @@ int cmd_compile(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_fuzz_validator(int argc, char **argv);
+int cmd_eval_quant(int argc, char **argv);
 
 /* True if argv has -h/--help; commands print their usage then. */
 bool cli_wants_help(int argc, char **argv);

@@ -893,10 +893,6 @@ static bool quant_node(Ctx *c, const DocNode *n, const char *what, QuantSpec *q)
                       " w8a8 or w4a8[-g32|-g64|-g128])", s, what);
         return false;
     }
-    if (q->kind != QUANT_NONE && q->kind != QUANT_F32) {
-        ctx_error(c, n, "quantization '%s' ('%s') is not supported yet (only none and f32)", s, what);
-        return false;
-    }
     return true;
 }
 
@@ -1217,9 +1213,6 @@ static void check_knobs(Checker *k)
     const ModelDesc *m = k->m;
     if (m->act_dtype != DT_F32)
         check_fail(k, -1, "activation dtype %s is not supported yet", dtype_name(m->act_dtype));
-    for (int i = 0; i < TCLASS_COUNT; i++)
-        if (m->quant[i].kind != QUANT_NONE && m->quant[i].kind != QUANT_F32)
-            check_fail(k, -1, "quantization %s is not supported yet", quant_names[m->quant[i].kind]);
     for (int l = 0; l < m->n_layers && l < MODEL_MAX_LAYERS; l++) {
         if (m->attn[l].kind != ATTN_DENSE)
             check_fail(k, -1, "attention kind %s (layer %d) is not supported yet",

@@ -19,6 +19,7 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/compile.h"
+#include "compiler/quant.h"
 #pragma GCC diagnostic pop
 #include "codegen/codegen.h"
 #include "validator/validator.h"
@@ -109,7 +110,7 @@ static bool pass_tok_import(Compilation *c)
 static bool pass_lower_model(Compilation *c)
 {
     int workers = c->o->workers ? c->o->workers : c->m.workers;
-    c->lowered = lower_model(&c->m, c->target, workers, &c->d);
+    c->lowered = lower_model_weights(&c->m, c->have_weights ? &c->w : NULL, c->target, workers, &c->d);
     if (!c->lowered)
         return pass_done(c, "lower_model", false, NULL);
     sched_layout(c->lowered);

@@ -1,6 +1,9 @@
 /*
- * load_gguf.c - weights from a GGUF file (llama.cpp's names), dequantized
- * to f32 exactly as ggml's reference dequantizers do:
+ * load_gguf.c - weights from a GGUF file (llama.cpp's names). Every tensor
+ * gets its f32 view, dequantized exactly as ggml's reference dequantizers
+ * do (quant_row_dequant); matrices in Q8_0, Q4_0 or Q4_1 also keep their
+ * blocks as they are, as a QTensor, so that a GGUF model runs on its own
+ * quantized weights:
  *   F32, F16, BF16   converted
  *   Q8_0   block of 32: {f16 d; i8 qs[32]}            w[j] = d * qs[j]
  *   Q4_0   block of 32: {f16 d; u8 qs[16]}            w[j] = d * ((qs[j] & 15) - 8),
@@ -16,6 +19,7 @@
  * hyperparameters, when present, must agree with the description.
  */
 #include "compiler/gguf.h"
+#include "compiler/quant.h"
 #include "compiler/weights_impl.h"
 
 #include <inttypes.h>
@@ -23,67 +27,48 @@
 
 enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8, GGML_BF16 = 30 };
 
-static float f16_at(const unsigned char *p)
+/* The storage dtype of a GGUF type we load; -1 for the others. */
+static int gguf_dtype(uint32_t ggml_type)
 {
-    return f16_to_f32((uint16_t)(p[0] | p[1] << 8));
-}
-
-static void dequant_q8_0(float *y, const unsigned char *b, int64_t nblocks)
-{
-    for (int64_t i = 0; i < nblocks; i++, b += 34, y += 32) {
-        float d = f16_at(b);
-        for (int j = 0; j < 32; j++)
-            y[j] = d * (float)(int8_t)b[2 + j];
+    switch (ggml_type) {
+    case GGML_F32: return DT_F32;
+    case GGML_F16: return DT_F16;
+    case GGML_BF16: return DT_BF16;
+    case GGML_Q8_0: return DT_Q8_0;
+    case GGML_Q4_0: return DT_Q4_0;
+    case GGML_Q4_1: return DT_Q4_1;
+    default: return -1;
     }
 }
 
-static void dequant_q4_0(float *y, const unsigned char *b, int64_t nblocks)
-{
-    for (int64_t i = 0; i < nblocks; i++, b += 18, y += 32) {
-        float d = f16_at(b);
-        for (int j = 0; j < 16; j++) {
-            y[j] = d * (float)((b[2 + j] & 15) - 8);
-            y[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
-        }
-    }
-}
+/* What load_gguf hands to weights_fill. */
+typedef struct GgufCtx {
+    const GgufFile *g;
+    Weights *w;
+} GgufCtx;
 
-static void dequant_q4_1(float *y, const unsigned char *b, int64_t nblocks)
+/* Keeps a matrix's Q8_0/Q4_0/Q4_1 blocks as they are (block-exact), beside
+ * its f32 view. Tensors fetched elsewhere (the tied check's scratch) and
+ * vectors are not kept. */
+static void gguf_keep_blocks(GgufCtx *c, const WSlot *s, const float *dst, const GgufTensor *t, DType dt)
 {
-    for (int64_t i = 0; i < nblocks; i++, b += 20, y += 32) {
-        float d = f16_at(b), m = f16_at(b + 2);
-        for (int j = 0; j < 16; j++) {
-            float lo = d * (float)(b[4 + j] & 15);
-            float hi = d * (float)(b[4 + j] >> 4);
-            y[j] = lo + m;
-            y[j + 16] = hi + m;
-        }
-    }
-}
-
-/* Converts t (whose shape was checked: n elements) into dst; false for
- * types we cannot load. */
-static bool gguf_dequant(float *dst, const GgufTensor *t, int64_t n)
-{
-    switch (t->ggml_type) {
-    case GGML_F32: convert_to_f32(dst, t->data, n, SRC_F32); return true;
-    case GGML_F16: convert_to_f32(dst, t->data, n, SRC_F16); return true;
-    case GGML_BF16: convert_to_f32(dst, t->data, n, SRC_BF16); return true;
-    case GGML_Q8_0: dequant_q8_0(dst, t->data, n / 32); return true;
-    case GGML_Q4_0: dequant_q4_0(dst, t->data, n / 32); return true;
-    case GGML_Q4_1: dequant_q4_1(dst, t->data, n / 32); return true;
-    default: return false;
-    }
+    if (!dtype_is_quant(dt) || !s->cols || dst != s->dst)
+        return;
+    Arena a = {0};
+    QTensor *q = weights_qtensor_put(c->w, wslot_canon_name(&a, s), dt, s->rows, s->cols);
+    ASSERT(q->nbytes == t->nbytes);
+    memcpy(q->data, t->data, q->nbytes);
+    arena_free(&a);
 }
 
 static bool gguf_has(void *ctx, const char *name)
 {
-    return gguf_find_tensor(ctx, name) != NULL;
+    return gguf_find_tensor(((GgufCtx *)ctx)->g, name) != NULL;
 }
 
 static int gguf_fetch(void *ctx, const char *name, const WSlot *s, float *dst, Diag *d)
 {
-    const GgufFile *g = ctx;
+    const GgufFile *g = ((GgufCtx *)ctx)->g;
     const GgufTensor *t = gguf_find_tensor(g, name);
     if (!t)
         return 0;
@@ -92,11 +77,17 @@ static int gguf_fetch(void *ctx, const char *name, const WSlot *s, float *dst, D
         shape[i] = (int64_t)t->dims[t->ndim - 1 - i];
     if (!wslot_shape_check(s, d, g->path, name, (int)t->ndim, shape))
         return -1;
-    if (!t->data || !gguf_dequant(dst, t, wslot_nelem(s))) {
+    int dt = gguf_dtype(t->ggml_type);
+    if (!t->data || dt < 0) {
         diag_file_error(d, g->path, "tensor '%s': type %s (%u) is not supported (F32, F16, BF16, Q8_0, Q4_0 "
                         "and Q4_1 are)", name, gguf_type_name(t->ggml_type), t->ggml_type);
         return -1;
     }
+    int64_t cols = s->cols ? s->cols : s->rows, rows = s->cols ? s->rows : 1;
+    size_t rb = dtype_row_bytes((DType)dt, cols);
+    for (int64_t r = 0; r < rows; r++)
+        quant_row_dequant((DType)dt, (const unsigned char *)t->data + (size_t)r * rb, cols, dst + r * cols);
+    gguf_keep_blocks(ctx, s, dst, t, (DType)dt);
     return 1;
 }
 
@@ -151,7 +142,8 @@ bool load_gguf(Weights *w, const char *path, Diag *d)
     w->pairing = gguf_pairing(g);
     bool ok = weights_pairing_check(w, d, path, w->pairing) && gguf_hparams_check(g, w->m, d);
     if (ok) {
-        WSource src = {.ctx = g, .path = g->path, .name = wslot_gguf_name, .fetch = gguf_fetch, .has = gguf_has};
+        GgufCtx c = {g, w};
+        WSource src = {.ctx = &c, .path = g->path, .name = wslot_gguf_name, .fetch = gguf_fetch, .has = gguf_has};
         ok = weights_fill(w, &src, d);
     }
     gguf_close(g);

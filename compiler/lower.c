@@ -44,6 +44,12 @@
  * task i only waits on tasks j < i of the same head, which precede it on
  * every worker (tasks are dealt round-robin in index order).
  *
+ * Weight dtypes: each weight buffer has the dtype its tensor is stored in
+ * (lower_model_weights: as loaded and quantized, GGUF blocks included;
+ * lower_model: what the description's quant knobs ask of an f32 source).
+ * A tied model whose embed and lm_head classes get different dtypes has a
+ * separate lm_head buffer.
+ *
  * Load balance: a GEMV stage's rows are cut into equal-byte tiles, one per
  * worker, but never below LOWER_MIN_TILE_BYTES of weights (tiny tiles are
  * merged, leaving some workers idle in that stage rather than all of them
@@ -56,6 +62,7 @@
 #pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/compile.h"
 #pragma GCC diagnostic pop
+#include "compiler/quant.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +77,7 @@
 
 typedef struct Lower {
     const ModelDesc *m;
+    const Weights *w;       /* NULL: weight dtypes from the knobs alone */
     Schedule *s;
     int nw;                 /* workers */
     int G, hd, nsplit;
@@ -97,11 +105,32 @@ static uint32_t lower_buf(Lower *L, const char *name, DType t, BufClass c, int r
     return sched_add_buffer(L->s, name, t, c, rank, shape);
 }
 
+/* The storage dtype of weight `name`: as loaded and quantized when the
+ * weights are known, else what the knob of its class asks of an f32
+ * source (vectors stay f32). */
+static DType lower_wdtype(const Lower *L, const char *name)
+{
+    if (L->w)
+        return weights_dtype(L->w, name);
+    int c = quant_tensor_class(name);
+    int t = c < 0 ? DT_F32 : quant_spec_dtype(L->m->quant[c], DT_F32);
+    ASSERT(t >= 0); /* lower_check refused the others */
+    return (DType)t;
+}
+
 static uint32_t lower_wbuf(Lower *L, int l, const char *name, int rank, int64_t d0, int64_t d1)
 {
     char n[64];
     snprintf(n, sizeof n, "L%d.%s", l, name);
-    return lower_buf(L, n, DT_F32, BUF_WEIGHT, rank, d0, d1, 0, 0);
+    return lower_buf(L, n, lower_wdtype(L, n), BUF_WEIGHT, rank, d0, d1, 0, 0);
+}
+
+/* Whether lm_head is its own buffer (untied, or split by quantization). */
+static bool lower_head_separate(const Lower *L)
+{
+    if (L->w)
+        return weights_head_separate(L->w);
+    return !L->m->tie_embeddings || lower_wdtype(L, "embed") != lower_wdtype(L, "lm_head");
 }
 
 /* A weight of layer l by its short name ("wq", "attn_norm", ...). */
@@ -278,7 +307,7 @@ static void lower_gemv_stage(Lower *L, const Seg *seg, int nseg, uint32_t x, uin
     int64_t rows = 0;
     for (int i = 0; i < nseg; i++)
         rows += seg[i].rows;
-    int n = lower_ntiles(L, rows, (int64_t)dtype_bytes(L->s->bufs[seg[0].w].dtype, k));
+    int n = lower_ntiles(L, rows, (int64_t)dtype_row_bytes(L->s->bufs[seg[0].w].dtype, k));
     lower_stage_begin(L);
     for (int t = 0; t < n; t++) {
         int w = lower_tile_worker(L, t);
@@ -388,8 +417,9 @@ static void lower_ffn_stage(Lower *L, int l)
 {
     const ModelDesc *m = L->m;
     int64_t rows = m->hidden_dim, dim = m->dim;
-    int n = lower_ntiles(L, rows, 2 * (int64_t)dtype_bytes(DT_F32, dim));
     Seg g = {lower_w(L, l, "w_gate"), L->gate, BUF_NONE, rows}, u = {lower_w(L, l, "w_up"), L->up, BUF_NONE, rows};
+    int n = lower_ntiles(L, rows, (int64_t)(dtype_row_bytes(L->s->bufs[g.w].dtype, dim) +
+                                            dtype_row_bytes(L->s->bufs[u.w].dtype, dim)));
     uint32_t nw = lower_w(L, l, "ffn_norm");
     char name[32];
     snprintf(name, sizeof name, "ffn.%d", l);
@@ -491,7 +521,7 @@ static void lower_weights(Lower *L)
 {
     const ModelDesc *m = L->m;
     int64_t dim = m->dim, qd = (int64_t)m->n_heads * L->hd, kvd = (int64_t)m->n_kv_heads * L->hd, hid = m->hidden_dim;
-    L->embed = lower_buf(L, "embed", DT_F32, BUF_WEIGHT, 2, m->vocab_size, dim, 0, 0);
+    L->embed = lower_buf(L, "embed", lower_wdtype(L, "embed"), BUF_WEIGHT, 2, m->vocab_size, dim, 0, 0);
     for (int l = 0; l < m->n_layers; l++) {
         lower_wbuf(L, l, "attn_norm", 1, dim, 0);
         lower_wbuf(L, l, "wq", 2, qd, dim);
@@ -509,7 +539,9 @@ static void lower_weights(Lower *L)
         lower_wbuf(L, l, "w_down", 2, dim, hid);
     }
     L->final_norm = lower_buf(L, "final_norm", DT_F32, BUF_WEIGHT, 1, dim, 0, 0, 0);
-    L->lm_head = m->tie_embeddings ? L->embed : lower_buf(L, "lm_head", DT_F32, BUF_WEIGHT, 2, m->vocab_size, dim, 0, 0);
+    L->lm_head = !lower_head_separate(L) ? L->embed
+                                         : lower_buf(L, "lm_head", lower_wdtype(L, "lm_head"), BUF_WEIGHT, 2,
+                                                     m->vocab_size, dim, 0, 0);
     L->rope = lower_buf(L, "rope", DT_F32, BUF_WEIGHT, 3, m->max_seq, L->hd / 2, 2, 0);
 }
 
@@ -579,8 +611,8 @@ static bool lower_check(const ModelDesc *m, int workers, Diag *d)
     if (m->act_dtype != DT_F32)
         ok = lower_fail(m, d, "%s: activation dtype %lld is not f32", "not supported yet", m->act_dtype);
     for (int c = 0; c < TCLASS_COUNT; c++)
-        if (m->quant[c].kind != QUANT_NONE && m->quant[c].kind != QUANT_F32)
-            ok = lower_fail(m, d, "%s: quantized weights (tensor class %lld)", "not supported yet", c);
+        if (quant_spec_dtype(m->quant[c], DT_F32) < 0)
+            ok = lower_fail(m, d, "%s: quantization group of tensor class %lld", "not supported", c);
     for (int l = 0; ok && l < m->n_layers; l++)
         if (m->attn[l].kind != ATTN_DENSE || m->kv[l].kind != KV_FULL)
             ok = lower_fail(m, d, "%s: sparse attention or KV eviction (layer %lld)", "not supported yet", l);
@@ -595,10 +627,15 @@ static ModelShape lower_shape(const ModelDesc *m)
 
 Schedule *lower_model(const ModelDesc *m, const Target *t, int workers, Diag *d)
 {
+    return lower_model_weights(m, NULL, t, workers, d);
+}
+
+Schedule *lower_model_weights(const ModelDesc *m, const Weights *w, const Target *t, int workers, Diag *d)
+{
     int nw = workers > 0 ? workers : m->workers > 0 ? m->workers : t->default_workers;
     if (!lower_check(m, nw, d))
         return NULL;
-    Lower L = {.m = m, .nw = nw, .hd = m->head_dim, .G = m->n_heads / m->n_kv_heads, .prev = UINT32_MAX};
+    Lower L = {.m = m, .w = w, .nw = nw, .hd = m->head_dim, .G = m->n_heads / m->n_kv_heads, .prev = UINT32_MAX};
     L.fused = m->n_kv_heads % nw == 0;
     L.nsplit = L.fused ? 1 : nw / m->n_kv_heads;
     int maxsplit = (m->max_seq + LOWER_ATTN_BLOCK - 1) / LOWER_ATTN_BLOCK;
@@ -606,7 +643,7 @@ Schedule *lower_model(const ModelDesc *m, const Target *t, int workers, Diag *d)
     L.s = sched_new(m->name ? m->name : "model", t->name, nw);
     L.s->shape = lower_shape(m);
     L.in_stage = xcalloc((size_t)nw, sizeof *L.in_stage);
-    L.lm_tiles = lower_ntiles(&L, m->vocab_size, (int64_t)dtype_bytes(DT_F32, m->dim));
+    L.lm_tiles = lower_ntiles(&L, m->vocab_size, (int64_t)dtype_row_bytes(lower_wdtype(&L, "lm_head"), m->dim));
     lower_buffers(&L);
     lower_embed_stage(&L);
     for (int l = 0; l < m->n_layers; l++)

@@ -18,6 +18,7 @@ static const struct {
     {"run", cmd_run, "decode text from a model or a bundle"},
     {"bench", cmd_bench, "measure decode speed against the bandwidth ceiling"},
     {"fuzz-validator", cmd_fuzz_validator, "adversarial campaign: validator vs model checker"},
+    {"eval-quant", cmd_eval_quant, "fidelity of quantized formats against the unquantized model"},
 };
 
 static void usage(FILE *out)

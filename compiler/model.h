@@ -5,8 +5,11 @@
  *
  * Conventions every part of megac relies on:
  *  - Matrices are row-major [out][in]: y[i] = sum_j W[i*in + j] * x[j].
- *  - Weights are held in f32 after loading (quantized GGUF blocks are
- *    dequantized on load for now).
+ *  - Every weight has an f32 view. A matrix may also be held in another
+ *    storage dtype (QTensor: GGUF Q8_0/Q4_0/Q4_1 blocks kept as they are,
+ *    or a format the quant knobs chose, see compiler/quant.h); its f32 view
+ *    then holds exactly the dequantized values of those bytes, so the
+ *    reference computes on the same quantized weights as the kernels.
  *  - q/k rows are kept in the order of their source; `rope_pairing` says how
  *    that source rotates: ROPE_ADJACENT pairs (2i, 2i+1) within each head
  *    (llama2.c, Meta, GGUF); ROPE_HALF pairs (i, i + head_dim/2) (HF).
@@ -48,8 +51,9 @@ typedef enum {
     TCLASS_COUNT
 } TensorClass;
 
-/* Quantization formats a knob can name. Only QUANT_NONE (keep the source
- * precision, computed in f32) is implemented by the backends so far. */
+/* Quantization formats a knob can name (compiler/quant.h): none keeps the
+ * source (GGUF blocks stay blocks), f32/f16/bf16 store floats, w8a16 and
+ * w4a16 the row-blocked W8 and W4G* of ir/dtype.h. w8a8/w4a8 are refused. */
 typedef enum { QUANT_NONE, QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_W8A16, QUANT_W4A16, QUANT_W8A8, QUANT_W4A8 } QuantKind;
 typedef struct {
     QuantKind kind;
@@ -149,6 +153,16 @@ typedef struct {
     float *w_down;      /* (dim, hidden_dim)   "w2" */
 } LayerWeights;
 
+/* A matrix held in a storage dtype other than f32 (layouts in ir/dtype.h):
+ * data is rows records of dtype_row_bytes(dtype, cols) bytes. */
+typedef struct QTensor {
+    const char *name;       /* canonical: "embed", "L0.wq", "lm_head" */
+    DType dtype;
+    int64_t rows, cols;
+    unsigned char *data;    /* (rows, dtype_row_bytes(dtype, cols)) in Weights.arena */
+    size_t nbytes;
+} QTensor;
+
 typedef struct Weights {
     const ModelDesc *m;
     float *tok_embed;   /* (vocab, dim) */
@@ -158,10 +172,13 @@ typedef struct Weights {
     RopePairing pairing;    /* convention of wq/wk rows as loaded */
     Arena arena;        /* owns every tensor above */
     size_t nbytes;      /* total f32 bytes held */
+    QTensor *qt;        /* (nqt) matrices held in another dtype; in arena */
+    int nqt, capqt;
 } Weights;
 
 /* Loads (or synthesizes) the weights the description names, checking every
- * shape against it. Errors name the file and the tensor. */
+ * shape against it, then applies its quant knobs (quant_apply). Errors
+ * name the file and the tensor. */
 bool weights_load(Weights *w, const ModelDesc *m, Diag *d);
 void weights_free(Weights *w);
 /* A tensor by its schedule buffer name: "embed", "final_norm", "lm_head",
@@ -169,6 +186,15 @@ void weights_free(Weights *w);
  * "L<l>.bv", "L<l>.wo", "L<l>.ffn_norm", "L<l>.w_gate", "L<l>.w_up",
  * "L<l>.w_down". NULL if absent (bias without qkv_bias, unknown name). */
 const float *weights_tensor(const Weights *w, const char *name, int64_t *nelem);
+/* The storage of a matrix by the same name when it is not plain f32, else
+ * NULL. "lm_head" of a tied model whose classifier was not split off by
+ * quantization is the embedding's. */
+const QTensor *weights_qtensor(const Weights *w, const char *name);
+/* The storage dtype of a tensor: the QTensor's, else DT_F32. */
+DType weights_dtype(const Weights *w, const char *name);
+/* True when lm_head is a tensor of its own (untied, or a tied model whose
+ * classifier and embedding were quantized to different dtypes). */
+bool weights_head_separate(const Weights *w);
 
 /* ---- rope.c ---- */
 /* Per-pair inverse frequencies (head_dim/2 values), llama3 scaling applied. */

@@ -10,9 +10,13 @@
  * slot and report errors as "path: error: tensor 'name': ..."; loading
  * stops at the first bad tensor so that one mistake gives one error.
  *
+ * Then the description's quant knobs are applied (quant.c): matrices
+ * may end up stored in another dtype, their f32 views dequantized from it.
+ *
  * Also here: the read-only file mapping and the f16/bf16 -> f32 conversion
  * the loaders share, and weights_tensor, the lookup by schedule buffer name.
  */
+#include "compiler/quant.h"
 #include "compiler/weights_impl.h"
 
 #include <errno.h>
@@ -248,6 +252,8 @@ static void slots_alloc(Weights *w)
 {
     const ModelDesc *m = w->m;
     w->layers = ARENA_ARRAY(&w->arena, LayerWeights, m->n_layers);
+    w->capqt = 2 + (WK_W_DOWN - WK_ATTN_NORM + 1) * m->n_layers;
+    w->qt = ARENA_ARRAY(&w->arena, QTensor, w->capqt);
     slot_alloc(w, WK_EMBED, -1);
     for (int l = 0; l < m->n_layers; l++)
         for (WKind k = WK_ATTN_NORM; k <= WK_W_DOWN; k++)
@@ -384,6 +390,7 @@ bool weights_load(Weights *w, const ModelDesc *m, Diag *d)
         ok = true;
         break;
     }
+    ok = ok && d->nerrors == before && quant_apply(w, d);
     if (!ok || d->nerrors > before) {
         weights_free(w);
         return false;
@@ -397,6 +404,8 @@ void weights_free(Weights *w)
     w->tok_embed = w->final_norm = w->lm_head = NULL;
     w->layers = NULL;
     w->nbytes = 0;
+    w->qt = NULL;
+    w->nqt = w->capqt = 0;
 }
 
 /* Parses "L<l>.<kind>" or a global name into (kind, layer). */
@@ -434,4 +443,55 @@ const float *weights_tensor(const Weights *w, const char *name, int64_t *nelem)
     if (nelem)
         *nelem = rows * (cols ? cols : 1);
     return p;
+}
+
+/* ---- storage in other dtypes ---- */
+
+static QTensor *qtensor_find(const Weights *w, const char *name)
+{
+    for (int i = 0; i < w->nqt; i++)
+        if (strcmp(w->qt[i].name, name) == 0)
+            return &w->qt[i];
+    return NULL;
+}
+
+QTensor *weights_qtensor_put(Weights *w, const char *name, DType t, int64_t rows, int64_t cols)
+{
+    QTensor *q = qtensor_find(w, name);
+    if (!q) {
+        ASSERT(w->nqt < w->capqt);
+        q = &w->qt[w->nqt++];
+        q->name = arena_strdup(&w->arena, name);
+    }
+    q->dtype = t;
+    q->rows = rows;
+    q->cols = cols;
+    q->nbytes = (size_t)rows * dtype_row_bytes(t, cols);
+    q->data = arena_alloc(&w->arena, q->nbytes);
+    return q;
+}
+
+void weights_qtensor_drop(Weights *w, const char *name)
+{
+    QTensor *q = qtensor_find(w, name);
+    if (q)
+        *q = w->qt[--w->nqt];
+}
+
+bool weights_head_separate(const Weights *w)
+{
+    return w->lm_head != w->tok_embed;
+}
+
+const QTensor *weights_qtensor(const Weights *w, const char *name)
+{
+    if (strcmp(name, "lm_head") == 0 && !weights_head_separate(w))
+        name = "embed";
+    return qtensor_find(w, name);
+}
+
+DType weights_dtype(const Weights *w, const char *name)
+{
+    const QTensor *q = weights_qtensor(w, name);
+    return q ? q->dtype : DT_F32;
 }

@@ -89,6 +89,11 @@ bool wslot_shape_check(const WSlot *s, Diag *d, const char *path, const char *na
                        const int64_t *shape);
 /* Converts n little-endian elements at src (any alignment) to f32. */
 void convert_to_f32(float *dst, const void *src, int64_t n, SrcType t);
+/* Holds matrix `name` (canonical) in dtype t: returns its QTensor with
+ * nbytes of zeroed storage in w->arena, replacing any earlier one. */
+QTensor *weights_qtensor_put(Weights *w, const char *name, DType t, int64_t rows, int64_t cols);
+/* Forgets the non-f32 storage of `name` (its f32 view stays). */
+void weights_qtensor_drop(Weights *w, const char *name);
 /* Errors when the source's RoPE pairing differs from the description's. */
 bool weights_pairing_check(const Weights *w, Diag *d, const char *path, RopePairing src);
 

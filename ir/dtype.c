@@ -1,5 +1,5 @@
 /*
- * dtype.c - the element-type table.
+ * dtype.c - the element-type table and byte sizes (layouts in dtype.h).
  */
 #include "ir/dtype.h"
 
@@ -38,7 +38,63 @@ int dtype_block_bytes(DType t)
     return dtypes[t].block_bytes;
 }
 
+bool dtype_is_a8(DType t)
+{
+    return t == DT_W8A8 || t == DT_W4A8G32 || t == DT_W4A8G64 || t == DT_W4A8G128;
+}
+
+DType dtype_layout(DType t)
+{
+    switch (t) {
+    case DT_W8A8: return DT_W8;
+    case DT_W4A8G32: return DT_W4G32;
+    case DT_W4A8G64: return DT_W4G64;
+    case DT_W4A8G128: return DT_W4G128;
+    default: return t;
+    }
+}
+
+bool dtype_is_rowwise(DType t)
+{
+    t = dtype_layout(t);
+    return t == DT_W8 || t == DT_W4G32 || t == DT_W4G64 || t == DT_W4G128;
+}
+
+bool dtype_is_quant(DType t)
+{
+    return t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1 || dtype_is_rowwise(t);
+}
+
+/* W4 group record of L elements: header, then 16 bytes per 32 elements. */
+static size_t w4_group_bytes(int64_t len)
+{
+    return 4 + 16 * (size_t)((len + 31) / 32);
+}
+
+size_t dtype_row_bytes(DType t, int64_t k)
+{
+    t = dtype_layout(t);
+    if (t == DT_W8)
+        return 4 + (size_t)((k + 3) / 4 * 4);
+    if (dtype_is_rowwise(t)) {
+        int64_t g = dtypes[t].block, full = k / g;
+        size_t n = (size_t)full * (size_t)dtypes[t].block_bytes;
+        return k % g ? n + w4_group_bytes(k % g) : n;
+    }
+    return (size_t)(k / dtypes[t].block) * (size_t)dtypes[t].block_bytes;
+}
+
 size_t dtype_bytes(DType t, int64_t n)
 {
-    return (size_t)(n / dtypes[t].block) * (size_t)dtypes[t].block_bytes;
+    return dtype_row_bytes(t, n);
+}
+
+size_t dtype_tensor_bytes(DType t, int rank, const int64_t *shape)
+{
+    if (rank <= 0)
+        return dtype_row_bytes(t, 1);
+    int64_t rows = 1;
+    for (int i = 0; i < rank - 1; i++)
+        rows *= shape[i];
+    return (size_t)rows * dtype_row_bytes(t, shape[rank - 1]);
 }

@@ -2,12 +2,50 @@
  * dtype.h - element types shared by weights, buffers and kernels.
  *
  * Block formats (Q8_0, Q4_0, Q4_1) store `block` elements in `block_bytes`
- * bytes exactly as GGUF does (research/techniques.md §1.1). W8 and W4 are
- * megac's own quantized layouts (issue: quantized GEMV).
+ * bytes exactly as GGUF does (research/techniques.md §1.1); a row of K
+ * elements (K a multiple of 32) is K/32 consecutive blocks:
+ *   Q8_0  {f16 d; i8 qs[32]}          w[j] = d * qs[j]
+ *   Q4_0  {f16 d; u8 qs[16]}          w[j] = d * ((qs[j] & 15) - 8), w[j+16] = d * ((qs[j] >> 4) - 8)
+ *   Q4_1  {f16 d; f16 m; u8 qs[16]}   w[j] = d * (qs[j] & 15) + m,   w[j+16] = d * (qs[j] >> 4) + m
+ *
+ * W8 and W4G* are megac's own quantized layouts (issue: quantized GEMV).
+ * They are *row-blocked*: every row of a [rows][K] matrix is a
+ * self-contained record of dtype_row_bytes(t, K) bytes, rows back to back,
+ * so a tile of rows is one contiguous byte range and any K is allowed.
+ * All multi-byte fields are little-endian; every record is a multiple of
+ * 4 bytes (so rows stay 4-byte aligned when the matrix is).
+ *   W8 (per-row int8, symmetric):
+ *     row = {f32 s; i8 q[K]; zero bytes up to a multiple of 4}
+ *     w[j] = s * q[j],  q in [-127, 127]
+ *   W4G<G> (G = 32, 64, 128; group-wise along K, asymmetric, 4-bit):
+ *     row = ceil(K/G) group records; group g holds elements
+ *     [g*G, min(K, (g+1)*G)), L of them (the last group of a row is
+ *     shorter when G does not divide K):
+ *       {f16 s; u8 z; u8 0; u8 qs[16 * ceil(L/32)]}
+ *     qs is cut in chunks of 16 bytes, one per 32 elements, laid out like
+ *     Q4_0: byte 16c+i holds element 32c+i of the group in its low nibble
+ *     and element 32c+16+i in its high nibble (i < 16). Nibbles past L hold
+ *     z (they dequantize to 0 and are never read).
+ *       w = s * (q - z),  q, z in [0, 15]; computed in f32 as
+ *       s * (float)(q - z) (one rounding), by every backend and the
+ *       reference alike.
+ * For row-blocked types the table's `block` is the group along K (W8: 1)
+ * and `block_bytes` the bytes of one full group (W8: 1, the scale apart).
+ *
+ * W8A8 and W4A8G<G> have exactly the bytes of W8 and W4G<G>; the name
+ * tells the GEMV to quantize its input too: x is cut in blocks of 32 along
+ * K (the last one shorter), each block b gets d_b = max|x_b| / 127 (f32)
+ * and xq_j = rint(x_j / d_b) in [-127, 127] (f32 division, nearest with
+ * ties to even; 0 when d_b is 0), and the
+ * products are integer sums per block:
+ *   W8A8:    y = s * sum_b d_b * sum_{j in b} q_j * xq_j
+ *   W4A8G:   y = sum_g s_g * sum_{b in g} d_b * sum_{j in b} (q_j - z_g) * xq_j
+ * (groups are multiples of 32, so blocks never straddle a group).
  */
 #ifndef MEGAC_DTYPE_H
 #define MEGAC_DTYPE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,7 +58,15 @@
     X(I8, "i8", 1, 1)                  \
     X(Q8_0, "q8_0", 32, 34)            \
     X(Q4_0, "q4_0", 32, 18)            \
-    X(Q4_1, "q4_1", 32, 20)
+    X(Q4_1, "q4_1", 32, 20)            \
+    X(W8, "w8", 1, 1)                  \
+    X(W4G32, "w4g32", 32, 20)          \
+    X(W4G64, "w4g64", 64, 36)          \
+    X(W4G128, "w4g128", 128, 68)       \
+    X(W8A8, "w8a8", 1, 1)              \
+    X(W4A8G32, "w4a8g32", 32, 20)      \
+    X(W4A8G64, "w4a8g64", 64, 36)      \
+    X(W4A8G128, "w4a8g128", 128, 68)
 
 typedef enum {
 #define X(n, s, b, bb) DT_##n,
@@ -31,9 +77,26 @@ typedef enum {
 
 const char *dtype_name(DType t);
 int dtype_from_name(const char *s);         /* -1 if unknown */
-int dtype_block(DType t);                   /* elements per block */
+int dtype_block(DType t);                   /* elements per block (group) */
 int dtype_block_bytes(DType t);
-/* Bytes for n elements (n must be a multiple of the block). */
+/* Bytes for n elements (n must be a multiple of the block). For a
+ * row-blocked type, n is taken as one row (dtype_row_bytes). */
 size_t dtype_bytes(DType t, int64_t n);
+/* True for W8 and W4G*: byte sizes depend on the row length. */
+bool dtype_is_rowwise(DType t);
+/* True for the weight-only formats (GGUF blocks, W8, W4G*, and the A8
+ * variants). */
+bool dtype_is_quant(DType t);
+/* True for W8A8 and W4A8G*: the GEMV quantizes its input to int8. */
+bool dtype_is_a8(DType t);
+/* The A16 dtype with the same bytes (W8A8 -> W8, W4A8G32 -> W4G32, ...);
+ * t itself for the others. */
+DType dtype_layout(DType t);
+/* Bytes of one row of k elements (block formats: k a multiple of the
+ * block). */
+size_t dtype_row_bytes(DType t, int64_t k);
+/* Bytes of a whole tensor: rows = product of all but the last dim, each a
+ * row of shape[rank-1] elements (rank 0: one element). */
+size_t dtype_tensor_bytes(DType t, int rank, const int64_t *shape);
 
 #endif

@@ -122,7 +122,7 @@ void sched_layout(Schedule *s)
     uint64_t wofs = 0, aofs = 0;
     for (uint32_t i = 0; i < s->nbufs; i++) {
         Buffer *b = &s->bufs[i];
-        uint64_t n = dtype_bytes(b->dtype, b->nelem);
+        uint64_t n = dtype_tensor_bytes(b->dtype, b->rank, b->shape);
         uint64_t *ofs = b->cls == BUF_WEIGHT ? &wofs : &aofs;
         b->offset = *ofs;
         *ofs = align64(*ofs + n);

@@ -657,10 +657,10 @@ Test(cpu_ops, bad_position_runs_nothing)
 
 Test(cpu_ops, unsupported_dtype_is_an_error)
 {
-    Schedule *s = sched_new("f16", "cpu", 1);
+    Schedule *s = sched_new("i8", "cpu", 1);
     s->shape = op_shape(0);
     int64_t shp[2] = {8, 16};
-    uint32_t w = sched_add_buffer(s, "w", DT_F16, BUF_WEIGHT, 2, shp);
+    uint32_t w = sched_add_buffer(s, "w", DT_I8, BUF_WEIGHT, 2, shp);
     uint32_t x = add_buf(s, "x", BUF_STATE, 16), y = add_buf(s, "y", BUF_SCRATCH, 8);
     add_op(s, 0, OP_GEMV, (int32_t[]){0, 8, 16, 0}, (uint32_t[]){w, x, y, BUF_NONE, BUF_NONE});
     sched_layout(s);
@@ -672,7 +672,7 @@ Test(cpu_ops, unsupported_dtype_is_an_error)
     cr_assert_not(cg_cpu_compile(s, NULL, "/tmp/megac_cpu_never.so", &d));
     fclose(f);
     cr_assert_eq(d.nerrors, 1);
-    cr_assert(strstr(out, "gemv operand 'w' (buffer 'w') of dtype f16 is not supported"), "%s", out);
+    cr_assert(strstr(out, "gemv operand 'w' (buffer 'w') of dtype i8 is not supported"), "%s", out);
     sched_free(s);
 }
 

@@ -275,7 +275,7 @@ Test(cuda_nvrtc, unsupported_dtype_is_an_error)
     s->shape = (ModelShape){.dim = 64, .hidden_dim = 64, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1,
                             .head_dim = 8, .vocab_size = 16, .max_seq = 16, .norm_eps = 1e-5};
     int64_t wn[2] = {4, 64}, kn = 64, rn = 4;
-    uint32_t w = sched_add_buffer(s, "w", DT_F16, BUF_WEIGHT, 2, wn);
+    uint32_t w = sched_add_buffer(s, "w", DT_W8A8, BUF_WEIGHT, 2, wn); /* int8 inputs: CPU only */
     uint32_t x = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, &kn), y = sched_add_buffer(s, "y", DT_F32, BUF_STATE, 1, &rn);
     int32_t p[OP_MAX_PARAMS] = {0, 4, 64, 0};
     Access acc[5] = {{w, ACC_R, affine_const(0), affine_const(256)},

@@ -522,17 +522,13 @@ Test(desc, diag_overlap)
 
 Test(desc, diag_unsupported_knobs)
 {
-    expect_errors(BASE ARCH "compile:\n  act_dtype: bf16\n  quant: {default: w4a16-g64, mlp: f32}\n"
+    expect_errors(BASE ARCH "compile:\n  act_dtype: bf16\n  quant: {default: w4a8-g64, mlp: f32}\n"
                   "  attention: [{layers: all, kind: sink_window, sinks: 4, window: 64}]\n"
                   "  kv_policy: [{layers: 1, policy: h2o, budget: 32}]\n",
                   NULL, 0,
                   "models/x.yaml:5:14: error: activation dtype 'bf16' is not supported yet (only f32)\n"
                   "    5 |   act_dtype: bf16\n"
                   "      |              ^\n"
-                  "models/x.yaml:6:20: error: quantization 'w4a16-g64' ('compile.quant.default') is not supported "
-                  "yet (only none and f32)\n"
-                  "    6 |   quant: {default: w4a16-g64, mlp: f32}\n"
-                  "      |                    ^\n"
                   "models/x.yaml:7:35: error: attention kind 'sink_window' is not supported yet (only dense)\n"
                   "    7 |   attention: [{layers: all, kind: sink_window, sinks: 4, window: 64}]\n"
                   "      |                                   ^\n"
@@ -585,14 +581,12 @@ Test(desc, desc_check_by_hand)
     cr_assert(desc_load(&m, &a, NULL, NULL, 0, &d));
     m.path = "hand.yaml";
     m.head_dim = 7;
-    m.quant[TCLASS_MLP].kind = QUANT_W8A16;
     memset(errs, 0, sizeof errs);
     d.out = fmemopen(errs, sizeof errs - 1, "w");
     cr_assert_not(desc_check(&m, &d));
     fclose(d.out);
     cr_assert_str_eq(errs, "hand.yaml: error: head_dim (7) must be even, positive, and head_dim * n_heads at most "
-                           "1048576\n"
-                           "hand.yaml: error: quantization w8a16 is not supported yet\n");
+                           "1048576\n");
     arena_free(&a);
 }
 

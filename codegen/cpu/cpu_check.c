@@ -1,8 +1,10 @@
 /*
  * cpu_check.c - what the CPU backend can run. The validator has already
  * proved the schedule well formed, free of deadlocks and races; this pass
- * only rejects what the kernel body does not implement yet (dtypes other
- * than f32 activations and weights, oversized normalized GEMV inputs), op
+ * only rejects what the kernel body does not implement yet (activations
+ * other than f32; weights other than f32, or, for the GEMV matrix and the
+ * embedding table, the dtypes check_gemv_weight lists; oversized
+ * normalized or int8-quantized GEMV inputs), op
  * params the bodies' loops cannot run with (op_footprint's checks: the
  * validator reports them too, but a kernel must never loop forever), and a
  * schedule whose buffers have no offsets, each as an error at the
@@ -21,13 +23,17 @@ static const Buffer *check_operand(const Schedule *s, const Inst *in, int i)
     return b == BUF_NONE ? NULL : &s->bufs[b];
 }
 
-/* Weight dtypes the GEMV body has a row kernel for. A new one needs a
- * case here and one in gemv_rows() of kernel_body.c. */
+/* Weight dtypes the GEMV body has a row kernel for (and the embedding a
+ * gather for). A new one needs a case here and one in gemv_rows() and
+ * qelem() of kernel_body.c. */
 static bool check_gemv_weight(DType t)
 {
     switch (t) {
-    case DT_F32: return true;
-    default: return false;
+    case DT_F32: case DT_F16: case DT_BF16: case DT_Q8_0: case DT_Q4_0: case DT_Q4_1: case DT_W8: case DT_W4G32:
+    case DT_W4G64: case DT_W4G128: case DT_W8A8: case DT_W4A8G32: case DT_W4A8G64: case DT_W4A8G128:
+        return true;
+    default:
+        return false;
     }
 }
 
@@ -39,6 +45,8 @@ static bool check_dtype_ok(const Inst *in, int i, DType t)
         return check_gemv_weight(t);
     if (in->op == OP_EMBED && i == 0)
         return t == DT_I32;
+    if (in->op == OP_EMBED && i == 1)
+        return check_gemv_weight(t);
     if (in->op == OP_ARGMAX_COMBINE && i == 1)
         return t == DT_I32 || t == DT_F32;
     return t == DT_F32;
@@ -75,6 +83,10 @@ static void check_inst(const Schedule *s, const Inst *in, Diag *d)
     if (!op_footprint(s, in, fp, &why)) /* params the bodies' loops rely on */
         diag_error(d, &src, in->line, 1, "%s: %s", op_info(in->op)->name, why);
     check_operands(s, in, d);
+    const Buffer *w = in->op == OP_GEMV ? check_operand(s, in, 0) : NULL;
+    if (w && dtype_is_a8(w->dtype) && in->p[2] > CPU_NORM_K_MAX)
+        diag_error(d, &src, in->line, 1, "gemv with int8 activations over k = %d > %d inputs is not supported by "
+                   "the CPU backend yet", in->p[2], CPU_NORM_K_MAX);
     if (in->op == OP_GEMV && (in->p[3] & GEMV_NORM) && in->p[2] > CPU_NORM_K_MAX)
         diag_error(d, &src, in->line, 1, "gemv with norm over k = %d > %d inputs is not supported by the CPU backend yet",
                    in->p[2], CPU_NORM_K_MAX);

@@ -23,6 +23,8 @@
  * serves all q heads of a kv head from each group of k/v rows while it is
  * in L1 and prefetches rows ahead, since its work per cache line is too
  * large for the out-of-order window alone to keep the stream going.
+ * Weights of the GEMV and the embedding may be f16, bf16 or quantized
+ * (ir/dtype.h): they are dequantized in registers, inside the dot product.
  */
 #define _GNU_SOURCE
 #include "codegen/cpu/kernel_table.h"
@@ -107,9 +109,325 @@ static int opnd_dtype(const int64_t *in, int i)
     return (int)(((uint64_t)in[KT_DTYPES] >> (8 * i)) & 0xff);
 }
 
+/* ---- quantized and half-precision weights (layouts: ir/dtype.h) ----
+ * Dequantization happens in registers inside the dot products: a block's
+ * integers are widened to floats, multiplied with x, and the block (or
+ * row, or group) scale is applied to the partial sum. No dequantized copy
+ * of a weight exists. Row r of a matrix starts at r * qrow_bytes(t, k). */
+
+typedef int8_t v16i8 __attribute__((vector_size(16), aligned(1)));
+typedef uint8_t v16u8 __attribute__((vector_size(16), aligned(1)));
+
+static float f16_at(const unsigned char *p)
+{
+    uint32_t h = (uint32_t)(p[0] | p[1] << 8), s = (h & 0x8000u) << 16, e = (h >> 10) & 31, m = h & 0x3ffu, u;
+    float f;
+    if (e == 0) {
+        f = (float)m * 0x1p-24f;
+        memcpy(&u, &f, 4);
+        u |= s;
+    } else {
+        u = s | (e == 31 ? 0x7f800000u | m << 13 : (e + 112) << 23 | m << 13);
+    }
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static float bf16_at(const unsigned char *p)
+{
+    uint32_t u = (uint32_t)(p[0] | p[1] << 8) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* W4 group size of a W4G* dtype. */
+static int64_t w4_gsize(int t)
+{
+    return t == DT_W4G32 ? 32 : t == DT_W4G64 ? 64 : 128;
+}
+
+static int64_t w4_group_bytes(int64_t len)
+{
+    return 4 + 16 * ((len + 31) / 32);
+}
+
+/* The A16 dtype with the same bytes (ir/dtype.c's dtype_layout). */
+static int qlayout(int t)
+{
+    switch (t) {
+    case DT_W8A8: return DT_W8;
+    case DT_W4A8G32: return DT_W4G32;
+    case DT_W4A8G64: return DT_W4G64;
+    case DT_W4A8G128: return DT_W4G128;
+    default: return t;
+    }
+}
+
+/* Bytes of a row of k elements (ir/dtype.c's dtype_row_bytes). */
+static int64_t qrow_bytes(int t, int64_t k)
+{
+    switch (qlayout(t)) {
+    case DT_F32: return 4 * k;
+    case DT_F16: case DT_BF16: return 2 * k;
+    case DT_Q8_0: return k / 32 * 34;
+    case DT_Q4_0: return k / 32 * 18;
+    case DT_Q4_1: return k / 32 * 20;
+    case DT_W8: return 4 + (k + 3) / 4 * 4;
+    default: {
+        int64_t g = w4_gsize(qlayout(t));
+        return k / g * w4_group_bytes(g) + (k % g ? w4_group_bytes(k % g) : 0);
+    }
+    }
+}
+
+/* Element j of a W4 group: the Q4_0-like nibble of chunk j / 32. */
+static int w4_nib(const unsigned char *qs, int64_t j)
+{
+    int64_t i = j % 32;
+    unsigned b = qs[16 * (j / 32) + i % 16];
+    return (int)(i < 16 ? b & 15 : b >> 4);
+}
+
+/* Element j of row `row` (k elements) of dtype t, dequantized: for the
+ * embedding gather, one row per step. */
+static float qelem(int t, const unsigned char *row, int64_t k, int64_t j)
+{
+    const unsigned char *b;
+    t = qlayout(t);
+    switch (t) {
+    case DT_F32: { float f; memcpy(&f, row + 4 * j, 4); return f; }
+    case DT_F16: return f16_at(row + 2 * j);
+    case DT_BF16: return bf16_at(row + 2 * j);
+    case DT_Q8_0: b = row + j / 32 * 34; return f16_at(b) * (float)(int8_t)b[2 + j % 32];
+    case DT_Q4_0: b = row + j / 32 * 18; return f16_at(b) * (float)(((b[2 + j % 16] >> (j % 32 < 16 ? 0 : 4)) & 15) - 8);
+    case DT_Q4_1: {
+        b = row + j / 32 * 20;
+        float lo = f16_at(b) * (float)((b[4 + j % 16] >> (j % 32 < 16 ? 0 : 4)) & 15);
+        return lo + f16_at(b + 2);
+    }
+    case DT_W8: { float s; memcpy(&s, row, 4); return s * (float)(int8_t)row[4 + j]; }
+    default: {
+        int64_t g = w4_gsize(t);
+        b = row + j / g * w4_group_bytes(g);
+        (void)k;
+        return f16_at(b) * (float)(w4_nib(b + 4, j % g) - b[2]);
+    }
+    }
+}
+
+/* Widening loads (macros: a v16f return value would change the ABI). */
+#define WIDEN_I8(p) __builtin_convertvector(*(const v16i8 *)(p), v16f)
+#define NIB_LO(q) __builtin_convertvector((q) & (uint8_t)15, v16f)
+#define NIB_HI(q) __builtin_convertvector((q) >> (uint8_t)4, v16f)
+
+static float dot_q8_0(const unsigned char *b, const float *x, int64_t k)
+{
+    v16f acc = {0};
+    for (int64_t j = 0; j < k; j += 32, b += 34)
+        acc += f16_at(b) * (WIDEN_I8(b + 2) * LOAD16(x + j) + WIDEN_I8(b + 18) * LOAD16(x + j + 16));
+    return hsum16(&acc);
+}
+
+static float dot_q4_0(const unsigned char *b, const float *x, int64_t k)
+{
+    v16f acc = {0};
+    for (int64_t j = 0; j < k; j += 32, b += 18) {
+        v16u8 q = *(const v16u8 *)(b + 2);
+        acc += f16_at(b) * ((NIB_LO(q) - 8.0f) * LOAD16(x + j) + (NIB_HI(q) - 8.0f) * LOAD16(x + j + 16));
+    }
+    return hsum16(&acc);
+}
+
+/* sum (d q + m) x = d sum q x + m sum x, per block */
+static float dot_q4_1(const unsigned char *b, const float *x, int64_t k)
+{
+    v16f acc = {0};
+    for (int64_t j = 0; j < k; j += 32, b += 20) {
+        v16u8 q = *(const v16u8 *)(b + 4);
+        v16f x0 = LOAD16(x + j), x1 = LOAD16(x + j + 16);
+        acc += f16_at(b) * (NIB_LO(q) * x0 + NIB_HI(q) * x1) + f16_at(b + 2) * (x0 + x1);
+    }
+    return hsum16(&acc);
+}
+
+static float dot_w8(const unsigned char *row, const float *x, int64_t k)
+{
+    float s;
+    memcpy(&s, row, 4);
+    const unsigned char *q = row + 4;
+    v16f acc = {0};
+    int64_t j = 0;
+    for (; j + 16 <= k; j += 16)
+        acc += WIDEN_I8(q + j) * LOAD16(x + j);
+    float t = hsum16(&acc);
+    for (; j < k; j++)
+        t += (float)(int8_t)q[j] * x[j];
+    return s * t;
+}
+
+/* One W4 group of len elements at g against x[0:len]: the full chunks of
+ * 32 into *acc (scaled), the rest returned as a scalar. */
+static float dot_w4_group(const unsigned char *g, const float *x, int64_t len, v16f *acc)
+{
+    float z = (float)g[2], s = f16_at(g);
+    const unsigned char *qs = g + 4;
+    v16f ga = {0};
+    int64_t j = 0;
+    for (; j + 32 <= len; j += 32, qs += 16) {
+        v16u8 q = *(const v16u8 *)qs;
+        ga += (NIB_LO(q) - z) * LOAD16(x + j) + (NIB_HI(q) - z) * LOAD16(x + j + 16);
+    }
+    *acc += s * ga;
+    float t = 0;
+    for (int64_t i = 0; j + i < len; i++)
+        t += (float)(w4_nib(qs, i) - g[2]) * x[j + i];
+    return s * t;
+}
+
+static float dot_w4(int t, const unsigned char *row, const float *x, int64_t k)
+{
+    int64_t gs = w4_gsize(t);
+    v16f acc = {0};
+    float tail = 0;
+    for (int64_t j = 0; j < k; j += gs) {
+        int64_t len = k - j < gs ? k - j : gs;
+        tail += dot_w4_group(row, x + j, len, &acc);
+        row += w4_group_bytes(len);
+    }
+    return hsum16(&acc) + tail;
+}
+
+typedef uint16_t v16u16 __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t v16u32 __attribute__((vector_size(64)));
+
+/* 16 f16 values to f32, with masks instead of branches: normal numbers by
+ * rebiasing the exponent, subnormals as u * 2^-24, inf/nan kept. (A macro:
+ * a v16f return value would change the ABI.) */
+#define F16X16(h, out)                                                                   \
+    do {                                                                                 \
+        v16u32 u_ = __builtin_convertvector((h) & (uint16_t)0x7fff, v16u32);             \
+        v16u32 s_ = __builtin_convertvector((h) & (uint16_t)0x8000, v16u32) << 16;       \
+        v16f sf_ = __builtin_convertvector(u_, v16f) * 0x1p-24f;                         \
+        v16u32 sub_ = (v16u32)sf_, big_ = (u_ << 13) | 0x7f800000u;                      \
+        v16u32 nrm_ = (u_ << 13) + 0x38000000u;                                          \
+        v16u32 m1_ = (v16u32)(u_ < 0x400u), m2_ = (v16u32)(u_ >= 0x7c00u);               \
+        v16u32 r_ = (sub_ & m1_) | (~m1_ & ((big_ & m2_) | (nrm_ & ~m2_)));              \
+        (out) = (v16f)(r_ | s_);                                                         \
+    } while (0)
+
+static float dot_half(int t, const unsigned char *row, const float *x, int64_t k)
+{
+    v16f acc = {0}, w;
+    int64_t j = 0;
+    for (; j + 16 <= k; j += 16) {
+        v16u16 h = *(const v16u16 *)(row + 2 * j);
+        if (t == DT_F16)
+            F16X16(h, w);
+        else
+            w = (v16f)(__builtin_convertvector(h, v16u32) << 16);
+        acc += w * LOAD16(x + j);
+    }
+    float s = hsum16(&acc);
+    for (; j < k; j++)
+        s += (t == DT_F16 ? f16_at(row + 2 * j) : bf16_at(row + 2 * j)) * x[j];
+    return s;
+}
+
+/* ---- int8 activations (W8A8, W4A8G*: ir/dtype.h) ---- */
+
+typedef int32_t v16i32 __attribute__((vector_size(64)));
+#define WIDEN_I8_I32(p) __builtin_convertvector(*(const v16i8 *)(p), v16i32)
+#define NIB_LO_I32(q) __builtin_convertvector((q) & (uint8_t)15, v16i32)
+#define NIB_HI_I32(q) __builtin_convertvector((q) >> (uint8_t)4, v16i32)
+
+static int a8_is(int t)
+{
+    return t == DT_W8A8 || t == DT_W4A8G32 || t == DT_W4A8G64 || t == DT_W4A8G128;
+}
+
+/* x[0:k] to int8 per block of 32: xq[k] and one scale per block in dq. */
+static void act_quantize(const float *x, int64_t k, int8_t *xq, float *dq)
+{
+    for (int64_t b = 0; b < k; b += 32) {
+        int64_t len = k - b < 32 ? k - b : 32;
+        float amax = 0;
+        for (int64_t j = 0; j < len; j++)
+            amax = fabsf(x[b + j]) > amax ? fabsf(x[b + j]) : amax;
+        float d = amax / 127.0f;
+        dq[b / 32] = d;
+        for (int64_t j = 0; j < len; j++) {
+            float r = d > 0 ? rintf(x[b + j] / d) : 0.0f;
+            xq[b + j] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+        }
+    }
+}
+
+/* W8A8 row: s * sum_b d_b * (integer sum of block b). */
+static float dot_w8a8(const unsigned char *row, const int8_t *xq, const float *dq, int64_t k)
+{
+    float s;
+    memcpy(&s, row, 4);
+    const unsigned char *q = row + 4;
+    v16f acc = {0};
+    int64_t j = 0;
+    for (; j + 32 <= k; j += 32) {
+        v16i32 p = WIDEN_I8_I32(q + j) * WIDEN_I8_I32(xq + j) + WIDEN_I8_I32(q + j + 16) * WIDEN_I8_I32(xq + j + 16);
+        acc += dq[j / 32] * __builtin_convertvector(p, v16f);
+    }
+    int32_t tail = 0;
+    for (int64_t i = j; i < k; i++)
+        tail += (int8_t)q[i] * xq[i];
+    return s * (hsum16(&acc) + (j < k ? dq[j / 32] * (float)tail : 0.0f));
+}
+
+/* One W4A8 group of len elements (x blocks start at xq, dq). */
+static float dot_w4a8_group(const unsigned char *g, const int8_t *xq, const float *dq, int64_t len)
+{
+    int32_t z = g[2];
+    const unsigned char *qs = g + 4;
+    v16f acc = {0};
+    int64_t j = 0;
+    for (; j + 32 <= len; j += 32, qs += 16) {
+        v16u8 q = *(const v16u8 *)qs;
+        v16i32 p = (NIB_LO_I32(q) - z) * WIDEN_I8_I32(xq + j) + (NIB_HI_I32(q) - z) * WIDEN_I8_I32(xq + j + 16);
+        acc += dq[j / 32] * __builtin_convertvector(p, v16f);
+    }
+    int32_t tail = 0;
+    for (int64_t i = 0; j + i < len; i++)
+        tail += (w4_nib(qs, i) - z) * xq[j + i];
+    return f16_at(g) * (hsum16(&acc) + (j < len ? dq[j / 32] * (float)tail : 0.0f));
+}
+
+static float dot_w4a8(int t, const unsigned char *row, const int8_t *xq, const float *dq, int64_t k)
+{
+    int64_t gs = t == DT_W4A8G32 ? 32 : t == DT_W4A8G64 ? 64 : 128;
+    float s = 0;
+    for (int64_t j = 0; j < k; j += gs) {
+        int64_t len = k - j < gs ? k - j : gs;
+        s += dot_w4a8_group(row, xq + j, dq + j / 32, len);
+        row += w4_group_bytes(len);
+    }
+    return s;
+}
+
+/* Row . x for any weight dtype but f32. */
+static float qdot(int t, const unsigned char *row, const float *x, int64_t k)
+{
+    switch (t) {
+    case DT_Q8_0: return dot_q8_0(row, x, k);
+    case DT_Q4_0: return dot_q4_0(row, x, k);
+    case DT_Q4_1: return dot_q4_1(row, x, k);
+    case DT_W8: return dot_w8(row, x, k);
+    case DT_W4G32: case DT_W4G64: case DT_W4G128: return dot_w4(t, row, x, k);
+    default: return dot_half(t, row, x, k);
+    }
+}
+
 /* ---- op bodies ---- */
 
-/* out[c0:c1] = table[tok[0]][c0:c1]; an out-of-range token gives zeros. */
+/* out[c0:c1] = table[tok[0]][c0:c1] (dequantized from any weight dtype);
+ * an out-of-range token gives zeros. */
 static void op_embed(const MegacArgs *a, const int64_t *in)
 {
     int32_t tok = *(const int32_t *)opnd(a, in, 0);
@@ -120,7 +438,14 @@ static void op_embed(const MegacArgs *a, const int64_t *in)
         memset(out + c0, 0, (size_t)(c1 - c0) * sizeof(float));
         return;
     }
-    memcpy(out + c0, table + (int64_t)tok * dim + c0, (size_t)(c1 - c0) * sizeof(float));
+    int t = opnd_dtype(in, 1);
+    if (t == DT_F32) {
+        memcpy(out + c0, table + (int64_t)tok * dim + c0, (size_t)(c1 - c0) * sizeof(float));
+        return;
+    }
+    const unsigned char *row = (const unsigned char *)table + tok * qrow_bytes(t, dim);
+    for (int64_t j = c0; j < c1; j++)
+        out[j] = qelem(t, row, dim, j);
 }
 
 static void op_rmsnorm(const MegacArgs *a, const int64_t *in)
@@ -166,9 +491,24 @@ static void gemv_f32(const float *W, const float *x, float *y, const float *b, i
     }
 }
 
-/* The weight dtype picks the row kernel; check_gemv_weight() of
- * cpu_check.c refuses the dtypes that have none yet, so `default` is
- * unreachable. A new dtype: a row kernel, a case here, a case there. */
+/* y[r0:r1] of an A8 weight: the input quantized once, then integer rows.
+ * k <= CPU_NORM_K_MAX (cpu_check.c), so the buffers stay modest VLAs. */
+static void gemv_a8(int t, const unsigned char *W, const float *x, float *y, const float *b, int64_t r0, int64_t r1,
+                    int64_t k, int accum)
+{
+    int8_t xq[k];
+    float dq[(k + 31) / 32];
+    act_quantize(x, k, xq, dq);
+    int64_t rb = qrow_bytes(t, k);
+    for (int64_t r = r0; r < r1; r++) {
+        const unsigned char *row = W + r * rb;
+        gemv_store(y, b, r, t == DT_W8A8 ? dot_w8a8(row, xq, dq, k) : dot_w4a8(t, row, xq, dq, k), accum);
+    }
+}
+
+/* The weight dtype picks the row kernel: f32 rows as float streams, the
+ * others (check_gemv_weight() of cpu_check.c lists them) with the
+ * dequantization fused into the dot product, the A8 ones on int8 inputs. */
 static void gemv_rows(const MegacArgs *a, const int64_t *in, const float *x)
 {
     float *y = opnd(a, in, 2);
@@ -177,13 +517,19 @@ static void gemv_rows(const MegacArgs *a, const int64_t *in, const float *x)
     int accum = (in[KT_PARAM + 3] & GEMV_ACCUM) != 0;
     if (!(in[KT_PARAM + 3] & GEMV_BIAS))
         b = NULL;
-    switch (opnd_dtype(in, 0)) {
-    case DT_F32:
+    int t = opnd_dtype(in, 0);
+    if (t == DT_F32) {
         gemv_f32(opnd(a, in, 0), x, y, b, r0, r1, k, accum);
-        break;
-    default:
-        break;
+        return;
     }
+    const unsigned char *W = opnd(a, in, 0);
+    if (a8_is(t)) {
+        gemv_a8(t, W, x, y, b, r0, r1, k, accum);
+        return;
+    }
+    int64_t rb = qrow_bytes(t, k);
+    for (int64_t r = r0; r < r1; r++)
+        gemv_store(y, b, r, qdot(t, W + r * rb, x, k), accum);
 }
 
 static void op_gemv(const MegacArgs *a, const int64_t *in)

@@ -2,7 +2,8 @@
  * cuda_check.c - what the CUDA kernel body (kernel_body.cuh) can run. The
  * validator has already proved the schedule well formed, free of deadlocks
  * and races; this pass rejects what the body does not implement yet (f32
- * activations, f32 or bf16 GEMV weights and embeddings, an i32 token), a
+ * activations; f32, bf16, f16 or weight-only quantized GEMV weights and
+ * embeddings; an i32 token), a
  * normalized GEMV input too long for the shared scratch, an attention head
  * group too large for it, and a schedule without a buffer layout. Errors
  * cite the instruction's .sched line.
@@ -16,7 +17,8 @@ static SrcFile check_src(const Schedule *s)
 
 /* Whether the body reads operand i of `in` in dtype t: the token and the
  * argmax result are i32 (the result may be f32), GEMV weights and the
- * embedding table f32 or bf16, everything else f32. */
+ * embedding table f32, bf16, f16 or a quantized format other than the
+ * int8-activation ones (w8a8, w4a8), everything else f32. */
 static bool check_dtype_ok(const Inst *in, int i, DType t)
 {
     if (in->op == OP_EMBED && i == 0)
@@ -24,7 +26,7 @@ static bool check_dtype_ok(const Inst *in, int i, DType t)
     if (in->op == OP_ARGMAX_COMBINE && i == 1)
         return t == DT_F32 || t == DT_I32;
     if ((in->op == OP_GEMV && i == 0) || (in->op == OP_EMBED && i == 1))
-        return t == DT_F32 || t == DT_BF16;
+        return t == DT_F32 || t == DT_BF16 || t == DT_F16 || (dtype_is_quant(t) && !dtype_is_a8(t));
     return t == DT_F32;
 }
 

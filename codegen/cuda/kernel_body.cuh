@@ -45,8 +45,16 @@ enum {
 #define MK_GEMV_NORM 2
 #define MK_GEMV_BIAS 4
 #define MK_DT_F32 0     /* DType values of ir/dtype.h */
+#define MK_DT_F16 1
 #define MK_DT_BF16 2
 #define MK_DT_I32 3
+#define MK_DT_Q8_0 5
+#define MK_DT_Q4_0 6
+#define MK_DT_Q4_1 7
+#define MK_DT_W8 8
+#define MK_DT_W4G32 9
+#define MK_DT_W4G64 10
+#define MK_DT_W4G128 11
 
 /* Block-shared scratch: GEMV inputs, attention partials, reductions. */
 MK_SHARED MK_ALIGN16 float mk_sm[MK_SMEM_FLOATS];
@@ -136,19 +144,155 @@ MK_DEV float mk_rms_scale(const float *x, int n)
     return 1.0f / sqrtf(s / (float)n + MK_EPS);
 }
 
+/* ---- quantized and half-precision weights (layouts: ir/dtype.h) ----
+ * Dequantized in registers inside the warp's dot product (and the
+ * embedding gather): no dequantized copy of a weight exists. Row r of a
+ * matrix starts at r * mk_row_bytes(t, k). Same arithmetic as the CPU body
+ * and compiler/quant.c: w = d * q (Q4_1: d * q, then + m), one rounding
+ * each. */
+
+MK_INLINE float mk_f16_at(const unsigned char *p)
+{
+    unsigned h = (unsigned)p[0] | (unsigned)p[1] << 8, s = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
+    if (e == 0)
+        return s ? -((float)m * 5.9604644775390625e-8f) : (float)m * 5.9604644775390625e-8f;
+    return mk_as_float(s | (e == 31 ? 0x7f800000u | m << 13 : (e + 112) << 23 | m << 13));
+}
+
+MK_INLINE float mk_bf16_at(const unsigned char *p)
+{
+    return mk_as_float(((unsigned)p[0] | (unsigned)p[1] << 8) << 16);
+}
+
+MK_INLINE float mk_f32_at(const unsigned char *p)
+{
+    return mk_as_float((unsigned)p[0] | (unsigned)p[1] << 8 | (unsigned)p[2] << 16 | (unsigned)p[3] << 24);
+}
+
+MK_INLINE long long mk_w4_gsize(int t)
+{
+    return t == MK_DT_W4G32 ? 32 : t == MK_DT_W4G64 ? 64 : 128;
+}
+
+MK_INLINE long long mk_w4_group_bytes(long long len)
+{
+    return 4 + 16 * ((len + 31) / 32);
+}
+
+/* Bytes of a row of k elements (ir/dtype.c's dtype_row_bytes). */
+MK_INLINE long long mk_row_bytes(int t, long long k)
+{
+    long long g;
+    switch (t) {
+    case MK_DT_F32: return 4 * k;
+    case MK_DT_F16: case MK_DT_BF16: return 2 * k;
+    case MK_DT_Q8_0: return k / 32 * 34;
+    case MK_DT_Q4_0: return k / 32 * 18;
+    case MK_DT_Q4_1: return k / 32 * 20;
+    case MK_DT_W8: return 4 + (k + 3) / 4 * 4;
+    default:
+        g = mk_w4_gsize(t);
+        return k / g * mk_w4_group_bytes(g) + (k % g ? mk_w4_group_bytes(k % g) : 0);
+    }
+}
+
+/* The 4-bit value of element j (< 32 per chunk) of Q4_0/Q4_1/W4 nibbles. */
+MK_INLINE int mk_nib(const unsigned char *qs, long long j)
+{
+    long long i = j % 32;
+    unsigned b = qs[16 * (j / 32) + i % 16];
+    return (int)(i < 16 ? b & 15u : b >> 4);
+}
+
+/* Element j of a row of k elements of dtype t, dequantized. */
+MK_INLINE float mk_qelem(int t, const unsigned char *row, long long k, long long j)
+{
+    const unsigned char *b;
+    long long g;
+    (void)k;
+    switch (t) {
+    case MK_DT_F32: return mk_f32_at(row + 4 * j);
+    case MK_DT_F16: return mk_f16_at(row + 2 * j);
+    case MK_DT_BF16: return mk_bf16_at(row + 2 * j);
+    case MK_DT_Q8_0: b = row + j / 32 * 34; return mk_f16_at(b) * (float)(signed char)b[2 + j % 32];
+    case MK_DT_Q4_0: b = row + j / 32 * 18; return mk_f16_at(b) * (float)(mk_nib(b + 2, j % 32) - 8);
+    case MK_DT_Q4_1: {
+        b = row + j / 32 * 20;
+        float lo = mk_f16_at(b) * (float)mk_nib(b + 4, j % 32);
+        return lo + mk_f16_at(b + 2);
+    }
+    case MK_DT_W8: return mk_f32_at(row) * (float)(signed char)row[4 + j];
+    default:
+        g = mk_w4_gsize(t);
+        b = row + j / g * mk_w4_group_bytes(g);
+        return mk_f16_at(b) * (float)(mk_nib(b + 4, j % g) - (int)b[2]);
+    }
+}
+
+/* One warp's dot product of a stored row with x: lanes take consecutive
+ * elements (consecutive bytes of a block), each block's scale is read by
+ * every lane; the sum is reduced so that every lane holds it. */
+MK_INLINE float mk_dot_qrow(int t, const unsigned char *row, const float *x, int k, unsigned lane)
+{
+    float acc = 0.0f;
+    switch (t) {
+    case MK_DT_Q8_0:
+        for (int j = (int)lane; j < k; j += 32)
+            acc += mk_qelem(MK_DT_Q8_0, row, k, j) * x[j];
+        break;
+    case MK_DT_Q4_0:
+        for (int j = (int)lane; j < k; j += 32)
+            acc += mk_qelem(MK_DT_Q4_0, row, k, j) * x[j];
+        break;
+    case MK_DT_Q4_1:
+        for (int j = (int)lane; j < k; j += 32)
+            acc += mk_qelem(MK_DT_Q4_1, row, k, j) * x[j];
+        break;
+    case MK_DT_W8: {
+        float s = mk_f32_at(row);
+        for (int j = (int)lane; j < k; j += 32)
+            acc += (float)(signed char)row[4 + j] * x[j];
+        acc *= s;
+        break;
+    }
+    case MK_DT_W4G32: case MK_DT_W4G64: case MK_DT_W4G128: {
+        long long g = mk_w4_gsize(t);
+        for (long long j0 = 0; j0 < k; j0 += g) {
+            long long len = k - j0 < g ? k - j0 : g;
+            float part = 0.0f;
+            for (long long j = (long long)lane; j < len; j += 32)
+                part += (float)(mk_nib(row + 4, j) - (int)row[2]) * x[j0 + j];
+            acc += mk_f16_at(row) * part;
+            row += mk_w4_group_bytes(len);
+        }
+        break;
+    }
+    default:
+        for (int j = (int)lane; j < k; j += 32)
+            acc += mk_qelem(t, row, k, j) * x[j];
+        break;
+    }
+    return mk_warp_sum(acc);
+}
+
 /* ---- op bodies ---- */
 
-/* out[c0:c1] = table[tok[0]][c0:c1]; an out-of-range token gives zeros. */
+/* out[c0:c1] = table[tok[0]][c0:c1], dequantized from the table's dtype;
+ * an out-of-range token gives zeros. */
 MK_DEV void op_embed(const MegacArgs *a, const unsigned *in)
 {
-    int tok = *(const int *)mk_opnd(a, in, 0);
+    int tok = *(const int *)mk_opnd(a, in, 0), t = mk_dtype(in, 1);
     const float *table = (const float *)mk_opnd(a, in, 1);
     float *out = (float *)mk_opnd(a, in, 2);
     int c0 = mk_param(in, 0), c1 = mk_param(in, 1);
-    int ok = tok >= 0 && tok < MK_VOCAB, bf = mk_dtype(in, 1) == MK_DT_BF16;
+    int ok = tok >= 0 && tok < MK_VOCAB, bf = t == MK_DT_BF16;
+    const unsigned char *row = (const unsigned char *)(const void *)table + (ok ? tok : 0) * mk_row_bytes(t, MK_DIM);
     for (int j = c0 + (int)mk_tid(); j < c1; j += MK_THREADS) {
         long long e = (long long)tok * MK_DIM + j;
-        out[j] = !ok ? 0.0f : bf ? mk_bf16(((const unsigned short *)(const void *)table)[e]) : table[e];
+        if (t != MK_DT_F32 && !bf)
+            out[j] = ok ? mk_qelem(t, row, MK_DIM, j) : 0.0f;
+        else
+            out[j] = !ok ? 0.0f : bf ? mk_bf16(((const unsigned short *)(const void *)table)[e]) : table[e];
     }
 }
 
@@ -266,7 +410,8 @@ MK_DEV void mk_gemv_split(const void *W, int bf, const float *xin, float *y, con
     }
 }
 
-/* y[r0:r1] (+)= W[r0:r1, 0:k] . xin (+ b): the input is staged in shared
+/* y[r0:r1] (+)= W[r0:r1, 0:k] . xin (+ b), W f32 or bf16 (16-byte loads)
+ * or f16 / a quantized format (dequantized in mk_dot_qrow): the input is staged in shared
  * memory (normalized there with GEMV_NORM) when it fits, then each warp
  * takes rows r0 + warp, r0 + warp + MK_NWARPS, ... (or, with fewer rows
  * than warps, a slice of a row). cuda_check.c refuses a GEMV_NORM whose k
@@ -287,6 +432,16 @@ MK_DEV void op_gemv(const MegacArgs *a, const unsigned *in)
             mk_sm[j] = (flags & MK_GEMV_NORM) ? x[j] * s * nw[j] : x[j];
         mk_sync();
         xin = mk_sm;
+    }
+    int t = mk_dtype(in, 0);
+    if (t != MK_DT_F32 && !bf) { /* f16 and the quantized formats: dequantized in mk_dot_qrow */
+        long long rb = mk_row_bytes(t, k);
+        for (int r = r0 + (int)(tid >> 5); r < r1; r += MK_NWARPS) {
+            float v = mk_dot_qrow(t, (const unsigned char *)W + r * rb, xin, k, lane);
+            if (lane == 0)
+                mk_gemv_store(y, b, r, v, flags);
+        }
+        return;
     }
     if (vec && r1 > r0 && 2 * (r1 - r0) <= MK_NWARPS) {
         mk_gemv_split(W, bf, xin, y, b, r0, r1 - r0, k, flags);

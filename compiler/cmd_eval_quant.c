@@ -1,0 +1,253 @@
+/*
+ * cmd_eval_quant.c - `megac eval-quant`: how much each quantized format
+ * changes a model's predictions (quant_eval.c does the measuring).
+ *
+ *   megac eval-quant MODEL.yaml [--formats LIST] [--classes LIST] [--tokens N]
+ *                    [--prompt TEXT] [--engine reference|cpu] [--set key=value]...
+ *                    [--json FILE]
+ */
+#include "compiler/cli.h"
+#include "compiler/compile.h"
+#include "compiler/quant.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EVAL_MAX_SETS 64
+#define EVAL_MAX_FORMATS 16
+
+/* ---- the command ---- */
+
+typedef struct EvalArgs {
+    const char *model, *prompt, *json, *formats, *classes, *engine;
+    int tokens;
+    DescOverride set[EVAL_MAX_SETS];
+    int nset;
+} EvalArgs;
+
+static void eval_usage(FILE *out)
+{
+    fprintf(out, "usage: megac eval-quant MODEL.yaml [--formats LIST] [--classes LIST] [--tokens N]\n"
+                 "                        [--prompt TEXT] [--engine E] [--set key=value]... [--json FILE]\n\n"
+                 "Teacher-forced fidelity of quantized weights: runs the float64 reference over\n"
+                 "a fixed token stream (BOS and the prompt, continued greedily by the model as\n"
+                 "loaded) for the baseline (quant none) and for each format, applied to the\n"
+                 "chosen tensor classes, and prints the mean KL divergence from the baseline, the\n"
+                 "same-top-1 rate, the first differing position, the perplexity of the stream\n"
+                 "and the bits per matrix weight.\n\n"
+                 "  --formats LIST  comma-separated: f32 f16 bf16 w8a16 w4a16[-g32|-g64|-g128]\n"
+                 "                  w8a8 w4a8[-g32|-g64|-g128] (these two with --engine cpu)\n"
+                 "                  (default w8a16,w4a16-g32,w4a16-g64,w4a16-g128)\n"
+                 "  --classes LIST  tensor classes the formats apply to: embed attn mlp lm_head\n"
+                 "                  (default all; the others keep their source)\n"
+                 "  --tokens N      positions, 2 to the model's max_seq (default 64)\n"
+                 "  --prompt TEXT   start of the stream (default \"Once upon a time\")\n"
+                 "  --engine E      what runs the formats: reference (float64, default) or cpu\n"
+                 "                  (a compiled CPU bundle: the kernel path)\n"
+                 "  --set key=value override a description key (repeatable)\n"
+                 "  --json FILE     also write the figures as JSON\n");
+}
+
+static bool eval_args_parse(EvalArgs *a, int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        bool opt = s[0] == '-' && s[1];
+        if (opt && i + 1 >= argc) {
+            fprintf(stderr, "megac eval-quant: %s needs a value\n", s);
+            return false;
+        }
+        if (!strcmp(s, "--formats")) {
+            a->formats = argv[++i];
+        } else if (!strcmp(s, "--engine")) {
+            a->engine = argv[++i];
+            if (strcmp(a->engine, "reference") && strcmp(a->engine, "cpu")) {
+                fprintf(stderr, "megac eval-quant: --engine is reference or cpu, not '%s'\n", a->engine);
+                return false;
+            }
+        } else if (!strcmp(s, "--classes")) {
+            a->classes = argv[++i];
+        } else if (!strcmp(s, "--prompt")) {
+            a->prompt = argv[++i];
+        } else if (!strcmp(s, "--json")) {
+            a->json = argv[++i];
+        } else if (!strcmp(s, "--tokens")) {
+            char *e;
+            long v = strtol(argv[++i], &e, 10);
+            if (*e || v < 2 || v > 1000000) {
+                fprintf(stderr, "megac eval-quant: --tokens needs a number of at least 2, not '%s'\n", argv[i]);
+                return false;
+            }
+            a->tokens = (int)v;
+        } else if (!strcmp(s, "--set")) {
+            const char *kv = argv[++i], *eq = strchr(kv, '=');
+            if (!eq || eq == kv || a->nset == EVAL_MAX_SETS) {
+                fprintf(stderr, "megac eval-quant: --set needs key=value (at most %d), not '%s'\n", EVAL_MAX_SETS,
+                        kv);
+                return false;
+            }
+            a->set[a->nset++] = (DescOverride){xstrndup(kv, (size_t)(eq - kv)), eq + 1};
+        } else if (opt) {
+            fprintf(stderr, "megac eval-quant: unknown option '%s'\n", s);
+            return false;
+        } else if (a->model) {
+            fprintf(stderr, "megac eval-quant: more than one model given ('%s', '%s')\n", a->model, s);
+            return false;
+        } else {
+            a->model = s;
+        }
+    }
+    if (!a->model)
+        fprintf(stderr, "megac eval-quant: no model given\n");
+    return a->model != NULL;
+}
+
+/* Splits the comma-separated list; false (after printing why) on a bad name. */
+static bool eval_formats_parse(const char *list, QuantSpec *f, int *n)
+{
+    char *s = xstrdup(list), *save = NULL;
+    bool ok = true;
+    *n = 0;
+    for (char *t = strtok_r(s, ",", &save); t && ok; t = strtok_r(NULL, ",", &save)) {
+        QuantSpec q;
+        ok = *n < EVAL_MAX_FORMATS && quant_spec_parse(t, &q) && quant_spec_dtype(q, DT_F32) >= 0 &&
+             q.kind != QUANT_NONE;
+        if (!ok)
+            fprintf(stderr, "megac eval-quant: bad format '%s' (f32, f16, bf16, w8a16, w4a16[-g32|-g64|-g128], "
+                            "w8a8, w4a8[-g32|-g64|-g128]; at most %d)\n", t, EVAL_MAX_FORMATS);
+        else
+            f[(*n)++] = q;
+    }
+    free(s);
+    return ok && *n > 0;
+}
+
+/* The class list as a bit set (1 << TensorClass); 0 after printing why. */
+static unsigned eval_classes_parse(const char *list)
+{
+    static const char *const names[] = {
+#define X(n, s) s,
+        TCLASS_LIST(X)
+#undef X
+    };
+    char *s = xstrdup(list), *save = NULL;
+    unsigned set = 0;
+    for (char *t = strtok_r(s, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int c = TCLASS_COUNT;
+        while (--c >= 0 && strcmp(t, names[c]) != 0)
+            ;
+        if (c < 0) {
+            fprintf(stderr, "megac eval-quant: unknown tensor class '%s' (embed, attn, mlp, lm_head)\n", t);
+            set = 0;
+            break;
+        }
+        set |= 1u << c;
+    }
+    free(s);
+    return set;
+}
+
+static void eval_print(FILE *out, const ModelDesc *m, const EvalArgs *a, const QuantEval *e, int n)
+{
+    fprintf(out, "model %s: %d positions teacher-forced (prompt \"%s\", then the baseline's greedy text); "
+            "formats on %s, run by the %s\n", m->name ? m->name : "?", a->tokens, a->prompt, a->classes, a->engine);
+    fprintf(out, "%-12s %7s %12s %8s %6s %10s\n", "format", "bpw", "mean_kl", "top1", "first", "ppl");
+    for (int i = 0; i <= n; i++) {
+        char b[32];
+        fprintf(out, "%-12s %7.3f %12.4e %7.2f%% %6d %10.4f\n", i ? quant_spec_str(e[i].spec, b, sizeof b) : "baseline",
+                e[i].bpw, e[i].mean_kl, 100 * e[i].top1, e[i].first_diff, e[i].ppl);
+    }
+}
+
+/* s as a JSON string (quotes, backslashes and control bytes escaped). */
+static void eval_json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static bool eval_json_write(const char *path, const ModelDesc *m, const EvalArgs *a, const QuantEval *e, int n)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "megac eval-quant: cannot create '%s': %s\n", path, strerror(errno));
+        return false;
+    }
+    fprintf(f, "{\"model\": ");
+    eval_json_str(f, m->name ? m->name : "?");
+    fprintf(f, ", \"tokens\": %d, \"prompt\": ", a->tokens);
+    eval_json_str(f, a->prompt);
+    fprintf(f, ", \"classes\": ");
+    eval_json_str(f, a->classes);
+    fprintf(f, ", \"engine\": ");
+    eval_json_str(f, a->engine);
+    fprintf(f, ",\n \"baseline\": {\"bpw\": %.6g, \"ppl\": %.9g},\n \"formats\": [\n", e[0].bpw, e[0].ppl);
+    for (int i = 1; i <= n; i++) {
+        char b[32];
+        fprintf(f, "  {\"format\": \"%s\", \"bpw\": %.6g, \"mean_kl\": %.9g, \"top1\": %.9g, \"first_diff\": %d, "
+                "\"ppl\": %.9g}%s\n", quant_spec_str(e[i].spec, b, sizeof b), e[i].bpw, e[i].mean_kl, e[i].top1,
+                e[i].first_diff, e[i].ppl, i < n ? "," : "");
+    }
+    fprintf(f, " ]}\n");
+    if (fclose(f) != 0) {
+        fprintf(stderr, "megac eval-quant: cannot write '%s': %s\n", path, strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+/* Loads the description, checks the token count, runs, reports. */
+static int eval_run(EvalArgs *a, unsigned classes, const QuantSpec *f, int nf)
+{
+    Arena arena = {0};
+    ModelDesc m;
+    Diag d;
+    diag_init(&d);
+    int rc = 2;
+    if (desc_load(&m, &arena, a->model, a->set, a->nset, &d) && desc_check(&m, &d)) {
+        if (a->tokens > m.max_seq) {
+            fprintf(stderr, "megac eval-quant: --tokens %d exceeds the model's max_seq %d\n", a->tokens, m.max_seq);
+        } else {
+            QuantEval *e = xcalloc((size_t)nf + 1, sizeof *e);
+            QuantEvalRun r = {a->prompt, a->tokens, classes, a->engine, a->model, a->set, a->nset};
+            if (quant_eval(&m, &r, f, nf, e, &d)) {
+                eval_print(stdout, &m, a, e, nf);
+                rc = a->json && !eval_json_write(a->json, &m, a, e, nf) ? 2 : 0;
+            }
+            free(e);
+        }
+    }
+    arena_free(&arena);
+    return rc;
+}
+
+int cmd_eval_quant(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        eval_usage(stdout);
+        return 0;
+    }
+    EvalArgs a = {.prompt = "Once upon a time", .formats = "w8a16,w4a16-g32,w4a16-g64,w4a16-g128",
+                  .classes = "embed,attn,mlp,lm_head", .engine = "reference", .tokens = 64};
+    QuantSpec f[EVAL_MAX_FORMATS];
+    int nf = 0, rc = 2;
+    unsigned classes = 0;
+    if (!eval_args_parse(&a, argc, argv) || !eval_formats_parse(a.formats, f, &nf) ||
+        !(classes = eval_classes_parse(a.classes)))
+        eval_usage(stderr);
+    else
+        rc = eval_run(&a, classes, f, nf);
+    for (int i = 0; i < a.nset; i++)
+        free((char *)a.set[i].key);
+    return rc;
+}

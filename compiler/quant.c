@@ -1,0 +1,447 @@
+/*
+ * quant.c - round-to-nearest weight quantization into the layouts of
+ * ir/dtype.h, the matching dequantizers (GGUF blocks included), a scalar
+ * reference GEMV on stored bytes, and the pass that applies a model
+ * description's quant knobs to its loaded weights (see quant.h).
+ *
+ * Dequantization is written once here, in f32 with one rounding per
+ * product (and, for Q4_1, a second for the added minimum, as ggml's
+ * reference does): backends must reproduce these values.
+ */
+#include "compiler/quant.h"
+#include "compiler/weights_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- helpers ---- */
+
+static float f16_at(const unsigned char *p)
+{
+    return f16_to_f32((uint16_t)(p[0] | p[1] << 8));
+}
+
+static void u16_put(unsigned char *p, uint16_t v)
+{
+    p[0] = (unsigned char)(v & 255);
+    p[1] = (unsigned char)(v >> 8);
+}
+
+static long clampl(long v, long lo, long hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* ---- W8: {f32 s; i8 q[K]; pad} ---- */
+
+static void w8_quantize(const float *w, int64_t k, unsigned char *out)
+{
+    float amax = 0;
+    for (int64_t j = 0; j < k; j++)
+        amax = fabsf(w[j]) > amax ? fabsf(w[j]) : amax;
+    float s = amax / 127.0f;
+    memcpy(out, &s, 4);
+    memset(out + 4, 0, dtype_row_bytes(DT_W8, k) - 4);
+    for (int64_t j = 0; j < k && s > 0; j++)
+        out[4 + j] = (unsigned char)(int8_t)clampl(lroundf(w[j] / s), -127, 127);
+}
+
+static void w8_dequant(const unsigned char *row, int64_t k, float *y)
+{
+    float s;
+    memcpy(&s, row, 4);
+    for (int64_t j = 0; j < k; j++)
+        y[j] = s * (float)(int8_t)row[4 + j];
+}
+
+/* ---- W4G<G>: groups of {f16 s; u8 z; u8 0; u8 qs[16 * ceil(L/32)]} ---- */
+
+/* Byte and shift of element j of a group (chunks of 32 laid out as Q4_0). */
+static size_t w4_nibble(int64_t j, int *shift)
+{
+    int64_t i = j % 32;
+    *shift = i < 16 ? 0 : 4;
+    return (size_t)(16 * (j / 32) + i % 16);
+}
+
+/* Bytes of a W4 group record of len elements. */
+static size_t w4_group_bytes_of(int64_t len)
+{
+    return 4 + 16 * (size_t)((len + 31) / 32);
+}
+
+/* Quantizes a group of L values; returns its record size. */
+static size_t w4_group_quantize(const float *w, int64_t len, unsigned char *out)
+{
+    float mn = 0, mx = 0;
+    for (int64_t j = 0; j < len; j++) {
+        mn = w[j] < mn ? w[j] : mn;
+        mx = w[j] > mx ? w[j] : mx;
+    }
+    float s = (mx - mn) / 15.0f;
+    uint16_t sh = f32_to_f16(s < 65504.0f ? s : 65504.0f);
+    float sf = f16_to_f32(sh);
+    long z = sf > 0 ? clampl(lroundf(-mn / sf), 0, 15) : 0;
+    size_t qbytes = 16 * (size_t)((len + 31) / 32);
+    u16_put(out, sf > 0 ? sh : 0);
+    out[2] = (unsigned char)z;
+    out[3] = 0;
+    memset(out + 4, (int)(z | z << 4), qbytes);
+    for (int64_t j = 0; j < len && sf > 0; j++) {
+        int sft;
+        size_t b = w4_nibble(j, &sft);
+        long q = clampl(lroundf(w[j] / sf) + z, 0, 15);
+        out[4 + b] = (unsigned char)((out[4 + b] & ~(15 << sft)) | q << sft);
+    }
+    return 4 + qbytes;
+}
+
+static size_t w4_group_dequant(const unsigned char *g, int64_t len, float *y)
+{
+    float s = f16_at(g);
+    int z = g[2];
+    for (int64_t j = 0; j < len; j++) {
+        int sft;
+        size_t b = w4_nibble(j, &sft);
+        y[j] = s * (float)(((g[4 + b] >> sft) & 15) - z);
+    }
+    return 4 + 16 * (size_t)((len + 31) / 32);
+}
+
+static void w4_quantize(int64_t gsz, const float *w, int64_t k, unsigned char *out)
+{
+    for (int64_t j = 0; j < k; j += gsz)
+        out += w4_group_quantize(w + j, k - j < gsz ? k - j : gsz, out);
+}
+
+static void w4_dequant(int64_t gsz, const unsigned char *row, int64_t k, float *y)
+{
+    for (int64_t j = 0; j < k; j += gsz)
+        row += w4_group_dequant(row, k - j < gsz ? k - j : gsz, y + j);
+}
+
+/* ---- GGUF blocks (ggml's dequantize_row_*) ---- */
+
+static void q8_0_dequant(const unsigned char *b, int64_t k, float *y)
+{
+    for (int64_t i = 0; i < k / 32; i++, b += 34, y += 32) {
+        float d = f16_at(b);
+        for (int j = 0; j < 32; j++)
+            y[j] = d * (float)(int8_t)b[2 + j];
+    }
+}
+
+static void q4_0_dequant(const unsigned char *b, int64_t k, float *y)
+{
+    for (int64_t i = 0; i < k / 32; i++, b += 18, y += 32) {
+        float d = f16_at(b);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)((b[2 + j] & 15) - 8);
+            y[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+        }
+    }
+}
+
+static void q4_1_dequant(const unsigned char *b, int64_t k, float *y)
+{
+    for (int64_t i = 0; i < k / 32; i++, b += 20, y += 32) {
+        float d = f16_at(b), m = f16_at(b + 2);
+        for (int j = 0; j < 16; j++) {
+            float lo = d * (float)(b[4 + j] & 15);
+            float hi = d * (float)(b[4 + j] >> 4);
+            y[j] = lo + m;
+            y[j + 16] = hi + m;
+        }
+    }
+}
+
+/* ---- rows ---- */
+
+void quant_row_quantize(DType t, const float *w, int64_t k, unsigned char *out)
+{
+    t = dtype_layout(t);
+    switch (t) {
+    case DT_F32: memcpy(out, w, (size_t)k * 4); return;
+    case DT_F16:
+    case DT_BF16:
+        for (int64_t j = 0; j < k; j++)
+            u16_put(out + 2 * j, t == DT_F16 ? f32_to_f16(w[j]) : f32_to_bf16(w[j]));
+        return;
+    case DT_W8: w8_quantize(w, k, out); return;
+    case DT_W4G32: case DT_W4G64: case DT_W4G128: w4_quantize(dtype_block(t), w, k, out); return;
+    default: die("quant_row_quantize: cannot quantize to %s", dtype_name(t));
+    }
+}
+
+void quant_row_dequant(DType t, const unsigned char *row, int64_t k, float *out)
+{
+    t = dtype_layout(t);
+    switch (t) {
+    case DT_F32: memcpy(out, row, (size_t)k * 4); return;
+    case DT_F16:
+    case DT_BF16:
+        for (int64_t j = 0; j < k; j++) {
+            uint16_t h = (uint16_t)(row[2 * j] | row[2 * j + 1] << 8);
+            out[j] = t == DT_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+        }
+        return;
+    case DT_Q8_0: q8_0_dequant(row, k, out); return;
+    case DT_Q4_0: q4_0_dequant(row, k, out); return;
+    case DT_Q4_1: q4_1_dequant(row, k, out); return;
+    case DT_W8: w8_dequant(row, k, out); return;
+    case DT_W4G32: case DT_W4G64: case DT_W4G128: w4_dequant(dtype_block(t), row, k, out); return;
+    default: die("quant_row_dequant: %s is not a weight dtype", dtype_name(t));
+    }
+}
+
+void quant_gemv_ref(DType t, const unsigned char *w, int64_t rows, int64_t k, const float *x, double *y)
+{
+    float *row = xmalloc((size_t)k * sizeof *row);
+    size_t rb = dtype_row_bytes(t, k);
+    for (int64_t r = 0; r < rows; r++) {
+        quant_row_dequant(t, w + (size_t)r * rb, k, row);
+        double s = 0;
+        for (int64_t j = 0; j < k; j++)
+            s += (double)row[j] * (double)x[j];
+        y[r] = s;
+    }
+    free(row);
+}
+
+/* ---- int8 activations (W8A8, W4A8G*) ---- */
+
+/* Block b of x (len <= 32 values) to int8: returns d = max|x| / 127. */
+static float quant_act_block(const float *x, int64_t len, int8_t *q)
+{
+    float amax = 0;
+    for (int64_t j = 0; j < len; j++)
+        amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+    float d = amax / 127.0f;
+    for (int64_t j = 0; j < len; j++)
+        q[j] = d > 0 ? (int8_t)clampl((long)rintf(x[j] / d), -127, 127) : 0;
+    return d;
+}
+
+/* One row of an A8 dtype against x: the integer sums of dtype.h, each
+ * block's sum scaled in double. */
+static double quant_row_a8(DType t, const unsigned char *row, int64_t k, const float *x)
+{
+    int8_t xq[32];
+    int64_t g = t == DT_W8A8 ? k : dtype_block(t);
+    double y = 0;
+    for (int64_t g0 = 0; g0 < k; g0 += g) {
+        int64_t glen = k - g0 < g ? k - g0 : g;
+        float s;
+        int z = 0;
+        if (t == DT_W8A8) {
+            memcpy(&s, row, 4);
+        } else {
+            s = f16_at(row);
+            z = row[2];
+        }
+        double gs = 0;
+        for (int64_t b = 0; b < glen; b += 32) {
+            int64_t len = glen - b < 32 ? glen - b : 32;
+            float d = quant_act_block(x + g0 + b, len, xq);
+            long isum = 0;
+            for (int64_t j = 0; j < len; j++) {
+                int q;
+                if (t == DT_W8A8) {
+                    q = (int8_t)row[4 + g0 + b + j];
+                } else {
+                    int sft;
+                    size_t by = w4_nibble(b + j, &sft);
+                    q = ((row[4 + by] >> sft) & 15) - z;
+                }
+                isum += (long)q * xq[j];
+            }
+            gs += (double)d * (double)isum;
+        }
+        y += (double)s * gs;
+        if (t != DT_W8A8)
+            row += w4_group_bytes_of(glen);
+    }
+    return y;
+}
+
+void quant_gemv_a8_ref(DType t, const unsigned char *w, int64_t rows, int64_t k, const float *x, double *y)
+{
+    ASSERT(dtype_is_a8(t));
+    size_t rb = dtype_row_bytes(t, k);
+    for (int64_t r = 0; r < rows; r++)
+        y[r] = quant_row_a8(t, w + (size_t)r * rb, k, x);
+}
+
+/* ---- knobs ---- */
+
+int quant_spec_dtype(QuantSpec q, DType src)
+{
+    switch (q.kind) {
+    case QUANT_NONE: return (int)src;
+    case QUANT_F32: return DT_F32;
+    case QUANT_F16: return DT_F16;
+    case QUANT_BF16: return DT_BF16;
+    case QUANT_W8A16: return DT_W8;
+    case QUANT_W4A16:
+        return q.group == 32 ? DT_W4G32 : q.group == 64 ? DT_W4G64 : q.group == 128 ? DT_W4G128 : -1;
+    case QUANT_W8A8: return DT_W8A8;
+    case QUANT_W4A8:
+        return q.group == 32 ? DT_W4A8G32 : q.group == 64 ? DT_W4A8G64 : q.group == 128 ? DT_W4A8G128 : -1;
+    }
+    return -1;
+}
+
+int quant_tensor_class(const char *canon)
+{
+    static const char *const attn[] = {"wq", "wk", "wv", "wo"}, *const mlp[] = {"w_gate", "w_up", "w_down"};
+    const char *dot = canon[0] == 'L' ? strchr(canon, '.') : NULL;
+    const char *s = dot ? dot + 1 : canon;
+    if (!dot)
+        return !strcmp(s, "embed") ? TCLASS_EMBED : !strcmp(s, "lm_head") ? TCLASS_LM_HEAD : -1;
+    for (size_t i = 0; i < sizeof attn / sizeof *attn; i++)
+        if (!strcmp(s, attn[i]))
+            return TCLASS_ATTN;
+    for (size_t i = 0; i < sizeof mlp / sizeof *mlp; i++)
+        if (!strcmp(s, mlp[i]))
+            return TCLASS_MLP;
+    return -1;
+}
+
+static const char *const quant_kind_names[] = {"none", "f32", "f16", "bf16", "w8a16", "w4a16", "w8a8", "w4a8"};
+
+bool quant_spec_parse(const char *s, QuantSpec *q)
+{
+    for (int k = 0; k <= QUANT_W4A8; k++) {
+        size_t n = strlen(quant_kind_names[k]);
+        if (strncmp(s, quant_kind_names[k], n) != 0)
+            continue;
+        bool w4 = k == QUANT_W4A16 || k == QUANT_W4A8;
+        *q = (QuantSpec){(QuantKind)k, w4 ? 128 : 0};
+        if (!s[n])
+            return true;
+        if (w4 && (!strcmp(s + n, "-g32") || !strcmp(s + n, "-g64") || !strcmp(s + n, "-g128"))) {
+            q->group = atoi(s + n + 2);
+            return true;
+        }
+    }
+    return false;
+}
+
+const char *quant_spec_str(QuantSpec q, char *buf, size_t n)
+{
+    const char *k = (unsigned)q.kind <= QUANT_W4A8 ? quant_kind_names[q.kind] : "?";
+    if (q.kind == QUANT_W4A16 || q.kind == QUANT_W4A8)
+        snprintf(buf, n, "%s-g%d", k, q.group);
+    else
+        snprintf(buf, n, "%s", k);
+    return buf;
+}
+
+/* ---- the pass ---- */
+
+/* Stores matrix `name` (f32 view f, rows x cols) in dtype t and rewrites
+ * the view to the dequantized values. */
+static void quant_matrix(Weights *w, const char *name, float *f, int64_t rows, int64_t cols, DType t)
+{
+    if (t == DT_F32) {
+        weights_qtensor_drop(w, name);
+        return;
+    }
+    QTensor *q = weights_qtensor_put(w, name, t, rows, cols);
+    size_t rb = dtype_row_bytes(t, cols);
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = f + r * cols;
+        quant_row_quantize(t, row, cols, q->data + (size_t)r * rb);
+        quant_row_dequant(t, q->data + (size_t)r * rb, cols, row);
+    }
+}
+
+/* The dtype matrix `name` is to have, or -1 after an error. */
+static int quant_target(const Weights *w, const char *name, DType src, Diag *d)
+{
+    int cls = quant_tensor_class(name);
+    ASSERT(cls >= 0);
+    int t = quant_spec_dtype(w->m->quant[cls], src);
+    if (t < 0) {
+        char b[32];
+        diag_file_error(d, w->m->path ? w->m->path : "megac", "tensor '%s': quantization %s is not supported yet",
+                        name, quant_spec_str(w->m->quant[cls], b, sizeof b));
+    }
+    return t;
+}
+
+/* A tied model whose embedding and classifier want different dtypes gets
+ * its own lm_head: a copy of the embedding's f32 view (and GGUF blocks). */
+static bool quant_head_split(Weights *w, Diag *d)
+{
+    const ModelDesc *m = w->m;
+    const QTensor *e = weights_qtensor(w, "embed");
+    DType src = e ? e->dtype : DT_F32;
+    int te = quant_target(w, "embed", src, d), th = quant_target(w, "lm_head", src, d);
+    if (te < 0 || th < 0)
+        return false;
+    if (weights_head_separate(w) || te == th)
+        return true;
+    size_t n = (size_t)m->vocab_size * (size_t)m->dim;
+    w->lm_head = ARENA_ARRAY(&w->arena, float, n);
+    memcpy(w->lm_head, w->tok_embed, n * sizeof(float));
+    w->nbytes += n * sizeof(float);
+    if (e) {
+        QTensor *h = weights_qtensor_put(w, "lm_head", e->dtype, e->rows, e->cols);
+        memcpy(h->data, e->data, h->nbytes);
+    }
+    return true;
+}
+
+bool quant_apply(Weights *w, Diag *d)
+{
+    if (!quant_head_split(w, d))
+        return false;
+    Arena a = {0};
+    int n;
+    const WSlot *slots = weights_slots(w, &a, &n);
+    bool ok = true;
+    for (int i = 0; i <= n && ok; i++) {
+        WSlot head = {.kind = WK_LM_HEAD, .layer = -1, .rows = w->m->vocab_size, .cols = w->m->dim,
+                      .dst = w->lm_head};
+        const WSlot *s = i < n ? &slots[i] : weights_head_separate(w) && w->m->tie_embeddings ? &head : NULL;
+        char *name = s && s->cols ? wslot_canon_name(&a, s) : NULL;
+        if (!name || quant_tensor_class(name) < 0)
+            continue;
+        const QTensor *q = weights_qtensor(w, name);
+        int t = quant_target(w, name, q ? q->dtype : DT_F32, d);
+        ok = t >= 0;
+        if (ok && t != (q ? (int)q->dtype : DT_F32))
+            quant_matrix(w, name, s->dst, s->rows, s->cols, (DType)t);
+    }
+    arena_free(&a);
+    return ok;
+}
+
+/* Elements and stored bytes of matrix `name`, added to *n and *bytes. */
+static void quant_bits_add(const Weights *w, const char *name, double *n, double *bytes)
+{
+    int64_t ne;
+    if (!weights_tensor(w, name, &ne))
+        return;
+    const QTensor *q = weights_qtensor(w, name);
+    *n += (double)ne;
+    *bytes += q ? (double)q->nbytes : 4.0 * (double)ne;
+}
+
+double quant_bits_per_weight(const Weights *w)
+{
+    static const char *const mats[] = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"};
+    double n = 0, bytes = 0;
+    char name[64];
+    quant_bits_add(w, "embed", &n, &bytes);
+    for (int l = 0; l < w->m->n_layers; l++)
+        for (size_t i = 0; i < sizeof mats / sizeof *mats; i++) {
+            snprintf(name, sizeof name, "L%d.%s", l, mats[i]);
+            quant_bits_add(w, name, &n, &bytes);
+        }
+    if (weights_head_separate(w))
+        quant_bits_add(w, "lm_head", &n, &bytes);
+    return n > 0 ? 8.0 * bytes / n : 0;
+}

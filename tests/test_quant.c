@@ -1,0 +1,885 @@
+/*
+ * test_quant.c - quantized weights: the byte layouts of ir/dtype.h (checked
+ * with a decoder written here from the layout text, independent of
+ * quant.c), round-trip error bounds, the shorter last group, GGUF blocks
+ * (hand-made, and kept byte-exact from tests/fixtures/weights/tiny.gguf),
+ * GEMV on stored bytes against a float64 GEMV, the quant pass on a model
+ * (classes, tied-head split, f32 views = dequantized bytes), lowering with
+ * the stored dtypes, teacher-forced fidelity against the recorded figures
+ * in tests/fixtures/quant/ (a regression of more than 10% fails), and the
+ * CPU and host-CUDA kernels decoding quantized models (stories260K, a
+ * synthetic model, GGUF blocks, SmolLM2 Q4_1) against the reference on the
+ * same quantized weights.
+ */
+#include "compiler/compile.h"
+#include "compiler/gguf.h"
+#include "compiler/quant.h"
+
+#include "codegen/codegen.h"
+#include "runtime/kernel_abi.h"
+
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "compiler/doc.h"
+
+#define QFIX MEGAC_SRC "/tests/fixtures/quant"
+#define SHARED MEGAC_SRC "/../shared"
+
+static const DType wtypes[] = {DT_W8, DT_W4G32, DT_W4G64, DT_W4G128};
+
+/* Deterministic values in [-1, 1) (an LCG; no libc rand). */
+static float lcg_uniform(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((*s >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0);
+}
+
+static void fill(float *v, int64_t n, uint64_t seed, float scale)
+{
+    for (int64_t i = 0; i < n; i++)
+        v[i] = scale * lcg_uniform(&seed);
+}
+
+static float h2f(const unsigned char *p)
+{
+    return f16_to_f32((uint16_t)(p[0] | p[1] << 8));
+}
+
+/* ---- an independent decoder, written from dtype.h's text ---- */
+
+/* Element j of a W4 row of k elements, group size g. */
+static float w4_elem(const unsigned char *row, int64_t k, int g, int64_t j)
+{
+    const unsigned char *p = row;
+    for (int64_t gs = 0; gs < j / g * g; gs += g)
+        p += 4 + 16 * ((g + 31) / 32);
+    (void)k;
+    int64_t o = j % g, c = o / 32, i = o % 32;
+    unsigned char b = p[4 + 16 * c + i % 16];
+    int q = i < 16 ? b & 15 : b >> 4;
+    return h2f(p) * (float)(q - p[2]);
+}
+
+static float w8_elem(const unsigned char *row, int64_t j)
+{
+    float s;
+    memcpy(&s, row, 4);
+    return s * (float)(int8_t)row[4 + j];
+}
+
+static float indep_elem(DType t, const unsigned char *row, int64_t k, int64_t j)
+{
+    return t == DT_W8 ? w8_elem(row, j) : w4_elem(row, k, dtype_block(t), j);
+}
+
+/* ---- sizes ---- */
+
+Test(quant, dtype_sizes)
+{
+    cr_assert_eq(dtype_row_bytes(DT_W8, 172), 4 + 172);
+    cr_assert_eq(dtype_row_bytes(DT_W8, 7), 4 + 8);
+    cr_assert_eq(dtype_row_bytes(DT_W4G32, 172), 5 * 20 + (4 + 16));     /* last group: 12 */
+    cr_assert_eq(dtype_row_bytes(DT_W4G64, 172), 2 * 36 + (4 + 32));     /* last group: 44 */
+    cr_assert_eq(dtype_row_bytes(DT_W4G128, 172), 68 + (4 + 32));        /* last group: 44 */
+    cr_assert_eq(dtype_row_bytes(DT_W4G128, 256), 2 * 68);
+    cr_assert_eq(dtype_row_bytes(DT_Q4_1, 64), 40);
+    int64_t shape[2] = {3, 172};
+    cr_assert_eq(dtype_tensor_bytes(DT_W4G32, 2, shape), 3 * 120);
+    cr_assert_eq(dtype_tensor_bytes(DT_F32, 2, shape), 3 * 172 * 4);
+    cr_assert_eq(dtype_from_name("w4g64"), DT_W4G64);
+    cr_assert_str_eq(dtype_name(DT_W8), "w8");
+    cr_assert(dtype_is_rowwise(DT_W4G128) && !dtype_is_rowwise(DT_Q8_0) && dtype_is_quant(DT_Q8_0));
+    cr_assert(!dtype_is_quant(DT_F16));
+}
+
+/* ---- layouts ---- */
+
+Test(quant, w8_bytes)
+{
+    float w[5] = {1.0f, -0.5f, 0.25f, 0, -1.0f};
+    unsigned char row[12];
+    quant_row_quantize(DT_W8, w, 5, row);
+    float s;
+    memcpy(&s, row, 4);
+    cr_assert_eq(s, 1.0f / 127.0f);
+    const int8_t want[5] = {127, -64, 32, 0, -127}; /* -63.5 and 31.75 round to nearest, half away */
+    for (int j = 0; j < 5; j++)
+        cr_assert_eq((int8_t)row[4 + j], want[j], "q[%d] = %d", j, (int8_t)row[4 + j]);
+    cr_assert(row[9] == 0 && row[10] == 0 && row[11] == 0, "padding is zero");
+    float y[5];
+    quant_row_dequant(DT_W8, row, 5, y);
+    for (int j = 0; j < 5; j++)
+        cr_assert_eq(y[j], s * (float)want[j]);
+}
+
+/* K = 40 with G = 32: a full group and a group of 8 whose scale and zero
+ * come from those 8 values alone. */
+Test(quant, w4_short_last_group)
+{
+    float w[40];
+    for (int j = 0; j < 32; j++)
+        w[j] = (float)(j % 17) - 8.0f;  /* -8 .. 8 */
+    for (int j = 32; j < 40; j++)
+        w[j] = 0.01f * (float)(j - 32); /* 0 .. 0.07 */
+    unsigned char row[40];
+    cr_assert_eq(dtype_row_bytes(DT_W4G32, 40), sizeof row);
+    quant_row_quantize(DT_W4G32, w, 40, row);
+    cr_assert_eq(h2f(row), f16_to_f32(f32_to_f16(16.0f / 15.0f)));
+    cr_assert_eq(row[3], 0);
+    const unsigned char *g1 = row + 20;
+    cr_assert_eq(h2f(g1), f16_to_f32(f32_to_f16(0.07f / 15.0f)), "last group scale from its 8 values");
+    cr_assert_eq(g1[2], 0, "range [0, 0.07] has zero point 0");
+    for (int i = 8; i < 16; i++)
+        cr_assert_eq(g1[4 + i], 0, "nibbles past the group's end hold z");
+    float y[40];
+    quant_row_dequant(DT_W4G32, row, 40, y);
+    for (int j = 0; j < 40; j++) {
+        cr_assert_eq(y[j], w4_elem(row, 40, 32, j), "element %d", j);
+        /* RTN with an integer zero: within a step; within half a step (and
+         * the f16 rounding of s) where z is exact, as in the last group */
+        float s = h2f(j < 32 ? row : g1), bound = j < 32 ? s : 0.51f * s;
+        cr_assert_leq(fabsf(y[j] - w[j]), bound, "element %d: %g vs %g", j, y[j], w[j]);
+    }
+}
+
+Test(quant, roundtrip_bounds_and_independent_decode)
+{
+    const int64_t ks[] = {7, 32, 64, 172, 200, 300};
+    for (size_t ti = 0; ti < sizeof wtypes / sizeof *wtypes; ti++)
+        for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
+            DType t = wtypes[ti];
+            int64_t k = ks[ki];
+            float *w = malloc(sizeof(float) * (size_t)k), *y = malloc(sizeof(float) * (size_t)k);
+            unsigned char *row = malloc(dtype_row_bytes(t, k));
+            fill(w, k, 17 + (uint64_t)(ti * 31 + ki), 0.3f);
+            w[k / 2] = 0.9f; /* an outlier */
+            quant_row_quantize(t, w, k, row);
+            quant_row_dequant(t, row, k, y);
+            float amax = 0;
+            for (int64_t j = 0; j < k; j++)
+                amax = fabsf(w[j]) > amax ? fabsf(w[j]) : amax;
+            for (int64_t j = 0; j < k; j++) {
+                cr_assert_eq(y[j], indep_elem(t, row, k, j), "%s k=%ld j=%ld", dtype_name(t), (long)k, (long)j);
+                /* W8: half a step of amax/127; W4: a step of at most 2*amax/15 (range holds 0, f16 scale) */
+                float bound = t == DT_W8 ? 0.5f * amax / 127.0f * 1.0001f : amax * 2.0f / 15.0f * 1.001f;
+                cr_assert_leq(fabsf(y[j] - w[j]), bound, "%s k=%ld j=%ld", dtype_name(t), (long)k, (long)j);
+            }
+            free(w);
+            free(y);
+            free(row);
+        }
+}
+
+Test(quant, gguf_blocks_by_hand)
+{
+    unsigned char q80[34], q40[18], q41[20];
+    memset(q80, 0, sizeof q80);
+    q80[0] = 0x00, q80[1] = 0x38; /* d = 0.5 */
+    for (int j = 0; j < 32; j++)
+        q80[2 + j] = (unsigned char)(int8_t)(j - 16);
+    memcpy(q40, q80, 2);
+    memcpy(q41, q80, 2);
+    q41[2] = 0x00, q41[3] = 0xbc; /* m = -1 */
+    for (int j = 0; j < 16; j++)
+        q40[2 + j] = q41[4 + j] = (unsigned char)(j | (15 - j) << 4);
+    float y[32];
+    quant_row_dequant(DT_Q8_0, q80, 32, y);
+    for (int j = 0; j < 32; j++)
+        cr_assert_eq(y[j], 0.5f * (float)(j - 16));
+    quant_row_dequant(DT_Q4_0, q40, 32, y);
+    for (int j = 0; j < 16; j++) {
+        cr_assert_eq(y[j], 0.5f * (float)(j - 8));
+        cr_assert_eq(y[j + 16], 0.5f * (float)(15 - j - 8));
+    }
+    quant_row_dequant(DT_Q4_1, q41, 32, y);
+    for (int j = 0; j < 16; j++) {
+        cr_assert_eq(y[j], 0.5f * (float)j - 1.0f);
+        cr_assert_eq(y[j + 16], 0.5f * (float)(15 - j) - 1.0f);
+    }
+}
+
+/* GEMV on the stored bytes (quant.c's scalar path) against a float64 GEMV
+ * over this file's own decoding: NMSE <= 1e-6 (issue bar for A16). */
+Test(quant, gemv_nmse)
+{
+    const int64_t rows = 48, k = 172;
+    float *w = malloc(sizeof(float) * rows * k), x[172];
+    fill(w, rows * k, 5, 0.1f);
+    fill(x, k, 6, 1.0f);
+    for (size_t ti = 0; ti < sizeof wtypes / sizeof *wtypes; ti++) {
+        DType t = wtypes[ti];
+        size_t rb = dtype_row_bytes(t, k);
+        unsigned char *q = malloc(rb * rows);
+        for (int64_t r = 0; r < rows; r++)
+            quant_row_quantize(t, w + r * k, k, q + r * rb);
+        double y[48], num = 0, den = 0;
+        quant_gemv_ref(t, q, rows, k, x, y);
+        for (int64_t r = 0; r < rows; r++) {
+            double ref = 0;
+            for (int64_t j = 0; j < k; j++)
+                ref += (double)indep_elem(t, q + r * rb, k, j) * x[j];
+            num += (y[r] - ref) * (y[r] - ref);
+            den += ref * ref;
+        }
+        cr_assert_leq(num / den, 1e-6, "%s: nmse %g", dtype_name(t), num / den);
+        free(q);
+    }
+    free(w);
+}
+
+/* ---- the pass on a model ---- */
+
+#define TINY_YAML                                                                                    \
+    "name: qtiny\n"                                                                                  \
+    "arch: {dim: 64, hidden_dim: 172, n_layers: 2, n_heads: 4, n_kv_heads: 2, vocab_size: 300,"      \
+    " max_seq: 64}\n"                                                                                \
+    "tie_embeddings: true\n"                                                                         \
+    "weights: {format: synthetic, seed: 7}\n"                                                        \
+    "tokenizer: {format: bytes}\n"
+
+static bool desc_text(ModelDesc *m, Arena *a, const char *text, const DescOverride *ov, int nov)
+{
+    Diag d;
+    diag_init(&d);
+    return desc_parse(m, a, QFIX "/x.yaml", text, strlen(text), ov, nov, &d) && desc_check(m, &d);
+}
+
+/* Every matrix's f32 view is exactly the dequantization of its bytes. */
+static void expect_views(const Weights *w)
+{
+    for (int i = 0; i < w->nqt; i++) {
+        const QTensor *q = &w->qt[i];
+        int64_t n;
+        const float *f = weights_tensor(w, q->name, &n);
+        cr_assert_not_null(f);
+        cr_assert_eq(n, q->rows * q->cols);
+        float *row = malloc(sizeof(float) * (size_t)q->cols);
+        size_t rb = dtype_row_bytes(q->dtype, q->cols);
+        for (int64_t r = 0; r < q->rows; r++) {
+            quant_row_dequant(q->dtype, q->data + (size_t)r * rb, q->cols, row);
+            cr_assert(memcmp(row, f + r * q->cols, sizeof(float) * (size_t)q->cols) == 0, "%s row %ld", q->name,
+                      (long)r);
+        }
+        free(row);
+    }
+}
+
+Test(quant, apply_classes_and_lower)
+{
+    Arena a = {0};
+    ModelDesc m;
+    DescOverride ov[] = {{"quant", "{default: w8a16, embed: f16, mlp: w4a16-g32}"}};
+    cr_assert(desc_text(&m, &a, TINY_YAML, ov, 1));
+    Diag d;
+    diag_init(&d);
+    Weights w;
+    cr_assert(weights_load(&w, &m, &d));
+    cr_assert_eq(weights_dtype(&w, "embed"), DT_F16);
+    cr_assert_eq(weights_dtype(&w, "L1.wq"), DT_W8);
+    cr_assert_eq(weights_dtype(&w, "L0.w_down"), DT_W4G32);
+    cr_assert_eq(weights_dtype(&w, "lm_head"), DT_W8);
+    cr_assert_eq(weights_dtype(&w, "L0.attn_norm"), DT_F32);
+    cr_assert(weights_head_separate(&w), "tied model split by quantization");
+    expect_views(&w);
+
+    const Target *t = target_lookup("cpu", &d);
+    Schedule *s = lower_model_weights(&m, &w, t, 3, &d);
+    Schedule *s2 = lower_model(&m, t, 3, &d);
+    cr_assert(s && s2);
+    char *a1 = sched_to_string(s), *a2 = sched_to_string(s2);
+    cr_assert_str_eq(a1, a2, "knobs alone give the dtypes the weights have");
+    int64_t b = sched_find_buffer(s, "L0.w_down"), h = sched_find_buffer(s, "lm_head");
+    cr_assert(b >= 0 && h >= 0);
+    cr_assert_eq(s->bufs[b].dtype, DT_W4G32);
+    cr_assert_eq(s->bufs[h].dtype, DT_W8);
+    sched_layout(s);
+    const QTensor *qd = weights_qtensor(&w, "L0.w_down");
+    cr_assert_eq(dtype_tensor_bytes(s->bufs[b].dtype, s->bufs[b].rank, s->bufs[b].shape), qd->nbytes);
+    Schedule *p = sched_parse("x.sched", a1, strlen(a1), &d);
+    cr_assert_not_null(p);
+    char *a3 = sched_to_string(p);
+    cr_assert_str_eq(a1, a3, "text form keeps the dtypes");
+    free(a1), free(a2), free(a3);
+    sched_free(s), sched_free(s2), sched_free(p);
+    weights_free(&w);
+    arena_free(&a);
+}
+
+Test(quant, bad_group_refused)
+{
+    Arena a = {0};
+    ModelDesc m;
+    DescOverride ov[] = {{"quant.default", "w4a16-g48"}};
+    char buf[512] = {0};
+    Diag d;
+    diag_init(&d);
+    d.out = fmemopen(buf, sizeof buf - 1, "w");
+    cr_assert_not(desc_parse(&m, &a, "x.yaml", TINY_YAML, strlen(TINY_YAML), ov, 1, &d));
+    fclose(d.out);
+    cr_assert(strstr(buf, "bad value 'w4a16-g48' for 'compile.quant.default'"), "%s", buf);
+    arena_free(&a);
+}
+
+/* The int8-activation GEMV (quant.c's definition) is within llama.cpp's
+ * bar of the float64 GEMV on the same weights: NMSE <= 5e-4. */
+Test(quant, a8_gemv_reference_nmse)
+{
+    const DType a8[] = {DT_W8A8, DT_W4A8G32, DT_W4A8G64, DT_W4A8G128};
+    const int64_t rows = 40, k = 172;
+    float *w = malloc(sizeof(float) * rows * k), x[172];
+    fill(w, rows * k, 11, 0.1f);
+    fill(x, k, 12, 1.0f);
+    for (size_t ti = 0; ti < sizeof a8 / sizeof *a8; ti++) {
+        size_t rb = dtype_row_bytes(a8[ti], k);
+        cr_assert_eq(rb, dtype_row_bytes(dtype_layout(a8[ti]), k));
+        unsigned char *q = malloc(rb * rows);
+        for (int64_t r = 0; r < rows; r++)
+            quant_row_quantize(a8[ti], w + r * k, k, q + r * rb);
+        double y8[40], y16[40], num = 0, den = 0;
+        quant_gemv_a8_ref(a8[ti], q, rows, k, x, y8);
+        quant_gemv_ref(a8[ti], q, rows, k, x, y16);
+        for (int64_t r = 0; r < rows; r++) {
+            num += (y8[r] - y16[r]) * (y8[r] - y16[r]);
+            den += y16[r] * y16[r];
+        }
+        cr_assert_leq(num / den, 5e-4, "%s: nmse %g", dtype_name(a8[ti]), num / den);
+        cr_assert_gt(num, 0, "%s: the inputs were quantized", dtype_name(a8[ti]));
+        free(q);
+    }
+    free(w);
+}
+
+/* ---- GGUF blocks ---- */
+
+#define GGUF_YAML                                                                                     \
+    "name: tiny-gguf\n"                                                                               \
+    "arch: {dim: 32, hidden_dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, head_dim: 8,"            \
+    " vocab_size: 32, max_seq: 16}\n"                                                                 \
+    "tie_embeddings: false\n"                                                                         \
+    "weights: {format: gguf, path: ../weights/tiny.gguf}\n"                                           \
+    "tokenizer: {format: none}\n"
+
+Test(quant, gguf_blocks_kept_exactly)
+{
+    if (access(MEGAC_SRC "/tests/fixtures/weights/tiny.gguf", R_OK) != 0)
+        cr_skip("tests/fixtures/weights/tiny.gguf absent");
+    Arena a = {0};
+    ModelDesc m;
+    cr_assert(desc_text(&m, &a, GGUF_YAML, NULL, 0));
+    Diag d;
+    diag_init(&d);
+    Weights w;
+    cr_assert(weights_load(&w, &m, &d));
+    GgufFile *g = gguf_open(MEGAC_SRC "/tests/fixtures/weights/tiny.gguf", &d);
+    cr_assert_not_null(g);
+    const struct {
+        const char *canon, *gguf;
+        DType t;
+    } want[] = {{"embed", "token_embd.weight", DT_Q8_0},       {"L0.wq", "blk.0.attn_q.weight", DT_Q4_0},
+                {"L1.wk", "blk.1.attn_k.weight", DT_Q4_1},     {"L0.wo", "blk.0.attn_output.weight", DT_Q8_0},
+                {"L1.w_up", "blk.1.ffn_up.weight", DT_Q4_1},   {"L0.w_down", "blk.0.ffn_down.weight", DT_Q4_0},
+                {"lm_head", "output.weight", DT_Q8_0},         {"L0.wv", NULL, DT_F32}, {"L1.w_gate", NULL, DT_F32}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        cr_assert_eq(weights_dtype(&w, want[i].canon), want[i].t, "%s", want[i].canon);
+        if (!want[i].gguf)
+            continue;
+        const QTensor *q = weights_qtensor(&w, want[i].canon);
+        const GgufTensor *gt = gguf_find_tensor(g, want[i].gguf);
+        cr_assert(q && gt && q->nbytes == gt->nbytes);
+        cr_assert(memcmp(q->data, gt->data, q->nbytes) == 0, "%s: blocks kept byte for byte", want[i].canon);
+    }
+    expect_views(&w);
+    Schedule *s = lower_model_weights(&m, &w, target_lookup("cpu", &d), 2, &d);
+    cr_assert_not_null(s);
+    cr_assert_eq(s->bufs[sched_find_buffer(s, "L1.wk")].dtype, DT_Q4_1);
+    cr_assert_eq(s->bufs[sched_find_buffer(s, "embed")].dtype, DT_Q8_0);
+    sched_free(s);
+    gguf_close(g);
+    weights_free(&w);
+
+    /* quant f32: the same f32 views, no blocks */
+    DescOverride ov[] = {{"quant", "f32"}};
+    ModelDesc m2;
+    cr_assert(desc_text(&m2, &a, GGUF_YAML, ov, 1));
+    Weights w1, w2;
+    cr_assert(weights_load(&w1, &m, &d) && weights_load(&w2, &m2, &d));
+    cr_assert_eq(w2.nqt, 0);
+    int64_t n;
+    const float *f1 = weights_tensor(&w1, "L1.wk", &n), *f2 = weights_tensor(&w2, "L1.wk", NULL);
+    cr_assert(memcmp(f1, f2, sizeof(float) * (size_t)n) == 0);
+    weights_free(&w1);
+    weights_free(&w2);
+    arena_free(&a);
+}
+
+/* ---- fidelity against the recorded figures ---- */
+
+typedef struct Recorded {
+    int tokens;
+    unsigned classes;
+    char engine[16];
+    char prompt[256];
+    int n;
+    QuantSpec spec[16];
+    double kl[16], top1[16];
+} Recorded;
+
+static void recorded_load(Recorded *r, const char *path)
+{
+    Doc doc;
+    Diag d;
+    diag_init(&d);
+    cr_assert(doc_load(&doc, path, &d), "cannot read %s", path);
+    int64_t v;
+    cr_assert(doc_int(&doc, &d, doc_get(doc.root, "tokens"), &v));
+    r->tokens = (int)v;
+    snprintf(r->prompt, sizeof r->prompt, "%s", doc_str(&doc, &d, doc_get(doc.root, "prompt")));
+    static const char *const cls[] = {"embed", "attn", "mlp", "lm_head"};
+    const char *cl = doc_str(&doc, &d, doc_get(doc.root, "classes"));
+    const DocNode *en = doc_get(doc.root, "engine");
+    snprintf(r->engine, sizeof r->engine, "%s", en ? doc_str(&doc, &d, en) : "reference");
+    r->classes = 0;
+    for (int c = 0; c < TCLASS_COUNT; c++)
+        r->classes |= strstr(cl, cls[c]) ? 1u << c : 0;
+    const DocNode *f = doc_get(doc.root, "formats");
+    cr_assert(f && f->kind == DOC_SEQ && f->n <= 16);
+    r->n = f->n;
+    for (int i = 0; i < f->n; i++) {
+        cr_assert(quant_spec_parse(doc_str(&doc, &d, doc_get(f->items[i], "format")), &r->spec[i]));
+        cr_assert(doc_double(&doc, &d, doc_get(f->items[i], "mean_kl"), &r->kl[i]));
+        cr_assert(doc_double(&doc, &d, doc_get(f->items[i], "top1"), &r->top1[i]));
+    }
+    doc_free(&doc);
+}
+
+/* Runs the evaluation the file records and fails on a regression of more
+ * than 10%: in mean KL, or in the top-1 disagreement rate (plus one
+ * position of slack, the resolution of a short stream). */
+static void fidelity_check(const ModelDesc *m, const char *model, const DescOverride *sets, int nsets,
+                           const char *path)
+{
+    Recorded r;
+    recorded_load(&r, path);
+    QuantEvalRun run = {r.prompt, r.tokens, r.classes, r.engine, model, sets, nsets};
+    QuantEval *e = calloc((size_t)r.n + 1, sizeof *e);
+    Diag d;
+    diag_init(&d);
+    cr_assert(quant_eval(m, &run, r.spec, r.n, e, &d));
+    for (int i = 0; i < r.n; i++) {
+        const QuantEval *q = &e[i + 1];
+        char b[32];
+        quant_spec_str(r.spec[i], b, sizeof b);
+        cr_assert_leq(q->mean_kl, 1.1 * r.kl[i] + 1e-12, "%s: mean KL %g, recorded %g", b, q->mean_kl, r.kl[i]);
+        cr_assert_leq(1 - q->top1, 1.1 * (1 - r.top1[i]) + 1.0 / r.tokens + 1e-12, "%s: top-1 %g, recorded %g", b,
+                      q->top1, r.top1[i]);
+    }
+    free(e);
+}
+
+Test(quant, fidelity_stories260k)
+{
+    if (access(SHARED "/models/stories260K.bin", R_OK) != 0)
+        cr_skip("../shared/models/stories260K.bin absent");
+    Arena a = {0};
+    ModelDesc m;
+    Diag d;
+    diag_init(&d);
+    cr_assert(desc_load(&m, &a, MEGAC_SRC "/models/stories260k.yaml", NULL, 0, &d));
+    fidelity_check(&m, NULL, NULL, 0, QFIX "/fidelity-stories260k.json");
+    arena_free(&a);
+}
+
+Test(quant, fidelity_smollm2_gguf, .timeout = 120)
+{
+    const char *gguf = getenv("MEGAC_SMOLLM2_GGUF");
+    if (!gguf || !*gguf)
+        cr_skip("MEGAC_SMOLLM2_GGUF is not set (path of SmolLM2-135M-Instruct.Q4_1.gguf)");
+    Arena a = {0};
+    ModelDesc m;
+    Diag d;
+    diag_init(&d);
+    DescOverride ov[] = {{"weights.path", gguf}};
+    cr_assert(desc_load(&m, &a, MEGAC_SRC "/models/smollm2-135m-instruct-gguf.yaml", ov, 1, &d));
+    fidelity_check(&m, NULL, NULL, 0, QFIX "/fidelity-smollm2-q4_1.json");
+    arena_free(&a);
+}
+/* ---- the CPU backend on quantized weights ----
+ * A model's quantized schedule compiled for cpu, its weights blob written
+ * from the stored bytes (the same bytes the reference's f32 views were
+ * dequantized from), decoded step by step: logits within tolerance of the
+ * float64 reference on the same weights, greedy tokens identical. */
+
+typedef void (*QWorkerFn)(const MegacArgs *, uint32_t);
+
+typedef struct QKern {
+    Schedule *s;
+    char dir[64], so[96];
+    void *dl;
+    QWorkerFn worker;
+    unsigned char *weights, *arena;
+    uint32_t *ctrs;
+    MegacAbort abort_info;
+} QKern;
+
+static void *qalloc64(uint64_t n)
+{
+    size_t m = (size_t)((n + 63) / 64 * 64);
+    void *p = aligned_alloc(64, m ? m : 64);
+    cr_assert_not_null(p);
+    memset(p, 0, m ? m : 64);
+    return p;
+}
+
+/* Writes weight buffer b: its stored bytes, the f32 view, or the rope table. */
+static void qkern_weight(QKern *k, const Buffer *b, const Weights *w)
+{
+    unsigned char *dst = k->weights + b->offset;
+    if (!strcmp(b->name, "rope")) {
+        rope_table_fill(w->m, (float *)dst);
+        return;
+    }
+    const QTensor *q = weights_qtensor(w, b->name);
+    int64_t n;
+    const float *f = weights_tensor(w, b->name, &n);
+    cr_assert_not_null(f, "%s", b->name);
+    if (q) {
+        cr_assert_eq(q->dtype, b->dtype, "%s", b->name);
+        memcpy(dst, q->data, q->nbytes);
+    } else {
+        cr_assert_eq(b->dtype, DT_F32, "%s", b->name);
+        memcpy(dst, f, sizeof(float) * (size_t)n);
+    }
+}
+
+/* Lowers for target ("cpu" or "host-cuda"), compiles, loads, and writes
+ * the weights blob. */
+static void qkern_build(QKern *k, const ModelDesc *m, const Weights *w, const char *target, int workers)
+{
+    memset(k, 0, sizeof *k);
+    Diag d;
+    diag_init(&d);
+    k->s = lower_model_weights(m, w, target_lookup(target, &d), workers, &d);
+    cr_assert_not_null(k->s);
+    sched_layout(k->s);
+    strcpy(k->dir, "/tmp/megac_quant_XXXXXX");
+    cr_assert_not_null(mkdtemp(k->dir));
+    snprintf(k->so, sizeof k->so, "%s/kernel.so", k->dir);
+    if (!strcmp(target, "cpu"))
+        cr_assert(cg_cpu_compile(k->s, NULL, k->so, &d), "cg_cpu_compile failed");
+    else
+        cr_assert(cg_hostcuda_compile(k->s, k->so, &d), "cg_hostcuda_compile failed");
+    k->dl = dlopen(k->so, RTLD_NOW | RTLD_LOCAL);
+    cr_assert_not_null(k->dl, "dlopen: %s", dlerror());
+    k->worker = (QWorkerFn)(uintptr_t)dlsym(k->dl, "megac_worker");
+    cr_assert_not_null(k->worker);
+    k->weights = qalloc64(k->s->weights_bytes);
+    k->arena = qalloc64(k->s->arena_bytes);
+    k->ctrs = qalloc64(4 * (k->s->nctrs + 1));
+    for (uint32_t i = 0; i < k->s->nbufs; i++)
+        if (k->s->bufs[i].cls == BUF_WEIGHT)
+            qkern_weight(k, &k->s->bufs[i], w);
+}
+
+static void qkern_free(QKern *k)
+{
+    dlclose(k->dl);
+    unlink(k->so);
+    rmdir(k->dir);
+    free(k->weights), free(k->arena), free(k->ctrs);
+    sched_free(k->s);
+}
+
+typedef struct QJob {
+    QKern *k;
+    MegacArgs *args;
+    uint32_t w;
+} QJob;
+
+static void *qjob_main(void *p)
+{
+    QJob *j = p;
+    j->k->worker(j->args, j->w);
+    return NULL;
+}
+
+static void *qkern_buf(QKern *k, const char *name)
+{
+    int64_t b = sched_find_buffer(k->s, name);
+    cr_assert(b >= 0);
+    return k->arena + k->s->bufs[b].offset;
+}
+
+/* One step at pos with token tok; returns the logits. */
+static const float *qkern_step(QKern *k, int tok, int pos)
+{
+    uint32_t n = k->s->nworkers;
+    *(int32_t *)qkern_buf(k, "tok") = tok;
+    memset(k->ctrs, 0, 4 * (k->s->nctrs + 1));
+    MegacArgs args = {k->weights, k->arena, k->ctrs, &k->abort_info, pos, 0};
+    pthread_t th[16];
+    QJob jobs[16];
+    cr_assert(n <= 16);
+    for (uint32_t w = 0; w < n; w++) {
+        jobs[w] = (QJob){k, &args, w};
+        cr_assert_eq(pthread_create(&th[w], NULL, qjob_main, &jobs[w]), 0);
+    }
+    for (uint32_t w = 0; w < n; w++)
+        pthread_join(th[w], NULL);
+    cr_assert_eq(k->abort_info.flag, 0, "pos %d: aborted", pos);
+    return qkern_buf(k, "logits");
+}
+
+/* Decodes `steps` positions with the kernel and the reference on the same
+ * quantized weights; tokens are the reference's greedy ones. */
+static void kernel_vs_reference(const ModelDesc *m, const char *target, int workers, int steps)
+{
+    Diag d;
+    diag_init(&d);
+    Weights w;
+    cr_assert(weights_load(&w, m, &d));
+    QKern k;
+    qkern_build(&k, m, &w, target, workers);
+    RefState *r = ref_new(&w);
+    int tok = 1;
+    for (int pos = 0; pos < steps; pos++) {
+        const float *ref = ref_step(r, tok, pos), *got = qkern_step(&k, tok, pos);
+        float mx = 0, err = 0;
+        int best = 0, kbest = 0;
+        for (int i = 0; i < m->vocab_size; i++) {
+            mx = fabsf(ref[i]) > mx ? fabsf(ref[i]) : mx;
+            err = fabsf(got[i] - ref[i]) > err ? fabsf(got[i] - ref[i]) : err;
+            best = ref[i] > ref[best] ? i : best;
+            kbest = got[i] > got[kbest] ? i : kbest;
+        }
+        cr_assert_leq(err, 1e-3f * (mx > 1 ? mx : 1), "%s %s W=%d pos %d: logits differ by %g", m->name, target,
+                      workers, pos, err);
+        cr_assert(kbest == best || ref[best] - ref[kbest] < 1e-4f, "%s %s W=%d pos %d: greedy %d, reference %d",
+                  m->name, target, workers, pos, kbest, best);
+        cr_assert_eq(*(int32_t *)qkern_buf(&k, "next"), kbest);
+        tok = best;
+    }
+    ref_free(r);
+    qkern_free(&k);
+    weights_free(&w);
+}
+
+Test(quant, cpu_stories260k_quantized, .timeout = 120)
+{
+    if (access(SHARED "/models/stories260K.bin", R_OK) != 0)
+        cr_skip("../shared/models/stories260K.bin absent");
+    const char *fmts[] = {"{default: w4a16-g32, embed: f16}", "{default: w8a16, mlp: w4a16-g128, embed: bf16}",
+                          "w4a16-g64"};
+    for (size_t i = 0; i < sizeof fmts / sizeof *fmts; i++) {
+        Arena a = {0};
+        ModelDesc m;
+        Diag d;
+        diag_init(&d);
+        DescOverride ov[] = {{"quant", fmts[i]}};
+        cr_assert(desc_load(&m, &a, MEGAC_SRC "/models/stories260k.yaml", ov, 1, &d));
+        kernel_vs_reference(&m, "cpu", 1 + 2 * (int)i, 24);
+        arena_free(&a);
+    }
+}
+
+Test(quant, cpu_synthetic_and_gguf_blocks, .timeout = 120)
+{
+    Arena a = {0};
+    ModelDesc m;
+    DescOverride ov[] = {{"quant", "{default: w4a16-g32, attn: w8a16, lm_head: f16}"}};
+    cr_assert(desc_text(&m, &a, TINY_YAML, ov, 1));
+    kernel_vs_reference(&m, "cpu", 3, 16);
+    if (access(MEGAC_SRC "/tests/fixtures/weights/tiny.gguf", R_OK) == 0) {
+        ModelDesc g;
+        cr_assert(desc_text(&g, &a, GGUF_YAML, NULL, 0));
+        kernel_vs_reference(&g, "cpu", 2, 12); /* Q8_0, Q4_0, Q4_1 blocks as they are; F16/BF16 as f32 */
+    }
+    arena_free(&a);
+}
+
+/* The CUDA kernel body run on the host (the exact generated CUDA C, through
+ * the shim): the same quantized models as on the CPU. */
+Test(quant, hostcuda_quantized, .timeout = 180)
+{
+    Arena a = {0};
+    ModelDesc m;
+    DescOverride ov[] = {{"quant", "{default: w4a16-g32, attn: w8a16, lm_head: f16, embed: bf16}"}};
+    cr_assert(desc_text(&m, &a, TINY_YAML, ov, 1));
+    kernel_vs_reference(&m, "host-cuda", 2, 8);
+    if (access(MEGAC_SRC "/tests/fixtures/weights/tiny.gguf", R_OK) == 0) {
+        ModelDesc g;
+        cr_assert(desc_text(&g, &a, GGUF_YAML, NULL, 0));
+        kernel_vs_reference(&g, "host-cuda", 3, 8);
+    }
+    if (access(SHARED "/models/stories260K.bin", R_OK) == 0) {
+        ModelDesc st;
+        Diag d;
+        diag_init(&d);
+        DescOverride q[] = {{"quant", "{default: w4a16-g64, mlp: w4a16-g128, embed: w8a16}"}};
+        cr_assert(desc_load(&st, &a, MEGAC_SRC "/models/stories260k.yaml", q, 1, &d));
+        kernel_vs_reference(&st, "host-cuda", 4, 4);
+    }
+    arena_free(&a);
+}
+
+/* NVRTC compiles the quantized kernel for a GPU architecture (no GPU
+ * needed to compile). */
+Test(quant, cuda_nvrtc_compiles_quantized, .timeout = 180)
+{
+    Arena a = {0};
+    ModelDesc m;
+    DescOverride ov[] = {{"quant", "{default: w4a16-g128, attn: w8a16, embed: f16}"}};
+    cr_assert(desc_text(&m, &a, TINY_YAML, ov, 1));
+    Diag d;
+    diag_init(&d);
+    Weights w;
+    cr_assert(weights_load(&w, &m, &d));
+    Schedule *s = lower_model_weights(&m, &w, target_lookup("sm_90", &d), 8, &d);
+    cr_assert_not_null(s);
+    sched_layout(s);
+    char dir[] = "/tmp/megac_quant_cu_XXXXXX", path[64];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/kernel.cubin", dir);
+    CudaKernelInfo info;
+    cr_assert(cg_cuda_compile(s, "sm_90", path, &info, &d), "NVRTC failed");
+    cr_assert_eq(info.local_bytes, 0, "spills");
+    unlink(path);
+    rmdir(dir);
+    sched_free(s);
+    weights_free(&w);
+    arena_free(&a);
+}
+
+/* The real SmolLM2-135M-Instruct Q4_1 GGUF on the CPU backend: its own
+ * Q4_1 and Q8_0 blocks in the kernel, against the reference on the same
+ * weights (MEGAC_SMOLLM2_GGUF names the file; skipped without it). */
+Test(quant, cpu_smollm2_gguf_own_blocks, .timeout = 300)
+{
+    const char *gguf = getenv("MEGAC_SMOLLM2_GGUF");
+    if (!gguf || !*gguf)
+        cr_skip("MEGAC_SMOLLM2_GGUF is not set (path of SmolLM2-135M-Instruct.Q4_1.gguf)");
+    Arena a = {0};
+    ModelDesc m;
+    Diag d;
+    diag_init(&d);
+    DescOverride ov[] = {{"weights.path", gguf}, {"max_seq", "64"}};
+    cr_assert(desc_load(&m, &a, MEGAC_SRC "/models/smollm2-135m-instruct-gguf.yaml", ov, 2, &d));
+    kernel_vs_reference(&m, "cpu", 2, 6);
+    arena_free(&a);
+}
+
+/* ---- int8 activations on the CPU (w8a8, w4a8) ---- */
+
+/* One GEMV of an A8 weight compiled for the CPU: equal to quant.c's A8
+ * definition up to summation order, and within 5e-4 NMSE of the float64
+ * GEMV on the same weights. K = 172: a short last block and group. */
+Test(quant, cpu_a8_gemv, .timeout = 60)
+{
+    const DType a8[] = {DT_W8A8, DT_W4A8G32, DT_W4A8G128};
+    const int64_t R = 24, K = 172;
+    float *w = malloc(sizeof(float) * R * K), x[172];
+    fill(w, R * K, 21, 0.1f);
+    fill(x, K, 22, 1.0f);
+    for (size_t ti = 0; ti < sizeof a8 / sizeof *a8; ti++) {
+        Schedule *s = sched_new("a8", "cpu", 1);
+        s->shape = (ModelShape){.dim = (int)K, .hidden_dim = (int)K, .n_layers = 1, .n_heads = 1, .n_kv_heads = 1,
+                                .head_dim = 2, .vocab_size = 16, .max_seq = 4, .norm_eps = 1e-5};
+        int64_t sw[2] = {R, K}, sx[1] = {K}, sy[1] = {R};
+        uint32_t wb = sched_add_buffer(s, "w", a8[ti], BUF_WEIGHT, 2, sw);
+        uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx), yb = sched_add_buffer(s, "y", DT_F32,
+                                                                                              BUF_SCRATCH, 1, sy);
+        Access acc[5] = {{wb, ACC_R, {0, 0}, {R * K, 0}}, {xb, ACC_R, {0, 0}, {K, 0}}, {yb, ACC_W, {0, 0}, {R, 0}},
+                         {BUF_NONE, 0, {0, 0}, {0, 0}}, {BUF_NONE, 0, {0, 0}, {0, 0}}};
+        sched_op(s, 0, OP_GEMV, (int32_t[]){0, (int32_t)R, (int32_t)K, 0}, acc);
+        sched_layout(s);
+        char dir[] = "/tmp/megac_quant_a8_XXXXXX", so[64];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(so, sizeof so, "%s/k.so", dir);
+        Diag d;
+        diag_init(&d);
+        cr_assert(cg_cpu_compile(s, NULL, so, &d));
+        void *dl = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+        cr_assert_not_null(dl, "%s", dlerror());
+        QWorkerFn fn = (QWorkerFn)(uintptr_t)dlsym(dl, "megac_worker");
+        unsigned char *wts = qalloc64(s->weights_bytes), *ar = qalloc64(s->arena_bytes);
+        size_t rb = dtype_row_bytes(a8[ti], K);
+        for (int64_t r = 0; r < R; r++)
+            quant_row_quantize(a8[ti], w + r * K, K, wts + s->bufs[wb].offset + r * rb);
+        memcpy(ar + s->bufs[xb].offset, x, sizeof x);
+        uint32_t ctr[4] = {0};
+        MegacAbort ab = {0};
+        MegacArgs args = {wts, ar, ctr, &ab, 0, 0};
+        fn(&args, 0);
+        const float *y = (const float *)(ar + s->bufs[yb].offset);
+        double y8[24], y16[24], num = 0, den = 0;
+        quant_gemv_a8_ref(a8[ti], wts + s->bufs[wb].offset, R, K, x, y8);
+        quant_gemv_ref(a8[ti], wts + s->bufs[wb].offset, R, K, x, y16);
+        for (int64_t r = 0; r < R; r++) {
+            cr_assert_leq(fabs(y[r] - y8[r]), 1e-5 * (fabs(y8[r]) + 1), "%s row %ld: %g vs %g", dtype_name(a8[ti]),
+                          (long)r, y[r], y8[r]);
+            num += (y[r] - y16[r]) * (y[r] - y16[r]);
+            den += y16[r] * y16[r];
+        }
+        cr_assert_leq(num / den, 5e-4, "%s: nmse %g against float64", dtype_name(a8[ti]), num / den);
+        dlclose(dl);
+        unlink(so);
+        rmdir(dir);
+        free(wts), free(ar);
+        sched_free(s);
+    }
+    free(w);
+}
+
+/* The CUDA backend has no int8-activation GEMV: it refuses, never guesses. */
+Test(quant, cuda_refuses_a8)
+{
+    Arena a = {0};
+    ModelDesc m;
+    DescOverride ov[] = {{"quant", "w8a8"}};
+    cr_assert(desc_text(&m, &a, TINY_YAML, ov, 1));
+    char buf[4096] = {0};
+    Diag d;
+    diag_init(&d);
+    Schedule *s = lower_model(&m, target_lookup("sm_90", &d), 4, &d);
+    cr_assert_not_null(s);
+    sched_layout(s);
+    d.out = fmemopen(buf, sizeof buf - 1, "w");
+    CudaKernelInfo info;
+    cr_assert_not(cg_cuda_compile(s, "sm_90", "/tmp/megac_never.cubin", &info, &d));
+    fclose(d.out);
+    cr_assert(strstr(buf, "of dtype w8a8 is not supported by the CUDA backend yet"), "%s", buf);
+    sched_free(s);
+    arena_free(&a);
+}
+
+/* Teacher-forced fidelity of the kernel path (a CPU bundle per format):
+ * the recorded w8a8/w4a8 figures hold, and for the A16 formats the kernel
+ * path's KL equals the float64 reference path's (kernel correctness). */
+Test(quant, fidelity_stories260k_cpu_kernel, .timeout = 120)
+{
+    if (access(SHARED "/models/stories260K.bin", R_OK) != 0)
+        cr_skip("../shared/models/stories260K.bin absent");
+    const char *path = MEGAC_SRC "/models/stories260k.yaml";
+    Arena a = {0};
+    ModelDesc m;
+    Diag d;
+    diag_init(&d);
+    cr_assert(desc_load(&m, &a, path, NULL, 0, &d));
+    fidelity_check(&m, path, NULL, 0, QFIX "/fidelity-stories260k-cpu.json");
+    QuantSpec f[2] = {{QUANT_W8A16, 0}, {QUANT_W4A16, 32}};
+    QuantEval ek[3], er[3];
+    QuantEvalRun rk = {"Once upon a time", 32, 15, "cpu", path, NULL, 0}, rr = rk;
+    rr.engine = "reference";
+    cr_assert(quant_eval(&m, &rk, f, 2, ek, &d) && quant_eval(&m, &rr, f, 2, er, &d));
+    for (int i = 1; i <= 2; i++) {
+        cr_assert_leq(fabs(ek[i].mean_kl - er[i].mean_kl), 1e-3 * er[i].mean_kl + 1e-9, "kernel KL %g, reference %g",
+                      ek[i].mean_kl, er[i].mean_kl);
+        cr_assert_eq(ek[i].top1, er[i].top1);
+    }
+    arena_free(&a);
+}
