@@ -7,20 +7,23 @@
  *     M = max|reference logit| of that step (see ATOL/RTOL below);
  *   - the kernel's argmax equals the reference's at every step.
  *
- * The reference runs once per model (its logits and greedy tokens are kept,
- * its weights freed) before the bundles run, so a large model never has two
- * f32 copies in this process. The KV cache is cut with `--set max_seq=64`
- * for the big shapes. Bundles go to a temp folder (/dev/shm when the
- * weights are small) and are deleted after use.
+ * The reference runs once per model, after the first bundle is opened (for
+ * its BOS) and before any bundle steps; its logits and greedy tokens are
+ * kept and its weights freed, so this process never holds two f32 copies of
+ * a large model. The KV cache is cut with `--set max_seq=64`. Bundles go to
+ * a temp folder (/dev/shm when the weights are small) and are deleted after
+ * use.
  *
- * Models: default (full run), smollm2-135m and smollm2-135m-hf (8 steps),
- * the GGUF SmolLM2 when its file is there (models/README.md, or
- * MEGAC_ZOO_GGUF=FILE), tiny synthetic models with each feature of the big
- * ones (qkv bias, llama3 RoPE scaling, adjacent pairs, MHA, head_dim !=
- * dim/n_heads); opt-in with MEGAC_ZOO_BIG=1: llama-3.2-1b and qwen2.5-0.5b
- * (3 steps each, minutes). llama-3.1-8b is skipped when its f32 weights do
- * not fit in this machine's memory. Under MEGAC_SANITIZED=1 (the ASan run)
- * the step counts shrink.
+ * Models: default (all 256 positions), smollm2-135m and smollm2-135m-hf (8
+ * steps), the GGUF SmolLM2 when its file is there (models/README.md, or
+ * MEGAC_ZOO_GGUF=FILE); each big description shrunk by `--set` to tiny
+ * shapes that keep its features (qkv bias, llama3 RoPE scaling, untied head,
+ * MHA and GQA, head_dim != dim/n_heads, adjacent pairs), all 64 positions;
+ * opt-in with MEGAC_ZOO_BIG=1: llama-3.2-1b and qwen2.5-0.5b at their own
+ * shapes (3 steps; about 3 min and 1 min here). llama-3.1-8b is skipped when
+ * its f32 weights do not fit in this machine's memory. host-cuda: default,
+ * stories260k and the tiny Qwen, 64 steps. Under MEGAC_SANITIZED=1 (the ASan
+ * run) the SmolLM2 shapes take 3 steps instead of 8.
  */
 #include "runtime/megac.h"
 #pragma GCC diagnostic push
@@ -43,7 +46,7 @@
  * logit M: |diff| <= ATOL + RTOL * M. RTOL 1e-5 is ~170 f32 ulps of M: room
  * for the rounding of f32 dot products of up to 8192 terms (error ~
  * sqrt(K) * 2^-24 of their magnitude) through up to 30 layers. Measured:
- * 5e-8 .. 4e-7 of M (the stderr line of each model). ATOL 1e-6 only
+ * 3e-8 .. 9e-7 of M (the stderr line of each model). ATOL 1e-6 only
  * matters when every logit is near 0. */
 #define ATOL 1e-6
 #define RTOL 1e-5
@@ -219,6 +222,15 @@ static double golden_check(megac_model *mm, const Golden *g, const char *what)
     return worst;
 }
 
+/* "NAME.yaml [k=v ...]" for messages. */
+static void zoo_name(const ZooModel *z, char *out, size_t cap)
+{
+    const char *slash = strrchr(z->model, '/');
+    int n = snprintf(out, cap, "%s", slash ? slash + 1 : z->model);
+    for (int i = 0; i < MAX_SETS && z->sets[i] && (size_t)n < cap; i++)
+        n += snprintf(out + n, cap - (size_t)n, " %s", z->sets[i]);
+}
+
 /* Compiles z for `target` at each worker count and checks nsteps greedy
  * steps of each bundle against the reference. */
 static void zoo_run(const ZooModel *z, const char *target, const int *workers, int nw, int nsteps)
@@ -226,8 +238,10 @@ static void zoo_run(const ZooModel *z, const char *target, const int *workers, i
     double t0 = now_s(), t_compile = 0, t_ref = 0, t_run = 0;
     char *dir = tmp_dir(z->big);
     Golden g = {0};
-    char line[1024];
-    int nl = snprintf(line, sizeof line, "zoo: %s on %s, max |diff|/max|logit|:", z->model, target);
+    char line[1400];
+    char name[600];
+    zoo_name(z, name, sizeof name);
+    int nl = snprintf(line, sizeof line, "zoo: %s on %s, max |diff|/max|logit|:", name, target);
     for (int i = 0; i < nw; i++) {
         double tc = now_s();
         char *b = zoo_compile(z, target, workers[i], dir);
@@ -241,7 +255,7 @@ static void zoo_run(const ZooModel *z, const char *target, const int *workers, i
         t_ref += now_s() - tc;
         tc = now_s();
         char what[1400];
-        snprintf(what, sizeof what, "%s on %s, %d workers", z->model, target, workers[i]);
+        snprintf(what, sizeof what, "%s on %s, %d workers", name, target, workers[i]);
         double worst = golden_check(mm, &g, what);
         t_run += now_s() - tc;
         nl += snprintf(line + nl, sizeof line - (size_t)nl, " w%d %.2g", workers[i], worst);
@@ -267,7 +281,7 @@ static void zoo_cpu(const ZooModel *z, int nsteps) { zoo_run(z, "cpu", cpu_worke
 Test(zoo_cpu, default_model, .timeout = 120)
 {
     ZooModel z = {"default", {NULL}, false};
-    zoo_cpu(&z, sanitized() ? 64 : 256);
+    zoo_cpu(&z, 256);
 }
 
 Test(zoo_cpu, smollm2_135m, .timeout = 300)
@@ -316,7 +330,7 @@ Test(zoo_cpu, llama_3_2_1b_features_tiny, .timeout = 120)
                   {"dim=128", "hidden_dim=384", "n_layers=2", "head_dim=16", "vocab_size=512", "bos=1", "eos=2",
                    "max_seq=64"},
                   false};
-    zoo_cpu(&z, sanitized() ? 16 : 64);
+    zoo_cpu(&z, 64);
 }
 
 /* Qwen2.5-0.5B: q/k/v bias, eps 1e-6, theta 1e6, 7:1 GQA, head_dim !=
@@ -326,18 +340,18 @@ Test(zoo_cpu, qwen2_5_0_5b_features_tiny, .timeout = 120)
     ZooModel z = {MODELS "/qwen2.5-0.5b.yaml",
                   {"dim=96", "hidden_dim=320", "n_layers=3", "head_dim=24", "vocab_size=600", "max_seq=64"},
                   false};
-    zoo_cpu(&z, sanitized() ? 16 : 64);
+    zoo_cpu(&z, 64);
 }
 
 /* Llama-3.1-8B: untied lm_head, llama3 scaling (factor 8), here with as
- * many kv heads as q heads (MHA). */
+ * many kv heads as q heads (MHA) and GGUF's adjacent RoPE pairs. */
 Test(zoo_cpu, llama_3_1_8b_features_tiny, .timeout = 120)
 {
     ZooModel z = {MODELS "/llama-3.1-8b.yaml",
                   {"dim=128", "hidden_dim=448", "n_layers=2", "n_heads=4", "n_kv_heads=4", "vocab_size=512", "bos=1",
-                   "eos=2", "max_seq=64"},
+                   "eos=2", "max_seq=64", "rope.pairing=adjacent"},
                   false};
-    zoo_cpu(&z, sanitized() ? 16 : 64);
+    zoo_cpu(&z, 64);
 }
 
 /* ---- the big shapes: opt-in ---- */
@@ -367,8 +381,9 @@ static void zoo_big(const char *yaml, int nsteps)
                 "arrive in a later change)",
                 yaml, desc_f32_bytes(&m) / 1e9, have / 1e9);
     if (!big_enabled())
-        cr_skip("%s: %.1f GB of f32 weights, minutes per worker count; set MEGAC_ZOO_BIG=1 to run it", yaml,
-                desc_f32_bytes(&m) / 1e9);
+        cr_skip("%s: %.1f GB of f32 weights, a bundle written per worker count (about 1 min for 2 GB); "
+                "set MEGAC_ZOO_BIG=1 to run it",
+                yaml, desc_f32_bytes(&m) / 1e9);
     zoo_cpu(&z, nsteps);
 }
 
@@ -383,7 +398,7 @@ static void zoo_host_cuda(const ZooModel *z, int nsteps) { zoo_run(z, "host-cuda
 Test(zoo_host_cuda, default_model, .timeout = 300)
 {
     ZooModel z = {"default", {NULL}, false};
-    zoo_host_cuda(&z, sanitized() ? 8 : 32);
+    zoo_host_cuda(&z, 64);
 }
 
 Test(zoo_host_cuda, stories260k, .timeout = 300)
@@ -391,7 +406,7 @@ Test(zoo_host_cuda, stories260k, .timeout = 300)
     if (!file_exists(SHARED "/models/stories260K.bin"))
         cr_skip("../shared/models/stories260K.bin is absent");
     ZooModel z = {MODELS "/stories260k.yaml", {NULL}, false};
-    zoo_host_cuda(&z, sanitized() ? 8 : 32);
+    zoo_host_cuda(&z, 64);
 }
 
 Test(zoo_host_cuda, qwen2_5_0_5b_features_tiny, .timeout = 300)
@@ -399,5 +414,5 @@ Test(zoo_host_cuda, qwen2_5_0_5b_features_tiny, .timeout = 300)
     ZooModel z = {MODELS "/qwen2.5-0.5b.yaml",
                   {"dim=96", "hidden_dim=320", "n_layers=3", "head_dim=24", "vocab_size=600", "max_seq=64"},
                   false};
-    zoo_host_cuda(&z, sanitized() ? 8 : 32);
+    zoo_host_cuda(&z, 64);
 }
