@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -57,7 +58,6 @@
 typedef struct {
     const char *model;              /* a YAML path, or "default" */
     const char *sets[MAX_SETS];     /* "key=value", NULL-terminated */
-    bool big;                       /* > 1 GB of weights: bundles in /tmp */
 } ZooModel;
 
 /* The reference's greedy decode of n steps, kept for every bundle. */
@@ -85,23 +85,37 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* A fresh folder for bundles: /dev/shm (fast) unless the model is big. */
-static char *tmp_dir(bool big)
+/* A fresh folder for bundles of about `bytes`: /dev/shm (fast) when it has
+ * room for two of them with some to spare, else /tmp. */
+static char *tmp_dir(double bytes)
 {
-    const char *base = !big && access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    struct statvfs sv;
+    bool shm = access("/dev/shm", W_OK) == 0 && statvfs("/dev/shm", &sv) == 0 &&
+               (double)sv.f_bavail * (double)sv.f_frsize > 2 * bytes + 512e6;
     char *d = malloc(256);
-    snprintf(d, 256, "%s/megac-zoo-XXXXXX", base);
+    snprintf(d, 256, "%s/megac-zoo-XXXXXX", shm ? "/dev/shm" : "/tmp");
     cr_assert(mkdtemp(d), "mkdtemp %s", d);
     return d;
 }
 
-static void rm_rf(char *dir)
+/* The bundle folder of the running test: removed at its end, failed or
+ * not, so that a failure leaves no 500 MB bundle in /dev/shm. */
+static char *zoo_dir;
+
+static void zoo_dir_remove(void)
 {
+    if (!zoo_dir)
+        return;
     char cmd[1200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
-    free(dir);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", zoo_dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", zoo_dir);
+    free(zoo_dir);
+    zoo_dir = NULL;
 }
+
+TestSuite(zoo_cpu, .fini = zoo_dir_remove);
+TestSuite(zoo_host_cuda, .fini = zoo_dir_remove);
 
 /* megac compile MODEL --target T --workers W --set ... -o DIR/T.wW.megac */
 static char *zoo_compile(const ZooModel *z, const char *target, int workers, const char *dir)
@@ -222,6 +236,15 @@ static double golden_check(megac_model *mm, const Golden *g, const char *what)
     return worst;
 }
 
+/* f32 bytes of the model's weights. */
+static double desc_f32_bytes(const ModelDesc *m)
+{
+    double d = m->dim, q = (double)m->n_heads * m->head_dim, kv = (double)m->n_kv_heads * m->head_dim;
+    double layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * m->hidden_dim + (m->qkv_bias ? q + 2 * kv : 0);
+    double embed = (double)m->vocab_size * d * (m->tie_embeddings ? 1 : 2);
+    return 4 * (embed + d + m->n_layers * layer);
+}
+
 /* "NAME.yaml [k=v ...]" for messages. */
 static void zoo_name(const ZooModel *z, char *out, size_t cap)
 {
@@ -236,7 +259,12 @@ static void zoo_name(const ZooModel *z, char *out, size_t cap)
 static void zoo_run(const ZooModel *z, const char *target, const int *workers, int nw, int nsteps)
 {
     double t0 = now_s(), t_compile = 0, t_ref = 0, t_run = 0;
-    char *dir = tmp_dir(z->big);
+    Arena a = {0};
+    ModelDesc m;
+    zoo_desc(z, &m, &a);
+    zoo_dir = tmp_dir(desc_f32_bytes(&m));
+    const char *dir = zoo_dir;
+    arena_free(&a);
     Golden g = {0};
     char line[1400];
     char name[600];
@@ -268,7 +296,7 @@ static void zoo_run(const ZooModel *z, const char *target, const int *workers, i
     fprintf(stderr, "%s; %d steps, %.1f s (compiles %.1f s, reference %.1f s, bundles %.1f s)\n", line, g.n,
             now_s() - t0, t_compile, t_ref, t_run);
     golden_free(&g);
-    rm_rf(dir);
+    zoo_dir_remove();
 }
 
 static const int cpu_workers[] = {1, 2, 3, 8};
@@ -280,13 +308,13 @@ static void zoo_cpu(const ZooModel *z, int nsteps) { zoo_run(z, "cpu", cpu_worke
 
 Test(zoo_cpu, default_model, .timeout = 120)
 {
-    ZooModel z = {"default", {NULL}, false};
+    ZooModel z = {"default", {NULL}};
     zoo_cpu(&z, 256);
 }
 
 Test(zoo_cpu, smollm2_135m, .timeout = 300)
 {
-    ZooModel z = {MODELS "/smollm2-135m.yaml", {"max_seq=64"}, false};
+    ZooModel z = {MODELS "/smollm2-135m.yaml", {"max_seq=64"}};
     zoo_cpu(&z, sanitized() ? 3 : 8);
 }
 
@@ -294,7 +322,7 @@ Test(zoo_cpu, smollm2_135m_hf, .timeout = 300)
 {
     if (!file_exists(SHARED "/hf-configs/SmolLM2-135M.config.json"))
         cr_skip("../shared/hf-configs/SmolLM2-135M.config.json is absent");
-    ZooModel z = {MODELS "/smollm2-135m-hf.yaml", {"max_seq=64"}, false};
+    ZooModel z = {MODELS "/smollm2-135m-hf.yaml", {"max_seq=64"}};
     zoo_cpu(&z, sanitized() ? 3 : 8);
 }
 
@@ -302,7 +330,7 @@ Test(zoo_cpu, smollm2_135m_hf, .timeout = 300)
  * its description looks; MEGAC_ZOO_GGUF=FILE names it elsewhere. */
 Test(zoo_cpu, smollm2_135m_instruct_gguf, .timeout = 300)
 {
-    ZooModel z = {MODELS "/smollm2-135m-instruct-gguf.yaml", {"max_seq=64"}, false};
+    ZooModel z = {MODELS "/smollm2-135m-instruct-gguf.yaml", {"max_seq=64"}};
     Arena a = {0};
     ModelDesc m;
     zoo_desc(&z, &m, &a);
@@ -328,8 +356,7 @@ Test(zoo_cpu, llama_3_2_1b_features_tiny, .timeout = 120)
 {
     ZooModel z = {MODELS "/llama-3.2-1b.yaml",
                   {"dim=128", "hidden_dim=384", "n_layers=2", "head_dim=16", "vocab_size=512", "bos=1", "eos=2",
-                   "max_seq=64"},
-                  false};
+                   "max_seq=64"}};
     zoo_cpu(&z, 64);
 }
 
@@ -338,8 +365,7 @@ Test(zoo_cpu, llama_3_2_1b_features_tiny, .timeout = 120)
 Test(zoo_cpu, qwen2_5_0_5b_features_tiny, .timeout = 120)
 {
     ZooModel z = {MODELS "/qwen2.5-0.5b.yaml",
-                  {"dim=96", "hidden_dim=320", "n_layers=3", "head_dim=24", "vocab_size=600", "max_seq=64"},
-                  false};
+                  {"dim=96", "hidden_dim=320", "n_layers=3", "head_dim=24", "vocab_size=600", "max_seq=64"}};
     zoo_cpu(&z, 64);
 }
 
@@ -349,27 +375,17 @@ Test(zoo_cpu, llama_3_1_8b_features_tiny, .timeout = 120)
 {
     ZooModel z = {MODELS "/llama-3.1-8b.yaml",
                   {"dim=128", "hidden_dim=448", "n_layers=2", "n_heads=4", "n_kv_heads=4", "vocab_size=512", "bos=1",
-                   "eos=2", "max_seq=64", "rope.pairing=adjacent"},
-                  false};
+                   "eos=2", "max_seq=64", "rope.pairing=adjacent"}};
     zoo_cpu(&z, 64);
 }
 
 /* ---- the big shapes: opt-in ---- */
 
-/* f32 bytes of the model's weights. */
-static double desc_f32_bytes(const ModelDesc *m)
-{
-    double d = m->dim, q = (double)m->n_heads * m->head_dim, kv = (double)m->n_kv_heads * m->head_dim;
-    double layer = 2 * d + d * q + 2 * d * kv + q * d + 3 * d * m->hidden_dim + (m->qkv_bias ? q + 2 * kv : 0);
-    double embed = (double)m->vocab_size * d * (m->tie_embeddings ? 1 : 2);
-    return 4 * (embed + d + m->n_layers * layer);
-}
-
 /* Runs a big model when MEGAC_ZOO_BIG=1 and its f32 weights fit in memory
  * (one f32 copy at a time, plus a quarter for the rest). */
 static void zoo_big(const char *yaml, int nsteps)
 {
-    ZooModel z = {yaml, {"max_seq=64"}, true};
+    ZooModel z = {yaml, {"max_seq=64"}};
     Arena a = {0};
     ModelDesc m;
     zoo_desc(&z, &m, &a);
@@ -397,7 +413,7 @@ static void zoo_host_cuda(const ZooModel *z, int nsteps) { zoo_run(z, "host-cuda
 
 Test(zoo_host_cuda, default_model, .timeout = 300)
 {
-    ZooModel z = {"default", {NULL}, false};
+    ZooModel z = {"default", {NULL}};
     zoo_host_cuda(&z, 64);
 }
 
@@ -405,14 +421,13 @@ Test(zoo_host_cuda, stories260k, .timeout = 300)
 {
     if (!file_exists(SHARED "/models/stories260K.bin"))
         cr_skip("../shared/models/stories260K.bin is absent");
-    ZooModel z = {MODELS "/stories260k.yaml", {NULL}, false};
+    ZooModel z = {MODELS "/stories260k.yaml", {NULL}};
     zoo_host_cuda(&z, 64);
 }
 
 Test(zoo_host_cuda, qwen2_5_0_5b_features_tiny, .timeout = 300)
 {
     ZooModel z = {MODELS "/qwen2.5-0.5b.yaml",
-                  {"dim=96", "hidden_dim=320", "n_layers=3", "head_dim=24", "vocab_size=600", "max_seq=64"},
-                  false};
+                  {"dim=96", "hidden_dim=320", "n_layers=3", "head_dim=24", "vocab_size=600", "max_seq=64"}};
     zoo_host_cuda(&z, 64);
 }
