@@ -85,12 +85,13 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* A fresh folder for bundles of about `bytes`: /dev/shm (fast) when it has
- * room for two of them with some to spare, else /tmp. */
+/* A fresh folder for bundles of about `bytes`: /dev/shm (fast, but held in
+ * memory) for bundles up to 1 GB when it has room for two of them with some
+ * to spare, else /tmp. */
 static char *tmp_dir(double bytes)
 {
     struct statvfs sv;
-    bool shm = access("/dev/shm", W_OK) == 0 && statvfs("/dev/shm", &sv) == 0 &&
+    bool shm = bytes <= 1e9 && access("/dev/shm", W_OK) == 0 && statvfs("/dev/shm", &sv) == 0 &&
                (double)sv.f_bavail * (double)sv.f_frsize > 2 * bytes + 512e6;
     char *d = malloc(256);
     snprintf(d, 256, "%s/megac-zoo-XXXXXX", shm ? "/dev/shm" : "/tmp");
