@@ -465,6 +465,217 @@ static void gemv_store(float *y, const float *b, int64_t r, float v, int accum)
     y[r] = accum ? y[r] + v : v;
 }
 
+/* ---- A16 quantized GEMV: four rows per pass ----
+ * The weight integers become floats in registers and meet x with FMAs;
+ * four rows go through together, so each x vector is loaded once for all
+ * four, the loop overhead and the group headers are shared, and the four
+ * scales are converted from f16 as one vector. Zero points and offsets
+ * are not applied per element: sum_j s (q_j - z) x_j = s sum q_j x_j -
+ * s z sum x_j, with the sums of x per group computed once per op (xg). A
+ * pass past the last row repeats the last row (its results are dropped),
+ * so every row runs the same code. Rows of W8 take any k; the 4-bit and
+ * Q8_0 kernels need k % 32 == 0 (true of every GGUF block format), other
+ * rows go through qdot() one at a time. */
+
+/* Loops over the four rows are unrolled (the bitcode is built without
+ * unrolling; O3 at megac compile time honours the pragma), so that the
+ * four accumulators live in registers. */
+/* Weights are prefetched this far ahead of their use: with four rows in
+ * flight the hardware prefetchers alone leave the loads waiting. */
+#ifndef QPF_BYTES
+#define QPF_BYTES 8192
+#endif
+#define UNROLL4 _Pragma("clang loop unroll(full)")
+
+typedef uint16_t v4u16 __attribute__((vector_size(8)));
+typedef uint32_t v4u32 __attribute__((vector_size(16)));
+
+/* Four f16 to f32, F16X16's arithmetic on 4 lanes. */
+#define F16X4(h, out)                                                                    \
+    do {                                                                                 \
+        v4u32 u_ = __builtin_convertvector((h) & (uint16_t)0x7fff, v4u32);               \
+        v4u32 s_ = __builtin_convertvector((h) & (uint16_t)0x8000, v4u32) << 16;         \
+        v4f sf_ = __builtin_convertvector(u_, v4f) * 0x1p-24f;                           \
+        v4u32 sub_ = (v4u32)sf_, big_ = (u_ << 13) | 0x7f800000u;                        \
+        v4u32 nrm_ = (u_ << 13) + 0x38000000u;                                           \
+        v4u32 m1_ = (v4u32)(u_ < 0x400u), m2_ = (v4u32)(u_ >= 0x7c00u);                  \
+        v4u32 r_ = (sub_ & m1_) | (~m1_ & ((big_ & m2_) | (nrm_ & ~m2_)));               \
+        (out) = (v4f)(r_ | s_);                                                          \
+    } while (0)
+
+/* The f16 at byte offset off of each of the four records w[i]. */
+static v4f f16_rows4(const unsigned char *const w[4], int off)
+{
+    v4u16 h;
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        h[i] = (uint16_t)(w[i][off] | w[i][off + 1] << 8);
+    v4f f;
+    F16X4(h, f);
+    return f;
+}
+
+/* The 4-bit formats as records of `gb` bytes per group of 32 * nc
+ * weights, 16 bytes of nibbles per 32 (Q4_0's order) from byte `hdr`:
+ *   Q4_0  d @0, z = 8      W4G*  s @0 (f16), z @2 (u8)
+ *   Q4_1  d @0, m @2 (f16): w = d q + m
+ * Each group adds s * sum q x to the row's vector accumulator and
+ * c * (sum of x over the group) to its offset term, c = -s z or m. */
+enum { NIB_Q4_0, NIB_Q4_1, NIB_W4 };
+
+static inline __attribute__((always_inline)) void
+nib_groups4(const unsigned char *w[4], int64_t ng, int64_t gb, int64_t nc, int hdr, int fmt, const float *x,
+            const float *xg, v16f acc[4], v4f *off)
+{
+    for (int64_t g = 0; g < ng; g++, x += 32 * nc) {
+        v4f s = f16_rows4(w, 0), c;
+        if (fmt == NIB_Q4_1) {
+            c = f16_rows4(w, 2);
+        } else if (fmt == NIB_Q4_0) {
+            c = -8.0f * s;
+        } else {
+            v4f z = {(float)w[0][2], (float)w[1][2], (float)w[2][2], (float)w[3][2]};
+            c = -s * z;
+        }
+        *off += c * xg[g];
+        v16f ga[4] = {{0}, {0}, {0}, {0}};
+        for (int64_t ch = 0; ch < nc; ch++) {
+            v16f x0 = LOAD16(x + 32 * ch), x1 = LOAD16(x + 32 * ch + 16);
+            UNROLL4
+            for (int i = 0; i < 4; i++) {
+                __builtin_prefetch(w[i] + hdr + 16 * ch + QPF_BYTES, 0, 3);
+                v16u8 q = *(const v16u8 *)(w[i] + hdr + 16 * ch);
+                ga[i] += NIB_LO(q) * x0 + NIB_HI(q) * x1;
+            }
+        }
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            acc[i] += s[i] * ga[i];
+            w[i] += gb;
+        }
+    }
+}
+
+/* Q8_0: groups of one block {f16 d; i8 q[32]}. */
+static inline __attribute__((always_inline)) void q8_0_groups4(const unsigned char *w[4], int64_t ng,
+                                                               const float *x, v16f acc[4])
+{
+    for (int64_t g = 0; g < ng; g++, x += 32) {
+        v4f d = f16_rows4(w, 0);
+        v16f x0 = LOAD16(x), x1 = LOAD16(x + 16);
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            __builtin_prefetch(w[i] + QPF_BYTES, 0, 3);
+            acc[i] += d[i] * (WIDEN_I8(w[i] + 2) * x0 + WIDEN_I8(w[i] + 18) * x1);
+            w[i] += 34;
+        }
+    }
+}
+
+/* W8: {f32 s; i8 q[k]} per row, any k. */
+static void w8_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4])
+{
+    v16f acc[4] = {{0}, {0}, {0}, {0}};
+    int64_t j = 0;
+    for (; j + 64 <= k; j += 64) {
+        v16f x0 = LOAD16(x + j), x1 = LOAD16(x + j + 16), x2 = LOAD16(x + j + 32), x3 = LOAD16(x + j + 48);
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            const unsigned char *q = row[i] + 4 + j;
+            __builtin_prefetch(q + QPF_BYTES, 0, 3);
+            acc[i] += (WIDEN_I8(q) * x0 + WIDEN_I8(q + 16) * x1) + (WIDEN_I8(q + 32) * x2 + WIDEN_I8(q + 48) * x3);
+        }
+    }
+    for (; j + 16 <= k; j += 16) {
+        v16f xv = LOAD16(x + j);
+        UNROLL4
+        for (int i = 0; i < 4; i++)
+            acc[i] += WIDEN_I8(row[i] + 4 + j) * xv;
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++) {
+        float t = hsum16(&acc[i]), s;
+        for (int64_t jj = j; jj < k; jj++)
+            t += (float)(int8_t)row[i][4 + jj] * x[jj];
+        memcpy(&s, row[i], 4);
+        out[i] = s * t;
+    }
+}
+
+/* Sums of x over consecutive groups of gs (the last one shorter). */
+static void x_group_sums(const float *x, int64_t k, int64_t gs, float *xg)
+{
+    for (int64_t j = 0; j < k; j += gs) {
+        v16f a = {0};
+        int64_t e = k - j < gs ? k - j : gs, i = 0;
+        for (; i + 16 <= e; i += 16)
+            a += LOAD16(x + j + i);
+        float s = hsum16(&a);
+        for (; i < e; i++)
+            s += x[j + i];
+        xg[j / gs] = s;
+    }
+}
+
+/* Four rows of a dtype with a fast kernel into out[4]. */
+static void qrows4(int t, const unsigned char *const row[4], const float *x, const float *xg, int64_t k,
+                   float out[4])
+{
+    const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};
+    v16f acc[4] = {{0}, {0}, {0}, {0}};
+    v4f off = {0};
+    switch (t) {
+    case DT_W8: w8_rows4(row, x, k, out); return;
+    case DT_Q8_0: q8_0_groups4(w, k / 32, x, acc); break;
+    case DT_Q4_0: nib_groups4(w, k / 32, 18, 1, 2, NIB_Q4_0, x, xg, acc, &off); break;
+    case DT_Q4_1: nib_groups4(w, k / 32, 20, 1, 4, NIB_Q4_1, x, xg, acc, &off); break;
+    case DT_W4G32: nib_groups4(w, k / 32, 20, 1, 4, NIB_W4, x, xg, acc, &off); break;
+    case DT_W4G64:
+        nib_groups4(w, k / 64, 36, 2, 4, NIB_W4, x, xg, acc, &off);
+        if (k % 64) /* a last group of 32 */
+            nib_groups4(w, 1, 20, 1, 4, NIB_W4, x + k / 64 * 64, xg + k / 64, acc, &off);
+        break;
+    default: {
+        nib_groups4(w, k / 128, 68, 4, 4, NIB_W4, x, xg, acc, &off);
+        int64_t rest = k % 128 / 32;
+        if (rest) /* a last group of 32, 64 or 96 */
+            nib_groups4(w, 1, 4 + 16 * rest, rest, 4, NIB_W4, x + k / 128 * 128, xg + k / 128, acc, &off);
+        break;
+    }
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        out[i] = hsum16(&acc[i]) + off[i];
+}
+
+/* y[r0:r1] (+)= W . x (+ b) for the A16 quantized and half dtypes. */
+static void gemv_quant(int t, const unsigned char *W, const float *x, float *y, const float *b, int64_t r0,
+                       int64_t r1, int64_t k, int accum)
+{
+    int64_t rb = qrow_bytes(t, k);
+    int fast = t == DT_W8 || ((t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1 || t == DT_W4G32 || t == DT_W4G64 ||
+                               t == DT_W4G128) && k % 32 == 0);
+    if (!fast) {
+        for (int64_t r = r0; r < r1; r++)
+            gemv_store(y, b, r, qdot(t, W + r * rb, x, k), accum);
+        return;
+    }
+    int64_t gs = t == DT_W4G64 ? 64 : t == DT_W4G128 ? 128 : 32;
+    float xg[k / 32 + 1];
+    if (t != DT_W8 && t != DT_Q8_0)
+        x_group_sums(x, k, gs, xg);
+    for (int64_t r = r0; r < r1; r += 4) {
+        const unsigned char *row[4];
+        float out[4];
+        UNROLL4
+        for (int i = 0; i < 4; i++)
+            row[i] = W + (r + i < r1 ? r + i : r1 - 1) * rb;
+        qrows4(t, row, x, xg, k, out);
+        for (int i = 0; i < 4 && r + i < r1; i++)
+            gemv_store(y, b, r + i, out[i], accum);
+    }
+}
+
 /* y[r0:r1] (+)= W[r0:r1, 0:k] . x (+ b): one row at a time, so the weights
  * are read as one sequential stream (what hardware prefetchers follow
  * best, also for short rows), with four 16-wide accumulators. */
@@ -527,9 +738,7 @@ static void gemv_rows(const MegacArgs *a, const int64_t *in, const float *x)
         gemv_a8(t, W, x, y, b, r0, r1, k, accum);
         return;
     }
-    int64_t rb = qrow_bytes(t, k);
-    for (int64_t r = r0; r < r1; r++)
-        gemv_store(y, b, r, qdot(t, W + r * rb, x, k), accum);
+    gemv_quant(t, W, x, y, b, r0, r1, k, accum);
 }
 
 static void op_gemv(const MegacArgs *a, const int64_t *in)
