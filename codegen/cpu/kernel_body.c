@@ -47,6 +47,7 @@ extern const int32_t megac_k_wstart[];
 extern const int64_t megac_k_shape[];
 extern const float megac_k_eps;
 extern const uint32_t megac_k_nworkers;
+extern const int32_t megac_k_isa; /* KT_ISA_* bits, defined by cpu_emit.c */
 
 void megac_worker(const MegacArgs *a, uint32_t worker);
 
@@ -340,6 +341,7 @@ typedef int32_t v16i32 __attribute__((vector_size(64)));
 #define WIDEN_I8_I32(p) __builtin_convertvector(*(const v16i8 *)(p), v16i32)
 #define NIB_LO_I32(q) __builtin_convertvector((q) & (uint8_t)15, v16i32)
 #define NIB_HI_I32(q) __builtin_convertvector((q) >> (uint8_t)4, v16i32)
+#define WIDEN_U8_I32(p) __builtin_convertvector(*(const v16u8 *)(p), v16i32)
 
 static int a8_is(int t)
 {
@@ -617,10 +619,119 @@ static void x_group_sums(const float *x, int64_t k, int64_t gs, float *xg)
     }
 }
 
+/* ---- AVX-512 versions (KT_ISA_AVX512; see kernel_table.h) ----
+ * A 4-bit weight takes one of 16 values per group, so each row's group
+ * becomes a 16-float table T[q] = s (q - z) (Q4_1: d q + m), exactly the
+ * reference's dequantized values, and vpermps looks the weights up by
+ * their nibbles (it reads only the low 4 bits of each index, so the low
+ * nibble needs no mask): per 32 weights one widening load, one shift, two
+ * lookups and two FMAs, and no per-group scaling of partial sums. */
+
+#define ISA_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+#define ISA_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+typedef short v8i16 __attribute__((vector_size(16)));
+typedef uint32_t v4u32u __attribute__((vector_size(16), aligned(1)));
+
+/* x in the order the nibble kernels read weights: 16 bytes of nibbles
+ * are broadcast to the 16 lanes and lane j shifted right by 8 (j / 4), so
+ * its low nibble is weight 4 (j % 4) + j / 4 of the 32 and its high nibble
+ * that plus 16; xp[32c + j] and xp[32c + 16 + j] are those x. */
+static void x_nibble_order(const float *x, int64_t k, float *xp)
+{
+    for (int64_t c = 0; c < k; c += 32)
+        for (int j = 0; j < 16; j++) {
+            xp[c + j] = x[c + 4 * (j % 4) + j / 4];
+            xp[c + 16 + j] = x[c + 16 + 4 * (j % 4) + j / 4];
+        }
+}
+
+/* nib_minus_z[z][q] = q - z: a group's table is row z times its scale. */
+#define NZ_ROW(z)                                                                                        \
+    {0.0f - (z), 1.0f - (z), 2.0f - (z), 3.0f - (z), 4.0f - (z), 5.0f - (z), 6.0f - (z), 7.0f - (z),      \
+     8.0f - (z), 9.0f - (z), 10.0f - (z), 11.0f - (z), 12.0f - (z), 13.0f - (z), 14.0f - (z), 15.0f - (z)}
+static const float nib_minus_z[16][16] __attribute__((aligned(64))) = {
+    NZ_ROW(0), NZ_ROW(1), NZ_ROW(2),  NZ_ROW(3),  NZ_ROW(4),  NZ_ROW(5),  NZ_ROW(6),  NZ_ROW(7),
+    NZ_ROW(8), NZ_ROW(9), NZ_ROW(10), NZ_ROW(11), NZ_ROW(12), NZ_ROW(13), NZ_ROW(14), NZ_ROW(15)};
+
+typedef short v16i16 __attribute__((vector_size(32)));
+
+/* The f16 at p in all 16 lanes (vpbroadcastw, vcvtph2ps). */
+static inline __attribute__((always_inline)) ISA_AVX512 v16f isa_avx512_f16_splat(const unsigned char *p)
+{
+    short h = (short)(p[0] | p[1] << 8);
+    v16i16 v = {h, h, h, h, h, h, h, h, h, h, h, h, h, h, h, h};
+    return __builtin_ia32_vcvtph2ps512_mask(v, (v16f){0}, (unsigned short)0xffff, 4);
+}
+
+static inline __attribute__((always_inline)) ISA_AVX512 void
+isa_avx512_nib_groups4(const unsigned char *w[4], int64_t ng, int64_t gb, int64_t nc, int hdr, int fmt,
+                       const float *x, v16f acc[4])
+{
+    const v16u32 sh = {0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24};
+    for (int64_t g = 0; g < ng; g++, x += 32 * nc) {
+        v16f tab[4];
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            v16f s = isa_avx512_f16_splat(w[i]);
+            if (fmt == NIB_Q4_1)
+                tab[i] = LOAD16(nib_minus_z[0]) * s + isa_avx512_f16_splat(w[i] + 2);
+            else
+                tab[i] = LOAD16(nib_minus_z[fmt == NIB_Q4_0 ? 8 : w[i][2] & 15]) * s;
+        }
+        for (int64_t ch = 0; ch < nc; ch++) {
+            v16f x0 = LOAD16(x + 32 * ch), x1 = LOAD16(x + 32 * ch + 16);
+            UNROLL4
+            for (int i = 0; i < 4; i++) {
+                __builtin_prefetch(w[i] + hdr + 16 * ch + QPF_BYTES, 0, 3);
+                v4u32 d = *(const v4u32u *)(w[i] + hdr + 16 * ch);
+                v16u32 q = __builtin_shufflevector(d, d, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3) >> sh;
+                acc[i] += __builtin_ia32_permvarsf512(tab[i], (v16i32)q) * x0;
+                acc[i] += __builtin_ia32_permvarsf512(tab[i], (v16i32)(q >> 4)) * x1;
+            }
+        }
+        UNROLL4
+        for (int i = 0; i < 4; i++)
+            w[i] += gb;
+    }
+}
+
+/* qrows4() for the 4-bit formats with k % 32 == 0. */
+static ISA_AVX512 void isa_avx512_nib_rows4(int t, const unsigned char *const row[4], const float *x, int64_t k,
+                                            float out[4])
+{
+    const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};
+    v16f acc[4] = {{0}, {0}, {0}, {0}};
+    switch (t) {
+    case DT_Q4_0: isa_avx512_nib_groups4(w, k / 32, 18, 1, 2, NIB_Q4_0, x, acc); break;
+    case DT_Q4_1: isa_avx512_nib_groups4(w, k / 32, 20, 1, 4, NIB_Q4_1, x, acc); break;
+    case DT_W4G32: isa_avx512_nib_groups4(w, k / 32, 20, 1, 4, NIB_W4, x, acc); break;
+    case DT_W4G64:
+        isa_avx512_nib_groups4(w, k / 64, 36, 2, 4, NIB_W4, x, acc);
+        if (k % 64)
+            isa_avx512_nib_groups4(w, 1, 20, 1, 4, NIB_W4, x + k / 64 * 64, acc);
+        break;
+    default: {
+        isa_avx512_nib_groups4(w, k / 128, 68, 4, 4, NIB_W4, x, acc);
+        int64_t rest = k % 128 / 32;
+        if (rest)
+            isa_avx512_nib_groups4(w, 1, 4 + 16 * rest, rest, 4, NIB_W4, x + k / 128 * 128, acc);
+        break;
+    }
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        out[i] = hsum16(&acc[i]);
+}
+
 /* Four rows of a dtype with a fast kernel into out[4]. */
 static void qrows4(int t, const unsigned char *const row[4], const float *x, const float *xg, int64_t k,
                    float out[4])
 {
+    if ((megac_k_isa & KT_ISA_AVX512) && t != DT_W8 && t != DT_Q8_0) {
+        isa_avx512_nib_rows4(t, row, xg, k, out); /* xg: x_nibble_order() */
+        return;
+    }
     const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};
     v16f acc[4] = {{0}, {0}, {0}, {0}};
     v4f off = {0};
@@ -661,9 +772,13 @@ static void gemv_quant(int t, const unsigned char *W, const float *x, float *y, 
         return;
     }
     int64_t gs = t == DT_W4G64 ? 64 : t == DT_W4G128 ? 128 : 32;
-    float xg[k / 32 + 1];
-    if (t != DT_W8 && t != DT_Q8_0)
-        x_group_sums(x, k, gs, xg);
+    float xg[(megac_k_isa & KT_ISA_AVX512) ? k : k / 32 + 1];
+    if (t != DT_W8 && t != DT_Q8_0) {
+        if (megac_k_isa & KT_ISA_AVX512)
+            x_nibble_order(x, k, xg);
+        else
+            x_group_sums(x, k, gs, xg);
+    }
     for (int64_t r = r0; r < r1; r += 4) {
         const unsigned char *row[4];
         float out[4];
