@@ -817,6 +817,134 @@ static void gemv_f32(const float *W, const float *x, float *y, const float *b, i
     }
 }
 
+/* ---- int8 activations with AVX-512 VNNI (KT_ISA_VNNI512) ----
+ * vpdpbusd adds four u8 x s8 products per 32-bit lane. W8A8: the weights
+ * are the unsigned side after q ^ 0x80 = q + 128, so each block's sum is
+ * too large by 128 sum(xq_b); scaled by d_b and summed over the row that
+ * is one constant per op (a8_c), subtracted at the end. W4A8G: nibbles
+ * are unsigned already; four rows' 16 bytes of one block share a vector
+ * (row i in lanes 4i..4i+3), the block's xq halves are broadcast to all
+ * four, and the zero points come off as sum_g s_g z_g (sum_{b in g} d_b
+ * sum(xq_b)), from per-group sums of the activation side (dsx). */
+
+typedef uint32_t v8u32 __attribute__((vector_size(32)));
+typedef uint32_t v4u32u_a __attribute__((vector_size(16), aligned(1)));
+typedef uint32_t v16u32u __attribute__((vector_size(64), aligned(1)));
+
+static inline __attribute__((always_inline)) ISA_VNNI512 v16i32 isa_vnni512_dot(v16i32 acc, v16u32 u, v16u32 s)
+{
+    return __builtin_ia32_vpdpbusd512(acc, (v16i32)u, (v16i32)s);
+}
+
+/* W8A8, k % 64 == 0; dl[j / 4]: d of the block of x[j] (16 per 64). */
+static ISA_VNNI512 void isa_vnni512_w8a8_rows4(const unsigned char *const row[4], const int8_t *xq, const float *dl,
+                                              float c, int64_t k, float out[4])
+{
+    v16f acc[4] = {{0}, {0}, {0}, {0}};
+    for (int64_t j = 0; j < k; j += 64) {
+        v16u32 xv = *(const v16u32u *)(xq + j);
+        v16f d = LOAD16(dl + j / 4);
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            __builtin_prefetch(row[i] + 4 + j + QPF_BYTES, 0, 3);
+            v16u32 u = *(const v16u32u *)(row[i] + 4 + j) ^ 0x80808080u;
+            acc[i] += __builtin_convertvector(isa_vnni512_dot((v16i32){0}, u, xv), v16f) * d;
+        }
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++) {
+        float s;
+        memcpy(&s, row[i], 4);
+        out[i] = s * (hsum16(&acc[i]) - c);
+    }
+}
+
+/* 16 bytes at each w[i] + off, row i in lanes 4i..4i+3. */
+static inline __attribute__((always_inline)) ISA_VNNI512 v16u32 isa_vnni512_rows4_chunk(const unsigned char *const w[4], int64_t off)
+{
+    v4u32 c0 = *(const v4u32u_a *)(w[0] + off), c1 = *(const v4u32u_a *)(w[1] + off);
+    v4u32 c2 = *(const v4u32u_a *)(w[2] + off), c3 = *(const v4u32u_a *)(w[3] + off);
+    v8u32 a = __builtin_shufflevector(c0, c1, 0, 1, 2, 3, 4, 5, 6, 7);
+    v8u32 b = __builtin_shufflevector(c2, c3, 0, 1, 2, 3, 4, 5, 6, 7);
+    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+/* W4A8G*, k % 32 == 0: groups of gs, the last one k % gs long. */
+static ISA_VNNI512 void isa_vnni512_w4a8_rows4(int64_t gs, const unsigned char *const row[4], const int8_t *xq,
+                                              const float *dq, const float *dsx, int64_t k, float out[4])
+{
+    const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};
+    v16f acc = {0};
+    v4f off = {0};
+    for (int64_t j = 0, g = 0; j < k; j += gs, g++) {
+        int64_t nb = (k - j < gs ? k - j : gs) / 32;
+        v4u16 h;
+        v4f z;
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            h[i] = (uint16_t)(w[i][0] | w[i][1] << 8);
+            z[i] = (float)w[i][2];
+        }
+        v4f s;
+        F16X4(h, s);
+        off += s * z * dsx[g];
+        v16f ga = {0};
+        for (int64_t b = 0; b < nb; b++) {
+            const int8_t *xb = xq + j + 32 * b;
+            v4u32 l = *(const v4u32u_a *)xb, u = *(const v4u32u_a *)(xb + 16);
+            v16u32 xl = __builtin_shufflevector(l, l, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+            v16u32 xh = __builtin_shufflevector(u, u, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+            UNROLL4
+            for (int i = 0; i < 4; i++)
+                __builtin_prefetch(w[i] + 4 + 16 * b + QPF_BYTES, 0, 3);
+            v16u32 q = isa_vnni512_rows4_chunk(w, 4 + 16 * b);
+            v16i32 p = isa_vnni512_dot((v16i32){0}, q & 0x0f0f0f0fu, xl);
+            p = isa_vnni512_dot(p, (q >> 4) & 0x0f0f0f0fu, xh);
+            ga += __builtin_convertvector(p, v16f) * dq[j / 32 + b];
+        }
+        acc += ga * __builtin_shufflevector(s, s, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        UNROLL4
+        for (int i = 0; i < 4; i++)
+            w[i] += 4 + 16 * nb;
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        out[i] = (acc[4 * i] + acc[4 * i + 1]) + (acc[4 * i + 2] + acc[4 * i + 3]) - off[i];
+}
+
+/* gemv_a8() on VNNI: W8A8 with k % 64 == 0, W4A8G* with k % 32 == 0. */
+static void gemv_a8_vnni(int t, const unsigned char *W, const int8_t *xq, const float *dq, float *y, const float *b,
+                         int64_t r0, int64_t r1, int64_t k, int accum)
+{
+    int64_t rb = qrow_bytes(t, k), gs = t == DT_W8A8 ? 32 : w4_gsize(qlayout(t));
+    float side[t == DT_W8A8 ? k / 4 : k / 32 + 1], c = 0;
+    for (int64_t bl = 0; bl < k / 32; bl++) {
+        int32_t sx = 0;
+        for (int j = 0; j < 32; j++)
+            sx += xq[32 * bl + j];
+        if (t == DT_W8A8) {
+            c += dq[bl] * 128.0f * (float)sx;
+            for (int l = 0; l < 8; l++)
+                side[bl * 8 + l] = dq[bl];
+        } else {
+            side[bl * 32 / gs] = (bl * 32 % gs ? side[bl * 32 / gs] : 0.0f) + dq[bl] * (float)sx;
+        }
+    }
+    for (int64_t r = r0; r < r1; r += 4) {
+        const unsigned char *row[4];
+        float out[4];
+        UNROLL4
+        for (int i = 0; i < 4; i++)
+            row[i] = W + (r + i < r1 ? r + i : r1 - 1) * rb;
+        if (t == DT_W8A8)
+            isa_vnni512_w8a8_rows4(row, xq, side, c, k, out);
+        else
+            isa_vnni512_w4a8_rows4(gs, row, xq, dq, side, k, out);
+        for (int i = 0; i < 4 && r + i < r1; i++)
+            gemv_store(y, b, r + i, out[i], accum);
+    }
+}
+
 /* y[r0:r1] of an A8 weight: the input quantized once, then integer rows.
  * k <= CPU_NORM_K_MAX (cpu_check.c), so the buffers stay modest VLAs. */
 static void gemv_a8(int t, const unsigned char *W, const float *x, float *y, const float *b, int64_t r0, int64_t r1,
@@ -825,6 +953,10 @@ static void gemv_a8(int t, const unsigned char *W, const float *x, float *y, con
     int8_t xq[k];
     float dq[(k + 31) / 32];
     act_quantize(x, k, xq, dq);
+    if ((megac_k_isa & KT_ISA_VNNI512) && k % (t == DT_W8A8 ? 64 : 32) == 0) {
+        gemv_a8_vnni(t, W, xq, dq, y, b, r0, r1, k, accum);
+        return;
+    }
     int64_t rb = qrow_bytes(t, k);
     for (int64_t r = r0; r < r1; r++) {
         const unsigned char *row = W + r * rb;
