@@ -348,21 +348,38 @@ static int a8_is(int t)
     return t == DT_W8A8 || t == DT_W4A8G32 || t == DT_W4A8G64 || t == DT_W4A8G128;
 }
 
+/* One block of len <= 32 of x to int8 (ir/dtype.h): the largest |x| by
+ * the integer order of the magnitude bits (NaNs count as 0, as a float
+ * comparison would skip them), so that both loops vectorize; f32 division
+ * and rint as the definition has them. */
+static inline __attribute__((always_inline)) void act_block(const float *x, int64_t len, int8_t *xq, float *dq)
+{
+    uint32_t amax = 0;
+    for (int64_t j = 0; j < len; j++) {
+        uint32_t u;
+        memcpy(&u, x + j, 4);
+        u &= 0x7fffffffu;
+        u = u > 0x7f800000u ? 0 : u;
+        amax = u > amax ? u : amax;
+    }
+    float m;
+    memcpy(&m, &amax, 4);
+    float d = m / 127.0f;
+    *dq = d;
+    for (int64_t j = 0; j < len; j++) {
+        float r = d > 0 ? rintf(x[j] / d) : 0.0f;
+        xq[j] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+    }
+}
+
 /* x[0:k] to int8 per block of 32: xq[k] and one scale per block in dq. */
 static void act_quantize(const float *x, int64_t k, int8_t *xq, float *dq)
 {
-    for (int64_t b = 0; b < k; b += 32) {
-        int64_t len = k - b < 32 ? k - b : 32;
-        float amax = 0;
-        for (int64_t j = 0; j < len; j++)
-            amax = fabsf(x[b + j]) > amax ? fabsf(x[b + j]) : amax;
-        float d = amax / 127.0f;
-        dq[b / 32] = d;
-        for (int64_t j = 0; j < len; j++) {
-            float r = d > 0 ? rintf(x[b + j] / d) : 0.0f;
-            xq[b + j] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
-        }
-    }
+    int64_t b = 0;
+    for (; b + 32 <= k; b += 32)
+        act_block(x + b, 32, xq + b, dq + b / 32);
+    if (b < k)
+        act_block(x + b, k - b, xq + b, dq + b / 32);
 }
 
 /* W8A8 row: s * sum_b d_b * (integer sum of block b). */
@@ -696,6 +713,26 @@ isa_avx512_nib_groups4(const unsigned char *w[4], int64_t ng, int64_t gb, int64_
     }
 }
 
+/* Q8_0 on AVX-512: the block scales splat from f16 by vcvtph2ps. */
+static ISA_AVX512 void isa_avx512_q8_0_rows4(const unsigned char *const row[4], const float *x, int64_t k,
+                                             float out[4])
+{
+    const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};
+    v16f acc[4] = {{0}, {0}, {0}, {0}};
+    for (int64_t j = 0; j < k; j += 32) {
+        v16f x0 = LOAD16(x + j), x1 = LOAD16(x + j + 16);
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            __builtin_prefetch(w[i] + QPF_BYTES, 0, 3);
+            acc[i] += isa_avx512_f16_splat(w[i]) * (WIDEN_I8(w[i] + 2) * x0 + WIDEN_I8(w[i] + 18) * x1);
+            w[i] += 34;
+        }
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        out[i] = hsum16(&acc[i]);
+}
+
 /* qrows4() for the 4-bit formats with k % 32 == 0. */
 static ISA_AVX512 void isa_avx512_nib_rows4(int t, const unsigned char *const row[4], const float *x, int64_t k,
                                             float out[4])
@@ -728,6 +765,10 @@ static ISA_AVX512 void isa_avx512_nib_rows4(int t, const unsigned char *const ro
 static void qrows4(int t, const unsigned char *const row[4], const float *x, const float *xg, int64_t k,
                    float out[4])
 {
+    if ((megac_k_isa & KT_ISA_AVX512) && t == DT_Q8_0) {
+        isa_avx512_q8_0_rows4(row, x, k, out);
+        return;
+    }
     if ((megac_k_isa & KT_ISA_AVX512) && t != DT_W8 && t != DT_Q8_0) {
         isa_avx512_nib_rows4(t, row, xg, k, out); /* xg: x_nibble_order() */
         return;
