@@ -23,6 +23,7 @@
 #include <criterion/criterion.h>
 #include <dlfcn.h>
 #include <math.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,7 +279,29 @@ Test(cpu_quant_perf, every_dtype_host)
 
 Test(cpu_quant_perf, every_dtype_x86_64_v3)
 {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        cr_skip_test("this host cannot run x86-64-v3 code");
     check_all("x86-64-v3", 576);
+}
+
+/* AVX-VNNI without AVX-512 (its 256-bit vpdpbusd kernels); needs a host
+ * that runs avxvnni. */
+Test(cpu_quant_perf, every_dtype_alderlake)
+{
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2"))
+        cr_skip_test("this host has no AVX2");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[4096];
+    bool vnni = false;
+    while (f && !vnni && fgets(line, sizeof line, f))
+        vnni = strncmp(line, "flags", 5) == 0 && strstr(line, " avx_vnni");
+    if (f)
+        fclose(f);
+    if (!vnni)
+        cr_skip_test("this host has no AVX-VNNI");
+    check_all("alderlake", 576);
 }
 
 Test(cpu_quant_perf, every_dtype_x86_64)

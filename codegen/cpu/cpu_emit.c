@@ -66,7 +66,7 @@ static const char *const cpu_exports[] = {"megac_worker", "megac_kernel_abi", "m
 /* Named CPUs accepted besides the host ("host" or NULL). */
 static const char *const cpu_levels[] = {"x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "haswell",
                                          "skylake", "skylake-avx512", "icelake-server", "sapphirerapids",
-                                         "znver2", "znver3", NULL};
+                                         "znver2", "znver3", "alderlake", NULL};
 
 static void job_progress(CpuJob *j, const char *what)
 {
@@ -212,6 +212,7 @@ static int32_t job_isa_named(const char *cpu)
         {"skylake-avx512", KT_ISA_AVX2 | KT_ISA_AVX512},
         {"icelake-server", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512},
         {"sapphirerapids", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512 | KT_ISA_AVXVNNI},
+        {"alderlake", KT_ISA_AVX2 | KT_ISA_AVXVNNI},
     };
     for (size_t i = 0; i < sizeof named / sizeof *named; i++)
         if (!strcmp(cpu, named[i].name))

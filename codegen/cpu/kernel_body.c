@@ -953,9 +953,152 @@ static ISA_VNNI512 void isa_vnni512_w4a8_rows4(int64_t gs, const unsigned char *
         out[i] = (acc[4 * i] + acc[4 * i + 1]) + (acc[4 * i + 2] + acc[4 * i + 3]) - off[i];
 }
 
-/* gemv_a8() on VNNI: W8A8 with k % 64 == 0, W4A8G* with k % 32 == 0. */
-static void gemv_a8_vnni(int t, const unsigned char *W, const int8_t *xq, const float *dq, float *y, const float *b,
-                         int64_t r0, int64_t r1, int64_t k, int accum)
+/* ---- int8 activations on 256 bits (KT_ISA_AVX2, KT_ISA_AVXVNNI) ----
+ * The same kernels at half width: a block's u8 x s8 products go through
+ * vpdpbusd on AVX-VNNI, else vpmaddubsw + vpmaddwd (pairs of products
+ * saturate at 16 bits: nibbles are <= 15, and W8A8 takes the sign of q
+ * over to xq so that the unsigned side is |q| <= 127, as llama.cpp does).
+ * W4A8G: rows 2i and 2i+1 share a vector. */
+
+#define ISA_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define ISA_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+
+typedef int32_t v8i32 __attribute__((vector_size(32)));
+typedef char v32c __attribute__((vector_size(32)));
+typedef float v8fl __attribute__((vector_size(32)));
+
+static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_dot(v8i32 acc, v8u32 u, v8u32 s)
+{
+    const v16i16 ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    v16i16 p = __builtin_ia32_pmaddubsw256((v32c)u, (v32c)s);
+    return acc + __builtin_ia32_pmaddwd256(p, ones);
+}
+
+static inline __attribute__((always_inline)) ISA_AVXVNNI v8i32 isa_avxvnni_dot(v8i32 acc, v8u32 u, v8u32 s)
+{
+    return __builtin_ia32_vpdpbusd256(acc, (v8i32)u, (v8i32)s);
+}
+
+static inline __attribute__((always_inline)) float hsum8(const v8fl *p)
+{
+    v8fl v = *p;
+    v4f h = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
+    return (h[0] + h[2]) + (h[1] + h[3]);
+}
+
+/* The two 256-bit kernels, for dot = isa_avx2_dot or isa_avxvnni_dot. */
+#define A8_256_KERNELS(pre, attr, dot)                                                                        \
+    static attr void pre##_w8a8_rows4(const unsigned char *const row[4], const int8_t *xq, const float *dq,   \
+                                      int64_t k, float out[4])                                              \
+    {                                                                                                       \
+        v8fl acc[4] = {{0}, {0}, {0}, {0}};                                                                 \
+        for (int64_t j = 0; j < k; j += 32) {                                                               \
+            v8u32 xv = *(const v8u32u *)(xq + j);                                                           \
+            UNROLL4                                                                                         \
+            for (int i = 0; i < 4; i++) {                                                                   \
+                __builtin_prefetch(row[i] + 4 + j + QPF_BYTES, 0, 3);                                       \
+                v8u32 q = *(const v8u32u *)(row[i] + 4 + j);                                                \
+                v8u32 u = (v8u32)__builtin_ia32_psignb256((v32c)q, (v32c)q);                                \
+                v8u32 s = (v8u32)__builtin_ia32_psignb256((v32c)xv, (v32c)q);                               \
+                acc[i] += __builtin_convertvector(dot((v8i32){0}, u, s), v8fl) * dq[j / 32];                \
+            }                                                                                               \
+        }                                                                                                   \
+        UNROLL4                                                                                             \
+        for (int i = 0; i < 4; i++) {                                                                       \
+            float s;                                                                                        \
+            memcpy(&s, row[i], 4);                                                                          \
+            out[i] = s * hsum8(&acc[i]);                                                                     \
+        }                                                                                                   \
+    }                                                                                                       \
+    static attr void pre##_w4a8_rows4(int64_t gs, const unsigned char *const row[4], const int8_t *xq,       \
+                                      const float *dq, const float *dsx, int64_t k, float out[4])           \
+    {                                                                                                       \
+        const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};                                       \
+        v8fl acc[2] = {{0}, {0}};                                                                           \
+        v4f off = {0};                                                                                      \
+        for (int64_t j = 0, g = 0; j < k; j += gs, g++) {                                                   \
+            int64_t nb = (k - j < gs ? k - j : gs) / 32;                                                    \
+            v4u16 h;                                                                                        \
+            v4f z;                                                                                          \
+            UNROLL4                                                                                         \
+            for (int i = 0; i < 4; i++) {                                                                   \
+                h[i] = (uint16_t)(w[i][0] | w[i][1] << 8);                                                  \
+                z[i] = (float)w[i][2];                                                                      \
+            }                                                                                               \
+            v4f s;                                                                                          \
+            F16X4(h, s);                                                                                    \
+            off += s * z * dsx[g];                                                                          \
+            v8fl ga[2] = {{0}, {0}};                                                                        \
+            for (int64_t b = 0; b < nb; b++) {                                                              \
+                const int8_t *xb = xq + j + 32 * b;                                                         \
+                v4u32 l = *(const v4u32u_a *)xb, u = *(const v4u32u_a *)(xb + 16);                          \
+                v8u32 xl = __builtin_shufflevector(l, l, 0, 1, 2, 3, 0, 1, 2, 3);                           \
+                v8u32 xh = __builtin_shufflevector(u, u, 0, 1, 2, 3, 0, 1, 2, 3);                           \
+                for (int p = 0; p < 2; p++) {                                                               \
+                    v4u32 c0 = *(const v4u32u_a *)(w[2 * p] + 4 + 16 * b);                                  \
+                    v4u32 c1 = *(const v4u32u_a *)(w[2 * p + 1] + 4 + 16 * b);                              \
+                    __builtin_prefetch(w[2 * p] + 4 + 16 * b + QPF_BYTES, 0, 3);                            \
+                    __builtin_prefetch(w[2 * p + 1] + 4 + 16 * b + QPF_BYTES, 0, 3);                        \
+                    v8u32 q = __builtin_shufflevector(c0, c1, 0, 1, 2, 3, 4, 5, 6, 7);                      \
+                    v8i32 d = dot((v8i32){0}, q & 0x0f0f0f0fu, xl);                                         \
+                    d = dot(d, (q >> 4) & 0x0f0f0f0fu, xh);                                                 \
+                    ga[p] += __builtin_convertvector(d, v8fl) * dq[j / 32 + b];                             \
+                }                                                                                           \
+            }                                                                                               \
+            acc[0] += ga[0] * __builtin_shufflevector(s, s, 0, 0, 0, 0, 1, 1, 1, 1);                        \
+            acc[1] += ga[1] * __builtin_shufflevector(s, s, 2, 2, 2, 2, 3, 3, 3, 3);                        \
+            UNROLL4                                                                                         \
+            for (int i = 0; i < 4; i++)                                                                     \
+                w[i] += 4 + 16 * nb;                                                                        \
+        }                                                                                                   \
+        UNROLL4                                                                                             \
+        for (int i = 0; i < 4; i++) {                                                                       \
+            v8fl a = acc[i / 2];                                                                            \
+            int o = 4 * (i % 2);                                                                            \
+            out[i] = (a[o] + a[o + 1]) + (a[o + 2] + a[o + 3]) - off[i];                                    \
+        }                                                                                                   \
+    }
+
+typedef uint32_t v8u32u __attribute__((vector_size(32), aligned(1)));
+A8_256_KERNELS(isa_avx2, ISA_AVX2, isa_avx2_dot)
+A8_256_KERNELS(isa_avxvnni, ISA_AVXVNNI, isa_avxvnni_dot)
+
+/* Which fast A8 kernel runs t at k: 2 AVX-512 VNNI, 1 AVX-VNNI, 0 AVX2,
+ * -1 none (the portable loops of dot_w8a8 and dot_w4a8). */
+static int a8_fast_kind(int t, int64_t k)
+{
+    if (k % 32)
+        return -1;
+    if ((megac_k_isa & KT_ISA_VNNI512) && (t != DT_W8A8 || k % 64 == 0))
+        return 2;
+    if (megac_k_isa & KT_ISA_AVXVNNI)
+        return 1;
+    return (megac_k_isa & KT_ISA_AVX2) ? 0 : -1;
+}
+
+/* Four rows of an A8 dtype with the kernel of kind `kind`. */
+static void a8_rows4(int kind, int t, const unsigned char *const row[4], const int8_t *xq, const float *dq,
+                     const float *side, float c, int64_t k, float out[4])
+{
+    int64_t gs = t == DT_W8A8 ? 32 : w4_gsize(qlayout(t));
+    if (kind == 2 && t == DT_W8A8)
+        isa_vnni512_w8a8_rows4(row, xq, side, c, k, out);
+    else if (kind == 2)
+        isa_vnni512_w4a8_rows4(gs, row, xq, dq, side, k, out);
+    else if (kind == 1 && t == DT_W8A8)
+        isa_avxvnni_w8a8_rows4(row, xq, dq, k, out);
+    else if (kind == 1)
+        isa_avxvnni_w4a8_rows4(gs, row, xq, dq, side, k, out);
+    else if (t == DT_W8A8)
+        isa_avx2_w8a8_rows4(row, xq, dq, k, out);
+    else
+        isa_avx2_w4a8_rows4(gs, row, xq, dq, side, k, out);
+}
+
+/* gemv_a8() with a fast kernel: the activation side's sums first (W8A8 on
+ * VNNI512: d per lane and the constant c; W4A8G: dsx per group). */
+static void gemv_a8_fast(int kind, int t, const unsigned char *W, const int8_t *xq, const float *dq, float *y,
+                         const float *b, int64_t r0, int64_t r1, int64_t k, int accum)
 {
     int64_t rb = qrow_bytes(t, k), gs = t == DT_W8A8 ? 32 : w4_gsize(qlayout(t));
     float side[t == DT_W8A8 ? k / 4 : k / 32 + 1], c = 0;
@@ -977,10 +1120,7 @@ static void gemv_a8_vnni(int t, const unsigned char *W, const int8_t *xq, const 
         UNROLL4
         for (int i = 0; i < 4; i++)
             row[i] = W + (r + i < r1 ? r + i : r1 - 1) * rb;
-        if (t == DT_W8A8)
-            isa_vnni512_w8a8_rows4(row, xq, side, c, k, out);
-        else
-            isa_vnni512_w4a8_rows4(gs, row, xq, dq, side, k, out);
+        a8_rows4(kind, t, row, xq, dq, side, c, k, out);
         for (int i = 0; i < 4 && r + i < r1; i++)
             gemv_store(y, b, r + i, out[i], accum);
     }
@@ -994,8 +1134,9 @@ static void gemv_a8(int t, const unsigned char *W, const float *x, float *y, con
     int8_t xq[k];
     float dq[(k + 31) / 32];
     act_quantize(x, k, xq, dq);
-    if ((megac_k_isa & KT_ISA_VNNI512) && k % (t == DT_W8A8 ? 64 : 32) == 0) {
-        gemv_a8_vnni(t, W, xq, dq, y, b, r0, r1, k, accum);
+    int kind = a8_fast_kind(t, k);
+    if (kind >= 0) {
+        gemv_a8_fast(kind, t, W, xq, dq, y, b, r0, r1, k, accum);
         return;
     }
     int64_t rb = qrow_bytes(t, k);
