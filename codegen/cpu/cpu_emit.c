@@ -4,9 +4,14 @@
  *   parse    the kernel body bitcode embedded in megac (kernel_body.c)
  *   glue     the schedule's tables and shape as constants (cpu_glue.c)
  *   link     glue into body (LLVMLinkModules2)
- *   target   triple, data layout, target-cpu/features on every function
+ *   target   triple, data layout, target-cpu/features on every function,
+ *            and megac_k_isa: the KT_ISA_* bits of the target (host
+ *            features, or those of a named level), which pick the kernel
+ *            body's instruction-set versions (kernel_table.h)
  *   extern   internalize all but the four symbols the runtime reads
- *   opt      LLVMRunPasses("default<O3>"), then LLVMVerifyModule
+ *   opt      LLVMRunPasses("default<O3>"), delete the isa_* versions left
+ *            without callers (a called one the target lacks is a bug),
+ *            then LLVMVerifyModule
  *   tsan     only for a ThreadSanitizer kernel (see below)
  *   emit     object file (PIC), then `cc -shared` -> kernel.so
  * Every LLVM call is checked; its message (and whatever LLVM reported

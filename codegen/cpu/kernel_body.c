@@ -25,6 +25,30 @@
  * large for the out-of-order window alone to keep the stream going.
  * Weights of the GEMV and the embedding may be f16, bf16 or quantized
  * (ir/dtype.h): they are dequantized in registers, inside the dot product.
+ *
+ * Quantized GEMV (decode is bound by reading weights, so these kernels must
+ * keep up with memory: tests/test_cpu_quant_perf.c measures them) takes
+ * four rows per pass, sharing x loads, loop overhead and the conversion of
+ * group headers, with software prefetch QPF_BYTES ahead; a pass past the
+ * last row repeats it and drops the results. A16 formats stay float
+ * (exact weights, f32 sums); A8 formats (W8A8, W4A8G*) quantize x once per
+ * op and take integer dot products per block of 32.
+ *
+ * Instruction sets: the bitcode is built for generic x86-64, and cpu_emit.c
+ * retargets every function to the chosen CPU. Code that needs intrinsics
+ * lives in functions named isa_<set>_* with __attribute__((target(...)))
+ * (so clang accepts the builtins), called only under a test of
+ * megac_k_isa, a constant (KT_ISA_* bits, kernel_table.h) that cpu_emit.c
+ * defines from the target's features. The test folds at O3, the other
+ * versions lose their callers and are deleted (cpu_emit.c checks that no
+ * version the target cannot run is left). Versions:
+ *   AVX-512      4-bit A16 weights: a 16-float table per group and row,
+ *                T[q] = s (q - z), looked up with vpermps; Q8_0 scales by
+ *                vcvtph2ps
+ *   AVX-512 VNNI W8A8, W4A8G* with vpdpbusd on 512 bits
+ *   AVX-VNNI     W8A8, W4A8G* with vpdpbusd on 256 bits
+ *   AVX2         W8A8, W4A8G* with vpmaddubsw + vpmaddwd
+ *   generic      everything (generic vectors), the reference for the rest
  */
 #define _GNU_SOURCE
 #include "codegen/cpu/kernel_table.h"
@@ -504,6 +528,9 @@ static void gemv_store(float *y, const float *b, int64_t r, float v, int accum)
 #ifndef QPF_BYTES
 #define QPF_BYTES 8192
 #endif
+/* The fast kernels keep a copy of x (reordered or summed) on the stack:
+ * longer rows take the one-row loops (qdot) instead. */
+#define QFAST_K_MAX 16384
 #define UNROLL4 _Pragma("clang loop unroll(full)")
 
 typedef uint16_t v4u16 __attribute__((vector_size(8)));
@@ -805,8 +832,9 @@ static void gemv_quant(int t, const unsigned char *W, const float *x, float *y, 
                        int64_t r1, int64_t k, int accum)
 {
     int64_t rb = qrow_bytes(t, k);
-    int fast = t == DT_W8 || ((t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1 || t == DT_W4G32 || t == DT_W4G64 ||
-                               t == DT_W4G128) && k % 32 == 0);
+    int fast = k <= QFAST_K_MAX &&
+               (t == DT_W8 || ((t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1 || t == DT_W4G32 || t == DT_W4G64 ||
+                                t == DT_W4G128) && k % 32 == 0));
     if (!fast) {
         for (int64_t r = r0; r < r1; r++)
             gemv_store(y, b, r, qdot(t, W + r * rb, x, k), accum);
