@@ -721,19 +721,17 @@ static inline __attribute__((always_inline)) ISA_AVX512 v16f isa_avx512_f16_spla
 
 static inline __attribute__((always_inline)) ISA_AVX512 void
 isa_avx512_nib_groups4(const unsigned char *w[4], int64_t ng, int64_t gb, int64_t nc, int hdr, int fmt,
-                       const float *x, v16f acc[4])
+                       const float *x, const float *xs, v16f acc[4], v4f *off)
 {
     const v16u32 sh = {0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24};
     for (int64_t g = 0; g < ng; g++, x += 32 * nc) {
+        if (fmt == NIB_Q4_1) /* the m x terms, from the block sums of x */
+            *off += f16_rows4(w, 2) * xs[g];
         v16f tab[4];
         UNROLL4
-        for (int i = 0; i < 4; i++) {
-            v16f s = isa_avx512_f16_splat(w[i]);
-            if (fmt == NIB_Q4_1)
-                tab[i] = LOAD16(nib_minus_z[0]) * s + isa_avx512_f16_splat(w[i] + 2);
-            else
-                tab[i] = LOAD16(nib_minus_z[fmt == NIB_Q4_0 ? 8 : w[i][2] & 15]) * s;
-        }
+        for (int i = 0; i < 4; i++)
+            tab[i] = LOAD16(nib_minus_z[fmt == NIB_Q4_0 ? 8 : fmt == NIB_Q4_1 ? 0 : w[i][2] & 15]) *
+                     isa_avx512_f16_splat(w[i]);
         for (int64_t ch = 0; ch < nc; ch++) {
             v16f x0 = LOAD16(x + 32 * ch), x1 = LOAD16(x + 32 * ch + 16);
             UNROLL4
@@ -772,31 +770,32 @@ static ISA_AVX512 void isa_avx512_q8_0_rows4(const unsigned char *const row[4], 
 }
 
 /* qrows4() for the 4-bit formats with k % 32 == 0. */
-static ISA_AVX512 void isa_avx512_nib_rows4(int t, const unsigned char *const row[4], const float *x, int64_t k,
-                                            float out[4])
+static ISA_AVX512 void isa_avx512_nib_rows4(int t, const unsigned char *const row[4], const float *x,
+                                            const float *xs, int64_t k, float out[4])
 {
     const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};
     v16f acc[4] = {{0}, {0}, {0}, {0}};
+    v4f off = {0};
     switch (t) {
-    case DT_Q4_0: isa_avx512_nib_groups4(w, k / 32, 18, 1, 2, NIB_Q4_0, x, acc); break;
-    case DT_Q4_1: isa_avx512_nib_groups4(w, k / 32, 20, 1, 4, NIB_Q4_1, x, acc); break;
-    case DT_W4G32: isa_avx512_nib_groups4(w, k / 32, 20, 1, 4, NIB_W4, x, acc); break;
+    case DT_Q4_0: isa_avx512_nib_groups4(w, k / 32, 18, 1, 2, NIB_Q4_0, x, xs, acc, &off); break;
+    case DT_Q4_1: isa_avx512_nib_groups4(w, k / 32, 20, 1, 4, NIB_Q4_1, x, xs, acc, &off); break;
+    case DT_W4G32: isa_avx512_nib_groups4(w, k / 32, 20, 1, 4, NIB_W4, x, xs, acc, &off); break;
     case DT_W4G64:
-        isa_avx512_nib_groups4(w, k / 64, 36, 2, 4, NIB_W4, x, acc);
+        isa_avx512_nib_groups4(w, k / 64, 36, 2, 4, NIB_W4, x, xs, acc, &off);
         if (k % 64)
-            isa_avx512_nib_groups4(w, 1, 20, 1, 4, NIB_W4, x + k / 64 * 64, acc);
+            isa_avx512_nib_groups4(w, 1, 20, 1, 4, NIB_W4, x + k / 64 * 64, xs, acc, &off);
         break;
     default: {
-        isa_avx512_nib_groups4(w, k / 128, 68, 4, 4, NIB_W4, x, acc);
+        isa_avx512_nib_groups4(w, k / 128, 68, 4, 4, NIB_W4, x, xs, acc, &off);
         int64_t rest = k % 128 / 32;
         if (rest)
-            isa_avx512_nib_groups4(w, 1, 4 + 16 * rest, rest, 4, NIB_W4, x + k / 128 * 128, acc);
+            isa_avx512_nib_groups4(w, 1, 4 + 16 * rest, rest, 4, NIB_W4, x + k / 128 * 128, xs, acc, &off);
         break;
     }
     }
     UNROLL4
     for (int i = 0; i < 4; i++)
-        out[i] = hsum16(&acc[i]);
+        out[i] = hsum16(&acc[i]) + off[i];
 }
 
 /* Four rows of a dtype with a fast kernel into out[4]. */
@@ -808,7 +807,7 @@ static void qrows4(int t, const unsigned char *const row[4], const float *x, con
         return;
     }
     if ((megac_k_isa & KT_ISA_AVX512) && t != DT_W8 && t != DT_Q8_0) {
-        isa_avx512_nib_rows4(t, row, xg, k, out); /* xg: x_nibble_order() */
+        isa_avx512_nib_rows4(t, row, xg, xg + k, k, out); /* x_nibble_order(), block sums */
         return;
     }
     const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};
@@ -852,12 +851,17 @@ static void gemv_quant(int t, const unsigned char *W, const float *x, float *y, 
         return;
     }
     int64_t gs = t == DT_W4G64 ? 64 : t == DT_W4G128 ? 128 : 32;
-    float xg[(megac_k_isa & KT_ISA_AVX512) ? k : k / 32 + 1];
+    /* AVX-512: x in nibble order, then (Q4_1) its block sums; else the
+     * group sums */
+    float xg[(megac_k_isa & KT_ISA_AVX512) ? k + k / 32 + 1 : k / 32 + 1];
     if (t != DT_W8 && t != DT_Q8_0) {
-        if (megac_k_isa & KT_ISA_AVX512)
+        if (megac_k_isa & KT_ISA_AVX512) {
             x_nibble_order(x, k, xg);
-        else
+            if (t == DT_Q4_1)
+                x_group_sums(x, k, 32, xg + k);
+        } else {
             x_group_sums(x, k, gs, xg);
+        }
     }
     for (int64_t r = r0; r < r1; r += 4) {
         const unsigned char *row[4];
