@@ -969,8 +969,7 @@ static ISA_VNNI512 void isa_vnni512_w4a8_rows4(int64_t gs, const unsigned char *
             h[i] = (uint16_t)(w[i][0] | w[i][1] << 8);
             z[i] = (float)w[i][2];
         }
-        v4f s;
-        F16X4(h, s);
+        v4f s = __builtin_ia32_vcvtph2ps((v8i16){(short)h[0], (short)h[1], (short)h[2], (short)h[3]});
         off += s * z * dsx[g];
         v16f ga = {0};
         for (int64_t b = 0; b < nb; b++) {
@@ -1068,8 +1067,7 @@ static inline __attribute__((always_inline)) float hsum8(const v8fl *p)
                 h[i] = (uint16_t)(w[i][0] | w[i][1] << 8);                                                  \
                 z[i] = (float)w[i][2];                                                                      \
             }                                                                                               \
-            v4f s;                                                                                          \
-            F16X4(h, s);                                                                                    \
+            v4f s = __builtin_ia32_vcvtph2ps((v8i16){(short)h[0], (short)h[1], (short)h[2], (short)h[3]});  \
             off += s * z * dsx[g];                                                                          \
             v8fl ga[2] = {{0}, {0}};                                                                        \
             for (int64_t b = 0; b < nb; b++) {                                                              \
