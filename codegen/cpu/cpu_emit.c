@@ -4,9 +4,14 @@
  *   parse    the kernel body bitcode embedded in megac (kernel_body.c)
  *   glue     the schedule's tables and shape as constants (cpu_glue.c)
  *   link     glue into body (LLVMLinkModules2)
- *   target   triple, data layout, target-cpu/features on every function
+ *   target   triple, data layout, target-cpu/features on every function,
+ *            and megac_k_isa: the KT_ISA_* bits of the target (host
+ *            features, or those of a named level), which pick the kernel
+ *            body's instruction-set versions (kernel_table.h)
  *   extern   internalize all but the four symbols the runtime reads
- *   opt      LLVMRunPasses("default<O3>"), then LLVMVerifyModule
+ *   opt      LLVMRunPasses("default<O3>"), delete the isa_* versions left
+ *            without callers (a called one the target lacks is a bug),
+ *            then LLVMVerifyModule
  *   tsan     only for a ThreadSanitizer kernel (see below)
  *   emit     object file (PIC), then `cc -shared` -> kernel.so
  * Every LLVM call is checked; its message (and whatever LLVM reported
@@ -26,6 +31,7 @@
  * dlopen fails and names the symbol).
  */
 #include "codegen/cpu/cpu.h"
+#include "codegen/cpu/kernel_table.h"
 
 #include <errno.h>
 #include <llvm-c/Analysis.h>
@@ -65,7 +71,7 @@ static const char *const cpu_exports[] = {"megac_worker", "megac_kernel_abi", "m
 /* Named CPUs accepted besides the host ("host" or NULL). */
 static const char *const cpu_levels[] = {"x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "haswell",
                                          "skylake", "skylake-avx512", "icelake-server", "sapphirerapids",
-                                         "znver2", "znver3", NULL};
+                                         "znver2", "znver3", "alderlake", NULL};
 
 static void job_progress(CpuJob *j, const char *what)
 {
@@ -192,6 +198,98 @@ static void job_retarget(CpuJob *j)
     }
 }
 
+/* Whether the feature list "+a,-b,+c" enables feature f (a whole name). */
+static bool features_have(const char *list, const char *f)
+{
+    size_t n = strlen(f);
+    for (const char *p = list; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (p[0] == '+' && !strncmp(p + 1, f, n) && (p[1 + n] == ',' || p[1 + n] == '\0'))
+            return true;
+    return false;
+}
+
+/* The KT_ISA_* bits of a named CPU level (cpu_levels). */
+static int32_t job_isa_named(const char *cpu)
+{
+    static const struct { const char *name; int32_t isa; } named[] = {
+        {"x86-64-v3", KT_ISA_AVX2}, {"haswell", KT_ISA_AVX2}, {"skylake", KT_ISA_AVX2}, {"znver2", KT_ISA_AVX2},
+        {"znver3", KT_ISA_AVX2}, {"x86-64-v4", KT_ISA_AVX2 | KT_ISA_AVX512},
+        {"skylake-avx512", KT_ISA_AVX2 | KT_ISA_AVX512},
+        {"icelake-server", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512},
+        {"sapphirerapids", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512 | KT_ISA_AVXVNNI},
+        {"alderlake", KT_ISA_AVX2 | KT_ISA_AVXVNNI},
+    };
+    for (size_t i = 0; i < sizeof named / sizeof *named; i++)
+        if (!strcmp(cpu, named[i].name))
+            return named[i].isa;
+    return 0;
+}
+
+/* The KT_ISA_* bits of the target: the host's from its feature list. */
+static int32_t job_isa(const CpuJob *j)
+{
+    if (!j->host)
+        return job_isa_named(j->cpu);
+    const char *f = j->features;
+    int32_t isa = 0;
+    if (features_have(f, "avx2") && features_have(f, "fma") && features_have(f, "f16c"))
+        isa |= KT_ISA_AVX2;
+    if ((isa & KT_ISA_AVX2) && features_have(f, "avx512f") && features_have(f, "avx512bw") &&
+        features_have(f, "avx512vl") && features_have(f, "avx512dq"))
+        isa |= KT_ISA_AVX512;
+    if ((isa & KT_ISA_AVX512) && features_have(f, "avx512vnni"))
+        isa |= KT_ISA_VNNI512;
+    if ((isa & KT_ISA_AVX2) && features_have(f, "avxvnni"))
+        isa |= KT_ISA_AVXVNNI;
+    return isa;
+}
+
+/* Defines megac_k_isa (kernel_table.h), which the body declares. */
+static void job_isa_define(CpuJob *j)
+{
+    LLVMValueRef g = LLVMGetNamedGlobal(j->mod, KT_SYM_ISA);
+    if (!g || !LLVMIsDeclaration(g))
+        die("kernel body does not declare %s", KT_SYM_ISA);
+    LLVMSetInitializer(g, LLVMConstInt(LLVMInt32TypeInContext(j->ctx), (unsigned long long)job_isa(j), 0));
+    LLVMSetGlobalConstant(g, 1);
+}
+
+/* The KT_ISA_* bits an isa_* function of the body needs, from its name:
+ * isa_avx2_*, isa_avx512_*, isa_vnni512_*, isa_avxvnni_*. */
+static int32_t isa_fn_needs(const char *name)
+{
+    const char *p = name + strlen(KT_ISA_PREFIX);
+    if (!strncmp(p, "avx2_", 5))
+        return KT_ISA_AVX2;
+    if (!strncmp(p, "avx512_", 7))
+        return KT_ISA_AVX512;
+    if (!strncmp(p, "vnni512_", 8))
+        return KT_ISA_VNNI512;
+    if (!strncmp(p, "avxvnni_", 8))
+        return KT_ISA_AVXVNNI;
+    die("kernel body function %s names no instruction set", name);
+}
+
+/* After O3 the isa_* versions the target cannot run must be gone (their
+ * calls folded away): unused ones are deleted, a used one is a bug. */
+static void job_isa_prune(CpuJob *j)
+{
+    int32_t isa = job_isa(j);
+    LLVMValueRef f = LLVMGetFirstFunction(j->mod);
+    while (f) {
+        LLVMValueRef next = LLVMGetNextFunction(f);
+        const char *name = LLVMGetValueName(f);
+        if (!LLVMIsDeclaration(f) && !strncmp(name, KT_ISA_PREFIX, strlen(KT_ISA_PREFIX))) {
+            int32_t need = isa_fn_needs(name);
+            if (!LLVMGetFirstUse(f))
+                LLVMDeleteFunction(f);
+            else if ((need & isa) != need)
+                die("kernel function %s is still called on a target without its instruction set", name);
+        }
+        f = next;
+    }
+}
+
 static bool job_target(CpuJob *j)
 {
     if (!job_target_machine(j))
@@ -203,8 +301,10 @@ static bool job_target(CpuJob *j)
     LLVMDisposeMessage(dl);
     LLVMDisposeTargetData(td);
     job_retarget(j);
+    job_isa_define(j);
     if (j->o->verbose)
-        fprintf(stderr, "megac: cpu: target %s, cpu %s%s\n", j->triple, j->cpu, job_has_avx512(j) ? " (avx512)" : "");
+        fprintf(stderr, "megac: cpu: target %s, cpu %s%s, isa bits %d\n", j->triple, j->cpu,
+                job_has_avx512(j) ? " (avx512)" : "", (int)job_isa(j));
     return true;
 }
 
@@ -263,6 +363,7 @@ static bool job_optimize(CpuJob *j)
         LLVMDisposeErrorMessage(msg);
         return false;
     }
+    job_isa_prune(j);
     job_progress(j, "optimized (default<O3>)");
     return job_verify(j, "after O3");
 }

@@ -25,6 +25,30 @@
  * large for the out-of-order window alone to keep the stream going.
  * Weights of the GEMV and the embedding may be f16, bf16 or quantized
  * (ir/dtype.h): they are dequantized in registers, inside the dot product.
+ *
+ * Quantized GEMV (decode is bound by reading weights, so these kernels must
+ * keep up with memory: tests/test_cpu_quant_perf.c measures them) takes
+ * four rows per pass, sharing x loads, loop overhead and the conversion of
+ * group headers, with software prefetch QPF_BYTES ahead; a pass past the
+ * last row repeats it and drops the results. A16 formats stay float
+ * (exact weights, f32 sums); A8 formats (W8A8, W4A8G*) quantize x once per
+ * op and take integer dot products per block of 32.
+ *
+ * Instruction sets: the bitcode is built for generic x86-64, and cpu_emit.c
+ * retargets every function to the chosen CPU. Code that needs intrinsics
+ * lives in functions named isa_<set>_* with __attribute__((target(...)))
+ * (so clang accepts the builtins), called only under a test of
+ * megac_k_isa, a constant (KT_ISA_* bits, kernel_table.h) that cpu_emit.c
+ * defines from the target's features. The test folds at O3, the other
+ * versions lose their callers and are deleted (cpu_emit.c checks that no
+ * version the target cannot run is left). Versions:
+ *   AVX-512      4-bit A16 weights: a 16-float table per group and row,
+ *                T[q] = s (q - z), looked up with vpermps; Q8_0 scales by
+ *                vcvtph2ps
+ *   AVX-512 VNNI W8A8, W4A8G* with vpdpbusd on 512 bits
+ *   AVX-VNNI     W8A8, W4A8G* with vpdpbusd on 256 bits
+ *   AVX2         W8A8, W4A8G* with vpmaddubsw + vpmaddwd
+ *   generic      everything (generic vectors), the reference for the rest
  */
 #define _GNU_SOURCE
 #include "codegen/cpu/kernel_table.h"
@@ -47,6 +71,7 @@ extern const int32_t megac_k_wstart[];
 extern const int64_t megac_k_shape[];
 extern const float megac_k_eps;
 extern const uint32_t megac_k_nworkers;
+extern const int32_t megac_k_isa; /* KT_ISA_* bits, defined by cpu_emit.c */
 
 void megac_worker(const MegacArgs *a, uint32_t worker);
 
@@ -340,27 +365,45 @@ typedef int32_t v16i32 __attribute__((vector_size(64)));
 #define WIDEN_I8_I32(p) __builtin_convertvector(*(const v16i8 *)(p), v16i32)
 #define NIB_LO_I32(q) __builtin_convertvector((q) & (uint8_t)15, v16i32)
 #define NIB_HI_I32(q) __builtin_convertvector((q) >> (uint8_t)4, v16i32)
+#define WIDEN_U8_I32(p) __builtin_convertvector(*(const v16u8 *)(p), v16i32)
 
 static int a8_is(int t)
 {
     return t == DT_W8A8 || t == DT_W4A8G32 || t == DT_W4A8G64 || t == DT_W4A8G128;
 }
 
+/* One block of len <= 32 of x to int8 (ir/dtype.h): the largest |x| by
+ * the integer order of the magnitude bits (NaNs count as 0, as a float
+ * comparison would skip them), so that both loops vectorize; f32 division
+ * and rint as the definition has them. */
+static inline __attribute__((always_inline)) void act_block(const float *x, int64_t len, int8_t *xq, float *dq)
+{
+    uint32_t amax = 0;
+    for (int64_t j = 0; j < len; j++) {
+        uint32_t u;
+        memcpy(&u, x + j, 4);
+        u &= 0x7fffffffu;
+        u = u > 0x7f800000u ? 0 : u;
+        amax = u > amax ? u : amax;
+    }
+    float m;
+    memcpy(&m, &amax, 4);
+    float d = m / 127.0f;
+    *dq = d;
+    for (int64_t j = 0; j < len; j++) {
+        float r = d > 0 ? rintf(x[j] / d) : 0.0f;
+        xq[j] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+    }
+}
+
 /* x[0:k] to int8 per block of 32: xq[k] and one scale per block in dq. */
 static void act_quantize(const float *x, int64_t k, int8_t *xq, float *dq)
 {
-    for (int64_t b = 0; b < k; b += 32) {
-        int64_t len = k - b < 32 ? k - b : 32;
-        float amax = 0;
-        for (int64_t j = 0; j < len; j++)
-            amax = fabsf(x[b + j]) > amax ? fabsf(x[b + j]) : amax;
-        float d = amax / 127.0f;
-        dq[b / 32] = d;
-        for (int64_t j = 0; j < len; j++) {
-            float r = d > 0 ? rintf(x[b + j] / d) : 0.0f;
-            xq[b + j] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
-        }
-    }
+    int64_t b = 0;
+    for (; b + 32 <= k; b += 32)
+        act_block(x + b, 32, xq + b, dq + b / 32);
+    if (b < k)
+        act_block(x + b, k - b, xq + b, dq + b / 32);
 }
 
 /* W8A8 row: s * sum_b d_b * (integer sum of block b). */
@@ -465,6 +508,373 @@ static void gemv_store(float *y, const float *b, int64_t r, float v, int accum)
     y[r] = accum ? y[r] + v : v;
 }
 
+/* ---- A16 quantized GEMV: four rows per pass ----
+ * The weight integers become floats in registers and meet x with FMAs;
+ * four rows go through together, so each x vector is loaded once for all
+ * four, the loop overhead and the group headers are shared, and the four
+ * scales are converted from f16 as one vector. Zero points and offsets
+ * are not applied per element: sum_j s (q_j - z) x_j = s sum q_j x_j -
+ * s z sum x_j, with the sums of x per group computed once per op (xg). A
+ * pass past the last row repeats the last row (its results are dropped),
+ * so every row runs the same code. Rows of W8 take any k; the 4-bit and
+ * Q8_0 kernels need k % 32 == 0 (true of every GGUF block format), other
+ * rows go through qdot() one at a time. */
+
+/* Loops over the four rows are unrolled (the bitcode is built without
+ * unrolling; O3 at megac compile time honours the pragma), so that the
+ * four accumulators live in registers. */
+/* Weights are prefetched this far ahead of their use: with four rows in
+ * flight the hardware prefetchers alone leave the loads waiting. */
+#ifndef QPF_BYTES
+#define QPF_BYTES 8192
+#endif
+/* The fast kernels keep a copy of x (reordered or summed) on the stack:
+ * longer rows take the one-row loops (qdot) instead. */
+#define QFAST_K_MAX 16384
+#define UNROLL4 _Pragma("clang loop unroll(full)")
+
+typedef uint16_t v4u16 __attribute__((vector_size(8)));
+typedef uint32_t v4u32 __attribute__((vector_size(16)));
+
+/* Four f16 to f32, F16X16's arithmetic on 4 lanes. */
+#define F16X4(h, out)                                                                    \
+    do {                                                                                 \
+        v4u32 u_ = __builtin_convertvector((h) & (uint16_t)0x7fff, v4u32);               \
+        v4u32 s_ = __builtin_convertvector((h) & (uint16_t)0x8000, v4u32) << 16;         \
+        v4f sf_ = __builtin_convertvector(u_, v4f) * 0x1p-24f;                           \
+        v4u32 sub_ = (v4u32)sf_, big_ = (u_ << 13) | 0x7f800000u;                        \
+        v4u32 nrm_ = (u_ << 13) + 0x38000000u;                                           \
+        v4u32 m1_ = (v4u32)(u_ < 0x400u), m2_ = (v4u32)(u_ >= 0x7c00u);                  \
+        v4u32 r_ = (sub_ & m1_) | (~m1_ & ((big_ & m2_) | (nrm_ & ~m2_)));               \
+        (out) = (v4f)(r_ | s_);                                                          \
+    } while (0)
+
+/* The f16 at byte offset off of each of the four records w[i]. */
+typedef short v8i16 __attribute__((vector_size(16)));
+
+/* Four f16 to f32 by vcvtph2ps (F16C, part of KT_ISA_AVX2). */
+static __attribute__((target("avx2,fma,f16c"))) v4f isa_avx2_f16x4(v4u16 h)
+{
+    v8i16 v = {(short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0};
+    return __builtin_ia32_vcvtph2ps(v);
+}
+
+static v4f f16_rows4(const unsigned char *const w[4], int off)
+{
+    v4u16 h;
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        h[i] = (uint16_t)(w[i][off] | w[i][off + 1] << 8);
+    if (megac_k_isa & KT_ISA_AVX2)
+        return isa_avx2_f16x4(h);
+    v4f f;
+    F16X4(h, f);
+    return f;
+}
+
+/* The 4-bit formats as records of `gb` bytes per group of 32 * nc
+ * weights, 16 bytes of nibbles per 32 (Q4_0's order) from byte `hdr`:
+ *   Q4_0  d @0, z = 8      W4G*  s @0 (f16), z @2 (u8)
+ *   Q4_1  d @0, m @2 (f16): w = d q + m
+ * Each group adds s * sum q x to the row's vector accumulator and
+ * c * (sum of x over the group) to its offset term, c = -s z or m. */
+enum { NIB_Q4_0, NIB_Q4_1, NIB_W4 };
+
+static inline __attribute__((always_inline)) void
+nib_groups4(const unsigned char *w[4], int64_t ng, int64_t gb, int64_t nc, int hdr, int fmt, const float *x,
+            const float *xg, v16f acc[4], v4f *off)
+{
+    for (int64_t g = 0; g < ng; g++, x += 32 * nc) {
+        v4f s = f16_rows4(w, 0), c;
+        if (fmt == NIB_Q4_1) {
+            c = f16_rows4(w, 2);
+        } else if (fmt == NIB_Q4_0) {
+            c = -8.0f * s;
+        } else {
+            v4f z = {(float)w[0][2], (float)w[1][2], (float)w[2][2], (float)w[3][2]};
+            c = -s * z;
+        }
+        *off += c * xg[g];
+        v16f ga[4] = {{0}, {0}, {0}, {0}};
+        for (int64_t ch = 0; ch < nc; ch++) {
+            v16f x0 = LOAD16(x + 32 * ch), x1 = LOAD16(x + 32 * ch + 16);
+            UNROLL4
+            for (int i = 0; i < 4; i++) {
+                __builtin_prefetch(w[i] + hdr + 16 * ch + QPF_BYTES, 0, 3);
+                v16u8 q = *(const v16u8 *)(w[i] + hdr + 16 * ch);
+                ga[i] += NIB_LO(q) * x0 + NIB_HI(q) * x1;
+            }
+        }
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            acc[i] += s[i] * ga[i];
+            w[i] += gb;
+        }
+    }
+}
+
+/* Q8_0: groups of one block {f16 d; i8 q[32]}. */
+static inline __attribute__((always_inline)) void q8_0_groups4(const unsigned char *w[4], int64_t ng,
+                                                               const float *x, v16f acc[4])
+{
+    for (int64_t g = 0; g < ng; g++, x += 32) {
+        v4f d = f16_rows4(w, 0);
+        v16f x0 = LOAD16(x), x1 = LOAD16(x + 16);
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            __builtin_prefetch(w[i] + QPF_BYTES, 0, 3);
+            acc[i] += d[i] * (WIDEN_I8(w[i] + 2) * x0 + WIDEN_I8(w[i] + 18) * x1);
+            w[i] += 34;
+        }
+    }
+}
+
+/* W8: {f32 s; i8 q[k]} per row, any k. */
+static void w8_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4])
+{
+    v16f acc[4] = {{0}, {0}, {0}, {0}};
+    int64_t j = 0;
+    for (; j + 64 <= k; j += 64) {
+        v16f x0 = LOAD16(x + j), x1 = LOAD16(x + j + 16), x2 = LOAD16(x + j + 32), x3 = LOAD16(x + j + 48);
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            const unsigned char *q = row[i] + 4 + j;
+            __builtin_prefetch(q + QPF_BYTES, 0, 3);
+            acc[i] += (WIDEN_I8(q) * x0 + WIDEN_I8(q + 16) * x1) + (WIDEN_I8(q + 32) * x2 + WIDEN_I8(q + 48) * x3);
+        }
+    }
+    for (; j + 16 <= k; j += 16) {
+        v16f xv = LOAD16(x + j);
+        UNROLL4
+        for (int i = 0; i < 4; i++)
+            acc[i] += WIDEN_I8(row[i] + 4 + j) * xv;
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++) {
+        float t = hsum16(&acc[i]), s;
+        for (int64_t jj = j; jj < k; jj++)
+            t += (float)(int8_t)row[i][4 + jj] * x[jj];
+        memcpy(&s, row[i], 4);
+        out[i] = s * t;
+    }
+}
+
+/* Sums of x over consecutive groups of gs (the last one shorter). */
+static void x_group_sums(const float *x, int64_t k, int64_t gs, float *xg)
+{
+    for (int64_t j = 0; j < k; j += gs) {
+        v16f a = {0};
+        int64_t e = k - j < gs ? k - j : gs, i = 0;
+        for (; i + 16 <= e; i += 16)
+            a += LOAD16(x + j + i);
+        float s = hsum16(&a);
+        for (; i < e; i++)
+            s += x[j + i];
+        xg[j / gs] = s;
+    }
+}
+
+/* ---- AVX-512 versions (KT_ISA_AVX512; see kernel_table.h) ----
+ * A 4-bit weight takes one of 16 values per group, so each row's group
+ * becomes a 16-float table T[q] = s (q - z) (Q4_1: d q + m), exactly the
+ * reference's dequantized values, and vpermps looks the weights up by
+ * their nibbles (it reads only the low 4 bits of each index, so the low
+ * nibble needs no mask): per 32 weights one widening load, one shift, two
+ * lookups and two FMAs, and no per-group scaling of partial sums. */
+
+#define ISA_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+#define ISA_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+typedef short v8i16 __attribute__((vector_size(16)));
+typedef uint32_t v4u32u __attribute__((vector_size(16), aligned(1)));
+
+/* x in the order the nibble kernels read weights: 16 bytes of nibbles
+ * are broadcast to the 16 lanes and lane j shifted right by 8 (j / 4), so
+ * its low nibble is weight 4 (j % 4) + j / 4 of the 32 and its high nibble
+ * that plus 16; xp[32c + j] and xp[32c + 16 + j] are those x. */
+static void x_nibble_order(const float *x, int64_t k, float *xp)
+{
+    for (int64_t c = 0; c < k; c += 32)
+        for (int j = 0; j < 16; j++) {
+            xp[c + j] = x[c + 4 * (j % 4) + j / 4];
+            xp[c + 16 + j] = x[c + 16 + 4 * (j % 4) + j / 4];
+        }
+}
+
+/* nib_minus_z[z][q] = q - z: a group's table is row z times its scale. */
+#define NZ_ROW(z)                                                                                        \
+    {0.0f - (z), 1.0f - (z), 2.0f - (z), 3.0f - (z), 4.0f - (z), 5.0f - (z), 6.0f - (z), 7.0f - (z),      \
+     8.0f - (z), 9.0f - (z), 10.0f - (z), 11.0f - (z), 12.0f - (z), 13.0f - (z), 14.0f - (z), 15.0f - (z)}
+static const float nib_minus_z[16][16] __attribute__((aligned(64))) = {
+    NZ_ROW(0), NZ_ROW(1), NZ_ROW(2),  NZ_ROW(3),  NZ_ROW(4),  NZ_ROW(5),  NZ_ROW(6),  NZ_ROW(7),
+    NZ_ROW(8), NZ_ROW(9), NZ_ROW(10), NZ_ROW(11), NZ_ROW(12), NZ_ROW(13), NZ_ROW(14), NZ_ROW(15)};
+
+typedef short v16i16 __attribute__((vector_size(32)));
+
+/* The f16 at p in all 16 lanes (vpbroadcastw, vcvtph2ps). */
+static inline __attribute__((always_inline)) ISA_AVX512 v16f isa_avx512_f16_splat(const unsigned char *p)
+{
+    short h = (short)(p[0] | p[1] << 8);
+    v16i16 v = {h, h, h, h, h, h, h, h, h, h, h, h, h, h, h, h};
+    return __builtin_ia32_vcvtph2ps512_mask(v, (v16f){0}, (unsigned short)0xffff, 4);
+}
+
+static inline __attribute__((always_inline)) ISA_AVX512 void
+isa_avx512_nib_groups4(const unsigned char *w[4], int64_t ng, int64_t gb, int64_t nc, int hdr, int fmt,
+                       const float *x, const float *xs, v16f acc[4], v4f *off)
+{
+    const v16u32 sh = {0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24};
+    for (int64_t g = 0; g < ng; g++, x += 32 * nc) {
+        if (fmt == NIB_Q4_1) /* the m x terms, from the block sums of x */
+            *off += f16_rows4(w, 2) * xs[g];
+        v16f tab[4];
+        UNROLL4
+        for (int i = 0; i < 4; i++)
+            tab[i] = LOAD16(nib_minus_z[fmt == NIB_Q4_0 ? 8 : fmt == NIB_Q4_1 ? 0 : w[i][2] & 15]) *
+                     isa_avx512_f16_splat(w[i]);
+        for (int64_t ch = 0; ch < nc; ch++) {
+            v16f x0 = LOAD16(x + 32 * ch), x1 = LOAD16(x + 32 * ch + 16);
+            UNROLL4
+            for (int i = 0; i < 4; i++) {
+                __builtin_prefetch(w[i] + hdr + 16 * ch + QPF_BYTES, 0, 3);
+                v4u32 d = *(const v4u32u *)(w[i] + hdr + 16 * ch);
+                v16u32 q = __builtin_shufflevector(d, d, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3) >> sh;
+                acc[i] += __builtin_ia32_permvarsf512(tab[i], (v16i32)q) * x0;
+                acc[i] += __builtin_ia32_permvarsf512(tab[i], (v16i32)(q >> 4)) * x1;
+            }
+        }
+        UNROLL4
+        for (int i = 0; i < 4; i++)
+            w[i] += gb;
+    }
+}
+
+/* Q8_0 on AVX-512: the block scales splat from f16 by vcvtph2ps. */
+static ISA_AVX512 void isa_avx512_q8_0_rows4(const unsigned char *const row[4], const float *x, int64_t k,
+                                             float out[4])
+{
+    const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};
+    v16f acc[4] = {{0}, {0}, {0}, {0}};
+    for (int64_t j = 0; j < k; j += 32) {
+        v16f x0 = LOAD16(x + j), x1 = LOAD16(x + j + 16);
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            __builtin_prefetch(w[i] + QPF_BYTES, 0, 3);
+            acc[i] += isa_avx512_f16_splat(w[i]) * (WIDEN_I8(w[i] + 2) * x0 + WIDEN_I8(w[i] + 18) * x1);
+            w[i] += 34;
+        }
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        out[i] = hsum16(&acc[i]);
+}
+
+/* qrows4() for the 4-bit formats with k % 32 == 0. */
+static ISA_AVX512 void isa_avx512_nib_rows4(int t, const unsigned char *const row[4], const float *x,
+                                            const float *xs, int64_t k, float out[4])
+{
+    const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};
+    v16f acc[4] = {{0}, {0}, {0}, {0}};
+    v4f off = {0};
+    switch (t) {
+    case DT_Q4_0: isa_avx512_nib_groups4(w, k / 32, 18, 1, 2, NIB_Q4_0, x, xs, acc, &off); break;
+    case DT_Q4_1: isa_avx512_nib_groups4(w, k / 32, 20, 1, 4, NIB_Q4_1, x, xs, acc, &off); break;
+    case DT_W4G32: isa_avx512_nib_groups4(w, k / 32, 20, 1, 4, NIB_W4, x, xs, acc, &off); break;
+    case DT_W4G64:
+        isa_avx512_nib_groups4(w, k / 64, 36, 2, 4, NIB_W4, x, xs, acc, &off);
+        if (k % 64)
+            isa_avx512_nib_groups4(w, 1, 20, 1, 4, NIB_W4, x + k / 64 * 64, xs, acc, &off);
+        break;
+    default: {
+        isa_avx512_nib_groups4(w, k / 128, 68, 4, 4, NIB_W4, x, xs, acc, &off);
+        int64_t rest = k % 128 / 32;
+        if (rest)
+            isa_avx512_nib_groups4(w, 1, 4 + 16 * rest, rest, 4, NIB_W4, x + k / 128 * 128, xs, acc, &off);
+        break;
+    }
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        out[i] = hsum16(&acc[i]) + off[i];
+}
+
+/* Four rows of a dtype with a fast kernel into out[4]. */
+static void qrows4(int t, const unsigned char *const row[4], const float *x, const float *xg, int64_t k,
+                   float out[4])
+{
+    if ((megac_k_isa & KT_ISA_AVX512) && t == DT_Q8_0) {
+        isa_avx512_q8_0_rows4(row, x, k, out);
+        return;
+    }
+    if ((megac_k_isa & KT_ISA_AVX512) && t != DT_W8 && t != DT_Q8_0) {
+        isa_avx512_nib_rows4(t, row, xg, xg + k, k, out); /* x_nibble_order(), block sums */
+        return;
+    }
+    const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};
+    v16f acc[4] = {{0}, {0}, {0}, {0}};
+    v4f off = {0};
+    switch (t) {
+    case DT_W8: w8_rows4(row, x, k, out); return;
+    case DT_Q8_0: q8_0_groups4(w, k / 32, x, acc); break;
+    case DT_Q4_0: nib_groups4(w, k / 32, 18, 1, 2, NIB_Q4_0, x, xg, acc, &off); break;
+    case DT_Q4_1: nib_groups4(w, k / 32, 20, 1, 4, NIB_Q4_1, x, xg, acc, &off); break;
+    case DT_W4G32: nib_groups4(w, k / 32, 20, 1, 4, NIB_W4, x, xg, acc, &off); break;
+    case DT_W4G64:
+        nib_groups4(w, k / 64, 36, 2, 4, NIB_W4, x, xg, acc, &off);
+        if (k % 64) /* a last group of 32 */
+            nib_groups4(w, 1, 20, 1, 4, NIB_W4, x + k / 64 * 64, xg + k / 64, acc, &off);
+        break;
+    default: {
+        nib_groups4(w, k / 128, 68, 4, 4, NIB_W4, x, xg, acc, &off);
+        int64_t rest = k % 128 / 32;
+        if (rest) /* a last group of 32, 64 or 96 */
+            nib_groups4(w, 1, 4 + 16 * rest, rest, 4, NIB_W4, x + k / 128 * 128, xg + k / 128, acc, &off);
+        break;
+    }
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        out[i] = hsum16(&acc[i]) + off[i];
+}
+
+/* y[r0:r1] (+)= W . x (+ b) for the A16 quantized and half dtypes. */
+static void gemv_quant(int t, const unsigned char *W, const float *x, float *y, const float *b, int64_t r0,
+                       int64_t r1, int64_t k, int accum)
+{
+    int64_t rb = qrow_bytes(t, k);
+    int fast = k <= QFAST_K_MAX &&
+               (t == DT_W8 || ((t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1 || t == DT_W4G32 || t == DT_W4G64 ||
+                                t == DT_W4G128) && k % 32 == 0));
+    if (!fast) {
+        for (int64_t r = r0; r < r1; r++)
+            gemv_store(y, b, r, qdot(t, W + r * rb, x, k), accum);
+        return;
+    }
+    int64_t gs = t == DT_W4G64 ? 64 : t == DT_W4G128 ? 128 : 32;
+    /* AVX-512: x in nibble order, then (Q4_1) its block sums; else the
+     * group sums */
+    float xg[(megac_k_isa & KT_ISA_AVX512) ? k + k / 32 + 1 : k / 32 + 1];
+    if (t != DT_W8 && t != DT_Q8_0) {
+        if (megac_k_isa & KT_ISA_AVX512) {
+            x_nibble_order(x, k, xg);
+            if (t == DT_Q4_1)
+                x_group_sums(x, k, 32, xg + k);
+        } else {
+            x_group_sums(x, k, gs, xg);
+        }
+    }
+    for (int64_t r = r0; r < r1; r += 4) {
+        const unsigned char *row[4];
+        float out[4];
+        UNROLL4
+        for (int i = 0; i < 4; i++)
+            row[i] = W + (r + i < r1 ? r + i : r1 - 1) * rb;
+        qrows4(t, row, x, xg, k, out);
+        for (int i = 0; i < 4 && r + i < r1; i++)
+            gemv_store(y, b, r + i, out[i], accum);
+    }
+}
+
 /* y[r0:r1] (+)= W[r0:r1, 0:k] . x (+ b): one row at a time, so the weights
  * are read as one sequential stream (what hardware prefetchers follow
  * best, also for short rows), with four 16-wide accumulators. */
@@ -491,6 +901,272 @@ static void gemv_f32(const float *W, const float *x, float *y, const float *b, i
     }
 }
 
+/* ---- int8 activations with AVX-512 VNNI (KT_ISA_VNNI512) ----
+ * vpdpbusd adds four u8 x s8 products per 32-bit lane. W8A8: the weights
+ * are the unsigned side after q ^ 0x80 = q + 128, so each block's sum is
+ * too large by 128 sum(xq_b); scaled by d_b and summed over the row that
+ * is one constant per op (a8_c), subtracted at the end. W4A8G: nibbles
+ * are unsigned already; four rows' 16 bytes of one block share a vector
+ * (row i in lanes 4i..4i+3), the block's xq halves are broadcast to all
+ * four, and the zero points come off as sum_g s_g z_g (sum_{b in g} d_b
+ * sum(xq_b)), from per-group sums of the activation side (dsx). */
+
+typedef uint32_t v8u32 __attribute__((vector_size(32)));
+typedef uint32_t v4u32u_a __attribute__((vector_size(16), aligned(1)));
+typedef uint32_t v16u32u __attribute__((vector_size(64), aligned(1)));
+
+static inline __attribute__((always_inline)) ISA_VNNI512 v16i32 isa_vnni512_dot(v16i32 acc, v16u32 u, v16u32 s)
+{
+    return __builtin_ia32_vpdpbusd512(acc, (v16i32)u, (v16i32)s);
+}
+
+/* W8A8, k % 64 == 0; dl[j / 4]: d of the block of x[j] (16 per 64). */
+static ISA_VNNI512 void isa_vnni512_w8a8_rows4(const unsigned char *const row[4], const int8_t *xq, const float *dl,
+                                              float c, int64_t k, float out[4])
+{
+    v16f acc[4] = {{0}, {0}, {0}, {0}};
+    for (int64_t j = 0; j < k; j += 64) {
+        v16u32 xv = *(const v16u32u *)(xq + j);
+        v16f d = LOAD16(dl + j / 4);
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            __builtin_prefetch(row[i] + 4 + j + QPF_BYTES, 0, 3);
+            v16u32 u = *(const v16u32u *)(row[i] + 4 + j) ^ 0x80808080u;
+            acc[i] += __builtin_convertvector(isa_vnni512_dot((v16i32){0}, u, xv), v16f) * d;
+        }
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++) {
+        float s;
+        memcpy(&s, row[i], 4);
+        out[i] = s * (hsum16(&acc[i]) - c);
+    }
+}
+
+/* 16 bytes at each w[i] + off, row i in lanes 4i..4i+3. */
+static inline __attribute__((always_inline)) ISA_VNNI512 v16u32 isa_vnni512_rows4_chunk(const unsigned char *const w[4], int64_t off)
+{
+    v4u32 c0 = *(const v4u32u_a *)(w[0] + off), c1 = *(const v4u32u_a *)(w[1] + off);
+    v4u32 c2 = *(const v4u32u_a *)(w[2] + off), c3 = *(const v4u32u_a *)(w[3] + off);
+    v8u32 a = __builtin_shufflevector(c0, c1, 0, 1, 2, 3, 4, 5, 6, 7);
+    v8u32 b = __builtin_shufflevector(c2, c3, 0, 1, 2, 3, 4, 5, 6, 7);
+    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+/* W4A8G*, k % 32 == 0: groups of gs, the last one k % gs long. */
+static ISA_VNNI512 void isa_vnni512_w4a8_rows4(int64_t gs, const unsigned char *const row[4], const int8_t *xq,
+                                              const float *dq, const float *dsx, int64_t k, float out[4])
+{
+    const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};
+    v16f acc = {0};
+    v4f off = {0};
+    for (int64_t j = 0, g = 0; j < k; j += gs, g++) {
+        int64_t nb = (k - j < gs ? k - j : gs) / 32;
+        v4u16 h;
+        v4f z;
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            h[i] = (uint16_t)(w[i][0] | w[i][1] << 8);
+            z[i] = (float)w[i][2];
+        }
+        v4f s = __builtin_ia32_vcvtph2ps((v8i16){(short)h[0], (short)h[1], (short)h[2], (short)h[3]});
+        off += s * z * dsx[g];
+        v16f ga = {0};
+        for (int64_t b = 0; b < nb; b++) {
+            const int8_t *xb = xq + j + 32 * b;
+            v4u32 l = *(const v4u32u_a *)xb, u = *(const v4u32u_a *)(xb + 16);
+            v16u32 xl = __builtin_shufflevector(l, l, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+            v16u32 xh = __builtin_shufflevector(u, u, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+            UNROLL4
+            for (int i = 0; i < 4; i++)
+                __builtin_prefetch(w[i] + 4 + 16 * b + QPF_BYTES, 0, 3);
+            v16u32 q = isa_vnni512_rows4_chunk(w, 4 + 16 * b);
+            v16i32 p = isa_vnni512_dot((v16i32){0}, q & 0x0f0f0f0fu, xl);
+            p = isa_vnni512_dot(p, (q >> 4) & 0x0f0f0f0fu, xh);
+            ga += __builtin_convertvector(p, v16f) * dq[j / 32 + b];
+        }
+        acc += ga * __builtin_shufflevector(s, s, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        UNROLL4
+        for (int i = 0; i < 4; i++)
+            w[i] += 4 + 16 * nb;
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        out[i] = (acc[4 * i] + acc[4 * i + 1]) + (acc[4 * i + 2] + acc[4 * i + 3]) - off[i];
+}
+
+/* ---- int8 activations on 256 bits (KT_ISA_AVX2, KT_ISA_AVXVNNI) ----
+ * The same kernels at half width: a block's u8 x s8 products go through
+ * vpdpbusd on AVX-VNNI, else vpmaddubsw + vpmaddwd (pairs of products
+ * saturate at 16 bits: nibbles are <= 15, and W8A8 takes the sign of q
+ * over to xq so that the unsigned side is |q| <= 127, as llama.cpp does).
+ * W4A8G: rows 2i and 2i+1 share a vector. */
+
+#define ISA_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define ISA_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+
+typedef int32_t v8i32 __attribute__((vector_size(32)));
+typedef char v32c __attribute__((vector_size(32)));
+typedef float v8fl __attribute__((vector_size(32)));
+
+static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_dot(v8i32 acc, v8u32 u, v8u32 s)
+{
+    const v16i16 ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    v16i16 p = __builtin_ia32_pmaddubsw256((v32c)u, (v32c)s);
+    return acc + __builtin_ia32_pmaddwd256(p, ones);
+}
+
+static inline __attribute__((always_inline)) ISA_AVXVNNI v8i32 isa_avxvnni_dot(v8i32 acc, v8u32 u, v8u32 s)
+{
+    return __builtin_ia32_vpdpbusd256(acc, (v8i32)u, (v8i32)s);
+}
+
+static inline __attribute__((always_inline)) float hsum8(const v8fl *p)
+{
+    v8fl v = *p;
+    v4f h = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
+    return (h[0] + h[2]) + (h[1] + h[3]);
+}
+
+/* The two 256-bit kernels, for dot = isa_avx2_dot or isa_avxvnni_dot. */
+#define A8_256_KERNELS(pre, attr, dot)                                                                        \
+    static attr void pre##_w8a8_rows4(const unsigned char *const row[4], const int8_t *xq, const float *dq,   \
+                                      int64_t k, float out[4])                                              \
+    {                                                                                                       \
+        v8fl acc[4] = {{0}, {0}, {0}, {0}};                                                                 \
+        for (int64_t j = 0; j < k; j += 32) {                                                               \
+            v8u32 xv = *(const v8u32u *)(xq + j);                                                           \
+            UNROLL4                                                                                         \
+            for (int i = 0; i < 4; i++) {                                                                   \
+                __builtin_prefetch(row[i] + 4 + j + QPF_BYTES, 0, 3);                                       \
+                v8u32 q = *(const v8u32u *)(row[i] + 4 + j);                                                \
+                v8u32 u = (v8u32)__builtin_ia32_psignb256((v32c)q, (v32c)q);                                \
+                v8u32 s = (v8u32)__builtin_ia32_psignb256((v32c)xv, (v32c)q);                               \
+                acc[i] += __builtin_convertvector(dot((v8i32){0}, u, s), v8fl) * dq[j / 32];                \
+            }                                                                                               \
+        }                                                                                                   \
+        UNROLL4                                                                                             \
+        for (int i = 0; i < 4; i++) {                                                                       \
+            float s;                                                                                        \
+            memcpy(&s, row[i], 4);                                                                          \
+            out[i] = s * hsum8(&acc[i]);                                                                     \
+        }                                                                                                   \
+    }                                                                                                       \
+    static attr void pre##_w4a8_rows4(int64_t gs, const unsigned char *const row[4], const int8_t *xq,       \
+                                      const float *dq, const float *dsx, int64_t k, float out[4])           \
+    {                                                                                                       \
+        const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};                                       \
+        v8fl acc[2] = {{0}, {0}};                                                                           \
+        v4f off = {0};                                                                                      \
+        for (int64_t j = 0, g = 0; j < k; j += gs, g++) {                                                   \
+            int64_t nb = (k - j < gs ? k - j : gs) / 32;                                                    \
+            v4u16 h;                                                                                        \
+            v4f z;                                                                                          \
+            UNROLL4                                                                                         \
+            for (int i = 0; i < 4; i++) {                                                                   \
+                h[i] = (uint16_t)(w[i][0] | w[i][1] << 8);                                                  \
+                z[i] = (float)w[i][2];                                                                      \
+            }                                                                                               \
+            v4f s = __builtin_ia32_vcvtph2ps((v8i16){(short)h[0], (short)h[1], (short)h[2], (short)h[3]});  \
+            off += s * z * dsx[g];                                                                          \
+            v8fl ga[2] = {{0}, {0}};                                                                        \
+            for (int64_t b = 0; b < nb; b++) {                                                              \
+                const int8_t *xb = xq + j + 32 * b;                                                         \
+                v4u32 l = *(const v4u32u_a *)xb, u = *(const v4u32u_a *)(xb + 16);                          \
+                v8u32 xl = __builtin_shufflevector(l, l, 0, 1, 2, 3, 0, 1, 2, 3);                           \
+                v8u32 xh = __builtin_shufflevector(u, u, 0, 1, 2, 3, 0, 1, 2, 3);                           \
+                for (int p = 0; p < 2; p++) {                                                               \
+                    v4u32 c0 = *(const v4u32u_a *)(w[2 * p] + 4 + 16 * b);                                  \
+                    v4u32 c1 = *(const v4u32u_a *)(w[2 * p + 1] + 4 + 16 * b);                              \
+                    __builtin_prefetch(w[2 * p] + 4 + 16 * b + QPF_BYTES, 0, 3);                            \
+                    __builtin_prefetch(w[2 * p + 1] + 4 + 16 * b + QPF_BYTES, 0, 3);                        \
+                    v8u32 q = __builtin_shufflevector(c0, c1, 0, 1, 2, 3, 4, 5, 6, 7);                      \
+                    v8i32 d = dot((v8i32){0}, q & 0x0f0f0f0fu, xl);                                         \
+                    d = dot(d, (q >> 4) & 0x0f0f0f0fu, xh);                                                 \
+                    ga[p] += __builtin_convertvector(d, v8fl) * dq[j / 32 + b];                             \
+                }                                                                                           \
+            }                                                                                               \
+            acc[0] += ga[0] * __builtin_shufflevector(s, s, 0, 0, 0, 0, 1, 1, 1, 1);                        \
+            acc[1] += ga[1] * __builtin_shufflevector(s, s, 2, 2, 2, 2, 3, 3, 3, 3);                        \
+            UNROLL4                                                                                         \
+            for (int i = 0; i < 4; i++)                                                                     \
+                w[i] += 4 + 16 * nb;                                                                        \
+        }                                                                                                   \
+        UNROLL4                                                                                             \
+        for (int i = 0; i < 4; i++) {                                                                       \
+            v8fl a = acc[i / 2];                                                                            \
+            int o = 4 * (i % 2);                                                                            \
+            out[i] = (a[o] + a[o + 1]) + (a[o + 2] + a[o + 3]) - off[i];                                    \
+        }                                                                                                   \
+    }
+
+typedef uint32_t v8u32u __attribute__((vector_size(32), aligned(1)));
+A8_256_KERNELS(isa_avx2, ISA_AVX2, isa_avx2_dot)
+A8_256_KERNELS(isa_avxvnni, ISA_AVXVNNI, isa_avxvnni_dot)
+
+/* Which fast A8 kernel runs t at k: 2 AVX-512 VNNI, 1 AVX-VNNI, 0 AVX2,
+ * -1 none (the portable loops of dot_w8a8 and dot_w4a8). */
+static int a8_fast_kind(int t, int64_t k)
+{
+    if (k % 32)
+        return -1;
+    if ((megac_k_isa & KT_ISA_VNNI512) && (t != DT_W8A8 || k % 64 == 0))
+        return 2;
+    if (megac_k_isa & KT_ISA_AVXVNNI)
+        return 1;
+    return (megac_k_isa & KT_ISA_AVX2) ? 0 : -1;
+}
+
+/* Four rows of an A8 dtype with the kernel of kind `kind`. */
+static void a8_rows4(int kind, int t, const unsigned char *const row[4], const int8_t *xq, const float *dq,
+                     const float *side, float c, int64_t k, float out[4])
+{
+    int64_t gs = t == DT_W8A8 ? 32 : w4_gsize(qlayout(t));
+    if (kind == 2 && t == DT_W8A8)
+        isa_vnni512_w8a8_rows4(row, xq, side, c, k, out);
+    else if (kind == 2)
+        isa_vnni512_w4a8_rows4(gs, row, xq, dq, side, k, out);
+    else if (kind == 1 && t == DT_W8A8)
+        isa_avxvnni_w8a8_rows4(row, xq, dq, k, out);
+    else if (kind == 1)
+        isa_avxvnni_w4a8_rows4(gs, row, xq, dq, side, k, out);
+    else if (t == DT_W8A8)
+        isa_avx2_w8a8_rows4(row, xq, dq, k, out);
+    else
+        isa_avx2_w4a8_rows4(gs, row, xq, dq, side, k, out);
+}
+
+/* gemv_a8() with a fast kernel: the activation side's sums first (W8A8 on
+ * VNNI512: d per lane and the constant c; W4A8G: dsx per group). */
+static void gemv_a8_fast(int kind, int t, const unsigned char *W, const int8_t *xq, const float *dq, float *y,
+                         const float *b, int64_t r0, int64_t r1, int64_t k, int accum)
+{
+    int64_t rb = qrow_bytes(t, k), gs = t == DT_W8A8 ? 32 : w4_gsize(qlayout(t));
+    float side[t == DT_W8A8 ? k / 4 : k / 32 + 1], c = 0;
+    for (int64_t bl = 0; bl < k / 32; bl++) {
+        int32_t sx = 0;
+        for (int j = 0; j < 32; j++)
+            sx += xq[32 * bl + j];
+        if (t == DT_W8A8) {
+            c += dq[bl] * 128.0f * (float)sx;
+            for (int l = 0; l < 8; l++)
+                side[bl * 8 + l] = dq[bl];
+        } else {
+            side[bl * 32 / gs] = (bl * 32 % gs ? side[bl * 32 / gs] : 0.0f) + dq[bl] * (float)sx;
+        }
+    }
+    for (int64_t r = r0; r < r1; r += 4) {
+        const unsigned char *row[4];
+        float out[4];
+        UNROLL4
+        for (int i = 0; i < 4; i++)
+            row[i] = W + (r + i < r1 ? r + i : r1 - 1) * rb;
+        a8_rows4(kind, t, row, xq, dq, side, c, k, out);
+        for (int i = 0; i < 4 && r + i < r1; i++)
+            gemv_store(y, b, r + i, out[i], accum);
+    }
+}
+
 /* y[r0:r1] of an A8 weight: the input quantized once, then integer rows.
  * k <= CPU_NORM_K_MAX (cpu_check.c), so the buffers stay modest VLAs. */
 static void gemv_a8(int t, const unsigned char *W, const float *x, float *y, const float *b, int64_t r0, int64_t r1,
@@ -499,6 +1175,11 @@ static void gemv_a8(int t, const unsigned char *W, const float *x, float *y, con
     int8_t xq[k];
     float dq[(k + 31) / 32];
     act_quantize(x, k, xq, dq);
+    int kind = a8_fast_kind(t, k);
+    if (kind >= 0) {
+        gemv_a8_fast(kind, t, W, xq, dq, y, b, r0, r1, k, accum);
+        return;
+    }
     int64_t rb = qrow_bytes(t, k);
     for (int64_t r = r0; r < r1; r++) {
         const unsigned char *row = W + r * rb;
@@ -527,9 +1208,7 @@ static void gemv_rows(const MegacArgs *a, const int64_t *in, const float *x)
         gemv_a8(t, W, x, y, b, r0, r1, k, accum);
         return;
     }
-    int64_t rb = qrow_bytes(t, k);
-    for (int64_t r = r0; r < r1; r++)
-        gemv_store(y, b, r, qdot(t, W + r * rb, x, k), accum);
+    gemv_quant(t, W, x, y, b, r0, r1, k, accum);
 }
 
 static void op_gemv(const MegacArgs *a, const int64_t *in)

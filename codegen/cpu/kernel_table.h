@@ -47,6 +47,21 @@ enum {
 #define KT_SYM_EPS "megac_k_eps"
 #define KT_SYM_NWORKERS "megac_k_nworkers"
 
+/* The instruction sets the target has, as KT_ISA_* bits: defined by
+ * cpu_emit.c (not the glue module: it knows the target) once the target
+ * CPU is picked. Kernel bodies that use an instruction set's intrinsics
+ * are functions named isa_* with a target attribute, called only under a
+ * test of these bits, which folds: the other versions become dead and are
+ * deleted before code generation (cpu_emit.c checks). */
+#define KT_SYM_ISA "megac_k_isa"
+enum {
+    KT_ISA_AVX2 = 1,       /* avx2, fma, f16c (x86-64-v3) */
+    KT_ISA_AVX512 = 2,     /* avx512f, bw, vl, dq (x86-64-v4) */
+    KT_ISA_VNNI512 = 4,    /* avx512vnni, with KT_ISA_AVX512 */
+    KT_ISA_AVXVNNI = 8     /* avx-vnni (VEX vpdpbusd on 256 bits), with KT_ISA_AVX2 */
+};
+#define KT_ISA_PREFIX "isa_"
+
 /* MegacAbort.flag values */
 #define KT_ABORT_TIMEOUT 1u     /* a wait passed its deadline */
 #define KT_ABORT_BAD_POS 2u     /* pos outside [0, max_seq): nothing ran */

@@ -1,0 +1,391 @@
+/*
+ * test_cpu_quant_perf.c - the CPU backend's quantized GEMV kernels
+ * (codegen/cpu/kernel_body.c: four rows per pass, the AVX-512 table
+ * lookups, the int8 dot products) against quant.c's references, for every
+ * weight dtype, compiled for this host and for the portable levels
+ * (x86-64-v3 and plain x86-64: the instruction-set versions must fold away
+ * there), on row ranges that are not multiples of four and on k that is
+ * (576, SmolLM2's dim: a short last W4G128 group) or is not (200) a
+ * multiple of 32.
+ *
+ * MEGAC_CPU_BENCH=1 also measures each dtype's GEMV alone on SmolLM2-135M
+ * shaped rows (k = 576, 256 MB of weights: far past the last-level cache),
+ * with 1 and 2 workers, next to an f32 GEMV of the same rows, and prints
+ * GB/s of weight bytes read (wall time, and per CPU time, which excludes
+ * preemption on a shared machine).
+ */
+#include "codegen/codegen.h"
+#include "compiler/quant.h"
+#include "ir/dtype.h"
+#include "ir/ir.h"
+#include "runtime/kernel_abi.h"
+
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef void (*QWorker)(const MegacArgs *, uint32_t);
+
+static float lcg(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((*s >> 40) * (1.0 / 16777216.0) * 2.0 - 1.0);
+}
+
+static void put_f16(unsigned char *p, float f)
+{
+    uint16_t h = f32_to_f16(f);
+    p[0] = (unsigned char)(h & 0xff);
+    p[1] = (unsigned char)(h >> 8);
+}
+
+/* GGUF blocks of 32 from floats (round to nearest; ir/dtype.h layouts). */
+static void gguf_block(DType t, const float *w, unsigned char *b)
+{
+    float lo = w[0], hi = w[0], amax = 0;
+    for (int j = 0; j < 32; j++) {
+        lo = w[j] < lo ? w[j] : lo;
+        hi = w[j] > hi ? w[j] : hi;
+        amax = fabsf(w[j]) > amax ? fabsf(w[j]) : amax;
+    }
+    if (t == DT_Q8_0) {
+        float d = amax / 127.0f;
+        put_f16(b, d);
+        for (int j = 0; j < 32; j++)
+            b[2 + j] = (unsigned char)(int8_t)(d > 0 ? rintf(w[j] / d) : 0);
+        return;
+    }
+    float d = t == DT_Q4_0 ? amax / 8.0f : (hi - lo) / 15.0f, m = t == DT_Q4_0 ? -8.0f * d : lo;
+    int hdr = t == DT_Q4_0 ? 2 : 4;
+    put_f16(b, d);
+    if (t == DT_Q4_1)
+        put_f16(b + 2, m);
+    memset(b + hdr, 0, 16);
+    for (int j = 0; j < 32; j++) {
+        float q = d > 0 ? rintf((w[j] - m) / d) : 0;
+        unsigned n = (unsigned)(q < 0 ? 0 : q > 15 ? 15 : q);
+        b[hdr + j % 16] |= (unsigned char)(j < 16 ? n : n << 4);
+    }
+}
+
+static void quantize_row(DType t, const float *w, int64_t k, unsigned char *out)
+{
+    if (t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1) {
+        for (int64_t j = 0; j < k; j += 32)
+            gguf_block(t, w + j, out + j / 32 * dtype_block_bytes(t));
+        return;
+    }
+    quant_row_quantize(dtype_layout(t), w, k, out);
+}
+
+typedef struct QKern {
+    Schedule *s;
+    char dir[64], so[96];
+    void *dl;
+    QWorker fn;
+    unsigned char *wts, *arena;
+    uint32_t *ctrs;
+} QKern;
+
+static void *alloc64(size_t n)
+{
+    void *p = NULL;
+    cr_assert_eq(posix_memalign(&p, 64, n ? n : 64), 0);
+    memset(p, 0, n);
+    return p;
+}
+
+static void qkern_build(QKern *k, Schedule *s, const char *cpu)
+{
+    memset(k, 0, sizeof *k);
+    k->s = s;
+    sched_layout(s);
+    strcpy(k->dir, "/tmp/megac_qperf_XXXXXX");
+    cr_assert_not_null(mkdtemp(k->dir));
+    snprintf(k->so, sizeof k->so, "%s/kernel.so", k->dir);
+    Diag d;
+    diag_init(&d);
+    CpuOptions o = {.cpu = cpu};
+    cr_assert(cg_cpu_compile(s, &o, k->so, &d), "cg_cpu_compile (%s) failed", cpu ? cpu : "host");
+    k->dl = dlopen(k->so, RTLD_NOW | RTLD_LOCAL);
+    cr_assert_not_null(k->dl, "dlopen: %s", dlerror());
+    k->fn = (QWorker)(uintptr_t)dlsym(k->dl, "megac_worker");
+    cr_assert_not_null(k->fn);
+    k->wts = alloc64(s->weights_bytes);
+    k->arena = alloc64(s->arena_bytes);
+    k->ctrs = alloc64(4 * (s->nctrs + 1));
+}
+
+static void qkern_free(QKern *k)
+{
+    dlclose(k->dl);
+    if (getenv("MEGAC_CPU_KEEP")) { /* for perf annotate */
+        fprintf(stderr, "kept %s\n", k->so);
+    } else {
+        unlink(k->so);
+        rmdir(k->dir);
+    }
+    free(k->wts);
+    free(k->arena);
+    free(k->ctrs);
+    sched_free(k->s);
+}
+
+typedef struct QJob {
+    QKern *k;
+    MegacArgs *args;
+    uint32_t w;
+    double cpu_s;
+} QJob;
+
+static double thread_cpu_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void *qjob_main(void *p)
+{
+    QJob *j = p;
+    double t0 = thread_cpu_s();
+    j->k->fn(j->args, j->w);
+    j->cpu_s = thread_cpu_s() - t0;
+    return NULL;
+}
+
+/* One run of every worker; returns the largest worker CPU time. */
+static double qkern_step(QKern *k)
+{
+    uint32_t n = k->s->nworkers;
+    memset(k->ctrs, 0, 4 * (k->s->nctrs + 1));
+    MegacAbort ab = {0};
+    MegacArgs args = {k->wts, k->arena, k->ctrs, &ab, 0, 0};
+    pthread_t th[4];
+    QJob jobs[4];
+    cr_assert(n <= 4);
+    for (uint32_t w = 0; w < n; w++) {
+        jobs[w] = (QJob){k, &args, w, 0};
+        cr_assert_eq(pthread_create(&th[w], NULL, qjob_main, &jobs[w]), 0);
+    }
+    double cpu = 0;
+    for (uint32_t w = 0; w < n; w++) {
+        pthread_join(th[w], NULL);
+        cpu = jobs[w].cpu_s > cpu ? jobs[w].cpu_s : cpu;
+    }
+    cr_assert_eq(ab.flag, 0);
+    return cpu;
+}
+
+/* Every dtype the CPU GEMV takes besides f32. */
+static const DType all_dtypes[] = {DT_W8,    DT_Q8_0,   DT_Q4_0,   DT_Q4_1,   DT_W4G32,    DT_W4G64, DT_W4G128,
+                                   DT_W8A8,  DT_W4A8G32, DT_W4A8G64, DT_W4A8G128, DT_F16,   DT_BF16};
+#define NDT (sizeof all_dtypes / sizeof *all_dtypes)
+
+static bool is_gguf(DType t)
+{
+    return t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1;
+}
+
+static ModelShape gemv_shape(int64_t k)
+{
+    return (ModelShape){.dim = (int)k, .hidden_dim = (int)k, .n_layers = 1, .n_heads = 1, .n_kv_heads = 1,
+                        .head_dim = 2, .vocab_size = 16, .max_seq = 4, .norm_eps = 1e-5};
+}
+
+/* y_t[r0:r1] = W_t[r0:r1] . x for one dtype, rows split at `cut`. */
+static void add_gemvs(Schedule *s, DType t, int64_t rows, int64_t k, int64_t cut, uint32_t xb, uint32_t *wb,
+                      uint32_t *yb)
+{
+    int64_t sw[2] = {rows, k}, sy[1] = {rows};
+    char name[32];
+    snprintf(name, sizeof name, "w_%s", dtype_name(t));
+    *wb = sched_add_buffer(s, name, t, BUF_WEIGHT, 2, sw);
+    snprintf(name, sizeof name, "y_%s", dtype_name(t));
+    *yb = sched_add_buffer(s, name, DT_F32, BUF_SCRATCH, 1, sy);
+    int64_t r[3] = {0, cut, rows};
+    for (int i = 0; i < 2; i++) {
+        Access acc[5] = {{*wb, ACC_R, {r[i] * k, 0}, {r[i + 1] * k, 0}}, {xb, ACC_R, {0, 0}, {k, 0}},
+                         {*yb, ACC_W, {r[i], 0}, {r[i + 1], 0}}, {BUF_NONE, 0, {0, 0}, {0, 0}},
+                         {BUF_NONE, 0, {0, 0}, {0, 0}}};
+        sched_op(s, 0, OP_GEMV, (int32_t[]){(int32_t)r[i], (int32_t)r[i + 1], (int32_t)k, 0}, acc);
+    }
+}
+
+/* All dtypes (GGUF ones only when k % 32 == 0) on one CPU target. */
+static void check_all(const char *cpu, int64_t k)
+{
+    const int64_t rows = 30, cut = 13;
+    Schedule *s = sched_new("qgemv", "cpu", 1);
+    s->shape = gemv_shape(k);
+    int64_t sx[1] = {k};
+    uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx), wb[NDT] = {0}, yb[NDT] = {0};
+    for (size_t i = 0; i < NDT; i++)
+        if (!is_gguf(all_dtypes[i]) || k % 32 == 0)
+            add_gemvs(s, all_dtypes[i], rows, k, cut, xb, &wb[i], &yb[i]);
+    QKern q;
+    qkern_build(&q, s, cpu);
+    float *w = malloc(sizeof(float) * (size_t)(rows * k)), *x = (float *)(q.arena + s->bufs[xb].offset);
+    uint64_t seed = 7;
+    for (int64_t j = 0; j < k; j++)
+        x[j] = lcg(&seed) * (j % 37 == 0 ? 8.0f : 1.0f); /* a few outliers per block */
+    for (int64_t j = 0; j < rows * k; j++)
+        w[j] = 0.05f * lcg(&seed) + (j % 29 == 0 ? 0.02f : 0.0f);
+    for (size_t i = 0; i < NDT; i++) {
+        if (is_gguf(all_dtypes[i]) && k % 32)
+            continue;
+        size_t rb = dtype_row_bytes(all_dtypes[i], k);
+        for (int64_t r = 0; r < rows; r++)
+            quantize_row(all_dtypes[i], w + r * k, k, q.wts + s->bufs[wb[i]].offset + (size_t)r * rb);
+    }
+    qkern_step(&q);
+    double ref[30], mag[30];
+    float *deq = malloc(sizeof(float) * (size_t)k);
+    for (size_t i = 0; i < NDT; i++) {
+        DType t = all_dtypes[i];
+        if (is_gguf(t) && k % 32)
+            continue;
+        const unsigned char *W = q.wts + s->bufs[wb[i]].offset;
+        const float *y = (const float *)(q.arena + s->bufs[yb[i]].offset);
+        if (dtype_is_a8(t))
+            quant_gemv_a8_ref(t, W, rows, k, x, ref);
+        else
+            quant_gemv_ref(t, W, rows, k, x, ref);
+        for (int64_t r = 0; r < rows; r++) {
+            quant_row_dequant(dtype_layout(t), W + (size_t)r * dtype_row_bytes(t, k), k, deq);
+            mag[r] = 0;
+            for (int64_t j = 0; j < k; j++)
+                mag[r] += fabs((double)deq[j] * x[j]);
+            cr_assert_leq(fabs(y[r] - ref[r]), 2e-6 * mag[r] + 1e-30, "%s %s k=%ld row %ld: %.9g vs %.9g",
+                          cpu ? cpu : "host", dtype_name(t), (long)k, (long)r, y[r], ref[r]);
+        }
+    }
+    free(deq);
+    free(w);
+    qkern_free(&q);
+}
+
+Test(cpu_quant_perf, every_dtype_host)
+{
+    check_all(NULL, 576);
+    check_all(NULL, 200);
+}
+
+Test(cpu_quant_perf, every_dtype_x86_64_v3)
+{
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        cr_skip_test("this host cannot run x86-64-v3 code");
+    check_all("x86-64-v3", 576);
+}
+
+/* AVX-VNNI without AVX-512 (its 256-bit vpdpbusd kernels); needs a host
+ * that runs avxvnni. */
+Test(cpu_quant_perf, every_dtype_alderlake)
+{
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2"))
+        cr_skip_test("this host has no AVX2");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[4096];
+    bool vnni = false;
+    while (f && !vnni && fgets(line, sizeof line, f))
+        vnni = strncmp(line, "flags", 5) == 0 && strstr(line, " avx_vnni");
+    if (f)
+        fclose(f);
+    if (!vnni)
+        cr_skip_test("this host has no AVX-VNNI");
+    check_all("alderlake", 576);
+}
+
+Test(cpu_quant_perf, every_dtype_x86_64)
+{
+    check_all("x86-64", 576);
+    check_all("x86-64", 200);
+}
+
+/* ---- GEMV bandwidth per dtype (MEGAC_CPU_BENCH=1) ---- */
+
+static double elapsed_s(struct timespec a)
+{
+    struct timespec b;
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+}
+
+static void bench_dtype(DType t, int nw, int64_t rows, int64_t k)
+{
+    Schedule *s = sched_new("qbench", "cpu", nw);
+    s->shape = gemv_shape(k);
+    int64_t sw[2] = {rows, k}, sx[1] = {k}, sy[1] = {rows};
+    uint32_t wb = sched_add_buffer(s, "w", t, BUF_WEIGHT, 2, sw);
+    uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx);
+    uint32_t yb = sched_add_buffer(s, "y", DT_F32, BUF_SCRATCH, 1, sy);
+    /* ops of at most op_rows rows (a decode step's GEMVs are small) */
+    int64_t op_rows = getenv("MEGAC_QBENCH_OP_ROWS") ? atoll(getenv("MEGAC_QBENCH_OP_ROWS")) : rows;
+    for (int w = 0; w < nw; w++) {
+        for (int64_t r0 = rows * w / nw, end = rows * (w + 1) / nw; r0 < end; r0 += op_rows) {
+            int64_t r1 = r0 + op_rows < end ? r0 + op_rows : end;
+            Access acc[5] = {{wb, ACC_R, {r0 * k, 0}, {r1 * k, 0}}, {xb, ACC_R, {0, 0}, {k, 0}},
+                             {yb, ACC_W, {r0, 0}, {r1, 0}}, {BUF_NONE, 0, {0, 0}, {0, 0}},
+                             {BUF_NONE, 0, {0, 0}, {0, 0}}};
+            sched_op(s, w, OP_GEMV, (int32_t[]){(int32_t)r0, (int32_t)r1, (int32_t)k, 0}, acc);
+        }
+    }
+    QKern q;
+    qkern_build(&q, s, getenv("MEGAC_CPU_TARGET"));
+    uint64_t seed = 3;
+    float *row = malloc(sizeof(float) * (size_t)k), *x = (float *)(q.arena + s->bufs[xb].offset);
+    size_t rb = dtype_row_bytes(t, k);
+    for (int64_t j = 0; j < k; j++)
+        x[j] = lcg(&seed);
+    for (int64_t r = 0; r < rows; r++) { /* 64 distinct rows, repeated */
+        if (r >= 64) {
+            memcpy(q.wts + (size_t)r * rb, q.wts + (size_t)(r % 64) * rb, rb);
+            continue;
+        }
+        for (int64_t j = 0; j < k; j++)
+            row[j] = 0.05f * lcg(&seed);
+        if (t == DT_F32)
+            memcpy(q.wts + (size_t)r * rb, row, rb);
+        else
+            quantize_row(t, row, k, q.wts + (size_t)r * rb);
+    }
+    qkern_step(&q);
+    double best = 1e9, best_cpu = 1e9;
+    for (int i = 0; i < 20; i++) {
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        double cpu = qkern_step(&q), dt = elapsed_s(t0);
+        best = dt < best ? dt : best;
+        best_cpu = cpu < best_cpu ? cpu : best_cpu;
+    }
+    double bytes = (double)rb * (double)rows;
+    fprintf(stderr, "gemv %-9s %ldx%ld, %d worker(s): %7.1f MB, best %.2f ms = %5.1f GB/s (CPU time %5.1f GB/s)\n",
+            dtype_name(t), (long)rows, (long)k, nw, bytes / 1e6, best * 1e3, bytes / best / 1e9,
+            bytes / best_cpu / 1e9);
+    free(row);
+    qkern_free(&q);
+}
+
+Test(cpu_quant_perf, bandwidth, .timeout = 300)
+{
+    if (!getenv("MEGAC_CPU_BENCH"))
+        cr_skip_test("set MEGAC_CPU_BENCH=1 to measure quantized GEMV bandwidth");
+    const char *only = getenv("MEGAC_QBENCH_DTYPE");
+    const DType ts[] = {DT_F32, DT_W8, DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_W4G32, DT_W4G128, DT_W8A8, DT_W4A8G32,
+                        DT_W4A8G128};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) {
+        if (only && strcmp(only, dtype_name(ts[i])) != 0)
+            continue;
+        int64_t rows = (int64_t)(256e6 / (double)dtype_row_bytes(ts[i], 576)) / 8 * 8;
+        for (int nw = 1; nw <= 2; nw++)
+            bench_dtype(ts[i], nw, rows, 576);
+    }
+}
