@@ -18,6 +18,8 @@
 #include "compiler/model.h"
 #pragma GCC diagnostic pop
 
+#include "tests/harness.h"
+
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -113,45 +115,6 @@ static void ref_close(Ref *r)
     arena_free(&r->arena);
 }
 
-static int argmax_f(const float *v, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b])
-            b = i;
-    return b;
-}
-
-/* Decodes ntok greedy tokens from BOS with the bundle and the reference. */
-static void compare_greedy(megac_model *mm, Ref *r, int ntok, const char *what)
-{
-    int vocab = megac_vocab_size(mm);
-    cr_assert_eq(vocab, r->m.vocab_size);
-    ref_reset(r->ref);
-    cr_assert_eq(megac_reset(mm), MEGAC_OK);
-    int tok = megac_bos(mm);
-    double worst = 0;
-    for (int pos = 0; pos < ntok; pos++) {
-        cr_assert_eq(megac_step(mm, tok), MEGAC_OK, "%s: %s", what, megac_error(mm));
-        const float *got = megac_logits(mm);
-        const float *want = ref_step(r->ref, tok, pos);
-        double scale = 0;
-        for (int i = 0; i < vocab; i++)
-            scale = fmax(scale, fabs(want[i]));
-        double tol = ATOL + RTOL * scale;
-        for (int i = 0; i < vocab; i++) {
-            double e = fabs((double)got[i] - (double)want[i]);
-            worst = fmax(worst, e);
-            cr_assert(e <= tol, "%s: pos %d logit %d: kernel %.7g, reference %.7g (|diff| %.3g > %.3g)", what, pos,
-                      i, got[i], want[i], e, tol);
-        }
-        int k = megac_argmax(mm);
-        cr_assert_eq(k, argmax_f(want, vocab), "%s: pos %d: kernel picks %d, reference %d", what, pos, k,
-                     argmax_f(want, vocab));
-        tok = k;
-    }
-    cr_log_info("%s: %d steps, max |logit diff| %.3g", what, ntok, worst);
-}
 
 /* The model at 1, 2, 3 and 8 workers against the reference. */
 static void e2e_model(const char *model, int ntok)
@@ -168,7 +131,7 @@ static void e2e_model(const char *model, int ntok)
         char what[256];
         snprintf(what, sizeof what, "%s, %d workers", model, workers[i]);
         int n = ntok < megac_max_seq(mm) ? ntok : megac_max_seq(mm);
-        compare_greedy(mm, &r, n, what);
+        harness_compare_greedy(mm, r.ref, r.m.vocab_size, n, ATOL, RTOL, what);
         megac_close(mm);
         free(b);
     }

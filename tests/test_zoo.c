@@ -31,6 +31,8 @@
 #include "compiler/model.h"
 #pragma GCC diagnostic pop
 
+#include "tests/harness.h"
+
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -158,14 +160,6 @@ static void zoo_desc(const ZooModel *z, ModelDesc *m, Arena *a)
     cr_assert(ok, "cannot load %s", z->model);
 }
 
-static int argmax_f(const float *v, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b])
-            b = i;
-    return b;
-}
 
 /* Runs the reference engine greedily for n steps from bos into g. */
 static void golden_compute(Golden *g, const ZooModel *z, int bos, int n)
@@ -195,7 +189,7 @@ static void golden_compute(Golden *g, const ZooModel *z, int bos, int n)
         g->scale[pos] = 0;
         for (int i = 0; i < g->vocab; i++)
             g->scale[pos] = fmax(g->scale[pos], fabs(l[i]));
-        tok = argmax_f(l, g->vocab);
+        tok = harness_argmax(l, g->vocab);
     }
     ref_free(ref);
     weights_free(&w);
@@ -228,7 +222,7 @@ static double golden_check(megac_model *mm, const Golden *g, const char *what)
             cr_assert(e <= tol, "%s: pos %d logit %d: kernel %.7g, reference %.7g (|diff| %.3g > %.3g)", what, pos,
                       i, got[i], want[i], e, tol);
         }
-        int want_tok = argmax_f(want, g->vocab);
+        int want_tok = harness_argmax(want, g->vocab);
         cr_assert_eq(megac_argmax(mm), want_tok, "%s: pos %d: kernel picks %d, reference %d", what, pos,
                      megac_argmax(mm), want_tok);
         if (pos + 1 < g->n)

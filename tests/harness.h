@@ -1,0 +1,59 @@
+/*
+ * harness.h - shared by the end-to-end tests: a compiled bundle decoded
+ * next to the reference engine, step by step.
+ *
+ * Tolerance: every logit within atol + rtol * max|reference logit| of that
+ * step, and the kernel's own argmax equal to the reference's.
+ */
+#ifndef MEGAC_TEST_HARNESS_H
+#define MEGAC_TEST_HARNESS_H
+
+#include "compiler/model.h"
+#include "runtime/megac.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+
+/* Index of the largest value, lowest index on ties (as the kernels do). */
+static inline int harness_argmax(const float *v, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b])
+            b = i;
+    return b;
+}
+
+/* Decodes ntok greedy tokens from BOS with the bundle and the reference;
+ * returns the largest |logit difference| seen. */
+static inline double harness_compare_greedy(megac_model *mm, RefState *ref, int vocab, int ntok, double atol,
+                                            double rtol, const char *what)
+{
+    cr_assert_eq(megac_vocab_size(mm), vocab);
+    ref_reset(ref);
+    cr_assert_eq(megac_reset(mm), MEGAC_OK);
+    int tok = megac_bos(mm);
+    double worst = 0;
+    for (int pos = 0; pos < ntok; pos++) {
+        cr_assert_eq(megac_step(mm, tok), MEGAC_OK, "%s: %s", what, megac_error(mm));
+        const float *got = megac_logits(mm);
+        const float *want = ref_step(ref, tok, pos);
+        double scale = 0;
+        for (int i = 0; i < vocab; i++)
+            scale = fmax(scale, fabs(want[i]));
+        double tol = atol + rtol * scale;
+        for (int i = 0; i < vocab; i++) {
+            double e = fabs((double)got[i] - (double)want[i]);
+            worst = fmax(worst, e);
+            cr_assert(e <= tol, "%s: pos %d logit %d: kernel %.7g, reference %.7g (|diff| %.3g > %.3g)", what, pos,
+                      i, got[i], want[i], e, tol);
+        }
+        int k = megac_argmax(mm), r = harness_argmax(want, vocab);
+        cr_assert_eq(k, r, "%s: pos %d: kernel picks %d, reference %d", what, pos, k, r);
+        tok = k;
+    }
+    cr_log_info("%s: %d steps, max |logit diff| %.3g", what, ntok, worst);
+    return worst;
+}
+
+#endif
