@@ -31,6 +31,11 @@ bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path
  * the CPU kernel ABI (one worker = one block, run as a thread). */
 bool cg_hostcuda_compile(const Schedule *s, const char *so_path, Diag *d);
 
+/* ---- codegen.c ---- */
+/* Runs argv (argv[0] looked up on PATH, e.g. "cc") with stdout and stderr
+ * captured into *output (xmalloc'd, always set); true when it exits 0. */
+bool cg_run_cc(char *const argv[], char **output);
+
 /* ---- info.c: for `megac doctor` ---- */
 const char *cg_llvm_version(void);
 bool cg_llvm_host(char **cpu, char **features);     /* xmalloc'd strings */

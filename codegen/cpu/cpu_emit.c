@@ -40,14 +40,11 @@
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
-#include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-extern char **environ;
 
 typedef struct CpuJob {
     const Schedule *s;
@@ -575,54 +572,18 @@ static bool job_emit_object(CpuJob *j, const char *obj)
     return true;
 }
 
-/* Reads what the child wrote to the pipe (its stderr) into buf. */
-static void job_drain(int fd, char *buf, size_t cap)
-{
-    size_t n = 0;
-    for (;;) {
-        char tmp[512];
-        ssize_t r = read(fd, tmp, sizeof tmp);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        size_t take = (size_t)r < cap - 1 - n ? (size_t)r : cap - 1 - n;
-        memcpy(buf + n, tmp, take);
-        n += take;
-    }
-    buf[n] = 0;
-}
-
-/* cc -shared -o so obj -lm, with the linker's stderr captured. */
+/* cc -shared -o so obj -lm, with the linker's output captured. */
 static bool job_link_so(CpuJob *j, const char *obj)
 {
     char *argv[] = {"cc", "-shared", "-o", (char *)j->so_path, (char *)obj, "-lm", NULL};
-    int fds[2];
-    if (pipe(fds) != 0)
-        return job_fail(j, "pipe", strerror(errno));
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
-    posix_spawn_file_actions_addclose(&fa, fds[0]);
-    pid_t pid;
-    int rc = posix_spawnp(&pid, "cc", &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(fds[1]);
-    if (rc != 0) {
-        close(fds[0]);
-        return job_fail(j, "posix_spawnp(cc)", strerror(rc));
-    }
-    char out[4096];
-    job_drain(fds[0], out, sizeof out);
-    close(fds[0]);
-    int st = 0;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR)
-            return job_fail(j, "waitpid(cc)", strerror(errno));
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-        return job_fail(j, "cc -shared (linking kernel.so)", out[0] ? out : "linker exited with an error");
-    job_progress(j, "linked kernel.so");
-    return true;
+    char *out = NULL;
+    bool ok = cg_run_cc(argv, &out);
+    if (!ok)
+        job_fail(j, "cc -shared (linking kernel.so)", out[0] ? out : "linker exited with an error");
+    free(out);
+    if (ok)
+        job_progress(j, "linked kernel.so");
+    return ok;
 }
 
 static bool job_emit(CpuJob *j)

@@ -11,13 +11,10 @@
 #include "codegen/cuda/cuda.h"
 
 #include <errno.h>
-#include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-extern char **environ;
 
 /* kernel.so -> kernel.host.c */
 static char *host_source_path(const char *so_path)
@@ -43,54 +40,12 @@ static bool host_write(const char *path, const char *text, Diag *d)
     return ok;
 }
 
-/* Reads the child's stderr until EOF (xmalloc'd, NUL-terminated). */
-static char *host_drain(int fd)
-{
-    size_t len = 0, cap = 4096;
-    char *buf = xmalloc(cap);
-    for (;;) {
-        if (cap - len < 1024)
-            buf = xrealloc(buf, cap *= 2);
-        ssize_t r = read(fd, buf + len, cap - len - 1);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        len += (size_t)r;
-    }
-    buf[len] = 0;
-    return buf;
-}
-
 static bool host_cc(const char *src, const char *so_path, Diag *d)
 {
     char *argv[] = {"cc", "-x", "c", "-std=gnu11", "-O2", "-fPIC", "-shared", "-U_FORTIFY_SOURCE",
                     "-fno-stack-protector", "-o", (char *)so_path, (char *)src, "-lm", "-pthread", NULL};
-    int fds[2];
-    if (pipe(fds) != 0) {
-        diag_file_error(d, so_path, "pipe failed: %s", strerror(errno));
-        return false;
-    }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
-    posix_spawn_file_actions_addclose(&fa, fds[0]);
-    pid_t pid;
-    int rc = posix_spawnp(&pid, "cc", &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(fds[1]);
-    if (rc != 0) {
-        close(fds[0]);
-        diag_file_error(d, so_path, "cannot run cc: %s", strerror(rc));
-        return false;
-    }
-    char *out = host_drain(fds[0]);
-    close(fds[0]);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-        ;
-    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    char *out = NULL;
+    bool ok = cg_run_cc(argv, &out);
     if (!ok)
         diag_file_error(d, so_path, "cc failed on the host CUDA kernel %s:\n%s", src, out);
     free(out);
