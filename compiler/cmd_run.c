@@ -279,9 +279,9 @@ static bool run_ref_generate(RunRef *r, const RunOptions *o, int steps)
             next = megac_sample(logits, r->m->vocab_size, &smp, &rng);
             if (next < 0)
                 die("out of memory in the sampler");
-            r->generated++;
             if (next == r->bos || next == r->eos)
-                break;
+                break;      /* the stop token is not counted, as in megac_generate */
+            r->generated++;
         }
         int len = tok_decode(r->tok, token, next, piece, sizeof piece);
         if (!run_piece_write(piece, len))
