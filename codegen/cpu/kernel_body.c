@@ -680,26 +680,19 @@ static void x_group_sums(const float *x, int64_t k, int64_t gs, float *xg)
  * reference's dequantized values, and vpermps looks the weights up by
  * their nibbles (it reads only the low 4 bits of each index, so the low
  * nibble needs no mask): per 32 weights one widening load, one shift, two
- * lookups and two FMAs, and no per-group scaling of partial sums. */
+ * lookups and two FMAs, and no per-group scaling of partial sums. The
+ * load (vpmovzxbd) puts byte j of the 16 in lane j: its low nibble is
+ * weight j and its high nibble weight j + 16 (every 4-bit layout here),
+ * so x is read in its own order. (An earlier version broadcast the 16
+ * bytes and shifted each lane by its own amount, one more ALU op per 32
+ * weights, plus a reordered copy of x per op: these kernels are bound by
+ * ALU ops on the build host, so that cost ~8% of Q4_1 GEMV speed, more
+ * for Q4_0; MEGAC_CPU_BENCH=1 in tests/test_cpu_quant_perf.c.) */
 
 #define ISA_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define ISA_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 typedef short v8i16 __attribute__((vector_size(16)));
-typedef uint32_t v4u32u __attribute__((vector_size(16), aligned(1)));
-
-/* x in the order the nibble kernels read weights: 16 bytes of nibbles
- * are broadcast to the 16 lanes and lane j shifted right by 8 (j / 4), so
- * its low nibble is weight 4 (j % 4) + j / 4 of the 32 and its high nibble
- * that plus 16; xp[32c + j] and xp[32c + 16 + j] are those x. */
-static void x_nibble_order(const float *x, int64_t k, float *xp)
-{
-    for (int64_t c = 0; c < k; c += 32)
-        for (int j = 0; j < 16; j++) {
-            xp[c + j] = x[c + 4 * (j % 4) + j / 4];
-            xp[c + 16 + j] = x[c + 16 + 4 * (j % 4) + j / 4];
-        }
-}
 
 /* nib_minus_z[z][q] = q - z: a group's table is row z times its scale. */
 #define NZ_ROW(z)                                                                                        \
@@ -723,7 +716,6 @@ static inline __attribute__((always_inline)) ISA_AVX512 void
 isa_avx512_nib_groups4(const unsigned char *w[4], int64_t ng, int64_t gb, int64_t nc, int hdr, int fmt,
                        const float *x, const float *xs, v16f acc[4], v4f *off)
 {
-    const v16u32 sh = {0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24};
     for (int64_t g = 0; g < ng; g++, x += 32 * nc) {
         if (fmt == NIB_Q4_1) /* the m x terms, from the block sums of x */
             *off += f16_rows4(w, 2) * xs[g];
@@ -737,8 +729,7 @@ isa_avx512_nib_groups4(const unsigned char *w[4], int64_t ng, int64_t gb, int64_
             UNROLL4
             for (int i = 0; i < 4; i++) {
                 __builtin_prefetch(w[i] + hdr + 16 * ch + QPF_BYTES, 0, 3);
-                v4u32 d = *(const v4u32u *)(w[i] + hdr + 16 * ch);
-                v16u32 q = __builtin_shufflevector(d, d, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3) >> sh;
+                v16u32 q = __builtin_convertvector(*(const v16u8 *)(w[i] + hdr + 16 * ch), v16u32);
                 acc[i] += __builtin_ia32_permvarsf512(tab[i], (v16i32)q) * x0;
                 acc[i] += __builtin_ia32_permvarsf512(tab[i], (v16i32)(q >> 4)) * x1;
             }
@@ -807,7 +798,7 @@ static void qrows4(int t, const unsigned char *const row[4], const float *x, con
         return;
     }
     if ((megac_k_isa & KT_ISA_AVX512) && t != DT_W8 && t != DT_Q8_0) {
-        isa_avx512_nib_rows4(t, row, xg, xg + k, k, out); /* x_nibble_order(), block sums */
+        isa_avx512_nib_rows4(t, row, x, xg, k, out);
         return;
     }
     const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};
@@ -851,17 +842,14 @@ static void gemv_quant(int t, const unsigned char *W, const float *x, float *y, 
         return;
     }
     int64_t gs = t == DT_W4G64 ? 64 : t == DT_W4G128 ? 128 : 32;
-    /* AVX-512: x in nibble order, then (Q4_1) its block sums; else the
-     * group sums */
-    float xg[(megac_k_isa & KT_ISA_AVX512) ? k + k / 32 + 1 : k / 32 + 1];
+    /* the group sums of x (AVX-512: only Q4_1's, per block, for the m x
+     * terms; its table kernels read x itself in order) */
+    float xg[k / 32 + 1];
     if (t != DT_W8 && t != DT_Q8_0) {
-        if (megac_k_isa & KT_ISA_AVX512) {
-            x_nibble_order(x, k, xg);
-            if (t == DT_Q4_1)
-                x_group_sums(x, k, 32, xg + k);
-        } else {
+        if (!(megac_k_isa & KT_ISA_AVX512))
             x_group_sums(x, k, gs, xg);
-        }
+        else if (t == DT_Q4_1)
+            x_group_sums(x, k, 32, xg);
     }
     for (int64_t r = r0; r < r1; r += 4) {
         const unsigned char *row[4];
