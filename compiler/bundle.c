@@ -13,12 +13,7 @@
  * The manifest is written last, so a folder without one is an unfinished
  * bundle that megac_open refuses.
  */
-/* model.h has a "/ *" inside a comment (-Wcomment); until that
- * header is fixed, silence it for this include only. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/compile.h"
-#pragma GCC diagnostic pop
 #include "runtime/kernel_abi.h"
 
 #include <errno.h>

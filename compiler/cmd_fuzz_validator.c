@@ -12,10 +12,7 @@
  * `schedules=N unsafe=U false_accepts=A false_rejects=R`. Exit 1 when a
  * false accept happened or a real lowering was rejected.
  */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/compile.h"
-#pragma GCC diagnostic pop
 #include "compiler/cli.h"
 #include "compiler/fuzz.h"
 #include "tools/mc/mc.h"

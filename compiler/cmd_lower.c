@@ -7,10 +7,7 @@
  * target and writes the schedule's text form (stdout without -o). A one-line
  * summary goes to stderr.
  */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment" /* model.h's top comment, not ours */
 #include "compiler/compile.h"
-#pragma GCC diagnostic pop
 #include "compiler/cli.h"
 
 #include <errno.h>

@@ -11,10 +11,10 @@
  * model samples BOS or EOS (a prompt may contain them: chat formats do). A newline ends the text.
  * Statistics go to stderr so that stdout is the text alone.
  */
-#include "compiler/run.h"  /* first: includes model.h with -Wcomment silenced */
 #include "compiler/cli.h"
 #include "compiler/compile.h"
 #include "compiler/reference.h"
+#include "compiler/run.h"
 #include "runtime/megac.h"
 
 #include <ctype.h>

@@ -14,12 +14,7 @@
  * rules run and report at the key that set the offending value.
  */
 #include "compiler/doc.h"
-/* model.h's header comment holds "models/" "*.yaml" (-Wcomment); until its
- * owner rewords it, silence that one warning around the include. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/model.h"
-#pragma GCC diagnostic pop
 
 #include <errno.h>
 #include <limits.h>

@@ -16,11 +16,8 @@
  * what is checked, compiled and shipped, so diagnostics cite .sched lines.
  */
 #include "compiler/driver.h"
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/compile.h"
 #include "compiler/quant.h"
-#pragma GCC diagnostic pop
 #include "codegen/codegen.h"
 #include "validator/validator.h"
 

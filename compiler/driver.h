@@ -7,12 +7,7 @@
 
 #include <stdbool.h>
 
-/* model.h has a "/ *" inside a comment (-Wcomment); until that header is
- * fixed, silence it for this include only. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/model.h"
-#pragma GCC diagnostic pop
 
 #define DRIVER_MAX_SETS 64
 

@@ -56,12 +56,7 @@
  * paying for a trivial tile); when a stage has fewer tiles than workers the
  * first worker rotates from stage to stage so idle slots spread evenly.
  */
-/* model.h's top comment holds "models/" "*.yaml", which -Wcomment flags
- * (model.h is not this file's to fix). */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/compile.h"
-#pragma GCC diagnostic pop
 #include "compiler/quant.h"
 
 #include <stdlib.h>

@@ -8,12 +8,7 @@
 #ifndef MEGAC_REFERENCE_H
 #define MEGAC_REFERENCE_H
 
-/* model.h's top comment contains "models/" "*.yaml", which -Wcomment flags;
- * silenced here until that header is fixed (owned elsewhere). */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/model.h"
-#pragma GCC diagnostic pop
 
 /* out[0:dim] = table[tok][0:dim] */
 void ref_embed(const float *table, int dim, int tok, double *out);

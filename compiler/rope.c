@@ -13,12 +13,7 @@
  *   otherwise             -> smooth = (orig/wavelen - low) / (high - low),
  *                            freq' = (1 - smooth) * freq/factor + smooth * freq
  */
-/* model.h's top comment contains "models/" "*.yaml", which -Wcomment flags;
- * silenced here until that header is fixed (owned elsewhere). */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/model.h"
-#pragma GCC diagnostic pop
 
 #include <math.h>
 #include <stdlib.h>

@@ -10,12 +10,7 @@
 #ifndef MEGAC_RUN_H
 #define MEGAC_RUN_H
 
-/* model.h's top comment contains "models/" "*.yaml", which -Wcomment flags;
- * silenced here until that header is fixed (owned elsewhere). */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/model.h"
-#pragma GCC diagnostic pop
 
 #define RUN_ENGINE_LIST(X)              \
     X(REFERENCE, "reference")           \

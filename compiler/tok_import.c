@@ -19,12 +19,7 @@
  * pieces from GGUF have U+2581 turned back into ' ', as llama2.c's export
  * does.
  */
-/* model.h's top comment contains "models/" "*.yaml", which -Wcomment flags;
- * silenced here until that header is fixed (owned elsewhere). */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/compile.h"
-#pragma GCC diagnostic pop
 #include "compiler/doc.h"
 #include "compiler/gguf.h"
 

@@ -10,12 +10,7 @@
 #ifndef MEGAC_WEIGHTS_IMPL_H
 #define MEGAC_WEIGHTS_IMPL_H
 
-/* model.h's top comment contains "models/" "*.yaml", which -Wcomment flags;
- * until that header is fixed, silence it for this include only. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/model.h"
-#pragma GCC diagnostic pop
 
 /* Tensor kinds: enum name, canonical name (weights_tensor), HF suffix,
  * GGUF suffix. Per-layer kinds get "L<l>.", "model.layers.<l>." and

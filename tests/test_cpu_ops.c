@@ -11,11 +11,7 @@
  * MEGAC_CPU_TARGET=x86-64-v3 compiles for a named CPU instead of the host;
  * MEGAC_CPU_KEEP=1 keeps each kernel.so and its kernel.ll in /tmp.
  */
-/* model.h's top comment holds "models/" "*.yaml", which -Wcomment flags. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/compile.h"
-#pragma GCC diagnostic pop
 #include "codegen/codegen.h"
 #include "codegen/cpu/kernel_table.h"
 #include "runtime/kernel_abi.h"

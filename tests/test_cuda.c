@@ -22,11 +22,8 @@
 #include "runtime/cuda_driver.h"
 #include "runtime/kernel_abi.h"
 #include "runtime/megac.h"
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/compile.h"
 #include "compiler/model.h"
-#pragma GCC diagnostic pop
 
 #include "tests/harness.h"
 

@@ -6,10 +6,7 @@
  * models/default.yaml; desc_print reads back to the same description.
  */
 #include "compiler/doc.h"
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/model.h"
-#pragma GCC diagnostic pop
 
 #include <criterion/criterion.h>
 #include <dirent.h>

@@ -13,10 +13,7 @@
  * default model, and a small synthetic model written here.
  */
 #include "runtime/megac.h"
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/model.h"
-#pragma GCC diagnostic pop
 
 #include "tests/harness.h"
 

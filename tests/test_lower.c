@@ -6,10 +6,7 @@
  * program order plus guaranteed signal->wait edges, GEMV bytes are balanced,
  * and models that cannot be lowered are rejected with an error.
  */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment" /* model.h's top comment */
 #include "compiler/compile.h"
-#pragma GCC diagnostic pop
 
 #include <criterion/criterion.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
  * the byte-exact llama2.c golden: stories260K, "Once upon a time", -n 200,
  * greedy.
  */
-#include "compiler/run.h" /* first: it includes model.h with a -Wcomment workaround */
+#include "compiler/run.h"
 
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>

@@ -12,10 +12,7 @@
  *     same goldens;
  * plus the byte tokenizer, bad native files and importer errors.
  */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/compile.h"
-#pragma GCC diagnostic pop
 #include "compiler/doc.h"
 
 #include <criterion/criterion.h>

@@ -9,10 +9,7 @@
  * under TSan is tests/tsan (MEGAC_TSAN builds only).
  */
 #include "runtime/megac.h"
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/compile.h"
-#pragma GCC diagnostic pop
 #include "codegen/codegen.h"
 
 #include <criterion/criterion.h>

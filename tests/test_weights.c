@@ -4,7 +4,7 @@
  * tests/fixtures/weights/make_fixtures.py, malformed files built in a temp
  * dir from good ones, and the synthetic generator's determinism.
  */
-#include "compiler/weights_impl.h" /* first: it includes model.h with a -Wcomment workaround */
+#include "compiler/weights_impl.h"
 #include "compiler/gguf.h"
 
 #include <criterion/criterion.h>

@@ -26,10 +26,7 @@
  * run) the SmolLM2 shapes take 3 steps instead of 8.
  */
 #include "runtime/megac.h"
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/model.h"
-#pragma GCC diagnostic pop
 
 #include "tests/harness.h"
 

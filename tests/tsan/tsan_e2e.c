@@ -26,11 +26,8 @@
  *                      kernel.so; ctest checks the report's text.
  */
 #include "runtime/megac.h"
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "compiler/compile.h"
 #include "compiler/driver.h"
-#pragma GCC diagnostic pop
 #include "codegen/codegen.h"
 #include "validator/validator.h"
 
