@@ -36,9 +36,35 @@
 #include <string.h>
 #include <unistd.h>
 
-#define SHARED MEGAC_SRC "/../shared"
-#define STORIES_YAML MEGAC_SRC "/models/stories260k.yaml"
-#define GOLDEN SHARED "/golden/stories260K_once_upon_a_time_n200.txt"
+/* The source root and megac are the build's (MEGAC_SRC, MEGAC_BIN) unless
+ * MEGAC_TEST_SRC / MEGAC_TEST_BIN name others: scripts/gpu-check.sh runs a
+ * test_cuda built on another machine against the checkout it was sent. */
+static const char *test_src(void)
+{
+    const char *e = getenv("MEGAC_TEST_SRC");
+    return e && *e ? e : MEGAC_SRC;
+}
+
+static const char *test_bin(void)
+{
+    const char *e = getenv("MEGAC_TEST_BIN");
+    return e && *e ? e : MEGAC_BIN;
+}
+
+/* test_src() + rel, in one of a few rotating buffers (a test uses at most
+ * two at once). */
+static const char *src_path(const char *rel)
+{
+    static char buf[4][4096];
+    static unsigned next;
+    char *p = buf[next++ % 4];
+    snprintf(p, sizeof buf[0], "%s%s", test_src(), rel);
+    return p;
+}
+
+#define SHARED_PATH(rel) src_path("/../shared" rel)
+#define STORIES_YAML src_path("/models/stories260k.yaml")
+#define GOLDEN SHARED_PATH("/golden/stories260K_once_upon_a_time_n200.txt")
 
 #define ATOL 1e-4
 #define RTOL 1e-5
@@ -107,7 +133,7 @@ static char *compile_bundle(const char *model, const char *target, int workers, 
     char wopt[32] = "";
     if (workers)
         snprintf(wopt, sizeof wopt, "--workers %d", workers);
-    snprintf(cmd, sizeof cmd, "%s compile '%s' --target %s %s -q -o '%s' 2>&1", MEGAC_BIN, model, target, wopt, out);
+    snprintf(cmd, sizeof cmd, "%s compile '%s' --target %s %s -q -o '%s' 2>&1", test_bin(), model, target, wopt, out);
     cr_assert_eq(sh(cmd, log, sizeof log), 0, "%s failed:\n%s", cmd, log);
     return out;
 }
@@ -194,10 +220,10 @@ Test(cuda_nvrtc, every_model_every_arch, .timeout = 900)
 {
     static const char *const archs[] = {"sm_80", "sm_90", "sm_120"};
     glob_t g;
-    cr_assert_eq(glob(MEGAC_SRC "/models/*.yaml", 0, NULL, &g), 0, "no models/*.yaml");
+    cr_assert_eq(glob(src_path("/models/*.yaml"), 0, NULL, &g), 0, "no models/*.yaml");
     for (size_t m = 0; m < g.gl_pathc; m++) {
         const char *path = g.gl_pathv[m];
-        if (strstr(path, "-hf.yaml") && !file_exists(SHARED "/hf-configs/SmolLM2-135M.config.json")) {
+        if (strstr(path, "-hf.yaml") && !file_exists(SHARED_PATH("/hf-configs/SmolLM2-135M.config.json"))) {
             cr_log_warn("%s skipped: ../shared/hf-configs is absent", path);
             continue;
         }
@@ -230,7 +256,7 @@ Test(cuda_nvrtc, ptxas_log_parse)
 Test(cuda_nvrtc, unknown_arch_is_an_error)
 {
     Model r;
-    model_open(&r, MEGAC_SRC "/models/default.yaml", false);
+    model_open(&r, src_path("/models/default.yaml"), false);
     Schedule *s = model_lower(&r, "sm_90", 4);
     Diag d;
     diag_init(&d);
@@ -459,7 +485,7 @@ static const int host_blocks[] = {1, 2, 3, 5};
 
 Test(cuda_host, stories260K_matches_reference, .timeout = 300)
 {
-    if (!file_exists(SHARED "/models/stories260K.bin"))
+    if (!file_exists(SHARED_PATH("/models/stories260K.bin")))
         cr_skip("../shared/models/stories260K.bin is absent");
     bundles_vs_reference(STORIES_YAML, "host-cuda", host_blocks, 4, 32);
 }
@@ -475,17 +501,17 @@ Test(cuda_host, synthetic_model_matches_reference, .timeout = 300)
 Test(cuda_host, default_model_matches_reference, .timeout = 300)
 {
     static const int w[] = {3};
-    bundles_vs_reference(MEGAC_SRC "/models/default.yaml", "host-cuda", w, 1, 64);
+    bundles_vs_reference(src_path("/models/default.yaml"), "host-cuda", w, 1, 64);
 }
 
 Test(cuda_host, stories260K_run_gives_llama2c_text, .timeout = 300)
 {
-    if (!file_exists(SHARED "/models/stories260K.bin") || !file_exists(GOLDEN))
+    if (!file_exists(SHARED_PATH("/models/stories260K.bin")) || !file_exists(GOLDEN))
         cr_skip("../shared/models/stories260K.bin or the golden text is absent");
     char *dir = tmp_dir(), *b = compile_bundle(STORIES_YAML, "host-cuda", 4, dir), cmd[4096];
     static char out[1 << 16];
     snprintf(cmd, sizeof cmd, "%s run '%s' --engine host-cuda --prompt 'Once upon a time' -n 200 --temp 0 2>/dev/null",
-             MEGAC_BIN, b);
+             test_bin(), b);
     cr_assert_eq(sh(cmd, out, sizeof out), 0);
     size_t n = 0;
     char *want = read_file(GOLDEN, &n);
@@ -518,13 +544,14 @@ static void manifest_set_hash(const char *bundle, uint64_t hash)
     free(text);
 }
 
-/* A host-cuda bundle whose worker 1 ends with `wait c0 >= 1000000`, which
- * nothing satisfies (the validator would refuse it, so the kernel is built
- * here): the step fails with MEGAC_ERR_KERNEL naming worker 1, the wait's
- * pc and counter 0, and the model stays usable. */
-Test(cuda_host, watchdog_names_the_stuck_wait, .timeout = 120)
+/* A bundle for `target` (host-cuda or a GPU architecture) whose worker 1
+ * ends with `wait c0 >= 1000000`, which nothing satisfies (the validator
+ * would refuse it, so the kernel is built here): the step fails with
+ * MEGAC_ERR_KERNEL naming worker 1, the wait's pc and counter 0, and the
+ * model stays usable. */
+static void watchdog_check(const char *target)
 {
-    char *dir = tmp_dir(), *b = compile_bundle(MEGAC_SRC "/models/default.yaml", "host-cuda", 2, dir);
+    char *dir = tmp_dir(), *b = compile_bundle(src_path("/models/default.yaml"), target, 2, dir);
     char path[1400];
     snprintf(path, sizeof path, "%s/schedule.sched", b);
     Diag d;
@@ -541,8 +568,15 @@ Test(cuda_host, watchdog_names_the_stuck_wait, .timeout = 120)
     cr_assert_eq(fclose(f), 0);
     free(text);
     manifest_set_hash(b, sched_hash(s));
-    snprintf(path, sizeof path, "%s/kernel.so", b);
-    cr_assert(cg_hostcuda_compile(s, path, &d));
+    if (!strcmp(target, "host-cuda")) {
+        snprintf(path, sizeof path, "%s/kernel.so", b);
+        cr_assert(cg_hostcuda_compile(s, path, &d));
+    } else {
+        snprintf(path, sizeof path, "%s/kernel.%s.cubin", b, target);
+        CudaKernelInfo info;
+        memset(&info, 0, sizeof info);
+        cr_assert(cg_cuda_compile(s, target, path, &info, &d));
+    }
     setenv("MEGAC_WATCHDOG_MS", "100", 1);
     megac_model *m;
     megac_status st = megac_open(b, &m);
@@ -557,6 +591,37 @@ Test(cuda_host, watchdog_names_the_stuck_wait, .timeout = 120)
     sched_free(s);
     free(b);
     rm_rf(dir);
+}
+
+Test(cuda_host, watchdog_names_the_stuck_wait, .timeout = 120)
+{
+    watchdog_check("host-cuda");
+}
+
+/* The synthetic model with its matrices stored as bf16, f16, w8a16 and
+ * w4a16 (g32, and g128 whose k = 96 is one short group) for `target`: the
+ * fused dequantizing GEMVs against the reference engine on the same
+ * (dequantized) weights. */
+static void stored_formats_check(const char *target, const int *workers, int nw)
+{
+    static const char *const fmts[] = {"bf16", "f16", "w8a16", "w4a16-g32", "w4a16-g128"};
+    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
+        char *dir = tmp_dir(), *yaml = write_synth(dir);
+        FILE *f = fopen(yaml, "a");
+        cr_assert(f);
+        fprintf(f, "compile:\n  quant: {default: %s}\n", fmts[i]);
+        cr_assert_eq(fclose(f), 0);
+        cr_log_info("%s, stored as %s", target, fmts[i]);
+        bundles_vs_reference(yaml, target, workers, nw, 48);
+        free(yaml);
+        rm_rf(dir);
+    }
+}
+
+Test(cuda_host, stored_formats_match_reference, .timeout = 300)
+{
+    static const int w[] = {2};
+    stored_formats_check("host-cuda", w, 1);
 }
 
 /* ---- on a GPU ---- */
@@ -599,7 +664,7 @@ static const char *gpu_target(void)
 Test(cuda_gpu, stories260K_matches_reference, .timeout = 300)
 {
     gpu_require();
-    if (!file_exists(SHARED "/models/stories260K.bin"))
+    if (!file_exists(SHARED_PATH("/models/stories260K.bin")))
         cr_skip("../shared/models/stories260K.bin is absent");
     static const int w[] = {1, 3, 16, 0};
     bundles_vs_reference(STORIES_YAML, gpu_target(), w, 4, 200);
@@ -618,12 +683,12 @@ Test(cuda_gpu, synthetic_model_matches_reference, .timeout = 300)
 Test(cuda_gpu, stories260K_run_gives_llama2c_text, .timeout = 300)
 {
     gpu_require();
-    if (!file_exists(SHARED "/models/stories260K.bin") || !file_exists(GOLDEN))
+    if (!file_exists(SHARED_PATH("/models/stories260K.bin")) || !file_exists(GOLDEN))
         cr_skip("../shared/models/stories260K.bin or the golden text is absent");
     char *dir = tmp_dir(), *b = compile_bundle(STORIES_YAML, gpu_target(), 0, dir), cmd[4096];
     static char out[1 << 16];
     snprintf(cmd, sizeof cmd, "%s run '%s' --engine cuda --prompt 'Once upon a time' -n 200 --temp 0 2>/dev/null",
-             MEGAC_BIN, b);
+             test_bin(), b);
     cr_assert_eq(sh(cmd, out, sizeof out), 0);
     size_t n = 0;
     char *want = read_file(GOLDEN, &n);
@@ -634,6 +699,21 @@ Test(cuda_gpu, stories260K_run_gives_llama2c_text, .timeout = 300)
     rm_rf(dir);
 }
 
+/* The stuck wait on the device: the kernel returns within the deadline and
+ * the error names the wait. */
+Test(cuda_gpu, watchdog_names_the_stuck_wait, .timeout = 120)
+{
+    gpu_require();
+    watchdog_check(gpu_target());
+}
+
+Test(cuda_gpu, stored_formats_match_reference, .timeout = 300)
+{
+    gpu_require();
+    static const int w[] = {3, 0};
+    stored_formats_check(gpu_target(), w, 2);
+}
+
 Test(cuda_runtime, without_a_driver_the_error_is_clear)
 {
     CudaDriver drv;
@@ -642,7 +722,7 @@ Test(cuda_runtime, without_a_driver_the_error_is_clear)
         cuda_driver_unload(&drv);
         cr_skip("a CUDA driver is present");
     }
-    char *dir = tmp_dir(), *b = compile_bundle(MEGAC_SRC "/models/default.yaml", "sm_90", 4, dir);
+    char *dir = tmp_dir(), *b = compile_bundle(src_path("/models/default.yaml"), "sm_90", 4, dir);
     megac_model *m;
     cr_assert_eq(megac_open(b, &m), MEGAC_ERR_DEVICE);
     cr_assert(strstr(megac_last_open_error(), "no CUDA driver"), "%s", megac_last_open_error());

@@ -8,16 +8,22 @@
  * reads `pos + 1` cached rows.
  *
  *   gpubench DIM HIDDEN LAYERS HEADS KV_HEADS HEAD_DIM VOCAB POS [ITERS]
+ *   gpubench --read-gbps [MIB]
  *
- * prints one JSON object: us_per_token, weight_bytes, kv_bytes, gbps.
+ * The first prints one JSON object: us_per_token, weight_bytes, kv_bytes,
+ * gbps. The second measures the device's read-bandwidth ceiling (a kernel
+ * that only reads MIB mebibytes, default 4096, with 16-byte loads; median
+ * of 15 runs) and prints {"read_gbps": ...}.
  * Built by scripts/gpu-check.sh with nvcc (-lcublas); not part of megac.
  */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #define CK(x)                                                                                  \
@@ -187,6 +193,45 @@ __global__ void argmax(const float *x, int n, int *out)
         *out = bi[0];
 }
 
+/* Reads n uint4 and keeps a value the compiler cannot drop. */
+__global__ void read_only(const uint4 *p, size_t n, unsigned *sink)
+{
+    unsigned acc = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint4 v = __ldcs(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u)
+        *sink = acc;
+}
+
+static int read_gbps(size_t mib)
+{
+    size_t bytes = mib << 20, n = bytes / sizeof(uint4);
+    uint4 *p;
+    unsigned *sink;
+    CK(cudaMalloc(&p, bytes));
+    CK(cudaMalloc(&sink, sizeof(unsigned)));
+    CK(cudaMemset(p, 1, bytes));
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> ms(15);
+    for (int r = -2; r < (int)ms.size(); r++) {
+        CK(cudaEventRecord(e0));
+        read_only<<<sms * 8, 512>>>(p, n, sink);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        if (r >= 0)
+            CK(cudaEventElapsedTime(&ms[r], e0, e1));
+    }
+    std::sort(ms.begin(), ms.end());
+    printf("{\"read_gbps\": %.1f, \"bytes\": %zu}\n", bytes / (ms[ms.size() / 2] * 1e6), bytes);
+    return 0;
+}
+
 static bf16 *alloc_bf16(size_t n, unsigned seed)
 {
     bf16 *p;
@@ -213,8 +258,11 @@ static void gemv(cublasHandle_t h, const bf16 *W, const bf16 *x, float *y, int r
 
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && !strcmp(argv[1], "--read-gbps"))
+        return read_gbps(argc > 2 ? (size_t)atoll(argv[2]) : 4096);
     if (argc < 9) {
-        fprintf(stderr, "usage: gpubench DIM HIDDEN LAYERS HEADS KV_HEADS HEAD_DIM VOCAB POS [ITERS]\n");
+        fprintf(stderr, "usage: gpubench DIM HIDDEN LAYERS HEADS KV_HEADS HEAD_DIM VOCAB POS [ITERS]\n"
+                        "       gpubench --read-gbps [MIB]\n");
         return 2;
     }
     Shape s = {atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]),
