@@ -10,9 +10,10 @@
  * persistent kernel whose blocks are not all resident never finishes).
  * Weights are uploaded once; the arena (state, KV cache, scratch, io),
  * the counters and the abort record live on the device.
- * Step: counters and abort record zeroed with memsets, the token written
- * into the arena, one cooperative launch of W blocks, then the abort
- * record, the logits and the kernel's argmax copied back.
+ * Step (cuda_step): the token written into the arena, counters and abort
+ * record zeroed with one memset, one cooperative launch of W blocks, then
+ * the abort record, the logits and the kernel's argmax copied back into
+ * pinned memory; all asynchronous, with one wait.
  */
 #include "runtime/backend.h"
 #include "runtime/cuda_driver.h"
@@ -21,6 +22,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Pinned host memory for a step's transfers, so that they are
+ * asynchronous and the step waits once. */
+typedef struct CudaStaging {
+    MegacAbort abort_info;
+    int32_t tok, next;
+    float logits[];             /* vocab floats; m->logits points here */
+} CudaStaging;
 
 typedef struct CudaState {
     CudaDriver drv;
@@ -31,9 +40,10 @@ typedef struct CudaState {
     CUmodule mod;
     CUfunction fn;
     int threads;                /* block size the kernel was built for */
-    CUdeviceptr weights, arena, counters, abort_info;
+    CUdeviceptr weights, arena;
+    CUdeviceptr ctl;            /* the abort record, then the counters: one memset per step */
     MegacArgs args;             /* device pointers */
-    float *logits;              /* vocab floats, host copy */
+    CudaStaging *host;          /* pinned: what a step copies in and out */
 } CudaState;
 
 /* Fails with the driver's message for a call that did not succeed. */
@@ -172,24 +182,24 @@ static megac_status cuda_residency_check(megac_model *m, CudaState *st)
 static megac_status cuda_memory_init(megac_model *m, CudaState *st)
 {
     size_t arena = (size_t)(m->man.arena_bytes ? m->man.arena_bytes : 64);
-    size_t nctr = (m->man.counters ? m->man.counters : 1) * sizeof(uint32_t);
+    size_t ctl = sizeof(MegacAbort) + (m->man.counters ? m->man.counters : 1) * sizeof(uint32_t);
     CU_CHECK(m, st, cuMemAlloc_v2(&st->weights, m->weights_len ? m->weights_len : 64));
     if (m->weights_len)
         CU_CHECK(m, st, cuMemcpyHtoD_v2(st->weights, m->weights, m->weights_len));
     CU_CHECK(m, st, cuMemAlloc_v2(&st->arena, arena));
     CU_CHECK(m, st, cuMemsetD8_v2(st->arena, 0, arena));
-    CU_CHECK(m, st, cuMemAlloc_v2(&st->counters, nctr));
-    CU_CHECK(m, st, cuMemAlloc_v2(&st->abort_info, sizeof(MegacAbort)));
-    st->logits = calloc((size_t)m->man.vocab, sizeof(float));
-    if (!st->logits)
-        return rt_fail(m, MEGAC_ERR_NOMEM, "cannot allocate %d logits", m->man.vocab);
+    CU_CHECK(m, st, cuMemAlloc_v2(&st->ctl, ctl));
+    void *host = NULL;
+    CU_CHECK(m, st, cuMemAllocHost_v2(&host, sizeof(CudaStaging) + (size_t)m->man.vocab * sizeof(float)));
+    st->host = host;
+    memset(st->host, 0, sizeof(CudaStaging) + (size_t)m->man.vocab * sizeof(float));
     st->args.weights = (const void *)(uintptr_t)st->weights;
     st->args.arena = (void *)(uintptr_t)st->arena;
-    st->args.counters = (uint32_t *)(uintptr_t)st->counters;
-    st->args.abort_info = (MegacAbort *)(uintptr_t)st->abort_info;
+    st->args.abort_info = (MegacAbort *)(uintptr_t)st->ctl;
+    st->args.counters = (uint32_t *)(uintptr_t)(st->ctl + sizeof(MegacAbort));
     const char *t = getenv("MEGAC_WATCHDOG_MS");
     st->args.timeout_ns = t ? (uint64_t)strtoull(t, NULL, 10) * 1000000ull : 0;
-    m->logits = st->logits;
+    m->logits = st->host->logits;
     return MEGAC_OK;
 }
 
@@ -199,17 +209,18 @@ static void cuda_close(megac_model *m)
     if (!st)
         return;
     if (st->have_ctx) {
-        CUdeviceptr ptrs[] = {st->weights, st->arena, st->counters, st->abort_info};
+        CUdeviceptr ptrs[] = {st->weights, st->arena, st->ctl};
         for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
             if (ptrs[i])
                 st->drv.cuMemFree_v2(ptrs[i]);
+        if (st->host)
+            st->drv.cuMemFreeHost(st->host);
         if (st->mod)
             st->drv.cuModuleUnload(st->mod);
         st->drv.cuDevicePrimaryCtxRelease_v2(st->dev);
     }
     if (st->have_drv)
         cuda_driver_unload(&st->drv);
-    free(st->logits);
     free(st);
     m->be_state = NULL;
     m->logits = NULL;
@@ -248,27 +259,31 @@ static megac_status cuda_abort_report(megac_model *m, const MegacAbort *a, int p
                    pos, a->worker, a->pc, a->counter, a->value, a->threshold);
 }
 
+/* One step, all on the default stream with one wait at the end: the
+ * token in, the abort record and counters cleared, the launch, then the
+ * abort record, the kernel's argmax and the logits out (into pinned
+ * memory). A failed step leaves m->logits undefined. */
 static megac_status cuda_step(megac_model *m, int token, int pos)
 {
     CudaState *st = m->be_state;
-    int32_t tok = token;
+    CudaStaging *h = st->host;
+    size_t ctl = sizeof(MegacAbort) + (m->man.counters ? m->man.counters : 1) * sizeof(uint32_t);
     CU_CHECK(m, st, cuCtxSetCurrent(st->ctx));
-    CU_CHECK(m, st, cuMemsetD8_v2(st->counters, 0, (m->man.counters ? m->man.counters : 1) * sizeof(uint32_t)));
-    CU_CHECK(m, st, cuMemsetD8_v2(st->abort_info, 0, sizeof(MegacAbort)));
-    CU_CHECK(m, st, cuMemcpyHtoD_v2(st->arena + m->man.off_tok, &tok, sizeof tok));
+    h->tok = token;
+    CU_CHECK(m, st, cuMemcpyHtoDAsync_v2(st->arena + m->man.off_tok, &h->tok, sizeof h->tok, NULL));
+    CU_CHECK(m, st, cuMemsetD8Async(st->ctl, 0, ctl, NULL));
     st->args.pos = pos;
     void *params[] = {&st->args};
     CU_CHECK(m, st,
              cuLaunchCooperativeKernel(st->fn, m->man.workers, 1, 1, (unsigned)st->threads, 1, 1, 0, NULL, params));
-    CU_CHECK(m, st, cuCtxSynchronize());
-    MegacAbort a;
-    CU_CHECK(m, st, cuMemcpyDtoH_v2(&a, st->abort_info, sizeof a));
-    if (a.flag)
-        return cuda_abort_report(m, &a, pos);
-    CU_CHECK(m, st, cuMemcpyDtoH_v2(st->logits, st->arena + m->man.off_logits, (size_t)m->man.vocab * sizeof(float)));
-    int32_t next = 0;
-    CU_CHECK(m, st, cuMemcpyDtoH_v2(&next, st->arena + m->man.off_next, sizeof next));
-    m->next = next;
+    CU_CHECK(m, st, cuMemcpyDtoHAsync_v2(&h->abort_info, st->ctl, sizeof h->abort_info, NULL));
+    CU_CHECK(m, st, cuMemcpyDtoHAsync_v2(&h->next, st->arena + m->man.off_next, sizeof h->next, NULL));
+    CU_CHECK(m, st, cuMemcpyDtoHAsync_v2(h->logits, st->arena + m->man.off_logits,
+                                         (size_t)m->man.vocab * sizeof(float), NULL));
+    CU_CHECK(m, st, cuStreamSynchronize(NULL));
+    if (h->abort_info.flag)
+        return cuda_abort_report(m, &h->abort_info, pos);
+    m->next = h->next;
     return MEGAC_OK;
 }
 

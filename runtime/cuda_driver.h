@@ -61,6 +61,12 @@ enum {
     X(cuMemcpyHtoD_v2, (CUdeviceptr dst, const void *src, size_t bytes))             \
     X(cuMemcpyDtoH_v2, (void *dst, CUdeviceptr src, size_t bytes))                   \
     X(cuMemsetD8_v2, (CUdeviceptr dst, unsigned char v, size_t n))                   \
+    X(cuMemAllocHost_v2, (void **p, size_t bytes))                                   \
+    X(cuMemFreeHost, (void *p))                                                      \
+    X(cuMemcpyHtoDAsync_v2, (CUdeviceptr dst, const void *src, size_t bytes, CUstream s)) \
+    X(cuMemcpyDtoHAsync_v2, (void *dst, CUdeviceptr src, size_t bytes, CUstream s))  \
+    X(cuMemsetD8Async, (CUdeviceptr dst, unsigned char v, size_t n, CUstream s))     \
+    X(cuStreamSynchronize, (CUstream s))                                             \
     X(cuLaunchCooperativeKernel, (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, \
                                   unsigned by, unsigned bz, unsigned smem, CUstream s, void **params))
 

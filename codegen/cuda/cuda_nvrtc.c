@@ -157,6 +157,12 @@ bool cuda_nvrtc_compile(const char *src, const char *arch, int threads, const ch
         diag_file_error(d, cubin_path, "unknown CUDA architecture '%s' (sm_80, sm_90 or sm_120)", arch);
         return false;
     }
+    /* With a GPU driver present, NVRTC serves a program it has compiled
+     * before from the CUDA compute cache, and then the log has no ptxas
+     * resource lines (seen on an H200: the second of two identical
+     * compiles failed here). The resources are part of the contract with
+     * the validator, so this process compiles without that cache. */
+    setenv("CUDA_CACHE_DISABLE", "1", 1);
     nvrtcProgram prog;
     if (!nvrtc_check(nvrtcCreateProgram(&prog, src, "megac_kernel.cu", 0, NULL, NULL), "nvrtcCreateProgram",
                      cubin_path, d))

@@ -34,6 +34,7 @@ MK_INLINE float mk_shfl_xor_f(float v, int m) { return __shfl_xor_sync(0xfffffff
 MK_INLINE int mk_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 MK_INLINE float4 mk_ldg4(const float4 *p) { return __ldg(p); }
 MK_INLINE uint4 mk_ldg4u(const uint4 *p) { return __ldg(p); }
+MK_INLINE unsigned mk_ldgu(const unsigned *p) { return __ldg(p); }
 MK_INLINE float mk_as_float(unsigned u) { return __uint_as_float(u); }
 MK_INLINE void mk_fence(void) { __threadfence(); }
 MK_INLINE void mk_atomic_add(unsigned *p, unsigned v) { atomicAdd(p, v); }

@@ -74,6 +74,27 @@ CudaLayout cuda_layout(const Schedule *s, bool host)
     return l;
 }
 
+/* MEGAC_CUDA_DEFINES="NAME=VALUE ..." adds #defines to the kernel: a
+ * developer's knob for timing variants of the kernel body on a GPU
+ * (MK_SKIP_OPS=1: synchronization only; MK_WAIT_SLEEP_MAX=0: spin without
+ * __nanosleep). Bundles built with it print a warning; never for
+ * measurements you report as megac's. */
+static void source_dev_defines(FILE *f)
+{
+    const char *e = getenv("MEGAC_CUDA_DEFINES");
+    if (!e || !*e)
+        return;
+    fprintf(stderr, "megac: warning: MEGAC_CUDA_DEFINES='%s' changes the generated kernel\n", e);
+    char *copy = xstrdup(e), *save = NULL;
+    for (char *t = strtok_r(copy, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(t, '=');
+        if (eq)
+            *eq = ' ';
+        fprintf(f, "#define %s\n", t);
+    }
+    free(copy);
+}
+
 static void source_shape(FILE *f, const Schedule *s, const CudaLayout *l)
 {
     const ModelShape *sh = &s->shape;
@@ -86,6 +107,7 @@ static void source_shape(FILE *f, const Schedule *s, const CudaLayout *l)
     fprintf(f, "#define MK_ROPE_HALF %d\n#define MK_EPS %.9ef\n", sh->rope_pairing == 1, sh->norm_eps);
     fprintf(f, "#define MK_NWORKERS %uu\n#define MK_ARENA_BIT 0x%llxull\n", s->nworkers,
             (unsigned long long)CUDA_ARENA_BIT);
+    source_dev_defines(f);
 }
 
 /* One instruction as words of kernel_body.cuh's stream; returns how many. */

@@ -232,8 +232,105 @@ MK_INLINE float mk_qelem(int t, const unsigned char *row, long long k, long long
 /* One warp's dot product of a stored row with x: lanes take consecutive
  * elements (consecutive bytes of a block), each block's scale is read by
  * every lane; the sum is reduced so that every lane holds it. */
+/* x[e] * q for the four bytes of word v, elements e.. (signed), with the
+ * elements at or past k left out. */
+MK_INLINE float mk_dot_w8word(unsigned v, const float *x, int e, int k)
+{
+    if (e + 3 < k)
+        return (float)(signed char)v * x[e] + (float)(signed char)(v >> 8) * x[e + 1] +
+               (float)(signed char)(v >> 16) * x[e + 2] + (float)(signed char)(v >> 24) * x[e + 3];
+    float s = 0.0f;
+    for (int i = 0; i < 4 && e + i < k; i++)
+        s += (float)(signed char)(v >> (8 * i)) * x[e + i];
+    return s;
+}
+
+/* W8 row: {f32 s; i8 q[k]; pad}: word i >= 1 holds elements 4(i-1)...;
+ * lanes take consecutive words (128 bytes per warp load), eight loads in
+ * flight per lane; s * sum(q x). */
+MK_INLINE float mk_dot_w8(const unsigned char *row, const float *x, int k, unsigned lane)
+{
+    const unsigned *wd = (const unsigned *)(const void *)row + 1;
+    int nw = (k + 3) / 4;
+    float acc = 0.0f;
+#pragma unroll 1
+    for (int i0 = (int)lane; i0 < nw; i0 += 256) {
+        unsigned v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            v[u] = i0 + 32 * u < nw ? mk_ldgu(wd + i0 + 32 * u) : 0u;
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (i0 + 32 * u < nw)
+                acc += mk_dot_w8word(v[u], x, 4 * (i0 + 32 * u), k);
+    }
+    return mk_f32_at(row) * mk_warp_sum(acc);
+}
+
+/* The eight nibbles of word v of a W4 chunk: bytes 4w..4w+3 of the chunk
+ * hold elements 4w+i (low nibbles) and 16+4w+i (high), i < 4, counted
+ * from e (the chunk's first element); (q - z) x summed, elements at or
+ * past `end` left out. */
+MK_INLINE float mk_dot_w4word(unsigned v, int z, const float *x, int e, int w, int end)
+{
+    int lo = e + 4 * w, hi = lo + 16;
+    float s = 0.0f;
+    if (hi + 3 < end) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            s += (float)((int)((v >> (8 * i)) & 15u) - z) * x[lo + i] + (float)((int)((v >> (8 * i + 4)) & 15u) - z) * x[hi + i];
+        return s;
+    }
+    for (int i = 0; i < 4; i++) {
+        if (lo + i < end)
+            s += (float)((int)((v >> (8 * i)) & 15u) - z) * x[lo + i];
+        if (hi + i < end)
+            s += (float)((int)((v >> (8 * i + 4)) & 15u) - z) * x[hi + i];
+    }
+    return s;
+}
+
+/* W4G<G> row: groups of {f16 s; u8 z; u8 0; 16-byte chunks of 32
+ * elements}, gw = 1 + G/8 words per full group (the last group may be
+ * shorter but starts at the same stride). Lanes take consecutive words,
+ * eight in flight per lane; a word's group header is read beside it (the
+ * same address for the lanes of a group: one L1 line). */
+MK_INLINE float mk_dot_w4(int t, const unsigned char *row, const float *x, int k, unsigned lane)
+{
+    const unsigned *wd = (const unsigned *)(const void *)row;
+    int G = (int)mk_w4_gsize(t), gw = 1 + G / 8, ng = (k + G - 1) / G, last = k - (ng - 1) * G;
+    int nw = (ng - 1) * gw + 1 + 4 * ((last + 31) / 32);
+    float acc = 0.0f;
+#pragma unroll 1
+    for (int i0 = (int)lane; i0 < nw; i0 += 256) {
+        unsigned v[8], h[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int i = i0 + 32 * u, g = i / gw;
+            v[u] = i < nw ? mk_ldgu(wd + i) : 0u;
+            h[u] = i < nw ? mk_ldgu(wd + g * gw) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int i = i0 + 32 * u, g = i / gw, j = i - g * gw;
+            if (i >= nw || j == 0)
+                continue;
+            unsigned hd = h[u];
+            unsigned char hb[2] = {(unsigned char)hd, (unsigned char)(hd >> 8)};
+            int end = g * G + G < k ? g * G + G : k;
+            acc += mk_f16_at(hb) * mk_dot_w4word(v[u], (int)((hd >> 16) & 0xffu), x, g * G + 32 * ((j - 1) / 4),
+                                                 (j - 1) % 4, end);
+        }
+    }
+    return mk_warp_sum(acc);
+}
+
 MK_INLINE float mk_dot_qrow(int t, const unsigned char *row, const float *x, int k, unsigned lane)
 {
+    if (t == MK_DT_W8)
+        return mk_dot_w8(row, x, k, lane);
+    if (t == MK_DT_W4G32 || t == MK_DT_W4G64 || t == MK_DT_W4G128)
+        return mk_dot_w4(t, row, x, k, lane);
     float acc = 0.0f;
     switch (t) {
     case MK_DT_Q8_0:
@@ -308,25 +405,22 @@ MK_DEV void op_rmsnorm(const MegacArgs *a, const unsigned *in)
 
 /* One warp's dot product of float4s [j0, j1) of a weight row and the input,
  * reduced so that every lane holds it: 16-byte loads, four in flight per
- * lane. */
+ * lane (the last round's loads predicated, so that a short row is one
+ * round trip to memory, not four). */
 MK_INLINE float mk_dot4(const float4 *w4, const float4 *x4, int j0, int j1, unsigned lane)
 {
     float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-    int j = j0 + (int)lane;
+    const float4 z = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 1
-    for (; j + 96 < j1; j += 128) {
-        float4 wa = mk_ldg4(w4 + j), wb = mk_ldg4(w4 + j + 32);
-        float4 wc = mk_ldg4(w4 + j + 64), wd = mk_ldg4(w4 + j + 96);
-        float4 xa = x4[j], xb = x4[j + 32], xc = x4[j + 64], xd = x4[j + 96];
+    for (int j = j0 + (int)lane; j < j1; j += 128) {
+        float4 wa = mk_ldg4(w4 + j), wb = j + 32 < j1 ? mk_ldg4(w4 + j + 32) : z;
+        float4 wc = j + 64 < j1 ? mk_ldg4(w4 + j + 64) : z, wd = j + 96 < j1 ? mk_ldg4(w4 + j + 96) : z;
+        float4 xa = x4[j], xb = j + 32 < j1 ? x4[j + 32] : z;
+        float4 xc = j + 64 < j1 ? x4[j + 64] : z, xd = j + 96 < j1 ? x4[j + 96] : z;
         a0 += wa.x * xa.x + wa.y * xa.y + wa.z * xa.z + wa.w * xa.w;
         a1 += wb.x * xb.x + wb.y * xb.y + wb.z * xb.z + wb.w * xb.w;
         a2 += wc.x * xc.x + wc.y * xc.y + wc.z * xc.z + wc.w * xc.w;
         a3 += wd.x * xd.x + wd.y * xd.y + wd.z * xd.z + wd.w * xd.w;
-    }
-#pragma unroll 1
-    for (; j < j1; j += 32) {
-        float4 wa = mk_ldg4(w4 + j), xa = x4[j];
-        a0 += wa.x * xa.x + wa.y * xa.y + wa.z * xa.z + wa.w * xa.w;
     }
     return mk_warp_sum((a0 + a1) + (a2 + a3));
 }
@@ -343,18 +437,24 @@ MK_INLINE float mk_dot8(const float4 *x4, unsigned j, uint4 w)
 MK_INLINE float mk_dot4_bf16(const uint4 *w8, const float4 *x4, int j0, int j1, unsigned lane)
 {
     float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-    int j = j0 + (int)lane;
 #pragma unroll 1
-    for (; j + 96 < j1; j += 128) {
-        uint4 wa = mk_ldg4u(w8 + j), wb = mk_ldg4u(w8 + j + 32), wc = mk_ldg4u(w8 + j + 64), wd = mk_ldg4u(w8 + j + 96);
+    for (int j = j0 + (int)lane; j < j1; j += 128) {
+        int b = j + 32 < j1, c = j + 64 < j1, d = j + 96 < j1;
+        uint4 wa = mk_ldg4u(w8 + j), wb, wc, wd;
+        if (b)
+            wb = mk_ldg4u(w8 + j + 32);
+        if (c)
+            wc = mk_ldg4u(w8 + j + 64);
+        if (d)
+            wd = mk_ldg4u(w8 + j + 96);
         a0 += mk_dot8(x4, (unsigned)j, wa);
-        a1 += mk_dot8(x4, (unsigned)j + 32, wb);
-        a2 += mk_dot8(x4, (unsigned)j + 64, wc);
-        a3 += mk_dot8(x4, (unsigned)j + 96, wd);
+        if (b)
+            a1 += mk_dot8(x4, (unsigned)j + 32, wb);
+        if (c)
+            a2 += mk_dot8(x4, (unsigned)j + 64, wc);
+        if (d)
+            a3 += mk_dot8(x4, (unsigned)j + 96, wd);
     }
-#pragma unroll 1
-    for (; j < j1; j += 32)
-        a0 += mk_dot8(x4, (unsigned)j, mk_ldg4u(w8 + j));
     return mk_warp_sum((a0 + a1) + (a2 + a3));
 }
 
@@ -711,6 +811,13 @@ MK_DEV void mk_abort_record(const MegacArgs *a, unsigned flag, unsigned worker, 
     mk_fence();
 }
 
+#ifndef MK_SKIP_OPS
+#define MK_SKIP_OPS 0
+#endif
+#ifndef MK_WAIT_SLEEP_MAX
+#define MK_WAIT_SLEEP_MAX 256
+#endif
+
 /* wait c >= n: acquire loads with exponential back-off. Returns 0 when the
  * block must stop: the deadline passed (recorded) or another block gave up. */
 MK_DEV unsigned mk_wait(const MegacArgs *a, unsigned worker, unsigned pc, unsigned c, unsigned n)
@@ -727,8 +834,10 @@ MK_DEV unsigned mk_wait(const MegacArgs *a, unsigned worker, unsigned pc, unsign
                 mk_fence();
                 return 1;
             }
-            mk_nanosleep(ns);
-            ns = ns < 256 ? 2 * ns : ns;
+            if (MK_WAIT_SLEEP_MAX) {
+                mk_nanosleep(ns);
+                ns = ns < MK_WAIT_SLEEP_MAX ? 2 * ns : ns;
+            }
         }
         if (a->abort_info && mk_ld_acquire(&a->abort_info->flag) != 0)
             return 0;
@@ -758,7 +867,9 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
         const unsigned *in = megac_k_insts + p;
         unsigned kind = in[0] & 0xffu;
         if (kind == MK_INST_OP) {
+#if !MK_SKIP_OPS
             mk_op_run(a, in);
+#endif
             mk_sync();
             p += 2 + (int)MK_NPARAM(in) + (int)MK_NOPND(in);
             continue;
