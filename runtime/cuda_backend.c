@@ -203,12 +203,49 @@ static megac_status cuda_memory_init(megac_model *m, CudaState *st)
     return MEGAC_OK;
 }
 
+/* MEGAC_CUDA_PROFILE set and a kernel built with MK_PROFILE=1 (see
+ * kernel_body.cuh): SM cycles per step by op and for signals and waits,
+ * the mean over workers and the largest, on stderr. A developer's tool. */
+static void cuda_profile_print(megac_model *m, CudaState *st)
+{
+    enum { SLOTS = 20 };
+    static const char *const names[SLOTS] = {"embed", "rmsnorm", "gemv", "rope", "kv_append", "attn",
+                                             "attn_combine", "silu_mul", "add", "argmax", "argmax_combine",
+                                             "", "", "", "", "", "signal", "wait"};
+    CUdeviceptr p;
+    size_t bytes = 0, n = (size_t)m->man.workers * SLOTS;
+    if (!getenv("MEGAC_CUDA_PROFILE") || st->drv.cuModuleGetGlobal_v2(&p, &bytes, st->mod, "mk_prof") != 0 ||
+        bytes != n * sizeof(uint64_t))
+        return;
+    uint64_t *v = malloc(bytes);
+    if (!v || st->drv.cuMemcpyDtoH_v2(v, p, bytes) != 0) {
+        free(v);
+        return;
+    }
+    double launches = (double)(v[18] ? v[18] : 1);
+    fprintf(stderr, "megac profile: %.0f steps, SM cycles per step (mean over %u workers / largest)\n", launches,
+            m->man.workers);
+    for (int k = 0; k < 18; k++) {
+        double sum = 0, mx = 0;
+        for (uint32_t w = 0; w < m->man.workers; w++) {
+            double c = (double)v[w * SLOTS + k] / launches;
+            sum += c;
+            mx = c > mx ? c : mx;
+        }
+        if (mx > 0)
+            fprintf(stderr, "  %-14s %12.0f %12.0f\n", names[k], sum / m->man.workers, mx);
+    }
+    free(v);
+}
+
 static void cuda_close(megac_model *m)
 {
     CudaState *st = m->be_state;
     if (!st)
         return;
     if (st->have_ctx) {
+        if (st->mod)
+            cuda_profile_print(m, st);
         CUdeviceptr ptrs[] = {st->weights, st->arena, st->ctl};
         for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
             if (ptrs[i])

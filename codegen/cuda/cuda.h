@@ -14,7 +14,9 @@
 
 #include <stddef.h>
 
+#ifndef CUDA_THREADS_GPU
 #define CUDA_THREADS_GPU 512    /* threads per block on a GPU (16 warps) */
+#endif
 #define CUDA_THREADS_HOST 128   /* on the host: 4 warps of fibers */
 #define CUDA_SMEM_FLOATS_MAX 8192   /* GEMV input staging cap (32 KiB) */
 #define CUDA_SMEM_FLOATS_LIMIT 12000 /* whole scratch: under 48 KiB of static smem */

@@ -35,6 +35,7 @@ MK_INLINE int mk_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, 
 MK_INLINE float4 mk_ldg4(const float4 *p) { return __ldg(p); }
 MK_INLINE uint4 mk_ldg4u(const uint4 *p) { return __ldg(p); }
 MK_INLINE unsigned mk_ldgu(const unsigned *p) { return __ldg(p); }
+MK_INLINE unsigned mk_prmt(unsigned x, unsigned y, unsigned s) { return __byte_perm(x, y, s); }
 MK_INLINE float mk_as_float(unsigned u) { return __uint_as_float(u); }
 MK_INLINE void mk_fence(void) { __threadfence(); }
 MK_INLINE void mk_atomic_add(unsigned *p, unsigned v) { atomicAdd(p, v); }

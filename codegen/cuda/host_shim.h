@@ -249,6 +249,15 @@ static inline int mk_shfl_xor_i(int v, int m) { return (int)mk_shfl_xor_bits((ui
 static inline float4 mk_ldg4(const float4 *p) { return *p; }
 static inline uint4 mk_ldg4u(const uint4 *p) { return *p; }
 static inline unsigned mk_ldgu(const unsigned *p) { return *p; }
+/* __byte_perm: byte i of the result is byte (s >> 4i) & 7 of y:x. */
+static inline unsigned mk_prmt(unsigned x, unsigned y, unsigned s)
+{
+    unsigned long long v = (unsigned long long)y << 32 | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++)
+        r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+    return r;
+}
 
 static inline float mk_as_float(unsigned u)
 {

@@ -144,6 +144,11 @@ MK_DEV float mk_rms_scale(const float *x, int n)
     return 1.0f / sqrtf(s / (float)n + MK_EPS);
 }
 
+/* 16-byte weight loads in flight per lane in the GEMV row loops. */
+#ifndef MK_VLOADS
+#define MK_VLOADS 8
+#endif
+
 /* ---- quantized and half-precision weights (layouts: ir/dtype.h) ----
  * Dequantized in registers inside the warp's dot product (and the
  * embedding gather): no dequantized copy of a weight exists. Row r of a
@@ -229,58 +234,83 @@ MK_INLINE float mk_qelem(int t, const unsigned char *row, long long k, long long
     }
 }
 
-/* One warp's dot product of a stored row with x: lanes take consecutive
- * elements (consecutive bytes of a block), each block's scale is read by
- * every lane; the sum is reduced so that every lane holds it. */
-/* x[e] * q for the four bytes of word v, elements e.. (signed), with the
- * elements at or past k left out. */
-MK_INLINE float mk_dot_w8word(unsigned v, const float *x, int e, int k)
+/* Byte i of v as the float 2^23 + byte (exact): the byte lands in the low
+ * mantissa of 0x4b000000 (one byte permute, no int-to-float convert). */
+MK_INLINE float mk_byte_f(unsigned v, unsigned i)
 {
-    if (e + 3 < k)
-        return (float)(signed char)v * x[e] + (float)(signed char)(v >> 8) * x[e + 1] +
-               (float)(signed char)(v >> 16) * x[e + 2] + (float)(signed char)(v >> 24) * x[e + 3];
-    float s = 0.0f;
-    for (int i = 0; i < 4 && e + i < k; i++)
-        s += (float)(signed char)(v >> (8 * i)) * x[e + i];
-    return s;
+    return mk_as_float(mk_prmt(v, 0x4b000000u, 0x7540u + i));
 }
 
-/* W8 row: {f32 s; i8 q[k]; pad}: word i >= 1 holds elements 4(i-1)...;
- * lanes take consecutive words (128 bytes per warp load), eight loads in
- * flight per lane; s * sum(q x). */
+/* sum q x over the four signed bytes of word v and x (4 elements):
+ * q = (2^23 + (byte ^ 0x80)) - (2^23 + 128), exact. */
+MK_INLINE float mk_dot_s8x4(unsigned v, float4 x)
+{
+    const float off = 8388736.0f;
+    v ^= 0x80808080u;
+    return (mk_byte_f(v, 0) - off) * x.x + (mk_byte_f(v, 1) - off) * x.y + (mk_byte_f(v, 2) - off) * x.z +
+           (mk_byte_f(v, 3) - off) * x.w;
+}
+
+/* W8 row: {f32 s; i8 q[k]; pad}; returns s * sum(q x). The bytes from the
+ * first 16-byte boundary on are read as uint4s (MK_VLOADS in flight per
+ * lane) against float4s of x; the few before that boundary and after the
+ * last whole uint4 one byte per lane. x must be 16-byte aligned (the
+ * boundary is 4, 8 or 12 bytes in, so x + head stays aligned). */
 MK_INLINE float mk_dot_w8(const unsigned char *row, const float *x, int k, unsigned lane)
 {
-    const unsigned *wd = (const unsigned *)(const void *)row + 1;
-    int nw = (k + 3) / 4;
+    const unsigned char *q = row + 4;
+    int head = (int)((16u - ((unsigned)(unsigned long long)q & 15u)) & 15u);
+    if (head > k)
+        head = k;
+    int nv = (k - head) / 16, tail0 = head + 16 * nv;
+    const uint4 *qv = (const uint4 *)(const void *)(q + head);
+    const float4 *xv = (const float4 *)(const void *)(x + head);
     float acc = 0.0f;
+    if ((int)lane < head)
+        acc += (float)(signed char)q[lane] * x[lane];
+    if (tail0 + (int)lane < k)
+        acc += (float)(signed char)q[tail0 + lane] * x[tail0 + lane];
+    const uint4 z = {0u, 0u, 0u, 0u};
 #pragma unroll 1
-    for (int i0 = (int)lane; i0 < nw; i0 += 256) {
-        unsigned v[8];
+    for (int j = (int)lane; j < nv; j += 32 * MK_VLOADS) {
+        uint4 w[MK_VLOADS];
 #pragma unroll
-        for (int u = 0; u < 8; u++)
-            v[u] = i0 + 32 * u < nw ? mk_ldgu(wd + i0 + 32 * u) : 0u;
+        for (int u = 0; u < MK_VLOADS; u++)
+            w[u] = j + 32 * u < nv ? mk_ldg4u(qv + j + 32 * u) : z;
 #pragma unroll
-        for (int u = 0; u < 8; u++)
-            if (i0 + 32 * u < nw)
-                acc += mk_dot_w8word(v[u], x, 4 * (i0 + 32 * u), k);
+        for (int u = 0; u < MK_VLOADS; u++)
+            if (j + 32 * u < nv) {
+                const float4 *xx = xv + 4 * (j + 32 * u);
+                acc += mk_dot_s8x4(w[u].x, xx[0]) + mk_dot_s8x4(w[u].y, xx[1]) + mk_dot_s8x4(w[u].z, xx[2]) +
+                       mk_dot_s8x4(w[u].w, xx[3]);
+            }
     }
     return mk_f32_at(row) * mk_warp_sum(acc);
 }
 
+/* 32-bit words in flight per lane in the W4 GEMV. */
+#ifndef MK_QWORDS
+#define MK_QWORDS 16
+#endif
+
 /* The eight nibbles of word v of a W4 chunk: bytes 4w..4w+3 of the chunk
  * hold elements 4w+i (low nibbles) and 16+4w+i (high), i < 4, counted
  * from e (the chunk's first element); (q - z) x summed, elements at or
- * past `end` left out. */
+ * past `end` left out. With all eight inside, x is read as two float4s
+ * (e is a multiple of 32, x 16-byte aligned) and each nibble becomes a
+ * float by one byte permute: (2^23 + q) - (2^23 + z), exact. */
 MK_INLINE float mk_dot_w4word(unsigned v, int z, const float *x, int e, int w, int end)
 {
     int lo = e + 4 * w, hi = lo + 16;
-    float s = 0.0f;
     if (hi + 3 < end) {
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            s += (float)((int)((v >> (8 * i)) & 15u) - z) * x[lo + i] + (float)((int)((v >> (8 * i + 4)) & 15u) - z) * x[hi + i];
-        return s;
+        unsigned l = v & 0x0f0f0f0fu, h = (v >> 4) & 0x0f0f0f0fu;
+        float off = 8388608.0f + (float)z;
+        float4 xl = *(const float4 *)(const void *)(x + lo), xh = *(const float4 *)(const void *)(x + hi);
+        return (mk_byte_f(l, 0) - off) * xl.x + (mk_byte_f(l, 1) - off) * xl.y + (mk_byte_f(l, 2) - off) * xl.z +
+               (mk_byte_f(l, 3) - off) * xl.w + (mk_byte_f(h, 0) - off) * xh.x + (mk_byte_f(h, 1) - off) * xh.y +
+               (mk_byte_f(h, 2) - off) * xh.z + (mk_byte_f(h, 3) - off) * xh.w;
     }
+    float s = 0.0f;
     for (int i = 0; i < 4; i++) {
         if (lo + i < end)
             s += (float)((int)((v >> (8 * i)) & 15u) - z) * x[lo + i];
@@ -293,7 +323,7 @@ MK_INLINE float mk_dot_w4word(unsigned v, int z, const float *x, int e, int w, i
 /* W4G<G> row: groups of {f16 s; u8 z; u8 0; 16-byte chunks of 32
  * elements}, gw = 1 + G/8 words per full group (the last group may be
  * shorter but starts at the same stride). Lanes take consecutive words,
- * eight in flight per lane; a word's group header is read beside it (the
+ * MK_QWORDS in flight per lane; a word's group header is read beside it (the
  * same address for the lanes of a group: one L1 line). */
 MK_INLINE float mk_dot_w4(int t, const unsigned char *row, const float *x, int k, unsigned lane)
 {
@@ -302,16 +332,16 @@ MK_INLINE float mk_dot_w4(int t, const unsigned char *row, const float *x, int k
     int nw = (ng - 1) * gw + 1 + 4 * ((last + 31) / 32);
     float acc = 0.0f;
 #pragma unroll 1
-    for (int i0 = (int)lane; i0 < nw; i0 += 256) {
-        unsigned v[8], h[8];
+    for (int i0 = (int)lane; i0 < nw; i0 += 32 * MK_QWORDS) {
+        unsigned v[MK_QWORDS], h[MK_QWORDS];
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
+        for (int u = 0; u < MK_QWORDS; u++) {
             int i = i0 + 32 * u, g = i / gw;
             v[u] = i < nw ? mk_ldgu(wd + i) : 0u;
             h[u] = i < nw ? mk_ldgu(wd + g * gw) : 0u;
         }
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
+        for (int u = 0; u < MK_QWORDS; u++) {
             int i = i0 + 32 * u, g = i / gw, j = i - g * gw;
             if (i >= nw || j == 0)
                 continue;
@@ -325,6 +355,9 @@ MK_INLINE float mk_dot_w4(int t, const unsigned char *row, const float *x, int k
     return mk_warp_sum(acc);
 }
 
+/* One warp's dot product of a stored row with x: lanes take consecutive
+ * elements (consecutive bytes of a block), each block's scale is read by
+ * every lane; the sum is reduced so that every lane holds it. */
 MK_INLINE float mk_dot_qrow(int t, const unsigned char *row, const float *x, int k, unsigned lane)
 {
     if (t == MK_DT_W8)
@@ -404,25 +437,34 @@ MK_DEV void op_rmsnorm(const MegacArgs *a, const unsigned *in)
 }
 
 /* One warp's dot product of float4s [j0, j1) of a weight row and the input,
- * reduced so that every lane holds it: 16-byte loads, four in flight per
- * lane (the last round's loads predicated, so that a short row is one
- * round trip to memory, not four). */
+ * reduced so that every lane holds it: 16-byte loads, MK_VLOADS in flight
+ * per lane (the last round's loads predicated, so that a row of up to
+ * 32 * MK_VLOADS units is one round trip to memory). */
 MK_INLINE float mk_dot4(const float4 *w4, const float4 *x4, int j0, int j1, unsigned lane)
 {
-    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    float acc[MK_VLOADS];
     const float4 z = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int u = 0; u < MK_VLOADS; u++)
+        acc[u] = 0.0f;
 #pragma unroll 1
-    for (int j = j0 + (int)lane; j < j1; j += 128) {
-        float4 wa = mk_ldg4(w4 + j), wb = j + 32 < j1 ? mk_ldg4(w4 + j + 32) : z;
-        float4 wc = j + 64 < j1 ? mk_ldg4(w4 + j + 64) : z, wd = j + 96 < j1 ? mk_ldg4(w4 + j + 96) : z;
-        float4 xa = x4[j], xb = j + 32 < j1 ? x4[j + 32] : z;
-        float4 xc = j + 64 < j1 ? x4[j + 64] : z, xd = j + 96 < j1 ? x4[j + 96] : z;
-        a0 += wa.x * xa.x + wa.y * xa.y + wa.z * xa.z + wa.w * xa.w;
-        a1 += wb.x * xb.x + wb.y * xb.y + wb.z * xb.z + wb.w * xb.w;
-        a2 += wc.x * xc.x + wc.y * xc.y + wc.z * xc.z + wc.w * xc.w;
-        a3 += wd.x * xd.x + wd.y * xd.y + wd.z * xd.z + wd.w * xd.w;
+    for (int j = j0 + (int)lane; j < j1; j += 32 * MK_VLOADS) {
+        float4 w[MK_VLOADS];
+#pragma unroll
+        for (int u = 0; u < MK_VLOADS; u++)
+            w[u] = j + 32 * u < j1 ? mk_ldg4(w4 + j + 32 * u) : z;
+#pragma unroll
+        for (int u = 0; u < MK_VLOADS; u++)
+            if (j + 32 * u < j1) {
+                float4 xa = x4[j + 32 * u];
+                acc[u] += w[u].x * xa.x + w[u].y * xa.y + w[u].z * xa.z + w[u].w * xa.w;
+            }
     }
-    return mk_warp_sum((a0 + a1) + (a2 + a3));
+    float s = 0.0f;
+#pragma unroll
+    for (int u = 0; u < MK_VLOADS; u++)
+        s += acc[u];
+    return mk_warp_sum(s);
 }
 
 /* bf16 weights: a 16-byte load is 8 weights, against two float4 of input. */
@@ -436,26 +478,27 @@ MK_INLINE float mk_dot8(const float4 *x4, unsigned j, uint4 w)
 /* mk_dot4 for bf16 rows: units [j0, j1) of 8 weights. */
 MK_INLINE float mk_dot4_bf16(const uint4 *w8, const float4 *x4, int j0, int j1, unsigned lane)
 {
-    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    float acc[MK_VLOADS];
+    const uint4 z = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int u = 0; u < MK_VLOADS; u++)
+        acc[u] = 0.0f;
 #pragma unroll 1
-    for (int j = j0 + (int)lane; j < j1; j += 128) {
-        int b = j + 32 < j1, c = j + 64 < j1, d = j + 96 < j1;
-        uint4 wa = mk_ldg4u(w8 + j), wb, wc, wd;
-        if (b)
-            wb = mk_ldg4u(w8 + j + 32);
-        if (c)
-            wc = mk_ldg4u(w8 + j + 64);
-        if (d)
-            wd = mk_ldg4u(w8 + j + 96);
-        a0 += mk_dot8(x4, (unsigned)j, wa);
-        if (b)
-            a1 += mk_dot8(x4, (unsigned)j + 32, wb);
-        if (c)
-            a2 += mk_dot8(x4, (unsigned)j + 64, wc);
-        if (d)
-            a3 += mk_dot8(x4, (unsigned)j + 96, wd);
+    for (int j = j0 + (int)lane; j < j1; j += 32 * MK_VLOADS) {
+        uint4 w[MK_VLOADS];
+#pragma unroll
+        for (int u = 0; u < MK_VLOADS; u++)
+            w[u] = j + 32 * u < j1 ? mk_ldg4u(w8 + j + 32 * u) : z;
+#pragma unroll
+        for (int u = 0; u < MK_VLOADS; u++)
+            if (j + 32 * u < j1)
+                acc[u] += mk_dot8(x4, (unsigned)(j + 32 * u), w[u]);
     }
-    return mk_warp_sum((a0 + a1) + (a2 + a3));
+    float s = 0.0f;
+#pragma unroll
+    for (int u = 0; u < MK_VLOADS; u++)
+        s += acc[u];
+    return mk_warp_sum(s);
 }
 
 /* A row whose length is not a multiple of the vector width. */
@@ -849,6 +892,23 @@ MK_DEV unsigned mk_wait(const MegacArgs *a, unsigned worker, unsigned pc, unsign
     }
 }
 
+/* ---- profile (MEGAC_CUDA_DEFINES=MK_PROFILE=1, GPU only) ----
+ * Thread 0 of each block adds the SM cycles of every instruction it runs
+ * (its op and the barrier after it, a signal, a wait) to its worker's row
+ * of mk_prof: slots 0..15 by op code, 16 signals, 17 waits, 18 launches.
+ * The runtime prints the table when MEGAC_CUDA_PROFILE is set. */
+#if MK_PROFILE && defined(__CUDACC_RTC__)
+#define MK_PROF_SLOTS 20
+extern "C" {
+__device__ unsigned long long mk_prof[MK_NWORKERS * MK_PROF_SLOTS];
+}
+#define MK_PROF_T0() long long mk_t0_ = clock64()
+#define MK_PROF_ADD(w, slot) (tid == 0 ? (void)(mk_prof[(w) * MK_PROF_SLOTS + (slot)] += clock64() - mk_t0_) : (void)0)
+#else
+#define MK_PROF_T0() (void)0
+#define MK_PROF_ADD(w, slot) (void)0
+#endif
+
 /* ---- one worker's program ---- */
 
 MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
@@ -863,14 +923,20 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
         return;
     }
     int p = megac_k_wstart[worker], end = megac_k_wstart[worker + 1];
+#if MK_PROFILE && defined(__CUDACC_RTC__)
+    if (tid == 0)
+        mk_prof[worker * MK_PROF_SLOTS + 18] += 1;
+#endif
     for (unsigned pc = 0; p < end; pc++) {
         const unsigned *in = megac_k_insts + p;
         unsigned kind = in[0] & 0xffu;
+        MK_PROF_T0();
         if (kind == MK_INST_OP) {
 #if !MK_SKIP_OPS
             mk_op_run(a, in);
 #endif
             mk_sync();
+            MK_PROF_ADD(worker, (in[0] >> 8) & 15u);
             p += 2 + (int)MK_NPARAM(in) + (int)MK_NOPND(in);
             continue;
         }
@@ -881,10 +947,12 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
                 mk_fence();
                 mk_atomic_add(a->counters + (in[0] >> 8), in[1]);
             }
+            MK_PROF_ADD(worker, 16);
         } else if (kind == MK_INST_WAIT) {
             if (tid == 0)
                 mk_stop = !mk_wait(a, worker, pc, in[0] >> 8, in[1]);
             mk_sync();
+            MK_PROF_ADD(worker, 17);
             if (mk_stop)
                 return;
         }
