@@ -11,6 +11,9 @@ jobs=$(nproc)
 cmake -S . -B build -DMEGAC_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure -j"$jobs")
+# The configuration scripts/gpu-pack.sh builds for GPU machines: no LLVM.
+cmake -S . -B build-nocpu -DMEGAC_WERROR=ON -DMEGAC_CPU_BACKEND=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build-nocpu -j"$jobs" --target megac test_cuda
 cmake -S . -B build-asan -DMEGAC_WERROR=ON -DMEGAC_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 MEGAC_SANITIZED=1 ctest --output-on-failure -j"$jobs")
