@@ -38,7 +38,13 @@ MK_INLINE unsigned mk_ldgu(const unsigned *p) { return __ldg(p); }
 MK_INLINE unsigned mk_prmt(unsigned x, unsigned y, unsigned s) { return __byte_perm(x, y, s); }
 MK_INLINE float mk_as_float(unsigned u) { return __uint_as_float(u); }
 MK_INLINE void mk_fence(void) { __threadfence(); }
-MK_INLINE void mk_atomic_add(unsigned *p, unsigned v) { atomicAdd(p, v); }
+/* A signal: add with release semantics at GPU scope. After the block's
+ * barrier it publishes every thread's writes (PTX release cumulativity),
+ * without a separate full fence. */
+MK_INLINE void mk_signal_add(unsigned *p, unsigned v)
+{
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 MK_INLINE unsigned mk_cas(unsigned *p, unsigned cmp, unsigned v) { return atomicCAS(p, cmp, v); }
 MK_INLINE void mk_nanosleep(unsigned ns) { __nanosleep(ns); }
 

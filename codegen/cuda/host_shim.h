@@ -266,7 +266,7 @@ static inline float mk_as_float(unsigned u)
     return f;
 }
 static inline void mk_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-static inline void mk_atomic_add(unsigned *p, unsigned v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+static inline void mk_signal_add(unsigned *p, unsigned v) { __atomic_fetch_add(p, v, __ATOMIC_RELEASE); }
 static inline unsigned mk_ld_acquire(const unsigned *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 
 static inline unsigned mk_cas(unsigned *p, unsigned cmp, unsigned v)

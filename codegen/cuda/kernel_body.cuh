@@ -727,25 +727,54 @@ MK_DEV void op_attn(const MegacArgs *a, const unsigned *in)
     }
 }
 
-/* out[q head] = sum_s o_s * e^(m_s - M) / sum_s l_s * e^(m_s - M) */
+/* out[q head] = sum_s o_s * e^(m_s - M) / sum_s l_s * e^(m_s - M).
+ * The splits' maxima and sums are read once, in parallel, into shared
+ * memory (at early positions most splits are empty, m_s = -inf); then each
+ * output element reads only the non-empty splits' partial outputs. */
 MK_DEV void op_attn_combine(const MegacArgs *a, const unsigned *in)
 {
     const float *part = (const float *)mk_opnd(a, in, 0);
     float *out = (float *)mk_opnd(a, in, 1);
     int h = mk_param(in, 0), nsplit = mk_param(in, 1);
-    const int E = MK_E;
+    const int E = MK_E, n = MK_G * nsplit;
+    if (2 * n > MK_SMEM_FLOATS) { /* does not fit: straight from memory */
+        for (int j = (int)mk_tid(); j < MK_G * MK_HD; j += MK_THREADS) {
+            int g = j / MK_HD, d = j % MK_HD;
+            float M = MK_NEG_INF, L = 0.0f, o = 0.0f;
+            for (int s = 0; s < nsplit; s++)
+                M = fmaxf(M, part[((long long)(h * nsplit + s) * MK_G + g) * E + MK_HD]);
+            for (int s = 0; s < nsplit; s++) {
+                const float *p = part + ((long long)(h * nsplit + s) * MK_G + g) * E;
+                if (p[MK_HD] == MK_NEG_INF)
+                    continue;
+                float e = expf(p[MK_HD] - M);
+                L += p[MK_HD + 1] * e;
+                o += p[d] * e;
+            }
+            out[(long long)(h * MK_G + g) * MK_HD + d] = L > 0.0f ? o * (1.0f / L) : 0.0f;
+        }
+        return;
+    }
+    /* mk_sm[g * nsplit + s] = m, mk_sm[n + g * nsplit + s] = l */
+    for (int i = (int)mk_tid(); i < n; i += MK_THREADS) {
+        int g = i / nsplit, s = i % nsplit;
+        const float *p = part + ((long long)(h * nsplit + s) * MK_G + g) * E;
+        mk_sm[i] = p[MK_HD];
+        mk_sm[n + i] = p[MK_HD + 1];
+    }
+    mk_sync();
     for (int j = (int)mk_tid(); j < MK_G * MK_HD; j += MK_THREADS) {
         int g = j / MK_HD, d = j % MK_HD;
+        const float *m = mk_sm + g * nsplit, *l = mk_sm + n + g * nsplit;
         float M = MK_NEG_INF, L = 0.0f, o = 0.0f;
         for (int s = 0; s < nsplit; s++)
-            M = fmaxf(M, part[((long long)(h * nsplit + s) * MK_G + g) * E + MK_HD]);
+            M = fmaxf(M, m[s]);
         for (int s = 0; s < nsplit; s++) {
-            const float *p = part + ((long long)(h * nsplit + s) * MK_G + g) * E;
-            if (p[MK_HD] == MK_NEG_INF)
+            if (m[s] == MK_NEG_INF)
                 continue;
-            float e = expf(p[MK_HD] - M);
-            L += p[MK_HD + 1] * e;
-            o += p[d] * e;
+            float e = expf(m[s] - M);
+            L += l[s] * e;
+            o += part[((long long)(h * nsplit + s) * MK_G + g) * E + d] * e;
         }
         out[(long long)(h * MK_G + g) * MK_HD + d] = L > 0.0f ? o * (1.0f / L) : 0.0f;
     }
@@ -861,7 +890,9 @@ MK_DEV void mk_abort_record(const MegacArgs *a, unsigned flag, unsigned worker, 
 #define MK_WAIT_SLEEP_MAX 256
 #endif
 
-/* wait c >= n: acquire loads with exponential back-off. Returns 0 when the
+/* wait c >= n: acquire loads (at GPU scope; the block's barrier after the
+ * wait passes the ordering on to its other threads) with exponential
+ * back-off. Returns 0 when the
  * block must stop: the deadline passed (recorded) or another block gave up. */
 MK_DEV unsigned mk_wait(const MegacArgs *a, unsigned worker, unsigned pc, unsigned c, unsigned n)
 {
@@ -873,10 +904,8 @@ MK_DEV unsigned mk_wait(const MegacArgs *a, unsigned worker, unsigned pc, unsign
     unsigned ns = 32;
     for (;;) {
         for (int i = 0; i < 16; i++) {
-            if (mk_ld_acquire(ctr) >= n) {
-                mk_fence();
+            if (mk_ld_acquire(ctr) >= n)
                 return 1;
-            }
             if (MK_WAIT_SLEEP_MAX) {
                 mk_nanosleep(ns);
                 ns = ns < MK_WAIT_SLEEP_MAX ? 2 * ns : ns;
@@ -942,11 +971,10 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
         }
         p += 2;
         if (kind == MK_INST_SIGNAL) {
-            /* the op before ended with a barrier: the block's writes are done */
-            if (tid == 0) {
-                mk_fence();
-                mk_atomic_add(a->counters + (in[0] >> 8), in[1]);
-            }
+            /* the op before ended with a barrier: the block's writes are
+             * done, and the release add publishes them */
+            if (tid == 0)
+                mk_signal_add(a->counters + (in[0] >> 8), in[1]);
             MK_PROF_ADD(worker, 16);
         } else if (kind == MK_INST_WAIT) {
             if (tid == 0)
