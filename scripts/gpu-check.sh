@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# gpu-check.sh - one command for a GPU machine (an H200 by default; about
-# 5 minutes): runs the CUDA tests on the device (stories260K and synthetic
+# gpu-check.sh - one command for a GPU machine (an H200 by default; 75-95 s
+# there with gpu-pack/): runs the CUDA tests on the device (stories260K and synthetic
 # bundles, in f32, bf16, f16, w8a16 and w4a16, decoded next to the reference
 # engine: logits within tolerance, identical greedy tokens, llama2.c's text;
 # the watchdog), measures the device's read-bandwidth ceiling, then
