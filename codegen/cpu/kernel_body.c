@@ -214,11 +214,29 @@ static int w4_nib(const unsigned char *qs, int64_t j)
     return (int)(i < 16 ? b & 15 : b >> 4);
 }
 
+/* Element j of a packed row of k elements (kernel_table.h). */
+static float pk_elem(int t, const unsigned char *row, int64_t k, int64_t j)
+{
+    int64_t nb = k / 32, blk = j / 32, s0 = blk / 4 * 4;
+    int nblk = nb - s0 < 4 ? (int)(nb - s0) : 4, i = (int)(blk - s0), e = (int)(j % 32), n = e / 4;
+    int hdr = t == DT_Q4_0 ? 2 : 4;
+    const unsigned char *sb = row + s0 * (hdr + 16);
+    int q = (sb[hdr * nblk + 16 * i + 4 * (e % 4) + n / 2] >> (4 * (n % 2))) & 15;
+    float d = f16_at(sb + 2 * i);
+    if (t == DT_Q4_0)
+        return d * (float)(q - 8);
+    if (t == DT_Q4_1)
+        return d * (float)q + f16_at(sb + 2 * nblk + 2 * i);
+    return d * (float)(q - sb[2 * nblk + i]);
+}
+
 /* Element j of row `row` (k elements) of dtype t, dequantized: for the
  * embedding gather, one row per step. */
 static float qelem(int t, const unsigned char *row, int64_t k, int64_t j)
 {
     const unsigned char *b;
+    if (kt_row_packed(t, k))
+        return pk_elem(t, row, k, j);
     t = qlayout(t);
     switch (t) {
     case DT_F32: { float f; memcpy(&f, row + 4 * j, 4); return f; }
@@ -674,6 +692,175 @@ static void x_group_sums(const float *x, int64_t k, int64_t gs, float *xg)
     }
 }
 
+/* ---- packed 4-bit rows (Q4_0, Q4_1, W4G32; kernel_table.h) ----
+ * One superblock (four blocks of 32) of a row is one 64-byte load v; for
+ * nibble n, v & (15 << 4n) converted to float is 16^n times element
+ * 4n + lane % 4 of block lane / 4, and meets xp, the copy of x reordered
+ * to match and scaled by 16^-n (exact: powers of two), with an FMA
+ * (n = 7 takes v >> 28 instead, as the conversion is signed). Per 32
+ * weights that is two ANDs, two conversions and two FMAs, no shuffles:
+ * these kernels are bound by vector ops (AVX-512 on Zen 5 issues four a
+ * cycle, shuffles and conversions two), and the 16-entry table lookups
+ * this replaces took six ops with three shuffles, plus building the table.
+ * The block scales multiply the superblock's partial sums once, as one
+ * vector with each scale in its four lanes, and the offsets (Q4_1's m,
+ * Q4_0's -8 d, W4G32's -s z) meet the per-block sums of x (xs) in four
+ * lanes: sum_j (d q_j + c) x_j = d sum_j q_j x_j + c sum_j x_j. The same
+ * generic-vector code serves every instruction set. */
+
+/* xp and xs for x[0:k]: superblock s of xp is 128 floats, nibble n's 16
+ * at 16 n, lane 4 b + i holding x[128 s + 32 b + 4 n + i] / 16^n (0 past
+ * k); xs[b] = sum of block b of x (0 past k, up to a multiple of 4). */
+static void pk_x_prepare(const float *x, int64_t k, float *xp, float *xs)
+{
+    static const float sc[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f};
+    int64_t nb = k / 32, nsb = (nb + 3) / 4;
+    for (int64_t blk = 0; blk < 4 * nsb; blk++) {
+        float *o = xp + 128 * (blk / 4) + 4 * (blk % 4);
+        const float *xb = x + 32 * blk;
+        float sum = 0;
+        for (int n = 0; n < 8; n++) {
+            for (int i = 0; i < 4; i++) {
+                float v = blk < nb ? xb[4 * n + i] : 0.0f;
+                o[16 * n + i] = v * sc[n];
+                sum += v;
+            }
+        }
+        xs[blk] = sum;
+    }
+}
+
+/* Sum over the 128 weights of a superblock's words *vp of each weight
+ * times xp, as 16 lanes (lane l: block l / 4's share). (Pointers in and
+ * out: a v16 value would change the ABI.) */
+static inline __attribute__((always_inline)) void pk_dot(const v16u32 *vp, const float *xp, v16f *out)
+{
+    v16u32 v = *vp;
+    v16f l0 = __builtin_convertvector((v16i32)(v & 0xfu), v16f) * LOAD16(xp);
+    v16f l1 = __builtin_convertvector((v16i32)(v & 0xf0u), v16f) * LOAD16(xp + 16);
+    l0 += __builtin_convertvector((v16i32)(v & 0xf00u), v16f) * LOAD16(xp + 32);
+    l1 += __builtin_convertvector((v16i32)(v & 0xf000u), v16f) * LOAD16(xp + 48);
+    l0 += __builtin_convertvector((v16i32)(v & 0xf0000u), v16f) * LOAD16(xp + 64);
+    l1 += __builtin_convertvector((v16i32)(v & 0xf00000u), v16f) * LOAD16(xp + 80);
+    l0 += __builtin_convertvector((v16i32)(v & 0xf000000u), v16f) * LOAD16(xp + 96);
+    l1 += __builtin_convertvector((v16i32)(v >> 28), v16f) * LOAD16(xp + 112);
+    *out = l0 + l1;
+}
+
+typedef uint32_t v16u32a1 __attribute__((vector_size(64), aligned(1)));
+
+/* Four f16 to f32. */
+static v4f pk_f16x4(v4u16 h)
+{
+    if (megac_k_isa & KT_ISA_AVX2)
+        return isa_avx2_f16x4(h);
+    v4f f;
+    F16X4(h, f);
+    return f;
+}
+
+/* The first nblk (< 4) blocks' 16 bytes each from p, zeros after. (Fixed
+ * sizes per case: nblk is not a constant here.) */
+static inline __attribute__((always_inline)) void pk_load_short(const unsigned char *p, int nblk, v16u32 *v)
+{
+    *v = (v16u32){0};
+    switch (nblk) {
+    case 1: memcpy(v, p, 16); break;
+    case 2: memcpy(v, p, 32); break;
+    default: memcpy(v, p, 48); break;
+    }
+}
+
+/* n (<= 4) u16 from p, zeros after. */
+static inline __attribute__((always_inline)) v4u16 pk_u16x4(const unsigned char *p, int n)
+{
+    v4u16 h = {0};
+    if (n == 4) {
+        memcpy(&h, p, 8);
+        return h;
+    }
+    for (int i = 0; i < n; i++)
+        h[i] = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
+    return h;
+}
+
+/* Adds one superblock of nblk (<= 4) blocks at w, against xp and the four
+ * block sums xs4, to acc (scaled sums) and off (offset terms). */
+static inline __attribute__((always_inline)) void pk_superblock(int t, const unsigned char *w, int nblk,
+                                                                const float *xp, v4f xs4, v16f *acc, v4f *off)
+{
+    int hdr = t == DT_Q4_0 ? 2 : 4;
+    v16u32 v;
+    if (nblk == 4)
+        v = *(const v16u32a1 *)(w + 4 * hdr);
+    else
+        pk_load_short(w + hdr * nblk, nblk, &v);
+    v4f d = pk_f16x4(pk_u16x4(w, nblk)), c;
+    if (t == DT_Q4_1) {
+        c = pk_f16x4(pk_u16x4(w + 2 * nblk, nblk));
+    } else if (t == DT_Q4_0) {
+        c = -8.0f * d;
+    } else {
+        const unsigned char *z = w + 2 * nblk;
+        v4f zf = {(float)z[0], nblk > 1 ? (float)z[1] : 0.0f, nblk > 2 ? (float)z[2] : 0.0f,
+                  nblk > 3 ? (float)z[3] : 0.0f};
+        c = -d * zf;
+    }
+    v16f part;
+    pk_dot(&v, xp, &part);
+    *acc += __builtin_shufflevector(d, d, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) * part;
+    *off += c * xs4;
+}
+
+/* Four packed rows of k elements (k % 32 == 0) into out[4]. */
+static void pk_rows4(int t, const unsigned char *const row[4], const float *xp, const float *xs, int64_t k,
+                     float out[4])
+{
+    int64_t nb = k / 32, sbb = t == DT_Q4_0 ? 72 : 80;
+    v16f acc[4] = {{0}, {0}, {0}, {0}};
+    v4f off[4] = {{0}, {0}, {0}, {0}};
+    int64_t s = 0;
+    for (; s < nb / 4; s++) {
+        v4f xs4 = *(const v4f *)(xs + 4 * s);
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            const unsigned char *w = row[i] + s * sbb;
+            __builtin_prefetch(w + QPF_BYTES, 0, 3);
+            __builtin_prefetch(w + QPF_BYTES + 64, 0, 3);
+            pk_superblock(t, w, 4, xp + 128 * s, xs4, &acc[i], &off[i]);
+        }
+    }
+    if (nb % 4) {
+        v4f xs4 = *(const v4f *)(xs + 4 * s);
+        UNROLL4
+        for (int i = 0; i < 4; i++)
+            pk_superblock(t, row[i] + s * sbb, (int)(nb % 4), xp + 128 * s, xs4, &acc[i], &off[i]);
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        out[i] = hsum16(&acc[i]) + ((off[i][0] + off[i][1]) + (off[i][2] + off[i][3]));
+}
+
+/* y[r0:r1] (+)= W . x (+ b) for packed rows. */
+static void gemv_packed(int t, const unsigned char *W, const float *x, float *y, const float *b, int64_t r0,
+                        int64_t r1, int64_t k, int accum)
+{
+    int64_t rb = qrow_bytes(t, k), nsb = (k / 32 + 3) / 4;
+    float xp[128 * nsb] __attribute__((aligned(64)));
+    float xs[4 * nsb] __attribute__((aligned(16)));
+    pk_x_prepare(x, k, xp, xs);
+    for (int64_t r = r0; r < r1; r += 4) {
+        const unsigned char *row[4];
+        float out[4];
+        UNROLL4
+        for (int i = 0; i < 4; i++)
+            row[i] = W + (r + i < r1 ? r + i : r1 - 1) * rb;
+        pk_rows4(t, row, xp, xs, k, out);
+        for (int i = 0; i < 4 && r + i < r1; i++)
+            gemv_store(y, b, r + i, out[i], accum);
+    }
+}
+
 /* ---- AVX-512 versions (KT_ISA_AVX512; see kernel_table.h) ----
  * A 4-bit weight takes one of 16 values per group, so each row's group
  * becomes a 16-float table T[q] = s (q - z) (Q4_1: d q + m), exactly the
@@ -832,6 +1019,10 @@ static void qrows4(int t, const unsigned char *const row[4], const float *x, con
 static void gemv_quant(int t, const unsigned char *W, const float *x, float *y, const float *b, int64_t r0,
                        int64_t r1, int64_t k, int accum)
 {
+    if (kt_row_packed(t, k)) {
+        gemv_packed(t, W, x, y, b, r0, r1, k, accum);
+        return;
+    }
     int64_t rb = qrow_bytes(t, k);
     int fast = k <= QFAST_K_MAX &&
                (t == DT_W8 || ((t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1 || t == DT_W4G32 || t == DT_W4G64 ||
