@@ -710,23 +710,29 @@ static void x_group_sums(const float *x, int64_t k, int64_t gs, float *xg)
 
 /* xp and xs for x[0:k]: superblock s of xp is 128 floats, nibble n's 16
  * at 16 n, lane 4 b + i holding x[128 s + 32 b + 4 n + i] / 16^n (0 past
- * k); xs[b] = sum of block b of x (0 past k, up to a multiple of 4). */
+ * k); xs[b] = sum of block b of x (0 past k, up to a multiple of 4).
+ * Block by block, in 4-float pieces (once per op, k floats). */
 static void pk_x_prepare(const float *x, int64_t k, float *xp, float *xs)
 {
     static const float sc[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f};
     int64_t nb = k / 32, nsb = (nb + 3) / 4;
-    for (int64_t blk = 0; blk < 4 * nsb; blk++) {
+    for (int64_t blk = 0; blk < nb; blk++) {
         float *o = xp + 128 * (blk / 4) + 4 * (blk % 4);
-        const float *xb = x + 32 * blk;
-        float sum = 0;
+        v4f sum = {0};
         for (int n = 0; n < 8; n++) {
-            for (int i = 0; i < 4; i++) {
-                float v = blk < nb ? xb[4 * n + i] : 0.0f;
-                o[16 * n + i] = v * sc[n];
-                sum += v;
-            }
+            v4f v;
+            memcpy(&v, x + 32 * blk + 4 * n, 16);
+            sum += v;
+            v *= sc[n];
+            memcpy(o + 16 * n, &v, 16);
         }
-        xs[blk] = sum;
+        xs[blk] = (sum[0] + sum[1]) + (sum[2] + sum[3]);
+    }
+    for (int64_t blk = nb; blk < 4 * nsb; blk++) {
+        float *o = xp + 128 * (blk / 4) + 4 * (blk % 4);
+        for (int n = 0; n < 8; n++)
+            memset(o + 16 * n, 0, 16);
+        xs[blk] = 0;
     }
 }
 
@@ -813,7 +819,7 @@ static inline __attribute__((always_inline)) void pk_superblock(int t, const uns
 }
 
 /* Four packed rows of k elements (k % 32 == 0) into out[4]. */
-static void pk_rows4(int t, const unsigned char *const row[4], const float *xp, const float *xs, int64_t k,
+static inline __attribute__((always_inline)) void pk_rows4(int t, const unsigned char *const row[4], const float *xp, const float *xs, int64_t k,
                      float out[4])
 {
     int64_t nb = k / 32, sbb = t == DT_Q4_0 ? 72 : 80;
@@ -841,14 +847,13 @@ static void pk_rows4(int t, const unsigned char *const row[4], const float *xp, 
         out[i] = hsum16(&acc[i]) + ((off[i][0] + off[i][1]) + (off[i][2] + off[i][3]));
 }
 
-/* y[r0:r1] (+)= W . x (+ b) for packed rows. */
-static void gemv_packed(int t, const unsigned char *W, const float *x, float *y, const float *b, int64_t r0,
-                        int64_t r1, int64_t k, int accum)
+/* Rows [r0, r1) four at a time (a pass past r1 repeats the last row);
+ * inlined with t a constant, so no test of t is left in the loops. */
+static inline __attribute__((always_inline)) void pk_rows(int t, const unsigned char *W, const float *xp,
+                                                          const float *xs, float *y, const float *b, int64_t r0,
+                                                          int64_t r1, int64_t k, int accum)
 {
-    int64_t rb = qrow_bytes(t, k), nsb = (k / 32 + 3) / 4;
-    float xp[128 * nsb] __attribute__((aligned(64)));
-    float xs[4 * nsb] __attribute__((aligned(16)));
-    pk_x_prepare(x, k, xp, xs);
+    int64_t rb = qrow_bytes(t, k);
     for (int64_t r = r0; r < r1; r += 4) {
         const unsigned char *row[4];
         float out[4];
@@ -858,6 +863,21 @@ static void gemv_packed(int t, const unsigned char *W, const float *x, float *y,
         pk_rows4(t, row, xp, xs, k, out);
         for (int i = 0; i < 4 && r + i < r1; i++)
             gemv_store(y, b, r + i, out[i], accum);
+    }
+}
+
+/* y[r0:r1] (+)= W . x (+ b) for packed rows. */
+static void gemv_packed(int t, const unsigned char *W, const float *x, float *y, const float *b, int64_t r0,
+                        int64_t r1, int64_t k, int accum)
+{
+    int64_t nsb = (k / 32 + 3) / 4;
+    float xp[128 * nsb] __attribute__((aligned(64)));
+    float xs[4 * nsb] __attribute__((aligned(16)));
+    pk_x_prepare(x, k, xp, xs);
+    switch (t) {
+    case DT_Q4_0: pk_rows(DT_Q4_0, W, xp, xs, y, b, r0, r1, k, accum); break;
+    case DT_Q4_1: pk_rows(DT_Q4_1, W, xp, xs, y, b, r0, r1, k, accum); break;
+    default: pk_rows(DT_W4G32, W, xp, xs, y, b, r0, r1, k, accum); break;
     }
 }
 
