@@ -32,7 +32,10 @@
  * group headers, with software prefetch QPF_BYTES ahead; a pass past the
  * last row repeats it and drops the results. A16 formats stay float
  * (exact weights, f32 sums); A8 formats (W8A8, W4A8G*) quantize x once per
- * op and take integer dot products per block of 32.
+ * op and take integer dot products per block of 32. Q4_0, Q4_1 and W4G32
+ * rows arrive packed (kernel_table.h, codegen/cpu/cpu_pack.c): one AND and
+ * one conversion per 16 weights, on every instruction set. A worker that
+ * must wait for another first prefetches its next GEMVs' weights.
  *
  * Instruction sets: the bitcode is built for generic x86-64, and cpu_emit.c
  * retargets every function to the chosen CPU. Code that needs intrinsics
@@ -42,7 +45,7 @@
  * defines from the target's features. The test folds at O3, the other
  * versions lose their callers and are deleted (cpu_emit.c checks that no
  * version the target cannot run is left). Versions:
- *   AVX-512      4-bit A16 weights: a 16-float table per group and row,
+ *   AVX-512      W4G64, W4G128: a 16-float table per group and row,
  *                T[q] = s (q - z), looked up with vpermps; Q8_0 scales by
  *                vcvtph2ps
  *   AVX-512 VNNI W8A8, W4A8G* with vpdpbusd on 512 bits
@@ -590,29 +593,21 @@ static v4f f16_rows4(const unsigned char *const w[4], int off)
     return f;
 }
 
-/* The 4-bit formats as records of `gb` bytes per group of 32 * nc
- * weights, 16 bytes of nibbles per 32 (Q4_0's order) from byte `hdr`:
- *   Q4_0  d @0, z = 8      W4G*  s @0 (f16), z @2 (u8)
- *   Q4_1  d @0, m @2 (f16): w = d q + m
- * Each group adds s * sum q x to the row's vector accumulator and
- * c * (sum of x over the group) to its offset term, c = -s z or m. */
-enum { NIB_Q4_0, NIB_Q4_1, NIB_W4 };
-
-static inline __attribute__((always_inline)) void
-nib_groups4(const unsigned char *w[4], int64_t ng, int64_t gb, int64_t nc, int hdr, int fmt, const float *x,
-            const float *xg, v16f acc[4], v4f *off)
+/* W4G64 and W4G128 (and W4G32 rows that are not packed) as records of
+ * `gb` bytes per group of 32 * nc weights: s @0 (f16), z @2 (u8), then 16
+ * bytes of nibbles per 32 (Q4_0's order) from byte 4. Each group adds
+ * s * sum q x to the row's vector accumulator and -s z * (sum of x over
+ * the group) to its offset term. (Q4_0, Q4_1 and W4G32 rows with k % 32
+ * == 0 are packed: gemv_packed.) */
+static inline __attribute__((always_inline)) void nib_groups4(const unsigned char *w[4], int64_t ng, int64_t gb,
+                                                              int64_t nc, const float *x, const float *xg,
+                                                              v16f acc[4], v4f *off)
 {
+    const int hdr = 4;
     for (int64_t g = 0; g < ng; g++, x += 32 * nc) {
-        v4f s = f16_rows4(w, 0), c;
-        if (fmt == NIB_Q4_1) {
-            c = f16_rows4(w, 2);
-        } else if (fmt == NIB_Q4_0) {
-            c = -8.0f * s;
-        } else {
-            v4f z = {(float)w[0][2], (float)w[1][2], (float)w[2][2], (float)w[3][2]};
-            c = -s * z;
-        }
-        *off += c * xg[g];
+        v4f s = f16_rows4(w, 0);
+        v4f z = {(float)w[0][2], (float)w[1][2], (float)w[2][2], (float)w[3][2]};
+        *off += -s * z * xg[g];
         v16f ga[4] = {{0}, {0}, {0}, {0}};
         for (int64_t ch = 0; ch < nc; ch++) {
             v16f x0 = LOAD16(x + 32 * ch), x1 = LOAD16(x + 32 * ch + 16);
@@ -704,8 +699,8 @@ static void x_group_sums(const float *x, int64_t k, int64_t gs, float *xg)
  * this replaces took six ops with three shuffles, plus building the table.
  * The block scales multiply the superblock's partial sums once, as one
  * vector with each scale in its four lanes, and the offsets (Q4_1's m,
- * Q4_0's -8 d, W4G32's -s z) meet the per-block sums of x (xs) in four
- * lanes: sum_j (d q_j + c) x_j = d sum_j q_j x_j + c sum_j x_j. The same
+ * Q4_0's -8 d, the -8 applied once per row, W4G32's -s z) meet the
+ * per-block sums of x (xs) in four lanes: sum_j (d q_j + c) x_j = d sum_j q_j x_j + c sum_j x_j. The same
  * generic-vector code serves every instruction set. */
 
 /* xp and xs for x[0:k]: superblock s of xp is 128 floats, nibble n's 16
@@ -805,7 +800,7 @@ static inline __attribute__((always_inline)) void pk_superblock(int t, const uns
     if (t == DT_Q4_1) {
         c = pk_f16x4(pk_u16x4(w + 2 * nblk, nblk));
     } else if (t == DT_Q4_0) {
-        c = -8.0f * d;
+        c = d; /* times -8 (exact) once per row, in pk_rows4 */
     } else {
         const unsigned char *z = w + 2 * nblk;
         v4f zf = {(float)z[0], nblk > 1 ? (float)z[1] : 0.0f, nblk > 2 ? (float)z[2] : 0.0f,
@@ -842,9 +837,10 @@ static inline __attribute__((always_inline)) void pk_rows4(int t, const unsigned
         for (int i = 0; i < 4; i++)
             pk_superblock(t, row[i] + s * sbb, (int)(nb % 4), xp + 128 * s, xs4, &acc[i], &off[i]);
     }
+    float cs = t == DT_Q4_0 ? -8.0f : 1.0f;
     UNROLL4
     for (int i = 0; i < 4; i++)
-        out[i] = hsum16(&acc[i]) + ((off[i][0] + off[i][1]) + (off[i][2] + off[i][3]));
+        out[i] = hsum16(&acc[i]) + cs * ((off[i][0] + off[i][1]) + (off[i][2] + off[i][3]));
 }
 
 /* Rows [r0, r1) four at a time (a pass past r1 repeats the last row);
@@ -882,8 +878,9 @@ static void gemv_packed(int t, const unsigned char *W, const float *x, float *y,
 }
 
 /* ---- AVX-512 versions (KT_ISA_AVX512; see kernel_table.h) ----
- * A 4-bit weight takes one of 16 values per group, so each row's group
- * becomes a 16-float table T[q] = s (q - z) (Q4_1: d q + m), exactly the
+ * W4G64 and W4G128 (the packed formats' kernel above needs fewer ops per
+ * weight): a 4-bit weight takes one of 16 values per group, so each row's
+ * group becomes a 16-float table T[q] = s (q - z), exactly the
  * reference's dequantized values, and vpermps looks the weights up by
  * their nibbles (it reads only the low 4 bits of each index, so the low
  * nibble needs no mask): per 32 weights one widening load, one shift, two
@@ -919,18 +916,16 @@ static inline __attribute__((always_inline)) ISA_AVX512 v16f isa_avx512_f16_spla
     return __builtin_ia32_vcvtph2ps512_mask(v, (v16f){0}, (unsigned short)0xffff, 4);
 }
 
+/* nib_groups4() by table lookups (W4G* records). */
 static inline __attribute__((always_inline)) ISA_AVX512 void
-isa_avx512_nib_groups4(const unsigned char *w[4], int64_t ng, int64_t gb, int64_t nc, int hdr, int fmt,
-                       const float *x, const float *xs, v16f acc[4], v4f *off)
+isa_avx512_nib_groups4(const unsigned char *w[4], int64_t ng, int64_t gb, int64_t nc, const float *x, v16f acc[4])
 {
+    const int hdr = 4;
     for (int64_t g = 0; g < ng; g++, x += 32 * nc) {
-        if (fmt == NIB_Q4_1) /* the m x terms, from the block sums of x */
-            *off += f16_rows4(w, 2) * xs[g];
         v16f tab[4];
         UNROLL4
         for (int i = 0; i < 4; i++)
-            tab[i] = LOAD16(nib_minus_z[fmt == NIB_Q4_0 ? 8 : fmt == NIB_Q4_1 ? 0 : w[i][2] & 15]) *
-                     isa_avx512_f16_splat(w[i]);
+            tab[i] = LOAD16(nib_minus_z[w[i][2] & 15]) * isa_avx512_f16_splat(w[i]);
         for (int64_t ch = 0; ch < nc; ch++) {
             v16f x0 = LOAD16(x + 32 * ch), x1 = LOAD16(x + 32 * ch + 16);
             UNROLL4
@@ -967,33 +962,25 @@ static ISA_AVX512 void isa_avx512_q8_0_rows4(const unsigned char *const row[4], 
         out[i] = hsum16(&acc[i]);
 }
 
-/* qrows4() for the 4-bit formats with k % 32 == 0. */
-static ISA_AVX512 void isa_avx512_nib_rows4(int t, const unsigned char *const row[4], const float *x,
-                                            const float *xs, int64_t k, float out[4])
+/* qrows4() for W4G64 and W4G128 with k % 32 == 0. */
+static ISA_AVX512 void isa_avx512_nib_rows4(int t, const unsigned char *const row[4], const float *x, int64_t k,
+                                            float out[4])
 {
     const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};
     v16f acc[4] = {{0}, {0}, {0}, {0}};
-    v4f off = {0};
-    switch (t) {
-    case DT_Q4_0: isa_avx512_nib_groups4(w, k / 32, 18, 1, 2, NIB_Q4_0, x, xs, acc, &off); break;
-    case DT_Q4_1: isa_avx512_nib_groups4(w, k / 32, 20, 1, 4, NIB_Q4_1, x, xs, acc, &off); break;
-    case DT_W4G32: isa_avx512_nib_groups4(w, k / 32, 20, 1, 4, NIB_W4, x, xs, acc, &off); break;
-    case DT_W4G64:
-        isa_avx512_nib_groups4(w, k / 64, 36, 2, 4, NIB_W4, x, xs, acc, &off);
+    if (t == DT_W4G64) {
+        isa_avx512_nib_groups4(w, k / 64, 36, 2, x, acc);
         if (k % 64)
-            isa_avx512_nib_groups4(w, 1, 20, 1, 4, NIB_W4, x + k / 64 * 64, xs, acc, &off);
-        break;
-    default: {
-        isa_avx512_nib_groups4(w, k / 128, 68, 4, 4, NIB_W4, x, xs, acc, &off);
+            isa_avx512_nib_groups4(w, 1, 20, 1, x + k / 64 * 64, acc);
+    } else {
+        isa_avx512_nib_groups4(w, k / 128, 68, 4, x, acc);
         int64_t rest = k % 128 / 32;
         if (rest)
-            isa_avx512_nib_groups4(w, 1, 4 + 16 * rest, rest, 4, NIB_W4, x + k / 128 * 128, xs, acc, &off);
-        break;
-    }
+            isa_avx512_nib_groups4(w, 1, 4 + 16 * rest, rest, x + k / 128 * 128, acc);
     }
     UNROLL4
     for (int i = 0; i < 4; i++)
-        out[i] = hsum16(&acc[i]) + off[i];
+        out[i] = hsum16(&acc[i]);
 }
 
 /* Four rows of a dtype with a fast kernel into out[4]. */
@@ -1005,7 +992,7 @@ static void qrows4(int t, const unsigned char *const row[4], const float *x, con
         return;
     }
     if ((megac_k_isa & KT_ISA_AVX512) && t != DT_W8 && t != DT_Q8_0) {
-        isa_avx512_nib_rows4(t, row, x, xg, k, out);
+        isa_avx512_nib_rows4(t, row, x, k, out);
         return;
     }
     const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};
@@ -1014,19 +1001,16 @@ static void qrows4(int t, const unsigned char *const row[4], const float *x, con
     switch (t) {
     case DT_W8: w8_rows4(row, x, k, out); return;
     case DT_Q8_0: q8_0_groups4(w, k / 32, x, acc); break;
-    case DT_Q4_0: nib_groups4(w, k / 32, 18, 1, 2, NIB_Q4_0, x, xg, acc, &off); break;
-    case DT_Q4_1: nib_groups4(w, k / 32, 20, 1, 4, NIB_Q4_1, x, xg, acc, &off); break;
-    case DT_W4G32: nib_groups4(w, k / 32, 20, 1, 4, NIB_W4, x, xg, acc, &off); break;
     case DT_W4G64:
-        nib_groups4(w, k / 64, 36, 2, 4, NIB_W4, x, xg, acc, &off);
+        nib_groups4(w, k / 64, 36, 2, x, xg, acc, &off);
         if (k % 64) /* a last group of 32 */
-            nib_groups4(w, 1, 20, 1, 4, NIB_W4, x + k / 64 * 64, xg + k / 64, acc, &off);
+            nib_groups4(w, 1, 20, 1, x + k / 64 * 64, xg + k / 64, acc, &off);
         break;
     default: {
-        nib_groups4(w, k / 128, 68, 4, 4, NIB_W4, x, xg, acc, &off);
+        nib_groups4(w, k / 128, 68, 4, x, xg, acc, &off);
         int64_t rest = k % 128 / 32;
         if (rest) /* a last group of 32, 64 or 96 */
-            nib_groups4(w, 1, 4 + 16 * rest, rest, 4, NIB_W4, x + k / 128 * 128, xg + k / 128, acc, &off);
+            nib_groups4(w, 1, 4 + 16 * rest, rest, x + k / 128 * 128, xg + k / 128, acc, &off);
         break;
     }
     }
@@ -1044,24 +1028,17 @@ static void gemv_quant(int t, const unsigned char *W, const float *x, float *y, 
         return;
     }
     int64_t rb = qrow_bytes(t, k);
-    int fast = k <= QFAST_K_MAX &&
-               (t == DT_W8 || ((t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1 || t == DT_W4G32 || t == DT_W4G64 ||
-                                t == DT_W4G128) && k % 32 == 0));
+    int fast = k <= QFAST_K_MAX && (t == DT_W8 || ((t == DT_Q8_0 || t == DT_W4G64 || t == DT_W4G128) && k % 32 == 0));
     if (!fast) {
         for (int64_t r = r0; r < r1; r++)
             gemv_store(y, b, r, qdot(t, W + r * rb, x, k), accum);
         return;
     }
-    int64_t gs = t == DT_W4G64 ? 64 : t == DT_W4G128 ? 128 : 32;
-    /* the group sums of x (AVX-512: only Q4_1's, per block, for the m x
-     * terms; its table kernels read x itself in order) */
+    /* the group sums of x (not for the AVX-512 table kernels, whose
+     * tables hold s (q - z)) */
     float xg[k / 32 + 1];
-    if (t != DT_W8 && t != DT_Q8_0) {
-        if (!(megac_k_isa & KT_ISA_AVX512))
-            x_group_sums(x, k, gs, xg);
-        else if (t == DT_Q4_1)
-            x_group_sums(x, k, 32, xg);
-    }
+    if (t != DT_W8 && t != DT_Q8_0 && !(megac_k_isa & KT_ISA_AVX512))
+        x_group_sums(x, k, t == DT_W4G64 ? 64 : 128, xg);
     for (int64_t r = r0; r < r1; r += 4) {
         const unsigned char *row[4];
         float out[4];
