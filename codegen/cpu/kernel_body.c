@@ -749,6 +749,7 @@ static inline __attribute__((always_inline)) void pk_dot(const v16u32 *vp, const
 }
 
 typedef uint32_t v16u32a1 __attribute__((vector_size(64), aligned(1)));
+typedef uint8_t v4u8 __attribute__((vector_size(4)));
 
 /* Four f16 to f32. */
 static v4f pk_f16x4(v4u16 h)
@@ -802,10 +803,13 @@ static inline __attribute__((always_inline)) void pk_superblock(int t, const uns
     } else if (t == DT_Q4_0) {
         c = d; /* times -8 (exact) once per row, in pk_rows4 */
     } else {
-        const unsigned char *z = w + 2 * nblk;
-        v4f zf = {(float)z[0], nblk > 1 ? (float)z[1] : 0.0f, nblk > 2 ? (float)z[2] : 0.0f,
-                  nblk > 3 ? (float)z[3] : 0.0f};
-        c = -d * zf;
+        v4u8 z = {0};
+        if (nblk == 4)
+            memcpy(&z, w + 8, 4);
+        else
+            for (int i = 0; i < nblk; i++)
+                z[i] = w[2 * nblk + i];
+        c = -d * __builtin_convertvector(z, v4f);
     }
     v16f part;
     pk_dot(&v, xp, &part);
