@@ -17,16 +17,6 @@ typedef struct CpuOptions {
 } CpuOptions;
 bool cg_cpu_compile(const Schedule *s, const CpuOptions *o, const char *so_path, Diag *d);
 
-/* ---- cpu/cpu_pack.c: the CPU kernel's byte order for 4-bit weights ----
- * The CPU kernel reads Q4_0, Q4_1 and W4G32 rows of k elements (k % 32 ==
- * 0) packed: the same bytes per row, moved within the row (layout in
- * codegen/cpu/kernel_table.h). Whoever writes a CPU kernel's weights
- * (bundles, tests) packs every [rows][k] weight for which
- * cg_cpu_weight_packed() says so; unpacking restores the bytes exactly. */
-bool cg_cpu_weight_packed(DType t, int64_t k);
-void cg_cpu_weight_pack(DType t, int64_t rows, int64_t k, const unsigned char *in, unsigned char *out);
-void cg_cpu_weight_unpack(DType t, int64_t rows, int64_t k, const unsigned char *in, unsigned char *out);
-
 /* ---- cuda/: CUDA C -> NVRTC -> cubin; and the same C on the host ---- */
 typedef struct CudaKernelInfo {
     int threads_per_block;

@@ -7,7 +7,7 @@
  *                   others converted from the loaded f32 tensors to the
  *                   buffer's dtype; "rope" is computed by rope_table_fill.
  *                   For the cpu target, 4-bit rows go in the CPU kernel's
- *                   byte order (cg_cpu_weight_pack: same bytes per row,
+ *                   byte order (quant_cpu_pack: same bytes per row,
  *                   moved within it)
  *   schedule.sched  sched_print of the schedule
  *   tokenizer.bin   tok_save
@@ -17,7 +17,7 @@
  * bundle that megac_open refuses.
  */
 #include "compiler/compile.h"
-#include "codegen/codegen.h"
+#include "compiler/quant.h"
 #include "runtime/kernel_abi.h"
 
 #include <errno.h>
@@ -112,10 +112,10 @@ static bool bundle_bytes_write(FILE *f, uint64_t *at, const void *p, size_t n, c
 static bool bundle_stored_write(FILE *f, uint64_t *at, const Buffer *b, const QTensor *q, bool cpu_order,
                                 const char *path, Diag *d)
 {
-    if (!cpu_order || !cg_cpu_weight_packed(b->dtype, q->cols))
+    if (!cpu_order || !quant_cpu_packed(b->dtype, q->cols))
         return bundle_bytes_write(f, at, q->data, q->nbytes, path, d);
     unsigned char *p = xmalloc(q->nbytes);
-    cg_cpu_weight_pack(b->dtype, q->rows, q->cols, q->data, p);
+    quant_cpu_pack(b->dtype, q->rows, q->cols, q->data, p);
     bool ok = bundle_bytes_write(f, at, p, q->nbytes, path, d);
     free(p);
     return ok;

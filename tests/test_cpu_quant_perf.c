@@ -85,11 +85,11 @@ static void quantize_row(DType t, const float *w, int64_t k, unsigned char *out)
 }
 
 /* rows of raw bytes (ir/dtype.h) into a kernel's weights: in the CPU
- * kernel's order where it packs them (codegen.h). */
+ * kernel's order where it packs them (compiler/quant.h). */
 static void kernel_rows_put(DType t, int64_t rows, int64_t k, const unsigned char *raw, unsigned char *dst)
 {
-    if (cg_cpu_weight_packed(t, k))
-        cg_cpu_weight_pack(t, rows, k, raw, dst);
+    if (quant_cpu_packed(t, k))
+        quant_cpu_pack(t, rows, k, raw, dst);
     else
         memcpy(dst, raw, (size_t)rows * dtype_row_bytes(t, k));
 }
@@ -327,7 +327,7 @@ Test(cpu_quant_perf, every_dtype_x86_64)
     check_all("x86-64", 200);
 }
 
-/* ---- packed 4-bit rows (codegen.h: cg_cpu_weight_pack) ---- */
+/* ---- packed 4-bit rows (compiler/quant.h: quant_cpu_pack) ---- */
 
 static const DType packed_dtypes[] = {DT_Q4_0, DT_Q4_1, DT_W4G32};
 
@@ -345,16 +345,16 @@ Test(cpu_quant_perf, pack_round_trip)
             unsigned char *a = malloc(n), *b = malloc(n), *c = malloc(n);
             for (size_t i = 0; i < n; i++)
                 a[i] = (unsigned char)(lcg(&seed) * 127.0f + 128.0f);
-            cr_assert(cg_cpu_weight_packed(t, k));
-            cg_cpu_weight_pack(t, rows, k, a, b);
-            cg_cpu_weight_unpack(t, rows, k, b, c);
+            cr_assert(quant_cpu_packed(t, k));
+            quant_cpu_pack(t, rows, k, a, b);
+            quant_cpu_unpack(t, rows, k, b, c);
             cr_assert(memcmp(a, c, n) == 0, "%s k=%ld: unpack(pack(x)) != x", dtype_name(t), (long)k);
             cr_assert(k == 32 || memcmp(a, b, n) != 0, "%s k=%ld: packing changed nothing", dtype_name(t), (long)k);
             free(a), free(b), free(c);
         }
     }
-    cr_assert(!cg_cpu_weight_packed(DT_W4G32, 200) && !cg_cpu_weight_packed(DT_Q8_0, 576) &&
-              !cg_cpu_weight_packed(DT_W4A8G32, 576) && !cg_cpu_weight_packed(DT_W4G128, 576));
+    cr_assert(!quant_cpu_packed(DT_W4G32, 200) && !quant_cpu_packed(DT_Q8_0, 576) &&
+              !quant_cpu_packed(DT_W4A8G32, 576) && !quant_cpu_packed(DT_W4G128, 576));
 }
 
 /* The embedding gather reads packed rows element by element: every

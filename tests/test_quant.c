@@ -550,8 +550,8 @@ static void qkern_weight(QKern *k, const Buffer *b, const Weights *w)
     cr_assert_not_null(f, "%s", b->name);
     if (q) {
         cr_assert_eq(q->dtype, b->dtype, "%s", b->name);
-        if (!strcmp(k->s->target, "cpu") && cg_cpu_weight_packed(q->dtype, q->cols))
-            cg_cpu_weight_pack(q->dtype, q->rows, q->cols, q->data, dst); /* the CPU kernel's order */
+        if (!strcmp(k->s->target, "cpu") && quant_cpu_packed(q->dtype, q->cols))
+            quant_cpu_pack(q->dtype, q->rows, q->cols, q->data, dst); /* the CPU kernel's order */
         else
             memcpy(dst, q->data, q->nbytes);
     } else {

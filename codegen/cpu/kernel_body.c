@@ -33,7 +33,7 @@
  * last row repeats it and drops the results. A16 formats stay float
  * (exact weights, f32 sums); A8 formats (W8A8, W4A8G*) quantize x once per
  * op and take integer dot products per block of 32. Q4_0, Q4_1 and W4G32
- * rows arrive packed (kernel_table.h, codegen/cpu/cpu_pack.c): one AND and
+ * rows arrive packed (kernel_table.h, compiler/quant.c): one AND and
  * one conversion per 16 weights, on every instruction set. A worker that
  * must wait for another first prefetches its next GEMVs' weights.
  *

@@ -81,7 +81,7 @@ enum {
  * every lane is element 4n + lane % 4: an AND with 15 << 4n and one
  * int-to-float conversion give 16 weights (times 16^n) with no shuffles.
  * Values are untouched: packing only moves bytes and nibbles
- * (cpu_pack.c; cg_cpu_weight_pack). */
+ * (compiler/quant.c: quant_cpu_pack). */
 #define KT_PACK_K_MAX 16384
 static inline int kt_row_packed(int t, int64_t k)
 {
