@@ -46,6 +46,17 @@ void quant_gemv_ref(DType t, const unsigned char *w, int64_t rows, int64_t k, co
  * integer sums per block), block sums scaled in double. */
 void quant_gemv_a8_ref(DType t, const unsigned char *w, int64_t rows, int64_t k, const float *x, double *y);
 
+/* ---- quant.c: the CPU kernel's byte order for 4-bit rows ---- */
+
+/* The CPU kernel reads Q4_0, Q4_1 and W4G32 rows of k elements (k % 32 ==
+ * 0) packed: the same bytes per row, moved within the row (layout in
+ * codegen/cpu/kernel_table.h). Whoever writes a CPU kernel's weights
+ * (bundles, tests) packs every [rows][k] weight for which
+ * quant_cpu_packed() says so; unpacking restores the bytes exactly. */
+bool quant_cpu_packed(DType t, int64_t k);
+void quant_cpu_pack(DType t, int64_t rows, int64_t k, const unsigned char *in, unsigned char *out);
+void quant_cpu_unpack(DType t, int64_t rows, int64_t k, const unsigned char *in, unsigned char *out);
+
 /* ---- quant.c: knobs and the pass ---- */
 
 /* The storage dtype a knob asks for, given the source's (DT_F32 or a GGUF

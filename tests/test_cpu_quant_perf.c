@@ -84,6 +84,16 @@ static void quantize_row(DType t, const float *w, int64_t k, unsigned char *out)
     quant_row_quantize(dtype_layout(t), w, k, out);
 }
 
+/* rows of raw bytes (ir/dtype.h) into a kernel's weights: in the CPU
+ * kernel's order where it packs them (compiler/quant.h). */
+static void kernel_rows_put(DType t, int64_t rows, int64_t k, const unsigned char *raw, unsigned char *dst)
+{
+    if (quant_cpu_packed(t, k))
+        quant_cpu_pack(t, rows, k, raw, dst);
+    else
+        memcpy(dst, raw, (size_t)rows * dtype_row_bytes(t, k));
+}
+
 typedef struct QKern {
     Schedule *s;
     char dir[64], so[96];
@@ -237,12 +247,15 @@ static void check_all(const char *cpu, int64_t k)
         x[j] = lcg(&seed) * (j % 37 == 0 ? 8.0f : 1.0f); /* a few outliers per block */
     for (int64_t j = 0; j < rows * k; j++)
         w[j] = 0.05f * lcg(&seed) + (j % 29 == 0 ? 0.02f : 0.0f);
+    unsigned char *raw[NDT] = {0};
     for (size_t i = 0; i < NDT; i++) {
         if (is_gguf(all_dtypes[i]) && k % 32)
             continue;
         size_t rb = dtype_row_bytes(all_dtypes[i], k);
+        raw[i] = malloc(rb * (size_t)rows);
         for (int64_t r = 0; r < rows; r++)
-            quantize_row(all_dtypes[i], w + r * k, k, q.wts + s->bufs[wb[i]].offset + (size_t)r * rb);
+            quantize_row(all_dtypes[i], w + r * k, k, raw[i] + (size_t)r * rb);
+        kernel_rows_put(all_dtypes[i], rows, k, raw[i], q.wts + s->bufs[wb[i]].offset);
     }
     qkern_step(&q);
     double ref[30], mag[30];
@@ -251,7 +264,7 @@ static void check_all(const char *cpu, int64_t k)
         DType t = all_dtypes[i];
         if (is_gguf(t) && k % 32)
             continue;
-        const unsigned char *W = q.wts + s->bufs[wb[i]].offset;
+        const unsigned char *W = raw[i];
         const float *y = (const float *)(q.arena + s->bufs[yb[i]].offset);
         if (dtype_is_a8(t))
             quant_gemv_a8_ref(t, W, rows, k, x, ref);
@@ -268,12 +281,15 @@ static void check_all(const char *cpu, int64_t k)
     }
     free(deq);
     free(w);
+    for (size_t i = 0; i < NDT; i++)
+        free(raw[i]);
     qkern_free(&q);
 }
 
 Test(cpu_quant_perf, every_dtype_host)
 {
-    check_all(NULL, 576);
+    check_all(NULL, 576);  /* packed 4-bit rows: 4 superblocks and a short one of 2 blocks */
+    check_all(NULL, 224);  /* a short superblock of 3 */
     check_all(NULL, 200);
 }
 
@@ -307,7 +323,123 @@ Test(cpu_quant_perf, every_dtype_alderlake)
 Test(cpu_quant_perf, every_dtype_x86_64)
 {
     check_all("x86-64", 576);
+    check_all("x86-64", 160); /* a short superblock of 1 */
     check_all("x86-64", 200);
+}
+
+/* ---- packed 4-bit rows (compiler/quant.h: quant_cpu_pack) ---- */
+
+static const DType packed_dtypes[] = {DT_Q4_0, DT_Q4_1, DT_W4G32};
+
+/* Packing moves bytes only: any bytes come back from unpacking, and only
+ * the 4-bit formats with k % 32 == 0 are packed. */
+Test(cpu_quant_perf, pack_round_trip)
+{
+    const int64_t ks[] = {32, 96, 128, 160, 576};
+    uint64_t seed = 11;
+    for (size_t ti = 0; ti < 3; ti++) {
+        for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
+            DType t = packed_dtypes[ti];
+            int64_t k = ks[ki], rows = 3;
+            size_t n = (size_t)rows * dtype_row_bytes(t, k);
+            unsigned char *a = malloc(n), *b = malloc(n), *c = malloc(n);
+            for (size_t i = 0; i < n; i++)
+                a[i] = (unsigned char)(lcg(&seed) * 127.0f + 128.0f);
+            cr_assert(quant_cpu_packed(t, k));
+            quant_cpu_pack(t, rows, k, a, b);
+            quant_cpu_unpack(t, rows, k, b, c);
+            cr_assert(memcmp(a, c, n) == 0, "%s k=%ld: unpack(pack(x)) != x", dtype_name(t), (long)k);
+            cr_assert(k == 32 || memcmp(a, b, n) != 0, "%s k=%ld: packing changed nothing", dtype_name(t), (long)k);
+            free(a), free(b), free(c);
+        }
+    }
+    cr_assert(!quant_cpu_packed(DT_W4G32, 200) && !quant_cpu_packed(DT_Q8_0, 576) &&
+              !quant_cpu_packed(DT_W4A8G32, 576) && !quant_cpu_packed(DT_W4G128, 576));
+}
+
+/* The embedding gather reads packed rows element by element: every
+ * element of a token's row, as quant.c dequantizes the unpacked row. */
+static void check_packed_embed(DType t, int64_t k)
+{
+    const int64_t V = 16;
+    Schedule *s = sched_new("pembed", "cpu", 1);
+    s->shape = gemv_shape(k);
+    int64_t st[2] = {V, k}, so[1] = {k}, one = 1;
+    uint32_t tb = sched_add_buffer(s, "tok", DT_I32, BUF_IO, 1, &one);
+    uint32_t wb = sched_add_buffer(s, "table", t, BUF_WEIGHT, 2, st);
+    uint32_t ob = sched_add_buffer(s, "out", DT_F32, BUF_SCRATCH, 1, so);
+    Access acc[5] = {{tb, ACC_R, {0, 0}, {1, 0}}, {wb, ACC_R, {0, 0}, {V * k, 0}}, {ob, ACC_W, {0, 0}, {k, 0}},
+                     {BUF_NONE, 0, {0, 0}, {0, 0}}, {BUF_NONE, 0, {0, 0}, {0, 0}}};
+    sched_op(s, 0, OP_EMBED, (int32_t[]){0, (int32_t)k}, acc);
+    QKern q;
+    qkern_build(&q, s, NULL);
+    size_t rb = dtype_row_bytes(t, k);
+    unsigned char *raw = malloc(rb * (size_t)V);
+    float *w = malloc(sizeof(float) * (size_t)k), *want = malloc(sizeof(float) * (size_t)k);
+    uint64_t seed = 5;
+    for (int64_t r = 0; r < V; r++) {
+        for (int64_t j = 0; j < k; j++)
+            w[j] = 0.05f * lcg(&seed);
+        quantize_row(t, w, k, raw + (size_t)r * rb);
+    }
+    kernel_rows_put(t, V, k, raw, q.wts + s->bufs[wb].offset);
+    *(int32_t *)(q.arena + s->bufs[tb].offset) = 13;
+    qkern_step(&q);
+    quant_row_dequant(t, raw + 13 * rb, k, want);
+    const float *got = (const float *)(q.arena + s->bufs[ob].offset);
+    for (int64_t j = 0; j < k; j++)
+        cr_assert_leq(fabsf(got[j] - want[j]), 1e-7f * fabsf(want[j]) + 1e-12f, "%s k=%ld element %ld: %g vs %g",
+                      dtype_name(t), (long)k, (long)j, got[j], want[j]);
+    free(raw), free(w), free(want);
+    qkern_free(&q);
+}
+
+Test(cpu_quant_perf, packed_embed)
+{
+    for (size_t ti = 0; ti < 3; ti++) {
+        check_packed_embed(packed_dtypes[ti], 576);
+        check_packed_embed(packed_dtypes[ti], 96);
+    }
+}
+
+/* A NaN or an infinity in x reaches every output row of a packed GEMV
+ * (the int8 kernel on VNNI hosts falls back to the float one for them). */
+Test(cpu_quant_perf, packed_nonfinite_x)
+{
+    const int64_t rows = 8, k = 576;
+    const float bad[2] = {NAN, INFINITY};
+    for (size_t ti = 0; ti < 3; ti++) {
+        for (int bi = 0; bi < 2; bi++) {
+            DType t = packed_dtypes[ti];
+            Schedule *s = sched_new("pnan", "cpu", 1);
+            s->shape = gemv_shape(k);
+            int64_t sx[1] = {k};
+            uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx), wb, yb;
+            add_gemvs(s, t, rows, k, 3, xb, &wb, &yb);
+            QKern q;
+            qkern_build(&q, s, NULL);
+            size_t rb = dtype_row_bytes(t, k);
+            unsigned char *raw = malloc(rb * (size_t)rows);
+            float *w = malloc(sizeof(float) * (size_t)k), *x = (float *)(q.arena + s->bufs[xb].offset);
+            uint64_t seed = 9;
+            for (int64_t r = 0; r < rows; r++) {
+                for (int64_t j = 0; j < k; j++)
+                    w[j] = 0.05f * lcg(&seed);
+                quantize_row(t, w, k, raw + (size_t)r * rb);
+            }
+            kernel_rows_put(t, rows, k, raw, q.wts + s->bufs[wb].offset);
+            for (int64_t j = 0; j < k; j++)
+                x[j] = lcg(&seed);
+            x[100] = bad[bi];
+            qkern_step(&q);
+            const float *y = (const float *)(q.arena + s->bufs[yb].offset);
+            for (int64_t r = 0; r < rows; r++)
+                cr_assert(!isfinite(y[r]), "%s, x with %g: row %ld is %g", dtype_name(t), (double)bad[bi], (long)r,
+                          y[r]);
+            free(raw), free(w);
+            qkern_free(&q);
+        }
+    }
 }
 
 /* ---- GEMV bandwidth per dtype (MEGAC_CPU_BENCH=1) ---- */
@@ -343,20 +475,21 @@ static void bench_dtype(DType t, int nw, int64_t rows, int64_t k)
     uint64_t seed = 3;
     float *row = malloc(sizeof(float) * (size_t)k), *x = (float *)(q.arena + s->bufs[xb].offset);
     size_t rb = dtype_row_bytes(t, k);
+    unsigned char *raw = malloc(64 * rb);
     for (int64_t j = 0; j < k; j++)
         x[j] = lcg(&seed);
-    for (int64_t r = 0; r < rows; r++) { /* 64 distinct rows, repeated */
-        if (r >= 64) {
-            memcpy(q.wts + (size_t)r * rb, q.wts + (size_t)(r % 64) * rb, rb);
-            continue;
-        }
+    for (int64_t r = 0; r < 64; r++) { /* 64 distinct rows, repeated */
         for (int64_t j = 0; j < k; j++)
             row[j] = 0.05f * lcg(&seed);
         if (t == DT_F32)
-            memcpy(q.wts + (size_t)r * rb, row, rb);
+            memcpy(raw + (size_t)r * rb, row, rb);
         else
-            quantize_row(t, row, k, q.wts + (size_t)r * rb);
+            quantize_row(t, row, k, raw + (size_t)r * rb);
     }
+    kernel_rows_put(t, 64, k, raw, q.wts);
+    for (int64_t r = 64; r < rows; r++)
+        memcpy(q.wts + (size_t)r * rb, q.wts + (size_t)(r % 64) * rb, rb);
+    free(raw);
     qkern_step(&q);
     double best = 1e9, best_cpu = 1e9;
     for (int i = 0; i < 20; i++) {

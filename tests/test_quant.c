@@ -550,7 +550,10 @@ static void qkern_weight(QKern *k, const Buffer *b, const Weights *w)
     cr_assert_not_null(f, "%s", b->name);
     if (q) {
         cr_assert_eq(q->dtype, b->dtype, "%s", b->name);
-        memcpy(dst, q->data, q->nbytes);
+        if (!strcmp(k->s->target, "cpu") && quant_cpu_packed(q->dtype, q->cols))
+            quant_cpu_pack(q->dtype, q->rows, q->cols, q->data, dst); /* the CPU kernel's order */
+        else
+            memcpy(dst, q->data, q->nbytes);
     } else {
         cr_assert_eq(b->dtype, DT_F32, "%s", b->name);
         memcpy(dst, f, sizeof(float) * (size_t)n);

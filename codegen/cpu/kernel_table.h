@@ -13,6 +13,10 @@
 #ifndef MEGAC_KERNEL_TABLE_H
 #define MEGAC_KERNEL_TABLE_H
 
+#include "ir/dtype.h"
+
+#include <stdint.h>
+
 enum {
     KT_KIND,            /* InstKind */
     KT_OP,              /* OpCode */
@@ -61,6 +65,28 @@ enum {
     KT_ISA_AVXVNNI = 8     /* avx-vnni (VEX vpdpbusd on 256 bits), with KT_ISA_AVX2 */
 };
 #define KT_ISA_PREFIX "isa_"
+
+/* Packed 4-bit rows. The CPU kernel reads Q4_0, Q4_1 and W4G32 weights
+ * with k % 32 == 0 (k <= KT_PACK_K_MAX) in its own byte order: every row
+ * keeps its size and place, and its blocks of 32 are regrouped into
+ * superblocks of 4 blocks (the last one has the nb % 4 left over, if any).
+ * A superblock of t blocks holds first the blocks' headers, field by
+ * field, then their 16 bytes of nibbles, block after block:
+ *   Q4_0   f16 d[t];            u8 q[t][16]    (18 t bytes)
+ *   Q4_1   f16 d[t]; f16 m[t];  u8 q[t][16]    (20 t bytes)
+ *   W4G32  f16 s[t]; u8 z[t]; u8 pad[t] (the record's zero byte); u8 q[t][16]
+ * and inside a block's 16 bytes, read as four little-endian u32 words,
+ * element e = 4 n + i of the block is nibble n (bits 4n..4n+3) of word i.
+ * So one 64-byte load puts blocks in groups of four lanes and nibble n of
+ * every lane is element 4n + lane % 4: an AND with 15 << 4n and one
+ * int-to-float conversion give 16 weights (times 16^n) with no shuffles.
+ * Values are untouched: packing only moves bytes and nibbles
+ * (compiler/quant.c: quant_cpu_pack). */
+#define KT_PACK_K_MAX 16384
+static inline int kt_row_packed(int t, int64_t k)
+{
+    return (t == DT_Q4_0 || t == DT_Q4_1 || t == DT_W4G32) && k > 0 && k % 32 == 0 && k <= KT_PACK_K_MAX;
+}
 
 /* MegacAbort.flag values */
 #define KT_ABORT_TIMEOUT 1u     /* a wait passed its deadline */
