@@ -402,6 +402,46 @@ Test(cpu_quant_perf, packed_embed)
     }
 }
 
+/* A NaN or an infinity in x reaches every output row of a packed GEMV
+ * (the int8 kernel on VNNI hosts falls back to the float one for them). */
+Test(cpu_quant_perf, packed_nonfinite_x)
+{
+    const int64_t rows = 8, k = 576;
+    const float bad[2] = {NAN, INFINITY};
+    for (size_t ti = 0; ti < 3; ti++) {
+        for (int bi = 0; bi < 2; bi++) {
+            DType t = packed_dtypes[ti];
+            Schedule *s = sched_new("pnan", "cpu", 1);
+            s->shape = gemv_shape(k);
+            int64_t sx[1] = {k};
+            uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx), wb, yb;
+            add_gemvs(s, t, rows, k, 3, xb, &wb, &yb);
+            QKern q;
+            qkern_build(&q, s, NULL);
+            size_t rb = dtype_row_bytes(t, k);
+            unsigned char *raw = malloc(rb * (size_t)rows);
+            float *w = malloc(sizeof(float) * (size_t)k), *x = (float *)(q.arena + s->bufs[xb].offset);
+            uint64_t seed = 9;
+            for (int64_t r = 0; r < rows; r++) {
+                for (int64_t j = 0; j < k; j++)
+                    w[j] = 0.05f * lcg(&seed);
+                quantize_row(t, w, k, raw + (size_t)r * rb);
+            }
+            kernel_rows_put(t, rows, k, raw, q.wts + s->bufs[wb].offset);
+            for (int64_t j = 0; j < k; j++)
+                x[j] = lcg(&seed);
+            x[100] = bad[bi];
+            qkern_step(&q);
+            const float *y = (const float *)(q.arena + s->bufs[yb].offset);
+            for (int64_t r = 0; r < rows; r++)
+                cr_assert(!isfinite(y[r]), "%s, x with %g: row %ld is %g", dtype_name(t), (double)bad[bi], (long)r,
+                          y[r]);
+            free(raw), free(w);
+            qkern_free(&q);
+        }
+    }
+}
+
 /* ---- GEMV bandwidth per dtype (MEGAC_CPU_BENCH=1) ---- */
 
 static double elapsed_s(struct timespec a)

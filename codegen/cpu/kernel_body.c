@@ -871,10 +871,15 @@ static inline __attribute__((always_inline)) void pk_rows(int t, const unsigned 
     }
 }
 
+static int isa_vnni512_gemv_packed(int t, const unsigned char *W, const float *x, float *y, const float *b,
+                                   int64_t r0, int64_t r1, int64_t k, int accum);
+
 /* y[r0:r1] (+)= W . x (+ b) for packed rows. */
 static void gemv_packed(int t, const unsigned char *W, const float *x, float *y, const float *b, int64_t r0,
                         int64_t r1, int64_t k, int accum)
 {
+    if ((megac_k_isa & KT_ISA_VNNI512) && isa_vnni512_gemv_packed(t, W, x, y, b, r0, r1, k, accum))
+        return;
     int64_t nsb = (k / 32 + 3) / 4;
     float xp[128 * nsb] __attribute__((aligned(64)));
     float xs[4 * nsb] __attribute__((aligned(16)));
@@ -1103,6 +1108,184 @@ typedef uint32_t v16u32u __attribute__((vector_size(64), aligned(1)));
 static inline __attribute__((always_inline)) ISA_VNNI512 v16i32 isa_vnni512_dot(v16i32 acc, v16u32 u, v16u32 s)
 {
     return __builtin_ia32_vpdpbusd512(acc, (v16i32)u, (v16i32)s);
+}
+
+/* Packed 4-bit rows (kernel_table.h) with vpdpbusd: each block b of 32
+ * elements of x as 23-bit fixed point of its own, xi = rint(x / u_b) with
+ * u_b = max|x_b| / (2^22 - 1), cut into three signed bytes
+ * xi = 2^16 X2 + 2^8 X1 + X0; the nibbles of a superblock's 64 bytes, as
+ * bytes (v & 0x0f.., v >> 4 & 0x0f..), meet each plane with vpdpbusd (64
+ * products per op), the planes combined by shifts in the 32-bit lanes
+ * (|sum| <= 8 * 15 * 2^22 < 2^31: exact); one conversion per superblock,
+ * the block sums scaled by d_b u_b. 19 vector ops per 128 weights instead
+ * of 30. The rounding of x is at most u_b / 2 = max|x_b| 2^-23 per element:
+ * relative to its own block, of the order of the f32 sums' rounding (a
+ * scale per GEMV, max|x| 2^-23, was too coarse next to activation
+ * outliers: the real SmolLM2 Q4_1 model drifted 1e-5 x max|logit|).
+ * Plane p, half h (0: low nibbles, 1: high) of superblock s is 64 bytes
+ * at xq + 384 s + 64 (2 p + h); byte 4 l + m holds plane p of element
+ * 32 b + 8 m + 4 h + i of block b = l / 4 (i = l % 4): byte m of word i
+ * holds elements 8 m + i and 8 m + 4 + i (kernel_table.h). */
+#define PKQ_MAX 4194303.0f
+
+typedef int8_t v16s8 __attribute__((vector_size(16)));
+typedef int8_t v32s8 __attribute__((vector_size(32)));
+typedef int8_t v16s8a1 __attribute__((vector_size(16), aligned(1)));
+
+/* One plane of a block's 32 elements (e order, as two halves) to its
+ * [low-nibble 16 | high-nibble 16] byte order: out 16 h + 4 i + m is
+ * element 8 m + 4 h + i. */
+static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_plane_put(const v16i32 *p0, const v16i32 *p1,
+                                                                                   int8_t *lo, int8_t *hi)
+{
+    v16s8 a = __builtin_convertvector(*p0, v16s8), b = __builtin_convertvector(*p1, v16s8);
+    v32s8 e = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+                                      21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+    v32s8 o = __builtin_shufflevector(e, e, 0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27, 4, 12, 20, 28, 5,
+                                      13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31);
+    *(v16s8a1 *)lo = __builtin_shufflevector(o, o, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    *(v16s8a1 *)hi = __builtin_shufflevector(o, o, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+}
+
+/* xi = rint(16 floats at x times inv), cut into the three planes. */
+static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_pkq_cut(const float *x, float inv,
+                                                                                 v16i32 pl[3])
+{
+    v16f f = LOAD16(x) * inv;
+    f = (f + 12582912.0f) - 12582912.0f; /* nearest integer (|f| <= 2^22) */
+    v16i32 xi = __builtin_convertvector(f, v16i32);
+    v16i32 x0 = (xi << 24) >> 24, r = (xi - x0) >> 8, x1 = (r << 24) >> 24;
+    pl[0] = x0, pl[1] = x1, pl[2] = (r - x1) >> 8;
+}
+
+/* The planes of x into xq and each block's u_b into ub (0 past k);
+ * returns 0 (nothing usable) when x has an infinity or a NaN (the float
+ * kernel then propagates it). */
+static ISA_VNNI512 int isa_vnni512_pkq_x_prepare(const float *x, int64_t k, int8_t *xq, float *ub)
+{
+    int64_t nb = k / 32, nsb = (nb + 3) / 4;
+    v16u32 bad = {0};
+    for (int64_t j = 0; j < k; j += 16)
+        bad |= (v16u32)(((v16u32)LOAD16(x + j) & 0x7fffffffu) >= 0x7f800000u);
+    uint32_t nonfinite = 0;
+    for (int i = 0; i < 16; i++)
+        nonfinite |= bad[i];
+    if (nonfinite)
+        return 0;
+    memset(xq + 384 * (nb / 4), 0, (size_t)(384 * (nsb - nb / 4)));
+    for (int64_t blk = nb; blk < 4 * nsb; blk++)
+        ub[blk] = 0.0f;
+    for (int64_t blk = 0; blk < nb; blk++) {
+        /* |x| as integers: same order as the floats */
+        v16u32 m2 = __builtin_elementwise_max((v16u32)LOAD16(x + 32 * blk) & 0x7fffffffu,
+                                              (v16u32)LOAD16(x + 32 * blk + 16) & 0x7fffffffu);
+        uint32_t m = 0;
+        for (int i = 0; i < 16; i++)
+            m = m2[i] > m ? m2[i] : m;
+        float amax;
+        memcpy(&amax, &m, 4);
+        float inv = amax > 0 ? PKQ_MAX / amax : 0.0f;
+        ub[blk] = amax > 0 ? amax / PKQ_MAX : 0.0f;
+        int8_t *o = xq + 384 * (blk / 4) + 16 * (blk % 4);
+        v16i32 a[3], b[3];
+        isa_vnni512_pkq_cut(x + 32 * blk, inv, a);
+        isa_vnni512_pkq_cut(x + 32 * blk + 16, inv, b);
+        isa_vnni512_plane_put(&a[0], &b[0], o + 256, o + 320);
+        isa_vnni512_plane_put(&a[1], &b[1], o + 128, o + 192);
+        isa_vnni512_plane_put(&a[2], &b[2], o, o + 64);
+    }
+    return 1;
+}
+
+static inline __attribute__((always_inline)) ISA_VNNI512 void
+isa_vnni512_pk_superblock(int t, const unsigned char *w, int nblk, const int8_t *xq, v4f xs4, v4f ub4, v16f *acc,
+                          v4f *off)
+{
+    int hdr = t == DT_Q4_0 ? 2 : 4;
+    v16u32 v;
+    if (nblk == 4)
+        v = *(const v16u32a1 *)(w + 4 * hdr);
+    else
+        pk_load_short(w + hdr * nblk, nblk, &v);
+    v16u32 lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu;
+    v16i32 s = isa_vnni512_dot((v16i32){0}, lo, *(const v16u32 *)xq);
+    s = isa_vnni512_dot(s, hi, *(const v16u32 *)(xq + 64));
+    s = isa_vnni512_dot(s << 8, lo, *(const v16u32 *)(xq + 128));
+    s = isa_vnni512_dot(s, hi, *(const v16u32 *)(xq + 192));
+    s = isa_vnni512_dot(s << 8, lo, *(const v16u32 *)(xq + 256));
+    s = isa_vnni512_dot(s, hi, *(const v16u32 *)(xq + 320));
+    v4f d = pk_f16x4(pk_u16x4(w, nblk)), c;
+    if (t == DT_Q4_1) {
+        c = pk_f16x4(pk_u16x4(w + 2 * nblk, nblk));
+    } else if (t == DT_Q4_0) {
+        c = d;
+    } else {
+        c = -d * pk_z4(w + 2 * nblk, nblk);
+    }
+    v4f du = d * ub4;
+    *acc += __builtin_shufflevector(du, du, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *
+            __builtin_convertvector(s, v16f);
+    *off += c * xs4;
+}
+
+static inline __attribute__((always_inline)) ISA_VNNI512 void
+isa_vnni512_pk_rows(int t, const unsigned char *W, const int8_t *xq, const float *xs, const float *ub, float *y,
+                    const float *b, int64_t r0, int64_t r1, int64_t k, int accum)
+{
+    int64_t rb = qrow_bytes(t, k), nb = k / 32, sbb = t == DT_Q4_0 ? 72 : 80;
+    float cs = t == DT_Q4_0 ? -8.0f : 1.0f;
+    for (int64_t r = r0; r < r1; r += 4) {
+        const unsigned char *row[4];
+        UNROLL4
+        for (int i = 0; i < 4; i++)
+            row[i] = W + (r + i < r1 ? r + i : r1 - 1) * rb;
+        v16f acc[4] = {{0}, {0}, {0}, {0}};
+        v4f off[4] = {{0}, {0}, {0}, {0}};
+        int64_t s = 0;
+        for (; s < nb / 4; s++) {
+            v4f xs4 = *(const v4f *)(xs + 4 * s), ub4 = *(const v4f *)(ub + 4 * s);
+            UNROLL4
+            for (int i = 0; i < 4; i++) {
+                const unsigned char *w = row[i] + s * sbb;
+                __builtin_prefetch(w + QPF_BYTES, 0, 3);
+                __builtin_prefetch(w + QPF_BYTES + 64, 0, 3);
+                isa_vnni512_pk_superblock(t, w, 4, xq + 384 * s, xs4, ub4, &acc[i], &off[i]);
+            }
+        }
+        if (nb % 4) {
+            v4f xs4 = *(const v4f *)(xs + 4 * s), ub4 = *(const v4f *)(ub + 4 * s);
+            UNROLL4
+            for (int i = 0; i < 4; i++)
+                isa_vnni512_pk_superblock(t, row[i] + s * sbb, (int)(nb % 4), xq + 384 * s, xs4, ub4, &acc[i],
+                                          &off[i]);
+        }
+        float out[4];
+        UNROLL4
+        for (int i = 0; i < 4; i++)
+            out[i] = hsum16(&acc[i]) + cs * ((off[i][0] + off[i][1]) + (off[i][2] + off[i][3]));
+        for (int i = 0; i < 4 && r + i < r1; i++)
+            gemv_store(y, b, r + i, out[i], accum);
+    }
+}
+
+/* gemv_packed() with vpdpbusd; 0 (nothing done) when x is not finite. */
+static ISA_VNNI512 int isa_vnni512_gemv_packed(int t, const unsigned char *W, const float *x, float *y,
+                                               const float *b, int64_t r0, int64_t r1, int64_t k, int accum)
+{
+    int64_t nsb = (k / 32 + 3) / 4;
+    int8_t xq[384 * nsb] __attribute__((aligned(64)));
+    float xs[4 * nsb] __attribute__((aligned(16))), ub[4 * nsb] __attribute__((aligned(16)));
+    if (!isa_vnni512_pkq_x_prepare(x, k, xq, ub))
+        return 0;
+    x_group_sums(x, k, 32, xs); /* block sums of x, 0 past k */
+    for (int64_t i = k / 32; i < 4 * nsb; i++)
+        xs[i] = 0;
+    switch (t) {
+    case DT_Q4_0: isa_vnni512_pk_rows(DT_Q4_0, W, xq, xs, ub, y, b, r0, r1, k, accum); break;
+    case DT_Q4_1: isa_vnni512_pk_rows(DT_Q4_1, W, xq, xs, ub, y, b, r0, r1, k, accum); break;
+    default: isa_vnni512_pk_rows(DT_W4G32, W, xq, xs, ub, y, b, r0, r1, k, accum); break;
+    }
+    return 1;
 }
 
 /* W8A8, k % 64 == 0; dl[j / 4]: d of the block of x[j] (16 per 64). */
