@@ -17,6 +17,7 @@
  */
 #include "runtime/backend.h"
 #include "runtime/cuda_driver.h"
+#include "ir/ops.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -179,16 +180,21 @@ static megac_status cuda_residency_check(megac_model *m, CudaState *st)
     return MEGAC_OK;
 }
 
+/* Bytes of the control block: the abort record, then the counters. */
+static size_t cuda_ctl_bytes(const megac_model *m)
+{
+    return sizeof(MegacAbort) + (m->man.counters ? m->man.counters : 1) * sizeof(uint32_t);
+}
+
 static megac_status cuda_memory_init(megac_model *m, CudaState *st)
 {
     size_t arena = (size_t)(m->man.arena_bytes ? m->man.arena_bytes : 64);
-    size_t ctl = sizeof(MegacAbort) + (m->man.counters ? m->man.counters : 1) * sizeof(uint32_t);
     CU_CHECK(m, st, cuMemAlloc_v2(&st->weights, m->weights_len ? m->weights_len : 64));
     if (m->weights_len)
         CU_CHECK(m, st, cuMemcpyHtoD_v2(st->weights, m->weights, m->weights_len));
     CU_CHECK(m, st, cuMemAlloc_v2(&st->arena, arena));
     CU_CHECK(m, st, cuMemsetD8_v2(st->arena, 0, arena));
-    CU_CHECK(m, st, cuMemAlloc_v2(&st->ctl, ctl));
+    CU_CHECK(m, st, cuMemAlloc_v2(&st->ctl, cuda_ctl_bytes(m)));
     void *host = NULL;
     CU_CHECK(m, st, cuMemAllocHost_v2(&host, sizeof(CudaStaging) + (size_t)m->man.vocab * sizeof(float)));
     st->host = host;
@@ -209,9 +215,10 @@ static megac_status cuda_memory_init(megac_model *m, CudaState *st)
 static void cuda_profile_print(megac_model *m, CudaState *st)
 {
     enum { SLOTS = 20 };
-    static const char *const names[SLOTS] = {"embed", "rmsnorm", "gemv", "rope", "kv_append", "attn",
-                                             "attn_combine", "silu_mul", "add", "argmax", "argmax_combine",
-                                             "", "", "", "", "", "signal", "wait"};
+#define X(NAME, text, operands, params, meaning) text,
+    static const char *const ops[] = {OP_LIST(X)};
+#undef X
+    const int nops = (int)(sizeof ops / sizeof *ops);
     CUdeviceptr p;
     size_t bytes = 0, n = (size_t)m->man.workers * SLOTS;
     if (!getenv("MEGAC_CUDA_PROFILE") || st->drv.cuModuleGetGlobal_v2(&p, &bytes, st->mod, "mk_prof") != 0 ||
@@ -233,7 +240,8 @@ static void cuda_profile_print(megac_model *m, CudaState *st)
             mx = c > mx ? c : mx;
         }
         if (mx > 0)
-            fprintf(stderr, "  %-14s %12.0f %12.0f\n", names[k], sum / m->man.workers, mx);
+            fprintf(stderr, "  %-14s %12.0f %12.0f\n", k < nops ? ops[k] : k == 16 ? "signal" : k == 17 ? "wait" : "?",
+                    sum / m->man.workers, mx);
     }
     free(v);
 }
@@ -304,11 +312,10 @@ static megac_status cuda_step(megac_model *m, int token, int pos)
 {
     CudaState *st = m->be_state;
     CudaStaging *h = st->host;
-    size_t ctl = sizeof(MegacAbort) + (m->man.counters ? m->man.counters : 1) * sizeof(uint32_t);
     CU_CHECK(m, st, cuCtxSetCurrent(st->ctx));
     h->tok = token;
     CU_CHECK(m, st, cuMemcpyHtoDAsync_v2(st->arena + m->man.off_tok, &h->tok, sizeof h->tok, NULL));
-    CU_CHECK(m, st, cuMemsetD8Async(st->ctl, 0, ctl, NULL));
+    CU_CHECK(m, st, cuMemsetD8Async(st->ctl, 0, cuda_ctl_bytes(m), NULL));
     st->args.pos = pos;
     void *params[] = {&st->args};
     CU_CHECK(m, st,

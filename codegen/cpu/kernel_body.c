@@ -347,20 +347,22 @@ static float dot_w4(int t, const unsigned char *row, const float *x, int64_t k)
 typedef uint16_t v16u16 __attribute__((vector_size(32), aligned(2)));
 typedef uint32_t v16u32 __attribute__((vector_size(64)));
 
-/* 16 f16 values to f32, with masks instead of branches: normal numbers by
+/* N f16 values (vector h) to f32 (vector out; VU/VF the N-lane u32 and
+ * f32 vector types), with masks instead of branches: normal numbers by
  * rebiasing the exponent, subnormals as u * 2^-24, inf/nan kept. (A macro:
- * a v16f return value would change the ABI.) */
-#define F16X16(h, out)                                                                   \
+ * a vector return value would change the ABI.) */
+#define F16XN(h, out, VU, VF)                                                            \
     do {                                                                                 \
-        v16u32 u_ = __builtin_convertvector((h) & (uint16_t)0x7fff, v16u32);             \
-        v16u32 s_ = __builtin_convertvector((h) & (uint16_t)0x8000, v16u32) << 16;       \
-        v16f sf_ = __builtin_convertvector(u_, v16f) * 0x1p-24f;                         \
-        v16u32 sub_ = (v16u32)sf_, big_ = (u_ << 13) | 0x7f800000u;                      \
-        v16u32 nrm_ = (u_ << 13) + 0x38000000u;                                          \
-        v16u32 m1_ = (v16u32)(u_ < 0x400u), m2_ = (v16u32)(u_ >= 0x7c00u);               \
-        v16u32 r_ = (sub_ & m1_) | (~m1_ & ((big_ & m2_) | (nrm_ & ~m2_)));              \
-        (out) = (v16f)(r_ | s_);                                                         \
+        VU u_ = __builtin_convertvector((h) & (uint16_t)0x7fff, VU);                     \
+        VU s_ = __builtin_convertvector((h) & (uint16_t)0x8000, VU) << 16;               \
+        VF sf_ = __builtin_convertvector(u_, VF) * 0x1p-24f;                             \
+        VU sub_ = (VU)sf_, big_ = (u_ << 13) | 0x7f800000u;                              \
+        VU nrm_ = (u_ << 13) + 0x38000000u;                                              \
+        VU m1_ = (VU)(u_ < 0x400u), m2_ = (VU)(u_ >= 0x7c00u);                           \
+        VU r_ = (sub_ & m1_) | (~m1_ & ((big_ & m2_) | (nrm_ & ~m2_)));                  \
+        (out) = (VF)(r_ | s_);                                                           \
     } while (0)
+#define F16X16(h, out) F16XN(h, out, v16u32, v16f)
 
 static float dot_half(int t, const unsigned char *row, const float *x, int64_t k)
 {
@@ -557,18 +559,7 @@ static void gemv_store(float *y, const float *b, int64_t r, float v, int accum)
 typedef uint16_t v4u16 __attribute__((vector_size(8)));
 typedef uint32_t v4u32 __attribute__((vector_size(16)));
 
-/* Four f16 to f32, F16X16's arithmetic on 4 lanes. */
-#define F16X4(h, out)                                                                    \
-    do {                                                                                 \
-        v4u32 u_ = __builtin_convertvector((h) & (uint16_t)0x7fff, v4u32);               \
-        v4u32 s_ = __builtin_convertvector((h) & (uint16_t)0x8000, v4u32) << 16;         \
-        v4f sf_ = __builtin_convertvector(u_, v4f) * 0x1p-24f;                           \
-        v4u32 sub_ = (v4u32)sf_, big_ = (u_ << 13) | 0x7f800000u;                        \
-        v4u32 nrm_ = (u_ << 13) + 0x38000000u;                                           \
-        v4u32 m1_ = (v4u32)(u_ < 0x400u), m2_ = (v4u32)(u_ >= 0x7c00u);                  \
-        v4u32 r_ = (sub_ & m1_) | (~m1_ & ((big_ & m2_) | (nrm_ & ~m2_)));               \
-        (out) = (v4f)(r_ | s_);                                                          \
-    } while (0)
+#define F16X4(h, out) F16XN(h, out, v4u32, v4f)
 
 /* The f16 at byte offset off of each of the four records w[i]. */
 typedef short v8i16 __attribute__((vector_size(16)));
