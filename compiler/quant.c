@@ -276,7 +276,7 @@ void quant_gemv_a8_ref(DType t, const unsigned char *w, int64_t rows, int64_t k,
 }
 
 /* ---- the CPU kernel's byte order for 4-bit rows ----
- * (layout: codegen/cpu/kernel_table.h) Q4_0, Q4_1 and W4G32 rows regrouped
+ * (layout: codegen/cpu/kernel_table.h) Q4_0, Q4_1, W4G32 (W4A8G32) rows regrouped
  * into superblocks of four blocks, headers field by field, nibbles
  * reordered so that a 64-byte load and one AND per nibble give the
  * weights of four blocks without shuffles. Packing is a permutation of a
@@ -330,7 +330,7 @@ static void unpack_nibs(const unsigned char *in, unsigned char *out)
 static int pack_block_fields(DType t, int i, int nblk, int off[3], int len[3])
 {
     off[0] = 2 * i, len[0] = 2;
-    if (t == DT_W4G32) {
+    if (dtype_layout(t) == DT_W4G32) {
         off[1] = 2 * nblk + i, len[1] = 1;
         off[2] = 3 * nblk + i, len[2] = 1;
         return 3;

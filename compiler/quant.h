@@ -48,7 +48,7 @@ void quant_gemv_a8_ref(DType t, const unsigned char *w, int64_t rows, int64_t k,
 
 /* ---- quant.c: the CPU kernel's byte order for 4-bit rows ---- */
 
-/* The CPU kernel reads Q4_0, Q4_1 and W4G32 rows of k elements (k % 32 ==
+/* The CPU kernel reads Q4_0, Q4_1, W4G32 and W4A8G32 rows of k elements (k % 32 ==
  * 0) packed: the same bytes per row, moved within the row (layout in
  * codegen/cpu/kernel_table.h). Whoever writes a CPU kernel's weights
  * (bundles, tests) packs every [rows][k] weight for which

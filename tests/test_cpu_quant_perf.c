@@ -329,7 +329,8 @@ Test(cpu_quant_perf, every_dtype_x86_64)
 
 /* ---- packed 4-bit rows (compiler/quant.h: quant_cpu_pack) ---- */
 
-static const DType packed_dtypes[] = {DT_Q4_0, DT_Q4_1, DT_W4G32};
+static const DType packed_dtypes[] = {DT_Q4_0, DT_Q4_1, DT_W4G32, DT_W4A8G32};
+#define NPACKED (sizeof packed_dtypes / sizeof *packed_dtypes)
 
 /* Packing moves bytes only: any bytes come back from unpacking, and only
  * the 4-bit formats with k % 32 == 0 are packed. */
@@ -337,7 +338,7 @@ Test(cpu_quant_perf, pack_round_trip)
 {
     const int64_t ks[] = {32, 96, 128, 160, 576};
     uint64_t seed = 11;
-    for (size_t ti = 0; ti < 3; ti++) {
+    for (size_t ti = 0; ti < NPACKED; ti++) {
         for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
             DType t = packed_dtypes[ti];
             int64_t k = ks[ki], rows = 3;
@@ -354,7 +355,8 @@ Test(cpu_quant_perf, pack_round_trip)
         }
     }
     cr_assert(!quant_cpu_packed(DT_W4G32, 200) && !quant_cpu_packed(DT_Q8_0, 576) &&
-              !quant_cpu_packed(DT_W4A8G32, 576) && !quant_cpu_packed(DT_W4G128, 576));
+              !quant_cpu_packed(DT_W4A8G64, 576) && !quant_cpu_packed(DT_W4G128, 576) &&
+              !quant_cpu_packed(DT_W4A8G32, 200));
 }
 
 /* The embedding gather reads packed rows element by element: every
@@ -385,7 +387,7 @@ static void check_packed_embed(DType t, int64_t k)
     kernel_rows_put(t, V, k, raw, q.wts + s->bufs[wb].offset);
     *(int32_t *)(q.arena + s->bufs[tb].offset) = 13;
     qkern_step(&q);
-    quant_row_dequant(t, raw + 13 * rb, k, want);
+    quant_row_dequant(dtype_layout(t), raw + 13 * rb, k, want);
     const float *got = (const float *)(q.arena + s->bufs[ob].offset);
     for (int64_t j = 0; j < k; j++)
         cr_assert_leq(fabsf(got[j] - want[j]), 1e-7f * fabsf(want[j]) + 1e-12f, "%s k=%ld element %ld: %g vs %g",
@@ -396,14 +398,15 @@ static void check_packed_embed(DType t, int64_t k)
 
 Test(cpu_quant_perf, packed_embed)
 {
-    for (size_t ti = 0; ti < 3; ti++) {
+    for (size_t ti = 0; ti < NPACKED; ti++) {
         check_packed_embed(packed_dtypes[ti], 576);
         check_packed_embed(packed_dtypes[ti], 96);
     }
 }
 
-/* A NaN or an infinity in x reaches every output row of a packed GEMV
- * (the int8 kernel on VNNI hosts falls back to the float one for them). */
+/* A NaN or an infinity in x reaches every output row of a packed A16
+ * GEMV (the int8 kernel on VNNI hosts falls back to the float one for
+ * them). W4A8G32 is left out: its input is int8 by definition. */
 Test(cpu_quant_perf, packed_nonfinite_x)
 {
     const int64_t rows = 8, k = 576;
@@ -512,12 +515,17 @@ Test(cpu_quant_perf, bandwidth, .timeout = 300)
     if (!getenv("MEGAC_CPU_BENCH"))
         cr_skip_test("set MEGAC_CPU_BENCH=1 to measure quantized GEMV bandwidth");
     const char *only = getenv("MEGAC_QBENCH_DTYPE");
+    /* MEGAC_QBENCH_MB: weight megabytes (default 256, far past the caches;
+     * ~1 fits in L2 and gives the kernels' arithmetic rate) */
+    double mb = getenv("MEGAC_QBENCH_MB") ? atof(getenv("MEGAC_QBENCH_MB")) : 256.0;
+    if (!(mb >= 0.1 && mb <= 4096))
+        cr_assert_fail("MEGAC_QBENCH_MB=%s: want 0.1 to 4096", getenv("MEGAC_QBENCH_MB"));
     const DType ts[] = {DT_F32, DT_W8, DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_W4G32, DT_W4G128, DT_W8A8, DT_W4A8G32,
                         DT_W4A8G128};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) {
         if (only && strcmp(only, dtype_name(ts[i])) != 0)
             continue;
-        int64_t rows = (int64_t)(256e6 / (double)dtype_row_bytes(ts[i], 576)) / 8 * 8;
+        int64_t rows = (int64_t)(mb * 1e6 / (double)dtype_row_bytes(ts[i], 576)) / 8 * 8;
         for (int nw = 1; nw <= 2; nw++)
             bench_dtype(ts[i], nw, rows, 576);
     }

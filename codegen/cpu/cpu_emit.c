@@ -321,7 +321,8 @@ static bool job_internalize(CpuJob *j)
         if (!LLVMIsDeclaration(f) && !job_is_export(LLVMGetValueName(f)))
             LLVMSetLinkage(f, LLVMInternalLinkage);
     for (LLVMValueRef g = LLVMGetFirstGlobal(j->mod); g; g = LLVMGetNextGlobal(g))
-        if (!LLVMIsDeclaration(g) && !job_is_export(LLVMGetValueName(g)))
+        if (!LLVMIsDeclaration(g) && !job_is_export(LLVMGetValueName(g)) &&
+            strncmp(LLVMGetValueName(g), "llvm.", 5) != 0) /* llvm.global_dtors etc. keep theirs */
             LLVMSetLinkage(g, LLVMInternalLinkage);
     for (int i = 0; cpu_exports[i]; i++) {
         LLVMValueRef v = i == 0 ? LLVMGetNamedFunction(j->mod, cpu_exports[i]) : LLVMGetNamedGlobal(j->mod, cpu_exports[i]);

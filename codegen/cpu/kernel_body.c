@@ -32,9 +32,10 @@
  * group headers, with software prefetch QPF_BYTES ahead; a pass past the
  * last row repeats it and drops the results. A16 formats stay float
  * (exact weights, f32 sums); A8 formats (W8A8, W4A8G*) quantize x once per
- * op and take integer dot products per block of 32. Q4_0, Q4_1 and W4G32
- * rows arrive packed (kernel_table.h, compiler/quant.c): one AND and
- * one conversion per 16 weights, on every instruction set. A worker that
+ * op and take integer dot products per block of 32. Q4_0, Q4_1, W4G32
+ * and W4A8G32 rows arrive packed (kernel_table.h, compiler/quant.c): one
+ * AND and one conversion per 16 weights, on every instruction set (W4A8G32:
+ * two u8 x s8 dot products per 128 weights). A worker that
  * must wait for another first prefetches its next GEMVs' weights.
  *
  * Instruction sets: the bitcode is built for generic x86-64, and cpu_emit.c
@@ -1463,6 +1464,137 @@ typedef uint32_t v8u32u __attribute__((vector_size(32), aligned(1)));
 A8_256_KERNELS(isa_avx2, ISA_AVX2, isa_avx2_dot)
 A8_256_KERNELS(isa_avxvnni, ISA_AVXVNNI, isa_avxvnni_dot)
 
+/* ---- packed W4A8G32 rows (kernel_table.h: W4G32's packed order) ----
+ * A group is a block of 32, so a superblock's 64 bytes of nibbles meet
+ * the int8 inputs in two u8 x s8 dot products, one per nibble half:
+ *   y = sum_b s_b dq_b (sum_j q_j xq_j) - sum_b s_b z_b (dq_b sum_j xq_j)
+ * The integer sums are exact (|sum| <= 32 * 15 * 127); the float part
+ * meets four blocks per vector. The inputs are reordered once per op
+ * (pka8_x_prepare) so that no shuffle is left in the row loop: xqp holds
+ * 128 bytes per superblock, the low-nibble half then the high one; byte
+ * 4 l + m of half h is element 32 b + 8 m + 4 h + i of block b = l / 4
+ * (i = l % 4): the element that nibble 2 m + h of lane l holds. The same
+ * loop serves every instruction set through dot16 (four products per
+ * 32-bit lane): vpdpbusd on 512 or 2 x 256 bits, vpmaddubsw + vpmaddwd
+ * (no saturation: 2 * 15 * 127 < 2^15), or portable shifts and
+ * multiplies. */
+
+static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t *xqp, float *dq4, float *dx4)
+{
+    int64_t nb = k / 32, nsb = (nb + 3) / 4;
+    memset(xqp, 0, (size_t)(128 * nsb));
+    for (int64_t blk = 0; blk < 4 * nsb; blk++)
+        dq4[blk] = dx4[blk] = 0.0f;
+    for (int64_t blk = 0; blk < nb; blk++) {
+        const int8_t *xb = xq + 32 * blk;
+        int8_t *o = xqp + 128 * (blk / 4) + 16 * (blk % 4);
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++)
+            sum += xb[j];
+        for (int i = 0; i < 4; i++)
+            for (int m = 0; m < 4; m++) {
+                o[4 * i + m] = xb[8 * m + i];
+                o[64 + 4 * i + m] = xb[8 * m + 4 + i];
+            }
+        dq4[blk] = dq[blk];
+        dx4[blk] = dq[blk] * (float)sum;
+    }
+}
+
+/* dot16(acc, u, s): acc += four u8 x s8 products per lane, for each
+ * instruction set; macros on an lvalue (v16 arguments would change the
+ * ABI of the 256-bit functions). */
+#define PKA8_DOT16_PORTABLE(acc, u, s)                                                                 \
+    do {                                                                                               \
+        v16u32 u_ = (u), s_ = (s);                                                                     \
+        UNROLL4                                                                                        \
+        for (int m_ = 0; m_ < 4; m_++)                                                                 \
+            acc += (v16i32)((u_ >> (uint32_t)(8 * m_)) & 0xffu) * (((v16i32)s_ << (24 - 8 * m_)) >> 24); \
+    } while (0)
+#define PKA8_DOT16_256(dot, acc, u, s)                                                                 \
+    do {                                                                                               \
+        v16u32 u_ = (u), s_ = (s);                                                                     \
+        v8i32 lo_ = dot(__builtin_shufflevector(acc, acc, 0, 1, 2, 3, 4, 5, 6, 7),                     \
+                        __builtin_shufflevector(u_, u_, 0, 1, 2, 3, 4, 5, 6, 7),                       \
+                        __builtin_shufflevector(s_, s_, 0, 1, 2, 3, 4, 5, 6, 7));                      \
+        v8i32 hi_ = dot(__builtin_shufflevector(acc, acc, 8, 9, 10, 11, 12, 13, 14, 15),               \
+                        __builtin_shufflevector(u_, u_, 8, 9, 10, 11, 12, 13, 14, 15),                 \
+                        __builtin_shufflevector(s_, s_, 8, 9, 10, 11, 12, 13, 14, 15));                \
+        acc = __builtin_shufflevector(lo_, hi_, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); \
+    } while (0)
+#define PKA8_DOT16_AVX2(acc, u, s) PKA8_DOT16_256(isa_avx2_dot, acc, u, s)
+#define PKA8_DOT16_AVXVNNI(acc, u, s) PKA8_DOT16_256(isa_avxvnni_dot, acc, u, s)
+#define PKA8_DOT16_VNNI512(acc, u, s) acc = isa_vnni512_dot(acc, u, s)
+
+/* Rows [r0, r1) four at a time; nb % 4 blocks left over make a short
+ * superblock (zeros past them, in the weights as in xqp). */
+#define PKA8_ROWS(name, attr, dot16)                                                                           \
+    static attr void name(const unsigned char *W, const int8_t *xqp, const float *dq4, const float *dx4,      \
+                          float *y, const float *b, int64_t r0, int64_t r1, int64_t k, int accum)             \
+    {                                                                                                        \
+        int64_t rb = qrow_bytes(DT_W4G32, k), nb = k / 32, nsb = (nb + 3) / 4;                              \
+        for (int64_t r = r0; r < r1; r += 4) {                                                               \
+            const unsigned char *row[4];                                                                     \
+            UNROLL4                                                                                          \
+            for (int i = 0; i < 4; i++)                                                                      \
+                row[i] = W + (r + i < r1 ? r + i : r1 - 1) * rb;                                             \
+            v16f acc[4] = {{0}, {0}, {0}, {0}};                                                              \
+            v4f off[4] = {{0}, {0}, {0}, {0}};                                                               \
+            for (int64_t sb = 0; sb < nsb; sb++) {                                                           \
+                int nblk = sb < nb / 4 ? 4 : (int)(nb % 4);                                                  \
+                v16u32 xl = *(const v16u32 *)(xqp + 128 * sb), xh = *(const v16u32 *)(xqp + 128 * sb + 64);   \
+                v4f dq = *(const v4f *)(dq4 + 4 * sb), dx = *(const v4f *)(dx4 + 4 * sb);                     \
+                UNROLL4                                                                                      \
+                for (int i = 0; i < 4; i++) {                                                                \
+                    const unsigned char *w = row[i] + 80 * sb;                                               \
+                    v16u32 v;                                                                                \
+                    if (nblk == 4) {                                                                         \
+                        __builtin_prefetch(w + QPF_BYTES, 0, 3);                                             \
+                        __builtin_prefetch(w + QPF_BYTES + 64, 0, 3);                                        \
+                        v = *(const v16u32a1 *)(w + 16);                                                     \
+                    } else {                                                                                 \
+                        pk_load_short(w + 4 * nblk, nblk, &v);                                               \
+                    }                                                                                        \
+                    v16i32 p = {0};                                                                          \
+                    dot16(p, v & 0x0f0f0f0fu, xl);                                                           \
+                    dot16(p, (v >> 4) & 0x0f0f0f0fu, xh);                                                    \
+                    v4f sc = pk_f16x4(pk_u16x4(w, nblk)), sd = sc * dq;                                      \
+                    acc[i] += __builtin_shufflevector(sd, sd, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) * \
+                              __builtin_convertvector(p, v16f);                                              \
+                    off[i] += sc * pk_z4(w + 2 * nblk, nblk) * dx;                                           \
+                }                                                                                            \
+            }                                                                                                \
+            float out[4];                                                                                    \
+            UNROLL4                                                                                          \
+            for (int i = 0; i < 4; i++)                                                                      \
+                out[i] = hsum16(&acc[i]) - ((off[i][0] + off[i][1]) + (off[i][2] + off[i][3]));              \
+            for (int i = 0; i < 4 && r + i < r1; i++)                                                        \
+                gemv_store(y, b, r + i, out[i], accum);                                                      \
+        }                                                                                                    \
+    }
+PKA8_ROWS(pka8_portable_rows, , PKA8_DOT16_PORTABLE)
+PKA8_ROWS(isa_avx2_pka8_rows, ISA_AVX2, PKA8_DOT16_AVX2)
+PKA8_ROWS(isa_avxvnni_pka8_rows, ISA_AVXVNNI, PKA8_DOT16_AVXVNNI)
+PKA8_ROWS(isa_vnni512_pka8_rows, ISA_VNNI512, PKA8_DOT16_VNNI512)
+
+/* y[r0:r1] of packed W4A8G32 rows from the quantized input. */
+static void gemv_pka8(const unsigned char *W, const int8_t *xq, const float *dq, float *y, const float *b,
+                      int64_t r0, int64_t r1, int64_t k, int accum)
+{
+    int64_t nsb = (k / 32 + 3) / 4;
+    int8_t xqp[128 * nsb] __attribute__((aligned(64)));
+    float dq4[4 * nsb] __attribute__((aligned(16))), dx4[4 * nsb] __attribute__((aligned(16)));
+    pka8_x_prepare(xq, dq, k, xqp, dq4, dx4);
+    if (megac_k_isa & KT_ISA_VNNI512)
+        isa_vnni512_pka8_rows(W, xqp, dq4, dx4, y, b, r0, r1, k, accum);
+    else if (megac_k_isa & KT_ISA_AVXVNNI)
+        isa_avxvnni_pka8_rows(W, xqp, dq4, dx4, y, b, r0, r1, k, accum);
+    else if (megac_k_isa & KT_ISA_AVX2)
+        isa_avx2_pka8_rows(W, xqp, dq4, dx4, y, b, r0, r1, k, accum);
+    else
+        pka8_portable_rows(W, xqp, dq4, dx4, y, b, r0, r1, k, accum);
+}
+
 /* Which fast A8 kernel runs t at k: 2 AVX-512 VNNI, 1 AVX-VNNI, 0 AVX2,
  * -1 none (the portable loops of dot_w8a8 and dot_w4a8). */
 static int a8_fast_kind(int t, int64_t k)
@@ -1534,6 +1666,10 @@ static void gemv_a8(int t, const unsigned char *W, const float *x, float *y, con
     int8_t xq[k];
     float dq[(k + 31) / 32];
     act_quantize(x, k, xq, dq);
+    if (kt_row_packed(t, k)) {
+        gemv_pka8(W, xq, dq, y, b, r0, r1, k, accum);
+        return;
+    }
     int kind = a8_fast_kind(t, k);
     if (kind >= 0) {
         gemv_a8_fast(kind, t, W, xq, dq, y, b, r0, r1, k, accum);
@@ -2048,6 +2184,71 @@ static int sync_wait(const MegacArgs *a, uint32_t worker, uint32_t pc, uint32_t 
     }
 }
 
+/* ---- cycle profile (cmake -DMEGAC_CPU_PROFILE=ON; off by default) ----
+ * Per worker: TSC cycles in each op kind and in waits, the GEMVs' weight
+ * bytes, and the steps run; printed to stderr when kernel.so is unloaded
+ * (process exit). A developer's tool: the counters are plain per-worker
+ * slots, written only by their worker. */
+#ifdef MEGAC_CPU_PROFILE
+#include <stdio.h>
+#define PROF_WORKERS 64
+enum { PROF_WAIT = OP_COUNT, PROF_SIGNAL, PROF_SLOTS };
+static struct {
+    uint64_t cyc[PROF_SLOTS], gemv_bytes, steps;
+    char pad[64];
+} prof[PROF_WORKERS];
+static const char *const prof_names[PROF_SLOTS] = {
+#define X(n, s, o, p, m) s,
+    OP_LIST(X)
+#undef X
+    "wait", "signal"};
+
+static uint64_t prof_now(void)
+{
+    return __builtin_ia32_rdtsc();
+}
+
+__attribute__((destructor)) static void prof_print(void)
+{
+    for (uint32_t w = 0; w < megac_k_nworkers && w < PROF_WORKERS; w++) {
+        uint64_t tot = 0;
+        for (int i = 0; i < PROF_SLOTS; i++)
+            tot += prof[w].cyc[i];
+        if (!prof[w].steps || !tot)
+            continue;
+        fprintf(stderr, "megac profile: worker %u, %lu steps, %.0f kcycles/step:", w, (unsigned long)prof[w].steps,
+                (double)tot / 1e3 / (double)prof[w].steps);
+        for (int i = 0; i < PROF_SLOTS; i++)
+            if (prof[w].cyc[i])
+                fprintf(stderr, " %s %.1f%%", prof_names[i], 100.0 * (double)prof[w].cyc[i] / (double)tot);
+        fprintf(stderr, "; gemv %.2f bytes/cycle\n",
+                prof[w].cyc[OP_GEMV] ? (double)prof[w].gemv_bytes / (double)prof[w].cyc[OP_GEMV] : 0.0);
+    }
+}
+
+static void prof_gemv_bytes(uint32_t w, const int64_t *in)
+{
+    if (in[KT_KIND] != K_INST_OP || in[KT_OP] != OP_GEMV || w >= PROF_WORKERS)
+        return;
+    int t = opnd_dtype(in, 0);
+    int64_t k = in[KT_PARAM + 2];
+    prof[w].gemv_bytes += (uint64_t)((in[KT_PARAM + 1] - in[KT_PARAM]) * (t == DT_F32 ? 4 * k : qrow_bytes(t, k)));
+}
+#define PROF_START(w) uint64_t prof_t0 = (w) < PROF_WORKERS ? prof_now() : 0
+#define PROF_END(w, slot)                                  \
+    do {                                                   \
+        if ((w) < PROF_WORKERS) {                          \
+            uint64_t prof_t1 = prof_now();                 \
+            prof[w].cyc[slot] += prof_t1 - prof_t0;        \
+            prof_t0 = prof_t1;                             \
+        }                                                  \
+    } while (0)
+#else
+#define PROF_START(w) (void)0
+#define PROF_END(w, slot) (void)0
+#define prof_gemv_bytes(w, in) (void)0
+#endif
+
 /* ---- entry point ---- */
 
 void megac_worker(const MegacArgs *a, uint32_t worker)
@@ -2060,22 +2261,31 @@ void megac_worker(const MegacArgs *a, uint32_t worker)
         return;
     }
     int32_t first = megac_k_wstart[worker], end = megac_k_wstart[worker + 1];
+    PROF_START(worker);
     for (int32_t i = first; i < end; i++) {
         const int64_t *in = megac_k_insts + (int64_t)i * KT_STRIDE;
         switch (in[KT_KIND]) {
         case K_INST_OP:
             op_run(a, in);
+            prof_gemv_bytes(worker, in);
+            PROF_END(worker, in[KT_OP]);
             break;
         case K_INST_SIGNAL:
             sync_signal(a, (uint32_t)in[KT_COUNTER], (uint32_t)in[KT_AMOUNT]);
+            PROF_END(worker, PROF_SIGNAL);
             break;
         case K_INST_WAIT:
             if (!sync_wait(a, worker, (uint32_t)(i - first), (uint32_t)in[KT_COUNTER], (uint32_t)in[KT_AMOUNT],
                            in + KT_STRIDE, megac_k_insts + (int64_t)end * KT_STRIDE))
                 return;
+            PROF_END(worker, PROF_WAIT);
             break;
         default:
             break;
         }
     }
+#ifdef MEGAC_CPU_PROFILE
+    if (worker < PROF_WORKERS)
+        prof[worker].steps++;
+#endif
 }

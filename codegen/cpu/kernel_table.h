@@ -66,7 +66,8 @@ enum {
 };
 #define KT_ISA_PREFIX "isa_"
 
-/* Packed 4-bit rows. The CPU kernel reads Q4_0, Q4_1 and W4G32 weights
+/* Packed 4-bit rows. The CPU kernel reads Q4_0, Q4_1 and W4G32 (and
+ * W4A8G32: the same bytes) weights
  * with k % 32 == 0 (k <= KT_PACK_K_MAX) in its own byte order: every row
  * keeps its size and place, and its blocks of 32 are regrouped into
  * superblocks of 4 blocks (the last one has the nb % 4 left over, if any).
@@ -85,7 +86,7 @@ enum {
 #define KT_PACK_K_MAX 16384
 static inline int kt_row_packed(int t, int64_t k)
 {
-    return (t == DT_Q4_0 || t == DT_Q4_1 || t == DT_W4G32) && k > 0 && k % 32 == 0 && k <= KT_PACK_K_MAX;
+    return (t == DT_Q4_0 || t == DT_Q4_1 || t == DT_W4G32 || t == DT_W4A8G32) && k > 0 && k % 32 == 0 && k <= KT_PACK_K_MAX;
 }
 
 /* MegacAbort.flag values */
