@@ -525,6 +525,17 @@ static void op_rmsnorm(const MegacArgs *a, const int64_t *in)
         out[j] = x[j] * s * w[j];
 }
 
+/* One GEMV instruction's rows: a run of GEMVs on the same input (the
+ * worker loop groups them) prepares the input once and then walks every
+ * instruction's rows. */
+typedef struct GemvSeg {
+    const unsigned char *W;
+    float *y;
+    const float *b;
+    int64_t r0, r1;
+    int accum;
+} GemvSeg;
+
 static void gemv_store(float *y, const float *b, int64_t r, float v, int accum)
 {
     if (b)
@@ -863,23 +874,24 @@ static inline __attribute__((always_inline)) void pk_rows(int t, const unsigned 
     }
 }
 
-static int isa_vnni512_gemv_packed(int t, const unsigned char *W, const float *x, float *y, const float *b,
-                                   int64_t r0, int64_t r1, int64_t k, int accum);
+static int isa_vnni512_gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 
-/* y[r0:r1] (+)= W . x (+ b) for packed rows. */
-static void gemv_packed(int t, const unsigned char *W, const float *x, float *y, const float *b, int64_t r0,
-                        int64_t r1, int64_t k, int accum)
+/* y[r0:r1] (+)= W . x (+ b) for packed rows, each segment's. */
+static void gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
-    if ((megac_k_isa & KT_ISA_VNNI512) && isa_vnni512_gemv_packed(t, W, x, y, b, r0, r1, k, accum))
+    if ((megac_k_isa & KT_ISA_VNNI512) && isa_vnni512_gemv_packed(t, sg, ns, x, k))
         return;
     int64_t nsb = (k / 32 + 3) / 4;
     float xp[128 * nsb] __attribute__((aligned(64)));
     float xs[4 * nsb] __attribute__((aligned(16)));
     pk_x_prepare(x, k, xp, xs);
-    switch (t) {
-    case DT_Q4_0: pk_rows(DT_Q4_0, W, xp, xs, y, b, r0, r1, k, accum); break;
-    case DT_Q4_1: pk_rows(DT_Q4_1, W, xp, xs, y, b, r0, r1, k, accum); break;
-    default: pk_rows(DT_W4G32, W, xp, xs, y, b, r0, r1, k, accum); break;
+    for (int i = 0; i < ns; i++) {
+        const GemvSeg *g = &sg[i];
+        switch (t) {
+        case DT_Q4_0: pk_rows(DT_Q4_0, g->W, xp, xs, g->y, g->b, g->r0, g->r1, k, g->accum); break;
+        case DT_Q4_1: pk_rows(DT_Q4_1, g->W, xp, xs, g->y, g->b, g->r0, g->r1, k, g->accum); break;
+        default: pk_rows(DT_W4G32, g->W, xp, xs, g->y, g->b, g->r0, g->r1, k, g->accum); break;
+        }
     }
 }
 
@@ -1026,18 +1038,18 @@ static void qrows4(int t, const unsigned char *const row[4], const float *x, con
 }
 
 /* y[r0:r1] (+)= W . x (+ b) for the A16 quantized and half dtypes. */
-static void gemv_quant(int t, const unsigned char *W, const float *x, float *y, const float *b, int64_t r0,
-                       int64_t r1, int64_t k, int accum)
+static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
     if (kt_row_packed(t, k)) {
-        gemv_packed(t, W, x, y, b, r0, r1, k, accum);
+        gemv_packed(t, sg, ns, x, k);
         return;
     }
     int64_t rb = qrow_bytes(t, k);
     int fast = k <= QFAST_K_MAX && (t == DT_W8 || ((t == DT_Q8_0 || t == DT_W4G64 || t == DT_W4G128) && k % 32 == 0));
     if (!fast) {
-        for (int64_t r = r0; r < r1; r++)
-            gemv_store(y, b, r, qdot(t, W + r * rb, x, k), accum);
+        for (int i = 0; i < ns; i++)
+            for (int64_t r = sg[i].r0; r < sg[i].r1; r++)
+                gemv_store(sg[i].y, sg[i].b, r, qdot(t, sg[i].W + r * rb, x, k), sg[i].accum);
         return;
     }
     /* the group sums of x (not for the AVX-512 table kernels, whose
@@ -1045,15 +1057,18 @@ static void gemv_quant(int t, const unsigned char *W, const float *x, float *y, 
     float xg[k / 32 + 1];
     if (t != DT_W8 && t != DT_Q8_0 && !(megac_k_isa & KT_ISA_AVX512))
         x_group_sums(x, k, t == DT_W4G64 ? 64 : 128, xg);
-    for (int64_t r = r0; r < r1; r += 4) {
-        const unsigned char *row[4];
-        float out[4];
-        UNROLL4
-        for (int i = 0; i < 4; i++)
-            row[i] = W + (r + i < r1 ? r + i : r1 - 1) * rb;
-        qrows4(t, row, x, xg, k, out);
-        for (int i = 0; i < 4 && r + i < r1; i++)
-            gemv_store(y, b, r + i, out[i], accum);
+    for (int i = 0; i < ns; i++) {
+        const GemvSeg *g = &sg[i];
+        for (int64_t r = g->r0; r < g->r1; r += 4) {
+            const unsigned char *row[4];
+            float out[4];
+            UNROLL4
+            for (int q = 0; q < 4; q++)
+                row[q] = g->W + (r + q < g->r1 ? r + q : g->r1 - 1) * rb;
+            qrows4(t, row, x, xg, k, out);
+            for (int q = 0; q < 4 && r + q < g->r1; q++)
+                gemv_store(g->y, g->b, r + q, out[q], g->accum);
+        }
     }
 }
 
@@ -1261,8 +1276,7 @@ isa_vnni512_pk_rows(int t, const unsigned char *W, const int8_t *xq, const float
 }
 
 /* gemv_packed() with vpdpbusd; 0 (nothing done) when x is not finite. */
-static ISA_VNNI512 int isa_vnni512_gemv_packed(int t, const unsigned char *W, const float *x, float *y,
-                                               const float *b, int64_t r0, int64_t r1, int64_t k, int accum)
+static ISA_VNNI512 int isa_vnni512_gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
     int64_t nsb = (k / 32 + 3) / 4;
     int8_t xq[384 * nsb] __attribute__((aligned(64)));
@@ -1272,10 +1286,13 @@ static ISA_VNNI512 int isa_vnni512_gemv_packed(int t, const unsigned char *W, co
     x_group_sums(x, k, 32, xs); /* block sums of x, 0 past k */
     for (int64_t i = k / 32; i < 4 * nsb; i++)
         xs[i] = 0;
-    switch (t) {
-    case DT_Q4_0: isa_vnni512_pk_rows(DT_Q4_0, W, xq, xs, ub, y, b, r0, r1, k, accum); break;
-    case DT_Q4_1: isa_vnni512_pk_rows(DT_Q4_1, W, xq, xs, ub, y, b, r0, r1, k, accum); break;
-    default: isa_vnni512_pk_rows(DT_W4G32, W, xq, xs, ub, y, b, r0, r1, k, accum); break;
+    for (int i = 0; i < ns; i++) {
+        const GemvSeg *g = &sg[i];
+        switch (t) {
+        case DT_Q4_0: isa_vnni512_pk_rows(DT_Q4_0, g->W, xq, xs, ub, g->y, g->b, g->r0, g->r1, k, g->accum); break;
+        case DT_Q4_1: isa_vnni512_pk_rows(DT_Q4_1, g->W, xq, xs, ub, g->y, g->b, g->r0, g->r1, k, g->accum); break;
+        default: isa_vnni512_pk_rows(DT_W4G32, g->W, xq, xs, ub, g->y, g->b, g->r0, g->r1, k, g->accum); break;
+        }
     }
     return 1;
 }
@@ -1578,21 +1595,23 @@ PKA8_ROWS(isa_avxvnni_pka8_rows, ISA_AVXVNNI, PKA8_DOT16_AVXVNNI)
 PKA8_ROWS(isa_vnni512_pka8_rows, ISA_VNNI512, PKA8_DOT16_VNNI512)
 
 /* y[r0:r1] of packed W4A8G32 rows from the quantized input. */
-static void gemv_pka8(const unsigned char *W, const int8_t *xq, const float *dq, float *y, const float *b,
-                      int64_t r0, int64_t r1, int64_t k, int accum)
+static void gemv_pka8(const GemvSeg *sg, int ns, const int8_t *xq, const float *dq, int64_t k)
 {
     int64_t nsb = (k / 32 + 3) / 4;
     int8_t xqp[128 * nsb] __attribute__((aligned(64)));
     float dq4[4 * nsb] __attribute__((aligned(16))), dx4[4 * nsb] __attribute__((aligned(16)));
     pka8_x_prepare(xq, dq, k, xqp, dq4, dx4);
-    if (megac_k_isa & KT_ISA_VNNI512)
-        isa_vnni512_pka8_rows(W, xqp, dq4, dx4, y, b, r0, r1, k, accum);
-    else if (megac_k_isa & KT_ISA_AVXVNNI)
-        isa_avxvnni_pka8_rows(W, xqp, dq4, dx4, y, b, r0, r1, k, accum);
-    else if (megac_k_isa & KT_ISA_AVX2)
-        isa_avx2_pka8_rows(W, xqp, dq4, dx4, y, b, r0, r1, k, accum);
-    else
-        pka8_portable_rows(W, xqp, dq4, dx4, y, b, r0, r1, k, accum);
+    for (int i = 0; i < ns; i++) {
+        const GemvSeg *g = &sg[i];
+        if (megac_k_isa & KT_ISA_VNNI512)
+            isa_vnni512_pka8_rows(g->W, xqp, dq4, dx4, g->y, g->b, g->r0, g->r1, k, g->accum);
+        else if (megac_k_isa & KT_ISA_AVXVNNI)
+            isa_avxvnni_pka8_rows(g->W, xqp, dq4, dx4, g->y, g->b, g->r0, g->r1, k, g->accum);
+        else if (megac_k_isa & KT_ISA_AVX2)
+            isa_avx2_pka8_rows(g->W, xqp, dq4, dx4, g->y, g->b, g->r0, g->r1, k, g->accum);
+        else
+            pka8_portable_rows(g->W, xqp, dq4, dx4, g->y, g->b, g->r0, g->r1, k, g->accum);
+    }
 }
 
 /* Which fast A8 kernel runs t at k: 2 AVX-512 VNNI, 1 AVX-VNNI, 0 AVX2,
@@ -1629,8 +1648,7 @@ static void a8_rows4(int kind, int t, const unsigned char *const row[4], const i
 
 /* gemv_a8() with a fast kernel: the activation side's sums first (W8A8 on
  * VNNI512: d per lane and the constant c; W4A8G: dsx per group). */
-static void gemv_a8_fast(int kind, int t, const unsigned char *W, const int8_t *xq, const float *dq, float *y,
-                         const float *b, int64_t r0, int64_t r1, int64_t k, int accum)
+static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_t *xq, const float *dq, int64_t k)
 {
     int64_t rb = qrow_bytes(t, k), gs = t == DT_W8A8 ? 32 : w4_gsize(qlayout(t));
     float side[t == DT_W8A8 ? k / 4 : k / 32 + 1], c = 0;
@@ -1646,72 +1664,110 @@ static void gemv_a8_fast(int kind, int t, const unsigned char *W, const int8_t *
             side[bl * 32 / gs] = (bl * 32 % gs ? side[bl * 32 / gs] : 0.0f) + dq[bl] * (float)sx;
         }
     }
-    for (int64_t r = r0; r < r1; r += 4) {
-        const unsigned char *row[4];
-        float out[4];
-        UNROLL4
-        for (int i = 0; i < 4; i++)
-            row[i] = W + (r + i < r1 ? r + i : r1 - 1) * rb;
-        a8_rows4(kind, t, row, xq, dq, side, c, k, out);
-        for (int i = 0; i < 4 && r + i < r1; i++)
-            gemv_store(y, b, r + i, out[i], accum);
+    for (int i = 0; i < ns; i++) {
+        const GemvSeg *g = &sg[i];
+        for (int64_t r = g->r0; r < g->r1; r += 4) {
+            const unsigned char *row[4];
+            float out[4];
+            UNROLL4
+            for (int q = 0; q < 4; q++)
+                row[q] = g->W + (r + q < g->r1 ? r + q : g->r1 - 1) * rb;
+            a8_rows4(kind, t, row, xq, dq, side, c, k, out);
+            for (int q = 0; q < 4 && r + q < g->r1; q++)
+                gemv_store(g->y, g->b, r + q, out[q], g->accum);
+        }
     }
 }
 
 /* y[r0:r1] of an A8 weight: the input quantized once, then integer rows.
  * k <= CPU_NORM_K_MAX (cpu_check.c), so the buffers stay modest VLAs. */
-static void gemv_a8(int t, const unsigned char *W, const float *x, float *y, const float *b, int64_t r0, int64_t r1,
-                    int64_t k, int accum)
+static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
     int8_t xq[k];
     float dq[(k + 31) / 32];
     act_quantize(x, k, xq, dq);
     if (kt_row_packed(t, k)) {
-        gemv_pka8(W, xq, dq, y, b, r0, r1, k, accum);
+        gemv_pka8(sg, ns, xq, dq, k);
         return;
     }
     int kind = a8_fast_kind(t, k);
     if (kind >= 0) {
-        gemv_a8_fast(kind, t, W, xq, dq, y, b, r0, r1, k, accum);
+        gemv_a8_fast(kind, t, sg, ns, xq, dq, k);
         return;
     }
     int64_t rb = qrow_bytes(t, k);
-    for (int64_t r = r0; r < r1; r++) {
-        const unsigned char *row = W + r * rb;
-        gemv_store(y, b, r, t == DT_W8A8 ? dot_w8a8(row, xq, dq, k) : dot_w4a8(t, row, xq, dq, k), accum);
-    }
+    for (int i = 0; i < ns; i++)
+        for (int64_t r = sg[i].r0; r < sg[i].r1; r++) {
+            const unsigned char *row = sg[i].W + r * rb;
+            gemv_store(sg[i].y, sg[i].b, r, t == DT_W8A8 ? dot_w8a8(row, xq, dq, k) : dot_w4a8(t, row, xq, dq, k),
+                       sg[i].accum);
+        }
 }
 
 /* The weight dtype picks the row kernel: f32 rows as float streams, the
  * others (check_gemv_weight() of cpu_check.c lists them) with the
- * dequantization fused into the dot product, the A8 ones on int8 inputs. */
-static void gemv_rows(const MegacArgs *a, const int64_t *in, const float *x)
+ * dequantization fused into the dot product, the A8 ones on int8 inputs.
+ * in[0..n): a run of GEMVs that gemv_shares() admits. */
+#define GEMV_RUN_MAX 8
+
+static void gemv_rows(const MegacArgs *a, const int64_t *in, int n, const float *x)
 {
-    float *y = opnd(a, in, 2);
-    const float *b = opnd(a, in, 4);
-    int64_t r0 = in[KT_PARAM], r1 = in[KT_PARAM + 1], k = in[KT_PARAM + 2];
-    int accum = (in[KT_PARAM + 3] & GEMV_ACCUM) != 0;
-    if (!(in[KT_PARAM + 3] & GEMV_BIAS))
-        b = NULL;
+    GemvSeg sg[GEMV_RUN_MAX];
+    for (int i = 0; i < n; i++) {
+        const int64_t *g = in + (int64_t)i * KT_STRIDE;
+        sg[i] = (GemvSeg){opnd(a, g, 0), opnd(a, g, 2), (g[KT_PARAM + 3] & GEMV_BIAS) ? opnd(a, g, 4) : NULL,
+                          g[KT_PARAM], g[KT_PARAM + 1], (g[KT_PARAM + 3] & GEMV_ACCUM) != 0};
+    }
+    int64_t k = in[KT_PARAM + 2];
     int t = opnd_dtype(in, 0);
     if (t == DT_F32) {
-        gemv_f32(opnd(a, in, 0), x, y, b, r0, r1, k, accum);
-        return;
+        for (int i = 0; i < n; i++)
+            gemv_f32((const float *)sg[i].W, x, sg[i].y, sg[i].b, sg[i].r0, sg[i].r1, k, sg[i].accum);
+    } else if (a8_is(t)) {
+        gemv_a8(t, sg, n, x, k);
+    } else {
+        gemv_quant(t, sg, n, x, k);
     }
-    const unsigned char *W = opnd(a, in, 0);
-    if (a8_is(t)) {
-        gemv_a8(t, W, x, y, b, r0, r1, k, accum);
-        return;
-    }
-    gemv_quant(t, W, x, y, b, r0, r1, k, accum);
 }
 
-static void op_gemv(const MegacArgs *a, const int64_t *in)
+/* Whether GEMV g may join a run that starts at GEMV f: the same input,
+ * norm and weight dtype, and no GEMV of the run (g included) writes the
+ * input (so what f prepared stays what g would prepare). The instructions
+ * between them are GEMVs only: no wait, so no other worker may write x
+ * in between (the validator proves the schedule race-free). */
+static int gemv_shares(const int64_t *f, const int64_t *g)
+{
+    if (g[KT_KIND] != K_INST_OP || g[KT_OP] != OP_GEMV || g[KT_OPND + 1] != f[KT_OPND + 1] ||
+        g[KT_OPND + 3] != f[KT_OPND + 3] || g[KT_PARAM + 2] != f[KT_PARAM + 2] ||
+        ((g[KT_PARAM + 3] ^ f[KT_PARAM + 3]) & GEMV_NORM) || opnd_dtype(g, 0) != opnd_dtype(f, 0))
+        return 0;
+    uint64_t x = (uint64_t)f[KT_OPND + 1], y = (uint64_t)g[KT_OPND + 2];
+    if (!(x & KT_ARENA) || !(y & KT_ARENA))
+        return 1; /* y is always in the arena; a weight x is never written */
+    uint64_t x0 = x & ~KT_ARENA, x1 = x0 + 4 * (uint64_t)f[KT_PARAM + 2];
+    uint64_t y0 = (y & ~KT_ARENA) + 4 * (uint64_t)g[KT_PARAM], y1 = (y & ~KT_ARENA) + 4 * (uint64_t)g[KT_PARAM + 1];
+    return y1 <= x0 || x1 <= y0;
+}
+
+/* How many GEMVs from `in` on (at most GEMV_RUN_MAX, not past end) share
+ * one prepared input; in itself counts when it does not write its input. */
+static int gemv_run_length(const int64_t *in, const int64_t *end)
+{
+    int n = 1;
+    if (!gemv_shares(in, in))
+        return 1;
+    while (n < GEMV_RUN_MAX && in + (int64_t)n * KT_STRIDE < end && gemv_shares(in, in + (int64_t)n * KT_STRIDE))
+        n++;
+    return n;
+}
+
+/* The GEMVs in[0..n) with their shared input: x, or rmsnorm(x) * nw. */
+static void op_gemv(const MegacArgs *a, const int64_t *in, int n)
 {
     const float *x = opnd(a, in, 1);
     int64_t k = in[KT_PARAM + 2];
     if (!(in[KT_PARAM + 3] & GEMV_NORM)) {
-        gemv_rows(a, in, x);
+        gemv_rows(a, in, n, x);
         return;
     }
     /* k <= CPU_NORM_K_MAX (cpu_check.c), so this stays a modest VLA. */
@@ -1720,7 +1776,7 @@ static void op_gemv(const MegacArgs *a, const int64_t *in)
     float s = rms_scale(x, k);
     for (int64_t j = 0; j < k; j++)
         xin[j] = x[j] * s * nw[j];
-    gemv_rows(a, in, xin);
+    gemv_rows(a, in, n, xin);
 }
 
 /* Rotates heads [h0, h1) of v by the angles of row `pos` of the rope
@@ -1957,12 +2013,17 @@ static void op_attn_combine(const MegacArgs *a, const int64_t *in)
     }
 }
 
+/* silu(g) u = g sigmoid(g) u, with e^-|g| from exp_nonpos (one vector
+ * loop; libm's expf per element took ~2% of a SmolLM2 step):
+ * sigmoid(g) = 1 / (1 + e^-g) for g >= 0, e^g / (1 + e^g) below. */
 static void op_silu_mul(const MegacArgs *a, const int64_t *in)
 {
     const float *g = opnd(a, in, 0), *u = opnd(a, in, 1);
     float *out = opnd(a, in, 2);
-    for (int64_t r = in[KT_PARAM]; r < in[KT_PARAM + 1]; r++)
-        out[r] = g[r] / (1.0f + expf(-g[r])) * u[r];
+    for (int64_t r = in[KT_PARAM]; r < in[KT_PARAM + 1]; r++) {
+        float x = g[r], t = exp_nonpos(-__builtin_fabsf(x));
+        out[r] = x * ((x >= 0.0f ? 1.0f : t) / (1.0f + t)) * u[r];
+    }
 }
 
 static void op_add(const MegacArgs *a, const int64_t *in)
@@ -2015,7 +2076,7 @@ static void op_run(const MegacArgs *a, const int64_t *in)
     switch (in[KT_OP]) {
     case OP_EMBED: op_embed(a, in); break;
     case OP_RMSNORM: op_rmsnorm(a, in); break;
-    case OP_GEMV: op_gemv(a, in); break;
+    case OP_GEMV: op_gemv(a, in, 1); break;
     case OP_ROPE: op_rope(a, in); break;
     case OP_KV_APPEND: op_kv_append(a, in); break;
     case OP_ATTN: op_attn(a, in); break;
@@ -2266,8 +2327,15 @@ void megac_worker(const MegacArgs *a, uint32_t worker)
         const int64_t *in = megac_k_insts + (int64_t)i * KT_STRIDE;
         switch (in[KT_KIND]) {
         case K_INST_OP:
-            op_run(a, in);
-            prof_gemv_bytes(worker, in);
+            if (in[KT_OP] == OP_GEMV) {
+                int n = gemv_run_length(in, megac_k_insts + (int64_t)end * KT_STRIDE);
+                op_gemv(a, in, n);
+                for (int j = 0; j < n; j++)
+                    prof_gemv_bytes(worker, in + (int64_t)j * KT_STRIDE);
+                i += n - 1;
+            } else {
+                op_run(a, in);
+            }
             PROF_END(worker, in[KT_OP]);
             break;
         case K_INST_SIGNAL:
