@@ -568,6 +568,22 @@ static void gemv_store(float *y, const float *b, int64_t r, float v, int accum)
 #define QFAST_K_MAX 16384
 #define UNROLL4 _Pragma("clang loop unroll(full)")
 
+/* Rows r..r+3 of a segment for a four-row kernel (a pass past r1
+ * repeats the last row), and their results back (those before r1). */
+static inline __attribute__((always_inline)) void seg_quad(const GemvSeg *g, int64_t rb, int64_t r,
+                                                           const unsigned char *row[4])
+{
+    UNROLL4
+    for (int q = 0; q < 4; q++)
+        row[q] = g->W + (r + q < g->r1 ? r + q : g->r1 - 1) * rb;
+}
+
+static inline __attribute__((always_inline)) void seg_quad_store(const GemvSeg *g, int64_t r, const float out[4])
+{
+    for (int q = 0; q < 4 && r + q < g->r1; q++)
+        gemv_store(g->y, g->b, r + q, out[q], g->accum);
+}
+
 typedef uint16_t v4u16 __attribute__((vector_size(8)));
 typedef uint32_t v4u32 __attribute__((vector_size(16)));
 
@@ -1062,12 +1078,9 @@ static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t
         for (int64_t r = g->r0; r < g->r1; r += 4) {
             const unsigned char *row[4];
             float out[4];
-            UNROLL4
-            for (int q = 0; q < 4; q++)
-                row[q] = g->W + (r + q < g->r1 ? r + q : g->r1 - 1) * rb;
+            seg_quad(g, rb, r, row);
             qrows4(t, row, x, xg, k, out);
-            for (int q = 0; q < 4 && r + q < g->r1; q++)
-                gemv_store(g->y, g->b, r + q, out[q], g->accum);
+            seg_quad_store(g, r, out);
         }
     }
 }
@@ -1669,12 +1682,9 @@ static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_
         for (int64_t r = g->r0; r < g->r1; r += 4) {
             const unsigned char *row[4];
             float out[4];
-            UNROLL4
-            for (int q = 0; q < 4; q++)
-                row[q] = g->W + (r + q < g->r1 ? r + q : g->r1 - 1) * rb;
+            seg_quad(g, rb, r, row);
             a8_rows4(kind, t, row, xq, dq, side, c, k, out);
-            for (int q = 0; q < 4 && r + q < g->r1; q++)
-                gemv_store(g->y, g->b, r + q, out[q], g->accum);
+            seg_quad_store(g, r, out);
         }
     }
 }
