@@ -36,7 +36,9 @@
  * and W4A8G32 rows arrive packed (kernel_table.h, compiler/quant.c): one
  * AND and one conversion per 16 weights, on every instruction set (W4A8G32:
  * two u8 x s8 dot products per 128 weights). A worker that
- * must wait for another first prefetches its next GEMVs' weights.
+ * must wait for another first prefetches its next GEMVs' weights. A run
+ * of GEMVs with one input and no wait between them (q/k/v, gate/up)
+ * normalizes and prepares that input once (gemv_run_length).
  *
  * Instruction sets: the bitcode is built for generic x86-64, and cpu_emit.c
  * retargets every function to the chosen CPU. Code that needs intrinsics
