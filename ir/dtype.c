@@ -38,22 +38,6 @@ int dtype_block_bytes(DType t)
     return dtypes[t].block_bytes;
 }
 
-bool dtype_is_a8(DType t)
-{
-    return t == DT_W8A8 || t == DT_W4A8G32 || t == DT_W4A8G64 || t == DT_W4A8G128;
-}
-
-DType dtype_layout(DType t)
-{
-    switch (t) {
-    case DT_W8A8: return DT_W8;
-    case DT_W4A8G32: return DT_W4G32;
-    case DT_W4A8G64: return DT_W4G64;
-    case DT_W4A8G128: return DT_W4G128;
-    default: return t;
-    }
-}
-
 bool dtype_is_rowwise(DType t)
 {
     t = dtype_layout(t);

@@ -87,11 +87,26 @@ bool dtype_is_rowwise(DType t);
 /* True for the weight-only formats (GGUF blocks, W8, W4G*, and the A8
  * variants). */
 bool dtype_is_quant(DType t);
-/* True for W8A8 and W4A8G*: the GEMV quantizes its input to int8. */
-bool dtype_is_a8(DType t);
+/* True for W8A8 and W4A8G*: the GEMV quantizes its input to int8.
+ * (Inline, like dtype_layout: the CPU kernel body, which links nothing of
+ * ir/, uses them too.) */
+static inline bool dtype_is_a8(DType t)
+{
+    return t == DT_W8A8 || t == DT_W4A8G32 || t == DT_W4A8G64 || t == DT_W4A8G128;
+}
+
 /* The A16 dtype with the same bytes (W8A8 -> W8, W4A8G32 -> W4G32, ...);
  * t itself for the others. */
-DType dtype_layout(DType t);
+static inline DType dtype_layout(DType t)
+{
+    switch (t) {
+    case DT_W8A8: return DT_W8;
+    case DT_W4A8G32: return DT_W4G32;
+    case DT_W4A8G64: return DT_W4G64;
+    case DT_W4A8G128: return DT_W4G128;
+    default: return t;
+    }
+}
 /* Bytes of one row of k elements (block formats: k a multiple of the
  * block). */
 size_t dtype_row_bytes(DType t, int64_t k);

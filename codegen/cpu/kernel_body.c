@@ -183,16 +183,10 @@ static int64_t w4_group_bytes(int64_t len)
     return 4 + 16 * ((len + 31) / 32);
 }
 
-/* The A16 dtype with the same bytes (ir/dtype.c's dtype_layout). */
+/* The A16 dtype with the same bytes (ir/dtype.h). */
 static int qlayout(int t)
 {
-    switch (t) {
-    case DT_W8A8: return DT_W8;
-    case DT_W4A8G32: return DT_W4G32;
-    case DT_W4A8G64: return DT_W4G64;
-    case DT_W4A8G128: return DT_W4G128;
-    default: return t;
-    }
+    return (int)dtype_layout((DType)t);
 }
 
 /* Bytes of a row of k elements (ir/dtype.c's dtype_row_bytes). */
@@ -395,7 +389,7 @@ typedef int32_t v16i32 __attribute__((vector_size(64)));
 
 static int a8_is(int t)
 {
-    return t == DT_W8A8 || t == DT_W4A8G32 || t == DT_W4A8G64 || t == DT_W4A8G128;
+    return dtype_is_a8((DType)t);
 }
 
 /* One block of len <= 32 of x to int8 (ir/dtype.h): the largest |x| by
