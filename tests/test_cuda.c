@@ -577,7 +577,10 @@ static void watchdog_check(const char *target)
         memset(&info, 0, sizeof info);
         cr_assert(cg_cuda_compile(s, target, path, &info, &d));
     }
-    setenv("MEGAC_WATCHDOG_MS", "100", 1);
+    /* Long enough that a healthy wait never trips it on a loaded, sanitized
+     * 2-core CI machine (100 ms did once: worker 0 gave up on a legitimate
+     * wait while worker 1 was descheduled); the stuck wait costs this much. */
+    setenv("MEGAC_WATCHDOG_MS", "1500", 1);
     megac_model *m;
     megac_status st = megac_open(b, &m);
     unsetenv("MEGAC_WATCHDOG_MS");
