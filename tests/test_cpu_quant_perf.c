@@ -12,7 +12,10 @@
  * shaped rows (k = 576, 256 MB of weights: far past the last-level cache),
  * with 1 and 2 workers, next to an f32 GEMV of the same rows, and prints
  * GB/s of weight bytes read (wall time, and per CPU time, which excludes
- * preemption on a shared machine).
+ * preemption on a shared machine). MEGAC_QBENCH_MB sets the weight size,
+ * MEGAC_QBENCH_DTYPE picks one dtype, MEGAC_QBENCH_OP_ROWS cuts each
+ * worker's rows into ops of that many rows, and MEGAC_QBENCH_SCATTER=1
+ * runs those ops in a scattered order (as a decode step's tiles are).
  */
 #include "codegen/codegen.h"
 #include "compiler/quant.h"
@@ -464,9 +467,15 @@ static void bench_dtype(DType t, int nw, int64_t rows, int64_t k)
     uint32_t yb = sched_add_buffer(s, "y", DT_F32, BUF_SCRATCH, 1, sy);
     /* ops of at most op_rows rows (a decode step's GEMVs are small) */
     int64_t op_rows = getenv("MEGAC_QBENCH_OP_ROWS") ? atoll(getenv("MEGAC_QBENCH_OP_ROWS")) : rows;
+    /* MEGAC_QBENCH_SCATTER=1: each worker visits its ops' row ranges in a
+     * scattered order, so consecutive ops are not adjacent in memory (as in
+     * a decode step, where a worker's next tile is in another matrix) */
+    bool scatter = getenv("MEGAC_QBENCH_SCATTER") != NULL;
     for (int w = 0; w < nw; w++) {
-        for (int64_t r0 = rows * w / nw, end = rows * (w + 1) / nw; r0 < end; r0 += op_rows) {
-            int64_t r1 = r0 + op_rows < end ? r0 + op_rows : end;
+        int64_t b = rows * w / nw, end = rows * (w + 1) / nw, nops = (end - b + op_rows - 1) / op_rows;
+        for (int64_t i = 0; i < nops; i++) {
+            int64_t j = scatter && nops % 7919 ? i * 7919 % nops : i; /* a permutation: 7919 is prime */
+            int64_t r0 = b + j * op_rows, r1 = r0 + op_rows < end ? r0 + op_rows : end;
             Access acc[5] = {{wb, ACC_R, {r0 * k, 0}, {r1 * k, 0}}, {xb, ACC_R, {0, 0}, {k, 0}},
                              {yb, ACC_W, {r0, 0}, {r1, 0}}, {BUF_NONE, 0, {0, 0}, {0, 0}},
                              {BUF_NONE, 0, {0, 0}, {0, 0}}};
