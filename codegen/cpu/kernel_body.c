@@ -541,19 +541,76 @@ static void op_rmsnorm(const MegacArgs *a, const int64_t *in)
 #define QPF_BYTES 16384
 #endif
 
+#define ATTN_CHUNK 64     /* rows scored before their softmax update */
+
 typedef struct WStream {
     const MegacArgs *a;
     const int64_t *next, *end;  /* instructions still to look at */
     const char *p, *stop;       /* what is left of the range being asked for */
     int64_t ahead;              /* bytes asked for beyond what was read */
+    /* an attention op's rows, as op_attn reads them: blocks of `run` rows
+     * `stride` apart from b0, chunks of ATTN_CHUNK rows in a block, each
+     * chunk's k rows and then its v rows */
+    const char *kh, *vh;
+    int64_t rowb, b0, b1, run, stride, t, n;
+    int in_v;
 } WStream;
 
-/* Moves ws to the weight range of its next GEMV; 0 when there is none. */
+/* Moves ws to the next chunk of k or v rows of its attention op; 0 when
+ * the op has none left. */
+static int ws_attn_next(WStream *ws)
+{
+    if (!ws->kh)
+        return 0;
+    if (!ws->in_v && ws->n) { /* the chunk's v rows after its k rows */
+        ws->in_v = 1;
+        ws->p = ws->vh + ws->t * ws->rowb;
+        ws->stop = ws->p + ws->n * ws->rowb;
+        return 1;
+    }
+    ws->t += ws->n;
+    if (ws->t >= ws->b1) {
+        ws->b0 += ws->stride;
+        if (ws->b0 > ws->a->pos) {
+            ws->kh = NULL;
+            return 0;
+        }
+        ws->t = ws->b0;
+        ws->b1 = ws->b0 + ws->run <= ws->a->pos + 1 ? ws->b0 + ws->run : ws->a->pos + 1;
+    }
+    ws->n = ws->b1 - ws->t < ATTN_CHUNK ? ws->b1 - ws->t : ATTN_CHUNK;
+    ws->in_v = 0;
+    ws->p = ws->kh + ws->t * ws->rowb;
+    ws->stop = ws->p + ws->n * ws->rowb;
+    return 1;
+}
+
+/* Moves ws to the next range its worker reads: a GEMV's weight rows, or
+ * a chunk of an attention op's k or v rows. 0 when there is none. */
 static int ws_advance(WStream *ws)
 {
+    if (ws_attn_next(ws))
+        return 1;
     for (; ws->next < ws->end; ws->next += KT_STRIDE) {
         const int64_t *in = ws->next;
-        if (in[KT_KIND] != K_INST_OP || in[KT_OP] != OP_GEMV || ((uint64_t)in[KT_OPND] & KT_ARENA))
+        if (in[KT_KIND] != K_INST_OP)
+            continue;
+        if (in[KT_OP] == OP_ATTN) {
+            int64_t h = in[KT_PARAM], s = in[KT_PARAM + 1], nsplit = in[KT_PARAM + 2], block = in[KT_PARAM + 3];
+            int64_t hd = SHAPE(KS_HEAD_DIM), off = h * SHAPE(KS_MAX_SEQ) * hd * (int64_t)sizeof(float);
+            ws->kh = (const char *)opnd(ws->a, in, 1) + off;
+            ws->vh = (const char *)opnd(ws->a, in, 2) + off;
+            ws->rowb = hd * (int64_t)sizeof(float);
+            ws->run = nsplit == 1 ? ws->a->pos + 1 : block;
+            ws->stride = nsplit == 1 ? ws->a->pos + 1 : nsplit * block;
+            ws->b0 = s * block - ws->stride; /* ws_attn_next steps to the first block */
+            ws->b1 = ws->t = ws->n = 0;
+            ws->next += KT_STRIDE;
+            if (ws_attn_next(ws))
+                return 1;
+            continue;
+        }
+        if (in[KT_OP] != OP_GEMV || ((uint64_t)in[KT_OPND] & KT_ARENA))
             continue;
         int t = opnd_dtype(in, 0);
         int64_t k = in[KT_PARAM + 2], rb = t == DT_F32 ? 4 * k : qrow_bytes(t, k);
@@ -1874,8 +1931,6 @@ static void op_kv_append(const MegacArgs *a, const int64_t *in)
     memcpy(vc + row, v + h * hd, (size_t)hd * sizeof(float));
 }
 
-#define ATTN_CHUNK 64     /* rows scored before their softmax update */
-#define ATTN_PF_ROWS 32   /* k and v rows are prefetched this far ahead */
 
 /* e^x for x <= 0 (softmax weights), in plain arithmetic the loop vectorizer
  * turns into vector code: x = n ln2 + r, |r| <= ln2/2 (Cody-Waite), e^r by
@@ -1988,34 +2043,26 @@ static void attn_softmax_step(float *p, float *sc, int64_t n, int64_t hd)
     p[hd + 1] = l;
 }
 
-/* Asks for the cache lines of n floats at p ahead of their use: the loops
- * over k and v rows do too much per line for the out-of-order window alone
- * to keep enough of the stream in flight. Rows past the run are harmless
- * (a prefetch never faults). */
-static void attn_prefetch_rows(const float *p, int64_t n)
-{
-    for (int64_t i = 0; i < n; i += 16)
-        __builtin_prefetch(p + i, 0, 3);
-}
-
 /* Rows [t0, t0+n) of the online softmax for all G q heads of a kv head:
  * scores, softmax update, weighted sum of v. Each group of four k (then v)
- * rows serves every q head while it is in L1, so the stream from memory
- * overlaps the arithmetic. p: G entries of hd outputs, m, l. */
+ * rows serves every q head while it is in L1; the rows are part of the
+ * worker's prefetch stream (ws: the loops do too much per cache line for
+ * the out-of-order window alone to keep enough of them in flight). p: G
+ * entries of hd outputs, m, l. */
 static void attn_chunk(float *p, const float *q, const float *kh, const float *vh, int64_t t0, int64_t n,
-                       int64_t hd, int64_t G, float scale)
+                       int64_t hd, int64_t G, float scale, WStream *ws)
 {
     float sc[G][ATTN_CHUNK];
     const float *k = kh + t0 * hd, *v = vh + t0 * hd;
     for (int64_t i = 0; i < n; i += 4) {
-        attn_prefetch_rows(k + (i + ATTN_PF_ROWS) * hd, 4 * hd);
+        ws_read(ws, (n - i < 4 ? n - i : 4) * hd * (int64_t)sizeof(float));
         for (int64_t g = 0; g < G; g++)
             attn_scores(sc[g] + i, q + g * hd, k + i * hd, n - i < 4 ? n - i : 4, hd, scale);
     }
     for (int64_t g = 0; g < G; g++)
         attn_softmax_step(p + g * (hd + 2), sc[g], n, hd);
     for (int64_t i = 0; i < n; i += 4) {
-        attn_prefetch_rows(v + (i + ATTN_PF_ROWS) * hd, 4 * hd);
+        ws_read(ws, (n - i < 4 ? n - i : 4) * hd * (int64_t)sizeof(float));
         for (int64_t g = 0; g < G; g++)
             attn_accum(p + g * (hd + 2), sc[g] + i, v + i * hd, n - i < 4 ? n - i : 4, hd);
     }
@@ -2023,7 +2070,7 @@ static void attn_chunk(float *p, const float *q, const float *kh, const float *v
 
 /* Partials of split s for the G q heads of kv head h over rows t <= pos
  * with (t / block) % nsplit == s; an empty split leaves zeros, -inf, 0. */
-static void op_attn(const MegacArgs *a, const int64_t *in)
+static void op_attn(const MegacArgs *a, const int64_t *in, WStream *ws)
 {
     const float *q = opnd(a, in, 0), *kc = opnd(a, in, 1), *vc = opnd(a, in, 2);
     float *part = opnd(a, in, 3);
@@ -2043,7 +2090,7 @@ static void op_attn(const MegacArgs *a, const int64_t *in)
         int64_t b1 = b0 + run <= a->pos + 1 ? b0 + run : a->pos + 1;
         for (int64_t t0 = b0; t0 < b1; t0 += ATTN_CHUNK) {
             int64_t n = b1 - t0 < ATTN_CHUNK ? b1 - t0 : ATTN_CHUNK;
-            attn_chunk(p, q + h * G * hd, kh, vh, t0, n, hd, G, scale);
+            attn_chunk(p, q + h * G * hd, kh, vh, t0, n, hd, G, scale, ws);
         }
     }
 }
@@ -2136,14 +2183,14 @@ static void op_argmax_combine(const MegacArgs *a, const int64_t *in)
         *(float *)opnd(a, in, 1) = idx;
 }
 
-static void op_run(const MegacArgs *a, const int64_t *in)
+static void op_run(const MegacArgs *a, const int64_t *in, WStream *ws)
 {
     switch (in[KT_OP]) {
     case OP_EMBED: op_embed(a, in); break;
     case OP_RMSNORM: op_rmsnorm(a, in); break;
     case OP_ROPE: op_rope(a, in); break;
     case OP_KV_APPEND: op_kv_append(a, in); break;
-    case OP_ATTN: op_attn(a, in); break;
+    case OP_ATTN: op_attn(a, in, ws); break;
     case OP_ATTN_COMBINE: op_attn_combine(a, in); break;
     case OP_SILU_MUL: op_silu_mul(a, in); break;
     case OP_ADD: op_add(a, in); break;
@@ -2329,7 +2376,7 @@ void megac_worker(const MegacArgs *a, uint32_t worker)
         return;
     }
     int32_t first = megac_k_wstart[worker], end = megac_k_wstart[worker + 1];
-    WStream ws = {a, megac_k_insts + (int64_t)first * KT_STRIDE, megac_k_insts + (int64_t)end * KT_STRIDE, NULL, NULL, 0};
+    WStream ws = {.a = a, .next = megac_k_insts + (int64_t)first * KT_STRIDE, .end = megac_k_insts + (int64_t)end * KT_STRIDE};
     PROF_START(worker);
     for (int32_t i = first; i < end; i++) {
         const int64_t *in = megac_k_insts + (int64_t)i * KT_STRIDE;
@@ -2342,7 +2389,7 @@ void megac_worker(const MegacArgs *a, uint32_t worker)
                     prof_gemv_bytes(worker, in + (int64_t)j * KT_STRIDE);
                 i += n - 1;
             } else {
-                op_run(a, in);
+                op_run(a, in, &ws);
             }
             PROF_END(worker, in[KT_OP]);
             break;
