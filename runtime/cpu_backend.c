@@ -2,12 +2,16 @@
  * cpu_backend.c - runs a kernel.so (cpu and host-cuda targets) on W
  * persistent worker threads.
  *
- * The threads start once at open and park on a condition variable between
- * steps (they do not spin). A step: the caller zeroes the counters, writes
- * the token into the arena's `tok` buffer, bumps the step generation and
- * wakes every worker; worker w calls megac_worker(&args, w) and reports
- * done; the caller sleeps until all W are done, then checks the abort flag
- * that a kernel wait sets when its watchdog expires.
+ * The threads start once at open. A step: the caller zeroes the counters,
+ * writes the token into the arena's `tok` buffer, bumps the step
+ * generation and wakes the workers that are parked; worker w calls
+ * megac_worker(&args, w) and reports done; the caller sleeps until all W
+ * are done, then checks the abort flag that a kernel wait sets when its
+ * watchdog expires. Between steps a worker first watches the generation
+ * for CPU_SPIN_NS (when there is a CPU for each worker, and MEGAC_NO_SPIN
+ * is not set), then parks on a condition variable: decode calls step
+ * after step, and waking parked threads cost ~3% of a 1.7 ms SmolLM2 step
+ * on a 2-vCPU VM.
  *
  * MEGAC_WATCHDOG_MS in the environment (read at open) sets the kernel's
  * wait deadline (MegacArgs.timeout_ns); unset, the kernel's default holds.
@@ -22,6 +26,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+/* How long a worker watches for the next step before it parks. */
+#define CPU_SPIN_NS 500000
 
 typedef void (*megac_worker_fn)(const MegacArgs *a, uint32_t worker);
 
@@ -44,23 +52,54 @@ struct CpuPool {
     uint32_t nthreads;
     CpuThread *threads;
     pthread_mutex_t mu;
-    pthread_cond_t go;          /* workers wait here for a new generation */
+    pthread_cond_t go;          /* workers park here for a new generation */
     pthread_cond_t done;        /* the caller waits here for ndone == W */
-    uint64_t gen;               /* step generation */
+    uint64_t gen;               /* step generation (atomic; written under mu) */
     uint32_t ndone;
-    bool quit;
+    uint32_t parked;            /* workers waiting on `go` */
+    bool spin;                  /* a CPU for each worker: watch gen before parking */
+    bool quit;                  /* atomic; written under mu */
 };
 
-/* Worker thread: park until the generation moves, run, report done. */
+static uint64_t cpu_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Watches the generation for CPU_SPIN_NS; true when it moved (or quit). */
+static bool cpu_spin_for_step(CpuPool *pool, uint64_t seen)
+{
+    uint64_t t0 = cpu_now_ns();
+    for (;;) {
+        for (int i = 0; i < 256; i++) {
+            if (__atomic_load_n(&pool->gen, __ATOMIC_ACQUIRE) != seen || __atomic_load_n(&pool->quit, __ATOMIC_ACQUIRE))
+                return true;
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        }
+        if (cpu_now_ns() - t0 > CPU_SPIN_NS)
+            return false;
+    }
+}
+
+/* Worker thread: wait until the generation moves, run, report done. */
 static void *cpu_thread_main(void *p)
 {
     CpuThread *t = p;
     CpuPool *pool = t->pool;
     uint64_t seen = 0;
     for (;;) {
+        if (pool->spin)
+            cpu_spin_for_step(pool, seen);
         pthread_mutex_lock(&pool->mu);
-        while (pool->gen == seen && !pool->quit)
+        while (pool->gen == seen && !pool->quit) {
+            pool->parked++;
             pthread_cond_wait(&pool->go, &pool->mu);
+            pool->parked--;
+        }
         if (pool->quit) {
             pthread_mutex_unlock(&pool->mu);
             return NULL;
@@ -163,6 +202,9 @@ static void cpu_threads_pin(CpuPool *pool)
 static megac_status cpu_threads_start(megac_model *m, CpuPool *pool)
 {
     pool->nthreads = m->man.workers;
+    cpu_set_t allowed;
+    pool->spin = !getenv("MEGAC_NO_SPIN") && sched_getaffinity(0, sizeof allowed, &allowed) == 0 &&
+                 (uint32_t)CPU_COUNT(&allowed) >= pool->nthreads;
     pool->threads = calloc(pool->nthreads, sizeof *pool->threads);
     if (!pool->threads)
         return rt_fail(m, MEGAC_ERR_NOMEM, "cannot allocate %u threads", pool->nthreads);
@@ -186,7 +228,7 @@ static void cpu_close(megac_model *m)
     if (!pool)
         return;
     pthread_mutex_lock(&pool->mu);
-    pool->quit = true;
+    __atomic_store_n(&pool->quit, true, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&pool->go);
     pthread_mutex_unlock(&pool->mu);
     for (uint32_t i = 0; pool->threads && i < pool->nthreads; i++)
@@ -230,13 +272,14 @@ static megac_status cpu_open(megac_model *m)
     return MEGAC_OK;
 }
 
-/* Wakes all workers for one step and sleeps until every one is done. */
+/* Starts one step on all workers and sleeps until every one is done. */
 static void cpu_pool_run(CpuPool *pool)
 {
     pthread_mutex_lock(&pool->mu);
     pool->ndone = 0;
-    pool->gen++;
-    pthread_cond_broadcast(&pool->go);
+    __atomic_store_n(&pool->gen, pool->gen + 1, __ATOMIC_RELEASE);
+    if (pool->parked)
+        pthread_cond_broadcast(&pool->go);
     while (pool->ndone < pool->nthreads)
         pthread_cond_wait(&pool->done, &pool->mu);
     pthread_mutex_unlock(&pool->mu);
