@@ -1667,39 +1667,46 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
 #define PKA8_DOT16_AVXVNNI(acc, u, s) PKA8_DOT16_256(isa_avxvnni_dot, acc, u, s)
 #define PKA8_DOT16_VNNI512(acc, u, s) acc = isa_vnni512_dot(acc, u, s)
 
-/* Rows [r0, r1) four at a time; nb % 4 blocks left over make a short
- * superblock (zeros past them, in the weights as in xqp). */
+/* Superblock sb of the four rows, nblk of its blocks (a constant 4 in
+ * the main loop, so its loads and conversions are fixed-size). */
+#define PKA8_SB(dot16, nblk)                                                                                 \
+    do {                                                                                                     \
+        v16u32 xl = *(const v16u32 *)(xqp + 128 * sb), xh = *(const v16u32 *)(xqp + 128 * sb + 64);           \
+        v4f dq = *(const v4f *)(dq4 + 4 * sb), dx = *(const v4f *)(dx4 + 4 * sb);                             \
+        UNROLL4                                                                                              \
+        for (int i = 0; i < 4; i++) {                                                                        \
+            const unsigned char *w = row[i] + 80 * sb;                                                       \
+            v16u32 v;                                                                                        \
+            if ((nblk) == 4)                                                                                 \
+                v = *(const v16u32a1 *)(w + 16);                                                             \
+            else                                                                                             \
+                pk_load_short(w + 4 * (nblk), (nblk), &v);                                                   \
+            v16i32 p = {0};                                                                                  \
+            dot16(p, v & 0x0f0f0f0fu, xl);                                                                   \
+            dot16(p, (v >> 4) & 0x0f0f0f0fu, xh);                                                            \
+            v4f sc = pk_f16x4(pk_u16x4(w, (nblk))), sd = sc * dq;                                            \
+            acc[i] += __builtin_shufflevector(sd, sd, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *         \
+                      __builtin_convertvector(p, v16f);                                                      \
+            off[i] += sc * pk_z4(w + 2 * (nblk), (nblk)) * dx;                                               \
+        }                                                                                                    \
+    } while (0)
+
+/* Rows [r0, r1) four at a time: whole superblocks, then the nb % 4 blocks
+ * left over as a short one (zeros past them, in the weights as in xqp). */
 #define PKA8_ROWS(name, attr, dot16)                                                                           \
     static attr void name(const GemvSeg *g, const int8_t *xqp, const float *dq4, const float *dx4, int64_t k) \
     {                                                                                                        \
-        int64_t rb = qrow_bytes(DT_W4G32, k), nb = k / 32, nsb = (nb + 3) / 4;                              \
+        int64_t rb = qrow_bytes(DT_W4G32, k), nb = k / 32;                                                  \
         for (int64_t r = g->r0; r < g->r1; r += 4) {                                                         \
             const unsigned char *row[4];                                                                     \
             seg_quad(g, rb, r, row);                                                                         \
             v16f acc[4] = {{0}, {0}, {0}, {0}};                                                              \
             v4f off[4] = {{0}, {0}, {0}, {0}};                                                               \
-            for (int64_t sb = 0; sb < nsb; sb++) {                                                           \
-                int nblk = sb < nb / 4 ? 4 : (int)(nb % 4);                                                  \
-                v16u32 xl = *(const v16u32 *)(xqp + 128 * sb), xh = *(const v16u32 *)(xqp + 128 * sb + 64);   \
-                v4f dq = *(const v4f *)(dq4 + 4 * sb), dx = *(const v4f *)(dx4 + 4 * sb);                     \
-                UNROLL4                                                                                      \
-                for (int i = 0; i < 4; i++) {                                                                \
-                    const unsigned char *w = row[i] + 80 * sb;                                               \
-                    v16u32 v;                                                                                \
-                    if (nblk == 4) {                                                                         \
-                        v = *(const v16u32a1 *)(w + 16);                                                     \
-                    } else {                                                                                 \
-                        pk_load_short(w + 4 * nblk, nblk, &v);                                               \
-                    }                                                                                        \
-                    v16i32 p = {0};                                                                          \
-                    dot16(p, v & 0x0f0f0f0fu, xl);                                                           \
-                    dot16(p, (v >> 4) & 0x0f0f0f0fu, xh);                                                    \
-                    v4f sc = pk_f16x4(pk_u16x4(w, nblk)), sd = sc * dq;                                      \
-                    acc[i] += __builtin_shufflevector(sd, sd, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) * \
-                              __builtin_convertvector(p, v16f);                                              \
-                    off[i] += sc * pk_z4(w + 2 * nblk, nblk) * dx;                                           \
-                }                                                                                            \
-            }                                                                                                \
+            int64_t sb = 0;                                                                                  \
+            for (; sb < nb / 4; sb++)                                                                        \
+                PKA8_SB(dot16, 4);                                                                           \
+            if (nb % 4)                                                                                      \
+                PKA8_SB(dot16, (int)(nb % 4));                                                               \
             float out[4];                                                                                    \
             UNROLL4                                                                                          \
             for (int i = 0; i < 4; i++)                                                                      \
