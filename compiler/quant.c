@@ -471,6 +471,29 @@ static void quant_matrix(Weights *w, const char *name, float *f, int64_t rows, i
     }
 }
 
+/* GGUF Q4_0 blocks re-expressed as W4G32 or W4A8G32 groups without a
+ * float round trip: s = d, z = 8 and the same 16 bytes of nibbles (W4's
+ * chunks of 32 are laid out as Q4_0's), so s * (q - z) is Q4_0's
+ * d * (q - 8) bit for bit, and the f32 view stays as it is. False (nothing
+ * done) for any other pair. */
+static bool quant_q4_0_regroup(Weights *w, const char *name, DType t)
+{
+    const QTensor *src = weights_qtensor(w, name);
+    if (!src || src->dtype != DT_Q4_0 || (t != DT_W4G32 && t != DT_W4A8G32) || src->cols % 32)
+        return false;
+    const unsigned char *in = src->data; /* stays: the arena keeps it */
+    int64_t rows = src->rows, nblk = rows * (src->cols / 32);
+    QTensor *q = weights_qtensor_put(w, name, t, rows, src->cols);
+    unsigned char *out = q->data;
+    for (int64_t b = 0; b < nblk; b++, in += 18, out += 20) {
+        memcpy(out, in, 2);
+        out[2] = 8;
+        out[3] = 0;
+        memcpy(out + 4, in + 2, 16);
+    }
+    return true;
+}
+
 /* The dtype matrix `name` is to have, or -1 after an error. */
 static int quant_target(const Weights *w, const char *name, DType src, Diag *d)
 {
@@ -526,7 +549,7 @@ bool quant_apply(Weights *w, Diag *d)
         const QTensor *q = weights_qtensor(w, name);
         int t = quant_target(w, name, q ? q->dtype : DT_F32, d);
         ok = t >= 0;
-        if (ok && t != (q ? (int)q->dtype : DT_F32))
+        if (ok && t != (q ? (int)q->dtype : DT_F32) && !quant_q4_0_regroup(w, name, (DType)t))
             quant_matrix(w, name, s->dst, s->rows, s->cols, (DType)t);
     }
     arena_free(&a);

@@ -231,6 +231,27 @@ static void add_gemvs(Schedule *s, DType t, int64_t rows, int64_t k, int64_t cut
     }
 }
 
+/* Negative scales in some groups (W4G*, W4A8G*: every third) or rows
+ * (W8, W8A8: odd ones), as GGUF Q4_0 blocks regrouped into W4G32 have
+ * (ggml's Q4_0 d is negative when the largest |w| is positive): the
+ * kernels must not assume s >= 0. */
+static void flip_some_scales(DType t, unsigned char *row, int64_t r, int64_t k)
+{
+    DType l = dtype_layout(t);
+    if (l == DT_W8) {
+        if (r % 2)
+            row[3] ^= 0x80; /* sign of the f32 row scale */
+        return;
+    }
+    int64_t gs = l == DT_W4G32 ? 32 : l == DT_W4G64 ? 64 : l == DT_W4G128 ? 128 : 0;
+    for (int64_t j = 0, g = 0; gs && j < k; j += gs, g++) {
+        int64_t len = k - j < gs ? k - j : gs;
+        if (g % 3 == 1)
+            row[1] ^= 0x80; /* sign of the f16 group scale */
+        row += 4 + 16 * ((len + 31) / 32);
+    }
+}
+
 /* All dtypes (GGUF ones only when k % 32 == 0) on one CPU target. */
 static void check_all(const char *cpu, int64_t k)
 {
@@ -256,8 +277,10 @@ static void check_all(const char *cpu, int64_t k)
             continue;
         size_t rb = dtype_row_bytes(all_dtypes[i], k);
         raw[i] = malloc(rb * (size_t)rows);
-        for (int64_t r = 0; r < rows; r++)
+        for (int64_t r = 0; r < rows; r++) {
             quantize_row(all_dtypes[i], w + r * k, k, raw[i] + (size_t)r * rb);
+            flip_some_scales(all_dtypes[i], raw[i] + (size_t)r * rb, r, k);
+        }
         kernel_rows_put(all_dtypes[i], rows, k, raw[i], q.wts + s->bufs[wb[i]].offset);
     }
     qkern_step(&q);

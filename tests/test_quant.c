@@ -418,6 +418,56 @@ Test(quant, gguf_blocks_kept_exactly)
     arena_free(&a);
 }
 
+/* Q4_0 blocks asked to be w4a16-g32 or w4a8-g32 become those groups
+ * exactly (s = d, z = 8, the same nibbles): the f32 views stay bit for
+ * bit; a Q4_1 tensor asked the same is requantized from its values. */
+Test(quant, gguf_q4_0_regrouped_exactly)
+{
+    if (access(MEGAC_SRC "/tests/fixtures/weights/tiny.gguf", R_OK) != 0)
+        cr_skip("tests/fixtures/weights/tiny.gguf absent");
+    Arena a = {0};
+    ModelDesc m0, m1;
+    DescOverride ov[] = {{"quant.attn", "w4a8-g32"}, {"quant.mlp", "w4a16-g32"}};
+    cr_assert(desc_text(&m0, &a, GGUF_YAML, NULL, 0));
+    cr_assert(desc_text(&m1, &a, GGUF_YAML, ov, 2));
+    Diag d;
+    diag_init(&d);
+    Weights w0, w1;
+    cr_assert(weights_load(&w0, &m0, &d) && weights_load(&w1, &m1, &d));
+    const struct {
+        const char *canon;
+        DType t;
+    } want[] = {{"L0.wq", DT_W4A8G32}, {"L0.w_down", DT_W4G32}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        const QTensor *q0 = weights_qtensor(&w0, want[i].canon), *q1 = weights_qtensor(&w1, want[i].canon);
+        cr_assert(q0 && q0->dtype == DT_Q4_0 && q1 && q1->dtype == want[i].t, "%s", want[i].canon);
+        int64_t nblk = q0->rows * (q0->cols / 32);
+        cr_assert_eq(q1->nbytes, (size_t)nblk * 20);
+        for (int64_t b = 0; b < nblk; b++) {
+            const unsigned char *x = q0->data + 18 * b, *y = q1->data + 20 * b;
+            cr_assert(!memcmp(x, y, 2) && y[2] == 8 && y[3] == 0 && !memcmp(x + 2, y + 4, 16),
+                      "%s block %ld", want[i].canon, (long)b);
+        }
+        int64_t n;
+        const float *f0 = weights_tensor(&w0, want[i].canon, &n), *f1 = weights_tensor(&w1, want[i].canon, NULL);
+        cr_assert(memcmp(f0, f1, sizeof(float) * (size_t)n) == 0, "%s: values kept bit for bit", want[i].canon);
+        float *back = malloc(sizeof(float) * (size_t)q1->cols);
+        size_t rb = dtype_row_bytes(q1->dtype, q1->cols);
+        for (int64_t r = 0; r < q1->rows; r++) {
+            quant_row_dequant(q1->dtype, q1->data + (size_t)r * rb, q1->cols, back);
+            cr_assert(memcmp(back, f0 + r * q1->cols, sizeof(float) * (size_t)q1->cols) == 0, "%s row %ld",
+                      want[i].canon, (long)r);
+        }
+        free(back);
+    }
+    /* Q4_1 has no exact W4 form: requantized, so its values move */
+    const QTensor *k1 = weights_qtensor(&w1, "L1.wk");
+    cr_assert(k1 && k1->dtype == DT_W4A8G32);
+    weights_free(&w0);
+    weights_free(&w1);
+    arena_free(&a);
+}
+
 /* ---- fidelity against the recorded figures ---- */
 
 typedef struct Recorded {
