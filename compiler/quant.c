@@ -267,12 +267,31 @@ static double quant_row_a8(DType t, const unsigned char *row, int64_t k, const f
     return y;
 }
 
+/* One Q4_1A8 row (GGUF Q4_1 blocks, k % 32 == 0) against x: per block,
+ * dw * sum q xq + m * sum xq (integers), scaled by the block's d. */
+static double quant_row_q4_1a8(const unsigned char *row, int64_t k, const float *x)
+{
+    int8_t xq[32];
+    double y = 0;
+    for (int64_t b = 0; b < k / 32; b++, row += 20) {
+        float d = quant_act_block(x + 32 * b, 32, xq);
+        long qx = 0, sx = 0;
+        for (int j = 0; j < 32; j++) {
+            int q = j < 16 ? row[4 + j] & 15 : row[4 + j - 16] >> 4;
+            qx += (long)q * xq[j];
+            sx += xq[j];
+        }
+        y += (double)d * ((double)f16_at(row) * (double)qx + (double)f16_at(row + 2) * (double)sx);
+    }
+    return y;
+}
+
 void quant_gemv_a8_ref(DType t, const unsigned char *w, int64_t rows, int64_t k, const float *x, double *y)
 {
     ASSERT(dtype_is_a8(t));
     size_t rb = dtype_row_bytes(t, k);
     for (int64_t r = 0; r < rows; r++)
-        y[r] = quant_row_a8(t, w + (size_t)r * rb, k, x);
+        y[r] = t == DT_Q4_1A8 ? quant_row_q4_1a8(w + (size_t)r * rb, k, x) : quant_row_a8(t, w + (size_t)r * rb, k, x);
 }
 
 /* ---- the CPU kernel's byte order for 4-bit rows ----
@@ -336,7 +355,7 @@ static int pack_block_fields(DType t, int i, int nblk, int off[3], int len[3])
         return 3;
     }
     off[1] = 2 * nblk + 2 * i, len[1] = 2;
-    return t == DT_Q4_1 ? 2 : 1;
+    return dtype_layout(t) == DT_Q4_1 ? 2 : 1;
 }
 
 /* Block record rec (ir/dtype.h) into slot i of superblock sb. */
@@ -401,6 +420,8 @@ int quant_spec_dtype(QuantSpec q, DType src)
         return q.group == 32 ? DT_W4G32 : q.group == 64 ? DT_W4G64 : q.group == 128 ? DT_W4G128 : -1;
     case QUANT_W8A8: return DT_W8A8;
     case QUANT_W4A8:
+        if (src == DT_Q4_1 && q.group == 32) /* Q4_1's own blocks (see quant_apply) */
+            return DT_Q4_1A8;
         return q.group == 32 ? DT_W4A8G32 : q.group == 64 ? DT_W4A8G64 : q.group == 128 ? DT_W4A8G128 : -1;
     }
     return -1;
@@ -469,6 +490,19 @@ static void quant_matrix(Weights *w, const char *name, float *f, int64_t rows, i
         quant_row_quantize(t, row, cols, q->data + (size_t)r * rb);
         quant_row_dequant(t, q->data + (size_t)r * rb, cols, row);
     }
+}
+
+/* A tensor whose stored blocks already are t's bytes (Q4_1 asked to be
+ * w4a8-g32: Q4_1A8) keeps them, under t's name. False for the others. */
+static bool quant_keep_blocks(Weights *w, const char *name, DType t)
+{
+    const QTensor *src = weights_qtensor(w, name);
+    if (!src || dtype_layout(t) != src->dtype || t == src->dtype)
+        return false;
+    const unsigned char *in = src->data; /* stays: the arena keeps it */
+    QTensor *q = weights_qtensor_put(w, name, t, src->rows, src->cols);
+    memcpy(q->data, in, q->nbytes);
+    return true;
 }
 
 /* GGUF Q4_0 blocks re-expressed as W4G32 or W4A8G32 groups without a
@@ -549,7 +583,8 @@ bool quant_apply(Weights *w, Diag *d)
         const QTensor *q = weights_qtensor(w, name);
         int t = quant_target(w, name, q ? q->dtype : DT_F32, d);
         ok = t >= 0;
-        if (ok && t != (q ? (int)q->dtype : DT_F32) && !quant_q4_0_regroup(w, name, (DType)t))
+        if (ok && t != (q ? (int)q->dtype : DT_F32) && !quant_keep_blocks(w, name, (DType)t) &&
+            !quant_q4_0_regroup(w, name, (DType)t))
             quant_matrix(w, name, s->dst, s->rows, s->cols, (DType)t);
     }
     arena_free(&a);

@@ -217,6 +217,7 @@ static int w4_nib(const unsigned char *qs, int64_t j)
 /* Element j of a packed row of k elements (kernel_table.h). */
 static float pk_elem(int t, const unsigned char *row, int64_t k, int64_t j)
 {
+    t = qlayout(t);
     int64_t nb = k / 32, blk = j / 32, s0 = blk / 4 * 4;
     int nblk = nb - s0 < 4 ? (int)(nb - s0) : 4, i = (int)(blk - s0), e = (int)(j % 32), n = e / 4;
     int hdr = t == DT_Q4_0 ? 2 : 4;
@@ -470,6 +471,22 @@ static float dot_w4a8(int t, const unsigned char *row, const int8_t *xq, const f
         int64_t len = k - j < gs ? k - j : gs;
         s += dot_w4a8_group(row, xq + j, dq + j / 32, len);
         row += w4_group_bytes(len);
+    }
+    return s;
+}
+
+/* A Q4_1A8 row (GGUF Q4_1 blocks, k % 32 == 0) on the quantized input:
+ * per block d (dw sum q xq + m sum xq), as ir/dtype.h defines it. */
+static float dot_q4_1a8(const unsigned char *row, const int8_t *xq, const float *dq, int64_t k)
+{
+    float s = 0;
+    for (int64_t b = 0; b < k / 32; b++, row += 20) {
+        int32_t qx = 0, sx = 0;
+        for (int j = 0; j < 16; j++) {
+            qx += (row[4 + j] & 15) * xq[32 * b + j] + (row[4 + j] >> 4) * xq[32 * b + 16 + j];
+            sx += xq[32 * b + j] + xq[32 * b + 16 + j];
+        }
+        s += dq[b] * (f16_at(row) * (float)qx + f16_at(row + 2) * (float)sx);
     }
     return s;
 }
@@ -1669,7 +1686,7 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
 
 /* Superblock sb of the four rows, nblk of its blocks (a constant 4 in
  * the main loop, so its loads and conversions are fixed-size). */
-#define PKA8_SB(dot16, nblk)                                                                                 \
+#define PKA8_SB(dot16, nblk, T)                                                                              \
     do {                                                                                                     \
         v16u32 xl = *(const v16u32 *)(xqp + 128 * sb), xh = *(const v16u32 *)(xqp + 128 * sb + 64);           \
         v4f dq = *(const v4f *)(dq4 + 4 * sb), dx = *(const v4f *)(dx4 + 4 * sb);                             \
@@ -1687,16 +1704,19 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
             v4f sc = pk_f16x4(pk_u16x4(w, (nblk))), sd = sc * dq;                                            \
             acc[i] += __builtin_shufflevector(sd, sd, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *         \
                       __builtin_convertvector(p, v16f);                                                      \
-            off[i] += sc * pk_z4(w + 2 * (nblk), (nblk)) * dx;                                               \
+            if ((T) == DT_Q4_1A8) /* the block's min: out = acc + m * dx */                                  \
+                off[i] -= pk_f16x4(pk_u16x4(w + 2 * (nblk), (nblk))) * dx;                                   \
+            else /* the group's zero: out = acc - s z dx */                                                  \
+                off[i] += sc * pk_z4(w + 2 * (nblk), (nblk)) * dx;                                           \
         }                                                                                                    \
     } while (0)
 
 /* Rows [r0, r1) four at a time: whole superblocks, then the nb % 4 blocks
  * left over as a short one (zeros past them, in the weights as in xqp). */
-#define PKA8_ROWS(name, attr, dot16)                                                                           \
+#define PKA8_ROWS(name, attr, dot16, T)                                                                        \
     static attr void name(const GemvSeg *g, const int8_t *xqp, const float *dq4, const float *dx4, int64_t k) \
     {                                                                                                        \
-        int64_t rb = qrow_bytes(DT_W4G32, k), nb = k / 32;                                                  \
+        int64_t rb = qrow_bytes(T, k), nb = k / 32;                                                         \
         for (int64_t r = g->r0; r < g->r1; r += 4) {                                                         \
             const unsigned char *row[4];                                                                     \
             seg_quad(g, rb, r, row);                                                                         \
@@ -1704,9 +1724,9 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
             v4f off[4] = {{0}, {0}, {0}, {0}};                                                               \
             int64_t sb = 0;                                                                                  \
             for (; sb < nb / 4; sb++)                                                                        \
-                PKA8_SB(dot16, 4);                                                                           \
+                PKA8_SB(dot16, 4, T);                                                                        \
             if (nb % 4)                                                                                      \
-                PKA8_SB(dot16, (int)(nb % 4));                                                               \
+                PKA8_SB(dot16, (int)(nb % 4), T);                                                            \
             float out[4];                                                                                    \
             UNROLL4                                                                                          \
             for (int i = 0; i < 4; i++)                                                                      \
@@ -1714,13 +1734,17 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
             seg_quad_store(g, rb, r, out);                                                                   \
         }                                                                                                    \
     }
-PKA8_ROWS(pka8_portable_rows, , PKA8_DOT16_PORTABLE)
-PKA8_ROWS(isa_avx2_pka8_rows, ISA_AVX2, PKA8_DOT16_AVX2)
-PKA8_ROWS(isa_avxvnni_pka8_rows, ISA_AVXVNNI, PKA8_DOT16_AVXVNNI)
-PKA8_ROWS(isa_vnni512_pka8_rows, ISA_VNNI512, PKA8_DOT16_VNNI512)
+PKA8_ROWS(pka8_portable_rows, , PKA8_DOT16_PORTABLE, DT_W4A8G32)
+PKA8_ROWS(isa_avx2_pka8_rows, ISA_AVX2, PKA8_DOT16_AVX2, DT_W4A8G32)
+PKA8_ROWS(isa_avxvnni_pka8_rows, ISA_AVXVNNI, PKA8_DOT16_AVXVNNI, DT_W4A8G32)
+PKA8_ROWS(isa_vnni512_pka8_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_W4A8G32)
+PKA8_ROWS(pka8_portable_q4_1_rows, , PKA8_DOT16_PORTABLE, DT_Q4_1A8)
+PKA8_ROWS(isa_avx2_pka8_q4_1_rows, ISA_AVX2, PKA8_DOT16_AVX2, DT_Q4_1A8)
+PKA8_ROWS(isa_avxvnni_pka8_q4_1_rows, ISA_AVXVNNI, PKA8_DOT16_AVXVNNI, DT_Q4_1A8)
+PKA8_ROWS(isa_vnni512_pka8_q4_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q4_1A8)
 
-/* y[r0:r1] of packed W4A8G32 rows from the quantized input. */
-static void gemv_pka8(const GemvSeg *sg, int ns, const int8_t *xq, const float *dq, int64_t k)
+/* y[r0:r1] of packed W4A8G32 or Q4_1A8 rows from the quantized input. */
+static void gemv_pka8(int t, const GemvSeg *sg, int ns, const int8_t *xq, const float *dq, int64_t k)
 {
     int64_t nsb = (k / 32 + 3) / 4;
     int8_t xqp[128 * nsb] __attribute__((aligned(64)));
@@ -1728,14 +1752,15 @@ static void gemv_pka8(const GemvSeg *sg, int ns, const int8_t *xq, const float *
     pka8_x_prepare(xq, dq, k, xqp, dq4, dx4);
     for (int i = 0; i < ns; i++) {
         const GemvSeg *g = &sg[i];
+        int q41 = t == DT_Q4_1A8;
         if (megac_k_isa & KT_ISA_VNNI512)
-            isa_vnni512_pka8_rows(g, xqp, dq4, dx4, k);
+            (q41 ? isa_vnni512_pka8_q4_1_rows : isa_vnni512_pka8_rows)(g, xqp, dq4, dx4, k);
         else if (megac_k_isa & KT_ISA_AVXVNNI)
-            isa_avxvnni_pka8_rows(g, xqp, dq4, dx4, k);
+            (q41 ? isa_avxvnni_pka8_q4_1_rows : isa_avxvnni_pka8_rows)(g, xqp, dq4, dx4, k);
         else if (megac_k_isa & KT_ISA_AVX2)
-            isa_avx2_pka8_rows(g, xqp, dq4, dx4, k);
+            (q41 ? isa_avx2_pka8_q4_1_rows : isa_avx2_pka8_rows)(g, xqp, dq4, dx4, k);
         else
-            pka8_portable_rows(g, xqp, dq4, dx4, k);
+            (q41 ? pka8_portable_q4_1_rows : pka8_portable_rows)(g, xqp, dq4, dx4, k);
     }
 }
 
@@ -1743,7 +1768,7 @@ static void gemv_pka8(const GemvSeg *sg, int ns, const int8_t *xq, const float *
  * -1 none (the portable loops of dot_w8a8 and dot_w4a8). */
 static int a8_fast_kind(int t, int64_t k)
 {
-    if (k % 32)
+    if (k % 32 || t == DT_Q4_1A8) /* (Q4_1A8 rows too long to be packed) */
         return -1;
     if ((megac_k_isa & KT_ISA_VNNI512) && (t != DT_W8A8 || k % 64 == 0))
         return 2;
@@ -1809,7 +1834,7 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
     float dq[(k + 31) / 32];
     act_quantize(x, k, xq, dq);
     if (kt_row_packed(t, k)) {
-        gemv_pka8(sg, ns, xq, dq, k);
+        gemv_pka8(t, sg, ns, xq, dq, k);
         return;
     }
     int kind = a8_fast_kind(t, k);
@@ -1822,8 +1847,10 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
         for (int64_t r = sg[i].r0; r < sg[i].r1; r++) {
             const unsigned char *row = sg[i].W + r * rb;
             ws_read(sg[i].ws, rb);
-            gemv_store(sg[i].y, sg[i].b, r, t == DT_W8A8 ? dot_w8a8(row, xq, dq, k) : dot_w4a8(t, row, xq, dq, k),
-                       sg[i].accum);
+            float v = t == DT_W8A8    ? dot_w8a8(row, xq, dq, k)
+                      : t == DT_Q4_1A8 ? dot_q4_1a8(row, xq, dq, k)
+                                       : dot_w4a8(t, row, xq, dq, k);
+            gemv_store(sg[i].y, sg[i].b, r, v, sg[i].accum);
         }
 }
 

@@ -86,7 +86,7 @@ enum {
 #define KT_PACK_K_MAX 16384
 static inline int kt_row_packed(int t, int64_t k)
 {
-    return (t == DT_Q4_0 || t == DT_Q4_1 || t == DT_W4G32 || t == DT_W4A8G32) && k > 0 && k % 32 == 0 && k <= KT_PACK_K_MAX;
+    return (t == DT_Q4_0 || t == DT_Q4_1 || t == DT_W4G32 || t == DT_W4A8G32 || t == DT_Q4_1A8) && k > 0 && k % 32 == 0 && k <= KT_PACK_K_MAX;
 }
 
 /* MegacAbort.flag values */

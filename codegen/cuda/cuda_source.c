@@ -29,8 +29,8 @@ _Static_assert(OP_EMBED == 0 && OP_RMSNORM == 1 && OP_GEMV == 2 && OP_ROPE == 3 
                "kernel_body.cuh's MK_OP_* mirror OpCode");
 _Static_assert(GEMV_ACCUM == 1 && GEMV_NORM == 2 && GEMV_BIAS == 4, "kernel_body.cuh's MK_GEMV_* mirror ops.h");
 _Static_assert(DT_F32 == 0 && DT_F16 == 1 && DT_BF16 == 2 && DT_I32 == 3 && DT_Q8_0 == 5 && DT_Q4_0 == 6 &&
-                   DT_Q4_1 == 7 && DT_W8 == 8 && DT_W4G32 == 9 && DT_W4G64 == 10 && DT_W4G128 == 11 && DT_COUNT <= 16,
-               "kernel_body.cuh's MK_DT_*; 4 bits per dtype");
+                   DT_Q4_1 == 7 && DT_W8 == 8 && DT_W4G32 == 9 && DT_W4G64 == 10 && DT_W4G128 == 11 && DT_COUNT <= 32,
+               "kernel_body.cuh's MK_DT_*; 5 bits per dtype");
 _Static_assert(OP_MAX_PARAMS == 6 && OP_MAX_OPERANDS == 5, "instruction words: 6 params, 5 operands");
 /* The prelude and the shim declare MegacArgs with plain C types. */
 _Static_assert(sizeof(MegacArgs) == 48 && offsetof(MegacArgs, pos) == 32 && offsetof(MegacArgs, timeout_ns) == 40,
@@ -129,7 +129,7 @@ static int source_inst_encode(const Schedule *s, const Inst *in, uint32_t *w)
         uint32_t b = s->accs[in->acc + (uint32_t)i].buf;
         w[n++] = b;
         if (b != BUF_NONE)
-            dt |= (uint32_t)s->bufs[b].dtype << (4 * i);
+            dt |= (uint32_t)s->bufs[b].dtype << (5 * i);
     }
     w[n++] = dt;
     return n;

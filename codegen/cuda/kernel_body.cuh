@@ -11,7 +11,7 @@
  *   signal, wait:  kind | counter << 8,  amount
  *   op:            kind | op << 8 | nparams << 16 | noperands << 24,
  *                  the params, the operands' buffer indices (MK_NONE if
- *                  absent), their dtypes (4 bits each) Before those come the
+ *                  absent), their dtypes (5 bits each) Before those come the
  * platform primitives: cuda_prelude.cuh for NVRTC, host_shim.h for the host
  * (blocks as threads, CUDA threads as fibers).
  *
@@ -76,7 +76,7 @@ MK_INLINE void *mk_opnd(const MegacArgs *a, const unsigned *in, int i)
 
 MK_INLINE int mk_dtype(const unsigned *in, int i)
 {
-    return (int)((in[1 + MK_NPARAM(in) + MK_NOPND(in)] >> (4 * i)) & 15u);
+    return (int)((in[1 + MK_NPARAM(in) + MK_NOPND(in)] >> (5 * i)) & 31u);
 }
 
 MK_INLINE int mk_param(const unsigned *in, int i)
