@@ -267,6 +267,22 @@ static double quant_row_a8(DType t, const unsigned char *row, int64_t k, const f
     return y;
 }
 
+/* One Q8_0A8 row (GGUF Q8_0 blocks) against x: per block dw sum q xq
+ * (integers), scaled by the block's d. */
+static double quant_row_q8_0a8(const unsigned char *row, int64_t k, const float *x)
+{
+    int8_t xq[32];
+    double y = 0;
+    for (int64_t b = 0; b < k / 32; b++, row += 34) {
+        float d = quant_act_block(x + 32 * b, 32, xq);
+        long qx = 0;
+        for (int j = 0; j < 32; j++)
+            qx += (long)(int8_t)row[2 + j] * xq[j];
+        y += (double)d * (double)f16_at(row) * (double)qx;
+    }
+    return y;
+}
+
 /* One Q4_1A8 row (GGUF Q4_1 blocks, k % 32 == 0) against x: per block,
  * dw * sum q xq + m * sum xq (integers), scaled by the block's d. */
 static double quant_row_q4_1a8(const unsigned char *row, int64_t k, const float *x)
@@ -291,7 +307,9 @@ void quant_gemv_a8_ref(DType t, const unsigned char *w, int64_t rows, int64_t k,
     ASSERT(dtype_is_a8(t));
     size_t rb = dtype_row_bytes(t, k);
     for (int64_t r = 0; r < rows; r++)
-        y[r] = t == DT_Q4_1A8 ? quant_row_q4_1a8(w + (size_t)r * rb, k, x) : quant_row_a8(t, w + (size_t)r * rb, k, x);
+        y[r] = t == DT_Q4_1A8   ? quant_row_q4_1a8(w + (size_t)r * rb, k, x)
+               : t == DT_Q8_0A8 ? quant_row_q8_0a8(w + (size_t)r * rb, k, x)
+                                : quant_row_a8(t, w + (size_t)r * rb, k, x);
 }
 
 /* ---- the CPU kernel's byte order for 4-bit rows ----
@@ -418,7 +436,7 @@ int quant_spec_dtype(QuantSpec q, DType src)
     case QUANT_W8A16: return DT_W8;
     case QUANT_W4A16:
         return q.group == 32 ? DT_W4G32 : q.group == 64 ? DT_W4G64 : q.group == 128 ? DT_W4G128 : -1;
-    case QUANT_W8A8: return DT_W8A8;
+    case QUANT_W8A8: return src == DT_Q8_0 ? DT_Q8_0A8 : DT_W8A8; /* Q8_0's own blocks (quant_apply) */
     case QUANT_W4A8:
         if (src == DT_Q4_1 && q.group == 32) /* Q4_1's own blocks (see quant_apply) */
             return DT_Q4_1A8;

@@ -32,9 +32,9 @@
  * For row-blocked types the table's `block` is the group along K (W8: 1)
  * and `block_bytes` the bytes of one full group (W8: 1, the scale apart).
  *
- * W8A8, W4A8G<G> and Q4_1A8 have exactly the bytes of W8, W4G<G> and
- * GGUF's Q4_1 (whose blocks stay as stored: a Q4_1 file with int8
- * activations, as llama.cpp runs it); the name
+ * W8A8, W4A8G<G>, Q4_1A8 and Q8_0A8 have exactly the bytes of W8, W4G<G>
+ * and GGUF's Q4_1 and Q8_0 (whose blocks stay as stored: a GGUF file with
+ * int8 activations, as llama.cpp runs it); the name
  * tells the GEMV to quantize its input too: x is cut in blocks of 32 along
  * K (the last one shorter), each block b gets d_b = max|x_b| / 127 (f32)
  * and xq_j = rint(x_j / d_b) in [-127, 127] (f32 division, nearest with
@@ -43,6 +43,7 @@
  *   W8A8:    y = s * sum_b d_b * sum_{j in b} q_j * xq_j
  *   W4A8G:   y = sum_g s_g * sum_{b in g} d_b * sum_{j in b} (q_j - z_g) * xq_j
  *   Q4_1A8:  y = sum_b d_b * (dw_b * sum_{j in b} q_j * xq_j + m_b * sum_{j in b} xq_j)
+ *   Q8_0A8:  y = sum_b d_b * dw_b * sum_{j in b} q_j * xq_j
  *            (dw_b, m_b: the weight block's scale and min)
  * (groups are multiples of 32, so blocks never straddle a group).
  */
@@ -71,7 +72,8 @@
     X(W4A8G32, "w4a8g32", 32, 20)      \
     X(W4A8G64, "w4a8g64", 64, 36)      \
     X(W4A8G128, "w4a8g128", 128, 68)  \
-    X(Q4_1A8, "q4_1a8", 32, 20)
+    X(Q4_1A8, "q4_1a8", 32, 20)        \
+    X(Q8_0A8, "q8_0a8", 32, 34)
 
 typedef enum {
 #define X(n, s, b, bb) DT_##n,
@@ -92,16 +94,18 @@ bool dtype_is_rowwise(DType t);
 /* True for the weight-only formats (GGUF blocks, W8, W4G*, and the A8
  * variants). */
 bool dtype_is_quant(DType t);
-/* True for W8A8, W4A8G* and Q4_1A8: the GEMV quantizes its input to int8.
+/* True for W8A8, W4A8G*, Q4_1A8 and Q8_0A8: the GEMV quantizes its input
+ * to int8.
  * (Inline, like dtype_layout: the CPU kernel body, which links nothing of
  * ir/, uses them too.) */
 static inline bool dtype_is_a8(DType t)
 {
-    return t == DT_W8A8 || t == DT_W4A8G32 || t == DT_W4A8G64 || t == DT_W4A8G128 || t == DT_Q4_1A8;
+    return t == DT_W8A8 || t == DT_W4A8G32 || t == DT_W4A8G64 || t == DT_W4A8G128 || t == DT_Q4_1A8 ||
+           t == DT_Q8_0A8;
 }
 
 /* The A16 dtype with the same bytes (W8A8 -> W8, W4A8G32 -> W4G32,
- * Q4_1A8 -> Q4_1, ...);
+ * Q4_1A8 -> Q4_1, Q8_0A8 -> Q8_0, ...);
  * t itself for the others. */
 static inline DType dtype_layout(DType t)
 {
@@ -111,6 +115,7 @@ static inline DType dtype_layout(DType t)
     case DT_W4A8G64: return DT_W4G64;
     case DT_W4A8G128: return DT_W4G128;
     case DT_Q4_1A8: return DT_Q4_1;
+    case DT_Q8_0A8: return DT_Q8_0;
     default: return t;
     }
 }

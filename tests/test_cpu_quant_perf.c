@@ -199,7 +199,8 @@ static double qkern_step(QKern *k)
 
 /* Every dtype the CPU GEMV takes besides f32. */
 static const DType all_dtypes[] = {DT_W8,      DT_Q8_0,     DT_Q4_0,    DT_Q4_1, DT_W4G32, DT_W4G64, DT_W4G128,
-                                   DT_W8A8,    DT_W4A8G32,  DT_W4A8G64, DT_W4A8G128, DT_Q4_1A8, DT_F16, DT_BF16};
+                                   DT_W8A8,    DT_W4A8G32,  DT_W4A8G64, DT_W4A8G128, DT_Q4_1A8, DT_Q8_0A8, DT_F16,
+                                   DT_BF16};
 #define NDT (sizeof all_dtypes / sizeof *all_dtypes)
 
 static bool is_gguf(DType t)
@@ -555,7 +556,7 @@ Test(cpu_quant_perf, bandwidth, .timeout = 300)
     if (!(mb >= 0.1 && mb <= 4096))
         cr_assert_fail("MEGAC_QBENCH_MB=%s: want 0.1 to 4096", getenv("MEGAC_QBENCH_MB"));
     const DType ts[] = {DT_F32,  DT_W8,   DT_Q8_0,    DT_Q4_0,     DT_Q4_1,  DT_W4G32,
-                        DT_W4G128, DT_W8A8, DT_W4A8G32, DT_W4A8G128, DT_Q4_1A8};
+                        DT_W4G128, DT_W8A8, DT_W4A8G32, DT_W4A8G128, DT_Q4_1A8, DT_Q8_0A8};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) {
         if (only && strcmp(only, dtype_name(ts[i])) != 0)
             continue;

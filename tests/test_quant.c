@@ -420,9 +420,9 @@ Test(quant, gguf_blocks_kept_exactly)
 
 /* Q4_0 blocks asked to be w4a16-g32 or w4a8-g32 become those groups
  * exactly (s = d, z = 8, the same nibbles): the f32 views stay bit for
- * bit. Q4_1 blocks asked to be w4a8-g32 stay as they are, as Q4_1A8,
- * whose int8-activation GEMV is within the A8 formats' error of the exact
- * one. */
+ * bit. Q4_1 blocks asked to be w4a8-g32 and Q8_0 blocks asked to be w8a8
+ * stay as they are, as Q4_1A8 and Q8_0A8, whose int8-activation GEMVs are
+ * within the A8 formats' error of the exact ones. */
 Test(quant, gguf_q4_0_regrouped_exactly)
 {
     if (access(MEGAC_SRC "/tests/fixtures/weights/tiny.gguf", R_OK) != 0)
@@ -462,23 +462,38 @@ Test(quant, gguf_q4_0_regrouped_exactly)
         }
         free(back);
     }
-    const QTensor *k0 = weights_qtensor(&w0, "L1.wk"), *k1 = weights_qtensor(&w1, "L1.wk");
-    cr_assert(k0 && k0->dtype == DT_Q4_1 && k1 && k1->dtype == DT_Q4_1A8);
-    cr_assert(k1->nbytes == k0->nbytes && !memcmp(k0->data, k1->data, k0->nbytes), "Q4_1 blocks kept");
-    double *y8 = malloc(sizeof(double) * (size_t)k1->rows), *y16 = malloc(sizeof(double) * (size_t)k1->rows);
-    float *x = malloc(sizeof(float) * (size_t)k1->cols);
-    uint64_t seed = 11;
-    for (int64_t j = 0; j < k1->cols; j++)
-        x[j] = (float)((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 40) / 16777216.0f - 0.5f;
-    quant_gemv_a8_ref(DT_Q4_1A8, k1->data, k1->rows, k1->cols, x, y8);
-    quant_gemv_ref(DT_Q4_1, k0->data, k0->rows, k0->cols, x, y16);
-    double num = 0, den = 0;
-    for (int64_t r = 0; r < k1->rows; r++)
-        num += (y8[r] - y16[r]) * (y8[r] - y16[r]), den += y16[r] * y16[r];
-    cr_assert(num > 0 && num / den <= 5e-4, "Q4_1A8 nmse %g against the exact GEMV", num / den);
-    free(y8), free(y16), free(x);
+    ModelDesc m2;
+    DescOverride ov2[] = {{"quant.attn", "w8a8"}};
+    cr_assert(desc_text(&m2, &a, GGUF_YAML, ov2, 1));
+    Weights w2;
+    cr_assert(weights_load(&w2, &m2, &d));
+    const struct {
+        const Weights *w;
+        const char *canon;
+        DType src, t;
+    } kept[] = {{&w1, "L1.wk", DT_Q4_1, DT_Q4_1A8}, {&w2, "L0.wo", DT_Q8_0, DT_Q8_0A8}};
+    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++) {
+        const QTensor *k0 = weights_qtensor(&w0, kept[i].canon), *k1 = weights_qtensor(kept[i].w, kept[i].canon);
+        cr_assert(k0 && k0->dtype == kept[i].src && k1 && k1->dtype == kept[i].t, "%s", kept[i].canon);
+        cr_assert(k1->nbytes == k0->nbytes && !memcmp(k0->data, k1->data, k0->nbytes), "%s: blocks kept",
+                  kept[i].canon);
+        double *y8 = malloc(sizeof(double) * (size_t)k1->rows), *y16 = malloc(sizeof(double) * (size_t)k1->rows);
+        float *x = malloc(sizeof(float) * (size_t)k1->cols);
+        uint64_t seed = 11;
+        for (int64_t j = 0; j < k1->cols; j++)
+            x[j] = (float)((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 40) / 16777216.0f - 0.5f;
+        quant_gemv_a8_ref(kept[i].t, k1->data, k1->rows, k1->cols, x, y8);
+        quant_gemv_ref(kept[i].src, k0->data, k0->rows, k0->cols, x, y16);
+        double num = 0, den = 0;
+        for (int64_t r = 0; r < k1->rows; r++)
+            num += (y8[r] - y16[r]) * (y8[r] - y16[r]), den += y16[r] * y16[r];
+        cr_assert(num > 0 && num / den <= 5e-4, "%s nmse %g against the exact GEMV", dtype_name(kept[i].t),
+                  num / den);
+        free(y8), free(y16), free(x);
+    }
     weights_free(&w0);
     weights_free(&w1);
+    weights_free(&w2);
     arena_free(&a);
 }
 

@@ -475,6 +475,20 @@ static float dot_w4a8(int t, const unsigned char *row, const int8_t *xq, const f
     return s;
 }
 
+/* A Q8_0A8 row (GGUF Q8_0 blocks) on the quantized input: per block
+ * d dw sum q xq. */
+static float dot_q8_0a8(const unsigned char *row, const int8_t *xq, const float *dq, int64_t k)
+{
+    float s = 0;
+    for (int64_t b = 0; b < k / 32; b++, row += 34) {
+        int32_t qx = 0;
+        for (int j = 0; j < 32; j++)
+            qx += (int8_t)row[2 + j] * xq[32 * b + j];
+        s += dq[b] * f16_at(row) * (float)qx;
+    }
+    return s;
+}
+
 /* A Q4_1A8 row (GGUF Q4_1 blocks, k % 32 == 0) on the quantized input:
  * per block d (dw sum q xq + m sum xq), as ir/dtype.h defines it. */
 static float dot_q4_1a8(const unsigned char *row, const int8_t *xq, const float *dq, int64_t k)
@@ -1263,6 +1277,8 @@ static void gemv_f32(const GemvSeg *g, const float *x, int64_t k)
  * sum(xq_b)), from per-group sums of the activation side (dsx). */
 
 typedef uint32_t v8u32 __attribute__((vector_size(32)));
+typedef uint32_t v8u32u_a __attribute__((vector_size(32), aligned(1)));
+typedef int32_t v16i32u __attribute__((vector_size(64), aligned(4)));
 typedef uint32_t v4u32u_a __attribute__((vector_size(16), aligned(1)));
 typedef uint32_t v16u32u __attribute__((vector_size(64), aligned(1)));
 
@@ -1467,6 +1483,39 @@ static ISA_VNNI512 void isa_vnni512_w8a8_rows4(const unsigned char *const row[4]
     }
 }
 
+/* Q8_0A8, k % 64 == 0: two blocks of a row per vector (lanes 0-7 the
+ * first), weights made unsigned by q ^ 0x80 = q + 128, the excess 128 *
+ * (sum of the lane's four xq) taken off per lane in integers (corr), so
+ * each lane is exact before its conversion; dl: d of the block of x[4l]
+ * per lane; the weight blocks' scales go to their eight lanes each. */
+static ISA_VNNI512 void isa_vnni512_q8_0a8_rows4(const unsigned char *const row[4], const int8_t *xq,
+                                               const float *dl, const int32_t *corr, int64_t k, float out[4])
+{
+    const v16i32 two = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+    v16f acc[4] = {{0}, {0}, {0}, {0}};
+    for (int64_t j = 0; j < k; j += 64) {
+        v16u32 xv = *(const v16u32u *)(xq + j);
+        v16i32 cv = *(const v16i32u *)(corr + j / 4);
+        v16f d = LOAD16(dl + j / 4);
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            const unsigned char *b = row[i] + j / 32 * 34;
+            v8u32 lo = *(const v8u32u_a *)(b + 2), hi = *(const v8u32u_a *)(b + 36);
+            v16u32 u = __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15) ^
+                       0x80808080u;
+            v16i32 p = isa_vnni512_dot((v16i32){0}, u, xv) - cv;
+            v8i16 h = {(short)(b[0] | b[1] << 8), (short)(b[34] | b[35] << 8)};
+            v4f w2 = __builtin_ia32_vcvtph2ps(h);
+            v16f w = __builtin_ia32_permvarsf512(__builtin_shufflevector(w2, w2, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3,
+                                                                          0, 1, 2, 3), two);
+            acc[i] += __builtin_convertvector(p, v16f) * (w * d);
+        }
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        out[i] = hsum16(&acc[i]);
+}
+
 /* 16 bytes at each w[i] + off, row i in lanes 4i..4i+3. */
 static inline __attribute__((always_inline)) ISA_VNNI512 v16u32 isa_vnni512_rows4_chunk(const unsigned char *const w[4], int64_t off)
 {
@@ -1551,6 +1600,25 @@ static inline __attribute__((always_inline)) float hsum8(const v8fl *p)
 
 /* The two 256-bit kernels, for dot = isa_avx2_dot or isa_avxvnni_dot. */
 #define A8_256_KERNELS(pre, attr, dot)                                                                        \
+    static attr void pre##_q8_0a8_rows4(const unsigned char *const row[4], const int8_t *xq, const float *dq, \
+                                        int64_t k, float out[4])                                            \
+    {                                                                                                       \
+        v8fl acc[4] = {{0}, {0}, {0}, {0}};                                                                 \
+        for (int64_t j = 0; j < k; j += 32) {                                                               \
+            v8u32 xv = *(const v8u32u_a *)(xq + j);                                                         \
+            UNROLL4                                                                                         \
+            for (int i = 0; i < 4; i++) {                                                                   \
+                const unsigned char *b = row[i] + j / 32 * 34;                                              \
+                v8u32 q = *(const v8u32u_a *)(b + 2);                                                       \
+                v8u32 u = (v8u32)__builtin_ia32_psignb256((v32c)q, (v32c)q);                                \
+                v8u32 s = (v8u32)__builtin_ia32_psignb256((v32c)xv, (v32c)q);                               \
+                acc[i] += __builtin_convertvector(dot((v8i32){0}, u, s), v8fl) * (dq[j / 32] * f16_at(b));  \
+            }                                                                                               \
+        }                                                                                                   \
+        UNROLL4                                                                                             \
+        for (int i = 0; i < 4; i++)                                                                         \
+            out[i] = hsum8(&acc[i]);                                                                        \
+    }                                                                                                       \
     static attr void pre##_w8a8_rows4(const unsigned char *const row[4], const int8_t *xq, const float *dq,   \
                                       int64_t k, float out[4])                                              \
     {                                                                                                       \
@@ -1770,7 +1838,7 @@ static int a8_fast_kind(int t, int64_t k)
 {
     if (k % 32 || t == DT_Q4_1A8) /* (Q4_1A8 rows too long to be packed) */
         return -1;
-    if ((megac_k_isa & KT_ISA_VNNI512) && (t != DT_W8A8 || k % 64 == 0))
+    if ((megac_k_isa & KT_ISA_VNNI512) && ((t != DT_W8A8 && t != DT_Q8_0A8) || k % 64 == 0))
         return 2;
     if (megac_k_isa & KT_ISA_AVXVNNI)
         return 1;
@@ -1779,10 +1847,16 @@ static int a8_fast_kind(int t, int64_t k)
 
 /* Four rows of an A8 dtype with the kernel of kind `kind`. */
 static void a8_rows4(int kind, int t, const unsigned char *const row[4], const int8_t *xq, const float *dq,
-                     const float *side, float c, int64_t k, float out[4])
+                     const float *side, const int32_t *corr, float c, int64_t k, float out[4])
 {
-    int64_t gs = t == DT_W8A8 ? 32 : w4_gsize(qlayout(t));
-    if (kind == 2 && t == DT_W8A8)
+    int64_t gs = t == DT_W8A8 || t == DT_Q8_0A8 ? 32 : w4_gsize(qlayout(t));
+    if (t == DT_Q8_0A8 && kind == 2)
+        isa_vnni512_q8_0a8_rows4(row, xq, side, corr, k, out);
+    else if (t == DT_Q8_0A8 && kind == 1)
+        isa_avxvnni_q8_0a8_rows4(row, xq, dq, k, out);
+    else if (t == DT_Q8_0A8)
+        isa_avx2_q8_0a8_rows4(row, xq, dq, k, out);
+    else if (kind == 2 && t == DT_W8A8)
         isa_vnni512_w8a8_rows4(row, xq, side, c, k, out);
     else if (kind == 2)
         isa_vnni512_w4a8_rows4(gs, row, xq, dq, side, k, out);
@@ -1797,16 +1871,21 @@ static void a8_rows4(int kind, int t, const unsigned char *const row[4], const i
 }
 
 /* gemv_a8() with a fast kernel: the activation side's sums first (W8A8 on
- * VNNI512: d per lane and the constant c; W4A8G: dsx per group). */
+ * VNNI512: d per lane and the constant c; Q8_0A8 there: d and the
+ * integer correction per lane; W4A8G: dsx per group). */
 static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_t *xq, const float *dq, int64_t k)
 {
-    int64_t rb = qrow_bytes(t, k), gs = t == DT_W8A8 ? 32 : w4_gsize(qlayout(t));
-    float side[t == DT_W8A8 ? k / 4 : k / 32 + 1], c = 0;
+    int q8 = t == DT_W8A8 || t == DT_Q8_0A8;
+    int64_t rb = qrow_bytes(t, k), gs = q8 ? 32 : w4_gsize(qlayout(t));
+    float side[q8 ? k / 4 : k / 32 + 1], c = 0;
+    int32_t corr[t == DT_Q8_0A8 ? k / 4 : 1];
+    for (int64_t l = 0; t == DT_Q8_0A8 && l < k / 4; l++)
+        corr[l] = 128 * (xq[4 * l] + xq[4 * l + 1] + xq[4 * l + 2] + xq[4 * l + 3]);
     for (int64_t bl = 0; bl < k / 32; bl++) {
         int32_t sx = 0;
         for (int j = 0; j < 32; j++)
             sx += xq[32 * bl + j];
-        if (t == DT_W8A8) {
+        if (q8) {
             c += dq[bl] * 128.0f * (float)sx;
             for (int l = 0; l < 8; l++)
                 side[bl * 8 + l] = dq[bl];
@@ -1820,7 +1899,7 @@ static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_
             const unsigned char *row[4];
             float out[4];
             seg_quad(g, rb, r, row);
-            a8_rows4(kind, t, row, xq, dq, side, c, k, out);
+            a8_rows4(kind, t, row, xq, dq, side, corr, c, k, out);
             seg_quad_store(g, rb, r, out);
         }
     }
@@ -1849,6 +1928,7 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
             ws_read(sg[i].ws, rb);
             float v = t == DT_W8A8    ? dot_w8a8(row, xq, dq, k)
                       : t == DT_Q4_1A8 ? dot_q4_1a8(row, xq, dq, k)
+                      : t == DT_Q8_0A8 ? dot_q8_0a8(row, xq, dq, k)
                                        : dot_w4a8(t, row, xq, dq, k);
             gemv_store(sg[i].y, sg[i].b, r, v, sg[i].accum);
         }
