@@ -32,9 +32,9 @@
  * group headers; a pass past the last row repeats it and drops the
  * results. Their weights are prefetched as one stream per worker that
  * runs QPF_BYTES ahead across tiles (WStream). A16 formats stay float
- * (exact weights, f32 sums); A8 formats (W8A8, W4A8G*) quantize x once per
- * op and take integer dot products per block of 32. Q4_0, Q4_1, W4G32
- * and W4A8G32 rows arrive packed (kernel_table.h, compiler/quant.c): one
+ * (exact weights, f32 sums); A8 formats (W8A8, W4A8G*, and GGUF blocks as
+ * Q4_1A8 and Q8_0A8) quantize x once per op and take integer dot products
+ * per block of 32. Q4_0, Q4_1, W4G32, W4A8G32 and Q4_1A8 rows arrive packed (kernel_table.h, compiler/quant.c): one
  * AND and one conversion per 16 weights, on every instruction set (W4A8G32:
  * two u8 x s8 dot products per 128 weights). A run
  * of GEMVs with one input and no wait between them (q/k/v, gate/up)
