@@ -267,37 +267,25 @@ static double quant_row_a8(DType t, const unsigned char *row, int64_t k, const f
     return y;
 }
 
-/* One Q8_0A8 row (GGUF Q8_0 blocks) against x: per block dw sum q xq
- * (integers), scaled by the block's d. */
-static double quant_row_q8_0a8(const unsigned char *row, int64_t k, const float *x)
+/* One Q8_0A8 or Q4_1A8 row (GGUF blocks, k % 32 == 0) against x: per
+ * block dw sum q xq (+ m sum xq for Q4_1) in integers, scaled by the
+ * block's d. */
+static double quant_row_gguf_a8(DType t, const unsigned char *row, int64_t k, const float *x)
 {
     int8_t xq[32];
+    bool q41 = t == DT_Q4_1A8;
+    size_t bb = (size_t)dtype_block_bytes(t);
     double y = 0;
-    for (int64_t b = 0; b < k / 32; b++, row += 34) {
-        float d = quant_act_block(x + 32 * b, 32, xq);
-        long qx = 0;
-        for (int j = 0; j < 32; j++)
-            qx += (long)(int8_t)row[2 + j] * xq[j];
-        y += (double)d * (double)f16_at(row) * (double)qx;
-    }
-    return y;
-}
-
-/* One Q4_1A8 row (GGUF Q4_1 blocks, k % 32 == 0) against x: per block,
- * dw * sum q xq + m * sum xq (integers), scaled by the block's d. */
-static double quant_row_q4_1a8(const unsigned char *row, int64_t k, const float *x)
-{
-    int8_t xq[32];
-    double y = 0;
-    for (int64_t b = 0; b < k / 32; b++, row += 20) {
+    for (int64_t b = 0; b < k / 32; b++, row += bb) {
         float d = quant_act_block(x + 32 * b, 32, xq);
         long qx = 0, sx = 0;
         for (int j = 0; j < 32; j++) {
-            int q = j < 16 ? row[4 + j] & 15 : row[4 + j - 16] >> 4;
+            int q = !q41 ? (int8_t)row[2 + j] : j < 16 ? row[4 + j] & 15 : row[4 + j - 16] >> 4;
             qx += (long)q * xq[j];
             sx += xq[j];
         }
-        y += (double)d * ((double)f16_at(row) * (double)qx + (double)f16_at(row + 2) * (double)sx);
+        double m = q41 ? (double)f16_at(row + 2) * (double)sx : 0.0;
+        y += (double)d * ((double)f16_at(row) * (double)qx + m);
     }
     return y;
 }
@@ -307,9 +295,8 @@ void quant_gemv_a8_ref(DType t, const unsigned char *w, int64_t rows, int64_t k,
     ASSERT(dtype_is_a8(t));
     size_t rb = dtype_row_bytes(t, k);
     for (int64_t r = 0; r < rows; r++)
-        y[r] = t == DT_Q4_1A8   ? quant_row_q4_1a8(w + (size_t)r * rb, k, x)
-               : t == DT_Q8_0A8 ? quant_row_q8_0a8(w + (size_t)r * rb, k, x)
-                                : quant_row_a8(t, w + (size_t)r * rb, k, x);
+        y[r] = t == DT_Q4_1A8 || t == DT_Q8_0A8 ? quant_row_gguf_a8(t, w + (size_t)r * rb, k, x)
+                                                : quant_row_a8(t, w + (size_t)r * rb, k, x);
 }
 
 /* ---- the CPU kernel's byte order for 4-bit rows ----
