@@ -498,7 +498,8 @@ static void quant_matrix(Weights *w, const char *name, float *f, int64_t rows, i
 }
 
 /* A tensor whose stored blocks already are t's bytes (Q4_1 asked to be
- * w4a8-g32: Q4_1A8) keeps them, under t's name. False for the others. */
+ * w4a8-g32: Q4_1A8; Q8_0 asked to be w8a8: Q8_0A8) keeps them, under t's
+ * name. False for the others. */
 static bool quant_keep_blocks(Weights *w, const char *name, DType t)
 {
     const QTensor *src = weights_qtensor(w, name);
