@@ -1598,48 +1598,40 @@ static inline __attribute__((always_inline)) float hsum8(const v8fl *p)
     return (h[0] + h[2]) + (h[1] + h[3]);
 }
 
-/* The two 256-bit kernels, for dot = isa_avx2_dot or isa_avxvnni_dot. */
-#define A8_256_KERNELS(pre, attr, dot)                                                                        \
-    static attr void pre##_q8_0a8_rows4(const unsigned char *const row[4], const int8_t *xq, const float *dq, \
-                                        int64_t k, float out[4])                                            \
+/* Four rows of 8-bit weights on 256 bits: Q8_0A8 (Q80 1: blocks of
+ * {f16 d; i8 q[32]}, each block's sum scaled by its d) or W8A8 (Q80 0:
+ * {f32 s; i8 q[k]}, the row scaled by s at the end). b points 2 bytes
+ * before a block's 32 weights: at Q8_0's d, or into W8A8's row. */
+#define A8_256_Q8_ROWS(pre, attr, dot, name, Q80)                                                            \
+    static attr void pre##_##name##_rows4(const unsigned char *const row[4], const int8_t *xq, const float *dq, \
+                                          int64_t k, float out[4])                                          \
     {                                                                                                       \
         v8fl acc[4] = {{0}, {0}, {0}, {0}};                                                                 \
         for (int64_t j = 0; j < k; j += 32) {                                                               \
             v8u32 xv = *(const v8u32u_a *)(xq + j);                                                         \
             UNROLL4                                                                                         \
             for (int i = 0; i < 4; i++) {                                                                   \
-                const unsigned char *b = row[i] + j / 32 * 34;                                              \
+                const unsigned char *b = (Q80) ? row[i] + j / 32 * 34 : row[i] + 2 + j;                     \
                 v8u32 q = *(const v8u32u_a *)(b + 2);                                                       \
                 v8u32 u = (v8u32)__builtin_ia32_psignb256((v32c)q, (v32c)q);                                \
                 v8u32 s = (v8u32)__builtin_ia32_psignb256((v32c)xv, (v32c)q);                               \
-                acc[i] += __builtin_convertvector(dot((v8i32){0}, u, s), v8fl) * (dq[j / 32] * f16_at(b));  \
-            }                                                                                               \
-        }                                                                                                   \
-        UNROLL4                                                                                             \
-        for (int i = 0; i < 4; i++)                                                                         \
-            out[i] = hsum8(&acc[i]);                                                                        \
-    }                                                                                                       \
-    static attr void pre##_w8a8_rows4(const unsigned char *const row[4], const int8_t *xq, const float *dq,   \
-                                      int64_t k, float out[4])                                              \
-    {                                                                                                       \
-        v8fl acc[4] = {{0}, {0}, {0}, {0}};                                                                 \
-        for (int64_t j = 0; j < k; j += 32) {                                                               \
-            v8u32 xv = *(const v8u32u *)(xq + j);                                                           \
-            UNROLL4                                                                                         \
-            for (int i = 0; i < 4; i++) {                                                                   \
-                v8u32 q = *(const v8u32u *)(row[i] + 4 + j);                                                \
-                v8u32 u = (v8u32)__builtin_ia32_psignb256((v32c)q, (v32c)q);                                \
-                v8u32 s = (v8u32)__builtin_ia32_psignb256((v32c)xv, (v32c)q);                               \
-                acc[i] += __builtin_convertvector(dot((v8i32){0}, u, s), v8fl) * dq[j / 32];                \
+                float sc = (Q80) ? dq[j / 32] * f16_at(b) : dq[j / 32];                                     \
+                acc[i] += __builtin_convertvector(dot((v8i32){0}, u, s), v8fl) * sc;                        \
             }                                                                                               \
         }                                                                                                   \
         UNROLL4                                                                                             \
         for (int i = 0; i < 4; i++) {                                                                       \
-            float s;                                                                                        \
-            memcpy(&s, row[i], 4);                                                                          \
-            out[i] = s * hsum8(&acc[i]);                                                                     \
+            float s = 1.0f;                                                                                 \
+            if (!(Q80))                                                                                     \
+                memcpy(&s, row[i], 4);                                                                      \
+            out[i] = s * hsum8(&acc[i]);                                                                    \
         }                                                                                                   \
-    }                                                                                                       \
+    }
+
+/* The 256-bit kernels, for dot = isa_avx2_dot or isa_avxvnni_dot. */
+#define A8_256_KERNELS(pre, attr, dot)                                                                        \
+    A8_256_Q8_ROWS(pre, attr, dot, q8_0a8, 1)                                                               \
+    A8_256_Q8_ROWS(pre, attr, dot, w8a8, 0)                                                                 \
     static attr void pre##_w4a8_rows4(int64_t gs, const unsigned char *const row[4], const int8_t *xq,       \
                                       const float *dq, const float *dsx, int64_t k, float out[4])           \
     {                                                                                                       \
