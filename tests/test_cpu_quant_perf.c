@@ -98,6 +98,21 @@ static void kernel_rows_put(DType t, int64_t rows, int64_t k, const unsigned cha
         memcpy(dst, raw, (size_t)rows * dtype_row_bytes(t, k));
 }
 
+/* n rows of k random weights (0.05 * lcg) as dtype t's bytes (ir/dtype.h). */
+static unsigned char *random_rows(DType t, int64_t n, int64_t k, uint64_t *seed)
+{
+    size_t rb = dtype_row_bytes(t, k);
+    unsigned char *raw = malloc(rb * (size_t)n);
+    float *w = malloc(sizeof(float) * (size_t)k);
+    for (int64_t r = 0; r < n; r++) {
+        for (int64_t j = 0; j < k; j++)
+            w[j] = 0.05f * lcg(seed);
+        quantize_row(t, w, k, raw + (size_t)r * rb);
+    }
+    free(w);
+    return raw;
+}
+
 typedef struct QKern {
     Schedule *s;
     char dir[64], so[96];
@@ -405,14 +420,9 @@ static void check_packed_embed(DType t, int64_t k)
     QKern q;
     qkern_build(&q, s, NULL);
     size_t rb = dtype_row_bytes(t, k);
-    unsigned char *raw = malloc(rb * (size_t)V);
-    float *w = malloc(sizeof(float) * (size_t)k), *want = malloc(sizeof(float) * (size_t)k);
     uint64_t seed = 5;
-    for (int64_t r = 0; r < V; r++) {
-        for (int64_t j = 0; j < k; j++)
-            w[j] = 0.05f * lcg(&seed);
-        quantize_row(t, w, k, raw + (size_t)r * rb);
-    }
+    unsigned char *raw = random_rows(t, V, k, &seed);
+    float *want = malloc(sizeof(float) * (size_t)k);
     kernel_rows_put(t, V, k, raw, q.wts + s->bufs[wb].offset);
     *(int32_t *)(q.arena + s->bufs[tb].offset) = 13;
     qkern_step(&q);
@@ -421,7 +431,7 @@ static void check_packed_embed(DType t, int64_t k)
     for (int64_t j = 0; j < k; j++)
         cr_assert_leq(fabsf(got[j] - want[j]), 1e-7f * fabsf(want[j]) + 1e-12f, "%s k=%ld element %ld: %g vs %g",
                       dtype_name(t), (long)k, (long)j, got[j], want[j]);
-    free(raw), free(w), free(want);
+    free(raw), free(want);
     qkern_free(&q);
 }
 
@@ -450,15 +460,9 @@ Test(cpu_quant_perf, packed_nonfinite_x)
             add_gemvs(s, t, rows, k, 3, xb, &wb, &yb);
             QKern q;
             qkern_build(&q, s, NULL);
-            size_t rb = dtype_row_bytes(t, k);
-            unsigned char *raw = malloc(rb * (size_t)rows);
-            float *w = malloc(sizeof(float) * (size_t)k), *x = (float *)(q.arena + s->bufs[xb].offset);
+            float *x = (float *)(q.arena + s->bufs[xb].offset);
             uint64_t seed = 9;
-            for (int64_t r = 0; r < rows; r++) {
-                for (int64_t j = 0; j < k; j++)
-                    w[j] = 0.05f * lcg(&seed);
-                quantize_row(t, w, k, raw + (size_t)r * rb);
-            }
+            unsigned char *raw = random_rows(t, rows, k, &seed);
             kernel_rows_put(t, rows, k, raw, q.wts + s->bufs[wb].offset);
             for (int64_t j = 0; j < k; j++)
                 x[j] = lcg(&seed);
@@ -468,7 +472,7 @@ Test(cpu_quant_perf, packed_nonfinite_x)
             for (int64_t r = 0; r < rows; r++)
                 cr_assert(!isfinite(y[r]), "%s, x with %g: row %ld is %g", dtype_name(t), (double)bad[bi], (long)r,
                           y[r]);
-            free(raw), free(w);
+            free(raw);
             qkern_free(&q);
         }
     }
@@ -511,19 +515,11 @@ static void bench_dtype(DType t, int nw, int64_t rows, int64_t k)
     QKern q;
     qkern_build(&q, s, getenv("MEGAC_CPU_TARGET"));
     uint64_t seed = 3;
-    float *row = malloc(sizeof(float) * (size_t)k), *x = (float *)(q.arena + s->bufs[xb].offset);
+    float *x = (float *)(q.arena + s->bufs[xb].offset);
     size_t rb = dtype_row_bytes(t, k);
-    unsigned char *raw = malloc(64 * rb);
     for (int64_t j = 0; j < k; j++)
         x[j] = lcg(&seed);
-    for (int64_t r = 0; r < 64; r++) { /* 64 distinct rows, repeated */
-        for (int64_t j = 0; j < k; j++)
-            row[j] = 0.05f * lcg(&seed);
-        if (t == DT_F32)
-            memcpy(raw + (size_t)r * rb, row, rb);
-        else
-            quantize_row(t, row, k, raw + (size_t)r * rb);
-    }
+    unsigned char *raw = random_rows(t, 64, k, &seed); /* 64 distinct rows, repeated */
     kernel_rows_put(t, 64, k, raw, q.wts);
     for (int64_t r = 64; r < rows; r++)
         memcpy(q.wts + (size_t)r * rb, q.wts + (size_t)(r % 64) * rb, rb);
@@ -541,7 +537,6 @@ static void bench_dtype(DType t, int nw, int64_t rows, int64_t k)
     fprintf(stderr, "gemv %-9s %ldx%ld, %d worker(s): %7.1f MB, best %.2f ms = %5.1f GB/s (CPU time %5.1f GB/s)\n",
             dtype_name(t), (long)rows, (long)k, nw, bytes / 1e6, best * 1e3, bytes / best / 1e9,
             bytes / best_cpu / 1e9);
-    free(row);
     qkern_free(&q);
 }
 
