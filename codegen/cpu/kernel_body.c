@@ -1247,7 +1247,7 @@ static void gemv_f32(const GemvSeg *g, const float *x, int64_t k)
     float *y = g->y;
     for (int64_t r = g->r0; r < g->r1; r++) {
         const float *w = W + r * k;
-        g->ws->ahead -= 4 * k;  /* read, but not asked for: see below */
+        g->ws->ahead -= 4 * k;  /* read, not prefetched (the comment above) */
         v16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
         int64_t j = 0;
         for (; j + 64 <= k; j += 64) {
