@@ -44,6 +44,7 @@ typedef struct Compilation {
     char *kernel_path;
     const char *kernel_file;
     double t0;
+    double t_progress;          /* the last progress line */
 } Compilation;
 
 static double now_s(void)
@@ -85,12 +86,29 @@ static bool pass_desc_load(Compilation *c)
     return pass_done(c, "desc_load", ok, detail);
 }
 
+/* A line every few seconds while the weights load (an 8B model takes a
+ * minute or more). */
+static void weights_progress(void *ctx, int done, int total, size_t f32_bytes)
+{
+    Compilation *c = ctx;
+    double t = now_s();
+    if (c->o->quiet || t - c->t_progress < 5.0)
+        return;
+    c->t_progress = t;
+    fprintf(stderr, "megac compile: %-20s %8.1f s   %d/%d tensors, %.1f GB read\n", "weights_load", t - c->t0, done,
+            total, f32_bytes / 1e9);
+}
+
 static bool pass_weights_load(Compilation *c)
 {
-    c->have_weights = weights_load(&c->w, &c->m, &c->d);
-    char detail[64] = "";
+    WeightsProgress p = {weights_progress, c};
+    c->t_progress = now_s();
+    c->have_weights = weights_load_ex(&c->w, &c->m, WEIGHTS_STORED_ONLY, &p, &c->d);
+    c->w.progress = NULL;
+    char detail[96] = "";
     if (c->have_weights)
-        snprintf(detail, sizeof detail, "%.1f MB f32", c->w.nbytes / 1e6);
+        snprintf(detail, sizeof detail, "%.1f MB f32 read, %.1f MB stored", c->w.nbytes / 1e6,
+                 weights_held_bytes(&c->w) / 1e6);
     return pass_done(c, "weights_load", c->have_weights, detail);
 }
 

@@ -125,9 +125,14 @@ static bool l2c_copy(Weights *w, const WFile *f, const L2cRun *r, int nrun, Diag
     const unsigned char *p = f->map + HDR_N * 4;
     for (int i = 0; i < nrun; i++) {
         int reps = r[i].per_layer ? w->m->n_layers : 1;
-        for (int l = 0; l < reps; l++, p += r[i].n * 4)
-            if (r[i].kind != WK_COUNT)
-                convert_to_f32(weights_slot_dst(w, r[i].kind, r[i].per_layer ? l : -1), p, r[i].n, SRC_F32);
+        for (int l = 0; l < reps; l++, p += r[i].n * 4) {
+            int layer = r[i].per_layer ? l : -1;
+            if (r[i].kind == WK_COUNT)
+                continue;
+            convert_to_f32(weights_slot_dst(w, r[i].kind, layer), p, r[i].n, SRC_F32);
+            if (!weights_slot_done(w, r[i].kind, layer, d))
+                return false;
+        }
     }
     return true;
 }

@@ -5,7 +5,8 @@
  *
  * Conventions every part of megac relies on:
  *  - Matrices are row-major [out][in]: y[i] = sum_j W[i*in + j] * x[j].
- *  - Every weight has an f32 view. A matrix may also be held in another
+ *  - Every weight has an f32 view (except after weights_load_ex with
+ *    WEIGHTS_STORED_ONLY, for compiles). A matrix may also be held in another
  *    storage dtype (QTensor: GGUF Q8_0/Q4_0/Q4_1 blocks kept as they are,
  *    or a format the quant knobs chose, see compiler/quant.h); its f32 view
  *    then holds exactly the dequantized values of those bytes, so the
@@ -174,12 +175,35 @@ typedef struct Weights {
     size_t nbytes;      /* total f32 bytes held */
     QTensor *qt;        /* (nqt) matrices held in another dtype; in arena */
     int nqt, capqt;
+    bool head_own;      /* lm_head is a tensor of its own (weights_head_separate) */
+    bool stored_only;   /* WEIGHTS_STORED_ONLY: see weights_load_ex */
+    struct WView *views;    /* (nviews) f32 views of matrices mapped apart from the arena */
+    int nviews;
+    int nslots, slots_done;     /* tensors to load, loaded so far */
+    size_t loaded_bytes;        /* f32 bytes of the tensors loaded so far */
+    const struct WeightsProgress *progress;
 } Weights;
 
 /* Loads (or synthesizes) the weights the description names, checking every
  * shape against it, then applies its quant knobs (quant_apply). Errors
  * name the file and the tensor. */
 bool weights_load(Weights *w, const ModelDesc *m, Diag *d);
+/* weights_load with flags. WEIGHTS_STORED_ONLY (what a compile needs): a
+ * matrix that ends up stored in another dtype (a QTensor) has no f32 view
+ * afterwards (its pointer and weights_tensor are NULL); each layer's
+ * matrices are quantized as soon as they are loaded and their f32 views
+ * unmapped, so memory holds the stored model plus about one f32 matrix
+ * (the embedding and classifier stay until the end) instead of the whole
+ * model in f32. The stored bytes are the same as weights_load's. */
+enum { WEIGHTS_STORED_ONLY = 1 };
+/* Called after each tensor is loaded (and stored), with the counts so far. */
+typedef struct WeightsProgress {
+    void (*fn)(void *ctx, int done, int total, size_t f32_bytes);
+    void *ctx;
+} WeightsProgress;
+bool weights_load_ex(Weights *w, const ModelDesc *m, unsigned flags, const WeightsProgress *p, Diag *d);
+/* Bytes the weights hold now: f32 views still mapped plus stored tensors. */
+size_t weights_held_bytes(const Weights *w);
 void weights_free(Weights *w);
 /* A tensor by its schedule buffer name: "embed", "final_norm", "lm_head",
  * "L<l>.attn_norm", "L<l>.wq", "L<l>.wk", "L<l>.wv", "L<l>.bq", "L<l>.bk",

@@ -561,14 +561,31 @@ static bool quant_head_split(Weights *w, Diag *d)
     if (weights_head_separate(w) || te == th)
         return true;
     size_t n = (size_t)m->vocab_size * (size_t)m->dim;
-    w->lm_head = ARENA_ARRAY(&w->arena, float, n);
+    w->lm_head = weights_view_new(w, (int64_t)n);
     memcpy(w->lm_head, w->tok_embed, n * sizeof(float));
-    w->nbytes += n * sizeof(float);
+    w->head_own = true;
     if (e) {
         QTensor *h = weights_qtensor_put(w, "lm_head", e->dtype, e->rows, e->cols);
         memcpy(h->data, e->data, h->nbytes);
     }
     return true;
+}
+
+bool quant_slot(Weights *w, const WSlot *s, Diag *d)
+{
+    Arena a = {0};
+    char *name = s->cols && s->dst ? wslot_canon_name(&a, s) : NULL;
+    bool ok = true;
+    if (name && quant_tensor_class(name) >= 0) {
+        const QTensor *q = weights_qtensor(w, name);
+        int t = quant_target(w, name, q ? q->dtype : DT_F32, d);
+        ok = t >= 0;
+        if (ok && t != (q ? (int)q->dtype : DT_F32) && !quant_keep_blocks(w, name, (DType)t) &&
+            !quant_q4_0_regroup(w, name, (DType)t))
+            quant_matrix(w, name, s->dst, s->rows, s->cols, (DType)t);
+    }
+    arena_free(&a);
+    return ok;
 }
 
 bool quant_apply(Weights *w, Diag *d)
@@ -579,19 +596,12 @@ bool quant_apply(Weights *w, Diag *d)
     int n;
     const WSlot *slots = weights_slots(w, &a, &n);
     bool ok = true;
-    for (int i = 0; i <= n && ok; i++) {
+    for (int i = 0; i < n && ok; i++)
+        ok = quant_slot(w, &slots[i], d);
+    if (ok && weights_head_separate(w) && w->m->tie_embeddings) {
         WSlot head = {.kind = WK_LM_HEAD, .layer = -1, .rows = w->m->vocab_size, .cols = w->m->dim,
                       .dst = w->lm_head};
-        const WSlot *s = i < n ? &slots[i] : weights_head_separate(w) && w->m->tie_embeddings ? &head : NULL;
-        char *name = s && s->cols ? wslot_canon_name(&a, s) : NULL;
-        if (!name || quant_tensor_class(name) < 0)
-            continue;
-        const QTensor *q = weights_qtensor(w, name);
-        int t = quant_target(w, name, q ? q->dtype : DT_F32, d);
-        ok = t >= 0;
-        if (ok && t != (q ? (int)q->dtype : DT_F32) && !quant_keep_blocks(w, name, (DType)t) &&
-            !quant_q4_0_regroup(w, name, (DType)t))
-            quant_matrix(w, name, s->dst, s->rows, s->cols, (DType)t);
+        ok = quant_slot(w, &head, d);
     }
     arena_free(&a);
     return ok;

@@ -89,14 +89,17 @@ static void synthetic_tensor(const ModelDesc *m, const WSlot *s, uint64_t key)
     }
 }
 
-void synthetic_fill(Weights *w)
+bool synthetic_fill(Weights *w, Diag *d)
 {
     Arena scratch = {0};
     int n;
     const WSlot *slots = weights_slots(w, &scratch, &n);
-    for (int i = 0; i < n; i++) {
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) {
         char *canon = wslot_canon_name(&scratch, &slots[i]);
         synthetic_tensor(w->m, &slots[i], synthetic_key(w->m->weights_seed, canon));
+        ok = weights_slot_done(w, slots[i].kind, slots[i].layer, d);
     }
     arena_free(&scratch);
+    return ok;
 }

@@ -231,14 +231,88 @@ float *weights_slot_dst(Weights *w, WKind k, int layer)
     return *slot_field(w, k, layer);
 }
 
-/* Allocates tensor k of layer l (-1: global) in the arena. */
+/* ---- f32 views ---- */
+
+/* A matrix's f32 view mapped on its own (WEIGHTS_STORED_ONLY), so that it
+ * can be given back to the system once the matrix is stored. */
+struct WView {
+    float *p;
+    size_t bytes;
+};
+
+float *weights_view_new(Weights *w, int64_t n)
+{
+    size_t bytes = sizeof(float) * (size_t)n;
+    w->nbytes += bytes;
+    if (!w->stored_only)
+        return ARENA_ARRAY(&w->arena, float, n);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        die("out of memory mapping %zu bytes for an f32 tensor", bytes);
+    ASSERT(w->nviews < w->capqt);
+    w->views[w->nviews++] = (struct WView){p, bytes};
+    return p;
+}
+
+/* Unmaps the view *field points to (when it is a view of its own) and
+ * clears the pointer. */
+static void view_release(Weights *w, float **field)
+{
+    for (int i = 0; i < w->nviews && *field; i++)
+        if (w->views[i].p == *field) {
+            munmap(w->views[i].p, w->views[i].bytes);
+            w->views[i] = w->views[--w->nviews];
+            break;
+        }
+    *field = NULL;
+}
+
+size_t weights_held_bytes(const Weights *w)
+{
+    size_t n = 0;
+    for (int i = 0; i < w->nqt; i++)
+        n += w->qt[i].nbytes;
+    if (!w->stored_only)
+        return n + w->nbytes;
+    for (int i = 0; i < w->nviews; i++)
+        n += w->views[i].bytes;
+    return n;
+}
+
+/* Allocates tensor k of layer l (-1: global): matrices as views, vectors
+ * in the arena. */
 static void slot_alloc(Weights *w, WKind k, int l)
 {
     int64_t rows, cols;
     slot_shape(w->m, k, &rows, &cols);
-    int64_t n = rows * (cols ? cols : 1);
-    *slot_field(w, k, l) = ARENA_ARRAY(&w->arena, float, n);
-    w->nbytes += (size_t)n * sizeof(float);
+    w->nslots++;
+    if (cols) {
+        *slot_field(w, k, l) = weights_view_new(w, rows * cols);
+        return;
+    }
+    *slot_field(w, k, l) = ARENA_ARRAY(&w->arena, float, rows);
+    w->nbytes += (size_t)rows * sizeof(float);
+}
+
+bool weights_slot_done(Weights *w, WKind k, int layer, Diag *d)
+{
+    int64_t rows, cols;
+    slot_shape(w->m, k, &rows, &cols);
+    w->slots_done++;
+    w->loaded_bytes += sizeof(float) * (size_t)(rows * (cols ? cols : 1));
+    if (w->progress)
+        w->progress->fn(w->progress->ctx, w->slots_done, w->nslots, w->loaded_bytes);
+    if (!w->stored_only || layer < 0 || !cols)
+        return true;
+    float **field = slot_field(w, k, layer);
+    WSlot s = {.kind = k, .layer = layer, .rows = rows, .cols = cols, .dst = *field};
+    Arena a = {0};
+    char *name = wslot_canon_name(&a, &s);
+    bool ok = quant_slot(w, &s, d);
+    if (ok && weights_qtensor(w, name))
+        view_release(w, field);
+    arena_free(&a);
+    return ok;
 }
 
 static bool slot_wanted(const ModelDesc *m, WKind k)
@@ -254,13 +328,15 @@ static void slots_alloc(Weights *w)
     w->layers = ARENA_ARRAY(&w->arena, LayerWeights, m->n_layers);
     w->capqt = 2 + (WK_W_DOWN - WK_ATTN_NORM + 1) * m->n_layers;
     w->qt = ARENA_ARRAY(&w->arena, QTensor, w->capqt);
+    w->views = ARENA_ARRAY(&w->arena, struct WView, w->capqt);
     slot_alloc(w, WK_EMBED, -1);
     for (int l = 0; l < m->n_layers; l++)
         for (WKind k = WK_ATTN_NORM; k <= WK_W_DOWN; k++)
             if (slot_wanted(m, k))
                 slot_alloc(w, k, l);
     slot_alloc(w, WK_FINAL_NORM, -1);
-    if (slot_wanted(m, WK_LM_HEAD))
+    w->head_own = slot_wanted(m, WK_LM_HEAD);
+    if (w->head_own)
         slot_alloc(w, WK_LM_HEAD, -1);
     else
         w->lm_head = w->tok_embed;
@@ -341,7 +417,7 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d)
         int r = src->fetch(src->ctx, name, &slots[i], slots[i].dst, d);
         if (r == 0)
             diag_file_error(d, src->path, "tensor '%s' is missing", name);
-        ok = r > 0;
+        ok = r > 0 && weights_slot_done(w, slots[i].kind, slots[i].layer, d);
     }
     ok = ok && weights_bias_check(w, src, &a, d) && weights_tied_check(w, src, &a, d);
     arena_free(&a);
@@ -371,10 +447,32 @@ static bool weights_dims_check(const ModelDesc *m, Diag *d)
     return true;
 }
 
+/* WEIGHTS_STORED_ONLY's last step: the embedding's and classifier's f32
+ * views go once they are stored (a layer's matrices went as they were
+ * loaded). */
+static void weights_globals_release(Weights *w)
+{
+    bool tied = !w->head_own;
+    if (w->head_own && weights_qtensor(w, "lm_head"))
+        view_release(w, &w->lm_head);
+    if (weights_qtensor(w, "embed")) {
+        view_release(w, &w->tok_embed);
+        if (tied)
+            w->lm_head = NULL;
+    }
+}
+
 bool weights_load(Weights *w, const ModelDesc *m, Diag *d)
+{
+    return weights_load_ex(w, m, 0, NULL, d);
+}
+
+bool weights_load_ex(Weights *w, const ModelDesc *m, unsigned flags, const WeightsProgress *p, Diag *d)
 {
     memset(w, 0, sizeof *w);
     w->m = m;
+    w->progress = p;
+    w->stored_only = (flags & WEIGHTS_STORED_ONLY) != 0;
     if (!weights_dims_check(m, d))
         return false;
     slots_alloc(w);
@@ -386,8 +484,7 @@ bool weights_load(Weights *w, const ModelDesc *m, Diag *d)
     case WFMT_GGUF: ok = load_gguf(w, m->weights_path, d); break;
     case WFMT_SYNTHETIC:
         w->pairing = m->rope_pairing;
-        synthetic_fill(w);
-        ok = true;
+        ok = synthetic_fill(w, d);
         break;
     }
     ok = ok && d->nerrors == before && quant_apply(w, d);
@@ -395,11 +492,17 @@ bool weights_load(Weights *w, const ModelDesc *m, Diag *d)
         weights_free(w);
         return false;
     }
+    if (w->stored_only)
+        weights_globals_release(w);
     return true;
 }
 
 void weights_free(Weights *w)
 {
+    for (int i = 0; i < w->nviews; i++)
+        munmap(w->views[i].p, w->views[i].bytes);
+    w->views = NULL;
+    w->nviews = 0;
     arena_free(&w->arena);
     w->tok_embed = w->final_norm = w->lm_head = NULL;
     w->layers = NULL;
@@ -480,7 +583,7 @@ void weights_qtensor_drop(Weights *w, const char *name)
 
 bool weights_head_separate(const Weights *w)
 {
-    return w->lm_head != w->tok_embed;
+    return w->head_own;
 }
 
 const QTensor *weights_qtensor(const Weights *w, const char *name)

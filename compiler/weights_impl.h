@@ -89,6 +89,13 @@ void convert_to_f32(float *dst, const void *src, int64_t n, SrcType t);
 QTensor *weights_qtensor_put(Weights *w, const char *name, DType t, int64_t rows, int64_t cols);
 /* Forgets the non-f32 storage of `name` (its f32 view stays). */
 void weights_qtensor_drop(Weights *w, const char *name);
+/* An f32 buffer of n floats for a matrix: in the arena, or mapped on its
+ * own under WEIGHTS_STORED_ONLY. */
+float *weights_view_new(Weights *w, int64_t n);
+/* Every loader calls this after filling a slot. Under WEIGHTS_STORED_ONLY a
+ * layer's matrix is stored at once (quant_slot) and, when that leaves it
+ * in another dtype, its f32 view is unmapped. False after an error. */
+bool weights_slot_done(Weights *w, WKind k, int layer, Diag *d);
 /* Errors when the source's RoPE pairing differs from the description's. */
 bool weights_pairing_check(const Weights *w, Diag *d, const char *path, RopePairing src);
 
@@ -109,6 +116,11 @@ typedef struct WSource {
  * when tied). */
 bool weights_fill(Weights *w, const WSource *src, Diag *d);
 
+/* ---- quant.c (beyond compiler/quant.h) ---- */
+/* Applies the quant knob of slot s's class to it (nothing for vectors, or
+ * for a matrix whose view was already released). False after an error. */
+bool quant_slot(Weights *w, const WSlot *s, Diag *d);
+
 /* ---- gguf.c (beyond compiler/gguf.h) ---- */
 typedef struct GgufTensor GgufTensor;
 typedef struct GgufFile GgufFile;
@@ -121,7 +133,7 @@ const char *gguf_type_name(uint32_t ggml_type);
 bool load_llama2c(Weights *w, const char *path, Diag *d);
 bool load_safetensors(Weights *w, const char *path, Diag *d);
 bool load_gguf(Weights *w, const char *path, Diag *d);
-void synthetic_fill(Weights *w);
+bool synthetic_fill(Weights *w, Diag *d);
 /* The synthetic value generator, exposed for tests: element i of the
  * tensor named `canon` (e.g. "L0.wq") before scaling, in [-1, 1). */
 float synthetic_uniform(uint64_t seed, const char *canon, int64_t i);

@@ -497,6 +497,84 @@ Test(quant, gguf_q4_0_regrouped_exactly)
     arena_free(&a);
 }
 
+/* weights_load_ex(WEIGHTS_STORED_ONLY), what a compile uses: the same
+ * stored bytes, dtypes, f32 vectors and schedule as weights_load, with no
+ * f32 view left for a stored matrix, and less held. */
+static void stored_only_same(const ModelDesc *m)
+{
+    static const char *const kinds[] = {"attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down"};
+    Diag d;
+    diag_init(&d);
+    Weights e, s;
+    cr_assert(weights_load(&e, m, &d) && weights_load_ex(&s, m, WEIGHTS_STORED_ONLY, NULL, &d), "%s", m->name);
+    cr_assert_eq(s.nqt, e.nqt);
+    cr_assert_eq(weights_head_separate(&s), weights_head_separate(&e));
+    int nn = 3 + (int)(sizeof kinds / sizeof *kinds) * m->n_layers;
+    char (*names)[32] = calloc((size_t)nn, sizeof *names);
+    snprintf(names[0], 32, "embed"), snprintf(names[1], 32, "lm_head"), snprintf(names[2], 32, "final_norm");
+    for (int l = 0, i = 3; l < m->n_layers; l++)
+        for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++)
+            snprintf(names[i++], 32, "L%d.%s", l, kinds[k]);
+    for (int i = 0; i < nn; i++) {
+        const QTensor *qe = weights_qtensor(&e, names[i]), *qs = weights_qtensor(&s, names[i]);
+        int64_t ne = 0, ns = 0;
+        const float *fe = weights_tensor(&e, names[i], &ne), *fs = weights_tensor(&s, names[i], &ns);
+        cr_assert_not_null(fe, "%s", names[i]);
+        cr_assert_eq(weights_dtype(&s, names[i]), weights_dtype(&e, names[i]), "%s", names[i]);
+        if (qe) {
+            cr_assert(qs && qs->nbytes == qe->nbytes && qs->rows == qe->rows && qs->cols == qe->cols);
+            cr_assert(memcmp(qs->data, qe->data, qe->nbytes) == 0, "%s: stored bytes", names[i]);
+            cr_assert_null(fs, "%s: a stored matrix keeps no f32 view", names[i]);
+        } else {
+            cr_assert(!qs && fs && ns == ne, "%s", names[i]);
+            cr_assert(memcmp(fs, fe, sizeof(float) * (size_t)ne) == 0, "%s: f32", names[i]);
+        }
+    }
+    free(names);
+    if (e.nqt)
+        cr_assert_lt(weights_held_bytes(&s), weights_held_bytes(&e));
+    const Target *t = target_lookup("cpu", &d);
+    Schedule *se = lower_model_weights(m, &e, t, 2, &d), *ss = lower_model_weights(m, &s, t, 2, &d);
+    cr_assert(se && ss);
+    char *a1 = sched_to_string(se), *a2 = sched_to_string(ss);
+    cr_assert_str_eq(a1, a2);
+    free(a1), free(a2);
+    sched_free(se), sched_free(ss);
+    weights_free(&e);
+    weights_free(&s);
+}
+
+Test(quant, stored_only_load_same_bytes, .timeout = 60)
+{
+    const char *knobs[] = {"f32", "{default: w8a16, embed: f16, mlp: w4a16-g32}", "{default: w4a8-g64, lm_head: w8a8}",
+                           "bf16"};
+    Arena a = {0};
+    for (size_t i = 0; i < sizeof knobs / sizeof *knobs; i++) {
+        ModelDesc m;
+        DescOverride ov[] = {{"quant", knobs[i]}};
+        cr_assert(desc_text(&m, &a, TINY_YAML, ov, 1));
+        stored_only_same(&m);
+    }
+    const char *gknobs[] = {"none", "{default: w4a8-g32, lm_head: w8a8, embed: f16}", "w4a16-g32"};
+    for (size_t i = 0; i < sizeof gknobs / sizeof *gknobs; i++) {
+        if (access(MEGAC_SRC "/tests/fixtures/weights/tiny.gguf", R_OK) != 0)
+            break;
+        ModelDesc m;
+        DescOverride ov[] = {{"quant", gknobs[i]}};
+        cr_assert(desc_text(&m, &a, GGUF_YAML, ov, 1));
+        stored_only_same(&m);
+    }
+    if (access(SHARED "/models/stories260K.bin", R_OK) == 0) {
+        ModelDesc m;
+        Diag d;
+        diag_init(&d);
+        DescOverride ov[] = {{"quant", "{default: w4a16-g64, lm_head: w8a16}"}};
+        cr_assert(desc_load(&m, &a, MEGAC_SRC "/models/stories260k.yaml", ov, 1, &d));
+        stored_only_same(&m);
+    }
+    arena_free(&a);
+}
+
 /* ---- fidelity against the recorded figures ---- */
 
 typedef struct Recorded {
