@@ -348,9 +348,22 @@ static bool parse_schedule_line(Parser *ps)
     if (!parser_keyword(ps, "schedule") || !(nn = parser_word(ps, &name, "schedule name")) ||
         !parser_keyword(ps, "target") || !(nt = parser_word(ps, &tgt, "target name")))
         return false;
-    if (!parser_keyword(ps, "workers") || !parser_int(ps, 1, 65535, &w, "worker count"))
+    char *t = xstrndup(tgt, nt);
+    bool known = false;
+    for (const char *const *k = target_names; *k; k++)
+        known |= strcmp(*k, t) == 0;
+    if (!known) {
+        const char *near = str_closest(t, target_names);
+        parser_error(ps, tgt, "unknown target '%.*s'%s%s%s; valid targets: cpu, host-cuda, sm_80, sm_90, sm_120",
+                     nt > 64 ? 64 : (int)nt, t, near ? " (did you mean '" : "", near ? near : "", near ? "'?)" : "");
+        free(t);
         return false;
-    char *n = xstrndup(name, nn), *t = xstrndup(tgt, nt);
+    }
+    if (!parser_keyword(ps, "workers") || !parser_int(ps, 1, 65535, &w, "worker count")) {
+        free(t);
+        return false;
+    }
+    char *n = xstrndup(name, nn);
     ps->s = sched_new(n, t, (int)w);
     free(n);
     free(t);
@@ -441,6 +454,17 @@ static bool parse_buffer_line(Parser *ps)
     } while (parser_accept_char(ps, ','));
     if (!parser_expect_char(ps, ']'))
         return false;
+    /* Each dimension is at most 2^40, and so is their product: byte sizes
+     * and offsets then stay far from int64's range. A buffer that is too
+     * large is still declared (as [1]) so that its uses are not errors too. */
+    int64_t nelem = 1;
+    for (int i = 0; i < rank && nelem; i++)
+        nelem = shape[i] > (INT64_C(1) << 40) / nelem ? 0 : nelem * shape[i];
+    if (!nelem) {
+        parser_error(ps, name, "buffer '%.*s' has too many elements", (int)nn, name);
+        rank = 1;
+        shape[0] = 1;
+    }
     size_t nc = parser_name(ps, &cl, "buffer class");
     if (!nc)
         return false;

@@ -202,6 +202,71 @@ Test(sched_text, errors_structure)
     cr_assert(strstr(e, "t.sched:4:1: error: declarations must come before the first worker"), "%s", e);
 }
 
+/* Each dimension is in range but their product is not (2^64 elements): an
+ * error at the buffer's name, not a signed overflow. */
+Test(sched_text, errors_buffer_too_large)
+{
+    int n;
+    char *e = parse_errors(HDR "buffer embed f32 [4294967296, 4294967296] weight\nworker 0\n", &n);
+    cr_assert_eq(n, 1, "%s", e);
+    cr_assert(strstr(e, "t.sched:3:8: error: buffer 'embed' has too many elements\n"), "%s", e);
+    e = parse_errors(HDR "buffer embed f32 [1048576, 1048576, 2] weight\nworker 0\n", &n);
+    cr_assert(strstr(e, "t.sched:3:8: error: buffer 'embed' has too many elements\n"), "%s", e);
+}
+
+/* A long source line prints as a window of 100 bytes around the caret, with
+ * "..." for what was left out, so a minified JSON file does not flood stderr. */
+static char *diag_snippet(const char *text, int line, int col)
+{
+    static char buf[4096];
+    memset(buf, 0, sizeof buf);
+    Diag d;
+    diag_init(&d);
+    d.out = fmemopen(buf, sizeof buf - 1, "w");
+    SrcFile src = {"big.json", text, strlen(text)};
+    diag_error(&d, &src, line, col, "bad");
+    fclose(d.out);
+    return buf;
+}
+
+Test(diag, long_line_clipped)
+{
+    char *text = xmalloc(100002);
+    for (int i = 0; i < 100000; i++)
+        text[i] = (char)('a' + i % 26);
+    text[100000] = '\n';
+    text[100001] = 0;
+    text[50000] = '!';
+    char *e = diag_snippet(text, 1, 50001);
+    char want[512];
+    snprintf(want, sizeof want, "big.json:1:50001: error: bad\n    1 | ...%.100s...\n      |    %50s^\n",
+             text + 49950, "");
+    cr_assert_str_eq(e, want);
+    e = diag_snippet(text, 1, 3);  /* near the start: no leading "..." */
+    snprintf(want, sizeof want, "big.json:1:3: error: bad\n    1 | %.100s...\n      |   ^\n", text);
+    cr_assert_str_eq(e, want);
+    e = diag_snippet(text, 1, 100000);  /* near the end: a full window ending there */
+    snprintf(want, sizeof want, "big.json:1:100000: error: bad\n    1 | ...%.100s\n      |    %99s^\n",
+             text + 99900, "");
+    cr_assert_str_eq(e, want);
+    text[110] = '\n';  /* a line of 110 bytes prints whole */
+    e = diag_snippet(text, 1, 100);
+    snprintf(want, sizeof want, "big.json:1:100: error: bad\n    1 | %.110s\n      | %99s^\n", text, "");
+    cr_assert_str_eq(e, want);
+    free(text);
+}
+
+/* An unknown target in the header is an error at the target's column. */
+Test(sched_text, errors_unknown_target)
+{
+    int n;
+    char *e = parse_errors("schedule t target gpu9 workers 1\n", &n);
+    cr_assert_eq(n, 1, "%s", e);
+    cr_assert(strstr(e, "t.sched:1:19: error: unknown target 'gpu9'"), "%s", e);
+    e = parse_errors("schedule t target sm_91 workers 1\n", &n);
+    cr_assert(strstr(e, "t.sched:1:19: error: unknown target 'sm_91' (did you mean 'sm_90'?)"), "%s", e);
+}
+
 Test(sched_text, affine_forms)
 {
     const char *t = HDR "buffer kc f32 [1, 8, 4] kv\nworker 0\n"
