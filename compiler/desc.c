@@ -1252,7 +1252,8 @@ static const char *dir_of(Arena *a, const char *path)
     return s == path ? "/" : arena_strndup(a, path, (size_t)(s - path));
 }
 
-/* name: NAME, letters, digits, '.', '_' and '-' (it names the bundle). */
+/* name: NAME, letters, digits, '.', '_' and '-' (it names the bundle), at
+ * most 128 of them. */
 static void desc_name(Ctx *c, const DocNode *root)
 {
     const DocNode *n = doc_get(root, "name");
@@ -1261,6 +1262,10 @@ static void desc_name(Ctx *c, const DocNode *root)
         missing_key(c, root, "", "name");
     if (!s)
         return;
+    if (strlen(s) > 128) {
+        ctx_error(c, n, "name is %zu characters long; at most 128 are allowed", strlen(s));
+        return;
+    }
     if (!*s || strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != strlen(s)) {
         ctx_error(c, n, "name '%s' must be made of letters, digits, '.', '_' and '-'", s);
         return;

@@ -20,6 +20,16 @@ void diag_init(Diag *d)
     d->out = stderr;
 }
 
+/* Lines longer than this print as a window of SNIPPET_WIDTH bytes around
+ * the caret, with "..." where text was left out (a minified JSON file is one
+ * line of megabytes). */
+enum { SNIPPET_WIDTH = 100 };
+
+static bool utf8_continuation(char c)
+{
+    return ((unsigned char)c & 0xC0) == 0x80;
+}
+
 static void print_source_line(FILE *out, const SrcFile *src, int line, int col)
 {
     if (!src || !src->text || line <= 0)
@@ -33,12 +43,24 @@ static void print_source_line(FILE *out, const SrcFile *src, int line, int col)
     const char *e = p;
     while (e < end && *e != '\n' && *e != '\r')
         e++;
-    fprintf(out, "%5d | %.*s\n", line, (int)(e - p), p);
+    size_t n = (size_t)(e - p), at = col <= 0 ? 0 : (size_t)col - 1 < n ? (size_t)col - 1 : n;
+    size_t from = 0, to = n;
+    if (n > SNIPPET_WIDTH + SNIPPET_WIDTH / 5) {
+        from = at > SNIPPET_WIDTH / 2 ? at - SNIPPET_WIDTH / 2 : 0;
+        from = from + SNIPPET_WIDTH > n ? n - SNIPPET_WIDTH : from;
+        to = from + SNIPPET_WIDTH;
+        while (from > 0 && from < at && utf8_continuation(p[from]))
+            from++;
+        while (to < n && to > at && utf8_continuation(p[to]))
+            to--;
+    }
+    const char *pre = from > 0 ? "..." : "", *post = to < n ? "..." : "";
+    fprintf(out, "%5d | %s%.*s%s\n", line, pre, (int)(to - from), p + from, post);
     if (col <= 0)
         return;
-    fprintf(out, "      | ");
-    for (int i = 1; i < col && p + i - 1 < e; i++)
-        fputc(p[i - 1] == '\t' ? '\t' : ' ', out);
+    fprintf(out, "      | %s", *pre ? "   " : "");
+    for (size_t i = from; i < at && i < to; i++)
+        fputc(p[i] == '\t' ? '\t' : ' ', out);
     fputs("^\n", out);
 }
 

@@ -478,6 +478,25 @@ Test(desc, diag_wrong_type)
                   "      |                 ^\n");
 }
 
+/* A name is at most 128 characters; a 10 MB one is refused, and the error
+ * quotes a window of the line, not all of it. */
+Test(desc, diag_name_too_long)
+{
+    size_t n = 10 * 1000 * 1000;
+    char *text = xmalloc(n + 200);
+    strcpy(text, "name: ");
+    memset(text + 6, 'a', n);
+    strcpy(text + 6 + n, "\nweights: {format: synthetic}\n" ARCH);
+    ModelDesc m;
+    Arena a = {0};
+    cr_assert_not(parse(&m, &a, "models/x.yaml", text, NULL, 0, NULL));
+    cr_assert(strstr(errs, "models/x.yaml:1:7: error: name is 10000000 characters long; at most 128 are allowed\n"
+                           "    1 | name: aaaa") == errs, "%s", errs);
+    cr_assert_lt(strlen(errs), 400, "%s", errs);
+    arena_free(&a);
+    free(text);
+}
+
 Test(desc, diag_bad_value)
 {
     expect_errors("name: x\nweights: {format: safetensor, path: m.safetensors}\n" ARCH, NULL, 0,
