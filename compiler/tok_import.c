@@ -23,6 +23,7 @@
 #include "compiler/doc.h"
 #include "compiler/gguf.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -450,19 +451,42 @@ static bool gguf_vocab(Tokenizer *t, const GgufFile *g, bool spm, Diag *d)
         }
         if (special)
             tok_set_special(t, (int)i);
+        if (spm && scores && !isfinite(gguf_f32_at(scores, i))) {
+            diag_file_error(d, g->path, "tokenizer.ggml.scores[%llu] is not finite", (unsigned long long)i);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* One of tokenizer.ggml.bos_token_id / eos_token_id: -1 when absent; an
+ * id outside the vocabulary, or not an integer, is an error. */
+static bool gguf_id(const Tokenizer *t, const GgufFile *g, const char *key, int64_t *id, Diag *d)
+{
+    *id = -1;
+    const GgufKV *kv = gguf_find(g, key);
+    if (!kv)
+        return true;
+    if (!gguf_get_int(g, key, id)) {
+        diag_file_error(d, g->path, "%s must be an integer", key);
+        return false;
+    }
+    if (*id < 0 || *id >= tok_vocab(t)) {
+        diag_file_error(d, g->path, "%s %lld is outside the vocabulary (%d)", key, (long long)*id, tok_vocab(t));
+        return false;
     }
     return true;
 }
 
 /* bos/eos: the model description's, else the file's. */
-static void gguf_ids(Tokenizer *t, const GgufFile *g, const ModelDesc *m)
+static bool gguf_ids(Tokenizer *t, const GgufFile *g, const ModelDesc *m, Diag *d)
 {
-    int64_t bos = -1, eos = -1;
-    if (!gguf_get_int(g, "tokenizer.ggml.bos_token_id", &bos) || bos >= tok_vocab(t))
-        bos = -1;
-    if (!gguf_get_int(g, "tokenizer.ggml.eos_token_id", &eos) || eos >= tok_vocab(t))
-        eos = -1;
-    tok_set_ids(t, m->bos_id >= 0 ? m->bos_id : (int)bos, m->eos_id >= 0 ? m->eos_id : (int)eos);
+    int64_t bos = m->bos_id, eos = m->eos_id;
+    if ((m->bos_id < 0 && !gguf_id(t, g, "tokenizer.ggml.bos_token_id", &bos, d)) ||
+        (m->eos_id < 0 && !gguf_id(t, g, "tokenizer.ggml.eos_token_id", &eos, d)))
+        return false;
+    tok_set_ids(t, (int)bos, (int)eos);
+    return true;
 }
 
 static Tokenizer *gguf_build(const GgufFile *g, const ModelDesc *m, Diag *d)
@@ -494,8 +518,7 @@ static Tokenizer *gguf_build(const GgufFile *g, const ModelDesc *m, Diag *d)
     if (!t)
         die("out of memory");
     tok_set_pretok(t, pk);
-    gguf_ids(t, g, m);
-    if (!gguf_vocab(t, g, spm, d) || (bpe && !gguf_merges(t, g, d))) {
+    if (!gguf_ids(t, g, m, d) || !gguf_vocab(t, g, spm, d) || (bpe && !gguf_merges(t, g, d))) {
         tok_free(t);
         return NULL;
     }
@@ -530,7 +553,9 @@ static Tokenizer *tok_import_llama2c(const ModelDesc *m, Diag *d)
     }
     Tokenizer *t = tok_load_llama2c(m->tok_path, m->vocab_size, err, sizeof err);
     if (!t) {
-        diag_file_error(d, m->tok_path, "%s", err);
+        size_t np = strlen(m->tok_path);    /* the message starts "path: "; the diagnostic names it already */
+        bool named = strncmp(err, m->tok_path, np) == 0 && strncmp(err + np, ": ", 2) == 0;
+        diag_file_error(d, m->tok_path, "%s", named ? err + np + 2 : err);
         return NULL;
     }
     if (m->bos_id >= 0 || m->eos_id >= 0)

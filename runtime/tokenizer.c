@@ -1158,14 +1158,23 @@ Tokenizer *tok_load_llama2c(const char *path, int n_vocab, char *err, size_t err
     Reader r = {buf, n, 0, true};
     uint32_t maxlen = rd_u32(&r);
     Tokenizer *t = r.ok ? tok_new(TOK_SPM, n_vocab) : NULL;
-    for (int id = 0; t && id < n_vocab && r.ok; id++) {
+    int bad_score = -1;
+    for (int id = 0; t && id < n_vocab && r.ok && bad_score < 0; id++) {
         float score = rd_f32(&r);
         int32_t len = (int32_t)rd_u32(&r);
         const unsigned char *b = len >= 0 && (uint32_t)len <= maxlen ? rd_bytes(&r, (size_t)len) : NULL;
         if (!b)
             r.ok = false;
+        else if (!isfinite(score))
+            bad_score = id;
         else
             tok_set_piece(t, id, (const char *)b, (size_t)len, score);
+    }
+    if (bad_score >= 0) {
+        snprintf(err, errlen, "%s: token %d has a non-finite score", path, bad_score);
+        tok_free(t);
+        free(buf);
+        return NULL;
     }
     if (t && r.ok && n_vocab > 2)
         tok_set_ids(t, 1, 2);

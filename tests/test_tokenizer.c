@@ -16,6 +16,7 @@
 #include "compiler/doc.h"
 
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -538,4 +539,89 @@ Test(tokenizer, import_llama2c_and_bytes)
     t = tok_import(&m, &d);
     cr_assert(t && tok_kind(t) == TOK_BYTES);
     tok_free(t);
+}
+
+/* Writes `n` bytes of `p` to a fresh temporary file (its name left in
+ * path[32]), imports it as a tokenizer of format `f`, expects failure and
+ * returns what was printed. */
+static char *import_bytes_errors(TokFormat f, const void *p, size_t n, int vocab, char *path)
+{
+    strcpy(path, "/tmp/megac_tokimp_XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    write_bytes(path, p, n);
+    ModelDesc m = model_with_tok(f, path, vocab);
+    Diag d;
+    diag_init(&d);
+    char *out = NULL;
+    size_t len = 0;
+    d.out = open_memstream(&out, &len);
+    cr_assert(d.out);
+    Tokenizer *t = tok_import(&m, &d);
+    fclose(d.out);
+    unlink(path);
+    cr_assert_null(t, "a bad tokenizer was accepted");
+    cr_assert_eq(d.nerrors, 1, "%s", out);
+    return out;
+}
+
+/* A NaN score in a llama2.c tokenizer is refused at import (run would refuse
+ * the bundle later), and the file is named once. */
+Test(tokenizer, llama2c_nan_score)
+{
+    need_file(TOK512);
+    size_t n;
+    char *b = read_file(TOK512, &n);
+    cr_assert(b && n > 8);
+    float nan = NAN, score;
+    memcpy(&score, b + 4, 4);
+    memcpy(b + 4, &nan, 4);     /* token 0's score */
+    char path[32], want[128];
+    char *e = import_bytes_errors(TOKFMT_LLAMA2C, b, n, 512, path);
+    snprintf(want, sizeof want, "%s: error: token 0 has a non-finite score\n", path);
+    cr_assert_str_eq(e, want);
+    free(e);
+    memcpy(b + 4, &score, 4);   /* a truncated file: the other errors name the file once too */
+    e = import_bytes_errors(TOKFMT_LLAMA2C, b, 100, 512, path);
+    snprintf(want, sizeof want, "%s: error: not a llama2.c", path);
+    cr_assert(strstr(e, want) == e && !strstr(e + strlen(path), path), "%s", e);
+    free(e);
+    free(b);
+}
+
+/* tok512_spm.gguf with one u32 key's value replaced. */
+static char *gguf_with_u32(const char *key, uint32_t v, size_t *n)
+{
+    need_file(FIXTURES "/tok512_spm.gguf");
+    char *b = read_file(FIXTURES "/tok512_spm.gguf", n);
+    cr_assert(b);
+    char *k = memmem(b, *n, key, strlen(key));
+    cr_assert(k, "%s is not in the fixture", key);
+    uint32_t type;
+    memcpy(&type, k + strlen(key), 4);
+    cr_assert_eq(type, 4, "%s is not a u32", key);
+    memcpy(k + strlen(key) + 4, &v, 4);
+    return b;
+}
+
+/* GGUF bos/eos ids outside the vocabulary are refused, naming the key, as
+ * YAML bos: and HF bos_token_id are. */
+Test(tokenizer, gguf_ids_out_of_range)
+{
+    size_t n;
+    char path[32], want[160];
+    char *b = gguf_with_u32("tokenizer.ggml.bos_token_id", 99999999, &n);
+    char *e = import_bytes_errors(TOKFMT_GGUF, b, n, 512, path);
+    snprintf(want, sizeof want, "%s: error: tokenizer.ggml.bos_token_id 99999999 is outside the vocabulary (512)\n",
+             path);
+    cr_assert_str_eq(e, want);
+    free(e);
+    free(b);
+    b = gguf_with_u32("tokenizer.ggml.eos_token_id", 512, &n);
+    e = import_bytes_errors(TOKFMT_GGUF, b, n, 512, path);
+    snprintf(want, sizeof want, "%s: error: tokenizer.ggml.eos_token_id 512 is outside the vocabulary (512)\n", path);
+    cr_assert_str_eq(e, want);
+    free(e);
+    free(b);
 }
