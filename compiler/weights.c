@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -294,10 +295,58 @@ static void slot_alloc(Weights *w, WKind k, int l)
     w->nbytes += (size_t)rows * sizeof(float);
 }
 
+/* 1 when x is a NaN or an infinity (its exponent bits all set). */
+static uint32_t f32_exponent_full(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (u & 0x7f800000u) == 0x7f800000u;
+}
+
+/* The index of the first NaN or infinity among p[0..n), or -1. The scan
+ * ORs an integer test in blocks of a fixed length, which GCC vectorizes at
+ * -O2 (a float compare or an open-ended loop it would not); only a bad
+ * tensor is scanned twice. */
+static int64_t first_non_finite(const float *p, int64_t n)
+{
+    enum { BLOCK = 64 };
+    uint32_t bad = 0;
+    int64_t i = 0;
+    for (; i + BLOCK <= n; i += BLOCK)
+        for (int j = 0; j < BLOCK; j++)
+            bad |= f32_exponent_full(p[i + j]);
+    for (; i < n; i++)
+        bad |= f32_exponent_full(p[i]);
+    for (i = 0; bad && i < n; i++)
+        if (!isfinite(p[i]))
+            return i;
+    return -1;
+}
+
+/* A loaded tensor with a NaN or infinity is an error naming it as the
+ * file does. */
+static bool slot_finite_check(Weights *w, WKind k, int layer, int64_t n, Diag *d)
+{
+    int64_t at = first_non_finite(*slot_field(w, k, layer), n);
+    if (at < 0)
+        return true;
+    Arena a = {0};
+    WSlot s = {.kind = k, .layer = layer};
+    WeightFormat f = w->m->weights_format;
+    char *name = f == WFMT_GGUF ? wslot_gguf_name(&a, &s) : f == WFMT_SAFETENSORS ? wslot_hf_name(&a, &s)
+                                                                                 : wslot_canon_name(&a, &s);
+    diag_file_error(d, w->m->weights_path ? w->m->weights_path : w->m->path,
+                    "tensor '%s' has a non-finite value (NaN or infinity) at element %" PRId64, name, at);
+    arena_free(&a);
+    return false;
+}
+
 bool weights_slot_done(Weights *w, WKind k, int layer, Diag *d)
 {
     int64_t rows, cols;
     slot_shape(w->m, k, &rows, &cols);
+    if (!slot_finite_check(w, k, layer, rows * (cols ? cols : 1), d))
+        return false;
     w->slots_done++;
     w->loaded_bytes += sizeof(float) * (size_t)(rows * (cols ? cols : 1));
     if (w->progress)

@@ -283,6 +283,33 @@ Test(weights, llama2c_bad_inputs)
     free(path);
 }
 
+/* A NaN or infinity in a tensor is an error naming the tensor and the
+ * element, not garbage text at run time. */
+Test(weights, llama2c_non_finite)
+{
+    size_t size;
+    char *path = llama2c_tiny("nan.bin", true, &size);
+    size_t n;
+    unsigned char *raw = read_bytes(path, &n);
+    size_t wq = 28 + 4 * (32 * 16 + 2 * 16);  /* layer 0's wq follows embed and rms_att */
+    float bad[] = {NAN, INFINITY, -INFINITY};
+    for (int i = 0; i < 3; i++) {
+        unsigned char *b = xmalloc(n);
+        memcpy(b, raw, n);
+        memcpy(b + wq + 4 * (size_t)(3 + i), &bad[i], 4);
+        write_bytes(path, b, n);
+        ModelDesc m;
+        desc_tiny(&m, WFMT_LLAMA2C, path);
+        char want[128];
+        snprintf(want, sizeof want, "error: tensor 'L0.wq' has a non-finite value (NaN or infinity) at element %d\n",
+                 3 + i);
+        expect_error(&m, want);
+        free(b);
+    }
+    free(raw);
+    free(path);
+}
+
 /* ---- synthetic ---- */
 
 static double tensor_sum(const float *p, int64_t n)
