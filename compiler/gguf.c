@@ -231,15 +231,18 @@ static int tensor_cmp(const void *a, const void *b)
     return (x->offset > y->offset) - (x->offset < y->offset);
 }
 
-/* Places every tensor in the data section: aligned, inside, no overlap. */
+/* Places every tensor in the data section: aligned, inside, no overlap, and
+ * no gap of a whole alignment unit after it (when every type is known). */
 static bool gguf_tensors_place(GgufImpl *gi, uint64_t data_start, Diag *d)
 {
     GgufFile *g = &gi->pub;
     uint64_t data_len = g->size - data_start;
     GgufTensor **v = ARENA_ARRAY(&gi->a, GgufTensor *, g->ntensors);
     uint64_t n = 0;
+    bool sized = true;      /* every tensor's type has a known size */
     for (uint64_t i = 0; i < g->ntensors; i++) {
         GgufTensor *t = &g->tensors[i];
+        sized &= t->ggml_type < GGML_NTYPES && ggml_types[t->ggml_type].size;
         if (!gguf_tensor_size(g, t, d))
             return false;
         if (t->offset % g->alignment || t->offset > data_len || t->nbytes > data_len - t->offset) {
@@ -254,12 +257,23 @@ static bool gguf_tensors_place(GgufImpl *gi, uint64_t data_start, Diag *d)
             t->data = g->map + data_start + t->offset;
     }
     qsort(v, (size_t)n, sizeof *v, tensor_cmp);
-    for (uint64_t i = 1; i < n; i++)
-        if (v[i]->offset < v[i - 1]->offset + v[i - 1]->nbytes) {
-            diag_file_error(d, g->path, "tensor '%.*s': data overlaps tensor '%.*s'", (int)v[i]->name.len,
-                            v[i]->name.s, (int)v[i - 1]->name.len, v[i - 1]->name.s);
+    for (uint64_t i = 1; i < n; i++) {
+        const GgufTensor *p = v[i - 1], *t = v[i];
+        if (t->offset < p->offset + p->nbytes) {
+            diag_file_error(d, g->path, "tensor '%.*s': data overlaps tensor '%.*s'", (int)t->name.len,
+                            t->name.s, (int)p->name.len, p->name.s);
             return false;
         }
+        /* Writers pad each tensor only up to the alignment: a larger gap
+         * means a type or shape that claims fewer bytes than were written. */
+        if (sized && t->offset - (p->offset + p->nbytes) >= g->alignment) {
+            diag_file_error(d, g->path, "tensor '%.*s': %" PRIu64 " bytes of type %s end %" PRIu64 " bytes before "
+                            "the next tensor '%.*s' starts (is its type right?)", (int)p->name.len, p->name.s,
+                            p->nbytes, gguf_type_name(p->ggml_type), t->offset - (p->offset + p->nbytes),
+                            (int)t->name.len, t->name.s);
+            return false;
+        }
+    }
     return true;
 }
 

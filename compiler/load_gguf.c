@@ -11,18 +11,20 @@
  *   Q4_1   block of 32: {f16 d; f16 m; u8 qs[16]}     w[j] = d * (qs[j] & 15) + m,
  *                                                     w[j+16] = d * (qs[j] >> 4) + m
  * (each product and sum rounded to f32 separately). GGUF dims are listed
- * fastest-first, so [cols, rows] is our (rows, cols). RoPE pairing follows
- * llama.cpp's rope type for general.architecture: for "llama" (and any
- * architecture not listed below) its converter un-permutes HF q/k rows and
- * pairs are adjacent; "qwen2", "phi3" and the "gemma" family keep HF's
- * rotate-half order (llama.cpp's NEOX rope). The file's `<arch>.*`
- * hyperparameters, when present, must agree with the description.
+ * fastest-first, so [cols, rows] is our (rows, cols). general.architecture
+ * must be "llama" or "qwen2"; RoPE pairing follows llama.cpp's rope type for
+ * it: for "llama" its converter un-permutes HF q/k rows and pairs are
+ * adjacent; "qwen2" keeps HF's rotate-half order (llama.cpp's NEOX rope).
+ * The file's `<arch>.*` hyperparameters, when present, must have their
+ * types and agree with the description (a shorter context_length is a
+ * warning).
  */
 #include "compiler/gguf.h"
 #include "compiler/quant.h"
 #include "compiler/weights_impl.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <string.h>
 
 enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8, GGML_BF16 = 30 };
@@ -91,43 +93,100 @@ static int gguf_fetch(void *ctx, const char *name, const WSlot *s, float *dst, D
     return 1;
 }
 
-/* `<arch>.<key>` must equal the description's value when present. */
+/* `<arch>.<key>` must be an integer equal to the description's value when
+ * present. */
 static bool gguf_hparam_check(const GgufFile *g, const char *arch, const char *key, int want, Diag *d)
 {
     char full[160];
     snprintf(full, sizeof full, "%s.%s", arch, key);
     int64_t v;
-    if (!gguf_get_int(g, full, &v) || v == want)
+    if (!gguf_find(g, full))
+        return true;
+    if (!gguf_get_int(g, full, &v)) {
+        diag_file_error(d, g->path, "key '%s' must be an integer", full);
+        return false;
+    }
+    if (v == want)
         return true;
     diag_file_error(d, g->path, "key '%s' is %" PRId64 ", but the model description says %d", full, v, want);
     return false;
 }
 
-static bool gguf_hparams_check(const GgufFile *g, const ModelDesc *m, Diag *d)
+/* `<arch>.<key>` must be a positive, finite float within a relative 1e-4
+ * of the description's value (an f32 in the file) when present. */
+static bool gguf_hparam_float_check(const GgufFile *g, const char *arch, const char *key, double want,
+                                    const char *what, Diag *d)
 {
-    GgufStr a;
-    if (!gguf_get_str(g, "general.architecture", &a))
+    char full[160];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    double v;
+    if (!gguf_find(g, full))
         return true;
-    char arch[64];
-    snprintf(arch, sizeof arch, "%.*s", (int)(a.len < 63 ? a.len : 63), a.s);
+    if (!gguf_get_float(g, full, &v) || !isfinite(v) || v <= 0) {
+        diag_file_error(d, g->path, "key '%s' must be a positive finite number", full);
+        return false;
+    }
+    if (fabs(v - want) <= 1e-4 * fabs(want))
+        return true;
+    diag_file_error(d, g->path, "key '%s' is %g, but the model description says %s %g", full, v, what, want);
+    return false;
+}
+
+/* The file's context length may be shorter than the description's max_seq:
+ * a warning, as for a llama2.c checkpoint's seq_len. */
+static bool gguf_context_check(const GgufFile *g, const char *arch, const ModelDesc *m, Diag *d)
+{
+    char full[160];
+    snprintf(full, sizeof full, "%s.context_length", arch);
+    int64_t v;
+    if (!gguf_find(g, full))
+        return true;
+    if (!gguf_get_int(g, full, &v) || v <= 0) {
+        diag_file_error(d, g->path, "key '%s' must be a positive integer", full);
+        return false;
+    }
+    if (m->max_seq > v) {
+        SrcFile src = {.path = g->path};
+        diag_warning(d, &src, 0, 0, "the model's max_seq %d exceeds the file's %s %" PRId64, m->max_seq, full, v);
+    }
+    return true;
+}
+
+static bool gguf_hparams_check(const GgufFile *g, const ModelDesc *m, const char *arch, Diag *d)
+{
     bool ok = gguf_hparam_check(g, arch, "embedding_length", m->dim, d);
     ok &= gguf_hparam_check(g, arch, "feed_forward_length", m->hidden_dim, d);
     ok &= gguf_hparam_check(g, arch, "block_count", m->n_layers, d);
     ok &= gguf_hparam_check(g, arch, "attention.head_count", m->n_heads, d);
     ok &= gguf_hparam_check(g, arch, "attention.head_count_kv", m->n_kv_heads, d);
+    ok &= gguf_hparam_check(g, arch, "vocab_size", m->vocab_size, d);
+    ok &= gguf_hparam_check(g, arch, "rope.dimension_count", m->head_dim, d);
+    ok &= gguf_hparam_float_check(g, arch, "rope.freq_base", m->rope_theta, "rope theta", d);
+    ok &= gguf_hparam_float_check(g, arch, "attention.layer_norm_rms_epsilon", m->norm_eps, "norm_eps", d);
+    ok &= gguf_context_check(g, arch, m, d);
     return ok;
 }
 
-static RopePairing gguf_pairing(const GgufFile *g)
+/* general.architecture: the Llama-family ones megac runs and their RoPE
+ * pairing; a file without the key is taken as "llama". */
+static bool gguf_arch(const GgufFile *g, char *arch, size_t n, RopePairing *pairing, Diag *d)
 {
-    static const char *const neox[] = {"qwen2", "phi3", "gemma", "gemma2", "gemma3"};
-    GgufStr a;
-    if (!gguf_get_str(g, "general.architecture", &a))
-        return ROPE_ADJACENT;
-    for (size_t i = 0; i < sizeof neox / sizeof *neox; i++)
-        if (a.len == strlen(neox[i]) && memcmp(a.s, neox[i], a.len) == 0)
-            return ROPE_HALF;
-    return ROPE_ADJACENT;
+    static const struct { const char *name; RopePairing pairing; } archs[] = {
+        {"llama", ROPE_ADJACENT}, {"qwen2", ROPE_HALF},
+    };
+    GgufStr a = {5, "llama"};
+    if (gguf_find(g, "general.architecture") && !gguf_get_str(g, "general.architecture", &a)) {
+        diag_file_error(d, g->path, "key 'general.architecture' must be a string");
+        return false;
+    }
+    snprintf(arch, n, "%.*s", (int)(a.len < 63 ? a.len : 63), a.s);
+    for (size_t i = 0; i < sizeof archs / sizeof *archs; i++)
+        if (strcmp(arch, archs[i].name) == 0) {
+            *pairing = archs[i].pairing;
+            return true;
+        }
+    diag_file_error(d, g->path, "architecture '%s' is not supported (llama, qwen2)", arch);
+    return false;
 }
 
 bool load_gguf(Weights *w, const char *path, Diag *d)
@@ -139,8 +198,9 @@ bool load_gguf(Weights *w, const char *path, Diag *d)
     GgufFile *g = gguf_open(path, d);
     if (!g)
         return false;
-    w->pairing = gguf_pairing(g);
-    bool ok = weights_pairing_check(w, d, path, w->pairing) && gguf_hparams_check(g, w->m, d);
+    char arch[64];
+    bool ok = gguf_arch(g, arch, sizeof arch, &w->pairing, d) && weights_pairing_check(w, d, path, w->pairing) &&
+              gguf_hparams_check(g, w->m, arch, d);
     if (ok) {
         GgufCtx c = {g, w};
         WSource src = {.ctx = &c, .path = g->path, .name = wslot_gguf_name, .fetch = gguf_fetch, .has = gguf_has};

@@ -468,8 +468,8 @@ Test(weights, gguf_neox_arch_pairing)
     unsigned char *raw = read_bytes(FIXTURES "/tiny.gguf", &n);
     unsigned char *a = memmem(raw, n, "llama", 5); /* general.architecture's value comes first */
     cr_assert_not_null(a);
-    memcpy(a, "gemma", 5);
-    char *path = tmp_path("gemma.gguf");
+    memcpy(a, "qwen2", 5);
+    char *path = tmp_path("qwen2.gguf");
     write_bytes(path, raw, n);
     ModelDesc m;
     desc_gguf(&m, path);
@@ -752,10 +752,25 @@ Test(weights, gguf_bad_inputs)
 
     size_t q = gguf_info_at(raw, n, "blk.0.attn_q.weight"); /* u32 ndim, u64 dims[2], u32 type, u64 off */
     memcpy(b, raw, n);
+    u64 = 64; /* [32, 32] -> [16, 64]: as many bytes */
+    memcpy(b + q + 4, &u64, 8);
     u64 = 16;
     memcpy(b + q + 4 + 8, &u64, 8);
     gguf_expect("shape.gguf", b, n,
-                "tensor 'blk.0.attn_q.weight': shape [16, 32] does not match the model (expected [32, 32])");
+                "tensor 'blk.0.attn_q.weight': shape [16, 64] does not match the model (expected [32, 32])");
+    memcpy(b, raw, n);
+    memcpy(b + q + 4 + 8, &u64, 8); /* [16, 32]: fewer bytes than lie before the next tensor */
+    gguf_expect("shrunk.gguf", b, n,
+                "tensor 'blk.0.attn_q.weight': 288 bytes of type Q4_0 end 288 bytes before the next tensor "
+                "'blk.0.attn_k.weight' starts (is its type right?)");
+    memcpy(b, raw, n);
+    u32 = 2; /* Q4_1 bytes read as Q4_0 */
+    memcpy(b + gguf_info_at(raw, n, "blk.1.ffn_up.weight") + 20, &u32, 4);
+    gguf_expect("q40.gguf", b, n, "tensor 'blk.1.ffn_up.weight': 1152 bytes of type Q4_0 end 128 bytes before");
+    memcpy(b, raw, n);
+    u32 = 1; /* F32 bytes read as F16 */
+    memcpy(b + gguf_info_at(raw, n, "output_norm.weight") + 12, &u32, 4);
+    gguf_expect("f16.gguf", b, n, "tensor 'output_norm.weight': 64 bytes of type F16 end 64 bytes before");
     memcpy(b, raw, n);
     u32 = 20; /* IQ4_NL: same block size as Q4_0 */
     memcpy(b + q + 20, &u32, 4);
@@ -786,11 +801,72 @@ Test(weights, gguf_bad_inputs)
 
     ModelDesc m;
     desc_gguf(&m, FIXTURES "/tiny.gguf");
+    m.rope_theta = 500000;
+    expect_error(&m, "key 'llama.rope.freq_base' is 10000, but the model description says rope theta 500000");
+    desc_gguf(&m, FIXTURES "/tiny.gguf");
     m.n_kv_heads = 4;
     expect_error(&m, "key 'llama.attention.head_count_kv' is 2, but the model description says 4");
     desc_gguf(&m, FIXTURES "/tiny.gguf");
     m.rope_pairing = ROPE_HALF;
     expect_error(&m, "RoPE pairing 'adjacent'");
+    free(b);
+    free(raw);
+}
+
+/* Offset of key `key`'s u32 type in a GGUF's metadata (its value follows). */
+static size_t gguf_kv_at(const unsigned char *raw, size_t n, const char *key)
+{
+    size_t k = strlen(key);
+    for (size_t i = 8; i + k + 4 <= n; i++)
+        if (memcmp(raw + i, key, k) == 0 && raw[i - 8] == k)
+            return i + k;
+    cr_assert_fail("key '%s' not found", key);
+    return 0;
+}
+
+/* Metadata that disagrees with the description or has the wrong type; an
+ * architecture that is not Llama-family. */
+Test(weights, gguf_bad_metadata)
+{
+    skip_without_fixtures();
+    size_t n;
+    unsigned char *raw = read_bytes(FIXTURES "/tiny.gguf", &n);
+    unsigned char *b = xmalloc(n);
+    uint32_t u32;
+    float f;
+
+    memcpy(b, raw, n);
+    u32 = 6; /* block_count typed float32 */
+    memcpy(b + gguf_kv_at(raw, n, "llama.block_count"), &u32, 4);
+    gguf_expect("bc.gguf", b, n, "error: key 'llama.block_count' must be an integer\n");
+    memcpy(b, raw, n);
+    f = NAN;
+    memcpy(b + gguf_kv_at(raw, n, "llama.attention.layer_norm_rms_epsilon") + 4, &f, 4);
+    gguf_expect("eps.gguf", b, n,
+                "error: key 'llama.attention.layer_norm_rms_epsilon' must be a positive finite number\n");
+    memcpy(b, raw, n);
+    f = 500000;
+    memcpy(b + gguf_kv_at(raw, n, "llama.rope.freq_base") + 4, &f, 4);
+    gguf_expect("theta.gguf", b, n,
+                "error: key 'llama.rope.freq_base' is 500000, but the model description says rope theta 10000\n");
+    memcpy(b, raw, n);
+    memcpy(memmem(b, n, "llama", 5), "gemma", 5);
+    gguf_expect("gemma.gguf", b, n, "error: architecture 'gemma' is not supported (llama, qwen2)\n");
+
+    memcpy(b, raw, n);
+    u32 = 4; /* shorter than max_seq 8: a warning, as for llama2.c */
+    memcpy(b + gguf_kv_at(raw, n, "llama.context_length") + 4, &u32, 4);
+    char *path = tmp_path("ctx.gguf");
+    write_bytes(path, b, n);
+    ModelDesc m;
+    desc_gguf(&m, path);
+    Weights w;
+    char err[1024];
+    cr_assert(load_capture(&w, &m, err, sizeof err), "%s", err);
+    cr_assert(strstr(err, "ctx.gguf: warning: the model's max_seq 8 exceeds the file's llama.context_length 4\n"),
+              "%s", err);
+    weights_free(&w);
+    free(path);
     free(b);
     free(raw);
 }
