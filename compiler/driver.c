@@ -14,6 +14,13 @@
  * The schedule is validated in its printed form: it is printed, parsed back
  * with the bundle's schedule.sched as its file name, and that parsed copy is
  * what is checked, compiled and shipped, so diagnostics cite .sched lines.
+ *
+ * The bundle is built in a sibling folder, DIR.tmp<pid>, and renamed onto
+ * -o DIR only when every pass succeeded, so a failed or interrupted compile
+ * leaves DIR as it was. DIR may be absent, an empty folder or a megac
+ * bundle (replaced); anything else is refused before any work. SIGINT,
+ * SIGTERM and SIGHUP remove the temporary folder; one left by a killed
+ * process is swept by the next compile to the same DIR.
  */
 #include "compiler/driver.h"
 #include "compiler/compile.h"
@@ -21,11 +28,17 @@
 #include "codegen/codegen.h"
 #include "validator/validator.h"
 
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Everything one compilation owns. */
 typedef struct Compilation {
@@ -41,6 +54,9 @@ typedef struct Compilation {
     Schedule *s;                /* parsed back from its text: what ships */
     char *sched_text;
     SrcFile src;
+    char *out;                  /* -o without trailing slashes */
+    char *tmp;                  /* out.tmp<pid>: where the passes write */
+    bool replace;               /* out exists (a bundle or empty): replace it */
     char *kernel_path;
     const char *kernel_file;
     double t0;
@@ -130,7 +146,7 @@ static bool pass_lower_model(Compilation *c)
         return pass_done(c, "lower_model", false, NULL);
     sched_layout(c->lowered);
     c->sched_text = sched_to_string(c->lowered);
-    char *path = xasprintf("%s/schedule.sched", c->o->out);
+    char *path = xasprintf("%s/schedule.sched", c->out);
     c->src = (SrcFile){path, c->sched_text, strlen(c->sched_text)};
     c->s = sched_parse(path, c->sched_text, c->src.len, &c->d);
     if (!c->s)
@@ -166,39 +182,270 @@ static bool pass_codegen(Compilation *c, CudaKernelInfo *info)
     const char *pass;
     if (t->kind == TARGET_CPU) {
         c->kernel_file = "kernel.so";
-        c->kernel_path = xasprintf("%s/%s", c->o->out, c->kernel_file);
+        c->kernel_path = xasprintf("%s/%s", c->tmp, c->kernel_file);
         CpuOptions co = {c->o->cpu, false, false};
         pass = "cg_cpu_compile";
         ok = cg_cpu_compile(c->s, &co, c->kernel_path, &c->d);
     } else if (t->kind == TARGET_HOST_CUDA) {
         c->kernel_file = "kernel.so";
-        c->kernel_path = xasprintf("%s/%s", c->o->out, c->kernel_file);
+        c->kernel_path = xasprintf("%s/%s", c->tmp, c->kernel_file);
         pass = "cg_hostcuda_compile";
         ok = cg_hostcuda_compile(c->s, c->kernel_path, &c->d);
     } else {
         c->kernel_file = arena_printf(&c->arena, "kernel.%s.cubin", t->name);
-        c->kernel_path = xasprintf("%s/%s", c->o->out, c->kernel_file);
+        c->kernel_path = xasprintf("%s/%s", c->tmp, c->kernel_file);
         pass = "cg_cuda_compile";
         ok = cg_cuda_compile(c->s, t->name, c->kernel_path, info, &c->d);
     }
     return pass_done(c, pass, ok, c->kernel_file);
 }
 
-static bool out_dir_make(Compilation *c)
+/* ---- the output folder ---- */
+
+/* What the handler of SIGINT/SIGTERM/SIGHUP removes while a compile runs:
+ * every file a compile may write into the temporary folder, then the folder.
+ * Filled before the handler is installed and only read by it. While the
+ * finished bundle is renamed into place (committing), a signal only waits
+ * in `pending`, to be raised once the folders are consistent. */
+enum { OUT_NSIGS = 3, OUT_NFILES = 9 };
+static const int out_sigs[OUT_NSIGS] = {SIGINT, SIGTERM, SIGHUP};
+static struct {
+    char dir[PATH_MAX];
+    char files[OUT_NFILES][PATH_MAX];
+    struct sigaction old[OUT_NSIGS];
+    volatile sig_atomic_t committing;
+    volatile sig_atomic_t pending;
+} out_guard;
+
+/* Async-signal-safe: unlink, rmdir, sigaction and raise only. */
+static void out_on_signal(int sig)
 {
+    if (out_guard.committing) {
+        out_guard.pending = sig;
+        return;
+    }
+    for (int i = 0; i < OUT_NFILES; i++)
+        if (out_guard.files[i][0])
+            unlink(out_guard.files[i]);
+    rmdir(out_guard.dir);
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(sig, &dfl, NULL);
+    raise(sig);
+}
+
+static void out_guard_install(const char *tmp, const Target *t)
+{
+    static const char *const names[OUT_NFILES - 1] = {"manifest.yaml", "schedule.sched", "weights.bin",
+                                                      "tokenizer.bin", "kernel.so",      "kernel.so.o",
+                                                      "kernel.ll",     "kernel.host.c"};
+    memset(&out_guard, 0, sizeof out_guard);
+    snprintf(out_guard.dir, sizeof out_guard.dir, "%s", tmp);
+    for (int i = 0; i < OUT_NFILES - 1; i++)
+        snprintf(out_guard.files[i], PATH_MAX, "%s/%s", tmp, names[i]);
+    snprintf(out_guard.files[OUT_NFILES - 1], PATH_MAX, "%s/kernel.%s.cubin", tmp, t->name);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = out_on_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < OUT_NSIGS; i++)
+        sigaction(out_sigs[i], &sa, &out_guard.old[i]);
+}
+
+/* Restores the handlers, then raises a signal that came while committing. */
+static void out_guard_remove(void)
+{
+    for (int i = 0; i < OUT_NSIGS; i++)
+        sigaction(out_sigs[i], &out_guard.old[i], NULL);
+    int sig = out_guard.pending;
+    out_guard.committing = 0;
+    out_guard.pending = 0;
+    if (sig)
+        raise(sig);
+}
+
+/* A file name a compile writes into a bundle folder. */
+static bool out_is_bundle_file(const char *name)
+{
+    return !strcmp(name, "manifest.yaml") || !strcmp(name, "schedule.sched") || !strcmp(name, "weights.bin") ||
+           !strcmp(name, "tokenizer.bin") || !strncmp(name, "kernel.", 7);
+}
+
+/* Removes a folder a compile wrote, if it holds only bundle files (regular
+ * files named as a compile names them); false, touching nothing, if not. */
+static bool out_dir_remove(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno == ENOENT;
+    bool ours = true;
+    for (struct dirent *e; ours && (e = readdir(d));) {
+        struct stat sb;
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        ours = out_is_bundle_file(e->d_name) && fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 &&
+               S_ISREG(sb.st_mode);
+    }
+    rewinddir(d);
+    for (struct dirent *e; ours && (e = readdir(d));)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            unlinkat(dirfd(d), e->d_name, 0);
+    closedir(d);
+    return ours && rmdir(dir) == 0;
+}
+
+/* The pid of a name "<base>.tmp<pid>" or "<base>.old<pid>" (any base when
+ * base is NULL), else 0. */
+static long out_tmp_pid(const char *name, const char *base)
+{
+    size_t n = strlen(name), nb = base ? strlen(base) : 0;
+    if (base && (strncmp(name, base, nb) != 0 || n < nb + 5))
+        return 0;
+    const char *p = base ? name + nb : strrchr(name, '.');
+    if (!p || p == name || (strncmp(p, ".tmp", 4) != 0 && strncmp(p, ".old", 4) != 0) || !isdigit((unsigned char)p[4]))
+        return 0;
+    char *end;
+    long pid = strtol(p + 4, &end, 10);
+    return *end || pid <= 0 ? 0 : pid;
+}
+
+void driver_tmp_sweep(const char *parent, const char *base)
+{
+    DIR *d = opendir(parent);
+    if (!d)
+        return;
+    for (struct dirent *e; (e = readdir(d));) {
+        long pid = out_tmp_pid(e->d_name, base);
+        if (!pid || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        char *p = xasprintf("%s/%s", parent, e->d_name);
+        out_dir_remove(p);
+        free(p);
+    }
+    closedir(d);
+}
+
+/* A megac bundle: a folder whose manifest.yaml has a `format:` line among
+ * its first lines (runtime/bundle.c reads the rest). */
+static bool out_is_bundle(const char *dir)
+{
+    char *path = xasprintf("%s/manifest.yaml", dir), line[256];
+    FILE *f = fopen(path, "r");
+    free(path);
+    bool yes = false;
+    for (int i = 0; f && !yes && i < 8 && fgets(line, sizeof line, f); i++)
+        yes = strncmp(line, "format:", 7) == 0;
+    if (f)
+        fclose(f);
+    return yes;
+}
+
+static bool out_is_empty_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    if (d)
+        closedir(d);
+    return d && n == 0;
+}
+
+/* Checks -o before any work: absent, an empty folder or a megac bundle. */
+static bool out_check(Compilation *c)
+{
+    c->out = xstrdup(c->o->out);
+    for (size_t n = strlen(c->out); n > 1 && c->out[n - 1] == '/'; n--)
+        c->out[n - 1] = 0;
+    const char *base = strrchr(c->out, '/');
+    base = base ? base + 1 : c->out;
+    if (!*base || !strcmp(base, ".") || !strcmp(base, "..")) {
+        diag_file_error(&c->d, c->o->out, "-o must name the bundle folder itself, such as NAME.megac");
+        return false;
+    }
     struct stat sb;
-    if (mkdir(c->o->out, 0777) == 0 || (errno == EEXIST && stat(c->o->out, &sb) == 0 && S_ISDIR(sb.st_mode)))
+    if (lstat(c->out, &sb) != 0)
         return true;
-    diag_file_error(&c->d, c->o->out, "cannot create the bundle folder: %s", strerror(errno));
+    c->replace = S_ISDIR(sb.st_mode) && (out_is_bundle(c->out) || out_is_empty_dir(c->out));
+    if (!c->replace)
+        diag_file_error(&c->d, c->out, "exists and is not a megac bundle; not overwriting it (remove it or choose "
+                                       "another -o)");
+    return c->replace;
+}
+
+/* Creates out.tmp<pid> and guards it against signals. */
+static bool out_tmp_make(Compilation *c)
+{
+    char *slash = strrchr(c->out, '/');
+    char *parent = slash ? xasprintf("%.*s", slash == c->out ? 1 : (int)(slash - c->out), c->out) : xstrdup(".");
+    driver_tmp_sweep(parent, slash ? slash + 1 : c->out);
+    free(parent);
+    c->tmp = xasprintf("%s.tmp%ld", c->out, (long)getpid());
+    out_dir_remove(c->tmp);
+    out_guard_install(c->tmp, c->target);      /* first: a signal may come as soon as it exists */
+    if (mkdir(c->tmp, 0777) == 0)
+        return true;
+    diag_file_error(&c->d, c->out, "cannot create the bundle folder %s: %s", c->tmp, strerror(errno));
+    out_guard_remove();
+    free(c->tmp);
+    c->tmp = NULL;
     return false;
+}
+
+/* Renames the finished bundle onto out: an old one is renamed aside first,
+ * put back if the new one cannot go in, else removed. With keep_existing, a
+ * bundle that appeared at out meanwhile (a concurrent `megac run`) wins. */
+static bool out_commit(Compilation *c)
+{
+    out_guard.committing = 1;
+    if (rename(c->tmp, c->out) == 0)
+        return true;
+    int err = errno;
+    if (err == EEXIST || err == ENOTEMPTY) {
+        if (c->o->keep_existing) {
+            out_dir_remove(c->tmp);
+            return true;
+        }
+        if (!out_is_bundle(c->out)) {
+            diag_file_error(&c->d, c->out, "appeared during the compile and is not a megac bundle; not replacing it");
+            return false;
+        }
+        char *old = xasprintf("%s.old%ld", c->out, (long)getpid());
+        bool aside = rename(c->out, old) == 0;
+        err = errno;
+        if (aside && rename(c->tmp, c->out) == 0) {
+            if (!out_dir_remove(old))
+                fprintf(stderr, "megac compile: warning: could not remove the replaced bundle %s\n", old);
+            free(old);
+            return true;
+        }
+        if (aside) {
+            err = errno;
+            rename(old, c->out);
+        }
+        free(old);
+    }
+    diag_file_error(&c->d, c->out, "cannot move the bundle into place: %s", strerror(err));
+    return false;
+}
+
+/* Ends the compile's hold on the temporary folder: gone unless renamed. */
+static void out_tmp_close(Compilation *c)
+{
+    if (!c->tmp)
+        return;
+    out_guard.committing = 1;
+    out_dir_remove(c->tmp);
+    out_guard_remove();
 }
 
 /* The pass list; returns the exit status. */
 static int compile_passes(Compilation *c)
 {
     c->target = target_lookup(c->o->target, &c->d);     /* before any work */
-    if (!c->target || !pass_desc_load(c) || !pass_weights_load(c) || !pass_tok_import(c) || !out_dir_make(c) ||
-        !pass_lower_model(c))
+    if (!c->target || !out_check(c) || !out_tmp_make(c) || !pass_desc_load(c) || !pass_weights_load(c) ||
+        !pass_tok_import(c) || !pass_lower_model(c))
         return 2;
     if (!pass_validate(c, NULL)) {
         fprintf(stderr, "megac compile: the schedule is not safe; no code was generated\n");
@@ -213,8 +460,8 @@ static int compile_passes(Compilation *c)
         remove(c->kernel_path);
         return 1;
     }
-    bool ok = bundle_write(c->o->out, &c->m, &c->w, c->tok, c->s, c->kernel_file, &c->d);
-    return pass_done(c, "bundle_write", ok, c->o->out) ? 0 : 2;
+    bool ok = bundle_write(c->tmp, &c->m, &c->w, c->tok, c->s, c->kernel_file, &c->d) && out_commit(c);
+    return pass_done(c, "bundle_write", ok, c->out) ? 0 : 2;
 }
 
 int driver_compile(const CompileOptions *o)
@@ -226,8 +473,9 @@ int driver_compile(const CompileOptions *o)
     c.t0 = now_s();
     double start = c.t0;
     int rc = compile_passes(&c);
+    out_tmp_close(&c);
     if (rc == 0 && !o->quiet)
-        fprintf(stderr, "megac compile: wrote %s in %.2f s\n", o->out, now_s() - start);
+        fprintf(stderr, "megac compile: wrote %s in %.2f s\n", c.out, now_s() - start);
     if (c.s)
         sched_free(c.s);
     if (c.lowered)
@@ -235,6 +483,8 @@ int driver_compile(const CompileOptions *o)
     free(c.sched_text);
     free((char *)c.src.path);
     free(c.kernel_path);
+    free(c.out);
+    free(c.tmp);
     if (c.tok)
         tok_free(c.tok);
     if (c.have_weights)

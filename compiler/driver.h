@@ -20,13 +20,21 @@ typedef struct CompileOptions {
     const char *cpu;            /* --cpu: an x86-64 level; NULL = this host */
     const char *out;            /* the bundle folder to write */
     bool quiet;                 /* no progress lines */
+    bool keep_existing;         /* a bundle that appears at out during the
+                                   compile is kept, ours dropped (the cache) */
 } CompileOptions;
 
 /* Runs desc_load -> weights_load -> tok_import -> lower_model ->
  * val_schedule_check -> codegen -> bundle_write, printing each pass and its
- * time on stderr. Returns the exit status: 0 written, 1 the validator
+ * time on stderr. Writes into out.tmp<pid>, renamed onto out at the end;
+ * out must be absent, an empty folder or a bundle (replaced). Returns the exit status: 0 written, 1 the validator
  * refused the schedule, 2 bad input or a failed pass. */
 int driver_compile(const CompileOptions *o);
+
+/* Removes the folders DIR.tmp<pid> and DIR.old<pid> in parent (for
+ * base = DIR; any DIR when base is NULL) that a compile left when it was
+ * killed: their process is gone and they hold only bundle files. */
+void driver_tmp_sweep(const char *parent, const char *base);
 
 /* True for a model argument that names the embedded default model. */
 bool driver_is_default_model(const char *model);
