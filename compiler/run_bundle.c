@@ -183,24 +183,33 @@ static void bundle_remove(const char *dir)
     rmdir(dir);
 }
 
-/* Compiles the description into the cache unless it is there; returns the
- * bundle path (xmalloc'd) or NULL after reporting. The bundle is written to
- * a private folder and renamed into place, so concurrent runs never see a
- * half-written bundle; when two race, the loser's copy is dropped. */
-static char *bundle_cached(const RunOptions *o)
+/* Compiles the description into the cache unless it is there (or when
+ * `rebuild`: the cached copy does not open); returns the bundle path
+ * (xmalloc'd) or NULL after reporting. *cached tells whether it was there.
+ * The driver builds the bundle in a private folder and renames it into
+ * place, so concurrent runs never see a half-written bundle; when two race,
+ * the loser's copy is dropped (keep_existing). Folders that killed runs
+ * left behind are swept first. */
+static char *bundle_cached(const RunOptions *o, bool rebuild, bool *cached)
 {
     const char *target = engine_target(o->engine);
     uint64_t key;
+    *cached = false;
     if (!target || !cache_key(o, target, &key))
         return NULL;
     char *dir = xasprintf(RUN_CACHE_DIR "/%016" PRIx64 ".megac", key);
     char *manifest = xasprintf("%s/manifest.yaml", dir);
     bool have = access(manifest, R_OK) == 0;
     free(manifest);
-    if (have) {
+    driver_tmp_sweep(RUN_CACHE_DIR, NULL);
+    if (have && !rebuild) {
         fprintf(stderr, "megac run: using the cached bundle %s\n", dir);
+        *cached = true;
         return dir;
     }
+    if (!have && access(dir, F_OK) == 0)
+        fprintf(stderr, "megac run: the cached bundle %s is incomplete; recompiling it\n", dir);
+    bundle_remove(dir);
     if (mkdir(RUN_CACHE_DIR, 0777) != 0 && errno != EEXIST) {
         fprintf(stderr, "megac run: cannot create %s: %s\n", RUN_CACHE_DIR, strerror(errno));
         free(dir);
@@ -213,27 +222,13 @@ static char *bundle_cached(const RunOptions *o)
     co.workers = o->workers;
     co.nsets = o->nsets < DRIVER_MAX_SETS ? o->nsets : DRIVER_MAX_SETS;
     memcpy(co.sets, o->sets, sizeof(DescOverride) * (size_t)co.nsets);
-    char *tmp = xasprintf("%s.tmp%ld", dir, (long)getpid());
-    bundle_remove(tmp);
-    co.out = tmp;
+    co.out = dir;
+    co.keep_existing = true;
     fprintf(stderr, "megac run: compiling %s for %s into %s\n", co.model, target, dir);
     if (driver_compile(&co) != 0) {
-        bundle_remove(tmp);
-        free(tmp);
         free(dir);
         return NULL;
     }
-    if (rename(tmp, dir) != 0) {
-        int err = errno;
-        bundle_remove(tmp);
-        if (err != EEXIST && err != ENOTEMPTY) {
-            fprintf(stderr, "megac run: cannot move the bundle into %s: %s\n", dir, strerror(err));
-            free(tmp);
-            free(dir);
-            return NULL;
-        }
-    }
-    free(tmp);
     return dir;
 }
 
@@ -264,23 +259,32 @@ static void stats_print(const megac_stats *st, const megac_model *m)
                 megac_num_workers(m), ncpu, ncpu);
 }
 
-/* Opens the bundle, generates, prints; returns the exit status. */
-static int bundle_generate(const RunOptions *o, const char *bundle)
+/* Opens a bundle; NULL after reporting why (quietly when `quiet`: the
+ * caller reports). */
+static megac_model *bundle_open(const char *bundle, bool quiet)
 {
     megac_model *m;
-    if (megac_open(bundle, &m) != MEGAC_OK) {
+    if (megac_open(bundle, &m) == MEGAC_OK)
+        return m;
+    if (!quiet)
         fprintf(stderr, "megac run: %s\n", megac_last_open_error());
-        return 2;
-    }
+    return NULL;
+}
+
+/* Generates with the opened bundle, prints; returns the exit status. */
+static int bundle_generate(const RunOptions *o, const char *bundle, megac_model *m)
+{
     if (o->model_is_bundle && o->workers && o->workers != megac_num_workers(m)) {
         fprintf(stderr, "megac run: %s has %d workers; recompile it with --workers %d\n", bundle,
                 megac_num_workers(m), o->workers);
-        megac_close(m);
         return 2;
     }
     int *ids = NULL, bos = 0;
     int n = prompt_encode(m, o->prompt, &ids, &bos);
     int steps = o->steps > 0 && o->steps < megac_max_seq(m) ? o->steps : megac_max_seq(m);
+    if (o->steps > steps)
+        fprintf(stderr, "megac run: note: -n %d is more than the model's context; running %d positions\n", o->steps,
+                steps);
     int rc = 2;
     if (n > steps)
         fprintf(stderr, "megac run: the prompt has %d tokens, more than the %d positions asked for\n", n, steps);
@@ -303,20 +307,37 @@ static int bundle_generate(const RunOptions *o, const char *bundle)
     rc = 0;
 out:
     free(ids);
-    megac_close(m);
+    return rc;
+}
+
+/* A description: compiled into the cache (or found there). A cached
+ * bundle that does not open (damaged on disk) is discarded and compiled
+ * once more, so one bad entry does not fail every later run. */
+static int run_cached(const RunOptions *o)
+{
+    bool cached;
+    char *dir = bundle_cached(o, false, &cached);
+    if (!dir)
+        return 2;
+    megac_model *m = bundle_open(dir, cached);
+    if (!m && cached) {
+        fprintf(stderr, "megac run: the cached bundle %s does not open (%s); discarding it and recompiling\n", dir,
+                megac_last_open_error());
+        free(dir);
+        dir = bundle_cached(o, true, &cached);
+        m = dir ? bundle_open(dir, false) : NULL;
+    }
+    int rc = m ? bundle_generate(o, dir, m) : 2;
+    if (m)
+        megac_close(m);
+    free(dir);
     return rc;
 }
 
 int run_bundle(const RunOptions *o)
 {
-    if (!o->model_is_bundle) {
-        char *dir = bundle_cached(o);
-        if (!dir)
-            return 2;
-        int rc = bundle_generate(o, dir);
-        free(dir);
-        return rc;
-    }
+    if (!o->model_is_bundle)
+        return run_cached(o);
     char target[64];
     manifest_target(o->model, target, sizeof target);
     if (target[0] && !engine_accepts(o->engine, target)) {
@@ -324,5 +345,10 @@ int run_bundle(const RunOptions *o)
                 run_engine_name(o->engine));
         return 2;
     }
-    return bundle_generate(o, o->model);
+    megac_model *m = bundle_open(o->model, false);
+    if (!m)
+        return 2;
+    int rc = bundle_generate(o, o->model, m);
+    megac_close(m);
+    return rc;
 }
