@@ -9,6 +9,8 @@
 
 #include <stdbool.h>
 
+#include "compiler/model.h"
+
 int cmd_doctor(int argc, char **argv);
 int cmd_lower(int argc, char **argv);
 int cmd_validate(int argc, char **argv);
@@ -18,7 +20,15 @@ int cmd_bench(int argc, char **argv);
 int cmd_fuzz_validator(int argc, char **argv);
 int cmd_eval_quant(int argc, char **argv);
 
+/* ---- main.c ---- */
 /* True if argv has -h/--help; commands print their usage then. */
 bool cli_wants_help(int argc, char **argv);
+
+/* ---- cli.c ---- */
+/* True when both paths exist and are the same file (st_dev and st_ino). */
+bool cli_same_file(const char *a, const char *b);
+/* True, after saying so on stderr, when the output path `out` is the
+ * description m came from or a weight or tokenizer file it names. */
+bool cli_out_is_input(const char *cmd, const char *out, const ModelDesc *m);
 
 #endif

@@ -131,7 +131,8 @@ int cmd_lower(int argc, char **argv)
     } else if (desc_load(m, &arena, a.model, a.set, a.nset, &d)) {
         const char *tname = a.target ? a.target : m->targets[0] ? m->targets[0] : "cpu";
         const Target *t = target_lookup(tname, &d);
-        if (t && (s = lower_model(m, t, a.workers, &d)) != NULL && lower_write(s, a.out)) {
+        if (t && !(a.out && cli_out_is_input("lower", a.out, m)) && (s = lower_model(m, t, a.workers, &d)) != NULL &&
+            lower_write(s, a.out)) {
             lower_summary(s);
             rc = 0;
         }
