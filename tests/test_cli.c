@@ -1,0 +1,254 @@
+/*
+ * test_cli.c - what `megac` does to the files around it: `compile -o` never
+ * overwrites a folder that is not a bundle, replaces a bundle whole, and
+ * leaves nothing behind when it fails or is interrupted; `lower -o` and
+ * `eval-quant --json` refuse to overwrite their input; `run`'s cache heals
+ * a damaged entry and sweeps the folders of killed compiles. Plus the
+ * option parsing of `run` (wording of bad flags, -n=3, default, --set).
+ * Each test works in its own temporary folder.
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_YAML MEGAC_SRC "/models/default.yaml"
+
+static char *tmp_dir(void)
+{
+    char *d = strdup("/tmp/megac-cli-XXXXXX");
+    cr_assert(mkdtemp(d));
+    return d;
+}
+
+static void rm_rf(char *dir)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+    free(dir);
+}
+
+/* Runs `cd dir && megac ARGS 2>&1`; returns the exit status, output in out. */
+static int megac(const char *dir, const char *args, char *out, size_t cap)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cd '%s' && %s %s 2>&1", dir, MEGAC_BIN, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void file_write(const char *dir, const char *name, const char *text)
+{
+    char p[1200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    cr_assert(f, "%s", p);
+    fputs(text, f);
+    cr_assert_eq(fclose(f), 0);
+}
+
+/* The file's text (at most cap - 1 bytes), "" if it cannot be read. */
+static char *file_read(const char *dir, const char *name, char *buf, size_t cap)
+{
+    char p[1200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "r");
+    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+    buf[n] = 0;
+    if (f)
+        fclose(f);
+    return buf;
+}
+
+/* The folder's entries, sorted and space-separated ("" when empty). */
+static char *dir_list(const char *dir, char *buf, size_t cap)
+{
+    struct dirent **e;
+    int n = scandir(dir, &e, NULL, alphasort);
+    cr_assert(n >= 0, "%s", dir);
+    buf[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(e[i]->d_name, ".") && strcmp(e[i]->d_name, ".."))
+            snprintf(buf + strlen(buf), cap - strlen(buf), "%s%s", buf[0] ? " " : "", e[i]->d_name);
+        free(e[i]);
+    }
+    free(e);
+    return buf;
+}
+
+/* ---- compile -o ---- */
+
+Test(cli, compile_refuses_a_folder_that_is_not_a_bundle)
+{
+    char *d = tmp_dir(), out[8192], buf[256];
+    char proj[1200];
+    snprintf(proj, sizeof proj, "%s/proj", d);
+    cr_assert_eq(mkdir(proj, 0777), 0);
+    file_write(proj, "manifest.yaml", "my notes\n");
+    file_write(proj, "weights.bin", "data\n");
+    cr_assert_eq(megac(d, "compile default -q -o proj", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "proj: error: exists and is not a megac bundle"), "%s", out);
+    cr_assert_str_eq(file_read(proj, "manifest.yaml", buf, sizeof buf), "my notes\n");
+    cr_assert_str_eq(file_read(proj, "weights.bin", buf, sizeof buf), "data\n");
+    cr_assert_str_eq(dir_list(proj, buf, sizeof buf), "manifest.yaml weights.bin");
+    cr_assert_str_eq(dir_list(d, buf, sizeof buf), "proj");
+    /* A file, '.' and '/' are refused too, and nothing is written. */
+    cr_assert_eq(megac(d, "compile default -q -o proj/weights.bin", out, sizeof out), 2, "%s", out);
+    cr_assert_str_eq(file_read(proj, "weights.bin", buf, sizeof buf), "data\n");
+    cr_assert_eq(megac(proj, "compile default -q -o .", out, sizeof out), 2, "%s", out);
+    cr_assert_eq(megac(d, "compile default -q -o /", out, sizeof out), 2, "%s", out);
+    cr_assert_str_eq(dir_list(proj, buf, sizeof buf), "manifest.yaml weights.bin");
+    rm_rf(d);
+}
+
+Test(cli, compile_replaces_a_bundle_and_fills_an_empty_folder)
+{
+    char *d = tmp_dir(), out[8192], buf[4096], b[1200];
+    cr_assert_eq(megac(d, "compile default -q -o b.megac/", out, sizeof out), 0, "%s", out);
+    snprintf(b, sizeof b, "%s/b.megac", d);
+    cr_assert(strstr(file_read(b, "manifest.yaml", buf, sizeof buf), "\nformat: "), "%s", buf);
+    cr_assert_eq(megac(d, "compile default -q --set max_seq=64 -o b.megac", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(file_read(b, "manifest.yaml", buf, sizeof buf), "\nmax_seq: 64\n"), "%s", buf);
+    cr_assert_str_eq(dir_list(d, buf, sizeof buf), "b.megac");
+    cr_assert_str_eq(dir_list(b, buf, sizeof buf), "kernel.so manifest.yaml schedule.sched tokenizer.bin weights.bin");
+    cr_assert_eq(megac(d, "run b.megac -n 4 --temp 0", out, sizeof out), 0, "%s", out);
+    char empty[1200];
+    snprintf(empty, sizeof empty, "%s/empty", d);
+    cr_assert_eq(mkdir(empty, 0777), 0);
+    cr_assert_eq(megac(d, "compile default -q -o empty", out, sizeof out), 0, "%s", out);
+    cr_assert_str_eq(dir_list(empty, buf, sizeof buf),
+                     "kernel.so manifest.yaml schedule.sched tokenizer.bin weights.bin");
+    rm_rf(d);
+}
+
+Test(cli, a_failed_compile_leaves_nothing)
+{
+    char *d = tmp_dir(), out[8192], buf[4096], b[1200];
+    cr_assert_eq(megac(d, "compile default -q -o new.megac --cpu bogus-cpu", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "unknown CPU 'bogus-cpu'"), "%s", out);
+    cr_assert_str_eq(dir_list(d, buf, sizeof buf), "");
+    /* Over an existing bundle: the old one stays as it was. */
+    cr_assert_eq(megac(d, "compile default -q --set max_seq=64 -o b.megac", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(megac(d, "compile default -q -o b.megac --cpu bogus-cpu", out, sizeof out), 2, "%s", out);
+    cr_assert_str_eq(dir_list(d, buf, sizeof buf), "b.megac");
+    snprintf(b, sizeof b, "%s/b.megac", d);
+    cr_assert(strstr(file_read(b, "manifest.yaml", buf, sizeof buf), "\nmax_seq: 64\n"), "%s", buf);
+    rm_rf(d);
+}
+
+/* SIGINT as soon as the temporary folder exists, and while the kernel
+ * compiles: the folder goes with the process. */
+Test(cli, an_interrupted_compile_leaves_nothing)
+{
+    for (int delay_ms = 0; delay_ms <= 300; delay_ms += 300) {
+        char *d = tmp_dir(), buf[4096], tmp[1400];
+        pid_t pid = fork();
+        cr_assert(pid >= 0);
+        if (pid == 0) {
+            if (chdir(d) == 0 && freopen("/dev/null", "w", stderr))
+                execl(MEGAC_BIN, MEGAC_BIN, "compile", "default", "-q", "-o", "b.megac", (char *)NULL);
+            _exit(127);
+        }
+        snprintf(tmp, sizeof tmp, "%s/b.megac.tmp%ld", d, (long)pid);
+        struct timespec ms = {0, 1000000}, delay = {0, delay_ms * 1000000L};
+        for (int i = 0; i < 20000 && access(tmp, F_OK) != 0; i++)
+            nanosleep(&ms, NULL);
+        cr_assert_eq(access(tmp, F_OK), 0, "the compile never made %s", tmp);
+        nanosleep(&delay, NULL);
+        cr_assert_eq(kill(pid, SIGINT), 0);
+        int st;
+        cr_assert_eq(waitpid(pid, &st, 0), pid);
+        cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGINT, "delay %d ms: status %#x", delay_ms, st);
+        cr_assert_str_eq(dir_list(d, buf, sizeof buf), "", "delay %d ms", delay_ms);
+        rm_rf(d);
+    }
+}
+
+/* ---- outputs that are inputs ---- */
+
+Test(cli, outputs_never_overwrite_the_input)
+{
+    char *d = tmp_dir(), out[8192], buf[8192], want[8192];
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s/self.yaml' && ln '%s/self.yaml' '%s/hard.yaml'", DEFAULT_YAML, d, d, d);
+    cr_assert_eq(system(cmd), 0);
+    file_read(d, "self.yaml", want, sizeof want);
+    cr_assert_eq(megac(d, "lower self.yaml -o self.yaml", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "megac lower: the output 'self.yaml' is the input file"), "%s", out);
+    cr_assert_eq(megac(d, "lower self.yaml -o ./hard.yaml", out, sizeof out), 2, "%s", out);
+    cr_assert_eq(megac(d, "eval-quant self.yaml --tokens 2 --formats w8a16 --json self.yaml", out, sizeof out), 2,
+                 "%s", out);
+    cr_assert(strstr(out, "megac eval-quant: the output 'self.yaml' is the input file"), "%s", out);
+    cr_assert_str_eq(file_read(d, "self.yaml", buf, sizeof buf), want);
+    cr_assert_eq(megac(d, "lower self.yaml -o x.sched", out, sizeof out), 0, "%s", out);
+    rm_rf(d);
+}
+
+/* ---- run's cache ---- */
+
+/* The one entry of DIR/.megac-cache. */
+static char *cache_entry(const char *d, char *buf, size_t cap)
+{
+    char c[1200];
+    snprintf(c, sizeof c, "%s/.megac-cache", d);
+    dir_list(c, buf, cap);
+    cr_assert(buf[0] && !strchr(buf, ' '), "cache: '%s'", buf);
+    return buf;
+}
+
+Test(cli, a_damaged_cache_entry_is_rebuilt)
+{
+    char *d = tmp_dir(), out[16384], e[256], cmd[1600];
+    cr_assert_eq(megac(d, "run -n 3 --temp 0", out, sizeof out), 0, "%s", out);
+    cache_entry(d, e, sizeof e);
+    /* A truncated weights.bin: the bundle does not open. */
+    snprintf(cmd, sizeof cmd, "truncate -s 100 '%s/.megac-cache/%s/weights.bin'", d, e);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(megac(d, "run -n 3 --temp 0", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "does not open") && strstr(out, "discarding it and recompiling"), "%s", out);
+    cr_assert_eq(megac(d, "run -n 3 --temp 0", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "using the cached bundle"), "%s", out);
+    /* No manifest at all. */
+    snprintf(cmd, sizeof cmd, "rm '%s/.megac-cache/%s/manifest.yaml'", d, e);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(megac(d, "run -n 3 --temp 0", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "is incomplete; recompiling it"), "%s", out);
+    cr_assert_str_eq(cache_entry(d, e, sizeof e), e);
+    rm_rf(d);
+}
+
+/* Folders of killed compiles (their pid is gone) are swept; a folder
+ * that holds anything but bundle files is left alone. */
+Test(cli, run_sweeps_the_folders_of_killed_compiles)
+{
+    char *d = tmp_dir(), out[16384], buf[1024], c[1200], t[1400];
+    pid_t pid = fork();     /* a pid that is surely dead */
+    cr_assert(pid >= 0);
+    if (pid == 0)
+        _exit(0);
+    cr_assert_eq(waitpid(pid, NULL, 0), pid);
+    snprintf(c, sizeof c, "%s/.megac-cache", d);
+    cr_assert_eq(mkdir(c, 0777), 0);
+    snprintf(t, sizeof t, "%s/0123.megac.tmp%ld", c, (long)pid);
+    cr_assert_eq(mkdir(t, 0777), 0);
+    file_write(t, "weights.bin", "partial");
+    file_write(t, "kernel.so.o", "partial");
+    snprintf(t, sizeof t, "%s/mine.tmp%ld", c, (long)pid);
+    cr_assert_eq(mkdir(t, 0777), 0);
+    file_write(t, "notes.txt", "keep me");
+    cr_assert_eq(megac(d, "run -n 3 --temp 0", out, sizeof out), 0, "%s", out);
+    snprintf(t, sizeof t, "mine.tmp%ld", (long)pid);
+    cr_assert(strstr(dir_list(c, buf, sizeof buf), t) && !strstr(buf, "0123"), "%s", buf);
+    rm_rf(d);
+}
