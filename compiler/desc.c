@@ -1163,7 +1163,8 @@ static void check_dims(Checker *k)
     if (m->head_dim <= 0 && m->dim % m->n_heads)
         check_fail(k, F_HEADS, "n_heads (%d) does not divide dim (%d); give head_dim", m->n_heads, m->dim);
     else if (m->head_dim <= 0 || m->head_dim % 2 || (int64_t)m->head_dim * m->n_heads > DESC_MAX_DIM)
-        check_fail(k, F_HEAD_DIM, "head_dim (%d) must be even, positive, and head_dim * n_heads at most %d",
+        check_fail(k, k->c && !k->c->at[F_HEAD_DIM] ? F_DIM : F_HEAD_DIM, /* derived: dim / n_heads */
+                   "head_dim (%d) must be even, positive, and head_dim * n_heads at most %d",
                    m->head_dim, DESC_MAX_DIM);
 }
 

@@ -588,6 +588,17 @@ Test(desc, diag_check_at_key)
                   "      |                                                          ^\n");
 }
 
+/* A head_dim derived from dim / n_heads is blamed on dim, not on name:. */
+Test(desc, diag_derived_head_dim_at_dim)
+{
+    expect_errors(BASE "arch: {dim: 72, hidden_dim: 128, n_layers: 2, n_heads: 8, vocab_size: 300, max_seq: 64}\n",
+                  NULL, 0,
+                  "models/x.yaml:3:13: error: head_dim (9) must be even, positive, and head_dim * n_heads at most "
+                  "1048576\n"
+                  "    3 | arch: {dim: 72, hidden_dim: 128, n_layers: 2, n_heads: 8, vocab_size: 300, max_seq: 64}\n"
+                  "      |             ^\n");
+}
+
 Test(desc, desc_check_by_hand)
 {
     ModelDesc m;
