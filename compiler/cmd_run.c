@@ -13,6 +13,7 @@
  */
 #include "compiler/cli.h"
 #include "compiler/compile.h"
+#include "compiler/driver.h"
 #include "compiler/reference.h"
 #include "compiler/run.h"
 #include "runtime/megac.h"
@@ -174,19 +175,36 @@ static void run_options_default(RunOptions *o)
     o->top_p = 0.9f;
 }
 
-/* Grammar: run [MODEL] {OPTION VALUE | --OPTION=VALUE | -h | --help}, in
- * any order. (Help is found here rather than with cli_wants_help, which
- * lives in main.c, so that tests can call this without the driver.) */
+/* True for an option that takes a value (run_option_apply's list). */
+static bool run_option_known(const char *opt)
+{
+    static const char *const names[] = {"--engine", "--prompt", "-n",     "--temp",   "--top-k",
+                                        "--top-p",  "--seed",   "--set", "--workers"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(opt, names[i]))
+            return true;
+    return false;
+}
+
+/* Grammar: run [MODEL] {OPTION VALUE | OPTION=VALUE | -h | --help} [-- MODEL],
+ * in any order; MODEL "default" is the embedded model. (Help is found here
+ * rather than with cli_wants_help, which lives in main.c, so that tests can
+ * call this without the driver.) */
 int run_options_parse(RunOptions *o, int argc, char **argv)
 {
     run_options_default(o);
+    bool options = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *eq = strchr(a, '=');
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        if (options && (!strcmp(a, "-h") || !strcmp(a, "--help"))) {
             run_usage(stdout);
             return 0;
         }
-        if (a[0] != '-' || !a[1]) {
+        if (options && !strcmp(a, "--")) {
+            options = false;
+            continue;
+        }
+        if (!options || a[0] != '-' || !a[1]) {
             if (o->model) {
                 fprintf(stderr, "megac run: more than one model given ('%s', '%s')\n", o->model, a);
                 return 2;
@@ -196,24 +214,34 @@ int run_options_parse(RunOptions *o, int argc, char **argv)
         }
         char opt[32];
         const char *val;
-        if (eq && a[1] == '-' && (size_t)(eq - a) < sizeof opt) {
+        if (eq && (size_t)(eq - a) < sizeof opt) {
             memcpy(opt, a, (size_t)(eq - a));
             opt[eq - a] = 0;
             val = eq + 1;
         } else {
-            if (i + 1 >= argc) {
+            snprintf(opt, sizeof opt, "%s", a);
+            if (run_option_known(a) && i + 1 >= argc) {
                 fprintf(stderr, "megac run: option '%s' needs a value\n", a);
                 run_usage(stderr);
                 return 2;
             }
-            snprintf(opt, sizeof opt, "%s", a);
-            val = argv[++i];
+            val = i + 1 < argc ? argv[++i] : "";
+        }
+        if (!run_option_known(opt)) {
+            fprintf(stderr, "megac run: unknown option '%s'\n", a);
+            return 2;
         }
         int rc = run_option_apply(o, opt, val);
         if (rc >= 0)
             return rc;
     }
+    if (o->model && driver_is_default_model(o->model))
+        o->model = NULL;
     o->model_is_bundle = o->model && run_model_is_bundle(o->model);
+    if (o->model_is_bundle && o->nsets) {
+        fprintf(stderr, "megac run: --set applies to model descriptions, not bundles ('%s')\n", o->model);
+        return 2;
+    }
     if (o->engine == ENGINE_DEFAULT)
         o->engine = ENGINE_CPU;
     if (!o->seed_given)
@@ -330,6 +358,9 @@ static int run_ref_decode(const ModelDesc *m, const Weights *w, const Tokenizer 
         return 2;
     }
     int steps = o->steps <= 0 || o->steps > m->max_seq ? m->max_seq : o->steps;
+    if (o->steps > steps)
+        fprintf(stderr, "megac run: note: -n %d is more than the model's context; running %d positions\n", o->steps,
+                steps);
     r.ref = ref_new(w);
     double t0 = run_now();
     bool ok = run_ref_generate(&r, o, steps);
