@@ -1,6 +1,7 @@
 /*
- * cli.c - checks the subcommands share (cli.h): an output path must not be
- * one of the command's inputs, or writing it would destroy the input.
+ * cli.c - what the subcommands share (cli.h): one wording for a bad
+ * argument, and the check that an output path is not one of the command's
+ * inputs, which writing it would destroy.
  */
 #include "compiler/cli.h"
 
@@ -11,6 +12,17 @@ bool cli_same_file(const char *a, const char *b)
 {
     struct stat sa, sb;
     return a && b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+bool cli_bad_arg(const char *cmd, const char *arg, bool needs_value)
+{
+    if (arg[0] == '-' && arg[1] && needs_value)
+        fprintf(stderr, "megac %s: option '%s' needs a value\n", cmd, arg);
+    else if (arg[0] == '-' && arg[1])
+        fprintf(stderr, "megac %s: unknown option '%s'\n", cmd, arg);
+    else
+        fprintf(stderr, "megac %s: unexpected argument '%s'\n", cmd, arg);
+    return false;
 }
 
 bool cli_out_is_input(const char *cmd, const char *out, const ModelDesc *m)

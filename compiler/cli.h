@@ -25,6 +25,10 @@ int cmd_eval_quant(int argc, char **argv);
 bool cli_wants_help(int argc, char **argv);
 
 /* ---- cli.c ---- */
+/* Reports a bad argument in the wording every command uses: "option 'X'
+ * needs a value" (needs_value: a known option given last), "unknown option
+ * 'X'", or "unexpected argument 'X'" for an extra operand. Returns false. */
+bool cli_bad_arg(const char *cmd, const char *arg, bool needs_value);
 /* True when both paths exist and are the same file (st_dev and st_ino). */
 bool cli_same_file(const char *a, const char *b);
 /* True, after saying so on stderr, when the output path `out` is the

@@ -60,8 +60,7 @@ static bool bench_args_parse(int argc, char **argv, BenchOptions *o)
             }
             *dst = v;
         } else if (a[0] == '-' || o->bundle) {
-            fprintf(stderr, "megac bench: unexpected argument '%s'\n", a);
-            return false;
+            return cli_bad_arg("bench", a, dst != NULL);
         } else {
             o->bundle = a;
         }
@@ -119,6 +118,9 @@ static bool bench_runs(megac_model *m, BenchCeiling *c, const BenchOptions *o, d
 static void bench_report(const BenchOptions *o, megac_model *m, const BenchCeiling *c, double *rates, double *ceil)
 {
     int ntok = o->ntok < megac_max_seq(m) - 1 ? o->ntok : megac_max_seq(m) - 1;
+    if (o->ntok > ntok)
+        fprintf(stderr, "megac bench: note: -n %d is more than the model's context allows; timed %d tokens\n",
+                o->ntok, ntok);
     unsigned long long wbytes = megac_weights_bytes(m), rbytes = bench_read_bytes(o->bundle);
     if (rbytes == 0)
         rbytes = wbytes;

@@ -66,8 +66,9 @@ static bool compile_args_parse(int argc, char **argv, CompileOptions *o, Arena *
                 return false;
             }
         } else if (x[0] == '-' || o->model) {
-            fprintf(stderr, "megac compile: unexpected argument '%s'\n", x);
-            return false;
+            bool known = !strcmp(x, "--target") || !strcmp(x, "--cpu") || !strcmp(x, "-o") ||
+                         !strcmp(x, "--workers") || !strcmp(x, "--set");
+            return cli_bad_arg("compile", x, known && !has);
         } else
             o->model = x;
     }

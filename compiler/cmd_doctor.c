@@ -80,7 +80,7 @@ int cmd_doctor(int argc, char **argv)
         return 0;
     }
     if (argc > 1) {
-        fprintf(stderr, "megac doctor: unexpected argument '%s'\n", argv[1]);
+        cli_bad_arg("doctor", argv[1], false);
         return 2;
     }
     char *cpu = NULL, *features = NULL;

@@ -54,10 +54,11 @@ static bool eval_args_parse(EvalArgs *a, int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         bool opt = s[0] == '-' && s[1];
-        if (opt && i + 1 >= argc) {
-            fprintf(stderr, "megac eval-quant: %s needs a value\n", s);
-            return false;
-        }
+        bool known = !strcmp(s, "--formats") || !strcmp(s, "--engine") || !strcmp(s, "--classes") ||
+                     !strcmp(s, "--prompt") || !strcmp(s, "--json") || !strcmp(s, "--tokens") ||
+                     !strcmp(s, "--set");
+        if (opt && (!known || i + 1 >= argc))
+            return cli_bad_arg("eval-quant", s, known);
         if (!strcmp(s, "--formats")) {
             a->formats = argv[++i];
         } else if (!strcmp(s, "--engine")) {
@@ -88,9 +89,6 @@ static bool eval_args_parse(EvalArgs *a, int argc, char **argv)
                 return false;
             }
             a->set[a->nset++] = (DescOverride){xstrndup(kv, (size_t)(eq - kv)), eq + 1};
-        } else if (opt) {
-            fprintf(stderr, "megac eval-quant: unknown option '%s'\n", s);
-            return false;
         } else if (a->model) {
             fprintf(stderr, "megac eval-quant: more than one model given ('%s', '%s')\n", a->model, s);
             return false;

@@ -221,7 +221,12 @@ int cmd_fuzz_validator(int argc, char **argv)
         else if (!strcmp(argv[i], "-v"))
             c.verbose = true;
         else {
-            fprintf(stderr, "megac fuzz-validator: bad argument '%s'\n", argv[i]);
+            bool known = !strcmp(argv[i], "--seed") || !strcmp(argv[i], "--count") ||
+                         !strcmp(argv[i], "--workers-max");
+            if (known && i + 1 < argc)
+                fprintf(stderr, "megac fuzz-validator: bad value for %s: '%s'\n", argv[i], argv[i + 1]);
+            else
+                cli_bad_arg("fuzz-validator", argv[i], known);
             fuzz_usage(stderr);
             return 2;
         }

@@ -43,8 +43,7 @@ static bool lower_args_parse(LowerArgs *a, int argc, char **argv)
         const char *s = argv[i];
         bool has_val = i + 1 < argc;
         if ((!strcmp(s, "--target") || !strcmp(s, "-o") || !strcmp(s, "--workers") || !strcmp(s, "--set")) && !has_val) {
-            fprintf(stderr, "megac lower: %s needs a value\n", s);
-            return false;
+            return cli_bad_arg("lower", s, true);
         }
         if (!strcmp(s, "--target")) {
             a->target = argv[++i];
@@ -66,8 +65,7 @@ static bool lower_args_parse(LowerArgs *a, int argc, char **argv)
             }
             a->set[a->nset++] = (DescOverride){xstrndup(kv, (size_t)(eq - kv)), eq + 1};
         } else if (s[0] == '-' && s[1]) {
-            fprintf(stderr, "megac lower: unknown option '%s'\n", s);
-            return false;
+            return cli_bad_arg("lower", s, false);
         } else if (a->model) {
             fprintf(stderr, "megac lower: more than one model given ('%s', '%s')\n", a->model, s);
             return false;

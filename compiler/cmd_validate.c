@@ -107,7 +107,12 @@ int cmd_validate(int argc, char **argv)
         else if (a[0] != '-' && !path)
             path = a;
         else {
-            fprintf(stderr, "megac validate: bad argument '%s'\n", a);
+            bool known = !strcmp(a, "--target") || !strcmp(a, "--threads") || !strcmp(a, "--regs") ||
+                         !strcmp(a, "--smem");
+            if (known && has_val)
+                fprintf(stderr, "megac validate: bad value for %s: '%s'\n", a, argv[i + 1]);
+            else
+                cli_bad_arg("validate", a, known);
             validate_usage(stderr);
             return 2;
         }
