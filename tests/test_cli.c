@@ -252,3 +252,49 @@ Test(cli, run_sweeps_the_folders_of_killed_compiles)
     cr_assert(strstr(dir_list(c, buf, sizeof buf), t) && !strstr(buf, "0123"), "%s", buf);
     rm_rf(d);
 }
+
+/* ---- option parsing ---- */
+
+/* One wording per kind of bad argument, whichever the command. */
+Test(cli, bad_arguments_read_the_same_everywhere)
+{
+    char *d = tmp_dir(), out[16384];
+    static const struct {
+        const char *args, *want;
+    } cases[] = {
+        {"run default --bogus", "megac run: unknown option '--bogus'"},
+        {"run default --bogus x", "megac run: unknown option '--bogus'"},
+        {"run default -n", "megac run: option '-n' needs a value"},
+        {"compile default --bogus", "megac compile: unknown option '--bogus'"},
+        {"compile default -o", "megac compile: option '-o' needs a value"},
+        {"compile default other", "megac compile: unexpected argument 'other'"},
+        {"bench b.megac --bogus", "megac bench: unknown option '--bogus'"},
+        {"validate x.sched --bogus", "megac validate: unknown option '--bogus'"},
+        {"fuzz-validator --bogus", "megac fuzz-validator: unknown option '--bogus'"},
+        {"lower default --bogus", "megac lower: unknown option '--bogus'"},
+        {"eval-quant default --bogus", "megac eval-quant: unknown option '--bogus'"},
+        {"eval-quant default --json", "megac eval-quant: option '--json' needs a value"},
+        {"doctor x", "megac doctor: unexpected argument 'x'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cr_assert_eq(megac(d, cases[i].args, out, sizeof out), 2, "%s: %s", cases[i].args, out);
+        cr_assert(strstr(out, cases[i].want), "%s: %s", cases[i].args, out);
+    }
+    rm_rf(d);
+}
+
+Test(cli, run_takes_default_short_equals_and_notes_clamping)
+{
+    char *d = tmp_dir(), out[16384];
+    cr_assert_eq(megac(d, "compile default -q --set max_seq=32 -o b.megac", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(megac(d, "run b.megac -n=3 --temp 0", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "prompt tokens: 1, generated tokens: 3"), "%s", out);
+    cr_assert_eq(megac(d, "run b.megac -n 1000 --temp 0", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "megac run: note: -n 1000 is more than the model's context; running 32 positions"), "%s",
+              out);
+    cr_assert_eq(megac(d, "run b.megac --set workers=4 -n 3", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "--set applies to model descriptions, not bundles"), "%s", out);
+    cr_assert_eq(megac(d, "run default --engine reference -n 3 --temp 0", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "engine reference"), "%s", out);
+    rm_rf(d);
+}
