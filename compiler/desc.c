@@ -715,8 +715,12 @@ static void arch_from_config(Ctx *c, Doc *cfg, const DocNode *at)
         ctx_error(c, at, "cannot read config '%s': %s", path, strerror(errno));
         return;
     }
-    if (!doc_parse(cfg, path, text, len, c->d) || !cfg->root)
+    if (!doc_parse(cfg, path, text, len, c->d))
         return;
+    if (!cfg->root) {
+        diag_file_error(c->d, path, "empty config");
+        return;
+    }
     ctx_origin_add(c, cfg, cfg->root);
     if (cfg->root->kind != DOC_MAP) {
         ctx_error(c, cfg->root, "expected a JSON object in an HF config, found %s",

@@ -599,6 +599,19 @@ Test(desc, diag_derived_head_dim_at_dim)
                   "      |             ^\n");
 }
 
+/* An empty config.json is blamed on the config, once, not on the YAML. */
+Test(desc, diag_empty_config)
+{
+    char path[] = "/tmp/megac_emptycfg_XXXXXX", text[256], want[128];
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    snprintf(text, sizeof text, BASE "arch: {from-config: %s}\n", path);
+    snprintf(want, sizeof want, "%s: error: empty config\n", path);
+    expect_errors(text, NULL, 0, want);
+    unlink(path);
+}
+
 Test(desc, desc_check_by_hand)
 {
     ModelDesc m;
