@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <dirent.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -254,6 +255,14 @@ Test(diag, long_line_clipped)
     snprintf(want, sizeof want, "big.json:1:100: error: bad\n    1 | %.110s\n      | %99s^\n", text, "");
     cr_assert_str_eq(e, want);
     free(text);
+}
+
+/* A directory is not a file: "Is a directory", not an I/O error. */
+Test(diag, read_file_directory)
+{
+    errno = 0;
+    cr_assert_null(read_file("/tmp", NULL));
+    cr_assert_eq(errno, EISDIR, "%s", strerror(errno));
 }
 
 /* An unknown target in the header is an error at the target's column. */
