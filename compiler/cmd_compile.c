@@ -21,7 +21,8 @@ static void compile_usage(FILE *out)
             "  --workers N     worker count (default: the description's, else the target's)\n"
             "  --set KEY=VAL   override a description key (repeatable), e.g. --set max_seq=256\n"
             "  --cpu NAME      CPU target: an x86-64 level such as x86-64-v3 (default: this host)\n"
-            "  -o DIR          the bundle folder (default: NAME.megac from the model's name)\n"
+            "  -o DIR          the bundle folder (default: NAME.megac from the model's name);\n"
+            "                  an existing bundle or empty folder is replaced, any other path refused\n"
             "  -q, --quiet     no progress lines\n");
 }
 

@@ -42,7 +42,7 @@ static void run_usage(FILE *out)
 {
     fprintf(out,
             "usage: megac run [MODEL.yaml | NAME.megac] [options]\n\n"
-            "Decodes text. With no model, runs the embedded default model.\n\n"
+            "Decodes text. With no model (or 'default'), runs the embedded default model.\n\n"
             "options:\n"
             "  --engine E         cpu | host-cuda | cuda | reference (default: cpu: the\n"
             "                     model is compiled to a cached bundle in .megac-cache/)\n"
