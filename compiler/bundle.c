@@ -12,7 +12,9 @@
  *   schedule.sched  sched_print of the schedule
  *   tokenizer.bin   tok_save
  *   manifest.yaml   flat `key: value` lines that runtime/bundle.c reads;
- *                   see there for the keys and what the runtime checks
+ *                   see there for the keys and what the runtime checks;
+ *                   among them the kernel file's size and FNV-1a hash, so
+ *                   that a damaged kernel is refused before it is loaded
  * The manifest is written last, so a folder without one is an unfinished
  * bundle that megac_open refuses.
  */
@@ -26,7 +28,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define BUNDLE_FORMAT 1
+#define BUNDLE_FORMAT 2     /* runtime/backend.h's RT_FORMAT_VERSION */
 
 static int buf_cmp_offset(const void *a, const void *b)
 {
@@ -230,14 +232,32 @@ static bool bundle_io_offset(const Schedule *s, const char *name, DType t, uint6
     return true;
 }
 
-static bool bundle_manifest_write(const char *path, const ModelDesc *m, const Tokenizer *t, const Schedule *s,
-                                  const char *kernel_file, uint64_t hash, Diag *d)
+/* Size and FNV-1a hash of the kernel file that codegen wrote. */
+static bool bundle_kernel_hash(const char *path, uint64_t *bytes, uint64_t *hash, Diag *d)
 {
-    uint64_t otok, ologits, onext;
-    if (!bundle_io_offset(s, "tok", DT_I32, &otok, d) || !bundle_io_offset(s, "logits", DT_F32, &ologits, d) ||
-        !bundle_io_offset(s, "next", DT_I32, &onext, d))
+    size_t len;
+    char *text = read_file(path, &len);
+    if (!text) {
+        diag_file_error(d, path, "cannot read the kernel: %s", strerror(errno));
         return false;
-    const char *slash = strrchr(kernel_file, '/');
+    }
+    *bytes = len;
+    *hash = hash_fnv1a(text, len, HASH_FNV_INIT);
+    free(text);
+    return true;
+}
+
+static bool bundle_manifest_write(const char *path, const char *dir, const ModelDesc *m, const Tokenizer *t,
+                                  const Schedule *s, const char *kernel_file, uint64_t hash, Diag *d)
+{
+    uint64_t otok, ologits, onext, kbytes, khash;
+    const char *slash = strrchr(kernel_file, '/'), *kname = slash ? slash + 1 : kernel_file;
+    char *kpath = xasprintf("%s/%s", dir, kname);
+    bool ok = bundle_kernel_hash(kpath, &kbytes, &khash, d);
+    free(kpath);
+    if (!ok || !bundle_io_offset(s, "tok", DT_I32, &otok, d) ||
+        !bundle_io_offset(s, "logits", DT_F32, &ologits, d) || !bundle_io_offset(s, "next", DT_I32, &onext, d))
+        return false;
     FILE *f = fopen(path, "w");
     if (!f) {
         diag_file_error(d, path, "cannot create: %s", strerror(errno));
@@ -245,8 +265,9 @@ static bool bundle_manifest_write(const char *path, const ModelDesc *m, const To
     }
     int bos = m->bos_id >= 0 ? m->bos_id : tok_bos(t), eos = m->eos_id >= 0 ? m->eos_id : tok_eos(t);
     fprintf(f, "# megac bundle: read by runtime/bundle.c, written by compiler/bundle.c\n");
-    fprintf(f, "format: %d\nname: %s\ntarget: %s\nkernel: %s\nkernel_abi: %u\n", BUNDLE_FORMAT, m->name,
-            s->target, slash ? slash + 1 : kernel_file, MEGAC_KERNEL_ABI);
+    fprintf(f, "format: %d\nname: %s\ntarget: %s\nkernel: %s\n", BUNDLE_FORMAT, m->name, s->target, kname);
+    fprintf(f, "kernel_bytes: %" PRIu64 "\nkernel_hash: %016" PRIx64 "\nkernel_abi: %u\n", kbytes, khash,
+            MEGAC_KERNEL_ABI);
     fprintf(f, "schedule_hash: %016" PRIx64 "\nweights_bytes: %" PRIu64 "\nweights_read_bytes: %" PRIu64 "\n", hash,
             s->weights_bytes, bundle_read_bytes(s));
     fprintf(f, "arena_bytes: %" PRIu64 "\ncounters: %u\nworkers: %u\n", s->arena_bytes, s->nctrs, s->nworkers);
@@ -302,7 +323,7 @@ bool bundle_write(const char *dir, const ModelDesc *m, const Weights *w, const T
         diag_file_error(d, tokp, "%s", err);
         ok = false;
     }
-    ok = ok && bundle_manifest_write(manifest, m, t, s, kernel_file, hash, d);
+    ok = ok && bundle_manifest_write(manifest, dir, m, t, s, kernel_file, hash, d);
     free(manifest);
     free(weights);
     free(sched);

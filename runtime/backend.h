@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RT_FORMAT_VERSION 1
+#define RT_FORMAT_VERSION 2    /* 2: kernel_bytes, kernel_hash */
 #define RT_ERR_LEN 1024
 
 /* manifest.yaml, parsed. Strings are owned by the manifest (fixed size). */
@@ -32,6 +32,8 @@ typedef struct RtManifest {
     char name[128];
     char target[32];            /* "cpu", "host-cuda", "sm_90", ... */
     char kernel[128];           /* file name inside the bundle */
+    uint64_t kernel_bytes;      /* its size */
+    uint64_t kernel_hash;       /* FNV-1a of its bytes */
     uint64_t kernel_abi;        /* MEGAC_KERNEL_ABI the kernel was built for */
     uint64_t schedule_hash;     /* FNV-1a of schedule.sched */
     uint64_t weights_bytes;     /* size of weights.bin */
@@ -87,9 +89,14 @@ megac_status rt_fail(megac_model *m, megac_status st, const char *fmt, ...)
 /* Parses manifest.yaml text; errors name `path` and the line. */
 megac_status rt_manifest_parse(RtManifest *man, const char *path, const char *text, size_t len,
                                char *err, size_t errlen);
-/* Reads manifest.yaml, checks schedule.sched against its hash, maps
- * weights.bin (size checked) and loads tokenizer.bin. */
+/* Reads manifest.yaml, checks schedule.sched against its hash and the
+ * kernel file against its size and hash, maps weights.bin (size checked)
+ * and loads tokenizer.bin. */
 megac_status rt_bundle_load(megac_model *m);
+/* Refuses a manifest key that disagrees with facts[MEGAC_NFACTS] (kernel_abi.h),
+ * which `file` reports: "FILE: error: WHO counters 22, but manifest.yaml says
+ * counters: 0". MEGAC_FACT_NONE in facts is not checked. */
+megac_status rt_facts_check(megac_model *m, const uint64_t *facts, const char *file, const char *who);
 void rt_bundle_unload(megac_model *m);
 uint64_t rt_fnv1a(const void *p, size_t n);
 /* `dir/name` into buf; false if it does not fit. */

@@ -5,20 +5,26 @@
  * manifest.yaml is flat `key: value` lines (valid YAML, parsed here by hand
  * so the runtime needs no YAML library); `#` starts a comment line. Every
  * key below is required, unknown keys are errors, and numbers are decimal
- * except schedule_hash (16 hex digits, the FNV-1a 64 of schedule.sched's
- * bytes, which is what the compiler's sched_hash() computes):
+ * except the hashes (16 hex digits, FNV-1a 64 of the file's bytes;
+ * schedule_hash is what the compiler's sched_hash() computes):
  *
- *   format: 1                 name: stories260K        target: cpu
- *   kernel: kernel.so         kernel_abi: 1            schedule_hash: 9ae1...
+ *   format: 2                 name: stories260K        target: cpu
+ *   kernel: kernel.so         kernel_bytes: N          kernel_hash: 3f0c...
+ *   kernel_abi: 2             schedule_hash: 9ae1...
  *   weights_bytes: N          weights_read_bytes: N    arena_bytes: N
  *   counters: N               workers: N               vocab: N
  *   max_seq: N                bos: N                   eos: N
  *   io_tok: OFF               io_logits: OFF           io_next: OFF
  *
- * Checks at open: the format version, the schedule hash (manifest vs the
- * bytes of schedule.sched; the kernel's own hash is checked by the backend),
- * weights.bin's size, the io offsets inside the arena, and that the
- * tokenizer has no more tokens than the model's vocabulary.
+ * Checks at open, before any kernel code is loaded: the format version and
+ * kernel ABI; bos and eos (-1 or a token id); the io offsets inside the
+ * arena; schedule.sched's hash, then the facts its text states (workers,
+ * counters, vocab, max_seq) against the manifest; the kernel file's size
+ * and hash (a truncated kernel.so crashes dlopen with SIGBUS);
+ * weights.bin's size; a tokenizer no larger than the vocabulary. The
+ * backend then checks the facts the kernel itself exports
+ * (megac_kernel_facts, kernel_abi.h) with rt_facts_check: one table, so
+ * each manifest key the kernel depends on is checked the same way.
  */
 #include "runtime/backend.h"
 
@@ -47,6 +53,8 @@ static const ManKey man_keys[] = {
     MK("name", MK_STR, name),
     MK("target", MK_STR, target),
     MK("kernel", MK_STR, kernel),
+    MK("kernel_bytes", MK_U64, kernel_bytes),
+    MK("kernel_hash", MK_HEX, kernel_hash),
     MK("kernel_abi", MK_U64, kernel_abi),
     MK("schedule_hash", MK_HEX, schedule_hash),
     MK("weights_bytes", MK_U64, weights_bytes),
@@ -64,6 +72,20 @@ static const ManKey man_keys[] = {
 };
 #undef MK
 enum { NKEYS = sizeof man_keys / sizeof man_keys[0] };
+
+/* The manifest key each of megac_kernel_facts states. */
+static const char *const fact_keys[MEGAC_NFACTS] = {
+    [MEGAC_FACT_WORKERS] = "workers",
+    [MEGAC_FACT_COUNTERS] = "counters",
+    [MEGAC_FACT_ARENA_BYTES] = "arena_bytes",
+    [MEGAC_FACT_WEIGHTS_BYTES] = "weights_bytes",
+    [MEGAC_FACT_VOCAB] = "vocab",
+    [MEGAC_FACT_MAX_SEQ] = "max_seq",
+    [MEGAC_FACT_IO_TOK] = "io_tok",
+    [MEGAC_FACT_IO_LOGITS] = "io_logits",
+    [MEGAC_FACT_IO_NEXT] = "io_next",
+};
+_Static_assert(MEGAC_NFACTS == 9, "fact_keys names a manifest key for every MegacFact");
 
 uint64_t rt_fnv1a(const void *p, size_t n)
 {
@@ -149,6 +171,35 @@ static const ManKey *man_key_find(const char *key)
     return NULL;
 }
 
+/* The value of numeric key k, as a fact (a 64-bit number). */
+static uint64_t man_value_get(const RtManifest *man, const ManKey *k)
+{
+    const char *field = (const char *)man + k->off;
+    switch (k->kind) {
+    case MK_INT:
+        return (uint64_t)(int64_t)*(const int *)field;
+    case MK_U32:
+        return *(const uint32_t *)field;
+    default:
+        return *(const uint64_t *)field;
+    }
+}
+
+megac_status rt_facts_check(megac_model *m, const uint64_t *facts, const char *file, const char *who)
+{
+    for (int i = 0; i < MEGAC_NFACTS; i++) {
+        const ManKey *k = man_key_find(fact_keys[i]);
+        uint64_t said = man_value_get(&m->man, k);
+        if (facts[i] == MEGAC_FACT_NONE || facts[i] == said)
+            continue;
+        return rt_fail(m, MEGAC_ERR_FORMAT,
+                       "%s: error: %s %s %" PRIu64 ", but %s/manifest.yaml says %s: %" PRId64
+                       ": the bundle's files do not belong together; recompile it",
+                       file, who, k->key, facts[i], m->dir, k->key, (int64_t)said);
+    }
+    return MEGAC_OK;
+}
+
 /* Applies one non-blank, non-comment line; returns an error message
  * (written into msg) or NULL. */
 static const char *man_line_apply(RtManifest *man, bool *seen, char *line, char *msg, size_t cap)
@@ -164,7 +215,8 @@ static const char *man_line_apply(RtManifest *man, bool *seen, char *line, char 
     else if (!man_value_set(man, k, val))
         snprintf(msg, cap, "bad value '%s' for '%s'", val, key);
     else if (k->off == offsetof(RtManifest, format) && man->format != RT_FORMAT_VERSION)
-        snprintf(msg, cap, "bundle format %d, but this runtime reads format %d", man->format, RT_FORMAT_VERSION);
+        snprintf(msg, cap, "bundle format %d, but this runtime reads format %d: recompile the bundle", man->format,
+                 RT_FORMAT_VERSION);
     else {
         seen[k - man_keys] = true;
         return NULL;
@@ -267,10 +319,15 @@ static megac_status bundle_manifest_check(megac_model *m)
     if (!rt_path(path, sizeof path, m->dir, "manifest.yaml"))
         return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
     if (x->kernel_abi != MEGAC_KERNEL_ABI)
-        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: kernel_abi %" PRIu64 ", but this runtime speaks ABI %u",
+        return rt_fail(m, MEGAC_ERR_FORMAT,
+                       "%s: error: kernel_abi %" PRIu64 ", but this runtime speaks ABI %u: recompile the bundle",
                        path, x->kernel_abi, MEGAC_KERNEL_ABI);
     if (x->workers < 1 || x->workers > 4096 || x->vocab < 1 || x->max_seq < 1)
         return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: workers, vocab and max_seq must be positive", path);
+    if (x->bos < -1 || x->bos >= x->vocab || x->eos < -1 || x->eos >= x->vocab)
+        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: %s: %d is not -1 or a token id below vocab: %d", path,
+                       x->bos < -1 || x->bos >= x->vocab ? "bos" : "eos",
+                       x->bos < -1 || x->bos >= x->vocab ? x->bos : x->eos, x->vocab);
     if (strchr(x->kernel, '/'))
         return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: kernel '%s' must name a file in the bundle", path, x->kernel);
     uint64_t end_logits = x->off_logits + 4ull * (uint64_t)x->vocab;
@@ -283,7 +340,52 @@ static megac_status bundle_manifest_check(megac_model *m)
     return MEGAC_OK;
 }
 
-/* schedule.sched must be the schedule the manifest was written for. */
+/* The decimal number after `tag` in line l (n bytes), or MEGAC_FACT_NONE. */
+static uint64_t sched_line_number(const char *l, size_t n, const char *tag)
+{
+    char line[512];
+    if (n >= sizeof line)
+        return MEGAC_FACT_NONE;
+    memcpy(line, l, n);
+    line[n] = 0;
+    const char *at = strstr(line, tag);
+    if (!at || at[strlen(tag)] < '0' || at[strlen(tag)] > '9')
+        return MEGAC_FACT_NONE;
+    return strtoull(at + strlen(tag), NULL, 10);
+}
+
+/* The facts schedule.sched's text states (ir/text.c writes it): the header
+ * `schedule NAME target T workers N`, one `counter NAME` line per counter,
+ * and `vocab=` and `max_seq=` of the shape line. The arena and io offsets
+ * come from the compiler's layout, not the text: only the kernel's own
+ * facts state those (for a cubin, once it is loaded on the device). */
+static void sched_text_facts(const char *text, size_t len, uint64_t *facts)
+{
+    uint64_t nctrs = 0;
+    bool header = false;
+    for (int i = 0; i < MEGAC_NFACTS; i++)
+        facts[i] = MEGAC_FACT_NONE;
+    for (size_t i = 0, e; i < len; i = e + 1) {
+        for (e = i; e < len && text[e] != '\n'; e++)
+            ;
+        const char *l = text + i;
+        size_t n = e - i;
+        if (n > 8 && memcmp(l, "counter ", 8) == 0)
+            nctrs++;
+        else if (n > 9 && memcmp(l, "schedule ", 9) == 0) {
+            facts[MEGAC_FACT_WORKERS] = sched_line_number(l, n, " workers ");
+            header = true;
+        } else if (n > 6 && memcmp(l, "shape ", 6) == 0) {
+            facts[MEGAC_FACT_VOCAB] = sched_line_number(l, n, " vocab=");
+            facts[MEGAC_FACT_MAX_SEQ] = sched_line_number(l, n, " max_seq=");
+        }
+    }
+    if (header)
+        facts[MEGAC_FACT_COUNTERS] = nctrs;
+}
+
+/* schedule.sched must be the schedule the manifest was written for, and
+ * say what the manifest says. */
 static megac_status bundle_schedule_check(megac_model *m)
 {
     char path[4096];
@@ -293,13 +395,44 @@ static megac_status bundle_schedule_check(megac_model *m)
     char *text = file_slurp(path, &len);
     if (!text)
         return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
-    uint64_t h = rt_fnv1a(text, len);
+    uint64_t h = rt_fnv1a(text, len), facts[MEGAC_NFACTS];
+    sched_text_facts(text, len, facts);
     free(text);
     if (h != m->man.schedule_hash)
         return rt_fail(m, MEGAC_ERR_FORMAT,
                        "%s: error: schedule hash %016" PRIx64 " does not match the manifest's %016" PRIx64
                        " (the schedule was changed after compilation)",
                        path, h, m->man.schedule_hash);
+    return rt_facts_check(m, facts, path, "the schedule has");
+}
+
+/* The kernel file must be the one the manifest was written with, checked
+ * before dlopen or cuModuleLoadData see it: dlopen of a truncated .so maps
+ * pages past the end of the file and dies of SIGBUS. */
+static megac_status bundle_kernel_check(megac_model *m)
+{
+    char path[4096];
+    struct stat sb;
+    if (!rt_path(path, sizeof path, m->dir, m->man.kernel))
+        return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
+    if (stat(path, &sb) != 0)
+        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read the kernel: %s", path, strerror(errno));
+    if ((uint64_t)sb.st_size != m->man.kernel_bytes)
+        return rt_fail(m, MEGAC_ERR_FORMAT,
+                       "%s: error: %" PRIu64 " bytes, but the manifest says kernel_bytes: %" PRIu64
+                       ": the bundle is damaged; recompile it",
+                       path, (uint64_t)sb.st_size, m->man.kernel_bytes);
+    size_t len;
+    char *bytes = file_slurp(path, &len);
+    if (!bytes)
+        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read the kernel: %s", path, strerror(errno));
+    uint64_t h = rt_fnv1a(bytes, len);
+    free(bytes);
+    if (h != m->man.kernel_hash)
+        return rt_fail(m, MEGAC_ERR_FORMAT,
+                       "%s: error: its hash is %016" PRIx64 ", but the manifest says kernel_hash: %016" PRIx64
+                       ": the bundle is damaged; recompile it",
+                       path, h, m->man.kernel_hash);
     return MEGAC_OK;
 }
 
@@ -352,7 +485,7 @@ megac_status rt_bundle_load(megac_model *m)
 {
     megac_status st;
     if ((st = bundle_manifest_read(m)) || (st = bundle_manifest_check(m)) || (st = bundle_schedule_check(m)) ||
-        (st = bundle_weights_map(m)) || (st = bundle_tokenizer_load(m)))
+        (st = bundle_kernel_check(m)) || (st = bundle_weights_map(m)) || (st = bundle_tokenizer_load(m)))
         return st;
     return MEGAC_OK;
 }

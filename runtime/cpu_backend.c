@@ -133,27 +133,25 @@ static const void *cpu_symbol(megac_model *m, void *dl, const char *path, const 
 /* The kernel must say it is the kernel this manifest describes. */
 static megac_status cpu_kernel_check(megac_model *m, CpuPool *pool, const char *path)
 {
-    const uint64_t *abi, *hash;
-    const uint32_t *nw;
+    const uint64_t *abi, *hash, *facts;
     const void *fn;
-    if (!(abi = cpu_symbol(m, pool->dl, path, "megac_kernel_abi")) ||
-        !(hash = cpu_symbol(m, pool->dl, path, "megac_schedule_hash")) ||
-        !(nw = cpu_symbol(m, pool->dl, path, "megac_num_workers")) ||
+    if (!(abi = cpu_symbol(m, pool->dl, path, "megac_kernel_abi")))
+        return MEGAC_ERR_FORMAT;
+    if (*abi != MEGAC_KERNEL_ABI)   /* before the symbols this ABI added */
+        return rt_fail(m, MEGAC_ERR_FORMAT,
+                       "%s: error: kernel ABI %" PRIu64 ", but this runtime speaks ABI %u: recompile the bundle",
+                       path, *abi, MEGAC_KERNEL_ABI);
+    if (!(hash = cpu_symbol(m, pool->dl, path, "megac_schedule_hash")) ||
+        !(facts = cpu_symbol(m, pool->dl, path, "megac_kernel_facts")) ||
         !(fn = cpu_symbol(m, pool->dl, path, "megac_worker")))
         return MEGAC_ERR_FORMAT;
     pool->worker = (megac_worker_fn)(uintptr_t)fn;
-    if (*abi != MEGAC_KERNEL_ABI)
-        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: kernel ABI %" PRIu64 ", but this runtime speaks ABI %u",
-                       path, *abi, MEGAC_KERNEL_ABI);
     if (*hash != m->man.schedule_hash)
         return rt_fail(m, MEGAC_ERR_FORMAT,
                        "%s: error: the kernel was built for schedule %016" PRIx64
                        ", but the manifest and schedule.sched are %016" PRIx64,
                        path, *hash, m->man.schedule_hash);
-    if (*nw != m->man.workers)
-        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: the kernel has %u workers, but the manifest says %u", path,
-                       *nw, m->man.workers);
-    return MEGAC_OK;
+    return rt_facts_check(m, facts, path, "the kernel was built with");
 }
 
 static megac_status cpu_memory_init(megac_model *m, CpuPool *pool)

@@ -4,8 +4,9 @@
  *
  * Open: the driver, device 0 (MEGAC_CUDA_DEVICE picks another), a compute
  * capability the cubin runs on, the primary context, cuModuleLoadData of
- * the cubin, its constants (megac_kernel_abi, megac_schedule_hash,
- * megac_num_workers) checked against the manifest, and the co-residency of
+ * the cubin (its size and hash checked first, by bundle.c), its constants
+ * (megac_kernel_abi, megac_schedule_hash, megac_kernel_facts) checked
+ * against the manifest, and the co-residency of
  * all W blocks (cuOccupancyMaxActiveBlocksPerMultiprocessor x SMs >= W: a
  * persistent kernel whose blocks are not all resident never finishes).
  * Weights are uploaded once; the arena (state, KV cache, scratch, io),
@@ -145,22 +146,24 @@ static megac_status cuda_module_load(megac_model *m, CudaState *st)
         return rt_fail(m, MEGAC_ERR_DEVICE, "cuModuleLoadData(%s/%s) failed: %s", m->dir, m->man.kernel,
                        cuda_driver_error(&st->drv, r));
     CU_CHECK(m, st, cuModuleGetFunction(&st->fn, st->mod, "megac_kernel"));
-    uint64_t abi = 0, hash = 0;
-    uint32_t nw = 0;
-    if ((s = cuda_global(m, st, "megac_kernel_abi", &abi, 8)) || (s = cuda_global(m, st, "megac_schedule_hash", &hash, 8)) ||
-        (s = cuda_global(m, st, "megac_num_workers", &nw, 4)))
+    uint64_t abi = 0, hash = 0, facts[MEGAC_NFACTS];
+    if ((s = cuda_global(m, st, "megac_kernel_abi", &abi, 8)))
         return s;
     if (abi != MEGAC_KERNEL_ABI)
-        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: kernel ABI %" PRIu64 ", but this runtime speaks ABI %u",
-                       m->man.kernel, abi, MEGAC_KERNEL_ABI);
+        return rt_fail(m, MEGAC_ERR_FORMAT,
+                       "%s/%s: error: kernel ABI %" PRIu64 ", but this runtime speaks ABI %u: recompile the bundle",
+                       m->dir, m->man.kernel, abi, MEGAC_KERNEL_ABI);
+    if ((s = cuda_global(m, st, "megac_schedule_hash", &hash, 8)) ||
+        (s = cuda_global(m, st, "megac_kernel_facts", facts, sizeof facts)))
+        return s;
     if (hash != m->man.schedule_hash)
         return rt_fail(m, MEGAC_ERR_FORMAT,
-                       "%s: error: the kernel was built for schedule %016" PRIx64 ", but the manifest says %016" PRIx64,
-                       m->man.kernel, hash, m->man.schedule_hash);
-    if (nw != m->man.workers)
-        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: the kernel has %u workers, but the manifest says %u",
-                       m->man.kernel, nw, m->man.workers);
-    return MEGAC_OK;
+                       "%s/%s: error: the kernel was built for schedule %016" PRIx64 ", but the manifest says %016" PRIx64,
+                       m->dir, m->man.kernel, hash, m->man.schedule_hash);
+    char path[4096];
+    if (!rt_path(path, sizeof path, m->dir, m->man.kernel))
+        return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
+    return rt_facts_check(m, facts, path, "the kernel was built with");
 }
 
 /* All W blocks must be resident at once. */

@@ -5,13 +5,17 @@
  * export:
  *   const uint64_t megac_kernel_abi;        == MEGAC_KERNEL_ABI
  *   const uint64_t megac_schedule_hash;     == sched_hash() of schedule.sched
- *   const uint32_t megac_num_workers;
+ *   const uint32_t megac_num_workers;       (for tools; the runtime reads
+ *                                            megac_kernel_facts' copy)
+ *   const uint64_t megac_kernel_facts[MEGAC_NFACTS];
+ *        what the kernel was built with (MegacFact order); the runtime
+ *        refuses a manifest whose key disagrees with one of them;
  *   void megac_worker(const MegacArgs *a, uint32_t worker);
  *        runs worker `worker`'s instruction list for one step and returns;
  *        the runtime calls it from W threads at once, with the counters
  *        zeroed before the step.
  * CUDA cubins export `megac_kernel(MegacArgs a)` launched cooperatively
- * with one block per worker, plus the same three constants as __device__
+ * with one block per worker, plus the same four constants as __device__
  * globals (read with cuModuleGetGlobal).
  *
  * Buffers are addressed by the byte offsets recorded in the schedule
@@ -23,7 +27,24 @@
 
 #include <stdint.h>
 
-#define MEGAC_KERNEL_ABI 1u
+/* 2: megac_kernel_facts */
+#define MEGAC_KERNEL_ABI 2u
+
+/* megac_kernel_facts[]: each is the value of one manifest key. */
+typedef enum MegacFact {
+    MEGAC_FACT_WORKERS,         /* workers */
+    MEGAC_FACT_COUNTERS,        /* counters: words of MegacArgs.counters */
+    MEGAC_FACT_ARENA_BYTES,     /* arena_bytes: the highest arena offset it touches */
+    MEGAC_FACT_WEIGHTS_BYTES,   /* weights_bytes */
+    MEGAC_FACT_VOCAB,           /* vocab: floats of logits */
+    MEGAC_FACT_MAX_SEQ,         /* max_seq: KV cache rows; later positions are refused */
+    MEGAC_FACT_IO_TOK,          /* io_tok, io_logits, io_next: arena offsets */
+    MEGAC_FACT_IO_LOGITS,
+    MEGAC_FACT_IO_NEXT,
+    MEGAC_NFACTS
+} MegacFact;
+/* A fact the kernel does not know (an io buffer the schedule lacks). */
+#define MEGAC_FACT_NONE UINT64_MAX
 
 typedef struct MegacAbort {
     uint32_t flag;          /* non-zero once a wait timed out */

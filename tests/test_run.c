@@ -183,3 +183,52 @@ Test(run_cmd, smollm2_gguf_chat, .timeout = 60)
     cr_assert(strstr(out + strlen(prompt), "Paris"), "answer: %s", out + strlen(prompt));
     cr_assert(strstr(err, "prompt tokens: 16,"), "stderr: %s", err);
 }
+
+/* ---- damaged bundles ---- */
+
+/* A compiled bundle of the default model with one manifest line edited
+ * (sed), or its kernel.so truncated (sed NULL), is refused by `megac run`
+ * with a message naming the key (these crashed: counters and arena_bytes
+ * with SIGSEGV, a truncated kernel.so with SIGBUS); the untouched bundle
+ * runs. */
+Test(run_cmd, damaged_bundles_are_refused, .timeout = 120)
+{
+    static const struct {
+        const char *sed, *says;
+    } cases[] = {
+        {"s/^counters: .*/counters: 0/", "says counters: 0"},
+        {"s/^counters: .*/counters: 2000000000/", "says counters: 2000000000"},
+        {"s/^arena_bytes: .*/arena_bytes: 300000/", "says arena_bytes: 300000"},
+        {"s/^max_seq: .*/max_seq: 100000/", "says max_seq: 100000"},
+        {"s/^vocab: .*/vocab: 1000/", "says vocab: 1000"},
+        {"s/^bos: .*/bos: 9999/", "bos: 9999 is not -1"},
+        {"s/^eos: .*/eos: -5/", "eos: -5 is not -1"},
+        {NULL, "5000 bytes, but the manifest says kernel_bytes"},
+    };
+    char dir[] = "/tmp/megac-run-damaged-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char *cmd = xasprintf("%s compile default -q -o %s/b.megac", MEGAC_BIN, dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    free(cmd);
+    static char out[1 << 16], err[4096];
+    char *args = xasprintf("%s/b.megac -n 4 --temp 0", dir);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "the untouched bundle: %s", err);
+    free(args);
+    args = xasprintf("%s/t.megac -n 4 --temp 0", dir);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].sed)
+            cmd = xasprintf("rm -rf %s/t.megac && cp -r %s/b.megac %s/t.megac && sed -i '%s' %s/t.megac/manifest.yaml",
+                            dir, dir, dir, cases[i].sed, dir);
+        else
+            cmd = xasprintf("rm -rf %s/t.megac && cp -r %s/b.megac %s/t.megac && truncate -s 5000 %s/t.megac/kernel.so",
+                            dir, dir, dir, dir);
+        cr_assert_eq(system(cmd), 0, "%s", cmd);
+        free(cmd);
+        cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2, "%s: %s", cases[i].says, err);
+        cr_assert(strstr(err, cases[i].says), "stderr lacks '%s': %s", cases[i].says, err);
+    }
+    free(args);
+    cmd = xasprintf("rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+    free(cmd);
+}

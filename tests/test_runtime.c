@@ -7,7 +7,9 @@
  * kernel's logits are a function of the weights, token and position that the
  * test recomputes; its workers record their thread ids, and one token makes
  * worker 0 wait on a counter nobody signals, to trip the watchdog.
- * Then the bundle is damaged in the ways megac_open must refuse.
+ * Then the bundle is damaged in the ways megac_open must refuse: each
+ * manifest key the kernel or the schedule states, edited, must be refused
+ * with a message naming the key and the file that disagrees.
  */
 #include "runtime/backend.h"
 #include "runtime/megac.h"
@@ -29,7 +31,7 @@
 #define OFF_NEXT 4
 #define OFF_TIDS 64     /* one i32 per worker */
 #define OFF_LOGITS 1024
-#define ARENA (OFF_LOGITS + 4 * V)
+#define ARENA 4096      /* more than the logits need: a larger vocab still fits */
 
 static const char kernel_src[] =
     "#include <stdint.h>\n"
@@ -42,6 +44,7 @@ static const char kernel_src[] =
     "const uint64_t megac_kernel_abi = KABI;\n"
     "const uint64_t megac_schedule_hash = HASH;\n"
     "const uint32_t megac_num_workers = NW;\n"
+    "const uint64_t megac_kernel_facts[9] = {NW, 1, ARENA, 259 * 259 * 4, 259, 16, 0, 1024, 4};\n"
     "static uint64_t now_ns(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);\n"
     "    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec; }\n"
     "void megac_worker(const MegacArgs *a, uint32_t w) {\n"
@@ -62,7 +65,20 @@ static const char kernel_src[] =
     "    *(int32_t *)(ar + 4) = best;\n"
     "}\n";
 
-static const char sched_text[] = "# toy schedule of test_runtime.c\nschedule toy\n";
+/* The toy schedule's text: enough of ir/text.c's format to state workers,
+ * counters, vocab and max_seq, or (plain) none of them, so that only the
+ * kernel's facts are checked. */
+static void toy_sched(char *buf, size_t cap, int workers, bool plain)
+{
+    if (plain)
+        snprintf(buf, cap, "# toy schedule of test_runtime.c\n");
+    else
+        snprintf(buf, cap,
+                 "# toy schedule of test_runtime.c\nschedule toy target cpu workers %d\n"
+                 "shape dim=4 hidden=4 layers=1 heads=1 kv_heads=1 head_dim=4 vocab=%d max_seq=%d eps=1e-05 "
+                 "pairing=adjacent\ncounter c\n",
+                 workers, V, MAXSEQ);
+}
 
 /* Weight of (token, i): distinct values so the argmax is unique. */
 static float toy_weight(int t, int i) { return (float)((t * 37 + i * 101) % 997) / 997.0f; }
@@ -88,15 +104,38 @@ static void write_file(const char *dir, const char *name, const void *p, size_t 
 
 static void write_text(const char *dir, const char *name, const char *s) { write_file(dir, name, s, strlen(s)); }
 
-static void write_manifest(const char *dir, int workers, uint64_t hash, const char *extra)
+static char *read_whole(const char *dir, const char *name, size_t *len)
 {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot read %s", path);
+    cr_assert_eq(fseek(f, 0, SEEK_END), 0);
+    long n = ftell(f);
+    cr_assert_geq(n, 0);
+    rewind(f);
+    char *p = malloc((size_t)n + 1);
+    cr_assert_eq(fread(p, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return p;
+}
+
+/* The manifest for the kernel.so now in dir (its size and hash). */
+static void write_manifest(const char *dir, int workers, uint64_t hash)
+{
+    size_t klen;
+    char *k = read_whole(dir, "kernel.so", &klen);
+    uint64_t khash = fnv1a(k, klen);
+    free(k);
     char buf[2048];
     snprintf(buf, sizeof buf,
-             "# megac bundle\nformat: 1\nname: toy\ntarget: cpu\nkernel: kernel.so\nkernel_abi: 1\n"
+             "# megac bundle\nformat: 2\nname: toy\ntarget: cpu\nkernel: kernel.so\nkernel_bytes: %zu\n"
+             "kernel_hash: %016" PRIx64 "\nkernel_abi: 2\n"
              "schedule_hash: %016" PRIx64 "\nweights_bytes: %d\nweights_read_bytes: %d\narena_bytes: %d\n"
              "counters: 1\nworkers: %d\nvocab: %d\nmax_seq: %d\nbos: 1\neos: 2\n"
-             "io_tok: %d\nio_logits: %d\nio_next: %d\n%s",
-             hash, V * V * 4, V * V * 4, ARENA, workers, V, MAXSEQ, OFF_TOK, OFF_LOGITS, OFF_NEXT, extra);
+             "io_tok: %d\nio_logits: %d\nio_next: %d\n",
+             klen, khash, hash, V * V * 4, V * V * 4, ARENA, workers, V, MAXSEQ, OFF_TOK, OFF_LOGITS, OFF_NEXT);
     write_text(dir, "manifest.yaml", buf);
 }
 
@@ -107,8 +146,8 @@ static void compile_kernel(const char *dir, int workers, uint64_t hash, unsigned
     write_text(dir, "toy_kernel.c", kernel_src);
     snprintf(cmd, sizeof cmd,
              "cc -std=c11 -D_GNU_SOURCE -O1 -shared -fPIC -DKABI=%uu -DHASH=0x%016" PRIx64 "ull -DNW=%d "
-             "-o %s/kernel.so %s",
-             abi, hash, workers, dir, src);
+             "-DARENA=%d -o %s/kernel.so %s",
+             abi, hash, workers, ARENA, dir, src);
     cr_assert_eq(system(cmd), 0, "cannot compile the toy kernel: %s", cmd);
 }
 
@@ -130,15 +169,18 @@ static void write_tokenizer(const char *dir)
     tok_free(t);
 }
 
-/* A complete, consistent toy bundle for `workers` workers in a new temp dir. */
-static char *make_bundle(int workers)
+/* A complete, consistent toy bundle for `workers` workers in a new temp
+ * dir; with a plain schedule (one that states no facts) when plain. */
+static char *make_bundle_sched(int workers, bool plain)
 {
     char *dir = strdup("/tmp/megac-rt-XXXXXX");
     cr_assert(mkdtemp(dir));
-    uint64_t h = fnv1a(sched_text, strlen(sched_text));
-    write_text(dir, "schedule.sched", sched_text);
-    write_manifest(dir, workers, h, "");
-    compile_kernel(dir, workers, h, 1);
+    char sched[512];
+    toy_sched(sched, sizeof sched, workers, plain);
+    uint64_t h = fnv1a(sched, strlen(sched));
+    write_text(dir, "schedule.sched", sched);
+    compile_kernel(dir, workers, h, MEGAC_KERNEL_ABI);
+    write_manifest(dir, workers, h);
     float *w = malloc(sizeof(float) * V * V);
     for (int t = 0; t < V; t++)
         for (int i = 0; i < V; i++)
@@ -148,6 +190,8 @@ static char *make_bundle(int workers)
     write_tokenizer(dir);
     return dir;
 }
+
+static char *make_bundle(int workers) { return make_bundle_sched(workers, false); }
 
 static void remove_bundle(char *dir)
 {
@@ -350,9 +394,9 @@ Test(runtime, refuses_mismatched_bundles)
     cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
     megac_close(m);
 
-    edit_file(dir, "manifest.yaml", "format: 1", "format: 2");
-    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml:2:", "format 2");
-    edit_file(dir, "manifest.yaml", "format: 2", "format: 1");
+    edit_file(dir, "manifest.yaml", "format: 2", "format: 3");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml:2:", "format 3");
+    edit_file(dir, "manifest.yaml", "format: 3", "format: 2");
 
     edit_file(dir, "schedule.sched", "toy", "tox");
     expect_refusal(dir, MEGAC_ERR_FORMAT, "schedule.sched", "does not match");
@@ -363,25 +407,23 @@ Test(runtime, refuses_mismatched_bundles)
     expect_refusal(dir, MEGAC_ERR_FORMAT, "weights.bin", "but the manifest says");
     cr_assert_eq(truncate(path, V * V * 4), 0);
 
-    edit_file(dir, "manifest.yaml", "workers: 2", "workers: 3");
-    expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "2 workers, but the manifest says 3");
-    edit_file(dir, "manifest.yaml", "workers: 3", "workers: 2");
-
-    edit_file(dir, "manifest.yaml", "kernel_abi: 1", "kernel_abi: 9");
+    edit_file(dir, "manifest.yaml", "kernel_abi: 2", "kernel_abi: 9");
     expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "kernel_abi 9");
-    edit_file(dir, "manifest.yaml", "kernel_abi: 9", "kernel_abi: 1");
+    edit_file(dir, "manifest.yaml", "kernel_abi: 9", "kernel_abi: 2");
 
     edit_file(dir, "manifest.yaml", "vocab: 259", "vocab: 259\nvocab_size: 3");
-    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml:14:", "unknown key 'vocab_size'");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml:16:", "unknown key 'vocab_size'");
     edit_file(dir, "manifest.yaml", "\nvocab_size: 3", "");
 
     edit_file(dir, "manifest.yaml", "eos: 2\n", "");
     expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "missing key 'eos'");
     edit_file(dir, "manifest.yaml", "bos: 1\n", "bos: 1\neos: 2\n");
 
-    edit_file(dir, "manifest.yaml", "vocab: 259", "vocab: 258");
-    expect_refusal(dir, MEGAC_ERR_FORMAT, "tokenizer.bin", "259 tokens, more than the model's vocabulary of 258");
-    edit_file(dir, "manifest.yaml", "vocab: 258", "vocab: 259");
+    /* the schedule would refuse this vocab first: a plain one states none */
+    char *plain = make_bundle_sched(2, true);
+    edit_file(plain, "manifest.yaml", "vocab: 259", "vocab: 258");
+    expect_refusal(plain, MEGAC_ERR_FORMAT, "tokenizer.bin", "259 tokens, more than the model's vocabulary of 258");
+    remove_bundle(plain);
 
     edit_file(dir, "manifest.yaml", "target: cpu", "target: tpu");
     expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "unknown target 'tpu'");
@@ -392,25 +434,31 @@ Test(runtime, refuses_mismatched_bundles)
     cr_assert(st != MEGAC_OK && m == NULL && megac_last_open_error()[0], "status %d", st);
     edit_file(dir, "manifest.yaml", "target: sm_90", "target: cpu");
 
-    edit_file(dir, "manifest.yaml", "io_logits: 1024", "io_logits: 1028");
+    edit_file(dir, "manifest.yaml", "io_logits: 1024", "io_logits: 4000");
     expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "do not fit the arena");
-    edit_file(dir, "manifest.yaml", "io_logits: 1028", "io_logits: 1024");
+    edit_file(dir, "manifest.yaml", "io_logits: 4000", "io_logits: 1024");
 
     /* a kernel built for another schedule, with manifest and schedule agreeing */
-    compile_kernel(dir, 2, 0x1234, 1);
+    char sched[512];
+    toy_sched(sched, sizeof sched, 2, false);
+    uint64_t h = fnv1a(sched, strlen(sched));
+    compile_kernel(dir, 2, 0x1234, MEGAC_KERNEL_ABI);
+    write_manifest(dir, 2, h);
     expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "0000000000001234");
-    uint64_t h = fnv1a(sched_text, strlen(sched_text));
     compile_kernel(dir, 2, h, 7);
+    write_manifest(dir, 2, h);
     expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "kernel ABI 7");
     char cmd[2048];
     write_text(dir, "empty.c", "int megac_not_a_kernel;\n");
     snprintf(cmd, sizeof cmd, "cc -shared -fPIC -o %s/kernel.so %s/empty.c", dir, dir);
     cr_assert_eq(system(cmd), 0);
+    write_manifest(dir, 2, h);
     expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "does not export 'megac_kernel_abi'");
     snprintf(path, sizeof path, "%s/kernel.so", dir);
     cr_assert_eq(unlink(path), 0);
-    expect_refusal(dir, MEGAC_ERR_IO, "kernel.so", "cannot load the kernel");
-    compile_kernel(dir, 2, h, 1);
+    expect_refusal(dir, MEGAC_ERR_IO, "kernel.so", "cannot read the kernel");
+    compile_kernel(dir, 2, h, MEGAC_KERNEL_ABI);
+    write_manifest(dir, 2, h);
 
     snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
     cr_assert_eq(unlink(path), 0);
@@ -419,6 +467,78 @@ Test(runtime, refuses_mismatched_bundles)
     cr_assert_eq(megac_open(dir, &m), MEGAC_ERR_FORMAT);
     remove_bundle(dir);
     expect_refusal("/nonexistent/x.megac", MEGAC_ERR_IO, "/nonexistent/x.megac/manifest.yaml", "cannot read");
+}
+
+/* One edit of a manifest line and the file whose facts refuse it. */
+typedef struct {
+    const char *from, *to;
+    const char *file;           /* with the full toy schedule */
+    const char *plain_file;     /* with a schedule that states nothing */
+    const char *says;           /* in the message */
+} Tamper;
+
+static const Tamper tampers[] = {
+    {"counters: 1", "counters: 0", "schedule.sched", "kernel.so", "says counters: 0"},
+    {"counters: 1", "counters: 5", "schedule.sched", "kernel.so", "counters 1, but"},
+    {"workers: 2", "workers: 3", "schedule.sched", "kernel.so", "workers 2, but"},
+    {"arena_bytes: 4096", "arena_bytes: 3000", "kernel.so", "kernel.so", "arena_bytes 4096, but"},
+    {"arena_bytes: 4096", "arena_bytes: 9000", "kernel.so", "kernel.so", "says arena_bytes: 9000"},
+    {"max_seq: 16", "max_seq: 100000", "schedule.sched", "kernel.so", "max_seq 16, but"},
+    {"vocab: 259", "vocab: 300", "schedule.sched", "kernel.so", "vocab 259, but"},
+    {"io_logits: 1024", "io_logits: 1088", "kernel.so", "kernel.so", "io_logits 1024, but"},
+    {"io_next: 4", "io_next: 8", "kernel.so", "kernel.so", "io_next 4, but"},
+    {"bos: 1", "bos: 259", "manifest.yaml", "manifest.yaml", "bos: 259 is not -1 or a token id"},
+    {"bos: 1", "bos: -5", "manifest.yaml", "manifest.yaml", "bos: -5 is not -1"},
+    {"eos: 2", "eos: 9999", "manifest.yaml", "manifest.yaml", "eos: 9999 is not -1"},
+    {"eos: 2", "eos: -2", "manifest.yaml", "manifest.yaml", "eos: -2 is not -1"},
+    {"format: 2", "format: 1", "manifest.yaml:2:", "manifest.yaml:2:", "format 1, but this runtime reads format 2"},
+    {"kernel_abi: 2", "kernel_abi: 1", "manifest.yaml", "manifest.yaml", "kernel_abi 1, but this runtime speaks"},
+};
+
+/* Each manifest key the schedule or the kernel states, edited, is refused
+ * by the file that disagrees, naming the key; the edit undone, the bundle
+ * opens again. With a schedule that states nothing, the kernel's facts
+ * alone refuse them. */
+Test(runtime, refuses_manifest_keys_the_kernel_disagrees_with)
+{
+    for (int plain = 0; plain < 2; plain++) {
+        char *dir = make_bundle_sched(2, plain);
+        for (size_t i = 0; i < sizeof tampers / sizeof tampers[0]; i++) {
+            const Tamper *t = &tampers[i];
+            edit_file(dir, "manifest.yaml", t->from, t->to);
+            expect_refusal(dir, MEGAC_ERR_FORMAT, plain ? t->plain_file : t->file, t->says);
+            edit_file(dir, "manifest.yaml", t->to, t->from);
+            megac_model *m;
+            cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "after undoing '%s': %s", t->to, megac_last_open_error());
+            megac_close(m);
+        }
+        remove_bundle(dir);
+    }
+}
+
+/* A truncated or altered kernel.so is refused before dlopen maps it (which
+ * died of SIGBUS): its size, then its hash, against the manifest. */
+Test(runtime, refuses_a_damaged_kernel)
+{
+    char *dir = make_bundle(2);
+    size_t len;
+    char *k = read_whole(dir, "kernel.so", &len);
+    char path[1024], want[128];
+    snprintf(path, sizeof path, "%s/kernel.so", dir);
+    cr_assert_eq(truncate(path, 5000), 0);
+    snprintf(want, sizeof want, "5000 bytes, but the manifest says kernel_bytes: %zu", len);
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", want);
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "damaged; recompile it");
+    k[len / 2] ^= 0x40;
+    write_file(dir, "kernel.so", k, len);
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "but the manifest says kernel_hash: ");
+    k[len / 2] ^= 0x40;
+    write_file(dir, "kernel.so", k, len);
+    megac_model *m;
+    cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
+    megac_close(m);
+    free(k);
+    remove_bundle(dir);
 }
 
 /* `megac bench` on the toy bundle: its last line has the four figures. */
@@ -499,7 +619,8 @@ Test(runtime, generate_sampling_follows_the_seed)
 
 /* The manifest parser on its own: every line's error names file:line. */
 static const char good_manifest[] =
-    "# c\r\nformat: 1\r\nname: \"x y\"\ntarget: cpu\nkernel: kernel.so\nkernel_abi: 1\n"
+    "# c\r\nformat: 2\r\nname: \"x y\"\ntarget: cpu\nkernel: kernel.so\nkernel_bytes: 7\n"
+    "kernel_hash: 0123456789abcdef\nkernel_abi: 2\n"
     "schedule_hash: 00000000DEADbeef\nweights_bytes: 10\nweights_read_bytes: 9\narena_bytes: 4096\n"
     "counters: 3\nworkers: 2\nvocab: 5\nmax_seq: 8\nbos: -1\neos: 2\nio_tok: 0\nio_logits: 64\nio_next: 4\n";
 
@@ -526,12 +647,14 @@ Test(runtime, manifest_parser)
     cr_assert_eq(man.bos, -1);
     cr_assert_eq(man.counters, 3);
     cr_assert_eq(man.off_logits, 64);
-    expect_manifest_error("counters: 3", "counters: -3", "m.yaml:11: error: bad value '-3' for 'counters'");
-    expect_manifest_error("counters: 3", "counters: 3x", "m.yaml:11: error: bad value '3x' for 'counters'");
-    expect_manifest_error("workers: 2", "workers: 4294967296", "m.yaml:12: error: bad value '4294967296' for 'workers'");
-    expect_manifest_error("vocab: 5\n", "vocab: 5\nvocab: 6\n", "m.yaml:14: error: duplicate key 'vocab'");
-    expect_manifest_error("eos: 2", "eos 2", "m.yaml:16: error: expected `key: value`");
-    expect_manifest_error("eos: 2", "Eos: 2", "m.yaml:16: error: expected `key: value`");
+    cr_assert_eq(man.kernel_bytes, 7);
+    cr_assert_eq(man.kernel_hash, 0x0123456789abcdefull);
+    expect_manifest_error("counters: 3", "counters: -3", "m.yaml:13: error: bad value '-3' for 'counters'");
+    expect_manifest_error("counters: 3", "counters: 3x", "m.yaml:13: error: bad value '3x' for 'counters'");
+    expect_manifest_error("workers: 2", "workers: 4294967296", "m.yaml:14: error: bad value '4294967296' for 'workers'");
+    expect_manifest_error("vocab: 5\n", "vocab: 5\nvocab: 6\n", "m.yaml:16: error: duplicate key 'vocab'");
+    expect_manifest_error("eos: 2", "eos 2", "m.yaml:18: error: expected `key: value`");
+    expect_manifest_error("eos: 2", "Eos: 2", "m.yaml:18: error: expected `key: value`");
     expect_manifest_error("name: \"x y\"", "name:", "m.yaml:3: error: bad value '' for 'name'");
     expect_manifest_error("io_next: 4\n", "", "m.yaml: error: missing key 'io_next'");
 }

@@ -3,7 +3,8 @@
  * the validated schedule serialized as constant tables (the layout of
  * kernel_table.h, which kernel_body.c reads), the model shape as constants
  * the op bodies get specialized to, and the constants the runtime reads
- * from kernel.so (megac_kernel_abi, megac_schedule_hash, megac_num_workers).
+ * from kernel.so (megac_kernel_abi, megac_schedule_hash, megac_num_workers,
+ * megac_kernel_facts).
  */
 #include "codegen/cpu/cpu.h"
 #include "codegen/cpu/kernel_table.h"
@@ -114,6 +115,34 @@ static void glue_shape(LLVMModuleRef m, LLVMContextRef ctx, const ModelShape *sh
     glue_global(m, KT_SYM_EPS, LLVMConstReal(LLVMFloatTypeInContext(ctx), (float)sh->norm_eps), 4);
 }
 
+/* Arena offset of io buffer `name`, MEGAC_FACT_NONE if the schedule has none. */
+static uint64_t glue_io_offset(const Schedule *s, const char *name)
+{
+    int64_t b = sched_find_buffer(s, name);
+    return b >= 0 && s->bufs[b].cls == BUF_IO ? s->bufs[b].offset : MEGAC_FACT_NONE;
+}
+
+/* megac_kernel_facts: what this kernel is built with (kernel_abi.h). */
+static void glue_facts(LLVMModuleRef m, LLVMContextRef ctx, const Schedule *s)
+{
+    uint64_t v[MEGAC_NFACTS] = {
+        [MEGAC_FACT_WORKERS] = s->nworkers,
+        [MEGAC_FACT_COUNTERS] = s->nctrs,
+        [MEGAC_FACT_ARENA_BYTES] = s->arena_bytes,
+        [MEGAC_FACT_WEIGHTS_BYTES] = s->weights_bytes,
+        [MEGAC_FACT_VOCAB] = (uint64_t)s->shape.vocab_size,
+        [MEGAC_FACT_MAX_SEQ] = (uint64_t)s->shape.max_seq,
+        [MEGAC_FACT_IO_TOK] = glue_io_offset(s, "tok"),
+        [MEGAC_FACT_IO_LOGITS] = glue_io_offset(s, "logits"),
+        [MEGAC_FACT_IO_NEXT] = glue_io_offset(s, "next"),
+    };
+    LLVMTypeRef i64 = LLVMInt64TypeInContext(ctx);
+    LLVMValueRef c[MEGAC_NFACTS];
+    for (int i = 0; i < MEGAC_NFACTS; i++)
+        c[i] = LLVMConstInt(i64, v[i], 0);
+    glue_global(m, "megac_kernel_facts", LLVMConstArray(i64, c, MEGAC_NFACTS), 8);
+}
+
 LLVMModuleRef cpu_glue_build(LLVMContextRef ctx, const Schedule *s)
 {
     LLVMModuleRef m = LLVMModuleCreateWithNameInContext("megac_glue", ctx);
@@ -124,5 +153,6 @@ LLVMModuleRef cpu_glue_build(LLVMContextRef ctx, const Schedule *s)
     glue_global(m, "megac_kernel_abi", LLVMConstInt(i64, MEGAC_KERNEL_ABI, 0), 8);
     glue_global(m, "megac_schedule_hash", LLVMConstInt(i64, sched_hash(s), 0), 8);
     glue_global(m, "megac_num_workers", LLVMConstInt(i32, s->nworkers, 0), 4);
+    glue_facts(m, ctx, s);
     return m;
 }
