@@ -5,7 +5,9 @@
  */
 #include "compiler/cli.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 
 bool cli_same_file(const char *a, const char *b)
@@ -23,6 +25,19 @@ bool cli_bad_arg(const char *cmd, const char *arg, bool needs_value)
     else
         fprintf(stderr, "megac %s: unexpected argument '%s'\n", cmd, arg);
     return false;
+}
+
+bool cli_workers_parse(const char *cmd, const char *s, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < 1 || v > MODEL_MAX_WORKERS) {
+        fprintf(stderr, "megac %s: --workers needs a number in 1..%d, not '%s'\n", cmd, MODEL_MAX_WORKERS, s);
+        return false;
+    }
+    *out = (int)v;
+    return true;
 }
 
 bool cli_out_is_input(const char *cmd, const char *out, const ModelDesc *m)

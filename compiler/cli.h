@@ -29,6 +29,9 @@ bool cli_wants_help(int argc, char **argv);
  * needs a value" (needs_value: a known option given last), "unknown option
  * 'X'", or "unexpected argument 'X'" for an extra operand. Returns false. */
 bool cli_bad_arg(const char *cmd, const char *arg, bool needs_value);
+/* Parses --workers' value into *out (1..MODEL_MAX_WORKERS, as
+ * compile.workers); false after saying so, with the range. */
+bool cli_workers_parse(const char *cmd, const char *s, int *out);
 /* True when both paths exist and are the same file (st_dev and st_ino). */
 bool cli_same_file(const char *a, const char *b);
 /* True, after saying so on stderr, when the output path `out` is the

@@ -18,7 +18,8 @@ static void compile_usage(FILE *out)
             "for the embedded default model.\n\n"
             "options:\n"
             "  --target T      cpu, host-cuda, sm_80, sm_90 or sm_120 (default cpu)\n"
-            "  --workers N     worker count (default: the description's, else the target's)\n"
+            "  --workers N     worker count, 1..4096 (default: the description's, else\n"
+            "                  the target's)\n"
             "  --set KEY=VAL   override a description key (repeatable), e.g. --set max_seq=256\n"
             "  --cpu NAME      CPU target: an x86-64 level such as x86-64-v3 (default: this host)\n"
             "  -o DIR          the bundle folder (default: NAME.megac from the model's name);\n"
@@ -53,13 +54,8 @@ static bool compile_args_parse(int argc, char **argv, CompileOptions *o, Arena *
         else if (!strcmp(x, "-q") || !strcmp(x, "--quiet"))
             o->quiet = true;
         else if (!strcmp(x, "--workers") && has) {
-            char *end;
-            long v = strtol(argv[++i], &end, 10);
-            if (*end || v < 1 || v > 4096) {
-                fprintf(stderr, "megac compile: bad worker count '%s'\n", argv[i]);
+            if (!cli_workers_parse("compile", argv[++i], &o->workers))
                 return false;
-            }
-            o->workers = (int)v;
         } else if (!strcmp(x, "--set") && has) {
             if (o->nsets == DRIVER_MAX_SETS || !set_parse(argv[++i], &o->sets[o->nsets++], a)) {
                 fprintf(stderr, "megac compile: --set wants KEY=VALUE (at most %d), got '%s'\n", DRIVER_MAX_SETS,

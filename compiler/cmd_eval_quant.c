@@ -13,6 +13,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define EVAL_MAX_SETS 64
 #define EVAL_MAX_FORMATS 16
@@ -42,11 +44,12 @@ static void eval_usage(FILE *out)
                  "  --classes LIST  tensor classes the formats apply to: embed attn mlp lm_head\n"
                  "                  (default all; the others keep their source)\n"
                  "  --tokens N      positions, 2 to the model's max_seq (default 64)\n"
-                 "  --prompt TEXT   start of the stream (default \"Once upon a time\")\n"
+                 "  --prompt TEXT   start of the stream (default \"Once upon a time\"); a prompt\n"
+                 "                  of more than N tokens is cut to its first N (with a note)\n"
                  "  --engine E      what runs the formats: reference (float64, default) or cpu\n"
                  "                  (a compiled CPU bundle: the kernel path)\n"
                  "  --set key=value override a description key (repeatable)\n"
-                 "  --json FILE     also write the figures as JSON\n");
+                 "  --json FILE     also write the figures as JSON (its folder must exist)\n");
 }
 
 static bool eval_args_parse(EvalArgs *a, int argc, char **argv)
@@ -118,6 +121,8 @@ static bool eval_formats_parse(const char *list, QuantSpec *f, int *n)
             f[(*n)++] = q;
     }
     free(s);
+    if (ok && *n == 0)
+        fprintf(stderr, "megac eval-quant: --formats names no format\n");
     return ok && *n > 0;
 }
 
@@ -143,6 +148,8 @@ static unsigned eval_classes_parse(const char *list)
         set |= 1u << c;
     }
     free(s);
+    if (!set && !*list)
+        fprintf(stderr, "megac eval-quant: --classes names no tensor class\n");
     return set;
 }
 
@@ -204,6 +211,25 @@ static bool eval_json_write(const char *path, const ModelDesc *m, const EvalArgs
     return true;
 }
 
+/* True when path can be written: its folder is writable and it is not a
+ * folder or a read-only file. Checked before the evaluation, which is long,
+ * rather than found out after it. */
+static bool eval_json_writable(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? xstrndup(path, slash == path ? 1 : (size_t)(slash - path)) : xstrdup(".");
+    struct stat st;
+    int err = 0;
+    if (stat(path, &st) == 0)
+        err = S_ISDIR(st.st_mode) ? EISDIR : access(path, W_OK) != 0 ? errno : 0;
+    else if (errno != ENOENT || access(dir, W_OK | X_OK) != 0)
+        err = errno;
+    free(dir);
+    if (err)
+        fprintf(stderr, "megac eval-quant: cannot write '%s': %s\n", path, strerror(err));
+    return err == 0;
+}
+
 /* Loads the description, checks the token count, runs, reports. */
 static int eval_run(EvalArgs *a, unsigned classes, const QuantSpec *f, int nf)
 {
@@ -215,7 +241,7 @@ static int eval_run(EvalArgs *a, unsigned classes, const QuantSpec *f, int nf)
     if (desc_load(&m, &arena, a->model, a->set, a->nset, &d) && desc_check(&m, &d)) {
         if (a->tokens > m.max_seq) {
             fprintf(stderr, "megac eval-quant: --tokens %d exceeds the model's max_seq %d\n", a->tokens, m.max_seq);
-        } else if (!(a->json && cli_out_is_input("eval-quant", a->json, &m))) {
+        } else if (!(a->json && (cli_out_is_input("eval-quant", a->json, &m) || !eval_json_writable(a->json)))) {
             QuantEval *e = xcalloc((size_t)nf + 1, sizeof *e);
             QuantEvalRun r = {a->prompt, a->tokens, classes, a->engine, a->model, a->set, a->nset};
             if (quant_eval(&m, &r, f, nf, e, &d)) {

@@ -30,7 +30,7 @@ static void lower_usage(FILE *out)
                  "writes the schedule's text form (.sched) to X.sched, or stdout.\n\n"
                  "  --target T      cpu, host-cuda, sm_80, sm_90 or sm_120 (default: the\n"
                  "                  description's first target, else cpu)\n"
-                 "  --workers N     worker count (default: the description's, else the\n"
+                 "  --workers N     worker count, 1..4096 (default: the description's, else the\n"
                  "                  target's: CPU cores, 4 for host-cuda, SMs for CUDA)\n"
                  "  --set key=value override a description key (repeatable)\n"
                  "  -o X.sched      output file\n");
@@ -50,13 +50,8 @@ static bool lower_args_parse(LowerArgs *a, int argc, char **argv)
         } else if (!strcmp(s, "-o")) {
             a->out = argv[++i];
         } else if (!strcmp(s, "--workers")) {
-            char *e;
-            long v = strtol(argv[++i], &e, 10);
-            if (*e || v < 1 || v > 65535) {
-                fprintf(stderr, "megac lower: --workers needs a number in 1..65535, not '%s'\n", argv[i]);
+            if (!cli_workers_parse("lower", argv[++i], &a->workers))
                 return false;
-            }
-            a->workers = (int)v;
         } else if (!strcmp(s, "--set")) {
             const char *kv = argv[++i], *eq = strchr(kv, '=');
             if (!eq || eq == kv || a->nset == LOWER_MAX_SETS) {

@@ -54,7 +54,7 @@ static void run_usage(FILE *out)
             "  --top-p P          nucleus sampling mass (default 0.9; 1 = off)\n"
             "  --seed S           sampler seed (default: from the clock)\n"
             "  --set KEY=VALUE    override a model description key (repeatable)\n"
-            "  --workers N        worker count of a bundle engine\n"
+            "  --workers N        worker count of a bundle engine (1..4096)\n"
             "  -h, --help         this text\n\n"
             "The text goes to stdout; prompt/generated token counts and tok/s to stderr.\n");
 }
@@ -156,9 +156,8 @@ static int run_option_apply(RunOptions *o, const char *opt, const char *val)
         }
         o->sets[o->nsets++] = (DescOverride){xstrndup(val, (size_t)(eq - val)), eq + 1};
     } else if (!strcmp(opt, "--workers")) {
-        if (!run_parse_long(val, 1, 1 << 16, &v))
-            return run_bad_value(opt, val);
-        o->workers = (int)v;
+        if (!cli_workers_parse("run", val, &o->workers))
+            return 2;
     } else {
         fprintf(stderr, "megac run: unknown option '%s'\n", opt);
         return 2;
@@ -250,6 +249,18 @@ int run_options_parse(RunOptions *o, int argc, char **argv)
 }
 
 /* ---- the reference engine ---- */
+
+bool run_prompt_fits(int n, int steps, int max_seq)
+{
+    if (n <= steps)
+        return true;
+    if (steps >= max_seq)
+        fprintf(stderr, "megac run: the prompt has %d tokens, more than the model's context (%d positions)\n", n,
+                max_seq);
+    else
+        fprintf(stderr, "megac run: the prompt has %d tokens, more than the %d positions asked for\n", n, steps);
+    return false;
+}
 
 static double run_now(void)
 {
@@ -361,6 +372,10 @@ static int run_ref_decode(const ModelDesc *m, const Weights *w, const Tokenizer 
     if (o->steps > steps)
         fprintf(stderr, "megac run: note: -n %d is more than the model's context; running %d positions\n", o->steps,
                 steps);
+    if (!run_prompt_fits(r.nprompt, steps, m->max_seq)) {
+        free(r.prompt);
+        return 2;
+    }
     r.ref = ref_new(w);
     double t0 = run_now();
     bool ok = run_ref_generate(&r, o, steps);

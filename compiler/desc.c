@@ -43,7 +43,6 @@ const char desc_default_yaml[] =
 #define DESC_MAX_DIM (1 << 20)
 #define DESC_MAX_VOCAB (1 << 24)
 #define DESC_MAX_SEQ (1 << 24)
-#define DESC_MAX_WORKERS 4096
 
 /* Fields desc_check reasons about; Ctx.at[] remembers the node that set each. */
 typedef enum {
@@ -1110,7 +1109,7 @@ static void desc_compile(Ctx *c, const DocNode *k)
         desc_targets(c, n);
     if ((n = doc_get(k, "workers"))) {
         int64_t w;
-        if (node_int(c, n, "compile.workers", 1, DESC_MAX_WORKERS, &w))
+        if (node_int(c, n, "compile.workers", 1, MODEL_MAX_WORKERS, &w))
             m->workers = (int)w;
     }
     if ((n = doc_get(k, "max_seq")) && node_int32(c, n, "compile.max_seq", 1, &m->max_seq)) {
@@ -1202,8 +1201,8 @@ static void check_io(Checker *k)
         check_fail(k, F_BOS, "bos id %d is outside the vocabulary (%d)", m->bos_id, m->vocab_size);
     if (m->eos_id >= m->vocab_size)
         check_fail(k, F_EOS, "eos id %d is outside the vocabulary (%d)", m->eos_id, m->vocab_size);
-    if (m->workers < 0 || m->workers > DESC_MAX_WORKERS)
-        check_fail(k, F_WORKERS, "workers must be between 0 and %d, found %d", DESC_MAX_WORKERS, m->workers);
+    if (m->workers < 0 || m->workers > MODEL_MAX_WORKERS)
+        check_fail(k, F_WORKERS, "workers must be between 0 and %d, found %d", MODEL_MAX_WORKERS, m->workers);
 }
 
 /* Knobs the backends do not implement yet (parsing reports these at the

@@ -175,28 +175,57 @@ static bool pass_validate(Compilation *c, const CudaKernelInfo *info)
     return pass_done(c, "val_schedule_check", ok, detail);
 }
 
-static bool pass_codegen(Compilation *c, CudaKernelInfo *info)
+/* Writes text to out with every tmp in it replaced by dir. */
+static void diag_text_rename(FILE *out, const char *text, const char *tmp, const char *dir)
+{
+    size_t n = strlen(tmp);
+    for (const char *p; (p = strstr(text, tmp)); text = p + n) {
+        fwrite(text, 1, (size_t)(p - text), out);
+        fputs(dir, out);
+    }
+    fputs(text, out);
+}
+
+/* Runs the target's code generator into the temporary folder; *pass names it. */
+static bool codegen_run(Compilation *c, CudaKernelInfo *info, const char **pass)
 {
     const Target *t = c->target;
-    bool ok;
-    const char *pass;
     if (t->kind == TARGET_CPU) {
         c->kernel_file = "kernel.so";
         c->kernel_path = xasprintf("%s/%s", c->tmp, c->kernel_file);
         CpuOptions co = {c->o->cpu, false, false};
-        pass = "cg_cpu_compile";
-        ok = cg_cpu_compile(c->s, &co, c->kernel_path, &c->d);
-    } else if (t->kind == TARGET_HOST_CUDA) {
+        *pass = "cg_cpu_compile";
+        return cg_cpu_compile(c->s, &co, c->kernel_path, &c->d);
+    }
+    if (t->kind == TARGET_HOST_CUDA) {
         c->kernel_file = "kernel.so";
         c->kernel_path = xasprintf("%s/%s", c->tmp, c->kernel_file);
-        pass = "cg_hostcuda_compile";
-        ok = cg_hostcuda_compile(c->s, c->kernel_path, &c->d);
-    } else {
-        c->kernel_file = arena_printf(&c->arena, "kernel.%s.cubin", t->name);
-        c->kernel_path = xasprintf("%s/%s", c->tmp, c->kernel_file);
-        pass = "cg_cuda_compile";
-        ok = cg_cuda_compile(c->s, t->name, c->kernel_path, info, &c->d);
+        *pass = "cg_hostcuda_compile";
+        return cg_hostcuda_compile(c->s, c->kernel_path, &c->d);
     }
+    c->kernel_file = arena_printf(&c->arena, "kernel.%s.cubin", t->name);
+    c->kernel_path = xasprintf("%s/%s", c->tmp, c->kernel_file);
+    *pass = "cg_cuda_compile";
+    return cg_cuda_compile(c->s, t->name, c->kernel_path, info, &c->d);
+}
+
+/* Code generation writes into DIR.tmp<pid>; its messages are held and
+ * printed with the path the user named (DIR/kernel.so). */
+static bool pass_codegen(Compilation *c, CudaKernelInfo *info)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    const char *pass = NULL;
+    FILE *real = c->d.out, *held = open_memstream(&buf, &len);
+    if (!held)
+        die("open_memstream: %s", strerror(errno));
+    c->d.out = held;
+    bool ok = codegen_run(c, info, &pass);
+    c->d.out = real;
+    if (fclose(held) != 0)
+        die("open_memstream: %s", strerror(errno));
+    diag_text_rename(real, buf, c->tmp, c->out);
+    free(buf);
     return pass_done(c, pass, ok, c->kernel_file);
 }
 

@@ -73,6 +73,7 @@ typedef struct {
 } KvPolicy;
 
 #define MODEL_MAX_LAYERS 256
+#define MODEL_MAX_WORKERS 4096    /* compile.workers, --workers: 1..this */
 
 typedef struct ModelDesc {
     const char *name;
@@ -115,7 +116,7 @@ typedef struct ModelDesc {
     AttnSpec attn[MODEL_MAX_LAYERS];
     KvPolicy kv[MODEL_MAX_LAYERS];
     const char *targets[8];     /* e.g. "cpu", "sm_90"; NULL-terminated */
-    int workers;                /* 0 = the target's default */
+    int workers;                /* 0 = the target's default; at most MODEL_MAX_WORKERS */
 } ModelDesc;
 
 /* ---- desc.c: model descriptions ---- */

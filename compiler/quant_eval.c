@@ -75,6 +75,9 @@ static int eval_prompt(const ModelDesc *m, const char *prompt, EvalBase *b, Diag
             n = -1;
     if (n < 1)
         diag_file_error(d, m->path ? m->path : "megac", "the prompt could not be encoded for this model");
+    if (n > b->n)
+        fprintf(stderr, "megac eval-quant: note: the prompt has %d tokens; evaluating its first %d (--tokens)\n", n,
+                b->n);
     n = n > b->n ? b->n : n;
     if (n > 0)
         memcpy(b->stream, ids, sizeof(int) * (size_t)n);

@@ -51,6 +51,9 @@ const char *run_engine_name(RunEngine e);
 int run_options_parse(RunOptions *o, int argc, char **argv);
 /* Frees what parsing allocated (the --set keys). */
 void run_options_free(RunOptions *o);
+/* True when an n-token prompt fits the steps positions run (of a model of
+ * max_seq); else says why on stderr, the same for every engine. */
+bool run_prompt_fits(int n, int steps, int max_seq);
 /* Decodes with the reference; returns the exit status. */
 int run_reference(const RunOptions *o);
 

@@ -286,9 +286,7 @@ static int bundle_generate(const RunOptions *o, const char *bundle, megac_model 
         fprintf(stderr, "megac run: note: -n %d is more than the model's context; running %d positions\n", o->steps,
                 steps);
     int rc = 2;
-    if (n > steps)
-        fprintf(stderr, "megac run: the prompt has %d tokens, more than the %d positions asked for\n", n, steps);
-    if (n < 1 || n > steps)
+    if (n < 1 || !run_prompt_fits(n, steps, megac_max_seq(m)))
         goto out;
     for (int i = bos; i < n; i++)
         piece_print(megac_decode(m, i ? ids[i - 1] : -1, ids[i]));

@@ -298,3 +298,74 @@ Test(cli, run_takes_default_short_equals_and_notes_clamping)
     cr_assert(strstr(out, "engine reference"), "%s", out);
     rm_rf(d);
 }
+
+/* A prompt longer than the positions run is refused by every engine, with
+ * the same words; with -n 0 (or beyond the context) it is the model's
+ * context that is too short. */
+Test(cli, run_long_prompt_is_refused_by_every_engine)
+{
+    char *d = tmp_dir(), out[16384];
+    const char *prompt = "--prompt 'Once upon a time there was'";
+    char args[512];
+    cr_assert_eq(megac(d, "compile default -q --set max_seq=32 -o b.megac", out, sizeof out), 0, "%s", out);
+    const char *models[] = {"b.megac", "default --set max_seq=32 --engine reference"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "run %s -n 3 --temp 0 %s", models[i], prompt);
+        cr_assert_eq(megac(d, args, out, sizeof out), 2, "%s: %s", args, out);
+        cr_assert(strstr(out, "megac run: the prompt has 27 tokens, more than the 3 positions asked for"), "%s: %s",
+                  args, out);
+    }
+    cr_assert_eq(megac(d, "run default --set max_seq=4 --engine reference -n 0 --temp 0 "
+                          "--prompt 'Once upon a time there was'", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "megac run: the prompt has 27 tokens, more than the model's context (4 positions)"), "%s",
+              out);
+    rm_rf(d);
+}
+
+/* One worker range, 1..4096, and one message for it, in every command. */
+Test(cli, workers_have_one_range)
+{
+    char *d = tmp_dir(), out[16384];
+    const char *cases[] = {"compile default --workers 10000", "lower default --workers 4097",
+                           "run default --workers 0", "compile default --workers 2x"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cr_assert_eq(megac(d, cases[i], out, sizeof out), 2, "%s: %s", cases[i], out);
+        cr_assert(strstr(out, "--workers needs a number in 1..4096, not '"), "%s: %s", cases[i], out);
+    }
+    cr_assert_eq(megac(d, "lower default --set workers=4097", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "must be between 1 and 4096, found 4097"), "%s", out);
+    rm_rf(d);
+}
+
+/* A code generator's message names the bundle's path, not the temporary
+ * folder the compile writes into. */
+Test(cli, codegen_errors_name_the_bundle_path)
+{
+    char *d = tmp_dir(), out[16384];
+    cr_assert_eq(megac(d, "compile default --cpu bogus-cpu -o n.megac", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "n.megac/kernel.so: error: unknown CPU 'bogus-cpu'"), "%s", out);
+    cr_assert(!strstr(out, ".tmp"), "%s", out);
+    rm_rf(d);
+}
+
+/* eval-quant: an empty list is an error line, a --json that cannot be
+ * written is refused before the evaluation, a long prompt is cut with a
+ * note. */
+Test(cli, eval_quant_checks_before_evaluating)
+{
+    char *d = tmp_dir(), out[16384];
+    cr_assert_eq(megac(d, "eval-quant default --formats ''", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "megac eval-quant: --formats names no format\n"), "%s", out);
+    cr_assert_eq(megac(d, "eval-quant default --classes ''", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "megac eval-quant: --classes names no tensor class\n"), "%s", out);
+    cr_assert_eq(megac(d, "eval-quant default --json nope/x.json", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "megac eval-quant: cannot write 'nope/x.json': No such file or directory\n"), "%s", out);
+    cr_assert(!strstr(out, "baseline"), "refused before evaluating: %s", out);
+    cr_assert_eq(megac(d, "eval-quant default --json . --formats w8a16", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "cannot write '.': Is a directory"), "%s", out);
+    cr_assert_eq(megac(d, "eval-quant default --tokens 4 --formats w8a16 --prompt 'Once upon a time'", out,
+                       sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "megac eval-quant: note: the prompt has 17 tokens; evaluating its first 4 (--tokens)"), "%s",
+              out);
+    rm_rf(d);
+}
