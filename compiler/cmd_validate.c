@@ -1,5 +1,5 @@
 /*
- * cmd_validate.c - `megac validate X.sched [--target T]`: parses a schedule
+ * cmd_validate.c - `megac validate X.sched|- [--target T]`: parses a schedule
  * and runs the static validator on it. Exit 0 when it is safe (a one-line
  * summary goes to stderr), 1 with diagnostics when not, 2 when the input
  * cannot be read or parsed, or the options are wrong.
@@ -14,25 +14,43 @@
 
 static void validate_usage(FILE *out)
 {
-    fprintf(out, "usage: megac validate X.sched [--target T] [--threads N] [--regs N] [--smem BYTES]\n\n"
+    fprintf(out, "usage: megac validate X.sched|- [--target T] [--threads N] [--regs N] [--smem BYTES]\n\n"
                  "Proves the schedule free of deadlocks, data races, uninitialized scratch reads\n"
                  "and KV-order violations for every pos in [0, max_seq), and checks its structure\n"
-                 "and that its workers can all be resident on the target.\n\n"
+                 "and that its workers can all be resident on the target. '-' reads stdin.\n\n"
                  "  --target T     check against target T instead of the schedule's own\n"
-                 "  --threads N    threads per block of the kernel (CUDA co-residency)\n"
-                 "  --regs N       registers per thread\n"
+                 "  --threads N    threads per block of the kernel, 1..1024 (CUDA co-residency)\n"
+                 "  --regs N       registers per thread, 1..255\n"
                  "  --smem BYTES   shared memory per block\n"
                  "Without the kernel's resources a CUDA target is assumed to hold one block per SM.\n\n"
                  "Exit status: 0 safe, 1 findings, 2 unreadable input or bad options.\n");
 }
 
-static bool int_arg(const char *s, int *out)
+/* The kernel resources the options give: CUDA's limits per block. */
+typedef struct {
+    const char *name;
+    long lo, hi;
+} ValidateRange;
+static const ValidateRange validate_ranges[] = {
+    {"--threads", 1, 1024},
+    {"--regs", 1, 255},
+    {"--smem", 0, 1 << 30},
+};
+
+/* Parses the value of option opt (one of validate_ranges) into *out; false
+ * after saying so, with the range. */
+static bool int_arg(const char *opt, const char *s, int *out)
 {
+    const ValidateRange *r = validate_ranges;
+    while (strcmp(r->name, opt) != 0)
+        r++;
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (errno || *end || v < 0 || v > 1 << 30)
+    if (errno || end == s || *end || v < r->lo || v > r->hi) {
+        fprintf(stderr, "megac validate: %s needs a number in %ld..%ld, not '%s'\n", opt, r->lo, r->hi, s);
         return false;
+    }
     *out = (int)v;
     return true;
 }
@@ -49,9 +67,14 @@ static int validate_run(const char *path, const char *tname, ValOptions *o)
     Diag d;
     SrcFile src;
     diag_init(&d);
-    if (!srcfile_load(&src, path)) {
+    bool in = !strcmp(path, "-");
+    if (!srcfile_load(&src, in ? "/dev/stdin" : path)) {
         diag_file_error(&d, path, "cannot read: %s", strerror(errno));
         return 2;
+    }
+    if (in) {
+        free((char *)src.path);
+        src.path = xstrdup(path = "<stdin>");
     }
     Schedule *s = sched_parse(path, src.text, src.len, &d);
     if (!s) {
@@ -98,21 +121,24 @@ int cmd_validate(int argc, char **argv)
         bool has_val = i + 1 < argc;
         if (!strcmp(a, "--target") && has_val)
             tname = argv[++i];
-        else if (!strcmp(a, "--threads") && has_val && int_arg(argv[i + 1], &o.threads_per_block))
-            i++;
-        else if (!strcmp(a, "--regs") && has_val && int_arg(argv[i + 1], &o.regs_per_thread))
-            i++;
-        else if (!strcmp(a, "--smem") && has_val && int_arg(argv[i + 1], &o.smem_per_block))
-            i++;
-        else if (a[0] != '-' && !path)
+        else if (!strcmp(a, "--threads") && has_val) {
+            if (!int_arg(a, argv[++i], &o.threads_per_block))
+                return 2;
+        } else if (!strcmp(a, "--regs") && has_val) {
+            if (!int_arg(a, argv[++i], &o.regs_per_thread))
+                return 2;
+        } else if (!strcmp(a, "--smem") && has_val) {
+            if (!int_arg(a, argv[++i], &o.smem_per_block))
+                return 2;
+        } else if ((a[0] != '-' || !strcmp(a, "-")) && path) {
+            fprintf(stderr, "megac validate: one schedule at a time ('%s', '%s')\n", path, a);
+            return 2;
+        } else if (a[0] != '-' || !strcmp(a, "-")) {
             path = a;
-        else {
+        } else {
             bool known = !strcmp(a, "--target") || !strcmp(a, "--threads") || !strcmp(a, "--regs") ||
                          !strcmp(a, "--smem");
-            if (known && has_val)
-                fprintf(stderr, "megac validate: bad value for %s: '%s'\n", a, argv[i + 1]);
-            else
-                cli_bad_arg("validate", a, known);
+            cli_bad_arg("validate", a, known);
             validate_usage(stderr);
             return 2;
         }

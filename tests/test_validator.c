@@ -239,3 +239,32 @@ Test(cli, validate_exit_codes)
              MEGAC_SRC);
     cr_assert_eq(WEXITSTATUS(system(cmd)), 0);
 }
+
+/* Kernel resources out of CUDA's range are bad options (2), not findings;
+ * '-' reads stdin; two schedules are refused. */
+Test(cli, validate_options_and_operands)
+{
+    static const struct {
+        const char *args, *want;
+        int rc;
+    } cases[] = {
+        {"tiny_layer.sched --threads 0", "megac validate: --threads needs a number in 1..1024, not '0'", 2},
+        {"tiny_layer.sched --threads 100000", "megac validate: --threads needs a number in 1..1024, not '100000'", 2},
+        {"tiny_layer.sched --regs 256", "megac validate: --regs needs a number in 1..255, not '256'", 2},
+        {"tiny_layer.sched tiny_layer_sm90.sched", "megac validate: one schedule at a time", 2},
+        {"- < tiny_layer.sched", "megac validate: <stdin>: safe:", 0},
+        {"tiny_layer_sm90.sched --threads 1024 --regs 64", "safe", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char cmd[1024], out[4096];
+        snprintf(cmd, sizeof cmd, "cd %s/tests/sched/valid && %s validate %s 2>&1", MEGAC_SRC, MEGAC_BIN,
+                 cases[i].args);
+        FILE *p = popen(cmd, "r");
+        cr_assert_not_null(p);
+        size_t n = fread(out, 1, sizeof out - 1, p);
+        out[n] = 0;
+        int st = pclose(p);
+        cr_assert_eq(WEXITSTATUS(st), cases[i].rc, "%s: %s", cases[i].args, out);
+        cr_assert(strstr(out, cases[i].want), "%s: %s", cases[i].args, out);
+    }
+}

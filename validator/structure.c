@@ -178,6 +178,42 @@ static void sync_check(Val *v, uint32_t w, uint32_t t)
         val_error(v, n, in->line, "structure: worker %u inst %u: waits on counter %s, which nothing signals", w, t, cn);
 }
 
+/* The header's shape facts that the buffers also state: two KV caches per
+ * layer (in a schedule that has any: a fragment may have none), and the
+ * embedding table of every embed op is [vocab, dim] (the
+ * kernels index it with both). A disagreement is reported at the shape key. */
+static void shape_check(Val *v)
+{
+    const Schedule *s = v->s;
+    const ModelShape *m = &s->shape;
+    int *n = &v->r->nstructure, line, col;
+    uint32_t nkv = 0;
+    for (uint32_t b = 0; b < s->nbufs; b++)
+        nkv += s->bufs[b].cls == BUF_KV;
+    if (nkv && nkv != 2 * (uint64_t)m->n_layers) {
+        line = val_key_line(v, "shape", "layers", &col);
+        val_error_at(v, n, line, col, "structure: the shape says layers=%d, but the schedule declares %u KV cache "
+                     "buffers (two per layer)", m->n_layers, nkv);
+    }
+    for (uint32_t w = 0; w < v->nw; w++)
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
+            const Inst *in = val_inst(v, w, t);
+            if (in->kind != INST_OP || in->op != OP_EMBED || s->accs[in->acc + 1].buf == BUF_NONE)
+                continue;
+            const Buffer *b = &s->bufs[s->accs[in->acc + 1].buf];
+            if (b->rank == 2 && b->shape[0] == m->vocab_size && b->shape[1] == m->dim)
+                continue;
+            bool vocab = b->rank < 1 || b->shape[0] != m->vocab_size;
+            line = val_key_line(v, "shape", vocab ? "vocab" : "dim", &col);
+            val_error_at(v, n, line, col, "structure: the shape says vocab=%d dim=%d, but the embedding table %s "
+                         "of worker %u inst %u is not [%d, %d]", m->vocab_size, m->dim, b->name, w, t,
+                         m->vocab_size, m->dim);
+            if (b->line)
+                val_note(v, b->line, "%s is declared here", b->name);
+            return;
+        }
+}
+
 bool val_structure_check(Val *v)
 {
     const Schedule *s = v->s;
@@ -191,6 +227,7 @@ bool val_structure_check(Val *v)
             refs &= inst_refs_check(v, w, t);
     if (!refs)
         return false;
+    shape_check(v);
     for (uint32_t w = 0; w < v->nw; w++)
         for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
             const Inst *in = val_inst(v, w, t);

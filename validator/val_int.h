@@ -32,6 +32,11 @@ typedef struct Val {
 const Inst *val_inst(const Val *v, uint32_t w, uint32_t t);
 int val_col(const Val *v, int line);
 void val_error(Val *v, int *counter, int line, const char *fmt, ...) MEGAC_PRINTF(4, 5);
+/* val_error at a given column (1-based). */
+void val_error_at(Val *v, int *counter, int line, int col, const char *fmt, ...) MEGAC_PRINTF(5, 6);
+/* The line of the first `keyword ...` line of the source and, in *col, the
+ * column of its `key=` (of the keyword when key is absent); 0 without source. */
+int val_key_line(const Val *v, const char *keyword, const char *key, int *col);
 void val_note(Val *v, int line, const char *fmt, ...) MEGAC_PRINTF(3, 4);
 const char *val_inst_name(const Val *v, uint32_t w, uint32_t t);
 

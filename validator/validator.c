@@ -62,6 +62,44 @@ void val_error(Val *v, int *counter, int line, const char *fmt, ...)
     v->r->nerrors++;
 }
 
+void val_error_at(Val *v, int *counter, int line, int col, const char *fmt, ...)
+{
+    SrcFile tmp;
+    va_list ap;
+    va_start(ap, fmt);
+    diag_vreport(v->d, "error", val_src(v, &tmp), line, line > 0 ? col : 0, fmt, ap);
+    va_end(ap);
+    (*counter)++;
+    v->r->nerrors++;
+}
+
+int val_key_line(const Val *v, const char *keyword, const char *key, int *col)
+{
+    const SrcFile *f = v->o ? v->o->src : NULL;
+    *col = 0;
+    if (!f || !f->text)
+        return 0;
+    size_t kw = strlen(keyword), kl = strlen(key);
+    int line = 1;
+    for (const char *p = f->text, *end = f->text + f->len; p < end; line++) {
+        const char *start = p, *eol = memchr(p, '\n', (size_t)(end - p));
+        eol = eol ? eol : end;
+        while (p < eol && (*p == ' ' || *p == '\t'))
+            p++;
+        if ((size_t)(eol - p) > kw && strncmp(p, keyword, kw) == 0 && p[kw] == ' ') {
+            for (const char *q = p + kw; q + kl < eol; q++)
+                if (q[-1] == ' ' && strncmp(q, key, kl) == 0 && q[kl] == '=') {
+                    *col = (int)(q - start) + 1;
+                    return line;
+                }
+            *col = (int)(p - start) + 1;
+            return line;
+        }
+        p = eol + 1;
+    }
+    return 0;
+}
+
 void val_note(Val *v, int line, const char *fmt, ...)
 {
     SrcFile tmp;
