@@ -195,12 +195,66 @@ static DocNode *build_node(Builder *b, int depth)
     return NULL;
 }
 
+/* The length of the well-formed UTF-8 sequence at p (at most n bytes), 0
+ * when it is not one (RFC 3629: no overlongs, surrogates or > U+10FFFF). */
+static int utf8_len(const unsigned char *p, size_t n)
+{
+    unsigned char c = p[0];
+    int len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (!len || (size_t)len > n)
+        return 0;
+    unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+    unsigned char hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (int i = 2; i < len; i++)
+        if (p[i] < 0x80 || p[i] > 0xBF)
+            return 0;
+    return len;
+}
+
+/* Rejects a NUL, a control byte or malformed UTF-8 at its own line and
+ * column; libyaml would report them, but at 1:1 (it decodes the whole input
+ * before it tracks positions). UTF-16 input (a BOM) is left to libyaml. */
+static bool doc_bytes_check(const Doc *doc, Diag *d)
+{
+    const unsigned char *t = (const unsigned char *)doc->src.text;
+    size_t n = doc->src.len;
+    if (n >= 2 && ((t[0] == 0xFF && t[1] == 0xFE) || (t[0] == 0xFE && t[1] == 0xFF)))
+        return true;
+    int line = 1;
+    size_t bol = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = t[i];
+        int col = (int)(i - bol) + 1, k;
+        if (c == '\n') {
+            line++;
+            bol = i + 1;
+        } else if (c == 0) {
+            diag_error(d, &doc->src, line, col, "a NUL byte is not allowed here (is this a text file?)");
+            return false;
+        } else if ((c < 0x20 && c != '\t' && c != '\r') || c == 0x7F) {
+            diag_error(d, &doc->src, line, col, "control character 0x%02x is not allowed", c);
+            return false;
+        } else if (c >= 0x80) {
+            if (!(k = utf8_len(t + i, n - i))) {
+                diag_error(d, &doc->src, line, col, "invalid UTF-8 (byte 0x%02x)", c);
+                return false;
+            }
+            i += (size_t)k - 1;
+        }
+    }
+    return true;
+}
+
 bool doc_parse(Doc *doc, const char *path, char *text, size_t len, Diag *d)
 {
     memset(doc, 0, sizeof *doc);
     doc->src.path = xstrdup(path);
     doc->src.text = text;
     doc->src.len = len;
+    if (!doc_bytes_check(doc, d))
+        return false;
     Builder b = {.doc = doc, .d = d, .ok = true};
     yaml_parser_initialize(&b.p);
     yaml_parser_set_input_string(&b.p, (const unsigned char *)text, len);

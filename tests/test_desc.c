@@ -781,3 +781,37 @@ Test(desc, errors_from_file_and_overrides_collected)
                   "    3 | norm_eps: tiny\n"
                   "      |           ^\n");
 }
+
+/* A NUL, a control byte or malformed UTF-8 is reported where it is, not at
+ * 1:1 (libyaml decodes the whole input before it counts lines). */
+Test(desc, diag_bad_bytes_at_their_place)
+{
+    static const struct {
+        const char *text;
+        size_t len;
+        const char *want;
+    } cases[] = {
+#define CASE(text, want) {text, sizeof text - 1, want}
+        CASE("name: x\narch:\n  dim: 6\0" "4\n", "models/x.yaml:3:9: error: a NUL byte is not allowed here"),
+        CASE("name: x\narch:\n  dim: \xff" "64\n", "models/x.yaml:3:8: error: invalid UTF-8 (byte 0xff)\n"),
+        CASE("name: caf\xc3\xa9\narch:\n  dim: 64\x01\n",
+             "models/x.yaml:3:10: error: control character 0x01 is not allowed\n"),
+        CASE("name: x # \xe2\x82\n", "models/x.yaml:1:11: error: invalid UTF-8 (byte 0xe2)\n"),
+        CASE("name: x # \xed\xa0\x80\n", "models/x.yaml:1:11: error: invalid UTF-8 (byte 0xed)\n"),
+#undef CASE
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memset(errs, 0, sizeof errs);
+        FILE *f = fmemopen(errs, sizeof errs - 1, "w");
+        cr_assert_not_null(f);
+        Diag d;
+        diag_init(&d);
+        d.out = f;
+        ModelDesc m;
+        Arena a = {0};
+        cr_assert_not(desc_parse(&m, &a, "models/x.yaml", cases[i].text, cases[i].len, NULL, 0, &d), "case %zu", i);
+        fclose(f);
+        cr_assert(strncmp(errs, cases[i].want, strlen(cases[i].want)) == 0, "case %zu: %s", i, errs);
+        arena_free(&a);
+    }
+}
