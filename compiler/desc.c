@@ -207,6 +207,10 @@ static bool node_int(Ctx *c, const DocNode *n, const char *what, int64_t lo, int
     char *end;
     errno = 0;
     long long v = strtoll(n->str, &end, 10);
+    if (errno == ERANGE && end != n->str && !*end) {
+        ctx_error(c, n, "'%s' is too large, found %s; at most %lld", what, n->str, (long long)hi);
+        return false;
+    }
     if (errno || end == n->str || *end) {
         double x = strtod(n->str, &end);
         if (end == n->str || *end || x != floor(x) || fabs(x) > 9e15) {
@@ -214,6 +218,10 @@ static bool node_int(Ctx *c, const DocNode *n, const char *what, int64_t lo, int
             return false;
         }
         v = (long long)x;
+    }
+    if (v > hi && hi >= INT_MAX) {
+        ctx_error(c, n, "'%s' is too large, found %lld; at most %lld", what, v, (long long)hi);
+        return false;
     }
     if (v < lo || v > hi) {
         if (hi >= INT_MAX)
