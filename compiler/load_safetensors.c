@@ -253,6 +253,20 @@ static StFile *st_model_file(StModel *sm, const char *path, Diag *d)
     return sf;
 }
 
+/* True for a shard name that is absolute or has a ".." component: the
+ * index may only name files under its own folder. */
+static bool st_shard_leaves(const char *name)
+{
+    if (name[0] == '/')
+        return true;
+    for (const char *p = name; p; p = strchr(p, '/')) {
+        p += *p == '/';
+        if (p[0] == '.' && p[1] == '.' && (p[2] == '/' || !p[2]))
+            return true;
+    }
+    return false;
+}
+
 /* index := {"metadata": {...}, "weight_map": {tensor: "shard file", ...}} */
 static bool st_index_open(StModel *sm, const char *path, Diag *d)
 {
@@ -264,11 +278,19 @@ static bool st_index_open(StModel *sm, const char *path, Diag *d)
         doc_error(&sm->index, d, sm->index.root, "expected a \"weight_map\" object");
         return false;
     }
-    for (int i = 0; i < sm->weight_map->n; i++)
-        if (sm->weight_map->items[i]->kind != DOC_SCALAR) {
-            doc_error(&sm->index, d, sm->weight_map->items[i], "expected a shard file name");
-            return false;
+    bool ok = true;
+    for (int i = 0; i < sm->weight_map->n; i++) {
+        const DocNode *f = sm->weight_map->items[i];
+        if (f->kind != DOC_SCALAR || !f->quoted || !*f->str) {
+            doc_error(&sm->index, d, f, "expected a shard file name (a string)");
+            ok = false;
+        } else if (st_shard_leaves(f->str)) {
+            doc_error(&sm->index, d, f, "shard path '%s' leaves the model folder", f->str);
+            ok = false;
         }
+    }
+    if (!ok)
+        return false;
     sm->files = ARENA_ARRAY(&sm->a, StFile, sm->weight_map->n + 1);
     return true;
 }

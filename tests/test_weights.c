@@ -700,6 +700,19 @@ Test(weights, safetensors_bad_index)
     expect_error(&m, "tensor 'model.norm.weight' is missing (the index says it is in this file)");
     write_bytes(pi, "{\"metadata\": {}}", 16);
     expect_error(&m, "expected a \"weight_map\" object");
+    /* a shard name that is not a string, or leaves the folder */
+    static const char *const maps[][2] = {
+        {"{\"weight_map\": {\"model.norm.weight\": 5}}", "1:38: error: expected a shard file name (a string)"},
+        {"{\"weight_map\": {\"model.norm.weight\": \"a/../../x\"}}",
+         "1:38: error: shard path 'a/../../x' leaves the model folder"},
+        {"{\"weight_map\": {\"model.norm.weight\": \"/etc/passwd\"}}",
+         "1:38: error: shard path '/etc/passwd' leaves the model folder"},
+        {"{\"weight_map\": {\"model.norm.weight\": \"..\"}}", "1:38: error: shard path '..' leaves the model folder"},
+    };
+    for (size_t i = 0; i < sizeof maps / sizeof maps[0]; i++) {
+        write_bytes(pi, maps[i][0], strlen(maps[i][0]));
+        expect_error(&m, maps[i][1]);
+    }
     free(moved);
     free(pi);
     free(p1);
