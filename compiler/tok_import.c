@@ -82,6 +82,8 @@ typedef struct {
     Diag *d;
     const ModelDesc *m;
     Tokenizer *t;
+    unsigned char *seen;    /* (top) ids given a piece so far */
+    int top;                /* one past the tokenizer's largest id */
 } HfImport;
 
 /* A scalar child as a string, or NULL (no error) when absent / not a scalar. */
@@ -144,7 +146,11 @@ static bool hf_check_model(HfImport *h, const DocNode *model)
     const DocNode *root = h->doc.root;
     const char *type = hf_str(model, "type");
     const DocNode *norm = doc_get(root, "normalizer");
-    if (!model || !type || strcmp(type, "BPE") != 0) {
+    if (!model || model->kind != DOC_MAP) {
+        doc_error(&h->doc, h->d, root, "not a tokenizer.json (no 'model')");
+        return false;
+    }
+    if (!type || strcmp(type, "BPE") != 0) {
         doc_error(&h->doc, h->d, model ? model : root, "only BPE tokenizer models are supported yet");
         return false;
     }
@@ -198,6 +204,7 @@ static int hf_vocab_size(HfImport *h, const DocNode *vocab, const DocNode *added
                   h->m->vocab_size);
         return -1;
     }
+    h->top = (int)max + 1;
     return h->m->vocab_size > max ? h->m->vocab_size : (int)max + 1;
 }
 
@@ -211,6 +218,11 @@ static bool hf_vocab(HfImport *h, const DocNode *vocab)
         size_t n;
         if (!hf_id(h, vocab->items[i], tok_vocab(h->t), &id))
             return false;
+        if (h->seen[id]) {
+            doc_error(&h->doc, h->d, vocab->items[i], "vocab id %d is given to two pieces", id);
+            return false;
+        }
+        h->seen[id] = 1;
         if (k->len > sizeof buf || !bytelevel_decode(k->str, k->len, buf, &n)) {
             doc_error(&h->doc, h->d, k, "vocab piece is not in the byte-level alphabet");
             return false;
@@ -233,7 +245,20 @@ static bool hf_added(HfImport *h, const DocNode *added)
         }
         tok_set_piece(h->t, id, content->str, content->len, 0.0f);
         tok_set_special(h->t, id);
+        h->seen[id] = 1;
     }
+    return true;
+}
+
+/* Every id below the largest has a piece (vocab or added token). */
+static bool hf_no_gaps(HfImport *h, const DocNode *vocab)
+{
+    for (int id = 0; id < h->top; id++)
+        if (!h->seen[id]) {
+            doc_error(&h->doc, h->d, vocab, "no vocab piece or added token has id %d (the ids run to %d)", id,
+                      h->top - 1);
+            return false;
+        }
     return true;
 }
 
@@ -291,7 +316,10 @@ static bool hf_build(HfImport *h)
         die("out of memory");
     tok_set_pretok(h->t, pk);
     tok_set_ids(h->t, h->m->bos_id, h->m->eos_id);
-    return hf_vocab(h, vocab) && hf_added(h, added) && hf_merges(h, merges);
+    h->seen = xcalloc((size_t)nv, 1);
+    bool ok = hf_vocab(h, vocab) && hf_added(h, added) && hf_no_gaps(h, vocab) && hf_merges(h, merges);
+    free(h->seen);
+    return ok;
 }
 
 static Tokenizer *tok_import_hf(const ModelDesc *m, Diag *d)
