@@ -17,6 +17,7 @@
 #include "compiler/model.h"
 
 #include <errno.h>
+#include <ctype.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -197,27 +198,36 @@ static const char *node_found(const DocNode *n)
     return n->kind == DOC_SEQ ? "a list" : n->kind == DOC_MAP ? "a mapping" : n->quoted ? "a quoted string" : NULL;
 }
 
-/* INT: an unquoted decimal integer (or an integral number such as 32.0). */
+/* True for an integer's plain spelling: [-]digits, no sign '+', no leading
+ * zero (064 would be octal in YAML 1.1), no fraction or exponent. */
+static bool int_spelling(const char *s)
+{
+    s += *s == '-';
+    if (!isdigit((unsigned char)*s) || (s[0] == '0' && s[1]))
+        return false;
+    while (isdigit((unsigned char)*s))
+        s++;
+    return !*s;
+}
+
+/* INT: an unquoted decimal integer, spelled plainly (not 64.0, 6.4e1, +64 or
+ * 064). */
 static bool node_int(Ctx *c, const DocNode *n, const char *what, int64_t lo, int64_t hi, int64_t *out)
 {
     if (node_found(n)) {
         ctx_error(c, n, "expected an integer for '%s', found %s", what, node_found(n));
         return false;
     }
+    if (!int_spelling(n->str)) {
+        ctx_error(c, n, "expected an integer for '%s', found '%s'", what, n->str);
+        return false;
+    }
     char *end;
     errno = 0;
     long long v = strtoll(n->str, &end, 10);
-    if (errno == ERANGE && end != n->str && !*end) {
+    if (errno == ERANGE) {
         ctx_error(c, n, "'%s' is too large, found %s; at most %lld", what, n->str, (long long)hi);
         return false;
-    }
-    if (errno || end == n->str || *end) {
-        double x = strtod(n->str, &end);
-        if (end == n->str || *end || x != floor(x) || fabs(x) > 9e15) {
-            ctx_error(c, n, "expected an integer for '%s', found '%s'", what, n->str);
-            return false;
-        }
-        v = (long long)x;
     }
     if (v > hi && hi >= INT_MAX) {
         ctx_error(c, n, "'%s' is too large, found %lld; at most %lld", what, v, (long long)hi);

@@ -164,6 +164,17 @@ static DocNode *build_node(Builder *b, int depth)
         b->ok = false;
         return NULL;
     }
+    const yaml_char_t *tag = ev.type == YAML_SCALAR_EVENT           ? ev.data.scalar.tag
+                             : ev.type == YAML_SEQUENCE_START_EVENT ? ev.data.sequence_start.tag
+                             : ev.type == YAML_MAPPING_START_EVENT  ? ev.data.mapping_start.tag
+                                                                    : NULL;
+    if (tag) {      /* !!str 64 would otherwise read as the integer 64 */
+        diag_error(b->d, &b->doc->src, (int)ev.start_mark.line + 1, (int)ev.start_mark.column + 1,
+                   "YAML tags are not supported (found '%s')", (const char *)tag);
+        yaml_event_delete(&ev);
+        b->ok = false;
+        return NULL;
+    }
     switch (ev.type) {
     case YAML_SCALAR_EVENT:
         n = new_node(b, DOC_SCALAR, &ev.start_mark);

@@ -825,3 +825,28 @@ Test(desc, diag_bad_bytes_at_their_place)
         arena_free(&a);
     }
 }
+
+/* An integer is spelled plainly: 64.0, 6.4e1, +64 and 064 are refused at
+ * the key's value, and so is any YAML tag (!!str 64 is not the integer 64). */
+Test(desc, diag_integer_spellings_and_tags)
+{
+    static const char *const spellings[] = {"64.0", "6.4e1", "+64", "064", "0x40"};
+    for (size_t i = 0; i < sizeof spellings / sizeof spellings[0]; i++) {
+        char text[512], want[512];
+        snprintf(text, sizeof text, BASE "arch: {dim: %s, hidden_dim: 128, n_layers: 4, n_heads: 4, vocab_size: 300, "
+                 "max_seq: 64}\n", spellings[i]);
+        snprintf(want, sizeof want, "models/x.yaml:3:13: error: expected an integer for 'arch.dim', found '%s'\n",
+                 spellings[i]);
+        ModelDesc m;
+        Arena a = {0};
+        cr_assert_not(parse(&m, &a, "models/x.yaml", text, NULL, 0, NULL), "%s accepted", spellings[i]);
+        cr_assert(strncmp(errs, want, strlen(want)) == 0, "%s: %s", spellings[i], errs);
+        arena_free(&a);
+    }
+    expect_errors(BASE "arch: {dim: !!str 64, hidden_dim: 128, n_layers: 4, n_heads: 4, vocab_size: 300, max_seq: 64}\n",
+                  NULL, 0,
+                  "models/x.yaml:3:13: error: YAML tags are not supported (found 'tag:yaml.org,2002:str')\n"
+                  "    3 | arch: {dim: !!str 64, hidden_dim: 128, n_layers: 4, n_heads: 4, vocab_size: 300, max_seq: "
+                  "64}\n"
+                  "      |             ^\n");
+}
