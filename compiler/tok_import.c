@@ -572,6 +572,27 @@ static Tokenizer *tok_import_gguf(const ModelDesc *m, Diag *d)
 
 /* ---- driver ---- */
 
+/* How many whole tokens a llama2.c tokenizer file holds (it does not say:
+ * u32 max_len, then {f32 score, i32 len, len bytes} to the end); -1 when
+ * unreadable (tok_load_llama2c reports that). */
+static long llama2c_token_count(const char *path)
+{
+    size_t n;
+    unsigned char *b = (unsigned char *)read_file(path, &n);
+    if (!b)
+        return -1;
+    long count = 0;
+    for (size_t at = 4; at + 8 <= n; count++) {
+        int32_t len;
+        memcpy(&len, b + at + 4, 4);
+        if (len < 0 || (size_t)len > n - at - 8)
+            break;
+        at += 8 + (size_t)len;
+    }
+    free(b);
+    return count;
+}
+
 static Tokenizer *tok_import_llama2c(const ModelDesc *m, Diag *d)
 {
     char err[512];
@@ -585,6 +606,12 @@ static Tokenizer *tok_import_llama2c(const ModelDesc *m, Diag *d)
         bool named = strncmp(err, m->tok_path, np) == 0 && strncmp(err + np, ": ", 2) == 0;
         diag_file_error(d, m->tok_path, "%s", named ? err + np + 2 : err);
         return NULL;
+    }
+    long have = llama2c_token_count(m->tok_path);
+    if (have > m->vocab_size) {
+        SrcFile src = {.path = m->tok_path};
+        diag_warning(d, &src, 0, 0, "the file holds %ld tokens; the model's vocab_size is %d, so only the first %d "
+                     "are used", have, m->vocab_size, m->vocab_size);
     }
     if (m->bos_id >= 0 || m->eos_id >= 0)
         tok_set_ids(t, m->bos_id >= 0 ? m->bos_id : tok_bos(t), m->eos_id >= 0 ? m->eos_id : tok_eos(t));

@@ -548,6 +548,15 @@ Test(tokenizer, import_llama2c_and_bytes)
     fclose(d.out);
     cr_assert(strstr(out, "tok512.bin") && strstr(out, "error"), "%s", out);
     free(out);
+    m = model_with_tok(TOKFMT_LLAMA2C, TOK512, 300);      /* fewer: imported, with a warning */
+    d.out = open_memstream(&out, &len);
+    t = tok_import(&m, &d);
+    fclose(d.out);
+    cr_assert(t && tok_vocab(t) == 300);
+    tok_free(t);
+    cr_assert(strstr(out, "tok512.bin: warning: the file holds 512 tokens; the model's vocab_size is 300, so only the "
+                          "first 300 are used"), "%s", out);
+    free(out);
     m = model_with_tok(TOKFMT_BYTES, NULL, 259);
     d.out = stderr;
     t = tok_import(&m, &d);
