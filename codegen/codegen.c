@@ -1,9 +1,11 @@
 /*
  * codegen.c - shared helpers of the CPU and CUDA backends: running the
  * system C compiler/linker (`cc`) with its output captured, so that both
- * backends report a failing link or host compile the same way.
+ * backends report a failing link or host compile the same way; and the
+ * facts both kinds of kernel state about themselves.
  */
 #include "codegen/codegen.h"
+#include "runtime/kernel_abi.h"
 
 #include <errno.h>
 #include <spawn.h>
@@ -64,4 +66,24 @@ bool cg_run_cc(char *const argv[], char **output)
             return false;
         }
     return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+/* The arena offset of io buffer `name`, or MEGAC_FACT_NONE. */
+static uint64_t facts_io_offset(const Schedule *s, const char *name)
+{
+    int64_t b = sched_find_buffer(s, name);
+    return b >= 0 && s->bufs[b].cls == BUF_IO ? s->bufs[b].offset : MEGAC_FACT_NONE;
+}
+
+void cg_kernel_facts(const Schedule *s, uint64_t *v)
+{
+    v[MEGAC_FACT_WORKERS] = s->nworkers;
+    v[MEGAC_FACT_COUNTERS] = s->nctrs;
+    v[MEGAC_FACT_ARENA_BYTES] = s->arena_bytes;
+    v[MEGAC_FACT_WEIGHTS_BYTES] = s->weights_bytes;
+    v[MEGAC_FACT_VOCAB] = (uint64_t)s->shape.vocab_size;
+    v[MEGAC_FACT_MAX_SEQ] = (uint64_t)s->shape.max_seq;
+    v[MEGAC_FACT_IO_TOK] = facts_io_offset(s, "tok");
+    v[MEGAC_FACT_IO_LOGITS] = facts_io_offset(s, "logits");
+    v[MEGAC_FACT_IO_NEXT] = facts_io_offset(s, "next");
 }

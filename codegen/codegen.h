@@ -35,6 +35,9 @@ bool cg_hostcuda_compile(const Schedule *s, const char *so_path, Diag *d);
 /* Runs argv (argv[0] looked up on PATH, e.g. "cc") with stdout and stderr
  * captured into *output (xmalloc'd, always set); true when it exits 0. */
 bool cg_run_cc(char *const argv[], char **output);
+/* What a kernel built from s states about itself (megac_kernel_facts,
+ * runtime/kernel_abi.h): v has MEGAC_NFACTS entries. */
+void cg_kernel_facts(const Schedule *s, uint64_t *v);
 
 /* ---- info.c: for `megac doctor` ---- */
 const char *cg_llvm_version(void);

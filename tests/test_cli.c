@@ -7,6 +7,7 @@
  * option parsing of `run` (wording of bad flags, -n=3, default, --set).
  * Each test works in its own temporary folder.
  */
+#include "tests/tmpdir.h"
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <signal.h>
@@ -22,17 +23,7 @@
 
 static char *tmp_dir(void)
 {
-    char *d = strdup("/tmp/megac-cli-XXXXXX");
-    cr_assert(mkdtemp(d));
-    return d;
-}
-
-static void rm_rf(char *dir)
-{
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
-    free(dir);
+    return test_tmp_dir("cli");
 }
 
 /* Runs `cd dir && megac ARGS 2>&1`; returns the exit status, output in out. */
@@ -109,7 +100,7 @@ Test(cli, compile_refuses_a_folder_that_is_not_a_bundle)
     cr_assert_eq(megac(proj, "compile default -q -o .", out, sizeof out), 2, "%s", out);
     cr_assert_eq(megac(d, "compile default -q -o /", out, sizeof out), 2, "%s", out);
     cr_assert_str_eq(dir_list(proj, buf, sizeof buf), "manifest.yaml weights.bin");
-    rm_rf(d);
+    test_rm_rf(d);
 }
 
 Test(cli, compile_replaces_a_bundle_and_fills_an_empty_folder)
@@ -129,7 +120,7 @@ Test(cli, compile_replaces_a_bundle_and_fills_an_empty_folder)
     cr_assert_eq(megac(d, "compile default -q -o empty", out, sizeof out), 0, "%s", out);
     cr_assert_str_eq(dir_list(empty, buf, sizeof buf),
                      "kernel.so manifest.yaml schedule.sched tokenizer.bin weights.bin");
-    rm_rf(d);
+    test_rm_rf(d);
 }
 
 Test(cli, a_failed_compile_leaves_nothing)
@@ -144,7 +135,7 @@ Test(cli, a_failed_compile_leaves_nothing)
     cr_assert_str_eq(dir_list(d, buf, sizeof buf), "b.megac");
     snprintf(b, sizeof b, "%s/b.megac", d);
     cr_assert(strstr(file_read(b, "manifest.yaml", buf, sizeof buf), "\nmax_seq: 64\n"), "%s", buf);
-    rm_rf(d);
+    test_rm_rf(d);
 }
 
 /* SIGINT as soon as the temporary folder exists, and while the kernel
@@ -171,7 +162,7 @@ Test(cli, an_interrupted_compile_leaves_nothing)
         cr_assert_eq(waitpid(pid, &st, 0), pid);
         cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGINT, "delay %d ms: status %#x", delay_ms, st);
         cr_assert_str_eq(dir_list(d, buf, sizeof buf), "", "delay %d ms", delay_ms);
-        rm_rf(d);
+        test_rm_rf(d);
     }
 }
 
@@ -192,7 +183,7 @@ Test(cli, outputs_never_overwrite_the_input)
     cr_assert(strstr(out, "megac eval-quant: the output 'self.yaml' is the input file"), "%s", out);
     cr_assert_str_eq(file_read(d, "self.yaml", buf, sizeof buf), want);
     cr_assert_eq(megac(d, "lower self.yaml -o x.sched", out, sizeof out), 0, "%s", out);
-    rm_rf(d);
+    test_rm_rf(d);
 }
 
 /* ---- run's cache ---- */
@@ -225,7 +216,7 @@ Test(cli, a_damaged_cache_entry_is_rebuilt)
     cr_assert_eq(megac(d, "run -n 3 --temp 0", out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "is incomplete; recompiling it"), "%s", out);
     cr_assert_str_eq(cache_entry(d, e, sizeof e), e);
-    rm_rf(d);
+    test_rm_rf(d);
 }
 
 /* Folders of killed compiles (their pid is gone) are swept; a folder
@@ -250,7 +241,7 @@ Test(cli, run_sweeps_the_folders_of_killed_compiles)
     cr_assert_eq(megac(d, "run -n 3 --temp 0", out, sizeof out), 0, "%s", out);
     snprintf(t, sizeof t, "mine.tmp%ld", (long)pid);
     cr_assert(strstr(dir_list(c, buf, sizeof buf), t) && !strstr(buf, "0123"), "%s", buf);
-    rm_rf(d);
+    test_rm_rf(d);
 }
 
 /* ---- option parsing ---- */
@@ -280,7 +271,7 @@ Test(cli, bad_arguments_read_the_same_everywhere)
         cr_assert_eq(megac(d, cases[i].args, out, sizeof out), 2, "%s: %s", cases[i].args, out);
         cr_assert(strstr(out, cases[i].want), "%s: %s", cases[i].args, out);
     }
-    rm_rf(d);
+    test_rm_rf(d);
 }
 
 Test(cli, run_takes_default_short_equals_and_notes_clamping)
@@ -296,7 +287,7 @@ Test(cli, run_takes_default_short_equals_and_notes_clamping)
     cr_assert(strstr(out, "--set applies to model descriptions, not bundles"), "%s", out);
     cr_assert_eq(megac(d, "run default --engine reference -n 3 --temp 0", out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "engine reference"), "%s", out);
-    rm_rf(d);
+    test_rm_rf(d);
 }
 
 /* A prompt longer than the positions run is refused by every engine, with
@@ -319,7 +310,7 @@ Test(cli, run_long_prompt_is_refused_by_every_engine)
                           "--prompt 'Once upon a time there was'", out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "megac run: the prompt has 27 tokens, more than the model's context (4 positions)"), "%s",
               out);
-    rm_rf(d);
+    test_rm_rf(d);
 }
 
 /* One worker range, 1..4096, and one message for it, in every command. */
@@ -334,7 +325,7 @@ Test(cli, workers_have_one_range)
     }
     cr_assert_eq(megac(d, "lower default --set workers=4097", out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "must be between 1 and 4096, found 4097"), "%s", out);
-    rm_rf(d);
+    test_rm_rf(d);
 }
 
 /* A code generator's message names the bundle's path, not the temporary
@@ -345,7 +336,7 @@ Test(cli, codegen_errors_name_the_bundle_path)
     cr_assert_eq(megac(d, "compile default --cpu bogus-cpu -o n.megac", out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "n.megac/kernel.so: error: unknown CPU 'bogus-cpu'"), "%s", out);
     cr_assert(!strstr(out, ".tmp"), "%s", out);
-    rm_rf(d);
+    test_rm_rf(d);
 }
 
 /* eval-quant: an empty list is an error line, a --json that cannot be
@@ -367,5 +358,5 @@ Test(cli, eval_quant_checks_before_evaluating)
                        sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "megac eval-quant: note: the prompt has 17 tokens; evaluating its first 4 (--tokens)"), "%s",
               out);
-    rm_rf(d);
+    test_rm_rf(d);
 }

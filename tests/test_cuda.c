@@ -27,6 +27,7 @@
 
 #include "tests/harness.h"
 
+#include "tests/tmpdir.h"
 #include <criterion/criterion.h>
 #include <dlfcn.h>
 #include <glob.h>
@@ -89,17 +90,7 @@ static bool file_exists(const char *p) { return access(p, R_OK) == 0; }
 
 static char *tmp_dir(void)
 {
-    char *d = strdup("/tmp/megac-cuda-XXXXXX");
-    cr_assert(mkdtemp(d));
-    return d;
-}
-
-static void rm_rf(char *dir)
-{
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
-    free(dir);
+    return test_tmp_dir("cuda");
 }
 
 static char *write_synth(const char *dir)
@@ -211,7 +202,7 @@ static void cubin_compile(const char *yaml, const char *arch)
                 info.smem_per_block);
     free(cubin);
     sched_free(s);
-    rm_rf(dir);
+    test_rm_rf(dir);
     model_close(&r);
 }
 
@@ -453,7 +444,7 @@ Test(cuda_host, gemv_paths_match_double)
     free(weights);
     free(arena);
     sched_free(s);
-    rm_rf(dir);
+    test_rm_rf(dir);
 }
 
 /* ---- host-cuda ---- */
@@ -477,7 +468,7 @@ static void bundles_vs_reference(const char *yaml, const char *target, const int
         megac_close(mm);
         free(b);
     }
-    rm_rf(dir);
+    test_rm_rf(dir);
     model_close(&r);
 }
 
@@ -495,7 +486,7 @@ Test(cuda_host, synthetic_model_matches_reference, .timeout = 300)
     char *dir = tmp_dir(), *yaml = write_synth(dir);
     bundles_vs_reference(yaml, "host-cuda", host_blocks, 4, 32);
     free(yaml);
-    rm_rf(dir);
+    test_rm_rf(dir);
 }
 
 Test(cuda_host, default_model_matches_reference, .timeout = 300)
@@ -519,7 +510,7 @@ Test(cuda_host, stories260K_run_gives_llama2c_text, .timeout = 300)
     cr_assert_str_eq(out, want);
     free(want);
     free(b);
-    rm_rf(dir);
+    test_rm_rf(dir);
 }
 
 /* ---- watchdog ---- */
@@ -618,7 +609,7 @@ static void watchdog_check(const char *target)
     megac_close(m);
     sched_free(s);
     free(b);
-    rm_rf(dir);
+    test_rm_rf(dir);
 }
 
 Test(cuda_host, watchdog_names_the_stuck_wait, .timeout = 120)
@@ -642,7 +633,7 @@ static void stored_formats_check(const char *target, const int *workers, int nw)
         cr_log_info("%s, stored as %s", target, fmts[i]);
         bundles_vs_reference(yaml, target, workers, nw, 48);
         free(yaml);
-        rm_rf(dir);
+        test_rm_rf(dir);
     }
 }
 
@@ -705,7 +696,7 @@ Test(cuda_gpu, synthetic_model_matches_reference, .timeout = 300)
     char *dir = tmp_dir(), *yaml = write_synth(dir);
     bundles_vs_reference(yaml, gpu_target(), w, 3, 100);
     free(yaml);
-    rm_rf(dir);
+    test_rm_rf(dir);
 }
 
 Test(cuda_gpu, stories260K_run_gives_llama2c_text, .timeout = 300)
@@ -724,7 +715,7 @@ Test(cuda_gpu, stories260K_run_gives_llama2c_text, .timeout = 300)
     cr_assert_str_eq(out, want);
     free(want);
     free(b);
-    rm_rf(dir);
+    test_rm_rf(dir);
 }
 
 /* The stuck wait on the device: the kernel returns within the deadline and
@@ -755,5 +746,5 @@ Test(cuda_runtime, without_a_driver_the_error_is_clear)
     cr_assert_eq(megac_open(b, &m), MEGAC_ERR_DEVICE);
     cr_assert(strstr(megac_last_open_error(), "no CUDA driver"), "%s", megac_last_open_error());
     free(b);
-    rm_rf(dir);
+    test_rm_rf(dir);
 }

@@ -17,6 +17,7 @@
 
 #include "tests/harness.h"
 
+#include "tests/tmpdir.h"
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -54,17 +55,7 @@ static bool file_exists(const char *p) { return access(p, R_OK) == 0; }
 
 static char *tmp_dir(void)
 {
-    char *d = strdup("/tmp/megac-e2e-XXXXXX");
-    cr_assert(mkdtemp(d));
-    return d;
-}
-
-static void rm_rf(char *dir)
-{
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
-    free(dir);
+    return test_tmp_dir("e2e");
 }
 
 /* megac compile MODEL --workers W -o DIR/b.megac; returns the bundle path. */
@@ -132,7 +123,7 @@ static void e2e_model(const char *model, int ntok)
         megac_close(mm);
         free(b);
     }
-    rm_rf(dir);
+    test_rm_rf(dir);
     ref_close(&r);
 }
 
@@ -155,7 +146,7 @@ Test(e2e_cpu, synthetic_model_matches_reference)
     fputs(synthetic_yaml, f);
     cr_assert_eq(fclose(f), 0);
     e2e_model(path, 200);
-    rm_rf(dir);
+    test_rm_rf(dir);
 }
 
 static char *slurp(const char *path)
@@ -198,7 +189,7 @@ Test(e2e_cpu, stories260K_run_gives_llama2c_text)
         expect_run_text(b, "--temp 0 -n 256", GOLDEN_NOPROMPT);
         free(b);
     }
-    rm_rf(dir);
+    test_rm_rf(dir);
 }
 
 /* Sampling (temperature 0.8, seed 7) draws the same tokens from the kernel's
@@ -227,7 +218,7 @@ Test(e2e_cpu, stories260K_sampled_text_matches_reference_engine)
     cr_assert(strlen(got) > 100, "%s", got);
     cr_assert_str_eq(got, want);
     free(b);
-    rm_rf(dir);
+    test_rm_rf(dir);
 }
 
 /* A host-cuda bundle (the generated CUDA C run on CPU threads) through the
@@ -252,7 +243,7 @@ Test(e2e_cpu, stories260K_host_cuda_bundle_runs)
     cr_assert(n > 20 && out[n - 1] == '\n', "%s", out);
     cr_assert(strncmp(out, want, n - 1) == 0, "host-cuda text:\n%s\nis not a prefix of the golden", out);
     free(want);
-    rm_rf(dir);
+    test_rm_rf(dir);
 }
 
 /* Runs a shell command; returns its exit status and its output in out. */
@@ -281,7 +272,7 @@ Test(e2e_cpu, compile_refuses_an_unsafe_schedule)
     cr_assert(!file_exists(path));
     snprintf(path, sizeof path, "%s/b.megac/kernel.sm_80.cubin", dir);
     cr_assert(!file_exists(path));
-    rm_rf(dir);
+    test_rm_rf(dir);
 }
 
 Test(e2e_cpu, compile_usage_errors)
@@ -318,7 +309,7 @@ Test(e2e_cpu, run_from_description_uses_a_cache)
     cr_assert_eq(sh(cmd, out3, sizeof out3), 0, "%s", out3);
     cr_assert(strlen(out3) > 1);
     cr_assert(strstr(out2, out3), "cached run:\n%s\nbundle run:\n%s", out2, out3);
-    rm_rf(dir);
+    test_rm_rf(dir);
 }
 
 /* A replaced weight file is not served from a stale cache entry. */
@@ -343,5 +334,5 @@ Test(e2e_cpu, run_cache_follows_the_weight_file)
     cr_assert_eq(system(touch), 0);
     cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "compiling m.yaml"), "a changed weight file reused the cache: %s", out);
-    rm_rf(dir);
+    test_rm_rf(dir);
 }

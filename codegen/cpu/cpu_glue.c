@@ -115,27 +115,11 @@ static void glue_shape(LLVMModuleRef m, LLVMContextRef ctx, const ModelShape *sh
     glue_global(m, KT_SYM_EPS, LLVMConstReal(LLVMFloatTypeInContext(ctx), (float)sh->norm_eps), 4);
 }
 
-/* Arena offset of io buffer `name`, MEGAC_FACT_NONE if the schedule has none. */
-static uint64_t glue_io_offset(const Schedule *s, const char *name)
-{
-    int64_t b = sched_find_buffer(s, name);
-    return b >= 0 && s->bufs[b].cls == BUF_IO ? s->bufs[b].offset : MEGAC_FACT_NONE;
-}
-
 /* megac_kernel_facts: what this kernel is built with (kernel_abi.h). */
 static void glue_facts(LLVMModuleRef m, LLVMContextRef ctx, const Schedule *s)
 {
-    uint64_t v[MEGAC_NFACTS] = {
-        [MEGAC_FACT_WORKERS] = s->nworkers,
-        [MEGAC_FACT_COUNTERS] = s->nctrs,
-        [MEGAC_FACT_ARENA_BYTES] = s->arena_bytes,
-        [MEGAC_FACT_WEIGHTS_BYTES] = s->weights_bytes,
-        [MEGAC_FACT_VOCAB] = (uint64_t)s->shape.vocab_size,
-        [MEGAC_FACT_MAX_SEQ] = (uint64_t)s->shape.max_seq,
-        [MEGAC_FACT_IO_TOK] = glue_io_offset(s, "tok"),
-        [MEGAC_FACT_IO_LOGITS] = glue_io_offset(s, "logits"),
-        [MEGAC_FACT_IO_NEXT] = glue_io_offset(s, "next"),
-    };
+    uint64_t v[MEGAC_NFACTS];
+    cg_kernel_facts(s, v);
     LLVMTypeRef i64 = LLVMInt64TypeInContext(ctx);
     LLVMValueRef c[MEGAC_NFACTS];
     for (int i = 0; i < MEGAC_NFACTS; i++)

@@ -174,26 +174,10 @@ static void source_tables(FILE *f, const Schedule *s)
     fprintf(f, "};\n");
 }
 
-/* Arena offset of io buffer `name`, MEGAC_FACT_NONE if the schedule has none. */
-static uint64_t source_io_offset(const Schedule *s, const char *name)
-{
-    int64_t b = sched_find_buffer(s, name);
-    return b >= 0 && s->bufs[b].cls == BUF_IO ? s->bufs[b].offset : MEGAC_FACT_NONE;
-}
-
 static void source_constants(FILE *f, const Schedule *s)
 {
-    const uint64_t facts[MEGAC_NFACTS] = {
-        [MEGAC_FACT_WORKERS] = s->nworkers,
-        [MEGAC_FACT_COUNTERS] = s->nctrs,
-        [MEGAC_FACT_ARENA_BYTES] = s->arena_bytes,
-        [MEGAC_FACT_WEIGHTS_BYTES] = s->weights_bytes,
-        [MEGAC_FACT_VOCAB] = (uint64_t)s->shape.vocab_size,
-        [MEGAC_FACT_MAX_SEQ] = (uint64_t)s->shape.max_seq,
-        [MEGAC_FACT_IO_TOK] = source_io_offset(s, "tok"),
-        [MEGAC_FACT_IO_LOGITS] = source_io_offset(s, "logits"),
-        [MEGAC_FACT_IO_NEXT] = source_io_offset(s, "next"),
-    };
+    uint64_t facts[MEGAC_NFACTS];
+    cg_kernel_facts(s, facts);
     fprintf(f, "MK_EXPORT const unsigned long long megac_kernel_abi = %lluull;\n",
             (unsigned long long)MEGAC_KERNEL_ABI);
     fprintf(f, "MK_EXPORT const unsigned long long megac_schedule_hash = 0x%016llxull;\n",
