@@ -691,7 +691,8 @@ Test(desc, set_errors)
     expect_errors(desc_default_yaml, ov6, 1,
                   "<command line>:1:15: error: bad value 'sm_91' for 'compile.targets'; did you mean 'sm_90'?\n"
                   "    1 | targets=[cpu, sm_91]\n"
-                  "      |               ^\n");    DescOverride ov7[] = {{"max_seq", "4294967328"}};
+                  "      |               ^\n");
+    DescOverride ov7[] = {{"max_seq", "4294967328"}};
     expect_errors(desc_default_yaml, ov7, 1,
                   "<command line>:1:9: error: 'compile.max_seq' is too large, found 4294967328; at most 2147483647\n"
                   "    1 | max_seq=4294967328\n"
