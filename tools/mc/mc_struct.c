@@ -4,7 +4,9 @@
  * touches, that the declared accesses say exactly that, bounds over all
  * pos (ranges are affine, so the extremes at pos 0 and max_seq-1 decide),
  * no writes to weights, dtypes (f32 activations, i32 token ids), the KV
- * and rope layouts, no wait >= 0 or signal +0, and residency.
+ * and rope layouts, no wait >= 0 or signal +0, the shape line against
+ * the buffers (a K and a V cache per layer, a [vocab, dim] embedding
+ * table), and residency.
  */
 #include "tools/mc/mc_int.h"
 
@@ -133,11 +135,40 @@ static bool mc_op_check(Mc *m, uint32_t w, uint32_t t, const Inst *in)
     return true;
 }
 
+/* The shape line says what the buffers also say: a schedule with KV
+ * caches has a K and a V cache per layer; an embed op's table is
+ * [vocab, dim]. */
+static bool mc_shape_check(Mc *m)
+{
+    const Schedule *s = m->s;
+    int64_t caches = 0;
+    for (uint32_t b = 0; b < s->nbufs; b++)
+        if (s->bufs[b].cls == BUF_KV)
+            caches++;
+    if (caches > 0 && caches != 2 * (int64_t)s->shape.n_layers)
+        return mc_fail(m, &m->r->structure, "%lld kv buffers for %d layers", (long long)caches, s->shape.n_layers);
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
+            const Inst *in = &s->workers[w].insts[t];
+            if (in->kind != INST_OP || in->op != OP_EMBED || in->nacc < 2)
+                continue;
+            uint32_t tb = s->accs[in->acc + 1].buf;
+            if (tb == BUF_NONE || tb >= s->nbufs)
+                continue;
+            const Buffer *b = &s->bufs[tb];
+            if (b->rank != 2 || b->shape[0] != s->shape.vocab_size || b->shape[1] != s->shape.dim)
+                return mc_fail(m, &m->r->structure, "w%u i%u: embed table %s is not [vocab, dim]", w, t, b->name);
+        }
+    return true;
+}
+
 bool mc_structure_check(Mc *m)
 {
     const Schedule *s = m->s;
     if (s->shape.max_seq <= 0 || s->nworkers == 0)
         return mc_fail(m, &m->r->structure, "empty shape or no workers");
+    if (!mc_shape_check(m))
+        return false;
     for (uint32_t w = 0; w < s->nworkers; w++)
         for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
             const Inst *in = &s->workers[w].insts[t];
