@@ -55,6 +55,10 @@ static void run_usage(FILE *out)
             "  --seed S           sampler seed (default: from the clock)\n"
             "  --set KEY=VALUE    override a model description key (repeatable)\n"
             "  --workers N        worker count of a bundle engine (1..4096)\n"
+            "  --chat             the prompt is a user turn in the model's chat format\n"
+            "                     (ChatML or Llama 3, from the tokenizer's special\n"
+            "                     tokens); the reply follows\n"
+            "  --system TEXT      a system turn before it (implies --chat)\n"
             "  -h, --help         this text\n\n"
             "The text goes to stdout; prompt/generated token counts and tok/s to stderr.\n");
 }
@@ -158,11 +162,53 @@ static int run_option_apply(RunOptions *o, const char *opt, const char *val)
     } else if (!strcmp(opt, "--workers")) {
         if (!cli_workers_parse("run", val, &o->workers))
             return 2;
+    } else if (!strcmp(opt, "--system")) {
+        o->system = val;
+        o->chat = true;
     } else {
         fprintf(stderr, "megac run: unknown option '%s'\n", opt);
         return 2;
     }
     return -1;
+}
+
+/* ---- chat formats ---- */
+
+/* A chat format: the special token that identifies it, and printf formats
+ * (one %s each) of a system turn, a user turn, and the start of the
+ * assistant's reply. */
+typedef struct {
+    const char *name, *marker, *system, *user, *reply;
+} ChatFormat;
+
+static const ChatFormat chat_formats[] = {
+    {"ChatML", "<|im_start|>", "<|im_start|>system\n%s<|im_end|>\n", "<|im_start|>user\n%s<|im_end|>\n",
+     "<|im_start|>assistant\n"},
+    {"Llama 3", "<|start_header_id|>", "<|start_header_id|>system<|end_header_id|>\n\n%s<|eot_id|>",
+     "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|>", "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+};
+
+char *run_prompt_text(const RunOptions *o, bool (*is_special)(void *ctx, const char *piece), void *ctx)
+{
+    const char *prompt = o->prompt ? o->prompt : "";
+    if (!o->chat)
+        return xstrdup(prompt);
+    const ChatFormat *f = NULL;
+    for (size_t i = 0; i < sizeof chat_formats / sizeof *chat_formats && !f; i++)
+        if (is_special(ctx, chat_formats[i].marker))
+            f = &chat_formats[i];
+    if (!f) {
+        fprintf(stderr, "megac run: --chat: this model's tokenizer has no chat format megac knows (ChatML's "
+                        "<|im_start|> or Llama 3's <|start_header_id|>); give the formatted text with --prompt\n");
+        return NULL;
+    }
+    char *sys = o->system ? xasprintf(f->system, o->system) : xstrdup("");
+    char *user = xasprintf(f->user, prompt);
+    bool llama3 = f == &chat_formats[1];
+    char *text = xasprintf("%s%s%s%s", llama3 ? "<|begin_of_text|>" : "", sys, user, f->reply);
+    free(sys);
+    free(user);
+    return text;
 }
 
 static void run_options_default(RunOptions *o)
@@ -177,8 +223,8 @@ static void run_options_default(RunOptions *o)
 /* True for an option that takes a value (run_option_apply's list). */
 static bool run_option_known(const char *opt)
 {
-    static const char *const names[] = {"--engine", "--prompt", "-n",     "--temp",   "--top-k",
-                                        "--top-p",  "--seed",   "--set", "--workers"};
+    static const char *const names[] = {"--engine", "--prompt", "-n",        "--temp",  "--top-k",
+                                        "--top-p",  "--seed",   "--set",     "--workers", "--system"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(opt, names[i]))
             return true;
@@ -201,6 +247,10 @@ int run_options_parse(RunOptions *o, int argc, char **argv)
         }
         if (options && !strcmp(a, "--")) {
             options = false;
+            continue;
+        }
+        if (options && !strcmp(a, "--chat")) {
+            o->chat = true;
             continue;
         }
         if (!options || a[0] != '-' || !a[1]) {
@@ -335,6 +385,13 @@ static bool run_ref_generate(RunRef *r, const RunOptions *o, int steps)
  * get it only for an empty prompt, since their chat formats bring their own
  * special tokens (write <|begin_of_text|> in the prompt where one is needed).
  * Checks that the ids fit the model. */
+/* Whether the tokenizer encodes piece as one token. */
+static bool ref_is_special(void *ctx, const char *piece)
+{
+    int ids[4];
+    return tok_encode(ctx, piece, false, ids, 4) == 1;
+}
+
 static bool run_ref_encode(RunRef *r, const char *prompt)
 {
     const char *text = prompt ? prompt : "";
@@ -364,7 +421,10 @@ static int run_ref_decode(const ModelDesc *m, const Weights *w, const Tokenizer 
     RunRef r = {.tok = t, .m = m};
     r.bos = m->bos_id >= 0 ? m->bos_id : tok_bos(t);
     r.eos = m->eos_id >= 0 ? m->eos_id : tok_eos(t);
-    if (!run_ref_encode(&r, o->prompt)) {
+    char *text = run_prompt_text(o, ref_is_special, (void *)r.tok);
+    bool encoded = text && run_ref_encode(&r, text);
+    free(text);
+    if (!encoded) {
         free(r.prompt);
         return 2;
     }

@@ -41,6 +41,8 @@ typedef struct RunOptions {
     DescOverride sets[RUN_MAX_SETS];    /* --set key=value, in order */
     int nsets;
     int workers;            /* --workers; 0 = the bundle's own */
+    bool chat;              /* --chat: the prompt is a user turn in the model's chat format */
+    const char *system;     /* --system: a system turn first (implies chat) */
 } RunOptions;
 
 /* ---- cmd_run.c ---- */
@@ -54,6 +56,14 @@ void run_options_free(RunOptions *o);
 /* True when an n-token prompt fits the steps positions run (of a model of
  * max_seq); else says why on stderr, the same for every engine. */
 bool run_prompt_fits(int n, int steps, int max_seq);
+/* The text to encode for o's prompt: the prompt itself, or with --chat
+ * the prompt as a user turn (after a --system turn) in the chat format
+ * whose special tokens the tokenizer has: ChatML (<|im_start|>: SmolLM2,
+ * Qwen2) or Llama 3 (<|start_header_id|>), ending where the assistant's
+ * reply begins. is_special(ctx, piece) says whether the tokenizer encodes
+ * piece as one token. xmalloc'd; NULL (reported on stderr) when the
+ * tokenizer has neither. */
+char *run_prompt_text(const RunOptions *o, bool (*is_special)(void *ctx, const char *piece), void *ctx);
 /* Decodes with the reference; returns the exit status. */
 int run_reference(const RunOptions *o);
 

@@ -246,6 +246,14 @@ static int prompt_encode(megac_model *m, const char *prompt, int **ids, int *bos
     return n;
 }
 
+/* Whether the bundle's tokenizer encodes piece as one token (a special
+ * token of a chat format). */
+static bool bundle_is_special(void *ctx, const char *piece)
+{
+    int ids[4];
+    return megac_encode(ctx, piece, 0, ids, 4) == 1;
+}
+
 static void stats_print(const megac_stats *st, const megac_model *m)
 {
     double pre = st->prefill_s > 0 ? st->prompt_tokens / st->prefill_s : 0;
@@ -279,8 +287,11 @@ static int bundle_generate(const RunOptions *o, const char *bundle, megac_model 
                 megac_num_workers(m), o->workers);
         return 2;
     }
-    int *ids = NULL, bos = 0;
-    int n = prompt_encode(m, o->prompt, &ids, &bos);
+    int *ids = NULL, bos = 0, n = -1;
+    char *text = run_prompt_text(o, bundle_is_special, m);
+    if (text)
+        n = prompt_encode(m, text, &ids, &bos);
+    free(text);
     int steps = o->steps > 0 && o->steps < megac_max_seq(m) ? o->steps : megac_max_seq(m);
     if (o->steps > steps)
         fprintf(stderr, "megac run: note: -n %d is more than the model's context; running %d positions\n", o->steps,

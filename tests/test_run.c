@@ -184,6 +184,64 @@ Test(run_cmd, smollm2_gguf_chat, .timeout = 60)
     cr_assert(strstr(err, "prompt tokens: 16,"), "stderr: %s", err);
 }
 
+/* --chat writes that same prompt from the question alone (the tokenizer
+ * has <|im_start|>): the same tokens, the same text out. */
+Test(run_cmd, smollm2_gguf_chat_option, .timeout = 60)
+{
+    if (access(SMOLLM2_GGUF, R_OK) != 0)
+        cr_skip_test("%s is absent (see models/smollm2-135m-instruct-gguf.yaml)", SMOLLM2_GGUF);
+    static char out[1 << 16], err[4096], out2[1 << 16], err2[4096];
+    char *args = xasprintf("models/smollm2-135m-instruct-gguf.yaml --set weights.path=%s --temp 0 -n 64 --prompt "
+                           "\"<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n\"",
+                           SMOLLM2_GGUF);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
+    free(args);
+    args = xasprintf("models/smollm2-135m-instruct-gguf.yaml --set weights.path=%s --temp 0 -n 64 --chat "
+                     "--prompt 'What is the capital of France?'", SMOLLM2_GGUF);
+    cr_assert_eq(megac_run(args, out2, sizeof out2, err2, sizeof err2), 0, "stderr: %s", err2);
+    free(args);
+    cr_assert_str_eq(out2, out);
+    cr_assert(strstr(err2, "prompt tokens: 16,"), "stderr: %s", err2);
+}
+
+/* A tokenizer without a chat format's special tokens: --chat is refused. */
+Test(run_cmd, chat_needs_a_known_format, .timeout = 60)
+{
+    static char out[4096], err[4096];
+    cr_assert_eq(megac_run("default --chat --prompt hi -n 8", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--chat: this model's tokenizer has no chat format megac knows"), "stderr: %s", err);
+}
+
+/* The formats, byte for byte, from a tokenizer that has one marker. */
+static bool has_marker(void *ctx, const char *piece)
+{
+    return !strcmp(piece, ctx);
+}
+
+Test(run_cmd, chat_text)
+{
+    RunOptions o;
+    const char *args[] = {"--system", "Be brief.", "--prompt", "Hi?"};
+    cr_assert_eq(parse(&o, args, 4), -1);
+    cr_assert(o.chat);
+    char *t = run_prompt_text(&o, has_marker, "<|im_start|>");
+    cr_assert_str_eq(t, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n"
+                        "<|im_start|>assistant\n");
+    free(t);
+    t = run_prompt_text(&o, has_marker, "<|start_header_id|>");
+    cr_assert_str_eq(t, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                        "<|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|>"
+                        "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    free(t);
+    run_options_free(&o);
+    const char *plain[] = {"--prompt", "Hi?"};
+    cr_assert_eq(parse(&o, plain, 2), -1);
+    t = run_prompt_text(&o, has_marker, "<|im_start|>");
+    cr_assert_str_eq(t, "Hi?", "without --chat the prompt is as given");
+    free(t);
+    run_options_free(&o);
+}
+
 /* ---- damaged bundles ---- */
 
 /* A compiled bundle of the default model with one manifest line edited
