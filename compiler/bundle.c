@@ -160,7 +160,7 @@ io:
 }
 
 static bool bundle_weights_write(const char *path, const Schedule *s, const ModelDesc *m, const Weights *w,
-                                 Diag *d)
+                                 const WeightsProgress *p, Diag *d)
 {
     const Buffer **ws = xcalloc(s->nbufs + 1, sizeof *ws);
     uint32_t n = 0;
@@ -176,8 +176,11 @@ static bool bundle_weights_write(const char *path, const Schedule *s, const Mode
     }
     uint64_t at = 0;
     bool ok = true, cpu_order = strcmp(s->target, "cpu") == 0;
-    for (uint32_t i = 0; ok && i < n; i++)
+    for (uint32_t i = 0; ok && i < n; i++) {
         ok = bundle_weight_write(f, &at, ws[i], m, w, cpu_order, path, d);
+        if (p)
+            p->fn(p->ctx, (int)i + 1, (int)n, at);
+    }
     if (ok && (at > s->weights_bytes || !bundle_zeros_write(f, s->weights_bytes - at))) {
         diag_file_error(d, path, "cannot write the %" PRIu64 "-byte weights: %s", s->weights_bytes, strerror(errno));
         ok = false;
@@ -300,7 +303,7 @@ static bool bundle_schedule_write(const char *path, const Schedule *s, uint64_t 
 }
 
 bool bundle_write(const char *dir, const ModelDesc *m, const Weights *w, const Tokenizer *t, const Schedule *s,
-                  const char *kernel_file, Diag *d)
+                  const char *kernel_file, const WeightsProgress *p, Diag *d)
 {
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
         diag_file_error(d, dir, "cannot create the bundle folder: %s", strerror(errno));
@@ -318,7 +321,7 @@ bool bundle_write(const char *dir, const ModelDesc *m, const Weights *w, const T
     char err[512];
     uint64_t hash = 0;
     remove(manifest);   /* a half-written bundle must not look complete */
-    bool ok = bundle_schedule_write(sched, s, &hash, d) && bundle_weights_write(weights, s, m, w, d);
+    bool ok = bundle_schedule_write(sched, s, &hash, d) && bundle_weights_write(weights, s, m, w, p, d);
     if (ok && !tok_save(t, tokp, err, sizeof err)) {
         diag_file_error(d, tokp, "%s", err);
         ok = false;

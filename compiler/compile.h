@@ -24,8 +24,9 @@ Tokenizer *tok_import(const ModelDesc *m, Diag *d);
 /* ---- bundle.c ---- */
 /* Writes NAME.megac/: manifest.yaml, schedule.sched, weights.bin (kernel
  * layout, from sched_layout offsets), tokenizer.bin; the kernel file is
- * already in dir. */
+ * already in dir. p (may be NULL) hears of each weight buffer written:
+ * buffers done, of total, bytes written. */
 bool bundle_write(const char *dir, const ModelDesc *m, const Weights *w, const Tokenizer *t,
-                  const Schedule *s, const char *kernel_file, Diag *d);
+                  const Schedule *s, const char *kernel_file, const WeightsProgress *p, Diag *d);
 
 #endif

@@ -102,17 +102,26 @@ static bool pass_desc_load(Compilation *c)
     return pass_done(c, "desc_load", ok, detail);
 }
 
-/* A line every few seconds while the weights load (an 8B model takes a
- * minute or more). */
-static void weights_progress(void *ctx, int done, int total, size_t f32_bytes)
+/* A line every few seconds while the weights load or are written (an 8B
+ * model takes a minute or more). */
+static void pass_progress(Compilation *c, const char *pass, int done, int total, const char *what, size_t bytes)
 {
-    Compilation *c = ctx;
     double t = now_s();
     if (c->o->quiet || t - c->t_progress < 5.0)
         return;
     c->t_progress = t;
-    fprintf(stderr, "megac compile: %-20s %8.1f s   %d/%d tensors, %.1f GB read\n", "weights_load", t - c->t0, done,
-            total, f32_bytes / 1e9);
+    fprintf(stderr, "megac compile: %-20s %8.1f s   %d/%d tensors, %.1f GB %s\n", pass, t - c->t0, done, total,
+            bytes / 1e9, what);
+}
+
+static void weights_progress(void *ctx, int done, int total, size_t f32_bytes)
+{
+    pass_progress(ctx, "weights_load", done, total, "read", f32_bytes);
+}
+
+static void bundle_progress(void *ctx, int done, int total, size_t bytes)
+{
+    pass_progress(ctx, "bundle_write", done, total, "written", bytes);
 }
 
 static bool pass_weights_load(Compilation *c)
@@ -489,7 +498,9 @@ static int compile_passes(Compilation *c)
         remove(c->kernel_path);
         return 1;
     }
-    bool ok = bundle_write(c->tmp, &c->m, &c->w, c->tok, c->s, c->kernel_file, &c->d) && out_commit(c);
+    WeightsProgress p = {bundle_progress, c};
+    c->t_progress = now_s();
+    bool ok = bundle_write(c->tmp, &c->m, &c->w, c->tok, c->s, c->kernel_file, &p, &c->d) && out_commit(c);
     return pass_done(c, "bundle_write", ok, c->out) ? 0 : 2;
 }
 

@@ -372,7 +372,7 @@ static bool racy_bundle_write(Model *md, const char *dir)
     }
     char *so = xasprintf("%s/kernel.so", dir);
     ok = ok && mkdir(dir, 0777) == 0 && cg_cpu_compile(s, NULL, so, &d) &&
-         bundle_write(dir, &md->m, &md->w, tok, s, "kernel.so", &d);
+         bundle_write(dir, &md->m, &md->w, tok, s, "kernel.so", NULL, &d);
     free(so);
     if (s)
         sched_free(s);
