@@ -19,6 +19,7 @@
 #include "runtime/megac.h"
 #include "runtime/tokenizer.h"
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -52,6 +53,8 @@ typedef struct RtBackend RtBackend;
 /* The object behind `megac_model *`. */
 struct megac_model {
     char *dir;                  /* the bundle folder */
+    pthread_mutex_t mu;         /* recursive: serializes step, reset, generate, encode, decode */
+    bool mu_ready;
     RtManifest man;
     const RtBackend *be;
     void *be_state;             /* owned by the backend */

@@ -5,6 +5,14 @@
  *
  * Every call returns MEGAC_OK or an error status; megac_error() gives the
  * message. The runtime never exits the process.
+ *
+ * Threads: one model may be used from several threads; its calls that run
+ * or change it (step, reset, generate, encode, decode) take the model's
+ * lock, so they run one at a time, in some order. megac_logits, argmax,
+ * position, error and the text megac_decode returns are the model's latest
+ * results, whichever thread's call made them: a thread that needs its own
+ * step's results keeps the model to itself. Distinct models (also of one
+ * bundle) run in parallel.
  */
 #ifndef MEGAC_H
 #define MEGAC_H

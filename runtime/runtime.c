@@ -50,6 +50,19 @@ static megac_status model_open(megac_model *m, const char *dir)
     return m->be->open(m);
 }
 
+/* The model's lock is recursive: megac_generate steps through megac_step,
+ * and its token callback may call megac_decode on the same model. */
+static bool model_mutex_init(megac_model *m)
+{
+    pthread_mutexattr_t a;
+    if (pthread_mutexattr_init(&a) != 0)
+        return false;
+    bool ok = pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE) == 0 && pthread_mutex_init(&m->mu, &a) == 0;
+    pthread_mutexattr_destroy(&a);
+    m->mu_ready = ok;
+    return ok;
+}
+
 megac_status megac_open(const char *bundle_dir, megac_model **out)
 {
     *out = NULL;
@@ -61,6 +74,11 @@ megac_status megac_open(const char *bundle_dir, megac_model **out)
     megac_model *m = calloc(1, sizeof *m);
     if (!m) {
         snprintf(open_error, sizeof open_error, "megac_open: out of memory");
+        return MEGAC_ERR_NOMEM;
+    }
+    if (!model_mutex_init(m)) {
+        snprintf(open_error, sizeof open_error, "megac_open: cannot create the model's mutex");
+        megac_close(m);
         return MEGAC_ERR_NOMEM;
     }
     megac_status st = model_open(m, bundle_dir);
@@ -80,6 +98,8 @@ void megac_close(megac_model *m)
     if (m->be && m->be_state)
         m->be->close(m);
     rt_bundle_unload(m);
+    if (m->mu_ready)
+        pthread_mutex_destroy(&m->mu);
     free(m->dir);
     free(m);
 }
@@ -97,13 +117,16 @@ int megac_position(const megac_model *m) { return m->pos; }
 
 megac_status megac_reset(megac_model *m)
 {
+    pthread_mutex_lock(&m->mu);
     m->pos = 0;
     m->stepped = false;
     m->err[0] = 0;
-    return m->be->reset(m);
+    megac_status st = m->be->reset(m);
+    pthread_mutex_unlock(&m->mu);
+    return st;
 }
 
-megac_status megac_step(megac_model *m, int token)
+static megac_status model_step(megac_model *m, int token)
 {
     if (token < 0 || token >= m->man.vocab)
         return rt_fail(m, MEGAC_ERR_ARG, "token %d is outside the vocabulary [0, %d)", token, m->man.vocab);
@@ -118,6 +141,14 @@ megac_status megac_step(megac_model *m, int token)
     return MEGAC_OK;
 }
 
+megac_status megac_step(megac_model *m, int token)
+{
+    pthread_mutex_lock(&m->mu);
+    megac_status st = model_step(m, token);
+    pthread_mutex_unlock(&m->mu);
+    return st;
+}
+
 const float *megac_logits(const megac_model *m) { return m->stepped ? m->logits : NULL; }
 int megac_argmax(const megac_model *m) { return m->stepped ? m->next : -1; }
 
@@ -128,19 +159,21 @@ int megac_wants_bos(const megac_model *m, const char *text)
 
 int megac_encode(megac_model *m, const char *text, int add_bos, int *ids, int cap)
 {
+    pthread_mutex_lock(&m->mu);
     int n = tok_encode(m->tok, text, add_bos < 0 ? tok_default_bos(m->tok, text) : add_bos != 0, ids, cap);
     if (n < 0)
         rt_fail(m, MEGAC_ERR_ARG, "the prompt needs more than %d tokens", cap);
+    pthread_mutex_unlock(&m->mu);
     return n;
 }
 
 const char *megac_decode(megac_model *m, int prev_token, int token)
 {
-    if (token < 0 || token >= tok_vocab(m->tok)) {  /* ids past the tokenizer's: no text */
-        m->piece[0] = 0;
-        return m->piece;
-    }
-    tok_decode(m->tok, prev_token, token, m->piece, sizeof m->piece);
+    pthread_mutex_lock(&m->mu);
+    m->piece[0] = 0;
+    if (token >= 0 && token < tok_vocab(m->tok))    /* ids past the tokenizer's: no text */
+        tok_decode(m->tok, prev_token, token, m->piece, sizeof m->piece);
+    pthread_mutex_unlock(&m->mu);
     return m->piece;
 }
 
@@ -159,8 +192,8 @@ static int generate_pick(megac_model *m, const megac_sampler *s, uint64_t *rng)
     return megac_sample(megac_logits(m), m->man.vocab, s, rng);
 }
 
-megac_status megac_generate(megac_model *m, const int *prompt, int nprompt, int n_new, const megac_sampler *s,
-                            megac_token_cb cb, void *user, megac_stats *st)
+static megac_status model_generate(megac_model *m, const int *prompt, int nprompt, int n_new, const megac_sampler *s,
+                                   megac_token_cb cb, void *user, megac_stats *st)
 {
     megac_stats local = {0};
     if (!st)
@@ -172,7 +205,7 @@ megac_status megac_generate(megac_model *m, const int *prompt, int nprompt, int 
     double t0 = now_s();
     megac_status rc;
     for (int i = 0; i < nprompt; i++)
-        if ((rc = megac_step(m, prompt[i])))
+        if ((rc = model_step(m, prompt[i])))
             return rc;
     st->prompt_tokens = nprompt;
     double t1 = now_s();
@@ -192,9 +225,18 @@ megac_status megac_generate(megac_model *m, const int *prompt, int nprompt, int 
         prev = tok;
         if (i + 1 == n_new || m->pos >= m->man.max_seq)
             break;
-        if ((rc = megac_step(m, tok)))
+        if ((rc = model_step(m, tok)))
             return rc;
     }
     st->decode_s = now_s() - t1;
     return MEGAC_OK;
+}
+
+megac_status megac_generate(megac_model *m, const int *prompt, int nprompt, int n_new, const megac_sampler *s,
+                            megac_token_cb cb, void *user, megac_stats *st)
+{
+    pthread_mutex_lock(&m->mu);
+    megac_status rc = model_generate(m, prompt, nprompt, n_new, s, cb, user, st);
+    pthread_mutex_unlock(&m->mu);
+    return rc;
 }

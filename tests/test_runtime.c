@@ -17,6 +17,8 @@
 
 #include <criterion/criterion.h>
 #include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -613,6 +615,49 @@ Test(runtime, generate_sampling_follows_the_seed)
     for (int i = 0; i < a.n; i++)
         cr_assert(a.toks[i] >= 0 && a.toks[i] < V && a.toks[i] != 1 && a.toks[i] != 2);
     cr_assert_eq(megac_position(m), 2 + a.n - (a.n == 12 ? 1 : 0));
+    megac_close(m);
+    remove_bundle(dir);
+}
+
+/* One model stepped from several threads: calls are serialized, none hangs
+ * (two callers in the worker pool at once used to wait forever), and every
+ * step still computes the toy kernel's logits. */
+typedef struct {
+    megac_model *m;
+    int ok, bad;
+} StepJob;
+
+static void *step_job_run(void *p)
+{
+    StepJob *j = p;
+    for (int i = 0; i < 300; i++) {
+        megac_status st = megac_step(j->m, 1 + i % 200);
+        if (st == MEGAC_ERR_ARG)    /* the context is full: start over */
+            st = megac_reset(j->m);
+        else if (st == MEGAC_OK)
+            j->ok++;
+        j->bad += st != MEGAC_OK;
+    }
+    return NULL;
+}
+
+Test(runtime, one_model_from_several_threads_is_serialized, .timeout = 60)
+{
+    char *dir = make_bundle(2);
+    megac_model *m;
+    cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
+    StepJob jobs[3] = {{m, 0, 0}, {m, 0, 0}, {m, 0, 0}};
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, step_job_run, &jobs[i]), 0);
+    for (int i = 0; i < 3; i++) {
+        pthread_join(th[i], NULL);
+        cr_assert_eq(jobs[i].bad, 0, "thread %d: %s", i, megac_error(m));
+        cr_assert_gt(jobs[i].ok, 0);
+    }
+    cr_assert_eq(megac_reset(m), MEGAC_OK);
+    cr_assert_eq(megac_step(m, 72), MEGAC_OK, "%s", megac_error(m));
+    cr_assert_eq(megac_argmax(m), toy_argmax(72));
     megac_close(m);
     remove_bundle(dir);
 }
