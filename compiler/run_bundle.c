@@ -21,6 +21,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,6 +184,69 @@ static void bundle_remove(const char *dir)
     rmdir(dir);
 }
 
+/* How many bundles the cache keeps: MEGAC_CACHE_KEEP, default 8. */
+static int cache_keep(void)
+{
+    const char *e = getenv("MEGAC_CACHE_KEEP");
+    char *end;
+    long v = e && *e ? strtol(e, &end, 10) : 8;
+    return e && *e && (*end || v < 1 || v > 100000) ? 8 : (int)v;
+}
+
+typedef struct {
+    char *path;
+    struct timespec mtime;
+} CacheEntry;
+
+static int cache_entry_newer_first(const void *a, const void *b)
+{
+    const struct timespec *x = &((const CacheEntry *)a)->mtime, *y = &((const CacheEntry *)b)->mtime;
+    if (x->tv_sec != y->tv_sec)
+        return x->tv_sec < y->tv_sec ? 1 : -1;
+    return (x->tv_nsec < y->tv_nsec) - (x->tv_nsec > y->tv_nsec);
+}
+
+/* Marks bundle `dir` as just used and removes the least recently used
+ * bundles beyond cache_keep() (a model's bundle can be gigabytes). Only
+ * folders named as the cache names them (<16 hex digits>.megac) go. */
+static void cache_trim(const char *dir)
+{
+    utimensat(AT_FDCWD, dir, NULL, 0);
+    DIR *d = opendir(RUN_CACHE_DIR);
+    if (!d)
+        return;
+    CacheEntry *v = NULL;
+    size_t n = 0, cap = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        struct stat sb;
+        if (len != 22 || strcmp(e->d_name + 16, ".megac") != 0 || strspn(e->d_name, "0123456789abcdef") != 16)
+            continue;
+        char *p = xasprintf(RUN_CACHE_DIR "/%s", e->d_name);
+        if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+            free(p);
+            continue;
+        }
+        if (n == cap)
+            v = xrealloc(v, sizeof *v * (cap = cap ? 2 * cap : 16));
+        v[n++] = (CacheEntry){p, sb.st_mtim};
+    }
+    closedir(d);
+    qsort(v, n, sizeof *v, cache_entry_newer_first);
+    int keep = cache_keep(), removed = 0;
+    for (size_t i = 0; i < n; i++) {
+        if ((int)i >= keep && strcmp(v[i].path, dir) != 0) {
+            bundle_remove(v[i].path);
+            removed++;
+        }
+        free(v[i].path);
+    }
+    free(v);
+    if (removed)
+        fprintf(stderr, "megac run: removed %d least recently used cached bundle%s (the cache keeps %d: "
+                        "MEGAC_CACHE_KEEP)\n", removed, removed == 1 ? "" : "s", keep);
+}
+
 /* Compiles the description into the cache unless it is there (or when
  * `rebuild`: the cached copy does not open); returns the bundle path
  * (xmalloc'd) or NULL after reporting. *cached tells whether it was there.
@@ -205,6 +269,7 @@ static char *bundle_cached(const RunOptions *o, bool rebuild, bool *cached)
     if (have && !rebuild) {
         fprintf(stderr, "megac run: using the cached bundle %s\n", dir);
         *cached = true;
+        cache_trim(dir);
         return dir;
     }
     if (!have && access(dir, F_OK) == 0)
@@ -229,6 +294,7 @@ static char *bundle_cached(const RunOptions *o, bool rebuild, bool *cached)
         free(dir);
         return NULL;
     }
+    cache_trim(dir);
     return dir;
 }
 

@@ -244,6 +244,32 @@ Test(cli, run_sweeps_the_folders_of_killed_compiles)
     test_rm_rf(d);
 }
 
+/* The cache keeps the MEGAC_CACHE_KEEP most recently used bundles: three
+ * model variants with a keep of 2 leave the two last used, and using an
+ * old one again makes it the one kept. */
+Test(cli, run_cache_keeps_the_most_recently_used)
+{
+    char *d = tmp_dir(), out[16384], buf[1024], c[1200], first[1024];
+    snprintf(c, sizeof c, "%s/.megac-cache", d);
+    cr_assert_eq(megac(d, "run -n 3 --temp 0 --set max_seq=64", out, sizeof out), 0, "%s", out);
+    snprintf(first, sizeof first, "%s", dir_list(c, buf, sizeof buf));
+    cr_assert_eq(megac(d, "run -n 3 --temp 0 --set max_seq=65", out, sizeof out), 0, "%s", out);
+    sleep(1);   /* distinct modification times, even on coarse clocks */
+    cr_assert_eq(megac(d, "run -n 3 --temp 0 --set max_seq=64", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "using the cached bundle"), "%s", out);
+    sleep(1);
+    setenv("MEGAC_CACHE_KEEP", "2", 1);
+    cr_assert_eq(megac(d, "run -n 3 --temp 0 --set max_seq=66", out, sizeof out), 0, "%s", out);
+    unsetenv("MEGAC_CACHE_KEEP");
+    cr_assert(strstr(out, "removed 1 least recently used cached bundle"), "%s", out);
+    dir_list(c, buf, sizeof buf);
+    cr_assert(strstr(buf, first), "the bundle used again stays: %s", buf);
+    cr_assert_eq(megac(d, "run -n 3 --temp 0 --set max_seq=66", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "using the cached bundle"), "%s", out);
+    cr_assert(strchr(buf, ' ') && !strchr(strchr(buf, ' ') + 1, ' '), "two bundles: %s", buf);
+    test_rm_rf(d);
+}
+
 /* ---- option parsing ---- */
 
 /* One wording per kind of bad argument, whichever the command. */
