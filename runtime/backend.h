@@ -88,6 +88,17 @@ struct RtBackend {
 megac_status rt_fail(megac_model *m, megac_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Errors of calls without a model (a failed open, a NULL model, megac_sample)
+ * go to this thread's buffer, read by megac_error(NULL). */
+megac_status rt_loose_fail(megac_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void rt_loose_clear(void);
+
+/* ---- sampler.c ---- */
+/* Why a sampler's settings are refused (static text), or NULL. */
+const char *rt_sampler_error(const megac_sampler *s);
+/* The first logit that is NaN or +Inf (or 0 when all are -Inf), or -1. */
+int rt_logits_bad(const float *logits, int n);
+
 /* ---- bundle.c ---- */
 /* Parses manifest.yaml text; errors name `path` and the line. */
 megac_status rt_manifest_parse(RtManifest *man, const char *path, const char *text, size_t len,

@@ -30,16 +30,16 @@ typedef enum {
     MEGAC_ERR_FORMAT,       /* a bundle file is malformed or mismatched */
     MEGAC_ERR_ARG,          /* bad argument (token id, position past context) */
     MEGAC_ERR_DEVICE,       /* no driver / GPU, or a driver call failed */
-    MEGAC_ERR_KERNEL,       /* the kernel aborted (watchdog) */
+    MEGAC_ERR_KERNEL,       /* the kernel aborted (watchdog), or its logits are NaN/Inf */
     MEGAC_ERR_NOMEM,
 } megac_status;
 
 typedef struct megac_model megac_model;
 
 typedef struct megac_sampler {
-    float temperature;      /* 0 = greedy */
+    float temperature;      /* 0 = greedy; else finite and > 0 */
     int top_k;              /* 0 = off */
-    float top_p;            /* 1 = off */
+    float top_p;            /* 1 (or more) = off; NaN or < 0 is refused */
     uint64_t seed;
 } megac_sampler;
 
@@ -85,10 +85,15 @@ int megac_wants_bos(const megac_model *m, const char *text);
  * and the leading-space rule after BOS. */
 const char *megac_decode(megac_model *m, int prev_token, int token);
 
+/* Picks a token from n logits: returns its id in [0, n), or a negative
+ * status (-MEGAC_ERR_ARG: n < 1, a NULL pointer, bad sampler settings, or
+ * logits holding NaN/+Inf or only -Inf; -MEGAC_ERR_NOMEM) with the message in
+ * megac_error(NULL). *rng_state starts at 0 (seeded from s->seed). */
 int megac_sample(const float *logits, int n, const megac_sampler *s, uint64_t *rng_state);
 
 /* Feeds the prompt (already tokenized), then samples up to n_new tokens,
- * calling cb for each; stops at EOS/BOS or when cb returns non-zero. */
+ * calling cb for each; stops at EOS/BOS or when cb returns non-zero. s NULL
+ * is greedy; bad settings are refused before any step runs. */
 megac_status megac_generate(megac_model *m, const int *prompt, int nprompt, int n_new,
                             const megac_sampler *s, megac_token_cb cb, void *user, megac_stats *st);
 

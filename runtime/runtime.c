@@ -26,6 +26,17 @@ megac_status rt_fail(megac_model *m, megac_status st, const char *fmt, ...)
     return st;
 }
 
+megac_status rt_loose_fail(megac_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(open_error, sizeof open_error, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+void rt_loose_clear(void) { open_error[0] = 0; }
+
 /* The backend that runs a target's kernel; NULL if this runtime has none. */
 static const RtBackend *backend_for(const char *target)
 {
@@ -184,12 +195,23 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The next token after a step: the kernel's argmax when greedy. */
-static int generate_pick(megac_model *m, const megac_sampler *s, uint64_t *rng)
+/* The next token after a step: the kernel's argmax when greedy. Non-finite
+ * logits are refused, naming the position: they come from a diverging
+ * model, and no token is right. */
+static megac_status generate_pick(megac_model *m, const megac_sampler *s, uint64_t *rng, int *tok)
 {
-    if (!s || s->temperature <= 0.0f)
-        return megac_argmax(m);
-    return megac_sample(megac_logits(m), m->man.vocab, s, rng);
+    int bad = rt_logits_bad(m->logits, m->man.vocab);
+    if (bad >= 0)
+        return rt_fail(m, MEGAC_ERR_KERNEL, "the logits at position %d are not finite: token %d has %g", m->pos - 1,
+                       bad, (double)m->logits[bad]);
+    if (!s || s->temperature == 0.0f) {
+        *tok = megac_argmax(m);
+        return MEGAC_OK;
+    }
+    *tok = megac_sample(m->logits, m->man.vocab, s, rng);
+    if (*tok < 0)
+        return rt_fail(m, (megac_status)-*tok, "%s", megac_error(NULL));
+    return MEGAC_OK;
 }
 
 static megac_status model_generate(megac_model *m, const int *prompt, int nprompt, int n_new, const megac_sampler *s,
@@ -201,6 +223,8 @@ static megac_status model_generate(megac_model *m, const int *prompt, int npromp
     memset(st, 0, sizeof *st);
     if (nprompt < 1)
         return rt_fail(m, MEGAC_ERR_ARG, "megac_generate needs at least one prompt token (BOS)");
+    if (s && rt_sampler_error(s))
+        return rt_fail(m, MEGAC_ERR_ARG, "megac_generate: %s", rt_sampler_error(s));
     uint64_t rng = 0;       /* 0: megac_sample seeds it from s->seed, as the reference engine does */
     double t0 = now_s();
     megac_status rc;
@@ -212,9 +236,9 @@ static megac_status model_generate(megac_model *m, const int *prompt, int npromp
     st->prefill_s = t1 - t0;
     int prev = prompt[nprompt - 1];
     for (int i = 0; i < n_new; i++) {
-        int tok = generate_pick(m, s, &rng);
-        if (tok < 0 && s && s->temperature > 0.0f)
-            return rt_fail(m, MEGAC_ERR_NOMEM, "the sampler could not allocate its candidates");
+        int tok = -1;
+        if ((rc = generate_pick(m, s, &rng, &tok)))
+            return rc;
         if (tok < 0 || tok >= m->man.vocab)
             return rt_fail(m, MEGAC_ERR_KERNEL, "the kernel chose token %d, outside the vocabulary", tok);
         if (tok == m->man.eos || tok == m->man.bos)

@@ -619,6 +619,40 @@ Test(runtime, generate_sampling_follows_the_seed)
     remove_bundle(dir);
 }
 
+/* Bad sampler settings are refused before any step runs; NaN logits stop
+ * generation with an error that names the position, not a garbage token. */
+Test(runtime, generate_refuses_bad_samplers_and_nan_logits)
+{
+    char *dir = make_bundle(2);
+    megac_model *m;
+    cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
+    int prompt[] = {1, 50};
+    megac_sampler bad[] = {{NAN, 0, 1, 42}, {INFINITY, 0, 1, 42}, {-1, 0, 1, 42}, {1, 0, NAN, 42}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(megac_generate(m, prompt, 2, 5, &bad[i], NULL, NULL, NULL), MEGAC_ERR_ARG, "case %zu", i);
+        cr_assert(strstr(megac_error(m), "megac_generate: t"), "%s", megac_error(m));
+        cr_assert_eq(megac_position(m), 0, "case %zu: a step ran", i);
+    }
+    megac_close(m);
+    float *w = malloc(sizeof(float) * V * V);
+    for (int t = 0; t < V; t++)
+        for (int i = 0; i < V; i++)
+            w[t * V + i] = toy_weight(t, i);
+    w[50 * V + 7] = NAN;
+    write_file(dir, "weights.bin", w, sizeof(float) * V * V);
+    free(w);
+    cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
+    megac_sampler greedy = {0, 0, 1, 0}, warm = {1, 0, 1, 42};
+    cr_assert_eq(megac_generate(m, prompt, 2, 5, &greedy, NULL, NULL, NULL), MEGAC_ERR_KERNEL);
+    cr_assert(strstr(megac_error(m), "position 1") && strstr(megac_error(m), "token 7 has nan"), "%s",
+              megac_error(m));
+    cr_assert_eq(megac_reset(m), MEGAC_OK);
+    cr_assert_eq(megac_generate(m, prompt, 2, 5, &warm, NULL, NULL, NULL), MEGAC_ERR_KERNEL);
+    cr_assert(strstr(megac_error(m), "position 1"), "%s", megac_error(m));
+    megac_close(m);
+    remove_bundle(dir);
+}
+
 /* One model stepped from several threads: calls are serialized, none hangs
  * (two callers in the worker pool at once used to wait forever), and every
  * step still computes the toy kernel's logits. */

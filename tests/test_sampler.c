@@ -7,6 +7,7 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <string.h>
 
 /* Counts the draws of each of 3 tokens over n samples. */
 static void sample_counts(const float *logits, const megac_sampler *s, int n, int counts[3])
@@ -118,4 +119,68 @@ Test(sampler, same_seed_same_sequence)
     uint64_t r0 = 0;
     megac_sample(lg, 8, &z, &r0);
     cr_assert_neq(r0, 0, "seed 0 still starts a non-zero state");
+}
+
+/* n < 1 used to read c[-1] (n == 0) or ask malloc for 2^64 bytes (n < 0). */
+Test(sampler, bad_arguments_are_refused)
+{
+    float lg[4] = {1, 2, 3, 0};
+    uint64_t rng = 0;
+    megac_sampler s = {.temperature = 1, .top_p = 1, .seed = 1}, g = {.temperature = 0, .top_p = 1};
+    cr_assert_eq(megac_sample(lg, 0, &s, &rng), -MEGAC_ERR_ARG);
+    cr_assert(strstr(megac_error(NULL), "n must be at least 1"), "%s", megac_error(NULL));
+    cr_assert_eq(megac_sample(lg, -1, &s, &rng), -MEGAC_ERR_ARG);
+    cr_assert_eq(megac_sample(lg, 0, &g, &rng), -MEGAC_ERR_ARG);
+    cr_assert_eq(megac_sample(NULL, 4, &s, &rng), -MEGAC_ERR_ARG);
+    cr_assert_eq(megac_sample(lg, 4, NULL, &rng), -MEGAC_ERR_ARG);
+    cr_assert_eq(megac_sample(lg, 4, &s, NULL), -MEGAC_ERR_ARG);
+    cr_assert_eq(megac_sample(lg, 4, &s, &rng) >= 0, true);
+    cr_assert_str_eq(megac_error(NULL), "", "a success clears the message");
+}
+
+/* NaN, infinite or negative temperatures and NaN or negative top_p used to
+ * give a fixed token (the last id) with no error. */
+Test(sampler, bad_settings_are_refused)
+{
+    float lg[4] = {1, 2, 3, 0};
+    megac_sampler bad[] = {
+        {.temperature = NAN, .top_p = 1},      {.temperature = INFINITY, .top_p = 1},
+        {.temperature = -1, .top_p = 1},       {.temperature = 1, .top_p = NAN},
+        {.temperature = 1, .top_p = -0.5f},    {.temperature = -INFINITY, .top_p = 1},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint64_t rng = 0;
+        cr_assert_eq(megac_sample(lg, 4, &bad[i], &rng), -MEGAC_ERR_ARG, "case %zu", i);
+        cr_assert(strstr(megac_error(NULL), "megac_sample: "), "%s", megac_error(NULL));
+    }
+}
+
+/* NaN or +Inf logits (a diverging model) have no meaningful draw. */
+Test(sampler, non_finite_logits_are_refused)
+{
+    float a[4] = {NAN, 1, 2, 0}, b[4] = {1, INFINITY, 2, 0}, c[3] = {-INFINITY, -INFINITY, -INFINITY};
+    float d[3] = {-INFINITY, 2, -INFINITY};
+    megac_sampler s = {.temperature = 1, .top_p = 1, .seed = 1}, g = {.temperature = 0, .top_p = 1};
+    uint64_t rng = 0;
+    cr_assert_eq(megac_sample(a, 4, &s, &rng), -MEGAC_ERR_ARG);
+    cr_assert(strstr(megac_error(NULL), "logit 0 is nan"), "%s", megac_error(NULL));
+    cr_assert_eq(megac_sample(b, 4, &s, &rng), -MEGAC_ERR_ARG);
+    cr_assert(strstr(megac_error(NULL), "logit 1 is inf"), "%s", megac_error(NULL));
+    cr_assert_eq(megac_sample(b, 4, &g, &rng), -MEGAC_ERR_ARG);
+    cr_assert_eq(megac_sample(c, 3, &s, &rng), -MEGAC_ERR_ARG);
+    cr_assert_eq(megac_sample(d, 3, &s, &rng), 1, "-inf masks a token");
+}
+
+/* At a huge temperature every p rounds to 1/n; the ranking still follows
+ * the logits, so top-k 1 and a tiny top-p are the argmax, not token 0. */
+Test(sampler, huge_temperature_top_k_one_is_argmax)
+{
+    float lg[6] = {0.1f, -2, 0.5f, 3, 1, 0.2f};
+    megac_sampler k1 = {.temperature = 1e30f, .top_k = 1, .top_p = 1, .seed = 3};
+    megac_sampler p0 = {.temperature = 1e30f, .top_k = 0, .top_p = 1e-9f, .seed = 3};
+    uint64_t rng = 0;
+    for (int i = 0; i < 20; i++) {
+        cr_assert_eq(megac_sample(lg, 6, &k1, &rng), 3);
+        cr_assert_eq(megac_sample(lg, 6, &p0, &rng), 3);
+    }
 }
