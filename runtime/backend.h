@@ -58,6 +58,8 @@ struct megac_model {
     RtManifest man;
     const RtBackend *be;
     void *be_state;             /* owned by the backend */
+    char *kernel_image;         /* the kernel file's checked bytes (until the backend opens) */
+    size_t kernel_len;
     const void *weights;        /* weights.bin, mmap'd read-only */
     size_t weights_len;
     Tokenizer *tok;
@@ -105,7 +107,8 @@ megac_status rt_manifest_parse(RtManifest *man, const char *path, const char *te
                                char *err, size_t errlen);
 /* Reads manifest.yaml, checks schedule.sched against its hash and the
  * kernel file against its size and hash, maps weights.bin (size checked)
- * and loads tokenizer.bin. */
+ * and loads tokenizer.bin. The kernel's checked bytes stay in
+ * m->kernel_image for the backend (rt_bundle_unload frees them). */
 megac_status rt_bundle_load(megac_model *m);
 /* Refuses a manifest key that disagrees with facts[MEGAC_NFACTS] (kernel_abi.h),
  * which `file` reports: "FILE: error: WHO counters 22, but manifest.yaml says

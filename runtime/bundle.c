@@ -427,7 +427,8 @@ static megac_status bundle_kernel_check(megac_model *m)
     if (!bytes)
         return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read the kernel: %s", path, strerror(errno));
     uint64_t h = rt_fnv1a(bytes, len);
-    free(bytes);
+    m->kernel_image = bytes;
+    m->kernel_len = len;
     if (h != m->man.kernel_hash)
         return rt_fail(m, MEGAC_ERR_FORMAT,
                        "%s: error: its hash is %016" PRIx64 ", but the manifest says kernel_hash: %016" PRIx64
@@ -492,6 +493,8 @@ megac_status rt_bundle_load(megac_model *m)
 
 void rt_bundle_unload(megac_model *m)
 {
+    free(m->kernel_image);
+    m->kernel_image = NULL;
     if (m->weights)
         munmap((void *)m->weights, m->weights_len);
     m->weights = NULL;

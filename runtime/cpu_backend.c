@@ -13,6 +13,13 @@
  * after step, and waking parked threads cost ~3% of a 1.7 ms SmolLM2 step
  * on a 2-vCPU VM.
  *
+ * The kernel is loaded from a private copy of the bytes bundle.c checked
+ * ($TMPDIR/megac-XXXXXX/kernel.so, removed at close): dlopen returns the
+ * library already loaded under the same path, so a bundle recompiled while
+ * a model of it is open would otherwise get the old kernel.so (a false
+ * schedule mismatch, or silently the old code). Where no copy can be made
+ * or loaded (a noexec temp folder), the bundle's file is loaded itself.
+ *
  * MEGAC_WATCHDOG_MS in the environment (read at open) sets the kernel's
  * wait deadline (MegacArgs.timeout_ns); unset, the kernel's default holds.
  */
@@ -27,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* How long a worker watches for the next step before it parks. */
 #define CPU_SPIN_NS 500000
@@ -44,6 +52,7 @@ typedef struct CpuThread {
 
 struct CpuPool {
     void *dl;
+    char copy[4096];            /* the private kernel.so copy, "" if none */
     megac_worker_fn worker;
     void *arena;                /* arena_bytes, 64-byte aligned */
     uint32_t *counters;
@@ -220,6 +229,42 @@ static megac_status cpu_threads_start(megac_model *m, CpuPool *pool)
     return MEGAC_OK;
 }
 
+/* Writes the checked kernel bytes to a fresh temp folder and loads them;
+ * NULL (pool->copy cleared) if that fails. */
+static void *cpu_dlopen_copy(megac_model *m, CpuPool *pool)
+{
+    const char *tmp = getenv("TMPDIR");
+    char dir[4000];
+    if (!m->kernel_image || !tmp || !*tmp)
+        tmp = "/tmp";
+    if (!m->kernel_image || snprintf(dir, sizeof dir, "%s/megac-XXXXXX", tmp) >= (int)sizeof dir || !mkdtemp(dir))
+        return NULL;
+    snprintf(pool->copy, sizeof pool->copy, "%s/kernel.so", dir);
+    FILE *f = fopen(pool->copy, "wb");
+    bool ok = f && fwrite(m->kernel_image, 1, m->kernel_len, f) == m->kernel_len;
+    if (f && fclose(f) != 0)
+        ok = false;
+    void *dl = ok ? dlopen(pool->copy, RTLD_NOW | RTLD_LOCAL) : NULL;
+    if (!dl) {
+        unlink(pool->copy);
+        rmdir(dir);
+        pool->copy[0] = 0;
+    }
+    return dl;
+}
+
+/* Removes the private copy (its folder is the name without /kernel.so). */
+static void cpu_copy_remove(CpuPool *pool)
+{
+    if (!pool->copy[0])
+        return;
+    unlink(pool->copy);
+    char *slash = strrchr(pool->copy, '/');
+    *slash = 0;
+    rmdir(pool->copy);
+    pool->copy[0] = 0;
+}
+
 static void cpu_close(megac_model *m)
 {
     CpuPool *pool = m->be_state;
@@ -239,6 +284,7 @@ static void cpu_close(megac_model *m)
     /* dlclose only after every thread that ran kernel code has exited */
     if (pool->dl)
         dlclose(pool->dl);
+    cpu_copy_remove(pool);
     free(pool->counters);
     free(pool->arena);
     free(pool);
@@ -260,7 +306,9 @@ static megac_status cpu_open(megac_model *m)
         return rt_fail(m, MEGAC_ERR_NOMEM, "cannot create the worker pool's mutex and condition variables");
     }
     m->be_state = pool;
-    pool->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    pool->dl = cpu_dlopen_copy(m, pool);
+    if (!pool->dl)
+        pool->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!pool->dl)
         return rt_fail(m, MEGAC_ERR_IO, "%s: cannot load the kernel: %s", path, dlerror());
     megac_status st;

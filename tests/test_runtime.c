@@ -653,6 +653,30 @@ Test(runtime, generate_refuses_bad_samplers_and_nan_logits)
     remove_bundle(dir);
 }
 
+/* A bundle recompiled (replaced by rename, as megac compile does) while a
+ * model of it is open: a new open gets the new kernel.so, not the library
+ * dlopen already holds under the same path. */
+Test(runtime, reopening_a_recompiled_bundle_loads_the_new_kernel)
+{
+    char *dir = make_bundle(2), *next = make_bundle(3), old[1100];
+    megac_model *a, *b;
+    cr_assert_eq(megac_open(dir, &a), MEGAC_OK, "%s", megac_last_open_error());
+    snprintf(old, sizeof old, "%s.old", dir);
+    cr_assert_eq(rename(dir, old), 0);
+    cr_assert_eq(rename(next, dir), 0);
+    cr_assert_eq(megac_open(dir, &b), MEGAC_OK, "%s", megac_last_open_error());
+    cr_assert_eq(megac_num_workers(b), 3);
+    cr_assert_eq(megac_step(b, 72), MEGAC_OK, "%s", megac_error(b));
+    cr_assert_eq(megac_argmax(b), toy_argmax(72));
+    cr_assert_eq(megac_step(a, 72), MEGAC_OK, "%s", megac_error(a));
+    cr_assert_eq(megac_argmax(a), toy_argmax(72));
+    megac_close(a);
+    megac_close(b);
+    remove_bundle(dir);
+    remove_bundle(strdup(old));
+    free(next);
+}
+
 /* One model stepped from several threads: calls are serialized, none hangs
  * (two callers in the worker pool at once used to wait forever), and every
  * step still computes the toy kernel's logits. */
