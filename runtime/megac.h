@@ -4,7 +4,13 @@
  * LLVM; the CUDA driver is loaded with dlopen when a bundle needs it.
  *
  * Every call returns MEGAC_OK or an error status; megac_error() gives the
- * message. The runtime never exits the process.
+ * message. The runtime never exits the process. A NULL model or pointer
+ * argument is refused with MEGAC_ERR_ARG (the facts of a NULL model read 0,
+ * or -1 for token ids). megac_error(m) is cleared when a call on m that can
+ * fail starts: it is "" after a success. megac_error(NULL) (the same as
+ * megac_last_open_error) is this thread's last error of a call without a
+ * model: a failed megac_open, a NULL model, megac_sample; never NULL.
+ * megac_close frees m and the memory megac_logits pointed to.
  *
  * Threads: one model may be used from several threads; its calls that run
  * or change it (step, reset, generate, encode, decode) take the model's

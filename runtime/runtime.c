@@ -76,8 +76,10 @@ static bool model_mutex_init(megac_model *m)
 
 megac_status megac_open(const char *bundle_dir, megac_model **out)
 {
-    *out = NULL;
     open_error[0] = 0;
+    if (!out)
+        return rt_loose_fail(MEGAC_ERR_ARG, "megac_open: no place for the model given");
+    *out = NULL;
     if (!bundle_dir) {
         snprintf(open_error, sizeof open_error, "megac_open: no bundle folder given");
         return MEGAC_ERR_ARG;
@@ -115,19 +117,30 @@ void megac_close(megac_model *m)
     free(m);
 }
 
+/* A NULL model fails every call: the message goes to this thread's buffer. */
+#define NEED_MODEL(m, who, ret)                                                  \
+    do {                                                                         \
+        if (!(m)) {                                                              \
+            rt_loose_fail(MEGAC_ERR_ARG, "%s: no model given", who);             \
+            return ret;                                                          \
+        }                                                                        \
+    } while (0)
+
 const char *megac_error(const megac_model *m) { return m ? m->err : open_error; }
 const char *megac_last_open_error(void) { return open_error; }
 
-int megac_vocab_size(const megac_model *m) { return m->man.vocab; }
-int megac_max_seq(const megac_model *m) { return m->man.max_seq; }
-int megac_bos(const megac_model *m) { return m->man.bos; }
-int megac_eos(const megac_model *m) { return m->man.eos; }
-int megac_num_workers(const megac_model *m) { return (int)m->man.workers; }
-uint64_t megac_weights_bytes(const megac_model *m) { return m->man.weights_bytes; }
-int megac_position(const megac_model *m) { return m->pos; }
+/* Facts of a NULL model: 0, or -1 for the token ids. */
+int megac_vocab_size(const megac_model *m) { return m ? m->man.vocab : 0; }
+int megac_max_seq(const megac_model *m) { return m ? m->man.max_seq : 0; }
+int megac_bos(const megac_model *m) { return m ? m->man.bos : -1; }
+int megac_eos(const megac_model *m) { return m ? m->man.eos : -1; }
+int megac_num_workers(const megac_model *m) { return m ? (int)m->man.workers : 0; }
+uint64_t megac_weights_bytes(const megac_model *m) { return m ? m->man.weights_bytes : 0; }
+int megac_position(const megac_model *m) { return m ? m->pos : 0; }
 
 megac_status megac_reset(megac_model *m)
 {
+    NEED_MODEL(m, "megac_reset", MEGAC_ERR_ARG);
     pthread_mutex_lock(&m->mu);
     m->pos = 0;
     m->stepped = false;
@@ -139,6 +152,7 @@ megac_status megac_reset(megac_model *m)
 
 static megac_status model_step(megac_model *m, int token)
 {
+    m->err[0] = 0;
     if (token < 0 || token >= m->man.vocab)
         return rt_fail(m, MEGAC_ERR_ARG, "token %d is outside the vocabulary [0, %d)", token, m->man.vocab);
     if (m->pos >= m->man.max_seq)
@@ -154,23 +168,31 @@ static megac_status model_step(megac_model *m, int token)
 
 megac_status megac_step(megac_model *m, int token)
 {
+    NEED_MODEL(m, "megac_step", MEGAC_ERR_ARG);
     pthread_mutex_lock(&m->mu);
     megac_status st = model_step(m, token);
     pthread_mutex_unlock(&m->mu);
     return st;
 }
 
-const float *megac_logits(const megac_model *m) { return m->stepped ? m->logits : NULL; }
-int megac_argmax(const megac_model *m) { return m->stepped ? m->next : -1; }
+const float *megac_logits(const megac_model *m) { return m && m->stepped ? m->logits : NULL; }
+int megac_argmax(const megac_model *m) { return m && m->stepped ? m->next : -1; }
 
 int megac_wants_bos(const megac_model *m, const char *text)
 {
-    return tok_default_bos(m->tok, text);
+    return m ? tok_default_bos(m->tok, text) : 0;
 }
 
 int megac_encode(megac_model *m, const char *text, int add_bos, int *ids, int cap)
 {
+    NEED_MODEL(m, "megac_encode", -1);
+    if (!text || !ids || cap < 0) {
+        rt_fail(m, MEGAC_ERR_ARG, "megac_encode: %s",
+                !text ? "no text given" : !ids ? "no ids array given" : "cap is negative");
+        return -1;
+    }
     pthread_mutex_lock(&m->mu);
+    m->err[0] = 0;
     int n = tok_encode(m->tok, text, add_bos < 0 ? tok_default_bos(m->tok, text) : add_bos != 0, ids, cap);
     if (n < 0)
         rt_fail(m, MEGAC_ERR_ARG, "the prompt needs more than %d tokens", cap);
@@ -180,6 +202,7 @@ int megac_encode(megac_model *m, const char *text, int add_bos, int *ids, int ca
 
 const char *megac_decode(megac_model *m, int prev_token, int token)
 {
+    NEED_MODEL(m, "megac_decode", "");
     pthread_mutex_lock(&m->mu);
     m->piece[0] = 0;
     if (token >= 0 && token < tok_vocab(m->tok))    /* ids past the tokenizer's: no text */
@@ -221,6 +244,9 @@ static megac_status model_generate(megac_model *m, const int *prompt, int npromp
     if (!st)
         st = &local;
     memset(st, 0, sizeof *st);
+    m->err[0] = 0;
+    if (!prompt)
+        return rt_fail(m, MEGAC_ERR_ARG, "megac_generate: no prompt given");
     if (nprompt < 1)
         return rt_fail(m, MEGAC_ERR_ARG, "megac_generate needs at least one prompt token (BOS)");
     if (s && rt_sampler_error(s))
@@ -259,6 +285,7 @@ static megac_status model_generate(megac_model *m, const int *prompt, int npromp
 megac_status megac_generate(megac_model *m, const int *prompt, int nprompt, int n_new, const megac_sampler *s,
                             megac_token_cb cb, void *user, megac_stats *st)
 {
+    NEED_MODEL(m, "megac_generate", MEGAC_ERR_ARG);
     pthread_mutex_lock(&m->mu);
     megac_status rc = model_generate(m, prompt, nprompt, n_new, s, cb, user, st);
     pthread_mutex_unlock(&m->mu);

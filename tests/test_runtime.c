@@ -677,6 +677,39 @@ Test(runtime, reopening_a_recompiled_bundle_loads_the_new_kernel)
     free(next);
 }
 
+/* NULL models and pointers are MEGAC_ERR_ARG, not a crash; a success
+ * clears the message a failure left. */
+Test(runtime, null_arguments_and_stale_errors)
+{
+    cr_assert_eq(megac_open("x", NULL), MEGAC_ERR_ARG);
+    cr_assert(strstr(megac_error(NULL), "megac_open"), "%s", megac_error(NULL));
+    cr_assert_eq(megac_step(NULL, 1), MEGAC_ERR_ARG);
+    cr_assert_str_eq(megac_error(NULL), "megac_step: no model given");
+    cr_assert_eq(megac_reset(NULL), MEGAC_ERR_ARG);
+    cr_assert_eq(megac_generate(NULL, (int[]){1}, 1, 1, NULL, NULL, NULL, NULL), MEGAC_ERR_ARG);
+    cr_assert_eq(megac_encode(NULL, "hi", 1, (int[4]){0}, 4), -1);
+    cr_assert_str_eq(megac_decode(NULL, -1, 5), "");
+    cr_assert_eq(megac_vocab_size(NULL), 0);
+    cr_assert_eq(megac_eos(NULL), -1);
+    cr_assert_null(megac_logits(NULL));
+    cr_assert_eq(megac_argmax(NULL), -1);
+    char *dir = make_bundle(1);
+    megac_model *m;
+    cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
+    int ids[8];
+    cr_assert_eq(megac_encode(m, NULL, 1, ids, 8), -1);
+    cr_assert_eq(megac_encode(m, "hi", 1, NULL, 8), -1);
+    cr_assert_eq(megac_generate(m, NULL, 2, 1, NULL, NULL, NULL, NULL), MEGAC_ERR_ARG);
+    cr_assert_eq(megac_step(m, -1), MEGAC_ERR_ARG);
+    cr_assert_eq(megac_step(m, 1), MEGAC_OK);
+    cr_assert_str_eq(megac_error(m), "", "a stale message after a success");
+    cr_assert_eq(megac_encode(m, "hello", 1, ids, 1), -1);
+    cr_assert_gt(megac_encode(m, "hi", 1, ids, 8), 0);
+    cr_assert_str_eq(megac_error(m), "");
+    megac_close(m);
+    remove_bundle(dir);
+}
+
 /* One model stepped from several threads: calls are serialized, none hangs
  * (two callers in the worker pool at once used to wait forever), and every
  * step still computes the toy kernel's logits. */
