@@ -347,9 +347,11 @@ typedef struct {
     bool bos_added;         /* prompt[0] is the BOS the encoder put there */
     int generated;          /* sampled tokens */
     int positions;          /* steps run */
+    bool sample_failed;     /* the sampler refused the logits (reported) */
 } RunRef;
 
-/* The llama2.c loop; returns false when stdout fails. */
+/* The llama2.c loop; returns false when stdout fails or the sampler
+ * refuses (r->sample_failed, reported). */
 static bool run_ref_generate(RunRef *r, const RunOptions *o, int steps)
 {
     megac_sampler smp = {o->temperature, o->top_k, o->top_p, o->seed};
@@ -366,8 +368,11 @@ static bool run_ref_generate(RunRef *r, const RunOptions *o, int steps)
             next = r->prompt[pos + 1];
         } else {
             next = megac_sample(logits, r->m->vocab_size, &smp, &rng);
-            if (next < 0)
-                die("out of memory in the sampler");
+            if (next < 0) {
+                fprintf(stderr, "megac run: position %d: %s\n", pos, megac_error(NULL));
+                r->sample_failed = true;
+                return false;
+            }
             if (next == r->bos || next == r->eos)
                 break;      /* the stop token is not counted, as in megac_generate */
             r->generated++;
@@ -442,6 +447,8 @@ static int run_ref_decode(const ModelDesc *m, const Weights *w, const Tokenizer 
     double dt = run_now() - t0;
     ref_free(r.ref);
     free(r.prompt);
+    if (!ok && r.sample_failed)
+        return 2;
     if (!ok) {
         fprintf(stderr, "megac run: writing the text failed: %s\n", strerror(errno));
         return 1;

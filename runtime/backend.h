@@ -116,6 +116,11 @@ megac_status rt_bundle_load(megac_model *m);
 megac_status rt_facts_check(megac_model *m, const uint64_t *facts, const char *file, const char *who);
 void rt_bundle_unload(megac_model *m);
 uint64_t rt_fnv1a(const void *p, size_t n);
+/* The wait deadline MEGAC_WATCHDOG_MS asks for, in ns: 0 (the kernel's
+ * default) when unset, empty, 0 or not a plain decimal number; at most
+ * RT_WATCHDOG_MAX_MS (about 11.6 days: "never" in practice). */
+#define RT_WATCHDOG_MAX_MS 1000000000ull
+uint64_t rt_watchdog_ns(void);
 /* `dir/name` into buf; false if it does not fit. */
 bool rt_path(char *buf, size_t cap, const char *dir, const char *name);
 

@@ -98,6 +98,17 @@ uint64_t rt_fnv1a(const void *p, size_t n)
     return h;
 }
 
+uint64_t rt_watchdog_ns(void)
+{
+    const char *t = getenv("MEGAC_WATCHDOG_MS");
+    if (!t || !*t || strspn(t, "0123456789") != strlen(t))
+        return 0;
+    uint64_t ms = 0;
+    for (; *t && ms <= RT_WATCHDOG_MAX_MS; t++)
+        ms = 10 * ms + (uint64_t)(*t - '0');
+    return (ms < RT_WATCHDOG_MAX_MS ? ms : RT_WATCHDOG_MAX_MS) * 1000000ull;
+}
+
 bool rt_path(char *buf, size_t cap, const char *dir, const char *name)
 {
     int n = snprintf(buf, cap, "%s/%s", dir, name);

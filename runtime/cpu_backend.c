@@ -20,8 +20,9 @@
  * schedule mismatch, or silently the old code). Where no copy can be made
  * or loaded (a noexec temp folder), the bundle's file is loaded itself.
  *
- * MEGAC_WATCHDOG_MS in the environment (read at open) sets the kernel's
- * wait deadline (MegacArgs.timeout_ns); unset, the kernel's default holds.
+ * MEGAC_WATCHDOG_MS in the environment (read at open, rt_watchdog_ns) sets
+ * the kernel's wait deadline (MegacArgs.timeout_ns); unset, the kernel's
+ * default holds.
  */
 #include "runtime/backend.h"
 
@@ -178,8 +179,7 @@ static megac_status cpu_memory_init(megac_model *m, CpuPool *pool)
     pool->args.arena = pool->arena;
     pool->args.counters = pool->counters;
     pool->args.abort_info = &pool->abort_info;
-    const char *t = getenv("MEGAC_WATCHDOG_MS");
-    pool->args.timeout_ns = t ? (uint64_t)strtoull(t, NULL, 10) * 1000000ull : 0;
+    pool->args.timeout_ns = rt_watchdog_ns();
     m->logits = (const float *)((const char *)pool->arena + m->man.off_logits);
     return MEGAC_OK;
 }

@@ -206,8 +206,7 @@ static megac_status cuda_memory_init(megac_model *m, CudaState *st)
     st->args.arena = (void *)(uintptr_t)st->arena;
     st->args.abort_info = (MegacAbort *)(uintptr_t)st->ctl;
     st->args.counters = (uint32_t *)(uintptr_t)(st->ctl + sizeof(MegacAbort));
-    const char *t = getenv("MEGAC_WATCHDOG_MS");
-    st->args.timeout_ns = t ? (uint64_t)strtoull(t, NULL, 10) * 1000000ull : 0;
+    st->args.timeout_ns = rt_watchdog_ns();
     m->logits = st->host->logits;
     return MEGAC_OK;
 }

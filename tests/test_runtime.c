@@ -328,6 +328,27 @@ Test(runtime, watchdog_abort_is_reported_not_hung)
     remove_bundle(dir);
 }
 
+/* MEGAC_WATCHDOG_MS: plain milliseconds, at most RT_WATCHDOG_MAX_MS (a
+ * huge value meant as "never" wrapped around to 448 us before); anything
+ * else leaves the kernel's default. */
+Test(runtime, watchdog_setting_is_parsed_with_care)
+{
+    static const struct {
+        const char *v;
+        uint64_t ns;
+    } cases[] = {{"250", 250000000ull},  {"0", 0},       {"", 0},        {"abc", 0},
+                 {"-5", 0},              {"12ms", 0},    {" 7", 0},
+                 {"18446744073710", RT_WATCHDOG_MAX_MS * 1000000ull},
+                 {"99999999999999999999999", RT_WATCHDOG_MAX_MS * 1000000ull}};
+    unsetenv("MEGAC_WATCHDOG_MS");
+    cr_assert_eq(rt_watchdog_ns(), 0);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        setenv("MEGAC_WATCHDOG_MS", cases[i].v, 1);
+        cr_assert_eq(rt_watchdog_ns(), cases[i].ns, "'%s'", cases[i].v);
+    }
+    unsetenv("MEGAC_WATCHDOG_MS");
+}
+
 typedef struct {
     int n, stop_after;
     int toks[64];
