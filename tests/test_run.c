@@ -204,6 +204,29 @@ Test(run_cmd, smollm2_gguf_chat_option, .timeout = 60)
     cr_assert(strstr(err2, "prompt tokens: 16,"), "stderr: %s", err2);
 }
 
+/* The same real weights through the HF path (safetensors f32 made by
+ * scripts/smollm2-gguf-to-hf.py, config.json, tokenizer.json, half-split
+ * RoPE rows) and through the GGUF path (Q4_1 blocks, GGUF vocabulary,
+ * adjacent rows): the same greedy text for 128 positions. */
+#define SMOLLM2_HF MEGAC_SRC "/../cache/smollm2-hf/model.safetensors"
+Test(run_cmd, smollm2_hf_equals_gguf, .timeout = 120)
+{
+    if (access(SMOLLM2_GGUF, R_OK) != 0 || access(SMOLLM2_HF, R_OK) != 0)
+        cr_skip_test("%s or %s is absent (see models/smollm2-135m-instruct-hf.yaml)", SMOLLM2_GGUF, SMOLLM2_HF);
+    if (access(SHARED "/models/smollm2-tokenizer.json", R_OK) != 0)
+        cr_skip_test("../shared/models/smollm2-tokenizer.json is absent");
+    static char out[1 << 16], err[4096], out2[1 << 16], err2[4096];
+    const char *tail = "--temp 0 -n 128 --prompt 'Once upon a time, there was a dragon who'";
+    char *args = xasprintf("models/smollm2-135m-instruct-gguf.yaml --set weights.path=%s %s", SMOLLM2_GGUF, tail);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
+    free(args);
+    args = xasprintf("models/smollm2-135m-instruct-hf.yaml --set weights.path=%s %s", SMOLLM2_HF, tail);
+    cr_assert_eq(megac_run(args, out2, sizeof out2, err2, sizeof err2), 0, "stderr: %s", err2);
+    free(args);
+    cr_assert_gt(strlen(out), 300, "%s", out);
+    cr_assert_str_eq(out2, out);
+}
+
 /* A tokenizer without a chat format's special tokens: --chat is refused. */
 Test(run_cmd, chat_needs_a_known_format, .timeout = 60)
 {
