@@ -14,7 +14,8 @@
  * on a 2-vCPU VM.
  *
  * The kernel is loaded from a private copy of the bytes bundle.c checked
- * ($TMPDIR/megac-XXXXXX/kernel.so, removed at close): dlopen returns the
+ * ($TMPDIR/megac-XXXXXX/kernel.so, removed as soon as it is loaded, so a
+ * killed process leaves nothing behind): dlopen returns the
  * library already loaded under the same path, so a bundle recompiled while
  * a model of it is open would otherwise get the old kernel.so (a false
  * schedule mismatch, or silently the old code). Where no copy can be made
@@ -53,7 +54,6 @@ typedef struct CpuThread {
 
 struct CpuPool {
     void *dl;
-    char copy[4096];            /* the private kernel.so copy, "" if none */
     megac_worker_fn worker;
     void *arena;                /* arena_bytes, 64-byte aligned */
     uint32_t *counters;
@@ -230,39 +230,25 @@ static megac_status cpu_threads_start(megac_model *m, CpuPool *pool)
 }
 
 /* Writes the checked kernel bytes to a fresh temp folder and loads them;
- * NULL (pool->copy cleared) if that fails. */
-static void *cpu_dlopen_copy(megac_model *m, CpuPool *pool)
+ * NULL if that fails. */
+static void *cpu_dlopen_copy(const megac_model *m)
 {
+    char copy[4096];
     const char *tmp = getenv("TMPDIR");
     char dir[4000];
     if (!m->kernel_image || !tmp || !*tmp)
         tmp = "/tmp";
     if (!m->kernel_image || snprintf(dir, sizeof dir, "%s/megac-XXXXXX", tmp) >= (int)sizeof dir || !mkdtemp(dir))
         return NULL;
-    snprintf(pool->copy, sizeof pool->copy, "%s/kernel.so", dir);
-    FILE *f = fopen(pool->copy, "wb");
+    snprintf(copy, sizeof copy, "%s/kernel.so", dir);
+    FILE *f = fopen(copy, "wb");
     bool ok = f && fwrite(m->kernel_image, 1, m->kernel_len, f) == m->kernel_len;
     if (f && fclose(f) != 0)
         ok = false;
-    void *dl = ok ? dlopen(pool->copy, RTLD_NOW | RTLD_LOCAL) : NULL;
-    if (!dl) {
-        unlink(pool->copy);
-        rmdir(dir);
-        pool->copy[0] = 0;
-    }
+    void *dl = ok ? dlopen(copy, RTLD_NOW | RTLD_LOCAL) : NULL;
+    unlink(copy);       /* the mapping stays; the name is not needed */
+    rmdir(dir);
     return dl;
-}
-
-/* Removes the private copy (its folder is the name without /kernel.so). */
-static void cpu_copy_remove(CpuPool *pool)
-{
-    if (!pool->copy[0])
-        return;
-    unlink(pool->copy);
-    char *slash = strrchr(pool->copy, '/');
-    *slash = 0;
-    rmdir(pool->copy);
-    pool->copy[0] = 0;
 }
 
 static void cpu_close(megac_model *m)
@@ -284,7 +270,6 @@ static void cpu_close(megac_model *m)
     /* dlclose only after every thread that ran kernel code has exited */
     if (pool->dl)
         dlclose(pool->dl);
-    cpu_copy_remove(pool);
     free(pool->counters);
     free(pool->arena);
     free(pool);
@@ -306,7 +291,7 @@ static megac_status cpu_open(megac_model *m)
         return rt_fail(m, MEGAC_ERR_NOMEM, "cannot create the worker pool's mutex and condition variables");
     }
     m->be_state = pool;
-    pool->dl = cpu_dlopen_copy(m, pool);
+    pool->dl = cpu_dlopen_copy(m);
     if (!pool->dl)
         pool->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!pool->dl)
