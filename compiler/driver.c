@@ -310,9 +310,7 @@ static bool out_is_bundle_file(const char *name)
            !strcmp(name, "tokenizer.bin") || !strncmp(name, "kernel.", 7);
 }
 
-/* Removes a folder a compile wrote, if it holds only bundle files (regular
- * files named as a compile names them); false, touching nothing, if not. */
-static bool out_dir_remove(const char *dir)
+bool driver_bundle_remove(const char *dir)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -358,7 +356,7 @@ void driver_tmp_sweep(const char *parent, const char *base)
         if (!pid || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
             continue;
         char *p = xasprintf("%s/%s", parent, e->d_name);
-        out_dir_remove(p);
+        driver_bundle_remove(p);
         free(p);
     }
     closedir(d);
@@ -420,7 +418,7 @@ static bool out_tmp_make(Compilation *c)
     driver_tmp_sweep(parent, slash ? slash + 1 : c->out);
     free(parent);
     c->tmp = xasprintf("%s.tmp%ld", c->out, (long)getpid());
-    out_dir_remove(c->tmp);
+    driver_bundle_remove(c->tmp);
     out_guard_install(c->tmp, c->target);      /* first: a signal may come as soon as it exists */
     if (mkdir(c->tmp, 0777) == 0)
         return true;
@@ -442,7 +440,7 @@ static bool out_commit(Compilation *c)
     int err = errno;
     if (err == EEXIST || err == ENOTEMPTY) {
         if (c->o->keep_existing) {
-            out_dir_remove(c->tmp);
+            driver_bundle_remove(c->tmp);
             return true;
         }
         if (!out_is_bundle(c->out)) {
@@ -453,7 +451,7 @@ static bool out_commit(Compilation *c)
         bool aside = rename(c->out, old) == 0;
         err = errno;
         if (aside && rename(c->tmp, c->out) == 0) {
-            if (!out_dir_remove(old))
+            if (!driver_bundle_remove(old))
                 fprintf(stderr, "megac compile: warning: could not remove the replaced bundle %s\n", old);
             free(old);
             return true;
@@ -474,7 +472,7 @@ static void out_tmp_close(Compilation *c)
     if (!c->tmp)
         return;
     out_guard.committing = 1;
-    out_dir_remove(c->tmp);
+    driver_bundle_remove(c->tmp);
     out_guard_remove();
 }
 

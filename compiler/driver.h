@@ -36,6 +36,11 @@ int driver_compile(const CompileOptions *o);
  * killed: their process is gone and they hold only bundle files. */
 void driver_tmp_sweep(const char *parent, const char *base);
 
+/* Removes a folder a compile wrote, if it holds only bundle files (regular
+ * files named as a compile names them); false, touching nothing, if not
+ * (true when it is absent). */
+bool driver_bundle_remove(const char *dir);
+
 /* True for a model argument that names the embedded default model. */
 bool driver_is_default_model(const char *model);
 

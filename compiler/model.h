@@ -173,7 +173,7 @@ typedef struct Weights {
     float *lm_head;     /* (vocab, dim); == tok_embed when tied */
     RopePairing pairing;    /* convention of wq/wk rows as loaded */
     Arena arena;        /* owns every tensor above */
-    size_t nbytes;      /* total f32 bytes held */
+    size_t nbytes;      /* f32 bytes of every view allocated (held, or unmapped once stored) */
     QTensor *qt;        /* (nqt) matrices held in another dtype; in arena */
     int nqt, capqt;
     bool head_own;      /* lm_head is a tensor of its own (weights_head_separate) */

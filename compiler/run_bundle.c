@@ -98,26 +98,16 @@ static bool engine_accepts(RunEngine e, const char *target)
     return strncmp(target, "sm_", 3) == 0;
 }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *s = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ s[i]) * 0x100000001b3ull;
-    return h;
-}
-
-/* The cache key of compiling o for `target`; false if the description
- * cannot be read. */
 /* Folds a file's identity (path, size, modification time) into h. */
 static uint64_t fnv_file_id(uint64_t h, const char *path)
 {
     struct stat sb;
     if (!path)
         return h;
-    h = fnv(h, path, strlen(path) + 1);
+    h = hash_fnv1a(path, strlen(path) + 1, h);
     if (stat(path, &sb) == 0) {
         int64_t id[3] = {(int64_t)sb.st_size, (int64_t)sb.st_mtim.tv_sec, (int64_t)sb.st_mtim.tv_nsec};
-        h = fnv(h, id, sizeof id);
+        h = hash_fnv1a(id, sizeof id, h);
     }
     return h;
 }
@@ -139,9 +129,11 @@ static bool fnv_model_files(uint64_t *h, const RunOptions *o)
     return ok;
 }
 
+/* The cache key of compiling o for `target`; false if the description
+ * cannot be read. */
 static bool cache_key(const RunOptions *o, const char *target, uint64_t *key)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
+    uint64_t h = HASH_FNV_INIT;
     if (o->model) {
         size_t len;
         char *text = read_file(o->model, &len);
@@ -149,39 +141,22 @@ static bool cache_key(const RunOptions *o, const char *target, uint64_t *key)
             fprintf(stderr, "megac run: %s: cannot read: %s\n", o->model, strerror(errno));
             return false;
         }
-        h = fnv(h, text, len);
+        h = hash_fnv1a(text, len, h);
         free(text);
     } else {
-        h = fnv(h, desc_default_yaml, strlen(desc_default_yaml));
+        h = hash_fnv1a(desc_default_yaml, strlen(desc_default_yaml), h);
     }
     for (int i = 0; i < o->nsets; i++) {
-        h = fnv(h, o->sets[i].key, strlen(o->sets[i].key) + 1);
-        h = fnv(h, o->sets[i].value, strlen(o->sets[i].value) + 1);
+        h = hash_fnv1a(o->sets[i].key, strlen(o->sets[i].key) + 1, h);
+        h = hash_fnv1a(o->sets[i].value, strlen(o->sets[i].value) + 1, h);
     }
-    h = fnv(h, target, strlen(target) + 1);
-    h = fnv(h, &o->workers, sizeof o->workers);
+    h = hash_fnv1a(target, strlen(target) + 1, h);
+    h = hash_fnv1a(&o->workers, sizeof o->workers, h);
     h = fnv_file_id(h, "/proc/self/exe");
     if (!fnv_model_files(&h, o))
         return false;
     *key = h;
     return true;
-}
-
-/* Removes a bundle folder (flat: files only). */
-static void bundle_remove(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d) {
-        for (struct dirent *e; (e = readdir(d));) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-                continue;
-            char *p = xasprintf("%s/%s", dir, e->d_name);
-            unlink(p);
-            free(p);
-        }
-        closedir(d);
-    }
-    rmdir(dir);
 }
 
 /* How many bundles the cache keeps: MEGAC_CACHE_KEEP, default 8. */
@@ -235,10 +210,8 @@ static void cache_trim(const char *dir)
     qsort(v, n, sizeof *v, cache_entry_newer_first);
     int keep = cache_keep(), removed = 0;
     for (size_t i = 0; i < n; i++) {
-        if ((int)i >= keep && strcmp(v[i].path, dir) != 0) {
-            bundle_remove(v[i].path);
+        if ((int)i >= keep && strcmp(v[i].path, dir) != 0 && driver_bundle_remove(v[i].path))
             removed++;
-        }
         free(v[i].path);
     }
     free(v);
@@ -274,7 +247,7 @@ static char *bundle_cached(const RunOptions *o, bool rebuild, bool *cached)
     }
     if (!have && access(dir, F_OK) == 0)
         fprintf(stderr, "megac run: the cached bundle %s is incomplete; recompiling it\n", dir);
-    bundle_remove(dir);
+    driver_bundle_remove(dir);
     if (mkdir(RUN_CACHE_DIR, 0777) != 0 && errno != EEXIST) {
         fprintf(stderr, "megac run: cannot create %s: %s\n", RUN_CACHE_DIR, strerror(errno));
         free(dir);

@@ -487,7 +487,8 @@ Test(tokenizer, hf_import_errors)
     e = import_json_errors("{\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false},\n"
                            " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a c\"]}}\n");
     cr_assert(strstr(e, ":2:65: error: bad merge"), "%s", e);
-    free(e);    /* not a tokenizer.json; duplicate and missing ids are said as such */
+    free(e);
+    /* not a tokenizer.json; duplicate and missing ids are said as such */
     e = import_json_errors("[1]\n");
     cr_assert(strstr(e, ":1:1: error: not a tokenizer.json (no 'model')"), "%s", e);
     free(e);
