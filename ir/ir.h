@@ -129,6 +129,11 @@ Schedule *sched_load(const char *path, Diag *d);
  * and the schedule's shape (what the op body touches). Returns false if the
  * params are invalid for the shape (then `why` says why). */
 bool op_footprint(const Schedule *s, const Inst *in, Access *out, const char **why);
+/* The dtype an activation or state operand i of op instruction `in` must
+ * have (weights may have any but i32), and the element count its layout in
+ * ops.h fixes (0: any). */
+DType op_operand_dtype(const Inst *in, int i);
+int64_t op_operand_nelem(const Schedule *s, const Inst *in, int i);
 
 /* ---- target.c: what a schedule runs on ---- */
 typedef enum { TARGET_CPU, TARGET_CUDA, TARGET_HOST_CUDA } TargetKind;

@@ -265,6 +265,108 @@ static bool fp_argmax_combine(Fp *f)
     return true;
 }
 
+static bool fp_kv_store(Fp *f)
+{
+    const ModelShape *m = &f->s->shape;
+    int64_t h = f->in->p[0], cap = f->in->p[1], hd = m->head_dim;
+    if (h < 0 || h >= m->n_kv_heads)
+        return fp_fail(f, "kv_store needs 0 <= h < kv_heads");
+    if (cap <= 0 || cap > m->max_seq)
+        return fp_fail(f, "kv_store needs 0 < cap <= max_seq");
+    fp_const(f, 0, ACC_R, h * hd, (h + 1) * hd);
+    fp_const(f, 1, ACC_R, h * hd, (h + 1) * hd);
+    /* the slot is data: the head's whole region */
+    fp_const(f, 2, ACC_W, h * cap * hd, (h + 1) * cap * hd);
+    fp_const(f, 3, ACC_W, h * cap * hd, (h + 1) * cap * hd);
+    fp_const(f, 4, ACC_RW, h * (cap + 1), (h + 1) * (cap + 1));
+    return true;
+}
+
+static bool fp_attn_sparse(Fp *f)
+{
+    const ModelShape *m = &f->s->shape;
+    const int32_t *p = f->in->p;
+    int64_t h = p[0], sp = p[1], ns = p[2], kind = p[3], a = p[4], b = p[5];
+    int64_t hd = m->head_dim, g = m->n_heads / m->n_kv_heads, S = m->max_seq;
+    if (h < 0 || h >= m->n_kv_heads)
+        return fp_fail(f, "attn_sparse needs 0 <= h < kv_heads");
+    if (ns <= 0 || sp < 0 || sp >= ns)
+        return fp_fail(f, "attn_sparse needs nsplit > 0 and 0 <= s < nsplit");
+    fp_const(f, 0, ACC_R, h * g * hd, (h + 1) * g * hd);
+    int64_t e = g * (hd + 2), p0 = (h * ns + sp) * e;
+    fp_const(f, 3, ACC_W, p0, p0 + e);
+    switch (kind) {
+    case SPARSE_SINK_WINDOW:
+    case SPARSE_QUEST:
+        if (kind == SPARSE_SINK_WINDOW && (a < 0 || b <= 0))
+            return fp_fail(f, "attn_sparse sink_window needs sinks >= 0 and window > 0");
+        if (kind == SPARSE_QUEST && (a <= 0 || b <= 0 || a > S))
+            return fp_fail(f, "attn_sparse quest needs 0 < page <= max_seq and npages > 0");
+        fp_set(f, 1, ACC_R, affine_const(h * S * hd), (Affine){h * S * hd + hd, hd});
+        fp_set(f, 2, ACC_R, affine_const(h * S * hd), (Affine){h * S * hd + hd, hd});
+        if (kind == SPARSE_QUEST)
+            fp_const(f, 4, ACC_R, h * b, (h + 1) * b);
+        else
+            fp_absent(f, 4);
+        return true;
+    case SPARSE_SLOTS:
+        if (a <= 0 || a > S || (b != 0 && b != 1))
+            return fp_fail(f, "attn_sparse slots needs 0 < cap <= max_seq and b (scores) 0 or 1");
+        if (b && ns != 1)
+            return fp_fail(f, "attn_sparse slots writes scores only with nsplit 1");
+        fp_const(f, 1, ACC_R, h * a * hd, (h + 1) * a * hd);
+        fp_const(f, 2, ACC_R, h * a * hd, (h + 1) * a * hd);
+        if (b)
+            fp_const(f, 4, ACC_W, h * g * a, (h + 1) * g * a);
+        else
+            fp_absent(f, 4);
+        return true;
+    default:
+        return fp_fail(f, "attn_sparse has an unknown kind");
+    }
+}
+
+static bool fp_quest_select(Fp *f)
+{
+    const ModelShape *m = &f->s->shape;
+    int64_t h = f->in->p[0], page = f->in->p[1], np = f->in->p[2];
+    int64_t hd = m->head_dim, g = m->n_heads / m->n_kv_heads, S = m->max_seq;
+    if (h < 0 || h >= m->n_kv_heads)
+        return fp_fail(f, "quest_select needs 0 <= h < kv_heads");
+    if (page <= 0 || page > S || np <= 0)
+        return fp_fail(f, "quest_select needs 0 < page <= max_seq and npages > 0");
+    int64_t pages = (S + page - 1) / page;
+    fp_const(f, 0, ACC_R, h * g * hd, (h + 1) * g * hd);
+    fp_set(f, 1, ACC_R, affine_const(h * S * hd), (Affine){h * S * hd + hd, hd});
+    fp_const(f, 2, ACC_RW, h * pages * 2 * hd, (h + 1) * pages * 2 * hd);
+    fp_const(f, 3, ACC_W, h * np, (h + 1) * np);
+    return true;
+}
+
+static bool fp_kv_evict(Fp *f)
+{
+    const ModelShape *m = &f->s->shape;
+    int64_t pol = f->in->p[0], cap = f->in->p[1], sinks = f->in->p[2], win = f->in->p[3];
+    if (pol < 0 || pol >= KV_POLICY_COUNT)
+        return fp_fail(f, "kv_evict has an unknown policy");
+    if (cap <= 0 || cap > m->max_seq || sinks < 0 || win < 0)
+        return fp_fail(f, "kv_evict needs 0 < cap <= max_seq, sinks >= 0 and window >= 0");
+    if (pol == KV_POLICY_STREAMING && sinks >= cap)
+        return fp_fail(f, "kv_evict streaming needs sinks < cap");
+    if (pol == KV_POLICY_H2O && win >= cap)
+        return fp_fail(f, "kv_evict h2o needs window < cap");
+    if (pol == KV_POLICY_STREAMING)
+        fp_absent(f, 0);
+    else
+        fp_const(f, 0, ACC_R, 0, (int64_t)m->n_heads * cap);
+    fp_const(f, 1, ACC_RW, 0, (int64_t)m->n_kv_heads * (cap + 1));
+    if (pol == KV_POLICY_H2O)
+        fp_const(f, 2, ACC_RW, 0, (int64_t)m->n_kv_heads * cap);
+    else
+        fp_absent(f, 2);
+    return true;
+}
+
 bool op_footprint(const Schedule *s, const Inst *in, Access *out, const char **why)
 {
     static const char *dummy;
@@ -285,7 +387,54 @@ bool op_footprint(const Schedule *s, const Inst *in, Access *out, const char **w
     case OP_ADD: return fp_add(&f);
     case OP_ARGMAX: return fp_argmax(&f);
     case OP_ARGMAX_COMBINE: return fp_argmax_combine(&f);
+    case OP_KV_STORE: return fp_kv_store(&f);
+    case OP_ATTN_SPARSE: return fp_attn_sparse(&f);
+    case OP_QUEST_SELECT: return fp_quest_select(&f);
+    case OP_KV_EVICT: return fp_kv_evict(&f);
     case OP_COUNT: break;
     }
     die("bad op %d", in->op);
+}
+
+DType op_operand_dtype(const Inst *in, int i)
+{
+    switch ((OpCode)in->op) {
+    case OP_EMBED: return i == 0 ? DT_I32 : DT_F32;
+    case OP_ARGMAX_COMBINE: return i == 1 ? DT_I32 : DT_F32;
+    case OP_KV_STORE: return i == 4 ? DT_I32 : DT_F32;
+    case OP_ATTN_SPARSE: return i == 4 && in->p[3] == SPARSE_QUEST ? DT_I32 : DT_F32;
+    case OP_QUEST_SELECT: return i == 3 ? DT_I32 : DT_F32;
+    case OP_KV_EVICT: return i == 1 ? DT_I32 : DT_F32;
+    default: return DT_F32;
+    }
+}
+
+int64_t op_operand_nelem(const Schedule *s, const Inst *in, int i)
+{
+    const ModelShape *m = &s->shape;
+    int64_t cache = (int64_t)m->n_kv_heads * m->max_seq * m->head_dim, hd = m->head_dim;
+    switch ((OpCode)in->op) {
+    case OP_KV_APPEND: return i >= 2 ? cache : 0;
+    case OP_ATTN: return i == 1 || i == 2 ? cache : 0;
+    case OP_ROPE: return i == 1 ? (int64_t)m->max_seq * hd : 0;
+    case OP_KV_STORE:
+        if (i == 2 || i == 3)
+            return (int64_t)m->n_kv_heads * in->p[1] * hd;
+        return i == 4 ? (int64_t)m->n_kv_heads * (in->p[1] + 1) : 0;
+    case OP_ATTN_SPARSE:
+        if (i == 1 || i == 2)
+            return in->p[3] == SPARSE_SLOTS ? (int64_t)m->n_kv_heads * in->p[4] * hd : cache;
+        return 0;
+    case OP_QUEST_SELECT:
+        if (i == 1)
+            return cache;
+        if (i == 2 && in->p[1] > 0)
+            return (int64_t)m->n_kv_heads * ((m->max_seq + in->p[1] - 1) / in->p[1]) * 2 * hd;
+        return 0;
+    case OP_KV_EVICT:
+        if (i == 1)
+            return (int64_t)m->n_kv_heads * (in->p[1] + 1);
+        return i == 2 ? (int64_t)m->n_kv_heads * in->p[1] : 0;
+    default: return 0;
+    }
 }

@@ -46,7 +46,16 @@
     X(ARGMAX, "argmax", "x amax", "r0 r1 slot",                                             \
       "amax[slot] = (max, first index of max) of x[r0:r1]")                                 \
     X(ARGMAX_COMBINE, "argmax_combine", "amax out", "nslot",                                \
-      "out[0] = index of the largest of amax[0:nslot] (lowest index on ties)")
+      "out[0] = index of the largest of amax[0:nslot] (lowest index on ties)")              \
+    X(KV_STORE, "kv_store", "k v kc vc meta", "h cap",                                      \
+      "slot = meta[h][cap] (0 at pos 0, which also empties meta); kc/vc[h][slot] = k/v "    \
+      "of head h; meta[h][slot] = pos")                                                     \
+    X(ATTN_SPARSE, "attn_sparse", "q kc vc part aux?", "h s nsplit kind a b",               \
+      "attn partials of split s over the rows `kind` selects (sink_window, quest, slots)")  \
+    X(QUEST_SELECT, "quest_select", "q kc bounds sel", "h page npages",                     \
+      "bounds of page pos/page from kc; sel[h] = that page + the top npages-1 by bound")    \
+    X(KV_EVICT, "kv_evict", "score? meta acc?", "policy cap sinks window",                  \
+      "every kv head: meta[h][cap] = the slot the next token takes (a victim when full)")
 
 typedef enum {
 #define X(n, s, o, p, m) OP_##n,
@@ -54,6 +63,52 @@ typedef enum {
 #undef X
     OP_COUNT
 } OpCode;
+
+/* ATTN_SPARSE kinds (param `kind`); a and b are per kind:
+ *   SPARSE_SINK_WINDOW  a = sinks, b = window; kc/vc [n_kv_heads][S][hd];
+ *                       rows [0, min(a, pos+1)) then [max(a, pos+1-b), pos+1);
+ *                       aux absent
+ *   SPARSE_QUEST        a = page, b = npages; kc/vc [n_kv_heads][S][hd];
+ *                       aux = sel (i32 [n_kv_heads][b], read): for each
+ *                       sel[h][j] >= 0, rows [p*a, min((p+1)*a, pos+1))
+ *   SPARSE_SLOTS        a = cap, b = 1 if scores are written; kc/vc
+ *                       [n_kv_heads][cap][hd] (an evicting layer's slots);
+ *                       rows [0, min(pos+1, cap)); aux = score (f32
+ *                       [n_heads][cap], written when b = 1, nsplit 1):
+ *                       score[q head][t] = q . k[t] / sqrt(hd) for those rows
+ * The selected rows, run after run, are cut into blocks of
+ * SPARSE_BLOCK; split s takes the blocks j with j % nsplit == s. Partials
+ * are laid out as for ATTN (an empty split leaves zeros, -inf, 0).
+ *
+ * Eviction state of a layer (KV_STORE, KV_EVICT):
+ *   meta   (i32, class state) [n_kv_heads][cap + 1]: the position each slot
+ *          holds (-1: empty), then the slot the next token goes to
+ *   acc    (f32, class state) [n_kv_heads][cap]: H2O's accumulated
+ *          attention per slot (the sum over the kv head's q heads)
+ * KV_EVICT runs once per layer and step, after the layer's attention: with
+ * n = min(pos+1, cap) slots filled, p[q head][t] = softmax over t < n of
+ * score[q head][t]. H2O first adds p (summed over each kv head's q heads)
+ * into acc (zeroed at pos 0). While pos+1 < cap the next slot is pos+1;
+ * after that it is the victim of the policy, per kv head:
+ *   KV_POLICY_STREAMING  the slot with the oldest position >= sinks
+ *   KV_POLICY_H2O        the least acc among slots whose position is at
+ *                        most pos - window (the last `window` positions are
+ *                        kept); its acc is zeroed for the newcomer
+ *   KV_POLICY_TOVA       the least p averaged over all q heads of the layer
+ *                        (the same slot for every kv head)
+ * Ties go to the lowest slot. score is read by H2O and TOVA, acc only by H2O.
+ *
+ * Quest page bounds (QUEST_SELECT): bounds (f32, class state)
+ * [n_kv_heads][ceil(S/page)][2][hd] = the elementwise min and max of the k
+ * rows of each page. The op recomputes page c = pos/page from kc rows
+ * [c*page, pos], then scores pages j <= c by
+ * U_j = sum over the kv head's q heads g and lanes i of
+ * max(q_g[i]*min_j[i], q_g[i]*max_j[i]); sel[h] holds page c, then the
+ * npages-1 other pages of largest U (ties: lower page first), in
+ * ascending page order, padded with -1. */
+enum { SPARSE_SINK_WINDOW, SPARSE_QUEST, SPARSE_SLOTS, SPARSE_KIND_COUNT };
+enum { KV_POLICY_STREAMING, KV_POLICY_H2O, KV_POLICY_TOVA, KV_POLICY_COUNT };
+#define SPARSE_BLOCK 32
 
 /* GEMV flags */
 enum {

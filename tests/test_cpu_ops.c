@@ -1218,3 +1218,655 @@ Test(cpu_ops, toolchain_errors_are_reported)
     }
     sched_free(s);
 }
+
+/* ---- eviction and sparse attention (ir/ops.h, the comment above
+ * SPARSE_SINK_WINDOW) ---- */
+
+enum { SP_HD = 20, SP_NH = 6, SP_NKV = 2, SP_G = SP_NH / SP_NKV, SP_SEQ = 160, SP_PE = SP_G * (SP_HD + 2) };
+
+static ModelShape sp_shape(void)
+{
+    return (ModelShape){.dim = SP_NH * SP_HD, .hidden_dim = 64, .n_layers = 1, .n_heads = SP_NH,
+                        .n_kv_heads = SP_NKV, .head_dim = SP_HD, .vocab_size = 8, .max_seq = SP_SEQ,
+                        .norm_eps = 1e-5};
+}
+
+static uint32_t add_i32(Schedule *s, const char *name, BufClass c, int64_t n)
+{
+    return sched_add_buffer(s, name, DT_I32, c, 1, &n);
+}
+
+static int32_t *ibuf(Kern *k, uint32_t b)
+{
+    return buf(k, b);
+}
+
+/* The attn_sparse variants that select every row (at every pos < SP_SEQ),
+ * with the sel each Quest one reads (every page, ascending). */
+enum { SPV_ONE_RUN, SPV_SINKS_WINDOW, SPV_ALL_SINKS, SPV_QUEST16, SPV_QUEST7, SPV_SLOTS, SPV_COUNT };
+
+/* Every attn_sparse that selects all rows gives OP_ATTN's partials (block
+ * 32) bit for bit, with 1 and 3 splits; slots with 1 split also writes
+ * its scores. */
+Test(cpu_ops, attn_sparse_all_rows_is_attn)
+{
+    Schedule *s = sched_new("sparse_all", "cpu", 2);
+    s->shape = sp_shape();
+    uint32_t q = add_buf(s, "q", BUF_SCRATCH, SP_NH * SP_HD);
+    uint32_t kc = add_buf(s, "kc", BUF_KV, SP_NKV * SP_SEQ * SP_HD), vc = add_buf(s, "vc", BUF_KV, SP_NKV * SP_SEQ * SP_HD);
+    uint32_t sel16 = add_i32(s, "sel16", BUF_STATE, SP_NKV * 10), sel7 = add_i32(s, "sel7", BUF_STATE, SP_NKV * 23);
+    uint32_t score = add_buf(s, "score", BUF_SCRATCH, SP_NH * SP_SEQ);
+    const int32_t kinds[SPV_COUNT][3] = {{SPARSE_SINK_WINDOW, 0, SP_SEQ}, {SPARSE_SINK_WINDOW, 40, 200},
+                                         {SPARSE_SINK_WINDOW, SP_SEQ, 1},  {SPARSE_QUEST, 16, 10},
+                                         {SPARSE_QUEST, 7, 23},            {SPARSE_SLOTS, SP_SEQ, 0}};
+    const int nsplits[2] = {1, 3};
+    uint32_t pa[2], ps[2][SPV_COUNT];
+    int w = 0;
+    for (int i = 0; i < 2; i++) {
+        int ns = nsplits[i];
+        char name[16];
+        snprintf(name, sizeof name, "pa%d", ns);
+        pa[i] = add_buf(s, name, BUF_SCRATCH, SP_NKV * ns * SP_PE);
+        for (int h = 0; h < SP_NKV; h++)
+            for (int sp = 0; sp < ns; sp++)
+                add_op(s, (w++) % 2, OP_ATTN, (int32_t[]){h, sp, ns, SPARSE_BLOCK}, (uint32_t[]){q, kc, vc, pa[i]});
+        for (int v = 0; v < SPV_COUNT; v++) {
+            snprintf(name, sizeof name, "ps%d_%d", ns, v);
+            ps[i][v] = add_buf(s, name, BUF_SCRATCH, SP_NKV * ns * SP_PE);
+            int32_t kind = kinds[v][0], b = kinds[v][2];
+            uint32_t aux = v == SPV_QUEST16 ? sel16 : v == SPV_QUEST7 ? sel7 : BUF_NONE;
+            if (v == SPV_SLOTS && ns == 1)
+                b = 1, aux = score;
+            for (int h = 0; h < SP_NKV; h++)
+                for (int sp = 0; sp < ns; sp++)
+                    add_op(s, (w++) % 2, OP_ATTN_SPARSE, (int32_t[]){h, sp, ns, kind, kinds[v][1], b},
+                           (uint32_t[]){q, kc, vc, ps[i][v], aux});
+        }
+    }
+    Kern k;
+    kern_build(&k, s);
+    for (int h = 0; h < SP_NKV; h++) {
+        for (int j = 0; j < 10; j++)
+            ibuf(&k, sel16)[h * 10 + j] = j;
+        for (int j = 0; j < 23; j++)
+            ibuf(&k, sel7)[h * 23 + j] = j;
+    }
+    const int64_t positions[] = {0, 5, 31, 32, 70, 100, SP_SEQ - 1};
+    for (int pi = 0; pi < 7; pi++) {
+        int64_t pos = positions[pi];
+        fill(&k, q), fill(&k, kc), fill(&k, vc);
+        kern_step(&k, pos, 0);
+        cr_assert_eq(k.abort_info.flag, 0);
+        for (int i = 0; i < 2; i++) {
+            size_t bytes = (size_t)(SP_NKV * nsplits[i] * SP_PE) * sizeof(float);
+            for (int v = 0; v < SPV_COUNT; v++)
+                cr_assert(memcmp(buf(&k, pa[i]), buf(&k, ps[i][v]), bytes) == 0,
+                          "attn_sparse variant %d, nsplit %d, pos %ld: partials differ from attn's", v, nsplits[i],
+                          (long)pos);
+        }
+    }
+    kern_free(&k);
+}
+
+/* ---- attn_sparse against double precision over the expected rows ---- */
+
+enum { SR_CAP = 50, SR_PAGE = 8, SR_NP = 6 };
+enum { SRV_SINK_WINDOW, SRV_QUEST, SRV_SLOTS, SRV_COUNT };
+
+typedef struct SparseRef {
+    Kern k;
+    uint32_t q, kc, vc, kcs, vcs, sel, score;
+    uint32_t part[2][SRV_COUNT]; /* [nsplit 1, 3][variant] */
+} SparseRef;
+
+static const int sr_nsplit[2] = {1, 3};
+
+static void sparse_ref_build(SparseRef *r)
+{
+    Schedule *s = sched_new("sparse_ref", "cpu", 3);
+    s->shape = sp_shape();
+    r->q = add_buf(s, "q", BUF_SCRATCH, SP_NH * SP_HD);
+    r->kc = add_buf(s, "kc", BUF_KV, SP_NKV * SP_SEQ * SP_HD), r->vc = add_buf(s, "vc", BUF_KV, SP_NKV * SP_SEQ * SP_HD);
+    r->kcs = add_buf(s, "kcs", BUF_KV, SP_NKV * SR_CAP * SP_HD), r->vcs = add_buf(s, "vcs", BUF_KV, SP_NKV * SR_CAP * SP_HD);
+    r->sel = add_i32(s, "sel", BUF_STATE, SP_NKV * SR_NP);
+    r->score = add_buf(s, "score", BUF_SCRATCH, SP_NH * SR_CAP);
+    int w = 0;
+    for (int i = 0; i < 2; i++) {
+        int ns = sr_nsplit[i];
+        for (int v = 0; v < SRV_COUNT; v++) {
+            char name[16];
+            snprintf(name, sizeof name, "p%d_%d", ns, v);
+            r->part[i][v] = add_buf(s, name, BUF_SCRATCH, SP_NKV * ns * SP_PE);
+            int32_t p[6] = {0, 0, ns, SPARSE_SINK_WINDOW, 3, 50};
+            uint32_t ops[5] = {r->q, r->kc, r->vc, r->part[i][v], BUF_NONE};
+            if (v == SRV_QUEST)
+                p[3] = SPARSE_QUEST, p[4] = SR_PAGE, p[5] = SR_NP, ops[4] = r->sel;
+            if (v == SRV_SLOTS)
+                p[3] = SPARSE_SLOTS, p[4] = SR_CAP, p[5] = ns == 1, ops[1] = r->kcs, ops[2] = r->vcs,
+                ops[4] = ns == 1 ? r->score : BUF_NONE;
+            for (int h = 0; h < SP_NKV; h++)
+                for (int sp = 0; sp < ns; sp++) {
+                    p[0] = h, p[1] = sp;
+                    add_op(s, (w++) % 3, OP_ATTN_SPARSE, p, ops);
+                }
+        }
+    }
+    kern_build(&r->k, s);
+}
+
+/* The hand-written Quest selection at pos: pages {0, 2, 3, 7, 11} below
+ * the current one (2 and 3 adjacent), then the current page, -1 after. */
+static void sparse_ref_sel(int32_t *sel, int64_t pos)
+{
+    const int32_t pick[5] = {0, 2, 3, 7, 11};
+    int32_t c = (int32_t)(pos / SR_PAGE);
+    int n = 0;
+    for (int i = 0; i < 5; i++)
+        if (pick[i] < c)
+            sel[n++] = pick[i];
+    sel[n++] = c;
+    while (n < SR_NP)
+        sel[n++] = -1;
+}
+
+/* The rows variant v selects at pos, ascending, from the test's own
+ * reading of ops.h; returns their count. */
+static int sparse_ref_rows(int v, int64_t pos, const int32_t *sel, int *rows)
+{
+    int n = 0;
+    for (int t = 0; t <= pos; t++) {
+        bool in = false;
+        if (v == SRV_SINK_WINDOW)
+            in = t < 3 || t > pos - 50;
+        else if (v == SRV_SLOTS)
+            in = t < SR_CAP;
+        else
+            for (int j = 0; j < SR_NP; j++)
+                in = in || (sel[j] >= 0 && t / SR_PAGE == sel[j]);
+        if (in)
+            rows[n++] = t;
+    }
+    return n;
+}
+
+/* Each split's partial (rows whose index in the list is in a block of 32
+ * with block % ns == split) against double precision, then all splits
+ * combined against plain attention over the rows. */
+static void sparse_ref_check(SparseRef *r, int v, int i, int64_t pos)
+{
+    Kern *k = &r->k;
+    int ns = sr_nsplit[i], rows[SP_SEQ];
+    int n = sparse_ref_rows(v, pos, ibuf(k, r->sel), rows);
+    int64_t S = v == SRV_SLOTS ? SR_CAP : SP_SEQ;
+    const float *q = buf(k, r->q), *kc = buf(k, v == SRV_SLOTS ? r->kcs : r->kc);
+    const float *vc = buf(k, v == SRV_SLOTS ? r->vcs : r->vc), *part = buf(k, r->part[i][v]);
+    for (int h = 0; h < SP_NKV; h++)
+        for (int g = 0; g < SP_G; g++) {
+            const float *qg = q + (h * SP_G + g) * SP_HD;
+            double sc[SP_SEQ], M = -INFINITY, L = 0, out[SP_HD] = {0}, mag[SP_HD] = {0};
+            for (int x = 0; x < n; x++) {
+                double d = 0;
+                for (int j = 0; j < SP_HD; j++)
+                    d += (double)qg[j] * kc[(h * S + rows[x]) * SP_HD + j];
+                sc[x] = d / sqrt((double)SP_HD);
+                M = fmax(M, sc[x]);
+            }
+            for (int sp = 0; sp < ns; sp++) {
+                double m = -INFINITY, l = 0, want[SP_HD + 2] = {0}, wmag[SP_HD + 2] = {0};
+                for (int x = 0; x < n; x++)
+                    if ((x / SPARSE_BLOCK) % ns == sp)
+                        m = fmax(m, sc[x]);
+                for (int x = 0; x < n; x++) {
+                    if ((x / SPARSE_BLOCK) % ns != sp)
+                        continue;
+                    double e = exp(sc[x] - m);
+                    l += e;
+                    for (int j = 0; j < SP_HD; j++) {
+                        want[j] += e * vc[(h * S + rows[x]) * SP_HD + j];
+                        wmag[j] += fabs(e * vc[(h * S + rows[x]) * SP_HD + j]);
+                    }
+                }
+                const float *got = part + ((h * ns + sp) * SP_G + g) * (SP_HD + 2);
+                want[SP_HD] = m, want[SP_HD + 1] = l;
+                wmag[SP_HD] = fabs(m), wmag[SP_HD + 1] = l;
+                if (m == -INFINITY) {
+                    cr_assert(got[SP_HD] == -INFINITY && got[SP_HD + 1] == 0, "v%d ns%d pos %ld: empty split", v, ns,
+                              (long)pos);
+                    expect_close("attn_sparse empty split", got, want, NULL, SP_HD);
+                } else {
+                    expect_close("attn_sparse split partial", got, want, wmag, SP_HD + 2);
+                }
+            }
+            /* the test's own combine of the kernel's splits */
+            double gM = -INFINITY, gL = 0, comb[SP_HD] = {0};
+            for (int sp = 0; sp < ns; sp++)
+                gM = fmax(gM, part[((h * ns + sp) * SP_G + g) * (SP_HD + 2) + SP_HD]);
+            for (int sp = 0; sp < ns; sp++) {
+                const float *e = part + ((h * ns + sp) * SP_G + g) * (SP_HD + 2);
+                if (e[SP_HD] == -INFINITY)
+                    continue;
+                double f = exp(e[SP_HD] - gM);
+                gL += e[SP_HD + 1] * f;
+                for (int j = 0; j < SP_HD; j++)
+                    comb[j] += e[j] * f;
+            }
+            for (int x = 0; x < n; x++) {
+                double e = exp(sc[x] - M);
+                L += e;
+                for (int j = 0; j < SP_HD; j++)
+                    out[j] += e * vc[(h * S + rows[x]) * SP_HD + j], mag[j] += fabs(e * vc[(h * S + rows[x]) * SP_HD + j]);
+            }
+            for (int j = 0; j < SP_HD; j++) {
+                double got = comb[j] / gL, want = out[j] / L, tol = 1e-5 * (mag[j] / L + 1e-3);
+                cr_assert(fabs(got - want) <= tol, "v%d ns%d pos %ld h%d g%d: combined[%d] %.9g, want %.9g", v, ns,
+                          (long)pos, h, g, j, got, want);
+            }
+        }
+}
+
+static const int64_t sr_positions[] = {0, 9, 40, 77, 130, SP_SEQ - 1};
+
+/* Sink+window, Quest with gaps in sel, and slots, with 1 and 3 splits. */
+Test(cpu_ops, attn_sparse_matches_double)
+{
+    SparseRef r;
+    sparse_ref_build(&r);
+    for (int pi = 0; pi < 6; pi++) {
+        int64_t pos = sr_positions[pi];
+        fill(&r.k, r.q), fill(&r.k, r.kc), fill(&r.k, r.vc), fill(&r.k, r.kcs), fill(&r.k, r.vcs);
+        for (int h = 0; h < SP_NKV; h++)
+            sparse_ref_sel(ibuf(&r.k, r.sel) + h * SR_NP, pos);
+        kern_step(&r.k, pos, 0);
+        cr_assert_eq(r.k.abort_info.flag, 0);
+        for (int i = 0; i < 2; i++)
+            for (int v = 0; v < SRV_COUNT; v++)
+                sparse_ref_check(&r, v, i, pos);
+    }
+    kern_free(&r.k);
+}
+
+/* Slots with b = 1 store q . k / sqrt(hd) of the filled slots; the rest of
+ * the score rows is left alone. */
+Test(cpu_ops, attn_sparse_slots_scores)
+{
+    SparseRef r;
+    sparse_ref_build(&r);
+    for (int pi = 0; pi < 6; pi++) {
+        int64_t pos = sr_positions[pi], n = pos + 1 < SR_CAP ? pos + 1 : SR_CAP;
+        fill(&r.k, r.q), fill(&r.k, r.kcs), fill(&r.k, r.vcs);
+        float *score = buf(&r.k, r.score);
+        for (int i = 0; i < SP_NH * SR_CAP; i++)
+            score[i] = 777.0f;
+        kern_step(&r.k, pos, 0);
+        cr_assert_eq(r.k.abort_info.flag, 0);
+        const float *q = buf(&r.k, r.q), *kc = buf(&r.k, r.kcs);
+        for (int qh = 0; qh < SP_NH; qh++)
+            for (int64_t t = 0; t < SR_CAP; t++) {
+                float got = score[qh * SR_CAP + t];
+                if (t >= n) {
+                    cr_assert_eq(got, 777.0f, "pos %ld: score[%d][%ld] past the filled slots was written", (long)pos,
+                                 qh, (long)t);
+                    continue;
+                }
+                double d = 0, m = 0;
+                for (int j = 0; j < SP_HD; j++) {
+                    double x = (double)q[qh * SP_HD + j] * kc[((qh / SP_G) * SR_CAP + t) * SP_HD + j];
+                    d += x, m += fabs(x);
+                }
+                double want = d / sqrt((double)SP_HD), tol = 1e-5 * (m / sqrt((double)SP_HD) + 1e-3);
+                cr_assert(fabs(got - want) <= tol, "pos %ld: score[%d][%ld] %.9g, want %.9g", (long)pos, qh, (long)t,
+                          (double)got, want);
+            }
+    }
+    kern_free(&r.k);
+}
+
+/* ---- kv_store ---- */
+
+enum { KS_CAP = 5 };
+
+/* Rows land in the slot meta[h][cap] names, meta records the position,
+ * and pos 0 empties meta and starts at slot 0 (also a second time). */
+Test(cpu_ops, kv_store_slots)
+{
+    Schedule *s = sched_new("kv_store", "cpu", 2);
+    s->shape = sp_shape();
+    uint32_t kin = add_buf(s, "k", BUF_SCRATCH, SP_NKV * SP_HD), vin = add_buf(s, "v", BUF_SCRATCH, SP_NKV * SP_HD);
+    uint32_t kc = add_buf(s, "kc", BUF_KV, SP_NKV * KS_CAP * SP_HD), vc = add_buf(s, "vc", BUF_KV, SP_NKV * KS_CAP * SP_HD);
+    uint32_t meta = add_i32(s, "meta", BUF_STATE, SP_NKV * (KS_CAP + 1));
+    for (int h = 0; h < SP_NKV; h++)
+        add_op(s, h, OP_KV_STORE, (int32_t[]){h, KS_CAP}, (uint32_t[]){kin, vin, kc, vc, meta});
+    Kern k;
+    kern_build(&k, s);
+    fill(&k, kc), fill(&k, vc);
+    int32_t *mt = ibuf(&k, meta);
+    for (int i = 0; i < SP_NKV * (KS_CAP + 1); i++)
+        mt[i] = 3; /* garbage, slot 3 included: pos 0 must reset it */
+    float ekc[SP_NKV * KS_CAP * SP_HD], evc[SP_NKV * KS_CAP * SP_HD];
+    int32_t emeta[SP_NKV * (KS_CAP + 1)];
+    memcpy(ekc, buf(&k, kc), sizeof ekc);
+    memcpy(evc, buf(&k, vc), sizeof evc);
+    /* the slot each head is told to take at steps 1.. (pos 0 always 0) */
+    const int32_t plan[2][13] = {{1, 2, 3, 4, 2, 0, 4, 4, 1, 0, 1, 2, 3}, {1, 2, 3, 4, 3, 3, 0, 1, 2, 0, 4, 1, 1}};
+    const int64_t poss[13] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 2, 3}; /* a restart at step 9 */
+    for (int st = 0; st < 13; st++) {
+        int64_t pos = poss[st];
+        fill(&k, kin), fill(&k, vin);
+        for (int h = 0; h < SP_NKV; h++) {
+            if (pos > 0)
+                mt[h * (KS_CAP + 1) + KS_CAP] = plan[h][st - 1];
+            int32_t *em = emeta + h * (KS_CAP + 1);
+            if (pos == 0) {
+                for (int t = 0; t < KS_CAP; t++)
+                    em[t] = -1;
+                em[KS_CAP] = 0;
+            } else {
+                em[KS_CAP] = plan[h][st - 1];
+            }
+            int slot = em[KS_CAP];
+            em[slot] = (int32_t)pos;
+            memcpy(ekc + (h * KS_CAP + slot) * SP_HD, (float *)buf(&k, kin) + h * SP_HD, SP_HD * sizeof(float));
+            memcpy(evc + (h * KS_CAP + slot) * SP_HD, (float *)buf(&k, vin) + h * SP_HD, SP_HD * sizeof(float));
+        }
+        kern_step(&k, pos, 0);
+        cr_assert_eq(k.abort_info.flag, 0);
+        for (int i = 0; i < SP_NKV * (KS_CAP + 1); i++)
+            cr_assert_eq(mt[i], emeta[i], "step %d (pos %ld): meta[%d] = %d, want %d", st, (long)pos, i, mt[i],
+                         emeta[i]);
+        cr_assert(memcmp(buf(&k, kc), ekc, sizeof ekc) == 0, "step %d: k rows", st);
+        cr_assert(memcmp(buf(&k, vc), evc, sizeof evc) == 0, "step %d: v rows", st);
+    }
+    kern_free(&k);
+}
+
+/* ---- quest_select ---- */
+
+enum { QS_PAGE = 8, QS_PAGES = SP_SEQ / QS_PAGE, QS_NP = 5 };
+
+/* The test's selection for kv head h at pos from its own page bounds (min
+ * and max of kc rows, in double): page c, then the QS_NP-1 pages j < c of
+ * largest U (lower page on ties), ascending, -1 padding. Returns false
+ * when the last kept and the first dropped page are within rounding of
+ * each other (but not equal), so the order is not a test of anything. */
+static bool quest_ref_sel(const float *q, const float *kc, int h, int64_t pos, int32_t *sel)
+{
+    int c = (int)(pos / QS_PAGE), order[QS_PAGES];
+    double u[QS_PAGES];
+    for (int j = 0; j <= c; j++) {
+        u[j] = 0;
+        for (int i = 0; i < SP_HD; i++) {
+            double lo = INFINITY, hi = -INFINITY;
+            for (int64_t t = j * QS_PAGE; t < (j + 1) * QS_PAGE && t <= pos; t++) {
+                double x = kc[(h * SP_SEQ + t) * SP_HD + i];
+                lo = fmin(lo, x), hi = fmax(hi, x);
+            }
+            for (int g = 0; g < SP_G; g++) {
+                double qv = q[(h * SP_G + g) * SP_HD + i];
+                u[j] += fmax(qv * lo, qv * hi);
+            }
+        }
+    }
+    for (int j = 0; j < c; j++) { /* insertion sort: larger U first, lower page on ties */
+        int x = j;
+        while (x > 0 && u[order[x - 1]] < u[j])
+            order[x] = order[x - 1], x--;
+        order[x] = j;
+    }
+    int keep = c < QS_NP - 1 ? c : QS_NP - 1;
+    bool clear = true;
+    if (keep < c) {
+        double a = u[order[keep - 1]], b = u[order[keep]];
+        clear = a == b || fabs(a - b) > 1e-4 * (fabs(a) + 1);
+    }
+    bool chosen[QS_PAGES] = {false};
+    for (int x = 0; x < keep; x++)
+        chosen[order[x]] = true;
+    chosen[c] = true;
+    int n = 0;
+    for (int j = 0; j <= c; j++)
+        if (chosen[j])
+            sel[n++] = j;
+    while (n < QS_NP)
+        sel[n++] = -1;
+    return clear;
+}
+
+/* Steps pos = 0..last of a quest_select per kv head: page c's bounds are
+ * exactly the min and max of its rows, and sel is the test's ranking. */
+static int quest_run(Kern *k, uint32_t q, uint32_t kc, uint32_t bounds, uint32_t sel, int64_t last, bool refill_q)
+{
+    int unclear = 0;
+    for (int64_t pos = 0; pos <= last; pos++) {
+        if (refill_q)
+            fill(k, q);
+        kern_step(k, pos, 0);
+        cr_assert_eq(k->abort_info.flag, 0);
+        const float *kcp = buf(k, kc), *bd = buf(k, bounds);
+        int c = (int)(pos / QS_PAGE);
+        for (int h = 0; h < SP_NKV; h++) {
+            const float *lo = bd + ((h * QS_PAGES + c) * 2) * SP_HD, *hi = lo + SP_HD;
+            for (int i = 0; i < SP_HD; i++) {
+                float mn = INFINITY, mx = -INFINITY;
+                for (int64_t t = c * QS_PAGE; t <= pos; t++)
+                    mn = fminf(mn, kcp[(h * SP_SEQ + t) * SP_HD + i]), mx = fmaxf(mx, kcp[(h * SP_SEQ + t) * SP_HD + i]);
+                cr_assert(lo[i] == mn && hi[i] == mx, "pos %ld h%d: bounds of page %d lane %d", (long)pos, h, c, i);
+            }
+            int32_t want[QS_NP];
+            const int32_t *got = ibuf(k, sel) + h * QS_NP;
+            bool clear = quest_ref_sel(buf(k, q), kcp, h, pos, want);
+            bool has_c = false;
+            for (int j = 0; j < QS_NP; j++)
+                has_c = has_c || got[j] == c;
+            cr_assert(has_c, "pos %ld h%d: the current page %d is not selected", (long)pos, h, c);
+            if (!clear) {
+                unclear++;
+                continue;
+            }
+            for (int j = 0; j < QS_NP; j++)
+                cr_assert_eq(got[j], want[j], "pos %ld h%d: sel[%d] = %d, want %d", (long)pos, h, j, got[j], want[j]);
+        }
+    }
+    return unclear;
+}
+
+Test(cpu_ops, quest_select_pages)
+{
+    Schedule *s = sched_new("quest", "cpu", 2);
+    s->shape = sp_shape();
+    uint32_t q = add_buf(s, "q", BUF_SCRATCH, SP_NH * SP_HD), kc = add_buf(s, "kc", BUF_KV, SP_NKV * SP_SEQ * SP_HD);
+    uint32_t bounds = add_buf(s, "bounds", BUF_STATE, SP_NKV * QS_PAGES * 2 * SP_HD);
+    uint32_t sel = add_i32(s, "sel", BUF_STATE, SP_NKV * QS_NP);
+    for (int h = 0; h < SP_NKV; h++)
+        add_op(s, h, OP_QUEST_SELECT, (int32_t[]){h, QS_PAGE, QS_NP}, (uint32_t[]){q, kc, bounds, sel});
+    Kern k;
+    kern_build(&k, s);
+    fill(&k, kc), fill(&k, bounds);
+    int unclear = quest_run(&k, q, kc, bounds, sel, SP_SEQ - 1, true);
+    cr_assert(unclear < 8, "%d of %d selections had near ties", unclear, 2 * SP_SEQ);
+    /* -1 padding while fewer pages exist than npages */
+    fill(&k, q);
+    kern_step(&k, 2 * QS_PAGE + 3, 0);
+    for (int h = 0; h < SP_NKV; h++) {
+        const int32_t *got = ibuf(&k, sel) + h * QS_NP;
+        cr_assert(got[0] == 0 && got[1] == 1 && got[2] == 2 && got[3] == -1 && got[4] == -1,
+                  "h%d: pages 0..2 then padding, got %d %d %d %d %d", h, got[0], got[1], got[2], got[3], got[4]);
+    }
+    /* every row alike: every U equal, the lowest pages win the ties */
+    float *kcp = buf(&k, kc);
+    for (int64_t t = 1; t < SP_NKV * SP_SEQ; t++)
+        memcpy(kcp + t * SP_HD, kcp, SP_HD * sizeof(float));
+    cr_assert_eq(quest_run(&k, q, kc, bounds, sel, 100, false), 0);
+    for (int h = 0; h < SP_NKV; h++) {
+        const int32_t *got = ibuf(&k, sel) + h * QS_NP;
+        cr_assert(got[0] == 0 && got[1] == 1 && got[2] == 2 && got[3] == 3 && got[4] == 100 / QS_PAGE,
+                  "h%d: ties go to the lower pages, got %d %d %d %d %d", h, got[0], got[1], got[2], got[3], got[4]);
+    }
+    kern_free(&k);
+}
+
+/* ---- kv_evict ---- */
+
+enum { KE_CAP = 6, KE_SINKS = 2, KE_WINDOW = 2 };
+
+/* What kv_store then kv_evict of one layer keep, in double. */
+typedef struct EvictModel {
+    int pol;
+    int32_t meta[SP_NKV][KE_CAP + 1];
+    double acc[SP_NKV][KE_CAP];
+} EvictModel;
+
+static void evict_model_step(EvictModel *m, const float *score, int64_t pos)
+{
+    int pol = m->pol;
+    if (pos == 0)
+        for (int h = 0; h < SP_NKV; h++) {
+            for (int t = 0; t < KE_CAP; t++)
+                m->meta[h][t] = -1, m->acc[h][t] = 0;
+            m->meta[h][KE_CAP] = 0;
+        }
+    for (int h = 0; h < SP_NKV; h++)
+        m->meta[h][m->meta[h][KE_CAP]] = (int32_t)pos;
+    int n = pos + 1 < KE_CAP ? (int)pos + 1 : KE_CAP;
+    double p[SP_NH][KE_CAP], mean[KE_CAP] = {0};
+    for (int qh = 0; qh < SP_NH; qh++) {
+        double mx = -INFINITY, z = 0;
+        for (int t = 0; t < n; t++)
+            mx = fmax(mx, score[qh * KE_CAP + t]);
+        for (int t = 0; t < n; t++)
+            z += exp(score[qh * KE_CAP + t] - mx);
+        for (int t = 0; t < n; t++) {
+            p[qh][t] = exp(score[qh * KE_CAP + t] - mx) / z;
+            mean[t] += p[qh][t] / SP_NH;
+            if (pol == KV_POLICY_H2O)
+                m->acc[qh / SP_G][t] += p[qh][t];
+        }
+    }
+    for (int h = 0; h < SP_NKV; h++) {
+        if (pos + 1 < KE_CAP) {
+            m->meta[h][KE_CAP] = (int32_t)pos + 1;
+            continue;
+        }
+        int v = -1;
+        for (int t = 0; t < KE_CAP; t++) {
+            int32_t ps = m->meta[h][t];
+            if (pol == KV_POLICY_STREAMING && ps >= KE_SINKS && (v < 0 || ps < m->meta[h][v]))
+                v = t;
+            if (pol == KV_POLICY_H2O && ps <= pos - KE_WINDOW && (v < 0 || m->acc[h][t] < m->acc[h][v]))
+                v = t;
+            if (pol == KV_POLICY_TOVA && (v < 0 || mean[t] < mean[v]))
+                v = t;
+        }
+        cr_assert(v >= 0);
+        if (pol == KV_POLICY_H2O)
+            m->acc[h][v] = 0;
+        m->meta[h][KE_CAP] = v;
+    }
+}
+
+/* kv_store + kv_evict of three layers (streaming, h2o, tova) over steps,
+ * with a restart at pos 0, against EvictModel. */
+Test(cpu_ops, kv_evict_policies)
+{
+    Schedule *s = sched_new("kv_evict", "cpu", 1);
+    s->shape = sp_shape();
+    uint32_t kin = add_buf(s, "k", BUF_SCRATCH, SP_NKV * SP_HD), vin = add_buf(s, "v", BUF_SCRATCH, SP_NKV * SP_HD);
+    uint32_t score = add_buf(s, "score", BUF_SCRATCH, SP_NH * KE_CAP);
+    uint32_t meta[KV_POLICY_COUNT], acc = add_buf(s, "acc", BUF_STATE, SP_NKV * KE_CAP);
+    for (int pol = 0; pol < KV_POLICY_COUNT; pol++) {
+        char name[16];
+        snprintf(name, sizeof name, "meta%d", pol);
+        meta[pol] = add_i32(s, name, BUF_STATE, SP_NKV * (KE_CAP + 1));
+        snprintf(name, sizeof name, "kc%d", pol);
+        uint32_t kc = add_buf(s, name, BUF_KV, SP_NKV * KE_CAP * SP_HD);
+        snprintf(name, sizeof name, "vc%d", pol);
+        uint32_t vc = add_buf(s, name, BUF_KV, SP_NKV * KE_CAP * SP_HD);
+        for (int h = 0; h < SP_NKV; h++)
+            add_op(s, 0, OP_KV_STORE, (int32_t[]){h, KE_CAP}, (uint32_t[]){kin, vin, kc, vc, meta[pol]});
+        int32_t p[4] = {pol, KE_CAP, pol == KV_POLICY_STREAMING ? KE_SINKS : 0, pol == KV_POLICY_H2O ? KE_WINDOW : 0};
+        add_op(s, 0, OP_KV_EVICT, p,
+               (uint32_t[]){pol == KV_POLICY_STREAMING ? BUF_NONE : score, meta[pol],
+                            pol == KV_POLICY_H2O ? acc : BUF_NONE});
+    }
+    Kern k;
+    kern_build(&k, s);
+    EvictModel em[KV_POLICY_COUNT];
+    for (int pol = 0; pol < KV_POLICY_COUNT; pol++) {
+        em[pol].pol = pol;
+        for (int i = 0; i < SP_NKV * (KE_CAP + 1); i++)
+            ibuf(&k, meta[pol])[i] = 4; /* garbage: pos 0 resets it */
+    }
+    float *ac = buf(&k, acc), *sc = buf(&k, score);
+    for (int i = 0; i < SP_NKV * KE_CAP; i++)
+        ac[i] = 5.0f;
+    int victims = 0;
+    for (int st = 0; st < 30; st++) {
+        int64_t pos = st < 21 ? st : st - 21; /* a restart at step 21 */
+        int n = pos + 1 < KE_CAP ? (int)pos + 1 : KE_CAP;
+        fill(&k, kin), fill(&k, vin);
+        for (int qh = 0; qh < SP_NH; qh++)
+            for (int t = 0; t < KE_CAP; t++)
+                sc[qh * KE_CAP + t] = t < n ? 3.0f * rnd() : 30.0f; /* slots past n must not count */
+        kern_step(&k, pos, 0);
+        cr_assert_eq(k.abort_info.flag, 0);
+        for (int pol = 0; pol < KV_POLICY_COUNT; pol++) {
+            evict_model_step(&em[pol], sc, pos);
+            const int32_t *mt = ibuf(&k, meta[pol]);
+            for (int h = 0; h < SP_NKV; h++)
+                for (int t = 0; t <= KE_CAP; t++)
+                    cr_assert_eq(mt[h * (KE_CAP + 1) + t], em[pol].meta[h][t],
+                                 "policy %d, pos %ld: meta[%d][%d] = %d, want %d", pol, (long)pos, h, t,
+                                 mt[h * (KE_CAP + 1) + t], em[pol].meta[h][t]);
+            if (pos + 1 < KE_CAP)
+                continue;
+            victims++;
+            if (pol == KV_POLICY_STREAMING)
+                for (int h = 0; h < SP_NKV; h++) {
+                    int kept = 0;
+                    for (int t = 0; t < KE_CAP; t++)
+                        kept += mt[h * (KE_CAP + 1) + t] < KE_SINKS;
+                    cr_assert_eq(kept, KE_SINKS, "streaming keeps the sinks");
+                    cr_assert(mt[h * (KE_CAP + 1) + mt[h * (KE_CAP + 1) + KE_CAP]] >= KE_SINKS);
+                }
+            if (pol == KV_POLICY_TOVA)
+                cr_assert_eq(mt[KE_CAP], mt[2 * KE_CAP + 1], "tova: one victim for every kv head");
+            if (pol == KV_POLICY_H2O)
+                for (int h = 0; h < SP_NKV; h++)
+                    cr_assert_eq(ac[h * KE_CAP + mt[h * (KE_CAP + 1) + KE_CAP]], 0.0f, "h2o zeroes the victim's acc");
+        }
+        double want[SP_NKV * KE_CAP];
+        for (int h = 0; h < SP_NKV; h++)
+            for (int t = 0; t < KE_CAP; t++)
+                want[h * KE_CAP + t] = em[KV_POLICY_H2O].acc[h][t];
+        expect_close("h2o acc", ac, want, NULL, SP_NKV * KE_CAP);
+    }
+    cr_assert(victims > 30);
+    kern_free(&k);
+}
+
+/* cpu_check: meta and sel must be i32, an optional operand the params use
+ * must be there, and quest_select's npages has a limit. */
+Test(cpu_ops, sparse_ops_bad_operands_are_errors)
+{
+    Schedule *s = sched_new("sparse_bad", "cpu", 1);
+    s->shape = sp_shape();
+    uint32_t q = add_buf(s, "q", BUF_SCRATCH, SP_NH * SP_HD), kc = add_buf(s, "kc", BUF_KV, SP_NKV * SP_SEQ * SP_HD);
+    uint32_t vc = add_buf(s, "vc", BUF_KV, SP_NKV * SP_SEQ * SP_HD), part = add_buf(s, "part", BUF_SCRATCH, 1024);
+    uint32_t fmeta = add_buf(s, "fmeta", BUF_STATE, SP_NKV * 6), sel = add_i32(s, "sel", BUF_STATE, 8);
+    uint32_t bounds = add_buf(s, "bounds", BUF_STATE, SP_NKV * SP_SEQ * 2 * SP_HD);
+    add_op(s, 0, OP_KV_STORE, (int32_t[]){0, 5}, (uint32_t[]){q, q, kc, vc, fmeta});
+    add_op(s, 0, OP_ATTN_SPARSE, (int32_t[]){0, 0, 1, SPARSE_QUEST, 8, 4}, (uint32_t[]){q, kc, vc, part, BUF_NONE});
+    add_op(s, 0, OP_QUEST_SELECT, (int32_t[]){0, 1, 5000}, (uint32_t[]){q, kc, bounds, sel});
+    sched_layout(s);
+    char out[2048] = {0};
+    FILE *f = fmemopen(out, sizeof out, "w");
+    Diag d;
+    diag_init(&d);
+    d.out = f;
+    cr_assert_not(cg_cpu_compile(s, NULL, "/tmp/megac_cpu_never.so", &d));
+    fclose(f);
+    cr_assert_eq(d.nerrors, 3, "%s", out);
+    cr_assert(strstr(out, "kv_store operand 'meta' (buffer 'fmeta') of dtype f32 is not supported"), "%s", out);
+    cr_assert(strstr(out, "attn_sparse operand 'aux' is absent but its params need it"), "%s", out);
+    cr_assert(strstr(out, "quest_select with npages = 5000 > 4096 is not supported"), "%s", out);
+    sched_free(s);
+}

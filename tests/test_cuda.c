@@ -173,36 +173,110 @@ static Schedule *model_lower(Model *r, const char *target, int workers)
     return s;
 }
 
+/* ---- hand-built schedules ---- */
+
+/* Appends op `op` with params p on buffers b (BUF_NONE: absent) to worker
+ * 0; its accesses are the op's footprint (ir/ops.c), so params outside the
+ * contract fail here. */
+static void test_op(Schedule *s, int op, const int32_t *p, const uint32_t *b)
+{
+    const OpInfo *oi = op_info(op);
+    Access acc[OP_MAX_OPERANDS], fp[OP_MAX_OPERANDS];
+    int32_t pp[OP_MAX_PARAMS] = {0};
+    memcpy(pp, p, sizeof(int32_t) * (size_t)oi->nparams);
+    for (int i = 0; i < oi->noperands; i++)
+        acc[i] = (Access){b[i], ACC_R, affine_const(0), affine_const(0)};
+    sched_op(s, 0, op, pp, acc);
+    const Inst *in = &s->workers[0].insts[s->workers[0].ninst - 1];
+    const char *why = NULL;
+    cr_assert(op_footprint(s, in, fp, &why), "%s: %s", oi->name, why ? why : "");
+    for (int i = 0; i < oi->noperands; i++)
+        s->accs[in->acc + (uint32_t)i] = fp[i];
+}
+
+static uint32_t test_buf(Schedule *s, const char *name, DType t, BufClass c, int64_t n0, int64_t n1, int64_t n2)
+{
+    int64_t shape[3] = {n0, n1, n2};
+    return sched_add_buffer(s, name, t, c, n2 ? 3 : n1 ? 2 : 1, shape);
+}
+
+/* One layer of every new op (KV_STORE, ATTN_SPARSE of each kind,
+ * QUEST_SELECT, KV_EVICT of each policy) next to ATTN and ATTN_COMBINE,
+ * for a shape; cap is the evicting layers' budget, page and np Quest's. */
+static Schedule *test_sparse_schedule(const char *target, ModelShape sh, int cap, int page, int np)
+{
+    Schedule *s = sched_new("sparse", target, 1);
+    s->shape = sh;
+    int64_t hd = sh.head_dim, nkv = sh.n_kv_heads, nh = sh.n_heads, g = nh / nkv, S = sh.max_seq;
+    int64_t pages = (S + page - 1) / page;
+    uint32_t q = test_buf(s, "q", DT_F32, BUF_SCRATCH, nh * hd, 0, 0);
+    uint32_t k = test_buf(s, "k", DT_F32, BUF_SCRATCH, nkv * hd, 0, 0);
+    uint32_t v = test_buf(s, "v", DT_F32, BUF_SCRATCH, nkv * hd, 0, 0);
+    uint32_t out = test_buf(s, "att", DT_F32, BUF_SCRATCH, nh * hd, 0, 0);
+    uint32_t kc = test_buf(s, "kc", DT_F32, BUF_KV, nkv, S, hd), vc = test_buf(s, "vc", DT_F32, BUF_KV, nkv, S, hd);
+    uint32_t ks = test_buf(s, "ks", DT_F32, BUF_KV, nkv, cap, hd), vs = test_buf(s, "vs", DT_F32, BUF_KV, nkv, cap, hd);
+    uint32_t meta = test_buf(s, "meta", DT_I32, BUF_STATE, nkv, cap + 1, 0);
+    uint32_t acc = test_buf(s, "acc", DT_F32, BUF_STATE, nkv, cap, 0);
+    uint32_t score = test_buf(s, "score", DT_F32, BUF_SCRATCH, nh, cap, 0);
+    uint32_t bounds = test_buf(s, "bounds", DT_F32, BUF_STATE, nkv * pages, 2, hd);
+    uint32_t sel = test_buf(s, "sel", DT_I32, BUF_SCRATCH, nkv, np, 0);
+    uint32_t part = test_buf(s, "part", DT_F32, BUF_SCRATCH, nkv * 2, g, hd + 2);
+    for (int h = 0; h < nkv; h++) {
+        test_op(s, OP_KV_STORE, (int32_t[]){h, cap}, (uint32_t[]){k, v, ks, vs, meta});
+        test_op(s, OP_QUEST_SELECT, (int32_t[]){h, page, np}, (uint32_t[]){q, kc, bounds, sel});
+        test_op(s, OP_ATTN, (int32_t[]){h, 0, 2, 32}, (uint32_t[]){q, kc, vc, part});
+        test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 1, 2, SPARSE_SINK_WINDOW, 4, 64},
+                (uint32_t[]){q, kc, vc, part, BUF_NONE});
+        test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 0, 2, SPARSE_QUEST, page, np}, (uint32_t[]){q, kc, vc, part, sel});
+        test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 0, 1, SPARSE_SLOTS, cap, 1}, (uint32_t[]){q, ks, vs, part, score});
+        test_op(s, OP_ATTN_COMBINE, (int32_t[]){h, 2}, (uint32_t[]){part, out});
+    }
+    test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_STREAMING, cap, 4, 0}, (uint32_t[]){BUF_NONE, meta, BUF_NONE});
+    test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_H2O, cap, 0, cap / 2}, (uint32_t[]){score, meta, acc});
+    test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_TOVA, cap, 0, 0}, (uint32_t[]){score, meta, BUF_NONE});
+    sched_layout(s);
+    return s;
+}
+
 /* ---- nvrtc ---- */
 
-static void cubin_compile(const char *yaml, const char *arch)
+/* s through NVRTC for arch: a cubin with no local memory (stack frame or
+ * spills), registers and shared memory within one block per SM, and the
+ * exported symbols; returns what ptxas reported. */
+static CudaKernelInfo cubin_check(const Schedule *s, const char *arch, const char *what)
 {
-    Model r;
-    model_open(&r, yaml, false);
-    Schedule *s = model_lower(&r, arch, 0);
     char *dir = tmp_dir(), path[1200];
     snprintf(path, sizeof path, "%s/kernel.%s.cubin", dir, arch);
     Diag d;
     diag_init(&d);
     CudaKernelInfo info;
     memset(&info, 0, sizeof info);
-    cr_assert(cg_cuda_compile(s, arch, path, &info, &d), "%s for %s: cg_cuda_compile failed", yaml, arch);
+    cr_assert(cg_cuda_compile(s, arch, path, &info, &d), "%s for %s: cg_cuda_compile failed", what, arch);
     cr_assert_eq(info.threads_per_block, CUDA_THREADS_GPU);
     cr_assert(info.regs_per_thread > 0 && info.regs_per_thread <= 65536 / CUDA_THREADS_GPU, "%d registers",
               info.regs_per_thread);
     cr_assert(info.smem_per_block > 0 && info.smem_per_block <= 48 * 1024, "%d bytes smem", info.smem_per_block);
-    cr_assert_eq(info.local_bytes, 0, "%s for %s spills: %d bytes of local memory", yaml, arch, info.local_bytes);
+    cr_assert_eq(info.local_bytes, 0, "%s for %s spills: %d bytes of local memory", what, arch, info.local_bytes);
     size_t n = 0;
     char *cubin = read_file(path, &n);
     cr_assert(cubin && n > 4 && memcmp(cubin, "\177ELF", 4) == 0, "%s is not an ELF cubin", path);
     static const char *const syms[] = {"megac_kernel", "megac_kernel_abi", "megac_schedule_hash", "megac_num_workers"};
     for (int i = 0; i < 4; i++)
         cr_assert(memmem(cubin, n, syms[i], strlen(syms[i]) + 1), "%s: no symbol %s", path, syms[i]);
-    cr_log_info("%s %s: %u workers, %d regs, %d B smem", r.m.name, arch, s->nworkers, info.regs_per_thread,
+    cr_log_info("%s %s: %u workers, %d regs, %d B smem", what, arch, s->nworkers, info.regs_per_thread,
                 info.smem_per_block);
     free(cubin);
-    sched_free(s);
     test_rm_rf(dir);
+    return info;
+}
+
+static void cubin_compile(const char *yaml, const char *arch)
+{
+    Model r;
+    model_open(&r, yaml, false);
+    Schedule *s = model_lower(&r, arch, 0);
+    cubin_check(s, arch, r.m.name);
+    sched_free(s);
     model_close(&r);
 }
 
@@ -222,6 +296,30 @@ Test(cuda_nvrtc, every_model_every_arch, .timeout = 900)
             cubin_compile(path, archs[a]);
     }
     globfree(&g);
+}
+
+/* The new ops' bodies in the kernel for every architecture, at a
+ * Llama-3-8B shape (hd 128, 4 q heads per kv head, 128K positions) and a
+ * wide-group one (hd 64, 8 per kv head): no local memory, registers and
+ * shared memory within bounds (cubin_check). */
+Test(cuda_nvrtc, sparse_ops_every_arch, .timeout = 900)
+{
+    static const char *const archs[] = {"sm_80", "sm_90", "sm_120"};
+    ModelShape shapes[2] = {
+        {.dim = 4096, .hidden_dim = 14336, .n_layers = 1, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128,
+         .vocab_size = 128256, .max_seq = 131072, .norm_eps = 1e-5},
+        {.dim = 2048, .hidden_dim = 8192, .n_layers = 1, .n_heads = 32, .n_kv_heads = 4, .head_dim = 64,
+         .vocab_size = 32000, .max_seq = 8192, .norm_eps = 1e-5},
+    };
+    for (int i = 0; i < 2; i++)
+        for (int a = 0; a < 3; a++) {
+            Schedule *s = test_sparse_schedule(archs[a], shapes[i], 4096, 16, 64);
+            char what[64];
+            snprintf(what, sizeof what, "sparse ops (hd %d, G %d)", shapes[i].head_dim,
+                     shapes[i].n_heads / shapes[i].n_kv_heads);
+            cubin_check(s, archs[a], what);
+            sched_free(s);
+        }
 }
 
 Test(cuda_nvrtc, ptxas_log_parse)
@@ -445,6 +543,721 @@ Test(cuda_host, gemv_paths_match_double)
     free(arena);
     sched_free(s);
     test_rm_rf(dir);
+}
+
+/* ---- host-cuda: sparse attention, eviction and Quest, op by op ---- */
+
+/* A hand-built one-worker schedule, compiled for host-cuda and loaded;
+ * arena and weights zeroed. */
+typedef struct {
+    Schedule *s;
+    char *dir;
+    void *dl;
+    WorkerFn fn;
+    char *weights, *arena;
+} HostKernel;
+
+static void host_kernel_open(HostKernel *k, Schedule *s)
+{
+    memset(k, 0, sizeof *k);
+    k->s = s;
+    sched_layout(s);
+    k->dir = tmp_dir();
+    char so[1200];
+    snprintf(so, sizeof so, "%s/kernel.so", k->dir);
+    Diag d;
+    diag_init(&d);
+    cr_assert(cg_hostcuda_compile(s, so, &d));
+    k->dl = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    cr_assert(k->dl, "%s", dlerror());
+    k->fn = (WorkerFn)(uintptr_t)dlsym(k->dl, "megac_worker");
+    cr_assert(k->fn);
+    size_t wb = (s->weights_bytes + 63) / 64 * 64 + 64, ab = (s->arena_bytes + 63) / 64 * 64 + 64;
+    k->weights = aligned_alloc(64, wb);
+    k->arena = aligned_alloc(64, ab);
+    cr_assert(k->weights && k->arena);
+    memset(k->weights, 0, wb);
+    memset(k->arena, 0, ab);
+}
+
+static void *host_buf(HostKernel *k, uint32_t b)
+{
+    return (k->s->bufs[b].cls == BUF_WEIGHT ? k->weights : k->arena) + k->s->bufs[b].offset;
+}
+
+static void host_fill(HostKernel *k, uint32_t b)
+{
+    float *x = host_buf(k, b);
+    for (int64_t i = 0; i < k->s->bufs[b].nelem; i++)
+        x[i] = rnd();
+}
+
+static void host_kernel_step(HostKernel *k, int64_t pos)
+{
+    uint32_t ctr[1] = {0};
+    MegacAbort ab;
+    memset(&ab, 0, sizeof ab);
+    MegacArgs args = {k->weights, k->arena, ctr, &ab, pos, 0};
+    k->fn(&args, 0);
+    cr_assert_eq(ab.flag, 0, "the step at pos %lld aborted", (long long)pos);
+}
+
+static void host_kernel_close(HostKernel *k)
+{
+    dlclose(k->dl);
+    free(k->weights);
+    free(k->arena);
+    sched_free(k->s);
+    test_rm_rf(k->dir);
+}
+
+/* hd 40 (two elements per lane, the second pass partly empty), 3 q heads
+ * per kv head, 256 positions. */
+enum { SP_HD = 40, SP_NH = 6, SP_NKV = 2, SP_G = 3, SP_S = 256, SP_E = SP_HD + 2 };
+
+static ModelShape sp_shape(void)
+{
+    return (ModelShape){.dim = SP_NH * SP_HD, .hidden_dim = 64, .n_layers = 1, .n_heads = SP_NH,
+                        .n_kv_heads = SP_NKV, .head_dim = SP_HD, .vocab_size = 16, .max_seq = SP_S,
+                        .norm_eps = 1e-5};
+}
+
+/* With `wide`, a GEMV over 504 inputs that the step also runs widens the
+ * shared scratch to 4 attention warps (MK_AW) and 504 rows per chunk of
+ * attn_sparse; without it, one warp and chunks of 128 rows. */
+static void sp_widen(Schedule *s, bool wide)
+{
+    if (!wide)
+        return;
+    uint32_t w = test_buf(s, "gemv.w", DT_F32, BUF_WEIGHT, 1, 504, 0);
+    uint32_t x = test_buf(s, "gemv.x", DT_F32, BUF_SCRATCH, 504, 0, 0), y = test_buf(s, "gemv.y", DT_F32, BUF_SCRATCH, 1, 0, 0);
+    test_op(s, OP_GEMV, (int32_t[]){0, 1, 504, 0}, (uint32_t[]){w, x, y, BUF_NONE, BUF_NONE});
+}
+
+/* Relative closeness; infinities must be equal. */
+static bool close_rel(double x, double y, double rtol)
+{
+    if (isinf(x) || isinf(y))
+        return x == y;
+    return fabs(x - y) <= rtol * fmax(1.0, fabs(y));
+}
+
+/* ATTN_SPARSE with every row 0..pos selected (sink_window with the window
+ * covering all, Quest with every page in order, slots with cap = S) gives
+ * OP_ATTN's partials (block 32), at nsplit 1 and 3 and positions on both
+ * sides of a block edge and past a chunk of rows. */
+static void sp_all_rows_check(bool wide)
+{
+    Schedule *s = sched_new("sparse-all", "host-cuda", 1);
+    s->shape = sp_shape();
+    sp_widen(s, wide);
+    enum { PAGE = 8, NP = SP_S / PAGE };
+    uint32_t q = test_buf(s, "q", DT_F32, BUF_SCRATCH, SP_NH * SP_HD, 0, 0);
+    uint32_t kc = test_buf(s, "kc", DT_F32, BUF_KV, SP_NKV, SP_S, SP_HD);
+    uint32_t vc = test_buf(s, "vc", DT_F32, BUF_KV, SP_NKV, SP_S, SP_HD);
+    uint32_t sel = test_buf(s, "sel", DT_I32, BUF_SCRATCH, SP_NKV, NP, 0);
+    uint32_t score = test_buf(s, "score", DT_F32, BUF_SCRATCH, SP_NH, SP_S, 0);
+    static const int nsplits[2] = {1, 3};
+    uint32_t part[2][4];
+    for (int i = 0; i < 2; i++) {
+        int ns = nsplits[i];
+        for (int kind = 0; kind < 4; kind++) {
+            char name[32];
+            snprintf(name, sizeof name, "part%d.%d", ns, kind);
+            part[i][kind] = test_buf(s, name, DT_F32, BUF_SCRATCH, SP_NKV * ns, SP_G, SP_E);
+        }
+        for (int h = 0; h < SP_NKV; h++)
+            for (int sp = 0; sp < ns; sp++) {
+                test_op(s, OP_ATTN, (int32_t[]){h, sp, ns, SPARSE_BLOCK}, (uint32_t[]){q, kc, vc, part[i][3]});
+                test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, sp, ns, SPARSE_SINK_WINDOW, 4, SP_S},
+                        (uint32_t[]){q, kc, vc, part[i][0], BUF_NONE});
+                test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, sp, ns, SPARSE_QUEST, PAGE, NP},
+                        (uint32_t[]){q, kc, vc, part[i][1], sel});
+                test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, sp, ns, SPARSE_SLOTS, SP_S, ns == 1},
+                        (uint32_t[]){q, kc, vc, part[i][2], ns == 1 ? score : BUF_NONE});
+            }
+    }
+    HostKernel k;
+    host_kernel_open(&k, s);
+    int *selv = host_buf(&k, sel);
+    for (int i = 0; i < SP_NKV * NP; i++)
+        selv[i] = i % NP;
+    static const int poss[] = {0, 5, 31, 32, 70, 200, 255};
+    int same = 0, total = 0;
+    for (size_t pi = 0; pi < sizeof poss / sizeof poss[0]; pi++) {
+        host_fill(&k, q);
+        host_fill(&k, kc);
+        host_fill(&k, vc);
+        host_kernel_step(&k, poss[pi]);
+        for (int i = 0; i < 2; i++) {
+            const float *want = host_buf(&k, part[i][3]);
+            int64_t n = (int64_t)SP_NKV * nsplits[i] * SP_G * SP_E;
+            for (int kind = 0; kind < 3; kind++) {
+                const float *got = host_buf(&k, part[i][kind]);
+                for (int64_t j = 0; j < n; j++) {
+                    cr_assert(close_rel(got[j], want[j], 1e-5), "kind %d, nsplit %d, pos %d: part[%lld] = %.9g, attn %.9g",
+                              kind, nsplits[i], poss[pi], (long long)j, got[j], want[j]);
+                    same += memcmp(&got[j], &want[j], sizeof(float)) == 0;
+                    total++;
+                }
+            }
+        }
+    }
+    cr_log_info("attn_sparse vs attn (%s): %d of %d partial values bitwise equal", wide ? "4 warps" : "1 warp", same,
+                total);
+    host_kernel_close(&k);
+}
+
+Test(cuda_host, attn_sparse_all_rows_is_attn, .timeout = 120)
+{
+    sp_all_rows_check(false);
+    sp_all_rows_check(true);
+}
+
+/* The rows ATTN_SPARSE reads, by the text of ops.h: each kind's runs, in
+ * order, for kv head h at pos. */
+static int sp_rows(int kind, int a, int b, const int *sel, int pos, int *rows)
+{
+    int n = 0;
+    if (kind == SPARSE_SINK_WINDOW) {
+        for (int t = 0; t < a && t <= pos; t++)
+            rows[n++] = t;
+        for (int t = a > pos + 1 - b ? a : pos + 1 - b; t <= pos; t++)
+            rows[n++] = t;
+    } else if (kind == SPARSE_QUEST) {
+        for (int j = 0; j < b; j++)
+            for (int t = sel[j] * a; sel[j] >= 0 && t < (sel[j] + 1) * a && t <= pos; t++)
+                rows[n++] = t;
+    } else {
+        for (int t = 0; t <= pos && t < a; t++)
+            rows[n++] = t;
+    }
+    return n;
+}
+
+/* Double attention of q head qh (q: that head) over rows[0:n] of kh/vh
+ * (rows of hd): the max score m, the sum l of e^(score - m) and
+ * o = sum e^(score - m) v. */
+static void sp_attend(const float *q, const float *kh, const float *vh, const int *rows, int n, double *m,
+                      double *l, double *o)
+{
+    *m = -INFINITY;
+    *l = 0;
+    double sc[SP_S];
+    for (int i = 0; i < n; i++) {
+        double d = 0;
+        for (int j = 0; j < SP_HD; j++)
+            d += (double)q[j] * kh[(int64_t)rows[i] * SP_HD + j];
+        sc[i] = d / sqrt((double)SP_HD);
+        *m = sc[i] > *m ? sc[i] : *m;
+    }
+    for (int j = 0; j < SP_HD; j++)
+        o[j] = 0;
+    for (int i = 0; i < n; i++) {
+        double e = exp(sc[i] - *m);
+        *l += e;
+        for (int j = 0; j < SP_HD; j++)
+            o[j] += e * vh[(int64_t)rows[i] * SP_HD + j];
+    }
+}
+
+typedef struct {
+    int kind, a, b, ns;
+    uint32_t kc, vc, part, aux;
+} SpCase;
+
+/* Each split's partial against a double attention over exactly its rows
+ * (the entries of its blocks of 32 in the kind's row list): m, l, o/l, or
+ * zeros, -inf, 0 when empty; the splits merged in the test against one
+ * attention over all the rows. */
+static void sp_case_check(HostKernel *k, const SpCase *c, uint32_t qb, const int *sel, int pos, int ci)
+{
+    const float *q = host_buf(k, qb), *kc = host_buf(k, c->kc), *vc = host_buf(k, c->vc);
+    const float *part = host_buf(k, c->part);
+    int64_t hstride = (int64_t)(c->kind == SPARSE_SLOTS ? c->a : SP_S) * SP_HD;
+    int rows[SP_S], srows[SP_S];
+    double m, l, o[SP_HD];
+    for (int h = 0; h < SP_NKV; h++) {
+        int n = sp_rows(c->kind, c->a, c->b, sel ? sel + h * c->b : NULL, pos, rows);
+        for (int g = 0; g < SP_G; g++) {
+            const float *qh = q + (h * SP_G + g) * SP_HD;
+            double M = -INFINITY, L = 0, O[SP_HD] = {0};
+            for (int sp = 0; sp < c->ns; sp++) { /* the merge, as attn_combine does it */
+                const float *p = part + ((int64_t)(h * c->ns + sp) * SP_G + g) * SP_E;
+                M = p[SP_HD] > M ? p[SP_HD] : M;
+            }
+            for (int sp = 0; sp < c->ns; sp++) {
+                const float *p = part + ((int64_t)(h * c->ns + sp) * SP_G + g) * SP_E;
+                int ns = 0;
+                for (int e = 0; e < n; e++)
+                    if ((e / SPARSE_BLOCK) % c->ns == sp)
+                        srows[ns++] = rows[e];
+                if (ns == 0) {
+                    for (int j = 0; j < SP_HD; j++)
+                        cr_assert_eq(p[j], 0.0f, "case %d: empty split %d of head %d: o[%d] = %g", ci, sp, h, j, p[j]);
+                    cr_assert(isinf(p[SP_HD]) && p[SP_HD] < 0 && p[SP_HD + 1] == 0.0f, "case %d: empty split m, l",
+                              ci);
+                    continue;
+                }
+                sp_attend(qh, kc + h * hstride, vc + h * hstride, srows, ns, &m, &l, o);
+                cr_assert(fabs(p[SP_HD] - m) <= 1e-5 * (1 + fabs(m)), "case %d pos %d h %d g %d split %d: m %.9g, want %.9g",
+                          ci, pos, h, g, sp, p[SP_HD], m);
+                cr_assert(fabs(p[SP_HD + 1] - l) <= 1e-5 * l, "case %d pos %d: l %.9g, want %.9g", ci, pos,
+                          p[SP_HD + 1], l);
+                for (int j = 0; j < SP_HD; j++)
+                    cr_assert(fabs(p[j] / p[SP_HD + 1] - o[j] / l) <= 1e-5, "case %d pos %d h %d split %d: o[%d]", ci,
+                              pos, h, sp, j);
+                double e = exp(p[SP_HD] - M);
+                L += p[SP_HD + 1] * e;
+                for (int j = 0; j < SP_HD; j++)
+                    O[j] += p[j] * e;
+            }
+            if (n == 0) { /* nothing selected (Quest pages past pos): every split empty */
+                cr_assert_eq(L, 0.0);
+                continue;
+            }
+            sp_attend(qh, kc + h * hstride, vc + h * hstride, rows, n, &m, &l, o);
+            for (int j = 0; j < SP_HD; j++)
+                cr_assert(fabs(O[j] / L - o[j] / l) <= 1e-5, "case %d pos %d h %d g %d: merged out[%d] = %.9g, want %.9g",
+                          ci, pos, h, g, j, O[j] / L, o[j] / l);
+        }
+    }
+}
+
+/* ATTN_SPARSE of each kind against a double attention over exactly the
+ * rows ops.h says: sink_window (the runs apart, adjacent, and inside the
+ * sinks), Quest with a hand-written sel (gaps, adjacent pages, -1, a page
+ * past pos, a partial page), slots below and at the cap (with scores =
+ * q.k/sqrt(hd) for the rows read, the rest untouched, and without). */
+static void sp_rows_check(bool wide)
+{
+    Schedule *s = sched_new("sparse-rows", "host-cuda", 1);
+    s->shape = sp_shape();
+    sp_widen(s, wide);
+    enum { CAP = 48, NPG = 5 };
+    uint32_t q = test_buf(s, "q", DT_F32, BUF_SCRATCH, SP_NH * SP_HD, 0, 0);
+    uint32_t kc = test_buf(s, "kc", DT_F32, BUF_KV, SP_NKV, SP_S, SP_HD);
+    uint32_t vc = test_buf(s, "vc", DT_F32, BUF_KV, SP_NKV, SP_S, SP_HD);
+    uint32_t ks = test_buf(s, "ks", DT_F32, BUF_KV, SP_NKV, CAP, SP_HD);
+    uint32_t vs = test_buf(s, "vs", DT_F32, BUF_KV, SP_NKV, CAP, SP_HD);
+    uint32_t sel = test_buf(s, "sel", DT_I32, BUF_SCRATCH, SP_NKV, NPG, 0);
+    uint32_t score = test_buf(s, "score", DT_F32, BUF_SCRATCH, SP_NH, CAP, 0);
+    SpCase cs[] = {
+        {SPARSE_SINK_WINDOW, 5, 60, 2, kc, vc, 0, BUF_NONE}, {SPARSE_SINK_WINDOW, 3, 7, 1, kc, vc, 0, BUF_NONE},
+        {SPARSE_QUEST, 8, NPG, 3, kc, vc, 0, sel},          {SPARSE_QUEST, 8, NPG, 1, kc, vc, 0, sel},
+        {SPARSE_SLOTS, CAP, 1, 1, ks, vs, 0, score},        {SPARSE_SLOTS, CAP, 0, 2, ks, vs, 0, BUF_NONE},
+        {SPARSE_SINK_WINDOW, 10, 200, 1, kc, vc, 0, BUF_NONE},
+    };
+    enum { NC = sizeof cs / sizeof cs[0] };
+    for (int i = 0; i < NC; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "part%d", i);
+        cs[i].part = test_buf(s, name, DT_F32, BUF_SCRATCH, SP_NKV * cs[i].ns, SP_G, SP_E);
+        for (int h = 0; h < SP_NKV; h++)
+            for (int sp = 0; sp < cs[i].ns; sp++)
+                test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, sp, cs[i].ns, cs[i].kind, cs[i].a, cs[i].b},
+                        (uint32_t[]){q, cs[i].kc, cs[i].vc, cs[i].part, cs[i].aux});
+    }
+    HostKernel k;
+    host_kernel_open(&k, s);
+    static const int selv[SP_NKV * NPG] = {1, 3, 4, -1, 12, 0, 2, 8, 15, -1};
+    memcpy(host_buf(&k, sel), selv, sizeof selv);
+    static const int poss[] = {2, 20, 47, 64, 100, 127, 250};
+    for (size_t pi = 0; pi < sizeof poss / sizeof poss[0]; pi++) {
+        int pos = poss[pi];
+        host_fill(&k, q);
+        host_fill(&k, kc);
+        host_fill(&k, vc);
+        host_fill(&k, ks);
+        host_fill(&k, vs);
+        float *sc = host_buf(&k, score);
+        for (int i = 0; i < SP_NH * CAP; i++)
+            sc[i] = 12345.0f;
+        host_kernel_step(&k, pos);
+        for (int i = 0; i < NC; i++)
+            sp_case_check(&k, &cs[i], q, selv, pos, i);
+        const float *qv = host_buf(&k, q), *kv = host_buf(&k, ks);
+        for (int qh = 0; qh < SP_NH; qh++)
+            for (int t = 0; t < CAP; t++) {
+                if (t > pos) {
+                    cr_assert_eq(sc[qh * CAP + t], 12345.0f, "pos %d: score[%d][%d] written", pos, qh, t);
+                    continue;
+                }
+                double d = 0;
+                for (int j = 0; j < SP_HD; j++)
+                    d += (double)qv[qh * SP_HD + j] * kv[((qh / SP_G) * CAP + t) * SP_HD + j];
+                d /= sqrt((double)SP_HD);
+                cr_assert(fabs(sc[qh * CAP + t] - d) <= 1e-5 * (1 + fabs(d)), "pos %d: score[%d][%d] = %.9g, want %.9g",
+                          pos, qh, t, sc[qh * CAP + t], d);
+            }
+    }
+    host_kernel_close(&k);
+}
+
+Test(cuda_host, attn_sparse_rows_match_double, .timeout = 120)
+{
+    sp_rows_check(false);
+    sp_rows_check(true);
+}
+
+/* KV_STORE: at pos 0 meta is emptied and slot 0 taken; later the slot
+ * meta[h][cap] names (kept apart per head), a slot out of range as 0;
+ * only that slot's rows and meta entry change. */
+Test(cuda_host, kv_store_places_rows, .timeout = 120)
+{
+    Schedule *s = sched_new("kv-store", "host-cuda", 1);
+    s->shape = sp_shape();
+    enum { CAP = 6, M = CAP + 1 };
+    uint32_t k = test_buf(s, "k", DT_F32, BUF_SCRATCH, SP_NKV * SP_HD, 0, 0);
+    uint32_t v = test_buf(s, "v", DT_F32, BUF_SCRATCH, SP_NKV * SP_HD, 0, 0);
+    uint32_t kc = test_buf(s, "kc", DT_F32, BUF_KV, SP_NKV, CAP, SP_HD);
+    uint32_t vc = test_buf(s, "vc", DT_F32, BUF_KV, SP_NKV, CAP, SP_HD);
+    uint32_t meta = test_buf(s, "meta", DT_I32, BUF_STATE, SP_NKV, M, 0);
+    for (int h = 0; h < SP_NKV; h++)
+        test_op(s, OP_KV_STORE, (int32_t[]){h, CAP}, (uint32_t[]){k, v, kc, vc, meta});
+    HostKernel hk;
+    host_kernel_open(&hk, s);
+    int *mt = host_buf(&hk, meta);
+    float *kcv = host_buf(&hk, kc), *vcv = host_buf(&hk, vc);
+    const float *kv = host_buf(&hk, k), *vv = host_buf(&hk, v);
+    /* pos, meta[h][cap] before the step (pos 0: garbage), the slot */
+    static const int steps[][5] = {{0, 77, 3, 0, 0}, {1, 3, 5, 3, 5}, {2, 9, -2, 0, 0}, {3, 1, 1, 1, 1},
+                                   {0, 4, 2, 0, 0}};
+    int want[SP_NKV * M];
+    float kwant[SP_NKV * CAP * SP_HD], vwant[SP_NKV * CAP * SP_HD];
+    host_fill(&hk, kc);
+    host_fill(&hk, vc);
+    for (int i = 0; i < SP_NKV * M; i++)
+        mt[i] = 1000 + i;
+    for (size_t st = 0; st < sizeof steps / sizeof steps[0]; st++) {
+        int pos = steps[st][0];
+        for (int h = 0; h < SP_NKV; h++)
+            mt[h * M + CAP] = steps[st][1 + h];
+        memcpy(want, mt, sizeof want);
+        memcpy(kwant, kcv, sizeof kwant);
+        memcpy(vwant, vcv, sizeof vwant);
+        host_fill(&hk, k);
+        host_fill(&hk, v);
+        for (int h = 0; h < SP_NKV; h++) {
+            int slot = steps[st][3 + h];
+            if (pos == 0) {
+                for (int t = 0; t < CAP; t++)
+                    want[h * M + t] = -1;
+                want[h * M + CAP] = 0;
+            }
+            want[h * M + slot] = pos;
+            memcpy(kwant + (h * CAP + slot) * SP_HD, kv + h * SP_HD, sizeof(float) * SP_HD);
+            memcpy(vwant + (h * CAP + slot) * SP_HD, vv + h * SP_HD, sizeof(float) * SP_HD);
+        }
+        host_kernel_step(&hk, pos);
+        for (int i = 0; i < SP_NKV * M; i++)
+            cr_assert_eq(mt[i], want[i], "step %zu (pos %d): meta[%d][%d] = %d, want %d", st, pos, i / M, i % M, mt[i],
+                         want[i]);
+        cr_assert(memcmp(kcv, kwant, sizeof kwant) == 0 && memcmp(vcv, vwant, sizeof vwant) == 0,
+                  "step %zu (pos %d): kc/vc differ from the expected slots", st, pos);
+    }
+    host_kernel_close(&hk);
+}
+
+/* The Quest selection of ops.h in double, from the kernel's bounds:
+ * page c, then the np-1 other pages of largest U (the lower on ties), in
+ * ascending order, -1 after. */
+static void quest_want(const float *q, const float *bh, int h, int c, int np, int *sel)
+{
+    double u[SP_S];
+    bool taken[SP_S] = {false};
+    for (int j = 0; j < c; j++) {
+        u[j] = 0;
+        for (int i = 0; i < SP_HD; i++)
+            for (int g = 0; g < SP_G; g++) {
+                double qq = q[(h * SP_G + g) * SP_HD + i], lo = bh[j * 2 * SP_HD + i], hi = bh[j * 2 * SP_HD + SP_HD + i];
+                u[j] += fmax(qq * lo, qq * hi);
+            }
+    }
+    taken[c] = true;
+    for (int r = 1; r < np; r++) {
+        int best = -1;
+        for (int j = 0; j < c; j++)
+            if (!taken[j] && (best < 0 || u[j] > u[best]))
+                best = j;
+        if (best >= 0)
+            taken[best] = true;
+    }
+    int n = 0;
+    for (int j = 0; j <= c; j++)
+        if (taken[j])
+            sel[n++] = j;
+    while (n < np)
+        sel[n++] = -1;
+}
+
+/* QUEST_SELECT over a decode of 256 steps (32 pages): the bounds of the current
+ * page are the exact min and max of its rows so far (earlier pages keep
+ * theirs), and sel matches a double selection on well-separated bounds
+ * (each page's rows around its own offset, positive and negative; q all
+ * positive for one kv head, all negative for the other), with np = 1,
+ * 4 and more pages than exist. Pages 5 and 9 hold the same rows: an
+ * exact tie at the cut, which the lower page wins. */
+Test(cuda_host, quest_select_matches_double, .timeout = 120)
+{
+    Schedule *s = sched_new("quest", "host-cuda", 1);
+    s->shape = sp_shape();
+    enum { PAGE = 8, PAGES = SP_S / PAGE };
+    static const int nps[3] = {1, 4, 20};
+    uint32_t q = test_buf(s, "q", DT_F32, BUF_SCRATCH, SP_NH * SP_HD, 0, 0);
+    uint32_t kc = test_buf(s, "kc", DT_F32, BUF_KV, SP_NKV, SP_S, SP_HD);
+    uint32_t bounds = test_buf(s, "bounds", DT_F32, BUF_STATE, SP_NKV * PAGES, 2, SP_HD);
+    uint32_t sel[3];
+    for (int i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "sel%d", nps[i]);
+        sel[i] = test_buf(s, name, DT_I32, BUF_SCRATCH, SP_NKV, nps[i], 0);
+        for (int h = 0; h < SP_NKV; h++)
+            test_op(s, OP_QUEST_SELECT, (int32_t[]){h, PAGE, nps[i]}, (uint32_t[]){q, kc, bounds, sel[i]});
+    }
+    HostKernel k;
+    host_kernel_open(&k, s);
+    float *qv = host_buf(&k, q), *kcv = host_buf(&k, kc), *bv = host_buf(&k, bounds);
+    /* page offsets: a permutation, with pages 5 and 9 equal (third best) */
+    static const int rank[PAGES] = {0, 11, 22, 5, 16, 29, 27, 30, 10, 29, 21, 4, 31, 15, 26, 9, 20, 3, 14, 25, 8, 19, 2, 13, 24, 7, 18, 1, 12, 23, 6, 17};
+    for (int i = 0; i < SP_NH * SP_HD; i++)
+        qv[i] = (float)((i / (SP_G * SP_HD) == 0 ? 1 : -1) * (0.75 + 0.25 * rnd()));
+    for (int h = 0; h < SP_NKV; h++)
+        for (int t = 0; t < SP_S; t++)
+            for (int j = 0; j < SP_HD; j++) {
+                int pg = t / PAGE;
+                float *x = kcv + ((int64_t)h * SP_S + t) * SP_HD + j;
+                *x = (float)(rank[pg] - 15.5) + 0.2f * rnd();
+                if (pg == 9)
+                    *x = kcv[((int64_t)h * SP_S + t - 4 * PAGE) * SP_HD + j];
+            }
+    for (int pos = 0; pos < SP_S; pos++) {
+        host_kernel_step(&k, pos);
+        int c = pos / PAGE;
+        for (int h = 0; h < SP_NKV; h++) {
+            const float *bh = bv + (int64_t)h * PAGES * 2 * SP_HD;
+            for (int j = 0; j < SP_HD; j++) {
+                float lo = INFINITY, hi = -INFINITY;
+                for (int t = c * PAGE; t <= pos; t++) {
+                    float x = kcv[((int64_t)h * SP_S + t) * SP_HD + j];
+                    lo = x < lo ? x : lo;
+                    hi = x > hi ? x : hi;
+                }
+                cr_assert(bh[c * 2 * SP_HD + j] == lo && bh[c * 2 * SP_HD + SP_HD + j] == hi,
+                          "pos %d head %d: bounds of page %d, lane %d", pos, h, c, j);
+            }
+            for (int i = 0; i < 3; i++) {
+                int want[20];
+                const int *got = (const int *)host_buf(&k, sel[i]) + h * nps[i];
+                quest_want(qv, bh, h, c, nps[i], want);
+                for (int j = 0; j < nps[i]; j++)
+                    cr_assert_eq(got[j], want[j], "pos %d head %d npages %d: sel[%d] = %d, want %d", pos, h, nps[i], j,
+                                 got[j], want[j]);
+            }
+        }
+    }
+    const int *s4 = (const int *)host_buf(&k, sel[1]);
+    cr_assert(s4[0] == 5 && s4[1] == 7 && s4[2] == 12 && s4[3] == 31, "the tie at the cut: %d %d %d %d", s4[0], s4[1],
+              s4[2], s4[3]);
+    host_kernel_close(&k);
+}
+
+/* The eviction rules of ops.h, in double on the kernel's scores, for one
+ * layer: meta[h][cap] after the step, and H2O's acc. */
+static void evict_want(int pol, int cap, int sinks, int window, int pos, const float *score, int *meta, double *acc)
+{
+    int n = pos + 1 < cap ? pos + 1 : cap;
+    double p[SP_NH][64];
+    for (int qh = 0; qh < SP_NH; qh++) {
+        double m = -INFINITY, l = 0;
+        for (int t = 0; t < n; t++)
+            m = fmax(m, score[qh * cap + t]);
+        for (int t = 0; t < n; t++)
+            l += exp(score[qh * cap + t] - m);
+        for (int t = 0; t < n; t++)
+            p[qh][t] = exp(score[qh * cap + t] - m) / l;
+    }
+    for (int h = 0; pol == KV_POLICY_H2O && h < SP_NKV; h++)
+        for (int t = 0; t < cap; t++) {
+            if (pos == 0)
+                acc[h * cap + t] = 0;
+            for (int g = 0; g < SP_G && t < n; g++)
+                acc[h * cap + t] += p[h * SP_G + g][t];
+        }
+    int tova = -1;
+    double best = 0;
+    for (int t = 0; pol == KV_POLICY_TOVA && t < n; t++) {
+        double a = 0;
+        for (int qh = 0; qh < SP_NH; qh++)
+            a += p[qh][t] / SP_NH;
+        if (tova < 0 || a < best)
+            tova = t, best = a;
+    }
+    for (int h = 0; h < SP_NKV; h++) {
+        int *mh = meta + h * (cap + 1), victim = -1;
+        if (pos + 1 < cap) {
+            mh[cap] = pos + 1;
+            continue;
+        }
+        for (int t = 0; t < cap; t++) {
+            if (pol == KV_POLICY_STREAMING && mh[t] >= sinks && (victim < 0 || mh[t] < mh[victim]))
+                victim = t;
+            if (pol == KV_POLICY_H2O && mh[t] <= pos - window && (victim < 0 || acc[h * cap + t] < acc[h * cap + victim]))
+                victim = t;
+        }
+        if (pol == KV_POLICY_TOVA)
+            victim = tova;
+        cr_assert(victim >= 0);
+        mh[cap] = victim;
+        if (pol == KV_POLICY_H2O)
+            acc[h * cap + victim] = 0;
+    }
+}
+
+/* A decode of 24 steps through three evicting layers of cap 8 (streaming
+ * with 2 sinks, H2O with a window of 3, TOVA): kv_store, attn_sparse
+ * slots (scores) and kv_evict per step. After each step meta (the slots'
+ * positions and the next slot: pos + 1 until full, then the policy's
+ * victim) equals a test-side run of ops.h's rules on the kernel's scores,
+ * the stored rows are this step's k/v, and H2O's acc matches. */
+Test(cuda_host, kv_evict_policies_match_rules, .timeout = 120)
+{
+    Schedule *s = sched_new("kv-evict", "host-cuda", 1);
+    s->shape = sp_shape();
+    enum { CAP = 8, M = CAP + 1, STEPS = 24 };
+    static const int pols[3][3] = {{KV_POLICY_STREAMING, 2, 0}, {KV_POLICY_H2O, 0, 3}, {KV_POLICY_TOVA, 0, 0}};
+    uint32_t q = test_buf(s, "q", DT_F32, BUF_SCRATCH, SP_NH * SP_HD, 0, 0);
+    uint32_t k = test_buf(s, "k", DT_F32, BUF_SCRATCH, SP_NKV * SP_HD, 0, 0);
+    uint32_t v = test_buf(s, "v", DT_F32, BUF_SCRATCH, SP_NKV * SP_HD, 0, 0);
+    uint32_t kc[3], vc[3], meta[3], acc[3], score[3], part[3];
+    for (int l = 0; l < 3; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "kc%d", l);
+        kc[l] = test_buf(s, name, DT_F32, BUF_KV, SP_NKV, CAP, SP_HD);
+        snprintf(name, sizeof name, "vc%d", l);
+        vc[l] = test_buf(s, name, DT_F32, BUF_KV, SP_NKV, CAP, SP_HD);
+        snprintf(name, sizeof name, "meta%d", l);
+        meta[l] = test_buf(s, name, DT_I32, BUF_STATE, SP_NKV, M, 0);
+        snprintf(name, sizeof name, "acc%d", l);
+        acc[l] = test_buf(s, name, DT_F32, BUF_STATE, SP_NKV, CAP, 0);
+        snprintf(name, sizeof name, "score%d", l);
+        score[l] = test_buf(s, name, DT_F32, BUF_SCRATCH, SP_NH, CAP, 0);
+        snprintf(name, sizeof name, "part%d", l);
+        part[l] = test_buf(s, name, DT_F32, BUF_SCRATCH, SP_NKV, SP_G, SP_E);
+        for (int h = 0; h < SP_NKV; h++) {
+            test_op(s, OP_KV_STORE, (int32_t[]){h, CAP}, (uint32_t[]){k, v, kc[l], vc[l], meta[l]});
+            test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 0, 1, SPARSE_SLOTS, CAP, 1},
+                    (uint32_t[]){q, kc[l], vc[l], part[l], score[l]});
+        }
+        int pol = pols[l][0];
+        test_op(s, OP_KV_EVICT, (int32_t[]){pol, CAP, pols[l][1], pols[l][2]},
+                (uint32_t[]){pol == KV_POLICY_STREAMING ? BUF_NONE : score[l], meta[l],
+                             pol == KV_POLICY_H2O ? acc[l] : BUF_NONE});
+    }
+    HostKernel hk;
+    host_kernel_open(&hk, s);
+    int want[3][SP_NKV * M];
+    double accw[3][SP_NKV * CAP];
+    int victims[3] = {0};
+    for (int pos = 0; pos < STEPS; pos++) {
+        host_fill(&hk, q);
+        host_fill(&hk, k);
+        host_fill(&hk, v);
+        for (int l = 0; l < 3; l++) {
+            int *mt = host_buf(&hk, meta[l]);
+            if (pos == 0)
+                for (int i = 0; i < SP_NKV * M; i++)
+                    mt[i] = 555; /* garbage: kv_store empties meta at pos 0 */
+            for (int h = 0; h < SP_NKV; h++) {
+                int *w = want[l] + h * M;
+                if (pos == 0) {
+                    for (int t = 0; t < CAP; t++)
+                        w[t] = -1;
+                    w[CAP] = 0;
+                }
+                w[w[CAP]] = pos;
+            }
+        }
+        host_kernel_step(&hk, pos);
+        const float *kv = host_buf(&hk, k);
+        for (int l = 0; l < 3; l++) {
+            const int *mt = host_buf(&hk, meta[l]);
+            const float *kcv = host_buf(&hk, kc[l]);
+            for (int h = 0; h < SP_NKV; h++) {
+                int slot = want[l][h * M + CAP];
+                cr_assert(memcmp(kcv + (h * CAP + slot) * SP_HD, kv + h * SP_HD, sizeof(float) * SP_HD) == 0,
+                          "layer %d pos %d head %d: slot %d does not hold this step's k", l, pos, h, slot);
+            }
+            evict_want(pols[l][0], CAP, pols[l][1], pols[l][2], pos, host_buf(&hk, score[l]), want[l], accw[l]);
+            for (int i = 0; i < SP_NKV * M; i++)
+                cr_assert_eq(mt[i], want[l][i], "policy %d pos %d: meta[%d][%d] = %d, want %d", pols[l][0], pos, i / M,
+                             i % M, mt[i], want[l][i]);
+            const float *av = host_buf(&hk, acc[l]);
+            for (int i = 0; pols[l][0] == KV_POLICY_H2O && i < SP_NKV * CAP; i++)
+                cr_assert(fabs(av[i] - accw[l][i]) <= 1e-5 * (1 + fabs(accw[l][i])), "h2o pos %d: acc[%d][%d] = %.9g, want %.9g",
+                          pos, i / CAP, i % CAP, av[i], accw[l][i]);
+            if (pos + 1 >= CAP)
+                victims[l]++;
+        }
+        if (pos + 1 >= CAP) { /* TOVA: one victim for every head */
+            const int *mt = host_buf(&hk, meta[2]);
+            for (int h = 1; h < SP_NKV; h++)
+                cr_assert_eq(mt[h * M + CAP], mt[CAP]);
+        }
+    }
+    /* streaming keeps its sinks: positions 0 and 1 are still held */
+    const int *ms = host_buf(&hk, meta[0]);
+    for (int h = 0; h < SP_NKV; h++)
+        cr_assert(ms[h * M + 0] == 0 && ms[h * M + 1] == 1, "streaming lost a sink");
+    cr_assert_eq(victims[0], STEPS - CAP + 1);
+    host_kernel_close(&hk);
+}
+
+/* What the new ops' bodies cannot run is refused before any compiler
+ * runs, each error naming the op: a Quest attn_sparse without sel, an
+ * h2o kv_evict without acc, an f32 meta, an unknown kv_evict policy. */
+Test(cuda_host, sparse_ops_refused_params)
+{
+    Schedule *s = sched_new("refused", "host-cuda", 1);
+    s->shape = sp_shape();
+    uint32_t q = test_buf(s, "q", DT_F32, BUF_SCRATCH, SP_NH * SP_HD, 0, 0);
+    uint32_t kc = test_buf(s, "kc", DT_F32, BUF_KV, SP_NKV, SP_S, SP_HD);
+    uint32_t part = test_buf(s, "part", DT_F32, BUF_SCRATCH, SP_NKV, SP_G, SP_E);
+    uint32_t score = test_buf(s, "score", DT_F32, BUF_SCRATCH, SP_NH, 8, 0);
+    uint32_t meta = test_buf(s, "meta", DT_I32, BUF_STATE, SP_NKV, 9, 0);
+    uint32_t fmeta = test_buf(s, "fmeta", DT_F32, BUF_STATE, SP_NKV, 9, 0);
+    Access none = {BUF_NONE, ACC_R, affine_const(0), affine_const(0)};
+    Access a[5] = {{q, ACC_R, affine_const(0), affine_const(1)}, {kc, ACC_R, affine_const(0), affine_const(1)},
+                   {kc, ACC_R, affine_const(0), affine_const(1)}, {part, ACC_W, affine_const(0), affine_const(1)}, none};
+    sched_op(s, 0, OP_ATTN_SPARSE, (int32_t[]){0, 0, 1, SPARSE_QUEST, 8, 2}, a);
+    Access e[3] = {{score, ACC_R, affine_const(0), affine_const(1)}, {meta, ACC_RW, affine_const(0), affine_const(1)},
+                   none};
+    sched_op(s, 0, OP_KV_EVICT, (int32_t[]){KV_POLICY_H2O, 8, 0, 2, 0, 0}, e);
+    e[1].buf = fmeta;
+    sched_op(s, 0, OP_KV_EVICT, (int32_t[]){KV_POLICY_TOVA, 8, 0, 0, 0, 0}, e);
+    e[1].buf = meta;
+    sched_op(s, 0, OP_KV_EVICT, (int32_t[]){7, 8, 0, 0, 0, 0}, e);
+    sched_layout(s);
+    char path[] = "/tmp/megac-cuda-refuse-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    Diag d;
+    diag_init(&d);
+    d.out = fdopen(fd, "w+");
+    cr_assert_not(cg_hostcuda_compile(s, "/tmp/never.so", &d));
+    cr_assert_eq(d.nerrors, 4);
+    fflush(d.out);
+    rewind(d.out);
+    static char text[1 << 14];
+    text[fread(text, 1, sizeof text - 1, d.out)] = 0;
+    cr_assert(strstr(text, "attn_sparse operand 'aux' must be present") &&
+                  strstr(text, "kv_evict operand 'acc' must be present") &&
+                  strstr(text, "kv_evict operand 'meta' (buffer 'fmeta') of dtype f32") &&
+                  strstr(text, "kv_evict has an unknown policy"),
+              "%s", text);
+    fclose(d.out);
+    unlink(path);
+    sched_free(s);
 }
 
 /* ---- host-cuda ---- */

@@ -109,26 +109,6 @@ static void op_footprint_check(Val *v, uint32_t w, uint32_t t)
     }
 }
 
-/* Activations are f32; the token and the sampled id are i32. */
-static DType operand_dtype(int op, int i)
-{
-    if ((op == OP_EMBED && i == 0) || (op == OP_ARGMAX_COMBINE && i == 1))
-        return DT_I32;
-    return DT_F32;
-}
-
-/* Operands whose whole layout ops.h fixes: the KV caches and the rope
- * table. 0 for the others. */
-static int64_t operand_rows(const Schedule *s, int op, int i)
-{
-    const ModelShape *m = &s->shape;
-    if ((op == OP_KV_APPEND && i >= 2) || (op == OP_ATTN && (i == 1 || i == 2)))
-        return (int64_t)m->n_kv_heads * m->max_seq * m->head_dim;
-    if (op == OP_ROPE && i == 1)
-        return (int64_t)m->max_seq * m->head_dim;
-    return 0;
-}
-
 /* In bounds and ordered for every pos; class, dtype and layout rules. */
 static void access_check(Val *v, uint32_t w, uint32_t t, int i)
 {
@@ -151,11 +131,11 @@ static void access_check(Val *v, uint32_t w, uint32_t t, int i)
                   w, t, opn, arg, b->name);
     if ((a->mode & ACC_W) && b->cls == BUF_WEIGHT)
         val_error(v, n, in->line, "structure: worker %u inst %u: op %s writes weight buffer %s", w, t, opn, b->name);
-    DType want = operand_dtype(in->op, i);
+    DType want = op_operand_dtype(in, i);
     if (b->cls != BUF_WEIGHT ? b->dtype != want : b->dtype == DT_I32)
         val_error(v, n, in->line, "structure: worker %u inst %u: op %s: operand '%s' cannot be %s buffer %s of dtype %s",
                   w, t, opn, arg, bufclass_name(b->cls), b->name, dtype_name(b->dtype));
-    int64_t rows = operand_rows(v->s, in->op, i);
+    int64_t rows = op_operand_nelem(v->s, in, i);
     if (rows && b->nelem != rows)
         val_error(v, n, in->line,
                   "structure: worker %u inst %u: op %s: operand '%s' needs %lld elements (its layout in ops.h), %s has "

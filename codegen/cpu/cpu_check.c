@@ -8,9 +8,15 @@
  * params the bodies' loops cannot run with (op_footprint's checks: the
  * validator reports them too, but a kernel must never loop forever), and a
  * schedule whose buffers have no offsets, each as an error at the
- * instruction's .sched line.
+ * instruction's .sched line. Operands follow op_operand_dtype (meta and
+ * sel i32), an optional operand the params use must be there, and
+ * quest_select's npages is at most CPU_QUEST_NPAGES_MAX.
  */
 #include "codegen/cpu/cpu.h"
+
+/* Largest npages of a quest_select: op_quest_select (kernel_body.c)
+ * ranks pages in a stack array of npages entries of 8 bytes. */
+#define CPU_QUEST_NPAGES_MAX 4096
 
 static SrcFile check_src(const Schedule *s)
 {
@@ -38,19 +44,32 @@ static bool check_gemv_weight(DType t)
     }
 }
 
-/* Whether the kernel body handles operand i of the op in dtype t:
- * activations, norms, tables and caches are f32; tokens are i32. */
+/* Whether the kernel body handles operand i of the op in dtype t: GEMV
+ * weights and the embedding table as check_gemv_weight says, the argmax
+ * result i32 or f32, every other operand the dtype op_operand_dtype
+ * (ir/ops.c) gives: the token, eviction meta and Quest's sel i32, the
+ * rest (activations, norms, caches, scores, bounds) f32. */
 static bool check_dtype_ok(const Inst *in, int i, DType t)
 {
-    if (in->op == OP_GEMV && i == 0)
-        return check_gemv_weight(t);
-    if (in->op == OP_EMBED && i == 0)
-        return t == DT_I32;
-    if (in->op == OP_EMBED && i == 1)
+    if ((in->op == OP_GEMV && i == 0) || (in->op == OP_EMBED && i == 1))
         return check_gemv_weight(t);
     if (in->op == OP_ARGMAX_COMBINE && i == 1)
         return t == DT_I32 || t == DT_F32;
-    return t == DT_F32;
+    return t == op_operand_dtype(in, i);
+}
+
+/* Whether optional operand i is one the body of `in` uses: the sel of a
+ * Quest attn_sparse, the scores of slots with b = 1, kv_evict's scores
+ * (h2o, tova) and acc (h2o). GEMV's are governed by its flags. */
+static bool check_operand_needed(const Inst *in, int i)
+{
+    if (in->op == OP_ATTN_SPARSE && i == 4)
+        return in->p[3] == SPARSE_QUEST || (in->p[3] == SPARSE_SLOTS && in->p[5] == 1);
+    if (in->op == OP_KV_EVICT && i == 0)
+        return in->p[0] != KV_POLICY_STREAMING;
+    if (in->op == OP_KV_EVICT && i == 2)
+        return in->p[0] == KV_POLICY_H2O;
+    return false;
 }
 
 static void check_operands(const Schedule *s, const Inst *in, Diag *d)
@@ -59,6 +78,9 @@ static void check_operands(const Schedule *s, const Inst *in, Diag *d)
     SrcFile src = check_src(s);
     for (int i = 0; i < oi->noperands; i++) {
         const Buffer *b = check_operand(s, in, i);
+        if (!b && check_operand_needed(in, i))
+            diag_error(d, &src, in->line, 1, "%s operand '%s' is absent but its params need it", oi->name,
+                       oi->operand[i]);
         if (!b)
             continue;
         if (!check_dtype_ok(in, i, b->dtype))
@@ -88,6 +110,9 @@ static void check_inst(const Schedule *s, const Inst *in, Diag *d)
     if (w && dtype_is_a8(w->dtype) && in->p[2] > CPU_NORM_K_MAX)
         diag_error(d, &src, in->line, 1, "gemv with int8 activations over k = %d > %d inputs is not supported by "
                    "the CPU backend yet", in->p[2], CPU_NORM_K_MAX);
+    if (in->op == OP_QUEST_SELECT && in->p[2] > CPU_QUEST_NPAGES_MAX)
+        diag_error(d, &src, in->line, 1, "quest_select with npages = %d > %d is not supported by the CPU backend "
+                   "(its page ranking keeps npages candidates on the stack)", in->p[2], CPU_QUEST_NPAGES_MAX);
     if (in->op == OP_GEMV && (in->p[3] & GEMV_NORM) && in->p[2] > CPU_NORM_K_MAX)
         diag_error(d, &src, in->line, 1, "gemv with norm over k = %d > %d inputs is not supported by the CPU backend yet",
                    in->p[2], CPU_NORM_K_MAX);

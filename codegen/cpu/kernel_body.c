@@ -2154,9 +2154,10 @@ static void attn_softmax_step(float *p, float *sc, int64_t n, int64_t hd)
  * rows serves every q head while it is in L1; the rows are part of the
  * worker's prefetch stream (ws: the loops do too much per cache line for
  * the out-of-order window alone to keep enough of them in flight). p: G
- * entries of hd outputs, m, l. */
+ * entries of hd outputs, m, l. raw (NULL: none) receives q head g's scaled
+ * scores at raw[g * rstride + t0 + i]. */
 static void attn_chunk(float *p, const float *q, const float *kh, const float *vh, int64_t t0, int64_t n,
-                       int64_t hd, int64_t G, float scale, WStream *ws)
+                       int64_t hd, int64_t G, float scale, WStream *ws, float *raw, int64_t rstride)
 {
     float sc[G][ATTN_CHUNK];
     const float *k = kh + t0 * hd, *v = vh + t0 * hd;
@@ -2165,12 +2166,25 @@ static void attn_chunk(float *p, const float *q, const float *kh, const float *v
         for (int64_t g = 0; g < G; g++)
             attn_scores(sc[g] + i, q + g * hd, k + i * hd, n - i < 4 ? n - i : 4, hd, scale);
     }
+    if (raw) /* the scaled scores, before the softmax turns them into weights */
+        for (int64_t g = 0; g < G; g++)
+            memcpy(raw + g * rstride + t0, sc[g], (size_t)n * sizeof(float));
     for (int64_t g = 0; g < G; g++)
         attn_softmax_step(p + g * (hd + 2), sc[g], n, hd);
     for (int64_t i = 0; i < n; i += 4) {
         ws_read(ws, (n - i < 4 ? n - i : 4) * hd * (int64_t)sizeof(float));
         for (int64_t g = 0; g < G; g++)
             attn_accum(p + g * (hd + 2), sc[g] + i, v + i * hd, n - i < 4 ? n - i : 4, hd);
+    }
+}
+
+/* The empty partial of G q heads: zeros, m = -inf, l = 0. */
+static void attn_part_init(float *p, int64_t G, int64_t hd)
+{
+    for (int64_t g = 0; g < G; g++) {
+        memset(p + g * (hd + 2), 0, (size_t)hd * sizeof(float));
+        p[g * (hd + 2) + hd] = NEG_INF;
+        p[g * (hd + 2) + hd + 1] = 0.0f;
     }
 }
 
@@ -2184,11 +2198,7 @@ static void op_attn(const MegacArgs *a, const int64_t *in, WStream *ws)
     int64_t hd = SHAPE(KS_HEAD_DIM), G = SHAPE(KS_N_HEADS) / SHAPE(KS_N_KV_HEADS);
     float scale = 1.0f / sqrtf((float)hd);
     float *p = part + (h * nsplit + s) * G * (hd + 2);
-    for (int64_t g = 0; g < G; g++) {
-        memset(p + g * (hd + 2), 0, (size_t)hd * sizeof(float));
-        p[g * (hd + 2) + hd] = NEG_INF;
-        p[g * (hd + 2) + hd + 1] = 0.0f;
-    }
+    attn_part_init(p, G, hd);
     const float *kh = kc + h * SHAPE(KS_MAX_SEQ) * hd, *vh = vc + h * SHAPE(KS_MAX_SEQ) * hd;
     /* With one split the blocks are back to back: one run of rows. */
     int64_t run = nsplit == 1 ? a->pos + 1 : block, stride = nsplit == 1 ? a->pos + 1 : nsplit * block;
@@ -2196,7 +2206,7 @@ static void op_attn(const MegacArgs *a, const int64_t *in, WStream *ws)
         int64_t b1 = b0 + run <= a->pos + 1 ? b0 + run : a->pos + 1;
         for (int64_t t0 = b0; t0 < b1; t0 += ATTN_CHUNK) {
             int64_t n = b1 - t0 < ATTN_CHUNK ? b1 - t0 : ATTN_CHUNK;
-            attn_chunk(p, q + h * G * hd, kh, vh, t0, n, hd, G, scale, ws);
+            attn_chunk(p, q + h * G * hd, kh, vh, t0, n, hd, G, scale, ws, NULL, 0);
         }
     }
 }
@@ -2228,6 +2238,344 @@ static void op_attn_combine(const MegacArgs *a, const int64_t *in)
         float inv = L > 0.0f ? 1.0f / L : 0.0f;
         for (int64_t d = 0; d < hd; d++)
             o[d] *= inv;
+    }
+}
+
+/* ---- eviction and sparse attention (semantics: the comment above
+ * SPARSE_SINK_WINDOW in ir/ops.h) ---- */
+
+/* kc/vc[h][slot] = k/v of head h, meta[h][slot] = pos, with slot =
+ * meta[h][cap] (KV_EVICT's choice at the previous step); pos 0 first
+ * empties meta and points it at slot 0. meta: i32 [n_kv_heads][cap + 1]. */
+static void op_kv_store(const MegacArgs *a, const int64_t *in)
+{
+    const float *k = opnd(a, in, 0), *v = opnd(a, in, 1);
+    float *kc = opnd(a, in, 2), *vc = opnd(a, in, 3);
+    int64_t h = in[KT_PARAM], cap = in[KT_PARAM + 1], hd = SHAPE(KS_HEAD_DIM);
+    int32_t *meta = (int32_t *)opnd(a, in, 4) + h * (cap + 1);
+    if (a->pos == 0) {
+        for (int64_t t = 0; t < cap; t++)
+            meta[t] = -1;
+        meta[cap] = 0;
+    }
+    int64_t slot = meta[cap];
+    /* KV_EVICT only writes slots in [0, cap) and pos 0 resets: a slot
+     * outside cannot happen, but a corrupt state must not write past the
+     * head's rows, so it is clamped to slot 0 */
+    if (slot < 0 || slot >= cap)
+        slot = 0;
+    memcpy(kc + (h * cap + slot) * hd, k + h * hd, (size_t)hd * sizeof(float));
+    memcpy(vc + (h * cap + slot) * hd, v + h * hd, (size_t)hd * sizeof(float));
+    meta[slot] = (int32_t)a->pos;
+}
+
+/* The rows ATTN_SPARSE selects for one kv head, as runs of consecutive
+ * rows in the order ops.h lists them (sinks then window; Quest's pages as
+ * sel lists them; the filled slots). */
+typedef struct SparseRuns {
+    int64_t kind, a, b, n;      /* n = pos + 1 */
+    const int32_t *sel;         /* SPARSE_QUEST: the head's sel[0:b] */
+    int64_t i;                  /* the next run to look at */
+} SparseRuns;
+
+/* Run i of the selection as [*t0, *t1) (possibly empty, always inside
+ * [0, n)); 0 when there is no run i. */
+static int sparse_run(const SparseRuns *r, int64_t i, int64_t *t0, int64_t *t1)
+{
+    switch (r->kind) {
+    case SPARSE_SINK_WINDOW:
+        if (i > 1)
+            return 0;
+        *t0 = i == 0 ? 0 : (r->a > r->n - r->b ? r->a : r->n - r->b);
+        *t1 = i == 0 ? (r->a < r->n ? r->a : r->n) : r->n;
+        break;
+    case SPARSE_QUEST: {
+        if (i >= r->b)
+            return 0;
+        int64_t pg = r->sel[i], e = (pg + 1) * r->a;
+        *t0 = pg < 0 ? 0 : pg * r->a; /* -1 padding: empty; pages past pos: empty */
+        *t1 = pg < 0 ? 0 : (e < r->n ? e : r->n);
+        break;
+    }
+    default: /* SPARSE_SLOTS: a = cap */
+        if (i > 0)
+            return 0;
+        *t0 = 0;
+        *t1 = r->a < r->n ? r->a : r->n;
+        break;
+    }
+    if (*t0 > *t1)
+        *t0 = *t1;
+    return 1;
+}
+
+/* The next nonempty run, with the runs after it that start where it ends
+ * merged in (so that a selection of every row is the single run [0, pos]
+ * that OP_ATTN walks); 0 when none is left. */
+static int sparse_next(SparseRuns *r, int64_t *t0, int64_t *t1)
+{
+    int64_t u0, u1;
+    int found = 0;
+    for (; sparse_run(r, r->i, &u0, &u1); r->i++) {
+        if (u0 == u1)
+            continue;
+        if (found && u0 != *t1)
+            break; /* run i starts the next call */
+        if (!found)
+            *t0 = u0;
+        *t1 = u1;
+        found = 1;
+    }
+    return found;
+}
+
+_Static_assert(SPARSE_BLOCK <= ATTN_CHUNK, "a block of attn_sparse must fit one attention chunk");
+
+/* Partials of split s over the selected rows: their list, run after run,
+ * cut into blocks of SPARSE_BLOCK, split s taking blocks j with
+ * j % nsplit == s (a block may span two runs: it is then two chunks). One
+ * split walks each run in ATTN_CHUNK pieces from its start, as OP_ATTN
+ * does, and several take their blocks as single chunks, as OP_ATTN with
+ * block 32 does: with every row selected the partials are OP_ATTN's, bit
+ * for bit. Slots with b = 1 also store the scaled scores into aux
+ * (score[q head][slot], rows t < n only).
+ * The rows are not in the worker's prefetch stream (ws_advance skips this
+ * op: Quest's rows depend on sel, written this step), so attn_chunk reports
+ * its reads to a detached stream that never prefetches: reporting them to
+ * the worker's would count them against the GEMV rows it has asked for. */
+static void op_attn_sparse(const MegacArgs *a, const int64_t *in)
+{
+    const float *q = opnd(a, in, 0), *kc = opnd(a, in, 1), *vc = opnd(a, in, 2);
+    float *part = opnd(a, in, 3), *aux = opnd(a, in, 4);
+    int64_t h = in[KT_PARAM], s = in[KT_PARAM + 1], nsplit = in[KT_PARAM + 2], kind = in[KT_PARAM + 3];
+    int64_t pa = in[KT_PARAM + 4], pb = in[KT_PARAM + 5];
+    int64_t hd = SHAPE(KS_HEAD_DIM), G = SHAPE(KS_N_HEADS) / SHAPE(KS_N_KV_HEADS);
+    float scale = 1.0f / sqrtf((float)hd);
+    float *p = part + (h * nsplit + s) * G * (hd + 2);
+    attn_part_init(p, G, hd);
+    if (kind == SPARSE_QUEST && !aux)
+        return;
+    int64_t rows = kind == SPARSE_SLOTS ? pa : SHAPE(KS_MAX_SEQ);
+    const float *kh = kc + h * rows * hd, *vh = vc + h * rows * hd, *qh = q + h * G * hd;
+    SparseRuns r = {kind, pa, pb, a->pos + 1, kind == SPARSE_QUEST ? (const int32_t *)aux + h * pb : NULL, 0};
+    float *raw = kind == SPARSE_SLOTS && pb == 1 && nsplit == 1 && aux ? aux + h * G * pa : NULL;
+    WStream none = {.a = a, .ahead = INT64_MAX / 2};
+    int64_t t0, t1, e = 0; /* e: selected rows before the run */
+    while (sparse_next(&r, &t0, &t1)) {
+        if (nsplit == 1) {
+            for (int64_t c = t0; c < t1; c += ATTN_CHUNK)
+                attn_chunk(p, qh, kh, vh, c, t1 - c < ATTN_CHUNK ? t1 - c : ATTN_CHUNK, hd, G, scale, &none, raw, pa);
+        } else {
+            for (int64_t x = e, end = e + t1 - t0; x < end;) {
+                int64_t j = x / SPARSE_BLOCK, skip = ((s - j % nsplit) + nsplit) % nsplit;
+                if (skip) { /* on to this split's next block */
+                    x = (j + skip) * SPARSE_BLOCK;
+                    continue;
+                }
+                int64_t y = (j + 1) * SPARSE_BLOCK < end ? (j + 1) * SPARSE_BLOCK : end;
+                attn_chunk(p, qh, kh, vh, t0 + x - e, y - x, hd, G, scale, &none, NULL, 0);
+                x = y;
+            }
+        }
+        e += t1 - t0;
+    }
+}
+
+/* Elementwise min and max of the k rows [t0, t1) (t1 > t0) into lo, hi. */
+static void quest_bounds(const float *k, int64_t t0, int64_t t1, int64_t hd, float *lo, float *hi)
+{
+    memcpy(lo, k + t0 * hd, (size_t)hd * sizeof(float));
+    memcpy(hi, k + t0 * hd, (size_t)hd * sizeof(float));
+    for (int64_t t = t0 + 1; t < t1; t++)
+        for (int64_t i = 0; i < hd; i++) {
+            float x = k[t * hd + i];
+            lo[i] = x < lo[i] ? x : lo[i];
+            hi[i] = x > hi[i] ? x : hi[i];
+        }
+}
+
+/* Whether candidate x ranks below candidate y: a smaller bound, or the
+ * same bound and a later page. */
+static int quest_below(const float *u, const int32_t *pg, int64_t x, int64_t y)
+{
+    return u[x] < u[y] || (u[x] == u[y] && pg[x] > pg[y]);
+}
+
+/* Sifts entry i down the heap of n candidates whose root ranks lowest. */
+static void quest_sift(float *u, int32_t *pg, int64_t i, int64_t n)
+{
+    for (;;) {
+        int64_t c = 2 * i + 1, m = i;
+        if (c < n && quest_below(u, pg, c, m))
+            m = c;
+        if (c + 1 < n && quest_below(u, pg, c + 1, m))
+            m = c + 1;
+        if (m == i)
+            return;
+        float tu = u[i];
+        int32_t tp = pg[i];
+        u[i] = u[m], pg[i] = pg[m];
+        u[m] = tu, pg[m] = tp;
+        i = m;
+    }
+}
+
+/* Quest's page selection for kv head h: the bounds of page c = pos/page
+ * from kc rows [c*page, pos], then sel[h] = c and the npages-1 pages j < c
+ * of largest U_j (ties: lower page), ascending, padded with -1.
+ * The best npages-1 are kept in a heap whose root is the lowest ranked
+ * (O(c log npages)); then the same heap code, with every bound equal,
+ * sorts them by page (heapsort). The heap is a VLA of npages entries:
+ * cpu_check.c refuses npages > CPU_QUEST_NPAGES_MAX (4096, 32 KB of
+ * stack), while the pages scanned (c <= S/page) need no storage. */
+static void op_quest_select(const MegacArgs *a, const int64_t *in)
+{
+    const float *q = opnd(a, in, 0), *kc = opnd(a, in, 1);
+    float *bounds = opnd(a, in, 2);
+    int64_t h = in[KT_PARAM], page = in[KT_PARAM + 1], np = in[KT_PARAM + 2];
+    int64_t hd = SHAPE(KS_HEAD_DIM), G = SHAPE(KS_N_HEADS) / SHAPE(KS_N_KV_HEADS), S = SHAPE(KS_MAX_SEQ);
+    int64_t pages = (S + page - 1) / page, c = a->pos / page;
+    int32_t *sel = (int32_t *)opnd(a, in, 3) + h * np;
+    const float *qh = q + h * G * hd;
+    float *bh = bounds + h * pages * 2 * hd;
+    quest_bounds(kc + h * S * hd, c * page, a->pos + 1, hd, bh + c * 2 * hd, bh + c * 2 * hd + hd);
+    int64_t keep = np - 1 < c ? np - 1 : c, n = 0;
+    float u[keep + 1];
+    int32_t pg[keep + 1];
+    for (int64_t j = 0; j < c && keep > 0; j++) {
+        const float *lo = bh + j * 2 * hd, *hi = lo + hd;
+        float uj = 0.0f;
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t i = 0; i < hd; i++) {
+                float x = qh[g * hd + i] * lo[i], y = qh[g * hd + i] * hi[i];
+                uj += x > y ? x : y;
+            }
+        if (n < keep) { /* the first `keep` pages fill the heap */
+            u[n] = uj, pg[n] = (int32_t)j;
+            if (++n == keep)
+                for (int64_t i = keep / 2 - 1; i >= 0; i--)
+                    quest_sift(u, pg, i, keep);
+        } else if (uj > u[0]) { /* a later page wins only with a larger bound */
+            u[0] = uj, pg[0] = (int32_t)j;
+            quest_sift(u, pg, 0, keep);
+        }
+    }
+    u[n] = 0.0f, pg[n++] = (int32_t)c; /* page c, then all sorted by page */
+    for (int64_t i = 0; i < n; i++)
+        u[i] = 0.0f;
+    for (int64_t i = n / 2 - 1; i >= 0; i--)
+        quest_sift(u, pg, i, n);
+    for (int64_t m = n - 1; m > 0; m--) { /* the root is the latest page left */
+        int32_t t = pg[0];
+        pg[0] = pg[m], pg[m] = t;
+        quest_sift(u, pg, 0, m);
+    }
+    for (int64_t i = 0; i < np; i++)
+        sel[i] = i < n ? pg[i] : -1;
+}
+
+/* Max m and sum z of e^(s - m) of one q head's scores s[0:n]; its
+ * weights are p[t] = e^(s[t] - m) / z. */
+static void evict_softmax(const float *s, int64_t n, float *mz)
+{
+    float m = NEG_INF, z = 0.0f;
+    for (int64_t t = 0; t < n; t++)
+        m = s[t] > m ? s[t] : m;
+    for (int64_t t = 0; t < n; t++)
+        z += exp_nonpos(s[t] - m);
+    mz[0] = m;
+    mz[1] = z;
+}
+
+#define EVICT_CHUNK 256 /* slots whose TOVA sums are kept at once */
+
+/* TOVA's victim: the slot t < n of least p averaged over all nh q heads
+ * (the lowest slot on ties), summed EVICT_CHUNK slots at a time so that
+ * each head's score row is read in order and nothing of size cap is on
+ * the stack. mz: each q head's max and sum (evict_softmax). */
+static int64_t evict_tova(const float *score, const float *mz, int64_t nh, int64_t cap, int64_t n)
+{
+    int64_t best = 0;
+    float bestv = 0.0f;
+    for (int64_t t0 = 0; t0 < n; t0 += EVICT_CHUNK) {
+        int64_t len = n - t0 < EVICT_CHUNK ? n - t0 : EVICT_CHUNK;
+        float sum[EVICT_CHUNK] = {0};
+        for (int64_t qh = 0; qh < nh; qh++) {
+            const float *s = score + qh * cap + t0;
+            for (int64_t i = 0; i < len; i++)
+                sum[i] += exp_nonpos(s[i] - mz[2 * qh]) / mz[2 * qh + 1];
+        }
+        for (int64_t i = 0; i < len; i++) {
+            float v = sum[i] / (float)nh;
+            if ((t0 == 0 && i == 0) || v < bestv)
+                best = t0 + i, bestv = v;
+        }
+    }
+    return best;
+}
+
+/* The victim among the cap slots of one kv head (m: its meta, ac: its H2O
+ * acc, tova: TOVA's layer-wide choice or -1), the lowest slot on ties:
+ * STREAMING the oldest position >= sinks, H2O the least acc among
+ * positions <= pos - window. With no candidate (the validated params rule
+ * that out) the slot of the oldest position. */
+static int64_t evict_victim(int64_t pol, const int32_t *m, const float *ac, int64_t tova, int64_t cap,
+                            int64_t sinks, int64_t window, int64_t pos)
+{
+    int64_t v = pol == KV_POLICY_TOVA ? tova : -1;
+    for (int64_t t = 0; pol == KV_POLICY_STREAMING && t < cap; t++)
+        if (m[t] >= sinks && (v < 0 || m[t] < m[v]))
+            v = t;
+    for (int64_t t = 0; pol == KV_POLICY_H2O && ac && t < cap; t++)
+        if (m[t] <= pos - window && (v < 0 || ac[t] < ac[v]))
+            v = t;
+    if (v < 0) {
+        v = 0;
+        for (int64_t t = 1; t < cap; t++)
+            v = m[t] < m[v] ? t : v;
+    }
+    return v;
+}
+
+/* Every kv head of a layer: with n = min(pos+1, cap) slots filled, p =
+ * each q head's softmax of score[q head][0:n]; H2O adds p, summed over the
+ * kv head's q heads, into acc (zeroed at pos 0). Then meta[h][cap] = pos+1
+ * while that is < cap, else the policy's victim (H2O zeroes its acc for
+ * the newcomer; TOVA's is the same for every head). */
+static void op_kv_evict(const MegacArgs *a, const int64_t *in)
+{
+    const float *score = opnd(a, in, 0);
+    int32_t *meta = opnd(a, in, 1);
+    float *acc = opnd(a, in, 2);
+    int64_t pol = in[KT_PARAM], cap = in[KT_PARAM + 1], sinks = in[KT_PARAM + 2], window = in[KT_PARAM + 3];
+    int64_t nh = SHAPE(KS_N_HEADS), nkv = SHAPE(KS_N_KV_HEADS), G = nh / nkv, pos = a->pos;
+    int64_t n = pos + 1 < cap ? pos + 1 : cap;
+    float mz[2 * nh];
+    if (pol == KV_POLICY_STREAMING)
+        score = NULL;
+    for (int64_t qh = 0; score && qh < nh; qh++)
+        evict_softmax(score + qh * cap, n, mz + 2 * qh);
+    if (pol != KV_POLICY_H2O)
+        acc = NULL;
+    if (acc && pos == 0)
+        memset(acc, 0, (size_t)(nkv * cap) * sizeof(float));
+    for (int64_t qh = 0; acc && score && qh < nh; qh++) {
+        const float *s = score + qh * cap;
+        float *ac = acc + qh / G * cap;
+        for (int64_t t = 0; t < n; t++)
+            ac[t] += exp_nonpos(s[t] - mz[2 * qh]) / mz[2 * qh + 1];
+    }
+    int64_t tova = pol == KV_POLICY_TOVA && score && pos + 1 >= cap ? evict_tova(score, mz, nh, cap, n) : -1;
+    for (int64_t h = 0; h < nkv; h++) {
+        int32_t *m = meta + h * (cap + 1);
+        if (pos + 1 < cap) {
+            m[cap] = (int32_t)(pos + 1);
+            continue;
+        }
+        int64_t v = evict_victim(pol, m, acc ? acc + h * cap : NULL, tova, cap, sinks, window, pos);
+        if (acc)
+            acc[h * cap + v] = 0.0f;
+        m[cap] = (int32_t)v;
     }
 }
 
@@ -2302,6 +2650,10 @@ static void op_run(const MegacArgs *a, const int64_t *in, WStream *ws)
     case OP_ADD: op_add(a, in); break;
     case OP_ARGMAX: op_argmax(a, in); break;
     case OP_ARGMAX_COMBINE: op_argmax_combine(a, in); break;
+    case OP_KV_STORE: op_kv_store(a, in); break;
+    case OP_ATTN_SPARSE: op_attn_sparse(a, in); break;
+    case OP_QUEST_SELECT: op_quest_select(a, in); break;
+    case OP_KV_EVICT: op_kv_evict(a, in); break;
     default: break;
     }
 }

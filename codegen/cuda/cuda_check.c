@@ -3,8 +3,9 @@
  * validator has already proved the schedule well formed, free of deadlocks
  * and races; this pass rejects what the body does not implement yet (f32
  * activations; f32, bf16, f16 or weight-only quantized GEMV weights and
- * embeddings; an i32 token), a
- * normalized GEMV input too long for the shared scratch, an attention head
+ * embeddings; an i32 token; i32 eviction meta and page selections),
+ * params of the sparse-attention and eviction ops their bodies cannot run,
+ * a normalized GEMV input too long for the shared scratch, an attention head
  * group too large for it, and a schedule without a buffer layout. Errors
  * cite the instruction's .sched line.
  */
@@ -15,19 +16,67 @@ static SrcFile check_src(const Schedule *s)
     return (SrcFile){.path = s->path ? s->path : (s->name ? s->name : "<schedule>"), .text = NULL, .len = 0};
 }
 
-/* Whether the body reads operand i of `in` in dtype t: the token and the
- * argmax result are i32 (the result may be f32), GEMV weights and the
- * embedding table f32, bf16, f16 or a quantized format other than the
- * int8-activation ones (w8a8, w4a8), everything else f32. */
+/* Whether the body reads operand i of `in` in dtype t: GEMV weights and
+ * the embedding table f32, bf16, f16 or a quantized format other than the
+ * int8-activation ones (w8a8, w4a8); the argmax result i32 or f32; every
+ * other operand the dtype ops.c's op_operand_dtype gives (the token, the
+ * eviction meta and Quest's sel i32, the rest f32). */
 static bool check_dtype_ok(const Inst *in, int i, DType t)
 {
-    if (in->op == OP_EMBED && i == 0)
-        return t == DT_I32;
     if (in->op == OP_ARGMAX_COMBINE && i == 1)
         return t == DT_F32 || t == DT_I32;
     if ((in->op == OP_GEMV && i == 0) || (in->op == OP_EMBED && i == 1))
         return t == DT_F32 || t == DT_BF16 || t == DT_F16 || (dtype_is_quant(t) && !dtype_is_a8(t));
-    return t == DT_F32;
+    return t == op_operand_dtype(in, i);
+}
+
+/* Whether optional operand i is one the body of `in` reads or writes: the
+ * sel of a Quest attn_sparse, the scores of slots with b = 1, and
+ * kv_evict's scores (h2o, tova) and acc (h2o). */
+static bool check_operand_needed(const Inst *in, int i)
+{
+    if (in->op == OP_ATTN_SPARSE && i == 4)
+        return in->p[3] == SPARSE_QUEST || (in->p[3] == SPARSE_SLOTS && in->p[5] == 1);
+    if (in->op == OP_KV_EVICT && i == 0)
+        return in->p[0] != KV_POLICY_STREAMING;
+    if (in->op == OP_KV_EVICT && i == 2)
+        return in->p[0] == KV_POLICY_H2O;
+    return false;
+}
+
+/* The new ops' params the bodies cannot run (the validator checks the
+ * footprint; these are the bodies' own limits). */
+static const char *check_params(const Schedule *s, const Inst *in)
+{
+    const int32_t *p = in->p;
+    switch (in->op) {
+    case OP_KV_STORE:
+        return p[1] <= 0 ? "kv_store needs cap > 0" : NULL;
+    case OP_ATTN_SPARSE:
+        if (p[2] <= 0 || p[1] < 0 || p[1] >= p[2])
+            return "attn_sparse needs nsplit > 0 and 0 <= s < nsplit";
+        if (p[3] < 0 || p[3] >= SPARSE_KIND_COUNT)
+            return "attn_sparse has an unknown kind";
+        if (p[3] == SPARSE_SINK_WINDOW && (p[4] < 0 || p[5] <= 0))
+            return "attn_sparse sink_window needs sinks >= 0 and window > 0";
+        if (p[3] == SPARSE_QUEST && (p[4] <= 0 || p[5] <= 0))
+            return "attn_sparse quest needs page > 0 and npages > 0";
+        if (p[3] == SPARSE_SLOTS && (p[4] <= 0 || (p[5] != 0 && p[5] != 1) || (p[5] == 1 && p[2] != 1)))
+            return "attn_sparse slots needs cap > 0, and b (scores) 0, or 1 with nsplit 1";
+        return NULL;
+    case OP_QUEST_SELECT:
+        return p[1] <= 0 || p[2] <= 0 ? "quest_select needs page > 0 and npages > 0" : NULL;
+    case OP_KV_EVICT:
+        if (p[0] < 0 || p[0] >= KV_POLICY_COUNT)
+            return "kv_evict has an unknown policy";
+        if (p[1] <= 0 || p[1] >= (1 << 24) || p[2] < 0 || p[3] < 0)
+            return "kv_evict needs 0 < cap < 2^24 (slot indices go through f32), sinks >= 0 and window >= 0";
+        if (p[0] != KV_POLICY_STREAMING && 2 * s->shape.n_heads > CUDA_SMEM_FLOATS_LIMIT)
+            return "kv_evict keeps two floats per q head in shared memory: too many heads";
+        return NULL;
+    default:
+        return NULL;
+    }
 }
 
 static void check_operands(const Schedule *s, const Inst *in, Diag *d)
@@ -36,6 +85,9 @@ static void check_operands(const Schedule *s, const Inst *in, Diag *d)
     SrcFile src = check_src(s);
     for (int i = 0; i < oi->noperands; i++) {
         uint32_t b = s->accs[in->acc + (uint32_t)i].buf;
+        if (b == BUF_NONE && check_operand_needed(in, i))
+            diag_error(d, &src, in->line, 1, "%s operand '%s' must be present with these params", oi->name,
+                       oi->operand[i]);
         if (b == BUF_NONE)
             continue;
         DType t = s->bufs[b].dtype;
@@ -59,6 +111,9 @@ static void check_inst(const Schedule *s, const Inst *in, Diag *d)
         return;
     }
     check_operands(s, in, d);
+    const char *why = check_params(s, in);
+    if (why)
+        diag_error(d, &src, in->line, 1, "%s: not supported by the CUDA backend", why);
     if (in->op == OP_GEMV && (in->p[3] & GEMV_NORM) && in->p[2] > CUDA_SMEM_FLOATS_MAX)
         diag_error(d, &src, in->line, 1,
                    "gemv with norm over k = %d > %d inputs is not supported by the CUDA backend yet", in->p[2],

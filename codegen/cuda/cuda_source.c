@@ -26,9 +26,13 @@
 _Static_assert(INST_OP == 0 && INST_SIGNAL == 1 && INST_WAIT == 2, "kernel_body.cuh's MK_INST_* mirror InstKind");
 _Static_assert(OP_EMBED == 0 && OP_RMSNORM == 1 && OP_GEMV == 2 && OP_ROPE == 3 && OP_KV_APPEND == 4 &&
                    OP_ATTN == 5 && OP_ATTN_COMBINE == 6 && OP_SILU_MUL == 7 && OP_ADD == 8 && OP_ARGMAX == 9 &&
-                   OP_ARGMAX_COMBINE == 10 && OP_COUNT == 11,
+                   OP_ARGMAX_COMBINE == 10 && OP_KV_STORE == 11 && OP_ATTN_SPARSE == 12 &&
+                   OP_QUEST_SELECT == 13 && OP_KV_EVICT == 14 && OP_COUNT == 15,
                "kernel_body.cuh's MK_OP_* mirror OpCode");
 _Static_assert(GEMV_ACCUM == 1 && GEMV_NORM == 2 && GEMV_BIAS == 4, "kernel_body.cuh's MK_GEMV_* mirror ops.h");
+_Static_assert(SPARSE_SINK_WINDOW == 0 && SPARSE_QUEST == 1 && SPARSE_SLOTS == 2 && SPARSE_KIND_COUNT == 3 &&
+                   SPARSE_BLOCK == 32 && KV_POLICY_STREAMING == 0 && KV_POLICY_H2O == 1 && KV_POLICY_TOVA == 2,
+               "kernel_body.cuh's MK_SPARSE_* and MK_KV_* mirror ops.h");
 _Static_assert(DT_F32 == 0 && DT_F16 == 1 && DT_BF16 == 2 && DT_I32 == 3 && DT_Q8_0 == 5 && DT_Q4_0 == 6 &&
                    DT_Q4_1 == 7 && DT_W8 == 8 && DT_W4G32 == 9 && DT_W4G64 == 10 && DT_W4G128 == 11 && DT_COUNT <= 32,
                "kernel_body.cuh's MK_DT_*; 5 bits per dtype");
@@ -55,6 +59,25 @@ static int source_group(const Schedule *s)
     return s->shape.n_kv_heads > 0 ? s->shape.n_heads / s->shape.n_kv_heads : 1;
 }
 
+/* Floats of the shared scratch the serial ops use (kernel_body.cuh):
+ * QUEST_SELECT 256 digit bins, a bound per warp, a digit and a rank;
+ * KV_EVICT (reading scores) the max and sum of each q head's softmax. */
+static int source_serial_smem(const Schedule *s, int threads)
+{
+    int need = 0;
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        for (uint32_t i = 0; i < s->workers[w].ninst; i++) {
+            const Inst *in = &s->workers[w].insts[i];
+            int n = 0;
+            if (in->kind == INST_OP && in->op == OP_QUEST_SELECT)
+                n = 256 + threads / 32 + 2;
+            if (in->kind == INST_OP && in->op == OP_KV_EVICT && in->p[0] != KV_POLICY_STREAMING)
+                n = 2 * s->shape.n_heads;
+            need = n > need ? n : need;
+        }
+    return need;
+}
+
 CudaLayout cuda_layout(const Schedule *s, bool host)
 {
     CudaLayout l;
@@ -63,6 +86,8 @@ CudaLayout cuda_layout(const Schedule *s, bool host)
     l.smem_floats = k < CUDA_SMEM_FLOATS_MAX ? k : CUDA_SMEM_FLOATS_MAX;
     if (l.smem_floats < per_warp)
         l.smem_floats = per_warp;
+    if (l.smem_floats < source_serial_smem(s, l.threads))
+        l.smem_floats = source_serial_smem(s, l.threads);
     l.smem_floats = (l.smem_floats + 3) / 4 * 4;
     l.attn_warps = per_warp > 0 ? l.smem_floats / per_warp : 1;
     if (l.attn_warps > l.threads / 32)
@@ -105,6 +130,7 @@ static void source_shape(FILE *f, const Schedule *s, const CudaLayout *l)
             l->smem_floats, l->attn_warps, l->hdl);
     fprintf(f, "#define MK_DIM %d\n#define MK_HD %d\n#define MK_G %d\n#define MK_VOCAB %d\n#define MK_MAX_SEQ %d\n",
             sh->dim, sh->head_dim, source_group(s), sh->vocab_size, sh->max_seq);
+    fprintf(f, "#define MK_NKV %d\n#define MK_NH (MK_G * MK_NKV)\n", sh->n_kv_heads);
     fprintf(f, "#define MK_ROPE_HALF %d\n#define MK_EPS %.9ef\n", sh->rope_pairing == 1, sh->norm_eps);
     fprintf(f, "#define MK_NWORKERS %uu\n#define MK_ARENA_BIT 0x%llxull\n", s->nworkers,
             (unsigned long long)CUDA_ARENA_BIT);

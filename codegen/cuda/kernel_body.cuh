@@ -39,11 +39,19 @@ enum { MK_INST_OP, MK_INST_SIGNAL, MK_INST_WAIT };
 /* Same values as OpCode of ir/ops.h (cuda_source.c checks). */
 enum {
     MK_OP_EMBED, MK_OP_RMSNORM, MK_OP_GEMV, MK_OP_ROPE, MK_OP_KV_APPEND, MK_OP_ATTN,
-    MK_OP_ATTN_COMBINE, MK_OP_SILU_MUL, MK_OP_ADD, MK_OP_ARGMAX, MK_OP_ARGMAX_COMBINE
+    MK_OP_ATTN_COMBINE, MK_OP_SILU_MUL, MK_OP_ADD, MK_OP_ARGMAX, MK_OP_ARGMAX_COMBINE,
+    MK_OP_KV_STORE, MK_OP_ATTN_SPARSE, MK_OP_QUEST_SELECT, MK_OP_KV_EVICT
 };
 #define MK_GEMV_ACCUM 1
 #define MK_GEMV_NORM 2
 #define MK_GEMV_BIAS 4
+#define MK_SPARSE_SINK_WINDOW 0 /* ATTN_SPARSE kinds, KV_EVICT policies: ops.h */
+#define MK_SPARSE_QUEST 1
+#define MK_SPARSE_SLOTS 2
+#define MK_SPARSE_BLOCK 32
+#define MK_KV_STREAMING 0
+#define MK_KV_H2O 1
+#define MK_KV_TOVA 2
 #define MK_DT_F32 0     /* DType values of ir/dtype.h */
 #define MK_DT_F16 1
 #define MK_DT_BF16 2
@@ -82,6 +90,18 @@ MK_INLINE int mk_dtype(const unsigned *in, int i)
 MK_INLINE int mk_param(const unsigned *in, int i)
 {
     return (int)in[1 + i];
+}
+
+/* f32 -> its bits (the prelude and the shim have only the other way). */
+MK_INLINE unsigned mk_as_uint(float f)
+{
+#ifdef __CUDACC_RTC__
+    return __float_as_uint(f);
+#else
+    unsigned u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+#endif
 }
 
 /* bf16 -> f32: the 16 bits are the top half of a float */
@@ -132,6 +152,40 @@ MK_INLINE void mk_warp_argmax(float *v, int *i)
             *i = j;
         }
     }
+}
+
+MK_INLINE float mk_warp_max(float v)
+{
+    for (int m = 16; m > 0; m >>= 1)
+        v = fmaxf(v, mk_shfl_xor_f(v, m));
+    return v;
+}
+
+/* The index of the least v over the block (the lowest index on ties; i <
+ * 2^24, or -1 for a thread without one); every thread gets it. */
+MK_DEV int mk_block_argmin(float v, int i)
+{
+    unsigned tid = mk_tid();
+    float nv = i < 0 ? MK_NEG_INF : -v;
+    if (i < 0)
+        i = 1 << 30;
+    mk_warp_argmax(&nv, &i);
+    if ((tid & 31u) == 0) {
+        mk_red[tid >> 5] = nv;
+        mk_red[32 + (tid >> 5)] = (float)i;
+    }
+    mk_sync();
+    if (tid < 32) {
+        nv = tid < MK_NWARPS ? mk_red[tid] : MK_NEG_INF;
+        i = tid < MK_NWARPS ? (int)mk_red[32 + tid] : 1 << 30;
+        mk_warp_argmax(&nv, &i);
+        if (tid == 0)
+            mk_red[64] = (float)i;
+    }
+    mk_sync();
+    int r = (int)mk_red[64];
+    mk_sync();
+    return r;
 }
 
 /* 1 / sqrt(mean(x[0:n]^2) + eps), over the block */
@@ -630,15 +684,12 @@ MK_DEV void op_kv_append(const MegacArgs *a, const unsigned *in)
 
 #define MK_E (MK_HD + 2)     /* one partial: hd outputs, m, l */
 
-/* One warp's online softmax for the G q heads of kv head h over rows
- * t = row(idx) for idx = warp, warp + MK_AW, ... up to pos, where
- * row(idx) enumerates the split's rows; lanes hold MK_HDL elements of a
- * head. The warp's (acc, m, l) go to its slot of the shared scratch. */
-MK_DEV void mk_attn_warp(const MegacArgs *a, const float *q, const float *kh, const float *vh, int h, int s,
-                         int nsplit, int block, unsigned warp, unsigned lane)
+/* A warp's online-softmax state for the G q heads of a kv head: lanes
+ * hold MK_HDL elements of each head (mk_attn_warp, op_attn_sparse).
+ * The helpers below are force-inlined, so the arrays stay in registers. */
+MK_INLINE void mk_attn_init(const float *q, int h, unsigned lane, float qv[MK_G][MK_HDL], float acc[MK_G][MK_HDL],
+                            float *m, float *l)
 {
-    const float scale = 1.0f / sqrtf((float)MK_HD);
-    float qv[MK_G][MK_HDL], acc[MK_G][MK_HDL], m[MK_G], l[MK_G];
 #pragma unroll
     for (int g = 0; g < MK_G; g++) {
         m[g] = MK_NEG_INF;
@@ -650,40 +701,49 @@ MK_DEV void mk_attn_warp(const MegacArgs *a, const float *q, const float *kh, co
             acc[g][i] = 0.0f;
         }
     }
-#pragma unroll 1
-    for (int idx = (int)warp;; idx += MK_AW) {
-        long long t = (long long)(s + (idx / block) * nsplit) * block + idx % block;
-        if (t > a->pos)
-            break;
-        float kr[MK_HDL], vr[MK_HDL];
+}
+
+/* Adds row (kr, vr) of hd elements to the state; with sc_out (ATTN_SPARSE
+ * slots) lane 0 writes each head g's scaled score to sc_out[g * scap]. */
+MK_INLINE void mk_attn_row(const float *kr_, const float *vr_, unsigned lane, float qv[MK_G][MK_HDL],
+                           float acc[MK_G][MK_HDL], float *m, float *l, float *sc_out, int scap)
+{
+    const float scale = 1.0f / sqrtf((float)MK_HD);
+    float kr[MK_HDL], vr[MK_HDL];
 #pragma unroll
-        for (int i = 0; i < MK_HDL; i++) {
-            int d = (int)lane + 32 * i;
-            kr[i] = d < MK_HD ? kh[t * MK_HD + d] : 0.0f;
-            vr[i] = d < MK_HD ? vh[t * MK_HD + d] : 0.0f;
-        }
-#pragma unroll
-        for (int g = 0; g < MK_G; g++) {
-            float sc = 0.0f;
-#pragma unroll
-            for (int i = 0; i < MK_HDL; i++)
-                sc += qv[g][i] * kr[i];
-            sc = mk_warp_sum(sc) * scale;
-            if (sc > m[g]) {
-                float r = m[g] == MK_NEG_INF ? 0.0f : expf(m[g] - sc);
-#pragma unroll
-                for (int i = 0; i < MK_HDL; i++)
-                    acc[g][i] *= r;
-                l[g] *= r;
-                m[g] = sc;
-            }
-            float e = expf(sc - m[g]);
-#pragma unroll
-            for (int i = 0; i < MK_HDL; i++)
-                acc[g][i] += e * vr[i];
-            l[g] += e;
-        }
+    for (int i = 0; i < MK_HDL; i++) {
+        int d = (int)lane + 32 * i;
+        kr[i] = d < MK_HD ? kr_[d] : 0.0f;
+        vr[i] = d < MK_HD ? vr_[d] : 0.0f;
     }
+#pragma unroll
+    for (int g = 0; g < MK_G; g++) {
+        float sc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MK_HDL; i++)
+            sc += qv[g][i] * kr[i];
+        sc = mk_warp_sum(sc) * scale;
+        if (sc_out && lane == 0)
+            sc_out[(long long)g * scap] = sc;
+        if (sc > m[g]) {
+            float r = m[g] == MK_NEG_INF ? 0.0f : expf(m[g] - sc);
+#pragma unroll
+            for (int i = 0; i < MK_HDL; i++)
+                acc[g][i] *= r;
+            l[g] *= r;
+            m[g] = sc;
+        }
+        float e = expf(sc - m[g]);
+#pragma unroll
+        for (int i = 0; i < MK_HDL; i++)
+            acc[g][i] += e * vr[i];
+        l[g] += e;
+    }
+}
+
+/* The warp's (acc, m, l) to its slot of the shared scratch. */
+MK_INLINE void mk_attn_store(unsigned warp, unsigned lane, float acc[MK_G][MK_HDL], const float *m, const float *l)
+{
     float *mine = mk_sm + warp * MK_G * MK_E;
 #pragma unroll
     for (int g = 0; g < MK_G; g++) {
@@ -698,22 +758,30 @@ MK_DEV void mk_attn_warp(const MegacArgs *a, const float *q, const float *kh, co
     }
 }
 
-/* Split s of kv head h: warps 0..MK_AW-1 each run mk_attn_warp, then the
- * block merges the warps' partials, in warp order, into part[h][s]
- * ([G][hd + 2]). An empty split leaves zeros, -inf, 0. */
-MK_DEV void op_attn(const MegacArgs *a, const unsigned *in)
+/* One warp's online softmax for the G q heads of kv head h over rows
+ * t = (s + (idx / block) * nsplit) * block + idx % block, idx = warp,
+ * warp + MK_AW, ... up to pos. */
+MK_DEV void mk_attn_warp(const MegacArgs *a, const float *q, const float *kh, const float *vh, int h, int s,
+                         int nsplit, int block, unsigned warp, unsigned lane)
 {
-    const float *q = (const float *)mk_opnd(a, in, 0);
-    const float *kc = (const float *)mk_opnd(a, in, 1), *vc = (const float *)mk_opnd(a, in, 2);
-    float *part = (float *)mk_opnd(a, in, 3);
-    int h = mk_param(in, 0), s = mk_param(in, 1), nsplit = mk_param(in, 2), block = mk_param(in, 3);
-    unsigned tid = mk_tid(), warp = tid >> 5;
-    if (warp < MK_AW)
-        mk_attn_warp(a, q, kc + (long long)h * MK_MAX_SEQ * MK_HD, vc + (long long)h * MK_MAX_SEQ * MK_HD, h, s,
-                     nsplit, block, warp, tid & 31u);
-    mk_sync();
-    float *p = part + (long long)(h * nsplit + s) * MK_G * MK_E;
-    for (int j = (int)tid; j < MK_G * MK_E; j += MK_THREADS) {
+    float qv[MK_G][MK_HDL], acc[MK_G][MK_HDL], m[MK_G], l[MK_G];
+    mk_attn_init(q, h, lane, qv, acc, m, l);
+#pragma unroll 1
+    for (int idx = (int)warp;; idx += MK_AW) {
+        long long t = (long long)(s + (idx / block) * nsplit) * block + idx % block;
+        if (t > a->pos)
+            break;
+        mk_attn_row(kh + t * MK_HD, vh + t * MK_HD, lane, qv, acc, m, l, 0, 0);
+    }
+    mk_attn_store(warp, lane, acc, m, l);
+}
+
+/* The block merges the MK_AW warps' partials (after the warps and a
+ * barrier), in warp order, into p ([G][hd + 2]). An empty split leaves
+ * zeros, -inf, 0. */
+MK_DEV void mk_attn_merge(float *p)
+{
+    for (int j = (int)mk_tid(); j < MK_G * MK_E; j += MK_THREADS) {
         int g = j / MK_E, d = j % MK_E;
         float M = MK_NEG_INF, o = 0.0f;
         for (int w = 0; w < MK_AW; w++)
@@ -725,6 +793,134 @@ MK_DEV void op_attn(const MegacArgs *a, const unsigned *in)
         }
         p[j] = d == MK_HD ? M : o;
     }
+}
+
+/* Split s of kv head h: warps 0..MK_AW-1 each run mk_attn_warp, then the
+ * block merges the warps' partials into part[h][s] ([G][hd + 2]). */
+MK_DEV void op_attn(const MegacArgs *a, const unsigned *in)
+{
+    const float *q = (const float *)mk_opnd(a, in, 0);
+    const float *kc = (const float *)mk_opnd(a, in, 1), *vc = (const float *)mk_opnd(a, in, 2);
+    float *part = (float *)mk_opnd(a, in, 3);
+    int h = mk_param(in, 0), s = mk_param(in, 1), nsplit = mk_param(in, 2), block = mk_param(in, 3);
+    unsigned tid = mk_tid(), warp = tid >> 5;
+    if (warp < MK_AW)
+        mk_attn_warp(a, q, kc + (long long)h * MK_MAX_SEQ * MK_HD, vc + (long long)h * MK_MAX_SEQ * MK_HD, h, s,
+                     nsplit, block, warp, tid & 31u);
+    mk_sync();
+    mk_attn_merge(part + (long long)(h * nsplit + s) * MK_G * MK_E);
+}
+
+/* The rows ATTN_SPARSE reads (ops.h): runs of consecutive rows, whose
+ * concatenation is cut into blocks of MK_SPARSE_BLOCK entries. */
+typedef struct MkRows {
+    int kind;           /* an MK_SPARSE_* kind */
+    int a, b;           /* the kind's params */
+    const int *sel;     /* MK_SPARSE_QUEST: the kv head's b pages */
+} MkRows;
+
+/* Run j of r at pos: its length (rows from *r0 on), 0 for an empty run,
+ * -1 past the last run. Rows and entries are below max_seq < 2^31. */
+MK_INLINE int mk_rows_run(MkRows r, int j, int pos, int *r0)
+{
+    int n = pos + 1, lo = 0, hi;
+    switch (r.kind) {
+    case MK_SPARSE_SINK_WINDOW:
+        if (j > 1)
+            return -1;
+        if (j == 0) {
+            hi = r.a < n ? r.a : n;
+        } else {
+            lo = n - r.b > r.a ? n - r.b : r.a;
+            hi = n;
+        }
+        break;
+    case MK_SPARSE_QUEST: {
+        if (j >= r.b)
+            return -1;
+        long long p = r.sel[j];
+        int in = p >= 0 && p * r.a < n;
+        lo = in ? (int)p * r.a : 0;
+        hi = in ? (n - lo > r.a ? lo + r.a : n) : 0;
+        break;
+    }
+    default: /* slots */
+        if (j > 0)
+            return -1;
+        hi = r.a < n ? r.a : n;
+        break;
+    }
+    *r0 = lo;
+    return hi > lo ? hi - lo : 0;
+}
+
+/* The row at entry e of r's runs concatenated, or -1 past their end. */
+MK_INLINE int mk_rows_at(MkRows r, int pos, int e)
+{
+    int off = 0, r0 = 0;
+    for (int j = 0;; j++) {
+        int len = mk_rows_run(r, j, pos, &r0);
+        if (len < 0)
+            return -1;
+        if (e < off + len)
+            return r0 + (e - off);
+        off += len;
+    }
+}
+
+/* Split entries per chunk of op_attn_sparse: a multiple of MK_AW that fits
+ * the shared scratch. */
+#define MK_SPCH ((MK_SMEM_FLOATS < 2048 ? MK_SMEM_FLOATS : 2048) / MK_AW * MK_AW)
+
+/* Split s of kv head h over the rows `kind` selects (ops.h): split entry
+ * idx is entry (s + (idx / 32) * nsplit) * 32 + idx % 32 of the runs
+ * concatenated. In chunks of MK_SPCH split entries, the block writes the
+ * rows into mk_sm (as floats: rows < 2^24), then warp w < MK_AW adds rows
+ * w, w + MK_AW, ... of the chunk to its online softmax: the order
+ * mk_attn_warp takes its rows in, so with every row selected the result
+ * is op_attn's at block 32. The hot loop keeps no run cursor (the
+ * registers of op_attn's). Rows are hd apart in kc/vc[h], whose head
+ * stride is S rows, or cap for slots; slots with b = 1 write each row's
+ * scaled scores. Then the merge of op_attn. */
+MK_DEV void op_attn_sparse(const MegacArgs *a, const unsigned *in)
+{
+    const float *q = (const float *)mk_opnd(a, in, 0);
+    const float *kc = (const float *)mk_opnd(a, in, 1), *vc = (const float *)mk_opnd(a, in, 2);
+    float *part = (float *)mk_opnd(a, in, 3);
+    int h = mk_param(in, 0), s = mk_param(in, 1), nsplit = mk_param(in, 2), pos = (int)a->pos;
+    MkRows rows = {mk_param(in, 3), mk_param(in, 4), mk_param(in, 5), 0};
+    if (rows.kind == MK_SPARSE_QUEST)
+        rows.sel = (const int *)mk_opnd(a, in, 4) + (long long)h * rows.b;
+    int slots = rows.kind == MK_SPARSE_SLOTS, cap = rows.a;
+    float *score = slots && rows.b == 1 ? (float *)mk_opnd(a, in, 4) + (long long)h * MK_G * cap : 0;
+    long long head = (long long)h * (slots ? cap : MK_MAX_SEQ) * MK_HD;
+    const float *kh = kc + head, *vh = vc + head;
+    unsigned tid = mk_tid(), warp = tid >> 5, lane = tid & 31u;
+    float qv[MK_G][MK_HDL], acc[MK_G][MK_HDL], m[MK_G], l[MK_G];
+    mk_attn_init(q, h, lane, qv, acc, m, l);
+    for (int c0 = 0;; c0 += MK_SPCH) {
+        for (int i = (int)tid; i < MK_SPCH; i += MK_THREADS) {
+            int idx = c0 + i;
+            int e = (s + (idx / MK_SPARSE_BLOCK) * nsplit) * MK_SPARSE_BLOCK + idx % MK_SPARSE_BLOCK;
+            mk_sm[i] = (float)mk_rows_at(rows, pos, e);
+        }
+        mk_sync();
+        int last = mk_sm[MK_SPCH - 1] < 0.0f;
+        for (int i = (int)warp; warp < MK_AW && i < MK_SPCH; i += MK_AW) {
+            float tf = mk_sm[i];
+            if (tf < 0.0f)
+                break;
+            long long t = (long long)tf;
+            mk_attn_row(kh + t * MK_HD, vh + t * MK_HD, lane, qv, acc, m, l, score ? score + t : 0, cap);
+        }
+        mk_sync();
+        if (last)
+            break;
+    }
+    if (warp < MK_AW)
+        mk_attn_store(warp, lane, acc, m, l);
+    mk_sync();
+    mk_attn_merge(part + (long long)(h * nsplit + s) * MK_G * MK_E);
 }
 
 /* out[q head] = sum_s o_s * e^(m_s - M) / sum_s l_s * e^(m_s - M).
@@ -848,6 +1044,280 @@ MK_DEV void op_argmax_combine(const MegacArgs *a, const unsigned *in)
         *(float *)mk_opnd(a, in, 1) = idx;
 }
 
+/* ---- eviction and page selection (ops.h, "Eviction state", "Quest") ---- */
+
+/* kc/vc[h][slot] = k/v of head h, meta[h][slot] = pos, slot = meta[h][cap]
+ * (at pos 0 meta[h] is emptied first, and the slot is 0; a slot out of
+ * [0, cap) is taken as 0). The barrier orders the reset before the read. */
+MK_DEV void op_kv_store(const MegacArgs *a, const unsigned *in)
+{
+    const float *k = (const float *)mk_opnd(a, in, 0), *v = (const float *)mk_opnd(a, in, 1);
+    float *kc = (float *)mk_opnd(a, in, 2), *vc = (float *)mk_opnd(a, in, 3);
+    int h = mk_param(in, 0), cap = mk_param(in, 1);
+    int *meta = (int *)mk_opnd(a, in, 4) + (long long)h * (cap + 1);
+    unsigned tid = mk_tid();
+    if (a->pos == 0) {
+        for (int t = (int)tid; t < cap; t += MK_THREADS)
+            meta[t] = -1;
+        if (tid == 0)
+            meta[cap] = 0;
+        mk_sync();
+    }
+    int slot = meta[cap];
+    if (slot < 0 || slot >= cap)
+        slot = 0;
+    long long row = ((long long)h * cap + slot) * MK_HD;
+    for (int d = (int)tid; d < MK_HD; d += MK_THREADS) {
+        kc[row + d] = k[h * MK_HD + d];
+        vc[row + d] = v[h * MK_HD + d];
+    }
+    if (tid == 0)
+        meta[slot] = (int)a->pos;
+}
+
+/* The bound U of page p ([2][hd]: min, max) for the G q heads in qv, over
+ * the warp; +0 for -0, so that equal bounds compare equal as keys. */
+MK_INLINE float mk_quest_u(const float *bp, float qv[MK_G][MK_HDL], unsigned lane)
+{
+    float u = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MK_HDL; i++) {
+        int d = (int)lane + 32 * i;
+        if (d < MK_HD) {
+            float lo = bp[d], hi = bp[MK_HD + d];
+#pragma unroll
+            for (int g = 0; g < MK_G; g++)
+                u += fmaxf(qv[g][i] * lo, qv[g][i] * hi);
+        }
+    }
+    return mk_warp_sum(u) + 0.0f;
+}
+
+/* A float as an unsigned that orders as the float does. */
+MK_INLINE unsigned mk_fkey(float v)
+{
+    unsigned u = mk_as_uint(v);
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+}
+
+MK_INLINE float mk_fkey_value(unsigned k)
+{
+    return mk_as_float((k & 0x80000000u) ? k & 0x7fffffffu : ~k);
+}
+
+#define MK_QBINS 256        /* radix digits of 8 bits: 4 passes */
+#define MK_QCAND MK_QBINS   /* mk_sm: bins, one bound per warp, digit, rank */
+
+/* One round of pages [j0, j0 + MK_NWARPS) (< c): warp w's bound into
+ * mk_sm[MK_QCAND + w], then a barrier. */
+MK_INLINE void mk_quest_round(const float *bh, float qv[MK_G][MK_HDL], int j0, int c, unsigned warp,
+                              unsigned lane)
+{
+    int j = j0 + (int)warp;
+    if (j < c) {
+        float u = mk_quest_u(bh + (long long)j * 2 * MK_HD, qv, lane);
+        if (lane == 0)
+            mk_sm[MK_QCAND + warp] = u;
+    }
+    mk_sync();
+}
+
+/* Page c = pos/page of kv head h: its bounds from kc rows [c*page, pos];
+ * then sel[h] = the npages-1 pages j < c of largest U (lower page on
+ * ties) and c, in ascending page order, padded with -1. The selection
+ * keeps no per-page state: a radix select (4 passes of 8-bit digits over
+ * the float keys, each recomputing U and counting digits in mk_sm, a
+ * thread per bin) finds the (npages-1)-th largest U, T, and how many
+ * pages equal to T to take; a last pass writes the pages above T and the
+ * first of those equal, lowest first. */
+MK_DEV void op_quest_select(const MegacArgs *a, const unsigned *in)
+{
+    const float *q = (const float *)mk_opnd(a, in, 0), *kc = (const float *)mk_opnd(a, in, 1);
+    float *bounds = (float *)mk_opnd(a, in, 2);
+    int h = mk_param(in, 0), page = mk_param(in, 1), np = mk_param(in, 2);
+    int *sel = (int *)mk_opnd(a, in, 3) + (long long)h * np;
+    int c = (int)(a->pos / page), npg = (MK_MAX_SEQ + page - 1) / page, K = np - 1;
+    unsigned tid = mk_tid(), warp = tid >> 5, lane = tid & 31u;
+    float *bh = bounds + (long long)h * npg * 2 * MK_HD;
+    const float *kh = kc + (long long)h * MK_MAX_SEQ * MK_HD;
+    for (int d = (int)tid; d < MK_HD; d += MK_THREADS) {
+        float lo = MK_INF, hi = MK_NEG_INF;
+        for (long long t = (long long)c * page; t <= a->pos; t++) {
+            float x = kh[t * MK_HD + d];
+            lo = fminf(lo, x);
+            hi = fmaxf(hi, x);
+        }
+        bh[(long long)c * 2 * MK_HD + d] = lo;
+        bh[(long long)c * 2 * MK_HD + MK_HD + d] = hi;
+    }
+    if (c <= K) { /* every page */
+        for (int i = (int)tid; i < np; i += MK_THREADS)
+            sel[i] = i <= c ? i : -1;
+        return;
+    }
+    float qv[MK_G][MK_HDL];
+#pragma unroll
+    for (int g = 0; g < MK_G; g++)
+#pragma unroll
+        for (int i = 0; i < MK_HDL; i++) {
+            int d = (int)lane + 32 * i;
+            qv[g][i] = d < MK_HD ? q[(long long)(h * MK_G + g) * MK_HD + d] : 0.0f;
+        }
+    unsigned prefix = 0, mask = 0;
+    int rank = K; /* the rank of T among the keys that match prefix */
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = (int)tid; b < MK_QBINS; b += MK_THREADS)
+            mk_sm[b] = 0.0f;
+        for (int j0 = 0; j0 < c; j0 += MK_NWARPS) {
+            mk_quest_round(bh, qv, j0, c, warp, lane);
+            for (int b = (int)tid; b < MK_QBINS; b += MK_THREADS) {
+                int n = 0;
+                for (int w = 0; w < MK_NWARPS && j0 + w < c; w++) {
+                    unsigned k = mk_fkey(mk_sm[MK_QCAND + w]);
+                    n += (k & mask) == prefix && (int)((k >> shift) & 255u) == b;
+                }
+                mk_sm[b] += (float)n;
+            }
+            mk_sync();
+        }
+        if (tid == 0) {
+            int b = MK_QBINS - 1, above = 0;
+            for (; b > 0 && above + (int)mk_sm[b] < rank; b--)
+                above += (int)mk_sm[b];
+            mk_sm[MK_QCAND + MK_NWARPS] = (float)b;
+            mk_sm[MK_QCAND + MK_NWARPS + 1] = (float)(rank - above);
+        }
+        mk_sync();
+        prefix |= (unsigned)mk_sm[MK_QCAND + MK_NWARPS] << shift;
+        mask |= 255u << shift;
+        rank = (int)mk_sm[MK_QCAND + MK_NWARPS + 1];
+        mk_sync();
+    }
+    float T = mk_fkey_value(prefix);
+    int n = 0, ties = 0;
+    for (int j0 = 0; j0 < c; j0 += MK_NWARPS) {
+        mk_quest_round(bh, qv, j0, c, warp, lane);
+        if (tid == 0)
+            for (int w = 0; w < MK_NWARPS && j0 + w < c; w++) {
+                float u = mk_sm[MK_QCAND + w];
+                if (u > T || (u == T && ties < rank)) {
+                    ties += u == T;
+                    sel[n++] = j0 + w;
+                }
+            }
+        mk_sync();
+    }
+    if (tid == 0) {
+        sel[n++] = c;
+        while (n < np)
+            sel[n++] = -1;
+    }
+}
+
+/* mk_sm[2i], mk_sm[2i + 1] = the max and the sum of e^(x - max) over
+ * score row qh (rows of cap), t < n, for q heads qh < MK_NH: a warp per
+ * row; ends with a barrier. */
+MK_DEV void mk_softmax_stats(const float *score, int n, int cap)
+{
+    unsigned tid = mk_tid(), lane = tid & 31u;
+    for (int qh = (int)(tid >> 5); qh < MK_NH; qh += MK_NWARPS) {
+        const float *x = score + (long long)qh * cap;
+        float m = MK_NEG_INF, l = 0.0f;
+        for (int t = (int)lane; t < n; t += 32)
+            m = fmaxf(m, x[t]);
+        m = mk_warp_max(m);
+        for (int t = (int)lane; t < n; t += 32)
+            l += expf(x[t] - m);
+        l = mk_warp_sum(l);
+        if (lane == 0) {
+            mk_sm[2 * qh] = m;
+            mk_sm[2 * qh + 1] = l;
+        }
+    }
+    mk_sync();
+}
+
+/* p[qh][t] from the stats in mk_sm. */
+MK_INLINE float mk_softmax_p(const float *score, int qh, int t, int cap)
+{
+    return expf(score[(long long)qh * cap + t] - mk_sm[2 * qh]) / mk_sm[2 * qh + 1];
+}
+
+/* Every kv head: meta[h][cap] = the slot the next token takes: pos + 1
+ * while pos + 1 < cap, then the policy's victim (ops.h); H2O first adds
+ * this step's p, summed over the head's q heads, to acc (zeroed at pos 0)
+ * and zeroes the victim's. Per-slot values are read from memory each time
+ * (a block-wide argmin per head); only the softmax stats of the q heads
+ * are kept, in mk_sm (cuda_layout sizes it). */
+MK_DEV void op_kv_evict(const MegacArgs *a, const unsigned *in)
+{
+    const float *score = (const float *)mk_opnd(a, in, 0);
+    int *meta = (int *)mk_opnd(a, in, 1);
+    float *acc = (float *)mk_opnd(a, in, 2);
+    int pol = mk_param(in, 0), cap = mk_param(in, 1), sinks = mk_param(in, 2), window = mk_param(in, 3);
+    long long pos = a->pos;
+    int n = pos + 1 < cap ? (int)pos + 1 : cap, full = pos + 1 >= cap;
+    unsigned tid = mk_tid();
+    if (pol == MK_KV_H2O) {
+        if (pos == 0) {
+            for (long long i = tid; i < (long long)MK_NKV * cap; i += MK_THREADS)
+                acc[i] = 0.0f;
+            mk_sync();
+        }
+        mk_softmax_stats(score, n, cap);
+        for (long long i = tid; i < (long long)MK_NKV * n; i += MK_THREADS) {
+            int h = (int)(i / n), t = (int)(i % n);
+            float p = 0.0f;
+            for (int g = 0; g < MK_G; g++)
+                p += mk_softmax_p(score, h * MK_G + g, t, cap);
+            acc[(long long)h * cap + t] += p;
+        }
+        mk_sync();
+    }
+    if (!full) {
+        for (int h = (int)tid; h < MK_NKV; h += MK_THREADS)
+            meta[(long long)h * (cap + 1) + cap] = (int)pos + 1;
+        return;
+    }
+    if (pol == MK_KV_TOVA) {
+        mk_softmax_stats(score, n, cap);
+        float best = 0.0f;
+        int idx = -1;
+        for (int t = (int)tid; t < n; t += MK_THREADS) {
+            float p = 0.0f;
+            for (int qh = 0; qh < MK_NH; qh++)
+                p += mk_softmax_p(score, qh, t, cap);
+            if (idx < 0 || p < best) {
+                best = p;
+                idx = t;
+            }
+        }
+        int victim = mk_block_argmin(best, idx);
+        for (int h = (int)tid; h < MK_NKV; h += MK_THREADS)
+            meta[(long long)h * (cap + 1) + cap] = victim;
+        return;
+    }
+    for (int h = 0; h < MK_NKV; h++) {
+        const int *mh = meta + (long long)h * (cap + 1);
+        float best = 0.0f;
+        int idx = -1;
+        for (int t = (int)tid; t < n; t += MK_THREADS) {
+            float v = pol == MK_KV_STREAMING ? (mh[t] >= sinks ? (float)mh[t] : MK_INF)
+                                             : (mh[t] <= pos - window ? acc[(long long)h * cap + t] : MK_INF);
+            if (idx < 0 || v < best) {
+                best = v;
+                idx = t;
+            }
+        }
+        int victim = mk_block_argmin(best, idx);
+        if (tid == 0) {
+            meta[(long long)h * (cap + 1) + cap] = victim;
+            if (pol == MK_KV_H2O)
+                acc[(long long)h * cap + victim] = 0.0f;
+        }
+    }
+}
+
 MK_DEV void mk_op_run(const MegacArgs *a, const unsigned *in)
 {
     switch ((in[0] >> 8) & 0xffu) {
@@ -862,6 +1332,10 @@ MK_DEV void mk_op_run(const MegacArgs *a, const unsigned *in)
     case MK_OP_ADD: op_add(a, in); break;
     case MK_OP_ARGMAX: op_argmax(a, in); break;
     case MK_OP_ARGMAX_COMBINE: op_argmax_combine(a, in); break;
+    case MK_OP_KV_STORE: op_kv_store(a, in); break;
+    case MK_OP_ATTN_SPARSE: op_attn_sparse(a, in); break;
+    case MK_OP_QUEST_SELECT: op_quest_select(a, in); break;
+    case MK_OP_KV_EVICT: op_kv_evict(a, in); break;
     default: break;
     }
 }
