@@ -2,9 +2,12 @@
  * cmd_fuzz_validator.c - `megac fuzz-validator`: the adversarial campaign
  * that compares the static validator with the model checker (tools/mc).
  *
- * Real lowerings of tiny models (1-2 layers, small dims, 2..W workers) are
- * made once; each schedule of the campaign is one of them, unmutated or
- * with one planted defect of a class (fuzz.h), or a random schedule. The
+ * Real lowerings of tiny models (1-2 layers, small dims, 2..W workers),
+ * each dense and with a variant of sparse attention and KV eviction, are
+ * made once (or, with --model, lowerings of that description with its
+ * --set overrides); each schedule of the campaign is one of them,
+ * unmutated or with one planted defect of a class (fuzz.h), or a random
+ * schedule. The
  * validator says accept/reject, the checker safe/unsafe (or unknown when
  * its state budget runs out; those are counted apart). A false accept is a
  * schedule the validator accepts and the checker shows unsafe; a false
@@ -27,10 +30,15 @@ typedef struct Cell {
     uint64_t n, acc_safe, acc_unsafe, rej_safe, rej_unsafe, unknown;
 } Cell;
 
+#define CAMPAIGN_MAX_SETS 64
+
 typedef struct Campaign {
     uint64_t seed, count;
     int workers_max;
     bool verbose;
+    const char *model;          /* --model: lower this description instead of the tiny ones */
+    DescOverride set[CAMPAIGN_MAX_SETS];
+    int nset;
     Schedule **base;
     int nbase;
     Cell cell[FUZZ_CLASS_COUNT];
@@ -39,15 +47,21 @@ typedef struct Campaign {
 
 static void fuzz_usage(FILE *out)
 {
-    fprintf(out, "usage: megac fuzz-validator [--seed S] [--count N] [--workers-max W] [-v]\n\n"
+    fprintf(out, "usage: megac fuzz-validator [--seed S] [--count N] [--workers-max W]\n"
+                 "                             [--model MODEL.yaml [--set key=value]...] [-v]\n\n"
                  "Adversarial campaign: real lowerings of tiny models (1-2 layers, 2..W workers,\n"
-                 "W <= %d) with planted defects, plus random schedules and unmutated lowerings,\n"
-                 "each judged by the validator and by the explicit-state model checker.\n"
+                 "W <= %d; dense, and with sparse attention and KV eviction) with planted\n"
+                 "defects, plus random schedules and unmutated lowerings, each judged by the\n"
+                 "validator and by the explicit-state model checker.\n"
                  "Prints the confusion matrix per defect class and ends with\n"
                  "  schedules=N unsafe=U false_accepts=A false_rejects=R\n\n"
                  "  --seed S         random seed (default 1)\n"
                  "  --count N        schedules to judge (default 1000)\n"
                  "  --workers-max W  most workers in a lowering (default %d)\n"
+                 "  --model M        lower the description M (2..W workers, cpu) instead of the\n"
+                 "                   tiny models; a small max_seq keeps the checker exhaustive\n"
+                 "  --set key=value  override a key of M (repeatable), e.g.\n"
+                 "                   'compile.kv_policy=[{layers: 1-, policy: h2o, budget: 8}]'\n"
                  "  -v               print every disagreement\n\n"
                  "Exit status: 0 no false accept and every real lowering accepted, 1 otherwise,\n"
                  "2 bad options.\n",
@@ -65,6 +79,16 @@ static bool u64_arg(const char *s, uint64_t *out)
     return true;
 }
 
+/* --set key=value: false if it is not of that form or there are too many. */
+static bool set_arg(Campaign *c, const char *kv)
+{
+    const char *eq = strchr(kv, '=');
+    if (!eq || eq == kv || c->nset == CAMPAIGN_MAX_SETS)
+        return false;
+    c->set[c->nset++] = (DescOverride){xstrndup(kv, (size_t)(eq - kv)), eq + 1};
+    return true;
+}
+
 /* Tiny models: dim, hidden, layers, heads, kv_heads, head_dim, vocab, max_seq. */
 static const int tiny_models[][8] = {
     {16, 32, 1, 2, 1, 8, 32, 16},
@@ -76,25 +100,76 @@ static const int tiny_models[][8] = {
     {96, 192, 2, 6, 3, 16, 128, 16},
 };
 
-static bool base_build(Campaign *c)
+#define TINY_VARIANTS 6
+
+/* Variant v (1..TINY_VARIANTS-1) of sparse attention and eviction knobs:
+ * even and odd layers get one each (a layer never has both), sized to the
+ * model's max_seq so that caches fill and evict. Variant 0 is dense. */
+static void tiny_knobs(ModelDesc *m, int v)
 {
-    Diag d;
-    diag_init(&d);
-    const Target *t = target_lookup("cpu", &d);
+    int S = m->max_seq;
+    AttnSpec quest = {ATTN_QUEST, 0, 0, S / 4, S / 2}, sw = {ATTN_SINK_WINDOW, 2, S / 4, 0, 0};
+    KvPolicy h2o = {KV_H2O, S / 2, 0, S / 4}, tova = {KV_TOVA, S / 2, 0, 0}, stream = {KV_STREAMING, 0, 1, S / 2 - 1};
+    for (int l = 0; l < m->n_layers; l++) {
+        bool odd = l % 2;
+        switch (v) {
+        case 1: odd ? (void)(m->kv[l] = h2o) : (void)(m->attn[l] = quest); break;
+        case 2: odd ? (void)(m->attn[l] = sw) : (void)(m->kv[l] = h2o); break;
+        case 3: odd ? (void)(m->attn[l] = quest) : (void)(m->kv[l] = tova); break;
+        case 4: m->kv[l] = stream; break;
+        case 5: odd ? (void)(m->kv[l] = tova) : (void)(m->attn[l] = sw); break;
+        default: break;
+        }
+    }
+}
+
+static bool base_add(Campaign *c, const ModelDesc *m, int workers, Diag *d)
+{
+    Schedule *s = lower_model(m, target_lookup("cpu", d), workers, d);
+    if (s)
+        c->base[c->nbase++] = s;
+    return s != NULL;
+}
+
+/* Each tiny model for 2..W workers, dense and with one knob variant. */
+static bool base_build_tiny(Campaign *c, Diag *d)
+{
     size_t nm = sizeof tiny_models / sizeof tiny_models[0];
-    c->base = xcalloc(nm * (size_t)c->workers_max, sizeof *c->base);
+    c->base = xcalloc(2 * nm * (size_t)c->workers_max, sizeof *c->base);
     for (size_t i = 0; i < nm; i++)
         for (int w = 2; w <= c->workers_max; w++) {
             const int *x = tiny_models[i];
             ModelDesc m = {.name = "tiny", .dim = x[0], .hidden_dim = x[1], .n_layers = x[2], .n_heads = x[3],
                            .n_kv_heads = x[4], .head_dim = x[5], .vocab_size = x[6], .max_seq = x[7],
                            .norm_eps = 1e-5, .tie_embeddings = true, .rope_theta = 10000, .act_dtype = DT_F32};
-            Schedule *s = lower_model(&m, t, w, &d);
-            if (!s)
+            if (!base_add(c, &m, w, d))
                 return false;
-            c->base[c->nbase++] = s;
+            tiny_knobs(&m, 1 + (int)(i + (size_t)w) % (TINY_VARIANTS - 1));
+            if (!base_add(c, &m, w, d))
+                return false;
         }
-    return c->nbase > 0;
+    return true;
+}
+
+/* The --model description (with its --set overrides) for 2..W workers. */
+static bool base_build_model(Campaign *c, Diag *d)
+{
+    Arena arena = {0};
+    ModelDesc *m = ARENA_NEW(&arena, ModelDesc);
+    bool ok = desc_load(m, &arena, c->model, c->set, c->nset, d);
+    c->base = xcalloc((size_t)c->workers_max, sizeof *c->base);
+    for (int w = 2; ok && w <= c->workers_max; w++)
+        ok = base_add(c, m, w, d);
+    arena_free(&arena);
+    return ok;
+}
+
+static bool base_build(Campaign *c)
+{
+    Diag d;
+    diag_init(&d);
+    bool ok = c->model ? base_build_model(c, &d) : base_build_tiny(c, &d);
+    return ok && c->nbase > 0;
 }
 
 /* A schedule of class k, or NULL when no base offers a site for it. */
@@ -167,13 +242,24 @@ static void campaign_report(const Campaign *c, double secs)
            (unsigned long long)tot.rej_safe);
 }
 
+static void campaign_free(Campaign *c)
+{
+    for (int i = 0; i < c->nbase; i++)
+        sched_free(c->base[i]);
+    free(c->base);
+    for (int i = 0; i < c->nset; i++)
+        free((void *)c->set[i].key);
+    if (c->null)
+        fclose(c->null);
+}
+
 static int campaign_run(Campaign *c)
 {
     FuzzRng r = {c->seed * 0x9e3779b97f4a7c15ull + 0x1234567ull};
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     if (!base_build(c)) {
-        fprintf(stderr, "megac fuzz-validator: lowering a tiny model failed\n");
+        fprintf(stderr, "megac fuzz-validator: lowering %s failed\n", c->model ? c->model : "a tiny model");
         return 2;
     }
     c->null = fopen("/dev/null", "w");
@@ -191,14 +277,10 @@ static int campaign_run(Campaign *c)
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     campaign_report(c, (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
-    fclose(c->null);
     uint64_t fa = 0;
     for (int k = 0; k < FUZZ_CLASS_COUNT; k++)
         fa += c->cell[k].acc_unsafe;
     const Cell *none = &c->cell[FUZZ_NONE];
-    for (int i = 0; i < c->nbase; i++)
-        sched_free(c->base[i]);
-    free(c->base);
     return fa == 0 && none->rej_safe + none->rej_unsafe == 0 ? 0 : 1;
 }
 
@@ -220,16 +302,29 @@ int cmd_fuzz_validator(int argc, char **argv)
             c.workers_max = (int)v, i++;
         else if (!strcmp(argv[i], "-v"))
             c.verbose = true;
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc)
+            c.model = argv[++i];
+        else if (!strcmp(argv[i], "--set") && i + 1 < argc && set_arg(&c, argv[i + 1]))
+            i++;
         else {
             bool known = !strcmp(argv[i], "--seed") || !strcmp(argv[i], "--count") ||
-                         !strcmp(argv[i], "--workers-max");
+                         !strcmp(argv[i], "--workers-max") || !strcmp(argv[i], "--set") ||
+                         !strcmp(argv[i], "--model");
             if (known && i + 1 < argc)
                 fprintf(stderr, "megac fuzz-validator: bad value for %s: '%s'\n", argv[i], argv[i + 1]);
             else
                 cli_bad_arg("fuzz-validator", argv[i], known);
             fuzz_usage(stderr);
+            campaign_free(&c);
             return 2;
         }
     }
-    return campaign_run(&c);
+    if (c.nset > 0 && !c.model) {
+        fprintf(stderr, "megac fuzz-validator: --set needs --model\n");
+        campaign_free(&c);
+        return 2;
+    }
+    int rc = campaign_run(&c);
+    campaign_free(&c);
+    return rc;
 }

@@ -68,6 +68,7 @@ typedef struct {
     const DocNode *at[F_COUNT]; /* where each checked field was last set */
     int max_pos;                /* the model's own max context, 0 if unknown */
     bool from_config;           /* arch came from an HF config (HF pairing) */
+    const DocNode *kv_at[MODEL_MAX_LAYERS]; /* the kv_policy entry of each layer */
 } Ctx;
 
 static const char *const top_keys[] = {"name", "arch", "norm_eps", "tie_embeddings", "qkv_bias", "rope",
@@ -1043,9 +1044,9 @@ static int entry_read(Ctx *c, const DocNode *e, const char *list, const char *co
     if (nl >= 1 && nl <= MODEL_MAX_LAYERS && range_parse(c, rn, arena_printf(c->a, "compile.%s.layers", list), nl,
                                                          &lo, &hi))
         ok &= range_claim(c, owner, e, rn, arena_printf(c->a, "compile.%s", list), lo, hi);
-    if (k > 0) {
-        ctx_error(c, kn, "%s '%s' is not supported yet (only %s)", strcmp(list, "attention") == 0 ? "attention kind"
-                  : "KV policy", kinds[k], kinds[0]);
+    if (k == KV_SNAPKV && kinds == kv_kinds) {
+        ctx_error(c, kn, "KV policy 'snapkv' is not supported yet: it compresses the cache once after a prefill, "
+                  "and megac feeds a prompt one token at a time (use h2o or tova)");
         ok = false;
     }
     vals[np] = lo, vals[np + 1] = hi;
@@ -1083,8 +1084,18 @@ static void desc_kv_policy(Ctx *c, const DocNode *l)
         int v[5] = {0};
         int k = entry_read(c, l->items[i], "kv_policy", kv_keys, "policy", kv_kinds, kv_params, 3, kv_kind_params,
                            owner, v);
-        for (int x = v[3]; k >= 0 && x <= v[4]; x++)
+        const DocNode *wn = doc_get(l->items[i], "window");
+        if (k == KV_H2O && !wn)
+            v[2] = v[0] / 2; /* H2O's default: half heavy hitters, half recent */
+        if (k == KV_H2O && v[2] >= v[0]) {
+            ctx_error(c, wn ? wn : l->items[i], "h2o's recent window (%d) must be smaller than its budget (%d)", v[2],
+                      v[0]);
+            k = -1;
+        }
+        for (int x = v[3]; k >= 0 && x <= v[4]; x++) {
             c->m->kv[x] = (KvPolicy){(KvPolicyKind)k, v[0], v[1], v[2]};
+            c->kv_at[x] = l->items[i];
+        }
     }
 }
 
@@ -1123,6 +1134,11 @@ static void desc_compile(Ctx *c, const DocNode *k)
         desc_attention(c, n);
     if ((n = doc_get(k, "kv_policy")))
         desc_kv_policy(c, n);
+    for (int l = 0; l < m->n_layers && l < MODEL_MAX_LAYERS; l++)
+        if (m->kv[l].kind != KV_FULL && m->attn[l].kind != ATTN_DENSE && c->kv_at[l])
+            ctx_error(c, c->kv_at[l], "layer %d: KV policy '%s' needs dense attention, but the layer's attention is "
+                      "'%s' (an evicting cache is attended whole)", l, kv_kinds[m->kv[l].kind],
+                      attn_kinds[m->attn[l].kind]);
     if ((n = doc_get(k, "targets")))
         desc_targets(c, n);
     if ((n = doc_get(k, "workers"))) {
@@ -1231,11 +1247,11 @@ static void check_knobs(Checker *k)
     if (m->act_dtype != DT_F32)
         check_fail(k, -1, "activation dtype %s is not supported yet", dtype_name(m->act_dtype));
     for (int l = 0; l < m->n_layers && l < MODEL_MAX_LAYERS; l++) {
-        if (m->attn[l].kind != ATTN_DENSE)
-            check_fail(k, -1, "attention kind %s (layer %d) is not supported yet",
-                       attn_kinds[m->attn[l].kind], l);
-        if (m->kv[l].kind != KV_FULL)
-            check_fail(k, -1, "KV policy %s (layer %d) is not supported yet", kv_kinds[m->kv[l].kind], l);
+        if (m->kv[l].kind == KV_SNAPKV)
+            check_fail(k, -1, "KV policy snapkv (layer %d) is not supported yet", l);
+        if (m->kv[l].kind != KV_FULL && m->attn[l].kind != ATTN_DENSE)
+            check_fail(k, -1, "layer %d: KV policy %s needs dense attention, not %s", l, kv_kinds[m->kv[l].kind],
+                       attn_kinds[m->attn[l].kind]);
     }
 }
 

@@ -10,6 +10,14 @@
  * Whether a mutant is actually unsafe is for the model checker to say:
  * some are harmless (a swap of two independent ops, a duplicated signal
  * nobody can observe early).
+ *
+ * Sparse attention and KV eviction get defects of their own inside the
+ * existing classes: half of the bad-op-params mutants change a param of
+ * kv_store, attn_sparse, quest_select or kv_evict that decides what it
+ * touches (cap, kind, scores, page, npages, policy, head), or cut a
+ * declared range short; kv reads include attn_sparse and quest_select and
+ * kv writes kv_store; dropped and early-moved waits prefer, half of the
+ * time, the wait a kv_evict needs.
  */
 #include "compiler/fuzz.h"
 
@@ -189,7 +197,7 @@ static bool mut_widen(Schedule *s, FuzzRng *r)
 }
 
 /* Moves op x up to just before the nearest earlier instruction `stop`
- * says to pass (a wait, or a kv_append). */
+ * says to pass (a wait, or a kv write). */
 static bool move_before(Schedule *s, Site x, SitePred stop)
 {
     for (uint32_t t = x.t; t-- > 0;)
@@ -212,24 +220,64 @@ static bool has_wait_before(const Schedule *s, uint32_t w, uint32_t t)
     return false;
 }
 
-static bool is_attn(const Schedule *s, uint32_t w, uint32_t t)
+static bool is_op_of(const Schedule *s, uint32_t w, uint32_t t, int op)
 {
-    return s->workers[w].insts[t].kind == INST_OP && s->workers[w].insts[t].op == OP_ATTN;
+    return s->workers[w].insts[t].kind == INST_OP && s->workers[w].insts[t].op == op;
 }
 
-static bool is_kv_append(const Schedule *s, uint32_t w, uint32_t t)
+/* Ops that read a KV cache, and ops that write one. */
+static bool is_kv_read(const Schedule *s, uint32_t w, uint32_t t)
 {
-    return s->workers[w].insts[t].kind == INST_OP && s->workers[w].insts[t].op == OP_KV_APPEND;
+    return is_op_of(s, w, t, OP_ATTN) || is_op_of(s, w, t, OP_ATTN_SPARSE) || is_op_of(s, w, t, OP_QUEST_SELECT);
+}
+
+static bool is_kv_write(const Schedule *s, uint32_t w, uint32_t t)
+{
+    return is_op_of(s, w, t, OP_KV_APPEND) || is_op_of(s, w, t, OP_KV_STORE);
+}
+
+static bool is_sparse_op(const Schedule *s, uint32_t w, uint32_t t)
+{
+    return is_op_of(s, w, t, OP_KV_STORE) || is_op_of(s, w, t, OP_ATTN_SPARSE) ||
+           is_op_of(s, w, t, OP_QUEST_SELECT) || is_op_of(s, w, t, OP_KV_EVICT);
+}
+
+/* A kv_evict with a wait before it on its worker. */
+static bool is_evict_after_wait(const Schedule *s, uint32_t w, uint32_t t)
+{
+    return is_op_of(s, w, t, OP_KV_EVICT) && has_wait_before(s, w, t);
 }
 
 static bool mut_kv_early(Schedule *s, FuzzRng *r)
 {
-    Site x;
-    if (!site_pick(s, r, is_attn, &x))
+    Site x = {0, 0};
+    if (!site_pick(s, r, is_kv_read, &x))
         return false;
-    if (fuzz_below(r, 2) && move_before(s, x, is_kv_append))
+    if (fuzz_below(r, 2) && move_before(s, x, is_kv_write))
         return true;
-    return move_before(s, x, is_wait) || move_before(s, x, is_kv_append);
+    return move_before(s, x, is_wait) || move_before(s, x, is_kv_write);
+}
+
+/* Removes the nearest wait before op x on its worker. */
+static bool drop_wait_before(Schedule *s, Site x)
+{
+    for (uint32_t t = x.t; t-- > 0;)
+        if (is_wait(s, x.w, t)) {
+            inst_remove(s, x.w, t);
+            return true;
+        }
+    return false;
+}
+
+/* A kv_evict loses (drop) or passes (move) the wait it needs: it then runs
+ * with the layer's attention, whose score writes and kv_store meta
+ * updates it must follow. False when no kv_evict waits. */
+static bool mut_evict_wait(Schedule *s, FuzzRng *r, bool drop)
+{
+    Site x = {0, 0};
+    if (!site_pick(s, r, is_evict_after_wait, &x))
+        return false;
+    return drop ? drop_wait_before(s, x) : move_before(s, x, is_wait);
 }
 
 static bool mut_cycle(Schedule *s, FuzzRng *r)
@@ -285,9 +333,73 @@ static bool mut_oob(Schedule *s, FuzzRng *r)
     return true;
 }
 
+/* The buffer an optional operand of op `in` binds when a mutation makes it
+ * present: the sel or score scratch, or the layer's acc (named as its
+ * meta is). BUF_NONE if the schedule has none. */
+static uint32_t aux_buffer(const Schedule *s, const Inst *in, int i)
+{
+    char name[64] = "score";
+    if (in->op == OP_ATTN_SPARSE && in->p[3] == SPARSE_QUEST)
+        snprintf(name, sizeof name, "sel");
+    if (in->op == OP_KV_EVICT && i == 2) {
+        uint32_t meta = s->accs[in->acc + 1].buf;
+        const char *mn = meta < s->nbufs ? s->bufs[meta].name : "";
+        snprintf(name, sizeof name, "acc%s", strncmp(mn, "meta", 4) ? "" : mn + 4);
+    }
+    int64_t b = sched_find_buffer(s, name);
+    return b < 0 ? BUF_NONE : (uint32_t)b;
+}
+
+/* Changes param i of sparse op `in` by d (a kind or policy moves to
+ * another one, a 0/1 flag flips) and recomputes its accesses, binding the
+ * optional operands that become present. */
+static void sparse_param_change(Schedule *s, Inst *in, int i, int32_t d)
+{
+    bool cyclic = (in->op == OP_ATTN_SPARSE && i == 3) || (in->op == OP_KV_EVICT && i == 0);
+    bool flag = in->op == OP_ATTN_SPARSE && i == 5 && in->p[3] == SPARSE_SLOTS;
+    if (cyclic)
+        in->p[i] = (in->p[i] + 1 + d % 2) % 3;
+    else if (flag)
+        in->p[i] = !in->p[i];
+    else
+        in->p[i] += in->p[i] > d && (d & 1) ? -d : d;
+    const OpInfo *oi = op_info(in->op);
+    for (int k = 0; k < in->nacc; k++)
+        if (oi->optional[k] && s->accs[in->acc + k].buf == BUF_NONE)
+            s->accs[in->acc + k].buf = aux_buffer(s, in, k);
+    op_refresh(s, in);
+}
+
+/* A defect planted in kv_store, attn_sparse, quest_select or kv_evict: a
+ * param that decides its footprint changes (accesses follow), or one of
+ * its declared ranges is cut short (the op still touches it all). */
+static bool mut_sparse_params(Schedule *s, FuzzRng *r)
+{
+    Site x = {0, 0};
+    if (!site_pick(s, r, is_sparse_op, &x))
+        return false;
+    Inst *in = inst_at(s, x);
+    if (fuzz_below(r, 4) == 0) {
+        Access *a = &s->accs[in->acc + fuzz_below(r, in->nacc)];
+        if (a->buf == BUF_NONE)
+            return false;
+        a->hi.c -= 1 + (int64_t)fuzz_below(r, 3);
+        return true;
+    }
+    /* params worth changing: kv_store h cap; attn_sparse s nsplit kind b;
+     * quest_select page npages; kv_evict policy cap */
+    static const int8_t pick[][4] = {
+        [OP_KV_STORE] = {0, 1, 1, 1}, [OP_ATTN_SPARSE] = {1, 2, 3, 5},
+        [OP_QUEST_SELECT] = {1, 2, 2, 1}, [OP_KV_EVICT] = {0, 1, 0, 1}};
+    sparse_param_change(s, in, pick[in->op][fuzz_below(r, 4)], 1 + (int32_t)fuzz_below(r, 3));
+    return true;
+}
+
 static bool mut_bad_params(Schedule *s, FuzzRng *r)
 {
     Site x;
+    if (fuzz_below(r, 2) && mut_sparse_params(s, r))
+        return true;
     if (!site_pick(s, r, is_op, &x))
         return false;
     Inst *in = inst_at(s, x);
@@ -349,6 +461,8 @@ bool fuzz_mutate(Schedule *s, FuzzClass c, FuzzRng *r)
     Site x;
     switch (c) {
     case FUZZ_DROP_WAIT:
+        if (fuzz_below(r, 2) && mut_evict_wait(s, r, true))
+            return true;
         if (!site_pick(s, r, is_wait, &x))
             return false;
         inst_remove(s, x.w, x.t);
@@ -376,7 +490,10 @@ bool fuzz_mutate(Schedule *s, FuzzClass c, FuzzRng *r)
     case FUZZ_SWAP: return mut_swap(s, r);
     case FUZZ_MOVE_WORKER: return mut_move_worker(s, r);
     case FUZZ_WIDEN: return mut_widen(s, r);
-    case FUZZ_READ_EARLY: return site_pick(s, r, has_wait_before, &x) && move_before(s, x, is_wait);
+    case FUZZ_READ_EARLY:
+        if (fuzz_below(r, 2) && mut_evict_wait(s, r, false))
+            return true;
+        return site_pick(s, r, has_wait_before, &x) && move_before(s, x, is_wait);
     case FUZZ_KV_EARLY: return mut_kv_early(s, r);
     case FUZZ_CYCLE: return mut_cycle(s, r);
     case FUZZ_RESIDENCY: return mut_residency(s, r);

@@ -85,6 +85,8 @@ typedef struct Lower {
     /* buffers */
     uint32_t x, q, k, v, att, part, gate, up, hb, amax, tok, logits, next, rope, embed, final_norm, lm_head;
     uint32_t prev;          /* counter of the previous stage */
+    uint32_t sel, score;    /* Quest's page lists, eviction scores (BUF_NONE if unused) */
+    int evict_pending;      /* layer whose kv_evict the next GEMV stage runs first, or -1 */
 } Lower;
 
 /* One matrix of a stage's concatenated row space. */
@@ -223,6 +225,52 @@ static void lower_rope(Lower *L, int w, uint32_t v, int h0, int h1)
     sched_op(L->s, w, OP_ROPE, p, a);
 }
 
+/* ---- sparse attention and eviction, per layer ---- */
+
+/* Slots of layer l's cache when it evicts (0: the full cache, also when
+ * the budget reaches max_seq). */
+static int layer_cap(const ModelDesc *m, int l)
+{
+    const KvPolicy *kv = &m->kv[l];
+    int64_t cap = kv->kind == KV_STREAMING ? (int64_t)kv->sinks + kv->window : kv->kind == KV_FULL ? 0 : kv->budget;
+    return cap >= m->max_seq ? 0 : (int)cap; /* a cache that never fills evicts nothing */
+}
+
+static int layer_policy(const ModelDesc *m, int l)
+{
+    return m->kv[l].kind == KV_STREAMING ? KV_POLICY_STREAMING : m->kv[l].kind == KV_H2O ? KV_POLICY_H2O
+                                                                                           : KV_POLICY_TOVA;
+}
+
+/* Whether layer l's attention writes scores for its eviction policy. */
+static bool layer_scores(const ModelDesc *m, int l)
+{
+    return m->kv[l].kind == KV_H2O || m->kv[l].kind == KV_TOVA;
+}
+
+/* Quest pages selected per kv head on layer l. */
+static int layer_npages(const ModelDesc *m, int l)
+{
+    const AttnSpec *a = &m->attn[l];
+    int64_t np = ((int64_t)a->budget + a->page - 1) / a->page, all = ((int64_t)m->max_seq + a->page - 1) / a->page;
+    return (int)(np < 1 ? 1 : np > all ? all : np);
+}
+
+/* Attention splits of layer l: one when its attention writes scores
+ * (each split would write the same score rows). */
+static int layer_nsplit(const Lower *L, int l)
+{
+    return layer_scores(L->m, l) ? 1 : L->nsplit;
+}
+
+static uint32_t lower_layer_buf(Lower *L, const char *what, int l)
+{
+    char name[32];
+    snprintf(name, sizeof name, "%s.%d", what, l);
+    int64_t id = sched_find_buffer(L->s, name);
+    return id < 0 ? BUF_NONE : (uint32_t)id;
+}
+
 static void lower_kv_append(Lower *L, int w, uint32_t kc, uint32_t vc, int h)
 {
     int64_t hd = L->hd, base = (int64_t)h * L->m->max_seq * hd;
@@ -244,12 +292,94 @@ static void lower_attn(Lower *L, int w, uint32_t kc, uint32_t vc, int h, int sp)
     sched_op(L->s, w, OP_ATTN, p, a);
 }
 
-static void lower_attn_combine(Lower *L, int w, int h)
+static void lower_attn_combine(Lower *L, int w, int h, int ns)
 {
-    int64_t hd = L->hd, g = L->G, e = g * (hd + 2) * L->nsplit;
-    int32_t p[2] = {h, L->nsplit};
+    int64_t hd = L->hd, g = L->G, e = g * (hd + 2) * ns;
+    int32_t p[2] = {h, ns};
     Access a[2] = {acc_r(L->part, h * e, (h + 1) * e), acc_mode(L->att, ACC_W, h * g * hd, (h + 1) * g * hd)};
     sched_op(L->s, w, OP_ATTN_COMBINE, p, a);
+}
+
+/* k/v of head h into layer l's cache: appended at pos, or stored in the
+ * slot an evicting layer picked; Quest layers then select pages. */
+static void lower_kv_write(Lower *L, int w, int l, int h)
+{
+    uint32_t kc = lower_layer_buf(L, "kc", l), vc = lower_layer_buf(L, "vc", l);
+    int cap = layer_cap(L->m, l);
+    int64_t hd = L->hd, g = L->G, S = L->m->max_seq;
+    if (!cap) {
+        lower_kv_append(L, w, kc, vc, h);
+    } else {
+        int32_t p[2] = {h, cap};
+        Access a[5] = {acc_r(L->k, h * hd, (h + 1) * hd), acc_r(L->v, h * hd, (h + 1) * hd),
+                       acc_mode(kc, ACC_W, h * cap * hd, (h + 1) * cap * hd),
+                       acc_mode(vc, ACC_W, h * cap * hd, (h + 1) * cap * hd),
+                       acc_mode(lower_layer_buf(L, "meta", l), ACC_RW, h * (int64_t)(cap + 1),
+                                (h + 1) * (int64_t)(cap + 1))};
+        sched_op(L->s, w, OP_KV_STORE, p, a);
+    }
+    if (L->m->attn[l].kind == ATTN_QUEST) {
+        int page = L->m->attn[l].page, np = layer_npages(L->m, l);
+        int64_t pages = (S + page - 1) / page, base = h * S * hd;
+        int32_t p[3] = {h, page, np};
+        Access a[4] = {acc_r(L->q, h * g * hd, (h + 1) * g * hd), acc_pos(kc, ACC_R, affine_const(base),
+                                                                            (Affine){base + hd, hd}),
+                       acc_mode(lower_layer_buf(L, "bounds", l), ACC_RW, h * pages * 2 * hd,
+                                (h + 1) * pages * 2 * hd),
+                       acc_mode(L->sel, ACC_W, h * (int64_t)np, (h + 1) * (int64_t)np)};
+        sched_op(L->s, w, OP_QUEST_SELECT, p, a);
+    }
+}
+
+/* Split sp of kv head h's attention on layer l: attn over the whole
+ * cache, or attn_sparse over the rows the layer's kind selects. */
+static void lower_layer_attn(Lower *L, int w, int l, int h, int sp, int ns)
+{
+    const AttnSpec *as = &L->m->attn[l];
+    uint32_t kc = lower_layer_buf(L, "kc", l), vc = lower_layer_buf(L, "vc", l);
+    int cap = layer_cap(L->m, l);
+    if (as->kind == ATTN_DENSE && !cap) {
+        lower_attn(L, w, kc, vc, h, sp);
+        return;
+    }
+    int64_t hd = L->hd, g = L->G, S = L->m->max_seq, e = g * (hd + 2), p0 = ((int64_t)h * ns + sp) * e;
+    Access a[5] = {acc_r(L->q, h * g * hd, (h + 1) * g * hd), acc_none, acc_none,
+                   acc_mode(L->part, ACC_W, p0, p0 + e), acc_none};
+    int32_t p[6] = {h, sp, ns, 0, 0, 0};
+    if (cap) {
+        bool sc = layer_scores(L->m, l);
+        p[3] = SPARSE_SLOTS, p[4] = cap, p[5] = sc;
+        a[1] = acc_r(kc, h * cap * hd, (h + 1) * cap * hd);
+        a[2] = acc_r(vc, h * cap * hd, (h + 1) * cap * hd);
+        if (sc)
+            a[4] = acc_mode(L->score, ACC_W, h * g * cap, (h + 1) * g * cap);
+    } else {
+        Affine lo = affine_const(h * S * hd), hi = {h * S * hd + hd, hd};
+        a[1] = acc_pos(kc, ACC_R, lo, hi);
+        a[2] = acc_pos(vc, ACC_R, lo, hi);
+        if (as->kind == ATTN_SINK_WINDOW) {
+            p[3] = SPARSE_SINK_WINDOW, p[4] = as->sinks, p[5] = as->window;
+        } else {
+            int np = layer_npages(L->m, l);
+            p[3] = SPARSE_QUEST, p[4] = as->page, p[5] = np;
+            a[4] = acc_r(L->sel, h * (int64_t)np, (h + 1) * (int64_t)np);
+        }
+    }
+    sched_op(L->s, w, OP_ATTN_SPARSE, p, a);
+}
+
+/* Layer l's eviction decision for the next step (all kv heads). */
+static void lower_kv_evict(Lower *L, int w, int l)
+{
+    int cap = layer_cap(L->m, l), pol = layer_policy(L->m, l);
+    const KvPolicy *kv = &L->m->kv[l];
+    int32_t p[4] = {pol, cap, pol == KV_POLICY_STREAMING ? kv->sinks : 0, pol == KV_POLICY_H2O ? kv->window : 0};
+    Access a[3] = {pol == KV_POLICY_STREAMING ? acc_none : acc_r(L->score, 0, (int64_t)L->m->n_heads * cap),
+                   acc_mode(lower_layer_buf(L, "meta", l), ACC_RW, 0, (int64_t)L->m->n_kv_heads * (cap + 1)),
+                   pol == KV_POLICY_H2O ? acc_mode(lower_layer_buf(L, "acc", l), ACC_RW, 0,
+                                                   (int64_t)L->m->n_kv_heads * cap)
+                                        : acc_none};
+    sched_op(L->s, w, OP_KV_EVICT, p, a);
 }
 
 static void lower_silu_mul(Lower *L, int w, int64_t r0, int64_t r1)
@@ -308,6 +438,10 @@ static void lower_gemv_stage(Lower *L, const Seg *seg, int nseg, uint32_t x, uin
         int w = lower_tile_worker(L, t);
         int64_t a = lower_tile_lo(rows, n, t), b = lower_tile_lo(rows, n, t + 1), base = 0;
         lower_stage_enter(L, w);
+        if (t == 0 && L->evict_pending >= 0) {
+            lower_kv_evict(L, w, L->evict_pending);
+            L->evict_pending = -1;
+        }
         for (int i = 0; i < nseg; base += seg[i++].rows) {
             int64_t r0 = a > base ? a - base : 0, r1 = b - base < seg[i].rows ? b - base : seg[i].rows;
             if (r0 < r1)
@@ -353,34 +487,34 @@ static void lower_qkv_stage(Lower *L, int l)
 }
 
 /* Task (h, s) of the attention stage; see the file comment. */
-static void lower_attn_task(Lower *L, int h, int sp, uint32_t kc, uint32_t vc, const uint32_t *kv_ctr,
+static void lower_attn_task(Lower *L, int l, int h, int sp, int ns, const uint32_t *kv_ctr,
                             const uint32_t *attn_ctr, int *ncomb)
 {
-    int w = (h * L->nsplit + sp) % L->nw, ns = L->nsplit;
+    int w = (h * ns + sp) % L->nw;
     lower_stage_enter(L, w);
     if (sp == 0) {
         lower_rope(L, w, L->q, h * L->G, (h + 1) * L->G);
         lower_rope(L, w, L->k, h, h + 1);
-        lower_kv_append(L, w, kc, vc, h);
+        lower_kv_write(L, w, l, h);
         if (ns > 1)
             lower_signal(L, w, kv_ctr[h], 1);
     } else {
         lower_join(L, w, kv_ctr[h]);
     }
-    lower_attn(L, w, kc, vc, h, sp);
+    lower_layer_attn(L, w, l, h, sp, ns);
     if (sp < ns - 1) {
         lower_signal(L, w, attn_ctr[h], 1);
         return;
     }
     if (ns > 1)
         lower_join(L, w, attn_ctr[h]);
-    lower_attn_combine(L, w, h);
+    lower_attn_combine(L, w, h, ns);
     ncomb[w]++;
 }
 
 static void lower_attn_stage(Lower *L, int l)
 {
-    int nkv = L->m->n_kv_heads, ns = L->nsplit;
+    int nkv = L->m->n_kv_heads, ns = layer_nsplit(L, l);
     char name[48];
     uint32_t *kv_ctr = xcalloc((size_t)nkv, sizeof *kv_ctr), *attn_ctr = xcalloc((size_t)nkv, sizeof *attn_ctr);
     int *ncomb = xcalloc((size_t)L->nw, sizeof *ncomb);
@@ -390,15 +524,11 @@ static void lower_attn_stage(Lower *L, int l)
         snprintf(name, sizeof name, "attn.%d.%d", l, h);
         attn_ctr[h] = lower_counter(L, name);
     }
-    snprintf(name, sizeof name, "kc.%d", l);
-    uint32_t kc = (uint32_t)sched_find_buffer(L->s, name);
-    snprintf(name, sizeof name, "vc.%d", l);
-    uint32_t vc = (uint32_t)sched_find_buffer(L->s, name);
     snprintf(name, sizeof name, "comb.%d", l);
     uint32_t comb = lower_counter(L, name);
     lower_stage_begin(L);
     for (int i = 0; i < nkv * ns; i++)
-        lower_attn_task(L, i / ns, i % ns, kc, vc, kv_ctr, attn_ctr, ncomb);
+        lower_attn_task(L, l, i / ns, i % ns, ns, kv_ctr, attn_ctr, ncomb);
     for (int w = 0; w < L->nw; w++)
         if (ncomb[w])
             lower_signal(L, w, comb, (uint32_t)ncomb[w]);
@@ -444,10 +574,6 @@ static void lower_fused_attn_stage(Lower *L, int l)
     Seg v = {lower_w(L, l, "wv"), L->v, lower_w(L, l, "bv"), (int64_t)m->n_kv_heads * hd};
     uint32_t nw = lower_w(L, l, "attn_norm");
     char name[32];
-    snprintf(name, sizeof name, "kc.%d", l);
-    uint32_t kc = (uint32_t)sched_find_buffer(L->s, name);
-    snprintf(name, sizeof name, "vc.%d", l);
-    uint32_t vc = (uint32_t)sched_find_buffer(L->s, name);
     snprintf(name, sizeof name, "comb.%d", l);
     uint32_t comb = lower_counter(L, name);
     lower_stage_begin(L);
@@ -459,9 +585,9 @@ static void lower_fused_attn_stage(Lower *L, int l)
         lower_gemv(L, w, &v, L->x, nw, h * hd, (h + 1) * hd, m->dim, false);
         lower_rope(L, w, L->q, h * L->G, (h + 1) * L->G);
         lower_rope(L, w, L->k, h, h + 1);
-        lower_kv_append(L, w, kc, vc, h);
-        lower_attn(L, w, kc, vc, h, 0);
-        lower_attn_combine(L, w, h);
+        lower_kv_write(L, w, l, h);
+        lower_layer_attn(L, w, l, h, 0, 1);
+        lower_attn_combine(L, w, h, 1);
     }
     lower_stage_end(L, comb);
 }
@@ -476,6 +602,8 @@ static void lower_layer(Lower *L, int l)
         lower_qkv_stage(L, l);
         lower_attn_stage(L, l);
     }
+    if (layer_cap(m, l))
+        L->evict_pending = l; /* after comb.l's join, before layer l+1 reuses score */
     Seg o = {lower_w(L, l, "wo"), L->x, BUF_NONE, m->dim};
     snprintf(name, sizeof name, "o.%d", l);
     lower_gemv_stage(L, &o, 1, L->att, BUF_NONE, (int64_t)m->n_heads * L->hd, true, lower_counter(L, name));
@@ -548,13 +676,33 @@ static void lower_buffers(Lower *L)
     L->tok = lower_buf(L, "tok", DT_I32, BUF_IO, 1, 1, 0, 0, 0);
     L->logits = lower_buf(L, "logits", DT_F32, BUF_IO, 1, m->vocab_size, 0, 0, 0);
     L->next = lower_buf(L, "next", DT_I32, BUF_IO, 1, 1, 0, 0, 0);
+    int maxnp = 0, maxcap = 0;
     for (int l = 0; l < m->n_layers; l++) {
         char n[32];
+        int cap = layer_cap(m, l), rows = cap ? cap : m->max_seq;
         snprintf(n, sizeof n, "kc.%d", l);
-        lower_buf(L, n, DT_F32, BUF_KV, 3, m->n_kv_heads, m->max_seq, L->hd, 0);
+        lower_buf(L, n, DT_F32, BUF_KV, 3, m->n_kv_heads, rows, L->hd, 0);
         snprintf(n, sizeof n, "vc.%d", l);
-        lower_buf(L, n, DT_F32, BUF_KV, 3, m->n_kv_heads, m->max_seq, L->hd, 0);
+        lower_buf(L, n, DT_F32, BUF_KV, 3, m->n_kv_heads, rows, L->hd, 0);
+        if (cap) {
+            snprintf(n, sizeof n, "meta.%d", l);
+            lower_buf(L, n, DT_I32, BUF_STATE, 2, m->n_kv_heads, cap + 1, 0, 0);
+        }
+        if (m->kv[l].kind == KV_H2O) {
+            snprintf(n, sizeof n, "acc.%d", l);
+            lower_buf(L, n, DT_F32, BUF_STATE, 2, m->n_kv_heads, cap, 0, 0);
+        }
+        if (layer_scores(m, l) && cap > maxcap)
+            maxcap = cap;
+        if (m->attn[l].kind == ATTN_QUEST) {
+            int page = m->attn[l].page;
+            snprintf(n, sizeof n, "bounds.%d", l);
+            lower_buf(L, n, DT_F32, BUF_STATE, 4, m->n_kv_heads, (m->max_seq + page - 1) / page, 2, L->hd);
+            maxnp = layer_npages(m, l) > maxnp ? layer_npages(m, l) : maxnp;
+        }
     }
+    L->sel = maxnp ? lower_buf(L, "sel", DT_I32, BUF_SCRATCH, 2, m->n_kv_heads, maxnp, 0, 0) : BUF_NONE;
+    L->score = maxcap ? lower_buf(L, "score", DT_F32, BUF_SCRATCH, 2, m->n_heads, maxcap, 0, 0) : BUF_NONE;
     L->x = lower_buf(L, "x", DT_F32, BUF_SCRATCH, 1, m->dim, 0, 0, 0);
     L->q = lower_buf(L, "q", DT_F32, BUF_SCRATCH, 1, qd, 0, 0, 0);
     L->k = lower_buf(L, "k", DT_F32, BUF_SCRATCH, 1, kvd, 0, 0, 0);
@@ -608,9 +756,23 @@ static bool lower_check(const ModelDesc *m, int workers, Diag *d)
     for (int c = 0; c < TCLASS_COUNT; c++)
         if (quant_spec_dtype(m->quant[c], DT_F32) < 0)
             ok = lower_fail(m, d, "%s: quantization group of tensor class %lld", "not supported", c);
-    for (int l = 0; ok && l < m->n_layers; l++)
-        if (m->attn[l].kind != ATTN_DENSE || m->kv[l].kind != KV_FULL)
-            ok = lower_fail(m, d, "%s: sparse attention or KV eviction (layer %lld)", "not supported yet", l);
+    for (int l = 0; ok && l < m->n_layers; l++) {
+        const AttnSpec *a = &m->attn[l];
+        const KvPolicy *kv = &m->kv[l];
+        if (kv->kind == KV_SNAPKV)
+            ok = lower_fail(m, d, "%s: KV policy snapkv (layer %lld)", "not supported yet", l);
+        else if (kv->kind != KV_FULL && a->kind != ATTN_DENSE)
+            ok = lower_fail(m, d, "%s (layer %lld): an evicting KV cache needs dense attention", "not supported", l);
+        else if ((a->kind == ATTN_SINK_WINDOW && (a->sinks < 0 || a->window < 1)) ||
+                 (a->kind == ATTN_QUEST && (a->page < 1 || a->budget < 1)))
+            ok = lower_fail(m, d, "%s (layer %lld): sinks >= 0, window, page and budget >= 1",
+                            "bad sparse attention params", l);
+        else if ((kv->kind == KV_STREAMING && (kv->sinks < 0 || kv->window < 1)) ||
+                 ((kv->kind == KV_H2O || kv->kind == KV_TOVA) && kv->budget < 1) ||
+                 (kv->kind == KV_H2O && (kv->window < 0 || kv->window >= kv->budget)))
+            ok = lower_fail(m, d, "%s (layer %lld): sinks >= 0, window >= 1 (h2o: 0 <= window < budget), budget >= 1",
+                            "bad KV policy params", l);
+    }
     return ok;
 }
 
@@ -630,7 +792,8 @@ Schedule *lower_model_weights(const ModelDesc *m, const Weights *w, const Target
     int nw = workers > 0 ? workers : m->workers > 0 ? m->workers : t->default_workers;
     if (!lower_check(m, nw, d))
         return NULL;
-    Lower L = {.m = m, .w = w, .nw = nw, .hd = m->head_dim, .G = m->n_heads / m->n_kv_heads, .prev = UINT32_MAX};
+    Lower L = {.m = m, .w = w, .nw = nw, .hd = m->head_dim, .G = m->n_heads / m->n_kv_heads, .prev = UINT32_MAX,
+               .evict_pending = -1};
     L.fused = m->n_kv_heads % nw == 0;
     L.nsplit = L.fused ? 1 : nw / m->n_kv_heads;
     int maxsplit = (m->max_seq + LOWER_ATTN_BLOCK - 1) / LOWER_ATTN_BLOCK;

@@ -16,6 +16,14 @@
  *   logits = lm_head rmsnorm(x, final_norm)
  * The KV cache (double) grows with the positions actually fed, so a model
  * with a long context costs memory only for the rows it uses.
+ *
+ * Sparse attention and eviction (ir/ops.h gives the rules) are done here
+ * in position space, apart from how the kernels do them: the whole cache is
+ * kept, and each kv head attends the positions its layer's kind selects
+ * (sink_window: a mask; quest: page bounds recomputed from the cached keys
+ * every step) or, on an evicting layer, the positions still alive. After
+ * the layer's attention the policy marks one position dead once the cache
+ * holds its budget, by the same rule the kernels apply to their slots.
  */
 #include "compiler/reference.h"
 
@@ -38,6 +46,12 @@ struct RefState {
     double **kc, **vc;      /* (n_layers) x (rows_cap, kv_dim) */
     int rows_cap;           /* KV rows allocated per layer */
     int npos;               /* tokens fed since the last reset */
+    /* sparse attention and eviction */
+    int *rows;              /* (rows_cap) positions one kv head attends */
+    double *probs;          /* (n_heads, rows_cap) their softmax weights, in row order */
+    double *wpos;           /* (rows_cap) scratch per position */
+    unsigned char **alive;  /* (n_layers) x (rows_cap, n_kv_heads), evicting layers only */
+    double **acc;           /* (n_layers) x (rows_cap, n_kv_heads), H2O's sums */
 };
 
 /* ---- ops ---- */
@@ -171,6 +185,8 @@ RefState *ref_new(const Weights *w)
     s->logits = xcalloc((size_t)m->vocab_size, sizeof(float));
     s->kc = xcalloc((size_t)m->n_layers, sizeof(double *));
     s->vc = xcalloc((size_t)m->n_layers, sizeof(double *));
+    s->alive = xcalloc((size_t)m->n_layers, sizeof(unsigned char *));
+    s->acc = xcalloc((size_t)m->n_layers, sizeof(double *));
     return s;
 }
 
@@ -181,11 +197,16 @@ void ref_free(RefState *s)
     for (int l = 0; l < s->m->n_layers; l++) {
         free(s->kc[l]);
         free(s->vc[l]);
+        free(s->alive[l]);
+        free(s->acc[l]);
     }
     free(s->kc);
     free(s->vc);
+    free(s->alive);
+    free(s->acc);
+    free(s->rows);
     double *vecs[] = {s->freq, s->x, s->xb, s->tmp, s->q, s->att, s->k,
-                      s->v, s->hg, s->hu, s->scores, s->logits_d};
+                      s->v, s->hg, s->hu, s->scores, s->logits_d, s->probs, s->wpos};
     for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++)
         free(vecs[i]);
     free(s->logits);
@@ -208,12 +229,167 @@ static void ref_kv_reserve(RefState *s, int pos)
     if (cap > s->m->max_seq)
         cap = s->m->max_seq;
     size_t bytes = (size_t)cap * (size_t)s->kv_dim * sizeof(double);
+    size_t flags = (size_t)cap * (size_t)s->m->n_kv_heads;
     for (int l = 0; l < s->m->n_layers; l++) {
         s->kc[l] = xrealloc(s->kc[l], bytes);
         s->vc[l] = xrealloc(s->vc[l], bytes);
+        if (s->m->kv[l].kind != KV_FULL) {
+            s->alive[l] = xrealloc(s->alive[l], flags);
+            s->acc[l] = xrealloc(s->acc[l], flags * sizeof(double));
+        }
     }
     s->scores = xrealloc(s->scores, (size_t)cap * sizeof(double));
+    s->rows = xrealloc(s->rows, (size_t)cap * sizeof(int));
+    s->probs = xrealloc(s->probs, (size_t)cap * (size_t)s->m->n_heads * sizeof(double));
+    s->wpos = xrealloc(s->wpos, (size_t)cap * sizeof(double));
     s->rows_cap = cap;
+}
+
+/* Tokens an evicting layer keeps (0: the full cache; also when the budget
+ * reaches max_seq, as lower.c does). */
+static int ref_kv_cap(const ModelDesc *m, int l)
+{
+    const KvPolicy *kv = &m->kv[l];
+    long long cap = kv->kind == KV_STREAMING ? (long long)kv->sinks + kv->window : kv->kind == KV_FULL ? 0 : kv->budget;
+    return cap >= m->max_seq ? 0 : (int)cap;
+}
+
+/* Quest: the pages kv head h of layer l attends at pos, as rows. */
+static int ref_quest_rows(RefState *s, int l, int h, int pos, int *rows)
+{
+    const ModelDesc *m = s->m;
+    int hd = m->head_dim, G = m->n_heads / m->n_kv_heads, page = m->attn[l].page, cur = pos / page;
+    long long np = ((long long)m->attn[l].budget + page - 1) / page;
+    double *u = s->wpos; /* one bound per page: pages <= positions */
+    for (int j = 0; j <= cur; j++) {
+        double sum = 0;
+        for (int i = 0; i < hd; i++) {
+            double lo = INFINITY, hi = -INFINITY;
+            for (int t = j * page; t < (j + 1) * page && t <= pos; t++) {
+                double k = s->kc[l][(size_t)t * s->kv_dim + (size_t)h * hd + i];
+                lo = k < lo ? k : lo;
+                hi = k > hi ? k : hi;
+            }
+            for (int g = 0; g < G; g++) {
+                double q = s->q[(size_t)(h * G + g) * hd + i];
+                sum += q * lo > q * hi ? q * lo : q * hi;
+            }
+        }
+        u[j] = sum;
+    }
+    /* page cur, then the best np-1 others (the lower page on ties) */
+    int *sel = xcalloc((size_t)cur + 1, sizeof *sel);
+    sel[cur] = 1;
+    for (long long n = 1; n < np; n++) {
+        int best = -1;
+        for (int j = 0; j < cur; j++)
+            if (!sel[j] && (best < 0 || u[j] > u[best]))
+                best = j;
+        if (best < 0)
+            break;
+        sel[best] = 1;
+    }
+    int n = 0;
+    for (int j = 0; j <= cur; j++)
+        for (int t = j * page; sel[j] && t < (j + 1) * page && t <= pos; t++)
+            rows[n++] = t;
+    free(sel);
+    return n;
+}
+
+/* The positions kv head h of layer l attends at pos, ascending. */
+static int ref_layer_rows(RefState *s, int l, int h, int pos, int *rows)
+{
+    const ModelDesc *m = s->m;
+    const AttnSpec *a = &m->attn[l];
+    int n = 0;
+    if (ref_kv_cap(m, l)) {
+        for (int t = 0; t <= pos; t++)
+            if (s->alive[l][(size_t)t * m->n_kv_heads + h])
+                rows[n++] = t;
+    } else if (a->kind == ATTN_SINK_WINDOW) {
+        for (int t = 0; t <= pos; t++)
+            if (t < a->sinks || t > pos - a->window)
+                rows[n++] = t;
+    } else if (a->kind == ATTN_QUEST) {
+        n = ref_quest_rows(s, l, h, pos, rows);
+    } else {
+        for (int t = 0; t <= pos; t++)
+            rows[n++] = t;
+    }
+    return n;
+}
+
+/* Attention of the q heads of kv head h over rows[0:n] of layer l; the
+ * weights stay in s->probs[q head][0:n]. */
+static void ref_head_attention(RefState *s, int l, int h, const int *rows, int n)
+{
+    const ModelDesc *m = s->m;
+    int hd = m->head_dim, G = m->n_heads / m->n_kv_heads;
+    double scale = 1.0 / sqrt((double)hd);
+    for (int qh = h * G; qh < (h + 1) * G; qh++) {
+        const double *q = s->q + (size_t)qh * hd;
+        double *p = s->probs + (size_t)qh * s->rows_cap, *o = s->att + (size_t)qh * hd;
+        for (int i = 0; i < n; i++) {
+            const double *k = s->kc[l] + (size_t)rows[i] * s->kv_dim + (size_t)h * hd;
+            double d = 0;
+            for (int j = 0; j < hd; j++)
+                d += q[j] * k[j];
+            p[i] = d * scale;
+        }
+        ref_softmax(p, n);
+        for (int j = 0; j < hd; j++)
+            o[j] = 0;
+        for (int i = 0; i < n; i++) {
+            const double *v = s->vc[l] + (size_t)rows[i] * s->kv_dim + (size_t)h * hd;
+            for (int j = 0; j < hd; j++)
+                o[j] += p[i] * v[j];
+        }
+    }
+}
+
+/* After layer l's attention at pos: H2O adds this step's weights, and once
+ * the cache holds its budget each kv head loses one position. */
+static void ref_evict(RefState *s, int l, int pos)
+{
+    const ModelDesc *m = s->m;
+    const KvPolicy *kv = &m->kv[l];
+    int cap = ref_kv_cap(m, l), nkv = m->n_kv_heads, G = m->n_heads / nkv;
+    unsigned char *alive = s->alive[l];
+    double *acc = s->acc[l];
+    if (kv->kind == KV_TOVA) { /* one victim for the layer: the least mean weight over all heads */
+        for (int t = 0; t <= pos; t++)
+            s->wpos[t] = 0;
+        for (int h = 0; h < nkv; h++) {
+            int n = ref_layer_rows(s, l, h, pos, s->rows);
+            for (int qh = h * G; qh < (h + 1) * G; qh++)
+                for (int i = 0; i < n; i++)
+                    s->wpos[s->rows[i]] += s->probs[(size_t)qh * s->rows_cap + i] / m->n_heads;
+        }
+    }
+    for (int h = 0; h < nkv; h++) {
+        int n = ref_layer_rows(s, l, h, pos, s->rows), victim = -1;
+        if (kv->kind == KV_H2O)
+            for (int qh = h * G; qh < (h + 1) * G; qh++)
+                for (int i = 0; i < n; i++)
+                    acc[(size_t)s->rows[i] * nkv + h] += s->probs[(size_t)qh * s->rows_cap + i];
+        if (pos + 1 < cap)
+            continue;
+        for (int i = 0; i < n; i++) {
+            int t = s->rows[i];
+            if (kv->kind == KV_STREAMING) {
+                if (t >= kv->sinks && victim < 0)
+                    victim = t; /* rows ascend: the oldest past the sinks */
+            } else if (kv->kind == KV_H2O) {
+                if (t <= pos - kv->window && (victim < 0 || acc[(size_t)t * nkv + h] < acc[(size_t)victim * nkv + h]))
+                    victim = t;
+            } else if (victim < 0 || s->wpos[t] < s->wpos[victim]) {
+                victim = t;
+            }
+        }
+        ASSERT(victim >= 0);
+        alive[(size_t)victim * nkv + h] = 0;
+    }
 }
 
 /* The attention half of layer l: x += Wo attn(rope(Wq xb), K, V). */
@@ -231,8 +407,19 @@ static void ref_layer_attention(RefState *s, int l, int pos)
     size_t row = (size_t)pos * (size_t)s->kv_dim;
     memcpy(s->kc[l] + row, s->k, (size_t)s->kv_dim * sizeof(double));
     memcpy(s->vc[l] + row, s->v, (size_t)s->kv_dim * sizeof(double));
-    ref_attention(s->q, s->kc[l], s->vc[l], m->n_heads, m->n_kv_heads, hd, pos + 1, s->scores,
-                  s->att);
+    if (m->attn[l].kind == ATTN_DENSE && m->kv[l].kind == KV_FULL) {
+        ref_attention(s->q, s->kc[l], s->vc[l], m->n_heads, m->n_kv_heads, hd, pos + 1, s->scores, s->att);
+    } else {
+        bool evicts = ref_kv_cap(m, l) > 0;
+        for (int h = 0; evicts && h < m->n_kv_heads; h++) {
+            s->alive[l][(size_t)pos * m->n_kv_heads + h] = 1;
+            s->acc[l][(size_t)pos * m->n_kv_heads + h] = 0;
+        }
+        for (int h = 0; h < m->n_kv_heads; h++)
+            ref_head_attention(s, l, h, s->rows, ref_layer_rows(s, l, h, pos, s->rows));
+        if (evicts)
+            ref_evict(s, l, pos);
+    }
     ref_matvec(lw->wo, NULL, s->att, m->dim, s->q_dim, s->tmp);
     ref_add(s->x, s->tmp, m->dim);
 }

@@ -358,8 +358,15 @@ Test(lower, rejects_unsupported_models)
     expect_reject(toy(64, 172, 1, 8, 3, 8, 512, 64), "must divide n_heads");
     expect_reject(toy(64, 0, 1, 8, 4, 8, 512, 64), "hidden_dim must be positive");
     ModelDesc *m = stories260k();
-    m->attn[2].kind = ATTN_SINK_WINDOW;
-    expect_reject(m, "not supported yet: sparse attention");
+    m->kv[2] = (KvPolicy){KV_SNAPKV, 32, 0, 0};
+    expect_reject(m, "not supported yet: KV policy snapkv (layer 2)");
+    m = stories260k();
+    m->attn[1] = (AttnSpec){ATTN_QUEST, 0, 0, 16, 32};
+    m->kv[1] = (KvPolicy){KV_TOVA, 32, 0, 0};
+    expect_reject(m, "an evicting KV cache needs dense attention");
+    m = stories260k();
+    m->kv[0] = (KvPolicy){KV_H2O, 32, 0, 32};
+    expect_reject(m, "h2o: 0 <= window < budget");
 }
 
 Test(lower, fused_attention_stage)

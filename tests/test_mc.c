@@ -1,11 +1,15 @@
 /*
  * test_mc.c - the model checker (tools/mc), the validator's independent
  * oracle: it accepts the valid golden schedules and the real lowerings,
- * rejects every invalid golden for the reason the file names, and finds
- * the classic bugs on schedules built in memory.
+ * rejects every invalid golden for the reason the file names, finds
+ * the classic bugs on schedules built in memory, and agrees with the
+ * validator on sparse-attention and KV-eviction lowerings and hand
+ * mutations of them.
  */
+#include "compiler/compile.h"
 #include "sched_corpus.h"
 #include "tools/mc/mc.h"
+#include "validator/validator.h"
 
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -123,6 +127,171 @@ Test(mc, in_memory_findings)
     sched_free(s);
 }
 
+/* ---- sparse attention and KV eviction ---- */
+
+/* stories260k for the CPU with compile.attention and compile.kv_policy
+ * overrides (flow YAML lists) and an optional max_seq. */
+static Schedule *lower_sparse(const char *attn, const char *kv, const char *max_seq, int workers)
+{
+    Arena a = {0};
+    ModelDesc *m = ARENA_NEW(&a, ModelDesc);
+    Diag d;
+    diag_init(&d);
+    DescOverride ov[3] = {{"compile.attention", attn}, {"compile.kv_policy", kv}, {"compile.max_seq", max_seq}};
+    cr_assert(desc_load(m, &a, MEGAC_SRC "/models/stories260k.yaml", ov, max_seq ? 3 : 2, &d), "%s / %s", attn, kv);
+    Schedule *s = lower_model(m, target_lookup("cpu", &d), workers, &d);
+    cr_assert_not_null(s, "%s / %s, %d workers", attn, kv, workers);
+    arena_free(&a);
+    return s;
+}
+
+static bool validator_accepts(const Schedule *s)
+{
+    Diag d;
+    diag_init(&d);
+    d.out = fopen("/dev/null", "w");
+    cr_assert_not_null(d.out);
+    ValOptions vo = {.target = target_lookup("cpu", &d)};
+    ValResult vr;
+    bool ok = val_schedule_check(s, &vo, &d, &vr);
+    fclose(d.out);
+    return ok;
+}
+
+static int count_op(const Schedule *s, int op)
+{
+    int n = 0;
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++)
+            n += s->workers[w].insts[t].kind == INST_OP && s->workers[w].insts[t].op == op;
+    return n;
+}
+
+/* The first op `op` (of worker w when w >= 0); false if none. */
+static bool find_op(const Schedule *s, int op, int w, uint32_t *ow, uint32_t *ot)
+{
+    for (uint32_t x = 0; x < s->nworkers; x++)
+        for (uint32_t t = 0; t < s->workers[x].ninst; t++) {
+            const Inst *in = &s->workers[x].insts[t];
+            if ((w < 0 || (uint32_t)w == x) && in->kind == INST_OP && in->op == op) {
+                *ow = x, *ot = t;
+                return true;
+            }
+        }
+    return false;
+}
+
+static const char *const sparse_knobs[][3] = {
+    {"[{layers: 0, kind: quest, page: 16, budget: 32}]", "[{layers: 1-, policy: h2o, budget: 40}]", NULL},
+    {"[{layers: 0-1, kind: sink_window, sinks: 4, window: 60}]", "[{layers: 2-, policy: tova, budget: 48}]", NULL},
+    {"[{layers: 3-, kind: quest, page: 8, budget: 24}]", "[{layers: 0-2, policy: streaming, sinks: 4, window: 28}]",
+     NULL},
+    /* max_seq 32: the checker visits every pos, caches fill and evict */
+    {"[{layers: 0, kind: quest, page: 4, budget: 8}]", "[{layers: 1-, policy: h2o, budget: 12, window: 4}]", "32"},
+};
+
+Test(mc, sparse_lowerings_are_safe)
+{
+    static const int workers[] = {1, 2, 3, 5};
+    for (size_t k = 0; k < sizeof sparse_knobs / sizeof sparse_knobs[0]; k++)
+        for (int i = 0; i < 4; i++) {
+            Schedule *s = lower_sparse(sparse_knobs[k][0], sparse_knobs[k][1], sparse_knobs[k][2], workers[i]);
+            McResult r;
+            cr_assert_eq(mc_check(s, NULL, &r), MC_SAFE, "knobs %zu, %d workers: %s", k, workers[i], r.why);
+            cr_assert(validator_accepts(s), "knobs %zu, %d workers", k, workers[i]);
+            cr_assert_gt(count_op(s, OP_ATTN_SPARSE), 0);
+            if (k == 0) {
+                cr_assert_gt(count_op(s, OP_KV_STORE), 0);
+                cr_assert_gt(count_op(s, OP_QUEST_SELECT), 0);
+                cr_assert_eq(count_op(s, OP_KV_EVICT), 4, "one kv_evict per evicting layer");
+            }
+            sched_free(s);
+        }
+}
+
+/* The checker finds mutant s structurally wrong (its finding says
+ * `why`), and the validator rejects it too. Frees s. */
+static void both_reject_structure(Schedule *s, const char *what, const char *why)
+{
+    McResult r;
+    cr_assert_eq(mc_check(s, NULL, &r), MC_UNSAFE, "%s: judged safe", what);
+    cr_assert(r.structure && strstr(r.why, why), "%s: another finding: %s", what, r.why);
+    cr_assert(!validator_accepts(s), "%s: the validator accepts it", what);
+    sched_free(s);
+}
+
+static Schedule *sparse_base(void)
+{
+    return lower_sparse(sparse_knobs[0][0], sparse_knobs[0][1], NULL, 3);
+}
+
+Test(mc, sparse_mutations_are_unsafe)
+{
+    uint32_t w, t;
+    /* kv_store's meta range one short of the head's cap + 1 entries */
+    Schedule *s = sparse_base();
+    cr_assert(find_op(s, OP_KV_STORE, -1, &w, &t));
+    s->accs[s->workers[w].insts[t].acc + 4].hi.c--;
+    both_reject_structure(s, "short meta range", "footprint");
+
+    /* the same meta range shifted onto the next head's entries */
+    s = sparse_base();
+    cr_assert(find_op(s, OP_KV_STORE, -1, &w, &t));
+    Access *meta = &s->accs[s->workers[w].insts[t].acc + 4];
+    meta->lo.c += 1, meta->hi.c += 1;
+    both_reject_structure(s, "shifted meta range", "footprint");
+
+    /* score rows written by two splits of one kv head's attn_sparse: the
+     * op becomes split 0 of 2, and worker 0 gets split 1 */
+    s = sparse_base();
+    cr_assert(find_op(s, OP_KV_STORE, 1, &w, &t));
+    Inst *in = &s->workers[w].insts[t + 1];
+    cr_assert(in->op == OP_ATTN_SPARSE && in->p[3] == SPARSE_SLOTS && in->p[5] == 1);
+    int64_t e = (int64_t)(s->shape.n_heads / s->shape.n_kv_heads) * (s->shape.head_dim + 2);
+    Access acc[OP_MAX_OPERANDS];
+    memcpy(acc, &s->accs[in->acc], sizeof acc);
+    in->p[2] = 2;
+    s->accs[in->acc + 3].lo.c = 2 * in->p[0] * e, s->accs[in->acc + 3].hi.c = (2 * in->p[0] + 1) * e;
+    int32_t p1[OP_MAX_PARAMS];
+    memcpy(p1, in->p, sizeof p1);
+    p1[1] = 1;
+    acc[3].lo.c = (2 * p1[0] + 1) * e, acc[3].hi.c = (2 * p1[0] + 2) * e;
+    sched_op(s, 0, OP_ATTN_SPARSE, p1, acc);
+    both_reject_structure(s, "score written by two splits", "bad params for attn_sparse");
+
+    /* the score scratch as i32, the quest page list as f32 */
+    s = sparse_base();
+    s->bufs[sched_find_buffer(s, "score")].dtype = DT_I32;
+    both_reject_structure(s, "i32 score", "dtype");
+    s = sparse_base();
+    s->bufs[sched_find_buffer(s, "sel")].dtype = DT_F32;
+    both_reject_structure(s, "f32 sel", "dtype");
+
+    /* an evicting layer's cache sized for max_seq rows instead of cap */
+    s = sparse_base();
+    Buffer *kc = &s->bufs[sched_find_buffer(s, "kc.1")];
+    kc->shape[1] = s->shape.max_seq, kc->nelem = kc->shape[0] * kc->shape[1] * kc->shape[2];
+    both_reject_structure(s, "kv_store cache of S rows", "not laid out");
+}
+
+/* Without the wait before it, a kv_evict reads score rows that other
+ * workers' attn_sparse ops may not have written yet. */
+Test(mc, kv_evict_without_its_wait_races)
+{
+    Schedule *s = sparse_base();
+    uint32_t w, t;
+    cr_assert(find_op(s, OP_KV_EVICT, -1, &w, &t));
+    Worker *wk = &s->workers[w];
+    cr_assert(t > 0 && wk->insts[t - 1].kind == INST_WAIT, "kv_evict right after its wait");
+    memmove(&wk->insts[t - 1], &wk->insts[t], (wk->ninst - t) * sizeof *wk->insts);
+    wk->ninst--;
+    McResult r;
+    cr_assert_eq(mc_check(s, NULL, &r), MC_UNSAFE);
+    cr_assert(r.race || r.uninit, "%s", r.why);
+    cr_assert(!validator_accepts(s));
+    sched_free(s);
+}
+
 /* A small adversarial campaign: no false accept, every real lowering
  * accepted (exit 0), and the last line in the documented form. */
 Test(fuzz, small_campaign_has_no_false_accepts)
@@ -149,5 +318,31 @@ Test(fuzz, small_campaign_has_no_false_accepts)
     cr_assert_eq(n, 300);
     cr_assert_eq(fa, 0, "%s", last);
     cr_assert_gt(u, 100, "the campaign should plant mostly real defects: %s", last);
+    cr_assert_eq(WEXITSTATUS(st), 0);
+}
+
+/* The campaign over sparse attention and eviction lowerings of a real
+ * description (--model, --set): the checker and the validator agree on
+ * every mutant. */
+Test(fuzz, sparse_campaign_agrees)
+{
+    char line[512], last[512] = "";
+    const char *cmd = MEGAC_BIN " fuzz-validator --seed 11 --count 200 --workers-max 4 --model " MEGAC_SRC
+                                "/models/stories260k.yaml --set compile.max_seq=32"
+                                " --set 'compile.attention=[{layers: 0, kind: quest, page: 4, budget: 8}]'"
+                                " --set 'compile.kv_policy=[{layers: 1-2, policy: h2o, budget: 12},"
+                                " {layers: 3, policy: tova, budget: 12}, {layers: 4, policy: streaming, sinks: 2,"
+                                " window: 10}]'";
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    while (fgets(line, sizeof line, p))
+        snprintf(last, sizeof last, "%s", line);
+    int st = pclose(p);
+    unsigned long long n, u, fa, fr;
+    cr_assert_eq(sscanf(last, "schedules=%llu unsafe=%llu false_accepts=%llu false_rejects=%llu", &n, &u, &fa, &fr), 4,
+                 "last line: %s", last);
+    cr_assert_eq(n, 200);
+    cr_assert_eq(fa + fr, 0, "%s", last);
+    cr_assert_gt(u, 100, "%s", last);
     cr_assert_eq(WEXITSTATUS(st), 0);
 }

@@ -3,10 +3,11 @@
  * op meanings and layouts in ops.h (not from op_footprint): what each op
  * touches, that the declared accesses say exactly that, bounds over all
  * pos (ranges are affine, so the extremes at pos 0 and max_seq-1 decide),
- * no writes to weights, dtypes (f32 activations, i32 token ids), the KV
- * and rope layouts, no wait >= 0 or signal +0, the shape line against
- * the buffers (a K and a V cache per layer, a [vocab, dim] embedding
- * table), and residency.
+ * no writes to weights, dtypes (f32 activations, i32 token ids, eviction
+ * meta and quest page lists), the layouts of the KV caches (dense or
+ * slots), rope table, eviction state and quest bounds, no wait >= 0 or
+ * signal +0, the shape line against the buffers (a K and a V cache per
+ * layer, a [vocab, dim] embedding table), and residency.
  */
 #include "tools/mc/mc_int.h"
 
@@ -33,6 +34,59 @@ static Access span(int mode, int64_t lo, int64_t hi)
 static Access span_pos(int mode, int64_t c, int64_t k, int64_t len)
 {
     return (Access){.mode = (uint8_t)mode, .lo = {c, k}, .hi = {c + len, k}};
+}
+
+/* Rows [0, pos] of kv head h in a [n_kv_heads][S][hd] cache. */
+static Access cache_rows(const ModelShape *sh, int64_t h)
+{
+    int64_t hd = sh->head_dim, S = sh->max_seq;
+    return (Access){.mode = ACC_R, .lo = {h * S * hd, 0}, .hi = {h * S * hd + hd, hd}};
+}
+
+/* ATTN_SPARSE h s nsplit kind a b: the rows `kind` selects lie in head h's
+ * rows [0, pos] (sink_window, quest) or in its cap = a slots (slots); aux
+ * is absent, sel[h] (quest, read) or score of h's q heads (slots, b = 1). */
+static bool mc_attn_sparse(const ModelShape *sh, const int32_t *p, Access *e, bool *present)
+{
+    int64_t hd = sh->head_dim, S = sh->max_seq, G = sh->n_kv_heads > 0 ? sh->n_heads / sh->n_kv_heads : 0;
+    int64_t h = p[0], sp = p[1], ns = p[2], kind = p[3], a = p[4], b = p[5];
+    bool ok = h >= 0 && h < sh->n_kv_heads && sp >= 0 && sp < ns;
+    switch (kind) {
+    case SPARSE_SINK_WINDOW: ok &= a >= 0 && b > 0; break;     /* the window holds pos itself */
+    case SPARSE_QUEST: ok &= a > 0 && a <= S && b > 0; break;
+    case SPARSE_SLOTS: ok &= a > 0 && a <= S && (b == 0 || (b == 1 && ns == 1)); break;
+    default: return false;
+    }
+    if (!ok)
+        return false;
+    e[0] = span(ACC_R, h * G * hd, (h + 1) * G * hd);
+    e[1] = kind == SPARSE_SLOTS ? span(ACC_R, h * a * hd, (h + 1) * a * hd) : cache_rows(sh, h), e[2] = e[1];
+    e[3] = span(ACC_W, (h * ns + sp) * G * (hd + 2), (h * ns + sp + 1) * G * (hd + 2));
+    present[4] = kind == SPARSE_QUEST || (kind == SPARSE_SLOTS && b == 1);
+    if (kind == SPARSE_QUEST)
+        e[4] = span(ACC_R, h * b, (h + 1) * b);
+    else
+        e[4] = span(ACC_W, h * G * a, (h + 1) * G * a);
+    return true;
+}
+
+/* KV_EVICT policy cap sinks window: every kv head's meta, H2O's acc, and
+ * the layer's scores for H2O and TOVA. */
+static bool mc_kv_evict(const ModelShape *sh, const int32_t *p, Access *e, bool *present)
+{
+    int64_t kv = sh->n_kv_heads, pol = p[0], cap = p[1], sinks = p[2], window = p[3];
+    if (pol < 0 || pol >= KV_POLICY_COUNT || cap <= 0 || cap > sh->max_seq || sinks < 0 || window < 0)
+        return false;
+    e[0] = span(ACC_R, 0, sh->n_heads * cap), present[0] = pol != KV_POLICY_STREAMING;
+    e[1] = span(ACC_RW, 0, kv * (cap + 1));
+    e[2] = span(ACC_RW, 0, kv * cap), present[2] = pol == KV_POLICY_H2O;
+    return (pol != KV_POLICY_STREAMING || sinks < cap) && (pol != KV_POLICY_H2O || window < cap);
+}
+
+/* Pages of a quest layer's bounds: ceil(S / page). */
+static int64_t quest_pages(const ModelShape *sh, int64_t page)
+{
+    return (sh->max_seq + page - 1) / page;
 }
 
 /* What op `in` touches per ops.h; false if the params make no sense. */
@@ -86,6 +140,30 @@ static bool mc_expected(const Schedule *s, const Inst *in, Access *e, bool *pres
     case OP_ARGMAX_COMBINE:
         e[0] = span(ACC_R, 0, 2 * (int64_t)p[0]), e[1] = span(ACC_W, 0, 1);
         return p[0] > 0;
+    case OP_KV_STORE: {
+        int64_t h = p[0], cap = p[1];
+        if (h < 0 || h >= sh->n_kv_heads || cap <= 0 || cap > S)
+            return false;
+        e[0] = span(ACC_R, h * hd, (h + 1) * hd), e[1] = e[0];
+        e[2] = span(ACC_W, h * cap * hd, (h + 1) * cap * hd), e[3] = e[2];     /* the slot is data */
+        e[4] = span(ACC_RW, h * (cap + 1), (h + 1) * (cap + 1));
+        return true;
+    }
+    case OP_ATTN_SPARSE:
+        return mc_attn_sparse(sh, p, e, present);
+    case OP_QUEST_SELECT: {
+        int64_t h = p[0], page = p[1], np = p[2];
+        if (h < 0 || h >= sh->n_kv_heads || page <= 0 || page > S || np <= 0)
+            return false;
+        int64_t region = quest_pages(sh, page) * 2 * hd;
+        e[0] = span(ACC_R, h * G * hd, (h + 1) * G * hd);
+        e[1] = cache_rows(sh, h);
+        e[2] = span(ACC_RW, h * region, (h + 1) * region);
+        e[3] = span(ACC_W, h * np, (h + 1) * np);
+        return true;
+    }
+    case OP_KV_EVICT:
+        return mc_kv_evict(sh, p, e, present);
     default:
         return false;
     }
@@ -94,6 +172,42 @@ static bool mc_expected(const Schedule *s, const Inst *in, Access *e, bool *pres
 static bool same_range(const Access *a, const Access *e)
 {
     return a->mode == e->mode && a->lo.c == e->lo.c && a->lo.k == e->lo.k && a->hi.c == e->hi.c && a->hi.k == e->hi.k;
+}
+
+/* Integer operands: the token, the sampled id, eviction meta, quest sel. */
+static bool mc_is_i32(const Inst *in, int i)
+{
+    switch (in->op) {
+    case OP_EMBED: return i == 0;
+    case OP_ARGMAX_COMBINE: return i == 1;
+    case OP_KV_STORE: return i == 4;
+    case OP_ATTN_SPARSE: return i == 4 && in->p[3] == SPARSE_QUEST;
+    case OP_QUEST_SELECT: return i == 3;
+    case OP_KV_EVICT: return i == 1;
+    default: return false;
+    }
+}
+
+/* The element count ops.h fixes for operand i's whole buffer (0: any):
+ * the KV caches ([kv][S][hd], or [kv][cap][hd] for an evicting layer),
+ * the rope table, eviction meta and acc, quest bounds. */
+static int64_t mc_layout(const ModelShape *sh, const Inst *in, int i)
+{
+    int64_t kv = sh->n_kv_heads, S = sh->max_seq, hd = sh->head_dim;
+    int64_t cap = in->p[1], page = in->p[1];    /* kv_store, kv_evict; quest_select */
+    switch (in->op) {
+    case OP_ROPE: return i == 1 ? S * hd : 0;
+    case OP_KV_APPEND: return i >= 2 ? kv * S * hd : 0;
+    case OP_ATTN: return i == 1 || i == 2 ? kv * S * hd : 0;
+    case OP_KV_STORE: return i == 2 || i == 3 ? kv * cap * hd : i == 4 ? kv * (cap + 1) : 0;
+    case OP_ATTN_SPARSE:
+        if (i != 1 && i != 2)
+            return 0;
+        return in->p[3] == SPARSE_SLOTS ? kv * in->p[4] * hd : kv * S * hd;
+    case OP_QUEST_SELECT: return i == 1 ? kv * S * hd : i == 2 ? kv * quest_pages(sh, page) * 2 * hd : 0;
+    case OP_KV_EVICT: return i == 1 ? kv * (cap + 1) : i == 2 ? kv * cap : 0;
+    default: return 0;
+    }
 }
 
 static bool mc_op_check(Mc *m, uint32_t w, uint32_t t, const Inst *in)
@@ -123,12 +237,10 @@ static bool mc_op_check(Mc *m, uint32_t w, uint32_t t, const Inst *in)
             return mc_fail(m, &m->r->structure, "w%u i%u: operand %d out of bounds of %s", w, t, i, b->name);
         if ((a->mode & ACC_W) && b->cls == BUF_WEIGHT)
             return mc_fail(m, &m->r->structure, "w%u i%u: writes weight %s", w, t, b->name);
-        bool ids = (in->op == OP_EMBED && i == 0) || (in->op == OP_ARGMAX_COMBINE && i == 1);
-        if (b->cls == BUF_WEIGHT ? b->dtype == DT_I32 : b->dtype != (ids ? DT_I32 : DT_F32))
+        if (b->cls == BUF_WEIGHT ? b->dtype == DT_I32 : b->dtype != (mc_is_i32(in, i) ? DT_I32 : DT_F32))
             return mc_fail(m, &m->r->structure, "w%u i%u: operand %d has the wrong dtype", w, t, i);
-        int64_t cache = (int64_t)s->shape.n_kv_heads * S * s->shape.head_dim;
-        bool is_cache = (in->op == OP_KV_APPEND && i >= 2) || (in->op == OP_ATTN && (i == 1 || i == 2));
-        if ((is_cache && b->nelem != cache) || (in->op == OP_ROPE && i == 1 && b->nelem != S * s->shape.head_dim))
+        int64_t want = mc_layout(&s->shape, in, i);
+        if (want && b->nelem != want)
             return mc_fail(m, &m->r->structure, "w%u i%u: operand %d: %s is not laid out as ops.h says", w, t, i,
                            b->name);
     }

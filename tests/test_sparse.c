@@ -1,0 +1,317 @@
+/*
+ * test_sparse.c - sparse attention and KV eviction end to end: a model
+ * compiled with compile.attention / compile.kv_policy set, on the CPU and
+ * host-CUDA backends at several worker counts, decoded greedily next to the
+ * reference engine (which does the same selection in position space over a
+ * full double cache, apart from how the kernels keep slots):
+ *   - logits within tolerance and the same argmax at every step, with
+ *     budgets small enough that the policies evict many times;
+ *   - identity: a budget that holds every position fed gives logits equal
+ *     to the dense model's, bit for bit on the CPU;
+ *   - streaming(sinks, window) attends what sink_window(sinks, window)
+ *     masks;
+ *   - a negative control: at a small budget the logits do move away from
+ *     the dense model's (the policy is not a no-op).
+ * Models: stories260K (../shared; skipped when absent) and a small
+ * synthetic GQA model written here. Under MEGAC_SANITIZED=1 (the ASan
+ * suite) the comparisons against the reference run at fewer worker counts
+ * and steps (budgets still fill and evict).
+ */
+#include "runtime/megac.h"
+#include "compiler/model.h"
+
+#include "tests/harness.h"
+
+#include "tests/tmpdir.h"
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define STORIES_YAML MEGAC_SRC "/models/stories260k.yaml"
+#define STORIES_BIN MEGAC_SRC "/../shared/models/stories260K.bin"
+
+#define ATOL 1e-4
+#define RTOL 1e-5
+
+/* 3 layers, 6 q heads over 2 kv heads, context 256. */
+static const char synth_yaml[] = "name: synth-sparse\n"
+                                 "arch:\n"
+                                 "  dim: 96\n"
+                                 "  hidden_dim: 160\n"
+                                 "  n_layers: 3\n"
+                                 "  n_heads: 6\n"
+                                 "  n_kv_heads: 2\n"
+                                 "  vocab_size: 300\n"
+                                 "  max_seq: 256\n"
+                                 "norm_eps: 1e-5\n"
+                                 "tie_embeddings: false\n"
+                                 "rope: {theta: 10000, pairing: half}\n"
+                                 "weights: {format: synthetic, seed: 11}\n"
+                                 "tokenizer: {format: bytes}\n";
+
+/* The per-layer settings under test, as --set overrides. */
+typedef struct {
+    const char *name;
+    const char *set[2];
+} Config;
+
+static const Config configs[] = {
+    {"sink_window", {"compile.attention=[{layers: 1-, kind: sink_window, sinks: 4, window: 20}]"}},
+    {"quest", {"compile.attention=[{layers: 1-, kind: quest, page: 8, budget: 24}]"}},
+    {"streaming", {"compile.kv_policy=[{layers: all, policy: streaming, sinks: 4, window: 20}]"}},
+    {"h2o", {"compile.kv_policy=[{layers: all, policy: h2o, budget: 24, window: 8}]"}},
+    {"tova", {"compile.kv_policy=[{layers: all, policy: tova, budget: 24}]"}},
+    {"mixed",
+     {"compile.attention=[{layers: 0, kind: quest, page: 4, budget: 12}]",
+      "compile.kv_policy=[{layers: 1, policy: h2o, budget: 20}, {layers: 2-, policy: tova, budget: 16}]"}},
+};
+
+static bool sanitized(void)
+{
+    return getenv("MEGAC_SANITIZED") != NULL;
+}
+
+static bool have_stories(void)
+{
+    return access(STORIES_BIN, R_OK) == 0;
+}
+
+static char *synth_path(const char *dir)
+{
+    char *p = malloc(1024);
+    snprintf(p, 1024, "%s/synth.yaml", dir);
+    FILE *f = fopen(p, "w");
+    cr_assert(f);
+    fputs(synth_yaml, f);
+    fclose(f);
+    return p;
+}
+
+/* megac compile MODEL --target T --workers W [--set ...] -o DIR/NAME.megac */
+static char *compile_with(const char *model, const char *target, int workers, const Config *c, const char *dir,
+                          const char *name)
+{
+    char *out = malloc(1200), cmd[8192];
+    snprintf(out, 1200, "%s/%s-%s-w%d.megac", dir, name, target, workers);
+    int n = snprintf(cmd, sizeof cmd, "%s compile '%s' --target %s --workers %d -q -o '%s'", MEGAC_BIN, model,
+                     target, workers, out);
+    for (int i = 0; c && i < 2 && c->set[i]; i++)
+        n += snprintf(cmd + n, sizeof cmd - (size_t)n, " --set '%s'", c->set[i]);
+    snprintf(cmd + n, sizeof cmd - (size_t)n, " 2>&1");
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    char log[8192];
+    size_t got = fread(log, 1, sizeof log - 1, p);
+    log[got] = 0;
+    cr_assert_eq(pclose(p), 0, "%s failed:\n%s", cmd, log);
+    return out;
+}
+
+typedef struct {
+    Arena arena;
+    ModelDesc m;
+    Weights w;
+    RefState *ref;
+} Ref;
+
+/* The model with c's overrides, its weights and the reference engine. */
+static void ref_open(Ref *r, const char *model, const Config *c)
+{
+    memset(r, 0, sizeof *r);
+    DescOverride ov[2];
+    int nov = 0;
+    for (int i = 0; c && i < 2 && c->set[i]; i++) {
+        const char *eq = strchr(c->set[i], '=');
+        ov[nov].key = arena_strndup(&r->arena, c->set[i], (size_t)(eq - c->set[i]));
+        ov[nov].value = eq + 1;
+        nov++;
+    }
+    Diag d;
+    diag_init(&d);
+    cr_assert(desc_load(&r->m, &r->arena, model, ov, nov, &d), "cannot load %s", model);
+    cr_assert(weights_load(&r->w, &r->m, &d), "cannot load the weights of %s", model);
+    r->ref = ref_new(&r->w);
+}
+
+static void ref_close(Ref *r)
+{
+    ref_free(r->ref);
+    weights_free(&r->w);
+    arena_free(&r->arena);
+}
+
+/* Every config at each worker count, against the reference. */
+static void sparse_vs_reference(const char *model, const char *target, const int *workers, int nw, int ntok)
+{
+    if (sanitized()) {
+        nw = nw < 2 ? nw : 2;
+        ntok = ntok < 64 ? ntok : 64;
+    }
+    char *dir = test_tmp_dir("sparse");
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
+        Ref r;
+        ref_open(&r, model, &configs[i]);
+        for (int j = 0; j < nw; j++) {
+            char *b = compile_with(model, target, workers[j], &configs[i], dir, configs[i].name);
+            megac_model *mm;
+            cr_assert_eq(megac_open(b, &mm), MEGAC_OK, "%s", megac_last_open_error());
+            char what[256];
+            snprintf(what, sizeof what, "%s %s on %s, %d workers", model, configs[i].name, target, workers[j]);
+            harness_compare_greedy(mm, r.ref, r.m.vocab_size, ntok, ATOL, RTOL, what);
+            megac_close(mm);
+            free(b);
+        }
+        ref_close(&r);
+    }
+    test_rm_rf(dir);
+}
+
+Test(sparse, stories260K_cpu_matches_reference, .timeout = 600)
+{
+    if (!have_stories())
+        cr_skip_test("../shared/models/stories260K.bin is absent");
+    static const int w[] = {1, 2, 3, 5};
+    sparse_vs_reference(STORIES_YAML, "cpu", w, 4, 160);
+}
+
+Test(sparse, synthetic_cpu_matches_reference, .timeout = 600)
+{
+    char *dir = test_tmp_dir("sparse-synth");
+    char *y = synth_path(dir);
+    static const int w[] = {1, 2, 4};
+    sparse_vs_reference(y, "cpu", w, 3, 120);
+    test_rm_rf(dir);
+    free(y);
+}
+
+Test(sparse, stories260K_host_cuda_matches_reference, .timeout = 900)
+{
+    if (!have_stories())
+        cr_skip_test("../shared/models/stories260K.bin is absent");
+    static const int w[] = {2, 3};
+    sparse_vs_reference(STORIES_YAML, "host-cuda", w, 2, 100);
+}
+
+/* Greedy logits of a bundle for ntok steps from BOS, feeding its argmax. */
+static float *decode_logits(const char *bundle, int ntok, int *vocab)
+{
+    megac_model *mm;
+    cr_assert_eq(megac_open(bundle, &mm), MEGAC_OK, "%s", megac_last_open_error());
+    *vocab = megac_vocab_size(mm);
+    float *all = malloc((size_t)ntok * (size_t)*vocab * sizeof(float));
+    int tok = megac_bos(mm);
+    for (int pos = 0; pos < ntok; pos++) {
+        cr_assert_eq(megac_step(mm, tok), MEGAC_OK, "%s", megac_error(mm));
+        memcpy(all + (size_t)pos * *vocab, megac_logits(mm), (size_t)*vocab * sizeof(float));
+        tok = megac_argmax(mm);
+    }
+    megac_close(mm);
+    return all;
+}
+
+/* Budgets that hold all of ntok positions: the same logits as dense, bit
+ * for bit (the kernels select every row and merge them into one run). */
+Test(sparse, full_budget_equals_dense_bitwise, .timeout = 600)
+{
+    if (!have_stories())
+        cr_skip_test("../shared/models/stories260K.bin is absent");
+    static const Config full[] = {
+        {"sw-full", {"compile.attention=[{layers: all, kind: sink_window, sinks: 4, window: 100}]"}},
+        {"quest-full", {"compile.attention=[{layers: all, kind: quest, page: 16, budget: 112}]"}},
+        {"h2o-full", {"compile.kv_policy=[{layers: all, policy: h2o, budget: 104}]"}},
+        {"tova-full", {"compile.kv_policy=[{layers: all, policy: tova, budget: 104}]"}},
+        {"streaming-full", {"compile.kv_policy=[{layers: all, policy: streaming, sinks: 4, window: 100}]"}},
+    };
+    const int ntok = 100;
+    char *dir = test_tmp_dir("sparse-id");
+    for (int w = 1; w <= 3; w += 2) {
+        char *db = compile_with(STORIES_YAML, "cpu", w, NULL, dir, "dense");
+        int vocab;
+        float *dense = decode_logits(db, ntok, &vocab);
+        for (size_t i = 0; i < sizeof full / sizeof full[0]; i++) {
+            char *b = compile_with(STORIES_YAML, "cpu", w, &full[i], dir, full[i].name);
+            float *got = decode_logits(b, ntok, &vocab);
+            size_t bad = 0;
+            for (size_t k = 0; k < (size_t)ntok * (size_t)vocab; k++)
+                bad += memcmp(&got[k], &dense[k], sizeof(float)) != 0;
+            cr_expect_eq(bad, 0, "%s at %d workers: %zu of %d logits differ from dense", full[i].name, w, bad,
+                         ntok * vocab);
+            free(got);
+            free(b);
+        }
+        free(dense);
+        free(db);
+    }
+    test_rm_rf(dir);
+}
+
+/* streaming(4, 20) keeps exactly the rows sink_window(4, 20) attends. */
+Test(sparse, streaming_attends_what_sink_window_masks, .timeout = 300)
+{
+    if (!have_stories())
+        cr_skip_test("../shared/models/stories260K.bin is absent");
+    const Config sw = {"sw", {"compile.attention=[{layers: all, kind: sink_window, sinks: 4, window: 20}]"}};
+    const Config st = {"st", {"compile.kv_policy=[{layers: all, policy: streaming, sinks: 4, window: 20}]"}};
+    const int ntok = 150;
+    char *dir = test_tmp_dir("sparse-st");
+    char *b1 = compile_with(STORIES_YAML, "cpu", 2, &sw, dir, sw.name);
+    char *b2 = compile_with(STORIES_YAML, "cpu", 2, &st, dir, st.name);
+    int vocab;
+    float *a = decode_logits(b1, ntok, &vocab), *b = decode_logits(b2, ntok, &vocab);
+    double worst = 0;
+    for (int pos = 0; pos < ntok; pos++) {
+        const float *x = a + (size_t)pos * vocab, *y = b + (size_t)pos * vocab;
+        cr_assert_eq(harness_argmax(x, vocab), harness_argmax(y, vocab), "pos %d: the argmax differs", pos);
+        for (int i = 0; i < vocab; i++)
+            worst = fmax(worst, fabs((double)x[i] - y[i]));
+    }
+    cr_expect(worst < 1e-4, "streaming vs sink_window: max |logit diff| %.3g", worst);
+    free(a);
+    free(b);
+    free(b1);
+    free(b2);
+    test_rm_rf(dir);
+}
+
+/* At budget 16 every policy changes the logits once the cache is full, and
+ * not before: the selection is really applied. */
+Test(sparse, small_budgets_move_away_from_dense, .timeout = 300)
+{
+    if (!have_stories())
+        cr_skip_test("../shared/models/stories260K.bin is absent");
+    static const Config small[] = {
+        {"sw", {"compile.attention=[{layers: all, kind: sink_window, sinks: 2, window: 14}]"}},
+        {"quest", {"compile.attention=[{layers: all, kind: quest, page: 4, budget: 16}]"}},
+        {"streaming", {"compile.kv_policy=[{layers: all, policy: streaming, sinks: 2, window: 14}]"}},
+        {"h2o", {"compile.kv_policy=[{layers: all, policy: h2o, budget: 16, window: 4}]"}},
+        {"tova", {"compile.kv_policy=[{layers: all, policy: tova, budget: 16}]"}},
+    };
+    const int ntok = 64;
+    char *dir = test_tmp_dir("sparse-neg");
+    char *db = compile_with(STORIES_YAML, "cpu", 1, NULL, dir, "dense");
+    int vocab;
+    float *dense = decode_logits(db, ntok, &vocab);
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) {
+        char *b = compile_with(STORIES_YAML, "cpu", 1, &small[i], dir, small[i].name);
+        float *got = decode_logits(b, ntok, &vocab);
+        double before = 0, after = 0;
+        for (int pos = 0; pos < ntok; pos++)
+            for (int k = 0; k < vocab; k++) {
+                double e = fabs((double)got[(size_t)pos * vocab + k] - dense[(size_t)pos * vocab + k]);
+                if (pos < 16)
+                    before = fmax(before, e);
+                else
+                    after = fmax(after, e);
+            }
+        cr_expect(before < 1e-4, "%s: differs from dense before its budget fills (%.3g)", small[i].name, before);
+        cr_expect(after > 1e-2, "%s: no effect once the budget is full (max diff %.3g)", small[i].name, after);
+        free(got);
+        free(b);
+    }
+    free(dense);
+    free(db);
+    test_rm_rf(dir);
+}
