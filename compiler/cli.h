@@ -19,6 +19,7 @@ int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_fuzz_validator(int argc, char **argv);
 int cmd_eval_quant(int argc, char **argv);
+int cmd_eval_kv(int argc, char **argv);
 
 /* ---- main.c ---- */
 /* True if argv has -h/--help; commands print their usage then. */

@@ -19,6 +19,7 @@ static const struct {
     {"bench", cmd_bench, "measure decode speed against the bandwidth ceiling"},
     {"fuzz-validator", cmd_fuzz_validator, "adversarial campaign: validator vs model checker"},
     {"eval-quant", cmd_eval_quant, "fidelity of quantized formats against the unquantized model"},
+    {"eval-kv", cmd_eval_kv, "fidelity of sparse attention and KV eviction against dense"},
 };
 
 static void usage(FILE *out)

@@ -1,0 +1,248 @@
+/*
+ * cmd_eval_kv.c - `megac eval-kv`: how much the description's sparse
+ * attention and KV eviction change a model's predictions, measured on the
+ * float64 reference (whose selection the kernels are tested to match) the
+ * way eval-quant measures formats (research/techniques.md §4):
+ *
+ *   megac eval-kv MODEL.yaml [--set key=value]... [--tokens N] [--prompt TEXT]
+ *                 [--copy L] [--seed S]
+ *
+ * The baseline is the same model with every layer dense and full. Both run
+ * teacher-forced over one stream:
+ *   - by default BOS + the prompt, continued greedily by the baseline;
+ *   - with --copy L the induction-copy stream: BOS, L random tokens, random
+ *     filler, then the same L tokens again. A model that copies predicts
+ *     the second copy from the first, so it needs the first copy kept (or
+ *     selected); evicting it before the second copy begins is the
+ *     question-agnostic setting. Reported as the accuracy of the next-token
+ *     argmax over the second copy, for the baseline and the configuration.
+ * Printed: mean KL(P_dense || P_sparse) over positions, the same-top-1 rate,
+ * the first position whose argmax differs, and the copy accuracies.
+ */
+#include "compiler/cli.h"
+#include "compiler/compile.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EVKV_MAX_SETS 64
+
+typedef struct {
+    const char *model, *prompt;
+    int tokens, copy;
+    unsigned seed;
+    DescOverride set[EVKV_MAX_SETS];
+    int nset;
+} EvKvArgs;
+
+static void evkv_usage(FILE *out)
+{
+    fprintf(out, "usage: megac eval-kv MODEL.yaml [--set key=value]... [--tokens N] [--prompt TEXT]\n"
+                 "                     [--copy L] [--seed S]\n\n"
+                 "Teacher-forced fidelity of the description's sparse attention and KV eviction\n"
+                 "(compile.attention, compile.kv_policy; give them with --set) against the same\n"
+                 "model with every layer dense and full, both on the float64 reference: mean KL\n"
+                 "divergence from dense, the same-top-1 rate and the first differing position.\n\n"
+                 "  --set key=value override a description key (repeatable), e.g.\n"
+                 "                  --set 'compile.kv_policy=[{layers: all, policy: tova, budget: 64}]'\n"
+                 "  --tokens N      positions, 2 to the model's max_seq (default 256)\n"
+                 "  --prompt TEXT   start of the stream (default \"Once upon a time\"), continued\n"
+                 "                  greedily by the dense model\n"
+                 "  --copy L        the induction-copy stream instead: L random tokens, random\n"
+                 "                  filler, the L tokens again; also prints how often each model\n"
+                 "                  predicts the second copy's next token\n"
+                 "  --seed S        seed of the copy stream's tokens (default 1)\n");
+}
+
+static bool evkv_int(const char *opt, const char *s, long lo, long hi, long *out)
+{
+    char *e;
+    long v = strtol(s, &e, 10);
+    if (!*s || *e || v < lo || v > hi) {
+        fprintf(stderr, "megac eval-kv: %s needs a number from %ld to %ld, not '%s'\n", opt, lo, hi, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool evkv_args(EvKvArgs *a, int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        bool opt = s[0] == '-' && s[1];
+        bool known = !strcmp(s, "--set") || !strcmp(s, "--tokens") || !strcmp(s, "--prompt") ||
+                     !strcmp(s, "--copy") || !strcmp(s, "--seed");
+        long v;
+        if (opt && (!known || i + 1 >= argc))
+            return cli_bad_arg("eval-kv", s, known);
+        if (!strcmp(s, "--set")) {
+            const char *kv = argv[++i], *eq = strchr(kv, '=');
+            if (!eq || eq == kv || a->nset == EVKV_MAX_SETS) {
+                fprintf(stderr, "megac eval-kv: --set needs key=value (at most %d), not '%s'\n", EVKV_MAX_SETS, kv);
+                return false;
+            }
+            a->set[a->nset++] = (DescOverride){xstrndup(kv, (size_t)(eq - kv)), eq + 1};
+        } else if (!strcmp(s, "--tokens")) {
+            if (!evkv_int(s, argv[++i], 2, 1000000, &v))
+                return false;
+            a->tokens = (int)v;
+        } else if (!strcmp(s, "--copy")) {
+            if (!evkv_int(s, argv[++i], 2, 100000, &v))
+                return false;
+            a->copy = (int)v;
+        } else if (!strcmp(s, "--seed")) {
+            if (!evkv_int(s, argv[++i], 0, 2147483647L, &v))
+                return false;
+            a->seed = (unsigned)v;
+        } else if (!strcmp(s, "--prompt")) {
+            a->prompt = argv[++i];
+        } else if (a->model) {
+            return cli_bad_arg("eval-kv", s, false);
+        } else {
+            a->model = s;
+        }
+    }
+    if (!a->model)
+        fprintf(stderr, "megac eval-kv: no model given\n");
+    return a->model != NULL;
+}
+
+/* log softmax of logits into out; returns the argmax (lowest on ties). */
+static int evkv_log_softmax(const float *logits, int v, double *out)
+{
+    int top = 0;
+    for (int i = 1; i < v; i++)
+        top = logits[i] > logits[top] ? i : top;
+    double sum = 0;
+    for (int i = 0; i < v; i++)
+        sum += exp((double)logits[i] - logits[top]);
+    double lse = logits[top] + log(sum);
+    for (int i = 0; i < v; i++)
+        out[i] = (double)logits[i] - lse;
+    return top;
+}
+
+/* The copy stream: BOS, span, filler, span; returns where the second
+ * span starts. Tokens avoid the low ids (specials in most vocabularies). */
+static int evkv_copy_stream(int *stream, int n, int span, int bos, int vocab, unsigned seed)
+{
+    uint64_t x = 0x9e3779b97f4a7c15ull ^ seed;
+    int lo = vocab > 64 ? 16 : 0, at = 0;
+    if (bos >= 0)
+        stream[at++] = bos;
+    int first = at, second = n - span;
+    for (int i = at; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        stream[i] = i >= second ? stream[first + i - second] : lo + (int)(x % (uint64_t)(vocab - lo));
+    }
+    return second;
+}
+
+static int evkv_run(const EvKvArgs *a)
+{
+    Arena arena = {0};
+    ModelDesc sparse, dense;
+    Diag d;
+    diag_init(&d);
+    if (!desc_load(&sparse, &arena, a->model, a->set, a->nset, &d)) {
+        arena_free(&arena);
+        return 2;
+    }
+    dense = sparse;
+    for (int l = 0; l < MODEL_MAX_LAYERS; l++) {
+        dense.attn[l] = (AttnSpec){ATTN_DENSE, 0, 0, 0, 0};
+        dense.kv[l] = (KvPolicy){KV_FULL, 0, 0, 0};
+    }
+    int n = a->tokens < sparse.max_seq ? a->tokens : sparse.max_seq, v = sparse.vocab_size;
+    if (a->copy && 2 * a->copy + 2 > n) {
+        fprintf(stderr, "megac eval-kv: --copy %d needs --tokens of at least %d\n", a->copy, 2 * a->copy + 2);
+        arena_free(&arena);
+        return 2;
+    }
+    Weights w;
+    if (!weights_load(&w, &dense, &d)) {
+        arena_free(&arena);
+        return 2;
+    }
+    int *stream = xcalloc((size_t)n, sizeof *stream), second = -1, np = 1;
+    if (a->copy) {
+        second = evkv_copy_stream(stream, n, a->copy, sparse.bos_id, v, a->seed);
+        np = n;
+    } else {
+        Tokenizer *t = tok_import(&sparse, &d);
+        if (!t) {
+            free(stream);
+            weights_free(&w);
+            arena_free(&arena);
+            return 2;
+        }
+        int cap = (int)strlen(a->prompt) + 8, *ids = xmalloc(sizeof(int) * (size_t)cap);
+        np = tok_encode(t, a->prompt, tok_bos(t) >= 0, ids, cap);
+        np = np > n ? n : np < 1 ? 1 : np;
+        memcpy(stream, ids, sizeof(int) * (size_t)np);
+        free(ids);
+        tok_free(t);
+    }
+    /* Both engines share the weights: the policies live in the descriptions. */
+    RefState *rd = ref_new(&w);
+    const ModelDesc *held = w.m;
+    w.m = &sparse;
+    RefState *rs = ref_new(&w);
+    w.m = held;
+    double *pd = xmalloc(sizeof(double) * (size_t)v), *ps = xmalloc(sizeof(double) * (size_t)v);
+    double kl = 0;
+    int same = 0, first_diff = -1, copy_d = 0, copy_s = 0, copy_n = 0;
+    for (int pos = 0; pos < n; pos++) {
+        int td = evkv_log_softmax(ref_step(rd, stream[pos], pos), v, pd);
+        int ts = evkv_log_softmax(ref_step(rs, stream[pos], pos), v, ps);
+        double k = 0;
+        for (int i = 0; i < v; i++)
+            k += exp(pd[i]) * (pd[i] - ps[i]);
+        kl += k;
+        same += td == ts;
+        if (td != ts && first_diff < 0)
+            first_diff = pos;
+        if (pos + 1 < n && pos + 1 >= np)
+            stream[pos + 1] = td;
+        if (second >= 0 && pos >= second && pos + 1 < n) {
+            copy_n++;
+            copy_d += td == stream[pos + 1];
+            copy_s += ts == stream[pos + 1];
+        }
+    }
+    printf("model %s: %d positions, %s stream\n", sparse.name, n, a->copy ? "induction-copy" : "greedy (dense)");
+    printf("  mean KL from dense  %.4g nats\n", kl / n);
+    printf("  same top-1          %.1f%%\n", 100.0 * same / n);
+    printf("  first difference    %s%d\n", first_diff < 0 ? "none " : "", first_diff < 0 ? n : first_diff);
+    if (second >= 0)
+        printf("  copy accuracy       dense %.1f%%, configured %.1f%% (%d predictions; the second copy starts "
+               "%d positions after the first)\n",
+               100.0 * copy_d / copy_n, 100.0 * copy_s / copy_n, copy_n, second - (sparse.bos_id >= 0));
+    ref_free(rd);
+    ref_free(rs);
+    free(pd);
+    free(ps);
+    free(stream);
+    weights_free(&w);
+    arena_free(&arena);
+    return 0;
+}
+
+int cmd_eval_kv(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        evkv_usage(stdout);
+        return 0;
+    }
+    EvKvArgs a = {.prompt = "Once upon a time", .tokens = 256, .seed = 1};
+    int rc = 2;
+    if (!evkv_args(&a, argc, argv))
+        evkv_usage(stderr);
+    else
+        rc = evkv_run(&a);
+    for (int i = 0; i < a.nset; i++)
+        free((char *)a.set[i].key);
+    return rc;
+}
