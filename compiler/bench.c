@@ -175,13 +175,15 @@ void bench_ceiling_free(BenchCeiling *c)
     free(c);
 }
 
-double bench_decode_tok_s(megac_model *m, int ntok)
+double bench_decode_tok_s(megac_model *m, int context, int ntok)
 {
     if (megac_reset(m) || megac_step(m, megac_bos(m)))
         return -1;
-    int n = ntok;
-    if (n > megac_max_seq(m) - 1)
-        n = megac_max_seq(m) - 1;
+    int last = megac_max_seq(m) - 1, ctx = context < 1 ? 1 : context > last ? last : context;
+    for (int pos = 1; pos < ctx; pos++)
+        if (megac_step(m, megac_argmax(m)))
+            return -1;
+    int n = ntok < last - ctx + 1 ? ntok : last - ctx + 1;
     double t0 = now_s();
     for (int i = 0; i < n; i++)
         if (megac_step(m, megac_argmax(m)))

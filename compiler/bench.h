@@ -23,10 +23,11 @@ int bench_ceiling_threads(const BenchCeiling *c);
 size_t bench_ceiling_bytes(const BenchCeiling *c);
 void bench_ceiling_free(BenchCeiling *c);
 
-/* Decodes `ntok` greedy tokens after BOS (the model's own argmax fed back)
- * and returns the decode rate in tokens/s, or a negative value with the
- * runtime's error in megac_error(m). */
-double bench_decode_tok_s(megac_model *m, int ntok);
+/* Feeds BOS and then the model's own argmax up to position `context`
+ * (untimed), then decodes `ntok` greedy tokens more and returns their rate
+ * in tokens/s, or a negative value with the runtime's error in
+ * megac_error(m). Positions stop at the model's max_seq - 1. */
+double bench_decode_tok_s(megac_model *m, int context, int ntok);
 
 /* Median of n values (sorts v in place). */
 double bench_median(double *v, int n);

@@ -19,21 +19,31 @@
 
 typedef struct {
     const char *bundle;
-    int ntok, runs;
+    const char *versus;         /* a second bundle timed in the same runs, or NULL */
+    int ntok, runs, context;
     int ceiling_mb;             /* 0: several times the last-level cache */
 } BenchOptions;
 
 static void bench_usage(FILE *out)
 {
     fprintf(out,
-            "usage: megac bench NAME.megac [-n TOKENS] [--runs R] [--ceiling-mb MB]\n\n"
+            "usage: megac bench NAME.megac [-n TOKENS] [--runs R] [--context N]\n"
+            "                   [--versus OTHER.megac] [--ceiling-mb MB]\n\n"
             "Decodes TOKENS greedy tokens (default 128) R times (default 5) and reports\n"
             "the median decode rate and its spread, the weight bytes read per token,\n"
             "the effective bandwidth, and a read-bandwidth ceiling measured in the same\n"
             "run: one pass after each decode run, all CPUs, %d sequential streams per\n"
             "thread, over a buffer several times the last-level cache (or --ceiling-mb),\n"
             "median of the R passes. The last line is\n"
-            "  tok_s=... gbps=... ceiling_gbps=... ratio=...\n",
+            "  tok_s=... gbps=... ceiling_gbps=... ratio=...\n\n"
+            "  --context N          first feed N positions (untimed), then time TOKENS\n"
+            "                       more: decode at a long context, where attention\n"
+            "                       reads N rows per layer (the bandwidth figures count\n"
+            "                       weights only)\n"
+            "  --versus OTHER       also time OTHER.megac in the same runs (its decode right\n"
+            "                       after NAME's) and report its rate and NAME/OTHER, the\n"
+            "                       speed ratio (e.g. sparse attention against dense):\n"
+            "  versus_tok_s=... speedup=...\n",
             BENCH_STREAMS);
 }
 
@@ -47,12 +57,14 @@ static int parse_count(const char *s, int max)
 
 static bool bench_args_parse(int argc, char **argv, BenchOptions *o)
 {
-    *o = (BenchOptions){NULL, 128, 5, 0};
+    *o = (BenchOptions){NULL, NULL, 128, 5, 0, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int *dst = !strcmp(a, "-n") ? &o->ntok : !strcmp(a, "--runs") ? &o->runs
-                 : !strcmp(a, "--ceiling-mb") ? &o->ceiling_mb : NULL;
-        if (dst && i + 1 < argc) {
+                 : !strcmp(a, "--ceiling-mb") ? &o->ceiling_mb : !strcmp(a, "--context") ? &o->context : NULL;
+        if (!strcmp(a, "--versus") && i + 1 < argc) {
+            o->versus = argv[++i];
+        } else if (dst && i + 1 < argc) {
             int v = parse_count(argv[++i], dst == &o->runs ? BENCH_MAX_RUNS : 1 << 20);
             if (v < 0) {
                 fprintf(stderr, "megac bench: bad value '%s' for %s\n", argv[i], a);
@@ -60,7 +72,7 @@ static bool bench_args_parse(int argc, char **argv, BenchOptions *o)
             }
             *dst = v;
         } else if (a[0] == '-' || o->bundle) {
-            return cli_bad_arg("bench", a, dst != NULL);
+            return cli_bad_arg("bench", a, dst != NULL || !strcmp(a, "--versus"));
         } else {
             o->bundle = a;
         }
@@ -96,15 +108,22 @@ static void spread(double *v, int n, double *lo, double *med, double *hi)
 
 /* R decode runs, each followed by a ceiling pass; false on an error
  * (reported). */
-static bool bench_runs(megac_model *m, BenchCeiling *c, const BenchOptions *o, double *rates, double *ceil)
+static bool bench_runs(megac_model *m, megac_model *v, BenchCeiling *c, const BenchOptions *o, double *rates,
+                       double *vrates, double *ceil)
 {
-    if (bench_decode_tok_s(m, o->ntok < 8 ? o->ntok : 8) < 0) {    /* warm-up */
-        fprintf(stderr, "megac bench: %s\n", megac_error(m));
-        return false;
-    }
+    megac_model *both[2] = {m, v};
+    for (int i = 0; i < 2 && both[i]; i++)
+        if (bench_decode_tok_s(both[i], o->context, o->ntok < 8 ? o->ntok : 8) < 0) {    /* warm-up */
+            fprintf(stderr, "megac bench: %s\n", megac_error(both[i]));
+            return false;
+        }
     for (int r = 0; r < o->runs; r++) {
-        if ((rates[r] = bench_decode_tok_s(m, o->ntok)) < 0) {
+        if ((rates[r] = bench_decode_tok_s(m, o->context, o->ntok)) < 0) {
             fprintf(stderr, "megac bench: %s\n", megac_error(m));
+            return false;
+        }
+        if (v && (vrates[r] = bench_decode_tok_s(v, o->context, o->ntok)) < 0) {
+            fprintf(stderr, "megac bench: %s: %s\n", o->versus, megac_error(v));
             return false;
         }
         if ((ceil[r] = bench_ceiling_pass(c)) < 0) {
@@ -115,12 +134,14 @@ static bool bench_runs(megac_model *m, BenchCeiling *c, const BenchOptions *o, d
     return true;
 }
 
-static void bench_report(const BenchOptions *o, megac_model *m, const BenchCeiling *c, double *rates, double *ceil)
+static void bench_report(const BenchOptions *o, megac_model *m, const BenchCeiling *c, double *rates,
+                         double *vrates, double *ceil)
 {
-    int ntok = o->ntok < megac_max_seq(m) - 1 ? o->ntok : megac_max_seq(m) - 1;
+    int last = megac_max_seq(m) - 1, ctx = o->context < 1 ? 1 : o->context > last ? last : o->context;
+    int ntok = o->ntok < last - ctx + 1 ? o->ntok : last - ctx + 1;
     if (o->ntok > ntok)
-        fprintf(stderr, "megac bench: note: -n %d is more than the model's context allows; timed %d tokens\n",
-                o->ntok, ntok);
+        fprintf(stderr, "megac bench: note: -n %d (after --context %d) is more than the model's context allows; "
+                "timed %d tokens\n", o->ntok, o->context, ntok);
     unsigned long long wbytes = megac_weights_bytes(m), rbytes = bench_read_bytes(o->bundle);
     if (rbytes == 0)
         rbytes = wbytes;
@@ -129,12 +150,24 @@ static void bench_report(const BenchOptions *o, megac_model *m, const BenchCeili
     spread(ceil, o->runs, &clo, &ceiling, &chi);
     double gbps = tok_s * (double)rbytes / 1e9;
     printf("bundle: %s (%d workers)\n", o->bundle, megac_num_workers(m));
-    printf("decode: %d tokens x %d runs: median %.2f tok/s (min %.2f, max %.2f)\n", ntok, o->runs, tok_s, lo, hi);
+    printf("decode: %d tokens x %d runs from position %d: median %.2f tok/s (min %.2f, max %.2f)\n", ntok, o->runs,
+           ctx, tok_s, lo, hi);
     printf("weights read per token: %.3f MB (weights.bin %.3f MB)\n", rbytes / 1e6, wbytes / 1e6);
     printf("effective read bandwidth: %.2f GB/s\n", gbps);
     printf("read ceiling: median %.2f GB/s (min %.2f, max %.2f; %d threads x %d streams over %.0f MiB, one pass "
            "after each run)\n",
            ceiling, clo, chi, bench_ceiling_threads(c), BENCH_STREAMS, bench_ceiling_bytes(c) / 1048576.0);
+    if (vrates) {
+        double vlo, vt, vhi;
+        spread(vrates, o->runs, &vlo, &vt, &vhi);
+        for (int r = 0; r < o->runs; r++)
+            vrates[r] = rates[r] / vrates[r];
+        double slo, sp, shi;
+        spread(vrates, o->runs, &slo, &sp, &shi);
+        printf("versus %s: median %.2f tok/s (min %.2f, max %.2f); speed ratio %.3f (per run: min %.3f, max %.3f)\n",
+               o->versus, vt, vlo, vhi, sp, slo, shi);
+        printf("versus_tok_s=%.2f speedup=%.3f\n", vt, sp);
+    }
     printf("tok_s=%.2f gbps=%.3f ceiling_gbps=%.3f ratio=%.3f\n", tok_s, gbps, ceiling, gbps / ceiling);
 }
 
@@ -149,21 +182,28 @@ int cmd_bench(int argc, char **argv)
         bench_usage(stderr);
         return 2;
     }
-    megac_model *m;
+    megac_model *m, *v = NULL;
     if (megac_open(o.bundle, &m) != MEGAC_OK) {
         fprintf(stderr, "megac bench: %s\n", megac_last_open_error());
         return 2;
     }
+    if (o.versus && megac_open(o.versus, &v) != MEGAC_OK) {
+        fprintf(stderr, "megac bench: %s\n", megac_last_open_error());
+        megac_close(m);
+        return 2;
+    }
     BenchCeiling *c = bench_ceiling_new((size_t)o.ceiling_mb << 20, 0, BENCH_STREAMS);
-    double rates[BENCH_MAX_RUNS], ceil[BENCH_MAX_RUNS];
+    double rates[BENCH_MAX_RUNS], vrates[BENCH_MAX_RUNS], ceil[BENCH_MAX_RUNS];
     int rc = 1;
     if (!c)
         fprintf(stderr, "megac bench: cannot set up the read-ceiling probe (memory)\n");
-    else if (bench_runs(m, c, &o, rates, ceil)) {
-        bench_report(&o, m, c, rates, ceil);
+    else if (bench_runs(m, v, c, &o, rates, vrates, ceil)) {
+        bench_report(&o, m, c, rates, v ? vrates : NULL, ceil);
         rc = 0;
     }
     bench_ceiling_free(c);
     megac_close(m);
+    if (v)
+        megac_close(v);
     return rc;
 }
