@@ -93,16 +93,38 @@ static char *tmp_dir(void)
     return test_tmp_dir("cuda");
 }
 
-static char *write_synth(const char *dir)
+/* The synthetic model, with `compile` (NULL: none) as its compile
+ * section, written as DIR/NAME.yaml. */
+static char *write_synth_as(const char *dir, const char *name, const char *compile)
 {
     char *path = malloc(1200);
-    snprintf(path, 1200, "%s/synth.yaml", dir);
+    snprintf(path, 1200, "%s/%s.yaml", dir, name);
     FILE *f = fopen(path, "w");
     cr_assert(f);
     fputs(synth_yaml, f);
+    if (compile)
+        fprintf(f, "compile:\n%s", compile);
     cr_assert_eq(fclose(f), 0);
     return path;
 }
+
+static char *write_synth(const char *dir)
+{
+    return write_synth_as(dir, "synth", NULL);
+}
+
+/* Sparse attention and eviction on the synthetic model's two layers:
+ * every selector and policy at budgets the 100 compared steps overflow. */
+static const char *const synth_sparse[] = {
+    "  attention: [{layers: 0, kind: quest, page: 8, budget: 24}]\n"
+    "  kv_policy: [{layers: 1, policy: h2o, budget: 20, window: 6}]\n",
+    "  attention: [{layers: 0, kind: sink_window, sinks: 4, window: 16}]\n"
+    "  kv_policy: [{layers: 1, policy: tova, budget: 24}]\n",
+    "  kv_policy: [{layers: all, policy: streaming, sinks: 4, window: 20}]\n",
+};
+
+/* Each of synth_sparse on `target` at the given block counts. */
+static void sparse_synth_check(const char *target, const int *blocks, int nb);
 
 /* Runs a shell command; its output (both streams) into out. */
 static int sh(const char *cmd, char *out, size_t cap)
@@ -1287,6 +1309,25 @@ static void bundles_vs_reference(const char *yaml, const char *target, const int
 
 static const int host_blocks[] = {1, 2, 3, 5};
 
+static void sparse_synth_check(const char *target, const int *blocks, int nb)
+{
+    char *dir = tmp_dir();
+    for (size_t i = 0; i < sizeof synth_sparse / sizeof synth_sparse[0]; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "sparse%zu", i);
+        char *yaml = write_synth_as(dir, name, synth_sparse[i]);
+        bundles_vs_reference(yaml, target, blocks, nb, 100);
+        free(yaml);
+    }
+    test_rm_rf(dir);
+}
+
+Test(cuda_host, sparse_synthetic_matches_reference, .timeout = 300)
+{
+    static const int b[] = {1, 3};
+    sparse_synth_check("host-cuda", b, 2);
+}
+
 Test(cuda_host, stories260K_matches_reference, .timeout = 300)
 {
     if (!file_exists(SHARED_PATH("/models/stories260K.bin")))
@@ -1510,6 +1551,13 @@ Test(cuda_gpu, synthetic_model_matches_reference, .timeout = 300)
     bundles_vs_reference(yaml, gpu_target(), w, 3, 100);
     free(yaml);
     test_rm_rf(dir);
+}
+
+Test(cuda_gpu, sparse_synthetic_matches_reference, .timeout = 300)
+{
+    gpu_require();
+    static const int b[] = {2, 7, 0};
+    sparse_synth_check(gpu_target(), b, 3);
 }
 
 Test(cuda_gpu, stories260K_run_gives_llama2c_text, .timeout = 300)

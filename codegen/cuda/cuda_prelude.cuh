@@ -37,6 +37,7 @@ MK_INLINE uint4 mk_ldg4u(const uint4 *p) { return __ldg(p); }
 MK_INLINE unsigned mk_ldgu(const unsigned *p) { return __ldg(p); }
 MK_INLINE unsigned mk_prmt(unsigned x, unsigned y, unsigned s) { return __byte_perm(x, y, s); }
 MK_INLINE float mk_as_float(unsigned u) { return __uint_as_float(u); }
+MK_INLINE unsigned mk_as_uint(float f) { return __float_as_uint(f); }
 MK_INLINE void mk_fence(void) { __threadfence(); }
 /* A signal: add with release semantics at GPU scope. After the block's
  * barrier it publishes every thread's writes (PTX release cumulativity),

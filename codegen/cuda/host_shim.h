@@ -265,6 +265,12 @@ static inline float mk_as_float(unsigned u)
     memcpy(&f, &u, sizeof f);
     return f;
 }
+static inline unsigned mk_as_uint(float f)
+{
+    unsigned u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
 static inline void mk_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 static inline void mk_signal_add(unsigned *p, unsigned v) { __atomic_fetch_add(p, v, __ATOMIC_RELEASE); }
 static inline unsigned mk_ld_acquire(const unsigned *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }

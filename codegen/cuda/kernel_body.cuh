@@ -92,18 +92,6 @@ MK_INLINE int mk_param(const unsigned *in, int i)
     return (int)in[1 + i];
 }
 
-/* f32 -> its bits (the prelude and the shim have only the other way). */
-MK_INLINE unsigned mk_as_uint(float f)
-{
-#ifdef __CUDACC_RTC__
-    return __float_as_uint(f);
-#else
-    unsigned u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-#endif
-}
-
 /* bf16 -> f32: the 16 bits are the top half of a float */
 MK_INLINE float mk_bf16(unsigned short h) { return mk_as_float((unsigned)h << 16); }
 MK_INLINE float mk_bf16_lo(unsigned u) { return mk_as_float(u << 16); }
