@@ -4,8 +4,8 @@
  * float64 reference (whose selection the kernels are tested to match) the
  * way eval-quant measures formats (research/techniques.md §4):
  *
- *   megac eval-kv MODEL.yaml [--set key=value]... [--tokens N] [--prompt TEXT]
- *                 [--copy L] [--seed S]
+ *   megac eval-kv MODEL.yaml|default [--set key=value]... [--tokens N]
+ *                 [--prompt TEXT] [--copy L] [--seed S]
  *
  * The baseline is the same model with every layer dense and full. Both run
  * teacher-forced over one stream:
@@ -21,6 +21,7 @@
  */
 #include "compiler/cli.h"
 #include "compiler/compile.h"
+#include "compiler/driver.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -146,7 +147,11 @@ static int evkv_run(const EvKvArgs *a)
     ModelDesc sparse, dense;
     Diag d;
     diag_init(&d);
-    if (!desc_load(&sparse, &arena, a->model, a->set, a->nset, &d)) {
+    bool ok = driver_is_default_model(a->model)
+                  ? desc_parse(&sparse, &arena, "<embedded>", desc_default_yaml, strlen(desc_default_yaml), a->set,
+                               a->nset, &d)
+                  : desc_load(&sparse, &arena, a->model, a->set, a->nset, &d);
+    if (!ok || !desc_check(&sparse, &d)) {
         arena_free(&arena);
         return 2;
     }
@@ -156,6 +161,9 @@ static int evkv_run(const EvKvArgs *a)
         dense.kv[l] = (KvPolicy){KV_FULL, 0, 0, 0};
     }
     int n = a->tokens < sparse.max_seq ? a->tokens : sparse.max_seq, v = sparse.vocab_size;
+    if (n < a->tokens)
+        fprintf(stderr, "megac eval-kv: note: --tokens %d is more than the model's max_seq; evaluating %d\n",
+                a->tokens, n);
     if (a->copy && 2 * a->copy + 2 > n) {
         fprintf(stderr, "megac eval-kv: --copy %d needs --tokens of at least %d\n", a->copy, 2 * a->copy + 2);
         arena_free(&arena);
@@ -215,7 +223,10 @@ static int evkv_run(const EvKvArgs *a)
     printf("model %s: %d positions, %s stream\n", sparse.name, n, a->copy ? "induction-copy" : "greedy (dense)");
     printf("  mean KL from dense  %.4g nats\n", kl / n);
     printf("  same top-1          %.1f%%\n", 100.0 * same / n);
-    printf("  first difference    %s%d\n", first_diff < 0 ? "none " : "", first_diff < 0 ? n : first_diff);
+    if (first_diff < 0)
+        printf("  first difference    none\n");
+    else
+        printf("  first difference    at position %d\n", first_diff);
     if (second >= 0)
         printf("  copy accuracy       dense %.1f%%, configured %.1f%% (%d predictions; the second copy starts "
                "%d positions after the first)\n",

@@ -134,6 +134,10 @@ bool op_footprint(const Schedule *s, const Inst *in, Access *out, const char **w
  * ops.h fixes (0: any). */
 DType op_operand_dtype(const Inst *in, int i);
 int64_t op_operand_nelem(const Schedule *s, const Inst *in, int i);
+/* Whether optional operand i is one the params make the op use: the sel of
+ * a Quest attn_sparse, the scores of slots with b = 1, kv_evict's scores
+ * (h2o, tova) and acc (h2o). (GEMV's norm and bias follow its flags.) */
+bool op_operand_needed(const Inst *in, int i);
 
 /* ---- target.c: what a schedule runs on ---- */
 typedef enum { TARGET_CPU, TARGET_CUDA, TARGET_HOST_CUDA } TargetKind;

@@ -438,3 +438,14 @@ int64_t op_operand_nelem(const Schedule *s, const Inst *in, int i)
     default: return 0;
     }
 }
+
+bool op_operand_needed(const Inst *in, int i)
+{
+    if (in->op == OP_ATTN_SPARSE && i == 4)
+        return in->p[3] == SPARSE_QUEST || (in->p[3] == SPARSE_SLOTS && in->p[5] == 1);
+    if (in->op == OP_KV_EVICT && i == 0)
+        return in->p[0] != KV_POLICY_STREAMING;
+    if (in->op == OP_KV_EVICT && i == 2)
+        return in->p[0] == KV_POLICY_H2O;
+    return false;
+}

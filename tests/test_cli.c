@@ -386,3 +386,32 @@ Test(cli, eval_quant_checks_before_evaluating)
               out);
     test_rm_rf(d);
 }
+
+/* The "mean KL from dense" figure of eval-kv's output (-1 if absent). */
+static double eval_kv_kl(const char *out)
+{
+    const char *p = strstr(out, "mean KL from dense");
+    return p ? strtod(p + strlen("mean KL from dense"), NULL) : -1;
+}
+
+/* eval-kv: a budget that holds every position is dense (KL 0, no
+ * difference); a small one is not; bad settings are refused first. */
+Test(cli, eval_kv_measures_against_dense)
+{
+    char *d = tmp_dir(), out[16384];
+    cr_assert_eq(megac(d, "eval-kv default --tokens 64 --set 'compile.kv_policy=[{layers: all, policy: tova, "
+                          "budget: 100}]'", out, sizeof out), 0, "%s", out);
+    cr_assert(eval_kv_kl(out) >= 0 && eval_kv_kl(out) < 1e-9, "%s", out);
+    cr_assert(strstr(out, "same top-1          100.0%\n") && strstr(out, "first difference    none\n"), "%s", out);
+    cr_assert_eq(megac(d, "eval-kv default --tokens 64 --set 'compile.kv_policy=[{layers: all, policy: tova, "
+                          "budget: 8}]'", out, sizeof out), 0, "%s", out);
+    cr_assert(eval_kv_kl(out) > 1e-4, "%s", out);
+    cr_assert(strstr(out, "first difference    at position "), "%s", out);
+    cr_assert_eq(megac(d, "eval-kv default --tokens 64 --copy 40", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "megac eval-kv: --copy 40 needs --tokens of at least 82\n"), "%s", out);
+    cr_assert_eq(megac(d, "eval-kv default --set 'compile.kv_policy=[{layers: all, policy: snapkv, budget: 8}]'",
+                       out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "error: KV policy 'snapkv' is not supported yet"), "%s", out);
+    cr_assert(!strstr(out, "mean KL"), "refused before evaluating: %s", out);
+    test_rm_rf(d);
+}

@@ -58,27 +58,13 @@ static bool check_dtype_ok(const Inst *in, int i, DType t)
     return t == op_operand_dtype(in, i);
 }
 
-/* Whether optional operand i is one the body of `in` uses: the sel of a
- * Quest attn_sparse, the scores of slots with b = 1, kv_evict's scores
- * (h2o, tova) and acc (h2o). GEMV's are governed by its flags. */
-static bool check_operand_needed(const Inst *in, int i)
-{
-    if (in->op == OP_ATTN_SPARSE && i == 4)
-        return in->p[3] == SPARSE_QUEST || (in->p[3] == SPARSE_SLOTS && in->p[5] == 1);
-    if (in->op == OP_KV_EVICT && i == 0)
-        return in->p[0] != KV_POLICY_STREAMING;
-    if (in->op == OP_KV_EVICT && i == 2)
-        return in->p[0] == KV_POLICY_H2O;
-    return false;
-}
-
 static void check_operands(const Schedule *s, const Inst *in, Diag *d)
 {
     const OpInfo *oi = op_info(in->op);
     SrcFile src = check_src(s);
     for (int i = 0; i < oi->noperands; i++) {
         const Buffer *b = check_operand(s, in, i);
-        if (!b && check_operand_needed(in, i))
+        if (!b && op_operand_needed(in, i))
             diag_error(d, &src, in->line, 1, "%s operand '%s' is absent but its params need it", oi->name,
                        oi->operand[i]);
         if (!b)

@@ -30,20 +30,6 @@ static bool check_dtype_ok(const Inst *in, int i, DType t)
     return t == op_operand_dtype(in, i);
 }
 
-/* Whether optional operand i is one the body of `in` reads or writes: the
- * sel of a Quest attn_sparse, the scores of slots with b = 1, and
- * kv_evict's scores (h2o, tova) and acc (h2o). */
-static bool check_operand_needed(const Inst *in, int i)
-{
-    if (in->op == OP_ATTN_SPARSE && i == 4)
-        return in->p[3] == SPARSE_QUEST || (in->p[3] == SPARSE_SLOTS && in->p[5] == 1);
-    if (in->op == OP_KV_EVICT && i == 0)
-        return in->p[0] != KV_POLICY_STREAMING;
-    if (in->op == OP_KV_EVICT && i == 2)
-        return in->p[0] == KV_POLICY_H2O;
-    return false;
-}
-
 /* The new ops' params the bodies cannot run (the validator checks the
  * footprint; these are the bodies' own limits). */
 static const char *check_params(const Schedule *s, const Inst *in)
@@ -85,7 +71,7 @@ static void check_operands(const Schedule *s, const Inst *in, Diag *d)
     SrcFile src = check_src(s);
     for (int i = 0; i < oi->noperands; i++) {
         uint32_t b = s->accs[in->acc + (uint32_t)i].buf;
-        if (b == BUF_NONE && check_operand_needed(in, i))
+        if (b == BUF_NONE && op_operand_needed(in, i))
             diag_error(d, &src, in->line, 1, "%s operand '%s' must be present with these params", oi->name,
                        oi->operand[i]);
         if (b == BUF_NONE)
