@@ -583,7 +583,7 @@ typedef struct WStream {
      * `stride` apart from b0, chunks of ATTN_CHUNK rows in a block, each
      * chunk's k rows and then its v rows */
     const char *kh, *vh;
-    int64_t rowb, b0, b1, run, stride, t, n;
+    int64_t rowb, b0, b1, run, stride, t, n, lim;   /* lim: the rows end there */
     int in_v;
 } WStream;
 
@@ -602,12 +602,12 @@ static int ws_attn_next(WStream *ws)
     ws->t += ws->n;
     if (ws->t >= ws->b1) {
         ws->b0 += ws->stride;
-        if (ws->b0 > ws->a->pos) {
+        if (ws->b0 >= ws->lim) {
             ws->kh = NULL;
             return 0;
         }
         ws->t = ws->b0;
-        ws->b1 = ws->b0 + ws->run <= ws->a->pos + 1 ? ws->b0 + ws->run : ws->a->pos + 1;
+        ws->b1 = ws->b0 + ws->run <= ws->lim ? ws->b0 + ws->run : ws->lim;
     }
     ws->n = ws->b1 - ws->t < ATTN_CHUNK ? ws->b1 - ws->t : ATTN_CHUNK;
     ws->in_v = 0;
@@ -632,9 +632,25 @@ static int ws_advance(WStream *ws)
             ws->kh = (const char *)opnd(ws->a, in, 1) + off;
             ws->vh = (const char *)opnd(ws->a, in, 2) + off;
             ws->rowb = hd * (int64_t)sizeof(float);
+            ws->lim = ws->a->pos + 1;
             ws->run = nsplit == 1 ? ws->a->pos + 1 : block;
             ws->stride = nsplit == 1 ? ws->a->pos + 1 : nsplit * block;
             ws->b0 = s * block - ws->stride; /* ws_attn_next steps to the first block */
+            ws->b1 = ws->t = ws->n = 0;
+            ws->next += KT_STRIDE;
+            if (ws_attn_next(ws))
+                return 1;
+            continue;
+        }
+        if (in[KT_OP] == OP_ATTN_SPARSE && in[KT_PARAM + 3] == SPARSE_SLOTS && in[KT_PARAM + 2] == 1) {
+            /* an evicting layer's filled slots, one run: known before the step */
+            int64_t h = in[KT_PARAM], cap = in[KT_PARAM + 4], hd = SHAPE(KS_HEAD_DIM);
+            int64_t off = h * cap * hd * (int64_t)sizeof(float);
+            ws->kh = (const char *)opnd(ws->a, in, 1) + off;
+            ws->vh = (const char *)opnd(ws->a, in, 2) + off;
+            ws->rowb = hd * (int64_t)sizeof(float);
+            ws->lim = ws->run = ws->stride = ws->a->pos + 1 < cap ? ws->a->pos + 1 : cap;
+            ws->b0 = -ws->stride;
             ws->b1 = ws->t = ws->n = 0;
             ws->next += KT_STRIDE;
             if (ws_attn_next(ws))
@@ -2339,11 +2355,13 @@ _Static_assert(SPARSE_BLOCK <= ATTN_CHUNK, "a block of attn_sparse must fit one 
  * block 32 does: with every row selected the partials are OP_ATTN's, bit
  * for bit. Slots with b = 1 also store the scaled scores into aux
  * (score[q head][slot], rows t < n only).
- * The rows are not in the worker's prefetch stream (ws_advance skips this
- * op: Quest's rows depend on sel, written this step), so attn_chunk reports
- * its reads to a detached stream that never prefetches: reporting them to
- * the worker's would count them against the GEMV rows it has asked for. */
-static void op_attn_sparse(const MegacArgs *a, const int64_t *in)
+ * Only slots with one split are in the worker's prefetch stream (their
+ * rows are [0, n), known before the step; ws_advance walks them as this
+ * loop does). Quest's rows depend on sel, written this step, and the
+ * window moves with pos: those ops report their reads to a detached
+ * stream that never prefetches, since reporting them to the worker's
+ * would count them against the GEMV rows it has asked for. */
+static void op_attn_sparse(const MegacArgs *a, const int64_t *in, WStream *ws)
 {
     const float *q = opnd(a, in, 0), *kc = opnd(a, in, 1), *vc = opnd(a, in, 2);
     float *part = opnd(a, in, 3), *aux = opnd(a, in, 4);
@@ -2359,12 +2377,12 @@ static void op_attn_sparse(const MegacArgs *a, const int64_t *in)
     const float *kh = kc + h * rows * hd, *vh = vc + h * rows * hd, *qh = q + h * G * hd;
     SparseRuns r = {kind, pa, pb, a->pos + 1, kind == SPARSE_QUEST ? (const int32_t *)aux + h * pb : NULL, 0};
     float *raw = kind == SPARSE_SLOTS && pb == 1 && nsplit == 1 && aux ? aux + h * G * pa : NULL;
-    WStream none = {.a = a, .ahead = INT64_MAX / 2};
+    WStream none = {.a = a, .ahead = INT64_MAX / 2}, *rs = kind == SPARSE_SLOTS && nsplit == 1 ? ws : &none;
     int64_t t0, t1, e = 0; /* e: selected rows before the run */
     while (sparse_next(&r, &t0, &t1)) {
         if (nsplit == 1) {
             for (int64_t c = t0; c < t1; c += ATTN_CHUNK)
-                attn_chunk(p, qh, kh, vh, c, t1 - c < ATTN_CHUNK ? t1 - c : ATTN_CHUNK, hd, G, scale, &none, raw, pa);
+                attn_chunk(p, qh, kh, vh, c, t1 - c < ATTN_CHUNK ? t1 - c : ATTN_CHUNK, hd, G, scale, rs, raw, pa);
         } else {
             for (int64_t x = e, end = e + t1 - t0; x < end;) {
                 int64_t j = x / SPARSE_BLOCK, skip = ((s - j % nsplit) + nsplit) % nsplit;
@@ -2667,7 +2685,7 @@ static void op_run(const MegacArgs *a, const int64_t *in, WStream *ws)
     case OP_ARGMAX: op_argmax(a, in); break;
     case OP_ARGMAX_COMBINE: op_argmax_combine(a, in); break;
     case OP_KV_STORE: op_kv_store(a, in); break;
-    case OP_ATTN_SPARSE: op_attn_sparse(a, in); break;
+    case OP_ATTN_SPARSE: op_attn_sparse(a, in, ws); break;
     case OP_QUEST_SELECT: op_quest_select(a, in); break;
     case OP_KV_EVICT: op_kv_evict(a, in); break;
     default: break;
