@@ -248,11 +248,18 @@ static bool layer_scores(const ModelDesc *m, int l)
     return m->kv[l].kind == KV_H2O || m->kv[l].kind == KV_TOVA;
 }
 
+/* Quest's page size on layer l (a page longer than the context is the
+ * whole context). */
+static int layer_page(const ModelDesc *m, int l)
+{
+    return m->attn[l].page < m->max_seq ? m->attn[l].page : m->max_seq;
+}
+
 /* Quest pages selected per kv head on layer l. */
 static int layer_npages(const ModelDesc *m, int l)
 {
-    const AttnSpec *a = &m->attn[l];
-    int64_t np = ((int64_t)a->budget + a->page - 1) / a->page, all = ((int64_t)m->max_seq + a->page - 1) / a->page;
+    int64_t page = layer_page(m, l);
+    int64_t np = (m->attn[l].budget + page - 1) / page, all = (m->max_seq + page - 1) / page;
     return (int)(np < 1 ? 1 : np > all ? all : np);
 }
 
@@ -319,7 +326,7 @@ static void lower_kv_write(Lower *L, int w, int l, int h)
         sched_op(L->s, w, OP_KV_STORE, p, a);
     }
     if (L->m->attn[l].kind == ATTN_QUEST) {
-        int page = L->m->attn[l].page, np = layer_npages(L->m, l);
+        int page = layer_page(L->m, l), np = layer_npages(L->m, l);
         int64_t pages = (S + page - 1) / page, base = h * S * hd;
         int32_t p[3] = {h, page, np};
         Access a[4] = {acc_r(L->q, h * g * hd, (h + 1) * g * hd), acc_pos(kc, ACC_R, affine_const(base),
@@ -361,7 +368,7 @@ static void lower_layer_attn(Lower *L, int w, int l, int h, int sp, int ns)
             p[3] = SPARSE_SINK_WINDOW, p[4] = as->sinks, p[5] = as->window;
         } else {
             int np = layer_npages(L->m, l);
-            p[3] = SPARSE_QUEST, p[4] = as->page, p[5] = np;
+            p[3] = SPARSE_QUEST, p[4] = layer_page(L->m, l), p[5] = np;
             a[4] = acc_r(L->sel, h * (int64_t)np, (h + 1) * (int64_t)np);
         }
     }
@@ -695,7 +702,7 @@ static void lower_buffers(Lower *L)
         if (layer_scores(m, l) && cap > maxcap)
             maxcap = cap;
         if (m->attn[l].kind == ATTN_QUEST) {
-            int page = m->attn[l].page;
+            int page = layer_page(m, l);
             snprintf(n, sizeof n, "bounds.%d", l);
             lower_buf(L, n, DT_F32, BUF_STATE, 4, m->n_kv_heads, (m->max_seq + page - 1) / page, 2, L->hd);
             maxnp = layer_npages(m, l) > maxnp ? layer_npages(m, l) : maxnp;

@@ -7,6 +7,7 @@
  * and models that cannot be lowered are rejected with an error.
  */
 #include "compiler/compile.h"
+#include "validator/validator.h"
 
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -414,4 +415,44 @@ Test(lower, cli)
     cr_assert_eq(WEXITSTATUS(pclose(p)), 2);
     cr_assert(strstr(line, "unknown target 'sm_91'"), "%s", line);
     free(cmd);
+}
+
+/* Sparse and eviction knobs at their extremes lower to schedules the
+ * validator proves safe: a Quest page longer than the context, budgets
+ * and windows past it (lowered as full or as one page), the smallest
+ * budgets. */
+Test(lower, sparse_knob_extremes_validate)
+{
+    static const struct {
+        AttnSpec a;
+        KvPolicy kv;
+    } cases[] = {
+        {{ATTN_QUEST, 0, 0, 100000, 5}, {KV_FULL, 0, 0, 0}},
+        {{ATTN_QUEST, 0, 0, 1, 2000000000}, {KV_FULL, 0, 0, 0}},
+        {{ATTN_SINK_WINDOW, 2000000000, 2000000000, 0, 0}, {KV_FULL, 0, 0, 0}},
+        {{ATTN_SINK_WINDOW, 0, 1, 0, 0}, {KV_FULL, 0, 0, 0}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {KV_STREAMING, 0, 600, 5}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {KV_STREAMING, 0, 0, 1}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {KV_H2O, 1, 0, 0}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {KV_TOVA, 1, 0, 0}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {KV_TOVA, 2000000000, 0, 0}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int w = 1; w <= 5; w += 2) {
+            ModelDesc *m = stories260k();
+            for (int l = 0; l < m->n_layers; l++) {
+                m->attn[l] = cases[i].a;
+                m->kv[l] = cases[i].kv;
+            }
+            Schedule *s = lower(m, "cpu", w);
+            Diag d;
+            diag_init(&d);
+            d.out = fopen("/dev/null", "w");
+            ValResult r;
+            cr_expect(val_schedule_check(s, NULL, &d, &r), "case %zu at %d workers: %d validator errors", i, w,
+                      r.nerrors);
+            fclose(d.out);
+            sched_free(s);
+            free(m);
+        }
 }
