@@ -414,27 +414,35 @@ static void check_attn(Kern *k, const OpBufs *b, int64_t pos)
             }
 }
 
+/* The test's own merge of the ns partials of q head g of kv head h
+ * (layout [kv][ns][g][hd + 2], as ops.h says) into o[0:hd], normalized. */
+static void combine_partials(const float *part, int h, int ns, int g, int groups, int hd, double *o)
+{
+    double M = -INFINITY, L = 0;
+    for (int sp = 0; sp < ns; sp++)
+        M = fmax(M, part[((h * ns + sp) * groups + g) * (hd + 2) + hd]);
+    for (int j = 0; j < hd; j++)
+        o[j] = 0;
+    for (int sp = 0; sp < ns; sp++) {
+        const float *e = part + ((h * ns + sp) * groups + g) * (hd + 2);
+        if (e[hd] == -INFINITY)
+            continue;
+        double f = exp(e[hd] - M);
+        L += e[hd + 1] * f;
+        for (int j = 0; j < hd; j++)
+            o[j] += e[j] * f;
+    }
+    for (int j = 0; j < hd; j++)
+        o[j] /= L;
+}
+
 static void check_attn_combine(Kern *k, const OpBufs *b)
 {
     const float *pc = buf(k, b->partc);
     double ref[NH * HD];
     for (int h = 0; h < NKV; h++)
-        for (int g = 0; g < G; g++) {
-            double M = -INFINITY, L = 0, o[HD] = {0};
-            for (int sp = 0; sp < NSPLIT; sp++)
-                M = fmax(M, pc[((h * NSPLIT + sp) * G + g) * (HD + 2) + HD]);
-            for (int sp = 0; sp < NSPLIT; sp++) {
-                const float *e = pc + ((h * NSPLIT + sp) * G + g) * (HD + 2);
-                if (e[HD] == -INFINITY)
-                    continue;
-                double f = exp(e[HD] - M);
-                L += e[HD + 1] * f;
-                for (int j = 0; j < HD; j++)
-                    o[j] += e[j] * f;
-            }
-            for (int j = 0; j < HD; j++)
-                ref[(h * G + g) * HD + j] = o[j] / L;
-        }
+        for (int g = 0; g < G; g++)
+            combine_partials(pc, h, NSPLIT, g, G, HD, ref + (h * G + g) * HD);
     expect_close("attn_combine", buf(k, b->outc), ref, NULL, NH * HD);
 }
 
@@ -1438,18 +1446,8 @@ static void sparse_ref_check(SparseRef *r, int v, int i, int64_t pos)
                 }
             }
             /* the test's own combine of the kernel's splits */
-            double gM = -INFINITY, gL = 0, comb[SP_HD] = {0};
-            for (int sp = 0; sp < ns; sp++)
-                gM = fmax(gM, part[((h * ns + sp) * SP_G + g) * (SP_HD + 2) + SP_HD]);
-            for (int sp = 0; sp < ns; sp++) {
-                const float *e = part + ((h * ns + sp) * SP_G + g) * (SP_HD + 2);
-                if (e[SP_HD] == -INFINITY)
-                    continue;
-                double f = exp(e[SP_HD] - gM);
-                gL += e[SP_HD + 1] * f;
-                for (int j = 0; j < SP_HD; j++)
-                    comb[j] += e[j] * f;
-            }
+            double comb[SP_HD];
+            combine_partials(part, h, ns, g, SP_G, SP_HD, comb);
             for (int x = 0; x < n; x++) {
                 double e = exp(sc[x] - M);
                 L += e;
@@ -1457,7 +1455,7 @@ static void sparse_ref_check(SparseRef *r, int v, int i, int64_t pos)
                     out[j] += e * vc[(h * S + rows[x]) * SP_HD + j], mag[j] += fabs(e * vc[(h * S + rows[x]) * SP_HD + j]);
             }
             for (int j = 0; j < SP_HD; j++) {
-                double got = comb[j] / gL, want = out[j] / L, tol = 1e-5 * (mag[j] / L + 1e-3);
+                double got = comb[j], want = out[j] / L, tol = 1e-5 * (mag[j] / L + 1e-3);
                 cr_assert(fabs(got - want) <= tol, "v%d ns%d pos %ld h%d g%d: combined[%d] %.9g, want %.9g", v, ns,
                           (long)pos, h, g, j, got, want);
             }
