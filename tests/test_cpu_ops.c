@@ -659,6 +659,19 @@ Test(cpu_ops, bad_position_runs_nothing)
     kern_free(&k);
 }
 
+/* Compiles s for the CPU, which must fail; its messages go to out.
+ * Returns the error count. */
+static int compile_errors(const Schedule *s, char *out, size_t cap)
+{
+    FILE *f = fmemopen(out, cap, "w");
+    Diag d;
+    diag_init(&d);
+    d.out = f;
+    cr_assert_not(cg_cpu_compile(s, NULL, "/tmp/megac_cpu_never.so", &d));
+    fclose(f);
+    return d.nerrors;
+}
+
 Test(cpu_ops, unsupported_dtype_is_an_error)
 {
     Schedule *s = sched_new("i8", "cpu", 1);
@@ -669,13 +682,7 @@ Test(cpu_ops, unsupported_dtype_is_an_error)
     add_op(s, 0, OP_GEMV, (int32_t[]){0, 8, 16, 0}, (uint32_t[]){w, x, y, BUF_NONE, BUF_NONE});
     sched_layout(s);
     char out[1024] = {0};
-    FILE *f = fmemopen(out, sizeof out, "w");
-    Diag d;
-    diag_init(&d);
-    d.out = f;
-    cr_assert_not(cg_cpu_compile(s, NULL, "/tmp/megac_cpu_never.so", &d));
-    fclose(f);
-    cr_assert_eq(d.nerrors, 1);
+    cr_assert_eq(compile_errors(s, out, sizeof out), 1);
     cr_assert(strstr(out, "gemv operand 'w' (buffer 'w') of dtype i8 is not supported"), "%s", out);
     sched_free(s);
 }
@@ -1043,13 +1050,7 @@ Test(cpu_ops, bad_params_are_errors)
     add_op(s, 0, OP_ATTN, (int32_t[]){0, 0, 1, 0}, (uint32_t[]){q, kc, vc, part});
     sched_layout(s);
     char out[1024] = {0};
-    FILE *f = fmemopen(out, sizeof out, "w");
-    Diag d;
-    diag_init(&d);
-    d.out = f;
-    cr_assert_not(cg_cpu_compile(s, NULL, "/tmp/megac_cpu_never.so", &d));
-    fclose(f);
-    cr_assert_eq(d.nerrors, 1);
+    cr_assert_eq(compile_errors(s, out, sizeof out), 1);
     cr_assert(strstr(out, "error: attn: attn needs nsplit > 0, 0 <= s < nsplit and block > 0"), "%s", out);
     sched_free(s);
 }
@@ -1856,13 +1857,7 @@ Test(cpu_ops, sparse_ops_bad_operands_are_errors)
     add_op(s, 0, OP_QUEST_SELECT, (int32_t[]){0, 1, 5000}, (uint32_t[]){q, kc, bounds, sel});
     sched_layout(s);
     char out[2048] = {0};
-    FILE *f = fmemopen(out, sizeof out, "w");
-    Diag d;
-    diag_init(&d);
-    d.out = f;
-    cr_assert_not(cg_cpu_compile(s, NULL, "/tmp/megac_cpu_never.so", &d));
-    fclose(f);
-    cr_assert_eq(d.nerrors, 3, "%s", out);
+    cr_assert_eq(compile_errors(s, out, sizeof out), 3, "%s", out);
     cr_assert(strstr(out, "kv_store operand 'meta' (buffer 'fmeta') of dtype f32 is not supported"), "%s", out);
     cr_assert(strstr(out, "attn_sparse operand 'aux' is absent but its params need it"), "%s", out);
     cr_assert(strstr(out, "quest_select with npages = 5000 > 4096 is not supported"), "%s", out);
