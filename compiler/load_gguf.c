@@ -1,15 +1,16 @@
 /*
  * load_gguf.c - weights from a GGUF file (llama.cpp's names). Every tensor
  * gets its f32 view, dequantized exactly as ggml's reference dequantizers
- * do (quant_row_dequant); matrices in Q8_0, Q4_0 or Q4_1 also keep their
+ * do (quant_row_dequant); matrices in a GGUF block format also keep their
  * blocks as they are, as a QTensor, so that a GGUF model runs on its own
- * quantized weights:
+ * quantized weights (layouts: ir/dtype.h):
  *   F32, F16, BF16   converted
  *   Q8_0   block of 32: {f16 d; i8 qs[32]}            w[j] = d * qs[j]
  *   Q4_0   block of 32: {f16 d; u8 qs[16]}            w[j] = d * ((qs[j] & 15) - 8),
  *                                                     w[j+16] = d * ((qs[j] >> 4) - 8)
  *   Q4_1   block of 32: {f16 d; f16 m; u8 qs[16]}     w[j] = d * (qs[j] & 15) + m,
  *                                                     w[j+16] = d * (qs[j] >> 4) + m
+ *   Q5_0, Q5_1 and the k-quants Q4_K, Q5_K, Q6_K (super-blocks of 256)
  * (each product and sum rounded to f32 separately). GGUF dims are listed
  * fastest-first, so [cols, rows] is our (rows, cols). general.architecture
  * must be "llama" or "qwen2"; RoPE pairing follows llama.cpp's rope type for
@@ -27,7 +28,10 @@
 #include <math.h>
 #include <string.h>
 
-enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q8_0 = 8, GGML_BF16 = 30 };
+enum {
+    GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8,
+    GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_BF16 = 30
+};
 
 /* The storage dtype of a GGUF type we load; -1 for the others. */
 static int gguf_dtype(uint32_t ggml_type)
@@ -39,6 +43,11 @@ static int gguf_dtype(uint32_t ggml_type)
     case GGML_Q8_0: return DT_Q8_0;
     case GGML_Q4_0: return DT_Q4_0;
     case GGML_Q4_1: return DT_Q4_1;
+    case GGML_Q5_0: return DT_Q5_0;
+    case GGML_Q5_1: return DT_Q5_1;
+    case GGML_Q4_K: return DT_Q4_K;
+    case GGML_Q5_K: return DT_Q5_K;
+    case GGML_Q6_K: return DT_Q6_K;
     default: return -1;
     }
 }
@@ -49,7 +58,7 @@ typedef struct GgufCtx {
     Weights *w;
 } GgufCtx;
 
-/* Keeps a matrix's Q8_0/Q4_0/Q4_1 blocks as they are (block-exact), beside
+/* Keeps a matrix's GGUF blocks as they are (block-exact), beside
  * its f32 view. Tensors fetched elsewhere (the tied check's scratch) and
  * vectors are not kept. */
 static void gguf_keep_blocks(GgufCtx *c, const WSlot *s, const float *dst, const GgufTensor *t, DType dt)
@@ -81,8 +90,8 @@ static int gguf_fetch(void *ctx, const char *name, const WSlot *s, float *dst, D
         return -1;
     int dt = gguf_dtype(t->ggml_type);
     if (!t->data || dt < 0) {
-        diag_file_error(d, g->path, "tensor '%s': type %s (%u) is not supported (F32, F16, BF16, Q8_0, Q4_0 "
-                        "and Q4_1 are)", name, gguf_type_name(t->ggml_type), t->ggml_type);
+        diag_file_error(d, g->path, "tensor '%s': type %s (%u) is not supported (F32, F16, BF16, Q8_0, Q4_0, "
+                        "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K are)", name, gguf_type_name(t->ggml_type), t->ggml_type);
         return -1;
     }
     int64_t cols = s->cols ? s->cols : s->rows, rows = s->cols ? s->rows : 1;

@@ -158,6 +158,81 @@ static void q4_1_dequant(const unsigned char *b, int64_t k, float *y)
     }
 }
 
+/* Q5_0 and Q5_1: the fifth bit of element j is bit j of the u32 qh. */
+static void q5_dequant(bool q51, const unsigned char *b, int64_t k, float *y)
+{
+    size_t bb = q51 ? 24 : 22, h = q51 ? 4 : 2;
+    for (int64_t i = 0; i < k / 32; i++, b += bb, y += 32) {
+        float d = f16_at(b), m = q51 ? f16_at(b + 2) : 0.0f;
+        uint32_t qh = (uint32_t)b[h] | (uint32_t)b[h + 1] << 8 | (uint32_t)b[h + 2] << 16 | (uint32_t)b[h + 3] << 24;
+        const unsigned char *qs = b + h + 4;
+        for (int j = 0; j < 16; j++) {
+            int x0 = (qs[j] & 15) | (int)((qh >> j) & 1) << 4, x1 = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+            if (q51) {
+                float lo = d * (float)x0, hi = d * (float)x1;
+                y[j] = lo + m;
+                y[j + 16] = hi + m;
+            } else {
+                y[j] = d * (float)(x0 - 16);
+                y[j + 16] = d * (float)(x1 - 16);
+            }
+        }
+    }
+}
+
+/* Sub-block s's 6-bit scale and min of a Q4_K/Q5_K super-block (ggml's
+ * get_scale_min_k4). */
+static void quant_kq_scale_min(const unsigned char *scales, int s, int *sc, int *m)
+{
+    if (s < 4) {
+        *sc = scales[s] & 63;
+        *m = scales[s + 4] & 63;
+    } else {
+        *sc = (scales[s + 4] & 15) | (scales[s - 4] >> 6) << 4;
+        *m = (scales[s + 4] >> 4) | (scales[s] >> 6) << 4;
+    }
+}
+
+/* Q4_K and Q5_K (ggml's dequantize_row_q4_K / q5_K): per sub-block of 32,
+ * (d * sc) * q - dmin * m, each product rounded to f32. */
+static void q45k_dequant(bool q5, const unsigned char *b, int64_t k, float *y)
+{
+    for (int64_t i = 0; i < k / 256; i++, b += q5 ? 176 : 144) {
+        float d = f16_at(b), dmin = f16_at(b + 2);
+        const unsigned char *sc = b + 4, *qh = b + 16, *qs = b + (q5 ? 48 : 16);
+        for (int c = 0; c < 4; c++, qs += 32)
+            for (int half = 0; half < 2; half++, y += 32) {
+                int s = 2 * c + half, scv, mv;
+                quant_kq_scale_min(sc, s, &scv, &mv);
+                float d1 = d * (float)scv, m1 = dmin * (float)mv;
+                for (int l = 0; l < 32; l++) {
+                    int q = half ? qs[l] >> 4 : qs[l] & 15;
+                    if (q5)
+                        q += (qh[l] >> s & 1) << 4;
+                    y[l] = d1 * (float)q - m1;
+                }
+            }
+    }
+}
+
+/* Q6_K (ggml's dequantize_row_q6_K): (d * sc) * (q - 32). */
+static void q6k_dequant(const unsigned char *b, int64_t k, float *y)
+{
+    for (int64_t i = 0; i < k / 256; i++, b += 210) {
+        float d = f16_at(b + 208);
+        for (int h = 0; h < 2; h++, y += 128) {
+            const unsigned char *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+            const int8_t *sc = (const int8_t *)(b + 192 + 8 * h);
+            for (int q = 0; q < 4; q++)
+                for (int l = 0; l < 32; l++) {
+                    int lo = q < 2 ? ql[l + 32 * (q & 1)] & 15 : ql[l + 32 * (q & 1)] >> 4;
+                    int v = (lo | ((qh[l] >> (2 * q)) & 3) << 4) - 32;
+                    y[32 * q + l] = d * (float)sc[2 * q + l / 16] * (float)v;
+                }
+        }
+    }
+}
+
 /* ---- rows ---- */
 
 void quant_row_quantize(DType t, const float *w, int64_t k, unsigned char *out)
@@ -191,6 +266,11 @@ void quant_row_dequant(DType t, const unsigned char *row, int64_t k, float *out)
     case DT_Q8_0: q8_0_dequant(row, k, out); return;
     case DT_Q4_0: q4_0_dequant(row, k, out); return;
     case DT_Q4_1: q4_1_dequant(row, k, out); return;
+    case DT_Q5_0: q5_dequant(false, row, k, out); return;
+    case DT_Q5_1: q5_dequant(true, row, k, out); return;
+    case DT_Q4_K: q45k_dequant(false, row, k, out); return;
+    case DT_Q5_K: q45k_dequant(true, row, k, out); return;
+    case DT_Q6_K: q6k_dequant(row, k, out); return;
     case DT_W8: w8_dequant(row, k, out); return;
     case DT_W4G32: case DT_W4G64: case DT_W4G128: w4_dequant(dtype_block(t), row, k, out); return;
     default: die("quant_row_dequant: %s is not a weight dtype", dtype_name(t));

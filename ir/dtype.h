@@ -7,6 +7,24 @@
  *   Q8_0  {f16 d; i8 qs[32]}          w[j] = d * qs[j]
  *   Q4_0  {f16 d; u8 qs[16]}          w[j] = d * ((qs[j] & 15) - 8), w[j+16] = d * ((qs[j] >> 4) - 8)
  *   Q4_1  {f16 d; f16 m; u8 qs[16]}   w[j] = d * (qs[j] & 15) + m,   w[j+16] = d * (qs[j] >> 4) + m
+ *   Q5_0  {f16 d; u8 qh[4]; u8 qs[16]}
+ *         w[j] = d * ((qs[j] & 15 | h(j) << 4) - 16), w[j+16] = d * ((qs[j] >> 4 | h(j+16) << 4) - 16),
+ *         h(i) = bit i of the little-endian u32 qh
+ *   Q5_1  {f16 d; f16 m; u8 qh[4]; u8 qs[16]}   as Q5_0 without the - 16, times d, then + m
+ * and GGUF's k-quants, super-blocks of 256 (K a multiple of 256):
+ *   Q4_K  {f16 d; f16 dmin; u8 scales[12]; u8 qs[128]}: sub-block s (32
+ *         elements) has 6-bit sc_s and m_s (ggml's get_scale_min_k4, in
+ *         quant.c); element 64c+l (l < 32) is the low nibble of qs[32c+l]
+ *         (sub-block 2c), element 64c+32+l its high nibble (2c+1);
+ *         w = (d * sc_s) * q - dmin * m_s
+ *   Q5_K  {f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}: Q4_K's
+ *         nibbles plus a fifth bit: bit 2c of qh[l] for element 64c+l,
+ *         bit 2c+1 for element 64c+32+l
+ *   Q6_K  {u8 ql[128]; u8 qh[64]; i8 sc[16]; f16 d}: in each half h of 128
+ *         elements (ql + 64h, qh + 32h, sc + 8h), element 32i+l (i < 4,
+ *         l < 32) takes 4 low bits from ql[l + 32(i&1)] (low nibble for
+ *         i < 2, high for i >= 2) and 2 high bits from qh[l] >> 2i;
+ *         w = (d * sc[2i + l/16]) * (q - 32)
  *
  * W8 and W4G* are megac's own quantized layouts (issue: quantized GEMV).
  * They are *row-blocked*: every row of a [rows][K] matrix is a
@@ -73,7 +91,12 @@
     X(W4A8G64, "w4a8g64", 64, 36)      \
     X(W4A8G128, "w4a8g128", 128, 68)  \
     X(Q4_1A8, "q4_1a8", 32, 20)        \
-    X(Q8_0A8, "q8_0a8", 32, 34)
+    X(Q8_0A8, "q8_0a8", 32, 34)        \
+    X(Q5_0, "q5_0", 32, 22)            \
+    X(Q5_1, "q5_1", 32, 24)            \
+    X(Q4_K, "q4_k", 256, 144)          \
+    X(Q5_K, "q5_k", 256, 176)          \
+    X(Q6_K, "q6_k", 256, 210)
 
 typedef enum {
 #define X(n, s, b, bb) DT_##n,
@@ -92,7 +115,7 @@ size_t dtype_bytes(DType t, int64_t n);
 /* True for W8 and W4G*: byte sizes depend on the row length. */
 bool dtype_is_rowwise(DType t);
 /* True for the weight-only formats (GGUF blocks, W8, W4G*, and the A8
- * variants). */
+ * variants of W8 and W4G*). */
 bool dtype_is_quant(DType t);
 /* True for W8A8, W4A8G*, Q4_1A8 and Q8_0A8: the GEMV quantizes its input
  * to int8.
@@ -102,6 +125,12 @@ static inline bool dtype_is_a8(DType t)
 {
     return t == DT_W8A8 || t == DT_W4A8G32 || t == DT_W4A8G64 || t == DT_W4A8G128 || t == DT_Q4_1A8 ||
            t == DT_Q8_0A8;
+}
+
+/* True for GGUF's k-quants (Q4_K, Q5_K, Q6_K): super-blocks of 256. */
+static inline bool dtype_is_kquant(DType t)
+{
+    return t == DT_Q4_K || t == DT_Q5_K || t == DT_Q6_K;
 }
 
 /* The A16 dtype with the same bytes (W8A8 -> W8, W4A8G32 -> W4G32,

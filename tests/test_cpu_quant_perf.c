@@ -77,9 +77,41 @@ static void gguf_block(DType t, const float *w, unsigned char *b)
     }
 }
 
+/* Q5_0, Q5_1 and the k-quants have no quantizer here (nor in gguf-py):
+ * random blocks (every byte pattern is one), seeded by the row's first
+ * weight, with the f16 scales and mins of ir/dtype.h kept to the size of
+ * real ones, of both signs. */
+static bool random_gguf_row(DType t, const float *w, int64_t k, unsigned char *out)
+{
+    int bb = dtype_block_bytes(t), nb = (int)(k / dtype_block(t)), d = 0, m = -1;
+    float ds, ms = 0;
+    switch (t) {
+    case DT_Q5_0: ds = 0.01f; break;
+    case DT_Q5_1: ds = 0.005f, m = 2, ms = 0.1f; break;
+    case DT_Q4_K: ds = 2e-4f, m = 2, ms = 1e-3f; break;
+    case DT_Q5_K: ds = 1e-4f, m = 2, ms = 1e-3f; break;
+    case DT_Q6_K: ds = 2e-5f, d = 208; break;
+    default: return false;
+    }
+    uint32_t bits;
+    memcpy(&bits, w, 4);
+    uint64_t seed = bits;
+    for (int b = 0; b < nb; b++) {
+        unsigned char *p = out + (size_t)b * (size_t)bb;
+        for (int i = 0; i < bb; i++)
+            p[i] = (unsigned char)(lcg(&seed) * 128.0f + 128.0f);
+        put_f16(p + d, ds * lcg(&seed));
+        if (m >= 0)
+            put_f16(p + m, ms * lcg(&seed));
+    }
+    return true;
+}
+
 static void quantize_row(DType t, const float *w, int64_t k, unsigned char *out)
 {
     t = dtype_layout(t);
+    if (random_gguf_row(t, w, k, out))
+        return;
     if (t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1) {
         for (int64_t j = 0; j < k; j += 32)
             gguf_block(t, w + j, out + j / 32 * dtype_block_bytes(t));
@@ -215,13 +247,16 @@ static double qkern_step(QKern *k)
 /* Every dtype the CPU GEMV takes besides f32. */
 static const DType all_dtypes[] = {DT_W8,      DT_Q8_0,     DT_Q4_0,    DT_Q4_1, DT_W4G32, DT_W4G64, DT_W4G128,
                                    DT_W8A8,    DT_W4A8G32,  DT_W4A8G64, DT_W4A8G128, DT_Q4_1A8, DT_Q8_0A8, DT_F16,
-                                   DT_BF16};
+                                   DT_BF16,    DT_Q5_0,     DT_Q5_1,    DT_Q4_K, DT_Q5_K,  DT_Q6_K};
 #define NDT (sizeof all_dtypes / sizeof *all_dtypes)
 
-static bool is_gguf(DType t)
+/* Whether dtype t can hold rows of k elements: GGUF blocks (32, or 256
+ * for the k-quants) need whole ones. */
+static bool fits(DType t, int64_t k)
 {
     t = dtype_layout(t);
-    return t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1;
+    bool gguf = t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q5_0 || t == DT_Q5_1 || dtype_is_kquant(t);
+    return !gguf || k % dtype_block(t) == 0;
 }
 
 static ModelShape gemv_shape(int64_t k)
@@ -270,7 +305,7 @@ static void flip_some_scales(DType t, unsigned char *row, int64_t r, int64_t k)
     }
 }
 
-/* All dtypes (GGUF ones only when k % 32 == 0) on one CPU target. */
+/* All dtypes (GGUF ones where k is whole blocks) on one CPU target. */
 static void check_all(const char *cpu, int64_t k)
 {
     const int64_t rows = 30, cut = 13;
@@ -279,7 +314,7 @@ static void check_all(const char *cpu, int64_t k)
     int64_t sx[1] = {k};
     uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx), wb[NDT] = {0}, yb[NDT] = {0};
     for (size_t i = 0; i < NDT; i++)
-        if (!is_gguf(all_dtypes[i]) || k % 32 == 0)
+        if (fits(all_dtypes[i], k))
             add_gemvs(s, all_dtypes[i], rows, k, cut, xb, &wb[i], &yb[i]);
     QKern q;
     qkern_build(&q, s, cpu);
@@ -291,7 +326,7 @@ static void check_all(const char *cpu, int64_t k)
         w[j] = 0.05f * lcg(&seed) + (j % 29 == 0 ? 0.02f : 0.0f);
     unsigned char *raw[NDT] = {0};
     for (size_t i = 0; i < NDT; i++) {
-        if (is_gguf(all_dtypes[i]) && k % 32)
+        if (!fits(all_dtypes[i], k))
             continue;
         size_t rb = dtype_row_bytes(all_dtypes[i], k);
         raw[i] = malloc(rb * (size_t)rows);
@@ -306,7 +341,7 @@ static void check_all(const char *cpu, int64_t k)
     float *deq = malloc(sizeof(float) * (size_t)k);
     for (size_t i = 0; i < NDT; i++) {
         DType t = all_dtypes[i];
-        if (is_gguf(t) && k % 32)
+        if (!fits(t, k))
             continue;
         const unsigned char *W = raw[i];
         const float *y = (const float *)(q.arena + s->bufs[yb[i]].offset);
@@ -335,6 +370,7 @@ Test(cpu_quant_perf, every_dtype_host)
     check_all(NULL, 576);  /* packed 4-bit rows: 4 superblocks and a short one of 2 blocks */
     check_all(NULL, 224);  /* a short superblock of 3 */
     check_all(NULL, 200);
+    check_all(NULL, 768);  /* the k-quants: 3 super-blocks */
 }
 
 Test(cpu_quant_perf, every_dtype_x86_64_v3)
@@ -369,6 +405,7 @@ Test(cpu_quant_perf, every_dtype_x86_64)
     check_all("x86-64", 576);
     check_all("x86-64", 160); /* a short superblock of 1 */
     check_all("x86-64", 200);
+    check_all("x86-64", 512);
 }
 
 /* ---- packed 4-bit rows (compiler/quant.h: quant_cpu_pack) ---- */
@@ -551,12 +588,14 @@ Test(cpu_quant_perf, bandwidth, .timeout = 300)
     if (!(mb >= 0.1 && mb <= 4096))
         cr_assert_fail("MEGAC_QBENCH_MB=%s: want 0.1 to 4096", getenv("MEGAC_QBENCH_MB"));
     const DType ts[] = {DT_F32,  DT_W8,   DT_Q8_0,    DT_Q4_0,     DT_Q4_1,  DT_W4G32,
-                        DT_W4G128, DT_W8A8, DT_W4A8G32, DT_W4A8G128, DT_Q4_1A8, DT_Q8_0A8};
+                        DT_W4G128, DT_W8A8, DT_W4A8G32, DT_W4A8G128, DT_Q4_1A8, DT_Q8_0A8,
+                        DT_Q5_0,   DT_Q5_1, DT_Q4_K,    DT_Q5_K,     DT_Q6_K};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) {
         if (only && strcmp(only, dtype_name(ts[i])) != 0)
             continue;
-        int64_t rows = (int64_t)(mb * 1e6 / (double)dtype_row_bytes(ts[i], 576)) / 8 * 8;
+        int64_t k = dtype_is_kquant(ts[i]) ? 768 : 576; /* whole super-blocks of 256 */
+        int64_t rows = (int64_t)(mb * 1e6 / (double)dtype_row_bytes(ts[i], k)) / 8 * 8;
         for (int nw = 1; nw <= 2; nw++)
-            bench_dtype(ts[i], nw, rows, 576);
+            bench_dtype(ts[i], nw, rows, k);
     }
 }

@@ -933,6 +933,117 @@ Test(quant, cpu_smollm2_gguf_own_blocks, .timeout = 300)
     arena_free(&a);
 }
 
+/* ---- GGUF Q5_0, Q5_1 and k-quants (Q4_K, Q5_K, Q6_K) ---- */
+
+#define KQ_FIX MEGAC_SRC "/tests/fixtures/weights"
+
+/* A tiny Llama whose matrices are all Q5_0/Q5_1/Q4_K/Q5_K/Q6_K blocks
+ * (tests/fixtures/weights/make_kquant.py). */
+#define KQ_YAML                                                                                       \
+    "name: tiny-kquant\n"                                                                             \
+    "arch: {dim: 256, hidden_dim: 256, n_layers: 2, n_heads: 4, n_kv_heads: 2, head_dim: 64,"         \
+    " vocab_size: 32, max_seq: 16}\n"                                                                 \
+    "tie_embeddings: false\n"                                                                         \
+    "weights: {format: gguf, path: ../weights/kquant.gguf}\n"                                         \
+    "tokenizer: {format: none}\n"
+
+/* quant.c's dequantizers against gguf-py's (numpy, written apart from
+ * megac) on random blocks of every type: bit for bit. */
+Test(quant, gguf_kquant_blocks_match_gguf_py)
+{
+    if (access(KQ_FIX "/kquant_blocks.gguf", R_OK) != 0 || access(KQ_FIX "/kquant_blocks.expected.bin", R_OK) != 0)
+        cr_skip("tests/fixtures/weights/kquant_blocks.* absent");
+    Diag d;
+    diag_init(&d);
+    GgufFile *g = gguf_open(KQ_FIX "/kquant_blocks.gguf", &d);
+    cr_assert_not_null(g);
+    FILE *f = fopen(KQ_FIX "/kquant_blocks.expected.bin", "rb");
+    cr_assert_not_null(f);
+    const struct {
+        const char *name;
+        DType t;
+    } want[] = {{"blocks.Q5_0", DT_Q5_0}, {"blocks.Q5_1", DT_Q5_1}, {"blocks.Q4_K", DT_Q4_K},
+                {"blocks.Q5_K", DT_Q5_K}, {"blocks.Q6_K", DT_Q6_K}};
+    float got[512], exp[512];
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        const GgufTensor *t = gguf_find_tensor(g, want[i].name);
+        cr_assert_not_null(t, "%s", want[i].name);
+        cr_assert_eq(t->dims[0], 512);
+        cr_assert_eq(t->nbytes, 4 * dtype_row_bytes(want[i].t, 512), "%s: bytes", want[i].name);
+        for (int r = 0; r < 4; r++) {
+            cr_assert_eq(fread(exp, sizeof(float), 512, f), 512);
+            quant_row_dequant(want[i].t, (const unsigned char *)t->data + r * dtype_row_bytes(want[i].t, 512), 512,
+                              got);
+            for (int j = 0; j < 512; j++)
+                cr_assert(got[j] == exp[j] || (isnan(got[j]) && isnan(exp[j])), "%s row %d [%d]: %.9g, gguf-py %.9g",
+                          want[i].name, r, j, got[j], exp[j]);
+        }
+    }
+    fclose(f);
+    gguf_close(g);
+}
+
+/* A model of those blocks: kept byte for byte, the f32 views are their
+ * dequantization, and both kernels (the CPU's, the generated CUDA C on
+ * the host) follow the reference on the same weights, step by step. */
+Test(quant, gguf_kquant_model_runs_on_its_blocks, .timeout = 180)
+{
+    if (access(KQ_FIX "/kquant.gguf", R_OK) != 0)
+        cr_skip("tests/fixtures/weights/kquant.gguf absent");
+    Arena a = {0};
+    ModelDesc m;
+    cr_assert(desc_text(&m, &a, KQ_YAML, NULL, 0));
+    Diag d;
+    diag_init(&d);
+    Weights w;
+    cr_assert(weights_load(&w, &m, &d));
+    const struct {
+        const char *canon;
+        DType t;
+    } want[] = {{"embed", DT_Q6_K},     {"L0.wq", DT_Q4_K}, {"L0.wk", DT_Q5_K}, {"L0.wv", DT_Q6_K},
+                {"L0.wo", DT_Q5_0},     {"L0.w_up", DT_Q5_1}, {"L1.wq", DT_Q5_1}, {"L1.w_down", DT_Q6_K},
+                {"lm_head", DT_Q4_K}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        cr_assert_eq(weights_dtype(&w, want[i].canon), want[i].t, "%s: %s", want[i].canon,
+                     dtype_name(weights_dtype(&w, want[i].canon)));
+    expect_views(&w);
+    weights_free(&w);
+    kernel_vs_reference(&m, "cpu", 2, 12);
+    kernel_vs_reference(&m, "host-cuda", 3, 6);
+    arena_free(&a);
+}
+
+/* NVRTC compiles those blocks' GEMVs for sm_80/90/120 without spills. */
+Test(quant, gguf_kquant_nvrtc, .timeout = 180)
+{
+    if (access(KQ_FIX "/kquant.gguf", R_OK) != 0)
+        cr_skip("tests/fixtures/weights/kquant.gguf absent");
+    Arena a = {0};
+    ModelDesc m;
+    cr_assert(desc_text(&m, &a, KQ_YAML, NULL, 0));
+    Diag d;
+    diag_init(&d);
+    Weights w;
+    cr_assert(weights_load(&w, &m, &d));
+    const char *archs[] = {"sm_80", "sm_90", "sm_120"};
+    for (int i = 0; i < 3; i++) {
+        Schedule *s = lower_model_weights(&m, &w, target_lookup(archs[i], &d), 8, &d);
+        cr_assert_not_null(s);
+        sched_layout(s);
+        char dir[] = "/tmp/megac_kq_cu_XXXXXX", path[64];
+        cr_assert_not_null(mkdtemp(dir));
+        snprintf(path, sizeof path, "%s/kernel.cubin", dir);
+        CudaKernelInfo info;
+        cr_assert(cg_cuda_compile(s, archs[i], path, &info, &d), "NVRTC failed for %s", archs[i]);
+        cr_assert_eq(info.local_bytes, 0, "%s: %d bytes of local memory", archs[i], (int)info.local_bytes);
+        unlink(path);
+        rmdir(dir);
+        sched_free(s);
+    }
+    weights_free(&w);
+    arena_free(&a);
+}
+
 /* ---- int8 activations on the CPU (w8a8, w4a8) ---- */
 
 /* One GEMV of an A8 weight compiled for the CPU: equal to quant.c's A8

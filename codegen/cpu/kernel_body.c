@@ -198,6 +198,11 @@ static int64_t qrow_bytes(int t, int64_t k)
     case DT_Q8_0: return k / 32 * 34;
     case DT_Q4_0: return k / 32 * 18;
     case DT_Q4_1: return k / 32 * 20;
+    case DT_Q5_0: return k / 32 * 22;
+    case DT_Q5_1: return k / 32 * 24;
+    case DT_Q4_K: return k / 256 * 144;
+    case DT_Q5_K: return k / 256 * 176;
+    case DT_Q6_K: return k / 256 * 210;
     case DT_W8: return 4 + (k + 3) / 4 * 4;
     default: {
         int64_t g = w4_gsize(qlayout(t));
@@ -212,6 +217,54 @@ static int w4_nib(const unsigned char *qs, int64_t j)
     int64_t i = j % 32;
     unsigned b = qs[16 * (j / 32) + i % 16];
     return (int)(i < 16 ? b & 15 : b >> 4);
+}
+
+/* ---- Q5_0, Q5_1 and the k-quants (layouts: ir/dtype.h) ----
+ * Blocks as GGUF stores them; the values are those of compiler/quant.c
+ * (ggml's dequantizers): (d * sc) * q - dmin * m for Q4_K/Q5_K,
+ * (d * sc) * (q - 32) for Q6_K. The dot products apply a sub-block's
+ * scale to its partial sum (sum (s q - m) x = s sum q x - m sum x). */
+
+/* Sub-block s's 6-bit scale and min of a Q4_K/Q5_K super-block. */
+static void kq_scale_min(const unsigned char *sc, int s, float *d, float *m)
+{
+    int a = s < 4 ? sc[s] & 63 : (sc[s + 4] & 15) | (sc[s - 4] >> 6) << 4;
+    int b = s < 4 ? sc[s + 4] & 63 : (sc[s + 4] >> 4) | (sc[s] >> 6) << 4;
+    *d = (float)a;
+    *m = (float)b;
+}
+
+static uint32_t u32_at(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Element j of a Q5_0/Q5_1/Q4_K/Q5_K/Q6_K row. */
+static float gguf_elem(int t, const unsigned char *row, int64_t j)
+{
+    if (t == DT_Q5_0 || t == DT_Q5_1) {
+        int q51 = t == DT_Q5_1, e = (int)(j % 32);
+        const unsigned char *b = row + j / 32 * (q51 ? 24 : 22), *qs = b + (q51 ? 8 : 6);
+        int q = (e < 16 ? qs[e] & 15 : qs[e - 16] >> 4) | (int)(u32_at(b + (q51 ? 4 : 2)) >> e & 1) << 4;
+        return q51 ? f16_at(b) * (float)q + f16_at(b + 2) : f16_at(b) * (float)(q - 16);
+    }
+    int e = (int)(j % 256);
+    if (t == DT_Q6_K) {
+        const unsigned char *b = row + j / 256 * 210;
+        int h = e / 128, i = e % 128 / 32, l = e % 32;
+        const unsigned char *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+        int lo = i < 2 ? ql[l + 32 * (i & 1)] & 15 : ql[l + 32 * (i & 1)] >> 4;
+        int v = (lo | ((qh[l] >> (2 * i)) & 3) << 4) - 32;
+        return f16_at(b + 208) * (float)(int8_t)b[192 + 8 * h + 2 * i + l / 16] * (float)v;
+    }
+    int q5 = t == DT_Q5_K, s = e / 32, l = e % 32;
+    const unsigned char *b = row + j / 256 * (q5 ? 176 : 144), *qs = b + (q5 ? 48 : 16) + 32 * (s / 2);
+    int q = s % 2 ? qs[l] >> 4 : qs[l] & 15;
+    if (q5)
+        q += (b[16 + l] >> s & 1) << 4;
+    float sc, m;
+    kq_scale_min(b + 4, s, &sc, &m);
+    return f16_at(b) * sc * (float)q - f16_at(b + 2) * m;
 }
 
 /* Element j of a packed row of k elements (kernel_table.h). */
@@ -250,6 +303,7 @@ static float qelem(int t, const unsigned char *row, int64_t k, int64_t j)
         float lo = f16_at(b) * (float)((b[4 + j % 16] >> (j % 32 < 16 ? 0 : 4)) & 15);
         return lo + f16_at(b + 2);
     }
+    case DT_Q5_0: case DT_Q5_1: case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: return gguf_elem(t, row, j);
     case DT_W8: { float s; memcpy(&s, row, 4); return s * (float)(int8_t)row[4 + j]; }
     default: {
         int64_t g = w4_gsize(t);
@@ -378,6 +432,85 @@ static float dot_half(int t, const unsigned char *row, const float *x, int64_t k
     for (; j < k; j++)
         s += (t == DT_F16 ? f16_at(row + 2 * j) : bf16_at(row + 2 * j)) * x[j];
     return s;
+}
+
+/* ---- Q5_0, Q5_1 and k-quant rows (gguf_elem above) ---- */
+
+static const v16u32 iota16 = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+/* Q5_0 (m = 0, bias 16) and Q5_1 (m = the block's min, bias 0). */
+static float dot_q5(int q51, const unsigned char *b, const float *x, int64_t k)
+{
+    v16f acc = {0};
+    int64_t bb = q51 ? 24 : 22, h = q51 ? 4 : 2;
+    float bias = q51 ? 0.0f : 16.0f;
+    for (int64_t j = 0; j < k; j += 32, b += bb) {
+        v16u8 q = *(const v16u8 *)(b + h + 4);
+        v16u32 qh = (v16u32){0} + u32_at(b + h);
+        v16f h0 = __builtin_convertvector((qh >> iota16 & 1u) << 4, v16f);
+        v16f h1 = __builtin_convertvector((qh >> (iota16 + 16u) & 1u) << 4, v16f);
+        v16f x0 = LOAD16(x + j), x1 = LOAD16(x + j + 16);
+        acc += f16_at(b) * ((NIB_LO(q) + h0 - bias) * x0 + (NIB_HI(q) + h1 - bias) * x1);
+        if (q51)
+            acc += f16_at(b + 2) * (x0 + x1);
+    }
+    return hsum16(&acc);
+}
+
+/* Q4_K and Q5_K: per sub-block, (d sc) sum q x - (dmin m) sum x. */
+static float dot_q45k(int q5, const unsigned char *b, const float *x, int64_t k)
+{
+    v16f acc = {0};
+    for (int64_t j = 0; j < k; j += 256, b += q5 ? 176 : 144) {
+        float d = f16_at(b), dmin = f16_at(b + 2);
+        const unsigned char *qs = b + (q5 ? 48 : 16);
+        v16u8 h0 = {0}, h1 = {0};
+        if (q5) {
+            h0 = *(const v16u8 *)(b + 16);
+            h1 = *(const v16u8 *)(b + 32);
+        }
+        for (int c = 0; c < 4; c++, qs += 32) {
+            v16u8 q0 = *(const v16u8 *)qs, q1 = *(const v16u8 *)(qs + 16);
+            const float *xc = x + j + 64 * c;
+            v16f xa = LOAD16(xc), xb = LOAD16(xc + 16), xd = LOAD16(xc + 32), xe = LOAD16(xc + 48);
+            v16f lo0 = NIB_LO(q0), lo1 = NIB_LO(q1), hi0 = NIB_HI(q0), hi1 = NIB_HI(q1);
+            if (q5) {
+                uint8_t sl = (uint8_t)(2 * c), sh = (uint8_t)(2 * c + 1);
+                lo0 += __builtin_convertvector((h0 >> sl & 1) << 4, v16f);
+                lo1 += __builtin_convertvector((h1 >> sl & 1) << 4, v16f);
+                hi0 += __builtin_convertvector((h0 >> sh & 1) << 4, v16f);
+                hi1 += __builtin_convertvector((h1 >> sh & 1) << 4, v16f);
+            }
+            float s0, m0, s1, m1;
+            kq_scale_min(b + 4, 2 * c, &s0, &m0);
+            kq_scale_min(b + 4, 2 * c + 1, &s1, &m1);
+            acc += (d * s0) * (lo0 * xa + lo1 * xb) - (dmin * m0) * (xa + xb);
+            acc += (d * s1) * (hi0 * xd + hi1 * xe) - (dmin * m1) * (xd + xe);
+        }
+    }
+    return hsum16(&acc);
+}
+
+/* Q6_K: per 16 elements, (d sc) sum (q - 32) x. */
+static float dot_q6k(const unsigned char *b, const float *x, int64_t k)
+{
+    v16f acc = {0};
+    for (int64_t j = 0; j < k; j += 256, b += 210) {
+        float d = f16_at(b + 208);
+        for (int h = 0; h < 2; h++) {
+            const unsigned char *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+            const int8_t *sc = (const int8_t *)(b + 192 + 8 * h);
+            for (int i = 0; i < 4; i++)
+                for (int u = 0; u < 2; u++) {
+                    v16u8 l4 = *(const v16u8 *)(ql + 32 * (i & 1) + 16 * u);
+                    v16u8 h2 = *(const v16u8 *)(qh + 16 * u);
+                    v16u8 q = (i < 2 ? l4 & 15 : l4 >> 4) | (h2 >> (uint8_t)(2 * i) & 3) << 4;
+                    v16f w = __builtin_convertvector(q, v16f) - 32.0f;
+                    acc += (d * (float)sc[2 * i + u]) * (w * LOAD16(x + j + 128 * h + 32 * i + 16 * u));
+                }
+        }
+    }
+    return hsum16(&acc);
 }
 
 /* ---- int8 activations (W8A8, W4A8G*: ir/dtype.h) ---- */
@@ -512,6 +645,11 @@ static float qdot(int t, const unsigned char *row, const float *x, int64_t k)
     case DT_Q8_0: return dot_q8_0(row, x, k);
     case DT_Q4_0: return dot_q4_0(row, x, k);
     case DT_Q4_1: return dot_q4_1(row, x, k);
+    case DT_Q5_0: return dot_q5(0, row, x, k);
+    case DT_Q5_1: return dot_q5(1, row, x, k);
+    case DT_Q4_K: return dot_q45k(0, row, x, k);
+    case DT_Q5_K: return dot_q45k(1, row, x, k);
+    case DT_Q6_K: return dot_q6k(row, x, k);
     case DT_W8: return dot_w8(row, x, k);
     case DT_W4G32: case DT_W4G64: case DT_W4G128: return dot_w4(t, row, x, k);
     default: return dot_half(t, row, x, k);

@@ -34,7 +34,8 @@ _Static_assert(SPARSE_SINK_WINDOW == 0 && SPARSE_QUEST == 1 && SPARSE_SLOTS == 2
                    SPARSE_BLOCK == 32 && KV_POLICY_STREAMING == 0 && KV_POLICY_H2O == 1 && KV_POLICY_TOVA == 2,
                "kernel_body.cuh's MK_SPARSE_* and MK_KV_* mirror ops.h");
 _Static_assert(DT_F32 == 0 && DT_F16 == 1 && DT_BF16 == 2 && DT_I32 == 3 && DT_Q8_0 == 5 && DT_Q4_0 == 6 &&
-                   DT_Q4_1 == 7 && DT_W8 == 8 && DT_W4G32 == 9 && DT_W4G64 == 10 && DT_W4G128 == 11 && DT_COUNT <= 32,
+                   DT_Q4_1 == 7 && DT_W8 == 8 && DT_W4G32 == 9 && DT_W4G64 == 10 && DT_W4G128 == 11 && DT_Q5_0 == 18 && DT_Q5_1 == 19 &&
+                   DT_Q4_K == 20 && DT_Q5_K == 21 && DT_Q6_K == 22 && DT_COUNT <= 32,
                "kernel_body.cuh's MK_DT_*; 5 bits per dtype");
 _Static_assert(OP_MAX_PARAMS == 6 && OP_MAX_OPERANDS == 5, "instruction words: 6 params, 5 operands");
 /* The prelude and the shim declare MegacArgs with plain C types. */

@@ -63,6 +63,11 @@ enum {
 #define MK_DT_W4G32 9
 #define MK_DT_W4G64 10
 #define MK_DT_W4G128 11
+#define MK_DT_Q5_0 18
+#define MK_DT_Q5_1 19
+#define MK_DT_Q4_K 20
+#define MK_DT_Q5_K 21
+#define MK_DT_Q6_K 22
 
 /* Block-shared scratch: GEMV inputs, attention partials, reductions. */
 MK_SHARED MK_ALIGN16 float mk_sm[MK_SMEM_FLOATS];
@@ -236,6 +241,11 @@ MK_INLINE long long mk_row_bytes(int t, long long k)
     case MK_DT_Q8_0: return k / 32 * 34;
     case MK_DT_Q4_0: return k / 32 * 18;
     case MK_DT_Q4_1: return k / 32 * 20;
+    case MK_DT_Q5_0: return k / 32 * 22;
+    case MK_DT_Q5_1: return k / 32 * 24;
+    case MK_DT_Q4_K: return k / 256 * 144;
+    case MK_DT_Q5_K: return k / 256 * 176;
+    case MK_DT_Q6_K: return k / 256 * 210;
     case MK_DT_W8: return 4 + (k + 3) / 4 * 4;
     default:
         g = mk_w4_gsize(t);
@@ -249,6 +259,44 @@ MK_INLINE int mk_nib(const unsigned char *qs, long long j)
     long long i = j % 32;
     unsigned b = qs[16 * (j / 32) + i % 16];
     return (int)(i < 16 ? b & 15u : b >> 4);
+}
+
+MK_INLINE unsigned mk_u32_at(const unsigned char *p)
+{
+    return (unsigned)p[0] | (unsigned)p[1] << 8 | (unsigned)p[2] << 16 | (unsigned)p[3] << 24;
+}
+
+/* Q5_0/Q5_1 element e (< 32) of block b: the nibble and bit e of qh. */
+MK_INLINE int mk_q5(const unsigned char *b, int q51, int e)
+{
+    const unsigned char *qs = b + (q51 ? 8 : 6);
+    return (e < 16 ? qs[e] & 15 : qs[e - 16] >> 4) | (int)(mk_u32_at(b + (q51 ? 4 : 2)) >> e & 1u) << 4;
+}
+
+/* Sub-block s's 6-bit scale (*d) and min (*m) of a Q4_K/Q5_K super-block
+ * (ggml's get_scale_min_k4). */
+MK_INLINE void mk_kq_scale_min(const unsigned char *sc, int s, float *d, float *m)
+{
+    int a = s < 4 ? sc[s] & 63 : (sc[s + 4] & 15) | (sc[s - 4] >> 6) << 4;
+    int b = s < 4 ? sc[s + 4] & 63 : (sc[s + 4] >> 4) | (sc[s] >> 6) << 4;
+    *d = (float)a;
+    *m = (float)b;
+}
+
+/* Element 32s + l of a Q4_K/Q5_K super-block b as an integer. */
+MK_INLINE int mk_q45k(const unsigned char *b, int q5, int s, int l)
+{
+    const unsigned char *qs = b + (q5 ? 48 : 16) + 32 * (s / 2);
+    int q = s % 2 ? qs[l] >> 4 : qs[l] & 15;
+    return q5 ? q + ((b[16 + l] >> s & 1) << 4) : q;
+}
+
+/* Element 128h + 32i + l of a Q6_K super-block b, minus 32. */
+MK_INLINE int mk_q6k(const unsigned char *b, int h, int i, int l)
+{
+    const unsigned char *ql = b + 64 * h + l + 32 * (i & 1), *qh = b + 128 + 32 * h + l;
+    int lo = i < 2 ? ql[0] & 15 : ql[0] >> 4;
+    return (lo | ((qh[0] >> (2 * i)) & 3) << 4) - 32;
 }
 
 /* Element j of a row of k elements of dtype t, dequantized. */
@@ -267,6 +315,25 @@ MK_INLINE float mk_qelem(int t, const unsigned char *row, long long k, long long
         b = row + j / 32 * 20;
         float lo = mk_f16_at(b) * (float)mk_nib(b + 4, j % 32);
         return lo + mk_f16_at(b + 2);
+    }
+    case MK_DT_Q5_0: b = row + j / 32 * 22; return mk_f16_at(b) * (float)(mk_q5(b, 0, (int)(j % 32)) - 16);
+    case MK_DT_Q5_1: {
+        b = row + j / 32 * 24;
+        float lo = mk_f16_at(b) * (float)mk_q5(b, 1, (int)(j % 32));
+        return lo + mk_f16_at(b + 2);
+    }
+    case MK_DT_Q4_K: case MK_DT_Q5_K: {
+        int q5 = t == MK_DT_Q5_K, e = (int)(j % 256);
+        float sc, m;
+        b = row + j / 256 * (q5 ? 176 : 144);
+        mk_kq_scale_min(b + 4, e / 32, &sc, &m);
+        return mk_f16_at(b) * sc * (float)mk_q45k(b, q5, e / 32, e % 32) - mk_f16_at(b + 2) * m;
+    }
+    case MK_DT_Q6_K: {
+        int e = (int)(j % 256);
+        b = row + j / 256 * 210;
+        return mk_f16_at(b + 208) * (float)(signed char)b[192 + 8 * (e / 128) + 2 * (e % 128 / 32) + e % 32 / 16] *
+               (float)mk_q6k(b, e / 128, e % 128 / 32, e % 32);
     }
     case MK_DT_W8: return mk_f32_at(row) * (float)(signed char)row[4 + j];
     default:
@@ -397,6 +464,35 @@ MK_INLINE float mk_dot_w4(int t, const unsigned char *row, const float *x, int k
     return mk_warp_sum(acc);
 }
 
+/* A k-quant row (Q4_K, Q5_K, Q6_K): lane l takes element l of every
+ * 32 of a super-block, so each lane applies every sub-block's scale to
+ * its own products. Q4_K/Q5_K: sum_s (d sc_s) q x - (dmin m_s) x. */
+MK_INLINE float mk_dot_kq(int t, const unsigned char *row, const float *x, int k, unsigned lane)
+{
+    float acc = 0.0f;
+    int l = (int)lane;
+    if (t == MK_DT_Q6_K) {
+        for (int j = 0; j < k; j += 256, row += 210) {
+            float d = mk_f16_at(row + 208);
+            for (int h = 0; h < 2; h++)
+                for (int i = 0; i < 4; i++)
+                    acc += (d * (float)(signed char)row[192 + 8 * h + 2 * i + l / 16]) *
+                           ((float)mk_q6k(row, h, i, l) * x[j + 128 * h + 32 * i + l]);
+        }
+        return mk_warp_sum(acc);
+    }
+    int q5 = t == MK_DT_Q5_K;
+    for (int j = 0; j < k; j += 256, row += q5 ? 176 : 144) {
+        float d = mk_f16_at(row), dmin = mk_f16_at(row + 2);
+        for (int s = 0; s < 8; s++) {
+            float sc, m, xv = x[j + 32 * s + l];
+            mk_kq_scale_min(row + 4, s, &sc, &m);
+            acc += (d * sc) * ((float)mk_q45k(row, q5, s, l) * xv) - (dmin * m) * xv;
+        }
+    }
+    return mk_warp_sum(acc);
+}
+
 /* One warp's dot product of a stored row with x: lanes take consecutive
  * elements (consecutive bytes of a block), each block's scale is read by
  * every lane; the sum is reduced so that every lane holds it. */
@@ -406,6 +502,8 @@ MK_INLINE float mk_dot_qrow(int t, const unsigned char *row, const float *x, int
         return mk_dot_w8(row, x, k, lane);
     if (t == MK_DT_W4G32 || t == MK_DT_W4G64 || t == MK_DT_W4G128)
         return mk_dot_w4(t, row, x, k, lane);
+    if (t == MK_DT_Q4_K || t == MK_DT_Q5_K || t == MK_DT_Q6_K)
+        return mk_dot_kq(t, row, x, k, lane);
     float acc = 0.0f;
     switch (t) {
     case MK_DT_Q8_0:
