@@ -429,18 +429,26 @@ static void unpack_nibs(const unsigned char *in, unsigned char *out)
 }
 
 /* Where the header fields of block i of a superblock of nblk blocks go:
- * field f (d or s: 2 bytes; Q4_1's m: 2; W4G32's z and pad: 1 each) at
- * off[f]. Returns the field count. */
+ * field f of len[f] bytes (in the record's order: d or s; Q4_1's and
+ * Q5_1's m; Q5's qh; W4G32's z and pad) at off[f], each field of all the
+ * blocks together (kernel_table.h). Returns the field count. */
 static int pack_block_fields(DType t, int i, int nblk, int off[3], int len[3])
 {
-    off[0] = 2 * i, len[0] = 2;
-    if (dtype_layout(t) == DT_W4G32) {
-        off[1] = 2 * nblk + i, len[1] = 1;
-        off[2] = 3 * nblk + i, len[2] = 1;
-        return 3;
+    static const struct { DType t; int n, len[3]; } fields[] = {
+        {DT_Q4_0, 1, {2}}, {DT_Q4_1, 2, {2, 2}}, {DT_W4G32, 3, {2, 1, 1}}, {DT_Q5_0, 2, {2, 4}}, {DT_Q5_1, 3, {2, 2, 4}},
+    };
+    for (size_t j = 0; j < sizeof fields / sizeof *fields; j++) {
+        if (fields[j].t != dtype_layout(t))
+            continue;
+        int prefix = 0;
+        for (int f = 0; f < fields[j].n; f++) {
+            len[f] = fields[j].len[f];
+            off[f] = prefix * nblk + len[f] * i;
+            prefix += len[f];
+        }
+        return fields[j].n;
     }
-    off[1] = 2 * nblk + 2 * i, len[1] = 2;
-    return dtype_layout(t) == DT_Q4_1 ? 2 : 1;
+    die("pack_block_fields: %s rows are not packed", dtype_name(t));
 }
 
 /* Block record rec (ir/dtype.h) into slot i of superblock sb. */

@@ -410,7 +410,7 @@ Test(cpu_quant_perf, every_dtype_x86_64)
 
 /* ---- packed 4-bit rows (compiler/quant.h: quant_cpu_pack) ---- */
 
-static const DType packed_dtypes[] = {DT_Q4_0, DT_Q4_1, DT_W4G32, DT_W4A8G32};
+static const DType packed_dtypes[] = {DT_Q4_0, DT_Q4_1, DT_W4G32, DT_W4A8G32, DT_Q5_0, DT_Q5_1};
 #define NPACKED (sizeof packed_dtypes / sizeof *packed_dtypes)
 
 /* Packing moves bytes only: any bytes come back from unpacking, and only

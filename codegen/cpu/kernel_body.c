@@ -267,19 +267,29 @@ static float gguf_elem(int t, const unsigned char *row, int64_t j)
     return f16_at(b) * sc * (float)q - f16_at(b + 2) * m;
 }
 
+/* Header bytes per block of a packed 4-bit dtype (kernel_table.h). */
+static int pk_hdr(int t)
+{
+    return t == DT_Q4_0 ? 2 : t == DT_Q5_0 ? 6 : t == DT_Q5_1 ? 8 : 4;
+}
+
 /* Element j of a packed row of k elements (kernel_table.h). */
 static float pk_elem(int t, const unsigned char *row, int64_t k, int64_t j)
 {
     t = qlayout(t);
     int64_t nb = k / 32, blk = j / 32, s0 = blk / 4 * 4;
     int nblk = nb - s0 < 4 ? (int)(nb - s0) : 4, i = (int)(blk - s0), e = (int)(j % 32), n = e / 4;
-    int hdr = t == DT_Q4_0 ? 2 : 4;
+    int hdr = pk_hdr(t);
     const unsigned char *sb = row + s0 * (hdr + 16);
     int q = (sb[hdr * nblk + 16 * i + 4 * (e % 4) + n / 2] >> (4 * (n % 2))) & 15;
     float d = f16_at(sb + 2 * i);
+    if (t == DT_Q5_0 || t == DT_Q5_1)
+        q |= (int)(u32_at(sb + (t == DT_Q5_0 ? 2 : 4) * nblk + 4 * i) >> e & 1) << 4;
     if (t == DT_Q4_0)
         return d * (float)(q - 8);
-    if (t == DT_Q4_1)
+    if (t == DT_Q5_0)
+        return d * (float)(q - 16);
+    if (t == DT_Q4_1 || t == DT_Q5_1)
         return d * (float)q + f16_at(sb + 2 * nblk + 2 * i);
     return d * (float)(q - sb[2 * nblk + i]);
 }
@@ -1127,27 +1137,55 @@ static inline __attribute__((always_inline)) v4f pk_z4(const unsigned char *p, i
     return __builtin_convertvector(z, v4f);
 }
 
+/* Q5_0/Q5_1's fifth bits of a superblock (the nblk words at qh, the rest
+ * ignored: x is 0 there) against xp: lane 4b + i, step m takes bit
+ * 4m + i of block b's word (element 4m + i, as nibble m of the lane), so
+ * the sum is 2^i too large against xp's 16^-m; the caller scales lane i
+ * by 16 / 2^i. */
+static inline __attribute__((always_inline)) void pk_hbits(const unsigned char *qh, const float *xp, v16f *out)
+{
+    v4u32 h;
+    memcpy(&h, qh, 16);
+    v16u32 v = __builtin_shufflevector(h, h, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const v16u32 bit = {1, 2, 4, 8, 1, 2, 4, 8, 1, 2, 4, 8, 1, 2, 4, 8};
+    v16f l0 = __builtin_convertvector((v16i32)(v & bit), v16f) * LOAD16(xp);
+    v16f l1 = __builtin_convertvector((v16i32)(v & bit << 4), v16f) * LOAD16(xp + 16);
+    l0 += __builtin_convertvector((v16i32)(v & bit << 8), v16f) * LOAD16(xp + 32);
+    l1 += __builtin_convertvector((v16i32)(v & bit << 12), v16f) * LOAD16(xp + 48);
+    l0 += __builtin_convertvector((v16i32)(v & bit << 16), v16f) * LOAD16(xp + 64);
+    l1 += __builtin_convertvector((v16i32)(v & bit << 20), v16f) * LOAD16(xp + 80);
+    l0 += __builtin_convertvector((v16i32)(v & bit << 24), v16f) * LOAD16(xp + 96);
+    l1 += __builtin_convertvector((v16i32)(v >> 28 & bit), v16f) * LOAD16(xp + 112);
+    *out = l0 + l1;
+}
+
 /* Adds one superblock of nblk (<= 4) blocks at w, against xp and the four
  * block sums xs4, to acc (scaled sums) and off (offset terms). */
 static inline __attribute__((always_inline)) void pk_superblock(int t, const unsigned char *w, int nblk,
                                                                 const float *xp, v4f xs4, v16f *acc, v4f *off)
 {
-    int hdr = t == DT_Q4_0 ? 2 : 4;
+    int hdr = pk_hdr(t);
     v16u32 v;
     if (nblk == 4)
         v = *(const v16u32a1 *)(w + 4 * hdr);
     else
         pk_load_short(w + hdr * nblk, nblk, &v);
     v4f d = pk_f16x4(pk_u16x4(w, nblk)), c;
-    if (t == DT_Q4_1) {
+    if (t == DT_Q4_1 || t == DT_Q5_1) {
         c = pk_f16x4(pk_u16x4(w + 2 * nblk, nblk));
-    } else if (t == DT_Q4_0) {
-        c = d; /* times -8 (exact) once per row, in pk_rows4 */
+    } else if (t == DT_Q4_0 || t == DT_Q5_0) {
+        c = d; /* times -8 or -16 (exact) once per row, in pk_rows4 */
     } else {
         c = -d * pk_z4(w + 2 * nblk, nblk);
     }
     v16f part;
     pk_dot(&v, xp, &part);
+    if (t == DT_Q5_0 || t == DT_Q5_1) {
+        v16f hs;
+        const v16f f = {16, 8, 4, 2, 16, 8, 4, 2, 16, 8, 4, 2, 16, 8, 4, 2};
+        pk_hbits(w + (t == DT_Q5_0 ? 2 : 4) * nblk, xp, &hs);
+        part += hs * f;
+    }
     *acc += __builtin_shufflevector(d, d, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) * part;
     *off += c * xs4;
 }
@@ -1156,7 +1194,7 @@ static inline __attribute__((always_inline)) void pk_superblock(int t, const uns
 static inline __attribute__((always_inline)) void pk_rows4(int t, const unsigned char *const row[4], const float *xp, const float *xs, int64_t k,
                      float out[4])
 {
-    int64_t nb = k / 32, sbb = t == DT_Q4_0 ? 72 : 80;
+    int64_t nb = k / 32, sbb = 4 * (pk_hdr(t) + 16);
     v16f acc[4] = {{0}, {0}, {0}, {0}};
     v4f off[4] = {{0}, {0}, {0}, {0}};
     int64_t s = 0;
@@ -1174,7 +1212,7 @@ static inline __attribute__((always_inline)) void pk_rows4(int t, const unsigned
         for (int i = 0; i < 4; i++)
             pk_superblock(t, row[i] + s * sbb, (int)(nb % 4), xp + 128 * s, xs4, &acc[i], &off[i]);
     }
-    float cs = t == DT_Q4_0 ? -8.0f : 1.0f;
+    float cs = t == DT_Q4_0 ? -8.0f : t == DT_Q5_0 ? -16.0f : 1.0f;
     UNROLL4
     for (int i = 0; i < 4; i++)
         out[i] = hsum16(&acc[i]) + cs * ((off[i][0] + off[i][1]) + (off[i][2] + off[i][3]));
@@ -1211,8 +1249,216 @@ static void gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_
         switch (t) {
         case DT_Q4_0: pk_rows(DT_Q4_0, g, xp, xs, k); break;
         case DT_Q4_1: pk_rows(DT_Q4_1, g, xp, xs, k); break;
+        case DT_Q5_0: pk_rows(DT_Q5_0, g, xp, xs, k); break;
+        case DT_Q5_1: pk_rows(DT_Q5_1, g, xp, xs, k); break;
         default: pk_rows(DT_W4G32, g, xp, xs, k); break;
         }
+    }
+}
+
+/* ---- Q4_K and Q6_K rows, four at a time ----
+ * The packed kernels' trick (above) on GGUF's own bytes, no repacking: a
+ * 64-byte load v holds 128 nibbles; v & (15 << 4n) converted to float is
+ * 16^n times one weight per lane, met by a copy of x reordered to match
+ * and scaled by 16^-n (n = 7: v >> 28, scale 1). Per 32 weights two ANDs,
+ * two conversions, two FMAs. Which sub-block a product belongs to depends
+ * only on the lane and on n's parity, so the even and odd nibbles are
+ * summed apart and each sum is scaled by a vector of sub-block scales.
+ *
+ * Q4_K (ir/dtype.h): 64 bytes are chunks c, c+1 of 32 bytes; lane L,
+ * nibble n is element 64 (L / 8) + 4 (L % 8) + n / 2 + 32 (n % 2) of the
+ * 128, in sub-block 2 (L / 8) + n % 2. The mins meet the sums of x per
+ * sub-block: sum_s dmin m_s sum x.
+ *
+ * Q6_K: the 64 bytes of ql of half h: lane L, nibble n is element
+ * 4L + n/2 + 64 (n % 2) of the half (sub-block of 16: L/4 + 4 (n % 2));
+ * the 64 bytes of qh (both halves): lane L, byte b, pair i (bits 8b + 2i)
+ * is element 128 (L / 8) + 32 i + 4 (L % 8) + b, sub-block
+ * 8 (L / 8) + 2i + (L % 8) / 4, times 16; the - 32 meets the sums of x
+ * per sub-block of 16. */
+
+/* x for Q4_K rows of k (k % 256 == 0): xr, 128 floats per 128 weights as
+ * above; xs[s], the sum of sub-block s (32 elements). */
+static void kq4_x_prepare(const float *x, int64_t k, float *xr, float *xs)
+{
+    static const float sc[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f};
+    for (int64_t g = 0; g < k / 128; g++)
+        for (int n = 0; n < 8; n++)
+            for (int L = 0; L < 16; L++)
+                xr[128 * g + 16 * n + L] = x[128 * g + 64 * (L / 8) + 4 * (L % 8) + n / 2 + 32 * (n % 2)] * sc[n];
+    for (int64_t b = 0; b < k / 32; b++) {
+        v16f v = LOAD16(x + 32 * b) + LOAD16(x + 32 * b + 16);
+        xs[b] = hsum16(&v);
+    }
+}
+
+typedef float v8fs __attribute__((vector_size(32)));
+typedef uint8_t v8u8 __attribute__((vector_size(8)));
+
+/* The even- and odd-nibble sums of 128 weights (one 64-byte load) against
+ * xr: *e gets n = 0, 2, 4, 6, *o n = 1, 3, 5, 7. */
+static inline __attribute__((always_inline)) void kq_nib_sums(const unsigned char *p, const float *xr, v16f *e,
+                                                              v16f *o)
+{
+    v16u32 v = *(const v16u32a1 *)p;
+    v16f l0 = __builtin_convertvector((v16i32)(v & 0xfu), v16f) * LOAD16(xr);
+    v16f l1 = __builtin_convertvector((v16i32)(v & 0xf0u), v16f) * LOAD16(xr + 16);
+    l0 += __builtin_convertvector((v16i32)(v & 0xf00u), v16f) * LOAD16(xr + 32);
+    l1 += __builtin_convertvector((v16i32)(v & 0xf000u), v16f) * LOAD16(xr + 48);
+    l0 += __builtin_convertvector((v16i32)(v & 0xf0000u), v16f) * LOAD16(xr + 64);
+    l1 += __builtin_convertvector((v16i32)(v & 0xf00000u), v16f) * LOAD16(xr + 80);
+    l0 += __builtin_convertvector((v16i32)(v & 0xf000000u), v16f) * LOAD16(xr + 96);
+    l1 += __builtin_convertvector((v16i32)(v >> 28), v16f) * LOAD16(xr + 112);
+    *e = l0;
+    *o = l1;
+}
+
+/* One Q4_K super-block b against xr (its 256) and xs8 (its 8 sub-block
+ * sums): scaled sums into *acc, min terms into *off. */
+static inline __attribute__((always_inline)) void kq4_superblock(const unsigned char *b, const float *xr,
+                                                                 const v8fs *xs8, v16f *acc, v8fs *off)
+{
+    v16u8 by = *(const v16u8 *)(b + 4); /* scales[12] and 4 bytes of qs */
+    v8u8 sl = __builtin_shufflevector(by, by, 0, 1, 2, 3, 8, 9, 10, 11);
+    v8u8 sh = __builtin_shufflevector(by, by, 0, 0, 0, 0, 0, 1, 2, 3);
+    v8u8 ml = __builtin_shufflevector(by, by, 4, 5, 6, 7, 8, 9, 10, 11);
+    v8u8 mh = __builtin_shufflevector(by, by, 0, 0, 0, 0, 4, 5, 6, 7);
+    const v8u8 lo6 = {63, 63, 63, 63, 15, 15, 15, 15}, hi2 = {0, 0, 0, 0, 48, 48, 48, 48};
+    const v8u8 msh = {0, 0, 0, 0, 4, 4, 4, 4};
+    v8u8 sc = (sl & lo6) | ((sh >> 6) << 4 & hi2), mn = ((ml >> msh) & lo6) | ((mh >> 6) << 4 & hi2);
+    v8fs d = __builtin_convertvector(sc, v8fs) * f16_at(b), m = __builtin_convertvector(mn, v8fs) * f16_at(b + 2);
+    *off += m * *xs8;
+    v16f e, o;
+    kq_nib_sums(b + 16, xr, &e, &o);
+    *acc += __builtin_shufflevector(d, d, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2) * e +
+            __builtin_shufflevector(d, d, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3) * o;
+    kq_nib_sums(b + 80, xr + 128, &e, &o);
+    *acc += __builtin_shufflevector(d, d, 4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6) * e +
+            __builtin_shufflevector(d, d, 5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7) * o;
+}
+
+static float kq_hsum8(const v8fs *p)
+{
+    v8fs v = *p;
+    v4f h = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
+    return (h[0] + h[2]) + (h[1] + h[3]);
+}
+
+/* x for Q6_K rows of k (k % 256 == 0): per super-block 512 floats (the
+ * ql part's 2 x 128, then the qh part's 16 x 16, pair (b, i) at
+ * 16 (4 i + b)) and xs[j], the sum of sub-block j (16 elements). */
+static void kq6_x_prepare(const float *x, int64_t k, float *xr, float *xs)
+{
+    static const float sc[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f};
+    for (int64_t s = 0; s < k / 256; s++) {
+        const float *xb = x + 256 * s;
+        float *o = xr + 512 * s;
+        for (int h = 0; h < 2; h++)
+            for (int n = 0; n < 8; n++)
+                for (int L = 0; L < 16; L++)
+                    o[128 * h + 16 * n + L] = xb[128 * h + 4 * L + n / 2 + 64 * (n % 2)] * sc[n];
+        for (int i = 0; i < 4; i++)
+            for (int b = 0; b < 4; b++)
+                for (int L = 0; L < 16; L++) {
+                    int sh = 8 * b + 2 * i;   /* (v >> 30 for the top pair: scale 1) */
+                    float f = sh == 30 ? 16.0f : 16.0f * ldexpf(1.0f, -sh);
+                    o[256 + 16 * (4 * i + b) + L] = xb[128 * (L / 8) + 32 * i + 4 * (L % 8) + b] * f;
+                }
+    }
+    for (int64_t j = 0; j < k / 16; j++) {
+        v16f v = LOAD16(x + 16 * j);
+        xs[j] = hsum16(&v);
+    }
+}
+
+/* One Q6_K super-block b against its 512 floats of xr and xs16: scaled
+ * sums into *acc, the - 32 terms into *off. */
+static inline __attribute__((always_inline)) void kq6_superblock(const unsigned char *b, const float *xr,
+                                                                 const v16f *xs16, v16f *acc, v16f *off)
+{
+    v16f d = __builtin_convertvector(*(const v16i8 *)(b + 192), v16f) * f16_at(b + 208);
+    *off += d * *xs16;
+    v16f e, o;
+    kq_nib_sums(b, xr, &e, &o);
+    *acc += __builtin_shufflevector(d, d, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) * e +
+            __builtin_shufflevector(d, d, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7) * o;
+    kq_nib_sums(b + 64, xr + 128, &e, &o);
+    *acc += __builtin_shufflevector(d, d, 8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11) * e +
+            __builtin_shufflevector(d, d, 12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15) * o;
+    v16u32 v = *(const v16u32a1 *)(b + 128);
+    const float *xh = xr + 256;
+#define KQ6_PAIRS(i, mask3)                                                                                   \
+    do {                                                                                                      \
+        v16f s_ = __builtin_convertvector((v16i32)(v & (3u << (2 * (i)))), v16f) * LOAD16(xh + 16 * (4 * (i))); \
+        s_ += __builtin_convertvector((v16i32)(v & (3u << (8 + 2 * (i)))), v16f) * LOAD16(xh + 16 * (4 * (i) + 1)); \
+        s_ += __builtin_convertvector((v16i32)(v & (3u << (16 + 2 * (i)))), v16f) * LOAD16(xh + 16 * (4 * (i) + 2)); \
+        s_ += __builtin_convertvector((v16i32)(mask3), v16f) * LOAD16(xh + 16 * (4 * (i) + 3));               \
+        *acc += __builtin_shufflevector(d, d, 2 * (i), 2 * (i), 2 * (i), 2 * (i), 2 * (i) + 1, 2 * (i) + 1,   \
+                                        2 * (i) + 1, 2 * (i) + 1, 8 + 2 * (i), 8 + 2 * (i), 8 + 2 * (i),      \
+                                        8 + 2 * (i), 9 + 2 * (i), 9 + 2 * (i), 9 + 2 * (i), 9 + 2 * (i)) *     \
+                s_;                                                                                           \
+    } while (0)
+    KQ6_PAIRS(0, v & (3u << 24));
+    KQ6_PAIRS(1, v & (3u << 26));
+    KQ6_PAIRS(2, v & (3u << 28));
+    KQ6_PAIRS(3, v >> 30);
+#undef KQ6_PAIRS
+}
+
+/* Four Q4_K or Q6_K rows of k elements (k % 256 == 0) into out[4]. */
+static inline __attribute__((always_inline)) void kq_rows4(int t, const unsigned char *const row[4], const float *xr,
+                                                           const float *xs, int64_t k, float out[4])
+{
+    v16f acc[4] = {{0}, {0}, {0}, {0}}, off16[4] = {{0}, {0}, {0}, {0}};
+    v8fs off8[4] = {{0}, {0}, {0}, {0}};
+    int64_t bb = t == DT_Q4_K ? 144 : 210;
+    for (int64_t s = 0; s < k / 256; s++) {
+        if (t == DT_Q4_K) {
+            v8fs xs8;
+            memcpy(&xs8, xs + 8 * s, 32);
+            UNROLL4
+            for (int i = 0; i < 4; i++)
+                kq4_superblock(row[i] + s * bb, xr + 256 * s, &xs8, &acc[i], &off8[i]);
+        } else {
+            v16f xs16 = LOAD16(xs + 16 * s);
+            UNROLL4
+            for (int i = 0; i < 4; i++)
+                kq6_superblock(row[i] + s * bb, xr + 512 * s, &xs16, &acc[i], &off16[i]);
+        }
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        out[i] = t == DT_Q4_K ? hsum16(&acc[i]) - kq_hsum8(&off8[i]) : hsum16(&acc[i]) - 32.0f * hsum16(&off16[i]);
+}
+
+static inline __attribute__((always_inline)) void kq_rows(int t, const GemvSeg *g, const float *xr, const float *xs,
+                                                          int64_t k)
+{
+    int64_t rb = qrow_bytes(t, k);
+    for (int64_t r = g->r0; r < g->r1; r += 4) {
+        const unsigned char *row[4];
+        float out[4];
+        seg_quad(g, rb, r, row);
+        kq_rows4(t, row, xr, xs, k, out);
+        seg_quad_store(g, rb, r, out);
+    }
+}
+
+/* y[r0:r1] (+)= W . x (+ b) for Q4_K or Q6_K rows (k % 256 == 0,
+ * k <= QFAST_K_MAX), each segment's. */
+static void gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
+{
+    float xr[2 * k] __attribute__((aligned(64)));
+    float xs[k / 16];
+    if (t == DT_Q4_K)
+        kq4_x_prepare(x, k, xr, xs);
+    else
+        kq6_x_prepare(x, k, xr, xs);
+    for (int i = 0; i < ns; i++) {
+        if (t == DT_Q4_K)
+            kq_rows(DT_Q4_K, &sg[i], xr, xs, k);
+        else
+            kq_rows(DT_Q6_K, &sg[i], xr, xs, k);
     }
 }
 
@@ -1363,6 +1609,10 @@ static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t
         gemv_packed(t, sg, ns, x, k);
         return;
     }
+    if ((t == DT_Q4_K || t == DT_Q6_K) && k <= QFAST_K_MAX) {
+        gemv_kq(t, sg, ns, x, k);
+        return;
+    }
     int64_t rb = qrow_bytes(t, k);
     int fast = k <= QFAST_K_MAX && (t == DT_W8 || ((t == DT_Q8_0 || t == DT_W4G64 || t == DT_W4G128) && k % 32 == 0));
     if (!fast) {
@@ -1447,7 +1697,8 @@ static inline __attribute__((always_inline)) ISA_VNNI512 v16i32 isa_vnni512_dot(
  * xi = 2^16 X2 + 2^8 X1 + X0; the nibbles of a superblock's 64 bytes, as
  * bytes (v & 0x0f.., v >> 4 & 0x0f..), meet each plane with vpdpbusd (64
  * products per op), the planes combined by shifts in the 32-bit lanes
- * (|sum| <= 8 * 15 * 2^22 < 2^31: exact); one conversion per superblock,
+ * (|sum| <= 8 * 15 * 2^22 < 2^31: exact; Q5's 5-bit values, 8 * 31 *
+ * 2^22, too); one conversion per superblock,
  * the block sums scaled by d_b u_b. 19 vector ops per 128 weights instead
  * of 30. The rounding of x is at most u_b / 2 = max|x_b| 2^-23 per element:
  * relative to its own block, of the order of the f32 sums' rounding (a
@@ -1532,13 +1783,24 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void
 isa_vnni512_pk_superblock(int t, const unsigned char *w, int nblk, const int8_t *xq, v4f xs4, v4f ub4, v16f *acc,
                           v4f *off)
 {
-    int hdr = t == DT_Q4_0 ? 2 : 4;
+    int hdr = pk_hdr(t);
     v16u32 v;
     if (nblk == 4)
         v = *(const v16u32a1 *)(w + 4 * hdr);
     else
         pk_load_short(w + hdr * nblk, nblk, &v);
     v16u32 lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu;
+    if (t == DT_Q5_0 || t == DT_Q5_1) {
+        /* byte m of lane 4b + i: elements 8m + i (lo) and 8m + 4 + i (hi)
+         * of block b, whose fifth bits are bits 8m + i and 8m + 4 + i of
+         * its qh: shifted right by i, bits 0 and 4 of byte m */
+        v4u32 h4;
+        memcpy(&h4, w + (t == DT_Q5_0 ? 2 : 4) * nblk, 16);
+        v16u32 h = __builtin_shufflevector(h4, h4, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) >>
+                   (v16u32){0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
+        lo |= (h & 0x01010101u) << 4;
+        hi |= h & 0x10101010u;
+    }
     v16i32 s = isa_vnni512_dot((v16i32){0}, lo, *(const v16u32 *)xq);
     s = isa_vnni512_dot(s, hi, *(const v16u32 *)(xq + 64));
     s = isa_vnni512_dot(s << 8, lo, *(const v16u32 *)(xq + 128));
@@ -1546,9 +1808,9 @@ isa_vnni512_pk_superblock(int t, const unsigned char *w, int nblk, const int8_t 
     s = isa_vnni512_dot(s << 8, lo, *(const v16u32 *)(xq + 256));
     s = isa_vnni512_dot(s, hi, *(const v16u32 *)(xq + 320));
     v4f d = pk_f16x4(pk_u16x4(w, nblk)), c;
-    if (t == DT_Q4_1) {
+    if (t == DT_Q4_1 || t == DT_Q5_1) {
         c = pk_f16x4(pk_u16x4(w + 2 * nblk, nblk));
-    } else if (t == DT_Q4_0) {
+    } else if (t == DT_Q4_0 || t == DT_Q5_0) {
         c = d;
     } else {
         c = -d * pk_z4(w + 2 * nblk, nblk);
@@ -1562,8 +1824,8 @@ isa_vnni512_pk_superblock(int t, const unsigned char *w, int nblk, const int8_t 
 static inline __attribute__((always_inline)) ISA_VNNI512 void
 isa_vnni512_pk_rows(int t, const GemvSeg *g, const int8_t *xq, const float *xs, const float *ub, int64_t k)
 {
-    int64_t rb = qrow_bytes(t, k), nb = k / 32, sbb = t == DT_Q4_0 ? 72 : 80;
-    float cs = t == DT_Q4_0 ? -8.0f : 1.0f;
+    int64_t rb = qrow_bytes(t, k), nb = k / 32, sbb = 4 * (pk_hdr(t) + 16);
+    float cs = t == DT_Q4_0 ? -8.0f : t == DT_Q5_0 ? -16.0f : 1.0f;
     for (int64_t r = g->r0; r < g->r1; r += 4) {
         const unsigned char *row[4];
         seg_quad(g, rb, r, row);
@@ -1609,6 +1871,8 @@ static ISA_VNNI512 int isa_vnni512_gemv_packed(int t, const GemvSeg *sg, int ns,
         switch (t) {
         case DT_Q4_0: isa_vnni512_pk_rows(DT_Q4_0, g, xq, xs, ub, k); break;
         case DT_Q4_1: isa_vnni512_pk_rows(DT_Q4_1, g, xq, xs, ub, k); break;
+        case DT_Q5_0: isa_vnni512_pk_rows(DT_Q5_0, g, xq, xs, ub, k); break;
+        case DT_Q5_1: isa_vnni512_pk_rows(DT_Q5_1, g, xq, xs, ub, k); break;
         default: isa_vnni512_pk_rows(DT_W4G32, g, xq, xs, ub, k); break;
         }
     }

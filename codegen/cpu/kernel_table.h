@@ -66,8 +66,8 @@ enum {
 };
 #define KT_ISA_PREFIX "isa_"
 
-/* Packed 4-bit rows. The CPU kernel reads Q4_0, Q4_1 and W4G32 (and
- * W4A8G32: the same bytes) weights
+/* Packed 4-bit rows. The CPU kernel reads Q4_0, Q4_1, Q5_0, Q5_1 and
+ * W4G32 (and W4A8G32: the same bytes) weights
  * with k % 32 == 0 (k <= KT_PACK_K_MAX) in its own byte order: every row
  * keeps its size and place, and its blocks of 32 are regrouped into
  * superblocks of 4 blocks (the last one has the nb % 4 left over, if any).
@@ -76,17 +76,21 @@ enum {
  *   Q4_0   f16 d[t];            u8 q[t][16]    (18 t bytes)
  *   Q4_1   f16 d[t]; f16 m[t];  u8 q[t][16]    (20 t bytes)
  *   W4G32  f16 s[t]; u8 z[t]; u8 pad[t] (the record's zero byte); u8 q[t][16]
+ *   Q5_0   f16 d[t]; u32 qh[t];             u8 q[t][16]    (22 t bytes)
+ *   Q5_1   f16 d[t]; f16 m[t]; u32 qh[t];   u8 q[t][16]    (24 t bytes)
  * and inside a block's 16 bytes, read as four little-endian u32 words,
  * element e = 4 n + i of the block is nibble n (bits 4n..4n+3) of word i.
  * So one 64-byte load puts blocks in groups of four lanes and nibble n of
  * every lane is element 4n + lane % 4: an AND with 15 << 4n and one
  * int-to-float conversion give 16 weights (times 16^n) with no shuffles.
+ * Q5's qh keep their order (bit e: element e's fifth bit).
  * Values are untouched: packing only moves bytes and nibbles
  * (compiler/quant.c: quant_cpu_pack). */
 #define KT_PACK_K_MAX 16384
 static inline int kt_row_packed(int t, int64_t k)
 {
-    return (t == DT_Q4_0 || t == DT_Q4_1 || t == DT_W4G32 || t == DT_W4A8G32 || t == DT_Q4_1A8) && k > 0 && k % 32 == 0 && k <= KT_PACK_K_MAX;
+    return (t == DT_Q4_0 || t == DT_Q4_1 || t == DT_W4G32 || t == DT_W4A8G32 || t == DT_Q4_1A8 || t == DT_Q5_0 ||
+            t == DT_Q5_1) && k > 0 && k % 32 == 0 && k <= KT_PACK_K_MAX;
 }
 
 /* MegacAbort.flag values */
