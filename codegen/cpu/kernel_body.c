@@ -1256,7 +1256,7 @@ static void gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_
     }
 }
 
-/* ---- Q4_K and Q6_K rows, four at a time ----
+/* ---- Q4_K, Q5_K and Q6_K rows, four at a time ----
  * The packed kernels' trick (above) on GGUF's own bytes, no repacking: a
  * 64-byte load v holds 128 nibbles; v & (15 << 4n) converted to float is
  * 16^n times one weight per lane, met by a copy of x reordered to match
@@ -1268,7 +1268,8 @@ static void gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_
  * Q4_K (ir/dtype.h): 64 bytes are chunks c, c+1 of 32 bytes; lane L,
  * nibble n is element 64 (L / 8) + 4 (L % 8) + n / 2 + 32 (n % 2) of the
  * 128, in sub-block 2 (L / 8) + n % 2. The mins meet the sums of x per
- * sub-block: sum_s dmin m_s sum x.
+ * sub-block: sum_s dmin m_s sum x. Q5_K adds its fifth bits the same
+ * way (kq5_hbits).
  *
  * Q6_K: the 64 bytes of ql of half h: lane L, nibble n is element
  * 4L + n/2 + 64 (n % 2) of the half (sub-block of 16: L/4 + 4 (n % 2));
@@ -1293,6 +1294,7 @@ static void kq4_x_prepare(const float *x, int64_t k, float *xr, float *xs)
 }
 
 typedef float v8fs __attribute__((vector_size(32)));
+typedef uint32_t v8u32 __attribute__((vector_size(32)));
 typedef uint8_t v8u8 __attribute__((vector_size(8)));
 
 /* The even- and odd-nibble sums of 128 weights (one 64-byte load) against
@@ -1313,12 +1315,37 @@ static inline __attribute__((always_inline)) void kq_nib_sums(const unsigned cha
     *o = l1;
 }
 
-/* One Q4_K super-block b against xr (its 256) and xs8 (its 8 sub-block
- * sums): scaled sums into *acc, min terms into *off. */
-static inline __attribute__((always_inline)) void kq4_superblock(const unsigned char *b, const float *xr,
+/* Q5_K's fifth bits of group g (0, 1) of a super-block, against xr: lane
+ * L's word is qh word L % 8 (bytes l = 4 (L % 8) + n / 2 for nibble n),
+ * and element l of sub-block s has bit s of qh[l]; shifted right by
+ * 4g + 2 (L / 8), nibble n = 2a + o's bit is bit 8a + o. Adds 16 x per
+ * set bit to *e (even n) and *o (odd n), as kq_nib_sums counts them. */
+static inline __attribute__((always_inline)) void kq5_hbits(const unsigned char *qh, int g, const float *xr, v16f *e,
+                                                            v16f *o)
+{
+    v8u32 w;
+    memcpy(&w, qh, 32);
+    v16u32 h = __builtin_shufflevector(w, w, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7) >>
+               ((v16u32){0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2} + (uint32_t)(4 * g));
+    v16f he = __builtin_convertvector((v16i32)(h & 1u), v16f) * LOAD16(xr);
+    he += __builtin_convertvector((v16i32)(h & 0x100u), v16f) * LOAD16(xr + 32);
+    he += __builtin_convertvector((v16i32)(h & 0x10000u), v16f) * LOAD16(xr + 64);
+    he += __builtin_convertvector((v16i32)(h & 0x1000000u), v16f) * LOAD16(xr + 96);
+    v16f ho = __builtin_convertvector((v16i32)(h & 2u), v16f) * LOAD16(xr + 16);
+    ho += __builtin_convertvector((v16i32)(h & 0x200u), v16f) * LOAD16(xr + 48);
+    ho += __builtin_convertvector((v16i32)(h & 0x20000u), v16f) * LOAD16(xr + 80);
+    /* xr's n = 7 row is x itself (the nibbles use v >> 28) */
+    v16f h7 = __builtin_convertvector((v16i32)(h >> 25 & 1u), v16f) * LOAD16(xr + 112);
+    *e += 16.0f * he;
+    *o += 128.0f * ho + 16.0f * h7;
+}
+
+/* One Q4_K or Q5_K super-block b against xr (its 256) and xs8 (its 8
+ * sub-block sums): scaled sums into *acc, min terms into *off. */
+static inline __attribute__((always_inline)) void kq4_superblock(int q5, const unsigned char *b, const float *xr,
                                                                  const v8fs *xs8, v16f *acc, v8fs *off)
 {
-    v16u8 by = *(const v16u8 *)(b + 4); /* scales[12] and 4 bytes of qs */
+    v16u8 by = *(const v16u8 *)(b + 4); /* scales[12] and 4 bytes more */
     v8u8 sl = __builtin_shufflevector(by, by, 0, 1, 2, 3, 8, 9, 10, 11);
     v8u8 sh = __builtin_shufflevector(by, by, 0, 0, 0, 0, 0, 1, 2, 3);
     v8u8 ml = __builtin_shufflevector(by, by, 4, 5, 6, 7, 8, 9, 10, 11);
@@ -1328,11 +1355,16 @@ static inline __attribute__((always_inline)) void kq4_superblock(const unsigned 
     v8u8 sc = (sl & lo6) | ((sh >> 6) << 4 & hi2), mn = ((ml >> msh) & lo6) | ((mh >> 6) << 4 & hi2);
     v8fs d = __builtin_convertvector(sc, v8fs) * f16_at(b), m = __builtin_convertvector(mn, v8fs) * f16_at(b + 2);
     *off += m * *xs8;
+    const unsigned char *qs = b + (q5 ? 48 : 16);
     v16f e, o;
-    kq_nib_sums(b + 16, xr, &e, &o);
+    kq_nib_sums(qs, xr, &e, &o);
+    if (q5)
+        kq5_hbits(b + 16, 0, xr, &e, &o);
     *acc += __builtin_shufflevector(d, d, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2) * e +
             __builtin_shufflevector(d, d, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3) * o;
-    kq_nib_sums(b + 80, xr + 128, &e, &o);
+    kq_nib_sums(qs + 64, xr + 128, &e, &o);
+    if (q5)
+        kq5_hbits(b + 16, 1, xr + 128, &e, &o);
     *acc += __builtin_shufflevector(d, d, 4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6) * e +
             __builtin_shufflevector(d, d, 5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7) * o;
 }
@@ -1405,20 +1437,20 @@ static inline __attribute__((always_inline)) void kq6_superblock(const unsigned 
 #undef KQ6_PAIRS
 }
 
-/* Four Q4_K or Q6_K rows of k elements (k % 256 == 0) into out[4]. */
+/* Four Q4_K, Q5_K or Q6_K rows of k elements (k % 256 == 0) into out[4]. */
 static inline __attribute__((always_inline)) void kq_rows4(int t, const unsigned char *const row[4], const float *xr,
                                                            const float *xs, int64_t k, float out[4])
 {
     v16f acc[4] = {{0}, {0}, {0}, {0}}, off16[4] = {{0}, {0}, {0}, {0}};
     v8fs off8[4] = {{0}, {0}, {0}, {0}};
-    int64_t bb = t == DT_Q4_K ? 144 : 210;
+    int64_t bb = t == DT_Q4_K ? 144 : t == DT_Q5_K ? 176 : 210;
     for (int64_t s = 0; s < k / 256; s++) {
-        if (t == DT_Q4_K) {
+        if (t == DT_Q4_K || t == DT_Q5_K) {
             v8fs xs8;
             memcpy(&xs8, xs + 8 * s, 32);
             UNROLL4
             for (int i = 0; i < 4; i++)
-                kq4_superblock(row[i] + s * bb, xr + 256 * s, &xs8, &acc[i], &off8[i]);
+                kq4_superblock(t == DT_Q5_K, row[i] + s * bb, xr + 256 * s, &xs8, &acc[i], &off8[i]);
         } else {
             v16f xs16 = LOAD16(xs + 16 * s);
             UNROLL4
@@ -1428,7 +1460,7 @@ static inline __attribute__((always_inline)) void kq_rows4(int t, const unsigned
     }
     UNROLL4
     for (int i = 0; i < 4; i++)
-        out[i] = t == DT_Q4_K ? hsum16(&acc[i]) - kq_hsum8(&off8[i]) : hsum16(&acc[i]) - 32.0f * hsum16(&off16[i]);
+        out[i] = t != DT_Q6_K ? hsum16(&acc[i]) - kq_hsum8(&off8[i]) : hsum16(&acc[i]) - 32.0f * hsum16(&off16[i]);
 }
 
 static inline __attribute__((always_inline)) void kq_rows(int t, const GemvSeg *g, const float *xr, const float *xs,
@@ -1444,19 +1476,21 @@ static inline __attribute__((always_inline)) void kq_rows(int t, const GemvSeg *
     }
 }
 
-/* y[r0:r1] (+)= W . x (+ b) for Q4_K or Q6_K rows (k % 256 == 0,
+/* y[r0:r1] (+)= W . x (+ b) for Q4_K, Q5_K or Q6_K rows (k % 256 == 0,
  * k <= QFAST_K_MAX), each segment's. */
 static void gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
     float xr[2 * k] __attribute__((aligned(64)));
     float xs[k / 16];
-    if (t == DT_Q4_K)
-        kq4_x_prepare(x, k, xr, xs);
-    else
+    if (t == DT_Q6_K)
         kq6_x_prepare(x, k, xr, xs);
+    else
+        kq4_x_prepare(x, k, xr, xs);
     for (int i = 0; i < ns; i++) {
         if (t == DT_Q4_K)
             kq_rows(DT_Q4_K, &sg[i], xr, xs, k);
+        else if (t == DT_Q5_K)
+            kq_rows(DT_Q5_K, &sg[i], xr, xs, k);
         else
             kq_rows(DT_Q6_K, &sg[i], xr, xs, k);
     }
@@ -1609,7 +1643,7 @@ static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t
         gemv_packed(t, sg, ns, x, k);
         return;
     }
-    if ((t == DT_Q4_K || t == DT_Q6_K) && k <= QFAST_K_MAX) {
+    if ((t == DT_Q4_K || t == DT_Q5_K || t == DT_Q6_K) && k <= QFAST_K_MAX) {
         gemv_kq(t, sg, ns, x, k);
         return;
     }
@@ -1680,7 +1714,6 @@ static void gemv_f32(const GemvSeg *g, const float *x, int64_t k)
  * four, and the zero points come off as sum_g s_g z_g (sum_{b in g} d_b
  * sum(xq_b)), from per-group sums of the activation side (dsx). */
 
-typedef uint32_t v8u32 __attribute__((vector_size(32)));
 typedef uint32_t v8u32u_a __attribute__((vector_size(32), aligned(1)));
 typedef int32_t v16i32u __attribute__((vector_size(64), aligned(4)));
 typedef uint32_t v4u32u_a __attribute__((vector_size(16), aligned(1)));
