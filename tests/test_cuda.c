@@ -1491,6 +1491,32 @@ static void stored_formats_check(const char *target, const int *workers, int nw)
     }
 }
 
+/* A tiny Llama of GGUF Q5_0/Q5_1/Q4_K/Q5_K/Q6_K blocks as stored
+ * (tests/fixtures/weights/make_kquant.py) on `target`. */
+static void gguf_kquant_check(const char *target, const int *workers, int nw)
+{
+    const char *gguf = src_path("/tests/fixtures/weights/kquant.gguf");
+    if (!file_exists(gguf))
+        cr_skip("tests/fixtures/weights/kquant.gguf is absent");
+    char *dir = tmp_dir(), yaml[1200];
+    snprintf(yaml, sizeof yaml, "%s/kquant.yaml", dir);
+    FILE *f = fopen(yaml, "w");
+    cr_assert(f);
+    fprintf(f, "name: tiny-kquant\narch: {dim: 256, hidden_dim: 256, n_layers: 2, n_heads: 4, n_kv_heads: 2, "
+               "head_dim: 64, vocab_size: 260, max_seq: 64}\ntie_embeddings: false\n"
+               "weights: {format: gguf, path: %s}\ntokenizer: {format: bytes}\n",
+            gguf);
+    cr_assert_eq(fclose(f), 0);
+    bundles_vs_reference(yaml, target, workers, nw, 32);
+    test_rm_rf(dir);
+}
+
+Test(cuda_host, gguf_kquant_matches_reference, .timeout = 300)
+{
+    static const int w[] = {2};
+    gguf_kquant_check("host-cuda", w, 1);
+}
+
 Test(cuda_host, stored_formats_match_reference, .timeout = 300)
 {
     static const int w[] = {2};
@@ -1592,6 +1618,13 @@ Test(cuda_gpu, stored_formats_match_reference, .timeout = 300)
     gpu_require();
     static const int w[] = {3, 0};
     stored_formats_check(gpu_target(), w, 2);
+}
+
+Test(cuda_gpu, gguf_kquant_matches_reference, .timeout = 300)
+{
+    gpu_require();
+    static const int w[] = {3, 0};
+    gguf_kquant_check(gpu_target(), w, 2);
 }
 
 Test(cuda_runtime, without_a_driver_the_error_is_clear)

@@ -942,7 +942,7 @@ Test(quant, cpu_smollm2_gguf_own_blocks, .timeout = 300)
 #define KQ_YAML                                                                                       \
     "name: tiny-kquant\n"                                                                             \
     "arch: {dim: 256, hidden_dim: 256, n_layers: 2, n_heads: 4, n_kv_heads: 2, head_dim: 64,"         \
-    " vocab_size: 32, max_seq: 16}\n"                                                                 \
+    " vocab_size: 260, max_seq: 16}\n"                                                                \
     "tie_embeddings: false\n"                                                                         \
     "weights: {format: gguf, path: ../weights/kquant.gguf}\n"                                         \
     "tokenizer: {format: none}\n"
