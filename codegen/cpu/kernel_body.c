@@ -1315,6 +1315,22 @@ static inline __attribute__((always_inline)) void kq_nib_sums(const unsigned cha
     *o = l1;
 }
 
+/* The 8 sub-block scales d sc_s and mins dmin m_s of a Q4_K/Q5_K
+ * super-block b (ggml's get_scale_min_k4, 8 lanes at a time). */
+static inline __attribute__((always_inline)) void kq_scales(const unsigned char *b, v8fs *d, v8fs *m)
+{
+    v16u8 by = *(const v16u8 *)(b + 4); /* scales[12] and 4 bytes more */
+    v8u8 sl = __builtin_shufflevector(by, by, 0, 1, 2, 3, 8, 9, 10, 11);
+    v8u8 sh = __builtin_shufflevector(by, by, 0, 0, 0, 0, 0, 1, 2, 3);
+    v8u8 ml = __builtin_shufflevector(by, by, 4, 5, 6, 7, 8, 9, 10, 11);
+    v8u8 mh = __builtin_shufflevector(by, by, 0, 0, 0, 0, 4, 5, 6, 7);
+    const v8u8 lo6 = {63, 63, 63, 63, 15, 15, 15, 15}, hi2 = {0, 0, 0, 0, 48, 48, 48, 48};
+    const v8u8 msh = {0, 0, 0, 0, 4, 4, 4, 4};
+    v8u8 sc = (sl & lo6) | ((sh >> 6) << 4 & hi2), mn = ((ml >> msh) & lo6) | ((mh >> 6) << 4 & hi2);
+    *d = __builtin_convertvector(sc, v8fs) * f16_at(b);
+    *m = __builtin_convertvector(mn, v8fs) * f16_at(b + 2);
+}
+
 /* Q5_K's fifth bits of group g (0, 1) of a super-block, against xr: lane
  * L's word is qh word L % 8 (bytes l = 4 (L % 8) + n / 2 for nibble n),
  * and element l of sub-block s has bit s of qh[l]; shifted right by
@@ -1345,15 +1361,8 @@ static inline __attribute__((always_inline)) void kq5_hbits(const unsigned char 
 static inline __attribute__((always_inline)) void kq4_superblock(int q5, const unsigned char *b, const float *xr,
                                                                  const v8fs *xs8, v16f *acc, v8fs *off)
 {
-    v16u8 by = *(const v16u8 *)(b + 4); /* scales[12] and 4 bytes more */
-    v8u8 sl = __builtin_shufflevector(by, by, 0, 1, 2, 3, 8, 9, 10, 11);
-    v8u8 sh = __builtin_shufflevector(by, by, 0, 0, 0, 0, 0, 1, 2, 3);
-    v8u8 ml = __builtin_shufflevector(by, by, 4, 5, 6, 7, 8, 9, 10, 11);
-    v8u8 mh = __builtin_shufflevector(by, by, 0, 0, 0, 0, 4, 5, 6, 7);
-    const v8u8 lo6 = {63, 63, 63, 63, 15, 15, 15, 15}, hi2 = {0, 0, 0, 0, 48, 48, 48, 48};
-    const v8u8 msh = {0, 0, 0, 0, 4, 4, 4, 4};
-    v8u8 sc = (sl & lo6) | ((sh >> 6) << 4 & hi2), mn = ((ml >> msh) & lo6) | ((mh >> 6) << 4 & hi2);
-    v8fs d = __builtin_convertvector(sc, v8fs) * f16_at(b), m = __builtin_convertvector(mn, v8fs) * f16_at(b + 2);
+    v8fs d, m;
+    kq_scales(b, &d, &m);
     *off += m * *xs8;
     const unsigned char *qs = b + (q5 ? 48 : 16);
     v16f e, o;
@@ -1478,8 +1487,12 @@ static inline __attribute__((always_inline)) void kq_rows(int t, const GemvSeg *
 
 /* y[r0:r1] (+)= W . x (+ b) for Q4_K, Q5_K or Q6_K rows (k % 256 == 0,
  * k <= QFAST_K_MAX), each segment's. */
+static int isa_vnni512_gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
+
 static void gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
+    if ((megac_k_isa & KT_ISA_VNNI512) && isa_vnni512_gemv_kq(t, sg, ns, x, k))
+        return;
     float xr[2 * k] __attribute__((aligned(64)));
     float xs[k / 16];
     if (t == DT_Q6_K)
@@ -1908,6 +1921,202 @@ static ISA_VNNI512 int isa_vnni512_gemv_packed(int t, const GemvSeg *sg, int ns,
         case DT_Q5_1: isa_vnni512_pk_rows(DT_Q5_1, g, xq, xs, ub, k); break;
         default: isa_vnni512_pk_rows(DT_W4G32, g, xq, xs, ub, k); break;
         }
+    }
+    return 1;
+}
+
+/* Q4_K, Q5_K and Q6_K rows with vpdpbusd, x in the same three planes of
+ * 23-bit fixed point per block of 32 as the packed rows (above). The
+ * weights are their own bytes: v & 0x0f.. and v >> 4 & 0x0f.. of a 64-byte
+ * load are unsigned bytes (Q5_K ORs its fifth bits in, Q6_K its two high
+ * bits), lane L summing four elements of one sub-block, so each lane's
+ * integer sum is scaled by its sub-block's d sc and its x block's u once.
+ * Offsets (mins, Q6_K's - 32) meet the exact float sums of x.
+ * Planes: 384 bytes per 128 elements, plane p (2, 1, 0) at 128 (2 - p),
+ * then part 0 and part 1 (64 bytes each), as the 64-byte loads meet them:
+ *   Q4_K, Q5_K: part 0 (low nibbles) holds elements 0-31 and 64-95 of
+ *               the 128, part 1 (high nibbles) 32-63 and 96-127;
+ *   Q6_K:       part 0 (ql's low nibbles) elements 0-63, part 1 64-127. */
+
+/* xq and ub (one u per block of 32) for kq rows of k (k % 256 == 0);
+ * 0 when x is not finite. */
+static ISA_VNNI512 int isa_vnni512_kq_x_prepare(int q6, const float *x, int64_t k, int8_t *xq, float *ub)
+{
+    v16u32 bad = {0};
+    for (int64_t j = 0; j < k; j += 16)
+        bad |= (v16u32)(((v16u32)LOAD16(x + j) & 0x7fffffffu) >= 0x7f800000u);
+    uint32_t nonfinite = 0;
+    for (int i = 0; i < 16; i++)
+        nonfinite |= bad[i];
+    if (nonfinite)
+        return 0;
+    for (int64_t blk = 0; blk < k / 32; blk++) {
+        v16u32 m2 = __builtin_elementwise_max((v16u32)LOAD16(x + 32 * blk) & 0x7fffffffu,
+                                              (v16u32)LOAD16(x + 32 * blk + 16) & 0x7fffffffu);
+        uint32_t m = 0;
+        for (int i = 0; i < 16; i++)
+            m = m2[i] > m ? m2[i] : m;
+        float amax;
+        memcpy(&amax, &m, 4);
+        float inv = amax > 0 ? PKQ_MAX / amax : 0.0f;
+        ub[blk] = amax > 0 ? amax / PKQ_MAX : 0.0f;
+        int j = (int)(blk % 4), part = q6 ? j / 2 : j % 2, half = q6 ? j % 2 : j / 2;
+        int8_t *o = xq + 384 * (blk / 4) + 64 * part + 32 * half;
+        v16i32 a[3], b[3];
+        isa_vnni512_pkq_cut(x + 32 * blk, inv, a);
+        isa_vnni512_pkq_cut(x + 32 * blk + 16, inv, b);
+        for (int p = 0; p < 3; p++) {
+            *(v16s8a1 *)(o + 128 * (2 - p)) = __builtin_convertvector(a[p], v16s8);
+            *(v16s8a1 *)(o + 128 * (2 - p) + 16) = __builtin_convertvector(b[p], v16s8);
+        }
+    }
+    return 1;
+}
+
+/* The integer sums of parts 0 and 1 of 128 weights (bytes w0, w1) against
+ * their 384 bytes of planes. */
+static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_dots(v16u32 w0, v16u32 w1,
+                                                                                const int8_t *xq, v16f *s0,
+                                                                                v16f *s1)
+{
+    v16i32 a = isa_vnni512_dot((v16i32){0}, w0, *(const v16u32 *)xq);
+    v16i32 b = isa_vnni512_dot((v16i32){0}, w1, *(const v16u32 *)(xq + 64));
+    a = isa_vnni512_dot(a << 8, w0, *(const v16u32 *)(xq + 128));
+    b = isa_vnni512_dot(b << 8, w1, *(const v16u32 *)(xq + 192));
+    a = isa_vnni512_dot(a << 8, w0, *(const v16u32 *)(xq + 256));
+    b = isa_vnni512_dot(b << 8, w1, *(const v16u32 *)(xq + 320));
+    *s0 = __builtin_convertvector(a, v16f);
+    *s1 = __builtin_convertvector(b, v16f);
+}
+
+/* One Q4_K/Q5_K super-block b against its 768 bytes of planes, u8 (its
+ * 8 blocks' u) and xs8 (its 8 sub-block sums of x). */
+static inline __attribute__((always_inline)) ISA_VNNI512 void
+isa_vnni512_kq4_superblock(int q5, const unsigned char *b, const int8_t *xq, const v8fs *u8, const v8fs *xs8,
+                           v16f *acc, v8fs *off)
+{
+    v8fs d, m;
+    kq_scales(b, &d, &m);
+    *off += m * *xs8;
+    v8fs du = d * *u8;
+    const unsigned char *qs = b + (q5 ? 48 : 16);
+    v16u32 h = {0};
+    if (q5) {
+        v8u32 w;
+        memcpy(&w, b + 16, 32);
+        h = __builtin_shufflevector(w, w, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7) >>
+            (v16u32){0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2};
+    }
+    for (int g = 0; g < 2; g++) {
+        v16u32 v = *(const v16u32a1 *)(qs + 64 * g), lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu;
+        if (q5) { /* element l of sub-block s: bit s of qh[l]; h >> 4g puts 2c, 2c + 1 at bits 0, 1 */
+            v16u32 hg = h >> (uint32_t)(4 * g);
+            lo |= (hg & 0x01010101u) << 4;
+            hi |= (hg & 0x02020202u) << 3;
+        }
+        v16f s0, s1;
+        isa_vnni512_kq_dots(lo, hi, xq + 384 * g, &s0, &s1);
+        if (g == 0)
+            *acc += __builtin_shufflevector(du, du, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2) * s0 +
+                    __builtin_shufflevector(du, du, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3) * s1;
+        else
+            *acc += __builtin_shufflevector(du, du, 4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6) * s0 +
+                    __builtin_shufflevector(du, du, 5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7) * s1;
+    }
+}
+
+/* One Q6_K super-block b against its planes, u8 and xs16 (its 16
+ * sub-block sums of x, 16 elements each): values 0..63 as bytes, the
+ * - 32 as 32 sum d sc xs. */
+static inline __attribute__((always_inline)) ISA_VNNI512 void
+isa_vnni512_kq6_superblock(const unsigned char *b, const int8_t *xq, const v8fs *u8p, const v16f *xs16, v16f *acc,
+                           v16f *off)
+{
+    v16f d = __builtin_convertvector(*(const v16i8 *)(b + 192), v16f) * f16_at(b + 208);
+    *off += d * *xs16;
+    v8fs u8 = *u8p;
+    v16f u = __builtin_shufflevector(u8, u8, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+    for (int h = 0; h < 2; h++) {
+        v16u32 v = *(const v16u32a1 *)(b + 64 * h);
+        v8u32 w;
+        memcpy(&w, b + 128 + 32 * h, 32);
+        v16u32 q = __builtin_shufflevector(w, w, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7) >>
+                   (v16u32){0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2};
+        v16u32 lo = (v & 0x0f0f0f0fu) | (q & 0x03030303u) << 4;
+        v16u32 hi = (v >> 4 & 0x0f0f0f0fu) | (q >> 4 & 0x03030303u) << 4;
+        v16f s0, s1;
+        isa_vnni512_kq_dots(lo, hi, xq + 384 * h, &s0, &s1);
+        /* lane L: elements 4L.. of part 0 (sub-block 8h + L / 4, x block
+         * 4h + L / 8), of part 1 (sub-block 8h + 4 + L / 4, block 4h + 2 + L / 8) */
+        if (h == 0)
+            *acc += __builtin_shufflevector(d, d, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *
+                        __builtin_shufflevector(u, u, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1) * s0 +
+                    __builtin_shufflevector(d, d, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7) *
+                        __builtin_shufflevector(u, u, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3) * s1;
+        else
+            *acc += __builtin_shufflevector(d, d, 8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11) *
+                        __builtin_shufflevector(u, u, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5) * s0 +
+                    __builtin_shufflevector(d, d, 12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15) *
+                        __builtin_shufflevector(u, u, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7) * s1;
+    }
+}
+
+static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_rows(int t, const GemvSeg *g,
+                                                                                const int8_t *xq, const float *ub,
+                                                                                const float *xs, int64_t k)
+{
+    int64_t rb = qrow_bytes(t, k), bb = t == DT_Q4_K ? 144 : t == DT_Q5_K ? 176 : 210;
+    for (int64_t r = g->r0; r < g->r1; r += 4) {
+        const unsigned char *row[4];
+        seg_quad(g, rb, r, row);
+        v16f acc[4] = {{0}, {0}, {0}, {0}}, off16[4] = {{0}, {0}, {0}, {0}};
+        v8fs off8[4] = {{0}, {0}, {0}, {0}};
+        for (int64_t s = 0; s < k / 256; s++) {
+            v8fs u8;
+            memcpy(&u8, ub + 8 * s, 32);
+            if (t == DT_Q6_K) {
+                v16f xs16 = LOAD16(xs + 16 * s);
+                UNROLL4
+                for (int i = 0; i < 4; i++)
+                    isa_vnni512_kq6_superblock(row[i] + s * bb, xq + 768 * s, &u8, &xs16, &acc[i], &off16[i]);
+            } else {
+                v8fs xs8;
+                memcpy(&xs8, xs + 8 * s, 32);
+                UNROLL4
+                for (int i = 0; i < 4; i++)
+                    isa_vnni512_kq4_superblock(t == DT_Q5_K, row[i] + s * bb, xq + 768 * s, &u8, &xs8, &acc[i],
+                                               &off8[i]);
+            }
+        }
+        float out[4];
+        UNROLL4
+        for (int i = 0; i < 4; i++)
+            out[i] = t != DT_Q6_K ? hsum16(&acc[i]) - kq_hsum8(&off8[i]) : hsum16(&acc[i]) - 32.0f * hsum16(&off16[i]);
+        seg_quad_store(g, rb, r, out);
+    }
+}
+
+/* gemv_kq() with vpdpbusd; 0 (nothing done) when x is not finite. */
+static ISA_VNNI512 int isa_vnni512_gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
+{
+    int8_t xq[3 * k] __attribute__((aligned(64)));
+    float ub[k / 32], xs[k / 16];
+    if (!isa_vnni512_kq_x_prepare(t == DT_Q6_K, x, k, xq, ub))
+        return 0;
+    for (int64_t j = 0; j < k / (t == DT_Q6_K ? 16 : 32); j++) {
+        int64_t n = t == DT_Q6_K ? 16 : 32;
+        float sum = 0;
+        for (int64_t i = 0; i < n; i++)
+            sum += x[n * j + i];
+        xs[j] = sum;
+    }
+    for (int i = 0; i < ns; i++) {
+        if (t == DT_Q4_K)
+            isa_vnni512_kq_rows(DT_Q4_K, &sg[i], xq, ub, xs, k);
+        else if (t == DT_Q5_K)
+            isa_vnni512_kq_rows(DT_Q5_K, &sg[i], xq, ub, xs, k);
+        else
+            isa_vnni512_kq_rows(DT_Q6_K, &sg[i], xq, ub, xs, k);
     }
     return 1;
 }
