@@ -983,20 +983,27 @@ Test(quant, gguf_kquant_blocks_match_gguf_py)
     gguf_close(g);
 }
 
+/* The k-quant model's description and weights (the test is skipped
+ * without its file). */
+static void kq_model_load(Arena *a, ModelDesc *m, Weights *w)
+{
+    if (access(KQ_FIX "/kquant.gguf", R_OK) != 0)
+        cr_skip("tests/fixtures/weights/kquant.gguf absent");
+    cr_assert(desc_text(m, a, KQ_YAML, NULL, 0));
+    Diag d;
+    diag_init(&d);
+    cr_assert(weights_load(w, m, &d));
+}
+
 /* A model of those blocks: kept byte for byte, the f32 views are their
  * dequantization, and both kernels (the CPU's, the generated CUDA C on
  * the host) follow the reference on the same weights, step by step. */
 Test(quant, gguf_kquant_model_runs_on_its_blocks, .timeout = 180)
 {
-    if (access(KQ_FIX "/kquant.gguf", R_OK) != 0)
-        cr_skip("tests/fixtures/weights/kquant.gguf absent");
     Arena a = {0};
     ModelDesc m;
-    cr_assert(desc_text(&m, &a, KQ_YAML, NULL, 0));
-    Diag d;
-    diag_init(&d);
     Weights w;
-    cr_assert(weights_load(&w, &m, &d));
+    kq_model_load(&a, &m, &w);
     const struct {
         const char *canon;
         DType t;
@@ -1016,15 +1023,12 @@ Test(quant, gguf_kquant_model_runs_on_its_blocks, .timeout = 180)
 /* NVRTC compiles those blocks' GEMVs for sm_80/90/120 without spills. */
 Test(quant, gguf_kquant_nvrtc, .timeout = 180)
 {
-    if (access(KQ_FIX "/kquant.gguf", R_OK) != 0)
-        cr_skip("tests/fixtures/weights/kquant.gguf absent");
     Arena a = {0};
     ModelDesc m;
-    cr_assert(desc_text(&m, &a, KQ_YAML, NULL, 0));
+    Weights w;
+    kq_model_load(&a, &m, &w);
     Diag d;
     diag_init(&d);
-    Weights w;
-    cr_assert(weights_load(&w, &m, &d));
     const char *archs[] = {"sm_80", "sm_90", "sm_120"};
     for (int i = 0; i < 3; i++) {
         Schedule *s = lower_model_weights(&m, &w, target_lookup(archs[i], &d), 8, &d);

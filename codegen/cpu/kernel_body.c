@@ -34,9 +34,11 @@
  * runs QPF_BYTES ahead across tiles (WStream). A16 formats stay float
  * (exact weights, f32 sums); A8 formats (W8A8, W4A8G*, and GGUF blocks as
  * Q4_1A8 and Q8_0A8) quantize x once per op and take integer dot products
- * per block of 32. Q4_0, Q4_1, W4G32, W4A8G32 and Q4_1A8 rows arrive packed (kernel_table.h, compiler/quant.c): one
- * AND and one conversion per 16 weights, on every instruction set (W4A8G32:
- * two u8 x s8 dot products per 128 weights). A run
+ * per block of 32. Q4_0, Q4_1, Q5_0, Q5_1, W4G32, W4A8G32 and Q4_1A8 rows
+ * arrive packed (kernel_table.h, compiler/quant.c): one AND and one
+ * conversion per 16 weights, on every instruction set (W4A8G32: two u8 x
+ * s8 dot products per 128 weights). GGUF's k-quants (Q4_K, Q5_K, Q6_K) are
+ * read as stored with the same trick. A run
  * of GEMVs with one input and no wait between them (q/k/v, gate/up)
  * normalizes and prepares that input once (gemv_run_length).
  *
@@ -51,7 +53,8 @@
  *   AVX-512      W4G64, W4G128: a 16-float table per group and row,
  *                T[q] = s (q - z), looked up with vpermps; Q8_0 scales by
  *                vcvtph2ps
- *   AVX-512 VNNI W8A8, W4A8G* with vpdpbusd on 512 bits
+ *   AVX-512 VNNI W8A8, W4A8G* with vpdpbusd on 512 bits; the packed
+ *                4/5-bit rows and the k-quants too, x as fixed point
  *   AVX-VNNI     W8A8, W4A8G* with vpdpbusd on 256 bits
  *   AVX2         W8A8, W4A8G* with vpmaddubsw + vpmaddwd
  *   generic      everything (generic vectors), the reference for the rest
@@ -1071,10 +1074,10 @@ static void pk_x_prepare(const float *x, int64_t k, float *xp, float *xs)
     }
 }
 
-/* Sum over the 128 weights of a superblock's words *vp of each weight
- * times xp, as 16 lanes (lane l: block l / 4's share). (Pointers in and
- * out: a v16 value would change the ABI.) */
-static inline __attribute__((always_inline)) void pk_dot(const v16u32 *vp, const float *xp, v16f *out)
+/* The 128 nibbles of words *vp, each times its xp (see above), summed
+ * per lane: *e over the even nibbles n = 0, 2, 4, 6, *o over the odd
+ * ones. (Pointers in and out: a v16 value would change the ABI.) */
+static inline __attribute__((always_inline)) void nib_sums(const v16u32 *vp, const float *xp, v16f *e, v16f *o)
 {
     v16u32 v = *vp;
     v16f l0 = __builtin_convertvector((v16i32)(v & 0xfu), v16f) * LOAD16(xp);
@@ -1085,7 +1088,17 @@ static inline __attribute__((always_inline)) void pk_dot(const v16u32 *vp, const
     l1 += __builtin_convertvector((v16i32)(v & 0xf00000u), v16f) * LOAD16(xp + 80);
     l0 += __builtin_convertvector((v16i32)(v & 0xf000000u), v16f) * LOAD16(xp + 96);
     l1 += __builtin_convertvector((v16i32)(v >> 28), v16f) * LOAD16(xp + 112);
-    *out = l0 + l1;
+    *e = l0;
+    *o = l1;
+}
+
+/* Sum over the 128 weights of a superblock's words *vp of each weight
+ * times xp, as 16 lanes (lane l: block l / 4's share). */
+static inline __attribute__((always_inline)) void pk_dot(const v16u32 *vp, const float *xp, v16f *out)
+{
+    v16f e, o;
+    nib_sums(vp, xp, &e, &o);
+    *out = e + o;
 }
 
 typedef uint32_t v16u32a1 __attribute__((vector_size(64), aligned(1)));
@@ -1218,17 +1231,21 @@ static inline __attribute__((always_inline)) void pk_rows4(int t, const unsigned
         out[i] = hsum16(&acc[i]) + cs * ((off[i][0] + off[i][1]) + (off[i][2] + off[i][3]));
 }
 
-/* Rows [r0, r1) four at a time (a pass past r1 repeats the last row);
- * inlined with t a constant, so no test of t is left in the loops. */
-static inline __attribute__((always_inline)) void pk_rows(int t, const GemvSeg *g, const float *xp,
-                                                          const float *xs, int64_t k)
+typedef void (*Rows4Fn)(int t, const unsigned char *const row[4], const float *xa, const float *xb, int64_t k,
+                        float out[4]);
+
+/* Rows [r0, r1) four at a time with rows4 (a pass past r1 repeats the
+ * last row); inlined with t and rows4 constants, so no test of t is left
+ * in the loops. */
+static inline __attribute__((always_inline)) void quad_rows(Rows4Fn rows4, int t, const GemvSeg *g, const float *xa,
+                                                            const float *xb, int64_t k)
 {
     int64_t rb = qrow_bytes(t, k);
     for (int64_t r = g->r0; r < g->r1; r += 4) {
         const unsigned char *row[4];
         float out[4];
         seg_quad(g, rb, r, row);
-        pk_rows4(t, row, xp, xs, k, out);
+        rows4(t, row, xa, xb, k, out);
         seg_quad_store(g, rb, r, out);
     }
 }
@@ -1247,11 +1264,11 @@ static void gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_
     for (int i = 0; i < ns; i++) {
         const GemvSeg *g = &sg[i];
         switch (t) {
-        case DT_Q4_0: pk_rows(DT_Q4_0, g, xp, xs, k); break;
-        case DT_Q4_1: pk_rows(DT_Q4_1, g, xp, xs, k); break;
-        case DT_Q5_0: pk_rows(DT_Q5_0, g, xp, xs, k); break;
-        case DT_Q5_1: pk_rows(DT_Q5_1, g, xp, xs, k); break;
-        default: pk_rows(DT_W4G32, g, xp, xs, k); break;
+        case DT_Q4_0: quad_rows(pk_rows4, DT_Q4_0, g, xp, xs, k); break;
+        case DT_Q4_1: quad_rows(pk_rows4, DT_Q4_1, g, xp, xs, k); break;
+        case DT_Q5_0: quad_rows(pk_rows4, DT_Q5_0, g, xp, xs, k); break;
+        case DT_Q5_1: quad_rows(pk_rows4, DT_Q5_1, g, xp, xs, k); break;
+        default: quad_rows(pk_rows4, DT_W4G32, g, xp, xs, k); break;
         }
     }
 }
@@ -1297,24 +1314,6 @@ typedef float v8fs __attribute__((vector_size(32)));
 typedef uint32_t v8u32 __attribute__((vector_size(32)));
 typedef uint8_t v8u8 __attribute__((vector_size(8)));
 
-/* The even- and odd-nibble sums of 128 weights (one 64-byte load) against
- * xr: *e gets n = 0, 2, 4, 6, *o n = 1, 3, 5, 7. */
-static inline __attribute__((always_inline)) void kq_nib_sums(const unsigned char *p, const float *xr, v16f *e,
-                                                              v16f *o)
-{
-    v16u32 v = *(const v16u32a1 *)p;
-    v16f l0 = __builtin_convertvector((v16i32)(v & 0xfu), v16f) * LOAD16(xr);
-    v16f l1 = __builtin_convertvector((v16i32)(v & 0xf0u), v16f) * LOAD16(xr + 16);
-    l0 += __builtin_convertvector((v16i32)(v & 0xf00u), v16f) * LOAD16(xr + 32);
-    l1 += __builtin_convertvector((v16i32)(v & 0xf000u), v16f) * LOAD16(xr + 48);
-    l0 += __builtin_convertvector((v16i32)(v & 0xf0000u), v16f) * LOAD16(xr + 64);
-    l1 += __builtin_convertvector((v16i32)(v & 0xf00000u), v16f) * LOAD16(xr + 80);
-    l0 += __builtin_convertvector((v16i32)(v & 0xf000000u), v16f) * LOAD16(xr + 96);
-    l1 += __builtin_convertvector((v16i32)(v >> 28), v16f) * LOAD16(xr + 112);
-    *e = l0;
-    *o = l1;
-}
-
 /* The 8 sub-block scales d sc_s and mins dmin m_s of a Q4_K/Q5_K
  * super-block b (ggml's get_scale_min_k4, 8 lanes at a time). */
 static inline __attribute__((always_inline)) void kq_scales(const unsigned char *b, v8fs *d, v8fs *m)
@@ -1335,7 +1334,7 @@ static inline __attribute__((always_inline)) void kq_scales(const unsigned char 
  * L's word is qh word L % 8 (bytes l = 4 (L % 8) + n / 2 for nibble n),
  * and element l of sub-block s has bit s of qh[l]; shifted right by
  * 4g + 2 (L / 8), nibble n = 2a + o's bit is bit 8a + o. Adds 16 x per
- * set bit to *e (even n) and *o (odd n), as kq_nib_sums counts them. */
+ * set bit to *e (even n) and *o (odd n), as nib_sums counts them. */
 static inline __attribute__((always_inline)) void kq5_hbits(const unsigned char *qh, int g, const float *xr, v16f *e,
                                                             v16f *o)
 {
@@ -1366,12 +1365,14 @@ static inline __attribute__((always_inline)) void kq4_superblock(int q5, const u
     *off += m * *xs8;
     const unsigned char *qs = b + (q5 ? 48 : 16);
     v16f e, o;
-    kq_nib_sums(qs, xr, &e, &o);
+    v16u32 v = *(const v16u32a1 *)qs;
+    nib_sums(&v, xr, &e, &o);
     if (q5)
         kq5_hbits(b + 16, 0, xr, &e, &o);
     *acc += __builtin_shufflevector(d, d, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2) * e +
             __builtin_shufflevector(d, d, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3) * o;
-    kq_nib_sums(qs + 64, xr + 128, &e, &o);
+    v = *(const v16u32a1 *)(qs + 64);
+    nib_sums(&v, xr + 128, &e, &o);
     if (q5)
         kq5_hbits(b + 16, 1, xr + 128, &e, &o);
     *acc += __builtin_shufflevector(d, d, 4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6) * e +
@@ -1420,13 +1421,15 @@ static inline __attribute__((always_inline)) void kq6_superblock(const unsigned 
     v16f d = __builtin_convertvector(*(const v16i8 *)(b + 192), v16f) * f16_at(b + 208);
     *off += d * *xs16;
     v16f e, o;
-    kq_nib_sums(b, xr, &e, &o);
+    v16u32 v = *(const v16u32a1 *)b;
+    nib_sums(&v, xr, &e, &o);
     *acc += __builtin_shufflevector(d, d, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) * e +
             __builtin_shufflevector(d, d, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7) * o;
-    kq_nib_sums(b + 64, xr + 128, &e, &o);
+    v = *(const v16u32a1 *)(b + 64);
+    nib_sums(&v, xr + 128, &e, &o);
     *acc += __builtin_shufflevector(d, d, 8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11) * e +
             __builtin_shufflevector(d, d, 12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15) * o;
-    v16u32 v = *(const v16u32a1 *)(b + 128);
+    v = *(const v16u32a1 *)(b + 128);
     const float *xh = xr + 256;
 #define KQ6_PAIRS(i, mask3)                                                                                   \
     do {                                                                                                      \
@@ -1472,19 +1475,6 @@ static inline __attribute__((always_inline)) void kq_rows4(int t, const unsigned
         out[i] = t != DT_Q6_K ? hsum16(&acc[i]) - kq_hsum8(&off8[i]) : hsum16(&acc[i]) - 32.0f * hsum16(&off16[i]);
 }
 
-static inline __attribute__((always_inline)) void kq_rows(int t, const GemvSeg *g, const float *xr, const float *xs,
-                                                          int64_t k)
-{
-    int64_t rb = qrow_bytes(t, k);
-    for (int64_t r = g->r0; r < g->r1; r += 4) {
-        const unsigned char *row[4];
-        float out[4];
-        seg_quad(g, rb, r, row);
-        kq_rows4(t, row, xr, xs, k, out);
-        seg_quad_store(g, rb, r, out);
-    }
-}
-
 /* y[r0:r1] (+)= W . x (+ b) for Q4_K, Q5_K or Q6_K rows (k % 256 == 0,
  * k <= QFAST_K_MAX), each segment's. */
 static int isa_vnni512_gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
@@ -1501,11 +1491,11 @@ static void gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
         kq4_x_prepare(x, k, xr, xs);
     for (int i = 0; i < ns; i++) {
         if (t == DT_Q4_K)
-            kq_rows(DT_Q4_K, &sg[i], xr, xs, k);
+            quad_rows(kq_rows4, DT_Q4_K, &sg[i], xr, xs, k);
         else if (t == DT_Q5_K)
-            kq_rows(DT_Q5_K, &sg[i], xr, xs, k);
+            quad_rows(kq_rows4, DT_Q5_K, &sg[i], xr, xs, k);
         else
-            kq_rows(DT_Q6_K, &sg[i], xr, xs, k);
+            quad_rows(kq_rows4, DT_Q6_K, &sg[i], xr, xs, k);
     }
 }
 
@@ -1789,35 +1779,49 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_pkq_cu
 /* The planes of x into xq and each block's u_b into ub (0 past k);
  * returns 0 (nothing usable) when x has an infinity or a NaN (the float
  * kernel then propagates it). */
-static ISA_VNNI512 int isa_vnni512_pkq_x_prepare(const float *x, int64_t k, int8_t *xq, float *ub)
+/* Whether x[0:k] is all finite (otherwise the float kernels run and
+ * propagate the infinity or NaN). */
+static ISA_VNNI512 int isa_vnni512_finite(const float *x, int64_t k)
 {
-    int64_t nb = k / 32, nsb = (nb + 3) / 4;
     v16u32 bad = {0};
     for (int64_t j = 0; j < k; j += 16)
         bad |= (v16u32)(((v16u32)LOAD16(x + j) & 0x7fffffffu) >= 0x7f800000u);
     uint32_t nonfinite = 0;
     for (int i = 0; i < 16; i++)
         nonfinite |= bad[i];
-    if (nonfinite)
+    return !nonfinite;
+}
+
+/* Block x[0:32] as fixed point: *u = max|x| / PKQ_MAX, and the three
+ * planes of its halves into a and b. */
+static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_block_cut(const float *x, float *u,
+                                                                                  v16i32 a[3], v16i32 b[3])
+{
+    /* |x| as integers: same order as the floats */
+    v16u32 m2 = __builtin_elementwise_max((v16u32)LOAD16(x) & 0x7fffffffu, (v16u32)LOAD16(x + 16) & 0x7fffffffu);
+    uint32_t m = 0;
+    for (int i = 0; i < 16; i++)
+        m = m2[i] > m ? m2[i] : m;
+    float amax;
+    memcpy(&amax, &m, 4);
+    float inv = amax > 0 ? PKQ_MAX / amax : 0.0f;
+    *u = amax > 0 ? amax / PKQ_MAX : 0.0f;
+    isa_vnni512_pkq_cut(x, inv, a);
+    isa_vnni512_pkq_cut(x + 16, inv, b);
+}
+
+static ISA_VNNI512 int isa_vnni512_pkq_x_prepare(const float *x, int64_t k, int8_t *xq, float *ub)
+{
+    int64_t nb = k / 32, nsb = (nb + 3) / 4;
+    if (!isa_vnni512_finite(x, k))
         return 0;
     memset(xq + 384 * (nb / 4), 0, (size_t)(384 * (nsb - nb / 4)));
     for (int64_t blk = nb; blk < 4 * nsb; blk++)
         ub[blk] = 0.0f;
     for (int64_t blk = 0; blk < nb; blk++) {
-        /* |x| as integers: same order as the floats */
-        v16u32 m2 = __builtin_elementwise_max((v16u32)LOAD16(x + 32 * blk) & 0x7fffffffu,
-                                              (v16u32)LOAD16(x + 32 * blk + 16) & 0x7fffffffu);
-        uint32_t m = 0;
-        for (int i = 0; i < 16; i++)
-            m = m2[i] > m ? m2[i] : m;
-        float amax;
-        memcpy(&amax, &m, 4);
-        float inv = amax > 0 ? PKQ_MAX / amax : 0.0f;
-        ub[blk] = amax > 0 ? amax / PKQ_MAX : 0.0f;
         int8_t *o = xq + 384 * (blk / 4) + 16 * (blk % 4);
         v16i32 a[3], b[3];
-        isa_vnni512_pkq_cut(x + 32 * blk, inv, a);
-        isa_vnni512_pkq_cut(x + 32 * blk + 16, inv, b);
+        isa_vnni512_block_cut(x + 32 * blk, &ub[blk], a, b);
         isa_vnni512_plane_put(&a[0], &b[0], o + 256, o + 320);
         isa_vnni512_plane_put(&a[1], &b[1], o + 128, o + 192);
         isa_vnni512_plane_put(&a[2], &b[2], o, o + 64);
@@ -1942,29 +1946,13 @@ static ISA_VNNI512 int isa_vnni512_gemv_packed(int t, const GemvSeg *sg, int ns,
  * 0 when x is not finite. */
 static ISA_VNNI512 int isa_vnni512_kq_x_prepare(int q6, const float *x, int64_t k, int8_t *xq, float *ub)
 {
-    v16u32 bad = {0};
-    for (int64_t j = 0; j < k; j += 16)
-        bad |= (v16u32)(((v16u32)LOAD16(x + j) & 0x7fffffffu) >= 0x7f800000u);
-    uint32_t nonfinite = 0;
-    for (int i = 0; i < 16; i++)
-        nonfinite |= bad[i];
-    if (nonfinite)
+    if (!isa_vnni512_finite(x, k))
         return 0;
     for (int64_t blk = 0; blk < k / 32; blk++) {
-        v16u32 m2 = __builtin_elementwise_max((v16u32)LOAD16(x + 32 * blk) & 0x7fffffffu,
-                                              (v16u32)LOAD16(x + 32 * blk + 16) & 0x7fffffffu);
-        uint32_t m = 0;
-        for (int i = 0; i < 16; i++)
-            m = m2[i] > m ? m2[i] : m;
-        float amax;
-        memcpy(&amax, &m, 4);
-        float inv = amax > 0 ? PKQ_MAX / amax : 0.0f;
-        ub[blk] = amax > 0 ? amax / PKQ_MAX : 0.0f;
         int j = (int)(blk % 4), part = q6 ? j / 2 : j % 2, half = q6 ? j % 2 : j / 2;
         int8_t *o = xq + 384 * (blk / 4) + 64 * part + 32 * half;
         v16i32 a[3], b[3];
-        isa_vnni512_pkq_cut(x + 32 * blk, inv, a);
-        isa_vnni512_pkq_cut(x + 32 * blk + 16, inv, b);
+        isa_vnni512_block_cut(x + 32 * blk, &ub[blk], a, b);
         for (int p = 0; p < 3; p++) {
             *(v16s8a1 *)(o + 128 * (2 - p)) = __builtin_convertvector(a[p], v16s8);
             *(v16s8a1 *)(o + 128 * (2 - p) + 16) = __builtin_convertvector(b[p], v16s8);
