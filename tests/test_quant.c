@@ -1048,6 +1048,25 @@ Test(quant, gguf_kquant_nvrtc, .timeout = 180)
     arena_free(&a);
 }
 
+/* Any model description (MEGAC_GGUF_MODEL names it; skipped without it),
+ * for GGUF files too large or too foreign for the repository (a Q4_K_M
+ * file made with llama.cpp's llama-quantize): its own blocks in the CPU
+ * kernel against the reference on the same weights, 6 steps. */
+Test(quant, cpu_gguf_model_own_blocks, .timeout = 600)
+{
+    const char *yaml = getenv("MEGAC_GGUF_MODEL");
+    if (!yaml || !*yaml)
+        cr_skip("MEGAC_GGUF_MODEL is not set (a model description)");
+    Arena a = {0};
+    ModelDesc m;
+    Diag d;
+    diag_init(&d);
+    DescOverride ov[] = {{"max_seq", "64"}};
+    cr_assert(desc_load(&m, &a, yaml, ov, 1, &d), "cannot load %s", yaml);
+    kernel_vs_reference(&m, "cpu", 2, 6);
+    arena_free(&a);
+}
+
 /* ---- int8 activations on the CPU (w8a8, w4a8) ---- */
 
 /* One GEMV of an A8 weight compiled for the CPU: equal to quant.c's A8
