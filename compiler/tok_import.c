@@ -76,6 +76,9 @@ static bool bytelevel_decode(const char *s, size_t len, char *out, size_t *outle
 static const char llama3_regex[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char qwen2_regex[] =   /* one digit a word */
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 typedef struct {
     Doc doc;
@@ -107,12 +110,13 @@ static bool hf_is_bytelevel(const DocNode *n, bool use_regex)
            hf_flag(n, "use_regex", true) == use_regex;
 }
 
-static bool hf_is_llama3_split(const DocNode *n)
+/* A Split on `regex`, behavior Isolated, not inverted. */
+static bool hf_is_split(const DocNode *n, const char *regex)
 {
     const char *type = hf_str(n, "type"), *behavior = hf_str(n, "behavior");
     const char *re = hf_str(doc_get(n, "pattern"), "Regex");
     return type && strcmp(type, "Split") == 0 && behavior && strcmp(behavior, "Isolated") == 0 && re &&
-           strcmp(re, llama3_regex) == 0 && !hf_flag(n, "invert", false);
+           strcmp(re, regex) == 0 && !hf_flag(n, "invert", false);
 }
 
 /* The pre-tokenizer, one of the three supported shapes. */
@@ -130,13 +134,18 @@ static bool hf_pretok(HfImport *h, const DocNode *pt, PreTokKind *out)
             *out = PRETOK_GPT2_DIGITS;
             return true;
         }
-        if (hf_is_llama3_split(a) && hf_is_bytelevel(b, false)) {
+        if (hf_is_split(a, llama3_regex) && hf_is_bytelevel(b, false)) {
             *out = PRETOK_LLAMA3;
+            return true;
+        }
+        if (hf_is_split(a, qwen2_regex) && hf_is_bytelevel(b, false)) {
+            *out = PRETOK_QWEN2;
             return true;
         }
     }
     doc_error(&h->doc, h->d, pt ? pt : h->doc.root,
-              "pre-tokenizer not supported yet (supported: GPT-2 ByteLevel, Digits + ByteLevel, Llama-3 Split + ByteLevel)");
+              "pre-tokenizer not supported yet (supported: GPT-2 ByteLevel, Digits + ByteLevel, Llama-3 or Qwen2 Split + "
+              "ByteLevel)");
     return false;
 }
 
@@ -292,6 +301,32 @@ static bool hf_merges(HfImport *h, const DocNode *merges)
     return true;
 }
 
+/* True when the post-processor (a TemplateProcessing, alone or in a
+ * Sequence) starts a single sequence with the special token whose id is
+ * bos: Llama 3's tokenizer.json prepends <|begin_of_text|> so. */
+static bool hf_post_bos(const DocNode *pp, int bos)
+{
+    const char *type = hf_str(pp, "type");
+    if (!type || bos < 0)
+        return false;
+    const DocNode *seq = doc_get(pp, "processors");
+    if (strcmp(type, "Sequence") == 0 && seq && seq->kind == DOC_SEQ) {
+        for (int i = 0; i < seq->n; i++)
+            if (hf_post_bos(seq->items[i], bos))
+                return true;
+        return false;
+    }
+    const DocNode *single = doc_get(pp, "single");
+    if (strcmp(type, "TemplateProcessing") != 0 || !single || single->kind != DOC_SEQ || single->n == 0)
+        return false;
+    const char *name = hf_str(doc_get(single->items[0], "SpecialToken"), "id");
+    const DocNode *ids = name ? doc_get(doc_get(doc_get(pp, "special_tokens"), name), "ids") : NULL;
+    const char *id = ids && ids->kind == DOC_SEQ && ids->n == 1 && ids->items[0]->kind == DOC_SCALAR
+                         ? ids->items[0]->str : NULL;
+    char *end;
+    return id && strtol(id, &end, 10) == bos && !*end;
+}
+
 static bool hf_build(HfImport *h)
 {
     const DocNode *root = h->doc.root, *model = doc_get(root, "model");
@@ -316,6 +351,7 @@ static bool hf_build(HfImport *h)
         die("out of memory");
     tok_set_pretok(h->t, pk);
     tok_set_ids(h->t, h->m->bos_id, h->m->eos_id);
+    tok_set_always_bos(h->t, hf_post_bos(doc_get(root, "post_processor"), h->m->bos_id));
     h->seen = xcalloc((size_t)nv, 1);
     bool ok = hf_vocab(h, vocab) && hf_added(h, added) && hf_no_gaps(h, vocab) && hf_merges(h, merges);
     free(h->seen);
@@ -440,7 +476,7 @@ static bool gguf_pretok(const GgufFile *g, Diag *d, PreTokKind *out)
         pre = (GgufStr){7, "default"};
     static const struct { const char *name; PreTokKind k; } names[] = {
         {"gpt-2", PRETOK_GPT2}, {"smollm", PRETOK_GPT2_DIGITS}, {"starcoder", PRETOK_GPT2_DIGITS},
-        {"llama-bpe", PRETOK_LLAMA3}, {"llama3", PRETOK_LLAMA3},
+        {"llama-bpe", PRETOK_LLAMA3}, {"llama3", PRETOK_LLAMA3}, {"qwen2", PRETOK_QWEN2},
     };
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         if (strlen(names[i].name) == pre.len && memcmp(names[i].name, pre.s, pre.len) == 0) {
@@ -448,7 +484,7 @@ static bool gguf_pretok(const GgufFile *g, Diag *d, PreTokKind *out)
             return true;
         }
     }
-    diag_file_error(d, g->path, "tokenizer.ggml.pre '%.*s' is not supported yet (gpt-2, smollm, starcoder, llama-bpe)",
+    diag_file_error(d, g->path, "tokenizer.ggml.pre '%.*s' is not supported yet (gpt-2, smollm, starcoder, llama-bpe, qwen2)",
                     (int)pre.len, pre.s);
     return false;
 }
@@ -546,6 +582,13 @@ static Tokenizer *gguf_build(const GgufFile *g, const ModelDesc *m, Diag *d)
     if (!t)
         die("out of memory");
     tok_set_pretok(t, pk);
+    const GgufKV *ab = gguf_find(g, "tokenizer.ggml.add_bos_token");
+    if (ab && ab->type != GGUF_T_BOOL) {
+        diag_file_error(d, g->path, "tokenizer.ggml.add_bos_token must be a bool");
+        tok_free(t);
+        return NULL;
+    }
+    tok_set_always_bos(t, ab && ab->v.b);
     if (!gguf_ids(t, g, m, d) || !gguf_vocab(t, g, spm, d) || (bpe && !gguf_merges(t, g, d))) {
         tok_free(t);
         return NULL;

@@ -28,7 +28,8 @@
  * space).
  *
  * Native file, little-endian (tokenizer.bin in a bundle):
- *   "MGTK" u32 version(=1) u32 kind u32 pretok
+ *   "MGTK" u32 version(=2) u32 kind u32 pretok u32 flags (bit 0: always BOS;
+ *   version 1 files have no flags word and read as 0)
  *   i32 n_vocab i32 bos i32 eos i32 n_merges
  *   n_vocab x { u32 len, f32 score, u8 flags (bit 0: special), len bytes }
  *   n_merges x { i32 a, i32 b }          (rank = index; a+b is a piece)
@@ -50,7 +51,7 @@ typedef struct { uint32_t lo, hi; } TokRange;
 #include "runtime/tok_unicode.inc"
 
 #define TOK_MAGIC "MGTK"
-#define TOK_VERSION 1u
+#define TOK_VERSION 2u        /* 2: a flags word (bit 0: always BOS) after the pre-tokenizer */
 #define TOK_MAX_VOCAB (1 << 24)
 #define TOK_MAX_PIECE (1 << 16)
 
@@ -62,6 +63,7 @@ typedef struct {
 struct Tokenizer {
     TokKind kind;
     PreTokKind pretok;
+    bool always_bos;        /* every prompt starts with BOS (Llama 3) */
     int n_vocab;
     int bos, eos;
     char **piece;           /* (n_vocab) raw bytes, malloc'd each */
@@ -171,6 +173,11 @@ void tok_set_special(Tokenizer *t, int id)
     }
     t->special[id] = 1;
     t->hash_stale = true;
+}
+
+void tok_set_always_bos(Tokenizer *t, bool always)
+{
+    t->always_bos = always;
 }
 
 void tok_set_ids(Tokenizer *t, int bos, int eos)
@@ -609,8 +616,9 @@ static size_t match_gpt2(const Chars *c, size_t i)
 }
 
 /* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
- *  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
-static size_t match_llama3(const Chars *c, size_t i)
+ *  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * with at most `digits` (3; Qwen2: 1) \p{N} chars a word. */
+static size_t match_llama3(const Chars *c, size_t i, size_t digits)
 {
     size_t j = match_contraction(c, i, true);
     if (j)
@@ -622,7 +630,7 @@ static size_t match_llama3(const Chars *c, size_t i)
         return run_of(c, i + 1, CC_LETTER);
     if (k == CC_NUMBER) {
         j = run_of(c, i, CC_NUMBER);
-        return j - i > 3 ? i + 3 : j;
+        return j - i > digits ? i + digits : j;
     }
     size_t s = c->cp[i] == ' ' && i + 1 < c->n && c->cls[i + 1] == CC_OTHER ? i + 1 : i;
     if (c->cls[s] == CC_OTHER) {
@@ -783,8 +791,8 @@ static bool bpe_word(const Tokenizer *t, const char *s, size_t n, IdBuf *o)
  * *span caches the end of the current span (start with 0). */
 static size_t pretok_next(const Tokenizer *t, const Chars *c, size_t i, size_t *span)
 {
-    if (t->pretok == PRETOK_LLAMA3)
-        return match_llama3(c, i);
+    if (t->pretok == PRETOK_LLAMA3 || t->pretok == PRETOK_QWEN2)
+        return match_llama3(c, i, t->pretok == PRETOK_QWEN2 ? 1 : 3);
     if (t->pretok == PRETOK_GPT2)
         return match_gpt2(c, i);
     if (t->pretok == PRETOK_NONE)
@@ -973,6 +981,7 @@ static void tok_write(const Tokenizer *t, FILE *f, bool *ok)
     put_u32(f, TOK_VERSION, ok);
     put_u32(f, (uint32_t)t->kind, ok);
     put_u32(f, (uint32_t)t->pretok, ok);
+    put_u32(f, t->always_bos ? 1u : 0u, ok);
     uint32_t hdr[4] = {(uint32_t)t->n_vocab, (uint32_t)t->bos, (uint32_t)t->eos, (uint32_t)t->nmerges};
     for (int i = 0; i < 4; i++)
         put_u32(f, hdr[i], ok);
@@ -1108,11 +1117,11 @@ static Tokenizer *tok_parse(Reader *r, const char *path, char *err, size_t errle
         snprintf(err, errlen, "%s: not a megac tokenizer file (bad magic)", path);
         return NULL;
     }
-    uint32_t version = rd_u32(r), kind = rd_u32(r), pretok = rd_u32(r);
+    uint32_t version = rd_u32(r), kind = rd_u32(r), pretok = rd_u32(r), flags = version >= 2 ? rd_u32(r) : 0;
     int32_t nv = (int32_t)rd_u32(r), bos = (int32_t)rd_u32(r), eos = (int32_t)rd_u32(r);
     uint32_t nmerges = rd_u32(r);
-    if (!r->ok || version != TOK_VERSION || kind < TOK_SPM || kind > TOK_BYTES || pretok > PRETOK_GPT2_DIGITS ||
-        nv <= 0 || nv > TOK_MAX_VOCAB || nmerges > (uint32_t)(r->n / 8)) {
+    if (!r->ok || version < 1 || version > TOK_VERSION || (flags & ~1u) || kind < TOK_SPM || kind > TOK_BYTES ||
+        pretok > PRETOK_QWEN2 || nv <= 0 || nv > TOK_MAX_VOCAB || nmerges > (uint32_t)(r->n / 8)) {
         snprintf(err, errlen, "%s: bad tokenizer header (version %u, kind %u, vocab %d, merges %u)", path,
                  version, kind, nv, nmerges);
         return NULL;
@@ -1123,6 +1132,7 @@ static Tokenizer *tok_parse(Reader *r, const char *path, char *err, size_t errle
         return NULL;
     }
     tok_set_pretok(t, (PreTokKind)pretok);
+    tok_set_always_bos(t, flags & 1);
     tok_set_ids(t, bos, eos);
     bool ok = !tok_error(t) && tok_read_pieces(t, r) && tok_read_merges(t, r, nmerges);
     if (ok)
@@ -1190,7 +1200,12 @@ Tokenizer *tok_load_llama2c(const char *path, int n_vocab, char *err, size_t err
     return t;
 }
 
+bool tok_always_bos(const Tokenizer *t)
+{
+    return t->always_bos;
+}
+
 bool tok_default_bos(const Tokenizer *t, const char *text)
 {
-    return (tok_kind(t) != TOK_BPE || !text || !*text) && tok_bos(t) >= 0;
+    return (tok_kind(t) != TOK_BPE || t->always_bos || !text || !*text) && tok_bos(t) >= 0;
 }

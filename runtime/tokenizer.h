@@ -21,8 +21,12 @@ typedef enum { TOK_SPM = 1, TOK_BPE = 2, TOK_BYTES = 3 } TokKind;
  *   PRETOK_LLAMA3       the Llama-3 regex (and a word that is a whole piece
  *                       is one token: "ignore_merges")
  *   PRETOK_GPT2_DIGITS  every \p{N} char split off alone, then the GPT-2
- *                       regex (SmolLM2, StarCoder; GGUF pre "smollm") */
-typedef enum { PRETOK_NONE = 0, PRETOK_GPT2 = 1, PRETOK_LLAMA3 = 2, PRETOK_GPT2_DIGITS = 3 } PreTokKind;
+ *                       regex (SmolLM2, StarCoder; GGUF pre "smollm")
+ *   PRETOK_QWEN2        the Llama-3 regex with one digit a word (\p{N}
+ *                       for \p{N}{1,3}), merges not ignored (Qwen2) */
+typedef enum {
+    PRETOK_NONE = 0, PRETOK_GPT2 = 1, PRETOK_LLAMA3 = 2, PRETOK_GPT2_DIGITS = 3, PRETOK_QWEN2 = 4
+} PreTokKind;
 
 typedef struct Tokenizer Tokenizer;     /* opaque; see tokenizer.c */
 
@@ -36,6 +40,10 @@ bool tok_add_merge(Tokenizer *t, const char *a, size_t alen, const char *b, size
 void tok_set_special(Tokenizer *t, int id);
 void tok_set_ids(Tokenizer *t, int bos, int eos);
 void tok_set_pretok(Tokenizer *t, PreTokKind k);
+/* Every prompt starts with BOS, as the source says (GGUF add_bos_token,
+ * a tokenizer.json whose post-processor prepends BOS: Llama 3); otherwise
+ * tok_default_bos's rule for the kind. */
+void tok_set_always_bos(Tokenizer *t, bool always);
 /* Call once after building: builds lookup tables. */
 void tok_finish(Tokenizer *t);
 void tok_free(Tokenizer *t);
@@ -54,6 +62,7 @@ int tok_bos(const Tokenizer *t);
 int tok_eos(const Tokenizer *t);
 TokKind tok_kind(const Tokenizer *t);
 PreTokKind tok_pretok(const Tokenizer *t);
+bool tok_always_bos(const Tokenizer *t);
 int tok_nmerges(const Tokenizer *t);
 /* The bytes of piece id (not NUL-terminated) and its length; NULL if id is
  * out of range. */
@@ -65,9 +74,10 @@ Tokenizer *tok_new_bytes(void);
 /* Encodes text; returns the number of ids (at most cap; -1 if cap is too
  * small). Special tokens written in the text are recognized. */
 int tok_encode(const Tokenizer *t, const char *text, bool add_bos, int *ids, int cap);
-/* Whether a prompt should start with BOS: yes for SPM and byte tokenizers;
- * for byte-level BPE only when the text is empty (SmolLM2's chat format
- * carries its own <|im_start|>). One rule for every engine. */
+/* Whether a prompt should start with BOS: yes for SPM and byte tokenizers
+ * and for those set always-BOS (Llama 3); for other byte-level BPE only
+ * when the text is empty (SmolLM2's chat format carries its own
+ * <|im_start|>). One rule for every engine. */
 bool tok_default_bos(const Tokenizer *t, const char *text);
 /* The pre-tokenizer's words of text (special tokens not handled): writes
  * the end byte offset of each word to ends; returns the count, or -1 if cap

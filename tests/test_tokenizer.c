@@ -282,6 +282,11 @@ Test(tokenizer, pretok_llama3_regex)
     check_splits(PRETOK_LLAMA3, "llama3");
 }
 
+Test(tokenizer, pretok_qwen2_regex)
+{
+    check_splits(PRETOK_QWEN2, "qwen2");
+}
+
 /* A small tokenizer.json: "a b" merges, an added token, GPT-2 regex. */
 Test(tokenizer, hf_small_json)
 {
@@ -423,7 +428,7 @@ Test(tokenizer, native_bad_files)
         tok_free(u);
         good[i] = saved;
     }
-    good[40] = (char)0x7f;  /* the first piece's length becomes huge */
+    good[39] = (char)0x7f;  /* the first piece's length (bytes 36-39, after the header) becomes huge */
     write_bytes(path, good, n);
     cr_assert_null(tok_load(path, err, sizeof err));
     good[0] = 'X';
