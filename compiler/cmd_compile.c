@@ -12,10 +12,11 @@
 static void compile_usage(FILE *out)
 {
     fprintf(out,
-            "usage: megac compile MODEL.yaml --target TARGET [options] -o NAME.megac/\n\n"
-            "Compiles a model description into a bundle: validated schedule, kernel,\n"
-            "weights in kernel layout, tokenizer and manifest. MODEL may be 'default'\n"
-            "for the embedded default model.\n\n"
+            "usage: megac compile MODEL --target TARGET [options] -o NAME.megac/\n\n"
+            "Compiles a model into a bundle: validated schedule, kernel, weights in\n"
+            "kernel layout, tokenizer and manifest. MODEL is a description (.yaml), a\n"
+            "GGUF file, an HF checkpoint folder (config.json, safetensors,\n"
+            "tokenizer.json), or 'default' for the embedded default model.\n\n"
             "options:\n"
             "  --target T      cpu, host-cuda, sm_80, sm_90 or sm_120 (default cpu)\n"
             "  --workers N     worker count, 1..4096 (default: the description's, else\n"

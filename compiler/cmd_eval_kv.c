@@ -39,7 +39,7 @@ typedef struct {
 
 static void evkv_usage(FILE *out)
 {
-    fprintf(out, "usage: megac eval-kv MODEL.yaml [--set key=value]... [--tokens N] [--prompt TEXT]\n"
+    fprintf(out, "usage: megac eval-kv MODEL [--set key=value]... [--tokens N] [--prompt TEXT]\n"
                  "                     [--copy L] [--seed S]\n\n"
                  "Teacher-forced fidelity of the description's sparse attention and KV eviction\n"
                  "(compile.attention, compile.kv_policy; give them with --set) against the same\n"

@@ -30,7 +30,7 @@ typedef struct EvalArgs {
 
 static void eval_usage(FILE *out)
 {
-    fprintf(out, "usage: megac eval-quant MODEL.yaml [--formats LIST] [--classes LIST] [--tokens N]\n"
+    fprintf(out, "usage: megac eval-quant MODEL [--formats LIST] [--classes LIST] [--tokens N]\n"
                  "                        [--prompt TEXT] [--engine E] [--set key=value]... [--json FILE]\n\n"
                  "Teacher-forced fidelity of quantized weights: runs the float64 reference over\n"
                  "a fixed token stream (BOS and the prompt, continued greedily by the model as\n"

@@ -48,7 +48,7 @@ typedef struct Campaign {
 static void fuzz_usage(FILE *out)
 {
     fprintf(out, "usage: megac fuzz-validator [--seed S] [--count N] [--workers-max W]\n"
-                 "                             [--model MODEL.yaml [--set key=value]...] [-v]\n\n"
+                 "                             [--model MODEL [--set key=value]...] [-v]\n\n"
                  "Adversarial campaign: real lowerings of tiny models (1-2 layers, 2..W workers,\n"
                  "W <= %d; dense, and with sparse attention and KV eviction) with planted\n"
                  "defects, plus random schedules and unmutated lowerings, each judged by the\n"

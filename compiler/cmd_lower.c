@@ -25,7 +25,7 @@ typedef struct LowerArgs {
 
 static void lower_usage(FILE *out)
 {
-    fprintf(out, "usage: megac lower MODEL.yaml [--target T] [--workers N] [--set key=value]... [-o X.sched]\n\n"
+    fprintf(out, "usage: megac lower MODEL [--target T] [--workers N] [--set key=value]... [-o X.sched]\n\n"
                  "Lowers one batch-1 decode step of the model to per-worker programs and\n"
                  "writes the schedule's text form (.sched) to X.sched, or stdout.\n\n"
                  "  --target T      cpu, host-cuda, sm_80, sm_90 or sm_120 (default: the\n"

@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *const run_engine_names[] = {
 #define X(n, s) s,
@@ -41,8 +42,10 @@ const char *run_engine_name(RunEngine e)
 static void run_usage(FILE *out)
 {
     fprintf(out,
-            "usage: megac run [MODEL.yaml | NAME.megac] [options]\n\n"
-            "Decodes text. With no model (or 'default'), runs the embedded default model.\n\n"
+            "usage: megac run [MODEL | NAME.megac] [options]\n\n"
+            "Decodes text. MODEL is a description (.yaml), a GGUF file or an HF\n"
+            "checkpoint folder (config.json, safetensors, tokenizer.json); with no model\n"
+            "(or 'default'), runs the embedded default model.\n\n"
             "options:\n"
             "  --engine E         cpu | host-cuda | cuda | reference (default: cpu: the\n"
             "                     model is compiled to a cached bundle in .megac-cache/)\n"
@@ -106,14 +109,21 @@ static RunEngine run_engine_from_name(const char *s)
     return ENGINE_COUNT;
 }
 
-/* True when the model argument names a bundle: a directory, or *.megac. */
+/* True when the model argument names a bundle: *.megac, or a directory
+ * that is not an HF checkpoint folder (manifest.yaml, or no config.json). */
 static bool run_model_is_bundle(const char *path)
 {
     size_t n = strlen(path);
     if (n >= 6 && strcmp(path + n - 6, ".megac") == 0)
         return true;
     struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return false;
+    char *manifest = xasprintf("%s/manifest.yaml", path), *config = xasprintf("%s/config.json", path);
+    bool bundle = access(manifest, F_OK) == 0 || access(config, F_OK) != 0;
+    free(manifest);
+    free(config);
+    return bundle;
 }
 
 static int run_bad_value(const char *opt, const char *val)

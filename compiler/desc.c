@@ -14,14 +14,17 @@
  * rules run and report at the key that set the offending value.
  */
 #include "compiler/doc.h"
+#include "compiler/gguf.h"
 #include "compiler/model.h"
 
 #include <errno.h>
 #include <ctype.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 const char desc_default_name[] = "default";
 const char desc_default_yaml[] =
@@ -68,16 +71,17 @@ typedef struct {
     const DocNode *at[F_COUNT]; /* where each checked field was last set */
     int max_pos;                /* the model's own max context, 0 if unknown */
     bool from_config;           /* arch came from an HF config (HF pairing) */
+    int arch_pairing;           /* arch came from a GGUF file: its RopePairing; else -1 */
     const DocNode *kv_at[MODEL_MAX_LAYERS]; /* the kv_policy entry of each layer */
 } Ctx;
 
 static const char *const top_keys[] = {"name", "arch", "norm_eps", "tie_embeddings", "qkv_bias", "rope",
                                        "weights", "tokenizer", "bos", "eos", "compile", NULL};
 static const char *const arch_keys[] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "head_dim",
-                                        "vocab_size", "max_seq", "from-config", "from-checkpoint", NULL};
+                                        "vocab_size", "max_seq", "from-config", "from-checkpoint", "from-gguf", NULL};
 static const char *const rope_keys[] = {"theta", "pairing", "scaling", NULL};
 static const char *const scaling_keys[] = {"type", "factor", "low_freq_factor", "high_freq_factor",
-                                           "original_max_pos", NULL};
+                                           "original_max_pos", "factors", NULL};
 static const char *const weights_keys[] = {"format", "path", "seed", NULL};
 static const char *const tok_keys[] = {"format", "path", NULL};
 static const char *const compile_keys[] = {"act_dtype", "quant", "attention", "kv_policy",
@@ -90,7 +94,7 @@ static const char *const kv_keys[] = {"layers", "policy", "budget", "sinks", "wi
 static const char *const weights_formats[] = {"llama2c", "safetensors", "gguf", "synthetic", NULL};
 static const char *const tok_formats[] = {"none", "llama2c", "hf", "gguf", "bytes", NULL};
 static const char *const pairings[] = {"adjacent", "half", NULL};
-static const char *const scaling_types[] = {"llama3", NULL};
+static const char *const scaling_types[] = {"llama3", "factors", NULL};  /* RopeScaling - 1 */
 static const char *const act_dtypes[] = {"f32", "f16", "bf16", NULL};
 static const char *const quant_names[] = {"none", "f32", "f16", "bf16", "w8a16", "w4a16", "w8a8", "w4a8", NULL};
 static const char *const attn_kinds[] = {"dense", "sink_window", "quest", NULL};
@@ -749,6 +753,7 @@ static void arch_from_config(Ctx *c, Doc *cfg, const DocNode *at)
     if (arch < 0)
         return;
     c->from_config = true;
+    c->m->arch_path = path;
     c->m->qkv_bias = arch == HF_QWEN2;
     config_refuse(c, cfg->root, arch);
     config_dims(c, cfg->root);
@@ -781,9 +786,167 @@ static void arch_from_checkpoint(Ctx *c, const DocNode *at)
     m->vocab_size = h[5] < 0 ? -h[5] : h[5];
     m->tie_embeddings = h[5] > 0;
     m->max_seq = c->max_pos = h[6];
+    m->arch_path = path;
     m->norm_eps = 1e-5;     /* hard-coded in llama2.c */
     for (int i = F_DIM; i <= F_MAX_SEQ; i++)
         c->at[i] = at;
+}
+
+/* ---- arch from a GGUF file's metadata ---- */
+
+/* `<arch>.<key>` as an int in [1, INT_MAX]: false (error reported) when it
+ * is present with another type or out of range, or absent and needed; *out
+ * is left alone when it is absent. */
+static bool gguf_meta_int(Ctx *c, const GgufFile *g, const char *arch, const char *key, bool need, int *out)
+{
+    char full[160];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    int64_t v;
+    if (!gguf_find(g, full)) {
+        if (need)
+            diag_file_error(c->d, g->path, "key '%s' is missing", full);
+        return !need;
+    }
+    if (!gguf_get_int(g, full, &v)) {
+        diag_file_error(c->d, g->path, "key '%s' must be an integer%s", full,
+                        gguf_find(g, full)->type == GGUF_T_ARRAY ? " (per-layer values are not supported)" : "");
+        return false;
+    }
+    if (v < 1 || v > INT_MAX) {
+        diag_file_error(c->d, g->path, "key '%s' is %" PRId64 "; it must be between 1 and %d", full, v, INT_MAX);
+        return false;
+    }
+    *out = (int)v;
+    return true;
+}
+
+/* `<arch>.<key>` as a positive finite number, when present. */
+static bool gguf_meta_double(Ctx *c, const GgufFile *g, const char *arch, const char *key, double *out)
+{
+    char full[160];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    double v;
+    if (!gguf_find(g, full))
+        return true;
+    if (!gguf_get_float(g, full, &v) || !isfinite(v) || v <= 0) {
+        diag_file_error(c->d, g->path, "key '%s' must be a positive finite number", full);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+/* What the file holds that megac does not compute: refused by name. */
+static void gguf_refuse(Ctx *c, const GgufFile *g, const char *arch)
+{
+    char full[160];
+    int64_t n = 0;
+    snprintf(full, sizeof full, "%s.expert_count", arch);
+    if (gguf_get_int(g, full, &n) && n > 0)
+        diag_file_error(c->d, g->path, "a mixture of experts (%s = %" PRId64 ") is not supported", full, n);
+    GgufStr t;
+    snprintf(full, sizeof full, "%s.rope.scaling.type", arch);
+    if (gguf_get_str(g, full, &t) && !(t.len == 4 && memcmp(t.s, "none", 4) == 0))
+        diag_file_error(c->d, g->path, "RoPE scaling '%.*s' (%s) is not supported yet", (int)(t.len < 64 ? t.len : 64),
+                        t.s, full);
+    static const char *const biases[] = {"blk.0.attn_output.bias", "blk.0.ffn_up.bias", "blk.0.ffn_gate.bias",
+                                         "blk.0.ffn_down.bias", NULL};
+    for (int i = 0; biases[i]; i++)
+        if (gguf_find_tensor(g, biases[i]))
+            diag_file_error(c->d, g->path, "tensor '%s': biases other than q/k/v are not supported", biases[i]);
+}
+
+/* rope_freqs.weight: llama.cpp's per-pair frequency divisors (what its
+ * converter writes for Llama-3.x's llama3 scaling), head_dim/2 f32. */
+static void gguf_rope_factors(Ctx *c, const GgufFile *g)
+{
+    ModelDesc *m = c->m;
+    const GgufTensor *t = gguf_find_tensor(g, "rope_freqs.weight");
+    if (!t)
+        return;
+    int half = m->head_dim / 2;
+    if (t->ggml_type != 0 || t->ndim != 1 || half < 1 || half > MODEL_MAX_ROPE_PAIRS ||
+        t->dims[0] != (uint64_t)half) {
+        diag_file_error(c->d, g->path, "tensor 'rope_freqs.weight' must be %d f32 values (head_dim / 2)", half);
+        return;
+    }
+    const unsigned char *p = t->data;
+    for (int i = 0; i < half; i++) {
+        float f;
+        memcpy(&f, p + 4 * (size_t)i, 4);
+        if (!isfinite(f) || f <= 0) {
+            diag_file_error(c->d, g->path, "tensor 'rope_freqs.weight': element %d is %g, not a positive number", i,
+                            (double)f);
+            return;
+        }
+        m->rope_freq_factors[i] = f;
+    }
+    m->rope_scaling = ROPE_SCALING_FACTORS;
+}
+
+/* The dims of a llama/qwen2 GGUF, as llama.cpp reads them: head_dim is
+ * attention.key_length (default dim / heads), the vocabulary the embedding's
+ * rows, the classifier tied when there is no output.weight. */
+static void gguf_dims(Ctx *c, const GgufFile *g, const char *arch, const DocNode *at)
+{
+    ModelDesc *m = c->m;
+    bool ok = gguf_meta_int(c, g, arch, "embedding_length", true, &m->dim);
+    ok &= gguf_meta_int(c, g, arch, "feed_forward_length", true, &m->hidden_dim);
+    ok &= gguf_meta_int(c, g, arch, "block_count", true, &m->n_layers);
+    ok &= gguf_meta_int(c, g, arch, "attention.head_count", true, &m->n_heads);
+    ok &= gguf_meta_int(c, g, arch, "attention.head_count_kv", false, &m->n_kv_heads);
+    ok &= gguf_meta_int(c, g, arch, "context_length", true, &c->max_pos);
+    int kl = 0, vl = 0, rd = 0;
+    ok &= gguf_meta_int(c, g, arch, "attention.key_length", false, &kl);
+    ok &= gguf_meta_int(c, g, arch, "attention.value_length", false, &vl);
+    ok &= gguf_meta_int(c, g, arch, "rope.dimension_count", false, &rd);
+    ok &= gguf_meta_double(c, g, arch, "rope.freq_base", &m->rope_theta);
+    ok &= gguf_meta_double(c, g, arch, "attention.layer_norm_rms_epsilon", &m->norm_eps);
+    if (!ok)
+        return;
+    m->head_dim = kl ? kl : m->n_heads > 0 && m->dim % m->n_heads == 0 ? m->dim / m->n_heads : 0;
+    if (vl && vl != m->head_dim)
+        diag_file_error(c->d, g->path, "value heads of %d and key heads of %d are not supported (they must be equal)",
+                        vl, m->head_dim);
+    if (rd && rd != m->head_dim)
+        diag_file_error(c->d, g->path, "RoPE on %d of a head's %d dims (partial rotary) is not supported", rd,
+                        m->head_dim);
+    const GgufTensor *e = gguf_find_tensor(g, "token_embd.weight");
+    if (!e || e->ndim != 2 || e->dims[1] < 1 || e->dims[1] > INT_MAX) {
+        diag_file_error(c->d, g->path, "no 2-d tensor 'token_embd.weight' gives the vocabulary size");
+        return;
+    }
+    m->vocab_size = (int)e->dims[1];
+    m->max_seq = c->max_pos < 4096 ? c->max_pos : 4096;
+    m->tie_embeddings = !gguf_find_tensor(g, "output.weight");
+    m->qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
+    gguf_rope_factors(c, g);
+    for (int i = F_DIM; i <= F_THETA; i++)
+        c->at[i] = at;
+}
+
+/* arch: {from-gguf: PATH}: a GGUF file's own hyperparameters (llama.cpp's
+ * `<arch>.*` keys) and RoPE pairing. */
+static void arch_from_gguf(Ctx *c, const DocNode *at)
+{
+    const char *p = node_str(c, at, "arch.from-gguf");
+    if (!p)
+        return;
+    int errors0 = c->d->nerrors;
+    const char *path = path_resolve(c, p);
+    GgufFile *g = gguf_open(path, c->d);
+    char arch[64];
+    RopePairing pairing;
+    if (g && gguf_model_arch(g, arch, sizeof arch, &pairing, c->d)) {
+        c->m->arch_path = path;
+        c->arch_pairing = (int)pairing;
+        gguf_refuse(c, g, arch);
+        gguf_dims(c, g, arch, at);
+    }
+    if (c->d->nerrors != errors0)
+        ctx_note(c, at, "GGUF named here");
+    if (g)
+        gguf_close(g);
 }
 
 /* arch: {dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim,
@@ -795,16 +958,19 @@ static void desc_arch(Ctx *c, Doc *cfg, const DocNode *a)
     if (!map_check(c, a, "arch", arch_keys))
         return;
     const DocNode *fc = doc_get(a, "from-config"), *fk = doc_get(a, "from-checkpoint");
-    if (fc && fk) {
-        ctx_error(c, fk, "'from-checkpoint' and 'from-config' cannot both be given");
+    const DocNode *fg = doc_get(a, "from-gguf");
+    if (!!fc + !!fk + !!fg > 1) {
+        ctx_error(c, fg ? fg : fk, "only one of 'from-config', 'from-checkpoint' and 'from-gguf' can be given");
         return;
     }
     if (fc)
         arch_from_config(c, cfg, fc);
     else if (fk)
         arch_from_checkpoint(c, fk);
+    else if (fg)
+        arch_from_gguf(c, fg);
     static const char *const need[] = {"dim", "hidden_dim", "n_layers", "n_heads", "vocab_size", "max_seq", NULL};
-    for (int i = 0; !fc && !fk && need[i]; i++)
+    for (int i = 0; !fc && !fk && !fg && need[i]; i++)
         if (!doc_get(a, need[i]))
             missing_key(c, a, "arch", need[i]);
     field_int(c, a, "arch", "dim", 1, &m->dim, F_DIM);
@@ -828,8 +994,40 @@ static void desc_arch(Ctx *c, Doc *cfg, const DocNode *a)
 
 /* ---- rope ---- */
 
+/* scaling: {type: factors, factors: [NUMBER, ...]}: one divisor per pair
+ * (head_dim / 2 of them), as a GGUF's rope_freqs.weight holds. */
+static void desc_rope_factors(Ctx *c, const DocNode *s)
+{
+    ModelDesc *m = c->m;
+    for (int i = 1; scaling_keys[i]; i++)
+        if (strcmp(scaling_keys[i], "factors") != 0 && doc_get(s, scaling_keys[i]))
+            ctx_error(c, doc_get(s, scaling_keys[i]), "'rope.scaling.%s' does not apply to type 'factors'",
+                      scaling_keys[i]);
+    const DocNode *f = doc_get(s, "factors");
+    if (!f) {
+        missing_key(c, s, "rope.scaling", "factors");
+        return;
+    }
+    int half = m->head_dim / 2;
+    if (f->kind != DOC_SEQ || f->n != half || half > MODEL_MAX_ROPE_PAIRS) {
+        ctx_error(c, f, "expected a list of %d numbers (head_dim / 2) for 'rope.scaling.factors', found %s", half,
+                  f->kind == DOC_SEQ ? arena_printf(c->a, "%d", f->n) : doc_kind_name(f->kind));
+        return;
+    }
+    m->rope_scaling = ROPE_SCALING_FACTORS;
+    for (int i = 0; i < half; i++) {
+        double v;
+        if (!node_double(c, f->items[i], "rope.scaling.factors", &v))
+            continue;
+        if (!isfinite(v) || v <= 0)
+            ctx_error(c, f->items[i], "a RoPE frequency factor must be a positive number, found %g", v);
+        m->rope_freq_factors[i] = v;
+    }
+}
+
 /* scaling: none | {type: llama3, factor: NUMBER, low_freq_factor: 1,
- *                  high_freq_factor: 4, original_max_pos: 8192} */
+ *                  high_freq_factor: 4, original_max_pos: 8192}
+ *        | {type: factors, factors: [...]} */
 static void desc_rope_scaling(Ctx *c, const DocNode *s)
 {
     ModelDesc *m = c->m;
@@ -841,10 +1039,17 @@ static void desc_rope_scaling(Ctx *c, const DocNode *s)
     if (!map_check(c, s, "rope.scaling", scaling_keys))
         return;
     const DocNode *t = doc_get(s, "type");
+    int type = t ? node_enum(c, t, "rope.scaling.type", scaling_types) : 0;
     if (!t)
         missing_key(c, s, "rope.scaling", "type");
-    else if (node_enum(c, t, "rope.scaling.type", scaling_types) < 0)
+    else if (type < 0)
         return;
+    if (type + 1 == ROPE_SCALING_FACTORS) {
+        desc_rope_factors(c, s);
+        return;
+    }
+    if (doc_get(s, "factors"))
+        ctx_error(c, doc_get(s, "factors"), "'rope.scaling.factors' applies only to type 'factors'");
     if (!doc_get(s, "factor"))
         missing_key(c, s, "rope.scaling", "factor");
     m->rope_scaling = ROPE_SCALING_LLAMA3;
@@ -1212,6 +1417,14 @@ static void check_rope(Checker *k)
         check_fail(k, F_EPS, "norm_eps must be in (0, 1), found %g", m->norm_eps);
     if (!(m->rope_theta > 1))
         check_fail(k, F_THETA, "rope theta must be greater than 1, found %g", m->rope_theta);
+    if (m->rope_scaling == ROPE_SCALING_FACTORS) {
+        bool ok = m->head_dim / 2 <= MODEL_MAX_ROPE_PAIRS;
+        for (int i = 0; ok && i < m->head_dim / 2; i++)
+            ok = isfinite(m->rope_freq_factors[i]) && m->rope_freq_factors[i] > 0;
+        if (!ok)
+            check_fail(k, F_SCALING, "RoPE frequency factors need head_dim / 2 (at most %d) positive numbers",
+                       MODEL_MAX_ROPE_PAIRS);
+    }
     if (m->rope_scaling != ROPE_SCALING_LLAMA3)
         return;
     if (!(m->rope_factor >= 1) || !(m->rope_low_freq_factor > 0) ||
@@ -1329,8 +1542,11 @@ static void desc_walk(Ctx *c, Doc *cfg)
     field_double(c, r, "", "norm_eps", &m->norm_eps, F_EPS);
     field_bool(c, r, "", "tie_embeddings", &m->tie_embeddings);
     field_bool(c, r, "", "qkv_bias", &m->qkv_bias);
-    m->rope_pairing = m->weights_format == WFMT_SAFETENSORS ||
-                      (m->weights_format == WFMT_SYNTHETIC && c->from_config) ? ROPE_HALF : ROPE_ADJACENT;
+    if (c->arch_pairing >= 0 && m->weights_format != WFMT_SAFETENSORS)
+        m->rope_pairing = (RopePairing)c->arch_pairing;     /* the GGUF's own */
+    else
+        m->rope_pairing = m->weights_format == WFMT_SAFETENSORS ||
+                          (m->weights_format == WFMT_SYNTHETIC && c->from_config) ? ROPE_HALF : ROPE_ADJACENT;
     if ((n = doc_get(r, "rope")))
         desc_rope(c, n);
     if ((n = doc_get(r, "tokenizer")))
@@ -1350,7 +1566,7 @@ bool desc_parse(ModelDesc *m, Arena *a, const char *path, const char *text, size
     m->dir = dir_of(a, path);
     Doc doc, cfg = {0};
     Doc *ods = xcalloc((size_t)nov + 1, sizeof *ods);
-    Ctx c = {.m = m, .a = a, .d = d, .doc = &doc};
+    Ctx c = {.m = m, .a = a, .d = d, .doc = &doc, .arch_pairing = -1};
     bool parsed = doc_parse(&doc, path, xstrndup(text, len), len, d);
     if (parsed && !doc.root)
         diag_error(d, &doc.src, 0, 0, "empty model description");
@@ -1369,30 +1585,159 @@ bool desc_parse(ModelDesc *m, Arena *a, const char *path, const char *text, size
     return d->nerrors == errors0;
 }
 
+/* ---- descriptions megac writes for a checkpoint ---- */
+
+/* s as a YAML double-quoted scalar. */
+static void yaml_quote(FILE *b, const char *s)
+{
+    fputc('"', b);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(b, "\\%c", ch);
+        else if (ch < 0x20 || ch == 0x7f)
+            fprintf(b, "\\x%02x", ch);
+        else
+            fputc((char)ch, b);
+    }
+    fputc('"', b);
+}
+
+/* A bundle name from a file or folder name: its characters outside
+ * [A-Za-z0-9._-] become '-', at most 128 of them. */
+static void name_from(FILE *b, const char *base, size_t n)
+{
+    static const char ok[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-";
+    if (n > 128)
+        n = 128;
+    if (strspn(base, ".") >= n) {   /* "", ".", ".." */
+        fputs("model", b);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        fputc(base[i] && strchr(ok, base[i]) ? base[i] : '-', b);
+}
+
+static bool file_is_gguf(const char *path)
+{
+    char magic[4];
+    FILE *f = fopen(path, "rb");
+    bool yes = f && fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
+    if (f)
+        fclose(f);
+    return yes;
+}
+
+/* The text desc_load parses for `path` and the path it is parsed as (its
+ * folder resolves relative paths), in *as (malloc'd):
+ *  - a GGUF file: arch from its metadata, its weights and vocabulary;
+ *  - a folder holding config.json (an HF checkpoint): arch from the
+ *    config, the folder's safetensors, its tokenizer.json when there is one;
+ *  - anything else: the file's own bytes, a YAML description.
+ * NULL with errno set when it cannot be read. */
+static char *desc_source(const char *path, size_t *len, char **as)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return NULL;
+    const char *slash = strrchr(path, '/');
+    char *text = NULL;
+    FILE *b = open_memstream(&text, len);
+    if (!b)
+        die("open_memstream: %s", strerror(errno));
+    if (S_ISDIR(st.st_mode)) {
+        size_t n = strlen(path);
+        while (n > 1 && path[n - 1] == '/')
+            n--;
+        char *cfg = xmalloc(n + 32);
+        snprintf(cfg, n + 32, "%.*s/config.json", (int)n, path);
+        if (stat(cfg, &st) != 0 || !S_ISREG(st.st_mode)) {
+            free(cfg);
+            fclose(b);
+            free(text);
+            errno = ENOENT;
+            return NULL;
+        }
+        const char *base = path + n;
+        while (base > path && base[-1] != '/')
+            base--;
+        fputs("# the description megac writes for an HF checkpoint folder\nname: ", b);
+        char *real = realpath(path, NULL);
+        const char *rb = real && strrchr(real, '/') ? strrchr(real, '/') + 1 : base;
+        name_from(b, rb, real ? strlen(rb) : (size_t)(path + n - base));
+        free(real);
+        fputs("\narch: {from-config: config.json}\nweights: {format: safetensors, path: .}\n", b);
+        memcpy(cfg + n + 1, "tokenizer.json", 15);
+        bool tok = stat(cfg, &st) == 0 && S_ISREG(st.st_mode);
+        fputs(tok ? "tokenizer: {format: hf, path: tokenizer.json}\n" : "tokenizer: {format: none}\n", b);
+        memcpy(cfg + n + 1, "config.json", 12);
+        *as = cfg;
+    } else if (file_is_gguf(path)) {
+        const char *base = slash ? slash + 1 : path, *dot = strrchr(base, '.');
+        size_t n = dot && dot != base && strcmp(dot, ".gguf") == 0 ? (size_t)(dot - base) : strlen(base);
+        fputs("# the description megac writes for a GGUF file\nname: ", b);
+        name_from(b, base, n);
+        fputs("\narch: {from-gguf: ", b);
+        yaml_quote(b, base);
+        fputs("}\nweights: {format: gguf, path: ", b);
+        yaml_quote(b, base);
+        fputs("}\ntokenizer: {format: gguf}\n", b);
+        *as = xstrdup(path);
+    } else {
+        fclose(b);
+        free(text);
+        text = read_file(path, len);
+        if (text)
+            *as = xstrdup(path);
+        return text;
+    }
+    fclose(b);
+    return text;
+}
+
+char *desc_read_text(const char *path, size_t *len)
+{
+    char *as = NULL, *text = desc_source(path, len, &as);
+    free(as);
+    return text;
+}
+
 bool desc_load(ModelDesc *m, Arena *a, const char *path, const DescOverride *ov, int nov, Diag *d)
 {
     if (!path || strcmp(path, desc_default_name) == 0)
         return desc_parse(m, a, DESC_EMBEDDED_PATH, desc_default_yaml, strlen(desc_default_yaml), ov, nov, d);
     size_t len;
-    char *text = read_file(path, &len);
+    char *as = NULL, *text = desc_source(path, &len, &as);
     if (!text) {
-        diag_file_error(d, path, "cannot read model description: %s", strerror(errno));
+        struct stat st;
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+            diag_file_error(d, path, "this folder holds no config.json: a model is a description (.yaml), a GGUF "
+                            "file, or an HF checkpoint folder (config.json and safetensors)");
+        else
+            diag_file_error(d, path, "cannot read model description: %s", strerror(errno));
         return false;
     }
-    bool ok = desc_parse(m, a, path, text, len, ov, nov, d);
+    bool ok = desc_parse(m, a, as, text, len, ov, nov, d);
     free(text);
+    free(as);
     return ok;
 }
 
 /* ---- printing: the resolved description, as YAML desc_parse reads back ---- */
 
+/* The shortest of %.15g and %.17g that reads back as v. */
+static const char *double_str(char buf[40], double v)
+{
+    snprintf(buf, 40, "%.15g", v);
+    if (strtod(buf, NULL) != v)
+        snprintf(buf, 40, "%.17g", v);
+    return buf;
+}
+
 static void print_double(FILE *out, const char *key, double v)
 {
     char buf[40];
-    snprintf(buf, sizeof buf, "%.15g", v);
-    if (strtod(buf, NULL) != v)
-        snprintf(buf, sizeof buf, "%.17g", v);
-    fprintf(out, "%s: %s\n", key, buf);
+    fprintf(out, "%s: %s\n", key, double_str(buf, v));
 }
 
 static void print_str(FILE *out, const char *s)
@@ -1516,6 +1861,13 @@ void desc_print(const ModelDesc *m, FILE *out)
         print_double(out, "    low_freq_factor", m->rope_low_freq_factor);
         print_double(out, "    high_freq_factor", m->rope_high_freq_factor);
         fprintf(out, "    original_max_pos: %d\n", m->rope_orig_max_pos);
+    } else if (m->rope_scaling == ROPE_SCALING_FACTORS) {
+        fputs("  scaling:\n    type: factors\n    factors: [", out);
+        for (int i = 0; i < m->head_dim / 2 && i < MODEL_MAX_ROPE_PAIRS; i++) {
+            char buf[40];
+            fprintf(out, "%s%s", i ? ", " : "", double_str(buf, m->rope_freq_factors[i]));
+        }
+        fputs("]\n", out);
     } else {
         fputs("  scaling: none\n", out);
     }

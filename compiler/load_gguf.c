@@ -18,7 +18,7 @@
  * adjacent; "qwen2" keeps HF's rotate-half order (llama.cpp's NEOX rope).
  * The file's `<arch>.*` hyperparameters, when present, must have their
  * types and agree with the description (a shorter context_length is a
- * warning).
+ * warning), and so must the RoPE frequencies of its rope_freqs.weight.
  */
 #include "compiler/gguf.h"
 #include "compiler/quant.h"
@@ -26,6 +26,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum {
@@ -161,6 +162,38 @@ static bool gguf_context_check(const GgufFile *g, const char *arch, const ModelD
     return true;
 }
 
+/* rope_freqs.weight, llama.cpp's per-pair divisors of theta^(-2i/head_dim)
+ * (what its converter writes for llama3 scaling), must give the
+ * description's frequencies within 1e-5: a description without the
+ * scaling the file was converted with would rotate long contexts wrong. */
+static bool gguf_rope_freqs_check(const GgufFile *g, const ModelDesc *m, Diag *d)
+{
+    const GgufTensor *t = gguf_find_tensor(g, "rope_freqs.weight");
+    int half = m->head_dim / 2;
+    if (!t)
+        return true;
+    if (t->ggml_type != GGML_F32 || t->ndim != 1 || t->dims[0] != (uint64_t)half) {
+        diag_file_error(d, g->path, "tensor 'rope_freqs.weight' must be %d f32 values (head_dim / 2)", half);
+        return false;
+    }
+    double *want = xmalloc(sizeof(double) * (size_t)half);
+    rope_freqs(m, want);
+    bool ok = true;
+    for (int i = 0; ok && i < half; i++) {
+        float f;
+        memcpy(&f, (const unsigned char *)t->data + 4 * (size_t)i, 4);
+        double got = pow(m->rope_theta, -2.0 * i / m->head_dim) / f;
+        if (!(fabs(got - want[i]) <= 1e-5 * want[i])) {
+            diag_file_error(d, g->path, "tensor 'rope_freqs.weight' gives RoPE pair %d the frequency %g, but the "
+                            "model description %g (its rope.scaling: arch: {from-gguf: ...} reads the file's)", i,
+                            got, want[i]);
+            ok = false;
+        }
+    }
+    free(want);
+    return ok;
+}
+
 static bool gguf_hparams_check(const GgufFile *g, const ModelDesc *m, const char *arch, Diag *d)
 {
     bool ok = gguf_hparam_check(g, arch, "embedding_length", m->dim, d);
@@ -173,12 +206,10 @@ static bool gguf_hparams_check(const GgufFile *g, const ModelDesc *m, const char
     ok &= gguf_hparam_float_check(g, arch, "rope.freq_base", m->rope_theta, "rope theta", d);
     ok &= gguf_hparam_float_check(g, arch, "attention.layer_norm_rms_epsilon", m->norm_eps, "norm_eps", d);
     ok &= gguf_context_check(g, arch, m, d);
-    return ok;
+    return ok && gguf_rope_freqs_check(g, m, d);
 }
 
-/* general.architecture: the Llama-family ones megac runs and their RoPE
- * pairing; a file without the key is taken as "llama". */
-static bool gguf_arch(const GgufFile *g, char *arch, size_t n, RopePairing *pairing, Diag *d)
+bool gguf_model_arch(const GgufFile *g, char *arch, size_t n, RopePairing *pairing, Diag *d)
 {
     static const struct { const char *name; RopePairing pairing; } archs[] = {
         {"llama", ROPE_ADJACENT}, {"qwen2", ROPE_HALF},
@@ -208,7 +239,7 @@ bool load_gguf(Weights *w, const char *path, Diag *d)
     if (!g)
         return false;
     char arch[64];
-    bool ok = gguf_arch(g, arch, sizeof arch, &w->pairing, d) && weights_pairing_check(w, d, path, w->pairing) &&
+    bool ok = gguf_model_arch(g, arch, sizeof arch, &w->pairing, d) && weights_pairing_check(w, d, path, w->pairing) &&
               gguf_hparams_check(g, w->m, arch, d);
     if (ok) {
         GgufCtx c = {g, w};

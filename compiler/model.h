@@ -22,7 +22,10 @@
 #include "ir/util.h"
 
 typedef enum { ROPE_ADJACENT, ROPE_HALF } RopePairing;
-typedef enum { ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3 } RopeScaling;
+/* ROPE_SCALING_FACTORS: pair i's frequency divided by rope_freq_factors[i]
+ * (GGUF's rope_freqs.weight, what llama.cpp stores for Llama-3.x). */
+typedef enum { ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3, ROPE_SCALING_FACTORS } RopeScaling;
+#define MODEL_MAX_ROPE_PAIRS 256    /* head_dim / 2 with ROPE_SCALING_FACTORS */
 
 typedef enum {
     WFMT_LLAMA2C,       /* llama2.c .bin, v0 layout */
@@ -79,6 +82,8 @@ typedef struct ModelDesc {
     const char *name;
     const char *path;           /* the YAML file it came from ("<embedded>" for the default) */
     const char *dir;            /* its folder: relative paths resolve against it */
+    const char *arch_path;      /* the file arch came from (from-config, from-gguf,
+                                 * from-checkpoint), resolved; NULL for explicit dims */
 
     /* architecture */
     int dim;                    /* hidden size */
@@ -101,6 +106,7 @@ typedef struct ModelDesc {
     double rope_low_freq_factor;    /* llama3: 1 */
     double rope_high_freq_factor;   /* llama3: 4 */
     int rope_orig_max_pos;      /* llama3: 8192 */
+    double rope_freq_factors[MODEL_MAX_ROPE_PAIRS]; /* ROPE_SCALING_FACTORS: head_dim/2 divisors */
 
     /* where the weights and tokenizer come from */
     WeightFormat weights_format;
@@ -128,10 +134,16 @@ typedef struct {
 } DescOverride;
 
 /* Parses a model description. Errors go to d as file:line:col; returns
- * false on any error (then *m is unspecified). */
+ * false on any error (then *m is unspecified). `path` is a YAML
+ * description, a GGUF file, or an HF checkpoint folder (config.json, its
+ * safetensors and tokenizer.json): for the last two megac writes the
+ * description itself (arch: {from-gguf: ...} / {from-config: ...}). */
 bool desc_load(ModelDesc *m, Arena *a, const char *path, const DescOverride *ov, int nov, Diag *d);
 bool desc_parse(ModelDesc *m, Arena *a, const char *path, const char *text, size_t len,
                 const DescOverride *ov, int nov, Diag *d);
+/* The text desc_load parses for `path` (malloc'd; NULL with errno set when
+ * it cannot be read). */
+char *desc_read_text(const char *path, size_t *len);
 /* The default model embedded in the binary (no files needed). */
 extern const char desc_default_yaml[];
 extern const char desc_default_name[];
@@ -220,6 +232,13 @@ DType weights_dtype(const Weights *w, const char *name);
 /* True when lm_head is a tensor of its own (untied, or a tied model whose
  * classifier and embedding were quantized to different dtypes). */
 bool weights_head_separate(const Weights *w);
+
+/* ---- load_gguf.c ---- */
+/* A GGUF's general.architecture, one of the Llama-family ones megac runs
+ * ("llama", "qwen2"; a file without the key is "llama"), copied into arch,
+ * and the RoPE pairing of its q/k rows; false (error reported) otherwise. */
+struct GgufFile;
+bool gguf_model_arch(const struct GgufFile *g, char *arch, size_t n, RopePairing *pairing, Diag *d);
 
 /* ---- rope.c ---- */
 /* Per-pair inverse frequencies (head_dim/2 values), llama3 scaling applied. */

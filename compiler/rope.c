@@ -12,6 +12,8 @@
  *   wavelen > orig/low    -> freq / factor  (low frequencies)
  *   otherwise             -> smooth = (orig/wavelen - low) / (high - low),
  *                            freq' = (1 - smooth) * freq/factor + smooth * freq
+ *
+ * Frequency factors (a GGUF's rope_freqs.weight): freq_i / factors[i].
  */
 #include "compiler/model.h"
 
@@ -40,6 +42,8 @@ void rope_freqs(const ModelDesc *m, double *freq)
         double f = pow(m->rope_theta, -2.0 * i / m->head_dim);
         if (m->rope_scaling == ROPE_SCALING_LLAMA3)
             f = rope_llama3_scale(m, f);
+        else if (m->rope_scaling == ROPE_SCALING_FACTORS)
+            f /= m->rope_freq_factors[i];
         freq[i] = f;
     }
 }

@@ -6,7 +6,7 @@
  * .megac-cache/<key>.megac, where the key hashes what the bundle depends
  * on: the description's bytes, the --set overrides, the target, the worker
  * count, and the identity (path, size, modification time) of this megac
- * executable and of the weight and tokenizer files the description names,
+ * executable and of the weight, tokenizer and arch files the description names,
  * so a rebuilt compiler or a replaced checkpoint is not served stale.
  *
  * Text goes to stdout as llama2.c's run.c prints it: -n counts positions,
@@ -112,7 +112,8 @@ static uint64_t fnv_file_id(uint64_t h, const char *path)
     return h;
 }
 
-/* The weight and tokenizer files the description names, folded into h;
+/* The weight, tokenizer and arch (config.json, GGUF) files the description
+ * names, folded into h;
  * false (errors reported) if the description does not load. */
 static bool fnv_model_files(uint64_t *h, const RunOptions *o)
 {
@@ -124,7 +125,7 @@ static bool fnv_model_files(uint64_t *h, const RunOptions *o)
                        : desc_parse(&m, &a, "<embedded>", desc_default_yaml, strlen(desc_default_yaml), o->sets,
                                     o->nsets, &d);
     if (ok)
-        *h = fnv_file_id(fnv_file_id(*h, m.weights_path), m.tok_path);
+        *h = fnv_file_id(fnv_file_id(fnv_file_id(*h, m.weights_path), m.tok_path), m.arch_path);
     arena_free(&a);
     return ok;
 }
@@ -136,7 +137,7 @@ static bool cache_key(const RunOptions *o, const char *target, uint64_t *key)
     uint64_t h = HASH_FNV_INIT;
     if (o->model) {
         size_t len;
-        char *text = read_file(o->model, &len);
+        char *text = desc_read_text(o->model, &len);
         if (!text) {
             fprintf(stderr, "megac run: %s: cannot read: %s\n", o->model, strerror(errno));
             return false;

