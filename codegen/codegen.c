@@ -75,6 +75,23 @@ static uint64_t facts_io_offset(const Schedule *s, const char *name)
     return b >= 0 && s->bufs[b].cls == BUF_IO ? s->bufs[b].offset : MEGAC_FACT_NONE;
 }
 
+_Static_assert(OP_COUNT <= 32 && DT_COUNT <= 32, "cg_used's masks have a bit per opcode and dtype");
+
+void cg_used(const Schedule *s, uint32_t *ops, uint32_t *dtypes)
+{
+    *ops = *dtypes = 0;
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        for (uint32_t i = 0; i < s->workers[w].ninst; i++) {
+            const Inst *in = &s->workers[w].insts[i];
+            if (in->kind != INST_OP)
+                continue;
+            *ops |= 1u << in->op;
+            for (uint32_t k = 0; k < in->nacc; k++)
+                if (s->accs[in->acc + k].buf != BUF_NONE)
+                    *dtypes |= 1u << s->bufs[s->accs[in->acc + k].buf].dtype;
+        }
+}
+
 void cg_kernel_facts(const Schedule *s, uint64_t *v)
 {
     v[MEGAC_FACT_WORKERS] = s->nworkers;

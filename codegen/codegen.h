@@ -38,6 +38,10 @@ bool cg_run_cc(char *const argv[], char **output);
 /* What a kernel built from s states about itself (megac_kernel_facts,
  * runtime/kernel_abi.h): v has MEGAC_NFACTS entries. */
 void cg_kernel_facts(const Schedule *s, uint64_t *v);
+/* The opcodes (bit o for OpCode o) and operand dtypes (bit t for DType t)
+ * of s's instructions: both backends compile only those op bodies and
+ * weight formats. */
+void cg_used(const Schedule *s, uint32_t *ops, uint32_t *dtypes);
 
 /* ---- info.c: for `megac doctor` ---- */
 const char *cg_llvm_version(void);

@@ -2,7 +2,8 @@
  * cpu_glue.c - the glue module of the CPU kernel, built with the LLVM C API:
  * the validated schedule serialized as constant tables (the layout of
  * kernel_table.h, which kernel_body.c reads), the model shape as constants
- * the op bodies get specialized to, and the constants the runtime reads
+ * the op bodies get specialized to, which opcodes and dtypes the schedule
+ * uses (so that O3 drops the bodies of the others), and the constants the runtime reads
  * from kernel.so (megac_kernel_abi, megac_schedule_hash, megac_num_workers,
  * megac_kernel_facts).
  */
@@ -127,6 +128,16 @@ static void glue_facts(LLVMModuleRef m, LLVMContextRef ctx, const Schedule *s)
     glue_global(m, "megac_kernel_facts", LLVMConstArray(i64, c, MEGAC_NFACTS), 8);
 }
 
+/* megac_k_ops, megac_k_dts: the opcodes and operand dtypes of the schedule. */
+static void glue_used(LLVMModuleRef m, LLVMContextRef ctx, const Schedule *s)
+{
+    uint32_t ops, dts;
+    cg_used(s, &ops, &dts);
+    LLVMTypeRef i32 = LLVMInt32TypeInContext(ctx);
+    glue_global(m, KT_SYM_OPS, LLVMConstInt(i32, ops, 0), 4);
+    glue_global(m, KT_SYM_DTS, LLVMConstInt(i32, dts, 0), 4);
+}
+
 LLVMModuleRef cpu_glue_build(LLVMContextRef ctx, const Schedule *s)
 {
     LLVMModuleRef m = LLVMModuleCreateWithNameInContext("megac_glue", ctx);
@@ -134,6 +145,7 @@ LLVMModuleRef cpu_glue_build(LLVMContextRef ctx, const Schedule *s)
     glue_tables(m, ctx, s);
     glue_shape(m, ctx, &s->shape);
     glue_global(m, KT_SYM_NWORKERS, LLVMConstInt(i32, s->nworkers, 0), 4);
+    glue_used(m, ctx, s);
     glue_global(m, "megac_kernel_abi", LLVMConstInt(i64, MEGAC_KERNEL_ABI, 0), 8);
     glue_global(m, "megac_schedule_hash", LLVMConstInt(i64, sched_hash(s), 0), 8);
     glue_global(m, "megac_num_workers", LLVMConstInt(i32, s->nworkers, 0), 4);

@@ -81,6 +81,14 @@ extern const int64_t megac_k_shape[];
 extern const float megac_k_eps;
 extern const uint32_t megac_k_nworkers;
 extern const int32_t megac_k_isa; /* KT_ISA_* bits, defined by cpu_emit.c */
+extern const uint32_t megac_k_ops;  /* bit o: the schedule has opcode o */
+extern const uint32_t megac_k_dts;  /* bit t: an operand of dtype t */
+
+/* Tests of these fold at O3, so the bodies of ops and weight formats the
+ * schedule does not use are dropped from kernel.so (and from its compile
+ * time). */
+#define HAS_OP(o) ((megac_k_ops >> (o)) & 1u)
+#define HAS_DT(t) ((megac_k_dts >> (t)) & 1u)
 
 void megac_worker(const MegacArgs *a, uint32_t worker);
 
@@ -1642,11 +1650,13 @@ static void qrows4(int t, const unsigned char *const row[4], const float *x, con
 /* y[r0:r1] (+)= W . x (+ b) for the A16 quantized and half dtypes. */
 static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
-    if (kt_row_packed(t, k)) {
+    if ((HAS_DT(DT_Q4_0) | HAS_DT(DT_Q4_1) | HAS_DT(DT_Q5_0) | HAS_DT(DT_Q5_1) | HAS_DT(DT_W4G32)) &&
+        kt_row_packed(t, k)) {
         gemv_packed(t, sg, ns, x, k);
         return;
     }
-    if ((t == DT_Q4_K || t == DT_Q5_K || t == DT_Q6_K) && k <= QFAST_K_MAX) {
+    if ((HAS_DT(DT_Q4_K) | HAS_DT(DT_Q5_K) | HAS_DT(DT_Q6_K)) && (t == DT_Q4_K || t == DT_Q5_K || t == DT_Q6_K) &&
+        k <= QFAST_K_MAX) {
         gemv_kq(t, sg, ns, x, k);
         return;
     }
@@ -2600,7 +2610,9 @@ static void gemv_rows(const MegacArgs *a, const int64_t *in, int n, const float 
         for (int i = 0; i < n; i++)
             gemv_f32(&sg[i], x, k);
     } else if (a8_is(t)) {
-        gemv_a8(t, sg, n, x, k);
+        if (HAS_DT(DT_W8A8) | HAS_DT(DT_W4A8G32) | HAS_DT(DT_W4A8G64) | HAS_DT(DT_W4A8G128) | HAS_DT(DT_Q4_1A8) |
+            HAS_DT(DT_Q8_0A8))
+            gemv_a8(t, sg, n, x, k);
     } else {
         gemv_quant(t, sg, n, x, k);
     }
@@ -3305,21 +3317,22 @@ static void op_argmax_combine(const MegacArgs *a, const int64_t *in)
 
 static void op_run(const MegacArgs *a, const int64_t *in, WStream *ws)
 {
+    /* each case only when the schedule has the op: the others compile away */
     switch (in[KT_OP]) {
-    case OP_EMBED: op_embed(a, in); break;
-    case OP_RMSNORM: op_rmsnorm(a, in); break;
-    case OP_ROPE: op_rope(a, in); break;
-    case OP_KV_APPEND: op_kv_append(a, in); break;
-    case OP_ATTN: op_attn(a, in, ws); break;
-    case OP_ATTN_COMBINE: op_attn_combine(a, in); break;
-    case OP_SILU_MUL: op_silu_mul(a, in); break;
-    case OP_ADD: op_add(a, in); break;
-    case OP_ARGMAX: op_argmax(a, in); break;
-    case OP_ARGMAX_COMBINE: op_argmax_combine(a, in); break;
-    case OP_KV_STORE: op_kv_store(a, in); break;
-    case OP_ATTN_SPARSE: op_attn_sparse(a, in, ws); break;
-    case OP_QUEST_SELECT: op_quest_select(a, in); break;
-    case OP_KV_EVICT: op_kv_evict(a, in); break;
+    case OP_EMBED: if (HAS_OP(OP_EMBED)) op_embed(a, in); break;
+    case OP_RMSNORM: if (HAS_OP(OP_RMSNORM)) op_rmsnorm(a, in); break;
+    case OP_ROPE: if (HAS_OP(OP_ROPE)) op_rope(a, in); break;
+    case OP_KV_APPEND: if (HAS_OP(OP_KV_APPEND)) op_kv_append(a, in); break;
+    case OP_ATTN: if (HAS_OP(OP_ATTN)) op_attn(a, in, ws); break;
+    case OP_ATTN_COMBINE: if (HAS_OP(OP_ATTN_COMBINE)) op_attn_combine(a, in); break;
+    case OP_SILU_MUL: if (HAS_OP(OP_SILU_MUL)) op_silu_mul(a, in); break;
+    case OP_ADD: if (HAS_OP(OP_ADD)) op_add(a, in); break;
+    case OP_ARGMAX: if (HAS_OP(OP_ARGMAX)) op_argmax(a, in); break;
+    case OP_ARGMAX_COMBINE: if (HAS_OP(OP_ARGMAX_COMBINE)) op_argmax_combine(a, in); break;
+    case OP_KV_STORE: if (HAS_OP(OP_KV_STORE)) op_kv_store(a, in); break;
+    case OP_ATTN_SPARSE: if (HAS_OP(OP_ATTN_SPARSE)) op_attn_sparse(a, in, ws); break;
+    case OP_QUEST_SELECT: if (HAS_OP(OP_QUEST_SELECT)) op_quest_select(a, in); break;
+    case OP_KV_EVICT: if (HAS_OP(OP_KV_EVICT)) op_kv_evict(a, in); break;
     default: break;
     }
 }

@@ -50,6 +50,10 @@ enum {
 #define KT_SYM_SHAPE "megac_k_shape"
 #define KT_SYM_EPS "megac_k_eps"
 #define KT_SYM_NWORKERS "megac_k_nworkers"
+/* u32 masks of what the schedule uses: bit o for opcode o, bit t for an
+ * operand of dtype t (tests of them fold at O3: unused bodies are dropped) */
+#define KT_SYM_OPS "megac_k_ops"
+#define KT_SYM_DTS "megac_k_dts"
 
 /* The instruction sets the target has, as KT_ISA_* bits: defined by
  * cpu_emit.c (not the glue module: it knows the target) once the target

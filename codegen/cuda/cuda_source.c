@@ -3,7 +3,8 @@
  *
  *   platform   cuda_prelude.cuh (NVRTC) or host_shim.h (the host)
  *   shape      #defines: the model constants the op bodies are specialized
- *              to, the block size, the shared scratch and attention layout
+ *              to, the block size, the shared scratch and attention layout,
+ *              the opcodes and dtypes the schedule uses (MK_OPS, MK_DTS)
  *   schedule   megac_k_insts: the instructions as a stream of 32-bit
  *              words (2 per signal or wait, 2 + params + operands per op;
  *              kernel_body.cuh describes them), every worker's list in
@@ -135,6 +136,9 @@ static void source_shape(FILE *f, const Schedule *s, const CudaLayout *l)
     fprintf(f, "#define MK_ROPE_HALF %d\n#define MK_EPS %.9ef\n", sh->rope_pairing == 1, sh->norm_eps);
     fprintf(f, "#define MK_NWORKERS %uu\n#define MK_ARENA_BIT 0x%llxull\n", s->nworkers,
             (unsigned long long)CUDA_ARENA_BIT);
+    uint32_t ops, dts;
+    cg_used(s, &ops, &dts);     /* kernel_body.cuh compiles only these bodies */
+    fprintf(f, "#define MK_OPS 0x%xu\n#define MK_DTS 0x%xu\n", ops, dts);
     source_dev_defines(f);
 }
 

@@ -69,6 +69,23 @@ enum {
 #define MK_DT_Q5_K 21
 #define MK_DT_Q6_K 22
 
+/* What the schedule uses (cuda_source.c): bit o of MK_OPS for opcode o, bit
+ * t of MK_DTS for an operand of dtype t. The op bodies and weight formats
+ * it does not use compile away, which keeps NVRTC's time and the kernel's
+ * registers to what this model needs. Every op and dtype without them. */
+#ifndef MK_OPS
+#define MK_OPS 0xffffffffu
+#endif
+#ifndef MK_DTS
+#define MK_DTS 0xffffffffu
+#endif
+#define MK_HAS_OP(o) ((MK_OPS >> (o)) & 1u)
+#define MK_HAS_DT(t) ((MK_DTS >> (t)) & 1u)
+#define MK_HAS_W4 (MK_HAS_DT(MK_DT_W4G32) | MK_HAS_DT(MK_DT_W4G64) | MK_HAS_DT(MK_DT_W4G128))
+#define MK_HAS_KQ (MK_HAS_DT(MK_DT_Q4_K) | MK_HAS_DT(MK_DT_Q5_K))
+/* a weight row read through mk_dot_qrow: anything but f32 and bf16 */
+#define MK_HAS_QROW ((MK_DTS & ~(1u << MK_DT_F32 | 1u << MK_DT_BF16 | 1u << MK_DT_I32)) != 0u)
+
 /* Block-shared scratch: GEMV inputs, attention partials, reductions. */
 MK_SHARED MK_ALIGN16 float mk_sm[MK_SMEM_FLOATS];
 MK_SHARED float mk_red[2 * 32 + 2];
@@ -316,13 +333,21 @@ MK_INLINE float mk_qelem(int t, const unsigned char *row, long long k, long long
         float lo = mk_f16_at(b) * (float)mk_nib(b + 4, j % 32);
         return lo + mk_f16_at(b + 2);
     }
-    case MK_DT_Q5_0: b = row + j / 32 * 22; return mk_f16_at(b) * (float)(mk_q5(b, 0, (int)(j % 32)) - 16);
+    case MK_DT_Q5_0:
+        if (!MK_HAS_DT(MK_DT_Q5_0))
+            break;
+        b = row + j / 32 * 22;
+        return mk_f16_at(b) * (float)(mk_q5(b, 0, (int)(j % 32)) - 16);
     case MK_DT_Q5_1: {
+        if (!MK_HAS_DT(MK_DT_Q5_1))
+            break;
         b = row + j / 32 * 24;
         float lo = mk_f16_at(b) * (float)mk_q5(b, 1, (int)(j % 32));
         return lo + mk_f16_at(b + 2);
     }
     case MK_DT_Q4_K: case MK_DT_Q5_K: {
+        if (!MK_HAS_KQ)
+            break;
         int q5 = t == MK_DT_Q5_K, e = (int)(j % 256);
         float sc, m;
         b = row + j / 256 * (q5 ? 176 : 144);
@@ -330,17 +355,25 @@ MK_INLINE float mk_qelem(int t, const unsigned char *row, long long k, long long
         return mk_f16_at(b) * sc * (float)mk_q45k(b, q5, e / 32, e % 32) - mk_f16_at(b + 2) * m;
     }
     case MK_DT_Q6_K: {
+        if (!MK_HAS_DT(MK_DT_Q6_K))
+            break;
         int e = (int)(j % 256);
         b = row + j / 256 * 210;
         return mk_f16_at(b + 208) * (float)(signed char)b[192 + 8 * (e / 128) + 2 * (e % 128 / 32) + e % 32 / 16] *
                (float)mk_q6k(b, e / 128, e % 128 / 32, e % 32);
     }
-    case MK_DT_W8: return mk_f32_at(row) * (float)(signed char)row[4 + j];
+    case MK_DT_W8:
+        if (!MK_HAS_DT(MK_DT_W8))
+            break;
+        return mk_f32_at(row) * (float)(signed char)row[4 + j];
     default:
+        if (!MK_HAS_W4)
+            break;
         g = mk_w4_gsize(t);
         b = row + j / g * mk_w4_group_bytes(g);
         return mk_f16_at(b) * (float)(mk_nib(b + 4, j % g) - (int)b[2]);
     }
+    return 0.0f;    /* a dtype the schedule does not use */
 }
 
 /* Byte i of v as the float 2^23 + byte (exact): the byte lands in the low
@@ -471,7 +504,7 @@ MK_INLINE float mk_dot_kq(int t, const unsigned char *row, const float *x, int k
 {
     float acc = 0.0f;
     int l = (int)lane;
-    if (t == MK_DT_Q6_K) {
+    if (MK_HAS_DT(MK_DT_Q6_K) && t == MK_DT_Q6_K) {
         for (int j = 0; j < k; j += 256, row += 210) {
             float d = mk_f16_at(row + 208);
             for (int h = 0; h < 2; h++)
@@ -482,7 +515,7 @@ MK_INLINE float mk_dot_kq(int t, const unsigned char *row, const float *x, int k
         return mk_warp_sum(acc);
     }
     int q5 = t == MK_DT_Q5_K;
-    for (int j = 0; j < k; j += 256, row += q5 ? 176 : 144) {
+    for (int j = 0; MK_HAS_KQ && j < k; j += 256, row += q5 ? 176 : 144) {
         float d = mk_f16_at(row), dmin = mk_f16_at(row + 2);
         for (int s = 0; s < 8; s++) {
             float sc, m, xv = x[j + 32 * s + l];
@@ -498,24 +531,24 @@ MK_INLINE float mk_dot_kq(int t, const unsigned char *row, const float *x, int k
  * every lane; the sum is reduced so that every lane holds it. */
 MK_INLINE float mk_dot_qrow(int t, const unsigned char *row, const float *x, int k, unsigned lane)
 {
-    if (t == MK_DT_W8)
+    if (MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8)
         return mk_dot_w8(row, x, k, lane);
-    if (t == MK_DT_W4G32 || t == MK_DT_W4G64 || t == MK_DT_W4G128)
+    if (MK_HAS_W4 && (t == MK_DT_W4G32 || t == MK_DT_W4G64 || t == MK_DT_W4G128))
         return mk_dot_w4(t, row, x, k, lane);
-    if (t == MK_DT_Q4_K || t == MK_DT_Q5_K || t == MK_DT_Q6_K)
+    if ((MK_HAS_KQ || MK_HAS_DT(MK_DT_Q6_K)) && (t == MK_DT_Q4_K || t == MK_DT_Q5_K || t == MK_DT_Q6_K))
         return mk_dot_kq(t, row, x, k, lane);
     float acc = 0.0f;
     switch (t) {
     case MK_DT_Q8_0:
-        for (int j = (int)lane; j < k; j += 32)
+        for (int j = (int)lane; MK_HAS_DT(MK_DT_Q8_0) && j < k; j += 32)
             acc += mk_qelem(MK_DT_Q8_0, row, k, j) * x[j];
         break;
     case MK_DT_Q4_0:
-        for (int j = (int)lane; j < k; j += 32)
+        for (int j = (int)lane; MK_HAS_DT(MK_DT_Q4_0) && j < k; j += 32)
             acc += mk_qelem(MK_DT_Q4_0, row, k, j) * x[j];
         break;
     case MK_DT_Q4_1:
-        for (int j = (int)lane; j < k; j += 32)
+        for (int j = (int)lane; MK_HAS_DT(MK_DT_Q4_1) && j < k; j += 32)
             acc += mk_qelem(MK_DT_Q4_1, row, k, j) * x[j];
         break;
     case MK_DT_W8: {
@@ -706,7 +739,7 @@ MK_DEV void op_gemv(const MegacArgs *a, const unsigned *in)
     float *y = (float *)mk_opnd(a, in, 2);
     const float *nw = (const float *)mk_opnd(a, in, 3), *b = (const float *)mk_opnd(a, in, 4);
     int r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2), flags = mk_param(in, 3);
-    int bf = mk_dtype(in, 0) == MK_DT_BF16, vec = k % MK_UNIT(bf) == 0;
+    int bf = MK_HAS_DT(MK_DT_BF16) && mk_dtype(in, 0) == MK_DT_BF16, vec = k % MK_UNIT(bf) == 0;
     unsigned tid = mk_tid(), lane = tid & 31u;
     const float *xin = x;
     if (k <= MK_SMEM_FLOATS) {
@@ -717,7 +750,7 @@ MK_DEV void op_gemv(const MegacArgs *a, const unsigned *in)
         xin = mk_sm;
     }
     int t = mk_dtype(in, 0);
-    if (t != MK_DT_F32 && !bf) { /* f16 and the quantized formats: dequantized in mk_dot_qrow */
+    if (MK_HAS_QROW && t != MK_DT_F32 && !bf) { /* f16 and the quantized formats: dequantized in mk_dot_qrow */
         long long rb = mk_row_bytes(t, k);
         for (int r = r0 + (int)(tid >> 5); r < r1; r += MK_NWARPS) {
             float v = mk_dot_qrow(t, (const unsigned char *)W + r * rb, xin, k, lane);
@@ -1406,24 +1439,32 @@ MK_DEV void op_kv_evict(const MegacArgs *a, const unsigned *in)
 
 MK_DEV void mk_op_run(const MegacArgs *a, const unsigned *in)
 {
+/* Each case only when the schedule has the op (MK_OPS), so that unused
+ * bodies are not compiled; the instruction table holds no other op. */
+#define MK_RUN(o, body) \
+    case o:             \
+        if (MK_HAS_OP(o)) \
+            body(a, in);  \
+        break;
     switch ((in[0] >> 8) & 0xffu) {
-    case MK_OP_EMBED: op_embed(a, in); break;
-    case MK_OP_RMSNORM: op_rmsnorm(a, in); break;
-    case MK_OP_GEMV: op_gemv(a, in); break;
-    case MK_OP_ROPE: op_rope(a, in); break;
-    case MK_OP_KV_APPEND: op_kv_append(a, in); break;
-    case MK_OP_ATTN: op_attn(a, in); break;
-    case MK_OP_ATTN_COMBINE: op_attn_combine(a, in); break;
-    case MK_OP_SILU_MUL: op_silu_mul(a, in); break;
-    case MK_OP_ADD: op_add(a, in); break;
-    case MK_OP_ARGMAX: op_argmax(a, in); break;
-    case MK_OP_ARGMAX_COMBINE: op_argmax_combine(a, in); break;
-    case MK_OP_KV_STORE: op_kv_store(a, in); break;
-    case MK_OP_ATTN_SPARSE: op_attn_sparse(a, in); break;
-    case MK_OP_QUEST_SELECT: op_quest_select(a, in); break;
-    case MK_OP_KV_EVICT: op_kv_evict(a, in); break;
+    MK_RUN(MK_OP_EMBED, op_embed)
+    MK_RUN(MK_OP_RMSNORM, op_rmsnorm)
+    MK_RUN(MK_OP_GEMV, op_gemv)
+    MK_RUN(MK_OP_ROPE, op_rope)
+    MK_RUN(MK_OP_KV_APPEND, op_kv_append)
+    MK_RUN(MK_OP_ATTN, op_attn)
+    MK_RUN(MK_OP_ATTN_COMBINE, op_attn_combine)
+    MK_RUN(MK_OP_SILU_MUL, op_silu_mul)
+    MK_RUN(MK_OP_ADD, op_add)
+    MK_RUN(MK_OP_ARGMAX, op_argmax)
+    MK_RUN(MK_OP_ARGMAX_COMBINE, op_argmax_combine)
+    MK_RUN(MK_OP_KV_STORE, op_kv_store)
+    MK_RUN(MK_OP_ATTN_SPARSE, op_attn_sparse)
+    MK_RUN(MK_OP_QUEST_SELECT, op_quest_select)
+    MK_RUN(MK_OP_KV_EVICT, op_kv_evict)
     default: break;
     }
+#undef MK_RUN
 }
 
 /* ---- synchronization (thread 0 only) ---- */
