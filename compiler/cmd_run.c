@@ -383,7 +383,7 @@ static bool run_ref_generate(RunRef *r, const RunOptions *o, int steps)
                 r->sample_failed = true;
                 return false;
             }
-            if (next == r->bos || next == r->eos)
+            if (next == r->bos || next == r->eos || tok_is_stop(r->tok, next))
                 break;      /* the stop token is not counted, as in megac_generate */
             r->generated++;
         }

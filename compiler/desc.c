@@ -683,7 +683,7 @@ static void config_rope(Ctx *c, const DocNode *s)
     field_int(c, s, "", "original_max_position_embeddings", 1, &m->rope_orig_max_pos, -1);
 }
 
-/* The first id of an int or a list of ints (eos_token_id may be a list). */
+/* bos_token_id: an id (the first of a list). */
 static void config_token_id(Ctx *c, const DocNode *root, const char *key, int *out, int f)
 {
     const DocNode *n = doc_get(root, key);
@@ -691,6 +691,33 @@ static void config_token_id(Ctx *c, const DocNode *root, const char *key, int *o
         n = n->n > 0 ? n->items[0] : NULL;
     if (n && !doc_is_null(n) && node_int32(c, n, key, 0, out))
         c->at[f] = n;
+}
+
+/* eos (YAML) or eos_token_id (config): an id, or a list of them whose
+ * first is the eos and whose others end generation too (Llama 3 Instruct:
+ * [<|end_of_text|>, <|eom_id|>, <|eot_id|>]). */
+static void eos_read(Ctx *c, const DocNode *n, const char *what)
+{
+    ModelDesc *m = c->m;
+    if (!n || doc_is_null(n))
+        return;
+    if (n->kind != DOC_SEQ) {
+        if (node_int32(c, n, what, 0, &m->eos_id))
+            c->at[F_EOS] = n, m->n_stop = 0;
+        return;
+    }
+    if (n->n < 1 || n->n > 1 + MODEL_MAX_STOPS) {
+        ctx_error(c, n, "expected 1 to %d ids for '%s', found %d", 1 + MODEL_MAX_STOPS, what, n->n);
+        return;
+    }
+    int ids[1 + MODEL_MAX_STOPS];
+    for (int i = 0; i < n->n; i++)
+        if (!node_int32(c, n->items[i], what, 0, &ids[i]))
+            return;
+    m->eos_id = ids[0];
+    m->n_stop = n->n - 1;
+    memcpy(m->stop_ids, ids + 1, sizeof(int) * (size_t)m->n_stop);
+    c->at[F_EOS] = n;
 }
 
 static void config_dims(Ctx *c, const DocNode *r)
@@ -720,7 +747,7 @@ static void config_dims(Ctx *c, const DocNode *r)
     m->tie_embeddings = false;
     field_bool(c, r, "", "tie_word_embeddings", &m->tie_embeddings);
     config_token_id(c, r, "bos_token_id", &m->bos_id, F_BOS);
-    config_token_id(c, r, "eos_token_id", &m->eos_id, F_EOS);
+    eos_read(c, doc_get(r, "eos_token_id"), "eos_token_id");
 }
 
 /* arch: {from-config: PATH}: reads an HF config.json (JSON is YAML flow). */
@@ -1448,6 +1475,9 @@ static void check_io(Checker *k)
         check_fail(k, F_BOS, "bos id %d is outside the vocabulary (%d)", m->bos_id, m->vocab_size);
     if (m->eos_id >= m->vocab_size)
         check_fail(k, F_EOS, "eos id %d is outside the vocabulary (%d)", m->eos_id, m->vocab_size);
+    for (int i = 0; i < m->n_stop && i < MODEL_MAX_STOPS; i++)
+        if (m->stop_ids[i] < 0 || m->stop_ids[i] >= m->vocab_size)
+            check_fail(k, F_EOS, "eos id %d is outside the vocabulary (%d)", m->stop_ids[i], m->vocab_size);
     if (m->workers < 0 || m->workers > MODEL_MAX_WORKERS)
         check_fail(k, F_WORKERS, "workers must be between 0 and %d, found %d", MODEL_MAX_WORKERS, m->workers);
 }
@@ -1552,7 +1582,7 @@ static void desc_walk(Ctx *c, Doc *cfg)
     if ((n = doc_get(r, "tokenizer")))
         desc_tokenizer(c, n);
     field_int(c, r, "", "bos", 0, &m->bos_id, F_BOS);
-    field_int(c, r, "", "eos", 0, &m->eos_id, F_EOS);
+    eos_read(c, doc_get(r, "eos"), "eos");
     if ((n = doc_get(r, "compile")))
         desc_compile(c, n);
 }
@@ -1838,8 +1868,14 @@ static void print_io(const ModelDesc *m, FILE *out)
     fputs("}\n", out);
     if (m->bos_id >= 0)
         fprintf(out, "bos: %d\n", m->bos_id);
-    if (m->eos_id >= 0)
+    if (m->eos_id >= 0 && m->n_stop == 0)
         fprintf(out, "eos: %d\n", m->eos_id);
+    if (m->eos_id >= 0 && m->n_stop > 0) {
+        fprintf(out, "eos: [%d", m->eos_id);
+        for (int i = 0; i < m->n_stop; i++)
+            fprintf(out, ", %d", m->stop_ids[i]);
+        fputs("]\n", out);
+    }
 }
 
 /* Paths are printed resolved (relative to the working directory). */

@@ -77,6 +77,7 @@ typedef struct {
 
 #define MODEL_MAX_LAYERS 256
 #define MODEL_MAX_WORKERS 4096    /* compile.workers, --workers: 1..this */
+#define MODEL_MAX_STOPS 8         /* eos: [e, s1, ...]: ids after the first */
 
 typedef struct ModelDesc {
     const char *name;
@@ -115,6 +116,8 @@ typedef struct ModelDesc {
     TokFormat tok_format;
     const char *tok_path;       /* resolved; for TOKFMT_GGUF the weights file */
     int bos_id, eos_id;         /* -1 when unknown (taken from the tokenizer) */
+    int stop_ids[MODEL_MAX_STOPS];  /* more ids that end generation (an eos list's rest) */
+    int n_stop;
 
     /* compile knobs */
     DType act_dtype;            /* activation dtype: f32 only so far */

@@ -542,14 +542,21 @@ static bool gguf_id(const Tokenizer *t, const GgufFile *g, const char *key, int6
     return true;
 }
 
-/* bos/eos: the model description's, else the file's. */
+/* bos/eos: the model description's, else the file's; the file's
+ * end-of-turn and end-of-message ids (llama.cpp's eot/eom: Llama 3's
+ * <|eot_id|>, <|eom_id|>) end generation too. */
 static bool gguf_ids(Tokenizer *t, const GgufFile *g, const ModelDesc *m, Diag *d)
 {
-    int64_t bos = m->bos_id, eos = m->eos_id;
+    int64_t bos = m->bos_id, eos = m->eos_id, eot = -1, eom = -1;
     if ((m->bos_id < 0 && !gguf_id(t, g, "tokenizer.ggml.bos_token_id", &bos, d)) ||
-        (m->eos_id < 0 && !gguf_id(t, g, "tokenizer.ggml.eos_token_id", &eos, d)))
+        (m->eos_id < 0 && !gguf_id(t, g, "tokenizer.ggml.eos_token_id", &eos, d)) ||
+        !gguf_id(t, g, "tokenizer.ggml.eot_token_id", &eot, d) || !gguf_id(t, g, "tokenizer.ggml.eom_token_id", &eom, d))
         return false;
     tok_set_ids(t, (int)bos, (int)eos);
+    if (eot >= 0)
+        tok_set_stop(t, (int)eot);
+    if (eom >= 0)
+        tok_set_stop(t, (int)eom);
     return true;
 }
 
@@ -661,7 +668,7 @@ static Tokenizer *tok_import_llama2c(const ModelDesc *m, Diag *d)
     return t;
 }
 
-Tokenizer *tok_import(const ModelDesc *m, Diag *d)
+static Tokenizer *tok_import_format(const ModelDesc *m, Diag *d)
 {
     Tokenizer *t = NULL;
     if (m->tok_format != TOKFMT_BYTES && m->tok_format != TOKFMT_NONE && !m->tok_path) {
@@ -685,4 +692,17 @@ Tokenizer *tok_import(const ModelDesc *m, Diag *d)
     }
     diag_file_error(d, m->path, "the model names no tokenizer");
     return NULL;
+}
+
+Tokenizer *tok_import(const ModelDesc *m, Diag *d)
+{
+    Tokenizer *t = tok_import_format(m, d);
+    for (int i = 0; t && i < m->n_stop; i++)   /* the rest of an eos list (desc_check: in the vocabulary) */
+        tok_set_stop(t, m->stop_ids[i]);
+    if (t && tok_error(t)) {
+        diag_file_error(d, m->path, "%s", tok_error(t));
+        tok_free(t);
+        return NULL;
+    }
+    return t;
 }

@@ -68,6 +68,9 @@ int megac_vocab_size(const megac_model *m);
 int megac_max_seq(const megac_model *m);
 int megac_bos(const megac_model *m);
 int megac_eos(const megac_model *m);
+/* 1 when generation stops at `token`: BOS, EOS, or another end-of-generation
+ * id of the model (a config's eos list, GGUF eot/eom: Llama 3's <|eot_id|>). */
+int megac_is_stop(const megac_model *m, int token);
 int megac_num_workers(const megac_model *m);
 uint64_t megac_weights_bytes(const megac_model *m);
 
@@ -98,7 +101,8 @@ const char *megac_decode(megac_model *m, int prev_token, int token);
 int megac_sample(const float *logits, int n, const megac_sampler *s, uint64_t *rng_state);
 
 /* Feeds the prompt (already tokenized), then samples up to n_new tokens,
- * calling cb for each; stops at EOS/BOS or when cb returns non-zero. s NULL
+ * calling cb for each; stops at a stop token (megac_is_stop) or when cb
+ * returns non-zero. s NULL
  * is greedy; bad settings are refused before any step runs. */
 megac_status megac_generate(megac_model *m, const int *prompt, int nprompt, int n_new,
                             const megac_sampler *s, megac_token_cb cb, void *user, megac_stats *st);

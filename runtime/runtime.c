@@ -134,6 +134,14 @@ int megac_vocab_size(const megac_model *m) { return m ? m->man.vocab : 0; }
 int megac_max_seq(const megac_model *m) { return m ? m->man.max_seq : 0; }
 int megac_bos(const megac_model *m) { return m ? m->man.bos : -1; }
 int megac_eos(const megac_model *m) { return m ? m->man.eos : -1; }
+
+/* BOS, EOS, or a token the tokenizer marks as ending generation. */
+static bool model_is_stop(const megac_model *m, int tok)
+{
+    return tok == m->man.bos || tok == m->man.eos || (m->tok && tok_is_stop(m->tok, tok));
+}
+
+int megac_is_stop(const megac_model *m, int token) { return m && model_is_stop(m, token); }
 int megac_num_workers(const megac_model *m) { return m ? (int)m->man.workers : 0; }
 uint64_t megac_weights_bytes(const megac_model *m) { return m ? m->man.weights_bytes : 0; }
 int megac_position(const megac_model *m) { return m ? m->pos : 0; }
@@ -267,7 +275,7 @@ static megac_status model_generate(megac_model *m, const int *prompt, int npromp
             return rc;
         if (tok < 0 || tok >= m->man.vocab)
             return rt_fail(m, MEGAC_ERR_KERNEL, "the kernel chose token %d, outside the vocabulary", tok);
-        if (tok == m->man.eos || tok == m->man.bos)
+        if (model_is_stop(m, tok))
             break;
         st->generated_tokens++;
         if (cb && cb(user, tok, megac_decode(m, prev, tok)))

@@ -31,7 +31,8 @@
  *   "MGTK" u32 version(=2) u32 kind u32 pretok u32 flags (bit 0: always BOS;
  *   version 1 files have no flags word and read as 0)
  *   i32 n_vocab i32 bos i32 eos i32 n_merges
- *   n_vocab x { u32 len, f32 score, u8 flags (bit 0: special), len bytes }
+ *   n_vocab x { u32 len, f32 score, u8 flags (bit 0: special; bit 1, from
+ *   version 2: generation stops at it), len bytes }
  *   n_merges x { i32 a, i32 b }          (rank = index; a+b is a piece)
  * Every count and length is checked against the file size on load.
  *
@@ -51,6 +52,8 @@ typedef struct { uint32_t lo, hi; } TokRange;
 #include "runtime/tok_unicode.inc"
 
 #define TOK_MAGIC "MGTK"
+#define TOKF_SPECIAL 1u     /* matched verbatim in the input */
+#define TOKF_STOP 2u        /* generation stops at it (besides eos) */
 #define TOK_VERSION 2u        /* 2: a flags word (bit 0: always BOS) after the pre-tokenizer */
 #define TOK_MAX_VOCAB (1 << 24)
 #define TOK_MAX_PIECE (1 << 16)
@@ -69,7 +72,7 @@ struct Tokenizer {
     char **piece;           /* (n_vocab) raw bytes, malloc'd each */
     uint32_t *plen;         /* (n_vocab) */
     float *score;           /* (n_vocab) */
-    unsigned char *special; /* (n_vocab) 1 = matched verbatim */
+    unsigned char *special; /* (n_vocab) TOKF_* bits */
     /* piece bytes -> id, open addressing (-1 empty) */
     int *hash;
     size_t hcap;
@@ -165,13 +168,27 @@ void tok_set_piece(Tokenizer *t, int id, const char *bytes, size_t len, float sc
     t->hash_stale = true;
 }
 
+void tok_set_stop(Tokenizer *t, int id)
+{
+    if (id < 0 || id >= t->n_vocab) {
+        tok_fail(t, "stop token %d out of range", id);
+        return;
+    }
+    t->special[id] |= TOKF_STOP;
+}
+
+bool tok_is_stop(const Tokenizer *t, int id)
+{
+    return id >= 0 && id < t->n_vocab && (id == t->eos || (t->special[id] & TOKF_STOP));
+}
+
 void tok_set_special(Tokenizer *t, int id)
 {
     if (id < 0 || id >= t->n_vocab) {
         tok_fail(t, "special token %d out of range", id);
         return;
     }
-    t->special[id] = 1;
+    t->special[id] |= TOKF_SPECIAL;
     t->hash_stale = true;
 }
 
@@ -215,7 +232,7 @@ static bool tok_hash_build(Tokenizer *t, bool skip_special)
         return false;
     memset(h, 0xff, cap * sizeof *h);
     for (int id = 0; id < t->n_vocab; id++) {
-        if (!t->piece[id] || (skip_special && t->special[id]))
+        if (!t->piece[id] || (skip_special && (t->special[id] & TOKF_SPECIAL)))
             continue;
         size_t i = tok_hash_bytes(t->piece[id], t->plen[id]) & (cap - 1);
         for (; h[i] >= 0; i = (i + 1) & (cap - 1))
@@ -379,7 +396,7 @@ static bool tok_specials_index(Tokenizer *t)
     }
     memset(t->special_first, 0, sizeof t->special_first);
     for (int id = 0; id < t->n_vocab; id++) {
-        if (t->special[id] && t->piece[id] && t->plen[id] > 0) {
+        if ((t->special[id] & TOKF_SPECIAL) && t->piece[id] && t->plen[id] > 0) {
             keys[t->nspecials++] = (SpecialKey){t->plen[id], id};
             t->special_first[(unsigned char)t->piece[id][0]] = 1;
         }
@@ -442,7 +459,7 @@ const char *tok_piece(const Tokenizer *t, int id, size_t *len)
 
 bool tok_is_special(const Tokenizer *t, int id)
 {
-    return id >= 0 && id < t->n_vocab && t->special[id];
+    return id >= 0 && id < t->n_vocab && (t->special[id] & TOKF_SPECIAL);
 }
 
 /* ---- output buffer of ids ---- */
@@ -988,7 +1005,7 @@ static void tok_write(const Tokenizer *t, FILE *f, bool *ok)
     for (int id = 0; id < t->n_vocab && *ok; id++) {
         put_u32(f, t->plen[id], ok);
         put_f32(f, t->score[id], ok);
-        if (fputc(t->special[id] ? 1 : 0, f) == EOF)
+        if (fputc(t->special[id], f) == EOF)
             *ok = false;
         if (t->plen[id] && fwrite(t->piece[id], 1, t->plen[id], f) != t->plen[id])
             *ok = false;
@@ -1082,18 +1099,23 @@ static unsigned char *tok_slurp(const char *path, size_t *len, char *err, size_t
     return buf;
 }
 
-static bool tok_read_pieces(Tokenizer *t, Reader *r)
+/* Piece flags a file of `version` may hold: TOKF_SPECIAL, and from
+ * version 2 TOKF_STOP. */
+static bool tok_read_pieces(Tokenizer *t, Reader *r, uint32_t version)
 {
+    unsigned known = version >= 2 ? TOKF_SPECIAL | TOKF_STOP : TOKF_SPECIAL;
     for (int id = 0; id < t->n_vocab && r->ok; id++) {
         uint32_t len = rd_u32(r);
         float score = rd_f32(r);
         const unsigned char *flags = rd_bytes(r, 1);
         const unsigned char *b = len <= TOK_MAX_PIECE ? rd_bytes(r, len) : NULL;
-        if (!flags || !b || (*flags & ~1u) || !isfinite(score))
+        if (!flags || !b || (*flags & ~known) || !isfinite(score))
             return false;
         tok_set_piece(t, id, (const char *)b, len, score);
-        if (*flags & 1)
+        if (*flags & TOKF_SPECIAL)
             tok_set_special(t, id);
+        if (*flags & TOKF_STOP)
+            tok_set_stop(t, id);
     }
     return r->ok && !tok_error(t);
 }
@@ -1134,7 +1156,7 @@ static Tokenizer *tok_parse(Reader *r, const char *path, char *err, size_t errle
     tok_set_pretok(t, (PreTokKind)pretok);
     tok_set_always_bos(t, flags & 1);
     tok_set_ids(t, bos, eos);
-    bool ok = !tok_error(t) && tok_read_pieces(t, r) && tok_read_merges(t, r, nmerges);
+    bool ok = !tok_error(t) && tok_read_pieces(t, r, version) && tok_read_merges(t, r, nmerges);
     if (ok)
         tok_finish(t);
     if (!ok || tok_error(t) || r->at != r->n) {

@@ -38,6 +38,11 @@ void tok_set_piece(Tokenizer *t, int id, const char *bytes, size_t len, float sc
 bool tok_add_merge(Tokenizer *t, const char *a, size_t alen, const char *b, size_t blen, int rank);
 /* Marks id as special (matched verbatim in the input, never split). */
 void tok_set_special(Tokenizer *t, int id);
+/* Marks id as ending generation besides eos (Llama 3's <|eot_id|> and
+ * <|eom_id|> beside <|end_of_text|>: the ids a config lists as eos). */
+void tok_set_stop(Tokenizer *t, int id);
+/* eos, or an id marked with tok_set_stop. */
+bool tok_is_stop(const Tokenizer *t, int id);
 void tok_set_ids(Tokenizer *t, int bos, int eos);
 void tok_set_pretok(Tokenizer *t, PreTokKind k);
 /* Every prompt starts with BOS, as the source says (GGUF add_bos_token,

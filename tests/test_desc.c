@@ -1090,3 +1090,39 @@ Test(desc, hf_checkpoint_folder_is_a_description)
     cr_assert_str_eq(errs, WFIX "/none.yaml: error: cannot read model description: No such file or directory\n");
     arena_free(&a);
 }
+
+/* eos: an id or a list (HF's eos_token_id may be one): the first is the
+ * eos, the others end generation too. */
+Test(desc, eos_lists)
+{
+    const char *base = "name: t\narch: {dim: 16, hidden_dim: 8, n_layers: 1, n_heads: 2, vocab_size: 9, max_seq: 4}\n"
+                       "weights: {format: synthetic}\n";
+    char text[512];
+    snprintf(text, sizeof text, "%seos: [5, 7, 8]\n", base);
+    ModelDesc m;
+    Arena a = {0};
+    cr_assert(parse(&m, &a, "models/t.yaml", text, NULL, 0, NULL), "%s", errs);
+    cr_assert_eq(m.eos_id, 5);
+    cr_assert_eq(m.n_stop, 2);
+    cr_assert(m.stop_ids[0] == 7 && m.stop_ids[1] == 8);
+    DescOverride ov = {"eos", "3"};
+    cr_assert(parse(&m, &a, "models/t.yaml", text, &ov, 1, NULL), "%s", errs);
+    cr_assert(m.eos_id == 3 && m.n_stop == 0, "an id replaces the list");
+    arena_free(&a);
+    snprintf(text, sizeof text, "%seos: [5, 90]\n", base);
+    expect_errors(text, NULL, 0,
+                  "models/x.yaml:4:6: error: eos id 90 is outside the vocabulary (9)\n"
+                  "    4 | eos: [5, 90]\n"
+                  "      |      ^\n");
+    snprintf(text, sizeof text, "%seos: []\n", base);
+    expect_errors(text, NULL, 0,
+                  "models/x.yaml:4:6: error: expected 1 to 9 ids for 'eos', found 0\n"
+                  "    4 | eos: []\n"
+                  "      |      ^\n");
+    if (access(WFIX "/hf-llama3/config.json", R_OK) != 0)
+        cr_skip("fixtures absent; run tests/fixtures/weights/make_gguf_models.py");
+    cr_assert(load_path(&m, &a, WFIX "/hf-llama3", NULL, 0), "%s", errs);
+    cr_assert_eq(m.n_stop, 1, "eos_token_id [<|end_of_text|>, <|eot_id|>]");
+    cr_assert_eq(m.stop_ids[0], m.eos_id + 3);
+    arena_free(&a);
+}

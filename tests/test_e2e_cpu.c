@@ -413,3 +413,55 @@ Test(e2e_cpu, run_smollm2_gguf_equals_its_description, .timeout = 300)
     cr_assert(strlen(a) > 100, "%s", a);
     test_rm_rf(dir);
 }
+
+/* Generation stops at every id of an eos list, not only at the first:
+ * the greedy run's third token, made a stop id with --set, ends it there;
+ * the GGUF's eot and the config's eos list mark <|eot_id|>. */
+Test(e2e_cpu, generation_stops_at_every_eos_id)
+{
+    skip_without_gguf_models();
+    char *dir = tmp_dir();
+    char *b = compile_bundle(WFIX "/llama3.gguf", 2, dir);
+    megac_model *mm;
+    cr_assert_eq(megac_open(b, &mm), MEGAC_OK, "%s", megac_last_open_error());
+    int ids[64], n = megac_encode(mm, " the a is", -1, ids, 64), eot = -1;
+    cr_assert_eq(n, 4);
+    for (int i = 0; i < megac_vocab_size(mm); i++)
+        if (strcmp(megac_decode(mm, -1, i), "<|eot_id|>") == 0)
+            eot = i;
+    cr_assert(eot >= 0 && megac_is_stop(mm, eot), "the GGUF's eot_token_id stops generation");
+    cr_assert(megac_is_stop(mm, megac_eos(mm)) && !megac_is_stop(mm, ids[1]));
+    megac_sampler greedy = {.temperature = 0};
+    megac_stats st;
+    cr_assert_eq(megac_generate(mm, ids, n, 8, &greedy, NULL, NULL, &st), MEGAC_OK, "%s", megac_error(mm));
+    cr_assert_eq(st.generated_tokens, 8, "the random model does not stop by itself");
+    cr_assert_eq(megac_reset(mm), MEGAC_OK);
+    int third = -1;
+    for (int i = 0; i < n + 2; i++) {
+        cr_assert_eq(megac_step(mm, i < n ? ids[i] : megac_argmax(mm)), MEGAC_OK);
+        third = megac_argmax(mm);
+    }
+    cr_assert(!megac_is_stop(mm, third));
+    int eos = megac_eos(mm);
+    megac_close(mm);
+    free(b);
+
+    char cmd[4096], out[8192];
+    snprintf(cmd, sizeof cmd, "%s compile %s/llama3.gguf --workers 2 -q --set 'eos=[%d, %d]' -o %s/s.megac 2>&1",
+             MEGAC_BIN, WFIX, eos, third, dir);
+    cr_assert_eq(sh(cmd, out, sizeof out), 0, "%s", out);
+    snprintf(cmd, sizeof cmd, "%s/s.megac", dir);
+    cr_assert_eq(megac_open(cmd, &mm), MEGAC_OK, "%s", megac_last_open_error());
+    cr_assert(megac_is_stop(mm, third) && megac_eos(mm) == eos);
+    cr_assert_eq(megac_generate(mm, ids, n, 8, &greedy, NULL, NULL, &st), MEGAC_OK, "%s", megac_error(mm));
+    cr_assert_eq(st.generated_tokens, 2, "stopped at the third token");
+    megac_close(mm);
+
+    /* the HF folder's eos_token_id list */
+    b = compile_bundle(WFIX "/hf-llama3", 1, dir);
+    cr_assert_eq(megac_open(b, &mm), MEGAC_OK, "%s", megac_last_open_error());
+    cr_assert(megac_is_stop(mm, eot), "the config's eos list marks <|eot_id|>");
+    megac_close(mm);
+    free(b);
+    test_rm_rf(dir);
+}

@@ -647,3 +647,46 @@ Test(tokenizer, gguf_ids_out_of_range)
     free(e);
     free(b);
 }
+
+/* The native file keeps stop marks and always-BOS (version 2), and a
+ * version 1 file (no flags word; written by megac before them) still loads. */
+Test(tokenizer, native_flags_and_version_1)
+{
+    Tokenizer *t = tok512();
+    tok_set_stop(t, 5);
+    tok_set_always_bos(t, true);
+    char path[] = "/tmp/megac_tokv_XXXXXX", err[512];
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    cr_assert(tok_save(t, path, err, sizeof err), "%s", err);
+    Tokenizer *u = tok_load(path, err, sizeof err);
+    cr_assert(u, "%s", err);
+    cr_assert(tok_is_stop(u, 5) && tok_is_stop(u, tok_eos(u)) && !tok_is_stop(u, 6) && !tok_is_stop(u, -1));
+    cr_assert(tok_always_bos(u));
+    tok_free(u);
+    tok_free(t);
+
+    t = tok512();
+    cr_assert(tok_save(t, path, err, sizeof err), "%s", err);
+    size_t n;
+    char *v2 = read_file(path, &n);
+    cr_assert(v2 && n > 20 && v2[4] == 2 && v2[16] == 0, "version 2, flags 0");
+    char *v1 = malloc(n);
+    memcpy(v1, v2, 16);
+    memcpy(v1 + 16, v2 + 20, n - 20);
+    v1[4] = 1;
+    write_bytes(path, v1, n - 4);
+    u = tok_load(path, err, sizeof err);
+    cr_assert(u, "a version 1 file: %s", err);
+    expect_ids(u, "Once upon a time", true, (const int[]){1, 403, 407, 261, 378}, 5);
+    cr_assert(!tok_always_bos(u) && !tok_is_stop(u, 5));
+    tok_free(u);
+    v1[40] = 2;     /* the first piece's flags (after the 32-byte header, len, score): a stop mark */
+    write_bytes(path, v1, n - 4);
+    cr_assert_null(tok_load(path, err, sizeof err), "version 1 has no stop marks");
+    unlink(path);
+    free(v1);
+    free(v2);
+    tok_free(t);
+}
