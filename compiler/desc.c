@@ -970,7 +970,7 @@ static void arch_from_gguf(Ctx *c, const DocNode *at)
         gguf_refuse(c, g, arch);
         gguf_dims(c, g, arch, at);
     }
-    if (c->d->nerrors != errors0)
+    if (c->d->nerrors != errors0 && strcmp(path, c->m->path) != 0)    /* not the file itself named as the model */
         ctx_note(c, at, "GGUF named here");
     if (g)
         gguf_close(g);
