@@ -827,18 +827,12 @@ static void arch_from_checkpoint(Ctx *c, const DocNode *at)
 static bool gguf_meta_int(Ctx *c, const GgufFile *g, const char *arch, const char *key, bool need, int *out)
 {
     char full[160];
-    snprintf(full, sizeof full, "%s.%s", arch, key);
     int64_t v;
-    if (!gguf_find(g, full)) {
-        if (need)
-            diag_file_error(c->d, g->path, "key '%s' is missing", full);
-        return !need;
-    }
-    if (!gguf_get_int(g, full, &v)) {
-        diag_file_error(c->d, g->path, "key '%s' must be an integer%s", full,
-                        gguf_find(g, full)->type == GGUF_T_ARRAY ? " (per-layer values are not supported)" : "");
-        return false;
-    }
+    int r = gguf_arch_int(g, arch, key, full, &v, c->d);
+    if (r == 0 && need)
+        diag_file_error(c->d, g->path, "key '%s' is missing", full);
+    if (r <= 0)
+        return r == 0 && !need;
     if (v < 1 || v > INT_MAX) {
         diag_file_error(c->d, g->path, "key '%s' is %" PRId64 "; it must be between 1 and %d", full, v, INT_MAX);
         return false;
@@ -851,16 +845,11 @@ static bool gguf_meta_int(Ctx *c, const GgufFile *g, const char *arch, const cha
 static bool gguf_meta_double(Ctx *c, const GgufFile *g, const char *arch, const char *key, double *out)
 {
     char full[160];
-    snprintf(full, sizeof full, "%s.%s", arch, key);
     double v;
-    if (!gguf_find(g, full))
-        return true;
-    if (!gguf_get_float(g, full, &v) || !isfinite(v) || v <= 0) {
-        diag_file_error(c->d, g->path, "key '%s' must be a positive finite number", full);
-        return false;
-    }
-    *out = v;
-    return true;
+    int r = gguf_arch_float(g, arch, key, full, &v, c->d);
+    if (r > 0)
+        *out = v;
+    return r >= 0;
 }
 
 /* What the file holds that megac does not compute: refused by name. */

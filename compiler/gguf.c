@@ -25,6 +25,7 @@
 #include "compiler/weights_impl.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -450,6 +451,30 @@ bool gguf_get_float(const GgufFile *g, const char *key, double *out)
         return false;
     *out = kv->v.f;
     return true;
+}
+
+int gguf_arch_int(const GgufFile *g, const char *arch, const char *key, char *full, int64_t *out, Diag *d)
+{
+    snprintf(full, 160, "%s.%s", arch, key);
+    const GgufKV *kv = gguf_find(g, full);
+    if (!kv)
+        return 0;
+    if (gguf_get_int(g, full, out))
+        return 1;
+    diag_file_error(d, g->path, "key '%s' must be an integer%s", full,
+                    kv->type == GGUF_T_ARRAY ? " (per-layer values are not supported)" : "");
+    return -1;
+}
+
+int gguf_arch_float(const GgufFile *g, const char *arch, const char *key, char *full, double *out, Diag *d)
+{
+    snprintf(full, 160, "%s.%s", arch, key);
+    if (!gguf_find(g, full))
+        return 0;
+    if (gguf_get_float(g, full, out) && isfinite(*out) && *out > 0)
+        return 1;
+    diag_file_error(d, g->path, "key '%s' must be a positive finite number", full);
+    return -1;
 }
 
 bool gguf_get_str(const GgufFile *g, const char *key, GgufStr *out)

@@ -62,5 +62,11 @@ const GgufTensor *gguf_find_tensor(const GgufFile *g, const char *name);
 bool gguf_get_int(const GgufFile *g, const char *key, int64_t *out);
 bool gguf_get_float(const GgufFile *g, const char *key, double *out);
 bool gguf_get_str(const GgufFile *g, const char *key, GgufStr *out);
+/* A hyperparameter `<arch>.<key>` (its full name written into full[160]):
+ * 0 when absent, 1 when read, -1 when of another type (an error naming it
+ * is reported; an integer array is "per-layer values"). The float must be
+ * positive and finite. */
+int gguf_arch_int(const GgufFile *g, const char *arch, const char *key, char *full, int64_t *out, Diag *d);
+int gguf_arch_float(const GgufFile *g, const char *arch, const char *key, char *full, double *out, Diag *d);
 
 #endif

@@ -108,14 +108,10 @@ static int gguf_fetch(void *ctx, const char *name, const WSlot *s, float *dst, D
 static bool gguf_hparam_check(const GgufFile *g, const char *arch, const char *key, int want, Diag *d)
 {
     char full[160];
-    snprintf(full, sizeof full, "%s.%s", arch, key);
     int64_t v;
-    if (!gguf_find(g, full))
-        return true;
-    if (!gguf_get_int(g, full, &v)) {
-        diag_file_error(d, g->path, "key '%s' must be an integer", full);
-        return false;
-    }
+    int r = gguf_arch_int(g, arch, key, full, &v, d);
+    if (r <= 0)
+        return r == 0;      /* absent, or an error reported */
     if (v == want)
         return true;
     diag_file_error(d, g->path, "key '%s' is %" PRId64 ", but the model description says %d", full, v, want);
@@ -128,14 +124,10 @@ static bool gguf_hparam_float_check(const GgufFile *g, const char *arch, const c
                                     const char *what, Diag *d)
 {
     char full[160];
-    snprintf(full, sizeof full, "%s.%s", arch, key);
     double v;
-    if (!gguf_find(g, full))
-        return true;
-    if (!gguf_get_float(g, full, &v) || !isfinite(v) || v <= 0) {
-        diag_file_error(d, g->path, "key '%s' must be a positive finite number", full);
-        return false;
-    }
+    int r = gguf_arch_float(g, arch, key, full, &v, d);
+    if (r <= 0)
+        return r == 0;
     if (fabs(v - want) <= 1e-4 * fabs(want))
         return true;
     diag_file_error(d, g->path, "key '%s' is %g, but the model description says %s %g", full, v, what, want);
