@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
 bool cli_same_file(const char *a, const char *b)
@@ -27,6 +28,23 @@ bool cli_bad_arg(const char *cmd, const char *arg, bool needs_value)
     return false;
 }
 
+bool cli_set_add(const char *cmd, const char *kv, DescOverride *set, int *n, int max)
+{
+    const char *eq = strchr(kv, '=');
+    if (!eq || eq == kv || *n >= max) {
+        fprintf(stderr, "megac %s: --set needs KEY=VALUE (at most %d of them), not '%s'\n", cmd, max, kv);
+        return false;
+    }
+    set[(*n)++] = (DescOverride){xstrndup(kv, (size_t)(eq - kv)), eq + 1};
+    return true;
+}
+
+void cli_sets_free(DescOverride *set, int n)
+{
+    for (int i = 0; i < n; i++)
+        free((char *)set[i].key);
+}
+
 bool cli_workers_parse(const char *cmd, const char *s, int *out)
 {
     char *end;
@@ -42,8 +60,8 @@ bool cli_workers_parse(const char *cmd, const char *s, int *out)
 
 bool cli_out_is_input(const char *cmd, const char *out, const ModelDesc *m)
 {
-    const char *inputs[3] = {m->path, m->weights_path, m->tok_path};
-    for (int i = 0; i < 3; i++) {
+    const char *inputs[4] = {m->path, m->weights_path, m->tok_path, m->arch_path};
+    for (int i = 0; i < 4; i++) {
         if (cli_same_file(out, inputs[i])) {
             fprintf(stderr, "megac %s: the output '%s' is the input file '%s'; not overwriting it\n", cmd, out,
                     inputs[i]);

@@ -13,6 +13,7 @@
 
 int cmd_doctor(int argc, char **argv);
 int cmd_lower(int argc, char **argv);
+int cmd_describe(int argc, char **argv);
 int cmd_validate(int argc, char **argv);
 int cmd_compile(int argc, char **argv);
 int cmd_run(int argc, char **argv);
@@ -33,6 +34,11 @@ bool cli_bad_arg(const char *cmd, const char *arg, bool needs_value);
 /* Parses --workers' value into *out (1..MODEL_MAX_WORKERS, as
  * compile.workers); false after saying so, with the range. */
 bool cli_workers_parse(const char *cmd, const char *s, int *out);
+/* Adds `--set KEY=VALUE` (kv) to set[*n] (the key xstrndup'd: free it with
+ * cli_sets_free); false, after saying so in one wording for every command,
+ * when kv has no key or '=' or there are already max. */
+bool cli_set_add(const char *cmd, const char *kv, DescOverride *set, int *n, int max);
+void cli_sets_free(DescOverride *set, int n);
 /* True when both paths exist and are the same file (st_dev and st_ino). */
 bool cli_same_file(const char *a, const char *b);
 /* True, after saying so on stderr, when the output path `out` is the

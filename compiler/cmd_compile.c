@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void compile_usage(FILE *out)
 {
@@ -26,17 +27,6 @@ static void compile_usage(FILE *out)
             "  -o DIR          the bundle folder (default: NAME.megac from the model's name);\n"
             "                  an existing bundle or empty folder is replaced, any other path refused\n"
             "  -q, --quiet     no progress lines\n");
-}
-
-/* Splits "key=value" into a DescOverride; false if there is no '='. */
-static bool set_parse(const char *arg, DescOverride *ov, Arena *a)
-{
-    const char *eq = strchr(arg, '=');
-    if (!eq || eq == arg)
-        return false;
-    ov->key = arena_strndup(a, arg, (size_t)(eq - arg));
-    ov->value = arena_strdup(a, eq + 1);
-    return true;
 }
 
 static bool compile_args_parse(int argc, char **argv, CompileOptions *o, Arena *a)
@@ -58,11 +48,8 @@ static bool compile_args_parse(int argc, char **argv, CompileOptions *o, Arena *
             if (!cli_workers_parse("compile", argv[++i], &o->workers))
                 return false;
         } else if (!strcmp(x, "--set") && has) {
-            if (o->nsets == DRIVER_MAX_SETS || !set_parse(argv[++i], &o->sets[o->nsets++], a)) {
-                fprintf(stderr, "megac compile: --set wants KEY=VALUE (at most %d), got '%s'\n", DRIVER_MAX_SETS,
-                        argv[i]);
+            if (!cli_set_add("compile", argv[++i], o->sets, &o->nsets, DRIVER_MAX_SETS))
                 return false;
-            }
         } else if (x[0] == '-' || o->model) {
             bool known = !strcmp(x, "--target") || !strcmp(x, "--cpu") || !strcmp(x, "-o") ||
                          !strcmp(x, "--workers") || !strcmp(x, "--set");
@@ -75,16 +62,23 @@ static bool compile_args_parse(int argc, char **argv, CompileOptions *o, Arena *
     return o->model != NULL;
 }
 
-/* NAME.megac from the model file's base name when -o is not given. */
+/* NAME.megac when -o is not given: the model file's base name without its
+ * extension (m.yaml, m.gguf), or a checkpoint folder's name. */
 static const char *default_out(const char *model, Arena *a)
 {
     if (driver_is_default_model(model))
         return "default.megac";
-    const char *base = strrchr(model, '/');
-    base = base ? base + 1 : model;
-    const char *dot = strrchr(base, '.');
-    size_t n = dot && dot != base ? (size_t)(dot - base) : strlen(base);
-    return arena_printf(a, "%.*s.megac", (int)n, base);
+    size_t end = strlen(model);
+    while (end > 1 && model[end - 1] == '/')
+        end--;
+    size_t start = end;
+    while (start > 0 && model[start - 1] != '/')
+        start--;
+    struct stat st;
+    const char *dot = memrchr(model + start, '.', end - start);
+    if (dot && dot != model + start && !(stat(model, &st) == 0 && S_ISDIR(st.st_mode)))
+        end = (size_t)(dot - model);
+    return arena_printf(a, "%.*s.megac", (int)(end - start), model + start);
 }
 
 int cmd_compile(int argc, char **argv)
@@ -97,12 +91,14 @@ int cmd_compile(int argc, char **argv)
     CompileOptions o;
     if (!compile_args_parse(argc, argv, &o, &a)) {
         compile_usage(stderr);
+        cli_sets_free(o.sets, o.nsets);
         arena_free(&a);
         return 2;
     }
     if (!o.out)
         o.out = default_out(o.model, &a);
     int rc = driver_compile(&o);
+    cli_sets_free(o.sets, o.nsets);
     arena_free(&a);
     return rc;
 }

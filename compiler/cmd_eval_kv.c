@@ -79,12 +79,8 @@ static bool evkv_args(EvKvArgs *a, int argc, char **argv)
         if (opt && (!known || i + 1 >= argc))
             return cli_bad_arg("eval-kv", s, known);
         if (!strcmp(s, "--set")) {
-            const char *kv = argv[++i], *eq = strchr(kv, '=');
-            if (!eq || eq == kv || a->nset == EVKV_MAX_SETS) {
-                fprintf(stderr, "megac eval-kv: --set needs key=value (at most %d), not '%s'\n", EVKV_MAX_SETS, kv);
+            if (!cli_set_add("eval-kv", argv[++i], a->set, &a->nset, EVKV_MAX_SETS))
                 return false;
-            }
-            a->set[a->nset++] = (DescOverride){xstrndup(kv, (size_t)(eq - kv)), eq + 1};
         } else if (!strcmp(s, "--tokens")) {
             if (!evkv_int(s, argv[++i], 2, 1000000, &v))
                 return false;
@@ -253,7 +249,6 @@ int cmd_eval_kv(int argc, char **argv)
         evkv_usage(stderr);
     else
         rc = evkv_run(&a);
-    for (int i = 0; i < a.nset; i++)
-        free((char *)a.set[i].key);
+    cli_sets_free(a.set, a.nset);
     return rc;
 }

@@ -85,13 +85,8 @@ static bool eval_args_parse(EvalArgs *a, int argc, char **argv)
             }
             a->tokens = (int)v;
         } else if (!strcmp(s, "--set")) {
-            const char *kv = argv[++i], *eq = strchr(kv, '=');
-            if (!eq || eq == kv || a->nset == EVAL_MAX_SETS) {
-                fprintf(stderr, "megac eval-quant: --set needs key=value (at most %d), not '%s'\n", EVAL_MAX_SETS,
-                        kv);
+            if (!cli_set_add("eval-quant", argv[++i], a->set, &a->nset, EVAL_MAX_SETS))
                 return false;
-            }
-            a->set[a->nset++] = (DescOverride){xstrndup(kv, (size_t)(eq - kv)), eq + 1};
         } else if (a->model) {
             fprintf(stderr, "megac eval-quant: more than one model given ('%s', '%s')\n", a->model, s);
             return false;
@@ -271,7 +266,6 @@ int cmd_eval_quant(int argc, char **argv)
         eval_usage(stderr);
     else
         rc = eval_run(&a, classes, f, nf);
-    for (int i = 0; i < a.nset; i++)
-        free((char *)a.set[i].key);
+    cli_sets_free(a.set, a.nset);
     return rc;
 }

@@ -79,16 +79,6 @@ static bool u64_arg(const char *s, uint64_t *out)
     return true;
 }
 
-/* --set key=value: false if it is not of that form or there are too many. */
-static bool set_arg(Campaign *c, const char *kv)
-{
-    const char *eq = strchr(kv, '=');
-    if (!eq || eq == kv || c->nset == CAMPAIGN_MAX_SETS)
-        return false;
-    c->set[c->nset++] = (DescOverride){xstrndup(kv, (size_t)(eq - kv)), eq + 1};
-    return true;
-}
-
 /* Tiny models: dim, hidden, layers, heads, kv_heads, head_dim, vocab, max_seq. */
 static const int tiny_models[][8] = {
     {16, 32, 1, 2, 1, 8, 32, 16},
@@ -247,8 +237,7 @@ static void campaign_free(Campaign *c)
     for (int i = 0; i < c->nbase; i++)
         sched_free(c->base[i]);
     free(c->base);
-    for (int i = 0; i < c->nset; i++)
-        free((void *)c->set[i].key);
+    cli_sets_free(c->set, c->nset);
     if (c->null)
         fclose(c->null);
 }
@@ -304,9 +293,12 @@ int cmd_fuzz_validator(int argc, char **argv)
             c.verbose = true;
         else if (!strcmp(argv[i], "--model") && i + 1 < argc)
             c.model = argv[++i];
-        else if (!strcmp(argv[i], "--set") && i + 1 < argc && set_arg(&c, argv[i + 1]))
-            i++;
-        else {
+        else if (!strcmp(argv[i], "--set") && i + 1 < argc) {
+            if (!cli_set_add("fuzz-validator", argv[++i], c.set, &c.nset, CAMPAIGN_MAX_SETS)) {
+                campaign_free(&c);
+                return 2;
+            }
+        } else {
             bool known = !strcmp(argv[i], "--seed") || !strcmp(argv[i], "--count") ||
                          !strcmp(argv[i], "--workers-max") || !strcmp(argv[i], "--set") ||
                          !strcmp(argv[i], "--model");

@@ -53,12 +53,8 @@ static bool lower_args_parse(LowerArgs *a, int argc, char **argv)
             if (!cli_workers_parse("lower", argv[++i], &a->workers))
                 return false;
         } else if (!strcmp(s, "--set")) {
-            const char *kv = argv[++i], *eq = strchr(kv, '=');
-            if (!eq || eq == kv || a->nset == LOWER_MAX_SETS) {
-                fprintf(stderr, "megac lower: --set needs key=value (at most %d), not '%s'\n", LOWER_MAX_SETS, kv);
+            if (!cli_set_add("lower", argv[++i], a->set, &a->nset, LOWER_MAX_SETS))
                 return false;
-            }
-            a->set[a->nset++] = (DescOverride){xstrndup(kv, (size_t)(eq - kv)), eq + 1};
         } else if (s[0] == '-' && s[1]) {
             return cli_bad_arg("lower", s, false);
         } else if (a->model) {
@@ -131,8 +127,7 @@ int cmd_lower(int argc, char **argv)
         }
     }
     sched_free(s);
-    for (int i = 0; i < a.nset; i++)
-        free((void *)a.set[i].key);
+    cli_sets_free(a.set, a.nset);
     arena_free(&arena);
     return rc;
 }

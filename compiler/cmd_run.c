@@ -161,14 +161,8 @@ static int run_option_apply(RunOptions *o, const char *opt, const char *val)
             return run_bad_value(opt, val);
         o->seed_given = true;
     } else if (!strcmp(opt, "--set")) {
-        const char *eq = strchr(val, '=');
-        if (!eq || eq == val)
-            return run_bad_value(opt, val);
-        if (o->nsets == RUN_MAX_SETS) {
-            fprintf(stderr, "megac run: more than %d --set options\n", RUN_MAX_SETS);
+        if (!cli_set_add("run", val, o->sets, &o->nsets, RUN_MAX_SETS))
             return 2;
-        }
-        o->sets[o->nsets++] = (DescOverride){xstrndup(val, (size_t)(eq - val)), eq + 1};
     } else if (!strcmp(opt, "--workers")) {
         if (!cli_workers_parse("run", val, &o->workers))
             return 2;
@@ -497,8 +491,7 @@ int run_reference(const RunOptions *o)
 
 void run_options_free(RunOptions *o)
 {
-    for (int i = 0; i < o->nsets; i++)
-        free((char *)o->sets[i].key);
+    cli_sets_free(o->sets, o->nsets);
 }
 
 int cmd_run(int argc, char **argv)

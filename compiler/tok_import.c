@@ -576,6 +576,12 @@ static Tokenizer *gguf_build(const GgufFile *g, const ModelDesc *m, Diag *d)
                         model.s);
         return NULL;
     }
+    const GgufKV *sp = gguf_find(g, "tokenizer.ggml.add_space_prefix");
+    if (spm && sp && (sp->type != GGUF_T_BOOL || !sp->v.b)) {  /* megac's SPM always adds the dummy prefix */
+        diag_file_error(d, g->path, "an SPM vocabulary without its dummy prefix (tokenizer.ggml.add_space_prefix "
+                        "false) is not supported yet");
+        return NULL;
+    }
     if (bpe && !gguf_pretok(g, d, &pk))
         return NULL;
     if ((m->vocab_size > 0 && tokens->arr_n > (uint64_t)m->vocab_size) || tokens->arr_n == 0 ||

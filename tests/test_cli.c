@@ -292,6 +292,14 @@ Test(cli, bad_arguments_read_the_same_everywhere)
         {"eval-quant default --bogus", "megac eval-quant: unknown option '--bogus'"},
         {"eval-quant default --json", "megac eval-quant: option '--json' needs a value"},
         {"doctor x", "megac doctor: unexpected argument 'x'"},
+        {"describe default --bogus", "megac describe: unknown option '--bogus'"},
+        {"describe default other", "megac describe: unexpected argument 'other'"},
+        {"describe", "megac describe: no model given"},
+        {"describe default --set nokey", "megac describe: --set needs KEY=VALUE (at most 64 of them), not 'nokey'"},
+        {"lower default --set =1", "megac lower: --set needs KEY=VALUE (at most 64 of them), not '=1'"},
+        {"run default --set x", "megac run: --set needs KEY=VALUE (at most 64 of them), not 'x'"},
+        {"compile default --set x", "megac compile: --set needs KEY=VALUE"},
+        {"fuzz-validator --model default --set x", "megac fuzz-validator: --set needs KEY=VALUE"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cr_assert_eq(megac(d, cases[i].args, out, sizeof out), 2, "%s: %s", cases[i].args, out);
@@ -413,5 +421,28 @@ Test(cli, eval_kv_measures_against_dense)
                        out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "error: KV policy 'snapkv' is not supported yet"), "%s", out);
     cr_assert(!strstr(out, "mean KL"), "refused before evaluating: %s", out);
+    test_rm_rf(d);
+}
+
+/* `megac describe` prints what megac reads, as YAML it reads back: the
+ * printed description of a GGUF file, saved and described again, prints
+ * the same; compile names a bundle after the file or the folder. */
+Test(cli, describe_reads_back_and_compile_names_the_bundle)
+{
+    const char *gguf = MEGAC_SRC "/tests/fixtures/weights/llama3.gguf";
+    if (access(gguf, R_OK) != 0)
+        cr_skip("fixtures absent; run tests/fixtures/weights/make_gguf_models.py");
+    char *d = tmp_dir(), out[16384], again[16384], args[2048];
+    snprintf(args, sizeof args, "describe %s --set compile.max_seq=64", gguf);
+    cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "name: llama3\n") && strstr(out, "  max_seq: 64\n") && strstr(out, "type: factors"), "%s",
+              out);
+    file_write(d, "l3.yaml", out);
+    cr_assert_eq(megac(d, "describe l3.yaml", again, sizeof again), 0, "%s", again);
+    cr_assert_str_eq(strchr(again, '\n'), strchr(out, '\n'), "only the first line (the source) differs");
+    snprintf(args, sizeof args, "compile %s -q && %s compile %s/tests/fixtures/weights/hf-llama3/ -q", gguf, MEGAC_BIN,
+             MEGAC_SRC);
+    cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
+    cr_assert_str_eq(dir_list(d, out, sizeof out), "hf-llama3.megac l3.yaml llama3.megac");
     test_rm_rf(d);
 }

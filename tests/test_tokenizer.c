@@ -690,3 +690,21 @@ Test(tokenizer, native_flags_and_version_1)
     free(v2);
     tok_free(t);
 }
+
+/* An SPM vocabulary whose source adds no dummy prefix would be encoded
+ * wrong (megac's SPM always adds it): refused, naming the key. */
+Test(tokenizer, gguf_spm_without_dummy_prefix_refused)
+{
+    const char *path = MEGAC_SRC "/tests/fixtures/weights/bad-spm-prefix.gguf";
+    need_file(path);
+    ModelDesc m = model_with_tok(TOKFMT_GGUF, path, 4);
+    char buf[1024] = {0};
+    FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+    Diag d;
+    diag_init(&d);
+    d.out = f;
+    cr_assert_null(tok_import(&m, &d));
+    fclose(f);
+    cr_assert(strstr(buf, "bad-spm-prefix.gguf: error: an SPM vocabulary without its dummy prefix "
+                          "(tokenizer.ggml.add_space_prefix false) is not supported yet"), "%s", buf);
+}

@@ -1,0 +1,66 @@
+/*
+ * cmd_describe.c - `megac describe`: the model description megac reads.
+ *
+ *   megac describe MODEL [--set key=value]...
+ *
+ * Loads MODEL as every command does (desc_load: a YAML description, a GGUF
+ * file or an HF checkpoint folder), applies the overrides and the
+ * consistency checks, and prints the resolved description (desc_print):
+ * YAML that megac reads back, with every default spelled out. For a GGUF or
+ * an HF folder it shows what megac took from the file.
+ */
+#include "compiler/cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define DESCRIBE_MAX_SETS 64
+
+static void describe_usage(FILE *out)
+{
+    fprintf(out, "usage: megac describe MODEL [--set key=value]...\n\n"
+                 "Prints the model description megac reads for MODEL (a description\n"
+                 "(.yaml), a GGUF file, an HF checkpoint folder, or 'default'), overrides and\n"
+                 "defaults applied, as YAML megac reads back: for a GGUF or an HF folder, what\n"
+                 "megac took from its metadata or config.json.\n\n"
+                 "  --set key=value override a description key (repeatable)\n");
+}
+
+int cmd_describe(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        describe_usage(stdout);
+        return 0;
+    }
+    DescOverride set[DESCRIBE_MAX_SETS];
+    int nset = 0, rc = 2;
+    const char *model = NULL;
+    bool ok = true;
+    for (int i = 1; ok && i < argc; i++) {
+        if (!strcmp(argv[i], "--set") && i + 1 < argc)
+            ok = cli_set_add("describe", argv[++i], set, &nset, DESCRIBE_MAX_SETS);
+        else if (argv[i][0] == '-' || model)
+            ok = cli_bad_arg("describe", argv[i], !strcmp(argv[i], "--set"));
+        else
+            model = argv[i];
+    }
+    if (ok && !model) {
+        fprintf(stderr, "megac describe: no model given\n");
+        ok = false;
+    }
+    if (!ok) {
+        describe_usage(stderr);
+    } else {
+        Arena arena = {0};
+        ModelDesc m;
+        Diag d;
+        diag_init(&d);
+        if (desc_load(&m, &arena, model, set, nset, &d) && desc_check(&m, &d)) {
+            desc_print(&m, stdout);
+            rc = fflush(stdout) == 0 ? 0 : 2;
+        }
+        arena_free(&arena);
+    }
+    cli_sets_free(set, nset);
+    return rc;
+}
