@@ -177,9 +177,10 @@ void bench_ceiling_free(BenchCeiling *c)
 
 double bench_decode_tok_s(megac_model *m, int context, int ntok)
 {
-    if (megac_reset(m) || megac_step(m, megac_bos(m)))
-        return -1;
     int last = megac_max_seq(m) - 1, ctx = context < 1 ? 1 : context > last ? last : context;
+    /* the positions before the timed ones are the prompt: SnapKV layers compress at its end */
+    if (megac_reset(m) || megac_set_prompt_end(m, ctx - 1) || megac_step(m, megac_bos(m)))
+        return -1;
     for (int pos = 1; pos < ctx; pos++)
         if (megac_step(m, megac_argmax(m)))
             return -1;

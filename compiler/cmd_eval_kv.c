@@ -5,7 +5,7 @@
  * way eval-quant measures formats (research/techniques.md §4):
  *
  *   megac eval-kv MODEL.yaml|default [--set key=value]... [--tokens N]
- *                 [--prompt TEXT] [--copy L] [--seed S]
+ *                 [--prompt TEXT] [--copy L] [--seed S] [--prompt-end P]
  *
  * The baseline is the same model with every layer dense and full. Both run
  * teacher-forced over one stream:
@@ -16,6 +16,8 @@
  *     selected); evicting it before the second copy begins is the
  *     question-agnostic setting. Reported as the accuracy of the next-token
  *     argmax over the second copy, for the baseline and the configuration.
+ * Positions [0, P] count as the prompt, where SnapKV compresses (default:
+ * the prompt's last token; with --copy the one before the second copy).
  * Printed: mean KL(P_dense || P_sparse) over positions, the same-top-1 rate,
  * the first position whose argmax differs, and the copy accuracies.
  */
@@ -31,7 +33,7 @@
 
 typedef struct {
     const char *model, *prompt;
-    int tokens, copy;
+    int tokens, copy, prompt_end;   /* prompt_end -1: the stream's own (below) */
     unsigned seed;
     DescOverride set[EVKV_MAX_SETS];
     int nset;
@@ -53,7 +55,10 @@ static void evkv_usage(FILE *out)
                  "  --copy L        the induction-copy stream instead: L random tokens, random\n"
                  "                  filler, the L tokens again; also prints how often each model\n"
                  "                  predicts the second copy's next token\n"
-                 "  --seed S        seed of the copy stream's tokens (default 1)\n");
+                 "  --seed S        seed of the copy stream's tokens (default 1)\n"
+                 "  --prompt-end P  positions [0, P] are the prompt, where SnapKV layers compress\n"
+                 "                  (default: the prompt's last token; with --copy the last before\n"
+                 "                  the second copy: question-agnostic; later is question-aware)\n");
 }
 
 static bool evkv_int(const char *opt, const char *s, long lo, long hi, long *out)
@@ -74,7 +79,7 @@ static bool evkv_args(EvKvArgs *a, int argc, char **argv)
         const char *s = argv[i];
         bool opt = s[0] == '-' && s[1];
         bool known = !strcmp(s, "--set") || !strcmp(s, "--tokens") || !strcmp(s, "--prompt") ||
-                     !strcmp(s, "--copy") || !strcmp(s, "--seed");
+                     !strcmp(s, "--copy") || !strcmp(s, "--seed") || !strcmp(s, "--prompt-end");
         long v;
         if (opt && (!known || i + 1 >= argc))
             return cli_bad_arg("eval-kv", s, known);
@@ -89,6 +94,10 @@ static bool evkv_args(EvKvArgs *a, int argc, char **argv)
             if (!evkv_int(s, argv[++i], 2, 100000, &v))
                 return false;
             a->copy = (int)v;
+        } else if (!strcmp(s, "--prompt-end")) {
+            if (!evkv_int(s, argv[++i], 0, 1000000, &v))
+                return false;
+            a->prompt_end = (int)v;
         } else if (!strcmp(s, "--seed")) {
             if (!evkv_int(s, argv[++i], 0, 2147483647L, &v))
                 return false;
@@ -189,12 +198,21 @@ static int evkv_run(const EvKvArgs *a)
         free(ids);
         tok_free(t);
     }
+    int pe = a->prompt_end >= 0 ? a->prompt_end : a->copy ? second - 1 : np - 1;
+    if (pe >= n) {
+        fprintf(stderr, "megac eval-kv: --prompt-end %d is past the stream's %d positions\n", pe, n);
+        free(stream);
+        weights_free(&w);
+        arena_free(&arena);
+        return 2;
+    }
     /* Both engines share the weights: the policies live in the descriptions. */
     RefState *rd = ref_new(&w);
     const ModelDesc *held = w.m;
     w.m = &sparse;
     RefState *rs = ref_new(&w);
     w.m = held;
+    ref_set_prompt_end(rs, pe);
     double *pd = xmalloc(sizeof(double) * (size_t)v), *ps = xmalloc(sizeof(double) * (size_t)v);
     double kl = 0;
     int same = 0, first_diff = -1, copy_d = 0, copy_s = 0, copy_n = 0;
@@ -216,7 +234,8 @@ static int evkv_run(const EvKvArgs *a)
             copy_s += ts == stream[pos + 1];
         }
     }
-    printf("model %s: %d positions, %s stream\n", sparse.name, n, a->copy ? "induction-copy" : "greedy (dense)");
+    printf("model %s: %d positions, %s stream, the prompt ends at %d\n", sparse.name, n,
+           a->copy ? "induction-copy" : "greedy (dense)", pe);
     printf("  mean KL from dense  %.4g nats\n", kl / n);
     printf("  same top-1          %.1f%%\n", 100.0 * same / n);
     if (first_diff < 0)
@@ -243,7 +262,7 @@ int cmd_eval_kv(int argc, char **argv)
         evkv_usage(stdout);
         return 0;
     }
-    EvKvArgs a = {.prompt = "Once upon a time", .tokens = 256, .seed = 1};
+    EvKvArgs a = {.prompt = "Once upon a time", .tokens = 256, .seed = 1, .prompt_end = -1};
     int rc = 2;
     if (!evkv_args(&a, argc, argv))
         evkv_usage(stderr);

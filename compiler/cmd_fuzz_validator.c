@@ -90,7 +90,7 @@ static const int tiny_models[][8] = {
     {96, 192, 2, 6, 3, 16, 128, 16},
 };
 
-#define TINY_VARIANTS 6
+#define TINY_VARIANTS 7
 
 /* Variant v (1..TINY_VARIANTS-1) of sparse attention and eviction knobs:
  * even and odd layers get one each (a layer never has both), sized to the
@@ -100,6 +100,7 @@ static void tiny_knobs(ModelDesc *m, int v)
     int S = m->max_seq;
     AttnSpec quest = {ATTN_QUEST, 0, 0, S / 4, S / 2}, sw = {ATTN_SINK_WINDOW, 2, S / 4, 0, 0};
     KvPolicy h2o = {KV_H2O, S / 2, 0, S / 4}, tova = {KV_TOVA, S / 2, 0, 0}, stream = {KV_STREAMING, 0, 1, S / 2 - 1};
+    KvPolicy snap = {KV_SNAPKV, S / 2, 0, S / 8 > 0 ? S / 8 : 1};
     for (int l = 0; l < m->n_layers; l++) {
         bool odd = l % 2;
         switch (v) {
@@ -108,6 +109,7 @@ static void tiny_knobs(ModelDesc *m, int v)
         case 3: odd ? (void)(m->attn[l] = quest) : (void)(m->kv[l] = tova); break;
         case 4: m->kv[l] = stream; break;
         case 5: odd ? (void)(m->kv[l] = tova) : (void)(m->attn[l] = sw); break;
+        case 6: odd ? (void)(m->kv[l] = snap) : (void)(m->attn[l] = quest); break;
         default: break;
         }
     }

@@ -446,6 +446,7 @@ static int run_ref_decode(const ModelDesc *m, const Weights *w, const Tokenizer 
         return 2;
     }
     r.ref = ref_new(w);
+    ref_set_prompt_end(r.ref, r.nprompt - 1); /* as megac_generate tells the kernels */
     double t0 = run_now();
     bool ok = run_ref_generate(&r, o, steps);
     double dt = run_now() - t0;

@@ -1265,11 +1265,6 @@ static int entry_read(Ctx *c, const DocNode *e, const char *list, const char *co
     if (nl >= 1 && nl <= MODEL_MAX_LAYERS && range_parse(c, rn, arena_printf(c->a, "compile.%s.layers", list), nl,
                                                          &lo, &hi))
         ok &= range_claim(c, owner, e, rn, arena_printf(c->a, "compile.%s", list), lo, hi);
-    if (k == KV_SNAPKV && kinds == kv_kinds) {
-        ctx_error(c, kn, "KV policy 'snapkv' is not supported yet: it compresses the cache once after a prefill, "
-                  "and megac feeds a prompt one token at a time (use h2o or tova)");
-        ok = false;
-    }
     vals[np] = lo, vals[np + 1] = hi;
     return ok ? k : -1;
 }
@@ -1308,9 +1303,15 @@ static void desc_kv_policy(Ctx *c, const DocNode *l)
         const DocNode *wn = doc_get(l->items[i], "window");
         if (k == KV_H2O && !wn)
             v[2] = v[0] / 2; /* H2O's default: half heavy hitters, half recent */
-        if (k == KV_H2O && v[2] >= v[0]) {
-            ctx_error(c, wn ? wn : l->items[i], "h2o's recent window (%d) must be smaller than its budget (%d)", v[2],
-                      v[0]);
+        if (k == KV_SNAPKV && !wn)
+            v[2] = v[0] / 2 < 32 ? v[0] / 2 : 32; /* SnapKV's observation window: 32, at most half */
+        if ((k == KV_H2O || k == KV_SNAPKV) && v[2] >= v[0]) {
+            ctx_error(c, wn ? wn : l->items[i], "%s's %s window (%d) must be smaller than its budget (%d)",
+                      kv_kinds[k], k == KV_H2O ? "recent" : "observation", v[2], v[0]);
+            k = -1;
+        } else if (k == KV_SNAPKV && v[2] < 1) {
+            ctx_error(c, wn ? wn : l->items[i], "snapkv's observation window (%d) must be at least 1 (its budget: "
+                      "at least 2)", v[2]);
             k = -1;
         }
         for (int x = v[3]; k >= 0 && x <= v[4]; x++) {
@@ -1479,8 +1480,6 @@ static void check_knobs(Checker *k)
     if (m->act_dtype != DT_F32)
         check_fail(k, -1, "activation dtype %s is not supported yet", dtype_name(m->act_dtype));
     for (int l = 0; l < m->n_layers && l < MODEL_MAX_LAYERS; l++) {
-        if (m->kv[l].kind == KV_SNAPKV)
-            check_fail(k, -1, "KV policy snapkv (layer %d) is not supported yet", l);
         if (m->kv[l].kind != KV_FULL && m->attn[l].kind != ATTN_DENSE)
             check_fail(k, -1, "layer %d: KV policy %s needs dense attention, not %s", l, kv_kinds[m->kv[l].kind],
                        attn_kinds[m->attn[l].kind]);

@@ -239,13 +239,13 @@ static bool is_kv_write(const Schedule *s, uint32_t w, uint32_t t)
 static bool is_sparse_op(const Schedule *s, uint32_t w, uint32_t t)
 {
     return is_op_of(s, w, t, OP_KV_STORE) || is_op_of(s, w, t, OP_ATTN_SPARSE) ||
-           is_op_of(s, w, t, OP_QUEST_SELECT) || is_op_of(s, w, t, OP_KV_EVICT);
+           is_op_of(s, w, t, OP_QUEST_SELECT) || is_op_of(s, w, t, OP_KV_EVICT) || is_op_of(s, w, t, OP_KV_SNAP);
 }
 
-/* A kv_evict with a wait before it on its worker. */
+/* A kv_evict or kv_snap with a wait before it on its worker. */
 static bool is_evict_after_wait(const Schedule *s, uint32_t w, uint32_t t)
 {
-    return is_op_of(s, w, t, OP_KV_EVICT) && has_wait_before(s, w, t);
+    return (is_op_of(s, w, t, OP_KV_EVICT) || is_op_of(s, w, t, OP_KV_SNAP)) && has_wait_before(s, w, t);
 }
 
 static bool mut_kv_early(Schedule *s, FuzzRng *r)
@@ -341,6 +341,11 @@ static uint32_t aux_buffer(const Schedule *s, const Inst *in, int i)
     char name[64] = "score";
     if (in->op == OP_ATTN_SPARSE && in->p[3] == SPARSE_QUEST)
         snprintf(name, sizeof name, "sel");
+    if (in->op == OP_ATTN_SPARSE && in->p[3] == SPARSE_SNAP) { /* the layer's snap, named as its kc is */
+        uint32_t kc = s->accs[in->acc + 1].buf;
+        const char *kn = kc < s->nbufs ? s->bufs[kc].name : "";
+        snprintf(name, sizeof name, "snap%s", strncmp(kn, "kc", 2) ? "" : kn + 2);
+    }
     if (in->op == OP_KV_EVICT && i == 2) {
         uint32_t meta = s->accs[in->acc + 1].buf;
         const char *mn = meta < s->nbufs ? s->bufs[meta].name : "";
@@ -358,7 +363,7 @@ static void sparse_param_change(Schedule *s, Inst *in, int i, int32_t d)
     bool cyclic = (in->op == OP_ATTN_SPARSE && i == 3) || (in->op == OP_KV_EVICT && i == 0);
     bool flag = in->op == OP_ATTN_SPARSE && i == 5 && in->p[3] == SPARSE_SLOTS;
     if (cyclic)
-        in->p[i] = (in->p[i] + 1 + d % 2) % 3;
+        in->p[i] = (in->p[i] + 1 + d % 2) % (in->op == OP_ATTN_SPARSE ? SPARSE_KIND_COUNT : KV_POLICY_COUNT);
     else if (flag)
         in->p[i] = !in->p[i];
     else
@@ -387,10 +392,10 @@ static bool mut_sparse_params(Schedule *s, FuzzRng *r)
         return true;
     }
     /* params worth changing: kv_store h cap; attn_sparse s nsplit kind b;
-     * quest_select page npages; kv_evict policy cap */
-    static const int8_t pick[][4] = {
+     * quest_select page npages; kv_evict policy cap; kv_snap budget window */
+    static const int8_t pick[OP_COUNT][4] = {
         [OP_KV_STORE] = {0, 1, 1, 1}, [OP_ATTN_SPARSE] = {1, 2, 3, 5},
-        [OP_QUEST_SELECT] = {1, 2, 2, 1}, [OP_KV_EVICT] = {0, 1, 0, 1}};
+        [OP_QUEST_SELECT] = {1, 2, 2, 1}, [OP_KV_EVICT] = {0, 1, 0, 1}, [OP_KV_SNAP] = {0, 1, 0, 1}};
     sparse_param_change(s, in, pick[in->op][fuzz_below(r, 4)], 1 + (int32_t)fuzz_below(r, 3));
     return true;
 }

@@ -86,6 +86,7 @@ typedef struct Lower {
     uint32_t x, q, k, v, att, part, gate, up, hb, amax, tok, logits, next, rope, embed, final_norm, lm_head;
     uint32_t prev;          /* counter of the previous stage */
     uint32_t sel, score;    /* Quest's page lists, eviction scores (BUF_NONE if unused) */
+    uint32_t snapsc;        /* SnapKV's scratch, shared by its layers (BUF_NONE if unused) */
     int evict_pending;      /* layer whose kv_evict the next GEMV stage runs first, or -1 */
 } Lower;
 
@@ -228,12 +229,21 @@ static void lower_rope(Lower *L, int w, uint32_t v, int h0, int h1)
 /* ---- sparse attention and eviction, per layer ---- */
 
 /* Slots of layer l's cache when it evicts (0: the full cache, also when
- * the budget reaches max_seq). */
+ * the budget reaches max_seq; SnapKV keeps every row). */
 static int layer_cap(const ModelDesc *m, int l)
 {
     const KvPolicy *kv = &m->kv[l];
-    int64_t cap = kv->kind == KV_STREAMING ? (int64_t)kv->sinks + kv->window : kv->kind == KV_FULL ? 0 : kv->budget;
+    int64_t cap = kv->kind == KV_STREAMING                           ? (int64_t)kv->sinks + kv->window
+                  : kv->kind == KV_FULL || kv->kind == KV_SNAPKV ? 0
+                                                                     : kv->budget;
     return cap >= m->max_seq ? 0 : (int)cap; /* a cache that never fills evicts nothing */
+}
+
+/* SnapKV's budget on layer l (0: not SnapKV, or a budget that holds the
+ * whole context, which never compresses). */
+static int layer_snap(const ModelDesc *m, int l)
+{
+    return m->kv[l].kind == KV_SNAPKV && m->kv[l].budget < m->max_seq ? m->kv[l].budget : 0;
 }
 
 static int layer_policy(const ModelDesc *m, int l)
@@ -344,8 +354,8 @@ static void lower_layer_attn(Lower *L, int w, int l, int h, int sp, int ns)
 {
     const AttnSpec *as = &L->m->attn[l];
     uint32_t kc = lower_layer_buf(L, "kc", l), vc = lower_layer_buf(L, "vc", l);
-    int cap = layer_cap(L->m, l);
-    if (as->kind == ATTN_DENSE && !cap) {
+    int cap = layer_cap(L->m, l), snap = layer_snap(L->m, l);
+    if (as->kind == ATTN_DENSE && !cap && !snap) {
         lower_attn(L, w, kc, vc, h, sp);
         return;
     }
@@ -364,7 +374,10 @@ static void lower_layer_attn(Lower *L, int w, int l, int h, int sp, int ns)
         Affine lo = affine_const(h * S * hd), hi = {h * S * hd + hd, hd};
         a[1] = acc_pos(kc, ACC_R, lo, hi);
         a[2] = acc_pos(vc, ACC_R, lo, hi);
-        if (as->kind == ATTN_SINK_WINDOW) {
+        if (snap) {
+            p[3] = SPARSE_SNAP, p[4] = snap;
+            a[4] = acc_r(lower_layer_buf(L, "snap", l), h * (int64_t)(snap + 1), (h + 1) * (int64_t)(snap + 1));
+        } else if (as->kind == ATTN_SINK_WINDOW) {
             p[3] = SPARSE_SINK_WINDOW, p[4] = as->sinks, p[5] = as->window;
         } else {
             int np = layer_npages(L->m, l);
@@ -375,9 +388,29 @@ static void lower_layer_attn(Lower *L, int w, int l, int h, int sp, int ns)
     sched_op(L->s, w, OP_ATTN_SPARSE, p, a);
 }
 
+/* Layer l's SnapKV step (all kv heads): q into its window, and the
+ * compression at the prompt's last step. */
+static void lower_kv_snap(Lower *L, int w, int l)
+{
+    const ModelDesc *m = L->m;
+    int C = layer_snap(m, l), W = m->kv[l].window;
+    int64_t S = m->max_seq, hd = L->hd;
+    int32_t p[2] = {C, W};
+    Access a[5] = {acc_r(L->q, 0, (int64_t)m->n_heads * hd),
+                   acc_r(lower_layer_buf(L, "kc", l), 0, (int64_t)m->n_kv_heads * S * hd),
+                   acc_mode(lower_layer_buf(L, "qwin", l), ACC_RW, 0, (int64_t)W * m->n_heads * hd),
+                   acc_mode(lower_layer_buf(L, "snap", l), ACC_RW, 0, (int64_t)m->n_kv_heads * (C + 1)),
+                   acc_mode(L->snapsc, ACC_RW, 0, 2 * S)};
+    sched_op(L->s, w, OP_KV_SNAP, p, a);
+}
+
 /* Layer l's eviction decision for the next step (all kv heads). */
 static void lower_kv_evict(Lower *L, int w, int l)
 {
+    if (layer_snap(L->m, l)) {
+        lower_kv_snap(L, w, l);
+        return;
+    }
     int cap = layer_cap(L->m, l), pol = layer_policy(L->m, l);
     const KvPolicy *kv = &L->m->kv[l];
     int32_t p[4] = {pol, cap, pol == KV_POLICY_STREAMING ? kv->sinks : 0, pol == KV_POLICY_H2O ? kv->window : 0};
@@ -609,8 +642,8 @@ static void lower_layer(Lower *L, int l)
         lower_qkv_stage(L, l);
         lower_attn_stage(L, l);
     }
-    if (layer_cap(m, l))
-        L->evict_pending = l; /* after comb.l's join, before layer l+1 reuses score */
+    if (layer_cap(m, l) || layer_snap(m, l))
+        L->evict_pending = l; /* after comb.l's join, before layer l+1 reuses score or q */
     Seg o = {lower_w(L, l, "wo"), L->x, BUF_NONE, m->dim};
     snprintf(name, sizeof name, "o.%d", l);
     lower_gemv_stage(L, &o, 1, L->att, BUF_NONE, (int64_t)m->n_heads * L->hd, true, lower_counter(L, name));
@@ -684,6 +717,7 @@ static void lower_buffers(Lower *L)
     L->logits = lower_buf(L, "logits", DT_F32, BUF_IO, 1, m->vocab_size, 0, 0, 0);
     L->next = lower_buf(L, "next", DT_I32, BUF_IO, 1, 1, 0, 0, 0);
     int maxnp = 0, maxcap = 0;
+    bool snaps = false;
     for (int l = 0; l < m->n_layers; l++) {
         char n[32];
         int cap = layer_cap(m, l), rows = cap ? cap : m->max_seq;
@@ -699,6 +733,13 @@ static void lower_buffers(Lower *L)
             snprintf(n, sizeof n, "acc.%d", l);
             lower_buf(L, n, DT_F32, BUF_STATE, 2, m->n_kv_heads, cap, 0, 0);
         }
+        if (layer_snap(m, l)) {
+            snprintf(n, sizeof n, "snap.%d", l);
+            lower_buf(L, n, DT_I32, BUF_STATE, 2, m->n_kv_heads, layer_snap(m, l) + 1, 0, 0);
+            snprintf(n, sizeof n, "qwin.%d", l);
+            lower_buf(L, n, DT_F32, BUF_STATE, 3, m->kv[l].window, m->n_heads, L->hd, 0);
+            snaps = true;
+        }
         if (layer_scores(m, l) && cap > maxcap)
             maxcap = cap;
         if (m->attn[l].kind == ATTN_QUEST) {
@@ -710,6 +751,7 @@ static void lower_buffers(Lower *L)
     }
     L->sel = maxnp ? lower_buf(L, "sel", DT_I32, BUF_SCRATCH, 2, m->n_kv_heads, maxnp, 0, 0) : BUF_NONE;
     L->score = maxcap ? lower_buf(L, "score", DT_F32, BUF_SCRATCH, 2, m->n_heads, maxcap, 0, 0) : BUF_NONE;
+    L->snapsc = snaps ? lower_buf(L, "snapsc", DT_F32, BUF_STATE, 2, 2, m->max_seq, 0, 0) : BUF_NONE;
     L->x = lower_buf(L, "x", DT_F32, BUF_SCRATCH, 1, m->dim, 0, 0, 0);
     L->q = lower_buf(L, "q", DT_F32, BUF_SCRATCH, 1, qd, 0, 0, 0);
     L->k = lower_buf(L, "k", DT_F32, BUF_SCRATCH, 1, kvd, 0, 0, 0);
@@ -766,9 +808,7 @@ static bool lower_check(const ModelDesc *m, int workers, Diag *d)
     for (int l = 0; ok && l < m->n_layers; l++) {
         const AttnSpec *a = &m->attn[l];
         const KvPolicy *kv = &m->kv[l];
-        if (kv->kind == KV_SNAPKV)
-            ok = lower_fail(m, d, "%s: KV policy snapkv (layer %lld)", "not supported yet", l);
-        else if (kv->kind != KV_FULL && a->kind != ATTN_DENSE)
+        if (kv->kind != KV_FULL && a->kind != ATTN_DENSE)
             ok = lower_fail(m, d, "%s (layer %lld): an evicting KV cache needs dense attention", "not supported", l);
         else if ((a->kind == ATTN_SINK_WINDOW && (a->sinks < 0 || a->window < 1)) ||
                  (a->kind == ATTN_QUEST && (a->page < 1 || a->budget < 1)))
@@ -776,8 +816,11 @@ static bool lower_check(const ModelDesc *m, int workers, Diag *d)
                             "bad sparse attention params", l);
         else if ((kv->kind == KV_STREAMING && (kv->sinks < 0 || kv->window < 1)) ||
                  ((kv->kind == KV_H2O || kv->kind == KV_TOVA) && kv->budget < 1) ||
-                 (kv->kind == KV_H2O && (kv->window < 0 || kv->window >= kv->budget)))
-            ok = lower_fail(m, d, "%s (layer %lld): sinks >= 0, window >= 1 (h2o: 0 <= window < budget), budget >= 1",
+                 (kv->kind == KV_H2O && (kv->window < 0 || kv->window >= kv->budget)) ||
+                 (kv->kind == KV_SNAPKV && (kv->window < 1 || kv->window >= kv->budget)))
+            ok = lower_fail(m, d,
+                            "%s (layer %lld): sinks >= 0, window >= 1 (h2o: 0 <= window < budget; snapkv: 1 <= "
+                            "window < budget), budget >= 1",
                             "bad KV policy params", l);
     }
     return ok;

@@ -257,6 +257,9 @@ typedef struct RefState RefState;
 RefState *ref_new(const Weights *w);
 void ref_free(RefState *s);
 void ref_reset(RefState *s);
+/* The position of the prompt's last token (-1: none; ref_reset clears it):
+ * SnapKV layers compress after that step (megac_set_prompt_end). */
+void ref_set_prompt_end(RefState *s, int pos);
 /* Feeds `token` at position `pos` (0-based; must equal the number of tokens
  * fed since the last reset) and returns the logits (vocab floats, owned by
  * s, valid until the next call). */

@@ -24,6 +24,9 @@
  * every step) or, on an evicting layer, the positions still alive. After
  * the layer's attention the policy marks one position dead once the cache
  * holds its budget, by the same rule the kernels apply to their slots.
+ * SnapKV layers keep the q of their last `window` steps and, after the
+ * prompt's last step, keep `budget` positions per kv head by the window's
+ * attention (the rule of ir/ops.h, in position space).
  */
 #include "compiler/reference.h"
 
@@ -52,6 +55,8 @@ struct RefState {
     double *wpos;           /* (rows_cap) scratch per position */
     unsigned char **alive;  /* (n_layers) x (rows_cap, n_kv_heads), evicting layers only */
     double **acc;           /* (n_layers) x (rows_cap, n_kv_heads), H2O's sums */
+    double **qwin;          /* (n_layers) x (window, q_dim): SnapKV's last q, step p in p % window */
+    int prompt_end;         /* the prompt's last position, -1: none */
 };
 
 /* ---- ops ---- */
@@ -187,6 +192,11 @@ RefState *ref_new(const Weights *w)
     s->vc = xcalloc((size_t)m->n_layers, sizeof(double *));
     s->alive = xcalloc((size_t)m->n_layers, sizeof(unsigned char *));
     s->acc = xcalloc((size_t)m->n_layers, sizeof(double *));
+    s->qwin = xcalloc((size_t)m->n_layers, sizeof(double *));
+    for (int l = 0; l < m->n_layers; l++)
+        if (m->kv[l].kind == KV_SNAPKV)
+            s->qwin[l] = ref_vec(m->kv[l].window * s->q_dim);
+    s->prompt_end = -1;
     return s;
 }
 
@@ -199,7 +209,9 @@ void ref_free(RefState *s)
         free(s->vc[l]);
         free(s->alive[l]);
         free(s->acc[l]);
+        free(s->qwin[l]);
     }
+    free(s->qwin);
     free(s->kc);
     free(s->vc);
     free(s->alive);
@@ -216,6 +228,12 @@ void ref_free(RefState *s)
 void ref_reset(RefState *s)
 {
     s->npos = 0;
+    s->prompt_end = -1;
+}
+
+void ref_set_prompt_end(RefState *s, int pos)
+{
+    s->prompt_end = pos;
 }
 
 /* Makes room for KV row `pos` in every layer (doubling, capped at max_seq). */
@@ -250,8 +268,16 @@ static void ref_kv_reserve(RefState *s, int pos)
 static int ref_kv_cap(const ModelDesc *m, int l)
 {
     const KvPolicy *kv = &m->kv[l];
-    long long cap = kv->kind == KV_STREAMING ? (long long)kv->sinks + kv->window : kv->kind == KV_FULL ? 0 : kv->budget;
+    long long cap = kv->kind == KV_STREAMING                          ? (long long)kv->sinks + kv->window
+                    : kv->kind == KV_FULL || kv->kind == KV_SNAPKV ? 0
+                                                                    : kv->budget;
     return cap >= m->max_seq ? 0 : (int)cap;
+}
+
+/* SnapKV's budget (0: not SnapKV, or one that holds the whole context). */
+static int ref_snap(const ModelDesc *m, int l)
+{
+    return m->kv[l].kind == KV_SNAPKV && m->kv[l].budget < m->max_seq ? m->kv[l].budget : 0;
 }
 
 /* Quest: the pages kv head h of layer l attends at pos, as rows. */
@@ -303,7 +329,7 @@ static int ref_layer_rows(RefState *s, int l, int h, int pos, int *rows)
     const ModelDesc *m = s->m;
     const AttnSpec *a = &m->attn[l];
     int n = 0;
-    if (ref_kv_cap(m, l)) {
+    if (ref_kv_cap(m, l) || ref_snap(m, l)) {
         for (int t = 0; t <= pos; t++)
             if (s->alive[l][(size_t)t * m->n_kv_heads + h])
                 rows[n++] = t;
@@ -392,6 +418,80 @@ static void ref_evict(RefState *s, int l, int pos)
     }
 }
 
+/* A scored position, and the order SnapKV keeps them in: the larger pooled
+ * score first, the lower position on ties. */
+typedef struct {
+    double score;
+    int pos;
+} RefRank;
+
+static int ref_rank_cmp(const void *x, const void *y)
+{
+    const RefRank *a = x, *b = y;
+    if (a->score != b->score)
+        return a->score > b->score ? -1 : 1;
+    return a->pos < b->pos ? -1 : a->pos > b->pos;
+}
+
+/* SnapKV after layer l's attention at pos, the prompt's last position:
+ * when more than the budget is alive, kv head h keeps the window (its
+ * alive positions among the last `window`) and the budget - |window|
+ * others of largest pooled score (ir/ops.h), the lower position on ties. */
+static void ref_snap_compress(RefState *s, int l, int pos)
+{
+    const ModelDesc *m = s->m;
+    int C = ref_snap(m, l), W = m->kv[l].window, nkv = m->n_kv_heads, G = m->n_heads / nkv, hd = m->head_dim;
+    double scale = 1.0 / sqrt((double)hd);
+    unsigned char *alive = s->alive[l];
+    double *sc = xcalloc((size_t)pos + 1, sizeof(double)), *pool = xcalloc((size_t)pos + 1, sizeof(double));
+    double *lg = xcalloc((size_t)pos + 1, sizeof(double));
+    for (int h = 0; h < nkv; h++) {
+        int n = ref_layer_rows(s, l, h, pos, s->rows), w0 = pos - W + 1 > 0 ? pos - W + 1 : 0, nwin = 0;
+        if (n <= C)
+            continue;
+        for (int i = 0; i < n; i++) {
+            sc[s->rows[i]] = 0;
+            nwin += s->rows[i] >= w0;
+        }
+        for (int w = w0; w <= pos; w++)
+            for (int g = 0; g < G; g++) {
+                const double *q = s->qwin[l] + (size_t)(w % W) * s->q_dim + (size_t)(h * G + g) * hd;
+                int k = 0;
+                for (; k < n && s->rows[k] <= w; k++) {
+                    const double *kr = s->kc[l] + (size_t)s->rows[k] * s->kv_dim + (size_t)h * hd;
+                    double d = 0;
+                    for (int j = 0; j < hd; j++)
+                        d += q[j] * kr[j];
+                    lg[k] = d * scale;
+                }
+                ref_softmax(lg, k);
+                for (int i = 0; i < k; i++)
+                    sc[s->rows[i]] += lg[i] / G;
+            }
+        int nsc = n - nwin; /* the scored rows: rows[0:nsc], ascending */
+        for (int i = 0; i < nsc; i++) { /* their max pool, kernel 7 */
+            int t = s->rows[i], j = i;
+            pool[t] = sc[t];
+            while (j > 0 && s->rows[j - 1] >= t - 3)
+                j--;
+            for (; j < nsc && s->rows[j] <= t + 3; j++)
+                pool[t] = sc[s->rows[j]] > pool[t] ? sc[s->rows[j]] : pool[t];
+        }
+        for (int i = 0; i < n; i++)
+            alive[(size_t)s->rows[i] * nkv + h] = i >= nsc;
+        RefRank *r = xcalloc((size_t)nsc, sizeof *r);
+        for (int i = 0; i < nsc; i++)
+            r[i] = (RefRank){pool[s->rows[i]], s->rows[i]};
+        qsort(r, (size_t)nsc, sizeof *r, ref_rank_cmp);
+        for (int i = 0; i < C - nwin; i++)
+            alive[(size_t)r[i].pos * nkv + h] = 1;
+        free(r);
+    }
+    free(sc);
+    free(pool);
+    free(lg);
+}
+
 /* The attention half of layer l: x += Wo attn(rope(Wq xb), K, V). */
 static void ref_layer_attention(RefState *s, int l, int pos)
 {
@@ -410,15 +510,19 @@ static void ref_layer_attention(RefState *s, int l, int pos)
     if (m->attn[l].kind == ATTN_DENSE && m->kv[l].kind == KV_FULL) {
         ref_attention(s->q, s->kc[l], s->vc[l], m->n_heads, m->n_kv_heads, hd, pos + 1, s->scores, s->att);
     } else {
-        bool evicts = ref_kv_cap(m, l) > 0;
-        for (int h = 0; evicts && h < m->n_kv_heads; h++) {
+        bool evicts = ref_kv_cap(m, l) > 0, snap = ref_snap(m, l) > 0;
+        for (int h = 0; (evicts || snap) && h < m->n_kv_heads; h++) {
             s->alive[l][(size_t)pos * m->n_kv_heads + h] = 1;
             s->acc[l][(size_t)pos * m->n_kv_heads + h] = 0;
         }
+        if (snap)
+            memcpy(s->qwin[l] + (size_t)(pos % m->kv[l].window) * s->q_dim, s->q, (size_t)s->q_dim * sizeof(double));
         for (int h = 0; h < m->n_kv_heads; h++)
             ref_head_attention(s, l, h, s->rows, ref_layer_rows(s, l, h, pos, s->rows));
         if (evicts)
             ref_evict(s, l, pos);
+        if (snap && pos == s->prompt_end)
+            ref_snap_compress(s, l, pos);
     }
     ref_matvec(lw->wo, NULL, s->att, m->dim, s->q_dim, s->tmp);
     ref_add(s->x, s->tmp, m->dim);

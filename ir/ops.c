@@ -298,14 +298,19 @@ static bool fp_attn_sparse(Fp *f)
     switch (kind) {
     case SPARSE_SINK_WINDOW:
     case SPARSE_QUEST:
+    case SPARSE_SNAP:
         if (kind == SPARSE_SINK_WINDOW && (a < 0 || b <= 0))
             return fp_fail(f, "attn_sparse sink_window needs sinks >= 0 and window > 0");
         if (kind == SPARSE_QUEST && (a <= 0 || b <= 0 || a > S))
             return fp_fail(f, "attn_sparse quest needs 0 < page <= max_seq and npages > 0");
+        if (kind == SPARSE_SNAP && (a <= 0 || a > S || b != 0))
+            return fp_fail(f, "attn_sparse snap needs 0 < budget <= max_seq and b 0");
         fp_set(f, 1, ACC_R, affine_const(h * S * hd), (Affine){h * S * hd + hd, hd});
         fp_set(f, 2, ACC_R, affine_const(h * S * hd), (Affine){h * S * hd + hd, hd});
         if (kind == SPARSE_QUEST)
             fp_const(f, 4, ACC_R, h * b, (h + 1) * b);
+        else if (kind == SPARSE_SNAP)
+            fp_const(f, 4, ACC_R, h * (a + 1), (h + 1) * (a + 1));
         else
             fp_absent(f, 4);
         return true;
@@ -367,6 +372,20 @@ static bool fp_kv_evict(Fp *f)
     return true;
 }
 
+static bool fp_kv_snap(Fp *f)
+{
+    const ModelShape *m = &f->s->shape;
+    int64_t C = f->in->p[0], W = f->in->p[1], S = m->max_seq, hd = m->head_dim;
+    if (W <= 0 || W >= C || C > S)
+        return fp_fail(f, "kv_snap needs 0 < window < budget <= max_seq");
+    fp_const(f, 0, ACC_R, 0, (int64_t)m->n_heads * hd);
+    fp_const(f, 1, ACC_R, 0, (int64_t)m->n_kv_heads * S * hd);
+    fp_const(f, 2, ACC_RW, 0, W * m->n_heads * hd);
+    fp_const(f, 3, ACC_RW, 0, (int64_t)m->n_kv_heads * (C + 1));
+    fp_const(f, 4, ACC_RW, 0, 2 * S);
+    return true;
+}
+
 bool op_footprint(const Schedule *s, const Inst *in, Access *out, const char **why)
 {
     static const char *dummy;
@@ -391,6 +410,7 @@ bool op_footprint(const Schedule *s, const Inst *in, Access *out, const char **w
     case OP_ATTN_SPARSE: return fp_attn_sparse(&f);
     case OP_QUEST_SELECT: return fp_quest_select(&f);
     case OP_KV_EVICT: return fp_kv_evict(&f);
+    case OP_KV_SNAP: return fp_kv_snap(&f);
     case OP_COUNT: break;
     }
     die("bad op %d", in->op);
@@ -402,9 +422,10 @@ DType op_operand_dtype(const Inst *in, int i)
     case OP_EMBED: return i == 0 ? DT_I32 : DT_F32;
     case OP_ARGMAX_COMBINE: return i == 1 ? DT_I32 : DT_F32;
     case OP_KV_STORE: return i == 4 ? DT_I32 : DT_F32;
-    case OP_ATTN_SPARSE: return i == 4 && in->p[3] == SPARSE_QUEST ? DT_I32 : DT_F32;
+    case OP_ATTN_SPARSE: return i == 4 && (in->p[3] == SPARSE_QUEST || in->p[3] == SPARSE_SNAP) ? DT_I32 : DT_F32;
     case OP_QUEST_SELECT: return i == 3 ? DT_I32 : DT_F32;
     case OP_KV_EVICT: return i == 1 ? DT_I32 : DT_F32;
+    case OP_KV_SNAP: return i == 3 ? DT_I32 : DT_F32;
     default: return DT_F32;
     }
 }
@@ -435,6 +456,12 @@ int64_t op_operand_nelem(const Schedule *s, const Inst *in, int i)
         if (i == 1)
             return (int64_t)m->n_kv_heads * (in->p[1] + 1);
         return i == 2 ? (int64_t)m->n_kv_heads * in->p[1] : 0;
+    case OP_KV_SNAP:
+        return i == 1   ? cache
+               : i == 2 ? (int64_t)in->p[1] * m->n_heads * hd
+               : i == 3 ? (int64_t)m->n_kv_heads * (in->p[0] + 1)
+               : i == 4 ? 2 * (int64_t)m->max_seq
+                        : 0;
     default: return 0;
     }
 }
@@ -442,7 +469,7 @@ int64_t op_operand_nelem(const Schedule *s, const Inst *in, int i)
 bool op_operand_needed(const Inst *in, int i)
 {
     if (in->op == OP_ATTN_SPARSE && i == 4)
-        return in->p[3] == SPARSE_QUEST || (in->p[3] == SPARSE_SLOTS && in->p[5] == 1);
+        return in->p[3] == SPARSE_QUEST || in->p[3] == SPARSE_SNAP || (in->p[3] == SPARSE_SLOTS && in->p[5] == 1);
     if (in->op == OP_KV_EVICT && i == 0)
         return in->p[0] != KV_POLICY_STREAMING;
     if (in->op == OP_KV_EVICT && i == 2)

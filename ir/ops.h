@@ -55,7 +55,10 @@
     X(QUEST_SELECT, "quest_select", "q kc bounds sel", "h page npages",                     \
       "bounds of page pos/page from kc; sel[h] = that page + the top npages-1 by bound")    \
     X(KV_EVICT, "kv_evict", "score? meta acc?", "policy cap sinks window",                  \
-      "every kv head: meta[h][cap] = the slot the next token takes (a victim when full)")
+      "every kv head: meta[h][cap] = the slot the next token takes (a victim when full)")   \
+    X(KV_SNAP, "kv_snap", "q kc qwin snap sc", "budget window",                             \
+      "every kv head: at the prompt's last step, keep `budget` rows by the last `window` "  \
+      "queries' attention (SnapKV)")
 
 typedef enum {
 #define X(n, s, o, p, m) OP_##n,
@@ -76,6 +79,9 @@ typedef enum {
  *                       rows [0, min(pos+1, cap)); aux = score (f32
  *                       [n_heads][cap], written when b = 1, nsplit 1):
  *                       score[q head][t] = q . k[t] / sqrt(hd) for those rows
+ *   SPARSE_SNAP         a = budget, b = 0; kc/vc [n_kv_heads][S][hd];
+ *                       aux = snap (i32 [n_kv_heads][a + 1], read): the
+ *                       rows alive at pos (SnapKV state, below)
  * The selected rows, run after run, are cut into blocks of
  * SPARSE_BLOCK; split s takes the blocks j with j % nsplit == s. Partials
  * are laid out as for ATTN (an empty split leaves zeros, -inf, 0).
@@ -98,6 +104,29 @@ typedef enum {
  *                        (the same slot for every kv head)
  * Ties go to the lowest slot. score is read by H2O and TOVA, acc only by H2O.
  *
+ * SnapKV (KV_SNAP, SPARSE_SNAP), on a layer whose cache keeps every row:
+ *   snap   (i32, class state) [n_kv_heads][budget + 1]: cut, the position of
+ *          the step at which the head was last compressed (-1: never),
+ *          then the positions <= cut it kept, ascending, padded with -1
+ *   qwin   (f32, class state) [window][n_heads][hd]: q of the last `window`
+ *          steps, the step at position p in entry p % window
+ *   sc     (f32, class state) [2][S]: the op's scratch
+ * The rows of kv head h alive at a step pos: when 0 <= cut < pos, the kept
+ * ones and (cut, pos]; otherwise [0, pos].
+ * KV_SNAP runs once per layer and step, after the layer's attention. At pos
+ * 0 it sets every cut to -1; it stores this step's q into qwin; then, when
+ * pos is the position of the prompt's last token (MegacArgs.prompt_end) and
+ * more than `budget` rows are alive, for every kv head: the window is the
+ * alive rows in [pos - window + 1, pos]; every other alive row t scores
+ *   s[t] = sum over the queries w of the positions max(0, pos-window+1)..pos
+ *          and over the kv head's q heads g of softmax_wg(t) / G,
+ * softmax_wg over the alive rows <= w of q_wg . k / sqrt(hd) (q_wg from
+ * qwin); pooled, s'[t] = the largest s[t'] of the scored rows t' with
+ * |t' - t| <= 3 (SnapKV's max pool, kernel 7); the head keeps the window and
+ * the budget - |window| scored rows of largest s' (ties: the lower
+ * position): cut = pos, the kept list = those rows. Rows after pos are
+ * alive as they come; a later prompt compresses again, among the alive.
+ *
  * Quest page bounds (QUEST_SELECT): bounds (f32, class state)
  * [n_kv_heads][ceil(S/page)][2][hd] = the elementwise min and max of the k
  * rows of each page. The op recomputes page c = pos/page from kc rows
@@ -106,7 +135,7 @@ typedef enum {
  * max(q_g[i]*min_j[i], q_g[i]*max_j[i]); sel[h] holds page c, then the
  * npages-1 other pages of largest U (ties: lower page first), in
  * ascending page order, padded with -1. */
-enum { SPARSE_SINK_WINDOW, SPARSE_QUEST, SPARSE_SLOTS, SPARSE_KIND_COUNT };
+enum { SPARSE_SINK_WINDOW, SPARSE_QUEST, SPARSE_SLOTS, SPARSE_SNAP, SPARSE_KIND_COUNT };
 enum { KV_POLICY_STREAMING, KV_POLICY_H2O, KV_POLICY_TOVA, KV_POLICY_COUNT };
 #define SPARSE_BLOCK 32
 

@@ -64,6 +64,7 @@ struct megac_model {
     size_t weights_len;
     Tokenizer *tok;
     int pos;                    /* position of the next step */
+    int prompt_end;             /* position of the prompt's last token, -1: none (MegacArgs.prompt_end) */
     bool stepped;               /* logits are valid */
     const float *logits;        /* vocab floats after a step (backend-owned) */
     int next;                   /* the kernel's argmax after a step */

@@ -319,6 +319,7 @@ static megac_status cuda_step(megac_model *m, int token, int pos)
     CU_CHECK(m, st, cuMemcpyHtoDAsync_v2(st->arena + m->man.off_tok, &h->tok, sizeof h->tok, NULL));
     CU_CHECK(m, st, cuMemsetD8Async(st->ctl, 0, cuda_ctl_bytes(m), NULL));
     st->args.pos = pos;
+    st->args.prompt_end = m->prompt_end;
     void *params[] = {&st->args};
     CU_CHECK(m, st,
              cuLaunchCooperativeKernel(st->fn, m->man.workers, 1, 1, (unsigned)st->threads, 1, 1, 0, NULL, params));

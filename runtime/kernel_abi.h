@@ -28,7 +28,7 @@
 #include <stdint.h>
 
 /* 2: megac_kernel_facts */
-#define MEGAC_KERNEL_ABI 2u
+#define MEGAC_KERNEL_ABI 3u    /* 3: MegacArgs.prompt_end */
 
 /* megac_kernel_facts[]: each is the value of one manifest key. */
 typedef enum MegacFact {
@@ -58,6 +58,7 @@ typedef struct MegacArgs {
     MegacAbort *abort_info; /* set by a wait that passes its deadline */
     int64_t pos;            /* decode position of this step */
     uint64_t timeout_ns;    /* wait watchdog deadline; 0 = default (2 s) */
+    int64_t prompt_end;     /* position of the prompt's last token, -1: none (SnapKV compresses there) */
 } MegacArgs;
 
 #endif

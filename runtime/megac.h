@@ -74,7 +74,11 @@ int megac_is_stop(const megac_model *m, int token);
 int megac_num_workers(const megac_model *m);
 uint64_t megac_weights_bytes(const megac_model *m);
 
-megac_status megac_reset(megac_model *m);               /* position back to 0 */
+megac_status megac_reset(megac_model *m);               /* position back to 0, no prompt end */
+/* The position of the last token of the prompt being fed (-1: none, the
+ * default). SnapKV layers (kv_policy snapkv) compress their cache at the
+ * end of that step; megac_generate sets it for its prompt. */
+megac_status megac_set_prompt_end(megac_model *m, int pos);
 /* Runs one decode step: token at the current position; advances it. */
 megac_status megac_step(megac_model *m, int token);
 /* Logits of the last step (vocab floats, owned by m). */

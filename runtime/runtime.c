@@ -89,6 +89,7 @@ megac_status megac_open(const char *bundle_dir, megac_model **out)
         snprintf(open_error, sizeof open_error, "megac_open: out of memory");
         return MEGAC_ERR_NOMEM;
     }
+    m->prompt_end = -1;
     if (!model_mutex_init(m)) {
         snprintf(open_error, sizeof open_error, "megac_open: cannot create the model's mutex");
         megac_close(m);
@@ -151,6 +152,7 @@ megac_status megac_reset(megac_model *m)
     NEED_MODEL(m, "megac_reset", MEGAC_ERR_ARG);
     pthread_mutex_lock(&m->mu);
     m->pos = 0;
+    m->prompt_end = -1;
     m->stepped = false;
     m->err[0] = 0;
     megac_status st = m->be->reset(m);
@@ -172,6 +174,19 @@ static megac_status model_step(megac_model *m, int token)
     m->pos++;
     m->stepped = true;
     return MEGAC_OK;
+}
+
+megac_status megac_set_prompt_end(megac_model *m, int pos)
+{
+    NEED_MODEL(m, "megac_set_prompt_end", MEGAC_ERR_ARG);
+    pthread_mutex_lock(&m->mu);
+    m->err[0] = 0;
+    megac_status st = pos < -1 ? rt_fail(m, MEGAC_ERR_ARG, "megac_set_prompt_end: position %d (-1 for none)", pos)
+                               : MEGAC_OK;
+    if (!st)
+        m->prompt_end = pos;
+    pthread_mutex_unlock(&m->mu);
+    return st;
 }
 
 megac_status megac_step(megac_model *m, int token)
@@ -262,6 +277,7 @@ static megac_status model_generate(megac_model *m, const int *prompt, int npromp
     uint64_t rng = 0;       /* 0: megac_sample seeds it from s->seed, as the reference engine does */
     double t0 = now_s();
     megac_status rc;
+    m->prompt_end = m->pos + nprompt - 1;
     for (int i = 0; i < nprompt; i++)
         if ((rc = model_step(m, prompt[i])))
             return rc;

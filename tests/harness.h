@@ -24,14 +24,17 @@ static inline int harness_argmax(const float *v, int n)
     return b;
 }
 
-/* Decodes ntok greedy tokens from BOS with the bundle and the reference;
- * returns the largest |logit difference| seen. */
-static inline double harness_compare_greedy(megac_model *mm, RefState *ref, int vocab, int ntok, double atol,
-                                            double rtol, const char *what)
+/* Decodes ntok greedy tokens from BOS with the bundle and the reference,
+ * the first prompt_end + 1 of them counting as the prompt (-1: none; SnapKV
+ * layers compress at its end); returns the largest |logit difference|. */
+static inline double harness_compare_prompted(megac_model *mm, RefState *ref, int vocab, int ntok, int prompt_end,
+                                              double atol, double rtol, const char *what)
 {
     cr_assert_eq(megac_vocab_size(mm), vocab);
     ref_reset(ref);
     cr_assert_eq(megac_reset(mm), MEGAC_OK);
+    ref_set_prompt_end(ref, prompt_end);
+    cr_assert_eq(megac_set_prompt_end(mm, prompt_end), MEGAC_OK);
     int tok = megac_bos(mm);
     double worst = 0;
     for (int pos = 0; pos < ntok; pos++) {
@@ -54,6 +57,13 @@ static inline double harness_compare_greedy(megac_model *mm, RefState *ref, int 
     }
     cr_log_info("%s: %d steps, max |logit diff| %.3g", what, ntok, worst);
     return worst;
+}
+
+/* harness_compare_prompted with no prompt. */
+static inline double harness_compare_greedy(megac_model *mm, RefState *ref, int vocab, int ntok, double atol,
+                                            double rtol, const char *what)
+{
+    return harness_compare_prompted(mm, ref, vocab, ntok, -1, atol, rtol, what);
 }
 
 #endif

@@ -417,10 +417,20 @@ Test(cli, eval_kv_measures_against_dense)
     cr_assert(strstr(out, "first difference    at position "), "%s", out);
     cr_assert_eq(megac(d, "eval-kv default --tokens 64 --copy 40", out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "megac eval-kv: --copy 40 needs --tokens of at least 82\n"), "%s", out);
-    cr_assert_eq(megac(d, "eval-kv default --set 'compile.kv_policy=[{layers: all, policy: snapkv, budget: 8}]'",
+    cr_assert_eq(megac(d, "eval-kv default --set 'compile.kv_policy=[{layers: all, policy: snapkv, budget: 8, window: "
+                          "8}]'",
                        out, sizeof out), 2, "%s", out);
-    cr_assert(strstr(out, "error: KV policy 'snapkv' is not supported yet"), "%s", out);
+    cr_assert(strstr(out, "error: snapkv's observation window (8) must be smaller than its budget (8)"), "%s", out);
     cr_assert(!strstr(out, "mean KL"), "refused before evaluating: %s", out);
+    /* SnapKV compresses where the prompt ends: before it, the dense model's predictions */
+    cr_assert_eq(megac(d, "eval-kv default --tokens 64 --prompt-end 40 --set 'compile.kv_policy=[{layers: all, "
+                          "policy: snapkv, budget: 8}]'",
+                       out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "the prompt ends at 40\n") && strstr(out, "first difference    at position "), "%s", out);
+    int at = atoi(strstr(out, "first difference    at position ") + 32);
+    cr_assert_gt(at, 40, "%s", out);
+    cr_assert_eq(megac(d, "eval-kv default --tokens 64 --prompt-end 64", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "megac eval-kv: --prompt-end 64 is past the stream's 64 positions"), "%s", out);
     test_rm_rf(d);
 }
 

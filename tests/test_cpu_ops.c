@@ -37,6 +37,7 @@ typedef struct Kern {
     char *weights, *arena;
     uint32_t *ctrs;
     MegacAbort abort_info;
+    int64_t prompt_end;     /* MegacArgs.prompt_end of the steps (-1: none) */
 } Kern;
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -60,6 +61,7 @@ static void kern_build(Kern *k, Schedule *s)
 {
     memset(k, 0, sizeof *k);
     k->s = s;
+    k->prompt_end = -1;
     sched_layout(s);
     strcpy(k->dir, "/tmp/megac_cpu_XXXXXX");
     cr_assert_not_null(mkdtemp(k->dir));
@@ -145,7 +147,7 @@ static void kern_step(Kern *k, int64_t pos, uint64_t timeout_ns)
     uint32_t n = k->s->nworkers;
     memset(k->ctrs, 0, 4 * (k->s->nctrs + 1));
     last_step_cpu_s = 0;
-    MegacArgs args = {k->weights, k->arena, k->ctrs, &k->abort_info, pos, timeout_ns};
+    MegacArgs args = {k->weights, k->arena, k->ctrs, &k->abort_info, pos, timeout_ns, k->prompt_end};
     pthread_t th[16];
     Job jobs[16];
     cr_assert(n <= 16);

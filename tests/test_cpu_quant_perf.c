@@ -227,7 +227,7 @@ static double qkern_step(QKern *k)
     uint32_t n = k->s->nworkers;
     memset(k->ctrs, 0, 4 * (k->s->nctrs + 1));
     MegacAbort ab = {0};
-    MegacArgs args = {k->wts, k->arena, k->ctrs, &ab, 0, 0};
+    MegacArgs args = {k->wts, k->arena, k->ctrs, &ab, 0, 0, -1};
     pthread_t th[4];
     QJob jobs[4];
     cr_assert(n <= 4);

@@ -114,14 +114,17 @@ static char *write_synth(const char *dir)
 }
 
 /* Sparse attention and eviction on the synthetic model's two layers:
- * every selector and policy at budgets the 100 compared steps overflow. */
+ * every selector and policy at budgets the 100 compared steps overflow
+ * (SnapKV's prompt: positions 0..40). */
 static const char *const synth_sparse[] = {
     "  attention: [{layers: 0, kind: quest, page: 8, budget: 24}]\n"
     "  kv_policy: [{layers: 1, policy: h2o, budget: 20, window: 6}]\n",
     "  attention: [{layers: 0, kind: sink_window, sinks: 4, window: 16}]\n"
     "  kv_policy: [{layers: 1, policy: tova, budget: 24}]\n",
     "  kv_policy: [{layers: all, policy: streaming, sinks: 4, window: 20}]\n",
+    "  kv_policy: [{layers: all, policy: snapkv, budget: 20, window: 6}]\n",
 };
+static const int synth_sparse_prompt_end[] = {-1, -1, -1, 40};
 
 /* Each of synth_sparse on `target` at the given block counts. */
 static void sparse_synth_check(const char *target, const int *blocks, int nb);
@@ -223,8 +226,9 @@ static uint32_t test_buf(Schedule *s, const char *name, DType t, BufClass c, int
 }
 
 /* One layer of every new op (KV_STORE, ATTN_SPARSE of each kind,
- * QUEST_SELECT, KV_EVICT of each policy) next to ATTN and ATTN_COMBINE,
- * for a shape; cap is the evicting layers' budget, page and np Quest's. */
+ * QUEST_SELECT, KV_EVICT of each policy, KV_SNAP) next to ATTN and
+ * ATTN_COMBINE, for a shape; cap is the evicting layers' budget (and
+ * SnapKV's), page and np Quest's. */
 static Schedule *test_sparse_schedule(const char *target, ModelShape sh, int cap, int page, int np)
 {
     Schedule *s = sched_new("sparse", target, 1);
@@ -243,6 +247,10 @@ static Schedule *test_sparse_schedule(const char *target, ModelShape sh, int cap
     uint32_t bounds = test_buf(s, "bounds", DT_F32, BUF_STATE, nkv * pages, 2, hd);
     uint32_t sel = test_buf(s, "sel", DT_I32, BUF_SCRATCH, nkv, np, 0);
     uint32_t part = test_buf(s, "part", DT_F32, BUF_SCRATCH, nkv * 2, g, hd + 2);
+    int snapw = cap / 4 < 32 ? cap / 4 : 32;
+    uint32_t snap = test_buf(s, "snap", DT_I32, BUF_STATE, nkv, cap + 1, 0);
+    uint32_t qwin = test_buf(s, "qwin", DT_F32, BUF_STATE, snapw, nh, hd);
+    uint32_t snapsc = test_buf(s, "snapsc", DT_F32, BUF_STATE, 2, S, 0);
     for (int h = 0; h < nkv; h++) {
         test_op(s, OP_KV_STORE, (int32_t[]){h, cap}, (uint32_t[]){k, v, ks, vs, meta});
         test_op(s, OP_QUEST_SELECT, (int32_t[]){h, page, np}, (uint32_t[]){q, kc, bounds, sel});
@@ -251,11 +259,13 @@ static Schedule *test_sparse_schedule(const char *target, ModelShape sh, int cap
                 (uint32_t[]){q, kc, vc, part, BUF_NONE});
         test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 0, 2, SPARSE_QUEST, page, np}, (uint32_t[]){q, kc, vc, part, sel});
         test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 0, 1, SPARSE_SLOTS, cap, 1}, (uint32_t[]){q, ks, vs, part, score});
+        test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 1, 2, SPARSE_SNAP, cap, 0}, (uint32_t[]){q, kc, vc, part, snap});
         test_op(s, OP_ATTN_COMBINE, (int32_t[]){h, 2}, (uint32_t[]){part, out});
     }
     test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_STREAMING, cap, 4, 0}, (uint32_t[]){BUF_NONE, meta, BUF_NONE});
     test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_H2O, cap, 0, cap / 2}, (uint32_t[]){score, meta, acc});
     test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_TOVA, cap, 0, 0}, (uint32_t[]){score, meta, BUF_NONE});
+    test_op(s, OP_KV_SNAP, (int32_t[]){cap, snapw}, (uint32_t[]){q, kc, qwin, snap, snapsc});
     sched_layout(s);
     return s;
 }
@@ -549,7 +559,7 @@ Test(cuda_host, gemv_paths_match_double)
     uint32_t ctr[1] = {0};
     MegacAbort ab;
     memset(&ab, 0, sizeof ab);
-    MegacArgs args = {weights, arena, ctr, &ab, 0, 0};
+    MegacArgs args = {weights, arena, ctr, &ab, 0, 0, -1};
     fn(&args, 0);
     cr_assert_eq(ab.flag, 0);
     for (int i = 0; i < N; i++) {
@@ -577,12 +587,14 @@ typedef struct {
     void *dl;
     WorkerFn fn;
     char *weights, *arena;
+    int64_t prompt_end;     /* MegacArgs.prompt_end of the steps (-1: none) */
 } HostKernel;
 
 static void host_kernel_open(HostKernel *k, Schedule *s)
 {
     memset(k, 0, sizeof *k);
     k->s = s;
+    k->prompt_end = -1;
     sched_layout(s);
     k->dir = tmp_dir();
     char so[1200];
@@ -619,7 +631,7 @@ static void host_kernel_step(HostKernel *k, int64_t pos)
     uint32_t ctr[1] = {0};
     MegacAbort ab;
     memset(&ab, 0, sizeof ab);
-    MegacArgs args = {k->weights, k->arena, ctr, &ab, pos, 0};
+    MegacArgs args = {k->weights, k->arena, ctr, &ab, pos, 0, k->prompt_end};
     k->fn(&args, 0);
     cr_assert_eq(ab.flag, 0, "the step at pos %lld aborted", (long long)pos);
 }
@@ -1285,8 +1297,10 @@ Test(cuda_host, sparse_ops_refused_params)
 /* ---- host-cuda ---- */
 
 
-/* The model's bundle for `target` at each worker count vs the reference. */
-static void bundles_vs_reference(const char *yaml, const char *target, const int *workers, int nw, int ntok)
+/* The model's bundle for `target` at each worker count vs the reference,
+ * positions [0, prompt_end] the prompt (-1: none). */
+static void bundles_prompted_vs_reference(const char *yaml, const char *target, const int *workers, int nw, int ntok,
+                                          int prompt_end)
 {
     Model r;
     model_open(&r, yaml, true);
@@ -1299,12 +1313,17 @@ static void bundles_vs_reference(const char *yaml, const char *target, const int
         char what[256];
         snprintf(what, sizeof what, "%s on %s, %d blocks", r.m.name, target, workers[i]);
         int n = ntok < megac_max_seq(mm) ? ntok : megac_max_seq(mm);
-        harness_compare_greedy(mm, r.ref, r.m.vocab_size, n, ATOL, RTOL, what);
+        harness_compare_prompted(mm, r.ref, r.m.vocab_size, n, prompt_end, ATOL, RTOL, what);
         megac_close(mm);
         free(b);
     }
     test_rm_rf(dir);
     model_close(&r);
+}
+
+static void bundles_vs_reference(const char *yaml, const char *target, const int *workers, int nw, int ntok)
+{
+    bundles_prompted_vs_reference(yaml, target, workers, nw, ntok, -1);
 }
 
 static const int host_blocks[] = {1, 2, 3, 5};
@@ -1316,7 +1335,7 @@ static void sparse_synth_check(const char *target, const int *blocks, int nb)
         char name[32];
         snprintf(name, sizeof name, "sparse%zu", i);
         char *yaml = write_synth_as(dir, name, synth_sparse[i]);
-        bundles_vs_reference(yaml, target, blocks, nb, 100);
+        bundles_prompted_vs_reference(yaml, target, blocks, nb, 100, synth_sparse_prompt_end[i]);
         free(yaml);
     }
     test_rm_rf(dir);

@@ -541,20 +541,20 @@ Test(desc, diag_unsupported_knobs)
 {
     expect_errors(BASE ARCH "compile:\n  act_dtype: bf16\n  quant: {default: w4a8-g64, mlp: f32}\n"
                   "  attention: [{layers: 2-, kind: sink_window, sinks: 4, window: 64}]\n"
-                  "  kv_policy: [{layers: 0, policy: snapkv, budget: 32}, {layers: 1, policy: h2o, budget: 32, "
-                  "window: 32}, {layers: 3, policy: tova, budget: 8}]\n",
+                  "  kv_policy: [{layers: 0, policy: snapkv, budget: 32, window: 40}, {layers: 1, policy: h2o, "
+                  "budget: 32, window: 32}, {layers: 3, policy: tova, budget: 8}]\n",
                   NULL, 0,
                   "models/x.yaml:5:14: error: activation dtype 'bf16' is not supported yet (only f32)\n"
                   "    5 |   act_dtype: bf16\n"
                   "      |              ^\n"
-                  "models/x.yaml:8:35: error: KV policy 'snapkv' is not supported yet: it compresses the cache once after a prefill, and megac feeds a prompt one token at a time (use h2o or tova)\n"
-                  "    8 |   kv_policy: [{layers: 0, policy: snapkv, budget: 32}, {layers: 1, policy: h2o, budget: 32, window: ...\n"
-                  "      |                                   ^\n"
-                  "models/x.yaml:8:101: error: h2o's recent window (32) must be smaller than its budget (32)\n"
-                  "    8 | ...budget: 32}, {layers: 1, policy: h2o, budget: 32, window: 32}, {layers: 3, policy: tova, budget: 8}]\n"
+                  "models/x.yaml:8:63: error: snapkv's observation window (40) must be smaller than its budget (32)\n"
+                  "    8 | ... [{layers: 0, policy: snapkv, budget: 32, window: 40}, {layers: 1, policy: h2o, budget: 32, window: ...\n"
+                  "      |                                                      ^\n"
+                  "models/x.yaml:8:113: error: h2o's recent window (32) must be smaller than its budget (32)\n"
+                  "    8 | ...window: 40}, {layers: 1, policy: h2o, budget: 32, window: 32}, {layers: 3, policy: tova, budget: 8}]\n"
                   "      |                                                              ^\n"
-                  "models/x.yaml:8:106: error: layer 3: KV policy 'tova' needs dense attention, but the layer's attention is 'sink_window' (an evicting cache is attended whole)\n"
-                  "    8 | ...budget: 32}, {layers: 1, policy: h2o, budget: 32, window: 32}, {layers: 3, policy: tova, budget: 8}]\n"
+                  "models/x.yaml:8:118: error: layer 3: KV policy 'tova' needs dense attention, but the layer's attention is 'sink_window' (an evicting cache is attended whole)\n"
+                  "    8 | ...window: 40}, {layers: 1, policy: h2o, budget: 32, window: 32}, {layers: 3, policy: tova, budget: 8}]\n"
                   "      |                                                                   ^\n");
 }
 

@@ -359,8 +359,8 @@ Test(lower, rejects_unsupported_models)
     expect_reject(toy(64, 172, 1, 8, 3, 8, 512, 64), "must divide n_heads");
     expect_reject(toy(64, 0, 1, 8, 4, 8, 512, 64), "hidden_dim must be positive");
     ModelDesc *m = stories260k();
-    m->kv[2] = (KvPolicy){KV_SNAPKV, 32, 0, 0};
-    expect_reject(m, "not supported yet: KV policy snapkv (layer 2)");
+    m->kv[2] = (KvPolicy){KV_SNAPKV, 32, 0, 32};
+    expect_reject(m, "snapkv: 1 <= window < budget");
     m = stories260k();
     m->attn[1] = (AttnSpec){ATTN_QUEST, 0, 0, 16, 32};
     m->kv[1] = (KvPolicy){KV_TOVA, 32, 0, 0};
@@ -436,6 +436,9 @@ Test(lower, sparse_knob_extremes_validate)
         {{ATTN_DENSE, 0, 0, 0, 0}, {KV_H2O, 1, 0, 0}},
         {{ATTN_DENSE, 0, 0, 0, 0}, {KV_TOVA, 1, 0, 0}},
         {{ATTN_DENSE, 0, 0, 0, 0}, {KV_TOVA, 2000000000, 0, 0}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {KV_SNAPKV, 2, 0, 1}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {KV_SNAPKV, 511, 0, 510}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {KV_SNAPKV, 2000000000, 0, 32}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int w = 1; w <= 5; w += 2) {

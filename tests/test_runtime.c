@@ -133,7 +133,7 @@ static void write_manifest(const char *dir, int workers, uint64_t hash)
     char buf[2048];
     snprintf(buf, sizeof buf,
              "# megac bundle\nformat: 2\nname: toy\ntarget: cpu\nkernel: kernel.so\nkernel_bytes: %zu\n"
-             "kernel_hash: %016" PRIx64 "\nkernel_abi: 2\n"
+             "kernel_hash: %016" PRIx64 "\nkernel_abi: 3\n"
              "schedule_hash: %016" PRIx64 "\nweights_bytes: %d\nweights_read_bytes: %d\narena_bytes: %d\n"
              "counters: 1\nworkers: %d\nvocab: %d\nmax_seq: %d\nbos: 1\neos: 2\n"
              "io_tok: %d\nio_logits: %d\nio_next: %d\n",
@@ -430,9 +430,9 @@ Test(runtime, refuses_mismatched_bundles)
     expect_refusal(dir, MEGAC_ERR_FORMAT, "weights.bin", "but the manifest says");
     cr_assert_eq(truncate(path, V * V * 4), 0);
 
-    edit_file(dir, "manifest.yaml", "kernel_abi: 2", "kernel_abi: 9");
+    edit_file(dir, "manifest.yaml", "kernel_abi: 3", "kernel_abi: 9");
     expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "kernel_abi 9");
-    edit_file(dir, "manifest.yaml", "kernel_abi: 9", "kernel_abi: 2");
+    edit_file(dir, "manifest.yaml", "kernel_abi: 9", "kernel_abi: 3");
 
     edit_file(dir, "manifest.yaml", "vocab: 259", "vocab: 259\nvocab_size: 3");
     expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml:16:", "unknown key 'vocab_size'");
@@ -515,7 +515,7 @@ static const Tamper tampers[] = {
     {"eos: 2", "eos: 9999", "manifest.yaml", "manifest.yaml", "eos: 9999 is not -1"},
     {"eos: 2", "eos: -2", "manifest.yaml", "manifest.yaml", "eos: -2 is not -1"},
     {"format: 2", "format: 1", "manifest.yaml:2:", "manifest.yaml:2:", "format 1, but this runtime reads format 2"},
-    {"kernel_abi: 2", "kernel_abi: 1", "manifest.yaml", "manifest.yaml", "kernel_abi 1, but this runtime speaks"},
+    {"kernel_abi: 3", "kernel_abi: 1", "manifest.yaml", "manifest.yaml", "kernel_abi 1, but this runtime speaks"},
 };
 
 /* Each manifest key the schedule or the kernel states, edited, is refused
@@ -707,6 +707,7 @@ Test(runtime, null_arguments_and_stale_errors)
     cr_assert_eq(megac_step(NULL, 1), MEGAC_ERR_ARG);
     cr_assert_str_eq(megac_error(NULL), "megac_step: no model given");
     cr_assert_eq(megac_reset(NULL), MEGAC_ERR_ARG);
+    cr_assert_eq(megac_set_prompt_end(NULL, 3), MEGAC_ERR_ARG);
     cr_assert_eq(megac_generate(NULL, (int[]){1}, 1, 1, NULL, NULL, NULL, NULL), MEGAC_ERR_ARG);
     cr_assert_eq(megac_encode(NULL, "hi", 1, (int[4]){0}, 4), -1);
     cr_assert_str_eq(megac_decode(NULL, -1, 5), "");
@@ -722,6 +723,9 @@ Test(runtime, null_arguments_and_stale_errors)
     cr_assert_eq(megac_encode(m, "hi", 1, NULL, 8), -1);
     cr_assert_eq(megac_generate(m, NULL, 2, 1, NULL, NULL, NULL, NULL), MEGAC_ERR_ARG);
     cr_assert_eq(megac_step(m, -1), MEGAC_ERR_ARG);
+    cr_assert_eq(megac_set_prompt_end(m, -2), MEGAC_ERR_ARG);
+    cr_assert(strstr(megac_error(m), "megac_set_prompt_end: position -2 (-1 for none)"), "%s", megac_error(m));
+    cr_assert_eq(megac_set_prompt_end(m, 5), MEGAC_OK);
     cr_assert_eq(megac_step(m, 1), MEGAC_OK);
     cr_assert_str_eq(megac_error(m), "", "a stale message after a success");
     cr_assert_eq(megac_encode(m, "hello", 1, ids, 1), -1);
@@ -777,7 +781,7 @@ Test(runtime, one_model_from_several_threads_is_serialized, .timeout = 60)
 /* The manifest parser on its own: every line's error names file:line. */
 static const char good_manifest[] =
     "# c\r\nformat: 2\r\nname: \"x y\"\ntarget: cpu\nkernel: kernel.so\nkernel_bytes: 7\n"
-    "kernel_hash: 0123456789abcdef\nkernel_abi: 2\n"
+    "kernel_hash: 0123456789abcdef\nkernel_abi: 3\n"
     "schedule_hash: 00000000DEADbeef\nweights_bytes: 10\nweights_read_bytes: 9\narena_bytes: 4096\n"
     "counters: 3\nworkers: 2\nvocab: 5\nmax_seq: 8\nbos: -1\neos: 2\nio_tok: 0\nio_logits: 64\nio_next: 4\n";
 

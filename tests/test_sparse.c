@@ -52,21 +52,29 @@ static const char synth_yaml[] = "name: synth-sparse\n"
                                  "weights: {format: synthetic, seed: 11}\n"
                                  "tokenizer: {format: bytes}\n";
 
-/* The per-layer settings under test, as --set overrides. */
+/* The per-layer settings under test, as --set overrides; SnapKV's run
+ * counts positions [0, prompt_end] as the prompt (0: no prompt). */
 typedef struct {
     const char *name;
     const char *set[2];
+    int prompt_end;
 } Config;
 
 static const Config configs[] = {
-    {"sink_window", {"compile.attention=[{layers: 1-, kind: sink_window, sinks: 4, window: 20}]"}},
-    {"quest", {"compile.attention=[{layers: 1-, kind: quest, page: 8, budget: 24}]"}},
-    {"streaming", {"compile.kv_policy=[{layers: all, policy: streaming, sinks: 4, window: 20}]"}},
-    {"h2o", {"compile.kv_policy=[{layers: all, policy: h2o, budget: 24, window: 8}]"}},
-    {"tova", {"compile.kv_policy=[{layers: all, policy: tova, budget: 24}]"}},
+    {"sink_window", {"compile.attention=[{layers: 1-, kind: sink_window, sinks: 4, window: 20}]"}, 0},
+    {"quest", {"compile.attention=[{layers: 1-, kind: quest, page: 8, budget: 24}]"}, 0},
+    {"streaming", {"compile.kv_policy=[{layers: all, policy: streaming, sinks: 4, window: 20}]"}, 0},
+    {"h2o", {"compile.kv_policy=[{layers: all, policy: h2o, budget: 24, window: 8}]"}, 0},
+    {"tova", {"compile.kv_policy=[{layers: all, policy: tova, budget: 24}]"}, 0},
     {"mixed",
      {"compile.attention=[{layers: 0, kind: quest, page: 4, budget: 12}]",
-      "compile.kv_policy=[{layers: 1, policy: h2o, budget: 20}, {layers: 2-, policy: tova, budget: 16}]"}},
+      "compile.kv_policy=[{layers: 1, policy: h2o, budget: 20}, {layers: 2-, policy: tova, budget: 16}]"},
+     0},
+    {"snapkv", {"compile.kv_policy=[{layers: all, policy: snapkv, budget: 24, window: 8}]"}, 60},
+    {"snapkv-mixed",
+     {"compile.attention=[{layers: 2-, kind: sink_window, sinks: 4, window: 16}]",
+      "compile.kv_policy=[{layers: 0-1, policy: snapkv, budget: 20, window: 4}]"},
+     40},
 };
 
 static bool sanitized(void)
@@ -160,7 +168,8 @@ static void sparse_vs_reference(const char *model, const char *target, const int
             cr_assert_eq(megac_open(b, &mm), MEGAC_OK, "%s", megac_last_open_error());
             char what[256];
             snprintf(what, sizeof what, "%s %s on %s, %d workers", model, configs[i].name, target, workers[j]);
-            harness_compare_greedy(mm, r.ref, r.m.vocab_size, ntok, ATOL, RTOL, what);
+            harness_compare_prompted(mm, r.ref, r.m.vocab_size, ntok, configs[i].prompt_end ? configs[i].prompt_end : -1,
+                                     ATOL, RTOL, what);
             megac_close(mm);
             free(b);
         }
@@ -195,11 +204,13 @@ Test(sparse, stories260K_host_cuda_matches_reference, .timeout = 900)
     sparse_vs_reference(STORIES_YAML, "host-cuda", w, 2, 100);
 }
 
-/* Greedy logits of a bundle for ntok steps from BOS, feeding its argmax. */
-static float *decode_logits(const char *bundle, int ntok, int *vocab)
+/* Greedy logits of a bundle for ntok steps from BOS, feeding its argmax;
+ * positions [0, c->prompt_end] are the prompt when c gives one. */
+static float *decode_logits(const char *bundle, const Config *c, int ntok, int *vocab)
 {
     megac_model *mm;
     cr_assert_eq(megac_open(bundle, &mm), MEGAC_OK, "%s", megac_last_open_error());
+    cr_assert_eq(megac_set_prompt_end(mm, c && c->prompt_end ? c->prompt_end : -1), MEGAC_OK);
     *vocab = megac_vocab_size(mm);
     float *all = malloc((size_t)ntok * (size_t)*vocab * sizeof(float));
     int tok = megac_bos(mm);
@@ -219,21 +230,23 @@ Test(sparse, full_budget_equals_dense_bitwise, .timeout = 600)
     if (!have_stories())
         cr_skip_test("../shared/models/stories260K.bin is absent");
     static const Config full[] = {
-        {"sw-full", {"compile.attention=[{layers: all, kind: sink_window, sinks: 4, window: 100}]"}},
-        {"quest-full", {"compile.attention=[{layers: all, kind: quest, page: 16, budget: 112}]"}},
-        {"h2o-full", {"compile.kv_policy=[{layers: all, policy: h2o, budget: 104}]"}},
-        {"tova-full", {"compile.kv_policy=[{layers: all, policy: tova, budget: 104}]"}},
-        {"streaming-full", {"compile.kv_policy=[{layers: all, policy: streaming, sinks: 4, window: 100}]"}},
+        {"sw-full", {"compile.attention=[{layers: all, kind: sink_window, sinks: 4, window: 100}]"}, 0},
+        {"quest-full", {"compile.attention=[{layers: all, kind: quest, page: 16, budget: 112}]"}, 0},
+        {"h2o-full", {"compile.kv_policy=[{layers: all, policy: h2o, budget: 104}]"}, 0},
+        {"tova-full", {"compile.kv_policy=[{layers: all, policy: tova, budget: 104}]"}, 0},
+        {"streaming-full", {"compile.kv_policy=[{layers: all, policy: streaming, sinks: 4, window: 100}]"}, 0},
+        {"snapkv-full", {"compile.kv_policy=[{layers: all, policy: snapkv, budget: 104}]"}, 50},
+        {"snapkv-unprompted", {"compile.kv_policy=[{layers: all, policy: snapkv, budget: 16}]"}, 0},
     };
     const int ntok = 100;
     char *dir = test_tmp_dir("sparse-id");
     for (int w = 1; w <= 3; w += 2) {
         char *db = compile_with(STORIES_YAML, "cpu", w, NULL, dir, "dense");
         int vocab;
-        float *dense = decode_logits(db, ntok, &vocab);
+        float *dense = decode_logits(db, NULL, ntok, &vocab);
         for (size_t i = 0; i < sizeof full / sizeof full[0]; i++) {
             char *b = compile_with(STORIES_YAML, "cpu", w, &full[i], dir, full[i].name);
-            float *got = decode_logits(b, ntok, &vocab);
+            float *got = decode_logits(b, &full[i], ntok, &vocab);
             size_t bad = 0;
             for (size_t k = 0; k < (size_t)ntok * (size_t)vocab; k++)
                 bad += memcmp(&got[k], &dense[k], sizeof(float)) != 0;
@@ -253,14 +266,14 @@ Test(sparse, streaming_attends_what_sink_window_masks, .timeout = 300)
 {
     if (!have_stories())
         cr_skip_test("../shared/models/stories260K.bin is absent");
-    const Config sw = {"sw", {"compile.attention=[{layers: all, kind: sink_window, sinks: 4, window: 20}]"}};
-    const Config st = {"st", {"compile.kv_policy=[{layers: all, policy: streaming, sinks: 4, window: 20}]"}};
+    const Config sw = {"sw", {"compile.attention=[{layers: all, kind: sink_window, sinks: 4, window: 20}]"}, 0};
+    const Config st = {"st", {"compile.kv_policy=[{layers: all, policy: streaming, sinks: 4, window: 20}]"}, 0};
     const int ntok = 150;
     char *dir = test_tmp_dir("sparse-st");
     char *b1 = compile_with(STORIES_YAML, "cpu", 2, &sw, dir, sw.name);
     char *b2 = compile_with(STORIES_YAML, "cpu", 2, &st, dir, st.name);
     int vocab;
-    float *a = decode_logits(b1, ntok, &vocab), *b = decode_logits(b2, ntok, &vocab);
+    float *a = decode_logits(b1, NULL, ntok, &vocab), *b = decode_logits(b2, NULL, ntok, &vocab);
     double worst = 0;
     for (int pos = 0; pos < ntok; pos++) {
         const float *x = a + (size_t)pos * vocab, *y = b + (size_t)pos * vocab;
@@ -283,25 +296,27 @@ Test(sparse, small_budgets_move_away_from_dense, .timeout = 300)
     if (!have_stories())
         cr_skip_test("../shared/models/stories260K.bin is absent");
     static const Config small[] = {
-        {"sw", {"compile.attention=[{layers: all, kind: sink_window, sinks: 2, window: 14}]"}},
-        {"quest", {"compile.attention=[{layers: all, kind: quest, page: 4, budget: 16}]"}},
-        {"streaming", {"compile.kv_policy=[{layers: all, policy: streaming, sinks: 2, window: 14}]"}},
-        {"h2o", {"compile.kv_policy=[{layers: all, policy: h2o, budget: 16, window: 4}]"}},
-        {"tova", {"compile.kv_policy=[{layers: all, policy: tova, budget: 16}]"}},
+        {"sw", {"compile.attention=[{layers: all, kind: sink_window, sinks: 2, window: 14}]"}, 0},
+        {"quest", {"compile.attention=[{layers: all, kind: quest, page: 4, budget: 16}]"}, 0},
+        {"streaming", {"compile.kv_policy=[{layers: all, policy: streaming, sinks: 2, window: 14}]"}, 0},
+        {"h2o", {"compile.kv_policy=[{layers: all, policy: h2o, budget: 16, window: 4}]"}, 0},
+        {"tova", {"compile.kv_policy=[{layers: all, policy: tova, budget: 16}]"}, 0},
+        {"snapkv", {"compile.kv_policy=[{layers: all, policy: snapkv, budget: 16, window: 4}]"}, 30},
     };
     const int ntok = 64;
     char *dir = test_tmp_dir("sparse-neg");
     char *db = compile_with(STORIES_YAML, "cpu", 1, NULL, dir, "dense");
     int vocab;
-    float *dense = decode_logits(db, ntok, &vocab);
+    float *dense = decode_logits(db, NULL, ntok, &vocab);
     for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) {
         char *b = compile_with(STORIES_YAML, "cpu", 1, &small[i], dir, small[i].name);
-        float *got = decode_logits(b, ntok, &vocab);
+        float *got = decode_logits(b, &small[i], ntok, &vocab);
         double before = 0, after = 0;
+        int full = small[i].prompt_end ? small[i].prompt_end + 1 : 16; /* SnapKV: after the prompt's last step */
         for (int pos = 0; pos < ntok; pos++)
             for (int k = 0; k < vocab; k++) {
                 double e = fabs((double)got[(size_t)pos * vocab + k] - dense[(size_t)pos * vocab + k]);
-                if (pos < 16)
+                if (pos < full)
                     before = fmax(before, e);
                 else
                     after = fmax(after, e);
@@ -313,5 +328,82 @@ Test(sparse, small_budgets_move_away_from_dense, .timeout = 300)
     }
     free(dense);
     free(db);
+    test_rm_rf(dir);
+}
+
+/* A conversation: SnapKV compresses at the end of each prompt, the second
+ * time among the rows the first kept and those after it; kernel and
+ * reference agree at every step, on the CPU and host-CUDA. */
+Test(sparse, snapkv_compresses_at_every_prompt, .timeout = 300)
+{
+    if (!have_stories())
+        cr_skip_test("../shared/models/stories260K.bin is absent");
+    const Config c = {"snapkv-turns", {"compile.kv_policy=[{layers: all, policy: snapkv, budget: 20, window: 6}]"}, 0};
+    static const int prompt_end[] = {29, 69, 119}; /* from pos 40 on the second prompt, from 90 the third */
+    char *dir = test_tmp_dir("sparse-turns");
+    Ref r;
+    ref_open(&r, STORIES_YAML, &c);
+    const char *targets[] = {"cpu", "host-cuda"};
+    for (int ti = 0; ti < 2; ti++) {
+        char *b = compile_with(STORIES_YAML, targets[ti], 2, &c, dir, c.name);
+        megac_model *mm;
+        cr_assert_eq(megac_open(b, &mm), MEGAC_OK, "%s", megac_last_open_error());
+        ref_reset(r.ref);
+        int tok = megac_bos(mm), vocab = r.m.vocab_size;
+        double worst = 0;
+        for (int pos = 0; pos < 140; pos++) {
+            int pe = pos <= 29 ? 0 : pos < 40 ? -1 : pos <= 69 ? 1 : pos < 90 ? -1 : 2;
+            int end = pe < 0 ? -1 : prompt_end[pe];
+            ref_set_prompt_end(r.ref, end);
+            cr_assert_eq(megac_set_prompt_end(mm, end), MEGAC_OK);
+            cr_assert_eq(megac_step(mm, tok), MEGAC_OK, "%s", megac_error(mm));
+            const float *got = megac_logits(mm), *want = ref_step(r.ref, tok, pos);
+            double scale = 0;
+            for (int i = 0; i < vocab; i++)
+                scale = fmax(scale, fabs(want[i]));
+            for (int i = 0; i < vocab; i++) {
+                double e = fabs((double)got[i] - want[i]);
+                worst = fmax(worst, e);
+                cr_assert(e <= ATOL + RTOL * scale, "%s pos %d logit %d: kernel %g, reference %g", targets[ti], pos, i,
+                          got[i], want[i]);
+            }
+            cr_assert_eq(megac_argmax(mm), harness_argmax(want, vocab), "%s pos %d", targets[ti], pos);
+            tok = megac_argmax(mm);
+        }
+        cr_log_info("snapkv, three prompts, %s: max |logit diff| %.3g", targets[ti], worst);
+        megac_close(mm);
+        free(b);
+    }
+    ref_close(&r);
+    test_rm_rf(dir);
+}
+
+/* `megac run` says where its prompt ends to the kernels and to the
+ * reference engine alike: a SnapKV model prints the same text on each
+ * engine, and not the dense model's. */
+Test(sparse, snapkv_run_engines_agree, .timeout = 300)
+{
+    if (!have_stories())
+        cr_skip_test("../shared/models/stories260K.bin is absent");
+    char *dir = test_tmp_dir("sparse-run");
+    const char *engines[] = {"cpu", "reference", "host-cuda", NULL};
+    char text[4][8192];
+    for (int i = 0; i < 4; i++) {
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd,
+                 "cd '%s' && %s run %s --engine %s %s --prompt 'Once upon a time, there was a little girl named Lily. "
+                 "She loved to play outside' --temp 0 -n 120 2>/dev/null",
+                 dir, MEGAC_BIN, STORIES_YAML, engines[i] ? engines[i] : "cpu",
+                 engines[i] ? "--set 'compile.kv_policy=[{layers: all, policy: snapkv, budget: 16, window: 4}]'" : "");
+        FILE *p = popen(cmd, "r");
+        cr_assert(p);
+        size_t n = fread(text[i], 1, sizeof text[i] - 1, p);
+        text[i][n] = 0;
+        cr_assert_eq(pclose(p), 0, "%s", cmd);
+        cr_assert_gt(n, 100, "%s", cmd);
+    }
+    cr_assert_str_eq(text[1], text[0], "reference vs cpu");
+    cr_assert_str_eq(text[2], text[0], "host-cuda vs cpu");
+    cr_assert_str_neq(text[3], text[0], "SnapKV at budget 16 is not the dense model");
     test_rm_rf(dir);
 }

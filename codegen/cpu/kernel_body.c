@@ -2934,7 +2934,7 @@ static void op_kv_store(const MegacArgs *a, const int64_t *in)
  * sel lists them; the filled slots). */
 typedef struct SparseRuns {
     int64_t kind, a, b, n;      /* n = pos + 1 */
-    const int32_t *sel;         /* SPARSE_QUEST: the head's sel[0:b] */
+    const int32_t *sel;         /* SPARSE_QUEST: the head's sel[0:b]; SPARSE_SNAP: its snap[0:a+1] */
     int64_t i;                  /* the next run to look at */
 } SparseRuns;
 
@@ -2955,6 +2955,21 @@ static int sparse_run(const SparseRuns *r, int64_t i, int64_t *t0, int64_t *t1)
         int64_t pg = r->sel[i], e = (pg + 1) * r->a;
         *t0 = pg < 0 ? 0 : pg * r->a; /* -1 padding: empty; pages past pos: empty */
         *t1 = pg < 0 ? 0 : (e < r->n ? e : r->n);
+        break;
+    }
+    case SPARSE_SNAP: { /* a = budget; sel[0] = cut, sel[1:a+1] the kept rows */
+        int64_t cut = r->sel[0];
+        if (cut < 0 || cut >= r->n - 1) { /* never compressed: every row */
+            if (i > 0)
+                return 0;
+            *t0 = 0, *t1 = r->n;
+            break;
+        }
+        if (i > r->a)
+            return 0;
+        int64_t t = i < r->a ? r->sel[1 + i] : cut + 1;
+        *t0 = t < 0 || t >= r->n ? 0 : t; /* -1 padding: empty */
+        *t1 = t < 0 || t >= r->n ? 0 : i < r->a ? t + 1 : r->n;
         break;
     }
     default: /* SPARSE_SLOTS: a = cap */
@@ -3015,11 +3030,14 @@ static void op_attn_sparse(const MegacArgs *a, const int64_t *in, WStream *ws)
     float scale = 1.0f / sqrtf((float)hd);
     float *p = part + (h * nsplit + s) * G * (hd + 2);
     attn_part_init(p, G, hd);
-    if (kind == SPARSE_QUEST && !aux)
+    if ((kind == SPARSE_QUEST || kind == SPARSE_SNAP) && !aux)
         return;
     int64_t rows = kind == SPARSE_SLOTS ? pa : SHAPE(KS_MAX_SEQ);
     const float *kh = kc + h * rows * hd, *vh = vc + h * rows * hd, *qh = q + h * G * hd;
-    SparseRuns r = {kind, pa, pb, a->pos + 1, kind == SPARSE_QUEST ? (const int32_t *)aux + h * pb : NULL, 0};
+    const int32_t *sel = kind == SPARSE_QUEST ? (const int32_t *)aux + h * pb
+                         : kind == SPARSE_SNAP ? (const int32_t *)aux + h * (pa + 1)
+                                               : NULL;
+    SparseRuns r = {kind, pa, pb, a->pos + 1, sel, 0};
     float *raw = kind == SPARSE_SLOTS && pb == 1 && nsplit == 1 && aux ? aux + h * G * pa : NULL;
     WStream none = {.a = a, .ahead = INT64_MAX / 2}, *rs = kind == SPARSE_SLOTS && nsplit == 1 ? ws : &none;
     int64_t t0, t1, e = 0; /* e: selected rows before the run */
@@ -3257,6 +3275,131 @@ static void op_kv_evict(const MegacArgs *a, const int64_t *in)
     }
 }
 
+/* ---- SnapKV (semantics: ir/ops.h) ---- */
+
+/* A float's key in an order of unsigned integers (larger float, larger key). */
+static uint32_t snap_key(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+}
+
+/* Adds query qv's softmax weights over the alive rows <= w of one kv head
+ * (kh: its rows), divided by G, into s[t] for t < w0; lg: scratch by
+ * position. */
+static void snap_score_query(const int32_t *sh, int64_t C, int64_t pos, const float *kh, const float *qv, int64_t w,
+                             int64_t w0, int64_t hd, float inv_g, float *s, float *lg)
+{
+    float scale = 1.0f / sqrtf((float)hd), m = NEG_INF, z = 0.0f;
+    SparseRuns r = {SPARSE_SNAP, C, 0, pos + 1, sh, 0};
+    int64_t t0, t1;
+    while (sparse_next(&r, &t0, &t1) && t0 <= w)
+        for (int64_t t = t0; t < t1 && t <= w; t++) {
+            lg[t] = dot_f32(qv, kh + t * hd, hd) * scale;
+            m = lg[t] > m ? lg[t] : m;
+        }
+    r.i = 0;
+    while (sparse_next(&r, &t0, &t1) && t0 <= w)
+        for (int64_t t = t0; t < t1 && t <= w; t++)
+            z += exp_nonpos(lg[t] - m);
+    r.i = 0;
+    while (sparse_next(&r, &t0, &t1) && t0 < w0)
+        for (int64_t t = t0; t < t1 && t < w0; t++)
+            s[t] += exp_nonpos(lg[t] - m) / z * inv_g;
+}
+
+/* One kv head's compression (its snap sh, its rows kh), the head alive
+ * rows counted: n > C. The pooled scores pl pick the C - |window| rows to
+ * keep by a radix select of their keys (4 passes of 8 bits: the key T of
+ * the K-th largest and how many equal to T to take, the lower positions
+ * first); the new list goes through s (free by then) into sh. */
+static void snap_head(int32_t *sh, int64_t C, int64_t W, int64_t pos, const float *kh, const float *qwin,
+                      int64_t h, int64_t G, int64_t nh, int64_t hd, float *s, float *pl)
+{
+    int64_t w0 = pos - W + 1 > 0 ? pos - W + 1 : 0, nwin = 0, t0, t1;
+    SparseRuns r = {SPARSE_SNAP, C, 0, pos + 1, sh, 0};
+    for (int64_t t = 0; t < w0; t++)
+        s[t] = -1.0f; /* not alive */
+    while (sparse_next(&r, &t0, &t1))
+        for (int64_t t = t0; t < t1; t++) {
+            if (t < w0)
+                s[t] = 0.0f;
+            else
+                nwin++;
+        }
+    for (int64_t w = w0; w <= pos; w++)
+        for (int64_t g = 0; g < G; g++)
+            snap_score_query(sh, C, pos, kh, qwin + ((w % W) * nh + h * G + g) * hd, w, w0, hd, 1.0f / (float)G, s,
+                             pl);
+    for (int64_t t = 0; t < w0; t++) { /* max pool, kernel 7, over the scored rows */
+        float v = -1.0f;
+        for (int64_t u = t - 3 < 0 ? 0 : t - 3; s[t] >= 0.0f && u <= t + 3 && u < w0; u++)
+            v = s[u] > v ? s[u] : v;
+        pl[t] = v;
+    }
+    int64_t K = C - nwin, rank = K;
+    uint32_t prefix = 0, mask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        int64_t bins[256] = {0};
+        for (int64_t t = 0; t < w0; t++) {
+            uint32_t k = snap_key(pl[t]);
+            if (pl[t] >= 0.0f && (k & mask) == prefix)
+                bins[(k >> shift) & 255u]++;
+        }
+        int b = 255;
+        int64_t above = 0; /* keys matching the prefix with a larger digit: kept */
+        for (; b > 0 && above + bins[b] < rank; b--)
+            above += bins[b];
+        rank -= above;
+        prefix |= (uint32_t)b << shift;
+        mask |= 255u << shift;
+    }
+    int64_t n = 0;
+    for (int64_t t = 0; t < w0; t++) {
+        uint32_t k = snap_key(pl[t]);
+        if (pl[t] >= 0.0f && (k > prefix || (k == prefix && rank-- > 0)))
+            s[n++] = (float)t;
+    }
+    r.i = 0;
+    while (sparse_next(&r, &t0, &t1)) /* the window */
+        for (int64_t t = t0 > w0 ? t0 : w0; t < t1; t++)
+            s[n++] = (float)t;
+    for (int64_t i = 0; i < C; i++)
+        sh[1 + i] = i < n ? (int32_t)s[i] : -1;
+    sh[0] = (int32_t)pos;
+}
+
+/* Every step: pos 0 clears every head's cut; q into qwin[pos % window].
+ * At the prompt's last step (MegacArgs.prompt_end), each kv head with more
+ * than `budget` rows alive is compressed (snap_head). sc: [2][S] scratch,
+ * scores and pooled scores by position. */
+static void op_kv_snap(const MegacArgs *a, const int64_t *in)
+{
+    const float *q = opnd(a, in, 0), *kc = opnd(a, in, 1);
+    float *qwin = opnd(a, in, 2), *sc = opnd(a, in, 4);
+    int32_t *snap = opnd(a, in, 3);
+    int64_t C = in[KT_PARAM], W = in[KT_PARAM + 1], pos = a->pos;
+    int64_t hd = SHAPE(KS_HEAD_DIM), nh = SHAPE(KS_N_HEADS), nkv = SHAPE(KS_N_KV_HEADS), S = SHAPE(KS_MAX_SEQ);
+    if (pos == 0)
+        for (int64_t h = 0; h < nkv; h++)
+            snap[h * (C + 1)] = -1;
+    memcpy(qwin + (pos % W) * nh * hd, q, (size_t)(nh * hd) * sizeof(float));
+    if (pos != a->prompt_end)
+        return;
+    for (int64_t h = 0; h < nkv; h++) {
+        int32_t *sh = snap + h * (C + 1);
+        int64_t cut = sh[0], n = pos + 1;
+        if (cut >= 0 && cut < pos) {
+            n = pos - cut;
+            for (int64_t i = 0; i < C; i++)
+                n += sh[1 + i] >= 0;
+        }
+        if (n > C)
+            snap_head(sh, C, W, pos, kc + h * S * hd, qwin, h, nh / nkv, nh, hd, sc, sc + S);
+    }
+}
+
 /* silu(g) u = g sigmoid(g) u, with e^-|g| from exp_nonpos (one vector
  * loop; libm's expf per element took ~2% of a SmolLM2 step):
  * sigmoid(g) = 1 / (1 + e^-g) for g >= 0, e^g / (1 + e^g) below. */
@@ -3333,6 +3476,7 @@ static void op_run(const MegacArgs *a, const int64_t *in, WStream *ws)
     case OP_ATTN_SPARSE: if (HAS_OP(OP_ATTN_SPARSE)) op_attn_sparse(a, in, ws); break;
     case OP_QUEST_SELECT: if (HAS_OP(OP_QUEST_SELECT)) op_quest_select(a, in); break;
     case OP_KV_EVICT: if (HAS_OP(OP_KV_EVICT)) op_kv_evict(a, in); break;
+    case OP_KV_SNAP: if (HAS_OP(OP_KV_SNAP)) op_kv_snap(a, in); break;
     default: break;
     }
 }

@@ -26,6 +26,7 @@ typedef struct MegacArgs {
     MegacAbort *abort_info;
     long long pos;
     unsigned long long timeout_ns;
+    long long prompt_end;
 } MegacArgs;
 
 MK_INLINE unsigned mk_tid(void) { return threadIdx.x; }

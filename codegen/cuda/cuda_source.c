@@ -28,10 +28,11 @@ _Static_assert(INST_OP == 0 && INST_SIGNAL == 1 && INST_WAIT == 2, "kernel_body.
 _Static_assert(OP_EMBED == 0 && OP_RMSNORM == 1 && OP_GEMV == 2 && OP_ROPE == 3 && OP_KV_APPEND == 4 &&
                    OP_ATTN == 5 && OP_ATTN_COMBINE == 6 && OP_SILU_MUL == 7 && OP_ADD == 8 && OP_ARGMAX == 9 &&
                    OP_ARGMAX_COMBINE == 10 && OP_KV_STORE == 11 && OP_ATTN_SPARSE == 12 &&
-                   OP_QUEST_SELECT == 13 && OP_KV_EVICT == 14 && OP_COUNT == 15,
+                   OP_QUEST_SELECT == 13 && OP_KV_EVICT == 14 && OP_KV_SNAP == 15 && OP_COUNT == 16,
                "kernel_body.cuh's MK_OP_* mirror OpCode");
 _Static_assert(GEMV_ACCUM == 1 && GEMV_NORM == 2 && GEMV_BIAS == 4, "kernel_body.cuh's MK_GEMV_* mirror ops.h");
-_Static_assert(SPARSE_SINK_WINDOW == 0 && SPARSE_QUEST == 1 && SPARSE_SLOTS == 2 && SPARSE_KIND_COUNT == 3 &&
+_Static_assert(SPARSE_SINK_WINDOW == 0 && SPARSE_QUEST == 1 && SPARSE_SLOTS == 2 && SPARSE_SNAP == 3 &&
+                   SPARSE_KIND_COUNT == 4 &&
                    SPARSE_BLOCK == 32 && KV_POLICY_STREAMING == 0 && KV_POLICY_H2O == 1 && KV_POLICY_TOVA == 2,
                "kernel_body.cuh's MK_SPARSE_* and MK_KV_* mirror ops.h");
 _Static_assert(DT_F32 == 0 && DT_F16 == 1 && DT_BF16 == 2 && DT_I32 == 3 && DT_Q8_0 == 5 && DT_Q4_0 == 6 &&
@@ -40,7 +41,8 @@ _Static_assert(DT_F32 == 0 && DT_F16 == 1 && DT_BF16 == 2 && DT_I32 == 3 && DT_Q
                "kernel_body.cuh's MK_DT_*; 5 bits per dtype");
 _Static_assert(OP_MAX_PARAMS == 6 && OP_MAX_OPERANDS == 5, "instruction words: 6 params, 5 operands");
 /* The prelude and the shim declare MegacArgs with plain C types. */
-_Static_assert(sizeof(MegacArgs) == 48 && offsetof(MegacArgs, pos) == 32 && offsetof(MegacArgs, timeout_ns) == 40,
+_Static_assert(sizeof(MegacArgs) == 56 && offsetof(MegacArgs, pos) == 32 && offsetof(MegacArgs, timeout_ns) == 40 &&
+                   offsetof(MegacArgs, prompt_end) == 48,
                "MegacArgs layout of cuda_prelude.cuh and host_shim.h");
 _Static_assert(sizeof(MegacAbort) == 24, "MegacAbort layout of cuda_prelude.cuh and host_shim.h");
 
@@ -63,6 +65,7 @@ static int source_group(const Schedule *s)
 
 /* Floats of the shared scratch the serial ops use (kernel_body.cuh):
  * QUEST_SELECT 256 digit bins, a bound per warp, a digit and a rank;
+ * KV_SNAP 256 bins, a digit and a rank;
  * KV_EVICT (reading scores) the max and sum of each q head's softmax. */
 static int source_serial_smem(const Schedule *s, int threads)
 {
@@ -73,6 +76,8 @@ static int source_serial_smem(const Schedule *s, int threads)
             int n = 0;
             if (in->kind == INST_OP && in->op == OP_QUEST_SELECT)
                 n = 256 + threads / 32 + 2;
+            if (in->kind == INST_OP && in->op == OP_KV_SNAP)
+                n = 256 + 2;
             if (in->kind == INST_OP && in->op == OP_KV_EVICT && in->p[0] != KV_POLICY_STREAMING)
                 n = 2 * s->shape.n_heads;
             need = n > need ? n : need;

@@ -49,6 +49,7 @@ typedef struct MegacArgs {
     MegacAbort *abort_info;
     int64_t pos;
     uint64_t timeout_ns;
+    int64_t prompt_end;
 } MegacArgs;
 
 typedef struct float4 {

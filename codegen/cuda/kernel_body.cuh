@@ -40,7 +40,7 @@ enum { MK_INST_OP, MK_INST_SIGNAL, MK_INST_WAIT };
 enum {
     MK_OP_EMBED, MK_OP_RMSNORM, MK_OP_GEMV, MK_OP_ROPE, MK_OP_KV_APPEND, MK_OP_ATTN,
     MK_OP_ATTN_COMBINE, MK_OP_SILU_MUL, MK_OP_ADD, MK_OP_ARGMAX, MK_OP_ARGMAX_COMBINE,
-    MK_OP_KV_STORE, MK_OP_ATTN_SPARSE, MK_OP_QUEST_SELECT, MK_OP_KV_EVICT
+    MK_OP_KV_STORE, MK_OP_ATTN_SPARSE, MK_OP_QUEST_SELECT, MK_OP_KV_EVICT, MK_OP_KV_SNAP
 };
 #define MK_GEMV_ACCUM 1
 #define MK_GEMV_NORM 2
@@ -48,6 +48,7 @@ enum {
 #define MK_SPARSE_SINK_WINDOW 0 /* ATTN_SPARSE kinds, KV_EVICT policies: ops.h */
 #define MK_SPARSE_QUEST 1
 #define MK_SPARSE_SLOTS 2
+#define MK_SPARSE_SNAP 3
 #define MK_SPARSE_BLOCK 32
 #define MK_KV_STREAMING 0
 #define MK_KV_H2O 1
@@ -169,6 +170,26 @@ MK_INLINE float mk_warp_max(float v)
     for (int m = 16; m > 0; m >>= 1)
         v = fmaxf(v, mk_shfl_xor_f(v, m));
     return v;
+}
+
+/* Max over the block; every thread gets the same value. */
+MK_DEV float mk_block_max(float v)
+{
+    unsigned tid = mk_tid();
+    v = mk_warp_max(v);
+    if ((tid & 31u) == 0)
+        mk_red[tid >> 5] = v;
+    mk_sync();
+    if (tid < 32) {
+        float t = tid < MK_NWARPS ? mk_red[tid] : MK_NEG_INF;
+        t = mk_warp_max(t);
+        if (tid == 0)
+            mk_red[64] = t;
+    }
+    mk_sync();
+    float r = mk_red[64];
+    mk_sync();
+    return r;
 }
 
 /* The index of the least v over the block (the lowest index on ties; i <
@@ -934,9 +955,23 @@ MK_DEV void op_attn(const MegacArgs *a, const unsigned *in)
  * concatenation is cut into blocks of MK_SPARSE_BLOCK entries. */
 typedef struct MkRows {
     int kind;           /* an MK_SPARSE_* kind */
-    int a, b;           /* the kind's params */
-    const int *sel;     /* MK_SPARSE_QUEST: the kv head's b pages */
+    int a, b;           /* the kind's params; MK_SPARSE_SNAP: a = budget, b = its kept rows (mk_snap_rows) */
+    const int *sel;     /* MK_SPARSE_QUEST: the kv head's b pages; MK_SPARSE_SNAP: its snap[a + 1] */
 } MkRows;
+
+/* The rows of a SnapKV head alive at pos (ops.h), with sh its snap[C + 1]:
+ * r.b = how many kept rows come first (0 unless 0 <= cut < pos), then the
+ * rows from *base on; returns how many are alive. */
+MK_INLINE int mk_snap_rows(MkRows *r, int pos, int *base)
+{
+    int cut = r->sel[0], nk = 0;
+    if (cut >= 0 && cut < pos)
+        while (nk < r->a && r->sel[1 + nk] >= 0)
+            nk++;
+    r->b = nk;
+    *base = cut >= 0 && cut < pos ? cut + 1 : 0;
+    return nk + pos + 1 - *base;
+}
 
 /* Run j of r at pos: its length (rows from *r0 on), 0 for an empty run,
  * -1 past the last run. Rows and entries are below max_seq < 2^31. */
@@ -976,6 +1011,10 @@ MK_INLINE int mk_rows_run(MkRows r, int j, int pos, int *r0)
 /* The row at entry e of r's runs concatenated, or -1 past their end. */
 MK_INLINE int mk_rows_at(MkRows r, int pos, int e)
 {
+    if (r.kind == MK_SPARSE_SNAP) { /* the kept rows, then (cut, pos]: r.b set by mk_snap_rows */
+        int cut = r.sel[0], base = cut >= 0 && cut < pos ? cut + 1 : 0;
+        return e < r.b ? r.sel[1 + e] : base + e - r.b <= pos ? base + e - r.b : -1;
+    }
     int off = 0, r0 = 0;
     for (int j = 0;; j++) {
         int len = mk_rows_run(r, j, pos, &r0);
@@ -1010,6 +1049,11 @@ MK_DEV void op_attn_sparse(const MegacArgs *a, const unsigned *in)
     MkRows rows = {mk_param(in, 3), mk_param(in, 4), mk_param(in, 5), 0};
     if (rows.kind == MK_SPARSE_QUEST)
         rows.sel = (const int *)mk_opnd(a, in, 4) + (long long)h * rows.b;
+    if (rows.kind == MK_SPARSE_SNAP) {
+        int base;
+        rows.sel = (const int *)mk_opnd(a, in, 4) + (long long)h * (rows.a + 1);
+        mk_snap_rows(&rows, pos, &base);
+    }
     int slots = rows.kind == MK_SPARSE_SLOTS, cap = rows.a;
     float *score = slots && rows.b == 1 ? (float *)mk_opnd(a, in, 4) + (long long)h * MK_G * cap : 0;
     long long head = (long long)h * (slots ? cap : MK_MAX_SEQ) * MK_HD;
@@ -1437,6 +1481,142 @@ MK_DEV void op_kv_evict(const MegacArgs *a, const unsigned *in)
     }
 }
 
+/* ---- SnapKV (ops.h) ---- */
+
+/* One kv head's compression, sh its snap, kh its rows, n > C of them
+ * alive (MkRows r, entry e the e-th): the window queries' weights summed
+ * into s[t] (t < w0; -1 marks a row not alive), each query's logits first
+ * in lg by position; the max pool into lg; then a radix select as
+ * quest_select's (a thread per digit bin, thread 0 picks the bin) finds
+ * the key T of the K-th largest and how many equal to T to take; thread 0
+ * writes the kept rows, ascending, into s (as floats: rows < 2^24) and the
+ * block copies them into sh. */
+MK_DEV void mk_snap_head(int *sh, int C, int W, int pos, const float *kh, const float *qwin, int h, float *s,
+                         float *lg)
+{
+    unsigned tid = mk_tid(), warp = tid >> 5, lane = tid & 31u;
+    MkRows r = {MK_SPARSE_SNAP, C, 0, sh};
+    int base, n = mk_snap_rows(&r, pos, &base), w0 = pos - W + 1 > 0 ? pos - W + 1 : 0;
+    float scale = 1.0f / sqrtf((float)MK_HD);
+    for (int t = (int)tid; t < w0; t += MK_THREADS)
+        s[t] = -1.0f;
+    mk_sync();
+    float nw = 0.0f;
+    for (int e = (int)tid; e < n; e += MK_THREADS) {
+        int t = mk_rows_at(r, pos, e);
+        if (t < w0)
+            s[t] = 0.0f;
+        else
+            nw += 1.0f;
+    }
+    int nwin = (int)mk_block_sum(nw); /* (a barrier) */
+    for (int w = w0; w <= pos; w++)
+        for (int g = 0; g < MK_G; g++) {
+            const float *qv = qwin + ((long long)(w % W) * MK_NH + h * MK_G + g) * MK_HD;
+            float m = MK_NEG_INF;
+            for (int e = (int)warp; e < n; e += MK_NWARPS) {
+                int t = mk_rows_at(r, pos, e);
+                if (t > w)
+                    break; /* rows ascend */
+                float d = 0.0f;
+                for (int i = (int)lane; i < MK_HD; i += 32)
+                    d += qv[i] * kh[(long long)t * MK_HD + i];
+                d = mk_warp_sum(d) * scale;
+                if (lane == 0)
+                    lg[t] = d;
+                m = fmaxf(m, d);
+            }
+            m = mk_block_max(m); /* (barriers: lg is written) */
+            float z = 0.0f;
+            for (int e = (int)tid; e < n; e += MK_THREADS) {
+                int t = mk_rows_at(r, pos, e);
+                if (t <= w)
+                    z += expf(lg[t] - m);
+            }
+            z = mk_block_sum(z);
+            for (int e = (int)tid; e < n; e += MK_THREADS) {
+                int t = mk_rows_at(r, pos, e);
+                if (t < w0 && t <= w)
+                    s[t] += expf(lg[t] - m) / z * (1.0f / (float)MK_G);
+            }
+            mk_sync();
+        }
+    for (int t = (int)tid; t < w0; t += MK_THREADS) { /* max pool, kernel 7 */
+        float v = -1.0f;
+        for (int u = t - 3 < 0 ? 0 : t - 3; s[t] >= 0.0f && u <= t + 3 && u < w0; u++)
+            v = fmaxf(v, s[u]);
+        lg[t] = v;
+    }
+    mk_sync();
+    unsigned prefix = 0, mask = 0;
+    int rank = C - nwin;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = (int)tid; b < MK_QBINS; b += MK_THREADS) {
+            int cnt = 0;
+            for (int t = 0; t < w0; t++) {
+                unsigned k = mk_fkey(lg[t]);
+                cnt += lg[t] >= 0.0f && (k & mask) == prefix && (int)((k >> shift) & 255u) == b;
+            }
+            mk_sm[b] = (float)cnt;
+        }
+        mk_sync();
+        if (tid == 0) {
+            int b = MK_QBINS - 1, above = 0;
+            for (; b > 0 && above + (int)mk_sm[b] < rank; b--)
+                above += (int)mk_sm[b];
+            mk_sm[MK_QBINS] = (float)b;
+            mk_sm[MK_QBINS + 1] = (float)(rank - above);
+        }
+        mk_sync();
+        prefix |= (unsigned)mk_sm[MK_QBINS] << shift;
+        mask |= 255u << shift;
+        rank = (int)mk_sm[MK_QBINS + 1];
+        mk_sync();
+    }
+    if (tid == 0) {
+        int k = 0;
+        for (int t = 0; t < w0; t++) {
+            unsigned key = mk_fkey(lg[t]);
+            if (lg[t] >= 0.0f && (key > prefix || (key == prefix && rank-- > 0)))
+                s[k++] = (float)t;
+        }
+        for (int e = n - nwin; e < n; e++) /* the window: the last nwin alive rows */
+            s[k++] = (float)mk_rows_at(r, pos, e);
+    }
+    mk_sync();
+    for (int i = (int)tid; i < C; i += MK_THREADS) /* C rows: the K selected and the window */
+        sh[1 + i] = (int)s[i];
+    if (tid == 0)
+        sh[0] = pos;
+    mk_sync();
+}
+
+/* Every step: pos 0 clears every head's cut; q into qwin[pos % window];
+ * at the prompt's last step (MegacArgs.prompt_end) each kv head with more
+ * than `budget` rows alive is compressed (mk_snap_head). sc: [2][S]. */
+MK_DEV void op_kv_snap(const MegacArgs *a, const unsigned *in)
+{
+    const float *q = (const float *)mk_opnd(a, in, 0), *kc = (const float *)mk_opnd(a, in, 1);
+    float *qwin = (float *)mk_opnd(a, in, 2), *sc = (float *)mk_opnd(a, in, 4);
+    int *snap = (int *)mk_opnd(a, in, 3);
+    int C = mk_param(in, 0), W = mk_param(in, 1), pos = (int)a->pos;
+    unsigned tid = mk_tid();
+    if (pos == 0)
+        for (int h = (int)tid; h < MK_NKV; h += MK_THREADS)
+            snap[(long long)h * (C + 1)] = -1;
+    for (int j = (int)tid; j < MK_NH * MK_HD; j += MK_THREADS)
+        qwin[(long long)(pos % W) * MK_NH * MK_HD + j] = q[j];
+    if (pos != a->prompt_end)
+        return;
+    mk_sync();
+    for (int h = 0; h < MK_NKV; h++) {
+        int *sh = snap + (long long)h * (C + 1), base;
+        MkRows r = {MK_SPARSE_SNAP, C, 0, sh};
+        if (mk_snap_rows(&r, pos, &base) > C)
+            mk_snap_head(sh, C, W, pos, kc + (long long)h * MK_MAX_SEQ * MK_HD, qwin, h, sc, sc + MK_MAX_SEQ);
+    }
+}
+
 MK_DEV void mk_op_run(const MegacArgs *a, const unsigned *in)
 {
 /* Each case only when the schedule has the op (MK_OPS), so that unused
@@ -1462,6 +1642,7 @@ MK_DEV void mk_op_run(const MegacArgs *a, const unsigned *in)
     MK_RUN(MK_OP_ATTN_SPARSE, op_attn_sparse)
     MK_RUN(MK_OP_QUEST_SELECT, op_quest_select)
     MK_RUN(MK_OP_KV_EVICT, op_kv_evict)
+    MK_RUN(MK_OP_KV_SNAP, op_kv_snap)
     default: break;
     }
 #undef MK_RUN

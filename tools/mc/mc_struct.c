@@ -4,10 +4,11 @@
  * touches, that the declared accesses say exactly that, bounds over all
  * pos (ranges are affine, so the extremes at pos 0 and max_seq-1 decide),
  * no writes to weights, dtypes (f32 activations, i32 token ids, eviction
- * meta and quest page lists), the layouts of the KV caches (dense or
- * slots), rope table, eviction state and quest bounds, no wait >= 0 or
- * signal +0, the shape line against the buffers (a K and a V cache per
- * layer, a [vocab, dim] embedding table), and residency.
+ * meta, quest page lists and SnapKV's snap), the layouts of the KV caches
+ * (dense or slots), rope table, eviction state, quest bounds and SnapKV
+ * state, no wait >= 0 or signal +0, the shape line against the buffers (a
+ * K and a V cache per layer, a [vocab, dim] embedding table), and
+ * residency.
  */
 #include "tools/mc/mc_int.h"
 
@@ -44,8 +45,9 @@ static Access cache_rows(const ModelShape *sh, int64_t h)
 }
 
 /* ATTN_SPARSE h s nsplit kind a b: the rows `kind` selects lie in head h's
- * rows [0, pos] (sink_window, quest) or in its cap = a slots (slots); aux
- * is absent, sel[h] (quest, read) or score of h's q heads (slots, b = 1). */
+ * rows [0, pos] (sink_window, quest, snap) or in its cap = a slots (slots);
+ * aux is absent, sel[h] (quest, read), score of h's q heads (slots, b = 1)
+ * or snap[h] (snap, read). */
 static bool mc_attn_sparse(const ModelShape *sh, const int32_t *p, Access *e, bool *present)
 {
     int64_t hd = sh->head_dim, S = sh->max_seq, G = sh->n_kv_heads > 0 ? sh->n_heads / sh->n_kv_heads : 0;
@@ -55,6 +57,7 @@ static bool mc_attn_sparse(const ModelShape *sh, const int32_t *p, Access *e, bo
     case SPARSE_SINK_WINDOW: ok &= a >= 0 && b > 0; break;     /* the window holds pos itself */
     case SPARSE_QUEST: ok &= a > 0 && a <= S && b > 0; break;
     case SPARSE_SLOTS: ok &= a > 0 && a <= S && (b == 0 || (b == 1 && ns == 1)); break;
+    case SPARSE_SNAP: ok &= a > 0 && a <= S && b == 0; break;
     default: return false;
     }
     if (!ok)
@@ -62,9 +65,11 @@ static bool mc_attn_sparse(const ModelShape *sh, const int32_t *p, Access *e, bo
     e[0] = span(ACC_R, h * G * hd, (h + 1) * G * hd);
     e[1] = kind == SPARSE_SLOTS ? span(ACC_R, h * a * hd, (h + 1) * a * hd) : cache_rows(sh, h), e[2] = e[1];
     e[3] = span(ACC_W, (h * ns + sp) * G * (hd + 2), (h * ns + sp + 1) * G * (hd + 2));
-    present[4] = kind == SPARSE_QUEST || (kind == SPARSE_SLOTS && b == 1);
+    present[4] = kind == SPARSE_QUEST || kind == SPARSE_SNAP || (kind == SPARSE_SLOTS && b == 1);
     if (kind == SPARSE_QUEST)
         e[4] = span(ACC_R, h * b, (h + 1) * b);
+    else if (kind == SPARSE_SNAP)
+        e[4] = span(ACC_R, h * (a + 1), (h + 1) * (a + 1));
     else
         e[4] = span(ACC_W, h * G * a, (h + 1) * G * a);
     return true;
@@ -81,6 +86,21 @@ static bool mc_kv_evict(const ModelShape *sh, const int32_t *p, Access *e, bool 
     e[1] = span(ACC_RW, 0, kv * (cap + 1));
     e[2] = span(ACC_RW, 0, kv * cap), present[2] = pol == KV_POLICY_H2O;
     return (pol != KV_POLICY_STREAMING || sinks < cap) && (pol != KV_POLICY_H2O || window < cap);
+}
+
+/* KV_SNAP budget window: all q heads' q, any alive row of any kv head
+ * (the whole cache), and the layer's qwin, snap and sc, all of them. */
+static bool mc_kv_snap(const ModelShape *sh, const int32_t *p, Access *e)
+{
+    int64_t kv = sh->n_kv_heads, hd = sh->head_dim, S = sh->max_seq, budget = p[0], window = p[1];
+    if (window <= 0 || window >= budget || budget > S)
+        return false;
+    e[0] = span(ACC_R, 0, sh->n_heads * hd);
+    e[1] = span(ACC_R, 0, kv * S * hd);
+    e[2] = span(ACC_RW, 0, window * sh->n_heads * hd);
+    e[3] = span(ACC_RW, 0, kv * (budget + 1));
+    e[4] = span(ACC_RW, 0, 2 * S);
+    return true;
 }
 
 /* Pages of a quest layer's bounds: ceil(S / page). */
@@ -164,6 +184,8 @@ static bool mc_expected(const Schedule *s, const Inst *in, Access *e, bool *pres
     }
     case OP_KV_EVICT:
         return mc_kv_evict(sh, p, e, present);
+    case OP_KV_SNAP:
+        return mc_kv_snap(sh, p, e);
     default:
         return false;
     }
@@ -174,23 +196,26 @@ static bool same_range(const Access *a, const Access *e)
     return a->mode == e->mode && a->lo.c == e->lo.c && a->lo.k == e->lo.k && a->hi.c == e->hi.c && a->hi.k == e->hi.k;
 }
 
-/* Integer operands: the token, the sampled id, eviction meta, quest sel. */
+/* Integer operands: the token, the sampled id, eviction meta, quest sel,
+ * SnapKV's snap. */
 static bool mc_is_i32(const Inst *in, int i)
 {
     switch (in->op) {
     case OP_EMBED: return i == 0;
     case OP_ARGMAX_COMBINE: return i == 1;
     case OP_KV_STORE: return i == 4;
-    case OP_ATTN_SPARSE: return i == 4 && in->p[3] == SPARSE_QUEST;
+    case OP_ATTN_SPARSE: return i == 4 && (in->p[3] == SPARSE_QUEST || in->p[3] == SPARSE_SNAP);
     case OP_QUEST_SELECT: return i == 3;
     case OP_KV_EVICT: return i == 1;
+    case OP_KV_SNAP: return i == 3;
     default: return false;
     }
 }
 
 /* The element count ops.h fixes for operand i's whole buffer (0: any):
  * the KV caches ([kv][S][hd], or [kv][cap][hd] for an evicting layer),
- * the rope table, eviction meta and acc, quest bounds. */
+ * the rope table, eviction meta and acc, quest bounds, SnapKV's snap
+ * ([kv][budget + 1]), qwin ([window][n_heads][hd]) and sc ([2][S]). */
 static int64_t mc_layout(const ModelShape *sh, const Inst *in, int i)
 {
     int64_t kv = sh->n_kv_heads, S = sh->max_seq, hd = sh->head_dim;
@@ -201,11 +226,18 @@ static int64_t mc_layout(const ModelShape *sh, const Inst *in, int i)
     case OP_ATTN: return i == 1 || i == 2 ? kv * S * hd : 0;
     case OP_KV_STORE: return i == 2 || i == 3 ? kv * cap * hd : i == 4 ? kv * (cap + 1) : 0;
     case OP_ATTN_SPARSE:
+        if (i == 4)
+            return in->p[3] == SPARSE_SNAP ? kv * (in->p[4] + 1) : 0;
         if (i != 1 && i != 2)
             return 0;
         return in->p[3] == SPARSE_SLOTS ? kv * in->p[4] * hd : kv * S * hd;
     case OP_QUEST_SELECT: return i == 1 ? kv * S * hd : i == 2 ? kv * quest_pages(sh, page) * 2 * hd : 0;
     case OP_KV_EVICT: return i == 1 ? kv * (cap + 1) : i == 2 ? kv * cap : 0;
+    case OP_KV_SNAP: {
+        int64_t budget = in->p[0], window = in->p[1];
+        int64_t want[OP_MAX_OPERANDS] = {0, kv * S * hd, window * sh->n_heads * hd, kv * (budget + 1), 2 * S};
+        return i < OP_MAX_OPERANDS ? want[i] : 0;
+    }
     default: return 0;
     }
 }
