@@ -107,7 +107,7 @@ typedef enum {
  * SnapKV (KV_SNAP, SPARSE_SNAP), on a layer whose cache keeps every row:
  *   snap   (i32, class state) [n_kv_heads][budget + 1]: cut, the position of
  *          the step at which the head was last compressed (-1: never),
- *          then the positions <= cut it kept, ascending, padded with -1
+ *          then the `budget` positions <= cut it kept, ascending
  *   qwin   (f32, class state) [window][n_heads][hd]: q of the last `window`
  *          steps, the step at position p in entry p % window
  *   sc     (f32, class state) [2][S]: the op's scratch

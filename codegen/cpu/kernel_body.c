@@ -2968,7 +2968,7 @@ static int sparse_run(const SparseRuns *r, int64_t i, int64_t *t0, int64_t *t1)
         if (i > r->a)
             return 0;
         int64_t t = i < r->a ? r->sel[1 + i] : cut + 1;
-        *t0 = t < 0 || t >= r->n ? 0 : t; /* -1 padding: empty */
+        *t0 = t < 0 || t >= r->n ? 0 : t; /* outside [0, pos] (never, once compressed): empty */
         *t1 = t < 0 || t >= r->n ? 0 : i < r->a ? t + 1 : r->n;
         break;
     }
@@ -3365,8 +3365,8 @@ static void snap_head(int32_t *sh, int64_t C, int64_t W, int64_t pos, const floa
     while (sparse_next(&r, &t0, &t1)) /* the window */
         for (int64_t t = t0 > w0 ? t0 : w0; t < t1; t++)
             s[n++] = (float)t;
-    for (int64_t i = 0; i < C; i++)
-        sh[1 + i] = i < n ? (int32_t)s[i] : -1;
+    for (int64_t i = 0; i < C; i++) /* n == C: the K selected and the window */
+        sh[1 + i] = (int32_t)s[i];
     sh[0] = (int32_t)pos;
 }
 
@@ -3389,12 +3389,7 @@ static void op_kv_snap(const MegacArgs *a, const int64_t *in)
         return;
     for (int64_t h = 0; h < nkv; h++) {
         int32_t *sh = snap + h * (C + 1);
-        int64_t cut = sh[0], n = pos + 1;
-        if (cut >= 0 && cut < pos) {
-            n = pos - cut;
-            for (int64_t i = 0; i < C; i++)
-                n += sh[1 + i] >= 0;
-        }
+        int64_t cut = sh[0], n = cut >= 0 && cut < pos ? C + pos - cut : pos + 1;
         if (n > C)
             snap_head(sh, C, W, pos, kc + h * S * hd, qwin, h, nh / nkv, nh, hd, sc, sc + S);
     }

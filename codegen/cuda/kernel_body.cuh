@@ -960,17 +960,14 @@ typedef struct MkRows {
 } MkRows;
 
 /* The rows of a SnapKV head alive at pos (ops.h), with sh its snap[C + 1]:
- * r.b = how many kept rows come first (0 unless 0 <= cut < pos), then the
- * rows from *base on; returns how many are alive. */
+ * r.b = how many kept rows come first (C once compressed: 0 <= cut < pos,
+ * else 0), then the rows from *base on; returns how many are alive. */
 MK_INLINE int mk_snap_rows(MkRows *r, int pos, int *base)
 {
-    int cut = r->sel[0], nk = 0;
-    if (cut >= 0 && cut < pos)
-        while (nk < r->a && r->sel[1 + nk] >= 0)
-            nk++;
-    r->b = nk;
-    *base = cut >= 0 && cut < pos ? cut + 1 : 0;
-    return nk + pos + 1 - *base;
+    int cut = r->sel[0], done = cut >= 0 && cut < pos;
+    r->b = done ? r->a : 0;
+    *base = done ? cut + 1 : 0;
+    return r->b + pos + 1 - *base;
 }
 
 /* Run j of r at pos: its length (rows from *r0 on), 0 for an empty run,
