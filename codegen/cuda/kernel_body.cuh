@@ -127,17 +127,24 @@ MK_INLINE float mk_warp_sum(float v)
     return v;
 }
 
-/* Sum over the block; every thread gets the same value. */
-MK_DEV float mk_block_sum(float v)
+MK_INLINE float mk_warp_max(float v)
+{
+    for (int m = 16; m > 0; m >>= 1)
+        v = fmaxf(v, mk_shfl_xor_f(v, m));
+    return v;
+}
+
+/* The sum (max: the maximum) over the block; every thread gets it. */
+MK_INLINE float mk_block_reduce(float v, int max)
 {
     unsigned tid = mk_tid();
-    v = mk_warp_sum(v);
+    v = max ? mk_warp_max(v) : mk_warp_sum(v);
     if ((tid & 31u) == 0)
         mk_red[tid >> 5] = v;
     mk_sync();
     if (tid < 32) {
-        float t = tid < MK_NWARPS ? mk_red[tid] : 0.0f;
-        t = mk_warp_sum(t);
+        float t = tid < MK_NWARPS ? mk_red[tid] : max ? MK_NEG_INF : 0.0f;
+        t = max ? mk_warp_max(t) : mk_warp_sum(t);
         if (tid == 0)
             mk_red[64] = t;
     }
@@ -146,6 +153,9 @@ MK_DEV float mk_block_sum(float v)
     mk_sync();
     return r;
 }
+
+MK_DEV float mk_block_sum(float v) { return mk_block_reduce(v, 0); }
+MK_DEV float mk_block_max(float v) { return mk_block_reduce(v, 1); }
 
 /* (v, i) wins over (w, j): larger value, then lower index. */
 MK_INLINE int mk_better(float v, int i, float w, int j)
@@ -165,32 +175,6 @@ MK_INLINE void mk_warp_argmax(float *v, int *i)
     }
 }
 
-MK_INLINE float mk_warp_max(float v)
-{
-    for (int m = 16; m > 0; m >>= 1)
-        v = fmaxf(v, mk_shfl_xor_f(v, m));
-    return v;
-}
-
-/* Max over the block; every thread gets the same value. */
-MK_DEV float mk_block_max(float v)
-{
-    unsigned tid = mk_tid();
-    v = mk_warp_max(v);
-    if ((tid & 31u) == 0)
-        mk_red[tid >> 5] = v;
-    mk_sync();
-    if (tid < 32) {
-        float t = tid < MK_NWARPS ? mk_red[tid] : MK_NEG_INF;
-        t = mk_warp_max(t);
-        if (tid == 0)
-            mk_red[64] = t;
-    }
-    mk_sync();
-    float r = mk_red[64];
-    mk_sync();
-    return r;
-}
 
 /* The index of the least v over the block (the lowest index on ties; i <
  * 2^24, or -1 for a thread without one); every thread gets it. */
