@@ -872,34 +872,6 @@ static void gguf_refuse(Ctx *c, const GgufFile *g, const char *arch)
             diag_file_error(c->d, g->path, "tensor '%s': biases other than q/k/v are not supported", biases[i]);
 }
 
-/* rope_freqs.weight: llama.cpp's per-pair frequency divisors (what its
- * converter writes for Llama-3.x's llama3 scaling), head_dim/2 f32. */
-static void gguf_rope_factors(Ctx *c, const GgufFile *g)
-{
-    ModelDesc *m = c->m;
-    const GgufTensor *t = gguf_find_tensor(g, "rope_freqs.weight");
-    if (!t)
-        return;
-    int half = m->head_dim / 2;
-    if (t->ggml_type != 0 || t->ndim != 1 || half < 1 || half > MODEL_MAX_ROPE_PAIRS ||
-        t->dims[0] != (uint64_t)half) {
-        diag_file_error(c->d, g->path, "tensor 'rope_freqs.weight' must be %d f32 values (head_dim / 2)", half);
-        return;
-    }
-    const unsigned char *p = t->data;
-    for (int i = 0; i < half; i++) {
-        float f;
-        memcpy(&f, p + 4 * (size_t)i, 4);
-        if (!isfinite(f) || f <= 0) {
-            diag_file_error(c->d, g->path, "tensor 'rope_freqs.weight': element %d is %g, not a positive number", i,
-                            (double)f);
-            return;
-        }
-        m->rope_freq_factors[i] = f;
-    }
-    m->rope_scaling = ROPE_SCALING_FACTORS;
-}
-
 /* The dims of a llama/qwen2 GGUF, as llama.cpp reads them: head_dim is
  * attention.key_length (default dim / heads), the vocabulary the embedding's
  * rows, the classifier tied when there is no output.weight. */
@@ -936,7 +908,8 @@ static void gguf_dims(Ctx *c, const GgufFile *g, const char *arch, const DocNode
     m->max_seq = c->max_pos < 4096 ? c->max_pos : 4096;
     m->tie_embeddings = !gguf_find_tensor(g, "output.weight");
     m->qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
-    gguf_rope_factors(c, g);
+    if (m->head_dim / 2 <= MODEL_MAX_ROPE_PAIRS && gguf_rope_factors(g, m->head_dim / 2, m->rope_freq_factors, c->d) > 0)
+        m->rope_scaling = ROPE_SCALING_FACTORS;
     for (int i = F_DIM; i <= F_THETA; i++)
         c->at[i] = at;
 }
@@ -1667,8 +1640,9 @@ static char *desc_source(const char *path, size_t *len, char **as)
         size_t n = strlen(path);
         while (n > 1 && path[n - 1] == '/')
             n--;
-        char *cfg = xmalloc(n + 32);
-        snprintf(cfg, n + 32, "%.*s/config.json", (int)n, path);
+        char *cfg = xasprintf("%.*s/config.json", (int)n, path), *tj = xasprintf("%.*s/tokenizer.json", (int)n, path);
+        bool tok = stat(tj, &st) == 0 && S_ISREG(st.st_mode);
+        free(tj);
         if (stat(cfg, &st) != 0 || !S_ISREG(st.st_mode)) {
             free(cfg);
             fclose(b);
@@ -1685,10 +1659,7 @@ static char *desc_source(const char *path, size_t *len, char **as)
         name_from(b, rb, real ? strlen(rb) : (size_t)(path + n - base));
         free(real);
         fputs("\narch: {from-config: config.json}\nweights: {format: safetensors, path: .}\n", b);
-        memcpy(cfg + n + 1, "tokenizer.json", 15);
-        bool tok = stat(cfg, &st) == 0 && S_ISREG(st.st_mode);
         fputs(tok ? "tokenizer: {format: hf, path: tokenizer.json}\n" : "tokenizer: {format: none}\n", b);
-        memcpy(cfg + n + 1, "config.json", 12);
         *as = cfg;
     } else if (file_is_gguf(path)) {
         const char *base = slash ? slash + 1 : path, *dot = strrchr(base, '.');

@@ -154,27 +154,41 @@ static bool gguf_context_check(const GgufFile *g, const char *arch, const ModelD
     return true;
 }
 
-/* rope_freqs.weight, llama.cpp's per-pair divisors of theta^(-2i/head_dim)
- * (what its converter writes for llama3 scaling), must give the
- * description's frequencies within 1e-5: a description without the
- * scaling the file was converted with would rotate long contexts wrong. */
-static bool gguf_rope_freqs_check(const GgufFile *g, const ModelDesc *m, Diag *d)
+int gguf_rope_factors(const GgufFile *g, int half, double *out, Diag *d)
 {
     const GgufTensor *t = gguf_find_tensor(g, "rope_freqs.weight");
-    int half = m->head_dim / 2;
     if (!t)
-        return true;
-    if (t->ggml_type != GGML_F32 || t->ndim != 1 || t->dims[0] != (uint64_t)half) {
+        return 0;
+    if (t->ggml_type != GGML_F32 || t->ndim != 1 || half < 1 || t->dims[0] != (uint64_t)half) {
         diag_file_error(d, g->path, "tensor 'rope_freqs.weight' must be %d f32 values (head_dim / 2)", half);
-        return false;
+        return -1;
     }
-    double *want = xmalloc(sizeof(double) * (size_t)half);
-    rope_freqs(m, want);
-    bool ok = true;
-    for (int i = 0; ok && i < half; i++) {
+    for (int i = 0; i < half; i++) {
         float f;
         memcpy(&f, (const unsigned char *)t->data + 4 * (size_t)i, 4);
-        double got = pow(m->rope_theta, -2.0 * i / m->head_dim) / f;
+        if (!isfinite(f) || f <= 0) {
+            diag_file_error(d, g->path, "tensor 'rope_freqs.weight': element %d is %g, not a positive number", i,
+                            (double)f);
+            return -1;
+        }
+        out[i] = f;
+    }
+    return 1;
+}
+
+/* A file's rope_freqs.weight must give the description's frequencies
+ * within 1e-5: a description without the scaling the file was converted
+ * with would rotate long contexts wrong. */
+static bool gguf_rope_freqs_check(const GgufFile *g, const ModelDesc *m, Diag *d)
+{
+    int half = m->head_dim / 2;
+    double *want = xmalloc(2 * sizeof(double) * (size_t)(half > 0 ? half : 1)), *f = want + half;
+    int r = gguf_rope_factors(g, half, f, d);
+    if (r > 0)
+        rope_freqs(m, want);
+    bool ok = r >= 0;
+    for (int i = 0; ok && r > 0 && i < half; i++) {
+        double got = pow(m->rope_theta, -2.0 * i / m->head_dim) / f[i];
         if (!(fabs(got - want[i]) <= 1e-5 * want[i])) {
             diag_file_error(d, g->path, "tensor 'rope_freqs.weight' gives RoPE pair %d the frequency %g, but the "
                             "model description %g (its rope.scaling: arch: {from-gguf: ...} reads the file's)", i,

@@ -242,6 +242,11 @@ bool weights_head_separate(const Weights *w);
  * and the RoPE pairing of its q/k rows; false (error reported) otherwise. */
 struct GgufFile;
 bool gguf_model_arch(const struct GgufFile *g, char *arch, size_t n, RopePairing *pairing, Diag *d);
+/* The tensor rope_freqs.weight (llama.cpp's per-pair divisors of theta^(-2i/
+ * head_dim), what its converter writes for Llama-3.x's llama3 scaling) into
+ * out[half]: 0 when the file has none, 1 when read, -1 (error reported) when
+ * it is not `half` positive f32 values. */
+int gguf_rope_factors(const struct GgufFile *g, int half, double *out, Diag *d);
 
 /* ---- rope.c ---- */
 /* Per-pair inverse frequencies (head_dim/2 values), llama3 scaling applied. */

@@ -346,24 +346,31 @@ static int ref_layer_rows(RefState *s, int l, int h, int pos, int *rows)
     return n;
 }
 
+/* p[0:n] = the softmax over rows[0:n] of layer l's kv head h of
+ * q . k / sqrt(hd). */
+static void ref_weights(const RefState *s, int l, int h, const double *q, const int *rows, int n, double *p)
+{
+    int hd = s->m->head_dim;
+    double scale = 1.0 / sqrt((double)hd);
+    for (int i = 0; i < n; i++) {
+        const double *k = s->kc[l] + (size_t)rows[i] * s->kv_dim + (size_t)h * hd;
+        double d = 0;
+        for (int j = 0; j < hd; j++)
+            d += q[j] * k[j];
+        p[i] = d * scale;
+    }
+    ref_softmax(p, n);
+}
+
 /* Attention of the q heads of kv head h over rows[0:n] of layer l; the
  * weights stay in s->probs[q head][0:n]. */
 static void ref_head_attention(RefState *s, int l, int h, const int *rows, int n)
 {
     const ModelDesc *m = s->m;
     int hd = m->head_dim, G = m->n_heads / m->n_kv_heads;
-    double scale = 1.0 / sqrt((double)hd);
     for (int qh = h * G; qh < (h + 1) * G; qh++) {
-        const double *q = s->q + (size_t)qh * hd;
         double *p = s->probs + (size_t)qh * s->rows_cap, *o = s->att + (size_t)qh * hd;
-        for (int i = 0; i < n; i++) {
-            const double *k = s->kc[l] + (size_t)rows[i] * s->kv_dim + (size_t)h * hd;
-            double d = 0;
-            for (int j = 0; j < hd; j++)
-                d += q[j] * k[j];
-            p[i] = d * scale;
-        }
-        ref_softmax(p, n);
+        ref_weights(s, l, h, s->q + (size_t)qh * hd, rows, n, p);
         for (int j = 0; j < hd; j++)
             o[j] = 0;
         for (int i = 0; i < n; i++) {
@@ -441,7 +448,6 @@ static void ref_snap_compress(RefState *s, int l, int pos)
 {
     const ModelDesc *m = s->m;
     int C = ref_snap(m, l), W = m->kv[l].window, nkv = m->n_kv_heads, G = m->n_heads / nkv, hd = m->head_dim;
-    double scale = 1.0 / sqrt((double)hd);
     unsigned char *alive = s->alive[l];
     double *sc = xcalloc((size_t)pos + 1, sizeof(double)), *pool = xcalloc((size_t)pos + 1, sizeof(double));
     double *lg = xcalloc((size_t)pos + 1, sizeof(double));
@@ -457,14 +463,9 @@ static void ref_snap_compress(RefState *s, int l, int pos)
             for (int g = 0; g < G; g++) {
                 const double *q = s->qwin[l] + (size_t)(w % W) * s->q_dim + (size_t)(h * G + g) * hd;
                 int k = 0;
-                for (; k < n && s->rows[k] <= w; k++) {
-                    const double *kr = s->kc[l] + (size_t)s->rows[k] * s->kv_dim + (size_t)h * hd;
-                    double d = 0;
-                    for (int j = 0; j < hd; j++)
-                        d += q[j] * kr[j];
-                    lg[k] = d * scale;
-                }
-                ref_softmax(lg, k);
+                while (k < n && s->rows[k] <= w) /* the alive rows <= w */
+                    k++;
+                ref_weights(s, l, h, q, s->rows, k, lg);
                 for (int i = 0; i < k; i++)
                     sc[s->rows[i]] += lg[i] / G;
             }

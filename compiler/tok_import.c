@@ -73,12 +73,13 @@ static bool bytelevel_decode(const char *s, size_t len, char *out, size_t *outle
 
 /* ---- HF tokenizer.json ---- */
 
-static const char llama3_regex[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
-    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-static const char qwen2_regex[] =   /* one digit a word */
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
-    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+/* Llama-3's Split regex with `digits` after \p{N}; Qwen2's is the same
+ * with one digit a word. */
+#define LLAMA3_STYLE_REGEX(digits)                                                                            \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" digits "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" \
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+static const char llama3_regex[] = LLAMA3_STYLE_REGEX("{1,3}");
+static const char qwen2_regex[] = LLAMA3_STYLE_REGEX("");
 
 typedef struct {
     Doc doc;

@@ -3456,24 +3456,30 @@ static void op_argmax_combine(const MegacArgs *a, const int64_t *in)
 static void op_run(const MegacArgs *a, const int64_t *in, WStream *ws)
 {
     /* each case only when the schedule has the op: the others compile away */
+#define RUN(o, call) \
+    case o:          \
+        if (HAS_OP(o)) \
+            call;      \
+        break;
     switch (in[KT_OP]) {
-    case OP_EMBED: if (HAS_OP(OP_EMBED)) op_embed(a, in); break;
-    case OP_RMSNORM: if (HAS_OP(OP_RMSNORM)) op_rmsnorm(a, in); break;
-    case OP_ROPE: if (HAS_OP(OP_ROPE)) op_rope(a, in); break;
-    case OP_KV_APPEND: if (HAS_OP(OP_KV_APPEND)) op_kv_append(a, in); break;
-    case OP_ATTN: if (HAS_OP(OP_ATTN)) op_attn(a, in, ws); break;
-    case OP_ATTN_COMBINE: if (HAS_OP(OP_ATTN_COMBINE)) op_attn_combine(a, in); break;
-    case OP_SILU_MUL: if (HAS_OP(OP_SILU_MUL)) op_silu_mul(a, in); break;
-    case OP_ADD: if (HAS_OP(OP_ADD)) op_add(a, in); break;
-    case OP_ARGMAX: if (HAS_OP(OP_ARGMAX)) op_argmax(a, in); break;
-    case OP_ARGMAX_COMBINE: if (HAS_OP(OP_ARGMAX_COMBINE)) op_argmax_combine(a, in); break;
-    case OP_KV_STORE: if (HAS_OP(OP_KV_STORE)) op_kv_store(a, in); break;
-    case OP_ATTN_SPARSE: if (HAS_OP(OP_ATTN_SPARSE)) op_attn_sparse(a, in, ws); break;
-    case OP_QUEST_SELECT: if (HAS_OP(OP_QUEST_SELECT)) op_quest_select(a, in); break;
-    case OP_KV_EVICT: if (HAS_OP(OP_KV_EVICT)) op_kv_evict(a, in); break;
-    case OP_KV_SNAP: if (HAS_OP(OP_KV_SNAP)) op_kv_snap(a, in); break;
+    RUN(OP_EMBED, op_embed(a, in))
+    RUN(OP_RMSNORM, op_rmsnorm(a, in))
+    RUN(OP_ROPE, op_rope(a, in))
+    RUN(OP_KV_APPEND, op_kv_append(a, in))
+    RUN(OP_ATTN, op_attn(a, in, ws))
+    RUN(OP_ATTN_COMBINE, op_attn_combine(a, in))
+    RUN(OP_SILU_MUL, op_silu_mul(a, in))
+    RUN(OP_ADD, op_add(a, in))
+    RUN(OP_ARGMAX, op_argmax(a, in))
+    RUN(OP_ARGMAX_COMBINE, op_argmax_combine(a, in))
+    RUN(OP_KV_STORE, op_kv_store(a, in))
+    RUN(OP_ATTN_SPARSE, op_attn_sparse(a, in, ws))
+    RUN(OP_QUEST_SELECT, op_quest_select(a, in))
+    RUN(OP_KV_EVICT, op_kv_evict(a, in))
+    RUN(OP_KV_SNAP, op_kv_snap(a, in))
     default: break;
     }
+#undef RUN
 }
 
 /* ---- synchronization ---- */
