@@ -84,7 +84,7 @@ static const char *const scaling_keys[] = {"type", "factor", "low_freq_factor", 
                                            "original_max_pos", "factors", NULL};
 static const char *const weights_keys[] = {"format", "path", "seed", NULL};
 static const char *const tok_keys[] = {"format", "path", NULL};
-static const char *const compile_keys[] = {"act_dtype", "quant", "attention", "kv_policy",
+static const char *const compile_keys[] = {"act_dtype", "kv_dtype", "quant", "attention", "kv_policy",
                                            "targets", "workers", "max_seq", NULL};
 static const char *const quant_keys[] = {"default", "embed", "attn", "mlp", "lm_head", NULL};
 static const char *const attn_keys[] = {"layers", "kind", "sinks", "window", "page", "budget", NULL};
@@ -96,6 +96,9 @@ static const char *const tok_formats[] = {"none", "llama2c", "hf", "gguf", "byte
 static const char *const pairings[] = {"adjacent", "half", NULL};
 static const char *const scaling_types[] = {"llama3", "factors", NULL};  /* RopeScaling - 1 */
 static const char *const act_dtypes[] = {"f32", "f16", "bf16", NULL};
+/* compile.kv_dtype: what the KV cache holds (kv_dtype_of: the DType) */
+static const char *const kv_dtypes[] = {"f32", "f16", "bf16", NULL};
+static const DType kv_dtype_of[] = {DT_F32, DT_F16, DT_BF16};
 static const char *const quant_names[] = {"none", "f32", "f16", "bf16", "w8a16", "w4a16", "w8a8", "w4a8", NULL};
 static const char *const attn_kinds[] = {"dense", "sink_window", "quest", NULL};
 static const char *const kv_kinds[] = {"full", "streaming", "h2o", "tova", "snapkv", NULL};
@@ -1313,7 +1316,7 @@ static void desc_targets(Ctx *c, const DocNode *t)
     }
 }
 
-/* compile: {act_dtype, quant, attention, kv_policy, targets, workers, max_seq} */
+/* compile: {act_dtype, kv_dtype, quant, attention, kv_policy, targets, workers, max_seq} */
 static void desc_compile(Ctx *c, const DocNode *k)
 {
     ModelDesc *m = c->m;
@@ -1323,6 +1326,8 @@ static void desc_compile(Ctx *c, const DocNode *k)
     int dt = n ? node_enum(c, n, "compile.act_dtype", act_dtypes) : 0;
     if (dt > 0)
         ctx_error(c, n, "activation dtype '%s' is not supported yet (only f32)", act_dtypes[dt]);
+    if ((n = doc_get(k, "kv_dtype")) && (dt = node_enum(c, n, "compile.kv_dtype", kv_dtypes)) >= 0)
+        m->kv_dtype = kv_dtype_of[dt];
     if ((n = doc_get(k, "quant")))
         desc_quant(c, n);
     if ((n = doc_get(k, "attention")))
@@ -1452,6 +1457,8 @@ static void check_knobs(Checker *k)
     const ModelDesc *m = k->m;
     if (m->act_dtype != DT_F32)
         check_fail(k, -1, "activation dtype %s is not supported yet", dtype_name(m->act_dtype));
+    if (m->kv_dtype != DT_F32 && m->kv_dtype != DT_F16 && m->kv_dtype != DT_BF16)
+        check_fail(k, -1, "KV cache dtype %s is not supported (f32, f16 or bf16)", dtype_name(m->kv_dtype));
     for (int l = 0; l < m->n_layers && l < MODEL_MAX_LAYERS; l++) {
         if (m->kv[l].kind != KV_FULL && m->attn[l].kind != ATTN_DENSE)
             check_fail(k, -1, "layer %d: KV policy %s needs dense attention, not %s", l, kv_kinds[m->kv[l].kind],
@@ -1795,7 +1802,8 @@ static void print_layers(const ModelDesc *m, FILE *out)
 
 static void print_compile(const ModelDesc *m, FILE *out)
 {
-    fprintf(out, "compile:\n  act_dtype: %s\n  quant: {", dtype_name(m->act_dtype));
+    fprintf(out, "compile:\n  act_dtype: %s\n  kv_dtype: %s\n  quant: {", dtype_name(m->act_dtype),
+            dtype_name(m->kv_dtype));
     for (int i = 0; i < TCLASS_COUNT; i++) {
         fprintf(out, "%s%s: ", i ? ", " : "", quant_keys[i + 1]);
         print_quant(out, m->quant[i]);

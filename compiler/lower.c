@@ -722,9 +722,9 @@ static void lower_buffers(Lower *L)
         char n[32];
         int cap = layer_cap(m, l), rows = cap ? cap : m->max_seq;
         snprintf(n, sizeof n, "kc.%d", l);
-        lower_buf(L, n, DT_F32, BUF_KV, 3, m->n_kv_heads, rows, L->hd, 0);
+        lower_buf(L, n, m->kv_dtype, BUF_KV, 3, m->n_kv_heads, rows, L->hd, 0);
         snprintf(n, sizeof n, "vc.%d", l);
-        lower_buf(L, n, DT_F32, BUF_KV, 3, m->n_kv_heads, rows, L->hd, 0);
+        lower_buf(L, n, m->kv_dtype, BUF_KV, 3, m->n_kv_heads, rows, L->hd, 0);
         if (cap) {
             snprintf(n, sizeof n, "meta.%d", l);
             lower_buf(L, n, DT_I32, BUF_STATE, 2, m->n_kv_heads, cap + 1, 0, 0);
@@ -802,6 +802,8 @@ static bool lower_check(const ModelDesc *m, int workers, Diag *d)
         ok = lower_fail(m, d, "%s: a weight matrix has more than 2^31 elements (%lld)", "not supported yet", 0);
     if (m->act_dtype != DT_F32)
         ok = lower_fail(m, d, "%s: activation dtype %lld is not f32", "not supported yet", m->act_dtype);
+    if (!dtype_is_cache(m->kv_dtype))
+        ok = lower_fail(m, d, "%s: KV cache dtype %lld", "not supported", m->kv_dtype);
     for (int c = 0; c < TCLASS_COUNT; c++)
         if (quant_spec_dtype(m->quant[c], DT_F32) < 0)
             ok = lower_fail(m, d, "%s: quantization group of tensor class %lld", "not supported", c);

@@ -10,6 +10,7 @@
  *     xb = rmsnorm(x, attn_norm)
  *     q, k, v = Wq xb (+bq), Wk xb (+bk), Wv xb (+bv)
  *     rope(q), rope(k) at pos;  K[l][pos] = k, V[l][pos] = v
+ *       (rounded from f32 to compile.kv_dtype's f16 or bf16 if it says so)
  *     x += Wo attention(q, K[l][0..pos], V[l][0..pos])
  *     xb = rmsnorm(x, ffn_norm)
  *     x += Wdown (silu(Wgate xb) * Wup xb)
@@ -493,6 +494,17 @@ static void ref_snap_compress(RefState *s, int l, int pos)
     free(lg);
 }
 
+/* A cache row: x[0:n] as compile.kv_dtype holds it. An f16 or bf16 cache
+ * rounds the f32 value (what the kernels compute) to nearest even; the
+ * reference then attends those values in float64. */
+static void ref_cache_put(DType t, double *row, const double *x, int n)
+{
+    for (int i = 0; i < n; i++) {
+        float f = (float)x[i];
+        row[i] = t == DT_F16 ? f16_to_f32(f32_to_f16(f)) : t == DT_BF16 ? bf16_to_f32(f32_to_bf16(f)) : x[i];
+    }
+}
+
 /* The attention half of layer l: x += Wo attn(rope(Wq xb), K, V). */
 static void ref_layer_attention(RefState *s, int l, int pos)
 {
@@ -506,8 +518,8 @@ static void ref_layer_attention(RefState *s, int l, int pos)
     ref_rope(s->q, m->n_heads, hd, pos, s->freq, s->w->pairing);
     ref_rope(s->k, m->n_kv_heads, hd, pos, s->freq, s->w->pairing);
     size_t row = (size_t)pos * (size_t)s->kv_dim;
-    memcpy(s->kc[l] + row, s->k, (size_t)s->kv_dim * sizeof(double));
-    memcpy(s->vc[l] + row, s->v, (size_t)s->kv_dim * sizeof(double));
+    ref_cache_put(m->kv_dtype, s->kc[l] + row, s->k, s->kv_dim);
+    ref_cache_put(m->kv_dtype, s->vc[l] + row, s->v, s->kv_dim);
     if (m->attn[l].kind == ATTN_DENSE && m->kv[l].kind == KV_FULL) {
         ref_attention(s->q, s->kc[l], s->vc[l], m->n_heads, m->n_kv_heads, hd, pos + 1, s->scores, s->att);
     } else {

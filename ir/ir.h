@@ -133,6 +133,14 @@ bool op_footprint(const Schedule *s, const Inst *in, Access *out, const char **w
  * have (weights may have any but i32), and the element count its layout in
  * ops.h fixes (0: any). */
 DType op_operand_dtype(const Inst *in, int i);
+/* The KV cache rows an op reads or writes (kc, vc): operand index of its
+ * k rows (which 0) or v rows (which 1), -1 when it has none. Their
+ * buffers may be f32, f16 or bf16 (compile.kv_dtype; dtype_is_cache),
+ * the k and v rows of one instruction alike; op_operand_dtype gives f32
+ * for them. */
+int op_cache_operand(const Inst *in, int which);
+bool op_operand_is_cache(const Inst *in, int i);
+bool dtype_is_cache(DType t);
 int64_t op_operand_nelem(const Schedule *s, const Inst *in, int i);
 /* Whether optional operand i is one the params make the op use: the sel of
  * a Quest attn_sparse, the scores of slots with b = 1, kv_evict's scores

@@ -416,6 +416,26 @@ bool op_footprint(const Schedule *s, const Inst *in, Access *out, const char **w
     die("bad op %d", in->op);
 }
 
+int op_cache_operand(const Inst *in, int which)
+{
+    switch ((OpCode)in->op) {
+    case OP_KV_APPEND: case OP_KV_STORE: return 2 + which;
+    case OP_ATTN: case OP_ATTN_SPARSE: return 1 + which;
+    case OP_QUEST_SELECT: case OP_KV_SNAP: return which == 0 ? 1 : -1;
+    default: return -1;
+    }
+}
+
+bool op_operand_is_cache(const Inst *in, int i)
+{
+    return i >= 0 && (i == op_cache_operand(in, 0) || i == op_cache_operand(in, 1));
+}
+
+bool dtype_is_cache(DType t)
+{
+    return t == DT_F32 || t == DT_F16 || t == DT_BF16;
+}
+
 DType op_operand_dtype(const Inst *in, int i)
 {
     switch ((OpCode)in->op) {

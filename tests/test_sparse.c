@@ -56,7 +56,7 @@ static const char synth_yaml[] = "name: synth-sparse\n"
  * counts positions [0, prompt_end] as the prompt (0: no prompt). */
 typedef struct {
     const char *name;
-    const char *set[2];
+    const char *set[3];
     int prompt_end;
 } Config;
 
@@ -106,7 +106,7 @@ static char *compile_with(const char *model, const char *target, int workers, co
     snprintf(out, 1200, "%s/%s-%s-w%d.megac", dir, name, target, workers);
     int n = snprintf(cmd, sizeof cmd, "%s compile '%s' --target %s --workers %d -q -o '%s'", MEGAC_BIN, model,
                      target, workers, out);
-    for (int i = 0; c && i < 2 && c->set[i]; i++)
+    for (int i = 0; c && i < 3 && c->set[i]; i++)
         n += snprintf(cmd + n, sizeof cmd - (size_t)n, " --set '%s'", c->set[i]);
     snprintf(cmd + n, sizeof cmd - (size_t)n, " 2>&1");
     FILE *p = popen(cmd, "r");
@@ -129,9 +129,9 @@ typedef struct {
 static void ref_open(Ref *r, const char *model, const Config *c)
 {
     memset(r, 0, sizeof *r);
-    DescOverride ov[2];
+    DescOverride ov[3];
     int nov = 0;
-    for (int i = 0; c && i < 2 && c->set[i]; i++) {
+    for (int i = 0; c && i < 3 && c->set[i]; i++) {
         const char *eq = strchr(c->set[i], '=');
         ov[nov].key = arena_strndup(&r->arena, c->set[i], (size_t)(eq - c->set[i]));
         ov[nov].value = eq + 1;
@@ -406,4 +406,109 @@ Test(sparse, snapkv_run_engines_agree, .timeout = 300)
     cr_assert_str_eq(text[2], text[0], "host-cuda vs cpu");
     cr_assert_str_neq(text[3], text[0], "SnapKV at budget 16 is not the dense model");
     test_rm_rf(dir);
+}
+
+/* ---- f16 and bf16 KV caches (compile.kv_dtype) ----
+ * Each setting's first --set is the cache dtype; the reference rounds its
+ * cache rows the same way (from f32, to nearest even). The kernels' k and
+ * v come from f32 arithmetic that differs from the reference's float64 by
+ * ~1e-7, so a value next to a rounding boundary can round the other way:
+ * the logits are held to a tolerance 100 times the f32 cache's for f16
+ * and 800 times for bf16 (whose rounding step is 8 times f16's), and, as a
+ * check that the rounding is the one the reference does, to half of
+ * their distance from the reference with an f32 cache (set[0] dropped). */
+static const Config kv_configs[] = {
+    {"f16", {"compile.kv_dtype=f16"}, 0},
+    {"bf16", {"compile.kv_dtype=bf16"}, 0},
+    {"f16-quest-tova",
+     {"compile.kv_dtype=f16", "compile.attention=[{layers: 0, kind: quest, page: 8, budget: 24}]",
+      "compile.kv_policy=[{layers: 1-, policy: tova, budget: 24}]"},
+     0},
+    {"bf16-h2o-snapkv",
+     {"compile.kv_dtype=bf16",
+      "compile.kv_policy=[{layers: 0, policy: h2o, budget: 24, window: 8}, {layers: 1-, policy: snapkv, budget: 24, "
+      "window: 8}]"},
+     60},
+};
+
+static void kv_dtype_vs_reference(const char *model, const char *target, const int *workers, int nw, int ntok)
+{
+    if (sanitized()) {
+        nw = nw < 2 ? nw : 2;
+        ntok = ntok < 64 ? ntok : 64;
+    }
+    char *dir = test_tmp_dir("kvdtype");
+    for (size_t i = 0; i < sizeof kv_configs / sizeof kv_configs[0]; i++) {
+        const Config *c = &kv_configs[i];
+        Config f32 = {c->name, {c->set[1], c->set[2], NULL}, c->prompt_end};
+        Ref r, r32;
+        ref_open(&r, model, c);
+        ref_open(&r32, model, &f32);
+        for (int j = 0; j < nw; j++) {
+            char *b = compile_with(model, target, workers[j], c, dir, c->name);
+            megac_model *mm;
+            cr_assert_eq(megac_open(b, &mm), MEGAC_OK, "%s", megac_last_open_error());
+            int pe = c->prompt_end ? c->prompt_end : -1, vocab = r.m.vocab_size, tok = megac_bos(mm);
+            ref_reset(r.ref);
+            ref_reset(r32.ref);
+            ref_set_prompt_end(r.ref, pe);
+            ref_set_prompt_end(r32.ref, pe);
+            cr_assert_eq(megac_set_prompt_end(mm, pe), MEGAC_OK);
+            double worst = 0, worst32 = 0, tol = 0;
+            for (int pos = 0; pos < ntok; pos++) {
+                cr_assert_eq(megac_step(mm, tok), MEGAC_OK, "%s", megac_error(mm));
+                const float *got = megac_logits(mm), *want = ref_step(r.ref, tok, pos),
+                            *want32 = ref_step(r32.ref, tok, pos);
+                double scale = 0;
+                for (int v = 0; v < vocab; v++)
+                    scale = fmax(scale, fabs(want[v]));
+                for (int v = 0; v < vocab; v++) {
+                    worst = fmax(worst, fabs((double)got[v] - want[v]));
+                    worst32 = fmax(worst32, fabs((double)got[v] - want32[v]));
+                }
+                tol = fmax(tol, (strstr(c->set[0], "bf16") ? 800 : 100) * (ATOL + RTOL * scale));
+                int k = megac_argmax(mm);
+                cr_assert_eq(k, harness_argmax(want, vocab), "%s %s on %s, %d workers: pos %d: kernel picks %d",
+                             model, c->name, target, workers[j], pos, k);
+                tok = k;
+            }
+            cr_log_info("%s %s on %s, %d workers: max |logit diff| %.3g (reference with an f32 cache: %.3g)", model,
+                        c->name, target, workers[j], worst, worst32);
+            cr_assert_leq(worst, tol, "%s %s on %s, %d workers: max |logit diff| %.3g > %.3g", model, c->name, target,
+                          workers[j], worst, tol);
+            cr_assert_leq(worst, worst32 / 2, "%s %s on %s, %d workers: %.3g from the reference, %.3g from it with "
+                          "an f32 cache", model, c->name, target, workers[j], worst, worst32);
+            megac_close(mm);
+            free(b);
+        }
+        ref_close(&r32);
+        ref_close(&r);
+    }
+    test_rm_rf(dir);
+}
+
+Test(kv_dtype, stories260K_cpu_matches_reference, .timeout = 600)
+{
+    if (!have_stories())
+        cr_skip_test("../shared/models/stories260K.bin is absent");
+    static const int w[] = {1, 2, 3};
+    kv_dtype_vs_reference(STORIES_YAML, "cpu", w, 3, 160);
+}
+
+Test(kv_dtype, synthetic_cpu_matches_reference, .timeout = 600)
+{
+    char *dir = test_tmp_dir("kvdtype-synth");
+    char *y = synth_path(dir);
+    static const int w[] = {1, 4};
+    kv_dtype_vs_reference(y, "cpu", w, 2, 120);
+    test_rm_rf(dir);
+    free(y);
+}
+
+Test(kv_dtype, stories260K_host_cuda_matches_reference, .timeout = 900)
+{
+    if (!have_stories())
+        cr_skip_test("../shared/models/stories260K.bin is absent");
+    static const int w[] = {3};
+    kv_dtype_vs_reference(STORIES_YAML, "host-cuda", w, 1, 100);
 }

@@ -132,9 +132,18 @@ static void access_check(Val *v, uint32_t w, uint32_t t, int i)
     if ((a->mode & ACC_W) && b->cls == BUF_WEIGHT)
         val_error(v, n, in->line, "structure: worker %u inst %u: op %s writes weight buffer %s", w, t, opn, b->name);
     DType want = op_operand_dtype(in, i);
-    if (b->cls != BUF_WEIGHT ? b->dtype != want : b->dtype == DT_I32)
+    bool cache = op_operand_is_cache(in, i), ok = cache ? dtype_is_cache(b->dtype) : b->dtype == want;
+    if (b->cls != BUF_WEIGHT ? !ok : b->dtype == DT_I32)
         val_error(v, n, in->line, "structure: worker %u inst %u: op %s: operand '%s' cannot be %s buffer %s of dtype %s",
                   w, t, opn, arg, bufclass_name(b->cls), b->name, dtype_name(b->dtype));
+    int kc = op_cache_operand(in, 0);
+    if (cache && i == op_cache_operand(in, 1) && v->s->accs[in->acc + kc].buf != BUF_NONE) {
+        const Buffer *k = &v->s->bufs[v->s->accs[in->acc + kc].buf];
+        if (k->dtype != b->dtype)
+            val_error(v, n, in->line,
+                      "structure: worker %u inst %u: op %s: the cache's k rows (%s) are %s but its v rows (%s) are %s",
+                      w, t, opn, k->name, dtype_name(k->dtype), b->name, dtype_name(b->dtype));
+    }
     int64_t rows = op_operand_nelem(v->s, in, i);
     if (rows && b->nelem != rows)
         val_error(v, n, in->line,

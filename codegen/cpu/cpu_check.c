@@ -48,13 +48,16 @@ static bool check_gemv_weight(DType t)
  * weights and the embedding table as check_gemv_weight says, the argmax
  * result i32 or f32, every other operand the dtype op_operand_dtype
  * (ir/ops.c) gives: the token, eviction meta and Quest's sel i32, the
- * rest (activations, norms, caches, scores, bounds) f32. */
+ * rest (activations, norms, scores, bounds) f32; the KV caches f32, f16
+ * or bf16. */
 static bool check_dtype_ok(const Inst *in, int i, DType t)
 {
     if ((in->op == OP_GEMV && i == 0) || (in->op == OP_EMBED && i == 1))
         return check_gemv_weight(t);
     if (in->op == OP_ARGMAX_COMBINE && i == 1)
         return t == DT_I32 || t == DT_F32;
+    if (op_operand_is_cache(in, i))
+        return dtype_is_cache(t);
     return t == op_operand_dtype(in, i);
 }
 

@@ -151,6 +151,19 @@ static int opnd_dtype(const int64_t *in, int i)
     return (int)(((uint64_t)in[KT_DTYPES] >> (8 * i)) & 0xff);
 }
 
+/* Bytes of a KV cache element of dtype kt (f32, f16, bf16: kv_put). */
+static inline __attribute__((always_inline)) int64_t kv_esize(int kt)
+{
+    return kt == DT_F32 ? 4 : 2;
+}
+
+/* The dtype of an instruction's cache rows (its k rows' operand). */
+static int kv_dtype(const int64_t *in, int kc)
+{
+    int t = opnd_dtype(in, kc);
+    return t == DT_F16 || t == DT_BF16 ? t : DT_F32;
+}
+
 /* ---- quantized and half-precision weights (layouts: ir/dtype.h) ----
  * Dequantization happens in registers inside the dot products: a block's
  * integers are widened to floats, multiplied with x, and the block (or
@@ -787,10 +800,10 @@ static int ws_advance(WStream *ws)
             continue;
         if (in[KT_OP] == OP_ATTN) {
             int64_t h = in[KT_PARAM], s = in[KT_PARAM + 1], nsplit = in[KT_PARAM + 2], block = in[KT_PARAM + 3];
-            int64_t hd = SHAPE(KS_HEAD_DIM), off = h * SHAPE(KS_MAX_SEQ) * hd * (int64_t)sizeof(float);
+            int64_t hd = SHAPE(KS_HEAD_DIM), rowb = hd * kv_esize(kv_dtype(in, 1)), off = h * SHAPE(KS_MAX_SEQ) * rowb;
             ws->kh = (const char *)opnd(ws->a, in, 1) + off;
             ws->vh = (const char *)opnd(ws->a, in, 2) + off;
-            ws->rowb = hd * (int64_t)sizeof(float);
+            ws->rowb = rowb;
             ws->lim = ws->a->pos + 1;
             ws->run = nsplit == 1 ? ws->a->pos + 1 : block;
             ws->stride = nsplit == 1 ? ws->a->pos + 1 : nsplit * block;
@@ -804,10 +817,10 @@ static int ws_advance(WStream *ws)
         if (in[KT_OP] == OP_ATTN_SPARSE && in[KT_PARAM + 3] == SPARSE_SLOTS && in[KT_PARAM + 2] == 1) {
             /* an evicting layer's filled slots, one run: known before the step */
             int64_t h = in[KT_PARAM], cap = in[KT_PARAM + 4], hd = SHAPE(KS_HEAD_DIM);
-            int64_t off = h * cap * hd * (int64_t)sizeof(float);
+            int64_t rowb = hd * kv_esize(kv_dtype(in, 1)), off = h * cap * rowb;
             ws->kh = (const char *)opnd(ws->a, in, 1) + off;
             ws->vh = (const char *)opnd(ws->a, in, 2) + off;
-            ws->rowb = hd * (int64_t)sizeof(float);
+            ws->rowb = rowb;
             ws->lim = ws->run = ws->stride = ws->a->pos + 1 < cap ? ws->a->pos + 1 : cap;
             ws->b0 = -ws->stride;
             ws->b1 = ws->t = ws->n = 0;
@@ -2687,14 +2700,116 @@ static void op_rope(const MegacArgs *a, const int64_t *in)
     }
 }
 
+/* ---- the KV cache's elements: f32, f16 or bf16 (compile.kv_dtype; the
+ * k and v rows of an instruction alike, ir.h: op_cache_operand) ----
+ * Rows are written rounded to nearest even (the bits of ir/util.c's
+ * f32_to_f16 and f32_to_bf16) and widened to f32 where they are read: the
+ * scores, the weighted sums of v, Quest's bounds and SnapKV's scores are
+ * all f32 arithmetic on the stored values. kt: the cache's dtype; the
+ * readers below are inlined where kt is a constant (kv_dispatch). */
+
+typedef short v8i16u __attribute__((vector_size(16), aligned(2)));
+
+static ISA_AVX2 void isa_avx2_f16x16(const uint16_t *h, v16f *out)
+{
+    v8f lo = __builtin_ia32_vcvtph2ps256(*(const v8i16u *)h), hi = __builtin_ia32_vcvtph2ps256(*(const v8i16u *)(h + 8));
+    *out = __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+/* out = elements j..j+15 of cache row(s) p as f32 (a macro, as F16XN). */
+#define KV_LOAD16(kt, p, j, out)                                                               \
+    do {                                                                                       \
+        if ((kt) == DT_F32) {                                                                  \
+            (out) = LOAD16((const float *)(p) + (j));                                          \
+        } else {                                                                               \
+            const uint16_t *h_ = (const uint16_t *)(p) + (j);                                  \
+            if ((kt) == DT_BF16)                                                               \
+                (out) = (v16f)(__builtin_convertvector(*(const v16u16 *)h_, v16u32) << 16);    \
+            else if (megac_k_isa & KT_ISA_AVX2)                                                \
+                isa_avx2_f16x16(h_, &(out));                                                   \
+            else                                                                               \
+                F16X16(*(const v16u16 *)h_, out);                                              \
+        }                                                                                      \
+    } while (0)
+
+static inline __attribute__((always_inline)) float kv_at(int kt, const void *p, int64_t j)
+{
+    if (kt == DT_F32)
+        return ((const float *)p)[j];
+    const unsigned char *b = (const unsigned char *)p + 2 * j;
+    return kt == DT_BF16 ? bf16_at(b) : f16_at(b);
+}
+
+/* q[0:n] . row[0:n] */
+static inline __attribute__((always_inline)) float kv_dot(int kt, const float *q, const void *row, int64_t n)
+{
+    v16f acc = {0};
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        v16f r;
+        KV_LOAD16(kt, row, j, r);
+        acc += LOAD16(q + j) * r;
+    }
+    float s = hsum16(&acc);
+    for (; j < n; j++)
+        s += q[j] * kv_at(kt, row, j);
+    return s;
+}
+
+static uint16_t kv_f16_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u, exp = (u >> 23) & 0xffu, man = u & 0x7fffffu;
+    if (exp == 0xffu)
+        return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0u));
+    int e = (int)exp - 127 + 15;
+    if (e >= 31)
+        return (uint16_t)(sign | 0x7c00u);
+    if (e <= 0) { /* a subnormal f16, or zero */
+        if (e < -10)
+            return (uint16_t)sign;
+        man |= 0x800000u;
+        int shift = 14 - e;
+        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        h += rem > half || (rem == half && (h & 1u));
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fffu;
+    h += rem > 0x1000u || (rem == 0x1000u && (h & 1u)); /* may carry into the exponent: correct */
+    return (uint16_t)(sign | h);
+}
+
+static uint16_t kv_bf16_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* Cache elements [j, j+n) of p = src[0:n], rounded to nearest even. */
+static void kv_put(int kt, void *p, int64_t j, const float *src, int64_t n)
+{
+    if (kt == DT_F32) {
+        memcpy((float *)p + j, src, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *o = (uint16_t *)p + j;
+    for (int64_t i = 0; i < n; i++)
+        o[i] = kt == DT_F16 ? kv_f16_bits(src[i]) : kv_bf16_bits(src[i]);
+}
+
 static void op_kv_append(const MegacArgs *a, const int64_t *in)
 {
     const float *k = opnd(a, in, 0), *v = opnd(a, in, 1);
-    float *kc = opnd(a, in, 2), *vc = opnd(a, in, 3);
-    int64_t h = in[KT_PARAM], hd = SHAPE(KS_HEAD_DIM);
+    void *kc = opnd(a, in, 2), *vc = opnd(a, in, 3);
+    int64_t h = in[KT_PARAM], hd = SHAPE(KS_HEAD_DIM), kt = kv_dtype(in, 2);
     int64_t row = (h * SHAPE(KS_MAX_SEQ) + a->pos) * hd;
-    memcpy(kc + row, k + h * hd, (size_t)hd * sizeof(float));
-    memcpy(vc + row, v + h * hd, (size_t)hd * sizeof(float));
+    kv_put((int)kt, kc, row, k + h * hd, hd);
+    kv_put((int)kt, vc, row, v + h * hd, hd);
 }
 
 
@@ -2722,26 +2837,31 @@ static float exp_nonpos(float x)
 
 /* sc[i] = scale * q . k[i] for n rows of k (hd floats each), four rows at
  * a time so that the four dot products' FMA chains overlap. */
-static void attn_scores(float *sc, const float *q, const float *k, int64_t n, int64_t hd, float scale)
+static inline __attribute__((always_inline)) void attn_scores(int kt, float *sc, const float *q, const void *k,
+                                                             int64_t n, int64_t hd, float scale)
 {
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) {
-        const float *k0 = k + i * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
+        int64_t r0 = i * hd, r1 = r0 + hd, r2 = r1 + hd, r3 = r2 + hd;
         v16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
         int64_t j = 0;
         for (; j + 16 <= hd; j += 16) {
-            v16f qv = LOAD16(q + j);
-            a0 += LOAD16(k0 + j) * qv;
-            a1 += LOAD16(k1 + j) * qv;
-            a2 += LOAD16(k2 + j) * qv;
-            a3 += LOAD16(k3 + j) * qv;
+            v16f qv = LOAD16(q + j), k0, k1, k2, k3;
+            KV_LOAD16(kt, k, r0 + j, k0);
+            KV_LOAD16(kt, k, r1 + j, k1);
+            KV_LOAD16(kt, k, r2 + j, k2);
+            KV_LOAD16(kt, k, r3 + j, k3);
+            a0 += k0 * qv;
+            a1 += k1 * qv;
+            a2 += k2 * qv;
+            a3 += k3 * qv;
         }
         float s0 = hsum16(&a0), s1 = hsum16(&a1), s2 = hsum16(&a2), s3 = hsum16(&a3);
         for (; j < hd; j++) {
-            s0 += k0[j] * q[j];
-            s1 += k1[j] * q[j];
-            s2 += k2[j] * q[j];
-            s3 += k3[j] * q[j];
+            s0 += kv_at(kt, k, r0 + j) * q[j];
+            s1 += kv_at(kt, k, r1 + j) * q[j];
+            s2 += kv_at(kt, k, r2 + j) * q[j];
+            s3 += kv_at(kt, k, r3 + j) * q[j];
         }
         sc[i] = s0 * scale;
         sc[i + 1] = s1 * scale;
@@ -2749,22 +2869,28 @@ static void attn_scores(float *sc, const float *q, const float *k, int64_t n, in
         sc[i + 3] = s3 * scale;
     }
     for (; i < n; i++)
-        sc[i] = dot_f32(q, k + i * hd, hd) * scale;
+        sc[i] = kv_dot(kt, q, (const char *)k + i * hd * kv_esize(kt), hd) * scale;
 }
 
 /* o[0:hd] += sum_i w[i] * v[i][0:hd] over n rows: 64 outputs at a time
  * held in four registers across all rows, then 16, then single ones. */
-static void attn_accum(float *o, const float *w, const float *v, int64_t n, int64_t hd)
+static inline __attribute__((always_inline)) void attn_accum(int kt, float *o, const float *w, const void *v,
+                                                            int64_t n, int64_t hd)
 {
     int64_t d = 0;
     for (; d + 64 <= hd; d += 64) {
         v16f a0 = LOAD16(o + d), a1 = LOAD16(o + d + 16), a2 = LOAD16(o + d + 32), a3 = LOAD16(o + d + 48);
         for (int64_t i = 0; i < n; i++) {
-            const float *vr = v + i * hd + d;
-            a0 += w[i] * LOAD16(vr);
-            a1 += w[i] * LOAD16(vr + 16);
-            a2 += w[i] * LOAD16(vr + 32);
-            a3 += w[i] * LOAD16(vr + 48);
+            int64_t r = i * hd + d;
+            v16f v0, v1, v2, v3;
+            KV_LOAD16(kt, v, r, v0);
+            KV_LOAD16(kt, v, r + 16, v1);
+            KV_LOAD16(kt, v, r + 32, v2);
+            KV_LOAD16(kt, v, r + 48, v3);
+            a0 += w[i] * v0;
+            a1 += w[i] * v1;
+            a2 += w[i] * v2;
+            a3 += w[i] * v3;
         }
         STORE16(o + d, a0);
         STORE16(o + d + 16, a1);
@@ -2773,14 +2899,17 @@ static void attn_accum(float *o, const float *w, const float *v, int64_t n, int6
     }
     for (; d + 16 <= hd; d += 16) {
         v16f a = LOAD16(o + d);
-        for (int64_t i = 0; i < n; i++)
-            a += w[i] * LOAD16(v + i * hd + d);
+        for (int64_t i = 0; i < n; i++) {
+            v16f vr;
+            KV_LOAD16(kt, v, i * hd + d, vr);
+            a += w[i] * vr;
+        }
         STORE16(o + d, a);
     }
     for (; d < hd; d++) {
         float a = o[d];
         for (int64_t i = 0; i < n; i++)
-            a += w[i] * v[i * hd + d];
+            a += w[i] * kv_at(kt, v, i * hd + d);
         o[d] = a;
     }
 }
@@ -2816,15 +2945,18 @@ static void attn_softmax_step(float *p, float *sc, int64_t n, int64_t hd)
  * the out-of-order window alone to keep enough of them in flight). p: G
  * entries of hd outputs, m, l. raw (NULL: none) receives q head g's scaled
  * scores at raw[g * rstride + t0 + i]. */
-static void attn_chunk(float *p, const float *q, const float *kh, const float *vh, int64_t t0, int64_t n,
-                       int64_t hd, int64_t G, float scale, WStream *ws, float *raw, int64_t rstride)
+static inline __attribute__((always_inline)) void attn_chunk_kt(int kt, float *p, const float *q, const void *kh,
+                                                               const void *vh, int64_t t0, int64_t n, int64_t hd,
+                                                               int64_t G, float scale, WStream *ws, float *raw,
+                                                               int64_t rstride)
 {
     float sc[G][ATTN_CHUNK];
-    const float *k = kh + t0 * hd, *v = vh + t0 * hd;
+    int64_t rowb = hd * kv_esize(kt);
+    const char *k = (const char *)kh + t0 * rowb, *v = (const char *)vh + t0 * rowb;
     for (int64_t i = 0; i < n; i += 4) {
-        ws_read(ws, (n - i < 4 ? n - i : 4) * hd * (int64_t)sizeof(float));
+        ws_read(ws, (n - i < 4 ? n - i : 4) * rowb);
         for (int64_t g = 0; g < G; g++)
-            attn_scores(sc[g] + i, q + g * hd, k + i * hd, n - i < 4 ? n - i : 4, hd, scale);
+            attn_scores(kt, sc[g] + i, q + g * hd, k + i * rowb, n - i < 4 ? n - i : 4, hd, scale);
     }
     if (raw) /* the scaled scores, before the softmax turns them into weights */
         for (int64_t g = 0; g < G; g++)
@@ -2832,10 +2964,23 @@ static void attn_chunk(float *p, const float *q, const float *kh, const float *v
     for (int64_t g = 0; g < G; g++)
         attn_softmax_step(p + g * (hd + 2), sc[g], n, hd);
     for (int64_t i = 0; i < n; i += 4) {
-        ws_read(ws, (n - i < 4 ? n - i : 4) * hd * (int64_t)sizeof(float));
+        ws_read(ws, (n - i < 4 ? n - i : 4) * rowb);
         for (int64_t g = 0; g < G; g++)
-            attn_accum(p + g * (hd + 2), sc[g] + i, v + i * hd, n - i < 4 ? n - i : 4, hd);
+            attn_accum(kt, p + g * (hd + 2), sc[g] + i, v + i * rowb, n - i < 4 ? n - i : 4, hd);
     }
+}
+
+/* attn_chunk_kt for the cache's dtype kt (the f16 and bf16 versions only
+ * where the schedule has such operands). */
+static void attn_chunk(int kt, float *p, const float *q, const void *kh, const void *vh, int64_t t0, int64_t n,
+                       int64_t hd, int64_t G, float scale, WStream *ws, float *raw, int64_t rstride)
+{
+    if (kt == DT_F16 && HAS_DT(DT_F16))
+        attn_chunk_kt(DT_F16, p, q, kh, vh, t0, n, hd, G, scale, ws, raw, rstride);
+    else if (kt == DT_BF16 && HAS_DT(DT_BF16))
+        attn_chunk_kt(DT_BF16, p, q, kh, vh, t0, n, hd, G, scale, ws, raw, rstride);
+    else
+        attn_chunk_kt(DT_F32, p, q, kh, vh, t0, n, hd, G, scale, ws, raw, rstride);
 }
 
 /* The empty partial of G q heads: zeros, m = -inf, l = 0. */
@@ -2852,21 +2997,24 @@ static void attn_part_init(float *p, int64_t G, int64_t hd)
  * with (t / block) % nsplit == s; an empty split leaves zeros, -inf, 0. */
 static void op_attn(const MegacArgs *a, const int64_t *in, WStream *ws)
 {
-    const float *q = opnd(a, in, 0), *kc = opnd(a, in, 1), *vc = opnd(a, in, 2);
+    const float *q = opnd(a, in, 0);
+    const char *kc = opnd(a, in, 1), *vc = opnd(a, in, 2);
     float *part = opnd(a, in, 3);
     int64_t h = in[KT_PARAM], s = in[KT_PARAM + 1], nsplit = in[KT_PARAM + 2], block = in[KT_PARAM + 3];
     int64_t hd = SHAPE(KS_HEAD_DIM), G = SHAPE(KS_N_HEADS) / SHAPE(KS_N_KV_HEADS);
+    int kt = kv_dtype(in, 1);
     float scale = 1.0f / sqrtf((float)hd);
     float *p = part + (h * nsplit + s) * G * (hd + 2);
     attn_part_init(p, G, hd);
-    const float *kh = kc + h * SHAPE(KS_MAX_SEQ) * hd, *vh = vc + h * SHAPE(KS_MAX_SEQ) * hd;
+    int64_t head = h * SHAPE(KS_MAX_SEQ) * hd * kv_esize(kt);
+    const char *kh = kc + head, *vh = vc + head;
     /* With one split the blocks are back to back: one run of rows. */
     int64_t run = nsplit == 1 ? a->pos + 1 : block, stride = nsplit == 1 ? a->pos + 1 : nsplit * block;
     for (int64_t b0 = s * block; b0 <= a->pos; b0 += stride) {
         int64_t b1 = b0 + run <= a->pos + 1 ? b0 + run : a->pos + 1;
         for (int64_t t0 = b0; t0 < b1; t0 += ATTN_CHUNK) {
             int64_t n = b1 - t0 < ATTN_CHUNK ? b1 - t0 : ATTN_CHUNK;
-            attn_chunk(p, q + h * G * hd, kh, vh, t0, n, hd, G, scale, ws, NULL, 0);
+            attn_chunk(kt, p, q + h * G * hd, kh, vh, t0, n, hd, G, scale, ws, NULL, 0);
         }
     }
 }
@@ -2910,8 +3058,9 @@ static void op_attn_combine(const MegacArgs *a, const int64_t *in)
 static void op_kv_store(const MegacArgs *a, const int64_t *in)
 {
     const float *k = opnd(a, in, 0), *v = opnd(a, in, 1);
-    float *kc = opnd(a, in, 2), *vc = opnd(a, in, 3);
+    void *kc = opnd(a, in, 2), *vc = opnd(a, in, 3);
     int64_t h = in[KT_PARAM], cap = in[KT_PARAM + 1], hd = SHAPE(KS_HEAD_DIM);
+    int kt = kv_dtype(in, 2);
     int32_t *meta = (int32_t *)opnd(a, in, 4) + h * (cap + 1);
     if (a->pos == 0) {
         for (int64_t t = 0; t < cap; t++)
@@ -2924,8 +3073,8 @@ static void op_kv_store(const MegacArgs *a, const int64_t *in)
      * head's rows, so it is clamped to slot 0 */
     if (slot < 0 || slot >= cap)
         slot = 0;
-    memcpy(kc + (h * cap + slot) * hd, k + h * hd, (size_t)hd * sizeof(float));
-    memcpy(vc + (h * cap + slot) * hd, v + h * hd, (size_t)hd * sizeof(float));
+    kv_put(kt, kc, (h * cap + slot) * hd, k + h * hd, hd);
+    kv_put(kt, vc, (h * cap + slot) * hd, v + h * hd, hd);
     meta[slot] = (int32_t)a->pos;
 }
 
@@ -3022,8 +3171,10 @@ _Static_assert(SPARSE_BLOCK <= ATTN_CHUNK, "a block of attn_sparse must fit one 
  * would count them against the GEMV rows it has asked for. */
 static void op_attn_sparse(const MegacArgs *a, const int64_t *in, WStream *ws)
 {
-    const float *q = opnd(a, in, 0), *kc = opnd(a, in, 1), *vc = opnd(a, in, 2);
+    const float *q = opnd(a, in, 0);
+    const char *kc = opnd(a, in, 1), *vc = opnd(a, in, 2);
     float *part = opnd(a, in, 3), *aux = opnd(a, in, 4);
+    int kt = kv_dtype(in, 1);
     int64_t h = in[KT_PARAM], s = in[KT_PARAM + 1], nsplit = in[KT_PARAM + 2], kind = in[KT_PARAM + 3];
     int64_t pa = in[KT_PARAM + 4], pb = in[KT_PARAM + 5];
     int64_t hd = SHAPE(KS_HEAD_DIM), G = SHAPE(KS_N_HEADS) / SHAPE(KS_N_KV_HEADS);
@@ -3033,7 +3184,8 @@ static void op_attn_sparse(const MegacArgs *a, const int64_t *in, WStream *ws)
     if ((kind == SPARSE_QUEST || kind == SPARSE_SNAP) && !aux)
         return;
     int64_t rows = kind == SPARSE_SLOTS ? pa : SHAPE(KS_MAX_SEQ);
-    const float *kh = kc + h * rows * hd, *vh = vc + h * rows * hd, *qh = q + h * G * hd;
+    const char *kh = kc + h * rows * hd * kv_esize(kt), *vh = vc + h * rows * hd * kv_esize(kt);
+    const float *qh = q + h * G * hd;
     const int32_t *sel = kind == SPARSE_QUEST ? (const int32_t *)aux + h * pb
                          : kind == SPARSE_SNAP ? (const int32_t *)aux + h * (pa + 1)
                                                : NULL;
@@ -3044,7 +3196,8 @@ static void op_attn_sparse(const MegacArgs *a, const int64_t *in, WStream *ws)
     while (sparse_next(&r, &t0, &t1)) {
         if (nsplit == 1) {
             for (int64_t c = t0; c < t1; c += ATTN_CHUNK)
-                attn_chunk(p, qh, kh, vh, c, t1 - c < ATTN_CHUNK ? t1 - c : ATTN_CHUNK, hd, G, scale, rs, raw, pa);
+                attn_chunk(kt, p, qh, kh, vh, c, t1 - c < ATTN_CHUNK ? t1 - c : ATTN_CHUNK, hd, G, scale, rs, raw,
+                           pa);
         } else {
             for (int64_t x = e, end = e + t1 - t0; x < end;) {
                 int64_t j = x / SPARSE_BLOCK, skip = ((s - j % nsplit) + nsplit) % nsplit;
@@ -3053,7 +3206,7 @@ static void op_attn_sparse(const MegacArgs *a, const int64_t *in, WStream *ws)
                     continue;
                 }
                 int64_t y = (j + 1) * SPARSE_BLOCK < end ? (j + 1) * SPARSE_BLOCK : end;
-                attn_chunk(p, qh, kh, vh, t0 + x - e, y - x, hd, G, scale, &none, NULL, 0);
+                attn_chunk(kt, p, qh, kh, vh, t0 + x - e, y - x, hd, G, scale, &none, NULL, 0);
                 x = y;
             }
         }
@@ -3062,13 +3215,13 @@ static void op_attn_sparse(const MegacArgs *a, const int64_t *in, WStream *ws)
 }
 
 /* Elementwise min and max of the k rows [t0, t1) (t1 > t0) into lo, hi. */
-static void quest_bounds(const float *k, int64_t t0, int64_t t1, int64_t hd, float *lo, float *hi)
+static void quest_bounds(int kt, const void *k, int64_t t0, int64_t t1, int64_t hd, float *lo, float *hi)
 {
-    memcpy(lo, k + t0 * hd, (size_t)hd * sizeof(float));
-    memcpy(hi, k + t0 * hd, (size_t)hd * sizeof(float));
+    for (int64_t i = 0; i < hd; i++)
+        lo[i] = hi[i] = kv_at(kt, k, t0 * hd + i);
     for (int64_t t = t0 + 1; t < t1; t++)
         for (int64_t i = 0; i < hd; i++) {
-            float x = k[t * hd + i];
+            float x = kv_at(kt, k, t * hd + i);
             lo[i] = x < lo[i] ? x : lo[i];
             hi[i] = x > hi[i] ? x : hi[i];
         }
@@ -3132,15 +3285,18 @@ static void quest_sift(float *u, int32_t *pg, int64_t i, int64_t n)
  * stack), while the pages scanned (c <= S/page) need no storage. */
 static void op_quest_select(const MegacArgs *a, const int64_t *in)
 {
-    const float *q = opnd(a, in, 0), *kc = opnd(a, in, 1);
+    const float *q = opnd(a, in, 0);
+    const char *kc = opnd(a, in, 1);
     float *bounds = opnd(a, in, 2);
+    int kt = kv_dtype(in, 1);
     int64_t h = in[KT_PARAM], page = in[KT_PARAM + 1], np = in[KT_PARAM + 2];
     int64_t hd = SHAPE(KS_HEAD_DIM), G = SHAPE(KS_N_HEADS) / SHAPE(KS_N_KV_HEADS), S = SHAPE(KS_MAX_SEQ);
     int64_t pages = (S + page - 1) / page, c = a->pos / page;
     int32_t *sel = (int32_t *)opnd(a, in, 3) + h * np;
     const float *qh = q + h * G * hd;
     float *bh = bounds + h * pages * 2 * hd;
-    quest_bounds(kc + h * S * hd, c * page, a->pos + 1, hd, bh + c * 2 * hd, bh + c * 2 * hd + hd);
+    quest_bounds(kt, kc + h * S * hd * kv_esize(kt), c * page, a->pos + 1, hd, bh + c * 2 * hd,
+                 bh + c * 2 * hd + hd);
     int64_t keep = np - 1 < c ? np - 1 : c, n = 0;
     float u[keep + 1];
     int32_t pg[keep + 1];
@@ -3288,15 +3444,15 @@ static uint32_t snap_key(float v)
 /* Adds query qv's softmax weights over the alive rows <= w of one kv head
  * (kh: its rows), divided by G, into s[t] for t < w0; lg: scratch by
  * position. */
-static void snap_score_query(const int32_t *sh, int64_t C, int64_t pos, const float *kh, const float *qv, int64_t w,
-                             int64_t w0, int64_t hd, float inv_g, float *s, float *lg)
+static void snap_score_query(int kt, const int32_t *sh, int64_t C, int64_t pos, const char *kh, const float *qv,
+                             int64_t w, int64_t w0, int64_t hd, float inv_g, float *s, float *lg)
 {
     float scale = 1.0f / sqrtf((float)hd), m = NEG_INF, z = 0.0f;
     SparseRuns r = {SPARSE_SNAP, C, 0, pos + 1, sh, 0};
     int64_t t0, t1;
     while (sparse_next(&r, &t0, &t1) && t0 <= w)
         for (int64_t t = t0; t < t1 && t <= w; t++) {
-            lg[t] = dot_f32(qv, kh + t * hd, hd) * scale;
+            lg[t] = kv_dot(kt, qv, kh + t * hd * kv_esize(kt), hd) * scale;
             m = lg[t] > m ? lg[t] : m;
         }
     r.i = 0;
@@ -3314,7 +3470,7 @@ static void snap_score_query(const int32_t *sh, int64_t C, int64_t pos, const fl
  * keep by a radix select of their keys (4 passes of 8 bits: the key T of
  * the K-th largest and how many equal to T to take, the lower positions
  * first); the new list goes through s (free by then) into sh. */
-static void snap_head(int32_t *sh, int64_t C, int64_t W, int64_t pos, const float *kh, const float *qwin,
+static void snap_head(int kt, int32_t *sh, int64_t C, int64_t W, int64_t pos, const char *kh, const float *qwin,
                       int64_t h, int64_t G, int64_t nh, int64_t hd, float *s, float *pl)
 {
     int64_t w0 = pos - W + 1 > 0 ? pos - W + 1 : 0, nwin = 0, t0, t1;
@@ -3330,8 +3486,8 @@ static void snap_head(int32_t *sh, int64_t C, int64_t W, int64_t pos, const floa
         }
     for (int64_t w = w0; w <= pos; w++)
         for (int64_t g = 0; g < G; g++)
-            snap_score_query(sh, C, pos, kh, qwin + ((w % W) * nh + h * G + g) * hd, w, w0, hd, 1.0f / (float)G, s,
-                             pl);
+            snap_score_query(kt, sh, C, pos, kh, qwin + ((w % W) * nh + h * G + g) * hd, w, w0, hd, 1.0f / (float)G,
+                             s, pl);
     for (int64_t t = 0; t < w0; t++) { /* max pool, kernel 7, over the scored rows */
         float v = -1.0f;
         for (int64_t u = t - 3 < 0 ? 0 : t - 3; s[t] >= 0.0f && u <= t + 3 && u < w0; u++)
@@ -3376,8 +3532,10 @@ static void snap_head(int32_t *sh, int64_t C, int64_t W, int64_t pos, const floa
  * scores and pooled scores by position. */
 static void op_kv_snap(const MegacArgs *a, const int64_t *in)
 {
-    const float *q = opnd(a, in, 0), *kc = opnd(a, in, 1);
+    const float *q = opnd(a, in, 0);
+    const char *kc = opnd(a, in, 1);
     float *qwin = opnd(a, in, 2), *sc = opnd(a, in, 4);
+    int kt = kv_dtype(in, 1);
     int32_t *snap = opnd(a, in, 3);
     int64_t C = in[KT_PARAM], W = in[KT_PARAM + 1], pos = a->pos;
     int64_t hd = SHAPE(KS_HEAD_DIM), nh = SHAPE(KS_N_HEADS), nkv = SHAPE(KS_N_KV_HEADS), S = SHAPE(KS_MAX_SEQ);
@@ -3391,7 +3549,7 @@ static void op_kv_snap(const MegacArgs *a, const int64_t *in)
         int32_t *sh = snap + h * (C + 1);
         int64_t cut = sh[0], n = cut >= 0 && cut < pos ? C + pos - cut : pos + 1;
         if (n > C)
-            snap_head(sh, C, W, pos, kc + h * S * hd, qwin, h, nh / nkv, nh, hd, sc, sc + S);
+            snap_head(kt, sh, C, W, pos, kc + h * S * hd * kv_esize(kt), qwin, h, nh / nkv, nh, hd, sc, sc + S);
     }
 }
 

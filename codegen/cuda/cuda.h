@@ -31,6 +31,8 @@ extern const char cuda_text_body[];         /* kernel_body.cuh */
 /* Whether the kernel body can run every instruction of s; errors cite the
  * instruction's .sched line. */
 bool cuda_schedule_check(const Schedule *s, Diag *d);
+/* The dtype of the schedule's KV caches (f32 when it has none). */
+DType cuda_cache_dtype(const Schedule *s);
 
 /* ---- cuda_source.c ---- */
 typedef struct CudaLayout {

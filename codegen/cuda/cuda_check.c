@@ -20,13 +20,16 @@ static SrcFile check_src(const Schedule *s)
  * the embedding table f32, bf16, f16 or a quantized format other than the
  * int8-activation ones (w8a8, w4a8); the argmax result i32 or f32; every
  * other operand the dtype ops.c's op_operand_dtype gives (the token, the
- * eviction meta and Quest's sel i32, the rest f32). */
+ * eviction meta and Quest's sel i32, the rest f32), the KV caches f32,
+ * f16 or bf16. */
 static bool check_dtype_ok(const Inst *in, int i, DType t)
 {
     if (in->op == OP_ARGMAX_COMBINE && i == 1)
         return t == DT_F32 || t == DT_I32;
     if ((in->op == OP_GEMV && i == 0) || (in->op == OP_EMBED && i == 1))
         return t == DT_F32 || t == DT_BF16 || t == DT_F16 || (dtype_is_quant(t) && !dtype_is_a8(t));
+    if (op_operand_is_cache(in, i))
+        return dtype_is_cache(t);
     return t == op_operand_dtype(in, i);
 }
 
@@ -129,10 +132,42 @@ static void check_shape(const Schedule *s, Diag *d)
         diag_file_error(d, path, "schedule has no workers");
 }
 
+DType cuda_cache_dtype(const Schedule *s)
+{
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        for (uint32_t i = 0; i < s->workers[w].ninst; i++) {
+            const Inst *in = &s->workers[w].insts[i];
+            int kc = in->kind == INST_OP && in->op < OP_COUNT ? op_cache_operand(in, 0) : -1;
+            if (kc >= 0 && kc < (int)in->nacc && s->accs[in->acc + kc].buf != BUF_NONE)
+                return s->bufs[s->accs[in->acc + kc].buf].dtype;
+        }
+    return DT_F32;
+}
+
+/* The body is compiled for one cache dtype (MK_KVT): every cache operand
+ * has it. */
+static void check_caches(const Schedule *s, Diag *d)
+{
+    DType t = cuda_cache_dtype(s);
+    SrcFile src = check_src(s);
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        for (uint32_t i = 0; i < s->workers[w].ninst; i++) {
+            const Inst *in = &s->workers[w].insts[i];
+            for (int j = 0; in->kind == INST_OP && in->op < OP_COUNT && j < (int)in->nacc; j++) {
+                uint32_t b = s->accs[in->acc + j].buf;
+                if (op_operand_is_cache(in, j) && b != BUF_NONE && s->bufs[b].dtype != t)
+                    diag_error(d, &src, in->line, 1,
+                               "cache buffer '%s' is %s, another is %s: the CUDA backend keeps one cache dtype per "
+                               "schedule", s->bufs[b].name, dtype_name(s->bufs[b].dtype), dtype_name(t));
+            }
+        }
+}
+
 bool cuda_schedule_check(const Schedule *s, Diag *d)
 {
     int before = d->nerrors;
     check_shape(s, d);
+    check_caches(s, d);
     for (uint32_t w = 0; w < s->nworkers; w++)
         for (uint32_t i = 0; i < s->workers[w].ninst; i++)
             check_inst(s, &s->workers[w].insts[i], d);

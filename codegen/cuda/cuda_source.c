@@ -144,6 +144,7 @@ static void source_shape(FILE *f, const Schedule *s, const CudaLayout *l)
     uint32_t ops, dts;
     cg_used(s, &ops, &dts);     /* kernel_body.cuh compiles only these bodies */
     fprintf(f, "#define MK_OPS 0x%xu\n#define MK_DTS 0x%xu\n", ops, dts);
+    fprintf(f, "#define MK_KVT %d\n", (int)cuda_cache_dtype(s)); /* the caches' one dtype (cuda_check.c) */
     source_dev_defines(f);
 }
 

@@ -225,12 +225,17 @@ MK_DEV float mk_rms_scale(const float *x, int n)
  * and compiler/quant.c: w = d * q (Q4_1: d * q, then + m), one rounding
  * each. */
 
-MK_INLINE float mk_f16_at(const unsigned char *p)
+MK_INLINE float mk_f16(unsigned h)
 {
-    unsigned h = (unsigned)p[0] | (unsigned)p[1] << 8, s = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
+    unsigned s = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
     if (e == 0)
         return s ? -((float)m * 5.9604644775390625e-8f) : (float)m * 5.9604644775390625e-8f;
     return mk_as_float(s | (e == 31 ? 0x7f800000u | m << 13 : (e + 112) << 23 | m << 13));
+}
+
+MK_INLINE float mk_f16_at(const unsigned char *p)
+{
+    return mk_f16((unsigned)p[0] | (unsigned)p[1] << 8);
 }
 
 MK_INLINE float mk_bf16_at(const unsigned char *p)
@@ -795,14 +800,65 @@ MK_DEV void op_rope(const MegacArgs *a, const unsigned *in)
     }
 }
 
+/* ---- the KV cache's elements: MK_KVT (the schedule's one cache dtype,
+ * cuda_check.c) is f32, f16 or bf16. Rows are written rounded to nearest
+ * even (the bits of ir/util.c's f32_to_f16 / f32_to_bf16) and widened to
+ * f32 where they are read. ---- */
+#ifndef MK_KVT
+#define MK_KVT MK_DT_F32
+#endif
+#if MK_KVT == MK_DT_F32
+typedef float mk_kv;
+MK_INLINE float mk_kv_get(const mk_kv *p, long long i) { return p[i]; }
+MK_INLINE void mk_kv_set(mk_kv *p, long long i, float x) { p[i] = x; }
+#else
+typedef unsigned short mk_kv;
+MK_INLINE float mk_kv_get(const mk_kv *p, long long i)
+{
+    return MK_KVT == MK_DT_BF16 ? mk_as_float((unsigned)p[i] << 16) : mk_f16(p[i]);
+}
+MK_INLINE unsigned mk_f16_bits(float f)
+{
+    unsigned u = mk_as_uint(f), sign = (u >> 16) & 0x8000u, exp = (u >> 23) & 0xffu, man = u & 0x7fffffu;
+    if (exp == 0xffu)
+        return sign | 0x7c00u | (man ? 0x200u : 0u);
+    int e = (int)exp - 127 + 15;
+    if (e >= 31)
+        return sign | 0x7c00u;
+    if (e <= 0) { /* a subnormal f16, or zero */
+        if (e < -10)
+            return sign;
+        man |= 0x800000u;
+        int shift = 14 - e;
+        unsigned h = man >> shift, rem = man & ((1u << shift) - 1u), half = 1u << (shift - 1);
+        h += rem > half || (rem == half && (h & 1u));
+        return sign | h;
+    }
+    unsigned h = ((unsigned)e << 10) | (man >> 13), rem = man & 0x1fffu;
+    h += rem > 0x1000u || (rem == 0x1000u && (h & 1u)); /* may carry into the exponent: correct */
+    return sign | h;
+}
+MK_INLINE unsigned mk_bf16_bits(float f)
+{
+    unsigned u = mk_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (u >> 16) | 0x40u;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+MK_INLINE void mk_kv_set(mk_kv *p, long long i, float x)
+{
+    p[i] = (unsigned short)(MK_KVT == MK_DT_BF16 ? mk_bf16_bits(x) : mk_f16_bits(x));
+}
+#endif
+
 MK_DEV void op_kv_append(const MegacArgs *a, const unsigned *in)
 {
     const float *k = (const float *)mk_opnd(a, in, 0), *v = (const float *)mk_opnd(a, in, 1);
-    float *kc = (float *)mk_opnd(a, in, 2), *vc = (float *)mk_opnd(a, in, 3);
+    mk_kv *kc = (mk_kv *)mk_opnd(a, in, 2), *vc = (mk_kv *)mk_opnd(a, in, 3);
     long long h = mk_param(in, 0), row = (h * MK_MAX_SEQ + a->pos) * MK_HD;
     for (int d = (int)mk_tid(); d < MK_HD; d += MK_THREADS) {
-        kc[row + d] = k[h * MK_HD + d];
-        vc[row + d] = v[h * MK_HD + d];
+        mk_kv_set(kc, row + d, k[h * MK_HD + d]);
+        mk_kv_set(vc, row + d, v[h * MK_HD + d]);
     }
 }
 
@@ -829,7 +885,7 @@ MK_INLINE void mk_attn_init(const float *q, int h, unsigned lane, float qv[MK_G]
 
 /* Adds row (kr, vr) of hd elements to the state; with sc_out (ATTN_SPARSE
  * slots) lane 0 writes each head g's scaled score to sc_out[g * scap]. */
-MK_INLINE void mk_attn_row(const float *kr_, const float *vr_, unsigned lane, float qv[MK_G][MK_HDL],
+MK_INLINE void mk_attn_row(const mk_kv *kr_, const mk_kv *vr_, unsigned lane, float qv[MK_G][MK_HDL],
                            float acc[MK_G][MK_HDL], float *m, float *l, float *sc_out, int scap)
 {
     const float scale = 1.0f / sqrtf((float)MK_HD);
@@ -837,8 +893,8 @@ MK_INLINE void mk_attn_row(const float *kr_, const float *vr_, unsigned lane, fl
 #pragma unroll
     for (int i = 0; i < MK_HDL; i++) {
         int d = (int)lane + 32 * i;
-        kr[i] = d < MK_HD ? kr_[d] : 0.0f;
-        vr[i] = d < MK_HD ? vr_[d] : 0.0f;
+        kr[i] = d < MK_HD ? mk_kv_get(kr_, d) : 0.0f;
+        vr[i] = d < MK_HD ? mk_kv_get(vr_, d) : 0.0f;
     }
 #pragma unroll
     for (int g = 0; g < MK_G; g++) {
@@ -885,7 +941,7 @@ MK_INLINE void mk_attn_store(unsigned warp, unsigned lane, float acc[MK_G][MK_HD
 /* One warp's online softmax for the G q heads of kv head h over rows
  * t = (s + (idx / block) * nsplit) * block + idx % block, idx = warp,
  * warp + MK_AW, ... up to pos. */
-MK_DEV void mk_attn_warp(const MegacArgs *a, const float *q, const float *kh, const float *vh, int h, int s,
+MK_DEV void mk_attn_warp(const MegacArgs *a, const float *q, const mk_kv *kh, const mk_kv *vh, int h, int s,
                          int nsplit, int block, unsigned warp, unsigned lane)
 {
     float qv[MK_G][MK_HDL], acc[MK_G][MK_HDL], m[MK_G], l[MK_G];
@@ -924,7 +980,7 @@ MK_DEV void mk_attn_merge(float *p)
 MK_DEV void op_attn(const MegacArgs *a, const unsigned *in)
 {
     const float *q = (const float *)mk_opnd(a, in, 0);
-    const float *kc = (const float *)mk_opnd(a, in, 1), *vc = (const float *)mk_opnd(a, in, 2);
+    const mk_kv *kc = (const mk_kv *)mk_opnd(a, in, 1), *vc = (const mk_kv *)mk_opnd(a, in, 2);
     float *part = (float *)mk_opnd(a, in, 3);
     int h = mk_param(in, 0), s = mk_param(in, 1), nsplit = mk_param(in, 2), block = mk_param(in, 3);
     unsigned tid = mk_tid(), warp = tid >> 5;
@@ -1024,7 +1080,7 @@ MK_INLINE int mk_rows_at(MkRows r, int pos, int e)
 MK_DEV void op_attn_sparse(const MegacArgs *a, const unsigned *in)
 {
     const float *q = (const float *)mk_opnd(a, in, 0);
-    const float *kc = (const float *)mk_opnd(a, in, 1), *vc = (const float *)mk_opnd(a, in, 2);
+    const mk_kv *kc = (const mk_kv *)mk_opnd(a, in, 1), *vc = (const mk_kv *)mk_opnd(a, in, 2);
     float *part = (float *)mk_opnd(a, in, 3);
     int h = mk_param(in, 0), s = mk_param(in, 1), nsplit = mk_param(in, 2), pos = (int)a->pos;
     MkRows rows = {mk_param(in, 3), mk_param(in, 4), mk_param(in, 5), 0};
@@ -1038,7 +1094,7 @@ MK_DEV void op_attn_sparse(const MegacArgs *a, const unsigned *in)
     int slots = rows.kind == MK_SPARSE_SLOTS, cap = rows.a;
     float *score = slots && rows.b == 1 ? (float *)mk_opnd(a, in, 4) + (long long)h * MK_G * cap : 0;
     long long head = (long long)h * (slots ? cap : MK_MAX_SEQ) * MK_HD;
-    const float *kh = kc + head, *vh = vc + head;
+    const mk_kv *kh = kc + head, *vh = vc + head;
     unsigned tid = mk_tid(), warp = tid >> 5, lane = tid & 31u;
     float qv[MK_G][MK_HDL], acc[MK_G][MK_HDL], m[MK_G], l[MK_G];
     mk_attn_init(q, h, lane, qv, acc, m, l);
@@ -1196,7 +1252,7 @@ MK_DEV void op_argmax_combine(const MegacArgs *a, const unsigned *in)
 MK_DEV void op_kv_store(const MegacArgs *a, const unsigned *in)
 {
     const float *k = (const float *)mk_opnd(a, in, 0), *v = (const float *)mk_opnd(a, in, 1);
-    float *kc = (float *)mk_opnd(a, in, 2), *vc = (float *)mk_opnd(a, in, 3);
+    mk_kv *kc = (mk_kv *)mk_opnd(a, in, 2), *vc = (mk_kv *)mk_opnd(a, in, 3);
     int h = mk_param(in, 0), cap = mk_param(in, 1);
     int *meta = (int *)mk_opnd(a, in, 4) + (long long)h * (cap + 1);
     unsigned tid = mk_tid();
@@ -1212,8 +1268,8 @@ MK_DEV void op_kv_store(const MegacArgs *a, const unsigned *in)
         slot = 0;
     long long row = ((long long)h * cap + slot) * MK_HD;
     for (int d = (int)tid; d < MK_HD; d += MK_THREADS) {
-        kc[row + d] = k[h * MK_HD + d];
-        vc[row + d] = v[h * MK_HD + d];
+        mk_kv_set(kc, row + d, k[h * MK_HD + d]);
+        mk_kv_set(vc, row + d, v[h * MK_HD + d]);
     }
     if (tid == 0)
         meta[slot] = (int)a->pos;
@@ -1276,18 +1332,19 @@ MK_INLINE void mk_quest_round(const float *bh, float qv[MK_G][MK_HDL], int j0, i
  * first of those equal, lowest first. */
 MK_DEV void op_quest_select(const MegacArgs *a, const unsigned *in)
 {
-    const float *q = (const float *)mk_opnd(a, in, 0), *kc = (const float *)mk_opnd(a, in, 1);
+    const float *q = (const float *)mk_opnd(a, in, 0);
+    const mk_kv *kc = (const mk_kv *)mk_opnd(a, in, 1);
     float *bounds = (float *)mk_opnd(a, in, 2);
     int h = mk_param(in, 0), page = mk_param(in, 1), np = mk_param(in, 2);
     int *sel = (int *)mk_opnd(a, in, 3) + (long long)h * np;
     int c = (int)(a->pos / page), npg = (MK_MAX_SEQ + page - 1) / page, K = np - 1;
     unsigned tid = mk_tid(), warp = tid >> 5, lane = tid & 31u;
     float *bh = bounds + (long long)h * npg * 2 * MK_HD;
-    const float *kh = kc + (long long)h * MK_MAX_SEQ * MK_HD;
+    const mk_kv *kh = kc + (long long)h * MK_MAX_SEQ * MK_HD;
     for (int d = (int)tid; d < MK_HD; d += MK_THREADS) {
         float lo = MK_INF, hi = MK_NEG_INF;
         for (long long t = (long long)c * page; t <= a->pos; t++) {
-            float x = kh[t * MK_HD + d];
+            float x = mk_kv_get(kh, t * MK_HD + d);
             lo = fminf(lo, x);
             hi = fmaxf(hi, x);
         }
@@ -1472,7 +1529,7 @@ MK_DEV void op_kv_evict(const MegacArgs *a, const unsigned *in)
  * the key T of the K-th largest and how many equal to T to take; thread 0
  * writes the kept rows, ascending, into s (as floats: rows < 2^24) and the
  * block copies them into sh. */
-MK_DEV void mk_snap_head(int *sh, int C, int W, int pos, const float *kh, const float *qwin, int h, float *s,
+MK_DEV void mk_snap_head(int *sh, int C, int W, int pos, const mk_kv *kh, const float *qwin, int h, float *s,
                          float *lg)
 {
     unsigned tid = mk_tid(), warp = tid >> 5, lane = tid & 31u;
@@ -1501,7 +1558,7 @@ MK_DEV void mk_snap_head(int *sh, int C, int W, int pos, const float *kh, const 
                     break; /* rows ascend */
                 float d = 0.0f;
                 for (int i = (int)lane; i < MK_HD; i += 32)
-                    d += qv[i] * kh[(long long)t * MK_HD + i];
+                    d += qv[i] * mk_kv_get(kh, (long long)t * MK_HD + i);
                 d = mk_warp_sum(d) * scale;
                 if (lane == 0)
                     lg[t] = d;
@@ -1577,7 +1634,8 @@ MK_DEV void mk_snap_head(int *sh, int C, int W, int pos, const float *kh, const 
  * than `budget` rows alive is compressed (mk_snap_head). sc: [2][S]. */
 MK_DEV void op_kv_snap(const MegacArgs *a, const unsigned *in)
 {
-    const float *q = (const float *)mk_opnd(a, in, 0), *kc = (const float *)mk_opnd(a, in, 1);
+    const float *q = (const float *)mk_opnd(a, in, 0);
+    const mk_kv *kc = (const mk_kv *)mk_opnd(a, in, 1);
     float *qwin = (float *)mk_opnd(a, in, 2), *sc = (float *)mk_opnd(a, in, 4);
     int *snap = (int *)mk_opnd(a, in, 3);
     int C = mk_param(in, 0), W = mk_param(in, 1), pos = (int)a->pos;
