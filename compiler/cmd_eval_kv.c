@@ -7,7 +7,8 @@
  *   megac eval-kv MODEL.yaml|default [--set key=value]... [--tokens N]
  *                 [--prompt TEXT] [--copy L] [--seed S] [--prompt-end P]
  *
- * The baseline is the same model with every layer dense and full. Both run
+ * The baseline is the same model with every layer dense and full, its KV
+ * cache f32 (so compile.kv_dtype's cost is measured too). Both run
  * teacher-forced over one stream:
  *   - by default BOS + the prompt, continued greedily by the baseline;
  *   - with --copy L the induction-copy stream: BOS, L random tokens, random
@@ -43,9 +44,10 @@ static void evkv_usage(FILE *out)
 {
     fprintf(out, "usage: megac eval-kv MODEL [--set key=value]... [--tokens N] [--prompt TEXT]\n"
                  "                     [--copy L] [--seed S]\n\n"
-                 "Teacher-forced fidelity of the description's sparse attention and KV eviction\n"
-                 "(compile.attention, compile.kv_policy; give them with --set) against the same\n"
-                 "model with every layer dense and full, both on the float64 reference: mean KL\n"
+                 "Teacher-forced fidelity of the description's sparse attention, KV eviction and\n"
+                 "KV cache dtype (compile.attention, compile.kv_policy, compile.kv_dtype; give them\n"
+                 "with --set) against the same model with every layer dense and full and an f32\n"
+                 "cache, both on the float64 reference: mean KL\n"
                  "divergence from dense, the same-top-1 rate and the first differing position.\n\n"
                  "  --set key=value override a description key (repeatable), e.g.\n"
                  "                  --set 'compile.kv_policy=[{layers: all, policy: tova, budget: 64}]'\n"
@@ -161,6 +163,7 @@ static int evkv_run(const EvKvArgs *a)
         return 2;
     }
     dense = sparse;
+    dense.kv_dtype = DT_F32;
     for (int l = 0; l < MODEL_MAX_LAYERS; l++) {
         dense.attn[l] = (AttnSpec){ATTN_DENSE, 0, 0, 0, 0};
         dense.kv[l] = (KvPolicy){KV_FULL, 0, 0, 0};

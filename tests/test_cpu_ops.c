@@ -376,9 +376,10 @@ static void check_gemv(Kern *k, const char *what, uint32_t W, uint32_t x, uint32
     expect_close(what, buf(k, y), ref, mag, rows);
 }
 
-static void check_attn(Kern *k, const OpBufs *b, int64_t pos)
+/* The partials of OP_ATTN over caches kc, vc (given in double: the values
+ * the cache holds) against the kernel's part. */
+static void check_attn_parts(const float *q, const double *kc, const double *vc, const float *part, int64_t pos)
 {
-    const float *q = buf(k, b->q), *kc = buf(k, b->kc), *vc = buf(k, b->vc), *part = buf(k, b->part);
     for (int h = 0; h < NKV; h++)
         for (int sp = 0; sp < NSPLIT; sp++)
             for (int g = 0; g < G; g++) {
@@ -414,6 +415,15 @@ static void check_attn(Kern *k, const OpBufs *b, int64_t pos)
                     expect_close("attn partial", got, want, NULL, HD + 2);
                 }
             }
+}
+
+static void check_attn(Kern *k, const OpBufs *b, int64_t pos)
+{
+    static double kc[NKV * SEQ * HD], vc[NKV * SEQ * HD];
+    const float *kf = buf(k, b->kc), *vf = buf(k, b->vc);
+    for (int i = 0; i < NKV * SEQ * HD; i++)
+        kc[i] = kf[i], vc[i] = vf[i];
+    check_attn_parts(buf(k, b->q), kc, vc, buf(k, b->part), pos);
 }
 
 /* The test's own merge of the ns partials of q head g of kv head h
@@ -523,6 +533,77 @@ static void run_ops(int nw, int pairing)
         free(y_acc), free(y_all), free(y_plain), free(y_norm), free(emb), free(vq), free(aa);
     }
     kern_free(&k);
+}
+
+/* ---- f16 and bf16 KV caches (compile.kv_dtype) ---- */
+
+static uint16_t half_bits(DType t, float f)
+{
+    return t == DT_F16 ? f32_to_f16(f) : f32_to_bf16(f);
+}
+
+static double half_value(DType t, uint16_t h)
+{
+    return t == DT_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
+/* kv_append writes each element as ir/util.c rounds it (to nearest even,
+ * with the edge cases in k: ties, the f16 overflow edge, subnormals), and
+ * attn over a random f16 or bf16 cache gives the float64 attention over
+ * the values stored, at 1 and 2 workers. */
+Test(cpu_ops, half_caches)
+{
+    const DType types[] = {DT_F16, DT_BF16};
+    const float edge[] = {65504.0f, 65519.0f, 65520.0f, -1e6f, 1e-6f, -3e-7f, 1.0f + 0x1p-11f, 1.0f + 0x3p-11f,
+                          1.0f + 0x1p-8f, 1.0f + 0x3p-8f, 0.0f, -0.0f, 6.1035156e-5f, 3.0e-8f};
+    for (int ti = 0; ti < 2; ti++)
+        for (int nw = 1; nw <= 2; nw++) {
+            DType t = types[ti];
+            Schedule *s = sched_new("half_caches", "cpu", nw);
+            s->shape = op_shape(0);
+            int64_t ncache = NKV * SEQ * HD;
+            uint32_t kin = add_buf(s, "kin", BUF_SCRATCH, NKV * HD), vin = add_buf(s, "vin", BUF_SCRATCH, NKV * HD);
+            uint32_t kca = sched_add_buffer(s, "kca", t, BUF_KV, 1, &ncache);
+            uint32_t vca = sched_add_buffer(s, "vca", t, BUF_KV, 1, &ncache);
+            uint32_t q = add_buf(s, "q", BUF_SCRATCH, NH * HD);
+            uint32_t kc = sched_add_buffer(s, "kc", t, BUF_KV, 1, &ncache);
+            uint32_t vc = sched_add_buffer(s, "vc", t, BUF_KV, 1, &ncache);
+            uint32_t part = add_buf(s, "part", BUF_SCRATCH, NKV * NSPLIT * G * (HD + 2));
+            int w = 0;
+            for (int h = 0; h < NKV; h++)
+                OP(OP_KV_APPEND, P(h), kin, vin, kca, vca);
+            for (int h = 0; h < NKV; h++)
+                for (int sp = 0; sp < NSPLIT; sp++)
+                    OP(OP_ATTN, P(h, sp, NSPLIT, BLOCK), q, kc, vc, part);
+            Kern k;
+            kern_build(&k, s);
+            static double kd[NKV * SEQ * HD], vd[NKV * SEQ * HD];
+            uint16_t *kh = buf(&k, kc), *vh = buf(&k, vc);
+            for (int64_t i = 0; i < ncache; i++) {
+                kh[i] = half_bits(t, 3.0f * rnd()), vh[i] = half_bits(t, 3.0f * rnd());
+                kd[i] = half_value(t, kh[i]), vd[i] = half_value(t, vh[i]);
+            }
+            int64_t positions[] = {0, 5, SEQ - 1};
+            for (int i = 0; i < 3; i++) {
+                int64_t pos = positions[i];
+                fill(&k, kin), fill(&k, vin), fill(&k, q);
+                float *kf = buf(&k, kin), *vf = buf(&k, vin);
+                for (size_t e = 0; e < sizeof edge / sizeof edge[0]; e++)
+                    kf[e] = edge[e], vf[NKV * HD - 1 - e] = -edge[e];
+                kern_step(&k, pos, 0);
+                cr_assert_eq(k.abort_info.flag, 0);
+                const uint16_t *ka = buf(&k, kca), *va = buf(&k, vca);
+                for (int h = 0; h < NKV; h++)
+                    for (int j = 0; j < HD; j++) {
+                        int64_t c = (h * SEQ + pos) * HD + j;
+                        cr_assert_eq(ka[c], half_bits(t, kf[h * HD + j]), "%s kv_append k[%d][%d] = %.9g: %04x, want %04x",
+                                     dtype_name(t), h, j, (double)kf[h * HD + j], ka[c], half_bits(t, kf[h * HD + j]));
+                        cr_assert_eq(va[c], half_bits(t, vf[h * HD + j]), "%s kv_append v[%d][%d]", dtype_name(t), h, j);
+                    }
+                check_attn_parts(buf(&k, q), kd, vd, buf(&k, part), pos);
+            }
+            kern_free(&k);
+        }
 }
 
 Test(cpu_ops, every_op_one_worker_adjacent_rope)

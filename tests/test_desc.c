@@ -558,6 +558,18 @@ Test(desc, diag_unsupported_knobs)
                   "      |                                                                   ^\n");
 }
 
+Test(desc, diag_kv_dtype)
+{
+    expect_errors(BASE ARCH "compile:\n  kv_dtype: f8\n", NULL, 0,
+                  "models/x.yaml:5:13: error: bad value 'f8' for 'compile.kv_dtype'; did you mean 'f32'?\n"
+                  "    5 |   kv_dtype: f8\n"
+                  "      |             ^\n");
+    expect_errors(BASE ARCH "compile:\n  kv_dtype: [f16]\n", NULL, 0,
+                  "models/x.yaml:5:13: error: expected a string for 'compile.kv_dtype', found a list\n"
+                  "    5 |   kv_dtype: [f16]\n"
+                  "      |             ^\n");
+}
+
 Test(desc, diag_kind_params)
 {
     expect_errors(BASE ARCH "compile:\n  attention: [{layers: all, kind: quest, page: 16, window: 8}]\n", NULL, 0,

@@ -2756,6 +2756,23 @@ static inline __attribute__((always_inline)) float kv_dot(int kt, const float *q
     return s;
 }
 
+/* The n elements at p as f32: p itself for an f32 cache, else widened
+ * into out. */
+static inline __attribute__((always_inline)) const float *kv_rows(int kt, const void *p, int64_t n, float *out)
+{
+    if (kt == DT_F32)
+        return (const float *)p;
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        v16f r;
+        KV_LOAD16(kt, p, j, r);
+        STORE16(out + j, r);
+    }
+    for (; j < n; j++)
+        out[j] = kv_at(kt, p, j);
+    return out;
+}
+
 static uint16_t kv_f16_bits(float f)
 {
     uint32_t u;
@@ -2837,31 +2854,26 @@ static float exp_nonpos(float x)
 
 /* sc[i] = scale * q . k[i] for n rows of k (hd floats each), four rows at
  * a time so that the four dot products' FMA chains overlap. */
-static inline __attribute__((always_inline)) void attn_scores(int kt, float *sc, const float *q, const void *k,
-                                                             int64_t n, int64_t hd, float scale)
+static void attn_scores(float *sc, const float *q, const float *k, int64_t n, int64_t hd, float scale)
 {
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) {
-        int64_t r0 = i * hd, r1 = r0 + hd, r2 = r1 + hd, r3 = r2 + hd;
+        const float *k0 = k + i * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
         v16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
         int64_t j = 0;
         for (; j + 16 <= hd; j += 16) {
-            v16f qv = LOAD16(q + j), k0, k1, k2, k3;
-            KV_LOAD16(kt, k, r0 + j, k0);
-            KV_LOAD16(kt, k, r1 + j, k1);
-            KV_LOAD16(kt, k, r2 + j, k2);
-            KV_LOAD16(kt, k, r3 + j, k3);
-            a0 += k0 * qv;
-            a1 += k1 * qv;
-            a2 += k2 * qv;
-            a3 += k3 * qv;
+            v16f qv = LOAD16(q + j);
+            a0 += LOAD16(k0 + j) * qv;
+            a1 += LOAD16(k1 + j) * qv;
+            a2 += LOAD16(k2 + j) * qv;
+            a3 += LOAD16(k3 + j) * qv;
         }
         float s0 = hsum16(&a0), s1 = hsum16(&a1), s2 = hsum16(&a2), s3 = hsum16(&a3);
         for (; j < hd; j++) {
-            s0 += kv_at(kt, k, r0 + j) * q[j];
-            s1 += kv_at(kt, k, r1 + j) * q[j];
-            s2 += kv_at(kt, k, r2 + j) * q[j];
-            s3 += kv_at(kt, k, r3 + j) * q[j];
+            s0 += k0[j] * q[j];
+            s1 += k1[j] * q[j];
+            s2 += k2[j] * q[j];
+            s3 += k3[j] * q[j];
         }
         sc[i] = s0 * scale;
         sc[i + 1] = s1 * scale;
@@ -2869,28 +2881,22 @@ static inline __attribute__((always_inline)) void attn_scores(int kt, float *sc,
         sc[i + 3] = s3 * scale;
     }
     for (; i < n; i++)
-        sc[i] = kv_dot(kt, q, (const char *)k + i * hd * kv_esize(kt), hd) * scale;
+        sc[i] = dot_f32(q, k + i * hd, hd) * scale;
 }
 
 /* o[0:hd] += sum_i w[i] * v[i][0:hd] over n rows: 64 outputs at a time
  * held in four registers across all rows, then 16, then single ones. */
-static inline __attribute__((always_inline)) void attn_accum(int kt, float *o, const float *w, const void *v,
-                                                            int64_t n, int64_t hd)
+static void attn_accum(float *o, const float *w, const float *v, int64_t n, int64_t hd)
 {
     int64_t d = 0;
     for (; d + 64 <= hd; d += 64) {
         v16f a0 = LOAD16(o + d), a1 = LOAD16(o + d + 16), a2 = LOAD16(o + d + 32), a3 = LOAD16(o + d + 48);
         for (int64_t i = 0; i < n; i++) {
-            int64_t r = i * hd + d;
-            v16f v0, v1, v2, v3;
-            KV_LOAD16(kt, v, r, v0);
-            KV_LOAD16(kt, v, r + 16, v1);
-            KV_LOAD16(kt, v, r + 32, v2);
-            KV_LOAD16(kt, v, r + 48, v3);
-            a0 += w[i] * v0;
-            a1 += w[i] * v1;
-            a2 += w[i] * v2;
-            a3 += w[i] * v3;
+            const float *vr = v + i * hd + d;
+            a0 += w[i] * LOAD16(vr);
+            a1 += w[i] * LOAD16(vr + 16);
+            a2 += w[i] * LOAD16(vr + 32);
+            a3 += w[i] * LOAD16(vr + 48);
         }
         STORE16(o + d, a0);
         STORE16(o + d + 16, a1);
@@ -2899,17 +2905,14 @@ static inline __attribute__((always_inline)) void attn_accum(int kt, float *o, c
     }
     for (; d + 16 <= hd; d += 16) {
         v16f a = LOAD16(o + d);
-        for (int64_t i = 0; i < n; i++) {
-            v16f vr;
-            KV_LOAD16(kt, v, i * hd + d, vr);
-            a += w[i] * vr;
-        }
+        for (int64_t i = 0; i < n; i++)
+            a += w[i] * LOAD16(v + i * hd + d);
         STORE16(o + d, a);
     }
     for (; d < hd; d++) {
         float a = o[d];
         for (int64_t i = 0; i < n; i++)
-            a += w[i] * kv_at(kt, v, i * hd + d);
+            a += w[i] * v[i * hd + d];
         o[d] = a;
     }
 }
@@ -2950,13 +2953,15 @@ static inline __attribute__((always_inline)) void attn_chunk_kt(int kt, float *p
                                                                int64_t G, float scale, WStream *ws, float *raw,
                                                                int64_t rstride)
 {
-    float sc[G][ATTN_CHUNK];
+    float sc[G][ATTN_CHUNK], rows[kt == DT_F32 ? 1 : 4 * hd]; /* f16/bf16: four rows widened, for all G heads */
     int64_t rowb = hd * kv_esize(kt);
     const char *k = (const char *)kh + t0 * rowb, *v = (const char *)vh + t0 * rowb;
     for (int64_t i = 0; i < n; i += 4) {
-        ws_read(ws, (n - i < 4 ? n - i : 4) * rowb);
+        int64_t m = n - i < 4 ? n - i : 4;
+        ws_read(ws, m * rowb);
+        const float *kr = kv_rows(kt, k + i * rowb, m * hd, rows);
         for (int64_t g = 0; g < G; g++)
-            attn_scores(kt, sc[g] + i, q + g * hd, k + i * rowb, n - i < 4 ? n - i : 4, hd, scale);
+            attn_scores(sc[g] + i, q + g * hd, kr, m, hd, scale);
     }
     if (raw) /* the scaled scores, before the softmax turns them into weights */
         for (int64_t g = 0; g < G; g++)
@@ -2964,9 +2969,11 @@ static inline __attribute__((always_inline)) void attn_chunk_kt(int kt, float *p
     for (int64_t g = 0; g < G; g++)
         attn_softmax_step(p + g * (hd + 2), sc[g], n, hd);
     for (int64_t i = 0; i < n; i += 4) {
-        ws_read(ws, (n - i < 4 ? n - i : 4) * rowb);
+        int64_t m = n - i < 4 ? n - i : 4;
+        ws_read(ws, m * rowb);
+        const float *vr = kv_rows(kt, v + i * rowb, m * hd, rows);
         for (int64_t g = 0; g < G; g++)
-            attn_accum(kt, p + g * (hd + 2), sc[g] + i, v + i * rowb, n - i < 4 ? n - i : 4, hd);
+            attn_accum(p + g * (hd + 2), sc[g] + i, vr, m, hd);
     }
 }
 
