@@ -27,6 +27,7 @@
     X(MERGE_COUNTERS, "counters-merged")                                \
     X(SIGNAL_AMOUNT, "signal-amount-changed")                           \
     X(MOVE_WAIT, "wait-moved")                                          \
+    X(CACHE_DTYPE, "cache-dtype-changed")                               \
     X(RANDOM, "random")                                                 \
     X(RANDOM_DAG, "random-dag")
 

@@ -461,6 +461,34 @@ static bool mut_move_wait(Schedule *s, FuzzRng *r)
     return true;
 }
 
+/* A KV cache buffer (BUF_KV, name kc.L or vc.L) gets another dtype: the
+ * pair both f16 or both bf16 (safe), one of them f16 (its k and v rows
+ * then differ), or one of them i32 (no cache dtype). A smaller element
+ * keeps the layout's offsets apart; i32 has f32's size. */
+static bool mut_cache_dtype(Schedule *s, FuzzRng *r)
+{
+    uint32_t kv[512], n = 0;
+    for (uint32_t b = 0; b < s->nbufs && n < 512; b++)
+        if (s->bufs[b].cls == BUF_KV && s->bufs[b].name[0] == 'k' && s->bufs[b].dtype == DT_F32)
+            kv[n++] = b;
+    if (n == 0)
+        return false;
+    Buffer *k = &s->bufs[kv[fuzz_below(r, n)]], *v = NULL;
+    for (uint32_t b = 0; b < s->nbufs; b++)
+        if (s->bufs[b].cls == BUF_KV && s->bufs[b].name[0] == 'v' && strcmp(s->bufs[b].name + 1, k->name + 1) == 0)
+            v = &s->bufs[b];
+    switch (fuzz_below(r, 3)) {
+    case 0:
+        k->dtype = fuzz_below(r, 2) ? DT_F16 : DT_BF16;
+        if (v)
+            v->dtype = k->dtype;
+        break;
+    case 1: (fuzz_below(r, 2) || !v ? k : v)->dtype = DT_F16; break;
+    default: (fuzz_below(r, 2) || !v ? k : v)->dtype = DT_I32; break;
+    }
+    return true;
+}
+
 bool fuzz_mutate(Schedule *s, FuzzClass c, FuzzRng *r)
 {
     Site x;
@@ -500,6 +528,7 @@ bool fuzz_mutate(Schedule *s, FuzzClass c, FuzzRng *r)
             return true;
         return site_pick(s, r, has_wait_before, &x) && move_before(s, x, is_wait);
     case FUZZ_KV_EARLY: return mut_kv_early(s, r);
+    case FUZZ_CACHE_DTYPE: return mut_cache_dtype(s, r);
     case FUZZ_CYCLE: return mut_cycle(s, r);
     case FUZZ_RESIDENCY: return mut_residency(s, r);
     case FUZZ_OOB: return mut_oob(s, r);

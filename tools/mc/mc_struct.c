@@ -4,7 +4,8 @@
  * touches, that the declared accesses say exactly that, bounds over all
  * pos (ranges are affine, so the extremes at pos 0 and max_seq-1 decide),
  * no writes to weights, dtypes (f32 activations, i32 token ids, eviction
- * meta, quest page lists and SnapKV's snap), the layouts of the KV caches
+ * meta, quest page lists and SnapKV's snap, f32/f16/bf16 KV caches with
+ * an instruction's k and v rows alike), the layouts of the KV caches
  * (dense or slots), rope table, eviction state, quest bounds and SnapKV
  * state, no wait >= 0 or signal +0, the shape line against the buffers (a
  * K and a V cache per layer, a [vocab, dim] embedding table), and
@@ -212,6 +213,14 @@ static bool mc_is_i32(const Inst *in, int i)
     }
 }
 
+/* Operands named kc and vc in ops.h are the KV cache's k and v rows: f32,
+ * f16 or bf16, both of one instruction alike. */
+static int mc_cache(const Inst *in, int i)
+{
+    const char *n = op_info(in->op)->operand[i];
+    return strcmp(n, "kc") == 0 ? 1 : strcmp(n, "vc") == 0 ? 2 : 0;
+}
+
 /* The element count ops.h fixes for operand i's whole buffer (0: any):
  * the KV caches ([kv][S][hd], or [kv][cap][hd] for an evicting layer),
  * the rope table, eviction meta and acc, quest bounds, SnapKV's snap
@@ -248,6 +257,7 @@ static bool mc_op_check(Mc *m, uint32_t w, uint32_t t, const Inst *in)
     Access e[OP_MAX_OPERANDS];
     bool present[OP_MAX_OPERANDS];
     int64_t S = s->shape.max_seq;
+    int cache_dt = -1;
     memset(e, 0, sizeof e);
     if (in->op >= OP_COUNT || in->nacc != op_info(in->op)->noperands || in->acc + in->nacc > s->naccs)
         return mc_fail(m, &m->r->structure, "w%u i%u: malformed op", w, t);
@@ -269,8 +279,16 @@ static bool mc_op_check(Mc *m, uint32_t w, uint32_t t, const Inst *in)
             return mc_fail(m, &m->r->structure, "w%u i%u: operand %d out of bounds of %s", w, t, i, b->name);
         if ((a->mode & ACC_W) && b->cls == BUF_WEIGHT)
             return mc_fail(m, &m->r->structure, "w%u i%u: writes weight %s", w, t, b->name);
-        if (b->cls == BUF_WEIGHT ? b->dtype == DT_I32 : b->dtype != (mc_is_i32(in, i) ? DT_I32 : DT_F32))
+        if (mc_cache(in, i)) {
+            if (b->cls == BUF_WEIGHT ? b->dtype == DT_I32
+                                     : b->dtype != DT_F32 && b->dtype != DT_F16 && b->dtype != DT_BF16)
+                return mc_fail(m, &m->r->structure, "w%u i%u: cache operand %d is %s", w, t, i, dtype_name(b->dtype));
+            if (cache_dt >= 0 && (int)b->dtype != cache_dt)
+                return mc_fail(m, &m->r->structure, "w%u i%u: k and v rows of two dtypes", w, t);
+            cache_dt = (int)b->dtype;
+        } else if (b->cls == BUF_WEIGHT ? b->dtype == DT_I32 : b->dtype != (mc_is_i32(in, i) ? DT_I32 : DT_F32)) {
             return mc_fail(m, &m->r->structure, "w%u i%u: operand %d has the wrong dtype", w, t, i);
+        }
         int64_t want = mc_layout(&s->shape, in, i);
         if (want && b->nelem != want)
             return mc_fail(m, &m->r->structure, "w%u i%u: operand %d: %s is not laid out as ops.h says", w, t, i,
