@@ -123,8 +123,16 @@ static const char *const synth_sparse[] = {
     "  kv_policy: [{layers: 1, policy: tova, budget: 24}]\n",
     "  kv_policy: [{layers: all, policy: streaming, sinks: 4, window: 20}]\n",
     "  kv_policy: [{layers: all, policy: snapkv, budget: 20, window: 6}]\n",
+    /* f16 and bf16 caches (compile.kv_dtype): this model's logits stay
+     * within the f32 cache's tolerance of the reference, which rounds alike */
+    "  kv_dtype: f16\n",
+    "  kv_dtype: f16\n"
+    "  attention: [{layers: 0, kind: quest, page: 8, budget: 24}]\n"
+    "  kv_policy: [{layers: 1, policy: tova, budget: 24}]\n",
+    "  kv_dtype: bf16\n"
+    "  kv_policy: [{layers: all, policy: snapkv, budget: 20, window: 6}]\n",
 };
-static const int synth_sparse_prompt_end[] = {-1, -1, -1, 40};
+static const int synth_sparse_prompt_end[] = {-1, -1, -1, 40, -1, -1, 40};
 
 /* Each of synth_sparse on `target` at the given block counts. */
 static void sparse_synth_check(const char *target, const int *blocks, int nb);
