@@ -666,6 +666,12 @@ static void config_rope(Ctx *c, const DocNode *s)
     }
     field_double(c, s, "", "rope_theta", &m->rope_theta, F_THETA);
     const DocNode *t = doc_get(s, "rope_type") ? doc_get(s, "rope_type") : doc_get(s, "type");
+    for (int i = 0; !t && i < s->n; i++) /* a factor without a type: which scaling is it? */
+        if (strcmp(s->keys[i]->str, "rope_theta") != 0) {
+            ctx_error(c, s->keys[i], "'rope_scaling' has '%s' but no 'rope_type' (or 'type'): say which RoPE "
+                      "scaling it is", s->keys[i]->str);
+            return;
+        }
     const char *type = t ? node_str(c, t, "rope_type") : "default";
     if (!type || strcmp(type, "default") == 0)
         return;

@@ -327,24 +327,40 @@ static bool gguf_alignment_read(GgufFile *g, Diag *d)
     return true;
 }
 
+static int gguf_str_cmp(const void *x, const void *y)
+{
+    const GgufStr *a = *(const GgufStr *const *)x, *b = *(const GgufStr *const *)y;
+    int c = memcmp(a->s, b->s, a->len < b->len ? a->len : b->len);
+    return c ? c : (a->len > b->len) - (a->len < b->len);
+}
+
+/* The first of n names that appears twice, or NULL: sorted, so that a
+ * file of many keys costs n log n, not n^2. */
+static const GgufStr *gguf_str_repeated(const GgufStr **v, uint64_t n)
+{
+    qsort(v, n, sizeof *v, gguf_str_cmp);
+    for (uint64_t i = 1; i < n; i++)
+        if (gguf_str_cmp(&v[i - 1], &v[i]) == 0)
+            return v[i];
+    return NULL;
+}
+
 static bool gguf_dup_check(const GgufFile *g, Diag *d)
 {
-    for (uint64_t i = 0; i < g->nkv; i++) {
-        const GgufKV *kv = &g->kv[i];
-        for (uint64_t j = 0; j < i; j++)
-            if (str_is(g->kv[j].key, kv->key.s, kv->key.len)) {
-                diag_file_error(d, g->path, "key '%.*s' appears twice", (int)kv->key.len, kv->key.s);
-                return false;
-            }
-    }
-    for (uint64_t i = 0; i < g->ntensors; i++) {
-        const GgufTensor *t = gguf_find_tensor_n(g, g->tensors[i].name.s, g->tensors[i].name.len);
-        if (t != &g->tensors[i]) {
-            diag_file_error(d, g->path, "tensor '%.*s' appears twice", (int)t->name.len, t->name.s);
-            return false;
-        }
-    }
-    return true;
+    uint64_t n = g->nkv > g->ntensors ? g->nkv : g->ntensors;
+    const GgufStr **v = xmalloc((n ? n : 1) * sizeof *v);
+    for (uint64_t i = 0; i < g->nkv; i++)
+        v[i] = &g->kv[i].key;
+    const GgufStr *r = gguf_str_repeated(v, g->nkv);
+    if (r)
+        diag_file_error(d, g->path, "key '%.*s' appears twice", (int)r->len, r->s);
+    for (uint64_t i = 0; !r && i < g->ntensors; i++)
+        v[i] = &g->tensors[i].name;
+    const GgufStr *t = r ? NULL : gguf_str_repeated(v, g->ntensors);
+    if (t)
+        diag_file_error(d, g->path, "tensor '%.*s' appears twice", (int)t->len, t->s);
+    free(v);
+    return !r && !t;
 }
 
 static bool gguf_parse(GgufImpl *gi, Diag *d)

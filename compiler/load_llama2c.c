@@ -42,7 +42,7 @@ static bool l2c_header_check(const Weights *w, const WFile *f, const int32_t *h,
     int want[HDR_N] = {m->dim, m->hidden_dim, m->n_layers, m->n_heads, m->n_kv_heads, m->vocab_size, 0};
     bool ok = true;
     for (int i = 0; i < HDR_SEQ; i++) {
-        int got = i == HDR_VOCAB ? abs(h[i]) : h[i];
+        int got = i == HDR_VOCAB && h[i] != INT32_MIN ? abs(h[i]) : h[i];
         if (got != want[i] || (i == HDR_VOCAB && h[i] == INT32_MIN)) {
             diag_file_error(d, f->path, "header: %s is %d, but the model description says %d", names[i], h[i],
                             want[i]);

@@ -729,7 +729,7 @@ static void lower_buffers(Lower *L)
             snprintf(n, sizeof n, "meta.%d", l);
             lower_buf(L, n, DT_I32, BUF_STATE, 2, m->n_kv_heads, cap + 1, 0, 0);
         }
-        if (m->kv[l].kind == KV_H2O) {
+        if (m->kv[l].kind == KV_H2O && cap) { /* a budget of max_seq or more never evicts */
             snprintf(n, sizeof n, "acc.%d", l);
             lower_buf(L, n, DT_F32, BUF_STATE, 2, m->n_kv_heads, cap, 0, 0);
         }

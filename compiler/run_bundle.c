@@ -57,7 +57,7 @@ static void manifest_target(const char *bundle, char *out, size_t cap)
     snprintf(path, sizeof path, "%s/manifest.yaml", bundle);
     out[0] = 0;
     FILE *f = fopen(path, "r");
-    while (f && fgets(line, sizeof line, f)) {
+    for (int i = 0; f && i < 64 && fgets(line, sizeof line, f); i++) { /* a manifest is ~20 lines */
         if (strncmp(line, "target: ", 8) == 0) {
             size_t n = strcspn(line + 8, "\r\n");
             n = n < cap - 1 ? n : cap - 1;

@@ -455,6 +455,23 @@ static bool weights_tied_check(const Weights *w, const WSource *src, Arena *a, D
     return ok;
 }
 
+/* A file with a layer past the description's n_layers (a GGUF whose
+ * block_count, or a config whose num_hidden_layers, was lowered) would
+ * load its first layers and drop the rest without a word: refuse it. */
+static bool weights_layers_check(const Weights *w, const WSource *src, Arena *a, Diag *d)
+{
+    for (WKind k = WK_ATTN_NORM; k <= WK_W_DOWN; k++) {
+        WSlot extra = {.kind = k, .layer = w->m->n_layers};
+        char *name = src->name(a, &extra);
+        if (src->has(src->ctx, name)) {
+            diag_file_error(d, src->path, "tensor '%s': the file has more layers than the model description's "
+                            "n_layers (%d)", name, w->m->n_layers);
+            return false;
+        }
+    }
+    return true;
+}
+
 bool weights_fill(Weights *w, const WSource *src, Diag *d)
 {
     Arena a = {0};
@@ -468,7 +485,8 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d)
             diag_file_error(d, src->path, "tensor '%s' is missing", name);
         ok = r > 0 && weights_slot_done(w, slots[i].kind, slots[i].layer, d);
     }
-    ok = ok && weights_bias_check(w, src, &a, d) && weights_tied_check(w, src, &a, d);
+    ok = ok && weights_bias_check(w, src, &a, d) && weights_tied_check(w, src, &a, d) &&
+         weights_layers_check(w, src, &a, d);
     arena_free(&a);
     return ok;
 }

@@ -137,6 +137,13 @@ char *read_file(const char *path, size_t *len)
         errno = EISDIR;
         return NULL;
     }
+    /* a file, or a pipe or terminal (validate -); not /dev/zero or another
+     * device, which would be read until memory ran out */
+    if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode) && !isatty(fileno(f))) {
+        fclose(f);
+        errno = ENODEV;
+        return NULL;
+    }
     size_t cap = 1 << 16, n = 0;
     char *buf = xmalloc(cap);
     for (;;) {

@@ -550,6 +550,14 @@ static bool parse_sync_line(Parser *ps, bool is_wait)
 
 /* affine := term (('+'|'-') term)* ; term := INT | INT '*' 'pos' | 'pos',
  * the first term optionally preceded by '-'. */
+/* *acc += v, false when the sum leaves +-2^60 (each term is at most 2^50;
+ * the bounds are then far past any buffer, and no sum overflows). */
+static bool affine_add(int64_t *acc, int64_t v)
+{
+    *acc += v;
+    return *acc <= (INT64_C(1) << 60) && *acc >= -(INT64_C(1) << 60);
+}
+
 static bool parse_affine(Parser *ps, Affine *out)
 {
     Affine a = {0, 0};
@@ -563,8 +571,10 @@ static bool parse_affine(Parser *ps, Affine *out)
         parser_skip_space(ps);
         if (ps->end - ps->p >= 3 && strncmp(ps->p, "pos", 3) == 0 &&
             !(ps->p + 3 < ps->end && (isalnum((unsigned char)ps->p[3]) || ps->p[3] == '_'))) {
+            const char *at = ps->p;
             ps->p += 3;
-            a.k += sign;
+            if (!affine_add(&a.k, sign))
+                return parser_error(ps, at, "the range bound's sum of pos terms is too large");
         } else {
             int64_t v;
             if (!parser_int(ps, 0, INT64_C(1) << 50, &v, "a range bound (INT, pos or K*pos)"))
@@ -574,9 +584,10 @@ static bool parse_affine(Parser *ps, Affine *out)
                 if (!(ps->end - ps->p >= 3 && strncmp(ps->p, "pos", 3) == 0))
                     return parser_error(ps, ps->p, "expected 'pos' after '*'");
                 ps->p += 3;
-                a.k += sign * v;
-            } else {
-                a.c += sign * v;
+                if (!affine_add(&a.k, sign * v))
+                    return parser_error(ps, ps->p - 3, "the range bound's sum of pos terms is too large");
+            } else if (!affine_add(&a.c, sign * v)) {
+                return parser_error(ps, ps->p, "the range bound's sum of constants is too large");
             }
         }
         if (parser_accept_char(ps, '+'))

@@ -271,11 +271,21 @@ megac_status rt_manifest_parse(RtManifest *man, const char *path, const char *te
 }
 
 /* Reads a whole small file into a malloc'd buffer. */
+/* A file's bytes, NUL-terminated; NULL with errno set on failure (EINVAL:
+ * not a regular file, so that a FIFO or /dev/zero in a bundle is an
+ * error, not an endless read: slurp_error says so). */
 static char *file_slurp(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
         return NULL;
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        int e = S_ISDIR(sb.st_mode) ? EISDIR : EINVAL;
+        fclose(f);
+        errno = e;
+        return NULL;
+    }
     char *buf = NULL;
     size_t n = 0, cap = 0;
     for (;;) {
@@ -307,6 +317,11 @@ static char *file_slurp(const char *path, size_t *len)
     return buf;
 }
 
+static const char *slurp_error(int e)
+{
+    return e == EINVAL ? "not a regular file" : strerror(e);
+}
+
 static megac_status bundle_manifest_read(megac_model *m)
 {
     char path[4096];
@@ -316,7 +331,7 @@ static megac_status bundle_manifest_read(megac_model *m)
     char *text = file_slurp(path, &len);
     if (!text)
         return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read: %s (is %s a megac bundle?)", path,
-                       strerror(errno), m->dir);
+                       slurp_error(errno), m->dir);
     megac_status st = rt_manifest_parse(&m->man, path, text, len, m->err, sizeof m->err);
     free(text);
     return st;
@@ -405,7 +420,7 @@ static megac_status bundle_schedule_check(megac_model *m)
     size_t len;
     char *text = file_slurp(path, &len);
     if (!text)
-        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read: %s", path, slurp_error(errno));
     uint64_t h = rt_fnv1a(text, len), facts[MEGAC_NFACTS];
     sched_text_facts(text, len, facts);
     free(text);
@@ -415,6 +430,38 @@ static megac_status bundle_schedule_check(megac_model *m)
                        " (the schedule was changed after compilation)",
                        path, h, m->man.schedule_hash);
     return rt_facts_check(m, facts, path, "the schedule has");
+}
+
+/* Whether an ELF image (a kernel.so or a cubin; anything else passes)
+ * has its program headers and every PT_LOAD segment's file bytes inside
+ * its len bytes: dlopen maps segments as the headers say, and one past
+ * the end of the file dies of SIGBUS. */
+static bool elf_loads_fit(const unsigned char *b, size_t len)
+{
+    if (len < 4 || memcmp(b, "\177ELF", 4) != 0)
+        return true;
+    if (len < 64 || b[4] != 2 || b[5] != 1) /* ELF64, little-endian: what megac writes */
+        return false;
+    uint64_t phoff;
+    uint16_t phentsize, phnum;
+    memcpy(&phoff, b + 32, 8);
+    memcpy(&phentsize, b + 54, 2);
+    memcpy(&phnum, b + 56, 2);
+    if (phnum == 0)
+        return true;
+    if (phentsize < 56 || phoff > len || (uint64_t)phnum * phentsize > len - phoff)
+        return false;
+    for (uint16_t i = 0; i < phnum; i++) {
+        const unsigned char *ph = b + phoff + (uint64_t)i * phentsize;
+        uint32_t type;
+        uint64_t off, filesz;
+        memcpy(&type, ph, 4);
+        memcpy(&off, ph + 8, 8);
+        memcpy(&filesz, ph + 32, 8);
+        if (type == 1 && (off > len || filesz > len - off)) /* PT_LOAD */
+            return false;
+    }
+    return true;
 }
 
 /* The kernel file must be the one the manifest was written with, checked
@@ -436,7 +483,7 @@ static megac_status bundle_kernel_check(megac_model *m)
     size_t len;
     char *bytes = file_slurp(path, &len);
     if (!bytes)
-        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read the kernel: %s", path, strerror(errno));
+        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read the kernel: %s", path, slurp_error(errno));
     uint64_t h = rt_fnv1a(bytes, len);
     m->kernel_image = bytes;
     m->kernel_len = len;
@@ -445,6 +492,11 @@ static megac_status bundle_kernel_check(megac_model *m)
                        "%s: error: its hash is %016" PRIx64 ", but the manifest says kernel_hash: %016" PRIx64
                        ": the bundle is damaged; recompile it",
                        path, h, m->man.kernel_hash);
+    if (!elf_loads_fit((const unsigned char *)bytes, len))
+        return rt_fail(m, MEGAC_ERR_FORMAT,
+                       "%s: error: not a whole ELF file (its headers or a loadable segment end past its %zu "
+                       "bytes): the bundle is damaged; recompile it",
+                       path, len);
     return MEGAC_OK;
 }
 

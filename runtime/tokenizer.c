@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct { uint32_t lo, hi; } TokRange;
 #include "runtime/tok_unicode.inc"
@@ -1069,6 +1070,12 @@ static unsigned char *tok_slurp(const char *path, size_t *len, char *err, size_t
     FILE *f = fopen(path, "rb");
     if (!f) {
         snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) { /* a FIFO or /dev/zero would never end */
+        snprintf(err, errlen, "%s: not a regular file", path);
+        fclose(f);
         return NULL;
     }
     unsigned char *buf = NULL;

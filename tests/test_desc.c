@@ -626,6 +626,35 @@ Test(desc, diag_empty_config)
     unlink(path);
 }
 
+/* rope_scaling with a factor but no rope_type (or type): which scaling it
+ * is cannot be guessed, so it is refused, not dropped (transformers
+ * refuses it too). */
+Test(desc, diag_rope_scaling_without_type)
+{
+    char path[] = "/tmp/megac_ropecfg_XXXXXX", text[256];
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    const char *cfg = "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2,\n"
+                      " \"num_attention_heads\": 4, \"vocab_size\": 300, \"max_position_embeddings\": 64,\n"
+                      " \"rope_scaling\": {\"factor\": 32.0, \"low_freq_factor\": 1.0}}\n";
+    cr_assert_eq(write(fd, cfg, strlen(cfg)), (ssize_t)strlen(cfg));
+    close(fd);
+    snprintf(text, sizeof text, BASE "arch: {from-config: %s}\n", path);
+    ModelDesc m;
+    Arena a = {0};
+    Diag d;
+    diag_init(&d);
+    memset(errs, 0, sizeof errs);
+    d.out = fmemopen(errs, sizeof errs - 1, "w");
+    cr_assert_not(desc_parse(&m, &a, "models/x.yaml", text, strlen(text), NULL, 0, &d));
+    fclose(d.out);
+    cr_assert(strstr(errs, ":3:19: error: 'rope_scaling' has 'factor' but no 'rope_type' (or 'type'): say which "
+                           "RoPE scaling it is"),
+              "%s", errs);
+    arena_free(&a);
+    unlink(path);
+}
+
 Test(desc, desc_check_by_hand)
 {
     ModelDesc m;

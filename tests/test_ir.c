@@ -215,6 +215,27 @@ Test(sched_text, errors_buffer_too_large)
     cr_assert(strstr(e, "t.sched:3:8: error: buffer 'embed' has too many elements\n"), "%s", e);
 }
 
+/* Each term of a range bound is at most 2^50, but many of them add up past
+ * int64: an error at the term, not a signed overflow. */
+Test(sched_text, errors_range_bound_too_large)
+{
+    int n;
+    char *big = malloc(1 << 20);
+    int k = snprintf(big, 1 << 20, "%sbuffer x f32 [4] scratch\nworker 0\n  op rmsnorm(n=4) x: r x[0:", HDR);
+    for (int i = 0; i < 2000; i++)
+        k += snprintf(big + k, (size_t)(1 << 20) - (size_t)k, "%s1125899906842624*pos", i ? "+" : "");
+    snprintf(big + k, (size_t)(1 << 20) - (size_t)k, "], w: r x[0:4], out: w x[0:4]\n");
+    char *e = parse_errors(big, &n);
+    cr_assert(strstr(e, "error: the range bound's sum of pos terms is too large"), "%s", e);
+    k = snprintf(big, 1 << 20, "%sbuffer x f32 [4] scratch\nworker 0\n  op rmsnorm(n=4) x: r x[0:", HDR);
+    for (int i = 0; i < 2000; i++)
+        k += snprintf(big + k, (size_t)(1 << 20) - (size_t)k, "%s1125899906842624", i ? "-" : "-");
+    snprintf(big + k, (size_t)(1 << 20) - (size_t)k, "], w: r x[0:4], out: w x[0:4]\n");
+    e = parse_errors(big, &n);
+    cr_assert(strstr(e, "error: the range bound's sum of constants is too large"), "%s", e);
+    free(big);
+}
+
 /* A long source line prints as a window of 100 bytes around the caret, with
  * "..." for what was left out, so a minified JSON file does not flood stderr. */
 static char *diag_snippet(const char *text, int line, int col)

@@ -564,6 +564,37 @@ Test(runtime, refuses_a_damaged_kernel)
     remove_bundle(dir);
 }
 
+/* /dev/zero (or a FIFO) in place of a bundle's file is an error, not an
+ * endless read; a kernel.so cut short, its manifest rewritten to match the
+ * cut, is refused before dlopen, which would die of SIGBUS on it. */
+Test(runtime, refuses_special_files_and_a_cut_kernel)
+{
+    char *dir = make_bundle(2);
+    static const struct {
+        const char *name;
+        megac_status st;
+    } files[] = {{"schedule.sched", MEGAC_ERR_IO}, {"tokenizer.bin", MEGAC_ERR_FORMAT}, {"manifest.yaml", MEGAC_ERR_IO}};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[1024], keep[1100];
+        snprintf(path, sizeof path, "%s/%s", dir, files[i].name);
+        snprintf(keep, sizeof keep, "%s.orig", path);
+        cr_assert_eq(rename(path, keep), 0);
+        cr_assert_eq(symlink("/dev/zero", path), 0);
+        expect_refusal(dir, files[i].st, files[i].name, "not a regular file");
+        cr_assert_eq(unlink(path), 0);
+        cr_assert_eq(rename(keep, path), 0);
+    }
+    size_t slen, klen;
+    char *sched = read_whole(dir, "schedule.sched", &slen), *k = read_whole(dir, "kernel.so", &klen);
+    cr_assert_gt(klen, 8192);
+    write_file(dir, "kernel.so", k, 4096);
+    write_manifest(dir, 2, fnv1a(sched, slen));
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "not a whole ELF file");
+    free(sched);
+    free(k);
+    remove_bundle(dir);
+}
+
 /* `megac bench` on the toy bundle: its last line has the four figures. */
 Test(runtime, bench_reports_rate_and_ceiling)
 {

@@ -880,6 +880,20 @@ Test(weights, gguf_bad_metadata)
               "%s", err);
     weights_free(&w);
     free(path);
+
+    /* block_count lowered to 1 and described so: blk.1.* would be dropped */
+    memcpy(b, raw, n);
+    u32 = 1;
+    memcpy(b + gguf_kv_at(raw, n, "llama.block_count") + 4, &u32, 4);
+    path = tmp_path("bc1.gguf");
+    write_bytes(path, b, n);
+    desc_gguf(&m, path);
+    m.n_layers = 1;
+    cr_assert_not(load_capture(&w, &m, err, sizeof err), "a file with a layer more than described loaded");
+    cr_assert(strstr(err, "bc1.gguf: error: tensor 'blk.1.attn_norm.weight': the file has more layers than the "
+                          "model description's n_layers (1)"),
+              "%s", err);
+    free(path);
     free(b);
     free(raw);
 }

@@ -220,8 +220,15 @@ bool val_structure_check(Val *v)
     for (uint32_t w = 0; w < v->nw; w++)
         for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
             const Inst *in = val_inst(v, w, t);
-            if (in->kind == INST_SIGNAL)
-                v->ctotal[in->counter] += in->amount;
+            if (in->kind != INST_SIGNAL)
+                continue;
+            uint64_t before = v->ctotal[in->counter];
+            v->ctotal[in->counter] += in->amount;
+            if (before <= UINT32_MAX && v->ctotal[in->counter] > UINT32_MAX)
+                val_error(v, &v->r->nstructure, in->line,
+                          "structure: worker %u inst %u: counter %s's signals add up to more than its 32 bits hold "
+                          "(%u): it would wrap",
+                          w, t, s->ctrs[in->counter].name, UINT32_MAX);
         }
     for (uint32_t w = 0; w < v->nw; w++)
         for (uint32_t t = 0; t < s->workers[w].ninst; t++) {

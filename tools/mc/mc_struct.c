@@ -14,6 +14,7 @@
 #include "tools/mc/mc_int.h"
 
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 bool mc_fail(Mc *m, bool *flag, const char *fmt, ...)
@@ -343,7 +344,21 @@ bool mc_structure_check(Mc *m)
                 return mc_fail(m, &m->r->structure, "w%u i%u: bad counter or amount 0", w, t);
             }
         }
-    return true;
+    /* the kernels' counters are 32 bits: a counter's signals must not
+     * add up past them */
+    uint64_t *sum = xcalloc(s->nctrs ? s->nctrs : 1, sizeof *sum);
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
+            const Inst *in = &s->workers[w].insts[t];
+            if (in->kind == INST_SIGNAL)
+                sum[in->counter] += in->amount;
+        }
+    bool ok = true;
+    for (uint32_t c = 0; c < s->nctrs && ok; c++)
+        if (sum[c] > UINT32_MAX)
+            ok = !mc_fail(m, &m->r->structure, "counter %u: signals add up to %llu", c, (unsigned long long)sum[c]);
+    free(sum);
+    return ok;
 }
 
 /* A persistent kernel's blocks must all be resident at once. */
