@@ -339,6 +339,22 @@ Test(lower, stage_structure)
     free(m);
 }
 
+/* An eviction budget that holds max_seq positions never evicts: the layer
+ * lowers as a full cache (H2O's score sums included: no [kv][0] buffer). */
+Test(lower, budget_past_max_seq_is_a_full_cache)
+{
+    ModelDesc *m = toy(64, 128, 2, 4, 2, 16, 300, 128);
+    m->kv[1] = (KvPolicy){KV_H2O, 256, 0, 16};
+    Schedule *s = lower(m, "cpu", 2);
+    cr_assert_eq(sched_find_buffer(s, "acc.1"), -1);
+    cr_assert_eq(sched_find_buffer(s, "meta.1"), -1);
+    int64_t kc = sched_find_buffer(s, "kc.1");
+    cr_assert_eq(s->bufs[kc].shape[1], 128, "full cache rows");
+    check_all(s, true);
+    sched_free(s);
+    free(m);
+}
+
 static void expect_reject(ModelDesc *m, const char *what)
 {
     char buf[1024] = {0};

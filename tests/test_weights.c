@@ -275,6 +275,14 @@ Test(weights, llama2c_bad_inputs)
     desc_tiny(&m, WFMT_LLAMA2C, "/nonexistent/x.bin");
     expect_error(&m, "cannot open");
 
+    char *vmin = tmp_path("vocab_min.bin"); /* vocab_size INT32_MIN: no |vocab| to take */
+    int32_t minv = INT32_MIN;
+    memcpy(raw + 20, &minv, 4);
+    write_bytes(vmin, raw, size);
+    desc_tiny(&m, WFMT_LLAMA2C, vmin);
+    expect_error(&m, "header: vocab_size is -2147483648");
+    free(vmin);
+
     free(big);
     free(raw);
     free(trunc);
