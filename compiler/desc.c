@@ -385,6 +385,8 @@ static const char *path_resolve(Ctx *c, const char *p)
     const char *dir = c->m->dir;
     if (p[0] == '/' || strcmp(dir, ".") == 0)
         return arena_strdup(c->a, p);
+    if (strcmp(p, ".") == 0) /* the folder itself (an HF checkpoint's weights): DIR, not DIR/. */
+        return arena_strdup(c->a, dir);
     size_t n = strlen(dir);
     return arena_printf(c->a, "%s%s%s", dir, dir[n - 1] == '/' ? "" : "/", p);
 }

@@ -1121,7 +1121,7 @@ Test(desc, hf_checkpoint_folder_is_a_description)
     cr_assert_eq(m.rope_pairing, ROPE_HALF);
     cr_assert_eq(m.tok_format, TOKFMT_NONE, "no tokenizer.json in the folder");
     cr_assert_str_eq(m.arch_path, WFIX "/sharded/config.json");
-    cr_assert_str_eq(m.weights_path, WFIX "/sharded/.");
+    cr_assert_str_eq(m.weights_path, WFIX "/sharded");
     arena_free(&a);
 
     cr_assert_not(load_path(&m, &a, WFIX, NULL, 0));
