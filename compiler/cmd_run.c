@@ -410,7 +410,8 @@ static bool run_ref_encode(RunRef *r, const char *prompt)
     r->nprompt = tok_encode(r->tok, text, add_bos, r->prompt, cap);
     r->bos_added = add_bos;
     if (r->nprompt < 1) {
-        fprintf(stderr, "megac run: the prompt could not be encoded\n");
+        fprintf(stderr, "megac run: the prompt gives no tokens: the tokenizer adds no BOS to it, and none of its "
+                        "characters has a piece or a byte token\n");
         return false;
     }
     for (int i = 0; i < r->nprompt; i++) {

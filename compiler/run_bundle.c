@@ -281,9 +281,12 @@ static int prompt_encode(megac_model *m, const char *prompt, int **ids, int *bos
     *ids = xmalloc(sizeof(int) * (size_t)cap);
     *bos = megac_wants_bos(m, text);
     int n = megac_encode(m, text, *bos, *ids, cap);
-    if (n < 1)
+    if (n < 0)
         fprintf(stderr, "megac run: cannot tokenize the prompt: %s\n", megac_error(m));
-    return n;
+    else if (n == 0)
+        fprintf(stderr, "megac run: the prompt gives no tokens: the tokenizer adds no BOS to it, and none of its "
+                        "characters has a piece or a byte token\n");
+    return n < 1 ? -1 : n;
 }
 
 /* Whether the bundle's tokenizer encodes piece as one token (a special
