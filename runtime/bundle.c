@@ -270,7 +270,6 @@ megac_status rt_manifest_parse(RtManifest *man, const char *path, const char *te
     return MEGAC_OK;
 }
 
-/* Reads a whole small file into a malloc'd buffer. */
 /* A file's bytes, NUL-terminated; NULL with errno set on failure (EINVAL:
  * not a regular file, so that a FIFO or /dev/zero in a bundle is an
  * error, not an endless read: slurp_error says so). */
