@@ -304,6 +304,10 @@ static const char *node_str(Ctx *c, const DocNode *n, const char *what)
         ctx_error(c, n, "expected a string for '%s', found %s", what, doc_kind_name(n->kind));
         return NULL;
     }
+    if (strlen(n->str) != n->len) { /* "a\x00b": the C string would stop at the NUL */
+        ctx_error(c, n, "'%s' contains a NUL character", what);
+        return NULL;
+    }
     return n->str;
 }
 

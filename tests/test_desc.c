@@ -558,6 +558,16 @@ Test(desc, diag_unsupported_knobs)
                   "      |                                                                   ^\n");
 }
 
+Test(desc, diag_nul_in_string)
+{
+    expect_errors("name: \"a\\x00b\"\narch: {dim: 64, hidden_dim: 128, n_layers: 4, n_heads: 4, vocab_size: 300, "
+                  "max_seq: 64}\nweights: {format: synthetic}\n",
+                  NULL, 0,
+                  "models/x.yaml:1:7: error: 'name' contains a NUL character\n"
+                  "    1 | name: \"a\\x00b\"\n"
+                  "      |       ^\n");
+}
+
 Test(desc, diag_kv_dtype)
 {
     expect_errors(BASE ARCH "compile:\n  kv_dtype: f8\n", NULL, 0,
