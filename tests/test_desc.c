@@ -1063,10 +1063,14 @@ Test(desc, from_gguf_errors)
                   "      |                   ^\n");
 }
 
+/* A one-layer synthetic model for the tests that add a key to it. */
+#define TINY_T                                                                                                    \
+    "name: t\narch: {dim: 16, hidden_dim: 8, n_layers: 1, n_heads: 2, vocab_size: 9, max_seq: 4}\n"                \
+    "weights: {format: synthetic}\n"
+
 Test(desc, rope_factors_in_yaml)
 {
-    const char *base = "name: t\narch: {dim: 16, hidden_dim: 8, n_layers: 1, n_heads: 2, vocab_size: 9, max_seq: 4}\n"
-                       "weights: {format: synthetic}\n";
+    const char *base = TINY_T;
     char text[512];
     snprintf(text, sizeof text, "%srope: {scaling: {type: factors, factors: [1, 2, 4.5, 8]}}\n", base);
     ModelDesc m;
@@ -1146,8 +1150,7 @@ Test(desc, hf_checkpoint_folder_is_a_description)
  * eos, the others end generation too. */
 Test(desc, eos_lists)
 {
-    const char *base = "name: t\narch: {dim: 16, hidden_dim: 8, n_layers: 1, n_heads: 2, vocab_size: 9, max_seq: 4}\n"
-                       "weights: {format: synthetic}\n";
+    const char *base = TINY_T;
     char text[512];
     snprintf(text, sizeof text, "%seos: [5, 7, 8]\n", base);
     ModelDesc m;

@@ -2807,7 +2807,19 @@ static uint16_t kv_bf16_bits(float f)
     return (uint16_t)(u >> 16);
 }
 
-/* Cache elements [j, j+n) of p = src[0:n], rounded to nearest even. */
+typedef float v8fu __attribute__((vector_size(32), aligned(4)));
+
+/* Eight floats to f16 by vcvtps2ph, rounding to nearest even (imm 0): the
+ * bits of kv_f16_bits for every number; a NaN keeps its payload's top bits
+ * where kv_f16_bits writes 0x200 (a NaN either way). */
+static ISA_AVX2 void isa_avx2_f16x8_put(const float *src, uint16_t *out)
+{
+    v8i16 h = __builtin_ia32_vcvtps2ph256(*(const v8fu *)src, 0);
+    memcpy(out, &h, 16);
+}
+
+/* Cache elements [j, j+n) of p = src[0:n], rounded to nearest even (f16
+ * eight at a time where the CPU has F16C: kv_append runs every step). */
 static void kv_put(int kt, void *p, int64_t j, const float *src, int64_t n)
 {
     if (kt == DT_F32) {
@@ -2815,7 +2827,11 @@ static void kv_put(int kt, void *p, int64_t j, const float *src, int64_t n)
         return;
     }
     uint16_t *o = (uint16_t *)p + j;
-    for (int64_t i = 0; i < n; i++)
+    int64_t i = 0;
+    if (kt == DT_F16 && (megac_k_isa & KT_ISA_AVX2))
+        for (; i + 8 <= n; i += 8)
+            isa_avx2_f16x8_put(src + i, o + i);
+    for (; i < n; i++)
         o[i] = kt == DT_F16 ? kv_f16_bits(src[i]) : kv_bf16_bits(src[i]);
 }
 
@@ -2994,8 +3010,7 @@ static inline __attribute__((always_inline)) void attn_chunk_kt(int kt, float *p
             memcpy(raw + g * rstride + t0, sc[g], (size_t)n * sizeof(float));
     for (int64_t g = 0; g < G; g++)
         attn_softmax_step(p + g * (hd + 2), sc[g], n, hd);
-    for (int64_t i = 0; i < n; i += 4)
-        ws_read(ws, (n - i < 4 ? n - i : 4) * rowb);
+    ws_read(ws, n * rowb);
     /* each head over the whole chunk: its outputs stay in registers (per
      * four rows, loading and storing them cost as much as the FMAs) */
     const float *vr = kv_rows(kt, v, n * hd, rows);
