@@ -252,10 +252,11 @@ static int layer_policy(const ModelDesc *m, int l)
                                                                                            : KV_POLICY_TOVA;
 }
 
-/* Whether layer l's attention writes scores for its eviction policy. */
+/* Whether layer l's attention writes scores for its eviction policy (a
+ * cache that never fills evicts nothing: it is lowered dense). */
 static bool layer_scores(const ModelDesc *m, int l)
 {
-    return m->kv[l].kind == KV_H2O || m->kv[l].kind == KV_TOVA;
+    return (m->kv[l].kind == KV_H2O || m->kv[l].kind == KV_TOVA) && layer_cap(m, l);
 }
 
 /* Quest's page size on layer l (a page longer than the context is the

@@ -435,8 +435,9 @@ Test(lower, cli)
 
 /* Sparse and eviction knobs at their extremes lower to schedules the
  * validator proves safe: a Quest page longer than the context, budgets
- * and windows past it (lowered as full or as one page), the smallest
- * budgets. */
+ * and windows past it (lowered as full or as one page: an H2O or TOVA
+ * budget past max_seq once lowered its attention in nsplit splits but
+ * combined one, reading partials nothing wrote), the smallest budgets. */
 Test(lower, sparse_knob_extremes_validate)
 {
     static const struct {
@@ -456,8 +457,10 @@ Test(lower, sparse_knob_extremes_validate)
         {{ATTN_DENSE, 0, 0, 0, 0}, {KV_SNAPKV, 511, 0, 510}},
         {{ATTN_DENSE, 0, 0, 0, 0}, {KV_SNAPKV, 2000000000, 0, 32}},
     };
+    static const int workers[] = {1, 3, 5, 40}; /* 40: several splits per kv head */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        for (int w = 1; w <= 5; w += 2) {
+        for (size_t wi = 0; wi < sizeof workers / sizeof workers[0]; wi++) {
+            int w = workers[wi];
             ModelDesc *m = stories260k();
             for (int l = 0; l < m->n_layers; l++) {
                 m->attn[l] = cases[i].a;
