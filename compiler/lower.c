@@ -15,14 +15,19 @@
  *              q/k/v rows = rmsnorm(x)*attn_norm . Wq|Wk|Wv (+ bias), the
  *              concatenated rows tiled over all workers by weight bytes
  *                                                                      -> signal qkv.l
- *   attn.l     wait qkv.l; task (h, s) for kv head h and split s < nsplit,
- *              on worker (h*nsplit + s) % W, nsplit = max(1, W / kv_heads):
- *                s == 0: rope q heads of group h and k head h, kv_append h
- *                        (-> signal kv.l.h when nsplit > 1)
- *                s >  0: wait kv.l.h >= 1
- *                attn(h, s) partials; s < nsplit-1: signal attn.l.h
- *                s == nsplit-1: wait attn.l.h >= nsplit-1, attn_combine h
- *                                                                      -> signal comb.l
+ *   attn.l     wait qkv.l; kv head h cut into nsplit contiguous splits
+ *              (lower_attn_nsplit: from W / kv_heads up, until the busiest
+ *              worker attends at most 1.05x its share), piece h*nsplit + s
+ *              on worker i (pieces <= W) or in contiguous runs of pieces
+ *              per worker (3 heads on 2 workers: 2 splits, 1.5 heads each);
+ *              a worker's pieces of head h:
+ *                the first piece's worker: rope q heads of group h and k
+ *                        head h, kv_append h (-> signal kv.l.h when another
+ *                        worker holds pieces of h)
+ *                the others: wait kv.l.h
+ *                attn(h, s) partials of its pieces; the last piece's
+ *                worker: wait attn.l.h (the others' pieces), attn_combine h;
+ *                the others: signal attn.l.h                   -> signal comb.l
  *   o.l        wait comb.l; x[rows] += Wo[rows] . att, tiled by bytes   -> signal o.l
  *   ffn.l      wait o.l; gate and up rows = rmsnorm(x)*ffn_norm . Wg|Wu,
  *              then hb = silu(gate)*up on the same rows (same worker)   -> signal ffn.l
@@ -40,9 +45,11 @@
  * the increments to its counter) and observes every signal.
  *
  * Deadlock freedom: every worker emits the stages in the same order; a
- * stage's tasks only wait on earlier stages, and inside the attention stage
- * task i only waits on tasks j < i of the same head, which precede it on
- * every worker (tasks are dealt round-robin in index order).
+ * stage's tasks only wait on earlier stages. Inside the attention stage a
+ * worker takes its heads last to first, so it writes the cache of the head
+ * it shares with the next worker before any wait; a kv.l.h wait is thus
+ * always met, and an attn.l.h wait waits on pieces that wait on nothing
+ * else.
  *
  * Weight dtypes: each weight buffer has the dtype its tensor is stored in
  * (lower_model_weights: as loaded and quantized, GGUF blocks included;
@@ -67,8 +74,11 @@
 #define LOWER_MIN_TILE_BYTES (16 * 1024)
 /* Smallest embedding tile, in elements. */
 #define LOWER_MIN_EMBED_TILE 512
-/* KV rows per attention block (splits interleave blocks). */
+/* KV rows per attention block (a split takes a contiguous run of them). */
 #define LOWER_ATTN_BLOCK 32
+/* How far above its share of the attention the busiest worker may be
+ * before the heads are cut into more splits (lower_attn_nsplit). */
+#define LOWER_ATTN_SLACK 1.05
 
 typedef struct Lower {
     const ModelDesc *m;
@@ -527,35 +537,75 @@ static void lower_qkv_stage(Lower *L, int l)
     lower_gemv_stage(L, seg, 3, L->x, lower_w(L, l, "attn_norm"), m->dim, false, lower_counter(L, name));
 }
 
-/* Task (h, s) of the attention stage; see the file comment. */
-static void lower_attn_task(Lower *L, int l, int h, int sp, int ns, const uint32_t *kv_ctr,
-                            const uint32_t *attn_ctr, int *ncomb)
+/* Splits per kv head for nkv heads on nw workers, at most maxsplit: the
+ * fewest, from nw / nkv up, whose busiest worker (lower_piece_worker)
+ * attends at most LOWER_ATTN_SLACK times its share, nkv / nw heads; else
+ * the one that comes closest. 3 heads on 2 workers: 2 splits (1.5 heads
+ * each, not 2 and 1); 3 on 132: 44; 8 on 132: 16 (1.03). */
+static int lower_attn_nsplit(int nkv, int nw, int maxsplit)
 {
-    int w = (h * ns + sp) % L->nw;
+    int ns0 = nw / nkv < 1 ? 1 : nw / nkv > maxsplit ? maxsplit : nw / nkv, best = ns0;
+    double best_r = 0;
+    for (int ns = ns0; ns <= nw && ns <= maxsplit; ns++) {
+        int n = nkv * ns, most = (n + nw - 1) / nw;
+        double r = (double)most / ns * nw / nkv;
+        if (r <= LOWER_ATTN_SLACK)
+            return ns;
+        if (best_r == 0 || r < best_r)
+            best = ns, best_r = r;
+    }
+    return best;
+}
+
+/* The worker of piece i = h*ns + s of the attention stage's n pieces:
+ * piece i on worker i while there are enough workers, else contiguous
+ * runs of pieces, one run per worker (the runs differ by at most one). */
+static int lower_piece_worker(const Lower *L, int i, int n)
+{
+    return n <= L->nw ? i : (int)((int64_t)i * L->nw / n);
+}
+
+/* Worker w's pieces of kv head h on layer l (ns splits, pieces [i0, i1)
+ * of the head on w): the first piece ropes q and k, writes the cache
+ * and, when other workers hold pieces of the head, signals kv.l.h; the
+ * others wait for it. The worker of the last piece waits for the other
+ * workers' pieces (attn.l.h) and combines; the others signal attn.l.h. */
+static void lower_attn_pieces(Lower *L, int w, int l, int h, int ns, int i0, int i1, const uint32_t *kv_ctr,
+                              const uint32_t *attn_ctr, int *ncomb)
+{
+    int n = L->m->n_kv_heads * ns, first = h * ns, last = first + ns - 1;
+    bool shared = lower_piece_worker(L, first, n) != lower_piece_worker(L, last, n);
     lower_stage_enter(L, w);
-    if (sp == 0) {
+    if (i0 == first) {
         lower_rope(L, w, L->q, h * L->G, (h + 1) * L->G);
         lower_rope(L, w, L->k, h, h + 1);
         lower_kv_write(L, w, l, h);
-        if (ns > 1)
+        if (shared)
             lower_signal(L, w, kv_ctr[h], 1);
     } else {
         lower_join(L, w, kv_ctr[h]);
     }
-    lower_layer_attn(L, w, l, h, sp, ns);
-    if (sp < ns - 1) {
+    for (int i = i0; i < i1; i++)
+        lower_layer_attn(L, w, l, h, i - first, ns);
+    if (i1 - 1 < last) {
         lower_signal(L, w, attn_ctr[h], 1);
         return;
     }
-    if (ns > 1)
+    if (i0 != first)
         lower_join(L, w, attn_ctr[h]);
     lower_attn_combine(L, w, h, ns);
     ncomb[w]++;
 }
 
+/* The attention stage of layer l: kv head h is cut into ns splits, and
+ * piece h*ns + s goes to lower_piece_worker. Each worker takes its heads
+ * last to first: a head it shares with the next worker (whose first
+ * piece it holds) comes first, so that kv.l.h is signalled before any
+ * wait of the stage; a head it shares with the worker before comes last.
+ * Workers are emitted in order, so every join sees all its signals. */
 static void lower_attn_stage(Lower *L, int l)
 {
-    int nkv = L->m->n_kv_heads, ns = layer_nsplit(L, l);
+    int nkv = L->m->n_kv_heads, ns = layer_nsplit(L, l), n = nkv * ns;
     char name[48];
     uint32_t *kv_ctr = xcalloc((size_t)nkv, sizeof *kv_ctr), *attn_ctr = xcalloc((size_t)nkv, sizeof *attn_ctr);
     int *ncomb = xcalloc((size_t)L->nw, sizeof *ncomb);
@@ -568,8 +618,15 @@ static void lower_attn_stage(Lower *L, int l)
     snprintf(name, sizeof name, "comb.%d", l);
     uint32_t comb = lower_counter(L, name);
     lower_stage_begin(L);
-    for (int i = 0; i < nkv * ns; i++)
-        lower_attn_task(L, l, i / ns, i % ns, ns, kv_ctr, attn_ctr, ncomb);
+    for (int w = 0, i = 0; w < L->nw && i < n; w++) {
+        int i0 = i;
+        while (i < n && lower_piece_worker(L, i, n) == w)
+            i++;
+        for (int h = (i - 1) / ns; i0 < i && h >= i0 / ns; h--) {
+            int a = h * ns > i0 ? h * ns : i0, b = (h + 1) * ns < i ? (h + 1) * ns : i;
+            lower_attn_pieces(L, w, l, h, ns, a, b, kv_ctr, attn_ctr, ncomb);
+        }
+    }
     for (int w = 0; w < L->nw; w++)
         if (ncomb[w])
             lower_signal(L, w, comb, (uint32_t)ncomb[w]);
@@ -848,9 +905,8 @@ Schedule *lower_model_weights(const ModelDesc *m, const Weights *w, const Target
     Lower L = {.m = m, .w = w, .nw = nw, .hd = m->head_dim, .G = m->n_heads / m->n_kv_heads, .prev = UINT32_MAX,
                .evict_pending = -1};
     L.fused = m->n_kv_heads % nw == 0;
-    L.nsplit = L.fused ? 1 : nw / m->n_kv_heads;
     int maxsplit = (m->max_seq + LOWER_ATTN_BLOCK - 1) / LOWER_ATTN_BLOCK;
-    L.nsplit = L.nsplit < 1 ? 1 : L.nsplit > maxsplit ? maxsplit : L.nsplit;
+    L.nsplit = L.fused ? 1 : lower_attn_nsplit(m->n_kv_heads, nw, maxsplit);
     L.s = sched_new(m->name ? m->name : "model", t->name, nw);
     L.s->shape = lower_shape(m);
     L.in_stage = xcalloc((size_t)nw, sizeof *L.in_stage);

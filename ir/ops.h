@@ -36,7 +36,7 @@
     X(KV_APPEND, "kv_append", "k v kc vc", "h",                                             \
       "kc[h][pos][:] = k[h*hd:(h+1)*hd]; vc[h][pos][:] = v[h*hd:(h+1)*hd]")                 \
     X(ATTN, "attn", "q kc vc part", "h s nsplit block",                                     \
-      "partials over rows t<=pos with (t/block)%nsplit==s for the G q heads of kv head h")   \
+      "partials over split s of rows 0..pos (blocks of `block` rows, cut contiguously)")    \
     X(ATTN_COMBINE, "attn_combine", "part out", "h nsplit",                                 \
       "out[q heads of kv head h] = softmax-weighted merge of the nsplit partials")          \
     X(SILU_MUL, "silu_mul", "g u out", "r0 r1",                                             \
@@ -83,8 +83,13 @@ typedef enum {
  *                       aux = snap (i32 [n_kv_heads][a + 1], read): the
  *                       rows alive at pos (SnapKV state, below)
  * The selected rows, run after run, are cut into blocks of
- * SPARSE_BLOCK; split s takes the blocks j with j % nsplit == s. Partials
- * are laid out as for ATTN (an empty split leaves zeros, -inf, 0).
+ * SPARSE_BLOCK and split as ATTN's rows are (below). Partials are laid
+ * out as for ATTN (an empty split leaves zeros, -inf, 0).
+ *
+ * Splits (ATTN, ATTN_SPARSE): n rows (entries) in nb = ceil(n / block)
+ * blocks; split s of nsplit takes the blocks [s*nb/nsplit, (s+1)*nb/nsplit)
+ * (integer division), so each split reads one contiguous range and the
+ * splits of a head differ by at most one block.
  *
  * Eviction state of a layer (KV_STORE, KV_EVICT):
  *   meta   (i32, class state) [n_kv_heads][cap + 1]: the position each slot

@@ -809,7 +809,7 @@ typedef struct {
 } SpCase;
 
 /* Each split's partial against a double attention over exactly its rows
- * (the entries of its blocks of 32 in the kind's row list): m, l, o/l, or
+ * (the entries of its blocks of 32 in the kind's row list, ir/ops.h): m, l, o/l, or
  * zeros, -inf, 0 when empty; the splits merged in the test against one
  * attention over all the rows. */
 static void sp_case_check(HostKernel *k, const SpCase *c, uint32_t qb, const int *sel, int pos, int ci)
@@ -831,8 +831,9 @@ static void sp_case_check(HostKernel *k, const SpCase *c, uint32_t qb, const int
             for (int sp = 0; sp < c->ns; sp++) {
                 const float *p = part + ((int64_t)(h * c->ns + sp) * SP_G + g) * SP_E;
                 int ns = 0;
+                int nb = (n + SPARSE_BLOCK - 1) / SPARSE_BLOCK; /* split sp: blocks [sp*nb/ns, (sp+1)*nb/ns) */
                 for (int e = 0; e < n; e++)
-                    if ((e / SPARSE_BLOCK) % c->ns == sp)
+                    if (sp * nb / c->ns <= e / SPARSE_BLOCK && e / SPARSE_BLOCK < (sp + 1) * nb / c->ns)
                         srows[ns++] = rows[e];
                 if (ns == 0) {
                     for (int j = 0; j < SP_HD; j++)

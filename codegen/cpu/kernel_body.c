@@ -751,13 +751,33 @@ typedef struct WStream {
     const int64_t *next, *end;  /* instructions still to look at */
     const char *p, *stop;       /* what is left of the range being asked for */
     int64_t ahead;              /* bytes asked for beyond what was read */
-    /* an attention op's rows, as op_attn reads them: blocks of `run` rows
-     * `stride` apart from b0, chunks of ATTN_CHUNK rows in a block, each
-     * chunk's k rows and then its v rows */
+    /* an attention op's rows, as op_attn reads them: rows [t, last) in
+     * chunks of ATTN_CHUNK rows, each chunk's k rows and then its v rows */
     const char *kh, *vh;
-    int64_t rowb, b0, b1, run, stride, t, n, lim;   /* lim: the rows end there */
+    int64_t rowb, t, n, last;
     int in_v;
 } WStream;
+
+/* Split s of nsplit over n entries (rows) cut into blocks of `block`:
+ * entries [*lo, *hi), the blocks [s*nb/nsplit, (s+1)*nb/nsplit) of
+ * nb = ceil(n / block) (ATTN, ATTN_SPARSE in ir/ops.h). */
+static void split_range(int64_t n, int64_t block, int64_t s, int64_t nsplit, int64_t *lo, int64_t *hi)
+{
+    int64_t nb = (n + block - 1) / block, b0 = s * nb / nsplit * block, b1 = (s + 1) * nb / nsplit * block;
+    *lo = b0 < n ? b0 : n;
+    *hi = b1 < n ? b1 : n;
+}
+
+/* Points ws at rows [lo, hi) of the k and v rows kh, vh. */
+static void ws_attn_start(WStream *ws, const char *kh, const char *vh, int64_t rowb, int64_t lo, int64_t hi)
+{
+    ws->kh = kh;
+    ws->vh = vh;
+    ws->rowb = rowb;
+    ws->t = lo;
+    ws->last = hi;
+    ws->n = 0;
+}
 
 /* Moves ws to the next chunk of k or v rows of its attention op; 0 when
  * the op has none left. */
@@ -772,16 +792,11 @@ static int ws_attn_next(WStream *ws)
         return 1;
     }
     ws->t += ws->n;
-    if (ws->t >= ws->b1) {
-        ws->b0 += ws->stride;
-        if (ws->b0 >= ws->lim) {
-            ws->kh = NULL;
-            return 0;
-        }
-        ws->t = ws->b0;
-        ws->b1 = ws->b0 + ws->run <= ws->lim ? ws->b0 + ws->run : ws->lim;
+    if (ws->t >= ws->last) {
+        ws->kh = NULL;
+        return 0;
     }
-    ws->n = ws->b1 - ws->t < ATTN_CHUNK ? ws->b1 - ws->t : ATTN_CHUNK;
+    ws->n = ws->last - ws->t < ATTN_CHUNK ? ws->last - ws->t : ATTN_CHUNK;
     ws->in_v = 0;
     ws->p = ws->kh + ws->t * ws->rowb;
     ws->stop = ws->p + ws->n * ws->rowb;
@@ -801,14 +816,10 @@ static int ws_advance(WStream *ws)
         if (in[KT_OP] == OP_ATTN) {
             int64_t h = in[KT_PARAM], s = in[KT_PARAM + 1], nsplit = in[KT_PARAM + 2], block = in[KT_PARAM + 3];
             int64_t hd = SHAPE(KS_HEAD_DIM), rowb = hd * kv_esize(kv_dtype(in, 1)), off = h * SHAPE(KS_MAX_SEQ) * rowb;
-            ws->kh = (const char *)opnd(ws->a, in, 1) + off;
-            ws->vh = (const char *)opnd(ws->a, in, 2) + off;
-            ws->rowb = rowb;
-            ws->lim = ws->a->pos + 1;
-            ws->run = nsplit == 1 ? ws->a->pos + 1 : block;
-            ws->stride = nsplit == 1 ? ws->a->pos + 1 : nsplit * block;
-            ws->b0 = s * block - ws->stride; /* ws_attn_next steps to the first block */
-            ws->b1 = ws->t = ws->n = 0;
+            int64_t lo, hi;
+            split_range(ws->a->pos + 1, block, s, nsplit, &lo, &hi);
+            ws_attn_start(ws, (const char *)opnd(ws->a, in, 1) + off, (const char *)opnd(ws->a, in, 2) + off, rowb,
+                          lo, hi);
             ws->next += KT_STRIDE;
             if (ws_attn_next(ws))
                 return 1;
@@ -818,12 +829,8 @@ static int ws_advance(WStream *ws)
             /* an evicting layer's filled slots, one run: known before the step */
             int64_t h = in[KT_PARAM], cap = in[KT_PARAM + 4], hd = SHAPE(KS_HEAD_DIM);
             int64_t rowb = hd * kv_esize(kv_dtype(in, 1)), off = h * cap * rowb;
-            ws->kh = (const char *)opnd(ws->a, in, 1) + off;
-            ws->vh = (const char *)opnd(ws->a, in, 2) + off;
-            ws->rowb = rowb;
-            ws->lim = ws->run = ws->stride = ws->a->pos + 1 < cap ? ws->a->pos + 1 : cap;
-            ws->b0 = -ws->stride;
-            ws->b1 = ws->t = ws->n = 0;
+            ws_attn_start(ws, (const char *)opnd(ws->a, in, 1) + off, (const char *)opnd(ws->a, in, 2) + off, rowb, 0,
+                          ws->a->pos + 1 < cap ? ws->a->pos + 1 : cap);
             ws->next += KT_STRIDE;
             if (ws_attn_next(ws))
                 return 1;
@@ -3041,8 +3048,8 @@ static void attn_part_init(float *p, int64_t G, int64_t hd)
     }
 }
 
-/* Partials of split s for the G q heads of kv head h over rows t <= pos
- * with (t / block) % nsplit == s; an empty split leaves zeros, -inf, 0. */
+/* Partials of split s for the G q heads of kv head h over its rows of
+ * [0, pos] (split_range); an empty split leaves zeros, -inf, 0. */
 static void op_attn(const MegacArgs *a, const int64_t *in, WStream *ws)
 {
     const float *q = opnd(a, in, 0);
@@ -3056,15 +3063,11 @@ static void op_attn(const MegacArgs *a, const int64_t *in, WStream *ws)
     attn_part_init(p, G, hd);
     int64_t head = h * SHAPE(KS_MAX_SEQ) * hd * kv_esize(kt);
     const char *kh = kc + head, *vh = vc + head;
-    /* With one split the blocks are back to back: one run of rows. */
-    int64_t run = nsplit == 1 ? a->pos + 1 : block, stride = nsplit == 1 ? a->pos + 1 : nsplit * block;
-    for (int64_t b0 = s * block; b0 <= a->pos; b0 += stride) {
-        int64_t b1 = b0 + run <= a->pos + 1 ? b0 + run : a->pos + 1;
-        for (int64_t t0 = b0; t0 < b1; t0 += ATTN_CHUNK) {
-            int64_t n = b1 - t0 < ATTN_CHUNK ? b1 - t0 : ATTN_CHUNK;
-            attn_chunk(kt, p, q + h * G * hd, kh, vh, t0, n, hd, G, scale, ws, NULL, 0);
-        }
-    }
+    int64_t lo, hi;
+    split_range(a->pos + 1, block, s, nsplit, &lo, &hi);
+    for (int64_t t0 = lo; t0 < hi; t0 += ATTN_CHUNK)
+        attn_chunk(kt, p, q + h * G * hd, kh, vh, t0, hi - t0 < ATTN_CHUNK ? hi - t0 : ATTN_CHUNK, hd, G, scale, ws,
+                   NULL, 0);
 }
 
 /* out[q head] = sum_s o_s * e^(m_s - M) / sum_s l_s * e^(m_s - M) */
@@ -3204,13 +3207,12 @@ static int sparse_next(SparseRuns *r, int64_t *t0, int64_t *t1)
 _Static_assert(SPARSE_BLOCK <= ATTN_CHUNK, "a block of attn_sparse must fit one attention chunk");
 
 /* Partials of split s over the selected rows: their list, run after run,
- * cut into blocks of SPARSE_BLOCK, split s taking blocks j with
- * j % nsplit == s (a block may span two runs: it is then two chunks). One
- * split walks each run in ATTN_CHUNK pieces from its start, as OP_ATTN
- * does, and several take their blocks as single chunks, as OP_ATTN with
- * block 32 does: with every row selected the partials are OP_ATTN's, bit
- * for bit. Slots with b = 1 also store the scaled scores into aux
- * (score[q head][slot], rows t < n only).
+ * cut into blocks of SPARSE_BLOCK, split s taking entries [lo, hi)
+ * (split_range over the n entries). Each run's part of them is walked in
+ * ATTN_CHUNK pieces from its start, as OP_ATTN walks its split's rows:
+ * with every row selected (one run) the partials are OP_ATTN's at block
+ * SPARSE_BLOCK, bit for bit. Slots with b = 1 also store the scaled
+ * scores into aux (score[q head][slot], rows t < n only).
  * Only slots with one split are in the worker's prefetch stream (their
  * rows are [0, n), known before the step; ws_advance walks them as this
  * loop does). Quest's rows depend on sel, written this step, and the
@@ -3240,25 +3242,18 @@ static void op_attn_sparse(const MegacArgs *a, const int64_t *in, WStream *ws)
     SparseRuns r = {kind, pa, pb, a->pos + 1, sel, 0};
     float *raw = kind == SPARSE_SLOTS && pb == 1 && nsplit == 1 && aux ? aux + h * G * pa : NULL;
     WStream none = {.a = a, .ahead = INT64_MAX / 2}, *rs = kind == SPARSE_SLOTS && nsplit == 1 ? ws : &none;
-    int64_t t0, t1, e = 0; /* e: selected rows before the run */
-    while (sparse_next(&r, &t0, &t1)) {
-        if (nsplit == 1) {
-            for (int64_t c = t0; c < t1; c += ATTN_CHUNK)
-                attn_chunk(kt, p, qh, kh, vh, c, t1 - c < ATTN_CHUNK ? t1 - c : ATTN_CHUNK, hd, G, scale, rs, raw,
-                           pa);
-        } else {
-            for (int64_t x = e, end = e + t1 - t0; x < end;) {
-                int64_t j = x / SPARSE_BLOCK, skip = ((s - j % nsplit) + nsplit) % nsplit;
-                if (skip) { /* on to this split's next block */
-                    x = (j + skip) * SPARSE_BLOCK;
-                    continue;
-                }
-                int64_t y = (j + 1) * SPARSE_BLOCK < end ? (j + 1) * SPARSE_BLOCK : end;
-                attn_chunk(kt, p, qh, kh, vh, t0 + x - e, y - x, hd, G, scale, &none, NULL, 0);
-                x = y;
-            }
-        }
-        e += t1 - t0;
+    int64_t t0, t1, lo = 0, hi = INT64_MAX, e = 0; /* e: selected rows before the run */
+    if (nsplit > 1) {
+        int64_t n = 0;
+        for (SparseRuns c = r; sparse_next(&c, &t0, &t1);)
+            n += t1 - t0;
+        split_range(n, SPARSE_BLOCK, s, nsplit, &lo, &hi);
+    }
+    for (; e < hi && sparse_next(&r, &t0, &t1); e += t1 - t0) {
+        int64_t len = t1 - t0, u0 = t0 + (lo <= e ? 0 : lo - e < len ? lo - e : len);
+        int64_t u1 = t0 + (hi - e < len ? hi - e : len);
+        for (int64_t c = u0; c < u1; c += ATTN_CHUNK)
+            attn_chunk(kt, p, qh, kh, vh, c, u1 - c < ATTN_CHUNK ? u1 - c : ATTN_CHUNK, hd, G, scale, rs, raw, pa);
     }
 }
 

@@ -938,21 +938,26 @@ MK_INLINE void mk_attn_store(unsigned warp, unsigned lane, float acc[MK_G][MK_HD
     }
 }
 
+/* Split s of nsplit over n entries (rows) cut into blocks of `block`:
+ * entries [*lo, *hi), the blocks [s*nb/nsplit, (s+1)*nb/nsplit) of
+ * nb = ceil(n / block) (ATTN, ATTN_SPARSE in ir/ops.h). */
+MK_INLINE void mk_split_range(int n, int block, int s, int nsplit, int *lo, int *hi)
+{
+    long long nb = (n + block - 1) / block, b0 = s * nb / nsplit * block, b1 = (s + 1) * nb / nsplit * block;
+    *lo = b0 < n ? (int)b0 : n;
+    *hi = b1 < n ? (int)b1 : n;
+}
+
 /* One warp's online softmax for the G q heads of kv head h over rows
- * t = (s + (idx / block) * nsplit) * block + idx % block, idx = warp,
- * warp + MK_AW, ... up to pos. */
-MK_DEV void mk_attn_warp(const MegacArgs *a, const float *q, const mk_kv *kh, const mk_kv *vh, int h, int s,
-                         int nsplit, int block, unsigned warp, unsigned lane)
+ * lo + warp, lo + warp + MK_AW, ... below hi. */
+MK_DEV void mk_attn_warp(const float *q, const mk_kv *kh, const mk_kv *vh, int h, int lo, int hi, unsigned warp,
+                         unsigned lane)
 {
     float qv[MK_G][MK_HDL], acc[MK_G][MK_HDL], m[MK_G], l[MK_G];
     mk_attn_init(q, h, lane, qv, acc, m, l);
 #pragma unroll 1
-    for (int idx = (int)warp;; idx += MK_AW) {
-        long long t = (long long)(s + (idx / block) * nsplit) * block + idx % block;
-        if (t > a->pos)
-            break;
+    for (long long t = lo + (int)warp; t < hi; t += MK_AW)
         mk_attn_row(kh + t * MK_HD, vh + t * MK_HD, lane, qv, acc, m, l, 0, 0);
-    }
     mk_attn_store(warp, lane, acc, m, l);
 }
 
@@ -982,11 +987,12 @@ MK_DEV void op_attn(const MegacArgs *a, const unsigned *in)
     const float *q = (const float *)mk_opnd(a, in, 0);
     const mk_kv *kc = (const mk_kv *)mk_opnd(a, in, 1), *vc = (const mk_kv *)mk_opnd(a, in, 2);
     float *part = (float *)mk_opnd(a, in, 3);
-    int h = mk_param(in, 0), s = mk_param(in, 1), nsplit = mk_param(in, 2), block = mk_param(in, 3);
+    int h = mk_param(in, 0), s = mk_param(in, 1), nsplit = mk_param(in, 2), lo, hi;
     unsigned tid = mk_tid(), warp = tid >> 5;
+    mk_split_range((int)a->pos + 1, mk_param(in, 3), s, nsplit, &lo, &hi);
     if (warp < MK_AW)
-        mk_attn_warp(a, q, kc + (long long)h * MK_MAX_SEQ * MK_HD, vc + (long long)h * MK_MAX_SEQ * MK_HD, h, s,
-                     nsplit, block, warp, tid & 31u);
+        mk_attn_warp(q, kc + (long long)h * MK_MAX_SEQ * MK_HD, vc + (long long)h * MK_MAX_SEQ * MK_HD, h, lo, hi,
+                     warp, tid & 31u);
     mk_sync();
     mk_attn_merge(part + (long long)(h * nsplit + s) * MK_G * MK_E);
 }
@@ -1063,14 +1069,24 @@ MK_INLINE int mk_rows_at(MkRows r, int pos, int e)
     }
 }
 
+/* How many rows r selects at pos (SnapKV: mk_snap_rows's count). */
+MK_INLINE int mk_rows_count(MkRows r, int pos)
+{
+    int n = 0, r0, len;
+    for (int j = 0; (len = mk_rows_run(r, j, pos, &r0)) >= 0; j++)
+        n += len;
+    return n;
+}
+
 /* Split entries per chunk of op_attn_sparse: a multiple of MK_AW that fits
  * the shared scratch. */
 #define MK_SPCH ((MK_SMEM_FLOATS < 2048 ? MK_SMEM_FLOATS : 2048) / MK_AW * MK_AW)
 
-/* Split s of kv head h over the rows `kind` selects (ops.h): split entry
- * idx is entry (s + (idx / 32) * nsplit) * 32 + idx % 32 of the runs
- * concatenated. In chunks of MK_SPCH split entries, the block writes the
- * rows into mk_sm (as floats: rows < 2^24), then warp w < MK_AW adds rows
+/* Split s of kv head h over the rows `kind` selects (ops.h): its entries
+ * [lo, hi) of the runs concatenated (mk_split_range over their count, in
+ * blocks of MK_SPARSE_BLOCK). In chunks of MK_SPCH split entries, the
+ * block writes the rows into mk_sm (as floats: rows < 2^24), then warp
+ * w < MK_AW adds rows
  * w, w + MK_AW, ... of the chunk to its online softmax: the order
  * mk_attn_warp takes its rows in, so with every row selected the result
  * is op_attn's at block 32. The hot loop keeps no run cursor (the
@@ -1086,11 +1102,15 @@ MK_DEV void op_attn_sparse(const MegacArgs *a, const unsigned *in)
     MkRows rows = {mk_param(in, 3), mk_param(in, 4), mk_param(in, 5), 0};
     if (rows.kind == MK_SPARSE_QUEST)
         rows.sel = (const int *)mk_opnd(a, in, 4) + (long long)h * rows.b;
+    int n, lo, hi;
     if (rows.kind == MK_SPARSE_SNAP) {
         int base;
         rows.sel = (const int *)mk_opnd(a, in, 4) + (long long)h * (rows.a + 1);
-        mk_snap_rows(&rows, pos, &base);
+        n = mk_snap_rows(&rows, pos, &base);
+    } else {
+        n = mk_rows_count(rows, pos);
     }
+    mk_split_range(n, MK_SPARSE_BLOCK, s, nsplit, &lo, &hi);
     int slots = rows.kind == MK_SPARSE_SLOTS, cap = rows.a;
     float *score = slots && rows.b == 1 ? (float *)mk_opnd(a, in, 4) + (long long)h * MK_G * cap : 0;
     long long head = (long long)h * (slots ? cap : MK_MAX_SEQ) * MK_HD;
@@ -1100,9 +1120,8 @@ MK_DEV void op_attn_sparse(const MegacArgs *a, const unsigned *in)
     mk_attn_init(q, h, lane, qv, acc, m, l);
     for (int c0 = 0;; c0 += MK_SPCH) {
         for (int i = (int)tid; i < MK_SPCH; i += MK_THREADS) {
-            int idx = c0 + i;
-            int e = (s + (idx / MK_SPARSE_BLOCK) * nsplit) * MK_SPARSE_BLOCK + idx % MK_SPARSE_BLOCK;
-            mk_sm[i] = (float)mk_rows_at(rows, pos, e);
+            int e = lo + c0 + i;
+            mk_sm[i] = e < hi ? (float)mk_rows_at(rows, pos, e) : -1.0f;
         }
         mk_sync();
         int last = mk_sm[MK_SPCH - 1] < 0.0f;
