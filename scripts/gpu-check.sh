@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu-check.sh - one command for a GPU machine (an H200 by default; 75-95 s
-# there with gpu-pack/): runs the CUDA tests on the device (stories260K and synthetic
+# there with gpu-pack/ before the long-context part, which should add about
+# 80 s: 2000 untimed steps per timed run): runs the CUDA tests on the device (stories260K and synthetic
 # bundles, in f32, bf16, f16, w8a16 and w4a16, decoded next to the reference
 # engine: logits within tolerance, identical greedy tokens, llama2.c's text;
 # the watchdog), measures the device's read-bandwidth ceiling, then
@@ -17,7 +18,12 @@
 # logs. Environment: HBM_GBPS (the vendor's peak, default 4800 for an H200),
 # BENCH_TOKENS (decode steps per run, default 64), MODELS (default
 # "smollm2-135m llama-3.2-1b"), FORMATS (default "bf16 w8a16 w4a16-g128"),
-# TESTS (0 skips the tests).
+# TESTS (0 skips the tests), LONG_CONTEXT (default 2000, 0 skips the
+# long-context benchmarks: SmolLM2 with an f16 cache, sink_window and
+# streaming, each against the dense f32 cache in the same runs),
+# LONG_TOKENS (timed there, default 32), TARGET (a dry run without a GPU:
+# TARGET=host-cuda TESTS=0 MODELS=stories260k FORMATS=bf16 BENCH_TOKENS=4
+# LONG_CONTEXT=8 LONG_TOKENS=2, about 3 minutes on 2 cores).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -41,6 +47,7 @@ case "$cc" in
     12*) target=sm_120 ;;
     *) log "no supported GPU found (compute capability '$cc'); assuming sm_90"; target=sm_90 ;;
 esac
+target=${TARGET:-$target}   # (TARGET=host-cuda: a dry run of the script's logic without a GPU)
 log "target $target; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
 
 # ---- megac, test_cuda and gpubench ----
@@ -188,16 +195,60 @@ EOF
         log "$model $fmt: ${rows[-1]}"
     done
 done
+# ---- long context: f16 cache and sparse attention against dense ----
+# SmolLM2-135M (bf16 weights) decoding from position LONG_CONTEXT (default
+# 2000; 0 skips): where attention reads the cache, which the position-0
+# benchmarks above never do. Each bundle is timed against the dense f32-cache
+# one in the same runs (megac bench --versus): speedup = bundle / dense.
+long=${LONG_CONTEXT:-2000}
+longrows=()
+if [ "$long" -gt 0 ]; then
+    lm=models/smollm2-135m.yaml
+    long_compile() { # NAME [--set ...]: a SmolLM2 bundle with room for the context
+        local k=$1
+        shift
+        run timeout 300 "$megac" compile "$lm" --target "$target" --set quant.default=bf16 --set compile.max_seq=8192 \
+            "$@" -o "$work/long.$k.megac" >"$out/long.$k.compile.log" 2>&1 || echo failed >"$work/long.$k.failed"
+    }
+    log "long context ($long positions): compiling SmolLM2-135M dense, f16 cache, sink_window, streaming"
+    long_compile dense &
+    long_compile f16 --set compile.kv_dtype=f16 &
+    long_compile window --set 'compile.attention=[{layers: all, kind: sink_window, sinks: 4, window: 508}]' &
+    long_compile streaming --set 'compile.kv_policy=[{layers: all, policy: streaming, sinks: 4, window: 508}]' &
+    wait
+    for k in f16 window streaming; do
+        if [ -e "$work/long.$k.failed" ] || [ -e "$work/long.dense.failed" ]; then
+            log "long $k: compile FAILED (see long.$k.compile.log, long.dense.compile.log)"
+            longrows+=("{\"setting\": \"$k\", \"error\": \"compile failed\"}")
+            continue
+        fi
+        if ! run timeout 240 "$megac" bench "$work/long.$k.megac" --versus "$work/long.dense.megac" --context "$long" \
+                -n "${LONG_TOKENS:-32}" --runs 3 --ceiling-mb 64 >"$out/long.$k.bench.log" 2>&1; then
+            log "long $k: bench FAILED (see long.$k.bench.log)"
+            longrows+=("{\"setting\": \"$k\", \"error\": \"bench failed\"}")
+            continue
+        fi
+        ts=$(sed -n 's/^tok_s=\([0-9.]*\).*/\1/p' "$out/long.$k.bench.log")
+        vs=$(sed -n 's/^versus_tok_s=\([0-9.]*\).*/\1/p' "$out/long.$k.bench.log")
+        sp=$(sed -n 's/.*speedup=\([0-9.]*\).*/\1/p' "$out/long.$k.bench.log")
+        longrows+=("{\"setting\": \"$k\", \"context\": $long, \"tok_s\": ${ts:-0}, \"dense_tok_s\": ${vs:-0}, \"speedup\": ${sp:-0}}")
+        log "long $k: ${longrows[-1]}"
+    done
+fi
 rm -rf "$work"
 bench_ok=true
+for r in "${longrows[@]}"; do case "$r" in *'"error"'*) bench_ok=false ;; esac; done
 for r in "${rows[@]}"; do case "$r" in *'"error"'*) bench_ok=false ;; esac; done
 
+printf '%s\n' "${longrows[@]}" >"$out/long.jsonl"
 python3 - "$out" "$target" "$tests_ok" "$gpu_pass" "$gpu_skip" "$hbm" "${read_gbps:-0}" "${rows[@]}" <<'EOF'
 import json, sys
 out, target, tests_ok, gpu_pass, gpu_skip, hbm, rd = sys.argv[1:8]
 rows = [json.loads(r) for r in sys.argv[8:]]
+longrows = [json.loads(l) for l in open(f"{out}/long.jsonl") if l.strip()]
 rep = {"target": target, "tests_passed": tests_ok == "true", "gpu_tests_passed": int(gpu_pass),
-       "gpu_tests_skipped": int(gpu_skip), "hbm_gbps": float(hbm), "read_ceiling_gbps": float(rd), "decode": rows}
+       "gpu_tests_skipped": int(gpu_skip), "hbm_gbps": float(hbm), "read_ceiling_gbps": float(rd), "decode": rows,
+       "long_context": longrows}
 json.dump(rep, open(f"{out}/gpu-check.json", "w"), indent=2)
 md = [f"# megac gpu-check ({target})", "",
       f"CUDA tests: {'passed' if tests_ok == 'true' else 'FAILED'} "
@@ -213,6 +264,14 @@ for r in rows:
               f"{r['baseline_us_per_token']} | {r['speedup_over_baseline']} |")
 md += ["", "GB/s = weight bytes read per token / time per token. megac's time is `megac bench`'s median over 5 runs "
        "and includes the per-step launch, memsets and logits copy; the baseline's is a CUDA graph replayed 300 times."]
+if longrows:
+    md += ["", "Long context (SmolLM2-135M, bf16 weights, `megac bench X --versus dense --context N -n 32 --runs 3`):", "",
+           "| setting | context | tok/s | dense tok/s (same runs) | speedup |", "|---|---|---|---|---|"]
+    for r in longrows:
+        if "error" in r:
+            md.append(f"| {r['setting']} | {r['error']} | | | |")
+        else:
+            md.append(f"| {r['setting']} | {r['context']} | {r['tok_s']} | {r['dense_tok_s']} | {r['speedup']} |")
 open(f"{out}/gpu-check.md", "w").write("\n".join(md) + "\n")
 print("\n".join(md))
 EOF
