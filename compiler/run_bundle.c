@@ -50,26 +50,6 @@ static int on_token(void *user, int token, const char *text)
     return 0;
 }
 
-/* The `target:` line of a bundle's manifest, or "" if unreadable. */
-static void manifest_target(const char *bundle, char *out, size_t cap)
-{
-    char path[4096], line[512];
-    snprintf(path, sizeof path, "%s/manifest.yaml", bundle);
-    out[0] = 0;
-    FILE *f = fopen(path, "r");
-    for (int i = 0; f && i < 64 && fgets(line, sizeof line, f); i++) { /* a manifest is ~20 lines */
-        if (strncmp(line, "target: ", 8) == 0) {
-            size_t n = strcspn(line + 8, "\r\n");
-            n = n < cap - 1 ? n : cap - 1;
-            memcpy(out, line + 8, n);
-            out[n] = 0;
-            break;
-        }
-    }
-    if (f)
-        fclose(f);
-}
-
 /* The compile target of an engine; NULL (reported) if it has none here. */
 static const char *engine_target(RunEngine e)
 {
@@ -386,17 +366,37 @@ static int run_cached(const RunOptions *o)
     return rc;
 }
 
+/* Whether the bundle's manifest names a target the engine runs; if not,
+ * says so at the manifest's target key, before the bundle is opened. */
+static bool bundle_target_fits(const char *bundle, RunEngine e)
+{
+    char target[64];
+    int line = 0, col = 0;
+    if (megac_bundle_target(bundle, target, sizeof target, &line, &col) != MEGAC_OK) {
+        fprintf(stderr, "megac run: %s\n", megac_last_open_error());
+        return false;
+    }
+    if (engine_accepts(e, target))
+        return true;
+    char *path = xasprintf("%s/manifest.yaml", bundle);
+    SrcFile src = {.path = path};
+    bool quoted = srcfile_load(&src, path);
+    Diag d;
+    diag_init(&d);
+    diag_error(&d, &src, line, col, "the bundle was compiled for target '%s', not for engine '%s'; run it with "
+               "--engine %s", target, run_engine_name(e), strncmp(target, "sm_", 3) == 0 ? "cuda" : target);
+    if (quoted)
+        srcfile_free(&src);
+    free(path);
+    return false;
+}
+
 int run_bundle(const RunOptions *o)
 {
     if (!o->model_is_bundle)
         return run_cached(o);
-    char target[64];
-    manifest_target(o->model, target, sizeof target);
-    if (target[0] && !engine_accepts(o->engine, target)) {
-        fprintf(stderr, "megac run: %s was compiled for target '%s', not for engine '%s'\n", o->model, target,
-                run_engine_name(o->engine));
+    if (!bundle_target_fits(o->model, o->engine))
         return 2;
-    }
     megac_model *m = bundle_open(o->model, false);
     if (!m)
         return 2;

@@ -32,6 +32,7 @@ typedef struct RtManifest {
     int format;                 /* RT_FORMAT_VERSION */
     char name[128];
     char target[32];            /* "cpu", "host-cuda", "sm_90", ... */
+    int target_line, target_col;/* where its key is in manifest.yaml */
     char kernel[128];           /* file name inside the bundle */
     uint64_t kernel_bytes;      /* its size */
     uint64_t kernel_hash;       /* FNV-1a of its bytes */
@@ -75,6 +76,10 @@ struct megac_model {
 /* A device backend: opens the kernel, runs one step, closes. */
 struct RtBackend {
     const char *name;
+    /* Before any bundle file past the manifest is read: finds what the
+     * target needs (the CUDA driver and device), so that a bundle for a
+     * device that is not there is refused first. NULL: nothing to find. */
+    megac_status (*prepare)(megac_model *m);
     /* Loads m->dir/m->man.kernel and prepares to run; checks what the kernel
      * says about itself against the manifest. */
     megac_status (*open)(megac_model *m);
@@ -106,7 +111,10 @@ int rt_logits_bad(const float *logits, int n);
 /* Parses manifest.yaml text; errors name `path` and the line. */
 megac_status rt_manifest_parse(RtManifest *man, const char *path, const char *text, size_t len,
                                char *err, size_t errlen);
-/* Reads manifest.yaml, checks schedule.sched against its hash and the
+/* Reads manifest.yaml into m->man and checks that its numbers describe a
+ * model this runtime can drive. */
+megac_status rt_manifest_load(megac_model *m);
+/* After rt_manifest_load: checks schedule.sched against its hash and the
  * kernel file against its size and hash, maps weights.bin (size checked)
  * and loads tokenizer.bin. The kernel's checked bytes stay in
  * m->kernel_image for the backend (rt_bundle_unload frees them). */

@@ -17,7 +17,8 @@
  *   io_tok: OFF               io_logits: OFF           io_next: OFF
  *
  * Checks at open, before any kernel code is loaded: the format version and
- * kernel ABI; bos and eos (-1 or a token id); the io offsets inside the
+ * kernel ABI; the target (runtime.c picks its backend, which finds its
+ * device, before any other file is read); bos and eos (-1 or a token id); the io offsets inside the
  * arena; schedule.sched's hash, then the facts its text states (workers,
  * counters, vocab, max_seq) against the manifest; the kernel file's size
  * and hash (a truncated kernel.so crashes dlopen with SIGBUS);
@@ -260,6 +261,8 @@ megac_status rt_manifest_parse(RtManifest *man, const char *path, const char *te
             snprintf(err, errlen, "%s:%d: error: %s", path, lineno, why);
             return MEGAC_ERR_FORMAT;
         }
+        if (strcmp(line, "target") == 0)   /* the key, cut at its colon; keys start their line */
+            man->target_line = lineno, man->target_col = 1;
     }
     for (int k = 0; k < NKEYS; k++) {
         if (!seen[k]) {
@@ -544,13 +547,45 @@ static megac_status bundle_tokenizer_load(megac_model *m)
     return MEGAC_OK;
 }
 
+megac_status rt_manifest_load(megac_model *m)
+{
+    megac_status st = bundle_manifest_read(m);
+    return st ? st : bundle_manifest_check(m);
+}
+
 megac_status rt_bundle_load(megac_model *m)
 {
     megac_status st;
-    if ((st = bundle_manifest_read(m)) || (st = bundle_manifest_check(m)) || (st = bundle_schedule_check(m)) ||
-        (st = bundle_kernel_check(m)) || (st = bundle_weights_map(m)) || (st = bundle_tokenizer_load(m)))
+    if ((st = bundle_schedule_check(m)) || (st = bundle_kernel_check(m)) || (st = bundle_weights_map(m)) ||
+        (st = bundle_tokenizer_load(m)))
         return st;
     return MEGAC_OK;
+}
+
+megac_status megac_bundle_target(const char *bundle_dir, char *target, size_t cap, int *line, int *col)
+{
+    rt_loose_clear();
+    if (!bundle_dir || !target || cap == 0)
+        return rt_loose_fail(MEGAC_ERR_ARG, "megac_bundle_target: %s",
+                             !bundle_dir ? "no bundle folder given" : "no room for the target given");
+    megac_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return rt_loose_fail(MEGAC_ERR_NOMEM, "megac_bundle_target: out of memory");
+    m->dir = (char *)bundle_dir;
+    megac_status st = bundle_manifest_read(m);
+    if (st)
+        rt_loose_fail(st, "%s", m->err);
+    else if (strlen(m->man.target) >= cap)
+        st = rt_loose_fail(MEGAC_ERR_ARG, "megac_bundle_target: target '%s' does not fit in %zu bytes",
+                           m->man.target, cap);
+    else
+        memcpy(target, m->man.target, strlen(m->man.target) + 1);
+    if (!st && line)
+        *line = m->man.target_line;
+    if (!st && col)
+        *col = m->man.target_col;
+    free(m);
+    return st;
 }
 
 void rt_bundle_unload(megac_model *m)

@@ -2,8 +2,9 @@
  * cuda_backend.c - runs a kernel.sm_XX.cubin (targets sm_80, sm_90,
  * sm_120) through the CUDA driver API, loaded with dlopen (cuda_driver.c).
  *
- * Open: the driver, device 0 (MEGAC_CUDA_DEVICE picks another), a compute
- * capability the cubin runs on, the primary context, cuModuleLoadData of
+ * Prepare (before bundle.c reads any file past the manifest): the driver,
+ * device 0 (MEGAC_CUDA_DEVICE picks another), a compute capability the
+ * cubin runs on. Open: the primary context, cuModuleLoadData of
  * the cubin (its size and hash checked first, by bundle.c), its constants
  * (megac_kernel_abi, megac_schedule_hash, megac_kernel_facts) checked
  * against the manifest, and the co-residency of
@@ -273,7 +274,9 @@ static void cuda_close(megac_model *m)
     m->logits = NULL;
 }
 
-static megac_status cuda_open(megac_model *m)
+/* Before the bundle's other files are read: the driver and a device of
+ * the kernel's architecture. */
+static megac_status cuda_prepare(megac_model *m)
 {
     CudaState *st = calloc(1, sizeof *st);
     if (!st)
@@ -283,9 +286,13 @@ static megac_status cuda_open(megac_model *m)
     if (!cuda_driver_load(&st->drv, err, sizeof err))
         return rt_fail(m, MEGAC_ERR_DEVICE, "%s: cannot run target %s: %s", m->dir, m->man.target, err);
     st->have_drv = true;
-    megac_status s = cuda_device_pick(m, st);
-    if (s)
-        return s;
+    return cuda_device_pick(m, st);
+}
+
+static megac_status cuda_open(megac_model *m)
+{
+    CudaState *st = m->be_state;
+    megac_status s;
     CU_CHECK(m, st, cuDevicePrimaryCtxRetain(&st->ctx, st->dev));
     st->have_ctx = true;
     CU_CHECK(m, st, cuCtxSetCurrent(st->ctx));
@@ -345,6 +352,7 @@ static megac_status cuda_reset(megac_model *m)
 
 const RtBackend rt_cuda_backend = {
     .name = "cuda",
+    .prepare = cuda_prepare,
     .open = cuda_open,
     .step = cuda_step,
     .reset = cuda_reset,

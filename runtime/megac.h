@@ -62,6 +62,12 @@ megac_status megac_open(const char *bundle_dir, megac_model **out);
 void megac_close(megac_model *m);
 const char *megac_error(const megac_model *m);          /* last error of m */
 const char *megac_last_open_error(void);                /* why open failed */
+/* The target a bundle was compiled for ("cpu", "host-cuda", "sm_90", ...),
+ * read from its manifest.yaml alone, and the line and column of its
+ * `target` key there (line, col may be NULL): to refuse a bundle meant for
+ * another device before opening it. On failure the message is in
+ * megac_last_open_error(). */
+megac_status megac_bundle_target(const char *bundle_dir, char *target, size_t cap, int *line, int *col);
 
 /* Model facts. */
 int megac_vocab_size(const megac_model *m);

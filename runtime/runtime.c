@@ -52,12 +52,17 @@ static megac_status model_open(megac_model *m, const char *dir)
     m->dir = strdup(dir);
     if (!m->dir)
         return rt_fail(m, MEGAC_ERR_NOMEM, "out of memory");
-    megac_status st = rt_bundle_load(m);
+    megac_status st = rt_manifest_load(m);
     if (st)
         return st;
     m->be = backend_for(m->man.target);
     if (!m->be)
-        return rt_fail(m, MEGAC_ERR_FORMAT, "%s/manifest.yaml: error: unknown target '%s'", dir, m->man.target);
+        return rt_fail(m, MEGAC_ERR_FORMAT,
+                       "%s/manifest.yaml:%d:%d: error: unknown target '%s' (this runtime runs cpu, host-cuda or "
+                       "sm_XX bundles)",
+                       dir, m->man.target_line, m->man.target_col, m->man.target);
+    if ((m->be->prepare && (st = m->be->prepare(m))) || (st = rt_bundle_load(m)))
+        return st;
     return m->be->open(m);
 }
 

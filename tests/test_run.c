@@ -272,6 +272,42 @@ Test(run_cmd, chat_text)
  * with a message naming the key (these crashed: counters and arena_bytes
  * with SIGSEGV, a truncated kernel.so with SIGBUS); the untouched bundle
  * runs. */
+/* A bundle for another engine is refused at its manifest's target key
+ * (file:line:col, the line and a caret), before the rest of it is read:
+ * here its weights.bin is cut short and that is not what is reported. */
+Test(run_cmd, a_bundle_for_another_engine_is_refused_at_its_target, .timeout = 60)
+{
+    char dir[] = "/tmp/megac-run-target-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char *cmd = xasprintf("%s compile default -q -o %s/b.megac && truncate -s 64 %s/b.megac/weights.bin && "
+                          "cp -r %s/b.megac %s/g.megac && sed -i 's/^target: cpu$/target: sm_90/' "
+                          "%s/g.megac/manifest.yaml",
+                          MEGAC_BIN, dir, dir, dir, dir, dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    free(cmd);
+    static const struct {
+        const char *bundle, *engine, *says;
+    } cases[] = {
+        {"b.megac", "host-cuda", "error: the bundle was compiled for target 'cpu', not for engine 'host-cuda'; "
+                                 "run it with --engine cpu\n    4 | target: cpu\n      | ^\n"},
+        {"g.megac", "cpu", "error: the bundle was compiled for target 'sm_90', not for engine 'cpu'; run it "
+                           "with --engine cuda\n    4 | target: sm_90\n      | ^\n"},
+    };
+    static char out[4096], err[4096];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *args = xasprintf("%s/%s --engine %s -n 4", dir, cases[i].bundle, cases[i].engine);
+        char *at = xasprintf("%s/%s/manifest.yaml:4:1: ", dir, cases[i].bundle);
+        cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2, "%s: %s", args, err);
+        cr_assert(strstr(err, at) && strstr(err, cases[i].says), "%s: stderr lacks '%s%s':\n%s", args, at,
+                  cases[i].says, err);
+        free(at);
+        free(args);
+    }
+    cmd = xasprintf("rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+    free(cmd);
+}
+
 Test(run_cmd, damaged_bundles_are_refused, .timeout = 120)
 {
     static const struct {

@@ -16,6 +16,7 @@
 #include "runtime/tokenizer.h"
 
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -561,6 +562,35 @@ Test(runtime, refuses_a_damaged_kernel)
     cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
     megac_close(m);
     free(k);
+    remove_bundle(dir);
+}
+
+/* The manifest's target is checked before anything past the manifest is
+ * read: with weights.bin cut short, an unknown target is refused at
+ * manifest.yaml's target key, and a CUDA target on a machine without a
+ * driver says so (not that the weights are short). megac_bundle_target
+ * reads the target and where it is from the manifest alone. */
+Test(runtime, target_is_checked_before_the_bundle_loads)
+{
+    char *dir = make_bundle(1);
+    char path[1024], want[1200];
+    snprintf(path, sizeof path, "%s/weights.bin", dir);
+    cr_assert_eq(truncate(path, 64), 0);
+    edit_file(dir, "manifest.yaml", "target: cpu", "target: tpu_1");
+    snprintf(want, sizeof want, "%s/manifest.yaml:4:1: error: unknown target 'tpu_1'", dir);
+    expect_refusal(dir, MEGAC_ERR_FORMAT, want, "cpu, host-cuda or sm_XX");
+    edit_file(dir, "manifest.yaml", "target: tpu_1", "target: sm_90");
+    char target[8];
+    int line = 0, col = 0;
+    cr_assert_eq(megac_bundle_target(dir, target, sizeof target, &line, &col), MEGAC_OK, "%s",
+                 megac_last_open_error());
+    cr_assert(strcmp(target, "sm_90") == 0 && line == 4 && col == 1, "'%s' at %d:%d", target, line, col);
+    cr_assert_eq(megac_bundle_target(dir, target, 4, NULL, NULL), MEGAC_ERR_ARG);
+    void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (cu)
+        dlclose(cu);    /* a driver: the open goes on to the files */
+    else
+        expect_refusal(dir, MEGAC_ERR_DEVICE, "cannot run target sm_90", "no CUDA driver");
     remove_bundle(dir);
 }
 
