@@ -316,6 +316,19 @@ bool run_prompt_fits(int n, int steps, int max_seq)
     return false;
 }
 
+void run_drops_warn(const char *text, int n, int first, size_t at)
+{
+    if (n <= 0)
+        return;
+    fprintf(stderr, "megac run: warning: %d character%s of the prompt ha%s no piece and no byte token in the "
+            "tokenizer and %s dropped (the first: ", n, n == 1 ? "" : "s", n == 1 ? "s" : "ve",
+            n == 1 ? "was" : "were");
+    if (first >= 0)
+        fprintf(stderr, "U+%04X at byte %zu)\n", (unsigned)first, at);
+    else
+        fprintf(stderr, "the byte 0x%02X, not UTF-8, at byte %zu)\n", (unsigned char)text[at], at);
+}
+
 static double run_now(void)
 {
     struct timespec ts;
@@ -407,7 +420,9 @@ static bool run_ref_encode(RunRef *r, const char *prompt)
     bool add_bos = tok_default_bos(r->tok, text);
     int cap = (int)strlen(text) + 8;
     r->prompt = xmalloc(sizeof(int) * (size_t)cap);
-    r->nprompt = tok_encode(r->tok, text, add_bos, r->prompt, cap);
+    TokDrops drops;
+    r->nprompt = tok_encode_drops(r->tok, text, add_bos, r->prompt, cap, &drops);
+    run_drops_warn(text, drops.n, drops.first, drops.first_at);
     r->bos_added = add_bos;
     if (r->nprompt < 1) {
         fprintf(stderr, "megac run: the prompt gives no tokens: the tokenizer adds no BOS to it, and none of its "

@@ -56,6 +56,10 @@ void run_options_free(RunOptions *o);
 /* True when an n-token prompt fits the steps positions run (of a model of
  * max_seq); else says why on stderr, the same for every engine. */
 bool run_prompt_fits(int n, int steps, int max_seq);
+/* Warns once on stderr when encoding dropped n characters of the prompt
+ * (no piece, no byte token): how many, and the first (its code point, -1
+ * if not UTF-8: then text[at] is the byte) with its byte offset. */
+void run_drops_warn(const char *text, int n, int first, size_t at);
 /* The text to encode for o's prompt: the prompt itself, or with --chat
  * the prompt as a user turn (after a --system turn) in the chat format
  * whose special tokens the tokenizer has: ChatML (<|im_start|>: SmolLM2,

@@ -260,7 +260,10 @@ static int prompt_encode(megac_model *m, const char *prompt, int **ids, int *bos
     int cap = (int)strlen(text) + 8;
     *ids = xmalloc(sizeof(int) * (size_t)cap);
     *bos = megac_wants_bos(m, text);
-    int n = megac_encode(m, text, *bos, *ids, cap);
+    int n = megac_encode(m, text, *bos, *ids, cap), first;
+    size_t at;
+    int dropped = megac_encode_dropped(m, &first, &at);
+    run_drops_warn(text, dropped, first, at);
     if (n < 0)
         fprintf(stderr, "megac run: cannot tokenize the prompt: %s\n", megac_error(m));
     else if (n == 0)

@@ -71,6 +71,7 @@ struct megac_model {
     int next;                   /* the kernel's argmax after a step */
     char err[RT_ERR_LEN];
     char piece[512];            /* megac_decode's text */
+    TokDrops drops;             /* what the last megac_encode dropped */
 };
 
 /* A device backend: opens the kernel, runs one step, closes. */

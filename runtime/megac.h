@@ -98,6 +98,12 @@ int megac_position(const megac_model *m);
  * tokenizer's default (BOS first for SPM/byte vocabularies; byte-level BPE
  * only for an empty text). */
 int megac_encode(megac_model *m, const char *text, int add_bos, int *ids, int cap);
+/* How many characters of the text the last megac_encode on m dropped
+ * because the tokenizer has no piece and no byte token for them (0: none;
+ * bytes of such a character that have a token are kept). *first gets the
+ * first one's code point (-1 when its bytes are not UTF-8: text[*at] is
+ * then the byte) and *at its byte offset in the text; either may be NULL. */
+int megac_encode_dropped(const megac_model *m, int *first, size_t *at);
 /* 1 if the tokenizer's default puts BOS before `text` (see above). */
 int megac_wants_bos(const megac_model *m, const char *text);
 /* Text of one token (valid until the next call on m); handles byte pieces

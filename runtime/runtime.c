@@ -221,11 +221,22 @@ int megac_encode(megac_model *m, const char *text, int add_bos, int *ids, int ca
     }
     pthread_mutex_lock(&m->mu);
     m->err[0] = 0;
-    int n = tok_encode(m->tok, text, add_bos < 0 ? tok_default_bos(m->tok, text) : add_bos != 0, ids, cap);
+    int n = tok_encode_drops(m->tok, text, add_bos < 0 ? tok_default_bos(m->tok, text) : add_bos != 0, ids, cap,
+                             &m->drops);
     if (n < 0)
         rt_fail(m, MEGAC_ERR_ARG, "the prompt needs more than %d tokens", cap);
     pthread_mutex_unlock(&m->mu);
     return n;
+}
+
+int megac_encode_dropped(const megac_model *m, int *first, size_t *at)
+{
+    NEED_MODEL(m, "megac_encode_dropped", 0);
+    if (first)
+        *first = m->drops.n ? m->drops.first : -1;
+    if (at)
+        *at = m->drops.n ? m->drops.first_at : 0;
+    return m->drops.n;
 }
 
 const char *megac_decode(megac_model *m, int prev_token, int token)

@@ -19,6 +19,9 @@
  *    adjacent pair of lowest merge rank (leftmost on ties), as HF tokenizers
  *    do. PRETOK_LLAMA3 first takes a word that is a whole piece as is.
  *  - TOK_BYTES: id 3+b for byte b; 0,1,2 = <unk> <s> </s>.
+ * A character with no piece whose bytes (some or all) have no byte token
+ * either loses those bytes; tok_encode_drops counts such characters and
+ * says where the first one is, so that callers can warn.
  *
  * Unicode classes: \p{L} and \p{N} are the general categories L* and N*
  * from tok_unicode.inc (generated from Unicode 14 data); \s is the
@@ -469,6 +472,8 @@ typedef struct {
     int *ids;
     int n, cap;
     bool overflow;
+    const char *text;       /* the whole text, for the offsets of drops */
+    TokDrops drops;
 } IdBuf;
 
 static void ids_push(IdBuf *o, int id)
@@ -477,6 +482,36 @@ static void ids_push(IdBuf *o, int id)
         o->ids[o->n++] = id;
     else
         o->overflow = true;
+}
+
+static uint32_t utf8_next(const unsigned char *s, size_t n, size_t *len);
+
+/* Pushes the byte tokens of the char at s[0..k); a char with a byte that
+ * has none is counted as dropped (its other bytes are kept). */
+static void ids_push_bytes(const Tokenizer *t, IdBuf *o, int *sym, int *m, const char *s, size_t k)
+{
+    bool lost = false;
+    for (size_t b = 0; b < k; b++) {
+        int id = t->byte_id[(unsigned char)s[b]];
+        if (id >= 0)
+            sym[(*m)++] = id;
+        lost |= id < 0;
+    }
+    if (lost && o->drops.n++ == 0) {
+        size_t len;
+        uint32_t cp = utf8_next((const unsigned char *)s, k, &len);
+        o->drops.first = cp == 0xFFFFFFFFu || len != k ? -1 : (int32_t)cp;
+        o->drops.first_at = (size_t)(s - o->text);
+    }
+}
+
+/* The length of the char at s[0..n): a lead byte and up to 3 continuation bytes. */
+static size_t utf8_len(const char *s, size_t n)
+{
+    size_t k = 1;
+    while (k < n && k < 4 && ((unsigned char)s[k] & 0xC0) == 0x80)
+        k++;
+    return k;
 }
 
 /* ---- Unicode classes ---- */
@@ -794,9 +829,10 @@ static bool bpe_word(const Tokenizer *t, const char *s, size_t n, IdBuf *o)
     if (!sym)
         return false;
     int m = 0;
-    for (size_t i = 0; i < n; i++)
-        if (t->byte_id[(unsigned char)s[i]] >= 0)   /* no piece: dropped, as HF does without unk */
-            sym[m++] = t->byte_id[(unsigned char)s[i]];
+    for (size_t i = 0, k; i < n; i += k) {   /* no piece: dropped, as HF does without unk */
+        k = utf8_len(s + i, n - i);
+        ids_push_bytes(t, o, sym, &m, s + i, k);
+    }
     m = merger_run(t, sym, m);
     for (int i = 0; i < m; i++)
         ids_push(o, sym[i]);
@@ -871,24 +907,19 @@ static bool spm_segment(const Tokenizer *t, const char *s, size_t len, IdBuf *o)
     int *sym = malloc((len + 1) * sizeof *sym);
     if (!sym)
         return false;
-    size_t m = 0;
+    int m = 0;
     int space = tok_lookup(t, " ", 1);
     if (space >= 0)   /* the dummy prefix */
         sym[m++] = space;
-    for (size_t i = 0; i < len;) {
-        size_t k = 1;
-        while (i + k < len && k < 4 && ((unsigned char)s[i + k] & 0xC0) == 0x80)
-            k++;
+    for (size_t i = 0, k; i < len; i += k) {
+        k = utf8_len(s + i, len - i);
         int id = tok_lookup(t, s + i, k);
         if (id >= 0)
             sym[m++] = id;
         else
-            for (size_t b = 0; b < k; b++)
-                if (t->byte_id[(unsigned char)s[i + b]] >= 0)
-                    sym[m++] = t->byte_id[(unsigned char)s[i + b]];
-        i += k;
+            ids_push_bytes(t, o, sym, &m, s + i, k);
     }
-    int k = merger_run(t, sym, (int)m);
+    int k = merger_run(t, sym, m);
     for (int i = 0; i < k; i++)
         ids_push(o, sym[i]);
     free(sym);
@@ -918,14 +949,25 @@ static bool tok_segment(const Tokenizer *t, const char *s, size_t len, IdBuf *o)
         return spm_segment(t, s, len, o);
     if (t->kind == TOK_BPE)
         return bpe_segment(t, s, len, o);
-    for (size_t i = 0; i < len; i++)
-        ids_push(o, t->byte_id[(unsigned char)s[i]]);
+    int sym[4];
+    for (size_t i = 0, k; i < len; i += k) {
+        int m = 0;
+        k = utf8_len(s + i, len - i);
+        ids_push_bytes(t, o, sym, &m, s + i, k);
+        for (int j = 0; j < m; j++)
+            ids_push(o, sym[j]);
+    }
     return true;
 }
 
 int tok_encode(const Tokenizer *t, const char *text, bool add_bos, int *ids, int cap)
 {
-    IdBuf o = {ids, 0, cap < 0 ? 0 : cap, false};
+    return tok_encode_drops(t, text, add_bos, ids, cap, NULL);
+}
+
+int tok_encode_drops(const Tokenizer *t, const char *text, bool add_bos, int *ids, int cap, TokDrops *drops)
+{
+    IdBuf o = {ids, 0, cap < 0 ? 0 : cap, false, text, {0, 0, 0}};
     if (add_bos && t->bos >= 0)
         ids_push(&o, t->bos);
     size_t len = strlen(text), start = 0;
@@ -941,6 +983,8 @@ int tok_encode(const Tokenizer *t, const char *text, bool add_bos, int *ids, int
             start = i + 1;
         }
     }
+    if (drops)
+        *drops = o.drops;
     return ok && !o.overflow ? o.n : -1;
 }
 

@@ -79,6 +79,15 @@ Tokenizer *tok_new_bytes(void);
 /* Encodes text; returns the number of ids (at most cap; -1 if cap is too
  * small). Special tokens written in the text are recognized. */
 int tok_encode(const Tokenizer *t, const char *text, bool add_bos, int *ids, int cap);
+/* The characters tok_encode_drops left out: those with no piece and no
+ * byte token (bytes of them that have one are kept). */
+typedef struct TokDrops {
+    int n;                  /* characters dropped */
+    int32_t first;          /* the first one's code point; -1: its bytes are not UTF-8 */
+    size_t first_at;        /* its byte offset in the text */
+} TokDrops;
+/* tok_encode, also saying what it dropped (drops may be NULL). */
+int tok_encode_drops(const Tokenizer *t, const char *text, bool add_bos, int *ids, int cap, TokDrops *drops);
 /* Whether a prompt should start with BOS: yes for SPM and byte tokenizers
  * and for those set always-BOS (Llama 3); for other byte-level BPE only
  * when the text is empty (SmolLM2's chat format carries its own

@@ -308,6 +308,37 @@ Test(run_cmd, a_bundle_for_another_engine_is_refused_at_its_target, .timeout = 6
     free(cmd);
 }
 
+/* tiny.gguf's SPM vocabulary has no byte tokens and no piece for any
+ * character: a prompt's characters are dropped, and both engines say so
+ * once, with the count and the first one (its code point and byte offset). */
+Test(run_cmd, dropped_prompt_characters_are_reported, .timeout = 60)
+{
+    char dir[] = "/tmp/megac-run-drop-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    static const char *const engines[] = {"cpu", "reference"};
+    static char err[8192];
+    for (size_t i = 0; i < 2; i++) {
+        char *args = xasprintf("%s/tests/fixtures/weights/tiny.gguf --engine %s --prompt 'x\xc3\xa9 \xe2\x82\xac' "
+                               "-n 6 --temp 0", MEGAC_SRC, engines[i]);
+        char *cmd = xasprintf("cd %s && %s run %s 2>&1 >/dev/null", dir, MEGAC_BIN, args);
+        FILE *p = popen(cmd, "r");
+        cr_assert_not_null(p);
+        size_t n = fread(err, 1, sizeof err - 1, p);
+        err[n] = 0;
+        cr_assert_eq(pclose(p), 0, "%s: %s", cmd, err);
+        const char *want = "megac run: warning: 4 characters of the prompt have no piece and no byte token in the "
+                           "tokenizer and were dropped (the first: U+0078 at byte 0)\n";
+        const char *at = strstr(err, want);
+        cr_assert(at, "%s: stderr lacks '%s':\n%s", engines[i], want, err);
+        cr_assert_null(strstr(at + strlen(want), "warning"), "%s warns more than once:\n%s", engines[i], err);
+        free(cmd);
+        free(args);
+    }
+    char *cmd = xasprintf("rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+    free(cmd);
+}
+
 Test(run_cmd, damaged_bundles_are_refused, .timeout = 120)
 {
     static const struct {

@@ -342,6 +342,34 @@ Test(tokenizer, llama3_whole_word)
     }
 }
 
+/* Characters without a piece or byte token are dropped and counted, for
+ * SPM and BPE alike: the count, the first one's code point and offset; a
+ * byte that is not UTF-8 is reported as -1 at its offset. */
+Test(tokenizer, dropped_characters_are_counted)
+{
+    for (int k = 0; k < 2; k++) {
+        Tokenizer *t = tok_new(k ? TOK_BPE : TOK_SPM, 3);
+        tok_set_piece(t, 0, "a", 1, 0.0f);
+        tok_set_piece(t, 1, "b", 1, 0.0f);
+        tok_set_piece(t, 2, "\xc3\xa9", 2, 0.0f);      /* BPE: no single bytes, so é is lost too */
+        tok_finish(t);
+        cr_assert_null(tok_error(t));
+        int ids[16];
+        TokDrops d;
+        int n = tok_encode_drops(t, "ab\xe2\x82\xac\xc3\xa9" "ba", false, ids, 16, &d);
+        cr_assert_eq(n, k ? 4 : 5, "kind %d: %d ids", k, n);
+        cr_assert_eq(d.n, k ? 2 : 1, "kind %d: %d dropped", k, d.n);
+        cr_assert_eq(d.first, 0x20AC);
+        cr_assert_eq(d.first_at, 2);
+        n = tok_encode_drops(t, "ab\xff", false, ids, 16, &d);
+        cr_assert(n == 2 && d.n == 1 && d.first == -1 && d.first_at == 2, "kind %d: %d ids, %d dropped, %d at %zu", k,
+                  n, d.n, d.first, d.first_at);
+        n = tok_encode_drops(t, "abba", false, ids, 16, &d);
+        cr_assert(n == 4 && d.n == 0, "kind %d", k);
+        tok_free(t);
+    }
+}
+
 /* ---- GGUF vocabulary ---- */
 
 Test(tokenizer, smollm2_gguf_golden)
