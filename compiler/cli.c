@@ -60,8 +60,8 @@ bool cli_workers_parse(const char *cmd, const char *s, int *out)
 
 bool cli_out_is_input(const char *cmd, const char *out, const ModelDesc *m)
 {
-    const char *inputs[4] = {m->path, m->weights_path, m->tok_path, m->arch_path};
-    for (int i = 0; i < 4; i++) {
+    const char *inputs[5] = {m->path, m->weights_path, m->tok_path, m->arch_path, m->gen_config_path};
+    for (int i = 0; i < 5; i++) {
         if (cli_same_file(out, inputs[i])) {
             fprintf(stderr, "megac %s: the output '%s' is the input file '%s'; not overwriting it\n", cmd, out,
                     inputs[i]);

@@ -51,7 +51,7 @@ const char desc_default_yaml[] =
 /* Fields desc_check reasons about; Ctx.at[] remembers the node that set each. */
 typedef enum {
     F_DIM, F_HIDDEN, F_LAYERS, F_HEADS, F_KV_HEADS, F_HEAD_DIM, F_VOCAB, F_MAX_SEQ,
-    F_EPS, F_THETA, F_SCALING, F_TOKENIZER, F_WEIGHTS, F_BOS, F_EOS, F_WORKERS, F_COUNT
+    F_EPS, F_THETA, F_SCALING, F_TOKENIZER, F_WEIGHTS, F_BOS, F_EOS, F_STOP, F_WORKERS, F_COUNT
 } Field;
 
 /* A node that did not come from the description itself (an override's
@@ -698,6 +698,25 @@ static void config_rope(Ctx *c, const DocNode *s)
     field_int(c, s, "", "original_max_position_embeddings", 1, &m->rope_orig_max_pos, -1);
 }
 
+/* Parses a JSON file's text (taken over) into doc, whose nodes ctx_error
+ * then places in it; false (reported) unless it holds an object. */
+static bool json_object_parse(Ctx *c, Doc *doc, const char *path, char *text, size_t len, const char *in,
+                              const char *what)
+{
+    if (!doc_parse(doc, path, text, len, c->d))
+        return false;
+    if (!doc->root) {
+        diag_file_error(c->d, path, "empty %s", what);
+        return false;
+    }
+    ctx_origin_add(c, doc, doc->root);
+    if (doc->root->kind != DOC_MAP) {
+        ctx_error(c, doc->root, "expected a JSON object in %s, found %s", in, doc_kind_name(doc->root->kind));
+        return false;
+    }
+    return true;
+}
+
 /* bos_token_id: an id (the first of a list). */
 static void config_token_id(Ctx *c, const DocNode *root, const char *key, int *out, int f)
 {
@@ -718,7 +737,7 @@ static void eos_read(Ctx *c, const DocNode *n, const char *what)
         return;
     if (n->kind != DOC_SEQ) {
         if (node_int32(c, n, what, 0, &m->eos_id))
-            c->at[F_EOS] = n, m->n_stop = 0;
+            c->at[F_EOS] = c->at[F_STOP] = n, m->n_stop = 0;
         return;
     }
     if (n->n < 1 || n->n > 1 + MODEL_MAX_STOPS) {
@@ -732,7 +751,61 @@ static void eos_read(Ctx *c, const DocNode *n, const char *what)
     m->eos_id = ids[0];
     m->n_stop = n->n - 1;
     memcpy(m->stop_ids, ids + 1, sizeof(int) * (size_t)m->n_stop);
-    c->at[F_EOS] = n;
+    c->at[F_EOS] = c->at[F_STOP] = n;
+}
+
+/* generation_config.json beside an HF checkpoint's config.json:
+ * {eos_token_id: ID | [ID, ...], ...} (other keys ignored). Its ids end
+ * generation too: they join the stop list after config.json's, whose
+ * first id stays the eos (the first here is the eos only when config.json
+ * names none), and no id is listed twice. Llama 3 Instruct's config.json
+ * may name <|end_of_text|> alone where this file adds <|eom_id|> and
+ * <|eot_id|>. */
+static void config_generation_eos(Ctx *c, Doc *gen, const char *cfg_path)
+{
+    const char *slash = strrchr(cfg_path, '/'), *base = slash ? slash + 1 : cfg_path;
+    if (strcmp(base, "config.json") != 0)
+        return;
+    const char *path = arena_printf(c->a, "%.*sgeneration_config.json", (int)(base - cfg_path), cfg_path);
+    struct stat st;
+    if (stat(path, &st) != 0 && errno == ENOENT)
+        return;
+    size_t len;
+    char *text = read_file(path, &len);
+    if (!text) {
+        diag_file_error(c->d, path, "cannot read: %s", strerror(errno));
+        return;
+    }
+    c->m->gen_config_path = path;
+    if (!json_object_parse(c, gen, path, text, len, "generation_config.json", "generation config"))
+        return;
+    const DocNode *n = doc_get(gen->root, "eos_token_id");
+    if (!n || doc_is_null(n))
+        return;
+    const DocNode *const *items = n->kind == DOC_SEQ ? (const DocNode *const *)n->items : &n;
+    int count = n->kind == DOC_SEQ ? n->n : 1;
+    ModelDesc *m = c->m;
+    for (int i = 0; i < count; i++) {
+        int id;
+        if (!node_int32(c, items[i], "eos_token_id", 0, &id))
+            return;
+        bool known = id == m->eos_id;
+        for (int k = 0; k < m->n_stop; k++)
+            known |= m->stop_ids[k] == id;
+        if (known)
+            continue;
+        if (m->eos_id < 0) {
+            m->eos_id = id;
+            c->at[F_EOS] = items[i];
+        } else if (m->n_stop == MODEL_MAX_STOPS) {
+            ctx_error(c, items[i], "more than %d ids end generation (config.json's eos_token_id and this list)",
+                      1 + MODEL_MAX_STOPS);
+            return;
+        } else {
+            m->stop_ids[m->n_stop++] = id;
+            c->at[F_STOP] = items[i];
+        }
+    }
 }
 
 static void config_dims(Ctx *c, const DocNode *r)
@@ -765,8 +838,9 @@ static void config_dims(Ctx *c, const DocNode *r)
     eos_read(c, doc_get(r, "eos_token_id"), "eos_token_id");
 }
 
-/* arch: {from-config: PATH}: reads an HF config.json (JSON is YAML flow). */
-static void arch_from_config(Ctx *c, Doc *cfg, const DocNode *at)
+/* arch: {from-config: PATH}: reads an HF config.json (JSON is YAML flow)
+ * into cfg[0], and a generation_config.json beside it into cfg[1]. */
+static void arch_from_config(Ctx *c, Doc cfg[2], const DocNode *at)
 {
     const char *what = "arch.from-config";
     const char *p = node_str(c, at, what);
@@ -779,18 +853,8 @@ static void arch_from_config(Ctx *c, Doc *cfg, const DocNode *at)
         ctx_error(c, at, "cannot read config '%s': %s", path, strerror(errno));
         return;
     }
-    if (!doc_parse(cfg, path, text, len, c->d))
+    if (!json_object_parse(c, cfg, path, text, len, "an HF config", "config"))
         return;
-    if (!cfg->root) {
-        diag_file_error(c->d, path, "empty config");
-        return;
-    }
-    ctx_origin_add(c, cfg, cfg->root);
-    if (cfg->root->kind != DOC_MAP) {
-        ctx_error(c, cfg->root, "expected a JSON object in an HF config, found %s",
-                  doc_kind_name(cfg->root->kind));
-        return;
-    }
     int arch = config_arch(c, cfg->root, at);
     if (arch < 0)
         return;
@@ -799,6 +863,7 @@ static void arch_from_config(Ctx *c, Doc *cfg, const DocNode *at)
     c->m->qkv_bias = arch == HF_QWEN2;
     config_refuse(c, cfg->root, arch);
     config_dims(c, cfg->root);
+    config_generation_eos(c, &cfg[1], path);
 }
 
 /* arch: {from-checkpoint: PATH}: a llama2.c .bin header, seven int32: dim,
@@ -956,7 +1021,7 @@ static void arch_from_gguf(Ctx *c, const DocNode *at)
 /* arch: {dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim,
  *        vocab_size, max_seq} | {from-config: PATH, KEY: override...}
  *      | {from-checkpoint: PATH, KEY: override...} */
-static void desc_arch(Ctx *c, Doc *cfg, const DocNode *a)
+static void desc_arch(Ctx *c, Doc cfg[2], const DocNode *a)
 {
     ModelDesc *m = c->m;
     if (!map_check(c, a, "arch", arch_keys))
@@ -1457,7 +1522,7 @@ static void check_io(Checker *k)
         check_fail(k, F_EOS, "eos id %d is outside the vocabulary (%d)", m->eos_id, m->vocab_size);
     for (int i = 0; i < m->n_stop && i < MODEL_MAX_STOPS; i++)
         if (m->stop_ids[i] < 0 || m->stop_ids[i] >= m->vocab_size)
-            check_fail(k, F_EOS, "eos id %d is outside the vocabulary (%d)", m->stop_ids[i], m->vocab_size);
+            check_fail(k, F_STOP, "eos id %d is outside the vocabulary (%d)", m->stop_ids[i], m->vocab_size);
     if (m->workers < 0 || m->workers > MODEL_MAX_WORKERS)
         check_fail(k, F_WORKERS, "workers must be between 0 and %d, found %d", MODEL_MAX_WORKERS, m->workers);
 }
@@ -1534,7 +1599,7 @@ static void desc_name(Ctx *c, const DocNode *root)
     c->m->name = arena_strdup(c->a, s);
 }
 
-static void desc_walk(Ctx *c, Doc *cfg)
+static void desc_walk(Ctx *c, Doc cfg[2])
 {
     ModelDesc *m = c->m;
     const DocNode *r = c->doc->root, *n;
@@ -1574,7 +1639,8 @@ bool desc_parse(ModelDesc *m, Arena *a, const char *path, const char *text, size
     desc_defaults(m);
     m->path = arena_strdup(a, path);
     m->dir = dir_of(a, path);
-    Doc doc, cfg = {0};
+    Doc doc, cfg[2];            /* config.json, generation_config.json */
+    memset(cfg, 0, sizeof cfg);
     Doc *ods = xcalloc((size_t)nov + 1, sizeof *ods);
     Ctx c = {.m = m, .a = a, .d = d, .doc = &doc, .arch_pairing = -1};
     bool parsed = doc_parse(&doc, path, xstrndup(text, len), len, d);
@@ -1583,14 +1649,15 @@ bool desc_parse(ModelDesc *m, Arena *a, const char *path, const char *text, size
     for (int i = 0; parsed && doc.root && i < nov; i++)
         override_apply(&c, &ods[i], &ov[i]);
     if (parsed && doc.root)
-        desc_walk(&c, &cfg);    /* a failed override left the tree intact */
+        desc_walk(&c, cfg);     /* a failed override left the tree intact */
     if (d->nerrors == errors0)
         check_run(m, &c, d);
     for (int i = 0; i < nov; i++)
         doc_free(&ods[i]);
     free(ods);
     free(c.orig);
-    doc_free(&cfg);
+    doc_free(&cfg[0]);
+    doc_free(&cfg[1]);
     doc_free(&doc);
     return d->nerrors == errors0;
 }

@@ -85,6 +85,7 @@ typedef struct ModelDesc {
     const char *dir;            /* its folder: relative paths resolve against it */
     const char *arch_path;      /* the file arch came from (from-config, from-gguf,
                                  * from-checkpoint), resolved; NULL for explicit dims */
+    const char *gen_config_path;/* generation_config.json read beside a config.json, or NULL */
 
     /* architecture */
     int dim;                    /* hidden size */

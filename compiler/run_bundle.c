@@ -6,7 +6,8 @@
  * .megac-cache/<key>.megac, where the key hashes what the bundle depends
  * on: the description's bytes, the --set overrides, the target, the worker
  * count, and the identity (path, size, modification time) of this megac
- * executable and of the weight, tokenizer and arch files the description names,
+ * executable and of the weight, tokenizer and arch files the description names
+ * (and a generation_config.json beside a config.json),
  * so a rebuilt compiler or a replaced checkpoint is not served stale.
  *
  * Text goes to stdout as llama2.c's run.c prints it: -n counts positions,
@@ -92,8 +93,8 @@ static uint64_t fnv_file_id(uint64_t h, const char *path)
     return h;
 }
 
-/* The weight, tokenizer and arch (config.json, GGUF) files the description
- * names, folded into h;
+/* The weight, tokenizer and arch (config.json and its generation_config.json,
+ * GGUF) files the description names, folded into h;
  * false (errors reported) if the description does not load. */
 static bool fnv_model_files(uint64_t *h, const RunOptions *o)
 {
@@ -105,7 +106,8 @@ static bool fnv_model_files(uint64_t *h, const RunOptions *o)
                        : desc_parse(&m, &a, "<embedded>", desc_default_yaml, strlen(desc_default_yaml), o->sets,
                                     o->nsets, &d);
     if (ok)
-        *h = fnv_file_id(fnv_file_id(fnv_file_id(*h, m.weights_path), m.tok_path), m.arch_path);
+        *h = fnv_file_id(fnv_file_id(fnv_file_id(fnv_file_id(*h, m.weights_path), m.tok_path), m.arch_path),
+                         m.gen_config_path);
     arena_free(&a);
     return ok;
 }

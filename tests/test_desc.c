@@ -1146,6 +1146,62 @@ Test(desc, hf_checkpoint_folder_is_a_description)
     arena_free(&a);
 }
 
+/* generation_config.json beside an HF folder's config.json: its
+ * eos_token_id (an id or a list) joins config.json's stop list, config's
+ * first id staying the eos, no id twice; `megac describe` prints the
+ * merged list. Its mistakes are errors at its own line and column. */
+Test(desc, generation_config_eos_joins_the_stop_list)
+{
+    if (access(WFIX "/hf-llama3/config.json", R_OK) != 0)
+        cr_skip("fixtures absent; run tests/fixtures/weights/make_gguf_models.py");
+    char dir[] = "/tmp/megac-genconf-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char cmd[512], gen[600], *out = NULL;
+    snprintf(cmd, sizeof cmd, "cp %s/hf-llama3/config.json %s/hf-llama3/tokenizer.json %s/", WFIX, WFIX, dir);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(gen, sizeof gen, "%s/generation_config.json", dir);
+    FILE *f = fopen(gen, "w");
+    cr_assert(f);
+    fputs("{\n  \"bos_token_id\": 267,\n  \"do_sample\": true,\n  \"eos_token_id\": [271, 270, 268]\n}\n", f);
+    fclose(f);
+    ModelDesc m;
+    Arena a = {0};
+    cr_assert(load_path(&m, &a, dir, NULL, 0), "%s", errs);
+    cr_assert(m.eos_id == 268 && m.n_stop == 2 && m.stop_ids[0] == 271 && m.stop_ids[1] == 270,
+              "eos %d, %d stops", m.eos_id, m.n_stop);
+    size_t len = 0;
+    FILE *o = open_memstream(&out, &len);
+    desc_print(&m, o);
+    fclose(o);
+    cr_assert(strstr(out, "\neos: [268, 271, 270]\n"), "%s", out);
+    free(out);
+    arena_free(&a);
+
+    static const struct {
+        const char *text, *err;
+    } bad[] = {
+        {"{\"eos_token_id\": \"two\"}", "generation_config.json:1:18: error: expected an integer for "
+                                          "'eos_token_id', found a quoted string\n"},
+        {"{\"eos_token_id\": [268,\n  900]}", "generation_config.json:2:3: error: eos id 900 is outside the "
+                                              "vocabulary (272)\n"},
+        {"[1, 2]", "generation_config.json:1:1: error: expected a JSON object in generation_config.json, found a "
+                   "list\n"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        f = fopen(gen, "w");
+        cr_assert(f);
+        fputs(bad[i].text, f);
+        fclose(f);
+        cr_assert_not(load_path(&m, &a, dir, NULL, 0), "%s", bad[i].text);
+        char want[1200];
+        snprintf(want, sizeof want, "%s/%s", dir, bad[i].err);
+        cr_assert(strncmp(errs, want, strlen(want)) == 0, "expected\n%s\ngot\n%s", want, errs);
+        arena_free(&a);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
 /* eos: an id or a list (HF's eos_token_id may be one): the first is the
  * eos, the others end generation too. */
 Test(desc, eos_lists)
