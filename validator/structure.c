@@ -8,11 +8,14 @@
  * list equals op_footprint (buffer, mode, both ends as affine functions, so
  * for every pos); per access: non-empty-or-empty but ordered and inside the
  * buffer for every pos in [0, max_seq); no writes to weights; activations
- * are not block-quantized. Per sync instruction: signals add at least 1,
+ * are not block-quantized; the buffers the lowering names have the shapes
+ * the shape line gives them. Per sync instruction: signals add at least 1,
  * waits have a threshold of at least 1 on a counter someone signals.
  */
 #include "validator/val_int.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static bool inst_refs_check(Val *v, uint32_t w, uint32_t t)
@@ -167,6 +170,135 @@ static void sync_check(Val *v, uint32_t w, uint32_t t)
         val_error(v, n, in->line, "structure: worker %u inst %u: waits on counter %s, which nothing signals", w, t, cn);
 }
 
+/* The shapes of the buffers the lowering names (compiler/lower.c), in the
+ * shape line's terms, one letter a dimension: D dim, H hidden, V vocab, S
+ * max_seq, h heads, k kv_heads, d head_dim, Q heads*head_dim, K
+ * kv_heads*head_dim, r head_dim/2, G heads/kv_heads, P head_dim+2, 2 two,
+ * R 1..max_seq (an evicting layer's cache holds its budget), * any.
+ * "L." names are per layer (L0.wq), "x." ones too (kc.0); a buffer of
+ * another class than the lowering gives the name is not one of these
+ * (a hand-written schedule's state x). Shapes are in
+ * elements whatever the dtype (a quantized row's bytes are its dtype's
+ * business), and embed is checked against its ops by shape_check. */
+static const struct {
+    const char *name, *dims;
+    BufClass cls;
+} shaped_bufs[] = {
+    {"L.attn_norm", "D", BUF_WEIGHT}, {"L.wq", "QD", BUF_WEIGHT}, {"L.wk", "KD", BUF_WEIGHT},
+    {"L.wv", "KD", BUF_WEIGHT}, {"L.bq", "Q", BUF_WEIGHT}, {"L.bk", "K", BUF_WEIGHT},
+    {"L.bv", "K", BUF_WEIGHT}, {"L.wo", "DQ", BUF_WEIGHT}, {"L.ffn_norm", "D", BUF_WEIGHT},
+    {"L.w_gate", "HD", BUF_WEIGHT}, {"L.w_up", "HD", BUF_WEIGHT}, {"L.w_down", "DH", BUF_WEIGHT},
+    {"final_norm", "D", BUF_WEIGHT}, {"lm_head", "VD", BUF_WEIGHT}, {"rope", "Sr2", BUF_WEIGHT},
+    {"logits", "V", BUF_IO}, {"kc.", "kRd", BUF_KV}, {"vc.", "kRd", BUF_KV},
+    {"meta.", "k*", BUF_STATE}, {"acc.", "k*", BUF_STATE}, {"snap.", "k*", BUF_STATE},
+    {"qwin.", "*hd", BUF_STATE}, {"bounds.", "k*2d", BUF_STATE}, {"snapsc", "2S", BUF_STATE},
+    {"sel", "k*", BUF_SCRATCH}, {"score", "h*", BUF_SCRATCH}, {"x", "D", BUF_SCRATCH},
+    {"q", "Q", BUF_SCRATCH}, {"k", "K", BUF_SCRATCH}, {"v", "K", BUF_SCRATCH},
+    {"att", "Q", BUF_SCRATCH}, {"part", "k*GP", BUF_SCRATCH}, {"gate", "H", BUF_SCRATCH},
+    {"up", "H", BUF_SCRATCH}, {"hb", "H", BUF_SCRATCH},
+};
+
+/* The size dimension letter c stands for; -1: any. */
+static int64_t shape_dim(const ModelShape *m, char c)
+{
+    int64_t hd = m->head_dim;
+    switch (c) {
+    case 'D': return m->dim;
+    case 'H': return m->hidden_dim;
+    case 'V': return m->vocab_size;
+    case 'S': return m->max_seq;
+    case 'h': return m->n_heads;
+    case 'k': return m->n_kv_heads;
+    case 'd': return hd;
+    case 'Q': return m->n_heads * hd;
+    case 'K': return m->n_kv_heads * hd;
+    case 'r': return hd / 2;
+    case 'G': return m->n_kv_heads > 0 ? m->n_heads / m->n_kv_heads : -1;
+    case 'P': return hd + 2;
+    case '2': return 2;
+    default: return -1;
+    }
+}
+
+/* The dims of the shaped_bufs entry a buffer's name and class match
+ * (*layer: its layer, or -1), or NULL. */
+static const char *shaped_dims(const char *name, BufClass cls, int *layer)
+{
+    char key[48];
+    const char *dot = strchr(name, '.'), *num = name[0] == 'L' && dot ? name + 1 : dot ? dot + 1 : NULL;
+    *layer = -1;
+    if (num && *num >= '0' && *num <= '9') {
+        char *end;
+        long l = strtol(num, &end, 10);
+        bool prefix = name[0] == 'L' && end == dot, suffix = !prefix && dot && num == dot + 1 && !*end;
+        if ((prefix || suffix) && l <= 1 << 20) {
+            if (prefix)
+                snprintf(key, sizeof key, "L%s", dot);                      /* L0.wq -> L.wq */
+            else
+                snprintf(key, sizeof key, "%.*s.", (int)(dot - name), name); /* kc.0 -> kc. */
+            *layer = (int)l;
+            name = key;
+        }
+    }
+    for (size_t i = 0; i < sizeof shaped_bufs / sizeof *shaped_bufs; i++)
+        if (strcmp(shaped_bufs[i].name, name) == 0 && shaped_bufs[i].cls == cls)
+            return shaped_bufs[i].dims;
+    return NULL;
+}
+
+static void dims_str(const int64_t *d, int rank, char *buf, size_t cap)
+{
+    size_t at = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < rank && at < cap; i++)
+        at += (size_t)snprintf(buf + at, cap - at, "%s%lld", i ? ", " : "", (long long)d[i]);
+    if (at < cap)
+        snprintf(buf + at, cap - at, "]");
+}
+
+/* Each buffer the lowering names has the shape the shape line gives it
+ * (reported at the buffer's line), and a per-layer one a layer below
+ * layers=. */
+static void buffer_shapes_check(Val *v)
+{
+    const ModelShape *m = &v->s->shape;
+    for (uint32_t i = 0; i < v->s->nbufs; i++) {
+        const Buffer *b = &v->s->bufs[i];
+        int layer;
+        const char *dims = shaped_dims(b->name, b->cls, &layer);
+        if (!dims)
+            continue;
+        if (layer >= m->n_layers) {
+            val_error(v, &v->r->nstructure, b->line, "structure: buffer %s belongs to layer %d, but the shape says "
+                      "layers=%d", b->name, layer, m->n_layers);
+            continue;
+        }
+        int rank = (int)strlen(dims);
+        bool ok = b->rank == rank;
+        int64_t want[4];
+        for (int d = 0; d < rank; d++) {
+            want[d] = shape_dim(m, dims[d]);
+            if (dims[d] == 'R') {
+                ok &= b->rank == rank && b->shape[d] >= 1 && b->shape[d] <= m->max_seq;
+                want[d] = m->max_seq;
+            }
+            else if (want[d] >= 0)
+                ok &= b->rank == rank && b->shape[d] == want[d];
+            else
+                want[d] = b->rank == rank ? b->shape[d] : 0;
+        }
+        if (ok)
+            continue;
+        char has[96], should[96];
+        dims_str(b->shape, b->rank, has, sizeof has);
+        dims_str(want, rank, should, sizeof should);
+        val_error(v, &v->r->nstructure, b->line,
+                  "structure: buffer %s is %s, but the shape line (dim=%d hidden=%d heads=%d kv_heads=%d "
+                  "head_dim=%d vocab=%d max_seq=%d) makes it %s%s",
+                  b->name, has, m->dim, m->hidden_dim, m->n_heads, m->n_kv_heads, m->head_dim, m->vocab_size,
+                  m->max_seq, should, strchr(dims, 'R') ? " (its rows at most max_seq)" : "");
+    }
+}
+
 /* The header's shape facts that the buffers also state: two KV caches per
  * layer (in a schedule that has any: a fragment may have none), and the
  * embedding table of every embed op is [vocab, dim] (the
@@ -217,6 +349,7 @@ bool val_structure_check(Val *v)
     if (!refs)
         return false;
     shape_check(v);
+    buffer_shapes_check(v);
     for (uint32_t w = 0; w < v->nw; w++)
         for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
             const Inst *in = val_inst(v, w, t);
