@@ -42,7 +42,7 @@ static int megac(const char *dir, const char *args, char *out, size_t cap)
 static void file_write(const char *dir, const char *name, const char *text)
 {
     char p[1200];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
+    cr_assert(snprintf(p, sizeof p, "%s/%s", dir, name) < (int)sizeof p, "path too long: %s/%s", dir, name);
     FILE *f = fopen(p, "w");
     cr_assert(f, "%s", p);
     fputs(text, f);
@@ -53,7 +53,7 @@ static void file_write(const char *dir, const char *name, const char *text)
 static char *file_read(const char *dir, const char *name, char *buf, size_t cap)
 {
     char p[1200];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
+    cr_assert(snprintf(p, sizeof p, "%s/%s", dir, name) < (int)sizeof p, "path too long: %s/%s", dir, name);
     FILE *f = fopen(p, "r");
     size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
     buf[n] = 0;
