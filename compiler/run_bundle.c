@@ -388,8 +388,15 @@ static bool bundle_target_fits(const char *bundle, RunEngine e)
     bool quoted = srcfile_load(&src, path);
     Diag d;
     diag_init(&d);
-    diag_error(&d, &src, line, col, "the bundle was compiled for target '%s', not for engine '%s'; run it with "
-               "--engine %s", target, run_engine_name(e), strncmp(target, "sm_", 3) == 0 ? "cuda" : target);
+    const char *fit = strncmp(target, "sm_", 3) == 0              ? "cuda"
+                      : !strcmp(target, "cpu") || !strcmp(target, "host-cuda") ? target
+                                                                      : NULL;
+    if (fit)
+        diag_error(&d, &src, line, col, "the bundle was compiled for target '%s', not for engine '%s'; run it with "
+                   "--engine %s", target, run_engine_name(e), fit);
+    else
+        diag_error(&d, &src, line, col, "unknown target '%s': no engine runs it (cpu, host-cuda or sm_XX bundles)",
+                   target);
     if (quoted)
         srcfile_free(&src);
     free(path);

@@ -281,8 +281,9 @@ Test(run_cmd, a_bundle_for_another_engine_is_refused_at_its_target, .timeout = 6
     cr_assert(mkdtemp(dir));
     char *cmd = xasprintf("%s compile default -q -o %s/b.megac && truncate -s 64 %s/b.megac/weights.bin && "
                           "cp -r %s/b.megac %s/g.megac && sed -i 's/^target: cpu$/target: sm_90/' "
-                          "%s/g.megac/manifest.yaml",
-                          MEGAC_BIN, dir, dir, dir, dir, dir);
+                          "%s/g.megac/manifest.yaml && cp -r %s/b.megac %s/t.megac && "
+                          "sed -i 's/^target: cpu$/target: tpu_1/' %s/t.megac/manifest.yaml",
+                          MEGAC_BIN, dir, dir, dir, dir, dir, dir, dir, dir);
     cr_assert_eq(system(cmd), 0, "%s", cmd);
     free(cmd);
     static const struct {
@@ -292,6 +293,8 @@ Test(run_cmd, a_bundle_for_another_engine_is_refused_at_its_target, .timeout = 6
                                  "run it with --engine cpu\n    4 | target: cpu\n      | ^\n"},
         {"g.megac", "cpu", "error: the bundle was compiled for target 'sm_90', not for engine 'cpu'; run it "
                            "with --engine cuda\n    4 | target: sm_90\n      | ^\n"},
+        {"t.megac", "cpu", "error: unknown target 'tpu_1': no engine runs it (cpu, host-cuda or sm_XX bundles)\n"
+                           "    4 | target: tpu_1\n      | ^\n"},
     };
     static char out[4096], err[4096];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -1084,10 +1084,11 @@ MK_INLINE int mk_rows_count(MkRows r, int pos)
 
 /* Split s of kv head h over the rows `kind` selects (ops.h): its entries
  * [lo, hi) of the runs concatenated (mk_split_range over their count, in
- * blocks of MK_SPARSE_BLOCK). In chunks of MK_SPCH split entries, the
- * block writes the rows into mk_sm (as floats: rows < 2^24), then warp
- * w < MK_AW adds rows
- * w, w + MK_AW, ... of the chunk to its online softmax: the order
+ * blocks of MK_SPARSE_BLOCK; one split takes them all, ended by
+ * mk_rows_at, and needs no count). In chunks of MK_SPCH split entries,
+ * the block writes the rows into mk_sm (as floats: rows < 2^24), then
+ * warp w < MK_AW adds rows w, w + MK_AW, ... of the chunk to its online
+ * softmax: the order
  * mk_attn_warp takes its rows in, so with every row selected the result
  * is op_attn's at block 32. The hot loop keeps no run cursor (the
  * registers of op_attn's). Rows are hd apart in kc/vc[h], whose head
@@ -1102,15 +1103,15 @@ MK_DEV void op_attn_sparse(const MegacArgs *a, const unsigned *in)
     MkRows rows = {mk_param(in, 3), mk_param(in, 4), mk_param(in, 5), 0};
     if (rows.kind == MK_SPARSE_QUEST)
         rows.sel = (const int *)mk_opnd(a, in, 4) + (long long)h * rows.b;
-    int n, lo, hi;
+    int n = 0, lo = 0, hi = MK_MAX_SEQ;
     if (rows.kind == MK_SPARSE_SNAP) {
         int base;
         rows.sel = (const int *)mk_opnd(a, in, 4) + (long long)h * (rows.a + 1);
         n = mk_snap_rows(&rows, pos, &base);
-    } else {
-        n = mk_rows_count(rows, pos);
     }
-    mk_split_range(n, MK_SPARSE_BLOCK, s, nsplit, &lo, &hi);
+    if (nsplit > 1)
+        mk_split_range(rows.kind == MK_SPARSE_SNAP ? n : mk_rows_count(rows, pos), MK_SPARSE_BLOCK, s, nsplit, &lo,
+                       &hi);
     int slots = rows.kind == MK_SPARSE_SLOTS, cap = rows.a;
     float *score = slots && rows.b == 1 ? (float *)mk_opnd(a, in, 4) + (long long)h * MK_G * cap : 0;
     long long head = (long long)h * (slots ? cap : MK_MAX_SEQ) * MK_HD;
