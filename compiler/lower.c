@@ -284,13 +284,6 @@ static int layer_npages(const ModelDesc *m, int l)
     return (int)(np < 1 ? 1 : np > all ? all : np);
 }
 
-/* Attention splits of layer l: one when its attention writes scores
- * (each split would write the same score rows). */
-static int layer_nsplit(const Lower *L, int l)
-{
-    return layer_scores(L->m, l) ? 1 : L->nsplit;
-}
-
 static uint32_t lower_layer_buf(Lower *L, const char *what, int l)
 {
     char name[32];
@@ -379,8 +372,10 @@ static void lower_layer_attn(Lower *L, int w, int l, int h, int sp, int ns)
         p[3] = SPARSE_SLOTS, p[4] = cap, p[5] = sc;
         a[1] = acc_r(kc, h * cap * hd, (h + 1) * cap * hd);
         a[2] = acc_r(vc, h * cap * hd, (h + 1) * cap * hd);
-        if (sc)
-            a[4] = acc_mode(L->score, ACC_W, h * g * cap, (h + 1) * g * cap);
+        if (sc) {
+            int64_t r = g * sparse_score_rows(cap, ns);
+            a[4] = acc_mode(L->score, ACC_W, (h * ns + sp) * r, (h * ns + sp + 1) * r);
+        }
     } else {
         Affine lo = affine_const(h * S * hd), hi = {h * S * hd + hd, hd};
         a[1] = acc_pos(kc, ACC_R, lo, hi);
@@ -424,8 +419,10 @@ static void lower_kv_evict(Lower *L, int w, int l)
     }
     int cap = layer_cap(L->m, l), pol = layer_policy(L->m, l);
     const KvPolicy *kv = &L->m->kv[l];
-    int32_t p[4] = {pol, cap, pol == KV_POLICY_STREAMING ? kv->sinks : 0, pol == KV_POLICY_H2O ? kv->window : 0};
-    Access a[3] = {pol == KV_POLICY_STREAMING ? acc_none : acc_r(L->score, 0, (int64_t)L->m->n_heads * cap),
+    int32_t p[5] = {pol, cap, pol == KV_POLICY_STREAMING ? kv->sinks : 0, pol == KV_POLICY_H2O ? kv->window : 0,
+                    L->nsplit};
+    int64_t nsc = (int64_t)L->m->n_heads * L->nsplit * sparse_score_rows(cap, L->nsplit);
+    Access a[3] = {pol == KV_POLICY_STREAMING ? acc_none : acc_r(L->score, 0, nsc),
                    acc_mode(lower_layer_buf(L, "meta", l), ACC_RW, 0, (int64_t)L->m->n_kv_heads * (cap + 1)),
                    pol == KV_POLICY_H2O ? acc_mode(lower_layer_buf(L, "acc", l), ACC_RW, 0,
                                                    (int64_t)L->m->n_kv_heads * cap)
@@ -605,7 +602,7 @@ static void lower_attn_pieces(Lower *L, int w, int l, int h, int ns, int i0, int
  * Workers are emitted in order, so every join sees all its signals. */
 static void lower_attn_stage(Lower *L, int l)
 {
-    int nkv = L->m->n_kv_heads, ns = layer_nsplit(L, l), n = nkv * ns;
+    int nkv = L->m->n_kv_heads, ns = L->nsplit, n = nkv * ns;
     char name[48];
     uint32_t *kv_ctr = xcalloc((size_t)nkv, sizeof *kv_ctr), *attn_ctr = xcalloc((size_t)nkv, sizeof *attn_ctr);
     int *ncomb = xcalloc((size_t)L->nw, sizeof *ncomb);
@@ -774,7 +771,8 @@ static void lower_buffers(Lower *L)
     L->tok = lower_buf(L, "tok", DT_I32, BUF_IO, 1, 1, 0, 0, 0);
     L->logits = lower_buf(L, "logits", DT_F32, BUF_IO, 1, m->vocab_size, 0, 0, 0);
     L->next = lower_buf(L, "next", DT_I32, BUF_IO, 1, 1, 0, 0, 0);
-    int maxnp = 0, maxcap = 0;
+    int maxnp = 0;
+    int64_t nscore = 0; /* score entries per q head: the most of any evicting layer */
     bool snaps = false;
     for (int l = 0; l < m->n_layers; l++) {
         char n[32];
@@ -798,8 +796,8 @@ static void lower_buffers(Lower *L)
             lower_buf(L, n, DT_F32, BUF_STATE, 3, m->kv[l].window, m->n_heads, L->hd, 0);
             snaps = true;
         }
-        if (layer_scores(m, l) && cap > maxcap)
-            maxcap = cap;
+        if (layer_scores(m, l) && L->nsplit * sparse_score_rows(cap, L->nsplit) > nscore)
+            nscore = L->nsplit * sparse_score_rows(cap, L->nsplit);
         if (m->attn[l].kind == ATTN_QUEST) {
             int page = layer_page(m, l);
             snprintf(n, sizeof n, "bounds.%d", l);
@@ -808,7 +806,7 @@ static void lower_buffers(Lower *L)
         }
     }
     L->sel = maxnp ? lower_buf(L, "sel", DT_I32, BUF_SCRATCH, 2, m->n_kv_heads, maxnp, 0, 0) : BUF_NONE;
-    L->score = maxcap ? lower_buf(L, "score", DT_F32, BUF_SCRATCH, 2, m->n_heads, maxcap, 0, 0) : BUF_NONE;
+    L->score = nscore ? lower_buf(L, "score", DT_F32, BUF_SCRATCH, 2, m->n_heads, nscore, 0, 0) : BUF_NONE;
     L->snapsc = snaps ? lower_buf(L, "snapsc", DT_F32, BUF_STATE, 2, 2, m->max_seq, 0, 0) : BUF_NONE;
     L->x = lower_buf(L, "x", DT_F32, BUF_SCRATCH, 1, m->dim, 0, 0, 0);
     L->q = lower_buf(L, "q", DT_F32, BUF_SCRATCH, 1, qd, 0, 0, 0);

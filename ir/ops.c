@@ -317,13 +317,12 @@ static bool fp_attn_sparse(Fp *f)
     case SPARSE_SLOTS:
         if (a <= 0 || a > S || (b != 0 && b != 1))
             return fp_fail(f, "attn_sparse slots needs 0 < cap <= max_seq and b (scores) 0 or 1");
-        if (b && ns != 1)
-            return fp_fail(f, "attn_sparse slots writes scores only with nsplit 1");
         fp_const(f, 1, ACC_R, h * a * hd, (h + 1) * a * hd);
         fp_const(f, 2, ACC_R, h * a * hd, (h + 1) * a * hd);
-        if (b)
-            fp_const(f, 4, ACC_W, h * g * a, (h + 1) * g * a);
-        else
+        if (b) {
+            int64_t r = g * sparse_score_rows(a, ns);
+            fp_const(f, 4, ACC_W, (h * ns + sp) * r, (h * ns + sp + 1) * r);
+        } else
             fp_absent(f, 4);
         return true;
     default:
@@ -351,11 +350,11 @@ static bool fp_quest_select(Fp *f)
 static bool fp_kv_evict(Fp *f)
 {
     const ModelShape *m = &f->s->shape;
-    int64_t pol = f->in->p[0], cap = f->in->p[1], sinks = f->in->p[2], win = f->in->p[3];
+    int64_t pol = f->in->p[0], cap = f->in->p[1], sinks = f->in->p[2], win = f->in->p[3], ns = f->in->p[4];
     if (pol < 0 || pol >= KV_POLICY_COUNT)
         return fp_fail(f, "kv_evict has an unknown policy");
-    if (cap <= 0 || cap > m->max_seq || sinks < 0 || win < 0)
-        return fp_fail(f, "kv_evict needs 0 < cap <= max_seq, sinks >= 0 and window >= 0");
+    if (cap <= 0 || cap > m->max_seq || sinks < 0 || win < 0 || ns <= 0)
+        return fp_fail(f, "kv_evict needs 0 < cap <= max_seq, sinks >= 0, window >= 0 and nsplit > 0");
     if (pol == KV_POLICY_STREAMING && sinks >= cap)
         return fp_fail(f, "kv_evict streaming needs sinks < cap");
     if (pol == KV_POLICY_H2O && win >= cap)
@@ -363,7 +362,7 @@ static bool fp_kv_evict(Fp *f)
     if (pol == KV_POLICY_STREAMING)
         fp_absent(f, 0);
     else
-        fp_const(f, 0, ACC_R, 0, (int64_t)m->n_heads * cap);
+        fp_const(f, 0, ACC_R, 0, (int64_t)m->n_heads * ns * sparse_score_rows(cap, ns));
     fp_const(f, 1, ACC_RW, 0, (int64_t)m->n_kv_heads * (cap + 1));
     if (pol == KV_POLICY_H2O)
         fp_const(f, 2, ACC_RW, 0, (int64_t)m->n_kv_heads * cap);

@@ -54,7 +54,7 @@
       "attn partials of split s over the rows `kind` selects (sink_window, quest, slots)")  \
     X(QUEST_SELECT, "quest_select", "q kc bounds sel", "h page npages",                     \
       "bounds of page pos/page from kc; sel[h] = that page + the top npages-1 by bound")    \
-    X(KV_EVICT, "kv_evict", "score? meta acc?", "policy cap sinks window",                  \
+    X(KV_EVICT, "kv_evict", "score? meta acc?", "policy cap sinks window nsplit",           \
       "every kv head: meta[h][cap] = the slot the next token takes (a victim when full)")   \
     X(KV_SNAP, "kv_snap", "q kc qwin snap sc", "budget window",                             \
       "every kv head: at the prompt's last step, keep `budget` rows by the last `window` "  \
@@ -76,9 +76,10 @@ typedef enum {
  *                       sel[h][j] >= 0, rows [p*a, min((p+1)*a, pos+1))
  *   SPARSE_SLOTS        a = cap, b = 1 if scores are written; kc/vc
  *                       [n_kv_heads][cap][hd] (an evicting layer's slots);
- *                       rows [0, min(pos+1, cap)); aux = score (f32
- *                       [n_heads][cap], written when b = 1, nsplit 1):
- *                       score[q head][t] = q . k[t] / sqrt(hd) for those rows
+ *                       rows [0, min(pos+1, cap)); aux = score (f32,
+ *                       written when b = 1): split s of kv head h writes
+ *                       the scaled scores q . k[t] / sqrt(hd) of its rows
+ *                       [lo, hi) into its own piece of the buffer (below)
  *   SPARSE_SNAP         a = budget, b = 0; kc/vc [n_kv_heads][S][hd];
  *                       aux = snap (i32 [n_kv_heads][a + 1], read): the
  *                       rows alive at pos (SnapKV state, below)
@@ -91,6 +92,14 @@ typedef enum {
  * (integer division), so each split reads one contiguous range and the
  * splits of a head differ by at most one block.
  *
+ * Scores of an evicting layer (SPARSE_SLOTS with b = 1, read by KV_EVICT
+ * with the same nsplit): R = sparse_score_rows(cap, nsplit) entries per
+ * split and q head, enough for any split's rows; q head g of kv head h,
+ * slot t, held by split s (the split whose [lo, hi) has t) is at
+ *   score[((h * nsplit + s) * G + g) * R + t - lo]
+ * so each split writes one contiguous range of G * R entries and the
+ * buffer holds n_heads * nsplit * R.
+ *
  * Eviction state of a layer (KV_STORE, KV_EVICT):
  *   meta   (i32, class state) [n_kv_heads][cap + 1]: the position each slot
  *          holds (-1: empty), then the slot the next token goes to
@@ -98,7 +107,7 @@ typedef enum {
  *          attention per slot (the sum over the kv head's q heads)
  * KV_EVICT runs once per layer and step, after the layer's attention: with
  * n = min(pos+1, cap) slots filled, p[q head][t] = softmax over t < n of
- * score[q head][t]. H2O first adds p (summed over each kv head's q heads)
+ * the q head's scores (written by the nsplit splits, laid out as above). H2O first adds p (summed over each kv head's q heads)
  * into acc (zeroed at pos 0). While pos+1 < cap the next slot is pos+1;
  * after that it is the victim of the policy, per kv head:
  *   KV_POLICY_STREAMING  the slot with the oldest position >= sinks
@@ -143,6 +152,14 @@ typedef enum {
 enum { SPARSE_SINK_WINDOW, SPARSE_QUEST, SPARSE_SLOTS, SPARSE_SNAP, SPARSE_KIND_COUNT };
 enum { KV_POLICY_STREAMING, KV_POLICY_H2O, KV_POLICY_TOVA, KV_POLICY_COUNT };
 #define SPARSE_BLOCK 32
+
+/* Score entries per split and q head of an evicting layer (above): the
+ * most rows a split of cap rows in blocks of SPARSE_BLOCK can take. */
+static inline long long sparse_score_rows(long long cap, long long nsplit)
+{
+    long long nb = (cap + SPARSE_BLOCK - 1) / SPARSE_BLOCK;
+    return (nb + nsplit - 1) / nsplit * SPARSE_BLOCK;
+}
 
 /* GEMV flags */
 enum {

@@ -15,6 +15,7 @@
 #include "codegen/codegen.h"
 #include "codegen/cpu/kernel_table.h"
 #include "runtime/kernel_abi.h"
+#include "tests/scores.h"
 
 #include <criterion/criterion.h>
 #include <dlfcn.h>
@@ -1347,11 +1348,18 @@ static int32_t *ibuf(Kern *k, uint32_t b)
 
 /* The attn_sparse variants that select every row (at every pos < SP_SEQ),
  * with the sel each Quest one reads (every page, ascending). */
+/* Where ops.h puts q head qh's score of slot t < n (tests/scores.h). */
+static int64_t evict_score_index(int qh, int t, int n, int cap, int ns)
+{
+    int64_t at = test_score_index(qh, t, n, cap, ns, SP_G);
+    cr_assert(at >= 0, "slot %d of %d in no split", t, n);
+    return at;
+}
+
 enum { SPV_ONE_RUN, SPV_SINKS_WINDOW, SPV_ALL_SINKS, SPV_QUEST16, SPV_QUEST7, SPV_SLOTS, SPV_COUNT };
 
 /* Every attn_sparse that selects all rows gives OP_ATTN's partials (block
- * 32) bit for bit, with 1 and 3 splits; slots with 1 split also writes
- * its scores. */
+ * 32) bit for bit, with 1 and 3 splits; slots also write their scores. */
 Test(cpu_ops, attn_sparse_all_rows_is_attn)
 {
     Schedule *s = sched_new("sparse_all", "cpu", 2);
@@ -1359,7 +1367,6 @@ Test(cpu_ops, attn_sparse_all_rows_is_attn)
     uint32_t q = add_buf(s, "q", BUF_SCRATCH, SP_NH * SP_HD);
     uint32_t kc = add_buf(s, "kc", BUF_KV, SP_NKV * SP_SEQ * SP_HD), vc = add_buf(s, "vc", BUF_KV, SP_NKV * SP_SEQ * SP_HD);
     uint32_t sel16 = add_i32(s, "sel16", BUF_STATE, SP_NKV * 10), sel7 = add_i32(s, "sel7", BUF_STATE, SP_NKV * 23);
-    uint32_t score = add_buf(s, "score", BUF_SCRATCH, SP_NH * SP_SEQ);
     const int32_t kinds[SPV_COUNT][3] = {{SPARSE_SINK_WINDOW, 0, SP_SEQ}, {SPARSE_SINK_WINDOW, 40, 200},
                                          {SPARSE_SINK_WINDOW, SP_SEQ, 1},  {SPARSE_QUEST, 16, 10},
                                          {SPARSE_QUEST, 7, 23},            {SPARSE_SLOTS, SP_SEQ, 0}};
@@ -1371,6 +1378,8 @@ Test(cpu_ops, attn_sparse_all_rows_is_attn)
         char name[16];
         snprintf(name, sizeof name, "pa%d", ns);
         pa[i] = add_buf(s, name, BUF_SCRATCH, SP_NKV * ns * SP_PE);
+        snprintf(name, sizeof name, "score%d", ns);
+        uint32_t score = add_buf(s, name, BUF_SCRATCH, SP_NH * ns * sparse_score_rows(SP_SEQ, ns));
         for (int h = 0; h < SP_NKV; h++)
             for (int sp = 0; sp < ns; sp++)
                 add_op(s, (w++) % 2, OP_ATTN, (int32_t[]){h, sp, ns, SPARSE_BLOCK}, (uint32_t[]){q, kc, vc, pa[i]});
@@ -1379,7 +1388,7 @@ Test(cpu_ops, attn_sparse_all_rows_is_attn)
             ps[i][v] = add_buf(s, name, BUF_SCRATCH, SP_NKV * ns * SP_PE);
             int32_t kind = kinds[v][0], b = kinds[v][2];
             uint32_t aux = v == SPV_QUEST16 ? sel16 : v == SPV_QUEST7 ? sel7 : BUF_NONE;
-            if (v == SPV_SLOTS && ns == 1)
+            if (v == SPV_SLOTS)
                 b = 1, aux = score;
             for (int h = 0; h < SP_NKV; h++)
                 for (int sp = 0; sp < ns; sp++)
@@ -1419,7 +1428,7 @@ enum { SRV_SINK_WINDOW, SRV_QUEST, SRV_SLOTS, SRV_COUNT };
 
 typedef struct SparseRef {
     Kern k;
-    uint32_t q, kc, vc, kcs, vcs, sel, score;
+    uint32_t q, kc, vc, kcs, vcs, sel, score[2]; /* [nsplit 1, 3] */
     uint32_t part[2][SRV_COUNT]; /* [nsplit 1, 3][variant] */
 } SparseRef;
 
@@ -1433,10 +1442,12 @@ static void sparse_ref_build(SparseRef *r)
     r->kc = add_buf(s, "kc", BUF_KV, SP_NKV * SP_SEQ * SP_HD), r->vc = add_buf(s, "vc", BUF_KV, SP_NKV * SP_SEQ * SP_HD);
     r->kcs = add_buf(s, "kcs", BUF_KV, SP_NKV * SR_CAP * SP_HD), r->vcs = add_buf(s, "vcs", BUF_KV, SP_NKV * SR_CAP * SP_HD);
     r->sel = add_i32(s, "sel", BUF_STATE, SP_NKV * SR_NP);
-    r->score = add_buf(s, "score", BUF_SCRATCH, SP_NH * SR_CAP);
     int w = 0;
     for (int i = 0; i < 2; i++) {
         int ns = sr_nsplit[i];
+        char sname[16];
+        snprintf(sname, sizeof sname, "score%d", ns);
+        r->score[i] = add_buf(s, sname, BUF_SCRATCH, SP_NH * ns * sparse_score_rows(SR_CAP, ns));
         for (int v = 0; v < SRV_COUNT; v++) {
             char name[16];
             snprintf(name, sizeof name, "p%d_%d", ns, v);
@@ -1446,8 +1457,8 @@ static void sparse_ref_build(SparseRef *r)
             if (v == SRV_QUEST)
                 p[3] = SPARSE_QUEST, p[4] = SR_PAGE, p[5] = SR_NP, ops[4] = r->sel;
             if (v == SRV_SLOTS)
-                p[3] = SPARSE_SLOTS, p[4] = SR_CAP, p[5] = ns == 1, ops[1] = r->kcs, ops[2] = r->vcs,
-                ops[4] = ns == 1 ? r->score : BUF_NONE;
+                p[3] = SPARSE_SLOTS, p[4] = SR_CAP, p[5] = 1, ops[1] = r->kcs, ops[2] = r->vcs,
+                ops[4] = r->score[i];
             for (int h = 0; h < SP_NKV; h++)
                 for (int sp = 0; sp < ns; sp++) {
                     p[0] = h, p[1] = sp;
@@ -1579,8 +1590,9 @@ Test(cpu_ops, attn_sparse_matches_double)
     kern_free(&r.k);
 }
 
-/* Slots with b = 1 store q . k / sqrt(hd) of the filled slots; the rest of
- * the score rows is left alone. */
+/* Slots with b = 1 store q . k / sqrt(hd) of the filled slots where
+ * ops.h puts them, with 1 and 3 splits; the rest of the scores is left
+ * alone. */
 Test(cpu_ops, attn_sparse_slots_scores)
 {
     SparseRef r;
@@ -1588,29 +1600,35 @@ Test(cpu_ops, attn_sparse_slots_scores)
     for (int pi = 0; pi < 6; pi++) {
         int64_t pos = sr_positions[pi], n = pos + 1 < SR_CAP ? pos + 1 : SR_CAP;
         fill(&r.k, r.q), fill(&r.k, r.kcs), fill(&r.k, r.vcs);
-        float *score = buf(&r.k, r.score);
-        for (int i = 0; i < SP_NH * SR_CAP; i++)
-            score[i] = 777.0f;
+        for (int i = 0; i < 2; i++)
+            for (int64_t j = 0; j < r.k.s->bufs[r.score[i]].nelem; j++)
+                ((float *)buf(&r.k, r.score[i]))[j] = 777.0f;
         kern_step(&r.k, pos, 0);
         cr_assert_eq(r.k.abort_info.flag, 0);
         const float *q = buf(&r.k, r.q), *kc = buf(&r.k, r.kcs);
-        for (int qh = 0; qh < SP_NH; qh++)
-            for (int64_t t = 0; t < SR_CAP; t++) {
-                float got = score[qh * SR_CAP + t];
-                if (t >= n) {
-                    cr_assert_eq(got, 777.0f, "pos %ld: score[%d][%ld] past the filled slots was written", (long)pos,
-                                 qh, (long)t);
-                    continue;
+        for (int i = 0; i < 2; i++) {
+            int ns = sr_nsplit[i];
+            float *score = buf(&r.k, r.score[i]);
+            int64_t nsc = r.k.s->bufs[r.score[i]].nelem, seen = 0;
+            for (int qh = 0; qh < SP_NH; qh++)
+                for (int64_t t = 0; t < n; t++) {
+                    int64_t at = evict_score_index(qh, (int)t, (int)n, SR_CAP, ns);
+                    float got = score[at];
+                    score[at] = 777.0f, seen++; /* checked: the rest must be untouched */
+                    double d = 0, m = 0;
+                    for (int j = 0; j < SP_HD; j++) {
+                        double x = (double)q[qh * SP_HD + j] * kc[((qh / SP_G) * SR_CAP + t) * SP_HD + j];
+                        d += x, m += fabs(x);
+                    }
+                    double want = d / sqrt((double)SP_HD), tol = 1e-5 * (m / sqrt((double)SP_HD) + 1e-3);
+                    cr_assert(fabs(got - want) <= tol, "%d splits, pos %ld: score of q head %d, slot %ld %.9g, want %.9g",
+                              ns, (long)pos, qh, (long)t, (double)got, want);
                 }
-                double d = 0, m = 0;
-                for (int j = 0; j < SP_HD; j++) {
-                    double x = (double)q[qh * SP_HD + j] * kc[((qh / SP_G) * SR_CAP + t) * SP_HD + j];
-                    d += x, m += fabs(x);
-                }
-                double want = d / sqrt((double)SP_HD), tol = 1e-5 * (m / sqrt((double)SP_HD) + 1e-3);
-                cr_assert(fabs(got - want) <= tol, "pos %ld: score[%d][%ld] %.9g, want %.9g", (long)pos, qh, (long)t,
-                          (double)got, want);
-            }
+            cr_assert_eq(seen, SP_NH * n);
+            for (int64_t j = 0; j < nsc; j++)
+                cr_assert_eq(score[j], 777.0f, "%d splits, pos %ld: score entry %ld, no filled slot's, was written", ns,
+                             (long)pos, (long)j);
+        }
     }
     kern_free(&r.k);
 }
@@ -1800,48 +1818,50 @@ Test(cpu_ops, quest_select_pages)
 
 /* ---- kv_evict ---- */
 
-enum { KE_CAP = 6, KE_SINKS = 2, KE_WINDOW = 2 };
+enum { KE_CAPMAX = 70, KE_SINKS = 2, KE_WINDOW = 2 };
 
-/* What kv_store then kv_evict of one layer keep, in double. */
+/* What kv_store then kv_evict of one layer keep, in double, for a cache
+ * of cap slots. */
 typedef struct EvictModel {
-    int pol;
-    int32_t meta[SP_NKV][KE_CAP + 1];
-    double acc[SP_NKV][KE_CAP];
+    int pol, cap;
+    int32_t meta[SP_NKV][KE_CAPMAX + 1];
+    double acc[SP_NKV][KE_CAPMAX];
 } EvictModel;
 
+/* score[qh][t] (rows of KE_CAPMAX) is the step's scores, slot by slot. */
 static void evict_model_step(EvictModel *m, const float *score, int64_t pos)
 {
-    int pol = m->pol;
+    int pol = m->pol, cap = m->cap;
     if (pos == 0)
         for (int h = 0; h < SP_NKV; h++) {
-            for (int t = 0; t < KE_CAP; t++)
+            for (int t = 0; t < cap; t++)
                 m->meta[h][t] = -1, m->acc[h][t] = 0;
-            m->meta[h][KE_CAP] = 0;
+            m->meta[h][cap] = 0;
         }
     for (int h = 0; h < SP_NKV; h++)
-        m->meta[h][m->meta[h][KE_CAP]] = (int32_t)pos;
-    int n = pos + 1 < KE_CAP ? (int)pos + 1 : KE_CAP;
-    double p[SP_NH][KE_CAP], mean[KE_CAP] = {0};
+        m->meta[h][m->meta[h][cap]] = (int32_t)pos;
+    int n = pos + 1 < cap ? (int)pos + 1 : cap;
+    double p[SP_NH][KE_CAPMAX], mean[KE_CAPMAX] = {0};
     for (int qh = 0; qh < SP_NH; qh++) {
         double mx = -INFINITY, z = 0;
         for (int t = 0; t < n; t++)
-            mx = fmax(mx, score[qh * KE_CAP + t]);
+            mx = fmax(mx, score[qh * KE_CAPMAX + t]);
         for (int t = 0; t < n; t++)
-            z += exp(score[qh * KE_CAP + t] - mx);
+            z += exp(score[qh * KE_CAPMAX + t] - mx);
         for (int t = 0; t < n; t++) {
-            p[qh][t] = exp(score[qh * KE_CAP + t] - mx) / z;
+            p[qh][t] = exp(score[qh * KE_CAPMAX + t] - mx) / z;
             mean[t] += p[qh][t] / SP_NH;
             if (pol == KV_POLICY_H2O)
                 m->acc[qh / SP_G][t] += p[qh][t];
         }
     }
     for (int h = 0; h < SP_NKV; h++) {
-        if (pos + 1 < KE_CAP) {
-            m->meta[h][KE_CAP] = (int32_t)pos + 1;
+        if (pos + 1 < cap) {
+            m->meta[h][cap] = (int32_t)pos + 1;
             continue;
         }
         int v = -1;
-        for (int t = 0; t < KE_CAP; t++) {
+        for (int t = 0; t < cap; t++) {
             int32_t ps = m->meta[h][t];
             if (pol == KV_POLICY_STREAMING && ps >= KE_SINKS && (v < 0 || ps < m->meta[h][v]))
                 v = t;
@@ -1853,88 +1873,98 @@ static void evict_model_step(EvictModel *m, const float *score, int64_t pos)
         cr_assert(v >= 0);
         if (pol == KV_POLICY_H2O)
             m->acc[h][v] = 0;
-        m->meta[h][KE_CAP] = v;
+        m->meta[h][cap] = v;
     }
 }
 
 /* kv_store + kv_evict of three layers (streaming, h2o, tova) over steps,
- * with a restart at pos 0, against EvictModel. */
+ * with a restart, against EvictModel: a small cache read as one split,
+ * and one of three blocks read as three splits (scores in three pieces). */
 Test(cpu_ops, kv_evict_policies)
 {
-    Schedule *s = sched_new("kv_evict", "cpu", 1);
-    s->shape = sp_shape();
-    uint32_t kin = add_buf(s, "k", BUF_SCRATCH, SP_NKV * SP_HD), vin = add_buf(s, "v", BUF_SCRATCH, SP_NKV * SP_HD);
-    uint32_t score = add_buf(s, "score", BUF_SCRATCH, SP_NH * KE_CAP);
-    uint32_t meta[KV_POLICY_COUNT], acc = add_buf(s, "acc", BUF_STATE, SP_NKV * KE_CAP);
-    for (int pol = 0; pol < KV_POLICY_COUNT; pol++) {
-        char name[16];
-        snprintf(name, sizeof name, "meta%d", pol);
-        meta[pol] = add_i32(s, name, BUF_STATE, SP_NKV * (KE_CAP + 1));
-        snprintf(name, sizeof name, "kc%d", pol);
-        uint32_t kc = add_buf(s, name, BUF_KV, SP_NKV * KE_CAP * SP_HD);
-        snprintf(name, sizeof name, "vc%d", pol);
-        uint32_t vc = add_buf(s, name, BUF_KV, SP_NKV * KE_CAP * SP_HD);
-        for (int h = 0; h < SP_NKV; h++)
-            add_op(s, 0, OP_KV_STORE, (int32_t[]){h, KE_CAP}, (uint32_t[]){kin, vin, kc, vc, meta[pol]});
-        int32_t p[4] = {pol, KE_CAP, pol == KV_POLICY_STREAMING ? KE_SINKS : 0, pol == KV_POLICY_H2O ? KE_WINDOW : 0};
-        add_op(s, 0, OP_KV_EVICT, p,
-               (uint32_t[]){pol == KV_POLICY_STREAMING ? BUF_NONE : score, meta[pol],
-                            pol == KV_POLICY_H2O ? acc : BUF_NONE});
-    }
-    Kern k;
-    kern_build(&k, s);
-    EvictModel em[KV_POLICY_COUNT];
-    for (int pol = 0; pol < KV_POLICY_COUNT; pol++) {
-        em[pol].pol = pol;
-        for (int i = 0; i < SP_NKV * (KE_CAP + 1); i++)
-            ibuf(&k, meta[pol])[i] = 4; /* garbage: pos 0 resets it */
-    }
-    float *ac = buf(&k, acc), *sc = buf(&k, score);
-    for (int i = 0; i < SP_NKV * KE_CAP; i++)
-        ac[i] = 5.0f;
-    int victims = 0;
-    for (int st = 0; st < 30; st++) {
-        int64_t pos = st < 21 ? st : st - 21; /* a restart at step 21 */
-        int n = pos + 1 < KE_CAP ? (int)pos + 1 : KE_CAP;
-        fill(&k, kin), fill(&k, vin);
-        for (int qh = 0; qh < SP_NH; qh++)
-            for (int t = 0; t < KE_CAP; t++)
-                sc[qh * KE_CAP + t] = t < n ? 3.0f * rnd() : 30.0f; /* slots past n must not count */
-        kern_step(&k, pos, 0);
-        cr_assert_eq(k.abort_info.flag, 0);
+    static const struct { int cap, ns, steps, restart; } cfg[] = {{6, 1, 30, 21}, {70, 3, 150, 110}};
+    for (int c = 0; c < 2; c++) {
+        int cap = cfg[c].cap, ns = cfg[c].ns;
+        Schedule *s = sched_new("kv_evict", "cpu", 1);
+        s->shape = sp_shape();
+        uint32_t kin = add_buf(s, "k", BUF_SCRATCH, SP_NKV * SP_HD), vin = add_buf(s, "v", BUF_SCRATCH, SP_NKV * SP_HD);
+        int64_t nsc = SP_NH * ns * sparse_score_rows(cap, ns);
+        uint32_t score = add_buf(s, "score", BUF_SCRATCH, nsc);
+        uint32_t meta[KV_POLICY_COUNT], acc = add_buf(s, "acc", BUF_STATE, SP_NKV * cap);
         for (int pol = 0; pol < KV_POLICY_COUNT; pol++) {
-            evict_model_step(&em[pol], sc, pos);
-            const int32_t *mt = ibuf(&k, meta[pol]);
+            char name[16];
+            snprintf(name, sizeof name, "meta%d", pol);
+            meta[pol] = add_i32(s, name, BUF_STATE, SP_NKV * (cap + 1));
+            snprintf(name, sizeof name, "kc%d", pol);
+            uint32_t kc = add_buf(s, name, BUF_KV, SP_NKV * cap * SP_HD);
+            snprintf(name, sizeof name, "vc%d", pol);
+            uint32_t vc = add_buf(s, name, BUF_KV, SP_NKV * cap * SP_HD);
             for (int h = 0; h < SP_NKV; h++)
-                for (int t = 0; t <= KE_CAP; t++)
-                    cr_assert_eq(mt[h * (KE_CAP + 1) + t], em[pol].meta[h][t],
-                                 "policy %d, pos %ld: meta[%d][%d] = %d, want %d", pol, (long)pos, h, t,
-                                 mt[h * (KE_CAP + 1) + t], em[pol].meta[h][t]);
-            if (pos + 1 < KE_CAP)
-                continue;
-            victims++;
-            if (pol == KV_POLICY_STREAMING)
-                for (int h = 0; h < SP_NKV; h++) {
-                    int kept = 0;
-                    for (int t = 0; t < KE_CAP; t++)
-                        kept += mt[h * (KE_CAP + 1) + t] < KE_SINKS;
-                    cr_assert_eq(kept, KE_SINKS, "streaming keeps the sinks");
-                    cr_assert(mt[h * (KE_CAP + 1) + mt[h * (KE_CAP + 1) + KE_CAP]] >= KE_SINKS);
-                }
-            if (pol == KV_POLICY_TOVA)
-                cr_assert_eq(mt[KE_CAP], mt[2 * KE_CAP + 1], "tova: one victim for every kv head");
-            if (pol == KV_POLICY_H2O)
-                for (int h = 0; h < SP_NKV; h++)
-                    cr_assert_eq(ac[h * KE_CAP + mt[h * (KE_CAP + 1) + KE_CAP]], 0.0f, "h2o zeroes the victim's acc");
+                add_op(s, 0, OP_KV_STORE, (int32_t[]){h, cap}, (uint32_t[]){kin, vin, kc, vc, meta[pol]});
+            int32_t p[5] = {pol, cap, pol == KV_POLICY_STREAMING ? KE_SINKS : 0, pol == KV_POLICY_H2O ? KE_WINDOW : 0,
+                            ns};
+            add_op(s, 0, OP_KV_EVICT, p,
+                   (uint32_t[]){pol == KV_POLICY_STREAMING ? BUF_NONE : score, meta[pol],
+                                pol == KV_POLICY_H2O ? acc : BUF_NONE});
         }
-        double want[SP_NKV * KE_CAP];
-        for (int h = 0; h < SP_NKV; h++)
-            for (int t = 0; t < KE_CAP; t++)
-                want[h * KE_CAP + t] = em[KV_POLICY_H2O].acc[h][t];
-        expect_close("h2o acc", ac, want, NULL, SP_NKV * KE_CAP);
+        Kern k;
+        kern_build(&k, s);
+        EvictModel em[KV_POLICY_COUNT];
+        for (int pol = 0; pol < KV_POLICY_COUNT; pol++) {
+            em[pol].pol = pol, em[pol].cap = cap;
+            for (int i = 0; i < SP_NKV * (cap + 1); i++)
+                ibuf(&k, meta[pol])[i] = 4; /* garbage: pos 0 resets it */
+        }
+        float *ac = buf(&k, acc), *sc = buf(&k, score);
+        for (int i = 0; i < SP_NKV * cap; i++)
+            ac[i] = 5.0f;
+        int victims = 0;
+        static float logical[SP_NH * KE_CAPMAX];
+        for (int st = 0; st < cfg[c].steps; st++) {
+            int64_t pos = st < cfg[c].restart ? st : st - cfg[c].restart;
+            int n = pos + 1 < cap ? (int)pos + 1 : cap;
+            fill(&k, kin), fill(&k, vin);
+            for (int64_t i = 0; i < nsc; i++)
+                sc[i] = 30.0f; /* entries no slot t < n maps to must not count */
+            for (int qh = 0; qh < SP_NH; qh++)
+                for (int t = 0; t < n; t++)
+                    sc[evict_score_index(qh, t, n, cap, ns)] = logical[qh * KE_CAPMAX + t] = 3.0f * rnd();
+            kern_step(&k, pos, 0);
+            cr_assert_eq(k.abort_info.flag, 0);
+            for (int pol = 0; pol < KV_POLICY_COUNT; pol++) {
+                evict_model_step(&em[pol], logical, pos);
+                const int32_t *mt = ibuf(&k, meta[pol]);
+                for (int h = 0; h < SP_NKV; h++)
+                    for (int t = 0; t <= cap; t++)
+                        cr_assert_eq(mt[h * (cap + 1) + t], em[pol].meta[h][t],
+                                     "cap %d, %d splits, policy %d, pos %ld: meta[%d][%d] = %d, want %d", cap, ns, pol,
+                                     (long)pos, h, t, mt[h * (cap + 1) + t], em[pol].meta[h][t]);
+                if (pos + 1 < cap)
+                    continue;
+                victims++;
+                if (pol == KV_POLICY_STREAMING)
+                    for (int h = 0; h < SP_NKV; h++) {
+                        int kept = 0;
+                        for (int t = 0; t < cap; t++)
+                            kept += mt[h * (cap + 1) + t] < KE_SINKS;
+                        cr_assert_eq(kept, KE_SINKS, "streaming keeps the sinks");
+                        cr_assert(mt[h * (cap + 1) + mt[h * (cap + 1) + cap]] >= KE_SINKS);
+                    }
+                if (pol == KV_POLICY_TOVA)
+                    cr_assert_eq(mt[cap], mt[2 * cap + 1], "tova: one victim for every kv head");
+                if (pol == KV_POLICY_H2O)
+                    for (int h = 0; h < SP_NKV; h++)
+                        cr_assert_eq(ac[h * cap + mt[h * (cap + 1) + cap]], 0.0f, "h2o zeroes the victim's acc");
+            }
+            double want[SP_NKV * KE_CAPMAX];
+            for (int h = 0; h < SP_NKV; h++)
+                for (int t = 0; t < cap; t++)
+                    want[h * cap + t] = em[KV_POLICY_H2O].acc[h][t];
+            expect_close("h2o acc", ac, want, NULL, SP_NKV * cap);
+        }
+        cr_assert(victims > 30, "%d victims", victims);
+        kern_free(&k);
     }
-    cr_assert(victims > 30);
-    kern_free(&k);
 }
 
 /* cpu_check: meta and sel must be i32, an optional operand the params use

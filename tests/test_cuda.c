@@ -26,6 +26,7 @@
 #include "compiler/model.h"
 
 #include "tests/harness.h"
+#include "tests/scores.h"
 
 #include "tests/tmpdir.h"
 #include <criterion/criterion.h>
@@ -251,7 +252,7 @@ static Schedule *test_sparse_schedule(const char *target, ModelShape sh, int cap
     uint32_t ks = test_buf(s, "ks", DT_F32, BUF_KV, nkv, cap, hd), vs = test_buf(s, "vs", DT_F32, BUF_KV, nkv, cap, hd);
     uint32_t meta = test_buf(s, "meta", DT_I32, BUF_STATE, nkv, cap + 1, 0);
     uint32_t acc = test_buf(s, "acc", DT_F32, BUF_STATE, nkv, cap, 0);
-    uint32_t score = test_buf(s, "score", DT_F32, BUF_SCRATCH, nh, cap, 0);
+    uint32_t score = test_buf(s, "score", DT_F32, BUF_SCRATCH, nh, 2 * sparse_score_rows(cap, 2), 0);
     uint32_t bounds = test_buf(s, "bounds", DT_F32, BUF_STATE, nkv * pages, 2, hd);
     uint32_t sel = test_buf(s, "sel", DT_I32, BUF_SCRATCH, nkv, np, 0);
     uint32_t part = test_buf(s, "part", DT_F32, BUF_SCRATCH, nkv * 2, g, hd + 2);
@@ -266,13 +267,13 @@ static Schedule *test_sparse_schedule(const char *target, ModelShape sh, int cap
         test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 1, 2, SPARSE_SINK_WINDOW, 4, 64},
                 (uint32_t[]){q, kc, vc, part, BUF_NONE});
         test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 0, 2, SPARSE_QUEST, page, np}, (uint32_t[]){q, kc, vc, part, sel});
-        test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 0, 1, SPARSE_SLOTS, cap, 1}, (uint32_t[]){q, ks, vs, part, score});
+        test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 1, 2, SPARSE_SLOTS, cap, 1}, (uint32_t[]){q, ks, vs, part, score});
         test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 1, 2, SPARSE_SNAP, cap, 0}, (uint32_t[]){q, kc, vc, part, snap});
         test_op(s, OP_ATTN_COMBINE, (int32_t[]){h, 2}, (uint32_t[]){part, out});
     }
-    test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_STREAMING, cap, 4, 0}, (uint32_t[]){BUF_NONE, meta, BUF_NONE});
-    test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_H2O, cap, 0, cap / 2}, (uint32_t[]){score, meta, acc});
-    test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_TOVA, cap, 0, 0}, (uint32_t[]){score, meta, BUF_NONE});
+    test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_STREAMING, cap, 4, 0, 2}, (uint32_t[]){BUF_NONE, meta, BUF_NONE});
+    test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_H2O, cap, 0, cap / 2, 2}, (uint32_t[]){score, meta, acc});
+    test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_TOVA, cap, 0, 0, 2}, (uint32_t[]){score, meta, BUF_NONE});
     test_op(s, OP_KV_SNAP, (int32_t[]){cap, snapw}, (uint32_t[]){q, kc, qwin, snap, snapsc});
     sched_layout(s);
     return s;
@@ -698,11 +699,13 @@ static void sp_all_rows_check(bool wide)
     uint32_t kc = test_buf(s, "kc", DT_F32, BUF_KV, SP_NKV, SP_S, SP_HD);
     uint32_t vc = test_buf(s, "vc", DT_F32, BUF_KV, SP_NKV, SP_S, SP_HD);
     uint32_t sel = test_buf(s, "sel", DT_I32, BUF_SCRATCH, SP_NKV, NP, 0);
-    uint32_t score = test_buf(s, "score", DT_F32, BUF_SCRATCH, SP_NH, SP_S, 0);
     static const int nsplits[2] = {1, 3};
     uint32_t part[2][4];
     for (int i = 0; i < 2; i++) {
         int ns = nsplits[i];
+        char sname[32];
+        snprintf(sname, sizeof sname, "score%d", ns);
+        uint32_t score = test_buf(s, sname, DT_F32, BUF_SCRATCH, SP_NH, ns * sparse_score_rows(SP_S, ns), 0);
         for (int kind = 0; kind < 4; kind++) {
             char name[32];
             snprintf(name, sizeof name, "part%d.%d", ns, kind);
@@ -715,8 +718,8 @@ static void sp_all_rows_check(bool wide)
                         (uint32_t[]){q, kc, vc, part[i][0], BUF_NONE});
                 test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, sp, ns, SPARSE_QUEST, PAGE, NP},
                         (uint32_t[]){q, kc, vc, part[i][1], sel});
-                test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, sp, ns, SPARSE_SLOTS, SP_S, ns == 1},
-                        (uint32_t[]){q, kc, vc, part[i][2], ns == 1 ? score : BUF_NONE});
+                test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, sp, ns, SPARSE_SLOTS, SP_S, 1},
+                        (uint32_t[]){q, kc, vc, part[i][2], score});
             }
     }
     HostKernel k;
@@ -884,12 +887,13 @@ static void sp_rows_check(bool wide)
     uint32_t ks = test_buf(s, "ks", DT_F32, BUF_KV, SP_NKV, CAP, SP_HD);
     uint32_t vs = test_buf(s, "vs", DT_F32, BUF_KV, SP_NKV, CAP, SP_HD);
     uint32_t sel = test_buf(s, "sel", DT_I32, BUF_SCRATCH, SP_NKV, NPG, 0);
-    uint32_t score = test_buf(s, "score", DT_F32, BUF_SCRATCH, SP_NH, CAP, 0);
+    uint32_t score = test_buf(s, "score", DT_F32, BUF_SCRATCH, SP_NH, sparse_score_rows(CAP, 1), 0);
+    uint32_t score2 = test_buf(s, "score2", DT_F32, BUF_SCRATCH, SP_NH, 2 * sparse_score_rows(CAP, 2), 0);
     SpCase cs[] = {
         {SPARSE_SINK_WINDOW, 5, 60, 2, kc, vc, 0, BUF_NONE}, {SPARSE_SINK_WINDOW, 3, 7, 1, kc, vc, 0, BUF_NONE},
         {SPARSE_QUEST, 8, NPG, 3, kc, vc, 0, sel},          {SPARSE_QUEST, 8, NPG, 1, kc, vc, 0, sel},
         {SPARSE_SLOTS, CAP, 1, 1, ks, vs, 0, score},        {SPARSE_SLOTS, CAP, 0, 2, ks, vs, 0, BUF_NONE},
-        {SPARSE_SINK_WINDOW, 10, 200, 1, kc, vc, 0, BUF_NONE},
+        {SPARSE_SINK_WINDOW, 10, 200, 1, kc, vc, 0, BUF_NONE}, {SPARSE_SLOTS, CAP, 1, 2, ks, vs, 0, score2},
     };
     enum { NC = sizeof cs / sizeof cs[0] };
     for (int i = 0; i < NC; i++) {
@@ -913,26 +917,34 @@ static void sp_rows_check(bool wide)
         host_fill(&k, vc);
         host_fill(&k, ks);
         host_fill(&k, vs);
-        float *sc = host_buf(&k, score);
-        for (int i = 0; i < SP_NH * CAP; i++)
-            sc[i] = 12345.0f;
+        const uint32_t scb[2] = {score, score2};
+        for (int i = 0; i < 2; i++)
+            for (int64_t j = 0; j < k.s->bufs[scb[i]].nelem; j++)
+                ((float *)host_buf(&k, scb[i]))[j] = 12345.0f;
         host_kernel_step(&k, pos);
         for (int i = 0; i < NC; i++)
             sp_case_check(&k, &cs[i], q, selv, pos, i);
         const float *qv = host_buf(&k, q), *kv = host_buf(&k, ks);
-        for (int qh = 0; qh < SP_NH; qh++)
-            for (int t = 0; t < CAP; t++) {
-                if (t > pos) {
-                    cr_assert_eq(sc[qh * CAP + t], 12345.0f, "pos %d: score[%d][%d] written", pos, qh, t);
-                    continue;
+        int n = pos + 1 < CAP ? pos + 1 : CAP;
+        for (int i = 0; i < 2; i++) { /* the scores of the rows read, where ops.h puts them; nothing else */
+            float *sc = host_buf(&k, scb[i]);
+            for (int qh = 0; qh < SP_NH; qh++)
+                for (int t = 0; t < n; t++) {
+                    int64_t at = test_score_index(qh, t, n, CAP, i + 1, SP_G);
+                    cr_assert(at >= 0);
+                    double d = 0;
+                    for (int j = 0; j < SP_HD; j++)
+                        d += (double)qv[qh * SP_HD + j] * kv[((qh / SP_G) * CAP + t) * SP_HD + j];
+                    d /= sqrt((double)SP_HD);
+                    cr_assert(fabs(sc[at] - d) <= 1e-5 * (1 + fabs(d)),
+                              "%d splits, pos %d: score of q head %d, slot %d = %.9g, want %.9g", i + 1, pos, qh, t,
+                              sc[at], d);
+                    sc[at] = 12345.0f;
                 }
-                double d = 0;
-                for (int j = 0; j < SP_HD; j++)
-                    d += (double)qv[qh * SP_HD + j] * kv[((qh / SP_G) * CAP + t) * SP_HD + j];
-                d /= sqrt((double)SP_HD);
-                cr_assert(fabs(sc[qh * CAP + t] - d) <= 1e-5 * (1 + fabs(d)), "pos %d: score[%d][%d] = %.9g, want %.9g",
-                          pos, qh, t, sc[qh * CAP + t], d);
-            }
+            for (int64_t j = 0; j < k.s->bufs[scb[i]].nelem; j++)
+                cr_assert_eq(sc[j], 12345.0f, "%d splits, pos %d: score entry %lld, no read row's, written", i + 1, pos,
+                             (long long)j);
+        }
     }
     host_kernel_close(&k);
 }
@@ -1157,17 +1169,19 @@ static void evict_want(int pol, int cap, int sinks, int window, int pos, const f
     }
 }
 
-/* A decode of 24 steps through three evicting layers of cap 8 (streaming
- * with 2 sinks, H2O with a window of 3, TOVA): kv_store, attn_sparse
- * slots (scores) and kv_evict per step. After each step meta (the slots'
- * positions and the next slot: pos + 1 until full, then the policy's
- * victim) equals a test-side run of ops.h's rules on the kernel's scores,
- * the stored rows are this step's k/v, and H2O's acc matches. */
-Test(cuda_host, kv_evict_policies_match_rules, .timeout = 120)
+/* A decode of `steps` steps through three evicting layers of cap slots
+ * (streaming with 2 sinks, H2O with a window of 3, TOVA): kv_store,
+ * attn_sparse slots (scores) in ns splits and kv_evict per step. After
+ * each step meta (the slots' positions and the next slot: pos + 1 until
+ * full, then the policy's victim) equals a test-side run of ops.h's rules
+ * on the kernel's scores, the stored rows are this step's k/v, and H2O's
+ * acc matches. */
+static void evict_policies_check(const int CAP, int ns, int STEPS)
 {
     Schedule *s = sched_new("kv-evict", "host-cuda", 1);
     s->shape = sp_shape();
-    enum { CAP = 8, M = CAP + 1, STEPS = 24 };
+    const int M = CAP + 1;
+    cr_assert(CAP <= 64);
     static const int pols[3][3] = {{KV_POLICY_STREAMING, 2, 0}, {KV_POLICY_H2O, 0, 3}, {KV_POLICY_TOVA, 0, 0}};
     uint32_t q = test_buf(s, "q", DT_F32, BUF_SCRATCH, SP_NH * SP_HD, 0, 0);
     uint32_t k = test_buf(s, "k", DT_F32, BUF_SCRATCH, SP_NKV * SP_HD, 0, 0);
@@ -1184,23 +1198,25 @@ Test(cuda_host, kv_evict_policies_match_rules, .timeout = 120)
         snprintf(name, sizeof name, "acc%d", l);
         acc[l] = test_buf(s, name, DT_F32, BUF_STATE, SP_NKV, CAP, 0);
         snprintf(name, sizeof name, "score%d", l);
-        score[l] = test_buf(s, name, DT_F32, BUF_SCRATCH, SP_NH, CAP, 0);
+        score[l] = test_buf(s, name, DT_F32, BUF_SCRATCH, SP_NH, ns * sparse_score_rows(CAP, ns), 0);
         snprintf(name, sizeof name, "part%d", l);
-        part[l] = test_buf(s, name, DT_F32, BUF_SCRATCH, SP_NKV, SP_G, SP_E);
+        part[l] = test_buf(s, name, DT_F32, BUF_SCRATCH, SP_NKV * ns, SP_G, SP_E);
         for (int h = 0; h < SP_NKV; h++) {
             test_op(s, OP_KV_STORE, (int32_t[]){h, CAP}, (uint32_t[]){k, v, kc[l], vc[l], meta[l]});
-            test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 0, 1, SPARSE_SLOTS, CAP, 1},
-                    (uint32_t[]){q, kc[l], vc[l], part[l], score[l]});
+            for (int sp = 0; sp < ns; sp++)
+                test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, sp, ns, SPARSE_SLOTS, CAP, 1},
+                        (uint32_t[]){q, kc[l], vc[l], part[l], score[l]});
         }
         int pol = pols[l][0];
-        test_op(s, OP_KV_EVICT, (int32_t[]){pol, CAP, pols[l][1], pols[l][2]},
+        test_op(s, OP_KV_EVICT, (int32_t[]){pol, CAP, pols[l][1], pols[l][2], ns},
                 (uint32_t[]){pol == KV_POLICY_STREAMING ? BUF_NONE : score[l], meta[l],
                              pol == KV_POLICY_H2O ? acc[l] : BUF_NONE});
     }
     HostKernel hk;
     host_kernel_open(&hk, s);
-    int want[3][SP_NKV * M];
-    double accw[3][SP_NKV * CAP];
+    int want[3][SP_NKV * 65];
+    double accw[3][SP_NKV * 64];
+    float logical[SP_NH * 64];
     int victims[3] = {0};
     for (int pos = 0; pos < STEPS; pos++) {
         host_fill(&hk, q);
@@ -1231,7 +1247,12 @@ Test(cuda_host, kv_evict_policies_match_rules, .timeout = 120)
                 cr_assert(memcmp(kcv + (h * CAP + slot) * SP_HD, kv + h * SP_HD, sizeof(float) * SP_HD) == 0,
                           "layer %d pos %d head %d: slot %d does not hold this step's k", l, pos, h, slot);
             }
-            evict_want(pols[l][0], CAP, pols[l][1], pols[l][2], pos, host_buf(&hk, score[l]), want[l], accw[l]);
+            const float *sc = host_buf(&hk, score[l]);
+            int n = pos + 1 < CAP ? pos + 1 : CAP;
+            for (int qh = 0; qh < SP_NH; qh++) /* the scores slot by slot, from the splits' pieces */
+                for (int t = 0; t < n; t++)
+                    logical[qh * CAP + t] = sc[test_score_index(qh, t, n, CAP, ns, SP_G)];
+            evict_want(pols[l][0], CAP, pols[l][1], pols[l][2], pos, logical, want[l], accw[l]);
             for (int i = 0; i < SP_NKV * M; i++)
                 cr_assert_eq(mt[i], want[l][i], "policy %d pos %d: meta[%d][%d] = %d, want %d", pols[l][0], pos, i / M,
                              i % M, mt[i], want[l][i]);
@@ -1256,6 +1277,14 @@ Test(cuda_host, kv_evict_policies_match_rules, .timeout = 120)
     host_kernel_close(&hk);
 }
 
+/* A small cache read in one split, and one of two blocks read in two
+ * (scores in two pieces). */
+Test(cuda_host, kv_evict_policies_match_rules, .timeout = 120)
+{
+    evict_policies_check(8, 1, 24);
+    evict_policies_check(40, 2, 60);
+}
+
 /* What the new ops' bodies cannot run is refused before any compiler
  * runs, each error naming the op: a Quest attn_sparse without sel, an
  * h2o kv_evict without acc, an f32 meta, an unknown kv_evict policy. */
@@ -1275,11 +1304,11 @@ Test(cuda_host, sparse_ops_refused_params)
     sched_op(s, 0, OP_ATTN_SPARSE, (int32_t[]){0, 0, 1, SPARSE_QUEST, 8, 2}, a);
     Access e[3] = {{score, ACC_R, affine_const(0), affine_const(1)}, {meta, ACC_RW, affine_const(0), affine_const(1)},
                    none};
-    sched_op(s, 0, OP_KV_EVICT, (int32_t[]){KV_POLICY_H2O, 8, 0, 2, 0, 0}, e);
+    sched_op(s, 0, OP_KV_EVICT, (int32_t[]){KV_POLICY_H2O, 8, 0, 2, 1, 0}, e);
     e[1].buf = fmeta;
-    sched_op(s, 0, OP_KV_EVICT, (int32_t[]){KV_POLICY_TOVA, 8, 0, 0, 0, 0}, e);
+    sched_op(s, 0, OP_KV_EVICT, (int32_t[]){KV_POLICY_TOVA, 8, 0, 0, 1, 0}, e);
     e[1].buf = meta;
-    sched_op(s, 0, OP_KV_EVICT, (int32_t[]){7, 8, 0, 0, 0, 0}, e);
+    sched_op(s, 0, OP_KV_EVICT, (int32_t[]){7, 8, 0, 0, 1, 0}, e);
     sched_layout(s);
     char path[] = "/tmp/megac-cuda-refuse-XXXXXX";
     int fd = mkstemp(path);

@@ -825,12 +825,13 @@ static int ws_advance(WStream *ws)
                 return 1;
             continue;
         }
-        if (in[KT_OP] == OP_ATTN_SPARSE && in[KT_PARAM + 3] == SPARSE_SLOTS && in[KT_PARAM + 2] == 1) {
-            /* an evicting layer's filled slots, one run: known before the step */
-            int64_t h = in[KT_PARAM], cap = in[KT_PARAM + 4], hd = SHAPE(KS_HEAD_DIM);
-            int64_t rowb = hd * kv_esize(kv_dtype(in, 1)), off = h * cap * rowb;
-            ws_attn_start(ws, (const char *)opnd(ws->a, in, 1) + off, (const char *)opnd(ws->a, in, 2) + off, rowb, 0,
-                          ws->a->pos + 1 < cap ? ws->a->pos + 1 : cap);
+        if (in[KT_OP] == OP_ATTN_SPARSE && in[KT_PARAM + 3] == SPARSE_SLOTS) {
+            /* split s of an evicting layer's filled slots, one run: known before the step */
+            int64_t h = in[KT_PARAM], s = in[KT_PARAM + 1], nsplit = in[KT_PARAM + 2], cap = in[KT_PARAM + 4];
+            int64_t hd = SHAPE(KS_HEAD_DIM), rowb = hd * kv_esize(kv_dtype(in, 1)), off = h * cap * rowb, lo, hi;
+            split_range(ws->a->pos + 1 < cap ? ws->a->pos + 1 : cap, SPARSE_BLOCK, s, nsplit, &lo, &hi);
+            ws_attn_start(ws, (const char *)opnd(ws->a, in, 1) + off, (const char *)opnd(ws->a, in, 2) + off, rowb, lo,
+                          hi);
             ws->next += KT_STRIDE;
             if (ws_attn_next(ws))
                 return 1;
@@ -2995,7 +2996,7 @@ static void attn_softmax_step(float *p, float *sc, int64_t n, int64_t hd)
  * worker's prefetch stream (ws: the loops do too much per cache line for
  * the out-of-order window alone to keep enough of them in flight). p: G
  * entries of hd outputs, m, l. raw (NULL: none) receives q head g's scaled
- * scores at raw[g * rstride + t0 + i]. */
+ * score of row t0 + i at raw[g * rstride + i]. */
 static inline __attribute__((always_inline)) void attn_chunk_kt(int kt, float *p, const float *q, const void *kh,
                                                                const void *vh, int64_t t0, int64_t n, int64_t hd,
                                                                int64_t G, float scale, WStream *ws, float *raw,
@@ -3014,7 +3015,7 @@ static inline __attribute__((always_inline)) void attn_chunk_kt(int kt, float *p
     }
     if (raw) /* the scaled scores, before the softmax turns them into weights */
         for (int64_t g = 0; g < G; g++)
-            memcpy(raw + g * rstride + t0, sc[g], (size_t)n * sizeof(float));
+            memcpy(raw + g * rstride, sc[g], (size_t)n * sizeof(float));
     for (int64_t g = 0; g < G; g++)
         attn_softmax_step(p + g * (hd + 2), sc[g], n, hd);
     ws_read(ws, n * rowb);
@@ -3212,9 +3213,9 @@ _Static_assert(SPARSE_BLOCK <= ATTN_CHUNK, "a block of attn_sparse must fit one 
  * ATTN_CHUNK pieces from its start, as OP_ATTN walks its split's rows:
  * with every row selected (one run) the partials are OP_ATTN's at block
  * SPARSE_BLOCK, bit for bit. Slots with b = 1 also store the scaled
- * scores into aux (score[q head][slot], rows t < n only).
- * Only slots with one split are in the worker's prefetch stream (their
- * rows are [0, n), known before the step; ws_advance walks them as this
+ * scores of the split's rows into its piece of aux (ops.h).
+ * Only slots are in the worker's prefetch stream (their rows are [0, n),
+ * known before the step; ws_advance walks the split's range as this
  * loop does). Quest's rows depend on sel, written this step, and the
  * window moves with pos: those ops report their reads to a detached
  * stream that never prefetches, since reporting them to the worker's
@@ -3240,8 +3241,9 @@ static void op_attn_sparse(const MegacArgs *a, const int64_t *in, WStream *ws)
                          : kind == SPARSE_SNAP ? (const int32_t *)aux + h * (pa + 1)
                                                : NULL;
     SparseRuns r = {kind, pa, pb, a->pos + 1, sel, 0};
-    float *raw = kind == SPARSE_SLOTS && pb == 1 && nsplit == 1 && aux ? aux + h * G * pa : NULL;
-    WStream none = {.a = a, .ahead = INT64_MAX / 2}, *rs = kind == SPARSE_SLOTS && nsplit == 1 ? ws : &none;
+    int64_t nraw = sparse_score_rows(pa, nsplit); /* score entries per q head (slots with b = 1) */
+    float *raw = kind == SPARSE_SLOTS && pb == 1 && aux ? aux + (h * nsplit + s) * G * nraw : NULL;
+    WStream none = {.a = a, .ahead = INT64_MAX / 2}, *rs = kind == SPARSE_SLOTS ? ws : &none;
     int64_t t0, t1, lo = 0, hi = INT64_MAX, e = 0; /* e: selected rows before the run */
     if (nsplit > 1) {
         int64_t n = 0;
@@ -3253,7 +3255,8 @@ static void op_attn_sparse(const MegacArgs *a, const int64_t *in, WStream *ws)
         int64_t len = t1 - t0, u0 = t0 + (lo <= e ? 0 : lo - e < len ? lo - e : len);
         int64_t u1 = t0 + (hi - e < len ? hi - e : len);
         for (int64_t c = u0; c < u1; c += ATTN_CHUNK)
-            attn_chunk(kt, p, qh, kh, vh, c, u1 - c < ATTN_CHUNK ? u1 - c : ATTN_CHUNK, hd, G, scale, rs, raw, pa);
+            attn_chunk(kt, p, qh, kh, vh, c, u1 - c < ATTN_CHUNK ? u1 - c : ATTN_CHUNK, hd, G, scale, rs,
+                       raw ? raw + (c - lo) : NULL, nraw);
     }
 }
 
@@ -3369,15 +3372,37 @@ static void op_quest_select(const MegacArgs *a, const int64_t *in)
         sel[i] = i < n ? pg[i] : -1;
 }
 
-/* Max m and sum z of e^(s - m) of one q head's scores s[0:n]; its
- * weights are p[t] = e^(s[t] - m) / z. */
-static void evict_softmax(const float *s, int64_t n, float *mz)
+/* An evicting layer's scores as its splits wrote them (ops.h): q head qh's
+ * score of slot t < n sits in split s's piece, R entries per q head. */
+typedef struct {
+    const float *score;
+    int64_t G, nsplit, R, n;
+} EvictScores;
+
+/* Split s's piece of q head qh: its slots [*lo, *hi), the first at the
+ * pointer returned. */
+static const float *evict_piece(const EvictScores *e, int64_t qh, int64_t s, int64_t *lo, int64_t *hi)
+{
+    split_range(e->n, SPARSE_BLOCK, s, e->nsplit, lo, hi);
+    return e->score + ((qh / e->G * e->nsplit + s) * e->G + qh % e->G) * e->R;
+}
+
+/* Max m and sum z of e^(s - m) of q head qh's scores s[0:n], slot after
+ * slot; its weights are p[t] = e^(s[t] - m) / z. */
+static void evict_softmax(const EvictScores *e, int64_t qh, float *mz)
 {
     float m = NEG_INF, z = 0.0f;
-    for (int64_t t = 0; t < n; t++)
-        m = s[t] > m ? s[t] : m;
-    for (int64_t t = 0; t < n; t++)
-        z += exp_nonpos(s[t] - m);
+    int64_t lo, hi;
+    for (int64_t s = 0; s < e->nsplit; s++) {
+        const float *x = evict_piece(e, qh, s, &lo, &hi);
+        for (int64_t t = lo; t < hi; t++)
+            m = x[t - lo] > m ? x[t - lo] : m;
+    }
+    for (int64_t s = 0; s < e->nsplit; s++) {
+        const float *x = evict_piece(e, qh, s, &lo, &hi);
+        for (int64_t t = lo; t < hi; t++)
+            z += exp_nonpos(x[t - lo] - m);
+    }
     mz[0] = m;
     mz[1] = z;
 }
@@ -3385,28 +3410,31 @@ static void evict_softmax(const float *s, int64_t n, float *mz)
 #define EVICT_CHUNK 256 /* slots whose TOVA sums are kept at once */
 
 /* TOVA's victim: the slot t < n of least p averaged over all nh q heads
- * (the lowest slot on ties), summed EVICT_CHUNK slots at a time so that
- * each head's score row is read in order and nothing of size cap is on
- * the stack. mz: each q head's max and sum (evict_softmax). */
-static int64_t evict_tova(const float *score, const float *mz, int64_t nh, int64_t cap, int64_t n)
+ * (the lowest slot on ties), summed EVICT_CHUNK slots of a split at a
+ * time so that each head's scores are read in order and nothing of size
+ * cap is on the stack. mz: each q head's max and sum (evict_softmax). */
+static int64_t evict_tova(const EvictScores *e, const float *mz, int64_t nh)
 {
-    int64_t best = 0;
+    int64_t best = -1, lo, hi;
     float bestv = 0.0f;
-    for (int64_t t0 = 0; t0 < n; t0 += EVICT_CHUNK) {
-        int64_t len = n - t0 < EVICT_CHUNK ? n - t0 : EVICT_CHUNK;
-        float sum[EVICT_CHUNK] = {0};
-        for (int64_t qh = 0; qh < nh; qh++) {
-            const float *s = score + qh * cap + t0;
-            for (int64_t i = 0; i < len; i++)
-                sum[i] += exp_nonpos(s[i] - mz[2 * qh]) / mz[2 * qh + 1];
-        }
-        for (int64_t i = 0; i < len; i++) {
-            float v = sum[i] / (float)nh;
-            if ((t0 == 0 && i == 0) || v < bestv)
-                best = t0 + i, bestv = v;
+    for (int64_t s = 0; s < e->nsplit; s++) {
+        split_range(e->n, SPARSE_BLOCK, s, e->nsplit, &lo, &hi);
+        for (int64_t t0 = lo; t0 < hi; t0 += EVICT_CHUNK) {
+            int64_t len = hi - t0 < EVICT_CHUNK ? hi - t0 : EVICT_CHUNK;
+            float sum[EVICT_CHUNK] = {0};
+            for (int64_t qh = 0; qh < nh; qh++) {
+                const float *x = evict_piece(e, qh, s, &lo, &hi) + (t0 - lo);
+                for (int64_t i = 0; i < len; i++)
+                    sum[i] += exp_nonpos(x[i] - mz[2 * qh]) / mz[2 * qh + 1];
+            }
+            for (int64_t i = 0; i < len; i++) {
+                float v = sum[i] / (float)nh;
+                if (best < 0 || v < bestv)
+                    best = t0 + i, bestv = v;
+            }
         }
     }
-    return best;
+    return best < 0 ? 0 : best;
 }
 
 /* The victim among the cap slots of one kv head (m: its meta, ac: its H2O
@@ -3433,34 +3461,38 @@ static int64_t evict_victim(int64_t pol, const int32_t *m, const float *ac, int6
 }
 
 /* Every kv head of a layer: with n = min(pos+1, cap) slots filled, p =
- * each q head's softmax of score[q head][0:n]; H2O adds p, summed over the
- * kv head's q heads, into acc (zeroed at pos 0). Then meta[h][cap] = pos+1
- * while that is < cap, else the policy's victim (H2O zeroes its acc for
- * the newcomer; TOVA's is the same for every head). */
+ * each q head's softmax of its scores over slots [0, n); H2O adds p,
+ * summed over the kv head's q heads, into acc (zeroed at pos 0). Then
+ * meta[h][cap] = pos+1 while that is < cap, else the policy's victim (H2O
+ * zeroes its acc for the newcomer; TOVA's is the same for every head). */
 static void op_kv_evict(const MegacArgs *a, const int64_t *in)
 {
     const float *score = opnd(a, in, 0);
     int32_t *meta = opnd(a, in, 1);
     float *acc = opnd(a, in, 2);
     int64_t pol = in[KT_PARAM], cap = in[KT_PARAM + 1], sinks = in[KT_PARAM + 2], window = in[KT_PARAM + 3];
+    int64_t nsplit = in[KT_PARAM + 4];
     int64_t nh = SHAPE(KS_N_HEADS), nkv = SHAPE(KS_N_KV_HEADS), G = nh / nkv, pos = a->pos;
     int64_t n = pos + 1 < cap ? pos + 1 : cap;
+    EvictScores e = {score, G, nsplit, sparse_score_rows(cap, nsplit), n};
     float mz[2 * nh];
     if (pol == KV_POLICY_STREAMING)
         score = NULL;
     for (int64_t qh = 0; score && qh < nh; qh++)
-        evict_softmax(score + qh * cap, n, mz + 2 * qh);
+        evict_softmax(&e, qh, mz + 2 * qh);
     if (pol != KV_POLICY_H2O)
         acc = NULL;
     if (acc && pos == 0)
         memset(acc, 0, (size_t)(nkv * cap) * sizeof(float));
     for (int64_t qh = 0; acc && score && qh < nh; qh++) {
-        const float *s = score + qh * cap;
         float *ac = acc + qh / G * cap;
-        for (int64_t t = 0; t < n; t++)
-            ac[t] += exp_nonpos(s[t] - mz[2 * qh]) / mz[2 * qh + 1];
+        for (int64_t s = 0, lo, hi; s < nsplit; s++) {
+            const float *x = evict_piece(&e, qh, s, &lo, &hi);
+            for (int64_t t = lo; t < hi; t++)
+                ac[t] += exp_nonpos(x[t - lo] - mz[2 * qh]) / mz[2 * qh + 1];
+        }
     }
-    int64_t tova = pol == KV_POLICY_TOVA && score && pos + 1 >= cap ? evict_tova(score, mz, nh, cap, n) : -1;
+    int64_t tova = pol == KV_POLICY_TOVA && score && pos + 1 >= cap ? evict_tova(&e, mz, nh) : -1;
     for (int64_t h = 0; h < nkv; h++) {
         int32_t *m = meta + h * (cap + 1);
         if (pos + 1 < cap) {

@@ -50,8 +50,8 @@ static const char *check_params(const Schedule *s, const Inst *in)
             return "attn_sparse sink_window needs sinks >= 0 and window > 0";
         if (p[3] == SPARSE_QUEST && (p[4] <= 0 || p[5] <= 0))
             return "attn_sparse quest needs page > 0 and npages > 0";
-        if (p[3] == SPARSE_SLOTS && (p[4] <= 0 || (p[5] != 0 && p[5] != 1) || (p[5] == 1 && p[2] != 1)))
-            return "attn_sparse slots needs cap > 0, and b (scores) 0, or 1 with nsplit 1";
+        if (p[3] == SPARSE_SLOTS && (p[4] <= 0 || (p[5] != 0 && p[5] != 1)))
+            return "attn_sparse slots needs cap > 0 and b (scores) 0 or 1";
         if (p[3] == SPARSE_SNAP && (p[4] <= 0 || p[5] != 0))
             return "attn_sparse snap needs budget > 0 and b 0";
         return NULL;
@@ -64,8 +64,9 @@ static const char *check_params(const Schedule *s, const Inst *in)
     case OP_KV_EVICT:
         if (p[0] < 0 || p[0] >= KV_POLICY_COUNT)
             return "kv_evict has an unknown policy";
-        if (p[1] <= 0 || p[1] >= (1 << 24) || p[2] < 0 || p[3] < 0)
-            return "kv_evict needs 0 < cap < 2^24 (slot indices go through f32), sinks >= 0 and window >= 0";
+        if (p[1] <= 0 || p[1] >= (1 << 24) || p[2] < 0 || p[3] < 0 || p[4] <= 0)
+            return "kv_evict needs 0 < cap < 2^24 (slot indices go through f32), sinks >= 0, window >= 0 and "
+                   "nsplit > 0";
         if (p[0] != KV_POLICY_STREAMING && 2 * s->shape.n_heads > CUDA_SMEM_FLOATS_LIMIT)
             return "kv_evict keeps two floats per q head in shared memory: too many heads";
         return NULL;

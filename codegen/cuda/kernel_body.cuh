@@ -938,6 +938,14 @@ MK_INLINE void mk_attn_store(unsigned warp, unsigned lane, float acc[MK_G][MK_HD
     }
 }
 
+/* Score entries per split and q head of an evicting layer
+ * (sparse_score_rows in ir/ops.h). */
+MK_INLINE int mk_score_rows(int cap, int nsplit)
+{
+    int nb = (cap + MK_SPARSE_BLOCK - 1) / MK_SPARSE_BLOCK;
+    return (nb + nsplit - 1) / nsplit * MK_SPARSE_BLOCK;
+}
+
 /* Split s of nsplit over n entries (rows) cut into blocks of `block`:
  * entries [*lo, *hi), the blocks [s*nb/nsplit, (s+1)*nb/nsplit) of
  * nb = ceil(n / block) (ATTN, ATTN_SPARSE in ir/ops.h). */
@@ -1093,7 +1101,8 @@ MK_INLINE int mk_rows_count(MkRows r, int pos)
  * is op_attn's at block 32. The hot loop keeps no run cursor (the
  * registers of op_attn's). Rows are hd apart in kc/vc[h], whose head
  * stride is S rows, or cap for slots; slots with b = 1 write each row's
- * scaled scores. Then the merge of op_attn. */
+ * scaled scores into the split's piece of the scores (ops.h). Then the
+ * merge of op_attn. */
 MK_DEV void op_attn_sparse(const MegacArgs *a, const unsigned *in)
 {
     const float *q = (const float *)mk_opnd(a, in, 0);
@@ -1112,8 +1121,8 @@ MK_DEV void op_attn_sparse(const MegacArgs *a, const unsigned *in)
     if (nsplit > 1)
         mk_split_range(rows.kind == MK_SPARSE_SNAP ? n : mk_rows_count(rows, pos), MK_SPARSE_BLOCK, s, nsplit, &lo,
                        &hi);
-    int slots = rows.kind == MK_SPARSE_SLOTS, cap = rows.a;
-    float *score = slots && rows.b == 1 ? (float *)mk_opnd(a, in, 4) + (long long)h * MK_G * cap : 0;
+    int slots = rows.kind == MK_SPARSE_SLOTS, cap = rows.a, nsc = slots ? mk_score_rows(cap, nsplit) : 0;
+    float *score = slots && rows.b == 1 ? (float *)mk_opnd(a, in, 4) + (long long)(h * nsplit + s) * MK_G * nsc : 0;
     long long head = (long long)h * (slots ? cap : MK_MAX_SEQ) * MK_HD;
     const mk_kv *kh = kc + head, *vh = vc + head;
     unsigned tid = mk_tid(), warp = tid >> 5, lane = tid & 31u;
@@ -1131,7 +1140,7 @@ MK_DEV void op_attn_sparse(const MegacArgs *a, const unsigned *in)
             if (tf < 0.0f)
                 break;
             long long t = (long long)tf;
-            mk_attn_row(kh + t * MK_HD, vh + t * MK_HD, lane, qv, acc, m, l, score ? score + t : 0, cap);
+            mk_attn_row(kh + t * MK_HD, vh + t * MK_HD, lane, qv, acc, m, l, score ? score + (t - lo) : 0, nsc);
         }
         mk_sync();
         if (last)
@@ -1435,20 +1444,35 @@ MK_DEV void op_quest_select(const MegacArgs *a, const unsigned *in)
     }
 }
 
+/* An evicting layer's scores as its nsplit splits wrote them (ops.h), n
+ * slots filled, nsc entries per split and q head. */
+typedef struct {
+    const float *p;
+    int n, nsplit, nsc;
+} MkScores;
+
+/* q head qh's score of slot t < n: in the piece of the split whose range
+ * (mk_split_range) has t's block b, s = ceil((b + 1) nsplit / nb) - 1. */
+MK_INLINE float mk_score_at(MkScores sc, int qh, int t)
+{
+    long long nb = (sc.n + MK_SPARSE_BLOCK - 1) / MK_SPARSE_BLOCK, b = t / MK_SPARSE_BLOCK;
+    long long s = ((b + 1) * sc.nsplit - 1) / nb, lo = s * nb / sc.nsplit * MK_SPARSE_BLOCK;
+    return sc.p[((qh / MK_G * sc.nsplit + s) * MK_G + qh % MK_G) * sc.nsc + t - lo];
+}
+
 /* mk_sm[2i], mk_sm[2i + 1] = the max and the sum of e^(x - max) over
- * score row qh (rows of cap), t < n, for q heads qh < MK_NH: a warp per
- * row; ends with a barrier. */
-MK_DEV void mk_softmax_stats(const float *score, int n, int cap)
+ * q head qh's scores x, t < n, for q heads qh < MK_NH: a warp per head;
+ * ends with a barrier. */
+MK_DEV void mk_softmax_stats(MkScores sc)
 {
     unsigned tid = mk_tid(), lane = tid & 31u;
     for (int qh = (int)(tid >> 5); qh < MK_NH; qh += MK_NWARPS) {
-        const float *x = score + (long long)qh * cap;
         float m = MK_NEG_INF, l = 0.0f;
-        for (int t = (int)lane; t < n; t += 32)
-            m = fmaxf(m, x[t]);
+        for (int t = (int)lane; t < sc.n; t += 32)
+            m = fmaxf(m, mk_score_at(sc, qh, t));
         m = mk_warp_max(m);
-        for (int t = (int)lane; t < n; t += 32)
-            l += expf(x[t] - m);
+        for (int t = (int)lane; t < sc.n; t += 32)
+            l += expf(mk_score_at(sc, qh, t) - m);
         l = mk_warp_sum(l);
         if (lane == 0) {
             mk_sm[2 * qh] = m;
@@ -1459,9 +1483,9 @@ MK_DEV void mk_softmax_stats(const float *score, int n, int cap)
 }
 
 /* p[qh][t] from the stats in mk_sm. */
-MK_INLINE float mk_softmax_p(const float *score, int qh, int t, int cap)
+MK_INLINE float mk_softmax_p(MkScores sc, int qh, int t)
 {
-    return expf(score[(long long)qh * cap + t] - mk_sm[2 * qh]) / mk_sm[2 * qh + 1];
+    return expf(mk_score_at(sc, qh, t) - mk_sm[2 * qh]) / mk_sm[2 * qh + 1];
 }
 
 /* Every kv head: meta[h][cap] = the slot the next token takes: pos + 1
@@ -1476,8 +1500,10 @@ MK_DEV void op_kv_evict(const MegacArgs *a, const unsigned *in)
     int *meta = (int *)mk_opnd(a, in, 1);
     float *acc = (float *)mk_opnd(a, in, 2);
     int pol = mk_param(in, 0), cap = mk_param(in, 1), sinks = mk_param(in, 2), window = mk_param(in, 3);
+    int nsplit = mk_param(in, 4);
     long long pos = a->pos;
     int n = pos + 1 < cap ? (int)pos + 1 : cap, full = pos + 1 >= cap;
+    MkScores sc = {score, n, nsplit, mk_score_rows(cap, nsplit)};
     unsigned tid = mk_tid();
     if (pol == MK_KV_H2O) {
         if (pos == 0) {
@@ -1485,12 +1511,12 @@ MK_DEV void op_kv_evict(const MegacArgs *a, const unsigned *in)
                 acc[i] = 0.0f;
             mk_sync();
         }
-        mk_softmax_stats(score, n, cap);
+        mk_softmax_stats(sc);
         for (long long i = tid; i < (long long)MK_NKV * n; i += MK_THREADS) {
             int h = (int)(i / n), t = (int)(i % n);
             float p = 0.0f;
             for (int g = 0; g < MK_G; g++)
-                p += mk_softmax_p(score, h * MK_G + g, t, cap);
+                p += mk_softmax_p(sc, h * MK_G + g, t);
             acc[(long long)h * cap + t] += p;
         }
         mk_sync();
@@ -1501,13 +1527,13 @@ MK_DEV void op_kv_evict(const MegacArgs *a, const unsigned *in)
         return;
     }
     if (pol == MK_KV_TOVA) {
-        mk_softmax_stats(score, n, cap);
+        mk_softmax_stats(sc);
         float best = 0.0f;
         int idx = -1;
         for (int t = (int)tid; t < n; t += MK_THREADS) {
             float p = 0.0f;
             for (int qh = 0; qh < MK_NH; qh++)
-                p += mk_softmax_p(score, qh, t, cap);
+                p += mk_softmax_p(sc, qh, t);
             if (idx < 0 || p < best) {
                 best = p;
                 idx = t;

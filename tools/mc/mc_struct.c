@@ -46,10 +46,19 @@ static Access cache_rows(const ModelShape *sh, int64_t h)
     return (Access){.mode = ACC_R, .lo = {h * S * hd, 0}, .hi = {h * S * hd + hd, hd}};
 }
 
+/* Score entries per split and q head of an evicting layer of cap slots
+ * read in ns splits (ops.h): the blocks of SPARSE_BLOCK slots of a whole
+ * cache, shared out over the splits, rounded up. */
+static int64_t mc_score_rows(int64_t cap, int64_t ns)
+{
+    int64_t blocks = (cap + SPARSE_BLOCK - 1) / SPARSE_BLOCK;
+    return SPARSE_BLOCK * ((blocks + ns - 1) / ns);
+}
+
 /* ATTN_SPARSE h s nsplit kind a b: the rows `kind` selects lie in head h's
  * rows [0, pos] (sink_window, quest, snap) or in its cap = a slots (slots);
- * aux is absent, sel[h] (quest, read), score of h's q heads (slots, b = 1)
- * or snap[h] (snap, read). */
+ * aux is absent, sel[h] (quest, read), split s's piece of the scores of
+ * h's q heads (slots, b = 1) or snap[h] (snap, read). */
 static bool mc_attn_sparse(const ModelShape *sh, const int32_t *p, Access *e, bool *present)
 {
     int64_t hd = sh->head_dim, S = sh->max_seq, G = sh->n_kv_heads > 0 ? sh->n_heads / sh->n_kv_heads : 0;
@@ -58,7 +67,7 @@ static bool mc_attn_sparse(const ModelShape *sh, const int32_t *p, Access *e, bo
     switch (kind) {
     case SPARSE_SINK_WINDOW: ok &= a >= 0 && b > 0; break;     /* the window holds pos itself */
     case SPARSE_QUEST: ok &= a > 0 && a <= S && b > 0; break;
-    case SPARSE_SLOTS: ok &= a > 0 && a <= S && (b == 0 || (b == 1 && ns == 1)); break;
+    case SPARSE_SLOTS: ok &= a > 0 && a <= S && (b == 0 || b == 1); break;
     case SPARSE_SNAP: ok &= a > 0 && a <= S && b == 0; break;
     default: return false;
     }
@@ -72,19 +81,21 @@ static bool mc_attn_sparse(const ModelShape *sh, const int32_t *p, Access *e, bo
         e[4] = span(ACC_R, h * b, (h + 1) * b);
     else if (kind == SPARSE_SNAP)
         e[4] = span(ACC_R, h * (a + 1), (h + 1) * (a + 1));
-    else
-        e[4] = span(ACC_W, h * G * a, (h + 1) * G * a);
+    else if (kind == SPARSE_SLOTS) {
+        int64_t piece = G * mc_score_rows(a, ns);
+        e[4] = span(ACC_W, (h * ns + sp) * piece, (h * ns + sp + 1) * piece);
+    }
     return true;
 }
 
-/* KV_EVICT policy cap sinks window: every kv head's meta, H2O's acc, and
- * the layer's scores for H2O and TOVA. */
+/* KV_EVICT policy cap sinks window nsplit: every kv head's meta, H2O's
+ * acc, and all the pieces of the layer's scores for H2O and TOVA. */
 static bool mc_kv_evict(const ModelShape *sh, const int32_t *p, Access *e, bool *present)
 {
-    int64_t kv = sh->n_kv_heads, pol = p[0], cap = p[1], sinks = p[2], window = p[3];
-    if (pol < 0 || pol >= KV_POLICY_COUNT || cap <= 0 || cap > sh->max_seq || sinks < 0 || window < 0)
+    int64_t kv = sh->n_kv_heads, pol = p[0], cap = p[1], sinks = p[2], window = p[3], ns = p[4];
+    if (pol < 0 || pol >= KV_POLICY_COUNT || cap <= 0 || cap > sh->max_seq || sinks < 0 || window < 0 || ns <= 0)
         return false;
-    e[0] = span(ACC_R, 0, sh->n_heads * cap), present[0] = pol != KV_POLICY_STREAMING;
+    e[0] = span(ACC_R, 0, sh->n_heads * ns * mc_score_rows(cap, ns)), present[0] = pol != KV_POLICY_STREAMING;
     e[1] = span(ACC_RW, 0, kv * (cap + 1));
     e[2] = span(ACC_RW, 0, kv * cap), present[2] = pol == KV_POLICY_H2O;
     return (pol != KV_POLICY_STREAMING || sinks < cap) && (pol != KV_POLICY_H2O || window < cap);
