@@ -19,8 +19,8 @@
 # BENCH_TOKENS (decode steps per run, default 64), MODELS (default
 # "smollm2-135m llama-3.2-1b"), FORMATS (default "bf16 w8a16 w4a16-g128"),
 # TESTS (0 skips the tests), LONG_CONTEXT (default 2000, 0 skips the
-# long-context benchmarks: SmolLM2 with an f16 cache, sink_window and
-# streaming, each against the dense f32 cache in the same runs),
+# long-context benchmarks: SmolLM2 with an f16 cache, sink_window,
+# streaming and TOVA, each against the dense f32 cache in the same runs),
 # LONG_TOKENS (timed there, default 32), TARGET (a dry run without a GPU:
 # TARGET=host-cuda TESTS=0 MODELS=stories260k FORMATS=bf16 BENCH_TOKENS=4
 # LONG_CONTEXT=8 LONG_TOKENS=2, about 3 minutes on 2 cores).
@@ -210,13 +210,14 @@ if [ "$long" -gt 0 ]; then
         run timeout 300 "$megac" compile "$lm" --target "$target" --set quant.default=bf16 --set compile.max_seq=8192 \
             "$@" -o "$work/long.$k.megac" >"$out/long.$k.compile.log" 2>&1 || echo failed >"$work/long.$k.failed"
     }
-    log "long context ($long positions): compiling SmolLM2-135M dense, f16 cache, sink_window, streaming"
+    log "long context ($long positions): compiling SmolLM2-135M dense, f16 cache, sink_window, streaming, tova"
     long_compile dense &
     long_compile f16 --set compile.kv_dtype=f16 &
     long_compile window --set 'compile.attention=[{layers: all, kind: sink_window, sinks: 4, window: 508}]' &
     long_compile streaming --set 'compile.kv_policy=[{layers: all, policy: streaming, sinks: 4, window: 508}]' &
+    long_compile tova --set 'compile.kv_policy=[{layers: all, policy: tova, budget: 512}]' &
     wait
-    for k in f16 window streaming; do
+    for k in f16 window streaming tova; do
         if [ -e "$work/long.$k.failed" ] || [ -e "$work/long.dense.failed" ]; then
             log "long $k: compile FAILED (see long.$k.compile.log, long.dense.compile.log)"
             longrows+=("{\"setting\": \"$k\", \"error\": \"compile failed\"}")
