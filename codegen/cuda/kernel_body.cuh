@@ -1451,28 +1451,42 @@ typedef struct {
     int n, nsplit, nsc;
 } MkScores;
 
-/* q head qh's score of slot t < n: in the piece of the split whose range
- * (mk_split_range) has t's block b, s = ceil((b + 1) nsplit / nb) - 1. */
-MK_INLINE float mk_score_at(MkScores sc, int qh, int t)
+/* Where slot t < n's scores are: the split s whose range (mk_split_range)
+ * has t's block b, s = ceil((b + 1) nsplit / nb) - 1, and t's offset in
+ * that split's pieces. Computed once per slot, for all its q heads. */
+MK_INLINE void mk_score_slot(MkScores sc, int t, int *s, int *off)
 {
     long long nb = (sc.n + MK_SPARSE_BLOCK - 1) / MK_SPARSE_BLOCK, b = t / MK_SPARSE_BLOCK;
-    long long s = ((b + 1) * sc.nsplit - 1) / nb, lo = s * nb / sc.nsplit * MK_SPARSE_BLOCK;
-    return sc.p[((qh / MK_G * sc.nsplit + s) * MK_G + qh % MK_G) * sc.nsc + t - lo];
+    long long sp = ((b + 1) * sc.nsplit - 1) / nb;
+    *s = (int)sp;
+    *off = t - (int)(sp * nb / sc.nsplit) * MK_SPARSE_BLOCK;
+}
+
+/* q head qh's entry at offset off of split s's piece. */
+MK_INLINE float mk_score_at(MkScores sc, int qh, int s, int off)
+{
+    return sc.p[((long long)(qh / MK_G * sc.nsplit + s) * MK_G + qh % MK_G) * sc.nsc + off];
 }
 
 /* mk_sm[2i], mk_sm[2i + 1] = the max and the sum of e^(x - max) over
- * q head qh's scores x, t < n, for q heads qh < MK_NH: a warp per head;
- * ends with a barrier. */
+ * q head qh's scores x, t < n, for q heads qh < MK_NH: a warp per head,
+ * a split's piece at a time (slot order); ends with a barrier. */
 MK_DEV void mk_softmax_stats(MkScores sc)
 {
     unsigned tid = mk_tid(), lane = tid & 31u;
     for (int qh = (int)(tid >> 5); qh < MK_NH; qh += MK_NWARPS) {
         float m = MK_NEG_INF, l = 0.0f;
-        for (int t = (int)lane; t < sc.n; t += 32)
-            m = fmaxf(m, mk_score_at(sc, qh, t));
+        for (int s = 0, lo, hi; s < sc.nsplit; s++) {
+            mk_split_range(sc.n, MK_SPARSE_BLOCK, s, sc.nsplit, &lo, &hi);
+            for (int t = lo + (int)lane; t < hi; t += 32)
+                m = fmaxf(m, mk_score_at(sc, qh, s, t - lo));
+        }
         m = mk_warp_max(m);
-        for (int t = (int)lane; t < sc.n; t += 32)
-            l += expf(mk_score_at(sc, qh, t) - m);
+        for (int s = 0, lo, hi; s < sc.nsplit; s++) {
+            mk_split_range(sc.n, MK_SPARSE_BLOCK, s, sc.nsplit, &lo, &hi);
+            for (int t = lo + (int)lane; t < hi; t += 32)
+                l += expf(mk_score_at(sc, qh, s, t - lo) - m);
+        }
         l = mk_warp_sum(l);
         if (lane == 0) {
             mk_sm[2 * qh] = m;
@@ -1482,10 +1496,10 @@ MK_DEV void mk_softmax_stats(MkScores sc)
     mk_sync();
 }
 
-/* p[qh][t] from the stats in mk_sm. */
-MK_INLINE float mk_softmax_p(MkScores sc, int qh, int t)
+/* p[qh] of the slot at offset off of split s, from the stats in mk_sm. */
+MK_INLINE float mk_softmax_p(MkScores sc, int qh, int s, int off)
 {
-    return expf(mk_score_at(sc, qh, t) - mk_sm[2 * qh]) / mk_sm[2 * qh + 1];
+    return expf(mk_score_at(sc, qh, s, off) - mk_sm[2 * qh]) / mk_sm[2 * qh + 1];
 }
 
 /* Every kv head: meta[h][cap] = the slot the next token takes: pos + 1
@@ -1513,10 +1527,11 @@ MK_DEV void op_kv_evict(const MegacArgs *a, const unsigned *in)
         }
         mk_softmax_stats(sc);
         for (long long i = tid; i < (long long)MK_NKV * n; i += MK_THREADS) {
-            int h = (int)(i / n), t = (int)(i % n);
+            int h = (int)(i / n), t = (int)(i % n), sp, off;
             float p = 0.0f;
+            mk_score_slot(sc, t, &sp, &off);
             for (int g = 0; g < MK_G; g++)
-                p += mk_softmax_p(sc, h * MK_G + g, t);
+                p += mk_softmax_p(sc, h * MK_G + g, sp, off);
             acc[(long long)h * cap + t] += p;
         }
         mk_sync();
@@ -1532,8 +1547,10 @@ MK_DEV void op_kv_evict(const MegacArgs *a, const unsigned *in)
         int idx = -1;
         for (int t = (int)tid; t < n; t += MK_THREADS) {
             float p = 0.0f;
+            int sp, off;
+            mk_score_slot(sc, t, &sp, &off);
             for (int qh = 0; qh < MK_NH; qh++)
-                p += mk_softmax_p(sc, qh, t);
+                p += mk_softmax_p(sc, qh, sp, off);
             if (idx < 0 || p < best) {
                 best = p;
                 idx = t;
