@@ -3387,27 +3387,44 @@ static const float *evict_piece(const EvictScores *e, int64_t qh, int64_t s, int
     return e->score + ((qh / e->G * e->nsplit + s) * e->G + qh % e->G) * e->R;
 }
 
-/* Max m and sum z of e^(s - m) of q head qh's scores s[0:n], slot after
- * slot; its weights are p[t] = e^(s[t] - m) / z. */
+#define EVICT_CHUNK 256 /* slots whose weights or TOVA sums are kept at once */
+
+/* Max m and sum z of e^(s - m) of q head qh's scores s[0:n], 16 slots at a
+ * time (the exponentials in vector code, a chunk at a time: a scalar sum
+ * of them took a tenth of a worker's step with TOVA at 512 slots); its
+ * weights are p[t] = e^(s[t] - m) / z. */
 static void evict_softmax(const EvictScores *e, int64_t qh, float *mz)
 {
-    float m = NEG_INF, z = 0.0f;
+    v16f vm = {NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF,
+               NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF};
+    v16f vz = {0};
+    float m = NEG_INF, z = 0.0f, w[EVICT_CHUNK];
     int64_t lo, hi;
     for (int64_t s = 0; s < e->nsplit; s++) {
         const float *x = evict_piece(e, qh, s, &lo, &hi);
-        for (int64_t t = lo; t < hi; t++)
-            m = x[t - lo] > m ? x[t - lo] : m;
+        int64_t i = 0;
+        for (; i + 16 <= hi - lo; i += 16)
+            vm = __builtin_elementwise_max(vm, LOAD16(x + i)); /* maxnum: a NaN score is passed over */
+        for (; i < hi - lo; i++)
+            m = x[i] > m ? x[i] : m;
     }
+    for (int j = 0; j < 16; j++)
+        m = vm[j] > m ? vm[j] : m;
     for (int64_t s = 0; s < e->nsplit; s++) {
         const float *x = evict_piece(e, qh, s, &lo, &hi);
-        for (int64_t t = lo; t < hi; t++)
-            z += exp_nonpos(x[t - lo] - m);
+        for (int64_t c = 0; c < hi - lo; c += EVICT_CHUNK) {
+            int64_t len = hi - lo - c < EVICT_CHUNK ? hi - lo - c : EVICT_CHUNK, i = 0;
+            for (int64_t j = 0; j < len; j++)
+                w[j] = exp_nonpos(x[c + j] - m);
+            for (; i + 16 <= len; i += 16)
+                vz += LOAD16(w + i);
+            for (; i < len; i++)
+                z += w[i];
+        }
     }
     mz[0] = m;
-    mz[1] = z;
+    mz[1] = z + hsum16(&vz);
 }
-
-#define EVICT_CHUNK 256 /* slots whose TOVA sums are kept at once */
 
 /* TOVA's victim: the slot t < n of least p averaged over all nh q heads
  * (the lowest slot on ties), summed EVICT_CHUNK slots of a split at a
