@@ -691,8 +691,15 @@ static bool parse_op_line(Parser *ps)
     Access acc[OP_MAX_OPERANDS];
     if (!parser_expect_char(ps, '('))
         return false;
+    char names[8 * OP_MAX_PARAMS * 2] = "";
+    for (int i = 0; i < oi->nparams; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", oi->param[i]);
     for (int i = 0; i < oi->nparams; i++) {
         int64_t v;
+        parser_skip_space(ps);
+        if (ps->p < ps->end && *ps->p == ')') /* e.g. a schedule written before a param was added */
+            return parser_error(ps, ps->p, "%s takes %d param%s (%s): '%s' is missing", oi->name, oi->nparams,
+                                oi->nparams == 1 ? "" : "s", names, oi->param[i]);
         if ((i && !parser_expect_char(ps, ',')) || !parse_label(ps, oi->param[i], '=', "param"))
             return false;
         bool ok = op == OP_GEMV && strcmp(oi->param[i], "flags") == 0 ? parse_flags(ps, &v)
@@ -701,6 +708,10 @@ static bool parse_op_line(Parser *ps)
             return false;
         params[i] = (int32_t)v;
     }
+    parser_skip_space(ps);
+    if (ps->p < ps->end && *ps->p == ',')
+        return parser_error(ps, ps->p, "%s takes %d param%s (%s); this has more", oi->name, oi->nparams,
+                            oi->nparams == 1 ? "" : "s", names);
     if (!parser_expect_char(ps, ')'))
         return false;
     for (int i = 0; i < oi->noperands; i++)

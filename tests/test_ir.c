@@ -181,6 +181,17 @@ Test(sched_text, errors_line_col)
     cr_assert(strstr(e, "t.sched:7:35: error: operand 'w' of rmsnorm is not optional"), "%s", e);
     cr_assert(strstr(e, "t.sched:8:39: error: unknown flag 'acum'"), "%s", e);
     cr_assert(strstr(e, "t.sched:9:34: error: expected a range bound"), "%s", e);
+
+    /* a param short (a schedule written before kv_evict had nsplit), and one too many */
+    e = parse_errors(HDR "buffer x f32 [4] scratch\nworker 0\n"
+                         "  op rmsnorm() x: r x[0:4], w: r x[0:4], out: w x[0:4]\n"
+                         "  op silu_mul(r0=0) g: r x[0:4], u: r x[0:4], out: w x[0:4]\n"
+                         "  op silu_mul(r0=0, r1=4, r2=5) g: r x[0:4], u: r x[0:4], out: w x[0:4]\n",
+                     &n);
+    cr_assert_eq(n, 3, "%s", e);
+    cr_assert(strstr(e, "t.sched:5:14: error: rmsnorm takes 1 param (n): 'n' is missing"), "%s", e);
+    cr_assert(strstr(e, "t.sched:6:19: error: silu_mul takes 2 params (r0, r1): 'r1' is missing"), "%s", e);
+    cr_assert(strstr(e, "t.sched:7:25: error: silu_mul takes 2 params (r0, r1); this has more"), "%s", e);
 }
 
 Test(sched_text, errors_structure)
