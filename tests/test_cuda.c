@@ -1277,12 +1277,14 @@ static void evict_policies_check(const int CAP, int ns, int STEPS)
     host_kernel_close(&hk);
 }
 
-/* A small cache read in one split, and one of two blocks read in two
- * (scores in two pieces). */
+/* A small cache read in one split, one of two blocks read in two (scores
+ * in two pieces), and one of two blocks read in five (empty pieces
+ * between full ones, as a GPU's many splits leave them). */
 Test(cuda_host, kv_evict_policies_match_rules, .timeout = 120)
 {
     evict_policies_check(8, 1, 24);
     evict_policies_check(40, 2, 60);
+    evict_policies_check(64, 5, 90);
 }
 
 /* What the new ops' bodies cannot run is refused before any compiler

@@ -1468,6 +1468,31 @@ MK_INLINE float mk_score_at(MkScores sc, int qh, int s, int off)
     return sc.p[((long long)(qh / MK_G * sc.nsplit + s) * MK_G + qh % MK_G) * sc.nsc + off];
 }
 
+/* The splits' ranges in order, without a division per split (the
+ * schedules of a GPU cut a head into tens of splits): block b(s) =
+ * floor(s nb / nsplit) = s q + floor(s r / nsplit) with q, r = nb / nsplit,
+ * nb % nsplit; acc = s r mod nsplit, and b(s + 1) - b(s) = q + (acc + r >=
+ * nsplit). mk_walk_next gives split s's [lo, hi) of n rows (mk_split_range). */
+typedef struct {
+    int n, nsplit, q, r, acc, b;
+} MkSplitWalk;
+
+MK_INLINE MkSplitWalk mk_walk_start(int n, int nsplit)
+{
+    int nb = (n + MK_SPARSE_BLOCK - 1) / MK_SPARSE_BLOCK;
+    MkSplitWalk w = {n, nsplit, nb / nsplit, nb % nsplit, 0, 0};
+    return w;
+}
+
+MK_INLINE void mk_walk_next(MkSplitWalk *w, int *lo, int *hi)
+{
+    int carry = w->acc + w->r >= w->nsplit, b1 = w->b + w->q + carry;
+    w->acc += carry ? w->r - w->nsplit : w->r;
+    *lo = w->b * MK_SPARSE_BLOCK < w->n ? w->b * MK_SPARSE_BLOCK : w->n;
+    *hi = b1 * MK_SPARSE_BLOCK < w->n ? b1 * MK_SPARSE_BLOCK : w->n;
+    w->b = b1;
+}
+
 /* mk_sm[2i], mk_sm[2i + 1] = the max and the sum of e^(x - max) over
  * q head qh's scores x, t < n, for q heads qh < MK_NH: a warp per head,
  * a split's piece at a time (slot order); ends with a barrier. */
@@ -1476,14 +1501,17 @@ MK_DEV void mk_softmax_stats(MkScores sc)
     unsigned tid = mk_tid(), lane = tid & 31u;
     for (int qh = (int)(tid >> 5); qh < MK_NH; qh += MK_NWARPS) {
         float m = MK_NEG_INF, l = 0.0f;
-        for (int s = 0, lo, hi; s < sc.nsplit; s++) {
-            mk_split_range(sc.n, MK_SPARSE_BLOCK, s, sc.nsplit, &lo, &hi);
+        int lo, hi;
+        MkSplitWalk w = mk_walk_start(sc.n, sc.nsplit);
+        for (int s = 0; s < sc.nsplit; s++) {
+            mk_walk_next(&w, &lo, &hi);
             for (int t = lo + (int)lane; t < hi; t += 32)
                 m = fmaxf(m, mk_score_at(sc, qh, s, t - lo));
         }
         m = mk_warp_max(m);
-        for (int s = 0, lo, hi; s < sc.nsplit; s++) {
-            mk_split_range(sc.n, MK_SPARSE_BLOCK, s, sc.nsplit, &lo, &hi);
+        w = mk_walk_start(sc.n, sc.nsplit);
+        for (int s = 0; s < sc.nsplit; s++) {
+            mk_walk_next(&w, &lo, &hi);
             for (int t = lo + (int)lane; t < hi; t += 32)
                 l += expf(mk_score_at(sc, qh, s, t - lo) - m);
         }
