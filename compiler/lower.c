@@ -20,14 +20,20 @@
  *              worker attends at most 1.05x its share), piece h*nsplit + s
  *              on worker i (pieces <= W) or in contiguous runs of pieces
  *              per worker (3 heads on 2 workers: 2 splits, 1.5 heads each);
- *              a worker's pieces of head h:
+ *              a worker's pieces of head h, on a dense layer:
+ *                the last piece's worker: rope k head h, kv_append h (only
+ *                        the last split reads row pos, ops.h)
+ *                attn(h, s, rope) partials of its pieces, each rotating
+ *                        the q heads of group h as it reads them: no split
+ *                        waits for another
+ *              on a sparse or evicting layer:
  *                the first piece's worker: rope q heads of group h and k
- *                        head h, kv_append h (-> signal kv.l.h when another
- *                        worker holds pieces of h)
- *                the others: wait kv.l.h
- *                attn(h, s) partials of its pieces; the last piece's
- *                worker: wait attn.l.h (the others' pieces), attn_combine h;
- *                the others: signal attn.l.h                   -> signal comb.l
+ *                        head h, write the cache (-> signal kv.l.h when
+ *                        another worker holds pieces of h)
+ *                the others: wait kv.l.h; attn_sparse of its pieces
+ *              then the last piece's worker: wait attn.l.h (the others'
+ *                pieces), attn_combine h; the others: signal attn.l.h
+ *                                                              -> signal comb.l
  *   o.l        wait comb.l; x[rows] += Wo[rows] . att, tiled by bytes   -> signal o.l
  *   ffn.l      wait o.l; gate and up rows = rmsnorm(x)*ffn_norm . Wg|Wu,
  *              then hb = silu(gate)*up on the same rows (same worker)   -> signal ffn.l
@@ -37,8 +43,8 @@
  *              the worker of tile 0: wait lm, argmax_combine -> next
  *
  * So a layer costs 4 all-join waits when fused, else 5 plus, with split
- * attention, one small per-head wait (rope/append -> other splits) and one
- * per-head join (splits -> combine). Each stage waits only on the stage before it; that
+ * attention, one per-head join (splits -> combine) and, on a sparse or
+ * evicting layer, one small per-head wait (rope/append -> other splits). Each stage waits only on the stage before it; that
  * stage's join transitively covers everything earlier, which also orders
  * the reuse of scratch buffers across layers (write-after-read). Counters
  * are never reused, so every wait is an all-join (threshold = the total of
@@ -47,9 +53,9 @@
  * Deadlock freedom: every worker emits the stages in the same order; a
  * stage's tasks only wait on earlier stages. Inside the attention stage a
  * worker takes its heads last to first, so it writes the cache of the head
- * it shares with the next worker before any wait; a kv.l.h wait is thus
- * always met, and an attn.l.h wait waits on pieces that wait on nothing
- * else.
+ * it shares with the next worker (of a sparse layer) and signals its
+ * pieces of it before any wait; a kv.l.h wait is thus always met, and an
+ * attn.l.h wait waits on pieces that wait on nothing else.
  *
  * Weight dtypes: each weight buffer has the dtype its tensor is stored in
  * (lower_model_weights: as loaded and quantized, GGUF blocks included;
@@ -302,14 +308,17 @@ static void lower_kv_append(Lower *L, int w, uint32_t kc, uint32_t vc, int h)
     sched_op(L->s, w, OP_KV_APPEND, p, a);
 }
 
-static void lower_attn(Lower *L, int w, uint32_t kc, uint32_t vc, int h, int sp)
+/* Split sp of kv head h's attention over rows [0, pos]; only the last
+ * split reads row pos (ops.h). rope: q is rotated as it is read. */
+static void lower_attn(Lower *L, int w, uint32_t kc, uint32_t vc, int h, int sp, bool rope)
 {
     int64_t hd = L->hd, g = L->G, base = (int64_t)h * L->m->max_seq * hd, e = g * (hd + 2);
     int64_t p0 = ((int64_t)h * L->nsplit + sp) * e;
-    int32_t p[4] = {h, sp, L->nsplit, LOWER_ATTN_BLOCK};
-    Affine lo = affine_const(base), hi = {base + hd, hd};
-    Access a[4] = {acc_r(L->q, h * g * hd, (h + 1) * g * hd), acc_pos(kc, ACC_R, lo, hi), acc_pos(vc, ACC_R, lo, hi),
-                   acc_mode(L->part, ACC_W, p0, p0 + e)};
+    int32_t p[5] = {h, sp, L->nsplit, LOWER_ATTN_BLOCK, rope};
+    Affine lo = affine_const(base), hi = {base + (sp == L->nsplit - 1 ? hd : 0), hd};
+    Access a[5] = {acc_r(L->q, h * g * hd, (h + 1) * g * hd), acc_pos(kc, ACC_R, lo, hi), acc_pos(vc, ACC_R, lo, hi),
+                   acc_mode(L->part, ACC_W, p0, p0 + e),
+                   rope ? acc_pos(L->rope, ACC_R, (Affine){0, hd}, (Affine){hd, hd}) : acc_none};
     sched_op(L->s, w, OP_ATTN, p, a);
 }
 
@@ -352,15 +361,22 @@ static void lower_kv_write(Lower *L, int w, int l, int h)
     }
 }
 
+/* Whether layer l attends over its whole cache (OP_ATTN). */
+static bool layer_dense(const ModelDesc *m, int l)
+{
+    return m->attn[l].kind == ATTN_DENSE && !layer_cap(m, l) && !layer_snap(m, l);
+}
+
 /* Split sp of kv head h's attention on layer l: attn over the whole
- * cache, or attn_sparse over the rows the layer's kind selects. */
-static void lower_layer_attn(Lower *L, int w, int l, int h, int sp, int ns)
+ * cache (rope: rotating q as it reads it), or attn_sparse over the rows
+ * the layer's kind selects (q rotated before). */
+static void lower_layer_attn(Lower *L, int w, int l, int h, int sp, int ns, bool rope)
 {
     const AttnSpec *as = &L->m->attn[l];
     uint32_t kc = lower_layer_buf(L, "kc", l), vc = lower_layer_buf(L, "vc", l);
     int cap = layer_cap(L->m, l), snap = layer_snap(L->m, l);
-    if (as->kind == ATTN_DENSE && !cap && !snap) {
-        lower_attn(L, w, kc, vc, h, sp);
+    if (layer_dense(L->m, l)) {
+        lower_attn(L, w, kc, vc, h, sp, rope);
         return;
     }
     int64_t hd = L->hd, g = L->G, S = L->m->max_seq, e = g * (hd + 2), p0 = ((int64_t)h * ns + sp) * e;
@@ -563,17 +579,25 @@ static int lower_piece_worker(const Lower *L, int i, int n)
 }
 
 /* Worker w's pieces of kv head h on layer l (ns splits, pieces [i0, i1)
- * of the head on w): the first piece ropes q and k, writes the cache
- * and, when other workers hold pieces of the head, signals kv.l.h; the
- * others wait for it. The worker of the last piece waits for the other
- * workers' pieces (attn.l.h) and combines; the others signal attn.l.h. */
+ * of the head on w). A dense layer's splits rotate q as they read it, and
+ * only the last split reads row pos: the last piece's worker ropes k and
+ * appends it before attending, and no split waits. On other layers the
+ * first piece ropes q and k, writes the cache and, when other workers
+ * hold pieces of the head, signals kv.l.h; the others wait for it. The
+ * worker of the last piece waits for the other workers' pieces (attn.l.h)
+ * and combines; the others signal attn.l.h. */
 static void lower_attn_pieces(Lower *L, int w, int l, int h, int ns, int i0, int i1, const uint32_t *kv_ctr,
                               const uint32_t *attn_ctr, int *ncomb)
 {
     int n = L->m->n_kv_heads * ns, first = h * ns, last = first + ns - 1;
-    bool shared = lower_piece_worker(L, first, n) != lower_piece_worker(L, last, n);
+    bool shared = lower_piece_worker(L, first, n) != lower_piece_worker(L, last, n), dense = layer_dense(L->m, l);
     lower_stage_enter(L, w);
-    if (i0 == first) {
+    if (dense) {
+        if (i1 - 1 == last) {
+            lower_rope(L, w, L->k, h, h + 1);
+            lower_kv_write(L, w, l, h);
+        }
+    } else if (i0 == first) {
         lower_rope(L, w, L->q, h * L->G, (h + 1) * L->G);
         lower_rope(L, w, L->k, h, h + 1);
         lower_kv_write(L, w, l, h);
@@ -583,7 +607,7 @@ static void lower_attn_pieces(Lower *L, int w, int l, int h, int ns, int i0, int
         lower_join(L, w, kv_ctr[h]);
     }
     for (int i = i0; i < i1; i++)
-        lower_layer_attn(L, w, l, h, i - first, ns);
+        lower_layer_attn(L, w, l, h, i - first, ns, dense);
     if (i1 - 1 < last) {
         lower_signal(L, w, attn_ctr[h], 1);
         return;
@@ -607,8 +631,10 @@ static void lower_attn_stage(Lower *L, int l)
     uint32_t *kv_ctr = xcalloc((size_t)nkv, sizeof *kv_ctr), *attn_ctr = xcalloc((size_t)nkv, sizeof *attn_ctr);
     int *ncomb = xcalloc((size_t)L->nw, sizeof *ncomb);
     for (int h = 0; h < nkv && ns > 1; h++) {
-        snprintf(name, sizeof name, "kv.%d.%d", l, h);
-        kv_ctr[h] = lower_counter(L, name);
+        if (!layer_dense(L->m, l)) { /* a dense layer's splits do not wait for the cache (lower_attn_pieces) */
+            snprintf(name, sizeof name, "kv.%d.%d", l, h);
+            kv_ctr[h] = lower_counter(L, name);
+        }
         snprintf(name, sizeof name, "attn.%d.%d", l, h);
         attn_ctr[h] = lower_counter(L, name);
     }
@@ -681,7 +707,7 @@ static void lower_fused_attn_stage(Lower *L, int l)
         lower_rope(L, w, L->q, h * L->G, (h + 1) * L->G);
         lower_rope(L, w, L->k, h, h + 1);
         lower_kv_write(L, w, l, h);
-        lower_layer_attn(L, w, l, h, 0, 1);
+        lower_layer_attn(L, w, l, h, 0, 1, false);
         lower_attn_combine(L, w, h, 1);
     }
     lower_stage_end(L, comb);

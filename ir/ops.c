@@ -197,17 +197,23 @@ static bool fp_kv_append(Fp *f)
 static bool fp_attn(Fp *f)
 {
     const ModelShape *m = &f->s->shape;
-    int64_t h = f->in->p[0], sp = f->in->p[1], ns = f->in->p[2], blk = f->in->p[3];
+    int64_t h = f->in->p[0], sp = f->in->p[1], ns = f->in->p[2], blk = f->in->p[3], rope = f->in->p[4];
     int64_t hd = m->head_dim, g = m->n_heads / m->n_kv_heads, base = h * m->max_seq * hd;
     if (h < 0 || h >= m->n_kv_heads)
         return fp_fail(f, "attn needs 0 <= h < kv_heads");
-    if (ns <= 0 || sp < 0 || sp >= ns || blk <= 0)
-        return fp_fail(f, "attn needs nsplit > 0, 0 <= s < nsplit and block > 0");
+    if (ns <= 0 || sp < 0 || sp >= ns || blk <= 0 || (rope != 0 && rope != 1))
+        return fp_fail(f, "attn needs nsplit > 0, 0 <= s < nsplit, block > 0 and rope 0 or 1");
     fp_const(f, 0, ACC_R, h * g * hd, (h + 1) * g * hd);
-    fp_set(f, 1, ACC_R, affine_const(base), (Affine){base + hd, hd});
-    fp_set(f, 2, ACC_R, affine_const(base), (Affine){base + hd, hd});
+    /* rows [0, pos] for the last split, [0, pos) for the others (ops.h) */
+    Affine hi = {base + (sp == ns - 1 ? hd : 0), hd};
+    fp_set(f, 1, ACC_R, affine_const(base), hi);
+    fp_set(f, 2, ACC_R, affine_const(base), hi);
     int64_t e = g * (hd + 2), p0 = (h * ns + sp) * e;
     fp_const(f, 3, ACC_W, p0, p0 + e);
+    if (rope)
+        fp_set(f, 4, ACC_R, (Affine){0, hd}, (Affine){hd, hd});
+    else
+        fp_absent(f, 4);
     return true;
 }
 
@@ -455,7 +461,7 @@ int64_t op_operand_nelem(const Schedule *s, const Inst *in, int i)
     int64_t cache = (int64_t)m->n_kv_heads * m->max_seq * m->head_dim, hd = m->head_dim;
     switch ((OpCode)in->op) {
     case OP_KV_APPEND: return i >= 2 ? cache : 0;
-    case OP_ATTN: return i == 1 || i == 2 ? cache : 0;
+    case OP_ATTN: return i == 1 || i == 2 ? cache : i == 4 ? (int64_t)m->max_seq * hd : 0;
     case OP_ROPE: return i == 1 ? (int64_t)m->max_seq * hd : 0;
     case OP_KV_STORE:
         if (i == 2 || i == 3)
@@ -487,6 +493,8 @@ int64_t op_operand_nelem(const Schedule *s, const Inst *in, int i)
 
 bool op_operand_needed(const Inst *in, int i)
 {
+    if (in->op == OP_ATTN && i == 4)
+        return in->p[4] == 1;
     if (in->op == OP_ATTN_SPARSE && i == 4)
         return in->p[3] == SPARSE_QUEST || in->p[3] == SPARSE_SNAP || (in->p[3] == SPARSE_SLOTS && in->p[5] == 1);
     if (in->op == OP_KV_EVICT && i == 0)

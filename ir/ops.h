@@ -35,7 +35,7 @@
       "rotate heads [h0,h1) of v (hd each) in place at position pos")                       \
     X(KV_APPEND, "kv_append", "k v kc vc", "h",                                             \
       "kc[h][pos][:] = k[h*hd:(h+1)*hd]; vc[h][pos][:] = v[h*hd:(h+1)*hd]")                 \
-    X(ATTN, "attn", "q kc vc part", "h s nsplit block",                                     \
+    X(ATTN, "attn", "q kc vc part rope?", "h s nsplit block rope",                          \
       "partials over split s of rows 0..pos (blocks of `block` rows, cut contiguously)")    \
     X(ATTN_COMBINE, "attn_combine", "part out", "h nsplit",                                 \
       "out[q heads of kv head h] = softmax-weighted merge of the nsplit partials")          \
@@ -90,7 +90,14 @@ typedef enum {
  * Splits (ATTN, ATTN_SPARSE): n rows (entries) in nb = ceil(n / block)
  * blocks; split s of nsplit takes the blocks [s*nb/nsplit, (s+1)*nb/nsplit)
  * (integer division), so each split reads one contiguous range and the
- * splits of a head differ by at most one block.
+ * splits of a head differ by at most one block. The last block, which
+ * holds row pos, is always the last split's: ATTN's other splits read
+ * rows [0, pos) only (their footprint), and need not wait for row pos.
+ *
+ * ATTN with rope = 1 reads q unrotated: it rotates the G q heads it
+ * attends with at pos as it loads them (ROPE's arithmetic, rope: the
+ * table's row pos), and leaves q as it is. With rope = 0 (operand absent)
+ * q is used as it is.
  *
  * Scores of an evicting layer (SPARSE_SLOTS with b = 1, read by KV_EVICT
  * with the same nsplit): R = sparse_score_rows(cap, nsplit) entries per

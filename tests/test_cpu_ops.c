@@ -313,7 +313,7 @@ static void op_insts(Schedule *s, const OpBufs *b, int nw)
     OP(OP_KV_APPEND, P(1), b->kin, b->vin, b->kca, b->vca);
     for (int h = 0; h < NKV; h++)
         for (int sp = 0; sp < NSPLIT; sp++)
-            OP(OP_ATTN, P(h, sp, NSPLIT, BLOCK), b->q, b->kc, b->vc, b->part);
+            OP(OP_ATTN, P(h, sp, NSPLIT, BLOCK, 0), b->q, b->kc, b->vc, b->part, BUF_NONE);
     for (int h = 0; h < NKV; h++)
         OP(OP_ATTN_COMBINE, P(h, NSPLIT), b->partc, b->outc);
     OP(OP_SILU_MUL, P(3, 90), b->sg, b->su, b->sout);
@@ -587,7 +587,7 @@ Test(cpu_ops, half_caches)
                 OP(OP_KV_APPEND, P(h), kin, vin, kca, vca);
             for (int h = 0; h < NKV; h++)
                 for (int sp = 0; sp < NSPLIT; sp++)
-                    OP(OP_ATTN, P(h, sp, NSPLIT, BLOCK), q, kc, vc, part);
+                    OP(OP_ATTN, P(h, sp, NSPLIT, BLOCK, 0), q, kc, vc, part, BUF_NONE);
             Kern k;
             kern_build(&k, s);
             static double kd[NKV * SEQ * HD], vd[NKV * SEQ * HD];
@@ -1143,12 +1143,51 @@ Test(cpu_ops, bad_params_are_errors)
     s->shape = op_shape(0);
     uint32_t q = add_buf(s, "q", BUF_SCRATCH, NH * HD), kc = add_buf(s, "kc", BUF_KV, NKV * SEQ * HD);
     uint32_t vc = add_buf(s, "vc", BUF_KV, NKV * SEQ * HD), part = add_buf(s, "part", BUF_SCRATCH, 1024);
-    add_op(s, 0, OP_ATTN, (int32_t[]){0, 0, 1, 0}, (uint32_t[]){q, kc, vc, part});
+    add_op(s, 0, OP_ATTN, (int32_t[]){0, 0, 1, 0, 0}, (uint32_t[]){q, kc, vc, part, BUF_NONE});
     sched_layout(s);
     char out[1024] = {0};
     cr_assert_eq(compile_errors(s, out, sizeof out), 1);
-    cr_assert(strstr(out, "error: attn: attn needs nsplit > 0, 0 <= s < nsplit and block > 0"), "%s", out);
+    cr_assert(strstr(out, "error: attn: attn needs nsplit > 0, 0 <= s < nsplit, block > 0 and rope 0 or 1"), "%s",
+              out);
     sched_free(s);
+}
+
+/* attn with rope = 1 on unrotated q gives, bit for bit, the partials of
+ * rope then attn (rope = 0), and leaves q alone: both pairings, 3 splits,
+ * positions on both sides of a block edge. */
+Test(cpu_ops, attn_rope_is_rope_then_attn)
+{
+    for (int pairing = 0; pairing < 2; pairing++) {
+        Schedule *s = sched_new("attn_rope", "cpu", 1);
+        s->shape = op_shape(pairing);
+        uint32_t qa = add_buf(s, "qa", BUF_SCRATCH, NH * HD), qb = add_buf(s, "qb", BUF_SCRATCH, NH * HD);
+        uint32_t kc = add_buf(s, "kc", BUF_KV, NKV * SEQ * HD), vc = add_buf(s, "vc", BUF_KV, NKV * SEQ * HD);
+        uint32_t rope = add_buf(s, "rope", BUF_WEIGHT, SEQ * HD);
+        uint32_t pa = add_buf(s, "pa", BUF_SCRATCH, NKV * NSPLIT * G * (HD + 2));
+        uint32_t pb = add_buf(s, "pb", BUF_SCRATCH, NKV * NSPLIT * G * (HD + 2));
+        add_op(s, 0, OP_ROPE, (int32_t[]){0, NH}, (uint32_t[]){qa, rope});
+        for (int h = 0; h < NKV; h++)
+            for (int sp = 0; sp < NSPLIT; sp++) {
+                add_op(s, 0, OP_ATTN, (int32_t[]){h, sp, NSPLIT, BLOCK, 0}, (uint32_t[]){qa, kc, vc, pa, BUF_NONE});
+                add_op(s, 0, OP_ATTN, (int32_t[]){h, sp, NSPLIT, BLOCK, 1}, (uint32_t[]){qb, kc, vc, pb, rope});
+            }
+        Kern k;
+        kern_build(&k, s);
+        fill(&k, rope), fill(&k, kc), fill(&k, vc);
+        for (int64_t pos = 0; pos < SEQ; pos += 3) {
+            fill(&k, qb);
+            memcpy(buf(&k, qa), buf(&k, qb), sizeof(float) * NH * HD);
+            float q0[NH * HD];
+            memcpy(q0, buf(&k, qb), sizeof q0);
+            kern_step(&k, pos, 0);
+            cr_assert_eq(k.abort_info.flag, 0);
+            cr_assert(memcmp(buf(&k, pa), buf(&k, pb), sizeof(float) * NKV * NSPLIT * G * (HD + 2)) == 0,
+                      "pairing %d, pos %ld: partials differ", pairing, (long)pos);
+            cr_assert(memcmp(buf(&k, qb), q0, sizeof q0) == 0, "attn with rope wrote q");
+            cr_assert(memcmp(buf(&k, qa), q0, sizeof q0) != 0 || pos == 0, "rope did nothing at pos %ld", (long)pos);
+        }
+        kern_free(&k);
+    }
 }
 
 /* Attention alone at a late position: 30 layers of SmolLM2-shaped KV
@@ -1170,7 +1209,7 @@ Test(cpu_ops, attention_bandwidth, .timeout = 120)
         snprintf(n, sizeof n, "vc%d", l);
         uint32_t vc = add_buf(s, n, BUF_KV, KV * S * D);
         for (int h = 0; h < KV; h++)
-            add_op(s, 0, OP_ATTN, (int32_t[]){h, 0, 1, 32}, (uint32_t[]){q, kc, vc, part});
+            add_op(s, 0, OP_ATTN, (int32_t[]){h, 0, 1, 32, 0}, (uint32_t[]){q, kc, vc, part, BUF_NONE});
     }
     Kern k;
     kern_build(&k, s);
@@ -1382,7 +1421,7 @@ Test(cpu_ops, attn_sparse_all_rows_is_attn)
         uint32_t score = add_buf(s, name, BUF_SCRATCH, SP_NH * ns * sparse_score_rows(SP_SEQ, ns));
         for (int h = 0; h < SP_NKV; h++)
             for (int sp = 0; sp < ns; sp++)
-                add_op(s, (w++) % 2, OP_ATTN, (int32_t[]){h, sp, ns, SPARSE_BLOCK}, (uint32_t[]){q, kc, vc, pa[i]});
+                add_op(s, (w++) % 2, OP_ATTN, (int32_t[]){h, sp, ns, SPARSE_BLOCK, 0}, (uint32_t[]){q, kc, vc, pa[i], BUF_NONE});
         for (int v = 0; v < SPV_COUNT; v++) {
             snprintf(name, sizeof name, "ps%d_%d", ns, v);
             ps[i][v] = add_buf(s, name, BUF_SCRATCH, SP_NKV * ns * SP_PE);

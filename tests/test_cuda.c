@@ -263,7 +263,7 @@ static Schedule *test_sparse_schedule(const char *target, ModelShape sh, int cap
     for (int h = 0; h < nkv; h++) {
         test_op(s, OP_KV_STORE, (int32_t[]){h, cap}, (uint32_t[]){k, v, ks, vs, meta});
         test_op(s, OP_QUEST_SELECT, (int32_t[]){h, page, np}, (uint32_t[]){q, kc, bounds, sel});
-        test_op(s, OP_ATTN, (int32_t[]){h, 0, 2, 32}, (uint32_t[]){q, kc, vc, part});
+        test_op(s, OP_ATTN, (int32_t[]){h, 0, 2, 32, 0}, (uint32_t[]){q, kc, vc, part, BUF_NONE});
         test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 1, 2, SPARSE_SINK_WINDOW, 4, 64},
                 (uint32_t[]){q, kc, vc, part, BUF_NONE});
         test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 0, 2, SPARSE_QUEST, page, np}, (uint32_t[]){q, kc, vc, part, sel});
@@ -713,7 +713,7 @@ static void sp_all_rows_check(bool wide)
         }
         for (int h = 0; h < SP_NKV; h++)
             for (int sp = 0; sp < ns; sp++) {
-                test_op(s, OP_ATTN, (int32_t[]){h, sp, ns, SPARSE_BLOCK}, (uint32_t[]){q, kc, vc, part[i][3]});
+                test_op(s, OP_ATTN, (int32_t[]){h, sp, ns, SPARSE_BLOCK, 0}, (uint32_t[]){q, kc, vc, part[i][3], BUF_NONE});
                 test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, sp, ns, SPARSE_SINK_WINDOW, 4, SP_S},
                         (uint32_t[]){q, kc, vc, part[i][0], BUF_NONE});
                 test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, sp, ns, SPARSE_QUEST, PAGE, NP},
@@ -751,6 +751,48 @@ static void sp_all_rows_check(bool wide)
     cr_log_info("attn_sparse vs attn (%s): %d of %d partial values bitwise equal", wide ? "4 warps" : "1 warp", same,
                 total);
     host_kernel_close(&k);
+}
+
+/* attn with rope = 1 on unrotated q gives the partials of rope then attn
+ * (rope = 0) bit for bit, and leaves q alone: both pairings, 3 splits,
+ * positions on both sides of a block edge. hd 40 spans two lanes' slots. */
+Test(cuda_host, attn_rope_is_rope_then_attn, .timeout = 120)
+{
+    for (int pairing = 0; pairing < 2; pairing++) {
+        Schedule *s = sched_new("attn-rope", "host-cuda", 1);
+        s->shape = sp_shape();
+        s->shape.rope_pairing = (RopePairing)pairing;
+        uint32_t qa = test_buf(s, "qa", DT_F32, BUF_SCRATCH, SP_NH * SP_HD, 0, 0);
+        uint32_t qb = test_buf(s, "qb", DT_F32, BUF_SCRATCH, SP_NH * SP_HD, 0, 0);
+        uint32_t kc = test_buf(s, "kc", DT_F32, BUF_KV, SP_NKV, SP_S, SP_HD);
+        uint32_t vc = test_buf(s, "vc", DT_F32, BUF_KV, SP_NKV, SP_S, SP_HD);
+        uint32_t rope = test_buf(s, "rope", DT_F32, BUF_WEIGHT, SP_S, SP_HD / 2, 2);
+        uint32_t pa = test_buf(s, "pa", DT_F32, BUF_SCRATCH, SP_NKV * 3, SP_G, SP_E);
+        uint32_t pb = test_buf(s, "pb", DT_F32, BUF_SCRATCH, SP_NKV * 3, SP_G, SP_E);
+        test_op(s, OP_ROPE, (int32_t[]){0, SP_NH}, (uint32_t[]){qa, rope});
+        for (int h = 0; h < SP_NKV; h++)
+            for (int sp = 0; sp < 3; sp++) {
+                test_op(s, OP_ATTN, (int32_t[]){h, sp, 3, SPARSE_BLOCK, 0}, (uint32_t[]){qa, kc, vc, pa, BUF_NONE});
+                test_op(s, OP_ATTN, (int32_t[]){h, sp, 3, SPARSE_BLOCK, 1}, (uint32_t[]){qb, kc, vc, pb, rope});
+            }
+        HostKernel k;
+        host_kernel_open(&k, s);
+        host_fill(&k, rope);
+        host_fill(&k, kc);
+        host_fill(&k, vc);
+        static const int poss[] = {0, 31, 32, 100, 255};
+        for (size_t pi = 0; pi < sizeof poss / sizeof poss[0]; pi++) {
+            float q0[SP_NH * SP_HD];
+            host_fill(&k, qb);
+            memcpy(q0, host_buf(&k, qb), sizeof q0);
+            memcpy(host_buf(&k, qa), q0, sizeof q0);
+            host_kernel_step(&k, poss[pi]);
+            cr_assert(memcmp(host_buf(&k, pa), host_buf(&k, pb), sizeof(float) * SP_NKV * 3 * SP_G * SP_E) == 0,
+                      "pairing %d, pos %d: partials differ", pairing, poss[pi]);
+            cr_assert(memcmp(host_buf(&k, qb), q0, sizeof q0) == 0, "attn with rope wrote q");
+        }
+        host_kernel_close(&k);
+    }
 }
 
 Test(cuda_host, attn_sparse_all_rows_is_attn, .timeout = 120)

@@ -369,19 +369,29 @@ Test(ops, footprint)
     fp_check(&out[2], ACC_W, 3 * 512 * 8, 8, 3 * 512 * 8 + 8, 8);
     fp_check(&out[0], ACC_R, 24, 0, 32, 0);
 
-    Access at[4] = {{1, 0, {0, 0}, {0, 0}}, {2, 0, {0, 0}, {0, 0}}, {2, 0, {0, 0}, {0, 0}}, {3, 0, {0, 0}, {0, 0}}};
-    sched_op(s, 0, OP_ATTN, (int32_t[]){1, 1, 2, 16}, at);
+    Access at[5] = {{1, 0, {0, 0}, {0, 0}}, {2, 0, {0, 0}, {0, 0}}, {2, 0, {0, 0}, {0, 0}}, {3, 0, {0, 0}, {0, 0}},
+                    {BUF_NONE, 0, {0, 0}, {0, 0}}};
+    sched_op(s, 0, OP_ATTN, (int32_t[]){1, 1, 2, 16, 0}, at);
     cr_assert(op_footprint(s, &s->workers[0].insts[2], out, &why));
     fp_check(&out[0], ACC_R, 16, 0, 32, 0);
-    fp_check(&out[1], ACC_R, 4096, 0, 4096 + 8, 8);
+    fp_check(&out[1], ACC_R, 4096, 0, 4096 + 8, 8); /* the last split: rows [0, pos] */
     fp_check(&out[3], ACC_W, 3 * 20, 0, 4 * 20, 0);
+    cr_assert_eq(out[4].buf, BUF_NONE);
+    /* split 0 of 2 never holds row pos: rows [0, pos); rope = 1 reads the table's row pos */
+    at[4].buf = 1;
+    sched_op(s, 0, OP_ATTN, (int32_t[]){1, 0, 2, 16, 1}, at);
+    cr_assert(op_footprint(s, &s->workers[0].insts[3], out, &why));
+    fp_check(&out[1], ACC_R, 4096, 0, 4096, 8);
+    fp_check(&out[2], ACC_R, 4096, 0, 4096, 8);
+    fp_check(&out[4], ACC_R, 0, 8, 8, 8);
+    fp_check(&out[3], ACC_W, 2 * 20, 0, 3 * 20, 0);
 
     /* invalid params: rows past the weight, kv head out of range */
     sched_op(s, 0, OP_GEMV, (int32_t[]){0, 65, 64, 0}, in);
-    cr_assert_not(op_footprint(s, &s->workers[0].insts[3], out, &why));
+    cr_assert_not(op_footprint(s, &s->workers[0].insts[4], out, &why));
     cr_assert(strstr(why, "r1"), "%s", why);
     sched_op(s, 0, OP_KV_APPEND, (int32_t[]){4}, kv);
-    cr_assert_not(op_footprint(s, &s->workers[0].insts[4], out, &why));
+    cr_assert_not(op_footprint(s, &s->workers[0].insts[5], out, &why));
     cr_assert(strstr(why, "kv_heads"), "%s", why);
     sched_free(s);
 }

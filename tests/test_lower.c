@@ -323,9 +323,11 @@ Test(lower, stage_structure)
 {
     ModelDesc *m = stories260k();
     Schedule *s = lower(m, "cpu", 8);
-    /* embed, lm, and per layer qkv comb o ffn down + kv.h and attn.h for 4 kv heads (nsplit 2) */
-    cr_assert_eq(s->nctrs, 2 + 5 * (5 + 2 * 4));
+    /* embed, lm, and per layer qkv comb o ffn down + attn.h for 4 kv heads
+     * (nsplit 2); no kv.h: a dense layer's splits do not wait for the cache */
+    cr_assert_eq(s->nctrs, 2 + 5 * (5 + 4));
     cr_assert_geq(sched_find_counter(s, "attn.4.3"), 0);
+    cr_assert_eq(sched_find_counter(s, "kv.4.3"), -1);
     cr_assert_geq(sched_find_buffer(s, "rope"), 0);
     cr_assert_eq(sched_find_buffer(s, "lm_head"), -1, "tied model: the LM head reads embed");
     int64_t part = sched_find_buffer(s, "part");

@@ -2690,22 +2690,30 @@ static void op_gemv(const MegacArgs *a, const int64_t *in, int n, WStream *ws)
 
 /* Rotates heads [h0, h1) of v by the angles of row `pos` of the rope
  * table; pair i is (2i, 2i+1) or (i, i + hd/2). */
-static void op_rope(const MegacArgs *a, const int64_t *in)
+/* dst = the nh heads of src (hd each) rotated at pos by the rope table
+ * tab (dst may be src): the one rotation of OP_ROPE and of OP_ATTN's
+ * rope = 1, so that both give the same bits. */
+static void rope_heads(const MegacArgs *a, float *dst, const float *src, int64_t nh, const float *tab)
 {
-    float *v = opnd(a, in, 0);
-    const float *tab = opnd(a, in, 1);
     int64_t hd = SHAPE(KS_HEAD_DIM), half = hd / 2;
     int halfpair = SHAPE(KS_ROPE_PAIRING) == 1;
     const float *cs = tab + a->pos * half * 2;
-    for (int64_t h = in[KT_PARAM]; h < in[KT_PARAM + 1]; h++) {
-        float *x = v + h * hd;
+    for (int64_t h = 0; h < nh; h++) {
+        const float *x = src + h * hd;
+        float *y = dst + h * hd;
         for (int64_t i = 0; i < half; i++) {
             int64_t i0 = halfpair ? i : 2 * i, i1 = halfpair ? i + half : 2 * i + 1;
             float c = cs[2 * i], s = cs[2 * i + 1], x0 = x[i0], x1 = x[i1];
-            x[i0] = x0 * c - x1 * s;
-            x[i1] = x0 * s + x1 * c;
+            y[i0] = x0 * c - x1 * s;
+            y[i1] = x0 * s + x1 * c;
         }
     }
+}
+
+static void op_rope(const MegacArgs *a, const int64_t *in)
+{
+    float *v = (float *)opnd(a, in, 0) + in[KT_PARAM] * SHAPE(KS_HEAD_DIM);
+    rope_heads(a, v, v, in[KT_PARAM + 1] - in[KT_PARAM], opnd(a, in, 1));
 }
 
 /* ---- the KV cache's elements: f32, f16 or bf16 (compile.kv_dtype; the
@@ -3050,10 +3058,11 @@ static void attn_part_init(float *p, int64_t G, int64_t hd)
 }
 
 /* Partials of split s for the G q heads of kv head h over its rows of
- * [0, pos] (split_range); an empty split leaves zeros, -inf, 0. */
+ * [0, pos] (split_range); an empty split leaves zeros, -inf, 0. With
+ * rope = 1 the q heads are rotated into a copy first. */
 static void op_attn(const MegacArgs *a, const int64_t *in, WStream *ws)
 {
-    const float *q = opnd(a, in, 0);
+    const float *q = opnd(a, in, 0), *rope = opnd(a, in, 4);
     const char *kc = opnd(a, in, 1), *vc = opnd(a, in, 2);
     float *part = opnd(a, in, 3);
     int64_t h = in[KT_PARAM], s = in[KT_PARAM + 1], nsplit = in[KT_PARAM + 2], block = in[KT_PARAM + 3];
@@ -3066,9 +3075,14 @@ static void op_attn(const MegacArgs *a, const int64_t *in, WStream *ws)
     const char *kh = kc + head, *vh = vc + head;
     int64_t lo, hi;
     split_range(a->pos + 1, block, s, nsplit, &lo, &hi);
+    if (lo == hi)
+        return;
+    float qr[in[KT_PARAM + 4] && rope ? G * hd : 1];
+    const float *qh = q + h * G * hd;
+    if (in[KT_PARAM + 4] && rope)
+        rope_heads(a, qr, qh, G, rope), qh = qr;
     for (int64_t t0 = lo; t0 < hi; t0 += ATTN_CHUNK)
-        attn_chunk(kt, p, q + h * G * hd, kh, vh, t0, hi - t0 < ATTN_CHUNK ? hi - t0 : ATTN_CHUNK, hd, G, scale, ws,
-                   NULL, 0);
+        attn_chunk(kt, p, qh, kh, vh, t0, hi - t0 < ATTN_CHUNK ? hi - t0 : ATTN_CHUNK, hd, G, scale, ws, NULL, 0);
 }
 
 /* out[q head] = sum_s o_s * e^(m_s - M) / sum_s l_s * e^(m_s - M) */

@@ -785,6 +785,14 @@ MK_DEV void op_gemv(const MegacArgs *a, const unsigned *in)
 
 /* Rotates heads [h0, h1) of v by the angles of row `pos` of the rope
  * table; pair i is (2i, 2i+1), or (i, i + hd/2) with MK_ROPE_HALF. */
+/* Pair (x0, x1) rotated by (c, s): the one rotation of op_rope and of
+ * op_attn's rope = 1, so that both give the same bits. */
+MK_INLINE void mk_rope_pair(float x0, float x1, float c, float s, float *y0, float *y1)
+{
+    *y0 = x0 * c - x1 * s;
+    *y1 = x0 * s + x1 * c;
+}
+
 MK_DEV void op_rope(const MegacArgs *a, const unsigned *in)
 {
     float *v = (float *)mk_opnd(a, in, 0);
@@ -794,9 +802,10 @@ MK_DEV void op_rope(const MegacArgs *a, const unsigned *in)
         int i = p % half;
         float *x = v + (long long)(h0 + p / half) * MK_HD;
         int i0 = MK_ROPE_HALF ? i : 2 * i, i1 = MK_ROPE_HALF ? i + half : 2 * i + 1;
-        float c = cs[2 * i], s = cs[2 * i + 1], x0 = x[i0], x1 = x[i1];
-        x[i0] = x0 * c - x1 * s;
-        x[i1] = x0 * s + x1 * c;
+        float y0, y1;
+        mk_rope_pair(x[i0], x[i1], cs[2 * i], cs[2 * i + 1], &y0, &y1);
+        x[i0] = y0;
+        x[i1] = y1;
     }
 }
 
@@ -867,20 +876,34 @@ MK_DEV void op_kv_append(const MegacArgs *a, const unsigned *in)
 /* A warp's online-softmax state for the G q heads of a kv head: lanes
  * hold MK_HDL elements of each head (mk_attn_warp, op_attn_sparse).
  * The helpers below are force-inlined, so the arrays stay in registers. */
-MK_INLINE void mk_attn_init(const float *q, int h, unsigned lane, float qv[MK_G][MK_HDL], float acc[MK_G][MK_HDL],
-                            float *m, float *l)
+MK_INLINE void mk_attn_init_rope(const float *q, int h, unsigned lane, float qv[MK_G][MK_HDL],
+                                 float acc[MK_G][MK_HDL], float *m, float *l, const float *cs)
 {
 #pragma unroll
     for (int g = 0; g < MK_G; g++) {
         m[g] = MK_NEG_INF;
         l[g] = 0.0f;
+        const float *x = q + (long long)(h * MK_G + g) * MK_HD;
 #pragma unroll
         for (int i = 0; i < MK_HDL; i++) {
-            int d = (int)lane + 32 * i;
-            qv[g][i] = d < MK_HD ? q[(long long)(h * MK_G + g) * MK_HD + d] : 0.0f;
+            int d = (int)lane + 32 * i, half = MK_HD / 2;
+            qv[g][i] = d < MK_HD ? x[d] : 0.0f;
             acc[g][i] = 0.0f;
+            if (cs && d < MK_HD) { /* element d of its pair, rotated at pos */
+                int p = MK_ROPE_HALF ? d % half : d / 2, i0 = MK_ROPE_HALF ? p : 2 * p;
+                int i1 = MK_ROPE_HALF ? p + half : 2 * p + 1;
+                float y0, y1;
+                mk_rope_pair(x[i0], x[i1], cs[2 * p], cs[2 * p + 1], &y0, &y1);
+                qv[g][i] = d == i0 ? y0 : y1;
+            }
         }
     }
+}
+
+MK_INLINE void mk_attn_init(const float *q, int h, unsigned lane, float qv[MK_G][MK_HDL], float acc[MK_G][MK_HDL],
+                            float *m, float *l)
+{
+    mk_attn_init_rope(q, h, lane, qv, acc, m, l, 0);
 }
 
 /* Adds row (kr, vr) of hd elements to the state; with sc_out (ATTN_SPARSE
@@ -957,12 +980,13 @@ MK_INLINE void mk_split_range(int n, int block, int s, int nsplit, int *lo, int 
 }
 
 /* One warp's online softmax for the G q heads of kv head h over rows
- * lo + warp, lo + warp + MK_AW, ... below hi. */
+ * lo + warp, lo + warp + MK_AW, ... below hi (q rotated by the rope row
+ * cs as it is loaded, when cs is given). */
 MK_DEV void mk_attn_warp(const float *q, const mk_kv *kh, const mk_kv *vh, int h, int lo, int hi, unsigned warp,
-                         unsigned lane)
+                         unsigned lane, const float *cs)
 {
     float qv[MK_G][MK_HDL], acc[MK_G][MK_HDL], m[MK_G], l[MK_G];
-    mk_attn_init(q, h, lane, qv, acc, m, l);
+    mk_attn_init_rope(q, h, lane, qv, acc, m, l, cs);
 #pragma unroll 1
     for (long long t = lo + (int)warp; t < hi; t += MK_AW)
         mk_attn_row(kh + t * MK_HD, vh + t * MK_HD, lane, qv, acc, m, l, 0, 0);
@@ -989,10 +1013,12 @@ MK_DEV void mk_attn_merge(float *p)
 }
 
 /* Split s of kv head h: warps 0..MK_AW-1 each run mk_attn_warp, then the
- * block merges the warps' partials into part[h][s] ([G][hd + 2]). */
+ * block merges the warps' partials into part[h][s] ([G][hd + 2]). With
+ * rope = 1, q is rotated at pos as the warps load it. */
 MK_DEV void op_attn(const MegacArgs *a, const unsigned *in)
 {
     const float *q = (const float *)mk_opnd(a, in, 0);
+    const float *cs = mk_param(in, 4) ? (const float *)mk_opnd(a, in, 4) + a->pos * MK_HD : 0;
     const mk_kv *kc = (const mk_kv *)mk_opnd(a, in, 1), *vc = (const mk_kv *)mk_opnd(a, in, 2);
     float *part = (float *)mk_opnd(a, in, 3);
     int h = mk_param(in, 0), s = mk_param(in, 1), nsplit = mk_param(in, 2), lo, hi;
@@ -1000,7 +1026,7 @@ MK_DEV void op_attn(const MegacArgs *a, const unsigned *in)
     mk_split_range((int)a->pos + 1, mk_param(in, 3), s, nsplit, &lo, &hi);
     if (warp < MK_AW)
         mk_attn_warp(q, kc + (long long)h * MK_MAX_SEQ * MK_HD, vc + (long long)h * MK_MAX_SEQ * MK_HD, h, lo, hi,
-                     warp, tid & 31u);
+                     warp, tid & 31u, cs);
     mk_sync();
     mk_attn_merge(part + (long long)(h * nsplit + s) * MK_G * MK_E);
 }

@@ -152,11 +152,13 @@ static bool mc_expected(const Schedule *s, const Inst *in, Access *e, bool *pres
         e[0] = span(ACC_R, p[0] * hd, (p[0] + 1) * hd), e[1] = e[0];
         e[2] = span_pos(ACC_W, p[0] * S * hd, hd, hd), e[3] = e[2];
         return p[0] >= 0 && p[0] < sh->n_kv_heads;
-    case OP_ATTN:
+    case OP_ATTN: /* the last split reads rows [0, pos], the others [0, pos): the last block is the last split's */
         e[0] = span(ACC_R, p[0] * G * hd, (p[0] + 1) * G * hd);
-        e[1] = (Access){.mode = ACC_R, .lo = {p[0] * S * hd, 0}, .hi = {p[0] * S * hd + hd, hd}}, e[2] = e[1];
+        e[1] = (Access){.mode = ACC_R, .lo = {p[0] * S * hd, 0}, .hi = {p[0] * S * hd + (p[1] == p[2] - 1) * hd, hd}};
+        e[2] = e[1];
         e[3] = span(ACC_W, ((int64_t)p[0] * p[2] + p[1]) * G * (hd + 2), ((int64_t)p[0] * p[2] + p[1] + 1) * G * (hd + 2));
-        return p[0] >= 0 && p[0] < sh->n_kv_heads && p[1] >= 0 && p[1] < p[2] && p[3] > 0;
+        e[4] = span_pos(ACC_R, 0, hd, hd), present[4] = p[4] == 1; /* rope: the table's row pos */
+        return p[0] >= 0 && p[0] < sh->n_kv_heads && p[1] >= 0 && p[1] < p[2] && p[3] > 0 && (p[4] == 0 || p[4] == 1);
     case OP_ATTN_COMBINE:
         e[0] = span(ACC_R, (int64_t)p[0] * p[1] * G * (hd + 2), (int64_t)(p[0] + 1) * p[1] * G * (hd + 2));
         e[1] = span(ACC_W, p[0] * G * hd, (p[0] + 1) * G * hd);
@@ -244,7 +246,7 @@ static int64_t mc_layout(const ModelShape *sh, const Inst *in, int i)
     switch (in->op) {
     case OP_ROPE: return i == 1 ? S * hd : 0;
     case OP_KV_APPEND: return i >= 2 ? kv * S * hd : 0;
-    case OP_ATTN: return i == 1 || i == 2 ? kv * S * hd : 0;
+    case OP_ATTN: return i == 1 || i == 2 ? kv * S * hd : i == 4 ? S * hd : 0;
     case OP_KV_STORE: return i == 2 || i == 3 ? kv * cap * hd : i == 4 ? kv * (cap + 1) : 0;
     case OP_ATTN_SPARSE:
         if (i == 4)
