@@ -44,7 +44,8 @@
  *
  * So a layer costs 4 all-join waits when fused, else 5 plus, with split
  * attention, one per-head join (splits -> combine) and, on a sparse or
- * evicting layer, one small per-head wait (rope/append -> other splits). Each stage waits only on the stage before it; that
+ * evicting layer, one small per-head wait (rope/append -> other splits).
+ * Each stage waits only on the stage before it; that
  * stage's join transitively covers everything earlier, which also orders
  * the reuse of scratch buffers across layers (write-after-read). Counters
  * are never reused, so every wait is an all-join (threshold = the total of

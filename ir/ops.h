@@ -114,8 +114,9 @@ typedef enum {
  *          attention per slot (the sum over the kv head's q heads)
  * KV_EVICT runs once per layer and step, after the layer's attention: with
  * n = min(pos+1, cap) slots filled, p[q head][t] = softmax over t < n of
- * the q head's scores (written by the nsplit splits, laid out as above). H2O first adds p (summed over each kv head's q heads)
- * into acc (zeroed at pos 0). While pos+1 < cap the next slot is pos+1;
+ * the q head's scores (written by the nsplit splits, laid out as above).
+ * H2O first adds p (summed over each kv head's q heads) into acc (zeroed
+ * at pos 0). While pos+1 < cap the next slot is pos+1;
  * after that it is the victim of the policy, per kv head:
  *   KV_POLICY_STREAMING  the slot with the oldest position >= sinks
  *   KV_POLICY_H2O        the least acc among slots whose position is at

@@ -3077,7 +3077,8 @@ static void op_attn(const MegacArgs *a, const int64_t *in, WStream *ws)
     split_range(a->pos + 1, block, s, nsplit, &lo, &hi);
     if (lo == hi)
         return;
-    float qr[in[KT_PARAM + 4] && rope ? G * hd : 1] __attribute__((aligned(64))); /* as q is: its loads must not split lines */
+    /* 64-byte aligned as q is: its 16-lane loads must not split cache lines */
+    float qr[in[KT_PARAM + 4] && rope ? G * hd : 1] __attribute__((aligned(64)));
     const float *qh = q + h * G * hd;
     if (in[KT_PARAM + 4] && rope)
         rope_heads(a, qr, qh, G, rope), qh = qr;
