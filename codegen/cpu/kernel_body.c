@@ -3394,12 +3394,18 @@ typedef struct {
     int64_t G, nsplit, R, n;
 } EvictScores;
 
+/* Split s's piece of q head qh: the score of its first slot. */
+static const float *evict_piece_at(const EvictScores *e, int64_t qh, int64_t s)
+{
+    return e->score + ((qh / e->G * e->nsplit + s) * e->G + qh % e->G) * e->R;
+}
+
 /* Split s's piece of q head qh: its slots [*lo, *hi), the first at the
  * pointer returned. */
 static const float *evict_piece(const EvictScores *e, int64_t qh, int64_t s, int64_t *lo, int64_t *hi)
 {
     split_range(e->n, SPARSE_BLOCK, s, e->nsplit, lo, hi);
-    return e->score + ((qh / e->G * e->nsplit + s) * e->G + qh % e->G) * e->R;
+    return evict_piece_at(e, qh, s);
 }
 
 #define EVICT_CHUNK 256 /* slots whose weights or TOVA sums are kept at once */
@@ -3455,7 +3461,7 @@ static int64_t evict_tova(const EvictScores *e, const float *mz, int64_t nh)
             int64_t len = hi - t0 < EVICT_CHUNK ? hi - t0 : EVICT_CHUNK;
             float sum[EVICT_CHUNK] = {0};
             for (int64_t qh = 0; qh < nh; qh++) {
-                const float *x = evict_piece(e, qh, s, &lo, &hi) + (t0 - lo);
+                const float *x = evict_piece_at(e, qh, s) + (t0 - lo);
                 for (int64_t i = 0; i < len; i++)
                     sum[i] += exp_nonpos(x[i] - mz[2 * qh]) / mz[2 * qh + 1];
             }

@@ -1580,13 +1580,15 @@ MK_DEV void op_kv_evict(const MegacArgs *a, const unsigned *in)
             mk_sync();
         }
         mk_softmax_stats(sc);
-        for (long long i = tid; i < (long long)MK_NKV * n; i += MK_THREADS) {
-            int h = (int)(i / n), t = (int)(i % n), sp, off;
-            float p = 0.0f;
+        for (int t = (int)tid; t < n; t += MK_THREADS) { /* a slot's place once, for every head */
+            int sp, off;
             mk_score_slot(sc, t, &sp, &off);
-            for (int g = 0; g < MK_G; g++)
-                p += mk_softmax_p(sc, h * MK_G + g, sp, off);
-            acc[(long long)h * cap + t] += p;
+            for (int h = 0; h < MK_NKV; h++) {
+                float p = 0.0f;
+                for (int g = 0; g < MK_G; g++)
+                    p += mk_softmax_p(sc, h * MK_G + g, sp, off);
+                acc[(long long)h * cap + t] += p;
+            }
         }
         mk_sync();
     }
