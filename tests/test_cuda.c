@@ -654,6 +654,60 @@ static void host_kernel_close(HostKernel *k)
     test_rm_rf(k->dir);
 }
 
+/* Two waits in a row, the second stuck: the watchdog names it (pc 3 of
+ * gemv, signal, wait, wait, gemv), every thread of the block stops (the
+ * stop flag once lived in shared memory, and thread 0 rewrote it at the
+ * second wait before the others had read it after the first: on the host
+ * shim the block deadlocked), and the GEMV after it never runs. */
+Test(cuda_host, wait_run_before_gemv_names_the_stuck_wait)
+{
+    Schedule *s = sched_new("waitrun", "host-cuda", 1);
+    s->shape = (ModelShape){.dim = 64, .hidden_dim = 64, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1,
+                            .head_dim = 8, .vocab_size = 16, .max_seq = 16, .norm_eps = 1e-5};
+    int64_t wn[2] = {8, 64}, kn = 64, rn = 8;
+    uint32_t w = sched_add_buffer(s, "w", DT_F32, BUF_WEIGHT, 2, wn);
+    uint32_t x = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, &kn);
+    uint32_t y0 = sched_add_buffer(s, "y0", DT_F32, BUF_STATE, 1, &rn), y1 = sched_add_buffer(s, "y1", DT_F32, BUF_STATE, 1, &rn);
+    uint32_t c = sched_add_counter(s, "c");
+    int32_t p[OP_MAX_PARAMS] = {0, 8, 64, 0};
+    for (int i = 0; i < 2; i++) {
+        Access acc[5] = {{w, ACC_R, affine_const(0), affine_const(8 * 64)},
+                         {x, ACC_R, affine_const(0), affine_const(64)},
+                         {i ? y1 : y0, ACC_W, affine_const(0), affine_const(8)},
+                         {BUF_NONE, ACC_R, affine_const(0), affine_const(0)},
+                         {BUF_NONE, ACC_R, affine_const(0), affine_const(0)}};
+        if (i) {
+            sched_signal(s, 0, c, 1);
+            sched_wait(s, 0, c, 1);
+            sched_wait(s, 0, c, 5);
+        }
+        sched_op(s, 0, OP_GEMV, p, acc);
+    }
+    HostKernel k;
+    host_kernel_open(&k, s);
+    host_fill(&k, w);
+    host_fill(&k, x);
+    uint32_t ctr[1] = {0};
+    MegacAbort ab;
+    memset(&ab, 0, sizeof ab);
+    MegacArgs args = {k.weights, k.arena, ctr, &ab, 0, 20000000ull, -1};
+    k.fn(&args, 0);
+    cr_assert_eq(ab.flag, 1u, "flag %u: not a timeout (KT_ABORT_TIMEOUT)", ab.flag);
+    cr_assert_eq(ab.pc, 3u, "the stuck wait is instruction 3, not %u", ab.pc);
+    cr_assert_eq(ab.counter, c);
+    cr_assert_eq(ab.value, 1u);
+    cr_assert_eq(ab.threshold, 5u);
+    const float *W = host_buf(&k, w), *xv = host_buf(&k, x), *Y0 = host_buf(&k, y0), *Y1 = host_buf(&k, y1);
+    for (int r = 0; r < 8; r++) {
+        double want = 0;
+        for (int j = 0; j < 64; j++)
+            want += (double)W[r * 64 + j] * xv[j];
+        cr_assert(fabs(Y0[r] - want) <= 1e-4, "y0[%d] = %.7g, want %.7g", r, Y0[r], want);
+        cr_assert_eq(Y1[r], 0.0f, "the GEMV after the stuck wait ran");
+    }
+    host_kernel_close(&k);
+}
+
 /* hd 40 (two elements per lane, the second pass partly empty), 3 q heads
  * per kv head, 256 positions. */
 enum { SP_HD = 40, SP_NH = 6, SP_NKV = 2, SP_G = 3, SP_S = 256, SP_E = SP_HD + 2 };

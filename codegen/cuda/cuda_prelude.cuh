@@ -31,6 +31,7 @@ typedef struct MegacArgs {
 
 MK_INLINE unsigned mk_tid(void) { return threadIdx.x; }
 MK_INLINE void mk_sync(void) { __syncthreads(); }
+MK_INLINE int mk_sync_or(int pred) { return __syncthreads_or(pred); }
 MK_INLINE float mk_shfl_xor_f(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 MK_INLINE int mk_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 MK_INLINE float4 mk_ldg4(const float4 *p) { return __ldg(p); }

@@ -144,6 +144,7 @@ typedef struct MkBlock {
     MkCtx sched;            /* megac_worker, waiting for the step to end */
     unsigned cur, left;
     unsigned bar_count, bar_gen;
+    int bar_or, bar_or_res[2];  /* mk_sync_or: the OR so far, the result by generation parity */
     const MegacArgs *a;
     unsigned worker;
 } MkBlock;
@@ -210,6 +211,26 @@ static void __syncthreads(void)
         return;
     }
     mk_park(MK_WAIT_BLOCK, gen);
+}
+
+/* __syncthreads_or: every thread gets whether any passed a nonzero pred.
+ * The last to arrive publishes the OR in the slot of the barrier's
+ * generation; two slots alternate, and a slot is written again only two
+ * barriers later, after every fiber has read it. */
+static int mk_sync_or(int pred)
+{
+    MkBlock *b = mk_blk;
+    unsigned gen = b->bar_gen;
+    b->bar_or |= pred != 0;
+    if (++b->bar_count == MK_THREADS) {
+        b->bar_or_res[gen & 1u] = b->bar_or;
+        b->bar_or = 0;
+        b->bar_count = 0;
+        b->bar_gen++;
+        return b->bar_or_res[gen & 1u];
+    }
+    mk_park(MK_WAIT_BLOCK, gen);
+    return b->bar_or_res[gen & 1u];
 }
 
 static void mk_warp_barrier(MkWarp *w)
@@ -385,5 +406,6 @@ void megac_worker(const MegacArgs *a, uint32_t worker)
     b->a = a;
     b->worker = worker;
     b->bar_count = 0;
+    b->bar_or = 0;
     mk_block_run(b);
 }

@@ -90,7 +90,6 @@ enum {
 /* Block-shared scratch: GEMV inputs, attention partials, reductions. */
 MK_SHARED MK_ALIGN16 float mk_sm[MK_SMEM_FLOATS];
 MK_SHARED float mk_red[2 * 32 + 2];
-MK_SHARED unsigned mk_stop;
 
 /* ---- helpers ---- */
 
@@ -1922,11 +1921,12 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
                 mk_signal_add(a->counters + (in[0] >> 8), in[1]);
             MK_PROF_ADD(worker, 16);
         } else if (kind == MK_INST_WAIT) {
-            if (tid == 0)
-                mk_stop = !mk_wait(a, worker, pc, in[0] >> 8, in[1]);
-            mk_sync();
+            /* thread 0 waits; the barrier tells every thread whether it
+             * gave up (a flag in shared memory would be rewritten by
+             * thread 0 at the next wait before the others read it) */
+            int stop = mk_sync_or(tid == 0 && !mk_wait(a, worker, pc, in[0] >> 8, in[1]));
             MK_PROF_ADD(worker, 17);
-            if (mk_stop)
+            if (stop)
                 return;
         }
     }
