@@ -23,6 +23,7 @@ typedef struct CudaKernelInfo {
     int regs_per_thread;    /* read back from the cubin */
     int smem_per_block;     /* static + dynamic bytes */
     int local_bytes;        /* spills: must be 0 */
+    int preloads;           /* weight loads a lane issues before a GEMV's wait (MK_PRELOADS) */
 } CudaKernelInfo;
 /* arch: "sm_80", "sm_90", "sm_120". The NVRTC log is printed on failure. */
 bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path, CudaKernelInfo *info,

@@ -235,6 +235,14 @@ static bool pass_codegen(Compilation *c, CudaKernelInfo *info)
         die("open_memstream: %s", strerror(errno));
     diag_text_rename(real, buf, c->tmp, c->out);
     free(buf);
+    if (ok && c->target->kind == TARGET_CUDA && info && info->regs_per_thread > 0) {
+        char *detail = arena_printf(&c->arena,
+                                    "%s (%d threads x %d registers, %d bytes shared per block, %d weight loads "
+                                    "a lane before a GEMV's wait)",
+                                    c->kernel_file, info->threads_per_block, info->regs_per_thread,
+                                    info->smem_per_block, info->preloads);
+        return pass_done(c, pass, ok, detail);
+    }
     return pass_done(c, pass, ok, c->kernel_file);
 }
 

@@ -18,7 +18,10 @@
 # logs. Environment: HBM_GBPS (the vendor's peak, default 4800 for an H200),
 # BENCH_TOKENS (decode steps per run, default 64), MODELS (default
 # "smollm2-135m llama-3.2-1b"), FORMATS (default "bf16 w8a16 w4a16-g128"),
-# TESTS (0 skips the tests), LONG_CONTEXT (default 2000, 0 skips the
+# TESTS (0 skips the tests), VARIANTS (kernel variants timed against the
+# default bf16 kernel, as "NAME:DEFINE=V[,DEFINE=V]" words for
+# MEGAC_CUDA_DEFINES; default "nopreload:MK_PRELOADS=0", empty skips),
+# LONG_CONTEXT (default 2000, 0 skips the
 # long-context benchmarks: SmolLM2 with an f16 cache, sink_window,
 # streaming and TOVA, each against the dense f32 cache in the same runs),
 # LONG_TOKENS (timed there, default 32), TARGET (a dry run without a GPU:
@@ -145,6 +148,17 @@ for model in $models; do
             >"$out/$model.$fmt.compile.log" 2>&1 || echo failed >"$b.failed") &
     done
 done
+# kernel variants (VARIANTS): the bf16 bundle with kernel_body.cuh knobs set
+variants=${VARIANTS-nopreload:MK_PRELOADS=0}
+case " $formats " in *" bf16 "*) ;; *) variants= ;; esac
+for v in $variants; do
+    for model in $models; do
+        b=$work/$model.${v%%:*}.$target.megac
+        (MEGAC_CUDA_DEFINES=$(echo "${v#*:}" | tr , ' ') run timeout 300 "$megac" compile "models/$model.yaml" \
+            --target "$target" --set quant.default=bf16 -o "$b" >"$out/$model.${v%%:*}.compile.log" 2>&1 ||
+            echo failed >"$b.failed") &
+    done
+done
 wait
 log "compiled"
 
@@ -195,6 +209,32 @@ EOF
         log "$model $fmt: ${rows[-1]}"
     done
 done
+# ---- kernel variants against the default kernel, bf16, in the same runs ----
+# speedup = default tok/s / variant tok/s: above 1, the default kernel is faster.
+varrows=()
+for v in $variants; do
+    name=${v%%:*}
+    for model in $models; do
+        b=$work/$model.$name.$target.megac
+        d=$work/$model.bf16.$target.megac
+        if [ -e "$b.failed" ] || [ -e "$d.failed" ]; then
+            log "variant $name $model: compile FAILED (see $model.$name.compile.log)"
+            varrows+=("{\"variant\": \"$name\", \"model\": \"$model\", \"error\": \"compile failed\"}")
+            continue
+        fi
+        if ! run timeout 240 "$megac" bench "$d" --versus "$b" -n "$ntok" --runs 5 --ceiling-mb 64 \
+                >"$out/$model.$name.bench.log" 2>&1; then
+            log "variant $name $model: bench FAILED (see $model.$name.bench.log)"
+            varrows+=("{\"variant\": \"$name\", \"model\": \"$model\", \"error\": \"bench failed\"}")
+            continue
+        fi
+        ts=$(sed -n 's/^tok_s=\([0-9.]*\).*/\1/p' "$out/$model.$name.bench.log")
+        vs=$(sed -n 's/^versus_tok_s=\([0-9.]*\).*/\1/p' "$out/$model.$name.bench.log")
+        sp=$(sed -n 's/.*speedup=\([0-9.]*\).*/\1/p' "$out/$model.$name.bench.log")
+        varrows+=("{\"variant\": \"$name\", \"defines\": \"${v#*:}\", \"model\": \"$model\", \"default_tok_s\": ${ts:-0}, \"variant_tok_s\": ${vs:-0}, \"default_over_variant\": ${sp:-0}}")
+        log "variant $name $model: ${varrows[-1]}"
+    done
+done
 # ---- long context: f16 cache and sparse attention against dense ----
 # SmolLM2-135M (bf16 weights) decoding from position LONG_CONTEXT (default
 # 2000; 0 skips): where attention reads the cache, which the position-0
@@ -238,18 +278,20 @@ if [ "$long" -gt 0 ]; then
 fi
 rm -rf "$work"
 bench_ok=true
-for r in "${longrows[@]}"; do case "$r" in *'"error"'*) bench_ok=false ;; esac; done
+for r in "${longrows[@]}" "${varrows[@]}"; do case "$r" in *'"error"'*) bench_ok=false ;; esac; done
 for r in "${rows[@]}"; do case "$r" in *'"error"'*) bench_ok=false ;; esac; done
 
 printf '%s\n' "${longrows[@]}" >"$out/long.jsonl"
+printf '%s\n' "${varrows[@]}" >"$out/variants.jsonl"
 python3 - "$out" "$target" "$tests_ok" "$gpu_pass" "$gpu_skip" "$hbm" "${read_gbps:-0}" "${rows[@]}" <<'EOF'
 import json, sys
 out, target, tests_ok, gpu_pass, gpu_skip, hbm, rd = sys.argv[1:8]
 rows = [json.loads(r) for r in sys.argv[8:]]
 longrows = [json.loads(l) for l in open(f"{out}/long.jsonl") if l.strip()]
+varrows = [json.loads(l) for l in open(f"{out}/variants.jsonl") if l.strip()]
 rep = {"target": target, "tests_passed": tests_ok == "true", "gpu_tests_passed": int(gpu_pass),
        "gpu_tests_skipped": int(gpu_skip), "hbm_gbps": float(hbm), "read_ceiling_gbps": float(rd), "decode": rows,
-       "long_context": longrows}
+       "variants": varrows, "long_context": longrows}
 json.dump(rep, open(f"{out}/gpu-check.json", "w"), indent=2)
 md = [f"# megac gpu-check ({target})", "",
       f"CUDA tests: {'passed' if tests_ok == 'true' else 'FAILED'} "
@@ -265,6 +307,17 @@ for r in rows:
               f"{r['baseline_us_per_token']} | {r['speedup_over_baseline']} |")
 md += ["", "GB/s = weight bytes read per token / time per token. megac's time is `megac bench`'s median over 5 runs "
        "and includes the per-step launch, memsets and logits copy; the baseline's is a CUDA graph replayed 300 times."]
+if varrows:
+    md += ["", "Kernel variants (bf16; `megac bench default --versus variant -n N --runs 5`, "
+           "MEGAC_CUDA_DEFINES for the variant):", "",
+           "| variant | defines | model | default tok/s | variant tok/s (same runs) | default / variant |",
+           "|---|---|---|---|---|---|"]
+    for r in varrows:
+        if "error" in r:
+            md.append(f"| {r['variant']} | | {r['model']} | {r['error']} | | |")
+        else:
+            md.append(f"| {r['variant']} | {r['defines']} | {r['model']} | {r['default_tok_s']} | {r['variant_tok_s']} | "
+                      f"{r['default_over_variant']} |")
 if longrows:
     md += ["", "Long context (SmolLM2-135M, bf16 weights, `megac bench X --versus dense --context N -n 32 --runs 3`):", "",
            "| setting | context | tok/s | dense tok/s (same runs) | speedup |", "|---|---|---|---|---|"]

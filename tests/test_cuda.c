@@ -339,6 +339,40 @@ Test(cuda_nvrtc, every_model_every_arch, .timeout = 900)
     globfree(&g);
 }
 
+/* The GEMV weight loads a lane issues before a wait (mk_gemv_preload)
+ * hold registers across it. At the SmolLM2-135M and Llama-3.2-1B shapes,
+ * stored bf16 and w8a16, every architecture keeps all CUDA_PRELOADS of
+ * them without spilling (cg_cuda_compile would take fewer where ptxas
+ * spills, silently slower); W4 schedules, whose GEMVs cannot use them,
+ * get none. */
+Test(cuda_nvrtc, gemv_preloads_fit, .timeout = 900)
+{
+    static const char *const archs[] = {"sm_80", "sm_90", "sm_120"};
+    static const char *const models[] = {"/models/smollm2-135m.yaml", "/models/llama-3.2-1b.yaml"};
+    static const char *const fmts[] = {"bf16", "w8a16", "w4a16-g128"};
+    for (int m = 0; m < 2; m++)
+        for (int f = 0; f < 3; f++) {
+            Model r;
+            memset(&r, 0, sizeof r);
+            Diag d;
+            diag_init(&d);
+            DescOverride ov = {"quant.default", fmts[f]};
+            cr_assert(desc_load(&r.m, &r.arena, src_path(models[m]), &ov, 1, &d));
+            for (int a = 0; a < 3; a++) {
+                if (m == 1 && f == 2 && a > 0)
+                    continue; /* (one W4 case at the big shape is enough) */
+                Schedule *s = model_lower(&r, archs[a], 0);
+                char what[96];
+                snprintf(what, sizeof what, "%s %s", r.m.name, fmts[f]);
+                CudaKernelInfo info = cubin_check(s, archs[a], what);
+                cr_assert_eq(info.preloads, f == 2 ? 0 : CUDA_PRELOADS, "%s for %s: %d weight loads before waits",
+                             what, archs[a], info.preloads);
+                sched_free(s);
+            }
+            model_close(&r);
+        }
+}
+
 /* The new ops' bodies in the kernel for every architecture, at a
  * Llama-3-8B shape (hd 128, 4 q heads per kv head, 128K positions) and a
  * wide-group one (hd 64, 8 per kv head): no local memory, registers and
@@ -467,10 +501,14 @@ typedef struct {
     uint32_t w, x, y, nw, b;
 } GemvCase;
 
-/* Every GEMV path of kernel_body.cuh on one host block, for f32 and bf16
- * weights: rows split over warps (1 and 2 rows), a row length that is not
- * a multiple of the vector width, warp per row, and an input too long for
- * the shared scratch (read from the arena), each against a double sum. */
+/* Every GEMV path of kernel_body.cuh on one host block, for f32, bf16 and
+ * W8 weights: rows split over warps (1 and 2 rows), a row length that is
+ * not a multiple of the vector width, warp per row, and an input too long
+ * for the shared scratch (read from the arena), each against a double sum.
+ * Every GEMV but the first comes after one or two waits (a signal of the
+ * op before, as a pipeline has them), so the weight loads issued before
+ * a wait (mk_gemv_preload) are checked too: rows and slices of one round
+ * of loads and of many. */
 Test(cuda_host, gemv_paths_match_double)
 {
     static const int spec[][6] = {
@@ -478,11 +516,14 @@ Test(cuda_host, gemv_paths_match_double)
         {0, 7, 7, 66, GEMV_BIAS, DT_F32},           {0, 50, 50, 64, GEMV_NORM | GEMV_ACCUM, DT_F32},
         {1, 4, 4, 8200, 0, DT_F32},                 {0, 2, 2, 64, GEMV_ACCUM, DT_BF16},
         {0, 9, 9, 128, GEMV_NORM, DT_BF16},         {0, 3, 3, 60, GEMV_BIAS, DT_BF16},
+        {0, 2, 2, 4096, 0, DT_BF16},                {1, 6, 7, 1001, GEMV_BIAS, DT_W8},
+        {0, 9, 9, 64, 0, DT_W8},
     };
-    enum { N = 8 };
+    enum { N = 11 };
     Schedule *s = sched_new("gemv", "host-cuda", 1);
     s->shape = (ModelShape){.dim = 64, .hidden_dim = 64, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1,
                             .head_dim = 8, .vocab_size = 16, .max_seq = 16, .norm_eps = 1e-5};
+    uint32_t done = sched_add_counter(s, "done");
     GemvCase c[N];
     for (int i = 0; i < N; i++) {
         char name[32];
@@ -511,6 +552,12 @@ Test(cuda_host, gemv_paths_match_double)
             acc[3].hi = affine_const(0);
         if (!(g->flags & GEMV_BIAS))
             acc[4].lo = acc[4].hi = affine_const(0);
+        if (i > 0) {
+            sched_signal(s, 0, done, 1);
+            if (i % 2)
+                sched_wait(s, 0, done, (uint32_t)(i - 1));
+            sched_wait(s, 0, done, (uint32_t)i);
+        }
         sched_op(s, 0, OP_GEMV, p, acc);
     }
     sched_layout(s);
@@ -528,6 +575,18 @@ Test(cuda_host, gemv_paths_match_double)
     cr_assert(weights && arena);
     for (uint32_t b = 0; b < s->nbufs; b++) {
         char *p = (s->bufs[b].cls == BUF_WEIGHT ? weights : arena) + s->bufs[b].offset;
+        if (s->bufs[b].dtype == DT_W8) { /* rows {f32 s; i8 q[k]; pad} */
+            int64_t rows = s->bufs[b].shape[0], k = s->bufs[b].shape[1];
+            size_t rb = dtype_row_bytes(DT_W8, k);
+            memset(p, 0, (size_t)rows * rb);
+            for (int64_t r = 0; r < rows; r++) {
+                float sc = 0.01f * (1.0f + rnd());
+                memcpy(p + r * rb, &sc, 4);
+                for (int64_t j = 0; j < k; j++)
+                    p[r * rb + 4 + j] = (char)(signed char)lrintf(127.0f * rnd());
+            }
+            continue;
+        }
         for (int64_t i = 0; i < s->bufs[b].nelem; i++) {
             if (s->bufs[b].dtype == DT_BF16)
                 ((uint16_t *)p)[i] = f32_to_bf16(rnd());
@@ -541,7 +600,8 @@ Test(cuda_host, gemv_paths_match_double)
         GemvCase *g = &c[i];
         const char *W = weights + s->bufs[g->w].offset;
         const float *x = (const float *)(arena + s->bufs[g->x].offset);
-        bool bf = s->bufs[g->w].dtype == DT_BF16;
+        bool bf = s->bufs[g->w].dtype == DT_BF16, w8 = s->bufs[g->w].dtype == DT_W8;
+        size_t rb = dtype_row_bytes(DT_W8, g->k);
         const float *nw = (const float *)(weights + s->bufs[g->nw].offset), *b = (const float *)(weights + s->bufs[g->b].offset);
         const float *y = (const float *)(arena + s->bufs[g->y].offset);
         double ss = 0;
@@ -557,7 +617,14 @@ Test(cuda_host, gemv_paths_match_double)
             for (int j = 0; j < g->k; j++)
             {
                 int64_t e = (int64_t)r * g->k + j;
-                double wv = bf ? bf16_to_f32(((const uint16_t *)W)[e]) : ((const float *)W)[e];
+                double wv;
+                if (w8) {
+                    float ws;
+                    memcpy(&ws, W + r * rb, 4);
+                    wv = (double)ws * (signed char)W[r * rb + 4 + j];
+                } else {
+                    wv = bf ? bf16_to_f32(((const uint16_t *)W)[e]) : ((const float *)W)[e];
+                }
                 acc += wv * ((g->flags & GEMV_NORM) ? x[j] * sc * nw[j] : x[j]);
             }
             if (g->flags & GEMV_BIAS)
@@ -658,7 +725,9 @@ static void host_kernel_close(HostKernel *k)
  * gemv, signal, wait, wait, gemv), every thread of the block stops (the
  * stop flag once lived in shared memory, and thread 0 rewrote it at the
  * second wait before the others had read it after the first: on the host
- * shim the block deadlocked), and the GEMV after it never runs. */
+ * shim the block deadlocked), and the GEMV after it never runs. The GEMV's
+ * first weight loads go out before the run (mk_gemv_preload), and the run
+ * is still waited for wait by wait. */
 Test(cuda_host, wait_run_before_gemv_names_the_stuck_wait)
 {
     Schedule *s = sched_new("waitrun", "host-cuda", 1);

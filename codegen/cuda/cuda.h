@@ -21,6 +21,7 @@
 #define CUDA_SMEM_FLOATS_MAX 8192   /* GEMV input staging cap (32 KiB) */
 #define CUDA_SMEM_FLOATS_LIMIT 12000 /* whole scratch: under 48 KiB of static smem */
 #define CUDA_ARENA_BIT (1ull << 63)
+#define CUDA_PRELOADS 2         /* MK_PRELOADS first tried (cg_cuda_compile lowers it on spills) */
 
 /* ---- cuda_text.c (generated at build time from the embedded sources) ---- */
 extern const char cuda_text_prelude[];      /* cuda_prelude.cuh */
@@ -40,11 +41,12 @@ typedef struct CudaLayout {
     int smem_floats;    /* MK_SMEM_FLOATS: GEMV inputs up to this k are staged */
     int attn_warps;     /* MK_AW: warps that share an attention split */
     int hdl;            /* MK_HDL: head elements per lane */
+    int preloads;       /* MK_PRELOADS_AUTO: weight loads a lane issues before a GEMV's wait */
 } CudaLayout;
 /* The block layout for a schedule on the GPU (host = false) or the host. */
 CudaLayout cuda_layout(const Schedule *s, bool host);
-/* The whole kernel source, xmalloc'd. */
-char *cuda_source_build(const Schedule *s, bool host);
+/* The whole kernel source for layout l, xmalloc'd. */
+char *cuda_source_build(const Schedule *s, const CudaLayout *l, bool host);
 
 /* ---- cuda_nvrtc.c ---- */
 /* bool cg_cuda_compile(...) of codegen.h is cuda_source_build, then this:
@@ -52,6 +54,10 @@ char *cuda_source_build(const Schedule *s, bool host);
  * ptxas resources checked (no local memory), the cubin written. */
 bool cuda_nvrtc_compile(const char *src, const char *arch, int threads, const char *cubin_path, CudaKernelInfo *info,
                         Diag *d);
+/* The same, except that a kernel that uses local memory sets *spilled and
+ * fails without a diagnostic (the caller retries with fewer registers). */
+bool cuda_nvrtc_try(const char *src, const char *arch, int threads, const char *cubin_path, CudaKernelInfo *info,
+                    bool *spilled, Diag *d);
 /* Parses ptxas' -v lines for the entry `megac_kernel` (exposed for tests). */
 bool cuda_ptxas_info_parse(const char *log, CudaKernelInfo *info);
 

@@ -56,7 +56,8 @@ bool cg_hostcuda_compile(const Schedule *s, const char *so_path, Diag *d)
 {
     if (!cuda_schedule_check(s, d))
         return false;
-    char *text = cuda_source_build(s, true);
+    CudaLayout l = cuda_layout(s, true);
+    char *text = cuda_source_build(s, &l, true);
     char *src = host_source_path(so_path);
     bool ok = host_write(src, text, d) && host_cc(src, so_path, d);
     free(text);

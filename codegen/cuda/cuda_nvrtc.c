@@ -132,13 +132,19 @@ static bool nvrtc_cubin_save(nvrtcProgram prog, const char *path, Diag *d)
     return ok;
 }
 
-/* Resources from the log; a kernel that uses local memory is refused. */
-static bool nvrtc_resources(const char *log, int threads, const char *path, CudaKernelInfo *info, Diag *d)
+/* Resources from the log; a kernel that uses local memory is refused
+ * (with spilled: quietly, *spilled set). */
+static bool nvrtc_resources(const char *log, int threads, const char *path, CudaKernelInfo *info, bool *spilled,
+                            Diag *d)
 {
     memset(info, 0, sizeof *info);
     info->threads_per_block = threads;
     if (!cuda_ptxas_info_parse(log, info)) {
         diag_file_error(d, path, "no ptxas resource usage for megac_kernel in the NVRTC log:\n%s", log);
+        return false;
+    }
+    if (info->local_bytes > 0 && spilled) {
+        *spilled = true;
         return false;
     }
     if (info->local_bytes > 0) {
@@ -149,8 +155,8 @@ static bool nvrtc_resources(const char *log, int threads, const char *path, Cuda
     return true;
 }
 
-bool cuda_nvrtc_compile(const char *src, const char *arch, int threads, const char *cubin_path, CudaKernelInfo *info,
-                        Diag *d)
+bool cuda_nvrtc_try(const char *src, const char *arch, int threads, const char *cubin_path, CudaKernelInfo *info,
+                    bool *spilled, Diag *d)
 {
     int a = nvrtc_arch(arch);
     if (!a) {
@@ -169,13 +175,19 @@ bool cuda_nvrtc_compile(const char *src, const char *arch, int threads, const ch
         return false;
     char *log = NULL;
     CudaKernelInfo ki;
-    bool ok = nvrtc_build(prog, a, cubin_path, &log, d) && nvrtc_resources(log, threads, cubin_path, &ki, d) &&
-              nvrtc_cubin_save(prog, cubin_path, d);
+    bool ok = nvrtc_build(prog, a, cubin_path, &log, d) &&
+              nvrtc_resources(log, threads, cubin_path, &ki, spilled, d) && nvrtc_cubin_save(prog, cubin_path, d);
     if (ok && info)
         *info = ki;
     free(log);
     nvrtcDestroyProgram(&prog);
     return ok;
+}
+
+bool cuda_nvrtc_compile(const char *src, const char *arch, int threads, const char *cubin_path, CudaKernelInfo *info,
+                        Diag *d)
+{
+    return cuda_nvrtc_try(src, arch, threads, cubin_path, info, NULL, d);
 }
 
 bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path, CudaKernelInfo *info, Diag *d)
@@ -186,8 +198,18 @@ bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path
     }
     if (!cuda_schedule_check(s, d))
         return false;
-    char *src = cuda_source_build(s, false);
-    bool ok = cuda_nvrtc_compile(src, arch, cuda_layout(s, false).threads, cubin_path, info, d);
-    free(src);
-    return ok;
+    /* Each weight load a lane issues before a GEMV's wait holds 4
+     * registers across the wait; where that makes ptxas spill, fewer. */
+    CudaLayout l = cuda_layout(s, false);
+    for (;;) {
+        char *src = cuda_source_build(s, &l, false);
+        bool spilled = false;
+        bool ok = cuda_nvrtc_try(src, arch, l.threads, cubin_path, info, l.preloads > 0 ? &spilled : NULL, d);
+        free(src);
+        if (ok && info)
+            info->preloads = l.preloads;
+        if (ok || !spilled)
+            return ok;
+        l.preloads--;
+    }
 }

@@ -34,7 +34,6 @@ MK_INLINE void mk_sync(void) { __syncthreads(); }
 MK_INLINE int mk_sync_or(int pred) { return __syncthreads_or(pred); }
 MK_INLINE float mk_shfl_xor_f(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 MK_INLINE int mk_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
-MK_INLINE float4 mk_ldg4(const float4 *p) { return __ldg(p); }
 MK_INLINE uint4 mk_ldg4u(const uint4 *p) { return __ldg(p); }
 MK_INLINE unsigned mk_ldgu(const unsigned *p) { return __ldg(p); }
 MK_INLINE unsigned mk_prmt(unsigned x, unsigned y, unsigned s) { return __byte_perm(x, y, s); }

@@ -58,6 +58,23 @@ static int source_max_gemv_k(const Schedule *s)
     return k;
 }
 
+/* Whether some GEMV right after a wait reads weights whose loads
+ * mk_gemv_preload issues before the wait (f32, bf16, W8): without one,
+ * kernel_body.cuh's preload path only costs registers (MK_PRELOADS 0). */
+static bool source_preloadable(const Schedule *s)
+{
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        for (uint32_t i = 1; i < s->workers[w].ninst; i++) {
+            const Inst *in = &s->workers[w].insts[i];
+            if (in->kind != INST_OP || in->op != OP_GEMV || s->workers[w].insts[i - 1].kind != INST_WAIT)
+                continue;
+            const Buffer *b = &s->bufs[s->accs[in->acc].buf];
+            if (b->cls == BUF_WEIGHT && (b->dtype == DT_F32 || b->dtype == DT_BF16 || b->dtype == DT_W8))
+                return true;
+        }
+    return false;
+}
+
 static int source_group(const Schedule *s)
 {
     return s->shape.n_kv_heads > 0 ? s->shape.n_heads / s->shape.n_kv_heads : 1;
@@ -104,6 +121,7 @@ CudaLayout cuda_layout(const Schedule *s, bool host)
     l.hdl = (s->shape.head_dim + 31) / 32;
     if (l.hdl < 1)
         l.hdl = 1;
+    l.preloads = source_preloadable(s) ? CUDA_PRELOADS : 0;
     return l;
 }
 
@@ -135,6 +153,7 @@ static void source_shape(FILE *f, const Schedule *s, const CudaLayout *l)
             s->target ? s->target : "");
     fprintf(f, "#define MK_THREADS %d\n#define MK_SMEM_FLOATS %d\n#define MK_AW %d\n#define MK_HDL %d\n", l->threads,
             l->smem_floats, l->attn_warps, l->hdl);
+    fprintf(f, "#define MK_PRELOADS_AUTO %d\n", l->preloads);
     fprintf(f, "#define MK_DIM %d\n#define MK_HD %d\n#define MK_G %d\n#define MK_VOCAB %d\n#define MK_MAX_SEQ %d\n",
             sh->dim, sh->head_dim, source_group(s), sh->vocab_size, sh->max_seq);
     fprintf(f, "#define MK_NKV %d\n#define MK_NH (MK_G * MK_NKV)\n", sh->n_kv_heads);
@@ -234,20 +253,19 @@ static const char source_gpu_entry[] =
     "    mk_worker_run(&a, blockIdx.x);\n"
     "}\n";
 
-char *cuda_source_build(const Schedule *s, bool host)
+char *cuda_source_build(const Schedule *s, const CudaLayout *l, bool host)
 {
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
     if (!f)
         die("open_memstream failed");
-    CudaLayout l = cuda_layout(s, host);
     /* the shim needs MK_THREADS for its block struct: shape first there */
     if (host)
-        source_shape(f, s, &l);
+        source_shape(f, s, l);
     fputs(host ? cuda_text_host_shim : cuda_text_prelude, f);
     if (!host)
-        source_shape(f, s, &l);
+        source_shape(f, s, l);
     source_tables(f, s);
     source_constants(f, s);
     fputs(cuda_text_body, f);

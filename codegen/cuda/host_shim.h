@@ -268,7 +268,6 @@ static inline unsigned mk_tid(void) { return threadIdx.x; }
 static inline void mk_sync(void) { __syncthreads(); }
 static inline float mk_shfl_xor_f(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 static inline int mk_shfl_xor_i(int v, int m) { return (int)mk_shfl_xor_bits((uint32_t)v, m); }
-static inline float4 mk_ldg4(const float4 *p) { return *p; }
 static inline uint4 mk_ldg4u(const uint4 *p) { return *p; }
 static inline unsigned mk_ldgu(const unsigned *p) { return *p; }
 /* __byte_perm: byte i of the result is byte (s >> 4i) & 7 of y:x. */

@@ -217,6 +217,52 @@ MK_DEV float mk_rms_scale(const float *x, int n)
 #define MK_VLOADS 8
 #endif
 
+/* Of a GEMV's first round, the loads that mk_gemv_preload issues before
+ * the wait for its input. Their registers (4 per load) are live across
+ * the wait, and a thread has 128 at 512 threads: cg_cuda_compile starts
+ * at 2 (MK_PRELOADS_AUTO) and takes fewer where ptxas would spill.
+ * MEGAC_CUDA_DEFINES=MK_PRELOADS=0 turns it off, to compare. MK_PRE_N
+ * sizes the arrays that hold them. */
+#ifndef MK_PRELOADS
+#define MK_PRELOADS MK_PRELOADS_AUTO
+#endif
+#if MK_PRELOADS > MK_VLOADS
+#undef MK_PRELOADS
+#define MK_PRELOADS MK_VLOADS
+#endif
+#define MK_PRE_N (MK_PRELOADS > 0 ? MK_PRELOADS : 1)
+
+/* Loads u0 <= u < u1 of a lane's round of GEMV weight loads: units
+ * j + 32 u of p, zeros at or past j1. */
+MK_INLINE void mk_round_part(const uint4 *p, int j, int j1, int u0, int u1, uint4 *w)
+{
+    const uint4 z = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int u = u0; u < u1; u++)
+        w[u - u0] = j + 32 * u < j1 ? mk_ldg4u(p + j + 32 * u) : z;
+}
+
+/* A round: MK_VLOADS loads. */
+MK_INLINE void mk_round_load(const uint4 *p, int j, int j1, uint4 w[MK_VLOADS])
+{
+    mk_round_part(p, j, j1, 0, MK_VLOADS, w);
+}
+
+/* A lane's first round: its first MK_PRELOADS loads from pre when use_pre
+ * (mk_gemv_preload issued them), the rest issued now. */
+MK_INLINE void mk_round_first(const uint4 *p, int j, int j1, const uint4 pre[MK_PRE_N], int use_pre,
+                              uint4 w[MK_VLOADS])
+{
+    if (use_pre) {
+#pragma unroll
+        for (int u = 0; u < MK_PRELOADS; u++)
+            w[u] = pre[u];
+        mk_round_part(p, j, j1, MK_PRELOADS, MK_VLOADS, w + MK_PRELOADS);
+    } else {
+        mk_round_load(p, j, j1, w);
+    }
+}
+
 /* ---- quantized and half-precision weights (layouts: ir/dtype.h) ----
  * Dequantized in registers inside the warp's dot product (and the
  * embedding gather): no dequantized copy of a weight exists. Row r of a
@@ -402,32 +448,44 @@ MK_INLINE float mk_dot_s8x4(unsigned v, float4 x)
            (mk_byte_f(v, 3) - off) * x.w;
 }
 
-/* W8 row: {f32 s; i8 q[k]; pad}; returns s * sum(q x). The bytes from the
- * first 16-byte boundary on are read as uint4s (MK_VLOADS in flight per
- * lane) against float4s of x; the few before that boundary and after the
- * last whole uint4 one byte per lane. x must be 16-byte aligned (the
- * boundary is 4, 8 or 12 bytes in, so x + head stays aligned). */
-MK_INLINE float mk_dot_w8(const unsigned char *row, const float *x, int k, unsigned lane)
+/* A W8 row's bytes as mk_dot_w8 reads them: *head bytes up to the first
+ * 16-byte boundary, then *nv uint4s from *qv. */
+MK_INLINE void mk_w8_span(const unsigned char *row, int k, int *head, int *nv, const uint4 **qv)
 {
     const unsigned char *q = row + 4;
-    int head = (int)((16u - ((unsigned)(unsigned long long)q & 15u)) & 15u);
-    if (head > k)
-        head = k;
-    int nv = (k - head) / 16, tail0 = head + 16 * nv;
-    const uint4 *qv = (const uint4 *)(const void *)(q + head);
+    int h = (int)((16u - ((unsigned)(unsigned long long)q & 15u)) & 15u);
+    if (h > k)
+        h = k;
+    *head = h;
+    *nv = (k - h) / 16;
+    *qv = (const uint4 *)(const void *)(q + h);
+}
+
+/* W8 row: {f32 s; i8 q[k]; pad}; returns s * sum(q x). The bytes from the
+ * first 16-byte boundary on are read as uint4s (MK_VLOADS in flight per
+ * lane; the first round is pre when use_pre) against float4s of x; the
+ * few before that boundary and after the last whole uint4 one byte per
+ * lane. x must be 16-byte aligned (the boundary is 4, 8 or 12 bytes in,
+ * so x + head stays aligned). */
+MK_INLINE float mk_dot_w8(const unsigned char *row, const float *x, int k, unsigned lane, const uint4 pre[MK_PRE_N],
+                          int use_pre)
+{
+    const unsigned char *q = row + 4;
+    int head, nv;
+    const uint4 *qv;
+    mk_w8_span(row, k, &head, &nv, &qv);
+    int tail0 = head + 16 * nv;
     const float4 *xv = (const float4 *)(const void *)(x + head);
     float acc = 0.0f;
     if ((int)lane < head)
         acc += (float)(signed char)q[lane] * x[lane];
     if (tail0 + (int)lane < k)
         acc += (float)(signed char)q[tail0 + lane] * x[tail0 + lane];
-    const uint4 z = {0u, 0u, 0u, 0u};
+    uint4 w[MK_VLOADS];
+    int j = (int)lane;
+    mk_round_first(qv, j, nv, pre, use_pre, w);
 #pragma unroll 1
-    for (int j = (int)lane; j < nv; j += 32 * MK_VLOADS) {
-        uint4 w[MK_VLOADS];
-#pragma unroll
-        for (int u = 0; u < MK_VLOADS; u++)
-            w[u] = j + 32 * u < nv ? mk_ldg4u(qv + j + 32 * u) : z;
+    while (j < nv) {
 #pragma unroll
         for (int u = 0; u < MK_VLOADS; u++)
             if (j + 32 * u < nv) {
@@ -435,6 +493,9 @@ MK_INLINE float mk_dot_w8(const unsigned char *row, const float *x, int k, unsig
                 acc += mk_dot_s8x4(w[u].x, xx[0]) + mk_dot_s8x4(w[u].y, xx[1]) + mk_dot_s8x4(w[u].z, xx[2]) +
                        mk_dot_s8x4(w[u].w, xx[3]);
             }
+        j += 32 * MK_VLOADS;
+        if (j < nv)
+            mk_round_load(qv, j, nv, w);
     }
     return mk_f32_at(row) * mk_warp_sum(acc);
 }
@@ -538,10 +599,11 @@ MK_INLINE float mk_dot_kq(int t, const unsigned char *row, const float *x, int k
 /* One warp's dot product of a stored row with x: lanes take consecutive
  * elements (consecutive bytes of a block), each block's scale is read by
  * every lane; the sum is reduced so that every lane holds it. */
-MK_INLINE float mk_dot_qrow(int t, const unsigned char *row, const float *x, int k, unsigned lane)
+MK_INLINE float mk_dot_qrow(int t, const unsigned char *row, const float *x, int k, unsigned lane,
+                            const uint4 pre[MK_PRE_N], int use_pre)
 {
     if (MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8)
-        return mk_dot_w8(row, x, k, lane);
+        return mk_dot_w8(row, x, k, lane, pre, use_pre);
     if (MK_HAS_W4 && (t == MK_DT_W4G32 || t == MK_DT_W4G64 || t == MK_DT_W4G128))
         return mk_dot_w4(t, row, x, k, lane);
     if ((MK_HAS_KQ || MK_HAS_DT(MK_DT_Q6_K)) && (t == MK_DT_Q4_K || t == MK_DT_Q5_K || t == MK_DT_Q6_K))
@@ -618,63 +680,42 @@ MK_DEV void op_rmsnorm(const MegacArgs *a, const unsigned *in)
         out[j] = x[j] * s * w[j];
 }
 
-/* One warp's dot product of float4s [j0, j1) of a weight row and the input,
- * reduced so that every lane holds it: 16-byte loads, MK_VLOADS in flight
- * per lane (the last round's loads predicated, so that a row of up to
- * 32 * MK_VLOADS units is one round trip to memory). */
-MK_INLINE float mk_dot4(const float4 *w4, const float4 *x4, int j0, int j1, unsigned lane)
+/* One warp's dot product of units [j0, j1) of a weight row (f32: 4
+ * weights per 16-byte unit, bf16: 8) and the input, reduced so that every
+ * lane holds it: MK_VLOADS loads in flight per lane (the last round's
+ * loads predicated, so that a row of up to 32 * MK_VLOADS units is one
+ * round trip to memory); the first round is pre when use_pre. */
+MK_INLINE float mk_dot_units(const uint4 *w4, int bf, const float4 *x4, int j0, int j1, unsigned lane,
+                              const uint4 pre[MK_PRE_N], int use_pre)
 {
     float acc[MK_VLOADS];
-    const float4 z = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int u = 0; u < MK_VLOADS; u++)
         acc[u] = 0.0f;
+    uint4 w[MK_VLOADS];
+    int j = j0 + (int)lane;
+    mk_round_first(w4, j, j1, pre, use_pre, w);
 #pragma unroll 1
-    for (int j = j0 + (int)lane; j < j1; j += 32 * MK_VLOADS) {
-        float4 w[MK_VLOADS];
+    while (j < j1) {
 #pragma unroll
-        for (int u = 0; u < MK_VLOADS; u++)
-            w[u] = j + 32 * u < j1 ? mk_ldg4(w4 + j + 32 * u) : z;
-#pragma unroll
-        for (int u = 0; u < MK_VLOADS; u++)
-            if (j + 32 * u < j1) {
-                float4 xa = x4[j + 32 * u];
-                acc[u] += w[u].x * xa.x + w[u].y * xa.y + w[u].z * xa.z + w[u].w * xa.w;
+        for (int u = 0; u < MK_VLOADS; u++) {
+            if (j + 32 * u >= j1)
+                continue;
+            unsigned e = (unsigned)(j + 32 * u);
+            if (bf) {
+                float4 xa = x4[2 * e], xb = x4[2 * e + 1];
+                acc[u] += mk_bf16_lo(w[u].x) * xa.x + mk_bf16_hi(w[u].x) * xa.y + mk_bf16_lo(w[u].y) * xa.z +
+                          mk_bf16_hi(w[u].y) * xa.w + mk_bf16_lo(w[u].z) * xb.x + mk_bf16_hi(w[u].z) * xb.y +
+                          mk_bf16_lo(w[u].w) * xb.z + mk_bf16_hi(w[u].w) * xb.w;
+            } else {
+                float4 xa = x4[e];
+                acc[u] += mk_as_float(w[u].x) * xa.x + mk_as_float(w[u].y) * xa.y + mk_as_float(w[u].z) * xa.z +
+                          mk_as_float(w[u].w) * xa.w;
             }
-    }
-    float s = 0.0f;
-#pragma unroll
-    for (int u = 0; u < MK_VLOADS; u++)
-        s += acc[u];
-    return mk_warp_sum(s);
-}
-
-/* bf16 weights: a 16-byte load is 8 weights, against two float4 of input. */
-MK_INLINE float mk_dot8(const float4 *x4, unsigned j, uint4 w)
-{
-    float4 xa = x4[2 * j], xb = x4[2 * j + 1];
-    return mk_bf16_lo(w.x) * xa.x + mk_bf16_hi(w.x) * xa.y + mk_bf16_lo(w.y) * xa.z + mk_bf16_hi(w.y) * xa.w +
-           mk_bf16_lo(w.z) * xb.x + mk_bf16_hi(w.z) * xb.y + mk_bf16_lo(w.w) * xb.z + mk_bf16_hi(w.w) * xb.w;
-}
-
-/* mk_dot4 for bf16 rows: units [j0, j1) of 8 weights. */
-MK_INLINE float mk_dot4_bf16(const uint4 *w8, const float4 *x4, int j0, int j1, unsigned lane)
-{
-    float acc[MK_VLOADS];
-    const uint4 z = {0u, 0u, 0u, 0u};
-#pragma unroll
-    for (int u = 0; u < MK_VLOADS; u++)
-        acc[u] = 0.0f;
-#pragma unroll 1
-    for (int j = j0 + (int)lane; j < j1; j += 32 * MK_VLOADS) {
-        uint4 w[MK_VLOADS];
-#pragma unroll
-        for (int u = 0; u < MK_VLOADS; u++)
-            w[u] = j + 32 * u < j1 ? mk_ldg4u(w8 + j + 32 * u) : z;
-#pragma unroll
-        for (int u = 0; u < MK_VLOADS; u++)
-            if (j + 32 * u < j1)
-                acc[u] += mk_dot8(x4, (unsigned)(j + 32 * u), w[u]);
+        }
+        j += 32 * MK_VLOADS;
+        if (j < j1)
+            mk_round_load(w4, j, j1, w);
     }
     float s = 0.0f;
 #pragma unroll
@@ -695,13 +736,10 @@ MK_INLINE float mk_dot1(const void *w, int bf, const float *x, int k, unsigned l
 /* Elements per 16-byte load for a weight dtype. */
 #define MK_UNIT(bf) ((bf) ? 8 : 4)
 
-/* Units [j0, j1) of row r (W has k columns; k is a multiple of the unit). */
-MK_INLINE float mk_dot_units(const void *W, int bf, long long r, int k, const float *xin, int j0, int j1,
-                             unsigned lane)
+/* Row r of an f32 or bf16 W with k columns, as 16-byte units. */
+MK_INLINE const uint4 *mk_row_units(const void *W, int bf, long long r, int k)
 {
-    if (bf)
-        return mk_dot4_bf16((const uint4 *)((const unsigned short *)W + r * k), (const float4 *)xin, j0, j1, lane);
-    return mk_dot4((const float4 *)((const float *)W + r * k), (const float4 *)xin, j0, j1, lane);
+    return (const uint4 *)(const void *)((const char *)W + r * k * (bf ? 2 : 4));
 }
 
 MK_INLINE void mk_gemv_store(float *y, const float *b, int r, float v, int flags)
@@ -711,18 +749,30 @@ MK_INLINE void mk_gemv_store(float *y, const float *b, int r, float v, int flags
     y[r] = (flags & MK_GEMV_ACCUM) ? y[r] + v : v;
 }
 
-/* Fewer rows than warps: `split` warps share each row, each taking a
- * contiguous slice of it; the slices' sums meet in shared memory and are
- * added in a fixed order. */
-MK_DEV void mk_gemv_split(const void *W, int bf, const float *xin, float *y, const float *b, int r0, int nrows, int k,
-                          int flags)
+/* Fewer rows than warps (2 * rows <= warps, k a multiple of the unit):
+ * `split` warps share each row, each taking a contiguous slice of it.
+ * This warp's row (nrows and more: none) and slice [*j0, *j1) of units. */
+MK_INLINE int mk_split_slice(int nrows, int k, int bf, unsigned warp, int *j0, int *j1)
 {
-    unsigned tid = mk_tid(), lane = tid & 31u, warp = tid >> 5;
     int split = MK_NWARPS / nrows, row = (int)warp / split, part = (int)warp % split, ku = k / MK_UNIT(bf);
     int chunk = ((ku + split - 1) / split + 31) / 32 * 32;
+    *j0 = part * chunk;
+    *j1 = *j0 + chunk < ku ? *j0 + chunk : ku;
+    return row;
+}
+
+/* The slices' sums meet in shared memory and are added in a fixed order. */
+MK_DEV void mk_gemv_split(const void *W, int bf, const float *xin, float *y, const float *b, int r0, int nrows, int k,
+                          int flags, const uint4 pre[MK_PRE_N], int use_pre)
+{
+    unsigned tid = mk_tid(), lane = tid & 31u, warp = tid >> 5;
+    int split = MK_NWARPS / nrows, j0, j1, row = mk_split_slice(nrows, k, bf, warp, &j0, &j1);
     if (row < nrows) {
-        int j0 = part * chunk, j1 = j0 + chunk < ku ? j0 + chunk : ku;
-        float v = mk_dot_units(W, bf, r0 + row, k, xin, j0, j1, lane);
+        const uint4 *w = mk_row_units(W, bf, r0 + row, k);
+        /* use_pre a constant in each call, so that pre is dead once
+         * copied (a select would keep pre and a loaded round both live) */
+        float v = use_pre ? mk_dot_units(w, bf, (const float4 *)xin, j0, j1, lane, pre, 1)
+                          : mk_dot_units(w, bf, (const float4 *)xin, j0, j1, lane, pre, 0);
         if (lane == 0)
             mk_red[warp] = v;
     }
@@ -735,20 +785,73 @@ MK_DEV void mk_gemv_split(const void *W, int bf, const float *xin, float *y, con
     }
 }
 
+/* How GEMV `in` reads its weights. */
+enum { MK_GEMV_QROW, MK_GEMV_SPLIT, MK_GEMV_ROWS, MK_GEMV_ODD };
+
+MK_INLINE int mk_gemv_path(const unsigned *in, int *bf)
+{
+    int t = mk_dtype(in, 0), r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2);
+    *bf = MK_HAS_DT(MK_DT_BF16) && t == MK_DT_BF16;
+    if (MK_HAS_QROW && t != MK_DT_F32 && !*bf)
+        return MK_GEMV_QROW; /* f16 and the quantized formats: dequantized in mk_dot_qrow */
+    if (k % MK_UNIT(*bf))
+        return MK_GEMV_ODD;
+    return r1 > r0 && 2 * (r1 - r0) <= MK_NWARPS ? MK_GEMV_SPLIT : MK_GEMV_ROWS;
+}
+
+/* Issues this lane's first round of weight loads of GEMV `in` (the loads
+ * its row loop would issue first) into pre; 0 when there is none to issue
+ * early: the weights are read another way (f16, quantized but W8, a k
+ * that is not a multiple of the unit), or this warp has no row. The
+ * weights never change during a step (the arena's buffers do: a GEMV
+ * over one is left alone), so these loads may go out before the waits
+ * for the GEMV's input, and be in flight while the block waits. */
+MK_INLINE int mk_gemv_preload(const MegacArgs *a, const unsigned *in, uint4 pre[MK_PRE_N])
+{
+    if (megac_k_bufs[in[1 + MK_NPARAM(in)]] & MK_ARENA_BIT)
+        return 0;
+    const void *W = mk_opnd(a, in, 0);
+    int r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2), bf, j0 = 0, j1;
+    unsigned lane = mk_tid() & 31u, warp = mk_tid() >> 5;
+    int path = mk_gemv_path(in, &bf), r = r0 + (int)warp;
+    const uint4 *p;
+    if (path == MK_GEMV_QROW) {
+        int head;
+        if (!MK_HAS_DT(MK_DT_W8) || mk_dtype(in, 0) != MK_DT_W8 || r >= r1)
+            return 0;
+        mk_w8_span((const unsigned char *)W + r * mk_row_bytes(MK_DT_W8, k), k, &head, &j1, &p);
+    } else if (path == MK_GEMV_SPLIT) {
+        r = r0 + mk_split_slice(r1 - r0, k, bf, warp, &j0, &j1);
+        if (r >= r1)
+            return 0;
+        p = mk_row_units(W, bf, r, k);
+    } else if (path == MK_GEMV_ROWS) {
+        if (r >= r1)
+            return 0;
+        p = mk_row_units(W, bf, r, k);
+        j1 = k / MK_UNIT(bf);
+    } else {
+        return 0;
+    }
+    mk_round_part(p, j0 + (int)lane, j1, 0, MK_PRELOADS, pre);
+    return 1;
+}
+
 /* y[r0:r1] (+)= W[r0:r1, 0:k] . xin (+ b), W f32 or bf16 (16-byte loads)
  * or f16 / a quantized format (dequantized in mk_dot_qrow): the input is staged in shared
  * memory (normalized there with GEMV_NORM) when it fits, then each warp
  * takes rows r0 + warp, r0 + warp + MK_NWARPS, ... (or, with fewer rows
  * than warps, a slice of a row). cuda_check.c refuses a GEMV_NORM whose k
- * does not fit. */
-MK_DEV void op_gemv(const MegacArgs *a, const unsigned *in)
+ * does not fit. With use_pre, the first round of the warp's first row
+ * (or slice) is in pre: mk_gemv_preload issued it. */
+MK_DEV void mk_gemv(const MegacArgs *a, const unsigned *in, const uint4 pre[MK_PRE_N], int use_pre)
 {
     const void *W = mk_opnd(a, in, 0);
     const float *x = (const float *)mk_opnd(a, in, 1);
     float *y = (float *)mk_opnd(a, in, 2);
     const float *nw = (const float *)mk_opnd(a, in, 3), *b = (const float *)mk_opnd(a, in, 4);
-    int r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2), flags = mk_param(in, 3);
-    int bf = MK_HAS_DT(MK_DT_BF16) && mk_dtype(in, 0) == MK_DT_BF16, vec = k % MK_UNIT(bf) == 0;
+    int r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2), flags = mk_param(in, 3), bf;
+    int path = mk_gemv_path(in, &bf);
     unsigned tid = mk_tid(), lane = tid & 31u;
     const float *xin = x;
     if (k <= MK_SMEM_FLOATS) {
@@ -758,28 +861,37 @@ MK_DEV void op_gemv(const MegacArgs *a, const unsigned *in)
         mk_sync();
         xin = mk_sm;
     }
-    int t = mk_dtype(in, 0);
-    if (MK_HAS_QROW && t != MK_DT_F32 && !bf) { /* f16 and the quantized formats: dequantized in mk_dot_qrow */
-        long long rb = mk_row_bytes(t, k);
-        for (int r = r0 + (int)(tid >> 5); r < r1; r += MK_NWARPS) {
-            float v = mk_dot_qrow(t, (const unsigned char *)W + r * rb, xin, k, lane);
-            if (lane == 0)
-                mk_gemv_store(y, b, r, v, flags);
-        }
+    if (path == MK_GEMV_SPLIT) {
+        mk_gemv_split(W, bf, xin, y, b, r0, r1 - r0, k, flags, pre, use_pre);
         return;
     }
-    if (vec && r1 > r0 && 2 * (r1 - r0) <= MK_NWARPS) {
-        mk_gemv_split(W, bf, xin, y, b, r0, r1 - r0, k, flags);
-        return;
+    int t = mk_dtype(in, 0), r = r0 + (int)(tid >> 5);
+    long long rb = path == MK_GEMV_QROW ? mk_row_bytes(t, k) : 0;
+    if (use_pre && r < r1) { /* the first row apart: pre is dead after it */
+        float v = path == MK_GEMV_QROW ? mk_dot_qrow(t, (const unsigned char *)W + r * rb, xin, k, lane, pre, 1)
+                                       : mk_dot_units(mk_row_units(W, bf, r, k), bf, (const float4 *)xin, 0,
+                                                       k / MK_UNIT(bf), lane, pre, 1);
+        if (lane == 0)
+            mk_gemv_store(y, b, r, v, flags);
+        r += MK_NWARPS;
     }
-    for (int r = r0 + (int)(tid >> 5); r < r1; r += MK_NWARPS) {
-        float v = vec ? mk_dot_units(W, bf, r, k, xin, 0, k / MK_UNIT(bf), lane)
-                      : mk_dot1(bf ? (const void *)((const unsigned short *)W + (long long)r * k)
-                                   : (const void *)((const float *)W + (long long)r * k),
-                                bf, xin, k, lane);
+    for (; r < r1; r += MK_NWARPS) {
+        float v;
+        if (path == MK_GEMV_QROW)
+            v = mk_dot_qrow(t, (const unsigned char *)W + r * rb, xin, k, lane, pre, 0);
+        else if (path == MK_GEMV_ROWS)
+            v = mk_dot_units(mk_row_units(W, bf, r, k), bf, (const float4 *)xin, 0, k / MK_UNIT(bf), lane, pre, 0);
+        else
+            v = mk_dot1(mk_row_units(W, bf, r, k), bf, xin, k, lane);
         if (lane == 0)
             mk_gemv_store(y, b, r, v, flags);
     }
+}
+
+MK_DEV void op_gemv(const MegacArgs *a, const unsigned *in)
+{
+    uint4 none[MK_PRE_N] = {{0u, 0u, 0u, 0u}};
+    mk_gemv(a, in, none, 0);
 }
 
 /* Rotates heads [h0, h1) of v by the angles of row `pos` of the rope
@@ -1876,9 +1988,11 @@ extern "C" {
 __device__ unsigned long long mk_prof[MK_NWORKERS * MK_PROF_SLOTS];
 }
 #define MK_PROF_T0() long long mk_t0_ = clock64()
+#define MK_PROF_T0_AGAIN() (mk_t0_ = clock64())
 #define MK_PROF_ADD(w, slot) (tid == 0 ? (void)(mk_prof[(w) * MK_PROF_SLOTS + (slot)] += clock64() - mk_t0_) : (void)0)
 #else
 #define MK_PROF_T0() (void)0
+#define MK_PROF_T0_AGAIN() (void)0
 #define MK_PROF_ADD(w, slot) (void)0
 #endif
 
@@ -1921,13 +2035,47 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
                 mk_signal_add(a->counters + (in[0] >> 8), in[1]);
             MK_PROF_ADD(worker, 16);
         } else if (kind == MK_INST_WAIT) {
-            /* thread 0 waits; the barrier tells every thread whether it
-             * gave up (a flag in shared memory would be rewritten by
-             * thread 0 at the next wait before the others read it) */
-            int stop = mk_sync_or(tid == 0 && !mk_wait(a, worker, pc, in[0] >> 8, in[1]));
-            MK_PROF_ADD(worker, 17);
-            if (stop)
-                return;
+            /* A GEMV right after this run of waits issues its first
+             * round of weight loads now (mk_gemv_preload), so that they
+             * travel while the block waits. */
+            const unsigned *g = 0;
+            uint4 pre[MK_PRE_N];
+            int use_pre = 0;
+            if (MK_PRELOADS > 0 && MK_HAS_OP(MK_OP_GEMV)) {
+                int q = p;
+                while (q < end && (megac_k_insts[q] & 0xffu) == MK_INST_WAIT)
+                    q += 2;
+                if (q < end && (megac_k_insts[q] & 0xffu) == MK_INST_OP &&
+                    ((megac_k_insts[q] >> 8) & 0xffu) == MK_OP_GEMV) {
+                    g = megac_k_insts + q;
+                    use_pre = mk_gemv_preload(a, g, pre);
+                }
+            }
+            for (;;) {
+                /* thread 0 waits; the barrier tells every thread whether
+                 * it gave up (a flag in shared memory would be rewritten
+                 * by thread 0 at the next wait before the others read it) */
+                int stop = mk_sync_or(tid == 0 && !mk_wait(a, worker, pc, in[0] >> 8, in[1]));
+                MK_PROF_ADD(worker, 17);
+                if (stop)
+                    return;
+                if (!g || (megac_k_insts[p] & 0xffu) != MK_INST_WAIT)
+                    break;
+                in = megac_k_insts + p; /* the run's next wait */
+                p += 2;
+                pc++;
+                MK_PROF_T0_AGAIN();
+            }
+            if (g) { /* the GEMV, its first round in pre */
+                pc++;
+                MK_PROF_T0_AGAIN();
+#if !MK_SKIP_OPS
+                mk_gemv(a, g, pre, use_pre);
+#endif
+                mk_sync();
+                MK_PROF_ADD(worker, (g[0] >> 8) & 15u);
+                p += 2 + (int)MK_NPARAM(g) + (int)MK_NOPND(g);
+            }
         }
     }
 }
