@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu-check.sh - one command for a GPU machine (an H200 by default; 75-95 s
-# there with gpu-pack/ before the long-context part, which should add about
-# 80 s: 2000 untimed steps per timed run): runs the CUDA tests on the device (stories260K and synthetic
+# there with gpu-pack/ before the kernel variants and the long-context part,
+# which should add about 40 s and 80 s (2000 untimed steps per timed run);
+# not timed on a device yet): runs the CUDA tests on the device (stories260K and synthetic
 # bundles, in f32, bf16, f16, w8a16 and w4a16, decoded next to the reference
 # engine: logits within tolerance, identical greedy tokens, llama2.c's text;
 # the watchdog), measures the device's read-bandwidth ceiling, then
@@ -20,7 +21,8 @@
 # "smollm2-135m llama-3.2-1b"), FORMATS (default "bf16 w8a16 w4a16-g128"),
 # TESTS (0 skips the tests), VARIANTS (kernel variants timed against the
 # default bf16 kernel, as "NAME:DEFINE=V[,DEFINE=V]" words for
-# MEGAC_CUDA_DEFINES; default "nopreload:MK_PRELOADS=0", empty skips),
+# MEGAC_CUDA_DEFINES; default "nopreload:MK_PRELOADS=0
+# spin:MK_WAIT_SLEEP_MAX=0", empty skips),
 # LONG_CONTEXT (default 2000, 0 skips the
 # long-context benchmarks: SmolLM2 with an f16 cache, sink_window,
 # streaming and TOVA, each against the dense f32 cache in the same runs),
@@ -149,7 +151,7 @@ for model in $models; do
     done
 done
 # kernel variants (VARIANTS): the bf16 bundle with kernel_body.cuh knobs set
-variants=${VARIANTS-nopreload:MK_PRELOADS=0}
+variants=${VARIANTS-nopreload:MK_PRELOADS=0 spin:MK_WAIT_SLEEP_MAX=0}
 case " $formats " in *" bf16 "*) ;; *) variants= ;; esac
 for v in $variants; do
     for model in $models; do
