@@ -211,6 +211,17 @@ EOF
         log "$model $fmt: ${rows[-1]}"
     done
 done
+# megac bench A --versus B ARGS... into LOG; sets ts, vs and sp (A's tok/s,
+# B's, A/B); fails when the bench does.
+versus() {
+    local logf=$1 a=$2 b=$3
+    shift 3
+    run timeout 240 "$megac" bench "$a" --versus "$b" "$@" --ceiling-mb 64 >"$logf" 2>&1 || return 1
+    ts=$(sed -n 's/^tok_s=\([0-9.]*\).*/\1/p' "$logf")
+    vs=$(sed -n 's/^versus_tok_s=\([0-9.]*\).*/\1/p' "$logf")
+    sp=$(sed -n 's/.*speedup=\([0-9.]*\).*/\1/p' "$logf")
+}
+
 # ---- kernel variants against the default kernel, bf16, in the same runs ----
 # speedup = default tok/s / variant tok/s: above 1, the default kernel is faster.
 varrows=()
@@ -224,15 +235,11 @@ for v in $variants; do
             varrows+=("{\"variant\": \"$name\", \"model\": \"$model\", \"error\": \"compile failed\"}")
             continue
         fi
-        if ! run timeout 240 "$megac" bench "$d" --versus "$b" -n "$ntok" --runs 5 --ceiling-mb 64 \
-                >"$out/$model.$name.bench.log" 2>&1; then
+        if ! versus "$out/$model.$name.bench.log" "$d" "$b" -n "$ntok" --runs 5; then
             log "variant $name $model: bench FAILED (see $model.$name.bench.log)"
             varrows+=("{\"variant\": \"$name\", \"model\": \"$model\", \"error\": \"bench failed\"}")
             continue
         fi
-        ts=$(sed -n 's/^tok_s=\([0-9.]*\).*/\1/p' "$out/$model.$name.bench.log")
-        vs=$(sed -n 's/^versus_tok_s=\([0-9.]*\).*/\1/p' "$out/$model.$name.bench.log")
-        sp=$(sed -n 's/.*speedup=\([0-9.]*\).*/\1/p' "$out/$model.$name.bench.log")
         varrows+=("{\"variant\": \"$name\", \"defines\": \"${v#*:}\", \"model\": \"$model\", \"default_tok_s\": ${ts:-0}, \"variant_tok_s\": ${vs:-0}, \"default_over_variant\": ${sp:-0}}")
         log "variant $name $model: ${varrows[-1]}"
     done
@@ -265,15 +272,12 @@ if [ "$long" -gt 0 ]; then
             longrows+=("{\"setting\": \"$k\", \"error\": \"compile failed\"}")
             continue
         fi
-        if ! run timeout 240 "$megac" bench "$work/long.$k.megac" --versus "$work/long.dense.megac" --context "$long" \
-                -n "${LONG_TOKENS:-32}" --runs 3 --ceiling-mb 64 >"$out/long.$k.bench.log" 2>&1; then
+        if ! versus "$out/long.$k.bench.log" "$work/long.$k.megac" "$work/long.dense.megac" --context "$long" \
+                -n "${LONG_TOKENS:-32}" --runs 3; then
             log "long $k: bench FAILED (see long.$k.bench.log)"
             longrows+=("{\"setting\": \"$k\", \"error\": \"bench failed\"}")
             continue
         fi
-        ts=$(sed -n 's/^tok_s=\([0-9.]*\).*/\1/p' "$out/long.$k.bench.log")
-        vs=$(sed -n 's/^versus_tok_s=\([0-9.]*\).*/\1/p' "$out/long.$k.bench.log")
-        sp=$(sed -n 's/.*speedup=\([0-9.]*\).*/\1/p' "$out/long.$k.bench.log")
         longrows+=("{\"setting\": \"$k\", \"context\": $long, \"tok_s\": ${ts:-0}, \"dense_tok_s\": ${vs:-0}, \"speedup\": ${sp:-0}}")
         log "long $k: ${longrows[-1]}"
     done
