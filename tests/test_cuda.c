@@ -438,7 +438,7 @@ Test(cuda_nvrtc, failure_prints_the_program_log)
     diag_init(&d);
     d.out = err;
     const char *src = "extern \"C\" __global__ void megac_kernel(int a) { undeclared_thing(a); }\n";
-    cr_assert_not(cuda_nvrtc_compile(src, "sm_90", 512, "/tmp/never.cubin", NULL, &d));
+    cr_assert_not(cuda_nvrtc_compile(src, "sm_90", 512, "/tmp/never.cubin", NULL, NULL, &d));
     cr_assert_eq(d.nerrors, 1);
     fflush(err);
     rewind(err);

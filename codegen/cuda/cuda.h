@@ -51,13 +51,11 @@ char *cuda_source_build(const Schedule *s, const CudaLayout *l, bool host);
 /* ---- cuda_nvrtc.c ---- */
 /* bool cg_cuda_compile(...) of codegen.h is cuda_source_build, then this:
  * NVRTC for one architecture, the program log printed on failure, the
- * ptxas resources checked (no local memory), the cubin written. */
+ * ptxas resources checked (no local memory), the cubin written. With
+ * spilled, a kernel that uses local memory sets *spilled and fails without
+ * a diagnostic (the caller retries with fewer registers). */
 bool cuda_nvrtc_compile(const char *src, const char *arch, int threads, const char *cubin_path, CudaKernelInfo *info,
-                        Diag *d);
-/* The same, except that a kernel that uses local memory sets *spilled and
- * fails without a diagnostic (the caller retries with fewer registers). */
-bool cuda_nvrtc_try(const char *src, const char *arch, int threads, const char *cubin_path, CudaKernelInfo *info,
-                    bool *spilled, Diag *d);
+                        bool *spilled, Diag *d);
 /* Parses ptxas' -v lines for the entry `megac_kernel` (exposed for tests). */
 bool cuda_ptxas_info_parse(const char *log, CudaKernelInfo *info);
 

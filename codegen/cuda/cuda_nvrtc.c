@@ -155,8 +155,8 @@ static bool nvrtc_resources(const char *log, int threads, const char *path, Cuda
     return true;
 }
 
-bool cuda_nvrtc_try(const char *src, const char *arch, int threads, const char *cubin_path, CudaKernelInfo *info,
-                    bool *spilled, Diag *d)
+bool cuda_nvrtc_compile(const char *src, const char *arch, int threads, const char *cubin_path, CudaKernelInfo *info,
+                        bool *spilled, Diag *d)
 {
     int a = nvrtc_arch(arch);
     if (!a) {
@@ -184,12 +184,6 @@ bool cuda_nvrtc_try(const char *src, const char *arch, int threads, const char *
     return ok;
 }
 
-bool cuda_nvrtc_compile(const char *src, const char *arch, int threads, const char *cubin_path, CudaKernelInfo *info,
-                        Diag *d)
-{
-    return cuda_nvrtc_try(src, arch, threads, cubin_path, info, NULL, d);
-}
-
 bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path, CudaKernelInfo *info, Diag *d)
 {
     if (!nvrtc_arch(arch)) {
@@ -204,7 +198,7 @@ bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path
     for (;;) {
         char *src = cuda_source_build(s, &l, false);
         bool spilled = false;
-        bool ok = cuda_nvrtc_try(src, arch, l.threads, cubin_path, info, l.preloads > 0 ? &spilled : NULL, d);
+        bool ok = cuda_nvrtc_compile(src, arch, l.threads, cubin_path, info, l.preloads > 0 ? &spilled : NULL, d);
         free(src);
         if (ok && info)
             info->preloads = l.preloads;
