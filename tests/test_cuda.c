@@ -497,37 +497,41 @@ typedef struct {
     uint32_t w, x, y, nw, b;
 } GemvCase;
 
-/* Every GEMV path of kernel_body.cuh on one host block, for f32, bf16 and
- * W8 weights: rows split over warps (1 and 2 rows), a row length that is
- * not a multiple of the vector width, warp per row, and an input too long
- * for the shared scratch (read from the arena), each against a double sum.
- * Every GEMV but the first comes after one or two waits (a signal of the
- * op before, as a pipeline has them), so the weight loads issued before
- * a wait (mk_gemv_preload) are checked too: rows and slices of one round
- * of loads and of many. */
-Test(cuda_host, gemv_paths_match_double)
+/* Every GEMV path of kernel_body.cuh: rows [r0, r1) of `rows`, k, flags,
+ * weight dtype. Rows split over warps (1 and 2 rows), a row length that
+ * is not a multiple of the vector width, warp per row, an input too long
+ * for the shared scratch (read from the arena), W8 rows whose data starts
+ * at each of the four float4 offsets (k = 64: rows of 68 bytes) or at one
+ * (k = 1001). */
+static const int gemv_spec[][6] = {
+    {0, 1, 3, 64, GEMV_NORM | GEMV_BIAS, DT_F32}, {3, 5, 6, 68, GEMV_ACCUM, DT_F32},
+    {0, 7, 7, 66, GEMV_BIAS, DT_F32},           {0, 50, 50, 64, GEMV_NORM | GEMV_ACCUM, DT_F32},
+    {1, 4, 4, 8200, 0, DT_F32},                 {0, 2, 2, 64, GEMV_ACCUM, DT_BF16},
+    {0, 9, 9, 128, GEMV_NORM, DT_BF16},         {0, 3, 3, 60, GEMV_BIAS, DT_BF16},
+    {0, 2, 2, 4096, 0, DT_BF16},                {1, 6, 7, 1001, GEMV_BIAS, DT_W8},
+    {0, 9, 9, 64, 0, DT_W8},
+};
+enum { GEMV_N = sizeof gemv_spec / sizeof gemv_spec[0] };
+
+/* One host block runs the cases of gemv_spec in order. Every GEMV but the
+ * first comes after one or two waits (a signal of the op before, as a
+ * pipeline has them), so the weight loads issued before a wait
+ * (mk_gemv_preload) are exercised too: rows and slices of one round of
+ * loads and of many. */
+static Schedule *gemv_schedule(GemvCase c[GEMV_N])
 {
-    static const int spec[][6] = {
-        {0, 1, 3, 64, GEMV_NORM | GEMV_BIAS, DT_F32}, {3, 5, 6, 68, GEMV_ACCUM, DT_F32},
-        {0, 7, 7, 66, GEMV_BIAS, DT_F32},           {0, 50, 50, 64, GEMV_NORM | GEMV_ACCUM, DT_F32},
-        {1, 4, 4, 8200, 0, DT_F32},                 {0, 2, 2, 64, GEMV_ACCUM, DT_BF16},
-        {0, 9, 9, 128, GEMV_NORM, DT_BF16},         {0, 3, 3, 60, GEMV_BIAS, DT_BF16},
-        {0, 2, 2, 4096, 0, DT_BF16},                {1, 6, 7, 1001, GEMV_BIAS, DT_W8},
-        {0, 9, 9, 64, 0, DT_W8},
-    };
-    enum { N = 11 };
     Schedule *s = sched_new("gemv", "host-cuda", 1);
     s->shape = (ModelShape){.dim = 64, .hidden_dim = 64, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1,
                             .head_dim = 8, .vocab_size = 16, .max_seq = 16, .norm_eps = 1e-5};
     uint32_t done = sched_add_counter(s, "done");
-    GemvCase c[N];
-    for (int i = 0; i < N; i++) {
+    for (int i = 0; i < GEMV_N; i++) {
         char name[32];
         GemvCase *g = &c[i];
-        g->r0 = spec[i][0], g->r1 = spec[i][1], g->rows = spec[i][2], g->k = spec[i][3], g->flags = spec[i][4];
+        const int *sp = gemv_spec[i];
+        g->r0 = sp[0], g->r1 = sp[1], g->rows = sp[2], g->k = sp[3], g->flags = sp[4];
         int64_t wn[2] = {g->rows, g->k}, kn = g->k, rn = g->rows;
         snprintf(name, sizeof name, "w%d", i);
-        g->w = sched_add_buffer(s, name, (DType)spec[i][5], BUF_WEIGHT, 2, wn);
+        g->w = sched_add_buffer(s, name, (DType)sp[5], BUF_WEIGHT, 2, wn);
         snprintf(name, sizeof name, "nw%d", i);
         g->nw = sched_add_buffer(s, name, DT_F32, BUF_WEIGHT, 1, &kn);
         snprintf(name, sizeof name, "b%d", i);
@@ -556,100 +560,8 @@ Test(cuda_host, gemv_paths_match_double)
         }
         sched_op(s, 0, OP_GEMV, p, acc);
     }
-    sched_layout(s);
-    char *dir = tmp_dir(), so[1200];
-    snprintf(so, sizeof so, "%s/kernel.so", dir);
-    Diag d;
-    diag_init(&d);
-    cr_assert(cg_hostcuda_compile(s, so, &d));
-    void *dl = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-    cr_assert(dl, "%s", dlerror());
-    WorkerFn fn = (WorkerFn)(uintptr_t)dlsym(dl, "megac_worker");
-    cr_assert(fn);
-    char *weights = aligned_alloc(64, (s->weights_bytes + 63) / 64 * 64);
-    char *arena = aligned_alloc(64, (s->arena_bytes + 63) / 64 * 64);
-    cr_assert(weights && arena);
-    for (uint32_t b = 0; b < s->nbufs; b++) {
-        char *p = (s->bufs[b].cls == BUF_WEIGHT ? weights : arena) + s->bufs[b].offset;
-        if (s->bufs[b].dtype == DT_W8) { /* rows {f32 s; i8 q[k]; pad} */
-            int64_t rows = s->bufs[b].shape[0], k = s->bufs[b].shape[1];
-            size_t rb = dtype_row_bytes(DT_W8, k);
-            memset(p, 0, (size_t)rows * rb);
-            for (int64_t r = 0; r < rows; r++) {
-                float sc = 0.01f * (1.0f + rnd());
-                memcpy(p + r * rb, &sc, 4);
-                for (int64_t j = 0; j < k; j++)
-                    p[r * rb + 4 + j] = (char)(signed char)lrintf(127.0f * rnd());
-            }
-            continue;
-        }
-        for (int64_t i = 0; i < s->bufs[b].nelem; i++) {
-            if (s->bufs[b].dtype == DT_BF16)
-                ((uint16_t *)p)[i] = f32_to_bf16(rnd());
-            else
-                ((float *)p)[i] = rnd();
-        }
-    }
-    /* the expected results, from the inputs before the step */
-    double *want[N];
-    for (int i = 0; i < N; i++) {
-        GemvCase *g = &c[i];
-        const char *W = weights + s->bufs[g->w].offset;
-        const float *x = (const float *)(arena + s->bufs[g->x].offset);
-        bool bf = s->bufs[g->w].dtype == DT_BF16, w8 = s->bufs[g->w].dtype == DT_W8;
-        size_t rb = dtype_row_bytes(DT_W8, g->k);
-        const float *nw = (const float *)(weights + s->bufs[g->nw].offset), *b = (const float *)(weights + s->bufs[g->b].offset);
-        const float *y = (const float *)(arena + s->bufs[g->y].offset);
-        double ss = 0;
-        for (int j = 0; j < g->k; j++)
-            ss += (double)x[j] * x[j];
-        double sc = 1.0 / sqrt(ss / g->k + 1e-5);
-        want[i] = malloc(sizeof(double) * (size_t)g->rows);
-        for (int r = 0; r < g->rows; r++) {
-            want[i][r] = y[r];
-            if (r < g->r0 || r >= g->r1)
-                continue;
-            double acc = 0;
-            for (int j = 0; j < g->k; j++)
-            {
-                int64_t e = (int64_t)r * g->k + j;
-                double wv;
-                if (w8) {
-                    float ws;
-                    memcpy(&ws, W + r * rb, 4);
-                    wv = (double)ws * (signed char)W[r * rb + 4 + j];
-                } else {
-                    wv = bf ? bf16_to_f32(((const uint16_t *)W)[e]) : ((const float *)W)[e];
-                }
-                acc += wv * ((g->flags & GEMV_NORM) ? x[j] * sc * nw[j] : x[j]);
-            }
-            if (g->flags & GEMV_BIAS)
-                acc += b[r];
-            want[i][r] = (g->flags & GEMV_ACCUM) ? want[i][r] + acc : acc;
-        }
-    }
-    uint32_t ctr[1] = {0};
-    MegacAbort ab;
-    memset(&ab, 0, sizeof ab);
-    MegacArgs args = {weights, arena, ctr, &ab, 0, 0, -1};
-    fn(&args, 0);
-    cr_assert_eq(ab.flag, 0);
-    for (int i = 0; i < N; i++) {
-        const float *y = (const float *)(arena + s->bufs[c[i].y].offset);
-        for (int r = 0; r < c[i].rows; r++)
-            cr_assert(fabs(y[r] - want[i][r]) <= 1e-4 * (1 + sqrt((double)c[i].k)),
-                      "case %d (rows [%d, %d) of %d, k %d, flags %d): y[%d] = %.7g, want %.7g", i, c[i].r0, c[i].r1,
-                      c[i].rows, c[i].k, c[i].flags, r, y[r], want[i][r]);
-        free(want[i]);
-    }
-    dlclose(dl);
-    free(weights);
-    free(arena);
-    sched_free(s);
-    test_rm_rf(dir);
+    return s;
 }
-
-/* ---- host-cuda: sparse attention, eviction and Quest, op by op ---- */
 
 /* A hand-built one-worker schedule, compiled for host-cuda and loaded;
  * arena and weights zeroed. */
@@ -716,6 +628,195 @@ static void host_kernel_close(HostKernel *k)
     sched_free(k->s);
     test_rm_rf(k->dir);
 }
+
+/* Random weights and inputs for gemv_schedule's kernel (W8 rows {f32 s;
+ * i8 q[k]; pad}). */
+static void gemv_fill(HostKernel *k)
+{
+    Schedule *s = k->s;
+    for (uint32_t b = 0; b < s->nbufs; b++) {
+        char *p = host_buf(k, b);
+        if (s->bufs[b].dtype == DT_W8) {
+            int64_t rows = s->bufs[b].shape[0], n = s->bufs[b].shape[1];
+            size_t rb = dtype_row_bytes(DT_W8, n);
+            for (int64_t r = 0; r < rows; r++) {
+                float sc = 0.01f * (1.0f + rnd());
+                memcpy(p + r * rb, &sc, 4);
+                for (int64_t j = 0; j < n; j++)
+                    p[r * rb + 4 + j] = (char)(signed char)lrintf(127.0f * rnd());
+            }
+            continue;
+        }
+        for (int64_t i = 0; i < s->bufs[b].nelem; i++) {
+            if (s->bufs[b].dtype == DT_BF16)
+                ((uint16_t *)p)[i] = f32_to_bf16(rnd());
+            else
+                ((float *)p)[i] = rnd();
+        }
+    }
+}
+
+/* The GEMV cases on one host block, each against a double sum. */
+Test(cuda_host, gemv_paths_match_double)
+{
+    enum { N = GEMV_N };
+    GemvCase c[N];
+    HostKernel hk;
+    host_kernel_open(&hk, gemv_schedule(c));
+    gemv_fill(&hk);
+    Schedule *s = hk.s;
+    char *weights = hk.weights, *arena = hk.arena;
+    /* the expected results, from the inputs before the step */
+    double *want[N];
+    for (int i = 0; i < N; i++) {
+        GemvCase *g = &c[i];
+        const char *W = weights + s->bufs[g->w].offset;
+        const float *x = (const float *)(arena + s->bufs[g->x].offset);
+        bool bf = s->bufs[g->w].dtype == DT_BF16, w8 = s->bufs[g->w].dtype == DT_W8;
+        size_t rb = dtype_row_bytes(DT_W8, g->k);
+        const float *nw = (const float *)(weights + s->bufs[g->nw].offset), *b = (const float *)(weights + s->bufs[g->b].offset);
+        const float *y = (const float *)(arena + s->bufs[g->y].offset);
+        double ss = 0;
+        for (int j = 0; j < g->k; j++)
+            ss += (double)x[j] * x[j];
+        double sc = 1.0 / sqrt(ss / g->k + 1e-5);
+        want[i] = malloc(sizeof(double) * (size_t)g->rows);
+        for (int r = 0; r < g->rows; r++) {
+            want[i][r] = y[r];
+            if (r < g->r0 || r >= g->r1)
+                continue;
+            double acc = 0;
+            for (int j = 0; j < g->k; j++)
+            {
+                int64_t e = (int64_t)r * g->k + j;
+                double wv;
+                if (w8) {
+                    float ws;
+                    memcpy(&ws, W + r * rb, 4);
+                    wv = (double)ws * (signed char)W[r * rb + 4 + j];
+                } else {
+                    wv = bf ? bf16_to_f32(((const uint16_t *)W)[e]) : ((const float *)W)[e];
+                }
+                acc += wv * ((g->flags & GEMV_NORM) ? x[j] * sc * nw[j] : x[j]);
+            }
+            if (g->flags & GEMV_BIAS)
+                acc += b[r];
+            want[i][r] = (g->flags & GEMV_ACCUM) ? want[i][r] + acc : acc;
+        }
+    }
+    host_kernel_step(&hk, 0);
+    for (int i = 0; i < N; i++) {
+        const float *y = (const float *)(arena + s->bufs[c[i].y].offset);
+        for (int r = 0; r < c[i].rows; r++)
+            cr_assert(fabs(y[r] - want[i][r]) <= 1e-4 * (1 + sqrt((double)c[i].k)),
+                      "case %d (rows [%d, %d) of %d, k %d, flags %d): y[%d] = %.7g, want %.7g", i, c[i].r0, c[i].r1,
+                      c[i].rows, c[i].k, c[i].flags, r, y[r], want[i][r]);
+        free(want[i]);
+    }
+    host_kernel_close(&hk);
+}
+
+/* A 16-byte read of a GEMV's staged input, as kernel_body.cuh's
+ * MK_BANK_TRACE records it. */
+typedef struct {
+    unsigned gemv, tid, seq, word;
+} BankRead;
+
+static int bank_read_cmp(const void *a, const void *b)
+{
+    const BankRead *x = a, *y = b;
+    if (x->gemv != y->gemv)
+        return x->gemv < y->gemv ? -1 : 1;
+    if (x->tid / 32 != y->tid / 32)
+        return x->tid / 32 < y->tid / 32 ? -1 : 1;
+    if (x->seq != y->seq)
+        return x->seq < y->seq ? -1 : 1;
+    return x->tid < y->tid ? -1 : x->tid > y->tid;
+}
+
+/* The passes a GPU's shared memory makes of one quarter-warp's 16-byte
+ * reads (n of them, at 4-byte words w[]): the most distinct float4s that
+ * meet on one of the 32 banks (the same float4 is one read, broadcast). */
+static int bank_passes(const unsigned *w, int n)
+{
+    int most = 0;
+    for (int bank = 0; bank < 32; bank++) {
+        unsigned seen[8];
+        int ns = 0;
+        for (int i = 0; i < n; i++) {
+            if ((w[i] & 31u) / 4 != (unsigned)bank / 4)
+                continue;
+            bool dup = false;
+            for (int j = 0; j < ns; j++)
+                dup = dup || seen[j] == w[i] / 4;
+            if (!dup)
+                seen[ns++] = w[i] / 4;
+        }
+        most = ns > most ? ns : most;
+    }
+    return most;
+}
+
+/* A GEMV lane reads 1 (f32), 2 (bf16) or 4 (W8) float4s of the staged
+ * input per 16-byte weight load; shared memory serves 16-byte reads a
+ * quarter-warp at a time. Replayed from the kernel's own reads (the
+ * MK_BANK_TRACE build of gemv_schedule, grouped by warp and read number,
+ * which is the instruction a warp runs together), every quarter-warp read
+ * takes one pass: with x staged in order, bf16 took two and W8 four. */
+Test(cuda_host, gemv_input_reads_take_one_pass)
+{
+    enum { N = GEMV_N };
+    GemvCase c[N];
+    HostKernel hk;
+    setenv("MEGAC_CUDA_DEFINES", "MK_BANK_TRACE=1", 1);
+    host_kernel_open(&hk, gemv_schedule(c));
+    unsetenv("MEGAC_CUDA_DEFINES");
+    gemv_fill(&hk);
+    host_kernel_step(&hk, 0);
+    unsigned long (*trace)(const BankRead **) =
+        (unsigned long (*)(const BankRead **))(uintptr_t)dlsym(hk.dl, "megac_bank_trace");
+    cr_assert(trace, "the MK_BANK_TRACE kernel exports megac_bank_trace");
+    const BankRead *r0;
+    size_t n = trace(&r0);
+    cr_assert(n > 0 && n < (1u << 20), "%zu reads recorded", n);
+    BankRead *r = malloc(n * sizeof *r);
+    memcpy(r, r0, n * sizeof *r);
+    qsort(r, n, sizeof *r, bank_read_cmp);
+    long quarters[N] = {0}, passes[N] = {0};
+    for (size_t i = 0; i < n;) {
+        size_t e = i;
+        while (e < n && r[e].gemv == r[i].gemv && r[e].tid / 32 == r[i].tid / 32 && r[e].seq == r[i].seq)
+            e++;
+        cr_assert(r[i].gemv >= 1 && r[i].gemv <= N);
+        for (unsigned q = 0; q < 4; q++) {
+            unsigned w[8];
+            int nw = 0;
+            for (size_t j = i; j < e; j++)
+                if (r[j].tid % 32 / 8 == q)
+                    w[nw++] = r[j].word;
+            if (nw) {
+                quarters[r[i].gemv - 1]++;
+                passes[r[i].gemv - 1] += bank_passes(w, nw);
+            }
+        }
+        i = e;
+    }
+    free(r);
+    for (int i = 0; i < N; i++) {
+        int dt = gemv_spec[i][5];
+        const char *name = dt == DT_W8 ? "w8" : dt == DT_BF16 ? "bf16" : "f32";
+        cr_log_info("case %d (%s, rows [%d, %d), k %d): %ld quarter-warp reads, %ld passes", i, name, c[i].r0,
+                    c[i].r1, c[i].k, quarters[i], passes[i]);
+        cr_expect_eq(passes[i], quarters[i], "case %d (%s, k %d): %ld passes for %ld quarter-warp reads", i, name,
+                     c[i].k, passes[i], quarters[i]);
+    }
+    /* not vacuous: each weight dtype read its staged input in 16 bytes */
+    cr_assert(quarters[3] > 0 && quarters[6] > 0 && quarters[9] > 0 && quarters[10] > 0);
+    host_kernel_close(&hk);
+}
+
+/* ---- host-cuda: sparse attention, eviction and Quest, op by op ---- */
+
 
 /* Two waits in a row, the second stuck: the watchdog names it (pc 3 of
  * gemv, signal, wait, wait, gemv), every thread of the block stops (the

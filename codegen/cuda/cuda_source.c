@@ -112,7 +112,7 @@ CudaLayout cuda_layout(const Schedule *s, bool host)
         l.smem_floats = per_warp;
     if (l.smem_floats < source_serial_smem(s, l.threads))
         l.smem_floats = source_serial_smem(s, l.threads);
-    l.smem_floats = (l.smem_floats + 3) / 4 * 4;
+    l.smem_floats = (l.smem_floats + 15) / 16 * 16; /* whole groups of mk_xsw's swizzle */
     l.attn_warps = per_warp > 0 ? l.smem_floats / per_warp : 1;
     if (l.attn_warps > l.threads / 32)
         l.attn_warps = l.threads / 32;
@@ -154,6 +154,8 @@ static void source_shape(FILE *f, const Schedule *s, const CudaLayout *l)
     fprintf(f, "#define MK_THREADS %d\n#define MK_SMEM_FLOATS %d\n#define MK_AW %d\n#define MK_HDL %d\n", l->threads,
             l->smem_floats, l->attn_warps, l->hdl);
     fprintf(f, "#define MK_PRELOADS_AUTO %d\n", l->preloads);
+    /* a GEMV input longer than the staging scratch: read where it lies */
+    fprintf(f, "#define MK_GEMV_UNSTAGED %d\n", source_max_gemv_k(s) > l->smem_floats);
     fprintf(f, "#define MK_DIM %d\n#define MK_HD %d\n#define MK_G %d\n#define MK_VOCAB %d\n#define MK_MAX_SEQ %d\n",
             sh->dim, sh->head_dim, source_group(s), sh->vocab_size, sh->max_seq);
     fprintf(f, "#define MK_NKV %d\n#define MK_NH (MK_G * MK_NKV)\n", sh->n_kv_heads);

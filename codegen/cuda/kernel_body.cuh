@@ -91,6 +91,82 @@ enum {
 MK_SHARED MK_ALIGN16 float mk_sm[MK_SMEM_FLOATS];
 MK_SHARED float mk_red[2 * 32 + 2];
 
+/* ---- the staged GEMV input's layout ----
+ * A GEMV lane multiplies its 16-byte weight unit by the U float4s of x
+ * under it: U = 1 for f32, 2 for bf16, 4 for W8. Shared memory serves a
+ * 16-byte read a quarter-warp (8 lanes) at a time, from 32 banks of 4
+ * bytes: 8 float4s at distinct f mod 8 take one pass. With x in order,
+ * the quarter-warp's float4s are U apart: at U = 2 two lanes meet on
+ * every group of 4 banks and the read takes 2 passes, at U = 4 four. So
+ * the input is staged swizzled, float4 f at mk_xsw(f, U - 1): bits 3-4
+ * of f flip its low bits, and the quarter-warp's 8 float4s land on 8
+ * distinct f mod 8, from any start (a W8 row's data starts 0-3 float4s
+ * into x). mk_xsw keeps f inside its aligned 4 float4s, and adding
+ * multiples of 32 float4s commutes with it; MK_SMEM_FLOATS is a multiple
+ * of 16. m = 0 is the identity: x read where it lies (not staged, or
+ * read a float at a time). */
+MK_INLINE int mk_xsw(int f, int m)
+{
+    return f ^ ((f >> 3) & m);
+}
+
+/* Element i of an x staged with mask m. */
+MK_INLINE float mk_xs_at(const float *x, int i, int m)
+{
+    return x[4 * mk_xsw(i >> 2, m) + (i & 3)];
+}
+
+/* MEGAC_CUDA_DEFINES=MK_BANK_TRACE=1 (host shim only): every float4 read
+ * of a GEMV's staged input is recorded (GEMV, thread, the thread's read
+ * number in that GEMV, 4-byte word of mk_sm), so that a test can replay
+ * each warp's reads as the quarter-warp passes a GPU makes of them
+ * (megac_bank_trace). One block: the records carry no block. */
+#ifndef MK_BANK_TRACE
+#define MK_BANK_TRACE 0
+#endif
+#if MK_BANK_TRACE
+#ifdef __CUDACC_RTC__
+#error "MK_BANK_TRACE is for the host shim"
+#endif
+typedef struct MkBankRead {
+    unsigned gemv, tid, seq, word;
+} MkBankRead;
+#define MK_BANK_MAX (1u << 20)
+static MkBankRead mk_bank_reads[MK_BANK_MAX];
+static unsigned long mk_bank_n;
+MK_SHARED unsigned mk_bank_gemv[MK_THREADS], mk_bank_seq[MK_THREADS];
+
+MK_EXPORT unsigned long megac_bank_trace(const MkBankRead **r)
+{
+    *r = mk_bank_reads;
+    return mk_bank_n < MK_BANK_MAX ? mk_bank_n : MK_BANK_MAX;
+}
+#endif
+
+/* A GEMV begins (the trace numbers its reads from here). */
+MK_INLINE void mk_xtrace_start(void)
+{
+#if MK_BANK_TRACE
+    mk_bank_gemv[mk_tid()]++;
+    mk_bank_seq[mk_tid()] = 0;
+#endif
+}
+
+/* A 16-byte read of a GEMV's input x. */
+MK_INLINE float4 mk_xld4(const float4 *p)
+{
+#if MK_BANK_TRACE
+    const char *c = (const char *)(const void *)p, *s = (const char *)(const void *)mk_sm;
+    if (c >= s && c < s + sizeof mk_sm) {
+        unsigned long i = __atomic_fetch_add(&mk_bank_n, 1, __ATOMIC_RELAXED);
+        unsigned t = mk_tid();
+        if (i < MK_BANK_MAX)
+            mk_bank_reads[i] = (MkBankRead){mk_bank_gemv[t], t, mk_bank_seq[t]++, (unsigned)((c - s) / 4)};
+    }
+#endif
+    return *p;
+}
+
 /* ---- helpers ---- */
 
 MK_INLINE void *mk_opnd(const MegacArgs *a, const unsigned *in, int i)
@@ -463,24 +539,28 @@ MK_INLINE void mk_w8_span(const unsigned char *row, int k, int *head, int *nv, c
 
 /* W8 row: {f32 s; i8 q[k]; pad}; returns s * sum(q x). The bytes from the
  * first 16-byte boundary on are read as uint4s (MK_VLOADS in flight per
- * lane; the first round is pre when use_pre) against float4s of x; the
- * few before that boundary and after the last whole uint4 one byte per
- * lane. x must be 16-byte aligned (the boundary is 4, 8 or 12 bytes in,
- * so x + head stays aligned). */
-MK_INLINE float mk_dot_w8(const unsigned char *row, const float *x, int k, unsigned lane, const uint4 pre[MK_PRE_N],
-                          int use_pre)
+ * lane; the first round is pre when use_pre) against float4s of x (x
+ * staged with mask m: mk_xsw); the few before that boundary and after the
+ * last whole uint4 one byte per lane. x must be 16-byte aligned (the
+ * boundary is 4, 8 or 12 bytes in, so the data's x starts at a float4). */
+MK_INLINE float mk_dot_w8(const unsigned char *row, const float *x, int k, unsigned lane, int m,
+                          const uint4 pre[MK_PRE_N], int use_pre)
 {
     const unsigned char *q = row + 4;
     int head, nv;
     const uint4 *qv;
     mk_w8_span(row, k, &head, &nv, &qv);
     int tail0 = head + 16 * nv;
-    const float4 *xv = (const float4 *)(const void *)(x + head);
+    const float4 *x4 = (const float4 *)(const void *)x;
+    /* word c of unit lane + 32 u multiplies float4 f + c + 128 u of x,
+     * staged at mk_xsw(f + c, m) + 128 u */
+    int f = head / 4 + 4 * (int)lane;
+    int q0 = mk_xsw(f, m), q1 = mk_xsw(f + 1, m), q2 = mk_xsw(f + 2, m), q3 = mk_xsw(f + 3, m);
     float acc = 0.0f;
     if ((int)lane < head)
-        acc += (float)(signed char)q[lane] * x[lane];
+        acc += (float)(signed char)q[lane] * mk_xs_at(x, (int)lane, m);
     if (tail0 + (int)lane < k)
-        acc += (float)(signed char)q[tail0 + lane] * x[tail0 + lane];
+        acc += (float)(signed char)q[tail0 + lane] * mk_xs_at(x, tail0 + (int)lane, m);
     uint4 w[MK_VLOADS];
     int j = (int)lane;
     mk_round_first(qv, j, nv, pre, use_pre, w);
@@ -489,9 +569,9 @@ MK_INLINE float mk_dot_w8(const unsigned char *row, const float *x, int k, unsig
 #pragma unroll
         for (int u = 0; u < MK_VLOADS; u++)
             if (j + 32 * u < nv) {
-                const float4 *xx = xv + 4 * (j + 32 * u);
-                acc += mk_dot_s8x4(w[u].x, xx[0]) + mk_dot_s8x4(w[u].y, xx[1]) + mk_dot_s8x4(w[u].z, xx[2]) +
-                       mk_dot_s8x4(w[u].w, xx[3]);
+                int o = 4 * (j - (int)lane + 32 * u);
+                acc += mk_dot_s8x4(w[u].x, mk_xld4(x4 + q0 + o)) + mk_dot_s8x4(w[u].y, mk_xld4(x4 + q1 + o)) +
+                       mk_dot_s8x4(w[u].z, mk_xld4(x4 + q2 + o)) + mk_dot_s8x4(w[u].w, mk_xld4(x4 + q3 + o));
             }
         j += 32 * MK_VLOADS;
         if (j < nv)
@@ -517,7 +597,7 @@ MK_INLINE float mk_dot_w4word(unsigned v, int z, const float *x, int e, int w, i
     if (hi + 3 < end) {
         unsigned l = v & 0x0f0f0f0fu, h = (v >> 4) & 0x0f0f0f0fu;
         float off = 8388608.0f + (float)z;
-        float4 xl = *(const float4 *)(const void *)(x + lo), xh = *(const float4 *)(const void *)(x + hi);
+        float4 xl = mk_xld4((const float4 *)(const void *)(x + lo)), xh = mk_xld4((const float4 *)(const void *)(x + hi));
         return (mk_byte_f(l, 0) - off) * xl.x + (mk_byte_f(l, 1) - off) * xl.y + (mk_byte_f(l, 2) - off) * xl.z +
                (mk_byte_f(l, 3) - off) * xl.w + (mk_byte_f(h, 0) - off) * xh.x + (mk_byte_f(h, 1) - off) * xh.y +
                (mk_byte_f(h, 2) - off) * xh.z + (mk_byte_f(h, 3) - off) * xh.w;
@@ -598,12 +678,13 @@ MK_INLINE float mk_dot_kq(int t, const unsigned char *row, const float *x, int k
 
 /* One warp's dot product of a stored row with x: lanes take consecutive
  * elements (consecutive bytes of a block), each block's scale is read by
- * every lane; the sum is reduced so that every lane holds it. */
-MK_INLINE float mk_dot_qrow(int t, const unsigned char *row, const float *x, int k, unsigned lane,
+ * every lane; the sum is reduced so that every lane holds it. x is staged
+ * with mask m (mk_gemv_xmask: W8's, or 0). */
+MK_INLINE float mk_dot_qrow(int t, const unsigned char *row, const float *x, int k, unsigned lane, int m,
                             const uint4 pre[MK_PRE_N], int use_pre)
 {
     if (MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8)
-        return mk_dot_w8(row, x, k, lane, pre, use_pre);
+        return mk_dot_w8(row, x, k, lane, m, pre, use_pre);
     if (MK_HAS_W4 && (t == MK_DT_W4G32 || t == MK_DT_W4G64 || t == MK_DT_W4G128))
         return mk_dot_w4(t, row, x, k, lane);
     if ((MK_HAS_KQ || MK_HAS_DT(MK_DT_Q6_K)) && (t == MK_DT_Q4_K || t == MK_DT_Q5_K || t == MK_DT_Q6_K))
@@ -681,11 +762,12 @@ MK_DEV void op_rmsnorm(const MegacArgs *a, const unsigned *in)
 }
 
 /* One warp's dot product of units [j0, j1) of a weight row (f32: 4
- * weights per 16-byte unit, bf16: 8) and the input, reduced so that every
- * lane holds it: MK_VLOADS loads in flight per lane (the last round's
- * loads predicated, so that a row of up to 32 * MK_VLOADS units is one
- * round trip to memory); the first round is pre when use_pre. */
-MK_INLINE float mk_dot_units(const uint4 *w4, int bf, const float4 *x4, int j0, int j1, unsigned lane,
+ * weights per 16-byte unit, bf16: 8) and the input (staged with mask m),
+ * reduced so that every lane holds it: MK_VLOADS loads in flight per lane
+ * (the last round's loads predicated, so that a row of up to 32 *
+ * MK_VLOADS units is one round trip to memory); the first round is pre
+ * when use_pre. */
+MK_INLINE float mk_dot_units(const uint4 *w4, int bf, const float4 *x4, int m, int j0, int j1, unsigned lane,
                               const uint4 pre[MK_PRE_N], int use_pre)
 {
     float acc[MK_VLOADS];
@@ -703,12 +785,12 @@ MK_INLINE float mk_dot_units(const uint4 *w4, int bf, const float4 *x4, int j0, 
                 continue;
             unsigned e = (unsigned)(j + 32 * u);
             if (bf) {
-                float4 xa = x4[2 * e], xb = x4[2 * e + 1];
+                float4 xa = mk_xld4(x4 + mk_xsw(2 * (int)e, m)), xb = mk_xld4(x4 + mk_xsw(2 * (int)e + 1, m));
                 acc[u] += mk_bf16_lo(w[u].x) * xa.x + mk_bf16_hi(w[u].x) * xa.y + mk_bf16_lo(w[u].y) * xa.z +
                           mk_bf16_hi(w[u].y) * xa.w + mk_bf16_lo(w[u].z) * xb.x + mk_bf16_hi(w[u].z) * xb.y +
                           mk_bf16_lo(w[u].w) * xb.z + mk_bf16_hi(w[u].w) * xb.w;
             } else {
-                float4 xa = x4[e];
+                float4 xa = mk_xld4(x4 + mk_xsw((int)e, m));
                 acc[u] += mk_as_float(w[u].x) * xa.x + mk_as_float(w[u].y) * xa.y + mk_as_float(w[u].z) * xa.z +
                           mk_as_float(w[u].w) * xa.w;
             }
@@ -762,8 +844,8 @@ MK_INLINE int mk_split_slice(int nrows, int k, int bf, unsigned warp, int *j0, i
 }
 
 /* The slices' sums meet in shared memory and are added in a fixed order. */
-MK_DEV void mk_gemv_split(const void *W, int bf, const float *xin, float *y, const float *b, int r0, int nrows, int k,
-                          int flags, const uint4 pre[MK_PRE_N], int use_pre)
+MK_DEV void mk_gemv_split(const void *W, int bf, const float *xin, int m, float *y, const float *b, int r0, int nrows,
+                          int k, int flags, const uint4 pre[MK_PRE_N], int use_pre)
 {
     unsigned tid = mk_tid(), lane = tid & 31u, warp = tid >> 5;
     int split = MK_NWARPS / nrows, j0, j1, row = mk_split_slice(nrows, k, bf, warp, &j0, &j1);
@@ -771,8 +853,8 @@ MK_DEV void mk_gemv_split(const void *W, int bf, const float *xin, float *y, con
         const uint4 *w = mk_row_units(W, bf, r0 + row, k);
         /* use_pre a constant in each call, so that pre is dead once
          * copied (a select would keep pre and a loaded round both live) */
-        float v = use_pre ? mk_dot_units(w, bf, (const float4 *)xin, j0, j1, lane, pre, 1)
-                          : mk_dot_units(w, bf, (const float4 *)xin, j0, j1, lane, pre, 0);
+        float v = use_pre ? mk_dot_units(w, bf, (const float4 *)xin, m, j0, j1, lane, pre, 1)
+                          : mk_dot_units(w, bf, (const float4 *)xin, m, j0, j1, lane, pre, 0);
         if (lane == 0)
             mk_red[warp] = v;
     }
@@ -797,6 +879,23 @@ MK_INLINE int mk_gemv_path(const unsigned *in, int *bf)
     if (k % MK_UNIT(*bf))
         return MK_GEMV_ODD;
     return r1 > r0 && 2 * (r1 - r0) <= MK_NWARPS ? MK_GEMV_SPLIT : MK_GEMV_ROWS;
+}
+
+/* The swizzle mask of GEMV `in`'s staged input (mk_xsw): U - 1 for the
+ * U float4s of x a 16-byte weight load meets (bf16 2, W8 4), 0 where a
+ * lane reads one float4 per load (f32) or reads x another way.
+ * MEGAC_CUDA_DEFINES=MK_XSWIZZLE=0 stages every input in order, to time
+ * the swizzle against. */
+#ifndef MK_XSWIZZLE
+#define MK_XSWIZZLE 1
+#endif
+MK_INLINE int mk_gemv_xmask(const unsigned *in, int path, int bf)
+{
+    if (!MK_XSWIZZLE)
+        return 0;
+    if (path == MK_GEMV_QROW)
+        return MK_HAS_DT(MK_DT_W8) && mk_dtype(in, 0) == MK_DT_W8 ? 3 : 0;
+    return path != MK_GEMV_ODD && bf ? 1 : 0;
 }
 
 /* Issues this lane's first round of weight loads of GEMV `in` (the loads
@@ -837,39 +936,24 @@ MK_INLINE int mk_gemv_preload(const MegacArgs *a, const unsigned *in, uint4 pre[
     return 1;
 }
 
-/* y[r0:r1] (+)= W[r0:r1, 0:k] . xin (+ b), W f32 or bf16 (16-byte loads)
- * or f16 / a quantized format (dequantized in mk_dot_qrow): the input is staged in shared
- * memory (normalized there with GEMV_NORM) when it fits, then each warp
- * takes rows r0 + warp, r0 + warp + MK_NWARPS, ... (or, with fewer rows
- * than warps, a slice of a row). cuda_check.c refuses a GEMV_NORM whose k
- * does not fit. With use_pre, the first round of the warp's first row
- * (or slice) is in pre: mk_gemv_preload issued it. */
-MK_DEV void mk_gemv(const MegacArgs *a, const unsigned *in, const uint4 pre[MK_PRE_N], int use_pre)
+/* The rows of GEMV `in` (or, with fewer rows than warps, slices of them)
+ * against xin, staged with mask m: each warp takes rows r0 + warp, r0 +
+ * warp + MK_NWARPS, ... With use_pre, the first round of the warp's first
+ * row (or slice) is in pre: mk_gemv_preload issued it. */
+MK_INLINE void mk_gemv_rows(const unsigned *in, const void *W, const float *xin, int m, float *y, const float *b,
+                            int path, int bf, const uint4 pre[MK_PRE_N], int use_pre)
 {
-    const void *W = mk_opnd(a, in, 0);
-    const float *x = (const float *)mk_opnd(a, in, 1);
-    float *y = (float *)mk_opnd(a, in, 2);
-    const float *nw = (const float *)mk_opnd(a, in, 3), *b = (const float *)mk_opnd(a, in, 4);
-    int r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2), flags = mk_param(in, 3), bf;
-    int path = mk_gemv_path(in, &bf);
+    int r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2), flags = mk_param(in, 3);
     unsigned tid = mk_tid(), lane = tid & 31u;
-    const float *xin = x;
-    if (k <= MK_SMEM_FLOATS) {
-        float s = (flags & MK_GEMV_NORM) ? mk_rms_scale(x, k) : 1.0f;
-        for (int j = (int)tid; j < k; j += MK_THREADS)
-            mk_sm[j] = (flags & MK_GEMV_NORM) ? x[j] * s * nw[j] : x[j];
-        mk_sync();
-        xin = mk_sm;
-    }
     if (path == MK_GEMV_SPLIT) {
-        mk_gemv_split(W, bf, xin, y, b, r0, r1 - r0, k, flags, pre, use_pre);
+        mk_gemv_split(W, bf, xin, m, y, b, r0, r1 - r0, k, flags, pre, use_pre);
         return;
     }
     int t = mk_dtype(in, 0), r = r0 + (int)(tid >> 5);
     long long rb = path == MK_GEMV_QROW ? mk_row_bytes(t, k) : 0;
     if (use_pre && r < r1) { /* the first row apart: pre is dead after it */
-        float v = path == MK_GEMV_QROW ? mk_dot_qrow(t, (const unsigned char *)W + r * rb, xin, k, lane, pre, 1)
-                                       : mk_dot_units(mk_row_units(W, bf, r, k), bf, (const float4 *)xin, 0,
+        float v = path == MK_GEMV_QROW ? mk_dot_qrow(t, (const unsigned char *)W + r * rb, xin, k, lane, m, pre, 1)
+                                       : mk_dot_units(mk_row_units(W, bf, r, k), bf, (const float4 *)xin, m, 0,
                                                        k / MK_UNIT(bf), lane, pre, 1);
         if (lane == 0)
             mk_gemv_store(y, b, r, v, flags);
@@ -878,14 +962,47 @@ MK_DEV void mk_gemv(const MegacArgs *a, const unsigned *in, const uint4 pre[MK_P
     for (; r < r1; r += MK_NWARPS) {
         float v;
         if (path == MK_GEMV_QROW)
-            v = mk_dot_qrow(t, (const unsigned char *)W + r * rb, xin, k, lane, pre, 0);
+            v = mk_dot_qrow(t, (const unsigned char *)W + r * rb, xin, k, lane, m, pre, 0);
         else if (path == MK_GEMV_ROWS)
-            v = mk_dot_units(mk_row_units(W, bf, r, k), bf, (const float4 *)xin, 0, k / MK_UNIT(bf), lane, pre, 0);
+            v = mk_dot_units(mk_row_units(W, bf, r, k), bf, (const float4 *)xin, m, 0, k / MK_UNIT(bf), lane, pre, 0);
         else
             v = mk_dot1(mk_row_units(W, bf, r, k), bf, xin, k, lane);
         if (lane == 0)
             mk_gemv_store(y, b, r, v, flags);
     }
+}
+
+/* y[r0:r1] (+)= W[r0:r1, 0:k] . x (+ b), W f32 or bf16 (16-byte loads) or
+ * f16 / a quantized format (dequantized in mk_dot_qrow). The input is
+ * staged in shared memory (normalized there with GEMV_NORM, swizzled for
+ * conflict-free 16-byte reads: mk_xsw, mk_gemv_xmask) when it fits, and
+ * the rows read it there through mk_sm itself, so that the compiler
+ * addresses it as shared memory (32-bit addresses, fewer registers than a
+ * pointer that may be either). Inputs longer than the scratch exist only
+ * where MK_GEMV_UNSTAGED says so (cuda_source.c), and are read where they
+ * lie. cuda_check.c refuses a GEMV_NORM whose k does not fit. */
+MK_DEV void mk_gemv(const MegacArgs *a, const unsigned *in, const uint4 pre[MK_PRE_N], int use_pre)
+{
+    const void *W = mk_opnd(a, in, 0);
+    const float *x = (const float *)mk_opnd(a, in, 1);
+    float *y = (float *)mk_opnd(a, in, 2);
+    const float *nw = (const float *)mk_opnd(a, in, 3), *b = (const float *)mk_opnd(a, in, 4);
+    int k = mk_param(in, 2), flags = mk_param(in, 3), bf;
+    int path = mk_gemv_path(in, &bf);
+    unsigned tid = mk_tid();
+    mk_xtrace_start();
+#if MK_GEMV_UNSTAGED
+    if (k > MK_SMEM_FLOATS) {
+        mk_gemv_rows(in, W, x, 0, y, b, path, bf, pre, use_pre);
+        return;
+    }
+#endif
+    float s = (flags & MK_GEMV_NORM) ? mk_rms_scale(x, k) : 1.0f;
+    int m = mk_gemv_xmask(in, path, bf);
+    for (int j = (int)tid; j < k; j += MK_THREADS)
+        mk_sm[4 * mk_xsw(j >> 2, m) + (j & 3)] = (flags & MK_GEMV_NORM) ? x[j] * s * nw[j] : x[j];
+    mk_sync();
+    mk_gemv_rows(in, W, mk_sm, m, y, b, path, bf, pre, use_pre);
 }
 
 MK_DEV void op_gemv(const MegacArgs *a, const unsigned *in)
