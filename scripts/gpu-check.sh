@@ -20,9 +20,10 @@
 # BENCH_TOKENS (decode steps per run, default 64), MODELS (default
 # "smollm2-135m llama-3.2-1b"), FORMATS (default "bf16 w8a16 w4a16-g128"),
 # TESTS (0 skips the tests), VARIANTS (kernel variants timed against the
-# default bf16 kernel, as "NAME:DEFINE=V[,DEFINE=V]" words for
-# MEGAC_CUDA_DEFINES; default "nopreload:MK_PRELOADS=0
-# spin:MK_WAIT_SLEEP_MAX=0", empty skips),
+# default kernel of one weight format, as "NAME:DEFINE=V[,DEFINE=V][@FORMAT]"
+# words for MEGAC_CUDA_DEFINES, FORMAT bf16 unless given and one of
+# FORMATS; default "nopreload:MK_PRELOADS=0 spin:MK_WAIT_SLEEP_MAX=0
+# noswizzle:MK_XSWIZZLE=0@w8a16", empty skips),
 # LONG_CONTEXT (default 2000, 0 skips the
 # long-context benchmarks: SmolLM2 with an f16 cache, sink_window,
 # streaming and TOVA, each against the dense f32 cache in the same runs),
@@ -150,14 +151,21 @@ for model in $models; do
             >"$out/$model.$fmt.compile.log" 2>&1 || echo failed >"$b.failed") &
     done
 done
-# kernel variants (VARIANTS): the bf16 bundle with kernel_body.cuh knobs set
-variants=${VARIANTS-nopreload:MK_PRELOADS=0 spin:MK_WAIT_SLEEP_MAX=0}
-case " $formats " in *" bf16 "*) ;; *) variants= ;; esac
+# kernel variants (VARIANTS): a format's bundle with kernel_body.cuh knobs
+# set; those of formats not benchmarked are left out
+variants=
+for v in ${VARIANTS-nopreload:MK_PRELOADS=0 spin:MK_WAIT_SLEEP_MAX=0 noswizzle:MK_XSWIZZLE=0@w8a16}; do
+    case $v in *@*) ;; *) v=$v@bf16 ;; esac
+    case " $formats " in *" ${v##*@} "*) variants="$variants $v" ;; esac
+done
+# NAME:DEFINES@FORMAT -> vname, vdefs (space-separated), vfmt
+vsplit() { vname=${1%%:*}; vfmt=${1##*@}; vdefs=${1#*:}; vdefs=$(echo "${vdefs%@*}" | tr , ' '); }
 for v in $variants; do
+    vsplit "$v"
     for model in $models; do
-        b=$work/$model.${v%%:*}.$target.megac
-        (MEGAC_CUDA_DEFINES=$(echo "${v#*:}" | tr , ' ') run timeout 300 "$megac" compile "models/$model.yaml" \
-            --target "$target" --set quant.default=bf16 -o "$b" >"$out/$model.${v%%:*}.compile.log" 2>&1 ||
+        b=$work/$model.$vname.$target.megac
+        (MEGAC_CUDA_DEFINES=$vdefs run timeout 300 "$megac" compile "models/$model.yaml" \
+            --target "$target" --set "quant.default=$vfmt" -o "$b" >"$out/$model.$vname.compile.log" 2>&1 ||
             echo failed >"$b.failed") &
     done
 done
@@ -222,14 +230,15 @@ versus() {
     sp=$(sed -n 's/.*speedup=\([0-9.]*\).*/\1/p' "$logf")
 }
 
-# ---- kernel variants against the default kernel, bf16, in the same runs ----
+# ---- kernel variants against the default kernel of their format, in the same runs ----
 # speedup = default tok/s / variant tok/s: above 1, the default kernel is faster.
 varrows=()
 for v in $variants; do
-    name=${v%%:*}
+    vsplit "$v"
+    name=$vname
     for model in $models; do
         b=$work/$model.$name.$target.megac
-        d=$work/$model.bf16.$target.megac
+        d=$work/$model.$vfmt.$target.megac
         if [ -e "$b.failed" ] || [ -e "$d.failed" ]; then
             log "variant $name $model: compile FAILED (see $model.$name.compile.log)"
             varrows+=("{\"variant\": \"$name\", \"model\": \"$model\", \"error\": \"compile failed\"}")
@@ -240,7 +249,7 @@ for v in $variants; do
             varrows+=("{\"variant\": \"$name\", \"model\": \"$model\", \"error\": \"bench failed\"}")
             continue
         fi
-        varrows+=("{\"variant\": \"$name\", \"defines\": \"${v#*:}\", \"model\": \"$model\", \"default_tok_s\": ${ts:-0}, \"variant_tok_s\": ${vs:-0}, \"default_over_variant\": ${sp:-0}}")
+        varrows+=("{\"variant\": \"$name\", \"defines\": \"$vdefs\", \"format\": \"$vfmt\", \"model\": \"$model\", \"default_tok_s\": ${ts:-0}, \"variant_tok_s\": ${vs:-0}, \"default_over_variant\": ${sp:-0}}")
         log "variant $name $model: ${varrows[-1]}"
     done
 done
@@ -314,16 +323,16 @@ for r in rows:
 md += ["", "GB/s = weight bytes read per token / time per token. megac's time is `megac bench`'s median over 5 runs "
        "and includes the per-step launch, memsets and logits copy; the baseline's is a CUDA graph replayed 300 times."]
 if varrows:
-    md += ["", "Kernel variants (bf16; `megac bench default --versus variant -n N --runs 5`, "
-           "MEGAC_CUDA_DEFINES for the variant):", "",
-           "| variant | defines | model | default tok/s | variant tok/s (same runs) | default / variant |",
-           "|---|---|---|---|---|---|"]
+    md += ["", "Kernel variants (`megac bench default --versus variant -n N --runs 5`, the default kernel of "
+           "the variant's weight format; MEGAC_CUDA_DEFINES for the variant):", "",
+           "| variant | defines | weights | model | default tok/s | variant tok/s (same runs) | default / variant |",
+           "|---|---|---|---|---|---|---|"]
     for r in varrows:
         if "error" in r:
-            md.append(f"| {r['variant']} | | {r['model']} | {r['error']} | | |")
+            md.append(f"| {r['variant']} | | | {r['model']} | {r['error']} | | |")
         else:
-            md.append(f"| {r['variant']} | {r['defines']} | {r['model']} | {r['default_tok_s']} | {r['variant_tok_s']} | "
-                      f"{r['default_over_variant']} |")
+            md.append(f"| {r['variant']} | {r['defines']} | {r['format']} | {r['model']} | {r['default_tok_s']} | "
+                      f"{r['variant_tok_s']} | {r['default_over_variant']} |")
 if longrows:
     md += ["", "Long context (SmolLM2-135M, bf16 weights, `megac bench X --versus dense --context N -n 32 --runs 3`):", "",
            "| setting | context | tok/s | dense tok/s (same runs) | speedup |", "|---|---|---|---|---|"]
