@@ -24,6 +24,7 @@
 #include "runtime/megac.h"
 #include "compiler/compile.h"
 #include "compiler/model.h"
+#include "compiler/quant.h"
 
 #include "tests/harness.h"
 #include "tests/scores.h"
@@ -502,14 +503,15 @@ typedef struct {
  * is not a multiple of the vector width, warp per row, an input too long
  * for the shared scratch (read from the arena), W8 rows whose data starts
  * at each of the four float4 offsets (k = 64: rows of 68 bytes) or at one
- * (k = 1001). */
+ * (k = 1001), W4 at each group size (k = 200: a last group of 8). */
 static const int gemv_spec[][6] = {
     {0, 1, 3, 64, GEMV_NORM | GEMV_BIAS, DT_F32}, {3, 5, 6, 68, GEMV_ACCUM, DT_F32},
     {0, 7, 7, 66, GEMV_BIAS, DT_F32},           {0, 50, 50, 64, GEMV_NORM | GEMV_ACCUM, DT_F32},
     {1, 4, 4, 8200, 0, DT_F32},                 {0, 2, 2, 64, GEMV_ACCUM, DT_BF16},
     {0, 9, 9, 128, GEMV_NORM, DT_BF16},         {0, 3, 3, 60, GEMV_BIAS, DT_BF16},
     {0, 2, 2, 4096, 0, DT_BF16},                {1, 6, 7, 1001, GEMV_BIAS, DT_W8},
-    {0, 9, 9, 64, 0, DT_W8},
+    {0, 9, 9, 64, 0, DT_W8},                    {0, 9, 9, 256, GEMV_NORM, DT_W4G32},
+    {1, 5, 6, 200, GEMV_BIAS, DT_W4G64},        {0, 5, 5, 512, 0, DT_W4G128},
 };
 enum { GEMV_N = sizeof gemv_spec / sizeof gemv_spec[0] };
 
@@ -629,22 +631,23 @@ static void host_kernel_close(HostKernel *k)
     test_rm_rf(k->dir);
 }
 
-/* Random weights and inputs for gemv_schedule's kernel (W8 rows {f32 s;
- * i8 q[k]; pad}). */
+/* Random weights and inputs for gemv_schedule's kernel (quantized rows:
+ * random rows quantized by compiler/quant.c). */
 static void gemv_fill(HostKernel *k)
 {
     Schedule *s = k->s;
     for (uint32_t b = 0; b < s->nbufs; b++) {
         char *p = host_buf(k, b);
-        if (s->bufs[b].dtype == DT_W8) {
+        DType t = s->bufs[b].dtype;
+        if (t != DT_F32 && t != DT_BF16) {
             int64_t rows = s->bufs[b].shape[0], n = s->bufs[b].shape[1];
-            size_t rb = dtype_row_bytes(DT_W8, n);
+            float *w = malloc(sizeof(float) * (size_t)n);
             for (int64_t r = 0; r < rows; r++) {
-                float sc = 0.01f * (1.0f + rnd());
-                memcpy(p + r * rb, &sc, 4);
                 for (int64_t j = 0; j < n; j++)
-                    p[r * rb + 4 + j] = (char)(signed char)lrintf(127.0f * rnd());
+                    w[j] = rnd();
+                quant_row_quantize(t, w, n, (unsigned char *)p + r * dtype_row_bytes(t, n));
             }
+            free(w);
             continue;
         }
         for (int64_t i = 0; i < s->bufs[b].nelem; i++) {
@@ -672,37 +675,34 @@ Test(cuda_host, gemv_paths_match_double)
         GemvCase *g = &c[i];
         const char *W = weights + s->bufs[g->w].offset;
         const float *x = (const float *)(arena + s->bufs[g->x].offset);
-        bool bf = s->bufs[g->w].dtype == DT_BF16, w8 = s->bufs[g->w].dtype == DT_W8;
-        size_t rb = dtype_row_bytes(DT_W8, g->k);
+        DType t = s->bufs[g->w].dtype;
         const float *nw = (const float *)(weights + s->bufs[g->nw].offset), *b = (const float *)(weights + s->bufs[g->b].offset);
         const float *y = (const float *)(arena + s->bufs[g->y].offset);
         double ss = 0;
         for (int j = 0; j < g->k; j++)
             ss += (double)x[j] * x[j];
         double sc = 1.0 / sqrt(ss / g->k + 1e-5);
+        float *wr = malloc(sizeof(float) * (size_t)g->k);
         want[i] = malloc(sizeof(double) * (size_t)g->rows);
         for (int r = 0; r < g->rows; r++) {
             want[i][r] = y[r];
             if (r < g->r0 || r >= g->r1)
                 continue;
+            for (int j = 0; j < g->k; j++) { /* the row as stored, dequantized */
+                int64_t e = (int64_t)r * g->k + j;
+                if (t == DT_F32 || t == DT_BF16)
+                    wr[j] = t == DT_BF16 ? bf16_to_f32(((const uint16_t *)W)[e]) : ((const float *)W)[e];
+            }
+            if (t != DT_F32 && t != DT_BF16)
+                quant_row_dequant(t, (const unsigned char *)W + (size_t)r * dtype_row_bytes(t, g->k), g->k, wr);
             double acc = 0;
             for (int j = 0; j < g->k; j++)
-            {
-                int64_t e = (int64_t)r * g->k + j;
-                double wv;
-                if (w8) {
-                    float ws;
-                    memcpy(&ws, W + r * rb, 4);
-                    wv = (double)ws * (signed char)W[r * rb + 4 + j];
-                } else {
-                    wv = bf ? bf16_to_f32(((const uint16_t *)W)[e]) : ((const float *)W)[e];
-                }
-                acc += wv * ((g->flags & GEMV_NORM) ? x[j] * sc * nw[j] : x[j]);
-            }
+                acc += (double)wr[j] * ((g->flags & GEMV_NORM) ? x[j] * sc * nw[j] : x[j]);
             if (g->flags & GEMV_BIAS)
                 acc += b[r];
             want[i][r] = (g->flags & GEMV_ACCUM) ? want[i][r] + acc : acc;
         }
+        free(wr);
     }
     host_kernel_step(&hk, 0);
     for (int i = 0; i < N; i++) {
@@ -804,14 +804,15 @@ Test(cuda_host, gemv_input_reads_take_one_pass)
     free(r);
     for (int i = 0; i < N; i++) {
         int dt = gemv_spec[i][5];
-        const char *name = dt == DT_W8 ? "w8" : dt == DT_BF16 ? "bf16" : "f32";
+        const char *name = dtype_name((DType)dt);
         cr_log_info("case %d (%s, rows [%d, %d), k %d): %ld quarter-warp reads, %ld passes", i, name, c[i].r0,
                     c[i].r1, c[i].k, quarters[i], passes[i]);
         cr_expect_eq(passes[i], quarters[i], "case %d (%s, k %d): %ld passes for %ld quarter-warp reads", i, name,
                      c[i].k, passes[i], quarters[i]);
     }
     /* not vacuous: each weight dtype read its staged input in 16 bytes */
-    cr_assert(quarters[3] > 0 && quarters[6] > 0 && quarters[9] > 0 && quarters[10] > 0);
+    cr_assert(quarters[3] > 0 && quarters[6] > 0 && quarters[9] > 0 && quarters[10] > 0 && quarters[11] > 0 &&
+              quarters[12] > 0 && quarters[13] > 0);
     host_kernel_close(&hk);
 }
 

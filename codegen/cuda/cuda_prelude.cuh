@@ -38,6 +38,13 @@ MK_INLINE uint4 mk_ldg4u(const uint4 *p) { return __ldg(p); }
 MK_INLINE unsigned mk_ldgu(const unsigned *p) { return __ldg(p); }
 MK_INLINE unsigned mk_prmt(unsigned x, unsigned y, unsigned s) { return __byte_perm(x, y, s); }
 MK_INLINE float mk_as_float(unsigned u) { return __uint_as_float(u); }
+/* The f16 in the low 16 bits of h as a float: one exact conversion. */
+MK_INLINE float mk_f16(unsigned h)
+{
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
+    return f;
+}
 MK_INLINE unsigned mk_as_uint(float f) { return __float_as_uint(f); }
 MK_INLINE void mk_fence(void) { __threadfence(); }
 /* A signal: add with release semantics at GPU scope. After the block's

@@ -112,7 +112,7 @@ CudaLayout cuda_layout(const Schedule *s, bool host)
         l.smem_floats = per_warp;
     if (l.smem_floats < source_serial_smem(s, l.threads))
         l.smem_floats = source_serial_smem(s, l.threads);
-    l.smem_floats = (l.smem_floats + 15) / 16 * 16; /* whole groups of mk_xsw's swizzle */
+    l.smem_floats = (l.smem_floats + 31) / 32 * 32; /* whole chunks of mk_xsw's swizzle */
     l.attn_warps = per_warp > 0 ? l.smem_floats / per_warp : 1;
     if (l.attn_warps > l.threads / 32)
         l.attn_warps = l.threads / 32;

@@ -270,6 +270,17 @@ static inline float mk_shfl_xor_f(float v, int m) { return __shfl_xor_sync(0xfff
 static inline int mk_shfl_xor_i(int v, int m) { return (int)mk_shfl_xor_bits((uint32_t)v, m); }
 static inline uint4 mk_ldg4u(const uint4 *p) { return *p; }
 static inline unsigned mk_ldgu(const unsigned *p) { return *p; }
+/* The f16 in the low 16 bits of h as a float (exact). */
+static inline float mk_f16(unsigned h)
+{
+    uint32_t s = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu, u;
+    if (e == 0)
+        return s ? -((float)m * 5.9604644775390625e-8f) : (float)m * 5.9604644775390625e-8f;
+    u = s | (e == 31 ? 0x7f800000u | m << 13 : (e + 112) << 23 | m << 13);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 /* __byte_perm: byte i of the result is byte (s >> 4i) & 7 of y:x. */
 static inline unsigned mk_prmt(unsigned x, unsigned y, unsigned s)
 {

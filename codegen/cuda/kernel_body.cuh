@@ -97,17 +97,21 @@ MK_SHARED float mk_red[2 * 32 + 2];
  * 16-byte read a quarter-warp (8 lanes) at a time, from 32 banks of 4
  * bytes: 8 float4s at distinct f mod 8 take one pass. With x in order,
  * the quarter-warp's float4s are U apart: at U = 2 two lanes meet on
- * every group of 4 banks and the read takes 2 passes, at U = 4 four. So
- * the input is staged swizzled, float4 f at mk_xsw(f, U - 1): bits 3-4
- * of f flip its low bits, and the quarter-warp's 8 float4s land on 8
+ * every group of 4 banks and the read takes 2 passes, at U = 4 four. A
+ * W4 lane reads float4 w and 4 + w of its word's 32-element chunk, and
+ * the lanes of two neighbouring chunks met the same way (2 passes). So
+ * the input is staged swizzled, float4 f at mk_xsw(f, m), which flips
+ * f's low 3 bits by c = f / 8 (the 32-element chunk): by c & 1 (bf16, m
+ * = 1) or c & 3 (W8, m = 3), and the quarter-warp's 8 float4s land on 8
  * distinct f mod 8, from any start (a W8 row's data starts 0-3 float4s
- * into x). mk_xsw keeps f inside its aligned 4 float4s, and adding
- * multiples of 32 float4s commutes with it; MK_SMEM_FLOATS is a multiple
- * of 16. m = 0 is the identity: x read where it lies (not staged, or
- * read a float at a time). */
+ * into x); bit 2 by c & 1 (W4, m = 4), so that neighbouring chunks use
+ * different halves of the banks. mk_xsw keeps f inside its chunk, and
+ * adding multiples of 32 float4s commutes with it; MK_SMEM_FLOATS is a
+ * multiple of 32. m = 0 is the identity: x read where it lies (not
+ * staged, or read a float at a time). */
 MK_INLINE int mk_xsw(int f, int m)
 {
-    return f ^ ((f >> 3) & m);
+    return f ^ ((((f >> 3) & 3) | ((f >> 1) & 4)) & m);
 }
 
 /* Element i of an x staged with mask m. */
@@ -149,6 +153,17 @@ MK_INLINE void mk_xtrace_start(void)
 #if MK_BANK_TRACE
     mk_bank_gemv[mk_tid()]++;
     mk_bank_seq[mk_tid()] = 0;
+#endif
+}
+
+/* n reads the other lanes make at this point of the code and this one
+ * skips (its trace's read numbers stay those of the warp's instructions). */
+MK_INLINE void mk_xtrace_skip(int n)
+{
+#if MK_BANK_TRACE
+    mk_bank_seq[mk_tid()] += (unsigned)n;
+#else
+    (void)n;
 #endif
 }
 
@@ -346,13 +361,9 @@ MK_INLINE void mk_round_first(const uint4 *p, int j, int j1, const uint4 pre[MK_
  * and compiler/quant.c: w = d * q (Q4_1: d * q, then + m), one rounding
  * each. */
 
-MK_INLINE float mk_f16(unsigned h)
-{
-    unsigned s = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
-    if (e == 0)
-        return s ? -((float)m * 5.9604644775390625e-8f) : (float)m * 5.9604644775390625e-8f;
-    return mk_as_float(s | (e == 31 ? 0x7f800000u | m << 13 : (e + 112) << 23 | m << 13));
-}
+/* mk_f16 (the f16 in the low 16 bits of h as a float, exact) is the
+ * prelude's: one conversion instruction on the GPU, bit arithmetic on the
+ * host. */
 
 MK_INLINE float mk_f16_at(const unsigned char *p)
 {
@@ -591,23 +602,27 @@ MK_INLINE float mk_dot_w8(const unsigned char *row, const float *x, int k, unsig
  * past `end` left out. With all eight inside, x is read as two float4s
  * (e is a multiple of 32, x 16-byte aligned) and each nibble becomes a
  * float by one byte permute: (2^23 + q) - (2^23 + z), exact. */
-MK_INLINE float mk_dot_w4word(unsigned v, int z, const float *x, int e, int w, int end)
+MK_INLINE float mk_dot_w4word(unsigned v, int z, const float *x, int m, int e, int w, int end)
 {
     int lo = e + 4 * w, hi = lo + 16;
     if (hi + 3 < end) {
         unsigned l = v & 0x0f0f0f0fu, h = (v >> 4) & 0x0f0f0f0fu;
         float off = 8388608.0f + (float)z;
-        float4 xl = mk_xld4((const float4 *)(const void *)(x + lo)), xh = mk_xld4((const float4 *)(const void *)(x + hi));
+        /* mk_xsw at m = 4: an odd chunk's two halves trade places */
+        int sw = (m >> 2) & (e >> 5) & 1;
+        float4 xl = mk_xld4((const float4 *)(const void *)(x + lo + 16 * sw));
+        float4 xh = mk_xld4((const float4 *)(const void *)(x + lo + 16 * (sw ^ 1)));
         return (mk_byte_f(l, 0) - off) * xl.x + (mk_byte_f(l, 1) - off) * xl.y + (mk_byte_f(l, 2) - off) * xl.z +
                (mk_byte_f(l, 3) - off) * xl.w + (mk_byte_f(h, 0) - off) * xh.x + (mk_byte_f(h, 1) - off) * xh.y +
                (mk_byte_f(h, 2) - off) * xh.z + (mk_byte_f(h, 3) - off) * xh.w;
     }
     float s = 0.0f;
+    mk_xtrace_skip(2);
     for (int i = 0; i < 4; i++) {
         if (lo + i < end)
-            s += (float)((int)((v >> (8 * i)) & 15u) - z) * x[lo + i];
+            s += (float)((int)((v >> (8 * i)) & 15u) - z) * mk_xs_at(x, lo + i, m);
         if (hi + i < end)
-            s += (float)((int)((v >> (8 * i + 4)) & 15u) - z) * x[hi + i];
+            s += (float)((int)((v >> (8 * i + 4)) & 15u) - z) * mk_xs_at(x, hi + i, m);
     }
     return s;
 }
@@ -616,11 +631,13 @@ MK_INLINE float mk_dot_w4word(unsigned v, int z, const float *x, int e, int w, i
  * elements}, gw = 1 + G/8 words per full group (the last group may be
  * shorter but starts at the same stride). Lanes take consecutive words,
  * MK_QWORDS in flight per lane; a word's group header is read beside it (the
- * same address for the lanes of a group: one L1 line). */
-MK_INLINE float mk_dot_w4(int t, const unsigned char *row, const float *x, int k, unsigned lane)
+ * same address for the lanes of a group: one L1 line). G is a constant
+ * (mk_dot_w4), so that finding a word's group is a multiply, not a
+ * division. */
+MK_INLINE float mk_dot_w4g(const unsigned char *row, const float *x, int m, int k, unsigned lane, const int G)
 {
     const unsigned *wd = (const unsigned *)(const void *)row;
-    int G = (int)mk_w4_gsize(t), gw = 1 + G / 8, ng = (k + G - 1) / G, last = k - (ng - 1) * G;
+    int gw = 1 + G / 8, ng = (k + G - 1) / G, last = k - (ng - 1) * G;
     int nw = (ng - 1) * gw + 1 + 4 * ((last + 31) / 32);
     float acc = 0.0f;
 #pragma unroll 1
@@ -635,16 +652,26 @@ MK_INLINE float mk_dot_w4(int t, const unsigned char *row, const float *x, int k
 #pragma unroll
         for (int u = 0; u < MK_QWORDS; u++) {
             int i = i0 + 32 * u, g = i / gw, j = i - g * gw;
-            if (i >= nw || j == 0)
+            if (i >= nw || j == 0) {
+                mk_xtrace_skip(2); /* a header word */
                 continue;
+            }
             unsigned hd = h[u];
-            unsigned char hb[2] = {(unsigned char)hd, (unsigned char)(hd >> 8)};
             int end = g * G + G < k ? g * G + G : k;
-            acc += mk_f16_at(hb) * mk_dot_w4word(v[u], (int)((hd >> 16) & 0xffu), x, g * G + 32 * ((j - 1) / 4),
-                                                 (j - 1) % 4, end);
+            acc += mk_f16(hd) * mk_dot_w4word(v[u], (int)((hd >> 16) & 0xffu), x, m, g * G + 32 * ((j - 1) / 4),
+                                              (j - 1) % 4, end);
         }
     }
     return mk_warp_sum(acc);
+}
+
+MK_INLINE float mk_dot_w4(int t, const unsigned char *row, const float *x, int m, int k, unsigned lane)
+{
+    if (MK_HAS_DT(MK_DT_W4G32) && t == MK_DT_W4G32)
+        return mk_dot_w4g(row, x, m, k, lane, 32);
+    if (MK_HAS_DT(MK_DT_W4G64) && t == MK_DT_W4G64)
+        return mk_dot_w4g(row, x, m, k, lane, 64);
+    return MK_HAS_DT(MK_DT_W4G128) ? mk_dot_w4g(row, x, m, k, lane, 128) : 0.0f;
 }
 
 /* A k-quant row (Q4_K, Q5_K, Q6_K): lane l takes element l of every
@@ -686,7 +713,7 @@ MK_INLINE float mk_dot_qrow(int t, const unsigned char *row, const float *x, int
     if (MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8)
         return mk_dot_w8(row, x, k, lane, m, pre, use_pre);
     if (MK_HAS_W4 && (t == MK_DT_W4G32 || t == MK_DT_W4G64 || t == MK_DT_W4G128))
-        return mk_dot_w4(t, row, x, k, lane);
+        return mk_dot_w4(t, row, x, m, k, lane);
     if ((MK_HAS_KQ || MK_HAS_DT(MK_DT_Q6_K)) && (t == MK_DT_Q4_K || t == MK_DT_Q5_K || t == MK_DT_Q6_K))
         return mk_dot_kq(t, row, x, k, lane);
     float acc = 0.0f;
@@ -881,9 +908,9 @@ MK_INLINE int mk_gemv_path(const unsigned *in, int *bf)
     return r1 > r0 && 2 * (r1 - r0) <= MK_NWARPS ? MK_GEMV_SPLIT : MK_GEMV_ROWS;
 }
 
-/* The swizzle mask of GEMV `in`'s staged input (mk_xsw): U - 1 for the
- * U float4s of x a 16-byte weight load meets (bf16 2, W8 4), 0 where a
- * lane reads one float4 per load (f32) or reads x another way.
+/* The swizzle mask of GEMV `in`'s staged input (mk_xsw): bf16 1, W8 3,
+ * W4 4; 0 where a lane reads one float4 per load (f32) or reads x
+ * another way.
  * MEGAC_CUDA_DEFINES=MK_XSWIZZLE=0 stages every input in order, to time
  * the swizzle against. */
 #ifndef MK_XSWIZZLE
@@ -893,8 +920,11 @@ MK_INLINE int mk_gemv_xmask(const unsigned *in, int path, int bf)
 {
     if (!MK_XSWIZZLE)
         return 0;
+    int t = mk_dtype(in, 0);
     if (path == MK_GEMV_QROW)
-        return MK_HAS_DT(MK_DT_W8) && mk_dtype(in, 0) == MK_DT_W8 ? 3 : 0;
+        return MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8                                            ? 3
+               : MK_HAS_W4 && (t == MK_DT_W4G32 || t == MK_DT_W4G64 || t == MK_DT_W4G128) ? 4
+                                                                                         : 0;
     return path != MK_GEMV_ODD && bf ? 1 : 0;
 }
 
