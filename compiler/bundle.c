@@ -6,9 +6,10 @@
  *                   buffer's dtype (quantized, GGUF blocks) as stored,
  *                   others converted from the loaded f32 tensors to the
  *                   buffer's dtype; "rope" is computed by rope_table_fill.
- *                   For the cpu target, 4-bit rows go in the CPU kernel's
- *                   byte order (quant_cpu_pack: same bytes per row,
- *                   moved within it)
+ *                   Block rows go in the byte order of the target's
+ *                   kernel where it has one (quant_kernel_order: the
+ *                   CPU's 4-bit packing, CUDA's aligned block data; same
+ *                   bytes per row, moved within it)
  *   schedule.sched  sched_print of the schedule
  *   tokenizer.bin   tok_save
  *   manifest.yaml   flat `key: value` lines that runtime/bundle.c reads;
@@ -109,23 +110,22 @@ static bool bundle_bytes_write(FILE *f, uint64_t *at, const void *p, size_t n, c
     return true;
 }
 
-/* Writes stored bytes of buffer b, in the CPU kernel's order when
- * cpu_order and the kernel packs rows of b's dtype and length. */
-static bool bundle_stored_write(FILE *f, uint64_t *at, const Buffer *b, const QTensor *q, bool cpu_order,
+/* Writes stored bytes of buffer b, in the byte order of target's kernel
+ * (quant_kernel_order). */
+static bool bundle_stored_write(FILE *f, uint64_t *at, const Buffer *b, const QTensor *q, const char *target,
                                 const char *path, Diag *d)
 {
-    if (!cpu_order || !quant_cpu_packed(b->dtype, q->cols))
-        return bundle_bytes_write(f, at, q->data, q->nbytes, path, d);
     unsigned char *p = xmalloc(q->nbytes);
-    quant_cpu_pack(b->dtype, q->rows, q->cols, q->data, p);
-    bool ok = bundle_bytes_write(f, at, p, q->nbytes, path, d);
+    bool ok = quant_kernel_order(target, b->dtype, q->rows, q->cols, q->data, p)
+                  ? bundle_bytes_write(f, at, p, q->nbytes, path, d)
+                  : bundle_bytes_write(f, at, q->data, q->nbytes, path, d);
     free(p);
     return ok;
 }
 
 /* Appends buffer b at its offset: zero padding up to it, then its bytes. */
 static bool bundle_weight_write(FILE *f, uint64_t *at, const Buffer *b, const ModelDesc *m, const Weights *w,
-                                bool cpu_order, const char *path, Diag *d)
+                                const char *target, const char *path, Diag *d)
 {
     if (b->offset < *at || b->offset % 64)
         die("weight buffer '%s' at offset %" PRIu64 " (written up to %" PRIu64 "): bad layout", b->name,
@@ -135,7 +135,7 @@ static bool bundle_weight_write(FILE *f, uint64_t *at, const Buffer *b, const Mo
     *at = b->offset;
     const QTensor *q = weights_qtensor(w, b->name);
     if (q && q->dtype == b->dtype) /* quantized (or GGUF) bytes as stored */
-        return bundle_stored_write(f, at, b, q, cpu_order, path, d);
+        return bundle_stored_write(f, at, b, q, target, path, d);
     float *v = bundle_tensor_f32(b, m, w, d);
     if (!v)
         return false;
@@ -175,9 +175,9 @@ static bool bundle_weights_write(const char *path, const Schedule *s, const Mode
         return false;
     }
     uint64_t at = 0;
-    bool ok = true, cpu_order = strcmp(s->target, "cpu") == 0;
+    bool ok = true;
     for (uint32_t i = 0; ok && i < n; i++) {
-        ok = bundle_weight_write(f, &at, ws[i], m, w, cpu_order, path, d);
+        ok = bundle_weight_write(f, &at, ws[i], m, w, s->target, path, d);
         if (p)
             p->fn(p->ctx, (int)i + 1, (int)n, at);
     }

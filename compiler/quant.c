@@ -499,6 +499,95 @@ void quant_cpu_unpack(DType t, int64_t rows, int64_t k, const unsigned char *in,
         pack_row_convert(t, k, in + (size_t)r * rb, out + (size_t)r * rb, false);
 }
 
+/* ---- the CUDA kernel's byte order for block rows ----
+ * Q4_0, Q4_1, Q8_0 and W4G32/64/128 rows are runs of units {header; data}
+ * (ir/dtype.h: a block, or a W4 group whose data is 16-byte chunks of 32
+ * elements). For CUDA the data of all units goes together, in order, and
+ * the headers around it: the first h0 headers, the data, the others, with
+ * h0 = min(nh, o / hb) for the o bytes from the row's start to the next
+ * 16-byte boundary (buffers are 64-byte aligned, so that is -(r * rb) mod
+ * 16 for row r), so that the data starts on the boundary wherever o is a
+ * multiple of the header's hb bytes and nh headers reach it
+ * (kernel_body.cuh: mk_planar). A permutation of the row's bytes: rows
+ * keep their size and offset, unordering restores them exactly. */
+
+/* The units of a row: nh headers of *hb bytes; unit i's data bytes. */
+static int64_t cuda_units(DType t, int64_t k, int *hb)
+{
+    switch (t) {
+    case DT_Q4_0: case DT_Q8_0: *hb = 2; return k / 32;
+    case DT_Q4_1: *hb = 4; return k / 32;
+    default: *hb = 4; return (k + dtype_block(t) - 1) / dtype_block(t);
+    }
+}
+
+static int64_t cuda_unit_data(DType t, int64_t k, int64_t i)
+{
+    if (t == DT_Q4_0 || t == DT_Q4_1)
+        return 16;
+    if (t == DT_Q8_0)
+        return 32;
+    int64_t g = dtype_block(t), len = k - i * g < g ? k - i * g : g;
+    return 16 * ((len + 31) / 32);
+}
+
+bool quant_cuda_ordered(DType t)
+{
+    return t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q8_0 || t == DT_W4G32 || t == DT_W4G64 || t == DT_W4G128;
+}
+
+/* Row r of rows of k (ir/dtype.h order) into the CUDA order, or back. */
+static void cuda_row_convert(DType t, int64_t k, int64_t r, const unsigned char *in, unsigned char *out, bool order)
+{
+    int hb;
+    int64_t nh = cuda_units(t, k, &hb), rb = (int64_t)dtype_row_bytes(t, k), nd = rb - nh * hb;
+    int64_t o = (16 - (r * rb) % 16) % 16, h0 = o / hb < nh ? o / hb : nh, at = 0, dat = h0 * hb;
+    for (int64_t i = 0; i < nh; i++) {
+        int64_t n = cuda_unit_data(t, k, i), hat = hb * i + (i >= h0 ? nd : 0);
+        if (order) {
+            memcpy(out + hat, in + at, (size_t)hb);
+            memcpy(out + dat, in + at + hb, (size_t)n);
+        } else {
+            memcpy(out + at, in + hat, (size_t)hb);
+            memcpy(out + at + hb, in + dat, (size_t)n);
+        }
+        at += hb + n;
+        dat += n;
+    }
+    ASSERT(at == rb && dat == h0 * hb + nd);
+}
+
+void quant_cuda_order(DType t, int64_t rows, int64_t k, const unsigned char *in, unsigned char *out)
+{
+    ASSERT(quant_cuda_ordered(t));
+    size_t rb = dtype_row_bytes(t, k);
+    for (int64_t r = 0; r < rows; r++)
+        cuda_row_convert(t, k, r, in + (size_t)r * rb, out + (size_t)r * rb, true);
+}
+
+void quant_cuda_unorder(DType t, int64_t rows, int64_t k, const unsigned char *in, unsigned char *out)
+{
+    ASSERT(quant_cuda_ordered(t));
+    size_t rb = dtype_row_bytes(t, k);
+    for (int64_t r = 0; r < rows; r++)
+        cuda_row_convert(t, k, r, in + (size_t)r * rb, out + (size_t)r * rb, false);
+}
+
+bool quant_kernel_order(const char *target, DType t, int64_t rows, int64_t k, const unsigned char *in,
+                        unsigned char *out)
+{
+    if (strcmp(target, "cpu") == 0) {
+        if (!quant_cpu_packed(t, k))
+            return false;
+        quant_cpu_pack(t, rows, k, in, out);
+        return true;
+    }
+    if (!quant_cuda_ordered(t))
+        return false;
+    quant_cuda_order(t, rows, k, in, out);
+    return true;
+}
+
 /* ---- knobs ---- */
 
 int quant_spec_dtype(QuantSpec q, DType src)

@@ -58,6 +58,24 @@ bool quant_cpu_packed(DType t, int64_t k);
 void quant_cpu_pack(DType t, int64_t rows, int64_t k, const unsigned char *in, unsigned char *out);
 void quant_cpu_unpack(DType t, int64_t rows, int64_t k, const unsigned char *in, unsigned char *out);
 
+/* ---- quant.c: the CUDA kernel's byte order for block rows ---- */
+
+/* The CUDA kernels read Q4_0, Q4_1, Q8_0 and W4G32/64/128 rows with the
+ * block headers moved around the blocks' data, so that the data starts on
+ * a 16-byte boundary (layout in quant.c; kernel_body.cuh: mk_planar). The
+ * same bytes per row, moved within the row, for any k; unordering
+ * restores them exactly. */
+bool quant_cuda_ordered(DType t);
+void quant_cuda_order(DType t, int64_t rows, int64_t k, const unsigned char *in, unsigned char *out);
+void quant_cuda_unorder(DType t, int64_t rows, int64_t k, const unsigned char *in, unsigned char *out);
+
+/* Writes [rows][k] stored weights of dtype t into out in the byte order
+ * of target's kernel (the CPU's packing, CUDA's order) and returns true,
+ * or returns false when that kernel reads them as stored. Whoever writes a
+ * kernel's weights (bundles, tests) goes through this. */
+bool quant_kernel_order(const char *target, DType t, int64_t rows, int64_t k, const unsigned char *in,
+                        unsigned char *out);
+
 /* ---- quant.c: knobs and the pass ---- */
 
 /* The storage dtype a knob asks for, given the source's (DT_F32 or a GGUF

@@ -148,6 +148,60 @@ Test(quant, w4_short_last_group)
     }
 }
 
+/* The CUDA kernel's byte order (quant_cuda_order) moves bytes only: any
+ * bytes come back from unordering. Built independently here from ir/
+ * dtype.h's units {header; data}: row r's data, every unit's in order,
+ * starts after its first h0 headers (h0 = min(nh, o / hb), o the bytes
+ * from r * rb to a 16-byte boundary), the other headers follow it; the
+ * data is 16-byte aligned wherever the headers reach the boundary, which
+ * every row of a SmolLM2-sized k (576) does. */
+Test(quant, cuda_order_by_hand)
+{
+    static const DType ts[] = {DT_Q4_0, DT_Q4_1, DT_Q8_0, DT_W4G32, DT_W4G64, DT_W4G128};
+    static const int64_t ks[] = {32, 64, 200, 576, 1001};
+    uint64_t seed = 5;
+    for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
+        DType t = ts[ti];
+        bool w4 = t == DT_W4G32 || t == DT_W4G64 || t == DT_W4G128;
+        int hb = t == DT_Q4_1 || w4 ? 4 : 2;
+        cr_assert(quant_cuda_ordered(t));
+        for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
+            int64_t k = ks[ki], rows = 5, G = w4 ? dtype_block(t) : 32;
+            if (!w4 && k % 32)
+                continue;
+            size_t rb = dtype_row_bytes(t, k), n = (size_t)rows * rb;
+            unsigned char *a = malloc(n), *b = malloc(n), *c = malloc(n);
+            for (size_t i = 0; i < n; i++)
+                a[i] = (unsigned char)(int)(128.0f + 127.0f * lcg_uniform(&seed));
+            quant_cuda_order(t, rows, k, a, b);
+            quant_cuda_unorder(t, rows, k, b, c);
+            cr_assert(memcmp(a, c, n) == 0, "%s k=%ld: unorder(order(x)) != x", dtype_name(t), (long)k);
+            int64_t nh = (k + G - 1) / G, nd = (int64_t)rb - nh * hb;
+            for (int64_t r = 0; r < rows; r++) {
+                const unsigned char *in = a + r * rb, *out = b + r * rb;
+                int64_t o = (16 - (r * (int64_t)rb) % 16) % 16, h0 = o / hb < nh ? o / hb : nh, at = 0, dat = h0 * hb;
+                for (int64_t u = 0; u < nh; u++) {
+                    int64_t len = k - u * G < G ? k - u * G : G;
+                    int64_t nb = t == DT_Q8_0 ? 32 : 16 * ((len + 31) / 32), hat = hb * u + (u >= h0 ? nd : 0);
+                    cr_assert(memcmp(out + hat, in + at, (size_t)hb) == 0, "%s k=%ld row %ld: header %ld",
+                              dtype_name(t), (long)k, (long)r, (long)u);
+                    cr_assert(memcmp(out + dat, in + at + hb, (size_t)nb) == 0, "%s k=%ld row %ld: data of unit %ld",
+                              dtype_name(t), (long)k, (long)r, (long)u);
+                    at += hb + nb;
+                    dat += nb;
+                }
+                cr_assert_eq(at, (int64_t)rb);
+                if (k == 576)
+                    cr_assert_eq((r * (int64_t)rb + h0 * hb) % 16, 0, "%s k=576 row %ld: data not 16-byte aligned",
+                                 dtype_name(t), (long)r);
+            }
+            free(a), free(b), free(c);
+        }
+    }
+    cr_assert(!quant_cuda_ordered(DT_W8) && !quant_cuda_ordered(DT_F16) && !quant_cuda_ordered(DT_Q6_K) &&
+              !quant_cuda_ordered(DT_W4A8G32));
+}
+
 Test(quant, roundtrip_bounds_and_independent_decode)
 {
     const int64_t ks[] = {7, 32, 64, 172, 200, 300};
@@ -707,9 +761,7 @@ static void qkern_weight(QKern *k, const Buffer *b, const Weights *w)
     cr_assert_not_null(f, "%s", b->name);
     if (q) {
         cr_assert_eq(q->dtype, b->dtype, "%s", b->name);
-        if (!strcmp(k->s->target, "cpu") && quant_cpu_packed(q->dtype, q->cols))
-            quant_cpu_pack(q->dtype, q->rows, q->cols, q->data, dst); /* the CPU kernel's order */
-        else
+        if (!quant_kernel_order(k->s->target, q->dtype, q->rows, q->cols, q->data, dst)) /* the kernel's order */
             memcpy(dst, q->data, q->nbytes);
     } else {
         cr_assert_eq(b->dtype, DT_F32, "%s", b->name);

@@ -36,6 +36,7 @@ MK_INLINE float mk_shfl_xor_f(float v, int m) { return __shfl_xor_sync(0xfffffff
 MK_INLINE int mk_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 MK_INLINE uint4 mk_ldg4u(const uint4 *p) { return __ldg(p); }
 MK_INLINE unsigned mk_ldgu(const unsigned *p) { return __ldg(p); }
+MK_INLINE unsigned mk_ldgus(const unsigned short *p) { return __ldg(p); }
 MK_INLINE unsigned mk_prmt(unsigned x, unsigned y, unsigned s) { return __byte_perm(x, y, s); }
 MK_INLINE float mk_as_float(unsigned u) { return __uint_as_float(u); }
 /* The f16 in the low 16 bits of h as a float: one exact conversion. */

@@ -270,6 +270,7 @@ static inline float mk_shfl_xor_f(float v, int m) { return __shfl_xor_sync(0xfff
 static inline int mk_shfl_xor_i(int v, int m) { return (int)mk_shfl_xor_bits((uint32_t)v, m); }
 static inline uint4 mk_ldg4u(const uint4 *p) { return *p; }
 static inline unsigned mk_ldgu(const unsigned *p) { return *p; }
+static inline unsigned mk_ldgus(const unsigned short *p) { return *p; }
 /* The f16 in the low 16 bits of h as a float (exact). */
 static inline float mk_f16(unsigned h)
 {

@@ -83,6 +83,8 @@ enum {
 #define MK_HAS_OP(o) ((MK_OPS >> (o)) & 1u)
 #define MK_HAS_DT(t) ((MK_DTS >> (t)) & 1u)
 #define MK_HAS_W4 (MK_HAS_DT(MK_DT_W4G32) | MK_HAS_DT(MK_DT_W4G64) | MK_HAS_DT(MK_DT_W4G128))
+/* a weight row in the CUDA block order (mk_planar) */
+#define MK_HAS_PLANAR (MK_HAS_W4 | MK_HAS_DT(MK_DT_Q4_0) | MK_HAS_DT(MK_DT_Q4_1) | MK_HAS_DT(MK_DT_Q8_0))
 #define MK_HAS_KQ (MK_HAS_DT(MK_DT_Q4_K) | MK_HAS_DT(MK_DT_Q5_K))
 /* a weight row read through mk_dot_qrow: anything but f32 and bf16 */
 #define MK_HAS_QROW ((MK_DTS & ~(1u << MK_DT_F32 | 1u << MK_DT_BF16 | 1u << MK_DT_I32)) != 0u)
@@ -97,21 +99,18 @@ MK_SHARED float mk_red[2 * 32 + 2];
  * 16-byte read a quarter-warp (8 lanes) at a time, from 32 banks of 4
  * bytes: 8 float4s at distinct f mod 8 take one pass. With x in order,
  * the quarter-warp's float4s are U apart: at U = 2 two lanes meet on
- * every group of 4 banks and the read takes 2 passes, at U = 4 four. A
- * W4 lane reads float4 w and 4 + w of its word's 32-element chunk, and
- * the lanes of two neighbouring chunks met the same way (2 passes). So
- * the input is staged swizzled, float4 f at mk_xsw(f, m), which flips
- * f's low 3 bits by c = f / 8 (the 32-element chunk): by c & 1 (bf16, m
- * = 1) or c & 3 (W8, m = 3), and the quarter-warp's 8 float4s land on 8
- * distinct f mod 8, from any start (a W8 row's data starts 0-3 float4s
- * into x); bit 2 by c & 1 (W4, m = 4), so that neighbouring chunks use
- * different halves of the banks. mk_xsw keeps f inside its chunk, and
- * adding multiples of 32 float4s commutes with it; MK_SMEM_FLOATS is a
- * multiple of 32. m = 0 is the identity: x read where it lies (not
- * staged, or read a float at a time). */
+ * every group of 4 banks and the read takes 2 passes, at U = 4 four (W8,
+ * Q8_0's 16 int8s), at U = 8 eight (a 16-byte chunk of 32 nibbles). So
+ * the input is staged swizzled, float4 f at mk_xsw(f, m = U - 1), which
+ * flips f's low bits by c = f / 8 (its 32-element chunk of x): the
+ * quarter-warp's 8 float4s land on 8 distinct f mod 8, from any start (a
+ * W8 row's data starts 0-3 float4s into x). mk_xsw keeps f inside its
+ * chunk, and adding multiples of 32 float4s commutes with it;
+ * MK_SMEM_FLOATS is a multiple of 32. m = 0 is the identity: x read where
+ * it lies (not staged, or read a float at a time). */
 MK_INLINE int mk_xsw(int f, int m)
 {
-    return f ^ ((((f >> 3) & 3) | ((f >> 1) & 4)) & m);
+    return f ^ ((f >> 3) & m);
 }
 
 /* Element i of an x staged with mask m. */
@@ -412,12 +411,66 @@ MK_INLINE long long mk_row_bytes(int t, long long k)
     }
 }
 
-/* The 4-bit value of element j (< 32 per chunk) of Q4_0/Q4_1/W4 nibbles. */
-MK_INLINE int mk_nib(const unsigned char *qs, long long j)
+/* ---- CUDA-ordered block rows (compiler/quant.c: the CUDA kernel's byte
+ * order) ----
+ * A Q4_0, Q4_1, Q8_0 or W4G<G> row holds nh headers of hb bytes (Q4_0,
+ * Q8_0: {f16 d}; Q4_1: {f16 d; f16 m}; W4: {f16 s; u8 z; u8 0}, one per
+ * group) and nd bytes of data, 16-byte chunks in order: 32 elements of
+ * nibbles (byte i of a chunk: element i low, 16 + i high) or 16 int8s
+ * of Q8_0. The first h0 headers come first, then the data, then the
+ * others: h0 = min(nh, o / hb) for the o bytes from the row's start to
+ * the next 16-byte boundary, so that the data is 16-byte aligned
+ * whenever the headers reach the boundary. */
+typedef struct {
+    const unsigned char *row, *data;
+    int hb, nh, h0, nd, lc; /* chunk c's header is c >> lc */
+} MkPlanar;
+
+MK_INLINE int mk_is_planar(int t)
 {
-    long long i = j % 32;
-    unsigned b = qs[16 * (j / 32) + i % 16];
-    return (int)(i < 16 ? b & 15u : b >> 4);
+    return t == MK_DT_Q4_0 || t == MK_DT_Q4_1 || t == MK_DT_Q8_0 || t == MK_DT_W4G32 || t == MK_DT_W4G64 ||
+           t == MK_DT_W4G128;
+}
+
+MK_INLINE MkPlanar mk_planar(int t, const unsigned char *row, int k)
+{
+    MkPlanar p;
+    int G = t == MK_DT_W4G64 ? 64 : t == MK_DT_W4G128 ? 128 : 32;
+    p.row = row;
+    p.hb = t == MK_DT_Q4_0 || t == MK_DT_Q8_0 ? 2 : 4;
+    p.nh = (k + G - 1) / G;
+    p.nd = t == MK_DT_Q8_0 ? k : 16 * ((k + 31) / 32);
+    p.lc = t == MK_DT_W4G64 || t == MK_DT_Q8_0 ? 1 : t == MK_DT_W4G128 ? 2 : 0;
+    int o = (int)((16u - ((unsigned)(unsigned long long)row & 15u)) & 15u);
+    p.h0 = o / p.hb < p.nh ? o / p.hb : p.nh;
+    p.data = row + p.h0 * p.hb;
+    return p;
+}
+
+/* The 16-byte chunks of a row of k elements. */
+MK_INLINE int mk_planar_chunks(int t, int k)
+{
+    return t == MK_DT_Q8_0 ? k / 16 : (k + 31) / 32;
+}
+
+/* Header i: its first 4 bytes (hb = 4), or its 2 (hb = 2). */
+MK_INLINE unsigned mk_planar_hdr(MkPlanar p, int i)
+{
+    const unsigned char *h = p.row + p.hb * i + (i >= p.h0 ? p.nd : 0);
+    return p.hb == 4 ? mk_ldgu((const unsigned *)(const void *)h) : mk_ldgus((const unsigned short *)(const void *)h);
+}
+
+/* The weight of element j: W4 s (q - z), Q4_0 d (q - 8), Q4_1 d q then
+ * + m, Q8_0 d q (one rounding each, as compiler/quant.c). */
+MK_INLINE float mk_planar_elem(int t, MkPlanar p, int j)
+{
+    if (t == MK_DT_Q8_0)
+        return mk_f16(mk_planar_hdr(p, j >> 5)) * (float)(signed char)p.data[j];
+    unsigned h = mk_planar_hdr(p, (j >> 5) >> p.lc), b = p.data[16 * (j >> 5) + (j & 15)];
+    int q = (int)((j & 16) ? b >> 4 : b & 15u);
+    if (t == MK_DT_Q4_1)
+        return mk_f16(h) * (float)q + mk_f16(h >> 16);
+    return mk_f16(h) * (float)(q - (t == MK_DT_Q4_0 ? 8 : (int)((h >> 16) & 0xffu)));
 }
 
 MK_INLINE unsigned mk_u32_at(const unsigned char *p)
@@ -462,19 +515,12 @@ MK_INLINE int mk_q6k(const unsigned char *b, int h, int i, int l)
 MK_INLINE float mk_qelem(int t, const unsigned char *row, long long k, long long j)
 {
     const unsigned char *b;
-    long long g;
-    (void)k;
     switch (t) {
     case MK_DT_F32: return mk_f32_at(row + 4 * j);
     case MK_DT_F16: return mk_f16_at(row + 2 * j);
     case MK_DT_BF16: return mk_bf16_at(row + 2 * j);
-    case MK_DT_Q8_0: b = row + j / 32 * 34; return mk_f16_at(b) * (float)(signed char)b[2 + j % 32];
-    case MK_DT_Q4_0: b = row + j / 32 * 18; return mk_f16_at(b) * (float)(mk_nib(b + 2, j % 32) - 8);
-    case MK_DT_Q4_1: {
-        b = row + j / 32 * 20;
-        float lo = mk_f16_at(b) * (float)mk_nib(b + 4, j % 32);
-        return lo + mk_f16_at(b + 2);
-    }
+    case MK_DT_Q8_0: case MK_DT_Q4_0: case MK_DT_Q4_1:
+        return mk_planar_elem(t, mk_planar(t, row, (int)k), (int)j);
     case MK_DT_Q5_0:
         if (!MK_HAS_DT(MK_DT_Q5_0))
             break;
@@ -511,9 +557,7 @@ MK_INLINE float mk_qelem(int t, const unsigned char *row, long long k, long long
     default:
         if (!MK_HAS_W4)
             break;
-        g = mk_w4_gsize(t);
-        b = row + j / g * mk_w4_group_bytes(g);
-        return mk_f16_at(b) * (float)(mk_nib(b + 4, j % g) - (int)b[2]);
+        return mk_planar_elem(t, mk_planar(t, row, (int)k), (int)j);
     }
     return 0.0f;    /* a dtype the schedule does not use */
 }
@@ -591,87 +635,88 @@ MK_INLINE float mk_dot_w8(const unsigned char *row, const float *x, int k, unsig
     return mk_f32_at(row) * mk_warp_sum(acc);
 }
 
-/* 32-bit words in flight per lane in the W4 GEMV. */
-#ifndef MK_QWORDS
-#define MK_QWORDS 16
-#endif
-
-/* The eight nibbles of word v of a W4 chunk: bytes 4w..4w+3 of the chunk
- * hold elements 4w+i (low nibbles) and 16+4w+i (high), i < 4, counted
- * from e (the chunk's first element); (q - z) x summed, elements at or
- * past `end` left out. With all eight inside, x is read as two float4s
- * (e is a multiple of 32, x 16-byte aligned) and each nibble becomes a
- * float by one byte permute: (2^23 + q) - (2^23 + z), exact. */
-MK_INLINE float mk_dot_w4word(unsigned v, int z, const float *x, int m, int e, int w, int end)
+/* The dot product of CUDA-ordered chunk c (16 bytes w, its header h) and
+ * x (staged with mask m): nibbles (q - z) x summed in floats, each nibble
+ * (2^23 + q) - (2^23 + z) by one byte permute (exact), then scaled (Q4_1:
+ * d sum q x + m sum x); Q8_0's 16 int8s as W8's. Word i of a nibble chunk
+ * holds float4 8c + i of x in its low nibbles and 8c + 4 + i in its high
+ * ones; of a Q8_0 chunk, float4 4c + i. */
+MK_INLINE float mk_planar_chunk(int t, uint4 w, unsigned h, const float4 *x4, int m, int c)
 {
-    int lo = e + 4 * w, hi = lo + 16;
-    if (hi + 3 < end) {
-        unsigned l = v & 0x0f0f0f0fu, h = (v >> 4) & 0x0f0f0f0fu;
-        float off = 8388608.0f + (float)z;
-        /* mk_xsw at m = 4: an odd chunk's two halves trade places */
-        int sw = (m >> 2) & (e >> 5) & 1;
-        float4 xl = mk_xld4((const float4 *)(const void *)(x + lo + 16 * sw));
-        float4 xh = mk_xld4((const float4 *)(const void *)(x + lo + 16 * (sw ^ 1)));
-        return (mk_byte_f(l, 0) - off) * xl.x + (mk_byte_f(l, 1) - off) * xl.y + (mk_byte_f(l, 2) - off) * xl.z +
-               (mk_byte_f(l, 3) - off) * xl.w + (mk_byte_f(h, 0) - off) * xh.x + (mk_byte_f(h, 1) - off) * xh.y +
-               (mk_byte_f(h, 2) - off) * xh.z + (mk_byte_f(h, 3) - off) * xh.w;
+    if (t == MK_DT_Q8_0) {
+        int f = 4 * c;
+        return mk_f16(h) * (mk_dot_s8x4(w.x, mk_xld4(x4 + mk_xsw(f, m))) + mk_dot_s8x4(w.y, mk_xld4(x4 + mk_xsw(f + 1, m))) +
+                            mk_dot_s8x4(w.z, mk_xld4(x4 + mk_xsw(f + 2, m))) + mk_dot_s8x4(w.w, mk_xld4(x4 + mk_xsw(f + 3, m))));
     }
-    float s = 0.0f;
-    mk_xtrace_skip(2);
+    int z = t == MK_DT_Q4_0 ? 8 : t == MK_DT_Q4_1 ? 0 : (int)((h >> 16) & 0xffu), f = 8 * c;
+    float off = 8388608.0f + (float)z, sq = 0.0f, sx = 0.0f;
+    unsigned v[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
     for (int i = 0; i < 4; i++) {
-        if (lo + i < end)
-            s += (float)((int)((v >> (8 * i)) & 15u) - z) * mk_xs_at(x, lo + i, m);
-        if (hi + i < end)
-            s += (float)((int)((v >> (8 * i + 4)) & 15u) - z) * mk_xs_at(x, hi + i, m);
+        unsigned l = v[i] & 0x0f0f0f0fu, hi = (v[i] >> 4) & 0x0f0f0f0fu;
+        float4 xl = mk_xld4(x4 + mk_xsw(f + i, m)), xh = mk_xld4(x4 + mk_xsw(f + 4 + i, m));
+        sq += (mk_byte_f(l, 0) - off) * xl.x + (mk_byte_f(l, 1) - off) * xl.y + (mk_byte_f(l, 2) - off) * xl.z +
+              (mk_byte_f(l, 3) - off) * xl.w + (mk_byte_f(hi, 0) - off) * xh.x + (mk_byte_f(hi, 1) - off) * xh.y +
+              (mk_byte_f(hi, 2) - off) * xh.z + (mk_byte_f(hi, 3) - off) * xh.w;
+        if (t == MK_DT_Q4_1)
+            sx += (xl.x + xl.y) + (xl.z + xl.w) + (xh.x + xh.y) + (xh.z + xh.w);
     }
-    return s;
+    return t == MK_DT_Q4_1 ? mk_f16(h) * sq + mk_f16(h >> 16) * sx : mk_f16(h) * sq;
 }
 
-/* W4G<G> row: groups of {f16 s; u8 z; u8 0; 16-byte chunks of 32
- * elements}, gw = 1 + G/8 words per full group (the last group may be
- * shorter but starts at the same stride). Lanes take consecutive words,
- * MK_QWORDS in flight per lane; a word's group header is read beside it (the
- * same address for the lanes of a group: one L1 line). G is a constant
- * (mk_dot_w4), so that finding a word's group is a multiply, not a
- * division. */
-MK_INLINE float mk_dot_w4g(const unsigned char *row, const float *x, int m, int k, unsigned lane, const int G)
+/* One warp's dot product of chunks [c0, c1) of a CUDA-ordered block row
+ * (mk_planar) and x (staged with mask m; 16-byte aligned), reduced so
+ * that every lane holds it. Lanes take chunks c0 + lane + 32 u, MK_VLOADS
+ * 16-byte loads in flight per lane, each with its header beside it (the
+ * lanes of a group read one word: one L1 line for the warp). Elements one
+ * at a time where a chunk runs past k (W4 with 32 not dividing k) or the
+ * row's data is not 16-byte aligned (a row too short for its headers to
+ * reach the boundary). t is a constant in each copy (mk_dot_planar), so
+ * that the layout's sizes fold away. */
+MK_INLINE float mk_dot_planar_t(const int t, const unsigned char *row, const float *x, int m, int k, int c0, int c1,
+                                unsigned lane)
 {
-    const unsigned *wd = (const unsigned *)(const void *)row;
-    int gw = 1 + G / 8, ng = (k + G - 1) / G, last = k - (ng - 1) * G;
-    int nw = (ng - 1) * gw + 1 + 4 * ((last + 31) / 32);
+    MkPlanar p = mk_planar(t, row, k);
+    int e = t == MK_DT_Q8_0 ? 16 : 32, whole = k / e, j1 = c1 * e < k ? c1 * e : k;
+    int c2 = ((unsigned long long)p.data & 15u) ? c0 : c1 < whole ? c1 : whole;
+    c2 = c2 > c0 ? c2 : c0;
+    const uint4 *dv = (const uint4 *)(const void *)p.data;
+    const float4 *x4 = (const float4 *)(const void *)x;
     float acc = 0.0f;
 #pragma unroll 1
-    for (int i0 = (int)lane; i0 < nw; i0 += 32 * MK_QWORDS) {
-        unsigned v[MK_QWORDS], h[MK_QWORDS];
+    for (int c = c0 + (int)lane; c < c2; c += 32 * MK_VLOADS) {
+        uint4 w[MK_VLOADS];
+        unsigned h[MK_VLOADS];
 #pragma unroll
-        for (int u = 0; u < MK_QWORDS; u++) {
-            int i = i0 + 32 * u, g = i / gw;
-            v[u] = i < nw ? mk_ldgu(wd + i) : 0u;
-            h[u] = i < nw ? mk_ldgu(wd + g * gw) : 0u;
-        }
-#pragma unroll
-        for (int u = 0; u < MK_QWORDS; u++) {
-            int i = i0 + 32 * u, g = i / gw, j = i - g * gw;
-            if (i >= nw || j == 0) {
-                mk_xtrace_skip(2); /* a header word */
-                continue;
+        for (int u = 0; u < MK_VLOADS; u++)
+            if (c + 32 * u < c2) {
+                w[u] = mk_ldg4u(dv + c + 32 * u);
+                h[u] = mk_planar_hdr(p, (c + 32 * u) >> p.lc);
             }
-            unsigned hd = h[u];
-            int end = g * G + G < k ? g * G + G : k;
-            acc += mk_f16(hd) * mk_dot_w4word(v[u], (int)((hd >> 16) & 0xffu), x, m, g * G + 32 * ((j - 1) / 4),
-                                              (j - 1) % 4, end);
-        }
+#pragma unroll
+        for (int u = 0; u < MK_VLOADS; u++)
+            if (c + 32 * u < c2)
+                acc += mk_planar_chunk(t, w[u], h[u], x4, m, c + 32 * u);
     }
+    for (int j = c2 * e + (int)lane; j < j1; j += 32)
+        acc += mk_planar_elem(t, p, j) * mk_xs_at(x, j, m);
     return mk_warp_sum(acc);
 }
 
-MK_INLINE float mk_dot_w4(int t, const unsigned char *row, const float *x, int m, int k, unsigned lane)
+MK_INLINE float mk_dot_planar(int t, const unsigned char *row, const float *x, int m, int k, int c0, int c1,
+                              unsigned lane)
 {
-    if (MK_HAS_DT(MK_DT_W4G32) && t == MK_DT_W4G32)
-        return mk_dot_w4g(row, x, m, k, lane, 32);
-    if (MK_HAS_DT(MK_DT_W4G64) && t == MK_DT_W4G64)
-        return mk_dot_w4g(row, x, m, k, lane, 64);
-    return MK_HAS_DT(MK_DT_W4G128) ? mk_dot_w4g(row, x, m, k, lane, 128) : 0.0f;
+#define MK_PLANAR_CASE(T)                                          \
+    if (MK_HAS_DT(T) && t == (T))                                  \
+        return mk_dot_planar_t((T), row, x, m, k, c0, c1, lane);
+    MK_PLANAR_CASE(MK_DT_Q4_0)
+    MK_PLANAR_CASE(MK_DT_Q4_1)
+    MK_PLANAR_CASE(MK_DT_Q8_0)
+    MK_PLANAR_CASE(MK_DT_W4G32)
+    MK_PLANAR_CASE(MK_DT_W4G64)
+    MK_PLANAR_CASE(MK_DT_W4G128)
+#undef MK_PLANAR_CASE
+    return 0.0f;
 }
 
 /* A k-quant row (Q4_K, Q5_K, Q6_K): lane l takes element l of every
@@ -703,57 +748,22 @@ MK_INLINE float mk_dot_kq(int t, const unsigned char *row, const float *x, int k
     return mk_warp_sum(acc);
 }
 
-/* One warp's dot product of a stored row with x: lanes take consecutive
- * elements (consecutive bytes of a block), each block's scale is read by
- * every lane; the sum is reduced so that every lane holds it. x is staged
- * with mask m (mk_gemv_xmask: W8's, or 0). */
+/* One warp's dot product of a stored row with x, reduced so that every
+ * lane holds it: W8 and the CUDA-ordered block rows by their own dots,
+ * the rest (f16, Q5_0, Q5_1) element by element, lanes on consecutive
+ * elements. x is staged with mask m (mk_gemv_xmask). */
 MK_INLINE float mk_dot_qrow(int t, const unsigned char *row, const float *x, int k, unsigned lane, int m,
                             const uint4 pre[MK_PRE_N], int use_pre)
 {
     if (MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8)
         return mk_dot_w8(row, x, k, lane, m, pre, use_pre);
-    if (MK_HAS_W4 && (t == MK_DT_W4G32 || t == MK_DT_W4G64 || t == MK_DT_W4G128))
-        return mk_dot_w4(t, row, x, m, k, lane);
+    if (MK_HAS_PLANAR && mk_is_planar(t))
+        return mk_dot_planar(t, row, x, m, k, 0, mk_planar_chunks(t, k), lane);
     if ((MK_HAS_KQ || MK_HAS_DT(MK_DT_Q6_K)) && (t == MK_DT_Q4_K || t == MK_DT_Q5_K || t == MK_DT_Q6_K))
         return mk_dot_kq(t, row, x, k, lane);
     float acc = 0.0f;
-    switch (t) {
-    case MK_DT_Q8_0:
-        for (int j = (int)lane; MK_HAS_DT(MK_DT_Q8_0) && j < k; j += 32)
-            acc += mk_qelem(MK_DT_Q8_0, row, k, j) * x[j];
-        break;
-    case MK_DT_Q4_0:
-        for (int j = (int)lane; MK_HAS_DT(MK_DT_Q4_0) && j < k; j += 32)
-            acc += mk_qelem(MK_DT_Q4_0, row, k, j) * x[j];
-        break;
-    case MK_DT_Q4_1:
-        for (int j = (int)lane; MK_HAS_DT(MK_DT_Q4_1) && j < k; j += 32)
-            acc += mk_qelem(MK_DT_Q4_1, row, k, j) * x[j];
-        break;
-    case MK_DT_W8: {
-        float s = mk_f32_at(row);
-        for (int j = (int)lane; j < k; j += 32)
-            acc += (float)(signed char)row[4 + j] * x[j];
-        acc *= s;
-        break;
-    }
-    case MK_DT_W4G32: case MK_DT_W4G64: case MK_DT_W4G128: {
-        long long g = mk_w4_gsize(t);
-        for (long long j0 = 0; j0 < k; j0 += g) {
-            long long len = k - j0 < g ? k - j0 : g;
-            float part = 0.0f;
-            for (long long j = (long long)lane; j < len; j += 32)
-                part += (float)(mk_nib(row + 4, j) - (int)row[2]) * x[j0 + j];
-            acc += mk_f16_at(row) * part;
-            row += mk_w4_group_bytes(len);
-        }
-        break;
-    }
-    default:
-        for (int j = (int)lane; j < k; j += 32)
-            acc += mk_qelem(t, row, k, j) * x[j];
-        break;
-    }
+    for (int j = (int)lane; j < k; j += 32)
+        acc += mk_qelem(t, row, k, j) * mk_xs_at(x, j, m);
     return mk_warp_sum(acc);
 }
 
@@ -858,30 +868,41 @@ MK_INLINE void mk_gemv_store(float *y, const float *b, int r, float v, int flags
     y[r] = (flags & MK_GEMV_ACCUM) ? y[r] + v : v;
 }
 
-/* Fewer rows than warps (2 * rows <= warps, k a multiple of the unit):
- * `split` warps share each row, each taking a contiguous slice of it.
- * This warp's row (nrows and more: none) and slice [*j0, *j1) of units. */
-MK_INLINE int mk_split_slice(int nrows, int k, int bf, unsigned warp, int *j0, int *j1)
+/* Fewer rows than warps (2 * rows <= warps; rows of ku 16-byte units:
+ * f32 or bf16 with k a multiple of the unit, or CUDA-ordered block rows'
+ * chunks): `split` warps share each row, each taking a contiguous slice
+ * of it (a multiple of 32 units). This warp's row (nrows and more: none)
+ * and slice [*j0, *j1) of units. */
+MK_INLINE int mk_split_slice(int nrows, int ku, unsigned warp, int *j0, int *j1)
 {
-    int split = MK_NWARPS / nrows, row = (int)warp / split, part = (int)warp % split, ku = k / MK_UNIT(bf);
+    int split = MK_NWARPS / nrows, row = (int)warp / split, part = (int)warp % split;
     int chunk = ((ku + split - 1) / split + 31) / 32 * 32;
     *j0 = part * chunk;
     *j1 = *j0 + chunk < ku ? *j0 + chunk : ku;
     return row;
 }
 
+/* A GEMV's 16-byte units per row on the split path. */
+MK_INLINE int mk_split_units(int t, int bf, int k)
+{
+    return MK_HAS_PLANAR && mk_is_planar(t) ? mk_planar_chunks(t, k) : k / MK_UNIT(bf);
+}
+
 /* The slices' sums meet in shared memory and are added in a fixed order. */
-MK_DEV void mk_gemv_split(const void *W, int bf, const float *xin, int m, float *y, const float *b, int r0, int nrows,
-                          int k, int flags, const uint4 pre[MK_PRE_N], int use_pre)
+MK_DEV void mk_gemv_split(const void *W, int t, int bf, const float *xin, int m, float *y, const float *b, int r0,
+                          int nrows, int k, int flags, const uint4 pre[MK_PRE_N], int use_pre)
 {
     unsigned tid = mk_tid(), lane = tid & 31u, warp = tid >> 5;
-    int split = MK_NWARPS / nrows, j0, j1, row = mk_split_slice(nrows, k, bf, warp, &j0, &j1);
+    int split = MK_NWARPS / nrows, j0, j1, row = mk_split_slice(nrows, mk_split_units(t, bf, k), warp, &j0, &j1);
     if (row < nrows) {
         const uint4 *w = mk_row_units(W, bf, r0 + row, k);
         /* use_pre a constant in each call, so that pre is dead once
          * copied (a select would keep pre and a loaded round both live) */
-        float v = use_pre ? mk_dot_units(w, bf, (const float4 *)xin, m, j0, j1, lane, pre, 1)
-                          : mk_dot_units(w, bf, (const float4 *)xin, m, j0, j1, lane, pre, 0);
+        float v = MK_HAS_PLANAR && mk_is_planar(t)
+                      ? mk_dot_planar(t, (const unsigned char *)W + (r0 + row) * mk_row_bytes(t, k), xin, m, k, j0, j1,
+                                      lane)
+                  : use_pre ? mk_dot_units(w, bf, (const float4 *)xin, m, j0, j1, lane, pre, 1)
+                            : mk_dot_units(w, bf, (const float4 *)xin, m, j0, j1, lane, pre, 0);
         if (lane == 0)
             mk_red[warp] = v;
     }
@@ -900,16 +921,20 @@ enum { MK_GEMV_QROW, MK_GEMV_SPLIT, MK_GEMV_ROWS, MK_GEMV_ODD };
 MK_INLINE int mk_gemv_path(const unsigned *in, int *bf)
 {
     int t = mk_dtype(in, 0), r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2);
+    int few = r1 > r0 && 2 * (r1 - r0) <= MK_NWARPS;
     *bf = MK_HAS_DT(MK_DT_BF16) && t == MK_DT_BF16;
+    if (MK_HAS_PLANAR && mk_is_planar(t))
+        return few ? MK_GEMV_SPLIT : MK_GEMV_QROW;
     if (MK_HAS_QROW && t != MK_DT_F32 && !*bf)
-        return MK_GEMV_QROW; /* f16 and the quantized formats: dequantized in mk_dot_qrow */
+        return MK_GEMV_QROW; /* f16, W8 and the other quantized formats: dequantized in mk_dot_qrow */
     if (k % MK_UNIT(*bf))
         return MK_GEMV_ODD;
-    return r1 > r0 && 2 * (r1 - r0) <= MK_NWARPS ? MK_GEMV_SPLIT : MK_GEMV_ROWS;
+    return few ? MK_GEMV_SPLIT : MK_GEMV_ROWS;
 }
 
-/* The swizzle mask of GEMV `in`'s staged input (mk_xsw): bf16 1, W8 3,
- * W4 4; 0 where a lane reads one float4 per load (f32) or reads x
+/* The swizzle mask of GEMV `in`'s staged input (mk_xsw): U - 1 for the
+ * U float4s of x a 16-byte weight load meets (bf16 2, W8 and Q8_0 4,
+ * nibbles 8); 0 where a lane reads one float4 per load (f32) or reads x
  * another way.
  * MEGAC_CUDA_DEFINES=MK_XSWIZZLE=0 stages every input in order, to time
  * the swizzle against. */
@@ -921,10 +946,10 @@ MK_INLINE int mk_gemv_xmask(const unsigned *in, int path, int bf)
     if (!MK_XSWIZZLE)
         return 0;
     int t = mk_dtype(in, 0);
+    if (MK_HAS_PLANAR && mk_is_planar(t))
+        return t == MK_DT_Q8_0 ? 3 : 7;
     if (path == MK_GEMV_QROW)
-        return MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8                                            ? 3
-               : MK_HAS_W4 && (t == MK_DT_W4G32 || t == MK_DT_W4G64 || t == MK_DT_W4G128) ? 4
-                                                                                         : 0;
+        return MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8 ? 3 : 0;
     return path != MK_GEMV_ODD && bf ? 1 : 0;
 }
 
@@ -950,7 +975,9 @@ MK_INLINE int mk_gemv_preload(const MegacArgs *a, const unsigned *in, uint4 pre[
             return 0;
         mk_w8_span((const unsigned char *)W + r * mk_row_bytes(MK_DT_W8, k), k, &head, &j1, &p);
     } else if (path == MK_GEMV_SPLIT) {
-        r = r0 + mk_split_slice(r1 - r0, k, bf, warp, &j0, &j1);
+        if (MK_HAS_PLANAR && mk_is_planar(mk_dtype(in, 0)))
+            return 0;
+        r = r0 + mk_split_slice(r1 - r0, k / MK_UNIT(bf), warp, &j0, &j1);
         if (r >= r1)
             return 0;
         p = mk_row_units(W, bf, r, k);
@@ -975,11 +1002,11 @@ MK_INLINE void mk_gemv_rows(const unsigned *in, const void *W, const float *xin,
 {
     int r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2), flags = mk_param(in, 3);
     unsigned tid = mk_tid(), lane = tid & 31u;
+    int t = mk_dtype(in, 0), r = r0 + (int)(tid >> 5);
     if (path == MK_GEMV_SPLIT) {
-        mk_gemv_split(W, bf, xin, m, y, b, r0, r1 - r0, k, flags, pre, use_pre);
+        mk_gemv_split(W, t, bf, xin, m, y, b, r0, r1 - r0, k, flags, pre, use_pre);
         return;
     }
-    int t = mk_dtype(in, 0), r = r0 + (int)(tid >> 5);
     long long rb = path == MK_GEMV_QROW ? mk_row_bytes(t, k) : 0;
     if (use_pre && r < r1) { /* the first row apart: pre is dead after it */
         float v = path == MK_GEMV_QROW ? mk_dot_qrow(t, (const unsigned char *)W + r * rb, xin, k, lane, m, pre, 1)
