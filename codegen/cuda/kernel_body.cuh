@@ -592,13 +592,15 @@ MK_INLINE void mk_w8_span(const unsigned char *row, int k, int *head, int *nv, c
     *qv = (const uint4 *)(const void *)(q + h);
 }
 
-/* W8 row: {f32 s; i8 q[k]; pad}; returns s * sum(q x). The bytes from the
- * first 16-byte boundary on are read as uint4s (MK_VLOADS in flight per
- * lane; the first round is pre when use_pre) against float4s of x (x
- * staged with mask m: mk_xsw); the few before that boundary and after the
- * last whole uint4 one byte per lane. x must be 16-byte aligned (the
- * boundary is 4, 8 or 12 bytes in, so the data's x starts at a float4). */
-MK_INLINE float mk_dot_w8(const unsigned char *row, const float *x, int k, unsigned lane, int m,
+/* W8 row: {f32 s; i8 q[k]; pad}; returns s * sum(q x) over uint4s [j0,
+ * j1) of it (j0 a multiple of 32; a slice of the split path, or all). The
+ * bytes from the first 16-byte boundary on are read as uint4s (MK_VLOADS
+ * in flight per lane; the first round is pre when use_pre) against
+ * float4s of x (x staged with mask m: mk_xsw); the few before that
+ * boundary and after the last whole uint4 one byte per lane, by the slice
+ * at j0 = 0. x must be 16-byte aligned (the boundary is 4, 8 or 12 bytes
+ * in, so the data's x starts at a float4). */
+MK_INLINE float mk_dot_w8(const unsigned char *row, const float *x, int k, unsigned lane, int m, int j0, int j1,
                           const uint4 pre[MK_PRE_N], int use_pre)
 {
     const unsigned char *q = row + 4;
@@ -606,18 +608,19 @@ MK_INLINE float mk_dot_w8(const unsigned char *row, const float *x, int k, unsig
     const uint4 *qv;
     mk_w8_span(row, k, &head, &nv, &qv);
     int tail0 = head + 16 * nv;
+    nv = j1 < nv ? j1 : nv;
     const float4 *x4 = (const float4 *)(const void *)x;
     /* word c of unit lane + 32 u multiplies float4 f + c + 128 u of x,
      * staged at mk_xsw(f + c, m) + 128 u */
     int f = head / 4 + 4 * (int)lane;
     int q0 = mk_xsw(f, m), q1 = mk_xsw(f + 1, m), q2 = mk_xsw(f + 2, m), q3 = mk_xsw(f + 3, m);
     float acc = 0.0f;
-    if ((int)lane < head)
+    if (j0 == 0 && (int)lane < head)
         acc += (float)(signed char)q[lane] * mk_xs_at(x, (int)lane, m);
-    if (tail0 + (int)lane < k)
+    if (j0 == 0 && tail0 + (int)lane < k)
         acc += (float)(signed char)q[tail0 + lane] * mk_xs_at(x, tail0 + (int)lane, m);
     uint4 w[MK_VLOADS];
-    int j = (int)lane;
+    int j = j0 + (int)lane;
     mk_round_first(qv, j, nv, pre, use_pre, w);
 #pragma unroll 1
     while (j < nv) {
@@ -756,7 +759,7 @@ MK_INLINE float mk_dot_qrow(int t, const unsigned char *row, const float *x, int
                             const uint4 pre[MK_PRE_N], int use_pre)
 {
     if (MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8)
-        return mk_dot_w8(row, x, k, lane, m, pre, use_pre);
+        return mk_dot_w8(row, x, k, lane, m, 0, k, pre, use_pre);
     if (MK_HAS_PLANAR && mk_is_planar(t))
         return mk_dot_planar(t, row, x, m, k, 0, mk_planar_chunks(t, k), lane);
     if ((MK_HAS_KQ || MK_HAS_DT(MK_DT_Q6_K)) && (t == MK_DT_Q4_K || t == MK_DT_Q5_K || t == MK_DT_Q6_K))
@@ -885,6 +888,8 @@ MK_INLINE int mk_split_slice(int nrows, int ku, unsigned warp, int *j0, int *j1)
 /* A GEMV's 16-byte units per row on the split path. */
 MK_INLINE int mk_split_units(int t, int bf, int k)
 {
+    if (MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8)
+        return k / 16; /* at least a row's whole uint4s (mk_dot_w8 clips) */
     return MK_HAS_PLANAR && mk_is_planar(t) ? mk_planar_chunks(t, k) : k / MK_UNIT(bf);
 }
 
@@ -898,9 +903,11 @@ MK_DEV void mk_gemv_split(const void *W, int t, int bf, const float *xin, int m,
         const uint4 *w = mk_row_units(W, bf, r0 + row, k);
         /* use_pre a constant in each call, so that pre is dead once
          * copied (a select would keep pre and a loaded round both live) */
-        float v = MK_HAS_PLANAR && mk_is_planar(t)
-                      ? mk_dot_planar(t, (const unsigned char *)W + (r0 + row) * mk_row_bytes(t, k), xin, m, k, j0, j1,
-                                      lane)
+        const unsigned char *qr = (const unsigned char *)W + (r0 + row) * mk_row_bytes(t, k);
+        float v = MK_HAS_PLANAR && mk_is_planar(t) ? mk_dot_planar(t, qr, xin, m, k, j0, j1, lane)
+                  : MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8
+                      ? (use_pre ? mk_dot_w8(qr, xin, k, lane, m, j0, j1, pre, 1)
+                                 : mk_dot_w8(qr, xin, k, lane, m, j0, j1, pre, 0))
                   : use_pre ? mk_dot_units(w, bf, (const float4 *)xin, m, j0, j1, lane, pre, 1)
                             : mk_dot_units(w, bf, (const float4 *)xin, m, j0, j1, lane, pre, 0);
         if (lane == 0)
@@ -923,10 +930,10 @@ MK_INLINE int mk_gemv_path(const unsigned *in, int *bf)
     int t = mk_dtype(in, 0), r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2);
     int few = r1 > r0 && 2 * (r1 - r0) <= MK_NWARPS;
     *bf = MK_HAS_DT(MK_DT_BF16) && t == MK_DT_BF16;
-    if (MK_HAS_PLANAR && mk_is_planar(t))
+    if ((MK_HAS_PLANAR && mk_is_planar(t)) || (MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8))
         return few ? MK_GEMV_SPLIT : MK_GEMV_QROW;
     if (MK_HAS_QROW && t != MK_DT_F32 && !*bf)
-        return MK_GEMV_QROW; /* f16, W8 and the other quantized formats: dequantized in mk_dot_qrow */
+        return MK_GEMV_QROW; /* f16 and the other quantized formats: dequantized in mk_dot_qrow */
     if (k % MK_UNIT(*bf))
         return MK_GEMV_ODD;
     return few ? MK_GEMV_SPLIT : MK_GEMV_ROWS;
@@ -948,8 +955,10 @@ MK_INLINE int mk_gemv_xmask(const unsigned *in, int path, int bf)
     int t = mk_dtype(in, 0);
     if (MK_HAS_PLANAR && mk_is_planar(t))
         return t == MK_DT_Q8_0 ? 3 : 7;
+    if (MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8)
+        return 3;
     if (path == MK_GEMV_QROW)
-        return MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8 ? 3 : 0;
+        return 0;
     return path != MK_GEMV_ODD && bf ? 1 : 0;
 }
 
@@ -975,12 +984,17 @@ MK_INLINE int mk_gemv_preload(const MegacArgs *a, const unsigned *in, uint4 pre[
             return 0;
         mk_w8_span((const unsigned char *)W + r * mk_row_bytes(MK_DT_W8, k), k, &head, &j1, &p);
     } else if (path == MK_GEMV_SPLIT) {
-        if (MK_HAS_PLANAR && mk_is_planar(mk_dtype(in, 0)))
+        int t = mk_dtype(in, 0), head, nv;
+        if (MK_HAS_PLANAR && mk_is_planar(t))
             return 0;
-        r = r0 + mk_split_slice(r1 - r0, k / MK_UNIT(bf), warp, &j0, &j1);
+        r = r0 + mk_split_slice(r1 - r0, mk_split_units(t, bf, k), warp, &j0, &j1);
         if (r >= r1)
             return 0;
         p = mk_row_units(W, bf, r, k);
+        if (MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8) {
+            mk_w8_span((const unsigned char *)W + r * mk_row_bytes(MK_DT_W8, k), k, &head, &nv, &p);
+            j1 = j1 < nv ? j1 : nv;
+        }
     } else if (path == MK_GEMV_ROWS) {
         if (r >= r1)
             return 0;
