@@ -507,7 +507,7 @@ typedef struct {
  * GGUF's blocks: Q4_0, Q4_1, Q8_0 and W4 rows in the CUDA order (rows of
  * a slice per warp, rows too short for their headers to align the data:
  * k = 64 of Q4_0, rows whose data lands on the boundary), W8 rows in
- * slices. The cases are
+ * slices, and block rows against an input too long to stage. The cases are
  * looked up by index below: new ones go at the end. */
 static const int gemv_spec[][6] = {
     {0, 1, 3, 64, GEMV_NORM | GEMV_BIAS, DT_F32}, {3, 5, 6, 68, GEMV_ACCUM, DT_F32},
@@ -521,6 +521,7 @@ static const int gemv_spec[][6] = {
     {0, 7, 7, 96, GEMV_NORM, DT_Q4_1},          {1, 2, 3, 128, GEMV_ACCUM, DT_Q8_0},
     {0, 6, 6, 160, 0, DT_Q8_0},                 {0, 1, 1, 200, 0, DT_W4G32},
     {0, 2, 2, 1001, GEMV_BIAS, DT_W8},          {1, 2, 4, 4096, GEMV_ACCUM, DT_W8},
+    {0, 1, 1, 8224, 0, DT_W4G32},               {0, 3, 3, 8256, GEMV_BIAS, DT_Q8_0},
 };
 enum { GEMV_N = sizeof gemv_spec / sizeof gemv_spec[0] };
 
