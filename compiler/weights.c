@@ -234,8 +234,11 @@ float *weights_slot_dst(Weights *w, WKind k, int layer)
 
 /* ---- f32 views ---- */
 
-/* A matrix's f32 view mapped on its own (WEIGHTS_STORED_ONLY), so that it
- * can be given back to the system once the matrix is stored. */
+/* A matrix's f32 view, mapped on its own: zero pages that take memory only
+ * as the loader writes them (a description that claims a far larger model
+ * than its file holds costs address space, not memory, until the loader
+ * refuses the file), and that WEIGHTS_STORED_ONLY gives back to the
+ * system once the matrix is stored. */
 struct WView {
     float *p;
     size_t bytes;
@@ -245,8 +248,6 @@ float *weights_view_new(Weights *w, int64_t n)
 {
     size_t bytes = sizeof(float) * (size_t)n;
     w->nbytes += bytes;
-    if (!w->stored_only)
-        return ARENA_ARRAY(&w->arena, float, n);
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         die("out of memory mapping %zu bytes for an f32 tensor", bytes);
@@ -495,6 +496,27 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d)
 
 /* Refuses shapes whose element counts are nonsense (the description's own
  * checks live in desc.c; this only guards the allocation). */
+/* A single weight file (llama2.c, GGUF) far too small for a large model
+ * the description implies (over a GiB of f32 views): under one bit a
+ * parameter (megac's smallest format takes 4.5, so that a file of a
+ * format it does not read still hears about that from the loader), it is
+ * refused before any view is mapped. Smaller claims are the loaders' to
+ * judge, with their own messages. */
+static bool weights_file_size_check(const ModelDesc *m, double params, Diag *d)
+{
+    struct stat st;
+    if ((m->weights_format != WFMT_LLAMA2C && m->weights_format != WFMT_GGUF) || !m->weights_path ||
+        stat(m->weights_path, &st) != 0 || !S_ISREG(st.st_mode))
+        return true; /* the loader reports a missing file */
+    if (4.0 * params <= (double)(1u << 30) || (double)st.st_size >= params / 8.0)
+        return true;
+    diag_file_error(d, m->weights_path,
+                    "the model description implies %.3g parameters (dim %d, hidden_dim %d, %d layers, vocab %d), "
+                    "but this file holds only %lld bytes",
+                    params, m->dim, m->hidden_dim, m->n_layers, m->vocab_size, (long long)st.st_size);
+    return false;
+}
+
 static bool weights_dims_check(const ModelDesc *m, Diag *d)
 {
     const char *path = m->path ? m->path : "megac";
@@ -511,7 +533,8 @@ static bool weights_dims_check(const ModelDesc *m, Diag *d)
         diag_file_error(d, path, "model too large to hold in f32: %.3g parameters", total);
         return false;
     }
-    return true;
+    /* the embedding counted once: it may be the classifier too */
+    return weights_file_size_check(m, total - (double)m->vocab_size * m->dim, d);
 }
 
 /* WEIGHTS_STORED_ONLY's last step: the embedding's and classifier's f32

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -289,6 +290,34 @@ Test(weights, llama2c_bad_inputs)
     free(hdr);
     free(trail);
     free(path);
+}
+
+/* A description that claims a far larger model than its file: a
+ * 1.75e9-parameter claim on a llama2.c file of a few KB is refused before
+ * anything is mapped, naming the file; a 2.2e8-parameter one (under a GiB
+ * of f32, left to the loader) fails on the file's size without the
+ * process taking that memory (the f32 views are zero pages until
+ * written). Criterion runs each test in its own process, so its peak
+ * resident size is this test's. */
+Test(weights, claims_beyond_the_file_cost_no_memory)
+{
+    static const int32_t big[7] = {4096, 11008, 8, 32, 32, 32000, 8}, mid[7] = {2048, 5632, 3, 16, 16, 32000, 8};
+    const int32_t *claims[2] = {big, mid};
+    const char *want[2] = {"implies 1.75e+09 parameters", "truncated"};
+    for (int i = 0; i < 2; i++) { /* a llama2.c header alone, and a description that agrees with it */
+        char *path = tmp_path(i ? "mid.bin" : "big.bin");
+        write_bytes(path, claims[i], sizeof big);
+        ModelDesc m;
+        desc_tiny(&m, WFMT_LLAMA2C, path);
+        m.dim = claims[i][0], m.hidden_dim = claims[i][1], m.n_layers = claims[i][2], m.n_heads = claims[i][3];
+        m.n_kv_heads = claims[i][4], m.vocab_size = claims[i][5], m.max_seq = claims[i][6];
+        m.head_dim = m.dim / m.n_heads;
+        expect_error(&m, want[i]);
+        free(path);
+    }
+    struct rusage ru;
+    cr_assert_eq(getrusage(RUSAGE_SELF, &ru), 0);
+    cr_assert_lt(ru.ru_maxrss, 300 * 1024, "peak resident %ld KB", ru.ru_maxrss);
 }
 
 /* A NaN or infinity in a tensor is an error naming the tensor and the
