@@ -130,7 +130,7 @@ static bool l2c_copy(Weights *w, const WFile *f, const L2cRun *r, int nrun, Diag
             if (r[i].kind == WK_COUNT)
                 continue;
             convert_to_f32(weights_slot_dst(w, r[i].kind, layer), p, r[i].n, SRC_F32);
-            if (!weights_slot_done(w, r[i].kind, layer, d))
+            if (!weights_slot_done(w, r[i].kind, layer, NULL, d))
                 return false;
         }
     }

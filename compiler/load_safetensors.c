@@ -353,6 +353,15 @@ static bool st_has(void *ctx, const char *name)
     return st_file_find(&sm->files[0], name) != NULL;
 }
 
+/* The file a fetched tensor came from (its shard, already open). */
+static const char *st_file_of(void *ctx, const char *name)
+{
+    StModel *sm = ctx;
+    bool listed;
+    StFile *sf = st_model_shard(sm, name, &listed, NULL);
+    return sf ? sf->path : sm->path;
+}
+
 static int st_fetch(void *ctx, const char *name, const WSlot *s, float *dst, Diag *d)
 {
     StModel *sm = ctx;
@@ -390,7 +399,8 @@ bool load_safetensors(Weights *w, const char *path, Diag *d)
     StModel sm;
     bool ok = st_model_open(&sm, path, d);
     if (ok) {
-        WSource src = {.ctx = &sm, .path = sm.path, .name = wslot_hf_name, .fetch = st_fetch, .has = st_has};
+        WSource src = {.ctx = &sm, .path = sm.path, .name = wslot_hf_name, .fetch = st_fetch, .has = st_has,
+                       .file = st_file_of};
         ok = weights_fill(w, &src, d);
     }
     st_model_close(&sm);

@@ -98,7 +98,7 @@ bool synthetic_fill(Weights *w, Diag *d)
     for (int i = 0; i < n && ok; i++) {
         char *canon = wslot_canon_name(&scratch, &slots[i]);
         synthetic_tensor(w->m, &slots[i], synthetic_key(w->m->weights_seed, canon));
-        ok = weights_slot_done(w, slots[i].kind, slots[i].layer, d);
+        ok = weights_slot_done(w, slots[i].kind, slots[i].layer, NULL, d);
     }
     arena_free(&scratch);
     return ok;

@@ -326,7 +326,7 @@ static int64_t first_non_finite(const float *p, int64_t n)
 
 /* A loaded tensor with a NaN or infinity is an error naming it as the
  * file does. */
-static bool slot_finite_check(Weights *w, WKind k, int layer, int64_t n, Diag *d)
+static bool slot_finite_check(Weights *w, WKind k, int layer, int64_t n, const char *file, Diag *d)
 {
     int64_t at = first_non_finite(*slot_field(w, k, layer), n);
     if (at < 0)
@@ -336,17 +336,17 @@ static bool slot_finite_check(Weights *w, WKind k, int layer, int64_t n, Diag *d
     WeightFormat f = w->m->weights_format;
     char *name = f == WFMT_GGUF ? wslot_gguf_name(&a, &s) : f == WFMT_SAFETENSORS ? wslot_hf_name(&a, &s)
                                                                                  : wslot_canon_name(&a, &s);
-    diag_file_error(d, w->m->weights_path ? w->m->weights_path : w->m->path,
+    diag_file_error(d, file ? file : w->m->weights_path ? w->m->weights_path : w->m->path,
                     "tensor '%s' has a non-finite value (NaN or infinity) at element %" PRId64, name, at);
     arena_free(&a);
     return false;
 }
 
-bool weights_slot_done(Weights *w, WKind k, int layer, Diag *d)
+bool weights_slot_done(Weights *w, WKind k, int layer, const char *file, Diag *d)
 {
     int64_t rows, cols;
     slot_shape(w->m, k, &rows, &cols);
-    if (!slot_finite_check(w, k, layer, rows * (cols ? cols : 1), d))
+    if (!slot_finite_check(w, k, layer, rows * (cols ? cols : 1), file, d))
         return false;
     w->slots_done++;
     w->loaded_bytes += sizeof(float) * (size_t)(rows * (cols ? cols : 1));
@@ -484,7 +484,8 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d)
         int r = src->fetch(src->ctx, name, &slots[i], slots[i].dst, d);
         if (r == 0)
             diag_file_error(d, src->path, "tensor '%s' is missing", name);
-        ok = r > 0 && weights_slot_done(w, slots[i].kind, slots[i].layer, d);
+        ok = r > 0 && weights_slot_done(w, slots[i].kind, slots[i].layer,
+                                         src->file ? src->file(src->ctx, name) : src->path, d);
     }
     ok = ok && weights_bias_check(w, src, &a, d) && weights_tied_check(w, src, &a, d) &&
          weights_layers_check(w, src, &a, d);

@@ -92,10 +92,12 @@ void weights_qtensor_drop(Weights *w, const char *name);
 /* An f32 buffer of n floats for a matrix: in the arena, or mapped on its
  * own under WEIGHTS_STORED_ONLY. */
 float *weights_view_new(Weights *w, int64_t n);
-/* Every loader calls this after filling a slot. Under WEIGHTS_STORED_ONLY a
- * layer's matrix is stored at once (quant_slot) and, when that leaves it
- * in another dtype, its f32 view is unmapped. False after an error. */
-bool weights_slot_done(Weights *w, WKind k, int layer, Diag *d);
+/* Every loader calls this after filling a slot from `file` (named in the
+ * error for a non-finite value; NULL: the description's weights path).
+ * Under WEIGHTS_STORED_ONLY a layer's matrix is stored at once
+ * (quant_slot) and, when that leaves it in another dtype, its f32 view is
+ * unmapped. False after an error. */
+bool weights_slot_done(Weights *w, WKind k, int layer, const char *file, Diag *d);
 /* Errors when the source's RoPE pairing differs from the description's. */
 bool weights_pairing_check(const Weights *w, Diag *d, const char *path, RopePairing src);
 
@@ -109,6 +111,7 @@ typedef struct WSource {
     char *(*name)(Arena *a, const WSlot *s);         /* wslot_hf_name, wslot_gguf_name */
     int (*fetch)(void *ctx, const char *name, const WSlot *s, float *dst, Diag *d);
     bool (*has)(void *ctx, const char *name);
+    const char *(*file)(void *ctx, const char *name); /* the file a fetched tensor came from; NULL: path */
 } WSource;
 /* Fills every slot of w from src, reporting each missing or bad tensor;
  * also refuses tensors the description says the model lacks (q/k/v biases

@@ -485,6 +485,39 @@ Test(weights, safetensors_sharded)
     }
 }
 
+/* A NaN in a sharded checkpoint is reported against the shard that holds
+ * it (the last bytes of each shard: its last tensor's last element, a NaN
+ * as f32, f16 or bf16), not the folder. */
+Test(weights, safetensors_non_finite_names_the_shard)
+{
+    skip_without_fixtures();
+    static const char *const files[] = {"config.json", "model-00001-of-00002.safetensors",
+                                        "model-00002-of-00002.safetensors", "model.safetensors.index.json"};
+    for (int bad = 1; bad <= 2; bad++) {
+        char *dir = tmp_path(bad == 1 ? "sh1" : "sh2"), *shard = NULL;
+        cr_assert_eq(mkdir(dir, 0700), 0);
+        for (int i = 0; i < 4; i++) {
+            char *src = xasprintf("%s/sharded/%s", FIXTURES, files[i]), *dst = xasprintf("%s/%s", dir, files[i]);
+            size_t n;
+            unsigned char *b = read_bytes(src, &n);
+            if (i == bad) {
+                memset(b + n - 4, 0xff, 4);
+                shard = xasprintf("%s: error: tensor '", dst);
+            }
+            write_bytes(dst, b, n);
+            free(b), free(src), free(dst);
+        }
+        ModelDesc m;
+        desc_sharded(&m, dir);
+        expect_error(&m, "has a non-finite value");
+        Weights w;
+        char err[2048];
+        cr_assert_not(load_capture(&w, &m, err, sizeof err));
+        cr_assert_not_null(strstr(err, shard), "expected the shard (%s) in: %s", shard, err);
+        free(shard), free(dir);
+    }
+}
+
 Test(weights, gguf_all_types)
 {
     skip_without_fixtures();
