@@ -155,17 +155,6 @@ MK_INLINE void mk_xtrace_start(void)
 #endif
 }
 
-/* n reads the other lanes make at this point of the code and this one
- * skips (its trace's read numbers stay those of the warp's instructions). */
-MK_INLINE void mk_xtrace_skip(int n)
-{
-#if MK_BANK_TRACE
-    mk_bank_seq[mk_tid()] += (unsigned)n;
-#else
-    (void)n;
-#endif
-}
-
 /* A 16-byte read of a GEMV's input x. */
 MK_INLINE float4 mk_xld4(const float4 *p)
 {
@@ -901,9 +890,9 @@ MK_DEV void mk_gemv_split(const void *W, int t, int bf, const float *xin, int m,
     int split = MK_NWARPS / nrows, j0, j1, row = mk_split_slice(nrows, mk_split_units(t, bf, k), warp, &j0, &j1);
     if (row < nrows) {
         const uint4 *w = mk_row_units(W, bf, r0 + row, k);
+        const unsigned char *qr = (const unsigned char *)W + (r0 + row) * mk_row_bytes(t, k);
         /* use_pre a constant in each call, so that pre is dead once
          * copied (a select would keep pre and a loaded round both live) */
-        const unsigned char *qr = (const unsigned char *)W + (r0 + row) * mk_row_bytes(t, k);
         float v = MK_HAS_PLANAR && mk_is_planar(t) ? mk_dot_planar(t, qr, xin, m, k, j0, j1, lane)
                   : MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8
                       ? (use_pre ? mk_dot_w8(qr, xin, k, lane, m, j0, j1, pre, 1)
@@ -976,32 +965,23 @@ MK_INLINE int mk_gemv_preload(const MegacArgs *a, const unsigned *in, uint4 pre[
     const void *W = mk_opnd(a, in, 0);
     int r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2), bf, j0 = 0, j1;
     unsigned lane = mk_tid() & 31u, warp = mk_tid() >> 5;
-    int path = mk_gemv_path(in, &bf), r = r0 + (int)warp;
-    const uint4 *p;
-    if (path == MK_GEMV_QROW) {
-        int head;
-        if (!MK_HAS_DT(MK_DT_W8) || mk_dtype(in, 0) != MK_DT_W8 || r >= r1)
-            return 0;
-        mk_w8_span((const unsigned char *)W + r * mk_row_bytes(MK_DT_W8, k), k, &head, &j1, &p);
-    } else if (path == MK_GEMV_SPLIT) {
-        int t = mk_dtype(in, 0), head, nv;
-        if (MK_HAS_PLANAR && mk_is_planar(t))
-            return 0;
-        r = r0 + mk_split_slice(r1 - r0, mk_split_units(t, bf, k), warp, &j0, &j1);
-        if (r >= r1)
-            return 0;
-        p = mk_row_units(W, bf, r, k);
-        if (MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8) {
-            mk_w8_span((const unsigned char *)W + r * mk_row_bytes(MK_DT_W8, k), k, &head, &nv, &p);
-            j1 = j1 < nv ? j1 : nv;
-        }
-    } else if (path == MK_GEMV_ROWS) {
-        if (r >= r1)
-            return 0;
-        p = mk_row_units(W, bf, r, k);
-        j1 = k / MK_UNIT(bf);
-    } else {
+    int path = mk_gemv_path(in, &bf), r = r0 + (int)warp, t = mk_dtype(in, 0);
+    int w8 = MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8;
+    if ((MK_HAS_PLANAR && mk_is_planar(t)) || path == MK_GEMV_ODD || (path == MK_GEMV_QROW && !w8))
         return 0;
+    if (path == MK_GEMV_SPLIT) /* this warp's row and slice of units */
+        r = r0 + mk_split_slice(r1 - r0, mk_split_units(t, bf, k), warp, &j0, &j1);
+    else
+        j1 = k; /* the whole row: clipped below */
+    if (r >= r1)
+        return 0;
+    const uint4 *p = mk_row_units(W, bf, r, k);
+    if (w8) { /* the row's uint4s start at its first 16-byte boundary */
+        int head, nv;
+        mk_w8_span((const unsigned char *)W + r * mk_row_bytes(MK_DT_W8, k), k, &head, &nv, &p);
+        j1 = j1 < nv ? j1 : nv;
+    } else if (path == MK_GEMV_ROWS) {
+        j1 = k / MK_UNIT(bf);
     }
     mk_round_part(p, j0 + (int)lane, j1, 0, MK_PRELOADS, pre);
     return 1;
