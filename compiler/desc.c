@@ -54,6 +54,12 @@ typedef enum {
     F_EPS, F_THETA, F_SCALING, F_TOKENIZER, F_WEIGHTS, F_BOS, F_EOS, F_STOP, F_WORKERS, F_COUNT
 } Field;
 
+/* Fields as the checks name them. */
+static const char *const field_names[F_COUNT] = {
+    "dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "max_seq",
+    "norm_eps", "rope theta", "rope scaling", "tokenizer", "weights", "bos", "eos", "eos", "workers",
+};
+
 /* A node that did not come from the description itself (an override's
  * value, a node created for it, the HF config) and the Doc it quotes. */
 typedef struct {
@@ -73,6 +79,9 @@ typedef struct {
     bool from_config;           /* arch came from an HF config (HF pairing) */
     int arch_pairing;           /* arch came from a GGUF file: its RopePairing; else -1 */
     const DocNode *kv_at[MODEL_MAX_LAYERS]; /* the kv_policy entry of each layer */
+    const char *self;           /* the GGUF file or HF folder megac wrote the description for; NULL for a
+                                 * description read from a file */
+    const char *at_key[F_COUNT];    /* the GGUF key that set a field, where one did */
 } Ctx;
 
 static const char *const top_keys[] = {"name", "arch", "norm_eps", "tie_embeddings", "qkv_bias", "rope",
@@ -154,9 +163,16 @@ static void ctx_origin_add(Ctx *c, Doc *doc, const DocNode *root)
     VEC_PUSH(c->orig, c->norig, c->corig, o);
 }
 
+/* A node of the text megac wrote for a GGUF file or HF folder has no
+ * position anyone can look up: its reports name the file or folder. */
 static void ctx_vreport(Ctx *c, const char *kind, const DocNode *n, const char *fmt, va_list ap)
 {
     Doc *doc = ctx_doc_of(c, n);
+    if (c->self && doc == c->doc) {
+        SrcFile src = {.path = c->self};
+        diag_vreport(c->d, kind, &src, 0, 0, fmt, ap);
+        return;
+    }
     diag_vreport(c->d, kind, &doc->src, n ? n->line : 0, n ? n->col : 0, fmt, ap);
 }
 
@@ -383,10 +399,16 @@ static void field_bool(Ctx *c, const DocNode *map, const char *where, const char
         node_bool(c, n, key_path(c, where, key), out);
 }
 
+/* What the description megac writes for a GGUF file names it by: the
+ * file's own name need not be text YAML can hold (not UTF-8). */
+static const char desc_self_path[] = "<this file>";
+
 /* A path written in the description, resolved against its folder. */
 static const char *path_resolve(Ctx *c, const char *p)
 {
     const char *dir = c->m->dir;
+    if (c->self && strcmp(p, desc_self_path) == 0)
+        return arena_strdup(c->a, c->self);
     if (p[0] == '/' || strcmp(dir, ".") == 0)
         return arena_strdup(c->a, p);
     if (strcmp(p, ".") == 0) /* the folder itself (an HF checkpoint's weights): DIR, not DIR/. */
@@ -903,8 +925,8 @@ static void arch_from_checkpoint(Ctx *c, const DocNode *at)
 
 /* `<arch>.<key>` as an int in [1, INT_MAX]: false (error reported) when it
  * is present with another type or out of range, or absent and needed; *out
- * is left alone when it is absent. */
-static bool gguf_meta_int(Ctx *c, const GgufFile *g, const char *arch, const char *key, bool need, int *out)
+ * is left alone when it is absent. Field f (or -1) remembers the key. */
+static bool gguf_meta_int(Ctx *c, const GgufFile *g, const char *arch, const char *key, bool need, int *out, int f)
 {
     char full[160];
     int64_t v;
@@ -918,17 +940,21 @@ static bool gguf_meta_int(Ctx *c, const GgufFile *g, const char *arch, const cha
         return false;
     }
     *out = (int)v;
+    if (f >= 0)
+        c->at_key[f] = arena_strdup(c->a, full);
     return true;
 }
 
 /* `<arch>.<key>` as a positive finite number, when present. */
-static bool gguf_meta_double(Ctx *c, const GgufFile *g, const char *arch, const char *key, double *out)
+static bool gguf_meta_double(Ctx *c, const GgufFile *g, const char *arch, const char *key, double *out, int f)
 {
     char full[160];
     double v;
     int r = gguf_arch_float(g, arch, key, full, &v, c->d);
-    if (r > 0)
+    if (r > 0) {
         *out = v;
+        c->at_key[f] = arena_strdup(c->a, full);
+    }
     return r >= 0;
 }
 
@@ -958,18 +984,18 @@ static void gguf_refuse(Ctx *c, const GgufFile *g, const char *arch)
 static void gguf_dims(Ctx *c, const GgufFile *g, const char *arch, const DocNode *at)
 {
     ModelDesc *m = c->m;
-    bool ok = gguf_meta_int(c, g, arch, "embedding_length", true, &m->dim);
-    ok &= gguf_meta_int(c, g, arch, "feed_forward_length", true, &m->hidden_dim);
-    ok &= gguf_meta_int(c, g, arch, "block_count", true, &m->n_layers);
-    ok &= gguf_meta_int(c, g, arch, "attention.head_count", true, &m->n_heads);
-    ok &= gguf_meta_int(c, g, arch, "attention.head_count_kv", false, &m->n_kv_heads);
-    ok &= gguf_meta_int(c, g, arch, "context_length", true, &c->max_pos);
+    bool ok = gguf_meta_int(c, g, arch, "embedding_length", true, &m->dim, F_DIM);
+    ok &= gguf_meta_int(c, g, arch, "feed_forward_length", true, &m->hidden_dim, F_HIDDEN);
+    ok &= gguf_meta_int(c, g, arch, "block_count", true, &m->n_layers, F_LAYERS);
+    ok &= gguf_meta_int(c, g, arch, "attention.head_count", true, &m->n_heads, F_HEADS);
+    ok &= gguf_meta_int(c, g, arch, "attention.head_count_kv", false, &m->n_kv_heads, F_KV_HEADS);
+    ok &= gguf_meta_int(c, g, arch, "context_length", true, &c->max_pos, F_MAX_SEQ);
     int kl = 0, vl = 0, rd = 0;
-    ok &= gguf_meta_int(c, g, arch, "attention.key_length", false, &kl);
-    ok &= gguf_meta_int(c, g, arch, "attention.value_length", false, &vl);
-    ok &= gguf_meta_int(c, g, arch, "rope.dimension_count", false, &rd);
-    ok &= gguf_meta_double(c, g, arch, "rope.freq_base", &m->rope_theta);
-    ok &= gguf_meta_double(c, g, arch, "attention.layer_norm_rms_epsilon", &m->norm_eps);
+    ok &= gguf_meta_int(c, g, arch, "attention.key_length", false, &kl, F_HEAD_DIM);
+    ok &= gguf_meta_int(c, g, arch, "attention.value_length", false, &vl, -1);
+    ok &= gguf_meta_int(c, g, arch, "rope.dimension_count", false, &rd, -1);
+    ok &= gguf_meta_double(c, g, arch, "rope.freq_base", &m->rope_theta, F_THETA);
+    ok &= gguf_meta_double(c, g, arch, "attention.layer_norm_rms_epsilon", &m->norm_eps, F_EPS);
     if (!ok)
         return;
     m->head_dim = kl ? kl : m->n_heads > 0 && m->dim % m->n_heads == 0 ? m->dim / m->n_heads : 0;
@@ -1445,8 +1471,11 @@ static void MEGAC_PRINTF(3, 4) check_fail(Checker *k, int f, const char *fmt, ..
     va_list ap;
     va_start(ap, fmt);
     if (k->c) {
-        const DocNode *n = f >= 0 && k->c->at[f] ? k->c->at[f] : k->c->doc->root;
-        ctx_vreport(k->c, "error", n, fmt, ap);
+        Ctx *c = k->c;
+        const DocNode *n = f >= 0 && c->at[f] ? c->at[f] : c->doc->root;
+        ctx_vreport(c, "error", n, fmt, ap);
+        if (f >= 0 && c->at_key[f] && c->self && ctx_doc_of(c, n) == c->doc)   /* not since overridden */
+            ctx_note(c, n, "%s is the file's '%s'", field_names[f], c->at_key[f]);
     } else {
         SrcFile src = {.path = k->m->path ? k->m->path : "megac"};
         diag_vreport(k->d, "error", &src, 0, 0, fmt, ap);
@@ -1632,8 +1661,10 @@ static void desc_walk(Ctx *c, Doc cfg[2])
         desc_compile(c, n);
 }
 
-bool desc_parse(ModelDesc *m, Arena *a, const char *path, const char *text, size_t len, const DescOverride *ov,
-                int nov, Diag *d)
+/* desc_parse, where `self` (or NULL) names the GGUF file or HF folder the
+ * text was written for. */
+static bool desc_parse_for(ModelDesc *m, Arena *a, const char *path, const char *self, const char *text, size_t len,
+                           const DescOverride *ov, int nov, Diag *d)
 {
     int errors0 = d->nerrors;
     desc_defaults(m);
@@ -1642,7 +1673,7 @@ bool desc_parse(ModelDesc *m, Arena *a, const char *path, const char *text, size
     Doc doc, cfg[2];            /* config.json, generation_config.json */
     memset(cfg, 0, sizeof cfg);
     Doc *ods = xcalloc((size_t)nov + 1, sizeof *ods);
-    Ctx c = {.m = m, .a = a, .d = d, .doc = &doc, .arch_pairing = -1};
+    Ctx c = {.m = m, .a = a, .d = d, .doc = &doc, .arch_pairing = -1, .self = self ? arena_strdup(a, self) : NULL};
     bool parsed = doc_parse(&doc, path, xstrndup(text, len), len, d);
     if (parsed && !doc.root)
         diag_error(d, &doc.src, 0, 0, "empty model description");
@@ -1662,23 +1693,13 @@ bool desc_parse(ModelDesc *m, Arena *a, const char *path, const char *text, size
     return d->nerrors == errors0;
 }
 
-/* ---- descriptions megac writes for a checkpoint ---- */
-
-/* s as a YAML double-quoted scalar. */
-static void yaml_quote(FILE *b, const char *s)
+bool desc_parse(ModelDesc *m, Arena *a, const char *path, const char *text, size_t len, const DescOverride *ov,
+                int nov, Diag *d)
 {
-    fputc('"', b);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(b, "\\%c", ch);
-        else if (ch < 0x20 || ch == 0x7f)
-            fprintf(b, "\\x%02x", ch);
-        else
-            fputc((char)ch, b);
-    }
-    fputc('"', b);
+    return desc_parse_for(m, a, path, NULL, text, len, ov, nov, d);
 }
+
+/* ---- descriptions megac writes for a checkpoint ---- */
 
 /* A bundle name from a file or folder name: its characters outside
  * [A-Za-z0-9._-] become '-', at most 128 of them. */
@@ -1711,9 +1732,11 @@ static bool file_is_gguf(const char *path)
  *  - a folder holding config.json (an HF checkpoint): arch from the
  *    config, the folder's safetensors, its tokenizer.json when there is one;
  *  - anything else: the file's own bytes, a YAML description.
+ * *written tells which of the first two megac wrote the text for.
  * NULL with errno set when it cannot be read. */
-static char *desc_source(const char *path, size_t *len, char **as)
+static char *desc_source(const char *path, size_t *len, char **as, bool *written)
 {
+    *written = false;
     struct stat st;
     if (stat(path, &st) != 0)
         return NULL;
@@ -1752,11 +1775,8 @@ static char *desc_source(const char *path, size_t *len, char **as)
         size_t n = dot && dot != base && strcmp(dot, ".gguf") == 0 ? (size_t)(dot - base) : strlen(base);
         fputs("# the description megac writes for a GGUF file\nname: ", b);
         name_from(b, base, n);
-        fputs("\narch: {from-gguf: ", b);
-        yaml_quote(b, base);
-        fputs("}\nweights: {format: gguf, path: ", b);
-        yaml_quote(b, base);
-        fputs("}\ntokenizer: {format: gguf}\n", b);
+        fprintf(b, "\narch: {from-gguf: \"%s\"}\nweights: {format: gguf, path: \"%s\"}\ntokenizer: {format: gguf}\n",
+                desc_self_path, desc_self_path);
         *as = xstrdup(path);
     } else {
         fclose(b);
@@ -1767,12 +1787,14 @@ static char *desc_source(const char *path, size_t *len, char **as)
         return text;
     }
     fclose(b);
+    *written = true;
     return text;
 }
 
 char *desc_read_text(const char *path, size_t *len)
 {
-    char *as = NULL, *text = desc_source(path, len, &as);
+    bool written;
+    char *as = NULL, *text = desc_source(path, len, &as, &written);
     free(as);
     return text;
 }
@@ -1782,7 +1804,8 @@ bool desc_load(ModelDesc *m, Arena *a, const char *path, const DescOverride *ov,
     if (!path || strcmp(path, desc_default_name) == 0)
         return desc_parse(m, a, DESC_EMBEDDED_PATH, desc_default_yaml, strlen(desc_default_yaml), ov, nov, d);
     size_t len;
-    char *as = NULL, *text = desc_source(path, &len, &as);
+    bool written;
+    char *as = NULL, *text = desc_source(path, &len, &as, &written);
     if (!text) {
         struct stat st;
         if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
@@ -1792,7 +1815,7 @@ bool desc_load(ModelDesc *m, Arena *a, const char *path, const DescOverride *ov,
             diag_file_error(d, path, "cannot read model description: %s", strerror(errno));
         return false;
     }
-    bool ok = desc_parse(m, a, as, text, len, ov, nov, d);
+    bool ok = desc_parse_for(m, a, as, written ? path : NULL, text, len, ov, nov, d);
     free(text);
     free(as);
     return ok;
@@ -1815,11 +1838,20 @@ static void print_double(FILE *out, const char *key, double v)
     fprintf(out, "%s: %s\n", key, double_str(buf, v));
 }
 
+/* s as a YAML double-quoted scalar that reads back as the same bytes (a
+ * name that is not UTF-8 cannot: YAML text is Unicode). */
 static void print_str(FILE *out, const char *s)
 {
     fputc('"', out);
-    for (; *s; s++)
-        fprintf(out, *s == '"' || *s == '\\' ? "\\%c" : "%c", *s);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(out, "\\%c", ch);
+        else if (ch < 0x20 || ch == 0x7f)
+            fprintf(out, "\\x%02x", ch);
+        else
+            fputc(ch, out);
+    }
     fputc('"', out);
 }
 
@@ -1927,7 +1959,10 @@ static void print_io(const ModelDesc *m, FILE *out)
 /* Paths are printed resolved (relative to the working directory). */
 void desc_print(const ModelDesc *m, FILE *out)
 {
-    fprintf(out, "# %s (paths resolved against the working directory)\n", m->path ? m->path : "?");
+    fputs("# ", out);
+    for (const char *p = m->path ? m->path : "?"; *p; p++)   /* a newline in a file name ends no comment */
+        fputc((unsigned char)*p < 0x20 || *p == 0x7f ? '?' : *p, out);
+    fputs(" (paths resolved against the working directory)\n", out);
     fprintf(out, "name: %s\narch:\n", m->name ? m->name : "?");
     fprintf(out, "  dim: %d\n  hidden_dim: %d\n  n_layers: %d\n  n_heads: %d\n  n_kv_heads: %d\n", m->dim,
             m->hidden_dim, m->n_layers, m->n_heads, m->n_kv_heads);

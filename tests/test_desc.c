@@ -7,6 +7,8 @@
  */
 #include "compiler/doc.h"
 #include "compiler/model.h"
+#include "gguf_patch.h"
+#include "tmpdir.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -1061,6 +1063,63 @@ Test(desc, from_gguf_errors)
                   "given\n"
                   "    2 | arch: {from-gguf: a.gguf, from-config: b.json}\n"
                   "      |                   ^\n");
+}
+
+/* A GGUF's metadata that fails a check is reported against the file, with
+ * the key that set the value, not at a line of the text megac writes for it
+ * (which no one can open); a value given by --set is still reported at the
+ * command line. A file name YAML cannot hold (not UTF-8, a newline) loads,
+ * and `describe` keeps its comment on one line. */
+Test(desc, gguf_errors_name_the_file_and_its_key)
+{
+    skip_without_gguf_models();
+    size_t n;
+    unsigned char *raw = (unsigned char *)read_file(WFIX "/llama3.gguf", &n);
+    cr_assert_not_null(raw);
+    uint32_t kv = 3;  /* the fixture has 4 heads and 2 kv heads */
+    memcpy(raw + test_gguf_kv_at(raw, n, "llama.attention.head_count_kv") + 4, &kv, 4);
+    char *dir = test_tmp_dir("desc-gguf");
+    char path[600];
+    snprintf(path, sizeof path, "%s/kv3.gguf", dir);
+    FILE *f = fopen(path, "wb");
+    cr_assert(f && fwrite(raw, 1, n, f) == n && fclose(f) == 0);
+    ModelDesc m;
+    Arena a = {0};
+    cr_assert_not(load_path(&m, &a, path, NULL, 0));
+    char want[2048];
+    snprintf(want, sizeof want,
+             "%s: error: n_kv_heads (3) must divide n_heads (4)\n"
+             "%s: note: n_kv_heads is the file's 'llama.attention.head_count_kv'\n", path, path);
+    cr_assert_str_eq(errs, want);
+    DescOverride ov = {"arch.n_kv_heads", "3"};
+    cr_assert_not(load_path(&m, &a, WFIX "/llama3.gguf", &ov, 1));
+    cr_assert_str_eq(errs, "<command line>:1:17: error: n_kv_heads (3) must divide n_heads (4)\n"
+                           "    1 | arch.n_kv_heads=3\n"
+                           "      |                 ^\n");
+    ov = (DescOverride){"arch.n_kv_heads", "4"};
+    cr_assert(load_path(&m, &a, path, &ov, 1), "%s", errs);
+
+    snprintf(path, sizeof path, "%s/l\xe9\n3.gguf", dir);
+    f = fopen(path, "wb");
+    cr_assert(f && fwrite(raw, 1, n, f) == n && fclose(f) == 0);
+    cr_assert(load_path(&m, &a, path, &ov, 1), "%s", errs);
+    cr_assert_str_eq(m.weights_path, path);
+    cr_assert_str_eq(m.tok_path, path);
+    cr_assert_str_eq(m.arch_path, path);
+    cr_assert_str_eq(m.name, "l--3");
+    char *buf = NULL;
+    size_t len = 0;
+    f = open_memstream(&buf, &len);
+    cr_assert_not_null(f);
+    desc_print(&m, f);
+    fclose(f);
+    cr_assert_eq(buf[0], '#');
+    cr_assert(strncmp(strchr(buf, '\n') + 1, "name: ", 6) == 0, "the comment broke:\n%s", buf);
+    cr_assert(strstr(buf, "path: \"") && strstr(buf, "\\x0a3.gguf\""), "%s", buf);
+    free(buf);
+    free(raw);
+    arena_free(&a);
+    test_rm_rf(dir);
 }
 
 /* A one-layer synthetic model for the tests that add a key to it. */

@@ -6,6 +6,7 @@
  */
 #include "compiler/weights_impl.h"
 #include "compiler/gguf.h"
+#include "gguf_patch.h"
 
 #include <criterion/criterion.h>
 #include <ftw.h>
@@ -896,17 +897,6 @@ Test(weights, gguf_bad_inputs)
     free(raw);
 }
 
-/* Offset of key `key`'s u32 type in a GGUF's metadata (its value follows). */
-static size_t gguf_kv_at(const unsigned char *raw, size_t n, const char *key)
-{
-    size_t k = strlen(key);
-    for (size_t i = 8; i + k + 4 <= n; i++)
-        if (memcmp(raw + i, key, k) == 0 && raw[i - 8] == k)
-            return i + k;
-    cr_assert_fail("key '%s' not found", key);
-    return 0;
-}
-
 /* Metadata that disagrees with the description or has the wrong type; an
  * architecture that is not Llama-family. */
 Test(weights, gguf_bad_metadata)
@@ -920,16 +910,16 @@ Test(weights, gguf_bad_metadata)
 
     memcpy(b, raw, n);
     u32 = 6; /* block_count typed float32 */
-    memcpy(b + gguf_kv_at(raw, n, "llama.block_count"), &u32, 4);
+    memcpy(b + test_gguf_kv_at(raw, n, "llama.block_count"), &u32, 4);
     gguf_expect("bc.gguf", b, n, "error: key 'llama.block_count' must be an integer\n");
     memcpy(b, raw, n);
     f = NAN;
-    memcpy(b + gguf_kv_at(raw, n, "llama.attention.layer_norm_rms_epsilon") + 4, &f, 4);
+    memcpy(b + test_gguf_kv_at(raw, n, "llama.attention.layer_norm_rms_epsilon") + 4, &f, 4);
     gguf_expect("eps.gguf", b, n,
                 "error: key 'llama.attention.layer_norm_rms_epsilon' must be a positive finite number\n");
     memcpy(b, raw, n);
     f = 500000;
-    memcpy(b + gguf_kv_at(raw, n, "llama.rope.freq_base") + 4, &f, 4);
+    memcpy(b + test_gguf_kv_at(raw, n, "llama.rope.freq_base") + 4, &f, 4);
     gguf_expect("theta.gguf", b, n,
                 "error: key 'llama.rope.freq_base' is 500000, but the model description says rope theta 10000\n");
     memcpy(b, raw, n);
@@ -938,7 +928,7 @@ Test(weights, gguf_bad_metadata)
 
     memcpy(b, raw, n);
     u32 = 4; /* shorter than max_seq 8: a warning, as for llama2.c */
-    memcpy(b + gguf_kv_at(raw, n, "llama.context_length") + 4, &u32, 4);
+    memcpy(b + test_gguf_kv_at(raw, n, "llama.context_length") + 4, &u32, 4);
     char *path = tmp_path("ctx.gguf");
     write_bytes(path, b, n);
     ModelDesc m;
@@ -954,7 +944,7 @@ Test(weights, gguf_bad_metadata)
     /* block_count lowered to 1 and described so: blk.1.* would be dropped */
     memcpy(b, raw, n);
     u32 = 1;
-    memcpy(b + gguf_kv_at(raw, n, "llama.block_count") + 4, &u32, 4);
+    memcpy(b + test_gguf_kv_at(raw, n, "llama.block_count") + 4, &u32, 4);
     path = tmp_path("bc1.gguf");
     write_bytes(path, b, n);
     desc_gguf(&m, path);
