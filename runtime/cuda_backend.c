@@ -43,6 +43,7 @@ typedef struct CudaState {
     CUmodule mod;
     CUfunction fn;
     int threads;                /* block size the kernel was built for */
+    unsigned dyn_smem;          /* dynamic shared memory per block: the kernel's weight stage */
     CUdeviceptr weights, arena;
     CUdeviceptr ctl;            /* the abort record, then the counters: one memset per step */
     MegacArgs args;             /* device pointers */
@@ -147,6 +148,15 @@ static megac_status cuda_module_load(megac_model *m, CudaState *st)
         return rt_fail(m, MEGAC_ERR_DEVICE, "cuModuleLoadData(%s/%s) failed: %s", m->dir, m->man.kernel,
                        cuda_driver_error(&st->drv, r));
     CU_CHECK(m, st, cuModuleGetFunction(&st->fn, st->mod, "megac_kernel"));
+    /* a kernel with a weight stage (kernel_body.cuh) says its size; one
+     * built before there was one has no such constant: none */
+    CUdeviceptr p;
+    size_t bytes = 0;
+    st->dyn_smem = 0;
+    if (st->drv.cuModuleGetGlobal_v2(&p, &bytes, st->mod, "megac_k_wstage_bytes") == 0 && bytes == 4)
+        CU_CHECK(m, st, cuMemcpyDtoH_v2(&st->dyn_smem, p, 4));
+    if (st->dyn_smem)
+        CU_CHECK(m, st, cuFuncSetAttribute(st->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)st->dyn_smem));
     uint64_t abi = 0, hash = 0, facts[MEGAC_NFACTS];
     if ((s = cuda_global(m, st, "megac_kernel_abi", &abi, 8)))
         return s;
@@ -174,7 +184,8 @@ static megac_status cuda_residency_check(megac_model *m, CudaState *st)
     CU_CHECK(m, st, cuFuncGetAttribute(&st->threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, st->fn));
     CU_CHECK(m, st, cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, st->fn));
     CU_CHECK(m, st, cuFuncGetAttribute(&smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, st->fn));
-    CU_CHECK(m, st, cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, st->fn, st->threads, 0));
+    smem += (int)st->dyn_smem;
+    CU_CHECK(m, st, cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, st->fn, st->threads, st->dyn_smem));
     CU_CHECK(m, st, cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, st->dev));
     if ((int64_t)per_sm * sms < (int64_t)m->man.workers)
         return rt_fail(m, MEGAC_ERR_DEVICE,
@@ -329,7 +340,8 @@ static megac_status cuda_step(megac_model *m, int token, int pos)
     st->args.prompt_end = m->prompt_end;
     void *params[] = {&st->args};
     CU_CHECK(m, st,
-             cuLaunchCooperativeKernel(st->fn, m->man.workers, 1, 1, (unsigned)st->threads, 1, 1, 0, NULL, params));
+             cuLaunchCooperativeKernel(st->fn, m->man.workers, 1, 1, (unsigned)st->threads, 1, 1, st->dyn_smem, NULL,
+                                       params));
     CU_CHECK(m, st, cuMemcpyDtoHAsync_v2(&h->abort_info, st->ctl, sizeof h->abort_info, NULL));
     CU_CHECK(m, st, cuMemcpyDtoHAsync_v2(&h->next, st->arena + m->man.off_next, sizeof h->next, NULL));
     CU_CHECK(m, st, cuMemcpyDtoHAsync_v2(h->logits, st->arena + m->man.off_logits,

@@ -34,6 +34,7 @@ enum {
     CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1,
     CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3,
     CU_FUNC_ATTRIBUTE_NUM_REGS = 4,
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
 };
 
 /* X(name, return, args) for every entry point megac uses. */
@@ -55,6 +56,7 @@ enum {
     X(cuModuleGetFunction, (CUfunction * f, CUmodule m, const char *name))           \
     X(cuModuleGetGlobal_v2, (CUdeviceptr * p, size_t * bytes, CUmodule m, const char *name)) \
     X(cuFuncGetAttribute, (int *v, int attrib, CUfunction f))                        \
+    X(cuFuncSetAttribute, (CUfunction f, int attrib, int v))                         \
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor, (int *n, CUfunction f, int block, size_t smem)) \
     X(cuMemAlloc_v2, (CUdeviceptr * p, size_t bytes))                                \
     X(cuMemFree_v2, (CUdeviceptr p))                                                 \

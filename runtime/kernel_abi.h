@@ -16,7 +16,9 @@
  *        zeroed before the step.
  * CUDA cubins export `megac_kernel(MegacArgs a)` launched cooperatively
  * with one block per worker, plus the same four constants as __device__
- * globals (read with cuModuleGetGlobal).
+ * globals (read with cuModuleGetGlobal), and `megac_k_wstage_bytes` (a
+ * u32): the dynamic shared memory each block is launched with (the GEMVs'
+ * weight stage; 0 without one; a cubin without the constant has none).
  *
  * Buffers are addressed by the byte offsets recorded in the schedule
  * (Buffer.offset): weights relative to `weights`, everything else relative

@@ -687,13 +687,18 @@ static void gemv_fill(HostKernel *k)
     }
 }
 
-/* The GEMV cases on one host block, each against a double sum. */
-Test(cuda_host, gemv_paths_match_double)
+/* The GEMV cases on one host block, each against a double sum, in a
+ * kernel built with MEGAC_CUDA_DEFINES=defines (or none); returns the
+ * kernel's megac_wstage_count() after the step (0 without one). */
+static unsigned long gemv_paths_check(const char *defines)
 {
     enum { N = GEMV_N };
     GemvCase c[N];
     HostKernel hk;
+    if (defines)
+        setenv("MEGAC_CUDA_DEFINES", defines, 1);
     host_kernel_open(&hk, gemv_schedule(c));
+    unsetenv("MEGAC_CUDA_DEFINES");
     gemv_fill(&hk);
     Schedule *s = hk.s;
     char *weights = hk.weights, *arena = hk.arena;
@@ -747,7 +752,33 @@ Test(cuda_host, gemv_paths_match_double)
                       c[i].rows, c[i].k, c[i].flags, r, y[r], want[i][r]);
         free(want[i]);
     }
+    unsigned long (*count)(void) = (unsigned long (*)(void))(uintptr_t)dlsym(hk.dl, "megac_wstage_count");
+    unsigned long staged = count ? count() : 0;
     host_kernel_close(&hk);
+    return staged;
+}
+
+Test(cuda_host, gemv_paths_match_double)
+{
+    gemv_paths_check(NULL);
+}
+
+/* With a weight stage (MK_WSTAGE_BYTES), every GEMV after a wait reads the
+ * rows that fit from its copy in shared memory: the same results on every
+ * path, from a stage that holds all of every GEMV's rows, a few rows, or
+ * less than a row (48 bytes: nothing staged is read, the rows straddle
+ * it). Rows start at every offset mod 16 (W8 k = 64, Q4_0 k = 64), so the
+ * copy must keep it. MK_WSTAGE_COUNT counts the rows read from the stage
+ * (one per lane), so a stage that was never read fails. */
+Test(cuda_host, gemv_rows_read_from_the_stage)
+{
+    unsigned long all = gemv_paths_check("MK_WSTAGE_BYTES=262144 MK_WSTAGE_COUNT=1");
+    unsigned long few = gemv_paths_check("MK_WSTAGE_BYTES=1024 MK_WSTAGE_COUNT=1");
+    unsigned long none = gemv_paths_check("MK_WSTAGE_BYTES=48 MK_WSTAGE_COUNT=1");
+    cr_assert_gt(all, few, "a stage of 256 KiB read %lu rows, one of 1 KiB %lu", all, few);
+    cr_assert_gt(few, 0);
+    /* the f32 rows of k = 64 and 66 are 256 and 264 bytes: none in 48 */
+    cr_assert_lt(none, few);
 }
 
 /* A 16-byte read of a GEMV's staged input, as kernel_body.cuh's

@@ -21,6 +21,7 @@
 #define CUDA_SMEM_FLOATS_MAX 8192   /* GEMV input staging cap (32 KiB) */
 #define CUDA_SMEM_FLOATS_LIMIT 12000 /* whole scratch: under 48 KiB of static smem */
 #define CUDA_ARENA_BIT (1ull << 63)
+#define CUDA_WSTAGE_MAX (160 * 1024) /* weight stage cap: with the static scratch, under sm_90's 227 KiB */
 #define CUDA_PRELOADS 2         /* MK_PRELOADS first tried (cg_cuda_compile lowers it on spills) */
 
 /* ---- cuda_text.c (generated at build time from the embedded sources) ---- */
@@ -42,6 +43,7 @@ typedef struct CudaLayout {
     int attn_warps;     /* MK_AW: warps that share an attention split */
     int hdl;            /* MK_HDL: head elements per lane */
     int preloads;       /* MK_PRELOADS_AUTO: weight loads a lane issues before a GEMV's wait */
+    int wstage;         /* MK_WSTAGE_BYTES: dynamic shared memory the GEMVs' rows are staged in (0: none) */
 } CudaLayout;
 /* The block layout for a schedule on the GPU (host = false) or the host. */
 CudaLayout cuda_layout(const Schedule *s, bool host);

@@ -200,8 +200,10 @@ bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path
         bool spilled = false;
         bool ok = cuda_nvrtc_compile(src, arch, l.threads, cubin_path, info, l.preloads > 0 ? &spilled : NULL, d);
         free(src);
-        if (ok && info)
+        if (ok && info) {
             info->preloads = l.preloads;
+            info->smem_per_block += l.wstage; /* dynamic: not in ptxas' count */
+        }
         if (ok || !spilled)
             return ok;
         l.preloads--;

@@ -37,6 +37,18 @@ MK_INLINE int mk_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, 
 MK_INLINE uint4 mk_ldg4u(const uint4 *p) { return __ldg(p); }
 MK_INLINE unsigned mk_ldgu(const unsigned *p) { return __ldg(p); }
 MK_INLINE unsigned mk_ldgus(const unsigned short *p) { return __ldg(p); }
+/* 16 bytes from global memory to shared memory by an asynchronous copy
+ * (cp.async, sm_80+: no register holds them); mk_cp_wait waits for all of
+ * this thread's. */
+MK_INLINE void mk_cp16(void *dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(__cvta_generic_to_global(src))
+                 : "memory");
+}
+MK_INLINE void mk_cp_wait(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
+/* The weight stage: dynamic shared memory, sized at launch. */
+#define MK_WSTAGE_DECL(name, bytes) extern __shared__ __align__(16) uint4 name[]
 MK_INLINE unsigned mk_prmt(unsigned x, unsigned y, unsigned s) { return __byte_perm(x, y, s); }
 MK_INLINE float mk_as_float(unsigned u) { return __uint_as_float(u); }
 /* The f16 in the low 16 bits of h as a float: one exact conversion. */

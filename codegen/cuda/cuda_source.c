@@ -102,6 +102,20 @@ static int source_serial_smem(const Schedule *s, int threads)
     return need;
 }
 
+/* MEGAC_CUDA_DEFINES' MK_WSTAGE_BYTES=N (kernel_body.cuh's weight stage),
+ * in whole 16-byte units: a size the launch needs as well as the kernel,
+ * so the layout carries it (source_dev_defines leaves it out). */
+static int source_wstage(void)
+{
+    const char *e = getenv("MEGAC_CUDA_DEFINES"), *p = e ? strstr(e, "MK_WSTAGE_BYTES=") : NULL;
+    if (!p || (p > e && p[-1] != ' ' && p[-1] != ','))
+        return 0;
+    long v = strtol(p + strlen("MK_WSTAGE_BYTES="), NULL, 10);
+    if (v < 0)
+        v = 0;
+    return (int)((v > CUDA_WSTAGE_MAX ? CUDA_WSTAGE_MAX : v) / 16 * 16);
+}
+
 CudaLayout cuda_layout(const Schedule *s, bool host)
 {
     CudaLayout l;
@@ -121,7 +135,8 @@ CudaLayout cuda_layout(const Schedule *s, bool host)
     l.hdl = (s->shape.head_dim + 31) / 32;
     if (l.hdl < 1)
         l.hdl = 1;
-    l.preloads = source_preloadable(s) ? CUDA_PRELOADS : 0;
+    l.wstage = source_wstage();
+    l.preloads = source_preloadable(s) && !l.wstage ? CUDA_PRELOADS : 0; /* the stage holds those rows */
     return l;
 }
 
@@ -138,6 +153,8 @@ static void source_dev_defines(FILE *f)
     fprintf(stderr, "megac: warning: MEGAC_CUDA_DEFINES='%s' changes the generated kernel\n", e);
     char *copy = xstrdup(e), *save = NULL;
     for (char *t = strtok_r(copy, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+        if (strncmp(t, "MK_WSTAGE_BYTES=", 16) == 0)
+            continue; /* the layout's (source_wstage) */
         char *eq = strchr(t, '=');
         if (eq)
             *eq = ' ';
@@ -153,7 +170,7 @@ static void source_shape(FILE *f, const Schedule *s, const CudaLayout *l)
             s->target ? s->target : "");
     fprintf(f, "#define MK_THREADS %d\n#define MK_SMEM_FLOATS %d\n#define MK_AW %d\n#define MK_HDL %d\n", l->threads,
             l->smem_floats, l->attn_warps, l->hdl);
-    fprintf(f, "#define MK_PRELOADS_AUTO %d\n", l->preloads);
+    fprintf(f, "#define MK_PRELOADS_AUTO %d\n#define MK_WSTAGE_BYTES %d\n", l->preloads, l->wstage);
     /* a GEMV input longer than the staging scratch: read where it lies */
     fprintf(f, "#define MK_GEMV_UNSTAGED %d\n", source_max_gemv_k(s) > l->smem_floats);
     fprintf(f, "#define MK_DIM %d\n#define MK_HD %d\n#define MK_G %d\n#define MK_VOCAB %d\n#define MK_MAX_SEQ %d\n",
@@ -232,7 +249,7 @@ static void source_tables(FILE *f, const Schedule *s)
     fprintf(f, "};\n");
 }
 
-static void source_constants(FILE *f, const Schedule *s)
+static void source_constants(FILE *f, const Schedule *s, const CudaLayout *l)
 {
     uint64_t facts[MEGAC_NFACTS];
     cg_kernel_facts(s, facts);
@@ -241,6 +258,8 @@ static void source_constants(FILE *f, const Schedule *s)
     fprintf(f, "MK_EXPORT const unsigned long long megac_schedule_hash = 0x%016llxull;\n",
             (unsigned long long)sched_hash(s));
     fprintf(f, "MK_EXPORT const unsigned megac_num_workers = %uu;\n", s->nworkers);
+    /* the dynamic shared memory a launch gives each block (cuda_backend.c) */
+    fprintf(f, "MK_EXPORT const unsigned megac_k_wstage_bytes = %uu;\n", (unsigned)l->wstage);
     fprintf(f, "MK_EXPORT const unsigned long long megac_kernel_facts[%d] = {", MEGAC_NFACTS);
     for (int i = 0; i < MEGAC_NFACTS; i++)
         fprintf(f, "%s0x%llxull", i ? ", " : "", (unsigned long long)facts[i]);
@@ -269,7 +288,7 @@ char *cuda_source_build(const Schedule *s, const CudaLayout *l, bool host)
     if (!host)
         source_shape(f, s, l);
     source_tables(f, s);
-    source_constants(f, s);
+    source_constants(f, s, l);
     fputs(cuda_text_body, f);
     if (!host)
         fputs(source_gpu_entry, f);

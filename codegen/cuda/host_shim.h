@@ -268,6 +268,10 @@ static inline unsigned mk_tid(void) { return threadIdx.x; }
 static inline void mk_sync(void) { __syncthreads(); }
 static inline float mk_shfl_xor_f(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 static inline int mk_shfl_xor_i(int v, int m) { return (int)mk_shfl_xor_bits((uint32_t)v, m); }
+/* cp.async: a copy now; nothing to wait for. */
+static inline void mk_cp16(void *dst, const void *src) { memcpy(dst, src, 16); }
+static inline void mk_cp_wait(void) {}
+#define MK_WSTAGE_DECL(name, bytes) static _Thread_local _Alignas(16) uint4 name[(bytes) / 16]
 static inline uint4 mk_ldg4u(const uint4 *p) { return *p; }
 static inline unsigned mk_ldgu(const unsigned *p) { return *p; }
 static inline unsigned mk_ldgus(const unsigned short *p) { return *p; }

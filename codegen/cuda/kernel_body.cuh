@@ -93,6 +93,98 @@ enum {
 MK_SHARED MK_ALIGN16 float mk_sm[MK_SMEM_FLOATS];
 MK_SHARED float mk_red[2 * 32 + 2];
 
+/* ---- the weight stage (MK_WSTAGE_BYTES > 0) ----
+ * While a block waits for a GEMV's input, the rows that GEMV will read
+ * (weights never change during a step) are copied into shared memory by
+ * the copy engine's asynchronous 16-byte copies (cp.async: no registers
+ * held across the wait), up to MK_WSTAGE_BYTES of them, from the 16-byte
+ * boundary at or before the first row. The copy keeps every address's
+ * offset mod 16, so the row layouts that depend on it (W8's aligned span,
+ * the block order's h0) read the same from either place. The GEMV then
+ * reads each row that lies wholly in the stage from it (mk_wrow), the rest
+ * from memory. The stage is dynamic shared memory: cuda_layout sizes it
+ * from MEGAC_CUDA_DEFINES=MK_WSTAGE_BYTES=N, the kernel exports the size
+ * (megac_k_wstage_bytes) and the runtime launches with it. Weight loads
+ * are then generic (an address may be shared), not the read-only path. */
+#ifndef MK_WSTAGE_BYTES
+#define MK_WSTAGE_BYTES 0
+#endif
+#if MK_WSTAGE_BYTES > 0
+MK_WSTAGE_DECL(mk_wst, MK_WSTAGE_BYTES);
+#endif
+/* MEGAC_CUDA_DEFINES=MK_WSTAGE_COUNT=1 (host shim only): counts the rows
+ * GEMVs read from the stage, for a test to see that they did. */
+#ifndef MK_WSTAGE_COUNT
+#define MK_WSTAGE_COUNT 0
+#endif
+#if MK_WSTAGE_COUNT
+#ifdef __CUDACC_RTC__
+#error "MK_WSTAGE_COUNT is for the host shim"
+#endif
+static unsigned long megac_wstage_rows;
+MK_EXPORT unsigned long megac_wstage_count(void)
+{
+    return __atomic_load_n(&megac_wstage_rows, __ATOMIC_RELAXED);
+}
+#endif
+
+/* The staged byte range [g0, g1) of the weights (both 0: none). */
+typedef struct {
+    const unsigned char *g0, *g1;
+} MkStage;
+
+MK_INLINE MkStage mk_no_stage(void)
+{
+    MkStage st = {0, 0};
+    return st;
+}
+
+/* 16-byte, 4-byte and 2-byte weight loads. */
+MK_INLINE uint4 mk_ldw4(const uint4 *p)
+{
+#if MK_WSTAGE_BYTES > 0
+    return *p;
+#else
+    return mk_ldg4u(p);
+#endif
+}
+
+MK_INLINE unsigned mk_ldwu(const unsigned *p)
+{
+#if MK_WSTAGE_BYTES > 0
+    return *p;
+#else
+    return mk_ldgu(p);
+#endif
+}
+
+MK_INLINE unsigned mk_ldwus(const unsigned short *p)
+{
+#if MK_WSTAGE_BYTES > 0
+    return *p;
+#else
+    return mk_ldgus(p);
+#endif
+}
+
+/* Row r (rb bytes) of weight matrix W: its copy in the stage when the
+ * whole row is there. */
+MK_INLINE const unsigned char *mk_wrow(MkStage st, const void *W, long long r, long long rb)
+{
+    const unsigned char *p = (const unsigned char *)W + r * rb;
+#if MK_WSTAGE_BYTES > 0
+    if (p >= st.g0 && p + rb <= st.g1) {
+#if MK_WSTAGE_COUNT
+        __atomic_fetch_add(&megac_wstage_rows, 1, __ATOMIC_RELAXED);
+#endif
+        return (const unsigned char *)(const void *)mk_wst + (p - st.g0);
+    }
+#else
+    (void)st;
+#endif
+    return p;
+}
+
 /* ---- the staged GEMV input's layout ----
  * A GEMV lane multiplies its 16-byte weight unit by the U float4s of x
  * under it: U = 1 for f32, 2 for bf16, 4 for W8. Shared memory serves a
@@ -318,7 +410,7 @@ MK_INLINE void mk_round_part(const uint4 *p, int j, int j1, int u0, int u1, uint
     const uint4 z = {0u, 0u, 0u, 0u};
 #pragma unroll
     for (int u = u0; u < u1; u++)
-        w[u - u0] = j + 32 * u < j1 ? mk_ldg4u(p + j + 32 * u) : z;
+        w[u - u0] = j + 32 * u < j1 ? mk_ldw4(p + j + 32 * u) : z;
 }
 
 /* A round: MK_VLOADS loads. */
@@ -446,7 +538,7 @@ MK_INLINE int mk_planar_chunks(int t, int k)
 MK_INLINE unsigned mk_planar_hdr(MkPlanar p, int i)
 {
     const unsigned char *h = p.row + p.hb * i + (i >= p.h0 ? p.nd : 0);
-    return p.hb == 4 ? mk_ldgu((const unsigned *)(const void *)h) : mk_ldgus((const unsigned short *)(const void *)h);
+    return p.hb == 4 ? mk_ldwu((const unsigned *)(const void *)h) : mk_ldwus((const unsigned short *)(const void *)h);
 }
 
 /* The weight of element j: W4 s (q - z), Q4_0 d (q - 8), Q4_1 d q then
@@ -682,7 +774,7 @@ MK_INLINE float mk_dot_planar_t(const int t, const unsigned char *row, const flo
 #pragma unroll
         for (int u = 0; u < MK_VLOADS; u++)
             if (c + 32 * u < c2) {
-                w[u] = mk_ldg4u(dv + c + 32 * u);
+                w[u] = mk_ldw4(dv + c + 32 * u);
                 h[u] = mk_planar_hdr(p, (c + 32 * u) >> p.lc);
             }
 #pragma unroll
@@ -848,9 +940,9 @@ MK_INLINE float mk_dot1(const void *w, int bf, const float *x, int k, unsigned l
 #define MK_UNIT(bf) ((bf) ? 8 : 4)
 
 /* Row r of an f32 or bf16 W with k columns, as 16-byte units. */
-MK_INLINE const uint4 *mk_row_units(const void *W, int bf, long long r, int k)
+MK_INLINE const uint4 *mk_row_units(MkStage st, const void *W, int bf, long long r, int k)
 {
-    return (const uint4 *)(const void *)((const char *)W + r * k * (bf ? 2 : 4));
+    return (const uint4 *)(const void *)mk_wrow(st, W, r, (long long)k * (bf ? 2 : 4));
 }
 
 MK_INLINE void mk_gemv_store(float *y, const float *b, int r, float v, int flags)
@@ -883,14 +975,14 @@ MK_INLINE int mk_split_units(int t, int bf, int k)
 }
 
 /* The slices' sums meet in shared memory and are added in a fixed order. */
-MK_DEV void mk_gemv_split(const void *W, int t, int bf, const float *xin, int m, float *y, const float *b, int r0,
-                          int nrows, int k, int flags, const uint4 pre[MK_PRE_N], int use_pre)
+MK_DEV void mk_gemv_split(MkStage st, const void *W, int t, int bf, const float *xin, int m, float *y, const float *b,
+                          int r0, int nrows, int k, int flags, const uint4 pre[MK_PRE_N], int use_pre)
 {
     unsigned tid = mk_tid(), lane = tid & 31u, warp = tid >> 5;
     int split = MK_NWARPS / nrows, j0, j1, row = mk_split_slice(nrows, mk_split_units(t, bf, k), warp, &j0, &j1);
     if (row < nrows) {
-        const uint4 *w = mk_row_units(W, bf, r0 + row, k);
-        const unsigned char *qr = (const unsigned char *)W + (r0 + row) * mk_row_bytes(t, k);
+        const unsigned char *qr = mk_wrow(st, W, r0 + row, mk_row_bytes(t, k));
+        const uint4 *w = (const uint4 *)(const void *)qr;
         /* use_pre a constant in each call, so that pre is dead once
          * copied (a select would keep pre and a loaded round both live) */
         float v = MK_HAS_PLANAR && mk_is_planar(t) ? mk_dot_planar(t, qr, xin, m, k, j0, j1, lane)
@@ -975,7 +1067,7 @@ MK_INLINE int mk_gemv_preload(const MegacArgs *a, const unsigned *in, uint4 pre[
         j1 = k; /* the whole row: clipped below */
     if (r >= r1)
         return 0;
-    const uint4 *p = mk_row_units(W, bf, r, k);
+    const uint4 *p = mk_row_units(mk_no_stage(), W, bf, r, k);
     if (w8) { /* the row's uint4s start at its first 16-byte boundary */
         int head, nv;
         mk_w8_span((const unsigned char *)W + r * mk_row_bytes(MK_DT_W8, k), k, &head, &nv, &p);
@@ -987,37 +1079,71 @@ MK_INLINE int mk_gemv_preload(const MegacArgs *a, const unsigned *in, uint4 pre[
     return 1;
 }
 
+/* Starts copying the rows GEMV `in` reads into the stage, from the
+ * 16-byte boundary at or before its first row, whole 16-byte units up to
+ * MK_WSTAGE_BYTES and not past its last row; each thread issues every
+ * MK_THREADS-th unit. Returns the range, the same in every thread; none
+ * when there is no stage or the weights are an arena buffer (written
+ * during the step). The copies land while the block waits; mk_cp_wait and
+ * a barrier make them visible before the GEMV reads them. */
+MK_INLINE MkStage mk_wstage_issue(const MegacArgs *a, const unsigned *in)
+{
+    MkStage st = mk_no_stage();
+#if MK_WSTAGE_BYTES > 0
+    if (megac_k_bufs[in[1 + MK_NPARAM(in)]] & MK_ARENA_BIT)
+        return st;
+    int r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2);
+    long long rb = mk_row_bytes(mk_dtype(in, 0), k);
+    const unsigned char *lo = (const unsigned char *)mk_opnd(a, in, 0) + r0 * rb, *hi = lo + (r1 - r0) * rb;
+    const unsigned char *a0 = lo - ((unsigned long long)lo & 15u);
+    long long n = (long long)(hi - a0) / 16;
+    if (n > MK_WSTAGE_BYTES / 16)
+        n = MK_WSTAGE_BYTES / 16;
+    for (long long i = mk_tid(); i < n; i += MK_THREADS)
+        mk_cp16(mk_wst + i, a0 + 16 * i);
+    st.g0 = a0;
+    st.g1 = a0 + 16 * n;
+#else
+    (void)a;
+    (void)in;
+#endif
+    return st;
+}
+
 /* The rows of GEMV `in` (or, with fewer rows than warps, slices of them)
  * against xin, staged with mask m: each warp takes rows r0 + warp, r0 +
  * warp + MK_NWARPS, ... With use_pre, the first round of the warp's first
  * row (or slice) is in pre: mk_gemv_preload issued it. */
-MK_INLINE void mk_gemv_rows(const unsigned *in, const void *W, const float *xin, int m, float *y, const float *b,
-                            int path, int bf, const uint4 pre[MK_PRE_N], int use_pre)
+MK_INLINE void mk_gemv_rows(MkStage st, const unsigned *in, const void *W, const float *xin, int m, float *y,
+                            const float *b, int path, int bf, const uint4 pre[MK_PRE_N], int use_pre)
 {
     int r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2), flags = mk_param(in, 3);
     unsigned tid = mk_tid(), lane = tid & 31u;
     int t = mk_dtype(in, 0), r = r0 + (int)(tid >> 5);
     if (path == MK_GEMV_SPLIT) {
-        mk_gemv_split(W, t, bf, xin, m, y, b, r0, r1 - r0, k, flags, pre, use_pre);
+        mk_gemv_split(st, W, t, bf, xin, m, y, b, r0, r1 - r0, k, flags, pre, use_pre);
         return;
     }
-    long long rb = path == MK_GEMV_QROW ? mk_row_bytes(t, k) : 0;
+    long long rb = mk_row_bytes(t, k);
     if (use_pre && r < r1) { /* the first row apart: pre is dead after it */
-        float v = path == MK_GEMV_QROW ? mk_dot_qrow(t, (const unsigned char *)W + r * rb, xin, k, lane, m, pre, 1)
-                                       : mk_dot_units(mk_row_units(W, bf, r, k), bf, (const float4 *)xin, m, 0,
-                                                       k / MK_UNIT(bf), lane, pre, 1);
+        const unsigned char *row = mk_wrow(st, W, r, rb);
+        float v = path == MK_GEMV_QROW ? mk_dot_qrow(t, row, xin, k, lane, m, pre, 1)
+                                       : mk_dot_units((const uint4 *)(const void *)row, bf, (const float4 *)xin, m, 0,
+                                                      k / MK_UNIT(bf), lane, pre, 1);
         if (lane == 0)
             mk_gemv_store(y, b, r, v, flags);
         r += MK_NWARPS;
     }
     for (; r < r1; r += MK_NWARPS) {
+        const unsigned char *row = mk_wrow(st, W, r, rb);
         float v;
         if (path == MK_GEMV_QROW)
-            v = mk_dot_qrow(t, (const unsigned char *)W + r * rb, xin, k, lane, m, pre, 0);
+            v = mk_dot_qrow(t, row, xin, k, lane, m, pre, 0);
         else if (path == MK_GEMV_ROWS)
-            v = mk_dot_units(mk_row_units(W, bf, r, k), bf, (const float4 *)xin, m, 0, k / MK_UNIT(bf), lane, pre, 0);
+            v = mk_dot_units((const uint4 *)(const void *)row, bf, (const float4 *)xin, m, 0, k / MK_UNIT(bf), lane,
+                             pre, 0);
         else
-            v = mk_dot1(mk_row_units(W, bf, r, k), bf, xin, k, lane);
+            v = mk_dot1((const uint4 *)(const void *)row, bf, xin, k, lane);
         if (lane == 0)
             mk_gemv_store(y, b, r, v, flags);
     }
@@ -1032,7 +1158,7 @@ MK_INLINE void mk_gemv_rows(const unsigned *in, const void *W, const float *xin,
  * pointer that may be either). Inputs longer than the scratch exist only
  * where MK_GEMV_UNSTAGED says so (cuda_source.c), and are read where they
  * lie. cuda_check.c refuses a GEMV_NORM whose k does not fit. */
-MK_DEV void mk_gemv(const MegacArgs *a, const unsigned *in, const uint4 pre[MK_PRE_N], int use_pre)
+MK_DEV void mk_gemv(const MegacArgs *a, const unsigned *in, const uint4 pre[MK_PRE_N], int use_pre, MkStage st)
 {
     const void *W = mk_opnd(a, in, 0);
     const float *x = (const float *)mk_opnd(a, in, 1);
@@ -1044,7 +1170,7 @@ MK_DEV void mk_gemv(const MegacArgs *a, const unsigned *in, const uint4 pre[MK_P
     mk_xtrace_start();
 #if MK_GEMV_UNSTAGED
     if (k > MK_SMEM_FLOATS) {
-        mk_gemv_rows(in, W, x, 0, y, b, path, bf, pre, use_pre);
+        mk_gemv_rows(st, in, W, x, 0, y, b, path, bf, pre, use_pre);
         return;
     }
 #endif
@@ -1053,13 +1179,13 @@ MK_DEV void mk_gemv(const MegacArgs *a, const unsigned *in, const uint4 pre[MK_P
     for (int j = (int)tid; j < k; j += MK_THREADS)
         mk_sm[4 * mk_xsw(j >> 2, m) + (j & 3)] = (flags & MK_GEMV_NORM) ? x[j] * s * nw[j] : x[j];
     mk_sync();
-    mk_gemv_rows(in, W, mk_sm, m, y, b, path, bf, pre, use_pre);
+    mk_gemv_rows(st, in, W, mk_sm, m, y, b, path, bf, pre, use_pre);
 }
 
 MK_DEV void op_gemv(const MegacArgs *a, const unsigned *in)
 {
     uint4 none[MK_PRE_N] = {{0u, 0u, 0u, 0u}};
-    mk_gemv(a, in, none, 0);
+    mk_gemv(a, in, none, 0, mk_no_stage());
 }
 
 /* Rotates heads [h0, h1) of v by the angles of row `pos` of the rope
@@ -2204,19 +2330,23 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
             MK_PROF_ADD(worker, 16);
         } else if (kind == MK_INST_WAIT) {
             /* A GEMV right after this run of waits issues its first
-             * round of weight loads now (mk_gemv_preload), so that they
-             * travel while the block waits. */
+             * round of weight loads now (mk_gemv_preload), or copies its
+             * rows into the stage (mk_wstage_issue), so that they travel
+             * while the block waits. */
             const unsigned *g = 0;
             uint4 pre[MK_PRE_N];
             int use_pre = 0;
-            if (MK_PRELOADS > 0 && MK_HAS_OP(MK_OP_GEMV)) {
+            MkStage st = mk_no_stage();
+            if ((MK_PRELOADS > 0 || MK_WSTAGE_BYTES > 0) && MK_HAS_OP(MK_OP_GEMV)) {
                 int q = p;
                 while (q < end && (megac_k_insts[q] & 0xffu) == MK_INST_WAIT)
                     q += 2;
                 if (q < end && (megac_k_insts[q] & 0xffu) == MK_INST_OP &&
                     ((megac_k_insts[q] >> 8) & 0xffu) == MK_OP_GEMV) {
                     g = megac_k_insts + q;
-                    use_pre = mk_gemv_preload(a, g, pre);
+                    if (MK_PRELOADS > 0)
+                        use_pre = mk_gemv_preload(a, g, pre);
+                    st = mk_wstage_issue(a, g);
                 }
             }
             for (;;) {
@@ -2225,8 +2355,10 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
                  * by thread 0 at the next wait before the others read it) */
                 int stop = mk_sync_or(tid == 0 && !mk_wait(a, worker, pc, in[0] >> 8, in[1]));
                 MK_PROF_ADD(worker, 17);
-                if (stop)
+                if (stop) {
+                    mk_cp_wait(); /* no copy outlives the block */
                     return;
+                }
                 if (!g || (megac_k_insts[p] & 0xffu) != MK_INST_WAIT)
                     break;
                 in = megac_k_insts + p; /* the run's next wait */
@@ -2234,11 +2366,15 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
                 pc++;
                 MK_PROF_T0_AGAIN();
             }
-            if (g) { /* the GEMV, its first round in pre */
+            if (g) { /* the GEMV, its first round in pre or its rows staged */
                 pc++;
                 MK_PROF_T0_AGAIN();
+                if (st.g1 != st.g0) { /* each thread's copies done, then everyone's */
+                    mk_cp_wait();
+                    mk_sync();
+                }
 #if !MK_SKIP_OPS
-                mk_gemv(a, g, pre, use_pre);
+                mk_gemv(a, g, pre, use_pre, st);
 #endif
                 mk_sync();
                 MK_PROF_ADD(worker, (g[0] >> 8) & 15u);
