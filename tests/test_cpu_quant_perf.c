@@ -381,6 +381,19 @@ Test(cpu_quant_perf, every_dtype_x86_64_v3)
     check_all("x86-64-v3", 576);
 }
 
+/* AVX-512 VNNI without GFNI (Cascade Lake): the packed rows' high nibbles
+ * by a shift and a mask, where the host (with GFNI) takes vgf2p8affineqb;
+ * needs a host that runs avx512vnni. */
+Test(cpu_quant_perf, every_dtype_cascadelake)
+{
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq"))
+        cr_skip_test("this host cannot run Cascade Lake code (AVX-512 VNNI)");
+    check_all("cascadelake", 576);
+    check_all("cascadelake", 224);
+}
+
 /* AVX-VNNI without AVX-512 (its 256-bit vpdpbusd kernels); needs a host
  * that runs avxvnni. */
 Test(cpu_quant_perf, every_dtype_alderlake)

@@ -67,7 +67,8 @@ static const char *const cpu_exports[] = {"megac_worker", "megac_kernel_abi", "m
 
 /* Named CPUs accepted besides the host ("host" or NULL). */
 static const char *const cpu_levels[] = {"x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "haswell",
-                                         "skylake", "skylake-avx512", "icelake-server", "sapphirerapids",
+                                         "skylake", "skylake-avx512", "cascadelake", "icelake-server",
+                                         "sapphirerapids",
                                          "znver2", "znver3", "alderlake", NULL};
 
 static void job_progress(CpuJob *j, const char *what)
@@ -169,7 +170,7 @@ static bool job_has_avx512(const CpuJob *j)
     if (j->host)
         return strstr(j->features, "+avx512f") != NULL;
     return !strcmp(j->cpu, "x86-64-v4") || strstr(j->cpu, "avx512") || strstr(j->cpu, "icelake") ||
-           strstr(j->cpu, "sapphire");
+           strstr(j->cpu, "sapphire") || strstr(j->cpu, "cascade");
 }
 
 static void job_set_fn_attr(LLVMContextRef ctx, LLVMValueRef f, const char *k, const char *v)
@@ -212,8 +213,9 @@ static int32_t job_isa_named(const char *cpu)
         {"x86-64-v3", KT_ISA_AVX2}, {"haswell", KT_ISA_AVX2}, {"skylake", KT_ISA_AVX2}, {"znver2", KT_ISA_AVX2},
         {"znver3", KT_ISA_AVX2}, {"x86-64-v4", KT_ISA_AVX2 | KT_ISA_AVX512},
         {"skylake-avx512", KT_ISA_AVX2 | KT_ISA_AVX512},
-        {"icelake-server", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512},
-        {"sapphirerapids", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512 | KT_ISA_AVXVNNI},
+        {"cascadelake", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512},
+        {"icelake-server", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512 | KT_ISA_GFNI512},
+        {"sapphirerapids", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512 | KT_ISA_AVXVNNI | KT_ISA_GFNI512},
         {"alderlake", KT_ISA_AVX2 | KT_ISA_AVXVNNI},
     };
     for (size_t i = 0; i < sizeof named / sizeof *named; i++)
@@ -238,6 +240,8 @@ static int32_t job_isa(const CpuJob *j)
         isa |= KT_ISA_VNNI512;
     if ((isa & KT_ISA_AVX2) && features_have(f, "avxvnni"))
         isa |= KT_ISA_AVXVNNI;
+    if ((isa & KT_ISA_VNNI512) && features_have(f, "gfni"))
+        isa |= KT_ISA_GFNI512;
     return isa;
 }
 
@@ -252,7 +256,7 @@ static void job_isa_define(CpuJob *j)
 }
 
 /* The KT_ISA_* bits an isa_* function of the body needs, from its name:
- * isa_avx2_*, isa_avx512_*, isa_vnni512_*, isa_avxvnni_*. */
+ * isa_avx2_*, isa_avx512_*, isa_vnni512_*, isa_avxvnni_*, isa_gfni512_*. */
 static int32_t isa_fn_needs(const char *name)
 {
     const char *p = name + strlen(KT_ISA_PREFIX);
@@ -264,6 +268,8 @@ static int32_t isa_fn_needs(const char *name)
         return KT_ISA_VNNI512;
     if (!strncmp(p, "avxvnni_", 8))
         return KT_ISA_AVXVNNI;
+    if (!strncmp(p, "gfni512_", 8))
+        return KT_ISA_GFNI512 | KT_ISA_VNNI512;
     die("kernel body function %s names no instruction set", name);
 }
 

@@ -66,7 +66,8 @@ enum {
     KT_ISA_AVX2 = 1,       /* avx2, fma, f16c (x86-64-v3) */
     KT_ISA_AVX512 = 2,     /* avx512f, bw, vl, dq (x86-64-v4) */
     KT_ISA_VNNI512 = 4,    /* avx512vnni, with KT_ISA_AVX512 */
-    KT_ISA_AVXVNNI = 8     /* avx-vnni (VEX vpdpbusd on 256 bits), with KT_ISA_AVX2 */
+    KT_ISA_AVXVNNI = 8,    /* avx-vnni (VEX vpdpbusd on 256 bits), with KT_ISA_AVX2 */
+    KT_ISA_GFNI512 = 16    /* gfni (vgf2p8affineqb on 512 bits), with KT_ISA_VNNI512 */
 };
 #define KT_ISA_PREFIX "isa_"
 
