@@ -1,7 +1,8 @@
 /*
  * cli.c - what the subcommands share (cli.h): one wording for a bad
- * argument, and the check that an output path is not one of the command's
- * inputs, which writing it would destroy.
+ * argument, the check that an output path is not one of the command's
+ * inputs, which writing it would destroy, and progress lines while weights
+ * load.
  */
 #include "compiler/cli.h"
 
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 bool cli_same_file(const char *a, const char *b)
 {
@@ -69,4 +71,29 @@ bool cli_out_is_input(const char *cmd, const char *out, const ModelDesc *m)
         }
     }
     return false;
+}
+
+static double cli_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void cli_weights_progress(void *ctx, int done, int total, size_t f32_bytes)
+{
+    CliProgress *c = ctx;
+    double t = cli_now_s();
+    if (t - c->t_last < 5.0)
+        return;
+    c->t_last = t;
+    fprintf(stderr, "megac %s: loading the weights %8.1f s   %d/%d tensors, %.1f GB read\n", c->cmd, t - c->t0, done,
+            total, (double)f32_bytes / 1e9);
+}
+
+WeightsProgress cli_progress(CliProgress *c, const char *cmd)
+{
+    c->cmd = cmd;
+    c->t0 = c->t_last = cli_now_s();
+    return (WeightsProgress){cli_weights_progress, c};
 }

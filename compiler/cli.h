@@ -44,5 +44,12 @@ bool cli_same_file(const char *a, const char *b);
 /* True, after saying so on stderr, when the output path `out` is the
  * description m came from or a weight or tokenizer file it names. */
 bool cli_out_is_input(const char *cmd, const char *out, const ModelDesc *m);
+/* Progress for weights_load_ex: a line on stderr every 5 s while the
+ * weights load ("megac CMD: loading the weights ..."); c holds the clock. */
+typedef struct CliProgress {
+    const char *cmd;
+    double t0, t_last;
+} CliProgress;
+WeightsProgress cli_progress(CliProgress *c, const char *cmd);
 
 #endif

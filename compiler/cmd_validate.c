@@ -1,10 +1,12 @@
 /*
- * cmd_validate.c - `megac validate X.sched|- [--target T]`: parses a schedule
- * and runs the static validator on it. Exit 0 when it is safe (a one-line
- * summary goes to stderr), 1 with diagnostics when not, 2 when the input
- * cannot be read or parsed, or the options are wrong.
+ * cmd_validate.c - `megac validate X.sched|-|MODEL [--target T]`: parses a
+ * schedule (or lowers a model, as `megac lower` does) and runs the static
+ * validator on it. Exit 0 when it is safe (a one-line summary goes to
+ * stderr), 1 with diagnostics when not, 2 when the input cannot be read or
+ * parsed, or the options are wrong.
  */
 #include "compiler/cli.h"
+#include "compiler/compile.h"
 #include "validator/validator.h"
 
 #include <errno.h>
@@ -14,14 +16,20 @@
 
 static void validate_usage(FILE *out)
 {
-    fprintf(out, "usage: megac validate X.sched|- [--target T] [--threads N] [--regs N] [--smem BYTES]\n\n"
+    fprintf(out, "usage: megac validate X.sched|-|MODEL [--target T] [--threads N] [--regs N] [--smem BYTES]\n"
+                 "                      [--workers N] [--set key=value]...\n\n"
                  "Proves the schedule free of deadlocks, data races, uninitialized scratch reads\n"
                  "and KV-order violations for every pos in [0, max_seq), and checks its structure\n"
-                 "and that its workers can all be resident on the target. '-' reads stdin.\n\n"
-                 "  --target T     check against target T instead of the schedule's own\n"
+                 "and that its workers can all be resident on the target. '-' reads stdin. A\n"
+                 "model (a description, GGUF file or HF folder) is lowered first, as\n"
+                 "`megac lower` lowers it: the schedule `megac compile` builds.\n\n"
+                 "  --target T     check against target T instead of the schedule's own (a\n"
+                 "                 model's: its description's first target, else cpu)\n"
                  "  --threads N    threads per block of the kernel, 1..1024 (CUDA co-residency)\n"
                  "  --regs N       registers per thread, 1..255\n"
                  "  --smem BYTES   shared memory per block\n"
+                 "  --workers N    a model's worker count (as megac lower)\n"
+                 "  --set k=v      override a model's description key (repeatable)\n"
                  "Without the kernel's resources a CUDA target is assumed to hold one block per SM.\n\n"
                  "Exit status: 0 safe, 1 findings, 2 unreadable input or bad options.\n");
 }
@@ -62,7 +70,36 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static int validate_run(const char *path, const char *tname, ValOptions *o)
+/* Validates s (parsed from src) against target tname (NULL: its own) and
+ * prints the one-line summary. Exit status as the command's. */
+static int validate_sched(const Schedule *s, const SrcFile *src, const char *tname, ValOptions *o)
+{
+    Diag d;
+    diag_init(&d);
+    o->target = target_lookup(tname ? tname : s->target, &d);
+    if (!o->target)
+        return 2;
+    o->src = src;
+    ValResult r;
+    double t0 = now_ms();
+    bool ok = val_schedule_check(s, o, &d, &r);
+    double ms = now_ms() - t0;
+    uint64_t ninst = 0;
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        ninst += s->workers[w].ninst;
+    fprintf(stderr,
+            "megac validate: %s: %s: %llu instructions, %u workers, target %s, %llu access pairs checked, %.1f ms",
+            src->path, ok ? "safe" : "UNSAFE", (unsigned long long)ninst, s->nworkers, o->target->name,
+            (unsigned long long)r.pairs_checked, ms);
+    if (!ok)
+        fprintf(stderr, "; %d errors (structure %d, deadlock %d, race %d, uninit %d, residency %d)", r.nerrors,
+                r.nstructure, r.ndeadlock, r.nrace, r.nuninit, r.nresidency);
+    fputc('\n', stderr);
+    return ok ? 0 : 1;
+}
+
+/* A schedule's text: X.sched, or '-' for stdin. */
+static int validate_file(const char *path, const char *tname, ValOptions *o)
 {
     Diag d;
     SrcFile src;
@@ -77,36 +114,81 @@ static int validate_run(const char *path, const char *tname, ValOptions *o)
         src.path = xstrdup(path = "<stdin>");
     }
     Schedule *s = sched_parse(path, src.text, src.len, &d);
-    if (!s) {
-        srcfile_free(&src);
-        return 2;
-    }
-    o->target = target_lookup(tname ? tname : s->target, &d);
-    if (!o->target) {
-        sched_free(s);
-        srcfile_free(&src);
-        return 2;
-    }
-    o->src = &src;
-    ValResult r;
-    double t0 = now_ms();
-    bool ok = val_schedule_check(s, o, &d, &r);
-    double ms = now_ms() - t0;
-    uint64_t ninst = 0;
-    for (uint32_t w = 0; w < s->nworkers; w++)
-        ninst += s->workers[w].ninst;
-    fprintf(stderr,
-            "megac validate: %s: %s: %llu instructions, %u workers, target %s, %llu access pairs checked, %.1f ms",
-            path, ok ? "safe" : "UNSAFE", (unsigned long long)ninst, s->nworkers, o->target->name,
-            (unsigned long long)r.pairs_checked, ms);
-    if (!ok)
-        fprintf(stderr, "; %d errors (structure %d, deadlock %d, race %d, uninit %d, residency %d)", r.nerrors,
-                r.nstructure, r.ndeadlock, r.nrace, r.nuninit, r.nresidency);
-    fputc('\n', stderr);
+    int rc = s ? validate_sched(s, &src, tname, o) : 2;
     sched_free(s);
     srcfile_free(&src);
-    return ok ? 0 : 1;
+    return rc;
 }
+
+/* A model (description, GGUF file, HF folder): lowered as `megac lower`
+ * lowers it (the schedule `megac compile` builds), printed, parsed back
+ * and validated; errors quote the lines of that text, named
+ * "<lowered PATH>". */
+static int validate_model(const char *path, const char *tname, int workers, const DescOverride *set, int nset,
+                          ValOptions *o)
+{
+    Arena arena = {0};
+    ModelDesc *m = ARENA_NEW(&arena, ModelDesc);
+    Diag d;
+    diag_init(&d);
+    int rc = 2;
+    if (desc_load(m, &arena, path, set, nset, &d)) {
+        const Target *t = target_lookup(tname ? tname : m->targets[0] ? m->targets[0] : "cpu", &d);
+        CliProgress pc;
+        WeightsProgress p = cli_progress(&pc, "validate");
+        Schedule *low = t ? lower_model_stored(m, t, workers, &p, &d) : NULL;
+        if (low) {
+            char *text = sched_to_string(low);
+            SrcFile src = {xasprintf("<lowered %s>", path), text, strlen(text)};
+            Schedule *s = sched_parse(src.path, text, src.len, &d);
+            if (!s)
+                fprintf(stderr, "megac validate: the lowered schedule does not parse back (a bug; errors above)\n");
+            else if ((rc = validate_sched(s, &src, t->name, o)) == 1) {
+                char wn[32] = "";
+                if (workers)
+                    snprintf(wn, sizeof wn, " --workers %d", workers);
+                fprintf(stderr,
+                        "megac validate: note: the lines quoted are the output of 'megac lower %s --target %s%s'%s\n",
+                        path, t->name, wn, nset ? " with the same --set options" : "");
+            }
+            sched_free(s);
+            free((char *)src.path);
+            free(text);
+        }
+        sched_free(low);
+    }
+    arena_free(&arena);
+    return rc;
+}
+
+/* Whether path names a schedule rather than a model: '-' and *.sched
+ * always, a folder never, else a file whose first word (past blank and
+ * comment lines) is 'schedule'. */
+static bool validate_is_schedule(const char *path)
+{
+    size_t n = strlen(path);
+    if (!strcmp(path, "-") || (n > 6 && !strcmp(path + n - 6, ".sched")))
+        return true;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return true; /* validate_file says why it cannot be read */
+    char buf[4096];
+    size_t len = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    const char *p = buf, *end = buf + len;
+    while (p < end) {
+        if (*p == '#')
+            while (p < end && *p != '\n')
+                p++;
+        else if (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
+            p++;
+        else
+            break;
+    }
+    return end - p > 8 && !memcmp(p, "schedule", 8) && (p[8] == ' ' || p[8] == '\t');
+}
+
+#define VALIDATE_MAX_SETS 64
 
 int cmd_validate(int argc, char **argv)
 {
@@ -116,36 +198,49 @@ int cmd_validate(int argc, char **argv)
     }
     ValOptions o = {0};
     const char *path = NULL, *tname = NULL;
+    int workers = 0, nset = 0, rc = 2;
+    DescOverride set[VALIDATE_MAX_SETS];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        bool has_val = i + 1 < argc;
+        bool has_val = i + 1 < argc, ok = true;
         if (!strcmp(a, "--target") && has_val)
             tname = argv[++i];
-        else if (!strcmp(a, "--threads") && has_val) {
-            if (!int_arg(a, argv[++i], &o.threads_per_block))
-                return 2;
-        } else if (!strcmp(a, "--regs") && has_val) {
-            if (!int_arg(a, argv[++i], &o.regs_per_thread))
-                return 2;
-        } else if (!strcmp(a, "--smem") && has_val) {
-            if (!int_arg(a, argv[++i], &o.smem_per_block))
-                return 2;
-        } else if ((a[0] != '-' || !strcmp(a, "-")) && path) {
-            fprintf(stderr, "megac validate: one schedule at a time ('%s', '%s')\n", path, a);
-            return 2;
+        else if (!strcmp(a, "--threads") && has_val)
+            ok = int_arg(a, argv[++i], &o.threads_per_block);
+        else if (!strcmp(a, "--regs") && has_val)
+            ok = int_arg(a, argv[++i], &o.regs_per_thread);
+        else if (!strcmp(a, "--smem") && has_val)
+            ok = int_arg(a, argv[++i], &o.smem_per_block);
+        else if (!strcmp(a, "--workers") && has_val)
+            ok = cli_workers_parse("validate", argv[++i], &workers);
+        else if (!strcmp(a, "--set") && has_val)
+            ok = cli_set_add("validate", argv[++i], set, &nset, VALIDATE_MAX_SETS);
+        else if ((a[0] != '-' || !strcmp(a, "-")) && path) {
+            fprintf(stderr, "megac validate: one schedule or model at a time ('%s', '%s')\n", path, a);
+            ok = false;
         } else if (a[0] != '-' || !strcmp(a, "-")) {
             path = a;
         } else {
             bool known = !strcmp(a, "--target") || !strcmp(a, "--threads") || !strcmp(a, "--regs") ||
-                         !strcmp(a, "--smem");
+                         !strcmp(a, "--smem") || !strcmp(a, "--workers") || !strcmp(a, "--set");
             cli_bad_arg("validate", a, known);
             validate_usage(stderr);
-            return 2;
+            ok = false;
         }
+        if (!ok)
+            goto out;
     }
     if (!path) {
         validate_usage(stderr);
-        return 2;
+    } else if (validate_is_schedule(path)) {
+        if (workers || nset)
+            fprintf(stderr, "megac validate: --workers and --set apply to a model; '%s' is a schedule\n", path);
+        else
+            rc = validate_file(path, tname, &o);
+    } else {
+        rc = validate_model(path, tname, workers, set, nset, &o);
     }
-    return validate_run(path, tname, &o);
+out:
+    cli_sets_free(set, nset);
+    return rc;
 }

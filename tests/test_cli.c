@@ -4,7 +4,8 @@
  * leaves nothing behind when it fails or is interrupted; `lower -o` and
  * `eval-quant --json` refuse to overwrite their input; `run`'s cache heals
  * a damaged entry and sweeps the folders of killed compiles. Plus the
- * option parsing of `run` (wording of bad flags, -n=3, default, --set).
+ * option parsing of `run` (wording of bad flags, -n=3, default, --set), and
+ * `lower` and `validate` of a model seeing the schedule a compile builds.
  * Each test works in its own temporary folder.
  */
 #include "tests/tmpdir.h"
@@ -454,5 +455,62 @@ Test(cli, describe_reads_back_and_compile_names_the_bundle)
              MEGAC_SRC);
     cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
     cr_assert_str_eq(dir_list(d, out, sizeof out), "hf-llama3.megac l3.yaml llama3.megac");
+    test_rm_rf(d);
+}
+
+/* `megac lower` and `megac validate MODEL` see the schedule `megac compile`
+ * builds: a GGUF's Q8_0 matrices lowered as Q8_0, not as the f32 an
+ * unloaded description would give (which tiles the rows differently). */
+Test(cli, lower_and_validate_see_the_compiled_schedule)
+{
+    const char *gguf = MEGAC_SRC "/tests/fixtures/weights/llama3.gguf";
+    if (access(gguf, R_OK) != 0)
+        cr_skip("fixtures absent; run tests/fixtures/weights/make_gguf_models.py");
+    char *d = tmp_dir(), out[16384], lowered[65536], compiled[65536], args[2048];
+    snprintf(args, sizeof args, "compile %s --workers 3 -q -o b.megac && %s lower %s --workers 3 -o l.sched", gguf,
+             MEGAC_BIN, gguf);
+    cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
+    file_read(d, "l.sched", lowered, sizeof lowered);
+    file_read(d, "b.megac/schedule.sched", compiled, sizeof compiled);
+    cr_assert(strlen(compiled) > 1000 && strlen(compiled) < sizeof compiled - 1, "%zu bytes", strlen(compiled));
+    cr_assert(strstr(lowered, "buffer L0.wq q8_0 "), "the GGUF's blocks as stored");
+    cr_assert_str_eq(lowered, compiled);
+
+    snprintf(args, sizeof args, "validate %s --workers 3", gguf);
+    cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
+    char want[1200];
+    snprintf(want, sizeof want, "megac validate: <lowered %s>: safe: ", gguf);
+    cr_assert(strstr(out, want), "%s", out);
+    char *n = strstr(out, "safe: ");
+    cr_assert_eq(megac(d, "validate l.sched", lowered, sizeof lowered), 0, "%s", lowered);
+    cr_assert(strstr(lowered, n), "the same counts as the schedule's file:\n%s\n%s", out, lowered);
+    test_rm_rf(d);
+}
+
+/* What `megac validate` does with a model: its description's target and
+ * workers, --set and --workers, findings quoted from the lowered text with
+ * a note saying how to get it, and no model options for a schedule. */
+Test(cli, validate_takes_a_model)
+{
+    char *d = tmp_dir(), out[16384];
+    static const struct {
+        const char *args, *want;
+        int rc;
+    } cases[] = {
+        {"validate " DEFAULT_YAML, "megac validate: <lowered " DEFAULT_YAML ">: safe: ", 0},
+        {"validate " DEFAULT_YAML " --target host-cuda --workers 5 --set compile.kv_dtype=f16",
+         ", 5 workers, target host-cuda,", 0},
+        {"validate " DEFAULT_YAML " --set compile.nope=1", "unknown key 'nope'", 2},
+        {"validate x.sched --workers 2", "megac validate: --workers and --set apply to a model; 'x.sched' is a schedule",
+         2},
+        {"validate " DEFAULT_YAML " --target sm_90 --threads 1024 --regs 255",
+         "note: the lines quoted are the output of 'megac lower " DEFAULT_YAML " --target sm_90'", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cr_assert_eq(megac(d, cases[i].args, out, sizeof out), cases[i].rc, "%s: %s", cases[i].args, out);
+        cr_assert(strstr(out, cases[i].want), "%s: %s", cases[i].args, out);
+    }
+    /* the last case's finding, at the lowered text's first line */
+    cr_assert(strstr(out, "<lowered " DEFAULT_YAML ">:1:1: error: residency:"), "%s", out);
     test_rm_rf(d);
 }

@@ -251,7 +251,7 @@ Test(cli, validate_options_and_operands)
         {"tiny_layer.sched --threads 0", "megac validate: --threads needs a number in 1..1024, not '0'", 2},
         {"tiny_layer.sched --threads 100000", "megac validate: --threads needs a number in 1..1024, not '100000'", 2},
         {"tiny_layer.sched --regs 256", "megac validate: --regs needs a number in 1..255, not '256'", 2},
-        {"tiny_layer.sched tiny_layer_sm90.sched", "megac validate: one schedule at a time", 2},
+        {"tiny_layer.sched tiny_layer_sm90.sched", "megac validate: one schedule or model at a time", 2},
         {"- < tiny_layer.sched", "megac validate: <stdin>: safe:", 0},
         {"tiny_layer_sm90.sched --threads 1024 --regs 64", "safe", 0},
     };
