@@ -10,6 +10,7 @@
  * an HF folder it shows what megac took from the file.
  */
 #include "compiler/cli.h"
+#include "compiler/doc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,14 @@ int cmd_describe(int argc, char **argv)
         if (desc_load(&m, &arena, model, set, nset, &d) && desc_check(&m, &d)) {
             desc_print(&m, stdout);
             rc = fflush(stdout) == 0 ? 0 : 2;
+            const char *paths[2] = {m.weights_path, m.tok_path};
+            for (int i = 0; i < 2; i++)
+                if (paths[i] && !utf8_valid(paths[i]) && (i == 0 || !paths[0] || strcmp(paths[0], paths[1])))
+                    fprintf(stderr,
+                            "megac describe: warning: the path '%s' is not UTF-8, which YAML cannot hold; the "
+                            "description will not load back until the file is renamed (megac run and compile "
+                            "take the file itself)\n",
+                            paths[i]);
         }
         arena_free(&arena);
     }

@@ -1960,8 +1960,18 @@ static void print_io(const ModelDesc *m, FILE *out)
 void desc_print(const ModelDesc *m, FILE *out)
 {
     fputs("# ", out);
-    for (const char *p = m->path ? m->path : "?"; *p; p++)   /* a newline in a file name ends no comment */
-        fputc((unsigned char)*p < 0x20 || *p == 0x7f ? '?' : *p, out);
+    /* a newline in a file name ends no comment, nor does other text YAML
+     * cannot hold make the comment unreadable: each such byte is a '?' */
+    const unsigned char *p = (const unsigned char *)(m->path ? m->path : "?");
+    for (size_t n = strlen((const char *)p); *p; n--, p++) {
+        int k = *p < 0x80 ? 1 : utf8_len(p, n);
+        if (k > 1) {
+            fwrite(p, 1, (size_t)k, out);
+            p += k - 1, n -= (size_t)k - 1;
+        } else {
+            fputc(!k || *p < 0x20 || *p == 0x7f ? '?' : *p, out);
+        }
+    }
     fputs(" (paths resolved against the working directory)\n", out);
     fprintf(out, "name: %s\narch:\n", m->name ? m->name : "?");
     fprintf(out, "  dim: %d\n  hidden_dim: %d\n  n_layers: %d\n  n_heads: %d\n  n_kv_heads: %d\n", m->dim,

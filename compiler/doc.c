@@ -206,9 +206,7 @@ static DocNode *build_node(Builder *b, int depth)
     return NULL;
 }
 
-/* The length of the well-formed UTF-8 sequence at p (at most n bytes), 0
- * when it is not one (RFC 3629: no overlongs, surrogates or > U+10FFFF). */
-static int utf8_len(const unsigned char *p, size_t n)
+int utf8_len(const unsigned char *p, size_t n)
 {
     unsigned char c = p[0];
     int len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
@@ -222,6 +220,19 @@ static int utf8_len(const unsigned char *p, size_t n)
         if (p[i] < 0x80 || p[i] > 0xBF)
             return 0;
     return len;
+}
+
+bool utf8_valid(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n; i++) {
+        int k = p[i] < 0x80 ? 1 : utf8_len(p + i, n - i);
+        if (!k)
+            return false;
+        i += (size_t)k - 1;
+    }
+    return true;
 }
 
 /* Rejects a NUL, a control byte or malformed UTF-8 at its own line and

@@ -455,6 +455,15 @@ Test(cli, describe_reads_back_and_compile_names_the_bundle)
              MEGAC_SRC);
     cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
     cr_assert_str_eq(dir_list(d, out, sizeof out), "hf-llama3.megac l3.yaml llama3.megac");
+    /* a file name that is not UTF-8: the description says why it will not
+     * read back (one warning: the tokenizer is the same file) */
+    snprintf(args, sizeof args, "cp %s '%s/l\xe9" "3.gguf'", gguf, d);
+    cr_assert_eq(system(args), 0, "%s", args);
+    cr_assert_eq(megac(d, "describe 'l\xe9" "3.gguf'", out, sizeof out), 0, "%s", out);
+    char *w = strstr(out, "megac describe: warning: the path 'l\xe9" "3.gguf' is not UTF-8, which YAML cannot hold; "
+                          "the description will not load back until the file is renamed (megac run and compile take "
+                          "the file itself)\n");
+    cr_assert(w && !strstr(w + 1, "megac describe: warning"), "one warning: %s", out);
     test_rm_rf(d);
 }
 

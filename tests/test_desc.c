@@ -1069,7 +1069,7 @@ Test(desc, from_gguf_errors)
  * the key that set the value, not at a line of the text megac writes for it
  * (which no one can open); a value given by --set is still reported at the
  * command line. A file name YAML cannot hold (not UTF-8, a newline) loads,
- * and `describe` keeps its comment on one line. */
+ * and `describe` keeps its comment on one line of UTF-8. */
 Test(desc, gguf_errors_name_the_file_and_its_key)
 {
     skip_without_gguf_models();
@@ -1115,6 +1115,7 @@ Test(desc, gguf_errors_name_the_file_and_its_key)
     fclose(f);
     cr_assert_eq(buf[0], '#');
     cr_assert(strncmp(strchr(buf, '\n') + 1, "name: ", 6) == 0, "the comment broke:\n%s", buf);
+    cr_assert(strstr(buf, "/l??3.gguf (paths"), "the comment holds only text YAML reads:\n%s", buf);
     cr_assert(strstr(buf, "path: \"") && strstr(buf, "\\x0a3.gguf\""), "%s", buf);
     free(buf);
     free(raw);
