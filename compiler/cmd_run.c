@@ -47,8 +47,9 @@ static void run_usage(FILE *out)
             "checkpoint folder (config.json, safetensors, tokenizer.json); with no model\n"
             "(or 'default'), runs the embedded default model.\n\n"
             "options:\n"
-            "  --engine E         cpu | host-cuda | cuda | reference (default: cpu: the\n"
-            "                     model is compiled to a cached bundle in .megac-cache/)\n"
+            "  --engine E         cpu | host-cuda | cuda | reference (default: a bundle's\n"
+            "                     own target; for a model cpu: it is compiled to a cached\n"
+            "                     bundle in .megac-cache/)\n"
             "  --prompt TEXT      prompt (default: none, start from BOS)\n"
             "  -n N               positions to run, BOS and prompt included\n"
             "                     (default 256; 0 = the model's context)\n"
@@ -140,6 +141,7 @@ static int run_option_apply(RunOptions *o, const char *opt, const char *val)
         o->engine = run_engine_from_name(val);
         if (o->engine == ENGINE_COUNT)
             return run_bad_value(opt, val);
+        o->engine_given = true;
     } else if (!strcmp(opt, "--prompt")) {
         o->prompt = val;
     } else if (!strcmp(opt, "-n")) {

@@ -31,6 +31,7 @@ typedef struct RunOptions {
     const char *model;      /* MODEL.yaml or NAME.megac (a bundle dir); NULL = embedded default */
     bool model_is_bundle;   /* model names a directory / ends in .megac */
     RunEngine engine;       /* resolved: never ENGINE_DEFAULT after parsing */
+    bool engine_given;      /* --engine was given (else a bundle runs on the engine of its target) */
     const char *prompt;     /* NULL or "": start from BOS alone */
     int steps;              /* -n: positions including BOS; 0 = the model's max_seq */
     float temperature;      /* 0 = greedy */

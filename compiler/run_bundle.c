@@ -371,9 +371,10 @@ static int run_cached(const RunOptions *o)
     return rc;
 }
 
-/* Whether the bundle's manifest names a target the engine runs; if not,
- * says so at the manifest's target key, before the bundle is opened. */
-static bool bundle_target_fits(const char *bundle, RunEngine e)
+/* Whether the bundle's manifest names a target the engine runs (without
+ * --engine: any target an engine runs); if not, says so at the manifest's
+ * target key, before the bundle is opened. */
+static bool bundle_target_fits(const char *bundle, const RunOptions *o)
 {
     char target[64];
     int line = 0, col = 0;
@@ -381,7 +382,9 @@ static bool bundle_target_fits(const char *bundle, RunEngine e)
         fprintf(stderr, "megac run: %s\n", megac_last_open_error());
         return false;
     }
-    if (engine_accepts(e, target))
+    if (!o->engine_given && (!strcmp(target, "cpu") || !strcmp(target, "host-cuda") || !strncmp(target, "sm_", 3)))
+        return true; /* megac_open runs each on its own engine */
+    if (engine_accepts(o->engine, target))
         return true;
     char *path = xasprintf("%s/manifest.yaml", bundle);
     SrcFile src = {.path = path};
@@ -393,7 +396,7 @@ static bool bundle_target_fits(const char *bundle, RunEngine e)
                                                                       : NULL;
     if (fit)
         diag_error(&d, &src, line, col, "the bundle was compiled for target '%s', not for engine '%s'; run it with "
-                   "--engine %s", target, run_engine_name(e), fit);
+                   "--engine %s", target, run_engine_name(o->engine), fit);
     else
         diag_error(&d, &src, line, col, "unknown target '%s': no engine runs it (cpu, host-cuda or sm_XX bundles)",
                    target);
@@ -407,7 +410,7 @@ int run_bundle(const RunOptions *o)
 {
     if (!o->model_is_bundle)
         return run_cached(o);
-    if (!bundle_target_fits(o->model, o->engine))
+    if (!bundle_target_fits(o->model, o))
         return 2;
     megac_model *m = bundle_open(o->model, false);
     if (!m)

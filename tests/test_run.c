@@ -88,10 +88,12 @@ Test(run_options, bundle_defaults_to_cpu)
     cr_assert_eq(parse(&o, a, 1), -1);
     cr_assert(o.model_is_bundle);
     cr_assert_eq(o.engine, ENGINE_CPU);
+    cr_assert_not(o.engine_given, "the bundle's target picks its engine");
     const char *b[] = {"--engine", "host-cuda", "--workers", "4"};
     cr_assert_eq(parse(&o, b, 4), -1);
     cr_assert_null(o.model);
     cr_assert_eq(o.engine, ENGINE_HOST_CUDA);
+    cr_assert(o.engine_given);
     cr_assert_eq(o.workers, 4);
 }
 
@@ -274,7 +276,8 @@ Test(run_cmd, chat_text)
  * runs. */
 /* A bundle for another engine is refused at its manifest's target key
  * (file:line:col, the line and a caret), before the rest of it is read:
- * here its weights.bin is cut short and that is not what is reported. */
+ * here its weights.bin is cut short and that is not what is reported.
+ * Without --engine, a bundle runs on the engine its target names. */
 Test(run_cmd, a_bundle_for_another_engine_is_refused_at_its_target, .timeout = 60)
 {
     char dir[] = "/tmp/megac-run-target-XXXXXX";
@@ -295,10 +298,13 @@ Test(run_cmd, a_bundle_for_another_engine_is_refused_at_its_target, .timeout = 6
                            "with --engine cuda\n    4 | target: sm_90\n      | ^\n"},
         {"t.megac", "cpu", "error: unknown target 'tpu_1': no engine runs it (cpu, host-cuda or sm_XX bundles)\n"
                            "    4 | target: tpu_1\n      | ^\n"},
+        {"t.megac", NULL, "error: unknown target 'tpu_1': no engine runs it (cpu, host-cuda or sm_XX bundles)\n"
+                          "    4 | target: tpu_1\n      | ^\n"},
     };
     static char out[4096], err[4096];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char *args = xasprintf("%s/%s --engine %s -n 4", dir, cases[i].bundle, cases[i].engine);
+        char *args = xasprintf("%s/%s%s%s -n 4", dir, cases[i].bundle, cases[i].engine ? " --engine " : "",
+                               cases[i].engine ? cases[i].engine : "");
         char *at = xasprintf("%s/%s/manifest.yaml:4:1: ", dir, cases[i].bundle);
         cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2, "%s: %s", args, err);
         cr_assert(strstr(err, at) && strstr(err, cases[i].says), "%s: stderr lacks '%s%s':\n%s", args, at,
@@ -306,6 +312,13 @@ Test(run_cmd, a_bundle_for_another_engine_is_refused_at_its_target, .timeout = 6
         free(at);
         free(args);
     }
+    /* without --engine a bundle runs on its target's engine: the sm_90 one
+     * goes to the CUDA runtime (which fails here, for want of a driver or
+     * for its cut weights), not to a refusal */
+    char *args = xasprintf("%s/g.megac -n 4", dir);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2, "%s: %s", args, err);
+    cr_assert(!strstr(err, "not for engine") && strstr(err, "g.megac"), "%s", err);
+    free(args);
     cmd = xasprintf("rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
     free(cmd);
