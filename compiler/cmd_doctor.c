@@ -90,7 +90,7 @@ int cmd_doctor(int argc, char **argv)
     if (llvm_ok) {
         printf("host cpu:      %s, %ld cores, vector:", cpu, cores);
         const char *vec[] = {"sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni",
-                             "avxvnni", "avx512bf16"};
+                             "avxvnni", "gfni", "avx512bf16"};
         for (size_t i = 0; i < sizeof vec / sizeof vec[0]; i++)
             if (has_feature(features, vec[i]))
                 printf(" %s", vec[i]);
