@@ -7,6 +7,7 @@
  */
 #include "compiler/cli.h"
 #include "compiler/compile.h"
+#include "compiler/driver.h"
 #include "validator/validator.h"
 
 #include <errno.h>
@@ -162,13 +163,15 @@ static int validate_model(const char *path, const char *tname, int workers, cons
 }
 
 /* Whether path names a schedule rather than a model: '-' and *.sched
- * always, a folder never, else a file whose first word (past blank and
- * comment lines) is 'schedule'. */
+ * always, a folder or 'default' (the embedded model) never, else a file
+ * whose first word (past blank and comment lines) is 'schedule'. */
 static bool validate_is_schedule(const char *path)
 {
     size_t n = strlen(path);
     if (!strcmp(path, "-") || (n > 6 && !strcmp(path + n - 6, ".sched")))
         return true;
+    if (driver_is_default_model(path))
+        return false;
     FILE *f = fopen(path, "rb");
     if (!f)
         return true; /* validate_file says why it cannot be read */
