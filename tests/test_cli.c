@@ -509,7 +509,7 @@ Test(cli, validate_takes_a_model)
         {"validate " DEFAULT_YAML, "megac validate: <lowered " DEFAULT_YAML ">: safe: ", 0},
         {"validate " DEFAULT_YAML " --target host-cuda --workers 5 --set compile.kv_dtype=f16",
          ", 5 workers, target host-cuda,", 0},
-        {"validate default --workers 3", "megac validate: <lowered default>: safe: 120 instructions, 3 workers,", 0},
+        {"validate default --workers 3", " instructions, 3 workers, target cpu,", 0},
         {"validate " DEFAULT_YAML " --set compile.nope=1", "unknown key 'nope'", 2},
         {"validate x.sched --workers 2", "megac validate: --workers and --set apply to a model; 'x.sched' is a schedule",
          2},
