@@ -28,7 +28,8 @@
 # LONG_CONTEXT (default 2000, 0 skips the
 # long-context benchmarks: SmolLM2 with an f16 cache, sink_window,
 # streaming and TOVA, each against the dense f32 cache in the same runs),
-# LONG_TOKENS (timed there, default 32), TARGET (a dry run without a GPU:
+# LONG_TOKENS (timed there, default 32), PROFILE (default 1; 0 skips the
+# cycle profile of each model's bf16 kernel built with MK_PROFILE=1), TARGET (a dry run without a GPU:
 # TARGET=host-cuda TESTS=0 MODELS=stories260k FORMATS=bf16 BENCH_TOKENS=4
 # LONG_CONTEXT=8 LONG_TOKENS=2, about 3 minutes on 2 cores).
 set -uo pipefail
@@ -171,6 +172,15 @@ for v in $variants; do
             echo failed >"$b.failed") &
     done
 done
+# cycle profiles (PROFILE=0 skips): each model's bf16 kernel with MK_PROFILE=1,
+# whose SM cycles per step by op, signal and wait the runtime prints
+if [ "${PROFILE:-1}" != 0 ]; then
+    for model in $models; do
+        (MEGAC_CUDA_DEFINES=MK_PROFILE=1 run timeout 300 "$megac" compile "models/$model.yaml" --target "$target" \
+            --set quant.default=bf16 -o "$work/$model.profile.$target.megac" >"$out/$model.profile.compile.log" 2>&1 ||
+            echo failed >"$work/$model.profile.$target.megac.failed") &
+    done
+fi
 wait
 log "compiled"
 
@@ -255,6 +265,18 @@ for v in $variants; do
         log "variant $name $model: ${varrows[-1]}"
     done
 done
+# ---- cycle profiles ----
+for model in $models; do
+    b=$work/$model.profile.$target.megac
+    [ -d "$b" ] || continue
+    if MEGAC_CUDA_PROFILE=1 run timeout 120 "$megac" bench "$b" -n "$ntok" --runs 1 --ceiling-mb 64 \
+            >"$out/$model.profile.log" 2>&1; then
+        prof=$(grep -A3 '^megac profile' "$out/$model.profile.log" | tr -s ' ' | tr '\n' ';')
+        log "$model profile: ${prof:-no table (MK_PROFILE counts on a device only)}"
+    else
+        log "$model profile: bench FAILED (see $model.profile.log)"
+    fi
+done
 # ---- long context: f16 cache and sparse attention against dense ----
 # SmolLM2-135M (bf16 weights) decoding from position LONG_CONTEXT (default
 # 2000; 0 skips): where attention reads the cache, which the position-0
@@ -335,6 +357,12 @@ if varrows:
         else:
             md.append(f"| {r['variant']} | {r['defines']} | {r['format']} | {r['model']} | {r['default_tok_s']} | "
                       f"{r['variant_tok_s']} | {r['default_over_variant']} |")
+import glob, os
+for f in sorted(glob.glob(f"{out}/*.profile.log")):
+    prof = [l.rstrip() for l in open(f) if l.startswith(("megac profile", "  "))]
+    if prof:
+        md += ["", f"Cycle profile, {os.path.basename(f)[:-len('.profile.log')]} bf16 (MK_PROFILE=1, MEGAC_CUDA_PROFILE=1):",
+               "", "```"] + prof + ["```"]
 if longrows:
     md += ["", "Long context (SmolLM2-135M, bf16 weights, `megac bench X --versus dense --context N -n 32 --runs 3`):", "",
            "| setting | context | tok/s | dense tok/s (same runs) | speedup |", "|---|---|---|---|---|"]
