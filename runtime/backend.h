@@ -133,6 +133,17 @@ uint64_t rt_fnv1a(const void *p, size_t n);
 uint64_t rt_watchdog_ns(void);
 /* `dir/name` into buf; false if it does not fit. */
 bool rt_path(char *buf, size_t cap, const char *dir, const char *name);
+/* v[i] (one value per counter) summed by the counter's stage: its name in
+ * dir/schedule.sched up to the first '.' ("qkv.3" and "qkv.7" are stage
+ * "qkv"), stages in the order of their first counter, at most max of them
+ * (the rest are left out). Returns how many, or -1 when the schedule
+ * cannot be read or declares other than nctrs counters. For profiles. */
+typedef struct RtStageSum {
+    char name[32];
+    uint64_t sum;
+    uint32_t nctrs;
+} RtStageSum;
+int rt_stage_sums(const char *dir, const uint64_t *v, uint32_t nctrs, RtStageSum *out, int max);
 
 /* ---- cpu_backend.c ---- */
 extern const RtBackend rt_cpu_backend;

@@ -412,6 +412,44 @@ static void sched_text_facts(const char *text, size_t len, uint64_t *facts)
         facts[MEGAC_FACT_COUNTERS] = nctrs;
 }
 
+int rt_stage_sums(const char *dir, const uint64_t *v, uint32_t nctrs, RtStageSum *out, int max)
+{
+    char path[4096];
+    size_t len;
+    char *text = rt_path(path, sizeof path, dir, "schedule.sched") ? file_slurp(path, &len) : NULL;
+    if (!text)
+        return -1;
+    uint32_t c = 0;
+    int n = 0;
+    for (size_t i = 0, e; i < len; i = e + 1) {
+        for (e = i; e < len && text[e] != '\n'; e++)
+            ;
+        if (e - i <= 8 || memcmp(text + i, "counter ", 8) != 0)
+            continue;
+        const char *name = text + i + 8;
+        size_t k = 0;
+        while (name + k < text + e && name[k] != '.' && k < sizeof out->name - 1)
+            k++;
+        int g = 0;
+        while (g < n && (strlen(out[g].name) != k || memcmp(out[g].name, name, k) != 0))
+            g++;
+        if (g == n && n < max) {
+            memcpy(out[n].name, name, k);
+            out[n].name[k] = 0;
+            out[n].sum = 0;
+            out[n].nctrs = 0;
+            n++;
+        }
+        if (g < n && c < nctrs) {
+            out[g].sum += v[c];
+            out[g].nctrs++;
+        }
+        c++;
+    }
+    free(text);
+    return c == nctrs ? n : -1;
+}
+
 /* schedule.sched must be the schedule the manifest was written for, and
  * say what the manifest says. */
 static megac_status bundle_schedule_check(megac_model *m)

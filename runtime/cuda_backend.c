@@ -225,7 +225,9 @@ static megac_status cuda_memory_init(megac_model *m, CudaState *st)
 
 /* MEGAC_CUDA_PROFILE set and a kernel built with MK_PROFILE=1 (see
  * kernel_body.cuh): SM cycles per step by op and for signals and waits,
- * the mean over workers and the largest, on stderr. A developer's tool. */
+ * the mean over workers and the largest, then the waits by the stage of
+ * the counter waited on (qkv, attn, comb, o, ...), on stderr. A
+ * developer's tool. */
 static void cuda_profile_print(megac_model *m, CudaState *st)
 {
     enum { SLOTS = 20 };
@@ -258,6 +260,21 @@ static void cuda_profile_print(megac_model *m, CudaState *st)
                     sum / m->man.workers, mx);
     }
     free(v);
+    /* the waits by the stage of their counter (mk_prof_ctr) */
+    uint32_t nc = m->man.counters;
+    RtStageSum g[64];
+    int ng = -1;
+    if (st->drv.cuModuleGetGlobal_v2(&p, &bytes, st->mod, "mk_prof_ctr") == 0 && bytes == nc * sizeof(uint64_t) &&
+        (v = malloc(bytes)) != NULL) {
+        if (st->drv.cuMemcpyDtoH_v2(v, p, bytes) == 0)
+            ng = rt_stage_sums(m->dir, v, nc, g, 64);
+        free(v);
+    }
+    if (ng > 0)
+        fprintf(stderr, "megac profile: waits by the stage of their counter, SM cycles per step (mean over workers)\n");
+    for (int i = 0; i < ng; i++)
+        fprintf(stderr, "  wait %-9s %12.0f   (%u counters)\n", g[i].name, (double)g[i].sum / launches / m->man.workers,
+                g[i].nctrs);
 }
 
 static void cuda_close(megac_model *m)

@@ -880,3 +880,31 @@ Test(runtime, manifest_parser)
     expect_manifest_error("name: \"x y\"", "name:", "m.yaml:3: error: bad value '' for 'name'");
     expect_manifest_error("io_next: 4\n", "", "m.yaml: error: missing key 'io_next'");
 }
+
+/* The CUDA profile's waits by stage: counters summed by their name up to
+ * the first '.', in the order of their first counter; a schedule with
+ * another counter count, or none, gives -1. */
+Test(runtime, stage_sums_group_counters_by_name)
+{
+    char *dir = strdup("/tmp/megac-rt-XXXXXX");
+    cr_assert(mkdtemp(dir));
+    write_text(dir, "schedule.sched",
+               "schedule s target sm_90 workers 2\nbuffer x f32 [4] state\ncounter embed\ncounter qkv.0\n"
+               "counter attn.0.0\ncounter attn.0.1\ncounter qkv.1\ncounter o.0\nworker 0\n  signal embed +1\n");
+    const uint64_t v[6] = {1, 2, 4, 8, 16, 32};
+    RtStageSum g[8];
+    cr_assert_eq(rt_stage_sums(dir, v, 6, g, 8), 4);
+    const char *names[4] = {"embed", "qkv", "attn", "o"};
+    const uint64_t sums[4] = {1, 18, 12, 32};
+    const uint32_t counts[4] = {1, 2, 2, 1};
+    for (int i = 0; i < 4; i++) {
+        cr_assert_str_eq(g[i].name, names[i]);
+        cr_assert_eq(g[i].sum, sums[i], "%s: %" PRIu64, names[i], g[i].sum);
+        cr_assert_eq(g[i].nctrs, counts[i], "%s", names[i]);
+    }
+    cr_assert_eq(rt_stage_sums(dir, v, 6, g, 2), 2, "stages past max are left out");
+    cr_assert_eq(g[1].sum, 18);
+    cr_assert_eq(rt_stage_sums(dir, v, 5, g, 8), -1, "the schedule declares 6 counters");
+    remove_bundle(dir);
+    cr_assert_eq(rt_stage_sums("/nonexistent-megac-dir", v, 6, g, 8), -1);
+}

@@ -177,8 +177,8 @@ static void source_shape(FILE *f, const Schedule *s, const CudaLayout *l)
             sh->dim, sh->head_dim, source_group(s), sh->vocab_size, sh->max_seq);
     fprintf(f, "#define MK_NKV %d\n#define MK_NH (MK_G * MK_NKV)\n", sh->n_kv_heads);
     fprintf(f, "#define MK_ROPE_HALF %d\n#define MK_EPS %.9ef\n", sh->rope_pairing == 1, sh->norm_eps);
-    fprintf(f, "#define MK_NWORKERS %uu\n#define MK_ARENA_BIT 0x%llxull\n", s->nworkers,
-            (unsigned long long)CUDA_ARENA_BIT);
+    fprintf(f, "#define MK_NWORKERS %uu\n#define MK_NCTRS %uu\n#define MK_ARENA_BIT 0x%llxull\n", s->nworkers,
+            s->nctrs ? s->nctrs : 1, (unsigned long long)CUDA_ARENA_BIT);
     uint32_t ops, dts;
     cg_used(s, &ops, &dts);     /* kernel_body.cuh compiles only these bodies */
     fprintf(f, "#define MK_OPS 0x%xu\n#define MK_DTS 0x%xu\n", ops, dts);

@@ -2274,20 +2274,31 @@ MK_DEV unsigned mk_wait(const MegacArgs *a, unsigned worker, unsigned pc, unsign
 /* ---- profile (MEGAC_CUDA_DEFINES=MK_PROFILE=1, GPU only) ----
  * Thread 0 of each block adds the SM cycles of every instruction it runs
  * (its op and the barrier after it, a signal, a wait) to its worker's row
- * of mk_prof: slots 0..15 by op code, 16 signals, 17 waits, 18 launches.
- * The runtime prints the table when MEGAC_CUDA_PROFILE is set. */
+ * of mk_prof: slots 0..15 by op code, 16 signals, 17 waits, 18 launches;
+ * a wait's cycles also go to its counter's total in mk_prof_ctr (all
+ * workers), so that the runtime can say which stage's waits cost most.
+ * The runtime prints the tables when MEGAC_CUDA_PROFILE is set. */
 #if MK_PROFILE && defined(__CUDACC_RTC__)
 #define MK_PROF_SLOTS 20
 extern "C" {
 __device__ unsigned long long mk_prof[MK_NWORKERS * MK_PROF_SLOTS];
+__device__ unsigned long long mk_prof_ctr[MK_NCTRS];
+}
+MK_DEV void mk_prof_wait_add(unsigned w, unsigned c, long long t0)
+{
+    unsigned long long d = (unsigned long long)(clock64() - t0);
+    mk_prof[w * MK_PROF_SLOTS + 17] += d;
+    atomicAdd(&mk_prof_ctr[c], d);
 }
 #define MK_PROF_T0() long long mk_t0_ = clock64()
 #define MK_PROF_T0_AGAIN() (mk_t0_ = clock64())
 #define MK_PROF_ADD(w, slot) (tid == 0 ? (void)(mk_prof[(w) * MK_PROF_SLOTS + (slot)] += clock64() - mk_t0_) : (void)0)
+#define MK_PROF_WAIT(w, c) (tid == 0 ? mk_prof_wait_add((w), (c), mk_t0_) : (void)0)
 #else
 #define MK_PROF_T0() (void)0
 #define MK_PROF_T0_AGAIN() (void)0
 #define MK_PROF_ADD(w, slot) (void)0
+#define MK_PROF_WAIT(w, c) (void)0
 #endif
 
 /* ---- one worker's program ---- */
@@ -2354,7 +2365,7 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
                  * it gave up (a flag in shared memory would be rewritten
                  * by thread 0 at the next wait before the others read it) */
                 int stop = mk_sync_or(tid == 0 && !mk_wait(a, worker, pc, in[0] >> 8, in[1]));
-                MK_PROF_ADD(worker, 17);
+                MK_PROF_WAIT(worker, in[0] >> 8);
                 if (stop) {
                     mk_cp_wait(); /* no copy outlives the block */
                     return;
