@@ -13,17 +13,20 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static void validate_usage(FILE *out)
 {
-    fprintf(out, "usage: megac validate X.sched|-|MODEL [--target T] [--threads N] [--regs N] [--smem BYTES]\n"
+    fprintf(out, "usage: megac validate X.sched|-|B.megac|MODEL [--target T] [--threads N] [--regs N] [--smem BYTES]\n"
                  "                      [--workers N] [--set key=value]...\n\n"
                  "Proves the schedule free of deadlocks, data races, uninitialized scratch reads\n"
                  "and KV-order violations for every pos in [0, max_seq), and checks its structure\n"
-                 "and that its workers can all be resident on the target. '-' reads stdin. A\n"
-                 "model (a description, GGUF file or HF folder) is lowered first, as\n"
-                 "`megac lower` lowers it: the schedule `megac compile` builds.\n\n"
+                 "and that its workers can all be resident on the target. '-' reads stdin, a\n"
+                 "bundle (NAME.megac/) its schedule.sched. A model (a description, GGUF file\n"
+                 "or HF folder) is lowered first, as `megac lower` lowers it: the schedule\n"
+                 "`megac compile` builds.\n\n"
                  "  --target T     check against target T instead of the schedule's own (a\n"
                  "                 model's: its description's first target, else cpu)\n"
                  "  --threads N    threads per block of the kernel, 1..1024 (CUDA co-residency)\n"
@@ -191,6 +194,17 @@ static bool validate_is_schedule(const char *path)
     return end - p > 8 && !memcmp(p, "schedule", 8) && (p[8] == ' ' || p[8] == '\t');
 }
 
+/* A bundle folder's schedule (xmalloc'd "DIR/schedule.sched"), or NULL
+ * when path is not a bundle (no manifest.yaml in it). */
+static char *validate_bundle_schedule(const char *path)
+{
+    struct stat st;
+    char *manifest = xasprintf("%s/manifest.yaml", path);
+    bool bundle = stat(path, &st) == 0 && S_ISDIR(st.st_mode) && access(manifest, F_OK) == 0;
+    free(manifest);
+    return bundle ? xasprintf("%s/schedule.sched", path) : NULL;
+}
+
 #define VALIDATE_MAX_SETS 64
 
 int cmd_validate(int argc, char **argv)
@@ -203,6 +217,7 @@ int cmd_validate(int argc, char **argv)
     const char *path = NULL, *tname = NULL;
     int workers = 0, nset = 0, rc = 2;
     DescOverride set[VALIDATE_MAX_SETS];
+    char *inner = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has_val = i + 1 < argc, ok = true;
@@ -233,6 +248,8 @@ int cmd_validate(int argc, char **argv)
         if (!ok)
             goto out;
     }
+    if (path && (inner = validate_bundle_schedule(path)) != NULL)
+        path = inner;
     if (!path) {
         validate_usage(stderr);
     } else if (validate_is_schedule(path)) {
@@ -244,6 +261,7 @@ int cmd_validate(int argc, char **argv)
         rc = validate_model(path, tname, workers, set, nset, &o);
     }
 out:
+    free(inner);
     cli_sets_free(set, nset);
     return rc;
 }

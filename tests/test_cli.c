@@ -498,7 +498,8 @@ Test(cli, lower_and_validate_see_the_compiled_schedule)
 
 /* What `megac validate` does with a model: its description's target and
  * workers, --set and --workers, findings quoted from the lowered text with
- * a note saying how to get it, and no model options for a schedule. */
+ * a note saying how to get it, and no model options for a schedule; and
+ * with a bundle: its schedule.sched. */
 Test(cli, validate_takes_a_model)
 {
     char *d = tmp_dir(), out[16384];
@@ -522,5 +523,9 @@ Test(cli, validate_takes_a_model)
     }
     /* the last case's finding, at the lowered text's first line */
     cr_assert(strstr(out, "<lowered " DEFAULT_YAML ">:1:1: error: residency:"), "%s", out);
+    /* a bundle: its schedule.sched */
+    cr_assert_eq(megac(d, "compile default -q -o b.megac", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(megac(d, "validate b.megac", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "megac validate: b.megac/schedule.sched: safe: "), "%s", out);
     test_rm_rf(d);
 }
