@@ -73,6 +73,20 @@ static void gguf_keep_blocks(GgufCtx *c, const WSlot *s, const float *dst, const
     arena_free(&a);
 }
 
+/* Whether a compile (WEIGHTS_STORED_ONLY) stores a layer's matrix from its
+ * blocks alone (quant_blocks_suffice), so that no f32 view of it is made:
+ * the embedding and classifier keep theirs (a tied classifier is split
+ * off from the embedding's view), and so does any fetch into scratch. */
+static bool gguf_blocks_suffice(GgufCtx *c, const WSlot *s, const float *dst, DType dt)
+{
+    if (!c->w->stored_only || s->layer < 0 || !s->cols || dst != s->dst || !dtype_is_quant(dt))
+        return false;
+    Arena a = {0};
+    bool yes = quant_blocks_suffice(c->w, wslot_canon_name(&a, s), dt);
+    arena_free(&a);
+    return yes;
+}
+
 static bool gguf_has(void *ctx, const char *name)
 {
     return gguf_find_tensor(((GgufCtx *)ctx)->g, name) != NULL;
@@ -96,6 +110,17 @@ static int gguf_fetch(void *ctx, const char *name, const WSlot *s, float *dst, D
         return -1;
     }
     int64_t cols = s->cols ? s->cols : s->rows, rows = s->cols ? s->rows : 1;
+    if (gguf_blocks_suffice(ctx, s, dst, (DType)dt)) {
+        /* a compile that stores these blocks as they are: no f32 view */
+        int64_t at = quant_blocks_first_non_finite((DType)dt, t->data, rows, cols);
+        if (at >= 0) {
+            diag_file_error(d, g->path, "tensor '%s' has a non-finite value (NaN or infinity) at element %" PRId64,
+                            name, at);
+            return -1;
+        }
+        gguf_keep_blocks(ctx, s, dst, t, (DType)dt);
+        return WFETCH_BLOCKS;
+    }
     size_t rb = dtype_row_bytes((DType)dt, cols);
     for (int64_t r = 0; r < rows; r++)
         quant_row_dequant((DType)dt, (const unsigned char *)t->data + (size_t)r * rb, cols, dst + r * cols);

@@ -198,7 +198,8 @@ typedef struct Weights {
     struct WView *views;    /* (nviews) f32 views of matrices mapped apart from the arena */
     int nviews;
     int nslots, slots_done;     /* tensors to load, loaded so far */
-    size_t loaded_bytes;        /* f32 bytes of the tensors loaded so far */
+    size_t loaded_bytes;        /* f32 bytes of the tensors loaded so far (converted to f32) */
+    int blocks_kept;            /* matrices stored from their GGUF blocks alone, no f32 made */
     const struct WeightsProgress *progress;
 } Weights;
 

@@ -688,6 +688,41 @@ static bool quant_keep_blocks(Weights *w, const char *name, DType t)
     return true;
 }
 
+bool quant_blocks_suffice(const Weights *w, const char *canon, DType src)
+{
+    int cls = quant_tensor_class(canon);
+    int t = cls < 0 ? -1 : quant_spec_dtype(w->m->quant[cls], src);
+    return t >= 0 && (t == (int)src || dtype_layout((DType)t) == src);
+}
+
+int64_t quant_blocks_first_non_finite(DType t, const unsigned char *data, int64_t rows, int64_t cols)
+{
+    /* the f16 scales of each block: offsets of d (and of m or dmin) */
+    int a = 0, b = -1;
+    switch (t) {
+    case DT_Q4_1:
+    case DT_Q5_1:
+    case DT_Q4_K:
+    case DT_Q5_K: b = 2; break;
+    case DT_Q6_K: a = 208; break;
+    case DT_Q8_0:
+    case DT_Q4_0:
+    case DT_Q5_0: break;
+    default: ASSERT(!"quant_blocks_first_non_finite: not a GGUF block dtype");
+    }
+    int64_t be = dtype_is_kquant(t) ? 256 : 32, bb = (int64_t)dtype_row_bytes(t, be), nb = rows * (cols / be);
+    for (int64_t i = 0; i < nb; i++) {
+        const unsigned char *p = data + i * bb;
+        uint16_t h0, h1 = 0;
+        memcpy(&h0, p + a, 2);
+        if (b >= 0)
+            memcpy(&h1, p + b, 2);
+        if ((h0 & 0x7c00) == 0x7c00 || (h1 & 0x7c00) == 0x7c00)
+            return i * be;
+    }
+    return -1;
+}
+
 /* GGUF Q4_0 blocks re-expressed as W4G32 or W4A8G32 groups without a
  * float round trip: s = d, z = 8 and the same 16 bytes of nibbles (W4's
  * chunks of 32 are laid out as Q4_0's), so s * (q - z) is Q4_0's

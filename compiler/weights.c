@@ -344,12 +344,21 @@ static bool slot_finite_check(Weights *w, WKind k, int layer, int64_t n, const c
 
 bool weights_slot_done(Weights *w, WKind k, int layer, const char *file, Diag *d)
 {
+    return weights_slot_done_ex(w, k, layer, file, false, d);
+}
+
+bool weights_slot_done_ex(Weights *w, WKind k, int layer, const char *file, bool blocks, Diag *d)
+{
     int64_t rows, cols;
     slot_shape(w->m, k, &rows, &cols);
-    if (!slot_finite_check(w, k, layer, rows * (cols ? cols : 1), file, d))
+    ASSERT(!blocks || (w->stored_only && layer >= 0 && cols));
+    if (!blocks && !slot_finite_check(w, k, layer, rows * (cols ? cols : 1), file, d))
         return false;
     w->slots_done++;
-    w->loaded_bytes += sizeof(float) * (size_t)(rows * (cols ? cols : 1));
+    if (blocks)
+        w->blocks_kept++;
+    else
+        w->loaded_bytes += sizeof(float) * (size_t)(rows * (cols ? cols : 1));
     if (w->progress)
         w->progress->fn(w->progress->ctx, w->slots_done, w->nslots, w->loaded_bytes);
     if (!w->stored_only || layer < 0 || !cols)
@@ -359,6 +368,7 @@ bool weights_slot_done(Weights *w, WKind k, int layer, const char *file, Diag *d
     Arena a = {0};
     char *name = wslot_canon_name(&a, &s);
     bool ok = quant_slot(w, &s, d);
+    ASSERT(!ok || !blocks || weights_qtensor(w, name)); /* stored from the blocks: the view was never read */
     if (ok && weights_qtensor(w, name))
         view_release(w, field);
     arena_free(&a);
@@ -484,8 +494,8 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d)
         int r = src->fetch(src->ctx, name, &slots[i], slots[i].dst, d);
         if (r == 0)
             diag_file_error(d, src->path, "tensor '%s' is missing", name);
-        ok = r > 0 && weights_slot_done(w, slots[i].kind, slots[i].layer,
-                                         src->file ? src->file(src->ctx, name) : src->path, d);
+        ok = r > 0 && weights_slot_done_ex(w, slots[i].kind, slots[i].layer,
+                                            src->file ? src->file(src->ctx, name) : src->path, r == WFETCH_BLOCKS, d);
     }
     ok = ok && weights_bias_check(w, src, &a, d) && weights_tied_check(w, src, &a, d) &&
          weights_layers_check(w, src, &a, d);

@@ -98,13 +98,19 @@ float *weights_view_new(Weights *w, int64_t n);
  * (quant_slot) and, when that leaves it in another dtype, its f32 view is
  * unmapped. False after an error. */
 bool weights_slot_done(Weights *w, WKind k, int layer, const char *file, Diag *d);
+/* weights_slot_done of a slot whose f32 view was not written (blocks:
+ * fetch returned WFETCH_BLOCKS): no f32 scan. */
+bool weights_slot_done_ex(Weights *w, WKind k, int layer, const char *file, bool blocks, Diag *d);
 /* Errors when the source's RoPE pairing differs from the description's. */
 bool weights_pairing_check(const Weights *w, Diag *d, const char *path, RopePairing src);
 
 /* A source of named tensors (safetensors, GGUF) for weights_fill. fetch
  * converts tensor `name` into dst after checking its shape against the
  * slot: it returns 1 when done, 0 when the source has no such tensor, -1
- * after reporting an error. */
+ * after reporting an error, or WFETCH_BLOCKS when it kept the tensor's
+ * blocks and checked them finite without writing dst (GGUF, under
+ * WEIGHTS_STORED_ONLY, where quant_blocks_suffice). */
+enum { WFETCH_BLOCKS = 2 };
 typedef struct WSource {
     void *ctx;
     const char *path;                               /* named in "missing" errors */
@@ -123,6 +129,16 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d);
 /* Applies the quant knob of slot s's class to it (nothing for vectors, or
  * for a matrix whose view was already released). False after an error. */
 bool quant_slot(Weights *w, const WSlot *s, Diag *d);
+/* Whether matrix `canon`, stored in GGUF block dtype src, ends up in a
+ * dtype quant_slot makes from those blocks alone (src itself, or a dtype
+ * with src's layout), so that its f32 view is never read under
+ * WEIGHTS_STORED_ONLY. */
+bool quant_blocks_suffice(const Weights *w, const char *canon, DType src);
+/* The first element of the first block of a GGUF block tensor (rows x
+ * cols of dtype t at data) whose f16 scales are not finite, or -1. A block
+ * dequantizes to finite values exactly when its scales are finite, and its
+ * first element is then not, so this is where an f32 scan would stop. */
+int64_t quant_blocks_first_non_finite(DType t, const unsigned char *data, int64_t rows, int64_t cols);
 
 /* ---- gguf.c (beyond compiler/gguf.h) ---- */
 typedef struct GgufTensor GgufTensor;

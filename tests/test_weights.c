@@ -957,3 +957,78 @@ Test(weights, gguf_bad_metadata)
     free(b);
     free(raw);
 }
+
+/* Loads m with flags, expecting failure; the errors in buf. */
+static void load_fail_ex(const ModelDesc *m, unsigned flags, char *buf, size_t n)
+{
+    memset(buf, 0, n);
+    FILE *f = fmemopen(buf, n - 1, "w");
+    cr_assert_not_null(f);
+    Diag d;
+    diag_init(&d);
+    d.out = f;
+    Weights w;
+    bool ok = weights_load_ex(&w, m, flags, NULL, &d);
+    fclose(f);
+    cr_assert_not(ok, "loaded (flags %u)", flags);
+}
+
+/* A compile's load (WEIGHTS_STORED_ONLY) of a GGUF with quant none
+ * stores its layers' block matrices as they are without an f32 view
+ * (tiny.gguf: 10 of them); a non-finite f16 scale in such a block is then
+ * reported with the same error at the same element as by the load that
+ * dequantizes every element. */
+Test(weights, gguf_non_finite_blocks_without_f32)
+{
+    skip_without_fixtures();
+    static const struct {
+        const char *file, *tensor;
+        int block, block_bytes, field;
+        uint16_t h;
+        int64_t elem;
+    } cases[] = {
+        {"tiny.gguf", "blk.0.attn_q.weight", 5, 18, 0, 0x7e00, 160},        /* Q4_0 d NaN */
+        {"tiny.gguf", "blk.1.ffn_up.weight", 3, 20, 2, 0x7c00, 96},         /* Q4_1 m +inf */
+        {"tiny.gguf", "blk.0.attn_output.weight", 0, 34, 0, 0xfc00, 0},     /* Q8_0 d -inf */
+        {"kquant.gguf", "blk.0.attn_k.weight", 2, 176, 2, 0x7c00, 512},     /* Q5_K dmin */
+        {"kquant.gguf", "blk.1.attn_output.weight", 1, 210, 208, 0x7e00, 256}, /* Q6_K d */
+        {"kquant.gguf", "blk.0.ffn_up.weight", 9, 24, 2, 0x7e01, 288},      /* Q5_1 m */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *src = xasprintf("%s/%s", FIXTURES, cases[i].file), *path = tmp_path(cases[i].file);
+        size_t n;
+        unsigned char *raw = read_bytes(src, &n);
+        Diag d;
+        diag_init(&d);
+        GgufFile *g = gguf_open(src, &d);
+        cr_assert_not_null(g, "%s", src);
+        const GgufTensor *t = gguf_find_tensor(g, cases[i].tensor);
+        cr_assert_not_null(t, "%s", cases[i].tensor);
+        size_t at = (size_t)((const unsigned char *)t->data - g->map) + (size_t)cases[i].block * cases[i].block_bytes;
+        memcpy(raw + at + cases[i].field, &cases[i].h, 2);
+        gguf_close(g);
+        write_bytes(path, raw, n);
+        ModelDesc m;
+        Arena a = {0};
+        cr_assert(desc_load(&m, &a, path, NULL, 0, &d), "%s", path);
+        char full[2048], stored[2048], want[512];
+        load_fail_ex(&m, 0, full, sizeof full);
+        load_fail_ex(&m, WEIGHTS_STORED_ONLY, stored, sizeof stored);
+        snprintf(want, sizeof want, "%s: error: tensor '%s' has a non-finite value (NaN or infinity) at element %lld\n",
+                 path, cases[i].tensor, (long long)cases[i].elem);
+        cr_assert_str_eq(full, want);
+        cr_assert_str_eq(stored, want);
+        if (i == 0) { /* the unpatched file: a compile keeps its 10 block matrices without f32 */
+            Weights w;
+            desc_gguf(&m, src);
+            cr_assert(weights_load_ex(&w, &m, WEIGHTS_STORED_ONLY, NULL, &d));
+            cr_assert_eq(w.blocks_kept, 10);
+            weights_free(&w);
+            cr_assert(weights_load(&w, &m, &d));
+            cr_assert_eq(w.blocks_kept, 0);
+            weights_free(&w);
+        }
+        arena_free(&a);
+        free(raw), free(src), free(path);
+    }
+}
