@@ -1,9 +1,11 @@
 /*
  * load_gguf.c - weights from a GGUF file (llama.cpp's names). Every tensor
  * gets its f32 view, dequantized exactly as ggml's reference dequantizers
- * do (quant_row_dequant); matrices in a GGUF block format also keep their
- * blocks as they are, as a QTensor, so that a GGUF model runs on its own
- * quantized weights (layouts: ir/dtype.h):
+ * do (quant_row_dequant); matrices in a GGUF block format, f16 or bf16 also
+ * keep their bytes as they are, as a QTensor (weights_keep_stored), so that
+ * a GGUF model runs on its own weights (layouts: ir/dtype.h). A compile
+ * makes no f32 view of the block matrices it stores as they are (see
+ * gguf_blocks_suffice).
  *   F32, F16, BF16   converted
  *   Q8_0   block of 32: {f16 d; i8 qs[32]}            w[j] = d * qs[j]
  *   Q4_0   block of 32: {f16 d; u8 qs[16]}            w[j] = d * ((qs[j] & 15) - 8),
@@ -59,20 +61,6 @@ typedef struct GgufCtx {
     Weights *w;
 } GgufCtx;
 
-/* Keeps a matrix's GGUF blocks as they are (block-exact), beside
- * its f32 view. Tensors fetched elsewhere (the tied check's scratch) and
- * vectors are not kept. */
-static void gguf_keep_blocks(GgufCtx *c, const WSlot *s, const float *dst, const GgufTensor *t, DType dt)
-{
-    if (!dtype_is_quant(dt) || !s->cols || dst != s->dst)
-        return;
-    Arena a = {0};
-    QTensor *q = weights_qtensor_put(c->w, wslot_canon_name(&a, s), dt, s->rows, s->cols);
-    ASSERT(q->nbytes == t->nbytes);
-    memcpy(q->data, t->data, q->nbytes);
-    arena_free(&a);
-}
-
 /* Whether a compile (WEIGHTS_STORED_ONLY) stores a layer's matrix from its
  * blocks alone (quant_blocks_suffice), so that no f32 view of it is made:
  * the embedding and classifier keep theirs (a tied classifier is split
@@ -118,13 +106,13 @@ static int gguf_fetch(void *ctx, const char *name, const WSlot *s, float *dst, D
                             name, at);
             return -1;
         }
-        gguf_keep_blocks(ctx, s, dst, t, (DType)dt);
+        weights_keep_stored(((GgufCtx *)ctx)->w, s, dst, (DType)dt, t->data);
         return WFETCH_BLOCKS;
     }
     size_t rb = dtype_row_bytes((DType)dt, cols);
     for (int64_t r = 0; r < rows; r++)
         quant_row_dequant((DType)dt, (const unsigned char *)t->data + (size_t)r * rb, cols, dst + r * cols);
-    gguf_keep_blocks(ctx, s, dst, t, (DType)dt);
+    weights_keep_stored(((GgufCtx *)ctx)->w, s, dst, (DType)dt, t->data);
     return 1;
 }
 

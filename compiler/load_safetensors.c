@@ -53,6 +53,7 @@ typedef struct {
     Doc index;              /* when sharded */
     bool has_index;
     DocNode *weight_map;
+    Weights *w;             /* being filled (f16/bf16 matrices keep their bytes) */
 } StModel;
 
 static const struct {
@@ -383,7 +384,10 @@ static int st_fetch(void *ctx, const char *name, const WSlot *s, float *dst, Dia
     }
     if (!wslot_shape_check(s, d, sf->path, name, e->ndim, e->shape))
         return -1;
-    convert_to_f32(dst, sf->data + e->begin, wslot_nelem(s), (SrcType)st_dtypes[e->dtype].src);
+    SrcType st = (SrcType)st_dtypes[e->dtype].src;
+    convert_to_f32(dst, sf->data + e->begin, wslot_nelem(s), st);
+    weights_keep_stored(sm->w, s, dst, st == SRC_F16 ? DT_F16 : st == SRC_BF16 ? DT_BF16 : DT_F32,
+                        sf->data + e->begin);
     return 1;
 }
 
@@ -398,6 +402,7 @@ bool load_safetensors(Weights *w, const char *path, Diag *d)
         return false;
     StModel sm;
     bool ok = st_model_open(&sm, path, d);
+    sm.w = w;
     if (ok) {
         WSource src = {.ctx = &sm, .path = sm.path, .name = wslot_hf_name, .fetch = st_fetch, .has = st_has,
                        .file = st_file_of};

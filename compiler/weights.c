@@ -269,6 +269,17 @@ static void view_release(Weights *w, float **field)
     *field = NULL;
 }
 
+void weights_keep_stored(Weights *w, const WSlot *s, const float *dst, DType dt, const void *bytes)
+{
+    if (dt == DT_F32 || !s->cols || dst != s->dst)
+        return;
+    Arena a = {0};
+    QTensor *q = weights_qtensor_put(w, wslot_canon_name(&a, s), dt, s->rows, s->cols);
+    ASSERT(q->nbytes == dtype_row_bytes(dt, s->cols) * (size_t)s->rows);
+    memcpy(q->data, bytes, q->nbytes);
+    arena_free(&a);
+}
+
 size_t weights_held_bytes(const Weights *w)
 {
     size_t n = 0;

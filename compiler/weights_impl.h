@@ -87,6 +87,11 @@ void convert_to_f32(float *dst, const void *src, int64_t n, SrcType t);
 /* Holds matrix `name` (canonical) in dtype t: returns its QTensor with
  * nbytes of zeroed storage in w->arena, replacing any earlier one. */
 QTensor *weights_qtensor_put(Weights *w, const char *name, DType t, int64_t rows, int64_t cols);
+/* A loader's matrix as its file stores it: slot s (filled into dst, its
+ * f32 view) keeps the file's bytes of dtype dt (GGUF blocks, f16, bf16)
+ * as a QTensor, so that quant none stores them as they are. Nothing for
+ * f32, vectors, or a fetch into scratch (dst is not the slot's). */
+void weights_keep_stored(Weights *w, const WSlot *s, const float *dst, DType dt, const void *bytes);
 /* Forgets the non-f32 storage of `name` (its f32 view stays). */
 void weights_qtensor_drop(Weights *w, const char *name);
 /* An f32 buffer of n floats for a matrix: in the arena, or mapped on its

@@ -419,6 +419,8 @@ Test(quant, a8_gemv_reference_nmse)
     "weights: {format: gguf, path: ../weights/tiny.gguf}\n"                                           \
     "tokenizer: {format: none}\n"
 
+/* quant none keeps a GGUF's blocks byte for byte, and its f16 and bf16
+ * matrices as f16 and bf16; vectors stay f32. */
 Test(quant, gguf_blocks_kept_exactly)
 {
     if (access(MEGAC_SRC "/tests/fixtures/weights/tiny.gguf", R_OK) != 0)
@@ -438,7 +440,8 @@ Test(quant, gguf_blocks_kept_exactly)
     } want[] = {{"embed", "token_embd.weight", DT_Q8_0},       {"L0.wq", "blk.0.attn_q.weight", DT_Q4_0},
                 {"L1.wk", "blk.1.attn_k.weight", DT_Q4_1},     {"L0.wo", "blk.0.attn_output.weight", DT_Q8_0},
                 {"L1.w_up", "blk.1.ffn_up.weight", DT_Q4_1},   {"L0.w_down", "blk.0.ffn_down.weight", DT_Q4_0},
-                {"lm_head", "output.weight", DT_Q8_0},         {"L0.wv", NULL, DT_F32}, {"L1.w_gate", NULL, DT_F32}};
+                {"lm_head", "output.weight", DT_Q8_0},         {"L0.wv", "blk.0.attn_v.weight", DT_F16},
+                {"L1.w_gate", "blk.1.ffn_gate.weight", DT_BF16}, {"L0.attn_norm", NULL, DT_F32}};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         cr_assert_eq(weights_dtype(&w, want[i].canon), want[i].t, "%s", want[i].canon);
         if (!want[i].gguf)

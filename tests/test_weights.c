@@ -475,6 +475,8 @@ Test(weights, safetensors_single)
     weights_free(&w);
 }
 
+/* A sharded checkpoint, by its folder and by its index; its bf16 matrices
+ * keep their bytes as well as their f32 views. */
 Test(weights, safetensors_sharded)
 {
     skip_without_fixtures();
@@ -488,6 +490,22 @@ Test(weights, safetensors_sharded)
         cr_assert_eq(w.lm_head, w.tok_embed);
         cr_assert_null(w.layers[0].bq);
         expect_all(&w, FIXTURES "/sharded.expected.bin");
+        /* its bf16 matrices keep their bytes (quant none stores them so),
+         * the f32 ones none */
+        static const char *const bf16[] = {"L0.wv", "L0.w_up", "L1.wv", "L1.w_up"};
+        for (int j = 0; j < 4; j++) {
+            const QTensor *q = weights_qtensor(&w, bf16[j]);
+            int64_t n;
+            const float *f = weights_tensor(&w, bf16[j], &n);
+            cr_assert(q && q->dtype == DT_BF16 && q->nbytes == 2 * (size_t)n, "%s", bf16[j]);
+            for (int64_t e = 0; e < n; e++) {
+                uint32_t u = (uint32_t)(q->data[2 * e] | q->data[2 * e + 1] << 8) << 16;
+                float v;
+                memcpy(&v, &u, 4);
+                cr_assert_eq(v, f[e], "%s[%lld]", bf16[j], (long long)e);
+            }
+        }
+        cr_assert_null(weights_qtensor(&w, "L0.wq"));
         weights_free(&w);
     }
 }
