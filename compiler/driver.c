@@ -134,9 +134,9 @@ static bool pass_weights_load(Compilation *c)
     if (c->have_weights)
         snprintf(detail, sizeof detail, "%.1f MB f32 read, %.1f MB stored", c->w.loaded_bytes / 1e6,
                  weights_held_bytes(&c->w) / 1e6);
-    if (c->have_weights && c->w.blocks_kept)
-        snprintf(detail + strlen(detail), sizeof detail - strlen(detail), " (%d matrices as their GGUF blocks)",
-                 c->w.blocks_kept);
+    if (c->have_weights && c->w.stored_kept)
+        snprintf(detail + strlen(detail), sizeof detail - strlen(detail), " (%d matrices as the file stores them)",
+                 c->w.stored_kept);
     return pass_done(c, "weights_load", c->have_weights, detail);
 }
 

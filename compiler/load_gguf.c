@@ -4,8 +4,8 @@
  * do (quant_row_dequant); matrices in a GGUF block format, f16 or bf16 also
  * keep their bytes as they are, as a QTensor (weights_keep_stored), so that
  * a GGUF model runs on its own weights (layouts: ir/dtype.h). A compile
- * makes no f32 view of the block matrices it stores as they are (see
- * gguf_blocks_suffice).
+ * makes no f32 view of the matrices it stores as they are
+ * (weights_fetch_stored).
  *   F32, F16, BF16   converted
  *   Q8_0   block of 32: {f16 d; i8 qs[32]}            w[j] = d * qs[j]
  *   Q4_0   block of 32: {f16 d; u8 qs[16]}            w[j] = d * ((qs[j] & 15) - 8),
@@ -61,20 +61,6 @@ typedef struct GgufCtx {
     Weights *w;
 } GgufCtx;
 
-/* Whether a compile (WEIGHTS_STORED_ONLY) stores a layer's matrix from its
- * blocks alone (quant_blocks_suffice), so that no f32 view of it is made:
- * the embedding and classifier keep theirs (a tied classifier is split
- * off from the embedding's view), and so does any fetch into scratch. */
-static bool gguf_blocks_suffice(GgufCtx *c, const WSlot *s, const float *dst, DType dt)
-{
-    if (!c->w->stored_only || s->layer < 0 || !s->cols || dst != s->dst || !dtype_is_quant(dt))
-        return false;
-    Arena a = {0};
-    bool yes = quant_blocks_suffice(c->w, wslot_canon_name(&a, s), dt);
-    arena_free(&a);
-    return yes;
-}
-
 static bool gguf_has(void *ctx, const char *name)
 {
     return gguf_find_tensor(((GgufCtx *)ctx)->g, name) != NULL;
@@ -98,21 +84,14 @@ static int gguf_fetch(void *ctx, const char *name, const WSlot *s, float *dst, D
         return -1;
     }
     int64_t cols = s->cols ? s->cols : s->rows, rows = s->cols ? s->rows : 1;
-    if (gguf_blocks_suffice(ctx, s, dst, (DType)dt)) {
-        /* a compile that stores these blocks as they are: no f32 view */
-        int64_t at = quant_blocks_first_non_finite((DType)dt, t->data, rows, cols);
-        if (at >= 0) {
-            diag_file_error(d, g->path, "tensor '%s' has a non-finite value (NaN or infinity) at element %" PRId64,
-                            name, at);
-            return -1;
-        }
-        weights_keep_stored(((GgufCtx *)ctx)->w, s, dst, (DType)dt, t->data);
-        return WFETCH_BLOCKS;
-    }
+    Weights *w = ((GgufCtx *)ctx)->w;
+    int kept = weights_fetch_stored(w, s, dst, (DType)dt, t->data, g->path, name, d);
+    if (kept)
+        return kept;
     size_t rb = dtype_row_bytes((DType)dt, cols);
     for (int64_t r = 0; r < rows; r++)
         quant_row_dequant((DType)dt, (const unsigned char *)t->data + (size_t)r * rb, cols, dst + r * cols);
-    weights_keep_stored(((GgufCtx *)ctx)->w, s, dst, (DType)dt, t->data);
+    weights_keep_stored(w, s, dst, (DType)dt, t->data);
     return 1;
 }
 

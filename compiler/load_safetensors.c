@@ -385,9 +385,12 @@ static int st_fetch(void *ctx, const char *name, const WSlot *s, float *dst, Dia
     if (!wslot_shape_check(s, d, sf->path, name, e->ndim, e->shape))
         return -1;
     SrcType st = (SrcType)st_dtypes[e->dtype].src;
+    DType dt = st == SRC_F16 ? DT_F16 : st == SRC_BF16 ? DT_BF16 : DT_F32;
+    int r = weights_fetch_stored(sm->w, s, dst, dt, sf->data + e->begin, sf->path, name, d);
+    if (r)
+        return r;
     convert_to_f32(dst, sf->data + e->begin, wslot_nelem(s), st);
-    weights_keep_stored(sm->w, s, dst, st == SRC_F16 ? DT_F16 : st == SRC_BF16 ? DT_BF16 : DT_F32,
-                        sf->data + e->begin);
+    weights_keep_stored(sm->w, s, dst, dt, sf->data + e->begin);
     return 1;
 }
 

@@ -200,7 +200,7 @@ typedef struct Weights {
     int nviews;
     int nslots, slots_done;     /* tensors to load, loaded so far */
     size_t loaded_bytes;        /* f32 bytes of the tensors loaded so far (converted to f32) */
-    int blocks_kept;            /* matrices stored from their GGUF blocks alone, no f32 made */
+    int stored_kept;            /* matrices stored from their file's bytes alone, no f32 made */
     const struct WeightsProgress *progress;
 } Weights;
 

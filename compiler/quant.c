@@ -688,15 +688,25 @@ static bool quant_keep_blocks(Weights *w, const char *name, DType t)
     return true;
 }
 
-bool quant_blocks_suffice(const Weights *w, const char *canon, DType src)
+bool quant_stored_suffices(const Weights *w, const char *canon, DType src)
 {
     int cls = quant_tensor_class(canon);
     int t = cls < 0 ? -1 : quant_spec_dtype(w->m->quant[cls], src);
     return t >= 0 && (t == (int)src || dtype_layout((DType)t) == src);
 }
 
-int64_t quant_blocks_first_non_finite(DType t, const unsigned char *data, int64_t rows, int64_t cols)
+int64_t quant_stored_first_non_finite(DType t, const unsigned char *data, int64_t rows, int64_t cols)
 {
+    int64_t n = rows * cols;
+    if (t == DT_F16 || t == DT_BF16) { /* exponent bits all set */
+        uint16_t e = t == DT_F16 ? 0x7c00 : 0x7f80, h;
+        for (int64_t i = 0; i < n; i++) {
+            memcpy(&h, data + 2 * i, 2);
+            if ((h & e) == e)
+                return i;
+        }
+        return -1;
+    }
     /* the f16 scales of each block: offsets of d (and of m or dmin) */
     int a = 0, b = -1;
     switch (t) {
@@ -708,9 +718,9 @@ int64_t quant_blocks_first_non_finite(DType t, const unsigned char *data, int64_
     case DT_Q8_0:
     case DT_Q4_0:
     case DT_Q5_0: break;
-    default: ASSERT(!"quant_blocks_first_non_finite: not a GGUF block dtype");
+    default: ASSERT(!"quant_stored_first_non_finite: not a dtype a file stores");
     }
-    int64_t be = dtype_is_kquant(t) ? 256 : 32, bb = (int64_t)dtype_row_bytes(t, be), nb = rows * (cols / be);
+    int64_t be = dtype_is_kquant(t) ? 256 : 32, bb = (int64_t)dtype_row_bytes(t, be), nb = n / be;
     for (int64_t i = 0; i < nb; i++) {
         const unsigned char *p = data + i * bb;
         uint16_t h0, h1 = 0;

@@ -280,6 +280,25 @@ void weights_keep_stored(Weights *w, const WSlot *s, const float *dst, DType dt,
     arena_free(&a);
 }
 
+int weights_fetch_stored(Weights *w, const WSlot *s, const float *dst, DType dt, const void *bytes,
+                         const char *file, const char *name, Diag *d)
+{
+    if (!w->stored_only || s->layer < 0 || !s->cols || dst != s->dst || dt == DT_F32)
+        return 0;
+    Arena a = {0};
+    bool yes = quant_stored_suffices(w, wslot_canon_name(&a, s), dt);
+    arena_free(&a);
+    if (!yes)
+        return 0;
+    int64_t at = quant_stored_first_non_finite(dt, bytes, s->rows, s->cols);
+    if (at >= 0) {
+        diag_file_error(d, file, "tensor '%s' has a non-finite value (NaN or infinity) at element %" PRId64, name, at);
+        return -1;
+    }
+    weights_keep_stored(w, s, dst, dt, bytes);
+    return WFETCH_STORED;
+}
+
 size_t weights_held_bytes(const Weights *w)
 {
     size_t n = 0;
@@ -358,16 +377,16 @@ bool weights_slot_done(Weights *w, WKind k, int layer, const char *file, Diag *d
     return weights_slot_done_ex(w, k, layer, file, false, d);
 }
 
-bool weights_slot_done_ex(Weights *w, WKind k, int layer, const char *file, bool blocks, Diag *d)
+bool weights_slot_done_ex(Weights *w, WKind k, int layer, const char *file, bool stored, Diag *d)
 {
     int64_t rows, cols;
     slot_shape(w->m, k, &rows, &cols);
-    ASSERT(!blocks || (w->stored_only && layer >= 0 && cols));
-    if (!blocks && !slot_finite_check(w, k, layer, rows * (cols ? cols : 1), file, d))
+    ASSERT(!stored || (w->stored_only && layer >= 0 && cols));
+    if (!stored && !slot_finite_check(w, k, layer, rows * (cols ? cols : 1), file, d))
         return false;
     w->slots_done++;
-    if (blocks)
-        w->blocks_kept++;
+    if (stored)
+        w->stored_kept++;
     else
         w->loaded_bytes += sizeof(float) * (size_t)(rows * (cols ? cols : 1));
     if (w->progress)
@@ -379,7 +398,7 @@ bool weights_slot_done_ex(Weights *w, WKind k, int layer, const char *file, bool
     Arena a = {0};
     char *name = wslot_canon_name(&a, &s);
     bool ok = quant_slot(w, &s, d);
-    ASSERT(!ok || !blocks || weights_qtensor(w, name)); /* stored from the blocks: the view was never read */
+    ASSERT(!ok || !stored || weights_qtensor(w, name)); /* stored from the file's bytes: the view was never read */
     if (ok && weights_qtensor(w, name))
         view_release(w, field);
     arena_free(&a);
@@ -506,7 +525,7 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d)
         if (r == 0)
             diag_file_error(d, src->path, "tensor '%s' is missing", name);
         ok = r > 0 && weights_slot_done_ex(w, slots[i].kind, slots[i].layer,
-                                            src->file ? src->file(src->ctx, name) : src->path, r == WFETCH_BLOCKS, d);
+                                            src->file ? src->file(src->ctx, name) : src->path, r == WFETCH_STORED, d);
     }
     ok = ok && weights_bias_check(w, src, &a, d) && weights_tied_check(w, src, &a, d) &&
          weights_layers_check(w, src, &a, d);

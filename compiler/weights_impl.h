@@ -92,6 +92,14 @@ QTensor *weights_qtensor_put(Weights *w, const char *name, DType t, int64_t rows
  * as a QTensor, so that quant none stores them as they are. Nothing for
  * f32, vectors, or a fetch into scratch (dst is not the slot's). */
 void weights_keep_stored(Weights *w, const WSlot *s, const float *dst, DType dt, const void *bytes);
+/* A fetch's first step: under WEIGHTS_STORED_ONLY, a layer's matrix that
+ * its knob stores from the file's bytes alone (quant_stored_suffices) is
+ * kept (weights_keep_stored) without writing its f32 view, after a
+ * non-finite check of those bytes (the same error as the f32 scan's,
+ * against file, with the file's tensor name): WFETCH_STORED, or -1 after
+ * that error. 0: convert it into dst as usual (then weights_keep_stored). */
+int weights_fetch_stored(Weights *w, const WSlot *s, const float *dst, DType dt, const void *bytes,
+                         const char *file, const char *name, Diag *d);
 /* Forgets the non-f32 storage of `name` (its f32 view stays). */
 void weights_qtensor_drop(Weights *w, const char *name);
 /* An f32 buffer of n floats for a matrix: in the arena, or mapped on its
@@ -103,19 +111,19 @@ float *weights_view_new(Weights *w, int64_t n);
  * (quant_slot) and, when that leaves it in another dtype, its f32 view is
  * unmapped. False after an error. */
 bool weights_slot_done(Weights *w, WKind k, int layer, const char *file, Diag *d);
-/* weights_slot_done of a slot whose f32 view was not written (blocks:
- * fetch returned WFETCH_BLOCKS): no f32 scan. */
-bool weights_slot_done_ex(Weights *w, WKind k, int layer, const char *file, bool blocks, Diag *d);
+/* weights_slot_done of a slot whose f32 view was not written (stored:
+ * fetch returned WFETCH_STORED): no f32 scan. */
+bool weights_slot_done_ex(Weights *w, WKind k, int layer, const char *file, bool stored, Diag *d);
 /* Errors when the source's RoPE pairing differs from the description's. */
 bool weights_pairing_check(const Weights *w, Diag *d, const char *path, RopePairing src);
 
 /* A source of named tensors (safetensors, GGUF) for weights_fill. fetch
  * converts tensor `name` into dst after checking its shape against the
  * slot: it returns 1 when done, 0 when the source has no such tensor, -1
- * after reporting an error, or WFETCH_BLOCKS when it kept the tensor's
- * blocks and checked them finite without writing dst (GGUF, under
- * WEIGHTS_STORED_ONLY, where quant_blocks_suffice). */
-enum { WFETCH_BLOCKS = 2 };
+ * after reporting an error, or WFETCH_STORED when it kept the tensor's
+ * bytes and checked them finite without writing dst
+ * (weights_fetch_stored). */
+enum { WFETCH_STORED = 2 };
 typedef struct WSource {
     void *ctx;
     const char *path;                               /* named in "missing" errors */
@@ -134,16 +142,17 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d);
 /* Applies the quant knob of slot s's class to it (nothing for vectors, or
  * for a matrix whose view was already released). False after an error. */
 bool quant_slot(Weights *w, const WSlot *s, Diag *d);
-/* Whether matrix `canon`, stored in GGUF block dtype src, ends up in a
- * dtype quant_slot makes from those blocks alone (src itself, or a dtype
- * with src's layout), so that its f32 view is never read under
- * WEIGHTS_STORED_ONLY. */
-bool quant_blocks_suffice(const Weights *w, const char *canon, DType src);
-/* The first element of the first block of a GGUF block tensor (rows x
- * cols of dtype t at data) whose f16 scales are not finite, or -1. A block
- * dequantizes to finite values exactly when its scales are finite, and its
- * first element is then not, so this is where an f32 scan would stop. */
-int64_t quant_blocks_first_non_finite(DType t, const unsigned char *data, int64_t rows, int64_t cols);
+/* Whether matrix `canon`, stored by its file in dtype src (f16, bf16, a
+ * GGUF block dtype), ends up in a dtype quant_slot makes from those bytes
+ * alone (src itself, or a dtype with src's layout), so that its f32 view
+ * is never read under WEIGHTS_STORED_ONLY. */
+bool quant_stored_suffices(const Weights *w, const char *canon, DType src);
+/* The first non-finite element of a tensor of rows x cols in dtype t (f16,
+ * bf16 or a GGUF block dtype) at data, or -1, read from the stored bytes:
+ * for blocks, the first element of the first block whose f16 scales are
+ * not finite (a block dequantizes to finite values exactly when its scales
+ * are, and its first element is then not), so where an f32 scan stops. */
+int64_t quant_stored_first_non_finite(DType t, const unsigned char *data, int64_t rows, int64_t cols);
 
 /* ---- gguf.c (beyond compiler/gguf.h) ---- */
 typedef struct GgufTensor GgufTensor;

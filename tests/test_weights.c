@@ -983,10 +983,10 @@ Test(weights, gguf_bad_metadata)
 }
 
 /* A compile's load (WEIGHTS_STORED_ONLY) of a GGUF with quant none
- * stores its layers' block matrices as they are without an f32 view
- * (tiny.gguf: 10 of them); a non-finite f16 scale in such a block is then
- * reported with the same error at the same element as by the load that
- * dequantizes every element. */
+ * stores its layers' matrices as the file does without an f32 view
+ * (tiny.gguf: 10 in blocks, 4 in f16 or bf16); a non-finite f16 scale in
+ * a block is then reported with the same error at the same element as by
+ * the load that dequantizes every element. */
 Test(weights, gguf_non_finite_blocks_without_f32)
 {
     skip_without_fixtures();
@@ -1028,16 +1028,69 @@ Test(weights, gguf_non_finite_blocks_without_f32)
                  path, cases[i].tensor, (long long)cases[i].elem);
         cr_assert_str_eq(full, want);
         cr_assert_str_eq(stored, want);
-        if (i == 0) { /* the unpatched file: a compile keeps its 10 block matrices without f32 */
+        if (i == 0) { /* the unpatched file: a compile keeps its 10 block and 4 f16/bf16 matrices without f32 */
             desc_gguf(&m, src);
             cr_assert(weights_load_ex(&w, &m, WEIGHTS_STORED_ONLY, NULL, &d));
-            cr_assert_eq(w.blocks_kept, 10);
+            cr_assert_eq(w.stored_kept, 14);
             weights_free(&w);
             cr_assert(weights_load(&w, &m, &d));
-            cr_assert_eq(w.blocks_kept, 0);
+            cr_assert_eq(w.stored_kept, 0);
             weights_free(&w);
         }
         arena_free(&a);
         free(raw), free(src), free(path);
     }
+}
+
+/* A compile's load of a checkpoint's bf16 matrices: stored from the file's
+ * bytes without an f32 view (the sharded fixture: 4 of them), and a NaN
+ * in one (element 37 of layer 0's v_proj, in the first shard) reported as
+ * the load that converts every element reports it. */
+Test(weights, safetensors_bf16_stored_without_f32)
+{
+    skip_without_fixtures();
+    ModelDesc m;
+    desc_sharded(&m, FIXTURES "/sharded");
+    Weights w;
+    char full[2048], stored[2048];
+    cr_assert(load_capture_ex(&w, &m, WEIGHTS_STORED_ONLY, stored, sizeof stored), "%s", stored);
+    cr_assert_eq(w.stored_kept, 4);
+    cr_assert_eq(weights_dtype(&w, "L1.w_up"), DT_BF16);
+    weights_free(&w);
+
+    static const char *const files[] = {"config.json", "model-00001-of-00002.safetensors",
+                                        "model-00002-of-00002.safetensors", "model.safetensors.index.json"};
+    char *dir = tmp_path("bf16nan");
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    char *shard = NULL;
+    for (int i = 0; i < 4; i++) {
+        char *src = xasprintf("%s/sharded/%s", FIXTURES, files[i]), *dst = xasprintf("%s/%s", dir, files[i]);
+        size_t n;
+        unsigned char *b = read_bytes(src, &n);
+        if (i == 1) { /* the header's data_offsets of the tensor, past the 8-byte length and the header */
+            uint64_t hl;
+            memcpy(&hl, b, 8);
+            char *hdr = xstrndup((const char *)b + 8, (size_t)hl);
+            const char *e = strstr(hdr, "\"model.layers.0.self_attn.v_proj.weight\"");
+            cr_assert_not_null(e);
+            unsigned long long begin;
+            cr_assert_eq(sscanf(strstr(e, "\"data_offsets\"") + 14, " : [ %llu", &begin), 1);
+            const uint16_t nan = 0x7fc0;
+            memcpy(b + 8 + hl + begin + 2 * 37, &nan, 2);
+            free(hdr);
+            shard = xstrdup(dst);
+        }
+        write_bytes(dst, b, n);
+        free(b), free(src), free(dst);
+    }
+    desc_sharded(&m, dir);
+    cr_assert_not(load_capture_ex(&w, &m, 0, full, sizeof full));
+    cr_assert_not(load_capture_ex(&w, &m, WEIGHTS_STORED_ONLY, stored, sizeof stored));
+    char want[1024];
+    snprintf(want, sizeof want,
+             "%s: error: tensor 'model.layers.0.self_attn.v_proj.weight' has a non-finite value (NaN or infinity) "
+             "at element 37\n", shard);
+    cr_assert_str_eq(full, want);
+    cr_assert_str_eq(stored, want);
+    free(shard), free(dir);
 }
