@@ -280,6 +280,12 @@ void weights_keep_stored(Weights *w, const WSlot *s, const float *dst, DType dt,
     arena_free(&a);
 }
 
+/* The one wording of a tensor with a NaN or infinity at element `at`. */
+static void non_finite_error(Diag *d, const char *file, const char *name, int64_t at)
+{
+    diag_file_error(d, file, "tensor '%s' has a non-finite value (NaN or infinity) at element %" PRId64, name, at);
+}
+
 int weights_fetch_stored(Weights *w, const WSlot *s, const float *dst, DType dt, const void *bytes,
                          const char *file, const char *name, Diag *d)
 {
@@ -292,7 +298,7 @@ int weights_fetch_stored(Weights *w, const WSlot *s, const float *dst, DType dt,
         return 0;
     int64_t at = quant_stored_first_non_finite(dt, bytes, s->rows, s->cols);
     if (at >= 0) {
-        diag_file_error(d, file, "tensor '%s' has a non-finite value (NaN or infinity) at element %" PRId64, name, at);
+        non_finite_error(d, file, name, at);
         return -1;
     }
     weights_keep_stored(w, s, dst, dt, bytes);
@@ -366,8 +372,7 @@ static bool slot_finite_check(Weights *w, WKind k, int layer, int64_t n, const c
     WeightFormat f = w->m->weights_format;
     char *name = f == WFMT_GGUF ? wslot_gguf_name(&a, &s) : f == WFMT_SAFETENSORS ? wslot_hf_name(&a, &s)
                                                                                  : wslot_canon_name(&a, &s);
-    diag_file_error(d, file ? file : w->m->weights_path ? w->m->weights_path : w->m->path,
-                    "tensor '%s' has a non-finite value (NaN or infinity) at element %" PRId64, name, at);
+    non_finite_error(d, file ? file : w->m->weights_path ? w->m->weights_path : w->m->path, name, at);
     arena_free(&a);
     return false;
 }
@@ -397,8 +402,13 @@ bool weights_slot_done_ex(Weights *w, WKind k, int layer, const char *file, bool
     WSlot s = {.kind = k, .layer = layer, .rows = rows, .cols = cols, .dst = *field};
     Arena a = {0};
     char *name = wslot_canon_name(&a, &s);
+    const QTensor *q = weights_qtensor(w, name);
+    DType src = q ? q->dtype : DT_F32;
     bool ok = quant_slot(w, &s, d);
-    ASSERT(!ok || !stored || weights_qtensor(w, name)); /* stored from the file's bytes: the view was never read */
+    /* kept from the file's bytes, so its view was never written: what the
+     * knob made of it must come from those bytes alone */
+    ASSERT(!ok || !stored ||
+           ((q = weights_qtensor(w, name)) != NULL && (q->dtype == src || dtype_layout(q->dtype) == src)));
     if (ok && weights_qtensor(w, name))
         view_release(w, field);
     arena_free(&a);
