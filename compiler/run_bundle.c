@@ -382,18 +382,17 @@ static bool bundle_target_fits(const char *bundle, const RunOptions *o)
         fprintf(stderr, "megac run: %s\n", megac_last_open_error());
         return false;
     }
-    if (!o->engine_given && (!strcmp(target, "cpu") || !strcmp(target, "host-cuda") || !strncmp(target, "sm_", 3)))
-        return true; /* megac_open runs each on its own engine */
-    if (engine_accepts(o->engine, target))
-        return true;
+    /* the engine of the target's own kind, NULL for an unknown target */
+    const char *fit = strncmp(target, "sm_", 3) == 0              ? "cuda"
+                      : !strcmp(target, "cpu") || !strcmp(target, "host-cuda") ? target
+                                                                      : NULL;
+    if ((fit && !o->engine_given) || engine_accepts(o->engine, target))
+        return true; /* without --engine, megac_open runs a bundle on its own */
     char *path = xasprintf("%s/manifest.yaml", bundle);
     SrcFile src = {.path = path};
     bool quoted = srcfile_load(&src, path);
     Diag d;
     diag_init(&d);
-    const char *fit = strncmp(target, "sm_", 3) == 0              ? "cuda"
-                      : !strcmp(target, "cpu") || !strcmp(target, "host-cuda") ? target
-                                                                      : NULL;
     if (fit)
         diag_error(&d, &src, line, col, "the bundle was compiled for target '%s', not for engine '%s'; run it with "
                    "--engine %s", target, run_engine_name(o->engine), fit);
