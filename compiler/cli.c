@@ -1,8 +1,8 @@
 /*
  * cli.c - what the subcommands share (cli.h): one wording for a bad
  * argument, the check that an output path is not one of the command's
- * inputs, which writing it would destroy, and progress lines while weights
- * load.
+ * inputs, which writing it would destroy, and progress lines while tensors
+ * load or are written.
  */
 #include "compiler/cli.h"
 
@@ -80,20 +80,20 @@ static double cli_now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void cli_weights_progress(void *ctx, int done, int total, size_t f32_bytes)
+static void cli_progress_line(void *ctx, int done, int total, size_t bytes)
 {
     CliProgress *c = ctx;
     double t = cli_now_s();
     if (t - c->t_last < 5.0)
         return;
     c->t_last = t;
-    fprintf(stderr, "megac %s: loading the weights %8.1f s   %d/%d tensors, %.1f GB read\n", c->cmd, t - c->t0, done,
-            total, (double)f32_bytes / 1e9);
+    fprintf(stderr, "megac %s: %-20s %8.1f s   %d/%d tensors, %.1f GB %s\n", c->cmd, c->pass, t - c->t0, done, total,
+            (double)bytes / 1e9, c->what);
 }
 
-WeightsProgress cli_progress(CliProgress *c, const char *cmd)
+WeightsProgress cli_progress(CliProgress *c, const char *cmd, const char *pass, const char *what)
 {
-    c->cmd = cmd;
-    c->t0 = c->t_last = cli_now_s();
-    return (WeightsProgress){cli_weights_progress, c};
+    *c = (CliProgress){cmd, pass, what, cli_now_s(), 0};
+    c->t_last = c->t0;
+    return (WeightsProgress){cli_progress_line, c};
 }

@@ -44,12 +44,14 @@ bool cli_same_file(const char *a, const char *b);
 /* True, after saying so on stderr, when the output path `out` is the
  * description m came from or a weight or tokenizer file it names. */
 bool cli_out_is_input(const char *cmd, const char *out, const ModelDesc *m);
-/* Progress for weights_load_ex: a line on stderr every 5 s while the
- * weights load ("megac CMD: loading the weights ..."); c holds the clock. */
+/* Progress of a long pass that loads or writes tensors (weights_load_ex,
+ * bundle_write): the callback prints a line on stderr every 5 s of it,
+ * "megac CMD: PASS  T s   DONE/TOTAL tensors, G GB WHAT"; c holds the
+ * names and the clock, started now. */
 typedef struct CliProgress {
-    const char *cmd;
+    const char *cmd, *pass, *what;
     double t0, t_last;
 } CliProgress;
-WeightsProgress cli_progress(CliProgress *c, const char *cmd);
+WeightsProgress cli_progress(CliProgress *c, const char *cmd, const char *pass, const char *what);
 
 #endif

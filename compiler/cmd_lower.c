@@ -123,7 +123,7 @@ int cmd_lower(int argc, char **argv)
         const char *tname = a.target ? a.target : m->targets[0] ? m->targets[0] : "cpu";
         const Target *t = target_lookup(tname, &d);
         CliProgress pc;
-        WeightsProgress p = cli_progress(&pc, "lower");
+        WeightsProgress p = cli_progress(&pc, "lower", "weights_load", "read");
         if (t && !(a.out && cli_out_is_input("lower", a.out, m)) &&
             (s = lower_model_stored(m, t, a.workers, &p, &d)) != NULL && lower_write(s, a.out)) {
             lower_summary(s);

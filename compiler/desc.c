@@ -1963,13 +1963,14 @@ void desc_print(const ModelDesc *m, FILE *out)
     /* a newline in a file name ends no comment, nor does other text YAML
      * cannot hold make the comment unreadable: each such byte is a '?' */
     const unsigned char *p = (const unsigned char *)(m->path ? m->path : "?");
-    for (size_t n = strlen((const char *)p); *p; n--, p++) {
-        int k = *p < 0x80 ? 1 : utf8_len(p, n);
+    for (size_t i = 0, n = strlen((const char *)p); i < n;) {
+        int k = p[i] < 0x80 ? 1 : utf8_len(p + i, n - i);
         if (k > 1) {
-            fwrite(p, 1, (size_t)k, out);
-            p += k - 1, n -= (size_t)k - 1;
+            fwrite(p + i, 1, (size_t)k, out);
+            i += (size_t)k;
         } else {
-            fputc(!k || *p < 0x20 || *p == 0x7f ? '?' : *p, out);
+            fputc(!k || p[i] < 0x20 || p[i] == 0x7f ? '?' : p[i], out);
+            i++;
         }
     }
     fputs(" (paths resolved against the working directory)\n", out);

@@ -23,6 +23,7 @@
  * process is swept by the next compile to the same DIR.
  */
 #include "compiler/driver.h"
+#include "compiler/cli.h"
 #include "compiler/compile.h"
 #include "compiler/quant.h"
 #include "codegen/codegen.h"
@@ -60,7 +61,6 @@ typedef struct Compilation {
     char *kernel_path;
     const char *kernel_file;
     double t0;
-    double t_progress;          /* the last progress line */
 } Compilation;
 
 static double now_s(void)
@@ -102,33 +102,12 @@ static bool pass_desc_load(Compilation *c)
     return pass_done(c, "desc_load", ok, detail);
 }
 
-/* A line every few seconds while the weights load or are written (an 8B
- * model takes a minute or more). */
-static void pass_progress(Compilation *c, const char *pass, int done, int total, const char *what, size_t bytes)
-{
-    double t = now_s();
-    if (c->o->quiet || t - c->t_progress < 5.0)
-        return;
-    c->t_progress = t;
-    fprintf(stderr, "megac compile: %-20s %8.1f s   %d/%d tensors, %.1f GB %s\n", pass, t - c->t0, done, total,
-            bytes / 1e9, what);
-}
-
-static void weights_progress(void *ctx, int done, int total, size_t f32_bytes)
-{
-    pass_progress(ctx, "weights_load", done, total, "read", f32_bytes);
-}
-
-static void bundle_progress(void *ctx, int done, int total, size_t bytes)
-{
-    pass_progress(ctx, "bundle_write", done, total, "written", bytes);
-}
-
 static bool pass_weights_load(Compilation *c)
 {
-    WeightsProgress p = {weights_progress, c};
-    c->t_progress = now_s();
-    c->have_weights = weights_load_ex(&c->w, &c->m, WEIGHTS_STORED_ONLY, &p, &c->d);
+    /* a line every few seconds (an 8B model takes a minute or more) */
+    CliProgress pc;
+    WeightsProgress p = cli_progress(&pc, "compile", "weights_load", "read");
+    c->have_weights = weights_load_ex(&c->w, &c->m, WEIGHTS_STORED_ONLY, c->o->quiet ? NULL : &p, &c->d);
     c->w.progress = NULL;
     char detail[96] = "";
     if (c->have_weights)
@@ -507,9 +486,10 @@ static int compile_passes(Compilation *c)
         remove(c->kernel_path);
         return 1;
     }
-    WeightsProgress p = {bundle_progress, c};
-    c->t_progress = now_s();
-    bool ok = bundle_write(c->tmp, &c->m, &c->w, c->tok, c->s, c->kernel_file, &p, &c->d) && out_commit(c);
+    CliProgress pc;
+    WeightsProgress p = cli_progress(&pc, "compile", "bundle_write", "written");
+    bool ok = bundle_write(c->tmp, &c->m, &c->w, c->tok, c->s, c->kernel_file, c->o->quiet ? NULL : &p, &c->d) &&
+              out_commit(c);
     return pass_done(c, "bundle_write", ok, c->out) ? 0 : 2;
 }
 

@@ -382,6 +382,13 @@ static uint64_t sched_line_number(const char *l, size_t n, const char *tag)
     return strtoull(at + strlen(tag), NULL, 10);
 }
 
+/* The name a `counter NAME` line of schedule.sched declares (up to the
+ * line's end), or NULL for another line. */
+static const char *sched_counter_name(const char *l, size_t n)
+{
+    return n > 8 && memcmp(l, "counter ", 8) == 0 ? l + 8 : NULL;
+}
+
 /* The facts schedule.sched's text states (ir/text.c writes it): the header
  * `schedule NAME target T workers N`, one `counter NAME` line per counter,
  * and `vocab=` and `max_seq=` of the shape line. The arena and io offsets
@@ -398,7 +405,7 @@ static void sched_text_facts(const char *text, size_t len, uint64_t *facts)
             ;
         const char *l = text + i;
         size_t n = e - i;
-        if (n > 8 && memcmp(l, "counter ", 8) == 0)
+        if (sched_counter_name(l, n))
             nctrs++;
         else if (n > 9 && memcmp(l, "schedule ", 9) == 0) {
             facts[MEGAC_FACT_WORKERS] = sched_line_number(l, n, " workers ");
@@ -424,9 +431,9 @@ int rt_stage_sums(const char *dir, const uint64_t *v, uint32_t nctrs, RtStageSum
     for (size_t i = 0, e; i < len; i = e + 1) {
         for (e = i; e < len && text[e] != '\n'; e++)
             ;
-        if (e - i <= 8 || memcmp(text + i, "counter ", 8) != 0)
+        const char *name = sched_counter_name(text + i, e - i);
+        if (!name)
             continue;
-        const char *name = text + i + 8;
         size_t k = 0;
         while (name + k < text + e && name[k] != '.' && k < sizeof out->name - 1)
             k++;

@@ -136,6 +136,23 @@ static megac_status cuda_global(megac_model *m, CudaState *st, const char *name,
     return MEGAC_OK;
 }
 
+/* An optional __device__ array of the module (size bytes), copied into
+ * a malloc'd buffer; NULL when the kernel has none of that size or the
+ * copy fails. */
+static void *cuda_global_opt(CudaState *st, const char *name, size_t size)
+{
+    CUdeviceptr p;
+    size_t bytes = 0;
+    if (st->drv.cuModuleGetGlobal_v2(&p, &bytes, st->mod, name) != 0 || bytes != size)
+        return NULL;
+    void *v = malloc(size);
+    if (v && st->drv.cuMemcpyDtoH_v2(v, p, size) != 0) {
+        free(v);
+        v = NULL;
+    }
+    return v;
+}
+
 static megac_status cuda_module_load(megac_model *m, CudaState *st)
 {
     char *cubin = NULL;
@@ -235,16 +252,11 @@ static void cuda_profile_print(megac_model *m, CudaState *st)
     static const char *const ops[] = {OP_LIST(X)};
 #undef X
     const int nops = (int)(sizeof ops / sizeof *ops);
-    CUdeviceptr p;
-    size_t bytes = 0, n = (size_t)m->man.workers * SLOTS;
-    if (!getenv("MEGAC_CUDA_PROFILE") || st->drv.cuModuleGetGlobal_v2(&p, &bytes, st->mod, "mk_prof") != 0 ||
-        bytes != n * sizeof(uint64_t))
+    uint64_t *v = getenv("MEGAC_CUDA_PROFILE")
+                      ? cuda_global_opt(st, "mk_prof", (size_t)m->man.workers * SLOTS * sizeof(uint64_t))
+                      : NULL;
+    if (!v)
         return;
-    uint64_t *v = malloc(bytes);
-    if (!v || st->drv.cuMemcpyDtoH_v2(v, p, bytes) != 0) {
-        free(v);
-        return;
-    }
     double launches = (double)(v[18] ? v[18] : 1);
     fprintf(stderr, "megac profile: %.0f steps, SM cycles per step (mean over %u workers / largest)\n", launches,
             m->man.workers);
@@ -263,13 +275,8 @@ static void cuda_profile_print(megac_model *m, CudaState *st)
     /* the waits by the stage of their counter (mk_prof_ctr) */
     uint32_t nc = m->man.counters;
     RtStageSum g[64];
-    int ng = -1;
-    if (st->drv.cuModuleGetGlobal_v2(&p, &bytes, st->mod, "mk_prof_ctr") == 0 && bytes == nc * sizeof(uint64_t) &&
-        (v = malloc(bytes)) != NULL) {
-        if (st->drv.cuMemcpyDtoH_v2(v, p, bytes) == 0)
-            ng = rt_stage_sums(m->dir, v, nc, g, 64);
-        free(v);
-    }
+    int ng = (v = cuda_global_opt(st, "mk_prof_ctr", nc * sizeof(uint64_t))) ? rt_stage_sums(m->dir, v, nc, g, 64) : -1;
+    free(v);
     if (ng > 0)
         fprintf(stderr, "megac profile: waits by the stage of their counter, SM cycles per step (mean over workers)\n");
     for (int i = 0; i < ng; i++)
