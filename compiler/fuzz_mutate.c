@@ -640,7 +640,7 @@ Schedule *fuzz_random_dag(FuzzRng *r, int workers_max)
                             .head_dim = 16, .vocab_size = 16, .max_seq = 8, .norm_eps = 1e-5};
     int64_t shape[1] = {16};
     for (int i = 0; i < 3; i++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "s%d", i);
         sched_add_buffer(s, name, DT_F32, BUF_STATE, 1, shape);
     }

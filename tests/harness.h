@@ -13,6 +13,16 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+/* Whether this is the sanitized suite (scripts/test.sh sets
+ * MEGAC_SANITIZED=1 for the ASan build): the slowest tests then run fewer
+ * steps, worker counts or architectures; the plain suite runs them all. */
+static inline bool harness_sanitized(void)
+{
+    return getenv("MEGAC_SANITIZED") != NULL;
+}
 
 /* Index of the largest value, lowest index on ties (as the kernels do). */
 static inline int harness_argmax(const float *v, int n)

@@ -644,7 +644,7 @@ Test(cpu_ops, signal_wait_chain)
     uint32_t z = add_buf(s, "z", BUF_STATE, CN);
     uint32_t c[7];
     for (int i = 0; i < 7; i++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "c%d", i);
         c[i] = sched_add_counter(s, name);
     }

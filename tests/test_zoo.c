@@ -69,8 +69,6 @@ typedef struct {
 
 static bool file_exists(const char *p) { return access(p, R_OK) == 0; }
 
-static bool sanitized(void) { return getenv("MEGAC_SANITIZED") != NULL; }
-
 static bool big_enabled(void)
 {
     const char *e = getenv("MEGAC_ZOO_BIG");
@@ -307,7 +305,7 @@ Test(zoo_cpu, default_model, .timeout = 120)
 Test(zoo_cpu, smollm2_135m, .timeout = 300)
 {
     ZooModel z = {MODELS "/smollm2-135m.yaml", {"max_seq=64"}};
-    zoo_cpu(&z, sanitized() ? 3 : 8);
+    zoo_cpu(&z, harness_sanitized() ? 3 : 8);
 }
 
 Test(zoo_cpu, smollm2_135m_hf, .timeout = 300)
@@ -315,7 +313,7 @@ Test(zoo_cpu, smollm2_135m_hf, .timeout = 300)
     if (!file_exists(SHARED "/hf-configs/SmolLM2-135M.config.json"))
         cr_skip("../shared/hf-configs/SmolLM2-135M.config.json is absent");
     ZooModel z = {MODELS "/smollm2-135m-hf.yaml", {"max_seq=64"}};
-    zoo_cpu(&z, sanitized() ? 3 : 8);
+    zoo_cpu(&z, harness_sanitized() ? 3 : 8);
 }
 
 /* The GGUF file is not in the repository: models/README.md says where
@@ -338,7 +336,7 @@ Test(zoo_cpu, smollm2_135m_instruct_gguf, .timeout = 300)
         cr_skip("%s", why);
     }
     arena_free(&a);
-    zoo_cpu(&z, sanitized() ? 3 : 8);
+    zoo_cpu(&z, harness_sanitized() ? 3 : 8);
 }
 
 /* ---- each big model's features at tiny shapes (its own YAML, overridden) ---- */
