@@ -3,8 +3,8 @@
  *
  *   megac lower MODEL.yaml [--target T] [--workers N] [--set k=v]... [-o X.sched]
  *
- * Reads the description (with overrides) and the stored dtypes of its
- * weights, lowers one decode step for the target and writes the schedule's
+ * Reads the description (with overrides) and, from its weight files'
+ * headers, the dtypes a compile stores its weights in, lowers one decode step for the target and writes the schedule's
  * text form (stdout without -o). A one-line summary goes to stderr.
  */
 #include "compiler/compile.h"
@@ -28,8 +28,9 @@ static void lower_usage(FILE *out)
     fprintf(out, "usage: megac lower MODEL [--target T] [--workers N] [--set key=value]... [-o X.sched]\n\n"
                  "Lowers one batch-1 decode step of the model to per-worker programs and\n"
                  "writes the schedule's text form (.sched) to X.sched, or stdout. It is the\n"
-                 "schedule `megac compile` builds: weights read from files are loaded, so\n"
-                 "each matrix has the dtype it is stored in (GGUF blocks as they are).\n\n"
+                 "schedule `megac compile` builds: each matrix has the dtype a compile\n"
+                 "stores it in (GGUF blocks as they are), read from the weight files'\n"
+                 "headers (no tensor's values are read or checked).\n\n"
                  "  --target T      cpu, host-cuda, sm_80, sm_90 or sm_120 (default: the\n"
                  "                  description's first target, else cpu)\n"
                  "  --workers N     worker count, 1..4096 (default: the description's, else the\n"
@@ -122,10 +123,8 @@ int cmd_lower(int argc, char **argv)
     } else if (desc_load(m, &arena, a.model, a.set, a.nset, &d)) {
         const char *tname = a.target ? a.target : m->targets[0] ? m->targets[0] : "cpu";
         const Target *t = target_lookup(tname, &d);
-        CliProgress pc;
-        WeightsProgress p = cli_progress(&pc, "lower", "weights_load", "read");
         if (t && !(a.out && cli_out_is_input("lower", a.out, m)) &&
-            (s = lower_model_stored(m, t, a.workers, &p, &d)) != NULL && lower_write(s, a.out)) {
+            (s = lower_model_stored(m, t, a.workers, &d)) != NULL && lower_write(s, a.out)) {
             lower_summary(s);
             rc = 0;
         }

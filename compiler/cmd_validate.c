@@ -138,9 +138,7 @@ static int validate_model(const char *path, const char *tname, int workers, cons
     int rc = 2;
     if (desc_load(m, &arena, path, set, nset, &d)) {
         const Target *t = target_lookup(tname ? tname : m->targets[0] ? m->targets[0] : "cpu", &d);
-        CliProgress pc;
-        WeightsProgress p = cli_progress(&pc, "validate", "weights_load", "read");
-        Schedule *low = t ? lower_model_stored(m, t, workers, &p, &d) : NULL;
+        Schedule *low = t ? lower_model_stored(m, t, workers, &d) : NULL;
         if (low) {
             char *text = sched_to_string(low);
             SrcFile src = {xasprintf("<lowered %s>", path), text, strlen(text)};

@@ -15,13 +15,12 @@
  * (0 = the target's default). NULL (with errors in d) if the model cannot
  * be lowered. */
 Schedule *lower_model(const ModelDesc *m, const Target *t, int workers, Diag *d);
-/* lower_model of the weights as `megac compile` stores them: weights read
- * from a file are loaded (WEIGHTS_STORED_ONLY) so that each matrix has its
- * stored dtype (GGUF blocks kept as they are, f16/bf16 tensors, ...) and
- * the schedule is the one a compile of the description builds and
- * validates. Synthetic weights are not generated: the knobs alone decide
- * their dtypes. p (may be NULL) hears of the load. */
-Schedule *lower_model_stored(const ModelDesc *m, const Target *t, int workers, const WeightsProgress *p, Diag *d);
+/* lower_model of the weights as `megac compile` stores them: each
+ * matrix's dtype is the one a compile's load leaves (GGUF blocks kept as
+ * they are, f16/bf16 tensors, ...), so the schedule is the one a compile
+ * of the description builds and validates. Only the files' headers are
+ * read (WEIGHTS_DTYPES_ONLY): no tensor's bytes. */
+Schedule *lower_model_stored(const ModelDesc *m, const Target *t, int workers, Diag *d);
 
 /* ---- tok_import.c ---- */
 /* The tokenizer the description names (llama2.c, HF json, GGUF vocab, or

@@ -946,12 +946,10 @@ Schedule *lower_model_weights(const ModelDesc *m, const Weights *w, const Target
     return L.s;
 }
 
-Schedule *lower_model_stored(const ModelDesc *m, const Target *t, int workers, const WeightsProgress *p, Diag *d)
+Schedule *lower_model_stored(const ModelDesc *m, const Target *t, int workers, Diag *d)
 {
-    if (m->weights_format == WFMT_SYNTHETIC) /* generated in f32: the knobs decide */
-        return lower_model(m, t, workers, d);
     Weights w;
-    if (!weights_load_ex(&w, m, WEIGHTS_STORED_ONLY, p, d))
+    if (!weights_load_ex(&w, m, WEIGHTS_DTYPES_ONLY, NULL, d))
         return NULL;
     Schedule *s = lower_model_weights(m, &w, t, workers, d);
     weights_free(&w);

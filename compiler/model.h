@@ -195,7 +195,8 @@ typedef struct Weights {
     QTensor *qt;        /* (nqt) matrices held in another dtype; in arena */
     int nqt, capqt;
     bool head_own;      /* lm_head is a tensor of its own (weights_head_separate) */
-    bool stored_only;   /* WEIGHTS_STORED_ONLY: see weights_load_ex */
+    bool stored_only;   /* WEIGHTS_STORED_ONLY (or _DTYPES_ONLY): see weights_load_ex */
+    bool dtypes_only;   /* WEIGHTS_DTYPES_ONLY: see weights_load_ex */
     struct WView *views;    /* (nviews) f32 views of matrices mapped apart from the arena */
     int nviews;
     int nslots, slots_done;     /* tensors to load, loaded so far */
@@ -215,7 +216,15 @@ bool weights_load(Weights *w, const ModelDesc *m, Diag *d);
  * unmapped, so memory holds the stored model plus about one f32 matrix
  * (the embedding and classifier stay until the end) instead of the whole
  * model in f32. The stored bytes are the same as weights_load's. */
-enum { WEIGHTS_STORED_ONLY = 1 };
+enum { WEIGHTS_STORED_ONLY = 1, WEIGHTS_DTYPES_ONLY = 2 };
+/* WEIGHTS_DTYPES_ONLY (what lowering needs, for `megac lower` and
+ * `megac validate`): only the dtype every matrix ends up in, exactly as a
+ * compile's load would leave it, from the files' headers: no tensor's
+ * bytes are read, every QTensor's data is NULL and no f32 view is written.
+ * The checks that need the values (non-finite elements, a tied model's
+ * separate classifier equal to its embedding) are not made; the file's
+ * names, shapes and dtypes are checked as usual. A llama2.c checkpoint
+ * (all f32) is not opened. */
 /* Called after each tensor is loaded (and stored), with the counts so far. */
 typedef struct WeightsProgress {
     void (*fn)(void *ctx, int done, int total, size_t f32_bytes);

@@ -784,11 +784,13 @@ static bool quant_head_split(Weights *w, Diag *d)
         return true;
     size_t n = (size_t)m->vocab_size * (size_t)m->dim;
     w->lm_head = weights_view_new(w, (int64_t)n);
-    memcpy(w->lm_head, w->tok_embed, n * sizeof(float));
+    if (!w->dtypes_only)
+        memcpy(w->lm_head, w->tok_embed, n * sizeof(float));
     w->head_own = true;
     if (e) {
         QTensor *h = weights_qtensor_put(w, "lm_head", e->dtype, e->rows, e->cols);
-        memcpy(h->data, e->data, h->nbytes);
+        if (h->data)
+            memcpy(h->data, e->data, h->nbytes);
     }
     return true;
 }
@@ -802,9 +804,14 @@ bool quant_slot(Weights *w, const WSlot *s, Diag *d)
         const QTensor *q = weights_qtensor(w, name);
         int t = quant_target(w, name, q ? q->dtype : DT_F32, d);
         ok = t >= 0;
-        if (ok && t != (q ? (int)q->dtype : DT_F32) && !quant_keep_blocks(w, name, (DType)t) &&
-            !quant_q4_0_regroup(w, name, (DType)t))
-            quant_matrix(w, name, s->dst, s->rows, s->cols, (DType)t);
+        if (ok && t != (q ? (int)q->dtype : DT_F32)) {
+            if (w->dtypes_only && t == DT_F32) /* the dtype each way below leaves, no bytes */
+                weights_qtensor_drop(w, name);
+            else if (w->dtypes_only)
+                weights_qtensor_put(w, name, (DType)t, s->rows, s->cols);
+            else if (!quant_keep_blocks(w, name, (DType)t) && !quant_q4_0_regroup(w, name, (DType)t))
+                quant_matrix(w, name, s->dst, s->rows, s->cols, (DType)t);
+        }
     }
     arena_free(&a);
     return ok;

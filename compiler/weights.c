@@ -276,7 +276,8 @@ void weights_keep_stored(Weights *w, const WSlot *s, const float *dst, DType dt,
     Arena a = {0};
     QTensor *q = weights_qtensor_put(w, wslot_canon_name(&a, s), dt, s->rows, s->cols);
     ASSERT(q->nbytes == dtype_row_bytes(dt, s->cols) * (size_t)s->rows);
-    memcpy(q->data, bytes, q->nbytes);
+    if (q->data)
+        memcpy(q->data, bytes, q->nbytes);
     arena_free(&a);
 }
 
@@ -289,6 +290,10 @@ static void non_finite_error(Diag *d, const char *file, const char *name, int64_
 int weights_fetch_stored(Weights *w, const WSlot *s, const float *dst, DType dt, const void *bytes,
                          const char *file, const char *name, Diag *d)
 {
+    if (w->dtypes_only) {
+        weights_keep_stored(w, s, dst, dt, NULL);
+        return WFETCH_DTYPE;
+    }
     if (!w->stored_only || s->layer < 0 || !s->cols || dst != s->dst || dt == DT_F32)
         return 0;
     Arena a = {0};
@@ -387,12 +392,13 @@ bool weights_slot_done_ex(Weights *w, WKind k, int layer, const char *file, bool
     int64_t rows, cols;
     slot_shape(w->m, k, &rows, &cols);
     ASSERT(!stored || (w->stored_only && layer >= 0 && cols));
-    if (!stored && !slot_finite_check(w, k, layer, rows * (cols ? cols : 1), file, d))
+    bool written = !stored && !w->dtypes_only;
+    if (written && !slot_finite_check(w, k, layer, rows * (cols ? cols : 1), file, d))
         return false;
     w->slots_done++;
     if (stored)
         w->stored_kept++;
-    else
+    else if (written)
         w->loaded_bytes += sizeof(float) * (size_t)(rows * (cols ? cols : 1));
     if (w->progress)
         w->progress->fn(w->progress->ctx, w->slots_done, w->nslots, w->loaded_bytes);
@@ -537,7 +543,7 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d)
         ok = r > 0 && weights_slot_done_ex(w, slots[i].kind, slots[i].layer,
                                             src->file ? src->file(src->ctx, name) : src->path, r == WFETCH_STORED, d);
     }
-    ok = ok && weights_bias_check(w, src, &a, d) && weights_tied_check(w, src, &a, d) &&
+    ok = ok && weights_bias_check(w, src, &a, d) && (w->dtypes_only || weights_tied_check(w, src, &a, d)) &&
          weights_layers_check(w, src, &a, d);
     arena_free(&a);
     return ok;
@@ -613,19 +619,22 @@ bool weights_load_ex(Weights *w, const ModelDesc *m, unsigned flags, const Weigh
     memset(w, 0, sizeof *w);
     w->m = m;
     w->progress = p;
-    w->stored_only = (flags & WEIGHTS_STORED_ONLY) != 0;
+    w->dtypes_only = (flags & WEIGHTS_DTYPES_ONLY) != 0;
+    w->stored_only = w->dtypes_only || (flags & WEIGHTS_STORED_ONLY) != 0;
     if (!weights_dims_check(m, d))
         return false;
     slots_alloc(w);
     int before = d->nerrors;
     bool ok = false;
     switch (m->weights_format) {
-    case WFMT_LLAMA2C: ok = load_llama2c(w, m->weights_path, d); break;
+    case WFMT_LLAMA2C: /* all f32: nothing in the file decides a dtype */
+        ok = w->dtypes_only ? (w->pairing = m->rope_pairing, true) : load_llama2c(w, m->weights_path, d);
+        break;
     case WFMT_SAFETENSORS: ok = load_safetensors(w, m->weights_path, d); break;
     case WFMT_GGUF: ok = load_gguf(w, m->weights_path, d); break;
     case WFMT_SYNTHETIC:
         w->pairing = m->rope_pairing;
-        ok = synthetic_fill(w, d);
+        ok = w->dtypes_only || synthetic_fill(w, d);
         break;
     }
     ok = ok && d->nerrors == before && quant_apply(w, d);
@@ -711,7 +720,7 @@ QTensor *weights_qtensor_put(Weights *w, const char *name, DType t, int64_t rows
     q->rows = rows;
     q->cols = cols;
     q->nbytes = (size_t)rows * dtype_row_bytes(t, cols);
-    q->data = arena_alloc(&w->arena, q->nbytes);
+    q->data = w->dtypes_only ? NULL : arena_alloc(&w->arena, q->nbytes);
     return q;
 }
 

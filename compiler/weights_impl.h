@@ -85,7 +85,8 @@ bool wslot_shape_check(const WSlot *s, Diag *d, const char *path, const char *na
 /* Converts n little-endian elements at src (any alignment) to f32. */
 void convert_to_f32(float *dst, const void *src, int64_t n, SrcType t);
 /* Holds matrix `name` (canonical) in dtype t: returns its QTensor with
- * nbytes of zeroed storage in w->arena, replacing any earlier one. */
+ * nbytes of zeroed storage in w->arena (none, data NULL, under
+ * WEIGHTS_DTYPES_ONLY), replacing any earlier one. */
 QTensor *weights_qtensor_put(Weights *w, const char *name, DType t, int64_t rows, int64_t cols);
 /* A loader's matrix as its file stores it: slot s (filled into dst, its
  * f32 view) keeps the file's bytes of dtype dt (GGUF blocks, f16, bf16)
@@ -97,7 +98,9 @@ void weights_keep_stored(Weights *w, const WSlot *s, const float *dst, DType dt,
  * kept (weights_keep_stored) without writing its f32 view, after a
  * non-finite check of those bytes (the same error as the f32 scan's,
  * against file, with the file's tensor name): WFETCH_STORED, or -1 after
- * that error. 0: convert it into dst as usual (then weights_keep_stored). */
+ * that error. 0: convert it into dst as usual (then weights_keep_stored).
+ * Under WEIGHTS_DTYPES_ONLY every slot is done here, its bytes unread:
+ * the file's dtype recorded as weights_keep_stored would, WFETCH_DTYPE. */
 int weights_fetch_stored(Weights *w, const WSlot *s, const float *dst, DType dt, const void *bytes,
                          const char *file, const char *name, Diag *d);
 /* Forgets the non-f32 storage of `name` (its f32 view stays). */
@@ -121,9 +124,9 @@ bool weights_pairing_check(const Weights *w, Diag *d, const char *path, RopePair
  * converts tensor `name` into dst after checking its shape against the
  * slot: it returns 1 when done, 0 when the source has no such tensor, -1
  * after reporting an error, or WFETCH_STORED when it kept the tensor's
- * bytes and checked them finite without writing dst
- * (weights_fetch_stored). */
-enum { WFETCH_STORED = 2 };
+ * bytes and checked them finite without writing dst, or WFETCH_DTYPE when
+ * it only recorded the tensor's dtype (both from weights_fetch_stored). */
+enum { WFETCH_STORED = 2, WFETCH_DTYPE = 3 };
 typedef struct WSource {
     void *ctx;
     const char *path;                               /* named in "missing" errors */

@@ -475,15 +475,31 @@ Test(cli, lower_and_validate_see_the_compiled_schedule)
     const char *gguf = MEGAC_SRC "/tests/fixtures/weights/llama3.gguf";
     if (access(gguf, R_OK) != 0)
         cr_skip("fixtures absent; run tests/fixtures/weights/make_gguf_models.py");
-    char *d = tmp_dir(), out[16384], lowered[65536], compiled[65536], args[2048];
-    snprintf(args, sizeof args, "compile %s --workers 3 -q -o b.megac && %s lower %s --workers 3 -o l.sched", gguf,
-             MEGAC_BIN, gguf);
-    cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
-    file_read(d, "l.sched", lowered, sizeof lowered);
-    file_read(d, "b.megac/schedule.sched", compiled, sizeof compiled);
-    cr_assert(strlen(compiled) > 1000 && strlen(compiled) < sizeof compiled - 1, "%zu bytes", strlen(compiled));
-    cr_assert(strstr(lowered, "buffer L0.wq q8_0 "), "the GGUF's blocks as stored");
-    cr_assert_str_eq(lowered, compiled);
+    /* a tied GGUF whose classifier the knobs split off, an HF checkpoint, a
+     * llama2.c one, GGUF blocks (lower reads only their headers) */
+    static const struct {
+        const char *model, *set, *want;
+    } cases[] = {
+        {"tests/fixtures/weights/qwen2.gguf", "--set 'quant={default: none, embed: f16, lm_head: w8a16}'",
+         "buffer lm_head w8 "},
+        {"tests/fixtures/weights/hf-llama3", "--set quant.mlp=w4a8-g32", "buffer L1.w_down w4a8g32 "},
+        {"models/stories260k.yaml", "--set quant.lm_head=w4a16-g32", "buffer lm_head w4g32 "},
+        {"tests/fixtures/weights/llama3.gguf", "", "buffer L0.wq q8_0 "}, /* last: l.sched is read below */
+    };
+    char *d = tmp_dir(), out[16384], lowered[65536], compiled[65536], args[4096];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        if (strstr(cases[i].model, "stories") && access(MEGAC_SRC "/../shared/models/stories260K.bin", R_OK) != 0)
+            continue;
+        snprintf(args, sizeof args,
+                 "compile %s/%s --workers 3 %s -q -o b.megac && %s lower %s/%s --workers 3 %s -o l.sched", MEGAC_SRC,
+                 cases[i].model, cases[i].set, MEGAC_BIN, MEGAC_SRC, cases[i].model, cases[i].set);
+        cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
+        file_read(d, "l.sched", lowered, sizeof lowered);
+        file_read(d, "b.megac/schedule.sched", compiled, sizeof compiled);
+        cr_assert(strlen(compiled) > 1000 && strlen(compiled) < sizeof compiled - 1, "%zu bytes", strlen(compiled));
+        cr_assert(strstr(lowered, cases[i].want), "%s: no '%s'", cases[i].model, cases[i].want);
+        cr_assert_str_eq(lowered, compiled, "%s %s", cases[i].model, cases[i].set);
+    }
 
     snprintf(args, sizeof args, "validate %s --workers 3", gguf);
     cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);

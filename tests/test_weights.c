@@ -6,6 +6,7 @@
  */
 #include "compiler/weights_impl.h"
 #include "compiler/gguf.h"
+#include "compiler/quant.h"
 #include "gguf_patch.h"
 
 #include <criterion/criterion.h>
@@ -986,7 +987,8 @@ Test(weights, gguf_bad_metadata)
  * stores its layers' matrices as the file does without an f32 view
  * (tiny.gguf: 10 in blocks, 4 in f16 or bf16); a non-finite f16 scale in
  * a block is then reported with the same error at the same element as by
- * the load that dequantizes every element. */
+ * the load that dequantizes every element (a load for lowering,
+ * WEIGHTS_DTYPES_ONLY, reads no value and sees none). */
 Test(weights, gguf_non_finite_blocks_without_f32)
 {
     skip_without_fixtures();
@@ -1028,6 +1030,8 @@ Test(weights, gguf_non_finite_blocks_without_f32)
                  path, cases[i].tensor, (long long)cases[i].elem);
         cr_assert_str_eq(full, want);
         cr_assert_str_eq(stored, want);
+        cr_assert(load_capture_ex(&w, &m, WEIGHTS_DTYPES_ONLY, full, sizeof full), "%s", full); /* reads no value */
+        weights_free(&w);
         if (i == 0) { /* the unpatched file: a compile keeps its 10 block and 4 f16/bf16 matrices without f32 */
             desc_gguf(&m, src);
             cr_assert(weights_load_ex(&w, &m, WEIGHTS_STORED_ONLY, NULL, &d));
@@ -1042,10 +1046,68 @@ Test(weights, gguf_non_finite_blocks_without_f32)
     }
 }
 
+/* A load for lowering (WEIGHTS_DTYPES_ONLY) leaves every tensor in the
+ * dtype a compile's load (WEIGHTS_STORED_ONLY) does, and splits lm_head
+ * off alike, under knobs that keep a file's blocks, re-block them (Q4_1 as
+ * W4A8, Q8_0 as W8A8), regroup Q4_0, quantize and convert, for GGUF and
+ * safetensors files, tied and not; it holds no tensor's bytes. */
+Test(weights, dtypes_only_as_a_compile_stores)
+{
+    skip_without_fixtures();
+    static const char *const knobs[][TCLASS_COUNT] = {/* embed, attn, mlp, lm_head */
+                                                      {"none", "none", "none", "none"},
+                                                      {"w4a8-g32", "w4a8-g32", "w4a8-g32", "w4a8-g32"},
+                                                      {"f16", "w8a8", "w4a16-g32", "w8a16"},
+                                                      {"none", "f32", "w4a16-g128", "bf16"},
+                                                      {"w8a16", "bf16", "w8a8", "w8a16"}};
+    static const char *const names[] = {"embed", "lm_head", "final_norm", "attn_norm", "ffn_norm", "wq", "wk",
+                                        "wv", "wo", "w_gate", "w_up", "w_down"};
+    for (int file = 0; file < 4; file++) {
+        ModelDesc m;
+        if (file == 0)
+            desc_gguf(&m, FIXTURES "/tiny.gguf");
+        else if (file == 1)
+            desc_st(&m, FIXTURES "/tiny.safetensors");
+        else
+            desc_sharded(&m, FIXTURES "/sharded");
+        if (file == 3) /* the sharded checkpoint as if untied: its own (missing) classifier is an error */
+            m.tie_embeddings = false;
+        for (size_t k = 0; k < sizeof knobs / sizeof *knobs; k++) {
+            for (int c = 0; c < TCLASS_COUNT; c++)
+                cr_assert(quant_spec_parse(knobs[k][c], &m.quant[c]));
+            Weights ws, wd;
+            char es[2048], ed[2048];
+            bool oks = load_capture_ex(&ws, &m, WEIGHTS_STORED_ONLY, es, sizeof es);
+            bool okd = load_capture_ex(&wd, &m, WEIGHTS_DTYPES_ONLY, ed, sizeof ed);
+            cr_assert_eq(oks, okd, "file %d, knobs %zu: stored %d (%s), dtypes %d (%s)", file, k, oks, es, okd, ed);
+            cr_assert_str_eq(es, ed, "file %d, knobs %zu", file, k);
+            if (!oks)
+                continue;
+            cr_assert_eq(weights_head_separate(&ws), weights_head_separate(&wd), "file %d, knobs %zu", file, k);
+            for (int l = -1; l < m.n_layers; l++)
+                for (size_t i = l < 0 ? 0 : 3; i < (l < 0 ? 3 : sizeof names / sizeof *names); i++) {
+                    char n[32];
+                    if (l < 0)
+                        snprintf(n, sizeof n, "%s", names[i]);
+                    else
+                        snprintf(n, sizeof n, "L%d.%s", l, names[i]);
+                    cr_assert_eq(weights_dtype(&wd, n), weights_dtype(&ws, n), "file %d, knobs %zu: %s is %s, not %s",
+                                 file, k, n, dtype_name(weights_dtype(&wd, n)), dtype_name(weights_dtype(&ws, n)));
+                }
+            cr_assert_eq(wd.nqt, ws.nqt, "file %d, knobs %zu", file, k);
+            for (int i = 0; i < wd.nqt; i++)
+                cr_assert_null(wd.qt[i].data, "%s holds bytes", wd.qt[i].name);
+            weights_free(&ws);
+            weights_free(&wd);
+        }
+    }
+}
+
 /* A compile's load of a checkpoint's bf16 matrices: stored from the file's
  * bytes without an f32 view (the sharded fixture: 4 of them), and a NaN
  * in one (element 37 of layer 0's v_proj, in the first shard) reported as
- * the load that converts every element reports it. */
+ * the load that converts every element reports it (and not read by a
+ * load for lowering). */
 Test(weights, safetensors_bf16_stored_without_f32)
 {
     skip_without_fixtures();
@@ -1092,5 +1154,7 @@ Test(weights, safetensors_bf16_stored_without_f32)
              "at element 37\n", shard);
     cr_assert_str_eq(full, want);
     cr_assert_str_eq(stored, want);
+    cr_assert(load_capture_ex(&w, &m, WEIGHTS_DTYPES_ONLY, full, sizeof full), "%s", full); /* reads no value */
+    weights_free(&w);
     free(shard), free(dir);
 }
