@@ -58,8 +58,9 @@ static void fuzz_usage(FILE *out)
                  "  --seed S         random seed (default 1)\n"
                  "  --count N        schedules to judge (default 1000)\n"
                  "  --workers-max W  most workers in a lowering (default %d)\n"
-                 "  --model M        lower the description M (2..W workers, cpu) instead of the\n"
-                 "                   tiny models; a small max_seq keeps the checker exhaustive\n"
+                 "  --model M        lower the model M (2..W workers, cpu; as megac lower does)\n"
+                 "                   instead of the tiny models; a small max_seq keeps the\n"
+                 "                   checker exhaustive\n"
                  "  --set key=value  override a key of M (repeatable), e.g.\n"
                  "                   'compile.kv_policy=[{layers: 1-, policy: h2o, budget: 8}]'\n"
                  "  -v               print every disagreement\n\n"
@@ -116,9 +117,8 @@ static void tiny_knobs(ModelDesc *m, int v)
     }
 }
 
-static bool base_add(Campaign *c, const ModelDesc *m, int workers, Diag *d)
+static bool base_add(Campaign *c, Schedule *s)
 {
-    Schedule *s = lower_model(m, target_lookup("cpu", d), workers, d);
     if (s)
         c->base[c->nbase++] = s;
     return s != NULL;
@@ -135,16 +135,17 @@ static bool base_build_tiny(Campaign *c, Diag *d)
             ModelDesc m = {.name = "tiny", .dim = x[0], .hidden_dim = x[1], .n_layers = x[2], .n_heads = x[3],
                            .n_kv_heads = x[4], .head_dim = x[5], .vocab_size = x[6], .max_seq = x[7],
                            .norm_eps = 1e-5, .tie_embeddings = true, .rope_theta = 10000, .act_dtype = DT_F32};
-            if (!base_add(c, &m, w, d))
+            if (!base_add(c, lower_model(&m, target_lookup("cpu", d), w, d)))
                 return false;
             tiny_knobs(&m, 1 + (int)(i + (size_t)w) % (TINY_VARIANTS - 1));
-            if (!base_add(c, &m, w, d))
+            if (!base_add(c, lower_model(&m, target_lookup("cpu", d), w, d)))
                 return false;
         }
     return true;
 }
 
-/* The --model description (with its --set overrides) for 2..W workers. */
+/* The --model description (with its --set overrides) for 2..W workers,
+ * its weights in the dtypes a compile stores them in (as megac lower). */
 static bool base_build_model(Campaign *c, Diag *d)
 {
     Arena arena = {0};
@@ -152,7 +153,7 @@ static bool base_build_model(Campaign *c, Diag *d)
     bool ok = desc_load(m, &arena, c->model, c->set, c->nset, d);
     c->base = xcalloc((size_t)c->workers_max, sizeof *c->base);
     for (int w = 2; ok && w <= c->workers_max; w++)
-        ok = base_add(c, m, w, d);
+        ok = base_add(c, lower_model_stored(m, target_lookup("cpu", d), w, d));
     arena_free(&arena);
     return ok;
 }
