@@ -574,7 +574,9 @@ static bool weights_file_size_check(const ModelDesc *m, double params, Diag *d)
     return false;
 }
 
-static bool weights_dims_check(const ModelDesc *m, Diag *d)
+/* held: the tensors' values will be loaded (not WEIGHTS_DTYPES_ONLY, whose
+ * views are never written). */
+static bool weights_dims_check(const ModelDesc *m, bool held, Diag *d)
 {
     const char *path = m->path ? m->path : "megac";
     if (m->dim <= 0 || m->hidden_dim <= 0 || m->n_layers <= 0 || m->n_heads <= 0 || m->n_kv_heads <= 0 ||
@@ -586,7 +588,7 @@ static bool weights_dims_check(const ModelDesc *m, Diag *d)
     double q = (double)m->n_heads * m->head_dim, kv = (double)m->n_kv_heads * m->head_dim;
     double per_layer = 2.0 * q * m->dim + 2.0 * kv * m->dim + 3.0 * m->hidden_dim * m->dim;
     double total = 2.0 * m->vocab_size * m->dim + m->n_layers * per_layer;
-    if (total > 1e11) {
+    if (held && total > 1e11) {
         diag_file_error(d, path, "model too large to hold in f32: %.3g parameters", total);
         return false;
     }
@@ -621,7 +623,7 @@ bool weights_load_ex(Weights *w, const ModelDesc *m, unsigned flags, const Weigh
     w->progress = p;
     w->dtypes_only = (flags & WEIGHTS_DTYPES_ONLY) != 0;
     w->stored_only = w->dtypes_only || (flags & WEIGHTS_STORED_ONLY) != 0;
-    if (!weights_dims_check(m, d))
+    if (!weights_dims_check(m, !w->dtypes_only, d))
         return false;
     slots_alloc(w);
     int before = d->nerrors;

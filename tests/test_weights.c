@@ -1103,6 +1103,26 @@ Test(weights, dtypes_only_as_a_compile_stores)
     }
 }
 
+/* A Llama-405B shape (4.1e11 parameters) is refused by a load that holds
+ * its values, and lowered from a load of dtypes, which maps but never
+ * writes an f32 view. */
+Test(weights, dtypes_only_of_a_model_too_large_for_f32)
+{
+    ModelDesc m;
+    desc_tiny(&m, WFMT_SYNTHETIC, NULL);
+    m.dim = 16384, m.hidden_dim = 53248, m.n_layers = 126, m.n_heads = 128, m.n_kv_heads = 8, m.head_dim = 128;
+    m.vocab_size = 128256, m.tie_embeddings = false;
+    cr_assert(quant_spec_parse("w4a16-g128", &m.quant[TCLASS_MLP]));
+    Weights w;
+    char err[1024];
+    cr_assert_not(load_capture_ex(&w, &m, WEIGHTS_STORED_ONLY, err, sizeof err));
+    cr_assert(strstr(err, "tiny.yaml: error: model too large to hold in f32: 4.06e+11 parameters"), "%s", err);
+    cr_assert(load_capture_ex(&w, &m, WEIGHTS_DTYPES_ONLY, err, sizeof err), "%s", err);
+    cr_assert_eq(weights_dtype(&w, "L125.w_down"), DT_W4G128);
+    cr_assert_eq(weights_dtype(&w, "L125.wq"), DT_F32);
+    weights_free(&w);
+}
+
 /* A compile's load of a checkpoint's bf16 matrices: stored from the file's
  * bytes without an f32 view (the sharded fixture: 4 of them), and a NaN
  * in one (element 37 of layer 0's v_proj, in the first shard) reported as
