@@ -4,8 +4,9 @@
  *   megac lower MODEL.yaml [--target T] [--workers N] [--set k=v]... [-o X.sched]
  *
  * Reads the description (with overrides) and, from its weight files'
- * headers, the dtypes a compile stores its weights in, lowers one decode step for the target and writes the schedule's
- * text form (stdout without -o). A one-line summary goes to stderr.
+ * headers, the dtypes a compile stores its weights in, lowers one decode
+ * step for the target and writes the schedule's text form (stdout without
+ * -o). A one-line summary goes to stderr.
  */
 #include "compiler/compile.h"
 #include "compiler/cli.h"

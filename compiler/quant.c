@@ -658,7 +658,8 @@ const char *quant_spec_str(QuantSpec q, char *buf, size_t n)
 /* ---- the pass ---- */
 
 /* Stores matrix `name` (f32 view f, rows x cols) in dtype t and rewrites
- * the view to the dequantized values. */
+ * the view to the dequantized values; under WEIGHTS_DTYPES_ONLY only
+ * records t (the dtype every way of quant_slot leaves). */
 static void quant_matrix(Weights *w, const char *name, float *f, int64_t rows, int64_t cols, DType t)
 {
     if (t == DT_F32) {
@@ -666,6 +667,8 @@ static void quant_matrix(Weights *w, const char *name, float *f, int64_t rows, i
         return;
     }
     QTensor *q = weights_qtensor_put(w, name, t, rows, cols);
+    if (!q->data)
+        return;
     size_t rb = dtype_row_bytes(t, cols);
     for (int64_t r = 0; r < rows; r++) {
         float *row = f + r * cols;
@@ -804,14 +807,9 @@ bool quant_slot(Weights *w, const WSlot *s, Diag *d)
         const QTensor *q = weights_qtensor(w, name);
         int t = quant_target(w, name, q ? q->dtype : DT_F32, d);
         ok = t >= 0;
-        if (ok && t != (q ? (int)q->dtype : DT_F32)) {
-            if (w->dtypes_only && t == DT_F32) /* the dtype each way below leaves, no bytes */
-                weights_qtensor_drop(w, name);
-            else if (w->dtypes_only)
-                weights_qtensor_put(w, name, (DType)t, s->rows, s->cols);
-            else if (!quant_keep_blocks(w, name, (DType)t) && !quant_q4_0_regroup(w, name, (DType)t))
-                quant_matrix(w, name, s->dst, s->rows, s->cols, (DType)t);
-        }
+        if (ok && t != (q ? (int)q->dtype : DT_F32) &&
+            (w->dtypes_only || (!quant_keep_blocks(w, name, (DType)t) && !quant_q4_0_regroup(w, name, (DType)t))))
+            quant_matrix(w, name, s->dst, s->rows, s->cols, (DType)t);
     }
     arena_free(&a);
     return ok;
