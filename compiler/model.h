@@ -197,6 +197,7 @@ typedef struct Weights {
     bool head_own;      /* lm_head is a tensor of its own (weights_head_separate) */
     bool stored_only;   /* WEIGHTS_STORED_ONLY (or _DTYPES_ONLY): see weights_load_ex */
     bool dtypes_only;   /* WEIGHTS_DTYPES_ONLY: see weights_load_ex */
+    bool embed_unwritten;   /* the embedding kept from its file's bytes, its f32 view never written */
     struct WView *views;    /* (nviews) f32 views of matrices mapped apart from the arena */
     int nviews;
     int nslots, slots_done;     /* tensors to load, loaded so far */
@@ -214,8 +215,9 @@ bool weights_load(Weights *w, const ModelDesc *m, Diag *d);
  * afterwards (its pointer and weights_tensor are NULL); each layer's
  * matrices are quantized as soon as they are loaded and their f32 views
  * unmapped, so memory holds the stored model plus about one f32 matrix
- * (the embedding and classifier stay until the end) instead of the whole
- * model in f32. The stored bytes are the same as weights_load's. */
+ * (the embedding and classifier stay until the end, unless they too are
+ * stored as the file stores them) instead of the whole model in f32. The
+ * stored bytes are the same as weights_load's. */
 enum { WEIGHTS_STORED_ONLY = 1, WEIGHTS_DTYPES_ONLY = 2 };
 /* WEIGHTS_DTYPES_ONLY (what lowering needs, for `megac lower` and
  * `megac validate`): only the dtype every matrix ends up in, exactly as a

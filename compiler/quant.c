@@ -774,7 +774,8 @@ static int quant_target(const Weights *w, const char *name, DType src, Diag *d)
 }
 
 /* A tied model whose embedding and classifier want different dtypes gets
- * its own lm_head: a copy of the embedding's f32 view (and GGUF blocks). */
+ * its own lm_head: a copy of the embedding's f32 values (its view, or its
+ * stored bytes dequantized: weights_embed_f32) and of its stored bytes. */
 static bool quant_head_split(Weights *w, Diag *d)
 {
     const ModelDesc *m = w->m;
@@ -785,10 +786,9 @@ static bool quant_head_split(Weights *w, Diag *d)
         return false;
     if (weights_head_separate(w) || te == th)
         return true;
-    size_t n = (size_t)m->vocab_size * (size_t)m->dim;
-    w->lm_head = weights_view_new(w, (int64_t)n);
+    w->lm_head = weights_view_new(w, (int64_t)m->vocab_size * m->dim);
     if (!w->dtypes_only)
-        memcpy(w->lm_head, w->tok_embed, n * sizeof(float));
+        weights_embed_f32(w, w->lm_head);
     w->head_own = true;
     if (e) {
         QTensor *h = weights_qtensor_put(w, "lm_head", e->dtype, e->rows, e->cols);

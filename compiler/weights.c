@@ -281,6 +281,19 @@ void weights_keep_stored(Weights *w, const WSlot *s, const float *dst, DType dt,
     arena_free(&a);
 }
 
+void weights_embed_f32(const Weights *w, float *out)
+{
+    const ModelDesc *m = w->m;
+    if (!w->embed_unwritten) {
+        memcpy(out, w->tok_embed, sizeof(float) * (size_t)m->vocab_size * (size_t)m->dim);
+        return;
+    }
+    const QTensor *e = weights_qtensor(w, "embed");
+    size_t rb = dtype_row_bytes(e->dtype, e->cols);
+    for (int64_t r = 0; r < e->rows; r++)
+        quant_row_dequant(e->dtype, e->data + (size_t)r * rb, e->cols, out + r * e->cols);
+}
+
 /* The one wording of a tensor with a NaN or infinity at element `at`. */
 static void non_finite_error(Diag *d, const char *file, const char *name, int64_t at)
 {
@@ -294,7 +307,7 @@ int weights_fetch_stored(Weights *w, const WSlot *s, const float *dst, DType dt,
         weights_keep_stored(w, s, dst, dt, NULL);
         return WFETCH_DTYPE;
     }
-    if (!w->stored_only || s->layer < 0 || !s->cols || dst != s->dst || dt == DT_F32)
+    if (!w->stored_only || !s->cols || dst != s->dst || dt == DT_F32)
         return 0;
     Arena a = {0};
     bool yes = quant_stored_suffices(w, wslot_canon_name(&a, s), dt);
@@ -391,7 +404,9 @@ bool weights_slot_done_ex(Weights *w, WKind k, int layer, const char *file, bool
 {
     int64_t rows, cols;
     slot_shape(w->m, k, &rows, &cols);
-    ASSERT(!stored || (w->stored_only && layer >= 0 && cols));
+    ASSERT(!stored || (w->stored_only && cols));
+    if (stored && k == WK_EMBED)
+        w->embed_unwritten = true;
     bool written = !stored && !w->dtypes_only;
     if (written && !slot_finite_check(w, k, layer, rows * (cols ? cols : 1), file, d))
         return false;
@@ -501,14 +516,18 @@ static bool weights_tied_check(const Weights *w, const WSource *src, Arena *a, D
     if (!m->tie_embeddings || !src->has(src->ctx, name))
         return true;
     size_t bytes = (size_t)wslot_nelem(&head) * sizeof(float);
-    float *tmp = xmalloc(bytes);
+    float *tmp = xmalloc(bytes), *embed = w->embed_unwritten ? xmalloc(bytes) : w->tok_embed;
+    if (w->embed_unwritten)
+        weights_embed_f32(w, embed);
     bool ok = src->fetch(src->ctx, name, &head, tmp, d) > 0;
-    if (ok && memcmp(tmp, w->tok_embed, bytes) != 0) {
+    if (ok && memcmp(tmp, embed, bytes) != 0) {
         diag_file_error(d, src->path, "tensor '%s': the file has a separate classifier, but the model "
                         "description says tie_embeddings: true", name);
         ok = false;
     }
     free(tmp);
+    if (embed != w->tok_embed)
+        free(embed);
     return ok;
 }
 

@@ -93,8 +93,9 @@ QTensor *weights_qtensor_put(Weights *w, const char *name, DType t, int64_t rows
  * as a QTensor, so that quant none stores them as they are. Nothing for
  * f32, vectors, or a fetch into scratch (dst is not the slot's). */
 void weights_keep_stored(Weights *w, const WSlot *s, const float *dst, DType dt, const void *bytes);
-/* A fetch's first step: under WEIGHTS_STORED_ONLY, a layer's matrix that
- * its knob stores from the file's bytes alone (quant_stored_suffices) is
+/* A fetch's first step: under WEIGHTS_STORED_ONLY, a matrix (a layer's,
+ * the embedding, the classifier) that its knob stores from the file's
+ * bytes alone (quant_stored_suffices) is
  * kept (weights_keep_stored) without writing its f32 view, after a
  * non-finite check of those bytes (the same error as the f32 scan's,
  * against file, with the file's tensor name): WFETCH_STORED, or -1 after
@@ -103,6 +104,9 @@ void weights_keep_stored(Weights *w, const WSlot *s, const float *dst, DType dt,
  * the file's dtype recorded as weights_keep_stored would, WFETCH_DTYPE. */
 int weights_fetch_stored(Weights *w, const WSlot *s, const float *dst, DType dt, const void *bytes,
                          const char *file, const char *name, Diag *d);
+/* The embedding's f32 values (vocab x dim) into out: its view, or its
+ * stored bytes dequantized when it was kept from them (embed_unwritten). */
+void weights_embed_f32(const Weights *w, float *out);
 /* Forgets the non-f32 storage of `name` (its f32 view stays). */
 void weights_qtensor_drop(Weights *w, const char *name);
 /* An f32 buffer of n floats for a matrix: in the arena, or mapped on its

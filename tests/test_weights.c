@@ -1004,6 +1004,7 @@ Test(weights, gguf_non_finite_blocks_without_f32)
         {"kquant.gguf", "blk.0.attn_k.weight", 2, 176, 2, 0x7c00, 512},     /* Q5_K dmin */
         {"kquant.gguf", "blk.1.attn_output.weight", 1, 210, 208, 0x7e00, 256}, /* Q6_K d */
         {"kquant.gguf", "blk.0.ffn_up.weight", 9, 24, 2, 0x7e01, 288},      /* Q5_1 m */
+        {"tiny.gguf", "token_embd.weight", 3, 34, 0, 0x7c00, 96},           /* the embedding's Q8_0 d */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *src = xasprintf("%s/%s", FIXTURES, cases[i].file), *path = tmp_path(cases[i].file);
@@ -1032,10 +1033,11 @@ Test(weights, gguf_non_finite_blocks_without_f32)
         cr_assert_str_eq(stored, want);
         cr_assert(load_capture_ex(&w, &m, WEIGHTS_DTYPES_ONLY, full, sizeof full), "%s", full); /* reads no value */
         weights_free(&w);
-        if (i == 0) { /* the unpatched file: a compile keeps its 10 block and 4 f16/bf16 matrices without f32 */
+        if (i == 0) { /* the unpatched file: a compile keeps its 10 block and 4 f16/bf16 layer matrices, and its
+                       * Q8_0 embedding and classifier, without f32 */
             desc_gguf(&m, src);
             cr_assert(weights_load_ex(&w, &m, WEIGHTS_STORED_ONLY, NULL, &d));
-            cr_assert_eq(w.stored_kept, 14);
+            cr_assert_eq(w.stored_kept, 16);
             weights_free(&w);
             cr_assert(weights_load(&w, &m, &d));
             cr_assert_eq(w.stored_kept, 0);
@@ -1043,6 +1045,76 @@ Test(weights, gguf_non_finite_blocks_without_f32)
         }
         arena_free(&a);
         free(raw), free(src), free(path);
+    }
+}
+
+/* A tied model's file with a classifier of its own (tiny.gguf's Q8_0
+ * output.weight) is refused when it differs from the embedding and taken
+ * when it equals it, also when a compile's load keeps the embedding from
+ * its bytes without an f32 view (then compared dequantized). */
+Test(weights, tied_check_of_a_stored_embedding)
+{
+    skip_without_fixtures();
+    const char *src = FIXTURES "/tiny.gguf";
+    ModelDesc m;
+    desc_gguf(&m, src);
+    m.tie_embeddings = true;
+    Weights w;
+    char full[2048], stored[2048];
+    cr_assert_not(load_capture_ex(&w, &m, 0, full, sizeof full));
+    cr_assert_not(load_capture_ex(&w, &m, WEIGHTS_STORED_ONLY, stored, sizeof stored));
+    cr_assert(strstr(full, "tensor 'output.weight': the file has a separate classifier"), "%s", full);
+    cr_assert_str_eq(stored, full);
+
+    size_t n;
+    unsigned char *raw = read_bytes(src, &n);
+    Diag d;
+    diag_init(&d);
+    GgufFile *g = gguf_open(src, &d);
+    cr_assert_not_null(g);
+    const GgufTensor *e = gguf_find_tensor(g, "token_embd.weight"), *o = gguf_find_tensor(g, "output.weight");
+    cr_assert(e && o && e->ggml_type == o->ggml_type);
+    size_t bytes = (size_t)m.vocab_size * dtype_row_bytes(DT_Q8_0, m.dim);
+    memcpy(raw + ((const unsigned char *)o->data - g->map), raw + ((const unsigned char *)e->data - g->map), bytes);
+    gguf_close(g);
+    char *path = tmp_path("tied-copy.gguf");
+    write_bytes(path, raw, n);
+    desc_gguf(&m, path);
+    m.tie_embeddings = true;
+    cr_assert(load_capture_ex(&w, &m, WEIGHTS_STORED_ONLY, stored, sizeof stored), "%s", stored);
+    cr_assert(w.embed_unwritten);
+    weights_free(&w);
+    free(raw), free(path);
+}
+
+/* A tied model whose knobs split the classifier off (qwen2.gguf's f16
+ * embedding, kept from its bytes by a compile's load): the classifier is
+ * made from the embedding's values as the load of every f32 view makes
+ * it, byte for byte. */
+Test(weights, head_split_of_a_stored_embedding)
+{
+    skip_without_fixtures();
+    static const char *const heads[] = {"w8a16", "w4a16-g32", "bf16"};
+    for (size_t i = 0; i < sizeof heads / sizeof *heads; i++) {
+        ModelDesc m;
+        Arena a = {0};
+        Diag d;
+        diag_init(&d);
+        cr_assert(desc_load(&m, &a, FIXTURES "/qwen2.gguf", NULL, 0, &d));
+        cr_assert(m.tie_embeddings);
+        cr_assert(quant_spec_parse("none", &m.quant[TCLASS_EMBED]));
+        cr_assert(quant_spec_parse(heads[i], &m.quant[TCLASS_LM_HEAD]));
+        Weights full, stored;
+        char err[2048];
+        cr_assert(load_capture_ex(&full, &m, 0, err, sizeof err), "%s", err);
+        cr_assert(load_capture_ex(&stored, &m, WEIGHTS_STORED_ONLY, err, sizeof err), "%s", err);
+        cr_assert(stored.embed_unwritten && weights_head_separate(&stored));
+        const QTensor *hf = weights_qtensor(&full, "lm_head"), *hs = weights_qtensor(&stored, "lm_head");
+        cr_assert(hf && hs && hf->dtype == hs->dtype && hf->nbytes == hs->nbytes, "%s", heads[i]);
+        cr_assert(memcmp(hf->data, hs->data, hf->nbytes) == 0, "%s: the classifiers differ", heads[i]);
+        weights_free(&full);
+        weights_free(&stored);
+        arena_free(&a);
     }
 }
 
