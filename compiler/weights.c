@@ -649,7 +649,8 @@ bool weights_load_ex(Weights *w, const ModelDesc *m, unsigned flags, const Weigh
     bool ok = false;
     switch (m->weights_format) {
     case WFMT_LLAMA2C: /* all f32: nothing in the file decides a dtype */
-        ok = w->dtypes_only ? (w->pairing = m->rope_pairing, true) : load_llama2c(w, m->weights_path, d);
+        w->pairing = m->rope_pairing;
+        ok = w->dtypes_only || load_llama2c(w, m->weights_path, d);
         break;
     case WFMT_SAFETENSORS: ok = load_safetensors(w, m->weights_path, d); break;
     case WFMT_GGUF: ok = load_gguf(w, m->weights_path, d); break;

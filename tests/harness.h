@@ -24,6 +24,15 @@ static inline bool harness_sanitized(void)
     return getenv("MEGAC_SANITIZED") != NULL;
 }
 
+/* Whether case i runs variant j of n (a worker count, an architecture):
+ * every one in the plain suite; in the sanitized one, where such runs'
+ * time goes to LLVM or NVRTC (not sanitized), one per case, in turn, so
+ * that every variant still runs. */
+static inline bool harness_variant_wanted(size_t i, size_t j, size_t n)
+{
+    return !harness_sanitized() || j == i % n;
+}
+
 /* Index of the largest value, lowest index on ties (as the kernels do). */
 static inline int harness_argmax(const float *v, int n)
 {

@@ -147,14 +147,6 @@ static void ref_close(Ref *r)
     arena_free(&r->arena);
 }
 
-/* Whether config i runs at the j-th of nw worker counts: every one, but
- * in the sanitized suite (where compiles take most of the time) only one
- * per config, in turn, so every count still runs. */
-static bool workers_wanted(size_t i, int j, int nw)
-{
-    return !harness_sanitized() || (size_t)j == i % (size_t)nw;
-}
-
 /* Every config at each worker count, against the reference. */
 static void sparse_vs_reference(const char *model, const char *target, const int *workers, int nw, int ntok)
 {
@@ -165,7 +157,7 @@ static void sparse_vs_reference(const char *model, const char *target, const int
         Ref r;
         ref_open(&r, model, &configs[i]);
         for (int j = 0; j < nw; j++) {
-            if (!workers_wanted(i, j, nw))
+            if (!harness_variant_wanted(i, (size_t)j, (size_t)nw))
                 continue;
             char *b = compile_with(model, target, workers[j], &configs[i], dir, configs[i].name);
             megac_model *mm;
@@ -451,7 +443,7 @@ static void kv_dtype_vs_reference(const char *model, const char *target, const i
         ref_open(&r, model, c);
         ref_open(&r32, model, &f32);
         for (int j = 0; j < nw; j++) {
-            if (!workers_wanted(i, j, nw))
+            if (!harness_variant_wanted(i, (size_t)j, (size_t)nw))
                 continue;
             char *b = compile_with(model, target, workers[j], c, dir, c->name);
             megac_model *mm;
