@@ -178,7 +178,7 @@ static int evkv_run(const EvKvArgs *a)
         return 2;
     }
     Weights w;
-    if (!weights_load(&w, &dense, &d)) {
+    if (!weights_load_ex(&w, &dense, WEIGHTS_STORED_ONLY, NULL, &d)) {
         arena_free(&arena);
         return 2;
     }

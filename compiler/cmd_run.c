@@ -441,9 +441,10 @@ static bool run_ref_encode(RunRef *r, const char *prompt)
     return true;
 }
 
-/* Runs the reference once the model, weights and tokenizer are loaded. */
-static int run_ref_decode(const ModelDesc *m, const Weights *w, const Tokenizer *t,
-                          const RunOptions *o)
+/* Runs the reference once the model and tokenizer are loaded: the weights
+ * are loaded (as a compile stores them: WEIGHTS_STORED_ONLY) once the
+ * prompt is known to fit, so a bad prompt costs no load. */
+static int run_ref_decode(const ModelDesc *m, const Tokenizer *t, const RunOptions *o, Diag *d)
 {
     RunRef r = {.tok = t, .m = m};
     r.bos = m->bos_id >= 0 ? m->bos_id : tok_bos(t);
@@ -459,16 +460,18 @@ static int run_ref_decode(const ModelDesc *m, const Weights *w, const Tokenizer 
     if (o->steps > steps)
         fprintf(stderr, "megac run: note: -n %d is more than the model's context; running %d positions\n", o->steps,
                 steps);
-    if (!run_prompt_fits(r.nprompt, steps, m->max_seq)) {
+    Weights w;
+    if (!run_prompt_fits(r.nprompt, steps, m->max_seq) || !weights_load_ex(&w, m, WEIGHTS_STORED_ONLY, NULL, d)) {
         free(r.prompt);
         return 2;
     }
-    r.ref = ref_new(w);
+    r.ref = ref_new(&w);
     ref_set_prompt_end(r.ref, r.nprompt - 1); /* as megac_generate tells the kernels */
     double t0 = run_now();
     bool ok = run_ref_generate(&r, o, steps);
     double dt = run_now() - t0;
     ref_free(r.ref);
+    weights_free(&w);
     free(r.prompt);
     if (!ok && r.sample_failed)
         return 2;
@@ -490,17 +493,15 @@ int run_reference(const RunOptions *o)
     }
     Arena arena = {0};
     ModelDesc m;
-    Weights w;
     Diag d;
     diag_init(&d);
     int rc = 2;
-    if (run_desc_load(&m, &arena, o, &d) && weights_load(&w, &m, &d)) {
+    if (run_desc_load(&m, &arena, o, &d)) {
         Tokenizer *t = tok_import(&m, &d);
         if (t) {
-            rc = run_ref_decode(&m, &w, t, o);
+            rc = run_ref_decode(&m, t, o, &d);
             tok_free(t);
         }
-        weights_free(&w);
     }
     arena_free(&arena);
     return rc;

@@ -49,7 +49,7 @@ static void w8_quantize(const float *w, int64_t k, unsigned char *out)
         out[4 + j] = (unsigned char)(int8_t)clampl(lroundf(w[j] / s), -127, 127);
 }
 
-static void w8_dequant(const unsigned char *row, int64_t k, float *y)
+static void w8_dequant(const unsigned char *row, int64_t k, float *restrict y)
 {
     float s;
     memcpy(&s, row, 4);
@@ -99,7 +99,7 @@ static size_t w4_group_quantize(const float *w, int64_t len, unsigned char *out)
     return 4 + qbytes;
 }
 
-static size_t w4_group_dequant(const unsigned char *g, int64_t len, float *y)
+static size_t w4_group_dequant(const unsigned char *g, int64_t len, float *restrict y)
 {
     float s = f16_at(g);
     int z = g[2];
@@ -117,7 +117,7 @@ static void w4_quantize(int64_t gsz, const float *w, int64_t k, unsigned char *o
         out += w4_group_quantize(w + j, k - j < gsz ? k - j : gsz, out);
 }
 
-static void w4_dequant(int64_t gsz, const unsigned char *row, int64_t k, float *y)
+static void w4_dequant(int64_t gsz, const unsigned char *row, int64_t k, float *restrict y)
 {
     for (int64_t j = 0; j < k; j += gsz)
         row += w4_group_dequant(row, k - j < gsz ? k - j : gsz, y + j);
@@ -125,7 +125,7 @@ static void w4_dequant(int64_t gsz, const unsigned char *row, int64_t k, float *
 
 /* ---- GGUF blocks (ggml's dequantize_row_*) ---- */
 
-static void q8_0_dequant(const unsigned char *b, int64_t k, float *y)
+static void q8_0_dequant(const unsigned char *b, int64_t k, float *restrict y)
 {
     for (int64_t i = 0; i < k / 32; i++, b += 34, y += 32) {
         float d = f16_at(b);
@@ -134,7 +134,7 @@ static void q8_0_dequant(const unsigned char *b, int64_t k, float *y)
     }
 }
 
-static void q4_0_dequant(const unsigned char *b, int64_t k, float *y)
+static void q4_0_dequant(const unsigned char *b, int64_t k, float *restrict y)
 {
     for (int64_t i = 0; i < k / 32; i++, b += 18, y += 32) {
         float d = f16_at(b);
@@ -145,7 +145,7 @@ static void q4_0_dequant(const unsigned char *b, int64_t k, float *y)
     }
 }
 
-static void q4_1_dequant(const unsigned char *b, int64_t k, float *y)
+static void q4_1_dequant(const unsigned char *b, int64_t k, float *restrict y)
 {
     for (int64_t i = 0; i < k / 32; i++, b += 20, y += 32) {
         float d = f16_at(b), m = f16_at(b + 2);
@@ -159,7 +159,7 @@ static void q4_1_dequant(const unsigned char *b, int64_t k, float *y)
 }
 
 /* Q5_0 and Q5_1: the fifth bit of element j is bit j of the u32 qh. */
-static void q5_dequant(bool q51, const unsigned char *b, int64_t k, float *y)
+static void q5_dequant(bool q51, const unsigned char *b, int64_t k, float *restrict y)
 {
     size_t bb = q51 ? 24 : 22, h = q51 ? 4 : 2;
     for (int64_t i = 0; i < k / 32; i++, b += bb, y += 32) {
@@ -195,7 +195,7 @@ static void quant_kq_scale_min(const unsigned char *scales, int s, int *sc, int 
 
 /* Q4_K and Q5_K (ggml's dequantize_row_q4_K / q5_K): per sub-block of 32,
  * (d * sc) * q - dmin * m, each product rounded to f32. */
-static void q45k_dequant(bool q5, const unsigned char *b, int64_t k, float *y)
+static void q45k_dequant(bool q5, const unsigned char *b, int64_t k, float *restrict y)
 {
     for (int64_t i = 0; i < k / 256; i++, b += q5 ? 176 : 144) {
         float d = f16_at(b), dmin = f16_at(b + 2);
@@ -216,7 +216,7 @@ static void q45k_dequant(bool q5, const unsigned char *b, int64_t k, float *y)
 }
 
 /* Q6_K (ggml's dequantize_row_q6_K): (d * sc) * (q - 32). */
-static void q6k_dequant(const unsigned char *b, int64_t k, float *y)
+static void q6k_dequant(const unsigned char *b, int64_t k, float *restrict y)
 {
     for (int64_t i = 0; i < k / 256; i++, b += 210) {
         float d = f16_at(b + 208);
@@ -251,7 +251,7 @@ void quant_row_quantize(DType t, const float *w, int64_t k, unsigned char *out)
     }
 }
 
-void quant_row_dequant(DType t, const unsigned char *row, int64_t k, float *out)
+void quant_row_dequant(DType t, const unsigned char *row, int64_t k, float *restrict out)
 {
     t = dtype_layout(t);
     switch (t) {
@@ -834,15 +834,19 @@ bool quant_apply(Weights *w, Diag *d)
     return ok;
 }
 
-/* Elements and stored bytes of matrix `name`, added to *n and *bytes. */
+/* Elements and stored bytes of matrix `name`, added to *n and *bytes (a
+ * stored matrix may have no f32 view: WEIGHTS_STORED_ONLY). */
 static void quant_bits_add(const Weights *w, const char *name, double *n, double *bytes)
 {
     int64_t ne;
-    if (!weights_tensor(w, name, &ne))
-        return;
     const QTensor *q = weights_qtensor(w, name);
-    *n += (double)ne;
-    *bytes += q ? (double)q->nbytes : 4.0 * (double)ne;
+    if (q) {
+        *n += (double)q->rows * (double)q->cols;
+        *bytes += (double)q->nbytes;
+    } else if (weights_tensor(w, name, &ne)) {
+        *n += (double)ne;
+        *bytes += 4.0 * (double)ne;
+    }
 }
 
 double quant_bits_per_weight(const Weights *w)

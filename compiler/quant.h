@@ -37,8 +37,8 @@
  * t: DT_F32, DT_F16, DT_BF16, DT_W8, DT_W4G32/64/128. */
 void quant_row_quantize(DType t, const float *w, int64_t k, unsigned char *out);
 /* Dequantizes one row of k elements of any weight dtype into out (f32,
- * the exact arithmetic every backend uses). */
-void quant_row_dequant(DType t, const unsigned char *row, int64_t k, float *out);
+ * the exact arithmetic every backend uses; out does not overlap row). */
+void quant_row_dequant(DType t, const unsigned char *row, int64_t k, float *restrict out);
 /* Scalar reference GEMV on stored bytes: y[r] = sum_j w[r][j] * x[j] for
  * rows rows of k, dequantized in f32, accumulated in double (for an A8
  * dtype: its weights with x unquantized, the float64 A16 reference). */

@@ -31,13 +31,28 @@
  */
 #include "compiler/reference.h"
 
+#include "compiler/quant.h"
+
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* A matrix as the reference reads it: its f32 view, or else its stored
+ * rows (q). */
+typedef struct {
+    const float *f;
+    const QTensor *q;
+} RefMat;
+
+enum { REF_WQ, REF_WK, REF_WV, REF_WO, REF_GATE, REF_UP, REF_DOWN, REF_NMATS };
 
 struct RefState {
     const Weights *w;
     const ModelDesc *m;
+    RefMat *mats;           /* (n_layers, REF_NMATS) */
+    RefMat embed, head;
+    float *wrow;            /* a stored row, dequantized: (the longest row) */
     int q_dim, kv_dim;      /* n_heads*hd, n_kv_heads*hd */
     double *freq;           /* (hd/2) */
     double *x, *xb, *tmp;   /* (dim) */
@@ -159,7 +174,61 @@ void ref_add(double *a, const double *b, int n)
         a[i] += b[i];
 }
 
+/* y = W x (+ b) for a matrix held either way: a stored one a row at a
+ * time, dequantized into wrow, with the same sums as ref_matvec's. */
+static void ref_mat_vec(RefState *s, const RefMat *w, const float *b, const double *x, int rows, int cols, double *y)
+{
+    if (w->f) {
+        ref_matvec(w->f, b, x, rows, cols, y);
+        return;
+    }
+    size_t rb = dtype_row_bytes(w->q->dtype, cols);
+    for (int i = 0; i < rows; i++) {
+        quant_row_dequant(w->q->dtype, w->q->data + (size_t)i * rb, cols, s->wrow);
+        double sum = b ? b[i] : 0.0;
+        for (int j = 0; j < cols; j++)
+            sum += s->wrow[j] * x[j];
+        y[i] = sum;
+    }
+}
+
 /* ---- state ---- */
+
+/* Matrix `name` of w: its f32 view f, or its stored rows when it has none. */
+static RefMat ref_mat(const Weights *w, const float *f, const char *name, int64_t rows, int64_t cols)
+{
+    RefMat r = {.f = f};
+    if (!f) {
+        r.q = weights_qtensor(w, name);
+        ASSERT(r.q && r.q->data && r.q->rows == rows && r.q->cols == cols);
+    }
+    return r;
+}
+
+static void ref_mats_resolve(RefState *s)
+{
+    const Weights *w = s->w;
+    const ModelDesc *m = s->m;
+    static const char *const names[REF_NMATS] = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"};
+    s->mats = xcalloc((size_t)m->n_layers * REF_NMATS, sizeof *s->mats);
+    for (int l = 0; l < m->n_layers; l++) {
+        const LayerWeights *lw = &w->layers[l];
+        const float *f[REF_NMATS] = {lw->wq, lw->wk, lw->wv, lw->wo, lw->w_gate, lw->w_up, lw->w_down};
+        int64_t rows[REF_NMATS] = {s->q_dim, s->kv_dim, s->kv_dim, m->dim, m->hidden_dim, m->hidden_dim, m->dim};
+        int64_t cols[REF_NMATS] = {m->dim, m->dim, m->dim, s->q_dim, m->dim, m->dim, m->hidden_dim};
+        for (int i = 0; i < REF_NMATS; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "L%d.%s", l, names[i]);
+            s->mats[(size_t)l * REF_NMATS + i] = ref_mat(w, f[i], name, rows[i], cols[i]);
+        }
+    }
+    s->embed = ref_mat(w, w->tok_embed, "embed", m->vocab_size, m->dim);
+    /* tied and not split: the classifier is the embedding, either way */
+    bool own = w->lm_head ? w->lm_head != w->tok_embed : weights_qtensor(w, "lm_head") != NULL;
+    s->head = own ? ref_mat(w, w->lm_head, "lm_head", m->vocab_size, m->dim) : s->embed;
+    int longest = m->dim > m->hidden_dim ? m->dim : m->hidden_dim;
+    s->wrow = xcalloc((size_t)(longest > s->q_dim ? longest : s->q_dim), sizeof(float));
+}
 
 static double *ref_vec(int n)
 {
@@ -198,6 +267,7 @@ RefState *ref_new(const Weights *w)
         if (m->kv[l].kind == KV_SNAPKV)
             s->qwin[l] = ref_vec(m->kv[l].window * s->q_dim);
     s->prompt_end = -1;
+    ref_mats_resolve(s);
     return s;
 }
 
@@ -223,6 +293,8 @@ void ref_free(RefState *s)
     for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++)
         free(vecs[i]);
     free(s->logits);
+    free(s->mats);
+    free(s->wrow);
     free(s);
 }
 
@@ -510,11 +582,12 @@ static void ref_layer_attention(RefState *s, int l, int pos)
 {
     const ModelDesc *m = s->m;
     const LayerWeights *lw = &s->w->layers[l];
+    const RefMat *mat = &s->mats[(size_t)l * REF_NMATS];
     int hd = m->head_dim;
     ref_rmsnorm(s->x, lw->attn_norm, m->dim, m->norm_eps, s->xb);
-    ref_matvec(lw->wq, lw->bq, s->xb, s->q_dim, m->dim, s->q);
-    ref_matvec(lw->wk, lw->bk, s->xb, s->kv_dim, m->dim, s->k);
-    ref_matvec(lw->wv, lw->bv, s->xb, s->kv_dim, m->dim, s->v);
+    ref_mat_vec(s, &mat[REF_WQ], lw->bq, s->xb, s->q_dim, m->dim, s->q);
+    ref_mat_vec(s, &mat[REF_WK], lw->bk, s->xb, s->kv_dim, m->dim, s->k);
+    ref_mat_vec(s, &mat[REF_WV], lw->bv, s->xb, s->kv_dim, m->dim, s->v);
     ref_rope(s->q, m->n_heads, hd, pos, s->freq, s->w->pairing);
     ref_rope(s->k, m->n_kv_heads, hd, pos, s->freq, s->w->pairing);
     size_t row = (size_t)pos * (size_t)s->kv_dim;
@@ -537,7 +610,7 @@ static void ref_layer_attention(RefState *s, int l, int pos)
         if (snap && pos == s->prompt_end)
             ref_snap_compress(s, l, pos);
     }
-    ref_matvec(lw->wo, NULL, s->att, m->dim, s->q_dim, s->tmp);
+    ref_mat_vec(s, &mat[REF_WO], NULL, s->att, m->dim, s->q_dim, s->tmp);
     ref_add(s->x, s->tmp, m->dim);
 }
 
@@ -546,11 +619,12 @@ static void ref_layer_ffn(RefState *s, int l)
 {
     const ModelDesc *m = s->m;
     const LayerWeights *lw = &s->w->layers[l];
+    const RefMat *mat = &s->mats[(size_t)l * REF_NMATS];
     ref_rmsnorm(s->x, lw->ffn_norm, m->dim, m->norm_eps, s->xb);
-    ref_matvec(lw->w_gate, NULL, s->xb, m->hidden_dim, m->dim, s->hg);
-    ref_matvec(lw->w_up, NULL, s->xb, m->hidden_dim, m->dim, s->hu);
+    ref_mat_vec(s, &mat[REF_GATE], NULL, s->xb, m->hidden_dim, m->dim, s->hg);
+    ref_mat_vec(s, &mat[REF_UP], NULL, s->xb, m->hidden_dim, m->dim, s->hu);
     ref_swiglu(s->hg, s->hu, m->hidden_dim, s->hg);
-    ref_matvec(lw->w_down, NULL, s->hg, m->dim, m->hidden_dim, s->tmp);
+    ref_mat_vec(s, &mat[REF_DOWN], NULL, s->hg, m->dim, m->hidden_dim, s->tmp);
     ref_add(s->x, s->tmp, m->dim);
 }
 
@@ -560,13 +634,20 @@ const float *ref_step(RefState *s, int token, int pos)
     ASSERT(pos == s->npos && pos < m->max_seq);
     ASSERT(token >= 0 && token < m->vocab_size);
     ref_kv_reserve(s, pos);
-    ref_embed(s->w->tok_embed, m->dim, token, s->x);
+    if (s->embed.f) {
+        ref_embed(s->embed.f, m->dim, token, s->x);
+    } else {
+        const QTensor *e = s->embed.q;
+        quant_row_dequant(e->dtype, e->data + (size_t)token * dtype_row_bytes(e->dtype, m->dim), m->dim, s->wrow);
+        for (int i = 0; i < m->dim; i++)
+            s->x[i] = s->wrow[i];
+    }
     for (int l = 0; l < m->n_layers; l++) {
         ref_layer_attention(s, l, pos);
         ref_layer_ffn(s, l);
     }
     ref_rmsnorm(s->x, s->w->final_norm, m->dim, m->norm_eps, s->xb);
-    ref_matvec(s->w->lm_head, NULL, s->xb, m->vocab_size, m->dim, s->logits_d);
+    ref_mat_vec(s, &s->head, NULL, s->xb, m->vocab_size, m->dim, s->logits_d);
     for (int i = 0; i < m->vocab_size; i++)
         s->logits[i] = (float)s->logits_d[i];
     s->npos++;

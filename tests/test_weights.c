@@ -1250,3 +1250,60 @@ Test(weights, safetensors_bf16_stored_without_f32)
     weights_free(&w);
     free(shard), free(dir);
 }
+
+/* The reference decode on a compile's load (WEIGHTS_STORED_ONLY: matrices
+ * kept only as stored, read a row at a time) gives the logits it gives on
+ * the full load (every matrix an f32 view), bit for bit, and the bits per
+ * weight eval-quant reports are the same: GGUF blocks,
+ * K-quants, f16 and bf16 kept as stored, an embedding kept from its bytes,
+ * a tied classifier split off it, and matrices quantized anew. */
+Test(weights, reference_on_stored_rows_as_on_f32)
+{
+    skip_without_fixtures();
+    static const char *const files[] = {FIXTURES "/tiny.gguf", FIXTURES "/qwen2.gguf", FIXTURES "/llama3.gguf",
+                                        FIXTURES "/kquant.gguf", FIXTURES "/hf-llama3", FIXTURES "/sharded"};
+    static const char *const knobs[][TCLASS_COUNT] = {/* embed, attn, mlp, lm_head */
+                                                      {"none", "none", "none", "none"},
+                                                      {"none", "w4a16-g32", "w8a16", "w8a16"},
+                                                      {"w8a16", "bf16", "w4a16-g128", "none"}};
+    int stored_total = 0;
+    for (size_t f = 0; f < sizeof files / sizeof *files; f++)
+        for (size_t k = 0; k < sizeof knobs / sizeof *knobs; k++) {
+            ModelDesc m;
+            Arena a = {0};
+            Diag d;
+            diag_init(&d);
+            cr_assert(desc_load(&m, &a, files[f], NULL, 0, &d), "%s", files[f]);
+            for (int c = 0; c < TCLASS_COUNT; c++)
+                cr_assert(quant_spec_parse(knobs[k][c], &m.quant[c]));
+            Weights full, stored;
+            char err[2048];
+            cr_assert(load_capture_ex(&full, &m, 0, err, sizeof err), "%s: %s", files[f], err);
+            cr_assert(load_capture_ex(&stored, &m, WEIGHTS_STORED_ONLY, err, sizeof err), "%s: %s", files[f], err);
+            int no_view = (stored.tok_embed == NULL) + (weights_head_separate(&stored) && stored.lm_head == NULL);
+            for (int l = 0; l < m.n_layers; l++) {
+                const LayerWeights *lw = &stored.layers[l];
+                const float *mats[] = {lw->wq, lw->wk, lw->wv, lw->wo, lw->w_gate, lw->w_up, lw->w_down};
+                for (size_t i = 0; i < sizeof mats / sizeof *mats; i++)
+                    no_view += mats[i] == NULL;
+            }
+            stored_total += no_view;
+            cr_assert_eq(quant_bits_per_weight(&full), quant_bits_per_weight(&stored), "%s, knobs %zu", files[f], k);
+            RefState *rf = ref_new(&full), *rs = ref_new(&stored);
+            int n = m.max_seq < 6 ? m.max_seq : 6;
+            for (int pos = 0; pos < n; pos++) {
+                int tok = (7 * pos + 3) % m.vocab_size;
+                const float *lf = ref_step(rf, tok, pos), *ls = ref_step(rs, tok, pos);
+                cr_assert(memcmp(lf, ls, sizeof(float) * (size_t)m.vocab_size) == 0,
+                          "%s, knobs %zu, position %d: the logits differ (%d matrices without a view)", files[f], k,
+                          pos, no_view);
+            }
+            ref_free(rf);
+            ref_free(rs);
+            weights_free(&full);
+            weights_free(&stored);
+            arena_free(&a);
+        }
+    /* every file keeps some matrices only as stored under some knobs */
+    cr_assert_gt(stored_total, 6 * 8, "only %d matrices were read from their stored rows", stored_total);
+}
