@@ -13,6 +13,7 @@
 #include "codegen/cpu/kernel_table.h"
 #include "compiler/weights_impl.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -787,6 +788,11 @@ static bool quant_head_split(Weights *w, Diag *d)
     if (weights_head_separate(w) || te == th)
         return true;
     w->lm_head = weights_view_new(w, (int64_t)m->vocab_size * m->dim);
+    if (!w->lm_head) {
+        diag_file_error(d, m->path ? m->path : "megac", "cannot map an f32 view of the classifier: %s",
+                        strerror(errno));
+        return false;
+    }
     if (!w->dtypes_only)
         weights_embed_f32(w, w->lm_head);
     w->head_own = true;

@@ -247,10 +247,10 @@ struct WView {
 float *weights_view_new(Weights *w, int64_t n)
 {
     size_t bytes = sizeof(float) * (size_t)n;
-    w->nbytes += bytes;
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
-        die("out of memory mapping %zu bytes for an f32 tensor", bytes);
+        return NULL;
+    w->nbytes += bytes;
     ASSERT(w->nviews < w->capqt);
     w->views[w->nviews++] = (struct WView){p, bytes};
     return p;
@@ -336,18 +336,17 @@ size_t weights_held_bytes(const Weights *w)
 }
 
 /* Allocates tensor k of layer l (-1: global): matrices as views, vectors
- * in the arena. */
-static void slot_alloc(Weights *w, WKind k, int l)
+ * in the arena. False when a view cannot be mapped. */
+static bool slot_alloc(Weights *w, WKind k, int l)
 {
     int64_t rows, cols;
     slot_shape(w->m, k, &rows, &cols);
     w->nslots++;
-    if (cols) {
-        *slot_field(w, k, l) = weights_view_new(w, rows * cols);
-        return;
-    }
+    if (cols)
+        return (*slot_field(w, k, l) = weights_view_new(w, rows * cols)) != NULL;
     *slot_field(w, k, l) = ARENA_ARRAY(&w->arena, float, rows);
     w->nbytes += (size_t)rows * sizeof(float);
+    return true;
 }
 
 /* 1 when x is a NaN or an infinity (its exponent bits all set). */
@@ -443,24 +442,39 @@ static bool slot_wanted(const ModelDesc *m, WKind k)
     return k != WK_LM_HEAD || !m->tie_embeddings;
 }
 
-static void slots_alloc(Weights *w)
+/* Parameters of the model's matrices, the embedding and classifier both
+ * counted. */
+static double model_params(const ModelDesc *m)
+{
+    double q = (double)m->n_heads * m->head_dim, kv = (double)m->n_kv_heads * m->head_dim;
+    double per_layer = 2.0 * q * m->dim + 2.0 * kv * m->dim + 3.0 * m->hidden_dim * m->dim;
+    return 2.0 * m->vocab_size * m->dim + m->n_layers * per_layer;
+}
+
+/* Every tensor's storage; false (reported) when the views do not fit the
+ * address space (a description far beyond any machine's models). */
+static bool slots_alloc(Weights *w, Diag *d)
 {
     const ModelDesc *m = w->m;
     w->layers = ARENA_ARRAY(&w->arena, LayerWeights, m->n_layers);
     w->capqt = 2 + (WK_W_DOWN - WK_ATTN_NORM + 1) * m->n_layers;
     w->qt = ARENA_ARRAY(&w->arena, QTensor, w->capqt);
     w->views = ARENA_ARRAY(&w->arena, struct WView, w->capqt);
-    slot_alloc(w, WK_EMBED, -1);
-    for (int l = 0; l < m->n_layers; l++)
-        for (WKind k = WK_ATTN_NORM; k <= WK_W_DOWN; k++)
+    bool ok = slot_alloc(w, WK_EMBED, -1);
+    for (int l = 0; ok && l < m->n_layers; l++)
+        for (WKind k = WK_ATTN_NORM; ok && k <= WK_W_DOWN; k++)
             if (slot_wanted(m, k))
-                slot_alloc(w, k, l);
-    slot_alloc(w, WK_FINAL_NORM, -1);
+                ok = slot_alloc(w, k, l);
+    ok = ok && slot_alloc(w, WK_FINAL_NORM, -1);
     w->head_own = slot_wanted(m, WK_LM_HEAD);
     if (w->head_own)
-        slot_alloc(w, WK_LM_HEAD, -1);
+        ok = ok && slot_alloc(w, WK_LM_HEAD, -1);
     else
         w->lm_head = w->tok_embed;
+    if (!ok)
+        diag_file_error(d, m->path ? m->path : "megac", "model too large for this machine's address space: "
+                        "%.3g parameters, mapped as f32 while they load (%s)", model_params(m), strerror(errno));
+    return ok;
 }
 
 static void slot_push(Weights *w, WSlot *v, int *n, WKind k, int l)
@@ -604,9 +618,7 @@ static bool weights_dims_check(const ModelDesc *m, bool held, Diag *d)
                         MODEL_MAX_LAYERS);
         return false;
     }
-    double q = (double)m->n_heads * m->head_dim, kv = (double)m->n_kv_heads * m->head_dim;
-    double per_layer = 2.0 * q * m->dim + 2.0 * kv * m->dim + 3.0 * m->hidden_dim * m->dim;
-    double total = 2.0 * m->vocab_size * m->dim + m->n_layers * per_layer;
+    double total = model_params(m);
     if (held && total > 1e11) {
         diag_file_error(d, path, "model too large to hold in f32: %.3g parameters", total);
         return false;
@@ -644,7 +656,10 @@ bool weights_load_ex(Weights *w, const ModelDesc *m, unsigned flags, const Weigh
     w->stored_only = w->dtypes_only || (flags & WEIGHTS_STORED_ONLY) != 0;
     if (!weights_dims_check(m, !w->dtypes_only, d))
         return false;
-    slots_alloc(w);
+    if (!slots_alloc(w, d)) {
+        weights_free(w);
+        return false;
+    }
     int before = d->nerrors;
     bool ok = false;
     switch (m->weights_format) {

@@ -109,8 +109,8 @@ int weights_fetch_stored(Weights *w, const WSlot *s, const float *dst, DType dt,
 void weights_embed_f32(const Weights *w, float *out);
 /* Forgets the non-f32 storage of `name` (its f32 view stays). */
 void weights_qtensor_drop(Weights *w, const char *name);
-/* An f32 buffer of n floats for a matrix: in the arena, or mapped on its
- * own under WEIGHTS_STORED_ONLY. */
+/* An f32 buffer of n floats for a matrix, mapped on its own (NULL when it
+ * cannot be mapped). */
 float *weights_view_new(Weights *w, int64_t n);
 /* Every loader calls this after filling a slot from `file` (named in the
  * error for a non-finite value; NULL: the description's weights path).

@@ -532,6 +532,11 @@ Test(cli, validate_takes_a_model)
         {"validate " DEFAULT_YAML " --set compile.nope=1", "unknown key 'nope'", 2},
         {"validate x.sched --workers 2", "megac validate: --workers and --set apply to a model; 'x.sched' is a schedule",
          2},
+        /* 2^20-wide matrices in 16 layers: 4.9e14 bytes of f32 views, past the address space (a
+         * report, not an abort) */
+        {"validate " DEFAULT_YAML " --set arch.dim=1048576 --set arch.hidden_dim=1048576 --set arch.n_heads=4096"
+         " --set arch.n_kv_heads=4096 --set arch.n_layers=16 --set arch.head_dim=256",
+         DEFAULT_YAML ": error: model too large for this machine's address space: 1.23e+14 parameters", 2},
         {"validate " DEFAULT_YAML " --target sm_90 --threads 1024 --regs 255",
          "note: the lines quoted are the output of 'megac lower " DEFAULT_YAML " --target sm_90'", 1},
     };
