@@ -24,6 +24,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 const char desc_default_name[] = "default";
@@ -1716,6 +1717,9 @@ static void name_from(FILE *b, const char *base, size_t n)
         fputc(base[i] && strchr(ok, base[i]) ? base[i] : '-', b);
 }
 
+/* A GGUF file by its magic, or by its name: a file named *.gguf is read
+ * as one, so a damaged one is reported by the GGUF reader, not parsed as
+ * a YAML description. */
 static bool file_is_gguf(const char *path)
 {
     char magic[4];
@@ -1723,7 +1727,8 @@ static bool file_is_gguf(const char *path)
     bool yes = f && fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
     if (f)
         fclose(f);
-    return yes;
+    size_t n = strlen(path);
+    return yes || (n > 5 && strcasecmp(path + n - 5, ".gguf") == 0);
 }
 
 /* The text desc_load parses for `path` and the path it is parsed as (its

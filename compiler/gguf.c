@@ -289,7 +289,13 @@ static bool gguf_header_read(GgufImpl *gi, Cursor *c, Diag *d)
 {
     GgufFile *g = &gi->pub;
     if (g->size < 4 || memcmp(g->map, "GGUF", 4) != 0) {
-        diag_file_error(d, g->path, "not a GGUF file (bad magic)");
+        const unsigned char *m = g->map;
+        if (g->size < 4)
+            diag_file_error(d, g->path, "not a GGUF file: %zu bytes long, where a GGUF file starts with the 4 bytes "
+                            "'GGUF'", (size_t)g->size);
+        else
+            diag_file_error(d, g->path, "not a GGUF file: it starts with the bytes %02x %02x %02x %02x, not 'GGUF' "
+                            "(47 47 55 46)", m[0], m[1], m[2], m[3]);
         return false;
     }
     c->p += 4;

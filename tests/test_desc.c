@@ -1065,6 +1065,40 @@ Test(desc, from_gguf_errors)
                   "      |                   ^\n");
 }
 
+/* A file named *.gguf is read as GGUF whatever its first bytes, so a
+ * damaged or empty one is reported as not GGUF, not parsed as YAML (whose
+ * errors, about control characters or a scalar, said nothing useful). */
+Test(desc, a_damaged_gguf_file_is_reported_as_gguf)
+{
+    char dir[] = "/tmp/megac_desc_XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    static const struct {
+        const char *name, *bytes, *want;
+        size_t n;
+    } cases[] = {
+        {"a.gguf", "GGUX\x03\0\0\0", "a.gguf: error: not a GGUF file: it starts with the bytes 47 47 55 58, not "
+                                      "'GGUF'", 8},
+        {"b.GGUF", "GGU", "b.GGUF: error: not a GGUF file: 3 bytes long", 3},
+        {"c.gguf", "", "c.gguf: error: not a GGUF file: 0 bytes long", 0},
+        {"d.gguf", "name: x\n", "d.gguf: error: not a GGUF file: it starts with the bytes 6e 61 6d 65", 8},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *path = xasprintf("%s/%s", dir, cases[i].name);
+        FILE *f = fopen(path, "wb");
+        cr_assert_not_null(f);
+        cr_assert_eq(fwrite(cases[i].bytes, 1, cases[i].n, f), cases[i].n);
+        cr_assert_eq(fclose(f), 0);
+        ModelDesc m;
+        Arena a = {0};
+        cr_assert_not(load_path(&m, &a, path, NULL, 0), "%s", path);
+        cr_assert(strstr(errs, cases[i].want), "%s: %s", path, errs);
+        arena_free(&a);
+        unlink(path);
+        free(path);
+    }
+    rmdir(dir);
+}
+
 /* A GGUF's metadata that fails a check is reported against the file, with
  * the key that set the value, not at a line of the text megac writes for it
  * (which no one can open); a value given by --set is still reported at the

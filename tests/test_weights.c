@@ -851,13 +851,13 @@ Test(weights, gguf_bad_inputs)
 
     memcpy(b, raw, n);
     b[0] = 'X';
-    gguf_expect("magic.gguf", b, n, "not a GGUF file (bad magic)");
+    gguf_expect("magic.gguf", b, n, "not a GGUF file: it starts with the bytes 58 47 55 46, not 'GGUF'");
     memcpy(b, raw, n);
     b[4] = 4;
     gguf_expect("version.gguf", b, n, "GGUF version 4 is not supported");
     gguf_expect("cut.gguf", raw, 300, "file is truncated");
     gguf_expect("short.gguf", raw, 3000, "runs past the end of the file");
-    gguf_expect("empty.gguf", raw, 0, "bad magic");
+    gguf_expect("empty.gguf", raw, 0, "not a GGUF file: 0 bytes long");
 
     size_t q = gguf_info_at(raw, n, "blk.0.attn_q.weight"); /* u32 ndim, u64 dims[2], u32 type, u64 off */
     memcpy(b, raw, n);
