@@ -56,13 +56,30 @@ static void print_source_line(FILE *out, const SrcFile *src, int line, int col)
             to--;
     }
     const char *pre = from > 0 ? "..." : "", *post = to < n ? "..." : "";
-    fprintf(out, "%5d | %s%.*s%s\n", line, pre, (int)(to - from), p + from, post);
+    fprintf(out, "%5d | %s", line, pre);
+    for (size_t i = from; i < to; i++) /* a control character as '?': one column, as under the caret */
+        fputc(((unsigned char)p[i] < 0x20 && p[i] != '\t') || p[i] == 0x7f ? '?' : p[i], out);
+    fprintf(out, "%s\n", post);
     if (col <= 0)
         return;
     fprintf(out, "      | %s", *pre ? "   " : "");
     for (size_t i = from; i < at && i < to; i++)
         fputc(p[i] == '\t' ? '\t' : ' ', out);
     fputs("^\n", out);
+}
+
+/* s with its control characters other than newline and tab written as
+ * \xNN: messages quote names and strings from the files they read, and a
+ * damaged file's escape sequences must not reach the terminal. */
+static void put_escaped(FILE *out, const char *s)
+{
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f)
+            fprintf(out, "\\x%02x", c);
+        else
+            fputc(c, out);
+    }
 }
 
 void diag_vreport(Diag *d, const char *kind, const SrcFile *src, int line, int col, const char *fmt, va_list ap)
@@ -81,14 +98,21 @@ void diag_vreport(Diag *d, const char *kind, const SrcFile *src, int line, int c
     }
     if (d && strcmp(kind, "warning") == 0)
         d->nwarnings++;
-    const char *path = src && src->path ? src->path : "megac";
+    put_escaped(out, src && src->path ? src->path : "megac");
     if (line > 0 && col > 0)
-        fprintf(out, "%s:%d:%d: %s: ", path, line, col, kind);
+        fprintf(out, ":%d:%d: %s: ", line, col, kind);
     else if (line > 0)
-        fprintf(out, "%s:%d: %s: ", path, line, kind);
+        fprintf(out, ":%d: %s: ", line, kind);
     else
-        fprintf(out, "%s: %s: ", path, kind);
-    vfprintf(out, fmt, ap);
+        fprintf(out, ": %s: ", kind);
+    va_list aq;
+    va_copy(aq, ap);
+    int n = vsnprintf(NULL, 0, fmt, aq);
+    va_end(aq);
+    char *msg = xmalloc(n > 0 ? (size_t)n + 1 : 1);
+    vsnprintf(msg, n > 0 ? (size_t)n + 1 : 1, fmt, ap);
+    put_escaped(out, msg);
+    free(msg);
     fputc('\n', out);
     print_source_line(out, src, line, col);
 }

@@ -22,6 +22,25 @@ Test(util, caret_diagnostic)
     cr_assert_str_eq(buf, "m.yaml:2:1: error: unknown key 'hiden'\n    2 | hiden: 2\n      | ^\n");
 }
 
+/* Names and strings quoted from a file's bytes reach the terminal with
+ * their control characters escaped (\xNN in messages and paths, '?' in a
+ * quoted source line, where the caret keeps its column); newlines and tabs
+ * of multi-line logs stay. */
+Test(util, diagnostics_escape_control_characters)
+{
+    char buf[512] = {0};
+    FILE *f = fmemopen(buf, sizeof buf, "w");
+    Diag d;
+    diag_init(&d);
+    d.out = f;
+    SrcFile src = {.path = "m\x1b.yaml", .text = "k: \x1b[2Jx\n", .len = 10};
+    diag_error(&d, &src, 1, 8, "key '%s\r' at\tthe log:\n%s", "\x1b[31m", "\x7f");
+    fclose(f);
+    cr_assert_str_eq(buf, "m\\x1b.yaml:1:8: error: key '\\x1b[31m\\x0d' at\tthe log:\n\\x7f\n"
+                          "    1 | k: ?[2Jx\n"
+                          "      |        ^\n");
+}
+
 Test(util, closest)
 {
     const char *c[] = {"hidden", "heads", "layers", NULL};
