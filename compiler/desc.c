@@ -964,12 +964,15 @@ static void gguf_refuse(Ctx *c, const GgufFile *g, const char *arch)
 {
     char full[160];
     int64_t n = 0;
-    snprintf(full, sizeof full, "%s.expert_count", arch);
-    if (gguf_get_int(g, full, &n) && n > 0)
+    /* a key of another type than the specification's is refused too, not
+     * passed over as if absent */
+    if (gguf_arch_int(g, arch, "expert_count", full, &n, c->d) > 0 && n > 0)
         diag_file_error(c->d, g->path, "a mixture of experts (%s = %" PRId64 ") is not supported", full, n);
     GgufStr t;
     snprintf(full, sizeof full, "%s.rope.scaling.type", arch);
-    if (gguf_get_str(g, full, &t) && !(t.len == 4 && memcmp(t.s, "none", 4) == 0))
+    if (gguf_find(g, full) && !gguf_get_str(g, full, &t))
+        diag_file_error(c->d, g->path, "key '%s' must be a string", full);
+    else if (gguf_find(g, full) && !(t.len == 4 && memcmp(t.s, "none", 4) == 0))
         diag_file_error(c->d, g->path, "RoPE scaling '%.*s' (%s) is not supported yet", (int)(t.len < 64 ? t.len : 64),
                         t.s, full);
     static const char *const biases[] = {"blk.0.attn_output.bias", "blk.0.ffn_up.bias", "blk.0.ffn_gate.bias",
@@ -1003,7 +1006,10 @@ static void gguf_dims(Ctx *c, const GgufFile *g, const char *arch, const DocNode
     if (vl && vl != m->head_dim)
         diag_file_error(c->d, g->path, "value heads of %d and key heads of %d are not supported (they must be equal)",
                         vl, m->head_dim);
-    if (rd && rd != m->head_dim)
+    if (rd > m->head_dim)
+        diag_file_error(c->d, g->path, "key '%s.rope.dimension_count' is %d, more than a head's %d dims", arch, rd,
+                        m->head_dim);
+    else if (rd && rd != m->head_dim)
         diag_file_error(c->d, g->path, "RoPE on %d of a head's %d dims (partial rotary) is not supported", rd,
                         m->head_dim);
     const GgufTensor *e = gguf_find_tensor(g, "token_embd.weight");

@@ -60,6 +60,14 @@ const char *gguf_type_name(uint32_t t)
     return t < GGML_NTYPES && ggml_types[t].name ? ggml_types[t].name : "unknown";
 }
 
+/* A metadata value's type, as the GGUF specification names it. */
+static const char *gguf_value_type_name(uint32_t t)
+{
+    static const char *const names[] = {"uint8", "int8",   "uint16", "int16", "uint32", "int32", "float32",
+                                        "bool",  "string", "array",  "uint64", "int64", "float64"};
+    return t < sizeof names / sizeof *names ? names[t] : "unknown";
+}
+
 /* ---- cursor ---- */
 
 static bool cur_need(Cursor *c, uint64_t n, const char *what)
@@ -491,11 +499,19 @@ int gguf_arch_int(const GgufFile *g, const char *arch, const char *key, char *fu
 int gguf_arch_float(const GgufFile *g, const char *arch, const char *key, char *full, double *out, Diag *d)
 {
     snprintf(full, 160, "%s.%s", arch, key);
-    if (!gguf_find(g, full))
+    const GgufKV *kv = gguf_find(g, full);
+    if (!kv)
         return 0;
-    if (gguf_get_float(g, full, out) && isfinite(*out) && *out > 0)
+    int64_t i;
+    bool num = gguf_get_float(g, full, out);
+    if (!num && gguf_get_int(g, full, &i)) /* an integer-typed theta (10000) is taken at its value */
+        *out = (double)i, num = true;
+    if (num && isfinite(*out) && *out > 0)
         return 1;
-    diag_file_error(d, g->path, "key '%s' must be a positive finite number", full);
+    if (num)
+        diag_file_error(d, g->path, "key '%s' is %g; it must be a positive finite number", full, *out);
+    else
+        diag_file_error(d, g->path, "key '%s' must be a number, not a %s", full, gguf_value_type_name(kv->type));
     return -1;
 }
 

@@ -219,11 +219,14 @@ bool gguf_model_arch(const GgufFile *g, char *arch, size_t n, RopePairing *pairi
     }
     snprintf(arch, n, "%.*s", (int)(a.len < 63 ? a.len : 63), a.s);
     for (size_t i = 0; i < sizeof archs / sizeof *archs; i++)
-        if (strcmp(arch, archs[i].name) == 0) {
+        if (a.len == strlen(archs[i].name) && memcmp(a.s, archs[i].name, a.len) == 0) {
             *pairing = archs[i].pairing;
             return true;
         }
-    diag_file_error(d, g->path, "architecture '%s' is not supported (llama, qwen2)", arch);
+    if (memchr(a.s, 0, a.len))
+        diag_file_error(d, g->path, "key 'general.architecture' holds a NUL character (after '%s')", arch);
+    else
+        diag_file_error(d, g->path, "architecture '%s' is not supported (llama, qwen2)", arch);
     return false;
 }
 

@@ -473,8 +473,12 @@ static bool gguf_merges(Tokenizer *t, const GgufFile *g, Diag *d)
 static bool gguf_pretok(const GgufFile *g, Diag *d, PreTokKind *out)
 {
     GgufStr pre = {0, NULL};
-    if (!gguf_get_str(g, "tokenizer.ggml.pre", &pre))
-        pre = (GgufStr){7, "default"};
+    if (!gguf_get_str(g, "tokenizer.ggml.pre", &pre)) {
+        diag_file_error(d, g->path, "a BPE vocabulary without %s (llama.cpp then splits text with its 'default' "
+                        "pre-tokenizer, which megac does not have yet: gpt-2, smollm, starcoder, llama-bpe, qwen2)",
+                        gguf_find(g, "tokenizer.ggml.pre") ? "a string tokenizer.ggml.pre" : "tokenizer.ggml.pre");
+        return false;
+    }
     static const struct { const char *name; PreTokKind k; } names[] = {
         {"gpt-2", PRETOK_GPT2}, {"smollm", PRETOK_GPT2_DIGITS}, {"starcoder", PRETOK_GPT2_DIGITS},
         {"llama-bpe", PRETOK_LLAMA3}, {"llama3", PRETOK_LLAMA3}, {"qwen2", PRETOK_QWEN2},
@@ -585,8 +589,11 @@ static Tokenizer *gguf_build(const GgufFile *g, const ModelDesc *m, Diag *d)
     }
     if (bpe && !gguf_pretok(g, d, &pk))
         return NULL;
-    if ((m->vocab_size > 0 && tokens->arr_n > (uint64_t)m->vocab_size) || tokens->arr_n == 0 ||
-        tokens->arr_n > (1u << 24)) {
+    if (tokens->arr_n == 0) {
+        diag_file_error(d, g->path, "the vocabulary (tokenizer.ggml.tokens) is empty");
+        return NULL;
+    }
+    if ((m->vocab_size > 0 && tokens->arr_n > (uint64_t)m->vocab_size) || tokens->arr_n > (1u << 24)) {
         diag_file_error(d, g->path, "%llu tokens do not fit the model's vocab_size %d",
                         (unsigned long long)tokens->arr_n, m->vocab_size);
         return NULL;

@@ -154,8 +154,12 @@ void tok_free(Tokenizer *t)
 
 void tok_set_piece(Tokenizer *t, int id, const char *bytes, size_t len, float score)
 {
-    if (id < 0 || id >= t->n_vocab || len > TOK_MAX_PIECE) {
-        tok_fail(t, "piece %d (length %zu) out of range", id, len);
+    if (id < 0 || id >= t->n_vocab) {
+        tok_fail(t, "piece %d is out of range [0, %d)", id, t->n_vocab);
+        return;
+    }
+    if (len > TOK_MAX_PIECE) {
+        tok_fail(t, "piece %d is %zu bytes long, more than the %d bytes a piece may have", id, len, TOK_MAX_PIECE);
         return;
     }
     char *p = malloc(len ? len : 1);

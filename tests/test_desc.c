@@ -1051,6 +1051,75 @@ Test(desc, gguf_refusals_name_what)
     }
 }
 
+/* GGUF metadata of another type than the specification's is refused by
+ * its key, not passed over as if absent (a mixture of experts whose count
+ * is a float, RoPE scaling whose type is not a string), and so is an
+ * architecture holding a NUL; a rotary count past the head is not called
+ * partial; an integer theta is taken at its value. Each case patches one
+ * key of a fixture in place. */
+Test(desc, gguf_keys_of_another_type)
+{
+    skip_without_gguf_models();
+    char *dir = test_tmp_dir("desc-gguf-types");
+    static const struct {
+        const char *file, *key, *want;
+        uint32_t type;  /* the new type; its value follows as the 8 bytes of v */
+        uint64_t v;
+        size_t vlen;
+    } cases[] = {
+        {"bad-moe.gguf", "llama.expert_count", "error: key 'llama.expert_count' must be an integer\n", 6, 0x41000000u,
+         4},                                                                   /* f32 8.0 */
+        {"bad-yarn.gguf", "llama.rope.scaling.type", "error: key 'llama.rope.scaling.type' must be a string\n", 9, 0,
+         12},                                                                  /* an empty array of u8 */
+        {"bad-partial-rope.gguf", "llama.rope.dimension_count",
+         "error: key 'llama.rope.dimension_count' is 16, more than a head's 8 dims\n", 4, 16, 4},
+        {"llama3.gguf", "llama.rope.freq_base", "error: key 'llama.rope.freq_base' is 0; it must be a positive finite "
+         "number\n", 4, 0, 4},
+        {"llama3.gguf", "llama.rope.freq_base", NULL, 4, 250000, 4},           /* u32 250000: taken */
+        {"llama3.gguf", "general.architecture", "error: key 'general.architecture' holds a NUL character (after "
+         "'lla')\n", 8, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        size_t n;
+        char src[512], path[600];
+        snprintf(src, sizeof src, WFIX "/%s", cases[i].file);
+        unsigned char *raw = (unsigned char *)read_file(src, &n);
+        cr_assert_not_null(raw, "%s", src);
+        size_t at = test_gguf_kv_at(raw, n, cases[i].key);
+        if (!strcmp(cases[i].key, "general.architecture")) {
+            raw[at + 4 + 8 + 3] = 0;  /* "llama" -> "lla\0a" */
+        } else {
+            memcpy(raw + at, &cases[i].type, 4);
+            if (cases[i].type == 9) { /* array of u8, 0 items: 12 bytes over a string of 4 */
+                uint32_t et = 0;
+                uint64_t cnt = 0;
+                memcpy(raw + at + 4, &et, 4);
+                memcpy(raw + at + 8, &cnt, 8);
+            } else {
+                memcpy(raw + at + 4, &cases[i].v, cases[i].vlen);
+            }
+        }
+        snprintf(path, sizeof path, "%s/%zu.gguf", dir, i);
+        FILE *f = fopen(path, "wb");
+        cr_assert(f && fwrite(raw, 1, n, f) == n && fclose(f) == 0);
+        free(raw);
+        ModelDesc m;
+        Arena a = {0};
+        bool ok = load_path(&m, &a, path, NULL, 0);
+        if (!cases[i].want) {
+            cr_assert(ok, "%s: %s", path, errs);
+            cr_assert_eq(m.rope_theta, 250000.0);
+        } else {
+            cr_assert_not(ok, "%s (%s) accepted", path, cases[i].key);
+            char want[1400];
+            snprintf(want, sizeof want, "%s: %s", path, cases[i].want);
+            cr_assert(strstr(errs, want), "%zu: want %s\ngot %s", i, want, errs);
+        }
+        arena_free(&a);
+    }
+    test_rm_rf(dir);
+}
+
 Test(desc, from_gguf_errors)
 {
     expect_errors("name: t\narch: {from-gguf: nothing.gguf}\nweights: {format: synthetic}\n", NULL, 0,

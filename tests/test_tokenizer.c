@@ -676,6 +676,39 @@ Test(tokenizer, gguf_ids_out_of_range)
     free(b);
 }
 
+/* A BPE GGUF without tokenizer.ggml.pre says so (llama.cpp would split
+ * with its 'default' pre-tokenizer), where it named a 'default' value the
+ * file does not hold; a piece too long or out of range says which limit. */
+Test(tokenizer, gguf_bpe_without_pre_and_piece_limits)
+{
+    const char *src = MEGAC_SRC "/tests/fixtures/weights/qwen2.gguf";
+    need_file(src);
+    size_t n;
+    char *b = read_file(src, &n);
+    cr_assert(b);
+    char *k = memmem(b, n, "tokenizer.ggml.pre", 18);
+    cr_assert(k);
+    k[17] = 'x'; /* the key becomes tokenizer.ggml.prx */
+    char path[32], want[320];
+    char *e = import_bytes_errors(TOKFMT_GGUF, b, n, 0, path);
+    snprintf(want, sizeof want, "%s: error: a BPE vocabulary without tokenizer.ggml.pre (llama.cpp then splits text "
+             "with its 'default' pre-tokenizer, which megac does not have yet", path);
+    cr_assert(strstr(e, want) == e, "%s", e);
+    free(e);
+    free(b);
+
+    Tokenizer *t = tok_new(TOK_BPE, 4);
+    cr_assert(t);
+    static char big[(1 << 16) + 1];
+    tok_set_piece(t, 2, big, sizeof big, 0);
+    cr_assert_str_eq(tok_error(t), "piece 2 is 65537 bytes long, more than the 65536 bytes a piece may have");
+    tok_free(t);
+    t = tok_new(TOK_BPE, 4);
+    tok_set_piece(t, 4, "a", 1, 0);
+    cr_assert_str_eq(tok_error(t), "piece 4 is out of range [0, 4)");
+    tok_free(t);
+}
+
 /* The native file keeps stop marks and always-BOS (version 2), and a
  * version 1 file (no flags word; written by megac before them) still loads. */
 Test(tokenizer, native_flags_and_version_1)

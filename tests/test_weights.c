@@ -941,7 +941,7 @@ Test(weights, gguf_bad_metadata)
     f = NAN;
     memcpy(b + test_gguf_kv_at(raw, n, "llama.attention.layer_norm_rms_epsilon") + 4, &f, 4);
     gguf_expect("eps.gguf", b, n,
-                "error: key 'llama.attention.layer_norm_rms_epsilon' must be a positive finite number\n");
+                "error: key 'llama.attention.layer_norm_rms_epsilon' is nan; it must be a positive finite number\n");
     memcpy(b, raw, n);
     f = 500000;
     memcpy(b + test_gguf_kv_at(raw, n, "llama.rope.freq_base") + 4, &f, 4);
