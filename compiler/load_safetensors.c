@@ -7,9 +7,14 @@
  *    "<name>": {"dtype": "F32"|"F16"|"BF16"|..., "shape": [d0, d1, ...],
  *               "data_offsets": [begin, end]}, ...}
  * then the data section; offsets are relative to its first byte. Every
- * entry is checked before any is used: known dtype, end - begin equal to
- * the shape's byte size, inside the data section, no two tensors
- * overlapping. Only F32, F16 and BF16 tensors can be loaded.
+ * entry is checked before any is used: a name without NULs, known dtype,
+ * end - begin equal to the shape's byte size, integers without leading
+ * zeros (JSON has none), and the tensors tiling the data section exactly:
+ * sorted by offset, the first begins at 0, each next where the previous
+ * ended, the last at the section's end (no holes, overlaps or trailing
+ * bytes, so a header length off by a few bytes cannot shift every tensor).
+ * Duplicate names are refused by doc.c. Only F32, F16 and BF16 tensors
+ * can be loaded.
  *
  * The path may name a .safetensors file, a model.safetensors.index.json
  * (its "weight_map" maps each tensor to a shard file in the same folder),
@@ -79,10 +84,11 @@ static int st_dtype_find(const char *s)
 }
 
 /* Reads a non-negative integer scalar without reporting at the node (the
- * header is one long line; errors name the tensor instead). */
+ * header is one long line; errors name the tensor instead). JSON numbers
+ * have no leading zeros: "016" and "00" are refused, "0" is not. */
 static bool st_uint(const DocNode *n, uint64_t *out)
 {
-    if (!n || n->kind != DOC_SCALAR || n->quoted || n->len == 0 || n->len > 19)
+    if (!n || n->kind != DOC_SCALAR || n->quoted || n->len == 0 || n->len > 19 || (n->len > 1 && n->str[0] == '0'))
         return false;
     uint64_t v = 0;
     for (size_t i = 0; i < n->len; i++) {
@@ -142,31 +148,88 @@ static bool st_entry_parse(StFile *sf, const DocNode *k, const DocNode *v, StEnt
     return true;
 }
 
+/* By begin, then end, then name (so that an error names a fixed pair). */
 static int st_entry_cmp(const void *a, const void *b)
 {
     const StEntry *x = *(const StEntry *const *)a, *y = *(const StEntry *const *)b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : (x->end > y->end) - (x->end < y->end);
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    return strcmp(x->name, y->name);
 }
 
-/* No two non-empty tensors may share a byte. */
-static bool st_overlap_check(StFile *sf, Diag *d)
+/* Two sorted neighbours: b starts before a ends (an empty b inside a too,
+ * as the reference safetensors reader counts it). */
+static bool st_overlap_report(const StFile *sf, const StEntry *a, const StEntry *b, Diag *d)
+{
+    if (b->begin >= a->end)
+        return true;
+    diag_file_error(d, sf->path, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] overlap tensor '%s' [%" PRIu64
+                    ", %" PRIu64 "]", b->name, b->begin, b->end, a->name, a->begin, a->end);
+    return false;
+}
+
+/* After no overlaps: the sorted ranges v[0..n) must tile [0, data_len). */
+static bool st_cover_check(const StFile *sf, const StEntry *const *v, int n, Diag *d)
+{
+    if (n == 0) {
+        if (sf->data_len == 0)
+            return true;
+        diag_file_error(d, sf->path, "the data section has %" PRIu64 " bytes, but the header lists no tensor",
+                        sf->data_len);
+        return false;
+    }
+    if (v[0]->begin != 0) {
+        diag_file_error(d, sf->path, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "]: the first tensor "
+                        "begins at byte %" PRIu64 ", not 0", v[0]->name, v[0]->begin, v[0]->end, v[0]->begin);
+        return false;
+    }
+    for (int i = 1; i < n; i++)
+        if (v[i]->begin != v[i - 1]->end) {
+            diag_file_error(d, sf->path, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] leave a hole of "
+                            "%" PRIu64 " bytes after tensor '%s' [%" PRIu64 ", %" PRIu64 "]", v[i]->name,
+                            v[i]->begin, v[i]->end, v[i]->begin - v[i - 1]->end, v[i - 1]->name, v[i - 1]->begin,
+                            v[i - 1]->end);
+            return false;
+        }
+    const StEntry *last = v[n - 1];
+    if (last->end != sf->data_len) {
+        diag_file_error(d, sf->path, "the data section has %" PRIu64 " bytes after the last tensor's end (tensor "
+                        "'%s' [%" PRIu64 ", %" PRIu64 "], of %" PRIu64 " bytes)", sf->data_len - last->end,
+                        last->name, last->begin, last->end, sf->data_len);
+        return false;
+    }
+    return true;
+}
+
+/* The data section is the tensors' ranges laid end to end: sorted by
+ * (begin, end), no two share a byte, then no holes and no trailing bytes.
+ * Empty tensors are legal where the previous one ends. Uses the offsets
+ * and the file size only (describe and validate read no data). */
+static bool st_layout_check(StFile *sf, Diag *d)
 {
     const StEntry **v = xmalloc((size_t)(sf->ne ? sf->ne : 1) * sizeof *v);
-    int n = 0;
     for (int i = 0; i < sf->ne; i++)
-        if (sf->e[i].end > sf->e[i].begin)
-            v[n++] = &sf->e[i];
-    qsort(v, (size_t)n, sizeof *v, st_entry_cmp);
+        v[i] = &sf->e[i];
+    qsort(v, (size_t)sf->ne, sizeof *v, st_entry_cmp);
     bool ok = true;
-    for (int i = 1; i < n && ok; i++)
-        if (v[i]->begin < v[i - 1]->end) {
-            diag_file_error(d, sf->path, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] overlap tensor "
-                            "'%s' [%" PRIu64 ", %" PRIu64 "]", v[i]->name, v[i]->begin, v[i]->end,
-                            v[i - 1]->name, v[i - 1]->begin, v[i - 1]->end);
-            ok = false;
-        }
+    for (int i = 1; i < sf->ne && ok; i++)
+        ok = st_overlap_report(sf, v[i - 1], v[i], d);
+    ok = ok && st_cover_check(sf, v, sf->ne, d);
     free(v);
     return ok;
+}
+
+/* A tensor name with a NUL would shadow the name before it (names are
+ * compared as C strings); reported at its key in the header. */
+static bool st_name_check(Doc *doc, const DocNode *k, Diag *d)
+{
+    if (!memchr(k->str, 0, k->len))
+        return true;
+    doc_error(doc, d, k, "tensor name '%s\\u0000...' contains a NUL character (byte %zu of the name)", k->str,
+              strlen(k->str));
+    return false;
 }
 
 static bool st_header_parse(StFile *sf, Doc *doc, Arena *a, Diag *d)
@@ -178,6 +241,8 @@ static bool st_header_parse(StFile *sf, Doc *doc, Arena *a, Diag *d)
     const DocNode *r = doc->root;
     sf->e = ARENA_ARRAY(a, StEntry, r->n);
     for (int i = 0; i < r->n; i++) {
+        if (!st_name_check(doc, r->keys[i], d))
+            return false;
         if (strcmp(r->keys[i]->str, "__metadata__") == 0)
             continue;
         StEntry *e = &sf->e[sf->ne];
@@ -186,7 +251,7 @@ static bool st_header_parse(StFile *sf, Doc *doc, Arena *a, Diag *d)
         e->name = arena_strdup(a, e->name);
         sf->ne++;
     }
-    return st_overlap_check(sf, d);
+    return st_layout_check(sf, d);
 }
 
 /* header := u64le N, N bytes of JSON; data follows. */
@@ -271,9 +336,10 @@ static bool st_shard_leaves(const char *name)
 /* index := {"metadata": {...}, "weight_map": {tensor: "shard file", ...}} */
 static bool st_index_open(StModel *sm, const char *path, Diag *d)
 {
-    if (!doc_load(&sm->index, path, d))
+    bool loaded = doc_load(&sm->index, path, d);
+    sm->has_index = true; /* st_model_close frees the Doc, parsed or not */
+    if (!loaded)
         return false;
-    sm->has_index = true;
     sm->weight_map = doc_get(sm->index.root, "weight_map");
     if (!sm->weight_map || sm->weight_map->kind != DOC_MAP) {
         doc_error(&sm->index, d, sm->index.root, "expected a \"weight_map\" object");
@@ -282,7 +348,9 @@ static bool st_index_open(StModel *sm, const char *path, Diag *d)
     bool ok = true;
     for (int i = 0; i < sm->weight_map->n; i++) {
         const DocNode *f = sm->weight_map->items[i];
-        if (f->kind != DOC_SCALAR || !f->quoted || !*f->str) {
+        if (!st_name_check(&sm->index, sm->weight_map->keys[i], d))
+            ok = false;
+        else if (f->kind != DOC_SCALAR || !f->quoted || !*f->str) {
             doc_error(&sm->index, d, f, "expected a shard file name (a string)");
             ok = false;
         } else if (st_shard_leaves(f->str)) {

@@ -1307,3 +1307,266 @@ Test(weights, reference_on_stored_rows_as_on_f32)
     /* every file keeps some matrices only as stored under some knobs */
     cr_assert_gt(stored_total, 6 * 8, "only %d matrices were read from their stored rows", stored_total);
 }
+
+/* ---- the data section tiled exactly, and the header's names and numbers ---- */
+
+/* The tensors' [begin, end) ranges must tile the data section: first at 0,
+ * each next where the previous ended, the last at its end. Checked from
+ * the offsets and the file size alone, so a load for lowering refuses the
+ * same files. Small files of zeros, one error each. */
+Test(weights, safetensors_data_section_tiled)
+{
+    static const struct {
+        const char *header;
+        size_t ndata;
+        const char *want;
+    } cases[] = {
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}", 20,
+         "error: tensor 'b': data_offsets [12, 20] leave a hole of 4 bytes after tensor 'a' [0, 8]\n"},
+        {"{\"b\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[4,12]}}", 12,
+         "error: tensor 'b': data_offsets [4, 12]: the first tensor begins at byte 4, not 0\n"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 10,
+         "error: the data section has 2 bytes after the last tensor's end (tensor 'a' [0, 8], of 10 bytes)\n"},
+        {"{\"__metadata__\":{\"format\":\"pt\"}}", 4, "error: the data section has 4 bytes, but the header lists "
+                                                       "no tensor\n"},
+        /* an empty tensor inside another, as the reference reader counts it */
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]}}", 8,
+         "error: tensor 'e': data_offsets [4, 4] overlap tensor 'a' [0, 8]\n"},
+        /* overlaps are reported before holes: 'b' comes after a hole, 'c' inside 'b' */
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]},"
+         "\"c\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}", 16,
+         "error: tensor 'b': data_offsets [8, 16] overlap tensor 'c' [8, 12]\n"},
+        /* two with one range: named in name order */
+        {"{\"y\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+         "error: tensor 'y': data_offsets [0, 8] overlap tensor 'x' [0, 8]\n"},
+    };
+    unsigned char zeros[32] = {0};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        StParts p = {NULL, zeros, cases[i].ndata};
+        char *path = st_write("tile.st", cases[i].header, p.data, p.ndata);
+        ModelDesc m;
+        desc_st(&m, path);
+        char *want = xasprintf("%s: %s", path, cases[i].want);
+        for (int dtypes_only = 0; dtypes_only < 2; dtypes_only++) {
+            Weights w;
+            char err[1024];
+            cr_assert_not(load_capture_ex(&w, &m, dtypes_only ? WEIGHTS_DTYPES_ONLY : 0, err, sizeof err),
+                          "case %zu loaded", i);
+            cr_assert_str_eq(err, want, "case %zu", i);
+        }
+        free(want);
+        free(path);
+    }
+}
+
+/* The fuzzer's finds on the fixture: 100 junk bytes appended, and the
+ * header length 4 short (its last 4 bytes spaces), which reads every
+ * tensor 4 bytes early. */
+Test(weights, safetensors_trailing_bytes_and_short_header_length)
+{
+    skip_without_fixtures();
+    StParts p = st_split(FIXTURES "/tiny.safetensors");
+    unsigned char *more = xmalloc(p.ndata + 100);
+    memcpy(more, p.data, p.ndata);
+    memset(more + p.ndata, 0x5a, 100);
+    StParts q = {p.header, more, p.ndata + 100};
+    st_expect("trailing.st", p.header, &q,
+              "error: the data section has 100 bytes after the last tensor's end (tensor "
+              "'model.layers.0.post_attention_layernorm.weight' [13320, 13384], of 13484 bytes)");
+
+    char *padded = xasprintf("%s    ", p.header);
+    char *path = st_write("shift4.st", padded, p.data, p.ndata);
+    size_t n;
+    unsigned char *raw = read_bytes(path, &n);
+    uint64_t h = strlen(padded) - 4;
+    memcpy(raw, &h, 8);
+    write_bytes(path, raw, n);
+    ModelDesc m;
+    desc_st(&m, path);
+    expect_error(&m, "error: the data section has 4 bytes after the last tensor's end");
+    /* the same header with its length right loads */
+    h += 4;
+    memcpy(raw, &h, 8);
+    write_bytes(path, raw, n);
+    Weights w;
+    char err[1024];
+    cr_assert(load_capture(&w, &m, err, sizeof err), "%s", err);
+    weights_free(&w);
+    free(raw), free(path), free(padded), free(more), free(p.header), free(p.data);
+}
+
+/* The HF folder the fuzzer found: hf-llama3 with its header length 4
+ * short, refused by describe's, lower's and run's loads alike. */
+Test(weights, safetensors_hf_folder_short_header_length)
+{
+    skip_without_fixtures();
+    static const char *const files[] = {"config.json", "model.safetensors", "tokenizer.json"};
+    char *dir = tmp_path("hf");
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    for (int i = 0; i < 3; i++) {
+        char *src = xasprintf("%s/hf-llama3/%s", FIXTURES, files[i]), *dst = xasprintf("%s/%s", dir, files[i]);
+        size_t n;
+        unsigned char *b = read_bytes(src, &n);
+        if (i == 1) {
+            uint64_t h;
+            memcpy(&h, b, 8);
+            cr_assert(memcmp(b + 8 + h - 4, "    ", 4) == 0, "the fixture's header ends without padding");
+            h -= 4;
+            memcpy(b, &h, 8);
+        }
+        write_bytes(dst, b, n);
+        free(b), free(src), free(dst);
+    }
+    ModelDesc m;
+    Arena a = {0};
+    Diag d;
+    diag_init(&d);
+    cr_assert(desc_load(&m, &a, dir, NULL, 0, &d), "%s", dir);
+    char *want = xasprintf("%s/model.safetensors: error: the data section has 4 bytes after the last tensor's end",
+                           dir);
+    for (int dtypes_only = 0; dtypes_only < 2; dtypes_only++) {
+        Weights w;
+        char err[1024];
+        cr_assert_not(load_capture_ex(&w, &m, dtypes_only ? WEIGHTS_DTYPES_ONLY : 0, err, sizeof err));
+        cr_assert(strncmp(err, want, strlen(want)) == 0, "expected '%s' in:\n%s", want, err);
+    }
+    free(want), free(dir);
+    arena_free(&a);
+}
+
+/* Empty tensors are legal where the previous tensor ends: at 0, between
+ * two tensors, and at the data section's end. */
+Test(weights, safetensors_empty_tensors_at_boundaries)
+{
+    skip_without_fixtures();
+    StParts p = st_split(FIXTURES "/tiny.safetensors");
+    char *o = st_offsets(p.header, "model.norm.weight");
+    unsigned long long begin, end;
+    cr_assert_eq(sscanf(o, "[%llu,%llu]", &begin, &end), 2);
+    char *h = xasprintf("{\"empty.first\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
+                        "\"empty.mid\":{\"dtype\":\"BF16\",\"shape\":[4,0],\"data_offsets\":[%llu,%llu]},"
+                        "\"empty.last\":{\"dtype\":\"U8\",\"shape\":[0,0],\"data_offsets\":[%zu,%zu]},%s",
+                        begin, begin, p.ndata, p.ndata, p.header + 1);
+    char *path = st_write("empty.st", h, p.data, p.ndata);
+    ModelDesc m;
+    desc_st(&m, path);
+    Weights w;
+    char err[1024];
+    cr_assert(load_capture(&w, &m, err, sizeof err), "%s", err);
+    expect_all(&w, FIXTURES "/tiny.safetensors.expected.bin");
+    weights_free(&w);
+    free(path), free(h), free(o), free(p.header), free(p.data);
+}
+
+/* The good fixtures tile their data sections: tiny, the sharded folder
+ * (each shard), hf-llama3, by a full load and a load for lowering. */
+Test(weights, safetensors_fixtures_tile_their_data)
+{
+    skip_without_fixtures();
+    for (int f = 0; f < 3; f++) {
+        ModelDesc m;
+        Arena a = {0};
+        Diag d;
+        diag_init(&d);
+        if (f == 0)
+            desc_st(&m, FIXTURES "/tiny.safetensors");
+        else if (f == 1)
+            desc_sharded(&m, FIXTURES "/sharded");
+        else
+            cr_assert(desc_load(&m, &a, FIXTURES "/hf-llama3", NULL, 0, &d));
+        for (int dtypes_only = 0; dtypes_only < 2; dtypes_only++) {
+            Weights w;
+            char err[1024];
+            cr_assert(load_capture_ex(&w, &m, dtypes_only ? WEIGHTS_DTYPES_ONLY : 0, err, sizeof err), "%d: %s", f,
+                      err);
+            weights_free(&w);
+        }
+        arena_free(&a);
+    }
+}
+
+/* A tensor name holding a NUL ("\u0000") would compare equal to its
+ * prefix and shadow the real tensor (here placed first, with its own
+ * 64 bytes, so that without the check the shadow is what loads); an
+ * "__metadata__\u0000" key would be skipped as metadata. Both refused at
+ * the key, in a header and in an index's weight_map. */
+Test(weights, safetensors_nul_in_tensor_name)
+{
+    skip_without_fixtures();
+    StParts p = st_split(FIXTURES "/tiny.safetensors");
+    unsigned char *more = xcalloc(p.ndata + 64, 1);
+    memcpy(more, p.data, p.ndata);
+    StParts q = {p.header, more, p.ndata + 64};
+    char *h = xasprintf("{\"model.norm.weight\\u0000x\":{\"dtype\":\"F32\",\"shape\":[16],"
+                        "\"data_offsets\":[%zu,%zu]},%s", p.ndata, p.ndata + 64, p.header + 1);
+    st_expect("nul.st", h, &q, ":1:2: error: tensor name 'model.norm.weight\\u0000...' contains a NUL character "
+                               "(byte 17 of the name)");
+    free(h);
+    h = xasprintf("{\"__metadata__\\u0000\":{\"dtype\":\"F32\",\"shape\":[16],\"data_offsets\":[%zu,%zu]},%s",
+                  p.ndata, p.ndata + 64, p.header + 1);
+    st_expect("nulmeta.st", h, &q, ":1:2: error: tensor name '__metadata__\\u0000...' contains a NUL character "
+                                   "(byte 12 of the name)");
+    free(h);
+
+    char *dir = tmp_path("nulidx");
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    char *pi = xasprintf("%s/model.safetensors.index.json", dir);
+    const char *idx = "{\"weight_map\": {\"model.norm.weight\": \"a.safetensors\",\n"
+                      "  \"model.norm.weight\\u0000\": \"b.safetensors\"}}";
+    write_bytes(pi, idx, strlen(idx));
+    ModelDesc m;
+    desc_sharded(&m, dir);
+    expect_error(&m, "model.safetensors.index.json:2:3: error: tensor name 'model.norm.weight\\u0000...' "
+                     "contains a NUL character (byte 17 of the name)");
+    free(pi), free(dir), free(more), free(p.header), free(p.data);
+}
+
+/* Two entries with one name are refused (doc.c's duplicate keys), in the
+ * header as in the index. */
+Test(weights, safetensors_duplicate_tensor_names)
+{
+    skip_without_fixtures();
+    StParts p = st_split(FIXTURES "/tiny.safetensors");
+    const char *norm = strstr(p.header, "\"model.norm.weight\":{");
+    cr_assert_not_null(norm);
+    const char *close = strchr(norm, '}');
+    char *h = xasprintf("{%.*s},%s", (int)(close - norm), norm, p.header + 1);
+    st_expect("dup.st", h, &p, "error: duplicate key 'model.norm.weight'");
+    free(h);
+    char *dir = tmp_path("dupidx");
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    char *pi = xasprintf("%s/model.safetensors.index.json", dir);
+    const char *idx = "{\"weight_map\": {\"model.norm.weight\": \"a.safetensors\",\n"
+                      "  \"model.norm.weight\": \"b.safetensors\"}}";
+    write_bytes(pi, idx, strlen(idx));
+    ModelDesc m;
+    desc_sharded(&m, dir);
+    expect_error(&m, "model.safetensors.index.json:2:3: error: duplicate key 'model.norm.weight'");
+    free(pi), free(dir), free(p.header), free(p.data);
+}
+
+/* JSON numbers have no leading zeros: "[00,N]" or a shape "[016]" is
+ * refused though it would read as the right value; "0" itself is fine
+ * (the fixture's first tensor begins at it). */
+Test(weights, safetensors_leading_zero_numbers)
+{
+    skip_without_fixtures();
+    StParts p = st_split(FIXTURES "/tiny.safetensors");
+    char *h = str_patch(p.header, "", "\"data_offsets\":[0,", "\"data_offsets\":[00,");
+    st_expect("zero0.st", h, &p, "error: tensor 'model.layers.0.mlp.down_proj.weight': data_offsets must be two "
+                                 "integers, begin <= end");
+    free(h);
+    char *o = st_offsets(p.header, "model.norm.weight");
+    char *o2 = xasprintf("[0%s", o + 1);
+    h = str_patch(p.header, "\"model.norm.weight\":{", o, o2);
+    st_expect("zero1.st", h, &p, "error: tensor 'model.norm.weight': data_offsets must be two integers, begin <= end");
+    free(h);
+    h = str_patch(p.header, "\"model.norm.weight\":{", "\"shape\":[16]", "\"shape\":[016]");
+    st_expect("zero2.st", h, &p, "error: tensor 'model.norm.weight': shape entry 0 is not a valid dimension");
+    free(h);
+    free(o), free(o2), free(p.header), free(p.data);
+}
