@@ -75,7 +75,7 @@ static int gguf_fetch(void *ctx, const char *name, const WSlot *s, float *dst, D
     int64_t shape[4];
     for (uint32_t i = 0; i < t->ndim; i++)
         shape[i] = (int64_t)t->dims[t->ndim - 1 - i];
-    if (!wslot_shape_check(s, d, g->path, name, (int)t->ndim, shape))
+    if (!wslot_shape_check(((GgufCtx *)ctx)->w->m, s, d, g->path, name, (int)t->ndim, shape))
         return -1;
     int dt = gguf_dtype(t->ggml_type);
     if (!t->data || dt < 0) {

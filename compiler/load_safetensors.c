@@ -450,7 +450,7 @@ static int st_fetch(void *ctx, const char *name, const WSlot *s, float *dst, Dia
                         st_dtypes[e->dtype].name);
         return -1;
     }
-    if (!wslot_shape_check(s, d, sf->path, name, e->ndim, e->shape))
+    if (!wslot_shape_check(sm->w->m, s, d, sf->path, name, e->ndim, e->shape))
         return -1;
     SrcType st = (SrcType)st_dtypes[e->dtype].src;
     DType dt = st == SRC_F16 ? DT_F16 : st == SRC_BF16 ? DT_BF16 : DT_F32;

@@ -137,7 +137,7 @@ const char *shape_str(char *buf, size_t n, int ndim, const int64_t *shape)
     return buf;
 }
 
-bool wslot_shape_check(const WSlot *s, Diag *d, const char *path, const char *name, int ndim,
+bool wslot_shape_check(const ModelDesc *m, const WSlot *s, Diag *d, const char *path, const char *name, int ndim,
                        const int64_t *shape)
 {
     int64_t want[2] = {s->rows, s->cols};
@@ -149,6 +149,11 @@ bool wslot_shape_check(const WSlot *s, Diag *d, const char *path, const char *na
         char got[96], exp[96];
         diag_file_error(d, path, "tensor '%s': shape %s does not match the model (expected %s)", name,
                         shape_str(got, sizeof got, ndim, shape), shape_str(exp, sizeof exp, wn, want));
+        /* where the expected shape came from: a config.json, a GGUF's metadata or the description */
+        SrcFile from = {.path = m->arch_path ? m->arch_path : m->path ? m->path : "megac"};
+        diag_note(d, &from, 0, 0, "the model's dims are read from here: dim %d, hidden_dim %d, n_heads %d, n_kv_heads "
+                  "%d, head_dim %d, vocab_size %d", m->dim, m->hidden_dim, m->n_heads, m->n_kv_heads, m->head_dim,
+                  m->vocab_size);
     }
     return ok;
 }

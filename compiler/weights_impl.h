@@ -80,7 +80,7 @@ const char *shape_str(char *buf, size_t n, int ndim, const int64_t *shape);
 /* Checks a source tensor's shape (outermost first) against the slot;
  * reports "tensor 'name': shape [..] does not match the model (expected
  * [..])" on a mismatch. */
-bool wslot_shape_check(const WSlot *s, Diag *d, const char *path, const char *name, int ndim,
+bool wslot_shape_check(const ModelDesc *m, const WSlot *s, Diag *d, const char *path, const char *name, int ndim,
                        const int64_t *shape);
 /* Converts n little-endian elements at src (any alignment) to f32. */
 void convert_to_f32(float *dst, const void *src, int64_t n, SrcType t);

@@ -867,6 +867,9 @@ Test(weights, gguf_bad_inputs)
     memcpy(b + q + 4 + 8, &u64, 8);
     gguf_expect("shape.gguf", b, n,
                 "tensor 'blk.0.attn_q.weight': shape [16, 64] does not match the model (expected [32, 32])");
+    gguf_expect("shape.gguf", b, n, /* and where the expected shape came from */
+                "tiny.yaml: note: the model's dims are read from here: dim 32, hidden_dim 64, n_heads 4, n_kv_heads 2, "
+                "head_dim 8, vocab_size 32");
     memcpy(b, raw, n);
     memcpy(b + q + 4 + 8, &u64, 8); /* [16, 32]: fewer bytes than lie before the next tensor */
     gguf_expect("shrunk.gguf", b, n,
