@@ -740,12 +740,17 @@ static bool json_object_parse(Ctx *c, Doc *doc, const char *path, char *text, si
     return true;
 }
 
-/* bos_token_id: an id (the first of a list). */
+/* bos_token_id: an id (the first of a list; an empty list is an error,
+ * as null is the way to say there is none). */
 static void config_token_id(Ctx *c, const DocNode *root, const char *key, int *out, int f)
 {
     const DocNode *n = doc_get(root, key);
+    if (n && n->kind == DOC_SEQ && n->n == 0) {
+        ctx_error(c, n, "expected an id for '%s' (or null for none), found an empty list", key);
+        return;
+    }
     if (n && n->kind == DOC_SEQ)
-        n = n->n > 0 ? n->items[0] : NULL;
+        n = n->items[0];
     if (n && !doc_is_null(n) && node_int32(c, n, key, 0, out))
         c->at[f] = n;
 }

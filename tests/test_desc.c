@@ -1120,6 +1120,33 @@ Test(desc, gguf_keys_of_another_type)
     test_rm_rf(dir);
 }
 
+/* An empty bos_token_id list is refused at its place (null says "none"),
+ * where it was taken as no BOS without a word. */
+Test(desc, config_empty_bos_list_refused)
+{
+    size_t n;
+    char *cfg = read_file(WFIX "/hf-llama3/config.json", &n);
+    cr_assert_not_null(cfg);
+    char *at = strstr(cfg, "\"bos_token_id\": ");
+    cr_assert_not_null(at);
+    char *end = strchr(at, ',');
+    cr_assert_not_null(end);
+    char *dir = test_tmp_dir("desc-bos"), path[600];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fprintf(f, "%.*s\"bos_token_id\": []%s", (int)(at - cfg), cfg, end);
+    cr_assert_eq(fclose(f), 0);
+    ModelDesc m;
+    Arena a = {0};
+    cr_assert_not(load_path(&m, &a, dir, NULL, 0));
+    cr_assert(strstr(errs, "config.json:") && strstr(errs, ": error: expected an id for 'bos_token_id' (or null for "
+                                                           "none), found an empty list"), "%s", errs);
+    arena_free(&a);
+    free(cfg);
+    test_rm_rf(dir);
+}
+
 Test(desc, from_gguf_errors)
 {
     expect_errors("name: t\narch: {from-gguf: nothing.gguf}\nweights: {format: synthetic}\n", NULL, 0,
