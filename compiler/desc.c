@@ -1023,6 +1023,11 @@ static void gguf_dims(Ctx *c, const GgufFile *g, const char *arch, const DocNode
         return;
     }
     m->vocab_size = (int)e->dims[1];
+    int64_t vs;
+    char full[160];
+    if (gguf_arch_int(g, arch, "vocab_size", full, &vs, c->d) > 0 && vs != m->vocab_size)
+        diag_file_error(c->d, g->path, "key '%s' is %" PRId64 ", but tensor 'token_embd.weight' has %d rows", full,
+                        vs, m->vocab_size);
     m->max_seq = c->max_pos < 4096 ? c->max_pos : 4096;
     m->tie_embeddings = !gguf_find_tensor(g, "output.weight");
     m->qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;

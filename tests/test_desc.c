@@ -1055,8 +1055,10 @@ Test(desc, gguf_refusals_name_what)
  * its key, not passed over as if absent (a mixture of experts whose count
  * is a float, RoPE scaling whose type is not a string), and so is an
  * architecture holding a NUL; a rotary count past the head is not called
- * partial; an integer theta is taken at its value. Each case patches one
- * key of a fixture in place. */
+ * partial; an integer theta is taken at its value; a vocab_size key that
+ * disagrees with the embedding is named against it (the description read
+ * from the file is not "the model description" the file contradicts).
+ * Each case patches one key of a fixture in place. */
 Test(desc, gguf_keys_of_another_type)
 {
     skip_without_gguf_models();
@@ -1076,6 +1078,8 @@ Test(desc, gguf_keys_of_another_type)
         {"llama3.gguf", "llama.rope.freq_base", "error: key 'llama.rope.freq_base' is 0; it must be a positive finite "
          "number\n", 4, 0, 4},
         {"llama3.gguf", "llama.rope.freq_base", NULL, 4, 250000, 4},           /* u32 250000: taken */
+        {"llama3.gguf", "llama.vocab_size", "error: key 'llama.vocab_size' is 100000, but tensor 'token_embd.weight' "
+         "has 272 rows\n", 4, 100000, 4},
         {"llama3.gguf", "general.architecture", "error: key 'general.architecture' holds a NUL character (after "
          "'lla')\n", 8, 0, 0},
     };
