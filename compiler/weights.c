@@ -52,7 +52,7 @@ bool wfile_open(WFile *f, const char *path, Diag *d)
 {
     memset(f, 0, sizeof *f);
     f->path = path;
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK); /* a FIFO is refused below, not waited on */
     if (fd < 0) {
         diag_file_error(d, path, "cannot open weights file: %s", strerror(errno));
         return false;

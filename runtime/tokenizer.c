@@ -45,12 +45,14 @@
 #include "runtime/tokenizer.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 typedef struct { uint32_t lo, hi; } TokRange;
 #include "runtime/tok_unicode.inc"
@@ -1115,9 +1117,12 @@ static float rd_f32(Reader *r)
 /* Reads a whole file; NULL with err set. */
 static unsigned char *tok_slurp(const char *path, size_t *len, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* opening a FIFO would wait for a writer */
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
     if (!f) {
         snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
         return NULL;
     }
     struct stat sb;

@@ -19,6 +19,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define SHARED MEGAC_SRC "/../shared"
@@ -707,6 +708,20 @@ Test(tokenizer, gguf_bpe_without_pre_and_piece_limits)
     tok_set_piece(t, 4, "a", 1, 0);
     cr_assert_str_eq(tok_error(t), "piece 4 is out of range [0, 4)");
     tok_free(t);
+}
+
+/* A FIFO in place of a bundle's tokenizer.bin is refused at once (opening
+ * it waited for a writer). */
+Test(tokenizer, native_fifo_refused, .timeout = 30)
+{
+    char dir[] = "/tmp/megac_tokfifo_XXXXXX", path[64], err[512];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    cr_assert_null(tok_load(path, err, sizeof err));
+    cr_assert(strstr(err, "not a regular file"), "%s", err);
+    unlink(path);
+    rmdir(dir);
 }
 
 /* The native file keeps stop marks and always-BOS (version 2), and a

@@ -10,6 +10,7 @@
 #include "gguf_patch.h"
 
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <ftw.h>
 #include <math.h>
 #include <stdlib.h>
@@ -1572,4 +1573,24 @@ Test(weights, safetensors_leading_zero_numbers)
     st_expect("zero2.st", h, &p, "error: tensor 'model.norm.weight': shape entry 0 is not a valid dimension");
     free(h);
     free(o), free(o2), free(p.header), free(p.data);
+}
+
+/* A FIFO named as the weights is refused as not a regular file, at once:
+ * opening it waited for a writer that never came (found by fuzzing). */
+Test(weights, a_fifo_is_refused_not_waited_on, .timeout = 30)
+{
+    char *fifo = tmp_path("weights.fifo");
+    cr_assert_eq(mkfifo(fifo, 0600), 0, "%s", strerror(errno));
+    for (int i = 0; i < 3; i++) {
+        ModelDesc m;
+        if (i == 0)
+            desc_tiny(&m, WFMT_LLAMA2C, fifo);
+        else if (i == 1)
+            desc_gguf(&m, fifo);
+        else
+            desc_st(&m, fifo);
+        expect_error(&m, "not a regular file");
+    }
+    unlink(fifo);
+    free(fifo);
 }
