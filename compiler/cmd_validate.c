@@ -91,15 +91,16 @@ static int validate_sched(const Schedule *s, const SrcFile *src, const char *tna
     uint64_t ninst = 0;
     for (uint32_t w = 0; w < s->nworkers; w++)
         ninst += s->workers[w].ninst;
+    bool unchecked = r.nlimit > 0 && r.nerrors == r.nlimit; /* nothing unsafe found, nothing decided */
     fprintf(stderr,
             "megac validate: %s: %s: %llu instructions, %u workers, target %s, %llu access pairs checked, %.1f ms",
-            src->path, ok ? "safe" : "UNSAFE", (unsigned long long)ninst, s->nworkers, o->target->name,
-            (unsigned long long)r.pairs_checked, ms);
-    if (!ok)
+            src->path, ok ? "safe" : unchecked ? "NOT CHECKED" : "UNSAFE", (unsigned long long)ninst, s->nworkers,
+            o->target->name, (unsigned long long)r.pairs_checked, ms);
+    if (!ok && !unchecked)
         fprintf(stderr, "; %d errors (structure %d, deadlock %d, race %d, uninit %d, residency %d)", r.nerrors,
                 r.nstructure, r.ndeadlock, r.nrace, r.nuninit, r.nresidency);
     fputc('\n', stderr);
-    return ok ? 0 : 1;
+    return ok ? 0 : unchecked ? 2 : 1;
 }
 
 /* A schedule's text: X.sched, or '-' for stdin. */

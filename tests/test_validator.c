@@ -194,6 +194,68 @@ Test(validator, in_memory_race_and_order)
     sched_free(s);
 }
 
+/* Worker 0 signals c n times; worker 1 waits for each count in turn. */
+static char *chain_text(int n)
+{
+    char *t = xasprintf("schedule x target cpu workers 2\nshape dim=64 hidden=172 layers=5 heads=8 kv_heads=4 "
+                        "head_dim=8 vocab=512 max_seq=512 eps=1e-05 pairing=adjacent\ncounter c\nworker 0\n");
+    for (int w = 0; w < 2; w++)
+        for (int i = 1; i <= n; i++) {
+            char *u = w == 0 ? xasprintf("%s  signal c +1\n", t)
+                             : xasprintf("%s%s  wait c >= %d\n", t, i == 1 ? "worker 1\n" : "", i);
+            free(t);
+            t = u;
+        }
+    return t;
+}
+
+/* A schedule past the validator's budget is reported as not checked
+ * (neither safe nor unsafe), before the analysis allocates anything: its
+ * clocks and signal-order tables against MEGAC_VALIDATE_MAX_GB, and the
+ * happens-before analysis's steps (k^2 per distinct threshold of a counter
+ * of k signals) against 1e10; fuzzing found schedules of a few MB that
+ * took 10 GB, or minutes (found by fuzzing). Below the budget the same
+ * schedules are checked. */
+Test(validator, past_the_budget_is_not_checked)
+{
+    Diag d;
+    diag_init(&d);
+    d.out = fopen("/dev/null", "w");
+    char *text = chain_text(2500); /* 2500 thresholds x 2500^2: 1.6e10 steps */
+    Schedule *s = sched_parse("chain.sched", text, strlen(text), &d);
+    cr_assert_not_null(s);
+    ValResult r;
+    cr_assert_not(val_schedule_check(s, NULL, &d, &r));
+    cr_assert(r.nlimit == 1 && r.nerrors == 1, "limit %d, errors %d", r.nlimit, r.nerrors);
+    sched_free(s);
+    free(text);
+    text = chain_text(300); /* 2.7e7 steps: checked, safe */
+    s = sched_parse("chain.sched", text, strlen(text), &d);
+    cr_assert(val_schedule_check(s, NULL, &d, &r), "errors %d", r.nerrors);
+    setenv("MEGAC_VALIDATE_MAX_GB", "0.00005", 1); /* its 300^2 bytes of tables are past 53 KB */
+    cr_assert_not(val_schedule_check(s, NULL, &d, &r));
+    cr_assert(r.nlimit == 1 && r.nerrors == 1, "limit %d, errors %d", r.nlimit, r.nerrors);
+    unsetenv("MEGAC_VALIDATE_MAX_GB");
+    sched_free(s);
+    fclose(d.out);
+    /* the command: not checked exits 2, and says so */
+    char path[] = "/tmp/megac_val_XXXXXX", cmd[1024], out[4096];
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fputs(text, f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "MEGAC_VALIDATE_MAX_GB=0.00005 %s validate %s 2>&1", MEGAC_BIN, path);
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    cr_assert_eq(WEXITSTATUS(pclose(p)), 2, "%s", out);
+    cr_assert(strstr(out, ":1:1: error: not checked: its happens-before clocks (300 waits x 2 workers") &&
+              strstr(out, ": NOT CHECKED: 600 instructions"), "%s", out);
+    unlink(path);
+    free(text);
+}
+
 Test(affine, overlap_is_exact)
 {
     /* row pos of a [S][8] buffer against rows 0..pos: always overlap */

@@ -508,11 +508,86 @@ static bool sigclk_update(Val *v, Exec *e)
     return grew;
 }
 
+static int header_line(const Val *v);
+
+static int u64_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* What the analysis below will hold and do, known before it starts: the
+ * signal-order tables (k^2 bytes for a counter of k signals), the clocks
+ * (one per wait and one per distinct (counter, threshold) join, nw entries
+ * each) and the guaranteed-signal scans (k^2 steps per distinct threshold
+ * of a counter). A schedule past the budget is reported as not checked,
+ * before anything is allocated, instead of the machine's memory ending the
+ * run: clocks grow as waits x workers, about workers^2 for a model
+ * (Llama-3.1-8B for the CPU: 16 MB at 132 workers, 256 MB at 512).
+ * MEGAC_VALIDATE_MAX_GB sets the memory budget (default 8). Sizes the
+ * clock pool once (clock_new's doubling could overshoot by 2x). */
+static bool val_budget_check(Val *v)
+{
+    const Schedule *s = v->s;
+    uint32_t nc = s->nctrs;
+    uint64_t *k = xcalloc(nc ? nc : 1, sizeof *k), nwait = 0;
+    for (uint32_t w = 0; w < v->nw; w++)
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
+            const Inst *in = val_inst(v, w, t);
+            k[in->counter] += in->kind == INST_SIGNAL;
+            nwait += in->kind == INST_WAIT;
+        }
+    uint64_t *key = xmalloc((nwait ? nwait : 1) * sizeof *key), n = 0;
+    for (uint32_t w = 0; w < v->nw; w++)
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++)
+            if (val_inst(v, w, t)->kind == INST_WAIT)
+                key[n++] = (uint64_t)val_inst(v, w, t)->counter << 32 | val_inst(v, w, t)->amount;
+    qsort(key, n, sizeof *key, u64_cmp);
+    double tables = 0, work = 0;
+    uint64_t joins = 0, worst = 0;
+    uint32_t worst_c = 0;
+    for (uint32_t c = 0; c < nc; c++)
+        tables += (double)k[c] * (double)k[c];
+    for (uint64_t i = 0; i < n; i++)
+        if (i == 0 || key[i] != key[i - 1]) {
+            uint32_t c = (uint32_t)(key[i] >> 32);
+            joins++, work += (double)k[c] * (double)k[c];
+            if (k[c] > worst)
+                worst = k[c], worst_c = c;
+        }
+    free(key);
+    free(k);
+    double clocks = (double)(nwait + joins) * v->nw * sizeof *v->pool, gb = 8;
+    const char *env = getenv("MEGAC_VALIDATE_MAX_GB");
+    if (env && atof(env) > 0)
+        gb = atof(env);
+    int line = header_line(v);
+    if (clocks + tables > gb * (1 << 30))
+        val_error(v, &v->r->nlimit, line,
+                  "not checked: its happens-before clocks (%llu waits x %u workers: %.3g GB) and signal-order "
+                  "tables (%.3g GB; counter %s has %llu signals) are past the validator's budget of %g GB "
+                  "(MEGAC_VALIDATE_MAX_GB)",
+                  (unsigned long long)nwait, v->nw, clocks / (1 << 30), tables / (1 << 30), s->ctrs[worst_c].name,
+                  (unsigned long long)worst, gb);
+    else if (work > 1e10)
+        val_error(v, &v->r->nlimit, line,
+                  "not checked: the happens-before analysis of the counters' waits would take %.3g steps (counter %s "
+                  "has %llu signals), past the validator's budget of 1e10 (minutes of work)",
+                  work, s->ctrs[worst_c].name, (unsigned long long)worst);
+    if (v->r->nlimit)
+        return false;
+    v->cappool = nwait + joins + 1;
+    v->pool = xrealloc(v->pool, v->cappool * (v->nw ? v->nw : 1) * sizeof *v->pool);
+    return true;
+}
+
 bool val_deadlock_check(Val *v)
 {
     Exec e;
     int before = v->r->ndeadlock;
     unsatisfiable_report(v);
+    if (!val_budget_check(v))
+        return false;
     exec_init(v, &e);
     v->seg = xmalloc((v->ntotal ? v->ntotal : 1) * sizeof *v->seg);
     bool done = exec_run(v, &e);

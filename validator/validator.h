@@ -28,6 +28,7 @@ typedef struct ValOptions {
 
 typedef struct ValResult {
     int nstructure, ndeadlock, nrace, nuninit, nresidency;
+    int nlimit;                 /* past the validator's memory or time budget: not checked */
     int nerrors;                /* sum of the above */
     uint64_t pairs_checked;     /* (access, write) pairs of different workers on one
                                    buffer whose order was established: in bulk by
