@@ -58,6 +58,7 @@ typedef struct Compilation {
     char *out;                  /* -o without trailing slashes */
     char *tmp;                  /* out.tmp<pid>: where the passes write */
     bool replace;               /* out exists (a bundle or empty): replace it */
+    bool unchecked;             /* the validator's budget refused the schedule (not unsafe) */
     char *kernel_path;
     const char *kernel_file;
     double t0;
@@ -160,6 +161,7 @@ static bool pass_validate(Compilation *c, const CudaKernelInfo *info)
     ValResult r;
     memset(&r, 0, sizeof r);
     bool ok = val_schedule_check(c->s, &vo, &c->d, &r);
+    c->unchecked = !ok && r.nlimit == r.nerrors;
     char detail[160];
     snprintf(detail, sizeof detail, "%d errors, %llu access pairs checked%s", r.nerrors,
              (unsigned long long)r.pairs_checked, info ? " (with the kernel's resources)" : "");
@@ -474,8 +476,9 @@ static int compile_passes(Compilation *c)
         !pass_tok_import(c) || !pass_lower_model(c))
         return 2;
     if (!pass_validate(c, NULL)) {
-        fprintf(stderr, "megac compile: the schedule is not safe; no code was generated\n");
-        return 1;
+        fprintf(stderr, "megac compile: the schedule %s; no code was generated\n",
+                c->unchecked ? "is past what the validator can check (above)" : "is not safe");
+        return c->unchecked ? 2 : 1;
     }
     CudaKernelInfo info;
     memset(&info, 0, sizeof info);

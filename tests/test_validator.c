@@ -254,6 +254,16 @@ Test(validator, past_the_budget_is_not_checked)
               strstr(out, ": NOT CHECKED: 600 instructions"), "%s", out);
     unlink(path);
     free(text);
+    /* a compile stops there, with its own word for it, and writes nothing */
+    snprintf(cmd, sizeof cmd, "MEGAC_VALIDATE_MAX_GB=1e-8 %s compile default -o /tmp/megac_val_nc.megac 2>&1",
+             MEGAC_BIN);
+    p = popen(cmd, "r");
+    n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    cr_assert_eq(WEXITSTATUS(pclose(p)), 2, "%s", out);
+    cr_assert(strstr(out, "the schedule is past what the validator can check (above); no code was generated"), "%s",
+              out);
+    cr_assert_neq(access("/tmp/megac_val_nc.megac", F_OK), 0);
 }
 
 Test(affine, overlap_is_exact)
