@@ -17,7 +17,8 @@
  *   io_tok: OFF               io_logits: OFF           io_next: OFF
  *
  * Checks at open, before any kernel code is loaded: the format version and
- * kernel ABI; the target (runtime.c picks its backend, which finds its
+ * kernel ABI, and each value's range (workers 1..4096), at the value's
+ * manifest.yaml:line:col; the target (runtime.c picks its backend, which finds its
  * device, before any other file is read); bos and eos (-1 or a token id); the io offsets inside the
  * arena; schedule.sched's hash, then the facts its text states (workers,
  * counters, vocab, max_seq) against the manifest; the kernel file's size
@@ -32,6 +33,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,14 +43,20 @@
 
 typedef enum { MK_INT, MK_U64, MK_U32, MK_HEX, MK_STR } ManKind;
 
+/* The most workers a bundle may have: MODEL_MAX_WORKERS of the compiler
+ * (compiler/model.h), whose --workers and compile.workers stop there. */
+#define RT_MAX_WORKERS 4096
+
 typedef struct {
     const char *key;
     ManKind kind;
     size_t off;                 /* offsetof(RtManifest, field) */
     size_t size;                /* MK_STR: buffer size */
+    int64_t lo, hi;             /* MK_INT, MK_U32: the values allowed (both 0: any the field holds) */
 } ManKey;
 
-#define MK(k, kind, field) {k, kind, offsetof(RtManifest, field), sizeof(((RtManifest *)0)->field)}
+#define MK(k, kind, field) {k, kind, offsetof(RtManifest, field), sizeof(((RtManifest *)0)->field), 0, 0}
+#define MKR(k, kind, field, lo, hi) {k, kind, offsetof(RtManifest, field), sizeof(((RtManifest *)0)->field), lo, hi}
 static const ManKey man_keys[] = {
     MK("format", MK_INT, format),
     MK("name", MK_STR, name),
@@ -62,9 +70,9 @@ static const ManKey man_keys[] = {
     MK("weights_read_bytes", MK_U64, weights_read_bytes),
     MK("arena_bytes", MK_U64, arena_bytes),
     MK("counters", MK_U32, counters),
-    MK("workers", MK_U32, workers),
-    MK("vocab", MK_INT, vocab),
-    MK("max_seq", MK_INT, max_seq),
+    MKR("workers", MK_U32, workers, 1, RT_MAX_WORKERS),
+    MKR("vocab", MK_INT, vocab, 1, INT32_MAX),
+    MKR("max_seq", MK_INT, max_seq, 1, INT32_MAX),
     MK("bos", MK_INT, bos),
     MK("eos", MK_INT, eos),
     MK("io_tok", MK_U64, off_tok),
@@ -72,6 +80,7 @@ static const ManKey man_keys[] = {
     MK("io_next", MK_U64, off_next),
 };
 #undef MK
+#undef MKR
 enum { NKEYS = sizeof man_keys / sizeof man_keys[0] };
 
 /* The manifest key each of megac_kernel_facts states. */
@@ -153,8 +162,9 @@ static bool man_value_set(RtManifest *man, const ManKey *k, const char *v)
     }
 }
 
-/* Splits one line into key and value (both trimmed, in place). */
-static bool man_line_split(char *line, char **key, char **val)
+/* Splits one line into key and value (both trimmed, in place); *vcol is
+ * the value's column (its opening quote's, for a quoted one). */
+static bool man_line_split(char *line, char **key, char **val, int *vcol)
 {
     char *colon = strchr(line, ':');
     if (!colon)
@@ -163,6 +173,7 @@ static bool man_line_split(char *line, char **key, char **val)
     char *k = line, *v = colon + 1;
     while (*v == ' ' || *v == '\t')
         v++;
+    *vcol = (int)(v - line) + 1;
     size_t n = strlen(v);
     while (n && (v[n - 1] == ' ' || v[n - 1] == '\t' || v[n - 1] == '\r'))
         v[--n] = 0;
@@ -212,35 +223,131 @@ megac_status rt_facts_check(megac_model *m, const uint64_t *facts, const char *f
     return MEGAC_OK;
 }
 
-/* Applies one non-blank, non-comment line; returns an error message
- * (written into msg) or NULL. */
-static const char *man_line_apply(RtManifest *man, bool *seen, char *line, char *msg, size_t cap)
+/* What a value of kind k must look like, for "bad value" messages. */
+static const char *man_kind_hint(const ManKey *k)
+{
+    switch (k->kind) {
+    case MK_INT:
+        return "a decimal integer";
+    case MK_U32:
+        return "a decimal integer in 0..4294967295";
+    case MK_U64:
+        return "a decimal integer in 0..18446744073709551615";
+    case MK_HEX:
+        return "a hexadecimal number of at most 16 digits";
+    default:
+        return "a non-empty string";
+    }
+}
+
+/* Where a key's value is in manifest.yaml (line 0: not seen). */
+typedef struct {
+    int line, col;
+} ManPos;
+
+/* Applies line `lineno`, neither blank nor a comment; returns an error
+ * message (written into msg) or NULL, with *col the column it is about. */
+static const char *man_line_apply(RtManifest *man, ManPos *pos, int lineno, char *line, char *msg, size_t cap,
+                                  int *col)
 {
     char *key, *val;
-    if (!man_line_split(line, &key, &val))
-        return "expected `key: value`";
+    int vcol = 1;
+    *col = 1;       /* keys start their line */
+    if (!man_line_split(line, &key, &val, &vcol))
+        return "expected `key: value` (a lowercase key, a colon, its value)";
     const ManKey *k = man_key_find(key);
-    if (!k)
+    if (!k) {
         snprintf(msg, cap, "unknown key '%s'", key);
-    else if (seen[k - man_keys])
-        snprintf(msg, cap, "duplicate key '%s'", key);
-    else if (!man_value_set(man, k, val))
-        snprintf(msg, cap, "bad value '%s' for '%s'", val, key);
-    else if (k->off == offsetof(RtManifest, format) && man->format != RT_FORMAT_VERSION)
+        return msg;
+    }
+    ManPos *at = &pos[k - man_keys];
+    if (at->line) {
+        snprintf(msg, cap, "duplicate key '%s' (first on line %d)", key, at->line);
+        return msg;
+    }
+    *col = vcol;
+    int64_t v = 0;
+    if (!man_value_set(man, k, val)) {
+        if (k->kind == MK_STR && *val)
+            snprintf(msg, cap, "bad value '%s' for '%s' (expected a string of at most %zu bytes)", val, key,
+                     k->size - 1);
+        else
+            snprintf(msg, cap, "bad value '%s' for '%s' (expected %s)", val, key, man_kind_hint(k));
+    } else if ((k->lo || k->hi) && ((v = (int64_t)man_value_get(man, k)) < k->lo || v > k->hi)) {
+        snprintf(msg, cap, "%s: %" PRId64 " is outside the allowed range %" PRId64 "..%" PRId64, key, v, k->lo,
+                 k->hi);
+    } else if (k->off == offsetof(RtManifest, format) && man->format != RT_FORMAT_VERSION) {
         snprintf(msg, cap, "bundle format %d, but this runtime reads format %d: recompile the bundle", man->format,
                  RT_FORMAT_VERSION);
-    else {
-        seen[k - man_keys] = true;
+    } else {
+        *at = (ManPos){lineno, vcol};
+        if (k->off == offsetof(RtManifest, target))
+            man->target_line = lineno, man->target_col = 1;
         return NULL;
     }
     return msg;
+}
+
+/* The position of key's value. */
+static ManPos man_pos(const ManPos *pos, const char *key)
+{
+    return pos[man_key_find(key) - man_keys];
+}
+
+/* Writes "path:line:col: error: " and the message into err; returns
+ * MEGAC_ERR_FORMAT. */
+static megac_status __attribute__((format(printf, 5, 6)))
+man_fail(char *err, size_t errlen, const char *path, ManPos at, const char *fmt, ...)
+{
+    int n = at.line > 0 ? snprintf(err, errlen, "%s:%d:%d: error: ", path, at.line, at.col)
+                        : snprintf(err, errlen, "%s: error: ", path);
+    if (n >= 0 && (size_t)n < errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
+    return MEGAC_ERR_FORMAT;
+}
+
+/* The checks between keys, once all are read: the numbers must describe a
+ * model this runtime can drive. Each error points at the value at fault. */
+static megac_status man_values_check(const RtManifest *x, const ManPos *pos, const char *path, char *err,
+                                     size_t errlen)
+{
+    if (x->kernel_abi != MEGAC_KERNEL_ABI)
+        return man_fail(err, errlen, path, man_pos(pos, "kernel_abi"),
+                        "kernel_abi %" PRIu64 ", but this runtime speaks ABI %u: recompile the bundle",
+                        x->kernel_abi, MEGAC_KERNEL_ABI);
+    for (int i = 0; i < 2; i++) {
+        int id = i ? x->eos : x->bos;
+        if (id < -1 || id >= x->vocab)
+            return man_fail(err, errlen, path, man_pos(pos, i ? "eos" : "bos"),
+                            "%s: %d is not -1 or a token id below vocab: %d", i ? "eos" : "bos", id, x->vocab);
+    }
+    if (strchr(x->kernel, '/'))
+        return man_fail(err, errlen, path, man_pos(pos, "kernel"), "kernel '%s' must name a file in the bundle",
+                        x->kernel);
+    static const char *const io_keys[] = {"io_tok", "io_logits", "io_next"};
+    uint64_t off[3] = {x->off_tok, x->off_logits, x->off_next}, len[3] = {4, 4ull * (uint64_t)x->vocab, 4};
+    for (int i = 0; i < 3; i++) {
+        if (off[i] % 4)
+            return man_fail(err, errlen, path, man_pos(pos, io_keys[i]), "%s: %" PRIu64 " is not a multiple of 4",
+                            io_keys[i], off[i]);
+        if (off[i] > x->arena_bytes || len[i] > x->arena_bytes - off[i])
+            return man_fail(err, errlen, path, man_pos(pos, io_keys[i]),
+                            "%s: %" PRIu64 ": its %" PRIu64 "-byte io buffer does not fit the arena of %" PRIu64
+                            " bytes (arena_bytes)",
+                            io_keys[i], off[i], len[i], x->arena_bytes);
+    }
+    return MEGAC_OK;
 }
 
 megac_status rt_manifest_parse(RtManifest *man, const char *path, const char *text, size_t len,
                                char *err, size_t errlen)
 {
     memset(man, 0, sizeof *man);
-    bool seen[NKEYS] = {0};
+    ManPos pos[NKEYS] = {{0, 0}};
     int lineno = 0;
     for (size_t i = 0, e; i < len; i = e + 1) {
         for (e = i; e < len && text[e] != '\n'; e++)
@@ -248,43 +355,60 @@ megac_status rt_manifest_parse(RtManifest *man, const char *path, const char *te
         char line[512], msg[640];
         size_t n = e - i;
         lineno++;
-        if (n >= sizeof line) {
-            snprintf(err, errlen, "%s:%d: error: line too long", path, lineno);
-            return MEGAC_ERR_FORMAT;
-        }
+        if (n >= sizeof line)
+            return man_fail(err, errlen, path, (ManPos){lineno, 1}, "line too long (%zu bytes; at most %zu)", n,
+                            sizeof line - 1);
         memcpy(line, text + i, n);
         line[n] = 0;
         if (strspn(line, " \t\r") == n || line[0] == '#')
             continue;
-        const char *why = man_line_apply(man, seen, line, msg, sizeof msg);
-        if (why) {
-            snprintf(err, errlen, "%s:%d: error: %s", path, lineno, why);
-            return MEGAC_ERR_FORMAT;
-        }
-        if (strcmp(line, "target") == 0)   /* the key, cut at its colon; keys start their line */
-            man->target_line = lineno, man->target_col = 1;
+        int col;
+        const char *why = man_line_apply(man, pos, lineno, line, msg, sizeof msg, &col);
+        if (why)
+            return man_fail(err, errlen, path, (ManPos){lineno, col}, "%s", why);
     }
-    for (int k = 0; k < NKEYS; k++) {
-        if (!seen[k]) {
-            snprintf(err, errlen, "%s: error: missing key '%s'", path, man_keys[k].key);
-            return MEGAC_ERR_FORMAT;
-        }
-    }
-    return MEGAC_OK;
+    for (int k = 0; k < NKEYS; k++)
+        if (!pos[k].line)
+            return man_fail(err, errlen, path, (ManPos){0, 0},
+                            "missing key '%s' (a bundle's manifest.yaml has every key; recompile the bundle)",
+                            man_keys[k].key);
+    return man_values_check(man, pos, path, err, errlen);
+}
+
+/* Why a file the bundle names cannot be used as one: NULL for a regular
+ * file. A folder, a FIFO or a device (/dev/zero) is not one: its stat size
+ * says nothing of its bytes, and reading it would not end. */
+static const char *file_kind_error(const struct stat *sb)
+{
+    if (S_ISREG(sb->st_mode))
+        return NULL;
+    if (S_ISDIR(sb->st_mode))
+        return "not a regular file (a folder)";
+    if (S_ISFIFO(sb->st_mode))
+        return "not a regular file (a FIFO)";
+    return S_ISCHR(sb->st_mode) || S_ISBLK(sb->st_mode) ? "not a regular file (a device)" : "not a regular file";
 }
 
 /* A file's bytes, NUL-terminated; NULL with errno set on failure (EINVAL:
  * not a regular file, so that a FIFO or /dev/zero in a bundle is an
- * error, not an endless read: slurp_error says so). */
+ * error, not an endless read: slurp_error says so). Opened with
+ * O_NONBLOCK, so that a FIFO is refused rather than waited on. */
 static char *file_slurp(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
         return NULL;
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         int e = S_ISDIR(sb.st_mode) ? EISDIR : EINVAL;
-        fclose(f);
+        close(fd);
+        errno = e;
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int e = errno;
+        close(fd);
         errno = e;
         return NULL;
     }
@@ -337,35 +461,6 @@ static megac_status bundle_manifest_read(megac_model *m)
     megac_status st = rt_manifest_parse(&m->man, path, text, len, m->err, sizeof m->err);
     free(text);
     return st;
-}
-
-/* The manifest's numbers must describe a model this runtime can drive. */
-static megac_status bundle_manifest_check(megac_model *m)
-{
-    const RtManifest *x = &m->man;
-    char path[4096];
-    if (!rt_path(path, sizeof path, m->dir, "manifest.yaml"))
-        return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
-    if (x->kernel_abi != MEGAC_KERNEL_ABI)
-        return rt_fail(m, MEGAC_ERR_FORMAT,
-                       "%s: error: kernel_abi %" PRIu64 ", but this runtime speaks ABI %u: recompile the bundle",
-                       path, x->kernel_abi, MEGAC_KERNEL_ABI);
-    if (x->workers < 1 || x->workers > 4096 || x->vocab < 1 || x->max_seq < 1)
-        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: workers, vocab and max_seq must be positive", path);
-    if (x->bos < -1 || x->bos >= x->vocab || x->eos < -1 || x->eos >= x->vocab)
-        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: %s: %d is not -1 or a token id below vocab: %d", path,
-                       x->bos < -1 || x->bos >= x->vocab ? "bos" : "eos",
-                       x->bos < -1 || x->bos >= x->vocab ? x->bos : x->eos, x->vocab);
-    if (strchr(x->kernel, '/'))
-        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: kernel '%s' must name a file in the bundle", path, x->kernel);
-    uint64_t end_logits = x->off_logits + 4ull * (uint64_t)x->vocab;
-    if (x->off_tok + 4 > x->arena_bytes || x->off_next + 4 > x->arena_bytes || end_logits > x->arena_bytes ||
-        (x->off_tok | x->off_next | x->off_logits) % 4)
-        return rt_fail(m, MEGAC_ERR_FORMAT,
-                       "%s: error: io buffers (tok %" PRIu64 ", logits %" PRIu64 ", next %" PRIu64
-                       ") do not fit the arena of %" PRIu64 " bytes",
-                       path, x->off_tok, x->off_logits, x->off_next, x->arena_bytes);
-    return MEGAC_OK;
 }
 
 /* The decimal number after `tag` in line l (n bytes), or MEGAC_FACT_NONE. */
@@ -522,6 +617,9 @@ static megac_status bundle_kernel_check(megac_model *m)
         return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
     if (stat(path, &sb) != 0)
         return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read the kernel: %s", path, strerror(errno));
+    if (file_kind_error(&sb))
+        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read the kernel: %s; the manifest's kernel: %s must name the "
+                       "kernel file in the bundle", path, file_kind_error(&sb), m->man.kernel);
     if ((uint64_t)sb.st_size != m->man.kernel_bytes)
         return rt_fail(m, MEGAC_ERR_FORMAT,
                        "%s: error: %" PRIu64 " bytes, but the manifest says kernel_bytes: %" PRIu64
@@ -552,13 +650,17 @@ static megac_status bundle_weights_map(megac_model *m)
     char path[4096];
     if (!rt_path(path, sizeof path, m->dir, "weights.bin"))
         return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);    /* a FIFO: refused below, not waited on */
     if (fd < 0)
         return rt_fail(m, MEGAC_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         close(fd);
         return rt_fail(m, MEGAC_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    }
+    if (file_kind_error(&sb)) {
+        close(fd);
+        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read: %s", path, file_kind_error(&sb));
     }
     if ((uint64_t)sb.st_size != m->man.weights_bytes) {
         close(fd);
@@ -583,6 +685,9 @@ static megac_status bundle_tokenizer_load(megac_model *m)
     char path[4096], err[512];
     if (!rt_path(path, sizeof path, m->dir, "tokenizer.bin"))
         return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
+    struct stat sb;
+    if (stat(path, &sb) == 0 && file_kind_error(&sb))  /* a missing file: tok_load says so */
+        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: cannot read: %s", path, file_kind_error(&sb));
     m->tok = tok_load(path, err, sizeof err);
     if (!m->tok)
         return rt_fail(m, MEGAC_ERR_FORMAT, "%s", err);
@@ -594,8 +699,7 @@ static megac_status bundle_tokenizer_load(megac_model *m)
 
 megac_status rt_manifest_load(megac_model *m)
 {
-    megac_status st = bundle_manifest_read(m);
-    return st ? st : bundle_manifest_check(m);
+    return bundle_manifest_read(m);
 }
 
 megac_status rt_bundle_load(megac_model *m)

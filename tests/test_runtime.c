@@ -459,7 +459,7 @@ Test(runtime, refuses_mismatched_bundles)
     edit_file(dir, "manifest.yaml", "target: sm_90", "target: cpu");
 
     edit_file(dir, "manifest.yaml", "io_logits: 1024", "io_logits: 4000");
-    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "do not fit the arena");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml:20:12: error: io_logits: 4000", "does not fit the arena");
     edit_file(dir, "manifest.yaml", "io_logits: 4000", "io_logits: 1024");
 
     /* a kernel built for another schedule, with manifest and schedule agreeing */
@@ -594,26 +594,36 @@ Test(runtime, target_is_checked_before_the_bundle_loads)
     remove_bundle(dir);
 }
 
-/* /dev/zero (or a FIFO) in place of a bundle's file is an error, not an
- * endless read; a kernel.so cut short, its manifest rewritten to match the
- * cut, is refused before dlopen, which would die of SIGBUS on it. */
+/* /dev/zero or a FIFO in place of any of a bundle's files is refused as
+ * not a regular file, not read without end or waited on (a kernel.so or
+ * weights.bin that was /dev/zero was compared by its stat size: "0 bytes,
+ * but the manifest says"); so is a manifest whose kernel: names a folder
+ * (found by fuzzing). A kernel.so cut short, its manifest rewritten to
+ * match the cut, is refused before dlopen, which would die of SIGBUS on it. */
 Test(runtime, refuses_special_files_and_a_cut_kernel)
 {
     char *dir = make_bundle(2);
     static const struct {
         const char *name;
         megac_status st;
-    } files[] = {{"schedule.sched", MEGAC_ERR_IO}, {"tokenizer.bin", MEGAC_ERR_FORMAT}, {"manifest.yaml", MEGAC_ERR_IO}};
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        char path[1024], keep[1100];
-        snprintf(path, sizeof path, "%s/%s", dir, files[i].name);
-        snprintf(keep, sizeof keep, "%s.orig", path);
-        cr_assert_eq(rename(path, keep), 0);
-        cr_assert_eq(symlink("/dev/zero", path), 0);
-        expect_refusal(dir, files[i].st, files[i].name, "not a regular file");
-        cr_assert_eq(unlink(path), 0);
-        cr_assert_eq(rename(keep, path), 0);
+    } files[] = {{"schedule.sched", MEGAC_ERR_IO}, {"tokenizer.bin", MEGAC_ERR_FORMAT}, {"manifest.yaml", MEGAC_ERR_IO},
+                 {"kernel.so", MEGAC_ERR_IO}, {"weights.bin", MEGAC_ERR_IO}};
+    for (int fifo = 0; fifo < 2; fifo++) {
+        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+            char path[1024], keep[1100];
+            snprintf(path, sizeof path, "%s/%s", dir, files[i].name);
+            snprintf(keep, sizeof keep, "%s.orig", path);
+            cr_assert_eq(rename(path, keep), 0);
+            cr_assert_eq(fifo ? mkfifo(path, 0600) : symlink("/dev/zero", path), 0);
+            expect_refusal(dir, files[i].st, files[i].name, "not a regular file");
+            cr_assert_eq(unlink(path), 0);
+            cr_assert_eq(rename(keep, path), 0);
+        }
     }
+    edit_file(dir, "manifest.yaml", "kernel: kernel.so", "kernel: .");
+    expect_refusal(dir, MEGAC_ERR_IO, "/.: cannot read the kernel: not a regular file (a folder)",
+                   "the manifest's kernel: . must name the kernel file");
+    edit_file(dir, "manifest.yaml", "kernel: .", "kernel: kernel.so");
     size_t slen, klen;
     char *sched = read_whole(dir, "schedule.sched", &slen), *k = read_whole(dir, "kernel.so", &klen);
     cr_assert_gt(klen, 8192);
@@ -871,14 +881,55 @@ Test(runtime, manifest_parser)
     cr_assert_eq(man.off_logits, 64);
     cr_assert_eq(man.kernel_bytes, 7);
     cr_assert_eq(man.kernel_hash, 0x0123456789abcdefull);
-    expect_manifest_error("counters: 3", "counters: -3", "m.yaml:13: error: bad value '-3' for 'counters'");
-    expect_manifest_error("counters: 3", "counters: 3x", "m.yaml:13: error: bad value '3x' for 'counters'");
-    expect_manifest_error("workers: 2", "workers: 4294967296", "m.yaml:14: error: bad value '4294967296' for 'workers'");
-    expect_manifest_error("vocab: 5\n", "vocab: 5\nvocab: 6\n", "m.yaml:16: error: duplicate key 'vocab'");
-    expect_manifest_error("eos: 2", "eos 2", "m.yaml:18: error: expected `key: value`");
-    expect_manifest_error("eos: 2", "Eos: 2", "m.yaml:18: error: expected `key: value`");
-    expect_manifest_error("name: \"x y\"", "name:", "m.yaml:3: error: bad value '' for 'name'");
-    expect_manifest_error("io_next: 4\n", "", "m.yaml: error: missing key 'io_next'");
+    expect_manifest_error("counters: 3", "counters: -3",
+                          "m.yaml:13:11: error: bad value '-3' for 'counters' (expected a decimal integer in "
+                          "0..4294967295)");
+    expect_manifest_error("counters: 3", "counters: 3x",
+                          "m.yaml:13:11: error: bad value '3x' for 'counters' (expected a decimal integer in "
+                          "0..4294967295)");
+    expect_manifest_error("workers: 2", "workers: 4294967296",
+                          "m.yaml:14:10: error: bad value '4294967296' for 'workers' (expected a decimal integer in "
+                          "0..4294967295)");
+    expect_manifest_error("vocab: 5\n", "vocab: 5\nvocab: 6\n",
+                          "m.yaml:16:1: error: duplicate key 'vocab' (first on line 15)");
+    expect_manifest_error("eos: 2", "eos 2", "m.yaml:18:1: error: expected `key: value` (a lowercase key, a colon, "
+                          "its value)");
+    expect_manifest_error("eos: 2", "Eos: 2", "m.yaml:18:1: error: expected `key: value` (a lowercase key, a colon, "
+                          "its value)");
+    expect_manifest_error("name: \"x y\"", "name:", "m.yaml:3:6: error: bad value '' for 'name' (expected a non-empty "
+                          "string)");
+    expect_manifest_error("kernel_hash: 0123456789abcdef", "kernel_hash: 0123456789abcdefg",
+                          "m.yaml:7:14: error: bad value '0123456789abcdefg' for 'kernel_hash' (expected a "
+                          "hexadecimal number of at most 16 digits)");
+    expect_manifest_error("io_next: 4\n", "", "m.yaml: error: missing key 'io_next' (a bundle's manifest.yaml has "
+                          "every key; recompile the bundle)");
+}
+
+/* A value the manifest's syntax allows but the runtime cannot drive names
+ * its key, the value and the range allowed, at the value's line:col (a
+ * bundle of 5000 workers said only "workers, vocab and max_seq must be
+ * positive", found by fuzzing); the checks between keys point at the
+ * value at fault too. */
+Test(runtime, manifest_values_out_of_range)
+{
+    expect_manifest_error("workers: 2", "workers: 5000",
+                          "m.yaml:14:10: error: workers: 5000 is outside the allowed range 1..4096");
+    expect_manifest_error("workers: 2", "workers: 0", "m.yaml:14:10: error: workers: 0 is outside the allowed range "
+                          "1..4096");
+    expect_manifest_error("vocab: 5", "vocab: 0", "m.yaml:15:8: error: vocab: 0 is outside the allowed range "
+                          "1..2147483647");
+    expect_manifest_error("max_seq: 8", "max_seq: -8", "m.yaml:16:10: error: max_seq: -8 is outside the allowed "
+                          "range 1..2147483647");
+    expect_manifest_error("eos: 2", "eos:   5", "m.yaml:18:8: error: eos: 5 is not -1 or a token id below vocab: 5");
+    expect_manifest_error("kernel_abi: 3", "kernel_abi: 9",
+                          "m.yaml:8:13: error: kernel_abi 9, but this runtime speaks ABI 3: recompile the bundle");
+    expect_manifest_error("kernel: kernel.so", "kernel: ../k.so",
+                          "m.yaml:5:9: error: kernel '../k.so' must name a file in the bundle");
+    expect_manifest_error("io_logits: 64", "io_logits: 66", "m.yaml:20:12: error: io_logits: 66 is not a multiple "
+                          "of 4");
+    expect_manifest_error("io_logits: 64", "io_logits: 4084",
+                          "m.yaml:20:12: error: io_logits: 4084: its 20-byte io buffer does not fit the arena of "
+                          "4096 bytes (arena_bytes)");
 }
 
 /* The CUDA profile's waits by stage: counters summed by their name up to
