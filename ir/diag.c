@@ -162,7 +162,9 @@ char *read_file(const char *path, size_t *len)
         return NULL;
     }
     /* a file, or a pipe or terminal (validate -); not /dev/zero or another
-     * device, which would be read until memory ran out */
+     * device, which would be read until memory ran out. ENODEV says so:
+     * callers word it "not a regular file (a device)", not strerror's "No
+     * such device". */
     if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode) && !isatty(fileno(f))) {
         fclose(f);
         errno = ENODEV;

@@ -28,6 +28,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -300,7 +301,20 @@ static bool parser_keyword(Parser *ps, const char *kw)
     return true;
 }
 
-/* int := [-]digits, in [lo, hi]. */
+/* The end of the number-like token at p: digits, letters, '.', '_', and a
+ * sign after an exponent's e ("1e999", "1.5", "12abc"). */
+static const char *number_token_end(const char *p, const char *end)
+{
+    for (; p < end; p++) {
+        bool sign = (*p == '+' || *p == '-') && (p[-1] == 'e' || p[-1] == 'E');
+        if (!isalnum((unsigned char)*p) && *p != '.' && *p != '_' && !sign)
+            break;
+    }
+    return p;
+}
+
+/* int := [-]digits, in [lo, hi]; digits run into by letters or a '.' (1e999,
+ * 1.5) are not an integer. */
 static bool parser_int(Parser *ps, int64_t lo, int64_t hi, int64_t *out, const char *what)
 {
     parser_skip_space(ps);
@@ -312,6 +326,13 @@ static bool parser_int(Parser *ps, int64_t lo, int64_t hi, int64_t *out, const c
     errno = 0;
     char *e;
     long long v = strtoll(at, &e, 10);
+    const char *tok = number_token_end(e, ps->end);
+    if (tok > e) {
+        int n = (int)(tok - at);
+        ps->p = tok;
+        return parser_error(ps, at, "%s must be an integer in [%" PRId64 ", %" PRId64 "], not '%.*s%s'", what, lo,
+                            hi, n > 40 ? 40 : n, at, n > 40 ? "..." : "");
+    }
     ps->p = e;
     if (errno == ERANGE || v < lo || v > hi)
         return parser_error(ps, at, "%s out of range [%" PRId64 ", %" PRId64 "]", what, lo, hi);
@@ -388,11 +409,17 @@ static bool parse_shape_item(Parser *ps, int i)
     ModelShape *m = &ps->s->shape;
     if (i == 8) {
         parser_skip_space(ps);
-        char *e;
-        m->norm_eps = strtod(ps->p, &e);
-        if (e == ps->p || e > ps->end || !(m->norm_eps > 0))
-            return parser_error(ps, ps->p, "expected a positive eps");
-        ps->p = e;
+        const char *v = ps->p, *tok = v;
+        while (tok < ps->end && *tok != ' ' && *tok != '\t')
+            tok++;
+        char buf[64], *e;
+        int vn = (int)(tok - v);
+        snprintf(buf, sizeof buf, "%.*s", vn, v);  /* strtod must not read past the line */
+        m->norm_eps = strtod(buf, &e);
+        if (vn == 0 || vn >= (int)sizeof buf || *e || !isfinite(m->norm_eps) || !(m->norm_eps > 0))
+            return parser_error(ps, v, "eps must be a positive finite number, not '%.*s%s'", vn > 40 ? 40 : vn, v,
+                                vn > 40 ? "..." : "");
+        ps->p = tok;
         return true;
     }
     if (i == 9) {
@@ -812,8 +839,8 @@ Schedule *sched_parse(const char *path, const char *text, size_t len, Diag *d)
 Schedule *sched_load(const char *path, Diag *d)
 {
     SrcFile f;
-    if (!srcfile_load(&f, path)) {
-        diag_file_error(d, path, "cannot read: %s", strerror(errno));
+    if (!srcfile_load(&f, path)) {      /* ENODEV: read_file refused a device such as /dev/zero */
+        diag_file_error(d, path, "cannot read: %s", errno == ENODEV ? "not a regular file (a device)" : strerror(errno));
         return NULL;
     }
     Schedule *s = sched_parse(path, f.text, f.len, d);

@@ -297,6 +297,57 @@ Test(diag, read_file_directory)
     cr_assert_eq(errno, EISDIR, "%s", strerror(errno));
 }
 
+/* A number that is not an integer where one is expected is named as such
+ * at its first character (dim=1e999 said "expected shape key 'hidden'" at
+ * the 'e', where parsing had stopped); eps must be a positive finite number
+ * (inf and nan were accepted; found by fuzzing). */
+Test(sched_text, errors_not_an_integer_and_eps)
+{
+    static const struct {
+        const char *from, *to, *want;
+    } cases[] = {
+        {"dim=4 ", "dim=1e999 ", "t.sched:2:11: error: dim must be an integer in [1, 2147483647], not '1e999'\n"},
+        {"vocab=4 ", "vocab=4.5 ", "t.sched:2:67: error: vocab must be an integer in [1, 2147483647], not '4.5'\n"},
+        {"workers 1", "workers 1e+3", "t.sched:1:31: error: worker count must be an integer in [1, 65535], not "
+                                      "'1e+3'\n"},
+        {"eps=1e-05", "eps=inf", "t.sched:2:83: error: eps must be a positive finite number, not 'inf'\n"},
+        {"eps=1e-05", "eps=nan", "t.sched:2:83: error: eps must be a positive finite number, not 'nan'\n"},
+        {"eps=1e-05", "eps=-1e-05", "t.sched:2:83: error: eps must be a positive finite number, not '-1e-05'\n"},
+        {"eps=1e-05", "eps=1e-05x", "t.sched:2:83: error: eps must be a positive finite number, not '1e-05x'\n"},
+        {"eps=1e-05", "eps=1e-999", "t.sched:2:83: error: eps must be a positive finite number, not '1e-999'\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[1024];
+        const char *hdr = HDR "worker 0\n", *at = strstr(hdr, cases[i].from);
+        snprintf(text, sizeof text, "%.*s%s%s", (int)(at - hdr), hdr, cases[i].to, at + strlen(cases[i].from));
+        int n;
+        char *e = parse_errors(text, &n);
+        cr_assert_eq(n, 1, "%s: %s", cases[i].to, e);
+        cr_assert(strstr(e, cases[i].want), "%s: %s", cases[i].to, e);
+    }
+    int n;
+    char *e = parse_errors(HDR "buffer x f32 [4, 2x] scratch\nworker 0\n", &n);
+    cr_assert(strstr(e, "t.sched:3:18: error: dimension must be an integer in [1, 1099511627776], not '2x'\n"), "%s",
+              e);
+}
+
+/* /dev/zero is not read until memory runs out: read_file refuses a device
+ * with ENODEV, and sched_load says "not a regular file", not strerror's
+ * "No such device" (found by fuzzing). */
+Test(sched_text, load_refuses_a_device)
+{
+    static char buf[1024];
+    Diag d;
+    diag_init(&d);
+    d.out = fmemopen(buf, sizeof buf - 1, "w");
+    cr_assert_null(sched_load("/dev/zero", &d));
+    fclose(d.out);
+    cr_assert_str_eq(buf, "/dev/zero: error: cannot read: not a regular file (a device)\n");
+    errno = 0;
+    cr_assert_null(read_file("/dev/zero", NULL));
+    cr_assert_eq(errno, ENODEV, "%s", strerror(errno));
+}
+
 /* An unknown target in the header is an error at the target's column. */
 Test(sched_text, errors_unknown_target)
 {
