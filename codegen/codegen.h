@@ -16,6 +16,9 @@ typedef struct CpuOptions {
     bool keep_ir;           /* also write kernel.ll next to the .so */
 } CpuOptions;
 bool cg_cpu_compile(const Schedule *s, const CpuOptions *o, const char *so_path, Diag *d);
+/* The named CPUs CpuOptions.cpu takes besides the host ("host", "native"),
+ * NULL-terminated; empty in a megac built without the CPU backend. */
+const char *const *cg_cpu_names(void);
 
 /* ---- cuda/: CUDA C -> NVRTC -> cubin; and the same C on the host ---- */
 typedef struct CudaKernelInfo {

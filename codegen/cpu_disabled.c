@@ -29,3 +29,9 @@ bool cg_llvm_host(char **cpu, char **features)
     (void)features;
     return false;
 }
+
+const char *const *cg_cpu_names(void)
+{
+    static const char *const none[] = {NULL};
+    return none;
+}

@@ -2,6 +2,7 @@
  * cmd_compile.c - `megac compile MODEL.yaml --target T -o NAME.megac/`:
  * parses the options and runs the pass list of driver.c.
  */
+#include "codegen/codegen.h"
 #include "compiler/cli.h"
 #include "compiler/driver.h"
 
@@ -23,10 +24,31 @@ static void compile_usage(FILE *out)
             "  --workers N     worker count, 1..4096 (default: the description's, else\n"
             "                  the target's)\n"
             "  --set KEY=VAL   override a description key (repeatable), e.g. --set max_seq=256\n"
-            "  --cpu NAME      CPU target: an x86-64 level such as x86-64-v3 (default: this host)\n"
+            "  --cpu NAME      CPU target: host, or an x86-64 level or CPU such as x86-64-v3\n"
+            "                  (default: host, this machine's)\n"
             "  -o DIR          the bundle folder (default: NAME.megac from the model's name);\n"
             "                  an existing bundle or empty folder is replaced, any other path refused\n"
             "  -q, --quiet     no progress lines\n");
+}
+
+/* A --cpu name the CPU code generator knows (cg_cpu_names), checked here
+ * so that a misspelt one is a usage error before any work, not a code
+ * generation failure after lowering. Without the CPU backend there is
+ * nothing to check against (a cpu compile then says why it cannot). */
+static bool compile_cpu_check(const char *cpu)
+{
+    const char *const *names = cg_cpu_names();
+    if (!strcmp(cpu, "host") || !strcmp(cpu, "native") || !names[0])
+        return true;
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(cpu, names[i]))
+            return true;
+    fprintf(stderr, "megac compile: --cpu: unknown CPU '%.64s%s'; use host (this machine's) or one of ", cpu,
+            strlen(cpu) > 64 ? "..." : "");
+    for (int i = 0; names[i]; i++)
+        fprintf(stderr, "%s%s", i ? ", " : "", names[i]);
+    fputc('\n', stderr);
+    return false;
 }
 
 static bool compile_args_parse(int argc, char **argv, CompileOptions *o, Arena *a)
@@ -38,9 +60,10 @@ static bool compile_args_parse(int argc, char **argv, CompileOptions *o, Arena *
         bool has = i + 1 < argc;
         if (!strcmp(x, "--target") && has)
             o->target = argv[++i];
-        else if (!strcmp(x, "--cpu") && has)
-            o->cpu = argv[++i];
-        else if (!strcmp(x, "-o") && has)
+        else if (!strcmp(x, "--cpu") && has) {
+            if (!compile_cpu_check(o->cpu = argv[++i]))
+                return false;
+        } else if (!strcmp(x, "-o") && has)
             o->out = argv[++i];
         else if (!strcmp(x, "-q") || !strcmp(x, "--quiet"))
             o->quiet = true;

@@ -20,6 +20,8 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -31,8 +33,8 @@ static const char *const run_engine_names[] = {
     RUN_ENGINE_LIST(X)
 #undef X
 };
-_Static_assert(sizeof run_engine_names / sizeof run_engine_names[0] == ENGINE_COUNT,
-               "one name per engine");
+_Static_assert(sizeof run_engine_names / sizeof run_engine_names[0] == ENGINE_COUNT && ENGINE_COUNT == 4,
+               "one name per engine; run_option_apply's --engine message lists four");
 
 const char *run_engine_name(RunEngine e)
 {
@@ -127,11 +129,20 @@ static bool run_model_is_bundle(const char *path)
     return bundle;
 }
 
-static int run_bad_value(const char *opt, const char *val)
+/* "megac run: OPT needs WHAT, not 'VAL'" (what: printf format and
+ * arguments), as cli_workers_parse words it; returns 2. */
+static int MEGAC_PRINTF(3, 4) run_bad_value(const char *opt, const char *val, const char *what, ...)
 {
-    fprintf(stderr, "megac run: bad value for %s: '%s'\n", opt, val);
+    fprintf(stderr, "megac run: %s needs ", opt);
+    va_list ap;
+    va_start(ap, what);
+    vfprintf(stderr, what, ap);
+    va_end(ap);
+    fprintf(stderr, ", not '%.64s%s'\n", val, strlen(val) > 64 ? "..." : "");
     return 2;
 }
+
+#define RUN_MAX_STEPS (1L << 30)    /* -n and --top-k */
 
 /* Applies one option that takes a value; returns -1 when accepted. */
 static int run_option_apply(RunOptions *o, const char *opt, const char *val)
@@ -140,27 +151,28 @@ static int run_option_apply(RunOptions *o, const char *opt, const char *val)
     if (!strcmp(opt, "--engine")) {
         o->engine = run_engine_from_name(val);
         if (o->engine == ENGINE_COUNT)
-            return run_bad_value(opt, val);
+            return run_bad_value(opt, val, "one of %s, %s, %s or %s", run_engine_names[0], run_engine_names[1],
+                                 run_engine_names[2], run_engine_names[3]);
         o->engine_given = true;
     } else if (!strcmp(opt, "--prompt")) {
         o->prompt = val;
     } else if (!strcmp(opt, "-n")) {
-        if (!run_parse_long(val, 0, 1L << 30, &v))
-            return run_bad_value(opt, val);
+        if (!run_parse_long(val, 0, RUN_MAX_STEPS, &v))
+            return run_bad_value(opt, val, "a number in 0..%ld (0: the model's context)", RUN_MAX_STEPS);
         o->steps = (int)v;
     } else if (!strcmp(opt, "--temp")) {
         if (!run_parse_float(val, 0, 1e6, &o->temperature))
-            return run_bad_value(opt, val);
+            return run_bad_value(opt, val, "a number in 0..1e6 (0: greedy)");
     } else if (!strcmp(opt, "--top-k")) {
-        if (!run_parse_long(val, 0, 1L << 30, &v))
-            return run_bad_value(opt, val);
+        if (!run_parse_long(val, 0, RUN_MAX_STEPS, &v))
+            return run_bad_value(opt, val, "a number in 0..%ld (0: off)", RUN_MAX_STEPS);
         o->top_k = (int)v;
     } else if (!strcmp(opt, "--top-p")) {
         if (!run_parse_float(val, 0, 1, &o->top_p) || o->top_p <= 0)
-            return run_bad_value(opt, val);
+            return run_bad_value(opt, val, "a number above 0, at most 1 (1: off)");
     } else if (!strcmp(opt, "--seed")) {
         if (!run_parse_seed(val, &o->seed))
-            return run_bad_value(opt, val);
+            return run_bad_value(opt, val, "a number in 0..%llu", (unsigned long long)UINT64_MAX);
         o->seed_given = true;
     } else if (!strcmp(opt, "--set")) {
         if (!cli_set_add("run", val, o->sets, &o->nsets, RUN_MAX_SETS))
@@ -514,10 +526,34 @@ void run_options_free(RunOptions *o)
     cli_sets_free(o->sets, o->nsets);
 }
 
+/* A model path that names a device (/dev/zero) is refused before any
+ * engine reads it, in desc_load's words: the bundle engines read the
+ * description for their cache key first. A FIFO or a terminal passes, as
+ * read_file lets them. */
+static bool run_model_is_file(const RunOptions *o)
+{
+    struct stat st;
+    if (!o->model || o->model_is_bundle || stat(o->model, &st) != 0 || S_ISREG(st.st_mode) || S_ISDIR(st.st_mode) ||
+        S_ISFIFO(st.st_mode))
+        return true;
+    int fd = S_ISCHR(st.st_mode) ? open(o->model, O_RDONLY | O_NONBLOCK | O_CLOEXEC) : -1;
+    bool tty = fd >= 0 && isatty(fd);
+    if (fd >= 0)
+        close(fd);
+    if (!tty) {
+        Diag d;
+        diag_init(&d);
+        diag_file_error(&d, o->model, "not a regular file (a device): " DESC_WHAT_A_MODEL_IS);
+    }
+    return tty;
+}
+
 int cmd_run(int argc, char **argv)
 {
     RunOptions o;
     int rc = run_options_parse(&o, argc, argv);
+    if (rc < 0 && !run_model_is_file(&o))
+        rc = 2;
     if (rc >= 0) {
         run_options_free(&o);
         return rc;

@@ -45,6 +45,7 @@ const char desc_default_yaml[] =
     "tokenizer: {format: bytes}\n";
 
 #define DESC_EMBEDDED_PATH "<embedded>"
+/* What desc_load takes, for messages about a path it cannot take. */
 #define DESC_MAX_DIM (1 << 20)
 #define DESC_MAX_VOCAB (1 << 24)
 #define DESC_MAX_SEQ (1 << 24)
@@ -137,6 +138,13 @@ static const ParamMask kv_kind_params[] = {
 
 /* ---- locating and reporting ---- */
 
+/* errno of a failed read_file in words: ENODEV is its "not a regular
+ * file" (a device such as /dev/zero, which would be read without end). */
+static const char *read_error(int e)
+{
+    return e == ENODEV ? "not a regular file (a device)" : strerror(e);
+}
+
 static bool node_within(const DocNode *t, const DocNode *n)
 {
     if (t == n)
@@ -210,6 +218,27 @@ static int name_index(const char *s, const char *const *names)
     return -1;
 }
 
+/* Text from the files quoted in a message (a value, a key, a name): at most
+ * QUOTE_MAX bytes of it, cut on a UTF-8 character boundary and followed by
+ * "...", so that a value of megabytes (a minified config's, a fuzzer's)
+ * does not make a line of megabytes. */
+enum { QUOTE_MAX = 60 };
+
+static const char *ctx_quote_n(Ctx *c, const char *s, size_t n)
+{
+    if (n <= QUOTE_MAX)
+        return arena_strndup(c->a, s, n);
+    size_t k = QUOTE_MAX;
+    while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80)
+        k--;
+    return arena_printf(c->a, "%.*s...", (int)k, s);
+}
+
+static const char *ctx_quote(Ctx *c, const char *s)
+{
+    return ctx_quote_n(c, s, strlen(s));
+}
+
 /* "prefix.key", or just "key" at the top level. */
 static const char *key_path(Ctx *c, const char *prefix, const char *key)
 {
@@ -244,14 +273,14 @@ static bool node_int(Ctx *c, const DocNode *n, const char *what, int64_t lo, int
         return false;
     }
     if (!int_spelling(n->str)) {
-        ctx_error(c, n, "expected an integer for '%s', found '%s'", what, n->str);
+        ctx_error(c, n, "expected an integer for '%s', found '%s'", what, ctx_quote(c, n->str));
         return false;
     }
     char *end;
     errno = 0;
     long long v = strtoll(n->str, &end, 10);
     if (errno == ERANGE) {
-        ctx_error(c, n, "'%s' is too large, found %s; at most %lld", what, n->str, (long long)hi);
+        ctx_error(c, n, "'%s' is too large, found %s; at most %lld", what, ctx_quote(c, n->str), (long long)hi);
         return false;
     }
     if (v > hi && hi >= INT_MAX) {
@@ -289,7 +318,7 @@ static bool node_double(Ctx *c, const DocNode *n, const char *what, double *out)
     char *end;
     double v = strtod(n->str, &end);
     if (end == n->str || *end || !isfinite(v)) {
-        ctx_error(c, n, "expected a number for '%s', found '%s'", what, n->str);
+        ctx_error(c, n, "expected a number for '%s', found '%s'", what, ctx_quote(c, n->str));
         return false;
     }
     *out = v;
@@ -311,7 +340,7 @@ static bool node_bool(Ctx *c, const DocNode *n, const char *what, bool *out)
     if (node_found(n))
         ctx_error(c, n, "expected true or false for '%s', found %s", what, node_found(n));
     else
-        ctx_error(c, n, "expected true or false for '%s', found '%s'", what, n->str);
+        ctx_error(c, n, "expected true or false for '%s', found '%s'", what, ctx_quote(c, n->str));
     return false;
 }
 
@@ -339,9 +368,9 @@ static int node_enum(Ctx *c, const DocNode *n, const char *what, const char *con
         return i;
     const char *near = str_closest(s, names);
     if (near)
-        ctx_error(c, n, "bad value '%s' for '%s'; did you mean '%s'?", s, what, near);
+        ctx_error(c, n, "bad value '%s' for '%s'; did you mean '%s'?", ctx_quote(c, s), what, near);
     else
-        ctx_error(c, n, "bad value '%s' for '%s' (expected %s)", s, what, names_join(c->a, names));
+        ctx_error(c, n, "bad value '%s' for '%s' (expected %s)", ctx_quote(c, s), what, names_join(c->a, names));
     return -1;
 }
 
@@ -363,9 +392,10 @@ static bool map_check(Ctx *c, const DocNode *n, const char *where, const char *c
         const char *near = str_closest(k, valid);
         const char *in = *where ? arena_printf(c->a, " in '%s'", where) : "";
         if (near)
-            ctx_error(c, n->keys[i], "unknown key '%s'%s; did you mean '%s'?", k, in, near);
+            ctx_error(c, n->keys[i], "unknown key '%s'%s; did you mean '%s'?", ctx_quote(c, k), in, near);
         else
-            ctx_error(c, n->keys[i], "unknown key '%s'%s (expected %s)", k, in, names_join(c->a, valid));
+            ctx_error(c, n->keys[i], "unknown key '%s'%s (expected %s)", ctx_quote(c, k), in,
+                      names_join(c->a, valid));
     }
     return true;
 }
@@ -477,8 +507,8 @@ static const char *override_prefix(Ctx *c, Doc *od, const char *key, size_t klen
         bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
                   ch == '-' || (ch == '.' && i > 0 && i + 1 < klen && key[i + 1] != '.');
         if (!ok) {
-            diag_error(c->d, &od->src, 1, (int)i + 1, "bad --set key '%.*s' (expected NAME.NAME...)", (int)klen,
-                       key);
+            diag_error(c->d, &od->src, 1, (int)i + 1, "bad --set key '%s' (expected NAME.NAME...)",
+                       ctx_quote_n(c, key, klen));
             return NULL;
         }
     }
@@ -497,9 +527,9 @@ static const char *override_prefix(Ctx *c, Doc *od, const char *key, size_t klen
     all[na] = NULL;
     const char *near = str_closest(first, all);
     if (near)
-        diag_error(c->d, &od->src, 1, 1, "unknown key '%s' in --set; did you mean '%s'?", first, near);
+        diag_error(c->d, &od->src, 1, 1, "unknown key '%s' in --set; did you mean '%s'?", ctx_quote(c, first), near);
     else
-        diag_error(c->d, &od->src, 1, 1, "unknown key '%s' in --set", first);
+        diag_error(c->d, &od->src, 1, 1, "unknown key '%s' in --set", ctx_quote(c, first));
     return NULL;
 }
 
@@ -525,8 +555,8 @@ static bool override_splice(Ctx *c, Doc *od, const char *key, const char *prefix
             ctx_origin_add(c, od, next);
             map_put(&od->arena, cur, k, next);
         } else if (next->kind != DOC_MAP) {
-            diag_error(c->d, &od->src, 1, k->col, "cannot set '%s': '%.*s' is not a mapping", full,
-                       (int)(p + n - full), full);
+            diag_error(c->d, &od->src, 1, k->col, "cannot set '%s': '%s' is not a mapping", ctx_quote(c, full),
+                       ctx_quote_n(c, full, (size_t)(p + n - full)));
             return false;
         }
         cur = next;
@@ -556,7 +586,7 @@ static bool override_apply(Ctx *c, Doc *od, const DescOverride *o)
     if (!prefix)
         return false;
     if (!od->root) {
-        diag_error(c->d, &od->src, 1, (int)klen + 2, "missing value for '%s'", o->key);
+        diag_error(c->d, &od->src, 1, (int)klen + 2, "missing value for '%s'", ctx_quote(c, o->key));
         return false;
     }
     ctx_origin_add(c, od, od->root);
@@ -647,7 +677,7 @@ static int config_arch(Ctx *c, const DocNode *root, const DocNode *at)
     int k = name_index(n->str, n == type ? types : classes);
     if (k < 0) {
         ctx_error(c, n, "architecture '%s' is not supported (megac computes Llama, Mistral and Qwen2 models)",
-                  n->str);
+                  ctx_quote(c, n->str));
         ctx_note(c, at, "config named here");
     }
     return k;
@@ -660,7 +690,7 @@ static void config_refuse(Ctx *c, const DocNode *root, int arch)
     const DocNode *act = doc_get(root, "hidden_act");
     if (act && (act->kind != DOC_SCALAR || strcmp(act->str, "silu") != 0))
         ctx_error(c, act, "hidden_act '%s' is not supported (megac computes SiLU MLPs)",
-                  act->kind == DOC_SCALAR ? act->str : "?");
+                  act->kind == DOC_SCALAR ? ctx_quote(c, act->str) : "?");
     bool b = false;
     const DocNode *n = doc_get(root, "attention_bias");
     if (n && node_bool(c, n, "attention_bias", &b) && b && arch != HF_QWEN2)
@@ -674,11 +704,11 @@ static void config_refuse(Ctx *c, const DocNode *root, int arch)
         ctx_error(c, n, "sliding window attention (use_sliding_window: true) is not supported yet");
     if (arch == HF_MISTRAL && n && !doc_is_null(n))
         ctx_error(c, n, "sliding window attention (sliding_window: %s) is not supported yet",
-                  n->kind == DOC_SCALAR ? n->str : "?");
+                  n->kind == DOC_SCALAR ? ctx_quote(c, n->str) : "?");
     n = doc_get(root, "sliding_window_size");   /* MLC presets spell it so */
     if (arch == HF_MISTRAL && n && !doc_is_null(n))
         ctx_error(c, n, "sliding window attention (sliding_window_size: %s) is not supported yet",
-                  n->kind == DOC_SCALAR ? n->str : "?");
+                  n->kind == DOC_SCALAR ? ctx_quote(c, n->str) : "?");
 }
 
 /* rope_scaling (or transformers 5's rope_parameters): {rope_type|type:
@@ -698,14 +728,14 @@ static void config_rope(Ctx *c, const DocNode *s)
     for (int i = 0; !t && i < s->n; i++) /* a factor without a type: which scaling is it? */
         if (strcmp(s->keys[i]->str, "rope_theta") != 0) {
             ctx_error(c, s->keys[i], "'rope_scaling' has '%s' but no 'rope_type' (or 'type'): say which RoPE "
-                      "scaling it is", s->keys[i]->str);
+                      "scaling it is", ctx_quote(c, s->keys[i]->str));
             return;
         }
     const char *type = t ? node_str(c, t, "rope_type") : "default";
     if (!type || strcmp(type, "default") == 0)
         return;
     if (strcmp(type, "llama3") != 0) {
-        ctx_error(c, t, "RoPE scaling '%s' is not supported yet (only llama3)", type);
+        ctx_error(c, t, "RoPE scaling '%s' is not supported yet (only llama3)", ctx_quote(c, type));
         return;
     }
     m->rope_scaling = ROPE_SCALING_LLAMA3;
@@ -801,7 +831,7 @@ static void config_generation_eos(Ctx *c, Doc *gen, const char *cfg_path)
     size_t len;
     char *text = read_file(path, &len);
     if (!text) {
-        diag_file_error(c->d, path, "cannot read: %s", strerror(errno));
+        diag_file_error(c->d, path, "cannot read: %s", read_error(errno));
         return;
     }
     c->m->gen_config_path = path;
@@ -878,7 +908,7 @@ static void arch_from_config(Ctx *c, Doc cfg[2], const DocNode *at)
     size_t len;
     char *text = read_file(path, &len);
     if (!text) {
-        ctx_error(c, at, "cannot read config '%s': %s", path, strerror(errno));
+        ctx_error(c, at, "cannot read config '%s': %s", path, read_error(errno));
         return;
     }
     if (!json_object_parse(c, cfg, path, text, len, "an HF config", "config"))
@@ -978,8 +1008,8 @@ static void gguf_refuse(Ctx *c, const GgufFile *g, const char *arch)
     if (gguf_find(g, full) && !gguf_get_str(g, full, &t))
         diag_file_error(c->d, g->path, "key '%s' must be a string", full);
     else if (gguf_find(g, full) && !(t.len == 4 && memcmp(t.s, "none", 4) == 0))
-        diag_file_error(c->d, g->path, "RoPE scaling '%.*s' (%s) is not supported yet", (int)(t.len < 64 ? t.len : 64),
-                        t.s, full);
+        diag_file_error(c->d, g->path, "RoPE scaling '%s' (%s) is not supported yet", ctx_quote_n(c, t.s, t.len),
+                        full);
     static const char *const biases[] = {"blk.0.attn_output.bias", "blk.0.ffn_up.bias", "blk.0.ffn_gate.bias",
                                          "blk.0.ffn_down.bias", NULL};
     for (int i = 0; biases[i]; i++)
@@ -1221,10 +1251,10 @@ static bool quant_node(Ctx *c, const DocNode *n, const char *what, QuantSpec *q)
     if (!quant_parse(s, q)) {
         const char *near = str_closest(s, quant_names);
         if (near)
-            ctx_error(c, n, "bad value '%s' for '%s'; did you mean '%s'?", s, what, near);
+            ctx_error(c, n, "bad value '%s' for '%s'; did you mean '%s'?", ctx_quote(c, s), what, near);
         else
             ctx_error(c, n, "bad value '%s' for '%s' (expected none, f32, f16, bf16, w8a16, w4a16[-g32|-g64|-g128],"
-                      " w8a8 or w4a8[-g32|-g64|-g128])", s, what);
+                      " w8a8 or w4a8[-g32|-g64|-g128])", ctx_quote(c, s), what);
         return false;
     }
     return true;
@@ -1285,15 +1315,16 @@ static bool range_parse(Ctx *c, const DocNode *n, const char *what, int nl, int 
     else if (p && p[0] == '-')
         b = nl - 1, p++;
     if (!p || *p) {
-        ctx_error(c, n, "bad layer range '%s' (expected N, N-M, N- or all)", s);
+        ctx_error(c, n, "bad layer range '%s' (expected N, N-M, N- or all)", ctx_quote(c, s));
         return false;
     }
     if (a >= nl || b >= nl) {
-        ctx_error(c, n, "layer range '%s' is out of bounds: the model has %d layers (0-%d)", s, nl, nl - 1);
+        ctx_error(c, n, "layer range '%s' is out of bounds: the model has %d layers (0-%d)", ctx_quote(c, s), nl,
+                  nl - 1);
         return false;
     }
     if (a > b) {
-        ctx_error(c, n, "bad layer range '%s': it starts after it ends", s);
+        ctx_error(c, n, "bad layer range '%s': it starts after it ends", ctx_quote(c, s));
         return false;
     }
     *lo = (int)a, *hi = (int)b;
@@ -1639,7 +1670,7 @@ static void desc_name(Ctx *c, const DocNode *root)
         return;
     }
     if (!*s || strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != strlen(s)) {
-        ctx_error(c, n, "name '%s' must be made of letters, digits, '.', '_' and '-'", s);
+        ctx_error(c, n, "name '%s' must be made of letters, digits, '.', '_' and '-'", ctx_quote(c, s));
         return;
     }
     c->m->name = arena_strdup(c->a, s);
@@ -1736,10 +1767,10 @@ static void name_from(FILE *b, const char *base, size_t n)
 /* A GGUF file by its magic, or by its name: a file named *.gguf is read
  * as one, so a damaged one is reported by the GGUF reader, not parsed as
  * a YAML description. */
-static bool file_is_gguf(const char *path)
+static bool file_is_gguf(const char *path, const struct stat *st)
 {
     char magic[4];
-    FILE *f = fopen(path, "rb");
+    FILE *f = S_ISREG(st->st_mode) ? fopen(path, "rb") : NULL;  /* a pipe's bytes are read once, as the text */
     bool yes = f && fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
     if (f)
         fclose(f);
@@ -1747,11 +1778,41 @@ static bool file_is_gguf(const char *path)
     return yes || (n > 5 && strcasecmp(path + n - 5, ".gguf") == 0);
 }
 
+static bool name_ends(const char *path, const char *suffix)
+{
+    size_t n = strlen(path), k = strlen(suffix);
+    return n > k && strcasecmp(path + n - k, suffix) == 0;
+}
+
+/* A safetensors file (or a sharded checkpoint's index), by its name or by
+ * its start: an 8-byte little-endian header length, then the JSON header's
+ * '{'. It holds weights, not a model: desc_load says what to give instead
+ * rather than parse its bytes as YAML. */
+static bool file_is_safetensors(const char *path, const struct stat *st)
+{
+    if (name_ends(path, ".safetensors") || name_ends(path, ".safetensors.index.json"))
+        return true;
+    unsigned char h[9];
+    FILE *f = S_ISREG(st->st_mode) ? fopen(path, "rb") : NULL;
+    bool yes = f && fread(h, 1, 9, f) == 9 && h[8] == '{';
+    if (f)
+        fclose(f);
+    uint64_t len = 0;
+    for (int i = 7; yes && i >= 0; i--)
+        len = len << 8 | h[i];
+    return yes && len >= 2 && len <= (uint64_t)st->st_size - 8;
+}
+
+/* The text desc_source gives for a safetensors file (desc_read_text's
+ * cache key), which desc_load refuses before reading it. */
+static const char desc_safetensors_text[] = "# a safetensors file: weights, not a model description\n";
+
 /* The text desc_load parses for `path` and the path it is parsed as (its
  * folder resolves relative paths), in *as (malloc'd):
  *  - a GGUF file: arch from its metadata, its weights and vocabulary;
  *  - a folder holding config.json (an HF checkpoint): arch from the
  *    config, the folder's safetensors, its tokenizer.json when there is one;
+ *  - a safetensors file: a placeholder (desc_load refuses it);
  *  - anything else: the file's own bytes, a YAML description.
  * *written tells which of the first two megac wrote the text for.
  * NULL with errno set when it cannot be read. */
@@ -1761,6 +1822,11 @@ static char *desc_source(const char *path, size_t *len, char **as, bool *written
     struct stat st;
     if (stat(path, &st) != 0)
         return NULL;
+    if (!S_ISDIR(st.st_mode) && file_is_safetensors(path, &st)) {
+        *as = xstrdup(path);    /* desc_load refuses it; a cache key needs no gigabytes of weights */
+        *len = strlen(desc_safetensors_text);
+        return xstrdup(desc_safetensors_text);
+    }
     const char *slash = strrchr(path, '/');
     char *text = NULL;
     FILE *b = open_memstream(&text, len);
@@ -1791,7 +1857,7 @@ static char *desc_source(const char *path, size_t *len, char **as, bool *written
         fputs("\narch: {from-config: config.json}\nweights: {format: safetensors, path: .}\n", b);
         fputs(tok ? "tokenizer: {format: hf, path: tokenizer.json}\n" : "tokenizer: {format: none}\n", b);
         *as = cfg;
-    } else if (file_is_gguf(path)) {
+    } else if (file_is_gguf(path, &st)) {
         const char *base = slash ? slash + 1 : path, *dot = strrchr(base, '.');
         size_t n = dot && dot != base && strcmp(dot, ".gguf") == 0 ? (size_t)(dot - base) : strlen(base);
         fputs("# the description megac writes for a GGUF file\nname: ", b);
@@ -1820,20 +1886,46 @@ char *desc_read_text(const char *path, size_t *len)
     return text;
 }
 
+/* A safetensors file named as the model: what to give instead. */
+static void desc_safetensors_refuse(const char *path, Diag *d)
+{
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? xasprintf("%.*s", slash == path ? 1 : (int)(slash - path), path) : xstrdup(".");
+    char *cfg = xasprintf("%s/config.json", dir);
+    const char *what = name_ends(path, ".index.json") ? "a safetensors index names weights"
+                                                      : "a safetensors file holds weights";
+    struct stat st;
+    if (stat(cfg, &st) == 0 && S_ISREG(st.st_mode))
+        diag_file_error(d, path, "%s, not a model description: megac reads an HF checkpoint as its folder; give "
+                        "'%s', which holds its config.json", what, dir);
+    else
+        diag_file_error(d, path, "%s, not a model description: megac reads an HF checkpoint as its folder "
+                        "(config.json beside the safetensors); or write a description (.yaml) whose weights: "
+                        "{format: safetensors, path: ...} names this file (models/README.md)", what);
+    free(cfg);
+    free(dir);
+}
+
 bool desc_load(ModelDesc *m, Arena *a, const char *path, const DescOverride *ov, int nov, Diag *d)
 {
     if (!path || strcmp(path, desc_default_name) == 0)
         return desc_parse(m, a, DESC_EMBEDDED_PATH, desc_default_yaml, strlen(desc_default_yaml), ov, nov, d);
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISDIR(st.st_mode) && file_is_safetensors(path, &st)) {
+        desc_safetensors_refuse(path, d);
+        return false;
+    }
     size_t len;
     bool written;
     char *as = NULL, *text = desc_source(path, &len, &as, &written);
     if (!text) {
-        struct stat st;
+        int e = errno;
         if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-            diag_file_error(d, path, "this folder holds no config.json: a model is a description (.yaml), a GGUF "
-                            "file, or an HF checkpoint folder (config.json and safetensors)");
+            diag_file_error(d, path, "this folder holds no config.json: " DESC_WHAT_A_MODEL_IS);
+        else if (e == ENODEV)
+            diag_file_error(d, path, "not a regular file (a device): " DESC_WHAT_A_MODEL_IS);
         else
-            diag_file_error(d, path, "cannot read model description: %s", strerror(errno));
+            diag_file_error(d, path, "cannot read model description: %s", strerror(e));
         return false;
     }
     bool ok = desc_parse_for(m, a, as, written ? path : NULL, text, len, ov, nov, d);

@@ -145,6 +145,10 @@ typedef struct {
  * safetensors and tokenizer.json): for the last two megac writes the
  * description itself (arch: {from-gguf: ...} / {from-config: ...}). */
 bool desc_load(ModelDesc *m, Arena *a, const char *path, const DescOverride *ov, int nov, Diag *d);
+/* The end of every message that refuses a path as a model. */
+#define DESC_WHAT_A_MODEL_IS                                                                                       \
+    "a model is a description (.yaml), a GGUF file, or an HF checkpoint folder (config.json and safetensors)"
+
 bool desc_parse(ModelDesc *m, Arena *a, const char *path, const char *text, size_t len,
                 const DescOverride *ov, int nov, Diag *d);
 /* The text desc_load parses for `path` (malloc'd; NULL with errno set when

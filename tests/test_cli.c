@@ -27,11 +27,12 @@ static char *tmp_dir(void)
     return test_tmp_dir("cli");
 }
 
-/* Runs `cd dir && megac ARGS 2>&1`; returns the exit status, output in out. */
-static int megac(const char *dir, const char *args, char *out, size_t cap)
+/* Runs `cd dir && ENV megac ARGS 2>&1` (env: variable assignments, or "");
+ * returns the exit status, output in out. */
+static int megac_env(const char *dir, const char *env, const char *args, char *out, size_t cap)
 {
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "cd '%s' && %s %s 2>&1", dir, MEGAC_BIN, args);
+    snprintf(cmd, sizeof cmd, "cd '%s' && %s %s %s 2>&1", dir, env, MEGAC_BIN, args);
     FILE *p = popen(cmd, "r");
     cr_assert(p);
     size_t n = fread(out, 1, cap - 1, p);
@@ -39,6 +40,16 @@ static int megac(const char *dir, const char *args, char *out, size_t cap)
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
+
+/* Runs `cd dir && megac ARGS 2>&1`; returns the exit status, output in out. */
+static int megac(const char *dir, const char *args, char *out, size_t cap)
+{
+    return megac_env(dir, "", args, out, cap);
+}
+
+/* A compile whose code generation fails, after lowering: without a cc on
+ * PATH kernel.so cannot be linked. */
+#define NO_CC "PATH=/nonexistent"
 
 static void file_write(const char *dir, const char *name, const char *text)
 {
@@ -127,12 +138,12 @@ Test(cli, compile_replaces_a_bundle_and_fills_an_empty_folder)
 Test(cli, a_failed_compile_leaves_nothing)
 {
     char *d = tmp_dir(), out[8192], buf[4096], b[1200];
-    cr_assert_eq(megac(d, "compile default -q -o new.megac --cpu bogus-cpu", out, sizeof out), 2, "%s", out);
-    cr_assert(strstr(out, "unknown CPU 'bogus-cpu'"), "%s", out);
+    cr_assert_eq(megac_env(d, NO_CC, "compile default -q -o new.megac", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "linking kernel.so"), "%s", out);
     cr_assert_str_eq(dir_list(d, buf, sizeof buf), "");
     /* Over an existing bundle: the old one stays as it was. */
     cr_assert_eq(megac(d, "compile default -q --set max_seq=64 -o b.megac", out, sizeof out), 0, "%s", out);
-    cr_assert_eq(megac(d, "compile default -q -o b.megac --cpu bogus-cpu", out, sizeof out), 2, "%s", out);
+    cr_assert_eq(megac_env(d, NO_CC, "compile default -q -o b.megac", out, sizeof out), 2, "%s", out);
     cr_assert_str_eq(dir_list(d, buf, sizeof buf), "b.megac");
     snprintf(b, sizeof b, "%s/b.megac", d);
     cr_assert(strstr(file_read(b, "manifest.yaml", buf, sizeof buf), "\nmax_seq: 64\n"), "%s", buf);
@@ -348,6 +359,21 @@ Test(cli, run_long_prompt_is_refused_by_every_engine)
     test_rm_rf(d);
 }
 
+/* A model read from a pipe is read once, as its text: describe peeked at
+ * its first bytes for a GGUF magic, and the description it then parsed
+ * had lost them ("empty model description"). */
+Test(cli, describe_reads_a_pipe)
+{
+    char out[16384], cmd[2048];
+    snprintf(cmd, sizeof cmd, "cat '%s' | %s describe /dev/stdin 2>&1", DEFAULT_YAML, MEGAC_BIN);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    cr_assert_eq(pclose(p), 0, "%s", out);
+    cr_assert(strstr(out, "\nname: default\n") && strstr(out, "  dim: 64\n"), "%s", out);
+}
+
 /* One worker range, 1..4096, and one message for it, in every command. */
 Test(cli, workers_have_one_range)
 {
@@ -368,9 +394,25 @@ Test(cli, workers_have_one_range)
 Test(cli, codegen_errors_name_the_bundle_path)
 {
     char *d = tmp_dir(), out[16384];
-    cr_assert_eq(megac(d, "compile default --cpu bogus-cpu -o n.megac", out, sizeof out), 2, "%s", out);
-    cr_assert(strstr(out, "n.megac/kernel.so: error: unknown CPU 'bogus-cpu'"), "%s", out);
+    cr_assert_eq(megac_env(d, NO_CC, "compile default -o n.megac", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "n.megac/kernel.so: error: cc -shared (linking kernel.so) failed"), "%s", out);
     cr_assert(!strstr(out, ".tmp"), "%s", out);
+    test_rm_rf(d);
+}
+
+/* An unknown --cpu is a usage error before any work, naming the option
+ * and the names it takes: it was found only after lowering, and reported
+ * at "<out>/kernel.so", a path that did not exist yet (found by fuzzing).
+ * The names are the code generator's own (cg_cpu_names). */
+Test(cli, compile_checks_cpu_before_any_work)
+{
+    char *d = tmp_dir(), out[16384], buf[256];
+    cr_assert_eq(megac(d, "compile default --cpu bogus -o x.megac", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "megac compile: --cpu: unknown CPU 'bogus'; use host (this machine's) or one of x86-64, "
+                          "x86-64-v2, x86-64-v3, x86-64-v4, "), "%s", out);
+    cr_assert(!strstr(out, "desc_load") && !strstr(out, "kernel.so"), "%s", out);
+    cr_assert_str_eq(dir_list(d, buf, sizeof buf), "");
+    cr_assert_eq(megac(d, "compile default -q --cpu x86-64-v2 -o x.megac", out, sizeof out), 0, "%s", out);
     test_rm_rf(d);
 }
 

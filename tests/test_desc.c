@@ -1340,6 +1340,95 @@ Test(desc, hf_checkpoint_folder_is_a_description)
     arena_free(&a);
 }
 
+/* A safetensors file (or a sharded checkpoint's index) named as the model
+ * says what it is and what megac reads instead, rather than "invalid
+ * UTF-8 (byte 0xb0)" from parsing its bytes as YAML; beside a config.json
+ * it names the folder to give (found by fuzzing). A device (/dev/zero) is
+ * not a regular file, not "No such device". */
+Test(desc, weights_and_devices_are_not_descriptions)
+{
+    ModelDesc m;
+    Arena a = {0};
+    cr_assert_not(load_path(&m, &a, WFIX "/tiny.safetensors", NULL, 0));
+    cr_assert_str_eq(errs, WFIX "/tiny.safetensors: error: a safetensors file holds weights, not a model description: "
+                           "megac reads an HF checkpoint as its folder (config.json beside the safetensors); or write "
+                           "a description (.yaml) whose weights: {format: safetensors, path: ...} names this file "
+                           "(models/README.md)\n");
+    cr_assert_not(load_path(&m, &a, WFIX "/hf-llama3/model.safetensors", NULL, 0));
+    cr_assert_str_eq(errs, WFIX "/hf-llama3/model.safetensors: error: a safetensors file holds weights, not a model "
+                           "description: megac reads an HF checkpoint as its folder; give '" WFIX "/hf-llama3', "
+                           "which holds its config.json\n");
+    cr_assert_not(load_path(&m, &a, WFIX "/sharded/model.safetensors.index.json", NULL, 0));
+    cr_assert(strstr(errs, "index.json: error: a safetensors index names weights, not a model description: megac "
+                           "reads an HF checkpoint as its folder; give '" WFIX "/sharded', which holds its "
+                           "config.json\n"), "%s", errs);
+    /* by its bytes, whatever its name */
+    char *d = test_tmp_dir("desc"), path[1200];
+    snprintf(path, sizeof path, "%s/weights.bin", d);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    static const char st[] = "\x02\0\0\0\0\0\0\0{}";
+    fwrite(st, 1, sizeof st - 1, f);
+    fclose(f);
+    cr_assert_not(load_path(&m, &a, path, NULL, 0));
+    cr_assert(strstr(errs, "/weights.bin: error: a safetensors file holds weights, not a model description"), "%s",
+              errs);
+    test_rm_rf(d);
+    cr_assert_not(load_path(&m, &a, "/dev/zero", NULL, 0));
+    cr_assert_str_eq(errs, "/dev/zero: error: not a regular file (a device): a model is a description (.yaml), a GGUF "
+                           "file, or an HF checkpoint folder (config.json and safetensors)\n");
+    arena_free(&a);
+}
+
+/* A value, key or name of any length is quoted as at most 60 bytes and
+ * "...", cut on a UTF-8 boundary: a 70 KB value made a 70 KB message line
+ * (found by fuzzing). */
+Test(desc, long_values_are_quoted_short)
+{
+    static char text[4096], want[512];
+    char a60[61], e60[61];
+    memset(a60, 'a', 60);
+    a60[60] = 0;
+    for (int i = 0; i < 30; i++)
+        memcpy(e60 + 2 * i, "\xc3\xa9", 2);  /* é: 2 bytes; 60 bytes, then 1 byte of the next would split one */
+    e60[60] = 0;
+    static const struct {
+        const char *fmt, *want;
+    } cases[] = {
+        {"name: x\narch: {dim: %s, hidden_dim: 8, n_layers: 1, n_heads: 1, n_kv_heads: 1, vocab_size: 8, max_seq: 8}\n"
+         "weights: {format: synthetic}\ntokenizer: {format: none}\n",
+         "models/x.yaml:2:13: error: expected an integer for 'arch.dim', found '%s...'\n"},
+        {"name: x\narch: {dim: 8, hidden_dim: 8, n_layers: 1, n_heads: 1, n_kv_heads: 1, vocab_size: 8, max_seq: 8}\n"
+         "weights: {format: s%s}\ntokenizer: {format: none}\n",
+         "models/x.yaml:3:19: error: bad value 's%.59s...' for 'weights.format' (expected llama2c, safetensors, gguf or "
+         "synthetic)\n"},
+        {"name: x\narch: {dim: 8, hidden_dim: 8, n_layers: 1, n_heads: 1, n_kv_heads: 1, vocab_size: 8, max_seq: 8}\n"
+         "weights: {format: synthetic}\ntokenizer: {format: none}\nk%s: 1\n",
+         "models/x.yaml:5:1: error: unknown key 'k%.59s...' (expected name, arch, norm_eps, tie_embeddings, qkv_bias, "
+         "rope, weights, tokenizer, bos, eos or compile)\n"},
+    };
+    for (int u = 0; u < 2; u++) {
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            char val[2048];
+            snprintf(val, sizeof val, "%s%s%s%s", u ? e60 : a60, u ? e60 : a60, u ? e60 : a60, u ? e60 : a60);
+            snprintf(text, sizeof text, cases[i].fmt, val);
+            /* the first 60 bytes of the quoted text: 's' or 'k' and 59 of val, less a split character */
+            char cut[61];
+            snprintf(cut, sizeof cut, "%s", u ? e60 : a60);
+            if (u && i > 0)
+                cut[58] = 0;
+            snprintf(want, sizeof want, cases[i].want, cut);
+            ModelDesc m;
+            Arena a = {0};
+            int n;
+            cr_assert_not(parse(&m, &a, "models/x.yaml", text, NULL, 0, &n));
+            const char *nl = strchr(errs, '\n');
+            cr_assert(nl && strncmp(errs, want, (size_t)(nl - errs + 1)) == 0, "want %s\ngot %s", want, errs);
+            arena_free(&a);
+        }
+    }
+}
+
 /* generation_config.json beside an HF folder's config.json: its
  * eos_token_id (an id or a list) joins config.json's stop list, config's
  * first id staying the eos, no id twice; `megac describe` prints the

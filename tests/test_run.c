@@ -111,6 +111,44 @@ Test(run_options, usage_errors, .init = cr_redirect_stderr)
     cr_assert_eq(parse(&o, dangling, 1), 2);
 }
 
+/* A bad value names the option and the values it takes: "-n 2147483647"
+ * said only "bad value for -n" (found by fuzzing). */
+Test(run_cmd, bad_values_name_their_range)
+{
+    static const struct {
+        const char *args, *want;
+    } cases[] = {
+        {"-n 2147483647", "megac run: -n needs a number in 0..1073741824 (0: the model's context), not "
+                          "'2147483647'\n"},
+        {"-n -1", "megac run: -n needs a number in 0..1073741824 (0: the model's context), not '-1'\n"},
+        {"--top-k 1e3", "megac run: --top-k needs a number in 0..1073741824 (0: off), not '1e3'\n"},
+        {"--temp -1", "megac run: --temp needs a number in 0..1e6 (0: greedy), not '-1'\n"},
+        {"--top-p 0", "megac run: --top-p needs a number above 0, at most 1 (1: off), not '0'\n"},
+        {"--seed -3", "megac run: --seed needs a number in 0..18446744073709551615, not '-3'\n"},
+        {"--engine gpu", "megac run: --engine needs one of reference, cpu, host-cuda or cuda, not 'gpu'\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        static char out[256], err[1024];
+        cr_assert_eq(megac_run(cases[i].args, out, sizeof out, err, sizeof err), 2, "%s", cases[i].args);
+        cr_assert_str_eq(err, cases[i].want, "%s", cases[i].args);
+    }
+}
+
+/* /dev/zero as the model is not a regular file, for every engine: the cpu
+ * engine said "cannot read: No such device" (found by fuzzing). */
+Test(run_cmd, a_device_is_not_a_model)
+{
+    static const char want[] = "/dev/zero: error: not a regular file (a device): a model is a description (.yaml), "
+                               "a GGUF file, or an HF checkpoint folder (config.json and safetensors)\n";
+    const char *engines[] = {"", "--engine reference", "--engine host-cuda"};
+    for (size_t i = 0; i < sizeof engines / sizeof engines[0]; i++) {
+        static char out[256], err[1024], args[128];
+        snprintf(args, sizeof args, "/dev/zero %s", engines[i]);
+        cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2, "%s", args);
+        cr_assert_str_eq(err, want, "%s", args);
+    }
+}
+
 /* ---- the command ---- */
 
 Test(run_cmd, help)

@@ -71,6 +71,11 @@ static const char *const cpu_levels[] = {"x86-64", "x86-64-v2", "x86-64-v3", "x8
                                          "sapphirerapids",
                                          "znver2", "znver3", "alderlake", NULL};
 
+const char *const *cg_cpu_names(void)
+{
+    return cpu_levels;
+}
+
 static void job_progress(CpuJob *j, const char *what)
 {
     if (!j->o->verbose)
