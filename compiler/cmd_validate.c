@@ -174,6 +174,9 @@ static bool validate_is_schedule(const char *path)
         return true;
     if (driver_is_default_model(path))
         return false;
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
+        return true; /* a pipe (<(megac lower ...)) is read once, as a schedule: peeking would eat its start */
     FILE *f = fopen(path, "rb");
     if (!f)
         return true; /* validate_file says why it cannot be read */

@@ -362,7 +362,7 @@ Test(cli, run_long_prompt_is_refused_by_every_engine)
 /* A model read from a pipe is read once, as its text: describe peeked at
  * its first bytes for a GGUF magic, and the description it then parsed
  * had lost them ("empty model description"). */
-Test(cli, describe_reads_a_pipe)
+Test(cli, describe_and_validate_read_a_pipe)
 {
     char out[16384], cmd[2048];
     snprintf(cmd, sizeof cmd, "cat '%s' | %s describe /dev/stdin 2>&1", DEFAULT_YAML, MEGAC_BIN);
@@ -372,6 +372,17 @@ Test(cli, describe_reads_a_pipe)
     out[n] = 0;
     cr_assert_eq(pclose(p), 0, "%s", out);
     cr_assert(strstr(out, "\nname: default\n") && strstr(out, "  dim: 64\n"), "%s", out);
+    /* validate reads a pipe once, as a schedule (<(megac lower ...)): it peeked at its first 4096 bytes to
+     * tell a schedule from a model, and then parsed the rest */
+    char *d = tmp_dir();
+    snprintf(cmd, sizeof cmd, "cd '%s' && mkfifo f && (%s lower default 2>/dev/null > f &) && %s validate f 2>&1", d,
+             MEGAC_BIN, MEGAC_BIN);
+    p = popen(cmd, "r");
+    n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    cr_assert_eq(pclose(p), 0, "%s", out);
+    cr_assert(strstr(out, "megac validate: f: safe: 90 instructions, 2 workers"), "%s", out);
+    test_rm_rf(d);
 }
 
 /* One worker range, 1..4096, and one message for it, in every command. */
