@@ -1493,6 +1493,21 @@ Test(weights, safetensors_fixtures_tile_their_data)
     }
 }
 
+
+/* A sharded checkpoint whose index (in a new folder `sub`) is `idx`: its
+ * load fails with `want`. */
+static void index_expect(const char *sub, const char *idx, const char *want)
+{
+    char *dir = tmp_path(sub);
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    char *pi = xasprintf("%s/model.safetensors.index.json", dir);
+    write_bytes(pi, idx, strlen(idx));
+    ModelDesc m;
+    desc_sharded(&m, dir);
+    expect_error(&m, want);
+    free(pi), free(dir);
+}
+
 /* A tensor name holding a NUL ("\u0000") would compare equal to its
  * prefix and shadow the real tensor (here placed first, with its own
  * 64 bytes, so that without the check the shadow is what loads); an
@@ -1516,17 +1531,11 @@ Test(weights, safetensors_nul_in_tensor_name)
                                    "(byte 12 of the name)");
     free(h);
 
-    char *dir = tmp_path("nulidx");
-    cr_assert_eq(mkdir(dir, 0700), 0);
-    char *pi = xasprintf("%s/model.safetensors.index.json", dir);
-    const char *idx = "{\"weight_map\": {\"model.norm.weight\": \"a.safetensors\",\n"
-                      "  \"model.norm.weight\\u0000\": \"b.safetensors\"}}";
-    write_bytes(pi, idx, strlen(idx));
-    ModelDesc m;
-    desc_sharded(&m, dir);
-    expect_error(&m, "model.safetensors.index.json:2:3: error: tensor name 'model.norm.weight\\u0000...' "
-                     "contains a NUL character (byte 17 of the name)");
-    free(pi), free(dir), free(more), free(p.header), free(p.data);
+    index_expect("nulidx", "{\"weight_map\": {\"model.norm.weight\": \"a.safetensors\",\n"
+                           "  \"model.norm.weight\\u0000\": \"b.safetensors\"}}",
+                 "model.safetensors.index.json:2:3: error: tensor name 'model.norm.weight\\u0000...' contains a NUL "
+                 "character (byte 17 of the name)");
+    free(more), free(p.header), free(p.data);
 }
 
 /* Two entries with one name are refused (doc.c's duplicate keys), in the
@@ -1541,16 +1550,10 @@ Test(weights, safetensors_duplicate_tensor_names)
     char *h = xasprintf("{%.*s},%s", (int)(close - norm), norm, p.header + 1);
     st_expect("dup.st", h, &p, "error: duplicate key 'model.norm.weight'");
     free(h);
-    char *dir = tmp_path("dupidx");
-    cr_assert_eq(mkdir(dir, 0700), 0);
-    char *pi = xasprintf("%s/model.safetensors.index.json", dir);
-    const char *idx = "{\"weight_map\": {\"model.norm.weight\": \"a.safetensors\",\n"
-                      "  \"model.norm.weight\": \"b.safetensors\"}}";
-    write_bytes(pi, idx, strlen(idx));
-    ModelDesc m;
-    desc_sharded(&m, dir);
-    expect_error(&m, "model.safetensors.index.json:2:3: error: duplicate key 'model.norm.weight'");
-    free(pi), free(dir), free(p.header), free(p.data);
+    index_expect("dupidx", "{\"weight_map\": {\"model.norm.weight\": \"a.safetensors\",\n"
+                           "  \"model.norm.weight\": \"b.safetensors\"}}",
+                 "model.safetensors.index.json:2:3: error: duplicate key 'model.norm.weight'");
+    free(p.header), free(p.data);
 }
 
 /* JSON numbers have no leading zeros: "[00,N]" or a shape "[016]" is
