@@ -3,7 +3,8 @@
  * schedule (or lowers a model, as `megac lower` does) and runs the static
  * validator on it. Exit 0 when it is safe (a one-line summary goes to
  * stderr), 1 with diagnostics when not, 2 when the input cannot be read or
- * parsed, or the options are wrong.
+ * parsed, the options are wrong, or the schedule is past the validator's
+ * memory or time budget (NOT CHECKED: neither safe nor unsafe).
  */
 #include "compiler/cli.h"
 #include "compiler/compile.h"
@@ -35,7 +36,8 @@ static void validate_usage(FILE *out)
                  "  --workers N    a model's worker count (as megac lower)\n"
                  "  --set k=v      override a model's description key (repeatable)\n"
                  "Without the kernel's resources a CUDA target is assumed to hold one block per SM.\n\n"
-                 "Exit status: 0 safe, 1 findings, 2 unreadable input or bad options.\n");
+                 "Exit status: 0 safe, 1 findings, 2 unreadable input, bad options, or a schedule past\n"
+                 "the validator's budget (NOT CHECKED; MEGAC_VALIDATE_MAX_GB sets its memory, default 8).\n");
 }
 
 /* The kernel resources the options give: CUDA's limits per block. */
