@@ -528,14 +528,23 @@ void run_options_free(RunOptions *o)
 
 /* A model path that names a device (/dev/zero) is refused before any
  * engine reads it, in desc_load's words: the bundle engines read the
- * description for their cache key first. A FIFO or a terminal passes, as
- * read_file lets them. */
+ * description for their cache key first. A terminal passes, as read_file
+ * lets it, and a pipe for the reference engine, which reads it once. */
 static bool run_model_is_file(const RunOptions *o)
 {
     struct stat st;
-    if (!o->model || o->model_is_bundle || stat(o->model, &st) != 0 || S_ISREG(st.st_mode) || S_ISDIR(st.st_mode) ||
-        S_ISFIFO(st.st_mode))
+    if (!o->model || o->model_is_bundle || stat(o->model, &st) != 0 || S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))
         return true;
+    if (S_ISFIFO(st.st_mode) && o->engine == ENGINE_REFERENCE)
+        return true; /* read once */
+    if (S_ISFIFO(st.st_mode)) { /* the cache key reads the description, then the compile does */
+        Diag d;
+        diag_init(&d);
+        diag_file_error(&d, o->model, "a pipe: the %s engine reads the description twice (for the cache key, then "
+                        "to compile it); give it as a file, or run it with --engine reference",
+                        run_engine_name(o->engine));
+        return false;
+    }
     int fd = S_ISCHR(st.st_mode) ? open(o->model, O_RDONLY | O_NONBLOCK | O_CLOEXEC) : -1;
     bool tty = fd >= 0 && isatty(fd);
     if (fd >= 0)

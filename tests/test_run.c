@@ -10,6 +10,7 @@
 #include <criterion/redirect.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -147,6 +148,28 @@ Test(run_cmd, a_device_is_not_a_model)
         cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2, "%s", args);
         cr_assert_str_eq(err, want, "%s", args);
     }
+}
+
+/* A description from a pipe: the reference engine reads it once and runs;
+ * the cpu engine would read it twice (cache key, then compile: the second
+ * read found it empty), so it says so. */
+Test(run_cmd, a_pipe_is_read_once_or_refused, .timeout = 60)
+{
+    static char out[4096], err[4096];
+    char dir[] = "/tmp/megac_runpipe_XXXXXX", fifo[64], args[512];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(fifo, sizeof fifo, "%s/model.yaml", dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    snprintf(args, sizeof args, "cat %s/models/default.yaml > %s &", MEGAC_SRC, fifo);
+    cr_assert_eq(system(args), 0);
+    snprintf(args, sizeof args, "%s -n 4 --prompt hi --temp 0 --engine reference", fifo);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "prompt tokens: 3,"), "%s", err);
+    snprintf(args, sizeof args, "%s -n 4 --prompt hi", fifo); /* refused before it is opened: no writer needed */
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2, "%s", err);
+    cr_assert(strstr(err, "model.yaml: error: a pipe: the cpu engine reads the description twice"), "%s", err);
+    unlink(fifo);
+    rmdir(dir);
 }
 
 /* ---- the command ---- */
