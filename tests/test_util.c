@@ -8,16 +8,23 @@
 #include <math.h>
 #include <string.h>
 
+/* A Diag writing into buf (cap bytes); fclose(d->out) ends it. */
+static void diag_into(Diag *d, char *buf, size_t cap)
+{
+    memset(buf, 0, cap);
+    diag_init(d);
+    d->out = fmemopen(buf, cap, "w");
+    cr_assert_not_null(d->out);
+}
+
 Test(util, caret_diagnostic)
 {
-    char buf[512] = {0};
-    FILE *f = fmemopen(buf, sizeof buf, "w");
+    char buf[512];
     Diag d;
-    diag_init(&d);
-    d.out = f;
+    diag_into(&d, buf, sizeof buf);
     SrcFile src = {.path = "m.yaml", .text = "a: 1\nhiden: 2\n", .len = 14};
     diag_error(&d, &src, 2, 1, "unknown key 'hiden'");
-    fclose(f);
+    fclose(d.out);
     cr_assert_eq(d.nerrors, 1);
     cr_assert_str_eq(buf, "m.yaml:2:1: error: unknown key 'hiden'\n    2 | hiden: 2\n      | ^\n");
 }
@@ -28,14 +35,12 @@ Test(util, caret_diagnostic)
  * of multi-line logs stay. */
 Test(util, diagnostics_escape_control_characters)
 {
-    char buf[512] = {0};
-    FILE *f = fmemopen(buf, sizeof buf, "w");
+    char buf[512];
     Diag d;
-    diag_init(&d);
-    d.out = f;
+    diag_into(&d, buf, sizeof buf);
     SrcFile src = {.path = "m\x1b.yaml", .text = "k: \x1b[2Jx\n", .len = 10};
     diag_error(&d, &src, 1, 8, "key '%s\r' at\tthe log:\n%s", "\x1b[31m", "\x7f");
-    fclose(f);
+    fclose(d.out);
     cr_assert_str_eq(buf, "m\\x1b.yaml:1:8: error: key '\\x1b[31m\\x0d' at\tthe log:\n\\x7f\n"
                           "    1 | k: ?[2Jx\n"
                           "      |        ^\n");
