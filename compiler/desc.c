@@ -1764,6 +1764,12 @@ static void name_from(FILE *b, const char *base, size_t n)
         fputc(base[i] && strchr(ok, base[i]) ? base[i] : '-', b);
 }
 
+static bool name_ends(const char *path, const char *suffix)
+{
+    size_t n = strlen(path), k = strlen(suffix);
+    return n > k && strcasecmp(path + n - k, suffix) == 0;
+}
+
 /* A GGUF file by its magic, or by its name: a file named *.gguf is read
  * as one, so a damaged one is reported by the GGUF reader, not parsed as
  * a YAML description. */
@@ -1774,14 +1780,7 @@ static bool file_is_gguf(const char *path, const struct stat *st)
     bool yes = f && fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
     if (f)
         fclose(f);
-    size_t n = strlen(path);
-    return yes || (n > 5 && strcasecmp(path + n - 5, ".gguf") == 0);
-}
-
-static bool name_ends(const char *path, const char *suffix)
-{
-    size_t n = strlen(path), k = strlen(suffix);
-    return n > k && strcasecmp(path + n - k, suffix) == 0;
+    return yes || name_ends(path, ".gguf");
 }
 
 /* A safetensors file (or a sharded checkpoint's index), by its name or by
