@@ -389,59 +389,6 @@ static const char *file_kind_error(const struct stat *sb)
     return S_ISCHR(sb->st_mode) || S_ISBLK(sb->st_mode) ? "not a regular file (a device)" : "not a regular file";
 }
 
-/* A file's bytes, NUL-terminated; NULL with errno set on failure (EINVAL:
- * not a regular file, so that a FIFO or /dev/zero in a bundle is an
- * error, not an endless read: slurp_error says so). Opened with
- * O_NONBLOCK, so that a FIFO is refused rather than waited on. */
-static char *file_slurp(const char *path, size_t *len)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-        return NULL;
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        int e = S_ISDIR(sb.st_mode) ? EISDIR : EINVAL;
-        close(fd);
-        errno = e;
-        return NULL;
-    }
-    FILE *f = fdopen(fd, "rb");
-    if (!f) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return NULL;
-    }
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                errno = ENOMEM;
-                return NULL;
-            }
-            buf = nb;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0)
-            break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        errno = EIO;
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
 
 static const char *slurp_error(int e)
 {
@@ -454,7 +401,7 @@ static megac_status bundle_manifest_read(megac_model *m)
     if (!rt_path(path, sizeof path, m->dir, "manifest.yaml"))
         return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
     size_t len;
-    char *text = file_slurp(path, &len);
+    char *text = rt_slurp(path, &len);
     if (!text)
         return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read: %s (is %s a megac bundle?)", path,
                        slurp_error(errno), m->dir);
@@ -518,7 +465,7 @@ int rt_stage_sums(const char *dir, const uint64_t *v, uint32_t nctrs, RtStageSum
 {
     char path[4096];
     size_t len;
-    char *text = rt_path(path, sizeof path, dir, "schedule.sched") ? file_slurp(path, &len) : NULL;
+    char *text = rt_path(path, sizeof path, dir, "schedule.sched") ? rt_slurp(path, &len) : NULL;
     if (!text)
         return -1;
     uint32_t c = 0;
@@ -560,7 +507,7 @@ static megac_status bundle_schedule_check(megac_model *m)
     if (!rt_path(path, sizeof path, m->dir, "schedule.sched"))
         return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
     size_t len;
-    char *text = file_slurp(path, &len);
+    char *text = rt_slurp(path, &len);
     if (!text)
         return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read: %s", path, slurp_error(errno));
     uint64_t h = rt_fnv1a(text, len), facts[MEGAC_NFACTS];
@@ -626,7 +573,7 @@ static megac_status bundle_kernel_check(megac_model *m)
                        ": the bundle is damaged; recompile it",
                        path, (uint64_t)sb.st_size, m->man.kernel_bytes);
     size_t len;
-    char *bytes = file_slurp(path, &len);
+    char *bytes = rt_slurp(path, &len);
     if (!bytes)
         return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read the kernel: %s", path, slurp_error(errno));
     uint64_t h = rt_fnv1a(bytes, len);

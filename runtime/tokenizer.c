@@ -1114,48 +1114,70 @@ static float rd_f32(Reader *r)
     return x;
 }
 
-/* Reads a whole file; NULL with err set. */
-static unsigned char *tok_slurp(const char *path, size_t *len, char *err, size_t errlen)
+/* A file's bytes, NUL-terminated; NULL with errno set on failure (EINVAL:
+ * not a regular file, so that a FIFO or /dev/zero in a bundle is an
+ * error, not an endless read: slurp_error says so). Opened with
+ * O_NONBLOCK, so that a FIFO is refused rather than waited on. */
+char *rt_slurp(const char *path, size_t *len)
 {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* opening a FIFO would wait for a writer */
-    FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        if (fd >= 0)
-            close(fd);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
         return NULL;
-    }
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) { /* a FIFO or /dev/zero would never end */
-        snprintf(err, errlen, "%s: not a regular file", path);
-        fclose(f);
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        int e = S_ISDIR(sb.st_mode) ? EISDIR : EINVAL;
+        close(fd);
+        errno = e;
         return NULL;
     }
-    unsigned char *buf = NULL;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return NULL;
+    }
+    char *buf = NULL;
     size_t n = 0, cap = 0;
-    bool oom = false;
     for (;;) {
-        if (n == cap) {
-            unsigned char *nb = realloc(buf, cap = cap ? cap * 2 : 65536);
+        if (n + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 8192;
+            char *nb = realloc(buf, cap);
             if (!nb) {
-                oom = true;
-                break;
+                free(buf);
+                fclose(f);
+                errno = ENOMEM;
+                return NULL;
             }
             buf = nb;
         }
-        size_t k = fread(buf + n, 1, cap - n, f);
-        n += k;
-        if (k == 0)
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0)
             break;
     }
-    bool bad = oom || ferror(f);
+    int bad = ferror(f);
     fclose(f);
     if (bad) {
-        snprintf(err, errlen, "%s: %s", path, oom ? "out of memory" : "read failed");
         free(buf);
+        errno = EIO;
         return NULL;
     }
+    buf[n] = 0;
     *len = n;
+    return buf;
+}
+
+/* Reads a whole file (rt_slurp); NULL with err set. */
+static unsigned char *tok_slurp(const char *path, size_t *len, char *err, size_t errlen)
+{
+    unsigned char *buf = (unsigned char *)rt_slurp(path, len);
+    if (!buf && (errno == EISDIR || errno == EINVAL)) /* a FIFO or /dev/zero would never end */
+        snprintf(err, errlen, "%s: not a regular file", path);
+    else if (!buf)
+        snprintf(err, errlen, "%s: %s: %s", path, errno == ENOMEM ? "out of memory" : errno == EIO ? "read failed"
+                                                                                                   : "cannot open",
+                 strerror(errno));
     return buf;
 }
 

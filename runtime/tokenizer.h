@@ -58,6 +58,10 @@ const char *tok_error(const Tokenizer *t);
 
 /* Native file. Errors into err (a message naming the file). */
 Tokenizer *tok_load(const char *path, char *err, size_t errlen);
+/* A whole regular file, NUL-terminated (*len without the NUL), for the
+ * runtime's readers; NULL with errno EISDIR (a folder), EINVAL (a FIFO or
+ * device: opened without waiting, never read), ENOMEM or EIO. */
+char *rt_slurp(const char *path, size_t *len);
 bool tok_save(const Tokenizer *t, const char *path, char *err, size_t errlen);
 /* llama2.c tokenizer.bin (needs the vocab size from the model header). */
 Tokenizer *tok_load_llama2c(const char *path, int n_vocab, char *err, size_t errlen);
