@@ -15,7 +15,9 @@
  * preemption on a shared machine). MEGAC_QBENCH_MB sets the weight size,
  * MEGAC_QBENCH_DTYPE picks one dtype, MEGAC_QBENCH_OP_ROWS cuts each
  * worker's rows into ops of that many rows, and MEGAC_QBENCH_SCATTER=1
- * runs those ops in a scattered order (as a decode step's tiles are).
+ * runs those ops in a scattered order (as a decode step's tiles are), and
+ * MEGAC_QBENCH_REPS=R times R calls per run (small weights in cache then
+ * give the kernels' arithmetic rate, not the threads' start-up).
  */
 #include "codegen/codegen.h"
 #include "compiler/quant.h"
@@ -202,6 +204,7 @@ typedef struct QJob {
     QKern *k;
     MegacArgs *args;
     uint32_t w;
+    int reps;
     double cpu_s;
 } QJob;
 
@@ -216,13 +219,16 @@ static void *qjob_main(void *p)
 {
     QJob *j = p;
     double t0 = thread_cpu_s();
-    j->k->fn(j->args, j->w);
+    for (int i = 0; i < j->reps; i++)
+        j->k->fn(j->args, j->w);
     j->cpu_s = thread_cpu_s() - t0;
     return NULL;
 }
 
-/* One run of every worker; returns the largest worker CPU time. */
-static double qkern_step(QKern *k)
+/* One run of every worker (reps runs each, one after another: the
+ * benchmark's schedules have no waits); returns the largest worker CPU
+ * time. */
+static double qkern_steps(QKern *k, int reps)
 {
     uint32_t n = k->s->nworkers;
     memset(k->ctrs, 0, 4 * (k->s->nctrs + 1));
@@ -232,7 +238,7 @@ static double qkern_step(QKern *k)
     QJob jobs[4];
     cr_assert(n <= 4);
     for (uint32_t w = 0; w < n; w++) {
-        jobs[w] = (QJob){k, &args, w, 0};
+        jobs[w] = (QJob){k, &args, w, reps, 0};
         cr_assert_eq(pthread_create(&th[w], NULL, qjob_main, &jobs[w]), 0);
     }
     double cpu = 0;
@@ -242,6 +248,11 @@ static double qkern_step(QKern *k)
     }
     cr_assert_eq(ab.flag, 0);
     return cpu;
+}
+
+static double qkern_step(QKern *k)
+{
+    return qkern_steps(k, 1);
 }
 
 /* Every dtype the CPU GEMV takes besides f32. */
@@ -575,11 +586,16 @@ static void bench_dtype(DType t, int nw, int64_t rows, int64_t k)
         memcpy(q.wts + (size_t)r * rb, q.wts + (size_t)(r % 64) * rb, rb);
     free(raw);
     qkern_step(&q);
+    /* MEGAC_QBENCH_REPS=R: each timed run calls each worker R times in a
+     * row (times are per call), so that small weights in cache measure
+     * the GEMV rather than the threads' start */
+    int reps = getenv("MEGAC_QBENCH_REPS") ? atoi(getenv("MEGAC_QBENCH_REPS")) : 1;
+    reps = reps < 1 ? 1 : reps > 100000 ? 100000 : reps;
     double best = 1e9, best_cpu = 1e9;
     for (int i = 0; i < 20; i++) {
         struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        double cpu = qkern_step(&q), dt = elapsed_s(t0);
+        double cpu = qkern_steps(&q, reps) / reps, dt = elapsed_s(t0) / reps;
         best = dt < best ? dt : best;
         best_cpu = cpu < best_cpu ? cpu : best_cpu;
     }
@@ -606,7 +622,7 @@ Test(cpu_quant_perf, bandwidth, .timeout = 300)
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) {
         if (only && strcmp(only, dtype_name(ts[i])) != 0)
             continue;
-        int64_t k = dtype_is_kquant(ts[i]) ? 768 : 576; /* whole super-blocks of 256 */
+        int64_t k = getenv("MEGAC_QBENCH_K") ? atoll(getenv("MEGAC_QBENCH_K")) : dtype_is_kquant(ts[i]) ? 768 : 576;
         int64_t rows = (int64_t)(mb * 1e6 / (double)dtype_row_bytes(ts[i], k)) / 8 * 8;
         for (int nw = 1; nw <= 2; nw++)
             bench_dtype(ts[i], nw, rows, k);

@@ -1281,6 +1281,7 @@ static inline __attribute__((always_inline)) void quad_rows(Rows4Fn rows4, int t
 
 static int isa_vnni512_gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 static int isa_gfni512_gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
+static void isa_avx2_gemv_packed(int t, const GemvSeg *sg, int ns, const float *xp, const float *xs, int64_t k);
 
 /* y[r0:r1] (+)= W . x (+ b) for packed rows, each segment's. */
 static void gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
@@ -1293,6 +1294,10 @@ static void gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_
     float xp[128 * nsb] __attribute__((aligned(64)));
     float xs[4 * nsb] __attribute__((aligned(16)));
     pk_x_prepare(x, k, xp, xs);
+    if ((megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512)) {
+        isa_avx2_gemv_packed(t, sg, ns, xp, xs, k);
+        return;
+    }
     for (int i = 0; i < ns; i++) {
         const GemvSeg *g = &sg[i];
         switch (t) {
@@ -1636,10 +1641,24 @@ static ISA_AVX512 void isa_avx512_nib_rows4(int t, const unsigned char *const ro
         out[i] = hsum16(&acc[i]);
 }
 
+static void isa_avx2_w8_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4]);
+static void isa_avx2_q8_0_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4]);
+static void isa_avx2_nib_rows4(int64_t gs, const unsigned char *const row[4], const float *x, const float *xg,
+                               int64_t k, float out[4]);
+
 /* Four rows of a dtype with a fast kernel into out[4]. */
 static void qrows4(int t, const unsigned char *const row[4], const float *x, const float *xg, int64_t k,
                    float out[4])
 {
+    if ((megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512)) {
+        if (t == DT_W8)
+            isa_avx2_w8_rows4(row, x, k, out);
+        else if (t == DT_Q8_0)
+            isa_avx2_q8_0_rows4(row, x, k, out);
+        else
+            isa_avx2_nib_rows4(t == DT_W4G64 ? 64 : 128, row, x, xg, k, out);
+        return;
+    }
     if ((megac_k_isa & KT_ISA_AVX512) && t == DT_Q8_0) {
         isa_avx512_q8_0_rows4(row, x, k, out);
         return;
@@ -2296,6 +2315,244 @@ static inline __attribute__((always_inline)) float hsum8(const v8fl *p)
 typedef uint32_t v8u32u __attribute__((vector_size(32), aligned(1)));
 A8_256_KERNELS(isa_avx2, ISA_AVX2, isa_avx2_dot)
 A8_256_KERNELS(isa_avxvnni, ISA_AVXVNNI, isa_avxvnni_dot)
+
+/* ---- A16 on 256 bits (KT_ISA_AVX2 without KT_ISA_AVX512) ----
+ * The generic kernels above are written for 16-float vectors: on AVX2
+ * each is two registers, four rows' accumulators and x take all sixteen,
+ * and LLVM spills (W8A16 and Q8_0 ran at ~12 GB/s from L2 on Zen 3, the
+ * packed 4-bit rows at 6-8, F32 at 80). These are the same sums at 8
+ * floats: per 8 weights one widening load or mask, one conversion and one
+ * FMA, x and the masks loaded once for four rows, each row's sum in its
+ * own chain(s), and no spills. */
+
+typedef int8_t v8i8u __attribute__((vector_size(8), aligned(1)));
+typedef float v8fu __attribute__((vector_size(32), aligned(4)));
+#define LOAD8F(p) (*(const v8fu *)(p))
+
+/* 8 int8 at p as floats (vpmovsxbd, vcvtdq2ps). */
+#define I8X8(p) __builtin_convertvector(*(const v8i8u *)(p), v8fl)
+
+/* W8: {f32 s; i8 q[k]} per row, any k; two chains per row. */
+static ISA_AVX2 void isa_avx2_w8_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4])
+{
+    v8fl acc[4][2] = {{{0}, {0}}, {{0}, {0}}, {{0}, {0}}, {{0}, {0}}};
+    int64_t j = 0;
+    for (; j + 16 <= k; j += 16) {
+        v8fl x0 = LOAD8F(x + j), x1 = LOAD8F(x + j + 8);
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            acc[i][0] += I8X8(row[i] + 4 + j) * x0;
+            acc[i][1] += I8X8(row[i] + 4 + j + 8) * x1;
+        }
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++) {
+        v8fl a = acc[i][0] + acc[i][1];
+        float t = hsum8(&a), s;
+        for (int64_t jj = j; jj < k; jj++)
+            t += (float)(int8_t)row[i][4 + jj] * x[jj];
+        memcpy(&s, row[i], 4);
+        out[i] = s * t;
+    }
+}
+
+/* The f16 at p in all 8 lanes. */
+static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_f16_splat(const unsigned char *p)
+{
+    short h;
+    memcpy(&h, p, 2);
+    v4f f = __builtin_ia32_vcvtph2ps((v8i16){h, 0, 0, 0, 0, 0, 0, 0});
+    return __builtin_shufflevector(f, f, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+
+/* Q8_0 ({f16 d; i8 q[32]} blocks, k % 32 == 0): a block's four products
+ * in one chain, then scaled by d into the row's sum. */
+static ISA_AVX2 void isa_avx2_q8_0_rows4(const unsigned char *const row[4], const float *x, int64_t k,
+                                        float out[4])
+{
+    v8fl acc[4] = {{0}, {0}, {0}, {0}};
+    for (int64_t j = 0; j < k; j += 32) {
+        const float *xb = x + j;
+        v8fl x0 = LOAD8F(xb), x1 = LOAD8F(xb + 8), x2 = LOAD8F(xb + 16), x3 = LOAD8F(xb + 24);
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            const unsigned char *b = row[i] + j / 32 * 34;
+            v8fl t = I8X8(b + 2) * x0;
+            t += I8X8(b + 10) * x1;
+            t += I8X8(b + 18) * x2;
+            t += I8X8(b + 26) * x3;
+            acc[i] += isa_avx2_f16_splat(b) * t;
+        }
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        out[i] = hsum8(&acc[i]);
+}
+
+/* W4G64 and W4G128 records (nib_groups4 above) with k % 32 == 0: byte b
+ * of a 16-byte chunk holds weight b (low nibble) and b + 16 (high). */
+typedef uint8_t v8u8u __attribute__((vector_size(8), aligned(1)));
+static ISA_AVX2 void isa_avx2_nib_rows4(int64_t gs, const unsigned char *const row[4], const float *x,
+                                        const float *xg, int64_t k, float out[4])
+{
+    const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};
+    v8fl acc[4] = {{0}, {0}, {0}, {0}};
+    v4f off = {0};
+    for (int64_t j = 0, g = 0; j < k; j += gs, g++) {
+        int64_t nc = (k - j < gs ? k - j : gs) / 32;
+        v4f s = f16_rows4(w, 0);
+        v4f z = {(float)w[0][2], (float)w[1][2], (float)w[2][2], (float)w[3][2]};
+        off += s * z * xg[g];
+        v8fl ga[4] = {{0}, {0}, {0}, {0}};
+        for (int64_t ch = 0; ch < nc; ch++) {
+            const float *xc = x + j + 32 * ch;
+            UNROLL4
+            for (int h = 0; h < 2; h++) {
+                v8fl xl = LOAD8F(xc + 8 * h), xh = LOAD8F(xc + 16 + 8 * h);
+                UNROLL4
+                for (int i = 0; i < 4; i++) {
+                    v8u32 u = __builtin_convertvector(*(const v8u8u *)(w[i] + 4 + 16 * ch + 8 * h), v8u32);
+                    ga[i] += __builtin_convertvector((v8i32)(u & 15), v8fl) * xl;
+                    ga[i] += __builtin_convertvector((v8i32)(u >> 4), v8fl) * xh;
+                }
+            }
+        }
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            acc[i] += s[i] * ga[i];
+            w[i] += 4 + 16 * nc;
+        }
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        out[i] = hsum8(&acc[i]) - off[i];
+}
+
+/* Packed 4-bit rows (kernel_table.h; the sums of pk_superblock above),
+ * two rows at a time: a superblock's 64 bytes of a row are two 32-byte
+ * halves (blocks 0-1, 2-3), and nibble n of a half's 8 lanes meets
+ * xp + 16 n + 8 h; each n's x and mask serve both rows. */
+static inline __attribute__((always_inline)) ISA_AVX2 void
+isa_avx2_pk_sb2(int t, const unsigned char *const w[2], int nblk, const float *xp, v4f xs4, v8fl acc[2], v4f off[2])
+{
+    int hdr = pk_hdr(t);
+    v8u32 v[2][2];
+    for (int i = 0; i < 2; i++) {
+        if (nblk == 4)
+            memcpy(v[i], w[i] + 4 * hdr, 64);
+        else {
+            v16u32 s;
+            pk_load_short(w[i] + hdr * nblk, nblk, &s);
+            memcpy(v[i], &s, 64);
+        }
+    }
+    v8fl p[2][2] = {{{0}, {0}}, {{0}, {0}}};
+    UNROLL4
+    for (int n = 0; n < 8; n++) {
+        UNROLL4
+        for (int h = 0; h < 2; h++) {
+            v8fl xn = LOAD8F(xp + 16 * n + 8 * h);
+            UNROLL4
+            for (int i = 0; i < 2; i++) {
+                v8u32 q = n == 7 ? v[i][h] >> 28 : v[i][h] & (0xfu << 4 * n);
+                p[i][h] += __builtin_convertvector((v8i32)q, v8fl) * xn;
+            }
+        }
+    }
+    UNROLL4
+    for (int i = 0; i < 2; i++) {
+        v4f d = pk_f16x4(pk_u16x4(w[i], nblk));
+        UNROLL4
+        for (int h = 0; h < 2; h++) {
+            v8fl ph = p[i][h];
+            if (t == DT_Q5_0 || t == DT_Q5_1) {
+                /* the fifth bits (pk_hbits), lane 4 b + j scaled by 16 / 2^j */
+                const v8fl f = {16, 8, 4, 2, 16, 8, 4, 2};
+                const v8u32 bit = {1, 2, 4, 8, 1, 2, 4, 8};
+                uint32_t q0 = 0, q1 = 0;
+                const unsigned char *qh = w[i] + (t == DT_Q5_0 ? 2 : 4) * nblk;
+                if (2 * h < nblk)
+                    memcpy(&q0, qh + 8 * h, 4);
+                if (2 * h + 1 < nblk)
+                    memcpy(&q1, qh + 8 * h + 4, 4);
+                v8u32 hv = {q0, q0, q0, q0, q1, q1, q1, q1};
+                v8fl hs = {0};
+                UNROLL4
+                for (int n = 0; n < 8; n++) {
+                    v8u32 b = n == 7 ? hv >> 28 & bit : hv & bit << 4 * n;
+                    hs += __builtin_convertvector((v8i32)b, v8fl) * LOAD8F(xp + 16 * n + 8 * h);
+                }
+                ph += hs * f;
+            }
+            acc[i] += (h ? __builtin_shufflevector(d, d, 2, 2, 2, 2, 3, 3, 3, 3)
+                         : __builtin_shufflevector(d, d, 0, 0, 0, 0, 1, 1, 1, 1)) *
+                      ph;
+        }
+        v4f c;
+        if (t == DT_Q4_1 || t == DT_Q5_1)
+            c = pk_f16x4(pk_u16x4(w[i] + 2 * nblk, nblk));
+        else if (t == DT_Q4_0 || t == DT_Q5_0)
+            c = d;
+        else
+            c = -d * pk_z4(w[i] + 2 * nblk, nblk);
+        off[i] += c * xs4;
+    }
+}
+
+/* Four packed rows of k elements (k % 32 == 0) into out[4], as two
+ * pairs (one after the other: four rows' sums at once would not fit the
+ * sixteen registers). */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pk_rows4(int t, const unsigned char *const row[4],
+                                                                            const float *xp, const float *xs,
+                                                                            int64_t k, float out[4])
+{
+    int64_t nb = k / 32, sbb = 4 * (pk_hdr(t) + 16);
+    float cs = t == DT_Q4_0 ? -8.0f : t == DT_Q5_0 ? -16.0f : 1.0f;
+#pragma clang loop unroll(disable)
+    for (int pr = 0; pr < 4; pr += 2) {
+        v8fl acc[2] = {{0}, {0}};
+        v4f off[2] = {{0}, {0}};
+        int64_t s = 0;
+        for (; s < nb / 4; s++) {
+            const unsigned char *w[2] = {row[pr] + s * sbb, row[pr + 1] + s * sbb};
+            isa_avx2_pk_sb2(t, w, 4, xp + 128 * s, *(const v4f *)(xs + 4 * s), acc, off);
+        }
+        if (nb % 4) {
+            const unsigned char *w[2] = {row[pr] + s * sbb, row[pr + 1] + s * sbb};
+            isa_avx2_pk_sb2(t, w, (int)(nb % 4), xp + 128 * s, *(const v4f *)(xs + 4 * s), acc, off);
+        }
+        for (int i = 0; i < 2; i++)
+            out[pr + i] = hsum8(&acc[i]) + cs * ((off[i][0] + off[i][1]) + (off[i][2] + off[i][3]));
+    }
+}
+
+#define PK_AVX2_ROWS(name, T)                                                                                 \
+    static ISA_AVX2 void name(int t, const unsigned char *const row[4], const float *xp, const float *xs,      \
+                              int64_t k, float out[4])                                                        \
+    {                                                                                                         \
+        (void)t;                                                                                              \
+        isa_avx2_pk_rows4(T, row, xp, xs, k, out);                                                            \
+    }
+PK_AVX2_ROWS(isa_avx2_pk_q4_0_rows4, DT_Q4_0)
+PK_AVX2_ROWS(isa_avx2_pk_q4_1_rows4, DT_Q4_1)
+PK_AVX2_ROWS(isa_avx2_pk_q5_0_rows4, DT_Q5_0)
+PK_AVX2_ROWS(isa_avx2_pk_q5_1_rows4, DT_Q5_1)
+PK_AVX2_ROWS(isa_avx2_pk_w4g32_rows4, DT_W4G32)
+
+/* gemv_packed's rows on AVX2, from its xp and xs. */
+static ISA_AVX2 void isa_avx2_gemv_packed(int t, const GemvSeg *sg, int ns, const float *xp, const float *xs, int64_t k)
+{
+    for (int i = 0; i < ns; i++) {
+        const GemvSeg *g = &sg[i];
+        switch (t) {
+        case DT_Q4_0: quad_rows(isa_avx2_pk_q4_0_rows4, DT_Q4_0, g, xp, xs, k); break;
+        case DT_Q4_1: quad_rows(isa_avx2_pk_q4_1_rows4, DT_Q4_1, g, xp, xs, k); break;
+        case DT_Q5_0: quad_rows(isa_avx2_pk_q5_0_rows4, DT_Q5_0, g, xp, xs, k); break;
+        case DT_Q5_1: quad_rows(isa_avx2_pk_q5_1_rows4, DT_Q5_1, g, xp, xs, k); break;
+        default: quad_rows(isa_avx2_pk_w4g32_rows4, DT_W4G32, g, xp, xs, k); break;
+        }
+    }
+}
 
 /* ---- packed W4A8G32 rows (kernel_table.h: W4G32's packed order) ----
  * A group is a block of 32, so a superblock's 64 bytes of nibbles meet
