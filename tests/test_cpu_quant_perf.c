@@ -17,7 +17,8 @@
  * worker's rows into ops of that many rows, and MEGAC_QBENCH_SCATTER=1
  * runs those ops in a scattered order (as a decode step's tiles are), and
  * MEGAC_QBENCH_REPS=R times R calls per run (small weights in cache then
- * give the kernels' arithmetic rate, not the threads' start-up).
+ * give the kernels' arithmetic rate, not the threads' start-up), and
+ * MEGAC_QBENCH_K=K sets the row length.
  */
 #include "codegen/codegen.h"
 #include "compiler/quant.h"
@@ -580,10 +581,11 @@ static void bench_dtype(DType t, int nw, int64_t rows, int64_t k)
     size_t rb = dtype_row_bytes(t, k);
     for (int64_t j = 0; j < k; j++)
         x[j] = lcg(&seed);
-    unsigned char *raw = random_rows(t, 64, k, &seed); /* 64 distinct rows, repeated */
-    kernel_rows_put(t, 64, k, raw, q.wts);
-    for (int64_t r = 64; r < rows; r++)
-        memcpy(q.wts + (size_t)r * rb, q.wts + (size_t)(r % 64) * rb, rb);
+    int64_t nd = rows < 64 ? rows : 64; /* distinct rows, repeated */
+    unsigned char *raw = random_rows(t, nd, k, &seed);
+    kernel_rows_put(t, nd, k, raw, q.wts);
+    for (int64_t r = nd; r < rows; r++)
+        memcpy(q.wts + (size_t)r * rb, q.wts + (size_t)(r % nd) * rb, rb);
     free(raw);
     qkern_step(&q);
     /* MEGAC_QBENCH_REPS=R: each timed run calls each worker R times in a
@@ -622,8 +624,18 @@ Test(cpu_quant_perf, bandwidth, .timeout = 300)
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) {
         if (only && strcmp(only, dtype_name(ts[i])) != 0)
             continue;
+        /* MEGAC_QBENCH_K: the row length (default SmolLM2's 576, 768 for
+         * the k-quants' whole super-blocks) */
         int64_t k = getenv("MEGAC_QBENCH_K") ? atoll(getenv("MEGAC_QBENCH_K")) : dtype_is_kquant(ts[i]) ? 768 : 576;
+        if (k < 1 || k > 65536)
+            cr_assert_fail("MEGAC_QBENCH_K=%s: want 1 to 65536", getenv("MEGAC_QBENCH_K"));
+        if (!fits(ts[i], k)) {
+            fprintf(stderr, "gemv %-9s k=%ld: not whole blocks, skipped\n", dtype_name(ts[i]), (long)k);
+            continue;
+        }
         int64_t rows = (int64_t)(mb * 1e6 / (double)dtype_row_bytes(ts[i], k)) / 8 * 8;
+        if (rows < 8)
+            cr_assert_fail("MEGAC_QBENCH_MB=%g holds fewer than 8 %s rows of %ld", mb, dtype_name(ts[i]), (long)k);
         for (int nw = 1; nw <= 2; nw++)
             bench_dtype(ts[i], nw, rows, k);
     }
