@@ -2225,6 +2225,15 @@ static inline __attribute__((always_inline)) ISA_AVXVNNI v8i32 isa_avxvnni_dot(v
     return __builtin_ia32_vpdpbusd256(acc, (v8i32)u, (v8i32)s);
 }
 
+/* The f16 at p by vcvtph2ps (f16_at converts in software: a dozen scalar
+ * ops and a branch per block). */
+static inline __attribute__((always_inline)) ISA_AVX2 float isa_f16c_at(const unsigned char *p)
+{
+    short h;
+    memcpy(&h, p, 2);
+    return __builtin_ia32_vcvtph2ps((v8i16){h, 0, 0, 0, 0, 0, 0, 0})[0];
+}
+
 static inline __attribute__((always_inline)) float hsum8(const v8fl *p)
 {
     v8fl v = *p;
@@ -2249,7 +2258,7 @@ static inline __attribute__((always_inline)) float hsum8(const v8fl *p)
                 v8u32 q = *(const v8u32u_a *)(b + 2);                                                       \
                 v8u32 u = (v8u32)__builtin_ia32_psignb256((v32c)q, (v32c)q);                                \
                 v8u32 s = (v8u32)__builtin_ia32_psignb256((v32c)xv, (v32c)q);                               \
-                float sc = (Q80) ? dq[j / 32] * f16_at(b) : dq[j / 32];                                     \
+                float sc = (Q80) ? dq[j / 32] * isa_f16c_at(b) : dq[j / 32];                                \
                 acc[i] += __builtin_convertvector(dot((v8i32){0}, u, s), v8fl) * sc;                        \
             }                                                                                               \
         }                                                                                                   \
