@@ -2249,25 +2249,22 @@ static inline __attribute__((always_inline)) float hsum8(const v8fl *p)
     static attr void pre##_##name##_rows4(const unsigned char *const row[4], const int8_t *xq, const float *dq, \
                                           int64_t k, float out[4])                                          \
     {                                                                                                       \
-        v8fl acc[4] = {{0}, {0}, {0}, {0}};                                                                 \
-        for (int64_t j = 0; j < k; j += 32) {                                                               \
-            v8u32 xv = *(const v8u32u_a *)(xq + j);                                                         \
-            UNROLL4                                                                                         \
-            for (int i = 0; i < 4; i++) {                                                                   \
+        _Pragma("clang loop unroll(disable)") for (int i = 0; i < 4; i++)                                   \
+        {                                                                                                   \
+            v8fl acc = {0};                                                                                 \
+            for (int64_t j = 0; j < k; j += 32) {                                                           \
+                v8u32 xv = *(const v8u32u_a *)(xq + j);                                                     \
                 const unsigned char *b = (Q80) ? row[i] + j / 32 * 34 : row[i] + 2 + j;                     \
                 v8u32 q = *(const v8u32u_a *)(b + 2);                                                       \
                 v8u32 u = (v8u32)__builtin_ia32_psignb256((v32c)q, (v32c)q);                                \
                 v8u32 s = (v8u32)__builtin_ia32_psignb256((v32c)xv, (v32c)q);                               \
                 float sc = (Q80) ? dq[j / 32] * isa_f16c_at(b) : dq[j / 32];                                \
-                acc[i] += __builtin_convertvector(dot((v8i32){0}, u, s), v8fl) * sc;                        \
+                acc += __builtin_convertvector(dot((v8i32){0}, u, s), v8fl) * sc;                           \
             }                                                                                               \
-        }                                                                                                   \
-        UNROLL4                                                                                             \
-        for (int i = 0; i < 4; i++) {                                                                       \
             float s = 1.0f;                                                                                 \
             if (!(Q80))                                                                                     \
                 memcpy(&s, row[i], 4);                                                                      \
-            out[i] = s * hsum8(&acc[i]);                                                                    \
+            out[i] = s * hsum8(&acc);                                                                       \
         }                                                                                                   \
     }
 
@@ -2627,12 +2624,12 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
 
 /* Superblock sb of the four rows, nblk of its blocks (a constant 4 in
  * the main loop, so its loads and conversions are fixed-size). */
-#define PKA8_SB(dot16, nblk, T)                                                                              \
+#define PKA8_SB(dot16, nblk, T, i0, i1)                                                                      \
     do {                                                                                                     \
         v16u32 xl = *(const v16u32 *)(xqp + 128 * sb), xh = *(const v16u32 *)(xqp + 128 * sb + 64);           \
         v4f dq = *(const v4f *)(dq4 + 4 * sb), dx = *(const v4f *)(dx4 + 4 * sb);                             \
         UNROLL4                                                                                              \
-        for (int i = 0; i < 4; i++) {                                                                        \
+        for (int i = (i0); i < (i1); i++) {                                                                  \
             const unsigned char *w = row[i] + 80 * sb;                                                       \
             v16u32 v;                                                                                        \
             if ((nblk) == 4)                                                                                 \
@@ -2653,8 +2650,12 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
     } while (0)
 
 /* Rows [r0, r1) four at a time: whole superblocks, then the nb % 4 blocks
- * left over as a short one (zeros past them, in the weights as in xqp). */
-#define PKA8_ROWS(name, attr, dot16, T)                                                                        \
+ * left over as a short one (zeros past them, in the weights as in xqp).
+ * SEQ 0: the four rows side by side, each x vector loaded once for all
+ * four; SEQ 1 (the 256-bit versions): one row after another, so that the
+ * weights are one sequential stream (Zen 3: SmolLM2-135M's Q4_0 file
+ * with int8 inputs decoded faster so, as the A16 rows do). */
+#define PKA8_ROWS(name, attr, dot16, T, SEQ)                                                                   \
     static attr void name(const GemvSeg *g, const int8_t *xqp, const float *dq4, const float *dx4, int64_t k) \
     {                                                                                                        \
         int64_t rb = qrow_bytes(T, k), nb = k / 32;                                                         \
@@ -2663,11 +2664,22 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
             seg_quad(g, rb, r, row);                                                                         \
             v16f acc[4] = {{0}, {0}, {0}, {0}};                                                              \
             v4f off[4] = {{0}, {0}, {0}, {0}};                                                               \
-            int64_t sb = 0;                                                                                  \
-            for (; sb < nb / 4; sb++)                                                                        \
-                PKA8_SB(dot16, 4, T);                                                                        \
-            if (nb % 4)                                                                                      \
-                PKA8_SB(dot16, (int)(nb % 4), T);                                                            \
+            if (SEQ) {                                                                                       \
+                _Pragma("clang loop unroll(disable)") for (int ri = 0; ri < 4; ri++)                        \
+                {                                                                                            \
+                    int64_t sb = 0;                                                                          \
+                    for (; sb < nb / 4; sb++)                                                                \
+                        PKA8_SB(dot16, 4, T, ri, ri + 1);                                                    \
+                    if (nb % 4)                                                                              \
+                        PKA8_SB(dot16, (int)(nb % 4), T, ri, ri + 1);                                        \
+                }                                                                                            \
+            } else {                                                                                         \
+                int64_t sb = 0;                                                                              \
+                for (; sb < nb / 4; sb++)                                                                    \
+                    PKA8_SB(dot16, 4, T, 0, 4);                                                              \
+                if (nb % 4)                                                                                  \
+                    PKA8_SB(dot16, (int)(nb % 4), T, 0, 4);                                                  \
+            }                                                                                                \
             float out[4];                                                                                    \
             UNROLL4                                                                                          \
             for (int i = 0; i < 4; i++)                                                                      \
@@ -2675,14 +2687,14 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
             seg_quad_store(g, rb, r, out);                                                                   \
         }                                                                                                    \
     }
-PKA8_ROWS(pka8_portable_rows, , PKA8_DOT16_PORTABLE, DT_W4A8G32)
-PKA8_ROWS(isa_avx2_pka8_rows, ISA_AVX2, PKA8_DOT16_AVX2, DT_W4A8G32)
-PKA8_ROWS(isa_avxvnni_pka8_rows, ISA_AVXVNNI, PKA8_DOT16_AVXVNNI, DT_W4A8G32)
-PKA8_ROWS(isa_vnni512_pka8_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_W4A8G32)
-PKA8_ROWS(pka8_portable_q4_1_rows, , PKA8_DOT16_PORTABLE, DT_Q4_1A8)
-PKA8_ROWS(isa_avx2_pka8_q4_1_rows, ISA_AVX2, PKA8_DOT16_AVX2, DT_Q4_1A8)
-PKA8_ROWS(isa_avxvnni_pka8_q4_1_rows, ISA_AVXVNNI, PKA8_DOT16_AVXVNNI, DT_Q4_1A8)
-PKA8_ROWS(isa_vnni512_pka8_q4_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q4_1A8)
+PKA8_ROWS(pka8_portable_rows, , PKA8_DOT16_PORTABLE, DT_W4A8G32, 0)
+PKA8_ROWS(isa_avx2_pka8_rows, ISA_AVX2, PKA8_DOT16_AVX2, DT_W4A8G32, 1)
+PKA8_ROWS(isa_avxvnni_pka8_rows, ISA_AVXVNNI, PKA8_DOT16_AVXVNNI, DT_W4A8G32, 1)
+PKA8_ROWS(isa_vnni512_pka8_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_W4A8G32, 0)
+PKA8_ROWS(pka8_portable_q4_1_rows, , PKA8_DOT16_PORTABLE, DT_Q4_1A8, 0)
+PKA8_ROWS(isa_avx2_pka8_q4_1_rows, ISA_AVX2, PKA8_DOT16_AVX2, DT_Q4_1A8, 1)
+PKA8_ROWS(isa_avxvnni_pka8_q4_1_rows, ISA_AVXVNNI, PKA8_DOT16_AVXVNNI, DT_Q4_1A8, 1)
+PKA8_ROWS(isa_vnni512_pka8_q4_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q4_1A8, 0)
 
 /* y[r0:r1] of packed W4A8G32 or Q4_1A8 rows from the quantized input. */
 static void gemv_pka8(int t, const GemvSeg *sg, int ns, const int8_t *xq, const float *dq, int64_t k)
