@@ -2328,8 +2328,8 @@ A8_256_KERNELS(isa_avxvnni, ISA_AVXVNNI, isa_avxvnni_dot)
  * and LLVM spills (W8A16 and Q8_0 ran at ~12 GB/s from L2 on Zen 3, the
  * packed 4-bit rows at 6-8, F32 at 80). These are the same sums at 8
  * floats: per 8 weights one widening load or mask, one conversion and one
- * FMA, x and the masks loaded once for four rows, each row's sum in its
- * own chain(s), and no spills. */
+ * FMA, and no spills. Except for W4G64/W4G128 they take a quad's rows one
+ * after another (see isa_avx2_q8_0_rows4). */
 
 typedef int8_t v8i8u __attribute__((vector_size(8), aligned(1)));
 typedef float v8fu __attribute__((vector_size(32), aligned(4)));
