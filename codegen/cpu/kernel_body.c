@@ -1279,6 +1279,23 @@ static inline __attribute__((always_inline)) void quad_rows(Rows4Fn rows4, int t
     }
 }
 
+/* Every segment's rows of packed dtype t through rows4 (t a constant in
+ * each case, so that rows4 inlines without tests of t). */
+static inline __attribute__((always_inline)) void pk_segs(Rows4Fn rows4, int t, const GemvSeg *sg, int ns,
+                                                          const float *xp, const float *xs, int64_t k)
+{
+    for (int i = 0; i < ns; i++) {
+        const GemvSeg *g = &sg[i];
+        switch (t) {
+        case DT_Q4_0: quad_rows(rows4, DT_Q4_0, g, xp, xs, k); break;
+        case DT_Q4_1: quad_rows(rows4, DT_Q4_1, g, xp, xs, k); break;
+        case DT_Q5_0: quad_rows(rows4, DT_Q5_0, g, xp, xs, k); break;
+        case DT_Q5_1: quad_rows(rows4, DT_Q5_1, g, xp, xs, k); break;
+        default: quad_rows(rows4, DT_W4G32, g, xp, xs, k); break;
+        }
+    }
+}
+
 static int isa_vnni512_gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 static int isa_gfni512_gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 static void isa_avx2_gemv_packed(int t, const GemvSeg *sg, int ns, const float *xp, const float *xs, int64_t k);
@@ -1298,16 +1315,7 @@ static void gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_
         isa_avx2_gemv_packed(t, sg, ns, xp, xs, k);
         return;
     }
-    for (int i = 0; i < ns; i++) {
-        const GemvSeg *g = &sg[i];
-        switch (t) {
-        case DT_Q4_0: quad_rows(pk_rows4, DT_Q4_0, g, xp, xs, k); break;
-        case DT_Q4_1: quad_rows(pk_rows4, DT_Q4_1, g, xp, xs, k); break;
-        case DT_Q5_0: quad_rows(pk_rows4, DT_Q5_0, g, xp, xs, k); break;
-        case DT_Q5_1: quad_rows(pk_rows4, DT_Q5_1, g, xp, xs, k); break;
-        default: quad_rows(pk_rows4, DT_W4G32, g, xp, xs, k); break;
-        }
-    }
+    pk_segs(pk_rows4, t, sg, ns, xp, xs, k);
 }
 
 /* ---- Q4_K, Q5_K and Q6_K rows, four at a time ----
@@ -2532,32 +2540,10 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pk_rows4(int
     }
 }
 
-#define PK_AVX2_ROWS(name, T)                                                                                 \
-    static ISA_AVX2 void name(int t, const unsigned char *const row[4], const float *xp, const float *xs,      \
-                              int64_t k, float out[4])                                                        \
-    {                                                                                                         \
-        (void)t;                                                                                              \
-        isa_avx2_pk_rows4(T, row, xp, xs, k, out);                                                            \
-    }
-PK_AVX2_ROWS(isa_avx2_pk_q4_0_rows4, DT_Q4_0)
-PK_AVX2_ROWS(isa_avx2_pk_q4_1_rows4, DT_Q4_1)
-PK_AVX2_ROWS(isa_avx2_pk_q5_0_rows4, DT_Q5_0)
-PK_AVX2_ROWS(isa_avx2_pk_q5_1_rows4, DT_Q5_1)
-PK_AVX2_ROWS(isa_avx2_pk_w4g32_rows4, DT_W4G32)
-
 /* gemv_packed's rows on AVX2, from its xp and xs. */
 static ISA_AVX2 void isa_avx2_gemv_packed(int t, const GemvSeg *sg, int ns, const float *xp, const float *xs, int64_t k)
 {
-    for (int i = 0; i < ns; i++) {
-        const GemvSeg *g = &sg[i];
-        switch (t) {
-        case DT_Q4_0: quad_rows(isa_avx2_pk_q4_0_rows4, DT_Q4_0, g, xp, xs, k); break;
-        case DT_Q4_1: quad_rows(isa_avx2_pk_q4_1_rows4, DT_Q4_1, g, xp, xs, k); break;
-        case DT_Q5_0: quad_rows(isa_avx2_pk_q5_0_rows4, DT_Q5_0, g, xp, xs, k); break;
-        case DT_Q5_1: quad_rows(isa_avx2_pk_q5_1_rows4, DT_Q5_1, g, xp, xs, k); break;
-        default: quad_rows(isa_avx2_pk_w4g32_rows4, DT_W4G32, g, xp, xs, k); break;
-        }
-    }
+    pk_segs(isa_avx2_pk_rows4, t, sg, ns, xp, xs, k);
 }
 
 /* ---- packed W4A8G32 rows (kernel_table.h: W4G32's packed order) ----
