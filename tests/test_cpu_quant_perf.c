@@ -14,8 +14,8 @@
  * GB/s of weight bytes read (wall time, and per CPU time, which excludes
  * preemption on a shared machine). MEGAC_QBENCH_MB sets the weight size,
  * MEGAC_QBENCH_DTYPE picks one dtype, MEGAC_QBENCH_OP_ROWS cuts each
- * worker's rows into ops of that many rows, and MEGAC_QBENCH_SCATTER=1
- * runs those ops in a scattered order (as a decode step's tiles are), and
+ * worker's rows into ops of that many rows, MEGAC_QBENCH_SCATTER=1 runs
+ * those ops in a scattered order (as a decode step's tiles are),
  * MEGAC_QBENCH_REPS=R times R calls per run (small weights in cache then
  * give the kernels' arithmetic rate, not the threads' start-up), and
  * MEGAC_QBENCH_K=K sets the row length.
