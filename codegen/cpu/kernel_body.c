@@ -1494,9 +1494,10 @@ static inline __attribute__((always_inline)) void kq6_superblock(const unsigned 
 #undef KQ6_PAIRS
 }
 
-/* Four Q4_K, Q5_K or Q6_K rows of k elements (k % 256 == 0) into out[4]. */
-static inline __attribute__((always_inline)) void kq_rows4(int t, const unsigned char *const row[4], const float *xr,
-                                                           const float *xs, int64_t k, float out[4])
+/* nr (1 or 4, a constant) Q4_K, Q5_K or Q6_K rows of k elements
+ * (k % 256 == 0) into out[nr]. */
+static inline __attribute__((always_inline)) void kq_rows(int t, int nr, const unsigned char *const row[4],
+                                                          const float *xr, const float *xs, int64_t k, float out[4])
 {
     v16f acc[4] = {{0}, {0}, {0}, {0}}, off16[4] = {{0}, {0}, {0}, {0}};
     v8fs off8[4] = {{0}, {0}, {0}, {0}};
@@ -1506,18 +1507,33 @@ static inline __attribute__((always_inline)) void kq_rows4(int t, const unsigned
             v8fs xs8;
             memcpy(&xs8, xs + 8 * s, 32);
             UNROLL4
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < nr; i++)
                 kq4_superblock(t == DT_Q5_K, row[i] + s * bb, xr + 256 * s, &xs8, &acc[i], &off8[i]);
         } else {
             v16f xs16 = LOAD16(xs + 16 * s);
             UNROLL4
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < nr; i++)
                 kq6_superblock(row[i] + s * bb, xr + 512 * s, &xs16, &acc[i], &off16[i]);
         }
     }
     UNROLL4
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < nr; i++)
         out[i] = t != DT_Q6_K ? hsum16(&acc[i]) - kq_hsum8(&off8[i]) : hsum16(&acc[i]) - 32.0f * hsum16(&off16[i]);
+}
+
+/* Four rows into out[4]: side by side where a vector of 16 floats is one
+ * register; else (AVX2) one after another, one sequential stream, as the
+ * AVX2 A16 rows go (isa_avx2_q8_0_rows4). */
+static inline __attribute__((always_inline)) void kq_rows4(int t, const unsigned char *const row[4], const float *xr,
+                                                           const float *xs, int64_t k, float out[4])
+{
+    if (!(megac_k_isa & KT_ISA_AVX512)) {
+#pragma clang loop unroll(disable)
+        for (int i = 0; i < 4; i++)
+            kq_rows(t, 1, row + i, xr, xs, k, out + i);
+        return;
+    }
+    kq_rows(t, 4, row, xr, xs, k, out);
 }
 
 /* y[r0:r1] (+)= W . x (+ b) for Q4_K, Q5_K or Q6_K rows (k % 256 == 0,
