@@ -1522,8 +1522,8 @@ static inline __attribute__((always_inline)) void kq_rows(int t, int nr, const u
 }
 
 /* Four rows into out[4]: side by side where a vector of 16 floats is one
- * register; else (AVX2) one after another, one sequential stream, as the
- * AVX2 A16 rows go (isa_avx2_q8_0_rows4). */
+ * register (AVX-512); else one after another, one sequential stream, as
+ * the AVX2 A16 rows go (isa_avx2_q8_0_rows4). */
 static inline __attribute__((always_inline)) void kq_rows4(int t, const unsigned char *const row[4], const float *xr,
                                                            const float *xs, int64_t k, float out[4])
 {
@@ -2387,15 +2387,6 @@ static ISA_AVX2 void isa_avx2_w8_rows4(const unsigned char *const row[4], const 
     }
 }
 
-/* The f16 at p in all 8 lanes. */
-static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_f16_splat(const unsigned char *p)
-{
-    short h;
-    memcpy(&h, p, 2);
-    v4f f = __builtin_ia32_vcvtph2ps((v8i16){h, 0, 0, 0, 0, 0, 0, 0});
-    return __builtin_shufflevector(f, f, 0, 0, 0, 0, 0, 0, 0, 0);
-}
-
 /* Q8_0 ({f16 d; i8 q[32]} blocks, k % 32 == 0): a block's four products
  * in one chain, then scaled by d into the row's sum (two blocks per step,
  * two sums). The four rows go one after another, not side by side:
@@ -2416,13 +2407,13 @@ static ISA_AVX2 void isa_avx2_q8_0_rows4(const unsigned char *const row[4], cons
             t += I8X8(b + 10) * LOAD8F(x + j + 8);
             t += I8X8(b + 18) * LOAD8F(x + j + 16);
             t += I8X8(b + 26) * LOAD8F(x + j + 24);
-            a0 += isa_avx2_f16_splat(b) * t;
+            a0 += isa_f16c_at(b) * t;
             if (j + 32 < k) {
                 v8fl u = I8X8(b + 36) * LOAD8F(x + j + 32);
                 u += I8X8(b + 44) * LOAD8F(x + j + 40);
                 u += I8X8(b + 52) * LOAD8F(x + j + 48);
                 u += I8X8(b + 60) * LOAD8F(x + j + 56);
-                a1 += isa_avx2_f16_splat(b + 34) * u;
+                a1 += isa_f16c_at(b + 34) * u;
             }
         }
         a0 += a1;
