@@ -381,6 +381,7 @@ Test(cpu_quant_perf, every_dtype_host)
 {
     check_all(NULL, 576);  /* packed 4-bit rows: 4 superblocks and a short one of 2 blocks */
     check_all(NULL, 224);  /* a short superblock of 3 */
+    check_all(NULL, 160);  /* a short superblock of 1 */
     check_all(NULL, 200);
     check_all(NULL, 768);  /* the k-quants: 3 super-blocks */
 }
