@@ -1667,20 +1667,17 @@ static ISA_AVX512 void isa_avx512_nib_rows4(int t, const unsigned char *const ro
 
 static void isa_avx2_w8_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4]);
 static void isa_avx2_q8_0_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4]);
-static void isa_avx2_nib_rows4(int64_t gs, const unsigned char *const row[4], const float *x, const float *xg,
-                               int64_t k, float out[4]);
+static void isa_avx2_gemv_nib(int t, const GemvSeg *sg, int ns, const float *x, const float *xg, int64_t k);
 
 /* Four rows of a dtype with a fast kernel into out[4]. */
 static void qrows4(int t, const unsigned char *const row[4], const float *x, const float *xg, int64_t k,
                    float out[4])
 {
-    if ((megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512)) {
+    if ((megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512) && (t == DT_W8 || t == DT_Q8_0)) {
         if (t == DT_W8)
             isa_avx2_w8_rows4(row, x, k, out);
-        else if (t == DT_Q8_0)
-            isa_avx2_q8_0_rows4(row, x, k, out);
         else
-            isa_avx2_nib_rows4(t == DT_W4G64 ? 64 : 128, row, x, xg, k, out);
+            isa_avx2_q8_0_rows4(row, x, k, out);
         return;
     }
     if ((megac_k_isa & KT_ISA_AVX512) && t == DT_Q8_0) {
@@ -1743,6 +1740,10 @@ static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t
     float xg[k / 32 + 1];
     if (t != DT_W8 && t != DT_Q8_0 && !(megac_k_isa & KT_ISA_AVX512))
         x_group_sums(x, k, t == DT_W4G64 ? 64 : 128, xg);
+    if ((megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512) && (t == DT_W4G64 || t == DT_W4G128)) {
+        isa_avx2_gemv_nib(t, sg, ns, x, xg, k);
+        return;
+    }
     for (int i = 0; i < ns; i++) {
         const GemvSeg *g = &sg[i];
         for (int64_t r = g->r0; r < g->r1; r += 4) {
@@ -2421,43 +2422,120 @@ static ISA_AVX2 void isa_avx2_q8_0_rows4(const unsigned char *const row[4], cons
     }
 }
 
-/* W4G64 and W4G128 records (nib_groups4 above) with k % 32 == 0: byte b
- * of a 16-byte chunk holds weight b (low nibble) and b + 16 (high). */
-typedef uint8_t v8u8u __attribute__((vector_size(8), aligned(1)));
-static ISA_AVX2 void isa_avx2_nib_rows4(int64_t gs, const unsigned char *const row[4], const float *x,
-                                        const float *xg, int64_t k, float out[4])
+/* W4G64 and W4G128 records (nib_groups4 above; k % 32 == 0): byte b of
+ * a 16-byte chunk holds weight b (low nibble) and b + 16 (high). A
+ * 32-byte load holds two chunks, 64 weights, and is summed as the packed
+ * rows' superblocks are (v & (15 << 4n) is 16^n times one weight per
+ * lane; isa_avx2_pk_sb), against xq: per pair of chunks 64 floats,
+ * nibble n's 8 at 8 n, lane L holding x[32 (L / 4) + 16 (n % 2) +
+ * 4 (L % 4) + n / 2] / 16^n (n = 7: v >> 28, unscaled), zeros past k.
+ * (The generic kernel widened each byte with vpmovzxbd, which crosses
+ * 128-bit lanes: Zen 3 does under one a cycle.) */
+static ISA_AVX2 void isa_avx2_nib_x_prepare(const float *x, int64_t k, float *xq)
 {
-    const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};
-    v8fl acc[4] = {{0}, {0}, {0}, {0}};
-    v4f off = {0};
-    for (int64_t j = 0, g = 0; j < k; j += gs, g++) {
-        int64_t nc = (k - j < gs ? k - j : gs) / 32;
-        v4f s = f16_rows4(w, 0);
-        v4f z = {(float)w[0][2], (float)w[1][2], (float)w[2][2], (float)w[3][2]};
-        off += s * z * xg[g];
-        v8fl ga[4] = {{0}, {0}, {0}, {0}};
-        for (int64_t ch = 0; ch < nc; ch++) {
-            const float *xc = x + j + 32 * ch;
-            UNROLL4
-            for (int h = 0; h < 2; h++) {
-                v8fl xl = LOAD8F(xc + 8 * h), xh = LOAD8F(xc + 16 + 8 * h);
-                UNROLL4
-                for (int i = 0; i < 4; i++) {
-                    v8u32 u = __builtin_convertvector(*(const v8u8u *)(w[i] + 4 + 16 * ch + 8 * h), v8u32);
-                    ga[i] += __builtin_convertvector((v8i32)(u & 15), v8fl) * xl;
-                    ga[i] += __builtin_convertvector((v8i32)(u >> 4), v8fl) * xh;
-                }
+    static const float sc[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f};
+    int64_t nc = k / 32;
+    /* chunk c, half h: a 4x4 transpose of x[32 c + 16 h:][4 l + m] into
+     * nibble n = 2 m + h, lanes 4 (c % 2) + l */
+    for (int64_t c = 0; c < nc; c++) {
+        float *o = xq + 64 * (c / 2) + 4 * (c % 2);
+        for (int h = 0; h < 2; h++) {
+            v4f a, b, cc, d;
+            memcpy(&a, x + 32 * c + 16 * h, 16);
+            memcpy(&b, x + 32 * c + 16 * h + 4, 16);
+            memcpy(&cc, x + 32 * c + 16 * h + 8, 16);
+            memcpy(&d, x + 32 * c + 16 * h + 12, 16);
+            v4f ab0 = __builtin_shufflevector(a, b, 0, 4, 1, 5), ab1 = __builtin_shufflevector(a, b, 2, 6, 3, 7);
+            v4f cd0 = __builtin_shufflevector(cc, d, 0, 4, 1, 5), cd1 = __builtin_shufflevector(cc, d, 2, 6, 3, 7);
+            v4f m[4] = {__builtin_shufflevector(ab0, cd0, 0, 1, 4, 5), __builtin_shufflevector(ab0, cd0, 2, 3, 6, 7),
+                        __builtin_shufflevector(ab1, cd1, 0, 1, 4, 5), __builtin_shufflevector(ab1, cd1, 2, 3, 6, 7)};
+            for (int mi = 0; mi < 4; mi++) {
+                v4f v = m[mi] * sc[2 * mi + h];
+                memcpy(o + 8 * (2 * mi + h), &v, 16);
             }
         }
-        UNROLL4
-        for (int i = 0; i < 4; i++) {
-            acc[i] += s[i] * ga[i];
-            w[i] += 4 + 16 * nc;
-        }
     }
+    if (nc % 2) /* the last pair's second chunk */
+        for (int n = 0; n < 8; n++)
+            memset(xq + 64 * (nc / 2) + 8 * n + 4, 0, 16);
+}
+
+/* One 32-byte pair of chunks (v) against its 64 floats of xq, into two
+ * sums (even and odd n: two chains). */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_nib_pair(v8u32 v, const float *xq, v8fl *e,
+                                                                            v8fl *o)
+{
     UNROLL4
-    for (int i = 0; i < 4; i++)
-        out[i] = hsum8(&acc[i]) - off[i];
+    for (int n = 0; n < 8; n++) {
+        v8u32 q = n == 7 ? v >> 28 : v & (0xfu << 4 * n);
+        v8fl f = __builtin_convertvector((v8i32)q, v8fl) * LOAD8F(xq + 8 * n);
+        if (n % 2)
+            *o += f;
+        else
+            *e += f;
+    }
+}
+
+/* Four W4G64 (gs 64) or W4G128 rows, one after another (one sequential
+ * stream), their horizontal sums together at the end; xg holds x's group
+ * sums (x_group_sums). */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_nib_rows4(int t, const unsigned char *const row[4],
+                                                                             const float *xq, const float *xg,
+                                                                             int64_t k, float out[4])
+{
+    const int gs = t == DT_W4G64 ? 64 : 128, gp = gs / 64;
+    int64_t ng = k / gs, rest = k % gs / 32; /* full groups; chunks in a last short one */
+    v4f r[4], off = {0};
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < 4; i++) {
+        const unsigned char *w = row[i];
+        v8fl acc = {0};
+        float o = 0;
+        for (int64_t g = 0; g < ng; g++, w += 4 + 32 * gp) {
+            v8fl e = {0}, od = {0};
+            UNROLL4
+            for (int p = 0; p < gp; p++) {
+                v8u32 v;
+                memcpy(&v, w + 4 + 32 * p, 32);
+                isa_avx2_nib_pair(v, xq + 64 * (gp * g + p), &e, &od);
+            }
+            float sg = isa_f16c_at(w);
+            acc += sg * (e + od);
+            o += sg * (float)w[2] * xg[g];
+        }
+        if (rest) {
+            v8fl e = {0}, od = {0};
+            for (int64_t c = 0; c < rest; c += 2) {
+                v8u32 v = {0};
+                if (rest - c >= 2) /* (fixed sizes: a call to memcpy otherwise) */
+                    memcpy(&v, w + 4 + 16 * c, 32);
+                else
+                    memcpy(&v, w + 4 + 16 * c, 16);
+                isa_avx2_nib_pair(v, xq + 64 * (gp * ng + c / 2), &e, &od);
+            }
+            float sg = isa_f16c_at(w);
+            acc += sg * (e + od);
+            o += sg * (float)w[2] * xg[ng];
+        }
+        r[i] = __builtin_shufflevector(acc, acc, 0, 1, 2, 3) + __builtin_shufflevector(acc, acc, 4, 5, 6, 7);
+        off[i] = o;
+    }
+    v4f h01 = __builtin_ia32_haddps(r[0], r[1]), h23 = __builtin_ia32_haddps(r[2], r[3]);
+    v4f sum = __builtin_ia32_haddps(h01, h23) - off;
+    memcpy(out, &sum, 16);
+}
+
+/* gemv_quant's W4G64/W4G128 rows on AVX2 (xg: x's group sums). */
+static ISA_AVX2 void isa_avx2_gemv_nib(int t, const GemvSeg *sg, int ns, const float *x, const float *xg, int64_t k)
+{
+    float xq[64 * ((k / 32 + 1) / 2)] __attribute__((aligned(32)));
+    isa_avx2_nib_x_prepare(x, k, xq);
+    for (int i = 0; i < ns; i++) {
+        if (t == DT_W4G64)
+            quad_rows(isa_avx2_nib_rows4, DT_W4G64, &sg[i], xq, xg, k);
+        else
+            quad_rows(isa_avx2_nib_rows4, DT_W4G128, &sg[i], xq, xg, k);
+    }
 }
 
 /* Packed 4-bit rows (kernel_table.h; the sums of pk_superblock above),
