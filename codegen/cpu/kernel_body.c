@@ -2229,7 +2229,10 @@ static ISA_VNNI512 void isa_vnni512_w4a8_rows4(int64_t gs, const unsigned char *
  * vpdpbusd on AVX-VNNI, else vpmaddubsw + vpmaddwd (pairs of products
  * saturate at 16 bits: nibbles are <= 15, and W8A8 takes the sign of q
  * over to xq so that the unsigned side is |q| <= 127, as llama.cpp does).
- * W4A8G: rows 2i and 2i+1 share a vector. */
+ * W4A8G64/G128: a row's chunks (16 bytes, 32 weights) two to a vector,
+ * against xq and dq rearranged to match (a8_pair_prepare), the rows one
+ * after another (one sequential stream, as the A16 rows on these
+ * targets), their horizontal sums together at the end. */
 
 #define ISA_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define ISA_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
@@ -2294,53 +2297,43 @@ static inline __attribute__((always_inline)) float hsum8(const v8fl *p)
     }
 
 /* The 256-bit kernels, for dot = isa_avx2_dot or isa_avxvnni_dot. */
-#define A8_256_KERNELS(pre, attr, dot)                                                                        \
-    A8_256_Q8_ROWS(pre, attr, dot, q8_0a8, 1)                                                               \
-    A8_256_Q8_ROWS(pre, attr, dot, w8a8, 0)                                                                 \
-    static attr void pre##_w4a8_rows4(int64_t gs, const unsigned char *const row[4], const int8_t *xq,       \
-                                      const float *dq, const float *dsx, int64_t k, float out[4])           \
-    {                                                                                                       \
-        const unsigned char *w[4] = {row[0], row[1], row[2], row[3]};                                       \
-        v8fl acc[2] = {{0}, {0}};                                                                           \
-        v4f off = {0};                                                                                      \
-        for (int64_t j = 0, g = 0; j < k; j += gs, g++) {                                                   \
-            int64_t nb = (k - j < gs ? k - j : gs) / 32;                                                    \
-            v4u16 h;                                                                                        \
-            v4f z;                                                                                          \
-            UNROLL4                                                                                         \
-            for (int i = 0; i < 4; i++) {                                                                   \
-                h[i] = (uint16_t)(w[i][0] | w[i][1] << 8);                                                  \
-                z[i] = (float)w[i][2];                                                                      \
-            }                                                                                               \
-            v4f s = __builtin_ia32_vcvtph2ps((v8i16){(short)h[0], (short)h[1], (short)h[2], (short)h[3]});  \
-            off += s * z * dsx[g];                                                                          \
-            v8fl ga[2] = {{0}, {0}};                                                                        \
-            for (int64_t b = 0; b < nb; b++) {                                                              \
-                const int8_t *xb = xq + j + 32 * b;                                                         \
-                v4u32 l = *(const v4u32u_a *)xb, u = *(const v4u32u_a *)(xb + 16);                          \
-                v8u32 xl = __builtin_shufflevector(l, l, 0, 1, 2, 3, 0, 1, 2, 3);                           \
-                v8u32 xh = __builtin_shufflevector(u, u, 0, 1, 2, 3, 0, 1, 2, 3);                           \
-                for (int p = 0; p < 2; p++) {                                                               \
-                    v4u32 c0 = *(const v4u32u_a *)(w[2 * p] + 4 + 16 * b);                                  \
-                    v4u32 c1 = *(const v4u32u_a *)(w[2 * p + 1] + 4 + 16 * b);                              \
-                    v8u32 q = __builtin_shufflevector(c0, c1, 0, 1, 2, 3, 4, 5, 6, 7);                      \
-                    v8i32 d = dot((v8i32){0}, q & 0x0f0f0f0fu, xl);                                         \
-                    d = dot(d, (q >> 4) & 0x0f0f0f0fu, xh);                                                 \
-                    ga[p] += __builtin_convertvector(d, v8fl) * dq[j / 32 + b];                             \
-                }                                                                                           \
-            }                                                                                               \
-            acc[0] += ga[0] * __builtin_shufflevector(s, s, 0, 0, 0, 0, 1, 1, 1, 1);                        \
-            acc[1] += ga[1] * __builtin_shufflevector(s, s, 2, 2, 2, 2, 3, 3, 3, 3);                        \
-            UNROLL4                                                                                         \
-            for (int i = 0; i < 4; i++)                                                                     \
-                w[i] += 4 + 16 * nb;                                                                        \
-        }                                                                                                   \
-        UNROLL4                                                                                             \
-        for (int i = 0; i < 4; i++) {                                                                       \
-            v8fl a = acc[i / 2];                                                                            \
-            int o = 4 * (i % 2);                                                                            \
-            out[i] = (a[o] + a[o + 1]) + (a[o + 2] + a[o + 3]) - off[i];                                    \
-        }                                                                                                   \
+#define A8_256_KERNELS(pre, attr, dot)                                                                         \
+    A8_256_Q8_ROWS(pre, attr, dot, q8_0a8, 1)                                                                  \
+    A8_256_Q8_ROWS(pre, attr, dot, w8a8, 0)                                                                    \
+    static attr void pre##_w4a8_rows4(int64_t gs, const unsigned char *const row[4], const int8_t *xq2,        \
+                                      const float *dq8, const float *dsx, int64_t k, float out[4])             \
+    {                                                                                                          \
+        v4f r[4], off = {0};                                                                                   \
+        _Pragma("clang loop unroll(disable)")                                                                  \
+        for (int i = 0; i < 4; i++) {                                                                          \
+            const unsigned char *w = row[i];                                                                   \
+            v8fl acc = {0};                                                                                    \
+            float o = 0;                                                                                       \
+            for (int64_t j = 0, g = 0; j < k; j += gs, g++) {                                                  \
+                int64_t nb = (k - j < gs ? k - j : gs) / 32;                                                   \
+                v8fl ga = {0};                                                                                 \
+                for (int64_t b = 0; b < nb; b += 2) { /* chunks b, b + 1 (zeros past nb) */                    \
+                    int64_t p = (j / 32 + b) / 2;                                                              \
+                    v4u32 c0 = *(const v4u32u_a *)(w + 4 + 16 * b), c1 = {0};                                  \
+                    if (b + 1 < nb)                                                                            \
+                        c1 = *(const v4u32u_a *)(w + 20 + 16 * b);                                             \
+                    v8u32 q = __builtin_shufflevector(c0, c1, 0, 1, 2, 3, 4, 5, 6, 7);                         \
+                    v8i32 d = dot((v8i32){0}, q & 0x0f0f0f0fu, *(const v8u32 *)(xq2 + 64 * p));                \
+                    d = dot(d, (q >> 4) & 0x0f0f0f0fu, *(const v8u32 *)(xq2 + 64 * p + 32));                   \
+                    ga += __builtin_convertvector(d, v8fl) * *(const v8fl *)(dq8 + 8 * p);                     \
+                }                                                                                              \
+                float sg = isa_f16c_at(w);                                                                     \
+                acc += sg * ga;                                                                                \
+                o += sg * (float)w[2] * dsx[g];                                                                \
+                w += 4 + 16 * nb;                                                                              \
+            }                                                                                                  \
+            r[i] = __builtin_shufflevector(acc, acc, 0, 1, 2, 3) +                                             \
+                   __builtin_shufflevector(acc, acc, 4, 5, 6, 7);                                              \
+            off[i] = o;                                                                                        \
+        }                                                                                                      \
+        v4f h01 = __builtin_ia32_haddps(r[0], r[1]), h23 = __builtin_ia32_haddps(r[2], r[3]);                  \
+        v4f sum = __builtin_ia32_haddps(h01, h23) - off;                                                       \
+        memcpy(out, &sum, 16);                                                                                 \
     }
 
 typedef uint32_t v8u32u __attribute__((vector_size(32), aligned(1)));
@@ -2819,6 +2812,24 @@ static int a8_fast_kind(int t, int64_t k)
     return (megac_k_isa & KT_ISA_AVX2) ? 0 : -1;
 }
 
+/* xq and dq for the 256-bit W4A8G64/G128 rows: per pair p of blocks
+ * (2p, 2p + 1), xq2[64 p:] holds the first 16 of each block's 32 int8,
+ * then the last 16 of each, and dq8[8 p:] the two blocks' scales, four
+ * lanes each; zeros for a block past k. */
+static void a8_pair_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t *xq2, float *dq8)
+{
+    int64_t nb = k / 32;
+    for (int64_t b = 0; b < nb + nb % 2; b++) {
+        int8_t *o = xq2 + 64 * (b / 2) + 16 * (b % 2);
+        for (int j = 0; j < 16; j++) {
+            o[j] = b < nb ? xq[32 * b + j] : 0;
+            o[32 + j] = b < nb ? xq[32 * b + 16 + j] : 0;
+        }
+        for (int l = 0; l < 4; l++)
+            dq8[8 * (b / 2) + 4 * (b % 2) + l] = b < nb ? dq[b] : 0.0f;
+    }
+}
+
 /* Four rows of an A8 dtype with the kernel of kind `kind`. */
 static void a8_rows4(int kind, int t, const unsigned char *const row[4], const int8_t *xq, const float *dq,
                      const float *side, const int32_t *corr, float c, int64_t k, float out[4])
@@ -2867,13 +2878,20 @@ static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_
             side[bl * 32 / gs] = (bl * 32 % gs ? side[bl * 32 / gs] : 0.0f) + dq[bl] * (float)sx;
         }
     }
+    /* W4A8G64/G128 on 256 bits: xq and dq rearranged (a8_pair_prepare) */
+    int pairs = !q8 && kind < 2;
+    int64_t np = pairs ? (k / 32 + 1) / 2 : 1;
+    int8_t xq2[64 * np] __attribute__((aligned(32)));
+    float dq8[8 * np] __attribute__((aligned(32)));
+    if (pairs)
+        a8_pair_prepare(xq, dq, k, xq2, dq8);
     for (int i = 0; i < ns; i++) {
         const GemvSeg *g = &sg[i];
         for (int64_t r = g->r0; r < g->r1; r += 4) {
             const unsigned char *row[4];
             float out[4];
             seg_quad(g, rb, r, row);
-            a8_rows4(kind, t, row, xq, dq, side, corr, c, k, out);
+            a8_rows4(kind, t, row, pairs ? xq2 : xq, pairs ? dq8 : dq, side, corr, c, k, out);
             seg_quad_store(g, rb, r, out);
         }
     }
