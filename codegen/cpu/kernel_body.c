@@ -2269,6 +2269,13 @@ static inline __attribute__((always_inline)) float hsum8(const v8fl *p)
     return (h[0] + h[2]) + (h[1] + h[3]);
 }
 
+/* Four rows' sums: {sum of r[0], ..., sum of r[3]} (lane i: the four
+ * floats of r[i]), with three horizontal adds. */
+static inline __attribute__((always_inline)) ISA_AVX2 v4f isa_avx2_sum4(const v4f r[4])
+{
+    return __builtin_ia32_haddps(__builtin_ia32_haddps(r[0], r[1]), __builtin_ia32_haddps(r[2], r[3]));
+}
+
 /* Four rows of 8-bit weights on 256 bits: Q8_0A8 (Q80 1: blocks of
  * {f16 d; i8 q[32]}, each block's sum scaled by its d) or W8A8 (Q80 0:
  * {f32 s; i8 q[k]}, the row scaled by s at the end). b points 2 bytes
@@ -2331,8 +2338,7 @@ static inline __attribute__((always_inline)) float hsum8(const v8fl *p)
                    __builtin_shufflevector(acc, acc, 4, 5, 6, 7);                                              \
             off[i] = o;                                                                                        \
         }                                                                                                      \
-        v4f h01 = __builtin_ia32_haddps(r[0], r[1]), h23 = __builtin_ia32_haddps(r[2], r[3]);                  \
-        v4f sum = __builtin_ia32_haddps(h01, h23) - off;                                                       \
+        v4f sum = isa_avx2_sum4(r) - off;                                                                      \
         memcpy(out, &sum, 16);                                                                                 \
     }
 
@@ -2513,8 +2519,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_nib_rows4(in
         r[i] = __builtin_shufflevector(acc, acc, 0, 1, 2, 3) + __builtin_shufflevector(acc, acc, 4, 5, 6, 7);
         off[i] = o;
     }
-    v4f h01 = __builtin_ia32_haddps(r[0], r[1]), h23 = __builtin_ia32_haddps(r[2], r[3]);
-    v4f sum = __builtin_ia32_haddps(h01, h23) - off;
+    v4f sum = isa_avx2_sum4(r) - off;
     memcpy(out, &sum, 16);
 }
 
@@ -2631,8 +2636,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pk_rows4(int
         r[i] = __builtin_shufflevector(acc, acc, 0, 1, 2, 3) + __builtin_shufflevector(acc, acc, 4, 5, 6, 7) +
                cs * off;
     }
-    v4f h01 = __builtin_ia32_haddps(r[0], r[1]), h23 = __builtin_ia32_haddps(r[2], r[3]);
-    v4f o = __builtin_ia32_haddps(h01, h23);
+    v4f o = isa_avx2_sum4(r);
     memcpy(out, &o, 16);
 }
 
