@@ -2560,11 +2560,31 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pk_sb(int t,
      * dependent FMAs kept Zen 3 waiting on their latency */
     v8fl pc[2][2] = {{{0}}};
     int nh = nblk > 2 ? 2 : 1; /* a short superblock's second half may be empty */
+    /* Q5_0/Q5_1: lane 4 b + j's fifth bits (block b's qh word q, bit e
+     * for element e) moved next to its nibbles: bit 4 n + j of q to 4 n +
+     * 4 (q << 4 - j), and for n = 7 (v >> 28) bit 28 + j to 4 */
+    v8u32 hs[2] = {{0}}, h7[2] = {{0}};
+    if (t == DT_Q5_0 || t == DT_Q5_1) {
+        const unsigned char *qh = w + (t == DT_Q5_0 ? 2 : 4) * nblk;
+        UNROLL4
+        for (int h = 0; h < nh; h++) {
+            uint32_t q0 = 0, q1 = 0;
+            if (2 * h < nblk)
+                memcpy(&q0, qh + 8 * h, 4);
+            if (2 * h + 1 < nblk)
+                memcpy(&q1, qh + 8 * h + 4, 4);
+            v8u32 qv = {q0, q0, q0, q0, q1, q1, q1, q1};
+            hs[h] = qv << (v8u32){4, 3, 2, 1, 4, 3, 2, 1};
+            h7[h] = qv >> (v8u32){24, 25, 26, 27, 24, 25, 26, 27} & 0x10u;
+        }
+    }
     UNROLL4
     for (int n = 0; n < 8; n++) {
         UNROLL4
         for (int h = 0; h < nh; h++) {
             v8u32 q = n == 7 ? v[h] >> 28 : v[h] & (0xfu << 4 * n);
+            if (t == DT_Q5_0 || t == DT_Q5_1)
+                q |= n == 7 ? h7[h] : hs[h] & (0x10u << 4 * n);
             pc[h][n % 2] += __builtin_convertvector((v8i32)q, v8fl) * LOAD8F(xp + 16 * n + 8 * h);
         }
     }
@@ -2575,25 +2595,6 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pk_sb(int t,
     v4f d = pk_f16x4(pk_u16x4(w, nblk));
     UNROLL4
     for (int h = 0; h < nh; h++) {
-        if (t == DT_Q5_0 || t == DT_Q5_1) {
-            /* the fifth bits (pk_hbits), lane 4 b + j scaled by 16 / 2^j */
-            const v8fl f = {16, 8, 4, 2, 16, 8, 4, 2};
-            const v8u32 bit = {1, 2, 4, 8, 1, 2, 4, 8};
-            uint32_t q0 = 0, q1 = 0;
-            const unsigned char *qh = w + (t == DT_Q5_0 ? 2 : 4) * nblk;
-            if (2 * h < nblk)
-                memcpy(&q0, qh + 8 * h, 4);
-            if (2 * h + 1 < nblk)
-                memcpy(&q1, qh + 8 * h + 4, 4);
-            v8u32 hv = {q0, q0, q0, q0, q1, q1, q1, q1};
-            v8fl hs = {0};
-            UNROLL4
-            for (int n = 0; n < 8; n++) {
-                v8u32 b = n == 7 ? hv >> 28 & bit : hv & bit << 4 * n;
-                hs += __builtin_convertvector((v8i32)b, v8fl) * LOAD8F(xp + 16 * n + 8 * h);
-            }
-            p[h] += hs * f;
-        }
         *acc += (h ? __builtin_shufflevector(d, d, 2, 2, 2, 2, 3, 3, 3, 3)
                    : __builtin_shufflevector(d, d, 0, 0, 0, 0, 1, 1, 1, 1)) *
                 p[h];
