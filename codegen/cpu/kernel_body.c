@@ -1360,8 +1360,10 @@ typedef uint32_t v8u32 __attribute__((vector_size(32)));
 typedef uint8_t v8u8 __attribute__((vector_size(8)));
 
 /* The 8 sub-block scales d sc_s and mins dmin m_s of a Q4_K/Q5_K
- * super-block b (ggml's get_scale_min_k4, 8 lanes at a time). */
-static inline __attribute__((always_inline)) void kq_scales(const unsigned char *b, v8fs *d, v8fs *m)
+ * super-block b (ggml's get_scale_min_k4, 8 lanes at a time); d and dmin
+ * (b's f16 fields) converted by the caller. */
+static inline __attribute__((always_inline)) void kq_scales(const unsigned char *b, float dd, float dmin, v8fs *d,
+                                                            v8fs *m)
 {
     v16u8 by = *(const v16u8 *)(b + 4); /* scales[12] and 4 bytes more */
     v8u8 sl = __builtin_shufflevector(by, by, 0, 1, 2, 3, 8, 9, 10, 11);
@@ -1371,8 +1373,8 @@ static inline __attribute__((always_inline)) void kq_scales(const unsigned char 
     const v8u8 lo6 = {63, 63, 63, 63, 15, 15, 15, 15}, hi2 = {0, 0, 0, 0, 48, 48, 48, 48};
     const v8u8 msh = {0, 0, 0, 0, 4, 4, 4, 4};
     v8u8 sc = (sl & lo6) | ((sh >> 6) << 4 & hi2), mn = ((ml >> msh) & lo6) | ((mh >> 6) << 4 & hi2);
-    *d = __builtin_convertvector(sc, v8fs) * f16_at(b);
-    *m = __builtin_convertvector(mn, v8fs) * f16_at(b + 2);
+    *d = __builtin_convertvector(sc, v8fs) * dd;
+    *m = __builtin_convertvector(mn, v8fs) * dmin;
 }
 
 /* Q5_K's fifth bits of group g (0, 1) of a super-block, against xr: lane
@@ -1406,7 +1408,7 @@ static inline __attribute__((always_inline)) void kq4_superblock(int q5, const u
                                                                  const v8fs *xs8, v16f *acc, v8fs *off)
 {
     v8fs d, m;
-    kq_scales(b, &d, &m);
+    kq_scales(b, f16_at(b), f16_at(b + 2), &d, &m);
     *off += m * *xs8;
     const unsigned char *qs = b + (q5 ? 48 : 16);
     v16f e, o;
@@ -1539,6 +1541,7 @@ static inline __attribute__((always_inline)) void kq_rows4(int t, const unsigned
 /* y[r0:r1] (+)= W . x (+ b) for Q4_K, Q5_K or Q6_K rows (k % 256 == 0,
  * k <= QFAST_K_MAX), each segment's. */
 static int isa_vnni512_gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
+static void isa_avx2_gemv_kq(int t, const GemvSeg *sg, int ns, const float *xr, const float *xs, int64_t k);
 
 static void gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
@@ -1550,6 +1553,10 @@ static void gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
         kq6_x_prepare(x, k, xr, xs);
     else
         kq4_x_prepare(x, k, xr, xs);
+    if ((megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512) && t != DT_Q5_K) {
+        isa_avx2_gemv_kq(t, sg, ns, xr, xs, k);
+        return;
+    }
     for (int i = 0; i < ns; i++) {
         if (t == DT_Q4_K)
             quad_rows(kq_rows4, DT_Q4_K, &sg[i], xr, xs, k);
@@ -1995,7 +2002,7 @@ isa_vnni512_kq4_superblock(int q5, const unsigned char *b, const int8_t *xq, con
                            v16f *acc, v8fs *off)
 {
     v8fs d, m;
-    kq_scales(b, &d, &m);
+    kq_scales(b, f16_at(b), f16_at(b + 2), &d, &m);
     *off += m * *xs8;
     v8fs du = d * *u8;
     const unsigned char *qs = b + (q5 ? 48 : 16);
@@ -2645,6 +2652,130 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pk_rows4(int
 static ISA_AVX2 void isa_avx2_gemv_packed(int t, const GemvSeg *sg, int ns, const float *xp, const float *xs, int64_t k)
 {
     pk_segs(isa_avx2_pk_rows4, t, sg, ns, xp, xs, k);
+}
+
+/* Q4_K and Q6_K rows on AVX2: the generic kernels' sums (kq4_superblock,
+ * kq6_superblock) at 8 floats. Their 64-byte loads are two 32-byte
+ * pieces, the generic layout's lane L being lane L % 8 of piece L / 8, so
+ * xr and xs serve as they are. A piece's lanes 0-3 and 4-7 are in one or
+ * two sub-blocks; isa_avx2_pair() spreads their scales. */
+
+/* {v[s] four times, v[s + 1] four times} */
+static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_pair(v8fl v, int s)
+{
+    return __builtin_ia32_permvarsf256(v, (v8i32){s, s, s, s, s + 1, s + 1, s + 1, s + 1});
+}
+
+/* The nibbles of a 32-byte piece v against x (nibble n's 8 floats at x +
+ * 16 n, as xr holds them), the even n into *e and the odd into *o. */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq_nibs(v8u32 v, const float *x, v8fl *e,
+                                                                           v8fl *o)
+{
+    UNROLL4
+    for (int n = 0; n < 8; n++) {
+        v8u32 q = n == 7 ? v >> 28 : v & (0xfu << 4 * n);
+        v8fl f = __builtin_convertvector((v8i32)q, v8fl) * LOAD8F(x + 16 * n);
+        if (n % 2)
+            *o += f;
+        else
+            *e += f;
+    }
+}
+
+/* One Q4_K super-block b (xr: its 256 floats, xs: its 8 sub-block sums):
+ * chunk c's low nibbles are sub-block 2c, its high ones 2c + 1. */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq4_sb(const unsigned char *b, const float *xr,
+                                                                          const float *xs, v8fl acc[4], v8fl *off)
+{
+    v8fs d, m;
+    kq_scales(b, isa_f16c_at(b), isa_f16c_at(b + 2), &d, &m);
+    *off += m * LOAD8F(xs);
+    UNROLL4
+    for (int c = 0; c < 4; c++) {
+        v8u32 v;
+        memcpy(&v, b + 16 + 32 * c, 32);
+        v8fl e = {0}, o = {0};
+        isa_avx2_kq_nibs(v, xr + 128 * (c / 2) + 8 * (c % 2), &e, &o);
+        acc[c] += __builtin_ia32_permvarsf256(d, (v8i32){0} + 2 * c) * e +
+                  __builtin_ia32_permvarsf256(d, (v8i32){0} + 2 * c + 1) * o;
+    }
+}
+
+/* One Q6_K super-block b (xr: its 512 floats, xs: its 16 sub-block sums,
+ * kq6_x_prepare): scaled sums into acc, the - 32 terms' d sum x into
+ * *off. */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq6_sb(const unsigned char *b, const float *xr,
+                                                                          const float *xs, v8fl acc[4], v8fl *off)
+{
+    float dd = isa_f16c_at(b + 208);
+    v8fl d[2] = {I8X8(b + 192) * dd, I8X8(b + 200) * dd}; /* sub-blocks 0-7, 8-15 */
+    *off += d[0] * LOAD8F(xs) + d[1] * LOAD8F(xs + 8);
+    /* ql: half h, piece p: sub-blocks 8 h + 2 p (+ 1) for even n, + 4 for odd */
+    UNROLL4
+    for (int h = 0; h < 2; h++) {
+        UNROLL4
+        for (int p = 0; p < 2; p++) {
+            v8u32 v;
+            memcpy(&v, b + 64 * h + 32 * p, 32);
+            v8fl e = {0}, o = {0};
+            isa_avx2_kq_nibs(v, xr + 128 * h + 8 * p, &e, &o);
+            acc[2 * h + p] += isa_avx2_pair(d[h], 2 * p) * e + isa_avx2_pair(d[h], 2 * p + 4) * o;
+        }
+    }
+    /* qh: piece p, pair i: bits 8 j + 2 i (j = 0-3) of each lane, sub-blocks
+     * 8 p + 2 i (+ 1) */
+    const float *xh = xr + 256;
+    UNROLL4
+    for (int p = 0; p < 2; p++) {
+        v8u32 v;
+        memcpy(&v, b + 128 + 32 * p, 32);
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            v8fl t = {0};
+            UNROLL4
+            for (int j = 0; j < 4; j++) {
+                v8u32 q = i == 3 && j == 3 ? v >> 30 : v & (3u << (8 * j + 2 * i));
+                t += __builtin_convertvector((v8i32)q, v8fl) * LOAD8F(xh + 16 * (4 * i + j) + 8 * p);
+            }
+            acc[i] += isa_avx2_pair(d[p], 2 * i) * t;
+        }
+    }
+}
+
+/* Four Q4_K or Q6_K rows of k (k % 256 == 0), one after another, their
+ * horizontal sums together at the end. Four sums per row: one would chain
+ * a super-block's 8 (Q4_K) or 12 (Q6_K) FMAs one after another. */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq_rows4(int t, const unsigned char *const row[4],
+                                                                            const float *xr, const float *xs,
+                                                                            int64_t k, float out[4])
+{
+    int64_t bb = t == DT_Q4_K ? 144 : 210;
+    v4f r[4];
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < 4; i++) {
+        v8fl a[4] = {{0}, {0}, {0}, {0}}, off = {0};
+        for (int64_t s = 0; s < k / 256; s++) {
+            if (t == DT_Q4_K)
+                isa_avx2_kq4_sb(row[i] + s * bb, xr + 256 * s, xs + 8 * s, a, &off);
+            else
+                isa_avx2_kq6_sb(row[i] + s * bb, xr + 512 * s, xs + 16 * s, a, &off);
+        }
+        v8fl acc = (a[0] + a[1]) + (a[2] + a[3]) - (t == DT_Q4_K ? 1.0f : 32.0f) * off;
+        r[i] = __builtin_shufflevector(acc, acc, 0, 1, 2, 3) + __builtin_shufflevector(acc, acc, 4, 5, 6, 7);
+    }
+    v4f o = isa_avx2_sum4(r);
+    memcpy(out, &o, 16);
+}
+
+/* gemv_kq's Q4_K and Q6_K rows on AVX2, from its xr and xs. */
+static ISA_AVX2 void isa_avx2_gemv_kq(int t, const GemvSeg *sg, int ns, const float *xr, const float *xs, int64_t k)
+{
+    for (int i = 0; i < ns; i++) {
+        if (t == DT_Q4_K)
+            quad_rows(isa_avx2_kq_rows4, DT_Q4_K, &sg[i], xr, xs, k);
+        else
+            quad_rows(isa_avx2_kq_rows4, DT_Q6_K, &sg[i], xr, xs, k);
+    }
 }
 
 /* ---- packed W4A8G32 rows (kernel_table.h: W4G32's packed order) ----
