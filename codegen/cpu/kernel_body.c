@@ -1553,7 +1553,7 @@ static void gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
         kq6_x_prepare(x, k, xr, xs);
     else
         kq4_x_prepare(x, k, xr, xs);
-    if ((megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512) && t != DT_Q5_K) {
+    if ((megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512)) {
         isa_avx2_gemv_kq(t, sg, ns, xr, xs, k);
         return;
     }
@@ -2654,10 +2654,10 @@ static ISA_AVX2 void isa_avx2_gemv_packed(int t, const GemvSeg *sg, int ns, cons
     pk_segs(isa_avx2_pk_rows4, t, sg, ns, xp, xs, k);
 }
 
-/* Q4_K and Q6_K rows on AVX2: the generic kernels' sums (kq4_superblock,
- * kq6_superblock) at 8 floats. Their 64-byte loads are two 32-byte
- * pieces, the generic layout's lane L being lane L % 8 of piece L / 8, so
- * xr and xs serve as they are. A piece's lanes 0-3 and 4-7 are in one or
+/* Q4_K, Q5_K and Q6_K rows on AVX2: the generic kernels' sums
+ * (kq4_superblock, kq6_superblock) at 8 floats. Their 64-byte loads are
+ * two 32-byte pieces, the generic layout's lane L being lane L % 8 of
+ * piece L / 8, so xr and xs serve as they are. A piece's lanes 0-3 and 4-7 are in one or
  * two sub-blocks; isa_avx2_pair() spreads their scales. */
 
 /* {v[s] four times, v[s + 1] four times} */
@@ -2667,13 +2667,18 @@ static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_pair(v8fl v,
 }
 
 /* The nibbles of a 32-byte piece v against x (nibble n's 8 floats at x +
- * 16 n, as xr holds them), the even n into *e and the odd into *o. */
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq_nibs(v8u32 v, const float *x, v8fl *e,
+ * 16 n, as xr holds them), the even n into *e and the odd into *o. With
+ * q5, nibble n's fifth bit is bit 4 n + 4 of he (even n) or ho (odd),
+ * and bit 4 of h7 for n = 7 (as isa_avx2_pk_sb's Q5_0). */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq_nibs(v8u32 v, int q5, v8u32 he, v8u32 ho,
+                                                                           v8u32 h7, const float *x, v8fl *e,
                                                                            v8fl *o)
 {
     UNROLL4
     for (int n = 0; n < 8; n++) {
         v8u32 q = n == 7 ? v >> 28 : v & (0xfu << 4 * n);
+        if (q5)
+            q |= n == 7 ? h7 : (n % 2 ? ho : he) & (0x10u << 4 * n);
         v8fl f = __builtin_convertvector((v8i32)q, v8fl) * LOAD8F(x + 16 * n);
         if (n % 2)
             *o += f;
@@ -2682,20 +2687,28 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq_nibs(v8u3
     }
 }
 
-/* One Q4_K super-block b (xr: its 256 floats, xs: its 8 sub-block sums):
- * chunk c's low nibbles are sub-block 2c, its high ones 2c + 1. */
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq4_sb(const unsigned char *b, const float *xr,
-                                                                          const float *xs, v8fl acc[4], v8fl *off)
+/* One Q4_K or Q5_K (q5) super-block b (xr: its 256 floats, xs: its 8
+ * sub-block sums): chunk c's low nibbles are sub-block 2c, its high ones
+ * 2c + 1. Q5_K's qh word of lane l (bytes 4l to 4l + 3) holds, shifted
+ * right by 2c, sub-block 2c's fifth bits at 8m and 2c + 1's at 8m + 1
+ * for the lane's byte m: moved to 4n + 4 for nibble n = 2m (even) or
+ * 2m + 1 (odd). */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq4_sb(int q5, const unsigned char *b,
+                                                                          const float *xr, const float *xs,
+                                                                          v8fl acc[4], v8fl *off)
 {
     v8fs d, m;
     kq_scales(b, isa_f16c_at(b), isa_f16c_at(b + 2), &d, &m);
     *off += m * LOAD8F(xs);
+    v8u32 qh = {0};
+    if (q5)
+        memcpy(&qh, b + 16, 32);
     UNROLL4
     for (int c = 0; c < 4; c++) {
-        v8u32 v;
-        memcpy(&v, b + 16 + 32 * c, 32);
+        v8u32 v, hc = qh >> (uint32_t)(2 * c);
+        memcpy(&v, b + (q5 ? 48 : 16) + 32 * c, 32);
         v8fl e = {0}, o = {0};
-        isa_avx2_kq_nibs(v, xr + 128 * (c / 2) + 8 * (c % 2), &e, &o);
+        isa_avx2_kq_nibs(v, q5, hc << 4, hc << 7, hc >> 21 & 0x10u, xr + 128 * (c / 2) + 8 * (c % 2), &e, &o);
         acc[c] += __builtin_ia32_permvarsf256(d, (v8i32){0} + 2 * c) * e +
                   __builtin_ia32_permvarsf256(d, (v8i32){0} + 2 * c + 1) * o;
     }
@@ -2718,7 +2731,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq6_sb(const
             v8u32 v;
             memcpy(&v, b + 64 * h + 32 * p, 32);
             v8fl e = {0}, o = {0};
-            isa_avx2_kq_nibs(v, xr + 128 * h + 8 * p, &e, &o);
+            isa_avx2_kq_nibs(v, 0, (v8u32){0}, (v8u32){0}, (v8u32){0}, xr + 128 * h + 8 * p, &e, &o);
             acc[2 * h + p] += isa_avx2_pair(d[h], 2 * p) * e + isa_avx2_pair(d[h], 2 * p + 4) * o;
         }
     }
@@ -2742,37 +2755,39 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq6_sb(const
     }
 }
 
-/* Four Q4_K or Q6_K rows of k (k % 256 == 0), one after another, their
+/* Four Q4_K, Q5_K or Q6_K rows of k (k % 256 == 0), one after another, their
  * horizontal sums together at the end. Four sums per row: one would chain
  * a super-block's 8 (Q4_K) or 12 (Q6_K) FMAs one after another. */
 static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq_rows4(int t, const unsigned char *const row[4],
                                                                             const float *xr, const float *xs,
                                                                             int64_t k, float out[4])
 {
-    int64_t bb = t == DT_Q4_K ? 144 : 210;
+    int64_t bb = t == DT_Q4_K ? 144 : t == DT_Q5_K ? 176 : 210;
     v4f r[4];
 #pragma clang loop unroll(disable)
     for (int i = 0; i < 4; i++) {
         v8fl a[4] = {{0}, {0}, {0}, {0}}, off = {0};
         for (int64_t s = 0; s < k / 256; s++) {
-            if (t == DT_Q4_K)
-                isa_avx2_kq4_sb(row[i] + s * bb, xr + 256 * s, xs + 8 * s, a, &off);
+            if (t != DT_Q6_K)
+                isa_avx2_kq4_sb(t == DT_Q5_K, row[i] + s * bb, xr + 256 * s, xs + 8 * s, a, &off);
             else
                 isa_avx2_kq6_sb(row[i] + s * bb, xr + 512 * s, xs + 16 * s, a, &off);
         }
-        v8fl acc = (a[0] + a[1]) + (a[2] + a[3]) - (t == DT_Q4_K ? 1.0f : 32.0f) * off;
+        v8fl acc = (a[0] + a[1]) + (a[2] + a[3]) - (t != DT_Q6_K ? 1.0f : 32.0f) * off;
         r[i] = __builtin_shufflevector(acc, acc, 0, 1, 2, 3) + __builtin_shufflevector(acc, acc, 4, 5, 6, 7);
     }
     v4f o = isa_avx2_sum4(r);
     memcpy(out, &o, 16);
 }
 
-/* gemv_kq's Q4_K and Q6_K rows on AVX2, from its xr and xs. */
+/* gemv_kq's rows on AVX2, from its xr and xs. */
 static ISA_AVX2 void isa_avx2_gemv_kq(int t, const GemvSeg *sg, int ns, const float *xr, const float *xs, int64_t k)
 {
     for (int i = 0; i < ns; i++) {
         if (t == DT_Q4_K)
             quad_rows(isa_avx2_kq_rows4, DT_Q4_K, &sg[i], xr, xs, k);
+        else if (t == DT_Q5_K)
+            quad_rows(isa_avx2_kq_rows4, DT_Q5_K, &sg[i], xr, xs, k);
         else
             quad_rows(isa_avx2_kq_rows4, DT_Q6_K, &sg[i], xr, xs, k);
     }
