@@ -1538,6 +1538,21 @@ static inline __attribute__((always_inline)) void kq_rows4(int t, const unsigned
     kq_rows(t, 4, row, xr, xs, k, out);
 }
 
+/* Every segment's rows of k-quant t through rows4 (t a constant in each
+ * case, as pk_segs). */
+static inline __attribute__((always_inline)) void kq_segs(Rows4Fn rows4, int t, const GemvSeg *sg, int ns,
+                                                          const float *xr, const float *xs, int64_t k)
+{
+    for (int i = 0; i < ns; i++) {
+        if (t == DT_Q4_K)
+            quad_rows(rows4, DT_Q4_K, &sg[i], xr, xs, k);
+        else if (t == DT_Q5_K)
+            quad_rows(rows4, DT_Q5_K, &sg[i], xr, xs, k);
+        else
+            quad_rows(rows4, DT_Q6_K, &sg[i], xr, xs, k);
+    }
+}
+
 /* y[r0:r1] (+)= W . x (+ b) for Q4_K, Q5_K or Q6_K rows (k % 256 == 0,
  * k <= QFAST_K_MAX), each segment's. */
 static int isa_vnni512_gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
@@ -1557,14 +1572,7 @@ static void gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
         isa_avx2_gemv_kq(t, sg, ns, xr, xs, k);
         return;
     }
-    for (int i = 0; i < ns; i++) {
-        if (t == DT_Q4_K)
-            quad_rows(kq_rows4, DT_Q4_K, &sg[i], xr, xs, k);
-        else if (t == DT_Q5_K)
-            quad_rows(kq_rows4, DT_Q5_K, &sg[i], xr, xs, k);
-        else
-            quad_rows(kq_rows4, DT_Q6_K, &sg[i], xr, xs, k);
-    }
+    kq_segs(kq_rows4, t, sg, ns, xr, xs, k);
 }
 
 /* ---- AVX-512 versions (KT_ISA_AVX512; see kernel_table.h) ----
@@ -2783,14 +2791,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq_rows4(int
 /* gemv_kq's rows on AVX2, from its xr and xs. */
 static ISA_AVX2 void isa_avx2_gemv_kq(int t, const GemvSeg *sg, int ns, const float *xr, const float *xs, int64_t k)
 {
-    for (int i = 0; i < ns; i++) {
-        if (t == DT_Q4_K)
-            quad_rows(isa_avx2_kq_rows4, DT_Q4_K, &sg[i], xr, xs, k);
-        else if (t == DT_Q5_K)
-            quad_rows(isa_avx2_kq_rows4, DT_Q5_K, &sg[i], xr, xs, k);
-        else
-            quad_rows(isa_avx2_kq_rows4, DT_Q6_K, &sg[i], xr, xs, k);
-    }
+    kq_segs(isa_avx2_kq_rows4, t, sg, ns, xr, xs, k);
 }
 
 /* ---- packed W4A8G32 rows (kernel_table.h: W4G32's packed order) ----
