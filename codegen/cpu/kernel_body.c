@@ -2284,6 +2284,12 @@ static inline __attribute__((always_inline)) float hsum8(const v8fl *p)
     return (h[0] + h[2]) + (h[1] + h[3]);
 }
 
+/* The sum of v's halves: four floats, for isa_avx2_sum4. */
+static inline __attribute__((always_inline)) ISA_AVX2 v4f isa_avx2_halves(v8fl v)
+{
+    return __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
+}
+
 /* Four rows' sums: {sum of r[0], ..., sum of r[3]} (lane i: the four
  * floats of r[i]), with three horizontal adds. */
 static inline __attribute__((always_inline)) ISA_AVX2 v4f isa_avx2_sum4(const v4f r[4])
@@ -2349,8 +2355,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 v4f isa_avx2_sum4(const v4
                 o += sg * (float)w[2] * dsx[g];                                                                \
                 w += 4 + 16 * nb;                                                                              \
             }                                                                                                  \
-            r[i] = __builtin_shufflevector(acc, acc, 0, 1, 2, 3) +                                             \
-                   __builtin_shufflevector(acc, acc, 4, 5, 6, 7);                                              \
+            r[i] = isa_avx2_halves(acc);                                                                       \
             off[i] = o;                                                                                        \
         }                                                                                                      \
         v4f sum = isa_avx2_sum4(r) - off;                                                                      \
@@ -2436,6 +2441,29 @@ static ISA_AVX2 void isa_avx2_q8_0_rows4(const unsigned char *const row[4], cons
     }
 }
 
+/* The 4-bit kernels' inner step on 256 bits: the 64 nibbles of v, nibble
+ * n of each lane as v & (15 << 4n) (16^n times the weight; n = 7: v >>
+ * 28), converted and met by x's 8 floats at x + xst n (prescaled by
+ * 16^-n), the even n summed into *e and the odd into *o (two chains).
+ * With q5, nibble n's fifth bit comes in as bit 4n + 4 of he (even n) or
+ * ho (odd n), and as bit 4 of h7 for n = 7. */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_nibs(v8u32 v, int q5, v8u32 he, v8u32 ho,
+                                                                        v8u32 h7, const float *x, int xst, v8fl *e,
+                                                                        v8fl *o)
+{
+    UNROLL4
+    for (int n = 0; n < 8; n++) {
+        v8u32 q = n == 7 ? v >> 28 : v & (0xfu << 4 * n);
+        if (q5)
+            q |= n == 7 ? h7 : (n % 2 ? ho : he) & (0x10u << 4 * n);
+        v8fl f = __builtin_convertvector((v8i32)q, v8fl) * LOAD8F(x + xst * n);
+        if (n % 2)
+            *o += f;
+        else
+            *e += f;
+    }
+}
+
 /* W4G64 and W4G128 records (nib_groups4 above; k % 32 == 0): byte b of
  * a 16-byte chunk holds weight b (low nibble) and b + 16 (high). A
  * 32-byte load holds two chunks, 64 weights, and is summed as the packed
@@ -2475,22 +2503,6 @@ static ISA_AVX2 void isa_avx2_nib_x_prepare(const float *x, int64_t k, float *xq
             memset(xq + 64 * (nc / 2) + 8 * n + 4, 0, 16);
 }
 
-/* One 32-byte pair of chunks (v) against its 64 floats of xq, into two
- * sums (even and odd n: two chains). */
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_nib_pair(v8u32 v, const float *xq, v8fl *e,
-                                                                            v8fl *o)
-{
-    UNROLL4
-    for (int n = 0; n < 8; n++) {
-        v8u32 q = n == 7 ? v >> 28 : v & (0xfu << 4 * n);
-        v8fl f = __builtin_convertvector((v8i32)q, v8fl) * LOAD8F(xq + 8 * n);
-        if (n % 2)
-            *o += f;
-        else
-            *e += f;
-    }
-}
-
 /* Four W4G64 (gs 64) or W4G128 rows, one after another (one sequential
  * stream), their horizontal sums together at the end; xg holds x's group
  * sums (x_group_sums). */
@@ -2512,7 +2524,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_nib_rows4(in
             for (int p = 0; p < gp; p++) {
                 v8u32 v;
                 memcpy(&v, w + 4 + 32 * p, 32);
-                isa_avx2_nib_pair(v, xq + 64 * (gp * g + p), &e, &od);
+                isa_avx2_nibs(v, 0, (v8u32){0}, (v8u32){0}, (v8u32){0}, xq + 64 * (gp * g + p), 8, &e, &od);
             }
             float sg = isa_f16c_at(w);
             acc += sg * (e + od);
@@ -2526,13 +2538,13 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_nib_rows4(in
                     memcpy(&v, w + 4 + 16 * c, 32);
                 else
                     memcpy(&v, w + 4 + 16 * c, 16);
-                isa_avx2_nib_pair(v, xq + 64 * (gp * ng + c / 2), &e, &od);
+                isa_avx2_nibs(v, 0, (v8u32){0}, (v8u32){0}, (v8u32){0}, xq + 64 * (gp * ng + c / 2), 8, &e, &od);
             }
             float sg = isa_f16c_at(w);
             acc += sg * (e + od);
             o += sg * (float)w[2] * xg[ng];
         }
-        r[i] = __builtin_shufflevector(acc, acc, 0, 1, 2, 3) + __builtin_shufflevector(acc, acc, 4, 5, 6, 7);
+        r[i] = isa_avx2_halves(acc);
         off[i] = o;
     }
     v4f sum = isa_avx2_sum4(r) - off;
@@ -2572,7 +2584,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pk_sb(int t,
         pk_load_short(w + hdr * nblk, nblk, &s);
         memcpy(v, &s, 64);
     }
-    /* two chains per half (odd and even nibbles): one chain of eight
+    /* two chains per half (isa_avx2_nibs: odd and even nibbles): one chain of eight
      * dependent FMAs kept Zen 3 waiting on their latency */
     v8fl pc[2][2] = {{{0}}};
     int nh = nblk > 2 ? 2 : 1; /* a short superblock's second half may be empty */
@@ -2595,15 +2607,9 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pk_sb(int t,
         }
     }
     UNROLL4
-    for (int n = 0; n < 8; n++) {
-        UNROLL4
-        for (int h = 0; h < nh; h++) {
-            v8u32 q = n == 7 ? v[h] >> 28 : v[h] & (0xfu << 4 * n);
-            if (t == DT_Q5_0 || t == DT_Q5_1)
-                q |= n == 7 ? h7[h] : hs[h] & (0x10u << 4 * n);
-            pc[h][n % 2] += __builtin_convertvector((v8i32)q, v8fl) * LOAD8F(xp + 16 * n + 8 * h);
-        }
-    }
+    for (int h = 0; h < nh; h++)
+        isa_avx2_nibs(v[h], t == DT_Q5_0 || t == DT_Q5_1, hs[h], hs[h], h7[h], xp + 8 * h, 16, &pc[h][0],
+                      &pc[h][1]);
     v8fl p[2];
     UNROLL4
     for (int h = 0; h < 2; h++)
@@ -2650,8 +2656,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pk_rows4(int
             isa_avx2_pk_sb(t, row[i] + s * sbb, 2, xp + 128 * s, *(const v4f *)(xs + 4 * s), &acc, &off);
         else if (nb % 4 == 3)
             isa_avx2_pk_sb(t, row[i] + s * sbb, 3, xp + 128 * s, *(const v4f *)(xs + 4 * s), &acc, &off);
-        r[i] = __builtin_shufflevector(acc, acc, 0, 1, 2, 3) + __builtin_shufflevector(acc, acc, 4, 5, 6, 7) +
-               cs * off;
+        r[i] = isa_avx2_halves(acc) + cs * off;
     }
     v4f o = isa_avx2_sum4(r);
     memcpy(out, &o, 16);
@@ -2664,36 +2669,16 @@ static ISA_AVX2 void isa_avx2_gemv_packed(int t, const GemvSeg *sg, int ns, cons
 }
 
 /* Q4_K, Q5_K and Q6_K rows on AVX2: the generic kernels' sums
- * (kq4_superblock, kq6_superblock) at 8 floats. Their 64-byte loads are
- * two 32-byte pieces, the generic layout's lane L being lane L % 8 of
- * piece L / 8, so xr and xs serve as they are. A piece's lanes 0-3 and 4-7 are in one or
- * two sub-blocks; isa_avx2_pair() spreads their scales. */
+ * (kq4_superblock, kq6_superblock) at 8 floats (isa_avx2_nibs). Their
+ * 64-byte loads are two 32-byte pieces, the generic layout's lane L
+ * being lane L % 8 of piece L / 8, so xr and xs serve as they are. A
+ * piece's lanes 0-3 and 4-7 are in one or two sub-blocks;
+ * isa_avx2_pair() spreads their scales. */
 
 /* {v[s] four times, v[s + 1] four times} */
 static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_pair(v8fl v, int s)
 {
     return __builtin_ia32_permvarsf256(v, (v8i32){s, s, s, s, s + 1, s + 1, s + 1, s + 1});
-}
-
-/* The nibbles of a 32-byte piece v against x (nibble n's 8 floats at x +
- * 16 n, as xr holds them), the even n into *e and the odd into *o. With
- * q5, nibble n's fifth bit is bit 4 n + 4 of he (even n) or ho (odd),
- * and bit 4 of h7 for n = 7 (as isa_avx2_pk_sb's Q5_0). */
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq_nibs(v8u32 v, int q5, v8u32 he, v8u32 ho,
-                                                                           v8u32 h7, const float *x, v8fl *e,
-                                                                           v8fl *o)
-{
-    UNROLL4
-    for (int n = 0; n < 8; n++) {
-        v8u32 q = n == 7 ? v >> 28 : v & (0xfu << 4 * n);
-        if (q5)
-            q |= n == 7 ? h7 : (n % 2 ? ho : he) & (0x10u << 4 * n);
-        v8fl f = __builtin_convertvector((v8i32)q, v8fl) * LOAD8F(x + 16 * n);
-        if (n % 2)
-            *o += f;
-        else
-            *e += f;
-    }
 }
 
 /* One Q4_K or Q5_K (q5) super-block b (xr: its 256 floats, xs: its 8
@@ -2717,7 +2702,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq4_sb(int q
         v8u32 v, hc = qh >> (uint32_t)(2 * c);
         memcpy(&v, b + (q5 ? 48 : 16) + 32 * c, 32);
         v8fl e = {0}, o = {0};
-        isa_avx2_kq_nibs(v, q5, hc << 4, hc << 7, hc >> 21 & 0x10u, xr + 128 * (c / 2) + 8 * (c % 2), &e, &o);
+        isa_avx2_nibs(v, q5, hc << 4, hc << 7, hc >> 21 & 0x10u, xr + 128 * (c / 2) + 8 * (c % 2), 16, &e, &o);
         acc[c] += __builtin_ia32_permvarsf256(d, (v8i32){0} + 2 * c) * e +
                   __builtin_ia32_permvarsf256(d, (v8i32){0} + 2 * c + 1) * o;
     }
@@ -2740,7 +2725,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq6_sb(const
             v8u32 v;
             memcpy(&v, b + 64 * h + 32 * p, 32);
             v8fl e = {0}, o = {0};
-            isa_avx2_kq_nibs(v, 0, (v8u32){0}, (v8u32){0}, (v8u32){0}, xr + 128 * h + 8 * p, &e, &o);
+            isa_avx2_nibs(v, 0, (v8u32){0}, (v8u32){0}, (v8u32){0}, xr + 128 * h + 8 * p, 16, &e, &o);
             acc[2 * h + p] += isa_avx2_pair(d[h], 2 * p) * e + isa_avx2_pair(d[h], 2 * p + 4) * o;
         }
     }
@@ -2783,7 +2768,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq_rows4(int
                 isa_avx2_kq6_sb(row[i] + s * bb, xr + 512 * s, xs + 16 * s, a, &off);
         }
         v8fl acc = (a[0] + a[1]) + (a[2] + a[3]) - (t != DT_Q6_K ? 1.0f : 32.0f) * off;
-        r[i] = __builtin_shufflevector(acc, acc, 0, 1, 2, 3) + __builtin_shufflevector(acc, acc, 4, 5, 6, 7);
+        r[i] = isa_avx2_halves(acc);
     }
     v4f o = isa_avx2_sum4(r);
     memcpy(out, &o, 16);
