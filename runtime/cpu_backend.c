@@ -11,7 +11,9 @@
  * for CPU_SPIN_NS (when there is a CPU for each worker, and MEGAC_NO_SPIN
  * is not set), then parks on a condition variable: decode calls step
  * after step, and waking parked threads cost ~3% of a 1.7 ms SmolLM2 step
- * on a 2-vCPU VM.
+ * on a 2-vCPU VM. In that case the kernel's waits inside a step also spin
+ * for CPU_WAIT_SPIN_NS before they sleep (MegacArgs.spin_ns): a worker
+ * that slept on its futex took ~0.3 ms to wake there.
  *
  * The kernel is loaded from a private copy of the bytes bundle.c checked
  * ($TMPDIR/megac-XXXXXX/kernel.so, removed as soon as it is loaded, so a
@@ -40,6 +42,9 @@
 
 /* How long a worker watches for the next step before it parks. */
 #define CPU_SPIN_NS 500000
+/* With a CPU for each worker: how long a kernel wait spins before it
+ * sleeps (MegacArgs.spin_ns; the kernel's own default is for shared CPUs). */
+#define CPU_WAIT_SPIN_NS 5000000
 
 typedef void (*megac_worker_fn)(const MegacArgs *a, uint32_t worker);
 
@@ -212,6 +217,7 @@ static megac_status cpu_threads_start(megac_model *m, CpuPool *pool)
     cpu_set_t allowed;
     pool->spin = !getenv("MEGAC_NO_SPIN") && sched_getaffinity(0, sizeof allowed, &allowed) == 0 &&
                  (uint32_t)CPU_COUNT(&allowed) >= pool->nthreads;
+    pool->args.spin_ns = pool->spin ? CPU_WAIT_SPIN_NS : 0;
     pool->threads = calloc(pool->nthreads, sizeof *pool->threads);
     if (!pool->threads)
         return rt_fail(m, MEGAC_ERR_NOMEM, "cannot allocate %u threads", pool->nthreads);

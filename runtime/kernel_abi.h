@@ -30,7 +30,8 @@
 #include <stdint.h>
 
 /* 2: megac_kernel_facts */
-#define MEGAC_KERNEL_ABI 3u    /* 3: MegacArgs.prompt_end */
+/* 3: MegacArgs.prompt_end */
+#define MEGAC_KERNEL_ABI 4u    /* 4: MegacArgs.spin_ns */
 
 /* megac_kernel_facts[]: each is the value of one manifest key. */
 typedef enum MegacFact {
@@ -61,6 +62,9 @@ typedef struct MegacArgs {
     int64_t pos;            /* decode position of this step */
     uint64_t timeout_ns;    /* wait watchdog deadline; 0 = default (2 s) */
     int64_t prompt_end;     /* position of the prompt's last token, -1: none (SnapKV compresses there) */
+    uint64_t spin_ns;       /* CPU: how long a wait spins (and yields) before it
+                             * sleeps, when each worker has a CPU of its own; 0 =
+                             * the kernel's default for shared CPUs. GPUs ignore it. */
 } MegacArgs;
 
 #endif

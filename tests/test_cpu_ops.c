@@ -5,7 +5,8 @@
  * thread per worker, counters zeroed before each step), on random inputs.
  * Every op is compared against a scalar double-precision implementation
  * written here from the semantics of ir/ops.h; then a multi-worker
- * signal/wait chain, the wait watchdog, and the bad-position guard.
+ * signal/wait chain, the wait watchdog and spin policy, and the bad-position
+ * guard.
  *
  * MEGAC_CPU_BENCH=1 also runs a large GEMV and prints its bandwidth;
  * MEGAC_CPU_TARGET=x86-64-v3 compiles for a named CPU instead of the host;
@@ -148,7 +149,7 @@ static void kern_step(Kern *k, int64_t pos, uint64_t timeout_ns)
     uint32_t n = k->s->nworkers;
     memset(k->ctrs, 0, 4 * (k->s->nctrs + 1));
     last_step_cpu_s = 0;
-    MegacArgs args = {k->weights, k->arena, k->ctrs, &k->abort_info, pos, timeout_ns, k->prompt_end};
+    MegacArgs args = {k->weights, k->arena, k->ctrs, &k->abort_info, pos, timeout_ns, k->prompt_end, 0};
     pthread_t th[16];
     Job jobs[16];
     cr_assert(n <= 16);
@@ -735,6 +736,57 @@ Test(cpu_ops, watchdog)
     kern_step(&k, 0, 10ull * 1000 * 1000 * 1000);
     cr_assert(elapsed_s(t0) < 1.0, "a set abort flag stops waiting workers");
     cr_assert_eq(ab->worker, 7, "the first abort is kept");
+    kern_free(&k);
+}
+
+/* One worker waits for counter c, which this thread bumps 0.2 s into the
+ * step (as another worker would, but without waking a sleeper: it re-checks
+ * within 1 ms); returns the counter's word, whose bit 31 a sleeper sets. */
+static uint32_t spin_wait_word(Kern *k, uint32_t c, uint64_t spin_ns, uint64_t timeout_ns)
+{
+    memset(k->ctrs, 0, 4 * (k->s->nctrs + 1));
+    memset(&k->abort_info, 0, sizeof k->abort_info);
+    MegacArgs args = {k->weights, k->arena, k->ctrs, &k->abort_info, 0, timeout_ns, -1, spin_ns};
+    Job j = {k, &args, 0, 0};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, job_main, &j), 0);
+    usleep(200 * 1000);
+    __atomic_fetch_add(&k->ctrs[c], 1, __ATOMIC_RELEASE);
+    pthread_join(th, NULL);
+    return k->ctrs[c];
+}
+
+/* MegacArgs.spin_ns: a worker with a CPU of its own keeps spinning through
+ * a 0.2 s wait (a futex sleeper's vCPU can take ~0.3 ms to wake), one on
+ * shared CPUs (spin_ns 0) sleeps after ~0.1 ms; the watchdog holds in
+ * both. */
+Test(cpu_ops, waits_spin_only_when_asked)
+{
+    Schedule *s = sched_new("spin", "cpu", 1);
+    s->shape = op_shape(0);
+    uint32_t a = add_buf(s, "a", BUF_STATE, 16), b = add_buf(s, "b", BUF_STATE, 16);
+    uint32_t c0 = sched_add_counter(s, "c0");
+    sched_wait(s, 0, c0, 1);
+    add_op(s, 0, OP_ADD, (int32_t[]){0, 16}, (uint32_t[]){a, b});
+    Kern k;
+    kern_build(&k, s);
+    fill(&k, a), fill(&k, b);
+    float a0 = ((float *)buf(&k, a))[5], b0 = ((float *)buf(&k, b))[5];
+
+    uint32_t shared = spin_wait_word(&k, c0, 0, 0);
+    cr_assert_eq(k.abort_info.flag, 0);
+    cr_assert_eq(((float *)buf(&k, a))[5], a0 + b0, "the op after the wait ran");
+    cr_assert_eq(shared, 0x80000001u, "a 0.2 s wait on shared CPUs slept on its counter (word %#x)", shared);
+
+    uint32_t spun = spin_wait_word(&k, c0, 2000000000ull, 0);
+    cr_assert_eq(k.abort_info.flag, 0);
+    cr_assert_eq(spun, 1u, "a 0.2 s wait with spin_ns 2 s did not sleep (word %#x)", spun);
+
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    spin_wait_word(&k, c0, 10000000000ull, 50 * 1000 * 1000);
+    cr_assert_eq(k.abort_info.flag, KT_ABORT_TIMEOUT, "the watchdog (50 ms) stops a wait that would spin 10 s");
+    cr_assert(elapsed_s(t0) < 1.5);
     kern_free(&k);
 }
 

@@ -134,7 +134,7 @@ static void write_manifest(const char *dir, int workers, uint64_t hash)
     char buf[2048];
     snprintf(buf, sizeof buf,
              "# megac bundle\nformat: 2\nname: toy\ntarget: cpu\nkernel: kernel.so\nkernel_bytes: %zu\n"
-             "kernel_hash: %016" PRIx64 "\nkernel_abi: 3\n"
+             "kernel_hash: %016" PRIx64 "\nkernel_abi: 4\n"
              "schedule_hash: %016" PRIx64 "\nweights_bytes: %d\nweights_read_bytes: %d\narena_bytes: %d\n"
              "counters: 1\nworkers: %d\nvocab: %d\nmax_seq: %d\nbos: 1\neos: 2\n"
              "io_tok: %d\nio_logits: %d\nio_next: %d\n",
@@ -431,9 +431,9 @@ Test(runtime, refuses_mismatched_bundles)
     expect_refusal(dir, MEGAC_ERR_FORMAT, "weights.bin", "but the manifest says");
     cr_assert_eq(truncate(path, V * V * 4), 0);
 
-    edit_file(dir, "manifest.yaml", "kernel_abi: 3", "kernel_abi: 9");
+    edit_file(dir, "manifest.yaml", "kernel_abi: 4", "kernel_abi: 9");
     expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "kernel_abi 9");
-    edit_file(dir, "manifest.yaml", "kernel_abi: 9", "kernel_abi: 3");
+    edit_file(dir, "manifest.yaml", "kernel_abi: 9", "kernel_abi: 4");
 
     edit_file(dir, "manifest.yaml", "vocab: 259", "vocab: 259\nvocab_size: 3");
     expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml:16:", "unknown key 'vocab_size'");
@@ -516,7 +516,7 @@ static const Tamper tampers[] = {
     {"eos: 2", "eos: 9999", "manifest.yaml", "manifest.yaml", "eos: 9999 is not -1"},
     {"eos: 2", "eos: -2", "manifest.yaml", "manifest.yaml", "eos: -2 is not -1"},
     {"format: 2", "format: 1", "manifest.yaml:2:", "manifest.yaml:2:", "format 1, but this runtime reads format 2"},
-    {"kernel_abi: 3", "kernel_abi: 1", "manifest.yaml", "manifest.yaml", "kernel_abi 1, but this runtime speaks"},
+    {"kernel_abi: 4", "kernel_abi: 1", "manifest.yaml", "manifest.yaml", "kernel_abi 1, but this runtime speaks"},
 };
 
 /* Each manifest key the schedule or the kernel states, edited, is refused
@@ -852,7 +852,7 @@ Test(runtime, one_model_from_several_threads_is_serialized, .timeout = 60)
 /* The manifest parser on its own: every line's error names file:line. */
 static const char good_manifest[] =
     "# c\r\nformat: 2\r\nname: \"x y\"\ntarget: cpu\nkernel: kernel.so\nkernel_bytes: 7\n"
-    "kernel_hash: 0123456789abcdef\nkernel_abi: 3\n"
+    "kernel_hash: 0123456789abcdef\nkernel_abi: 4\n"
     "schedule_hash: 00000000DEADbeef\nweights_bytes: 10\nweights_read_bytes: 9\narena_bytes: 4096\n"
     "counters: 3\nworkers: 2\nvocab: 5\nmax_seq: 8\nbos: -1\neos: 2\nio_tok: 0\nio_logits: 64\nio_next: 4\n";
 
@@ -921,8 +921,8 @@ Test(runtime, manifest_values_out_of_range)
     expect_manifest_error("max_seq: 8", "max_seq: -8", "m.yaml:16:10: error: max_seq: -8 is outside the allowed "
                           "range 1..2147483647");
     expect_manifest_error("eos: 2", "eos:   5", "m.yaml:18:8: error: eos: 5 is not -1 or a token id below vocab: 5");
-    expect_manifest_error("kernel_abi: 3", "kernel_abi: 9",
-                          "m.yaml:8:13: error: kernel_abi 9, but this runtime speaks ABI 3: recompile the bundle");
+    expect_manifest_error("kernel_abi: 4", "kernel_abi: 9",
+                          "m.yaml:8:13: error: kernel_abi 9, but this runtime speaks ABI 4: recompile the bundle");
     expect_manifest_error("kernel: kernel.so", "kernel: ../k.so",
                           "m.yaml:5:9: error: kernel '../k.so' must name a file in the bundle");
     expect_manifest_error("io_logits: 64", "io_logits: 66", "m.yaml:20:12: error: io_logits: 66 is not a multiple "

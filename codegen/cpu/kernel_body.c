@@ -10,8 +10,9 @@
  *
  * Semantics of every op: ir/ops.h. Synchronization: `signal` is a release
  * atomic add; `wait` spins with acquire loads and pause, yields past a
- * bound, then sleeps on a futex (so more workers than cores stay fast), and
- * gives up past the watchdog deadline, recording where in
+ * bound, then sleeps on a futex (so more workers than cores stay fast;
+ * where each worker has a CPU of its own, only after MegacArgs.spin_ns).
+ * It gives up past the watchdog deadline, recording where in
  * MegacArgs.abort_info; a worker that sees the abort flag returns.
  *
  * Wide vectors are written with the generic vector extension (16 floats);
@@ -4214,10 +4215,20 @@ static void op_run(const MegacArgs *a, const int64_t *in, WStream *ws)
 
 /* ---- synchronization ---- */
 
-#define WAIT_SPIN_BATCH 64      /* pauses between deadline checks */
-#define WAIT_YIELD_AFTER 8      /* batches of pure spinning before yielding */
-#define WAIT_SLEEP_AFTER 64     /* batches before sleeping on a futex */
-#define WAIT_SLEEP_NS 1000000   /* a sleeper re-checks the deadline this often */
+/* A wait spins in batches of pauses, yields its CPU after WAIT_YIELD_NS
+ * (to any other thread that wants it) and sleeps on a futex after
+ * WAIT_SLEEP_AFTER_NS, so that with more workers than CPUs the worker it
+ * waits for gets the core (stories260K at 8 workers on 2 cores: 22 tok/s
+ * with yields alone, 475 with the futex). A worker with a CPU of its own
+ * (MegacArgs.spin_ns, set by the runtime) sleeps only after spin_ns: on a
+ * 2-vCPU KVM guest a futex sleeper took ~0.3 ms to wake (its vCPU had gone
+ * idle), and SmolLM2 at 2 workers slept in 270-690 of each worker's
+ * ~30600 waits in 204 steps (those past 0.13 ms), which held 3-10% of its
+ * cycles. */
+#define WAIT_SPIN_BATCH 64          /* pauses between clock checks */
+#define WAIT_YIELD_NS 16000         /* spinning before yielding */
+#define WAIT_SLEEP_AFTER_NS 128000  /* shared CPUs: waiting before sleeping */
+#define WAIT_SLEEP_NS 1000000       /* a sleeper re-checks the deadline this often */
 #define WAIT_DEFAULT_NS 2000000000ull
 /* Bit 31 of a counter says "someone sleeps on me": a signal that sees it
  * wakes the sleepers. Counts stay below 2^31 (the validator bounds them by
@@ -4289,8 +4300,9 @@ static int sync_wait(const MegacArgs *a, uint32_t worker, uint32_t pc, uint32_t 
     if (CTR_COUNT(__atomic_load_n(ctr, __ATOMIC_ACQUIRE)) >= n)
         return 1;
     uint64_t limit = a->timeout_ns ? a->timeout_ns : WAIT_DEFAULT_NS;
+    uint64_t sleep_after = a->spin_ns ? a->spin_ns : WAIT_SLEEP_AFTER_NS;
     uint64_t t0 = now_ns();
-    for (uint64_t batch = 0;; batch++) {
+    for (;;) {
         uint32_t v = 0;
         for (int i = 0; i < WAIT_SPIN_BATCH; i++) {
             v = __atomic_load_n(ctr, __ATOMIC_ACQUIRE);
@@ -4300,9 +4312,10 @@ static int sync_wait(const MegacArgs *a, uint32_t worker, uint32_t pc, uint32_t 
         }
         if (abort_seen(a))
             return 0;
-        if (batch >= WAIT_SLEEP_AFTER)
+        uint64_t waited = now_ns() - t0;
+        if (waited > sleep_after)
             sync_sleep(ctr, v);
-        else if (batch >= WAIT_YIELD_AFTER)
+        else if (waited > WAIT_YIELD_NS)
             sched_yield();
         if (now_ns() - t0 > limit) {
             /* one last look: a signal that came at the deadline is no abort,

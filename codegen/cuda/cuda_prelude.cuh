@@ -27,6 +27,7 @@ typedef struct MegacArgs {
     long long pos;
     unsigned long long timeout_ns;
     long long prompt_end;
+    unsigned long long spin_ns;
 } MegacArgs;
 
 MK_INLINE unsigned mk_tid(void) { return threadIdx.x; }

@@ -41,8 +41,8 @@ _Static_assert(DT_F32 == 0 && DT_F16 == 1 && DT_BF16 == 2 && DT_I32 == 3 && DT_Q
                "kernel_body.cuh's MK_DT_*; 5 bits per dtype");
 _Static_assert(OP_MAX_PARAMS == 6 && OP_MAX_OPERANDS == 5, "instruction words: 6 params, 5 operands");
 /* The prelude and the shim declare MegacArgs with plain C types. */
-_Static_assert(sizeof(MegacArgs) == 56 && offsetof(MegacArgs, pos) == 32 && offsetof(MegacArgs, timeout_ns) == 40 &&
-                   offsetof(MegacArgs, prompt_end) == 48,
+_Static_assert(sizeof(MegacArgs) == 64 && offsetof(MegacArgs, pos) == 32 && offsetof(MegacArgs, timeout_ns) == 40 &&
+                   offsetof(MegacArgs, prompt_end) == 48 && offsetof(MegacArgs, spin_ns) == 56,
                "MegacArgs layout of cuda_prelude.cuh and host_shim.h");
 _Static_assert(sizeof(MegacAbort) == 24, "MegacAbort layout of cuda_prelude.cuh and host_shim.h");
 

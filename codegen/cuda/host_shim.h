@@ -50,6 +50,7 @@ typedef struct MegacArgs {
     int64_t pos;
     uint64_t timeout_ns;
     int64_t prompt_end;
+    uint64_t spin_ns;
 } MegacArgs;
 
 typedef struct float4 {
