@@ -5,7 +5,8 @@
  * in C below (compiled with the system cc) that follows kernel_abi.h, its
  * manifest, a schedule text, weights.bin and a byte tokenizer. The toy
  * kernel's logits are a function of the weights, token and position that the
- * test recomputes; its workers record their thread ids, and one token makes
+ * test recomputes; its workers record their thread ids (worker 0 also the
+ * MegacArgs.spin_ns it was given), and one token makes
  * worker 0 wait on a counter nobody signals, to trip the watchdog.
  * Then the bundle is damaged in the ways megac_open must refuse: each
  * manifest key the kernel or the schedule states, edited, must be refused
@@ -20,6 +21,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +34,7 @@
 #define HANG_TOKEN 258  /* worker 0 waits for a signal that never comes */
 #define OFF_TOK 0
 #define OFF_NEXT 4
+#define OFF_SPIN 16     /* the u64 MegacArgs.spin_ns worker 0 was given */
 #define OFF_TIDS 64     /* one i32 per worker */
 #define OFF_LOGITS 1024
 #define ARENA 4096      /* more than the logits need: a larger vocab still fits */
@@ -43,7 +46,7 @@ static const char kernel_src[] =
     "#include <sys/syscall.h>\n"
     "typedef struct { uint32_t flag, worker, pc, counter, value, threshold; } MegacAbort;\n"
     "typedef struct { const void *weights; void *arena; uint32_t *counters; MegacAbort *abort_info;\n"
-    "                 int64_t pos; uint64_t timeout_ns; } MegacArgs;\n"
+    "                 int64_t pos; uint64_t timeout_ns; int64_t prompt_end; uint64_t spin_ns; } MegacArgs;\n"
     "const uint64_t megac_kernel_abi = KABI;\n"
     "const uint64_t megac_schedule_hash = HASH;\n"
     "const uint32_t megac_num_workers = NW;\n"
@@ -57,6 +60,7 @@ static const char kernel_src[] =
     "    for (int i = (int)w; i < 259; i += NW) lg[i] = W[tok * 259 + i] + (float)a->pos;\n"
     "    __atomic_fetch_add(&a->counters[0], 1, __ATOMIC_RELEASE);\n"
     "    if (w != 0) return;\n"
+    "    *(uint64_t *)(ar + 16) = a->spin_ns;\n"
     "    uint32_t need = tok == 258 ? NW + 1 : NW;\n"
     "    uint64_t dl = now_ns() + (a->timeout_ns ? a->timeout_ns : 2000000000u);\n"
     "    uint32_t c;\n"
@@ -306,6 +310,42 @@ Test(runtime, workers_persist_and_park_between_steps)
     }
     megac_close(m);
     remove_bundle(dir);
+}
+
+/* MegacArgs.spin_ns, what the kernel's waits spin for before they sleep:
+ * non-zero only where each worker has an allowed CPU of its own and
+ * MEGAC_NO_SPIN is unset (kernel_body.c's waits, test_cpu_ops.c). */
+static uint64_t spin_ns_given(int workers)
+{
+    char *dir = make_bundle(workers);
+    megac_model *m;
+    cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
+    cr_assert_eq(megac_step(m, 10), MEGAC_OK, "%s", megac_error(m));
+    uint64_t v;
+    memcpy(&v, (const char *)megac_logits(m) - OFF_LOGITS + OFF_SPIN, sizeof v);
+    megac_close(m);
+    remove_bundle(dir);
+    return v;
+}
+
+Test(runtime, waits_spin_only_with_a_cpu_per_worker)
+{
+    cpu_set_t allowed;
+    cr_assert_eq(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+    int ncpu = CPU_COUNT(&allowed);
+    const char *env = getenv("MEGAC_NO_SPIN");
+    char *saved = env ? strdup(env) : NULL;
+    unsetenv("MEGAC_NO_SPIN");
+    cr_assert_gt(spin_ns_given(1), 0, "1 worker on %d CPUs: waits spin", ncpu);
+    if ((OFF_LOGITS - OFF_TIDS) / 4 > ncpu)
+        cr_assert_eq(spin_ns_given(ncpu + 1), 0, "%d workers on %d CPUs: waits sleep", ncpu + 1, ncpu);
+    setenv("MEGAC_NO_SPIN", "1", 1);
+    cr_assert_eq(spin_ns_given(1), 0, "MEGAC_NO_SPIN=1: waits sleep");
+    if (saved)
+        setenv("MEGAC_NO_SPIN", saved, 1);
+    else
+        unsetenv("MEGAC_NO_SPIN");
+    free(saved);
 }
 
 Test(runtime, watchdog_abort_is_reported_not_hung)
