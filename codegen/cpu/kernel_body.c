@@ -4313,11 +4313,7 @@ static int sync_wait(const MegacArgs *a, uint32_t worker, uint32_t pc, uint32_t 
         if (abort_seen(a))
             return 0;
         uint64_t waited = now_ns() - t0;
-        if (waited > sleep_after)
-            sync_sleep(ctr, v);
-        else if (waited > WAIT_YIELD_NS)
-            sched_yield();
-        if (now_ns() - t0 > limit) {
+        if (waited > limit) {
             /* one last look: a signal that came at the deadline is no abort,
              * and the value recorded is the one that was short */
             v = __atomic_load_n(ctr, __ATOMIC_ACQUIRE);
@@ -4326,6 +4322,10 @@ static int sync_wait(const MegacArgs *a, uint32_t worker, uint32_t pc, uint32_t 
             abort_record(a, KT_ABORT_TIMEOUT, worker, pc, c, CTR_COUNT(v), n);
             return 0;
         }
+        if (waited > sleep_after)
+            sync_sleep(ctr, v);
+        else if (waited > WAIT_YIELD_NS)
+            sched_yield();
     }
 }
 
