@@ -37,6 +37,10 @@
 #define OFF_SPIN 16     /* the u64 MegacArgs.spin_ns worker 0 was given */
 #define OFF_TIDS 64     /* one i32 per worker */
 #define OFF_LOGITS 1024
+/* MEGAC_KERNEL_ABI as text, for the manifests, edits and messages below
+ * (string constants): an ABI bump edits it here, and the assert says so. */
+#define ABI_TEXT "4"
+_Static_assert(MEGAC_KERNEL_ABI == 4, "ABI_TEXT must spell MEGAC_KERNEL_ABI");
 #define ARENA 4096      /* more than the logits need: a larger vocab still fits */
 
 static const char kernel_src[] =
@@ -138,7 +142,7 @@ static void write_manifest(const char *dir, int workers, uint64_t hash)
     char buf[2048];
     snprintf(buf, sizeof buf,
              "# megac bundle\nformat: 2\nname: toy\ntarget: cpu\nkernel: kernel.so\nkernel_bytes: %zu\n"
-             "kernel_hash: %016" PRIx64 "\nkernel_abi: 4\n"
+             "kernel_hash: %016" PRIx64 "\nkernel_abi: " ABI_TEXT "\n"
              "schedule_hash: %016" PRIx64 "\nweights_bytes: %d\nweights_read_bytes: %d\narena_bytes: %d\n"
              "counters: 1\nworkers: %d\nvocab: %d\nmax_seq: %d\nbos: 1\neos: 2\n"
              "io_tok: %d\nio_logits: %d\nio_next: %d\n",
@@ -471,9 +475,9 @@ Test(runtime, refuses_mismatched_bundles)
     expect_refusal(dir, MEGAC_ERR_FORMAT, "weights.bin", "but the manifest says");
     cr_assert_eq(truncate(path, V * V * 4), 0);
 
-    edit_file(dir, "manifest.yaml", "kernel_abi: 4", "kernel_abi: 9");
+    edit_file(dir, "manifest.yaml", "kernel_abi: " ABI_TEXT, "kernel_abi: 9");
     expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml", "kernel_abi 9");
-    edit_file(dir, "manifest.yaml", "kernel_abi: 9", "kernel_abi: 4");
+    edit_file(dir, "manifest.yaml", "kernel_abi: 9", "kernel_abi: " ABI_TEXT);
 
     edit_file(dir, "manifest.yaml", "vocab: 259", "vocab: 259\nvocab_size: 3");
     expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml:16:", "unknown key 'vocab_size'");
@@ -556,7 +560,7 @@ static const Tamper tampers[] = {
     {"eos: 2", "eos: 9999", "manifest.yaml", "manifest.yaml", "eos: 9999 is not -1"},
     {"eos: 2", "eos: -2", "manifest.yaml", "manifest.yaml", "eos: -2 is not -1"},
     {"format: 2", "format: 1", "manifest.yaml:2:", "manifest.yaml:2:", "format 1, but this runtime reads format 2"},
-    {"kernel_abi: 4", "kernel_abi: 1", "manifest.yaml", "manifest.yaml", "kernel_abi 1, but this runtime speaks"},
+    {"kernel_abi: " ABI_TEXT, "kernel_abi: 1", "manifest.yaml", "manifest.yaml", "kernel_abi 1, but this runtime speaks"},
 };
 
 /* Each manifest key the schedule or the kernel states, edited, is refused
@@ -892,7 +896,7 @@ Test(runtime, one_model_from_several_threads_is_serialized, .timeout = 60)
 /* The manifest parser on its own: every line's error names file:line. */
 static const char good_manifest[] =
     "# c\r\nformat: 2\r\nname: \"x y\"\ntarget: cpu\nkernel: kernel.so\nkernel_bytes: 7\n"
-    "kernel_hash: 0123456789abcdef\nkernel_abi: 4\n"
+    "kernel_hash: 0123456789abcdef\nkernel_abi: " ABI_TEXT "\n"
     "schedule_hash: 00000000DEADbeef\nweights_bytes: 10\nweights_read_bytes: 9\narena_bytes: 4096\n"
     "counters: 3\nworkers: 2\nvocab: 5\nmax_seq: 8\nbos: -1\neos: 2\nio_tok: 0\nio_logits: 64\nio_next: 4\n";
 
@@ -961,8 +965,8 @@ Test(runtime, manifest_values_out_of_range)
     expect_manifest_error("max_seq: 8", "max_seq: -8", "m.yaml:16:10: error: max_seq: -8 is outside the allowed "
                           "range 1..2147483647");
     expect_manifest_error("eos: 2", "eos:   5", "m.yaml:18:8: error: eos: 5 is not -1 or a token id below vocab: 5");
-    expect_manifest_error("kernel_abi: 4", "kernel_abi: 9",
-                          "m.yaml:8:13: error: kernel_abi 9, but this runtime speaks ABI 4: recompile the bundle");
+    expect_manifest_error("kernel_abi: " ABI_TEXT, "kernel_abi: 9",
+                          "m.yaml:8:13: error: kernel_abi 9, but this runtime speaks ABI " ABI_TEXT ": recompile the bundle");
     expect_manifest_error("kernel: kernel.so", "kernel: ../k.so",
                           "m.yaml:5:9: error: kernel '../k.so' must name a file in the bundle");
     expect_manifest_error("io_logits: 64", "io_logits: 66", "m.yaml:20:12: error: io_logits: 66 is not a multiple "
