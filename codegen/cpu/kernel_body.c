@@ -34,9 +34,9 @@
  * results. Their weights are prefetched as one stream per worker that
  * runs QPF_BYTES ahead across tiles (WStream). A16 formats keep x exact
  * (exact weights, f32 sums; on AVX2 and AVX-512 VNNI hosts the packed
- * 4-bit rows, and on VNNI the k-quant rows, meet x as three byte planes
- * of 23-bit fixed point per block of 32, rounded to max|x_b| 2^-23:
- * integer dot products); A8
+ * 4-bit rows and the k-quant rows meet x as three byte planes of 23-bit
+ * fixed point per block of 32, rounded to max|x_b| 2^-23: integer dot
+ * products); A8
  * formats (W8A8, W4A8G*, and GGUF blocks as Q4_1A8 and Q8_0A8) quantize x
  * once per op to int8 and take integer dot products per block of 32.
  * Q4_0, Q4_1, Q5_0, Q5_1, W4G32, W4A8G32 and Q4_1A8 rows arrive packed
@@ -1566,10 +1566,14 @@ static inline __attribute__((always_inline)) void kq_segs(Rows4Fn rows4, int t, 
  * k <= QFAST_K_MAX), each segment's. */
 static int isa_vnni512_gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 static void isa_avx2_gemv_kq(int t, const GemvSeg *sg, int ns, const float *xr, const float *xs, int64_t k);
+static int isa_avx2_gemv_kq_q(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 
 static void gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
     if ((megac_k_isa & KT_ISA_VNNI512) && isa_vnni512_gemv_kq(t, sg, ns, x, k))
+        return;
+    int avx2 = (megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512);
+    if (avx2 && isa_avx2_gemv_kq_q(t, sg, ns, x, k))
         return;
     float xr[2 * k] __attribute__((aligned(64)));
     float xs[k / 16];
@@ -1577,7 +1581,7 @@ static void gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
         kq6_x_prepare(x, k, xr, xs);
     else
         kq4_x_prepare(x, k, xr, xs);
-    if ((megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512)) {
+    if (avx2) { /* x is not finite: the float kernel propagates it */
         isa_avx2_gemv_kq(t, sg, ns, xr, xs, k);
         return;
     }
@@ -2787,14 +2791,16 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_rows(int
     }
 }
 
-/* Block x[0:32] into its planes at o (pkq_x_prepare's layout and values,
- * with 8-lane ops; the generic code took ~100 more cycles per block than
+/* Block x[0:32]'s planes (pl[0]: X2, the top) as pkq_block_cut cuts
+ * them, in the packed rows' byte order or, with natural, the elements'
+ * (kq_x_prepare), with 8-lane ops; the generic code took ~100 more cycles per block than
  * the float kernel's x_prepare, a tenth of a 288-row GEMV's time at k =
  * 1536): y = xi + 0x808080 is in [0, 2^24), and byte p of y, less 128, is
  * plane p of xi (the same signed digits as pkq_cut); packs put elements
  * 8 m + i (i < 4) in dword m of lane 0 and 8 m + 4 + i in lane 1, and a
  * byte shuffle within lanes turns dword m byte i into byte 4 i + m. */
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_block(const float *x, float *u, int8_t *o)
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_cut(const float *x, float *u, int natural,
+                                                                           v32c pl[3])
 {
     const v32c tr = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
                      0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
@@ -2821,9 +2827,25 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_block(co
         for (int j = 0; j < 4; j++)
             b[j] = p == 2 ? y[j] >> 16 : y[j] >> 8 * p & 0xff;
         v16i16 w01 = __builtin_ia32_packusdw256(b[0], b[1]), w23 = __builtin_ia32_packusdw256(b[2], b[3]);
-        v32c v = __builtin_ia32_pshufb256(__builtin_ia32_packuswb256(w01, w23), tr) ^ (char)0x80;
-        memcpy(o + 128 * (2 - p), &v, 16);
-        memcpy(o + 128 * (2 - p) + 64, (const char *)&v + 16, 16);
+        v32c v = __builtin_ia32_packuswb256(w01, w23);
+        if (natural) /* dwords back in element order */
+            v = (v32c)__builtin_ia32_permvarsi256((v8i32)v, (v8i32){0, 4, 1, 5, 2, 6, 3, 7});
+        else
+            v = __builtin_ia32_pshufb256(v, tr);
+        pl[2 - p] = v ^ (char)0x80;
+    }
+}
+
+/* The packed rows' planes of block x[0:32] at o (xq + 384 (blk / 4) + 16
+ * (blk % 4)): 16 bytes of low-nibble order, 16 of high, per plane. */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_block(const float *x, float *u, int8_t *o)
+{
+    v32c pl[3];
+    isa_avx2_pkq_cut(x, u, 0, pl);
+    UNROLL4
+    for (int p = 0; p < 3; p++) { /* pl[0]: the top plane */
+        memcpy(o + 128 * p, &pl[p], 16);
+        memcpy(o + 128 * p + 64, (const char *)&pl[p] + 16, 16);
     }
 }
 
@@ -2977,6 +2999,157 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq_rows4(int
 static ISA_AVX2 void isa_avx2_gemv_kq(int t, const GemvSeg *sg, int ns, const float *xr, const float *xs, int64_t k)
 {
     kq_segs(isa_avx2_kq_rows4, t, sg, ns, xr, xs, k);
+}
+
+/* Q4_K, Q5_K and Q6_K rows on AVX2 against x's planes (the VNNI kernels'
+ * planes: isa_vnni512_kq_x_prepare's layout and values), a 32-byte chunk
+ * at a time: its low and its high bytes are two parts in different
+ * sub-blocks, so each takes its own three planes (isa_avx2_kq_part).
+ * Where the float kernel (isa_avx2_kq4_sb) needed a mask per nibble
+ * position (and spilled them) and 2k floats of reordered x, this keeps
+ * three constants and 3k bytes. L2 rate on Zen 3, one core, k = 768 /
+ * 4096: Q4_K 7.3 -> 7.6 / 5.6 -> 7.3 GB/s, Q5_K 5.5 -> 7.9 (k = 768),
+ * Q6_K 6.8 -> 9.0 / 5.6 -> 9.0. */
+static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_kq_part(v8u32 w, const int8_t *xq)
+{
+    const v16i16 c256 = {256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256};
+    const v16i16 ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    v16i16 p[3];
+    UNROLL4
+    for (int j = 0; j < 3; j++) /* planes 2, 1, 0: |pair sums| <= 2 * 63 * 128 */
+        p[j] = __builtin_ia32_pmaddubsw256((v32c)w, *(const v32c *)(xq + 128 * j));
+    v8i32 sum = ((__builtin_ia32_pmaddwd256(p[0], c256) << 8) + __builtin_ia32_pmaddwd256(p[1], c256)) +
+                __builtin_ia32_pmaddwd256(p[2], ones);
+    return __builtin_convertvector(sum, v8fl);
+}
+
+/* x's planes (isa_vnni512_kq_x_prepare's layout) and block scales for kq
+ * rows of k (k % 256 == 0); 0 when x is not finite. */
+static inline __attribute__((always_inline)) ISA_AVX2 int isa_avx2_kq_x_prepare(int q6, const float *x, int64_t k,
+                                                                               int8_t *xq, float *ub)
+{
+    if (!x_finite(x, k))
+        return 0;
+    for (int64_t blk = 0; blk < k / 32; blk++) {
+        int j = (int)(blk % 4), part = q6 ? j / 2 : j % 2, half = q6 ? j % 2 : j / 2;
+        int8_t *o = xq + 384 * (blk / 4) + 64 * part + 32 * half;
+        v32c pl[3];
+        isa_avx2_pkq_cut(x + 32 * blk, &ub[blk], 1, pl);
+        UNROLL4
+        for (int p = 0; p < 3; p++)
+            memcpy(o + 128 * p, &pl[p], 32);
+    }
+    return 1;
+}
+
+/* One Q4_K/Q5_K super-block b against its 768 bytes of planes, u8 (its 8
+ * blocks' u) and xs (its 8 sub-block sums): chunk c's low bytes are
+ * sub-block 2c, its high ones 2c + 1 (Q5_K's fifth bits: bits 2c and
+ * 2c + 1 of each qh byte). */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq4q_sb(int q5, const unsigned char *b,
+                                                                           const int8_t *xq, const float *u8,
+                                                                           const float *xs, v8fl acc[4], v8fl *off)
+{
+    v8fs d, m;
+    kq_scales(b, isa_f16c_at(b), isa_f16c_at(b + 2), &d, &m);
+    *off += m * LOAD8F(xs);
+    v8fl du = d * LOAD8F(u8);
+    v8u32 qh = {0};
+    if (q5)
+        memcpy(&qh, b + 16, 32);
+    UNROLL4
+    for (int c = 0; c < 4; c++) {
+        v8u32 v;
+        memcpy(&v, b + (q5 ? 48 : 16) + 32 * c, 32);
+        v8u32 lo = v & 0x0f0f0f0fu, hi = v >> 4 & 0x0f0f0f0fu;
+        if (q5) {
+            v8u32 h = qh >> (uint32_t)(2 * c);
+            lo |= (h & 0x01010101u) << 4;
+            hi |= (h & 0x02020202u) << 3;
+        }
+        const int8_t *xc = xq + 384 * (c / 2) + 32 * (c % 2);
+        acc[c] += __builtin_ia32_permvarsf256(du, (v8i32){0} + 2 * c) * isa_avx2_kq_part(lo, xc) +
+                  __builtin_ia32_permvarsf256(du, (v8i32){0} + 2 * c + 1) * isa_avx2_kq_part(hi, xc + 64);
+    }
+}
+
+/* One Q6_K super-block b against its planes, u8 and xs (its 16 sub-block
+ * sums): half h, chunk c's low bytes (ql's low nibbles, qh >> 2c) are
+ * elements 128 h + 32 c + l, sub-blocks 8 h + 2 c (+ 1), x block 4 h + c;
+ * its high ones elements 128 h + 64 + 32 c + l, sub-blocks 8 h + 4 + 2 c
+ * (+ 1), block 4 h + 2 + c. Values 0..63; the - 32 is 32 sum d sc xs. */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq6q_sb(const unsigned char *b, const int8_t *xq,
+                                                                           const float *u8, const float *xs,
+                                                                           v8fl acc[4], v8fl *off)
+{
+    float dd = isa_f16c_at(b + 208);
+    v8fl d[2] = {I8X8(b + 192) * dd, I8X8(b + 200) * dd}; /* sub-blocks 0-7, 8-15 */
+    *off += d[0] * LOAD8F(xs) + d[1] * LOAD8F(xs + 8);
+    UNROLL4
+    for (int h = 0; h < 2; h++) {
+        v8u32 qh;
+        memcpy(&qh, b + 128 + 32 * h, 32);
+        UNROLL4
+        for (int c = 0; c < 2; c++) {
+            v8u32 v, q = qh >> (uint32_t)(2 * c);
+            memcpy(&v, b + 64 * h + 32 * c, 32);
+            v8u32 lo = (v & 0x0f0f0f0fu) | (q & 0x03030303u) << 4, hi = (v >> 4 & 0x0f0f0f0fu) | (q & 0x30303030u);
+            const int8_t *xc = xq + 384 * h + 32 * c;
+            v8fl slo = isa_avx2_pair(d[h], 2 * c) * u8[4 * h + c];
+            v8fl shi = isa_avx2_pair(d[h], 2 * c + 4) * u8[4 * h + 2 + c];
+            acc[2 * h + c] += slo * isa_avx2_kq_part(lo, xc) + shi * isa_avx2_kq_part(hi, xc + 64);
+        }
+    }
+}
+
+/* Segment g's kq rows on AVX2 against x's planes, one row after another. */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kqq_rows(int t, const GemvSeg *g, const int8_t *xq,
+                                                                            const float *ub, const float *xs,
+                                                                            int64_t k)
+{
+    int64_t rb = qrow_bytes(t, k), bb = t == DT_Q4_K ? 144 : t == DT_Q5_K ? 176 : 210;
+    for (int64_t r = g->r0; r < g->r1; r += 4) {
+        const unsigned char *row[4];
+        seg_quad(g, rb, r, row);
+        v4f rs[4];
+#pragma clang loop unroll(disable)
+        for (int i = 0; i < 4; i++) {
+            v8fl a[4] = {{0}, {0}, {0}, {0}}, off = {0};
+            for (int64_t s = 0; s < k / 256; s++) {
+                if (t != DT_Q6_K)
+                    isa_avx2_kq4q_sb(t == DT_Q5_K, row[i] + s * bb, xq + 768 * s, ub + 8 * s, xs + 8 * s, a, &off);
+                else
+                    isa_avx2_kq6q_sb(row[i] + s * bb, xq + 768 * s, ub + 8 * s, xs + 16 * s, a, &off);
+            }
+            v8fl acc = (a[0] + a[1]) + (a[2] + a[3]) - (t != DT_Q6_K ? 1.0f : 32.0f) * off;
+            rs[i] = isa_avx2_halves(acc);
+        }
+        v4f o = isa_avx2_sum4(rs);
+        float out[4];
+        memcpy(out, &o, 16);
+        seg_quad_store(g, rb, r, out);
+    }
+}
+
+/* gemv_kq() on AVX2 against x's planes; 0 (nothing done) when x is not
+ * finite. */
+static ISA_AVX2 int isa_avx2_gemv_kq_q(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
+{
+    int8_t xq[3 * k] __attribute__((aligned(64)));
+    float ub[k / 32] __attribute__((aligned(32))), xs[k / 16] __attribute__((aligned(32)));
+    if (!isa_avx2_kq_x_prepare(t == DT_Q6_K, x, k, xq, ub))
+        return 0;
+    int64_t n = t == DT_Q6_K ? 16 : 32;
+    x_group_sums(x, k, n, xs);
+    for (int i = 0; i < ns; i++) {
+        if (t == DT_Q4_K)
+            isa_avx2_kqq_rows(DT_Q4_K, &sg[i], xq, ub, xs, k);
+        else if (t == DT_Q5_K)
+            isa_avx2_kqq_rows(DT_Q5_K, &sg[i], xq, ub, xs, k);
+        else
+            isa_avx2_kqq_rows(DT_Q6_K, &sg[i], xq, ub, xs, k);
+    }
+    return 1;
 }
 
 /* ---- packed W4A8G32 rows (kernel_table.h: W4G32's packed order) ----
