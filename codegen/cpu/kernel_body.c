@@ -2562,9 +2562,14 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_nib_rows4(in
     memcpy(out, &sum, 16);
 }
 
-/* gemv_quant's W4G64/W4G128 rows on AVX2 (xg: x's group sums). */
+static int isa_avx2_gemv_nibq(int t, const GemvSeg *sg, int ns, const float *x, const float *xg, int64_t k);
+
+/* gemv_quant's W4G64/W4G128 rows on AVX2 (xg: x's group sums): against
+ * x's planes, or in float where x is not finite. */
 static ISA_AVX2 void isa_avx2_gemv_nib(int t, const GemvSeg *sg, int ns, const float *x, const float *xg, int64_t k)
 {
+    if (isa_avx2_gemv_nibq(t, sg, ns, x, xg, k))
+        return;
     float xq[64 * ((k / 32 + 1) / 2)] __attribute__((aligned(32)));
     isa_avx2_nib_x_prepare(x, k, xq);
     for (int i = 0; i < ns; i++) {
@@ -2837,11 +2842,13 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_cut(cons
 }
 
 /* The packed rows' planes of block x[0:32] at o (xq + 384 (blk / 4) + 16
- * (blk % 4)): 16 bytes of low-nibble order, 16 of high, per plane. */
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_block(const float *x, float *u, int8_t *o)
+ * (blk % 4)): 16 bytes of low-nibble order, 16 of high, per plane; with
+ * natural, elements 0-15 and 16-31 (W4G64/W4G128 records' chunks). */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_block(const float *x, float *u, int natural,
+                                                                             int8_t *o)
 {
     v32c pl[3];
-    isa_avx2_pkq_cut(x, u, 0, pl);
+    isa_avx2_pkq_cut(x, u, natural, pl);
     UNROLL4
     for (int p = 0; p < 3; p++) { /* pl[0]: the top plane */
         memcpy(o + 128 * p, &pl[p], 16);
@@ -2849,9 +2856,9 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_block(co
     }
 }
 
-/* pkq_x_prepare() with isa_avx2_pkq_block. */
-static inline __attribute__((always_inline)) ISA_AVX2 int isa_avx2_pkq_x_prepare(const float *x, int64_t k, int8_t *xq,
-                                                                                 float *ub)
+/* pkq_x_prepare() with isa_avx2_pkq_block (natural: its order). */
+static inline __attribute__((always_inline)) ISA_AVX2 int isa_avx2_pkq_x_prepare(const float *x, int64_t k, int natural,
+                                                                                 int8_t *xq, float *ub)
 {
     int64_t nb = k / 32, nsb = (nb + 3) / 4;
     if (!x_finite(x, k))
@@ -2860,7 +2867,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 int isa_avx2_pkq_x_prepare
     for (int64_t blk = nb; blk < 4 * nsb; blk++)
         ub[blk] = 0.0f;
     for (int64_t blk = 0; blk < nb; blk++)
-        isa_avx2_pkq_block(x + 32 * blk, &ub[blk], xq + 384 * (blk / 4) + 16 * (blk % 4));
+        isa_avx2_pkq_block(x + 32 * blk, &ub[blk], natural, xq + 384 * (blk / 4) + 16 * (blk % 4));
     return 1;
 }
 
@@ -2871,7 +2878,7 @@ static ISA_AVX2 int isa_avx2_gemv_packed_q(int t, const GemvSeg *sg, int ns, con
     int64_t nsb = (k / 32 + 3) / 4;
     int8_t xq[384 * nsb] __attribute__((aligned(64)));
     float xs[4 * nsb] __attribute__((aligned(16))), ub[4 * nsb] __attribute__((aligned(16)));
-    if (!isa_avx2_pkq_x_prepare(x, k, xq, ub))
+    if (!isa_avx2_pkq_x_prepare(x, k, 0, xq, ub))
         return 0;
     x_group_sums(x, k, 32, xs); /* block sums of x, 0 past k */
     for (int64_t i = k / 32; i < 4 * nsb; i++)
@@ -2885,6 +2892,90 @@ static ISA_AVX2 int isa_avx2_gemv_packed_q(int t, const GemvSeg *sg, int ns, con
         case DT_Q5_1: isa_avx2_pkq_rows(DT_Q5_1, g, xq, xs, ub, k); break;
         default: isa_avx2_pkq_rows(DT_W4G32, g, xq, xs, ub, k); break;
         }
+    }
+    return 1;
+}
+
+/* W4G64 and W4G128 rows on AVX2 against x's planes: a 32-byte load (two
+ * chunks, blocks 2P and 2P + 1 of pair P) meets them as a packed
+ * superblock's half does (isa_avx2_pk_planes: byte b's low nibble is
+ * element b of its block, the high one b + 16, so the planes are cut in
+ * element order, 16 bytes each); the pair's sums scaled by its blocks'
+ * u (uv), the group's by s, the zero point's s z sum x as before. */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_nibq_rows(int t, const GemvSeg *g, const int8_t *xq,
+                                                                             const float *uv, const float *xg,
+                                                                             int64_t k)
+{
+    const int gs = t == DT_W4G64 ? 64 : 128, gp = gs / 64;
+    int64_t ng = k / gs, rest = k % gs / 32, rb = qrow_bytes(t, k); /* full groups; chunks in a last short one */
+    for (int64_t r = g->r0; r < g->r1; r += 4) {
+        const unsigned char *row[4];
+        seg_quad(g, rb, r, row);
+        v4f rs[4], off = {0};
+#pragma clang loop unroll(disable)
+        for (int i = 0; i < 4; i++) {
+            const unsigned char *w = row[i];
+            v8fl acc = {0};
+            float o = 0;
+            for (int64_t gi = 0; gi < ng; gi++, w += 4 + 32 * gp) {
+                v8fl ga = {0};
+                UNROLL4
+                for (int p = 0; p < gp; p++) {
+                    int64_t P = gp * gi + p;
+                    v8u32 v;
+                    memcpy(&v, w + 4 + 32 * p, 32);
+                    v8i32 sum = isa_avx2_pk_planes(v & 0x0f0f0f0fu, v >> 4 & 0x0f0f0f0fu,
+                                                   xq + 384 * (P / 2) + 32 * (P % 2));
+                    ga += LOAD8F(uv + 8 * P) * __builtin_convertvector(sum, v8fl);
+                }
+                float sg = isa_f16c_at(w);
+                acc += sg * ga;
+                o += sg * (float)w[2] * xg[gi];
+            }
+            if (rest) {
+                v8fl ga = {0};
+                for (int64_t c = 0; c < rest; c += 2) {
+                    int64_t P = gp * ng + c / 2;
+                    v8u32 v = {0};
+                    if (rest - c >= 2) /* (fixed sizes: a call to memcpy otherwise) */
+                        memcpy(&v, w + 4 + 16 * c, 32);
+                    else
+                        memcpy(&v, w + 4 + 16 * c, 16);
+                    v8i32 sum = isa_avx2_pk_planes(v & 0x0f0f0f0fu, v >> 4 & 0x0f0f0f0fu,
+                                                   xq + 384 * (P / 2) + 32 * (P % 2));
+                    ga += LOAD8F(uv + 8 * P) * __builtin_convertvector(sum, v8fl);
+                }
+                float sg = isa_f16c_at(w);
+                acc += sg * ga;
+                o += sg * (float)w[2] * xg[ng];
+            }
+            rs[i] = isa_avx2_halves(acc);
+            off[i] = o;
+        }
+        v4f sum = isa_avx2_sum4(rs) - off;
+        float out[4];
+        memcpy(out, &sum, 16);
+        seg_quad_store(g, rb, r, out);
+    }
+}
+
+/* isa_avx2_gemv_nib() against x's planes; 0 (nothing done) when x is not
+ * finite. */
+static ISA_AVX2 int isa_avx2_gemv_nibq(int t, const GemvSeg *sg, int ns, const float *x, const float *xg, int64_t k)
+{
+    int64_t nsb = (k / 32 + 3) / 4;
+    int8_t xq[384 * nsb] __attribute__((aligned(64)));
+    float ub[4 * nsb], uv[16 * nsb] __attribute__((aligned(32)));
+    if (!isa_avx2_pkq_x_prepare(x, k, 1, xq, ub))
+        return 0;
+    for (int64_t P = 0; P < 2 * nsb; P++) /* lanes 0-3: block 2P, 4-7: 2P + 1 */
+        for (int l = 0; l < 8; l++)
+            uv[8 * P + l] = ub[2 * P + l / 4];
+    for (int i = 0; i < ns; i++) {
+        if (t == DT_W4G64)
+            isa_avx2_nibq_rows(DT_W4G64, &sg[i], xq, uv, xg, k);
+        else
+            isa_avx2_nibq_rows(DT_W4G128, &sg[i], xq, uv, xg, k);
     }
     return 1;
 }
