@@ -40,9 +40,10 @@ static void bench_usage(FILE *out)
             "                       more: decode at a long context, where attention\n"
             "                       reads N rows per layer (the bandwidth figures count\n"
             "                       weights only)\n"
-            "  --versus OTHER       also time OTHER.megac in the same runs (its decode right\n"
-            "                       after NAME's) and report its rate and NAME/OTHER, the\n"
-            "                       speed ratio (e.g. sparse attention against dense):\n"
+            "  --versus OTHER       also time OTHER.megac in the same runs (right after\n"
+            "                       NAME's decode in odd runs, right before it in even\n"
+            "                       ones) and report its rate and NAME/OTHER, the speed\n"
+            "                       ratio (e.g. sparse attention against dense):\n"
             "  versus_tok_s=... speedup=...\n",
             BENCH_STREAMS);
 }
@@ -118,13 +119,20 @@ static bool bench_runs(megac_model *m, megac_model *v, BenchCeiling *c, const Be
             return false;
         }
     for (int r = 0; r < o->runs; r++) {
-        if ((rates[r] = bench_decode_tok_s(m, o->context, o->ntok)) < 0) {
-            fprintf(stderr, "megac bench: %s\n", megac_error(m));
-            return false;
-        }
-        if (v && (vrates[r] = bench_decode_tok_s(v, o->context, o->ntok)) < 0) {
-            fprintf(stderr, "megac bench: %s: %s\n", o->versus, megac_error(v));
-            return false;
+        /* With --versus the two take turns at going first, so that neither
+         * always decodes right after the ceiling pass (which has just
+         * evicted every cache) nor always right after the other. */
+        for (int k = 0; k < 2; k++) {
+            int which = v && r % 2 ? 1 - k : k;
+            if (!both[which])
+                continue;
+            double t = bench_decode_tok_s(both[which], o->context, o->ntok);
+            if (t < 0) {
+                fprintf(stderr, "megac bench: %s%s%s\n", which ? o->versus : "", which ? ": " : "",
+                        megac_error(both[which]));
+                return false;
+            }
+            *(which ? &vrates[r] : &rates[r]) = t;
         }
         if ((ceil[r] = bench_ceiling_pass(c)) < 0) {
             fprintf(stderr, "megac bench: a read-ceiling thread did not start\n");

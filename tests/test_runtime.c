@@ -700,6 +700,39 @@ Test(runtime, bench_reports_rate_and_ceiling)
     remove_bundle(dir);
 }
 
+/* `megac bench A --versus B` times both (taking turns at going first):
+ * the rates and the ratio come out for each, and a B that does not open
+ * is named in the error. */
+Test(runtime, bench_versus_reports_both)
+{
+    char *a = make_bundle(2), *b = make_bundle(1);
+    char cmd[2048], line[512], vline[512] = "", last[512] = "";
+    snprintf(cmd, sizeof cmd, "%s bench %s --versus %s -n 8 --runs 4 --ceiling-mb 32 2>&1", MEGAC_BIN, a, b);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    while (fgets(line, sizeof line, p)) {
+        if (!strncmp(line, "versus_tok_s=", 13))
+            snprintf(vline, sizeof vline, "%s", line);
+        snprintf(last, sizeof last, "%s", line);
+    }
+    cr_assert_eq(pclose(p), 0, "%s: %s", cmd, last);
+    double vt, sp, tok_s, gbps, ceil, ratio;
+    cr_assert_eq(sscanf(vline, "versus_tok_s=%lf speedup=%lf", &vt, &sp), 2, "no versus line; last: %s", last);
+    cr_assert_eq(sscanf(last, "tok_s=%lf gbps=%lf ceiling_gbps=%lf ratio=%lf", &tok_s, &gbps, &ceil, &ratio), 4,
+                 "%s", last);
+    cr_assert(vt > 0 && sp > 0 && tok_s > 0, "%s%s", vline, last);
+    snprintf(cmd, sizeof cmd, "%s bench %s --versus %s/none -n 8 --runs 2 --ceiling-mb 32 2>&1", MEGAC_BIN, a, b);
+    p = popen(cmd, "r");
+    cr_assert(p);
+    char all[4096] = "";
+    while (fgets(line, sizeof line, p))
+        strncat(all, line, sizeof all - strlen(all) - 1);
+    cr_assert_neq(pclose(p), 0, "%s", all);
+    cr_assert(strstr(all, "/none"), "the error names the bundle: %s", all);
+    remove_bundle(a);
+    remove_bundle(b);
+}
+
 /* The runtime builds and runs alone: the runtime sources with only libc, pthreads
  * and libdl (no compiler, IR or LLVM code) opens the toy bundle and steps. */
 Test(runtime, builds_alone)
