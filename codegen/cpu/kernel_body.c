@@ -33,10 +33,9 @@
  * group headers; a pass past the last row repeats it and drops the
  * results. Their weights are prefetched as one stream per worker that
  * runs QPF_BYTES ahead across tiles (WStream). A16 formats keep x exact
- * (exact weights, f32 sums; on AVX2 and AVX-512 VNNI hosts the packed
- * 4-bit rows and the k-quant rows meet x as three byte planes of 23-bit
- * fixed point per block of 32, rounded to max|x_b| 2^-23: integer dot
- * products); A8
+ * (exact weights, f32 sums; on AVX2 and AVX-512 VNNI hosts the 4-bit and
+ * k-quant rows meet x as three byte planes of 23-bit fixed point per
+ * block of 32, rounded to max|x_b| 2^-23, in integer dot products); A8
  * formats (W8A8, W4A8G*, and GGUF blocks as Q4_1A8 and Q8_0A8) quantize x
  * once per op to int8 and take integer dot products per block of 32.
  * Q4_0, Q4_1, Q5_0, Q5_1, W4G32, W4A8G32 and Q4_1A8 rows arrive packed
@@ -1847,10 +1846,11 @@ static inline __attribute__((always_inline)) ISA_VNNI512 v16i32 isa_vnni512_dot(
  * relative to its own block, of the order of the f32 sums' rounding (a
  * scale per GEMV, max|x| 2^-23, was too coarse next to activation
  * outliers: the real SmolLM2 Q4_1 model drifted 1e-5 x max|logit|).
- * Plane p (2: X2, 1, 0), half h (0: low nibbles, 1: high) of superblock s
- * is 64 bytes at xq + 384 s + 128 (2 - p) + 64 h; byte 4 l + m holds plane p of element
- * 32 b + 8 m + 4 h + i of block b = l / 4 (i = l % 4): byte m of word i
- * holds elements 8 m + i and 8 m + 4 + i (kernel_table.h). */
+ * Plane p (2: X2, 1, 0), half h (0: low nibbles, 1: high) of superblock
+ * s is 64 bytes at xq + 384 s + 128 (2 - p) + 64 h; byte 4 l + m holds
+ * plane p of element 32 b + 8 m + 4 h + i of block b = l / 4 (i = l % 4):
+ * byte m of word i holds elements 8 m + i and 8 m + 4 + i
+ * (kernel_table.h). */
 #define PKQ_MAX 4194303.0f
 
 typedef int8_t v16s8 __attribute__((vector_size(16)));
@@ -1860,8 +1860,8 @@ typedef int8_t v16s8a1 __attribute__((vector_size(16), aligned(1)));
 /* One plane of a block's 32 elements (e order, as two halves) to its
  * [low-nibble 16 | high-nibble 16] byte order: out 16 h + 4 i + m is
  * element 8 m + 4 h + i. */
-static inline __attribute__((always_inline)) void pkq_plane_put(const v16i32 *p0, const v16i32 *p1, int8_t *lo,
-                                                                int8_t *hi)
+static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_plane_put(const v16i32 *p0, const v16i32 *p1,
+                                                                                   int8_t *lo, int8_t *hi)
 {
     v16s8 a = __builtin_convertvector(*p0, v16s8), b = __builtin_convertvector(*p1, v16s8);
     v32s8 e = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
@@ -1873,7 +1873,8 @@ static inline __attribute__((always_inline)) void pkq_plane_put(const v16i32 *p0
 }
 
 /* xi = rint(16 floats at x times inv), cut into the three planes. */
-static inline __attribute__((always_inline)) void pkq_cut(const float *x, float inv, v16i32 pl[3])
+static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_pkq_cut(const float *x, float inv,
+                                                                                 v16i32 pl[3])
 {
     v16f f = LOAD16(x) * inv;
     f = (f + 12582912.0f) - 12582912.0f; /* nearest integer (|f| <= 2^22) */
@@ -1897,7 +1898,8 @@ static inline __attribute__((always_inline)) int x_finite(const float *x, int64_
 
 /* Block x[0:32] as fixed point: *u = max|x| / PKQ_MAX, and the three
  * planes of its halves into a and b. */
-static inline __attribute__((always_inline)) void pkq_block_cut(const float *x, float *u, v16i32 a[3], v16i32 b[3])
+static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_block_cut(const float *x, float *u,
+                                                                                  v16i32 a[3], v16i32 b[3])
 {
     /* |x| as integers: same order as the floats */
     v16u32 m2 = __builtin_elementwise_max((v16u32)LOAD16(x) & 0x7fffffffu, (v16u32)LOAD16(x + 16) & 0x7fffffffu);
@@ -1908,14 +1910,14 @@ static inline __attribute__((always_inline)) void pkq_block_cut(const float *x, 
     memcpy(&amax, &m, 4);
     float inv = amax > 0 ? PKQ_MAX / amax : 0.0f;
     *u = amax > 0 ? amax / PKQ_MAX : 0.0f;
-    pkq_cut(x, inv, a);
-    pkq_cut(x + 16, inv, b);
+    isa_vnni512_pkq_cut(x, inv, a);
+    isa_vnni512_pkq_cut(x + 16, inv, b);
 }
 
 /* The planes of x into xq and each block's u_b into ub (0 past k);
  * returns 0 (nothing usable) when x has an infinity or a NaN (the float
- * kernel then propagates it). Inlined into each instruction set's GEMV. */
-static inline __attribute__((always_inline)) int pkq_x_prepare(const float *x, int64_t k, int8_t *xq, float *ub)
+ * kernel then propagates it). */
+static ISA_VNNI512 int isa_vnni512_pkq_x_prepare(const float *x, int64_t k, int8_t *xq, float *ub)
 {
     int64_t nb = k / 32, nsb = (nb + 3) / 4;
     if (!x_finite(x, k))
@@ -1926,10 +1928,10 @@ static inline __attribute__((always_inline)) int pkq_x_prepare(const float *x, i
     for (int64_t blk = 0; blk < nb; blk++) {
         int8_t *o = xq + 384 * (blk / 4) + 16 * (blk % 4);
         v16i32 a[3], b[3];
-        pkq_block_cut(x + 32 * blk, &ub[blk], a, b);
-        pkq_plane_put(&a[0], &b[0], o + 256, o + 320);
-        pkq_plane_put(&a[1], &b[1], o + 128, o + 192);
-        pkq_plane_put(&a[2], &b[2], o, o + 64);
+        isa_vnni512_block_cut(x + 32 * blk, &ub[blk], a, b);
+        isa_vnni512_plane_put(&a[0], &b[0], o + 256, o + 320);
+        isa_vnni512_plane_put(&a[1], &b[1], o + 128, o + 192);
+        isa_vnni512_plane_put(&a[2], &b[2], o, o + 64);
     }
     return 1;
 }
@@ -1989,7 +1991,7 @@ static ISA_VNNI512 int isa_vnni512_kq_x_prepare(int q6, const float *x, int64_t 
         int j = (int)(blk % 4), part = q6 ? j / 2 : j % 2, half = q6 ? j % 2 : j / 2;
         int8_t *o = xq + 384 * (blk / 4) + 64 * part + 32 * half;
         v16i32 a[3], b[3];
-        pkq_block_cut(x + 32 * blk, &ub[blk], a, b);
+        isa_vnni512_block_cut(x + 32 * blk, &ub[blk], a, b);
         for (int p = 0; p < 3; p++) {
             *(v16s8a1 *)(o + 128 * (2 - p)) = __builtin_convertvector(a[p], v16s8);
             *(v16s8a1 *)(o + 128 * (2 - p) + 16) = __builtin_convertvector(b[p], v16s8);
@@ -2684,17 +2686,17 @@ static ISA_AVX2 void isa_avx2_gemv_packed(int t, const GemvSeg *sg, int ns, cons
     pk_segs(isa_avx2_pk_rows4, t, sg, ns, xp, xs, k);
 }
 
-/* Packed 4-bit rows on AVX2 against x's three planes (pkq_x_prepare: the
- * same fixed point, layout and sums as the VNNI kernels, so the same
- * results), a 32-byte half of a superblock at a time (lanes 0-3: block
- * 2h, 4-7: block 2h + 1). Without vpdpbusd a plane takes two vpmaddubsw
- * (u8 nibbles times s8 plane, pairs summed to i16: |.| <= 2 * 31 * 128)
- * and one vpmaddwd to 32 bits; vpmaddwd by 256 does the top two planes'
- * shifts but one (the sum is exact: |.| < 2^31, as there). Per 64
- * weights that is 20 vector ops where the float kernel
- * (isa_avx2_pk_sb) takes 25, all of them on Zen 3's four vector pipes:
- * from L2 it ran 1.12x faster than the float loop (a scratch test of both
- * loops on Q4_0 rows of 1536). */
+/* Packed 4-bit rows on AVX2 against x's three planes (the VNNI kernels'
+ * fixed point and layout: isa_avx2_pkq_x_prepare cuts the same planes as
+ * isa_vnni512_pkq_x_prepare, so x is rounded alike), a 32-byte half of a
+ * superblock at a time (lanes 0-3: block 2h, 4-7: block 2h + 1). Without
+ * vpdpbusd a plane takes two vpmaddubsw (u8 nibbles times s8 plane, pairs
+ * summed to i16: |.| <= 2 * 31 * 128) and one vpmaddwd to 32 bits; taking
+ * the top two planes' vpmaddwd by 256 leaves one shift by 8 (the sum is
+ * exact: |.| < 2^31, as there). Per 64 weights that is 20 vector ops
+ * where the float kernel (isa_avx2_pk_sb) takes 25, all of them on Zen
+ * 3's four vector pipes: from L2 it ran 1.12x faster than the float loop
+ * (a scratch test of both loops on Q4_0 rows of 1536). */
 static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_pk_planes(v8u32 lo, v8u32 hi, const int8_t *xq)
 {
     const v16i16 c256 = {256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256};
@@ -2796,14 +2798,16 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_rows(int
     }
 }
 
-/* Block x[0:32]'s planes (pl[0]: X2, the top) as pkq_block_cut cuts
- * them, in the packed rows' byte order or, with natural, the elements'
- * (kq_x_prepare), with 8-lane ops; the generic code took ~100 more cycles per block than
- * the float kernel's x_prepare, a tenth of a 288-row GEMV's time at k =
- * 1536): y = xi + 0x808080 is in [0, 2^24), and byte p of y, less 128, is
- * plane p of xi (the same signed digits as pkq_cut); packs put elements
- * 8 m + i (i < 4) in dword m of lane 0 and 8 m + 4 + i in lane 1, and a
- * byte shuffle within lanes turns dword m byte i into byte 4 i + m. */
+/* Block x[0:32]'s planes (pl[0]: X2, the top) as isa_vnni512_block_cut
+ * cuts them, in the packed rows' byte order or, with natural, in element
+ * order (the k-quant and W4G64/W4G128 rows), with 8-lane ops (the 16-lane
+ * generic code took ~100 more cycles per block than the float kernel's
+ * x_prepare, a tenth of a 288-row GEMV's time at k = 1536): y = xi +
+ * 0x808080 is in [0, 2^24), and byte p of y, less 128, is plane p of xi
+ * (the same signed digits); packs put elements 8 m + i (i < 4) in dword m
+ * of lane 0 and 8 m + 4 + i in lane 1, and a byte shuffle within lanes
+ * turns dword m byte i into byte 4 i + m (a dword permutation puts them
+ * back in element order). */
 static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_cut(const float *x, float *u, int natural,
                                                                            v32c pl[3])
 {
@@ -2823,7 +2827,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_cut(cons
     *u = amax > 0 ? amax / PKQ_MAX : 0.0f;
     v8i32 y[4];
     UNROLL4
-    for (int j = 0; j < 4; j++) /* nearest integer, ties to even (as pkq_cut) */
+    for (int j = 0; j < 4; j++) /* nearest integer, ties to even (as isa_vnni512_pkq_cut) */
         y[j] = __builtin_ia32_cvtps2dq256((v8fl)a[j] * inv) + 0x808080;
     UNROLL4
     for (int p = 0; p < 3; p++) {
@@ -2856,7 +2860,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_block(co
     }
 }
 
-/* pkq_x_prepare() with isa_avx2_pkq_block (natural: its order). */
+/* isa_vnni512_pkq_x_prepare() with isa_avx2_pkq_block (natural: its order). */
 static inline __attribute__((always_inline)) ISA_AVX2 int isa_avx2_pkq_x_prepare(const float *x, int64_t k, int natural,
                                                                                  int8_t *xq, float *ub)
 {
