@@ -2906,6 +2906,15 @@ static ISA_AVX2 int isa_avx2_gemv_packed_q(int t, const GemvSeg *sg, int ns, con
  * element b of its block, the high one b + 16, so the planes are cut in
  * element order, 16 bytes each); the pair's sums scaled by its blocks'
  * u (uv), the group's by s, the zero point's s z sum x as before. */
+/* Pair P's 32 bytes v (two chunks) against its planes, scaled by its
+ * blocks' u. */
+static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_nibq_pair(v8u32 v, int64_t P, const int8_t *xq,
+                                                                             const float *uv)
+{
+    v8i32 sum = isa_avx2_pk_planes(v & 0x0f0f0f0fu, v >> 4 & 0x0f0f0f0fu, xq + 384 * (P / 2) + 32 * (P % 2));
+    return LOAD8F(uv + 8 * P) * __builtin_convertvector(sum, v8fl);
+}
+
 static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_nibq_rows(int t, const GemvSeg *g, const int8_t *xq,
                                                                              const float *uv, const float *xg,
                                                                              int64_t k)
@@ -2925,12 +2934,9 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_nibq_rows(in
                 v8fl ga = {0};
                 UNROLL4
                 for (int p = 0; p < gp; p++) {
-                    int64_t P = gp * gi + p;
                     v8u32 v;
                     memcpy(&v, w + 4 + 32 * p, 32);
-                    v8i32 sum = isa_avx2_pk_planes(v & 0x0f0f0f0fu, v >> 4 & 0x0f0f0f0fu,
-                                                   xq + 384 * (P / 2) + 32 * (P % 2));
-                    ga += LOAD8F(uv + 8 * P) * __builtin_convertvector(sum, v8fl);
+                    ga += isa_avx2_nibq_pair(v, gp * gi + p, xq, uv);
                 }
                 float sg = isa_f16c_at(w);
                 acc += sg * ga;
@@ -2939,15 +2945,12 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_nibq_rows(in
             if (rest) {
                 v8fl ga = {0};
                 for (int64_t c = 0; c < rest; c += 2) {
-                    int64_t P = gp * ng + c / 2;
                     v8u32 v = {0};
                     if (rest - c >= 2) /* (fixed sizes: a call to memcpy otherwise) */
                         memcpy(&v, w + 4 + 16 * c, 32);
                     else
                         memcpy(&v, w + 4 + 16 * c, 16);
-                    v8i32 sum = isa_avx2_pk_planes(v & 0x0f0f0f0fu, v >> 4 & 0x0f0f0f0fu,
-                                                   xq + 384 * (P / 2) + 32 * (P % 2));
-                    ga += LOAD8F(uv + 8 * P) * __builtin_convertvector(sum, v8fl);
+                    ga += isa_avx2_nibq_pair(v, gp * ng + c / 2, xq, uv);
                 }
                 float sg = isa_f16c_at(w);
                 acc += sg * ga;
