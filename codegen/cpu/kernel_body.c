@@ -2281,6 +2281,19 @@ static inline __attribute__((always_inline)) ISA_AVXVNNI v8i32 isa_avxvnni_dot(v
     return __builtin_ia32_vpdpbusd256(acc, (v8i32)u, (v8i32)s);
 }
 
+/* dot2(u1, s1, u2, s2): per 32-bit lane the eight products of u1 x s1
+ * and u2 x s2 (u8 x s8), where u1 and u2 are the low and high nibbles of
+ * the same lanes, so one block: on AVX2 two vpmaddubsw summed as i16
+ * (|sum| <= 4 * 15 * 128) and one vpmaddwd, which on Zen 3 take the one
+ * vector multiply pipe (a vpmaddwd per vpmaddubsw took a third more);
+ * on AVX-VNNI two vpdpbusd. */
+#define A8_DOT2_AVX2(u1, s1, u2, s2)                                                                        \
+    __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((v32c)(u1), (v32c)(s1)) +                           \
+                                  __builtin_ia32_pmaddubsw256((v32c)(u2), (v32c)(s2)),                        \
+                              (v16i16){1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1})
+#define A8_DOT2_AVXVNNI(u1, s1, u2, s2)                                                                     \
+    __builtin_ia32_vpdpbusd256(__builtin_ia32_vpdpbusd256((v8i32){0}, (v8i32)(u1), (v8i32)(s1)), (v8i32)(u2), \
+                               (v8i32)(s2))
 /* The f16 at p by vcvtph2ps (f16_at converts in software: a dozen scalar
  * ops and a branch per block). */
 static inline __attribute__((always_inline)) ISA_AVX2 float isa_f16c_at(const unsigned char *p)
@@ -2337,38 +2350,64 @@ static inline __attribute__((always_inline)) ISA_AVX2 v4f isa_avx2_sum4(const v4
         }                                                                                                   \
     }
 
-/* The 256-bit kernels, for dot = isa_avx2_dot or isa_avxvnni_dot. */
-#define A8_256_KERNELS(pre, attr, dot)                                                                         \
+/* The 256-bit kernels, for dot = isa_avx2_dot and dot2 = A8_DOT2_AVX2, or
+ * the AVX-VNNI ones. */
+#define A8_256_KERNELS(pre, attr, dot, dot2)                                                                         \
     A8_256_Q8_ROWS(pre, attr, dot, q8_0a8, 1)                                                                  \
     A8_256_Q8_ROWS(pre, attr, dot, w8a8, 0)                                                                    \
+    /* A pair of chunks at c (the second zeros unless two) against one \
+     * pair of xq2 and dq8 (a8_pair_prepare) at xp and dp. */              \
+    static inline __attribute__((always_inline)) attr v8fl pre##_w4a8_pair(const unsigned char *c, int two,     \
+                                                                          const int8_t *xp, const float *dp)  \
+    {                                                                                                          \
+        const v8u32 m = {0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu,                                   \
+                         0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu};                                  \
+        v4u32 c0 = *(const v4u32u_a *)c, c1 = {0};                                                             \
+        if (two)                                                                                               \
+            c1 = *(const v4u32u_a *)(c + 16);                                                                  \
+        v8u32 q = __builtin_shufflevector(c0, c1, 0, 1, 2, 3, 4, 5, 6, 7);                                     \
+        v8i32 d = dot2(q & m, *(const v8u32 *)xp, (q >> 4) & m, *(const v8u32 *)(xp + 32));                    \
+        return __builtin_convertvector(d, v8fl) * *(const v8fl *)dp;                                           \
+    }                                                                                                          \
+    /* One row of groups of gs (a constant): whole groups, then a short \
+     * one of the k % gs elements left. */                                 \
+    static inline __attribute__((always_inline)) attr v4f pre##_w4a8_row(int64_t gs, const unsigned char *w,    \
+                                                                        const int8_t *xq2, const float *dq8,   \
+                                                                        const float *dsx, int64_t k, float *o) \
+    {                                                                                                          \
+        v8fl acc = {0};                                                                                        \
+        float off = 0;                                                                                         \
+        int64_t ng = k / gs, np = gs / 64, g = 0;                                                              \
+        for (; g < ng; g++, w += 4 + gs / 2) {                                                                 \
+            v8fl ga = pre##_w4a8_pair(w + 4, 1, xq2 + 64 * np * g, dq8 + 8 * np * g);                          \
+            if (np == 2)                                                                                       \
+                ga += pre##_w4a8_pair(w + 36, 1, xq2 + 64 * (2 * g + 1), dq8 + 8 * (2 * g + 1));               \
+            float sg = isa_f16c_at(w);                                                                         \
+            acc += sg * ga;                                                                                    \
+            off += sg * (float)w[2] * dsx[g];                                                                  \
+        }                                                                                                      \
+        if (k % gs) {                                                                                          \
+            int64_t nb = k % gs / 32;                                                                          \
+            v8fl ga = {0};                                                                                     \
+            for (int64_t b = 0; b < nb; b += 2)                                                                \
+                ga += pre##_w4a8_pair(w + 4 + 16 * b, b + 1 < nb, xq2 + 64 * (np * g + b / 2),                 \
+                                      dq8 + 8 * (np * g + b / 2));                                             \
+            float sg = isa_f16c_at(w);                                                                         \
+            acc += sg * ga;                                                                                    \
+            off += sg * (float)w[2] * dsx[g];                                                                  \
+        }                                                                                                      \
+        *o = off;                                                                                              \
+        return isa_avx2_halves(acc);                                                                           \
+    }                                                                                                          \
     static attr void pre##_w4a8_rows4(int64_t gs, const unsigned char *const row[4], const int8_t *xq2,        \
                                       const float *dq8, const float *dsx, int64_t k, float out[4])             \
     {                                                                                                          \
         v4f r[4], off = {0};                                                                                   \
         _Pragma("clang loop unroll(disable)")                                                                  \
         for (int i = 0; i < 4; i++) {                                                                          \
-            const unsigned char *w = row[i];                                                                   \
-            v8fl acc = {0};                                                                                    \
-            float o = 0;                                                                                       \
-            for (int64_t j = 0, g = 0; j < k; j += gs, g++) {                                                  \
-                int64_t nb = (k - j < gs ? k - j : gs) / 32;                                                   \
-                v8fl ga = {0};                                                                                 \
-                for (int64_t b = 0; b < nb; b += 2) { /* chunks b, b + 1 (zeros past nb) */                    \
-                    int64_t p = (j / 32 + b) / 2;                                                              \
-                    v4u32 c0 = *(const v4u32u_a *)(w + 4 + 16 * b), c1 = {0};                                  \
-                    if (b + 1 < nb)                                                                            \
-                        c1 = *(const v4u32u_a *)(w + 20 + 16 * b);                                             \
-                    v8u32 q = __builtin_shufflevector(c0, c1, 0, 1, 2, 3, 4, 5, 6, 7);                         \
-                    v8i32 d = dot((v8i32){0}, q & 0x0f0f0f0fu, *(const v8u32 *)(xq2 + 64 * p));                \
-                    d = dot(d, (q >> 4) & 0x0f0f0f0fu, *(const v8u32 *)(xq2 + 64 * p + 32));                   \
-                    ga += __builtin_convertvector(d, v8fl) * *(const v8fl *)(dq8 + 8 * p);                     \
-                }                                                                                              \
-                float sg = isa_f16c_at(w);                                                                     \
-                acc += sg * ga;                                                                                \
-                o += sg * (float)w[2] * dsx[g];                                                                \
-                w += 4 + 16 * nb;                                                                              \
-            }                                                                                                  \
-            r[i] = isa_avx2_halves(acc);                                                                       \
+            float o;                                                                                           \
+            r[i] = gs == 64 ? pre##_w4a8_row(64, row[i], xq2, dq8, dsx, k, &o)                                 \
+                            : pre##_w4a8_row(128, row[i], xq2, dq8, dsx, k, &o);                               \
             off[i] = o;                                                                                        \
         }                                                                                                      \
         v4f sum = isa_avx2_sum4(r) - off;                                                                      \
@@ -2376,8 +2415,8 @@ static inline __attribute__((always_inline)) ISA_AVX2 v4f isa_avx2_sum4(const v4
     }
 
 typedef uint32_t v8u32u __attribute__((vector_size(32), aligned(1)));
-A8_256_KERNELS(isa_avx2, ISA_AVX2, isa_avx2_dot)
-A8_256_KERNELS(isa_avxvnni, ISA_AVXVNNI, isa_avxvnni_dot)
+A8_256_KERNELS(isa_avx2, ISA_AVX2, isa_avx2_dot, A8_DOT2_AVX2)
+A8_256_KERNELS(isa_avxvnni, ISA_AVXVNNI, isa_avxvnni_dot, A8_DOT2_AVXVNNI)
 
 /* ---- A16 on 256 bits (KT_ISA_AVX2 without KT_ISA_AVX512) ----
  * The generic kernels above are written for 16-float vectors: on AVX2
@@ -3265,6 +3304,8 @@ static ISA_AVX2 int isa_avx2_gemv_kq_q(int t, const GemvSeg *sg, int ns, const f
  * (no saturation: 2 * 15 * 127 < 2^15), or portable shifts and
  * multiplies. */
 
+typedef int8_t v32i8a1 __attribute__((vector_size(32), aligned(1)));
+
 static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t *xqp, float *dq4, float *dx4)
 {
     int64_t nb = k / 32, nsb = (nb + 3) / 4;
@@ -3277,11 +3318,13 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
         int32_t sum = 0;
         for (int j = 0; j < 32; j++)
             sum += xb[j];
-        for (int i = 0; i < 4; i++)
-            for (int m = 0; m < 4; m++) {
-                o[4 * i + m] = xb[8 * m + i];
-                o[64 + 4 * i + m] = xb[8 * m + 4 + i];
-            }
+        /* o[4 i + m] = xb[8 m + i], o[64 + 4 i + m] = xb[8 m + 4 + i]:
+         * two byte shuffles where 32 scalar stores were */
+        v32i8a1 v = *(const v32i8a1 *)xb;
+        v16i8 lo = __builtin_shufflevector(v, v, 0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+        v16i8 hi = __builtin_shufflevector(v, v, 4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31);
+        memcpy(o, &lo, 16);
+        memcpy(o + 64, &hi, 16);
         dq4[blk] = dq[blk];
         dx4[blk] = dq[blk] * (float)sum;
     }
@@ -3378,13 +3421,81 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
         }                                                                                                    \
     }
 PKA8_ROWS(pka8_portable_rows, , PKA8_DOT16_PORTABLE, DT_W4A8G32, 0)
-PKA8_ROWS(isa_avx2_pka8_rows, ISA_AVX2, PKA8_DOT16_AVX2, DT_W4A8G32, 1)
-PKA8_ROWS(isa_avxvnni_pka8_rows, ISA_AVXVNNI, PKA8_DOT16_AVXVNNI, DT_W4A8G32, 1)
 PKA8_ROWS(isa_vnni512_pka8_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_W4A8G32, 0)
 PKA8_ROWS(pka8_portable_q4_1_rows, , PKA8_DOT16_PORTABLE, DT_Q4_1A8, 0)
-PKA8_ROWS(isa_avx2_pka8_q4_1_rows, ISA_AVX2, PKA8_DOT16_AVX2, DT_Q4_1A8, 1)
-PKA8_ROWS(isa_avxvnni_pka8_q4_1_rows, ISA_AVXVNNI, PKA8_DOT16_AVXVNNI, DT_Q4_1A8, 1)
 PKA8_ROWS(isa_vnni512_pka8_q4_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q4_1A8, 0)
+
+/* The 256-bit rows (AVX2, AVX-VNNI), one row after another with the
+ * row's sums in registers (Zen 3: one sequential weight stream decoded
+ * faster than four rows side by side; the generic rows above had kept
+ * the sums in memory, indexed by row), a half superblock's nibbles
+ * through one dot2 (A8_DOT2_AVX2: 6 vector multiplies per superblock
+ * where a vpmaddwd per vpmaddubsw took 8), and each half's four block
+ * scales sent to its lanes by one vpermps. */
+#define PKA8_256_ROWS(pre, attr, dot2)                                                                         \
+    /* Superblock sb of one row w (nblk of its blocks, a constant): the  \
+     * halves' sums into a[0], a[1], the offsets into *off. */             \
+    static inline __attribute__((always_inline)) attr void pre##_pka8_sb(                                    \
+        int q41, int nblk, const unsigned char *w, const int8_t *xs, const float *dq, const float *dx, v8fl a[2], \
+        v4f *off)                                                                                            \
+    {                                                                                                        \
+        const v8u32 m = {0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu,                                 \
+                         0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu};                                \
+        v16u32 v;                                                                                            \
+        if (nblk == 4)                                                                                       \
+            v = *(const v16u32a1 *)(w + 16);                                                                 \
+        else                                                                                                 \
+            pk_load_short(w + 4 * nblk, nblk, &v);                                                           \
+        v4f sc = isa_avx2_f16x4(pk_u16x4(w, nblk)), sd = sc * *(const v4f *)dq;                                    \
+        v8fl sd8 = __builtin_shufflevector(sd, sd, 0, 1, 2, 3, 0, 1, 2, 3);                                  \
+        UNROLL4                                                                                              \
+        for (int h = 0; h < (nblk > 2 ? 2 : 1); h++) {                                                       \
+            v8u32 q = h ? __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15)                        \
+                        : __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);                             \
+            v8i32 d = dot2(q & m, *(const v8u32 *)(xs + 32 * h), (q >> 4) & m, *(const v8u32 *)(xs + 64 + 32 * h)); \
+            v8fl s8 = __builtin_ia32_permvarsf256(sd8, (v8i32){2 * h, 2 * h, 2 * h, 2 * h, 2 * h + 1, 2 * h + 1,  \
+                                                               2 * h + 1, 2 * h + 1});                       \
+            a[h] += __builtin_convertvector(d, v8fl) * s8;                                                   \
+        }                                                                                                    \
+        if (q41) /* the block's min: out = acc + m * dx */                                                  \
+            *off -= isa_avx2_f16x4(pk_u16x4(w + 2 * nblk, nblk)) * *(const v4f *)dx;                               \
+        else /* the group's zero: out = acc - s z dx */                                                      \
+            *off += sc * pk_z4(w + 2 * nblk, nblk) * *(const v4f *)dx;                                       \
+    }                                                                                                        \
+    static attr void pre##_pka8_rows(int q41, const GemvSeg *g, const int8_t *xqp, const float *dq4,         \
+                                     const float *dx4, int64_t k)                                            \
+    {                                                                                                        \
+        int64_t rb = qrow_bytes(q41 ? DT_Q4_1A8 : DT_W4A8G32, k), nb = k / 32;                               \
+        for (int64_t r = g->r0; r < g->r1; r += 4) {                                                         \
+            const unsigned char *row[4];                                                                     \
+            seg_quad(g, rb, r, row);                                                                         \
+            v4f rs[4], off4 = {0};                                                                           \
+            _Pragma("clang loop unroll(disable)") for (int i = 0; i < 4; i++)                               \
+            {                                                                                                \
+                v8fl a[2] = {{0}, {0}};                                                                      \
+                v4f off = {0};                                                                               \
+                int64_t sb = 0;                                                                              \
+                for (; sb < nb / 4; sb++)                                                                    \
+                    pre##_pka8_sb(q41, 4, row[i] + 80 * sb, xqp + 128 * sb, dq4 + 4 * sb, dx4 + 4 * sb, a, &off); \
+                const unsigned char *w = row[i] + 80 * sb;                                                   \
+                const int8_t *xs = xqp + 128 * sb;                                                           \
+                if (nb % 4 == 1)                                                                             \
+                    pre##_pka8_sb(q41, 1, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, a, &off);                       \
+                else if (nb % 4 == 2)                                                                        \
+                    pre##_pka8_sb(q41, 2, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, a, &off);                       \
+                else if (nb % 4 == 3)                                                                        \
+                    pre##_pka8_sb(q41, 3, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, a, &off);                       \
+                rs[i] = isa_avx2_halves(a[0] + a[1]);                                                        \
+                off4[i] = (off[0] + off[1]) + (off[2] + off[3]);                                             \
+            }                                                                                                \
+            v4f o = isa_avx2_sum4(rs) - off4;                                                                \
+            float out[4];                                                                                    \
+            memcpy(out, &o, 16);                                                                             \
+            seg_quad_store(g, rb, r, out);                                                                   \
+        }                                                                                                    \
+    }
+PKA8_256_ROWS(isa_avx2, ISA_AVX2, A8_DOT2_AVX2)
+PKA8_256_ROWS(isa_avxvnni, ISA_AVXVNNI, A8_DOT2_AVXVNNI)
 
 /* y[r0:r1] of packed W4A8G32 or Q4_1A8 rows from the quantized input. */
 static void gemv_pka8(int t, const GemvSeg *sg, int ns, const int8_t *xq, const float *dq, int64_t k)
@@ -3399,9 +3510,9 @@ static void gemv_pka8(int t, const GemvSeg *sg, int ns, const int8_t *xq, const 
         if (megac_k_isa & KT_ISA_VNNI512)
             (q41 ? isa_vnni512_pka8_q4_1_rows : isa_vnni512_pka8_rows)(g, xqp, dq4, dx4, k);
         else if (megac_k_isa & KT_ISA_AVXVNNI)
-            (q41 ? isa_avxvnni_pka8_q4_1_rows : isa_avxvnni_pka8_rows)(g, xqp, dq4, dx4, k);
+            isa_avxvnni_pka8_rows(q41, g, xqp, dq4, dx4, k);
         else if (megac_k_isa & KT_ISA_AVX2)
-            (q41 ? isa_avx2_pka8_q4_1_rows : isa_avx2_pka8_rows)(g, xqp, dq4, dx4, k);
+            isa_avx2_pka8_rows(q41, g, xqp, dq4, dx4, k);
         else
             (q41 ? pka8_portable_q4_1_rows : pka8_portable_rows)(g, xqp, dq4, dx4, k);
     }
