@@ -4911,7 +4911,7 @@ static int sync_wait(const MegacArgs *a, uint32_t worker, uint32_t pc, uint32_t 
 
 /* ---- cycle profile (cmake -DMEGAC_CPU_PROFILE=ON; off by default) ----
  * Per worker: TSC cycles in each op kind and in waits, the GEMVs' weight
- * bytes, and the steps run; printed to stderr when kernel.so is unloaded
+ * bytes (and both by weight dtype), and the steps run; printed to stderr when kernel.so is unloaded
  * (process exit). A developer's tool: the counters are plain per-worker
  * slots, written only by their worker. */
 #ifdef MEGAC_CPU_PROFILE
@@ -4920,8 +4920,14 @@ static int sync_wait(const MegacArgs *a, uint32_t worker, uint32_t pc, uint32_t 
 enum { PROF_WAIT = OP_COUNT, PROF_SIGNAL, PROF_SLOTS };
 static struct {
     uint64_t cyc[PROF_SLOTS], gemv_bytes, steps;
+    uint64_t dt_cyc[DT_COUNT], dt_bytes[DT_COUNT]; /* GEMVs by weight dtype */
     char pad[64];
 } prof[PROF_WORKERS];
+static const char *const prof_dt_names[DT_COUNT] = {
+#define X(n, s, b, bb) s,
+    DTYPE_LIST(X)
+#undef X
+};
 static const char *const prof_names[PROF_SLOTS] = {
 #define X(n, s, o, p, m) s,
     OP_LIST(X)
@@ -4946,18 +4952,34 @@ __attribute__((destructor)) static void prof_print(void)
         for (int i = 0; i < PROF_SLOTS; i++)
             if (prof[w].cyc[i])
                 fprintf(stderr, " %s %.1f%%", prof_names[i], 100.0 * (double)prof[w].cyc[i] / (double)tot);
-        fprintf(stderr, "; gemv %.2f bytes/cycle\n",
+        fprintf(stderr, "; gemv %.2f bytes/cycle",
                 prof[w].cyc[OP_GEMV] ? (double)prof[w].gemv_bytes / (double)prof[w].cyc[OP_GEMV] : 0.0);
+        for (int t = 0; t < DT_COUNT; t++)
+            if (prof[w].dt_cyc[t])
+                fprintf(stderr, "; %s %.1f%% at %.2f", prof_dt_names[t], 100.0 * (double)prof[w].dt_cyc[t] / (double)tot,
+                        (double)prof[w].dt_bytes[t] / (double)prof[w].dt_cyc[t]);
+        fputc('\n', stderr);
     }
 }
 
+/* The weight bytes of GEMV in, counted for its worker and dtype. */
 static void prof_gemv_bytes(uint32_t w, const int64_t *in)
 {
     if (in[KT_KIND] != K_INST_OP || in[KT_OP] != OP_GEMV || w >= PROF_WORKERS)
         return;
     int t = opnd_dtype(in, 0);
     int64_t k = in[KT_PARAM + 2];
-    prof[w].gemv_bytes += (uint64_t)((in[KT_PARAM + 1] - in[KT_PARAM]) * (t == DT_F32 ? 4 * k : qrow_bytes(t, k)));
+    uint64_t b = (uint64_t)((in[KT_PARAM + 1] - in[KT_PARAM]) * (t == DT_F32 ? 4 * k : qrow_bytes(t, k)));
+    prof[w].gemv_bytes += b;
+    prof[w].dt_bytes[t] += b;
+}
+
+/* A run of GEMVs' cycles, for their weights' dtype (gemv_shares() keeps
+ * a run to one). */
+static void prof_gemv_cycles(uint32_t w, const int64_t *in, uint64_t t0)
+{
+    if (w < PROF_WORKERS)
+        prof[w].dt_cyc[opnd_dtype(in, 0)] += prof_now() - t0;
 }
 #define PROF_START(w) uint64_t prof_t0 = (w) < PROF_WORKERS ? prof_now() : 0
 #define PROF_END(w, slot)                                  \
@@ -4972,6 +4994,7 @@ static void prof_gemv_bytes(uint32_t w, const int64_t *in)
 #define PROF_START(w) (void)0
 #define PROF_END(w, slot) (void)0
 #define prof_gemv_bytes(w, in) (void)0
+#define prof_gemv_cycles(w, in, t0) (void)0
 #endif
 
 /* ---- entry point ---- */
@@ -4997,6 +5020,7 @@ void megac_worker(const MegacArgs *a, uint32_t worker)
                 op_gemv(a, in, n, &ws);
                 for (int j = 0; j < n; j++)
                     prof_gemv_bytes(worker, in + (int64_t)j * KT_STRIDE);
+                prof_gemv_cycles(worker, in, prof_t0);
                 i += n - 1;
             } else {
                 op_run(a, in, &ws);
