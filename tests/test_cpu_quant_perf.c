@@ -619,9 +619,9 @@ Test(cpu_quant_perf, bandwidth, .timeout = 300)
     double mb = getenv("MEGAC_QBENCH_MB") ? atof(getenv("MEGAC_QBENCH_MB")) : 256.0;
     if (!(mb >= 0.1 && mb <= 4096))
         cr_assert_fail("MEGAC_QBENCH_MB=%s: want 0.1 to 4096", getenv("MEGAC_QBENCH_MB"));
-    const DType ts[] = {DT_F32,    DT_W8,   DT_Q8_0,    DT_Q4_0,    DT_Q4_1,     DT_W4G32,
-                        DT_W4G64,  DT_W4G128, DT_W8A8, DT_W4A8G32, DT_W4A8G128, DT_Q4_1A8,
-                        DT_Q8_0A8, DT_Q5_0,   DT_Q5_1, DT_Q4_K,    DT_Q5_K,     DT_Q6_K};
+    const DType ts[] = {DT_F32,    DT_W8,       DT_Q8_0,   DT_Q4_0,   DT_Q4_1, DT_W4G32, DT_W4G64,
+                        DT_W4G128, DT_W8A8,     DT_W4A8G32, DT_W4A8G64, DT_W4A8G128, DT_Q4_1A8,
+                        DT_Q8_0A8, DT_Q5_0,     DT_Q5_1,   DT_Q4_K,   DT_Q5_K, DT_Q6_K};
     bool listed = !only;
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
         listed |= only && strcmp(only, dtype_name(ts[i])) == 0;
