@@ -2352,7 +2352,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 v4f isa_avx2_sum4(const v4
 
 /* The 256-bit kernels, for dot = isa_avx2_dot and dot2 = A8_DOT2_AVX2, or
  * the AVX-VNNI ones. */
-#define A8_256_KERNELS(pre, attr, dot, dot2)                                                                         \
+#define A8_256_KERNELS(pre, attr, dot, dot2)                                                                   \
     A8_256_Q8_ROWS(pre, attr, dot, q8_0a8, 1)                                                                  \
     A8_256_Q8_ROWS(pre, attr, dot, w8a8, 0)                                                                    \
     /* A pair of chunks at c (the second zeros unless two) against one \
@@ -3428,16 +3428,16 @@ PKA8_ROWS(isa_vnni512_pka8_q4_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q4_1A8
 /* The 256-bit rows (AVX2, AVX-VNNI), one row after another with the
  * row's sums in registers (Zen 3: one sequential weight stream decoded
  * faster than four rows side by side; the generic rows above had kept
- * the sums in memory, indexed by row), a half superblock's nibbles
+ * the sums in memory, indexed by row), and a half superblock's nibbles
  * through one dot2 (A8_DOT2_AVX2: 6 vector multiplies per superblock
- * where a vpmaddwd per vpmaddubsw took 8), and each half's four block
- * scales sent to its lanes by one vpermps. */
+ * where a vpmaddwd per vpmaddubsw took 8). */
 #define PKA8_256_ROWS(pre, attr, dot2)                                                                         \
-    /* Superblock sb of one row w (nblk of its blocks, a constant): the  \
-     * halves' sums into a[0], a[1], the offsets into *off. */             \
+    /* The superblock at w (nblk of its blocks, a constant) against x's  \
+     * at xs, dq, dx: its halves' sums into a[0], a[1], its offsets into   \
+     * *off. */                                                            \
     static inline __attribute__((always_inline)) attr void pre##_pka8_sb(                                    \
-        int q41, int nblk, const unsigned char *w, const int8_t *xs, const float *dq, const float *dx, v8fl a[2], \
-        v4f *off)                                                                                            \
+        int q41, int nblk, const unsigned char *w, const int8_t *xs, const float *dq, const float *dx,       \
+        v8fl a[2], v4f *off)                                                                                 \
     {                                                                                                        \
         const v8u32 m = {0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu,                                 \
                          0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu};                                \
@@ -3446,19 +3446,21 @@ PKA8_ROWS(isa_vnni512_pka8_q4_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q4_1A8
             v = *(const v16u32a1 *)(w + 16);                                                                 \
         else                                                                                                 \
             pk_load_short(w + 4 * nblk, nblk, &v);                                                           \
-        v4f sc = isa_avx2_f16x4(pk_u16x4(w, nblk)), sd = sc * *(const v4f *)dq;                                    \
+        v4f sc = isa_avx2_f16x4(pk_u16x4(w, nblk)), sd = sc * *(const v4f *)dq;                              \
         v8fl sd8 = __builtin_shufflevector(sd, sd, 0, 1, 2, 3, 0, 1, 2, 3);                                  \
         UNROLL4                                                                                              \
         for (int h = 0; h < (nblk > 2 ? 2 : 1); h++) {                                                       \
             v8u32 q = h ? __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15)                        \
                         : __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);                             \
-            v8i32 d = dot2(q & m, *(const v8u32 *)(xs + 32 * h), (q >> 4) & m, *(const v8u32 *)(xs + 64 + 32 * h)); \
-            v8fl s8 = __builtin_ia32_permvarsf256(sd8, (v8i32){2 * h, 2 * h, 2 * h, 2 * h, 2 * h + 1, 2 * h + 1,  \
+            v8i32 d = dot2(q & m, *(const v8u32 *)(xs + 32 * h), (q >> 4) & m,                              \
+                           *(const v8u32 *)(xs + 64 + 32 * h));                                              \
+            /* block 2 h's scale to lanes 0-3, 2 h + 1's to lanes 4-7 */                                   \
+            v8fl s8 = __builtin_ia32_permvarsf256(sd8, (v8i32){2 * h, 2 * h, 2 * h, 2 * h, 2 * h + 1, 2 * h + 1, \
                                                                2 * h + 1, 2 * h + 1});                       \
             a[h] += __builtin_convertvector(d, v8fl) * s8;                                                   \
         }                                                                                                    \
         if (q41) /* the block's min: out = acc + m * dx */                                                  \
-            *off -= isa_avx2_f16x4(pk_u16x4(w + 2 * nblk, nblk)) * *(const v4f *)dx;                               \
+            *off -= isa_avx2_f16x4(pk_u16x4(w + 2 * nblk, nblk)) * *(const v4f *)dx;                         \
         else /* the group's zero: out = acc - s z dx */                                                      \
             *off += sc * pk_z4(w + 2 * nblk, nblk) * *(const v4f *)dx;                                       \
     }                                                                                                        \
@@ -3476,7 +3478,8 @@ PKA8_ROWS(isa_vnni512_pka8_q4_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q4_1A8
                 v4f off = {0};                                                                               \
                 int64_t sb = 0;                                                                              \
                 for (; sb < nb / 4; sb++)                                                                    \
-                    pre##_pka8_sb(q41, 4, row[i] + 80 * sb, xqp + 128 * sb, dq4 + 4 * sb, dx4 + 4 * sb, a, &off); \
+                    pre##_pka8_sb(q41, 4, row[i] + 80 * sb, xqp + 128 * sb, dq4 + 4 * sb, dx4 + 4 * sb, a,     \
+                                  &off);                                                                     \
                 const unsigned char *w = row[i] + 80 * sb;                                                   \
                 const int8_t *xs = xqp + 128 * sb;                                                           \
                 if (nb % 4 == 1)                                                                             \
@@ -4911,8 +4914,8 @@ static int sync_wait(const MegacArgs *a, uint32_t worker, uint32_t pc, uint32_t 
 
 /* ---- cycle profile (cmake -DMEGAC_CPU_PROFILE=ON; off by default) ----
  * Per worker: TSC cycles in each op kind and in waits, the GEMVs' weight
- * bytes (and both by weight dtype), and the steps run; printed to stderr when kernel.so is unloaded
- * (process exit). A developer's tool: the counters are plain per-worker
+ * bytes (and both by weight dtype), and the steps run; printed to stderr
+ * when kernel.so is unloaded (process exit). A developer's tool: the counters are plain per-worker
  * slots, written only by their worker. */
 #ifdef MEGAC_CPU_PROFILE
 #include <stdio.h>
@@ -4956,7 +4959,8 @@ __attribute__((destructor)) static void prof_print(void)
                 prof[w].cyc[OP_GEMV] ? (double)prof[w].gemv_bytes / (double)prof[w].cyc[OP_GEMV] : 0.0);
         for (int t = 0; t < DT_COUNT; t++)
             if (prof[w].dt_cyc[t])
-                fprintf(stderr, "; %s %.1f%% at %.2f", prof_dt_names[t], 100.0 * (double)prof[w].dt_cyc[t] / (double)tot,
+                fprintf(stderr, "; %s %.1f%% at %.2f", prof_dt_names[t],
+                        100.0 * (double)prof[w].dt_cyc[t] / (double)tot,
                         (double)prof[w].dt_bytes[t] / (double)prof[w].dt_cyc[t]);
         fputc('\n', stderr);
     }
