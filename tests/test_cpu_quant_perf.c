@@ -384,6 +384,7 @@ Test(cpu_quant_perf, every_dtype_host)
     check_all(NULL, 160);  /* a short superblock of 1 */
     check_all(NULL, 200);
     check_all(NULL, 768);  /* the k-quants: 3 super-blocks */
+    check_all(NULL, 96);   /* no whole superblock, nor a whole group of 128 */
 }
 
 Test(cpu_quant_perf, every_dtype_x86_64_v3)
