@@ -3298,11 +3298,10 @@ static ISA_AVX2 int isa_avx2_gemv_kq_q(int t, const GemvSeg *sg, int ns, const f
  * (pka8_x_prepare) so that no shuffle is left in the row loop: xqp holds
  * 128 bytes per superblock, the low-nibble half then the high one; byte
  * 4 l + m of half h is element 32 b + 8 m + 4 h + i of block b = l / 4
- * (i = l % 4): the element that nibble 2 m + h of lane l holds. The same
- * loop serves every instruction set through dot16 (four products per
- * 32-bit lane): vpdpbusd on 512 or 2 x 256 bits, vpmaddubsw + vpmaddwd
- * (no saturation: 2 * 15 * 127 < 2^15), or portable shifts and
- * multiplies. */
+ * (i = l % 4): the element that nibble 2 m + h of lane l holds. One
+ * loop serves AVX-512 VNNI and portable code through dot16 (four products
+ * per 32-bit lane: vpdpbusd, or shifts and multiplies); the 256-bit rows
+ * (AVX2, AVX-VNNI) are their own, below. */
 
 typedef int8_t v32i8a1 __attribute__((vector_size(32), aligned(1)));
 
@@ -3340,29 +3339,16 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
         for (int m_ = 0; m_ < 4; m_++)                                                                 \
             acc += (v16i32)((u_ >> (uint32_t)(8 * m_)) & 0xffu) * (((v16i32)s_ << (24 - 8 * m_)) >> 24); \
     } while (0)
-#define PKA8_DOT16_256(dot, acc, u, s)                                                                 \
-    do {                                                                                               \
-        v16u32 u_ = (u), s_ = (s);                                                                     \
-        v8i32 lo_ = dot(__builtin_shufflevector(acc, acc, 0, 1, 2, 3, 4, 5, 6, 7),                     \
-                        __builtin_shufflevector(u_, u_, 0, 1, 2, 3, 4, 5, 6, 7),                       \
-                        __builtin_shufflevector(s_, s_, 0, 1, 2, 3, 4, 5, 6, 7));                      \
-        v8i32 hi_ = dot(__builtin_shufflevector(acc, acc, 8, 9, 10, 11, 12, 13, 14, 15),               \
-                        __builtin_shufflevector(u_, u_, 8, 9, 10, 11, 12, 13, 14, 15),                 \
-                        __builtin_shufflevector(s_, s_, 8, 9, 10, 11, 12, 13, 14, 15));                \
-        acc = __builtin_shufflevector(lo_, hi_, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); \
-    } while (0)
-#define PKA8_DOT16_AVX2(acc, u, s) PKA8_DOT16_256(isa_avx2_dot, acc, u, s)
-#define PKA8_DOT16_AVXVNNI(acc, u, s) PKA8_DOT16_256(isa_avxvnni_dot, acc, u, s)
 #define PKA8_DOT16_VNNI512(acc, u, s) acc = isa_vnni512_dot(acc, u, s)
 
 /* Superblock sb of the four rows, nblk of its blocks (a constant 4 in
  * the main loop, so its loads and conversions are fixed-size). */
-#define PKA8_SB(dot16, nblk, T, i0, i1)                                                                      \
+#define PKA8_SB(dot16, nblk, T)                                                                              \
     do {                                                                                                     \
         v16u32 xl = *(const v16u32 *)(xqp + 128 * sb), xh = *(const v16u32 *)(xqp + 128 * sb + 64);           \
         v4f dq = *(const v4f *)(dq4 + 4 * sb), dx = *(const v4f *)(dx4 + 4 * sb);                             \
         UNROLL4                                                                                              \
-        for (int i = (i0); i < (i1); i++) {                                                                  \
+        for (int i = 0; i < 4; i++) {                                                                        \
             const unsigned char *w = row[i] + 80 * sb;                                                       \
             v16u32 v;                                                                                        \
             if ((nblk) == 4)                                                                                 \
@@ -3382,13 +3368,10 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
         }                                                                                                    \
     } while (0)
 
-/* Rows [r0, r1) four at a time: whole superblocks, then the nb % 4 blocks
- * left over as a short one (zeros past them, in the weights as in xqp).
- * SEQ 0: the four rows side by side, each x vector loaded once for all
- * four; SEQ 1 (the 256-bit versions): one row after another, so that the
- * weights are one sequential stream (Zen 3: SmolLM2-135M's Q4_0 file
- * with int8 inputs decoded faster so, as the A16 rows do). */
-#define PKA8_ROWS(name, attr, dot16, T, SEQ)                                                                   \
+/* Rows [r0, r1) four at a time, side by side (each x vector loaded once
+ * for all four): whole superblocks, then the nb % 4 blocks left over as a
+ * short one (zeros past them, in the weights as in xqp). */
+#define PKA8_ROWS(name, attr, dot16, T)                                                                        \
     static attr void name(const GemvSeg *g, const int8_t *xqp, const float *dq4, const float *dx4, int64_t k) \
     {                                                                                                        \
         int64_t rb = qrow_bytes(T, k), nb = k / 32;                                                         \
@@ -3397,22 +3380,11 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
             seg_quad(g, rb, r, row);                                                                         \
             v16f acc[4] = {{0}, {0}, {0}, {0}};                                                              \
             v4f off[4] = {{0}, {0}, {0}, {0}};                                                               \
-            if (SEQ) {                                                                                       \
-                _Pragma("clang loop unroll(disable)") for (int ri = 0; ri < 4; ri++)                        \
-                {                                                                                            \
-                    int64_t sb = 0;                                                                          \
-                    for (; sb < nb / 4; sb++)                                                                \
-                        PKA8_SB(dot16, 4, T, ri, ri + 1);                                                    \
-                    if (nb % 4)                                                                              \
-                        PKA8_SB(dot16, (int)(nb % 4), T, ri, ri + 1);                                        \
-                }                                                                                            \
-            } else {                                                                                         \
-                int64_t sb = 0;                                                                              \
-                for (; sb < nb / 4; sb++)                                                                    \
-                    PKA8_SB(dot16, 4, T, 0, 4);                                                              \
-                if (nb % 4)                                                                                  \
-                    PKA8_SB(dot16, (int)(nb % 4), T, 0, 4);                                                  \
-            }                                                                                                \
+            int64_t sb = 0;                                                                                  \
+            for (; sb < nb / 4; sb++)                                                                        \
+                PKA8_SB(dot16, 4, T);                                                                        \
+            if (nb % 4)                                                                                      \
+                PKA8_SB(dot16, (int)(nb % 4), T);                                                            \
             float out[4];                                                                                    \
             UNROLL4                                                                                          \
             for (int i = 0; i < 4; i++)                                                                      \
@@ -3420,15 +3392,15 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
             seg_quad_store(g, rb, r, out);                                                                   \
         }                                                                                                    \
     }
-PKA8_ROWS(pka8_portable_rows, , PKA8_DOT16_PORTABLE, DT_W4A8G32, 0)
-PKA8_ROWS(isa_vnni512_pka8_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_W4A8G32, 0)
-PKA8_ROWS(pka8_portable_q4_1_rows, , PKA8_DOT16_PORTABLE, DT_Q4_1A8, 0)
-PKA8_ROWS(isa_vnni512_pka8_q4_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q4_1A8, 0)
+PKA8_ROWS(pka8_portable_rows, , PKA8_DOT16_PORTABLE, DT_W4A8G32)
+PKA8_ROWS(isa_vnni512_pka8_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_W4A8G32)
+PKA8_ROWS(pka8_portable_q4_1_rows, , PKA8_DOT16_PORTABLE, DT_Q4_1A8)
+PKA8_ROWS(isa_vnni512_pka8_q4_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q4_1A8)
 
 /* The 256-bit rows (AVX2, AVX-VNNI), one row after another with the
  * row's sums in registers (Zen 3: one sequential weight stream decoded
- * faster than four rows side by side; the generic rows above had kept
- * the sums in memory, indexed by row), and a half superblock's nibbles
+ * faster than four rows side by side; when the macro above did that, it
+ * kept the sums in memory, indexed by row), and a half superblock's nibbles
  * through one dot2 (A8_DOT2_AVX2: 6 vector multiplies per superblock
  * where a vpmaddwd per vpmaddubsw took 8). */
 #define PKA8_256_ROWS(pre, attr, dot2)                                                                         \
