@@ -2284,9 +2284,9 @@ static inline __attribute__((always_inline)) ISA_AVXVNNI v8i32 isa_avxvnni_dot(v
 /* dot2(u1, s1, u2, s2): per 32-bit lane the eight products of u1 x s1
  * and u2 x s2 (u8 x s8), where u1 and u2 are the low and high nibbles of
  * the same lanes, so one block: on AVX2 two vpmaddubsw summed as i16
- * (|sum| <= 4 * 15 * 128) and one vpmaddwd, which on Zen 3 take the one
- * vector multiply pipe (a vpmaddwd per vpmaddubsw took a third more);
- * on AVX-VNNI two vpdpbusd. */
+ * (|sum| <= 4 * 15 * 128) and one vpmaddwd (on Zen 3 the multiplies share
+ * two pipes with the FMAs, conversions and shifts, so a vpmaddwd per
+ * vpmaddubsw cost as much as the products); on AVX-VNNI two vpdpbusd. */
 #define A8_DOT2_AVX2(u1, s1, u2, s2)                                                                        \
     __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((v32c)(u1), (v32c)(s1)) +                           \
                                   __builtin_ia32_pmaddubsw256((v32c)(u2), (v32c)(s2)),                        \
