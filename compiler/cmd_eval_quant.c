@@ -39,7 +39,9 @@ static void eval_usage(FILE *out)
                  "same-top-1 rate, the first differing position, the perplexity of the stream\n"
                  "and the bits per matrix weight.\n\n"
                  "  --formats LIST  comma-separated: f32 f16 bf16 w8a16 w4a16[-g32|-g64|-g128]\n"
-                 "                  w8a8 w4a8[-g32|-g64|-g128] (these two with --engine cpu)\n"
+                 "                  w8a8 w4a8[-g32|-g64|-g128] a8 (these three with --engine cpu;\n"
+                 "                  a8: the stored weights with int8 inputs where they have\n"
+                 "                  such a form, e.g. a GGUF file's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0)\n"
                  "                  (default w8a16,w4a16-g32,w4a16-g64,w4a16-g128)\n"
                  "  --classes LIST  tensor classes the formats apply to: embed attn mlp lm_head\n"
                  "                  (default all; the others keep their source)\n"
@@ -111,7 +113,7 @@ static bool eval_formats_parse(const char *list, QuantSpec *f, int *n)
              q.kind != QUANT_NONE;
         if (!ok)
             fprintf(stderr, "megac eval-quant: bad format '%s' (f32, f16, bf16, w8a16, w4a16[-g32|-g64|-g128], "
-                            "w8a8, w4a8[-g32|-g64|-g128]; at most %d)\n", t, EVAL_MAX_FORMATS);
+                            "w8a8, w4a8[-g32|-g64|-g128], a8; at most %d)\n", t, EVAL_MAX_FORMATS);
         else
             f[(*n)++] = q;
     }

@@ -110,7 +110,7 @@ static const char *const act_dtypes[] = {"f32", "f16", "bf16", NULL};
 /* compile.kv_dtype: what the KV cache holds (kv_dtype_of: the DType) */
 static const char *const kv_dtypes[] = {"f32", "f16", "bf16", NULL};
 static const DType kv_dtype_of[] = {DT_F32, DT_F16, DT_BF16};
-static const char *const quant_names[] = {"none", "f32", "f16", "bf16", "w8a16", "w4a16", "w8a8", "w4a8", NULL};
+static const char *const quant_names[] = {"none", "f32", "f16", "bf16", "w8a16", "w4a16", "w8a8", "w4a8", "a8", NULL};
 static const char *const attn_kinds[] = {"dense", "sink_window", "quest", NULL};
 static const char *const kv_kinds[] = {"full", "streaming", "h2o", "tova", "snapkv", NULL};
 static const char *const target_names[] = {"cpu", "sm_80", "sm_90", "sm_120", "host-cuda", NULL};
@@ -1219,7 +1219,7 @@ static void desc_rope(Ctx *c, const DocNode *r)
 
 /* ---- compile knobs ---- */
 
-/* QUANT := none|f32|f16|bf16|w8a16|w4a16[-gG]|w8a8|w4a8[-gG], G in 32|64|128. */
+/* QUANT := none|f32|f16|bf16|w8a16|w4a16[-gG]|w8a8|w4a8[-gG]|a8, G in 32|64|128. */
 static bool quant_parse(const char *s, QuantSpec *q)
 {
     char name[16];
@@ -1254,7 +1254,7 @@ static bool quant_node(Ctx *c, const DocNode *n, const char *what, QuantSpec *q)
             ctx_error(c, n, "bad value '%s' for '%s'; did you mean '%s'?", ctx_quote(c, s), what, near);
         else
             ctx_error(c, n, "bad value '%s' for '%s' (expected none, f32, f16, bf16, w8a16, w4a16[-g32|-g64|-g128],"
-                      " w8a8 or w4a8[-g32|-g64|-g128])", ctx_quote(c, s), what);
+                      " w8a8, w4a8[-g32|-g64|-g128] or a8)", ctx_quote(c, s), what);
         return false;
     }
     return true;

@@ -103,6 +103,42 @@ static bool pass_desc_load(Compilation *c)
     return pass_done(c, "desc_load", ok, detail);
 }
 
+/* The matrices a knob asks to be a8: how many got int8 inputs, and which
+ * dtypes have no such form (those keep exact inputs). */
+static void a8_summary(const Weights *w, char *out, size_t n)
+{
+    static const char *const mats[] = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"};
+    int a8 = 0, exact = 0, nt = 0, nl = w->m->n_layers;
+    DType kept[4];
+    char name[64];
+    for (int i = -1; i <= 7 * nl; i++) { /* embed, the layers' matrices, lm_head */
+        if (i < 0 || i == 7 * nl)
+            snprintf(name, sizeof name, "%s", i < 0 ? "embed" : "lm_head");
+        else
+            snprintf(name, sizeof name, "L%d.%s", i / 7, mats[i % 7]);
+        if ((i == 7 * nl && !weights_head_separate(w)) || w->m->quant[quant_tensor_class(name)].kind != QUANT_A8)
+            continue;
+        DType t = weights_dtype(w, name);
+        if (dtype_is_a8(t)) {
+            a8++;
+            continue;
+        }
+        exact++;
+        bool seen = false;
+        for (int j = 0; j < nt; j++)
+            seen |= kept[j] == t;
+        if (!seen && nt < 4)
+            kept[nt++] = t;
+    }
+    if (!a8 && !exact)
+        return;
+    size_t at = (size_t)snprintf(out, n, "; a8: %d with int8 inputs", a8);
+    for (int j = 0; j < nt && at < n; j++)
+        at += (size_t)snprintf(out + at, n - at, "%s%s", j ? ", " : ", exact inputs for ", dtype_name(kept[j]));
+    if (exact && at < n)
+        snprintf(out + at, n - at, " (%d: no int8 form)", exact);
+}
+
 static bool pass_weights_load(Compilation *c)
 {
     /* a line every few seconds (an 8B model takes a minute or more) */
@@ -110,13 +146,15 @@ static bool pass_weights_load(Compilation *c)
     WeightsProgress p = cli_progress(&pc, "compile", "weights_load", "read");
     c->have_weights = weights_load_ex(&c->w, &c->m, WEIGHTS_STORED_ONLY, c->o->quiet ? NULL : &p, &c->d);
     c->w.progress = NULL;
-    char detail[96] = "";
+    char detail[256] = "";
     if (c->have_weights)
         snprintf(detail, sizeof detail, "%.1f MB f32 read, %.1f MB stored", c->w.loaded_bytes / 1e6,
                  weights_held_bytes(&c->w) / 1e6);
     if (c->have_weights && c->w.stored_kept)
         snprintf(detail + strlen(detail), sizeof detail - strlen(detail), " (%d matrices as the file stores them)",
                  c->w.stored_kept);
+    if (c->have_weights)
+        a8_summary(&c->w, detail + strlen(detail), sizeof detail - strlen(detail));
     return pass_done(c, "weights_load", c->have_weights, detail);
 }
 

@@ -58,8 +58,12 @@ typedef enum {
 /* Quantization formats a knob can name (compiler/quant.h): none keeps the
  * source (f16/bf16 matrices stay f16/bf16, GGUF blocks stay blocks),
  * f32/f16/bf16 store floats, w8a16 and
- * w4a16 the row-blocked W8 and W4G* of ir/dtype.h. w8a8/w4a8 are refused. */
-typedef enum { QUANT_NONE, QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_W8A16, QUANT_W4A16, QUANT_W8A8, QUANT_W4A8 } QuantKind;
+ * w4a16 the row-blocked W8 and W4G* of ir/dtype.h, w8a8/w4a8 their
+ * int8-input forms; a8 keeps the source and gives it its int8-input form
+ * where it has one (quant_spec_dtype). */
+typedef enum {
+    QUANT_NONE, QUANT_F32, QUANT_F16, QUANT_BF16, QUANT_W8A16, QUANT_W4A16, QUANT_W8A8, QUANT_W4A8, QUANT_A8
+} QuantKind;
 typedef struct {
     QuantKind kind;
     int group;              /* W4: 32, 64 or 128 */

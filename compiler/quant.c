@@ -348,25 +348,31 @@ static double quant_row_a8(DType t, const unsigned char *row, int64_t k, const f
     return y;
 }
 
-/* One Q8_0A8 or Q4_1A8 row (GGUF blocks, k % 32 == 0) against x: per
- * block dw sum q xq (+ m sum xq for Q4_1) in integers, scaled by the
- * block's d. */
+/* One Q8_0A8, Q4_1A8, Q5_0A8 or Q5_1A8 row (GGUF blocks, k % 32 == 0)
+ * against x: per block dw sum q xq (less 16 sum xq for Q5_0, plus
+ * m sum xq for Q4_1 and Q5_1) in integers, scaled by the block's d. */
 static double quant_row_gguf_a8(DType t, const unsigned char *row, int64_t k, const float *x)
 {
     int8_t xq[32];
-    bool q41 = t == DT_Q4_1A8;
+    DType l = dtype_layout(t);
+    bool min = l == DT_Q4_1 || l == DT_Q5_1, q5 = l == DT_Q5_0 || l == DT_Q5_1;
+    int qs = l == DT_Q8_0 || l == DT_Q4_1 ? 2 + 2 * min : 6 + 2 * min; /* offset of the quants */
     size_t bb = (size_t)dtype_block_bytes(t);
     double y = 0;
     for (int64_t b = 0; b < k / 32; b++, row += bb) {
         float d = quant_act_block(x + 32 * b, 32, xq);
+        uint32_t qh = q5 ? (uint32_t)row[qs - 4] | (uint32_t)row[qs - 3] << 8 | (uint32_t)row[qs - 2] << 16 |
+                               (uint32_t)row[qs - 1] << 24
+                         : 0;
         long qx = 0, sx = 0;
         for (int j = 0; j < 32; j++) {
-            int q = !q41 ? (int8_t)row[2 + j] : j < 16 ? row[4 + j] & 15 : row[4 + j - 16] >> 4;
+            int q = l == DT_Q8_0 ? (int8_t)row[2 + j] : j < 16 ? row[qs + j] & 15 : row[qs + j - 16] >> 4;
+            q += (int)(qh >> j & 1) << 4;
             qx += (long)q * xq[j];
             sx += xq[j];
         }
-        double m = q41 ? (double)f16_at(row + 2) * (double)sx : 0.0;
-        y += (double)d * ((double)f16_at(row) * (double)qx + m);
+        double off = min ? (double)f16_at(row + 2) * (double)sx : l == DT_Q5_0 ? -16.0 * (double)f16_at(row) * (double)sx : 0.0;
+        y += (double)d * ((double)f16_at(row) * (double)qx + off);
     }
     return y;
 }
@@ -376,8 +382,8 @@ void quant_gemv_a8_ref(DType t, const unsigned char *w, int64_t rows, int64_t k,
     ASSERT(dtype_is_a8(t));
     size_t rb = dtype_row_bytes(t, k);
     for (int64_t r = 0; r < rows; r++)
-        y[r] = t == DT_Q4_1A8 || t == DT_Q8_0A8 ? quant_row_gguf_a8(t, w + (size_t)r * rb, k, x)
-                                                : quant_row_a8(t, w + (size_t)r * rb, k, x);
+        y[r] = dtype_is_rowwise(t) ? quant_row_a8(t, w + (size_t)r * rb, k, x)
+                                   : quant_row_gguf_a8(t, w + (size_t)r * rb, k, x);
 }
 
 /* ---- the CPU kernel's byte order for 4-bit rows ----
@@ -606,6 +612,19 @@ int quant_spec_dtype(QuantSpec q, DType src)
         if (src == DT_Q4_1 && q.group == 32) /* Q4_1's own blocks (see quant_apply) */
             return DT_Q4_1A8;
         return q.group == 32 ? DT_W4A8G32 : q.group == 64 ? DT_W4A8G64 : q.group == 128 ? DT_W4A8G128 : -1;
+    case QUANT_A8: /* the source's own values, with int8 inputs where its layout has an A8 form */
+        switch (src) {
+        case DT_Q8_0: return DT_Q8_0A8;
+        case DT_Q4_0: return DT_W4A8G32; /* exactly (quant_q4_0_regroup) */
+        case DT_Q4_1: return DT_Q4_1A8;
+        case DT_Q5_0: return DT_Q5_0A8;
+        case DT_Q5_1: return DT_Q5_1A8;
+        case DT_W8: return DT_W8A8;
+        case DT_W4G32: return DT_W4A8G32;
+        case DT_W4G64: return DT_W4A8G64;
+        case DT_W4G128: return DT_W4A8G128;
+        default: return (int)src; /* floats and k-quants: no A8 form (yet) */
+        }
     }
     return -1;
 }
@@ -626,11 +645,11 @@ int quant_tensor_class(const char *canon)
     return -1;
 }
 
-static const char *const quant_kind_names[] = {"none", "f32", "f16", "bf16", "w8a16", "w4a16", "w8a8", "w4a8"};
+static const char *const quant_kind_names[] = {"none", "f32", "f16", "bf16", "w8a16", "w4a16", "w8a8", "w4a8", "a8"};
 
 bool quant_spec_parse(const char *s, QuantSpec *q)
 {
-    for (int k = 0; k <= QUANT_W4A8; k++) {
+    for (int k = 0; k <= QUANT_A8; k++) {
         size_t n = strlen(quant_kind_names[k]);
         if (strncmp(s, quant_kind_names[k], n) != 0)
             continue;
@@ -648,7 +667,7 @@ bool quant_spec_parse(const char *s, QuantSpec *q)
 
 const char *quant_spec_str(QuantSpec q, char *buf, size_t n)
 {
-    const char *k = (unsigned)q.kind <= QUANT_W4A8 ? quant_kind_names[q.kind] : "?";
+    const char *k = (unsigned)q.kind <= QUANT_A8 ? quant_kind_names[q.kind] : "?";
     if (q.kind == QUANT_W4A16 || q.kind == QUANT_W4A8)
         snprintf(buf, n, "%s-g%d", k, q.group);
     else

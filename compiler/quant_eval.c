@@ -243,8 +243,8 @@ static bool eval_format(const ModelDesc *m, const QuantEvalRun *r, QuantSpec q, 
                         Diag *d)
 {
     bool cpu = r->engine && !strcmp(r->engine, "cpu");
-    if (!cpu && (q.kind == QUANT_W8A8 || q.kind == QUANT_W4A8)) {
-        diag_file_error(d, m->path ? m->path : "megac", "w8a8 and w4a8 quantize the GEMV inputs, which the "
+    if (!cpu && (q.kind == QUANT_W8A8 || q.kind == QUANT_W4A8 || q.kind == QUANT_A8)) {
+        diag_file_error(d, m->path ? m->path : "megac", "w8a8, w4a8 and a8 quantize the GEMV inputs, which the "
                         "reference does not model: evaluate them with the cpu engine");
         return false;
     }

@@ -536,6 +536,7 @@ Test(cli, lower_and_validate_see_the_compiled_schedule)
         {"tests/fixtures/weights/qwen2.gguf", "--set 'quant={default: none, embed: f16, lm_head: w8a16}'",
          "buffer lm_head w8 "},
         {"tests/fixtures/weights/hf-llama3", "--set quant.mlp=w4a8-g32", "buffer L1.w_down w4a8g32 "},
+        {"tests/fixtures/weights/tiny.gguf", "--set quant.default=a8", "buffer L1.wk q4_1a8 "},
         {"models/stories260k.yaml", "--set quant.lm_head=w4a16-g32", "buffer lm_head w4g32 "},
         {"tests/fixtures/weights/llama3.gguf", "", "buffer L0.wq q8_0 "}, /* last: l.sched is read below */
     };
@@ -564,6 +565,29 @@ Test(cli, lower_and_validate_see_the_compiled_schedule)
     e[0] = 0; /* the counts, not the time */
     cr_assert_eq(megac(d, "validate l.sched", lowered, sizeof lowered), 0, "%s", lowered);
     cr_assert(strstr(lowered, n), "the same counts as the schedule's file:\n%s\n%s", n, lowered);
+    test_rm_rf(d);
+}
+
+/* quant a8 says what it did: how many matrices take int8 inputs, and
+ * which stored dtypes have no such form (tiny.gguf: Q4_0, Q4_1, Q8_0 do;
+ * its f16 wv and bf16 w_gate do not); a class not asked is not counted. */
+Test(cli, compile_a8_summary)
+{
+    if (access(MEGAC_SRC "/tests/fixtures/weights/tiny.gguf", R_OK) != 0)
+        cr_skip("fixtures absent; run tests/fixtures/weights/make_gguf_models.py");
+    static const struct {
+        const char *set, *want;
+    } cases[] = {
+        {"--set quant.default=a8", "; a8: 12 with int8 inputs, exact inputs for f16, bf16 (4: no int8 form)\n"},
+        {"--set quant.attn=a8", "; a8: 6 with int8 inputs, exact inputs for f16 (2: no int8 form)\n"},
+    };
+    char *d = tmp_dir(), out[16384], args[4096];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snprintf(args, sizeof args, "compile %s/tests/fixtures/weights/tiny.gguf --target cpu %s -o b.megac",
+                 MEGAC_SRC, cases[i].set);
+        cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
+        cr_assert(strstr(out, cases[i].want), "%s: no '%s' in\n%s", cases[i].set, cases[i].want, out);
+    }
     test_rm_rf(d);
 }
 

@@ -1103,6 +1103,92 @@ Test(quant, gguf_kquant_nvrtc, .timeout = 180)
     arena_free(&a);
 }
 
+/* A8's NMSE against the exact GEMV of the same blocks: > 0 (the inputs
+ * are quantized), within llama.cpp's 5e-4 for int8 activations. */
+static void a8_near_exact(const QTensor *src, const QTensor *q)
+{
+    double *y8 = malloc(sizeof(double) * (size_t)q->rows), *y16 = malloc(sizeof(double) * (size_t)q->rows);
+    float *x = malloc(sizeof(float) * (size_t)q->cols);
+    fill(x, q->cols, 31, 1.0f);
+    quant_gemv_a8_ref(q->dtype, q->data, q->rows, q->cols, x, y8);
+    quant_gemv_ref(src->dtype, src->data, src->rows, src->cols, x, y16);
+    double num = 0, den = 0;
+    for (int64_t r = 0; r < q->rows; r++)
+        num += (y8[r] - y16[r]) * (y8[r] - y16[r]), den += y16[r] * y16[r];
+    cr_assert(num > 0 && num / den <= 5e-4, "%s: nmse %g against the exact GEMV", dtype_name(q->dtype), num / den);
+    free(y8), free(y16), free(x);
+}
+
+/* quant a8 keeps every stored matrix's values and gives the ones with an
+ * int8-input form that form: GGUF Q4_1, Q5_0, Q5_1 and Q8_0 blocks byte
+ * for byte (Q4_1A8, Q5_0A8, Q5_1A8, Q8_0A8), Q4_0 regrouped exactly
+ * (W4A8G32), f16, bf16 and the k-quants as they are. On the k-quant model
+ * the CPU kernel path stays close to the model as stored (teacher-forced,
+ * 16 positions). */
+Test(quant, a8_keeps_stored_weights, .timeout = 120)
+{
+    if (access(MEGAC_SRC "/tests/fixtures/weights/tiny.gguf", R_OK) != 0 || access(KQ_FIX "/kquant.gguf", R_OK) != 0)
+        cr_skip("tests/fixtures/weights/tiny.gguf or kquant.gguf absent");
+    Arena a = {0};
+    Diag d;
+    diag_init(&d);
+    DescOverride ov[] = {{"quant", "a8"}};
+    const struct {
+        const char *yaml, *canon;
+        DType src, t;
+    } want[] = {{GGUF_YAML, "L0.wq", DT_Q4_0, DT_W4A8G32}, {GGUF_YAML, "L0.wk", DT_Q4_1, DT_Q4_1A8},
+                {GGUF_YAML, "L0.wv", DT_F16, DT_F16},      {GGUF_YAML, "L0.wo", DT_Q8_0, DT_Q8_0A8},
+                {GGUF_YAML, "L0.w_gate", DT_BF16, DT_BF16}, {GGUF_YAML, "embed", DT_Q8_0, DT_Q8_0A8},
+                {KQ_YAML, "L0.wo", DT_Q5_0, DT_Q5_0A8},    {KQ_YAML, "L0.w_up", DT_Q5_1, DT_Q5_1A8},
+                {KQ_YAML, "L1.wv", DT_Q5_0, DT_Q5_0A8},    {KQ_YAML, "L0.wq", DT_Q4_K, DT_Q4_K},
+                {KQ_YAML, "L0.wk", DT_Q5_K, DT_Q5_K},      {KQ_YAML, "L0.wv", DT_Q6_K, DT_Q6_K}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        ModelDesc m0, m1;
+        Weights w0, w1;
+        cr_assert(desc_text(&m0, &a, want[i].yaml, NULL, 0) && desc_text(&m1, &a, want[i].yaml, ov, 1));
+        cr_assert(weights_load(&w0, &m0, &d) && weights_load(&w1, &m1, &d));
+        const QTensor *q0 = weights_qtensor(&w0, want[i].canon), *q1 = weights_qtensor(&w1, want[i].canon);
+        cr_assert(q0 && q0->dtype == want[i].src && q1 && q1->dtype == want[i].t, "%s: %s", want[i].canon,
+                  q1 ? dtype_name(q1->dtype) : "-");
+        int64_t n;
+        const float *f0 = weights_tensor(&w0, want[i].canon, &n), *f1 = weights_tensor(&w1, want[i].canon, NULL);
+        cr_assert(memcmp(f0, f1, sizeof(float) * (size_t)n) == 0, "%s: values kept bit for bit", want[i].canon);
+        if (dtype_layout(want[i].t) == want[i].src) /* the same bytes */
+            cr_assert(q1->nbytes == q0->nbytes && !memcmp(q0->data, q1->data, q0->nbytes), "%s: blocks kept",
+                      want[i].canon);
+        if (dtype_is_a8(want[i].t))
+            a8_near_exact(q0, q1);
+        weights_free(&w0);
+        weights_free(&w1);
+    }
+    /* the model, compiled for the CPU with a8, against itself as stored */
+    char path[] = "/tmp/megac_kq_a8_XXXXXX.yaml";
+    int fd = mkstemps(path, 5);
+    cr_assert(fd >= 0);
+    char text[1024];
+    int len = snprintf(text, sizeof text,
+                       "name: tiny-kquant\n"
+                       "arch: {dim: 256, hidden_dim: 256, n_layers: 2, n_heads: 4, n_kv_heads: 2, head_dim: 64,"
+                       " vocab_size: 260, max_seq: 16}\n"
+                       "tie_embeddings: false\n"
+                       "weights: {format: gguf, path: %s/kquant.gguf}\n"
+                       "tokenizer: {format: bytes}\n",
+                       KQ_FIX);
+    cr_assert(write(fd, text, (size_t)len) == len);
+    close(fd);
+    ModelDesc m;
+    cr_assert(desc_load(&m, &a, path, NULL, 0, &d));
+    QuantSpec f[1] = {{QUANT_A8, 0}};
+    QuantEval e[2];
+    QuantEvalRun r = {"Once upon", 16, 15, "cpu", path, NULL, 0};
+    cr_assert(quant_eval(&m, &r, f, 1, e, &d));
+    unlink(path);
+    cr_assert_eq(e[1].bpw, e[0].bpw, "the stored bits per weight: %g, %g", e[1].bpw, e[0].bpw);
+    cr_assert(e[1].mean_kl > 0 && e[1].mean_kl < 1e-3, "a8 mean KL %g", e[1].mean_kl);
+    cr_assert_geq(e[1].top1, 0.9, "a8 same top-1 %g", e[1].top1);
+    arena_free(&a);
+}
+
 /* Any model description (MEGAC_GGUF_MODEL names it; skipped without it),
  * for GGUF files too large or too foreign for the repository (a Q4_K_M
  * file made with llama.cpp's llama-quantize): its own blocks in the CPU

@@ -13,6 +13,11 @@
  * quest_select's npages is at most CPU_QUEST_NPAGES_MAX.
  */
 #include "codegen/cpu/cpu.h"
+#include "codegen/cpu/kernel_table.h"
+
+/* kernel_body.c's gemv_a8 has no unpacked rows for the GGUF 4- and 5-bit
+ * A8 dtypes: every k it takes is packed. */
+_Static_assert(CPU_NORM_K_MAX <= KT_PACK_K_MAX, "A8 GEMVs over k <= CPU_NORM_K_MAX must be packable");
 
 /* Largest npages of a quest_select: op_quest_select (kernel_body.c)
  * ranks pages in a stack array of npages entries of 8 bytes. */
@@ -37,7 +42,7 @@ static bool check_gemv_weight(DType t)
     switch (t) {
     case DT_F32: case DT_F16: case DT_BF16: case DT_Q8_0: case DT_Q4_0: case DT_Q4_1: case DT_W8: case DT_W4G32:
     case DT_W4G64: case DT_W4G128: case DT_W8A8: case DT_W4A8G32: case DT_W4A8G64: case DT_W4A8G128:
-    case DT_Q4_1A8: case DT_Q8_0A8: case DT_Q5_0: case DT_Q5_1: case DT_Q4_K: case DT_Q5_K: case DT_Q6_K:
+    case DT_Q4_1A8: case DT_Q8_0A8: case DT_Q5_0A8: case DT_Q5_1A8: case DT_Q5_0: case DT_Q5_1: case DT_Q4_K: case DT_Q5_K: case DT_Q6_K:
         return true;
     default:
         return false;

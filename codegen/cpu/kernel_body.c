@@ -36,9 +36,10 @@
  * (exact weights, f32 sums; on AVX2 and AVX-512 VNNI hosts the 4-bit and
  * k-quant rows meet x as three byte planes of 23-bit fixed point per
  * block of 32, rounded to max|x_b| 2^-23, in integer dot products); A8
- * formats (W8A8, W4A8G*, and GGUF blocks as Q4_1A8 and Q8_0A8) quantize x
- * once per op to int8 and take integer dot products per block of 32.
- * Q4_0, Q4_1, Q5_0, Q5_1, W4G32, W4A8G32 and Q4_1A8 rows arrive packed
+ * formats (W8A8, W4A8G*, and GGUF blocks as Q4_1A8, Q5_0A8, Q5_1A8 and
+ * Q8_0A8) quantize x once per op to int8 and take integer dot products
+ * per block of 32. Q4_0, Q4_1, Q5_0, Q5_1, W4G32 and their A8 forms
+ * (W4A8G32, Q4_1A8, Q5_0A8, Q5_1A8) rows arrive packed
  * (kernel_table.h, compiler/quant.c): in float, one AND and one
  * conversion per 16 weights, on every instruction set (W4A8G32: two u8 x
  * s8 dot products per 128 weights). GGUF's k-quants (Q4_K, Q5_K, Q6_K) are
@@ -656,22 +657,6 @@ static float dot_q8_0a8(const unsigned char *row, const int8_t *xq, const float 
         for (int j = 0; j < 32; j++)
             qx += (int8_t)row[2 + j] * xq[32 * b + j];
         s += dq[b] * f16_at(row) * (float)qx;
-    }
-    return s;
-}
-
-/* A Q4_1A8 row (GGUF Q4_1 blocks, k % 32 == 0) on the quantized input:
- * per block d (dw sum q xq + m sum xq), as ir/dtype.h defines it. */
-static float dot_q4_1a8(const unsigned char *row, const int8_t *xq, const float *dq, int64_t k)
-{
-    float s = 0;
-    for (int64_t b = 0; b < k / 32; b++, row += 20) {
-        int32_t qx = 0, sx = 0;
-        for (int j = 0; j < 16; j++) {
-            qx += (row[4 + j] & 15) * xq[32 * b + j] + (row[4 + j] >> 4) * xq[32 * b + 16 + j];
-            sx += xq[32 * b + j] + xq[32 * b + 16 + j];
-        }
-        s += dq[b] * (f16_at(row) * (float)qx + f16_at(row + 2) * (float)sx);
     }
     return s;
 }
@@ -3341,6 +3326,34 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
     } while (0)
 #define PKA8_DOT16_VNNI512(acc, u, s) acc = isa_vnni512_dot(acc, u, s)
 
+/* What the packed A8 dtypes T (W4A8G32, Q4_1A8, Q5_0A8, Q5_1A8) differ
+ * in (kernel_table.h's layouts): header bytes per block, Q5's fifth bits,
+ * and what each block subtracts from its scaled sum, in
+ * out = sum - off: W4A8G32 s z dx, Q5_0A8 16 d dx, Q4_1A8 and Q5_1A8
+ * -m dx (dx: the input block's d times its sum of xq; sc: the blocks'
+ * scales, f16x4 the f16 conversion of the caller's instruction set). */
+#define PKA8_HDR(T) pk_hdr(qlayout(T))
+#define PKA8_Q5(T) ((T) == DT_Q5_0A8 || (T) == DT_Q5_1A8)
+#define PKA8_OFF(T, w, nblk, sc, dx, f16x4)                                              \
+    ((T) == DT_Q4_1A8 || (T) == DT_Q5_1A8 ? -(f16x4(pk_u16x4((w) + 2 * (nblk), (nblk))) * (dx)) \
+     : (T) == DT_Q5_0A8                   ? 16.0f * (sc) * (dx)                                 \
+                                          : (sc) * pk_z4((w) + 2 * (nblk), (nblk)) * (dx))
+/* Q5's qh words of the superblock at w (16 bytes whatever nblk: within
+ * the superblock, and x is 0 past k), folded as isa_avx2_pkq_sb folds
+ * them: lane 4 b + i gets block b's word shifted right by i, which puts
+ * the fifth bits of byte m's two elements at bits 8 m and 8 m + 4. (A
+ * byte compare against 1 << i instead of the shifts ran no faster on Zen
+ * 3.) */
+#define PKA8_QH(T, w, nblk, qh)                                     \
+    do {                                                            \
+        memcpy(&(qh), (w) + ((T) == DT_Q5_0A8 ? 2 : 4) * (nblk), 16); \
+    } while (0)
+#define PKA8_FOLD5(q, lo, hi)            \
+    do {                                 \
+        (lo) |= ((q) & 0x01010101u) << 4; \
+        (hi) |= (q) & 0x10101010u;        \
+    } while (0)
+
 /* Superblock sb of the four rows, nblk of its blocks (a constant 4 in
  * the main loop, so its loads and conversions are fixed-size). */
 #define PKA8_SB(dot16, nblk, T)                                                                              \
@@ -3349,22 +3362,27 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
         v4f dq = *(const v4f *)(dq4 + 4 * sb), dx = *(const v4f *)(dx4 + 4 * sb);                             \
         UNROLL4                                                                                              \
         for (int i = 0; i < 4; i++) {                                                                        \
-            const unsigned char *w = row[i] + 80 * sb;                                                       \
+            const unsigned char *w = row[i] + 4 * (PKA8_HDR(T) + 16) * sb;                                   \
             v16u32 v;                                                                                        \
             if ((nblk) == 4)                                                                                 \
-                v = *(const v16u32a1 *)(w + 16);                                                             \
+                v = *(const v16u32a1 *)(w + 4 * PKA8_HDR(T));                                                \
             else                                                                                             \
-                pk_load_short(w + 4 * (nblk), (nblk), &v);                                                   \
+                pk_load_short(w + PKA8_HDR(T) * (nblk), (nblk), &v);                                         \
+            v16u32 lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu;                                        \
+            if (PKA8_Q5(T)) {                                                                                \
+                v4u32 qh;                                                                                    \
+                PKA8_QH(T, w, (nblk), qh);                                                                   \
+                v16u32 q5 = __builtin_shufflevector(qh, qh, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) >> \
+                            (v16u32){0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};                        \
+                PKA8_FOLD5(q5, lo, hi);                                                                      \
+            }                                                                                                \
             v16i32 p = {0};                                                                                  \
-            dot16(p, v & 0x0f0f0f0fu, xl);                                                                   \
-            dot16(p, (v >> 4) & 0x0f0f0f0fu, xh);                                                            \
+            dot16(p, lo, xl);                                                                                \
+            dot16(p, hi, xh);                                                                                \
             v4f sc = pk_f16x4(pk_u16x4(w, (nblk))), sd = sc * dq;                                            \
             acc[i] += __builtin_shufflevector(sd, sd, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *         \
                       __builtin_convertvector(p, v16f);                                                      \
-            if ((T) == DT_Q4_1A8) /* the block's min: out = acc + m * dx */                                  \
-                off[i] -= pk_f16x4(pk_u16x4(w + 2 * (nblk), (nblk))) * dx;                                   \
-            else /* the group's zero: out = acc - s z dx */                                                  \
-                off[i] += sc * pk_z4(w + 2 * (nblk), (nblk)) * dx;                                           \
+            off[i] += PKA8_OFF(T, w, (nblk), sc, dx, pk_f16x4);                                              \
         }                                                                                                    \
     } while (0)
 
@@ -3396,50 +3414,61 @@ PKA8_ROWS(pka8_portable_rows, , PKA8_DOT16_PORTABLE, DT_W4A8G32)
 PKA8_ROWS(isa_vnni512_pka8_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_W4A8G32)
 PKA8_ROWS(pka8_portable_q4_1_rows, , PKA8_DOT16_PORTABLE, DT_Q4_1A8)
 PKA8_ROWS(isa_vnni512_pka8_q4_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q4_1A8)
+PKA8_ROWS(pka8_portable_q5_0_rows, , PKA8_DOT16_PORTABLE, DT_Q5_0A8)
+PKA8_ROWS(isa_vnni512_pka8_q5_0_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q5_0A8)
+PKA8_ROWS(pka8_portable_q5_1_rows, , PKA8_DOT16_PORTABLE, DT_Q5_1A8)
+PKA8_ROWS(isa_vnni512_pka8_q5_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q5_1A8)
 
 /* The 256-bit rows (AVX2, AVX-VNNI), one row after another with the
  * row's sums in registers (Zen 3: one sequential weight stream decoded
  * faster than four rows side by side; when the macro above did that, it
  * kept the sums in memory, indexed by row), and a half superblock's nibbles
  * through one dot2 (A8_DOT2_AVX2: 6 vector multiplies per superblock
- * where a vpmaddwd per vpmaddubsw took 8). */
+ * where a vpmaddwd per vpmaddubsw took 8; Q5's values are < 32, so the
+ * i16 sum of the two products stays within 4 * 31 * 127). */
 #define PKA8_256_ROWS(pre, attr, dot2)                                                                         \
     /* The superblock at w (nblk of its blocks, a constant) against x's  \
      * at xs, dq, dx: its halves' sums into a[0], a[1], its offsets into   \
      * *off. */                                                            \
     static inline __attribute__((always_inline)) attr void pre##_pka8_sb(                                    \
-        int q41, int nblk, const unsigned char *w, const int8_t *xs, const float *dq, const float *dx,       \
+        int T, int nblk, const unsigned char *w, const int8_t *xs, const float *dq, const float *dx,         \
         v8fl a[2], v4f *off)                                                                                 \
     {                                                                                                        \
         const v8u32 m = {0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu,                                 \
                          0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu};                                \
         v16u32 v;                                                                                            \
         if (nblk == 4)                                                                                       \
-            v = *(const v16u32a1 *)(w + 16);                                                                 \
+            v = *(const v16u32a1 *)(w + 4 * PKA8_HDR(T));                                                    \
         else                                                                                                 \
-            pk_load_short(w + 4 * nblk, nblk, &v);                                                           \
+            pk_load_short(w + PKA8_HDR(T) * nblk, nblk, &v);                                                 \
+        v4u32 qh = {0};                                                                                      \
+        if (PKA8_Q5(T))                                                                                      \
+            PKA8_QH(T, w, nblk, qh);                                                                         \
         v4f sc = isa_avx2_f16x4(pk_u16x4(w, nblk)), sd = sc * *(const v4f *)dq;                              \
         v8fl sd8 = __builtin_shufflevector(sd, sd, 0, 1, 2, 3, 0, 1, 2, 3);                                  \
         UNROLL4                                                                                              \
         for (int h = 0; h < (nblk > 2 ? 2 : 1); h++) {                                                       \
             v8u32 q = h ? __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15)                        \
                         : __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);                             \
-            v8i32 d = dot2(q & m, *(const v8u32 *)(xs + 32 * h), (q >> 4) & m,                              \
-                           *(const v8u32 *)(xs + 64 + 32 * h));                                              \
+            v8u32 lo = q & m, hi = (q >> 4) & m;                                                             \
+            if (PKA8_Q5(T)) {                                                                                \
+                v8u32 q5 = h ? __builtin_shufflevector(qh, qh, 2, 2, 2, 2, 3, 3, 3, 3)                       \
+                             : __builtin_shufflevector(qh, qh, 0, 0, 0, 0, 1, 1, 1, 1);                      \
+                q5 >>= (v8u32){0, 1, 2, 3, 0, 1, 2, 3};                                                      \
+                PKA8_FOLD5(q5, lo, hi);                                                                      \
+            }                                                                                                \
+            v8i32 d = dot2(lo, *(const v8u32 *)(xs + 32 * h), hi, *(const v8u32 *)(xs + 64 + 32 * h));       \
             /* block 2 h's scale to lanes 0-3, 2 h + 1's to lanes 4-7 */                                   \
             v8fl s8 = __builtin_ia32_permvarsf256(sd8, (v8i32){2 * h, 2 * h, 2 * h, 2 * h, 2 * h + 1, 2 * h + 1, \
                                                                2 * h + 1, 2 * h + 1});                       \
             a[h] += __builtin_convertvector(d, v8fl) * s8;                                                   \
         }                                                                                                    \
-        if (q41) /* the block's min: out = acc + m * dx */                                                  \
-            *off -= isa_avx2_f16x4(pk_u16x4(w + 2 * nblk, nblk)) * *(const v4f *)dx;                         \
-        else /* the group's zero: out = acc - s z dx */                                                      \
-            *off += sc * pk_z4(w + 2 * nblk, nblk) * *(const v4f *)dx;                                       \
+        *off += PKA8_OFF(T, w, nblk, sc, *(const v4f *)dx, isa_avx2_f16x4);                                  \
     }                                                                                                        \
-    static attr void pre##_pka8_rows(int q41, const GemvSeg *g, const int8_t *xqp, const float *dq4,         \
-                                     const float *dx4, int64_t k)                                            \
+    static inline __attribute__((always_inline)) attr void pre##_pka8_rows(                                  \
+        int T, const GemvSeg *g, const int8_t *xqp, const float *dq4, const float *dx4, int64_t k)           \
     {                                                                                                        \
-        int64_t rb = qrow_bytes(q41 ? DT_Q4_1A8 : DT_W4A8G32, k), nb = k / 32;                               \
+        int64_t rb = qrow_bytes(T, k), nb = k / 32, sbb = 4 * (PKA8_HDR(T) + 16);                            \
         for (int64_t r = g->r0; r < g->r1; r += 4) {                                                         \
             const unsigned char *row[4];                                                                     \
             seg_quad(g, rb, r, row);                                                                         \
@@ -3450,16 +3479,15 @@ PKA8_ROWS(isa_vnni512_pka8_q4_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q4_1A8
                 v4f off = {0};                                                                               \
                 int64_t sb = 0;                                                                              \
                 for (; sb < nb / 4; sb++)                                                                    \
-                    pre##_pka8_sb(q41, 4, row[i] + 80 * sb, xqp + 128 * sb, dq4 + 4 * sb, dx4 + 4 * sb, a,     \
-                                  &off);                                                                     \
-                const unsigned char *w = row[i] + 80 * sb;                                                   \
+                    pre##_pka8_sb(T, 4, row[i] + sbb * sb, xqp + 128 * sb, dq4 + 4 * sb, dx4 + 4 * sb, a, &off); \
+                const unsigned char *w = row[i] + sbb * sb;                                                  \
                 const int8_t *xs = xqp + 128 * sb;                                                           \
                 if (nb % 4 == 1)                                                                             \
-                    pre##_pka8_sb(q41, 1, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, a, &off);                       \
+                    pre##_pka8_sb(T, 1, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, a, &off);                         \
                 else if (nb % 4 == 2)                                                                        \
-                    pre##_pka8_sb(q41, 2, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, a, &off);                       \
+                    pre##_pka8_sb(T, 2, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, a, &off);                         \
                 else if (nb % 4 == 3)                                                                        \
-                    pre##_pka8_sb(q41, 3, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, a, &off);                       \
+                    pre##_pka8_sb(T, 3, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, a, &off);                         \
                 rs[i] = isa_avx2_halves(a[0] + a[1]);                                                        \
                 off4[i] = (off[0] + off[1]) + (off[2] + off[3]);                                             \
             }                                                                                                \
@@ -3468,11 +3496,23 @@ PKA8_ROWS(isa_vnni512_pka8_q4_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q4_1A8
             memcpy(out, &o, 16);                                                                             \
             seg_quad_store(g, rb, r, out);                                                                   \
         }                                                                                                    \
+    }                                                                                                        \
+    /* Segment g's rows of dtype t, each dtype with its own rows. */                                       \
+    static attr void pre##_pka8_seg(int t, const GemvSeg *g, const int8_t *xqp, const float *dq4,            \
+                                    const float *dx4, int64_t k)                                             \
+    {                                                                                                        \
+        switch (t) {                                                                                         \
+        case DT_Q4_1A8: pre##_pka8_rows(DT_Q4_1A8, g, xqp, dq4, dx4, k); break;                              \
+        case DT_Q5_0A8: pre##_pka8_rows(DT_Q5_0A8, g, xqp, dq4, dx4, k); break;                              \
+        case DT_Q5_1A8: pre##_pka8_rows(DT_Q5_1A8, g, xqp, dq4, dx4, k); break;                              \
+        default: pre##_pka8_rows(DT_W4A8G32, g, xqp, dq4, dx4, k); break;                                    \
+        }                                                                                                    \
     }
 PKA8_256_ROWS(isa_avx2, ISA_AVX2, A8_DOT2_AVX2)
 PKA8_256_ROWS(isa_avxvnni, ISA_AVXVNNI, A8_DOT2_AVXVNNI)
 
-/* y[r0:r1] of packed W4A8G32 or Q4_1A8 rows from the quantized input. */
+/* y[r0:r1] of packed W4A8G32, Q4_1A8, Q5_0A8 or Q5_1A8 rows from the
+ * quantized input. */
 static void gemv_pka8(int t, const GemvSeg *sg, int ns, const int8_t *xq, const float *dq, int64_t k)
 {
     int64_t nsb = (k / 32 + 3) / 4;
@@ -3481,15 +3521,20 @@ static void gemv_pka8(int t, const GemvSeg *sg, int ns, const int8_t *xq, const 
     pka8_x_prepare(xq, dq, k, xqp, dq4, dx4);
     for (int i = 0; i < ns; i++) {
         const GemvSeg *g = &sg[i];
-        int q41 = t == DT_Q4_1A8;
         if (megac_k_isa & KT_ISA_VNNI512)
-            (q41 ? isa_vnni512_pka8_q4_1_rows : isa_vnni512_pka8_rows)(g, xqp, dq4, dx4, k);
+            (t == DT_Q4_1A8   ? isa_vnni512_pka8_q4_1_rows
+             : t == DT_Q5_0A8 ? isa_vnni512_pka8_q5_0_rows
+             : t == DT_Q5_1A8 ? isa_vnni512_pka8_q5_1_rows
+                              : isa_vnni512_pka8_rows)(g, xqp, dq4, dx4, k);
         else if (megac_k_isa & KT_ISA_AVXVNNI)
-            isa_avxvnni_pka8_rows(q41, g, xqp, dq4, dx4, k);
+            isa_avxvnni_pka8_seg(t, g, xqp, dq4, dx4, k);
         else if (megac_k_isa & KT_ISA_AVX2)
-            isa_avx2_pka8_rows(q41, g, xqp, dq4, dx4, k);
+            isa_avx2_pka8_seg(t, g, xqp, dq4, dx4, k);
         else
-            (q41 ? pka8_portable_q4_1_rows : pka8_portable_rows)(g, xqp, dq4, dx4, k);
+            (t == DT_Q4_1A8   ? pka8_portable_q4_1_rows
+             : t == DT_Q5_0A8 ? pka8_portable_q5_0_rows
+             : t == DT_Q5_1A8 ? pka8_portable_q5_1_rows
+                              : pka8_portable_rows)(g, xqp, dq4, dx4, k);
     }
 }
 
@@ -3497,7 +3542,7 @@ static void gemv_pka8(int t, const GemvSeg *sg, int ns, const int8_t *xq, const 
  * -1 none (the portable loops of dot_w8a8 and dot_w4a8). */
 static int a8_fast_kind(int t, int64_t k)
 {
-    if (k % 32 || t == DT_Q4_1A8) /* (Q4_1A8 rows too long to be packed) */
+    if (k % 32)
         return -1;
     if ((megac_k_isa & KT_ISA_VNNI512) && ((t != DT_W8A8 && t != DT_Q8_0A8) || k % 64 == 0))
         return 2;
@@ -3598,6 +3643,9 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
     int8_t xq[k];
     float dq[(k + 31) / 32];
     act_quantize(x, k, xq, dq);
+    /* the GGUF 4- and 5-bit A8 rows (Q4_1A8, Q5_0A8, Q5_1A8) are always
+     * packed: k is whole blocks and at most CPU_NORM_K_MAX (cpu_check.c
+     * asserts it is within KT_PACK_K_MAX) */
     if (kt_row_packed(t, k)) {
         gemv_pka8(t, sg, ns, xq, dq, k);
         return;
@@ -3613,7 +3661,6 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
             const unsigned char *row = sg[i].W + r * rb;
             ws_read(sg[i].ws, rb);
             float v = t == DT_W8A8    ? dot_w8a8(row, xq, dq, k)
-                      : t == DT_Q4_1A8 ? dot_q4_1a8(row, xq, dq, k)
                       : t == DT_Q8_0A8 ? dot_q8_0a8(row, xq, dq, k)
                                        : dot_w4a8(t, row, xq, dq, k);
             gemv_store(sg[i].y, sg[i].b, r, v, sg[i].accum);
@@ -3647,7 +3694,7 @@ static void gemv_rows(const MegacArgs *a, const int64_t *in, int n, const float 
             gemv_f32(&sg[i], x, k);
     } else if (a8_is(t)) {
         if (HAS_DT(DT_W8A8) | HAS_DT(DT_W4A8G32) | HAS_DT(DT_W4A8G64) | HAS_DT(DT_W4A8G128) | HAS_DT(DT_Q4_1A8) |
-            HAS_DT(DT_Q8_0A8))
+            HAS_DT(DT_Q5_0A8) | HAS_DT(DT_Q5_1A8) | HAS_DT(DT_Q8_0A8))
             gemv_a8(t, sg, n, x, k);
     } else {
         gemv_quant(t, sg, n, x, k);
