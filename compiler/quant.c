@@ -377,13 +377,34 @@ static double quant_row_gguf_a8(DType t, const unsigned char *row, int64_t k, co
     return y;
 }
 
+/* One Q4_KA8, Q5_KA8 or Q6_KA8 row against x: per block of 32, its d
+ * times the sum of the weights' values (the k-quant's own, dequantized
+ * exactly: quant_row_dequant) times xq, in double. */
+static double quant_row_kq_a8(DType t, const unsigned char *row, int64_t k, const float *x)
+{
+    float *w = xmalloc((size_t)k * sizeof *w);
+    quant_row_dequant(t, row, k, w);
+    int8_t xq[32];
+    double y = 0;
+    for (int64_t b = 0; b < k / 32; b++) {
+        float d = quant_act_block(x + 32 * b, 32, xq);
+        double s = 0;
+        for (int j = 0; j < 32; j++)
+            s += (double)w[32 * b + j] * xq[j];
+        y += (double)d * s;
+    }
+    free(w);
+    return y;
+}
+
 void quant_gemv_a8_ref(DType t, const unsigned char *w, int64_t rows, int64_t k, const float *x, double *y)
 {
     ASSERT(dtype_is_a8(t));
     size_t rb = dtype_row_bytes(t, k);
     for (int64_t r = 0; r < rows; r++)
-        y[r] = dtype_is_rowwise(t) ? quant_row_a8(t, w + (size_t)r * rb, k, x)
-                                   : quant_row_gguf_a8(t, w + (size_t)r * rb, k, x);
+        y[r] = dtype_is_rowwise(t)                 ? quant_row_a8(t, w + (size_t)r * rb, k, x)
+               : dtype_is_kquant(dtype_layout(t)) ? quant_row_kq_a8(t, w + (size_t)r * rb, k, x)
+                                                  : quant_row_gguf_a8(t, w + (size_t)r * rb, k, x);
 }
 
 /* ---- the CPU kernel's byte order for 4-bit rows ----
@@ -619,11 +640,14 @@ int quant_spec_dtype(QuantSpec q, DType src)
         case DT_Q4_1: return DT_Q4_1A8;
         case DT_Q5_0: return DT_Q5_0A8;
         case DT_Q5_1: return DT_Q5_1A8;
+        case DT_Q4_K: return DT_Q4_KA8;
+        case DT_Q5_K: return DT_Q5_KA8;
+        case DT_Q6_K: return DT_Q6_KA8;
         case DT_W8: return DT_W8A8;
         case DT_W4G32: return DT_W4A8G32;
         case DT_W4G64: return DT_W4A8G64;
         case DT_W4G128: return DT_W4A8G128;
-        default: return (int)src; /* floats and k-quants: no A8 form (yet) */
+        default: return (int)src; /* floats: no A8 form */
         }
     }
     return -1;

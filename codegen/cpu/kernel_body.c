@@ -661,6 +661,20 @@ static float dot_q8_0a8(const unsigned char *row, const int8_t *xq, const float 
     return s;
 }
 
+/* A k-quant A8 row (layout l) on the quantized input without AVX2: per
+ * block of 32, d times the sum of the weights' values times xq. */
+static float dot_kqa8(int l, const unsigned char *row, const int8_t *xq, const float *dq, int64_t k)
+{
+    float s = 0;
+    for (int64_t b = 0; b < k / 32; b++) {
+        float p = 0;
+        for (int j = 0; j < 32; j++)
+            p += gguf_elem(l, row, 32 * b + j) * (float)xq[32 * b + j];
+        s += dq[b] * p;
+    }
+    return s;
+}
+
 /* Row . x for any weight dtype but f32. */
 static float qdot(int t, const unsigned char *row, const float *x, int64_t k)
 {
@@ -3131,11 +3145,19 @@ static ISA_AVX2 void isa_avx2_gemv_kq(int t, const GemvSeg *sg, int ns, const fl
  * position (and spilled them) and 2k floats of reordered x, this keeps
  * three constants and 3k bytes. L2 rate on Zen 3, one core, k = 768 /
  * 4096: Q4_K 7.3 -> 7.6 / 5.6 -> 7.3 GB/s, Q5_K 5.5 -> 7.9 (k = 768),
- * Q6_K 6.8 -> 9.0 / 5.6 -> 9.0. */
-static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_kq_part(v8u32 w, const int8_t *xq)
+ * Q6_K 6.8 -> 9.0 / 5.6 -> 9.0.
+ * The same kernels serve the k-quants' A8 forms (Q4_KA8, Q5_KA8, Q6_KA8)
+ * with np = 1: one plane, x's int8 values (act_quantize) in the top
+ * plane's place, u the blocks' d and xs the sums of d xq (so the
+ * integer sums are ir/dtype.h's), 128 bytes of x per 4 blocks where the
+ * A16 kernels take 128 np. */
+static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_kq_part(int np, v8u32 w, const int8_t *xq)
 {
     const v16i16 c256 = {256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256};
     const v16i16 ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    if (np == 1)
+        return __builtin_convertvector(
+            __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((v32c)w, *(const v32c *)xq), ones), v8fl);
     v16i16 p[3];
     UNROLL4
     for (int j = 0; j < 3; j++) /* planes 2, 1, 0: |pair sums| <= 2 * 63 * 128 */
@@ -3168,7 +3190,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 int isa_avx2_kq_x_prepare(
  * blocks' u) and xs (its 8 sub-block sums): chunk c's low bytes are
  * sub-block 2c, its high ones 2c + 1 (Q5_K's fifth bits: bits 2c and
  * 2c + 1 of each qh byte). */
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq4q_sb(int q5, const unsigned char *b,
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq4q_sb(int np, int q5, const unsigned char *b,
                                                                            const int8_t *xq, const float *u8,
                                                                            const float *xs, v8fl acc[4], v8fl *off)
 {
@@ -3189,9 +3211,9 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq4q_sb(int 
             lo |= (h & 0x01010101u) << 4;
             hi |= (h & 0x02020202u) << 3;
         }
-        const int8_t *xc = xq + 384 * (c / 2) + 32 * (c % 2);
-        acc[c] += __builtin_ia32_permvarsf256(du, (v8i32){0} + 2 * c) * isa_avx2_kq_part(lo, xc) +
-                  __builtin_ia32_permvarsf256(du, (v8i32){0} + 2 * c + 1) * isa_avx2_kq_part(hi, xc + 64);
+        const int8_t *xc = xq + 128 * np * (c / 2) + 32 * (c % 2);
+        acc[c] += __builtin_ia32_permvarsf256(du, (v8i32){0} + 2 * c) * isa_avx2_kq_part(np, lo, xc) +
+                  __builtin_ia32_permvarsf256(du, (v8i32){0} + 2 * c + 1) * isa_avx2_kq_part(np, hi, xc + 64);
     }
 }
 
@@ -3200,7 +3222,8 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq4q_sb(int 
  * elements 128 h + 32 c + l, sub-blocks 8 h + 2 c (+ 1), x block 4 h + c;
  * its high ones elements 128 h + 64 + 32 c + l, sub-blocks 8 h + 4 + 2 c
  * (+ 1), block 4 h + 2 + c. Values 0..63; the - 32 is 32 sum d sc xs. */
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq6q_sb(const unsigned char *b, const int8_t *xq,
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq6q_sb(int np, const unsigned char *b,
+                                                                           const int8_t *xq,
                                                                            const float *u8, const float *xs,
                                                                            v8fl acc[4], v8fl *off)
 {
@@ -3216,18 +3239,19 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq6q_sb(cons
             v8u32 v, q = qh >> (uint32_t)(2 * c);
             memcpy(&v, b + 64 * h + 32 * c, 32);
             v8u32 lo = (v & 0x0f0f0f0fu) | (q & 0x03030303u) << 4, hi = (v >> 4 & 0x0f0f0f0fu) | (q & 0x30303030u);
-            const int8_t *xc = xq + 384 * h + 32 * c;
+            const int8_t *xc = xq + 128 * np * h + 32 * c;
             v8fl slo = isa_avx2_pair(d[h], 2 * c) * u8[4 * h + c];
             v8fl shi = isa_avx2_pair(d[h], 2 * c + 4) * u8[4 * h + 2 + c];
-            acc[2 * h + c] += slo * isa_avx2_kq_part(lo, xc) + shi * isa_avx2_kq_part(hi, xc + 64);
+            acc[2 * h + c] += slo * isa_avx2_kq_part(np, lo, xc) + shi * isa_avx2_kq_part(np, hi, xc + 64);
         }
     }
 }
 
-/* Segment g's kq rows on AVX2 against x's planes, one row after another. */
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kqq_rows(int t, const GemvSeg *g, const int8_t *xq,
-                                                                            const float *ub, const float *xs,
-                                                                            int64_t k)
+/* Segment g's kq rows on AVX2 against x's np planes, one row after
+ * another. */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kqq_rows(int t, int np, const GemvSeg *g,
+                                                                            const int8_t *xq, const float *ub,
+                                                                            const float *xs, int64_t k)
 {
     int64_t rb = qrow_bytes(t, k), bb = t == DT_Q4_K ? 144 : t == DT_Q5_K ? 176 : 210;
     for (int64_t r = g->r0; r < g->r1; r += 4) {
@@ -3239,9 +3263,10 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kqq_rows(int
             v8fl a[4] = {{0}, {0}, {0}, {0}}, off = {0};
             for (int64_t s = 0; s < k / 256; s++) {
                 if (t != DT_Q6_K)
-                    isa_avx2_kq4q_sb(t == DT_Q5_K, row[i] + s * bb, xq + 768 * s, ub + 8 * s, xs + 8 * s, a, &off);
+                    isa_avx2_kq4q_sb(np, t == DT_Q5_K, row[i] + s * bb, xq + 256 * np * s, ub + 8 * s, xs + 8 * s,
+                                     a, &off);
                 else
-                    isa_avx2_kq6q_sb(row[i] + s * bb, xq + 768 * s, ub + 8 * s, xs + 16 * s, a, &off);
+                    isa_avx2_kq6q_sb(np, row[i] + s * bb, xq + 256 * np * s, ub + 8 * s, xs + 16 * s, a, &off);
             }
             v8fl acc = (a[0] + a[1]) + (a[2] + a[3]) - (t != DT_Q6_K ? 1.0f : 32.0f) * off;
             rs[i] = isa_avx2_halves(acc);
@@ -3265,13 +3290,43 @@ static ISA_AVX2 int isa_avx2_gemv_kq_q(int t, const GemvSeg *sg, int ns, const f
     x_group_sums(x, k, n, xs);
     for (int i = 0; i < ns; i++) {
         if (t == DT_Q4_K)
-            isa_avx2_kqq_rows(DT_Q4_K, &sg[i], xq, ub, xs, k);
+            isa_avx2_kqq_rows(DT_Q4_K, 3, &sg[i], xq, ub, xs, k);
         else if (t == DT_Q5_K)
-            isa_avx2_kqq_rows(DT_Q5_K, &sg[i], xq, ub, xs, k);
+            isa_avx2_kqq_rows(DT_Q5_K, 3, &sg[i], xq, ub, xs, k);
         else
-            isa_avx2_kqq_rows(DT_Q6_K, &sg[i], xq, ub, xs, k);
+            isa_avx2_kqq_rows(DT_Q6_K, 3, &sg[i], xq, ub, xs, k);
     }
     return 1;
+}
+
+/* Q4_KA8, Q5_KA8 and Q6_KA8 rows (layout l) on AVX2 (also on AVX-512
+ * hosts) from the quantized input: the kernels above with one plane,
+ * xq's blocks where isa_avx2_kq_x_prepare puts the top plane's, and xs
+ * the sub-blocks' sums of d xq. */
+static ISA_AVX2 void isa_avx2_gemv_kqa8(int l, const GemvSeg *sg, int ns, const int8_t *xq, const float *dq,
+                                        int64_t k)
+{
+    int8_t xk[k] __attribute__((aligned(64)));
+    float xs[k / 16] __attribute__((aligned(32)));
+    int q6 = l == DT_Q6_K, n = q6 ? 16 : 32;
+    for (int64_t blk = 0; blk < k / 32; blk++) {
+        int j = (int)(blk % 4), part = q6 ? j / 2 : j % 2, half = q6 ? j % 2 : j / 2;
+        memcpy(xk + 128 * (blk / 4) + 64 * part + 32 * half, xq + 32 * blk, 32);
+    }
+    for (int64_t s = 0; s < k / n; s++) {
+        int32_t sum = 0;
+        for (int j = 0; j < n; j++)
+            sum += xq[n * s + j];
+        xs[s] = dq[n * s / 32] * (float)sum;
+    }
+    for (int i = 0; i < ns; i++) {
+        if (l == DT_Q4_K)
+            isa_avx2_kqq_rows(DT_Q4_K, 1, &sg[i], xk, dq, xs, k);
+        else if (l == DT_Q5_K)
+            isa_avx2_kqq_rows(DT_Q5_K, 1, &sg[i], xk, dq, xs, k);
+        else
+            isa_avx2_kqq_rows(DT_Q6_K, 1, &sg[i], xk, dq, xs, k);
+    }
 }
 
 /* ---- packed W4A8G32 rows (kernel_table.h: W4G32's packed order) ----
@@ -3650,7 +3705,12 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
         gemv_pka8(t, sg, ns, xq, dq, k);
         return;
     }
-    int kind = a8_fast_kind(t, k);
+    int l = qlayout(t);
+    if (dtype_is_kquant((DType)l) && (megac_k_isa & KT_ISA_AVX2)) {
+        isa_avx2_gemv_kqa8(l, sg, ns, xq, dq, k);
+        return;
+    }
+    int kind = dtype_is_kquant((DType)l) ? -1 : a8_fast_kind(t, k);
     if (kind >= 0) {
         gemv_a8_fast(kind, t, sg, ns, xq, dq, k);
         return;
@@ -3660,9 +3720,10 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
         for (int64_t r = sg[i].r0; r < sg[i].r1; r++) {
             const unsigned char *row = sg[i].W + r * rb;
             ws_read(sg[i].ws, rb);
-            float v = t == DT_W8A8    ? dot_w8a8(row, xq, dq, k)
-                      : t == DT_Q8_0A8 ? dot_q8_0a8(row, xq, dq, k)
-                                       : dot_w4a8(t, row, xq, dq, k);
+            float v = t == DT_W8A8                  ? dot_w8a8(row, xq, dq, k)
+                      : t == DT_Q8_0A8               ? dot_q8_0a8(row, xq, dq, k)
+                      : dtype_is_kquant((DType)l) ? dot_kqa8(l, row, xq, dq, k)
+                                                     : dot_w4a8(t, row, xq, dq, k);
             gemv_store(sg[i].y, sg[i].b, r, v, sg[i].accum);
         }
 }
@@ -3694,7 +3755,8 @@ static void gemv_rows(const MegacArgs *a, const int64_t *in, int n, const float 
             gemv_f32(&sg[i], x, k);
     } else if (a8_is(t)) {
         if (HAS_DT(DT_W8A8) | HAS_DT(DT_W4A8G32) | HAS_DT(DT_W4A8G64) | HAS_DT(DT_W4A8G128) | HAS_DT(DT_Q4_1A8) |
-            HAS_DT(DT_Q5_0A8) | HAS_DT(DT_Q5_1A8) | HAS_DT(DT_Q8_0A8))
+            HAS_DT(DT_Q5_0A8) | HAS_DT(DT_Q5_1A8) | HAS_DT(DT_Q8_0A8) | HAS_DT(DT_Q4_KA8) | HAS_DT(DT_Q5_KA8) |
+            HAS_DT(DT_Q6_KA8))
             gemv_a8(t, sg, n, x, k);
     } else {
         gemv_quant(t, sg, n, x, k);
