@@ -3151,6 +3151,22 @@ static ISA_AVX2 void isa_avx2_gemv_kq(int t, const GemvSeg *sg, int ns, const fl
  * plane's place, u the blocks' d and xs the sums of d xq (so the
  * integer sums are ir/dtype.h's), 128 bytes of x per 4 blocks where the
  * A16 kernels take 128 np. */
+/* A part's products with int8 x, summed per lane (|.| <= 8 * 63 * 127). */
+static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_kq_dot(v8u32 w, const int8_t *xq)
+{
+    const v16i16 ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    return __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((v32c)w, *(const v32c *)xq), ones);
+}
+
+/* {a0-a3, b0-b3, c0-c3, d0-d3, a4-a7, b4-b7, c4-c7, d4-d7} (sums of those
+ * lanes): the np == 1 rows add their parts' lanes as integers, and
+ * convert and scale eight sub-block sums at once where each part took a
+ * conversion, a broadcast of its scale and an FMA. */
+static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_hsum4(v8i32 a, v8i32 b, v8i32 c, v8i32 d)
+{
+    return __builtin_ia32_phaddd256(__builtin_ia32_phaddd256(a, b), __builtin_ia32_phaddd256(c, d));
+}
+
 static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_kq_part(int np, v8u32 w, const int8_t *xq)
 {
     const v16i16 c256 = {256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256};
@@ -3201,6 +3217,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq4q_sb(int 
     v8u32 qh = {0};
     if (q5)
         memcpy(&qh, b + 16, 32);
+    v8i32 s[8]; /* np == 1: sub-block j's products, per lane */
     UNROLL4
     for (int c = 0; c < 4; c++) {
         v8u32 v;
@@ -3212,8 +3229,18 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq4q_sb(int 
             hi |= (h & 0x02020202u) << 3;
         }
         const int8_t *xc = xq + 128 * np * (c / 2) + 32 * (c % 2);
+        if (np == 1) {
+            s[2 * c] = isa_avx2_kq_dot(lo, xc);
+            s[2 * c + 1] = isa_avx2_kq_dot(hi, xc + 64);
+            continue;
+        }
         acc[c] += __builtin_ia32_permvarsf256(du, (v8i32){0} + 2 * c) * isa_avx2_kq_part(np, lo, xc) +
                   __builtin_ia32_permvarsf256(du, (v8i32){0} + 2 * c + 1) * isa_avx2_kq_part(np, hi, xc + 64);
+    }
+    if (np == 1) { /* lanes 0-3: sub-blocks 0-3 (4-7) over their first four lanes, 4-7: the last four */
+        v8i32 s03 = isa_avx2_hsum4(s[0], s[1], s[2], s[3]), s47 = isa_avx2_hsum4(s[4], s[5], s[6], s[7]);
+        acc[0] += __builtin_shufflevector(du, du, 0, 1, 2, 3, 0, 1, 2, 3) * __builtin_convertvector(s03, v8fl);
+        acc[1] += __builtin_shufflevector(du, du, 4, 5, 6, 7, 4, 5, 6, 7) * __builtin_convertvector(s47, v8fl);
     }
 }
 
@@ -3234,15 +3261,29 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq6q_sb(int 
     for (int h = 0; h < 2; h++) {
         v8u32 qh;
         memcpy(&qh, b + 128 + 32 * h, 32);
+        v8i32 s[4]; /* np == 1 */
         UNROLL4
         for (int c = 0; c < 2; c++) {
             v8u32 v, q = qh >> (uint32_t)(2 * c);
             memcpy(&v, b + 64 * h + 32 * c, 32);
             v8u32 lo = (v & 0x0f0f0f0fu) | (q & 0x03030303u) << 4, hi = (v >> 4 & 0x0f0f0f0fu) | (q & 0x30303030u);
             const int8_t *xc = xq + 128 * np * h + 32 * c;
+            if (np == 1) {
+                s[2 * c] = isa_avx2_kq_dot(lo, xc);
+                s[2 * c + 1] = isa_avx2_kq_dot(hi, xc + 64);
+                continue;
+            }
             v8fl slo = isa_avx2_pair(d[h], 2 * c) * u8[4 * h + c];
             v8fl shi = isa_avx2_pair(d[h], 2 * c + 4) * u8[4 * h + 2 + c];
             acc[2 * h + c] += slo * isa_avx2_kq_part(np, lo, xc) + shi * isa_avx2_kq_part(np, hi, xc + 64);
+        }
+        if (np == 1) {
+            /* lanes: sub-blocks 8h + {0, 4, 2, 6 | 1, 5, 3, 7} (each part's
+             * two), of x blocks 4h + {0, 2, 1, 3} */
+            v4f u = *(const v4f *)(u8 + 4 * h);
+            v8fl sc = __builtin_ia32_permvarsf256(d[h], (v8i32){0, 4, 2, 6, 1, 5, 3, 7}) *
+                      __builtin_shufflevector(u, u, 0, 2, 1, 3, 0, 2, 1, 3);
+            acc[h] += sc * __builtin_convertvector(isa_avx2_hsum4(s[0], s[1], s[2], s[3]), v8fl);
         }
     }
 }
