@@ -2322,6 +2322,16 @@ static inline __attribute__((always_inline)) ISA_AVX2 v4f isa_avx2_sum4(const v4
     return __builtin_ia32_haddps(__builtin_ia32_haddps(r[0], r[1]), __builtin_ia32_haddps(r[2], r[3]));
 }
 
+/* {a0-a3, b0-b3, c0-c3, d0-d3, a4-a7, b4-b7, c4-c7, d4-d7} (sums of those
+ * lanes): four dot products' lanes added as integers, so that one
+ * conversion and one FMA scale them (the A8 rows of 8-bit and k-quant
+ * weights), where each took a conversion, a broadcast of its scale and
+ * an FMA. */
+static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_hsum4(v8i32 a, v8i32 b, v8i32 c, v8i32 d)
+{
+    return __builtin_ia32_phaddd256(__builtin_ia32_phaddd256(a, b), __builtin_ia32_phaddd256(c, d));
+}
+
 /* Four rows of 8-bit weights on 256 bits: Q8_0A8 (Q80 1: blocks of
  * {f16 d; i8 q[32]}, each block's sum scaled by its d) or W8A8 (Q80 0:
  * {f32 s; i8 q[k]}, the row scaled by s at the end). b points 2 bytes
@@ -2333,7 +2343,29 @@ static inline __attribute__((always_inline)) ISA_AVX2 v4f isa_avx2_sum4(const v4
         _Pragma("clang loop unroll(disable)") for (int i = 0; i < 4; i++)                                   \
         {                                                                                                   \
             v8fl acc = {0};                                                                                 \
-            for (int64_t j = 0; j < k; j += 32) {                                                           \
+            int64_t j = 0;                                                                                  \
+            for (; j + 128 <= k; j += 128) { /* four blocks, their sums added as integers */               \
+                v8i32 d[4];                                                                                 \
+                v4u16 h = {0};                                                                              \
+                UNROLL4                                                                                     \
+                for (int e = 0; e < 4; e++) {                                                               \
+                    v8u32 xv = *(const v8u32u_a *)(xq + j + 32 * e);                                        \
+                    const unsigned char *b = (Q80) ? row[i] + (j / 32 + e) * 34 : row[i] + 2 + j + 32 * e;  \
+                    v8u32 q = *(const v8u32u_a *)(b + 2);                                                   \
+                    v8u32 u = (v8u32)__builtin_ia32_psignb256((v32c)q, (v32c)q);                            \
+                    v8u32 s = (v8u32)__builtin_ia32_psignb256((v32c)xv, (v32c)q);                           \
+                    d[e] = dot((v8i32){0}, u, s);                                                           \
+                    if (Q80)                                                                                \
+                        memcpy((char *)&h + 2 * e, b, 2);                                                   \
+                }                                                                                           \
+                v4f sc;                                                                                     \
+                memcpy(&sc, dq + j / 32, 16);                                                              \
+                if (Q80)                                                                                    \
+                    sc *= isa_avx2_f16x4(h);                                                                \
+                acc += __builtin_convertvector(isa_avx2_hsum4(d[0], d[1], d[2], d[3]), v8fl) *               \
+                       __builtin_shufflevector(sc, sc, 0, 1, 2, 3, 0, 1, 2, 3);                             \
+            }                                                                                               \
+            for (; j < k; j += 32) {                                                                        \
                 v8u32 xv = *(const v8u32u_a *)(xq + j);                                                     \
                 const unsigned char *b = (Q80) ? row[i] + j / 32 * 34 : row[i] + 2 + j;                     \
                 v8u32 q = *(const v8u32u_a *)(b + 2);                                                       \
@@ -3156,15 +3188,6 @@ static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_kq_dot(v8u3
 {
     const v16i16 ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     return __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((v32c)w, *(const v32c *)xq), ones);
-}
-
-/* {a0-a3, b0-b3, c0-c3, d0-d3, a4-a7, b4-b7, c4-c7, d4-d7} (sums of those
- * lanes): the np == 1 rows add their parts' lanes as integers, and
- * convert and scale eight sub-block sums at once where each part took a
- * conversion, a broadcast of its scale and an FMA. */
-static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_hsum4(v8i32 a, v8i32 b, v8i32 c, v8i32 d)
-{
-    return __builtin_ia32_phaddd256(__builtin_ia32_phaddd256(a, b), __builtin_ia32_phaddd256(c, d));
 }
 
 static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_kq_part(int np, v8u32 w, const int8_t *xq)
