@@ -36,9 +36,9 @@
  * (exact weights, f32 sums; on AVX2 and AVX-512 VNNI hosts the 4-bit and
  * k-quant rows meet x as three byte planes of 23-bit fixed point per
  * block of 32, rounded to max|x_b| 2^-23, in integer dot products); A8
- * formats (W8A8, W4A8G*, and GGUF blocks as Q4_1A8, Q5_0A8, Q5_1A8 and
- * Q8_0A8) quantize x once per op to int8 and take integer dot products
- * per block of 32. Q4_0, Q4_1, Q5_0, Q5_1, W4G32 and their A8 forms
+ * formats (W8A8, W4A8G*, and GGUF blocks as Q4_1A8, Q5_0A8, Q5_1A8,
+ * Q8_0A8, Q4_KA8, Q5_KA8 and Q6_KA8) quantize x once per op to int8 and
+ * take integer dot products per block of 32. Q4_0, Q4_1, Q5_0, Q5_1, W4G32 and their A8 forms
  * (W4A8G32, Q4_1A8, Q5_0A8, Q5_1A8) rows arrive packed
  * (kernel_table.h, compiler/quant.c): in float, one AND and one
  * conversion per 16 weights, on every instruction set (W4A8G32: two u8 x
@@ -3178,25 +3178,17 @@ static ISA_AVX2 void isa_avx2_gemv_kq(int t, const GemvSeg *sg, int ns, const fl
  * three constants and 3k bytes. L2 rate on Zen 3, one core, k = 768 /
  * 4096: Q4_K 7.3 -> 7.6 / 5.6 -> 7.3 GB/s, Q5_K 5.5 -> 7.9 (k = 768),
  * Q6_K 6.8 -> 9.0 / 5.6 -> 9.0.
- * The same kernels serve the k-quants' A8 forms (Q4_KA8, Q5_KA8, Q6_KA8)
- * with np = 1: one plane, x's int8 values (act_quantize) in the top
- * plane's place, u the blocks' d and xs the sums of d xq (so the
- * integer sums are ir/dtype.h's), 128 bytes of x per 4 blocks where the
- * A16 kernels take 128 np. */
-/* A part's products with int8 x, summed per lane (|.| <= 8 * 63 * 127). */
-static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_kq_dot(v8u32 w, const int8_t *xq)
-{
-    const v16i16 ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-    return __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((v32c)w, *(const v32c *)xq), ones);
-}
-
-static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_kq_part(int np, v8u32 w, const int8_t *xq)
+ * The same loops serve the k-quants' A8 forms (Q4_KA8, Q5_KA8, Q6_KA8)
+ * with np = 1 plane: x's int8 values (act_quantize) where the A16 rows
+ * have their top plane (128 bytes of x per 4 blocks, 128 np for np
+ * planes), u the blocks' d and xs the sub-blocks' sums of d xq, so the
+ * integer sums are ir/dtype.h's; a part's lanes then stay within
+ * 8 * 63 * 127, so four parts' are added as integers (isa_avx2_hsum4)
+ * before one conversion and one FMA. */
+static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_kq_part(v8u32 w, const int8_t *xq)
 {
     const v16i16 c256 = {256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256};
     const v16i16 ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-    if (np == 1)
-        return __builtin_convertvector(
-            __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((v32c)w, *(const v32c *)xq), ones), v8fl);
     v16i16 p[3];
     UNROLL4
     for (int j = 0; j < 3; j++) /* planes 2, 1, 0: |pair sums| <= 2 * 63 * 128 */
@@ -3204,6 +3196,13 @@ static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_kq_part(int 
     v8i32 sum = ((__builtin_ia32_pmaddwd256(p[0], c256) << 8) + __builtin_ia32_pmaddwd256(p[1], c256)) +
                 __builtin_ia32_pmaddwd256(p[2], ones);
     return __builtin_convertvector(sum, v8fl);
+}
+
+/* A part's products with int8 x (np = 1), summed per lane. */
+static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_kq_dot(v8u32 w, const int8_t *xq)
+{
+    const v16i16 ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    return __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((v32c)w, *(const v32c *)xq), ones);
 }
 
 /* x's planes (isa_vnni512_kq_x_prepare's layout) and block scales for kq
@@ -3257,8 +3256,8 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq4q_sb(int 
             s[2 * c + 1] = isa_avx2_kq_dot(hi, xc + 64);
             continue;
         }
-        acc[c] += __builtin_ia32_permvarsf256(du, (v8i32){0} + 2 * c) * isa_avx2_kq_part(np, lo, xc) +
-                  __builtin_ia32_permvarsf256(du, (v8i32){0} + 2 * c + 1) * isa_avx2_kq_part(np, hi, xc + 64);
+        acc[c] += __builtin_ia32_permvarsf256(du, (v8i32){0} + 2 * c) * isa_avx2_kq_part(lo, xc) +
+                  __builtin_ia32_permvarsf256(du, (v8i32){0} + 2 * c + 1) * isa_avx2_kq_part(hi, xc + 64);
     }
     if (np == 1) { /* lanes 0-3: sub-blocks 0-3 (4-7) over their first four lanes, 4-7: the last four */
         v8i32 s03 = isa_avx2_hsum4(s[0], s[1], s[2], s[3]), s47 = isa_avx2_hsum4(s[4], s[5], s[6], s[7]);
@@ -3298,7 +3297,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq6q_sb(int 
             }
             v8fl slo = isa_avx2_pair(d[h], 2 * c) * u8[4 * h + c];
             v8fl shi = isa_avx2_pair(d[h], 2 * c + 4) * u8[4 * h + 2 + c];
-            acc[2 * h + c] += slo * isa_avx2_kq_part(np, lo, xc) + shi * isa_avx2_kq_part(np, hi, xc + 64);
+            acc[2 * h + c] += slo * isa_avx2_kq_part(lo, xc) + shi * isa_avx2_kq_part(hi, xc + 64);
         }
         if (np == 1) {
             /* lanes: sub-blocks 8h + {0, 4, 2, 6 | 1, 5, 3, 7} (each part's
