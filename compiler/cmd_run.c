@@ -509,6 +509,12 @@ int run_reference(const RunOptions *o)
     diag_init(&d);
     int rc = 2;
     if (run_desc_load(&m, &arena, o, &d)) {
+        bool a8 = false;
+        for (int k = 0; k < TCLASS_COUNT; k++)
+            a8 |= m.quant[k].kind == QUANT_W8A8 || m.quant[k].kind == QUANT_W4A8 || m.quant[k].kind == QUANT_A8;
+        if (a8)
+            fprintf(stderr, "megac run: note: the reference engine runs int8-input formats (w8a8, w4a8, a8) on "
+                            "their weights with exact inputs; their int8 inputs are modelled by the cpu engine\n");
         Tokenizer *t = tok_import(&m, &d);
         if (t) {
             rc = run_ref_decode(&m, t, o, &d);

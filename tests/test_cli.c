@@ -570,7 +570,8 @@ Test(cli, lower_and_validate_see_the_compiled_schedule)
 
 /* quant a8 says what it did: how many matrices take int8 inputs, and
  * which stored dtypes have no such form (tiny.gguf: Q4_0, Q4_1, Q8_0 do;
- * its f16 wv and bf16 w_gate do not); a class not asked is not counted. */
+ * its f16 wv and bf16 w_gate do not); a class not asked is not counted.
+ * The reference engine says it does not model the int8 inputs. */
 Test(cli, compile_a8_summary)
 {
     if (access(MEGAC_SRC "/tests/fixtures/weights/tiny.gguf", R_OK) != 0)
@@ -588,6 +589,11 @@ Test(cli, compile_a8_summary)
         cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
         cr_assert(strstr(out, cases[i].want), "%s: no '%s' in\n%s", cases[i].set, cases[i].want, out);
     }
+    snprintf(args, sizeof args, "run %s/tests/fixtures/weights/tiny.gguf --set quant.default=a8 --engine reference "
+             "-n 2 --prompt ''", MEGAC_SRC);
+    cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "megac run: note: the reference engine runs int8-input formats (w8a8, w4a8, a8) on their "
+                          "weights with exact inputs; their int8 inputs are modelled by the cpu engine\n"), "%s", out);
     test_rm_rf(d);
 }
 
