@@ -723,6 +723,24 @@ Test(quant, fidelity_smollm2_gguf, .timeout = 120)
     fidelity_check(&m, NULL, NULL, 0, QFIX "/fidelity-smollm2-q4_1.json");
     arena_free(&a);
 }
+
+/* The int8-input formats on the real SmolLM2 file, through the CPU
+ * kernel (a8: its own Q4_1 and Q8_0 blocks as Q4_1A8 and Q8_0A8). */
+Test(quant, fidelity_smollm2_gguf_cpu_kernel, .timeout = 300)
+{
+    const char *gguf = getenv("MEGAC_SMOLLM2_GGUF");
+    if (!gguf || !*gguf)
+        cr_skip("MEGAC_SMOLLM2_GGUF is not set (path of SmolLM2-135M-Instruct.Q4_1.gguf)");
+    const char *path = MEGAC_SRC "/models/smollm2-135m-instruct-gguf.yaml";
+    Arena a = {0};
+    ModelDesc m;
+    Diag d;
+    diag_init(&d);
+    DescOverride ov[] = {{"weights.path", gguf}};
+    cr_assert(desc_load(&m, &a, path, ov, 1, &d));
+    fidelity_check(&m, path, ov, 1, QFIX "/fidelity-smollm2-q4_1-cpu.json");
+    arena_free(&a);
+}
 /* ---- the CPU backend on quantized weights ----
  * A model's quantized schedule compiled for cpu, its weights blob written
  * from the stored bytes (the same bytes the reference's f32 views were
