@@ -571,7 +571,8 @@ Test(cli, lower_and_validate_see_the_compiled_schedule)
 /* quant a8 says what it did: how many matrices take int8 inputs, and
  * which stored dtypes have no such form (tiny.gguf: Q4_0, Q4_1, Q8_0 do;
  * its f16 wv and bf16 w_gate do not); a class not asked is not counted.
- * The reference engine says it does not model the int8 inputs. */
+ * The reference engine says it does not model the int8 inputs, and a GPU
+ * compile refuses them in one error. */
 Test(cli, compile_a8_summary)
 {
     if (access(MEGAC_SRC "/tests/fixtures/weights/tiny.gguf", R_OK) != 0)
@@ -594,6 +595,14 @@ Test(cli, compile_a8_summary)
     cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "megac run: note: the reference engine runs int8-input formats (w8a8, w4a8, a8) on their "
                           "weights with exact inputs; their int8 inputs are modelled by the cpu engine\n"), "%s", out);
+    /* for a GPU: one error before any lowering, not one per instruction */
+    snprintf(args, sizeof args, "compile %s/tests/fixtures/weights/tiny.gguf --target sm_90 --set quant.default=a8 "
+             "-o g.megac", MEGAC_SRC);
+    cr_assert_eq(megac(d, args, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "tiny.gguf: error: matrix 'embed' is q8_0a8: int8-input formats (w8a8, w4a8, a8) run on "
+                          "the CPU backend only; compile for --target cpu, or choose an A16 format (none, w8a16, "
+                          "w4a16) for sm_90\n"), "%s", out);
+    cr_assert(!strstr(out, "CUDA backend yet") && !strstr(out, "lower_model"), "%s", out);
     test_rm_rf(d);
 }
 
