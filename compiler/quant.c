@@ -348,15 +348,16 @@ static double quant_row_a8(DType t, const unsigned char *row, int64_t k, const f
     return y;
 }
 
-/* One Q8_0A8, Q4_1A8, Q5_0A8 or Q5_1A8 row (GGUF blocks, k % 32 == 0)
- * against x: per block dw sum q xq (less 16 sum xq for Q5_0, plus
- * m sum xq for Q4_1 and Q5_1) in integers, scaled by the block's d. */
+/* One Q8_0A8, Q4_0A8, Q4_1A8, Q5_0A8 or Q5_1A8 row (GGUF blocks,
+ * k % 32 == 0) against x: per block dw sum q xq (less 8 or 16 dw sum xq
+ * for Q4_0 and Q5_0, plus m sum xq for Q4_1 and Q5_1) in integers, scaled
+ * by the block's d. */
 static double quant_row_gguf_a8(DType t, const unsigned char *row, int64_t k, const float *x)
 {
     int8_t xq[32];
     DType l = dtype_layout(t);
     bool min = l == DT_Q4_1 || l == DT_Q5_1, q5 = l == DT_Q5_0 || l == DT_Q5_1;
-    int qs = l == DT_Q8_0 || l == DT_Q4_1 ? 2 + 2 * min : 6 + 2 * min; /* offset of the quants */
+    int qs = l == DT_Q8_0 || l == DT_Q4_0 || l == DT_Q4_1 ? 2 + 2 * min : 6 + 2 * min; /* offset of the quants */
     size_t bb = (size_t)dtype_block_bytes(t);
     double y = 0;
     for (int64_t b = 0; b < k / 32; b++, row += bb) {
@@ -371,7 +372,8 @@ static double quant_row_gguf_a8(DType t, const unsigned char *row, int64_t k, co
             qx += (long)q * xq[j];
             sx += xq[j];
         }
-        double off = min ? (double)f16_at(row + 2) * (double)sx : l == DT_Q5_0 ? -16.0 * (double)f16_at(row) * (double)sx : 0.0;
+        double z = l == DT_Q5_0 ? 16.0 : l == DT_Q4_0 ? 8.0 : 0.0; /* the zero point */
+        double off = min ? (double)f16_at(row + 2) * (double)sx : -z * (double)f16_at(row) * (double)sx;
         y += (double)d * ((double)f16_at(row) * (double)qx + off);
     }
     return y;
@@ -636,7 +638,7 @@ int quant_spec_dtype(QuantSpec q, DType src)
     case QUANT_A8: /* the source's own values, with int8 inputs where its layout has an A8 form */
         switch (src) {
         case DT_Q8_0: return DT_Q8_0A8;
-        case DT_Q4_0: return DT_W4A8G32; /* exactly (quant_q4_0_regroup) */
+        case DT_Q4_0: return DT_Q4_0A8;
         case DT_Q4_1: return DT_Q4_1A8;
         case DT_Q5_0: return DT_Q5_0A8;
         case DT_Q5_1: return DT_Q5_1A8;

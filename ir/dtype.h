@@ -50,10 +50,11 @@
  * For row-blocked types the table's `block` is the group along K (W8: 1)
  * and `block_bytes` the bytes of one full group (W8: 1, the scale apart).
  *
- * W8A8, W4A8G<G>, Q4_1A8, Q5_0A8, Q5_1A8, Q8_0A8, Q4_KA8, Q5_KA8 and
- * Q6_KA8 have exactly the bytes of W8, W4G<G> and GGUF's Q4_1, Q5_0,
- * Q5_1, Q8_0, Q4_K, Q5_K and Q6_K (whose blocks stay as stored: a GGUF
- * file with int8 activations, as llama.cpp runs it); the name
+ * W8A8, W4A8G<G>, Q4_0A8, Q4_1A8, Q5_0A8, Q5_1A8, Q8_0A8, Q4_KA8,
+ * Q5_KA8 and Q6_KA8 have exactly the bytes of W8, W4G<G> and GGUF's Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K (whose blocks stay as
+ * stored: a GGUF file with int8 activations, as llama.cpp runs it); the
+ * name
  * tells the GEMV to quantize its input too: x is cut in blocks of 32 along
  * K (the last one shorter), each block b gets d_b = max|x_b| / 127 (f32)
  * and xq_j = rint(x_j / d_b) in [-127, 127] (f32 division, nearest with
@@ -62,6 +63,7 @@
  *   W8A8:    y = s * sum_b d_b * sum_{j in b} q_j * xq_j
  *   W4A8G:   y = sum_g s_g * sum_{b in g} d_b * sum_{j in b} (q_j - z_g) * xq_j
  *   Q4_1A8:  y = sum_b d_b * (dw_b * sum_{j in b} q_j * xq_j + m_b * sum_{j in b} xq_j)
+ *   Q4_0A8:  y = sum_b d_b * dw_b * (sum_{j in b} q_j * xq_j - 8 * sum_{j in b} xq_j)
  *   Q5_0A8:  y = sum_b d_b * dw_b * (sum_{j in b} q_j * xq_j - 16 * sum_{j in b} xq_j)
  *   Q5_1A8:  y = sum_b d_b * (dw_b * sum_{j in b} q_j * xq_j + m_b * sum_{j in b} xq_j)
  *   Q8_0A8:  y = sum_b d_b * dw_b * sum_{j in b} q_j * xq_j
@@ -109,7 +111,8 @@
     X(Q5_1A8, "q5_1a8", 32, 24)        \
     X(Q4_KA8, "q4_ka8", 256, 144)      \
     X(Q5_KA8, "q5_ka8", 256, 176)      \
-    X(Q6_KA8, "q6_ka8", 256, 210)
+    X(Q6_KA8, "q6_ka8", 256, 210)      \
+    X(Q4_0A8, "q4_0a8", 32, 18)
 
 typedef enum {
 #define X(n, s, b, bb) DT_##n,
@@ -130,15 +133,16 @@ bool dtype_is_rowwise(DType t);
 /* True for the weight-only formats (GGUF blocks, W8, W4G*, and the A8
  * variants of W8 and W4G*). */
 bool dtype_is_quant(DType t);
-/* True for W8A8, W4A8G* and the GGUF blocks' A8 forms (Q4_1A8, Q5_0A8,
- * Q5_1A8, Q8_0A8, Q4_KA8, Q5_KA8, Q6_KA8): the GEMV quantizes its input
- * to int8.
+/* True for W8A8, W4A8G* and the GGUF blocks' A8 forms (Q4_0A8, Q4_1A8,
+ * Q5_0A8, Q5_1A8, Q8_0A8, Q4_KA8, Q5_KA8, Q6_KA8): the GEMV quantizes its
+ * input to int8.
  * (Inline, like dtype_layout: the CPU kernel body, which links nothing of
  * ir/, uses them too.) */
 static inline bool dtype_is_a8(DType t)
 {
     return t == DT_W8A8 || t == DT_W4A8G32 || t == DT_W4A8G64 || t == DT_W4A8G128 || t == DT_Q4_1A8 ||
-           t == DT_Q5_0A8 || t == DT_Q5_1A8 || t == DT_Q8_0A8 || t == DT_Q4_KA8 || t == DT_Q5_KA8 || t == DT_Q6_KA8;
+           t == DT_Q5_0A8 || t == DT_Q5_1A8 || t == DT_Q8_0A8 || t == DT_Q4_KA8 || t == DT_Q5_KA8 || t == DT_Q6_KA8 ||
+           t == DT_Q4_0A8;
 }
 
 /* True for GGUF's k-quants (Q4_K, Q5_K, Q6_K): super-blocks of 256. */
@@ -157,6 +161,7 @@ static inline DType dtype_layout(DType t)
     case DT_W4A8G32: return DT_W4G32;
     case DT_W4A8G64: return DT_W4G64;
     case DT_W4A8G128: return DT_W4G128;
+    case DT_Q4_0A8: return DT_Q4_0;
     case DT_Q4_1A8: return DT_Q4_1;
     case DT_Q5_0A8: return DT_Q5_0;
     case DT_Q5_1A8: return DT_Q5_1;

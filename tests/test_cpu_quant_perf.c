@@ -260,7 +260,7 @@ static double qkern_step(QKern *k)
 static const DType all_dtypes[] = {DT_W8,      DT_Q8_0,     DT_Q4_0,    DT_Q4_1,     DT_W4G32,  DT_W4G64,  DT_W4G128,
                                    DT_W8A8,    DT_W4A8G32,  DT_W4A8G64, DT_W4A8G128, DT_Q4_1A8, DT_Q8_0A8, DT_F16,
                                    DT_BF16,    DT_Q5_0,     DT_Q5_1,    DT_Q4_K,     DT_Q5_K,   DT_Q6_K,   DT_Q5_0A8,
-                                   DT_Q5_1A8,  DT_Q4_KA8,   DT_Q5_KA8,  DT_Q6_KA8};
+                                   DT_Q5_1A8,  DT_Q4_KA8,   DT_Q5_KA8,  DT_Q6_KA8,   DT_Q4_0A8};
 #define NDT (sizeof all_dtypes / sizeof *all_dtypes)
 
 /* Whether dtype t can hold rows of k elements: GGUF blocks (32, or 256
@@ -439,7 +439,7 @@ Test(cpu_quant_perf, every_dtype_x86_64)
 /* ---- packed 4-bit rows (compiler/quant.h: quant_cpu_pack) ---- */
 
 static const DType packed_dtypes[] = {DT_Q4_0, DT_Q4_1,   DT_W4G32,  DT_W4A8G32, DT_Q5_0,
-                                      DT_Q5_1, DT_Q4_1A8, DT_Q5_0A8, DT_Q5_1A8};
+                                      DT_Q5_1, DT_Q4_1A8, DT_Q5_0A8, DT_Q5_1A8, DT_Q4_0A8};
 #define NPACKED (sizeof packed_dtypes / sizeof *packed_dtypes)
 
 /* Packing moves bytes only: any bytes come back from unpacking, and only
@@ -625,7 +625,7 @@ Test(cpu_quant_perf, bandwidth, .timeout = 300)
     const DType ts[] = {DT_F32,    DT_W8,       DT_Q8_0,   DT_Q4_0,   DT_Q4_1, DT_W4G32, DT_W4G64,
                         DT_W4G128, DT_W8A8,     DT_W4A8G32, DT_W4A8G64, DT_W4A8G128, DT_Q4_1A8,
                         DT_Q8_0A8, DT_Q5_0,     DT_Q5_1,   DT_Q4_K,   DT_Q5_K, DT_Q6_K, DT_Q5_0A8, DT_Q5_1A8,
-                        DT_Q4_KA8, DT_Q5_KA8, DT_Q6_KA8};
+                        DT_Q4_KA8, DT_Q5_KA8, DT_Q6_KA8, DT_Q4_0A8};
     bool listed = !only;
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
         listed |= only && strcmp(only, dtype_name(ts[i])) == 0;

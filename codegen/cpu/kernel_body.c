@@ -36,10 +36,11 @@
  * (exact weights, f32 sums; on AVX2 and AVX-512 VNNI hosts the 4-bit and
  * k-quant rows meet x as three byte planes of 23-bit fixed point per
  * block of 32, rounded to max|x_b| 2^-23, in integer dot products); A8
- * formats (W8A8, W4A8G*, and GGUF blocks as Q4_1A8, Q5_0A8, Q5_1A8,
- * Q8_0A8, Q4_KA8, Q5_KA8 and Q6_KA8) quantize x once per op to int8 and
- * take integer dot products per block of 32. Q4_0, Q4_1, Q5_0, Q5_1, W4G32 and their A8 forms
- * (W4A8G32, Q4_1A8, Q5_0A8, Q5_1A8) rows arrive packed
+ * formats (W8A8, W4A8G*, and GGUF blocks as Q4_0A8, Q4_1A8, Q5_0A8,
+ * Q5_1A8, Q8_0A8, Q4_KA8, Q5_KA8 and Q6_KA8) quantize x once per op to
+ * int8 and take integer dot products per block of 32. Q4_0, Q4_1, Q5_0,
+ * Q5_1, W4G32 and their A8 forms (Q4_0A8, W4A8G32, Q4_1A8, Q5_0A8,
+ * Q5_1A8) rows arrive packed
  * (kernel_table.h, compiler/quant.c): in float, one AND and one
  * conversion per 16 weights, on every instruction set (W4A8G32: two u8 x
  * s8 dot products per 128 weights). GGUF's k-quants (Q4_K, Q5_K, Q6_K) are
@@ -3444,17 +3445,18 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
     } while (0)
 #define PKA8_DOT16_VNNI512(acc, u, s) acc = isa_vnni512_dot(acc, u, s)
 
-/* What the packed A8 dtypes T (W4A8G32, Q4_1A8, Q5_0A8, Q5_1A8) differ
- * in (kernel_table.h's layouts): header bytes per block, Q5's fifth bits,
- * and what each block subtracts from its scaled sum, in
- * out = sum - off: W4A8G32 s z dx, Q5_0A8 16 d dx, Q4_1A8 and Q5_1A8
- * -m dx (dx: the input block's d times its sum of xq; sc: the blocks'
+/* What the packed A8 dtypes T (W4A8G32, Q4_0A8, Q4_1A8, Q5_0A8, Q5_1A8)
+ * differ in (kernel_table.h's layouts): header bytes per block, Q5's
+ * fifth bits, and what each block subtracts from its scaled sum, in
+ * out = sum - off: W4A8G32 s z dx, Q4_0A8 8 d dx, Q5_0A8 16 d dx, Q4_1A8
+ * and Q5_1A8 -m dx (dx: the input block's d times its sum of xq; sc: the blocks'
  * scales, f16x4 the f16 conversion of the caller's instruction set). */
 #define PKA8_HDR(T) pk_hdr(qlayout(T))
 #define PKA8_Q5(T) ((T) == DT_Q5_0A8 || (T) == DT_Q5_1A8)
 #define PKA8_OFF(T, w, nblk, sc, dx, f16x4)                                              \
     ((T) == DT_Q4_1A8 || (T) == DT_Q5_1A8 ? -(f16x4(pk_u16x4((w) + 2 * (nblk), (nblk))) * (dx)) \
      : (T) == DT_Q5_0A8                   ? 16.0f * (sc) * (dx)                                 \
+     : (T) == DT_Q4_0A8                   ? 8.0f * (sc) * (dx)                                  \
                                           : (sc) * pk_z4((w) + 2 * (nblk), (nblk)) * (dx))
 /* Q5's qh words of the superblock at w (16 bytes whatever nblk: within
  * the superblock, and x is 0 past k), folded as isa_avx2_pkq_sb folds
@@ -3532,6 +3534,8 @@ PKA8_ROWS(pka8_portable_rows, , PKA8_DOT16_PORTABLE, DT_W4A8G32)
 PKA8_ROWS(isa_vnni512_pka8_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_W4A8G32)
 PKA8_ROWS(pka8_portable_q4_1_rows, , PKA8_DOT16_PORTABLE, DT_Q4_1A8)
 PKA8_ROWS(isa_vnni512_pka8_q4_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q4_1A8)
+PKA8_ROWS(pka8_portable_q4_0_rows, , PKA8_DOT16_PORTABLE, DT_Q4_0A8)
+PKA8_ROWS(isa_vnni512_pka8_q4_0_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q4_0A8)
 PKA8_ROWS(pka8_portable_q5_0_rows, , PKA8_DOT16_PORTABLE, DT_Q5_0A8)
 PKA8_ROWS(isa_vnni512_pka8_q5_0_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q5_0A8)
 PKA8_ROWS(pka8_portable_q5_1_rows, , PKA8_DOT16_PORTABLE, DT_Q5_1A8)
@@ -3620,6 +3624,7 @@ PKA8_ROWS(isa_vnni512_pka8_q5_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q5_1A8
                                     const float *dx4, int64_t k)                                             \
     {                                                                                                        \
         switch (t) {                                                                                         \
+        case DT_Q4_0A8: pre##_pka8_rows(DT_Q4_0A8, g, xqp, dq4, dx4, k); break;                              \
         case DT_Q4_1A8: pre##_pka8_rows(DT_Q4_1A8, g, xqp, dq4, dx4, k); break;                              \
         case DT_Q5_0A8: pre##_pka8_rows(DT_Q5_0A8, g, xqp, dq4, dx4, k); break;                              \
         case DT_Q5_1A8: pre##_pka8_rows(DT_Q5_1A8, g, xqp, dq4, dx4, k); break;                              \
@@ -3629,8 +3634,8 @@ PKA8_ROWS(isa_vnni512_pka8_q5_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q5_1A8
 PKA8_256_ROWS(isa_avx2, ISA_AVX2, A8_DOT2_AVX2)
 PKA8_256_ROWS(isa_avxvnni, ISA_AVXVNNI, A8_DOT2_AVXVNNI)
 
-/* y[r0:r1] of packed W4A8G32, Q4_1A8, Q5_0A8 or Q5_1A8 rows from the
- * quantized input. */
+/* y[r0:r1] of packed W4A8G32, Q4_0A8, Q4_1A8, Q5_0A8 or Q5_1A8 rows from
+ * the quantized input. */
 static void gemv_pka8(int t, const GemvSeg *sg, int ns, const int8_t *xq, const float *dq, int64_t k)
 {
     int64_t nsb = (k / 32 + 3) / 4;
@@ -3640,7 +3645,8 @@ static void gemv_pka8(int t, const GemvSeg *sg, int ns, const int8_t *xq, const 
     for (int i = 0; i < ns; i++) {
         const GemvSeg *g = &sg[i];
         if (megac_k_isa & KT_ISA_VNNI512)
-            (t == DT_Q4_1A8   ? isa_vnni512_pka8_q4_1_rows
+            (t == DT_Q4_0A8   ? isa_vnni512_pka8_q4_0_rows
+             : t == DT_Q4_1A8 ? isa_vnni512_pka8_q4_1_rows
              : t == DT_Q5_0A8 ? isa_vnni512_pka8_q5_0_rows
              : t == DT_Q5_1A8 ? isa_vnni512_pka8_q5_1_rows
                               : isa_vnni512_pka8_rows)(g, xqp, dq4, dx4, k);
@@ -3649,7 +3655,8 @@ static void gemv_pka8(int t, const GemvSeg *sg, int ns, const int8_t *xq, const 
         else if (megac_k_isa & KT_ISA_AVX2)
             isa_avx2_pka8_seg(t, g, xqp, dq4, dx4, k);
         else
-            (t == DT_Q4_1A8   ? pka8_portable_q4_1_rows
+            (t == DT_Q4_0A8   ? pka8_portable_q4_0_rows
+             : t == DT_Q4_1A8 ? pka8_portable_q4_1_rows
              : t == DT_Q5_0A8 ? pka8_portable_q5_0_rows
              : t == DT_Q5_1A8 ? pka8_portable_q5_1_rows
                               : pka8_portable_rows)(g, xqp, dq4, dx4, k);
@@ -3761,9 +3768,9 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
     int8_t xq[k];
     float dq[(k + 31) / 32];
     act_quantize(x, k, xq, dq);
-    /* the GGUF 4- and 5-bit A8 rows (Q4_1A8, Q5_0A8, Q5_1A8) are always
-     * packed: k is whole blocks and at most CPU_NORM_K_MAX (cpu_check.c
-     * asserts it is within KT_PACK_K_MAX) */
+    /* the GGUF 4- and 5-bit A8 rows (Q4_0A8, Q4_1A8, Q5_0A8, Q5_1A8) are
+     * always packed: k is whole blocks and at most CPU_NORM_K_MAX
+     * (cpu_check.c asserts it is within KT_PACK_K_MAX) */
     if (kt_row_packed(t, k)) {
         gemv_pka8(t, sg, ns, xq, dq, k);
         return;
@@ -3819,7 +3826,7 @@ static void gemv_rows(const MegacArgs *a, const int64_t *in, int n, const float 
     } else if (a8_is(t)) {
         if (HAS_DT(DT_W8A8) | HAS_DT(DT_W4A8G32) | HAS_DT(DT_W4A8G64) | HAS_DT(DT_W4A8G128) | HAS_DT(DT_Q4_1A8) |
             HAS_DT(DT_Q5_0A8) | HAS_DT(DT_Q5_1A8) | HAS_DT(DT_Q8_0A8) | HAS_DT(DT_Q4_KA8) | HAS_DT(DT_Q5_KA8) |
-            HAS_DT(DT_Q6_KA8))
+            HAS_DT(DT_Q6_KA8) | HAS_DT(DT_Q4_0A8))
             gemv_a8(t, sg, n, x, k);
     } else {
         gemv_quant(t, sg, n, x, k);

@@ -95,7 +95,7 @@ enum {
 static inline int kt_row_packed(int t, int64_t k)
 {
     return (t == DT_Q4_0 || t == DT_Q4_1 || t == DT_W4G32 || t == DT_W4A8G32 || t == DT_Q4_1A8 || t == DT_Q5_0 ||
-            t == DT_Q5_1 || t == DT_Q5_0A8 || t == DT_Q5_1A8) &&
+            t == DT_Q5_1 || t == DT_Q5_0A8 || t == DT_Q5_1A8 || t == DT_Q4_0A8) &&
            k > 0 && k % 32 == 0 && k <= KT_PACK_K_MAX;
 }
 
