@@ -709,24 +709,10 @@ Test(quant, fidelity_stories260k)
     arena_free(&a);
 }
 
-Test(quant, fidelity_smollm2_gguf, .timeout = 120)
-{
-    const char *gguf = getenv("MEGAC_SMOLLM2_GGUF");
-    if (!gguf || !*gguf)
-        cr_skip("MEGAC_SMOLLM2_GGUF is not set (path of SmolLM2-135M-Instruct.Q4_1.gguf)");
-    Arena a = {0};
-    ModelDesc m;
-    Diag d;
-    diag_init(&d);
-    DescOverride ov[] = {{"weights.path", gguf}};
-    cr_assert(desc_load(&m, &a, MEGAC_SRC "/models/smollm2-135m-instruct-gguf.yaml", ov, 1, &d));
-    fidelity_check(&m, NULL, NULL, 0, QFIX "/fidelity-smollm2-q4_1.json");
-    arena_free(&a);
-}
-
-/* The int8-input formats on the real SmolLM2 file, through the CPU
- * kernel (a8: its own Q4_1 and Q8_0 blocks as Q4_1A8 and Q8_0A8). */
-Test(quant, fidelity_smollm2_gguf_cpu_kernel, .timeout = 300)
+/* The A16 formats through the float64 reference, and the int8-input ones
+ * through the CPU kernel (a8: the file's own Q4_1 and Q8_0 blocks as
+ * Q4_1A8 and Q8_0A8), on the real SmolLM2 file. */
+Test(quant, fidelity_smollm2_gguf, .timeout = 300)
 {
     const char *gguf = getenv("MEGAC_SMOLLM2_GGUF");
     if (!gguf || !*gguf)
@@ -738,6 +724,7 @@ Test(quant, fidelity_smollm2_gguf_cpu_kernel, .timeout = 300)
     diag_init(&d);
     DescOverride ov[] = {{"weights.path", gguf}};
     cr_assert(desc_load(&m, &a, path, ov, 1, &d));
+    fidelity_check(&m, NULL, NULL, 0, QFIX "/fidelity-smollm2-q4_1.json");
     fidelity_check(&m, path, ov, 1, QFIX "/fidelity-smollm2-q4_1-cpu.json");
     arena_free(&a);
 }
