@@ -635,22 +635,11 @@ int quant_spec_dtype(QuantSpec q, DType src)
         if (src == DT_Q4_1 && q.group == 32) /* Q4_1's own blocks (see quant_apply) */
             return DT_Q4_1A8;
         return q.group == 32 ? DT_W4A8G32 : q.group == 64 ? DT_W4A8G64 : q.group == 128 ? DT_W4A8G128 : -1;
-    case QUANT_A8: /* the source's own values, with int8 inputs where its layout has an A8 form */
-        switch (src) {
-        case DT_Q8_0: return DT_Q8_0A8;
-        case DT_Q4_0: return DT_Q4_0A8;
-        case DT_Q4_1: return DT_Q4_1A8;
-        case DT_Q5_0: return DT_Q5_0A8;
-        case DT_Q5_1: return DT_Q5_1A8;
-        case DT_Q4_K: return DT_Q4_KA8;
-        case DT_Q5_K: return DT_Q5_KA8;
-        case DT_Q6_K: return DT_Q6_KA8;
-        case DT_W8: return DT_W8A8;
-        case DT_W4G32: return DT_W4A8G32;
-        case DT_W4G64: return DT_W4A8G64;
-        case DT_W4G128: return DT_W4A8G128;
-        default: return (int)src; /* floats: no A8 form */
-        }
+    case QUANT_A8: /* the source's own bytes, as the A8 dtype with its layout if there is one (not floats) */
+        for (int t = 0; t < DT_COUNT; t++)
+            if (dtype_is_a8((DType)t) && dtype_layout((DType)t) == src)
+                return t;
+        return (int)src;
     }
     return -1;
 }
