@@ -107,16 +107,11 @@ static bool pass_desc_load(Compilation *c)
  * dtypes have no such form (those keep exact inputs). */
 static void a8_summary(const Weights *w, char *out, size_t n)
 {
-    static const char *const mats[] = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"};
-    int a8 = 0, exact = 0, nt = 0, nl = w->m->n_layers;
+    int a8 = 0, exact = 0, nt = 0;
     DType kept[4];
     char name[64];
-    for (int i = -1; i <= 7 * nl; i++) { /* embed, the layers' matrices, lm_head */
-        if (i < 0 || i == 7 * nl)
-            snprintf(name, sizeof name, "%s", i < 0 ? "embed" : "lm_head");
-        else
-            snprintf(name, sizeof name, "L%d.%s", i / 7, mats[i % 7]);
-        if ((i == 7 * nl && !weights_head_separate(w)) || w->m->quant[quant_tensor_class(name)].kind != QUANT_A8)
+    for (int i = 0; quant_matrix_name(w, i, name, sizeof name); i++) {
+        if (w->m->quant[quant_tensor_class(name)].kind != QUANT_A8)
             continue;
         DType t = weights_dtype(w, name);
         if (dtype_is_a8(t)) {

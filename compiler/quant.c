@@ -889,18 +889,26 @@ static void quant_bits_add(const Weights *w, const char *name, double *n, double
     }
 }
 
-double quant_bits_per_weight(const Weights *w)
+bool quant_matrix_name(const Weights *w, int i, char *name, size_t n)
 {
     static const char *const mats[] = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"};
+    int nl = w->m->n_layers;
+    if (i == 0)
+        snprintf(name, n, "embed");
+    else if (i <= 7 * nl)
+        snprintf(name, n, "L%d.%s", (i - 1) / 7, mats[(i - 1) % 7]);
+    else if (i == 7 * nl + 1 && weights_head_separate(w))
+        snprintf(name, n, "lm_head");
+    else
+        return false;
+    return true;
+}
+
+double quant_bits_per_weight(const Weights *w)
+{
     double n = 0, bytes = 0;
     char name[64];
-    quant_bits_add(w, "embed", &n, &bytes);
-    for (int l = 0; l < w->m->n_layers; l++)
-        for (size_t i = 0; i < sizeof mats / sizeof *mats; i++) {
-            snprintf(name, sizeof name, "L%d.%s", l, mats[i]);
-            quant_bits_add(w, name, &n, &bytes);
-        }
-    if (weights_head_separate(w))
-        quant_bits_add(w, "lm_head", &n, &bytes);
+    for (int i = 0; quant_matrix_name(w, i, name, sizeof name); i++)
+        quant_bits_add(w, name, &n, &bytes);
     return n > 0 ? 8.0 * bytes / n : 0;
 }

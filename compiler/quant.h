@@ -99,6 +99,10 @@ const char *quant_spec_str(QuantSpec q, char *buf, size_t n);
 /* Bits per weight over the matrices of w (embed, projections, a separate
  * lm_head), as stored. */
 double quant_bits_per_weight(const Weights *w);
+/* Name i of the model's matrices (embed, L<l>.wq ... L<l>.w_down layer by
+ * layer, then lm_head where it is a tensor of its own) into name; false
+ * past the last. */
+bool quant_matrix_name(const Weights *w, int i, char *name, size_t n);
 
 /* ---- quant_eval.c: teacher-forced fidelity ---- */
 

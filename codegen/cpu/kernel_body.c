@@ -3208,14 +3208,21 @@ static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_kq_dot(v8u3
 
 /* x's planes (isa_vnni512_kq_x_prepare's layout) and block scales for kq
  * rows of k (k % 256 == 0); 0 when x is not finite. */
+/* Where block blk of x goes for the kq rows with np planes: its first
+ * plane's 32 bytes (the others 128 bytes apart). */
+static int64_t kq_x_block_at(int q6, int np, int64_t blk)
+{
+    int j = (int)(blk % 4), part = q6 ? j / 2 : j % 2, half = q6 ? j % 2 : j / 2;
+    return 128 * np * (blk / 4) + 64 * part + 32 * half;
+}
+
 static inline __attribute__((always_inline)) ISA_AVX2 int isa_avx2_kq_x_prepare(int q6, const float *x, int64_t k,
                                                                                int8_t *xq, float *ub)
 {
     if (!x_finite(x, k))
         return 0;
     for (int64_t blk = 0; blk < k / 32; blk++) {
-        int j = (int)(blk % 4), part = q6 ? j / 2 : j % 2, half = q6 ? j % 2 : j / 2;
-        int8_t *o = xq + 384 * (blk / 4) + 64 * part + 32 * half;
+        int8_t *o = xq + kq_x_block_at(q6, 3, blk);
         v32c pl[3];
         isa_avx2_pkq_cut(x + 32 * blk, &ub[blk], 1, pl);
         UNROLL4
@@ -3365,7 +3372,8 @@ static ISA_AVX2 int isa_avx2_gemv_kq_q(int t, const GemvSeg *sg, int ns, const f
 
 /* Q4_KA8, Q5_KA8 and Q6_KA8 rows (layout l) on AVX2 (also on AVX-512
  * hosts) from the quantized input: the kernels above with one plane,
- * xq's blocks where isa_avx2_kq_x_prepare puts the top plane's, and xs
+ * xq's blocks where isa_avx2_kq_x_prepare puts the top plane's (the same
+ * kq_x_block_at), and xs
  * the sub-blocks' sums of d xq. */
 static ISA_AVX2 void isa_avx2_gemv_kqa8(int l, const GemvSeg *sg, int ns, const int8_t *xq, const float *dq,
                                         int64_t k)
@@ -3373,10 +3381,8 @@ static ISA_AVX2 void isa_avx2_gemv_kqa8(int l, const GemvSeg *sg, int ns, const 
     int8_t xk[k] __attribute__((aligned(64)));
     float xs[k / 16] __attribute__((aligned(32)));
     int q6 = l == DT_Q6_K, n = q6 ? 16 : 32;
-    for (int64_t blk = 0; blk < k / 32; blk++) {
-        int j = (int)(blk % 4), part = q6 ? j / 2 : j % 2, half = q6 ? j % 2 : j / 2;
-        memcpy(xk + 128 * (blk / 4) + 64 * part + 32 * half, xq + 32 * blk, 32);
-    }
+    for (int64_t blk = 0; blk < k / 32; blk++)
+        memcpy(xk + kq_x_block_at(q6, 1, blk), xq + 32 * blk, 32);
     for (int64_t s = 0; s < k / n; s++) {
         int32_t sum = 0;
         for (int j = 0; j < n; j++)
