@@ -743,9 +743,18 @@ static void op_rmsnorm(const MegacArgs *a, const int64_t *in)
  * decode 6-11% faster than prefetching inside each tile, which it
  * replaces (a wait that asked for the next tile's first 256 KB, as the
  * kernel used to, now only took bandwidth from the worker it waited for).
- * f32 rows do not ask (gemv_f32). */
+ * f32 rows do not ask (gemv_f32).
+ * The hints fill L2, not L1 (prefetcht1, QPF_LOCALITY 2): on Zen 4
+ * (2-vCPU EPYC guest) prefetcht0 took SmolLM2-135M decode to 0.5-0.7x
+ * of what prefetcht1 gives (Q8_0, Q4_1, Q4_K_M files, exact and int8
+ * inputs; why was not measured: no HW counters in the guest); on Zen 3
+ * the two were within noise. Both knobs are
+ * the developers' (cmake -DMEGAC_CPU_BODY_DEFS=-DQPF_BYTES=N). */
 #ifndef QPF_BYTES
 #define QPF_BYTES 16384
+#endif
+#ifndef QPF_LOCALITY
+#define QPF_LOCALITY 2
 #endif
 
 #define ATTN_CHUNK 64     /* rows scored before their softmax update */
@@ -872,7 +881,7 @@ static void ws_fill(WStream *ws, int64_t target)
         int64_t n = (target - ws->ahead + 63) / 64, m = (left + 63) / 64;
         n = n < m ? n : m;
         for (int64_t i = 0; i < n; i++)
-            __builtin_prefetch(ws->p + 64 * i, 0, 3);
+            __builtin_prefetch(ws->p + 64 * i, 0, QPF_LOCALITY);
         int64_t adv = 64 * n < left ? 64 * n : left;
         ws->p += adv;
         ws->ahead += adv;
