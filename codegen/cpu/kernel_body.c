@@ -60,7 +60,8 @@
  *                T[q] = s (q - z), looked up with vpermps; Q8_0 scales by
  *                vcvtph2ps
  *   AVX-512 VNNI W8A8, W4A8G* with vpdpbusd on 512 bits; the packed
- *                4/5-bit rows and the k-quants too, x as fixed point
+ *                4/5-bit rows and the k-quants too, x as fixed point,
+ *                and the k-quants' A8 forms
  *   AVX-VNNI     W8A8, W4A8G* with vpdpbusd on 256 bits
  *   AVX2         W8A8, W4A8G* with vpmaddubsw + vpmaddwd
  *   generic      everything (generic vectors), the reference for the rest
@@ -2010,13 +2011,19 @@ static ISA_VNNI512 int isa_vnni512_kq_x_prepare(int q6, const float *x, int64_t 
 }
 
 /* The integer sums of parts 0 and 1 of 128 weights (bytes w0, w1) against
- * their 384 bytes of planes. */
-static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_dots(v16u32 w0, v16u32 w1,
+ * their 128 np bytes of x: np = 3 planes (A16), or np = 1, x's int8
+ * values (the A8 forms, isa_vnni512_gemv_kqa8). */
+static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_dots(int np, v16u32 w0, v16u32 w1,
                                                                                 const int8_t *xq, v16f *s0,
                                                                                 v16f *s1)
 {
     v16i32 a = isa_vnni512_dot((v16i32){0}, w0, *(const v16u32 *)xq);
     v16i32 b = isa_vnni512_dot((v16i32){0}, w1, *(const v16u32 *)(xq + 64));
+    if (np == 1) {
+        *s0 = __builtin_convertvector(a, v16f);
+        *s1 = __builtin_convertvector(b, v16f);
+        return;
+    }
     a = isa_vnni512_dot(a << 8, w0, *(const v16u32 *)(xq + 128));
     b = isa_vnni512_dot(b << 8, w1, *(const v16u32 *)(xq + 192));
     a = isa_vnni512_dot(a << 8, w0, *(const v16u32 *)(xq + 256));
@@ -2028,7 +2035,7 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_dot
 /* One Q4_K/Q5_K super-block b against its 768 bytes of planes, u8 (its
  * 8 blocks' u) and xs8 (its 8 sub-block sums of x). */
 static inline __attribute__((always_inline)) ISA_VNNI512 void
-isa_vnni512_kq4_superblock(int q5, const unsigned char *b, const int8_t *xq, const v8fs *u8, const v8fs *xs8,
+isa_vnni512_kq4_superblock(int np, int q5, const unsigned char *b, const int8_t *xq, const v8fs *u8, const v8fs *xs8,
                            v16f *acc, v8fs *off)
 {
     v8fs d, m;
@@ -2051,7 +2058,7 @@ isa_vnni512_kq4_superblock(int q5, const unsigned char *b, const int8_t *xq, con
             hi |= (hg & 0x02020202u) << 3;
         }
         v16f s0, s1;
-        isa_vnni512_kq_dots(lo, hi, xq + 384 * g, &s0, &s1);
+        isa_vnni512_kq_dots(np, lo, hi, xq + 128 * np * g, &s0, &s1);
         if (g == 0)
             *acc += __builtin_shufflevector(du, du, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2) * s0 +
                     __builtin_shufflevector(du, du, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3) * s1;
@@ -2065,7 +2072,7 @@ isa_vnni512_kq4_superblock(int q5, const unsigned char *b, const int8_t *xq, con
  * sub-block sums of x, 16 elements each): values 0..63 as bytes, the
  * - 32 as 32 sum d sc xs. */
 static inline __attribute__((always_inline)) ISA_VNNI512 void
-isa_vnni512_kq6_superblock(const unsigned char *b, const int8_t *xq, const v8fs *u8p, const v16f *xs16, v16f *acc,
+isa_vnni512_kq6_superblock(int np, const unsigned char *b, const int8_t *xq, const v8fs *u8p, const v16f *xs16, v16f *acc,
                            v16f *off)
 {
     v16f d = __builtin_convertvector(*(const v16i8 *)(b + 192), v16f) * f16_at(b + 208);
@@ -2081,7 +2088,7 @@ isa_vnni512_kq6_superblock(const unsigned char *b, const int8_t *xq, const v8fs 
         v16u32 lo = (v & 0x0f0f0f0fu) | (q & 0x03030303u) << 4;
         v16u32 hi = (v >> 4 & 0x0f0f0f0fu) | (q >> 4 & 0x03030303u) << 4;
         v16f s0, s1;
-        isa_vnni512_kq_dots(lo, hi, xq + 384 * h, &s0, &s1);
+        isa_vnni512_kq_dots(np, lo, hi, xq + 128 * np * h, &s0, &s1);
         /* lane L: elements 4L.. of part 0 (sub-block 8h + L / 4, x block
          * 4h + L / 8), of part 1 (sub-block 8h + 4 + L / 4, block 4h + 2 + L / 8) */
         if (h == 0)
@@ -2097,7 +2104,7 @@ isa_vnni512_kq6_superblock(const unsigned char *b, const int8_t *xq, const v8fs 
     }
 }
 
-static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_rows(int t, const GemvSeg *g,
+static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_rows(int t, int np, const GemvSeg *g,
                                                                                 const int8_t *xq, const float *ub,
                                                                                 const float *xs, int64_t k)
 {
@@ -2114,14 +2121,15 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_row
                 v16f xs16 = LOAD16(xs + 16 * s);
                 UNROLL4
                 for (int i = 0; i < 4; i++)
-                    isa_vnni512_kq6_superblock(row[i] + s * bb, xq + 768 * s, &u8, &xs16, &acc[i], &off16[i]);
+                    isa_vnni512_kq6_superblock(np, row[i] + s * bb, xq + 256 * np * s, &u8, &xs16, &acc[i],
+                                               &off16[i]);
             } else {
                 v8fs xs8;
                 memcpy(&xs8, xs + 8 * s, 32);
                 UNROLL4
                 for (int i = 0; i < 4; i++)
-                    isa_vnni512_kq4_superblock(t == DT_Q5_K, row[i] + s * bb, xq + 768 * s, &u8, &xs8, &acc[i],
-                                               &off8[i]);
+                    isa_vnni512_kq4_superblock(np, t == DT_Q5_K, row[i] + s * bb, xq + 256 * np * s, &u8, &xs8,
+                                               &acc[i], &off8[i]);
             }
         }
         float out[4];
@@ -2148,11 +2156,11 @@ static ISA_VNNI512 int isa_vnni512_gemv_kq(int t, const GemvSeg *sg, int ns, con
     }
     for (int i = 0; i < ns; i++) {
         if (t == DT_Q4_K)
-            isa_vnni512_kq_rows(DT_Q4_K, &sg[i], xq, ub, xs, k);
+            isa_vnni512_kq_rows(DT_Q4_K, 3, &sg[i], xq, ub, xs, k);
         else if (t == DT_Q5_K)
-            isa_vnni512_kq_rows(DT_Q5_K, &sg[i], xq, ub, xs, k);
+            isa_vnni512_kq_rows(DT_Q5_K, 3, &sg[i], xq, ub, xs, k);
         else
-            isa_vnni512_kq_rows(DT_Q6_K, &sg[i], xq, ub, xs, k);
+            isa_vnni512_kq_rows(DT_Q6_K, 3, &sg[i], xq, ub, xs, k);
     }
     return 1;
 }
@@ -3188,8 +3196,8 @@ static ISA_AVX2 void isa_avx2_gemv_kq(int t, const GemvSeg *sg, int ns, const fl
  * three constants and 3k bytes. L2 rate on Zen 3, one core, k = 768 /
  * 4096: Q4_K 7.3 -> 7.6 / 5.6 -> 7.3 GB/s, Q5_K 5.5 -> 7.9 (k = 768),
  * Q6_K 6.8 -> 9.0 / 5.6 -> 9.0.
- * The same loops serve the k-quants' A8 forms (Q4_KA8, Q5_KA8, Q6_KA8)
- * with np = 1 plane: x's int8 values (act_quantize) where the A16 rows
+ * The same loops serve the k-quants' A8 forms (Q4_KA8, Q5_KA8, Q6_KA8;
+ * AVX-512 VNNI hosts take isa_vnni512_gemv_kqa8) with np = 1 plane: x's int8 values (act_quantize) where the A16 rows
  * have their top plane (128 bytes of x per 4 blocks, 128 np for np
  * planes), u the blocks' d and xs the sub-blocks' sums of d xq, so the
  * integer sums are ir/dtype.h's; a part's lanes then stay within
@@ -3379,16 +3387,11 @@ static ISA_AVX2 int isa_avx2_gemv_kq_q(int t, const GemvSeg *sg, int ns, const f
     return 1;
 }
 
-/* Q4_KA8, Q5_KA8 and Q6_KA8 rows (layout l) on AVX2 (also on AVX-512
- * hosts) from the quantized input: the kernels above with one plane,
- * xq's blocks where isa_avx2_kq_x_prepare puts the top plane's (the same
- * kq_x_block_at), and xs
- * the sub-blocks' sums of d xq. */
-static ISA_AVX2 void isa_avx2_gemv_kqa8(int l, const GemvSeg *sg, int ns, const int8_t *xq, const float *dq,
-                                        int64_t k)
+/* x for the A8 kq rows of layout l: xq's blocks where the A16 rows put
+ * their top plane (kq_x_block_at with one plane) in xk, and xs the
+ * sub-blocks' sums of d xq. */
+static void kqa8_x_prepare(int l, const int8_t *xq, const float *dq, int64_t k, int8_t *xk, float *xs)
 {
-    int8_t xk[k] __attribute__((aligned(64)));
-    float xs[k / 16] __attribute__((aligned(32)));
     int q6 = l == DT_Q6_K, n = q6 ? 16 : 32;
     for (int64_t blk = 0; blk < k / 32; blk++)
         memcpy(xk + kq_x_block_at(q6, 1, blk), xq + 32 * blk, 32);
@@ -3398,6 +3401,37 @@ static ISA_AVX2 void isa_avx2_gemv_kqa8(int l, const GemvSeg *sg, int ns, const 
             sum += xq[n * s + j];
         xs[s] = dq[n * s / 32] * (float)sum;
     }
+}
+
+/* Q4_KA8, Q5_KA8 and Q6_KA8 rows (layout l) with vpdpbusd: the A16 rows'
+ * loops with one plane, u the blocks' d (Zen 4, one core from L2: Q4_KA8
+ * 18.0 GB/s against the AVX2 loops' 16.6-16.8, Q5_KA8 17.3-17.7 against
+ * 16.2-16.7, Q6_KA8 20.8-21.3 against 21.2-21.3: the scales' unpacking,
+ * not the products, bounds them). */
+static ISA_VNNI512 void isa_vnni512_gemv_kqa8(int l, const GemvSeg *sg, int ns, const int8_t *xq, const float *dq,
+                                              int64_t k)
+{
+    int8_t xk[k] __attribute__((aligned(64)));
+    float xs[k / 16] __attribute__((aligned(32)));
+    kqa8_x_prepare(l, xq, dq, k, xk, xs);
+    for (int i = 0; i < ns; i++) {
+        if (l == DT_Q4_K)
+            isa_vnni512_kq_rows(DT_Q4_K, 1, &sg[i], xk, dq, xs, k);
+        else if (l == DT_Q5_K)
+            isa_vnni512_kq_rows(DT_Q5_K, 1, &sg[i], xk, dq, xs, k);
+        else
+            isa_vnni512_kq_rows(DT_Q6_K, 1, &sg[i], xk, dq, xs, k);
+    }
+}
+
+/* The same on AVX2 (and AVX-VNNI hosts): the AVX2 kernels above with one
+ * plane. */
+static ISA_AVX2 void isa_avx2_gemv_kqa8(int l, const GemvSeg *sg, int ns, const int8_t *xq, const float *dq,
+                                        int64_t k)
+{
+    int8_t xk[k] __attribute__((aligned(64)));
+    float xs[k / 16] __attribute__((aligned(32)));
+    kqa8_x_prepare(l, xq, dq, k, xk, xs);
     for (int i = 0; i < ns; i++) {
         if (l == DT_Q4_K)
             isa_avx2_kqq_rows(DT_Q4_K, 1, &sg[i], xk, dq, xs, k);
@@ -3791,6 +3825,10 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
         return;
     }
     int l = qlayout(t);
+    if (dtype_is_kquant((DType)l) && (megac_k_isa & KT_ISA_VNNI512)) {
+        isa_vnni512_gemv_kqa8(l, sg, ns, xq, dq, k);
+        return;
+    }
     if (dtype_is_kquant((DType)l) && (megac_k_isa & KT_ISA_AVX2)) {
         isa_avx2_gemv_kqa8(l, sg, ns, xq, dq, k);
         return;
