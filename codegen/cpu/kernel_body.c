@@ -3197,8 +3197,8 @@ static ISA_AVX2 void isa_avx2_gemv_kq(int t, const GemvSeg *sg, int ns, const fl
  * 4096: Q4_K 7.3 -> 7.6 / 5.6 -> 7.3 GB/s, Q5_K 5.5 -> 7.9 (k = 768),
  * Q6_K 6.8 -> 9.0 / 5.6 -> 9.0.
  * The same loops serve the k-quants' A8 forms (Q4_KA8, Q5_KA8, Q6_KA8;
- * AVX-512 VNNI hosts take isa_vnni512_gemv_kqa8) with np = 1 plane: x's int8 values (act_quantize) where the A16 rows
- * have their top plane (128 bytes of x per 4 blocks, 128 np for np
+ * AVX-512 VNNI hosts take isa_vnni512_gemv_kqa8) with np = 1 plane:
+ * x's int8 values (act_quantize) where the A16 rows have their top plane (128 bytes of x per 4 blocks, 128 np for np
  * planes), u the blocks' d and xs the sub-blocks' sums of d xq, so the
  * integer sums are ir/dtype.h's; a part's lanes then stay within
  * 8 * 63 * 127, so four parts' are added as integers (isa_avx2_hsum4)
