@@ -2032,8 +2032,8 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_dot
     *s1 = __builtin_convertvector(b, v16f);
 }
 
-/* One Q4_K/Q5_K super-block b against its 768 bytes of planes, u8 (its
- * 8 blocks' u) and xs8 (its 8 sub-block sums of x). */
+/* One Q4_K/Q5_K super-block b against its 256 np bytes of x (np planes),
+ * u8 (its 8 blocks' u) and xs8 (its 8 sub-block sums of x). */
 static inline __attribute__((always_inline)) ISA_VNNI512 void
 isa_vnni512_kq4_superblock(int np, int q5, const unsigned char *b, const int8_t *xq, const v8fs *u8, const v8fs *xs8,
                            v16f *acc, v8fs *off)
@@ -2072,8 +2072,8 @@ isa_vnni512_kq4_superblock(int np, int q5, const unsigned char *b, const int8_t 
  * sub-block sums of x, 16 elements each): values 0..63 as bytes, the
  * - 32 as 32 sum d sc xs. */
 static inline __attribute__((always_inline)) ISA_VNNI512 void
-isa_vnni512_kq6_superblock(int np, const unsigned char *b, const int8_t *xq, const v8fs *u8p, const v16f *xs16, v16f *acc,
-                           v16f *off)
+isa_vnni512_kq6_superblock(int np, const unsigned char *b, const int8_t *xq, const v8fs *u8p, const v16f *xs16,
+                           v16f *acc, v16f *off)
 {
     v16f d = __builtin_convertvector(*(const v16i8 *)(b + 192), v16f) * f16_at(b + 208);
     *off += d * *xs16;
@@ -3198,8 +3198,8 @@ static ISA_AVX2 void isa_avx2_gemv_kq(int t, const GemvSeg *sg, int ns, const fl
  * Q6_K 6.8 -> 9.0 / 5.6 -> 9.0.
  * The same loops serve the k-quants' A8 forms (Q4_KA8, Q5_KA8, Q6_KA8;
  * AVX-512 VNNI hosts take isa_vnni512_gemv_kqa8) with np = 1 plane:
- * x's int8 values (act_quantize) where the A16 rows have their top plane (128 bytes of x per 4 blocks, 128 np for np
- * planes), u the blocks' d and xs the sub-blocks' sums of d xq, so the
+ * x's int8 values (act_quantize) where the A16 rows have their top plane
+ * (128 bytes of x per 4 blocks, 128 np for np planes), u the blocks' d and xs the sub-blocks' sums of d xq, so the
  * integer sums are ir/dtype.h's; a part's lanes then stay within
  * 8 * 63 * 127, so four parts' are added as integers (isa_avx2_hsum4)
  * before one conversion and one FMA. */
