@@ -749,8 +749,8 @@ static void op_rmsnorm(const MegacArgs *a, const int64_t *in)
  * (2-vCPU EPYC guest) prefetcht0 took SmolLM2-135M decode to 0.5-0.7x
  * of what prefetcht1 gives (Q8_0, Q4_1, Q4_K_M files, exact and int8
  * inputs; why was not measured: no HW counters in the guest); on Zen 3
- * the two were within noise. Both knobs are
- * the developers' (cmake -DMEGAC_CPU_BODY_DEFS=-DQPF_BYTES=N). */
+ * the two were within noise. Both knobs are the developers' (cmake
+ * -DMEGAC_CPU_BODY_DEFS='-DQPF_BYTES=N;-DQPF_LOCALITY=L'). */
 #ifndef QPF_BYTES
 #define QPF_BYTES 16384
 #endif
@@ -3199,8 +3199,9 @@ static ISA_AVX2 void isa_avx2_gemv_kq(int t, const GemvSeg *sg, int ns, const fl
  * The same loops serve the k-quants' A8 forms (Q4_KA8, Q5_KA8, Q6_KA8;
  * AVX-512 VNNI hosts take isa_vnni512_gemv_kqa8) with np = 1 plane:
  * x's int8 values (act_quantize) where the A16 rows have their top plane
- * (128 bytes of x per 4 blocks, 128 np for np planes), u the blocks' d and xs the sub-blocks' sums of d xq, so the
- * integer sums are ir/dtype.h's; a part's lanes then stay within
+ * (128 bytes of x per 4 blocks, 128 np for np planes), u the blocks' d
+ * and xs the sub-blocks' sums of d xq, so the integer sums are
+ * ir/dtype.h's; a part's lanes then stay within
  * 8 * 63 * 127, so four parts' are added as integers (isa_avx2_hsum4)
  * before one conversion and one FMA. */
 static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_kq_part(v8u32 w, const int8_t *xq)
