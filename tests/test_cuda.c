@@ -351,6 +351,37 @@ Test(cuda_nvrtc, every_model_every_arch, .timeout = 900)
     globfree(&g);
 }
 
+/* The synthetic model stored in each format the GPU tests decode
+ * (stored_formats_check) compiles for every architecture at 3 blocks
+ * without local memory: on sm_90 its W4A16-g32 kernel spilled 4 bytes
+ * with 8 weight loads in flight per lane, and megac refused it (seen on an
+ * H200, 2026-12-04); cg_cuda_compile now takes fewer loads in flight. */
+Test(cuda_nvrtc, stored_formats_every_arch, .timeout = 900)
+{
+    static const char *const archs[] = {"sm_80", "sm_90", "sm_120"};
+    static const char *const fmts[] = {"bf16", "f16", "w8a16", "w4a16-g32", "w4a16-g128"};
+    char *dir = tmp_dir();
+    for (int f = 0; f < 5; f++) {
+        char compile[96];
+        snprintf(compile, sizeof compile, "  quant: {default: %s}\n", fmts[f]);
+        char *yaml = write_synth_as(dir, fmts[f], compile);
+        Model r;
+        model_open(&r, yaml, false);
+        for (int a = 0; a < 3; a++) {
+            if (!nvrtc_arch_wanted(f, a))
+                continue;
+            Schedule *s = model_lower(&r, archs[a], 3);
+            CudaKernelInfo info = cubin_check(s, archs[a], fmts[f]);
+            cr_assert(info.vloads >= 2 && info.vloads <= CUDA_VLOADS, "%d loads in flight", info.vloads);
+            cr_log_info("synthetic %s on %s: %d loads in flight per lane", fmts[f], archs[a], info.vloads);
+            sched_free(s);
+        }
+        model_close(&r);
+        free(yaml);
+    }
+    test_rm_rf(dir);
+}
+
 /* The GEMV weight loads a lane issues before a wait (mk_gemv_preload)
  * hold registers across it. At the Llama-3.2-1B shape (SmolLM2-135M's
  * kernels take as many registers), stored bf16 and w8a16, every

@@ -23,6 +23,7 @@
 #define CUDA_ARENA_BIT (1ull << 63)
 #define CUDA_WSTAGE_MAX (160 * 1024) /* weight stage cap: with the static scratch, under sm_90's 227 KiB */
 #define CUDA_PRELOADS 2         /* MK_PRELOADS first tried (cg_cuda_compile lowers it on spills) */
+#define CUDA_VLOADS 8           /* MK_VLOADS first tried (lowered on spills once there are no preloads) */
 
 /* ---- cuda_text.c (generated at build time from the embedded sources) ---- */
 extern const char cuda_text_prelude[];      /* cuda_prelude.cuh */
@@ -43,6 +44,7 @@ typedef struct CudaLayout {
     int attn_warps;     /* MK_AW: warps that share an attention split */
     int hdl;            /* MK_HDL: head elements per lane */
     int preloads;       /* MK_PRELOADS_AUTO: weight loads a lane issues before a GEMV's wait */
+    int vloads;         /* MK_VLOADS_AUTO: 16-byte weight loads in flight per lane in the GEMV rows */
     int wstage;         /* MK_WSTAGE_BYTES: dynamic shared memory the GEMVs' rows are staged in (0: none) */
 } CudaLayout;
 /* The block layout for a schedule on the GPU (host = false) or the host. */

@@ -193,19 +193,25 @@ bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path
     if (!cuda_schedule_check(s, d))
         return false;
     /* Each weight load a lane issues before a GEMV's wait holds 4
-     * registers across the wait; where that makes ptxas spill, fewer. */
+     * registers across the wait, each load in flight in the GEMV rows 4
+     * more: where ptxas spills, fewer preloads, then (none left) fewer
+     * loads in flight, two at a time down to 2. */
     CudaLayout l = cuda_layout(s, false);
     for (;;) {
         char *src = cuda_source_build(s, &l, false);
-        bool spilled = false;
-        bool ok = cuda_nvrtc_compile(src, arch, l.threads, cubin_path, info, l.preloads > 0 ? &spilled : NULL, d);
+        bool spilled = false, retry = l.preloads > 0 || l.vloads > 2;
+        bool ok = cuda_nvrtc_compile(src, arch, l.threads, cubin_path, info, retry ? &spilled : NULL, d);
         free(src);
         if (ok && info) {
             info->preloads = l.preloads;
+            info->vloads = l.vloads;
             info->smem_per_block += l.wstage; /* dynamic: not in ptxas' count */
         }
         if (ok || !spilled)
             return ok;
-        l.preloads--;
+        if (l.preloads > 0)
+            l.preloads--;
+        else
+            l.vloads -= 2;
     }
 }

@@ -137,6 +137,7 @@ CudaLayout cuda_layout(const Schedule *s, bool host)
         l.hdl = 1;
     l.wstage = source_wstage();
     l.preloads = source_preloadable(s) && !l.wstage ? CUDA_PRELOADS : 0; /* the stage holds those rows */
+    l.vloads = CUDA_VLOADS;
     return l;
 }
 
@@ -170,7 +171,8 @@ static void source_shape(FILE *f, const Schedule *s, const CudaLayout *l)
             s->target ? s->target : "");
     fprintf(f, "#define MK_THREADS %d\n#define MK_SMEM_FLOATS %d\n#define MK_AW %d\n#define MK_HDL %d\n", l->threads,
             l->smem_floats, l->attn_warps, l->hdl);
-    fprintf(f, "#define MK_PRELOADS_AUTO %d\n#define MK_WSTAGE_BYTES %d\n", l->preloads, l->wstage);
+    fprintf(f, "#define MK_PRELOADS_AUTO %d\n#define MK_VLOADS_AUTO %d\n#define MK_WSTAGE_BYTES %d\n", l->preloads,
+            l->vloads, l->wstage);
     /* a GEMV input longer than the staging scratch: read where it lies */
     fprintf(f, "#define MK_GEMV_UNSTAGED %d\n", source_max_gemv_k(s) > l->smem_floats);
     fprintf(f, "#define MK_DIM %d\n#define MK_HD %d\n#define MK_G %d\n#define MK_VOCAB %d\n#define MK_MAX_SEQ %d\n",

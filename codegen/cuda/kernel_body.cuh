@@ -383,9 +383,11 @@ MK_DEV float mk_rms_scale(const float *x, int n)
     return 1.0f / sqrtf(s / (float)n + MK_EPS);
 }
 
-/* 16-byte weight loads in flight per lane in the GEMV row loops. */
+/* 16-byte weight loads in flight per lane in the GEMV row loops: 8
+ * (MK_VLOADS_AUTO), fewer where the kernel would spill even without
+ * preloads (cg_cuda_compile; W4 schedules on sm_90 at some worker counts). */
 #ifndef MK_VLOADS
-#define MK_VLOADS 8
+#define MK_VLOADS MK_VLOADS_AUTO
 #endif
 
 /* Of a GEMV's first round, the loads that mk_gemv_preload issues before
