@@ -43,7 +43,7 @@ typedef struct CudaState {
     CUmodule mod;
     CUfunction fn;
     int threads;                /* block size the kernel was built for */
-    unsigned dyn_smem;          /* dynamic shared memory per block: the kernel's weight stage */
+    unsigned dyn_smem;          /* dynamic shared memory per block: the kernel's stages */
     CUdeviceptr weights, arena;
     CUdeviceptr ctl;            /* the abort record, then the counters: one memset per step */
     MegacArgs args;             /* device pointers */
@@ -165,12 +165,12 @@ static megac_status cuda_module_load(megac_model *m, CudaState *st)
         return rt_fail(m, MEGAC_ERR_DEVICE, "cuModuleLoadData(%s/%s) failed: %s", m->dir, m->man.kernel,
                        cuda_driver_error(&st->drv, r));
     CU_CHECK(m, st, cuModuleGetFunction(&st->fn, st->mod, "megac_kernel"));
-    /* a kernel with a weight stage (kernel_body.cuh) says its size; one
-     * built before there was one has no such constant: none */
+    /* the kernel says how much dynamic shared memory its stages take
+     * (kernel_body.cuh: the weight stage, the instruction stage) */
     CUdeviceptr p;
     size_t bytes = 0;
     st->dyn_smem = 0;
-    if (st->drv.cuModuleGetGlobal_v2(&p, &bytes, st->mod, "megac_k_wstage_bytes") == 0 && bytes == 4)
+    if (st->drv.cuModuleGetGlobal_v2(&p, &bytes, st->mod, "megac_k_dyn_smem_bytes") == 0 && bytes == 4)
         CU_CHECK(m, st, cuMemcpyDtoH_v2(&st->dyn_smem, p, 4));
     if (st->dyn_smem)
         CU_CHECK(m, st, cuFuncSetAttribute(st->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)st->dyn_smem));

@@ -16,9 +16,9 @@
  *        zeroed before the step.
  * CUDA cubins export `megac_kernel(MegacArgs a)` launched cooperatively
  * with one block per worker, plus the same four constants as __device__
- * globals (read with cuModuleGetGlobal), and `megac_k_wstage_bytes` (a
+ * globals (read with cuModuleGetGlobal), and `megac_k_dyn_smem_bytes` (a
  * u32): the dynamic shared memory each block is launched with (the GEMVs'
- * weight stage; 0 without one; a cubin without the constant has none).
+ * weight stage and the instruction stage; 0 without them).
  *
  * Buffers are addressed by the byte offsets recorded in the schedule
  * (Buffer.offset): weights relative to `weights`, everything else relative
@@ -31,7 +31,7 @@
 
 /* 2: megac_kernel_facts */
 /* 3: MegacArgs.prompt_end */
-#define MEGAC_KERNEL_ABI 4u    /* 4: MegacArgs.spin_ns */
+#define MEGAC_KERNEL_ABI 5u    /* 4: MegacArgs.spin_ns; 5: megac_k_dyn_smem_bytes (the instruction stage) */
 
 /* megac_kernel_facts[]: each is the value of one manifest key. */
 typedef enum MegacFact {

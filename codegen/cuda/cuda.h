@@ -22,6 +22,7 @@
 #define CUDA_SMEM_FLOATS_LIMIT 12000 /* whole scratch: under 48 KiB of static smem */
 #define CUDA_ARENA_BIT (1ull << 63)
 #define CUDA_WSTAGE_MAX (160 * 1024) /* weight stage cap: with the static scratch, under sm_90's 227 KiB */
+#define CUDA_ISTAGE_MAX (32 * 1024)  /* instruction stage cap: with both, under sm_120's 99 KiB without a weight stage */
 #define CUDA_PRELOADS 2         /* MK_PRELOADS first tried (cg_cuda_compile lowers it on spills) */
 #define CUDA_VLOADS 8           /* MK_VLOADS first tried (lowered on spills once there are no preloads) */
 
@@ -46,6 +47,9 @@ typedef struct CudaLayout {
     int preloads;       /* MK_PRELOADS_AUTO: weight loads a lane issues before a GEMV's wait */
     int vloads;         /* MK_VLOADS_AUTO: 16-byte weight loads in flight per lane in the GEMV rows */
     int wstage;         /* MK_WSTAGE_BYTES: dynamic shared memory the GEMVs' rows are staged in (0: none) */
+    int istage;         /* MK_ISTAGE_BYTES: dynamic shared memory after it for the buffer table and the
+                           worker's instructions (0: read from global memory) */
+    int bufs_pad;       /* MK_NBUFS_PAD: the buffer table's entries there (an even count) */
 } CudaLayout;
 /* The block layout for a schedule on the GPU (host = false) or the host. */
 CudaLayout cuda_layout(const Schedule *s, bool host);

@@ -36,6 +36,15 @@ MK_INLINE int mk_sync_or(int pred) { return __syncthreads_or(pred); }
 MK_INLINE float mk_shfl_xor_f(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 MK_INLINE int mk_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 MK_INLINE uint4 mk_ldg4u(const uint4 *p) { return __ldg(p); }
+/* The same load, not allocated in L1 (a weight read once per step). */
+MK_INLINE uint4 mk_ldg4u_na(const uint4 *p)
+{
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
 MK_INLINE unsigned mk_ldgu(const unsigned *p) { return __ldg(p); }
 MK_INLINE unsigned mk_ldgus(const unsigned short *p) { return __ldg(p); }
 /* 16 bytes from global memory to shared memory by an asynchronous copy

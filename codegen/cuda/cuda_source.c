@@ -105,15 +105,47 @@ static int source_serial_smem(const Schedule *s, int threads)
 /* MEGAC_CUDA_DEFINES' MK_WSTAGE_BYTES=N (kernel_body.cuh's weight stage),
  * in whole 16-byte units: a size the launch needs as well as the kernel,
  * so the layout carries it (source_dev_defines leaves it out). */
+static int source_inst_encode(const Schedule *s, const Inst *in, uint32_t *w);
+
+/* MEGAC_CUDA_DEFINES' NAME=N, else dflt. */
+static long source_dev_int(const char *name, long dflt)
+{
+    size_t n = strlen(name);
+    const char *e = getenv("MEGAC_CUDA_DEFINES");
+    for (const char *p = e ? strstr(e, name) : NULL; p; p = strstr(p + 1, name))
+        if ((p == e || p[-1] == ' ' || p[-1] == ',') && p[n] == '=')
+            return strtol(p + n + 1, NULL, 10);
+    return dflt;
+}
+
 static int source_wstage(void)
 {
-    const char *e = getenv("MEGAC_CUDA_DEFINES"), *p = e ? strstr(e, "MK_WSTAGE_BYTES=") : NULL;
-    if (!p || (p > e && p[-1] != ' ' && p[-1] != ','))
-        return 0;
-    long v = strtol(p + strlen("MK_WSTAGE_BYTES="), NULL, 10);
+    long v = source_dev_int("MK_WSTAGE_BYTES", 0);
     if (v < 0)
         v = 0;
     return (int)((v > CUDA_WSTAGE_MAX ? CUDA_WSTAGE_MAX : v) / 16 * 16);
+}
+
+/* The instruction stage (kernel_body.cuh): the buffer table (8 bytes a
+ * buffer, padded to 16) and the longest worker's instruction words (padded
+ * to 16 bytes), when both fit in CUDA_ISTAGE_MAX; else 0, and the kernel
+ * reads its program from global memory. MEGAC_CUDA_DEFINES=MK_ISTAGE=0
+ * turns it off, to compare. */
+static int source_istage(const Schedule *s, int *bufs_pad)
+{
+    uint32_t enc[2 + OP_MAX_PARAMS + OP_MAX_OPERANDS];
+    uint64_t most = 0;
+    for (uint32_t w = 0; w < s->nworkers; w++) {
+        uint64_t n = 0;
+        for (uint32_t i = 0; i < s->workers[w].ninst; i++)
+            n += (uint64_t)source_inst_encode(s, &s->workers[w].insts[i], enc);
+        most = n > most ? n : most;
+    }
+    *bufs_pad = (int)((s->nbufs + 1) / 2 * 2);
+    uint64_t bytes = 8 * (uint64_t)*bufs_pad + (most * 4 + 15) / 16 * 16;
+    if (!source_dev_int("MK_ISTAGE", 1) || bytes > CUDA_ISTAGE_MAX)
+        return 0;
+    return (int)bytes;
 }
 
 CudaLayout cuda_layout(const Schedule *s, bool host)
@@ -136,8 +168,11 @@ CudaLayout cuda_layout(const Schedule *s, bool host)
     if (l.hdl < 1)
         l.hdl = 1;
     l.wstage = source_wstage();
+    l.istage = source_istage(s, &l.bufs_pad);
     l.preloads = source_preloadable(s) && !l.wstage ? CUDA_PRELOADS : 0; /* the stage holds those rows */
-    l.vloads = CUDA_VLOADS;
+    l.vloads = (int)source_dev_int("MK_VLOADS", CUDA_VLOADS); /* a developer's value, lowered like ours on spills */
+    if (l.vloads < 2)
+        l.vloads = 2;
     return l;
 }
 
@@ -154,8 +189,9 @@ static void source_dev_defines(FILE *f)
     fprintf(stderr, "megac: warning: MEGAC_CUDA_DEFINES='%s' changes the generated kernel\n", e);
     char *copy = xstrdup(e), *save = NULL;
     for (char *t = strtok_r(copy, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
-        if (strncmp(t, "MK_WSTAGE_BYTES=", 16) == 0)
-            continue; /* the layout's (source_wstage) */
+        if (strncmp(t, "MK_WSTAGE_BYTES=", 16) == 0 || strncmp(t, "MK_ISTAGE=", 10) == 0 ||
+            strncmp(t, "MK_VLOADS=", 10) == 0)
+            continue; /* the layout's (source_wstage, source_istage, vloads) */
         char *eq = strchr(t, '=');
         if (eq)
             *eq = ' ';
@@ -173,6 +209,7 @@ static void source_shape(FILE *f, const Schedule *s, const CudaLayout *l)
             l->smem_floats, l->attn_warps, l->hdl);
     fprintf(f, "#define MK_PRELOADS_AUTO %d\n#define MK_VLOADS_AUTO %d\n#define MK_WSTAGE_BYTES %d\n", l->preloads,
             l->vloads, l->wstage);
+    fprintf(f, "#define MK_ISTAGE_BYTES %d\n#define MK_NBUFS_PAD %d\n", l->istage, l->bufs_pad);
     /* a GEMV input longer than the staging scratch: read where it lies */
     fprintf(f, "#define MK_GEMV_UNSTAGED %d\n", source_max_gemv_k(s) > l->smem_floats);
     fprintf(f, "#define MK_DIM %d\n#define MK_HD %d\n#define MK_G %d\n#define MK_VOCAB %d\n#define MK_MAX_SEQ %d\n",
@@ -261,7 +298,7 @@ static void source_constants(FILE *f, const Schedule *s, const CudaLayout *l)
             (unsigned long long)sched_hash(s));
     fprintf(f, "MK_EXPORT const unsigned megac_num_workers = %uu;\n", s->nworkers);
     /* the dynamic shared memory a launch gives each block (cuda_backend.c) */
-    fprintf(f, "MK_EXPORT const unsigned megac_k_wstage_bytes = %uu;\n", (unsigned)l->wstage);
+    fprintf(f, "MK_EXPORT const unsigned megac_k_dyn_smem_bytes = %uu;\n", (unsigned)(l->wstage + l->istage));
     fprintf(f, "MK_EXPORT const unsigned long long megac_kernel_facts[%d] = {", MEGAC_NFACTS);
     for (int i = 0; i < MEGAC_NFACTS; i++)
         fprintf(f, "%s0x%llxull", i ? ", " : "", (unsigned long long)facts[i]);

@@ -274,6 +274,7 @@ static inline void mk_cp16(void *dst, const void *src) { memcpy(dst, src, 16); }
 static inline void mk_cp_wait(void) {}
 #define MK_WSTAGE_DECL(name, bytes) static _Thread_local _Alignas(16) uint4 name[(bytes) / 16]
 static inline uint4 mk_ldg4u(const uint4 *p) { return *p; }
+static inline uint4 mk_ldg4u_na(const uint4 *p) { return *p; }
 static inline unsigned mk_ldgu(const unsigned *p) { return *p; }
 static inline unsigned mk_ldgus(const unsigned short *p) { return *p; }
 /* The f16 in the low 16 bits of h as a float (exact). */

@@ -104,14 +104,35 @@ MK_SHARED float mk_red[2 * 32 + 2];
  * reads each row that lies wholly in the stage from it (mk_wrow), the rest
  * from memory. The stage is dynamic shared memory: cuda_layout sizes it
  * from MEGAC_CUDA_DEFINES=MK_WSTAGE_BYTES=N, the kernel exports the size
- * (megac_k_wstage_bytes) and the runtime launches with it. Weight loads
- * are then generic (an address may be shared), not the read-only path. */
+ * (megac_k_dyn_smem_bytes, with the instruction stage's) and the runtime
+ * launches with it. Weight loads are then generic (an address may be
+ * shared), not the read-only path. */
 #ifndef MK_WSTAGE_BYTES
 #define MK_WSTAGE_BYTES 0
 #endif
-#if MK_WSTAGE_BYTES > 0
-MK_WSTAGE_DECL(mk_wst, MK_WSTAGE_BYTES);
+/* The instruction stage, after it: the buffer table (MK_NBUFS_PAD
+ * offsets), then this worker's instruction words, copied there at the
+ * start of each step (mk_worker_run), so that decoding an op (its words,
+ * then its operands' offsets) reads shared memory rather than a chain of
+ * dependent loads from L2, whose lines the weight stream evicts from L1
+ * between ops. cuda_layout sizes it (0: too large, or
+ * MEGAC_CUDA_DEFINES=MK_ISTAGE=0; then both are read where they lie). */
+#ifndef MK_ISTAGE_BYTES
+#define MK_ISTAGE_BYTES 0
 #endif
+#if MK_WSTAGE_BYTES + MK_ISTAGE_BYTES > 0
+MK_WSTAGE_DECL(mk_wst, MK_WSTAGE_BYTES + MK_ISTAGE_BYTES);
+#endif
+
+/* Buffer b's entry of megac_k_bufs: its offset, MK_ARENA_BIT for the arena. */
+MK_INLINE unsigned long long mk_buf(unsigned b)
+{
+#if MK_ISTAGE_BYTES > 0
+    return ((const unsigned long long *)(const void *)(mk_wst + MK_WSTAGE_BYTES / 16))[b];
+#else
+    return megac_k_bufs[b];
+#endif
+}
 /* MEGAC_CUDA_DEFINES=MK_WSTAGE_COUNT=1 (host shim only): counts the rows
  * GEMVs read from the stage, for a test to see that they did. */
 #ifndef MK_WSTAGE_COUNT
@@ -139,11 +160,17 @@ MK_INLINE MkStage mk_no_stage(void)
     return st;
 }
 
-/* 16-byte, 4-byte and 2-byte weight loads. */
+/* 16-byte, 4-byte and 2-byte weight loads. MEGAC_CUDA_DEFINES=MK_WNOALLOC=1
+ * reads the 16-byte ones past L1 (no_allocate), to time against. */
+#ifndef MK_WNOALLOC
+#define MK_WNOALLOC 0
+#endif
 MK_INLINE uint4 mk_ldw4(const uint4 *p)
 {
 #if MK_WSTAGE_BYTES > 0
     return *p;
+#elif MK_WNOALLOC
+    return mk_ldg4u_na(p);
 #else
     return mk_ldg4u(p);
 #endif
@@ -269,7 +296,7 @@ MK_INLINE void *mk_opnd(const MegacArgs *a, const unsigned *in, int i)
     unsigned b = in[1 + MK_NPARAM(in) + i];
     if (b == MK_NONE)
         return 0;
-    unsigned long long w = megac_k_bufs[b];
+    unsigned long long w = mk_buf(b);
     if (w & MK_ARENA_BIT)
         return (char *)a->arena + (w & ~MK_ARENA_BIT);
     return (char *)(const char *)a->weights + w;
@@ -1054,7 +1081,7 @@ MK_INLINE int mk_gemv_xmask(const unsigned *in, int path, int bf)
  * for the GEMV's input, and be in flight while the block waits. */
 MK_INLINE int mk_gemv_preload(const MegacArgs *a, const unsigned *in, uint4 pre[MK_PRE_N])
 {
-    if (megac_k_bufs[in[1 + MK_NPARAM(in)]] & MK_ARENA_BIT)
+    if (mk_buf(in[1 + MK_NPARAM(in)]) & MK_ARENA_BIT)
         return 0;
     const void *W = mk_opnd(a, in, 0);
     int r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2), bf, j0 = 0, j1;
@@ -1092,7 +1119,7 @@ MK_INLINE MkStage mk_wstage_issue(const MegacArgs *a, const unsigned *in)
 {
     MkStage st = mk_no_stage();
 #if MK_WSTAGE_BYTES > 0
-    if (megac_k_bufs[in[1 + MK_NPARAM(in)]] & MK_ARENA_BIT)
+    if (mk_buf(in[1 + MK_NPARAM(in)]) & MK_ARENA_BIT)
         return st;
     int r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2);
     long long rb = mk_row_bytes(mk_dtype(in, 0), k);
@@ -2316,13 +2343,27 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
                             (unsigned)MK_MAX_SEQ);
         return;
     }
-    int p = megac_k_wstart[worker], end = megac_k_wstart[worker + 1];
+    /* the program: p indexes prog[0, end) */
+    int p = 0, end = megac_k_wstart[worker + 1] - megac_k_wstart[worker];
+    const unsigned *prog = megac_k_insts + megac_k_wstart[worker];
+#if MK_ISTAGE_BYTES > 0
+    {
+        unsigned long long *bufs = (unsigned long long *)(void *)(mk_wst + MK_WSTAGE_BYTES / 16);
+        unsigned *words = (unsigned *)(void *)(bufs + MK_NBUFS_PAD);
+        for (int i = (int)tid; i < (int)(sizeof megac_k_bufs / sizeof megac_k_bufs[0]); i += MK_THREADS)
+            bufs[i] = megac_k_bufs[i];
+        for (int i = (int)tid; i < end; i += MK_THREADS)
+            words[i] = prog[i];
+        mk_sync();
+        prog = words;
+    }
+#endif
 #if MK_PROFILE && defined(__CUDACC_RTC__)
     if (tid == 0)
         mk_prof[worker * MK_PROF_SLOTS + 18] += 1;
 #endif
     for (unsigned pc = 0; p < end; pc++) {
-        const unsigned *in = megac_k_insts + p;
+        const unsigned *in = prog + p;
         unsigned kind = in[0] & 0xffu;
         MK_PROF_T0();
         if (kind == MK_INST_OP) {
@@ -2352,11 +2393,11 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
             MkStage st = mk_no_stage();
             if ((MK_PRELOADS > 0 || MK_WSTAGE_BYTES > 0) && MK_HAS_OP(MK_OP_GEMV)) {
                 int q = p;
-                while (q < end && (megac_k_insts[q] & 0xffu) == MK_INST_WAIT)
+                while (q < end && (prog[q] & 0xffu) == MK_INST_WAIT)
                     q += 2;
-                if (q < end && (megac_k_insts[q] & 0xffu) == MK_INST_OP &&
-                    ((megac_k_insts[q] >> 8) & 0xffu) == MK_OP_GEMV) {
-                    g = megac_k_insts + q;
+                if (q < end && (prog[q] & 0xffu) == MK_INST_OP &&
+                    ((prog[q] >> 8) & 0xffu) == MK_OP_GEMV) {
+                    g = prog + q;
                     if (MK_PRELOADS > 0)
                         use_pre = mk_gemv_preload(a, g, pre);
                     st = mk_wstage_issue(a, g);
@@ -2372,9 +2413,9 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
                     mk_cp_wait(); /* no copy outlives the block */
                     return;
                 }
-                if (!g || (megac_k_insts[p] & 0xffu) != MK_INST_WAIT)
+                if (!g || (prog[p] & 0xffu) != MK_INST_WAIT)
                     break;
-                in = megac_k_insts + p; /* the run's next wait */
+                in = prog + p; /* the run's next wait */
                 p += 2;
                 pc++;
                 MK_PROF_T0_AGAIN();
