@@ -22,9 +22,10 @@
 # TESTS (0 skips the tests), VARIANTS (kernel variants timed against the
 # default kernel of one weight format, as "NAME:DEFINE=V[,DEFINE=V][@FORMAT]"
 # words for MEGAC_CUDA_DEFINES, FORMAT bf16 unless given and one of
-# FORMATS; default "nopreload:MK_PRELOADS=0 spin:MK_WAIT_SLEEP_MAX=0
-# noswizzle:MK_XSWIZZLE=0@w8a16 wstage:MK_WSTAGE_BYTES=131072
-# wstage8:MK_WSTAGE_BYTES=131072@w8a16", empty skips),
+# FORMATS; default "noistage:MK_ISTAGE=0 noistage8:MK_ISTAGE=0@w8a16
+# restage:MK_XREUSE=0 alloc:MK_WNOALLOC=0 spin:MK_WAIT_SLEEP_MAX=0", empty
+# skips; the 2026-12-04 runs also timed MK_PRELOADS=0, MK_XSWIZZLE=0@w8a16,
+# MK_WSTAGE_BYTES=131072 and MK_VLOADS=4 and 12: README),
 # LONG_CONTEXT (default 2000, 0 skips the
 # long-context benchmarks: SmolLM2 with an f16 cache, sink_window,
 # streaming and TOVA, each against the dense f32 cache in the same runs),
@@ -156,8 +157,8 @@ done
 # kernel variants (VARIANTS): a format's bundle with kernel_body.cuh knobs
 # set; those of formats not benchmarked are left out
 variants=
-for v in ${VARIANTS-nopreload:MK_PRELOADS=0 spin:MK_WAIT_SLEEP_MAX=0 noswizzle:MK_XSWIZZLE=0@w8a16 \
-    wstage:MK_WSTAGE_BYTES=131072 wstage8:MK_WSTAGE_BYTES=131072@w8a16}; do
+for v in ${VARIANTS-noistage:MK_ISTAGE=0 noistage8:MK_ISTAGE=0@w8a16 restage:MK_XREUSE=0 alloc:MK_WNOALLOC=0 \
+    spin:MK_WAIT_SLEEP_MAX=0}; do
     case $v in *@*) ;; *) v=$v@bf16 ;; esac
     case " $formats " in *" ${v##*@} "*) variants="$variants $v" ;; esac
 done
