@@ -25,6 +25,7 @@ typedef struct CudaKernelInfo {
     int threads_per_block;
     int regs_per_thread;    /* read back from the cubin */
     int smem_per_block;     /* static + dynamic bytes */
+    int dyn_smem;           /* of those, dynamic: the kernel's stages (kernel_body.cuh) */
     int local_bytes;        /* spills: must be 0 */
     int preloads;           /* weight loads a lane issues before a GEMV's wait (MK_PRELOADS) */
     int vloads;             /* 16-byte weight loads in flight per lane in the GEMV rows (MK_VLOADS) */

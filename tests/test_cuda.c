@@ -299,7 +299,18 @@ static CudaKernelInfo cubin_check(const Schedule *s, const char *arch, const cha
     cr_assert_eq(info.threads_per_block, CUDA_THREADS_GPU);
     cr_assert(info.regs_per_thread > 0 && info.regs_per_thread <= 65536 / CUDA_THREADS_GPU, "%d registers",
               info.regs_per_thread);
-    cr_assert(info.smem_per_block > 0 && info.smem_per_block <= 48 * 1024, "%d bytes smem", info.smem_per_block);
+    /* static shared memory within CUDA's 48 KiB; with the dynamic stages,
+     * within the architecture's per-block opt-in (its per-SM size less the
+     * 1 KiB the driver reserves) */
+    Diag td;
+    diag_init(&td);
+    const Target *t = target_lookup(arch, &td);
+    cr_assert(t);
+    cr_assert(info.dyn_smem >= 0 && info.smem_per_block - info.dyn_smem > 0 &&
+                  info.smem_per_block - info.dyn_smem <= 48 * 1024,
+              "%s for %s: %d bytes static smem", what, arch, info.smem_per_block - info.dyn_smem);
+    cr_assert(info.smem_per_block <= t->smem_per_sm - 1024, "%s for %s: %d bytes smem (%d dynamic)", what, arch,
+              info.smem_per_block, info.dyn_smem);
     cr_assert_eq(info.local_bytes, 0, "%s for %s spills: %d bytes of local memory", what, arch, info.local_bytes);
     size_t n = 0;
     char *cubin = read_file(path, &n);

@@ -205,7 +205,8 @@ bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path
         if (ok && info) {
             info->preloads = l.preloads;
             info->vloads = l.vloads;
-            info->smem_per_block += l.wstage + l.istage; /* dynamic: not in ptxas' count */
+            info->dyn_smem = l.wstage + l.istage; /* not in ptxas' count */
+            info->smem_per_block += info->dyn_smem;
         }
         if (ok || !spilled)
             return ok;
