@@ -838,6 +838,89 @@ Test(cuda_host, gemv_rows_read_from_the_stage)
     cr_assert_lt(none, few);
 }
 
+/* GEMVs one after another on one input with no wait between them: the
+ * second of a pair with the same input, norm and swizzle reuses the input
+ * the first staged (mk_gemv_restaged); a pair whose norm weights, norm
+ * flag or swizzle differ stages its own (a reuse there gives wrong
+ * results). {dtype, norm weights (0, 1; -1: none)}; 8 rows of k = 96. */
+static const int reuse_spec[][2] = {
+    {DT_BF16, 0}, {DT_BF16, 0}, /* reused */
+    {DT_BF16, 1},               /* other norm weights */
+    {DT_BF16, -1},              /* no norm */
+    {DT_W8, -1},                /* W8's swizzle (4 float4s a load, bf16's 2) */
+    {DT_W8, -1},                /* reused */
+    {DT_W8, 0},                 /* a norm */
+};
+enum { REUSE_N = sizeof reuse_spec / sizeof reuse_spec[0], REUSE_K = 96, REUSE_ROWS = 8 };
+
+Test(cuda_host, gemv_input_reused_only_when_the_same)
+{
+    Schedule *s = sched_new("reuse", "host-cuda", 1);
+    s->shape = (ModelShape){.dim = 64, .hidden_dim = 64, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1,
+                            .head_dim = 8, .vocab_size = 16, .max_seq = 16, .norm_eps = 1e-5};
+    int64_t kn = REUSE_K, rn = REUSE_ROWS, wn[2] = {REUSE_ROWS, REUSE_K};
+    uint32_t x = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, &kn), nw[2], w[REUSE_N], y[REUSE_N];
+    nw[0] = sched_add_buffer(s, "nw0", DT_F32, BUF_WEIGHT, 1, &kn);
+    nw[1] = sched_add_buffer(s, "nw1", DT_F32, BUF_WEIGHT, 1, &kn);
+    for (int i = 0; i < REUSE_N; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "w%d", i);
+        w[i] = sched_add_buffer(s, name, (DType)reuse_spec[i][0], BUF_WEIGHT, 2, wn);
+        snprintf(name, sizeof name, "y%d", i);
+        y[i] = sched_add_buffer(s, name, DT_F32, BUF_STATE, 1, &rn);
+        int norm = reuse_spec[i][1] >= 0;
+        int32_t p[OP_MAX_PARAMS] = {0, REUSE_ROWS, REUSE_K, norm ? GEMV_NORM : 0};
+        Access acc[5] = {
+            {w[i], ACC_R, affine_const(0), affine_const((int64_t)REUSE_ROWS * REUSE_K)},
+            {x, ACC_R, affine_const(0), affine_const(REUSE_K)},
+            {y[i], ACC_W, affine_const(0), affine_const(REUSE_ROWS)},
+            {norm ? nw[reuse_spec[i][1]] : BUF_NONE, ACC_R, affine_const(0), affine_const(norm ? REUSE_K : 0)},
+            {BUF_NONE, ACC_R, affine_const(0), affine_const(0)},
+        };
+        sched_op(s, 0, OP_GEMV, p, acc);
+    }
+    HostKernel hk;
+    setenv("MEGAC_CUDA_DEFINES", "MK_XREUSE_COUNT=1", 1);
+    host_kernel_open(&hk, s);
+    unsetenv("MEGAC_CUDA_DEFINES");
+    gemv_fill(&hk);
+    host_kernel_step(&hk, 0);
+    const float *xv = host_buf(&hk, x);
+    double ss = 0;
+    for (int j = 0; j < REUSE_K; j++)
+        ss += (double)xv[j] * xv[j];
+    double sc = 1.0 / sqrt(ss / REUSE_K + 1e-5);
+    for (int i = 0; i < REUSE_N; i++) {
+        DType t = (DType)reuse_spec[i][0];
+        const unsigned char *W = host_buf(&hk, w[i]);
+        const float *nv = reuse_spec[i][1] >= 0 ? host_buf(&hk, nw[reuse_spec[i][1]]) : NULL;
+        size_t rb = dtype_row_bytes(t, REUSE_K);
+        unsigned char *stored = malloc(rb * REUSE_ROWS);
+        memcpy(stored, W, rb * REUSE_ROWS);
+        if (quant_cuda_ordered(t))
+            quant_cuda_unorder(t, REUSE_ROWS, REUSE_K, W, stored);
+        const float *yv = host_buf(&hk, y[i]);
+        for (int r = 0; r < REUSE_ROWS; r++) {
+            float wr[REUSE_K];
+            if (t == DT_BF16)
+                for (int j = 0; j < REUSE_K; j++)
+                    wr[j] = bf16_to_f32(((const uint16_t *)(const void *)W)[r * REUSE_K + j]);
+            else
+                quant_row_dequant(t, stored + (size_t)r * rb, REUSE_K, wr);
+            double acc = 0;
+            for (int j = 0; j < REUSE_K; j++)
+                acc += (double)wr[j] * (nv ? xv[j] * sc * nv[j] : xv[j]);
+            cr_assert(fabs(yv[r] - acc) <= 1e-4 * (1 + sqrt((double)REUSE_K)), "GEMV %d: y[%d] = %.7g, want %.7g", i,
+                      r, yv[r], acc);
+        }
+        free(stored);
+    }
+    unsigned long (*count)(void) = (unsigned long (*)(void))(uintptr_t)dlsym(hk.dl, "megac_xreuse_count");
+    cr_assert(count);
+    cr_assert_eq(count(), 2, "%lu GEMVs reused their input, want 2 (the second of each same pair)", count());
+    host_kernel_close(&hk);
+}
+
 /* A 16-byte read of a GEMV's staged input, as kernel_body.cuh's
  * MK_BANK_TRACE records it. */
 typedef struct {
@@ -1786,6 +1869,21 @@ Test(cuda_host, synthetic_model_matches_reference, .timeout = 300)
 {
     char *dir = tmp_dir(), *yaml = write_synth(dir);
     bundles_vs_reference(yaml, "host-cuda", host_blocks, 4, 32);
+    free(yaml);
+    test_rm_rf(dir);
+}
+
+/* The kernels gpu-check times the defaults against (MEGAC_CUDA_DEFINES:
+ * the program read from global memory, every GEMV input staged anew,
+ * weight loads through L1) decode the synthetic model as the reference
+ * does too. */
+Test(cuda_host, timing_variants_match_reference, .timeout = 300)
+{
+    static const int w[] = {2};
+    char *dir = tmp_dir(), *yaml = write_synth(dir);
+    setenv("MEGAC_CUDA_DEFINES", "MK_ISTAGE=0 MK_XREUSE=0 MK_WNOALLOC=0", 1);
+    bundles_vs_reference(yaml, "host-cuda", w, 1, 32);
+    unsetenv("MEGAC_CUDA_DEFINES");
     free(yaml);
     test_rm_rf(dir);
 }

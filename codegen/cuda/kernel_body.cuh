@@ -197,6 +197,21 @@ MK_INLINE unsigned mk_ldwus(const unsigned short *p)
 #endif
 }
 
+/* MEGAC_CUDA_DEFINES=MK_XREUSE_COUNT=1 (host shim only): counts the GEMVs
+ * that reused the input the GEMV before them staged (mk_gemv_restaged). */
+#ifndef MK_XREUSE_COUNT
+#define MK_XREUSE_COUNT 0
+#endif
+#if MK_XREUSE_COUNT
+#ifdef __CUDACC_RTC__
+#error "MK_XREUSE_COUNT is for the host shim"
+#endif
+static unsigned long megac_xreuse_n;
+MK_EXPORT unsigned long megac_xreuse_count(void)
+{
+    return __atomic_load_n(&megac_xreuse_n, __ATOMIC_RELAXED);
+}
+#endif
 /* Row r (rb bytes) of weight matrix W: its copy in the stage when the
  * whole row is there. */
 MK_INLINE const unsigned char *mk_wrow(MkStage st, const void *W, long long r, long long rb)
@@ -2405,6 +2420,10 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
 #if !MK_SKIP_OPS
             if (gemv && mk_gemv_restaged(prev, in)) {
                 uint4 none[MK_PRE_N] = {{0u, 0u, 0u, 0u}};
+#if MK_XREUSE_COUNT
+                if (tid == 0)
+                    __atomic_fetch_add(&megac_xreuse_n, 1, __ATOMIC_RELAXED);
+#endif
                 mk_gemv(a, in, none, 0, mk_no_stage(), 1);
             } else {
                 mk_op_run(a, in);
