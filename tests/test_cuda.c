@@ -318,8 +318,8 @@ static CudaKernelInfo cubin_check(const Schedule *s, const char *arch, const cha
     static const char *const syms[] = {"megac_kernel", "megac_kernel_abi", "megac_schedule_hash", "megac_num_workers"};
     for (int i = 0; i < 4; i++)
         cr_assert(memmem(cubin, n, syms[i], strlen(syms[i]) + 1), "%s: no symbol %s", path, syms[i]);
-    cr_log_info("%s %s: %u workers, %d regs, %d B smem", what, arch, s->nworkers, info.regs_per_thread,
-                info.smem_per_block);
+    cr_log_info("%s %s: %u workers, %d regs, %d B smem (%d dynamic), %d loads in flight, %d before waits", what, arch,
+                s->nworkers, info.regs_per_thread, info.smem_per_block, info.dyn_smem, info.vloads, info.preloads);
     free(cubin);
     test_rm_rf(dir);
     return info;
