@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# gpu-check.sh - one command for a GPU machine (an H200 by default; 75-95 s
-# there with gpu-pack/ before the kernel variants and the long-context part,
-# which should add about 40 s and 80 s (2000 untimed steps per timed run);
-# not timed on a device yet): runs the CUDA tests on the device (stories260K and synthetic
+# gpu-check.sh - one command for a GPU machine (an H200 by default; 305 s
+# there with gpu-pack/ on 2026-12-04: the tests 67-204 s of it, NVRTC on that
+# machine's CPUs; the long-context part 110 s; the ncu step added since, not
+# timed there yet): runs the CUDA tests on the device (stories260K and synthetic
 # bundles, in f32, bf16, f16, w8a16 and w4a16, decoded next to the reference
 # engine: logits within tolerance, identical greedy tokens, llama2.c's text;
 # the watchdog), measures the device's read-bandwidth ceiling, then
@@ -30,7 +30,10 @@
 # long-context benchmarks: SmolLM2 with an f16 cache, sink_window,
 # streaming and TOVA, each against the dense f32 cache in the same runs),
 # LONG_TOKENS (timed there, default 32), PROFILE (default 1; 0 skips the
-# cycle profile of each model's bf16 kernel built with MK_PROFILE=1), TARGET (a dry run without a GPU:
+# cycle profile of each model's bf16 kernel built with MK_PROFILE=1), NCU
+# (default 1; 0 skips Nsight Compute's counters for one decode step of the
+# last model's bf16 kernel: DRAM throughput, warp stalls, occupancy, into
+# ncu.txt; skipped where there is no ncu), TARGET (a dry run without a GPU:
 # TARGET=host-cuda TESTS=0 MODELS=stories260k FORMATS=bf16 BENCH_TOKENS=4
 # LONG_CONTEXT=8 LONG_TOKENS=2, about 3 minutes on 2 cores).
 set -uo pipefail
@@ -278,6 +281,28 @@ for model in $models; do
         log "$model profile: bench FAILED (see $model.profile.log)"
     fi
 done
+# ---- hardware counters of one step (Nsight Compute) ----
+# The last model's bf16 kernel, one launch after a few: where the cycle
+# profile says how long each op takes, these say why (DRAM throughput
+# against its peak, what warps stall on, occupancy). Clocks left alone.
+ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+ncu_model=${models##* }
+if [ "${NCU:-1}" != 0 ] && [ "$target" != host-cuda ]; then
+    b=$work/$ncu_model.bf16.$target.megac
+    if [ -z "$ncu_bin" ]; then
+        log "ncu: not found; no hardware counters"
+    elif [ ! -d "$b" ]; then
+        log "ncu: no bf16 bundle of $ncu_model (FORMATS without bf16?)"
+    elif run timeout 240 "$ncu_bin" --clock-control none --kernel-name megac_kernel --launch-skip 6 --launch-count 1 \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+            --section LaunchStats --section SchedulerStats "$megac" bench "$b" -n 12 --runs 1 --ceiling-mb 16 \
+            >"$out/ncu.txt" 2>&1; then
+        log "ncu: $ncu_model bf16: $(grep -E 'DRAM Throughput|Memory Throughput|Achieved Occupancy' "$out/ncu.txt" |
+            tr -s ' ' | tr '\n' ';')"
+    else
+        log "ncu: FAILED (see ncu.txt): $(tail -2 "$out/ncu.txt" | tr '\n' ' ')"
+    fi
+fi
 # ---- long context: f16 cache and sparse attention against dense ----
 # SmolLM2-135M (bf16 weights) decoding from position LONG_CONTEXT (default
 # 2000; 0 skips): where attention reads the cache, which the position-0
@@ -372,6 +397,12 @@ if longrows:
             md.append(f"| {r['setting']} | {r['error']} | | | |")
         else:
             md.append(f"| {r['setting']} | {r['context']} | {r['tok_s']} | {r['dense_tok_s']} | {r['speedup']} |")
+import os.path
+if os.path.exists(f"{out}/ncu.txt"):
+    keep = [l.rstrip() for l in open(f"{out}/ncu.txt") if l.startswith("    ") and "---" not in l]
+    if keep:
+        md += ["", "Nsight Compute, one decode step of the last model's bf16 kernel (all of it in ncu.txt):", "",
+               "```"] + keep[:80] + ["```"]
 open(f"{out}/gpu-check.md", "w").write("\n".join(md) + "\n")
 print("\n".join(md))
 EOF
