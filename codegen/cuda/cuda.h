@@ -22,7 +22,7 @@
 #define CUDA_SMEM_FLOATS_LIMIT 12000 /* whole scratch: under 48 KiB of static smem */
 #define CUDA_ARENA_BIT (1ull << 63)
 #define CUDA_WSTAGE_MAX (160 * 1024) /* weight stage cap: with the static scratch, under sm_90's 227 KiB */
-#define CUDA_ISTAGE_MAX (32 * 1024)  /* instruction stage cap: with both, under sm_120's 99 KiB without a weight stage */
+#define CUDA_ISTAGE_MAX (32 * 1024)  /* instruction stage cap: with 48 KiB static, under sm_120's 99 KiB a block */
 #define CUDA_PRELOADS 2         /* MK_PRELOADS first tried (cg_cuda_compile lowers it on spills) */
 #define CUDA_VLOADS 8           /* MK_VLOADS first tried (lowered on spills once there are no preloads) */
 

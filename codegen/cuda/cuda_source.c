@@ -102,9 +102,6 @@ static int source_serial_smem(const Schedule *s, int threads)
     return need;
 }
 
-/* MEGAC_CUDA_DEFINES' MK_WSTAGE_BYTES=N (kernel_body.cuh's weight stage),
- * in whole 16-byte units: a size the launch needs as well as the kernel,
- * so the layout carries it (source_dev_defines leaves it out). */
 static int source_inst_encode(const Schedule *s, const Inst *in, uint32_t *w);
 
 /* MEGAC_CUDA_DEFINES' NAME=N, else dflt. */
@@ -118,6 +115,9 @@ static long source_dev_int(const char *name, long dflt)
     return dflt;
 }
 
+/* MEGAC_CUDA_DEFINES' MK_WSTAGE_BYTES=N (kernel_body.cuh's weight stage),
+ * in whole 16-byte units: a size the launch needs as well as the kernel,
+ * so the layout carries it (source_dev_defines leaves it out). */
 static int source_wstage(void)
 {
     long v = source_dev_int("MK_WSTAGE_BYTES", 0);

@@ -1241,9 +1241,9 @@ MK_DEV void op_gemv(const MegacArgs *a, const unsigned *in)
 }
 
 /* Whether GEMV `in`, run right after GEMV `prev` by the same block with no
- * wait between them (nothing another block writes can land between: the
- * validator proves every write to prev's input ordered before or after
- * both reads), finds its staged input in the scratch as prev left it: the
+ * signal or wait between them (nothing another block writes can land
+ * between: the validator proves every write to prev's input ordered
+ * before or after both reads), finds its staged input in the scratch as prev left it: the
  * same input buffer and length, normalized by the same weights or neither,
  * staged with the same swizzle, and prev did not write it. Gate and up
  * (one input, one norm) are such a pair on every worker: the second skips
