@@ -384,7 +384,6 @@ Test(cuda_nvrtc, stored_formats_every_arch, .timeout = 900)
             Schedule *s = model_lower(&r, archs[a], 3);
             CudaKernelInfo info = cubin_check(s, archs[a], fmts[f]);
             cr_assert(info.vloads >= 2 && info.vloads <= CUDA_VLOADS, "%d loads in flight", info.vloads);
-            cr_log_info("synthetic %s on %s: %d loads in flight per lane", fmts[f], archs[a], info.vloads);
             sched_free(s);
         }
         model_close(&r);
