@@ -134,7 +134,9 @@ static bool base_build_tiny(Campaign *c, Diag *d)
             const int *x = tiny_models[i];
             ModelDesc m = {.name = "tiny", .dim = x[0], .hidden_dim = x[1], .n_layers = x[2], .n_heads = x[3],
                            .n_kv_heads = x[4], .head_dim = x[5], .vocab_size = x[6], .max_seq = x[7],
-                           .norm_eps = 1e-5, .tie_embeddings = true, .rope_theta = 10000, .act_dtype = DT_F32};
+                           .norm_eps = 1e-5, .tie_embeddings = true, .rope_theta = 10000, .act_dtype = DT_F32,
+                           /* split attention merged both ways (auto is stage on the CPU) */
+                           .attn_combine = (i + (size_t)w) % 2 ? COMBINE_IN_O : COMBINE_STAGE};
             if (!base_add(c, lower_model(&m, target_lookup("cpu", d), w, d)))
                 return false;
             tiny_knobs(&m, 1 + (int)(i + (size_t)w) % (TINY_VARIANTS - 1));

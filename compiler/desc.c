@@ -96,7 +96,7 @@ static const char *const scaling_keys[] = {"type", "factor", "low_freq_factor", 
 static const char *const weights_keys[] = {"format", "path", "seed", NULL};
 static const char *const tok_keys[] = {"format", "path", NULL};
 static const char *const compile_keys[] = {"act_dtype", "kv_dtype", "quant", "attention", "kv_policy",
-                                           "targets", "workers", "max_seq", NULL};
+                                           "targets", "workers", "max_seq", "attn_combine", NULL};
 static const char *const quant_keys[] = {"default", "embed", "attn", "mlp", "lm_head", NULL};
 static const char *const attn_keys[] = {"layers", "kind", "sinks", "window", "page", "budget", NULL};
 static const char *const kv_keys[] = {"layers", "policy", "budget", "sinks", "window", NULL};
@@ -110,6 +110,8 @@ static const char *const act_dtypes[] = {"f32", "f16", "bf16", NULL};
 /* compile.kv_dtype: what the KV cache holds (kv_dtype_of: the DType) */
 static const char *const kv_dtypes[] = {"f32", "f16", "bf16", NULL};
 static const DType kv_dtype_of[] = {DT_F32, DT_F16, DT_BF16};
+/* compile.attn_combine, by AttnCombine */
+static const char *const attn_combines[] = {"auto", "in_o", "stage", NULL};
 static const char *const quant_names[] = {"none", "f32", "f16", "bf16", "w8a16", "w4a16", "w8a8", "w4a8", "a8", NULL};
 static const char *const attn_kinds[] = {"dense", "sink_window", "quest", NULL};
 static const char *const kv_kinds[] = {"full", "streaming", "h2o", "tova", "snapkv", NULL};
@@ -1467,7 +1469,7 @@ static void desc_targets(Ctx *c, const DocNode *t)
     }
 }
 
-/* compile: {act_dtype, kv_dtype, quant, attention, kv_policy, targets, workers, max_seq} */
+/* compile: {act_dtype, kv_dtype, quant, attention, kv_policy, targets, workers, max_seq, attn_combine} */
 static void desc_compile(Ctx *c, const DocNode *k)
 {
     ModelDesc *m = c->m;
@@ -1497,6 +1499,8 @@ static void desc_compile(Ctx *c, const DocNode *k)
         if (node_int(c, n, "compile.workers", 1, MODEL_MAX_WORKERS, &w))
             m->workers = (int)w;
     }
+    if ((n = doc_get(k, "attn_combine")) && (dt = node_enum(c, n, "compile.attn_combine", attn_combines)) >= 0)
+        m->attn_combine = (AttnCombine)dt;
     if ((n = doc_get(k, "max_seq")) && node_int32(c, n, "compile.max_seq", 1, &m->max_seq)) {
         c->at[F_MAX_SEQ] = n;
         if (c->max_pos && m->max_seq > c->max_pos)
@@ -2039,6 +2043,8 @@ static void print_compile(const ModelDesc *m, FILE *out)
     fputs("]\n", out);
     if (m->workers)
         fprintf(out, "  workers: %d\n", m->workers);
+    if (m->attn_combine != COMBINE_AUTO)
+        fprintf(out, "  attn_combine: %s\n", attn_combines[m->attn_combine]);
 }
 
 static void print_io(const ModelDesc *m, FILE *out)

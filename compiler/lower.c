@@ -31,10 +31,16 @@
  *                        head h, write the cache (-> signal kv.l.h when
  *                        another worker holds pieces of h)
  *                the others: wait kv.l.h; attn_sparse of its pieces
- *              then the last piece's worker: wait attn.l.h (the others'
+ *              then, by compile.attn_combine (auto: in_o on CUDA targets,
+ *              where a hop costs more than the merge; stage on the CPU):
+ *              in_o: every worker with pieces               -> signal attn.l
+ *              stage: the last piece's worker: wait attn.l.h (the others'
  *                pieces), attn_combine h; the others: signal attn.l.h
  *                                                              -> signal comb.l
- *   o.l        wait comb.l; x[rows] += Wo[rows] . att, tiled by bytes   -> signal o.l
+ *   o.l        in_o: wait attn.l; att.wN = attn_combine of every head
+ *                (worker N's own copy), x[rows] += Wo[rows] . att.wN
+ *              stage: wait comb.l; x[rows] += Wo[rows] . att
+ *              tiled by bytes                                           -> signal o.l
  *   ffn.l      wait o.l; gate and up rows = rmsnorm(x)*ffn_norm . Wg|Wu,
  *              then hb = silu(gate)*up on the same rows (same worker)   -> signal ffn.l
  *   down.l     wait ffn.l; x[rows] += Wdown[rows] . hb                  -> signal down.l
@@ -42,9 +48,12 @@
  *              argmax of each tile into amax[tile]                      -> signal lm
  *              the worker of tile 0: wait lm, argmax_combine -> next
  *
- * So a layer costs 4 all-join waits when fused, else 5 plus, with split
- * attention, one per-head join (splits -> combine) and, on a sparse or
- * evicting layer, one small per-head wait (rope/append -> other splits).
+ * So a layer costs 4 all-join waits when fused, else 5 (in_o: each worker
+ * of o merges the n_kv_heads * nsplit partials itself, a few KB from
+ * cache, rather than waiting for a merge that waited for the splits:
+ * one hop fewer on the step's critical path) or, with stage, 5 plus one
+ * per-head join (splits -> combine); and, on a sparse or evicting layer,
+ * one small per-head wait (rope/append -> other splits).
  * Each stage waits only on the stage before it; that
  * stage's join transitively covers everything earlier, which also orders
  * the reuse of scratch buffers across layers (write-after-read). Counters
@@ -94,6 +103,7 @@ typedef struct Lower {
     int nw;                 /* workers */
     int G, hd, nsplit;
     bool fused;             /* q/k/v and attention in one stage (kv heads % W == 0) */
+    bool fold;              /* split attention merged by o's workers (compile.attn_combine: in_o) */
     int rot;                /* first worker of the next GEMV stage */
     int lm_tiles;
     uint32_t *nsig;         /* per counter: total increments emitted */
@@ -105,6 +115,8 @@ typedef struct Lower {
     uint32_t sel, score;    /* Quest's page lists, eviction scores (BUF_NONE if unused) */
     uint32_t snapsc;        /* SnapKV's scratch, shared by its layers (BUF_NONE if unused) */
     int evict_pending;      /* layer whose kv_evict the next GEMV stage runs first, or -1 */
+    bool combine_pending;   /* the next GEMV stage's workers merge the attention partials first */
+    uint32_t *att_w;        /* per worker: its merged attention (fold), BUF_NONE until needed */
 } Lower;
 
 /* One matrix of a stage's concatenated row space. */
@@ -323,12 +335,26 @@ static void lower_attn(Lower *L, int w, uint32_t kc, uint32_t vc, int h, int sp,
     sched_op(L->s, w, OP_ATTN, p, a);
 }
 
-static void lower_attn_combine(Lower *L, int w, int h, int ns)
+/* The q heads of kv heads [h, h + nh) from their ns splits' partials, into out. */
+static void lower_attn_combine(Lower *L, int w, int h, int nh, int ns, uint32_t out)
 {
     int64_t hd = L->hd, g = L->G, e = g * (hd + 2) * ns;
-    int32_t p[2] = {h, ns};
-    Access a[2] = {acc_r(L->part, h * e, (h + 1) * e), acc_mode(L->att, ACC_W, h * g * hd, (h + 1) * g * hd)};
+    int32_t p[3] = {h, ns, nh};
+    Access a[2] = {acc_r(L->part, h * e, (h + nh) * e), acc_mode(out, ACC_W, h * g * hd, (h + nh) * g * hd)};
     sched_op(L->s, w, OP_ATTN_COMBINE, p, a);
+}
+
+/* Worker w merges every head's partials into its own copy of the
+ * attention output (fold), and returns that buffer. */
+static uint32_t lower_attn_combine_own(Lower *L, int w)
+{
+    if (L->att_w[w] == BUF_NONE) {
+        char n[32];
+        snprintf(n, sizeof n, "att.w%d", w);
+        L->att_w[w] = lower_buf(L, n, DT_F32, BUF_SCRATCH, 1, (int64_t)L->m->n_heads * L->hd, 0, 0, 0);
+    }
+    lower_attn_combine(L, w, 0, L->m->n_kv_heads, L->nsplit, L->att_w[w]);
+    return L->att_w[w];
 }
 
 /* k/v of head h into layer l's cache: appended at pos, or stored in the
@@ -494,6 +520,7 @@ static void lower_rotate(Lower *L, int ntiles)
 static void lower_gemv_stage(Lower *L, const Seg *seg, int nseg, uint32_t x, uint32_t nw, int64_t k, bool accum,
                              uint32_t ctr)
 {
+    ASSERT(!L->combine_pending || x == L->att);
     int64_t rows = 0;
     for (int i = 0; i < nseg; i++)
         rows += seg[i].rows;
@@ -507,12 +534,14 @@ static void lower_gemv_stage(Lower *L, const Seg *seg, int nseg, uint32_t x, uin
             lower_kv_evict(L, w, L->evict_pending);
             L->evict_pending = -1;
         }
+        uint32_t xw = L->combine_pending ? lower_attn_combine_own(L, w) : x;
         for (int i = 0; i < nseg; base += seg[i++].rows) {
             int64_t r0 = a > base ? a - base : 0, r1 = b - base < seg[i].rows ? b - base : seg[i].rows;
             if (r0 < r1)
-                lower_gemv(L, w, &seg[i], x, nw, r0, r1, k, accum);
+                lower_gemv(L, w, &seg[i], xw, nw, r0, r1, k, accum);
         }
     }
+    L->combine_pending = false;
     lower_rotate(L, n);
     lower_stage_end(L, ctr);
 }
@@ -609,13 +638,15 @@ static void lower_attn_pieces(Lower *L, int w, int l, int h, int ns, int i0, int
     }
     for (int i = i0; i < i1; i++)
         lower_layer_attn(L, w, l, h, i - first, ns, dense);
+    if (L->fold) /* o's workers merge (lower_gemv_stage) */
+        return;
     if (i1 - 1 < last) {
         lower_signal(L, w, attn_ctr[h], 1);
         return;
     }
     if (i0 != first)
         lower_join(L, w, attn_ctr[h]);
-    lower_attn_combine(L, w, h, ns);
+    lower_attn_combine(L, w, h, 1, ns, L->att);
     ncomb[w]++;
 }
 
@@ -636,10 +667,12 @@ static void lower_attn_stage(Lower *L, int l)
             snprintf(name, sizeof name, "kv.%d.%d", l, h);
             kv_ctr[h] = lower_counter(L, name);
         }
-        snprintf(name, sizeof name, "attn.%d.%d", l, h);
-        attn_ctr[h] = lower_counter(L, name);
+        if (!L->fold) {
+            snprintf(name, sizeof name, "attn.%d.%d", l, h);
+            attn_ctr[h] = lower_counter(L, name);
+        }
     }
-    snprintf(name, sizeof name, "comb.%d", l);
+    snprintf(name, sizeof name, L->fold ? "attn.%d" : "comb.%d", l);
     uint32_t comb = lower_counter(L, name);
     lower_stage_begin(L);
     for (int w = 0, i = 0; w < L->nw && i < n; w++) {
@@ -651,10 +684,15 @@ static void lower_attn_stage(Lower *L, int l)
             lower_attn_pieces(L, w, l, h, ns, a, b, kv_ctr, attn_ctr, ncomb);
         }
     }
-    for (int w = 0; w < L->nw; w++)
-        if (ncomb[w])
-            lower_signal(L, w, comb, (uint32_t)ncomb[w]);
-    L->prev = comb;
+    if (L->fold) {
+        lower_stage_end(L, comb); /* every worker with pieces */
+        L->combine_pending = true;
+    } else {
+        for (int w = 0; w < L->nw; w++)
+            if (ncomb[w])
+                lower_signal(L, w, comb, (uint32_t)ncomb[w]);
+        L->prev = comb;
+    }
     free(kv_ctr);
     free(attn_ctr);
     free(ncomb);
@@ -709,7 +747,7 @@ static void lower_fused_attn_stage(Lower *L, int l)
         lower_rope(L, w, L->k, h, h + 1);
         lower_kv_write(L, w, l, h);
         lower_layer_attn(L, w, l, h, 0, 1, false);
-        lower_attn_combine(L, w, h, 1);
+        lower_attn_combine(L, w, h, 1, 1, L->att);
     }
     lower_stage_end(L, comb);
 }
@@ -930,6 +968,11 @@ Schedule *lower_model_weights(const ModelDesc *m, const Weights *w, const Target
     Lower L = {.m = m, .w = w, .nw = nw, .hd = m->head_dim, .G = m->n_heads / m->n_kv_heads, .prev = UINT32_MAX,
                .evict_pending = -1};
     L.fused = m->n_kv_heads % nw == 0;
+    L.fold = !L.fused && (m->attn_combine == COMBINE_IN_O ||
+                          (m->attn_combine == COMBINE_AUTO && t->kind != TARGET_CPU));
+    L.att_w = xmalloc((size_t)nw * sizeof *L.att_w);
+    for (int i = 0; i < nw; i++)
+        L.att_w[i] = BUF_NONE;
     int maxsplit = (m->max_seq + LOWER_ATTN_BLOCK - 1) / LOWER_ATTN_BLOCK;
     L.nsplit = L.fused ? 1 : lower_attn_nsplit(m->n_kv_heads, nw, maxsplit);
     L.s = sched_new(m->name ? m->name : "model", t->name, nw);
@@ -942,6 +985,7 @@ Schedule *lower_model_weights(const ModelDesc *m, const Weights *w, const Target
         lower_layer(&L, l);
     lower_lm_stage(&L);
     free(L.in_stage);
+    free(L.att_w);
     free(L.nsig);
     return L.s;
 }

@@ -84,6 +84,14 @@ typedef struct {
 #define MODEL_MAX_WORKERS 4096    /* compile.workers, --workers: 1..this */
 #define MODEL_MAX_STOPS 8         /* eos: [e, s1, ...]: ids after the first */
 
+/* compile.attn_combine: where the partials of attention split over
+ * workers are merged (compiler/lower.c). */
+typedef enum {
+    COMBINE_AUTO,               /* "auto": in_o on CUDA targets (host-cuda too), stage on the CPU */
+    COMBINE_IN_O,               /* "in_o": by each worker of the o projection, for its own rows */
+    COMBINE_STAGE               /* "stage": one worker per kv head, which o then waits for */
+} AttnCombine;
+
 typedef struct ModelDesc {
     const char *name;
     const char *path;           /* the YAML file it came from ("<embedded>" for the default) */
@@ -133,6 +141,7 @@ typedef struct ModelDesc {
     KvPolicy kv[MODEL_MAX_LAYERS];
     const char *targets[8];     /* e.g. "cpu", "sm_90"; NULL-terminated */
     int workers;                /* 0 = the target's default; at most MODEL_MAX_WORKERS */
+    AttnCombine attn_combine;   /* where split attention's partials are merged */
 } ModelDesc;
 
 /* ---- desc.c: model descriptions ---- */

@@ -220,12 +220,12 @@ static bool fp_attn(Fp *f)
 static bool fp_attn_combine(Fp *f)
 {
     const ModelShape *m = &f->s->shape;
-    int64_t h = f->in->p[0], ns = f->in->p[1];
+    int64_t h = f->in->p[0], ns = f->in->p[1], nh = f->in->p[2];
     int64_t hd = m->head_dim, g = m->n_heads / m->n_kv_heads, e = g * (hd + 2);
-    if (h < 0 || h >= m->n_kv_heads || ns <= 0)
-        return fp_fail(f, "attn_combine needs 0 <= h < kv_heads and nsplit > 0");
-    fp_const(f, 0, ACC_R, h * ns * e, (h + 1) * ns * e);
-    fp_const(f, 1, ACC_W, h * g * hd, (h + 1) * g * hd);
+    if (h < 0 || nh <= 0 || h + nh > m->n_kv_heads || ns <= 0)
+        return fp_fail(f, "attn_combine needs 0 <= h, nh > 0, h + nh <= kv_heads and nsplit > 0");
+    fp_const(f, 0, ACC_R, h * ns * e, (h + nh) * ns * e);
+    fp_const(f, 1, ACC_W, h * g * hd, (h + nh) * g * hd);
     return true;
 }
 

@@ -37,8 +37,9 @@
       "kc[h][pos][:] = k[h*hd:(h+1)*hd]; vc[h][pos][:] = v[h*hd:(h+1)*hd]")                 \
     X(ATTN, "attn", "q kc vc part rope?", "h s nsplit block rope",                          \
       "partials over split s of rows 0..pos (blocks of `block` rows, cut contiguously)")    \
-    X(ATTN_COMBINE, "attn_combine", "part out", "h nsplit",                                 \
-      "out[q heads of kv head h] = softmax-weighted merge of the nsplit partials")          \
+    X(ATTN_COMBINE, "attn_combine", "part out", "h nsplit nh",                              \
+      "out[q heads of kv heads h..h+nh) = softmax-weighted merge of each one's nsplit "     \
+      "partials")                                                                           \
     X(SILU_MUL, "silu_mul", "g u out", "r0 r1",                                             \
       "out[r0:r1] = silu(g[r0:r1]) * u[r0:r1]")                                             \
     X(ADD, "add", "a b", "r0 r1",                                                           \

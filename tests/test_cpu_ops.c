@@ -315,8 +315,7 @@ static void op_insts(Schedule *s, const OpBufs *b, int nw)
     for (int h = 0; h < NKV; h++)
         for (int sp = 0; sp < NSPLIT; sp++)
             OP(OP_ATTN, P(h, sp, NSPLIT, BLOCK, 0), b->q, b->kc, b->vc, b->part, BUF_NONE);
-    for (int h = 0; h < NKV; h++)
-        OP(OP_ATTN_COMBINE, P(h, NSPLIT), b->partc, b->outc);
+    OP(OP_ATTN_COMBINE, P(0, NSPLIT, NKV), b->partc, b->outc); /* every head in one op */
     OP(OP_SILU_MUL, P(3, 90), b->sg, b->su, b->sout);
     OP(OP_ADD, P(0, HID), b->aa, b->ab);
     OP(OP_ARGMAX, P(0, 13, 0), b->xam, b->amax);

@@ -272,8 +272,9 @@ static Schedule *test_sparse_schedule(const char *target, ModelShape sh, int cap
         test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 0, 2, SPARSE_QUEST, page, np}, (uint32_t[]){q, kc, vc, part, sel});
         test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 1, 2, SPARSE_SLOTS, cap, 1}, (uint32_t[]){q, ks, vs, part, score});
         test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 1, 2, SPARSE_SNAP, cap, 0}, (uint32_t[]){q, kc, vc, part, snap});
-        test_op(s, OP_ATTN_COMBINE, (int32_t[]){h, 2}, (uint32_t[]){part, out});
+        test_op(s, OP_ATTN_COMBINE, (int32_t[]){h, 2, 1}, (uint32_t[]){part, out});
     }
+    test_op(s, OP_ATTN_COMBINE, (int32_t[]){0, 2, (int32_t)nkv}, (uint32_t[]){part, out});
     test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_STREAMING, cap, 4, 0, 2}, (uint32_t[]){BUF_NONE, meta, BUF_NONE});
     test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_H2O, cap, 0, cap / 2, 2}, (uint32_t[]){score, meta, acc});
     test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_TOVA, cap, 0, 0, 2}, (uint32_t[]){score, meta, BUF_NONE});

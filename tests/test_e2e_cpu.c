@@ -58,13 +58,15 @@ static char *tmp_dir(void)
     return test_tmp_dir("e2e");
 }
 
-/* megac compile MODEL --workers W -o DIR/b.megac; returns the bundle path. */
-static char *compile_bundle(const char *model, int workers, const char *dir)
+/* megac compile MODEL --workers W [EXTRA] -o DIR/w<W><tag>.megac; returns
+ * the bundle path. */
+static char *compile_bundle_with(const char *model, int workers, const char *dir, const char *extra,
+                                 const char *tag)
 {
     char *out = malloc(1200), cmd[4096];
-    snprintf(out, 1200, "%s/w%d.megac", dir, workers);
-    snprintf(cmd, sizeof cmd, "%s compile '%s' --target cpu --workers %d -q -o '%s' 2>&1", MEGAC_BIN, model,
-             workers, out);
+    snprintf(out, 1200, "%s/w%d%s.megac", dir, workers, tag);
+    snprintf(cmd, sizeof cmd, "%s compile '%s' --target cpu --workers %d %s -q -o '%s' 2>&1", MEGAC_BIN, model,
+             workers, extra, out);
     FILE *p = popen(cmd, "r");
     cr_assert(p);
     char log[8192];
@@ -72,6 +74,11 @@ static char *compile_bundle(const char *model, int workers, const char *dir)
     log[n] = 0;
     cr_assert_eq(pclose(p), 0, "%s failed:\n%s", cmd, log);
     return out;
+}
+
+static char *compile_bundle(const char *model, int workers, const char *dir)
+{
+    return compile_bundle_with(model, workers, dir, "", "");
 }
 
 /* The description, weights and reference engine of `model` in this process. */
@@ -158,6 +165,50 @@ static char *slurp(const char *path)
     fclose(f);
     buf[n] = 0;
     return strdup(buf);
+}
+
+/* compile.attn_combine: the partials merged by o's workers (in_o, CUDA's
+ * default) and by one worker per head (stage, the CPU's) do the same
+ * arithmetic in the same order: the logits are the same bits, step after
+ * step, at worker counts where attention is split (3, 8) and on a sparse
+ * and an evicting layer. */
+Test(e2e_cpu, attn_combine_forms_give_the_same_logits)
+{
+    static const char *const sets[] = {"", "--set 'attention=[{layers: 1, kind: sink_window, sinks: 2, window: 6}]' "
+                                           "--set 'kv_policy=[{layers: 0, policy: tova, budget: 8}]'"};
+    char *dir = tmp_dir();
+    for (size_t v = 0; v < 2; v++)
+        for (int w = 3; w <= 8; w += 5) {
+            char extra[512];
+            snprintf(extra, sizeof extra, "%s --set attn_combine=in_o", sets[v]);
+            char *a = compile_bundle_with("default", w, dir, extra, "o");
+            snprintf(extra, sizeof extra, "%s --set attn_combine=stage", sets[v]);
+            char *b = compile_bundle_with("default", w, dir, extra, "s");
+            char sa[1300], sb[1300];
+            snprintf(sa, sizeof sa, "%s/schedule.sched", a);
+            snprintf(sb, sizeof sb, "%s/schedule.sched", b);
+            char *ta = slurp(sa), *tb = slurp(sb);
+            cr_assert(strstr(ta, "out: w att.w") && !strstr(ta, "comb."), "in_o: o's workers merge");
+            cr_assert(strstr(tb, "comb.") && !strstr(tb, "att.w"), "stage: merged before o");
+            free(ta);
+            free(tb);
+            megac_model *ma, *mb;
+            cr_assert_eq(megac_open(a, &ma), MEGAC_OK, "%s", megac_last_open_error());
+            cr_assert_eq(megac_open(b, &mb), MEGAC_OK, "%s", megac_last_open_error());
+            int n = megac_vocab_size(ma), tok = megac_bos(ma) >= 0 ? megac_bos(ma) : 1;
+            for (int step = 0; step < 40; step++) {
+                cr_assert_eq(megac_step(ma, tok), MEGAC_OK, "%s", megac_error(ma));
+                cr_assert_eq(megac_step(mb, tok), MEGAC_OK, "%s", megac_error(mb));
+                cr_assert_eq(memcmp(megac_logits(ma), megac_logits(mb), (size_t)n * sizeof(float)), 0,
+                             "%d workers, variant %zu: step %d's logits differ", w, v, step);
+                tok = megac_argmax(ma);
+            }
+            megac_close(ma);
+            megac_close(mb);
+            free(a);
+            free(b);
+        }
+    test_rm_rf(dir);
 }
 
 /* `megac run BUNDLE ARGS` must print exactly the golden file. */

@@ -322,11 +322,21 @@ Test(lower, many_workers_race_free)
 Test(lower, stage_structure)
 {
     ModelDesc *m = stories260k();
+    m->attn_combine = COMBINE_STAGE;
     Schedule *s = lower(m, "cpu", 8);
     /* embed, lm, and per layer qkv comb o ffn down + attn.h for 4 kv heads
      * (nsplit 2); no kv.h: a dense layer's splits do not wait for the cache */
     cr_assert_eq(s->nctrs, 2 + 5 * (5 + 4));
     cr_assert_geq(sched_find_counter(s, "attn.4.3"), 0);
+    cr_assert_eq(sched_find_counter(s, "kv.4.3"), -1);
+    sched_free(s);
+    /* in_o (the default): per layer qkv attn o ffn down, nothing per head */
+    m->attn_combine = COMBINE_IN_O;
+    s = lower(m, "cpu", 8);
+    cr_assert_eq(s->nctrs, 2 + 5 * 5);
+    cr_assert_geq(sched_find_counter(s, "attn.4"), 0);
+    cr_assert_eq(sched_find_counter(s, "attn.4.3"), -1);
+    cr_assert_eq(sched_find_counter(s, "comb.4"), -1);
     cr_assert_eq(sched_find_counter(s, "kv.4.3"), -1);
     cr_assert_geq(sched_find_buffer(s, "rope"), 0);
     cr_assert_eq(sched_find_buffer(s, "lm_head"), -1, "tied model: the LM head reads embed");
@@ -338,6 +348,126 @@ Test(lower, stage_structure)
         cr_assert_eq(s->bufs[i].offset % 64, 0);
     cr_assert_geq(s->weights_bytes, 4ull * 512 * 64);
     sched_free(s);
+    free(m);
+}
+
+/* The waits of worker w, and of all workers together. */
+static uint32_t count_waits(const Schedule *s, int w)
+{
+    uint32_t n = 0;
+    for (int i = w < 0 ? 0 : w; i < (w < 0 ? (int)s->nworkers : w + 1); i++)
+        for (uint32_t j = 0; j < s->workers[i].ninst; j++)
+            n += s->workers[i].insts[j].kind == INST_WAIT;
+    return n;
+}
+
+/* The longest chain of waits in a step: a wait is one deeper than the
+ * deepest signal to its counter (every wait is an all-join) and than what
+ * its worker did before it. */
+static int wait_depth(const Schedule *s)
+{
+    int *ctr = calloc(s->nctrs, sizeof *ctr), most = 0;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (uint32_t w = 0; w < s->nworkers; w++) {
+            int d = 0;
+            for (uint32_t i = 0; i < s->workers[w].ninst; i++) {
+                const Inst *in = &s->workers[w].insts[i];
+                if (in->kind == INST_WAIT && ctr[in->counter] + 1 > d)
+                    d = ctr[in->counter] + 1;
+                else if (in->kind == INST_SIGNAL && ctr[in->counter] < d)
+                    ctr[in->counter] = d, changed = true;
+            }
+            most = d > most ? d : most;
+        }
+    }
+    free(ctr);
+    return most;
+}
+
+/* compile.attn_combine: in_o. Every worker of o's rows merges all heads'
+ * partials itself, into its own buffer, right before its GEMV reads it;
+ * no other worker merges, and a worker waits once per stage: 5 times a
+ * layer (qkv, attn, o, ffn, down) where the stage form has the merging
+ * workers also wait for their heads' other splits and o for the merges:
+ * the longest chain of waits is a hop a layer shorter. */
+Test(lower, attention_merged_by_o_workers)
+{
+    static const struct {
+        int workers, sparse;
+    } cases[] = {{3, 0}, {8, 0}, {3, 1}, {132, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        ModelDesc *m = stories260k();
+        if (cases[c].sparse) { /* eviction and a sparse layer: kv_evict and kv.l.h waits around the merge */
+            m->kv[1] = (KvPolicy){KV_TOVA, 32, 0, 0};
+            m->attn[3] = (AttnSpec){ATTN_SINK_WINDOW, 4, 28, 0, 0};
+        }
+        int nw = cases[c].workers;
+        m->attn_combine = COMBINE_IN_O;
+        Schedule *s = lower(m, "cpu", nw);
+        int nkv = m->n_kv_heads, merged = 0;
+        for (int w = 0; w < nw; w++) {
+            const Worker *wp = &s->workers[w];
+            for (uint32_t i = 0; i < wp->ninst; i++) {
+                const Inst *in = &wp->insts[i];
+                if (in->kind != INST_OP || in->op != OP_ATTN_COMBINE)
+                    continue;
+                merged++;
+                cr_assert_eq(in->p[0], 0);
+                cr_assert_eq(in->p[2], nkv, "worker %d merges %d of %d heads", w, in->p[2], nkv);
+                uint32_t own_buf = s->accs[in->acc + 1].buf;
+                const char *own = s->bufs[own_buf].name;
+                char want[32];
+                snprintf(want, sizeof want, "att.w%d", w);
+                cr_assert_str_eq(own, want);
+                cr_assert(i + 1 < wp->ninst);
+                const Inst *g = &wp->insts[i + 1];
+                cr_assert(g->kind == INST_OP && g->op == OP_GEMV, "worker %d: the merge is right before o", w);
+                cr_assert_eq(s->accs[g->acc + 1].buf, own_buf, "o reads the worker's own merge");
+                cr_assert(strstr(s->bufs[s->accs[g->acc].buf].name, ".wo"));
+            }
+        }
+        cr_assert_geq(merged, m->n_layers, "every layer is merged");
+        if (!cases[c].sparse) /* per worker: embed, 5 a layer, lm (+ the argmax combine's join) */
+            for (int w = 0; w < nw; w++)
+                cr_assert_leq(count_waits(s, w), 1 + 5 * (uint32_t)m->n_layers + 1, "worker %d", w);
+        check_all(s, true);
+        m->attn_combine = COMBINE_STAGE;
+        Schedule *st = lower(m, "cpu", nw);
+        check_all(st, true);
+        cr_assert_lt(count_waits(s, -1), count_waits(st, -1), "%d workers: in_o %u waits, stage %u", nw,
+                     count_waits(s, -1), count_waits(st, -1));
+        /* one hop fewer a dense layer on the step's critical path; on the
+         * sparse and evicting layers, none: with stage the merging worker
+         * waits for the cache write (kv.l.h) and for the other splits
+         * side by side, so their hops overlap, and in_o has o wait for
+         * splits that waited for the cache write: the same depth */
+        int saved = m->n_layers - (cases[c].sparse ? 2 : 0);
+        cr_assert_eq(wait_depth(s), wait_depth(st) - saved, "case %zu, %d workers: chain of %d waits, stage %d", c,
+                     nw, wait_depth(s), wait_depth(st));
+        if (!cases[c].sparse)
+            cr_assert_eq(wait_depth(s), 1 + 5 * m->n_layers + 1, "embed, 5 a layer, lm's argmax");
+        sched_free(st);
+        sched_free(s);
+        free(m);
+    }
+}
+
+/* compile.attn_combine: auto is in_o on CUDA targets (the host shim
+ * included: it runs their kernel) and stage on the CPU. */
+Test(lower, attn_combine_auto_by_target)
+{
+    static const struct {
+        const char *target;
+        bool in_o;
+    } cases[] = {{"cpu", false}, {"host-cuda", true}, {"sm_80", true}, {"sm_90", true}, {"sm_120", true}};
+    ModelDesc *m = stories260k();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        Schedule *s = lower(m, cases[i].target, 3);
+        cr_assert_eq(sched_find_counter(s, "attn.0") >= 0, cases[i].in_o, "%s", cases[i].target);
+        cr_assert_eq(sched_find_counter(s, "comb.0") >= 0, !cases[i].in_o, "%s", cases[i].target);
+        sched_free(s);
+    }
     free(m);
 }
 

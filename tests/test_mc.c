@@ -51,8 +51,9 @@ Test(mc, valid_files_are_safe)
 Test(mc, lowered_schedules_are_safe)
 {
     static const char *files[] = {MEGAC_SRC "/tests/sched/roundtrip/stories260k_w2.sched",
-                                  MEGAC_SRC "/tests/sched/roundtrip/stories260k_w3.sched"};
-    for (int i = 0; i < 2; i++) {
+                                  MEGAC_SRC "/tests/sched/roundtrip/stories260k_w3.sched",
+                                  MEGAC_SRC "/tests/sched/roundtrip/stories260k_hc3.sched"};
+    for (int i = 0; i < 3; i++) {
         FILE *f = fopen(files[i], "r");
         if (!f)
             cr_skip("%s not present", files[i]);

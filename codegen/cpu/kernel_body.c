@@ -4334,34 +4334,36 @@ static void op_attn(const MegacArgs *a, const int64_t *in, WStream *ws)
         attn_chunk(kt, p, qh, kh, vh, t0, hi - t0 < ATTN_CHUNK ? hi - t0 : ATTN_CHUNK, hd, G, scale, ws, NULL, 0);
 }
 
-/* out[q head] = sum_s o_s * e^(m_s - M) / sum_s l_s * e^(m_s - M) */
+/* out[q head] = sum_s o_s * e^(m_s - M) / sum_s l_s * e^(m_s - M), for
+ * the q heads of kv heads [h, h + nh) */
 static void op_attn_combine(const MegacArgs *a, const int64_t *in)
 {
     const float *part = opnd(a, in, 0);
     float *out = opnd(a, in, 1);
-    int64_t h = in[KT_PARAM], nsplit = in[KT_PARAM + 1];
+    int64_t h0 = in[KT_PARAM], nsplit = in[KT_PARAM + 1], nh = in[KT_PARAM + 2];
     int64_t hd = SHAPE(KS_HEAD_DIM), G = SHAPE(KS_N_HEADS) / SHAPE(KS_N_KV_HEADS);
-    for (int64_t g = 0; g < G; g++) {
-        float *o = out + (h * G + g) * hd;
-        float M = NEG_INF, L = 0.0f;
-        for (int64_t s = 0; s < nsplit; s++) {
-            float m = part[((h * nsplit + s) * G + g) * (hd + 2) + hd];
-            M = m > M ? m : M;
-        }
-        memset(o, 0, (size_t)hd * sizeof(float));
-        for (int64_t s = 0; s < nsplit; s++) {
-            const float *p = part + ((h * nsplit + s) * G + g) * (hd + 2);
-            if (p[hd] == NEG_INF)
-                continue;
-            float e = expf(p[hd] - M);
-            L += p[hd + 1] * e;
+    for (int64_t h = h0; h < h0 + nh; h++)
+        for (int64_t g = 0; g < G; g++) {
+            float *o = out + (h * G + g) * hd;
+            float M = NEG_INF, L = 0.0f;
+            for (int64_t s = 0; s < nsplit; s++) {
+                float m = part[((h * nsplit + s) * G + g) * (hd + 2) + hd];
+                M = m > M ? m : M;
+            }
+            memset(o, 0, (size_t)hd * sizeof(float));
+            for (int64_t s = 0; s < nsplit; s++) {
+                const float *p = part + ((h * nsplit + s) * G + g) * (hd + 2);
+                if (p[hd] == NEG_INF)
+                    continue;
+                float e = expf(p[hd] - M);
+                L += p[hd + 1] * e;
+                for (int64_t d = 0; d < hd; d++)
+                    o[d] += p[d] * e;
+            }
+            float inv = L > 0.0f ? 1.0f / L : 0.0f;
             for (int64_t d = 0; d < hd; d++)
-                o[d] += p[d] * e;
+                o[d] *= inv;
         }
-        float inv = L > 0.0f ? 1.0f / L : 0.0f;
-        for (int64_t d = 0; d < hd; d++)
-            o[d] *= inv;
-    }
 }
 
 /* ---- eviction and sparse attention (semantics: the comment above

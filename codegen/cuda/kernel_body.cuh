@@ -1660,19 +1660,21 @@ MK_DEV void op_attn_sparse(const MegacArgs *a, const unsigned *in)
     mk_attn_merge(part + (long long)(h * nsplit + s) * MK_G * MK_E);
 }
 
-/* out[q head] = sum_s o_s * e^(m_s - M) / sum_s l_s * e^(m_s - M).
- * The splits' maxima and sums are read once, in parallel, into shared
- * memory (at early positions most splits are empty, m_s = -inf); then each
- * output element reads only the non-empty splits' partial outputs. */
+/* out[q head] = sum_s o_s * e^(m_s - M) / sum_s l_s * e^(m_s - M), for
+ * the nh * G q heads of kv heads [h0, h0 + nh) (q head q of the op: kv
+ * head h0 + q / G, g = q % G, output row h0 * G + q). The splits' maxima
+ * and sums are read once, in parallel, into shared memory (at early
+ * positions most splits are empty, m_s = -inf); then each output element
+ * reads only the non-empty splits' partial outputs. */
 MK_DEV void op_attn_combine(const MegacArgs *a, const unsigned *in)
 {
     const float *part = (const float *)mk_opnd(a, in, 0);
     float *out = (float *)mk_opnd(a, in, 1);
-    int h = mk_param(in, 0), nsplit = mk_param(in, 1);
-    const int E = MK_E, n = MK_G * nsplit;
+    int h0 = mk_param(in, 0), nsplit = mk_param(in, 1), nh = mk_param(in, 2);
+    const int E = MK_E, n = nh * MK_G * nsplit;
     if (2 * n > MK_SMEM_FLOATS) { /* does not fit: straight from memory */
-        for (int j = (int)mk_tid(); j < MK_G * MK_HD; j += MK_THREADS) {
-            int g = j / MK_HD, d = j % MK_HD;
+        for (int j = (int)mk_tid(); j < nh * MK_G * MK_HD; j += MK_THREADS) {
+            int q = j / MK_HD, d = j % MK_HD, h = h0 + q / MK_G, g = q % MK_G;
             float M = MK_NEG_INF, L = 0.0f, o = 0.0f;
             for (int s = 0; s < nsplit; s++)
                 M = fmaxf(M, part[((long long)(h * nsplit + s) * MK_G + g) * E + MK_HD]);
@@ -1684,21 +1686,21 @@ MK_DEV void op_attn_combine(const MegacArgs *a, const unsigned *in)
                 L += p[MK_HD + 1] * e;
                 o += p[d] * e;
             }
-            out[(long long)(h * MK_G + g) * MK_HD + d] = L > 0.0f ? o * (1.0f / L) : 0.0f;
+            out[(long long)(h0 * MK_G + q) * MK_HD + d] = L > 0.0f ? o * (1.0f / L) : 0.0f;
         }
         return;
     }
-    /* mk_sm[g * nsplit + s] = m, mk_sm[n + g * nsplit + s] = l */
+    /* mk_sm[q * nsplit + s] = m, mk_sm[n + q * nsplit + s] = l */
     for (int i = (int)mk_tid(); i < n; i += MK_THREADS) {
-        int g = i / nsplit, s = i % nsplit;
+        int q = i / nsplit, s = i % nsplit, h = h0 + q / MK_G, g = q % MK_G;
         const float *p = part + ((long long)(h * nsplit + s) * MK_G + g) * E;
         mk_sm[i] = p[MK_HD];
         mk_sm[n + i] = p[MK_HD + 1];
     }
     mk_sync();
-    for (int j = (int)mk_tid(); j < MK_G * MK_HD; j += MK_THREADS) {
-        int g = j / MK_HD, d = j % MK_HD;
-        const float *m = mk_sm + g * nsplit, *l = mk_sm + n + g * nsplit;
+    for (int j = (int)mk_tid(); j < nh * MK_G * MK_HD; j += MK_THREADS) {
+        int q = j / MK_HD, d = j % MK_HD, h = h0 + q / MK_G, g = q % MK_G;
+        const float *m = mk_sm + q * nsplit, *l = mk_sm + n + q * nsplit;
         float M = MK_NEG_INF, L = 0.0f, o = 0.0f;
         for (int s = 0; s < nsplit; s++)
             M = fmaxf(M, m[s]);
@@ -1709,7 +1711,7 @@ MK_DEV void op_attn_combine(const MegacArgs *a, const unsigned *in)
             L += l[s] * e;
             o += part[((long long)(h * nsplit + s) * MK_G + g) * E + d] * e;
         }
-        out[(long long)(h * MK_G + g) * MK_HD + d] = L > 0.0f ? o * (1.0f / L) : 0.0f;
+        out[(long long)(h0 * MK_G + q) * MK_HD + d] = L > 0.0f ? o * (1.0f / L) : 0.0f;
     }
 }
 

@@ -160,9 +160,9 @@ static bool mc_expected(const Schedule *s, const Inst *in, Access *e, bool *pres
         e[4] = span_pos(ACC_R, 0, hd, hd), present[4] = p[4] == 1; /* rope: the table's row pos */
         return p[0] >= 0 && p[0] < sh->n_kv_heads && p[1] >= 0 && p[1] < p[2] && p[3] > 0 && (p[4] == 0 || p[4] == 1);
     case OP_ATTN_COMBINE:
-        e[0] = span(ACC_R, (int64_t)p[0] * p[1] * G * (hd + 2), (int64_t)(p[0] + 1) * p[1] * G * (hd + 2));
-        e[1] = span(ACC_W, p[0] * G * hd, (p[0] + 1) * G * hd);
-        return p[0] >= 0 && p[0] < sh->n_kv_heads && p[1] > 0;
+        e[0] = span(ACC_R, (int64_t)p[0] * p[1] * G * (hd + 2), (int64_t)(p[0] + p[2]) * p[1] * G * (hd + 2));
+        e[1] = span(ACC_W, p[0] * G * hd, (int64_t)(p[0] + p[2]) * G * hd);
+        return p[0] >= 0 && p[2] > 0 && (int64_t)p[0] + p[2] <= sh->n_kv_heads && p[1] > 0;
     case OP_SILU_MUL:
         e[0] = span(ACC_R, p[0], p[1]), e[1] = e[0], e[2] = span(ACC_W, p[0], p[1]);
         return p[0] >= 0 && p[0] < p[1];

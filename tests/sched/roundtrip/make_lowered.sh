@@ -10,3 +10,4 @@ megac=${MEGAC:-$root/build/compiler/megac}
 "$megac" lower "$root/models/stories260k.yaml" --target cpu --workers 2 -o "$here/stories260k_w2.sched"
 "$megac" lower "$root/models/stories260k.yaml" --target cpu --workers 3 -o "$here/stories260k_w3.sched"
 "$megac" lower "$root/models/stories260k.yaml" --target host-cuda --workers 8 -o "$here/stories260k_w8.sched"
+"$megac" lower "$root/models/stories260k.yaml" --target host-cuda --workers 3 -o "$here/stories260k_hc3.sched"
