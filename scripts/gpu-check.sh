@@ -21,14 +21,17 @@
 # "smollm2-135m llama-3.2-1b"), FORMATS (default "bf16 w8a16 w4a16-g128"),
 # TESTS (0 skips the tests), VARIANTS (kernel variants timed against the
 # default kernel of one weight format, as "NAME:DEFINE=V[,DEFINE=V][@FORMAT]"
-# words for MEGAC_CUDA_DEFINES, FORMAT bf16 unless given and one of
-# FORMATS; default "noistage:MK_ISTAGE=0 noistage8:MK_ISTAGE=0@w8a16
-# restage:MK_XREUSE=0 alloc:MK_WNOALLOC=0 spin:MK_WAIT_SLEEP_MAX=0", empty
-# skips; the 2026-12-04 runs also timed MK_PRELOADS=0, MK_XSWIZZLE=0@w8a16,
-# MK_WSTAGE_BYTES=131072 and MK_VLOADS=4 and 12: README),
+# words for MEGAC_CUDA_DEFINES (a DEFINE written set.KEY is a description
+# knob instead: --set KEY=V), FORMAT bf16 unless given and one of
+# FORMATS; default "noistage:MK_ISTAGE=0 stagecomb:set.attn_combine=stage
+# restage:MK_XREUSE=0 spin:MK_WAIT_SLEEP_MAX=0", empty skips; the
+# 2026-12-04 runs also timed MK_ISTAGE=0@w8a16, MK_WNOALLOC=0,
+# MK_PRELOADS=0, MK_XSWIZZLE=0@w8a16, MK_WSTAGE_BYTES=131072 and MK_VLOADS=4
+# and 12: README),
 # LONG_CONTEXT (default 2000, 0 skips the
 # long-context benchmarks: SmolLM2 with an f16 cache, sink_window,
-# streaming and TOVA, each against the dense f32 cache in the same runs),
+# streaming, TOVA and attn_combine=stage, each against the dense f32 cache
+# (attn_combine in_o) in the same runs),
 # LONG_TOKENS (timed there, default 32), PROFILE (default 1; 0 skips the
 # cycle profile of each model's bf16 kernel built with MK_PROFILE=1), NCU
 # (default 1; 0 skips Nsight Compute's counters for one decode step of the
@@ -160,19 +163,27 @@ done
 # kernel variants (VARIANTS): a format's bundle with kernel_body.cuh knobs
 # set; those of formats not benchmarked are left out
 variants=
-for v in ${VARIANTS-noistage:MK_ISTAGE=0 noistage8:MK_ISTAGE=0@w8a16 restage:MK_XREUSE=0 alloc:MK_WNOALLOC=0 \
+for v in ${VARIANTS-noistage:MK_ISTAGE=0 stagecomb:set.attn_combine=stage restage:MK_XREUSE=0 \
     spin:MK_WAIT_SLEEP_MAX=0}; do
     case $v in *@*) ;; *) v=$v@bf16 ;; esac
     case " $formats " in *" ${v##*@} "*) variants="$variants $v" ;; esac
 done
-# NAME:DEFINES@FORMAT -> vname, vdefs (space-separated), vfmt
-vsplit() { vname=${1%%:*}; vfmt=${1##*@}; vdefs=${1#*:}; vdefs=$(echo "${vdefs%@*}" | tr , ' '); }
+# NAME:DEFINES@FORMAT -> vname, vdefs (space-separated), vfmt, and from
+# vdefs vcuda (the MEGAC_CUDA_DEFINES) and vset (--set KEY=V arguments)
+vsplit() {
+    vname=${1%%:*}; vfmt=${1##*@}; vdefs=${1#*:}; vdefs=$(echo "${vdefs%@*}" | tr , ' ')
+    vcuda=; vset=()
+    for d in $vdefs; do
+        case $d in set.*) vset+=(--set "${d#set.}") ;; *) vcuda="$vcuda $d" ;; esac
+    done
+    vcuda=${vcuda# }
+}
 for v in $variants; do
     vsplit "$v"
     for model in $models; do
         b=$work/$model.$vname.$target.megac
-        (MEGAC_CUDA_DEFINES=$vdefs run timeout 300 "$megac" compile "models/$model.yaml" \
-            --target "$target" --set "quant.default=$vfmt" -o "$b" >"$out/$model.$vname.compile.log" 2>&1 ||
+        (MEGAC_CUDA_DEFINES=$vcuda run timeout 300 "$megac" compile "models/$model.yaml" \
+            --target "$target" --set "quant.default=$vfmt" "${vset[@]}" -o "$b" >"$out/$model.$vname.compile.log" 2>&1 ||
             echo failed >"$b.failed") &
     done
 done
@@ -303,7 +314,7 @@ if [ "${NCU:-1}" != 0 ] && [ "$target" != host-cuda ]; then
         log "ncu: FAILED (see ncu.txt): $(tail -2 "$out/ncu.txt" | tr '\n' ' ')"
     fi
 fi
-# ---- long context: f16 cache and sparse attention against dense ----
+# ---- long context: f16 cache, sparse attention and the stage merge against dense ----
 # SmolLM2-135M (bf16 weights) decoding from position LONG_CONTEXT (default
 # 2000; 0 skips): where attention reads the cache, which the position-0
 # benchmarks above never do. Each bundle is timed against the dense f32-cache
@@ -318,14 +329,19 @@ if [ "$long" -gt 0 ]; then
         run timeout 300 "$megac" compile "$lm" --target "$target" --set quant.default=bf16 --set compile.max_seq=8192 \
             "$@" -o "$work/long.$k.megac" >"$out/long.$k.compile.log" 2>&1 || echo failed >"$work/long.$k.failed"
     }
-    log "long context ($long positions): compiling SmolLM2-135M dense, f16 cache, sink_window, streaming, tova"
+    log "long context ($long positions): compiling SmolLM2-135M dense, f16 cache, sink_window, streaming, tova," \
+        "stage merge"
     long_compile dense &
     long_compile f16 --set compile.kv_dtype=f16 &
     long_compile window --set 'compile.attention=[{layers: all, kind: sink_window, sinks: 4, window: 508}]' &
     long_compile streaming --set 'compile.kv_policy=[{layers: all, policy: streaming, sinks: 4, window: 508}]' &
     long_compile tova --set 'compile.kv_policy=[{layers: all, policy: tova, budget: 512}]' &
+    # each of o's blocks merges every head's splits (in_o, dense's): at a
+    # long context they all hold partials, which one block per head merges
+    # in the stage form
+    long_compile stagecomb --set compile.attn_combine=stage &
     wait
-    for k in f16 window streaming tova; do
+    for k in f16 window streaming tova stagecomb; do
         if [ -e "$work/long.$k.failed" ] || [ -e "$work/long.dense.failed" ]; then
             log "long $k: compile FAILED (see long.$k.compile.log, long.dense.compile.log)"
             longrows+=("{\"setting\": \"$k\", \"error\": \"compile failed\"}")
@@ -374,7 +390,7 @@ md += ["", "GB/s = weight bytes read per token / time per token. megac's time is
        "and includes the per-step launch, memsets and logits copy; the baseline's is a CUDA graph replayed 300 times."]
 if varrows:
     md += ["", "Kernel variants (`megac bench default --versus variant -n N --runs 5`, the default kernel of "
-           "the variant's weight format; MEGAC_CUDA_DEFINES for the variant):", "",
+           "the variant's weight format; MEGAC_CUDA_DEFINES for the variant, set.KEY=V a --set KEY=V):", "",
            "| variant | defines | weights | model | default tok/s | variant tok/s (same runs) | default / variant |",
            "|---|---|---|---|---|---|---|"]
     for r in varrows:
