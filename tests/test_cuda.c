@@ -564,8 +564,11 @@ typedef struct {
  * GGUF's blocks: Q4_0, Q4_1, Q8_0 and W4 rows in the CUDA order (rows of
  * a slice per warp, rows too short for their headers to align the data:
  * k = 64 of Q4_0, rows whose data lands on the boundary), W8 rows in
- * slices, and block rows against an input too long to stage. The cases are
- * looked up by index below: new ones go at the end. */
+ * slices, block rows against an input too long to stage, and rows short
+ * enough for 16 or 8 lanes each where f32, bf16 and W8 take them (W8 k =
+ * 2048, bf16 k = 576; W4 and Q8_0 rows of that size, at 32), 37, 21, 19
+ * and 11 of them: the last round's groups past the last row.
+ * The cases are looked up by index below: new ones go at the end. */
 static const int gemv_spec[][6] = {
     {0, 1, 3, 64, GEMV_NORM | GEMV_BIAS, DT_F32}, {3, 5, 6, 68, GEMV_ACCUM, DT_F32},
     {0, 7, 7, 66, GEMV_BIAS, DT_F32},           {0, 50, 50, 64, GEMV_NORM | GEMV_ACCUM, DT_F32},
@@ -579,6 +582,10 @@ static const int gemv_spec[][6] = {
     {0, 6, 6, 160, 0, DT_Q8_0},                 {0, 1, 1, 200, 0, DT_W4G32},
     {0, 2, 2, 1001, GEMV_BIAS, DT_W8},          {1, 2, 4, 4096, GEMV_ACCUM, DT_W8},
     {0, 1, 1, 8224, 0, DT_W4G32},               {0, 3, 3, 8256, GEMV_BIAS, DT_Q8_0},
+    /* rows read by 16 or 8 lanes (mk_gemv_nl), 2 or 4 a warp, the last
+     * groups past the rows */
+    {0, 37, 37, 2048, GEMV_BIAS, DT_W8},        {0, 21, 21, 576, GEMV_NORM, DT_BF16},
+    {0, 19, 19, 1024, 0, DT_W4G128},            {2, 13, 13, 2048, GEMV_ACCUM, DT_Q8_0},
 };
 enum { GEMV_N = sizeof gemv_spec / sizeof gemv_spec[0] };
 
@@ -746,8 +753,9 @@ static void gemv_fill(HostKernel *k)
 
 /* The GEMV cases on one host block, each against a double sum, in a
  * kernel built with MEGAC_CUDA_DEFINES=defines (or none); returns the
- * kernel's megac_wstage_count() after the step (0 without one). */
-static unsigned long gemv_paths_check(const char *defines)
+ * kernel's megac_wstage_count() after the step (0 without one), and its
+ * megac_nl_count(0..2) in nl when not NULL (MK_NL_COUNT=1). */
+static unsigned long gemv_paths_check_nl(const char *defines, unsigned long nl[3])
 {
     enum { N = GEMV_N };
     GemvCase c[N];
@@ -811,13 +819,41 @@ static unsigned long gemv_paths_check(const char *defines)
     }
     unsigned long (*count)(void) = (unsigned long (*)(void))(uintptr_t)dlsym(hk.dl, "megac_wstage_count");
     unsigned long staged = count ? count() : 0;
+    unsigned long (*nlc)(int) = (unsigned long (*)(int))(uintptr_t)dlsym(hk.dl, "megac_nl_count");
+    for (int i = 0; nl && i < 3; i++)
+        nl[i] = nlc ? nlc(i) : 0;
     host_kernel_close(&hk);
     return staged;
+}
+
+static unsigned long gemv_paths_check(const char *defines)
+{
+    return gemv_paths_check_nl(defines, NULL);
 }
 
 Test(cuda_host, gemv_paths_match_double)
 {
     gemv_paths_check(NULL);
+}
+
+/* Rows short enough for half a round of loads are read by 16 or 8 lanes,
+ * 2 or 4 rows a warp side by side (mk_gemv_nl): the cases of gemv_spec
+ * that are (W8 k = 2048 and bf16 k = 576 at 16; f32 k = 64, bf16 k = 128
+ * and W8 k = 64 at 8) give the same results as the double sums either way
+ * (gemv_paths_check), and MK_ROW_LANES_MIN=32 reads every row with 32. */
+Test(cuda_host, gemv_short_rows_side_by_side)
+{
+    unsigned long nl[3];
+    gemv_paths_check_nl("MK_NL_COUNT=1", nl);
+    cr_assert_geq(nl[1], 2, "GEMVs at 16 lanes a row: %lu", nl[1]);
+    cr_assert_geq(nl[0], 3, "GEMVs at 8 lanes a row: %lu", nl[0]);
+    unsigned long n = nl[0] + nl[1] + nl[2];
+    gemv_paths_check_nl("MK_NL_COUNT=1 MK_ROW_LANES_MIN=32", nl);
+    cr_assert_eq(nl[0] + nl[1], 0);
+    cr_assert_eq(nl[2], n, "every GEMV of the row paths at 32 lanes");
+    gemv_paths_check_nl("MK_NL_COUNT=1 MK_ROW_LANES_MIN=16", nl);
+    cr_assert_eq(nl[0], 0);
+    cr_assert_geq(nl[1], 5);
 }
 
 /* With a weight stage (MK_WSTAGE_BYTES), every GEMV after a wait reads the

@@ -212,6 +212,22 @@ MK_EXPORT unsigned long megac_xreuse_count(void)
     return __atomic_load_n(&megac_xreuse_n, __ATOMIC_RELAXED);
 }
 #endif
+/* MEGAC_CUDA_DEFINES=MK_NL_COUNT=1 (host shim only): counts the GEMVs
+ * whose rows were read by 8, 16 and 32 lanes (mk_gemv_rows), for a test to
+ * see which. */
+#ifndef MK_NL_COUNT
+#define MK_NL_COUNT 0
+#endif
+#if MK_NL_COUNT
+#ifdef __CUDACC_RTC__
+#error "MK_NL_COUNT is for the host shim"
+#endif
+static unsigned long megac_nl_n[3];
+MK_EXPORT unsigned long megac_nl_count(int i)
+{
+    return __atomic_load_n(&megac_nl_n[i], __ATOMIC_RELAXED);
+}
+#endif
 /* Row r (rb bytes) of weight matrix W: its copy in the stage when the
  * whole row is there. */
 MK_INLINE const unsigned char *mk_wrow(MkStage st, const void *W, long long r, long long rb)
@@ -342,6 +358,15 @@ MK_INLINE float mk_warp_sum(float v)
     return v;
 }
 
+/* The sum over each aligned group of nl lanes (nl a power of 2, <= 32),
+ * in every lane of the group. Every lane of the warp must call it. */
+MK_INLINE float mk_group_sum(float v, int nl)
+{
+    for (int m = nl / 2; m > 0; m >>= 1)
+        v += mk_shfl_xor_f(v, m);
+    return v;
+}
+
 MK_INLINE float mk_warp_max(float v)
 {
     for (int m = 16; m > 0; m >>= 1)
@@ -451,33 +476,33 @@ MK_DEV float mk_rms_scale(const float *x, int n)
 #define MK_PRE_N (MK_PRELOADS > 0 ? MK_PRELOADS : 1)
 
 /* Loads u0 <= u < u1 of a lane's round of GEMV weight loads: units
- * j + 32 u of p, zeros at or past j1. */
-MK_INLINE void mk_round_part(const uint4 *p, int j, int j1, int u0, int u1, uint4 *w)
+ * j + nl u of p (nl: the lanes that read the row), zeros at or past j1. */
+MK_INLINE void mk_round_part(const uint4 *p, int j, int j1, int u0, int u1, uint4 *w, int nl)
 {
     const uint4 z = {0u, 0u, 0u, 0u};
 #pragma unroll
     for (int u = u0; u < u1; u++)
-        w[u - u0] = j + 32 * u < j1 ? mk_ldw4(p + j + 32 * u) : z;
+        w[u - u0] = j + nl * u < j1 ? mk_ldw4(p + j + nl * u) : z;
 }
 
 /* A round: MK_VLOADS loads. */
-MK_INLINE void mk_round_load(const uint4 *p, int j, int j1, uint4 w[MK_VLOADS])
+MK_INLINE void mk_round_load(const uint4 *p, int j, int j1, uint4 w[MK_VLOADS], int nl)
 {
-    mk_round_part(p, j, j1, 0, MK_VLOADS, w);
+    mk_round_part(p, j, j1, 0, MK_VLOADS, w, nl);
 }
 
 /* A lane's first round: its first MK_PRELOADS loads from pre when use_pre
  * (mk_gemv_preload issued them), the rest issued now. */
 MK_INLINE void mk_round_first(const uint4 *p, int j, int j1, const uint4 pre[MK_PRE_N], int use_pre,
-                              uint4 w[MK_VLOADS])
+                              uint4 w[MK_VLOADS], int nl)
 {
     if (use_pre) {
 #pragma unroll
         for (int u = 0; u < MK_PRELOADS; u++)
             w[u] = pre[u];
-        mk_round_part(p, j, j1, MK_PRELOADS, MK_VLOADS, w + MK_PRELOADS);
+        mk_round_part(p, j, j1, MK_PRELOADS, MK_VLOADS, w + MK_PRELOADS, nl);
     } else {
-        mk_round_load(p, j, j1, w);
+        mk_round_load(p, j, j1, w, nl);
     }
 }
 
@@ -721,15 +746,17 @@ MK_INLINE void mk_w8_span(const unsigned char *row, int k, int *head, int *nv, c
 }
 
 /* W8 row: {f32 s; i8 q[k]; pad}; returns s * sum(q x) over uint4s [j0,
- * j1) of it (j0 a multiple of 32; a slice of the split path, or all). The
+ * j1) of it (j0 a multiple of 32; a slice of the split path, or all),
+ * read by the nl lanes of this lane's group (lane: its index there). The
  * bytes from the first 16-byte boundary on are read as uint4s (MK_VLOADS
  * in flight per lane; the first round is pre when use_pre) against
  * float4s of x (x staged with mask m: mk_xsw); the few before that
  * boundary and after the last whole uint4 one byte per lane, by the slice
- * at j0 = 0. x must be 16-byte aligned (the boundary is 4, 8 or 12 bytes
- * in, so the data's x starts at a float4). */
+ * at j0 = 0 (none when j1 = 0: a group with no row). x must be 16-byte
+ * aligned (the boundary is 4, 8 or 12 bytes in, so the data's x starts at
+ * a float4). */
 MK_INLINE float mk_dot_w8(const unsigned char *row, const float *x, int k, unsigned lane, int m, int j0, int j1,
-                          const uint4 pre[MK_PRE_N], int use_pre)
+                          const uint4 pre[MK_PRE_N], int use_pre, int nl)
 {
     const unsigned char *q = row + 4;
     int head, nv;
@@ -738,32 +765,32 @@ MK_INLINE float mk_dot_w8(const unsigned char *row, const float *x, int k, unsig
     int tail0 = head + 16 * nv;
     nv = j1 < nv ? j1 : nv;
     const float4 *x4 = (const float4 *)(const void *)x;
-    /* word c of unit lane + 32 u multiplies float4 f + c + 128 u of x,
-     * staged at mk_xsw(f + c, m) + 128 u */
+    /* word c of unit lane + nl u multiplies float4 f + c + 4 nl u of x,
+     * staged at mk_xsw(f + c, m) + 4 nl u (4 nl >= 32 float4s: commutes) */
     int f = head / 4 + 4 * (int)lane;
     int q0 = mk_xsw(f, m), q1 = mk_xsw(f + 1, m), q2 = mk_xsw(f + 2, m), q3 = mk_xsw(f + 3, m);
     float acc = 0.0f;
-    if (j0 == 0 && (int)lane < head)
-        acc += (float)(signed char)q[lane] * mk_xs_at(x, (int)lane, m);
-    if (j0 == 0 && tail0 + (int)lane < k)
-        acc += (float)(signed char)q[tail0 + lane] * mk_xs_at(x, tail0 + (int)lane, m);
+    for (int i = (int)lane; j0 == 0 && j1 > 0 && i < head; i += nl)
+        acc += (float)(signed char)q[i] * mk_xs_at(x, i, m);
+    for (int i = tail0 + (int)lane; j0 == 0 && j1 > 0 && i < k; i += nl)
+        acc += (float)(signed char)q[i] * mk_xs_at(x, i, m);
     uint4 w[MK_VLOADS];
     int j = j0 + (int)lane;
-    mk_round_first(qv, j, nv, pre, use_pre, w);
+    mk_round_first(qv, j, nv, pre, use_pre, w, nl);
 #pragma unroll 1
     while (j < nv) {
 #pragma unroll
         for (int u = 0; u < MK_VLOADS; u++)
-            if (j + 32 * u < nv) {
-                int o = 4 * (j - (int)lane + 32 * u);
+            if (j + nl * u < nv) {
+                int o = 4 * (j - (int)lane + nl * u);
                 acc += mk_dot_s8x4(w[u].x, mk_xld4(x4 + q0 + o)) + mk_dot_s8x4(w[u].y, mk_xld4(x4 + q1 + o)) +
                        mk_dot_s8x4(w[u].z, mk_xld4(x4 + q2 + o)) + mk_dot_s8x4(w[u].w, mk_xld4(x4 + q3 + o));
             }
-        j += 32 * MK_VLOADS;
+        j += nl * MK_VLOADS;
         if (j < nv)
-            mk_round_load(qv, j, nv, w);
+            mk_round_load(qv, j, nv, w, nl);
     }
-    return mk_f32_at(row) * mk_warp_sum(acc);
+    return mk_f32_at(row) * mk_group_sum(acc, nl);
 }
 
 /* The dot product of CUDA-ordered chunk c (16 bytes w, its header h) and
@@ -805,7 +832,7 @@ MK_INLINE float mk_planar_chunk(int t, uint4 w, unsigned h, const float4 *x4, in
  * reach the boundary). t is a constant in each copy (mk_dot_planar), so
  * that the layout's sizes fold away. */
 MK_INLINE float mk_dot_planar_t(const int t, const unsigned char *row, const float *x, int m, int k, int c0, int c1,
-                                unsigned lane)
+                                unsigned lane, int nl)
 {
     MkPlanar p = mk_planar(t, row, k);
     int e = t == MK_DT_Q8_0 ? 16 : 32, whole = k / e, j1 = c1 * e < k ? c1 * e : k;
@@ -815,31 +842,31 @@ MK_INLINE float mk_dot_planar_t(const int t, const unsigned char *row, const flo
     const float4 *x4 = (const float4 *)(const void *)x;
     float acc = 0.0f;
 #pragma unroll 1
-    for (int c = c0 + (int)lane; c < c2; c += 32 * MK_VLOADS) {
+    for (int c = c0 + (int)lane; c < c2; c += nl * MK_VLOADS) {
         uint4 w[MK_VLOADS];
         unsigned h[MK_VLOADS];
 #pragma unroll
         for (int u = 0; u < MK_VLOADS; u++)
-            if (c + 32 * u < c2) {
-                w[u] = mk_ldw4(dv + c + 32 * u);
-                h[u] = mk_planar_hdr(p, (c + 32 * u) >> p.lc);
+            if (c + nl * u < c2) {
+                w[u] = mk_ldw4(dv + c + nl * u);
+                h[u] = mk_planar_hdr(p, (c + nl * u) >> p.lc);
             }
 #pragma unroll
         for (int u = 0; u < MK_VLOADS; u++)
-            if (c + 32 * u < c2)
-                acc += mk_planar_chunk(t, w[u], h[u], x4, m, c + 32 * u);
+            if (c + nl * u < c2)
+                acc += mk_planar_chunk(t, w[u], h[u], x4, m, c + nl * u);
     }
-    for (int j = c2 * e + (int)lane; j < j1; j += 32)
+    for (int j = c2 * e + (int)lane; j < j1; j += nl)
         acc += mk_planar_elem(t, p, j) * mk_xs_at(x, j, m);
-    return mk_warp_sum(acc);
+    return mk_group_sum(acc, nl);
 }
 
 MK_INLINE float mk_dot_planar(int t, const unsigned char *row, const float *x, int m, int k, int c0, int c1,
-                              unsigned lane)
+                              unsigned lane, int nl)
 {
 #define MK_PLANAR_CASE(T)                                          \
     if (MK_HAS_DT(T) && t == (T))                                  \
-        return mk_dot_planar_t((T), row, x, m, k, c0, c1, lane);
+        return mk_dot_planar_t((T), row, x, m, k, c0, c1, lane, nl);
     MK_PLANAR_CASE(MK_DT_Q4_0)
     MK_PLANAR_CASE(MK_DT_Q4_1)
     MK_PLANAR_CASE(MK_DT_Q8_0)
@@ -879,23 +906,25 @@ MK_INLINE float mk_dot_kq(int t, const unsigned char *row, const float *x, int k
     return mk_warp_sum(acc);
 }
 
-/* One warp's dot product of a stored row with x, reduced so that every
- * lane holds it: W8 and the CUDA-ordered block rows by their own dots,
- * the rest (f16, Q5_0, Q5_1) element by element, lanes on consecutive
- * elements. x is staged with mask m (mk_gemv_xmask). */
+/* One group of nl lanes' dot product of a stored row with x (lane: the
+ * index in the group; ok 0: the group has no row, and gives 0 after the
+ * same shuffles), reduced so that every lane of the group holds it: W8
+ * and the CUDA-ordered block rows by their own dots, the rest (f16, Q5_0,
+ * Q5_1) element by element, lanes on consecutive elements; k-quants with
+ * nl = 32 only (mk_gemv_nl). x is staged with mask m (mk_gemv_xmask). */
 MK_INLINE float mk_dot_qrow(int t, const unsigned char *row, const float *x, int k, unsigned lane, int m,
-                            const uint4 pre[MK_PRE_N], int use_pre)
+                            const uint4 pre[MK_PRE_N], int use_pre, int nl, int ok)
 {
     if (MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8)
-        return mk_dot_w8(row, x, k, lane, m, 0, k, pre, use_pre);
+        return mk_dot_w8(row, x, k, lane, m, 0, ok ? k : 0, pre, use_pre, nl);
     if (MK_HAS_PLANAR && mk_is_planar(t))
-        return mk_dot_planar(t, row, x, m, k, 0, mk_planar_chunks(t, k), lane);
+        return mk_dot_planar(t, row, x, m, k, 0, ok ? mk_planar_chunks(t, k) : 0, lane, nl);
     if ((MK_HAS_KQ || MK_HAS_DT(MK_DT_Q6_K)) && (t == MK_DT_Q4_K || t == MK_DT_Q5_K || t == MK_DT_Q6_K))
         return mk_dot_kq(t, row, x, k, lane);
     float acc = 0.0f;
-    for (int j = (int)lane; j < k; j += 32)
+    for (int j = (int)lane; ok && j < k; j += nl)
         acc += mk_qelem(t, row, k, j) * mk_xs_at(x, j, m);
-    return mk_warp_sum(acc);
+    return mk_group_sum(acc, nl);
 }
 
 /* ---- op bodies ---- */
@@ -929,14 +958,14 @@ MK_DEV void op_rmsnorm(const MegacArgs *a, const unsigned *in)
         out[j] = x[j] * s * w[j];
 }
 
-/* One warp's dot product of units [j0, j1) of a weight row (f32: 4
- * weights per 16-byte unit, bf16: 8) and the input (staged with mask m),
- * reduced so that every lane holds it: MK_VLOADS loads in flight per lane
- * (the last round's loads predicated, so that a row of up to 32 *
- * MK_VLOADS units is one round trip to memory); the first round is pre
- * when use_pre. */
+/* One group of nl lanes' dot product of units [j0, j1) of a weight row
+ * (f32: 4 weights per 16-byte unit, bf16: 8) and the input (staged with
+ * mask m), reduced so that every lane of the group holds it (lane: the
+ * index in the group): MK_VLOADS loads in flight per lane (the last
+ * round's loads predicated, so that a row of up to nl * MK_VLOADS units
+ * is one round trip to memory); the first round is pre when use_pre. */
 MK_INLINE float mk_dot_units(const uint4 *w4, int bf, const float4 *x4, int m, int j0, int j1, unsigned lane,
-                              const uint4 pre[MK_PRE_N], int use_pre)
+                              const uint4 pre[MK_PRE_N], int use_pre, int nl)
 {
     float acc[MK_VLOADS];
 #pragma unroll
@@ -944,14 +973,14 @@ MK_INLINE float mk_dot_units(const uint4 *w4, int bf, const float4 *x4, int m, i
         acc[u] = 0.0f;
     uint4 w[MK_VLOADS];
     int j = j0 + (int)lane;
-    mk_round_first(w4, j, j1, pre, use_pre, w);
+    mk_round_first(w4, j, j1, pre, use_pre, w, nl);
 #pragma unroll 1
     while (j < j1) {
 #pragma unroll
         for (int u = 0; u < MK_VLOADS; u++) {
-            if (j + 32 * u >= j1)
+            if (j + nl * u >= j1)
                 continue;
-            unsigned e = (unsigned)(j + 32 * u);
+            unsigned e = (unsigned)(j + nl * u);
             if (bf) {
                 float4 xa = mk_xld4(x4 + mk_xsw(2 * (int)e, m)), xb = mk_xld4(x4 + mk_xsw(2 * (int)e + 1, m));
                 acc[u] += mk_bf16_lo(w[u].x) * xa.x + mk_bf16_hi(w[u].x) * xa.y + mk_bf16_lo(w[u].y) * xa.z +
@@ -963,15 +992,15 @@ MK_INLINE float mk_dot_units(const uint4 *w4, int bf, const float4 *x4, int m, i
                           mk_as_float(w[u].w) * xa.w;
             }
         }
-        j += 32 * MK_VLOADS;
+        j += nl * MK_VLOADS;
         if (j < j1)
-            mk_round_load(w4, j, j1, w);
+            mk_round_load(w4, j, j1, w, nl);
     }
     float s = 0.0f;
 #pragma unroll
     for (int u = 0; u < MK_VLOADS; u++)
         s += acc[u];
-    return mk_warp_sum(s);
+    return mk_group_sum(s, nl);
 }
 
 /* A row whose length is not a multiple of the vector width. */
@@ -1032,12 +1061,12 @@ MK_DEV void mk_gemv_split(MkStage st, const void *W, int t, int bf, const float 
         const uint4 *w = (const uint4 *)(const void *)qr;
         /* use_pre a constant in each call, so that pre is dead once
          * copied (a select would keep pre and a loaded round both live) */
-        float v = MK_HAS_PLANAR && mk_is_planar(t) ? mk_dot_planar(t, qr, xin, m, k, j0, j1, lane)
+        float v = MK_HAS_PLANAR && mk_is_planar(t) ? mk_dot_planar(t, qr, xin, m, k, j0, j1, lane, 32)
                   : MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8
-                      ? (use_pre ? mk_dot_w8(qr, xin, k, lane, m, j0, j1, pre, 1)
-                                 : mk_dot_w8(qr, xin, k, lane, m, j0, j1, pre, 0))
-                  : use_pre ? mk_dot_units(w, bf, (const float4 *)xin, m, j0, j1, lane, pre, 1)
-                            : mk_dot_units(w, bf, (const float4 *)xin, m, j0, j1, lane, pre, 0);
+                      ? (use_pre ? mk_dot_w8(qr, xin, k, lane, m, j0, j1, pre, 1, 32)
+                                 : mk_dot_w8(qr, xin, k, lane, m, j0, j1, pre, 0, 32))
+                  : use_pre ? mk_dot_units(w, bf, (const float4 *)xin, m, j0, j1, lane, pre, 1, 32)
+                            : mk_dot_units(w, bf, (const float4 *)xin, m, j0, j1, lane, pre, 0, 32);
         if (lane == 0)
             mk_red[warp] = v;
     }
@@ -1065,6 +1094,35 @@ MK_INLINE int mk_gemv_path(const unsigned *in, int *bf)
     if (k % MK_UNIT(*bf))
         return MK_GEMV_ODD;
     return few ? MK_GEMV_SPLIT : MK_GEMV_ROWS;
+}
+
+/* Lanes per row on the ROWS and QROW paths: where a row's 16-byte units
+ * fit in half a round of MK_VLOADS loads, half as many lanes read it
+ * (down to MK_ROW_LANES_MIN), so that a warp has 32 / nl rows' loads in
+ * flight at once rather than one row's in a round that is half empty (a
+ * W8 row of k = 2048, 128 units: two rows a round at 16 lanes; bf16 k =
+ * 576, 72 units: two at 16). f32, bf16 and W8 only: 32 where a lane reads
+ * elements one by one (f16, Q5_0/1, k-quants, odd k), and for the
+ * CUDA-ordered block rows (Q4_0/1, Q8_0, W4), whose dots take nl too but
+ * whose kernels spilled with it (W4A16-g32 on sm_120, even at 2 loads in
+ * flight). MEGAC_CUDA_DEFINES=MK_ROW_LANES_MIN=32 keeps a row per warp,
+ * to time against. */
+#ifndef MK_ROW_LANES_MIN
+#define MK_ROW_LANES_MIN 8
+#endif
+MK_INLINE int mk_gemv_nl(int t, int bf, int k, int path)
+{
+    int n;
+    if (path == MK_GEMV_ROWS)
+        n = k / MK_UNIT(bf);
+    else if (path == MK_GEMV_QROW && MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8)
+        n = k / 16; /* its uint4s, at most (the head and tail bytes are read apart) */
+    else
+        return 32;
+    int nl = 32;
+    while (nl > MK_ROW_LANES_MIN && n <= nl / 2 * MK_VLOADS)
+        nl /= 2;
+    return nl;
 }
 
 /* The swizzle mask of GEMV `in`'s staged input (mk_xsw): U - 1 for the
@@ -1108,10 +1166,13 @@ MK_INLINE int mk_gemv_preload(const MegacArgs *a, const unsigned *in, uint4 pre[
     int w8 = MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8;
     if ((MK_HAS_PLANAR && mk_is_planar(t)) || path == MK_GEMV_ODD || (path == MK_GEMV_QROW && !w8))
         return 0;
-    if (path == MK_GEMV_SPLIT) /* this warp's row and slice of units */
+    if (path == MK_GEMV_SPLIT) { /* this warp's row and slice of units */
         r = r0 + mk_split_slice(r1 - r0, mk_split_units(t, bf, k), warp, &j0, &j1);
-    else
-        j1 = k; /* the whole row: clipped below */
+    } else { /* the warp's row (mk_gemv_rows): the whole row, clipped below */
+        if (mk_gemv_nl(t, bf, k, path) < 32)
+            return 0; /* rows side by side take none (mk_gemv_rows) */
+        j1 = k;
+    }
     if (r >= r1)
         return 0;
     const uint4 *p = mk_row_units(mk_no_stage(), W, bf, r, k);
@@ -1122,7 +1183,7 @@ MK_INLINE int mk_gemv_preload(const MegacArgs *a, const unsigned *in, uint4 pre[
     } else if (path == MK_GEMV_ROWS) {
         j1 = k / MK_UNIT(bf);
     }
-    mk_round_part(p, j0 + (int)lane, j1, 0, MK_PRELOADS, pre);
+    mk_round_part(p, j0 + (int)lane, j1, 0, MK_PRELOADS, pre, 32);
     return 1;
 }
 
@@ -1157,43 +1218,74 @@ MK_INLINE MkStage mk_wstage_issue(const MegacArgs *a, const unsigned *in)
     return st;
 }
 
-/* The rows of GEMV `in` (or, with fewer rows than warps, slices of them)
- * against xin, staged with mask m: each warp takes rows r0 + warp, r0 +
- * warp + MK_NWARPS, ... With use_pre, the first round of the warp's first
- * row (or slice) is in pre: mk_gemv_preload issued it. */
-MK_INLINE void mk_gemv_rows(MkStage st, const unsigned *in, const void *W, const float *xin, int m, float *y,
-                            const float *b, int path, int bf, const uint4 pre[MK_PRE_N], int use_pre)
+/* The rows of GEMV `in` against xin, staged with mask m: each group of
+ * nl lanes (mk_gemv_nl; 32 / nl groups a warp) takes rows r0 + g, r0 + g
+ * + G, ... for group g of the block's G, so a warp's groups read
+ * consecutive rows side by side. A warp runs its loop while its first
+ * group has a row, the groups past r1 with no units (the shuffles of a
+ * dot want every lane of the warp). With use_pre, the first round of the
+ * group's first row is in pre: mk_gemv_preload issued it. */
+MK_INLINE void mk_gemv_rows_nl(MkStage st, const unsigned *in, const void *W, const float *xin, int m, float *y,
+                               const float *b, int path, int bf, const uint4 pre[MK_PRE_N], int use_pre, const int nl)
 {
     int r0 = mk_param(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2), flags = mk_param(in, 3);
     unsigned tid = mk_tid(), lane = tid & 31u;
-    int t = mk_dtype(in, 0), r = r0 + (int)(tid >> 5);
-    if (path == MK_GEMV_SPLIT) {
-        mk_gemv_split(st, W, t, bf, xin, m, y, b, r0, r1 - r0, k, flags, pre, use_pre);
-        return;
-    }
+    int t = mk_dtype(in, 0);
     long long rb = mk_row_bytes(t, k);
-    if (use_pre && r < r1) { /* the first row apart: pre is dead after it */
-        const unsigned char *row = mk_wrow(st, W, r, rb);
-        float v = path == MK_GEMV_QROW ? mk_dot_qrow(t, row, xin, k, lane, m, pre, 1)
+    int ng = 32 / nl, step = MK_NWARPS * ng;
+    int rw = r0 + (int)(tid >> 5) * ng, gi = (int)lane / nl, nu = path == MK_GEMV_ROWS ? k / MK_UNIT(bf) : 0;
+    unsigned sub = lane & (unsigned)(nl - 1);
+    if (use_pre && rw < r1) { /* the first row apart: pre is dead after it */
+        int r = rw + gi, ok = r < r1;
+        const unsigned char *row = mk_wrow(st, W, ok ? r : r1 - 1, rb);
+        float v = path == MK_GEMV_QROW ? mk_dot_qrow(t, row, xin, k, sub, m, pre, 1, nl, ok)
                                        : mk_dot_units((const uint4 *)(const void *)row, bf, (const float4 *)xin, m, 0,
-                                                      k / MK_UNIT(bf), lane, pre, 1);
-        if (lane == 0)
+                                                      ok ? nu : 0, sub, pre, 1, nl);
+        if (ok && sub == 0)
             mk_gemv_store(y, b, r, v, flags);
-        r += MK_NWARPS;
+        rw += step;
     }
-    for (; r < r1; r += MK_NWARPS) {
-        const unsigned char *row = mk_wrow(st, W, r, rb);
+    for (; rw < r1; rw += step) {
+        int r = rw + gi, ok = r < r1;
+        const unsigned char *row = mk_wrow(st, W, ok ? r : r1 - 1, rb);
         float v;
         if (path == MK_GEMV_QROW)
-            v = mk_dot_qrow(t, row, xin, k, lane, m, pre, 0);
+            v = mk_dot_qrow(t, row, xin, k, sub, m, pre, 0, nl, ok);
         else if (path == MK_GEMV_ROWS)
-            v = mk_dot_units((const uint4 *)(const void *)row, bf, (const float4 *)xin, m, 0, k / MK_UNIT(bf), lane,
-                             pre, 0);
+            v = mk_dot_units((const uint4 *)(const void *)row, bf, (const float4 *)xin, m, 0, ok ? nu : 0, sub, pre, 0,
+                             nl);
         else
             v = mk_dot1((const uint4 *)(const void *)row, bf, xin, k, lane);
-        if (lane == 0)
+        if (ok && sub == 0)
             mk_gemv_store(y, b, r, v, flags);
     }
+}
+
+/* mk_gemv_rows_nl with nl a constant in each call (the loads' offsets
+ * then fold into their addresses, as with a row per warp: no registers
+ * spent on them). Rows of fewer lanes take no preloads (mk_gemv_preload
+ * issues none for them): pre is dead there, and its registers free for
+ * the rows side by side (with both, W8 kernels spilled at 2 preloads). */
+MK_INLINE void mk_gemv_rows(MkStage st, const unsigned *in, const void *W, const float *xin, int m, float *y,
+                            const float *b, int path, int bf, const uint4 pre[MK_PRE_N], int use_pre)
+{
+    int t = mk_dtype(in, 0), k = mk_param(in, 2);
+    if (path == MK_GEMV_SPLIT) {
+        mk_gemv_split(st, W, t, bf, xin, m, y, b, mk_param(in, 0), mk_param(in, 1) - mk_param(in, 0), k,
+                      mk_param(in, 3), pre, use_pre);
+        return;
+    }
+    int nl = mk_gemv_nl(t, bf, k, path);
+#if MK_NL_COUNT
+    if (mk_tid() == 0)
+        __atomic_fetch_add(&megac_nl_n[nl == 8 ? 0 : nl == 16 ? 1 : 2], 1, __ATOMIC_RELAXED);
+#endif
+    if (nl == 8)
+        mk_gemv_rows_nl(st, in, W, xin, m, y, b, path, bf, pre, 0, 8);
+    else if (nl == 16)
+        mk_gemv_rows_nl(st, in, W, xin, m, y, b, path, bf, pre, 0, 16);
+    else
+        mk_gemv_rows_nl(st, in, W, xin, m, y, b, path, bf, pre, use_pre, 32);
 }
 
 /* y[r0:r1] (+)= W[r0:r1, 0:k] . x (+ b), W f32 or bf16 (16-byte loads) or
