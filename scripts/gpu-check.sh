@@ -25,7 +25,8 @@
 # knob instead: --set KEY=V), FORMAT bf16 unless given and one of
 # FORMATS; default "stagecomb:set.attn_combine=stage
 # rows32:MK_ROW_LANES_MIN=32 rows32w8:MK_ROW_LANES_MIN=32@w8a16
-# spin:MK_WAIT_SLEEP_MAX=0", empty skips; the 2026-12-04 runs also timed MK_ISTAGE=0 (and @w8a16),
+# rows32w4:MK_ROW_LANES_MIN=32@w4a16-g128 spin:MK_WAIT_SLEEP_MAX=0", empty
+# skips; the 2026-12-04 runs also timed MK_ISTAGE=0 (and @w8a16),
 # MK_XREUSE=0, MK_WNOALLOC=0, MK_PRELOADS=0, MK_XSWIZZLE=0@w8a16,
 # MK_WSTAGE_BYTES=131072 and MK_VLOADS=4 and 12: README),
 # LONG_CONTEXT (default 2000, 0 skips the
@@ -164,7 +165,7 @@ done
 # set; those of formats not benchmarked are left out
 variants=
 for v in ${VARIANTS-stagecomb:set.attn_combine=stage rows32:MK_ROW_LANES_MIN=32 \
-    rows32w8:MK_ROW_LANES_MIN=32@w8a16 spin:MK_WAIT_SLEEP_MAX=0}; do
+    rows32w8:MK_ROW_LANES_MIN=32@w8a16 rows32w4:MK_ROW_LANES_MIN=32@w4a16-g128 spin:MK_WAIT_SLEEP_MAX=0}; do
     case $v in *@*) ;; *) v=$v@bf16 ;; esac
     case " $formats " in *" ${v##*@} "*) variants="$variants $v" ;; esac
 done

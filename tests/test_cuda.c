@@ -319,8 +319,9 @@ static CudaKernelInfo cubin_check(const Schedule *s, const char *arch, const cha
     static const char *const syms[] = {"megac_kernel", "megac_kernel_abi", "megac_schedule_hash", "megac_num_workers"};
     for (int i = 0; i < 4; i++)
         cr_assert(memmem(cubin, n, syms[i], strlen(syms[i]) + 1), "%s: no symbol %s", path, syms[i]);
-    cr_log_info("%s %s: %u workers, %d regs, %d B smem (%d dynamic), %d loads in flight, %d before waits", what, arch,
-                s->nworkers, info.regs_per_thread, info.smem_per_block, info.dyn_smem, info.vloads, info.preloads);
+    cr_log_info("%s %s: %u workers, %d regs, %d B smem (%d dynamic), %d loads in flight, %d before waits%s", what,
+                arch, s->nworkers, info.regs_per_thread, info.smem_per_block, info.dyn_smem, info.vloads, info.preloads,
+                info.block_lanes ? ", block rows side by side" : "");
     free(cubin);
     test_rm_rf(dir);
     return info;
@@ -565,9 +566,9 @@ typedef struct {
  * a slice per warp, rows too short for their headers to align the data:
  * k = 64 of Q4_0, rows whose data lands on the boundary), W8 rows in
  * slices, block rows against an input too long to stage, and rows short
- * enough for 16 or 8 lanes each where f32, bf16 and W8 take them (W8 k =
- * 2048, bf16 k = 576; W4 and Q8_0 rows of that size, at 32), 37, 21, 19
- * and 11 of them: the last round's groups past the last row.
+ * enough for 16 or 8 lanes each (W8 k = 2048, bf16 k = 576, W4G128 k =
+ * 1024, Q8_0 k = 2048), 37, 21, 19 and 11 of them: the last round's
+ * groups past the last row.
  * The cases are looked up by index below: new ones go at the end. */
 static const int gemv_spec[][6] = {
     {0, 1, 3, 64, GEMV_NORM | GEMV_BIAS, DT_F32}, {3, 5, 6, 68, GEMV_ACCUM, DT_F32},
@@ -838,22 +839,27 @@ Test(cuda_host, gemv_paths_match_double)
 
 /* Rows short enough for half a round of loads are read by 16 or 8 lanes,
  * 2 or 4 rows a warp side by side (mk_gemv_nl): the cases of gemv_spec
- * that are (W8 k = 2048 and bf16 k = 576 at 16; f32 k = 64, bf16 k = 128
- * and W8 k = 64 at 8) give the same results as the double sums either way
- * (gemv_paths_check), and MK_ROW_LANES_MIN=32 reads every row with 32. */
+ * that are (W8 k = 2048, bf16 k = 576 and Q8_0 k = 2048 at 16; f32 k = 64,
+ * bf16 k = 128, W8 k = 64, W4G128 k = 1024 and the short block rows at 8)
+ * give the same results as the double sums either way
+ * (gemv_paths_check); MK_ROW_LANES_MIN=32 reads every row with 32, and
+ * MK_ROW_LANES_BLOCKS=0 the block formats' rows. */
 Test(cuda_host, gemv_short_rows_side_by_side)
 {
     unsigned long nl[3];
     gemv_paths_check_nl("MK_NL_COUNT=1", nl);
-    cr_assert_geq(nl[1], 2, "GEMVs at 16 lanes a row: %lu", nl[1]);
-    cr_assert_geq(nl[0], 3, "GEMVs at 8 lanes a row: %lu", nl[0]);
-    unsigned long n = nl[0] + nl[1] + nl[2];
+    cr_assert_geq(nl[1], 3, "GEMVs at 16 lanes a row: %lu", nl[1]);
+    cr_assert_geq(nl[0], 5, "GEMVs at 8 lanes a row: %lu", nl[0]);
+    unsigned long n = nl[0] + nl[1] + nl[2], fewer = nl[0] + nl[1];
     gemv_paths_check_nl("MK_NL_COUNT=1 MK_ROW_LANES_MIN=32", nl);
     cr_assert_eq(nl[0] + nl[1], 0);
     cr_assert_eq(nl[2], n, "every GEMV of the row paths at 32 lanes");
     gemv_paths_check_nl("MK_NL_COUNT=1 MK_ROW_LANES_MIN=16", nl);
     cr_assert_eq(nl[0], 0);
-    cr_assert_geq(nl[1], 5);
+    cr_assert_geq(nl[1], 6);
+    gemv_paths_check_nl("MK_NL_COUNT=1 MK_ROW_LANES_BLOCKS=0", nl);
+    cr_assert_lt(nl[0] + nl[1], fewer, "the block rows at 32 lanes");
+    cr_assert_geq(nl[1], 2);
 }
 
 /* With a weight stage (MK_WSTAGE_BYTES), every GEMV after a wait reads the

@@ -50,6 +50,8 @@ typedef struct CudaLayout {
     int istage;         /* MK_ISTAGE_BYTES: dynamic shared memory after it for the buffer table and the
                            worker's instructions (0: read from global memory) */
     int bufs_pad;       /* MK_NBUFS_PAD: the buffer table's entries there (an even count) */
+    int block_lanes;    /* MK_ROW_LANES_BLOCKS: short rows of the block formats by fewer lanes, side by
+                           side (1: where the schedule has them; turned off on spills) */
 } CudaLayout;
 /* The block layout for a schedule on the GPU (host = false) or the host. */
 CudaLayout cuda_layout(const Schedule *s, bool host);

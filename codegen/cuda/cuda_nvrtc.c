@@ -194,17 +194,19 @@ bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path
         return false;
     /* Each weight load a lane issues before a GEMV's wait holds 4
      * registers across the wait, each load in flight in the GEMV rows 4
-     * more: where ptxas spills, fewer preloads, then (none left) fewer
-     * loads in flight, two at a time down to 2. */
+     * more, and the block formats' rows side by side (mk_gemv_nl) some:
+     * where ptxas spills, fewer preloads, then (none left) the block rows
+     * one a warp, then fewer loads in flight, two at a time down to 2. */
     CudaLayout l = cuda_layout(s, false);
     for (;;) {
         char *src = cuda_source_build(s, &l, false);
-        bool spilled = false, retry = l.preloads > 0 || l.vloads > 2;
+        bool spilled = false, retry = l.preloads > 0 || l.block_lanes || l.vloads > 2;
         bool ok = cuda_nvrtc_compile(src, arch, l.threads, cubin_path, info, retry ? &spilled : NULL, d);
         free(src);
         if (ok && info) {
             info->preloads = l.preloads;
             info->vloads = l.vloads;
+            info->block_lanes = l.block_lanes;
             info->dyn_smem = l.wstage + l.istage; /* not in ptxas' count */
             info->smem_per_block += info->dyn_smem;
         }
@@ -212,6 +214,8 @@ bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path
             return ok;
         if (l.preloads > 0)
             l.preloads--;
+        else if (l.block_lanes)
+            l.block_lanes = 0;
         else
             l.vloads -= 2;
     }

@@ -75,6 +75,22 @@ static bool source_preloadable(const Schedule *s)
     return false;
 }
 
+/* Whether a GEMV reads a weight in the CUDA block order (Q4_0, Q4_1,
+ * Q8_0, W4: kernel_body.cuh's mk_is_planar). */
+static bool source_block_rows(const Schedule *s)
+{
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        for (uint32_t i = 0; i < s->workers[w].ninst; i++) {
+            const Inst *in = &s->workers[w].insts[i];
+            if (in->kind != INST_OP || in->op != OP_GEMV)
+                continue;
+            DType t = s->bufs[s->accs[in->acc].buf].dtype;
+            if (t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q8_0 || t == DT_W4G32 || t == DT_W4G64 || t == DT_W4G128)
+                return true;
+        }
+    return false;
+}
+
 static int source_group(const Schedule *s)
 {
     return s->shape.n_kv_heads > 0 ? s->shape.n_heads / s->shape.n_kv_heads : 1;
@@ -173,6 +189,7 @@ CudaLayout cuda_layout(const Schedule *s, bool host)
     l.vloads = (int)source_dev_int("MK_VLOADS", CUDA_VLOADS); /* a developer's value, lowered like ours on spills */
     if (l.vloads < 2)
         l.vloads = 2;
+    l.block_lanes = source_block_rows(s) && source_dev_int("MK_ROW_LANES_BLOCKS", 1) != 0;
     return l;
 }
 
@@ -190,8 +207,8 @@ static void source_dev_defines(FILE *f)
     char *copy = xstrdup(e), *save = NULL;
     for (char *t = strtok_r(copy, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
         if (strncmp(t, "MK_WSTAGE_BYTES=", 16) == 0 || strncmp(t, "MK_ISTAGE=", 10) == 0 ||
-            strncmp(t, "MK_VLOADS=", 10) == 0)
-            continue; /* the layout's (source_wstage, source_istage, vloads) */
+            strncmp(t, "MK_VLOADS=", 10) == 0 || strncmp(t, "MK_ROW_LANES_BLOCKS=", 20) == 0)
+            continue; /* the layout's (source_wstage, source_istage, vloads, block_lanes) */
         char *eq = strchr(t, '=');
         if (eq)
             *eq = ' ';
@@ -210,6 +227,7 @@ static void source_shape(FILE *f, const Schedule *s, const CudaLayout *l)
     fprintf(f, "#define MK_PRELOADS_AUTO %d\n#define MK_VLOADS_AUTO %d\n#define MK_WSTAGE_BYTES %d\n", l->preloads,
             l->vloads, l->wstage);
     fprintf(f, "#define MK_ISTAGE_BYTES %d\n#define MK_NBUFS_PAD %d\n", l->istage, l->bufs_pad);
+    fprintf(f, "#define MK_ROW_LANES_BLOCKS %d\n", l->block_lanes);
     /* a GEMV input longer than the staging scratch: read where it lies */
     fprintf(f, "#define MK_GEMV_UNSTAGED %d\n", source_max_gemv_k(s) > l->smem_floats);
     fprintf(f, "#define MK_DIM %d\n#define MK_HD %d\n#define MK_G %d\n#define MK_VOCAB %d\n#define MK_MAX_SEQ %d\n",

@@ -1101,14 +1101,20 @@ MK_INLINE int mk_gemv_path(const unsigned *in, int *bf)
  * (down to MK_ROW_LANES_MIN), so that a warp has 32 / nl rows' loads in
  * flight at once rather than one row's in a round that is half empty (a
  * W8 row of k = 2048, 128 units: two rows a round at 16 lanes; bf16 k =
- * 576, 72 units: two at 16). f32, bf16 and W8 only: 32 where a lane reads
- * elements one by one (f16, Q5_0/1, k-quants, odd k), and for the
- * CUDA-ordered block rows (Q4_0/1, Q8_0, W4), whose dots take nl too but
- * whose kernels spilled with it (W4A16-g32 on sm_120, even at 2 loads in
- * flight). MEGAC_CUDA_DEFINES=MK_ROW_LANES_MIN=32 keeps a row per warp,
- * to time against. */
+ * 576, 72 units: two at 16; W4G128 k = 2048, 64 chunks: four at 8). f32,
+ * bf16, W8 and, with MK_ROW_LANES_BLOCKS, the CUDA-ordered block rows
+ * (Q4_0/1, Q8_0, W4); 32 where a lane reads elements one by one (f16,
+ * Q5_0/1, k-quants, odd k). MEGAC_CUDA_DEFINES=MK_ROW_LANES_MIN=32 keeps a
+ * row per warp, to time against. */
 #ifndef MK_ROW_LANES_MIN
 #define MK_ROW_LANES_MIN 8
+#endif
+/* MK_ROW_LANES_BLOCKS (the layout's: cuda_source.c) 1 lets the block
+ * formats' short rows take fewer lanes too; cg_cuda_compile turns it off
+ * where the kernel spills with it (W4A16 on sm_120), before it takes
+ * loads in flight away. */
+#ifndef MK_ROW_LANES_BLOCKS
+#define MK_ROW_LANES_BLOCKS 0
 #endif
 MK_INLINE int mk_gemv_nl(int t, int bf, int k, int path)
 {
@@ -1117,6 +1123,8 @@ MK_INLINE int mk_gemv_nl(int t, int bf, int k, int path)
         n = k / MK_UNIT(bf);
     else if (path == MK_GEMV_QROW && MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8)
         n = k / 16; /* its uint4s, at most (the head and tail bytes are read apart) */
+    else if (MK_ROW_LANES_BLOCKS && path == MK_GEMV_QROW && MK_HAS_PLANAR && mk_is_planar(t))
+        n = mk_planar_chunks(t, k);
     else
         return 32;
     int nl = 32;
