@@ -877,7 +877,8 @@ static void lower_buffers(Lower *L)
     L->q = lower_buf(L, "q", DT_F32, BUF_SCRATCH, 1, qd, 0, 0, 0);
     L->k = lower_buf(L, "k", DT_F32, BUF_SCRATCH, 1, kvd, 0, 0, 0);
     L->v = lower_buf(L, "v", DT_F32, BUF_SCRATCH, 1, kvd, 0, 0, 0);
-    L->att = lower_buf(L, "att", DT_F32, BUF_SCRATCH, 1, qd, 0, 0, 0);
+    /* with fold, each worker of o merges into its own (lower_attn_combine_own) */
+    L->att = L->fold ? BUF_NONE : lower_buf(L, "att", DT_F32, BUF_SCRATCH, 1, qd, 0, 0, 0);
     L->part = lower_buf(L, "part", DT_F32, BUF_SCRATCH, 4, m->n_kv_heads, L->nsplit, L->G, L->hd + 2);
     L->gate = lower_buf(L, "gate", DT_F32, BUF_SCRATCH, 1, m->hidden_dim, 0, 0, 0);
     L->up = lower_buf(L, "up", DT_F32, BUF_SCRATCH, 1, m->hidden_dim, 0, 0, 0);
