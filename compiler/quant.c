@@ -563,7 +563,7 @@ static int64_t cuda_unit_data(DType t, int64_t k, int64_t i)
 
 bool quant_cuda_ordered(DType t)
 {
-    return t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q8_0 || t == DT_W4G32 || t == DT_W4G64 || t == DT_W4G128;
+    return dtype_is_cuda_ordered(t);
 }
 
 /* Row r of rows of k (ir/dtype.h order) into the CUDA order, or back. */

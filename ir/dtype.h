@@ -145,6 +145,14 @@ static inline bool dtype_is_a8(DType t)
            t == DT_Q4_0A8;
 }
 
+/* True for the dtypes a CUDA bundle stores in its own block order
+ * (compiler/quant.c: quant_kernel_order; kernel_body.cuh's mk_is_planar):
+ * Q4_0, Q4_1, Q8_0 and W4. */
+static inline bool dtype_is_cuda_ordered(DType t)
+{
+    return t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q8_0 || t == DT_W4G32 || t == DT_W4G64 || t == DT_W4G128;
+}
+
 /* True for GGUF's k-quants (Q4_K, Q5_K, Q6_K): super-blocks of 256. */
 static inline bool dtype_is_kquant(DType t)
 {

@@ -351,11 +351,11 @@ Test(lower, stage_structure)
     free(m);
 }
 
-/* The waits of worker w, and of all workers together. */
+/* The waits of worker w (w < 0: of all workers together). */
 static uint32_t count_waits(const Schedule *s, int w)
 {
-    uint32_t n = 0;
-    for (int i = w < 0 ? 0 : w; i < (w < 0 ? (int)s->nworkers : w + 1); i++)
+    uint32_t n = 0, lo = w < 0 ? 0 : (uint32_t)w, hi = w < 0 ? s->nworkers : (uint32_t)w + 1;
+    for (uint32_t i = lo; i < hi; i++)
         for (uint32_t j = 0; j < s->workers[i].ninst; j++)
             n += s->workers[i].insts[j].kind == INST_WAIT;
     return n;

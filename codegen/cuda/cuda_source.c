@@ -75,8 +75,7 @@ static bool source_preloadable(const Schedule *s)
     return false;
 }
 
-/* Whether a GEMV reads a weight in the CUDA block order (Q4_0, Q4_1,
- * Q8_0, W4: kernel_body.cuh's mk_is_planar). */
+/* Whether a GEMV reads a weight in the CUDA block order. */
 static bool source_block_rows(const Schedule *s)
 {
     for (uint32_t w = 0; w < s->nworkers; w++)
@@ -84,8 +83,7 @@ static bool source_block_rows(const Schedule *s)
             const Inst *in = &s->workers[w].insts[i];
             if (in->kind != INST_OP || in->op != OP_GEMV)
                 continue;
-            DType t = s->bufs[s->accs[in->acc].buf].dtype;
-            if (t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q8_0 || t == DT_W4G32 || t == DT_W4G64 || t == DT_W4G128)
+            if (dtype_is_cuda_ordered(s->bufs[s->accs[in->acc].buf].dtype))
                 return true;
         }
     return false;
