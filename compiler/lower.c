@@ -31,8 +31,9 @@
  *                        head h, write the cache (-> signal kv.l.h when
  *                        another worker holds pieces of h)
  *                the others: wait kv.l.h; attn_sparse of its pieces
- *              then, by compile.attn_combine (auto: in_o on CUDA targets,
- *              where a hop costs more than the merge; stage on the CPU):
+ *              then, by compile.attn_combine (auto: stage, which timed
+ *              faster on the H200 and the CPU; in_o saves o a hop but has
+ *              each of its workers merge every head):
  *              in_o: every worker with pieces               -> signal attn.l
  *              stage: the last piece's worker: wait attn.l.h (the others'
  *                pieces), attn_combine h; the others: signal attn.l.h
@@ -969,8 +970,7 @@ Schedule *lower_model_weights(const ModelDesc *m, const Weights *w, const Target
     Lower L = {.m = m, .w = w, .nw = nw, .hd = m->head_dim, .G = m->n_heads / m->n_kv_heads, .prev = UINT32_MAX,
                .evict_pending = -1};
     L.fused = m->n_kv_heads % nw == 0;
-    L.fold = !L.fused && (m->attn_combine == COMBINE_IN_O ||
-                          (m->attn_combine == COMBINE_AUTO && t->kind != TARGET_CPU));
+    L.fold = !L.fused && m->attn_combine == COMBINE_IN_O;
     L.att_w = xmalloc((size_t)nw * sizeof *L.att_w);
     for (int i = 0; i < nw; i++)
         L.att_w[i] = BUF_NONE;

@@ -87,7 +87,7 @@ typedef struct {
 /* compile.attn_combine: where the partials of attention split over
  * workers are merged (compiler/lower.c). */
 typedef enum {
-    COMBINE_AUTO,               /* "auto": in_o on CUDA targets (host-cuda too), stage on the CPU */
+    COMBINE_AUTO,               /* "auto": stage (in_o timed slower: lower.c) */
     COMBINE_IN_O,               /* "in_o": by each worker of the o projection, for its own rows */
     COMBINE_STAGE               /* "stage": one worker per kv head, which o then waits for */
 } AttnCombine;
