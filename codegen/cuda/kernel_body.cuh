@@ -1116,6 +1116,11 @@ MK_INLINE int mk_gemv_path(const unsigned *in, int *bf)
 #ifndef MK_ROW_LANES_BLOCKS
 #define MK_ROW_LANES_BLOCKS 0
 #endif
+/* MK_NL_USED (the layout's) which of the copies for 8, 16 and 32 lanes
+ * (bits 0, 1, 2) are compiled. */
+#ifndef MK_NL_USED
+#define MK_NL_USED 7
+#endif
 MK_INLINE int mk_gemv_nl(int t, int bf, int k, int path)
 {
     int n;
@@ -1284,13 +1289,15 @@ MK_INLINE void mk_gemv_rows(MkStage st, const unsigned *in, const void *W, const
         return;
     }
     int nl = mk_gemv_nl(t, bf, k, path);
+    if (!(MK_NL_USED & (nl == 8 ? 1 : nl == 16 ? 2 : 4)))
+        nl = 32; /* a copy the layout did not compile (cuda_source.c's source_nl_used) */
 #if MK_NL_COUNT
     if (mk_tid() == 0)
         __atomic_fetch_add(&megac_nl_n[nl == 8 ? 0 : nl == 16 ? 1 : 2], 1, __ATOMIC_RELAXED);
 #endif
-    if (nl == 8)
+    if ((MK_NL_USED & 1) && nl == 8)
         mk_gemv_rows_nl(st, in, W, xin, m, y, b, path, bf, pre, 0, 8);
-    else if (nl == 16)
+    else if ((MK_NL_USED & 2) && nl == 16)
         mk_gemv_rows_nl(st, in, W, xin, m, y, b, path, bf, pre, 0, 16);
     else
         mk_gemv_rows_nl(st, in, W, xin, m, y, b, path, bf, pre, use_pre, 32);
