@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # gpu-check.sh - one command for a GPU machine (an H200 by default; 305 s
-# there with gpu-pack/ on 2026-12-04: the tests 67-204 s of it, NVRTC on that
-# machine's CPUs; the long-context part 110 s; the ncu step added since, not
-# timed there yet): runs the CUDA tests on the device (stories260K and synthetic
+# there with gpu-pack/ on 2026-12-04 (the tests 67-204 s of it, NVRTC on that
+# machine's CPUs; the long-context part 110 s), 445 s on the later run with
+# the tests cut at 240 s and ncu 6 s): runs the CUDA tests on the device (stories260K and synthetic
 # bundles, in f32, bf16, f16, w8a16 and w4a16, decoded next to the reference
 # engine: logits within tolerance, identical greedy tokens, llama2.c's text;
 # the watchdog), measures the device's read-bandwidth ceiling, then
@@ -23,21 +23,23 @@
 # default kernel of one weight format, as "NAME:DEFINE=V[,DEFINE=V][@FORMAT]"
 # words for MEGAC_CUDA_DEFINES (a DEFINE written set.KEY is a description
 # knob instead: --set KEY=V), FORMAT bf16 unless given and one of
-# FORMATS; default "stagecomb:set.attn_combine=stage
-# rows32:MK_ROW_LANES_MIN=32 rows32w8:MK_ROW_LANES_MIN=32@w8a16
+# FORMATS; default "rows32:MK_ROW_LANES_MIN=32 rows32w8:MK_ROW_LANES_MIN=32@w8a16
 # rows32w4:MK_ROW_LANES_MIN=32@w4a16-g128 spin:MK_WAIT_SLEEP_MAX=0", empty
-# skips; the 2026-12-04 runs also timed MK_ISTAGE=0 (and @w8a16),
+# skips; the 2026-12-04 runs also timed set.attn_combine=in_o (or its
+# opposite), MK_ISTAGE=0 (and @w8a16),
 # MK_XREUSE=0, MK_WNOALLOC=0, MK_PRELOADS=0, MK_XSWIZZLE=0@w8a16,
 # MK_WSTAGE_BYTES=131072 and MK_VLOADS=4 and 12: README),
 # LONG_CONTEXT (default 2000, 0 skips the
 # long-context benchmarks: SmolLM2 with an f16 cache, sink_window,
-# streaming, TOVA and attn_combine=stage, each against the dense f32 cache
-# (attn_combine in_o) in the same runs),
+# streaming and TOVA, each against the dense f32 cache in the same runs),
 # LONG_TOKENS (timed there, default 32), PROFILE (default 1; 0 skips the
 # cycle profile of each model's bf16 kernel built with MK_PROFILE=1), NCU
 # (default 1; 0 skips Nsight Compute's counters for one decode step of the
 # last model's bf16 kernel: DRAM throughput, warp stalls, occupancy, into
-# ncu.txt; skipped where there is no ncu), TARGET (a dry run without a GPU:
+# ncu.txt; skipped where there is no ncu), TEST_TIMEOUT (seconds for each
+# of the two test programs, default 400: the sparse test took 66-202 s on
+# 2026-12-04 and over 240 s with the three GEMV copies of a later tree),
+# TARGET (a dry run without a GPU:
 # TARGET=host-cuda TESTS=0 MODELS=stories260k FORMATS=bf16 BENCH_TOKENS=4
 # LONG_CONTEXT=8 LONG_TOKENS=2, about 3 minutes on 2 cores).
 set -uo pipefail
@@ -131,8 +133,8 @@ gpu_skip=0
 if [ "${TESTS:-1}" != 0 ]; then
     log "CUDA tests on the device (test_cuda: cuda_gpu, cuda_runtime)"
     for suite in cuda_gpu cuda_runtime; do
-        if ! (MEGAC_TEST_SRC=$root MEGAC_TEST_BIN=$megac run timeout 240 "$test_cuda" --filter "$suite/*" \
-                  --jobs=4 --verbose) >"$out/test_$suite.log" 2>&1; then
+        if ! (MEGAC_TEST_SRC=$root MEGAC_TEST_BIN=$megac run timeout "${TEST_TIMEOUT:-400}" "$test_cuda" --filter "$suite/*" \
+                  --jobs=8 --verbose) >"$out/test_$suite.log" 2>&1; then
             tests_ok=false
             log "$suite FAILED (see test_$suite.log)"
         fi
@@ -164,8 +166,8 @@ done
 # kernel variants (VARIANTS): a format's bundle with kernel_body.cuh knobs
 # set; those of formats not benchmarked are left out
 variants=
-for v in ${VARIANTS-stagecomb:set.attn_combine=stage rows32:MK_ROW_LANES_MIN=32 \
-    rows32w8:MK_ROW_LANES_MIN=32@w8a16 rows32w4:MK_ROW_LANES_MIN=32@w4a16-g128 spin:MK_WAIT_SLEEP_MAX=0}; do
+for v in ${VARIANTS-rows32:MK_ROW_LANES_MIN=32 rows32w8:MK_ROW_LANES_MIN=32@w8a16 \
+    rows32w4:MK_ROW_LANES_MIN=32@w4a16-g128 spin:MK_WAIT_SLEEP_MAX=0}; do
     case $v in *@*) ;; *) v=$v@bf16 ;; esac
     case " $formats " in *" ${v##*@} "*) variants="$variants $v" ;; esac
 done
@@ -293,29 +295,7 @@ for model in $models; do
         log "$model profile: bench FAILED (see $model.profile.log)"
     fi
 done
-# ---- hardware counters of one step (Nsight Compute) ----
-# The last model's bf16 kernel, one launch after a few: where the cycle
-# profile says how long each op takes, these say why (DRAM throughput
-# against its peak, what warps stall on, occupancy). Clocks left alone.
-ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-ncu_model=${models##* }
-if [ "${NCU:-1}" != 0 ] && [ "$target" != host-cuda ]; then
-    b=$work/$ncu_model.bf16.$target.megac
-    if [ -z "$ncu_bin" ]; then
-        log "ncu: not found; no hardware counters"
-    elif [ ! -d "$b" ]; then
-        log "ncu: no bf16 bundle of $ncu_model (FORMATS without bf16?)"
-    elif run timeout 240 "$ncu_bin" --clock-control none --kernel-name megac_kernel --launch-skip 6 --launch-count 1 \
-            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-            --section LaunchStats --section SchedulerStats "$megac" bench "$b" -n 12 --runs 1 --ceiling-mb 16 \
-            >"$out/ncu.txt" 2>&1; then
-        log "ncu: $ncu_model bf16: $(grep -E 'DRAM Throughput|Memory Throughput|Achieved Occupancy' "$out/ncu.txt" |
-            tr -s ' ' | tr '\n' ';')"
-    else
-        log "ncu: FAILED (see ncu.txt): $(tail -2 "$out/ncu.txt" | tr '\n' ' ')"
-    fi
-fi
-# ---- long context: f16 cache, sparse attention and the stage merge against dense ----
+# ---- long context: f16 cache and sparse attention against dense ----
 # SmolLM2-135M (bf16 weights) decoding from position LONG_CONTEXT (default
 # 2000; 0 skips): where attention reads the cache, which the position-0
 # benchmarks above never do. Each bundle is timed against the dense f32-cache
@@ -330,19 +310,14 @@ if [ "$long" -gt 0 ]; then
         run timeout 300 "$megac" compile "$lm" --target "$target" --set quant.default=bf16 --set compile.max_seq=8192 \
             "$@" -o "$work/long.$k.megac" >"$out/long.$k.compile.log" 2>&1 || echo failed >"$work/long.$k.failed"
     }
-    log "long context ($long positions): compiling SmolLM2-135M dense, f16 cache, sink_window, streaming, tova," \
-        "stage merge"
+    log "long context ($long positions): compiling SmolLM2-135M dense, f16 cache, sink_window, streaming, tova"
     long_compile dense &
     long_compile f16 --set compile.kv_dtype=f16 &
     long_compile window --set 'compile.attention=[{layers: all, kind: sink_window, sinks: 4, window: 508}]' &
     long_compile streaming --set 'compile.kv_policy=[{layers: all, policy: streaming, sinks: 4, window: 508}]' &
     long_compile tova --set 'compile.kv_policy=[{layers: all, policy: tova, budget: 512}]' &
-    # each of o's blocks merges every head's splits (in_o, dense's): at a
-    # long context they all hold partials, which one block per head merges
-    # in the stage form
-    long_compile stagecomb --set compile.attn_combine=stage &
     wait
-    for k in f16 window streaming tova stagecomb; do
+    for k in f16 window streaming tova; do
         if [ -e "$work/long.$k.failed" ] || [ -e "$work/long.dense.failed" ]; then
             log "long $k: compile FAILED (see long.$k.compile.log, long.dense.compile.log)"
             longrows+=("{\"setting\": \"$k\", \"error\": \"compile failed\"}")
@@ -357,6 +332,28 @@ if [ "$long" -gt 0 ]; then
         longrows+=("{\"setting\": \"$k\", \"context\": $long, \"tok_s\": ${ts:-0}, \"dense_tok_s\": ${vs:-0}, \"speedup\": ${sp:-0}}")
         log "long $k: ${longrows[-1]}"
     done
+fi
+# ---- hardware counters of one step (Nsight Compute) ----
+# Last, so that a slow ncu cuts nothing else. The last model's bf16 kernel, one launch after a few: where the cycle
+# profile says how long each op takes, these say why (DRAM throughput
+# against its peak, what warps stall on, occupancy). Clocks left alone.
+ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+ncu_model=${models##* }
+if [ "${NCU:-1}" != 0 ] && [ "$target" != host-cuda ]; then
+    b=$work/$ncu_model.bf16.$target.megac
+    if [ -z "$ncu_bin" ]; then
+        log "ncu: not found; no hardware counters"
+    elif [ ! -d "$b" ]; then
+        log "ncu: no bf16 bundle of $ncu_model (FORMATS without bf16?)"
+    elif run timeout 150 "$ncu_bin" --clock-control none --kernel-name megac_kernel --launch-skip 6 --launch-count 1 \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+            --section LaunchStats --section SchedulerStats "$megac" bench "$b" -n 12 --runs 1 --ceiling-mb 16 \
+            >"$out/ncu.txt" 2>&1; then
+        log "ncu: $ncu_model bf16: $(grep -E 'DRAM Throughput|Memory Throughput|Achieved Occupancy' "$out/ncu.txt" |
+            tr -s ' ' | tr '\n' ';')"
+    else
+        log "ncu: FAILED (see ncu.txt): $(tail -2 "$out/ncu.txt" | tr '\n' ' ')"
+    fi
 fi
 rm -rf "$work"
 bench_ok=true
