@@ -131,14 +131,15 @@ static long source_dev_int(const char *name, long dflt)
 
 /* Which lanes-per-row copies of the GEMV loop (kernel_body.cuh's
  * mk_gemv_nl: bit 0 for 8, 1 for 16, 2 for 32) this schedule's GEMVs can
- * take, with l's loads in flight: each copy is a whole inlined loop, and
+ * take, with l's loads in flight and MK_NL_ONE_ROW: each copy is a whole inlined loop, and
  * compiling the three for every kernel cost NVRTC 60-80% more time. A
  * superset (the split path, which takes none, counted too); a width the
  * mask leaves out reads its rows at 32 lanes, which is correct for any
  * row. */
-static int source_nl_used(const Schedule *s, int vloads, int block_lanes)
+static int source_nl_used(const Schedule *s, const CudaLayout *l)
 {
-    int used = 4, lanes_min = (int)source_dev_int("MK_ROW_LANES_MIN", 8);
+    int used = 4, lanes_min = (int)source_dev_int("MK_ROW_LANES_MIN", 8), vloads = l->vloads;
+    bool one_row = source_dev_int("MK_NL_ONE_ROW", 1) && source_dev_int("MK_PRELOADS", l->preloads) > 0;
     for (uint32_t w = 0; w < s->nworkers; w++)
         for (uint32_t i = 0; i < s->workers[w].ninst; i++) {
             const Inst *in = &s->workers[w].insts[i];
@@ -150,10 +151,12 @@ static int source_nl_used(const Schedule *s, int vloads, int block_lanes)
                 n = k / (t == DT_F32 ? 4 : 8);
             else if (t == DT_W8)
                 n = k / 16;
-            else if (block_lanes && dtype_is_cuda_ordered(t))
+            else if (l->block_lanes && dtype_is_cuda_ordered(t))
                 n = t == DT_Q8_0 ? k / 16 : (k + 31) / 32;
             else
                 continue;
+            if (one_row && !dtype_is_cuda_ordered(t) && (int)(in->p[1] - in->p[0]) <= l->threads / 32)
+                continue; /* a row a warp, with its preloads (MK_NL_ONE_ROW) */
             int nl = 32;
             while (nl > lanes_min && n <= nl / 2 * vloads)
                 nl /= 2;
@@ -259,7 +262,7 @@ static void source_shape(FILE *f, const Schedule *s, const CudaLayout *l)
             l->vloads, l->wstage);
     fprintf(f, "#define MK_ISTAGE_BYTES %d\n#define MK_NBUFS_PAD %d\n", l->istage, l->bufs_pad);
     fprintf(f, "#define MK_ROW_LANES_BLOCKS %d\n", l->block_lanes);
-    fprintf(f, "#define MK_NL_USED %d\n", source_nl_used(s, l->vloads, l->block_lanes));
+    fprintf(f, "#define MK_NL_USED %d\n", source_nl_used(s, l));
     /* a GEMV input longer than the staging scratch: read where it lies */
     fprintf(f, "#define MK_GEMV_UNSTAGED %d\n", source_max_gemv_k(s) > l->smem_floats);
     fprintf(f, "#define MK_DIM %d\n#define MK_HD %d\n#define MK_G %d\n#define MK_VOCAB %d\n#define MK_MAX_SEQ %d\n",

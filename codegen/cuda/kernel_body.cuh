@@ -1117,11 +1117,32 @@ MK_INLINE int mk_gemv_path(const unsigned *in, int *bf)
 #define MK_ROW_LANES_BLOCKS 0
 #endif
 /* MK_NL_USED (the layout's) which of the copies for 8, 16 and 32 lanes
- * (bits 0, 1, 2) are compiled. */
+ * (bits 0, 1, 2) are compiled; a width left out reads at 32. */
 #ifndef MK_NL_USED
 #define MK_NL_USED 7
 #endif
-MK_INLINE int mk_gemv_nl(int t, int bf, int k, int path)
+/* MK_NL_ONE_ROW 1: where a worker's share of a GEMV whose loads can go out
+ * before its wait (f32, bf16, W8) is no more rows than it has warps, each
+ * warp reads its row with 32 lanes and those preloads. Rows side by side
+ * save round trips only where a warp has rows one after another (the 1B
+ * shape's gate/up, every lm_head); with a row a warp or less they only
+ * cost the preloads (on the H200 SmolLM2-135M's W8A16 ran 1.06x faster
+ * with every row at 32 lanes, whose gate/up are 12 rows a worker). 0
+ * takes fewer lanes by the row's length alone, to time against. The block
+ * formats take no preloads: their short rows always go side by side. */
+#ifndef MK_NL_ONE_ROW
+#define MK_NL_ONE_ROW 1
+#endif
+/* Lanes per row for a row of n loads (16-byte units or block chunks),
+ * among the copies compiled. */
+MK_INLINE int mk_gemv_nl_of(int n)
+{
+    int nl = 32;
+    while (nl > MK_ROW_LANES_MIN && n <= nl / 2 * MK_VLOADS)
+        nl /= 2;
+    return MK_NL_USED & (nl == 8 ? 1 : nl == 16 ? 2 : 4) ? nl : 32;
+}
+MK_INLINE int mk_gemv_nl(int t, int bf, int k, int path, int nrows)
 {
     int n;
     if (path == MK_GEMV_ROWS)
@@ -1129,13 +1150,12 @@ MK_INLINE int mk_gemv_nl(int t, int bf, int k, int path)
     else if (path == MK_GEMV_QROW && MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8)
         n = k / 16; /* its uint4s, at most (the head and tail bytes are read apart) */
     else if (MK_ROW_LANES_BLOCKS && path == MK_GEMV_QROW && MK_HAS_PLANAR && mk_is_planar(t))
-        n = mk_planar_chunks(t, k);
+        return mk_gemv_nl_of(mk_planar_chunks(t, k));
     else
         return 32;
-    int nl = 32;
-    while (nl > MK_ROW_LANES_MIN && n <= nl / 2 * MK_VLOADS)
-        nl /= 2;
-    return nl;
+    if (MK_NL_ONE_ROW && MK_PRELOADS > 0 && nrows <= MK_NWARPS)
+        return 32;
+    return mk_gemv_nl_of(n);
 }
 
 /* The swizzle mask of GEMV `in`'s staged input (mk_xsw): U - 1 for the
@@ -1182,7 +1202,7 @@ MK_INLINE int mk_gemv_preload(const MegacArgs *a, const unsigned *in, uint4 pre[
     if (path == MK_GEMV_SPLIT) { /* this warp's row and slice of units */
         r = r0 + mk_split_slice(r1 - r0, mk_split_units(t, bf, k), warp, &j0, &j1);
     } else { /* the warp's row (mk_gemv_rows): the whole row, clipped below */
-        if (mk_gemv_nl(t, bf, k, path) < 32)
+        if (mk_gemv_nl(t, bf, k, path, r1 - r0) < 32)
             return 0; /* rows side by side take none (mk_gemv_rows) */
         j1 = k;
     }
@@ -1288,9 +1308,7 @@ MK_INLINE void mk_gemv_rows(MkStage st, const unsigned *in, const void *W, const
                       mk_param(in, 3), pre, use_pre);
         return;
     }
-    int nl = mk_gemv_nl(t, bf, k, path);
-    if (!(MK_NL_USED & (nl == 8 ? 1 : nl == 16 ? 2 : 4)))
-        nl = 32; /* a copy the layout did not compile (cuda_source.c's source_nl_used) */
+    int nl = mk_gemv_nl(t, bf, k, path, mk_param(in, 1) - mk_param(in, 0));
 #if MK_NL_COUNT
     if (mk_tid() == 0)
         __atomic_fetch_add(&megac_nl_n[nl == 8 ? 0 : nl == 16 ? 1 : 2], 1, __ATOMIC_RELAXED);
