@@ -30,6 +30,7 @@ typedef struct CudaKernelInfo {
     int preloads;           /* weight loads a lane issues before a GEMV's wait (MK_PRELOADS) */
     int vloads;             /* 16-byte weight loads in flight per lane in the GEMV rows (MK_VLOADS) */
     int block_lanes;        /* short rows of the block formats read side by side (MK_ROW_LANES_BLOCKS) */
+    int wpipe;              /* stages of each warp's weight pipe (MK_WPIPE; 0: none) */
 } CudaKernelInfo;
 /* arch: "sm_80", "sm_90", "sm_120". The NVRTC log is printed on failure. */
 bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path, CudaKernelInfo *info,

@@ -265,10 +265,12 @@ static bool pass_codegen(Compilation *c, CudaKernelInfo *info)
     if (ok && c->target->kind == TARGET_CUDA && info && info->regs_per_thread > 0) {
         char *detail = arena_printf(&c->arena,
                                     "%s (%d threads x %d registers, %d bytes shared per block, %d weight loads "
-                                    "a lane before a GEMV's wait, %d in flight%s)",
+                                    "a lane before a GEMV's wait, %d in flight%s%s)",
                                     c->kernel_file, info->threads_per_block, info->regs_per_thread,
                                     info->smem_per_block, info->preloads, info->vloads,
-                                    info->block_lanes ? ", short block rows side by side" : "");
+                                    info->block_lanes ? ", short block rows side by side" : "",
+                                    info->wpipe ? arena_printf(&c->arena, ", a weight pipe of %d stages", info->wpipe)
+                                                : "");
         return pass_done(c, pass, ok, detail);
     }
     return pass_done(c, pass, ok, c->kernel_file);

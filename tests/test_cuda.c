@@ -140,6 +140,8 @@ static const int synth_sparse_prompt_end[] = {-1, -1, -1, 40, -1, -1, 40};
 
 /* synth_sparse[first, first + n) on `target` at the given block counts. */
 static void sparse_synth_check(const char *target, const int *blocks, int nb, size_t first, size_t n);
+/* The synthetic model with a weight pipe (MK_WPIPE) on `target`. */
+static void weight_pipe_check(const char *target, const char *defines, const int *workers, int nw);
 
 /* Runs a shell command; its output (both streams) into out. */
 static int sh(const char *cmd, char *out, size_t cap)
@@ -319,9 +321,9 @@ static CudaKernelInfo cubin_check(const Schedule *s, const char *arch, const cha
     static const char *const syms[] = {"megac_kernel", "megac_kernel_abi", "megac_schedule_hash", "megac_num_workers"};
     for (int i = 0; i < 4; i++)
         cr_assert(memmem(cubin, n, syms[i], strlen(syms[i]) + 1), "%s: no symbol %s", path, syms[i]);
-    cr_log_info("%s %s: %u workers, %d regs, %d B smem (%d dynamic), %d loads in flight, %d before waits%s", what,
+    cr_log_info("%s %s: %u workers, %d regs, %d B smem (%d dynamic), %d loads in flight, %d before waits%s%s", what,
                 arch, s->nworkers, info.regs_per_thread, info.smem_per_block, info.dyn_smem, info.vloads, info.preloads,
-                info.block_lanes ? ", block rows side by side" : "");
+                info.block_lanes ? ", block rows side by side" : "", info.wpipe ? ", weight pipe" : "");
     free(cubin);
     test_rm_rf(dir);
     return info;
@@ -590,6 +592,9 @@ static const int gemv_spec[][6] = {
     /* short rows, no more than the host block's 4 warps: a row a warp
      * with its preloads (MK_NL_ONE_ROW), 4 a warp without the rule */
     {0, 4, 4, 128, GEMV_NORM, DT_BF16},         {1, 4, 4, 256, GEMV_BIAS, DT_W8},
+    /* rows of several rounds, several a warp: through the weight pipe's
+     * ring more than once (MK_WPIPE) */
+    {1, 12, 12, 2056, GEMV_ACCUM | GEMV_BIAS, DT_BF16}, {0, 9, 9, 1100, GEMV_NORM, DT_F32},
 };
 enum { GEMV_N = sizeof gemv_spec / sizeof gemv_spec[0] };
 
@@ -759,7 +764,7 @@ static void gemv_fill(HostKernel *k)
  * kernel built with MEGAC_CUDA_DEFINES=defines (or none); returns the
  * kernel's megac_wstage_count() after the step (0 without one), and its
  * megac_nl_count(0..2) in nl when not NULL (MK_NL_COUNT=1). */
-static unsigned long gemv_paths_check_nl(const char *defines, unsigned long nl[3])
+static unsigned long gemv_paths_check_nl(const char *defines, unsigned long nl[4])
 {
     enum { N = GEMV_N };
     GemvCase c[N];
@@ -824,7 +829,7 @@ static unsigned long gemv_paths_check_nl(const char *defines, unsigned long nl[3
     unsigned long (*count)(void) = (unsigned long (*)(void))(uintptr_t)dlsym(hk.dl, "megac_wstage_count");
     unsigned long staged = count ? count() : 0;
     unsigned long (*nlc)(int) = (unsigned long (*)(int))(uintptr_t)dlsym(hk.dl, "megac_nl_count");
-    for (int i = 0; nl && i < 3; i++)
+    for (int i = 0; nl && i < 4; i++)
         nl[i] = nlc ? nlc(i) : 0;
     host_kernel_close(&hk);
     return staged;
@@ -851,7 +856,7 @@ Test(cuda_host, gemv_paths_match_double)
  * (MK_NL_ONE_ROW=0 turns that off). */
 Test(cuda_host, gemv_short_rows_side_by_side)
 {
-    unsigned long nl[3];
+    unsigned long nl[4];
     gemv_paths_check_nl("MK_NL_COUNT=1", nl);
     cr_assert_geq(nl[1], 3, "GEMVs at 16 lanes a row: %lu", nl[1]);
     cr_assert_geq(nl[0], 5, "GEMVs at 8 lanes a row: %lu", nl[0]);
@@ -867,13 +872,32 @@ Test(cuda_host, gemv_short_rows_side_by_side)
     cr_assert_geq(nl[1], 2);
     /* the two cases of a row a warp or less go side by side without the
      * rule, and only they */
-    unsigned long base[3];
-    memcpy(base, nl, sizeof base);
+    unsigned long base[4];
     gemv_paths_check_nl("MK_NL_COUNT=1", base);
     gemv_paths_check_nl("MK_NL_COUNT=1 MK_NL_ONE_ROW=0", nl);
     cr_assert_eq(nl[0], base[0] + 2, "at 8 lanes: %lu, with the rule %lu", nl[0], base[0]);
     cr_assert_eq(nl[1], base[1]);
     cr_assert_eq(nl[2], base[2] - 2);
+}
+
+/* The weight pipe (MK_WPIPE=S: cp.async copies S - 1 rounds ahead into
+ * each warp's ring; on the host, copies at once) gives the double sums'
+ * results for every case, at 2, 3 and 4 stages; the f32 and bf16 GEMVs
+ * at 32 lanes a row go through it, and none without it. */
+Test(cuda_host, weight_pipe_matches_double)
+{
+    unsigned long nl[4];
+    gemv_paths_check_nl("MK_NL_COUNT=1", nl);
+    cr_assert_eq(nl[3], 0, "no weight pipe by default");
+    static const char *const defs[] = {"MK_NL_COUNT=1 MK_WPIPE=2", "MK_NL_COUNT=1 MK_WPIPE=3",
+                                       "MK_NL_COUNT=1 MK_WPIPE=4"};
+    for (int i = 0; i < 3; i++) {
+        gemv_paths_check_nl(defs[i], nl);
+        cr_assert_geq(nl[3], 4, "%s: %lu GEMVs through the pipe", defs[i], nl[3]);
+        cr_assert_leq(nl[3], nl[2]);
+    }
+    gemv_paths_check_nl("MK_NL_COUNT=1 MK_WPIPE=1", nl);
+    cr_assert_eq(nl[3], 0, "a pipe of one stage is none");
 }
 
 /* With a weight stage (MK_WSTAGE_BYTES), every GEMV after a wait reads the
@@ -1945,6 +1969,12 @@ Test(cuda_host, timing_variants_match_reference, .timeout = 300)
     test_rm_rf(dir);
 }
 
+Test(cuda_host, weight_pipe_model_matches_reference, .timeout = 300)
+{
+    static const int w[] = {1, 3};
+    weight_pipe_check("host-cuda", "MK_WPIPE=3 MK_ROW_LANES_MIN=32", w, 2);
+}
+
 Test(cuda_host, default_model_matches_reference, .timeout = 300)
 {
     static const int w[] = {3};
@@ -2093,6 +2123,31 @@ static void stored_formats_check(const char *target, const int *workers, int nw)
     }
 }
 
+/* The synthetic model, f32 and stored as bf16, decoded by kernels with a
+ * weight pipe of `defines` (MEGAC_CUDA_DEFINES: MK_WPIPE=S, with
+ * MK_ROW_LANES_MIN=32 so that its short rows take the pipe too) as the
+ * reference does: on a GPU, where cp.async is asynchronous, that is the
+ * check of its groups and waits. */
+static void weight_pipe_check(const char *target, const char *defines, const int *workers, int nw)
+{
+    static const char *const fmts[] = {NULL, "bf16"};
+    setenv("MEGAC_CUDA_DEFINES", defines, 1);
+    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
+        char *dir = tmp_dir(), *yaml = write_synth(dir);
+        if (fmts[i]) {
+            FILE *f = fopen(yaml, "a");
+            cr_assert(f);
+            fprintf(f, "compile:\n  quant: {default: %s}\n", fmts[i]);
+            cr_assert_eq(fclose(f), 0);
+        }
+        cr_log_info("%s, %s, stored as %s", target, defines, fmts[i] ? fmts[i] : "f32");
+        bundles_vs_reference(yaml, target, workers, nw, 48);
+        free(yaml);
+        test_rm_rf(dir);
+    }
+    unsetenv("MEGAC_CUDA_DEFINES");
+}
+
 /* A tiny Llama of GGUF Q5_0/Q5_1/Q4_K/Q5_K/Q6_K blocks as stored
  * (tests/fixtures/weights/make_kquant.py) on `target`. */
 static void gguf_kquant_check(const char *target, const int *workers, int nw)
@@ -2236,6 +2291,13 @@ Test(cuda_gpu, stored_formats_match_reference, .timeout = 300)
     gpu_require();
     static const int w[] = {3, 0};
     stored_formats_check(gpu_target(), w, 2);
+}
+
+Test(cuda_gpu, weight_pipe_matches_reference, .timeout = 300)
+{
+    gpu_require();
+    static const int w[] = {3, 0};
+    weight_pipe_check(gpu_target(), "MK_WPIPE=4 MK_ROW_LANES_MIN=32", w, 2);
 }
 
 Test(cuda_gpu, gguf_kquant_matches_reference, .timeout = 300)

@@ -23,6 +23,7 @@
 #define CUDA_ARENA_BIT (1ull << 63)
 #define CUDA_WSTAGE_MAX (160 * 1024) /* weight stage cap: with the static scratch, under sm_90's 227 KiB */
 #define CUDA_ISTAGE_MAX (32 * 1024)  /* instruction stage cap: with 48 KiB static, under sm_120's 99 KiB a block */
+#define CUDA_WPIPE_V 4           /* MK_WPIPE_V: 16-byte units a lane copies into each stage of the weight pipe */
 #define CUDA_PRELOADS 2         /* MK_PRELOADS first tried (cg_cuda_compile lowers it on spills) */
 #define CUDA_VLOADS 8           /* MK_VLOADS first tried (lowered on spills once there are no preloads) */
 
@@ -52,6 +53,8 @@ typedef struct CudaLayout {
     int bufs_pad;       /* MK_NBUFS_PAD: the buffer table's entries there (an even count) */
     int block_lanes;    /* MK_ROW_LANES_BLOCKS: short rows of the block formats by fewer lanes, side by
                            side (1: where the schedule has them; turned off on spills) */
+    int wpipe;          /* MK_WPIPE: stages of each warp's weight pipe (0: none) */
+    int wpipe_bytes;    /* its dynamic shared memory, after the two stages */
 } CudaLayout;
 /* The block layout for a schedule on the GPU (host = false) or the host. */
 CudaLayout cuda_layout(const Schedule *s, bool host);

@@ -57,6 +57,11 @@ MK_INLINE void mk_cp16(void *dst, const void *src)
                  : "memory");
 }
 MK_INLINE void mk_cp_wait(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
+/* The weight pipe's groups (kernel_body.cuh: mk_gemv_pipe): close this
+ * thread's copies issued since the last into a group; wait until no more
+ * than n (a constant) of its groups are still in flight. */
+MK_INLINE void mk_cp_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+#define MK_CP_WAIT_GROUP(n) asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory")
 /* The weight stage: dynamic shared memory, sized at launch. */
 #define MK_WSTAGE_DECL(name, bytes) extern __shared__ __align__(16) uint4 name[]
 MK_INLINE unsigned mk_prmt(unsigned x, unsigned y, unsigned s) { return __byte_perm(x, y, s); }

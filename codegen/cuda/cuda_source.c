@@ -176,6 +176,28 @@ static int source_wstage(void)
     return (int)((v > CUDA_WSTAGE_MAX ? CUDA_WSTAGE_MAX : v) / 16 * 16);
 }
 
+/* MEGAC_CUDA_DEFINES' MK_WPIPE=S (kernel_body.cuh's weight pipe): S
+ * stages of CUDA_WPIPE_V 16-byte units a lane, for each warp, in dynamic
+ * shared memory after the two stages; fewer where that would not fit the
+ * target's shared memory a block beside 48 KiB of static scratch (sm_80
+ * 163 KiB, sm_90 227, sm_89 and sm_120 99), none under 2 or with a
+ * weight stage. A layout knob: the launch needs its size. */
+static int source_wpipe(const Schedule *s, const CudaLayout *l, bool host, int *bytes)
+{
+    int st = (int)source_dev_int("MK_WPIPE", 0), per = (l->threads / 32) * CUDA_WPIPE_V * 32 * 16;
+    long cap = 1L << 30;
+    const char *t = s->target ? s->target : "";
+    if (!host)
+        cap = (strcmp(t, "sm_90") == 0 ? 227 : strcmp(t, "sm_80") == 0 ? 163 : 99) * 1024L - 48 * 1024L -
+              l->wstage - l->istage;
+    while (st > 1 && (long)st * per > cap)
+        st--;
+    if (st < 2 || l->wstage)
+        st = 0;
+    *bytes = st * per;
+    return st;
+}
+
 /* The instruction stage (kernel_body.cuh): the buffer table (8 bytes a
  * buffer, padded to 16) and the longest worker's instruction words (padded
  * to 16 bytes), when both fit in CUDA_ISTAGE_MAX; else 0, and the kernel
@@ -224,6 +246,7 @@ CudaLayout cuda_layout(const Schedule *s, bool host)
     if (l.vloads < 2)
         l.vloads = 2;
     l.block_lanes = source_block_rows(s) && source_dev_int("MK_ROW_LANES_BLOCKS", 1) != 0;
+    l.wpipe = source_wpipe(s, &l, host, &l.wpipe_bytes);
     return l;
 }
 
@@ -241,8 +264,9 @@ static void source_dev_defines(FILE *f)
     char *copy = xstrdup(e), *save = NULL;
     for (char *t = strtok_r(copy, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
         if (strncmp(t, "MK_WSTAGE_BYTES=", 16) == 0 || strncmp(t, "MK_ISTAGE=", 10) == 0 ||
-            strncmp(t, "MK_VLOADS=", 10) == 0 || strncmp(t, "MK_ROW_LANES_BLOCKS=", 20) == 0)
-            continue; /* the layout's (source_wstage, source_istage, vloads, block_lanes) */
+            strncmp(t, "MK_VLOADS=", 10) == 0 || strncmp(t, "MK_ROW_LANES_BLOCKS=", 20) == 0 ||
+            strncmp(t, "MK_WPIPE=", 9) == 0)
+            continue; /* the layout's (source_wstage, source_istage, vloads, block_lanes, wpipe) */
         char *eq = strchr(t, '=');
         if (eq)
             *eq = ' ';
@@ -262,6 +286,7 @@ static void source_shape(FILE *f, const Schedule *s, const CudaLayout *l)
             l->vloads, l->wstage);
     fprintf(f, "#define MK_ISTAGE_BYTES %d\n#define MK_NBUFS_PAD %d\n", l->istage, l->bufs_pad);
     fprintf(f, "#define MK_ROW_LANES_BLOCKS %d\n", l->block_lanes);
+    fprintf(f, "#define MK_WPIPE %d\n#define MK_WPIPE_V %d\n", l->wpipe, CUDA_WPIPE_V);
     fprintf(f, "#define MK_NL_USED %d\n", source_nl_used(s, l));
     /* a GEMV input longer than the staging scratch: read where it lies */
     fprintf(f, "#define MK_GEMV_UNSTAGED %d\n", source_max_gemv_k(s) > l->smem_floats);
@@ -351,7 +376,7 @@ static void source_constants(FILE *f, const Schedule *s, const CudaLayout *l)
             (unsigned long long)sched_hash(s));
     fprintf(f, "MK_EXPORT const unsigned megac_num_workers = %uu;\n", s->nworkers);
     /* the dynamic shared memory a launch gives each block (cuda_backend.c) */
-    fprintf(f, "MK_EXPORT const unsigned megac_k_dyn_smem_bytes = %uu;\n", (unsigned)(l->wstage + l->istage));
+    fprintf(f, "MK_EXPORT const unsigned megac_k_dyn_smem_bytes = %uu;\n", (unsigned)(l->wstage + l->istage + l->wpipe_bytes));
     fprintf(f, "MK_EXPORT const unsigned long long megac_kernel_facts[%d] = {", MEGAC_NFACTS);
     for (int i = 0; i < MEGAC_NFACTS; i++)
         fprintf(f, "%s0x%llxull", i ? ", " : "", (unsigned long long)facts[i]);

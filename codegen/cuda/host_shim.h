@@ -272,6 +272,8 @@ static inline int mk_shfl_xor_i(int v, int m) { return (int)mk_shfl_xor_bits((ui
 /* cp.async: a copy now; nothing to wait for. */
 static inline void mk_cp16(void *dst, const void *src) { memcpy(dst, src, 16); }
 static inline void mk_cp_wait(void) {}
+static inline void mk_cp_commit(void) {}
+#define MK_CP_WAIT_GROUP(n) ((void)(n))
 #define MK_WSTAGE_DECL(name, bytes) static _Thread_local _Alignas(16) uint4 name[(bytes) / 16]
 static inline uint4 mk_ldg4u(const uint4 *p) { return *p; }
 static inline uint4 mk_ldg4u_na(const uint4 *p) { return *p; }

@@ -120,8 +120,19 @@ MK_SHARED float mk_red[2 * 32 + 2];
 #ifndef MK_ISTAGE_BYTES
 #define MK_ISTAGE_BYTES 0
 #endif
-#if MK_WSTAGE_BYTES + MK_ISTAGE_BYTES > 0
-MK_WSTAGE_DECL(mk_wst, MK_WSTAGE_BYTES + MK_ISTAGE_BYTES);
+/* The weight pipe, after both (MK_WPIPE stages, the layout's: 0 none):
+ * each warp's ring of MK_WPIPE rounds of MK_WPIPE_V 16-byte units a lane,
+ * which cp.async fills MK_WPIPE - 1 rounds ahead of the round its lanes
+ * multiply (mk_gemv_pipe). */
+#ifndef MK_WPIPE
+#define MK_WPIPE 0
+#endif
+#ifndef MK_WPIPE_V
+#define MK_WPIPE_V 4
+#endif
+#define MK_WPIPE_BYTES (MK_WPIPE * MK_WPIPE_V * 512 * MK_NWARPS)
+#if MK_WSTAGE_BYTES + MK_ISTAGE_BYTES + MK_WPIPE_BYTES > 0
+MK_WSTAGE_DECL(mk_wst, MK_WSTAGE_BYTES + MK_ISTAGE_BYTES + MK_WPIPE_BYTES);
 #endif
 
 /* Buffer b's entry of megac_k_bufs: its offset, MK_ARENA_BIT for the arena. */
@@ -213,8 +224,9 @@ MK_EXPORT unsigned long megac_xreuse_count(void)
 }
 #endif
 /* MEGAC_CUDA_DEFINES=MK_NL_COUNT=1 (host shim only): counts the GEMVs
- * whose rows were read by 8, 16 and 32 lanes (mk_gemv_rows), for a test to
- * see which. */
+ * whose rows were read by 8, 16 and 32 lanes (mk_gemv_rows) and, of those,
+ * the ones read through the weight pipe, for a test to see
+ * which. */
 #ifndef MK_NL_COUNT
 #define MK_NL_COUNT 0
 #endif
@@ -222,7 +234,7 @@ MK_EXPORT unsigned long megac_xreuse_count(void)
 #ifdef __CUDACC_RTC__
 #error "MK_NL_COUNT is for the host shim"
 #endif
-static unsigned long megac_nl_n[3];
+static unsigned long megac_nl_n[4]; /* 8, 16, 32 lanes; [3] those through the weight pipe */
 MK_EXPORT unsigned long megac_nl_count(int i)
 {
     return __atomic_load_n(&megac_nl_n[i], __ATOMIC_RELAXED);
@@ -964,6 +976,18 @@ MK_DEV void op_rmsnorm(const MegacArgs *a, const unsigned *in)
  * index in the group): MK_VLOADS loads in flight per lane (the last
  * round's loads predicated, so that a row of up to nl * MK_VLOADS units
  * is one round trip to memory); the first round is pre when use_pre. */
+/* Weight unit e (w: 8 bf16 or 4 f32) times its elements of x. */
+MK_INLINE float mk_unit_dot(uint4 w, int bf, const float4 *x4, unsigned e, int m)
+{
+    if (bf) {
+        float4 xa = mk_xld4(x4 + mk_xsw(2 * (int)e, m)), xb = mk_xld4(x4 + mk_xsw(2 * (int)e + 1, m));
+        return mk_bf16_lo(w.x) * xa.x + mk_bf16_hi(w.x) * xa.y + mk_bf16_lo(w.y) * xa.z + mk_bf16_hi(w.y) * xa.w +
+               mk_bf16_lo(w.z) * xb.x + mk_bf16_hi(w.z) * xb.y + mk_bf16_lo(w.w) * xb.z + mk_bf16_hi(w.w) * xb.w;
+    }
+    float4 xa = mk_xld4(x4 + mk_xsw((int)e, m));
+    return mk_as_float(w.x) * xa.x + mk_as_float(w.y) * xa.y + mk_as_float(w.z) * xa.z + mk_as_float(w.w) * xa.w;
+}
+
 MK_INLINE float mk_dot_units(const uint4 *w4, int bf, const float4 *x4, int m, int j0, int j1, unsigned lane,
                               const uint4 pre[MK_PRE_N], int use_pre, int nl)
 {
@@ -980,17 +1004,7 @@ MK_INLINE float mk_dot_units(const uint4 *w4, int bf, const float4 *x4, int m, i
         for (int u = 0; u < MK_VLOADS; u++) {
             if (j + nl * u >= j1)
                 continue;
-            unsigned e = (unsigned)(j + nl * u);
-            if (bf) {
-                float4 xa = mk_xld4(x4 + mk_xsw(2 * (int)e, m)), xb = mk_xld4(x4 + mk_xsw(2 * (int)e + 1, m));
-                acc[u] += mk_bf16_lo(w[u].x) * xa.x + mk_bf16_hi(w[u].x) * xa.y + mk_bf16_lo(w[u].y) * xa.z +
-                          mk_bf16_hi(w[u].y) * xa.w + mk_bf16_lo(w[u].z) * xb.x + mk_bf16_hi(w[u].z) * xb.y +
-                          mk_bf16_lo(w[u].w) * xb.z + mk_bf16_hi(w[u].w) * xb.w;
-            } else {
-                float4 xa = mk_xld4(x4 + mk_xsw((int)e, m));
-                acc[u] += mk_as_float(w[u].x) * xa.x + mk_as_float(w[u].y) * xa.y + mk_as_float(w[u].z) * xa.z +
-                          mk_as_float(w[u].w) * xa.w;
-            }
+            acc[u] += mk_unit_dot(w[u], bf, x4, (unsigned)(j + nl * u), m);
         }
         j += nl * MK_VLOADS;
         if (j < j1)
@@ -1251,6 +1265,90 @@ MK_INLINE MkStage mk_wstage_issue(const MegacArgs *a, const unsigned *in)
     return st;
 }
 
+/* ---- the weight pipe (MK_WPIPE > 1) ----
+ * A warp's rows of an f32 or bf16 GEMV at 32 lanes a row (the ROWS path),
+ * as one stream of rounds (row r, its q-th MK_WPIPE_V units a lane):
+ * round t + MK_WPIPE - 1 is copied into the warp's ring by cp.async (no
+ * registers held: the copy engine writes shared memory) before round t is
+ * multiplied, so a warp keeps MK_WPIPE - 1 rounds in flight across its
+ * rows and their ends, where the register rounds of mk_dot_units have
+ * none in flight while they multiply and reduce. Each lane reads back
+ * only the units it copied, so its own cp.async.wait_group is the only
+ * wait: an empty group is committed where the stream has ended, so that
+ * round t is always the (MK_WPIPE - 1)-th group back. */
+#if MK_WPIPE > 1 && MK_WSTAGE_BYTES == 0
+MK_DEV void mk_gemv_pipe(const void *W, long long rb, int nu, int bf, const float4 *x4, int m, int rw, int r1,
+                         float *y, const float *b, int flags)
+{
+    const int per = 32 * MK_WPIPE_V, nq = (nu + per - 1) / per;
+    unsigned lane = mk_tid() & 31u;
+#if MK_NL_COUNT
+    if (mk_tid() == 0)
+        __atomic_fetch_add(&megac_nl_n[3], 1, __ATOMIC_RELAXED);
+#endif
+    uint4 *ring = mk_wst + (MK_WSTAGE_BYTES + MK_ISTAGE_BYTES) / 16 + (mk_tid() >> 5) * (MK_WPIPE * per);
+    int pr = rw, pq = 0, ps = 0; /* the next round to copy: row, round of the row, slot */
+#pragma unroll 1
+    for (int t = 0; t < MK_WPIPE - 1; t++) {
+        if (pr < r1) {
+            const uint4 *p = (const uint4 *)(const void *)((const unsigned char *)W + pr * rb);
+#pragma unroll
+            for (int u = 0; u < MK_WPIPE_V; u++) {
+                int j = pq * per + 32 * u + (int)lane;
+                if (j < nu)
+                    mk_cp16(ring + ps * per + 32 * u + lane, p + j);
+            }
+            if (++pq == nq)
+                pq = 0, pr += MK_NWARPS;
+        }
+        mk_cp_commit();
+        ps = ps + 1 == MK_WPIPE ? 0 : ps + 1;
+    }
+    float acc[MK_WPIPE_V];
+#pragma unroll
+    for (int u = 0; u < MK_WPIPE_V; u++)
+        acc[u] = 0.0f;
+    int cq = 0, cs = 0;
+#pragma unroll 1
+    for (int cr = rw; cr < r1;) {
+        if (pr < r1) {
+            const uint4 *p = (const uint4 *)(const void *)((const unsigned char *)W + pr * rb);
+#pragma unroll
+            for (int u = 0; u < MK_WPIPE_V; u++) {
+                int j = pq * per + 32 * u + (int)lane;
+                if (j < nu)
+                    mk_cp16(ring + ps * per + 32 * u + lane, p + j);
+            }
+            if (++pq == nq)
+                pq = 0, pr += MK_NWARPS;
+        }
+        mk_cp_commit();
+        ps = ps + 1 == MK_WPIPE ? 0 : ps + 1;
+        MK_CP_WAIT_GROUP(MK_WPIPE - 1); /* this lane's copies of round (cr, cq) have landed */
+#pragma unroll
+        for (int u = 0; u < MK_WPIPE_V; u++) {
+            int j = cq * per + 32 * u + (int)lane;
+            if (j < nu)
+                acc[u] += mk_unit_dot(ring[cs * per + 32 * u + lane], bf, x4, (unsigned)j, m);
+        }
+        cs = cs + 1 == MK_WPIPE ? 0 : cs + 1;
+        if (++cq == nq) {
+            float v = 0.0f;
+#pragma unroll
+            for (int u = 0; u < MK_WPIPE_V; u++) {
+                v += acc[u];
+                acc[u] = 0.0f;
+            }
+            v = mk_warp_sum(v);
+            if (lane == 0)
+                mk_gemv_store(y, b, cr, v, flags);
+            cq = 0;
+            cr += MK_NWARPS;
+        }
+    }
+}
+#endif
+
 /* The rows of GEMV `in` against xin, staged with mask m: each group of
  * nl lanes (mk_gemv_nl; 32 / nl groups a warp) takes rows r0 + g, r0 + g
  * + G, ... for group g of the block's G, so a warp's groups read
@@ -1278,6 +1376,12 @@ MK_INLINE void mk_gemv_rows_nl(MkStage st, const unsigned *in, const void *W, co
             mk_gemv_store(y, b, r, v, flags);
         rw += step;
     }
+#if MK_WPIPE > 1 && MK_WSTAGE_BYTES == 0
+    if (nl == 32 && path == MK_GEMV_ROWS) {
+        mk_gemv_pipe(W, rb, nu, bf, (const float4 *)xin, m, rw, r1, y, b, flags);
+        return;
+    }
+#endif
     for (; rw < r1; rw += step) {
         int r = rw + gi, ok = r < r1;
         const unsigned char *row = mk_wrow(st, W, ok ? r : r1 - 1, rb);
