@@ -595,6 +595,7 @@ static const int gemv_spec[][6] = {
     /* rows of several rounds, several a warp: through the weight pipe's
      * ring more than once (MK_WPIPE) */
     {1, 12, 12, 2056, GEMV_ACCUM | GEMV_BIAS, DT_BF16}, {0, 9, 9, 1100, GEMV_NORM, DT_F32},
+    {1, 11, 11, 2100, GEMV_NORM | GEMV_ACCUM, DT_W8}, /* rows 8 bytes off 16: every head and tail */
 };
 enum { GEMV_N = sizeof gemv_spec / sizeof gemv_spec[0] };
 
@@ -882,8 +883,8 @@ Test(cuda_host, gemv_short_rows_side_by_side)
 
 /* The weight pipe (MK_WPIPE=S: cp.async copies S - 1 rounds ahead into
  * each warp's ring; on the host, copies at once) gives the double sums'
- * results for every case, at 2, 3 and 4 stages; the f32 and bf16 GEMVs
- * at 32 lanes a row go through it, and none without it. */
+ * results for every case, at 2, 3 and 4 stages; the f32, bf16 and W8
+ * GEMVs at 32 lanes a row go through it, and none without it. */
 Test(cuda_host, weight_pipe_matches_double)
 {
     unsigned long nl[4];
@@ -2123,14 +2124,14 @@ static void stored_formats_check(const char *target, const int *workers, int nw)
     }
 }
 
-/* The synthetic model, f32 and stored as bf16, decoded by kernels with a
+/* The synthetic model, f32 and stored as bf16 and w8a16, decoded by kernels with a
  * weight pipe of `defines` (MEGAC_CUDA_DEFINES: MK_WPIPE=S, with
  * MK_ROW_LANES_MIN=32 so that its short rows take the pipe too) as the
  * reference does: on a GPU, where cp.async is asynchronous, that is the
  * check of its groups and waits. */
 static void weight_pipe_check(const char *target, const char *defines, const int *workers, int nw)
 {
-    static const char *const fmts[] = {NULL, "bf16"};
+    static const char *const fmts[] = {NULL, "bf16", "w8a16"};
     setenv("MEGAC_CUDA_DEFINES", defines, 1);
     for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
         char *dir = tmp_dir(), *yaml = write_synth(dir);

@@ -56,6 +56,14 @@ MK_INLINE void mk_cp16(void *dst, const void *src)
                  "l"(__cvta_generic_to_global(src))
                  : "memory");
 }
+/* The first n (1-16) of those 16 bytes, the rest of dst zero-filled: no
+ * read past them. */
+MK_INLINE void mk_cp16_part(void *dst, const void *src, int n)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(__cvta_generic_to_global(src)), "r"(n)
+                 : "memory");
+}
 MK_INLINE void mk_cp_wait(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
 /* The weight pipe's groups (kernel_body.cuh: mk_gemv_pipe): close this
  * thread's copies issued since the last into a group; wait until no more

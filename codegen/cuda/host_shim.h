@@ -271,6 +271,11 @@ static inline float mk_shfl_xor_f(float v, int m) { return __shfl_xor_sync(0xfff
 static inline int mk_shfl_xor_i(int v, int m) { return (int)mk_shfl_xor_bits((uint32_t)v, m); }
 /* cp.async: a copy now; nothing to wait for. */
 static inline void mk_cp16(void *dst, const void *src) { memcpy(dst, src, 16); }
+static inline void mk_cp16_part(void *dst, const void *src, int n)
+{
+    memcpy(dst, src, (size_t)n);
+    memset((char *)dst + n, 0, (size_t)(16 - n));
+}
 static inline void mk_cp_wait(void) {}
 static inline void mk_cp_commit(void) {}
 #define MK_CP_WAIT_GROUP(n) ((void)(n))

@@ -1266,61 +1266,127 @@ MK_INLINE MkStage mk_wstage_issue(const MegacArgs *a, const unsigned *in)
 }
 
 /* ---- the weight pipe (MK_WPIPE > 1) ----
- * A warp's rows of an f32 or bf16 GEMV at 32 lanes a row (the ROWS path),
- * as one stream of rounds (row r, its q-th MK_WPIPE_V units a lane):
- * round t + MK_WPIPE - 1 is copied into the warp's ring by cp.async (no
- * registers held: the copy engine writes shared memory) before round t is
- * multiplied, so a warp keeps MK_WPIPE - 1 rounds in flight across its
- * rows and their ends, where the register rounds of mk_dot_units have
- * none in flight while they multiply and reduce. Each lane reads back
- * only the units it copied, so its own cp.async.wait_group is the only
- * wait: an empty group is committed where the stream has ended, so that
- * round t is always the (MK_WPIPE - 1)-th group back. */
+ * A warp's rows of an f32, bf16 or W8 GEMV at 32 lanes a row (the ROWS
+ * path; W8's QROW) as one stream of rounds (row r, its q-th MK_WPIPE_V
+ * 16-byte blocks a lane): round t + MK_WPIPE - 1 is copied into the warp's
+ * ring by cp.async (no registers held: the copy engine writes shared
+ * memory) before round t is multiplied, so a warp keeps MK_WPIPE - 1
+ * rounds in flight across its rows and their ends, where the register
+ * rounds of mk_dot_units have none in flight while they multiply and
+ * reduce. Each lane reads back only the blocks it copied, so its own
+ * cp.async.wait_group is the only wait: an empty group is committed where
+ * the stream has ended, so that round t is always the (MK_WPIPE - 1)-th
+ * group back. */
 #if MK_WPIPE > 1 && MK_WSTAGE_BYTES == 0
-MK_DEV void mk_gemv_pipe(const void *W, long long rb, int nu, int bf, const float4 *x4, int m, int rw, int r1,
-                         float *y, const float *b, int flags)
+/* Row r as the pipe copies it: nb 16-byte blocks from base, the last one
+ * `part` bytes (1-15; 16 whole). f32/bf16: the row's units. W8 ({f32 s;
+ * i8 q[k]}, 4-byte aligned): the block that holds s (at byte 12 - *al)
+ * and q's first min(*al, k) bytes, then its nv whole blocks from the
+ * 16-byte boundary q + *al, then the block of its last *tail bytes,
+ * copied up to them (no read past the row). */
+typedef struct {
+    const unsigned char *base;
+    int nb, part, al, nv, tail;
+} MkPipeRow;
+
+MK_INLINE MkPipeRow mk_pipe_row(int w8, const void *W, long long r, long long rb, int k, int nu)
 {
-    const int per = 32 * MK_WPIPE_V, nq = (nu + per - 1) / per;
+    MkPipeRow g;
+    const unsigned char *row = (const unsigned char *)W + r * rb;
+    if (!w8) {
+        g.base = row, g.nb = nu, g.part = 16, g.al = g.nv = g.tail = 0;
+        return g;
+    }
+    const unsigned char *q = row + 4;
+    g.al = (int)((16u - ((unsigned)(unsigned long long)q & 15u)) & 15u);
+    int h = g.al < k ? g.al : k;
+    g.base = q + g.al - 16;
+    g.nv = (k - h) / 16;
+    g.tail = k - h - 16 * g.nv;
+    g.nb = 1 + g.nv + (g.tail > 0);
+    g.part = g.tail > 0 ? g.tail : 16;
+    return g;
+}
+
+/* Copies this lane's blocks of round q of row g into ring slot `slot`. */
+MK_INLINE void mk_pipe_issue(uint4 *slot, MkPipeRow g, int q, unsigned lane)
+{
+#pragma unroll
+    for (int u = 0; u < MK_WPIPE_V; u++) {
+        int j = q * 32 * MK_WPIPE_V + 32 * u + (int)lane;
+        if (j < g.nb - 1)
+            mk_cp16(slot + 32 * u + lane, g.base + 16 * (long long)j);
+        else if (j == g.nb - 1)
+            mk_cp16_part(slot + 32 * u + lane, g.base + 16 * (long long)j, g.part);
+    }
+}
+
+/* Block j of W8 row g (w, in the ring) times its elements of x (x4 staged
+ * with mask m); block 0 also sets *s, the row's scale. */
+MK_INLINE float mk_pipe_w8(uint4 w, const uint4 *wp, MkPipeRow g, int j, int k, const float *x, int m, float *s)
+{
+    const unsigned char *bytes = (const unsigned char *)(const void *)wp;
+    float acc = 0.0f;
+    if (j == 0) {
+        *s = mk_f32_at(bytes + 12 - g.al);
+        int h = g.al < k ? g.al : k;
+        for (int i = 0; i < h; i++)
+            acc += (float)(signed char)bytes[16 - g.al + i] * mk_xs_at(x, i, m);
+    } else if (j <= g.nv) {
+        const float4 *x4 = (const float4 *)(const void *)x;
+        int f = g.al / 4 + 4 * (j - 1);
+        acc = mk_dot_s8x4(w.x, mk_xld4(x4 + mk_xsw(f, m))) + mk_dot_s8x4(w.y, mk_xld4(x4 + mk_xsw(f + 1, m))) +
+              mk_dot_s8x4(w.z, mk_xld4(x4 + mk_xsw(f + 2, m))) + mk_dot_s8x4(w.w, mk_xld4(x4 + mk_xsw(f + 3, m)));
+    } else {
+        int i0 = g.al + 16 * g.nv;
+        for (int i = 0; i < g.tail; i++)
+            acc += (float)(signed char)bytes[i] * mk_xs_at(x, i0 + i, m);
+    }
+    return acc;
+}
+
+MK_DEV void mk_gemv_pipe(const void *W, int t, long long rb, int k, int nu, int bf, const float *x, int m, int rw,
+                         int r1, float *y, const float *b, int flags)
+{
+    const int per = 32 * MK_WPIPE_V, w8 = MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8;
     unsigned lane = mk_tid() & 31u;
 #if MK_NL_COUNT
     if (mk_tid() == 0)
         __atomic_fetch_add(&megac_nl_n[3], 1, __ATOMIC_RELAXED);
 #endif
     uint4 *ring = mk_wst + (MK_WSTAGE_BYTES + MK_ISTAGE_BYTES) / 16 + (mk_tid() >> 5) * (MK_WPIPE * per);
-    int pr = rw, pq = 0, ps = 0; /* the next round to copy: row, round of the row, slot */
+    const float4 *x4 = (const float4 *)(const void *)x;
+    /* the next round to copy: row pr (geometry pg), its round pq, slot ps */
+    int pr = rw, pq = 0, ps = 0;
+    MkPipeRow pg = mk_pipe_row(w8, W, pr < r1 ? pr : r1 - 1, rb, k, nu);
 #pragma unroll 1
-    for (int t = 0; t < MK_WPIPE - 1; t++) {
+    for (int i = 0; i < MK_WPIPE - 1; i++) {
         if (pr < r1) {
-            const uint4 *p = (const uint4 *)(const void *)((const unsigned char *)W + pr * rb);
-#pragma unroll
-            for (int u = 0; u < MK_WPIPE_V; u++) {
-                int j = pq * per + 32 * u + (int)lane;
-                if (j < nu)
-                    mk_cp16(ring + ps * per + 32 * u + lane, p + j);
-            }
-            if (++pq == nq)
+            mk_pipe_issue(ring + ps * per, pg, pq, lane);
+            if (++pq * per >= pg.nb) {
                 pq = 0, pr += MK_NWARPS;
+                if (pr < r1)
+                    pg = mk_pipe_row(w8, W, pr, rb, k, nu);
+            }
         }
         mk_cp_commit();
         ps = ps + 1 == MK_WPIPE ? 0 : ps + 1;
     }
-    float acc[MK_WPIPE_V];
+    float acc[MK_WPIPE_V], s = 1.0f;
 #pragma unroll
     for (int u = 0; u < MK_WPIPE_V; u++)
         acc[u] = 0.0f;
     int cq = 0, cs = 0;
+    MkPipeRow cg = mk_pipe_row(w8, W, rw < r1 ? rw : r1 - 1, rb, k, nu);
 #pragma unroll 1
     for (int cr = rw; cr < r1;) {
         if (pr < r1) {
-            const uint4 *p = (const uint4 *)(const void *)((const unsigned char *)W + pr * rb);
-#pragma unroll
-            for (int u = 0; u < MK_WPIPE_V; u++) {
-                int j = pq * per + 32 * u + (int)lane;
-                if (j < nu)
-                    mk_cp16(ring + ps * per + 32 * u + lane, p + j);
-            }
-            if (++pq == nq)
+            mk_pipe_issue(ring + ps * per, pg, pq, lane);
+            if (++pq * per >= pg.nb) {
                 pq = 0, pr += MK_NWARPS;
+                if (pr < r1)
+                    pg = mk_pipe_row(w8, W, pr, rb, k, nu);
+            }
         }
         mk_cp_commit();
         ps = ps + 1 == MK_WPIPE ? 0 : ps + 1;
@@ -1328,11 +1394,12 @@ MK_DEV void mk_gemv_pipe(const void *W, long long rb, int nu, int bf, const floa
 #pragma unroll
         for (int u = 0; u < MK_WPIPE_V; u++) {
             int j = cq * per + 32 * u + (int)lane;
-            if (j < nu)
-                acc[u] += mk_unit_dot(ring[cs * per + 32 * u + lane], bf, x4, (unsigned)j, m);
+            const uint4 *wp = ring + cs * per + 32 * u + lane;
+            if (j < cg.nb)
+                acc[u] += w8 ? mk_pipe_w8(*wp, wp, cg, j, k, x, m, &s) : mk_unit_dot(*wp, bf, x4, (unsigned)j, m);
         }
         cs = cs + 1 == MK_WPIPE ? 0 : cs + 1;
-        if (++cq == nq) {
+        if (++cq * per >= cg.nb) {
             float v = 0.0f;
 #pragma unroll
             for (int u = 0; u < MK_WPIPE_V; u++) {
@@ -1340,10 +1407,12 @@ MK_DEV void mk_gemv_pipe(const void *W, long long rb, int nu, int bf, const floa
                 acc[u] = 0.0f;
             }
             v = mk_warp_sum(v);
-            if (lane == 0)
-                mk_gemv_store(y, b, cr, v, flags);
+            if (lane == 0) /* lane 0 read block 0: the W8 scale */
+                mk_gemv_store(y, b, cr, w8 ? s * v : v, flags);
             cq = 0;
             cr += MK_NWARPS;
+            if (cr < r1)
+                cg = mk_pipe_row(w8, W, cr, rb, k, nu);
         }
     }
 }
@@ -1377,8 +1446,8 @@ MK_INLINE void mk_gemv_rows_nl(MkStage st, const unsigned *in, const void *W, co
         rw += step;
     }
 #if MK_WPIPE > 1 && MK_WSTAGE_BYTES == 0
-    if (nl == 32 && path == MK_GEMV_ROWS) {
-        mk_gemv_pipe(W, rb, nu, bf, (const float4 *)xin, m, rw, r1, y, b, flags);
+    if (nl == 32 && (path == MK_GEMV_ROWS || (path == MK_GEMV_QROW && MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8))) {
+        mk_gemv_pipe(W, t, rb, k, nu, bf, xin, m, rw, r1, y, b, flags);
         return;
     }
 #endif
