@@ -589,8 +589,8 @@ static const int gemv_spec[][6] = {
      * groups past the rows */
     {0, 37, 37, 2048, GEMV_BIAS, DT_W8},        {0, 21, 21, 576, GEMV_NORM, DT_BF16},
     {0, 19, 19, 1024, 0, DT_W4G128},            {2, 13, 13, 2048, GEMV_ACCUM, DT_Q8_0},
-    /* short rows, no more than the host block's 4 warps: a row a warp
-     * with its preloads (MK_NL_ONE_ROW), 4 a warp without the rule */
+    /* short rows, no more than the host block's 4 warps: 4 a warp, or a
+     * row a warp with its preloads (MK_NL_ONE_ROW=1) */
     {0, 4, 4, 128, GEMV_NORM, DT_BF16},         {1, 4, 4, 256, GEMV_BIAS, DT_W8},
     /* rows of several rounds, several a warp: through the weight pipe's
      * ring more than once (MK_WPIPE) */
@@ -852,9 +852,9 @@ Test(cuda_host, gemv_paths_match_double)
  * bf16 k = 128, W8 k = 64, W4G128 k = 1024 and the short block rows at 8)
  * give the same results as the double sums either way
  * (gemv_paths_check); MK_ROW_LANES_MIN=32 reads every row with 32, and
- * MK_ROW_LANES_BLOCKS=0 the block formats' rows. Where a worker has no
- * more rows of a preloadable GEMV than warps, a row a warp
- * (MK_NL_ONE_ROW=0 turns that off). */
+ * MK_ROW_LANES_BLOCKS=0 the block formats' rows. MK_NL_ONE_ROW=1: where a
+ * worker has no more rows of a preloadable GEMV than warps, a row a
+ * warp. */
 Test(cuda_host, gemv_short_rows_side_by_side)
 {
     unsigned long nl[4];
@@ -871,14 +871,14 @@ Test(cuda_host, gemv_short_rows_side_by_side)
     gemv_paths_check_nl("MK_NL_COUNT=1 MK_ROW_LANES_BLOCKS=0", nl);
     cr_assert_lt(nl[0] + nl[1], fewer, "the block rows at 32 lanes");
     cr_assert_geq(nl[1], 2);
-    /* the two cases of a row a warp or less go side by side without the
-     * rule, and only they */
+    /* with the rule, the two cases of a row a warp or less go a row a
+     * warp, and only they */
     unsigned long base[4];
     gemv_paths_check_nl("MK_NL_COUNT=1", base);
-    gemv_paths_check_nl("MK_NL_COUNT=1 MK_NL_ONE_ROW=0", nl);
-    cr_assert_eq(nl[0], base[0] + 2, "at 8 lanes: %lu, with the rule %lu", nl[0], base[0]);
+    gemv_paths_check_nl("MK_NL_COUNT=1 MK_NL_ONE_ROW=1", nl);
+    cr_assert_eq(nl[0], base[0] - 2, "at 8 lanes: %lu with the rule, %lu without", nl[0], base[0]);
     cr_assert_eq(nl[1], base[1]);
-    cr_assert_eq(nl[2], base[2] - 2);
+    cr_assert_eq(nl[2], base[2] + 2);
 }
 
 /* The weight pipe (MK_WPIPE=S: cp.async copies S - 1 rounds ahead into

@@ -139,7 +139,7 @@ static long source_dev_int(const char *name, long dflt)
 static int source_nl_used(const Schedule *s, const CudaLayout *l)
 {
     int used = 4, lanes_min = (int)source_dev_int("MK_ROW_LANES_MIN", 8), vloads = l->vloads;
-    bool one_row = source_dev_int("MK_NL_ONE_ROW", 1) && source_dev_int("MK_PRELOADS", l->preloads) > 0;
+    bool one_row = source_dev_int("MK_NL_ONE_ROW", 0) && source_dev_int("MK_PRELOADS", l->preloads) > 0;
     for (uint32_t w = 0; w < s->nworkers; w++)
         for (uint32_t i = 0; i < s->workers[w].ninst; i++) {
             const Inst *in = &s->workers[w].insts[i];

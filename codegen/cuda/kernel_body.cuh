@@ -1141,11 +1141,13 @@ MK_INLINE int mk_gemv_path(const unsigned *in, int *bf)
  * save round trips only where a warp has rows one after another (the 1B
  * shape's gate/up, every lm_head); with a row a warp or less they only
  * cost the preloads (on the H200 SmolLM2-135M's W8A16 ran 1.06x faster
- * with every row at 32 lanes, whose gate/up are 12 rows a worker). 0
- * takes fewer lanes by the row's length alone, to time against. The block
- * formats take no preloads: their short rows always go side by side. */
+ * with every row at 32 lanes, whose gate/up are 12 rows a worker; the 1B
+ * shape's 1.04x slower). Not yet timed itself, so 0 (fewer lanes by the
+ * row's length alone, as timed) until gpu-check's onerow variants say.
+ * The block formats take no preloads: their short rows go side by side
+ * either way. */
 #ifndef MK_NL_ONE_ROW
-#define MK_NL_ONE_ROW 1
+#define MK_NL_ONE_ROW 0
 #endif
 /* Lanes per row for a row of n loads (16-byte units or block chunks),
  * among the copies compiled. */
