@@ -970,12 +970,6 @@ MK_DEV void op_rmsnorm(const MegacArgs *a, const unsigned *in)
         out[j] = x[j] * s * w[j];
 }
 
-/* One group of nl lanes' dot product of units [j0, j1) of a weight row
- * (f32: 4 weights per 16-byte unit, bf16: 8) and the input (staged with
- * mask m), reduced so that every lane of the group holds it (lane: the
- * index in the group): MK_VLOADS loads in flight per lane (the last
- * round's loads predicated, so that a row of up to nl * MK_VLOADS units
- * is one round trip to memory); the first round is pre when use_pre. */
 /* Weight unit e (w: 8 bf16 or 4 f32) times its elements of x. */
 MK_INLINE float mk_unit_dot(uint4 w, int bf, const float4 *x4, unsigned e, int m)
 {
@@ -988,6 +982,12 @@ MK_INLINE float mk_unit_dot(uint4 w, int bf, const float4 *x4, unsigned e, int m
     return mk_as_float(w.x) * xa.x + mk_as_float(w.y) * xa.y + mk_as_float(w.z) * xa.z + mk_as_float(w.w) * xa.w;
 }
 
+/* One group of nl lanes' dot product of units [j0, j1) of a weight row
+ * (f32: 4 weights per 16-byte unit, bf16: 8) and the input (staged with
+ * mask m), reduced so that every lane of the group holds it (lane: the
+ * index in the group): MK_VLOADS loads in flight per lane (the last
+ * round's loads predicated, so that a row of up to nl * MK_VLOADS units
+ * is one round trip to memory); the first round is pre when use_pre. */
 MK_INLINE float mk_dot_units(const uint4 *w4, int bf, const float4 *x4, int m, int j0, int j1, unsigned lane,
                               const uint4 pre[MK_PRE_N], int use_pre, int nl)
 {
@@ -1323,6 +1323,30 @@ MK_INLINE void mk_pipe_issue(uint4 *slot, MkPipeRow g, int q, unsigned lane)
     }
 }
 
+/* The next round to copy: row r (geometry g), its round q, ring slot. */
+typedef struct {
+    int r, q, slot;
+    MkPipeRow g;
+} MkPipeNext;
+
+/* Copies round *p (none past the warp's last row: an empty group) as one
+ * group, and moves *p on. */
+MK_INLINE void mk_pipe_copy(uint4 *ring, MkPipeNext *p, int w8, const void *W, long long rb, int k, int nu, int r1,
+                            unsigned lane)
+{
+    const int per = 32 * MK_WPIPE_V;
+    if (p->r < r1) {
+        mk_pipe_issue(ring + p->slot * per, p->g, p->q, lane);
+        if (++p->q * per >= p->g.nb) {
+            p->q = 0, p->r += MK_NWARPS;
+            if (p->r < r1)
+                p->g = mk_pipe_row(w8, W, p->r, rb, k, nu);
+        }
+    }
+    mk_cp_commit();
+    p->slot = p->slot + 1 == MK_WPIPE ? 0 : p->slot + 1;
+}
+
 /* Block j of W8 row g (w, in the ring) times its elements of x (x4 staged
  * with mask m); block 0 also sets *s, the row's scale. */
 MK_INLINE float mk_pipe_w8(uint4 w, const uint4 *wp, MkPipeRow g, int j, int k, const float *x, int m, float *s)
@@ -1358,22 +1382,10 @@ MK_DEV void mk_gemv_pipe(const void *W, int t, long long rb, int k, int nu, int 
 #endif
     uint4 *ring = mk_wst + (MK_WSTAGE_BYTES + MK_ISTAGE_BYTES) / 16 + (mk_tid() >> 5) * (MK_WPIPE * per);
     const float4 *x4 = (const float4 *)(const void *)x;
-    /* the next round to copy: row pr (geometry pg), its round pq, slot ps */
-    int pr = rw, pq = 0, ps = 0;
-    MkPipeRow pg = mk_pipe_row(w8, W, pr < r1 ? pr : r1 - 1, rb, k, nu);
+    MkPipeNext p = {rw, 0, 0, mk_pipe_row(w8, W, rw < r1 ? rw : r1 - 1, rb, k, nu)};
 #pragma unroll 1
-    for (int i = 0; i < MK_WPIPE - 1; i++) {
-        if (pr < r1) {
-            mk_pipe_issue(ring + ps * per, pg, pq, lane);
-            if (++pq * per >= pg.nb) {
-                pq = 0, pr += MK_NWARPS;
-                if (pr < r1)
-                    pg = mk_pipe_row(w8, W, pr, rb, k, nu);
-            }
-        }
-        mk_cp_commit();
-        ps = ps + 1 == MK_WPIPE ? 0 : ps + 1;
-    }
+    for (int i = 0; i < MK_WPIPE - 1; i++)
+        mk_pipe_copy(ring, &p, w8, W, rb, k, nu, r1, lane);
     float acc[MK_WPIPE_V], s = 1.0f;
 #pragma unroll
     for (int u = 0; u < MK_WPIPE_V; u++)
@@ -1382,16 +1394,7 @@ MK_DEV void mk_gemv_pipe(const void *W, int t, long long rb, int k, int nu, int 
     MkPipeRow cg = mk_pipe_row(w8, W, rw < r1 ? rw : r1 - 1, rb, k, nu);
 #pragma unroll 1
     for (int cr = rw; cr < r1;) {
-        if (pr < r1) {
-            mk_pipe_issue(ring + ps * per, pg, pq, lane);
-            if (++pq * per >= pg.nb) {
-                pq = 0, pr += MK_NWARPS;
-                if (pr < r1)
-                    pg = mk_pipe_row(w8, W, pr, rb, k, nu);
-            }
-        }
-        mk_cp_commit();
-        ps = ps + 1 == MK_WPIPE ? 0 : ps + 1;
+        mk_pipe_copy(ring, &p, w8, W, rb, k, nu, r1, lane);
         MK_CP_WAIT_GROUP(MK_WPIPE - 1); /* this lane's copies of round (cr, cq) have landed */
 #pragma unroll
         for (int u = 0; u < MK_WPIPE_V; u++) {
