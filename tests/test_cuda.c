@@ -2108,44 +2108,38 @@ Test(cuda_host, watchdog_names_the_stuck_wait, .timeout = 120)
  * w4a16 (g32, and g128 whose k = 96 is one short group) for `target`: the
  * fused dequantizing GEMVs against the reference engine on the same
  * (dequantized) weights. */
-static void stored_formats_check(const char *target, const int *workers, int nw)
+/* The synthetic model stored as each of fmts (NULL: as written, f32) on
+ * `target`, against the reference. */
+static void synth_formats_check(const char *target, const char *const *fmts, size_t n, const int *workers, int nw)
 {
-    static const char *const fmts[] = {"bf16", "f16", "w8a16", "w4a16-g32", "w4a16-g128"};
-    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
-        char *dir = tmp_dir(), *yaml = write_synth(dir);
-        FILE *f = fopen(yaml, "a");
-        cr_assert(f);
-        fprintf(f, "compile:\n  quant: {default: %s}\n", fmts[i]);
-        cr_assert_eq(fclose(f), 0);
-        cr_log_info("%s, stored as %s", target, fmts[i]);
+    for (size_t i = 0; i < n; i++) {
+        char *dir = tmp_dir(), compile[64], *yaml;
+        snprintf(compile, sizeof compile, "  quant: {default: %s}\n", fmts[i] ? fmts[i] : "f32");
+        yaml = write_synth_as(dir, "synth", fmts[i] ? compile : NULL);
+        cr_log_info("%s, stored as %s", target, fmts[i] ? fmts[i] : "f32");
         bundles_vs_reference(yaml, target, workers, nw, 48);
         free(yaml);
         test_rm_rf(dir);
     }
 }
 
-/* The synthetic model, f32 and stored as bf16 and w8a16, decoded by kernels with a
- * weight pipe of `defines` (MEGAC_CUDA_DEFINES: MK_WPIPE=S, with
- * MK_ROW_LANES_MIN=32 so that its short rows take the pipe too) as the
- * reference does: on a GPU, where cp.async is asynchronous, that is the
- * check of its groups and waits. */
+static void stored_formats_check(const char *target, const int *workers, int nw)
+{
+    static const char *const fmts[] = {"bf16", "f16", "w8a16", "w4a16-g32", "w4a16-g128"};
+    synth_formats_check(target, fmts, sizeof fmts / sizeof fmts[0], workers, nw);
+}
+
+/* The synthetic model, f32 and stored as bf16 and w8a16, decoded by
+ * kernels with a weight pipe of `defines` (MEGAC_CUDA_DEFINES: MK_WPIPE=S,
+ * with MK_ROW_LANES_MIN=32 so that its short rows take the pipe too) as
+ * the reference does: on a GPU, where cp.async is asynchronous, that is
+ * the check of its groups and waits. */
 static void weight_pipe_check(const char *target, const char *defines, const int *workers, int nw)
 {
     static const char *const fmts[] = {NULL, "bf16", "w8a16"};
     setenv("MEGAC_CUDA_DEFINES", defines, 1);
-    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
-        char *dir = tmp_dir(), *yaml = write_synth(dir);
-        if (fmts[i]) {
-            FILE *f = fopen(yaml, "a");
-            cr_assert(f);
-            fprintf(f, "compile:\n  quant: {default: %s}\n", fmts[i]);
-            cr_assert_eq(fclose(f), 0);
-        }
-        cr_log_info("%s, %s, stored as %s", target, defines, fmts[i] ? fmts[i] : "f32");
-        bundles_vs_reference(yaml, target, workers, nw, 48);
-        free(yaml);
-        test_rm_rf(dir);
-    }
+    cr_log_info("%s: %s", target, defines);
+    synth_formats_check(target, fmts, sizeof fmts / sizeof fmts[0], workers, nw);
     unsetenv("MEGAC_CUDA_DEFINES");
 }
 

@@ -58,6 +58,9 @@ typedef struct CudaLayout {
 } CudaLayout;
 /* The block layout for a schedule on the GPU (host = false) or the host. */
 CudaLayout cuda_layout(const Schedule *s, bool host);
+/* The dynamic shared memory a launch gives each block: the weight stage,
+ * the instruction stage and the weight pipe. */
+static inline int cuda_layout_dyn_smem(const CudaLayout *l) { return l->wstage + l->istage + l->wpipe_bytes; }
 /* The whole kernel source for layout l, xmalloc'd. */
 char *cuda_source_build(const Schedule *s, const CudaLayout *l, bool host);
 

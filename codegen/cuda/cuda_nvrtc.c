@@ -208,7 +208,7 @@ bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path
             info->vloads = l.vloads;
             info->block_lanes = l.block_lanes;
             info->wpipe = l.wpipe;
-            info->dyn_smem = l.wstage + l.istage + l.wpipe_bytes; /* not in ptxas' count */
+            info->dyn_smem = cuda_layout_dyn_smem(&l); /* not in ptxas' count */
             info->smem_per_block += info->dyn_smem;
         }
         if (ok || !spilled)

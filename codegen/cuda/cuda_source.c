@@ -377,8 +377,7 @@ static void source_constants(FILE *f, const Schedule *s, const CudaLayout *l)
             (unsigned long long)sched_hash(s));
     fprintf(f, "MK_EXPORT const unsigned megac_num_workers = %uu;\n", s->nworkers);
     /* the dynamic shared memory a launch gives each block (cuda_backend.c) */
-    fprintf(f, "MK_EXPORT const unsigned megac_k_dyn_smem_bytes = %uu;\n",
-            (unsigned)(l->wstage + l->istage + l->wpipe_bytes));
+    fprintf(f, "MK_EXPORT const unsigned megac_k_dyn_smem_bytes = %uu;\n", (unsigned)cuda_layout_dyn_smem(l));
     fprintf(f, "MK_EXPORT const unsigned long long megac_kernel_facts[%d] = {", MEGAC_NFACTS);
     for (int i = 0; i < MEGAC_NFACTS; i++)
         fprintf(f, "%s0x%llxull", i ? ", " : "", (unsigned long long)facts[i]);

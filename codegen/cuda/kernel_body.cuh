@@ -1347,9 +1347,9 @@ MK_INLINE void mk_pipe_copy(uint4 *ring, MkPipeNext *p, int w8, const void *W, l
     p->slot = p->slot + 1 == MK_WPIPE ? 0 : p->slot + 1;
 }
 
-/* Block j of W8 row g (w, in the ring) times its elements of x (x4 staged
+/* Block j of W8 row g (wp, in the ring) times its elements of x (staged
  * with mask m); block 0 also sets *s, the row's scale. */
-MK_INLINE float mk_pipe_w8(uint4 w, const uint4 *wp, MkPipeRow g, int j, int k, const float *x, int m, float *s)
+MK_INLINE float mk_pipe_w8(const uint4 *wp, MkPipeRow g, int j, int k, const float *x, int m, float *s)
 {
     const unsigned char *bytes = (const unsigned char *)(const void *)wp;
     float acc = 0.0f;
@@ -1361,6 +1361,7 @@ MK_INLINE float mk_pipe_w8(uint4 w, const uint4 *wp, MkPipeRow g, int j, int k, 
     } else if (j <= g.nv) {
         const float4 *x4 = (const float4 *)(const void *)x;
         int f = g.al / 4 + 4 * (j - 1);
+        uint4 w = *wp;
         acc = mk_dot_s8x4(w.x, mk_xld4(x4 + mk_xsw(f, m))) + mk_dot_s8x4(w.y, mk_xld4(x4 + mk_xsw(f + 1, m))) +
               mk_dot_s8x4(w.z, mk_xld4(x4 + mk_xsw(f + 2, m))) + mk_dot_s8x4(w.w, mk_xld4(x4 + mk_xsw(f + 3, m)));
     } else {
@@ -1401,7 +1402,7 @@ MK_DEV void mk_gemv_pipe(const void *W, int t, long long rb, int k, int nu, int 
             int j = cq * per + 32 * u + (int)lane;
             const uint4 *wp = ring + cs * per + 32 * u + lane;
             if (j < cg.nb)
-                acc[u] += w8 ? mk_pipe_w8(*wp, wp, cg, j, k, x, m, &s) : mk_unit_dot(*wp, bf, x4, (unsigned)j, m);
+                acc[u] += w8 ? mk_pipe_w8(wp, cg, j, k, x, m, &s) : mk_unit_dot(*wp, bf, x4, (unsigned)j, m);
         }
         cs = cs + 1 == MK_WPIPE ? 0 : cs + 1;
         if (++cq * per >= cg.nb) {
@@ -1491,6 +1492,8 @@ MK_INLINE void mk_gemv_rows(MkStage st, const unsigned *in, const void *W, const
     if (mk_tid() == 0)
         __atomic_fetch_add(&megac_nl_n[nl == 8 ? 0 : nl == 16 ? 1 : 2], 1, __ATOMIC_RELAXED);
 #endif
+    /* mk_gemv_nl gives only compiled widths; the constant tests let the
+     * compiler drop the copies MK_NL_USED leaves out */
     if ((MK_NL_USED & 1) && nl == 8)
         mk_gemv_rows_nl(st, in, W, xin, m, y, b, path, bf, pre, 0, 8);
     else if ((MK_NL_USED & 2) && nl == 16)
