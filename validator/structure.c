@@ -175,7 +175,8 @@ static void sync_check(Val *v, uint32_t w, uint32_t t)
  * max_seq, h heads, k kv_heads, d head_dim, Q heads*head_dim, K
  * kv_heads*head_dim, r head_dim/2, G heads/kv_heads, P head_dim+2, 2 two,
  * R 1..max_seq (an evicting layer's cache holds its budget), * any.
- * "L." names are per layer (L0.wq), "x." ones too (kc.0); a buffer of
+ * "L." names are per layer (L0.wq), "x." ones too (kc.0), "x.w" ones per
+ * worker (att.w3: in_o's merged attention, one a worker); a buffer of
  * another class than the lowering gives the name is not one of these
  * (a hand-written schedule's state x). Shapes are in
  * elements whatever the dtype (a quantized row's bytes are its dtype's
@@ -195,7 +196,7 @@ static const struct {
     {"sel", "k*", BUF_SCRATCH}, {"score", "h*", BUF_SCRATCH}, {"x", "D", BUF_SCRATCH},
     {"q", "Q", BUF_SCRATCH}, {"k", "K", BUF_SCRATCH}, {"v", "K", BUF_SCRATCH},
     {"att", "Q", BUF_SCRATCH}, {"part", "k*GP", BUF_SCRATCH}, {"gate", "H", BUF_SCRATCH},
-    {"up", "H", BUF_SCRATCH}, {"hb", "H", BUF_SCRATCH},
+    {"up", "H", BUF_SCRATCH}, {"hb", "H", BUF_SCRATCH}, {"att.w", "Q", BUF_SCRATCH},
 };
 
 /* The size dimension letter c stands for; -1: any. */
@@ -227,7 +228,11 @@ static const char *shaped_dims(const char *name, BufClass cls, int *layer)
     char key[48];
     const char *dot = strchr(name, '.'), *num = name[0] == 'L' && dot ? name + 1 : dot ? dot + 1 : NULL;
     *layer = -1;
-    if (num && *num >= '0' && *num <= '9') {
+    if (dot && num == dot + 1 && num[0] == 'w' && num[1] >= '0' && num[1] <= '9' &&
+        strspn(num + 1, "0123456789") == strlen(num + 1) && dot - name < 32) {
+        snprintf(key, sizeof key, "%.*s.w", (int)(dot - name), name); /* att.w3 -> att.w */
+        name = key;
+    } else if (num && *num >= '0' && *num <= '9') {
         char *end;
         long l = strtol(num, &end, 10);
         bool prefix = name[0] == 'L' && end == dot, suffix = !prefix && dot && num == dot + 1 && !*end;
