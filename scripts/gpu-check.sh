@@ -23,8 +23,8 @@
 # default kernel of one weight format, as "NAME:DEFINE=V[,DEFINE=V][@FORMAT]"
 # words for MEGAC_CUDA_DEFINES (a DEFINE written set.KEY is a description
 # knob instead: --set KEY=V), FORMAT bf16 unless given and one of
-# FORMATS; default "wpipe:MK_WPIPE=4 wpipe32:MK_WPIPE=4,MK_ROW_LANES_MIN=32
-# wpipe32w8:MK_WPIPE=4,MK_ROW_LANES_MIN=32@w8a16 onerow:MK_NL_ONE_ROW=1
+# FORMATS; default "wpipe:MK_WPIPE=4 wpipenp:MK_WPIPE=4,MK_WPIPE_PRIME=0
+# wpipe32:MK_WPIPE=4,MK_ROW_LANES_MIN=32 wpipe32w8:MK_WPIPE=4,MK_ROW_LANES_MIN=32@w8a16 onerow:MK_NL_ONE_ROW=1
 # oneroww8:MK_NL_ONE_ROW=1@w8a16 rows32w8:MK_ROW_LANES_MIN=32@w8a16
 # rows32w4:MK_ROW_LANES_MIN=32@w4a16-g128", empty skips; the 2026-12-04 runs also timed set.attn_combine=in_o (or
 # its opposite), MK_ROW_LANES_MIN=32 (bf16), MK_WAIT_SLEEP_MAX=0, MK_ISTAGE=0 (and @w8a16),
@@ -167,7 +167,7 @@ done
 # kernel variants (VARIANTS): a format's bundle with kernel_body.cuh knobs
 # set; those of formats not benchmarked are left out
 variants=
-for v in ${VARIANTS-wpipe:MK_WPIPE=4 wpipe32:MK_WPIPE=4,MK_ROW_LANES_MIN=32 \
+for v in ${VARIANTS-wpipe:MK_WPIPE=4 wpipenp:MK_WPIPE=4,MK_WPIPE_PRIME=0 wpipe32:MK_WPIPE=4,MK_ROW_LANES_MIN=32 \
     wpipe32w8:MK_WPIPE=4,MK_ROW_LANES_MIN=32@w8a16 onerow:MK_NL_ONE_ROW=1 oneroww8:MK_NL_ONE_ROW=1@w8a16 \
     rows32w8:MK_ROW_LANES_MIN=32@w8a16 rows32w4:MK_ROW_LANES_MIN=32@w4a16-g128}; do
     case $v in *@*) ;; *) v=$v@bf16 ;; esac

@@ -764,8 +764,8 @@ static void gemv_fill(HostKernel *k)
 /* The GEMV cases on one host block, each against a double sum, in a
  * kernel built with MEGAC_CUDA_DEFINES=defines (or none); returns the
  * kernel's megac_wstage_count() after the step (0 without one), and its
- * megac_nl_count(0..2) in nl when not NULL (MK_NL_COUNT=1). */
-static unsigned long gemv_paths_check_nl(const char *defines, unsigned long nl[4])
+ * megac_nl_count(0..5) in nl when not NULL (MK_NL_COUNT=1). */
+static unsigned long gemv_paths_check_nl(const char *defines, unsigned long nl[6])
 {
     enum { N = GEMV_N };
     GemvCase c[N];
@@ -830,7 +830,7 @@ static unsigned long gemv_paths_check_nl(const char *defines, unsigned long nl[4
     unsigned long (*count)(void) = (unsigned long (*)(void))(uintptr_t)dlsym(hk.dl, "megac_wstage_count");
     unsigned long staged = count ? count() : 0;
     unsigned long (*nlc)(int) = (unsigned long (*)(int))(uintptr_t)dlsym(hk.dl, "megac_nl_count");
-    for (int i = 0; nl && i < 4; i++)
+    for (int i = 0; nl && i < 6; i++)
         nl[i] = nlc ? nlc(i) : 0;
     host_kernel_close(&hk);
     return staged;
@@ -857,7 +857,7 @@ Test(cuda_host, gemv_paths_match_double)
  * warp. */
 Test(cuda_host, gemv_short_rows_side_by_side)
 {
-    unsigned long nl[4];
+    unsigned long nl[6];
     gemv_paths_check_nl("MK_NL_COUNT=1", nl);
     cr_assert_geq(nl[1], 3, "GEMVs at 16 lanes a row: %lu", nl[1]);
     cr_assert_geq(nl[0], 5, "GEMVs at 8 lanes a row: %lu", nl[0]);
@@ -873,7 +873,7 @@ Test(cuda_host, gemv_short_rows_side_by_side)
     cr_assert_geq(nl[1], 2);
     /* with the rule, the two cases of a row a warp or less go a row a
      * warp, and only they */
-    unsigned long base[4];
+    unsigned long base[6];
     gemv_paths_check_nl("MK_NL_COUNT=1", base);
     gemv_paths_check_nl("MK_NL_COUNT=1 MK_NL_ONE_ROW=1", nl);
     cr_assert_eq(nl[0], base[0] - 2, "at 8 lanes: %lu with the rule, %lu without", nl[0], base[0]);
@@ -884,18 +884,35 @@ Test(cuda_host, gemv_short_rows_side_by_side)
 /* The weight pipe (MK_WPIPE=S: cp.async copies S - 1 rounds ahead into
  * each warp's ring; on the host, copies at once) gives the double sums'
  * results for every case, at 2, 3 and 4 stages; the f32, bf16 and W8
- * GEMVs at 32 lanes a row go through it, and none without it. */
+ * GEMVs at 32 lanes a row go through it, and none without it. Each of
+ * those comes after a wait here, and has its first rounds copied before
+ * it (mk_pipe_prime): the GEMV must go on from where that left the
+ * stream (rows of one round or of many, warps with no row), copying each
+ * round once, as many rounds as without the priming and the preloads
+ * (MK_WPIPE_PRIME=0 MK_PRELOADS=0; with preloads a warp's first row is
+ * read from them);
+ * on the host a copy lands at once, so only that count sees a round
+ * copied twice. */
 Test(cuda_host, weight_pipe_matches_double)
 {
-    unsigned long nl[4];
+    unsigned long nl[6];
     gemv_paths_check_nl("MK_NL_COUNT=1", nl);
     cr_assert_eq(nl[3], 0, "no weight pipe by default");
     static const char *const defs[] = {"MK_NL_COUNT=1 MK_WPIPE=2", "MK_NL_COUNT=1 MK_WPIPE=3",
                                        "MK_NL_COUNT=1 MK_WPIPE=4"};
     for (int i = 0; i < 3; i++) {
+        unsigned long off[6];
+        char d[128];
+        snprintf(d, sizeof d, "%s MK_WPIPE_PRIME=0 MK_PRELOADS=0", defs[i]);
+        gemv_paths_check_nl(d, off);
+        cr_assert_eq(off[4], 0, "%s: none primed", d);
         gemv_paths_check_nl(defs[i], nl);
+        cr_assert_eq(nl[3], off[3]);
+        cr_assert_eq(nl[5], off[5], "%s: %lu rounds copied, %lu without priming", defs[i], nl[5], off[5]);
         cr_assert_geq(nl[3], 4, "%s: %lu GEMVs through the pipe", defs[i], nl[3]);
         cr_assert_leq(nl[3], nl[2]);
+        cr_assert_eq(nl[4], nl[3], "%s: %lu of the %lu primed before their wait (all come after one)", defs[i],
+                     nl[4], nl[3]);
     }
     gemv_paths_check_nl("MK_NL_COUNT=1 MK_WPIPE=1", nl);
     cr_assert_eq(nl[3], 0, "a pipe of one stage is none");

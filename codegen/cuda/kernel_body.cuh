@@ -225,8 +225,9 @@ MK_EXPORT unsigned long megac_xreuse_count(void)
 #endif
 /* MEGAC_CUDA_DEFINES=MK_NL_COUNT=1 (host shim only): counts the GEMVs
  * whose rows were read by 8, 16 and 32 lanes (mk_gemv_rows) and, of those,
- * the ones read through the weight pipe, for a test to see
- * which. */
+ * the ones read through the weight pipe and the ones whose pipe was
+ * primed before their wait, and the pipe's rounds copied, for a test to
+ * see which. */
 #ifndef MK_NL_COUNT
 #define MK_NL_COUNT 0
 #endif
@@ -234,7 +235,7 @@ MK_EXPORT unsigned long megac_xreuse_count(void)
 #ifdef __CUDACC_RTC__
 #error "MK_NL_COUNT is for the host shim"
 #endif
-static unsigned long megac_nl_n[4]; /* 8, 16, 32 lanes; [3] those through the weight pipe */
+static unsigned long megac_nl_n[6]; /* 8, 16, 32 lanes; [3] those through the weight pipe, [4] primed; [5] rounds */
 MK_EXPORT unsigned long megac_nl_count(int i)
 {
     return __atomic_load_n(&megac_nl_n[i], __ATOMIC_RELAXED);
@@ -502,6 +503,11 @@ MK_INLINE void mk_round_load(const uint4 *p, int j, int j1, uint4 w[MK_VLOADS], 
 {
     mk_round_part(p, j, j1, 0, MK_VLOADS, w, nl);
 }
+
+/* use_pre, the GEMVs' word for what was issued before their wait: 0
+ * nothing, 1 the first round's MK_PRELOADS loads in pre (mk_gemv_preload),
+ * MK_PIPE_PRIMED the first rounds of the weight pipe (mk_pipe_prime). */
+#define MK_PIPE_PRIMED 2
 
 /* A lane's first round: its first MK_PRELOADS loads from pre when use_pre
  * (mk_gemv_preload issued them), the rest issued now. */
@@ -1278,7 +1284,16 @@ MK_INLINE MkStage mk_wstage_issue(const MegacArgs *a, const unsigned *in)
  * reduce. Each lane reads back only the blocks it copied, so its own
  * cp.async.wait_group is the only wait: an empty group is committed where
  * the stream has ended, so that round t is always the (MK_WPIPE - 1)-th
- * group back. */
+ * group back. A GEMV right after a wait has its first MK_WPIPE - 1 rounds
+ * copied before the wait (mk_pipe_prime: weights never change during a
+ * step), so that they travel while the block waits, as the preloads do,
+ * but into shared memory: no registers held across the wait, and
+ * MK_WPIPE - 1 rounds of MK_WPIPE_V units a lane rather than MK_PRELOADS
+ * units. MEGAC_CUDA_DEFINES=MK_WPIPE_PRIME=0 leaves that to the GEMV (and
+ * the preloads), to time against. */
+#ifndef MK_WPIPE_PRIME
+#define MK_WPIPE_PRIME 1
+#endif
 #if MK_WPIPE > 1 && MK_WSTAGE_BYTES == 0
 /* Row r as the pipe copies it: nb 16-byte blocks from base, the last one
  * `part` bytes (1-15; 16 whole). f32/bf16: the row's units. W8 ({f32 s;
@@ -1330,21 +1345,43 @@ typedef struct {
 } MkPipeNext;
 
 /* Copies round *p (none past the warp's last row: an empty group) as one
- * group, and moves *p on. */
+ * group, and moves *p on; with issue 0 only moves it (the round was
+ * copied before: mk_pipe_prime). */
 MK_INLINE void mk_pipe_copy(uint4 *ring, MkPipeNext *p, int w8, const void *W, long long rb, int k, int nu, int r1,
-                            unsigned lane)
+                            unsigned lane, int issue)
 {
     const int per = 32 * MK_WPIPE_V;
     if (p->r < r1) {
-        mk_pipe_issue(ring + p->slot * per, p->g, p->q, lane);
+        if (issue) {
+            mk_pipe_issue(ring + p->slot * per, p->g, p->q, lane);
+#if MK_NL_COUNT
+            if (lane == 0)
+                __atomic_fetch_add(&megac_nl_n[5], 1, __ATOMIC_RELAXED);
+#endif
+        }
         if (++p->q * per >= p->g.nb) {
             p->q = 0, p->r += MK_NWARPS;
             if (p->r < r1)
                 p->g = mk_pipe_row(w8, W, p->r, rb, k, nu);
         }
     }
-    mk_cp_commit();
+    if (issue)
+        mk_cp_commit();
     p->slot = p->slot + 1 == MK_WPIPE ? 0 : p->slot + 1;
+}
+
+/* This warp's ring. */
+MK_INLINE uint4 *mk_pipe_ring(void)
+{
+    return mk_wst + (MK_WSTAGE_BYTES + MK_ISTAGE_BYTES) / 16 + (mk_tid() >> 5) * (MK_WPIPE * 32 * MK_WPIPE_V);
+}
+
+/* The stream's start: this warp's first row rw (of rows [rw, r1) every
+ * MK_NWARPS-th), its round 0, slot 0. */
+MK_INLINE MkPipeNext mk_pipe_start(int w8, const void *W, long long rb, int k, int nu, int rw, int r1)
+{
+    MkPipeNext p = {rw, 0, 0, mk_pipe_row(w8, W, rw < r1 ? rw : r1 - 1, rb, k, nu)};
+    return p;
 }
 
 /* Block j of W8 row g (wp, in the ring) times its elements of x (staged
@@ -1372,21 +1409,26 @@ MK_INLINE float mk_pipe_w8(const uint4 *wp, MkPipeRow g, int j, int k, const flo
     return acc;
 }
 
+/* mk_gemv_pipe's rows from rw, every MK_NWARPS-th below r1; with primed
+ * its first MK_WPIPE - 1 rounds were copied before (mk_pipe_prime). */
 MK_DEV void mk_gemv_pipe(const void *W, int t, long long rb, int k, int nu, int bf, const float *x, int m, int rw,
-                         int r1, float *y, const float *b, int flags)
+                         int r1, float *y, const float *b, int flags, int primed)
 {
     const int per = 32 * MK_WPIPE_V, w8 = MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8;
     unsigned lane = mk_tid() & 31u;
 #if MK_NL_COUNT
-    if (mk_tid() == 0)
+    if (mk_tid() == 0) {
         __atomic_fetch_add(&megac_nl_n[3], 1, __ATOMIC_RELAXED);
+        if (primed)
+            __atomic_fetch_add(&megac_nl_n[4], 1, __ATOMIC_RELAXED);
+    }
 #endif
-    uint4 *ring = mk_wst + (MK_WSTAGE_BYTES + MK_ISTAGE_BYTES) / 16 + (mk_tid() >> 5) * (MK_WPIPE * per);
+    uint4 *ring = mk_pipe_ring();
     const float4 *x4 = (const float4 *)(const void *)x;
-    MkPipeNext p = {rw, 0, 0, mk_pipe_row(w8, W, rw < r1 ? rw : r1 - 1, rb, k, nu)};
+    MkPipeNext p = mk_pipe_start(w8, W, rb, k, nu, rw, r1);
 #pragma unroll 1
     for (int i = 0; i < MK_WPIPE - 1; i++)
-        mk_pipe_copy(ring, &p, w8, W, rb, k, nu, r1, lane);
+        mk_pipe_copy(ring, &p, w8, W, rb, k, nu, r1, lane, !primed);
     float acc[MK_WPIPE_V], s = 1.0f;
 #pragma unroll
     for (int u = 0; u < MK_WPIPE_V; u++)
@@ -1395,7 +1437,7 @@ MK_DEV void mk_gemv_pipe(const void *W, int t, long long rb, int k, int nu, int 
     MkPipeRow cg = mk_pipe_row(w8, W, rw < r1 ? rw : r1 - 1, rb, k, nu);
 #pragma unroll 1
     for (int cr = rw; cr < r1;) {
-        mk_pipe_copy(ring, &p, w8, W, rb, k, nu, r1, lane);
+        mk_pipe_copy(ring, &p, w8, W, rb, k, nu, r1, lane, 1);
         MK_CP_WAIT_GROUP(MK_WPIPE - 1); /* this lane's copies of round (cr, cq) have landed */
 #pragma unroll
         for (int u = 0; u < MK_WPIPE_V; u++) {
@@ -1422,6 +1464,36 @@ MK_DEV void mk_gemv_pipe(const void *W, int t, long long rb, int k, int nu, int 
         }
     }
 }
+
+/* Whether GEMV `in`'s rows go through the weight pipe: f32/bf16 rows and
+ * W8's, at 32 lanes a row (mk_gemv_rows, mk_gemv_rows_nl). */
+MK_INLINE int mk_pipe_takes(const unsigned *in, int path, int bf)
+{
+    int t = mk_dtype(in, 0);
+    return (path == MK_GEMV_ROWS || (path == MK_GEMV_QROW && MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8)) &&
+           mk_gemv_nl(t, bf, mk_param(in, 2), path, mk_param(in, 1) - mk_param(in, 0)) == 32;
+}
+
+/* Before the waits for GEMV `in`'s input: copies this warp's first
+ * MK_WPIPE - 1 rounds of its pipe, as mk_gemv_pipe would first (not over
+ * an arena buffer, which the step writes); 1 when it did, and the GEMV
+ * is then run with MK_PIPE_PRIMED. */
+MK_INLINE int mk_pipe_prime(const MegacArgs *a, const unsigned *in)
+{
+    int bf, path = mk_gemv_path(in, &bf);
+    if ((mk_buf(in[1 + MK_NPARAM(in)]) & MK_ARENA_BIT) || !mk_pipe_takes(in, path, bf))
+        return 0;
+    const void *W = mk_opnd(a, in, 0);
+    int t = mk_dtype(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2);
+    int w8 = MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8, nu = path == MK_GEMV_ROWS ? k / MK_UNIT(bf) : 0;
+    long long rb = mk_row_bytes(t, k);
+    uint4 *ring = mk_pipe_ring();
+    MkPipeNext p = mk_pipe_start(w8, W, rb, k, nu, mk_param(in, 0) + (int)(mk_tid() >> 5), r1);
+#pragma unroll 1
+    for (int i = 0; i < MK_WPIPE - 1; i++)
+        mk_pipe_copy(ring, &p, w8, W, rb, k, nu, r1, mk_tid() & 31u, 1);
+    return 1;
+}
 #endif
 
 /* The rows of GEMV `in` against xin, staged with mask m: each group of
@@ -1441,7 +1513,7 @@ MK_INLINE void mk_gemv_rows_nl(MkStage st, const unsigned *in, const void *W, co
     int ng = 32 / nl, step = MK_NWARPS * ng;
     int rw = r0 + (int)(tid >> 5) * ng, gi = (int)lane / nl, nu = path == MK_GEMV_ROWS ? k / MK_UNIT(bf) : 0;
     unsigned sub = lane & (unsigned)(nl - 1);
-    if (use_pre && rw < r1) { /* the first row apart: pre is dead after it */
+    if (use_pre == 1 && rw < r1) { /* the first row apart: pre is dead after it */
         int r = rw + gi, ok = r < r1;
         const unsigned char *row = mk_wrow(st, W, ok ? r : r1 - 1, rb);
         float v = path == MK_GEMV_QROW ? mk_dot_qrow(t, row, xin, k, sub, m, pre, 1, nl, ok)
@@ -1453,7 +1525,7 @@ MK_INLINE void mk_gemv_rows_nl(MkStage st, const unsigned *in, const void *W, co
     }
 #if MK_WPIPE > 1 && MK_WSTAGE_BYTES == 0
     if (nl == 32 && (path == MK_GEMV_ROWS || (path == MK_GEMV_QROW && MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8))) {
-        mk_gemv_pipe(W, t, rb, k, nu, bf, xin, m, rw, r1, y, b, flags);
+        mk_gemv_pipe(W, t, rb, k, nu, bf, xin, m, rw, r1, y, b, flags, use_pre == MK_PIPE_PRIMED);
         return;
     }
 #endif
@@ -2754,19 +2826,25 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
         } else if (kind == MK_INST_WAIT) {
             /* A GEMV right after this run of waits issues its first
              * round of weight loads now (mk_gemv_preload), or copies its
+             * first rounds into the weight pipe (mk_pipe_prime) or its
              * rows into the stage (mk_wstage_issue), so that they travel
              * while the block waits. */
             const unsigned *g = 0;
             uint4 pre[MK_PRE_N];
             int use_pre = 0;
             MkStage st = mk_no_stage();
-            if ((MK_PRELOADS > 0 || MK_WSTAGE_BYTES > 0) && MK_HAS_OP(MK_OP_GEMV)) {
+            if ((MK_PRELOADS > 0 || MK_WSTAGE_BYTES > 0 || MK_WPIPE > 1) && MK_HAS_OP(MK_OP_GEMV)) {
                 int q = p;
                 while (q < end && (prog[q] & 0xffu) == MK_INST_WAIT)
                     q += 2;
                 if (q < end && (prog[q] & 0xffu) == MK_INST_OP &&
                     ((prog[q] >> 8) & 0xffu) == MK_OP_GEMV) {
                     g = prog + q;
+#if MK_WPIPE > 1 && MK_WSTAGE_BYTES == 0
+                    if (MK_WPIPE_PRIME && mk_pipe_prime(a, g))
+                        use_pre = MK_PIPE_PRIMED;
+                    else
+#endif
                     if (MK_PRELOADS > 0)
                         use_pre = mk_gemv_preload(a, g, pre);
                     st = mk_wstage_issue(a, g);
