@@ -28,7 +28,12 @@ static void compile_usage(FILE *out)
             "                  (default: host, this machine's)\n"
             "  -o DIR          the bundle folder (default: NAME.megac from the model's name);\n"
             "                  an existing bundle or empty folder is replaced, any other path refused\n"
-            "  -q, --quiet     no progress lines\n");
+            "  -q, --quiet     no progress lines\n\n"
+            "A compile holds the stored weights in memory until it writes them, so a\n"
+            "model whose stored weights (read from its files' headers first) exceed the\n"
+            "memory available, or the free space where the bundle goes, is refused\n"
+            "before anything is loaded. Environment: MEGAC_MEMORY_MB sets the memory it\n"
+            "may use (default: MemAvailable + SwapFree, within a cgroup's memory.max).\n");
 }
 
 /* A --cpu name the CPU code generator knows (cg_cpu_names), checked here

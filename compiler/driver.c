@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -134,8 +135,123 @@ static void a8_summary(const Weights *w, char *out, size_t n)
         snprintf(out + at, n - at, " (%d: no int8 form)", exact);
 }
 
+/* ---- room for the weights ----
+ * A compile holds the stored weights in memory until it writes them into
+ * the bundle (weights_load_ex, WEIGHTS_STORED_ONLY), so a model whose
+ * stored weights exceed the memory it may use was killed by the kernel's
+ * OOM killer partway through loading (Llama-3.1-8B in f32: 32 GB, on a
+ * 24 GB machine, after 40 s and 24 GB read), with no word of why. The
+ * stored bytes are known from the files' headers (WEIGHTS_DTYPES_ONLY),
+ * so the compile checks them first, against the memory available and the
+ * free space where the bundle is written. */
+
+/* The kB value of `key` in /proc/meminfo, or -1. */
+static long long meminfo_kb(const char *text, const char *key)
+{
+    const char *p = strstr(text, key);
+    return p ? atoll(p + strlen(key)) : -1;
+}
+
+/* The bytes this process may still take: MemAvailable + SwapFree, no more
+ * than what the cgroup v2 memory limit leaves (a container), or
+ * MEGAC_MEMORY_MB when set (the user's own bound); 0 when unknown. *src
+ * says which. */
+size_t driver_memory_available(const char **src)
+{
+    const char *env = getenv("MEGAC_MEMORY_MB");
+    if (env && *env) {
+        *src = "MEGAC_MEMORY_MB";
+        return (size_t)(atof(env) * 1e6);
+    }
+    *src = "/proc/meminfo: MemAvailable + SwapFree";
+    char buf[8192];
+    size_t avail = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        buf[n] = 0;
+        fclose(f);
+        long long a = meminfo_kb(buf, "MemAvailable:"), sw = meminfo_kb(buf, "SwapFree:");
+        if (a >= 0)
+            avail = (size_t)(a + (sw > 0 ? sw : 0)) * 1024;
+    }
+    /* cgroup v2: the line "0::/path" of /proc/self/cgroup */
+    char path[1024] = "";
+    if ((f = fopen("/proc/self/cgroup", "r"))) {
+        while (fgets(buf, sizeof buf, f))
+            if (!strncmp(buf, "0::", 3)) {
+                buf[strcspn(buf, "\n")] = 0;
+                snprintf(path, sizeof path, "/sys/fs/cgroup%.900s", buf + 3);
+            }
+        fclose(f);
+    }
+    long long max = -1, cur = -1;
+    char file[1100];
+    snprintf(file, sizeof file, "%s/memory.max", path);
+    if (*path && (f = fopen(file, "r"))) {
+        if (fgets(buf, sizeof buf, f) && isdigit((unsigned char)buf[0]))
+            max = atoll(buf);
+        fclose(f);
+    }
+    snprintf(file, sizeof file, "%s/memory.current", path);
+    if (max >= 0 && (f = fopen(file, "r"))) {
+        if (fgets(buf, sizeof buf, f))
+            cur = atoll(buf);
+        fclose(f);
+    }
+    if (max >= 0 && cur >= 0) {
+        size_t left = max > cur ? (size_t)(max - cur) : 0;
+        if (!avail || left < avail) {
+            avail = left;
+            *src = "the cgroup's memory.max - memory.current";
+        }
+    }
+    return avail;
+}
+
+/* Refuses a model whose stored weights do not fit in the memory available
+ * or on the disk that holds dir (NULL: no disk check); true when they fit
+ * or cannot be told. `what` says who holds them ("a compile holds ..."). */
+bool driver_weights_fit(const ModelDesc *m, const char *what, const char *dir, Diag *d)
+{
+    Weights w;
+    if (!weights_load_ex(&w, m, WEIGHTS_DTYPES_ONLY, NULL, d))
+        return false; /* its errors said why */
+    int f32;
+    size_t need = weights_stored_bytes(&w, &f32);
+    weights_free(&w);
+    const char *src, *name = m->path ? m->path : "megac";
+    size_t avail = driver_memory_available(&src);
+    char size[96], hint[128] = "";
+    int at = snprintf(size, sizeof size, "%.2f GB for this model", need / 1e9);
+    if (f32) {
+        snprintf(size + at, sizeof size - (size_t)at, " (%d matrices in f32)", f32);
+        snprintf(hint, sizeof hint, "store the matrices smaller (--set quant.default=bf16, w8a16 or w4a16-g128), or ");
+    }
+    if (avail && need > avail) {
+        diag_file_error(d, name, "%s: %s, but %.2f GB are available (%s); %suse a machine with more memory", what,
+                        size, avail / 1e9, src, hint);
+        return false;
+    }
+    struct statvfs fs;
+    if (dir && statvfs(dir, &fs) == 0) {
+        size_t free_b = (size_t)fs.f_bavail * fs.f_frsize;
+        if (need > free_b) {
+            diag_file_error(d, name,
+                            "the bundle's weights take %s, but %s has %.2f GB free; %swrite the bundle to a disk "
+                            "with more room",
+                            size, dir, free_b / 1e9, hint);
+            return false;
+        }
+    }
+    return true;
+}
+
 static bool pass_weights_load(Compilation *c)
 {
+    if (!driver_weights_fit(&c->m, "a compile holds the stored weights in memory until it writes them", c->tmp,
+                            &c->d))
+        return pass_done(c, "weights_load", false, "");
     /* a line every few seconds (an 8B model takes a minute or more) */
     CliProgress pc;
     WeightsProgress p = cli_progress(&pc, "compile", "weights_load", "read");

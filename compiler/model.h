@@ -252,6 +252,12 @@ typedef struct WeightsProgress {
 bool weights_load_ex(Weights *w, const ModelDesc *m, unsigned flags, const WeightsProgress *p, Diag *d);
 /* Bytes the weights hold now: f32 views still mapped plus stored tensors. */
 size_t weights_held_bytes(const Weights *w);
+/* The bytes the weights take once stored as a compile stores them
+ * (WEIGHTS_STORED_ONLY): each matrix in the dtype of its QTensor, else in
+ * f32, and the vectors in f32; the same under WEIGHTS_DTYPES_ONLY, which
+ * records the dtypes alone, so a compile can tell before it loads
+ * anything. *nf32: how many matrices stay in f32. */
+size_t weights_stored_bytes(const Weights *w, int *nf32);
 void weights_free(Weights *w);
 /* A tensor by its schedule buffer name: "embed", "final_norm", "lm_head",
  * "L<l>.attn_norm", "L<l>.wq", "L<l>.wk", "L<l>.wv", "L<l>.bq", "L<l>.bk",

@@ -340,6 +340,32 @@ size_t weights_held_bytes(const Weights *w)
     return n;
 }
 
+static bool slot_wanted(const ModelDesc *m, WKind k);
+
+size_t weights_stored_bytes(const Weights *w, int *nf32)
+{
+    const ModelDesc *m = w->m;
+    Arena a = {0};
+    int n;
+    const WSlot *s = weights_slots(w, &a, &n);
+    size_t total = 0;
+    *nf32 = 0;
+    for (int i = 0; i < n; i++) {
+        bool head = s[i].kind == WK_LM_HEAD;
+        if ((head && m->tie_embeddings && !w->head_own) || (!head && !slot_wanted(m, s[i].kind)))
+            continue;
+        const QTensor *q = s[i].cols ? weights_qtensor(w, wslot_canon_name(&a, &s[i])) : NULL;
+        if (q) {
+            total += q->nbytes;
+            continue;
+        }
+        total += sizeof(float) * (size_t)s[i].rows * (size_t)(s[i].cols ? s[i].cols : 1);
+        *nf32 += s[i].cols > 0;
+    }
+    arena_free(&a);
+    return total;
+}
+
 /* Allocates tensor k of layer l (-1: global): matrices as views, vectors
  * in the arena. False when a view cannot be mapped. */
 static bool slot_alloc(Weights *w, WKind k, int l)

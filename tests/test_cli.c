@@ -150,6 +150,34 @@ Test(cli, a_failed_compile_leaves_nothing)
     test_rm_rf(d);
 }
 
+/* A model whose stored weights exceed the memory a compile may use is
+ * refused before anything is loaded, with the sizes, and nothing is
+ * written (it used to be killed by the OOM killer partway through
+ * loading); the sizes are the stored ones, not f32's: SmolLM2-135M in f32
+ * is 0.54 GB, at W4A16-g32 85 MB, which fits in 100 MB. The reference
+ * engine checks the same. MEGAC_MEMORY_MB stands in for the machine. */
+Test(cli, weights_past_the_memory_are_refused_before_loading, .timeout = 120)
+{
+    char *d = tmp_dir(), out[8192], buf[256];
+    const char *lm = MEGAC_SRC "/models/smollm2-135m.yaml";
+    char args[1400];
+    snprintf(args, sizeof args, "compile %s -o s.megac", lm);
+    cr_assert_eq(megac_env(d, "MEGAC_MEMORY_MB=100", args, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "smollm2-135m.yaml: error: a compile holds the stored weights in memory until it writes "
+                          "them: 0.54 GB for this model (211 matrices in f32), but 0.10 GB are available "
+                          "(MEGAC_MEMORY_MB); store the matrices smaller (--set quant.default=bf16"),
+              "%s", out);
+    cr_assert(strstr(out, "weights_load") && strstr(out, "FAILED") && !strstr(out, "f32 read"), "%s", out);
+    cr_assert_str_eq(dir_list(d, buf, sizeof buf), "");
+    snprintf(args, sizeof args, "compile %s -q --set quant.default=w4a16-g32 -o s.megac", lm);
+    cr_assert_eq(megac_env(d, "MEGAC_MEMORY_MB=100", args, out, sizeof out), 0, "%s", out);
+    cr_assert_str_eq(dir_list(d, buf, sizeof buf), "s.megac");
+    snprintf(args, sizeof args, "run %s --engine reference -n 2", lm);
+    cr_assert_eq(megac_env(d, "MEGAC_MEMORY_MB=100", args, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "error: the reference engine holds the stored weights in memory: 0.54 GB"), "%s", out);
+    test_rm_rf(d);
+}
+
 /* SIGINT as soon as the temporary folder exists, and while the kernel
  * compiles: the folder goes with the process. */
 Test(cli, an_interrupted_compile_leaves_nothing)
