@@ -178,7 +178,8 @@ static int evkv_run(const EvKvArgs *a)
         return 2;
     }
     Weights w;
-    if (!weights_load_ex(&w, &dense, WEIGHTS_STORED_ONLY, NULL, &d)) {
+    if (!driver_weights_fit(&dense, "eval-kv holds the model's stored weights in memory", NULL, true, &d) ||
+        !weights_load_ex(&w, &dense, WEIGHTS_STORED_ONLY, NULL, &d)) {
         arena_free(&arena);
         return 2;
     }

@@ -473,7 +473,7 @@ static int run_ref_decode(const ModelDesc *m, const Tokenizer *t, const RunOptio
         fprintf(stderr, "megac run: note: -n %d is more than the model's context; running %d positions\n", o->steps,
                 steps);
     Weights w;
-    if (!run_prompt_fits(r.nprompt, steps, m->max_seq) || !driver_weights_fit(m, "the reference engine holds the stored weights in memory", NULL, d) ||
+    if (!run_prompt_fits(r.nprompt, steps, m->max_seq) || !driver_weights_fit(m, "the reference engine holds the stored weights in memory", NULL, true, d) ||
         !weights_load_ex(&w, m, WEIGHTS_STORED_ONLY, NULL, d)) {
         free(r.prompt);
         return 2;

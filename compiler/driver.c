@@ -211,8 +211,9 @@ size_t driver_memory_available(const char **src)
 
 /* Refuses a model whose stored weights do not fit in the memory available
  * or on the disk that holds dir (NULL: no disk check); true when they fit
- * or cannot be told. `what` says who holds them ("a compile holds ..."). */
-bool driver_weights_fit(const ModelDesc *m, const char *what, const char *dir, Diag *d)
+ * or cannot be told. `what` says who holds them ("a compile holds ...");
+ * knobs: the quant knobs could store them smaller (the error says how). */
+bool driver_weights_fit(const ModelDesc *m, const char *what, const char *dir, bool knobs, Diag *d)
 {
     Weights w;
     if (!weights_load_ex(&w, m, WEIGHTS_DTYPES_ONLY, NULL, d))
@@ -224,10 +225,10 @@ bool driver_weights_fit(const ModelDesc *m, const char *what, const char *dir, D
     size_t avail = driver_memory_available(&src);
     char size[96], hint[128] = "";
     int at = snprintf(size, sizeof size, "%.2f GB for this model", need / 1e9);
-    if (f32) {
+    if (f32)
         snprintf(size + at, sizeof size - (size_t)at, " (%d matrices in f32)", f32);
+    if (f32 && knobs)
         snprintf(hint, sizeof hint, "store the matrices smaller (--set quant.default=bf16, w8a16 or w4a16-g128), or ");
-    }
     if (avail && need > avail) {
         diag_file_error(d, name, "%s: %s, but %.2f GB are available (%s); %suse a machine with more memory", what,
                         size, avail / 1e9, src, hint);
@@ -250,7 +251,7 @@ bool driver_weights_fit(const ModelDesc *m, const char *what, const char *dir, D
 static bool pass_weights_load(Compilation *c)
 {
     if (!driver_weights_fit(&c->m, "a compile holds the stored weights in memory until it writes them", c->tmp,
-                            &c->d))
+                            true, &c->d))
         return pass_done(c, "weights_load", false, "");
     /* a line every few seconds (an 8B model takes a minute or more) */
     CliProgress pc;

@@ -50,8 +50,10 @@ size_t driver_memory_available(const char **src);
 /* Refuses (false, with an error naming the sizes) a model whose stored
  * weights, read from its files' headers, exceed the memory available or
  * the free space of dir (NULL: not checked). `what` says who holds them
- * ("a compile holds the stored weights in memory until it writes them"). */
-bool driver_weights_fit(const ModelDesc *m, const char *what, const char *dir, Diag *d);
+ * ("a compile holds the stored weights in memory until it writes them");
+ * knobs: the description's quant knobs would make them smaller (the error
+ * then names the formats). */
+bool driver_weights_fit(const ModelDesc *m, const char *what, const char *dir, bool knobs, Diag *d);
 
 /* True for a model argument that names the embedded default model. */
 bool driver_is_default_model(const char *model);

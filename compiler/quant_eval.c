@@ -91,7 +91,8 @@ static bool eval_base(const ModelDesc *m, const char *prompt, EvalBase *b, Quant
     ModelDesc mb = eval_desc(m, 0, (QuantSpec){QUANT_NONE, 0});
     int np = eval_prompt(m, prompt, b, d);
     Weights w;
-    if (np < 1 || !weights_load_ex(&w, &mb, WEIGHTS_STORED_ONLY, NULL, d))
+    if (np < 1 || !driver_weights_fit(&mb, "eval-quant holds the unquantized model's weights in memory", NULL, false, d) ||
+        !weights_load_ex(&w, &mb, WEIGHTS_STORED_ONLY, NULL, d))
         return false;
     RefState *r = ref_new(&w);
     double nll = 0;
@@ -184,7 +185,8 @@ static bool eval_dec_open(EvalDec *x, const ModelDesc *m, const QuantEvalRun *r,
 {
     ModelDesc mf = eval_desc(m, r->classes, q);
     memset(x, 0, sizeof *x);
-    if (!weights_load_ex(&x->w, &mf, WEIGHTS_STORED_ONLY, NULL, d))
+    if (!driver_weights_fit(&mf, "eval-quant holds each format's weights in memory", NULL, false, d) ||
+        !weights_load_ex(&x->w, &mf, WEIGHTS_STORED_ONLY, NULL, d))
         return false;
     x->w.m = m; /* mf dies here; the reference reads only shapes, which agree */
     if (r->engine && !strcmp(r->engine, "cpu"))

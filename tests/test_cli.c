@@ -155,7 +155,8 @@ Test(cli, a_failed_compile_leaves_nothing)
  * written (it used to be killed by the OOM killer partway through
  * loading); the sizes are the stored ones, not f32's: SmolLM2-135M in f32
  * is 0.54 GB, at W4A16-g32 85 MB, which fits in 100 MB. The reference
- * engine checks the same. MEGAC_MEMORY_MB stands in for the machine. */
+ * engine, eval-quant and eval-kv check the same. MEGAC_MEMORY_MB stands in
+ * for the machine. */
 Test(cli, weights_past_the_memory_are_refused_before_loading, .timeout = 120)
 {
     char *d = tmp_dir(), out[8192], buf[256];
@@ -175,6 +176,15 @@ Test(cli, weights_past_the_memory_are_refused_before_loading, .timeout = 120)
     snprintf(args, sizeof args, "run %s --engine reference -n 2", lm);
     cr_assert_eq(megac_env(d, "MEGAC_MEMORY_MB=100", args, out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "error: the reference engine holds the stored weights in memory: 0.54 GB"), "%s", out);
+    /* eval-quant's baseline is f32 whatever the knobs: no formats named */
+    snprintf(args, sizeof args, "eval-quant %s --tokens 4", lm);
+    cr_assert_eq(megac_env(d, "MEGAC_MEMORY_MB=100", args, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "error: eval-quant holds the unquantized model's weights in memory: 0.54 GB") &&
+                  !strstr(out, "--set quant.default"),
+              "%s", out);
+    snprintf(args, sizeof args, "eval-kv %s --tokens 4", lm);
+    cr_assert_eq(megac_env(d, "MEGAC_MEMORY_MB=100", args, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "error: eval-kv holds the model's stored weights in memory: 0.54 GB"), "%s", out);
     test_rm_rf(d);
 }
 
