@@ -40,6 +40,9 @@
 # ncu.txt; skipped where there is no ncu), TEST_TIMEOUT (seconds for each
 # of the two test programs, default 400: the sparse test took 66-202 s on
 # 2026-12-04 and over 240 s with the three GEMV copies of a later tree),
+# DEADLINE (seconds from the start past which ncu's 150 s would run: then
+# it is skipped; unset, no limit; set it a little under the device
+# command's own timeout: the report is written before ncu and after it),
 # TARGET (a dry run without a GPU:
 # TARGET=host-cuda TESTS=0 MODELS=stories260k FORMATS=bf16 BENCH_TOKENS=4
 # LONG_CONTEXT=8 LONG_TOKENS=2, about 3 minutes on 2 cores).
@@ -335,36 +338,13 @@ if [ "$long" -gt 0 ]; then
         log "long $k: ${longrows[-1]}"
     done
 fi
-# ---- hardware counters of one step (Nsight Compute) ----
-# Last, so that a slow ncu cuts nothing else. The last model's bf16 kernel, one launch after a few: where the cycle
-# profile says how long each op takes, these say why (DRAM throughput
-# against its peak, what warps stall on, occupancy). Clocks left alone.
-ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-ncu_model=${models##* }
-if [ "${NCU:-1}" != 0 ] && [ "$target" != host-cuda ]; then
-    b=$work/$ncu_model.bf16.$target.megac
-    if [ -z "$ncu_bin" ]; then
-        log "ncu: not found; no hardware counters"
-    elif [ ! -d "$b" ]; then
-        log "ncu: no bf16 bundle of $ncu_model (FORMATS without bf16?)"
-    elif run timeout 150 "$ncu_bin" --clock-control none --kernel-name megac_kernel --launch-skip 6 --launch-count 1 \
-            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-            --section LaunchStats --section SchedulerStats "$megac" bench "$b" -n 12 --runs 1 --ceiling-mb 16 \
-            >"$out/ncu.txt" 2>&1; then
-        log "ncu: $ncu_model bf16: $(grep -E 'DRAM Throughput|Memory Throughput|Achieved Occupancy' "$out/ncu.txt" |
-            tr -s ' ' | tr '\n' ';')"
-    else
-        log "ncu: FAILED (see ncu.txt): $(tail -2 "$out/ncu.txt" | tr '\n' ' ')"
-    fi
-fi
-rm -rf "$work"
-bench_ok=true
-for r in "${longrows[@]}" "${varrows[@]}"; do case "$r" in *'"error"'*) bench_ok=false ;; esac; done
-for r in "${rows[@]}"; do case "$r" in *'"error"'*) bench_ok=false ;; esac; done
-
-printf '%s\n' "${longrows[@]}" >"$out/long.jsonl"
-printf '%s\n' "${varrows[@]}" >"$out/variants.jsonl"
-python3 - "$out" "$target" "$tests_ok" "$gpu_pass" "$gpu_skip" "$hbm" "${read_gbps:-0}" "${rows[@]}" <<'EOF'
+# The report (gpu-check.json, gpu-check.md, and the markdown on stdout):
+# written before ncu (stdout dropped) and again after it, so that a run cut
+# during ncu still leaves one.
+write_report() {
+    printf '%s\n' "${longrows[@]}" >"$out/long.jsonl"
+    printf '%s\n' "${varrows[@]}" >"$out/variants.jsonl"
+    python3 - "$out" "$target" "$tests_ok" "$gpu_pass" "$gpu_skip" "$hbm" "${read_gbps:-0}" "${rows[@]}" <<'EOF'
 import json, sys
 out, target, tests_ok, gpu_pass, gpu_skip, hbm, rd = sys.argv[1:8]
 rows = [json.loads(r) for r in sys.argv[8:]]
@@ -422,4 +402,35 @@ if os.path.exists(f"{out}/ncu.txt"):
 open(f"{out}/gpu-check.md", "w").write("\n".join(md) + "\n")
 print("\n".join(md))
 EOF
+}
+bench_ok=true
+for r in "${longrows[@]}" "${varrows[@]}"; do case "$r" in *'"error"'*) bench_ok=false ;; esac; done
+for r in "${rows[@]}"; do case "$r" in *'"error"'*) bench_ok=false ;; esac; done
+write_report >/dev/null
+# ---- hardware counters of one step (Nsight Compute) ----
+# Last, so that a slow ncu cuts nothing else. The last model's bf16 kernel, one launch after a few: where the cycle
+# profile says how long each op takes, these say why (DRAM throughput
+# against its peak, what warps stall on, occupancy). Clocks left alone.
+ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+ncu_model=${models##* }
+if [ "${NCU:-1}" != 0 ] && [ "$target" != host-cuda ]; then
+    b=$work/$ncu_model.bf16.$target.megac
+    if [ -n "${DEADLINE:-}" ] && [ $((SECONDS + 150)) -gt "$DEADLINE" ]; then
+        log "ncu: skipped: ${SECONDS} s in, and DEADLINE=$DEADLINE leaves less than its 150 s"
+    elif [ -z "$ncu_bin" ]; then
+        log "ncu: not found; no hardware counters"
+    elif [ ! -d "$b" ]; then
+        log "ncu: no bf16 bundle of $ncu_model (FORMATS without bf16?)"
+    elif run timeout 150 "$ncu_bin" --clock-control none --kernel-name megac_kernel --launch-skip 6 --launch-count 1 \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+            --section LaunchStats --section SchedulerStats "$megac" bench "$b" -n 12 --runs 1 --ceiling-mb 16 \
+            >"$out/ncu.txt" 2>&1; then
+        log "ncu: $ncu_model bf16: $(grep -E 'DRAM Throughput|Memory Throughput|Achieved Occupancy' "$out/ncu.txt" |
+            tr -s ' ' | tr '\n' ';')"
+    else
+        log "ncu: FAILED (see ncu.txt): $(tail -2 "$out/ncu.txt" | tr '\n' ' ')"
+    fi
+fi
+rm -rf "$work"
+write_report
 $tests_ok && $bench_ok
