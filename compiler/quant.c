@@ -409,8 +409,9 @@ void quant_gemv_a8_ref(DType t, const unsigned char *w, int64_t rows, int64_t k,
                                                   : quant_row_gguf_a8(t, w + (size_t)r * rb, k, x);
 }
 
-/* ---- the CPU kernel's byte order for 4-bit rows ----
- * (layout: codegen/cpu/kernel_table.h) Q4_0, Q4_1, W4G32 (W4A8G32) rows regrouped
+/* ---- the CPU kernel's byte order for 4-bit and Q8_0 rows ----
+ * (layout: codegen/cpu/kernel_table.h) Q8_0 rows as their scales, then
+ * their integers; Q4_0, Q4_1, W4G32 (W4A8G32) rows regrouped
  * into superblocks of four blocks, headers field by field, nibbles
  * reordered so that a 64-byte load and one AND per nibble give the
  * weights of four blocks without shuffles. Packing is a permutation of a
@@ -502,6 +503,14 @@ static void unpack_block(DType t, const unsigned char *sb, unsigned char *rec, i
 static void pack_row_convert(DType t, int64_t k, const unsigned char *in, unsigned char *out, bool pack)
 {
     int64_t nb = k / 32, bb = dtype_block_bytes(t);
+    if (t == DT_Q8_0) { /* the row's scales, then its blocks' integers */
+        for (int64_t b = 0; b < nb; b++) {
+            size_t rec = (size_t)(b * bb), d = (size_t)(2 * b), q = (size_t)(2 * nb + 32 * b);
+            memcpy(out + (pack ? d : rec), in + (pack ? rec : d), 2);
+            memcpy(out + (pack ? q : rec + 2), in + (pack ? rec + 2 : q), 32);
+        }
+        return;
+    }
     for (int64_t b0 = 0; b0 < nb; b0 += 4) {
         int nblk = nb - b0 < 4 ? (int)(nb - b0) : 4;
         for (int i = 0; i < nblk; i++) {
