@@ -2550,19 +2550,29 @@ static ISA_AVX2 void isa_avx2_q8_0_rows4(const unsigned char *const row[4], cons
 #pragma clang loop unroll(disable)
     for (int i = 0; i < 4; i++) {
         v8fl a0 = {0}, a1 = {0};
-        const unsigned char *d = row[i], *b = row[i] + 2 * (k / 32);
-        for (int64_t j = 0; j < k; j += 64, b += 64, d += 4) {
+        int64_t nb = k / 32;
+        const unsigned char *b = row[i] + 2 * nb;
+        /* the row's scales, 8 at a time (the last reads up to 7 past them,
+         * inside the integers: 34 nb >= 2 (nb - 1) + 16 bytes) */
+        float sc[KT_PACK_K_MAX / 32 + 8];
+        for (int64_t c = 0; c < nb; c += 8) {
+            v8i16 h;
+            memcpy(&h, row[i] + 2 * c, sizeof h);
+            v8fl f = __builtin_ia32_vcvtph2ps256(h);
+            memcpy(sc + c, &f, sizeof f);
+        }
+        for (int64_t j = 0, g = 0; j < k; j += 64, b += 64, g += 2) {
             v8fl t = I8X8(b) * LOAD8F(x + j);
             t += I8X8(b + 8) * LOAD8F(x + j + 8);
             t += I8X8(b + 16) * LOAD8F(x + j + 16);
             t += I8X8(b + 24) * LOAD8F(x + j + 24);
-            a0 += isa_f16c_at(d) * t;
+            a0 += sc[g] * t;
             if (j + 32 < k) {
                 v8fl u = I8X8(b + 32) * LOAD8F(x + j + 32);
                 u += I8X8(b + 40) * LOAD8F(x + j + 40);
                 u += I8X8(b + 48) * LOAD8F(x + j + 48);
                 u += I8X8(b + 56) * LOAD8F(x + j + 56);
-                a1 += isa_f16c_at(d + 2) * u;
+                a1 += sc[g + 1] * u;
             }
         }
         a0 += a1;
