@@ -503,7 +503,7 @@ static void unpack_block(DType t, const unsigned char *sb, unsigned char *rec, i
 static void pack_row_convert(DType t, int64_t k, const unsigned char *in, unsigned char *out, bool pack)
 {
     int64_t nb = k / 32, bb = dtype_block_bytes(t);
-    if (t == DT_Q8_0) { /* the row's scales, then its blocks' integers */
+    if (dtype_layout(t) == DT_Q8_0) { /* Q8_0, Q8_0A8: the row's scales, then its blocks' integers */
         for (int64_t b = 0; b < nb; b++) {
             size_t rec = (size_t)(b * bb), d = (size_t)(2 * b), q = (size_t)(2 * nb + 32 * b);
             memcpy(out + (pack ? d : rec), in + (pack ? rec : d), 2);

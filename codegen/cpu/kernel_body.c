@@ -653,16 +653,18 @@ static float dot_w4a8(int t, const unsigned char *row, const int8_t *xq, const f
     return s;
 }
 
-/* A Q8_0A8 row (GGUF Q8_0 blocks) on the quantized input: per block
- * d dw sum q xq. */
+/* A Q8_0A8 row (GGUF Q8_0 blocks, packed: kernel_table.h; every A8 GEMV
+ * has k <= CPU_NORM_K_MAX, so its rows are) on the quantized input: per
+ * block d dw sum q xq. */
 static float dot_q8_0a8(const unsigned char *row, const int8_t *xq, const float *dq, int64_t k)
 {
     float s = 0;
-    for (int64_t b = 0; b < k / 32; b++, row += 34) {
+    const unsigned char *q = row + 2 * (k / 32);
+    for (int64_t b = 0; b < k / 32; b++, q += 32) {
         int32_t qx = 0;
         for (int j = 0; j < 32; j++)
-            qx += (int8_t)row[2 + j] * xq[32 * b + j];
-        s += dq[b] * f16_at(row) * (float)qx;
+            qx += (int8_t)q[j] * xq[32 * b + j];
+        s += dq[b] * f16_at(row + 2 * b) * (float)qx;
     }
     return s;
 }
@@ -2214,15 +2216,28 @@ static ISA_VNNI512 void isa_vnni512_w8a8_rows4(const unsigned char *const row[4]
     }
 }
 
-/* Q8_0A8, k % 64 == 0: two blocks of a row per vector (lanes 0-7 the
- * first), weights made unsigned by q ^ 0x80 = q + 128, the excess 128 *
- * (sum of the lane's four xq) taken off per lane in integers (corr), so
- * each lane is exact before its conversion; dl: d of the block of x[4l]
- * per lane; the weight blocks' scales go to their eight lanes each. */
+/* Q8_0A8, k % 64 == 0, rows packed (kernel_table.h): two blocks of a row
+ * per vector (lanes 0-7 the first), one 64-byte load, weights made
+ * unsigned by q ^ 0x80 = q + 128, the excess 128 * (sum of the lane's
+ * four xq) taken off per lane in integers (corr), so each lane is exact
+ * before its conversion; dl: d of the block of x[4l] per lane; the row's
+ * block scales become floats 16 at a time first (as
+ * isa_avx512_q8_0_rows4), and each pair goes to its eight lanes each. */
 static ISA_VNNI512 void isa_vnni512_q8_0a8_rows4(const unsigned char *const row[4], const int8_t *xq,
                                                const float *dl, const int32_t *corr, int64_t k, float out[4])
 {
-    const v16i32 two = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+    int64_t nb = k / 32;
+    float sc[4][KT_PACK_K_MAX / 32 + 16];
+    const unsigned char *q[4];
+    UNROLL4
+    for (int i = 0; i < 4; i++) {
+        for (int64_t b = 0; b < nb; b += 16) { /* up to 15 past the scales: inside the integers */
+            v16i16 h;
+            memcpy(&h, row[i] + 2 * b, sizeof h);
+            STORE16(sc[i] + b, __builtin_ia32_vcvtph2ps512_mask(h, (v16f){0}, (unsigned short)0xffff, 4));
+        }
+        q[i] = row[i] + 2 * nb;
+    }
     v16f acc[4] = {{0}, {0}, {0}, {0}};
     for (int64_t j = 0; j < k; j += 64) {
         v16u32 xv = *(const v16u32u *)(xq + j);
@@ -2230,15 +2245,11 @@ static ISA_VNNI512 void isa_vnni512_q8_0a8_rows4(const unsigned char *const row[
         v16f d = LOAD16(dl + j / 4);
         UNROLL4
         for (int i = 0; i < 4; i++) {
-            const unsigned char *b = row[i] + j / 32 * 34;
-            v8u32 lo = *(const v8u32u_a *)(b + 2), hi = *(const v8u32u_a *)(b + 36);
-            v16u32 u = __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15) ^
-                       0x80808080u;
+            v16u32 u = *(const v16u32u *)(q[i] + j) ^ 0x80808080u;
             v16i32 p = isa_vnni512_dot((v16i32){0}, u, xv) - cv;
-            v8i16 h = {(short)(b[0] | b[1] << 8), (short)(b[34] | b[35] << 8)};
-            v4f w2 = __builtin_ia32_vcvtph2ps(h);
-            v16f w = __builtin_ia32_permvarsf512(__builtin_shufflevector(w2, w2, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3,
-                                                                          0, 1, 2, 3), two);
+            v4f s4;
+            memcpy(&s4, sc[i] + j / 32, sizeof s4); /* the pair's two, and two unused */
+            v16f w = __builtin_shufflevector(s4, s4, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
             acc[i] += __builtin_convertvector(p, v16f) * (w * d);
         }
     }
@@ -2377,10 +2388,10 @@ static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_hsum4(v8i32
     return __builtin_ia32_phaddd256(__builtin_ia32_phaddd256(a, b), __builtin_ia32_phaddd256(c, d));
 }
 
-/* Four rows of 8-bit weights on 256 bits: Q8_0A8 (Q80 1: blocks of
- * {f16 d; i8 q[32]}, each block's sum scaled by its d) or W8A8 (Q80 0:
- * {f32 s; i8 q[k]}, the row scaled by s at the end). b points 2 bytes
- * before a block's 32 weights: at Q8_0's d, or into W8A8's row. */
+/* Four rows of 8-bit weights on 256 bits: Q8_0A8 (Q80 1: rows packed,
+ * f16 d[nb] then i8 q[nb][32] (kernel_table.h), each block's sum scaled
+ * by its d) or W8A8 (Q80 0: {f32 s; i8 q[k]}, the row scaled by s at the
+ * end). b points 2 bytes before a block's 32 weights. */
 #define A8_256_Q8_ROWS(pre, attr, dot, name, Q80)                                                            \
     static attr void pre##_##name##_rows4(const unsigned char *const row[4], const int8_t *xq, const float *dq, \
                                           int64_t k, float out[4])                                          \
@@ -2395,14 +2406,14 @@ static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_hsum4(v8i32
                 UNROLL4                                                                                     \
                 for (int e = 0; e < 4; e++) {                                                               \
                     v8u32 xv = *(const v8u32u_a *)(xq + j + 32 * e);                                        \
-                    const unsigned char *b = (Q80) ? row[i] + (j / 32 + e) * 34 : row[i] + 2 + j + 32 * e;  \
+                    const unsigned char *b = row[i] + ((Q80) ? 2 * (k / 32) - 2 : 2) + j + 32 * e;         \
                     v8u32 q = *(const v8u32u_a *)(b + 2);                                                   \
                     v8u32 u = (v8u32)__builtin_ia32_psignb256((v32c)q, (v32c)q);                            \
                     v8u32 s = (v8u32)__builtin_ia32_psignb256((v32c)xv, (v32c)q);                           \
                     d[e] = dot((v8i32){0}, u, s);                                                           \
-                    if (Q80)                                                                                \
-                        memcpy((char *)&h + 2 * e, b, 2);                                                   \
                 }                                                                                           \
+                if (Q80) /* the four blocks' scales, side by side */                                        \
+                    memcpy(&h, row[i] + 2 * (j / 32), 8);                                                   \
                 v4f sc;                                                                                     \
                 memcpy(&sc, dq + j / 32, 16);                                                              \
                 if (Q80)                                                                                    \
@@ -2412,11 +2423,11 @@ static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_hsum4(v8i32
             }                                                                                               \
             for (; j < k; j += 32) {                                                                        \
                 v8u32 xv = *(const v8u32u_a *)(xq + j);                                                     \
-                const unsigned char *b = (Q80) ? row[i] + j / 32 * 34 : row[i] + 2 + j;                     \
+                const unsigned char *b = row[i] + ((Q80) ? 2 * (k / 32) - 2 : 2) + j;                       \
                 v8u32 q = *(const v8u32u_a *)(b + 2);                                                       \
                 v8u32 u = (v8u32)__builtin_ia32_psignb256((v32c)q, (v32c)q);                                \
                 v8u32 s = (v8u32)__builtin_ia32_psignb256((v32c)xv, (v32c)q);                               \
-                float sc = (Q80) ? dq[j / 32] * isa_f16c_at(b) : dq[j / 32];                                \
+                float sc = (Q80) ? dq[j / 32] * isa_f16c_at(row[i] + 2 * (j / 32)) : dq[j / 32];            \
                 acc += __builtin_convertvector(dot((v8i32){0}, u, s), v8fl) * sc;                           \
             }                                                                                               \
             float s = 1.0f;                                                                                 \
@@ -3859,7 +3870,7 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
     /* the GGUF 4- and 5-bit A8 rows (Q4_0A8, Q4_1A8, Q5_0A8, Q5_1A8) are
      * always packed: k is whole blocks and at most CPU_NORM_K_MAX
      * (cpu_check.c asserts it is within KT_PACK_K_MAX) */
-    if (kt_row_packed(t, k)) {
+    if (t != DT_Q8_0A8 && kt_row_packed(t, k)) { /* Q8_0A8's packing is its own: a8_rows4 */
         gemv_pka8(t, sg, ns, xq, dq, k);
         return;
     }

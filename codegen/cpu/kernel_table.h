@@ -89,7 +89,7 @@ enum {
  * every lane is element 4n + lane % 4: an AND with 15 << 4n and one
  * int-to-float conversion give 16 weights (times 16^n) with no shuffles.
  * Q5's qh keep their order (bit e: element e's fifth bit).
- * Q8_0 rows (A16; k % 32 == 0, k <= KT_PACK_K_MAX) are packed otherwise:
+ * Q8_0 and Q8_0A8 rows (k % 32 == 0, k <= KT_PACK_K_MAX) are packed otherwise:
  * the whole row's block scales first, then its blocks' integers,
  *   Q8_0   f16 d[nb];           i8 q[nb][32]    (34 nb bytes)
  * so that a kernel converts a row's scales 16 at a time into floats and
@@ -102,7 +102,7 @@ enum {
 static inline int kt_row_packed(int t, int64_t k)
 {
     return (t == DT_Q4_0 || t == DT_Q4_1 || t == DT_W4G32 || t == DT_W4A8G32 || t == DT_Q4_1A8 || t == DT_Q5_0 ||
-            t == DT_Q5_1 || t == DT_Q5_0A8 || t == DT_Q5_1A8 || t == DT_Q4_0A8 || t == DT_Q8_0) &&
+            t == DT_Q5_1 || t == DT_Q5_0A8 || t == DT_Q5_1A8 || t == DT_Q4_0A8 || t == DT_Q8_0 || t == DT_Q8_0A8) &&
            k > 0 && k % 32 == 0 && k <= KT_PACK_K_MAX;
 }
 
