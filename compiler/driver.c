@@ -156,12 +156,18 @@ static long long meminfo_kb(const char *text, const char *key)
  * than what the cgroup v2 memory limit leaves (a container), or
  * MEGAC_MEMORY_MB when set (the user's own bound); 0 when unknown. *src
  * says which. */
-size_t driver_memory_available(const char **src)
+static size_t memory_available(const char **src)
 {
     const char *env = getenv("MEGAC_MEMORY_MB");
     if (env && *env) {
-        *src = "MEGAC_MEMORY_MB";
-        return (size_t)(atof(env) * 1e6);
+        char *end;
+        double mb = strtod(env, &end);
+        if (*end == 0 && mb > 0) {
+            *src = "MEGAC_MEMORY_MB";
+            return (size_t)(mb * 1e6);
+        }
+        fprintf(stderr, "megac: warning: MEGAC_MEMORY_MB='%.32s' is not a number of megabytes above 0; ignored\n",
+                env);
     }
     *src = "/proc/meminfo: MemAvailable + SwapFree";
     char buf[8192];
@@ -222,7 +228,7 @@ bool driver_weights_fit(const ModelDesc *m, const char *what, const char *dir, b
     size_t need = weights_stored_bytes(&w, &f32);
     weights_free(&w);
     const char *src, *name = m->path ? m->path : "megac";
-    size_t avail = driver_memory_available(&src);
+    size_t avail = memory_available(&src);
     char size[96], hint[128] = "";
     int at = snprintf(size, sizeof size, "%.2f GB for this model", need / 1e9);
     if (f32)

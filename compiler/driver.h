@@ -6,7 +6,6 @@
 #define MEGAC_DRIVER_H
 
 #include <stdbool.h>
-#include <stddef.h>
 
 #include "compiler/model.h"
 
@@ -41,11 +40,6 @@ void driver_tmp_sweep(const char *parent, const char *base);
  * files named as a compile names them); false, touching nothing, if not
  * (true when it is absent). */
 bool driver_bundle_remove(const char *dir);
-
-/* The bytes this process may still take in memory: MemAvailable +
- * SwapFree, bounded by a cgroup v2 memory limit, or MEGAC_MEMORY_MB when
- * set; 0 when unknown. *src names the source. */
-size_t driver_memory_available(const char **src);
 
 /* Refuses (false, with an error naming the sizes) a model whose stored
  * weights, read from its files' headers, exceed the memory available or
