@@ -1675,35 +1675,36 @@ isa_avx512_nib_groups4(const unsigned char *w[4], int64_t ng, int64_t gb, int64_
     }
 }
 
-/* The nb block scales of a packed Q8_0 row (kernel_table.h) as floats
- * into sc (nb rounded up to 16 of room), 16 at a time: the last
- * conversion reads up to 15 past them, inside the row's integers (34 nb
- * >= 2 (nb - 1) + 32 bytes), and leaves those unused. */
-static inline __attribute__((always_inline)) ISA_AVX512 void isa_avx512_q8_0_scales(const unsigned char *row,
-                                                                                  int64_t nb, float *sc)
+/* Four packed Q8_0 rows (kernel_table.h) of nb blocks: their block scales
+ * as floats into sc, 16 at a time (the last conversion reads up to 15
+ * past them, inside the row's integers: 34 nb >= 2 (nb - 1) + 32 bytes;
+ * those are left unused), and where their integers start into q. */
+#define Q8_SC_ROOM (KT_PACK_K_MAX / 32 + 16)
+static inline __attribute__((always_inline)) ISA_AVX512 void
+isa_avx512_q8_0_rows_open(const unsigned char *const row[4], int64_t nb, float sc[4][Q8_SC_ROOM],
+                          const unsigned char *q[4])
 {
-    for (int64_t b = 0; b < nb; b += 16) {
-        v16i16 h;
-        memcpy(&h, row + 2 * b, sizeof h);
-        STORE16(sc + b, __builtin_ia32_vcvtph2ps512_mask(h, (v16f){0}, (unsigned short)0xffff, 4));
+    UNROLL4
+    for (int i = 0; i < 4; i++) {
+        for (int64_t b = 0; b < nb; b += 16) {
+            v16i16 h;
+            memcpy(&h, row[i] + 2 * b, sizeof h);
+            STORE16(sc[i] + b, __builtin_ia32_vcvtph2ps512_mask(h, (v16f){0}, (unsigned short)0xffff, 4));
+        }
+        q[i] = row[i] + 2 * nb;
     }
 }
 
 /* Q8_0 on AVX-512, rows packed: each row's block scales become floats
- * first (isa_avx512_q8_0_scales), and each block's is broadcast from
+ * first (isa_avx512_q8_0_rows_open), and each block's is broadcast from
  * there, a load, where the stored order splat and converted one per
  * block (two vector ops of the nine a block took; 1.2x from L2 on Zen 4). */
 static ISA_AVX512 void isa_avx512_q8_0_rows4(const unsigned char *const row[4], const float *x, int64_t k,
                                              float out[4])
 {
-    int64_t nb = k / 32;
-    float sc[4][KT_PACK_K_MAX / 32 + 16];
+    float sc[4][Q8_SC_ROOM];
     const unsigned char *q[4];
-    UNROLL4
-    for (int i = 0; i < 4; i++) {
-        isa_avx512_q8_0_scales(row[i], nb, sc[i]);
-        q[i] = row[i] + 2 * nb;
-    }
+    isa_avx512_q8_0_rows_open(row, k / 32, sc, q);
     v16f acc[4] = {{0}, {0}, {0}, {0}};
     for (int64_t j = 0, b = 0; j < k; j += 32, b++) {
         v16f x0 = LOAD16(x + j), x1 = LOAD16(x + j + 16);
@@ -2229,19 +2230,14 @@ static ISA_VNNI512 void isa_vnni512_w8a8_rows4(const unsigned char *const row[4]
  * unsigned by q ^ 0x80 = q + 128, the excess 128 * (sum of the lane's
  * four xq) taken off per lane in integers (corr), so each lane is exact
  * before its conversion; dl: d of the block of x[4l] per lane; the row's
- * block scales become floats first (isa_avx512_q8_0_scales), and each
+ * block scales become floats first (isa_avx512_q8_0_rows_open), and each
  * pair goes to its eight lanes each. */
 static ISA_VNNI512 void isa_vnni512_q8_0a8_rows4(const unsigned char *const row[4], const int8_t *xq,
                                                const float *dl, const int32_t *corr, int64_t k, float out[4])
 {
-    int64_t nb = k / 32;
-    float sc[4][KT_PACK_K_MAX / 32 + 16];
+    float sc[4][Q8_SC_ROOM];
     const unsigned char *q[4];
-    UNROLL4
-    for (int i = 0; i < 4; i++) {
-        isa_avx512_q8_0_scales(row[i], nb, sc[i]);
-        q[i] = row[i] + 2 * nb;
-    }
+    isa_avx512_q8_0_rows_open(row, k / 32, sc, q);
     v16f acc[4] = {{0}, {0}, {0}, {0}};
     for (int64_t j = 0; j < k; j += 64) {
         v16u32 xv = *(const v16u32u *)(xq + j);
