@@ -304,6 +304,14 @@ static int pk_hdr(int t)
     return t == DT_Q4_0 ? 2 : t == DT_Q5_0 ? 6 : t == DT_Q5_1 ? 8 : 4;
 }
 
+/* Rows of t at k in the 4-bit packed order (superblocks of four blocks:
+ * gemv_packed, gemv_pka8); Q8_0's packing is its own (the four-row Q8_0
+ * kernels read it). */
+static int pk_nib_rows(int t, int64_t k)
+{
+    return qlayout(t) != DT_Q8_0 && kt_row_packed(t, k);
+}
+
 /* Element j of a packed row of k elements (kernel_table.h). */
 static float pk_elem(int t, const unsigned char *row, int64_t k, int64_t j)
 {
@@ -1791,7 +1799,7 @@ static void qrows4(int t, const unsigned char *const row[4], const float *x, con
 static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
     if ((HAS_DT(DT_Q4_0) | HAS_DT(DT_Q4_1) | HAS_DT(DT_Q5_0) | HAS_DT(DT_Q5_1) | HAS_DT(DT_W4G32)) &&
-        t != DT_Q8_0 && kt_row_packed(t, k)) { /* the 4-bit ones (Q8_0's packing is its own: qrows4) */
+        pk_nib_rows(t, k)) {
         gemv_packed(t, sg, ns, x, k);
         return;
     }
@@ -3870,7 +3878,7 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
     /* the GGUF 4- and 5-bit A8 rows (Q4_0A8, Q4_1A8, Q5_0A8, Q5_1A8) are
      * always packed: k is whole blocks and at most CPU_NORM_K_MAX
      * (cpu_check.c asserts it is within KT_PACK_K_MAX) */
-    if (t != DT_Q8_0A8 && kt_row_packed(t, k)) { /* Q8_0A8's packing is its own: a8_rows4 */
+    if (pk_nib_rows(t, k)) {
         gemv_pka8(t, sg, ns, xq, dq, k);
         return;
     }

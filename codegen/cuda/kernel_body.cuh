@@ -1370,17 +1370,28 @@ MK_INLINE void mk_pipe_copy(uint4 *ring, MkPipeNext *p, int w8, const void *W, l
     p->slot = p->slot + 1 == MK_WPIPE ? 0 : p->slot + 1;
 }
 
+/* The rows the pipe reads: f32/bf16 rows and W8's, at 32 lanes a row. */
+MK_INLINE int mk_pipe_rows(int path, int t, int nl)
+{
+    return nl == 32 && (path == MK_GEMV_ROWS || (path == MK_GEMV_QROW && MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8));
+}
+
 /* This warp's ring. */
 MK_INLINE uint4 *mk_pipe_ring(void)
 {
     return mk_wst + (MK_WSTAGE_BYTES + MK_ISTAGE_BYTES) / 16 + (mk_tid() >> 5) * (MK_WPIPE * 32 * MK_WPIPE_V);
 }
 
-/* The stream's start: this warp's first row rw (of rows [rw, r1) every
- * MK_NWARPS-th), its round 0, slot 0. */
-MK_INLINE MkPipeNext mk_pipe_start(int w8, const void *W, long long rb, int k, int nu, int rw, int r1)
+/* The stream of this warp's rows from rw (every MK_NWARPS-th below r1)
+ * past its first MK_WPIPE - 1 rounds: copied now (issue), or copied
+ * before the wait (mk_pipe_prime) and only passed over. */
+MK_INLINE MkPipeNext mk_pipe_begin(uint4 *ring, int w8, const void *W, long long rb, int k, int nu, int rw, int r1,
+                                   unsigned lane, int issue)
 {
     MkPipeNext p = {rw, 0, 0, mk_pipe_row(w8, W, rw < r1 ? rw : r1 - 1, rb, k, nu)};
+#pragma unroll 1
+    for (int i = 0; i < MK_WPIPE - 1; i++)
+        mk_pipe_copy(ring, &p, w8, W, rb, k, nu, r1, lane, issue);
     return p;
 }
 
@@ -1425,10 +1436,7 @@ MK_DEV void mk_gemv_pipe(const void *W, int t, long long rb, int k, int nu, int 
 #endif
     uint4 *ring = mk_pipe_ring();
     const float4 *x4 = (const float4 *)(const void *)x;
-    MkPipeNext p = mk_pipe_start(w8, W, rb, k, nu, rw, r1);
-#pragma unroll 1
-    for (int i = 0; i < MK_WPIPE - 1; i++)
-        mk_pipe_copy(ring, &p, w8, W, rb, k, nu, r1, lane, !primed);
+    MkPipeNext p = mk_pipe_begin(ring, w8, W, rb, k, nu, rw, r1, lane, !primed);
     float acc[MK_WPIPE_V], s = 1.0f;
 #pragma unroll
     for (int u = 0; u < MK_WPIPE_V; u++)
@@ -1465,13 +1473,12 @@ MK_DEV void mk_gemv_pipe(const void *W, int t, long long rb, int k, int nu, int 
     }
 }
 
-/* Whether GEMV `in`'s rows go through the weight pipe: f32/bf16 rows and
- * W8's, at 32 lanes a row (mk_gemv_rows, mk_gemv_rows_nl). */
+/* Whether GEMV `in`'s rows go through the weight pipe (mk_pipe_rows at
+ * the lanes a row mk_gemv_rows gives them). */
 MK_INLINE int mk_pipe_takes(const unsigned *in, int path, int bf)
 {
     int t = mk_dtype(in, 0);
-    return (path == MK_GEMV_ROWS || (path == MK_GEMV_QROW && MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8)) &&
-           mk_gemv_nl(t, bf, mk_param(in, 2), path, mk_param(in, 1) - mk_param(in, 0)) == 32;
+    return mk_pipe_rows(path, t, mk_gemv_nl(t, bf, mk_param(in, 2), path, mk_param(in, 1) - mk_param(in, 0)));
 }
 
 /* Before the waits for GEMV `in`'s input: copies this warp's first
@@ -1487,11 +1494,7 @@ MK_INLINE int mk_pipe_prime(const MegacArgs *a, const unsigned *in)
     int t = mk_dtype(in, 0), r1 = mk_param(in, 1), k = mk_param(in, 2);
     int w8 = MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8, nu = path == MK_GEMV_ROWS ? k / MK_UNIT(bf) : 0;
     long long rb = mk_row_bytes(t, k);
-    uint4 *ring = mk_pipe_ring();
-    MkPipeNext p = mk_pipe_start(w8, W, rb, k, nu, mk_param(in, 0) + (int)(mk_tid() >> 5), r1);
-#pragma unroll 1
-    for (int i = 0; i < MK_WPIPE - 1; i++)
-        mk_pipe_copy(ring, &p, w8, W, rb, k, nu, r1, mk_tid() & 31u, 1);
+    mk_pipe_begin(mk_pipe_ring(), w8, W, rb, k, nu, mk_param(in, 0) + (int)(mk_tid() >> 5), r1, mk_tid() & 31u, 1);
     return 1;
 }
 #endif
@@ -1524,7 +1527,7 @@ MK_INLINE void mk_gemv_rows_nl(MkStage st, const unsigned *in, const void *W, co
         rw += step;
     }
 #if MK_WPIPE > 1 && MK_WSTAGE_BYTES == 0
-    if (nl == 32 && (path == MK_GEMV_ROWS || (path == MK_GEMV_QROW && MK_HAS_DT(MK_DT_W8) && t == MK_DT_W8))) {
+    if (mk_pipe_rows(path, t, nl)) {
         mk_gemv_pipe(W, t, rb, k, nu, bf, xin, m, rw, r1, y, b, flags, use_pre == MK_PIPE_PRIMED);
         return;
     }
