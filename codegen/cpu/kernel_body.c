@@ -753,7 +753,8 @@ static void op_rmsnorm(const MegacArgs *a, const int64_t *in)
  * tiles: MEGAC_QBENCH_SCATTER in tests/test_cpu_quant_perf.c). So the
  * kernels report the bytes they read (ws_read), four rows at a time, and
  * the stream keeps the worker's next QPF_BYTES asked for, crossing from
- * one tile to the next (and past waits). Only hints: nothing is read.
+ * one tile to the next (and past waits); the Q8_0 kernels ask for them a
+ * few lines at a time as they read (ws_trickle). Only hints: nothing is read.
  * On SmolLM2-135M at 2 workers this took Q4_0, Q4_1, Q8_0 and W4A8G32
  * decode 6-11% faster than prefetching inside each tile, which it
  * replaces (a wait that asked for the next tile's first 256 KB, as the
@@ -909,6 +910,39 @@ static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t b
     ws->ahead -= bytes;
     if (ws->ahead < QPF_BYTES)
         ws_fill(ws, QPF_BYTES);
+}
+
+/* Asks for a line more than `bytes` of the stream while a kernel reads a
+ * group of rows (`group` bytes, which it reports with ws_read when done),
+ * as long as that stays within QPF_BYTES of the group's end. A kernel that
+ * calls this once per step of its inner loop (`bytes`: what the step
+ * reads) spreads the group's prefetches over its reads, and ws_read then
+ * finds nothing left to ask for. Asked for all at once, four rows of 1536
+ * (6.5 KB, 100 prefetches) at a time, they held a Q8_0A8 GEMV from memory
+ * to 16 GB/s on one Zen 4 core, 23 GB/s when spread (rows of 576: 23 ->
+ * 26), Q8_0 13.6 -> 23 GB/s; SmolLM2-135M's Q8_0 file decoded 1.13-1.16x
+ * faster with int8 inputs, 1.03-1.05x with exact ones (its Q4_0 file,
+ * whose output matrix is Q8_0, 0.97-0.99x with int8 inputs). The Q8_0 kernel
+ * (A16), which computes more per byte, spreads them only for rows of at
+ * least WS_TRICKLE_K (at 576 it ran 3-8% slower so: a group of short rows
+ * asks for few). Not in the 4-bit kernels: at 1536 their GEMVs from memory
+ * ran faster so (Q4_0 16.5 -> 18.7 GB/s, Q5_0 14.1 -> 17.5), but the Q4_0,
+ * Q4_1 and Q4_K_M files decoded 0.93-1.04x as fast (int8 and exact
+ * inputs), so no faster. */
+#define WS_TRICKLE_K 1024
+static inline __attribute__((always_inline)) void ws_trickle(WStream *ws, int64_t bytes, int64_t group)
+{
+    int n = (int)(bytes / 64) + 1;
+    if (ws->ahead >= QPF_BYTES + group)
+        return;
+    if (ws->ahead >= 0 && ws->stop - ws->p >= 64 * n) {
+        for (int i = 0; i < n; i++)
+            __builtin_prefetch(ws->p + 64 * i, 0, QPF_LOCALITY);
+        ws->p += 64 * n;
+        ws->ahead += 64 * n;
+    } else {
+        ws_fill(ws, ws->ahead + 64 * n);
+    }
 }
 
 /* One GEMV instruction's rows: a run of GEMVs on the same input (the
@@ -1708,13 +1742,15 @@ isa_avx512_q8_0_rows_open(const unsigned char *const row[4], int64_t nb, float s
  * there, a load, where the stored order splat and converted one per
  * block (two vector ops of the nine a block took; 1.2x from L2 on Zen 4). */
 static ISA_AVX512 void isa_avx512_q8_0_rows4(const unsigned char *const row[4], const float *x, int64_t k,
-                                             float out[4])
+                                             float out[4], WStream *ws)
 {
     float sc[4][Q8_SC_ROOM];
     const unsigned char *q[4];
     isa_avx512_q8_0_rows_open(row, k / 32, sc, q);
     v16f acc[4] = {{0}, {0}, {0}, {0}};
     for (int64_t j = 0, b = 0; j < k; j += 32, b++) {
+        if (b % 2 == 0 && k >= WS_TRICKLE_K)
+            ws_trickle(ws, 4 * 64 + 8, 4 * (k + k / 16));
         v16f x0 = LOAD16(x + j), x1 = LOAD16(x + j + 16);
         UNROLL4
         for (int i = 0; i < 4; i++) {
@@ -1754,7 +1790,7 @@ static void isa_avx2_gemv_nib(int t, const GemvSeg *sg, int ns, const float *x, 
 
 /* Four rows of a dtype with a fast kernel into out[4]. */
 static void qrows4(int t, const unsigned char *const row[4], const float *x, const float *xg, int64_t k,
-                   float out[4])
+                   float out[4], WStream *ws)
 {
     if ((megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512) && (t == DT_W8 || t == DT_Q8_0)) {
         if (t == DT_W8)
@@ -1764,7 +1800,7 @@ static void qrows4(int t, const unsigned char *const row[4], const float *x, con
         return;
     }
     if ((megac_k_isa & KT_ISA_AVX512) && t == DT_Q8_0) {
-        isa_avx512_q8_0_rows4(row, x, k, out);
+        isa_avx512_q8_0_rows4(row, x, k, out, ws);
         return;
     }
     if ((megac_k_isa & KT_ISA_AVX512) && t != DT_W8 && t != DT_Q8_0) {
@@ -1833,7 +1869,7 @@ static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t
             const unsigned char *row[4];
             float out[4];
             seg_quad(g, rb, r, row);
-            qrows4(t, row, x, xg, k, out);
+            qrows4(t, row, x, xg, k, out, g->ws);
             seg_quad_store(g, rb, r, out);
         }
     }
@@ -2241,7 +2277,8 @@ static ISA_VNNI512 void isa_vnni512_w8a8_rows4(const unsigned char *const row[4]
  * block scales become floats first (isa_avx512_q8_0_rows_open), and each
  * pair goes to its eight lanes each. */
 static ISA_VNNI512 void isa_vnni512_q8_0a8_rows4(const unsigned char *const row[4], const int8_t *xq,
-                                               const float *dl, const int32_t *corr, int64_t k, float out[4])
+                                               const float *dl, const int32_t *corr, int64_t k, float out[4],
+                                               WStream *ws)
 {
     float sc[4][Q8_SC_ROOM];
     const unsigned char *q[4];
@@ -2250,6 +2287,7 @@ static ISA_VNNI512 void isa_vnni512_q8_0a8_rows4(const unsigned char *const row[
     for (int64_t j = 0; j < k; j += 64) {
         v16u32 xv = *(const v16u32u *)(xq + j);
         v16i32 cv = *(const v16i32u *)(corr + j / 4);
+        ws_trickle(ws, 4 * 64 + 16, 4 * (k + k / 16));
         v16f d = LOAD16(dl + j / 4);
         UNROLL4
         for (int i = 0; i < 4; i++) {
@@ -3803,11 +3841,11 @@ static void a8_pair_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t
 
 /* Four rows of an A8 dtype with the kernel of kind `kind`. */
 static void a8_rows4(int kind, int t, const unsigned char *const row[4], const int8_t *xq, const float *dq,
-                     const float *side, const int32_t *corr, float c, int64_t k, float out[4])
+                     const float *side, const int32_t *corr, float c, int64_t k, float out[4], WStream *ws)
 {
     int64_t gs = t == DT_W8A8 || t == DT_Q8_0A8 ? 32 : w4_gsize(qlayout(t));
     if (t == DT_Q8_0A8 && kind == 2)
-        isa_vnni512_q8_0a8_rows4(row, xq, side, corr, k, out);
+        isa_vnni512_q8_0a8_rows4(row, xq, side, corr, k, out, ws);
     else if (t == DT_Q8_0A8 && kind == 1)
         isa_avxvnni_q8_0a8_rows4(row, xq, dq, k, out);
     else if (t == DT_Q8_0A8)
@@ -3862,7 +3900,7 @@ static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_
             const unsigned char *row[4];
             float out[4];
             seg_quad(g, rb, r, row);
-            a8_rows4(kind, t, row, pairs ? xq2 : xq, pairs ? dq8 : dq, side, corr, c, k, out);
+            a8_rows4(kind, t, row, pairs ? xq2 : xq, pairs ? dq8 : dq, side, corr, c, k, out, g->ws);
             seg_quad_store(g, rb, r, out);
         }
     }
