@@ -46,6 +46,18 @@ double bench_median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+double bench_ratio_median(const double *num, const double *den, int n, double *lo, double *hi)
+{
+    double r[4096];
+    n = n < 4096 ? n : 4096;
+    for (int i = 0; i < n; i++)
+        r[i] = num[i] / den[i];
+    double med = bench_median(r, n);
+    *lo = r[0];
+    *hi = r[n - 1];
+    return med;
+}
+
 typedef struct ReadJob {
     const v2u64 *base;          /* this thread's slice */
     size_t nvec;                /* 16-byte vectors in the slice */

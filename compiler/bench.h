@@ -32,4 +32,9 @@ double bench_decode_tok_s(megac_model *m, int context, int ntok);
 /* Median of n values (sorts v in place). */
 double bench_median(double *v, int n);
 
+/* The per-run ratios num[r] / den[r] of n paired runs (n <= 4096): their
+ * median, and their min and max into *lo, *hi. num and den are left as
+ * they are, so that each ratio is of two figures from the same run. */
+double bench_ratio_median(const double *num, const double *den, int n, double *lo, double *hi);
+
 #endif

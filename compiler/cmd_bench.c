@@ -153,7 +153,9 @@ static void bench_report(const BenchOptions *o, megac_model *m, const BenchCeili
     unsigned long long wbytes = megac_weights_bytes(m), rbytes = bench_read_bytes(o->bundle);
     if (rbytes == 0)
         rbytes = wbytes;
-    double lo, tok_s, hi, clo, ceiling, chi;
+    double lo, tok_s, hi, clo, ceiling, chi, slo = 0, sp = 0, shi = 0;
+    if (vrates) /* before the sorts below: a ratio is of one run's two rates */
+        sp = bench_ratio_median(rates, vrates, o->runs, &slo, &shi);
     spread(rates, o->runs, &lo, &tok_s, &hi);
     spread(ceil, o->runs, &clo, &ceiling, &chi);
     double gbps = tok_s * (double)rbytes / 1e9;
@@ -168,10 +170,6 @@ static void bench_report(const BenchOptions *o, megac_model *m, const BenchCeili
     if (vrates) {
         double vlo, vt, vhi;
         spread(vrates, o->runs, &vlo, &vt, &vhi);
-        for (int r = 0; r < o->runs; r++)
-            vrates[r] = rates[r] / vrates[r];
-        double slo, sp, shi;
-        spread(vrates, o->runs, &slo, &sp, &shi);
         printf("versus %s: median %.2f tok/s (min %.2f, max %.2f); speed ratio %.3f (per run: min %.3f, max %.3f)\n",
                o->versus, vt, vlo, vhi, sp, slo, shi);
         printf("versus_tok_s=%.2f speedup=%.3f\n", vt, sp);

@@ -12,6 +12,7 @@
  * manifest key the kernel or the schedule states, edited, must be refused
  * with a message naming the key and the file that disagrees.
  */
+#include "compiler/bench.h"
 #include "runtime/backend.h"
 #include "runtime/megac.h"
 #include "runtime/tokenizer.h"
@@ -731,6 +732,20 @@ Test(runtime, bench_versus_reports_both)
     cr_assert(strstr(all, "/none"), "the error names the bundle: %s", all);
     remove_bundle(a);
     remove_bundle(b);
+}
+
+/* --versus's speed ratio is the median of each run's own ratio: rates that
+ * drift between runs (this machine's memory has two levels) pair within a
+ * run, not by rank. Runs (1, 2), (4, 1), (2, 4): 0.5, 4, 0.5; ranked, they
+ * would pair 1/1, 2/2, 4/4. */
+Test(runtime, bench_ratio_pairs_each_run)
+{
+    const double num[3] = {1, 4, 2}, den[3] = {2, 1, 4};
+    double lo, hi, med = bench_ratio_median(num, den, 3, &lo, &hi);
+    cr_assert_float_eq(med, 0.5, 1e-12);
+    cr_assert_float_eq(lo, 0.5, 1e-12);
+    cr_assert_float_eq(hi, 4.0, 1e-12);
+    cr_assert(num[1] == 4 && den[1] == 1, "the rates are left in run order");
 }
 
 /* The runtime builds and runs alone: the runtime sources with only libc, pthreads
