@@ -753,7 +753,7 @@ static void op_rmsnorm(const MegacArgs *a, const int64_t *in)
  * tiles: MEGAC_QBENCH_SCATTER in tests/test_cpu_quant_perf.c). So the
  * kernels report the bytes they read (ws_read), four rows at a time, and
  * the stream keeps the worker's next QPF_BYTES asked for, crossing from
- * one tile to the next (and past waits); the Q8_0 kernels ask for them a
+ * one tile to the next (and past waits); the 8-bit kernels ask for them a
  * few lines at a time as they read (ws_trickle). Only hints: nothing is read.
  * On SmolLM2-135M at 2 workers this took Q4_0, Q4_1, Q8_0 and W4A8G32
  * decode 6-11% faster than prefetching inside each tile, which it
@@ -918,18 +918,24 @@ static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t b
  * calls this once per step of its inner loop (`bytes`: what the step
  * reads) spreads the group's prefetches over its reads, and ws_read then
  * finds nothing left to ask for. Asked for all at once, four rows of 1536
- * (6.5 KB, 100 prefetches) at a time, they held a Q8_0A8 GEMV from memory
- * to 16 GB/s on one Zen 4 core, 23 GB/s when spread (rows of 576: 23 ->
- * 26), Q8_0 13.6 -> 23 GB/s; SmolLM2-135M's Q8_0 file decoded 1.13-1.16x
- * faster with int8 inputs, 1.03-1.05x with exact ones (its Q4_0 file,
- * whose output matrix is Q8_0, 0.97-0.99x with int8 inputs). The Q8_0 kernel
- * (A16), which computes more per byte, spreads them only for rows of at
- * least WS_TRICKLE_K (at 576 it ran 3-8% slower so: a group of short rows
- * asks for few). Not in the 4-bit kernels: at 1536 their GEMVs from memory
- * ran faster so (Q4_0 16.5 -> 18.7 GB/s, Q5_0 14.1 -> 17.5), but the Q4_0,
- * Q4_1 and Q4_K_M files decoded 0.93-1.04x as fast (int8 and exact
- * inputs), so no faster. */
+ * (6.5 KB, 100 prefetches) at a time, they held 8-bit GEMVs from memory
+ * to 16-18 GB/s on one Zen 4 core (ops of 288 rows in a scattered order,
+ * as a decode step's tiles are: MEGAC_QBENCH_OP_ROWS, _SCATTER), spread
+ * 20-22: Q8_0A8 15.8 -> 22.1, W8A8 17.9 -> 22.4, Q8_0 17.0 -> 20.3, W8
+ * 15.9 -> 20.4; rows of 576 ran as before (23.3 -> 23.8, 16.8 -> 16.1).
+ * SmolLM2-135M's down projection (k 1536) went from 5.5 to 6.8 bytes per
+ * TSC cycle at a 35 GB/s ceiling (6.8 to 10 at 60), and its Q8_0 file decodes 1.03-1.09x faster with int8
+ * inputs, 1.02-1.06x with exact ones, as W8A8 1.03x (at a 37 GB/s ceiling)
+ * to 1.10-1.14x (at 60), as W8A16 1.04-1.08x (megac bench --versus, both
+ * ways round). Where the A16 kernels compute more per byte (rows shorter
+ * than WS_TRICKLE_K: Q8_0 at 576 ran 3-8% slower so) and over one long
+ * segment (WS_TRICKLE_SEG_MAX or more: the tied output matrix, 15 MB a
+ * worker, ran 5% slower so; the hardware prefetchers follow it) the
+ * kernels ask as before (seg_trickle). Not in the 4-bit kernels: at 1536
+ * their GEMVs from memory ran faster so (Q4_0 16.5 -> 18.7 GB/s, Q5_0
+ * 14.1 -> 17.5), but the Q4_0, Q4_1 and Q4_K_M files decoded no faster. */
 #define WS_TRICKLE_K 1024
+#define WS_TRICKLE_SEG_MAX (1 << 20)
 static inline __attribute__((always_inline)) void ws_trickle(WStream *ws, int64_t bytes, int64_t group)
 {
     int n = (int)(bytes / 64) + 1;
@@ -1001,6 +1007,15 @@ static inline __attribute__((always_inline)) void seg_quad_store(const GemvSeg *
     ws_read(g->ws, (g->r1 - r < 4 ? g->r1 - r : 4) * rb);
     for (int q = 0; q < 4 && r + q < g->r1; q++)
         gemv_store(g->y, g->b, r + q, out[q], g->accum);
+}
+
+/* The stream a four-row kernel spreads its prefetches over in segment g
+ * (rows of rb bytes, k long): NULL (it does not) for rows shorter than
+ * kmin, and for a segment of WS_TRICKLE_SEG_MAX bytes or more (ws_trickle). */
+static inline __attribute__((always_inline)) WStream *seg_trickle(const GemvSeg *g, int64_t rb, int64_t k,
+                                                                 int64_t kmin)
+{
+    return k >= kmin && (g->r1 - g->r0) * rb < WS_TRICKLE_SEG_MAX ? g->ws : NULL;
 }
 
 typedef uint16_t v4u16 __attribute__((vector_size(8)));
@@ -1085,11 +1100,13 @@ static inline __attribute__((always_inline)) void q8_0_groups4(const unsigned ch
 }
 
 /* W8: {f32 s; i8 q[k]} per row, any k. */
-static void w8_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4])
+static void w8_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4], WStream *ws)
 {
     v16f acc[4] = {{0}, {0}, {0}, {0}};
     int64_t j = 0;
     for (; j + 64 <= k; j += 64) {
+        if (ws)
+            ws_trickle(ws, 4 * 64, 4 * (k + 4));
         v16f x0 = LOAD16(x + j), x1 = LOAD16(x + j + 16), x2 = LOAD16(x + j + 32), x3 = LOAD16(x + j + 48);
         UNROLL4
         for (int i = 0; i < 4; i++) {
@@ -1749,7 +1766,7 @@ static ISA_AVX512 void isa_avx512_q8_0_rows4(const unsigned char *const row[4], 
     isa_avx512_q8_0_rows_open(row, k / 32, sc, q);
     v16f acc[4] = {{0}, {0}, {0}, {0}};
     for (int64_t j = 0, b = 0; j < k; j += 32, b++) {
-        if (b % 2 == 0 && k >= WS_TRICKLE_K)
+        if (ws && b % 2 == 0)
             ws_trickle(ws, 4 * 64 + 8, 4 * (k + k / 16));
         v16f x0 = LOAD16(x + j), x1 = LOAD16(x + j + 16);
         UNROLL4
@@ -1811,7 +1828,7 @@ static void qrows4(int t, const unsigned char *const row[4], const float *x, con
     v16f acc[4] = {{0}, {0}, {0}, {0}};
     v4f off = {0};
     switch (t) {
-    case DT_W8: w8_rows4(row, x, k, out); return;
+    case DT_W8: w8_rows4(row, x, k, out, ws); return;
     case DT_Q8_0: q8_0_groups4(row, k / 32, x, acc); break;
     case DT_W4G64:
         nib_groups4(w, k / 64, 36, 2, x, xg, acc, &off);
@@ -1869,7 +1886,7 @@ static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t
             const unsigned char *row[4];
             float out[4];
             seg_quad(g, rb, r, row);
-            qrows4(t, row, x, xg, k, out, g->ws);
+            qrows4(t, row, x, xg, k, out, seg_trickle(g, rb, k, WS_TRICKLE_K));
             seg_quad_store(g, rb, r, out);
         }
     }
@@ -2249,10 +2266,12 @@ static ISA_VNNI512 int isa_vnni512_gemv_kq(int t, const GemvSeg *sg, int ns, con
 
 /* W8A8, k % 64 == 0; dl[j / 4]: d of the block of x[j] (16 per 64). */
 static ISA_VNNI512 void isa_vnni512_w8a8_rows4(const unsigned char *const row[4], const int8_t *xq, const float *dl,
-                                              float c, int64_t k, float out[4])
+                                              float c, int64_t k, float out[4], WStream *ws)
 {
     v16f acc[4] = {{0}, {0}, {0}, {0}};
     for (int64_t j = 0; j < k; j += 64) {
+        if (ws)
+            ws_trickle(ws, 4 * 64, 4 * (k + 4));
         v16u32 xv = *(const v16u32u *)(xq + j);
         v16f d = LOAD16(dl + j / 4);
         UNROLL4
@@ -2287,7 +2306,8 @@ static ISA_VNNI512 void isa_vnni512_q8_0a8_rows4(const unsigned char *const row[
     for (int64_t j = 0; j < k; j += 64) {
         v16u32 xv = *(const v16u32u *)(xq + j);
         v16i32 cv = *(const v16i32u *)(corr + j / 4);
-        ws_trickle(ws, 4 * 64 + 16, 4 * (k + k / 16));
+        if (ws)
+            ws_trickle(ws, 4 * 64 + 16, 4 * (k + k / 16));
         v16f d = LOAD16(dl + j / 4);
         UNROLL4
         for (int i = 0; i < 4; i++) {
@@ -3851,7 +3871,7 @@ static void a8_rows4(int kind, int t, const unsigned char *const row[4], const i
     else if (t == DT_Q8_0A8)
         isa_avx2_q8_0a8_rows4(row, xq, dq, k, out);
     else if (kind == 2 && t == DT_W8A8)
-        isa_vnni512_w8a8_rows4(row, xq, side, c, k, out);
+        isa_vnni512_w8a8_rows4(row, xq, side, c, k, out, ws);
     else if (kind == 2)
         isa_vnni512_w4a8_rows4(gs, row, xq, dq, side, k, out);
     else if (kind == 1 && t == DT_W8A8)
@@ -3900,7 +3920,8 @@ static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_
             const unsigned char *row[4];
             float out[4];
             seg_quad(g, rb, r, row);
-            a8_rows4(kind, t, row, pairs ? xq2 : xq, pairs ? dq8 : dq, side, corr, c, k, out, g->ws);
+            a8_rows4(kind, t, row, pairs ? xq2 : xq, pairs ? dq8 : dq, side, corr, c, k, out,
+                     seg_trickle(g, rb, k, 0));
             seg_quad_store(g, rb, r, out);
         }
     }
