@@ -42,8 +42,9 @@ static void bench_usage(FILE *out)
             "                       weights only)\n"
             "  --versus OTHER       also time OTHER.megac in the same runs (right after\n"
             "                       NAME's decode in odd runs, right before it in even\n"
-            "                       ones) and report its rate and NAME/OTHER, the speed\n"
-            "                       ratio (e.g. sparse attention against dense):\n"
+            "                       ones) and report its rate and the speed ratio: the\n"
+            "                       median over runs of NAME/OTHER within each run\n"
+            "                       (e.g. sparse attention against dense):\n"
             "  versus_tok_s=... speedup=...\n",
             BENCH_STREAMS);
 }
