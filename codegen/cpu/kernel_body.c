@@ -753,8 +753,8 @@ static void op_rmsnorm(const MegacArgs *a, const int64_t *in)
  * tiles: MEGAC_QBENCH_SCATTER in tests/test_cpu_quant_perf.c). So the
  * kernels report the bytes they read (ws_read), four rows at a time, and
  * the stream keeps the worker's next QPF_BYTES asked for, crossing from
- * one tile to the next (and past waits); the 8-bit kernels ask for them a
- * few lines at a time as they read (ws_trickle). Only hints: nothing is read.
+ * one tile to the next (and past waits); the AVX-512 8-bit kernels ask for
+ * them a few lines at a time as they read (ws_trickle). Only hints: nothing is read.
  * On SmolLM2-135M at 2 workers this took Q4_0, Q4_1, Q8_0 and W4A8G32
  * decode 6-11% faster than prefetching inside each tile, which it
  * replaces (a wait that asked for the next tile's first 256 KB, as the
@@ -924,10 +924,12 @@ static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t b
  * 20-22: Q8_0A8 15.8 -> 22.1, W8A8 17.9 -> 22.4, Q8_0 17.0 -> 20.3, W8
  * 15.9 -> 20.4; rows of 576 ran as before (23.3 -> 23.8, 16.8 -> 16.1).
  * SmolLM2-135M's down projection (k 1536) went from 5.5 to 6.8 bytes per
- * TSC cycle at a 35 GB/s ceiling (6.8 to 10 at 60), and its Q8_0 file decodes 1.03-1.09x faster with int8
- * inputs, 1.02-1.06x with exact ones, as W8A8 1.03x (at a 37 GB/s ceiling)
- * to 1.10-1.14x (at 60), as W8A16 1.04-1.08x (megac bench --versus, both
- * ways round). Where the A16 kernels compute more per byte (rows shorter
+ * TSC cycle at a 35 GB/s ceiling (6.8 to 10 at 60), and its Q8_0 file
+ * decodes 1.03-1.09x faster with int8 inputs, 1.02-1.06x with exact ones,
+ * as W8A8 1.03x (at a 37 GB/s ceiling) to 1.10-1.14x (at 60), as W8A16
+ * 1.04-1.08x (megac bench --versus, both ways round). The AVX-512 8-bit
+ * kernels and the portable W8 one do this (the 256-bit ones were not
+ * measured: no AVX2-only machine at hand). Where the A16 kernels compute more per byte (rows shorter
  * than WS_TRICKLE_K: Q8_0 at 576 ran 3-8% slower so) and over one long
  * segment (WS_TRICKLE_SEG_MAX or more: the tied output matrix, 15 MB a
  * worker, ran 5% slower so; the hardware prefetchers follow it) the
