@@ -5239,16 +5239,21 @@ static int sync_wait(const MegacArgs *a, uint32_t worker, uint32_t pc, uint32_t 
 
 /* ---- cycle profile (cmake -DMEGAC_CPU_PROFILE=ON; off by default) ----
  * Per worker: TSC cycles in each op kind and in waits, the GEMVs' weight
- * bytes (and both by weight dtype), and the steps run; printed to stderr
+ * bytes (and both by weight dtype, and by run class: the row length k and
+ * the run's bytes rounded down to a power of two, the first PROF_CLASSES
+ * seen), and the steps run; printed to stderr
  * when kernel.so is unloaded (process exit). A developer's tool: the counters are plain per-worker
  * slots, written only by their worker. */
 #ifdef MEGAC_CPU_PROFILE
 #include <stdio.h>
 #define PROF_WORKERS 64
+#define PROF_CLASSES 16
 enum { PROF_WAIT = OP_COUNT, PROF_SIGNAL, PROF_SLOTS };
 static struct {
     uint64_t cyc[PROF_SLOTS], gemv_bytes, steps;
     uint64_t dt_cyc[DT_COUNT], dt_bytes[DT_COUNT]; /* GEMVs by weight dtype */
+    struct { int64_t k; int lg; uint64_t cyc, bytes, runs; } cls[PROF_CLASSES]; /* GEMV runs by class */
+    int ncls;
     char pad[64];
 } prof[PROF_WORKERS];
 static const char *const prof_dt_names[DT_COUNT] = {
@@ -5288,19 +5293,27 @@ __attribute__((destructor)) static void prof_print(void)
                         100.0 * (double)prof[w].dt_cyc[t] / (double)tot,
                         (double)prof[w].dt_bytes[t] / (double)prof[w].dt_cyc[t]);
         fputc('\n', stderr);
+        for (int c = 0; c < prof[w].ncls; c++)
+            fprintf(stderr, "  gemv runs of k %ld, %lu-%lu KiB: %.1f a step, %.1f%% of cycles, %.2f bytes/cycle\n",
+                    (long)prof[w].cls[c].k, (unsigned long)(1ul << prof[w].cls[c].lg >> 10),
+                    (unsigned long)(2ul << prof[w].cls[c].lg >> 10),
+                    (double)prof[w].cls[c].runs / (double)prof[w].steps,
+                    100.0 * (double)prof[w].cls[c].cyc / (double)tot,
+                    (double)prof[w].cls[c].bytes / (double)prof[w].cls[c].cyc);
     }
 }
 
-/* The weight bytes of GEMV in, counted for its worker and dtype. */
-static void prof_gemv_bytes(uint32_t w, const int64_t *in)
+/* The weight bytes of GEMV in, counted for its worker and dtype, and returned. */
+static uint64_t prof_gemv_bytes(uint32_t w, const int64_t *in)
 {
     if (in[KT_KIND] != K_INST_OP || in[KT_OP] != OP_GEMV || w >= PROF_WORKERS)
-        return;
+        return 0;
     int t = opnd_dtype(in, 0);
     int64_t k = in[KT_PARAM + 2];
     uint64_t b = (uint64_t)((in[KT_PARAM + 1] - in[KT_PARAM]) * (t == DT_F32 ? 4 * k : qrow_bytes(t, k)));
     prof[w].gemv_bytes += b;
     prof[w].dt_bytes[t] += b;
+    return b;
 }
 
 /* A run of GEMVs' cycles, for their weights' dtype (gemv_shares() keeps
@@ -5309,6 +5322,26 @@ static void prof_gemv_cycles(uint32_t w, const int64_t *in, uint64_t t0)
 {
     if (w < PROF_WORKERS)
         prof[w].dt_cyc[opnd_dtype(in, 0)] += prof_now() - t0;
+}
+
+/* A run of GEMVs (`bytes` of weights, rows of k) since t0, by class. */
+static void prof_gemv_class(uint32_t w, int64_t k, uint64_t bytes, uint64_t t0)
+{
+    if (w >= PROF_WORKERS)
+        return;
+    int lg = 63 - __builtin_clzll(bytes | 1), c = 0;
+    while (c < prof[w].ncls && (prof[w].cls[c].k != k || prof[w].cls[c].lg != lg))
+        c++;
+    if (c == PROF_CLASSES)
+        return;
+    if (c == prof[w].ncls) {
+        prof[w].ncls++;
+        prof[w].cls[c].k = k;
+        prof[w].cls[c].lg = lg;
+    }
+    prof[w].cls[c].cyc += prof_now() - t0;
+    prof[w].cls[c].bytes += bytes;
+    prof[w].cls[c].runs++;
 }
 #define PROF_START(w) uint64_t prof_t0 = (w) < PROF_WORKERS ? prof_now() : 0
 #define PROF_END(w, slot)                                  \
@@ -5322,8 +5355,9 @@ static void prof_gemv_cycles(uint32_t w, const int64_t *in, uint64_t t0)
 #else
 #define PROF_START(w) (void)0
 #define PROF_END(w, slot) (void)0
-#define prof_gemv_bytes(w, in) (void)0
+#define prof_gemv_bytes(w, in) 0u
 #define prof_gemv_cycles(w, in, t0) (void)0
+#define prof_gemv_class(w, k, bytes, t0) (void)0
 #endif
 
 /* ---- entry point ---- */
@@ -5347,9 +5381,12 @@ void megac_worker(const MegacArgs *a, uint32_t worker)
             if (in[KT_OP] == OP_GEMV) {
                 int n = gemv_run_length(in, megac_k_insts + (int64_t)end * KT_STRIDE);
                 op_gemv(a, in, n, &ws);
+                uint64_t run_bytes = 0;
                 for (int j = 0; j < n; j++)
-                    prof_gemv_bytes(worker, in + (int64_t)j * KT_STRIDE);
+                    run_bytes += prof_gemv_bytes(worker, in + (int64_t)j * KT_STRIDE);
                 prof_gemv_cycles(worker, in, prof_t0);
+                prof_gemv_class(worker, in[KT_PARAM + 2], run_bytes, prof_t0);
+                (void)run_bytes;
                 i += n - 1;
             } else {
                 op_run(a, in, &ws);
