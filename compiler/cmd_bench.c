@@ -34,7 +34,8 @@ static void bench_usage(FILE *out)
             "the effective bandwidth, and a read-bandwidth ceiling measured in the same\n"
             "run: one pass after each decode run, all CPUs, %d sequential streams per\n"
             "thread, over a buffer several times the last-level cache (or --ceiling-mb),\n"
-            "median of the R passes. The last line is\n"
+            "median of the R passes; the ratio is the median over runs of each run's\n"
+            "bandwidth over the ceiling pass after it. The last line is\n"
             "  tok_s=... gbps=... ceiling_gbps=... ratio=...\n\n"
             "  --context N          first feed N positions (untimed), then time TOKENS\n"
             "                       more: decode at a long context, where attention\n"
@@ -154,8 +155,12 @@ static void bench_report(const BenchOptions *o, megac_model *m, const BenchCeili
     unsigned long long wbytes = megac_weights_bytes(m), rbytes = bench_read_bytes(o->bundle);
     if (rbytes == 0)
         rbytes = wbytes;
-    double lo, tok_s, hi, clo, ceiling, chi, slo = 0, sp = 0, shi = 0;
-    if (vrates) /* before the sorts below: a ratio is of one run's two rates */
+    double lo, tok_s, hi, clo, ceiling, chi, slo = 0, sp = 0, shi = 0, rlo, rhi, run_gbps[BENCH_MAX_RUNS];
+    /* before the sorts below: a ratio is of two figures from one run */
+    for (int r = 0; r < o->runs; r++)
+        run_gbps[r] = rates[r] * (double)rbytes / 1e9;
+    double ratio = bench_ratio_median(run_gbps, ceil, o->runs, &rlo, &rhi);
+    if (vrates)
         sp = bench_ratio_median(rates, vrates, o->runs, &slo, &shi);
     spread(rates, o->runs, &lo, &tok_s, &hi);
     spread(ceil, o->runs, &clo, &ceiling, &chi);
@@ -168,6 +173,7 @@ static void bench_report(const BenchOptions *o, megac_model *m, const BenchCeili
     printf("read ceiling: median %.2f GB/s (min %.2f, max %.2f; %d threads x %d streams over %.0f MiB, one pass "
            "after each run)\n",
            ceiling, clo, chi, bench_ceiling_threads(c), BENCH_STREAMS, bench_ceiling_bytes(c) / 1048576.0);
+    printf("ratio to the ceiling: median %.3f of the runs' own (min %.3f, max %.3f)\n", ratio, rlo, rhi);
     if (vrates) {
         double vlo, vt, vhi;
         spread(vrates, o->runs, &vlo, &vt, &vhi);
@@ -175,7 +181,7 @@ static void bench_report(const BenchOptions *o, megac_model *m, const BenchCeili
                o->versus, vt, vlo, vhi, sp, slo, shi);
         printf("versus_tok_s=%.2f speedup=%.3f\n", vt, sp);
     }
-    printf("tok_s=%.2f gbps=%.3f ceiling_gbps=%.3f ratio=%.3f\n", tok_s, gbps, ceiling, gbps / ceiling);
+    printf("tok_s=%.2f gbps=%.3f ceiling_gbps=%.3f ratio=%.3f\n", tok_s, gbps, ceiling, ratio);
 }
 
 int cmd_bench(int argc, char **argv)
