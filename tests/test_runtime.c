@@ -739,9 +739,9 @@ Test(runtime, bench_versus_reports_both)
     remove_bundle(b);
 }
 
-/* --versus's speed ratio is the median of each run's own ratio: rates that
- * drift between runs (this machine's memory has two levels) pair within a
- * run, not by rank. Runs (1, 2), (4, 1), (2, 4): 0.5, 4, 0.5; ranked, they
+/* bench's ratios (--versus's speed ratio, the ratio to the ceiling) are
+ * medians of each run's own: rates that drift between runs (this machine's
+ * memory has two levels) pair within a run, not by rank. Runs (1, 2), (4, 1), (2, 4): 0.5, 4, 0.5; ranked, they
  * would pair 1/1, 2/2, 4/4. */
 Test(runtime, bench_ratio_pairs_each_run)
 {
