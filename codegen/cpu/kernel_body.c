@@ -753,8 +753,9 @@ static void op_rmsnorm(const MegacArgs *a, const int64_t *in)
  * tiles: MEGAC_QBENCH_SCATTER in tests/test_cpu_quant_perf.c). So the
  * kernels report the bytes they read (ws_read), four rows at a time, and
  * the stream keeps the worker's next QPF_BYTES asked for, crossing from
- * one tile to the next (and past waits); the AVX-512 8-bit kernels ask for
- * them a few lines at a time as they read (ws_trickle). Only hints: nothing is read.
+ * one tile to the next (and past waits); the 8-bit kernels (not the
+ * 256-bit int8-input ones) ask for them a few lines at a time as they
+ * read (ws_trickle). Only hints: nothing is read.
  * On SmolLM2-135M at 2 workers this took Q4_0, Q4_1, Q8_0 and W4A8G32
  * decode 6-11% faster than prefetching inside each tile, which it
  * replaces (a wait that asked for the next tile's first 256 KB, as the
@@ -928,8 +929,10 @@ static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t b
  * decodes 1.03-1.09x faster with int8 inputs, 1.02-1.06x with exact ones,
  * as W8A8 1.03x (at a 37 GB/s ceiling) to 1.10-1.14x (at 60), as W8A16
  * 1.04-1.08x (megac bench --versus, both ways round). The AVX-512 8-bit
- * kernels and the portable W8 one do this (the 256-bit ones were not
- * measured: no AVX2-only machine at hand). Where the A16 kernels compute more per byte (rows shorter
+ * kernels, the portable W8 one and the AVX2 Q8_0 one do this (x86-64-v3
+ * bundles of the Q8_0 file, on the same Zen 4: 1.07-1.10x; the 256-bit
+ * Q8_0A8 and W8A8 kernels spreading theirs ran 0.97-1.03x, so they do
+ * not; no AVX2-only machine at hand). Where the A16 kernels compute more per byte (rows shorter
  * than WS_TRICKLE_K: Q8_0 at 576 ran 3-8% slower so) and over one long
  * segment (WS_TRICKLE_SEG_MAX or more: the tied output matrix, 15 MB a
  * worker, ran 5% slower so; the hardware prefetchers follow it) the
@@ -1804,7 +1807,8 @@ static ISA_AVX512 void isa_avx512_nib_rows4(int t, const unsigned char *const ro
 }
 
 static void isa_avx2_w8_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4]);
-static void isa_avx2_q8_0_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4]);
+static void isa_avx2_q8_0_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4],
+                                WStream *ws);
 static void isa_avx2_gemv_nib(int t, const GemvSeg *sg, int ns, const float *x, const float *xg, int64_t k);
 
 /* Four rows of a dtype with a fast kernel into out[4]. */
@@ -1815,7 +1819,7 @@ static void qrows4(int t, const unsigned char *const row[4], const float *x, con
         if (t == DT_W8)
             isa_avx2_w8_rows4(row, x, k, out);
         else
-            isa_avx2_q8_0_rows4(row, x, k, out);
+            isa_avx2_q8_0_rows4(row, x, k, out, ws);
         return;
     }
     if ((megac_k_isa & KT_ISA_AVX512) && t == DT_Q8_0) {
@@ -2624,7 +2628,7 @@ static ISA_AVX2 void isa_avx2_w8_rows4(const unsigned char *const row[4], const 
  * interleaved loop, which loads each x once for four rows, computes
  * faster from L2: 17 against 13-15 GB/s on one core). */
 static ISA_AVX2 void isa_avx2_q8_0_rows4(const unsigned char *const row[4], const float *x, int64_t k,
-                                        float out[4])
+                                        float out[4], WStream *ws)
 {
 #pragma clang loop unroll(disable)
     for (int i = 0; i < 4; i++) {
@@ -2641,6 +2645,8 @@ static ISA_AVX2 void isa_avx2_q8_0_rows4(const unsigned char *const row[4], cons
             memcpy(sc + c, &f, sizeof f);
         }
         for (int64_t j = 0, g = 0; j < k; j += 64, b += 64, g += 2) {
+            if (ws)
+                ws_trickle(ws, 64 + 4, 4 * (k + k / 16));
             v8fl t = I8X8(b) * LOAD8F(x + j);
             t += I8X8(b + 8) * LOAD8F(x + j + 8);
             t += I8X8(b + 16) * LOAD8F(x + j + 16);
