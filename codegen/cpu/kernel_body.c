@@ -929,8 +929,9 @@ static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t b
  * decodes 1.03-1.09x faster with int8 inputs, 1.02-1.06x with exact ones,
  * as W8A8 1.03x (at a 37 GB/s ceiling) to 1.10-1.14x (at 60), as W8A16
  * 1.04-1.08x (megac bench --versus, both ways round). The AVX-512 8-bit
- * kernels, the portable W8 one and the AVX2 Q8_0 one do this (x86-64-v3
- * bundles of the Q8_0 file, on the same Zen 4: 1.07-1.10x; the 256-bit
+ * kernels, the portable W8 one and the AVX2 Q8_0 and W8 ones do this
+ * (x86-64-v3 bundles of the Q8_0 file, on the same Zen 4: 1.07-1.10x, as
+ * W8A16 1.05-1.09x; the 256-bit
  * Q8_0A8 and W8A8 kernels spreading theirs ran 0.97-1.03x, so they do
  * not; no AVX2-only machine at hand). Where the A16 kernels compute more per byte (rows shorter
  * than WS_TRICKLE_K: Q8_0 at 576 ran 3-8% slower so) and over one long
@@ -1806,7 +1807,8 @@ static ISA_AVX512 void isa_avx512_nib_rows4(int t, const unsigned char *const ro
         out[i] = hsum16(&acc[i]);
 }
 
-static void isa_avx2_w8_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4]);
+static void isa_avx2_w8_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4],
+                              WStream *ws);
 static void isa_avx2_q8_0_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4],
                                 WStream *ws);
 static void isa_avx2_gemv_nib(int t, const GemvSeg *sg, int ns, const float *x, const float *xg, int64_t k);
@@ -1817,7 +1819,7 @@ static void qrows4(int t, const unsigned char *const row[4], const float *x, con
 {
     if ((megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512) && (t == DT_W8 || t == DT_Q8_0)) {
         if (t == DT_W8)
-            isa_avx2_w8_rows4(row, x, k, out);
+            isa_avx2_w8_rows4(row, x, k, out, ws);
         else
             isa_avx2_q8_0_rows4(row, x, k, out, ws);
         return;
@@ -2597,7 +2599,8 @@ typedef float v8fu __attribute__((vector_size(32), aligned(4)));
 /* W8: {f32 s; i8 q[k]} per row, any k. The rows go one after another
  * (one sequential stream for the prefetchers, as for Q8_0 below), four
  * chains each. */
-static ISA_AVX2 void isa_avx2_w8_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4])
+static ISA_AVX2 void isa_avx2_w8_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4],
+                                      WStream *ws)
 {
 #pragma clang loop unroll(disable)
     for (int i = 0; i < 4; i++) {
@@ -2605,6 +2608,8 @@ static ISA_AVX2 void isa_avx2_w8_rows4(const unsigned char *const row[4], const 
         v8fl a[4] = {{0}, {0}, {0}, {0}};
         int64_t j = 0;
         for (; j + 32 <= k; j += 32) {
+            if (ws && j % 64 == 0)
+                ws_trickle(ws, 64, 4 * (k + 4));
             UNROLL4
             for (int c = 0; c < 4; c++)
                 a[c] += I8X8(q + j + 8 * c) * LOAD8F(x + j + 8 * c);
