@@ -916,29 +916,28 @@ static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t b
 /* Asks for a line more than `bytes` of the stream while a kernel reads a
  * group of rows (`group` bytes, which it reports with ws_read when done),
  * as long as that stays within QPF_BYTES of the group's end. A kernel that
- * calls this once per step of its inner loop (`bytes`: what the step
- * reads) spreads the group's prefetches over its reads, and ws_read then
- * finds nothing left to ask for. Asked for all at once, four rows of 1536
- * (6.5 KB, 100 prefetches) at a time, they held 8-bit GEMVs from memory
- * to 16-18 GB/s on one Zen 4 core (ops of 288 rows in a scattered order,
- * as a decode step's tiles are: MEGAC_QBENCH_OP_ROWS, _SCATTER), spread
- * 20-22: Q8_0A8 15.8 -> 22.1, W8A8 17.9 -> 22.4, Q8_0 17.0 -> 20.3, W8
- * 15.9 -> 20.4; rows of 576 ran as before (23.3 -> 23.8, 16.8 -> 16.1).
- * SmolLM2-135M's down projection (k 1536) went from 5.5 to 6.8 bytes per
- * TSC cycle at a 35 GB/s ceiling (6.8 to 10 at 60), and its Q8_0 file
- * decodes 1.03-1.09x faster with int8 inputs, 1.02-1.06x with exact ones,
- * as W8A8 1.03x (at a 37 GB/s ceiling) to 1.10-1.14x (at 60), as W8A16
- * 1.04-1.08x (megac bench --versus, both ways round). The AVX-512 8-bit
- * kernels, the portable W8 one and the AVX2 Q8_0 and W8 ones do this
- * (x86-64-v3 bundles of the Q8_0 file, on the same Zen 4: 1.07-1.10x, as
- * W8A16 1.05-1.09x; the 256-bit
- * Q8_0A8 and W8A8 kernels spreading theirs ran 0.97-1.03x, so they do
- * not; no AVX2-only machine at hand). Where the A16 kernels compute more per byte (rows shorter
- * than WS_TRICKLE_K: Q8_0 at 576 ran 3-8% slower so) and over one long
- * segment (WS_TRICKLE_SEG_MAX or more: the tied output matrix, 15 MB a
- * worker, ran 5% slower so; the hardware prefetchers follow it) the
- * kernels ask as before (seg_trickle). Not in the 4-bit kernels: at 1536
- * their GEMVs from memory ran faster so (Q4_0 16.5 -> 18.7 GB/s, Q5_0
+ * calls this once per step of its inner loop (`bytes`: what the step reads)
+ * spreads the group's prefetches over its reads, and ws_read then finds
+ * nothing left to ask for. Asked for all at once, four rows of 1536 (6.5
+ * KB, 100 prefetches) at a time, they held 8-bit GEMVs from memory to 16-18
+ * GB/s on one Zen 4 core (ops of 288 rows in a scattered order, as a decode
+ * step's tiles are: MEGAC_QBENCH_OP_ROWS, _SCATTER), spread 20-22: Q8_0A8
+ * 15.8 -> 22.1, W8A8 17.9 -> 22.4, Q8_0 17.0 -> 20.3, W8 15.9 -> 20.4; rows
+ * of 576 ran as before (23.3 -> 23.8, 16.8 -> 16.1). SmolLM2-135M's down
+ * projection (k 1536) went from 5.5 to 6.8 bytes per TSC cycle at a 35 GB/s
+ * ceiling (6.8 to 10 at 60), and its Q8_0 file decodes 1.03-1.09x faster
+ * with int8 inputs, 1.02-1.06x with exact ones, as W8A8 1.03x (at a 37 GB/s
+ * ceiling) to 1.10-1.14x (at 60), as W8A16 1.04-1.08x (megac bench
+ * --versus, both ways round). The AVX-512 8-bit kernels, the portable W8
+ * one and the AVX2 Q8_0 and W8 ones do this (x86-64-v3 bundles of the Q8_0
+ * file, on the same Zen 4: 1.07-1.10x, as W8A16 1.05-1.09x; the 256-bit
+ * Q8_0A8 and W8A8 kernels spreading theirs ran 0.97-1.03x, so they do not;
+ * no AVX2-only machine at hand). Where the A16 kernels compute more per
+ * byte (rows shorter than WS_TRICKLE_K: Q8_0 at 576 ran 3-8% slower so) and
+ * over one long segment (WS_TRICKLE_SEG_MAX or more: the tied output
+ * matrix, 15 MB a worker, ran 5% slower so; the hardware prefetchers follow
+ * it) the kernels ask as before (seg_trickle). Not in the 4-bit kernels: at
+ * 1536 their GEMVs from memory ran faster so (Q4_0 16.5 -> 18.7 GB/s, Q5_0
  * 14.1 -> 17.5), but the Q4_0, Q4_1 and Q4_K_M files decoded no faster. */
 #define WS_TRICKLE_K 1024
 #define WS_TRICKLE_SEG_MAX (1 << 20)
