@@ -786,6 +786,7 @@ typedef struct WStream {
     const char *kh, *vh;
     int64_t rowb, t, n, last;
     int in_v;
+    int64_t group;              /* bytes of the four rows a kernel spreads asks over (seg_trickle) */
 } WStream;
 
 /* Split s of nsplit over n entries (rows) cut into blocks of `block`:
@@ -914,7 +915,7 @@ static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t b
 }
 
 /* Asks for a line more than `bytes` of the stream while a kernel reads a
- * group of rows (`group` bytes, which it reports with ws_read when done),
+ * group of rows (ws->group bytes, which it reports with ws_read when done),
  * as long as that stays within QPF_BYTES of the group's end. A kernel that
  * calls this once per step of its inner loop (`bytes`: what the step reads)
  * spreads the group's prefetches over its reads, and ws_read then finds
@@ -941,10 +942,10 @@ static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t b
  * 14.1 -> 17.5), but the Q4_0, Q4_1 and Q4_K_M files decoded no faster. */
 #define WS_TRICKLE_K 1024
 #define WS_TRICKLE_SEG_MAX (1 << 20)
-static inline __attribute__((always_inline)) void ws_trickle(WStream *ws, int64_t bytes, int64_t group)
+static inline __attribute__((always_inline)) void ws_trickle(WStream *ws, int64_t bytes)
 {
     int n = (int)(bytes / 64) + 1;
-    if (ws->ahead >= QPF_BYTES + group)
+    if (ws->ahead >= QPF_BYTES + ws->group)
         return;
     if (ws->ahead >= 0 && ws->stop - ws->p >= 64 * n) {
         for (int i = 0; i < n; i++)
@@ -1015,12 +1016,16 @@ static inline __attribute__((always_inline)) void seg_quad_store(const GemvSeg *
 }
 
 /* The stream a four-row kernel spreads its prefetches over in segment g
- * (rows of rb bytes, k long): NULL (it does not) for rows shorter than
- * kmin, and for a segment of WS_TRICKLE_SEG_MAX bytes or more (ws_trickle). */
+ * (rows of rb bytes, k long), its group set to four rows: NULL (it does
+ * not) for rows shorter than kmin, and for a segment of WS_TRICKLE_SEG_MAX
+ * bytes or more (ws_trickle). */
 static inline __attribute__((always_inline)) WStream *seg_trickle(const GemvSeg *g, int64_t rb, int64_t k,
                                                                  int64_t kmin)
 {
-    return k >= kmin && (g->r1 - g->r0) * rb < WS_TRICKLE_SEG_MAX ? g->ws : NULL;
+    if (k < kmin || (g->r1 - g->r0) * rb >= WS_TRICKLE_SEG_MAX)
+        return NULL;
+    g->ws->group = 4 * rb;
+    return g->ws;
 }
 
 typedef uint16_t v4u16 __attribute__((vector_size(8)));
@@ -1111,7 +1116,7 @@ static void w8_rows4(const unsigned char *const row[4], const float *x, int64_t 
     int64_t j = 0;
     for (; j + 64 <= k; j += 64) {
         if (ws)
-            ws_trickle(ws, 4 * 64, 4 * (k + 4));
+            ws_trickle(ws, 4 * 64);
         v16f x0 = LOAD16(x + j), x1 = LOAD16(x + j + 16), x2 = LOAD16(x + j + 32), x3 = LOAD16(x + j + 48);
         UNROLL4
         for (int i = 0; i < 4; i++) {
@@ -1772,7 +1777,7 @@ static ISA_AVX512 void isa_avx512_q8_0_rows4(const unsigned char *const row[4], 
     v16f acc[4] = {{0}, {0}, {0}, {0}};
     for (int64_t j = 0, b = 0; j < k; j += 32, b++) {
         if (ws && b % 2 == 0)
-            ws_trickle(ws, 4 * 64 + 8, 4 * (k + k / 16));
+            ws_trickle(ws, 4 * 64 + 8);
         v16f x0 = LOAD16(x + j), x1 = LOAD16(x + j + 16);
         UNROLL4
         for (int i = 0; i < 4; i++) {
@@ -1889,11 +1894,12 @@ static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t
     }
     for (int i = 0; i < ns; i++) {
         const GemvSeg *g = &sg[i];
+        WStream *tws = seg_trickle(g, rb, k, WS_TRICKLE_K);
         for (int64_t r = g->r0; r < g->r1; r += 4) {
             const unsigned char *row[4];
             float out[4];
             seg_quad(g, rb, r, row);
-            qrows4(t, row, x, xg, k, out, seg_trickle(g, rb, k, WS_TRICKLE_K));
+            qrows4(t, row, x, xg, k, out, tws);
             seg_quad_store(g, rb, r, out);
         }
     }
@@ -2278,7 +2284,7 @@ static ISA_VNNI512 void isa_vnni512_w8a8_rows4(const unsigned char *const row[4]
     v16f acc[4] = {{0}, {0}, {0}, {0}};
     for (int64_t j = 0; j < k; j += 64) {
         if (ws)
-            ws_trickle(ws, 4 * 64, 4 * (k + 4));
+            ws_trickle(ws, 4 * 64);
         v16u32 xv = *(const v16u32u *)(xq + j);
         v16f d = LOAD16(dl + j / 4);
         UNROLL4
@@ -2314,7 +2320,7 @@ static ISA_VNNI512 void isa_vnni512_q8_0a8_rows4(const unsigned char *const row[
         v16u32 xv = *(const v16u32u *)(xq + j);
         v16i32 cv = *(const v16i32u *)(corr + j / 4);
         if (ws)
-            ws_trickle(ws, 4 * 64 + 16, 4 * (k + k / 16));
+            ws_trickle(ws, 4 * 64 + 16);
         v16f d = LOAD16(dl + j / 4);
         UNROLL4
         for (int i = 0; i < 4; i++) {
@@ -2608,7 +2614,7 @@ static ISA_AVX2 void isa_avx2_w8_rows4(const unsigned char *const row[4], const 
         int64_t j = 0;
         for (; j + 32 <= k; j += 32) {
             if (ws && j % 64 == 0)
-                ws_trickle(ws, 64, 4 * (k + 4));
+                ws_trickle(ws, 64);
             UNROLL4
             for (int c = 0; c < 4; c++)
                 a[c] += I8X8(q + j + 8 * c) * LOAD8F(x + j + 8 * c);
@@ -2650,7 +2656,7 @@ static ISA_AVX2 void isa_avx2_q8_0_rows4(const unsigned char *const row[4], cons
         }
         for (int64_t j = 0, g = 0; j < k; j += 64, b += 64, g += 2) {
             if (ws)
-                ws_trickle(ws, 64 + 4, 4 * (k + k / 16));
+                ws_trickle(ws, 64 + 4);
             v8fl t = I8X8(b) * LOAD8F(x + j);
             t += I8X8(b + 8) * LOAD8F(x + j + 8);
             t += I8X8(b + 16) * LOAD8F(x + j + 16);
@@ -3928,12 +3934,12 @@ static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_
         a8_pair_prepare(xq, dq, k, xq2, dq8);
     for (int i = 0; i < ns; i++) {
         const GemvSeg *g = &sg[i];
+        WStream *tws = seg_trickle(g, rb, k, 0);
         for (int64_t r = g->r0; r < g->r1; r += 4) {
             const unsigned char *row[4];
             float out[4];
             seg_quad(g, rb, r, row);
-            a8_rows4(kind, t, row, pairs ? xq2 : xq, pairs ? dq8 : dq, side, corr, c, k, out,
-                     seg_trickle(g, rb, k, 0));
+            a8_rows4(kind, t, row, pairs ? xq2 : xq, pairs ? dq8 : dq, side, corr, c, k, out, tws);
             seg_quad_store(g, rb, r, out);
         }
     }
