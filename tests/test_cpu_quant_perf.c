@@ -436,6 +436,55 @@ Test(cpu_quant_perf, every_dtype_x86_64)
     check_all("x86-64", 512);
 }
 
+/* The 8-bit A16 rows at the integer kernels' bound (VNNI hosts: x as 21-bit
+ * fixed point per block, weights made unsigned, each 32-bit lane summing
+ * four (q + 128) xi, at most 4 255 (2^21 - 1)): every weight at +-max and
+ * |x| equal across a block, with x's signs all +, all - and alternating,
+ * so lanes reach the bound; a lane that wrapped would miss by ~2^32. */
+Test(cpu_quant_perf, q8_lane_bound)
+{
+    const int64_t rows = 4, k = 576;
+    const DType ts[] = {DT_Q8_0, DT_W8};
+    for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
+        for (int xs = 0; xs < 3; xs++) {
+            DType t = ts[ti];
+            Schedule *s = sched_new("qbound", "cpu", 1);
+            s->shape = gemv_shape(k);
+            int64_t sx[1] = {k};
+            uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx), wb, yb;
+            add_gemvs(s, t, rows, k, 2, xb, &wb, &yb);
+            QKern q;
+            qkern_build(&q, s, NULL);
+            float *x = (float *)(q.arena + s->bufs[xb].offset), w[576];
+            for (int64_t j = 0; j < k; j++)
+                x[j] = (xs == 0 ? 1.0f : xs == 1 ? -1.0f : (j % 2 ? -1.0f : 1.0f)) * (1.0f + (float)(j / 32));
+            size_t rb = dtype_row_bytes(t, k);
+            unsigned char *raw = malloc(rb * rows);
+            for (int64_t r = 0; r < rows; r++) {
+                for (int64_t j = 0; j < k; j++) /* rows: all +, all -, alternating, by blocks */
+                    w[j] = 0.5f * (r == 0 ? 1.0f : r == 1 ? -1.0f : r == 2 ? (j % 2 ? -1.0f : 1.0f) : (j / 32 % 2 ? -1.0f : 1.0f));
+                quantize_row(t, w, k, raw + (size_t)r * rb);
+            }
+            kernel_rows_put(t, rows, k, raw, q.wts + s->bufs[wb].offset);
+            qkern_step(&q);
+            const float *y = (const float *)(q.arena + s->bufs[yb].offset);
+            double ref[4], mag;
+            float deq[576];
+            quant_gemv_ref(t, raw, rows, k, x, ref);
+            for (int64_t r = 0; r < rows; r++) {
+                quant_row_dequant(dtype_layout(t), raw + (size_t)r * rb, k, deq);
+                mag = 0;
+                for (int64_t j = 0; j < k; j++)
+                    mag += fabs((double)deq[j] * x[j]);
+                cr_assert_leq(fabs(y[r] - ref[r]), 2e-6 * mag, "%s x pattern %d row %ld: %.9g vs %.9g", dtype_name(t),
+                              xs, (long)r, y[r], ref[r]);
+            }
+            free(raw);
+            qkern_free(&q);
+        }
+    }
+}
+
 /* ---- packed 4-bit rows (compiler/quant.h: quant_cpu_pack) ---- */
 
 static const DType packed_dtypes[] = {DT_Q4_0, DT_Q4_1,   DT_W4G32,  DT_W4A8G32, DT_Q5_0,  DT_Q5_1,
@@ -510,15 +559,17 @@ Test(cpu_quant_perf, packed_embed)
 }
 
 /* A NaN or an infinity in x reaches every output row of a packed A16
- * GEMV (the int8 kernel on VNNI hosts falls back to the float one for
- * them). W4A8G32 is left out: its input is int8 by definition. */
+ * GEMV and of the 8-bit A16 ones (the integer kernels on VNNI hosts fall
+ * back to the float ones for them). W4A8G32 is left out: its input is
+ * int8 by definition. */
 Test(cpu_quant_perf, packed_nonfinite_x)
 {
     const int64_t rows = 8, k = 576;
     const float bad[2] = {NAN, INFINITY};
-    for (size_t ti = 0; ti < 3; ti++) {
+    const DType ts[] = {DT_Q4_0, DT_Q4_1, DT_W4G32, DT_Q8_0, DT_W8};
+    for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
         for (int bi = 0; bi < 2; bi++) {
-            DType t = packed_dtypes[ti];
+            DType t = ts[ti];
             Schedule *s = sched_new("pnan", "cpu", 1);
             s->shape = gemv_shape(k);
             int64_t sx[1] = {k};

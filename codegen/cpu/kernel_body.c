@@ -1747,10 +1747,11 @@ isa_avx512_nib_groups4(const unsigned char *w[4], int64_t ng, int64_t gb, int64_
 /* Four packed Q8_0 rows (kernel_table.h) of nb blocks: their block scales
  * as floats into sc, 16 at a time (the last conversion reads up to 15
  * past them, inside the row's integers: 34 nb >= 2 (nb - 1) + 32 bytes;
- * those are left unused), and where their integers start into q. */
+ * those are left unused), each times mul[b] where mul is not NULL (the
+ * 16-aligned tail of mul read too), and where their integers start into q. */
 #define Q8_SC_ROOM (KT_PACK_K_MAX / 32 + 16)
 static inline __attribute__((always_inline)) ISA_AVX512 void
-isa_avx512_q8_0_rows_open(const unsigned char *const row[4], int64_t nb, float sc[4][Q8_SC_ROOM],
+isa_avx512_q8_0_rows_open(const unsigned char *const row[4], int64_t nb, const float *mul, float sc[4][Q8_SC_ROOM],
                           const unsigned char *q[4])
 {
     UNROLL4
@@ -1758,7 +1759,8 @@ isa_avx512_q8_0_rows_open(const unsigned char *const row[4], int64_t nb, float s
         for (int64_t b = 0; b < nb; b += 16) {
             v16i16 h;
             memcpy(&h, row[i] + 2 * b, sizeof h);
-            STORE16(sc[i] + b, __builtin_ia32_vcvtph2ps512_mask(h, (v16f){0}, (unsigned short)0xffff, 4));
+            v16f f = __builtin_ia32_vcvtph2ps512_mask(h, (v16f){0}, (unsigned short)0xffff, 4);
+            STORE16(sc[i] + b, mul ? f * LOAD16(mul + b) : f);
         }
         q[i] = row[i] + 2 * nb;
     }
@@ -1773,7 +1775,7 @@ static ISA_AVX512 void isa_avx512_q8_0_rows4(const unsigned char *const row[4], 
 {
     float sc[4][Q8_SC_ROOM];
     const unsigned char *q[4];
-    isa_avx512_q8_0_rows_open(row, k / 32, sc, q);
+    isa_avx512_q8_0_rows_open(row, k / 32, NULL, sc, q);
     v16f acc[4] = {{0}, {0}, {0}, {0}};
     for (int64_t j = 0, b = 0; j < k; j += 32, b++) {
         if (ws && b % 2 == 0)
@@ -1861,6 +1863,8 @@ static void qrows4(int t, const unsigned char *const row[4], const float *x, con
 }
 
 /* y[r0:r1] (+)= W . x (+ b) for the A16 quantized and half dtypes. */
+static int isa_vnni512_gemv_q8x(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
+
 static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
     if ((HAS_DT(DT_Q4_0) | HAS_DT(DT_Q4_1) | HAS_DT(DT_Q5_0) | HAS_DT(DT_Q5_1) | HAS_DT(DT_W4G32)) &&
@@ -1873,6 +1877,9 @@ static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t
         gemv_kq(t, sg, ns, x, k);
         return;
     }
+    if ((HAS_DT(DT_Q8_0) | HAS_DT(DT_W8)) && (t == DT_Q8_0 || t == DT_W8) && (megac_k_isa & KT_ISA_VNNI512) &&
+        k % 64 == 0 && k <= QFAST_K_MAX && isa_vnni512_gemv_q8x(t, sg, ns, x, k))
+        return;
     int64_t rb = qrow_bytes(t, k);
     int fast = k <= QFAST_K_MAX && (t == DT_W8 || ((t == DT_Q8_0 || t == DT_W4G64 || t == DT_W4G128) && k % 32 == 0));
     if (!fast) {
@@ -2314,7 +2321,7 @@ static ISA_VNNI512 void isa_vnni512_q8_0a8_rows4(const unsigned char *const row[
 {
     float sc[4][Q8_SC_ROOM];
     const unsigned char *q[4];
-    isa_avx512_q8_0_rows_open(row, k / 32, sc, q);
+    isa_avx512_q8_0_rows_open(row, k / 32, NULL, sc, q);
     v16f acc[4] = {{0}, {0}, {0}, {0}};
     for (int64_t j = 0; j < k; j += 64) {
         v16u32 xv = *(const v16u32u *)(xq + j);
@@ -2335,6 +2342,150 @@ static ISA_VNNI512 void isa_vnni512_q8_0a8_rows4(const unsigned char *const row[
     UNROLL4
     for (int i = 0; i < 4; i++)
         out[i] = hsum16(&acc[i]);
+}
+
+/* Q8_0 and W8 rows (A16) with vpdpbusd: x in the packed 4-bit rows'
+ * 23-bit fixed point per block of 32 (xi = rint(x / u_b), u_b = max|x_b| /
+ * PKQ_MAX, the same three signed byte planes: isa_vnni512_block_cut), kept
+ * in element order (plane 2 at xq, 1 at xq + k, 0 at xq + 2 k); the
+ * weights made unsigned (q ^ 0x80 = q + 128) meet each plane with
+ * vpdpbusd, the planes combined by shifts in the 32-bit lanes, and 128
+ * (the sum of the lane's four xi) taken off in integers (corr). Those
+ * sums of (q + 128) xi may wrap around, but vpdpbusd, the shifts and the
+ * subtraction are exact modulo 2^32, and what is left, the lane's sum of
+ * four q xi, is at most 4 128 (2^22 - 1) < 2^31 in size: exact before its
+ * conversion (cpu_quant_perf.q8_lane_bound reaches that bound; a 24-bit x
+ * fails it). The rounding of x is at most max|x_b| 2^-23 per element, as
+ * for the 4-bit rows. One conversion and one FMA per 64 weights of a row
+ * where the float loop converted every weight: from L2 on one Zen 4 core
+ * (`MEGAC_QBENCH_MB=0.2 MEGAC_QBENCH_REPS=1500`), Q8_0 at k 576 25.4 ->
+ * 31.8 GB/s, at 1536 27.1 -> 31.7, W8 25.1 -> 34.6 and 26.2 -> 32.8.
+ * Non-finite x takes the float kernels (they propagate the NaN). */
+
+/* The lanes' sums of (q + 128) xi less corr: u the weights' bytes made
+ * unsigned, x2, x1, x0 the planes. */
+static inline __attribute__((always_inline)) ISA_VNNI512 v16i32 isa_vnni512_q8x_dot(v16u32 u, v16u32 x2, v16u32 x1,
+                                                                                   v16u32 x0, v16i32 cv)
+{
+    v16i32 a = isa_vnni512_dot((v16i32){0}, u, x2) << 8;
+    a = isa_vnni512_dot(a, u, x1) << 8;
+    return isa_vnni512_dot(a, u, x0) - cv;
+}
+
+/* x's planes into xq (3 k bytes), u_b into ub and 128 (sum of xi over
+ * elements 4 l..4 l + 3) into corr[l]; k % 64 == 0. 0 (nothing usable)
+ * when x has an infinity or a NaN. */
+static ISA_VNNI512 int isa_vnni512_q8x_prepare(const float *x, int64_t k, int8_t *xq, float *ub, int32_t *corr)
+{
+    if (!x_finite(x, k))
+        return 0;
+    for (int64_t blk = 0; blk < k / 32; blk++) {
+        v16i32 h[2][3];
+        isa_vnni512_block_cut(x + 32 * blk, &ub[blk], h[0], h[1]);
+        for (int half = 0; half < 2; half++)
+            for (int p = 0; p < 3; p++)
+                *(v16s8a1 *)(xq + (2 - p) * k + 32 * blk + 16 * half) = __builtin_convertvector(h[half][p], v16s8);
+    }
+    const v16u32 ones = {0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u,
+                         0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u,
+                         0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u};
+    for (int64_t j = 0; j + 64 <= k; j += 64) /* the lanes' sums of xi, as the rows' own */
+        *(v16i32u *)(corr + j / 4) =
+            isa_vnni512_q8x_dot(ones, *(const v16u32u *)(xq + j), *(const v16u32u *)(xq + k + j),
+                                *(const v16u32u *)(xq + 2 * k + j), (v16i32){0})
+            << 7;
+    return 1;
+}
+
+/* Four packed Q8_0 rows against x's planes, k % 64 == 0: the rows' block
+ * scales times u_b become floats first, and each pair goes to its eight
+ * lanes each (as in isa_vnni512_q8_0a8_rows4). */
+static ISA_VNNI512 void isa_vnni512_q8_0x_rows4(const unsigned char *const row[4], const int8_t *xq, const float *ub,
+                                               const int32_t *corr, int64_t k, float out[4], WStream *ws)
+{
+    float sc[4][Q8_SC_ROOM];
+    const unsigned char *q[4];
+    isa_avx512_q8_0_rows_open(row, k / 32, ub, sc, q);
+    v16f acc[4] = {{0}, {0}, {0}, {0}};
+    for (int64_t j = 0; j < k; j += 64) {
+        if (ws)
+            ws_trickle(ws, 4 * 64 + 16);
+        v16u32 x2 = *(const v16u32u *)(xq + j), x1 = *(const v16u32u *)(xq + k + j);
+        v16u32 x0 = *(const v16u32u *)(xq + 2 * k + j);
+        v16i32 cv = *(const v16i32u *)(corr + j / 4);
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            v16i32 p = isa_vnni512_q8x_dot(*(const v16u32u *)(q[i] + j) ^ 0x80808080u, x2, x1, x0, cv);
+            v4f s4;
+            memcpy(&s4, sc[i] + j / 32, sizeof s4); /* the pair's two, and two unused */
+            v16f w = __builtin_shufflevector(s4, s4, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+            acc[i] += __builtin_convertvector(p, v16f) * w;
+        }
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        out[i] = hsum16(&acc[i]);
+}
+
+/* Four W8 rows ({f32 s; i8 q[k]}) against x's planes, k % 64 == 0; ul[l]:
+ * u_b of the block of x[4 l]. */
+static ISA_VNNI512 void isa_vnni512_w8x_rows4(const unsigned char *const row[4], const int8_t *xq, const float *ul,
+                                             const int32_t *corr, int64_t k, float out[4], WStream *ws)
+{
+    v16f acc[4] = {{0}, {0}, {0}, {0}};
+    for (int64_t j = 0; j < k; j += 64) {
+        if (ws)
+            ws_trickle(ws, 4 * 64);
+        v16u32 x2 = *(const v16u32u *)(xq + j), x1 = *(const v16u32u *)(xq + k + j);
+        v16u32 x0 = *(const v16u32u *)(xq + 2 * k + j);
+        v16i32 cv = *(const v16i32u *)(corr + j / 4);
+        v16f u = LOAD16(ul + j / 4);
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            v16i32 p = isa_vnni512_q8x_dot(*(const v16u32u *)(row[i] + 4 + j) ^ 0x80808080u, x2, x1, x0, cv);
+            acc[i] += __builtin_convertvector(p, v16f) * u;
+        }
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++) {
+        float s;
+        memcpy(&s, row[i], 4);
+        out[i] = s * hsum16(&acc[i]);
+    }
+}
+
+/* gemv_quant() for Q8_0 and W8 rows of k % 64 == 0 with vpdpbusd; 0
+ * (nothing done) when x is not finite. */
+static ISA_VNNI512 int isa_vnni512_gemv_q8x(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
+{
+    int8_t xq[3 * k] __attribute__((aligned(64)));
+    float ub[k / 32 + 16], ul[k / 4];
+    int32_t corr[k / 4];
+    if (!isa_vnni512_q8x_prepare(x, k, xq, ub, corr))
+        return 0;
+    for (int64_t b = k / 32; b < k / 32 + 16; b++)
+        ub[b] = 0.0f;
+    for (int64_t b = 0; t == DT_W8 && b < k / 32; b++) {
+        v8f u = {ub[b], ub[b], ub[b], ub[b], ub[b], ub[b], ub[b], ub[b]};
+        memcpy(ul + 8 * b, &u, sizeof u);
+    }
+    int64_t rb = qrow_bytes(t, k);
+    for (int i = 0; i < ns; i++) {
+        const GemvSeg *g = &sg[i];
+        WStream *tws = seg_trickle(g, rb, k, 0); /* at every k, as the A8 rows (at k 576, WS_TRICKLE_K ran
+                                                     0.93-0.97x at a 60-65 GB/s ceiling, 1.0-1.05x at 37) */
+        for (int64_t r = g->r0; r < g->r1; r += 4) {
+            const unsigned char *row[4];
+            float out[4];
+            seg_quad(g, rb, r, row);
+            if (t == DT_Q8_0)
+                isa_vnni512_q8_0x_rows4(row, xq, ub, corr, k, out, tws);
+            else
+                isa_vnni512_w8x_rows4(row, xq, ul, corr, k, out, tws);
+            seg_quad_store(g, rb, r, out);
+        }
+    }
+    return 1;
 }
 
 /* 16 bytes at each w[i] + off, row i in lanes 4i..4i+3. */
