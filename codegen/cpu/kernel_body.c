@@ -2312,23 +2312,23 @@ static ISA_VNNI512 void isa_vnni512_w8a8_rows4(const unsigned char *const row[4]
  * per vector (lanes 0-7 the first), one 64-byte load, weights made
  * unsigned by q ^ 0x80 = q + 128, the excess 128 * (sum of the lane's
  * four xq) taken off per lane in integers (corr), so each lane is exact
- * before its conversion; dl: d of the block of x[4l] per lane; the row's
- * block scales become floats first (isa_avx512_q8_0_rows_open), and each
- * pair goes to its eight lanes each. */
+ * before its conversion; the row's block scales times x's (dqp: d of x's
+ * block b, zeros past k / 32 to a multiple of 16) become floats first
+ * (isa_avx512_q8_0_rows_open), and each pair goes to its eight lanes
+ * each. */
 static ISA_VNNI512 void isa_vnni512_q8_0a8_rows4(const unsigned char *const row[4], const int8_t *xq,
-                                               const float *dl, const int32_t *corr, int64_t k, float out[4],
+                                               const float *dqp, const int32_t *corr, int64_t k, float out[4],
                                                WStream *ws)
 {
     float sc[4][Q8_SC_ROOM];
     const unsigned char *q[4];
-    isa_avx512_q8_0_rows_open(row, k / 32, NULL, sc, q);
+    isa_avx512_q8_0_rows_open(row, k / 32, dqp, sc, q);
     v16f acc[4] = {{0}, {0}, {0}, {0}};
     for (int64_t j = 0; j < k; j += 64) {
         v16u32 xv = *(const v16u32u *)(xq + j);
         v16i32 cv = *(const v16i32u *)(corr + j / 4);
         if (ws)
             ws_trickle(ws, 4 * 64 + 16);
-        v16f d = LOAD16(dl + j / 4);
         UNROLL4
         for (int i = 0; i < 4; i++) {
             v16u32 u = *(const v16u32u *)(q[i] + j) ^ 0x80808080u;
@@ -2336,7 +2336,7 @@ static ISA_VNNI512 void isa_vnni512_q8_0a8_rows4(const unsigned char *const row[
             v4f s4;
             memcpy(&s4, sc[i] + j / 32, sizeof s4); /* the pair's two, and two unused */
             v16f w = __builtin_shufflevector(s4, s4, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-            acc[i] += __builtin_convertvector(p, v16f) * (w * d);
+            acc[i] += __builtin_convertvector(p, v16f) * w;
         }
     }
     UNROLL4
@@ -4034,7 +4034,7 @@ static void a8_rows4(int kind, int t, const unsigned char *const row[4], const i
 {
     int64_t gs = t == DT_W8A8 || t == DT_Q8_0A8 ? 32 : w4_gsize(qlayout(t));
     if (t == DT_Q8_0A8 && kind == 2)
-        isa_vnni512_q8_0a8_rows4(row, xq, side, corr, k, out, ws);
+        isa_vnni512_q8_0a8_rows4(row, xq, dq, corr, k, out, ws);
     else if (t == DT_Q8_0A8 && kind == 1)
         isa_avxvnni_q8_0a8_rows4(row, xq, dq, k, out);
     else if (t == DT_Q8_0A8)
@@ -4062,8 +4062,11 @@ static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_
     int64_t rb = qrow_bytes(t, k), gs = q8 ? 32 : w4_gsize(qlayout(t));
     float side[q8 ? k / 4 : k / 32 + 1], c = 0;
     int32_t corr[t == DT_Q8_0A8 ? k / 4 : 1];
+    float dqp[t == DT_Q8_0A8 ? k / 32 + 16 : 1]; /* dq, zeros to a multiple of 16 (isa_vnni512_q8_0a8_rows4) */
     for (int64_t l = 0; t == DT_Q8_0A8 && l < k / 4; l++)
         corr[l] = 128 * (xq[4 * l] + xq[4 * l + 1] + xq[4 * l + 2] + xq[4 * l + 3]);
+    for (int64_t b = 0; t == DT_Q8_0A8 && b < k / 32 + 16; b++)
+        dqp[b] = b < k / 32 ? dq[b] : 0.0f;
     for (int64_t bl = 0; bl < k / 32; bl++) {
         int32_t sx = 0;
         for (int j = 0; j < 32; j++)
@@ -4090,7 +4093,7 @@ static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_
             const unsigned char *row[4];
             float out[4];
             seg_quad(g, rb, r, row);
-            a8_rows4(kind, t, row, pairs ? xq2 : xq, pairs ? dq8 : dq, side, corr, c, k, out, tws);
+            a8_rows4(kind, t, row, pairs ? xq2 : xq, pairs ? dq8 : t == DT_Q8_0A8 ? dqp : dq, side, corr, c, k, out, tws);
             seg_quad_store(g, rb, r, out);
         }
     }
