@@ -34,8 +34,9 @@
  * results. Their weights are prefetched as one stream per worker that
  * runs QPF_BYTES ahead across tiles (WStream). A16 formats keep x exact
  * (exact weights, f32 sums; on AVX2 and AVX-512 VNNI hosts the 4-bit and
- * k-quant rows meet x as three byte planes of 23-bit fixed point per
- * block of 32, rounded to max|x_b| 2^-23, in integer dot products); A8
+ * k-quant rows, on AVX-512 VNNI hosts also the Q8_0 and W8 ones, meet x as
+ * three byte planes of 23-bit fixed point per block of 32, rounded to
+ * max|x_b| 2^-23, in integer dot products); A8
  * formats (W8A8, W4A8G*, and GGUF blocks as Q4_0A8, Q4_1A8, Q5_0A8,
  * Q5_1A8, Q8_0A8, Q4_KA8, Q5_KA8 and Q6_KA8) quantize x once per op to
  * int8 and take integer dot products per block of 32. Q4_0, Q4_1, Q5_0,
