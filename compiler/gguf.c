@@ -36,7 +36,7 @@ typedef struct {
 } GgufImpl;
 
 typedef struct {
-    const unsigned char *p, *end;
+    const unsigned char *p, *end, *start;
     const char *path;
     Diag *d;
     bool ok;
@@ -73,7 +73,10 @@ static const char *gguf_value_type_name(uint32_t t)
 static bool cur_need(Cursor *c, uint64_t n, const char *what)
 {
     if (c->ok && (uint64_t)(c->end - c->p) < n) {
-        diag_file_error(c->d, c->path, "file is truncated: %s runs past the end of the file", what);
+        diag_file_error(c->d, c->path,
+                        "file is truncated or corrupt: %s (at byte %zu) runs past the end of the file: it needs %" PRIu64
+                        " bytes, %zu are left",
+                        what, (size_t)(c->p - c->start), n, (size_t)(c->end - c->p));
         c->ok = false;
     }
     return c->ok;
@@ -380,7 +383,7 @@ static bool gguf_dup_check(const GgufFile *g, Diag *d)
 static bool gguf_parse(GgufImpl *gi, Diag *d)
 {
     GgufFile *g = &gi->pub;
-    Cursor c = {g->map, g->map + g->size, g->path, d, true};
+    Cursor c = {g->map, g->map + g->size, g->map, g->path, d, true};
     if (!gguf_header_read(gi, &c, d))
         return false;
     g->kv = ARENA_ARRAY(&gi->a, GgufKV, g->nkv);

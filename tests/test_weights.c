@@ -858,6 +858,10 @@ Test(weights, gguf_bad_inputs)
     gguf_expect("version.gguf", b, n, "GGUF version 4 is not supported");
     gguf_expect("cut.gguf", raw, 300, "file is truncated");
     gguf_expect("short.gguf", raw, 3000, "runs past the end of the file");
+    memcpy(b, raw, n);
+    u64 = 1ull << 40; /* the first key's length (after magic, version and the two counts) */
+    memcpy(b + 24, &u64, 8);
+    gguf_expect("keylen.gguf", b, n, "(at byte 32) runs past the end of the file: it needs 1099511627776 bytes");
     gguf_expect("empty.gguf", raw, 0, "not a GGUF file: 0 bytes long");
 
     size_t q = gguf_info_at(raw, n, "blk.0.attn_q.weight"); /* u32 ndim, u64 dims[2], u32 type, u64 off */
