@@ -1044,6 +1044,15 @@ static __attribute__((target("avx2,fma,f16c"))) v4f isa_avx2_f16x4(v4u16 h)
     return __builtin_ia32_vcvtph2ps(v);
 }
 
+/* The f16 at p by vcvtph2ps (F16C: in every AVX2 and AVX-512 kernel's
+ * target), where f16_at() takes a dozen scalar instructions and branches. */
+static inline __attribute__((always_inline, target("avx2,fma,f16c"))) float isa_f16c_at(const unsigned char *p)
+{
+    short h;
+    memcpy(&h, p, 2);
+    return __builtin_ia32_vcvtph2ps((v8i16){h, 0, 0, 0, 0, 0, 0, 0})[0];
+}
+
 static v4f f16_rows4(const unsigned char *const w[4], int off)
 {
     v4u16 h;
@@ -2159,7 +2168,7 @@ isa_vnni512_kq4_superblock(int np, int q5, const unsigned char *b, const int8_t 
                            v16f *acc, v8fs *off)
 {
     v8fs d, m;
-    kq_scales(b, f16_at(b), f16_at(b + 2), &d, &m);
+    kq_scales(b, isa_f16c_at(b), isa_f16c_at(b + 2), &d, &m);
     *off += m * *xs8;
     v8fs du = d * *u8;
     const unsigned char *qs = b + (q5 ? 48 : 16);
@@ -2195,7 +2204,7 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void
 isa_vnni512_kq6_superblock(int np, const unsigned char *b, const int8_t *xq, const v8fs *u8p, const v16f *xs16,
                            v16f *acc, v16f *off)
 {
-    v16f d = __builtin_convertvector(*(const v16i8 *)(b + 192), v16f) * f16_at(b + 208);
+    v16f d = __builtin_convertvector(*(const v16i8 *)(b + 192), v16f) * isa_f16c_at(b + 208);
     *off += d * *xs16;
     v8fs u8 = *u8p;
     v16f u = __builtin_shufflevector(u8, u8, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
@@ -2582,13 +2591,6 @@ static inline __attribute__((always_inline)) ISA_AVXVNNI v8i32 isa_avxvnni_dot(v
                                (v8i32)(s2))
 /* The f16 at p by vcvtph2ps (f16_at converts in software: a dozen scalar
  * ops and a branch per block). */
-static inline __attribute__((always_inline)) ISA_AVX2 float isa_f16c_at(const unsigned char *p)
-{
-    short h;
-    memcpy(&h, p, 2);
-    return __builtin_ia32_vcvtph2ps((v8i16){h, 0, 0, 0, 0, 0, 0, 0})[0];
-}
-
 static inline __attribute__((always_inline)) float hsum8(const v8fl *p)
 {
     v8fl v = *p;
