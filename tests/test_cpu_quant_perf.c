@@ -436,9 +436,10 @@ Test(cpu_quant_perf, every_dtype_x86_64)
     check_all("x86-64", 512);
 }
 
-/* The 8-bit A16 rows at the integer kernels' bound (VNNI hosts: x as 21-bit
- * fixed point per block, weights made unsigned, each 32-bit lane summing
- * four (q + 128) xi, at most 4 255 (2^21 - 1)): every weight at +-max and
+/* The 8-bit A16 rows at the integer kernels' bounds (VNNI hosts: Q8_0 with
+ * x as 23-bit fixed point per block, each 32-bit lane's four q xi up to 4
+ * 128 (2^22 - 1); W8 with x as 30-bit fixed point per op in four planes,
+ * each plane's lane summing k / 16 products): every weight at +-max and
  * |x| equal across a block, with x's signs all +, all - and alternating,
  * so lanes reach the bound; a lane that wrapped would miss by ~2^32. */
 Test(cpu_quant_perf, q8_lane_bound)
@@ -482,6 +483,60 @@ Test(cpu_quant_perf, q8_lane_bound)
             free(raw);
             qkern_free(&q);
         }
+    }
+}
+
+/* An activation outlier 10^4 times the rest (LLMs have them): the 8-bit
+ * A16 rows still within 2e-6 of the sum of |w x| of the float64 GEMV, also
+ * in rows whose weight at the outlier is zero (where the integer kernels'
+ * fixed point of x, one scale per block or per op, is set by it and the
+ * row does not see it). */
+Test(cpu_quant_perf, q8_outlier_x)
+{
+    const int64_t rows = 8, k = 1536;
+    const DType ts[] = {DT_Q8_0, DT_W8};
+    for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
+        DType t = ts[ti];
+        Schedule *s = sched_new("qout", "cpu", 1);
+        s->shape = gemv_shape(k);
+        int64_t sx[1] = {k};
+        uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx), wb, yb;
+        add_gemvs(s, t, rows, k, 4, xb, &wb, &yb);
+        QKern q;
+        qkern_build(&q, s, NULL);
+        float *x = (float *)(q.arena + s->bufs[xb].offset), *w = malloc(sizeof(float) * (size_t)k);
+        uint64_t seed = 11;
+        for (int64_t j = 0; j < k; j++)
+            x[j] = lcg(&seed);
+        x[100] = 1e4f;
+        size_t rb = dtype_row_bytes(t, k);
+        unsigned char *raw = malloc(rb * rows);
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t j = 0; j < k; j++)
+                w[j] = 0.05f * lcg(&seed);
+            if (r % 2)
+                for (int64_t j = 96; j < 128; j++) /* the outlier's block: zero weights */
+                    w[j] = 0.0f;
+            quantize_row(t, w, k, raw + (size_t)r * rb);
+        }
+        kernel_rows_put(t, rows, k, raw, q.wts + s->bufs[wb].offset);
+        qkern_step(&q);
+        const float *y = (const float *)(q.arena + s->bufs[yb].offset);
+        double ref[8];
+        float *deq = malloc(sizeof(float) * (size_t)k);
+        quant_gemv_ref(t, raw, rows, k, x, ref);
+        for (int64_t r = 0; r < rows; r++) {
+            quant_row_dequant(dtype_layout(t), raw + (size_t)r * rb, k, deq);
+            double mag = 0;
+            for (int64_t j = 0; j < k; j++)
+                mag += fabs((double)deq[j] * x[j]);
+            cr_assert_leq(fabs(y[r] - ref[r]), 2e-6 * mag, "%s row %ld: %.9g vs %.9g (sum |w x| %g)", dtype_name(t),
+                          (long)r, y[r], ref[r], mag);
+        }
+        free(deq);
+        free(w);
+        free(raw);
+        qkern_free(&q);
     }
 }
 

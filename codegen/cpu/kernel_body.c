@@ -2354,7 +2354,7 @@ static ISA_VNNI512 void isa_vnni512_q8_0a8_rows4(const unsigned char *const row[
         out[i] = hsum16(&acc[i]);
 }
 
-/* Q8_0 and W8 rows (A16) with vpdpbusd: x in the packed 4-bit rows'
+/* Q8_0 rows (A16) with vpdpbusd (W8 rows: below): x in the packed 4-bit rows'
  * 23-bit fixed point per block of 32 (xi = rint(x / u_b), u_b = max|x_b| /
  * PKQ_MAX, the same three signed byte planes: isa_vnni512_block_cut), kept
  * in element order (plane 2 at xq, 1 at xq + k, 0 at xq + 2 k); the
@@ -2369,8 +2369,8 @@ static ISA_VNNI512 void isa_vnni512_q8_0a8_rows4(const unsigned char *const row[
  * for the 4-bit rows. One conversion and one FMA per 64 weights of a row
  * where the float loop converted every weight: from L2 on one Zen 4 core
  * (`MEGAC_QBENCH_MB=0.2 MEGAC_QBENCH_REPS=1500`), Q8_0 at k 576 25.4 ->
- * 31.8 GB/s, at 1536 27.1 -> 31.7, W8 25.1 -> 34.6 and 26.2 -> 32.8.
- * Non-finite x takes the float kernels (they propagate the NaN). */
+ * 31.8 GB/s, at 1536 27.1 -> 31.7 (W8 this way: 25.1 -> 34.6 and 26.2 ->
+ * 32.8). Non-finite x takes the float kernels (they propagate the NaN). */
 
 /* The lanes' sums of (q + 128) xi less corr: u the weights' bytes made
  * unsigned, x2, x1, x0 the planes. */
@@ -2437,48 +2437,169 @@ static ISA_VNNI512 void isa_vnni512_q8_0x_rows4(const unsigned char *const row[4
         out[i] = hsum16(&acc[i]);
 }
 
-/* Four W8 rows ({f32 s; i8 q[k]}) against x's planes, k % 64 == 0; ul[l]:
- * u_b of the block of x[4 l]. */
-static ISA_VNNI512 void isa_vnni512_w8x_rows4(const unsigned char *const row[4], const int8_t *xq, const float *ul,
-                                             const int32_t *corr, int64_t k, float out[4], WStream *ws)
+/* W8 rows (A16; {f32 s; i8 q[k]}: one scale per row) with vpdpbusd, x as
+ * one integer vector: xi = rint(x 2^-e), one power of two for the op with
+ * max|x| 2^-e in [2^29, 2^30), so x is exact where |x| >= max|x| 2^-7 (a
+ * float there is a multiple of 2^e already) and off by at most max|x|
+ * 2^-31 elsewhere (the Q8_0 rows' planes: max|x_b| 2^-23 per element of
+ * each block, which is coarser unless the block is 2^8 below the vector's
+ * largest); xi cut into four signed byte planes (X3 in [-64, 64]), plane p
+ * at xq + p k. The weights made unsigned (q ^ 0x80 = q + 128) meet each
+ * plane with vpdpbusd into a 32-bit accumulator of its own: no shifts, and
+ * no conversion before the row's end (the row has one scale and x one),
+ * where the four sums less 128 sum(X_p) are combined in 64-bit integers:
+ * the dot product of q and xi exactly, then one rounding to float. A
+ * lane sums k / 16 products of at most 255 * 128 per plane: < 2^31 for k
+ * <= QFAST_K_MAX. 5 vector ops per 64 weights of a row where three
+ * planes per block took 9: from L2 on one Zen 4 core 34.4 -> 39.7 GB/s at
+ * k 576, 32.8 -> 42.0 at 1536 (35.8 -> 40.9 with 0.8 MB); against one
+ * outlier 10^4 times the rest a scale per block of 32 does worse (2^-23
+ * of the outlier over 32 elements, where this is 2^-31 of it over k <
+ * 2^8 32). Below 2^-98 (max|x|), x takes the float kernel. */
+static ISA_VNNI512 int isa_vnni512_w8x_prepare(const float *x, int64_t k, int8_t *xq, int64_t corr[4], double *u)
 {
-    v16f acc[4] = {{0}, {0}, {0}, {0}};
+    if (!x_finite(x, k))
+        return 0;
+    v16u32 m = {0};
+    for (int64_t j = 0; j < k; j += 16)
+        m = __builtin_elementwise_max(m, (v16u32)LOAD16(x + j) & 0x7fffffffu);
+    uint32_t mb = 0;
+    for (int i = 0; i < 16; i++)
+        mb = m[i] > mb ? m[i] : mb;
+    float amax;
+    memcpy(&amax, &mb, 4);
+    int ex = 0;
+    if (amax > 0)
+        frexpf(amax, &ex); /* amax = f 2^ex, f in [0.5, 1) */
+    if (amax > 0 && 30 - ex > 127)
+        return 0;
+    float sc = amax > 0 ? ldexpf(1.0f, 30 - ex) : 0.0f;
+    *u = amax > 0 ? ldexp(1.0, ex - 30) : 0.0;
+    v16i32 c[4] = {{0}, {0}, {0}, {0}};
+    for (int64_t j = 0; j < k; j += 16) {
+        v16f f = LOAD16(x + j) * sc, r = (f + 12582912.0f) - 12582912.0f; /* nearest (|f| <= 2^22) */
+        v16i32 fi = __builtin_convertvector(f, v16i32), small = (fi < 4194304) & (fi > -4194304);
+        /* past 2^22 f is a multiple of 0.5: truncated, it is off by at most 0.5 too */
+        v16i32 xi = (__builtin_convertvector(r, v16i32) & small) | (fi & ~small);
+        v16i32 x0 = (xi << 24) >> 24, t = (xi - x0) >> 8, x1 = (t << 24) >> 24;
+        t = (t - x1) >> 8;
+        v16i32 x2 = (t << 24) >> 24, x3 = (t - x2) >> 8;
+        v16i32 pl[4] = {x0, x1, x2, x3};
+        for (int p = 0; p < 4; p++) {
+            *(v16s8a1 *)(xq + p * k + j) = __builtin_convertvector(pl[p], v16s8);
+            c[p] += pl[p];
+        }
+    }
+    for (int p = 0; p < 4; p++) {
+        int64_t sum = 0;
+        for (int i = 0; i < 16; i++)
+            sum += c[p][i];
+        corr[p] = 128 * sum;
+    }
+    return 1;
+}
+
+/* Sums of the 16 lanes of each v[n] into out[n] (a transposing tree: 45
+ * vector ops for the 16, where a reduction each takes 8). */
+static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_hsum16x16(const v16i32 v[16],
+                                                                                 int32_t out[16])
+{
+    v16i32 w[8], y[4], z[2];
+    UNROLL4
+    for (int n = 0; n < 8; n++) /* w[n]: v[2n]'s 8 partial sums, then v[2n + 1]'s */
+        w[n] = __builtin_shufflevector(v[2 * n], v[2 * n + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(v[2 * n], v[2 * n + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29,
+                                       30, 31);
+    UNROLL4
+    for (int n = 0; n < 4; n++) /* y[n]: four each of v[4n..4n + 3] */
+        y[n] = __builtin_shufflevector(w[2 * n], w[2 * n + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               __builtin_shufflevector(w[2 * n], w[2 * n + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
+                                       31);
+    UNROLL4
+    for (int n = 0; n < 2; n++) /* z[n]: two each of v[8n..8n + 7] */
+        z[n] = __builtin_shufflevector(y[2 * n], y[2 * n + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+               __builtin_shufflevector(y[2 * n], y[2 * n + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30,
+                                       31);
+    v16i32 f = __builtin_shufflevector(z[0], z[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+               __builtin_shufflevector(z[0], z[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    memcpy(out, &f, sizeof f);
+}
+
+/* Four W8 rows against x's four planes, k % 64 == 0: into sums[4 i + p],
+ * row i's sum of (q + 128) X_p. */
+static ISA_VNNI512 void isa_vnni512_w8x_rows4(const unsigned char *const row[4], const int8_t *xq, int64_t k,
+                                             int32_t sums[16], WStream *ws)
+{
+    v16i32 acc[16];
+    UNROLL4
+    for (int n = 0; n < 16; n++)
+        acc[n] = (v16i32){0};
     for (int64_t j = 0; j < k; j += 64) {
         if (ws)
             ws_trickle(ws, 4 * 64);
-        v16u32 x2 = *(const v16u32u *)(xq + j), x1 = *(const v16u32u *)(xq + k + j);
-        v16u32 x0 = *(const v16u32u *)(xq + 2 * k + j);
-        v16i32 cv = *(const v16i32u *)(corr + j / 4);
-        v16f u = LOAD16(ul + j / 4);
+        v16u32 xp[4];
+        UNROLL4
+        for (int p = 0; p < 4; p++)
+            xp[p] = *(const v16u32u *)(xq + p * k + j);
         UNROLL4
         for (int i = 0; i < 4; i++) {
-            v16i32 p = isa_vnni512_q8x_dot(*(const v16u32u *)(row[i] + 4 + j) ^ 0x80808080u, x2, x1, x0, cv);
-            acc[i] += __builtin_convertvector(p, v16f) * u;
+            v16u32 q = *(const v16u32u *)(row[i] + 4 + j) ^ 0x80808080u;
+            UNROLL4
+            for (int p = 0; p < 4; p++)
+                acc[4 * i + p] = isa_vnni512_dot(acc[4 * i + p], q, xp[p]);
         }
     }
-    UNROLL4
-    for (int i = 0; i < 4; i++) {
-        float s;
-        memcpy(&s, row[i], 4);
-        out[i] = s * hsum16(&acc[i]);
+    isa_vnni512_hsum16x16(acc, sums);
+}
+
+/* gemv_quant() for W8 rows of k % 64 == 0 with vpdpbusd; 0 (nothing done)
+ * when x is not finite or too small. */
+static ISA_VNNI512 int isa_vnni512_gemv_w8x(const GemvSeg *sg, int ns, const float *x, int64_t k)
+{
+    int8_t xq[4 * k] __attribute__((aligned(64)));
+    int64_t corr[4];
+    double u;
+    if (!isa_vnni512_w8x_prepare(x, k, xq, corr, &u))
+        return 0;
+    int64_t rb = qrow_bytes(DT_W8, k);
+    for (int i = 0; i < ns; i++) {
+        const GemvSeg *g = &sg[i];
+        WStream *tws = seg_trickle(g, rb, k, 0);
+        for (int64_t r = g->r0; r < g->r1; r += 4) {
+            const unsigned char *row[4];
+            int32_t sums[16];
+            float out[4];
+            seg_quad(g, rb, r, row);
+            isa_vnni512_w8x_rows4(row, xq, k, sums, tws);
+            UNROLL4
+            for (int q = 0; q < 4; q++) {
+                int64_t dot = 0;
+                UNROLL4
+                for (int p = 0; p < 4; p++)
+                    dot += ((int64_t)sums[4 * q + p] - corr[p]) * ((int64_t)1 << (8 * p));
+                float s;
+                memcpy(&s, row[q], 4);
+                out[q] = (float)((double)dot * u * (double)s);
+            }
+            seg_quad_store(g, rb, r, out);
+        }
     }
+    return 1;
 }
 
 /* gemv_quant() for Q8_0 and W8 rows of k % 64 == 0 with vpdpbusd; 0
- * (nothing done) when x is not finite. */
+ * (nothing done) when x is not finite (or, for W8, too small). */
 static ISA_VNNI512 int isa_vnni512_gemv_q8x(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
+    if (t == DT_W8)
+        return isa_vnni512_gemv_w8x(sg, ns, x, k);
     int8_t xq[3 * k] __attribute__((aligned(64)));
-    float ub[k / 32 + 16], ul[k / 4];
+    float ub[k / 32 + 16];
     int32_t corr[k / 4];
     if (!isa_vnni512_q8x_prepare(x, k, xq, ub, corr))
         return 0;
     for (int64_t b = k / 32; b < k / 32 + 16; b++)
         ub[b] = 0.0f;
-    for (int64_t b = 0; t == DT_W8 && b < k / 32; b++) {
-        v8f u = {ub[b], ub[b], ub[b], ub[b], ub[b], ub[b], ub[b], ub[b]};
-        memcpy(ul + 8 * b, &u, sizeof u);
-    }
     int64_t rb = qrow_bytes(t, k);
     for (int i = 0; i < ns; i++) {
         const GemvSeg *g = &sg[i];
@@ -2488,10 +2609,7 @@ static ISA_VNNI512 int isa_vnni512_gemv_q8x(int t, const GemvSeg *sg, int ns, co
             const unsigned char *row[4];
             float out[4];
             seg_quad(g, rb, r, row);
-            if (t == DT_Q8_0)
-                isa_vnni512_q8_0x_rows4(row, xq, ub, corr, k, out, tws);
-            else
-                isa_vnni512_w8x_rows4(row, xq, ul, corr, k, out, tws);
+            isa_vnni512_q8_0x_rows4(row, xq, ub, corr, k, out, tws);
             seg_quad_store(g, rb, r, out);
         }
     }
