@@ -297,6 +297,20 @@ static void add_gemvs(Schedule *s, DType t, int64_t rows, int64_t k, int64_t cut
     }
 }
 
+/* A kernel of one GEMV of dtype t (rows x k, split between two ops at
+ * cut) on the host CPU: its input x, and the buffers of its weights and
+ * output. */
+static float *one_gemv(QKern *q, DType t, int64_t rows, int64_t k, int64_t cut, uint32_t *wb, uint32_t *yb)
+{
+    Schedule *s = sched_new("qone", "cpu", 1);
+    s->shape = gemv_shape(k);
+    int64_t sx[1] = {k};
+    uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx);
+    add_gemvs(s, t, rows, k, cut, xb, wb, yb);
+    qkern_build(q, s, NULL);
+    return (float *)(q->arena + s->bufs[xb].offset);
+}
+
 /* Negative scales in some groups (W4G*, W4A8G*: every third) or rows
  * (W8, W8A8: odd ones), as GGUF Q4_0 blocks regrouped into W4G32 have
  * (ggml's Q4_0 d is negative when the largest |w| is positive): the
@@ -449,14 +463,10 @@ Test(cpu_quant_perf, q8_lane_bound)
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
         for (int xs = 0; xs < 3; xs++) {
             DType t = ts[ti];
-            Schedule *s = sched_new("qbound", "cpu", 1);
-            s->shape = gemv_shape(k);
-            int64_t sx[1] = {k};
-            uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx), wb, yb;
-            add_gemvs(s, t, rows, k, 2, xb, &wb, &yb);
             QKern q;
-            qkern_build(&q, s, NULL);
-            float *x = (float *)(q.arena + s->bufs[xb].offset), w[576];
+            uint32_t wb, yb;
+            float *x = one_gemv(&q, t, rows, k, 2, &wb, &yb), w[576];
+            const Schedule *s = q.s;
             for (int64_t j = 0; j < k; j++)
                 x[j] = (xs == 0 ? 1.0f : xs == 1 ? -1.0f : (j % 2 ? -1.0f : 1.0f)) * (1.0f + (float)(j / 32));
             size_t rb = dtype_row_bytes(t, k);
@@ -497,14 +507,10 @@ Test(cpu_quant_perf, q8_outlier_x)
     const DType ts[] = {DT_Q8_0, DT_W8};
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
         DType t = ts[ti];
-        Schedule *s = sched_new("qout", "cpu", 1);
-        s->shape = gemv_shape(k);
-        int64_t sx[1] = {k};
-        uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx), wb, yb;
-        add_gemvs(s, t, rows, k, 4, xb, &wb, &yb);
         QKern q;
-        qkern_build(&q, s, NULL);
-        float *x = (float *)(q.arena + s->bufs[xb].offset), *w = malloc(sizeof(float) * (size_t)k);
+        uint32_t wb, yb;
+        float *x = one_gemv(&q, t, rows, k, 4, &wb, &yb), *w = malloc(sizeof(float) * (size_t)k);
+        const Schedule *s = q.s;
         uint64_t seed = 11;
         for (int64_t j = 0; j < k; j++)
             x[j] = lcg(&seed);
@@ -625,14 +631,10 @@ Test(cpu_quant_perf, packed_nonfinite_x)
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
         for (int bi = 0; bi < 2; bi++) {
             DType t = ts[ti];
-            Schedule *s = sched_new("pnan", "cpu", 1);
-            s->shape = gemv_shape(k);
-            int64_t sx[1] = {k};
-            uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx), wb, yb;
-            add_gemvs(s, t, rows, k, 3, xb, &wb, &yb);
             QKern q;
-            qkern_build(&q, s, NULL);
-            float *x = (float *)(q.arena + s->bufs[xb].offset);
+            uint32_t wb, yb;
+            float *x = one_gemv(&q, t, rows, k, 3, &wb, &yb);
+            const Schedule *s = q.s;
             uint64_t seed = 9;
             unsigned char *raw = random_rows(t, rows, k, &seed);
             kernel_rows_put(t, rows, k, raw, q.wts + s->bufs[wb].offset);

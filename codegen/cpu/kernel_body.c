@@ -2525,12 +2525,12 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_hsum16
     memcpy(out, &f, sizeof f);
 }
 
-/* Four W8 rows against x's four planes, k % 64 == 0: into sums[4 i + p],
- * row i's sum of (q + 128) X_p. */
-static ISA_VNNI512 void isa_vnni512_w8x_rows4(const unsigned char *const row[4], const int8_t *xq, int64_t k,
-                                             int32_t sums[16], WStream *ws)
+/* Four W8 rows against x's four planes (corr[p]: 128 sum(X_p), u: x's
+ * scale), k % 64 == 0. */
+static ISA_VNNI512 void isa_vnni512_w8x_rows4(const unsigned char *const row[4], const int8_t *xq,
+                                             const int64_t corr[4], double u, int64_t k, float out[4], WStream *ws)
 {
-    v16i32 acc[16];
+    v16i32 acc[16]; /* acc[4 i + p]: row i's sums of (q + 128) X_p */
     UNROLL4
     for (int n = 0; n < 16; n++)
         acc[n] = (v16i32){0};
@@ -2549,56 +2549,33 @@ static ISA_VNNI512 void isa_vnni512_w8x_rows4(const unsigned char *const row[4],
                 acc[4 * i + p] = isa_vnni512_dot(acc[4 * i + p], q, xp[p]);
         }
     }
+    int32_t sums[16];
     isa_vnni512_hsum16x16(acc, sums);
-}
-
-/* gemv_quant() for W8 rows of k % 64 == 0 with vpdpbusd; 0 (nothing done)
- * when x is not finite or too small. */
-static ISA_VNNI512 int isa_vnni512_gemv_w8x(const GemvSeg *sg, int ns, const float *x, int64_t k)
-{
-    int8_t xq[4 * k] __attribute__((aligned(64)));
-    int64_t corr[4];
-    double u;
-    if (!isa_vnni512_w8x_prepare(x, k, xq, corr, &u))
-        return 0;
-    int64_t rb = qrow_bytes(DT_W8, k);
-    for (int i = 0; i < ns; i++) {
-        const GemvSeg *g = &sg[i];
-        WStream *tws = seg_trickle(g, rb, k, 0);
-        for (int64_t r = g->r0; r < g->r1; r += 4) {
-            const unsigned char *row[4];
-            int32_t sums[16];
-            float out[4];
-            seg_quad(g, rb, r, row);
-            isa_vnni512_w8x_rows4(row, xq, k, sums, tws);
-            UNROLL4
-            for (int q = 0; q < 4; q++) {
-                int64_t dot = 0;
-                UNROLL4
-                for (int p = 0; p < 4; p++)
-                    dot += ((int64_t)sums[4 * q + p] - corr[p]) * ((int64_t)1 << (8 * p));
-                float s;
-                memcpy(&s, row[q], 4);
-                out[q] = (float)((double)dot * u * (double)s);
-            }
-            seg_quad_store(g, rb, r, out);
-        }
+    UNROLL4
+    for (int i = 0; i < 4; i++) {
+        int64_t dot = 0;
+        UNROLL4
+        for (int p = 0; p < 4; p++)
+            dot += ((int64_t)sums[4 * i + p] - corr[p]) * ((int64_t)1 << (8 * p));
+        float s;
+        memcpy(&s, row[i], 4);
+        out[i] = (float)((double)dot * u * (double)s);
     }
-    return 1;
 }
 
 /* gemv_quant() for Q8_0 and W8 rows of k % 64 == 0 with vpdpbusd; 0
  * (nothing done) when x is not finite (or, for W8, too small). */
 static ISA_VNNI512 int isa_vnni512_gemv_q8x(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
-    if (t == DT_W8)
-        return isa_vnni512_gemv_w8x(sg, ns, x, k);
-    int8_t xq[3 * k] __attribute__((aligned(64)));
-    float ub[k / 32 + 16];
-    int32_t corr[k / 4];
-    if (!isa_vnni512_q8x_prepare(x, k, xq, ub, corr))
+    int w8 = t == DT_W8;
+    int8_t xq[(w8 ? 4 : 3) * k] __attribute__((aligned(64)));
+    float ub[w8 ? 1 : k / 32 + 16];
+    int32_t corr[w8 ? 1 : k / 4];
+    int64_t corr4[4];
+    double u = 0;
+    if (w8 ? !isa_vnni512_w8x_prepare(x, k, xq, corr4, &u) : !isa_vnni512_q8x_prepare(x, k, xq, ub, corr))
         return 0;
-    for (int64_t b = k / 32; b < k / 32 + 16; b++)
+    for (int64_t b = k / 32; !w8 && b < k / 32 + 16; b++)
         ub[b] = 0.0f;
     int64_t rb = qrow_bytes(t, k);
     for (int i = 0; i < ns; i++) {
@@ -2609,7 +2586,10 @@ static ISA_VNNI512 int isa_vnni512_gemv_q8x(int t, const GemvSeg *sg, int ns, co
             const unsigned char *row[4];
             float out[4];
             seg_quad(g, rb, r, row);
-            isa_vnni512_q8_0x_rows4(row, xq, ub, corr, k, out, tws);
+            if (w8)
+                isa_vnni512_w8x_rows4(row, xq, corr4, u, k, out, tws);
+            else
+                isa_vnni512_q8_0x_rows4(row, xq, ub, corr, k, out, tws);
             seg_quad_store(g, rb, r, out);
         }
     }
