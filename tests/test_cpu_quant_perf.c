@@ -546,6 +546,45 @@ Test(cpu_quant_perf, q8_outlier_x)
     }
 }
 
+/* x far below 1 (1e-31: the integer kernels' fixed point of x would need
+ * subnormal scales; they take the float kernels) and all zero: still the
+ * float64 GEMV's values, for the A16 rows that take integer kernels. */
+Test(cpu_quant_perf, tiny_x)
+{
+    const int64_t rows = 8, k = 768;
+    const DType ts[] = {DT_Q8_0, DT_W8, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_W4G32, DT_Q4_K, DT_Q6_K};
+    for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
+        for (int zero = 0; zero < 2; zero++) {
+            DType t = ts[ti];
+            QKern q;
+            uint32_t wb, yb;
+            float *x = one_gemv(&q, t, rows, k, 4, &wb, &yb);
+            const Schedule *s = q.s;
+            uint64_t seed = 13;
+            unsigned char *raw = random_rows(t, rows, k, &seed);
+            kernel_rows_put(t, rows, k, raw, q.wts + s->bufs[wb].offset);
+            for (int64_t j = 0; j < k; j++)
+                x[j] = zero ? 0.0f : 1e-31f * lcg(&seed);
+            qkern_step(&q);
+            const float *y = (const float *)(q.arena + s->bufs[yb].offset);
+            double ref[8];
+            float *deq = malloc(sizeof(float) * (size_t)k);
+            quant_gemv_ref(t, raw, rows, k, x, ref);
+            for (int64_t r = 0; r < rows; r++) {
+                quant_row_dequant(dtype_layout(t), raw + (size_t)r * dtype_row_bytes(t, k), k, deq);
+                double mag = 0;
+                for (int64_t j = 0; j < k; j++)
+                    mag += fabs((double)deq[j] * x[j]);
+                cr_assert_leq(fabs(y[r] - ref[r]), 2e-6 * mag, "%s, x %s: row %ld is %g, not %g (sum |w x| %g)",
+                              dtype_name(t), zero ? "zero" : "tiny", (long)r, y[r], ref[r], mag);
+            }
+            free(deq);
+            free(raw);
+            qkern_free(&q);
+        }
+    }
+}
+
 /* ---- packed 4-bit rows (compiler/quant.h: quant_cpu_pack) ---- */
 
 static const DType packed_dtypes[] = {DT_Q4_0, DT_Q4_1,   DT_W4G32,  DT_W4A8G32, DT_Q5_0,  DT_Q5_1,

@@ -2022,17 +2022,20 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_pkq_cu
     pl[0] = x0, pl[1] = x1, pl[2] = (r - x1) >> 8;
 }
 
-/* Whether x[0:k] is all finite (otherwise the float kernels run and
- * propagate the infinity or NaN). */
-static inline __attribute__((always_inline)) int x_finite(const float *x, int64_t k)
+/* Whether the integer kernels may take x[0:k] as fixed point: all finite
+ * (otherwise the float kernels run and propagate the infinity or NaN), and
+ * max|x| zero or at least 2^-64 (below it the scales of the fixed point,
+ * times the weights' f16 ones, would be subnormal floats: x of 1e-31 came
+ * out 1e-3 off). */
+static inline __attribute__((always_inline)) int x_integer_ok(const float *x, int64_t k)
 {
-    v16u32 bad = {0};
+    v16u32 m = {0};
     for (int64_t j = 0; j < k; j += 16)
-        bad |= (v16u32)(((v16u32)LOAD16(x + j) & 0x7fffffffu) >= 0x7f800000u);
-    uint32_t nonfinite = 0;
+        m = __builtin_elementwise_max(m, (v16u32)LOAD16(x + j) & 0x7fffffffu);
+    uint32_t mb = 0;
     for (int i = 0; i < 16; i++)
-        nonfinite |= bad[i];
-    return !nonfinite;
+        mb = m[i] > mb ? m[i] : mb;
+    return mb < 0x7f800000u && (mb == 0 || mb >= 0x1f800000u); /* 0x1f800000: 2^-64 */
 }
 
 /* Block x[0:32] as fixed point: *u = max|x| / PKQ_MAX, and the three
@@ -2059,7 +2062,7 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_block_
 static ISA_VNNI512 int isa_vnni512_pkq_x_prepare(const float *x, int64_t k, int8_t *xq, float *ub)
 {
     int64_t nb = k / 32, nsb = (nb + 3) / 4;
-    if (!x_finite(x, k))
+    if (!x_integer_ok(x, k))
         return 0;
     memset(xq + 384 * (nb / 4), 0, (size_t)(384 * (nsb - nb / 4)));
     for (int64_t blk = nb; blk < 4 * nsb; blk++)
@@ -2124,7 +2127,7 @@ static inline __attribute__((always_inline)) ISA_GFNI512 v16u32 isa_gfni512_hi(v
  * 0 when x is not finite. */
 static ISA_VNNI512 int isa_vnni512_kq_x_prepare(int q6, const float *x, int64_t k, int8_t *xq, float *ub)
 {
-    if (!x_finite(x, k))
+    if (!x_integer_ok(x, k))
         return 0;
     for (int64_t blk = 0; blk < k / 32; blk++) {
         int j = (int)(blk % 4), part = q6 ? j / 2 : j % 2, half = q6 ? j % 2 : j / 2;
@@ -2387,7 +2390,7 @@ static inline __attribute__((always_inline)) ISA_VNNI512 v16i32 isa_vnni512_q8x_
  * when x has an infinity or a NaN. */
 static ISA_VNNI512 int isa_vnni512_q8x_prepare(const float *x, int64_t k, int8_t *xq, float *ub, int32_t *corr)
 {
-    if (!x_finite(x, k))
+    if (!x_integer_ok(x, k))
         return 0;
     for (int64_t blk = 0; blk < k / 32; blk++) {
         v16i32 h[2][3];
@@ -2458,7 +2461,7 @@ static ISA_VNNI512 void isa_vnni512_q8_0x_rows4(const unsigned char *const row[4
  * 2^8 32). Below 2^-98 (max|x|), x takes the float kernel. */
 static ISA_VNNI512 int isa_vnni512_w8x_prepare(const float *x, int64_t k, int8_t *xq, int64_t corr[4], double *u)
 {
-    if (!x_finite(x, k))
+    if (!x_integer_ok(x, k))
         return 0;
     v16u32 m = {0};
     for (int64_t j = 0; j < k; j += 16)
@@ -3338,7 +3341,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 int isa_avx2_pkq_x_prepare
                                                                                  int8_t *xq, float *ub)
 {
     int64_t nb = k / 32, nsb = (nb + 3) / 4;
-    if (!x_finite(x, k))
+    if (!x_integer_ok(x, k))
         return 0;
     memset(xq + 384 * (nb / 4), 0, (size_t)(384 * (nsb - nb / 4)));
     for (int64_t blk = nb; blk < 4 * nsb; blk++)
@@ -3622,7 +3625,7 @@ static int64_t kq_x_block_at(int q6, int np, int64_t blk)
 static inline __attribute__((always_inline)) ISA_AVX2 int isa_avx2_kq_x_prepare(int q6, const float *x, int64_t k,
                                                                                int8_t *xq, float *ub)
 {
-    if (!x_finite(x, k))
+    if (!x_integer_ok(x, k))
         return 0;
     for (int64_t blk = 0; blk < k / 32; blk++) {
         int8_t *o = xq + kq_x_block_at(q6, 3, blk);
