@@ -1421,7 +1421,7 @@ static void gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_
     float xp[128 * nsb] __attribute__((aligned(64)));
     float xs[4 * nsb] __attribute__((aligned(16)));
     pk_x_prepare(x, k, xp, xs);
-    if (avx2) { /* x is not finite: the float kernel propagates it */
+    if (avx2) { /* x is not finite (or tiny: x_integer_ok): the float kernel takes it */
         isa_avx2_gemv_packed(t, sg, ns, xp, xs, k);
         return;
     }
@@ -1682,7 +1682,7 @@ static void gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
         kq6_x_prepare(x, k, xr, xs);
     else
         kq4_x_prepare(x, k, xr, xs);
-    if (avx2) { /* x is not finite: the float kernel propagates it */
+    if (avx2) { /* x is not finite (or tiny: x_integer_ok): the float kernel takes it */
         isa_avx2_gemv_kq(t, sg, ns, xr, xs, k);
         return;
     }
@@ -2057,8 +2057,8 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_block_
 }
 
 /* The planes of x into xq and each block's u_b into ub (0 past k);
- * returns 0 (nothing usable) when x has an infinity or a NaN (the float
- * kernel then propagates it). */
+ * returns 0 (nothing usable) where x_integer_ok() is not (the float
+ * kernel then takes x). */
 static ISA_VNNI512 int isa_vnni512_pkq_x_prepare(const float *x, int64_t k, int8_t *xq, float *ub)
 {
     int64_t nb = k / 32, nsb = (nb + 3) / 4;
@@ -2124,7 +2124,7 @@ static inline __attribute__((always_inline)) ISA_GFNI512 v16u32 isa_gfni512_hi(v
  *   Q6_K:       part 0 (ql's low nibbles) elements 0-63, part 1 64-127. */
 
 /* xq and ub (one u per block of 32) for kq rows of k (k % 256 == 0);
- * 0 when x is not finite. */
+ * 0 where x_integer_ok() is not. */
 static ISA_VNNI512 int isa_vnni512_kq_x_prepare(int q6, const float *x, int64_t k, int8_t *xq, float *ub)
 {
     if (!x_integer_ok(x, k))
@@ -2272,7 +2272,7 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_row
     }
 }
 
-/* gemv_kq() with vpdpbusd; 0 (nothing done) when x is not finite. */
+/* gemv_kq() with vpdpbusd; 0 (nothing done) where x_integer_ok() is not. */
 static ISA_VNNI512 int isa_vnni512_gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
     int8_t xq[3 * k] __attribute__((aligned(64)));
@@ -2387,7 +2387,7 @@ static inline __attribute__((always_inline)) ISA_VNNI512 v16i32 isa_vnni512_q8x_
 
 /* x's planes into xq (3 k bytes), u_b into ub and 128 (sum of xi over
  * elements 4 l..4 l + 3) into corr[l]; k % 64 == 0. 0 (nothing usable)
- * when x has an infinity or a NaN. */
+ * where x_integer_ok() is not. */
 static ISA_VNNI512 int isa_vnni512_q8x_prepare(const float *x, int64_t k, int8_t *xq, float *ub, int32_t *corr)
 {
     if (!x_integer_ok(x, k))
@@ -2458,7 +2458,7 @@ static ISA_VNNI512 void isa_vnni512_q8_0x_rows4(const unsigned char *const row[4
  * k 576, 32.8 -> 42.0 at 1536 (35.8 -> 40.9 with 0.8 MB); against one
  * outlier 10^4 times the rest a scale per block of 32 does worse (2^-23
  * of the outlier over 32 elements, where this is 2^-31 of it over k <
- * 2^8 32). Below 2^-98 (max|x|), x takes the float kernel. */
+ * 2^8 32). */
 static ISA_VNNI512 int isa_vnni512_w8x_prepare(const float *x, int64_t k, int8_t *xq, int64_t corr[4], double *u)
 {
     if (!x_integer_ok(x, k))
@@ -2473,9 +2473,7 @@ static ISA_VNNI512 int isa_vnni512_w8x_prepare(const float *x, int64_t k, int8_t
     memcpy(&amax, &mb, 4);
     int ex = 0;
     if (amax > 0)
-        frexpf(amax, &ex); /* amax = f 2^ex, f in [0.5, 1) */
-    if (amax > 0 && 30 - ex > 127)
-        return 0;
+        frexpf(amax, &ex); /* amax = f 2^ex, f in [0.5, 1); ex > -64 (x_integer_ok) */
     float sc = amax > 0 ? ldexpf(1.0f, 30 - ex) : 0.0f;
     *u = amax > 0 ? ldexp(1.0, ex - 30) : 0.0;
     v16i32 c[4] = {{0}, {0}, {0}, {0}};
@@ -2567,7 +2565,7 @@ static ISA_VNNI512 void isa_vnni512_w8x_rows4(const unsigned char *const row[4],
 }
 
 /* gemv_quant() for Q8_0 and W8 rows of k % 64 == 0 with vpdpbusd; 0
- * (nothing done) when x is not finite (or, for W8, too small). */
+ * (nothing done) where x_integer_ok() is not. */
 static ISA_VNNI512 int isa_vnni512_gemv_q8x(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
     int w8 = t == DT_W8;
@@ -3043,7 +3041,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_nib_rows4(in
 static int isa_avx2_gemv_nibq(int t, const GemvSeg *sg, int ns, const float *x, const float *xg, int64_t k);
 
 /* gemv_quant's W4G64/W4G128 rows on AVX2 (xg: x's group sums): against
- * x's planes, or in float where x is not finite. */
+ * x's planes, or in float where x_integer_ok() is not. */
 static ISA_AVX2 void isa_avx2_gemv_nib(int t, const GemvSeg *sg, int ns, const float *x, const float *xg, int64_t k)
 {
     if (isa_avx2_gemv_nibq(t, sg, ns, x, xg, k))
@@ -3351,8 +3349,8 @@ static inline __attribute__((always_inline)) ISA_AVX2 int isa_avx2_pkq_x_prepare
     return 1;
 }
 
-/* gemv_packed() on AVX2 against x's planes; 0 (nothing done) when x is
- * not finite. */
+/* gemv_packed() on AVX2 against x's planes; 0 (nothing done) where
+ * x_integer_ok() is not. */
 static ISA_AVX2 int isa_avx2_gemv_packed_q(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
     int64_t nsb = (k / 32 + 3) / 4;
@@ -3613,7 +3611,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_kq_dot(v8u3
 }
 
 /* x's planes (isa_vnni512_kq_x_prepare's layout) and block scales for kq
- * rows of k (k % 256 == 0); 0 when x is not finite. */
+ * rows of k (k % 256 == 0); 0 where x_integer_ok() is not. */
 /* Where block blk of x goes for the kq rows with np planes: its first
  * plane's 32 bytes (the others 128 bytes apart). */
 static int64_t kq_x_block_at(int q6, int np, int64_t blk)
