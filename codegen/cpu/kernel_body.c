@@ -2027,7 +2027,7 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_pkq_cu
  * max|x| zero or at least 2^-64 (below it the scales of the fixed point,
  * times the weights' f16 ones, would be subnormal floats: x of 1e-31 came
  * out 1e-3 off). */
-static inline __attribute__((always_inline)) int x_integer_ok(const float *x, int64_t k)
+static inline __attribute__((always_inline)) int x_integer_ok(const float *x, int64_t k, float *amax)
 {
     v16u32 m = {0};
     for (int64_t j = 0; j < k; j += 16)
@@ -2035,6 +2035,8 @@ static inline __attribute__((always_inline)) int x_integer_ok(const float *x, in
     uint32_t mb = 0;
     for (int i = 0; i < 16; i++)
         mb = m[i] > mb ? m[i] : mb;
+    if (amax) /* max|x|, where x is finite */
+        memcpy(amax, &mb, 4);
     return mb < 0x7f800000u && (mb == 0 || mb >= 0x1f800000u); /* 0x1f800000: 2^-64 */
 }
 
@@ -2062,7 +2064,7 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_block_
 static ISA_VNNI512 int isa_vnni512_pkq_x_prepare(const float *x, int64_t k, int8_t *xq, float *ub)
 {
     int64_t nb = k / 32, nsb = (nb + 3) / 4;
-    if (!x_integer_ok(x, k))
+    if (!x_integer_ok(x, k, NULL))
         return 0;
     memset(xq + 384 * (nb / 4), 0, (size_t)(384 * (nsb - nb / 4)));
     for (int64_t blk = nb; blk < 4 * nsb; blk++)
@@ -2127,7 +2129,7 @@ static inline __attribute__((always_inline)) ISA_GFNI512 v16u32 isa_gfni512_hi(v
  * 0 where x_integer_ok() is not. */
 static ISA_VNNI512 int isa_vnni512_kq_x_prepare(int q6, const float *x, int64_t k, int8_t *xq, float *ub)
 {
-    if (!x_integer_ok(x, k))
+    if (!x_integer_ok(x, k, NULL))
         return 0;
     for (int64_t blk = 0; blk < k / 32; blk++) {
         int j = (int)(blk % 4), part = q6 ? j / 2 : j % 2, half = q6 ? j % 2 : j / 2;
@@ -2390,7 +2392,7 @@ static inline __attribute__((always_inline)) ISA_VNNI512 v16i32 isa_vnni512_q8x_
  * where x_integer_ok() is not. */
 static ISA_VNNI512 int isa_vnni512_q8x_prepare(const float *x, int64_t k, int8_t *xq, float *ub, int32_t *corr)
 {
-    if (!x_integer_ok(x, k))
+    if (!x_integer_ok(x, k, NULL))
         return 0;
     for (int64_t blk = 0; blk < k / 32; blk++) {
         v16i32 h[2][3];
@@ -2461,16 +2463,9 @@ static ISA_VNNI512 void isa_vnni512_q8_0x_rows4(const unsigned char *const row[4
  * 2^8 32). */
 static ISA_VNNI512 int isa_vnni512_w8x_prepare(const float *x, int64_t k, int8_t *xq, int64_t corr[4], double *u)
 {
-    if (!x_integer_ok(x, k))
-        return 0;
-    v16u32 m = {0};
-    for (int64_t j = 0; j < k; j += 16)
-        m = __builtin_elementwise_max(m, (v16u32)LOAD16(x + j) & 0x7fffffffu);
-    uint32_t mb = 0;
-    for (int i = 0; i < 16; i++)
-        mb = m[i] > mb ? m[i] : mb;
     float amax;
-    memcpy(&amax, &mb, 4);
+    if (!x_integer_ok(x, k, &amax))
+        return 0;
     int ex = 0;
     if (amax > 0)
         frexpf(amax, &ex); /* amax = f 2^ex, f in [0.5, 1); ex > -64 (x_integer_ok) */
@@ -3339,7 +3334,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 int isa_avx2_pkq_x_prepare
                                                                                  int8_t *xq, float *ub)
 {
     int64_t nb = k / 32, nsb = (nb + 3) / 4;
-    if (!x_integer_ok(x, k))
+    if (!x_integer_ok(x, k, NULL))
         return 0;
     memset(xq + 384 * (nb / 4), 0, (size_t)(384 * (nsb - nb / 4)));
     for (int64_t blk = nb; blk < 4 * nsb; blk++)
@@ -3623,7 +3618,7 @@ static int64_t kq_x_block_at(int q6, int np, int64_t blk)
 static inline __attribute__((always_inline)) ISA_AVX2 int isa_avx2_kq_x_prepare(int q6, const float *x, int64_t k,
                                                                                int8_t *xq, float *ub)
 {
-    if (!x_integer_ok(x, k))
+    if (!x_integer_ok(x, k, NULL))
         return 0;
     for (int64_t blk = 0; blk < k / 32; blk++) {
         int8_t *o = xq + kq_x_block_at(q6, 3, blk);
