@@ -297,18 +297,43 @@ static void add_gemvs(Schedule *s, DType t, int64_t rows, int64_t k, int64_t cut
     }
 }
 
-/* A kernel of one GEMV of dtype t (rows x k, split between two ops at
- * cut) on the host CPU: its input x, and the buffers of its weights and
- * output. */
-static float *one_gemv(QKern *q, DType t, int64_t rows, int64_t k, int64_t cut, uint32_t *wb, uint32_t *yb)
+/* y = W x for `rows` rows of dtype t (raw: its rows as quantize_row
+ * writes them) through a kernel of one GEMV on the host CPU, its rows split
+ * between two ops at cut. */
+static void run_gemv(DType t, const unsigned char *raw, int64_t rows, int64_t k, int64_t cut, const float *x,
+                     float *y)
 {
     Schedule *s = sched_new("qone", "cpu", 1);
     s->shape = gemv_shape(k);
     int64_t sx[1] = {k};
-    uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx);
-    add_gemvs(s, t, rows, k, cut, xb, wb, yb);
-    qkern_build(q, s, NULL);
-    return (float *)(q->arena + s->bufs[xb].offset);
+    uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx), wb, yb;
+    add_gemvs(s, t, rows, k, cut, xb, &wb, &yb);
+    QKern q;
+    qkern_build(&q, s, NULL);
+    kernel_rows_put(t, rows, k, raw, q.wts + s->bufs[wb].offset);
+    memcpy(q.arena + s->bufs[xb].offset, x, sizeof(float) * (size_t)k);
+    qkern_step(&q);
+    memcpy(y, q.arena + s->bufs[yb].offset, sizeof(float) * (size_t)rows);
+    qkern_free(&q);
+}
+
+/* y within 2e-6 of the sum of |w x| of the float64 GEMV of raw's rows. */
+static void expect_ref(DType t, const unsigned char *raw, int64_t rows, int64_t k, const float *x, const float *y,
+                       const char *what)
+{
+    double *ref = malloc(sizeof(double) * (size_t)rows);
+    float *deq = malloc(sizeof(float) * (size_t)k);
+    quant_gemv_ref(t, raw, rows, k, x, ref);
+    for (int64_t r = 0; r < rows; r++) {
+        quant_row_dequant(dtype_layout(t), raw + (size_t)r * dtype_row_bytes(t, k), k, deq);
+        double mag = 0;
+        for (int64_t j = 0; j < k; j++)
+            mag += fabs((double)deq[j] * x[j]);
+        cr_assert_leq(fabs(y[r] - ref[r]), 2e-6 * mag, "%s, %s: row %ld is %.9g, not %.9g (sum |w x| %g)",
+                      dtype_name(t), what, (long)r, y[r], ref[r], mag);
+    }
+    free(deq);
+    free(ref);
 }
 
 /* Negative scales in some groups (W4G*, W4A8G*: every third) or rows
@@ -460,39 +485,24 @@ Test(cpu_quant_perf, q8_lane_bound)
 {
     const int64_t rows = 4, k = 576;
     const DType ts[] = {DT_Q8_0, DT_W8};
+    const char *pattern[3] = {"x all +", "x all -", "x alternating"};
+    float x[576], w[576], y[4];
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
+        DType t = ts[ti];
+        size_t rb = dtype_row_bytes(t, k);
+        unsigned char *raw = malloc(rb * rows);
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t j = 0; j < k; j++) /* rows: all +, all -, alternating, by blocks */
+                w[j] = 0.5f * (r == 0 ? 1.0f : r == 1 ? -1.0f : r == 2 ? (j % 2 ? -1.0f : 1.0f) : (j / 32 % 2 ? -1.0f : 1.0f));
+            quantize_row(t, w, k, raw + (size_t)r * rb);
+        }
         for (int xs = 0; xs < 3; xs++) {
-            DType t = ts[ti];
-            QKern q;
-            uint32_t wb, yb;
-            float *x = one_gemv(&q, t, rows, k, 2, &wb, &yb), w[576];
-            const Schedule *s = q.s;
             for (int64_t j = 0; j < k; j++)
                 x[j] = (xs == 0 ? 1.0f : xs == 1 ? -1.0f : (j % 2 ? -1.0f : 1.0f)) * (1.0f + (float)(j / 32));
-            size_t rb = dtype_row_bytes(t, k);
-            unsigned char *raw = malloc(rb * rows);
-            for (int64_t r = 0; r < rows; r++) {
-                for (int64_t j = 0; j < k; j++) /* rows: all +, all -, alternating, by blocks */
-                    w[j] = 0.5f * (r == 0 ? 1.0f : r == 1 ? -1.0f : r == 2 ? (j % 2 ? -1.0f : 1.0f) : (j / 32 % 2 ? -1.0f : 1.0f));
-                quantize_row(t, w, k, raw + (size_t)r * rb);
-            }
-            kernel_rows_put(t, rows, k, raw, q.wts + s->bufs[wb].offset);
-            qkern_step(&q);
-            const float *y = (const float *)(q.arena + s->bufs[yb].offset);
-            double ref[4], mag;
-            float deq[576];
-            quant_gemv_ref(t, raw, rows, k, x, ref);
-            for (int64_t r = 0; r < rows; r++) {
-                quant_row_dequant(dtype_layout(t), raw + (size_t)r * rb, k, deq);
-                mag = 0;
-                for (int64_t j = 0; j < k; j++)
-                    mag += fabs((double)deq[j] * x[j]);
-                cr_assert_leq(fabs(y[r] - ref[r]), 2e-6 * mag, "%s x pattern %d row %ld: %.9g vs %.9g", dtype_name(t),
-                              xs, (long)r, y[r], ref[r]);
-            }
-            free(raw);
-            qkern_free(&q);
+            run_gemv(t, raw, rows, k, 2, x, y);
+            expect_ref(t, raw, rows, k, x, y, pattern[xs]);
         }
+        free(raw);
     }
 }
 
@@ -505,12 +515,9 @@ Test(cpu_quant_perf, q8_outlier_x)
 {
     const int64_t rows = 8, k = 1536;
     const DType ts[] = {DT_Q8_0, DT_W8};
+    float x[1536], w[1536], y[8];
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
         DType t = ts[ti];
-        QKern q;
-        uint32_t wb, yb;
-        float *x = one_gemv(&q, t, rows, k, 4, &wb, &yb), *w = malloc(sizeof(float) * (size_t)k);
-        const Schedule *s = q.s;
         uint64_t seed = 11;
         for (int64_t j = 0; j < k; j++)
             x[j] = lcg(&seed);
@@ -525,24 +532,9 @@ Test(cpu_quant_perf, q8_outlier_x)
                     w[j] = 0.0f;
             quantize_row(t, w, k, raw + (size_t)r * rb);
         }
-        kernel_rows_put(t, rows, k, raw, q.wts + s->bufs[wb].offset);
-        qkern_step(&q);
-        const float *y = (const float *)(q.arena + s->bufs[yb].offset);
-        double ref[8];
-        float *deq = malloc(sizeof(float) * (size_t)k);
-        quant_gemv_ref(t, raw, rows, k, x, ref);
-        for (int64_t r = 0; r < rows; r++) {
-            quant_row_dequant(dtype_layout(t), raw + (size_t)r * rb, k, deq);
-            double mag = 0;
-            for (int64_t j = 0; j < k; j++)
-                mag += fabs((double)deq[j] * x[j]);
-            cr_assert_leq(fabs(y[r] - ref[r]), 2e-6 * mag, "%s row %ld: %.9g vs %.9g (sum |w x| %g)", dtype_name(t),
-                          (long)r, y[r], ref[r], mag);
-        }
-        free(deq);
-        free(w);
+        run_gemv(t, raw, rows, k, 4, x, y);
+        expect_ref(t, raw, rows, k, x, y, "an outlier in x");
         free(raw);
-        qkern_free(&q);
     }
 }
 
@@ -553,35 +545,17 @@ Test(cpu_quant_perf, tiny_x)
 {
     const int64_t rows = 8, k = 768;
     const DType ts[] = {DT_Q8_0, DT_W8, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_W4G32, DT_Q4_K, DT_Q6_K};
+    float x[768], y[8];
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
+        uint64_t seed = 13;
+        unsigned char *raw = random_rows(ts[ti], rows, k, &seed);
         for (int zero = 0; zero < 2; zero++) {
-            DType t = ts[ti];
-            QKern q;
-            uint32_t wb, yb;
-            float *x = one_gemv(&q, t, rows, k, 4, &wb, &yb);
-            const Schedule *s = q.s;
-            uint64_t seed = 13;
-            unsigned char *raw = random_rows(t, rows, k, &seed);
-            kernel_rows_put(t, rows, k, raw, q.wts + s->bufs[wb].offset);
             for (int64_t j = 0; j < k; j++)
                 x[j] = zero ? 0.0f : 1e-31f * lcg(&seed);
-            qkern_step(&q);
-            const float *y = (const float *)(q.arena + s->bufs[yb].offset);
-            double ref[8];
-            float *deq = malloc(sizeof(float) * (size_t)k);
-            quant_gemv_ref(t, raw, rows, k, x, ref);
-            for (int64_t r = 0; r < rows; r++) {
-                quant_row_dequant(dtype_layout(t), raw + (size_t)r * dtype_row_bytes(t, k), k, deq);
-                double mag = 0;
-                for (int64_t j = 0; j < k; j++)
-                    mag += fabs((double)deq[j] * x[j]);
-                cr_assert_leq(fabs(y[r] - ref[r]), 2e-6 * mag, "%s, x %s: row %ld is %g, not %g (sum |w x| %g)",
-                              dtype_name(t), zero ? "zero" : "tiny", (long)r, y[r], ref[r], mag);
-            }
-            free(deq);
-            free(raw);
-            qkern_free(&q);
+            run_gemv(ts[ti], raw, rows, k, 4, x, y);
+            expect_ref(ts[ti], raw, rows, k, x, y, zero ? "x zero" : "x tiny");
         }
+        free(raw);
     }
 }
 
@@ -670,23 +644,17 @@ Test(cpu_quant_perf, packed_nonfinite_x)
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
         for (int bi = 0; bi < 2; bi++) {
             DType t = ts[ti];
-            QKern q;
-            uint32_t wb, yb;
-            float *x = one_gemv(&q, t, rows, k, 3, &wb, &yb);
-            const Schedule *s = q.s;
             uint64_t seed = 9;
             unsigned char *raw = random_rows(t, rows, k, &seed);
-            kernel_rows_put(t, rows, k, raw, q.wts + s->bufs[wb].offset);
+            float x[576], y[8];
             for (int64_t j = 0; j < k; j++)
                 x[j] = lcg(&seed);
             x[100] = bad[bi];
-            qkern_step(&q);
-            const float *y = (const float *)(q.arena + s->bufs[yb].offset);
+            run_gemv(t, raw, rows, k, 3, x, y);
             for (int64_t r = 0; r < rows; r++)
                 cr_assert(!isfinite(y[r]), "%s, x with %g: row %ld is %g", dtype_name(t), (double)bad[bi], (long)r,
                           y[r]);
             free(raw);
-            qkern_free(&q);
         }
     }
 }
