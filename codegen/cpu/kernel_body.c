@@ -2323,42 +2323,6 @@ static ISA_VNNI512 void isa_vnni512_w8a8_rows4(const unsigned char *const row[4]
     }
 }
 
-/* Q8_0A8, k % 64 == 0, rows packed (kernel_table.h): two blocks of a row
- * per vector (lanes 0-7 the first), one 64-byte load, weights made
- * unsigned by q ^ 0x80 = q + 128, the excess 128 * (sum of the lane's
- * four xq) taken off per lane in integers (corr), so each lane is exact
- * before its conversion; the row's block scales times x's (dqp: d of x's
- * block b, zeros past k / 32 to a multiple of 16) become floats first
- * (isa_avx512_q8_0_rows_open), and each pair goes to its eight lanes
- * each. */
-static ISA_VNNI512 void isa_vnni512_q8_0a8_rows4(const unsigned char *const row[4], const int8_t *xq,
-                                               const float *dqp, const int32_t *corr, int64_t k, float out[4],
-                                               WStream *ws)
-{
-    float sc[4][Q8_SC_ROOM];
-    const unsigned char *q[4];
-    isa_avx512_q8_0_rows_open(row, k / 32, dqp, sc, q);
-    v16f acc[4] = {{0}, {0}, {0}, {0}};
-    for (int64_t j = 0; j < k; j += 64) {
-        v16u32 xv = *(const v16u32u *)(xq + j);
-        v16i32 cv = *(const v16i32u *)(corr + j / 4);
-        if (ws)
-            ws_trickle(ws, 4 * 64 + 16);
-        UNROLL4
-        for (int i = 0; i < 4; i++) {
-            v16u32 u = *(const v16u32u *)(q[i] + j) ^ 0x80808080u;
-            v16i32 p = isa_vnni512_dot((v16i32){0}, u, xv) - cv;
-            v4f s4;
-            memcpy(&s4, sc[i] + j / 32, sizeof s4); /* the pair's two, and two unused */
-            v16f w = __builtin_shufflevector(s4, s4, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-            acc[i] += __builtin_convertvector(p, v16f) * w;
-        }
-    }
-    UNROLL4
-    for (int i = 0; i < 4; i++)
-        out[i] = hsum16(&acc[i]);
-}
-
 /* Q8_0 rows (A16) with vpdpbusd (W8 rows: below): x in the packed 4-bit rows'
  * 23-bit fixed point per block of 32 (xi = rint(x / u_b), u_b = max|x_b| /
  * PKQ_MAX, the same three signed byte planes: isa_vnni512_block_cut), kept
@@ -2412,25 +2376,36 @@ static ISA_VNNI512 int isa_vnni512_q8x_prepare(const float *x, int64_t k, int8_t
     return 1;
 }
 
-/* Four packed Q8_0 rows against x's planes, k % 64 == 0: the rows' block
- * scales times u_b become floats first, and each pair goes to its eight
- * lanes each (as in isa_vnni512_q8_0a8_rows4). */
-static ISA_VNNI512 void isa_vnni512_q8_0x_rows4(const unsigned char *const row[4], const int8_t *xq, const float *ub,
-                                               const int32_t *corr, int64_t k, float out[4], WStream *ws)
+/* Four packed Q8_0 rows (kernel_table.h), k % 64 == 0, against x's np = 3
+ * planes (A16, above) or, np = 1, its int8 values (Q8_0A8): two blocks of
+ * a row per vector (lanes 0-7 the first), one 64-byte load, weights made
+ * unsigned by q ^ 0x80 = q + 128, the excess 128 * (sum of the lane's
+ * four x) taken off per lane in integers (corr), so each lane is exact
+ * before its conversion; the row's block scales times x's (xs: u_b or d
+ * of x's block b, zeros past k / 32 to a multiple of 16) become floats
+ * first (isa_avx512_q8_0_rows_open), and each pair goes to its eight
+ * lanes each. */
+static inline __attribute__((always_inline)) ISA_VNNI512 void
+isa_vnni512_q8_0_rows4(int np, const unsigned char *const row[4], const int8_t *xq, const float *xs,
+                       const int32_t *corr, int64_t k, float out[4], WStream *ws)
 {
     float sc[4][Q8_SC_ROOM];
     const unsigned char *q[4];
-    isa_avx512_q8_0_rows_open(row, k / 32, ub, sc, q);
+    isa_avx512_q8_0_rows_open(row, k / 32, xs, sc, q);
     v16f acc[4] = {{0}, {0}, {0}, {0}};
     for (int64_t j = 0; j < k; j += 64) {
         if (ws)
             ws_trickle(ws, 4 * 64 + 16);
-        v16u32 x2 = *(const v16u32u *)(xq + j), x1 = *(const v16u32u *)(xq + k + j);
-        v16u32 x0 = *(const v16u32u *)(xq + 2 * k + j);
+        v16u32 x2 = *(const v16u32u *)(xq + j), x1 = x2, x0 = x2;
+        if (np == 3) {
+            x1 = *(const v16u32u *)(xq + k + j);
+            x0 = *(const v16u32u *)(xq + 2 * k + j);
+        }
         v16i32 cv = *(const v16i32u *)(corr + j / 4);
         UNROLL4
         for (int i = 0; i < 4; i++) {
-            v16i32 p = isa_vnni512_q8x_dot(*(const v16u32u *)(q[i] + j) ^ 0x80808080u, x2, x1, x0, cv);
+            v16u32 u = *(const v16u32u *)(q[i] + j) ^ 0x80808080u;
+            v16i32 p = np == 3 ? isa_vnni512_q8x_dot(u, x2, x1, x0, cv) : isa_vnni512_dot((v16i32){0}, u, x2) - cv;
             v4f s4;
             memcpy(&s4, sc[i] + j / 32, sizeof s4); /* the pair's two, and two unused */
             v16f w = __builtin_shufflevector(s4, s4, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
@@ -2440,6 +2415,15 @@ static ISA_VNNI512 void isa_vnni512_q8_0x_rows4(const unsigned char *const row[4
     UNROLL4
     for (int i = 0; i < 4; i++)
         out[i] = hsum16(&acc[i]);
+}
+
+/* isa_vnni512_q8_0_rows4() with int8 x (Q8_0A8; dqp: d of x's block b,
+ * zeros past k / 32 to a multiple of 16). */
+static ISA_VNNI512 void isa_vnni512_q8_0a8_rows4(const unsigned char *const row[4], const int8_t *xq,
+                                               const float *dqp, const int32_t *corr, int64_t k, float out[4],
+                                               WStream *ws)
+{
+    isa_vnni512_q8_0_rows4(1, row, xq, dqp, corr, k, out, ws);
 }
 
 /* W8 rows (A16; {f32 s; i8 q[k]}: one scale per row) with vpdpbusd, x as
@@ -2585,7 +2569,7 @@ static ISA_VNNI512 int isa_vnni512_gemv_q8x(int t, const GemvSeg *sg, int ns, co
             if (w8)
                 isa_vnni512_w8x_rows4(row, xq, corr4, u, k, out, tws);
             else
-                isa_vnni512_q8_0x_rows4(row, xq, ub, corr, k, out, tws);
+                isa_vnni512_q8_0_rows4(3, row, xq, ub, corr, k, out, tws);
             seg_quad_store(g, rb, r, out);
         }
     }
