@@ -34,9 +34,10 @@
  * results. Their weights are prefetched as one stream per worker that
  * runs QPF_BYTES ahead across tiles (WStream). A16 formats keep x exact
  * (exact weights, f32 sums; on AVX2 and AVX-512 VNNI hosts the 4-bit and
- * k-quant rows, on AVX-512 VNNI hosts also the Q8_0 and W8 ones, meet x as
- * three byte planes of 23-bit fixed point per block of 32, rounded to
- * max|x_b| 2^-23, in integer dot products); A8
+ * k-quant rows, on AVX-512 VNNI hosts also the Q8_0 ones, meet x as three
+ * byte planes of 23-bit fixed point per block of 32, rounded to max|x_b|
+ * 2^-23, in integer dot products, and W8 rows there four planes of 30-bit
+ * fixed point per op; tiny or non-finite x takes the float loops); A8
  * formats (W8A8, W4A8G*, and GGUF blocks as Q4_0A8, Q4_1A8, Q5_0A8,
  * Q5_1A8, Q8_0A8, Q4_KA8, Q5_KA8 and Q6_KA8) quantize x once per op to
  * int8 and take integer dot products per block of 32. Q4_0, Q4_1, Q5_0,
@@ -2012,21 +2013,31 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_plane_
 }
 
 /* xi = rint(16 floats at x times inv), cut into the three planes. */
+/* xi = sum_p 2^(8p) pl[p] with np signed byte planes (each sign-extended
+ * in its lane; the top one takes what is left). */
+static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_byte_planes(v16i32 xi, int np, v16i32 *pl)
+{
+    UNROLL4
+    for (int p = 0; p < np - 1; p++) {
+        pl[p] = (xi << 24) >> 24;
+        xi = (xi - pl[p]) >> 8;
+    }
+    pl[np - 1] = xi;
+}
+
 static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_pkq_cut(const float *x, float inv,
                                                                                  v16i32 pl[3])
 {
     v16f f = LOAD16(x) * inv;
     f = (f + 12582912.0f) - 12582912.0f; /* nearest integer (|f| <= 2^22) */
-    v16i32 xi = __builtin_convertvector(f, v16i32);
-    v16i32 x0 = (xi << 24) >> 24, r = (xi - x0) >> 8, x1 = (r << 24) >> 24;
-    pl[0] = x0, pl[1] = x1, pl[2] = (r - x1) >> 8;
+    isa_vnni512_byte_planes(__builtin_convertvector(f, v16i32), 3, pl);
 }
 
 /* Whether the integer kernels may take x[0:k] as fixed point: all finite
  * (otherwise the float kernels run and propagate the infinity or NaN), and
  * max|x| zero or at least 2^-64 (below it the scales of the fixed point,
- * times the weights' f16 ones, would be subnormal floats: x of 1e-31 came
- * out 1e-3 off). */
+ * times the weights' f16 ones, would be subnormal floats: Q8_0 rows
+ * against x of 1e-31 came out 7e-4 of their value off). */
 static inline __attribute__((always_inline)) int x_integer_ok(const float *x, int64_t k, float *amax)
 {
     v16u32 m = {0};
@@ -2339,7 +2350,7 @@ static ISA_VNNI512 void isa_vnni512_w8a8_rows4(const unsigned char *const row[4]
  * where the float loop converted every weight: from L2 on one Zen 4 core
  * (`MEGAC_QBENCH_MB=0.2 MEGAC_QBENCH_REPS=1500`), Q8_0 at k 576 25.4 ->
  * 31.8 GB/s, at 1536 27.1 -> 31.7 (W8 this way: 25.1 -> 34.6 and 26.2 ->
- * 32.8). Non-finite x takes the float kernels (they propagate the NaN). */
+ * 32.8). Non-finite or tiny x takes the float kernels (x_integer_ok). */
 
 /* The lanes' sums of (q + 128) xi less corr: u the weights' bytes made
  * unsigned, x2, x1, x0 the planes. */
@@ -2461,10 +2472,9 @@ static ISA_VNNI512 int isa_vnni512_w8x_prepare(const float *x, int64_t k, int8_t
         v16i32 fi = __builtin_convertvector(f, v16i32), small = (fi < 4194304) & (fi > -4194304);
         /* past 2^22 f is a multiple of 0.5: truncated, it is off by at most 0.5 too */
         v16i32 xi = (__builtin_convertvector(r, v16i32) & small) | (fi & ~small);
-        v16i32 x0 = (xi << 24) >> 24, t = (xi - x0) >> 8, x1 = (t << 24) >> 24;
-        t = (t - x1) >> 8;
-        v16i32 x2 = (t << 24) >> 24, x3 = (t - x2) >> 8;
-        v16i32 pl[4] = {x0, x1, x2, x3};
+        v16i32 pl[4];
+        isa_vnni512_byte_planes(xi, 4, pl);
+        UNROLL4
         for (int p = 0; p < 4; p++) {
             *(v16s8a1 *)(xq + p * k + j) = __builtin_convertvector(pl[p], v16s8);
             c[p] += pl[p];
