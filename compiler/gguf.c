@@ -82,6 +82,28 @@ static bool cur_need(Cursor *c, uint64_t n, const char *what)
     return c->ok;
 }
 
+/* An array of n elements (what: their kind, "uint32", "strings") of size
+ * bytes each (of at least size bytes: strings) at the cursor: false (error
+ * reported) when they cannot fit in what is left of the file. */
+static bool cur_need_array(Cursor *c, uint64_t n, uint64_t size, const char *key, const char *what)
+{
+    uint64_t left = (uint64_t)(c->end - c->p);
+    if (c->ok && n > left / size) {
+        char need[64];
+        if (n > UINT64_MAX / size)
+            snprintf(need, sizeof need, "more than 2^64 bytes");
+        else
+            snprintf(need, sizeof need, "%s%" PRIu64 " bytes", strcmp(what, "strings") == 0 ? "at least " : "",
+                     n * size);
+        diag_file_error(c->d, c->path,
+                        "file is truncated or corrupt: %s (at byte %zu), an array of %" PRIu64
+                        " %s, runs past the end of the file: it needs %s, %" PRIu64 " are left",
+                        key, (size_t)(c->p - c->start), n, what, need, left);
+        c->ok = false;
+    }
+    return c->ok;
+}
+
 static uint64_t cur_uint(Cursor *c, int nbytes, const char *what)
 {
     uint64_t v = 0;
@@ -162,17 +184,13 @@ static void gguf_array_read(Cursor *c, GgufKV *kv, Arena *a, const char *key)
     kv->arr_type = (GgufType)t;
     kv->data = c->p;
     if (t != GGUF_T_STRING) {
-        uint64_t size = (uint64_t)gguf_scalar_size(kv->arr_type);
-        if (kv->arr_n > (uint64_t)(c->end - c->p) / size)
-            cur_need(c, UINT64_MAX, key);
-        else
-            c->p += kv->arr_n * size;
+        if (cur_need_array(c, kv->arr_n, (uint64_t)gguf_scalar_size(kv->arr_type), key,
+                           gguf_value_type_name(t)))
+            c->p += kv->arr_n * (uint64_t)gguf_scalar_size(kv->arr_type);
         return;
     }
-    if (kv->arr_n > (uint64_t)(c->end - c->p) / 8) { /* each string takes at least 8 bytes */
-        cur_need(c, UINT64_MAX, key);
+    if (!cur_need_array(c, kv->arr_n, 8, key, "strings")) /* each string takes at least 8 bytes */
         return;
-    }
     kv->strs = ARENA_ARRAY(a, GgufStr, kv->arr_n);
     for (uint64_t i = 0; i < kv->arr_n && c->ok; i++)
         kv->strs[i] = cur_str(c, key);

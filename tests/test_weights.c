@@ -831,6 +831,17 @@ static size_t gguf_info_at(const unsigned char *raw, size_t n, const char *name)
     return 0;
 }
 
+/* Offset of the bytes right after metadata key `key` (its value's type). */
+static size_t gguf_key_at(const unsigned char *raw, size_t n, const char *key)
+{
+    size_t k = strlen(key);
+    for (size_t i = 8; i + k + 4 <= n; i++)
+        if (memcmp(raw + i, key, k) == 0 && raw[i - 8] == k && raw[i + k] <= 12)
+            return i + k;
+    cr_assert_fail("metadata key '%s' not found", key);
+    return 0;
+}
+
 static void gguf_expect(const char *file, const unsigned char *raw, size_t n, const char *want)
 {
     char *path = tmp_path(file);
@@ -863,6 +874,20 @@ Test(weights, gguf_bad_inputs)
     memcpy(b + 24, &u64, 8);
     gguf_expect("keylen.gguf", b, n, "(at byte 32) runs past the end of the file: it needs 1099511627776 bytes");
     gguf_expect("empty.gguf", raw, 0, "not a GGUF file: 0 bytes long");
+    /* array counts past the end: key, u32 type 9, u32 element type, u64 count */
+    size_t tok = gguf_key_at(raw, n, "tokenizer.ggml.tokens"), sc = gguf_key_at(raw, n, "tokenizer.ggml.scores");
+    memcpy(b, raw, n);
+    u64 = 1ull << 40;
+    memcpy(b + tok + 8, &u64, 8);
+    gguf_expect("ntokens.gguf", b, n,
+                "an array of 1099511627776 strings, runs past the end of the file: it needs at least 8796093022208 "
+                "bytes");
+    memcpy(b, raw, n);
+    u64 = 1ull << 62;
+    memcpy(b + sc + 8, &u64, 8);
+    gguf_expect("nscores.gguf", b, n,
+                "an array of 4611686018427387904 float32, runs past the end of the file: it needs more than 2^64 "
+                "bytes");
 
     size_t q = gguf_info_at(raw, n, "blk.0.attn_q.weight"); /* u32 ndim, u64 dims[2], u32 type, u64 off */
     memcpy(b, raw, n);
