@@ -21,9 +21,10 @@ static void describe_usage(FILE *out)
 {
     fprintf(out, "usage: megac describe MODEL [--set key=value]...\n\n"
                  "Prints the model description megac reads for MODEL (a description\n"
-                 "(.yaml), a GGUF file, an HF checkpoint folder, or 'default'), overrides and\n"
-                 "defaults applied, as YAML megac reads back: for a GGUF or an HF folder, what\n"
-                 "megac took from its metadata or config.json.\n\n"
+                 "(.yaml), a GGUF file, an HF checkpoint folder, a llama2.c checkpoint (.bin),\n"
+                 "or 'default'), overrides and defaults applied, as YAML megac reads back: for\n"
+                 "a GGUF, an HF folder or a checkpoint, what megac took from its metadata,\n"
+                 "config.json or header.\n\n"
                  "  --set key=value override a description key (repeatable)\n");
 }
 

@@ -45,8 +45,9 @@ static void run_usage(FILE *out)
 {
     fprintf(out,
             "usage: megac run [MODEL | NAME.megac] [options]\n\n"
-            "Decodes text. MODEL is a description (.yaml), a GGUF file or an HF\n"
-            "checkpoint folder (config.json, safetensors, tokenizer.json); with no model\n"
+            "Decodes text. MODEL is a description (.yaml), a GGUF file, an HF\n"
+            "checkpoint folder (config.json, safetensors, tokenizer.json) or a llama2.c\n"
+            "checkpoint (.bin, its tokenizer beside it); with no model\n"
             "(or 'default'), runs the embedded default model.\n\n"
             "options:\n"
             "  --engine E         cpu | host-cuda | cuda | reference (default: a bundle's\n"

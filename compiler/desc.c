@@ -926,6 +926,16 @@ static void arch_from_config(Ctx *c, Doc cfg[2], const DocNode *at)
     config_generation_eos(c, &cfg[1], path);
 }
 
+/* A llama2.c header's seven int32 (arch_from_checkpoint): each within the
+ * bounds desc_check allows, so no text file starts with one (ASCII bytes
+ * make int32 of 2^29 and more). */
+static bool llama2c_header_sane(const int32_t h[7])
+{
+    return h[0] > 0 && h[0] <= DESC_MAX_DIM && h[1] > 0 && h[1] <= DESC_MAX_DIM && h[2] > 0 && h[2] <= 4096 &&
+           h[3] > 0 && h[3] <= 4096 && h[4] > 0 && h[4] <= h[3] && h[5] != 0 && h[5] >= -DESC_MAX_VOCAB &&
+           h[5] <= DESC_MAX_VOCAB && h[6] > 0 && h[6] <= DESC_MAX_SEQ;
+}
+
 /* arch: {from-checkpoint: PATH}: a llama2.c .bin header, seven int32: dim,
  * hidden_dim, n_layers, n_heads, n_kv_heads, vocab (negative: unshared
  * classifier), seq_len. */
@@ -944,9 +954,19 @@ static void arch_from_checkpoint(Ctx *c, const DocNode *at)
     int32_t h[7];
     size_t got = fread(h, sizeof h[0], 7, f);
     fclose(f);
-    if (got != 7 || h[0] <= 0 || h[1] <= 0 || h[2] <= 0 || h[3] <= 0 || h[4] <= 0 || h[5] == 0 || h[5] == INT32_MIN ||
-        h[6] <= 0) {
-        ctx_error(c, at, "'%s' does not start with a llama2.c header (7 positive int32)", path);
+    if (got >= 2 && memcmp(h, "ak42", 4) == 0) { /* export.py --version 1 and 2 */
+        ctx_error(c, at, "'%s' is a llama2.c version %d export (magic 'ak42'); megac reads the version 0 format "
+                  "(export.py --version 0, the header of seven int32)", path, h[1]);
+        return;
+    }
+    if (got != 7) {
+        ctx_error(c, at, "'%s' does not start with a llama2.c header: it is shorter than the header's 28 bytes", path);
+        return;
+    }
+    if (!llama2c_header_sane(h)) {
+        ctx_error(c, at, "'%s' does not start with a llama2.c header (dim, hidden_dim, n_layers, n_heads, "
+                  "n_kv_heads, vocab_size, seq_len as int32): it reads %d, %d, %d, %d, %d, %d, %d", path, h[0], h[1],
+                  h[2], h[3], h[4], h[5], h[6]);
         return;
     }
     m->dim = h[0], m->hidden_dim = h[1], m->n_layers = h[2], m->n_heads = h[3], m->n_kv_heads = h[4];
@@ -1787,6 +1807,21 @@ static bool file_is_gguf(const char *path, const struct stat *st)
     return yes || name_ends(path, ".gguf");
 }
 
+/* A llama2.c checkpoint (the version 0 .bin), by its header, or by its
+ * name (*.bin): a damaged one is then reported by arch_from_checkpoint
+ * and the loader, not parsed as a YAML description. *vocab: the header's
+ * vocabulary size (0 when it has none). */
+static bool file_is_llama2c(const char *path, const struct stat *st, int *vocab)
+{
+    int32_t h[7];
+    FILE *f = S_ISREG(st->st_mode) ? fopen(path, "rb") : NULL;
+    bool sane = f && fread(h, sizeof h[0], 7, f) == 7 && llama2c_header_sane(h);
+    if (f)
+        fclose(f);
+    *vocab = sane ? abs(h[5]) : 0;
+    return sane || name_ends(path, ".bin");
+}
+
 /* A safetensors file (or a sharded checkpoint's index), by its name or by
  * its start: an 8-byte little-endian header length, then the JSON header's
  * '{'. It holds weights, not a model: desc_load says what to give instead
@@ -1815,6 +1850,9 @@ static const char desc_safetensors_text[] = "# a safetensors file: weights, not 
  *  - a GGUF file: arch from its metadata, its weights and vocabulary;
  *  - a folder holding config.json (an HF checkpoint): arch from the
  *    config, the folder's safetensors, its tokenizer.json when there is one;
+ *  - a llama2.c checkpoint: arch from its header, its weights, and the
+ *    llama2.c tokenizer beside it (tok<vocab>.bin, else tokenizer.bin, as
+ *    run.c's -z and default name it) when there is one;
  *  - a safetensors file: a placeholder (desc_load refuses it);
  *  - anything else: the file's own bytes, a YAML description.
  * *written tells which of the first two megac wrote the text for.
@@ -1832,6 +1870,7 @@ static char *desc_source(const char *path, size_t *len, char **as, bool *written
     }
     const char *slash = strrchr(path, '/');
     char *text = NULL;
+    int vocab;
     FILE *b = open_memstream(&text, len);
     if (!b)
         die("open_memstream: %s", strerror(errno));
@@ -1867,6 +1906,29 @@ static char *desc_source(const char *path, size_t *len, char **as, bool *written
         name_from(b, base, n);
         fprintf(b, "\narch: {from-gguf: \"%s\"}\nweights: {format: gguf, path: \"%s\"}\ntokenizer: {format: gguf}\n",
                 desc_self_path, desc_self_path);
+        *as = xstrdup(path);
+    } else if (file_is_llama2c(path, &st, &vocab)) {
+        const char *base = slash ? slash + 1 : path, *dot = strrchr(base, '.');
+        size_t n = dot && dot != base && strcasecmp(dot, ".bin") == 0 ? (size_t)(dot - base) : strlen(base);
+        fputs("# the description megac writes for a llama2.c checkpoint\nname: ", b);
+        name_from(b, base, n);
+        fprintf(b, "\narch: {from-checkpoint: \"%s\"}\nrope: {theta: 10000, pairing: adjacent}\n"
+                   "weights: {format: llama2c, path: \"%s\"}\n",
+                desc_self_path, desc_self_path);
+        char *tok = NULL;
+        for (int i = 0; i < 2 && !tok; i++) {
+            char *t = i == 0 ? xasprintf("%.*stok%d.bin", (int)(base - path), path, vocab)
+                             : xasprintf("%.*stokenizer.bin", (int)(base - path), path);
+            if ((i == 0 && !vocab) || stat(t, &st) != 0 || !S_ISREG(st.st_mode))
+                free(t);
+            else
+                tok = t;
+        }
+        if (tok)
+            fprintf(b, "tokenizer: {format: llama2c, path: \"%s\"}\n", tok + (base - path));
+        else
+            fputs("tokenizer: {format: none}\n", b);
+        free(tok);
         *as = xstrdup(path);
     } else {
         fclose(b);

@@ -12,7 +12,7 @@ static const struct {
     const char *help;
 } commands[] = {
     {"doctor", cmd_doctor, "report the toolchain, devices and usable features"},
-    {"describe", cmd_describe, "print the model description megac reads (of a .yaml, .gguf, HF folder)"},
+    {"describe", cmd_describe, "print the model description megac reads (of a .yaml, .gguf, HF folder, .bin)"},
     {"lower", cmd_lower, "lower a model description to a schedule (.sched)"},
     {"validate", cmd_validate, "prove a schedule free of deadlocks and races"},
     {"compile", cmd_compile, "compile a model to a bundle (NAME.megac/)"},

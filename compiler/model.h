@@ -160,7 +160,8 @@ typedef struct {
 bool desc_load(ModelDesc *m, Arena *a, const char *path, const DescOverride *ov, int nov, Diag *d);
 /* The end of every message that refuses a path as a model. */
 #define DESC_WHAT_A_MODEL_IS                                                                                       \
-    "a model is a description (.yaml), a GGUF file, or an HF checkpoint folder (config.json and safetensors)"
+    "a model is a description (.yaml), a GGUF file, an HF checkpoint folder (config.json and safetensors), or a " \
+    "llama2.c checkpoint (.bin)"
 
 bool desc_parse(ModelDesc *m, Arena *a, const char *path, const char *text, size_t len,
                 const DescOverride *ov, int nov, Diag *d);

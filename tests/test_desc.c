@@ -931,6 +931,75 @@ static void skip_without_gguf_models(void)
         cr_skip("fixtures absent; run tests/fixtures/weights/make_gguf_models.py");
 }
 
+/* A llama2.c checkpoint named as the model: its header gives the dims,
+ * the tokenizer beside it is found by run.c's names. */
+Test(desc, llama2c_file_is_a_description)
+{
+    if (access(SHARED "/models/stories260K.bin", R_OK) != 0)
+        cr_skip("../shared/models/stories260K.bin is absent");
+    ModelDesc m;
+    Arena a = {0};
+    cr_assert(load_path(&m, &a, SHARED "/models/stories260K.bin", NULL, 0), "%s", errs);
+    cr_assert_str_eq(m.name, "stories260K");
+    cr_assert_eq(m.dim, 64);
+    cr_assert_eq(m.n_layers, 5);
+    cr_assert_eq(m.n_kv_heads, 4);
+    cr_assert_eq(m.vocab_size, 512);
+    cr_assert(m.tie_embeddings);
+    cr_assert_eq(m.rope_pairing, ROPE_ADJACENT);
+    cr_assert_float_eq(m.rope_theta, 10000, 0);
+    cr_assert_float_eq(m.norm_eps, 1e-5, 1e-12);
+    cr_assert_eq(m.weights_format, WFMT_LLAMA2C);
+    cr_assert_str_eq(m.weights_path, SHARED "/models/stories260K.bin");
+    cr_assert_eq(m.tok_format, TOKFMT_LLAMA2C);
+    cr_assert_str_eq(m.tok_path, SHARED "/models/tok512.bin", "tok<vocab>.bin beside it");
+    arena_free(&a);
+}
+
+/* The same from a header alone (the fixture): no tokenizer beside it, then
+ * tokenizer.bin; a later export's magic and a .bin that is no checkpoint
+ * are refused by name. */
+static void put_file(const char *path, const void *bytes, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "%s", path);
+    cr_assert_eq(fwrite(bytes, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+}
+
+Test(desc, llama2c_file_tokenizer_and_refusals)
+{
+    char hdr[28];
+    FILE *f = fopen(FIXTURES "/tiny-header.bin", "rb");
+    cr_assert(f && fread(hdr, 1, sizeof hdr, f) == sizeof hdr);
+    fclose(f);
+    char *dir = test_tmp_dir("l2c");
+    char *bin = xasprintf("%s/my model.bin", dir), *tok = xasprintf("%s/tokenizer.bin", dir);
+    put_file(bin, hdr, sizeof hdr);
+    ModelDesc m;
+    Arena a = {0};
+    cr_assert(load_path(&m, &a, bin, NULL, 0), "%s", errs);
+    cr_assert_str_eq(m.name, "my-model");
+    cr_assert_eq(m.hidden_dim, 176);
+    cr_assert_not(m.tie_embeddings);
+    cr_assert_eq(m.tok_format, TOKFMT_NONE, "no tokenizer beside it");
+    put_file(tok, "x", 1);
+    cr_assert(load_path(&m, &a, bin, NULL, 0), "%s", errs);
+    cr_assert_eq(m.tok_format, TOKFMT_LLAMA2C);
+    cr_assert_str_eq(m.tok_path, tok);
+    put_file(bin, "ak42\x02\0\0\0", 8);
+    cr_assert_not(load_path(&m, &a, bin, NULL, 0));
+    cr_assert(strstr(errs, "is a llama2.c version 2 export (magic 'ak42'); megac reads the version 0 format"), "%s",
+              errs);
+    put_file(bin, "name: x\nweights: {format: synthetic}\n", 37);
+    cr_assert_not(load_path(&m, &a, bin, NULL, 0));
+    cr_assert(strstr(errs, "does not start with a llama2.c header"), "%s", errs);
+    free(bin);
+    free(tok);
+    test_rm_rf(dir);
+    arena_free(&a);
+}
+
 Test(desc, gguf_file_is_a_description)
 {
     skip_without_gguf_models();
@@ -1334,7 +1403,8 @@ Test(desc, hf_checkpoint_folder_is_a_description)
 
     cr_assert_not(load_path(&m, &a, WFIX, NULL, 0));
     cr_assert_str_eq(errs, WFIX ": error: this folder holds no config.json: a model is a description (.yaml), a "
-                           "GGUF file, or an HF checkpoint folder (config.json and safetensors)\n");
+                           "GGUF file, an HF checkpoint folder (config.json and safetensors), or a llama2.c "
+                           "checkpoint (.bin)\n");
     cr_assert_not(load_path(&m, &a, WFIX "/none.yaml", NULL, 0));
     cr_assert_str_eq(errs, WFIX "/none.yaml: error: cannot read model description: No such file or directory\n");
     arena_free(&a);
@@ -1376,7 +1446,8 @@ Test(desc, weights_and_devices_are_not_descriptions)
     test_rm_rf(d);
     cr_assert_not(load_path(&m, &a, "/dev/zero", NULL, 0));
     cr_assert_str_eq(errs, "/dev/zero: error: not a regular file (a device): a model is a description (.yaml), a GGUF "
-                           "file, or an HF checkpoint folder (config.json and safetensors)\n");
+                           "file, an HF checkpoint folder (config.json and safetensors), or a llama2.c checkpoint "
+                           "(.bin)\n");
     arena_free(&a);
 }
 

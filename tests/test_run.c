@@ -140,7 +140,8 @@ Test(run_cmd, bad_values_name_their_range)
 Test(run_cmd, a_device_is_not_a_model)
 {
     static const char want[] = "/dev/zero: error: not a regular file (a device): a model is a description (.yaml), "
-                               "a GGUF file, or an HF checkpoint folder (config.json and safetensors)\n";
+                               "a GGUF file, an HF checkpoint folder (config.json and safetensors), or a llama2.c "
+                               "checkpoint (.bin)\n";
     const char *engines[] = {"", "--engine reference", "--engine host-cuda"};
     for (size_t i = 0; i < sizeof engines / sizeof engines[0]; i++) {
         static char out[256], err[1024], args[128];
@@ -223,6 +224,24 @@ Test(run_cmd, stories260k_matches_llama2c)
     cr_assert_eq(strlen(out), len, "got %zu bytes, llama2.c wrote %zu:\n%s", strlen(out), len, out);
     cr_assert(memcmp(out, want, len) == 0, "stdout differs from llama2.c:\n%s", out);
     cr_assert(strstr(err, "prompt tokens: 5,"), "stderr: %s", err);
+    free(want);
+}
+
+/* The checkpoint itself named as the model (no YAML): its header, the
+ * tok512.bin beside it, compiled for the CPU; llama2.c's text again. */
+Test(run_cmd, stories260k_checkpoint_as_the_model, .timeout = 60)
+{
+    const char *golden = SHARED "/golden/stories260K_once_upon_a_time_n200.txt";
+    if (access(golden, R_OK) != 0 || access(SHARED "/models/stories260K.bin", R_OK) != 0)
+        cr_skip_test("../shared (stories260K and its goldens) is absent");
+    static char out[1 << 16], err[4096];
+    int rc = megac_run(SHARED "/models/stories260K.bin --prompt \"Once upon a time\" -n 200 --temp 0", out, sizeof out,
+                       err, sizeof err);
+    cr_assert_eq(rc, 0, "stderr: %s", err);
+    size_t len;
+    char *want = read_all(golden, &len);
+    cr_assert_eq(strlen(out), len, "got %zu bytes, llama2.c wrote %zu:\n%s", strlen(out), len, out);
+    cr_assert(memcmp(out, want, len) == 0, "stdout differs from llama2.c:\n%s", out);
     free(want);
 }
 
