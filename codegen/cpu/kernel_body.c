@@ -939,9 +939,14 @@ static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t b
  * byte (rows shorter than WS_TRICKLE_K: Q8_0 at 576 ran 3-8% slower so) and
  * over one long segment (WS_TRICKLE_SEG_MAX or more: the tied output
  * matrix, 15 MB a worker, ran 5% slower so; the hardware prefetchers follow
- * it) the kernels ask as before (seg_trickle). Not in the 4-bit kernels: at
- * 1536 their GEMVs from memory ran faster so (Q4_0 16.5 -> 18.7 GB/s, Q5_0
- * 14.1 -> 17.5), but the Q4_0, Q4_1 and Q4_K_M files decoded no faster. */
+ * it) the kernels ask as before (seg_trickle). Not in the packed 4-bit
+ * kernels: at 1536 their GEMVs from memory ran faster so (Q4_0 16.5 -> 18.7
+ * GB/s, Q5_0 14.1 -> 17.5), but the Q4_0, Q4_1 and Q4_K_M files decoded no
+ * faster. The k-quant rows do (Q4_K_M's down projections, k 1536: from
+ * memory, one core, ops of 288 rows scattered, Q6_K 9.1 -> 13.5 GB/s, Q4_K
+ * 10.4 -> 12.1, with int8 inputs 12.6 -> 16.6 and 14.3 -> 16.0; the Q4_K_M
+ * file decodes 1.05-1.11x faster with exact inputs, 0.99-1.10x with int8
+ * ones, 1.00-1.07x as an x86-64-v3 bundle). */
 #define WS_TRICKLE_K 1024
 #define WS_TRICKLE_SEG_MAX (1 << 20)
 static inline __attribute__((always_inline)) void ws_trickle(WStream *ws, int64_t bytes)
@@ -2254,12 +2259,15 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_row
                                                                                 const float *xs, int64_t k)
 {
     int64_t rb = qrow_bytes(t, k), bb = t == DT_Q4_K ? 144 : t == DT_Q5_K ? 176 : 210;
+    WStream *tws = seg_trickle(g, rb, k, 0); /* at every k: the k-quant rows ask as they read (ws_trickle) */
     for (int64_t r = g->r0; r < g->r1; r += 4) {
         const unsigned char *row[4];
         seg_quad(g, rb, r, row);
         v16f acc[4] = {{0}, {0}, {0}, {0}}, off16[4] = {{0}, {0}, {0}, {0}};
         v8fs off8[4] = {{0}, {0}, {0}, {0}};
         for (int64_t s = 0; s < k / 256; s++) {
+            if (tws)
+                ws_trickle(tws, 4 * bb);
             v8fs u8;
             memcpy(&u8, ub + 8 * s, 32);
             if (t == DT_Q6_K) {
@@ -3718,6 +3726,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kqq_rows(int
                                                                             const float *xs, int64_t k)
 {
     int64_t rb = qrow_bytes(t, k), bb = t == DT_Q4_K ? 144 : t == DT_Q5_K ? 176 : 210;
+    WStream *tws = seg_trickle(g, rb, k, 0);
     for (int64_t r = g->r0; r < g->r1; r += 4) {
         const unsigned char *row[4];
         seg_quad(g, rb, r, row);
@@ -3726,6 +3735,8 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kqq_rows(int
         for (int i = 0; i < 4; i++) {
             v8fl a[4] = {{0}, {0}, {0}, {0}}, off = {0};
             for (int64_t s = 0; s < k / 256; s++) {
+                if (tws)
+                    ws_trickle(tws, bb);
                 if (t != DT_Q6_K)
                     isa_avx2_kq4q_sb(np, t == DT_Q5_K, row[i] + s * bb, xq + 256 * np * s, ub + 8 * s, xs + 8 * s,
                                      a, &off);
