@@ -2282,7 +2282,7 @@ isa_vnni512_kq6_superblock(int np, const unsigned char *b, const int8_t *xq, con
         v16u32 q = __builtin_shufflevector(w, w, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7) >>
                    (v16u32){0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2};
         v16u32 lo = (v & 0x0f0f0f0fu) | (q & 0x03030303u) << 4;
-        v16u32 hi = (v >> 4 & 0x0f0f0f0fu) | (q >> 4 & 0x03030303u) << 4;
+        v16u32 hi = (v >> 4 & 0x0f0f0f0fu) | (q & 0x30303030u); /* bits 4-5 of q are already where they go */
         v16f s0, s1;
         isa_vnni512_kq_dots(np, lo, hi, xq + 128 * np * h, &s0, &s1);
         /* lane L: elements 4L.. of part 0 (sub-block 8h + L / 4, x block
