@@ -937,16 +937,21 @@ static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t b
  * Q8_0A8 and W8A8 kernels spreading theirs ran 0.97-1.03x, so they do not;
  * no AVX2-only machine at hand). Where the A16 kernels compute more per
  * byte (rows shorter than WS_TRICKLE_K: Q8_0 at 576 ran 3-8% slower so) and
- * over one long segment (WS_TRICKLE_SEG_MAX or more: the tied output
- * matrix, 15 MB a worker, ran 5% slower so; the hardware prefetchers follow
- * it) the kernels ask as before (seg_trickle). Not in the packed 4-bit
- * kernels: at 1536 their GEMVs from memory ran faster so (Q4_0 16.5 -> 18.7
- * GB/s, Q5_0 14.1 -> 17.5), but the Q4_0, Q4_1 and Q4_K_M files decoded no
- * faster. The k-quant rows do (Q4_K_M's down projections, k 1536: from
- * memory, one core, ops of 288 rows scattered, Q6_K 9.1 -> 13.5 GB/s, Q4_K
- * 10.4 -> 12.1, with int8 inputs 12.6 -> 16.6 and 14.3 -> 16.0; the Q4_K_M
- * file decodes 1.05-1.11x faster with exact inputs, 0.99-1.10x with int8
- * ones, 1.00-1.07x as an x86-64-v3 bundle). */
+ * over one long segment of short rows (WS_TRICKLE_SEG_MAX or more, k below
+ * WS_TRICKLE_K: SmolLM2's tied output matrix, 15 MB a worker, ran 5% slower
+ * so; the hardware prefetchers follow it) the kernels ask as before
+ * (seg_trickle). Long segments of long rows do trickle: on Llama-3.2-1B's
+ * shapes (gate/up 4-5 MB a worker at k 2048, down at 8192) that took W8A16
+ * decode 1.21-1.26x faster, W8A8 1.16-1.18x, a Q4_K_M file (random blocks,
+ * scripts/scratch-kquant-gguf.py) 1.11-1.43x with exact inputs and
+ * 1.33-1.57x with int8 ones (with the k-quant and packed rows below; megac
+ * bench --versus, both ways round); SmolLM2's files 0.96-1.08x. The k-quant
+ * rows trickle (SmolLM2's Q4_K_M down projections, k 1536: from memory, one
+ * core, ops of 288 rows scattered, Q6_K 9.1 -> 13.5 GB/s, Q4_K 10.4 ->
+ * 12.1, with int8 inputs 12.6 -> 16.6 and 14.3 -> 16.0; the file decodes
+ * 1.05-1.11x faster with exact inputs), and so do the AVX-512 packed 4-bit
+ * rows (Llama-3.2-1B W4A16-g32 1.31-1.53x; SmolLM2's Q4_0 file 0.98-1.08x,
+ * Q4_K_M 1.02-1.05x), not the AVX2 ones (untimed). */
 #define WS_TRICKLE_K 1024
 #define WS_TRICKLE_SEG_MAX (1 << 20)
 static inline __attribute__((always_inline)) void ws_trickle(WStream *ws, int64_t bytes)
@@ -1025,11 +1030,11 @@ static inline __attribute__((always_inline)) void seg_quad_store(const GemvSeg *
 /* The stream a four-row kernel spreads its prefetches over in segment g
  * (rows of rb bytes, k long), its group set to four rows: NULL (it does
  * not) for rows shorter than kmin, and for a segment of WS_TRICKLE_SEG_MAX
- * bytes or more (ws_trickle). */
+ * bytes or more of rows shorter than WS_TRICKLE_K (ws_trickle). */
 static inline __attribute__((always_inline)) WStream *seg_trickle(const GemvSeg *g, int64_t rb, int64_t k,
                                                                  int64_t kmin)
 {
-    if (k < kmin || (g->r1 - g->r0) * rb >= WS_TRICKLE_SEG_MAX)
+    if (k < kmin || ((g->r1 - g->r0) * rb >= WS_TRICKLE_SEG_MAX && k < WS_TRICKLE_K))
         return NULL;
     g->ws->group = 4 * rb;
     return g->ws;
