@@ -949,9 +949,9 @@ static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t b
  * rows trickle (SmolLM2's Q4_K_M down projections, k 1536: from memory, one
  * core, ops of 288 rows scattered, Q6_K 9.1 -> 13.5 GB/s, Q4_K 10.4 ->
  * 12.1, with int8 inputs 12.6 -> 16.6 and 14.3 -> 16.0; the file decodes
- * 1.05-1.11x faster with exact inputs), and so do the AVX-512 packed 4-bit
- * rows (Llama-3.2-1B W4A16-g32 1.31-1.53x; SmolLM2's Q4_0 file 0.98-1.08x,
- * Q4_K_M 1.02-1.05x), not the AVX2 ones (untimed). */
+ * 1.05-1.11x faster with exact inputs), and so do the packed 4-bit rows
+ * (Llama-3.2-1B W4A16-g32 1.31-1.53x, as an x86-64-v3 bundle 1.37-1.43x;
+ * SmolLM2's Q4_0 file 0.98-1.08x, x86-64-v3 0.99-1.09x, Q4_K_M 1.02-1.05x). */
 #define WS_TRICKLE_K 1024
 #define WS_TRICKLE_SEG_MAX (1 << 20)
 static inline __attribute__((always_inline)) void ws_trickle(WStream *ws, int64_t bytes)
@@ -3284,6 +3284,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_rows(int
 {
     int64_t rb = qrow_bytes(t, k), nb = k / 32, sbb = 4 * (pk_hdr(t) + 16);
     float cs = t == DT_Q4_0 ? -8.0f : t == DT_Q5_0 ? -16.0f : 1.0f;
+    WStream *tws = seg_trickle(g, rb, k, 0);
     for (int64_t r = g->r0; r < g->r1; r += 4) {
         const unsigned char *row[4];
         seg_quad(g, rb, r, row);
@@ -3293,9 +3294,12 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_rows(int
             v8fl acc = {0};
             v4f off = {0};
             int64_t s = 0;
-            for (; s < nb / 4; s++)
+            for (; s < nb / 4; s++) {
+                if (tws)
+                    ws_trickle(tws, sbb);
                 isa_avx2_pkq_sb(t, row[i] + s * sbb, 4, xq + 384 * s, *(const v4f *)(xs + 4 * s),
                                 *(const v4f *)(ub + 4 * s), &acc, &off);
+            }
             /* the short superblock, its block count a constant */
             if (nb % 4 == 1)
                 isa_avx2_pkq_sb(t, row[i] + s * sbb, 1, xq + 384 * s, *(const v4f *)(xs + 4 * s),
