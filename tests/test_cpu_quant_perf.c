@@ -544,7 +544,7 @@ Test(cpu_quant_perf, q8_outlier_x)
 Test(cpu_quant_perf, tiny_x)
 {
     const int64_t rows = 8, k = 768;
-    const DType ts[] = {DT_Q8_0, DT_W8, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_W4G32, DT_Q4_K, DT_Q6_K};
+    const DType ts[] = {DT_Q8_0, DT_W8, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_W4G32, DT_W4G64, DT_W4G128, DT_Q4_K, DT_Q6_K};
     float x[768], y[8];
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
         uint64_t seed = 13;
@@ -640,7 +640,7 @@ Test(cpu_quant_perf, packed_nonfinite_x)
 {
     const int64_t rows = 8, k = 576;
     const float bad[2] = {NAN, INFINITY};
-    const DType ts[] = {DT_Q4_0, DT_Q4_1, DT_W4G32, DT_Q8_0, DT_W8};
+    const DType ts[] = {DT_Q4_0, DT_Q4_1, DT_W4G32, DT_W4G64, DT_W4G128, DT_Q8_0, DT_W8};
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
         for (int bi = 0; bi < 2; bi++) {
             DType t = ts[ti];
