@@ -2419,12 +2419,13 @@ isa_vnni512_kq4_superblock(int np, int q5, const unsigned char *b, const int8_t 
         }
         v16f s0, s1;
         isa_vnni512_kq_dots(np, lo, hi, xq + 128 * np * g, &s0, &s1);
-        if (g == 0)
-            *acc += __builtin_shufflevector(du, du, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2) * s0 +
-                    __builtin_shufflevector(du, du, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3) * s1;
-        else
-            *acc += __builtin_shufflevector(du, du, 4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6) * s0 +
-                    __builtin_shufflevector(du, du, 5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7) * s1;
+        if (g == 0) { /* two FMAs into acc (acc + (a + b) took a multiply, an FMA and an add) */
+            *acc += __builtin_shufflevector(du, du, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2) * s0;
+            *acc += __builtin_shufflevector(du, du, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3) * s1;
+        } else {
+            *acc += __builtin_shufflevector(du, du, 4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6) * s0;
+            *acc += __builtin_shufflevector(du, du, 5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7) * s1;
+        }
     }
 }
 
@@ -2451,16 +2452,17 @@ isa_vnni512_kq6_superblock(int np, const unsigned char *b, const int8_t *xq, con
         isa_vnni512_kq_dots(np, lo, hi, xq + 128 * np * h, &s0, &s1);
         /* lane L: elements 4L.. of part 0 (sub-block 8h + L / 4, x block
          * 4h + L / 8), of part 1 (sub-block 8h + 4 + L / 4, block 4h + 2 + L / 8) */
-        if (h == 0)
+        if (h == 0) {
             *acc += __builtin_shufflevector(d, d, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *
-                        __builtin_shufflevector(u, u, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1) * s0 +
-                    __builtin_shufflevector(d, d, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7) *
-                        __builtin_shufflevector(u, u, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3) * s1;
-        else
+                    __builtin_shufflevector(u, u, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1) * s0;
+            *acc += __builtin_shufflevector(d, d, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7) *
+                    __builtin_shufflevector(u, u, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3) * s1;
+        } else {
             *acc += __builtin_shufflevector(d, d, 8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11) *
-                        __builtin_shufflevector(u, u, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5) * s0 +
-                    __builtin_shufflevector(d, d, 12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15) *
-                        __builtin_shufflevector(u, u, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7) * s1;
+                    __builtin_shufflevector(u, u, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5) * s0;
+            *acc += __builtin_shufflevector(d, d, 12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15) *
+                    __builtin_shufflevector(u, u, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7) * s1;
+        }
     }
 }
 
