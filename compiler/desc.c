@@ -1855,7 +1855,7 @@ static const char desc_safetensors_text[] = "# a safetensors file: weights, not 
  *    run.c's -z and default name it) when there is one;
  *  - a safetensors file: a placeholder (desc_load refuses it);
  *  - anything else: the file's own bytes, a YAML description.
- * *written tells which of the first two megac wrote the text for.
+ * *written tells which of the first three megac wrote the text for.
  * NULL with errno set when it cannot be read. */
 static char *desc_source(const char *path, size_t *len, char **as, bool *written)
 {
