@@ -945,13 +945,15 @@ static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t b
  * decode 1.21-1.26x faster, W8A8 1.16-1.18x, a Q4_K_M file (random blocks,
  * scripts/scratch-kquant-gguf.py) 1.11-1.43x with exact inputs and
  * 1.33-1.57x with int8 ones (with the k-quant and packed rows below; megac
- * bench --versus, both ways round); SmolLM2's files 0.96-1.08x. The k-quant
- * rows trickle (SmolLM2's Q4_K_M down projections, k 1536: from memory, one
- * core, ops of 288 rows scattered, Q6_K 9.1 -> 13.5 GB/s, Q4_K 10.4 ->
+ * bench --versus, both ways round). The k-quant rows trickle from
+ * WS_TRICKLE_K (SmolLM2's Q4_K_M down projections, k 1536: from memory,
+ * one core, ops of 288 rows scattered, Q6_K 9.1 -> 13.5 GB/s, Q4_K 10.4 ->
  * 12.1, with int8 inputs 12.6 -> 16.6 and 14.3 -> 16.0; the file decodes
- * 1.05-1.11x faster with exact inputs), and so do the packed 4-bit rows
- * (Llama-3.2-1B W4A16-g32 1.31-1.53x, as an x86-64-v3 bundle 1.37-1.43x;
- * SmolLM2's Q4_0 file 0.98-1.08x, x86-64-v3 0.99-1.09x, Q4_K_M 1.02-1.05x). */
+ * 1.05-1.11x faster with exact inputs), and so do the packed and W4G64/
+ * W4G128 4-bit rows (Llama-3.2-1B W4A16-g32 1.31-1.53x, as an x86-64-v3
+ * bundle 1.37-1.43x); at SmolLM2's 576 the packed rows trickling ran
+ * 1.01-1.09x slower (its Q4_0 file, --versus, four rounds), so they do
+ * not there. */
 #define WS_TRICKLE_K 1024
 #define WS_TRICKLE_SEG_MAX (1 << 20)
 static inline __attribute__((always_inline)) void ws_trickle(WStream *ws, int64_t bytes)
@@ -2193,7 +2195,7 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_nibq_r
 {
     const int64_t gs = t == DT_W4G64 ? 64 : 128, gb = 4 + gs / 2, nf = k / 128, rest = k % 128 / 32;
     int64_t rb = qrow_bytes(t, k);
-    WStream *tws = seg_trickle(g, rb, k, 0);
+    WStream *tws = seg_trickle(g, rb, k, WS_TRICKLE_K);
     for (int64_t r = g->r0; r < g->r1; r += 4) {
         const unsigned char *row[4];
         seg_quad(g, rb, r, row);
@@ -2471,7 +2473,7 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_row
                                                                                 const float *xs, int64_t k)
 {
     int64_t rb = qrow_bytes(t, k), bb = t == DT_Q4_K ? 144 : t == DT_Q5_K ? 176 : 210;
-    WStream *tws = seg_trickle(g, rb, k, 0); /* at every k: the k-quant rows ask as they read (ws_trickle) */
+    WStream *tws = seg_trickle(g, rb, k, WS_TRICKLE_K);
     for (int64_t r = g->r0; r < g->r1; r += 4) {
         const unsigned char *row[4];
         seg_quad(g, rb, r, row);
@@ -3445,7 +3447,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_rows(int
 {
     int64_t rb = qrow_bytes(t, k), nb = k / 32, sbb = 4 * (pk_hdr(t) + 16);
     float cs = t == DT_Q4_0 ? -8.0f : t == DT_Q5_0 ? -16.0f : 1.0f;
-    WStream *tws = seg_trickle(g, rb, k, 0);
+    WStream *tws = seg_trickle(g, rb, k, WS_TRICKLE_K);
     for (int64_t r = g->r0; r < g->r1; r += 4) {
         const unsigned char *row[4];
         seg_quad(g, rb, r, row);
@@ -3937,7 +3939,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kqq_rows(int
                                                                             const float *xs, int64_t k)
 {
     int64_t rb = qrow_bytes(t, k), bb = t == DT_Q4_K ? 144 : t == DT_Q5_K ? 176 : 210;
-    WStream *tws = seg_trickle(g, rb, k, 0);
+    WStream *tws = seg_trickle(g, rb, k, WS_TRICKLE_K);
     for (int64_t r = g->r0; r < g->r1; r += 4) {
         const unsigned char *row[4];
         seg_quad(g, rb, r, row);
