@@ -2161,18 +2161,6 @@ static inline __attribute__((always_inline)) ISA_GFNI512 v16u32 isa_gfni512_hi(v
 #undef PKV
 #undef PKV_HI
 
-/* W4G64 and W4G128 rows with vpdpbusd, x as the packed rows take it (three
- * planes of 23-bit fixed point per block of 32) but in element order,
- * which is the records' (nib_groups4: s @0, z @2, then 16 bytes per 32
- * weights, byte b's low nibble weight b, its high one b + 16): a 64-byte
- * vector is four chunks of 32 (lanes 4c..4c+3: chunk c, one W4G128 group
- * or two W4G64 ones), its sums scaled by their blocks' u and their group's
- * s, and s z (the group's sum of x) comes off per group. One load, two
- * nibble ops, six dot products and three float ops per 128 weights of a
- * row where the table kernel (isa_avx512_nib_groups4) takes a lookup and
- * an FMA per 16 (from L2, one core, k 2048: W4G64 12.7 -> 18.5 GB/s,
- * W4G128 13.2 -> 20.8; Llama-3.2-1B W4A16-g128 decodes 1.52-1.76x faster).
- * A last superblock of 1-3 chunks (k % 128) loads them one by one. */
 /* The four rows' s (f16 @off) and s z (z @off + 2) of a record. */
 static inline __attribute__((always_inline)) ISA_VNNI512 v4f isa_vnni512_nib_s4(const unsigned char *const row[4],
                                                                              int64_t off, v4f *sz)
@@ -2189,6 +2177,24 @@ static inline __attribute__((always_inline)) ISA_VNNI512 v4f isa_vnni512_nib_s4(
     return s;
 }
 
+/* isa_vnni512_pk_dots() of a W4G* record's 64 bytes v (four chunks). */
+static inline __attribute__((always_inline)) ISA_VNNI512 v16i32 isa_vnni512_nib_dots(v16u32 v, const int8_t *xq)
+{
+    return isa_vnni512_pk_dots(v & 0x0f0f0f0fu, v >> 4 & 0x0f0f0f0fu, xq);
+}
+
+/* W4G64 and W4G128 rows with vpdpbusd, x as the packed rows take it (three
+ * planes of 23-bit fixed point per block of 32) but in element order,
+ * which is the records' (nib_groups4: s @0, z @2, then 16 bytes per 32
+ * weights, byte b's low nibble weight b, its high one b + 16): a 64-byte
+ * vector is four chunks of 32 (lanes 4c..4c+3: chunk c, one W4G128 group
+ * or two W4G64 ones), its sums scaled by their blocks' u and their group's
+ * s, and s z (the group's sum of x) comes off per group. One load, two
+ * nibble ops, six dot products and three float ops per 128 weights of a
+ * row where the table kernel (isa_avx512_nib_groups4) takes a lookup and
+ * an FMA per 16 (from L2, one core, k 2048: W4G64 12.7 -> 18.5 GB/s,
+ * W4G128 13.2 -> 20.8; Llama-3.2-1B W4A16-g128 decodes 1.52-1.76x faster).
+ * A last superblock of 1-3 chunks (k % 128) loads them one by one. */
 static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_nibq_rows(int t, const GemvSeg *g,
                                                                                    const int8_t *xq, const float *ub,
                                                                                    const float *xg, int64_t k)
@@ -2213,25 +2219,20 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_nibq_r
                 UNROLL4
                 for (int i = 0; i < 4; i++) {
                     v16u32 v = *(const v16u32a1 *)(row[i] + gb * j + 4);
-                    v16i32 d = isa_vnni512_pk_dots(v & 0x0f0f0f0fu, v >> 4 & 0x0f0f0f0fu, xj);
-                    acc[i] += (s4[i] * u) * __builtin_convertvector(d, v16f);
+                    acc[i] += (s4[i] * u) * __builtin_convertvector(isa_vnni512_nib_dots(v, xj), v16f);
                 }
             } else { /* two groups: chunks 0-1, 2-3 */
                 v4f sa = isa_vnni512_nib_s4(row, gb * 2 * j, &sza), sb = isa_vnni512_nib_s4(row, gb * (2 * j + 1), &szb);
                 off += sza * xg[2 * j] + szb * xg[2 * j + 1];
-                v8fs s8 = __builtin_shufflevector(sa, sb, 0, 1, 2, 3, 4, 5, 6, 7);
                 UNROLL4
                 for (int i = 0; i < 4; i++) {
                     v8u32 a, b;
                     memcpy(&a, row[i] + gb * 2 * j + 4, 32);
                     memcpy(&b, row[i] + gb * (2 * j + 1) + 4, 32);
                     v16u32 v = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-                    v16i32 d = isa_vnni512_pk_dots(v & 0x0f0f0f0fu, v >> 4 & 0x0f0f0f0fu, xj);
-                    v16f sv = __builtin_ia32_permvarsf512(__builtin_shufflevector(s8, s8, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2,
-                                                                                  3, 4, 5, 6, 7),
-                                                          (v16i32){0} + (v16i32){i, i, i, i, i, i, i, i, i + 4, i + 4,
-                                                                                 i + 4, i + 4, i + 4, i + 4, i + 4, i + 4});
-                    acc[i] += (sv * u) * __builtin_convertvector(d, v16f);
+                    float a0 = sa[i], b0 = sb[i];
+                    v16f sv = {a0, a0, a0, a0, a0, a0, a0, a0, b0, b0, b0, b0, b0, b0, b0, b0};
+                    acc[i] += (sv * u) * __builtin_convertvector(isa_vnni512_nib_dots(v, xj), v16f);
                 }
             }
         }
@@ -2262,9 +2263,8 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_nibq_r
                 v8u32 q01 = __builtin_shufflevector(q[0], q[1], 0, 1, 2, 3, 4, 5, 6, 7);
                 v8u32 q2 = __builtin_shufflevector(q[2], (v4u32){0}, 0, 1, 2, 3, 4, 5, 6, 7);
                 v16u32 v = __builtin_shufflevector(q01, q2, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-                v16i32 d = isa_vnni512_pk_dots(v & 0x0f0f0f0fu, v >> 4 & 0x0f0f0f0fu, xq + 384 * nf);
                 v16f sv = {sc[0], sc[0], sc[0], sc[0], sc[1], sc[1], sc[1], sc[1], sc[2], sc[2], sc[2], sc[2], 0, 0, 0, 0};
-                acc[i] += (sv * u) * __builtin_convertvector(d, v16f);
+                acc[i] += (sv * u) * __builtin_convertvector(isa_vnni512_nib_dots(v, xq + 384 * nf), v16f);
             }
         }
         float out[4];
@@ -2384,19 +2384,13 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_sca
     v16u32 sc = a | n | t;
     v4u32 h = __builtin_shufflevector(v, v, 0, 4, 8, 12); /* d, dmin of each row */
     v8fs f = __builtin_ia32_vcvtph2ps256((v8i16)h);
-    typedef uint8_t v64u8 __attribute__((vector_size(64)));
-    v64u8 b = (v64u8)sc;
-    dm[0] = __builtin_convertvector(__builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), v16f) *
-            __builtin_shufflevector(f, f, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    dm[1] = __builtin_convertvector(__builtin_shufflevector(b, b, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29,
-                                                            30, 31), v16f) *
-            __builtin_shufflevector(f, f, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    dm[2] = __builtin_convertvector(__builtin_shufflevector(b, b, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45,
-                                                            46, 47), v16f) *
-            __builtin_shufflevector(f, f, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5);
-    dm[3] = __builtin_convertvector(__builtin_shufflevector(b, b, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61,
-                                                            62, 63), v16f) *
-            __builtin_shufflevector(f, f, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7);
+    v16u8 q[4];
+    memcpy(q, &sc, 64);
+    UNROLL4
+    for (int i = 0; i < 4; i++) {
+        float d = f[2 * i], m = f[2 * i + 1];
+        dm[i] = __builtin_convertvector(q[i], v16f) * (v16f){d, d, d, d, d, d, d, d, m, m, m, m, m, m, m, m};
+    }
 }
 
 /* One Q4_K/Q5_K super-block b against its 256 np bytes of x (np planes):
