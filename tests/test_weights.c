@@ -875,19 +875,21 @@ Test(weights, gguf_bad_inputs)
     gguf_expect("keylen.gguf", b, n, "(at byte 32) runs past the end of the file: it needs 1099511627776 bytes");
     gguf_expect("empty.gguf", raw, 0, "not a GGUF file: 0 bytes long");
     /* array counts past the end: key, u32 type 9, u32 element type, u64 count */
-    size_t tok = gguf_key_at(raw, n, "tokenizer.ggml.tokens"), sc = gguf_key_at(raw, n, "tokenizer.ggml.scores");
-    memcpy(b, raw, n);
-    u64 = 1ull << 40;
-    memcpy(b + tok + 8, &u64, 8);
-    gguf_expect("ntokens.gguf", b, n,
-                "an array of 1099511627776 strings, runs past the end of the file: it needs at least 8796093022208 "
-                "bytes");
-    memcpy(b, raw, n);
-    u64 = 1ull << 62;
-    memcpy(b + sc + 8, &u64, 8);
-    gguf_expect("nscores.gguf", b, n,
-                "an array of 4611686018427387904 float32, runs past the end of the file: it needs more than 2^64 "
-                "bytes");
+    static const struct {
+        const char *key;
+        uint64_t count;
+        const char *want;
+    } arrays[] = {
+        {"tokenizer.ggml.tokens", 1ull << 40,
+         "an array of 1099511627776 strings, runs past the end of the file: it needs at least 8796093022208 bytes"},
+        {"tokenizer.ggml.scores", 1ull << 62,
+         "an array of 4611686018427387904 float32, runs past the end of the file: it needs more than 2^64 bytes"},
+    };
+    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) {
+        memcpy(b, raw, n);
+        memcpy(b + gguf_key_at(raw, n, arrays[i].key) + 8, &arrays[i].count, 8);
+        gguf_expect("count.gguf", b, n, arrays[i].want);
+    }
 
     size_t q = gguf_info_at(raw, n, "blk.0.attn_q.weight"); /* u32 ndim, u64 dims[2], u32 type, u64 off */
     memcpy(b, raw, n);
