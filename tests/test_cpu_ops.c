@@ -619,6 +619,81 @@ Test(cpu_ops, half_caches)
         }
 }
 
+/* attn for shapes that take every path of the kernel's head tiles and row
+ * pieces: more q heads a kv head than one tile holds (5, 9), rows of 64
+ * elements and more with a rest of 16s and single ones (84), rows under 16
+ * (8, as stories260K), in f32, f16 and bf16 caches, over two chunks of rows
+ * and a last group of one row (pos 100); against the float64 attention
+ * over the stored values. */
+Test(cpu_ops, attn_head_tiles_and_row_pieces)
+{
+    static const struct { int hd, g, nkv; } shapes[] = {{84, 5, 1}, {16, 9, 1}, {8, 2, 2}, {64, 3, 2}};
+    const DType types[] = {DT_F32, DT_F16, DT_BF16};
+    enum { S = 128, POS = 100 };
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int ti = 0; ti < 3; ti++) {
+            int hd = shapes[si].hd, gq = shapes[si].g, nkv = shapes[si].nkv;
+            DType t = types[ti];
+            Schedule *s = sched_new("attn_tiles", "cpu", 1);
+            s->shape = (ModelShape){.dim = nkv * gq * hd, .hidden_dim = 16, .n_layers = 1, .n_heads = nkv * gq,
+                                    .n_kv_heads = nkv, .head_dim = hd, .vocab_size = 8, .max_seq = S,
+                                    .norm_eps = 1e-5};
+            int64_t ncache = (int64_t)nkv * S * hd;
+            uint32_t q = add_buf(s, "q", BUF_SCRATCH, nkv * gq * hd);
+            uint32_t kc = sched_add_buffer(s, "kc", t, BUF_KV, 1, &ncache);
+            uint32_t vc = sched_add_buffer(s, "vc", t, BUF_KV, 1, &ncache);
+            uint32_t part = add_buf(s, "part", BUF_SCRATCH, nkv * gq * (hd + 2));
+            for (int h = 0; h < nkv; h++)
+                add_op(s, 0, OP_ATTN, (int32_t[]){h, 0, 1, 32, 0}, (uint32_t[]){q, kc, vc, part, BUF_NONE});
+            Kern k;
+            kern_build(&k, s);
+            double *kd = malloc(sizeof(double) * (size_t)ncache), *vd = malloc(sizeof(double) * (size_t)ncache);
+            cr_assert(kd && vd);
+            for (int64_t i = 0; i < ncache; i++) {
+                float a = 3.0f * rnd(), b = 3.0f * rnd();
+                if (t == DT_F32) {
+                    ((float *)buf(&k, kc))[i] = a, ((float *)buf(&k, vc))[i] = b;
+                    kd[i] = a, vd[i] = b;
+                } else {
+                    uint16_t *kh = buf(&k, kc), *vh = buf(&k, vc);
+                    kh[i] = half_bits(t, a), vh[i] = half_bits(t, b);
+                    kd[i] = half_value(t, kh[i]), vd[i] = half_value(t, vh[i]);
+                }
+            }
+            fill(&k, q);
+            kern_step(&k, POS, 0);
+            cr_assert_eq(k.abort_info.flag, 0);
+            const float *qf = buf(&k, q), *got = buf(&k, part);
+            for (int h = 0; h < nkv; h++)
+                for (int g = 0; g < gq; g++) {
+                    double sc[POS + 1], m = -INFINITY, want[84 + 2] = {0}, mag[84 + 2] = {0};
+                    for (int r = 0; r <= POS; r++) {
+                        double d = 0;
+                        for (int j = 0; j < hd; j++)
+                            d += (double)qf[(h * gq + g) * hd + j] * kd[((int64_t)h * S + r) * hd + j];
+                        sc[r] = d / sqrt((double)hd);
+                        m = fmax(m, sc[r]);
+                    }
+                    for (int r = 0; r <= POS; r++) {
+                        double e = exp(sc[r] - m);
+                        want[hd + 1] += e;
+                        for (int j = 0; j < hd; j++) {
+                            want[j] += e * vd[((int64_t)h * S + r) * hd + j];
+                            mag[j] += fabs(e * vd[((int64_t)h * S + r) * hd + j]);
+                        }
+                    }
+                    want[hd] = m, mag[hd] = fabs(m), mag[hd + 1] = want[hd + 1];
+                    char what[128];
+                    snprintf(what, sizeof what, "hd %d, %d q heads, %s: kv head %d, q head %d", hd, gq, dtype_name(t),
+                             h, g);
+                    expect_close(what, got + (h * gq + g) * (hd + 2), want, mag, hd + 2);
+                }
+            free(kd);
+            free(vd);
+            kern_free(&k);
+        }
+}
+
 Test(cpu_ops, every_op_one_worker_adjacent_rope)
 {
     run_ops(1, 0);
@@ -1242,39 +1317,58 @@ Test(cpu_ops, attn_rope_is_rope_then_attn)
 }
 
 /* Attention alone at a late position: 30 layers of SmolLM2-shaped KV
- * (3 kv heads, G = 3, hd = 64), one split, every row written first. */
+ * (3 kv heads, G = 3, hd = 64), one split, every row written first.
+ * MEGAC_CPU_KV=f16|bf16 for a half cache, MEGAC_CPU_HD and MEGAC_CPU_G for
+ * other head shapes, MEGAC_CPU_LAYERS=1 for a cache that stays in L2 (the
+ * attention's arithmetic rate). */
 Test(cpu_ops, attention_bandwidth, .timeout = 120)
 {
     if (!getenv("MEGAC_CPU_BENCH"))
         cr_skip_test("set MEGAC_CPU_BENCH=1 to measure attention bandwidth");
-    enum { KV = 3, GG = 3, D = 64, S = 1024 };
+    enum { KV = 3, S = 1024 };
     int L = getenv("MEGAC_CPU_LAYERS") ? atoi(getenv("MEGAC_CPU_LAYERS")) : 30;
+    int D = getenv("MEGAC_CPU_HD") ? atoi(getenv("MEGAC_CPU_HD")) : 64;
+    int GG = getenv("MEGAC_CPU_G") ? atoi(getenv("MEGAC_CPU_G")) : 3;
+    const char *kvs = getenv("MEGAC_CPU_KV") ? getenv("MEGAC_CPU_KV") : "f32";
+    DType t = !strcmp(kvs, "f16") ? DT_F16 : !strcmp(kvs, "bf16") ? DT_BF16 : DT_F32;
+    cr_assert(L > 0 && D > 0 && D <= 256 && GG > 0 && GG <= 16 && (t != DT_F32 || !strcmp(kvs, "f32")),
+              "MEGAC_CPU_LAYERS, _HD (1-256), _G (1-16) or _KV (f32, f16, bf16) out of range");
     Schedule *s = sched_new("attn_bench", "cpu", 1);
     s->shape = (ModelShape){.dim = 576, .hidden_dim = 1536, .n_layers = L, .n_heads = KV * GG, .n_kv_heads = KV,
                             .head_dim = D, .vocab_size = 8, .max_seq = S, .norm_eps = 1e-5};
     uint32_t q = add_buf(s, "q", BUF_SCRATCH, KV * GG * D), part = add_buf(s, "part", BUF_SCRATCH, KV * GG * (D + 2));
+    int64_t ncache = (int64_t)KV * S * D;
     for (int l = 0; l < L; l++) {
         char n[16];
         snprintf(n, sizeof n, "kc%d", l);
-        uint32_t kc = add_buf(s, n, BUF_KV, KV * S * D);
+        uint32_t kc = sched_add_buffer(s, n, t, BUF_KV, 1, &ncache);
         snprintf(n, sizeof n, "vc%d", l);
-        uint32_t vc = add_buf(s, n, BUF_KV, KV * S * D);
+        uint32_t vc = sched_add_buffer(s, n, t, BUF_KV, 1, &ncache);
         for (int h = 0; h < KV; h++)
             add_op(s, 0, OP_ATTN, (int32_t[]){h, 0, 1, 32, 0}, (uint32_t[]){q, kc, vc, part, BUF_NONE});
     }
     Kern k;
     kern_build(&k, s);
-    for (uint32_t i = 0; i < s->nbufs; i++)
-        fill(&k, i);
+    for (uint32_t i = 0; i < s->nbufs; i++) {
+        if (s->bufs[i].dtype == DT_F32) {
+            fill(&k, i);
+            continue;
+        }
+        uint16_t *h = buf(&k, i);
+        for (int64_t e = 0; e < s->bufs[i].nelem; e++)
+            h[e] = half_bits(t, rnd());
+    }
     int64_t pos = S - 1;
     double best = 1e9;
     for (int i = 0; i < 20; i++) {
         kern_step(&k, pos, 0);
         best = last_step_cpu_s < best ? last_step_cpu_s : best;
     }
-    double gb = 2.0 * L * KV * (double)(pos + 1) * D * 4 / 1e9;
-    fprintf(stderr, "attention, %d layers x %d kv heads, pos %ld: %.3f GB KV, CPU time %.3f ms = %.1f GB/s\n", L, KV,
-            (long)pos, gb, best * 1e3, gb / best);
+    double gb = 2.0 * L * KV * (double)(pos + 1) * D * (t == DT_F32 ? 4 : 2) / 1e9;
+    fprintf(stderr,
+            "attention (%s cache, hd %d, %d q heads a kv head), %d layers x %d kv heads, pos %ld: %.3f GB KV, CPU time "
+            "%.3f ms = %.1f GB/s, %.2f ns a row\n",
+            kvs, D, GG, L, KV, (long)pos, gb, best * 1e3, gb / best, best * 1e9 / ((double)L * KV * (pos + 1)));
     kern_free(&k);
 }
 

@@ -4577,6 +4577,13 @@ static ISA_AVX2 void isa_avx2_f16x16(const uint16_t *h, v16f *out)
     *out = __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 }
 
+typedef short v16i16u __attribute__((vector_size(32), aligned(2)));
+
+static ISA_AVX512 void isa_avx512_f16x16(const uint16_t *h, v16f *out)
+{
+    *out = __builtin_ia32_vcvtph2ps512_mask(*(const v16i16u *)h, (v16f){0}, (unsigned short)0xffff, 4);
+}
+
 /* out = elements j..j+15 of cache row(s) p as f32 (a macro, as F16XN). */
 #define KV_LOAD16(kt, p, j, out)                                                               \
     do {                                                                                       \
@@ -4586,6 +4593,8 @@ static ISA_AVX2 void isa_avx2_f16x16(const uint16_t *h, v16f *out)
             const uint16_t *h_ = (const uint16_t *)(p) + (j);                                  \
             if ((kt) == DT_BF16)                                                               \
                 (out) = (v16f)(__builtin_convertvector(*(const v16u16 *)h_, v16u32) << 16);    \
+            else if (megac_k_isa & KT_ISA_AVX512)                                              \
+                isa_avx512_f16x16(h_, &(out));                                                 \
             else if (megac_k_isa & KT_ISA_AVX2)                                                \
                 isa_avx2_f16x16(h_, &(out));                                                   \
             else                                                                               \
@@ -4617,12 +4626,9 @@ static inline __attribute__((always_inline)) float kv_dot(int kt, const float *q
     return s;
 }
 
-/* The n elements at p as f32: p itself for an f32 cache, else widened
- * into out. */
-static inline __attribute__((always_inline)) const float *kv_rows(int kt, const void *p, int64_t n, float *out)
+/* The n elements of an f16 or bf16 cache at p, widened into out. */
+static inline __attribute__((always_inline)) void kv_widen(int kt, const void *p, int64_t n, float *out)
 {
-    if (kt == DT_F32)
-        return (const float *)p;
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) {
         v16f r;
@@ -4631,7 +4637,6 @@ static inline __attribute__((always_inline)) const float *kv_rows(int kt, const 
     }
     for (; j < n; j++)
         out[j] = kv_at(kt, p, j);
-    return out;
 }
 
 static uint16_t kv_f16_bits(float f)
@@ -4729,78 +4734,163 @@ static float exp_nonpos(float x)
     return y * scale;
 }
 
-/* sc[i] = scale * q . k[i] for n rows of k (hd floats each), four rows at
- * a time so that the four dot products' FMA chains overlap. */
-static void attn_scores(float *sc, const float *q, const float *k, int64_t n, int64_t hd, float scale)
+/* ---- attention over a chunk of rows ----
+ * Up to ATTN_HT q heads of a kv head go through each k and v row together
+ * (with AVX-512's 32 vector registers; one at a time with AVX2's 16, where
+ * four spilled: f32 rows 1.15x slower): the row is loaded (an f16 or bf16
+ * row widened) once for all of them, in registers, and their 4 x ATTN_HT
+ * FMA chains are independent. One call per head and four rows, the
+ * scores' chains were too short for the FMA latency, and every row was read
+ * (or widened into a buffer and read back) once per head. From L2, one Zen
+ * 4 core, ns a row (f32 cache / f16 cache), before -> after: SmolLM2-135M's
+ * shape (hd 64, 3 q heads a kv head) 11.9 -> 10.7 / 15.2 -> 11.9,
+ * Llama-3.1-8B's (hd 128, 4 heads) 31.6 -> 26.5 / 40.1 -> 25.7; as
+ * x86-64-v3 code 14.2 -> 14.3 / 17.2 -> 12.7 and 35.5 -> 35.7 / 43.4 ->
+ * 29.8. */
+#define ATTN_HT 4
+#define ATTN_HT_ISA (megac_k_isa & KT_ISA_AVX512 ? ATTN_HT : 1)
+#define ATTN_UNROLL _Pragma("clang loop unroll(full)")
+
+/* sc[g][i + r] = scale * q_g . k row r, r < m <= 4 (the rows at k), for
+ * the heads g0 <= g < g0 + ht: sixteen lanes at a time over the rows' first
+ * hd - hd % 16 elements (a short group reads its last row again), each
+ * row's lanes summed four rows at once (halves, then within 128-bit
+ * lanes, on 256 bits), the rest of the row one element at a time. */
+static inline __attribute__((always_inline)) void attn_scores_tile(int kt, float (*sc)[ATTN_CHUNK], const float *q,
+                                                                  const char *k, int64_t i, int64_t m, int64_t hd,
+                                                                  int64_t g0, int64_t ht, float scale)
 {
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        const float *k0 = k + i * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
-        v16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-        int64_t j = 0;
-        for (; j + 16 <= hd; j += 16) {
-            v16f qv = LOAD16(q + j);
-            a0 += LOAD16(k0 + j) * qv;
-            a1 += LOAD16(k1 + j) * qv;
-            a2 += LOAD16(k2 + j) * qv;
-            a3 += LOAD16(k3 + j) * qv;
+    int64_t rowb = hd * kv_esize(kt), hd16 = hd - hd % 16;
+    const char *kr[4];
+    v16f acc[ATTN_HT][4];
+    UNROLL4
+    for (int r = 0; r < 4; r++)
+        kr[r] = k + (r < m ? r : m - 1) * rowb;
+    ATTN_UNROLL
+    for (int h = 0; h < ATTN_HT; h++)
+        UNROLL4
+        for (int r = 0; r < 4; r++)
+            acc[h][r] = (v16f){0};
+    for (int64_t j = 0; j < hd16; j += 16) {
+        v16f kv[4];
+        UNROLL4
+        for (int r = 0; r < 4; r++)
+            KV_LOAD16(kt, kr[r], j, kv[r]);
+        ATTN_UNROLL
+        for (int h = 0; h < ATTN_HT; h++) {
+            if (h >= ht)
+                break;
+            v16f qv = LOAD16(q + (g0 + h) * hd + j);
+            UNROLL4
+            for (int r = 0; r < 4; r++)
+                acc[h][r] += kv[r] * qv;
         }
-        /* the four rows' sums at once (four hsum16 cost twice as much): two
-         * rows per vector (8 lanes each), four (4 lanes), then within */
-        v16f b01 = __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-                   __builtin_shufflevector(a0, a1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-        v16f b23 = __builtin_shufflevector(a2, a3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-                   __builtin_shufflevector(a2, a3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-        v16f c = __builtin_shufflevector(b01, b23, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-                 __builtin_shufflevector(b01, b23, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-        c += __builtin_shufflevector(c, c, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-        c += __builtin_shufflevector(c, c, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-        float s0 = c[0], s1 = c[4], s2 = c[8], s3 = c[12];
-        for (; j < hd; j++) {
-            s0 += k0[j] * q[j];
-            s1 += k1[j] * q[j];
-            s2 += k2[j] * q[j];
-            s3 += k3[j] * q[j];
-        }
-        sc[i] = s0 * scale;
-        sc[i + 1] = s1 * scale;
-        sc[i + 2] = s2 * scale;
-        sc[i + 3] = s3 * scale;
     }
-    for (; i < n; i++)
-        sc[i] = dot_f32(q, k + i * hd, hd) * scale;
+    float tail[4][16]; /* the rows' last hd % 16 elements, widened once for all heads */
+    for (int64_t j = hd16; j < hd; j++)
+        UNROLL4
+        for (int r = 0; r < 4; r++)
+            tail[r][j - hd16] = kv_at(kt, kr[r], j);
+    ATTN_UNROLL
+    for (int h = 0; h < ATTN_HT; h++) {
+        if (h >= ht)
+            break;
+        v8f y[4];
+        UNROLL4
+        for (int r = 0; r < 4; r++)
+            y[r] = __builtin_shufflevector(acc[h][r], acc[h][r], 0, 1, 2, 3, 4, 5, 6, 7) +
+                   __builtin_shufflevector(acc[h][r], acc[h][r], 8, 9, 10, 11, 12, 13, 14, 15);
+        v8f t0 = __builtin_shufflevector(y[0], y[1], 0, 8, 1, 9, 4, 12, 5, 13) +
+                 __builtin_shufflevector(y[0], y[1], 2, 10, 3, 11, 6, 14, 7, 15);
+        v8f t1 = __builtin_shufflevector(y[2], y[3], 0, 8, 1, 9, 4, 12, 5, 13) +
+                 __builtin_shufflevector(y[2], y[3], 2, 10, 3, 11, 6, 14, 7, 15);
+        v8f u = __builtin_shufflevector(t0, t1, 0, 1, 8, 9, 4, 5, 12, 13) +
+                __builtin_shufflevector(t0, t1, 2, 3, 10, 11, 6, 7, 14, 15);
+        v4f s4 = __builtin_shufflevector(u, u, 0, 1, 2, 3) + __builtin_shufflevector(u, u, 4, 5, 6, 7);
+        const float *qh = q + (g0 + h) * hd;
+        v4f t = {0};
+        for (int64_t j = hd16; j < hd; j++)
+            t += qh[j] * (v4f){tail[0][j - hd16], tail[1][j - hd16], tail[2][j - hd16], tail[3][j - hd16]};
+        s4 = (s4 + t) * scale;
+        UNROLL4
+        for (int r = 0; r < 4; r++)
+            if (r < m)
+                sc[g0 + h][i + r] = s4[r];
+    }
 }
 
-/* o[0:hd] += sum_i w[i] * v[i][0:hd] over n rows: 64 outputs at a time
- * held in four registers across all rows, then 16, then single ones. */
-static void attn_accum(float *o, const float *w, const float *v, int64_t n, int64_t hd)
+/* p_g[d : d + 16 nv] += sum_i sc[g][i] v row i over n rows, for the heads
+ * g0 <= g < g0 + ht: their outputs in registers across all rows. */
+static inline __attribute__((always_inline)) void attn_accum_cols(int kt, float *p, float (*sc)[ATTN_CHUNK],
+                                                                 const char *v, int64_t n, int64_t hd, int64_t d,
+                                                                 int nv, int64_t g0, int64_t ht)
 {
-    int64_t d = 0;
-    for (; d + 64 <= hd; d += 64) {
-        v16f a0 = LOAD16(o + d), a1 = LOAD16(o + d + 16), a2 = LOAD16(o + d + 32), a3 = LOAD16(o + d + 48);
-        for (int64_t i = 0; i < n; i++) {
-            const float *vr = v + i * hd + d;
-            a0 += w[i] * LOAD16(vr);
-            a1 += w[i] * LOAD16(vr + 16);
-            a2 += w[i] * LOAD16(vr + 32);
-            a3 += w[i] * LOAD16(vr + 48);
+    int64_t rowb = hd * kv_esize(kt);
+    v16f acc[ATTN_HT][4];
+    ATTN_UNROLL
+    for (int h = 0; h < ATTN_HT; h++) {
+        if (h >= ht)
+            break;
+        UNROLL4
+        for (int c = 0; c < 4; c++)
+            if (c < nv)
+                acc[h][c] = LOAD16(p + (g0 + h) * (hd + 2) + d + 16 * c);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        v16f vr[4];
+        UNROLL4
+        for (int c = 0; c < 4; c++)
+            if (c < nv)
+                KV_LOAD16(kt, v + i * rowb, d + 16 * c, vr[c]);
+        ATTN_UNROLL
+        for (int h = 0; h < ATTN_HT; h++) {
+            if (h >= ht)
+                break;
+            float w = sc[g0 + h][i];
+            UNROLL4
+            for (int c = 0; c < 4; c++)
+                if (c < nv)
+                    acc[h][c] += w * vr[c];
         }
-        STORE16(o + d, a0);
-        STORE16(o + d + 16, a1);
-        STORE16(o + d + 32, a2);
-        STORE16(o + d + 48, a3);
     }
-    for (; d + 16 <= hd; d += 16) {
-        v16f a = LOAD16(o + d);
-        for (int64_t i = 0; i < n; i++)
-            a += w[i] * LOAD16(v + i * hd + d);
-        STORE16(o + d, a);
+    ATTN_UNROLL
+    for (int h = 0; h < ATTN_HT; h++) {
+        if (h >= ht)
+            break;
+        UNROLL4
+        for (int c = 0; c < 4; c++)
+            if (c < nv)
+                STORE16(p + (g0 + h) * (hd + 2) + d + 16 * c, acc[h][c]);
     }
+}
+
+/* p_g[0:hd] += sum_i sc[g][i] v row i over n rows, for the heads
+ * g0 <= g < g0 + ht: 64 outputs at a time, then 16, then single ones. */
+static inline __attribute__((always_inline)) void attn_accum_tile(int kt, float *p, float (*sc)[ATTN_CHUNK],
+                                                                 const char *v, int64_t n, int64_t hd, int64_t g0,
+                                                                 int64_t ht)
+{
+    int64_t rowb = hd * kv_esize(kt), d = 0;
+    for (; d + 64 <= hd; d += 64)
+        attn_accum_cols(kt, p, sc, v, n, hd, d, 4, g0, ht);
+    for (; d + 16 <= hd; d += 16)
+        attn_accum_cols(kt, p, sc, v, n, hd, d, 1, g0, ht);
     for (; d < hd; d++) {
-        float a = o[d];
-        for (int64_t i = 0; i < n; i++)
-            a += w[i] * v[i * hd + d];
-        o[d] = a;
+        float a[ATTN_HT];
+        ATTN_UNROLL
+        for (int h = 0; h < ATTN_HT; h++)
+            a[h] = h < ht ? p[(g0 + h) * (hd + 2) + d] : 0.0f;
+        for (int64_t i = 0; i < n; i++) {
+            float x = kv_at(kt, v + i * rowb, d);
+            ATTN_UNROLL
+            for (int h = 0; h < ATTN_HT; h++)
+                if (h < ht)
+                    a[h] += sc[g0 + h][i] * x;
+        }
+        ATTN_UNROLL
+        for (int h = 0; h < ATTN_HT; h++)
+            if (h < ht)
+                p[(g0 + h) * (hd + 2) + d] = a[h];
     }
 }
 
@@ -4817,9 +4907,11 @@ static void attn_softmax_step(float *p, float *sc, int64_t n, int64_t hd)
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)
         vm = __builtin_elementwise_max(vm, LOAD16(sc + i)); /* maxnum: a NaN score is passed over */
-    float mx = NEG_INF;
-    for (int j = 0; j < 16; j++)
-        mx = vm[j] > mx ? vm[j] : mx;
+    v8f m8 = __builtin_elementwise_max(__builtin_shufflevector(vm, vm, 0, 1, 2, 3, 4, 5, 6, 7),
+                                       __builtin_shufflevector(vm, vm, 8, 9, 10, 11, 12, 13, 14, 15));
+    v4f m4 = __builtin_elementwise_max(__builtin_shufflevector(m8, m8, 0, 1, 2, 3),
+                                       __builtin_shufflevector(m8, m8, 4, 5, 6, 7));
+    float mx = __builtin_fmaxf(__builtin_fmaxf(m4[0], m4[1]), __builtin_fmaxf(m4[2], m4[3]));
     for (; i < n; i++)
         mx = sc[i] > mx ? sc[i] : mx;
     float m = p[hd], l = p[hd + 1];
@@ -4844,7 +4936,7 @@ static void attn_softmax_step(float *p, float *sc, int64_t n, int64_t hd)
 
 /* Rows [t0, t0+n) of the online softmax for all G q heads of a kv head:
  * scores, softmax update, weighted sum of v. Each group of four k rows
- * serves every q head while it is in L1, then each head sums the chunk's
+ * serves every q head while it is in L1, then the heads sum the chunk's
  * v rows (ATTN_CHUNK of them stay in L1/L2 for the next); the rows are part of the
  * worker's prefetch stream (ws: the loops do too much per cache line for
  * the out-of-order window alone to keep enough of them in flight). p: G
@@ -4855,16 +4947,26 @@ static inline __attribute__((always_inline)) void attn_chunk_kt(int kt, float *p
                                                                int64_t G, float scale, WStream *ws, float *raw,
                                                                int64_t rstride)
 {
-    /* f16/bf16: rows widened for all G heads (four k rows; the chunk's v rows) */
-    float sc[G][ATTN_CHUNK], rows[kt == DT_F32 ? 1 : ATTN_CHUNK * hd];
+    /* rows of an f16/bf16 cache whose length is no multiple of 16
+     * (stories260K's 8) are widened first, a span of rows at once: one
+     * element at a time, once per head, they took 1.6-2.1x the time */
+    enum { F32 = DT_F32 };
+    int wide = kt != DT_F32 && hd % 16;
+    float sc[G][ATTN_CHUNK], rows[wide ? ATTN_CHUNK * hd : 1];
     int64_t rowb = hd * kv_esize(kt);
     const char *k = (const char *)kh + t0 * rowb, *v = (const char *)vh + t0 * rowb;
     for (int64_t i = 0; i < n; i += 4) {
         int64_t m = n - i < 4 ? n - i : 4;
         ws_read(ws, m * rowb);
-        const float *kr = kv_rows(kt, k + i * rowb, m * hd, rows);
-        for (int64_t g = 0; g < G; g++)
-            attn_scores(sc[g] + i, q + g * hd, kr, m, hd, scale);
+        if (wide)
+            kv_widen(kt, k + i * rowb, m * hd, rows);
+        for (int64_t g0 = 0; g0 < G; g0 += ATTN_HT_ISA) {
+            int64_t ht = G - g0 < ATTN_HT_ISA ? G - g0 : ATTN_HT_ISA;
+            if (wide)
+                attn_scores_tile(F32, sc, q, (const char *)rows, i, m, hd, g0, ht, scale);
+            else
+                attn_scores_tile(kt, sc, q, k + i * rowb, i, m, hd, g0, ht, scale);
+        }
     }
     if (raw) /* the scaled scores, before the softmax turns them into weights */
         for (int64_t g = 0; g < G; g++)
@@ -4872,11 +4974,15 @@ static inline __attribute__((always_inline)) void attn_chunk_kt(int kt, float *p
     for (int64_t g = 0; g < G; g++)
         attn_softmax_step(p + g * (hd + 2), sc[g], n, hd);
     ws_read(ws, n * rowb);
-    /* each head over the whole chunk: its outputs stay in registers (per
-     * four rows, loading and storing them cost as much as the FMAs) */
-    const float *vr = kv_rows(kt, v, n * hd, rows);
-    for (int64_t g = 0; g < G; g++)
-        attn_accum(p + g * (hd + 2), sc[g], vr, n, hd);
+    if (wide)
+        kv_widen(kt, v, n * hd, rows);
+    for (int64_t g0 = 0; g0 < G; g0 += ATTN_HT_ISA) {
+        int64_t ht = G - g0 < ATTN_HT_ISA ? G - g0 : ATTN_HT_ISA;
+        if (wide)
+            attn_accum_tile(F32, p, sc, (const char *)rows, n, hd, g0, ht);
+        else
+            attn_accum_tile(kt, p, sc, v, n, hd, g0, ht);
+    }
 }
 
 /* attn_chunk_kt for the cache's dtype kt (the f16 and bf16 versions only
