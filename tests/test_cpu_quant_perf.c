@@ -16,6 +16,8 @@
  * MEGAC_QBENCH_DTYPE picks one dtype, MEGAC_QBENCH_OP_ROWS cuts each
  * worker's rows into ops of that many rows, MEGAC_QBENCH_SCATTER=1 runs
  * those ops in a scattered order (as a decode step's tiles are),
+ * MEGAC_QBENCH_SYNC=1 cuts each op among the workers instead and has them
+ * all wait for each other after it (as a decode step's GEMVs do),
  * MEGAC_QBENCH_REPS=R times R calls per run (small weights in cache then
  * give the kernels' arithmetic rate, not the threads' start-up), and
  * MEGAC_QBENCH_K=K sets the row length.
@@ -682,7 +684,28 @@ static void bench_dtype(DType t, int nw, int64_t rows, int64_t k)
      * scattered order, so consecutive ops are not adjacent in memory (as in
      * a decode step, where a worker's next tile is in another matrix) */
     bool scatter = getenv("MEGAC_QBENCH_SCATTER") != NULL;
-    for (int w = 0; w < nw; w++) {
+    /* MEGAC_QBENCH_SYNC=1: ops as a decode step's GEMVs are: op i's rows
+     * (op_rows a worker) cut into adjacent pieces, one a worker, and every
+     * worker signals and then waits for all the others after each op */
+    bool sync = getenv("MEGAC_QBENCH_SYNC") != NULL;
+    uint32_t done = sync ? sched_add_counter(s, "done") : 0;
+    int64_t step = op_rows * nw, nsteps = sync ? (rows + step - 1) / step : 0;
+    for (int64_t i = 0; i < nsteps; i++) {
+        int64_t j = scatter && nsteps % 7919 ? i * 7919 % nsteps : i;
+        for (int w = 0; w < nw; w++) {
+            int64_t r0 = j * step + step * w / nw, r1 = j * step + step * (w + 1) / nw;
+            r0 = r0 < rows ? r0 : rows, r1 = r1 < rows ? r1 : rows;
+            if (r1 > r0) {
+                Access acc[5] = {{wb, ACC_R, {r0 * k, 0}, {r1 * k, 0}}, {xb, ACC_R, {0, 0}, {k, 0}},
+                                 {yb, ACC_W, {r0, 0}, {r1, 0}}, {BUF_NONE, 0, {0, 0}, {0, 0}},
+                                 {BUF_NONE, 0, {0, 0}, {0, 0}}};
+                sched_op(s, w, OP_GEMV, (int32_t[]){(int32_t)r0, (int32_t)r1, (int32_t)k, 0}, acc);
+            }
+            sched_signal(s, w, done, 1);
+            sched_wait(s, w, done, (uint32_t)(nw * (i + 1)));
+        }
+    }
+    for (int w = 0; w < nw && !sync; w++) {
         int64_t b = rows * w / nw, end = rows * (w + 1) / nw, nops = (end - b + op_rows - 1) / op_rows;
         for (int64_t i = 0; i < nops; i++) {
             int64_t j = scatter && nops % 7919 ? i * 7919 % nops : i; /* a permutation: 7919 is prime */
@@ -712,6 +735,8 @@ static void bench_dtype(DType t, int nw, int64_t rows, int64_t k)
      * the GEMV rather than the threads' start */
     int reps = getenv("MEGAC_QBENCH_REPS") ? atoi(getenv("MEGAC_QBENCH_REPS")) : 1;
     reps = reps < 1 ? 1 : reps > 100000 ? 100000 : reps;
+    if (sync && reps > 1) /* the counters are reset per run, not per call */
+        cr_assert_fail("MEGAC_QBENCH_SYNC takes one call per run: leave MEGAC_QBENCH_REPS unset");
     double best = 1e9, best_cpu = 1e9;
     for (int i = 0; i < 20; i++) {
         struct timespec t0;
