@@ -386,6 +386,42 @@ static bool in_split(int64_t x, int64_t n, int64_t block, int ns, int sp)
     return sp * nb / ns <= j && j < (sp + 1) * nb / ns;
 }
 
+/* The float64 partial of OP_ATTN for q head g of kv head h (g q heads a
+ * kv head, rows of hd, seq a head in the caches kc, vc, given in double:
+ * the values the cache holds), split sp of nsplit in blocks of `block` over
+ * rows [0, pos]: want[0:hd] the outputs, want[hd] m, want[hd + 1] l, and
+ * mag the size of the terms each sums (o may cancel). */
+static void ref_attn_part(const float *q, const double *kc, const double *vc, int hd, int gq, int64_t seq, int h,
+                          int g, int64_t pos, int64_t block, int nsplit, int sp, double *want, double *mag)
+{
+    double m = -INFINITY, *sc = malloc(sizeof(double) * (size_t)(pos + 1));
+    cr_assert_not_null(sc);
+    memset(want, 0, sizeof(double) * (size_t)(hd + 2));
+    memset(mag, 0, sizeof(double) * (size_t)(hd + 2));
+    for (int64_t t = 0; t <= pos; t++) {
+        sc[t] = -INFINITY;
+        if (!in_split(t, pos + 1, block, nsplit, sp))
+            continue;
+        double d = 0;
+        for (int j = 0; j < hd; j++)
+            d += (double)q[(h * gq + g) * hd + j] * kc[(h * seq + t) * hd + j];
+        sc[t] = d / sqrt((double)hd);
+        m = fmax(m, sc[t]);
+    }
+    for (int64_t t = 0; t <= pos; t++) {
+        if (sc[t] == -INFINITY)
+            continue;
+        double e = exp(sc[t] - m);
+        want[hd + 1] += e;
+        for (int j = 0; j < hd; j++) {
+            want[j] += e * vc[(h * seq + t) * hd + j];
+            mag[j] += fabs(e * vc[(h * seq + t) * hd + j]);
+        }
+    }
+    want[hd] = m, mag[hd] = fabs(m), mag[hd + 1] = want[hd + 1];
+    free(sc);
+}
+
 /* The partials of OP_ATTN over caches kc, vc (given in double: the values
  * the cache holds) against the kernel's part. */
 static void check_attn_parts(const float *q, const double *kc, const double *vc, const float *part, int64_t pos)
@@ -393,33 +429,10 @@ static void check_attn_parts(const float *q, const double *kc, const double *vc,
     for (int h = 0; h < NKV; h++)
         for (int sp = 0; sp < NSPLIT; sp++)
             for (int g = 0; g < G; g++) {
-                double m = -INFINITY, l = 0, o[HD] = {0}, mag[HD + 2] = {0};
-                double sc[SEQ];
-                for (int t = 0; t <= pos; t++) {
-                    sc[t] = -INFINITY;
-                    if (!in_split(t, pos + 1, BLOCK, NSPLIT, sp))
-                        continue;
-                    double d = 0;
-                    for (int j = 0; j < HD; j++)
-                        d += (double)q[(h * G + g) * HD + j] * kc[(h * SEQ + t) * HD + j];
-                    sc[t] = d / sqrt((double)HD);
-                    m = fmax(m, sc[t]);
-                }
-                for (int t = 0; t <= pos; t++) {
-                    if (sc[t] == -INFINITY)
-                        continue;
-                    double e = exp(sc[t] - m);
-                    l += e;
-                    for (int j = 0; j < HD; j++) {
-                        o[j] += e * vc[(h * SEQ + t) * HD + j];
-                        mag[j] += fabs(e * vc[(h * SEQ + t) * HD + j]);
-                    }
-                }
+                double want[HD + 2], mag[HD + 2];
+                ref_attn_part(q, kc, vc, HD, G, SEQ, h, g, pos, BLOCK, NSPLIT, sp, want, mag);
+                double m = want[HD];
                 const float *got = part + ((h * NSPLIT + sp) * G + g) * (HD + 2);
-                double want[HD + 2];
-                memcpy(want, o, sizeof o);
-                want[HD] = m, want[HD + 1] = l;
-                mag[HD] = fabs(m), mag[HD + 1] = l;
                 if (m == -INFINITY) {
                     cr_assert(got[HD] == -INFINITY && got[HD + 1] == 0, "empty split h%d s%d: m %g l %g", h, sp,
                               (double)got[HD], (double)got[HD + 1]);
@@ -629,10 +642,11 @@ Test(cpu_ops, attn_head_tiles_and_row_pieces)
 {
     static const struct { int hd, g, nkv; } shapes[] = {{84, 5, 1}, {16, 9, 1}, {8, 2, 2}, {64, 3, 2}};
     const DType types[] = {DT_F32, DT_F16, DT_BF16};
-    enum { S = 128, POS = 100 };
+    enum { S = 128, POS = 100, HDMAX = 84 };
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int ti = 0; ti < 3; ti++) {
             int hd = shapes[si].hd, gq = shapes[si].g, nkv = shapes[si].nkv;
+            cr_assert(hd <= HDMAX);
             DType t = types[ti];
             Schedule *s = sched_new("attn_tiles", "cpu", 1);
             s->shape = (ModelShape){.dim = nkv * gq * hd, .hidden_dim = 16, .n_layers = 1, .n_heads = nkv * gq,
@@ -666,23 +680,8 @@ Test(cpu_ops, attn_head_tiles_and_row_pieces)
             const float *qf = buf(&k, q), *got = buf(&k, part);
             for (int h = 0; h < nkv; h++)
                 for (int g = 0; g < gq; g++) {
-                    double sc[POS + 1], m = -INFINITY, want[84 + 2] = {0}, mag[84 + 2] = {0};
-                    for (int r = 0; r <= POS; r++) {
-                        double d = 0;
-                        for (int j = 0; j < hd; j++)
-                            d += (double)qf[(h * gq + g) * hd + j] * kd[((int64_t)h * S + r) * hd + j];
-                        sc[r] = d / sqrt((double)hd);
-                        m = fmax(m, sc[r]);
-                    }
-                    for (int r = 0; r <= POS; r++) {
-                        double e = exp(sc[r] - m);
-                        want[hd + 1] += e;
-                        for (int j = 0; j < hd; j++) {
-                            want[j] += e * vd[((int64_t)h * S + r) * hd + j];
-                            mag[j] += fabs(e * vd[((int64_t)h * S + r) * hd + j]);
-                        }
-                    }
-                    want[hd] = m, mag[hd] = fabs(m), mag[hd + 1] = want[hd + 1];
+                    double want[HDMAX + 2], mag[HDMAX + 2];
+                    ref_attn_part(qf, kd, vd, hd, gq, S, h, g, POS, 32, 1, 0, want, mag);
                     char what[128];
                     snprintf(what, sizeof what, "hd %d, %d q heads, %s: kv head %d, q head %d", hd, gq, dtype_name(t),
                              h, g);
