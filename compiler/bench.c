@@ -6,13 +6,15 @@
  * argmax (what greedy generation does, minus detokenization).
  *
  * Read ceiling: the read bandwidth plain code reaches on this machine right
- * now. A buffer several times the last-level cache is touched first (so
- * page faults are not timed), then in each pass every CPU runs one thread
- * over its own slice, reading `streams` sequential streams interleaved one
- * cache line at a time (what hardware prefetchers like, and what a GEMV over
- * several rows looks like); a pass is timed from a common start to the last
- * thread's finish. The caller interleaves passes with decode runs, so both
- * see the same machine (other load, frequency).
+ * now over a working set like the decode's. A buffer (as large as the
+ * step's weight bytes, so that it fits in the caches exactly when the
+ * weights would) is touched first (so page faults are not timed), then in
+ * each pass every CPU runs one thread over its own slice, `sweeps` times,
+ * reading `streams` sequential streams interleaved one cache line at a time
+ * (what hardware prefetchers like, and what a GEMV over several rows looks
+ * like); a pass is timed from a common start to the last thread's finish.
+ * The caller interleaves passes with decode runs, so both see the same
+ * machine (other load, frequency).
  */
 #include "compiler/bench.h"
 
@@ -26,6 +28,11 @@
 #include <unistd.h>
 
 typedef uint64_t v2u64 __attribute__((vector_size(16)));
+
+#define BENCH_CEILING_MIN (1ULL << 20)      /* bytes: a buffer no smaller */
+#define BENCH_CEILING_MAX (2ULL << 30)      /* nor larger (nor over a quarter of memory) */
+#define BENCH_PASS_MIN (512ULL << 20)       /* bytes a pass reads at least: thread starts stay < 1% */
+#define BENCH_PASS_MAX (16ULL << 30)        /* and at most: models far beyond any cache */
 
 static double now_s(void)
 {
@@ -61,14 +68,14 @@ double bench_ratio_median(const double *num, const double *den, int n, double *l
 typedef struct ReadJob {
     const v2u64 *base;          /* this thread's slice */
     size_t nvec;                /* 16-byte vectors in the slice */
-    int streams;
+    int streams, sweeps;
     atomic_int *go;             /* set once every thread exists */
     uint64_t sink;              /* keeps the loads alive */
     double end;                 /* finish time of the pass */
 } ReadJob;
 
-/* Reads the slice as `streams` sequential streams, one 64-byte line of each
- * in turn. */
+/* Reads the slice `sweeps` times, each as `streams` sequential streams,
+ * one 64-byte line of each in turn. */
 static void *read_job_run(void *p)
 {
     ReadJob *j = p;
@@ -76,11 +83,13 @@ static void *read_job_run(void *p)
     v2u64 acc0 = {0, 0}, acc1 = {0, 0};
     while (!atomic_load_explicit(j->go, memory_order_acquire))
         ;
-    for (size_t i = 0; i < per; i += 4) {
-        for (int s = 0; s < j->streams; s++) {
-            const v2u64 *q = j->base + (size_t)s * per + i;
-            acc0 ^= q[0] ^ q[1];
-            acc1 ^= q[2] ^ q[3];
+    for (int sw = 0; sw < j->sweeps; sw++) {
+        for (size_t i = 0; i < per; i += 4) {
+            for (int s = 0; s < j->streams; s++) {
+                const v2u64 *q = j->base + (size_t)s * per + i;
+                acc0 ^= q[0] ^ q[1];
+                acc1 ^= q[2] ^ q[3];
+            }
         }
     }
     j->end = now_s();
@@ -89,8 +98,9 @@ static void *read_job_run(void *p)
     return NULL;
 }
 
-/* One timed pass over the whole buffer; seconds, or negative on failure. */
-static double read_pass(const v2u64 *buf, size_t nvec, int threads, int streams)
+/* One timed pass (`sweeps` times over the whole buffer); seconds, or
+ * negative on failure. */
+static double read_pass(const v2u64 *buf, size_t nvec, int threads, int streams, int sweeps)
 {
     ReadJob *jobs = calloc((size_t)threads, sizeof *jobs);
     pthread_t *th = calloc((size_t)threads, sizeof *th);
@@ -101,7 +111,7 @@ static double read_pass(const v2u64 *buf, size_t nvec, int threads, int streams)
     size_t slice = nvec / (size_t)threads;
     int started = 0;
     for (; started < threads; started++) {
-        jobs[started] = (ReadJob){buf + (size_t)started * slice, slice, streams, &go, 0, 0};
+        jobs[started] = (ReadJob){buf + (size_t)started * slice, slice, streams, sweeps, &go, 0, 0};
         if (pthread_create(&th[started], NULL, read_job_run, &jobs[started]) != 0)
             break;
     }
@@ -119,34 +129,33 @@ out:
     return secs;
 }
 
-static size_t ceiling_buffer_bytes(void)
+size_t bench_ceiling_size(unsigned long long step_bytes, int steps, size_t *pass_bytes)
 {
-    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    size_t want = llc > 0 ? (size_t)llc * 4 : (size_t)256 << 20;
-    if (want < ((size_t)256 << 20))
-        want = (size_t)256 << 20;
-    if (want > ((size_t)2 << 30))
-        want = (size_t)2 << 30;
-    if (pages > 0 && psz > 0 && want > (size_t)pages * (size_t)psz / 4)
-        want = (size_t)pages * (size_t)psz / 4;
-    return want;
+    unsigned long long lim = (unsigned long long)BENCH_CEILING_MAX, mem = 0;
+    if (pages > 0 && psz > 0 && (mem = (unsigned long long)pages * (unsigned long long)psz / 4) < lim)
+        lim = mem;
+    size_t size = (size_t)(step_bytes < BENCH_CEILING_MIN ? BENCH_CEILING_MIN : step_bytes > lim ? lim : step_bytes);
+    if (pass_bytes) {
+        unsigned long long want = step_bytes * (unsigned long long)(steps < 1 ? 1 : steps);   /* a decode run's */
+        want = want < BENCH_PASS_MIN ? BENCH_PASS_MIN : want > BENCH_PASS_MAX ? BENCH_PASS_MAX : want;
+        *pass_bytes = (size_t)want;
+    }
+    return size;
 }
 
 struct BenchCeiling {
     v2u64 *buf;
     size_t len;                 /* bytes mapped */
-    int threads, streams;
+    int threads, streams, sweeps;
 };
 
-BenchCeiling *bench_ceiling_new(size_t bytes, int threads, int streams)
+BenchCeiling *bench_ceiling_new(size_t bytes, size_t pass_bytes, int threads, int streams)
 {
     if (threads <= 0)
         threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads <= 0)
         threads = 1;
-    if (bytes == 0)
-        bytes = ceiling_buffer_bytes();
     if (streams < 1 || bytes < (size_t)threads * (size_t)streams * 64)
         return NULL;
     BenchCeiling *c = calloc(1, sizeof *c);
@@ -155,6 +164,8 @@ BenchCeiling *bench_ceiling_new(size_t bytes, int threads, int streams)
     c->len = bytes / sizeof(v2u64) * sizeof(v2u64);
     c->threads = threads;
     c->streams = streams;
+    size_t sweeps = (pass_bytes + c->len / 2) / c->len;      /* nearest: len is rounded down to 16 bytes */
+    c->sweeps = sweeps < 1 ? 1 : sweeps > 1 << 20 ? 1 << 20 : (int)sweeps;
     void *buf = mmap(NULL, c->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (buf == MAP_FAILED) {
         free(c);
@@ -163,7 +174,7 @@ BenchCeiling *bench_ceiling_new(size_t bytes, int threads, int streams)
     madvise(buf, c->len, MADV_HUGEPAGE);    /* fewer faults and TLB misses; advisory */
     memset(buf, 1, c->len);
     c->buf = buf;
-    read_pass(c->buf, c->len / sizeof(v2u64), threads, streams);     /* warm-up */
+    read_pass(c->buf, c->len / sizeof(v2u64), threads, streams, 1);      /* warm-up */
     return c;
 }
 
@@ -171,12 +182,13 @@ double bench_ceiling_pass(BenchCeiling *c)
 {
     size_t nvec = c->len / sizeof(v2u64);
     size_t per_thread = nvec / (size_t)c->threads / (size_t)c->streams / 4 * 4 * (size_t)c->streams;
-    double read = (double)(per_thread * (size_t)c->threads * sizeof(v2u64));
-    double s = read_pass(c->buf, nvec, c->threads, c->streams);
+    double read = (double)(per_thread * (size_t)c->threads * sizeof(v2u64)) * c->sweeps;
+    double s = read_pass(c->buf, nvec, c->threads, c->streams, c->sweeps);
     return s > 0 ? read / s / 1e9 : -1;
 }
 
 int bench_ceiling_threads(const BenchCeiling *c) { return c->threads; }
+int bench_ceiling_sweeps(const BenchCeiling *c) { return c->sweeps; }
 size_t bench_ceiling_bytes(const BenchCeiling *c) { return c->len; }
 
 void bench_ceiling_free(BenchCeiling *c)

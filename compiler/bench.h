@@ -10,16 +10,25 @@
 
 #include <stddef.h>
 
-/* The read-bandwidth probe: a buffer of `bytes` (0 = several times the
- * last-level cache), touched, and `threads` threads (0 = all online CPUs)
- * that each read their slice as `streams` interleaved sequential streams.
- * NULL if memory or arguments do not allow it. */
+/* The read-bandwidth probe: a buffer of `bytes`, touched, and `threads`
+ * threads (0 = all online CPUs) that each read their slice as `streams`
+ * interleaved sequential streams, as many times per pass as make
+ * `pass_bytes` in all (at least once). NULL if memory or arguments do not
+ * allow it. */
 typedef struct BenchCeiling BenchCeiling;
-BenchCeiling *bench_ceiling_new(size_t bytes, int threads, int streams);
+BenchCeiling *bench_ceiling_new(size_t bytes, size_t pass_bytes, int threads, int streams);
+/* The probe's buffer size for a decode step that reads `step_bytes` of
+ * weights: the same working set, so that it sits in the caches exactly when
+ * the weights can (a model that fits in a large last-level cache is read
+ * from there by both), within 1 MiB .. 2 GiB and a quarter of memory; and
+ * into *pass_bytes (if not NULL) what a pass reads: what `steps` decode
+ * steps read, within 512 MiB .. 16 GiB. */
+size_t bench_ceiling_size(unsigned long long step_bytes, int steps, size_t *pass_bytes);
 /* One timed pass over the whole buffer: GB/s (1e9 bytes/s), or negative
  * if a thread could not start. */
 double bench_ceiling_pass(BenchCeiling *c);
 int bench_ceiling_threads(const BenchCeiling *c);
+int bench_ceiling_sweeps(const BenchCeiling *c);
 size_t bench_ceiling_bytes(const BenchCeiling *c);
 void bench_ceiling_free(BenchCeiling *c);
 

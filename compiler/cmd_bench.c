@@ -21,7 +21,7 @@ typedef struct {
     const char *bundle;
     const char *versus;         /* a second bundle timed in the same runs, or NULL */
     int ntok, runs, context;
-    int ceiling_mb;             /* 0: several times the last-level cache */
+    int ceiling_mb;             /* 0: the step's weight bytes */
 } BenchOptions;
 
 static void bench_usage(FILE *out)
@@ -33,9 +33,12 @@ static void bench_usage(FILE *out)
             "the median decode rate and its spread, the weight bytes read per token,\n"
             "the effective bandwidth, and a read-bandwidth ceiling measured in the same\n"
             "run: one pass after each decode run, all CPUs, %d sequential streams per\n"
-            "thread, over a buffer several times the last-level cache (or --ceiling-mb),\n"
-            "median of the R passes; the ratio is the median over runs of each run's\n"
-            "bandwidth over the ceiling pass after it. The last line is\n"
+            "thread, over a buffer as large as the weights a step reads (up to 2 GiB;\n"
+            "or --ceiling-mb), so that it sits in the caches exactly when the weights\n"
+            "can, read as many times per pass as a decode run reads the weights (at\n"
+            "least 512 MiB, at most 16 GiB); median of the R passes. The ratio is the\n"
+            "median over runs of each run's bandwidth over the ceiling pass after it.\n"
+            "The last line is\n"
             "  tok_s=... gbps=... ceiling_gbps=... ratio=...\n\n"
             "  --context N          first feed N positions (untimed), then time TOKENS\n"
             "                       more: decode at a long context, where attention\n"
@@ -123,7 +126,8 @@ static bool bench_runs(megac_model *m, megac_model *v, BenchCeiling *c, const Be
     for (int r = 0; r < o->runs; r++) {
         /* With --versus the two take turns at going first, so that neither
          * always decodes right after the ceiling pass (which has just
-         * evicted every cache) nor always right after the other. */
+         * filled the caches with its own buffer) nor always right after
+         * the other. */
         for (int k = 0; k < 2; k++) {
             int which = v && r % 2 ? 1 - k : k;
             if (!both[which])
@@ -170,9 +174,10 @@ static void bench_report(const BenchOptions *o, megac_model *m, const BenchCeili
            ctx, tok_s, lo, hi);
     printf("weights read per token: %.3f MB (weights.bin %.3f MB)\n", rbytes / 1e6, wbytes / 1e6);
     printf("effective read bandwidth: %.2f GB/s\n", gbps);
-    printf("read ceiling: median %.2f GB/s (min %.2f, max %.2f; %d threads x %d streams over %.0f MiB, one pass "
-           "after each run)\n",
-           ceiling, clo, chi, bench_ceiling_threads(c), BENCH_STREAMS, bench_ceiling_bytes(c) / 1048576.0);
+    printf("read ceiling: median %.2f GB/s (min %.2f, max %.2f; %d threads x %d streams, %d sweep%s over %.1f MiB, "
+           "one pass after each run)\n",
+           ceiling, clo, chi, bench_ceiling_threads(c), BENCH_STREAMS, bench_ceiling_sweeps(c),
+           bench_ceiling_sweeps(c) == 1 ? "" : "s", bench_ceiling_bytes(c) / 1048576.0);
     printf("ratio to the ceiling: median %.3f of the runs' own (min %.3f, max %.3f)\n", ratio, rlo, rhi);
     if (vrates) {
         double vlo, vt, vhi;
@@ -205,7 +210,10 @@ int cmd_bench(int argc, char **argv)
         megac_close(m);
         return 2;
     }
-    BenchCeiling *c = bench_ceiling_new((size_t)o.ceiling_mb << 20, 0, BENCH_STREAMS);
+    unsigned long long rbytes = bench_read_bytes(o.bundle);
+    size_t pass;
+    size_t size = bench_ceiling_size(rbytes ? rbytes : megac_weights_bytes(m), o.ntok, &pass);
+    BenchCeiling *c = bench_ceiling_new(o.ceiling_mb ? (size_t)o.ceiling_mb << 20 : size, pass, 0, BENCH_STREAMS);
     double rates[BENCH_MAX_RUNS], vrates[BENCH_MAX_RUNS], ceil[BENCH_MAX_RUNS];
     int rc = 1;
     if (!c)

@@ -753,6 +753,41 @@ Test(runtime, bench_ratio_pairs_each_run)
     cr_assert(num[1] == 4 && den[1] == 1, "the rates are left in run order");
 }
 
+/* The read ceiling's working set is the step's: a model's weight bytes
+ * (so a model that fits in the last-level cache meets a ceiling read from
+ * there too, as its weights are), within 1 MiB .. 2 GiB, each pass reading
+ * what the decode run reads (at least 512 MiB, at most 16 GiB); and a pass
+ * sweeps its buffer that many times. */
+Test(runtime, bench_ceiling_follows_the_step)
+{
+    size_t pass = 0;
+    cr_assert_eq(bench_ceiling_size(145000000ULL, 64, &pass), 145000000);
+    cr_assert_eq(pass, 145000000ULL * 64);
+    cr_assert_eq(bench_ceiling_size(1000, 8, &pass), 1 << 20, "no buffer under 1 MiB");
+    cr_assert_eq(pass, 512ULL << 20, "a pass reads at least 512 MiB");
+    cr_assert_leq(bench_ceiling_size(10000000000ULL, 32, &pass), 2ULL << 30, "no buffer over 2 GiB");
+    cr_assert_eq(pass, 16ULL << 30, "a pass reads at most 16 GiB");
+    BenchCeiling *c = bench_ceiling_new(2 << 20, 9 << 20, 2, 4);
+    cr_assert(c);
+    cr_assert_eq(bench_ceiling_bytes(c), 2 << 20);
+    cr_assert_eq(bench_ceiling_sweeps(c), 5, "9 MiB a pass over 2 MiB: five sweeps");
+    cr_assert_gt(bench_ceiling_pass(c), 0);
+    bench_ceiling_free(c);
+
+    /* without --ceiling-mb the toy bundle's own bytes size the buffer */
+    char *dir = make_bundle(2);
+    char cmd[2048], line[512], rc_line[512] = "";
+    snprintf(cmd, sizeof cmd, "%s bench %s -n 4 --runs 1 2>&1", MEGAC_BIN, dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    while (fgets(line, sizeof line, p))
+        if (!strncmp(line, "read ceiling:", 13))
+            snprintf(rc_line, sizeof rc_line, "%s", line);
+    cr_assert_eq(pclose(p), 0, "%s", cmd);
+    cr_assert(strstr(rc_line, "512 sweeps over 1.0 MiB"), "the toy's weights are under 1 MiB: %s", rc_line);
+    remove_bundle(dir);
+}
+
 /* The runtime builds and runs alone: the runtime sources with only libc, pthreads
  * and libdl (no compiler, IR or LLVM code) opens the toy bundle and steps. */
 Test(runtime, builds_alone)
