@@ -173,7 +173,8 @@ static void bench_report(const BenchOptions *o, megac_model *m, const BenchCeili
     printf("bundle: %s (%d workers)\n", o->bundle, megac_num_workers(m));
     printf("decode: %d tokens x %d runs from position %d: median %.2f tok/s (min %.2f, max %.2f)\n", ntok, o->runs,
            ctx, tok_s, lo, hi);
-    printf("weights read per token: %.3f MB (weights.bin %.3f MB)\n", rbytes / 1e6, wbytes / 1e6);
+    printf("weights read per token: %.3f MB (weights.bin %.3f MB, %s)\n", rbytes / 1e6, wbytes / 1e6,
+           megac_weights_in_memory(m) ? "read into memory" : "mapped from the file");
     printf("effective read bandwidth: %.2f GB/s\n", gbps);
     printf("read ceiling: median %.2f GB/s (min %.2f, max %.2f; %d threads x %d streams, %d sweep%s over %.1f MiB, "
            "one pass after each run)\n",

@@ -61,8 +61,9 @@ struct megac_model {
     void *be_state;             /* owned by the backend */
     char *kernel_image;         /* the kernel file's checked bytes (until the backend opens) */
     size_t kernel_len;
-    const void *weights;        /* weights.bin, mmap'd read-only */
+    const void *weights;        /* weights.bin, mapped read-only or read into memory (bundle.c) */
     size_t weights_len;
+    bool weights_copied;        /* read into anonymous memory, not mapped from the file */
     Tokenizer *tok;
     int pos;                    /* position of the next step */
     int prompt_end;             /* position of the prompt's last token, -1: none (MegacArgs.prompt_end) */

@@ -79,6 +79,10 @@ int megac_eos(const megac_model *m);
 int megac_is_stop(const megac_model *m, int token);
 int megac_num_workers(const megac_model *m);
 uint64_t megac_weights_bytes(const megac_model *m);
+/* 1 when the weights were read into the process's memory (huge pages asked
+ * for: a host kernel's, when they take at most half the free memory and
+ * MEGAC_WEIGHTS_MMAP is not set), 0 when they are mapped from weights.bin. */
+int megac_weights_in_memory(const megac_model *m);
 
 megac_status megac_reset(megac_model *m);               /* position back to 0, no prompt end */
 /* The position of the last token of the prompt being fed (-1: none, the

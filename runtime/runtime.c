@@ -150,6 +150,7 @@ static bool model_is_stop(const megac_model *m, int tok)
 int megac_is_stop(const megac_model *m, int token) { return m && model_is_stop(m, token); }
 int megac_num_workers(const megac_model *m) { return m ? (int)m->man.workers : 0; }
 uint64_t megac_weights_bytes(const megac_model *m) { return m ? m->man.weights_bytes : 0; }
+int megac_weights_in_memory(const megac_model *m) { return m && m->weights_copied; }
 int megac_position(const megac_model *m) { return m ? m->pos : 0; }
 
 megac_status megac_reset(megac_model *m)

@@ -263,6 +263,32 @@ Test(runtime, steps_match_the_toy_kernel)
     remove_bundle(dir);
 }
 
+/* A host kernel's weights are read into memory by default (huge pages
+ * asked for) and mapped from weights.bin with MEGAC_WEIGHTS_MMAP=1; the
+ * kernel reads the same values either way. */
+Test(runtime, weights_read_into_memory_or_mapped)
+{
+    char *dir = make_bundle(2);
+    for (int mapped = 0; mapped < 2; mapped++) {
+        if (mapped)
+            setenv("MEGAC_WEIGHTS_MMAP", "1", 1);
+        megac_model *m;
+        cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
+        cr_assert_eq(megac_weights_in_memory(m), !mapped, "mapped=%d", mapped);
+        int toks[] = {5, 257, 0};
+        for (int s = 0; s < 3; s++) {
+            cr_assert_eq(megac_step(m, toks[s]), MEGAC_OK, "%s", megac_error(m));
+            const float *lg = megac_logits(m);
+            for (int i = 0; i < V; i++)
+                cr_assert_eq(lg[i], toy_weight(toks[s], i) + (float)s, "mapped=%d step %d logit %d", mapped, s, i);
+        }
+        megac_close(m);
+    }
+    unsetenv("MEGAC_WEIGHTS_MMAP");
+    cr_assert_eq(megac_weights_in_memory(NULL), 0);
+    remove_bundle(dir);
+}
+
 Test(runtime, bad_tokens_and_positions_are_errors)
 {
     char *dir = make_bundle(1);
