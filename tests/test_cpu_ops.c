@@ -22,10 +22,12 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/resource.h>
 
 /* ---- harness ---- */
 
@@ -812,27 +814,83 @@ Test(cpu_ops, watchdog)
     kern_free(&k);
 }
 
+/* Spins until *stop is set. */
+static void *hog_main(void *p)
+{
+    while (!__atomic_load_n((int *)p, __ATOMIC_ACQUIRE))
+        ;
+    return NULL;
+}
+
+/* Times the waiting thread was switched out while it could run (a yield
+ * that gave the CPU away counts so). */
+static long thread_preemptions(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_THREAD, &ru) == 0 ? ru.ru_nivcsw : 0;
+}
+
+typedef struct {
+    Job job;
+    long preempted;
+} SpinJob;
+
+static void *spin_job_main(void *p)
+{
+    SpinJob *sj = p;
+    long n0 = thread_preemptions();
+    job_main(&sj->job);
+    sj->preempted = thread_preemptions() - n0;
+    return NULL;
+}
+
 /* One worker waits for counter c, which this thread bumps 0.2 s into the
  * step (as another worker would, but without waking a sleeper: it re-checks
- * within 1 ms); returns the counter's word, whose bit 31 a sleeper sets. */
-static uint32_t spin_wait_word(Kern *k, uint32_t c, uint64_t spin_ns, uint64_t timeout_ns)
+ * within 1 ms); returns the counter's word, whose bit 31 a sleeper sets,
+ * and into *preempted how often the waiting thread was switched out. With
+ * `hog`, a thread that spins shares the waiter's CPU (both pinned to it). */
+static uint32_t spin_wait_word(Kern *k, uint32_t c, uint64_t spin_ns, uint64_t timeout_ns, int hog,
+                               long *preempted)
 {
     memset(k->ctrs, 0, 4 * (k->s->nctrs + 1));
     memset(&k->abort_info, 0, sizeof k->abort_info);
     MegacArgs args = {k->weights, k->arena, k->ctrs, &k->abort_info, 0, timeout_ns, -1, spin_ns};
-    Job j = {k, &args, 0, 0};
-    pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, job_main, &j), 0);
+    SpinJob sj = {{k, &args, 0, 0}, 0};
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    int stop = 0;
+    pthread_t th, hog_th;
+    if (hog) {
+        cpu_set_t allowed, one;
+        cr_assert_eq(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+        int cpu = 0;
+        while (!CPU_ISSET(cpu, &allowed))
+            cpu++;
+        CPU_ZERO(&one);
+        CPU_SET(cpu, &one);
+        cr_assert_eq(pthread_attr_setaffinity_np(&attr, sizeof one, &one), 0);
+        cr_assert_eq(pthread_create(&hog_th, &attr, hog_main, &stop), 0);
+    }
+    cr_assert_eq(pthread_create(&th, &attr, spin_job_main, &sj), 0);
     usleep(200 * 1000);
     __atomic_fetch_add(&k->ctrs[c], 1, __ATOMIC_RELEASE);
     pthread_join(th, NULL);
+    if (hog) {
+        __atomic_store_n(&stop, 1, __ATOMIC_RELEASE);
+        pthread_join(hog_th, NULL);
+    }
+    pthread_attr_destroy(&attr);
+    if (preempted)
+        *preempted = sj.preempted;
     return k->ctrs[c];
 }
 
 /* MegacArgs.spin_ns: a worker with a CPU of its own keeps spinning through
- * a 0.2 s wait (a futex sleeper's vCPU can take ~0.3 ms to wake), one on
- * shared CPUs (spin_ns 0) sleeps after ~0.1 ms; the watchdog holds in
- * both. */
+ * a 0.2 s wait (a futex sleeper's vCPU can take ~0.3 ms to wake) unless a
+ * yield shows another thread wants its CPU (then it sleeps at once: here a
+ * spinning thread pinned to the same CPU; in a loaded test run, other
+ * tests); one on shared CPUs (spin_ns 0) sleeps after ~0.1 ms; the watchdog
+ * holds in all. */
 Test(cpu_ops, waits_spin_only_when_asked)
 {
     Schedule *s = sched_new("spin", "cpu", 1);
@@ -846,18 +904,26 @@ Test(cpu_ops, waits_spin_only_when_asked)
     fill(&k, a), fill(&k, b);
     float a0 = ((float *)buf(&k, a))[5], b0 = ((float *)buf(&k, b))[5];
 
-    uint32_t shared = spin_wait_word(&k, c0, 0, 0);
+    uint32_t shared = spin_wait_word(&k, c0, 0, 0, 0, NULL);
     cr_assert_eq(k.abort_info.flag, 0);
     cr_assert_eq(((float *)buf(&k, a))[5], a0 + b0, "the op after the wait ran");
     cr_assert_eq(shared, 0x80000001u, "a 0.2 s wait on shared CPUs slept on its counter (word %#x)", shared);
 
-    uint32_t spun = spin_wait_word(&k, c0, 2000000000ull, 0);
+    long preempted = 0;
+    uint32_t spun = spin_wait_word(&k, c0, 2000000000ull, 0, 0, &preempted);
     cr_assert_eq(k.abort_info.flag, 0);
-    cr_assert_eq(spun, 1u, "a 0.2 s wait with spin_ns 2 s did not sleep (word %#x)", spun);
+    cr_assert(spun == 1u || preempted > 0,
+              "a 0.2 s wait with spin_ns 2 s slept (word %#x) though nothing took its CPU", spun);
+
+    uint32_t yielded = spin_wait_word(&k, c0, 2000000000ull, 0, 1, &preempted);
+    cr_assert_eq(k.abort_info.flag, 0);
+    cr_assert_eq(yielded, 0x80000001u, "a wait with spin_ns 2 s whose CPU a spinning thread shares sleeps "
+                 "(word %#x, switched out %ld times)", yielded, preempted);
+    cr_assert_eq(((float *)buf(&k, a))[5], ((a0 + b0) + b0) + b0, "the op after each wait ran");
 
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    spin_wait_word(&k, c0, 10000000000ull, 50 * 1000 * 1000);
+    spin_wait_word(&k, c0, 10000000000ull, 50 * 1000 * 1000, 0, NULL);
     cr_assert_eq(k.abort_info.flag, KT_ABORT_TIMEOUT, "the watchdog (50 ms) stops a wait that would spin 10 s");
     cr_assert(elapsed_s(t0) < 1.5);
     kern_free(&k);
