@@ -35,11 +35,11 @@ static void bench_usage(FILE *out)
             "run: one pass after each decode run, all CPUs, %d sequential streams per\n"
             "thread (four lines of each in turn, prefetched 16 KB ahead, the CPU's\n"
             "widest loads), over a buffer as large as the weights a step reads (up to\n"
-            "2 GiB; or --ceiling-mb), so that it sits in the caches exactly when the\n"
-            "weights can, read as many times per pass as a decode run reads the\n"
-            "weights (at least 512 MiB, at most 16 GiB); median of the R passes. The ratio is the\n"
-            "median over runs of each run's bandwidth over the ceiling pass after it.\n"
-            "The last line is\n"
+            "2 GiB), so that it sits in the caches exactly when the weights can, read\n"
+            "as many times per pass as a decode run reads the weights (at least 512\n"
+            "MiB, at most 16 GiB; --ceiling-mb MB: a buffer of MB read once a pass);\n"
+            "median of the R passes. The ratio is the median over runs of each run's\n"
+            "bandwidth over the ceiling pass after it. The last line is\n"
             "  tok_s=... gbps=... ceiling_gbps=... ratio=...\n\n"
             "  --context N          first feed N positions (untimed), then time TOKENS\n"
             "                       more: decode at a long context, where attention\n"
@@ -215,7 +215,9 @@ int cmd_bench(int argc, char **argv)
     unsigned long long rbytes = bench_read_bytes(o.bundle);
     size_t pass;
     size_t size = bench_ceiling_size(rbytes ? rbytes : megac_weights_bytes(m), o.ntok, &pass);
-    BenchCeiling *c = bench_ceiling_new(o.ceiling_mb ? (size_t)o.ceiling_mb << 20 : size, pass, 0, BENCH_STREAMS);
+    if (o.ceiling_mb)   /* a buffer of the caller's size, read once a pass */
+        size = pass = (size_t)o.ceiling_mb << 20;
+    BenchCeiling *c = bench_ceiling_new(size, pass, 0, BENCH_STREAMS);
     double rates[BENCH_MAX_RUNS], vrates[BENCH_MAX_RUNS], ceil[BENCH_MAX_RUNS];
     int rc = 1;
     if (!c)

@@ -717,10 +717,13 @@ Test(runtime, bench_reports_rate_and_ceiling)
     cr_assert(p);
     char line[512], last[512] = "";
     double rmed = -1, rlo = -1, rhi = -1;
+    bool once = false;
     while (fgets(line, sizeof line, p)) {
         sscanf(line, "ratio to the ceiling: median %lf of the runs' own (min %lf, max %lf)", &rmed, &rlo, &rhi);
+        once |= !strncmp(line, "read ceiling:", 13) && strstr(line, "1 sweep over 32.0 MiB");
         snprintf(last, sizeof last, "%s", line);
     }
+    cr_assert(once, "--ceiling-mb 32: a 32 MiB buffer read once a pass");
     cr_assert_eq(pclose(p), 0, "%s: %s", cmd, last);
     double tok_s, gbps, ceil, ratio;
     cr_assert_eq(sscanf(last, "tok_s=%lf gbps=%lf ceiling_gbps=%lf ratio=%lf", &tok_s, &gbps, &ceil, &ratio), 4,
