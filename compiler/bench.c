@@ -10,9 +10,10 @@
  * step's weight bytes, so that it fits in the caches exactly when the
  * weights would) is touched first (so page faults are not timed), then in
  * each pass every CPU runs one thread over its own slice, `sweeps` times,
- * reading `streams` sequential streams interleaved one cache line at a time
- * (what hardware prefetchers like, and what a GEMV over several rows looks
- * like); a pass is timed from a common start to the last thread's finish.
+ * reading `streams` sequential streams interleaved four cache lines at a
+ * time (what hardware prefetchers like, and what a GEMV over several rows
+ * looks like; read_lines below); a pass is timed from a common start to the
+ * last thread's finish.
  * The caller interleaves passes with decode runs, so both see the same
  * machine (other load, frequency).
  */
