@@ -1,8 +1,9 @@
 /*
  * cmd_doctor.c - `megac doctor`: what this machine offers megac. Prints the
  * LLVM version and host CPU (name, vector features), NVRTC's version and
- * the architectures megac targets, whether libcuda.so.1 and a GPU are
- * present, and which megac features are usable here.
+ * the architectures megac targets, memory and its huge page mode, whether
+ * libcuda.so.1 and a GPU are present, and which megac features are usable
+ * here.
  */
 #include "codegen/codegen.h"
 #include "compiler/cli.h"
@@ -23,6 +24,31 @@ static bool has_feature(const char *features, const char *f)
             return true;
     }
     return false;
+}
+
+/* Memory, and the transparent huge page mode (the bracketed word of
+ * /sys/kernel/mm/transparent_hugepage/enabled): the runtime reads a host
+ * bundle's weights into memory with huge pages asked for when they take at
+ * most half the free memory (runtime/bundle.c), which THP "never" turns
+ * into 4 KB pages. */
+static void memory_report(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    char mode[64] = "unknown", line[256];
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f && fgets(line, sizeof line, f)) {
+        char *a = strchr(line, '['), *b = a ? strchr(a, ']') : NULL;
+        if (a && b && b - a - 1 < (long)sizeof mode)
+            snprintf(mode, sizeof mode, "%.*s", (int)(b - a - 1), a + 1);
+    }
+    if (f)
+        fclose(f);
+    double gib = 1024.0 * 1024.0 * 1024.0;
+    printf("memory:        %.1f GiB, %.1f GiB free; transparent huge pages: %s (host bundles' weights up to "
+           "%.1f GiB are read into memory)\n",
+           pages > 0 && psz > 0 ? (double)pages * (double)psz / gib : 0.0,
+           avail > 0 && psz > 0 ? (double)avail * (double)psz / gib : 0.0, mode,
+           avail > 0 && psz > 0 ? (double)avail * (double)psz / gib / 2 : 0.0);
 }
 
 static bool program_on_path(const char *name)
@@ -75,8 +101,9 @@ static int gpu_report(void)
 int cmd_doctor(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
-        printf("usage: megac doctor\n\nReports the LLVM version and host CPU, NVRTC, the CUDA driver and GPUs,\n"
-               "and which megac features are usable on this machine.\n");
+        printf("usage: megac doctor\n\nReports the LLVM version and host CPU, memory and its transparent huge page\n"
+               "mode, NVRTC, the CUDA driver and GPUs, and which megac features are usable on\n"
+               "this machine.\n");
         return 0;
     }
     if (argc > 1) {
@@ -98,6 +125,7 @@ int cmd_doctor(int argc, char **argv)
     } else {
         printf("host cpu:      LLVM has no native target here\n");
     }
+    memory_report();
     int maj = 0, min = 0;
     bool nvrtc_ok = cg_nvrtc_version(&maj, &min);
     if (nvrtc_ok) {

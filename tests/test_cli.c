@@ -92,6 +92,20 @@ static char *dir_list(const char *dir, char *buf, size_t cap)
 
 /* ---- compile -o ---- */
 
+/* `megac doctor` reports memory and the huge page mode the runtime's weight
+ * reading depends on. */
+Test(cli, doctor_reports_memory_and_huge_pages)
+{
+    char out[8192];
+    cr_assert_eq(megac("/", "doctor", out, sizeof out), 0, "%s", out);
+    const char *m = strstr(out, "\nmemory:");
+    cr_assert(m, "no memory line: %s", out);
+    double total = 0, free_gib = -1;
+    cr_assert_eq(sscanf(m + 1, "memory: %lf GiB, %lf GiB free;", &total, &free_gib), 2, "%s", m + 1);
+    cr_assert(total > 0 && free_gib >= 0 && free_gib <= total, "%s", m + 1);
+    cr_assert(strstr(m, "transparent huge pages: "), "%s", m + 1);
+}
+
 Test(cli, compile_refuses_a_folder_that_is_not_a_bundle)
 {
     char *d = tmp_dir(), out[8192], buf[256];
