@@ -139,10 +139,19 @@ static void *read_job_run(void *p)
     return NULL;
 }
 
+struct BenchCeiling {
+    v2u64 *buf;
+    size_t len;                 /* bytes mapped */
+    int threads, streams, sweeps;
+    ReadLinesFn read;           /* read_lines_best(), chosen once */
+};
+
 /* One timed pass (`sweeps` times over the whole buffer); seconds, or
  * negative on failure. */
-static double read_pass(const v2u64 *buf, size_t nvec, int threads, int streams, int sweeps)
+static double read_pass(const BenchCeiling *c, int sweeps)
 {
+    int threads = c->threads;
+    size_t nvec = c->len / sizeof(v2u64);
     ReadJob *jobs = calloc((size_t)threads, sizeof *jobs);
     pthread_t *th = calloc((size_t)threads, sizeof *th);
     atomic_int go = 0;
@@ -152,7 +161,7 @@ static double read_pass(const v2u64 *buf, size_t nvec, int threads, int streams,
     size_t slice = nvec / (size_t)threads / 16 * 16;     /* each slice 256-byte aligned */
     int started = 0;
     for (; started < threads; started++) {
-        jobs[started] = (ReadJob){buf + (size_t)started * slice, slice, streams, sweeps, read_lines_best(), &go, 0, 0};
+        jobs[started] = (ReadJob){c->buf + (size_t)started * slice, slice, c->streams, sweeps, c->read, &go, 0, 0};
         if (pthread_create(&th[started], NULL, read_job_run, &jobs[started]) != 0)
             break;
     }
@@ -185,12 +194,6 @@ size_t bench_ceiling_size(unsigned long long step_bytes, int steps, size_t *pass
     return size;
 }
 
-struct BenchCeiling {
-    v2u64 *buf;
-    size_t len;                 /* bytes mapped */
-    int threads, streams, sweeps;
-};
-
 BenchCeiling *bench_ceiling_new(size_t bytes, size_t pass_bytes, int threads, int streams)
 {
     if (threads <= 0)
@@ -205,6 +208,7 @@ BenchCeiling *bench_ceiling_new(size_t bytes, size_t pass_bytes, int threads, in
     c->len = bytes / sizeof(v2u64) * sizeof(v2u64);
     c->threads = threads;
     c->streams = streams;
+    c->read = read_lines_best();
     size_t sweeps = (pass_bytes + c->len / 2) / c->len;      /* nearest: len is rounded down to 16 bytes */
     c->sweeps = sweeps < 1 ? 1 : sweeps > 1 << 20 ? 1 << 20 : (int)sweeps;
     void *buf = mmap(NULL, c->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -215,7 +219,7 @@ BenchCeiling *bench_ceiling_new(size_t bytes, size_t pass_bytes, int threads, in
     madvise(buf, c->len, MADV_HUGEPAGE);    /* fewer faults and TLB misses; advisory */
     memset(buf, 1, c->len);
     c->buf = buf;
-    read_pass(c->buf, c->len / sizeof(v2u64), threads, streams, 1);      /* warm-up */
+    read_pass(c, 1);    /* warm-up */
     return c;
 }
 
@@ -224,7 +228,7 @@ double bench_ceiling_pass(BenchCeiling *c)
     size_t nvec = c->len / sizeof(v2u64);
     size_t per_thread = nvec / (size_t)c->threads / (size_t)c->streams / 16 * 16 * (size_t)c->streams;
     double read = (double)(per_thread * (size_t)c->threads * sizeof(v2u64)) * c->sweeps;
-    double s = read_pass(c->buf, nvec, c->threads, c->streams, c->sweeps);
+    double s = read_pass(c, c->sweeps);
     return s > 0 ? read / s / 1e9 : -1;
 }
 

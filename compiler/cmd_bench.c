@@ -149,17 +149,16 @@ static bool bench_runs(megac_model *m, megac_model *v, BenchCeiling *c, const Be
     return true;
 }
 
-static void bench_report(const BenchOptions *o, megac_model *m, const BenchCeiling *c, double *rates,
-                         double *vrates, double *ceil)
+/* rbytes: the weight bytes a step reads (the manifest's, else all). */
+static void bench_report(const BenchOptions *o, megac_model *m, unsigned long long rbytes, const BenchCeiling *c,
+                         double *rates, double *vrates, double *ceil)
 {
     int last = megac_max_seq(m) - 1, ctx = o->context < 1 ? 1 : o->context > last ? last : o->context;
     int ntok = o->ntok < last - ctx + 1 ? o->ntok : last - ctx + 1;
     if (o->ntok > ntok)
         fprintf(stderr, "megac bench: note: -n %d (after --context %d) is more than the model's context allows; "
                 "timed %d tokens\n", o->ntok, o->context, ntok);
-    unsigned long long wbytes = megac_weights_bytes(m), rbytes = bench_read_bytes(o->bundle);
-    if (rbytes == 0)
-        rbytes = wbytes;
+    unsigned long long wbytes = megac_weights_bytes(m);
     double lo, tok_s, hi, clo, ceiling, chi, slo = 0, sp = 0, shi = 0, rlo, rhi, run_gbps[BENCH_MAX_RUNS];
     /* before the sorts below: a ratio is of two figures from one run */
     for (int r = 0; r < o->runs; r++)
@@ -213,8 +212,10 @@ int cmd_bench(int argc, char **argv)
         return 2;
     }
     unsigned long long rbytes = bench_read_bytes(o.bundle);
+    if (rbytes == 0)    /* a manifest without the figure: every weight byte */
+        rbytes = megac_weights_bytes(m);
     size_t pass;
-    size_t size = bench_ceiling_size(rbytes ? rbytes : megac_weights_bytes(m), o.ntok, &pass);
+    size_t size = bench_ceiling_size(rbytes, o.ntok, &pass);
     if (o.ceiling_mb)   /* a buffer of the caller's size, read once a pass */
         size = pass = (size_t)o.ceiling_mb << 20;
     BenchCeiling *c = bench_ceiling_new(size, pass, 0, BENCH_STREAMS);
@@ -223,7 +224,7 @@ int cmd_bench(int argc, char **argv)
     if (!c)
         fprintf(stderr, "megac bench: cannot set up the read-ceiling probe (memory)\n");
     else if (bench_runs(m, v, c, &o, rates, vrates, ceil)) {
-        bench_report(&o, m, c, rates, v ? vrates : NULL, ceil);
+        bench_report(&o, m, rbytes, c, rates, v ? vrates : NULL, ceil);
         rc = 0;
     }
     bench_ceiling_free(c);
