@@ -809,6 +809,9 @@ static void qkern_build(QKern *k, const ModelDesc *m, const Weights *w, const ch
 static void qkern_free(QKern *k)
 {
     dlclose(k->dl);
+    char src[80];
+    snprintf(src, sizeof src, "%s/kernel.host.c", k->dir); /* host-cuda's source */
+    unlink(src);
     unlink(k->so);
     rmdir(k->dir);
     free(k->weights), free(k->arena), free(k->ctrs);
