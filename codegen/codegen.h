@@ -19,6 +19,9 @@ bool cg_cpu_compile(const Schedule *s, const CpuOptions *o, const char *so_path,
 /* The named CPUs CpuOptions.cpu takes besides the host ("host", "native"),
  * NULL-terminated; empty in a megac built without the CPU backend. */
 const char *const *cg_cpu_names(void);
+/* The memory tuning bits (KT_TUNE_*, codegen/cpu/kernel_table.h) a kernel
+ * for cpu gets (NULL or "host": this machine's); 0 without the backend. */
+int cg_cpu_tune(const char *cpu);
 
 /* ---- cuda/: CUDA C -> NVRTC -> cubin; and the same C on the host ---- */
 typedef struct CudaKernelInfo {

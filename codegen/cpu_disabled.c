@@ -35,3 +35,9 @@ const char *const *cg_cpu_names(void)
     static const char *const none[] = {NULL};
     return none;
 }
+
+int cg_cpu_tune(const char *cpu)
+{
+    (void)cpu;
+    return 0;
+}

@@ -23,6 +23,7 @@
  * MEGAC_QBENCH_K=K sets the row length.
  */
 #include "codegen/codegen.h"
+#include "codegen/cpu/kernel_table.h"
 #include "compiler/quant.h"
 #include "ir/dtype.h"
 #include "ir/ir.h"
@@ -435,6 +436,42 @@ Test(cpu_quant_perf, every_dtype_x86_64_v3)
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
         cr_skip_test("this host cannot run x86-64-v3 code");
     check_all("x86-64-v3", 576);
+}
+
+/* The AVX2 kernels with their prefetches spread at every k (an Intel CPU:
+ * KT_TUNE_TRICKLE_ALL), where x86-64-v3's spread them from WS_TRICKLE_K. */
+Test(cpu_quant_perf, every_dtype_haswell)
+{
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        cr_skip_test("this host cannot run Haswell code");
+    check_all("haswell", 576);
+    check_all("haswell", 160);
+}
+
+/* Intel's named CPUs and an Intel host spread the GEMVs' prefetches at
+ * every k; AMD's and the x86-64 levels (either vendor) do not. */
+Test(cpu_quant_perf, prefetch_tuning_by_vendor)
+{
+    const char *intel[] = {"haswell", "skylake", "skylake-avx512", "cascadelake", "icelake-server",
+                           "sapphirerapids", "alderlake"};
+    const char *other[] = {"znver2", "znver3", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"};
+    for (size_t i = 0; i < sizeof intel / sizeof *intel; i++)
+        cr_assert_eq(cg_cpu_tune(intel[i]), KT_TUNE_TRICKLE_ALL, "%s", intel[i]);
+    for (size_t i = 0; i < sizeof other / sizeof *other; i++)
+        cr_assert_eq(cg_cpu_tune(other[i]), 0, "%s", other[i]);
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[4096];
+    int vendor = -1; /* 1 Intel, 0 another */
+    while (f && vendor < 0 && fgets(line, sizeof line, f))
+        if (!strncmp(line, "vendor_id", 9))
+            vendor = strstr(line, "GenuineIntel") != NULL;
+    if (f)
+        fclose(f);
+    if (vendor < 0)
+        cr_skip_test("no vendor_id in /proc/cpuinfo");
+    cr_assert_eq(cg_cpu_tune(NULL), vendor ? KT_TUNE_TRICKLE_ALL : 0);
+    cr_assert_eq(cg_cpu_tune("host"), cg_cpu_tune(NULL));
 }
 
 /* AVX-512 VNNI without GFNI (Cascade Lake): the packed rows' high nibbles

@@ -90,6 +90,7 @@ extern const int64_t megac_k_shape[];
 extern const float megac_k_eps;
 extern const uint32_t megac_k_nworkers;
 extern const int32_t megac_k_isa; /* KT_ISA_* bits, defined by cpu_emit.c */
+extern const int32_t megac_k_tune; /* KT_TUNE_* bits, defined by cpu_emit.c */
 extern const uint32_t megac_k_ops;  /* bit o: the schedule has opcode o */
 extern const uint32_t megac_k_dts;  /* bit t: an operand of dtype t */
 
@@ -958,7 +959,17 @@ static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t b
  * (an Intel Xeon host, from memory at k 2048, two workers: Q4_0A8 19.1-19.3
  * -> 21.2-21.7 GB/s, Q4_1A8 18.8 -> 22.4, Q5_0A8 17.4 -> 21.2; a
  * Llama-3.2-1B-shaped Q4_0 file with int8 inputs decodes 1.15-1.18x faster,
- * SmolLM2's Q4_0 and Q4_1 files 0.97-1.03x, within noise). */
+ * SmolLM2's Q4_0 and Q4_1 files 0.97-1.03x, within noise). Those rules
+ * for short rows and long segments are Zen 4's; on an Intel Xeon
+ * (2026-12-05) both cost: spreading the prefetches there too, ops of rows
+ * of 576 (two workers; MEGAC_QBENCH_MB=100, from the L3, and 1024, from
+ * memory) went Q8_0A8 37.5 -> 42.1 and 19.6 -> 22.5 GB/s, Q8_0 33 -> 39.5,
+ * W8A8 40.5 -> 44.5, Q4_0 30.3 -> 34, Q4_0A8 36 -> 39 and 18.7 -> 20.8,
+ * Q4_1 31.3 -> 33.8 and 18 -> 19.4, and SmolLM2's six files (Q8_0, Q4_0,
+ * Q4_1, each with exact and int8 inputs) decode 1.00-1.17x faster, 1.06 at
+ * the median (megac bench --versus, both ways round, two rounds; the same
+ * greedy text), so a kernel for an
+ * Intel CPU spreads them always (KT_TUNE_TRICKLE_ALL, cg_cpu_tune). */
 #define WS_TRICKLE_K 1024
 #define WS_TRICKLE_SEG_MAX (1 << 20)
 static inline __attribute__((always_inline)) void ws_trickle(WStream *ws, int64_t bytes)
@@ -1037,11 +1048,13 @@ static inline __attribute__((always_inline)) void seg_quad_store(const GemvSeg *
 /* The stream a four-row kernel spreads its prefetches over in segment g
  * (rows of rb bytes, k long), its group set to four rows: NULL (it does
  * not) for rows shorter than kmin, and for a segment of WS_TRICKLE_SEG_MAX
- * bytes or more of rows shorter than WS_TRICKLE_K (ws_trickle). */
+ * bytes or more of rows shorter than WS_TRICKLE_K (ws_trickle); on a
+ * target with KT_TUNE_TRICKLE_ALL (Intel's cores) always. */
 static inline __attribute__((always_inline)) WStream *seg_trickle(const GemvSeg *g, int64_t rb, int64_t k,
                                                                  int64_t kmin)
 {
-    if (k < kmin || ((g->r1 - g->r0) * rb >= WS_TRICKLE_SEG_MAX && k < WS_TRICKLE_K))
+    if (!(megac_k_tune & KT_TUNE_TRICKLE_ALL) &&
+        (k < kmin || ((g->r1 - g->r0) * rb >= WS_TRICKLE_SEG_MAX && k < WS_TRICKLE_K)))
         return NULL;
     g->ws->group = 4 * rb;
     return g->ws;

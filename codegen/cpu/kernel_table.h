@@ -71,6 +71,19 @@ enum {
 };
 #define KT_ISA_PREFIX "isa_"
 
+/* How the target's memory system wants to be read, as KT_TUNE_* bits:
+ * defined by cpu_emit.c beside megac_k_isa (cg_cpu_tune) and folded the
+ * same way. */
+#define KT_SYM_TUNE "megac_k_tune"
+enum {
+    /* The GEMV kernels spread their software prefetches over their reads
+     * (ws_trickle) for rows of every length and segments of every size.
+     * Without it, rows shorter than WS_TRICKLE_K and long segments of
+     * short rows leave the stream to the hardware prefetchers, which keep
+     * it ahead on AMD Zen 3 and Zen 4 and do not on Intel's cores. */
+    KT_TUNE_TRICKLE_ALL = 1
+};
+
 /* Packed 4-bit rows. The CPU kernel reads Q4_0, Q4_1, Q5_0, Q5_1 and
  * W4G32 (and W4A8G32: the same bytes) weights
  * with k % 32 == 0 (k <= KT_PACK_K_MAX) in its own byte order: every row
