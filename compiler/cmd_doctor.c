@@ -1,11 +1,13 @@
 /*
  * cmd_doctor.c - `megac doctor`: what this machine offers megac. Prints the
- * LLVM version and host CPU (name, vector features), NVRTC's version and
+ * LLVM version and host CPU (name, vector features, the kernels' prefetch
+ * tuning for it: cg_cpu_tune), NVRTC's version and
  * the architectures megac targets, memory and its huge page mode, whether
  * libcuda.so.1 and a GPU are present, and which megac features are usable
  * here.
  */
 #include "codegen/codegen.h"
+#include "codegen/cpu/kernel_table.h"
 #include "compiler/cli.h"
 #include "runtime/cuda_driver.h"
 
@@ -122,6 +124,9 @@ int cmd_doctor(int argc, char **argv)
             if (has_feature(features, vec[i]))
                 printf(" %s", vec[i]);
         printf("\n");
+        printf("cpu tuning:    %s\n", cg_cpu_tune(NULL) & KT_TUNE_TRICKLE_ALL
+                                           ? "GEMV prefetches spread over rows of every length (an Intel CPU)"
+                                           : "GEMV prefetches spread over rows of 1024 or more");
     } else {
         printf("host cpu:      LLVM has no native target here\n");
     }
