@@ -155,9 +155,12 @@ static void bench_report(const BenchOptions *o, megac_model *m, unsigned long lo
 {
     int last = megac_max_seq(m) - 1, ctx = o->context < 1 ? 1 : o->context > last ? last : o->context;
     int ntok = o->ntok < last - ctx + 1 ? o->ntok : last - ctx + 1;
+    if (o->context > last)
+        fprintf(stderr, "megac bench: note: --context %d is more than the model's context allows (%d positions); "
+                "fed %d\n", o->context, last + 1, ctx);
     if (o->ntok > ntok)
         fprintf(stderr, "megac bench: note: -n %d (after --context %d) is more than the model's context allows; "
-                "timed %d tokens\n", o->ntok, o->context, ntok);
+                "timed %d tokens\n", o->ntok, ctx, ntok);
     unsigned long long wbytes = megac_weights_bytes(m);
     double lo, tok_s, hi, clo, ceiling, chi, slo = 0, sp = 0, shi = 0, rlo, rhi, run_gbps[BENCH_MAX_RUNS];
     /* before the sorts below: a ratio is of two figures from one run */

@@ -768,6 +768,31 @@ Test(runtime, bench_versus_reports_both)
     remove_bundle(b);
 }
 
+/* A --context past the model's says what was fed instead, and -n past
+ * what is left says what was timed. */
+Test(runtime, bench_context_past_the_model_is_noted)
+{
+    char *dir = make_bundle(2);
+    char cmd[2048], line[512], all[8192] = "";
+    snprintf(cmd, sizeof cmd, "%s bench %s -n 8 --runs 1 --context 100000 --ceiling-mb 1 2>&1", MEGAC_BIN, dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    while (fgets(line, sizeof line, p))
+        strncat(all, line, sizeof all - strlen(all) - 1);
+    cr_assert_eq(pclose(p), 0, "%s", all);
+    char want[160];
+    int last = MAXSEQ - 1;
+    snprintf(want, sizeof want, "note: --context 100000 is more than the model's context allows (%d positions); fed %d",
+             MAXSEQ, last);
+    cr_assert(strstr(all, want), "%s", all);
+    snprintf(want, sizeof want, "note: -n 8 (after --context %d) is more than the model's context allows; timed 1 tokens",
+             last);
+    cr_assert(strstr(all, want), "%s", all);
+    snprintf(want, sizeof want, "decode: 1 tokens x 1 runs from position %d:", last);
+    cr_assert(strstr(all, want), "%s", all);
+    remove_bundle(dir);
+}
+
 /* bench's ratios (--versus's speed ratio, the ratio to the ceiling) are
  * medians of each run's own: rates that drift between runs (this machine's
  * memory has two levels) pair within a run, not by rank. Runs (1, 2), (4, 1), (2, 4): 0.5, 4, 0.5; ranked, they
