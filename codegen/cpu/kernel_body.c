@@ -968,8 +968,8 @@ static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t b
  * Q4_1 31.3 -> 33.8 and 18 -> 19.4, and SmolLM2's six files (Q8_0, Q4_0,
  * Q4_1, each with exact and int8 inputs) decode 1.00-1.17x faster, 1.06 at
  * the median (megac bench --versus, both ways round, two rounds; the same
- * greedy text), so a kernel for an
- * Intel CPU spreads them always (KT_TUNE_TRICKLE_ALL, cg_cpu_tune). */
+ * greedy text), so a kernel for an Intel CPU spreads them always
+ * (KT_TUNE_TRICKLE_ALL, cg_cpu_tune; no other Intel CPU was measured). */
 #define WS_TRICKLE_K 1024
 #define WS_TRICKLE_SEG_MAX (1 << 20)
 static inline __attribute__((always_inline)) void ws_trickle(WStream *ws, int64_t bytes)

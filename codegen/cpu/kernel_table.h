@@ -79,8 +79,9 @@ enum {
     /* The GEMV kernels spread their software prefetches over their reads
      * (ws_trickle) for rows of every length and segments of every size.
      * Without it, rows shorter than WS_TRICKLE_K and long segments of
-     * short rows leave the stream to the hardware prefetchers, which keep
-     * it ahead on AMD Zen 3 and Zen 4 and do not on Intel's cores. */
+     * short rows leave the stream to the hardware prefetchers, which kept
+     * it ahead on AMD Zen 4 and did not on an Intel Xeon (the only Intel
+     * CPU measured; kernel_body.c, before ws_trickle). */
     KT_TUNE_TRICKLE_ALL = 1
 };
 
