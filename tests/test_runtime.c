@@ -706,6 +706,22 @@ Test(runtime, refuses_special_files_and_a_cut_kernel)
     remove_bundle(dir);
 }
 
+/* Runs a shell command; its output (cut to cap) into out, and pclose's status. */
+static int cmd_output(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "%s", cmd);
+    size_t n = 0;
+    char line[512];
+    out[0] = '\0';
+    while (fgets(line, sizeof line, p))
+        if (n + 1 < cap) {
+            snprintf(out + n, cap - n, "%s", line);
+            n += strlen(out + n);
+        }
+    return pclose(p);
+}
+
 /* `megac bench` on the toy bundle: its last line has the four figures;
  * the ratio is the median of the runs' own, within their min and max. */
 Test(runtime, bench_reports_rate_and_ceiling)
@@ -757,12 +773,8 @@ Test(runtime, bench_versus_reports_both)
                  "%s", last);
     cr_assert(vt > 0 && sp > 0 && tok_s > 0, "%s%s", vline, last);
     snprintf(cmd, sizeof cmd, "%s bench %s --versus %s/none -n 8 --runs 2 --ceiling-mb 32 2>&1", MEGAC_BIN, a, b);
-    p = popen(cmd, "r");
-    cr_assert(p);
-    char all[4096] = "";
-    while (fgets(line, sizeof line, p))
-        strncat(all, line, sizeof all - strlen(all) - 1);
-    cr_assert_neq(pclose(p), 0, "%s", all);
+    char all[4096];
+    cr_assert_neq(cmd_output(cmd, all, sizeof all), 0, "%s", all);
     cr_assert(strstr(all, "/none"), "the error names the bundle: %s", all);
     remove_bundle(a);
     remove_bundle(b);
@@ -773,13 +785,9 @@ Test(runtime, bench_versus_reports_both)
 Test(runtime, bench_context_past_the_model_is_noted)
 {
     char *dir = make_bundle(2);
-    char cmd[2048], line[512], all[8192] = "";
+    char cmd[2048], all[8192];
     snprintf(cmd, sizeof cmd, "%s bench %s -n 8 --runs 1 --context 100000 --ceiling-mb 1 2>&1", MEGAC_BIN, dir);
-    FILE *p = popen(cmd, "r");
-    cr_assert(p);
-    while (fgets(line, sizeof line, p))
-        strncat(all, line, sizeof all - strlen(all) - 1);
-    cr_assert_eq(pclose(p), 0, "%s", all);
+    cr_assert_eq(cmd_output(cmd, all, sizeof all), 0, "%s", all);
     char want[160];
     int last = MAXSEQ - 1;
     snprintf(want, sizeof want, "note: --context 100000 is more than the model's context allows (%d positions); fed %d",
