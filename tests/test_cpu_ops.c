@@ -695,6 +695,59 @@ Test(cpu_ops, attn_head_tiles_and_row_pieces)
         }
 }
 
+/* argmax over slots long enough for the vector passes, against the scan
+ * it replaces (take x[r] when x[r] > best, from -inf at r0): ties within
+ * and across vector lanes keep the first index, NaN never wins, all -inf
+ * and NaN give -inf at r0, and an infinity wins at its first place. */
+Test(cpu_ops, argmax_long_slots)
+{
+    enum { N = 1000 };
+    Schedule *s = sched_new("argmax", "cpu", 1);
+    s->shape = op_shape(0);
+    uint32_t x = add_buf(s, "x", BUF_SCRATCH, N), am = add_buf(s, "am", BUF_SCRATCH, 6);
+    const int32_t bounds[4] = {3, 350, 351, N}; /* an unaligned start, a slot of one, a long tail */
+    for (int sl = 0; sl < 3; sl++)
+        add_op(s, 0, OP_ARGMAX, (const int32_t[]){bounds[sl], bounds[sl + 1], sl}, (const uint32_t[]){x, am});
+    Kern k;
+    kern_build(&k, s);
+    float *xv = buf(&k, x);
+    const float *out = buf(&k, am);
+    for (int pat = 0; pat < 7; pat++) {
+        uint64_t seed = 11 + (uint64_t)pat;
+        for (int r = 0; r < N; r++) {
+            seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+            xv[r] = (float)(seed >> 40) / (float)(1 << 24) - 0.5f;
+        }
+        if (pat == 1) /* the maximum twice, in different lanes, the later one first in its lane */
+            xv[700] = xv[413] = 2.0f;
+        if (pat == 2) /* the maximum twice in one vector, and again at the tail */
+            xv[100] = xv[104] = xv[999] = 3.0f;
+        if (pat == 3) /* NaNs, at the slots' starts too, and above the maximum's value's place */
+            for (int r = 3; r < N; r += 7)
+                xv[r] = __builtin_nanf("");
+        if (pat == 4) /* all -inf and NaN */
+            for (int r = 0; r < N; r++)
+                xv[r] = r % 3 ? -__builtin_inff() : __builtin_nanf("");
+        if (pat == 5) /* infinities */
+            xv[600] = xv[20] = xv[800] = __builtin_inff();
+        if (pat == 6) /* the maximum in the last element */
+            xv[N - 1] = 9.0f;
+        kern_step(&k, 0, 0);
+        for (int sl = 0; sl < 3; sl++) {
+            float best = -__builtin_inff();
+            int idx = bounds[sl];
+            for (int r = bounds[sl]; r < bounds[sl + 1]; r++)
+                if (xv[r] > best)
+                    best = xv[r], idx = r;
+            cr_assert(out[2 * sl] == best || (isnan(out[2 * sl]) && isnan(best)), "pattern %d slot %d: max %g, want %g",
+                      pat, sl, (double)out[2 * sl], (double)best);
+            cr_assert_eq(out[2 * sl + 1], (float)idx, "pattern %d slot %d: index %g, want %d", pat, sl,
+                         (double)out[2 * sl + 1], idx);
+        }
+    }
+    kern_free(&k);
+}
+
 Test(cpu_ops, every_op_one_worker_adjacent_rope)
 {
     run_ops(1, 0);
