@@ -77,27 +77,6 @@ const char *const *cg_cpu_names(void)
     return cpu_levels;
 }
 
-/* KT_TUNE_TRICKLE_ALL on Intel CPUs: the host when its vendor is Intel,
- * or a named Intel CPU; not on AMD's, nor on the x86-64 levels, which run
- * on either (their kernels keep the rules measured on Zen 3 and Zen 4).
- * On an Intel Xeon (2026-12-05), ops of SmolLM2-sized rows (k 576, two
- * workers) streamed 1.10-1.20x faster with it (8-bit rows in one long
- * segment, from the L3 or memory) and 1.06-1.13x (packed 4-bit rows),
- * where on Zen 4 the same choices had measured 1.01-1.09x slower. */
-int cg_cpu_tune(const char *cpu)
-{
-    static const char *const intel[] = {"haswell", "skylake", "skylake-avx512", "cascadelake", "icelake-server",
-                                        "sapphirerapids", "alderlake", NULL};
-    if (!cpu || !strcmp(cpu, "host") || !strcmp(cpu, "native")) {
-        __builtin_cpu_init();
-        return __builtin_cpu_is("intel") ? KT_TUNE_TRICKLE_ALL : 0;
-    }
-    for (int i = 0; intel[i]; i++)
-        if (!strcmp(cpu, intel[i]))
-            return KT_TUNE_TRICKLE_ALL;
-    return 0;
-}
-
 static void job_progress(CpuJob *j, const char *what)
 {
     if (!j->o->verbose)
@@ -240,21 +219,44 @@ static bool features_have(const char *list, const char *f)
     return false;
 }
 
+/* The named CPUs' KT_ISA_* and KT_TUNE_* bits (those not here: none).
+ * KT_TUNE_TRICKLE_ALL on Intel's, not on AMD's nor on the x86-64 levels,
+ * which run on either (their kernels keep the rules measured on Zen 4). */
+#define T_INTEL KT_TUNE_TRICKLE_ALL
+static const struct { const char *name; int32_t isa, tune; } cpu_named[] = {
+    {"x86-64-v3", KT_ISA_AVX2, 0}, {"haswell", KT_ISA_AVX2, T_INTEL}, {"skylake", KT_ISA_AVX2, T_INTEL},
+    {"znver2", KT_ISA_AVX2, 0}, {"znver3", KT_ISA_AVX2, 0}, {"x86-64-v4", KT_ISA_AVX2 | KT_ISA_AVX512, 0},
+    {"skylake-avx512", KT_ISA_AVX2 | KT_ISA_AVX512, T_INTEL},
+    {"cascadelake", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512, T_INTEL},
+    {"icelake-server", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512 | KT_ISA_GFNI512, T_INTEL},
+    {"sapphirerapids", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512 | KT_ISA_AVXVNNI | KT_ISA_GFNI512, T_INTEL},
+    {"alderlake", KT_ISA_AVX2 | KT_ISA_AVXVNNI, T_INTEL},
+};
+#undef T_INTEL
+
 /* The KT_ISA_* bits of a named CPU level (cpu_levels). */
 static int32_t job_isa_named(const char *cpu)
 {
-    static const struct { const char *name; int32_t isa; } named[] = {
-        {"x86-64-v3", KT_ISA_AVX2}, {"haswell", KT_ISA_AVX2}, {"skylake", KT_ISA_AVX2}, {"znver2", KT_ISA_AVX2},
-        {"znver3", KT_ISA_AVX2}, {"x86-64-v4", KT_ISA_AVX2 | KT_ISA_AVX512},
-        {"skylake-avx512", KT_ISA_AVX2 | KT_ISA_AVX512},
-        {"cascadelake", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512},
-        {"icelake-server", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512 | KT_ISA_GFNI512},
-        {"sapphirerapids", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512 | KT_ISA_AVXVNNI | KT_ISA_GFNI512},
-        {"alderlake", KT_ISA_AVX2 | KT_ISA_AVXVNNI},
-    };
-    for (size_t i = 0; i < sizeof named / sizeof *named; i++)
-        if (!strcmp(cpu, named[i].name))
-            return named[i].isa;
+    for (size_t i = 0; i < sizeof cpu_named / sizeof *cpu_named; i++)
+        if (!strcmp(cpu, cpu_named[i].name))
+            return cpu_named[i].isa;
+    return 0;
+}
+
+/* KT_TUNE_TRICKLE_ALL for an Intel host (its vendor) or a named Intel CPU
+ * (cpu_named). On an Intel Xeon (2026-12-05), ops of SmolLM2-sized rows
+ * (k 576, two workers) streamed 1.10-1.20x faster with it (8-bit rows in
+ * one long segment, from the L3 or memory) and 1.06-1.13x (packed 4-bit
+ * rows), where on Zen 4 the same choices had measured 1.01-1.09x slower. */
+int cg_cpu_tune(const char *cpu)
+{
+    if (!cpu || !strcmp(cpu, "host") || !strcmp(cpu, "native")) {
+        __builtin_cpu_init();
+        return __builtin_cpu_is("intel") ? KT_TUNE_TRICKLE_ALL : 0;
+    }
+    for (size_t i = 0; i < sizeof cpu_named / sizeof *cpu_named; i++)
+        if (!strcmp(cpu, cpu_named[i].name))
+            return cpu_named[i].tune;
     return 0;
 }
 
@@ -338,11 +340,12 @@ static bool job_target(CpuJob *j)
     LLVMDisposeMessage(dl);
     LLVMDisposeTargetData(td);
     job_retarget(j);
-    job_const_define(j, KT_SYM_ISA, job_isa(j));
-    job_const_define(j, KT_SYM_TUNE, cg_cpu_tune(j->host ? NULL : j->cpu));
+    int32_t isa = job_isa(j), tune = cg_cpu_tune(j->host ? NULL : j->cpu);
+    job_const_define(j, KT_SYM_ISA, isa);
+    job_const_define(j, KT_SYM_TUNE, tune);
     if (j->o->verbose)
         fprintf(stderr, "megac: cpu: target %s, cpu %s%s, isa bits %d, tune bits %d\n", j->triple, j->cpu,
-                job_has_avx512(j) ? " (avx512)" : "", (int)job_isa(j), cg_cpu_tune(j->host ? NULL : j->cpu));
+                job_has_avx512(j) ? " (avx512)" : "", (int)isa, (int)tune);
     return true;
 }
 
