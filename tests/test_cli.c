@@ -8,6 +8,7 @@
  * `lower` and `validate` of a model seeing the schedule a compile builds.
  * Each test works in its own temporary folder.
  */
+#include "tests/cpuinfo.h"
 #include "tests/tmpdir.h"
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -108,14 +109,7 @@ Test(cli, doctor_reports_memory_and_huge_pages)
         return;
     const char *t = strstr(out, "\ncpu tuning:    GEMV prefetches spread over rows of ");
     cr_assert(t, "no cpu tuning line: %s", out);
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[4096];
-    int intel = -1;
-    while (f && intel < 0 && fgets(line, sizeof line, f))
-        if (!strncmp(line, "vendor_id", 9))
-            intel = strstr(line, "GenuineIntel") != NULL;
-    if (f)
-        fclose(f);
+    int intel = test_cpuinfo_has("vendor_id", "GenuineIntel");
     const char *every = strstr(t, "every length");
     if (intel >= 0)
         cr_assert_eq(every && every < strchr(t + 1, '\n'), intel, "%s", t + 1);

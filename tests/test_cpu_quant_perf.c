@@ -28,6 +28,7 @@
 #include "ir/dtype.h"
 #include "ir/ir.h"
 #include "runtime/kernel_abi.h"
+#include "tests/cpuinfo.h"
 
 #include <criterion/criterion.h>
 #include <dlfcn.h>
@@ -460,14 +461,7 @@ Test(cpu_quant_perf, prefetch_tuning_by_vendor)
         cr_assert_eq(cg_cpu_tune(intel[i]), KT_TUNE_TRICKLE_ALL, "%s", intel[i]);
     for (size_t i = 0; i < sizeof other / sizeof *other; i++)
         cr_assert_eq(cg_cpu_tune(other[i]), 0, "%s", other[i]);
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[4096];
-    int vendor = -1; /* 1 Intel, 0 another */
-    while (f && vendor < 0 && fgets(line, sizeof line, f))
-        if (!strncmp(line, "vendor_id", 9))
-            vendor = strstr(line, "GenuineIntel") != NULL;
-    if (f)
-        fclose(f);
+    int vendor = test_cpuinfo_has("vendor_id", "GenuineIntel"); /* 1 Intel, 0 another */
     if (vendor < 0)
         cr_skip_test("no vendor_id in /proc/cpuinfo");
     cr_assert_eq(cg_cpu_tune(NULL), vendor ? KT_TUNE_TRICKLE_ALL : 0);
@@ -494,14 +488,7 @@ Test(cpu_quant_perf, every_dtype_alderlake)
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx2"))
         cr_skip_test("this host has no AVX2");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[4096];
-    bool vnni = false;
-    while (f && !vnni && fgets(line, sizeof line, f))
-        vnni = strncmp(line, "flags", 5) == 0 && strstr(line, " avx_vnni");
-    if (f)
-        fclose(f);
-    if (!vnni)
+    if (test_cpuinfo_has("flags", " avx_vnni") != 1)
         cr_skip_test("this host has no AVX-VNNI");
     check_all("alderlake", 576);
 }
