@@ -12,6 +12,15 @@
  * at huge temperatures (every p = 1/n), so top_k = 1 or a tiny top_p give
  * the greedy token.
  *
+ * Only the candidates that can be kept are ranked: top-k picks its k with a
+ * heap (n log k), and top-p alone sorts only the tokens whose p is at least
+ * (1 - top_p) / (n - 1): the others, n - 1 at most, hold less than 1 - top_p
+ * of the mass together, so the nucleus ends among the first (should
+ * rounding leave it short, every token is ranked). Sorting all of
+ * SmolLM2's 49,152 candidates took ~9 ms a token, 4x a decode step:
+ * `megac run` with its default sampling (temperature 1, top-p 0.9) made
+ * 85 tok/s where greedy made 355.
+ *
  * Refused (-MEGAC_ERR_ARG, the message in megac_error(NULL)): n < 1, a NULL
  * pointer, a NaN, infinite or negative temperature, a NaN or negative top_p,
  * and logits holding NaN or +Inf or only -Inf (a diverging model): such rows
@@ -30,6 +39,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     double p;
@@ -84,8 +94,10 @@ static int sample_cand_cmp(const void *a, const void *b)
     return (x->id > y->id) - (x->id < y->id);
 }
 
-/* Fills c with softmax(logits / temp) over all n tokens. */
-static void sample_softmax(const float *logits, int n, double temp, SampleCand *c)
+/* Fills c with exp((logit - max) / temp) over all n tokens (softmax
+ * without its division: every use below compares or scales by sums of
+ * these); returns their sum. */
+static double sample_weights(const float *logits, int n, double temp, SampleCand *c)
 {
     double mx = logits[sample_argmax(logits, n)], sum = 0;
     for (int i = 0; i < n; i++) {
@@ -94,23 +106,120 @@ static void sample_softmax(const float *logits, int n, double temp, SampleCand *
         c[i].p = exp(((double)logits[i] - mx) / temp);
         sum += c[i].p;
     }
-    for (int i = 0; i < n; i++)
-        c[i].p /= sum;
+    return sum;
 }
 
-/* How many of the first n sorted candidates the nucleus keeps (at least
- * one); their mass is renormalized first, so top-p applies after top-k. */
-static int sample_nucleus(const SampleCand *c, int n, double top_p)
+/* How many of the first n sorted candidates the nucleus keeps: the
+ * smallest prefix whose weight reaches top_p * total (total: the weight it
+ * is a share of; top-p applies after top-k). 0 when the n do not reach it. */
+static int sample_nucleus(const SampleCand *c, int n, double top_p, double total)
 {
-    double total = 0, cum = 0;
-    for (int i = 0; i < n; i++)
-        total += c[i].p;
+    double cum = 0;
     for (int i = 0; i < n; i++) {
         cum += c[i].p;
         if (cum >= top_p * total)
             return i + 1;
     }
-    return n;
+    return 0;
+}
+
+/* Whether candidate a ranks after b (sample_cand_cmp's order). */
+static bool sample_after(const SampleCand *a, const SampleCand *b)
+{
+    return sample_cand_cmp(a, b) > 0;
+}
+
+/* Sifts h[i] down in a heap of n whose root ranks last. */
+static void sample_sift(SampleCand *h, int n, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && sample_after(&h[l], &h[w]))
+            w = l;
+        if (r < n && sample_after(&h[r], &h[w]))
+            w = r;
+        if (w == i)
+            return;
+        SampleCand t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
+/* Moves the k best-ranked of c[0:n] to c[0:k], sorted (0 < k < n). */
+static void sample_top_k(SampleCand *c, int n, int k)
+{
+    for (int i = k / 2 - 1; i >= 0; i--)
+        sample_sift(c, k, i);
+    for (int i = k; i < n; i++)
+        if (sample_after(&c[0], &c[i])) {   /* c[i] beats the worst kept */
+            SampleCand t = c[0];
+            c[0] = c[i];
+            c[i] = t;
+            sample_sift(c, k, 0);
+        }
+    qsort(c, (size_t)k, sizeof *c, sample_cand_cmp);
+}
+
+/* Moves the candidates whose weight is at least cut to the front, in
+ * their order; returns how many. */
+static int sample_at_least(SampleCand *c, int n, double cut)
+{
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (c[i].p >= cut) {
+            SampleCand t = c[m];
+            c[m++] = c[i];
+            c[i] = t;
+        }
+    return m;
+}
+
+/* Sifts h[i] down in a heap of n whose root ranks first. */
+static void sample_sift_best(SampleCand *h, int n, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && sample_after(&h[w], &h[l]))
+            w = l;
+        if (r < n && sample_after(&h[w], &h[r]))
+            w = r;
+        if (w == i)
+            return;
+        SampleCand t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
+/* The nucleus of c[0:m] (the smallest prefix, in rank order, whose weight
+ * reaches top_p * total), moved to c[0:k] in rank order (what c holds past
+ * k is then undefined); returns k, or 0 when all m do not reach it. Takes the best out of a heap one at a time,
+ * so only the nucleus is ordered (the popped ones collect at the end). */
+static int sample_nucleus_heap(SampleCand *c, int m, double top_p, double total)
+{
+    for (int i = m / 2 - 1; i >= 0; i--)
+        sample_sift_best(c, m, i);
+    double cum = 0;
+    for (int k = 1; k <= m; k++) {
+        SampleCand best = c[0];
+        c[0] = c[m - k];
+        c[m - k] = best;
+        sample_sift_best(c, m - k, 0);
+        cum += best.p;
+        if (cum >= top_p * total) { /* c[m - 1 - i] is the i-th best: to c[i] (the rest is not kept) */
+            for (int i = 0, j = k - 1; i < j; i++, j--) {
+                SampleCand t = c[m - k + i];
+                c[m - k + i] = c[m - k + j];
+                c[m - k + j] = t;
+            }
+            memmove(c, c + (m - k), sizeof *c * (size_t)k);
+            return k;
+        }
+    }
+    return 0;
 }
 
 /* Draws one of the first n candidates in proportion to p. */
@@ -150,6 +259,23 @@ int rt_logits_bad(const float *logits, int n)
     return finite ? -1 : 0;
 }
 
+/* This thread's candidate array, grown to n (kept between calls: a
+ * fresh 1.2 MB for SmolLM2's vocabulary each token was an mmap, ~300
+ * page faults and an munmap). NULL when there is no memory. */
+static SampleCand *sample_scratch(int n)
+{
+    static _Thread_local SampleCand *buf;
+    static _Thread_local int cap;
+    if (n > cap) {
+        SampleCand *p = realloc(buf, sizeof *p * (size_t)n);
+        if (!p)
+            return NULL;
+        buf = p;
+        cap = n;
+    }
+    return buf;
+}
+
 int megac_sample(const float *logits, int n, const megac_sampler *s, uint64_t *rng_state)
 {
     rt_loose_clear();
@@ -165,20 +291,32 @@ int megac_sample(const float *logits, int n, const megac_sampler *s, uint64_t *r
                                    (double)logits[bad]);
     if (s->temperature == 0.0f)
         return sample_argmax(logits, n);
-    SampleCand *c = malloc(sizeof *c * (size_t)n);
+    SampleCand *c = sample_scratch(n);
     if (!c)
         return -(int)rt_loose_fail(MEGAC_ERR_NOMEM, "megac_sample: no memory for %d candidates", n);
-    sample_softmax(logits, n, s->temperature, c);
+    double total = sample_weights(logits, n, s->temperature, c);
     int keep = n;
-    bool sorted = s->top_k > 0 || s->top_p < 1.0f;
-    if (sorted)
-        qsort(c, (size_t)n, sizeof *c, sample_cand_cmp);
-    if (s->top_k > 0 && s->top_k < keep)
+    if (s->top_k > 0 && s->top_k < n) {
+        sample_top_k(c, n, s->top_k);
         keep = s->top_k;
-    if (s->top_p < 1.0f)
-        keep = sample_nucleus(c, keep, s->top_p);
+        total = 0;
+        for (int i = 0; i < keep; i++)
+            total += c[i].p;
+    } else if (s->top_p < 1.0f && n > 1) {
+        /* the best token's weight is 1 (exp(0)): it always passes */
+        int m = sample_at_least(c, n, fmin((1.0 - s->top_p) / (n - 1) * total, 1.0));
+        keep = sample_nucleus_heap(c, m, s->top_p, total);
+        if (!keep) { /* rounding left it short: rank them all */
+            qsort(c, (size_t)n, sizeof *c, sample_cand_cmp);
+            keep = n;
+        }
+    } else if (s->top_k > 0) {
+        qsort(c, (size_t)n, sizeof *c, sample_cand_cmp);
+    }
+    if (s->top_p < 1.0f) {
+        int nk = sample_nucleus(c, keep, s->top_p, total);
+        keep = nk ? nk : keep;
+    }
     double u = sample_uniform(rng_state, s->seed);
-    int tok = sample_draw(c, keep, u);
-    free(c);
-    return tok;
+    return sample_draw(c, keep, u);
 }

@@ -184,3 +184,127 @@ Test(sampler, huge_temperature_top_k_one_is_argmax)
         cr_assert_eq(megac_sample(lg, 6, &p0, &rng), 3);
     }
 }
+
+/* ---- the sampler against its definition, ranked in full ----
+ * megac_sample ranks only the candidates that can be kept (a heap for
+ * top-k, a cutoff for top-p). oracle_sample() is the definition written
+ * plainly: softmax over all n, every candidate sorted (logit, then
+ * index), top-k, then the nucleus of what is left, then the draw, with
+ * the header's RNG. Both must pick the same token from the same state. */
+
+typedef struct {
+    double p;
+    float logit;
+    int id;
+} OracleCand;
+
+static int oracle_cmp(const void *a, const void *b)
+{
+    const OracleCand *x = a, *y = b;
+    if (x->logit != y->logit)
+        return x->logit > y->logit ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* The next uniform of a started state (xorshift64*, top 53 bits). */
+static double oracle_uniform(uint64_t *st)
+{
+    uint64_t x = *st;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *st = x;
+    return (double)((x * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static int oracle_sample(const float *lg, int n, const megac_sampler *s, uint64_t *st)
+{
+    static OracleCand c[50000];
+    double mx = lg[0], sum = 0;
+    for (int i = 1; i < n; i++)
+        mx = lg[i] > mx ? lg[i] : mx;
+    for (int i = 0; i < n; i++) {
+        c[i] = (OracleCand){exp(((double)lg[i] - mx) / s->temperature), lg[i], i};
+        sum += c[i].p;
+    }
+    for (int i = 0; i < n; i++)
+        c[i].p /= sum;
+    if (s->top_k > 0 || s->top_p < 1.0f) /* unranked, the draw runs in index order */
+        qsort(c, (size_t)n, sizeof c[0], oracle_cmp);
+    int keep = s->top_k > 0 && s->top_k < n ? s->top_k : n;
+    if (s->top_p < 1.0f) {
+        double total = 0, cum = 0;
+        for (int i = 0; i < keep; i++)
+            total += c[i].p;
+        for (int i = 0; i < keep; i++) {
+            cum += c[i].p;
+            if (cum >= s->top_p * total) {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    double total = 0, cum = 0;
+    for (int i = 0; i < keep; i++)
+        total += c[i].p;
+    double r = oracle_uniform(st) * total;
+    for (int i = 0; i < keep; i++) {
+        cum += c[i].p;
+        if (r < cum)
+            return c[i].id;
+    }
+    return c[keep - 1].id;
+}
+
+/* Random logits with SmolLM2's vocabulary size and smaller ones, with
+ * ties (values on a coarse grid), masked tokens (-inf) and a few
+ * outliers; every combination of temperature, top-k and top-p below.
+ * Also shows the nucleus is not cut short by ranking only part of the
+ * candidates (it would pick tokens the oracle never does). */
+Test(sampler, same_tokens_as_ranking_every_candidate, .timeout = 120)
+{
+    static float lg[49152];
+    const int sizes[] = {1, 2, 7, 600, 49152};
+    /* (not a huge temperature: every weight 1, the nucleus's edge lands
+     * exactly on top_p * total and rounding decides it) */
+    const float temps[] = {0.3f, 1.0f, 5.0f, 40.0f};
+    const int top_ks[] = {0, 1, 5, 40, 600, 100000};
+    /* (none whose product with a top-k is a whole number: a top-k inside a
+     * run of tied logits keeps k equal weights, and the nucleus's edge
+     * would land exactly on top_p * k) */
+    const float top_ps[] = {1.0f, 0.9137f, 0.4711f, 0.0123f, 0.0f, 0.999999f};
+    uint64_t seed = 0x1234567;
+    int cases = 0, draws_differ = 0;
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        int n = sizes[si];
+        for (int v = 0; v < 2; v++) {
+            for (int i = 0; i < n; i++) {
+                seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                int r = (int)(seed >> 40) % 1000;
+                lg[i] = v ? (float)(r % 40) * 0.25f - 5.0f : (float)r * 0.013f - 6.0f; /* v: many ties */
+                if (r % 97 == 0 && i)
+                    lg[i] = -INFINITY;
+                if (r % 251 == 0)
+                    lg[i] = 9.0f + (float)(r % 3);
+            }
+            for (size_t ti = 0; ti < sizeof temps / sizeof temps[0]; ti++)
+                for (size_t ki = 0; ki < sizeof top_ks / sizeof top_ks[0]; ki++)
+                    for (size_t pi = 0; pi < sizeof top_ps / sizeof top_ps[0]; pi++) {
+                        megac_sampler s = {.temperature = temps[ti], .top_k = top_ks[ki], .top_p = top_ps[pi]};
+                        uint64_t rng = 0x9E3779B97F4A7C15ull ^ (uint64_t)cases; /* started: used as it is */
+                        for (int d = 0; d < (n > 1000 ? 3 : 20); d++) {
+                            uint64_t orng = rng;
+                            int got = megac_sample(lg, n, &s, &rng), want = oracle_sample(lg, n, &s, &orng);
+                            cr_assert(got >= 0 && got < n && lg[got] != -INFINITY, "n %d: token %d", n, got);
+                            draws_differ += got != want;
+                            cr_assert_eq(got, want, "n %d temp %g top_k %d top_p %g draw %d: %d, the definition %d",
+                                         n, (double)s.temperature, s.top_k, (double)s.top_p, d, got, want);
+                            cr_assert_eq(rng, orng, "one uniform a draw");
+                        }
+                        cases++;
+                    }
+        }
+    }
+    cr_assert_eq(draws_differ, 0);
+    cr_assert_gt(cases, 500);
+}
