@@ -97,6 +97,9 @@ static bool cpu_spin_for_step(CpuPool *pool, uint64_t seen)
         }
         if (cpu_now_ns() - t0 > CPU_SPIN_NS)
             return false;
+        /* the caller, who has no CPU of its own, may be waiting for this
+         * one between steps (sampling the next token): let it run */
+        sched_yield();
     }
 }
 
