@@ -260,7 +260,7 @@ int rt_logits_bad(const float *logits, int n)
 }
 
 /* This thread's candidate array, grown to n (kept between calls: a
- * fresh 1.2 MB for SmolLM2's vocabulary each token was an mmap, ~300
+ * fresh 768 KiB for SmolLM2's vocabulary each token was an mmap, ~200
  * page faults and an munmap). NULL when there is no memory. */
 static SampleCand *sample_scratch(int n)
 {
