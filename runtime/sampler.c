@@ -38,6 +38,7 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,13 +77,25 @@ static double sample_uniform(uint64_t *state, uint64_t seed)
     return (double)(sample_xorshift64s(state) >> 11) * (1.0 / 9007199254740992.0);
 }
 
+/* The first index of the largest logit (no NaN: rt_logits_bad passed):
+ * the maximum over eight running lanes, then the first index holding it
+ * (a compare and branch per element took ~30 us at 49,152). */
 static int sample_argmax(const float *logits, int n)
 {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (logits[i] > logits[best])
-            best = i;
-    return best;
+    float m[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            m[j] = logits[i + j] > m[j] ? logits[i + j] : m[j];
+    for (; i < n; i++)
+        m[0] = logits[i] > m[0] ? logits[i] : m[0];
+    float mx = m[0];
+    for (int j = 1; j < 8; j++)
+        mx = m[j] > mx ? m[j] : mx;
+    for (i = 0; i < n; i++)
+        if (logits[i] == mx)
+            return i;
+    return 0;   /* every logit -inf */
 }
 
 /* Highest logit first; equal logits by lower index. */
@@ -250,12 +263,18 @@ const char *rt_sampler_error(const megac_sampler *s)
 
 int rt_logits_bad(const float *logits, int n)
 {
-    bool finite = false;
+    /* one pass over the bits that the compiler vectorizes (NaN or +Inf
+     * anywhere; any logit but -Inf), then the first bad one's index */
+    uint32_t bad = 0, finite = 0;
     for (int i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, logits + i, sizeof u);
+        bad |= ((u & 0x7fffffffu) > 0x7f800000u) | (u == 0x7f800000u);
+        finite |= u != 0xff800000u;
+    }
+    for (int i = 0; bad && i < n; i++)
         if (isnan(logits[i]) || logits[i] == INFINITY)
             return i;
-        finite |= logits[i] != -INFINITY;
-    }
     return finite ? -1 : 0;
 }
 
