@@ -7,6 +7,7 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 /* Counts the draws of each of 3 tokens over n samples. */
@@ -307,4 +308,52 @@ Test(sampler, same_tokens_as_ranking_every_candidate, .timeout = 120)
     }
     cr_assert_eq(draws_differ, 0);
     cr_assert_gt(cases, 500);
+}
+
+/* Greedy and the logits' check over long rows: the maximum is taken over
+ * eight lanes and the check over whole vectors, so ties across lanes and
+ * in the tail, and a bad logit late in the row, must still be found
+ * where a scan finds them (the first index of the largest; the first NaN
+ * or +Inf). */
+Test(sampler, long_rows_greedy_and_bad_logits)
+{
+    static float lg[1003];
+    megac_sampler g = {.temperature = 0, .top_p = 1}, s = {.temperature = 1, .top_p = 0.9f, .seed = 1};
+    const int n = 1003, ties[][3] = {{500, 9, 1001}, {3, 4, 1002}, {1000, 1001, 1002}, {7, 15, 8}};
+    uint64_t rng = 0;
+    for (size_t t = 0; t < sizeof ties / sizeof ties[0]; t++) {
+        for (int i = 0; i < n; i++)
+            lg[i] = (float)((i * 37) % 101) * 0.01f;
+        for (int j = 0; j < 3; j++)
+            lg[ties[t][j]] = 5.0f;
+        int first = ties[t][0] < ties[t][1] ? ties[t][0] : ties[t][1];
+        first = ties[t][2] < first ? ties[t][2] : first;
+        cr_assert_eq(megac_sample(lg, n, &g, &rng), first, "ties %zu", t);
+        for (int len = 1; len <= 17; len++) {   /* short rows: all in the tail, or one lane pass and a tail */
+            int want = 0;
+            for (int i = 1; i < len; i++)
+                want = lg[i] > lg[want] ? i : want;
+            cr_assert_eq(megac_sample(lg, len, &g, &rng), want, "ties %zu, n %d", t, len);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        lg[i] = -INFINITY;
+    cr_assert_eq(megac_sample(lg, n, &g, &rng), -MEGAC_ERR_ARG, "only -inf");
+    lg[1002] = -3.0f;
+    cr_assert_eq(megac_sample(lg, n, &g, &rng), 1002);
+    cr_assert_eq(megac_sample(lg, n, &s, &rng), 1002, "the one token that is not masked");
+    const float bad[] = {NAN, INFINITY, -NAN};
+    const int at[] = {1002, 999, 8, 0};
+    for (size_t b = 0; b < 3; b++)
+        for (size_t a = 0; a < 4; a++) {
+            for (int i = 0; i < n; i++)
+                lg[i] = (float)i * 0.001f;
+            lg[at[a]] = bad[b];
+            lg[at[a] == 0 ? 1 : at[a] - 1] = INFINITY * (b == 1 ? 1.0f : -1.0f); /* an earlier -inf is no error */
+            int want = b == 1 && at[a] > 0 ? at[a] - 1 : (int)at[a];
+            cr_assert_eq(megac_sample(lg, n, &s, &rng), -MEGAC_ERR_ARG);
+            char msg[64];
+            snprintf(msg, sizeof msg, "logit %d is ", want);
+            cr_assert(strstr(megac_error(NULL), msg), "%s (want %s)", megac_error(NULL), msg);
+        }
 }
