@@ -136,20 +136,17 @@ static int sample_nucleus(const SampleCand *c, int n, double top_p, double total
     return 0;
 }
 
-/* Whether candidate a ranks after b (sample_cand_cmp's order). */
-static bool sample_after(const SampleCand *a, const SampleCand *b)
+/* Sifts h[i] down in a heap of n whose root ranks last among them
+ * (last = 1: the k best kept so far, the worst on top) or first (last =
+ * 0), in sample_cand_cmp's order. */
+static void sample_sift(SampleCand *h, int n, int i, int last)
 {
-    return sample_cand_cmp(a, b) > 0;
-}
-
-/* Sifts h[i] down in a heap of n whose root ranks last. */
-static void sample_sift(SampleCand *h, int n, int i)
-{
+    int dir = last ? 1 : -1;
     for (;;) {
         int l = 2 * i + 1, r = l + 1, w = i;
-        if (l < n && sample_after(&h[l], &h[w]))
+        if (l < n && dir * sample_cand_cmp(&h[l], &h[w]) > 0)
             w = l;
-        if (r < n && sample_after(&h[r], &h[w]))
+        if (r < n && dir * sample_cand_cmp(&h[r], &h[w]) > 0)
             w = r;
         if (w == i)
             return;
@@ -164,13 +161,13 @@ static void sample_sift(SampleCand *h, int n, int i)
 static void sample_top_k(SampleCand *c, int n, int k)
 {
     for (int i = k / 2 - 1; i >= 0; i--)
-        sample_sift(c, k, i);
+        sample_sift(c, k, i, 1);
     for (int i = k; i < n; i++)
-        if (sample_after(&c[0], &c[i])) {   /* c[i] beats the worst kept */
+        if (sample_cand_cmp(&c[0], &c[i]) > 0) {   /* c[i] beats the worst kept */
             SampleCand t = c[0];
             c[0] = c[i];
             c[i] = t;
-            sample_sift(c, k, 0);
+            sample_sift(c, k, 0, 1);
         }
     qsort(c, (size_t)k, sizeof *c, sample_cand_cmp);
 }
@@ -189,24 +186,6 @@ static int sample_at_least(SampleCand *c, int n, double cut)
     return m;
 }
 
-/* Sifts h[i] down in a heap of n whose root ranks first. */
-static void sample_sift_best(SampleCand *h, int n, int i)
-{
-    for (;;) {
-        int l = 2 * i + 1, r = l + 1, w = i;
-        if (l < n && sample_after(&h[w], &h[l]))
-            w = l;
-        if (r < n && sample_after(&h[w], &h[r]))
-            w = r;
-        if (w == i)
-            return;
-        SampleCand t = h[i];
-        h[i] = h[w];
-        h[w] = t;
-        i = w;
-    }
-}
-
 /* The nucleus of c[0:m] (the smallest prefix, in rank order, whose weight
  * reaches top_p * total), moved to c[0:k] in rank order (what c holds past
  * k is then undefined); returns k, or 0 when all m do not reach it. Takes the best out of a heap one at a time,
@@ -214,13 +193,13 @@ static void sample_sift_best(SampleCand *h, int n, int i)
 static int sample_nucleus_heap(SampleCand *c, int m, double top_p, double total)
 {
     for (int i = m / 2 - 1; i >= 0; i--)
-        sample_sift_best(c, m, i);
+        sample_sift(c, m, i, 0);
     double cum = 0;
     for (int k = 1; k <= m; k++) {
         SampleCand best = c[0];
         c[0] = c[m - k];
         c[m - k] = best;
-        sample_sift_best(c, m - k, 0);
+        sample_sift(c, m - k, 0, 0);
         cum += best.p;
         if (cum >= top_p * total) { /* c[m - 1 - i] is the i-th best: to c[i] (the rest is not kept) */
             for (int i = 0, j = k - 1; i < j; i++, j--) {
