@@ -516,3 +516,42 @@ Test(e2e_cpu, generation_stops_at_every_eos_id)
     free(b);
     test_rm_rf(dir);
 }
+
+/* A reset starts the next sequence from zeroed state and KV cache, as a
+ * fresh open does: the arena (661 KB here, so its pages are dropped and
+ * come back zero rather than being cleared in place) holds nothing of the
+ * 48 positions before it (its logits, still mapped, read zero), and the
+ * logits that follow equal a fresh model's bit for bit. */
+Test(e2e_cpu, reset_leaves_nothing_of_the_last_sequence)
+{
+    if (!file_exists(SHARED "/models/stories260K.bin"))
+        cr_skip("../shared/models/stories260K.bin is absent");
+    char *dir = tmp_dir();
+    char *b = compile_bundle(STORIES_YAML, 2, dir);
+    megac_model *used, *fresh;
+    cr_assert_eq(megac_open(b, &used), MEGAC_OK, "%s", megac_last_open_error());
+    cr_assert_eq(megac_open(b, &fresh), MEGAC_OK, "%s", megac_last_open_error());
+    cr_assert_eq(megac_step(used, 1), MEGAC_OK);
+    for (int i = 1; i < 48; i++)
+        cr_assert_eq(megac_step(used, megac_argmax(used)), MEGAC_OK, "%s", megac_error(used));
+    int V = megac_vocab_size(fresh);
+    const float *lg = megac_logits(used);   /* the arena's logits, which the reset clears */
+    float top = 0;
+    for (int i = 0; i < V; i++)
+        top = fabsf(lg[i]) > top ? fabsf(lg[i]) : top;
+    cr_assert_gt(top, 0.0f);
+    cr_assert_eq(megac_reset(used), MEGAC_OK);
+    cr_assert_null(megac_logits(used));
+    for (int i = 0; i < V; i++)
+        cr_assert_eq(lg[i], 0.0f, "logit %d reads %g after the reset", i, (double)lg[i]);
+    int toks[] = {1, 403, 26, 77, 9, 311, 58, 120};
+    for (int i = 0; i < 8; i++) {
+        cr_assert_eq(megac_step(used, toks[i]), MEGAC_OK);
+        cr_assert_eq(megac_step(fresh, toks[i]), MEGAC_OK);
+        cr_assert_arr_eq(megac_logits(used), megac_logits(fresh), sizeof(float) * (size_t)V, "position %d", i);
+    }
+    megac_close(used);
+    megac_close(fresh);
+    free(b);
+    test_rm_rf(dir);
+}
