@@ -440,23 +440,28 @@ static int pack_nib_byte(int e, int *shift)
     return 4 * (e % 4) + n / 2;
 }
 
+/* Packed byte 4 i + m holds elements 8 m + i (low nibble) and 8 m + 4 + i
+ * (high): pack_nib_byte's order, byte by byte (element by element, with
+ * a read-modify-write each, the packing took ~1.5 s of a 1B-shaped Q4_0
+ * bundle's 4.8 s write). */
 static void pack_nibs(const unsigned char *in, unsigned char *out)
 {
-    memset(out, 0, 16);
-    for (int e = 0; e < 32; e++) {
-        int sh, b = pack_nib_byte(e, &sh);
-        out[b] |= (unsigned char)(pack_nib_get(in, e) << sh);
-    }
+    for (int i = 0; i < 4; i++)
+        for (int m = 0; m < 4; m++)
+            out[4 * i + m] = (unsigned char)(pack_nib_get(in, 8 * m + i) | pack_nib_get(in, 8 * m + 4 + i) << 4);
+}
+
+/* Element e of a packed block (pack_nib_byte's place). */
+static unsigned unpack_nib_get(const unsigned char *in, int e)
+{
+    int sh, b = pack_nib_byte(e, &sh);
+    return ((unsigned)in[b] >> sh) & 15u;
 }
 
 static void unpack_nibs(const unsigned char *in, unsigned char *out)
 {
-    memset(out, 0, 16);
-    for (int e = 0; e < 32; e++) {
-        int sh, b = pack_nib_byte(e, &sh);
-        unsigned v = ((unsigned)in[b] >> sh) & 15u;
-        out[e % 16] |= (unsigned char)(e < 16 ? v : v << 4);
-    }
+    for (int j = 0; j < 16; j++)
+        out[j] = (unsigned char)(unpack_nib_get(in, j) | unpack_nib_get(in, j + 16) << 4);
 }
 
 /* Where the header fields of block i of a superblock of nblk blocks go:
