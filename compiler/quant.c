@@ -442,8 +442,8 @@ static int pack_nib_byte(int e, int *shift)
 
 /* Packed byte 4 i + m holds elements 8 m + i (low nibble) and 8 m + 4 + i
  * (high): pack_nib_byte's order, byte by byte (element by element, with
- * a read-modify-write each, the packing took ~1.5 s of a 1B-shaped Q4_0
- * bundle's 4.8 s write). */
+ * a read-modify-write each, the packing took 30% of a 1B-shaped Q4_0
+ * compile's time, 12.5% so). */
 static void pack_nibs(const unsigned char *in, unsigned char *out)
 {
     for (int i = 0; i < 4; i++)
