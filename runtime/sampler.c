@@ -38,6 +38,7 @@
 #include "runtime/backend.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -261,21 +262,41 @@ int rt_logits_bad(const float *logits, int n)
     return finite ? -1 : 0;
 }
 
-/* This thread's candidate array, grown to n (kept between calls: a
+/* This thread's candidate array, grown to n and kept between calls (a
  * fresh 768 KiB for SmolLM2's vocabulary each token was an mmap, ~200
- * page faults and an munmap). NULL when there is no memory. */
+ * page faults and an munmap); freed when the thread exits. NULL when
+ * there is no memory. */
+typedef struct {
+    int cap;
+    SampleCand c[];
+} SampleScratch;
+
+static pthread_key_t sample_key;
+static pthread_once_t sample_key_once = PTHREAD_ONCE_INIT;
+static bool sample_key_ok;
+
+static void sample_key_make(void)
+{
+    sample_key_ok = pthread_key_create(&sample_key, free) == 0;
+}
+
 static SampleCand *sample_scratch(int n)
 {
-    static _Thread_local SampleCand *buf;
-    static _Thread_local int cap;
-    if (n > cap) {
-        SampleCand *p = realloc(buf, sizeof *p * (size_t)n);
-        if (!p)
+    pthread_once(&sample_key_once, sample_key_make);
+    if (!sample_key_ok)
+        return NULL;
+    SampleScratch *s = pthread_getspecific(sample_key);
+    if (!s || s->cap < n) {
+        SampleScratch *g = malloc(sizeof *g + sizeof g->c[0] * (size_t)n);
+        if (!g || pthread_setspecific(sample_key, g) != 0) {
+            free(g);
             return NULL;
-        buf = p;
-        cap = n;
+        }
+        g->cap = n;
+        free(s);
+        s = g;
     }
-    return buf;
+    return s->c;
 }
 
 int megac_sample(const float *logits, int n, const megac_sampler *s, uint64_t *rng_state)
