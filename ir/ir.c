@@ -138,3 +138,47 @@ uint64_t sched_hash(const Schedule *s)
     free(t);
     return h;
 }
+
+/* An op is output-only when it writes something and every buffer it writes
+ * is in `out`. */
+bool sched_inst_output_only(const Schedule *s, const Inst *in, const bool *out)
+{
+    if (in->kind != INST_OP)
+        return false;
+    int writes = 0;
+    for (uint32_t i = 0; i < in->nacc; i++) {
+        const Access *a = &s->accs[in->acc + i];
+        if (a->buf == BUF_NONE || !(a->mode & ACC_W))
+            continue;
+        if (!out[a->buf])
+            return false;
+        writes++;
+    }
+    return writes > 0;
+}
+
+bool *sched_output_bufs(const Schedule *s)
+{
+    bool *out = xcalloc(s->nbufs ? s->nbufs : 1, sizeof *out);
+    for (uint32_t b = 0; b < s->nbufs; b++)
+        out[b] = s->bufs[b].cls == BUF_IO || s->bufs[b].cls == BUF_SCRATCH;
+    /* Greatest fixpoint: a buffer that an op which runs anyway reads must be
+     * written in every step. Each pass removes at least one buffer or ends. */
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (uint32_t w = 0; w < s->nworkers; w++)
+            for (uint32_t j = 0; j < s->workers[w].ninst; j++) {
+                const Inst *in = &s->workers[w].insts[j];
+                if (in->kind != INST_OP || sched_inst_output_only(s, in, out))
+                    continue;
+                for (uint32_t i = 0; i < in->nacc; i++) {
+                    const Access *a = &s->accs[in->acc + i];
+                    if (a->buf != BUF_NONE && (a->mode & ACC_R) && out[a->buf]) {
+                        out[a->buf] = false;
+                        changed = true;
+                    }
+                }
+            }
+    }
+    return out;
+}

@@ -114,6 +114,17 @@ void sched_wait(Schedule *s, int w, uint32_t counter, uint32_t n);
 void sched_layout(Schedule *s);
 /* Stable hash of the whole schedule (text form), recorded in kernels. */
 uint64_t sched_hash(const Schedule *s);
+/* Steps without outputs. A step may be run only for its effect on the
+ * state and the KV cache (a prompt token before the last: its logits are
+ * not read). Such a step skips the output-only ops: those whose every write
+ * goes to a buffer of the set sched_output_bufs returns, the greatest set
+ * of io and scratch buffers that no other op reads (here: the logits, the
+ * argmax partials and the argmax). Waits and signals all stay, so the
+ * validator's proofs hold for it (it only removes accesses, and what a kept
+ * op reads is still written). Returns nbufs flags (xmalloc'd). */
+bool *sched_output_bufs(const Schedule *s);
+/* Whether instruction `in` of s is output-only, given sched_output_bufs. */
+bool sched_inst_output_only(const Schedule *s, const Inst *in, const bool *out);
 static inline int64_t affine_at(Affine a, int64_t pos) { return a.c + a.k * pos; }
 static inline Affine affine_const(int64_t c) { return (Affine){c, 0}; }
 

@@ -67,6 +67,7 @@ struct megac_model {
     Tokenizer *tok;
     int pos;                    /* position of the next step */
     int prompt_end;             /* position of the prompt's last token, -1: none (MegacArgs.prompt_end) */
+    bool no_output;             /* the step being run skips its outputs (MEGAC_STEP_NO_OUTPUT) */
     bool stepped;               /* logits are valid */
     const float *logits;        /* vocab floats after a step (backend-owned) */
     int next;                   /* the kernel's argmax after a step */
@@ -86,7 +87,8 @@ struct RtBackend {
      * says about itself against the manifest. */
     megac_status (*open)(megac_model *m);
     /* Runs one decode step of `token` at `pos`; then m->logits and m->next
-     * hold its results. */
+     * hold its results, unless m->no_output (a step without outputs:
+     * MegacArgs.flags, and nothing need be copied back). */
     megac_status (*step)(megac_model *m, int token, int pos);
     /* Clears state that lives across steps (KV cache) for a new sequence. */
     megac_status (*reset)(megac_model *m);

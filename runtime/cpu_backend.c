@@ -347,6 +347,7 @@ static megac_status cpu_step(megac_model *m, int token, int pos)
     memcpy((char *)pool->arena + m->man.off_tok, &tok, sizeof tok);
     pool->args.pos = pos;
     pool->args.prompt_end = m->prompt_end;
+    pool->args.flags = m->no_output ? MEGAC_STEP_NO_OUTPUT : 0;
     cpu_pool_run(pool);
     const MegacAbort *a = &pool->abort_info;
     if (a->flag && a->counter == UINT32_MAX)    /* the kernel refused the step itself */

@@ -351,7 +351,8 @@ static megac_status cuda_abort_report(megac_model *m, const MegacAbort *a, int p
 /* One step, all on the default stream with one wait at the end: the
  * token in, the abort record and counters cleared, the launch, then the
  * abort record, the kernel's argmax and the logits out (into pinned
- * memory). A failed step leaves m->logits undefined. */
+ * memory; not for a step without outputs). A failed step leaves m->logits
+ * undefined. */
 static megac_status cuda_step(megac_model *m, int token, int pos)
 {
     CudaState *st = m->be_state;
@@ -362,14 +363,17 @@ static megac_status cuda_step(megac_model *m, int token, int pos)
     CU_CHECK(m, st, cuMemsetD8Async(st->ctl, 0, cuda_ctl_bytes(m), NULL));
     st->args.pos = pos;
     st->args.prompt_end = m->prompt_end;
+    st->args.flags = m->no_output ? MEGAC_STEP_NO_OUTPUT : 0;
     void *params[] = {&st->args};
     CU_CHECK(m, st,
              cuLaunchCooperativeKernel(st->fn, m->man.workers, 1, 1, (unsigned)st->threads, 1, 1, st->dyn_smem, NULL,
                                        params));
     CU_CHECK(m, st, cuMemcpyDtoHAsync_v2(&h->abort_info, st->ctl, sizeof h->abort_info, NULL));
-    CU_CHECK(m, st, cuMemcpyDtoHAsync_v2(&h->next, st->arena + m->man.off_next, sizeof h->next, NULL));
-    CU_CHECK(m, st, cuMemcpyDtoHAsync_v2(h->logits, st->arena + m->man.off_logits,
-                                         (size_t)m->man.vocab * sizeof(float), NULL));
+    if (!m->no_output) {
+        CU_CHECK(m, st, cuMemcpyDtoHAsync_v2(&h->next, st->arena + m->man.off_next, sizeof h->next, NULL));
+        CU_CHECK(m, st, cuMemcpyDtoHAsync_v2(h->logits, st->arena + m->man.off_logits,
+                                             (size_t)m->man.vocab * sizeof(float), NULL));
+    }
     CU_CHECK(m, st, cuStreamSynchronize(NULL));
     if (h->abort_info.flag)
         return cuda_abort_report(m, &h->abort_info, pos);

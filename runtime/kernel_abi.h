@@ -31,7 +31,8 @@
 
 /* 2: megac_kernel_facts */
 /* 3: MegacArgs.prompt_end */
-#define MEGAC_KERNEL_ABI 5u    /* 4: MegacArgs.spin_ns; 5: megac_k_dyn_smem_bytes (the instruction stage) */
+/* 4: MegacArgs.spin_ns; 5: megac_k_dyn_smem_bytes (the instruction stage) */
+#define MEGAC_KERNEL_ABI 6u    /* 6: MegacArgs.flags (steps without outputs) */
 
 /* megac_kernel_facts[]: each is the value of one manifest key. */
 typedef enum MegacFact {
@@ -65,6 +66,12 @@ typedef struct MegacArgs {
     uint64_t spin_ns;       /* CPU: how long a wait spins (and yields) before it
                              * sleeps, when each worker has a CPU of its own; 0 =
                              * the kernel's default for shared CPUs. GPUs ignore it. */
+    uint64_t flags;         /* MEGAC_STEP_* */
 } MegacArgs;
+
+/* MegacArgs.flags: the step's outputs (logits, argmax) are not wanted, so
+ * it skips the output-only ops (sched_output_bufs in ir/ir.h); the io
+ * buffers they write keep what an earlier step left there. */
+#define MEGAC_STEP_NO_OUTPUT 1u
 
 #endif

@@ -91,7 +91,15 @@ megac_status megac_reset(megac_model *m);               /* position back to 0, n
 megac_status megac_set_prompt_end(megac_model *m, int pos);
 /* Runs one decode step: token at the current position; advances it. */
 megac_status megac_step(megac_model *m, int token);
-/* Logits of the last step (vocab floats, owned by m). */
+/* Runs one step whose outputs are not wanted (a prompt token before the
+ * last): the kernel skips the ops that only compute the logits and the
+ * argmax (the output matrix: a fifth of a small model's weights), so it is
+ * faster than megac_step; the state and KV cache advance the same, bit for
+ * bit. megac_logits and megac_argmax then return NULL and -1 until the
+ * next megac_step. */
+megac_status megac_feed(megac_model *m, int token);
+/* Logits of the last step (vocab floats, owned by m); NULL before any
+ * step, after megac_feed or megac_reset. */
 const float *megac_logits(const megac_model *m);
 /* The kernel's own greedy choice for the last step. */
 int megac_argmax(const megac_model *m);

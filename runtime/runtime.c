@@ -166,7 +166,8 @@ megac_status megac_reset(megac_model *m)
     return st;
 }
 
-static megac_status model_step(megac_model *m, int token)
+/* One step; `outputs` false: a step without outputs (megac_feed). */
+static megac_status model_step(megac_model *m, int token, bool outputs)
 {
     m->err[0] = 0;
     if (token < 0 || token >= m->man.vocab)
@@ -174,11 +175,13 @@ static megac_status model_step(megac_model *m, int token)
     if (m->pos >= m->man.max_seq)
         return rt_fail(m, MEGAC_ERR_ARG, "position %d is past the context of %d tokens", m->pos, m->man.max_seq);
     m->stepped = false;
+    m->no_output = !outputs;
     megac_status st = m->be->step(m, token, m->pos);
+    m->no_output = false;
     if (st)
         return st;
     m->pos++;
-    m->stepped = true;
+    m->stepped = outputs;
     return MEGAC_OK;
 }
 
@@ -199,7 +202,16 @@ megac_status megac_step(megac_model *m, int token)
 {
     NEED_MODEL(m, "megac_step", MEGAC_ERR_ARG);
     pthread_mutex_lock(&m->mu);
-    megac_status st = model_step(m, token);
+    megac_status st = model_step(m, token, true);
+    pthread_mutex_unlock(&m->mu);
+    return st;
+}
+
+megac_status megac_feed(megac_model *m, int token)
+{
+    NEED_MODEL(m, "megac_feed", MEGAC_ERR_ARG);
+    pthread_mutex_lock(&m->mu);
+    megac_status st = model_step(m, token, false);
     pthread_mutex_unlock(&m->mu);
     return st;
 }
@@ -295,8 +307,8 @@ static megac_status model_generate(megac_model *m, const int *prompt, int npromp
     double t0 = now_s();
     megac_status rc;
     m->prompt_end = m->pos + nprompt - 1;
-    for (int i = 0; i < nprompt; i++)
-        if ((rc = model_step(m, prompt[i])))
+    for (int i = 0; i < nprompt; i++)     /* only the last prompt token's outputs are read */
+        if ((rc = model_step(m, prompt[i], i == nprompt - 1)))
             return rc;
     st->prompt_tokens = nprompt;
     double t1 = now_s();
@@ -316,7 +328,7 @@ static megac_status model_generate(megac_model *m, const int *prompt, int npromp
         prev = tok;
         if (i + 1 == n_new || m->pos >= m->man.max_seq)
             break;
-        if ((rc = model_step(m, tok)))
+        if ((rc = model_step(m, tok, true)))
             return rc;
     }
     st->decode_s = now_s() - t1;

@@ -42,6 +42,7 @@ typedef struct Kern {
     uint32_t *ctrs;
     MegacAbort abort_info;
     int64_t prompt_end;     /* MegacArgs.prompt_end of the steps (-1: none) */
+    uint64_t flags;         /* MegacArgs.flags of the steps */
 } Kern;
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -151,7 +152,7 @@ static void kern_step(Kern *k, int64_t pos, uint64_t timeout_ns)
     uint32_t n = k->s->nworkers;
     memset(k->ctrs, 0, 4 * (k->s->nctrs + 1));
     last_step_cpu_s = 0;
-    MegacArgs args = {k->weights, k->arena, k->ctrs, &k->abort_info, pos, timeout_ns, k->prompt_end, 0};
+    MegacArgs args = {k->weights, k->arena, k->ctrs, &k->abort_info, pos, timeout_ns, k->prompt_end, 0, k->flags};
     pthread_t th[16];
     Job jobs[16];
     cr_assert(n <= 16);
@@ -907,7 +908,7 @@ static uint32_t spin_wait_word(Kern *k, uint32_t c, uint64_t spin_ns, uint64_t t
 {
     memset(k->ctrs, 0, 4 * (k->s->nctrs + 1));
     memset(&k->abort_info, 0, sizeof k->abort_info);
-    MegacArgs args = {k->weights, k->arena, k->ctrs, &k->abort_info, 0, timeout_ns, -1, spin_ns};
+    MegacArgs args = {k->weights, k->arena, k->ctrs, &k->abort_info, 0, timeout_ns, -1, spin_ns, 0};
     SpinJob sj = {{k, &args, 0, 0}, 0};
     pthread_attr_t attr;
     pthread_attr_init(&attr);

@@ -238,7 +238,7 @@ static double qkern_steps(QKern *k, int reps)
     uint32_t n = k->s->nworkers;
     memset(k->ctrs, 0, 4 * (k->s->nctrs + 1));
     MegacAbort ab = {0};
-    MegacArgs args = {k->wts, k->arena, k->ctrs, &ab, 0, 0, -1, 0};
+    MegacArgs args = {k->wts, k->arena, k->ctrs, &ab, 0, 0, -1, 0, 0};
     pthread_t th[4];
     QJob jobs[4];
     cr_assert(n <= 4);

@@ -701,7 +701,7 @@ static void host_kernel_step(HostKernel *k, int64_t pos)
     uint32_t ctr[1] = {0};
     MegacAbort ab;
     memset(&ab, 0, sizeof ab);
-    MegacArgs args = {k->weights, k->arena, ctr, &ab, pos, 0, k->prompt_end, 0};
+    MegacArgs args = {k->weights, k->arena, ctr, &ab, pos, 0, k->prompt_end, 0, 0};
     k->fn(&args, 0);
     cr_assert_eq(ab.flag, 0, "the step at pos %lld aborted", (long long)pos);
 }
@@ -1163,7 +1163,7 @@ Test(cuda_host, wait_run_before_gemv_names_the_stuck_wait)
     uint32_t ctr[1] = {0};
     MegacAbort ab;
     memset(&ab, 0, sizeof ab);
-    MegacArgs args = {k.weights, k.arena, ctr, &ab, 0, 20000000ull, -1, 0};
+    MegacArgs args = {k.weights, k.arena, ctr, &ab, 0, 20000000ull, -1, 0, 0};
     k.fn(&args, 0);
     cr_assert_eq(ab.flag, 1u, "flag %u: not a timeout (KT_ABORT_TIMEOUT)", ab.flag);
     cr_assert_eq(ab.pc, 3u, "the stuck wait is instruction 3, not %u", ab.pc);

@@ -609,3 +609,118 @@ Test(lower, sparse_knob_extremes_validate)
             free(m);
         }
 }
+
+/* s without its output-only instructions (what a step without outputs
+ * runs), as a schedule of its own. */
+static Schedule *without_outputs(const Schedule *s, const bool *out)
+{
+    Schedule *t = sched_new(s->name, s->target, (int)s->nworkers);
+    t->shape = s->shape;
+    for (uint32_t b = 0; b < s->nbufs; b++) {
+        const Buffer *bf = &s->bufs[b];
+        sched_add_buffer(t, bf->name, bf->dtype, bf->cls, bf->rank, bf->shape);
+    }
+    for (uint32_t c = 0; c < s->nctrs; c++)
+        sched_add_counter(t, s->ctrs[c].name);
+    for (uint32_t w = 0; w < s->nworkers; w++)
+        for (uint32_t i = 0; i < s->workers[w].ninst; i++) {
+            const Inst *in = &s->workers[w].insts[i];
+            if (in->kind == INST_SIGNAL)
+                sched_signal(t, (int)w, in->counter, in->amount);
+            else if (in->kind == INST_WAIT)
+                sched_wait(t, (int)w, in->counter, in->amount);
+            else if (!sched_inst_output_only(s, in, out))
+                sched_op(t, (int)w, in->op, in->p, &s->accs[in->acc]);
+        }
+    sched_layout(t);
+    return t;
+}
+
+/* A step without outputs skips exactly the LM stage (the output matrix's
+ * GEMVs, their argmax partials and the combine), and what it runs is a
+ * schedule the validator and the race check accept on its own. */
+Test(lower, steps_without_outputs_skip_the_lm_stage)
+{
+    ModelDesc *ms[2] = {stories260k(), toy(96, 256, 2, 6, 2, 16, 300, 64)};
+    ms[1]->tie_embeddings = false;
+    int ws[3] = {1, 2, 3};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++) {
+            Schedule *s = lower(ms[i], "cpu", ws[j]);
+            bool *out = sched_output_bufs(s);
+            for (uint32_t b = 0; b < s->nbufs; b++) {
+                const char *n = s->bufs[b].name;
+                bool want = !strcmp(n, "logits") || !strcmp(n, "next") || !strcmp(n, "amax");
+                cr_assert_eq(out[b], want, "buffer %s at %d workers", n, ws[j]);
+            }
+            int64_t logits = sched_find_buffer(s, "logits");
+            int nskip[OP_COUNT] = {0}, gemvs_to_logits = 0;
+            for (uint32_t w = 0; w < s->nworkers; w++)
+                for (uint32_t k = 0; k < s->workers[w].ninst; k++) {
+                    const Inst *in = &s->workers[w].insts[k];
+                    if (in->kind == INST_OP && in->op == OP_GEMV && s->accs[in->acc + 2].buf == (uint32_t)logits)
+                        gemvs_to_logits++;
+                    if (sched_inst_output_only(s, in, out))
+                        nskip[in->op]++;
+                }
+            cr_assert_gt(gemvs_to_logits, 0);
+            cr_assert_eq(nskip[OP_GEMV], gemvs_to_logits);
+            cr_assert_eq(nskip[OP_ARGMAX], gemvs_to_logits);
+            cr_assert_eq(nskip[OP_ARGMAX_COMBINE], 1);
+            int rest = 0;
+            for (int o = 0; o < OP_COUNT; o++)
+                rest += nskip[o];
+            cr_assert_eq(rest, 2 * gemvs_to_logits + 1, "other ops are skipped too");
+            Schedule *t = without_outputs(s, out);
+            Diag d;
+            diag_init(&d);
+            ValResult r;
+            cr_assert(val_schedule_check(t, NULL, &d, &r), "%d validator errors", r.nerrors);
+            const char *why = find_race(t);
+            cr_assert_null(why, "%s", why);
+            sched_free(t);
+            free(out);
+            sched_free(s);
+        }
+    free(ms[0]);
+    free(ms[1]);
+}
+
+/* The output set is a greatest fixpoint: a scratch buffer that only
+ * output-only ops read is an output, one that any other op reads is not
+ * (and then neither is what its writer writes only there). */
+Test(lower, output_set_follows_the_readers)
+{
+    Schedule *s = sched_new("outs", "cpu", 1);
+    int64_t n16[1] = {16};
+    uint32_t st = sched_add_buffer(s, "st", DT_F32, BUF_STATE, 1, n16);
+    uint32_t sc = sched_add_buffer(s, "sc", DT_F32, BUF_SCRATCH, 1, n16);
+    uint32_t sc2 = sched_add_buffer(s, "sc2", DT_F32, BUF_SCRATCH, 1, n16);
+    uint32_t io = sched_add_buffer(s, "io", DT_F32, BUF_IO, 1, n16);
+    int32_t p[2] = {0, 16};
+#define ACC(b, m) {(b), (m), {0, 0}, {16, 0}}
+    Access a0[2] = {ACC(sc, ACC_RW), ACC(st, ACC_R)};     /* sc from the state */
+    Access a1[2] = {ACC(io, ACC_RW), ACC(sc, ACC_R)};     /* the output from sc */
+    Access a2[2] = {ACC(sc2, ACC_RW), ACC(st, ACC_R)};    /* sc2, read by a state update below */
+    Access a3[2] = {ACC(st, ACC_RW), ACC(sc2, ACC_R)};
+    sched_op(s, 0, OP_ADD, p, a0);
+    sched_op(s, 0, OP_ADD, p, a1);
+    sched_op(s, 0, OP_ADD, p, a2);
+    sched_op(s, 0, OP_ADD, p, a3);
+    bool *out = sched_output_bufs(s);
+    cr_assert(!out[st] && out[sc] && !out[sc2] && out[io]);
+    const Inst *in = s->workers[0].insts;
+    cr_assert(sched_inst_output_only(s, &in[0], out) && sched_inst_output_only(s, &in[1], out));
+    cr_assert(!sched_inst_output_only(s, &in[2], out) && !sched_inst_output_only(s, &in[3], out));
+    free(out);
+    Access a4[2] = {ACC(st, ACC_RW), ACC(sc, ACC_R)};     /* now the state reads sc too */
+    sched_op(s, 0, OP_ADD, p, a4);
+#undef ACC
+    out = sched_output_bufs(s);
+    cr_assert(!out[sc] && out[io]);
+    in = s->workers[0].insts;
+    cr_assert(!sched_inst_output_only(s, &in[0], out), "sc's writer runs: the state reads sc");
+    cr_assert(sched_inst_output_only(s, &in[1], out));
+    free(out);
+    sched_free(s);
+}

@@ -844,7 +844,7 @@ static const float *qkern_step(QKern *k, int tok, int pos)
     uint32_t n = k->s->nworkers;
     *(int32_t *)qkern_buf(k, "tok") = tok;
     memset(k->ctrs, 0, 4 * (k->s->nctrs + 1));
-    MegacArgs args = {k->weights, k->arena, k->ctrs, &k->abort_info, pos, 0, -1, 0};
+    MegacArgs args = {k->weights, k->arena, k->ctrs, &k->abort_info, pos, 0, -1, 0, 0};
     pthread_t th[16];
     QJob jobs[16];
     cr_assert(n <= 16);
@@ -1257,7 +1257,7 @@ Test(quant, cpu_a8_gemv, .timeout = 60)
         memcpy(ar + s->bufs[xb].offset, x, sizeof x);
         uint32_t ctr[4] = {0};
         MegacAbort ab = {0};
-        MegacArgs args = {wts, ar, ctr, &ab, 0, 0, -1, 0};
+        MegacArgs args = {wts, ar, ctr, &ab, 0, 0, -1, 0, 0};
         fn(&args, 0);
         const float *y = (const float *)(ar + s->bufs[yb].offset);
         double y8[24], y16[24], num = 0, den = 0;

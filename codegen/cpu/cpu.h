@@ -30,8 +30,9 @@ bool cpu_schedule_check(const Schedule *s, Diag *d);
 /* The module that defines the instruction table, the per-worker starts,
  * the shape constants and the exported ABI constants (kernel_table.h). */
 LLVMModuleRef cpu_glue_build(LLVMContextRef ctx, const Schedule *s);
-/* One instruction as the KT_STRIDE words of the table. */
-void cpu_inst_encode(const Schedule *s, const Inst *in, uint64_t *words);
+/* One instruction as the KT_STRIDE words of the table; out is
+ * sched_output_bufs(s). */
+void cpu_inst_encode(const Schedule *s, const Inst *in, const bool *out, uint64_t *words);
 
 /* ---- cpu_emit.c ---- */
 /* bool cg_cpu_compile(...) of codegen.h */

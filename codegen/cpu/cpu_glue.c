@@ -27,7 +27,7 @@ static uint64_t glue_operand_word(const Schedule *s, uint32_t buf)
     return b->cls == BUF_WEIGHT ? b->offset : (b->offset | KT_ARENA);
 }
 
-void cpu_inst_encode(const Schedule *s, const Inst *in, uint64_t *words)
+void cpu_inst_encode(const Schedule *s, const Inst *in, const bool *out, uint64_t *words)
 {
     for (int i = 0; i < KT_STRIDE; i++)
         words[i] = 0;
@@ -47,6 +47,8 @@ void cpu_inst_encode(const Schedule *s, const Inst *in, uint64_t *words)
         if (buf != BUF_NONE)
             words[KT_DTYPES] |= (uint64_t)s->bufs[buf].dtype << (8 * i);
     }
+    if (sched_inst_output_only(s, in, out))
+        words[KT_DTYPES] |= KT_OUTPUT_ONLY;
 }
 
 static LLVMValueRef glue_global(LLVMModuleRef m, const char *name, LLVMValueRef init, unsigned align)
@@ -77,10 +79,11 @@ static void glue_tables(LLVMModuleRef m, LLVMContextRef ctx, const Schedule *s)
     LLVMValueRef *words = xmalloc(((size_t)n + 1) * KT_STRIDE * sizeof *words);
     LLVMValueRef *starts = xmalloc(((size_t)s->nworkers + 1) * sizeof *starts);
     uint64_t enc[KT_STRIDE];
+    bool *out = sched_output_bufs(s);
     for (uint32_t w = 0; w < s->nworkers; w++) {
         starts[w] = LLVMConstInt(i32, k, 0);
         for (uint32_t i = 0; i < s->workers[w].ninst; i++, k++) {
-            cpu_inst_encode(s, &s->workers[w].insts[i], enc);
+            cpu_inst_encode(s, &s->workers[w].insts[i], out, enc);
             for (int j = 0; j < KT_STRIDE; j++)
                 words[(size_t)k * KT_STRIDE + (size_t)j] = LLVMConstInt(i64, enc[j], 0);
         }
@@ -93,6 +96,7 @@ static void glue_tables(LLVMModuleRef m, LLVMContextRef ctx, const Schedule *s)
     glue_global(m, KT_SYM_WSTART, LLVMConstArray(i32, starts, s->nworkers + 1), 16);
     free(words);
     free(starts);
+    free(out);
 }
 
 static void glue_shape(LLVMModuleRef m, LLVMContextRef ctx, const ModelShape *sh)

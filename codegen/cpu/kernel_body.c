@@ -156,6 +156,13 @@ static void *opnd(const MegacArgs *a, const int64_t *in, int i)
     return (char *)(uintptr_t)a->weights + w;
 }
 
+/* Whether this step skips op `in`: it is output-only and the step was run
+ * without outputs (MEGAC_STEP_NO_OUTPUT). */
+static int op_skipped(const MegacArgs *a, const int64_t *in)
+{
+    return ((uint64_t)in[KT_DTYPES] & KT_OUTPUT_ONLY) && (a->flags & MEGAC_STEP_NO_OUTPUT);
+}
+
 static int opnd_dtype(const int64_t *in, int i)
 {
     return (int)(((uint64_t)in[KT_DTYPES] >> (8 * i)) & 0xff);
@@ -845,7 +852,7 @@ static int ws_advance(WStream *ws)
         return 1;
     for (; ws->next < ws->end; ws->next += KT_STRIDE) {
         const int64_t *in = ws->next;
-        if (in[KT_KIND] != K_INST_OP)
+        if (in[KT_KIND] != K_INST_OP || op_skipped(ws->a, in))
             continue;
         if (in[KT_OP] == OP_ATTN) {
             int64_t h = in[KT_PARAM], s = in[KT_PARAM + 1], nsplit = in[KT_PARAM + 2], block = in[KT_PARAM + 3];
@@ -4515,7 +4522,7 @@ static void gemv_rows(const MegacArgs *a, const int64_t *in, int n, const float 
 }
 
 /* Whether GEMV g may join a run that starts at GEMV f: the same input,
- * norm and weight dtype, and no GEMV of the run (g included) writes the
+ * norm, weight dtype and output-only mark, and no GEMV of the run (g included) writes the
  * input (so what f prepared stays what g would prepare). The instructions
  * between them are GEMVs only: no wait, so no other worker may write x
  * in between (the validator proves the schedule race-free). */
@@ -4523,7 +4530,8 @@ static int gemv_shares(const int64_t *f, const int64_t *g)
 {
     if (g[KT_KIND] != K_INST_OP || g[KT_OP] != OP_GEMV || g[KT_OPND + 1] != f[KT_OPND + 1] ||
         g[KT_OPND + 3] != f[KT_OPND + 3] || g[KT_PARAM + 2] != f[KT_PARAM + 2] ||
-        ((g[KT_PARAM + 3] ^ f[KT_PARAM + 3]) & GEMV_NORM) || opnd_dtype(g, 0) != opnd_dtype(f, 0))
+        ((g[KT_PARAM + 3] ^ f[KT_PARAM + 3]) & GEMV_NORM) || opnd_dtype(g, 0) != opnd_dtype(f, 0) ||
+        (((uint64_t)g[KT_DTYPES] ^ (uint64_t)f[KT_DTYPES]) & KT_OUTPUT_ONLY))
         return 0;
     uint64_t x = (uint64_t)f[KT_OPND + 1], y = (uint64_t)g[KT_OPND + 2];
     if (!(x & KT_ARENA) || !(y & KT_ARENA))
@@ -6029,6 +6037,8 @@ void megac_worker(const MegacArgs *a, uint32_t worker)
         const int64_t *in = megac_k_insts + (int64_t)i * KT_STRIDE;
         switch (in[KT_KIND]) {
         case K_INST_OP:
+            if (op_skipped(a, in))
+                break;
             if (in[KT_OP] == OP_GEMV) {
                 int n = gemv_run_length(in, megac_k_insts + (int64_t)end * KT_STRIDE);
                 op_gemv(a, in, n, &ws);

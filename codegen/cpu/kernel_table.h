@@ -7,7 +7,9 @@
  * [KT_WSTART[w], KT_WSTART[w+1]). An operand word holds the buffer's byte
  * offset, with KT_ARENA set when it lives in the runtime arena rather than
  * the weights blob; an absent optional operand is KT_NONE. The dtypes word
- * packs each operand's DType in 8 bits (operand i at bits 8*i).
+ * packs each operand's DType in 8 bits (operand i at bits 8*i), and has
+ * KT_OUTPUT_ONLY set for an op that a step without outputs skips
+ * (sched_output_bufs of ir/ir.h; MegacArgs.flags).
  * The model shape is an array of int64 indexed by KS_*, plus eps as a float.
  */
 #ifndef MEGAC_KERNEL_TABLE_H
@@ -30,6 +32,7 @@ enum {
 
 #define KT_ARENA (1ull << 63)
 #define KT_NONE (~0ull)
+#define KT_OUTPUT_ONLY (1ull << 63)
 
 enum {
     KS_DIM,

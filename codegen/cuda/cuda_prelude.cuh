@@ -28,6 +28,7 @@ typedef struct MegacArgs {
     unsigned long long timeout_ns;
     long long prompt_end;
     unsigned long long spin_ns;
+    unsigned long long flags;
 } MegacArgs;
 
 MK_INLINE unsigned mk_tid(void) { return threadIdx.x; }

@@ -41,9 +41,11 @@ _Static_assert(DT_F32 == 0 && DT_F16 == 1 && DT_BF16 == 2 && DT_I32 == 3 && DT_Q
                "kernel_body.cuh's MK_DT_*; 5 bits per dtype");
 _Static_assert(OP_MAX_PARAMS == 6 && OP_MAX_OPERANDS == 5, "instruction words: 6 params, 5 operands");
 /* The prelude and the shim declare MegacArgs with plain C types. */
-_Static_assert(sizeof(MegacArgs) == 64 && offsetof(MegacArgs, pos) == 32 && offsetof(MegacArgs, timeout_ns) == 40 &&
-                   offsetof(MegacArgs, prompt_end) == 48 && offsetof(MegacArgs, spin_ns) == 56,
+_Static_assert(sizeof(MegacArgs) == 72 && offsetof(MegacArgs, pos) == 32 && offsetof(MegacArgs, timeout_ns) == 40 &&
+                   offsetof(MegacArgs, prompt_end) == 48 && offsetof(MegacArgs, spin_ns) == 56 &&
+                   offsetof(MegacArgs, flags) == 64,
                "MegacArgs layout of cuda_prelude.cuh and host_shim.h");
+_Static_assert(MEGAC_STEP_NO_OUTPUT == 1, "kernel_body.cuh's MK_STEP_NO_OUTPUT");
 _Static_assert(sizeof(MegacAbort) == 24, "MegacAbort layout of cuda_prelude.cuh and host_shim.h");
 
 static int source_max_gemv_k(const Schedule *s)
@@ -116,7 +118,7 @@ static int source_serial_smem(const Schedule *s, int threads)
     return need;
 }
 
-static int source_inst_encode(const Schedule *s, const Inst *in, uint32_t *w);
+static int source_inst_encode(const Schedule *s, const Inst *in, const bool *out, uint32_t *w);
 
 /* MEGAC_CUDA_DEFINES' NAME=N, else dflt. */
 static long source_dev_int(const char *name, long dflt)
@@ -211,7 +213,7 @@ static int source_istage(const Schedule *s, int *bufs_pad)
     for (uint32_t w = 0; w < s->nworkers; w++) {
         uint64_t n = 0;
         for (uint32_t i = 0; i < s->workers[w].ninst; i++)
-            n += (uint64_t)source_inst_encode(s, &s->workers[w].insts[i], enc);
+            n += (uint64_t)source_inst_encode(s, &s->workers[w].insts[i], NULL, enc);
         most = n > most ? n : most;
     }
     *bufs_pad = (int)((s->nbufs + 1) / 2 * 2);
@@ -305,7 +307,7 @@ static void source_shape(FILE *f, const Schedule *s, const CudaLayout *l)
 }
 
 /* One instruction as words of kernel_body.cuh's stream; returns how many. */
-static int source_inst_encode(const Schedule *s, const Inst *in, uint32_t *w)
+static int source_inst_encode(const Schedule *s, const Inst *in, const bool *out, uint32_t *w)
 {
     if (in->kind != INST_OP) {
         ASSERT(in->counter < (1u << 24));
@@ -325,6 +327,8 @@ static int source_inst_encode(const Schedule *s, const Inst *in, uint32_t *w)
         if (b != BUF_NONE)
             dt |= (uint32_t)s->bufs[b].dtype << (5 * i);
     }
+    if (out && sched_inst_output_only(s, in, out))
+        dt |= 1u << 31;     /* kernel_body.cuh's mk_skipped */
     w[n++] = dt;
     return n;
 }
@@ -334,11 +338,12 @@ static void source_tables(FILE *f, const Schedule *s)
     uint32_t enc[2 + OP_MAX_PARAMS + OP_MAX_OPERANDS];
     uint32_t *start = xmalloc(sizeof *start * ((size_t)s->nworkers + 1));
     uint64_t n = 0;
+    bool *out = sched_output_bufs(s);
     fprintf(f, "MK_TABLE unsigned megac_k_insts[] = {\n");
     for (uint32_t w = 0; w < s->nworkers; w++) {
         start[w] = (uint32_t)n;
         for (uint32_t i = 0; i < s->workers[w].ninst; i++) {
-            int k = source_inst_encode(s, &s->workers[w].insts[i], enc);
+            int k = source_inst_encode(s, &s->workers[w].insts[i], out, enc);
             for (int j = 0; j < k; j++)
                 fprintf(f, "%uu,", enc[j]);
             fputc(i % 8 == 7 ? '\n' : ' ', f);
@@ -348,6 +353,7 @@ static void source_tables(FILE *f, const Schedule *s)
         fputc('\n', f);
     }
     start[s->nworkers] = (uint32_t)n;
+    free(out);
     if (n == 0)
         fprintf(f, "0u\n");
     fprintf(f, "};\nMK_TABLE int megac_k_wstart[] = {");

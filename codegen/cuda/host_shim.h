@@ -51,6 +51,7 @@ typedef struct MegacArgs {
     uint64_t timeout_ns;
     int64_t prompt_end;
     uint64_t spin_ns;
+    uint64_t flags;
 } MegacArgs;
 
 typedef struct float4 {

@@ -11,7 +11,9 @@
  *   signal, wait:  kind | counter << 8,  amount
  *   op:            kind | op << 8 | nparams << 16 | noperands << 24,
  *                  the params, the operands' buffer indices (MK_NONE if
- *                  absent), their dtypes (5 bits each) Before those come the
+ *                  absent), their dtypes (5 bits each; bit 31: the op is
+ *                  output-only, skipped by a step run with
+ *                  MEGAC_STEP_NO_OUTPUT). Before those come the
  * platform primitives: cuda_prelude.cuh for NVRTC, host_shim.h for the host
  * (blocks as threads, CUDA threads as fibers).
  *
@@ -30,6 +32,7 @@
 #define MK_ABORT_TIMEOUT 1u     /* kernel_table.h's KT_ABORT_* values */
 #define MK_ABORT_BAD_POS 2u
 #define MK_DEFAULT_TIMEOUT_NS 2000000000ull
+#define MK_STEP_NO_OUTPUT 1ull  /* kernel_abi.h's MEGAC_STEP_NO_OUTPUT */
 
 /* An op instruction's fields (cuda_source.c writes them in this order). */
 #define MK_NPARAM(in) (((in)[0] >> 16) & 0xffu)
@@ -352,6 +355,12 @@ MK_INLINE void *mk_opnd(const MegacArgs *a, const unsigned *in, int i)
 MK_INLINE int mk_dtype(const unsigned *in, int i)
 {
     return (int)((in[1 + MK_NPARAM(in) + MK_NOPND(in)] >> (5 * i)) & 31u);
+}
+
+/* Whether this step skips op `in` (output-only, and a step without outputs). */
+MK_INLINE int mk_skipped(const MegacArgs *a, const unsigned *in)
+{
+    return (in[1 + MK_NPARAM(in) + MK_NOPND(in)] >> 31) && (a->flags & MK_STEP_NO_OUTPUT);
 }
 
 MK_INLINE int mk_param(const unsigned *in, int i)
@@ -2798,6 +2807,11 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
         const unsigned *in = prog + p;
         unsigned kind = in[0] & 0xffu;
         MK_PROF_T0();
+        if (kind == MK_INST_OP && mk_skipped(a, in)) {
+            prev = 0; /* every thread of the block skips it */
+            p += 2 + (int)MK_NPARAM(in) + (int)MK_NOPND(in);
+            continue;
+        }
         if (kind == MK_INST_OP) {
             int gemv = MK_HAS_OP(MK_OP_GEMV) && ((in[0] >> 8) & 0xffu) == MK_OP_GEMV;
 #if !MK_SKIP_OPS
@@ -2841,7 +2855,7 @@ MK_DEV void mk_worker_run(const MegacArgs *a, unsigned worker)
                 while (q < end && (prog[q] & 0xffu) == MK_INST_WAIT)
                     q += 2;
                 if (q < end && (prog[q] & 0xffu) == MK_INST_OP &&
-                    ((prog[q] >> 8) & 0xffu) == MK_OP_GEMV) {
+                    ((prog[q] >> 8) & 0xffu) == MK_OP_GEMV && !mk_skipped(a, prog + q)) {
                     g = prog + q;
 #if MK_WPIPE > 1 && MK_WSTAGE_BYTES == 0
                     if (MK_WPIPE_PRIME && mk_pipe_prime(a, g))
