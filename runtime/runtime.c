@@ -198,22 +198,24 @@ megac_status megac_set_prompt_end(megac_model *m, int pos)
     return st;
 }
 
+static megac_status model_step_locked(megac_model *m, int token, bool outputs)
+{
+    pthread_mutex_lock(&m->mu);
+    megac_status st = model_step(m, token, outputs);
+    pthread_mutex_unlock(&m->mu);
+    return st;
+}
+
 megac_status megac_step(megac_model *m, int token)
 {
     NEED_MODEL(m, "megac_step", MEGAC_ERR_ARG);
-    pthread_mutex_lock(&m->mu);
-    megac_status st = model_step(m, token, true);
-    pthread_mutex_unlock(&m->mu);
-    return st;
+    return model_step_locked(m, token, true);
 }
 
 megac_status megac_feed(megac_model *m, int token)
 {
     NEED_MODEL(m, "megac_feed", MEGAC_ERR_ARG);
-    pthread_mutex_lock(&m->mu);
-    megac_status st = model_step(m, token, false);
-    pthread_mutex_unlock(&m->mu);
-    return st;
+    return model_step_locked(m, token, false);
 }
 
 const float *megac_logits(const megac_model *m) { return m && m->stepped ? m->logits : NULL; }
