@@ -15,6 +15,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Whether this is the sanitized suite (scripts/test.sh sets
  * MEGAC_SANITIZED=1 for the ASan build): the slowest tests then run fewer
@@ -83,6 +84,53 @@ static inline double harness_compare_greedy(megac_model *mm, RefState *ref, int 
                                             double rtol, const char *what)
 {
     return harness_compare_prompted(mm, ref, vocab, ntok, -1, atol, rtol, what);
+}
+
+/* megac_feed on bundle b: the step skips the output matrix and the argmax
+ * (the logits that the model holds, the arena's or the staging copy the
+ * CUDA backend fills, keep the step before's values, and megac_logits says
+ * there are none), and the state advances as megac_step's does: each later
+ * step's logits equal, within tol * max|logit| (0: bit for bit), those of a
+ * model that stepped through every token. */
+static inline void harness_feed_check(const char *b, double tol)
+{
+    megac_model *fed, *stepped;
+    cr_assert_eq(megac_open(b, &fed), MEGAC_OK, "%s", megac_last_open_error());
+    cr_assert_eq(megac_open(b, &stepped), MEGAC_OK, "%s", megac_last_open_error());
+    int V = megac_vocab_size(fed), toks[] = {1, 403, 26, 77, 9, 311, 58, 120, 4, 200};
+    size_t bytes = sizeof(float) * (size_t)V;
+    float *before = malloc(bytes);
+    const float *held = NULL;   /* fed's logits, as its last step left them */
+    for (int i = 0; i < 10; i++) {
+        int tok = toks[i] % V;
+        cr_assert_eq(megac_step(stepped, tok), MEGAC_OK, "%s", megac_error(stepped));
+        if (i % 4 != 0) {   /* positions 1-3, 5-7 and 9 fed, 0, 4 and 8 stepped */
+            cr_assert_eq(megac_feed(fed, tok), MEGAC_OK, "%s", megac_error(fed));
+            cr_assert_null(megac_logits(fed));
+            cr_assert_eq(megac_argmax(fed), -1);
+            cr_assert_eq(megac_position(fed), i + 1);
+            cr_assert_arr_eq(held, before, bytes, "%s: the feed at position %d wrote the logits", b, i);
+            continue;
+        }
+        cr_assert_eq(megac_step(fed, tok), MEGAC_OK, "%s", megac_error(fed));
+        held = megac_logits(fed);
+        const float *want = megac_logits(stepped);
+        cr_assert_not_null(held);
+        double scale = 0;
+        for (int j = 0; j < V; j++)
+            scale = fmax(scale, fabs(want[j]));
+        for (int j = 0; j < V; j++)
+            cr_assert(fabs((double)held[j] - (double)want[j]) <= tol * scale, "%s: position %d logit %d: %.9g, %.9g",
+                      b, i, j, held[j], want[j]);
+        if (tol == 0)
+            cr_assert_eq(megac_argmax(fed), megac_argmax(stepped));
+        memcpy(before, held, bytes);
+    }
+    cr_assert_eq(megac_feed(fed, V), MEGAC_ERR_ARG);
+    cr_assert_eq(megac_feed(NULL, 1), MEGAC_ERR_ARG);
+    free(before);
+    megac_close(fed);
+    megac_close(stepped);
 }
 
 #endif

@@ -2290,6 +2290,21 @@ Test(cuda_gpu, stories260K_run_gives_llama2c_text, .timeout = 300)
     test_rm_rf(dir);
 }
 
+/* Steps without outputs on the device (harness_feed_check): the output
+ * matrix skipped, no logits copied back, the state as megac_step leaves it
+ * (within 1e-5 of the largest logit: the same kernel, but not promised
+ * bit for bit across launches). */
+Test(cuda_gpu, feed_skips_the_outputs, .timeout = 300)
+{
+    gpu_require();
+    if (!file_exists(SHARED_PATH("/models/stories260K.bin")))
+        cr_skip("../shared/models/stories260K.bin is absent");
+    char *dir = tmp_dir(), *b = compile_bundle(STORIES_YAML, gpu_target(), 3, dir);
+    harness_feed_check(b, 1e-5);
+    free(b);
+    test_rm_rf(dir);
+}
+
 /* The stuck wait on the device: the kernel returns within the deadline and
  * the error names the wait. */
 Test(cuda_gpu, watchdog_names_the_stuck_wait, .timeout = 120)
