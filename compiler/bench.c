@@ -244,7 +244,7 @@ void bench_ceiling_free(BenchCeiling *c)
     free(c);
 }
 
-double bench_decode_tok_s(megac_model *m, int context, int ntok)
+double bench_decode_tok_s(megac_model *m, int context, int ntok, const int *fed, int *toks)
 {
     int last = megac_max_seq(m) - 1, ctx = context < 1 ? 1 : context > last ? last : context;
     /* the positions before the timed ones are the prompt: SnapKV layers compress at its end */
@@ -255,9 +255,13 @@ double bench_decode_tok_s(megac_model *m, int context, int ntok)
             return -1;
     int n = ntok < last - ctx + 1 ? ntok : last - ctx + 1;
     double t0 = now_s();
-    for (int i = 0; i < n; i++)
-        if (megac_step(m, megac_argmax(m)))
+    for (int i = 0; i < n; i++) {
+        int tok = fed ? fed[i] : megac_argmax(m);
+        if (fed ? megac_feed(m, tok) : megac_step(m, tok))
             return -1;
+        if (toks && !fed)
+            toks[i] = tok;
+    }
     double t = now_s() - t0;
     return n > 0 && t > 0 ? n / t : -1;
 }

@@ -35,8 +35,12 @@ void bench_ceiling_free(BenchCeiling *c);
 /* Feeds BOS and then the model's own argmax up to position `context`
  * (untimed), then decodes `ntok` greedy tokens more and returns their rate
  * in tokens/s, or a negative value with the runtime's error in
- * megac_error(m). Positions stop at the model's max_seq - 1. */
-double bench_decode_tok_s(megac_model *m, int context, int ntok);
+ * megac_error(m). Positions stop at the model's max_seq - 1. With `fed`
+ * (not NULL), the timed positions are run as steps without outputs
+ * (megac_feed, as a prompt's tokens are) of the tokens in fed[], and the
+ * rate is theirs; without, the tokens decoded go to toks[] (if not NULL,
+ * ntok entries). */
+double bench_decode_tok_s(megac_model *m, int context, int ntok, const int *fed, int *toks);
 
 /* Median of n values (sorts v in place). */
 double bench_median(double *v, int n);

@@ -4,7 +4,8 @@
  * same run. Decode at batch 1 is bound by reading the weights once per
  * token, so tok/s times the weight bytes read per step is the kernel's
  * effective bandwidth, and its ratio to the measured ceiling says how much
- * is left. The last line is machine-readable:
+ * is left. With --prefill it also times the same positions run as a
+ * prompt's are (steps without outputs). The last line is machine-readable:
  *   tok_s=... gbps=... ceiling_gbps=... ratio=...
  */
 #include "compiler/bench.h"
@@ -22,13 +23,14 @@ typedef struct {
     const char *versus;         /* a second bundle timed in the same runs, or NULL */
     int ntok, runs, context;
     int ceiling_mb;             /* 0: the step's weight bytes */
+    bool prefill;               /* --prefill */
 } BenchOptions;
 
 static void bench_usage(FILE *out)
 {
     fprintf(out,
             "usage: megac bench NAME.megac [-n TOKENS] [--runs R] [--context N]\n"
-            "                   [--versus OTHER.megac] [--ceiling-mb MB]\n\n"
+            "                   [--versus OTHER.megac] [--prefill] [--ceiling-mb MB]\n\n"
             "Decodes TOKENS greedy tokens (default 128) R times (default 5) and reports\n"
             "the median decode rate and its spread, the weight bytes read per token,\n"
             "the effective bandwidth, and a read-bandwidth ceiling measured in the same\n"
@@ -50,7 +52,14 @@ static void bench_usage(FILE *out)
             "                       ones) and report its rate and the speed ratio: the\n"
             "                       median over runs of NAME/OTHER within each run\n"
             "                       (e.g. sparse attention against dense):\n"
-            "  versus_tok_s=... speedup=...\n",
+            "  versus_tok_s=... speedup=...\n"
+            "  --prefill            also feed the TOKENS that NAME decoded, at the same\n"
+            "                       positions, as a prompt's tokens are fed (steps\n"
+            "                       without outputs: no output matrix, no argmax),\n"
+            "                       right after its decode in each run, and report\n"
+            "                       that rate and its ratio to the decode rate (the\n"
+            "                       median over runs of prefill/decode within each run):\n"
+            "  prefill_tok_s=... prefill_speedup=...\n",
             BENCH_STREAMS);
 }
 
@@ -64,13 +73,15 @@ static int parse_count(const char *s, int max)
 
 static bool bench_args_parse(int argc, char **argv, BenchOptions *o)
 {
-    *o = (BenchOptions){NULL, NULL, 128, 5, 0, 0};
+    *o = (BenchOptions){NULL, NULL, 128, 5, 0, 0, false};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int *dst = !strcmp(a, "-n") ? &o->ntok : !strcmp(a, "--runs") ? &o->runs
                  : !strcmp(a, "--ceiling-mb") ? &o->ceiling_mb : !strcmp(a, "--context") ? &o->context : NULL;
         if (!strcmp(a, "--versus") && i + 1 < argc) {
             o->versus = argv[++i];
+        } else if (!strcmp(a, "--prefill")) {
+            o->prefill = true;
         } else if (dst && i + 1 < argc) {
             int v = parse_count(argv[++i], dst == &o->runs ? BENCH_MAX_RUNS : 1 << 20);
             if (v < 0) {
@@ -113,16 +124,27 @@ static void spread(double *v, int n, double *lo, double *med, double *hi)
     *hi = v[n - 1];
 }
 
+/* What the runs measured, run by run: NAME's decode rate, OTHER's, NAME's
+ * prefill rate (--prefill), and the ceiling pass after them. */
+typedef struct {
+    double rate[BENCH_MAX_RUNS], vrate[BENCH_MAX_RUNS], prate[BENCH_MAX_RUNS], ceil[BENCH_MAX_RUNS];
+} BenchRuns;
+
 /* R decode runs, each followed by a ceiling pass; false on an error
  * (reported). */
-static bool bench_runs(megac_model *m, megac_model *v, BenchCeiling *c, const BenchOptions *o, double *rates,
-                       double *vrates, double *ceil)
+static bool bench_runs(megac_model *m, megac_model *v, BenchCeiling *c, const BenchOptions *o, BenchRuns *br)
 {
     megac_model *both[2] = {m, v};
+    int *toks = o->prefill ? malloc(sizeof *toks * (size_t)o->ntok) : NULL;
+    bool ok = false;
+    if (o->prefill && !toks) {
+        fprintf(stderr, "megac bench: no memory for %d tokens\n", o->ntok);
+        return false;
+    }
     for (int i = 0; i < 2 && both[i]; i++)
-        if (bench_decode_tok_s(both[i], o->context, o->ntok < 8 ? o->ntok : 8) < 0) {    /* warm-up */
+        if (bench_decode_tok_s(both[i], o->context, o->ntok < 8 ? o->ntok : 8, NULL, NULL) < 0) {    /* warm-up */
             fprintf(stderr, "megac bench: %s\n", megac_error(both[i]));
-            return false;
+            goto out;
         }
     for (int r = 0; r < o->runs; r++) {
         /* With --versus the two take turns at going first, so that neither
@@ -133,26 +155,34 @@ static bool bench_runs(megac_model *m, megac_model *v, BenchCeiling *c, const Be
             int which = v && r % 2 ? 1 - k : k;
             if (!both[which])
                 continue;
-            double t = bench_decode_tok_s(both[which], o->context, o->ntok);
-            if (t < 0) {
+            double t = bench_decode_tok_s(both[which], o->context, o->ntok, NULL, which ? NULL : toks);
+            /* NAME's decoded tokens again, fed as a prompt's are */
+            double p = t >= 0 && !which && toks ? bench_decode_tok_s(m, o->context, o->ntok, toks, NULL) : 0;
+            if (t < 0 || p < 0) {
                 fprintf(stderr, "megac bench: %s%s%s\n", which ? o->versus : "", which ? ": " : "",
                         megac_error(both[which]));
-                return false;
+                goto out;
             }
-            *(which ? &vrates[r] : &rates[r]) = t;
+            *(which ? &br->vrate[r] : &br->rate[r]) = t;
+            if (!which)
+                br->prate[r] = p;
         }
-        if ((ceil[r] = bench_ceiling_pass(c)) < 0) {
+        if ((br->ceil[r] = bench_ceiling_pass(c)) < 0) {
             fprintf(stderr, "megac bench: a read-ceiling thread did not start\n");
-            return false;
+            goto out;
         }
     }
-    return true;
+    ok = true;
+out:
+    free(toks);
+    return ok;
 }
 
 /* rbytes: the weight bytes a step reads (the manifest's, else all). */
 static void bench_report(const BenchOptions *o, megac_model *m, unsigned long long rbytes, const BenchCeiling *c,
-                         double *rates, double *vrates, double *ceil)
+                         BenchRuns *br)
 {
+    double *rates = br->rate, *vrates = o->versus ? br->vrate : NULL, *ceil = br->ceil;
     int last = megac_max_seq(m) - 1, ctx = o->context < 1 ? 1 : o->context > last ? last : o->context;
     int ntok = o->ntok < last - ctx + 1 ? o->ntok : last - ctx + 1;
     if (o->context > last)
@@ -169,6 +199,9 @@ static void bench_report(const BenchOptions *o, megac_model *m, unsigned long lo
     double ratio = bench_ratio_median(run_gbps, ceil, o->runs, &rlo, &rhi);
     if (vrates)
         sp = bench_ratio_median(rates, vrates, o->runs, &slo, &shi);
+    double plo = 0, pp = 0, phi = 0;
+    if (o->prefill)
+        pp = bench_ratio_median(br->prate, rates, o->runs, &plo, &phi);
     spread(rates, o->runs, &lo, &tok_s, &hi);
     spread(ceil, o->runs, &clo, &ceiling, &chi);
     double gbps = tok_s * (double)rbytes / 1e9;
@@ -189,6 +222,14 @@ static void bench_report(const BenchOptions *o, megac_model *m, unsigned long lo
         printf("versus %s: median %.2f tok/s (min %.2f, max %.2f); speed ratio %.3f (per run: min %.3f, max %.3f)\n",
                o->versus, vt, vlo, vhi, sp, slo, shi);
         printf("versus_tok_s=%.2f speedup=%.3f\n", vt, sp);
+    }
+    if (o->prefill) {
+        double lo2, pt, hi2;
+        spread(br->prate, o->runs, &lo2, &pt, &hi2);
+        printf("prefill: the same %d tokens fed as a prompt's (steps without outputs): median %.2f tok/s (min "
+               "%.2f, max %.2f); %.3f of the decode rate (per run: min %.3f, max %.3f)\n",
+               ntok, pt, lo2, hi2, pp, plo, phi);
+        printf("prefill_tok_s=%.2f prefill_speedup=%.3f\n", pt, pp);
     }
     printf("tok_s=%.2f gbps=%.3f ceiling_gbps=%.3f ratio=%.3f\n", tok_s, gbps, ceiling, ratio);
 }
@@ -222,14 +263,15 @@ int cmd_bench(int argc, char **argv)
     if (o.ceiling_mb)   /* a buffer of the caller's size, read once a pass */
         size = pass = (size_t)o.ceiling_mb << 20;
     BenchCeiling *c = bench_ceiling_new(size, pass, 0, BENCH_STREAMS);
-    double rates[BENCH_MAX_RUNS], vrates[BENCH_MAX_RUNS], ceil[BENCH_MAX_RUNS];
+    BenchRuns *br = calloc(1, sizeof *br);
     int rc = 1;
-    if (!c)
+    if (!c || !br)
         fprintf(stderr, "megac bench: cannot set up the read-ceiling probe (memory)\n");
-    else if (bench_runs(m, v, c, &o, rates, vrates, ceil)) {
-        bench_report(&o, m, rbytes, c, rates, v ? vrates : NULL, ceil);
+    else if (bench_runs(m, v, c, &o, br)) {
+        bench_report(&o, m, rbytes, c, br);
         rc = 0;
     }
+    free(br);
     bench_ceiling_free(c);
     megac_close(m);
     if (v)

@@ -227,18 +227,20 @@ for model in $models; do
             rows+=("{\"model\": \"$model\", \"format\": \"$fmt\", \"error\": \"compile failed\"}")
             continue
         fi
-        if ! run timeout 180 "$megac" bench "$b" -n "$ntok" --runs 5 --ceiling-mb 64 >"$out/$model.$fmt.bench.log" 2>&1; then
+        if ! run timeout 180 "$megac" bench "$b" -n "$ntok" --runs 5 --prefill --ceiling-mb 64 \
+            >"$out/$model.$fmt.bench.log" 2>&1; then
             log "$model $fmt: bench FAILED (see $model.$fmt.bench.log)"
             tail -3 "$out/$model.$fmt.bench.log" >&2
             rows+=("{\"model\": \"$model\", \"format\": \"$fmt\", \"error\": \"bench failed\"}")
             continue
         fi
         tok_s=$(sed -n 's/^tok_s=\([0-9.]*\).*/\1/p' "$out/$model.$fmt.bench.log")
+        pre_s=$(sed -n 's/^prefill_tok_s=\([0-9.]*\).*/\1/p' "$out/$model.$fmt.bench.log")
         wbytes=$(sed -n 's/^weights_read_bytes: *//p' "$b/manifest.yaml")
         workers=$(sed -n 's/^workers: *//p' "$b/manifest.yaml")
-        rows+=("$(python3 - "$model" "$fmt" "$tok_s" "$wbytes" "$workers" "${base_us:-0}" "${base_bytes:-0}" "$hbm" "${read_gbps:-0}" <<'EOF'
+        rows+=("$(python3 - "$model" "$fmt" "$tok_s" "$wbytes" "$workers" "${base_us:-0}" "${base_bytes:-0}" "$hbm" "${read_gbps:-0}" "${pre_s:-0}" <<'EOF'
 import json, sys
-model, fmt, tok_s, wbytes, workers, base_us, base_bytes, hbm, rd = sys.argv[1:]
+model, fmt, tok_s, wbytes, workers, base_us, base_bytes, hbm, rd, pre = sys.argv[1:]
 tok_s, wbytes, base_us, base_bytes, hbm, rd = float(tok_s), int(wbytes), float(base_us), int(base_bytes), float(hbm), float(rd)
 us = 1e6 / tok_s if tok_s > 0 else 0.0
 gbps = wbytes / (us * 1e3) if us else 0.0
@@ -247,7 +249,8 @@ row = {"model": model, "format": fmt, "workers": int(workers),
        "megac_hbm_pct": round(100 * gbps / hbm, 1), "megac_ceiling_pct": round(100 * gbps / rd, 1) if rd else None,
        "baseline_us_per_token": base_us, "baseline_weight_bytes": base_bytes,
        "baseline_hbm_pct": round(100 * base_bytes / (base_us * 1e3) / hbm, 1) if base_us else 0,
-       "speedup_over_baseline": round(base_us / us, 3) if base_us and us else None}
+       "speedup_over_baseline": round(base_us / us, 3) if base_us and us else None,
+       "megac_prefill_tok_s": float(pre), "megac_decode_tok_s": tok_s}
 print(json.dumps(row))
 EOF
 )")
@@ -358,16 +361,18 @@ md = [f"# megac gpu-check ({target})", "",
       f"CUDA tests: {'passed' if tests_ok == 'true' else 'FAILED'} "
       f"({gpu_pass} on the device, {gpu_skip} skipped); see test_cuda_gpu.log", "",
       f"Read ceiling measured: {rd} GB/s (vendor peak {hbm} GB/s).", "",
-      "| model | weights | megac us/token | GB/s | % of ceiling | baseline (cuBLAS bf16) us/token | baseline / megac |",
-      "|---|---|---|---|---|---|---|"]
+      "| model | weights | megac us/token | GB/s | % of ceiling | baseline (cuBLAS bf16) us/token | baseline / megac | megac prefill tok/s |",
+      "|---|---|---|---|---|---|---|---|"]
 for r in rows:
     if "error" in r:
-        md.append(f"| {r['model']} | {r['format']} | {r['error']} | | | | |")
+        md.append(f"| {r['model']} | {r['format']} | {r['error']} | | | | | |")
         continue
     md.append(f"| {r['model']} | {r['format']} | {r['megac_us_per_token']} | {r['megac_gbps']} | {r['megac_ceiling_pct']} | "
-              f"{r['baseline_us_per_token']} | {r['speedup_over_baseline']} |")
+              f"{r['baseline_us_per_token']} | {r['speedup_over_baseline']} | {r['megac_prefill_tok_s']} |")
 md += ["", "GB/s = weight bytes read per token / time per token. megac's time is `megac bench`'s median over 5 runs "
-       "and includes the per-step launch, memsets and logits copy; the baseline's is a CUDA graph replayed 300 times."]
+       "and includes the per-step launch, memsets and logits copy; the baseline's is a CUDA graph replayed 300 times. "
+       "Prefill: the same tokens fed as a prompt's (`megac bench --prefill`: steps without outputs, no output "
+       "matrix, no logits copied)."]
 if varrows:
     md += ["", "Kernel variants (`megac bench default --versus variant -n N --runs 5`, the default kernel of "
            "the variant's weight format; MEGAC_CUDA_DEFINES for the variant, set.KEY=V a --set KEY=V):", "",

@@ -780,6 +780,37 @@ Test(runtime, bench_versus_reports_both)
     remove_bundle(b);
 }
 
+/* `megac bench --prefill` also feeds the decoded tokens as a prompt's: a
+ * prefill line with its rate and its ratio to the decode rate (the median
+ * of the runs' own, within their min and max), before the last line. */
+Test(runtime, bench_prefill_reports_its_rate)
+{
+    char *dir = make_bundle(2);
+    char cmd[2048], line[512], pline[512] = "", pfl[512] = "", last[512] = "";
+    snprintf(cmd, sizeof cmd, "%s bench %s -n 8 --runs 3 --prefill --ceiling-mb 32 2>&1", MEGAC_BIN, dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    while (fgets(line, sizeof line, p)) {
+        if (!strncmp(line, "prefill_tok_s=", 14))
+            snprintf(pline, sizeof pline, "%s", line);
+        if (!strncmp(line, "prefill: ", 9))
+            snprintf(pfl, sizeof pfl, "%s", line);
+        snprintf(last, sizeof last, "%s", line);
+    }
+    cr_assert_eq(pclose(p), 0, "%s: %s", cmd, last);
+    double pt, sp, med, lo, hi, tok_s, gbps, ceil, ratio;
+    cr_assert_eq(sscanf(pline, "prefill_tok_s=%lf prefill_speedup=%lf", &pt, &sp), 2, "no prefill line; last: %s",
+                 last);
+    cr_assert(strstr(pfl, "the same 8 tokens fed as a prompt's"), "%s", pfl);
+    const char *r = strstr(pfl, "); ");
+    cr_assert(r && sscanf(r, "); %lf of the decode rate (per run: min %lf, max %lf)", &med, &lo, &hi) == 3, "%s", pfl);
+    cr_assert(pt > 0 && lo > 0 && lo <= med && med <= hi, "%s", pfl);
+    cr_assert_float_eq(sp, med, 1e-3, "%s%s", pfl, pline);
+    cr_assert_eq(sscanf(last, "tok_s=%lf gbps=%lf ceiling_gbps=%lf ratio=%lf", &tok_s, &gbps, &ceil, &ratio), 4,
+                 "%s", last);
+    remove_bundle(dir);
+}
+
 /* A --context past the model's says what was fed instead, and -n past
  * what is left says what was timed. */
 Test(runtime, bench_context_past_the_model_is_noted)
