@@ -110,6 +110,9 @@ void rt_loose_clear(void);
 const char *rt_sampler_error(const megac_sampler *s);
 /* The first logit that is NaN or +Inf (or 0 when all are -Inf), or -1. */
 int rt_logits_bad(const float *logits, int n);
+/* megac_sample on logits that rt_logits_bad passed and settings that
+ * rt_sampler_error passed (n >= 1): the token, or -MEGAC_ERR_NOMEM. */
+int rt_sample_checked(const float *logits, int n, const megac_sampler *s, uint64_t *rng_state);
 
 /* ---- bundle.c ---- */
 /* Parses manifest.yaml text; errors name `path` and the line. */

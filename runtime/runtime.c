@@ -285,7 +285,8 @@ static megac_status generate_pick(megac_model *m, const megac_sampler *s, uint64
         *tok = megac_argmax(m);
         return MEGAC_OK;
     }
-    *tok = megac_sample(m->logits, m->man.vocab, s, rng);
+    rt_loose_clear();
+    *tok = rt_sample_checked(m->logits, m->man.vocab, s, rng);     /* checked above, and the settings at the start */
     if (*tok < 0)
         return rt_fail(m, (megac_status)-*tok, "%s", megac_error(NULL));
     return MEGAC_OK;

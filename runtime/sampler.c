@@ -312,6 +312,11 @@ int megac_sample(const float *logits, int n, const megac_sampler *s, uint64_t *r
     if (bad >= 0)
         return -(int)rt_loose_fail(MEGAC_ERR_ARG, "megac_sample: logit %d is %g: the logits are not usable", bad,
                                    (double)logits[bad]);
+    return rt_sample_checked(logits, n, s, rng_state);
+}
+
+int rt_sample_checked(const float *logits, int n, const megac_sampler *s, uint64_t *rng_state)
+{
     if (s->temperature == 0.0f)
         return sample_argmax(logits, n);
     SampleCand *c = sample_scratch(n);
