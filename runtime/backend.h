@@ -110,6 +110,10 @@ void rt_loose_clear(void);
 const char *rt_sampler_error(const megac_sampler *s);
 /* The first logit that is NaN or +Inf (or 0 when all are -Inf), or -1. */
 int rt_logits_bad(const float *logits, int n);
+/* p[i] = exp((logits[i] - max) / temp) for the n logits (n >= 1, none NaN
+ * or +Inf), 0 where that is below e^-708 (and for -Inf); returns their
+ * sum. The sampler's weights (exposed for its tests). */
+double rt_sample_weights(const float *logits, int n, double temp, double *p);
 /* megac_sample on logits that rt_logits_bad passed and settings that
  * rt_sampler_error passed (n >= 1): the token, or -MEGAC_ERR_NOMEM. */
 int rt_sample_checked(const float *logits, int n, const megac_sampler *s, uint64_t *rng_state);

@@ -3,6 +3,7 @@
  * seeded RNG. Distribution checks draw many times with a fixed seed, so
  * they are deterministic; the tolerance is about 6 standard deviations.
  */
+#include "runtime/backend.h"
 #include "runtime/megac.h"
 
 #include <criterion/criterion.h>
@@ -404,4 +405,38 @@ Test(sampler, threads_keep_their_own_array_and_free_it)
     if (!getenv("MEGAC_SANITIZED")) /* 24 arrays of 768 KiB, had they stayed */
         cr_assert_lt(heap_in_use(), before + (4u << 20), "%zu bytes more in use after the threads ended",
                      heap_in_use() - before);
+}
+
+/* The weights' exp (a polynomial, eight lanes at a time) against libm's:
+ * within 1e-15 relative where e^x is at least e^-708, exactly 1 for the
+ * largest logit, 0 below (libm's values there are under 1e-307 of the
+ * largest weight) and for -inf, at every row length (the tail of a row runs
+ * as a padded group of eight); the sum is the weights'. */
+Test(sampler, weights_match_libm_exp)
+{
+    static float lg[6007];
+    static double p[6007];
+    const int sizes[] = {1, 7, 8, 9, 6007};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        int n = sizes[si];
+        for (int i = 0; i < n; i++)     /* 0 first, then down to about -750 */
+            lg[i] = i == 0 ? 0.0f : (float)(-0.1249 * i - (double)(i % 13) * 0.01);
+        if (n > 100)
+            lg[n / 2] = -INFINITY;
+        for (int t = 0; t < 3; t++) {
+            double temp = t == 0 ? 1.0 : t == 1 ? 0.7 : 3.0, sum = 0;
+            double total = rt_sample_weights(lg, n, temp, p);
+            cr_assert_eq(p[0], 1.0, "the largest logit's weight is %.17g", p[0]);
+            for (int i = 0; i < n; i++) {
+                double x = (double)lg[i] / temp, want = exp(x);
+                sum += p[i];
+                if (x >= -708.0)
+                    cr_assert(fabs(p[i] - want) <= 1e-15 * want, "n %d, x %.17g: %.17g, libm %.17g", n, x, p[i],
+                              want);
+                else
+                    cr_assert(p[i] == 0.0 && want < 1e-307, "n %d, x %.17g: %.17g, libm %.17g", n, x, p[i], want);
+            }
+            cr_assert(fabs(total - sum) <= 1e-15 * sum, "n %d: sum %.17g, the weights' %.17g", n, total, sum);
+        }
+    }
 }
