@@ -170,9 +170,10 @@ static inline __attribute__((always_inline)) double sample_weights_body(const fl
         v8d e = (__builtin_convertvector(l, v8d) - mx) / temp;
         sample_exp8(&e);
         for (int j = 0; j < 8; j++) {
-            e[j] = i + j < n ? e[j] : 0;
             if (i + j < n)
                 p[i + j] = e[j];
+            else
+                e[j] = 0;
         }
         sum += e;
     }
@@ -341,9 +342,9 @@ int rt_logits_bad(const float *logits, int n)
     return finite ? -1 : 0;
 }
 
-/* This thread's candidate array, grown to n and kept between calls (a
- * fresh 768 KiB for SmolLM2's vocabulary each token was an mmap, ~200
- * page faults and an munmap); freed when the thread exits. NULL when
+/* This thread's candidate and weight arrays, grown to n and kept between
+ * calls (a fresh 768 KiB for SmolLM2's vocabulary each token was an mmap,
+ * ~200 page faults and an munmap); freed when the thread exits. NULL when
  * there is no memory. */
 typedef struct {
     int cap;
