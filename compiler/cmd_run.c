@@ -54,6 +54,8 @@ static void run_usage(FILE *out)
             "                     own target; for a model cpu: it is compiled to a cached\n"
             "                     bundle in .megac-cache/)\n"
             "  --prompt TEXT      prompt (default: none, start from BOS)\n"
+            "  --prompt-file F    the prompt is file F's text ('-': standard input), its\n"
+            "                     trailing newlines dropped as $(cat F) drops them\n"
             "  -n N               positions to run, BOS and prompt included\n"
             "                     (default 256; 0 = the model's context)\n"
             "  --temp T           temperature, 0 = greedy (default 1)\n"
@@ -155,8 +157,31 @@ static int run_option_apply(RunOptions *o, const char *opt, const char *val)
             return run_bad_value(opt, val, "one of %s, %s, %s or %s", run_engine_names[0], run_engine_names[1],
                                  run_engine_names[2], run_engine_names[3]);
         o->engine_given = true;
-    } else if (!strcmp(opt, "--prompt")) {
-        o->prompt = val;
+    } else if (!strcmp(opt, "--prompt") || !strcmp(opt, "--prompt-file")) {
+        if (o->prompt) {
+            fprintf(stderr, "megac run: the prompt is given twice (--prompt, --prompt-file)\n");
+            return 2;
+        }
+        if (!strcmp(opt, "--prompt")) {
+            o->prompt = val;
+            return -1;
+        }
+        size_t len = 0;
+        char *t = read_file(strcmp(val, "-") ? val : "/dev/stdin", &len);
+        if (!t) {
+            fprintf(stderr, "megac run: --prompt-file %s: cannot read: %s\n", val,
+                    errno == ENODEV ? "not a regular file (a device)" : strerror(errno));
+            return 2;
+        }
+        if (strlen(t) != len) {
+            fprintf(stderr, "megac run: --prompt-file %s: a NUL byte at offset %zu: a prompt is text\n", val,
+                    strlen(t));
+            free(t);
+            return 2;
+        }
+        while (len && t[len - 1] == '\n')
+            t[--len] = 0;
+        o->prompt = o->prompt_text = t;
     } else if (!strcmp(opt, "-n")) {
         if (!run_parse_long(val, 0, RUN_MAX_STEPS, &v))
             return run_bad_value(opt, val, "a number in 0..%ld (0: the model's context)", RUN_MAX_STEPS);
@@ -242,8 +267,8 @@ static void run_options_default(RunOptions *o)
 /* True for an option that takes a value (run_option_apply's list). */
 static bool run_option_known(const char *opt)
 {
-    static const char *const names[] = {"--engine", "--prompt", "-n",        "--temp",  "--top-k",
-                                        "--top-p",  "--seed",   "--set",     "--workers", "--system"};
+    static const char *const names[] = {"--engine", "--prompt", "--prompt-file", "-n",        "--temp",  "--top-k",
+                                        "--top-p",  "--seed",   "--set",         "--workers", "--system"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(opt, names[i]))
             return true;
@@ -532,6 +557,7 @@ int run_reference(const RunOptions *o)
 void run_options_free(RunOptions *o)
 {
     cli_sets_free(o->sets, o->nsets);
+    free(o->prompt_text);
 }
 
 /* A model path that names a device (/dev/zero) is refused before any

@@ -33,6 +33,7 @@ typedef struct RunOptions {
     RunEngine engine;       /* resolved: never ENGINE_DEFAULT after parsing */
     bool engine_given;      /* --engine was given (else a bundle runs on the engine of its target) */
     const char *prompt;     /* NULL or "": start from BOS alone */
+    char *prompt_text;      /* --prompt-file's text (prompt points at it), owned */
     int steps;              /* -n: positions including BOS; 0 = the model's max_seq */
     float temperature;      /* 0 = greedy */
     int top_k;              /* 0 = off */
@@ -52,7 +53,7 @@ const char *run_engine_name(RunEngine e);
  * ready, else the exit status to return (0 after --help, 2 on a usage
  * error, already reported on stderr). */
 int run_options_parse(RunOptions *o, int argc, char **argv);
-/* Frees what parsing allocated (the --set keys). */
+/* Frees what parsing allocated (the --set keys, --prompt-file's text). */
 void run_options_free(RunOptions *o);
 /* True when an n-token prompt fits the steps positions run (of a model of
  * max_seq); else says why on stderr, the same for every engine. */

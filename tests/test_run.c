@@ -8,6 +8,7 @@
 
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -206,6 +207,42 @@ Test(run_cmd, embedded_default_model)
                  "stderr: %s", err);
     cr_assert(strncmp(out, "hi", 2) == 0, "stdout starts with the prompt: '%s'", out);
     cr_assert(strstr(err, "prompt tokens:") && strstr(err, "tok/s"), "stderr: %s", err);
+}
+
+/* --prompt-file: a file's text (its trailing newlines dropped, as $(cat F)
+ * drops them) or standard input's is the prompt, the same text as
+ * --prompt's; a file that cannot be read, one holding a NUL byte, and a
+ * prompt given twice are usage errors that say so. */
+Test(run_cmd, prompt_file_is_the_prompt)
+{
+    char path[] = "/tmp/megac_prompt_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "hi there\n\n", 10), 10);
+    close(fd);
+    static char want[1 << 16], out[1 << 16], err[4096], args[256];
+    cr_assert_eq(megac_run("-n 12 --temp 0 --prompt 'hi there'", want, sizeof want, err, sizeof err), 0, "%s", err);
+    snprintf(args, sizeof args, "-n 12 --temp 0 --prompt-file %s", path);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(out, want);
+    snprintf(args, sizeof args, "-n 12 --temp 0 --prompt-file - < %s", path);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(out, want, "from standard input");
+    snprintf(args, sizeof args, "--prompt-file %s --prompt hi", path);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2);
+    cr_assert_str_eq(err, "megac run: the prompt is given twice (--prompt, --prompt-file)\n");
+    cr_assert_eq(megac_run("--prompt-file /nonexistent/p.txt", out, sizeof out, err, sizeof err), 2);
+    cr_assert_str_eq(err, "megac run: --prompt-file /nonexistent/p.txt: cannot read: No such file or directory\n");
+    fd = open(path, O_WRONLY | O_TRUNC);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "ab\0c", 4), 4);
+    close(fd);
+    snprintf(args, sizeof args, "--prompt-file %s", path);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2);
+    char msg[256];
+    snprintf(msg, sizeof msg, "megac run: --prompt-file %s: a NUL byte at offset 2: a prompt is text\n", path);
+    cr_assert_str_eq(err, msg);
+    unlink(path);
 }
 
 /* llama2.c: run stories260K.bin -z tok512.bin -t 0 -n 200 -i "Once upon a time" */
