@@ -2300,7 +2300,7 @@ Test(cuda_gpu, feed_skips_the_outputs, .timeout = 300)
     if (!file_exists(SHARED_PATH("/models/stories260K.bin")))
         cr_skip("../shared/models/stories260K.bin is absent");
     char *dir = tmp_dir(), *b = compile_bundle(STORIES_YAML, gpu_target(), 3, dir);
-    harness_feed_check(b, 1e-5);
+    harness_feed_check(b, 1e-5, 10);
     free(b);
     test_rm_rf(dir);
 }

@@ -565,7 +565,7 @@ static void feed_skips_the_outputs(const char *target)
     snprintf(b, sizeof b, "%s/%s.megac", dir, target);
     snprintf(cmd, sizeof cmd, "%s compile %s --target %s --workers 3 -q -o %s", MEGAC_BIN, STORIES_YAML, target, b);
     cr_assert_eq(sh(cmd, log, sizeof log), 0, "%s\n%s", cmd, log);
-    harness_feed_check(b, 0.0);
+    harness_feed_check(b, 0.0, 10);
     test_rm_rf(dir);
 }
 

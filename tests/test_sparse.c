@@ -378,6 +378,23 @@ Test(sparse, snapkv_compresses_at_every_prompt, .timeout = 300)
     test_rm_rf(dir);
 }
 
+/* Steps without outputs on sparse and evicting layers (harness_feed_check,
+ * 80 positions: past every budget): Quest's page bounds, H2O's scores and
+ * TOVA's evictions advance as in steps with outputs, bit for bit. */
+Test(sparse, feed_on_sparse_and_evicting_layers, .timeout = 300)
+{
+    if (!have_stories())
+        cr_skip_test("../shared/models/stories260K.bin is absent");
+    char *dir = test_tmp_dir("sparse-feed");
+    const char *targets[] = {"cpu", "host-cuda"};
+    for (int ti = 0; ti < 2; ti++) {
+        char *b = compile_with(STORIES_YAML, targets[ti], 3, &configs[5], dir, configs[5].name);
+        harness_feed_check(b, 0.0, 80);
+        free(b);
+    }
+    test_rm_rf(dir);
+}
+
 /* `megac run` says where its prompt ends to the kernels and to the
  * reference engine alike: a SnapKV model prints the same text on each
  * engine, and not the dense model's. */
