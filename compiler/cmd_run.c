@@ -54,8 +54,8 @@ static void run_usage(FILE *out)
             "                     own target; for a model cpu: it is compiled to a cached\n"
             "                     bundle in .megac-cache/)\n"
             "  --prompt TEXT      prompt (default: none, start from BOS)\n"
-            "  --prompt-file F    the prompt is file F's text ('-': standard input), its\n"
-            "                     trailing newlines dropped as $(cat F) drops them\n"
+            "  --prompt-file F    the prompt is file F's text ('-': standard input) but\n"
+            "                     for its last newline, if it ends with one\n"
             "  -n N               positions to run, BOS and prompt included\n"
             "                     (default 256; 0 = the model's context)\n"
             "  --temp T           temperature, 0 = greedy (default 1)\n"
@@ -68,6 +68,11 @@ static void run_usage(FILE *out)
             "                     (ChatML or Llama 3, from the tokenizer's special\n"
             "                     tokens); the reply follows\n"
             "  --system TEXT      a system turn before it (implies --chat)\n"
+            "  -i, --interactive  a conversation: each line of standard input is a user\n"
+            "                     turn (the first may be --prompt), each reply generated\n"
+            "                     on the cache the conversation left; -n bounds all of it\n"
+            "                     (0: the model's context); bundle engines only (implies\n"
+            "                     --chat)\n"
             "  -h, --help         this text\n\n"
             "The text goes to stdout; prompt/generated token counts and tok/s to stderr.\n");
 }
@@ -179,7 +184,7 @@ static int run_option_apply(RunOptions *o, const char *opt, const char *val)
             free(t);
             return 2;
         }
-        while (len && t[len - 1] == '\n')
+        if (len && t[len - 1] == '\n')  /* what an editor ends a file with; a second one stays */
             t[--len] = 0;
         o->prompt = o->prompt_text = t;
     } else if (!strcmp(opt, "-n")) {
@@ -218,23 +223,30 @@ static int run_option_apply(RunOptions *o, const char *opt, const char *val)
 
 /* ---- chat formats ---- */
 
-/* A chat format: the special token that identifies it, and printf formats
- * (one %s each) of a system turn, a user turn, and the start of the
- * assistant's reply. */
+/* A chat format: the special token that identifies it, printf formats
+ * (one %s each) of a system turn and a user turn, the start of the
+ * assistant's reply, and what ends a reply (the stop token, which
+ * generation samples but does not run, and what follows it). */
 typedef struct {
-    const char *name, *marker, *system, *user, *reply;
+    const char *name, *marker, *system, *user, *reply, *end;
 } ChatFormat;
 
 static const ChatFormat chat_formats[] = {
     {"ChatML", "<|im_start|>", "<|im_start|>system\n%s<|im_end|>\n", "<|im_start|>user\n%s<|im_end|>\n",
-     "<|im_start|>assistant\n"},
+     "<|im_start|>assistant\n", "<|im_end|>\n"},
     {"Llama 3", "<|start_header_id|>", "<|start_header_id|>system<|end_header_id|>\n\n%s<|eot_id|>",
-     "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|>", "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+     "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|>", "<|start_header_id|>assistant<|end_header_id|>\n\n",
+     "<|eot_id|>"},
 };
 
 char *run_prompt_text(const RunOptions *o, bool (*is_special)(void *ctx, const char *piece), void *ctx)
 {
-    const char *prompt = o->prompt ? o->prompt : "";
+    return run_turn_text(o, o->prompt ? o->prompt : "", true, is_special, ctx);
+}
+
+char *run_turn_text(const RunOptions *o, const char *prompt, bool first, bool (*is_special)(void *ctx, const char *piece),
+                    void *ctx)
+{
     if (!o->chat)
         return xstrdup(prompt);
     const ChatFormat *f = NULL;
@@ -246,10 +258,10 @@ char *run_prompt_text(const RunOptions *o, bool (*is_special)(void *ctx, const c
                         "<|im_start|> or Llama 3's <|start_header_id|>); give the formatted text with --prompt\n");
         return NULL;
     }
-    char *sys = o->system ? xasprintf(f->system, o->system) : xstrdup("");
+    char *sys = o->system && first ? xasprintf(f->system, o->system) : xstrdup("");
     char *user = xasprintf(f->user, prompt);
     bool llama3 = f == &chat_formats[1];
-    char *text = xasprintf("%s%s%s%s", llama3 ? "<|begin_of_text|>" : "", sys, user, f->reply);
+    char *text = xasprintf("%s%s%s%s", !first ? f->end : llama3 ? "<|begin_of_text|>" : "", sys, user, f->reply);
     free(sys);
     free(user);
     return text;
@@ -295,6 +307,10 @@ int run_options_parse(RunOptions *o, int argc, char **argv)
         }
         if (options && !strcmp(a, "--chat")) {
             o->chat = true;
+            continue;
+        }
+        if (options && (!strcmp(a, "--interactive") || !strcmp(a, "-i"))) {
+            o->interactive = o->chat = true;
             continue;
         }
         if (!options || a[0] != '-' || !a[1]) {
@@ -597,6 +613,11 @@ int cmd_run(int argc, char **argv)
     int rc = run_options_parse(&o, argc, argv);
     if (rc < 0 && !run_model_is_file(&o))
         rc = 2;
+    if (rc < 0 && o.interactive && o.engine == ENGINE_REFERENCE) {
+        fprintf(stderr, "megac run: --interactive runs on a bundle engine (cpu, host-cuda, cuda), not the "
+                        "reference\n");
+        rc = 2;
+    }
     if (rc >= 0) {
         run_options_free(&o);
         return rc;

@@ -44,6 +44,7 @@ typedef struct RunOptions {
     int nsets;
     int workers;            /* --workers; 0 = the bundle's own */
     bool chat;              /* --chat: the prompt is a user turn in the model's chat format */
+    bool interactive;       /* --interactive: a conversation, a user turn a line of standard input (implies chat) */
     const char *system;     /* --system: a system turn first (implies chat) */
 } RunOptions;
 
@@ -70,6 +71,12 @@ void run_drops_warn(const char *text, int n, int first, size_t at);
  * piece as one token. xmalloc'd; NULL (reported on stderr) when the
  * tokenizer has neither. */
 char *run_prompt_text(const RunOptions *o, bool (*is_special)(void *ctx, const char *piece), void *ctx);
+/* The same for one user turn `prompt` of a conversation (--interactive):
+ * the first as run_prompt_text writes it, a later one after the reply
+ * before it, which ended at the format's stop token: that token (not yet
+ * run) and the turn. */
+char *run_turn_text(const RunOptions *o, const char *prompt, bool first,
+                    bool (*is_special)(void *ctx, const char *piece), void *ctx);
 /* Decodes with the reference; returns the exit status. */
 int run_reference(const RunOptions *o);
 

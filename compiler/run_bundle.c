@@ -307,6 +307,84 @@ static megac_model *bundle_open(const char *bundle, bool quiet)
     return NULL;
 }
 
+/* --interactive: a user turn a line of standard input (the first may be
+ * --prompt; empty lines are skipped), each reply generated from the
+ * position the conversation reached (megac_generate continues there: the
+ * turn is fed as a prompt, the cache keeps everything before it). Ends at
+ * the end of the input (status 0), or when a turn no longer fits in the
+ * `steps` positions or a reply used them up (said on stderr; status 0). */
+static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
+{
+    megac_sampler s = {o->temperature, o->top_k, o->top_p, o->seed};
+    char *line = NULL;
+    size_t cap = 0;
+    const char *turn = o->prompt && *o->prompt ? o->prompt : NULL;
+    bool first = true, tty = isatty(STDIN_FILENO);
+    int rc = 0;
+    char *probe = run_turn_text(o, "", true, bundle_is_special, m);    /* a chat format, before any input */
+    if (!probe)
+        return 2;
+    free(probe);
+    for (;;) {
+        if (!turn) {
+            if (tty) {
+                fputs("> ", stderr);
+                fflush(stderr);
+            }
+            ssize_t r = getline(&line, &cap, stdin);
+            if (r < 0)
+                break;
+            while (r > 0 && (line[r - 1] == '\n' || line[r - 1] == '\r'))
+                line[--r] = 0;
+            if (r == 0)
+                continue;
+            turn = line;
+        }
+        char *text = run_turn_text(o, turn, first, bundle_is_special, m);
+        int *ids = NULL, n = -1, bos = 0;
+        if (text && first) {
+            n = prompt_encode(m, text, &ids, &bos);
+        } else if (text) {     /* no BOS inside a conversation */
+            int idcap = (int)strlen(text) + 8;
+            ids = xmalloc(sizeof(int) * (size_t)idcap);
+            n = megac_encode(m, text, 0, ids, idcap);
+            if (n < 1)
+                fprintf(stderr, "megac run: cannot tokenize the turn: %s\n", n < 0 ? megac_error(m) : "no tokens");
+        }
+        free(text);
+        int pos = megac_position(m), left = steps - pos;
+        if (n >= 1 && n >= left)
+            fprintf(stderr, "megac run: the turn's %d tokens do not fit in the %d positions left of %d (-n; 0: the "
+                            "model's context); the conversation ends here\n", n, left, steps);
+        if (n < 1 || n >= left) {
+            rc = n < 1 ? 2 : 0;
+            free(ids);
+            break;
+        }
+        megac_stats st;
+        int n_new = left - n + 1;
+        megac_status r = megac_generate(m, ids, n, n_new, &s, on_token, NULL, &st);
+        free(ids);
+        printf("\n");
+        fflush(stdout);
+        if (r != MEGAC_OK) {
+            fprintf(stderr, "megac run: %s\n", megac_error(m));
+            rc = 1;
+            break;
+        }
+        stats_print(&st, m);
+        if (st.generated_tokens >= n_new) { /* cut short, not at the format's stop token */
+            fprintf(stderr, "megac run: the reply used up the %d positions (-n; 0: the model's context); the "
+                            "conversation ends here\n", steps);
+            break;
+        }
+        first = false;
+        turn = NULL;
+    }
+    free(line);
+    return rc;
+}
+
 /* Generates with the opened bundle, prints; returns the exit status. */
 static int bundle_generate(const RunOptions *o, const char *bundle, megac_model *m)
 {
@@ -314,6 +392,10 @@ static int bundle_generate(const RunOptions *o, const char *bundle, megac_model 
         fprintf(stderr, "megac run: %s has %d workers; recompile it with --workers %d\n", bundle,
                 megac_num_workers(m), o->workers);
         return 2;
+    }
+    if (o->interactive) {
+        int steps = o->steps > 0 && o->steps < megac_max_seq(m) ? o->steps : megac_max_seq(m);
+        return bundle_converse(o, m, steps);
     }
     int *ids = NULL, bos = 0, n = -1;
     char *text = run_prompt_text(o, bundle_is_special, m);

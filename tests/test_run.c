@@ -209,16 +209,15 @@ Test(run_cmd, embedded_default_model)
     cr_assert(strstr(err, "prompt tokens:") && strstr(err, "tok/s"), "stderr: %s", err);
 }
 
-/* --prompt-file: a file's text (its trailing newlines dropped, as $(cat F)
- * drops them) or standard input's is the prompt, the same text as
- * --prompt's; a file that cannot be read, one holding a NUL byte, and a
+/* --prompt-file: a file's text (but for its last newline) or standard
+ * input's is the prompt, the same text as --prompt's; a file that cannot be read, one holding a NUL byte, and a
  * prompt given twice are usage errors that say so. */
 Test(run_cmd, prompt_file_is_the_prompt)
 {
     char path[] = "/tmp/megac_prompt_XXXXXX";
     int fd = mkstemp(path);
     cr_assert_geq(fd, 0);
-    cr_assert_eq(write(fd, "hi there\n\n", 10), 10);
+    cr_assert_eq(write(fd, "hi there\n", 9), 9);
     close(fd);
     static char want[1 << 16], out[1 << 16], err[4096], args[256];
     cr_assert_eq(megac_run("-n 12 --temp 0 --prompt 'hi there'", want, sizeof want, err, sizeof err), 0, "%s", err);
@@ -367,6 +366,66 @@ Test(run_cmd, smollm2_hf_equals_gguf, .timeout = 120)
     cr_assert_str_eq(out2, out);
 }
 
+/* --interactive: each line of standard input is a user turn, answered on
+ * the cache the conversation left: the second reply is the one a single
+ * run gives for the whole conversation written out as its prompt (the
+ * first reply's text included), and it knows what the first turn said
+ * (asked alone, the model names no city); a reply that uses up -n ends
+ * the conversation. */
+Test(run_cmd, smollm2_gguf_interactive, .timeout = 120)
+{
+    if (access(SMOLLM2_GGUF, R_OK) != 0)
+        cr_skip_test("%s is absent (see models/smollm2-135m-instruct-gguf.yaml)", SMOLLM2_GGUF);
+    static char out[1 << 16], err[8192], out2[1 << 16], err2[4096];
+    const char *model = "models/smollm2-135m-instruct-gguf.yaml --set weights.path=" SMOLLM2_GGUF " --temp 0";
+    char turns[] = "/tmp/megac_turns_XXXXXX";
+    int fd = mkstemp(turns);
+    cr_assert_geq(fd, 0);
+    const char *lines = "My name is Anna and I live in Oslo.\n\nWhere do I live?\n";
+    cr_assert_eq(write(fd, lines, strlen(lines)), (ssize_t)strlen(lines));
+    close(fd);
+    char *args = xasprintf("%s -n 300 -i < %s", model, turns);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
+    free(args);
+    char *nl = strchr(out, '\n');
+    cr_assert(nl && strchr(nl + 1, '\n'), "two replies, a line each: %s", out);
+    *nl = 0;
+    const char *first = out, *second = nl + 1;
+    cr_assert(strstr(second, "Oslo"), "the second reply: %s", second);
+    const char *st = strstr(err, "prompt tokens: ");
+    cr_assert(st && strstr(st + 1, "prompt tokens: "), "two turns' stats: %s", err);
+    FILE *f = fopen(turns, "w");   /* the conversation as one prompt (its last newline is dropped) */
+    cr_assert(f);
+    fprintf(f, "<|im_start|>user\nMy name is Anna and I live in Oslo.<|im_end|>\n<|im_start|>assistant\n%s"
+               "<|im_end|>\n<|im_start|>user\nWhere do I live?<|im_end|>\n<|im_start|>assistant\n\n", first);
+    fclose(f);
+    args = xasprintf("%s -n 300 --prompt-file %s", model, turns);
+    cr_assert_eq(megac_run(args, out2, sizeof out2, err2, sizeof err2), 0, "stderr: %s", err2);
+    free(args);
+    unlink(turns);
+    const char *mark = "<|im_start|>assistant\n", *reply = NULL;  /* after the prompt's last one */
+    for (const char *q = strstr(out2, mark); q; q = strstr(q + 1, mark))
+        reply = q + strlen(mark);
+    cr_assert(reply, "%s", out2);
+    cr_assert_str_eq(second, reply, "the second turn's reply against the whole conversation's");
+    args = xasprintf("%s -n 30 -i --prompt 'Tell me a long story about a dragon.' < /dev/null", model);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
+    free(args);
+    cr_assert(strstr(err, "the reply used up the 30 positions"), "stderr: %s", err);
+}
+
+/* --interactive needs a bundle engine and a chat format, and says so
+ * before reading any input. */
+Test(run_cmd, interactive_usage_errors, .timeout = 60)
+{
+    static char out[4096], err[4096];
+    cr_assert_eq(megac_run("default -i --engine reference < /dev/null", out, sizeof out, err, sizeof err), 2);
+    cr_assert_str_eq(err, "megac run: --interactive runs on a bundle engine (cpu, host-cuda, cuda), not the "
+                          "reference\n");
+    cr_assert_eq(megac_run("default --interactive < /dev/null", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "this model's tokenizer has no chat format megac knows"), "stderr: %s", err);
+}
+
 /* A tokenizer without a chat format's special tokens: --chat is refused. */
 Test(run_cmd, chat_needs_a_known_format, .timeout = 60)
 {
@@ -394,6 +453,15 @@ Test(run_cmd, chat_text)
     t = run_prompt_text(&o, has_marker, "<|start_header_id|>");
     cr_assert_str_eq(t, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
                         "<|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|>"
+                        "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    free(t);
+    /* a later turn of a conversation: the stop token that ended the reply
+     * before it, the user turn, the reply's start; no system turn again */
+    t = run_turn_text(&o, "And?", false, has_marker, "<|im_start|>");
+    cr_assert_str_eq(t, "<|im_end|>\n<|im_start|>user\nAnd?<|im_end|>\n<|im_start|>assistant\n");
+    free(t);
+    t = run_turn_text(&o, "And?", false, has_marker, "<|start_header_id|>");
+    cr_assert_str_eq(t, "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nAnd?<|eot_id|>"
                         "<|start_header_id|>assistant<|end_header_id|>\n\n");
     free(t);
     run_options_free(&o);
