@@ -71,8 +71,8 @@ static void run_usage(FILE *out)
             "  -i, --interactive  a conversation: each line of standard input is a user\n"
             "                     turn (the first may be --prompt), each reply generated\n"
             "                     on the cache the conversation left; -n bounds all of it\n"
-            "                     (0: the model's context); bundle engines only (implies\n"
-            "                     --chat)\n"
+            "                     (default: the model's context); bundle engines only\n"
+            "                     (implies --chat)\n"
             "  -h, --help         this text\n\n"
             "The text goes to stdout; prompt/generated token counts and tok/s to stderr.\n");
 }
@@ -191,6 +191,7 @@ static int run_option_apply(RunOptions *o, const char *opt, const char *val)
         if (!run_parse_long(val, 0, RUN_MAX_STEPS, &v))
             return run_bad_value(opt, val, "a number in 0..%ld (0: the model's context)", RUN_MAX_STEPS);
         o->steps = (int)v;
+        o->steps_given = true;
     } else if (!strcmp(opt, "--temp")) {
         if (!run_parse_float(val, 0, 1e6, &o->temperature))
             return run_bad_value(opt, val, "a number in 0..1e6 (0: greedy)");

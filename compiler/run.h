@@ -35,6 +35,7 @@ typedef struct RunOptions {
     const char *prompt;     /* NULL or "": start from BOS alone */
     char *prompt_text;      /* --prompt-file's text (prompt points at it), owned */
     int steps;              /* -n: positions including BOS; 0 = the model's max_seq */
+    bool steps_given;       /* -n was given (--interactive's default is the model's max_seq) */
     float temperature;      /* 0 = greedy */
     int top_k;              /* 0 = off */
     float top_p;            /* 1 = off */

@@ -394,7 +394,8 @@ static int bundle_generate(const RunOptions *o, const char *bundle, megac_model 
         return 2;
     }
     if (o->interactive) {
-        int steps = o->steps > 0 && o->steps < megac_max_seq(m) ? o->steps : megac_max_seq(m);
+        int want = o->steps_given ? o->steps : 0;
+        int steps = want > 0 && want < megac_max_seq(m) ? want : megac_max_seq(m);
         return bundle_converse(o, m, steps);
     }
     int *ids = NULL, bos = 0, n = -1;
