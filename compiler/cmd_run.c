@@ -435,10 +435,15 @@ static bool run_ref_generate(RunRef *r, const RunOptions *o, int steps)
     if (!r->bos_added && !run_piece_write(piece, tok_decode(r->tok, -1, token, piece, sizeof piece)))
         return false;
     for (int pos = 0; pos < steps; pos++) {
-        const float *logits = ref_step(r->ref, token, pos);
+        bool prompt = pos + 1 < r->nprompt;    /* the next token is given: no logits needed */
+        const float *logits = NULL;
+        if (prompt)
+            ref_feed(r->ref, token, pos);
+        else
+            logits = ref_step(r->ref, token, pos);
         r->positions++;
         int next;
-        if (pos + 1 < r->nprompt) {
+        if (prompt) {
             next = r->prompt[pos + 1];
         } else {
             next = megac_sample(logits, r->m->vocab_size, &smp, &rng);

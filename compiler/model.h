@@ -308,5 +308,8 @@ void ref_set_prompt_end(RefState *s, int pos);
  * fed since the last reset) and returns the logits (vocab floats, owned by
  * s, valid until the next call). */
 const float *ref_step(RefState *s, int token, int pos);
+/* The same step without the logits (the classifier is not run): a prompt
+ * token before the last, as megac_feed runs it. */
+void ref_feed(RefState *s, int token, int pos);
 
 #endif

@@ -628,7 +628,8 @@ static void ref_layer_ffn(RefState *s, int l)
     ref_add(s->x, s->tmp, m->dim);
 }
 
-const float *ref_step(RefState *s, int token, int pos)
+/* The step up to the final norm: the cache and the state advance. */
+static void ref_advance(RefState *s, int token, int pos)
 {
     const ModelDesc *m = s->m;
     ASSERT(pos == s->npos && pos < m->max_seq);
@@ -646,10 +647,21 @@ const float *ref_step(RefState *s, int token, int pos)
         ref_layer_attention(s, l, pos);
         ref_layer_ffn(s, l);
     }
+    s->npos++;
+}
+
+void ref_feed(RefState *s, int token, int pos)
+{
+    ref_advance(s, token, pos);
+}
+
+const float *ref_step(RefState *s, int token, int pos)
+{
+    const ModelDesc *m = s->m;
+    ref_advance(s, token, pos);
     ref_rmsnorm(s->x, s->w->final_norm, m->dim, m->norm_eps, s->xb);
     ref_mat_vec(s, &s->head, NULL, s->xb, m->vocab_size, m->dim, s->logits_d);
     for (int i = 0; i < m->vocab_size; i++)
         s->logits[i] = (float)s->logits_d[i];
-    s->npos++;
     return s->logits;
 }
