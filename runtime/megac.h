@@ -126,7 +126,7 @@ const char *megac_decode(megac_model *m, int prev_token, int token);
  * status (-MEGAC_ERR_ARG: n < 1, a NULL pointer, bad sampler settings, or
  * logits holding NaN/+Inf or only -Inf; -MEGAC_ERR_NOMEM) with the message in
  * megac_error(NULL). *rng_state starts at 0 (seeded from s->seed). Keeps
- * a candidate array per thread (n entries of 24 bytes) between calls,
+ * a candidate array per thread (n entries of 24 bytes, and 32 KiB) between calls,
  * freed when the thread exits. */
 int megac_sample(const float *logits, int n, const megac_sampler *s, uint64_t *rng_state);
 

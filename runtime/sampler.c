@@ -259,6 +259,31 @@ static void sample_top_k(SampleCand *c, int n, int k)
     qsort(c, (size_t)k, sizeof *c, sample_cand_cmp);
 }
 
+/* A weight below which the tokens hold less than `budget` of the mass
+ * together (so that the nucleus, which leaves out less than 1 - top_p of
+ * it, ends among those at or above it): the weights' mass by binary
+ * exponent (four histograms, so that adds to one bucket do not wait on
+ * each other), summed from the lightest exponent up, and the least power of
+ * two of the last exponent whose lighter ones stay under the budget (a
+ * little under: the nucleus sums in another order). 0 when none does. */
+#define SAMPLE_HIST (4 * 1024)
+static double sample_mass_cut(const double *p, int n, double budget, double (*hist)[1024])
+{
+    memset(hist, 0, sizeof(double) * SAMPLE_HIST);
+    for (int i = 0; i < n; i++) {
+        uint64_t u;
+        memcpy(&u, &p[i], sizeof u);
+        hist[i & 3][(u >> 52) & 1023] += p[i];    /* p <= 1: the exponent field is at most 1023 */
+    }
+    double cum = 0;
+    for (int e = 0; e < 1024; e++) {
+        cum += (hist[0][e] + hist[1][e]) + (hist[2][e] + hist[3][e]);
+        if (cum >= budget * (1.0 - 1e-9))
+            return e > 0 ? ldexp(1.0, e - 1023) : 0.0;
+    }
+    return 1.0;
+}
+
 /* c[0:m] = the tokens whose weight is at least cut, in id order; returns m. */
 static int sample_at_least(const float *logits, const double *p, int n, double cut, SampleCand *c)
 {
@@ -342,13 +367,14 @@ int rt_logits_bad(const float *logits, int n)
     return finite ? -1 : 0;
 }
 
-/* This thread's candidate and weight arrays, grown to n and kept between
+/* This thread's candidate and weight arrays (and histograms), grown to n and kept between
  * calls (a fresh 768 KiB for SmolLM2's vocabulary each token was an mmap,
  * ~200 page faults and an munmap); freed when the thread exits. NULL when
  * there is no memory. */
 typedef struct {
     int cap;
     double *p;              /* cap weights, after the candidates */
+    double (*hist)[1024];   /* sample_mass_cut's histograms, after the weights */
     SampleCand c[];
 } SampleScratch;
 
@@ -368,13 +394,14 @@ static SampleScratch *sample_scratch(int n)
         return NULL;
     SampleScratch *s = pthread_getspecific(sample_key);
     if (!s || s->cap < n) {
-        SampleScratch *g = malloc(sizeof *g + (sizeof g->c[0] + sizeof *g->p) * (size_t)n);
+        SampleScratch *g = malloc(sizeof *g + (sizeof g->c[0] + sizeof *g->p) * (size_t)n + sizeof(double) * SAMPLE_HIST);
         if (!g || pthread_setspecific(sample_key, g) != 0) {
             free(g);
             return NULL;
         }
         g->cap = n;
         g->p = (double *)(void *)(g->c + n);
+        g->hist = (double (*)[1024])(void *)(g->p + n);
         free(s);
         s = g;
     }
@@ -416,7 +443,9 @@ int rt_sample_checked(const float *logits, int n, const megac_sampler *s, uint64
             total += c[i].p;
     } else if (s->top_p < 1.0f && n > 1) {
         /* the best token's weight is 1 (exp(0)): it always passes */
-        int m = sample_at_least(logits, sc->p, n, fmin((1.0 - s->top_p) / (n - 1) * total, 1.0), c);
+        double cut = fmax(fmin((1.0 - s->top_p) / (n - 1) * total, 1.0),
+                          sample_mass_cut(sc->p, n, (1.0 - s->top_p) * total, sc->hist));
+        int m = sample_at_least(logits, sc->p, n, fmin(cut, 1.0), c);
         keep = sample_nucleus_heap(c, m, s->top_p, total);
         if (!keep) { /* rounding left it short: rank them all */
             sample_fill(logits, sc->p, n, c);
