@@ -443,7 +443,7 @@ int rt_sample_checked(const float *logits, int n, const megac_sampler *s, uint64
             total += c[i].p;
     } else if (s->top_p < 1.0f && n > 1) {
         /* the best token's weight is 1 (exp(0)): it always passes */
-        double cut = fmax(fmin((1.0 - s->top_p) / (n - 1) * total, 1.0),
+        double cut = fmax((1.0 - s->top_p) / (n - 1) * total,
                           sample_mass_cut(sc->p, n, (1.0 - s->top_p) * total, sc->hist));
         int m = sample_at_least(logits, sc->p, n, fmin(cut, 1.0), c);
         keep = sample_nucleus_heap(c, m, s->top_p, total);

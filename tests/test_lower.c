@@ -7,6 +7,7 @@
  * and models that cannot be lowered are rejected with an error.
  */
 #include "compiler/compile.h"
+#include "compiler/fuzz.h"
 #include "validator/validator.h"
 
 #include <criterion/criterion.h>
@@ -614,24 +615,15 @@ Test(lower, sparse_knob_extremes_validate)
  * runs), as a schedule of its own. */
 static Schedule *without_outputs(const Schedule *s, const bool *out)
 {
-    Schedule *t = sched_new(s->name, s->target, (int)s->nworkers);
-    t->shape = s->shape;
-    for (uint32_t b = 0; b < s->nbufs; b++) {
-        const Buffer *bf = &s->bufs[b];
-        sched_add_buffer(t, bf->name, bf->dtype, bf->cls, bf->rank, bf->shape);
+    Schedule *t = fuzz_clone(s);    /* the same buffers and accesses, so `out` applies to it */
+    for (uint32_t w = 0; w < t->nworkers; w++) {
+        Worker *wk = &t->workers[w];
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < wk->ninst; i++)
+            if (!sched_inst_output_only(t, &wk->insts[i], out))
+                wk->insts[n++] = wk->insts[i];
+        wk->ninst = n;
     }
-    for (uint32_t c = 0; c < s->nctrs; c++)
-        sched_add_counter(t, s->ctrs[c].name);
-    for (uint32_t w = 0; w < s->nworkers; w++)
-        for (uint32_t i = 0; i < s->workers[w].ninst; i++) {
-            const Inst *in = &s->workers[w].insts[i];
-            if (in->kind == INST_SIGNAL)
-                sched_signal(t, (int)w, in->counter, in->amount);
-            else if (in->kind == INST_WAIT)
-                sched_wait(t, (int)w, in->counter, in->amount);
-            else if (!sched_inst_output_only(s, in, out))
-                sched_op(t, (int)w, in->op, in->p, &s->accs[in->acc]);
-        }
     sched_layout(t);
     return t;
 }
