@@ -125,7 +125,7 @@ int cmd_doctor(int argc, char **argv)
                 printf(" %s", vec[i]);
         printf("\n");
         printf("cpu tuning:    %s\n", cg_cpu_tune(NULL) & KT_TUNE_TRICKLE_ALL
-                                           ? "GEMV prefetches spread over rows of every length (an Intel CPU)"
+                                           ? "GEMV prefetches spread over rows of every length, far quads (an Intel CPU)"
                                            : "GEMV prefetches spread over rows of 1024 or more");
     } else {
         printf("host cpu:      LLVM has no native target here\n");

@@ -361,10 +361,10 @@ static void flip_some_scales(DType t, unsigned char *row, int64_t r, int64_t k)
     }
 }
 
-/* All dtypes (GGUF ones where k is whole blocks) on one CPU target. */
-static void check_all(const char *cpu, int64_t k)
+/* All dtypes (GGUF ones where k is whole blocks) on one CPU target, rows
+ * of k in two GEMVs cut at row `cut`. */
+static void check_all_rows(const char *cpu, int64_t k, int64_t rows, int64_t cut)
 {
-    const int64_t rows = 30, cut = 13;
     Schedule *s = sched_new("qgemv", "cpu", 1);
     s->shape = gemv_shape(k);
     int64_t sx[1] = {k};
@@ -393,7 +393,7 @@ static void check_all(const char *cpu, int64_t k)
         kernel_rows_put(all_dtypes[i], rows, k, raw[i], q.wts + s->bufs[wb[i]].offset);
     }
     qkern_step(&q);
-    double ref[30], mag[30];
+    double *ref = malloc(sizeof(double) * (size_t)rows), *mag = malloc(sizeof(double) * (size_t)rows);
     float *deq = malloc(sizeof(float) * (size_t)k);
     for (size_t i = 0; i < NDT; i++) {
         DType t = all_dtypes[i];
@@ -415,10 +415,32 @@ static void check_all(const char *cpu, int64_t k)
         }
     }
     free(deq);
+    free(mag);
+    free(ref);
     free(w);
     for (size_t i = 0; i < NDT; i++)
         free(raw[i]);
     qkern_free(&q);
+}
+
+static void check_all(const char *cpu, int64_t k)
+{
+    check_all_rows(cpu, k, 30, 13);
+}
+
+/* Segments of 512 KB or more, which a kernel tuned for an Intel CPU reads
+ * as far quads (kernel_body.c: seg_far_quads): 1003 rows of 2048, cut at
+ * 501 (Q4_0: 577 KB and 578 KB; 125 quads a segment and one or two rows
+ * after them). The host's kernel where the host is Intel's, and
+ * Cascade Lake's (an Intel CPU) where the host runs AVX-512 VNNI. */
+Test(cpu_quant_perf, far_quads, .timeout = 300)
+{
+    check_all_rows(NULL, 2048, 1003, 501);
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq"))
+        cr_skip_test("this host cannot run Cascade Lake code (AVX-512 VNNI): the host's kernel only");
+    check_all_rows("cascadelake", 2048, 1003, 501);
 }
 
 Test(cpu_quant_perf, every_dtype_host)
@@ -451,20 +473,21 @@ Test(cpu_quant_perf, every_dtype_haswell)
 }
 
 /* Intel's named CPUs and an Intel host spread the GEMVs' prefetches at
- * every k; AMD's and the x86-64 levels (either vendor) do not. */
+ * every k and read far quads; AMD's and the x86-64 levels (either vendor)
+ * do neither. */
 Test(cpu_quant_perf, prefetch_tuning_by_vendor)
 {
     const char *intel[] = {"haswell", "skylake", "skylake-avx512", "cascadelake", "icelake-server",
                            "sapphirerapids", "alderlake"};
     const char *other[] = {"znver2", "znver3", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"};
     for (size_t i = 0; i < sizeof intel / sizeof *intel; i++)
-        cr_assert_eq(cg_cpu_tune(intel[i]), KT_TUNE_TRICKLE_ALL, "%s", intel[i]);
+        cr_assert_eq(cg_cpu_tune(intel[i]), KT_TUNE_TRICKLE_ALL | KT_TUNE_FAR_QUADS, "%s", intel[i]);
     for (size_t i = 0; i < sizeof other / sizeof *other; i++)
         cr_assert_eq(cg_cpu_tune(other[i]), 0, "%s", other[i]);
     int vendor = test_cpuinfo_has("vendor_id", "GenuineIntel"); /* 1 Intel, 0 another */
     if (vendor < 0)
         cr_skip_test("no vendor_id in /proc/cpuinfo");
-    cr_assert_eq(cg_cpu_tune(NULL), vendor ? KT_TUNE_TRICKLE_ALL : 0);
+    cr_assert_eq(cg_cpu_tune(NULL), vendor ? KT_TUNE_TRICKLE_ALL | KT_TUNE_FAR_QUADS : 0);
     cr_assert_eq(cg_cpu_tune("host"), cg_cpu_tune(NULL));
 }
 

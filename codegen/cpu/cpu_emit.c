@@ -222,7 +222,7 @@ static bool features_have(const char *list, const char *f)
 /* The named CPUs' KT_ISA_* and KT_TUNE_* bits (those not here: none).
  * KT_TUNE_TRICKLE_ALL on Intel's, not on AMD's nor on the x86-64 levels,
  * which run on either (their kernels keep the rules measured on Zen 4). */
-#define T_INTEL KT_TUNE_TRICKLE_ALL
+#define T_INTEL (KT_TUNE_TRICKLE_ALL | KT_TUNE_FAR_QUADS)
 static const struct { const char *name; int32_t isa, tune; } cpu_named[] = {
     {"x86-64-v3", KT_ISA_AVX2, 0}, {"haswell", KT_ISA_AVX2, T_INTEL}, {"skylake", KT_ISA_AVX2, T_INTEL},
     {"znver2", KT_ISA_AVX2, 0}, {"znver3", KT_ISA_AVX2, 0}, {"x86-64-v4", KT_ISA_AVX2 | KT_ISA_AVX512, 0},
@@ -252,7 +252,7 @@ int cg_cpu_tune(const char *cpu)
 {
     if (!cpu || !strcmp(cpu, "host") || !strcmp(cpu, "native")) {
         __builtin_cpu_init();
-        return __builtin_cpu_is("intel") ? KT_TUNE_TRICKLE_ALL : 0;
+        return __builtin_cpu_is("intel") ? KT_TUNE_TRICKLE_ALL | KT_TUNE_FAR_QUADS : 0;
     }
     for (size_t i = 0; i < sizeof cpu_named / sizeof *cpu_named; i++)
         if (!strcmp(cpu, cpu_named[i].name))

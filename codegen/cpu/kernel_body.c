@@ -776,7 +776,10 @@ static void op_rmsnorm(const MegacArgs *a, const int64_t *in)
  * of what prefetcht1 gives (Q8_0, Q4_1, Q4_K_M files, exact and int8
  * inputs; why was not measured: no HW counters in the guest); on Zen 3
  * the two were within noise. Both knobs are the developers' (cmake
- * -DMEGAC_CPU_BODY_DEFS='-DQPF_BYTES=N;-DQPF_LOCALITY=L'). */
+ * -DMEGAC_CPU_BODY_DEFS='-DQPF_BYTES=N;-DQPF_LOCALITY=L'), and so is
+ * -DQPF_OFF, which asks for nothing at all (what the asks buy: on the
+ * Intel Xeon host a Llama-3.2-1B-shaped Q4_0 file with int8 inputs
+ * decoded 0.74x so, and one GEMV from memory streamed 16 GB/s, not 23). */
 #ifndef QPF_BYTES
 #define QPF_BYTES 16384
 #endif
@@ -797,6 +800,11 @@ typedef struct WStream {
     int64_t rowb, t, n, last;
     int in_v;
     int64_t group;              /* bytes of the four rows a kernel spreads asks over (seg_trickle) */
+    /* a far quad's stream (far_stream): its four rows, and how far into
+     * them the kernel has read */
+    const unsigned char *far_row[4];
+    int64_t far_at;
+    int far;
 } WStream;
 
 /* Split s of nsplit over n entries (rows) cut into blocks of `block`:
@@ -894,6 +902,11 @@ static int ws_advance(WStream *ws)
 /* Asks for the stream until `target` bytes past what was read. */
 static void ws_fill(WStream *ws, int64_t target)
 {
+#ifdef QPF_OFF
+    ws->ahead = INT64_MAX / 2;
+    (void)target;
+    return;
+#endif
     while (ws->ahead < target) {
         if (ws->p >= ws->stop && !ws_advance(ws)) {
             ws->ahead = INT64_MAX / 2;  /* nothing left to ask for */
@@ -922,6 +935,19 @@ static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t b
     ws->ahead -= bytes;
     if (ws->ahead < QPF_BYTES)
         ws_fill(ws, QPF_BYTES);
+}
+
+/* A far quad's line asks (seg_far_quads): each of its rows' bytes
+ * [at + QPF_BYTES, + step), the step a kernel is about to read, so many
+ * bytes ahead. */
+static inline __attribute__((always_inline)) void far_prefetch(const unsigned char *const row[4], int64_t at,
+                                                              int64_t step)
+{
+    _Pragma("clang loop unroll(full)")
+    for (int i = 0; i < 4; i++) {
+        __builtin_prefetch(row[i] + at + QPF_BYTES, 0, QPF_LOCALITY);
+        __builtin_prefetch(row[i] + at + QPF_BYTES + step - 1, 0, QPF_LOCALITY);
+    }
 }
 
 /* Asks for a line more than `bytes` of the stream while a kernel reads a
@@ -981,6 +1007,15 @@ static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t b
 #define WS_TRICKLE_SEG_MAX (1 << 20)
 static inline __attribute__((always_inline)) void ws_trickle(WStream *ws, int64_t bytes)
 {
+#ifdef QPF_OFF
+    (void)ws, (void)bytes;
+    return;
+#endif
+    if (ws->far) { /* a far quad's: `bytes` is the four rows' step */
+        far_prefetch(ws->far_row, ws->far_at, bytes / 4);
+        ws->far_at += bytes / 4;
+        return;
+    }
     int n = (int)(bytes / 64) + 1;
     if (ws->ahead >= QPF_BYTES + ws->group)
         return;
@@ -1065,6 +1100,69 @@ static inline __attribute__((always_inline)) WStream *seg_trickle(const GemvSeg 
         return NULL;
     g->ws->group = 4 * rb;
     return g->ws;
+}
+
+/* Far quads (KT_TUNE_FAR_QUADS): a four-row kernel may read a long
+ * segment as four streams, quad j being rows r0 + j, r0 + q + j,
+ * r0 + 2 q + j and r0 + 3 q + j for q = (r1 - r0) / 4 (the r1 - r0 - 4 q
+ * rows left go four at a time after them), each row asking for its own
+ * lines QPF_BYTES ahead (far_stream). Adjacent rows side by side are four
+ * interleaved streams a row long (k 2048 Q4_0: 1152 bytes), which the
+ * hardware prefetchers must find again row after row; four quarters of
+ * the segment are four long ones. On the Intel Xeon host (2026-12-05;
+ * scripts/scratch-q4-interleave.c, from memory, k 2048, two threads, 1 GB
+ * of Q4_0 rows with int8 inputs) adjacent rows streamed 15-17 GB/s with
+ * no software prefetch, far quads 24, and with each stream asking ahead
+ * 26.7, a plain read's rate (25-26), where megac's kernel with its spread
+ * prefetches made 22-23; a Llama-3.2-1B-shaped model decodes 1.13-1.19x
+ * faster (README). Only segments of FAR_QUAD_MIN_BYTES or more: a short
+ * one's streams 1-3 start unasked (the worker's stream asked for what
+ * follows the previous segment, i.e. stream 0's start), which took
+ * SmolLM2-135M's exact-input Q4_0 step (segments of 31-250 KB a worker,
+ * in the L3) to 0.95x. Returns q, or 0 where the segment is read as
+ * before. The ws stream is told of the far part as a whole at its end
+ * (seg_far_done), so that it asks for what follows and none of its lines. */
+#define FAR_QUAD_MIN_BYTES (512 << 10)
+static inline __attribute__((always_inline)) int64_t seg_far_quads(const GemvSeg *g, int64_t rb)
+{
+    int64_t n = g->r1 - g->r0;
+    return (megac_k_tune & KT_TUNE_FAR_QUADS) && n >= 16 && n * rb >= FAR_QUAD_MIN_BYTES ? n / 4 : 0;
+}
+
+/* Far quad j's rows (q of them a stream), and its results back. */
+static inline __attribute__((always_inline)) void seg_far_rows(const GemvSeg *g, int64_t rb, int64_t q, int64_t j,
+                                                              const unsigned char *row[4])
+{
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        row[i] = g->W + (g->r0 + i * q + j) * rb;
+}
+
+static inline __attribute__((always_inline)) void seg_far_store(const GemvSeg *g, int64_t q, int64_t j,
+                                                               const float out[4])
+{
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        gemv_store(g->y, g->b, g->r0 + i * q + j, out[i], g->accum);
+}
+
+/* The stream a kernel asks through (ws_trickle) while it reads far quad
+ * row[4]. */
+static inline __attribute__((always_inline)) WStream *far_stream(WStream *fw, const unsigned char *const row[4])
+{
+    fw->far = 1;
+    fw->far_at = 0;
+    for (int i = 0; i < 4; i++)
+        fw->far_row[i] = row[i];
+    return fw;
+}
+
+/* After q far quads of segment g (rows of rb bytes): the worker's stream
+ * moves past them without asking for their lines, and on to what follows. */
+static inline __attribute__((always_inline)) void seg_far_done(const GemvSeg *g, int64_t rb, int64_t q)
+{
+    if (q)
+        ws_read(g->ws, 4 * q * rb);
 }
 
 typedef uint16_t v4u16 __attribute__((vector_size(8)));
@@ -2824,11 +2922,22 @@ static ISA_VNNI512 int isa_vnni512_gemv_q8x(int t, const GemvSeg *sg, int ns, co
     int64_t rb = qrow_bytes(t, k);
     for (int i = 0; i < ns; i++) {
         const GemvSeg *g = &sg[i];
+        const unsigned char *row[4];
+        float out[4];
+        int64_t q = seg_far_quads(g, rb);
+        WStream fw = {0};
+        for (int64_t j = 0; j < q; j++) {
+            seg_far_rows(g, rb, q, j, row);
+            if (w8)
+                isa_vnni512_w8x_rows4(row, xq, corr4, u, k, out, far_stream(&fw, row));
+            else
+                isa_vnni512_q8_0_rows4(3, row, xq, ub, corr, k, out, far_stream(&fw, row));
+            seg_far_store(g, q, j, out);
+        }
+        seg_far_done(g, rb, q);
         WStream *tws = seg_trickle(g, rb, k, 0); /* at every k, as the A8 rows (at k 576, WS_TRICKLE_K ran
                                                      0.93-0.97x at a 60-65 GB/s ceiling, 1.0-1.05x at 37) */
-        for (int64_t r = g->r0; r < g->r1; r += 4) {
-            const unsigned char *row[4];
-            float out[4];
+        for (int64_t r = g->r0 + 4 * q; r < g->r1; r += 4) {
             seg_quad(g, rb, r, row);
             if (w8)
                 isa_vnni512_w8x_rows4(row, xq, corr4, u, k, out, tws);
@@ -4182,31 +4291,49 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
         }                                                                                                    \
     } while (0)
 
-/* Rows [r0, r1) four at a time, side by side (each x vector loaded once
- * for all four): whole superblocks, then the nb % 4 blocks left over as a
- * short one (zeros past them, in the weights as in xqp). */
+/* Four rows side by side (each x vector loaded once for all four): whole
+ * superblocks, then the nb % 4 blocks left over as a short one (zeros
+ * past them, in the weights as in xqp), into out[4]; tws (if any) asks
+ * for the lines ahead. */
+#define PKA8_QUAD(dot16, T, row, out, tws)                                                             \
+    do {                                                                                               \
+        v16f acc[4] = {{0}, {0}, {0}, {0}};                                                            \
+        v4f off[4] = {{0}, {0}, {0}, {0}};                                                             \
+        int64_t sb = 0;                                                                                \
+        for (; sb < nb / 4; sb++) {                                                                    \
+            if (tws)                                                                                   \
+                ws_trickle(tws, 16 * (PKA8_HDR(T) + 16));                                              \
+            PKA8_SB(dot16, 4, T);                                                                      \
+        }                                                                                              \
+        if (nb % 4)                                                                                    \
+            PKA8_SB(dot16, (int)(nb % 4), T);                                                          \
+        UNROLL4                                                                                        \
+        for (int i = 0; i < 4; i++)                                                                    \
+            out[i] = hsum16(&acc[i]) - ((off[i][0] + off[i][1]) + (off[i][2] + off[i][3]));             \
+    } while (0)
+
+/* Rows [r0, r1): the far quads (seg_far_quads), then the rest four at a
+ * time, side by side. */
 #define PKA8_ROWS(name, attr, dot16, T)                                                                        \
     static attr void name(const GemvSeg *g, const int8_t *xqp, const float *dq4, const float *dx4, int64_t k) \
     {                                                                                                        \
-        int64_t rb = qrow_bytes(T, k), nb = k / 32;                                                         \
-        WStream *tws = seg_trickle(g, rb, k, WS_TRICKLE_K);                                                  \
-        for (int64_t r = g->r0; r < g->r1; r += 4) {                                                         \
+        int64_t rb = qrow_bytes(T, k), nb = k / 32, q = seg_far_quads(g, rb);                                \
+        WStream fw = {0};                                                                                    \
+        for (int64_t j = 0; j < q; j++) {                                                                    \
             const unsigned char *row[4];                                                                     \
-            seg_quad(g, rb, r, row);                                                                         \
-            v16f acc[4] = {{0}, {0}, {0}, {0}};                                                              \
-            v4f off[4] = {{0}, {0}, {0}, {0}};                                                               \
-            int64_t sb = 0;                                                                                  \
-            for (; sb < nb / 4; sb++) {                                                                      \
-                if (tws)                                                                                     \
-                    ws_trickle(tws, 16 * (PKA8_HDR(T) + 16));                                                \
-                PKA8_SB(dot16, 4, T);                                                                        \
-            }                                                                                                \
-            if (nb % 4)                                                                                      \
-                PKA8_SB(dot16, (int)(nb % 4), T);                                                            \
             float out[4];                                                                                    \
-            UNROLL4                                                                                          \
-            for (int i = 0; i < 4; i++)                                                                      \
-                out[i] = hsum16(&acc[i]) - ((off[i][0] + off[i][1]) + (off[i][2] + off[i][3]));              \
+            seg_far_rows(g, rb, q, j, row);                                                                  \
+            WStream *fws = far_stream(&fw, row);                                                             \
+            PKA8_QUAD(dot16, T, row, out, fws);                                                              \
+            seg_far_store(g, q, j, out);                                                                     \
+        }                                                                                                    \
+        seg_far_done(g, rb, q);                                                                              \
+        WStream *tws = seg_trickle(g, rb, k, WS_TRICKLE_K);                                                  \
+        for (int64_t r = g->r0 + 4 * q; r < g->r1; r += 4) {                                                 \
+            const unsigned char *row[4];                                                                     \
+            float out[4];                                                                                    \
+            seg_quad(g, rb, r, row);                                                                         \
+            PKA8_QUAD(dot16, T, row, out, tws);                                                              \
             seg_quad_store(g, rb, r, out);                                                                   \
         }                                                                                                    \
     }
@@ -4375,8 +4502,10 @@ static void a8_pair_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t
 }
 
 /* Four rows of an A8 dtype with the kernel of kind `kind`. */
-static void a8_rows4(int kind, int t, const unsigned char *const row[4], const int8_t *xq, const float *dq,
-                     const float *side, const int32_t *corr, float c, int64_t k, float out[4], WStream *ws)
+static inline __attribute__((always_inline)) void a8_rows4(int kind, int t, const unsigned char *const row[4],
+                                                          const int8_t *xq, const float *dq, const float *side,
+                                                          const int32_t *corr, float c, int64_t k, float out[4],
+                                                          WStream *ws)
 {
     int64_t gs = t == DT_W8A8 || t == DT_Q8_0A8 ? 32 : w4_gsize(qlayout(t));
     if (t == DT_Q8_0A8 && kind == 2)
@@ -4432,14 +4561,25 @@ static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_
     float dq8[8 * np] __attribute__((aligned(32)));
     if (pairs)
         a8_pair_prepare(xq, dq, k, xq2, dq8);
+    const int8_t *xa = pairs ? xq2 : xq;
+    const float *da = pairs ? dq8 : t == DT_Q8_0A8 ? dqp : dq;
     for (int i = 0; i < ns; i++) {
         const GemvSeg *g = &sg[i];
+        const unsigned char *row[4];
+        float out[4];
+        /* far quads where the kernel asks through its stream (a8_rows4) */
+        int64_t q = kind == 2 && (t == DT_Q8_0A8 || t == DT_W8A8) ? seg_far_quads(g, rb) : 0;
+        WStream fw = {0};
+        for (int64_t j = 0; j < q; j++) {
+            seg_far_rows(g, rb, q, j, row);
+            a8_rows4(2, t, row, xa, da, side, corr, c, k, out, far_stream(&fw, row));
+            seg_far_store(g, q, j, out);
+        }
+        seg_far_done(g, rb, q);
         WStream *tws = seg_trickle(g, rb, k, 0);
-        for (int64_t r = g->r0; r < g->r1; r += 4) {
-            const unsigned char *row[4];
-            float out[4];
+        for (int64_t r = g->r0 + 4 * q; r < g->r1; r += 4) {
             seg_quad(g, rb, r, row);
-            a8_rows4(kind, t, row, pairs ? xq2 : xq, pairs ? dq8 : t == DT_Q8_0A8 ? dqp : dq, side, corr, c, k, out, tws);
+            a8_rows4(kind, t, row, xa, da, side, corr, c, k, out, tws);
             seg_quad_store(g, rb, r, out);
         }
     }

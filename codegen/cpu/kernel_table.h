@@ -85,7 +85,12 @@ enum {
      * short rows leave the stream to the hardware prefetchers, which kept
      * it ahead on AMD Zen 4 and did not on an Intel Xeon (the only Intel
      * CPU measured; kernel_body.c, before ws_trickle). */
-    KT_TUNE_TRICKLE_ALL = 1
+    KT_TUNE_TRICKLE_ALL = 1,
+    /* The four-row kernels that have them read a segment's rows as far
+     * quads, four streams a quarter of the segment apart (kernel_body.c:
+     * seg_far_quads), where the hardware prefetchers followed four
+     * adjacent rows poorly (an Intel Xeon). */
+    KT_TUNE_FAR_QUADS = 2
 };
 
 /* Packed 4-bit rows. The CPU kernel reads Q4_0, Q4_1, Q5_0, Q5_1 and
