@@ -220,8 +220,9 @@ static bool features_have(const char *list, const char *f)
 }
 
 /* The named CPUs' KT_ISA_* and KT_TUNE_* bits (those not here: none).
- * KT_TUNE_TRICKLE_ALL on Intel's, not on AMD's nor on the x86-64 levels,
- * which run on either (their kernels keep the rules measured on Zen 4). */
+ * KT_TUNE_TRICKLE_ALL and KT_TUNE_FAR_QUADS on Intel's, not on AMD's nor
+ * on the x86-64 levels, which run on either (their kernels keep the rules
+ * measured on Zen 4). */
 #define T_INTEL (KT_TUNE_TRICKLE_ALL | KT_TUNE_FAR_QUADS)
 static const struct { const char *name; int32_t isa, tune; } cpu_named[] = {
     {"x86-64-v3", KT_ISA_AVX2, 0}, {"haswell", KT_ISA_AVX2, T_INTEL}, {"skylake", KT_ISA_AVX2, T_INTEL},
@@ -243,11 +244,14 @@ static int32_t job_isa_named(const char *cpu)
     return 0;
 }
 
-/* KT_TUNE_TRICKLE_ALL for an Intel host (its vendor) or a named Intel CPU
- * (cpu_named). On an Intel Xeon (2026-12-05), ops of SmolLM2-sized rows
- * (k 576, two workers) streamed 1.10-1.20x faster with it (8-bit rows in
- * one long segment, from the L3 or memory) and 1.06-1.13x (packed 4-bit
- * rows), where on Zen 4 the same choices had measured 1.01-1.09x slower. */
+/* KT_TUNE_TRICKLE_ALL and KT_TUNE_FAR_QUADS for an Intel host (its vendor)
+ * or a named Intel CPU (cpu_named). On an Intel Xeon (2026-12-05), ops of
+ * SmolLM2-sized rows (k 576, two workers) streamed 1.10-1.20x faster with
+ * the first (8-bit rows in one long segment, from the L3 or memory) and
+ * 1.06-1.13x (packed 4-bit rows), where on Zen 4 the same choices had
+ * measured 1.01-1.09x slower; the second took Llama-3.2-1B-shaped files
+ * 1.07-1.19x faster there (kernel_body.c: seg_far_quads; not measured on
+ * AMD's cores, so not theirs). */
 int cg_cpu_tune(const char *cpu)
 {
     if (!cpu || !strcmp(cpu, "host") || !strcmp(cpu, "native")) {
