@@ -2597,46 +2597,65 @@ isa_vnni512_kq6_superblock(int np, const unsigned char *b, const int8_t *xq, con
     }
 }
 
+/* Four k-quant rows side by side into out[4]; tws (if any) asks for the
+ * lines ahead. */
+static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_quad(int t, int np,
+                                                                               const unsigned char *const row[4],
+                                                                               const int8_t *xq, const float *ub,
+                                                                               const float *xs, int64_t k,
+                                                                               WStream *tws, float out[4])
+{
+    int64_t bb = t == DT_Q4_K ? 144 : t == DT_Q5_K ? 176 : 210;
+    v16f acc[4] = {{0}, {0}, {0}, {0}}, off16[4] = {{0}, {0}, {0}, {0}};
+    v8fs off8[4] = {{0}, {0}, {0}, {0}};
+    for (int64_t s = 0; s < k / 256; s++) {
+        if (tws)
+            ws_trickle(tws, 4 * bb);
+        v8fs u8;
+        memcpy(&u8, ub + 8 * s, 32);
+        if (t == DT_Q6_K) {
+            v16f xs16 = LOAD16(xs + 16 * s);
+            UNROLL4
+            for (int i = 0; i < 4; i++)
+                isa_vnni512_kq6_superblock(np, row[i] + s * bb, xq + 256 * np * s, &u8, &xs16, &acc[i], &off16[i]);
+        } else {
+            v8fs xs8;
+            memcpy(&xs8, xs + 8 * s, 32);
+            v16f dm[4];
+            isa_vnni512_kq_scales4(row, s * bb, dm);
+            UNROLL4
+            for (int i = 0; i < 4; i++) {
+                off8[i] += __builtin_shufflevector(dm[i], dm[i], 8, 9, 10, 11, 12, 13, 14, 15) * xs8;
+                isa_vnni512_kq4_superblock(np, t == DT_Q5_K, row[i] + s * bb, xq + 256 * np * s,
+                                           __builtin_shufflevector(dm[i], dm[i], 0, 1, 2, 3, 4, 5, 6, 7) * u8,
+                                           &acc[i]);
+            }
+        }
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        out[i] = t != DT_Q6_K ? hsum16(&acc[i]) - kq_hsum8(&off8[i]) : hsum16(&acc[i]) - 32.0f * hsum16(&off16[i]);
+}
+
+/* Rows [r0, r1) of a k-quant: the far quads, then the rest four at a time. */
 static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_rows(int t, int np, const GemvSeg *g,
                                                                                 const int8_t *xq, const float *ub,
                                                                                 const float *xs, int64_t k)
 {
-    int64_t rb = qrow_bytes(t, k), bb = t == DT_Q4_K ? 144 : t == DT_Q5_K ? 176 : 210;
+    int64_t rb = qrow_bytes(t, k), q = seg_far_quads(g, rb);
+    const unsigned char *row[4];
+    float out[4];
+    WStream fw = {0};
+    for (int64_t j = 0; j < q; j++) {
+        seg_far_rows(g, rb, q, j, row);
+        isa_vnni512_kq_quad(t, np, row, xq, ub, xs, k, far_stream(&fw, row), out);
+        seg_far_store(g, q, j, out);
+    }
+    seg_far_done(g, rb, q);
     WStream *tws = seg_trickle(g, rb, k, WS_TRICKLE_K);
-    for (int64_t r = g->r0; r < g->r1; r += 4) {
-        const unsigned char *row[4];
+    for (int64_t r = g->r0 + 4 * q; r < g->r1; r += 4) {
         seg_quad(g, rb, r, row);
-        v16f acc[4] = {{0}, {0}, {0}, {0}}, off16[4] = {{0}, {0}, {0}, {0}};
-        v8fs off8[4] = {{0}, {0}, {0}, {0}};
-        for (int64_t s = 0; s < k / 256; s++) {
-            if (tws)
-                ws_trickle(tws, 4 * bb);
-            v8fs u8;
-            memcpy(&u8, ub + 8 * s, 32);
-            if (t == DT_Q6_K) {
-                v16f xs16 = LOAD16(xs + 16 * s);
-                UNROLL4
-                for (int i = 0; i < 4; i++)
-                    isa_vnni512_kq6_superblock(np, row[i] + s * bb, xq + 256 * np * s, &u8, &xs16, &acc[i],
-                                               &off16[i]);
-            } else {
-                v8fs xs8;
-                memcpy(&xs8, xs + 8 * s, 32);
-                v16f dm[4];
-                isa_vnni512_kq_scales4(row, s * bb, dm);
-                UNROLL4
-                for (int i = 0; i < 4; i++) {
-                    off8[i] += __builtin_shufflevector(dm[i], dm[i], 8, 9, 10, 11, 12, 13, 14, 15) * xs8;
-                    isa_vnni512_kq4_superblock(np, t == DT_Q5_K, row[i] + s * bb, xq + 256 * np * s,
-                                               __builtin_shufflevector(dm[i], dm[i], 0, 1, 2, 3, 4, 5, 6, 7) * u8,
-                                               &acc[i]);
-                }
-            }
-        }
-        float out[4];
-        UNROLL4
-        for (int i = 0; i < 4; i++)
-            out[i] = t != DT_Q6_K ? hsum16(&acc[i]) - kq_hsum8(&off8[i]) : hsum16(&acc[i]) - 32.0f * hsum16(&off16[i]);
+        isa_vnni512_kq_quad(t, np, row, xq, ub, xs, k, tws, out);
         seg_quad_store(g, rb, r, out);
     }
 }
