@@ -50,36 +50,57 @@ static double now(void){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);retu
 static uint16_t f2h(float f){ return _cvtss_sh(f, 0); }
 
 // B: per row, superblocks of 4 blocks: 4 f16 d + 64 bytes; element 4n+i = nibble n of word i (lane l = 4b+i)
+// Four such rows side by side into out[4]. Prefetches: far, each row its own
+// lines PF ahead (NPF != 0); else NPF lines a superblock from the linear
+// pointer *pf (up to pfe).
+static inline void quad4(const unsigned char *const row[4], float out[4], int far, const char **pf, const char *pfe)
+{
+    int nsb = NB / 4;
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 acc[4];
+    __m128 off[4];
+    for (int i = 0; i < 4; i++) {
+        acc[i] = _mm512_setzero_ps();
+        off[i] = _mm_setzero_ps();
+    }
+    for (int sb = 0; sb < nsb; sb++) {
+        __m512i xl = _mm512_load_si512(XQP + 128 * sb), xh = _mm512_load_si512(XQP + 128 * sb + 64);
+        __m128 dq = _mm_load_ps(DQ4 + 4 * sb), dx = _mm_load_ps(DX4 + 4 * sb);
+        for (int c = 0; !far && c < NPF; c++)
+            if (*pf < pfe) {
+                _mm_prefetch(*pf, HINT);
+                *pf += 64;
+            }
+        for (int i = 0; i < 4; i++) {
+            const unsigned char *w = row[i] + 72 * sb;
+            if (far && NPF && (sb & 3) == 0)
+                for (int c = 0; c < 5; c++)
+                    _mm_prefetch((const char *)w + PF + 64 * c, HINT);
+            __m512i v = _mm512_loadu_si512(w + 8);
+            __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl);
+            p = _mm512_dpbusd_epi32(p, hi, xh);
+            __m128 sc = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)w)), sd = _mm_mul_ps(sc, dq);
+            __m512 sd16 = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(sd));
+            acc[i] = _mm512_fmadd_ps(sd16, _mm512_cvtepi32_ps(p), acc[i]);
+            off[i] = _mm_fmadd_ps(sc, dx, off[i]);
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        __m128 o = off[i];
+        out[i] = _mm512_reduce_add_ps(acc[i]) - 8.0f * (o[0] + o[1] + o[2] + o[3]);
+    }
+}
+
+// b4row: rows r..r+3 side by side
 static void kern_b(int64_t r0, int64_t r1)
 {
-    int64_t rb = (int64_t)NB * 18; int nsb = NB / 4;
-    const __m512i m0f = _mm512_set1_epi8(0x0f);
-    const __m512i idx = _mm512_set_epi32(3,3,3,3,2,2,2,2,1,1,1,1,0,0,0,0);
-    const char *pf = (const char *)WB + r0 * rb + PF, *pfe = (const char*)WB + r1 * rb + PF;
+    int64_t rb = (int64_t)NB * 18;
+    const char *pf = (const char *)WB + r0 * rb + PF, *pfe = (const char *)WB + r1 * rb + PF;
     for (int64_t r = r0; r < r1; r += 4) {
-        __m512 acc[4]; __m128 off[4];
-        for (int i = 0; i < 4; i++) { acc[i] = _mm512_setzero_ps(); off[i] = _mm_setzero_ps(); }
-        for (int sb = 0; sb < nsb; sb++) {
-            __m512i xl = _mm512_load_si512(XQP + 128 * sb), xh = _mm512_load_si512(XQP + 128 * sb + 64);
-            __m128 dq = _mm_load_ps(DQ4 + 4 * sb), dx = _mm_load_ps(DX4 + 4 * sb);
-            for (int c = 0; c < NPF; c++) if (pf < pfe) { _mm_prefetch(pf, HINT); pf += 64; }
-            for (int i = 0; i < 4; i++) {
-                const unsigned char *w = WB + (r + i) * rb + 72 * sb;
-                __m512i v = _mm512_loadu_si512(w + 8);
-                __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
-                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl);
-                p = _mm512_dpbusd_epi32(p, hi, xh);
-                __m128 sc = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)w)), sd = _mm_mul_ps(sc, dq);
-                __m512 sd16 = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(sd));
-                acc[i] = _mm512_fmadd_ps(sd16, _mm512_cvtepi32_ps(p), acc[i]);
-                off[i] = _mm_fmadd_ps(sc, dx, off[i]);
-            }
-        }
-        for (int i = 0; i < 4; i++) {
-            __m128 o = off[i];
-            float s = _mm512_reduce_add_ps(acc[i]) - 8.0f * (o[0] + o[1] + o[2] + o[3]);
-            Y[r + i] = s;
-        }
+        const unsigned char *row[4] = {WB + r * rb, WB + (r + 1) * rb, WB + (r + 2) * rb, WB + (r + 3) * rb};
+        quad4(row, Y + r, 0, &pf, pfe);
     }
 }
 
@@ -114,35 +135,18 @@ static void kern_d(int64_t r0, int64_t r1)
     }
 }
 
+// bfar4: quad j is rows r0 + j + i q (q a quarter of the range)
 static void kern_b1(int64_t r0, int64_t r1)
 {
-    int64_t rb = (int64_t)NB * 18; int nsb = NB / 4;
-    const __m512i m0f = _mm512_set1_epi8(0x0f);
-    const __m512i idx = _mm512_set_epi32(3,3,3,3,2,2,2,2,1,1,1,1,0,0,0,0);
-    int64_t q = (r1 - r0) / 4;   /* r1 - r0 a multiple of 4 here */
+    int64_t rb = (int64_t)NB * 18, q = (r1 - r0) / 4; /* r1 - r0 a multiple of 4 here */
     for (int64_t j = 0; j < q; j++) {
-        __m512 acc[4]; __m128 off[4];
-        for (int i = 0; i < 4; i++) { acc[i] = _mm512_setzero_ps(); off[i] = _mm_setzero_ps(); }
-        for (int sb = 0; sb < nsb; sb++) {
-            __m512i xl = _mm512_load_si512(XQP + 128 * sb), xh = _mm512_load_si512(XQP + 128 * sb + 64);
-            __m128 dq = _mm_load_ps(DQ4 + 4 * sb), dx = _mm_load_ps(DX4 + 4 * sb);
-            for (int i = 0; i < 4; i++) {
-                const unsigned char *w = WB + (r0 + i * q + j) * rb + 72 * sb;
-                if (NPF && (sb & 3) == 0) _mm_prefetch(w + PF, HINT), _mm_prefetch(w + PF + 64, HINT), _mm_prefetch(w + PF + 128, HINT), _mm_prefetch(w + PF + 192, HINT), _mm_prefetch(w + PF + 256, HINT);
-                __m512i v = _mm512_loadu_si512(w + 8);
-                __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
-                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl);
-                p = _mm512_dpbusd_epi32(p, hi, xh);
-                __m128 sc = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)w)), sd = _mm_mul_ps(sc, dq);
-                __m512 sd16 = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(sd));
-                acc[i] = _mm512_fmadd_ps(sd16, _mm512_cvtepi32_ps(p), acc[i]);
-                off[i] = _mm_fmadd_ps(sc, dx, off[i]);
-            }
-        }
-        for (int i = 0; i < 4; i++) {
-            __m128 o = off[i];
-            Y[r0 + i * q + j] = _mm512_reduce_add_ps(acc[i]) - 8.0f * (o[0] + o[1] + o[2] + o[3]);
-        }
+        const unsigned char *row[4];
+        float out[4];
+        for (int i = 0; i < 4; i++)
+            row[i] = WB + (r0 + i * q + j) * rb;
+        quad4(row, out, 1, NULL, NULL);
+        for (int i = 0; i < 4; i++)
+            Y[r0 + i * q + j] = out[i];
     }
 }
 
