@@ -717,6 +717,13 @@ static double elapsed_s(struct timespec a)
     return (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
 }
 
+/* A switch in the environment: set, and neither empty nor "0". */
+static bool env_on(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 static void bench_dtype(DType t, int nw, int64_t rows, int64_t k)
 {
     Schedule *s = sched_new("qbench", "cpu", nw);
@@ -730,11 +737,11 @@ static void bench_dtype(DType t, int nw, int64_t rows, int64_t k)
     /* MEGAC_QBENCH_SCATTER=1: each worker visits its ops' row ranges in a
      * scattered order, so consecutive ops are not adjacent in memory (as in
      * a decode step, where a worker's next tile is in another matrix) */
-    bool scatter = getenv("MEGAC_QBENCH_SCATTER") != NULL;
+    bool scatter = env_on("MEGAC_QBENCH_SCATTER");
     /* MEGAC_QBENCH_SYNC=1: ops as a decode step's GEMVs are: op i's rows
      * (op_rows a worker) cut into adjacent pieces, one a worker, and every
      * worker signals and then waits for all the others after each op */
-    bool sync = getenv("MEGAC_QBENCH_SYNC") != NULL;
+    bool sync = env_on("MEGAC_QBENCH_SYNC");
     uint32_t done = sync ? sched_add_counter(s, "done") : 0;
     int64_t step = op_rows * nw, nsteps = sync ? (rows + step - 1) / step : 0;
     for (int64_t i = 0; i < nsteps; i++) {

@@ -86,8 +86,8 @@ enum {
      * it ahead on AMD Zen 4 and did not on an Intel Xeon (the only Intel
      * CPU measured; kernel_body.c, before ws_trickle). */
     KT_TUNE_TRICKLE_ALL = 1,
-    /* The four-row kernels that have them read a segment's rows as far
-     * quads, four streams a quarter of the segment apart (kernel_body.c:
+    /* The AVX-512 VNNI four-row kernels read a segment of 512 KB or more
+     * as far quads, four streams a quarter of it apart (kernel_body.c:
      * seg_far_quads), where the hardware prefetchers followed four
      * adjacent rows poorly (an Intel Xeon). */
     KT_TUNE_FAR_QUADS = 2
