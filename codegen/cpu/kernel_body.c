@@ -1165,6 +1165,40 @@ static inline __attribute__((always_inline)) void seg_far_done(const GemvSeg *g,
         ws_read(g->ws, 4 * q * rb);
 }
 
+/* Every row of segment g (rows of rb bytes, k long) through a four-row
+ * kernel: QUAD, a statement that fills out[4] from row[4] and asks for
+ * lines through ws (NULL: it asks for none). The far quads first (where
+ * `far` and seg_far_quads() allow), each asking through its own stream,
+ * then the rest four at a time, asking through the worker's stream as
+ * seg_trickle(g, rb, k, kmin) says; isfar, a constant in each loop, says
+ * which (a QUAD that picks its kernel by it leaves the other loop's
+ * kernels to constant folding: gemv_a8_fast). */
+#define SEG_QUADS(g, rb, k, kmin, far, row, out, ws, isfar, QUAD)            \
+    do {                                                                     \
+        const unsigned char *row[4];                                         \
+        float out[4];                                                        \
+        int64_t q_ = (far) ? seg_far_quads(g, rb) : 0;                       \
+        WStream fw_ = {0};                                                   \
+        for (int64_t j_ = 0; j_ < q_; j_++) {                                \
+            seg_far_rows(g, rb, q_, j_, row);                                \
+            WStream *ws = far_stream(&fw_, row);                             \
+            const int isfar = 1;                                             \
+            (void)isfar;                                                     \
+            QUAD;                                                            \
+            seg_far_store(g, q_, j_, out);                                   \
+        }                                                                    \
+        seg_far_done(g, rb, q_);                                             \
+        WStream *tws_ = seg_trickle(g, rb, k, kmin);                         \
+        for (int64_t r_ = (g)->r0 + 4 * q_; r_ < (g)->r1; r_ += 4) {         \
+            WStream *ws = tws_;                                              \
+            const int isfar = 0;                                             \
+            (void)isfar;                                                     \
+            seg_quad(g, rb, r_, row);                                        \
+            QUAD;                                                            \
+            seg_quad_store(g, rb, r_, out);                                  \
+        }                                                                    \
+    } while (0)
+
 typedef uint16_t v4u16 __attribute__((vector_size(8)));
 typedef uint32_t v4u32 __attribute__((vector_size(16)));
 
@@ -2637,27 +2671,14 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_qua
         out[i] = t != DT_Q6_K ? hsum16(&acc[i]) - kq_hsum8(&off8[i]) : hsum16(&acc[i]) - 32.0f * hsum16(&off16[i]);
 }
 
-/* Rows [r0, r1) of a k-quant: the far quads, then the rest four at a time. */
+/* Rows [r0, r1) of a k-quant. */
 static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_rows(int t, int np, const GemvSeg *g,
                                                                                 const int8_t *xq, const float *ub,
                                                                                 const float *xs, int64_t k)
 {
-    int64_t rb = qrow_bytes(t, k), q = seg_far_quads(g, rb);
-    const unsigned char *row[4];
-    float out[4];
-    WStream fw = {0};
-    for (int64_t j = 0; j < q; j++) {
-        seg_far_rows(g, rb, q, j, row);
-        isa_vnni512_kq_quad(t, np, row, xq, ub, xs, k, far_stream(&fw, row), out);
-        seg_far_store(g, q, j, out);
-    }
-    seg_far_done(g, rb, q);
-    WStream *tws = seg_trickle(g, rb, k, WS_TRICKLE_K);
-    for (int64_t r = g->r0 + 4 * q; r < g->r1; r += 4) {
-        seg_quad(g, rb, r, row);
-        isa_vnni512_kq_quad(t, np, row, xq, ub, xs, k, tws, out);
-        seg_quad_store(g, rb, r, out);
-    }
+    int64_t rb = qrow_bytes(t, k);
+    SEG_QUADS(g, rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
+              isa_vnni512_kq_quad(t, np, row, xq, ub, xs, k, ws, out));
 }
 
 /* gemv_kq() with vpdpbusd; 0 (nothing done) where x_integer_ok() is not. */
@@ -2941,29 +2962,14 @@ static ISA_VNNI512 int isa_vnni512_gemv_q8x(int t, const GemvSeg *sg, int ns, co
     int64_t rb = qrow_bytes(t, k);
     for (int i = 0; i < ns; i++) {
         const GemvSeg *g = &sg[i];
-        const unsigned char *row[4];
-        float out[4];
-        int64_t q = seg_far_quads(g, rb);
-        WStream fw = {0};
-        for (int64_t j = 0; j < q; j++) {
-            seg_far_rows(g, rb, q, j, row);
-            if (w8)
-                isa_vnni512_w8x_rows4(row, xq, corr4, u, k, out, far_stream(&fw, row));
-            else
-                isa_vnni512_q8_0_rows4(3, row, xq, ub, corr, k, out, far_stream(&fw, row));
-            seg_far_store(g, q, j, out);
-        }
-        seg_far_done(g, rb, q);
-        WStream *tws = seg_trickle(g, rb, k, 0); /* at every k, as the A8 rows (at k 576, WS_TRICKLE_K ran
-                                                     0.93-0.97x at a 60-65 GB/s ceiling, 1.0-1.05x at 37) */
-        for (int64_t r = g->r0 + 4 * q; r < g->r1; r += 4) {
-            seg_quad(g, rb, r, row);
-            if (w8)
-                isa_vnni512_w8x_rows4(row, xq, corr4, u, k, out, tws);
-            else
-                isa_vnni512_q8_0_rows4(3, row, xq, ub, corr, k, out, tws);
-            seg_quad_store(g, rb, r, out);
-        }
+        /* asks at every k, as the A8 rows (at k 576, WS_TRICKLE_K ran
+         * 0.93-0.97x at a 60-65 GB/s ceiling, 1.0-1.05x at 37) */
+        if (w8)
+            SEG_QUADS(g, rb, k, 0, 1, row, out, ws, isfar_,
+                      isa_vnni512_w8x_rows4(row, xq, corr4, u, k, out, ws));
+        else
+            SEG_QUADS(g, rb, k, 0, 1, row, out, ws, isfar_,
+                      isa_vnni512_q8_0_rows4(3, row, xq, ub, corr, k, out, ws));
     }
     return 1;
 }
@@ -4331,30 +4337,12 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
             out[i] = hsum16(&acc[i]) - ((off[i][0] + off[i][1]) + (off[i][2] + off[i][3]));             \
     } while (0)
 
-/* Rows [r0, r1): the far quads (seg_far_quads), then the rest four at a
- * time, side by side. */
+/* Rows [r0, r1) four at a time (SEG_QUADS). */
 #define PKA8_ROWS(name, attr, dot16, T)                                                                        \
     static attr void name(const GemvSeg *g, const int8_t *xqp, const float *dq4, const float *dx4, int64_t k) \
     {                                                                                                        \
-        int64_t rb = qrow_bytes(T, k), nb = k / 32, q = seg_far_quads(g, rb);                                \
-        WStream fw = {0};                                                                                    \
-        for (int64_t j = 0; j < q; j++) {                                                                    \
-            const unsigned char *row[4];                                                                     \
-            float out[4];                                                                                    \
-            seg_far_rows(g, rb, q, j, row);                                                                  \
-            WStream *fws = far_stream(&fw, row);                                                             \
-            PKA8_QUAD(dot16, T, row, out, fws);                                                              \
-            seg_far_store(g, q, j, out);                                                                     \
-        }                                                                                                    \
-        seg_far_done(g, rb, q);                                                                              \
-        WStream *tws = seg_trickle(g, rb, k, WS_TRICKLE_K);                                                  \
-        for (int64_t r = g->r0 + 4 * q; r < g->r1; r += 4) {                                                 \
-            const unsigned char *row[4];                                                                     \
-            float out[4];                                                                                    \
-            seg_quad(g, rb, r, row);                                                                         \
-            PKA8_QUAD(dot16, T, row, out, tws);                                                              \
-            seg_quad_store(g, rb, r, out);                                                                   \
-        }                                                                                                    \
+        int64_t rb = qrow_bytes(T, k), nb = k / 32;                                                         \
+        SEG_QUADS(g, rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_, PKA8_QUAD(dot16, T, row, out, ws));       \
     }
 PKA8_ROWS(pka8_portable_rows, , PKA8_DOT16_PORTABLE, DT_W4A8G32)
 PKA8_ROWS(isa_vnni512_pka8_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_W4A8G32)
@@ -4582,26 +4570,11 @@ static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_
         a8_pair_prepare(xq, dq, k, xq2, dq8);
     const int8_t *xa = pairs ? xq2 : xq;
     const float *da = pairs ? dq8 : t == DT_Q8_0A8 ? dqp : dq;
-    for (int i = 0; i < ns; i++) {
-        const GemvSeg *g = &sg[i];
-        const unsigned char *row[4];
-        float out[4];
-        /* far quads where the kernel asks through its stream (a8_rows4) */
-        int64_t q = kind == 2 && (t == DT_Q8_0A8 || t == DT_W8A8) ? seg_far_quads(g, rb) : 0;
-        WStream fw = {0};
-        for (int64_t j = 0; j < q; j++) {
-            seg_far_rows(g, rb, q, j, row);
-            a8_rows4(2, t, row, xa, da, side, corr, c, k, out, far_stream(&fw, row));
-            seg_far_store(g, q, j, out);
-        }
-        seg_far_done(g, rb, q);
-        WStream *tws = seg_trickle(g, rb, k, 0);
-        for (int64_t r = g->r0 + 4 * q; r < g->r1; r += 4) {
-            seg_quad(g, rb, r, row);
-            a8_rows4(kind, t, row, xa, da, side, corr, c, k, out, tws);
-            seg_quad_store(g, rb, r, out);
-        }
-    }
+    /* far quads where the kernel asks through its stream (kind 2) */
+    int far = kind == 2 && (t == DT_Q8_0A8 || t == DT_W8A8);
+    for (int i = 0; i < ns; i++)
+        SEG_QUADS(&sg[i], rb, k, 0, far, row, out, ws, isfar,
+                  a8_rows4(isfar ? 2 : kind, t, row, xa, da, side, corr, c, k, out, ws));
 }
 
 /* y[r0:r1] of an A8 weight: the input quantized once, then integer rows.
