@@ -127,6 +127,31 @@ static float hsum16(const v16f *v)
     return (h4[0] + h4[2]) + (h4[1] + h4[3]);
 }
 
+/* The sums of four vectors' 16 lanes, as one vector: a tree of halving
+ * adds over all four at once (13 shuffles and adds where four hsum16
+ * calls take ~36, which a four-row kernel of short rows pays per row). */
+static inline __attribute__((always_inline)) v4f hsum16x4(const v16f a[4])
+{
+    v16f s01 = __builtin_shufflevector(a[0], a[1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(a[0], a[1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    v16f s23 = __builtin_shufflevector(a[2], a[3], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(a[2], a[3], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    /* lanes 4 i .. 4 i + 3: vector i's four partial sums */
+    v16f t = __builtin_shufflevector(s01, s23, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+             __builtin_shufflevector(s01, s23, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    t += __builtin_shufflevector(t, t, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    t += __builtin_shufflevector(t, t, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    return __builtin_shufflevector(t, t, 0, 4, 8, 12);
+}
+
+/* The same for four vectors of 4. */
+static inline __attribute__((always_inline)) v4f hsum4x4(const v4f a[4])
+{
+    v4f s01 = __builtin_shufflevector(a[0], a[1], 0, 1, 4, 5) + __builtin_shufflevector(a[0], a[1], 2, 3, 6, 7);
+    v4f s23 = __builtin_shufflevector(a[2], a[3], 0, 1, 4, 5) + __builtin_shufflevector(a[2], a[3], 2, 3, 6, 7);
+    return __builtin_shufflevector(s01, s23, 0, 2, 4, 6) + __builtin_shufflevector(s01, s23, 1, 3, 5, 7);
+}
+
 static float dot_f32(const float *a, const float *b, int64_t n)
 {
     v16f acc = {0};
@@ -1083,6 +1108,20 @@ static inline __attribute__((always_inline)) void seg_quad_store(const GemvSeg *
                                                                  const float out[4])
 {
     ws_read(g->ws, (g->r1 - r < 4 ? g->r1 - r : 4) * rb);
+    if (g->r1 - r >= 4) { /* gemv_store's sums, four rows as one vector */
+        v4f v, t;
+        memcpy(&v, out, sizeof v);
+        if (g->b) {
+            memcpy(&t, g->b + r, sizeof t);
+            v += t;
+        }
+        if (g->accum) {
+            memcpy(&t, g->y + r, sizeof t);
+            v = t + v;
+        }
+        memcpy(g->y + r, &v, sizeof v);
+        return;
+    }
     for (int q = 0; q < 4 && r + q < g->r1; q++)
         gemv_store(g->y, g->b, r + q, out[q], g->accum);
 }
@@ -4243,6 +4282,26 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
     }
 }
 
+/* Q4_0A8 and Q5_0A8 subtract a constant offset o (8, 16) from every
+ * weight: sum_j (q_j - o) xq_j = sum_j q_j xq_j - o sum_j xq_j. The
+ * kernels below start each superblock's integer sums from
+ * xc = -o sum xq, per 32-bit lane (the eight inputs lane l meets: bytes
+ * 4 l..4 l + 3 of both halves of xqp), so the offset costs no float work
+ * per row (PKA8_FOLD; it was a multiply and an add of four scales per
+ * superblock and row, and a reduction per row). Exact: a lane's sum
+ * stays within 8 * 31 * 128 + 16 * 8 * 128 < 2^16 in magnitude. */
+#define PKA8_FOLD(T) ((T) == DT_Q4_0A8 || (T) == DT_Q5_0A8)
+static void pka8_x_corr(const int8_t *xqp, int64_t nsb, int32_t o, int32_t *xc)
+{
+    for (int64_t sb = 0; sb < nsb; sb++)
+        for (int l = 0; l < 16; l++) {
+            int32_t sum = 0;
+            for (int m = 0; m < 4; m++)
+                sum += xqp[128 * sb + 4 * l + m] + xqp[128 * sb + 64 + 4 * l + m];
+            xc[16 * sb + l] = -o * sum;
+        }
+}
+
 /* dot16(acc, u, s): acc += four u8 x s8 products per lane, for each
  * instruction set; macros on an lvalue (v16 arguments would change the
  * ABI of the 256-bit functions). */
@@ -4290,6 +4349,8 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
     do {                                                                                                     \
         v16u32 xl = *(const v16u32 *)(xqp + 128 * sb), xh = *(const v16u32 *)(xqp + 128 * sb + 64);           \
         v4f dq = *(const v4f *)(dq4 + 4 * sb), dx = *(const v4f *)(dx4 + 4 * sb);                             \
+        v16i32 xc16 = PKA8_FOLD(T) ? *(const v16i32 *)(xc + 16 * sb) : (v16i32){0};                           \
+        (void)xc16;                                                                                          \
         UNROLL4                                                                                              \
         for (int i = 0; i < 4; i++) {                                                                        \
             const unsigned char *w = row[i] + 4 * (PKA8_HDR(T) + 16) * sb;                                   \
@@ -4306,13 +4367,14 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
                             (v16u32){0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};                        \
                 PKA8_FOLD5(q5, lo, hi);                                                                      \
             }                                                                                                \
-            v16i32 p = {0};                                                                                  \
+            v16i32 p = PKA8_FOLD(T) ? xc16 : (v16i32){0};                                                    \
             dot16(p, lo, xl);                                                                                \
             dot16(p, hi, xh);                                                                                \
             v4f sc = pk_f16x4(pk_u16x4(w, (nblk))), sd = sc * dq;                                            \
             acc[i] += __builtin_shufflevector(sd, sd, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *         \
                       __builtin_convertvector(p, v16f);                                                      \
-            off[i] += PKA8_OFF(T, w, (nblk), sc, dx, pk_f16x4);                                              \
+            if (!PKA8_FOLD(T))                                                                               \
+                off[i] += PKA8_OFF(T, w, (nblk), sc, dx, pk_f16x4);                                          \
         }                                                                                                    \
     } while (0)
 
@@ -4332,14 +4394,16 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
         }                                                                                              \
         if (nb % 4)                                                                                    \
             PKA8_SB(dot16, (int)(nb % 4), T);                                                          \
-        UNROLL4                                                                                        \
-        for (int i = 0; i < 4; i++)                                                                    \
-            out[i] = hsum16(&acc[i]) - ((off[i][0] + off[i][1]) + (off[i][2] + off[i][3]));             \
+        v4f o_ = hsum16x4(acc);                                                                        \
+        if (!PKA8_FOLD(T))                                                                             \
+            o_ -= hsum4x4(off);                                                                        \
+        memcpy(out, &o_, sizeof o_);                                                                   \
     } while (0)
 
 /* Rows [r0, r1) four at a time (SEG_QUADS). */
 #define PKA8_ROWS(name, attr, dot16, T)                                                                        \
-    static attr void name(const GemvSeg *g, const int8_t *xqp, const float *dq4, const float *dx4, int64_t k) \
+    static attr void name(const GemvSeg *g, const int8_t *xqp, const float *dq4, const float *dx4,            \
+                          const int32_t *xc, int64_t k)                                                      \
     {                                                                                                        \
         int64_t rb = qrow_bytes(T, k), nb = k / 32;                                                         \
         SEG_QUADS(g, rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_, PKA8_QUAD(dot16, T, row, out, ws));       \
@@ -4455,7 +4519,12 @@ static void gemv_pka8(int t, const GemvSeg *sg, int ns, const int8_t *xq, const 
     int64_t nsb = (k / 32 + 3) / 4;
     int8_t xqp[128 * nsb] __attribute__((aligned(64)));
     float dq4[4 * nsb] __attribute__((aligned(16))), dx4[4 * nsb] __attribute__((aligned(16)));
+    int32_t xc[16 * nsb] __attribute__((aligned(64)));
     pka8_x_prepare(xq, dq, k, xqp, dq4, dx4);
+    /* the 256-bit rows (AVX-VNNI, AVX2 without AVX-512 VNNI) take dx4 */
+    int rows512 = (megac_k_isa & KT_ISA_VNNI512) || !(megac_k_isa & (KT_ISA_AVXVNNI | KT_ISA_AVX2));
+    if (PKA8_FOLD(t) && rows512)
+        pka8_x_corr(xqp, nsb, t == DT_Q4_0A8 ? 8 : 16, xc);
     for (int i = 0; i < ns; i++) {
         const GemvSeg *g = &sg[i];
         if (megac_k_isa & KT_ISA_VNNI512)
@@ -4463,7 +4532,7 @@ static void gemv_pka8(int t, const GemvSeg *sg, int ns, const int8_t *xq, const 
              : t == DT_Q4_1A8 ? isa_vnni512_pka8_q4_1_rows
              : t == DT_Q5_0A8 ? isa_vnni512_pka8_q5_0_rows
              : t == DT_Q5_1A8 ? isa_vnni512_pka8_q5_1_rows
-                              : isa_vnni512_pka8_rows)(g, xqp, dq4, dx4, k);
+                              : isa_vnni512_pka8_rows)(g, xqp, dq4, dx4, xc, k);
         else if (megac_k_isa & KT_ISA_AVXVNNI)
             isa_avxvnni_pka8_seg(t, g, xqp, dq4, dx4, k);
         else if (megac_k_isa & KT_ISA_AVX2)
@@ -4473,7 +4542,7 @@ static void gemv_pka8(int t, const GemvSeg *sg, int ns, const int8_t *xq, const 
              : t == DT_Q4_1A8 ? pka8_portable_q4_1_rows
              : t == DT_Q5_0A8 ? pka8_portable_q5_0_rows
              : t == DT_Q5_1A8 ? pka8_portable_q5_1_rows
-                              : pka8_portable_rows)(g, xqp, dq4, dx4, k);
+                              : pka8_portable_rows)(g, xqp, dq4, dx4, xc, k);
     }
 }
 
