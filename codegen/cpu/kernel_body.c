@@ -347,6 +347,26 @@ static int pk_nib_rows(int t, int64_t k)
     return qlayout(t) != DT_Q8_0 && kt_row_packed(t, k);
 }
 
+/* A two-block last superblock's inputs duplicated for the kernels that
+ * take two rows' such superblocks as one (pk_tail2): superblock nsb - 1's
+ * `chunk` bytes of x (planes of 128 bytes, each two halves of 16 lanes)
+ * copied to superblock nsb's, each half's lanes 0-7 also in lanes 8-15,
+ * and its blocks' per-block values (sums, scales) as blocks 0, 1, 0, 1. */
+static void pk_tail_dup(int8_t *xq, int64_t chunk, float *f0, float *f1, int64_t nsb)
+{
+    const int8_t *src = xq + chunk * (nsb - 1);
+    int8_t *dst = xq + chunk * nsb;
+    for (int64_t h = 0; h < chunk; h += 64) {
+        memcpy(dst + h, src + h, 32);
+        memcpy(dst + h + 32, src + h, 32);
+    }
+    for (int i = 0; i < 4; i++) {
+        f0[4 * nsb + i] = f0[4 * (nsb - 1) + i % 2];
+        if (f1)
+            f1[4 * nsb + i] = f1[4 * (nsb - 1) + i % 2];
+    }
+}
+
 /* Element j of a packed row of k elements (kernel_table.h). */
 static float pk_elem(int t, const unsigned char *row, int64_t k, int64_t j)
 {
@@ -4378,10 +4398,60 @@ static void pka8_x_corr(const int8_t *xqp, int64_t nsb, int32_t o, int32_t *xc)
         }                                                                                                    \
     } while (0)
 
+/* The short last superblocks of rows i0 and i1 (two blocks each) as one,
+ * as pk_tail2 takes them: row i0's nibbles in lanes 0-7, i1's in 8-15,
+ * against superblock sb + 1's inputs (pk_tail_dup: sb's duplicated). */
+#define PKA8_TAIL2(dot16, T, i0, i1)                                                                           \
+    do {                                                                                                     \
+        const unsigned char *w0 = row[i0] + 4 * (PKA8_HDR(T) + 16) * sb, *w1 = row[i1] + 4 * (PKA8_HDR(T) + 16) * sb; \
+        v16u32 xl = *(const v16u32 *)(xqp + 128 * (sb + 1)), xh = *(const v16u32 *)(xqp + 128 * (sb + 1) + 64); \
+        v4f dq = *(const v4f *)(dq4 + 4 * (sb + 1)), dx = *(const v4f *)(dx4 + 4 * (sb + 1));                 \
+        v16u32 v;                                                                                            \
+        memcpy(&v, w0 + 2 * PKA8_HDR(T), 32);                                                                \
+        memcpy((char *)&v + 32, w1 + 2 * PKA8_HDR(T), 32);                                                   \
+        v16u32 lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu;                                            \
+        if (PKA8_Q5(T)) {                                                                                    \
+            v4u32 qh;                                                                                        \
+            memcpy(&qh, w0 + ((T) == DT_Q5_0A8 ? 4 : 8), 8);                                                 \
+            memcpy((char *)&qh + 8, w1 + ((T) == DT_Q5_0A8 ? 4 : 8), 8);                                     \
+            v16u32 q5 = __builtin_shufflevector(qh, qh, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) >>     \
+                        (v16u32){0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};                            \
+            PKA8_FOLD5(q5, lo, hi);                                                                          \
+        }                                                                                                    \
+        v16i32 p = PKA8_FOLD(T) ? *(const v16i32 *)(xc + 16 * (sb + 1)) : (v16i32){0};                       \
+        dot16(p, lo, xl);                                                                                    \
+        dot16(p, hi, xh);                                                                                    \
+        v4u16 hs;                                                                                            \
+        memcpy(&hs, w0, 4);                                                                                  \
+        memcpy((char *)&hs + 4, w1, 4);                                                                      \
+        v4f sc = pk_f16x4(hs), sd = sc * dq, zero4 = {0};                                                    \
+        v16f pr = __builtin_shufflevector(sd, sd, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *            \
+                  __builtin_convertvector(p, v16f),                                                          \
+             zero = {0};                                                                                     \
+        acc[i0] += __builtin_shufflevector(pr, zero, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23); \
+        acc[i1] += __builtin_shufflevector(pr, zero, 16, 17, 18, 19, 20, 21, 22, 23, 8, 9, 10, 11, 12, 13, 14, 15); \
+        if (!PKA8_FOLD(T)) {                                                                                 \
+            v4f o4;                                                                                          \
+            if ((T) == DT_Q4_1A8 || (T) == DT_Q5_1A8) {                                                      \
+                v4u16 hm;                                                                                    \
+                memcpy(&hm, w0 + 4, 4);                                                                      \
+                memcpy((char *)&hm + 4, w1 + 4, 4);                                                          \
+                o4 = -(pk_f16x4(hm) * dx);                                                                   \
+            } else {                                                                                         \
+                v4u8 z;                                                                                      \
+                memcpy(&z, w0 + 4, 2);                                                                       \
+                memcpy((char *)&z + 2, w1 + 4, 2);                                                           \
+                o4 = sc * __builtin_convertvector(z, v4f) * dx;                                              \
+            }                                                                                                \
+            off[i0] += __builtin_shufflevector(o4, zero4, 0, 1, 4, 5);                                       \
+            off[i1] += __builtin_shufflevector(o4, zero4, 2, 3, 4, 5);                                       \
+        }                                                                                                    \
+    } while (0)
+
 /* Four rows side by side (each x vector loaded once for all four): whole
  * superblocks, then the nb % 4 blocks left over as a short one (zeros
- * past them, in the weights as in xqp), into out[4]; tws (if any) asks
- * for the lines ahead. */
+ * past them, in the weights as in xqp; two rows' two-block ones as one,
+ * PKA8_TAIL2), into out[4]; tws (if any) asks for the lines ahead. */
 #define PKA8_QUAD(dot16, T, row, out, tws)                                                             \
     do {                                                                                               \
         v16f acc[4] = {{0}, {0}, {0}, {0}};                                                            \
@@ -4392,8 +4462,12 @@ static void pka8_x_corr(const int8_t *xqp, int64_t nsb, int32_t o, int32_t *xc)
                 ws_trickle(tws, 16 * (PKA8_HDR(T) + 16));                                              \
             PKA8_SB(dot16, 4, T);                                                                      \
         }                                                                                              \
-        if (nb % 4)                                                                                    \
+        if (nb % 4 == 2) {                                                                             \
+            PKA8_TAIL2(dot16, T, 0, 1);                                                                \
+            PKA8_TAIL2(dot16, T, 2, 3);                                                                \
+        } else if (nb % 4) {                                                                           \
             PKA8_SB(dot16, (int)(nb % 4), T);                                                          \
+        }                                                                                              \
         v4f o_ = hsum16x4(acc);                                                                        \
         if (!PKA8_FOLD(T))                                                                             \
             o_ -= hsum4x4(off);                                                                        \
@@ -4517,14 +4591,17 @@ PKA8_256_ROWS(isa_avxvnni, ISA_AVXVNNI, A8_DOT2_AVXVNNI)
 static void gemv_pka8(int t, const GemvSeg *sg, int ns, const int8_t *xq, const float *dq, int64_t k)
 {
     int64_t nsb = (k / 32 + 3) / 4;
-    int8_t xqp[128 * nsb] __attribute__((aligned(64)));
-    float dq4[4 * nsb] __attribute__((aligned(16))), dx4[4 * nsb] __attribute__((aligned(16)));
-    int32_t xc[16 * nsb] __attribute__((aligned(64)));
+    int8_t xqp[128 * (nsb + 1)] __attribute__((aligned(64)));
+    float dq4[4 * (nsb + 1)] __attribute__((aligned(16))), dx4[4 * (nsb + 1)] __attribute__((aligned(16)));
+    int32_t xc[16 * (nsb + 1)] __attribute__((aligned(64)));
     pka8_x_prepare(xq, dq, k, xqp, dq4, dx4);
-    /* the 256-bit rows (AVX-VNNI, AVX2 without AVX-512 VNNI) take dx4 */
+    /* the 256-bit rows (AVX-VNNI, AVX2 without AVX-512 VNNI) take neither
+     * the duplicated tail nor xc */
     int rows512 = (megac_k_isa & KT_ISA_VNNI512) || !(megac_k_isa & (KT_ISA_AVXVNNI | KT_ISA_AVX2));
+    if (rows512 && k / 32 % 4 == 2)
+        pk_tail_dup(xqp, 128, dq4, dx4, nsb);
     if (PKA8_FOLD(t) && rows512)
-        pka8_x_corr(xqp, nsb, t == DT_Q4_0A8 ? 8 : 16, xc);
+        pka8_x_corr(xqp, nsb + (k / 32 % 4 == 2), t == DT_Q4_0A8 ? 8 : 16, xc);
     for (int i = 0; i < ns; i++) {
         const GemvSeg *g = &sg[i];
         if (megac_k_isa & KT_ISA_VNNI512)
