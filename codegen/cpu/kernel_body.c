@@ -2026,9 +2026,8 @@ static ISA_AVX512 void isa_avx512_q8_0_rows4(const unsigned char *const row[4], 
             q[i] += 32;
         }
     }
-    UNROLL4
-    for (int i = 0; i < 4; i++)
-        out[i] = hsum16(&acc[i]);
+    v4f o = hsum16x4(acc);
+    memcpy(out, &o, sizeof o);
 }
 
 /* qrows4() for W4G64 and W4G128 with k % 32 == 0. */
@@ -2047,9 +2046,8 @@ static ISA_AVX512 void isa_avx512_nib_rows4(int t, const unsigned char *const ro
         if (rest)
             isa_avx512_nib_groups4(w, 1, 4 + 16 * rest, rest, x + k / 128 * 128, acc);
     }
-    UNROLL4
-    for (int i = 0; i < 4; i++)
-        out[i] = hsum16(&acc[i]);
+    v4f o = hsum16x4(acc);
+    memcpy(out, &o, sizeof o);
 }
 
 static void isa_avx2_w8_rows4(const unsigned char *const row[4], const float *x, int64_t k, float out[4],
@@ -2874,9 +2872,8 @@ isa_vnni512_q8_0_rows4(int np, const unsigned char *const row[4], const int8_t *
             acc[i] += __builtin_convertvector(p, v16f) * w;
         }
     }
-    UNROLL4
-    for (int i = 0; i < 4; i++)
-        out[i] = hsum16(&acc[i]);
+    v4f o = hsum16x4(acc);
+    memcpy(out, &o, sizeof o);
 }
 
 /* isa_vnni512_q8_0_rows4() with int8 x (Q8_0A8; dqp: d of x's block b,
