@@ -128,7 +128,7 @@ static float hsum16(const v16f *v)
 }
 
 /* The sums of four vectors' 16 lanes, as one vector: a tree of halving
- * adds over all four at once (13 shuffles and adds where four hsum16
+ * adds over all four at once (~14 shuffles and adds where four hsum16
  * calls take ~36, which a four-row kernel of short rows pays per row). */
 static inline __attribute__((always_inline)) v4f hsum16x4(const v16f a[4])
 {
