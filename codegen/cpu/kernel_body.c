@@ -1478,6 +1478,53 @@ static v4f pk_f16x4(v4u16 h)
     return f;
 }
 
+/* Pieces of two rows' two-block last superblocks w0, w1 taken as one
+ * vector (pk_tail2, PKA8_TAIL2): row w0 in lanes 0-7, w1 in 8-15 (v16
+ * values through pointers: the portable callers' ABI has no 512-bit
+ * registers). The
+ * nibbles (past the headers of hdr bytes a block); two u16 header fields
+ * of each at byte `at` (scales, Q4_1's minima); Q5's two qh words of each
+ * at `at`, spread as pk_superblock spreads a superblock's four (lane
+ * 4 b + i: word b shifted right by i); and a product p of those lanes and
+ * four per-block offsets o4 (w0's blocks, then w1's) added to each row's
+ * sums. */
+static inline __attribute__((always_inline)) void pk_pair_nibbles(const unsigned char *w0, const unsigned char *w1,
+                                                                  int hdr, v16u32 *v)
+{
+    memcpy(v, w0 + 2 * hdr, 32);
+    memcpy((char *)v + 32, w1 + 2 * hdr, 32);
+}
+
+static inline __attribute__((always_inline)) v4u16 pk_pair_u16x4(const unsigned char *w0, const unsigned char *w1,
+                                                                 int at)
+{
+    v4u16 h;
+    memcpy(&h, w0 + at, 4);
+    memcpy((char *)&h + 4, w1 + at, 4);
+    return h;
+}
+
+static inline __attribute__((always_inline)) void pk_pair_qh(const unsigned char *w0, const unsigned char *w1, int at,
+                                                             v16u32 *h)
+{
+    v4u32 h4;
+    memcpy(&h4, w0 + at, 8);
+    memcpy((char *)&h4 + 8, w1 + at, 8);
+    *h = __builtin_shufflevector(h4, h4, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) >>
+         (v16u32){0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
+}
+
+static inline __attribute__((always_inline)) void pk_pair_add(const v16f *p, v4f o4, v16f *acc0, v16f *acc1,
+                                                             v4f *off0, v4f *off1)
+{
+    v16f zero = {0};
+    v4f zero4 = {0};
+    *acc0 += __builtin_shufflevector(*p, zero, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+    *acc1 += __builtin_shufflevector(*p, zero, 16, 17, 18, 19, 20, 21, 22, 23, 8, 9, 10, 11, 12, 13, 14, 15);
+    *off0 += __builtin_shufflevector(o4, zero4, 0, 1, 4, 5);
+    *off1 += __builtin_shufflevector(o4, zero4, 2, 3, 4, 5);
+}
+
 /* The first nblk (< 4) blocks' 16 bytes each from p, zeros after. (Fixed
  * sizes per case: nblk is not a constant here.) */
 static inline __attribute__((always_inline)) void pk_load_short(const unsigned char *p, int nblk, v16u32 *v)
@@ -4402,47 +4449,29 @@ static void pka8_x_corr(const int8_t *xqp, int64_t nsb, int32_t o, int32_t *xc)
     do {                                                                                                     \
         const unsigned char *w0 = row[i0] + 4 * (PKA8_HDR(T) + 16) * sb, *w1 = row[i1] + 4 * (PKA8_HDR(T) + 16) * sb; \
         v16u32 xl = *(const v16u32 *)(xqp + 128 * (sb + 1)), xh = *(const v16u32 *)(xqp + 128 * (sb + 1) + 64); \
-        v4f dq = *(const v4f *)(dq4 + 4 * (sb + 1)), dx = *(const v4f *)(dx4 + 4 * (sb + 1));                 \
-        v16u32 v;                                                                                            \
-        memcpy(&v, w0 + 2 * PKA8_HDR(T), 32);                                                                \
-        memcpy((char *)&v + 32, w1 + 2 * PKA8_HDR(T), 32);                                                   \
+        v4f dq = *(const v4f *)(dq4 + 4 * (sb + 1)), dx = *(const v4f *)(dx4 + 4 * (sb + 1)), o4 = {0};        \
+        v16u32 v, q5;                                                                                        \
+        pk_pair_nibbles(w0, w1, PKA8_HDR(T), &v);                                                            \
         v16u32 lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu;                                            \
         if (PKA8_Q5(T)) {                                                                                    \
-            v4u32 qh;                                                                                        \
-            memcpy(&qh, w0 + ((T) == DT_Q5_0A8 ? 4 : 8), 8);                                                 \
-            memcpy((char *)&qh + 8, w1 + ((T) == DT_Q5_0A8 ? 4 : 8), 8);                                     \
-            v16u32 q5 = __builtin_shufflevector(qh, qh, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) >>     \
-                        (v16u32){0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};                            \
+            pk_pair_qh(w0, w1, (T) == DT_Q5_0A8 ? 4 : 8, &q5);                                               \
             PKA8_FOLD5(q5, lo, hi);                                                                          \
         }                                                                                                    \
         v16i32 p = PKA8_FOLD(T) ? *(const v16i32 *)(xc + 16 * (sb + 1)) : (v16i32){0};                       \
         dot16(p, lo, xl);                                                                                    \
         dot16(p, hi, xh);                                                                                    \
-        v4u16 hs;                                                                                            \
-        memcpy(&hs, w0, 4);                                                                                  \
-        memcpy((char *)&hs + 4, w1, 4);                                                                      \
-        v4f sc = pk_f16x4(hs), sd = sc * dq, zero4 = {0};                                                    \
-        v16f pr = __builtin_shufflevector(sd, sd, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *            \
-                  __builtin_convertvector(p, v16f),                                                          \
-             zero = {0};                                                                                     \
-        acc[i0] += __builtin_shufflevector(pr, zero, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23); \
-        acc[i1] += __builtin_shufflevector(pr, zero, 16, 17, 18, 19, 20, 21, 22, 23, 8, 9, 10, 11, 12, 13, 14, 15); \
-        if (!PKA8_FOLD(T)) {                                                                                 \
-            v4f o4;                                                                                          \
-            if ((T) == DT_Q4_1A8 || (T) == DT_Q5_1A8) {                                                      \
-                v4u16 hm;                                                                                    \
-                memcpy(&hm, w0 + 4, 4);                                                                      \
-                memcpy((char *)&hm + 4, w1 + 4, 4);                                                          \
-                o4 = -(pk_f16x4(hm) * dx);                                                                   \
-            } else {                                                                                         \
-                v4u8 z;                                                                                      \
-                memcpy(&z, w0 + 4, 2);                                                                       \
-                memcpy((char *)&z + 2, w1 + 4, 2);                                                           \
-                o4 = sc * __builtin_convertvector(z, v4f) * dx;                                              \
-            }                                                                                                \
-            off[i0] += __builtin_shufflevector(o4, zero4, 0, 1, 4, 5);                                       \
-            off[i1] += __builtin_shufflevector(o4, zero4, 2, 3, 4, 5);                                       \
+        v4f sc = pk_f16x4(pk_pair_u16x4(w0, w1, 0)), sd = sc * dq;                                           \
+        if ((T) == DT_Q4_1A8 || (T) == DT_Q5_1A8) {                                                          \
+            o4 = -(pk_f16x4(pk_pair_u16x4(w0, w1, 4)) * dx);                                                 \
+        } else if (!PKA8_FOLD(T)) {                                                                          \
+            v4u8 z;                                                                                          \
+            memcpy(&z, w0 + 4, 2);                                                                           \
+            memcpy((char *)&z + 2, w1 + 4, 2);                                                               \
+            o4 = sc * __builtin_convertvector(z, v4f) * dx;                                                  \
         }                                                                                                    \
+        v16f pr = __builtin_shufflevector(sd, sd, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *            \
+                  __builtin_convertvector(p, v16f);                                                          \
+        pk_pair_add(&pr, o4, &acc[i0], &acc[i1], &off[i0], &off[i1]);                                        \
     } while (0)
 
 /* Four rows side by side (each x vector loaded once for all four): whole
