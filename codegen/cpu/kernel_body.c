@@ -4621,32 +4621,31 @@ static void gemv_pka8(int t, const GemvSeg *sg, int ns, const int8_t *xq, const 
     float dq4[4 * (nsb + 1)] __attribute__((aligned(16))), dx4[4 * (nsb + 1)] __attribute__((aligned(16)));
     int32_t xc[16 * (nsb + 1)] __attribute__((aligned(64)));
     pka8_x_prepare(xq, dq, k, xqp, dq4, dx4);
-    /* the 256-bit rows (AVX-VNNI, AVX2 without AVX-512 VNNI) take neither
-     * the duplicated tail nor xc */
-    int rows512 = (megac_k_isa & KT_ISA_VNNI512) || !(megac_k_isa & (KT_ISA_AVXVNNI | KT_ISA_AVX2));
-    if (rows512 && k / 32 % 4 == 2)
-        pk_tail_dup(xqp, 128, dq4, dx4, nsb);
-    if (PKA8_FOLD(t) && rows512)
-        pka8_x_corr(xqp, nsb + (k / 32 % 4 == 2), t == DT_Q4_0A8 ? 8 : 16, xc);
-    for (int i = 0; i < ns; i++) {
-        const GemvSeg *g = &sg[i];
-        if (megac_k_isa & KT_ISA_VNNI512)
-            (t == DT_Q4_0A8   ? isa_vnni512_pka8_q4_0_rows
-             : t == DT_Q4_1A8 ? isa_vnni512_pka8_q4_1_rows
-             : t == DT_Q5_0A8 ? isa_vnni512_pka8_q5_0_rows
-             : t == DT_Q5_1A8 ? isa_vnni512_pka8_q5_1_rows
-                              : isa_vnni512_pka8_rows)(g, xqp, dq4, dx4, xc, k);
-        else if (megac_k_isa & KT_ISA_AVXVNNI)
-            isa_avxvnni_pka8_seg(t, g, xqp, dq4, dx4, k);
-        else if (megac_k_isa & KT_ISA_AVX2)
-            isa_avx2_pka8_seg(t, g, xqp, dq4, dx4, k);
-        else
-            (t == DT_Q4_0A8   ? pka8_portable_q4_0_rows
-             : t == DT_Q4_1A8 ? pka8_portable_q4_1_rows
-             : t == DT_Q5_0A8 ? pka8_portable_q5_0_rows
-             : t == DT_Q5_1A8 ? pka8_portable_q5_1_rows
-                              : pka8_portable_rows)(g, xqp, dq4, dx4, xc, k);
+    /* The 256-bit rows (AVX-VNNI, or AVX2, without AVX-512 VNNI) take x as
+     * prepared; the 512-bit and portable ones (PKA8_ROWS) also take the
+     * duplicated tail and, for Q4_0A8 and Q5_0A8, xc. */
+    if (!(megac_k_isa & KT_ISA_VNNI512) && (megac_k_isa & (KT_ISA_AVXVNNI | KT_ISA_AVX2))) {
+        for (int i = 0; i < ns; i++)
+            ((megac_k_isa & KT_ISA_AVXVNNI) ? isa_avxvnni_pka8_seg : isa_avx2_pka8_seg)(t, &sg[i], xqp, dq4, dx4, k);
+        return;
     }
+    if (k / 32 % 4 == 2)
+        pk_tail_dup(xqp, 128, dq4, dx4, nsb);
+    if (PKA8_FOLD(t))
+        pka8_x_corr(xqp, nsb + (k / 32 % 4 == 2), t == DT_Q4_0A8 ? 8 : 16, xc);
+    void (*rows)(const GemvSeg *, const int8_t *, const float *, const float *, const int32_t *, int64_t) =
+        (megac_k_isa & KT_ISA_VNNI512) ? (t == DT_Q4_0A8   ? isa_vnni512_pka8_q4_0_rows
+                                          : t == DT_Q4_1A8 ? isa_vnni512_pka8_q4_1_rows
+                                          : t == DT_Q5_0A8 ? isa_vnni512_pka8_q5_0_rows
+                                          : t == DT_Q5_1A8 ? isa_vnni512_pka8_q5_1_rows
+                                                           : isa_vnni512_pka8_rows)
+                                       : (t == DT_Q4_0A8   ? pka8_portable_q4_0_rows
+                                          : t == DT_Q4_1A8 ? pka8_portable_q4_1_rows
+                                          : t == DT_Q5_0A8 ? pka8_portable_q5_0_rows
+                                          : t == DT_Q5_1A8 ? pka8_portable_q5_1_rows
+                                                           : pka8_portable_rows);
+    for (int i = 0; i < ns; i++)
+        rows(&sg[i], xqp, dq4, dx4, xc, k);
 }
 
 /* Which fast A8 kernel runs t at k: 2 AVX-512 VNNI, 1 AVX-VNNI, 0 AVX2,
