@@ -459,6 +459,7 @@ Test(cpu_quant_perf, every_dtype_x86_64_v3)
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
         cr_skip_test("this host cannot run x86-64-v3 code");
     check_all("x86-64-v3", 576);
+    check_all("x86-64-v3", 768); /* the k-quants */
 }
 
 /* The AVX2 kernels with their prefetches spread at every k (an Intel CPU:
@@ -504,8 +505,9 @@ Test(cpu_quant_perf, every_dtype_cascadelake)
     check_all("cascadelake", 224);
 }
 
-/* AVX-VNNI without AVX-512 (its 256-bit vpdpbusd kernels); needs a host
- * that runs avxvnni. */
+/* AVX-VNNI without AVX-512 (its 256-bit vpdpbusd kernels: the A8 rows,
+ * and kernel_q256.inc's against x's planes); needs a host that runs
+ * avxvnni. */
 Test(cpu_quant_perf, every_dtype_alderlake)
 {
     __builtin_cpu_init();
@@ -514,6 +516,9 @@ Test(cpu_quant_perf, every_dtype_alderlake)
     if (test_cpuinfo_has("flags", " avx_vnni") != 1)
         cr_skip_test("this host has no AVX-VNNI");
     check_all("alderlake", 576);
+    check_all("alderlake", 224); /* a short superblock of 3 */
+    check_all("alderlake", 160); /* a short superblock of 1 */
+    check_all("alderlake", 768); /* the k-quants */
 }
 
 Test(cpu_quant_perf, every_dtype_x86_64)

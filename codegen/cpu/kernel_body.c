@@ -1682,6 +1682,7 @@ static int isa_vnni512_gemv_packed(int t, const GemvSeg *sg, int ns, const float
 static int isa_gfni512_gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 static void isa_avx2_gemv_packed(int t, const GemvSeg *sg, int ns, const float *xp, const float *xs, int64_t k);
 static int isa_avx2_gemv_packed_q(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
+static int isa_avxvnni_gemv_packed_q(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 
 /* y[r0:r1] (+)= W . x (+ b) for packed rows, each segment's. */
 static void gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
@@ -1691,7 +1692,8 @@ static void gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_
     if (!(megac_k_isa & KT_ISA_GFNI512) && (megac_k_isa & KT_ISA_VNNI512) && isa_vnni512_gemv_packed(t, sg, ns, x, k))
         return;
     int avx2 = (megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512);
-    if (avx2 && isa_avx2_gemv_packed_q(t, sg, ns, x, k))
+    if (avx2 && ((megac_k_isa & KT_ISA_AVXVNNI) ? isa_avxvnni_gemv_packed_q(t, sg, ns, x, k)
+                                                : isa_avx2_gemv_packed_q(t, sg, ns, x, k)))
         return;
     int64_t nsb = (k / 32 + 3) / 4;
     float xp[128 * nsb] __attribute__((aligned(64)));
@@ -1944,13 +1946,15 @@ static inline __attribute__((always_inline)) void kq_segs(Rows4Fn rows4, int t, 
 static int isa_vnni512_gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 static void isa_avx2_gemv_kq(int t, const GemvSeg *sg, int ns, const float *xr, const float *xs, int64_t k);
 static int isa_avx2_gemv_kq_q(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
+static int isa_avxvnni_gemv_kq_q(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 
 static void gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
     if ((megac_k_isa & KT_ISA_VNNI512) && isa_vnni512_gemv_kq(t, sg, ns, x, k))
         return;
     int avx2 = (megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512);
-    if (avx2 && isa_avx2_gemv_kq_q(t, sg, ns, x, k))
+    if (avx2 && ((megac_k_isa & KT_ISA_AVXVNNI) ? isa_avxvnni_gemv_kq_q(t, sg, ns, x, k)
+                                                : isa_avx2_gemv_kq_q(t, sg, ns, x, k)))
         return;
     float xr[2 * k] __attribute__((aligned(64)));
     float xs[k / 16];
@@ -3509,12 +3513,14 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_nib_rows4(in
 }
 
 static int isa_avx2_gemv_nibq(int t, const GemvSeg *sg, int ns, const float *x, const float *xg, int64_t k);
+static int isa_avxvnni_gemv_nibq(int t, const GemvSeg *sg, int ns, const float *x, const float *xg, int64_t k);
 
 /* gemv_quant's W4G64/W4G128 rows on AVX2 (xg: x's group sums): against
  * x's planes, or in float where x_integer_ok() is not. */
 static ISA_AVX2 void isa_avx2_gemv_nib(int t, const GemvSeg *sg, int ns, const float *x, const float *xg, int64_t k)
 {
-    if (isa_avx2_gemv_nibq(t, sg, ns, x, xg, k))
+    if ((megac_k_isa & KT_ISA_AVXVNNI) ? isa_avxvnni_gemv_nibq(t, sg, ns, x, xg, k)
+                                       : isa_avx2_gemv_nibq(t, sg, ns, x, xg, k))
         return;
     float xq[64 * ((k / 32 + 1) / 2)] __attribute__((aligned(32)));
     isa_avx2_nib_x_prepare(x, k, xq);
@@ -3630,122 +3636,6 @@ static ISA_AVX2 void isa_avx2_gemv_packed(int t, const GemvSeg *sg, int ns, cons
     pk_segs(isa_avx2_pk_rows4, t, sg, ns, xp, xs, k);
 }
 
-/* Packed 4-bit rows on AVX2 against x's three planes (the VNNI kernels'
- * fixed point and layout: isa_avx2_pkq_x_prepare cuts the same planes as
- * isa_vnni512_pkq_x_prepare, so x is rounded alike), a 32-byte half of a
- * superblock at a time (lanes 0-3: block 2h, 4-7: block 2h + 1). Without
- * vpdpbusd a plane takes two vpmaddubsw (u8 nibbles times s8 plane, pairs
- * summed to i16: |.| <= 2 * 31 * 128) and one vpmaddwd to 32 bits; taking
- * the top two planes' vpmaddwd by 256 leaves one shift by 8 (the sum is
- * exact: |.| < 2^31, as there). Per 64 weights that is 20 vector ops
- * where the float kernel (isa_avx2_pk_sb) takes 25, all of them on Zen
- * 3's four vector pipes: from L2 it ran 1.12x faster than the float loop
- * (a scratch test of both loops on Q4_0 rows of 1536). */
-static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_pk_planes(v8u32 lo, v8u32 hi, const int8_t *xq)
-{
-    const v16i16 c256 = {256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256};
-    const v16i16 ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-    v16i16 p[3];
-    UNROLL4
-    for (int j = 0; j < 3; j++) /* planes 2, 1, 0 */
-        p[j] = __builtin_ia32_pmaddubsw256((v32c)lo, *(const v32c *)(xq + 128 * j)) +
-               __builtin_ia32_pmaddubsw256((v32c)hi, *(const v32c *)(xq + 128 * j + 64));
-    return ((__builtin_ia32_pmaddwd256(p[0], c256) << 8) + __builtin_ia32_pmaddwd256(p[1], c256)) +
-           __builtin_ia32_pmaddwd256(p[2], ones);
-}
-
-/* One superblock of nblk (<= 4) blocks at w against its planes xq, block
- * sums xs4 and scales ub4 of x: adds to acc (the scaled sums) and off. */
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_sb(int t, const unsigned char *w, int nblk,
-                                                                          const int8_t *xq, v4f xs4, v4f ub4,
-                                                                          v8fl *acc, v4f *off)
-{
-    int hdr = pk_hdr(t);
-    v8u32 v[2];
-    if (nblk == 4)
-        memcpy(v, w + 4 * hdr, 64);
-    else {
-        v16u32 s;
-        pk_load_short(w + hdr * nblk, nblk, &s);
-        memcpy(v, &s, 64);
-    }
-    v4u32 qh = {0};
-    if (t == DT_Q5_0 || t == DT_Q5_1) /* 16 bytes whatever nblk (within the superblock; x is 0 past k) */
-        memcpy(&qh, w + (t == DT_Q5_0 ? 2 : 4) * nblk, 16);
-    v4f d = pk_f16x4(pk_u16x4(w, nblk)), du = d * ub4;
-    int nh = nblk > 2 ? 2 : 1; /* a short superblock's second half may be empty */
-    UNROLL4
-    for (int h = 0; h < nh; h++) {
-        v8u32 lo = v[h] & 0x0f0f0f0fu, hi = v[h] >> 4 & 0x0f0f0f0fu;
-        if (t == DT_Q5_0 || t == DT_Q5_1) {
-            /* lane 4 b + i: block 2 h + b's qh word shifted right by i puts
-             * the fifth bits of byte m's two elements at bits 8 m and 8 m + 4
-             * (kernel_pk_vnni.inc) */
-            v8u32 q = __builtin_shufflevector(qh, qh, 0, 0, 0, 0, 1, 1, 1, 1);
-            if (h)
-                q = __builtin_shufflevector(qh, qh, 2, 2, 2, 2, 3, 3, 3, 3);
-            q >>= (v8u32){0, 1, 2, 3, 0, 1, 2, 3};
-            lo |= (q & 0x01010101u) << 4;
-            hi |= q & 0x10101010u;
-        }
-        v8i32 sum = isa_avx2_pk_planes(lo, hi, xq + 32 * h);
-        v8fl sc = h ? __builtin_shufflevector(du, du, 2, 2, 2, 2, 3, 3, 3, 3)
-                    : __builtin_shufflevector(du, du, 0, 0, 0, 0, 1, 1, 1, 1);
-        *acc += sc * __builtin_convertvector(sum, v8fl);
-    }
-    v4f c;
-    if (t == DT_Q4_1 || t == DT_Q5_1)
-        c = pk_f16x4(pk_u16x4(w + 2 * nblk, nblk));
-    else if (t == DT_Q4_0 || t == DT_Q5_0)
-        c = d;
-    else
-        c = -d * pk_z4(w + 2 * nblk, nblk);
-    *off += c * xs4;
-}
-
-/* Segment g's packed rows on AVX2 against x's planes: one row after
- * another, as isa_avx2_pk_rows4 (one sequential stream). */
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_rows(int t, const GemvSeg *g, const int8_t *xq,
-                                                                            const float *xs, const float *ub,
-                                                                            int64_t k)
-{
-    int64_t rb = qrow_bytes(t, k), nb = k / 32, sbb = 4 * (pk_hdr(t) + 16);
-    float cs = t == DT_Q4_0 ? -8.0f : t == DT_Q5_0 ? -16.0f : 1.0f;
-    WStream *tws = seg_trickle(g, rb, k, WS_TRICKLE_K);
-    for (int64_t r = g->r0; r < g->r1; r += 4) {
-        const unsigned char *row[4];
-        seg_quad(g, rb, r, row);
-        v4f rs[4];
-#pragma clang loop unroll(disable)
-        for (int i = 0; i < 4; i++) {
-            v8fl acc = {0};
-            v4f off = {0};
-            int64_t s = 0;
-            for (; s < nb / 4; s++) {
-                if (tws)
-                    ws_trickle(tws, sbb);
-                isa_avx2_pkq_sb(t, row[i] + s * sbb, 4, xq + 384 * s, *(const v4f *)(xs + 4 * s),
-                                *(const v4f *)(ub + 4 * s), &acc, &off);
-            }
-            /* the short superblock, its block count a constant */
-            if (nb % 4 == 1)
-                isa_avx2_pkq_sb(t, row[i] + s * sbb, 1, xq + 384 * s, *(const v4f *)(xs + 4 * s),
-                                *(const v4f *)(ub + 4 * s), &acc, &off);
-            else if (nb % 4 == 2)
-                isa_avx2_pkq_sb(t, row[i] + s * sbb, 2, xq + 384 * s, *(const v4f *)(xs + 4 * s),
-                                *(const v4f *)(ub + 4 * s), &acc, &off);
-            else if (nb % 4 == 3)
-                isa_avx2_pkq_sb(t, row[i] + s * sbb, 3, xq + 384 * s, *(const v4f *)(xs + 4 * s),
-                                *(const v4f *)(ub + 4 * s), &acc, &off);
-            rs[i] = isa_avx2_halves(acc) + cs * off;
-        }
-        v4f o = isa_avx2_sum4(rs);
-        float out[4];
-        memcpy(out, &o, 16);
-        seg_quad_store(g, rb, r, out);
-    }
-}
-
 /* Block x[0:32]'s planes (pl[0]: X2, the top) as isa_vnni512_block_cut
  * cuts them, in the packed rows' byte order or, with natural, in element
  * order (the k-quant and W4G64/W4G128 rows), with 8-lane ops (the 16-lane
@@ -3820,118 +3710,6 @@ static inline __attribute__((always_inline)) ISA_AVX2 int isa_avx2_pkq_x_prepare
         ub[blk] = 0.0f;
     for (int64_t blk = 0; blk < nb; blk++)
         isa_avx2_pkq_block(x + 32 * blk, &ub[blk], natural, xq + 384 * (blk / 4) + 16 * (blk % 4));
-    return 1;
-}
-
-/* gemv_packed() on AVX2 against x's planes; 0 (nothing done) where
- * x_integer_ok() is not. */
-static ISA_AVX2 int isa_avx2_gemv_packed_q(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
-{
-    int64_t nsb = (k / 32 + 3) / 4;
-    int8_t xq[384 * nsb] __attribute__((aligned(64)));
-    float xs[4 * nsb] __attribute__((aligned(16))), ub[4 * nsb] __attribute__((aligned(16)));
-    if (!isa_avx2_pkq_x_prepare(x, k, 0, xq, ub))
-        return 0;
-    x_group_sums(x, k, 32, xs); /* block sums of x, 0 past k */
-    for (int64_t i = k / 32; i < 4 * nsb; i++)
-        xs[i] = 0;
-    for (int i = 0; i < ns; i++) {
-        const GemvSeg *g = &sg[i];
-        switch (t) {
-        case DT_Q4_0: isa_avx2_pkq_rows(DT_Q4_0, g, xq, xs, ub, k); break;
-        case DT_Q4_1: isa_avx2_pkq_rows(DT_Q4_1, g, xq, xs, ub, k); break;
-        case DT_Q5_0: isa_avx2_pkq_rows(DT_Q5_0, g, xq, xs, ub, k); break;
-        case DT_Q5_1: isa_avx2_pkq_rows(DT_Q5_1, g, xq, xs, ub, k); break;
-        default: isa_avx2_pkq_rows(DT_W4G32, g, xq, xs, ub, k); break;
-        }
-    }
-    return 1;
-}
-
-/* W4G64 and W4G128 rows on AVX2 against x's planes: a 32-byte load (two
- * chunks, blocks 2P and 2P + 1 of pair P) meets them as a packed
- * superblock's half does (isa_avx2_pk_planes: byte b's low nibble is
- * element b of its block, the high one b + 16, so the planes are cut in
- * element order, 16 bytes each); the pair's sums scaled by its blocks'
- * u (uv), the group's by s, the zero point's s z sum x as before. */
-/* Pair P's 32 bytes v (two chunks) against its planes, scaled by its
- * blocks' u. */
-static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_nibq_pair(v8u32 v, int64_t P, const int8_t *xq,
-                                                                             const float *uv)
-{
-    v8i32 sum = isa_avx2_pk_planes(v & 0x0f0f0f0fu, v >> 4 & 0x0f0f0f0fu, xq + 384 * (P / 2) + 32 * (P % 2));
-    return LOAD8F(uv + 8 * P) * __builtin_convertvector(sum, v8fl);
-}
-
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_nibq_rows(int t, const GemvSeg *g, const int8_t *xq,
-                                                                             const float *uv, const float *xg,
-                                                                             int64_t k)
-{
-    const int gs = t == DT_W4G64 ? 64 : 128, gp = gs / 64;
-    int64_t ng = k / gs, rest = k % gs / 32, rb = qrow_bytes(t, k); /* full groups; chunks in a last short one */
-    for (int64_t r = g->r0; r < g->r1; r += 4) {
-        const unsigned char *row[4];
-        seg_quad(g, rb, r, row);
-        v4f rs[4], off = {0};
-#pragma clang loop unroll(disable)
-        for (int i = 0; i < 4; i++) {
-            const unsigned char *w = row[i];
-            v8fl acc = {0};
-            float o = 0;
-            for (int64_t gi = 0; gi < ng; gi++, w += 4 + 32 * gp) {
-                v8fl ga = {0};
-                UNROLL4
-                for (int p = 0; p < gp; p++) {
-                    v8u32 v;
-                    memcpy(&v, w + 4 + 32 * p, 32);
-                    ga += isa_avx2_nibq_pair(v, gp * gi + p, xq, uv);
-                }
-                float sg = isa_f16c_at(w);
-                acc += sg * ga;
-                o += sg * (float)w[2] * xg[gi];
-            }
-            if (rest) {
-                v8fl ga = {0};
-                for (int64_t c = 0; c < rest; c += 2) {
-                    v8u32 v = {0};
-                    if (rest - c >= 2) /* (fixed sizes: a call to memcpy otherwise) */
-                        memcpy(&v, w + 4 + 16 * c, 32);
-                    else
-                        memcpy(&v, w + 4 + 16 * c, 16);
-                    ga += isa_avx2_nibq_pair(v, gp * ng + c / 2, xq, uv);
-                }
-                float sg = isa_f16c_at(w);
-                acc += sg * ga;
-                o += sg * (float)w[2] * xg[ng];
-            }
-            rs[i] = isa_avx2_halves(acc);
-            off[i] = o;
-        }
-        v4f sum = isa_avx2_sum4(rs) - off;
-        float out[4];
-        memcpy(out, &sum, 16);
-        seg_quad_store(g, rb, r, out);
-    }
-}
-
-/* isa_avx2_gemv_nib() against x's planes; 0 (nothing done) when x is not
- * finite. */
-static ISA_AVX2 int isa_avx2_gemv_nibq(int t, const GemvSeg *sg, int ns, const float *x, const float *xg, int64_t k)
-{
-    int64_t nsb = (k / 32 + 3) / 4;
-    int8_t xq[384 * nsb] __attribute__((aligned(64)));
-    float ub[4 * nsb], uv[16 * nsb] __attribute__((aligned(32)));
-    if (!isa_avx2_pkq_x_prepare(x, k, 1, xq, ub))
-        return 0;
-    for (int64_t P = 0; P < 2 * nsb; P++) /* lanes 0-3: block 2P, 4-7: 2P + 1 */
-        for (int l = 0; l < 8; l++)
-            uv[8 * P + l] = ub[2 * P + l / 4];
-    for (int i = 0; i < ns; i++) {
-        if (t == DT_W4G64)
-            isa_avx2_nibq_rows(DT_W4G64, &sg[i], xq, uv, xg, k);
-        else
-            isa_avx2_nibq_rows(DT_W4G128, &sg[i], xq, uv, xg, k);
-    }
     return 1;
 }
 
@@ -4047,43 +3825,6 @@ static ISA_AVX2 void isa_avx2_gemv_kq(int t, const GemvSeg *sg, int ns, const fl
     kq_segs(isa_avx2_kq_rows4, t, sg, ns, xr, xs, k);
 }
 
-/* Q4_K, Q5_K and Q6_K rows on AVX2 against x's planes (the VNNI kernels'
- * planes: isa_vnni512_kq_x_prepare's layout and values), a 32-byte chunk
- * at a time: its low and its high bytes are two parts in different
- * sub-blocks, so each takes its own three planes (isa_avx2_kq_part).
- * Where the float kernel (isa_avx2_kq4_sb) needed a mask per nibble
- * position (and spilled them) and 2k floats of reordered x, this keeps
- * three constants and 3k bytes. L2 rate on Zen 3, one core, k = 768 /
- * 4096: Q4_K 7.3 -> 7.6 / 5.6 -> 7.3 GB/s, Q5_K 5.5 -> 7.9 (k = 768),
- * Q6_K 6.8 -> 9.0 / 5.6 -> 9.0.
- * The same loops serve the k-quants' A8 forms (Q4_KA8, Q5_KA8, Q6_KA8;
- * AVX-512 VNNI hosts take isa_vnni512_gemv_kqa8) with np = 1 plane:
- * x's int8 values (act_quantize) where the A16 rows have their top plane
- * (128 bytes of x per 4 blocks, 128 np for np planes), u the blocks' d
- * and xs the sub-blocks' sums of d xq, so the integer sums are
- * ir/dtype.h's; a part's lanes then stay within
- * 8 * 63 * 127, so four parts' are added as integers (isa_avx2_hsum4)
- * before one conversion and one FMA. */
-static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_kq_part(v8u32 w, const int8_t *xq)
-{
-    const v16i16 c256 = {256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256};
-    const v16i16 ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-    v16i16 p[3];
-    UNROLL4
-    for (int j = 0; j < 3; j++) /* planes 2, 1, 0: |pair sums| <= 2 * 63 * 128 */
-        p[j] = __builtin_ia32_pmaddubsw256((v32c)w, *(const v32c *)(xq + 128 * j));
-    v8i32 sum = ((__builtin_ia32_pmaddwd256(p[0], c256) << 8) + __builtin_ia32_pmaddwd256(p[1], c256)) +
-                __builtin_ia32_pmaddwd256(p[2], ones);
-    return __builtin_convertvector(sum, v8fl);
-}
-
-/* A part's products with int8 x (np = 1), summed per lane. */
-static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_kq_dot(v8u32 w, const int8_t *xq)
-{
-    const v16i16 ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-    return __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((v32c)w, *(const v32c *)xq), ones);
-}
-
 /* x's planes (isa_vnni512_kq_x_prepare's layout) and block scales for kq
  * rows of k (k % 256 == 0); 0 where x_integer_ok() is not. */
 /* Where block blk of x goes for the kq rows with np planes: its first
@@ -4106,147 +3847,6 @@ static inline __attribute__((always_inline)) ISA_AVX2 int isa_avx2_kq_x_prepare(
         UNROLL4
         for (int p = 0; p < 3; p++)
             memcpy(o + 128 * p, &pl[p], 32);
-    }
-    return 1;
-}
-
-/* One Q4_K/Q5_K super-block b against its 768 bytes of planes, u8 (its 8
- * blocks' u) and xs (its 8 sub-block sums): chunk c's low bytes are
- * sub-block 2c, its high ones 2c + 1 (Q5_K's fifth bits: bits 2c and
- * 2c + 1 of each qh byte). */
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq4q_sb(int np, int q5, const unsigned char *b,
-                                                                           const int8_t *xq, const float *u8,
-                                                                           const float *xs, v8fl acc[4], v8fl *off)
-{
-    v8fs d, m;
-    kq_scales(b, isa_f16c_at(b), isa_f16c_at(b + 2), &d, &m);
-    *off += m * LOAD8F(xs);
-    v8fl du = d * LOAD8F(u8);
-    v8u32 qh = {0};
-    if (q5)
-        memcpy(&qh, b + 16, 32);
-    v8i32 s[8]; /* np == 1: sub-block j's products, per lane */
-    UNROLL4
-    for (int c = 0; c < 4; c++) {
-        v8u32 v;
-        memcpy(&v, b + (q5 ? 48 : 16) + 32 * c, 32);
-        v8u32 lo = v & 0x0f0f0f0fu, hi = v >> 4 & 0x0f0f0f0fu;
-        if (q5) {
-            v8u32 h = qh >> (uint32_t)(2 * c);
-            lo |= (h & 0x01010101u) << 4;
-            hi |= (h & 0x02020202u) << 3;
-        }
-        const int8_t *xc = xq + 128 * np * (c / 2) + 32 * (c % 2);
-        if (np == 1) {
-            s[2 * c] = isa_avx2_kq_dot(lo, xc);
-            s[2 * c + 1] = isa_avx2_kq_dot(hi, xc + 64);
-            continue;
-        }
-        acc[c] += __builtin_ia32_permvarsf256(du, (v8i32){0} + 2 * c) * isa_avx2_kq_part(lo, xc) +
-                  __builtin_ia32_permvarsf256(du, (v8i32){0} + 2 * c + 1) * isa_avx2_kq_part(hi, xc + 64);
-    }
-    if (np == 1) { /* lanes 0-3: sub-blocks 0-3 (4-7) over their first four lanes, 4-7: the last four */
-        v8i32 s03 = isa_avx2_hsum4(s[0], s[1], s[2], s[3]), s47 = isa_avx2_hsum4(s[4], s[5], s[6], s[7]);
-        acc[0] += __builtin_shufflevector(du, du, 0, 1, 2, 3, 0, 1, 2, 3) * __builtin_convertvector(s03, v8fl);
-        acc[1] += __builtin_shufflevector(du, du, 4, 5, 6, 7, 4, 5, 6, 7) * __builtin_convertvector(s47, v8fl);
-    }
-}
-
-/* One Q6_K super-block b against its planes, u8 and xs (its 16 sub-block
- * sums): half h, chunk c's low bytes (ql's low nibbles, qh >> 2c) are
- * elements 128 h + 32 c + l, sub-blocks 8 h + 2 c (+ 1), x block 4 h + c;
- * its high ones elements 128 h + 64 + 32 c + l, sub-blocks 8 h + 4 + 2 c
- * (+ 1), block 4 h + 2 + c. Values 0..63; the - 32 is 32 sum d sc xs. */
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kq6q_sb(int np, const unsigned char *b,
-                                                                           const int8_t *xq,
-                                                                           const float *u8, const float *xs,
-                                                                           v8fl acc[4], v8fl *off)
-{
-    float dd = isa_f16c_at(b + 208);
-    v8fl d[2] = {I8X8(b + 192) * dd, I8X8(b + 200) * dd}; /* sub-blocks 0-7, 8-15 */
-    *off += d[0] * LOAD8F(xs) + d[1] * LOAD8F(xs + 8);
-    UNROLL4
-    for (int h = 0; h < 2; h++) {
-        v8u32 qh;
-        memcpy(&qh, b + 128 + 32 * h, 32);
-        v8i32 s[4]; /* np == 1 */
-        UNROLL4
-        for (int c = 0; c < 2; c++) {
-            v8u32 v, q = qh >> (uint32_t)(2 * c);
-            memcpy(&v, b + 64 * h + 32 * c, 32);
-            v8u32 lo = (v & 0x0f0f0f0fu) | (q & 0x03030303u) << 4, hi = (v >> 4 & 0x0f0f0f0fu) | (q & 0x30303030u);
-            const int8_t *xc = xq + 128 * np * h + 32 * c;
-            if (np == 1) {
-                s[2 * c] = isa_avx2_kq_dot(lo, xc);
-                s[2 * c + 1] = isa_avx2_kq_dot(hi, xc + 64);
-                continue;
-            }
-            v8fl slo = isa_avx2_pair(d[h], 2 * c) * u8[4 * h + c];
-            v8fl shi = isa_avx2_pair(d[h], 2 * c + 4) * u8[4 * h + 2 + c];
-            acc[2 * h + c] += slo * isa_avx2_kq_part(lo, xc) + shi * isa_avx2_kq_part(hi, xc + 64);
-        }
-        if (np == 1) {
-            /* lanes: sub-blocks 8h + {0, 4, 2, 6 | 1, 5, 3, 7} (each part's
-             * two), of x blocks 4h + {0, 2, 1, 3} */
-            v4f u = *(const v4f *)(u8 + 4 * h);
-            v8fl sc = __builtin_ia32_permvarsf256(d[h], (v8i32){0, 4, 2, 6, 1, 5, 3, 7}) *
-                      __builtin_shufflevector(u, u, 0, 2, 1, 3, 0, 2, 1, 3);
-            acc[h] += sc * __builtin_convertvector(isa_avx2_hsum4(s[0], s[1], s[2], s[3]), v8fl);
-        }
-    }
-}
-
-/* Segment g's kq rows on AVX2 against x's np planes, one row after
- * another. */
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_kqq_rows(int t, int np, const GemvSeg *g,
-                                                                            const int8_t *xq, const float *ub,
-                                                                            const float *xs, int64_t k)
-{
-    int64_t rb = qrow_bytes(t, k), bb = t == DT_Q4_K ? 144 : t == DT_Q5_K ? 176 : 210;
-    WStream *tws = seg_trickle(g, rb, k, WS_TRICKLE_K);
-    for (int64_t r = g->r0; r < g->r1; r += 4) {
-        const unsigned char *row[4];
-        seg_quad(g, rb, r, row);
-        v4f rs[4];
-#pragma clang loop unroll(disable)
-        for (int i = 0; i < 4; i++) {
-            v8fl a[4] = {{0}, {0}, {0}, {0}}, off = {0};
-            for (int64_t s = 0; s < k / 256; s++) {
-                if (tws)
-                    ws_trickle(tws, bb);
-                if (t != DT_Q6_K)
-                    isa_avx2_kq4q_sb(np, t == DT_Q5_K, row[i] + s * bb, xq + 256 * np * s, ub + 8 * s, xs + 8 * s,
-                                     a, &off);
-                else
-                    isa_avx2_kq6q_sb(np, row[i] + s * bb, xq + 256 * np * s, ub + 8 * s, xs + 16 * s, a, &off);
-            }
-            v8fl acc = (a[0] + a[1]) + (a[2] + a[3]) - (t != DT_Q6_K ? 1.0f : 32.0f) * off;
-            rs[i] = isa_avx2_halves(acc);
-        }
-        v4f o = isa_avx2_sum4(rs);
-        float out[4];
-        memcpy(out, &o, 16);
-        seg_quad_store(g, rb, r, out);
-    }
-}
-
-/* gemv_kq() on AVX2 against x's planes; 0 (nothing done) when x is not
- * finite. */
-static ISA_AVX2 int isa_avx2_gemv_kq_q(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
-{
-    int8_t xq[3 * k] __attribute__((aligned(64)));
-    float ub[k / 32] __attribute__((aligned(32))), xs[k / 16] __attribute__((aligned(32)));
-    if (!isa_avx2_kq_x_prepare(t == DT_Q6_K, x, k, xq, ub))
-        return 0;
-    int64_t n = t == DT_Q6_K ? 16 : 32;
-    x_group_sums(x, k, n, xs);
-    for (int i = 0; i < ns; i++) {
-        if (t == DT_Q4_K)
-            isa_avx2_kqq_rows(DT_Q4_K, 3, &sg[i], xq, ub, xs, k);
-        else if (t == DT_Q5_K)
-            isa_avx2_kqq_rows(DT_Q5_K, 3, &sg[i], xq, ub, xs, k);
-        else
-            isa_avx2_kqq_rows(DT_Q6_K, 3, &sg[i], xq, ub, xs, k);
     }
     return 1;
 }
@@ -4288,23 +3888,25 @@ static ISA_VNNI512 void isa_vnni512_gemv_kqa8(int l, const GemvSeg *sg, int ns, 
     }
 }
 
-/* The same on AVX2 (and AVX-VNNI hosts): the AVX2 kernels above with one
- * plane. */
-static ISA_AVX2 void isa_avx2_gemv_kqa8(int l, const GemvSeg *sg, int ns, const int8_t *xq, const float *dq,
-                                        int64_t k)
-{
-    int8_t xk[k] __attribute__((aligned(64)));
-    float xs[k / 16] __attribute__((aligned(32)));
-    kqa8_x_prepare(l, xq, dq, k, xk, xs);
-    for (int i = 0; i < ns; i++) {
-        if (l == DT_Q4_K)
-            isa_avx2_kqq_rows(DT_Q4_K, 1, &sg[i], xk, dq, xs, k);
-        else if (l == DT_Q5_K)
-            isa_avx2_kqq_rows(DT_Q5_K, 1, &sg[i], xk, dq, xs, k);
-        else
-            isa_avx2_kqq_rows(DT_Q6_K, 1, &sg[i], xk, dq, xs, k);
-    }
-}
+/* The 256-bit rows with u8 x s8 products (packed 4- and 5-bit, W4G64 and
+ * W4G128, the k-quants, A16 against x's planes and the k-quants' A8
+ * forms): AVX2's, and AVX-VNNI's with vpdpbusd (kernel_q256.inc). From
+ * L2 on one core of the Xeon (a Golden Cove, the Alder Lake P-core's
+ * design) at --cpu alderlake, k 576 (the k-quants 768): see README. */
+#define Q256(name) isa_avx2_##name
+#define Q256_ATTR ISA_AVX2
+#define Q256_VNNI 0
+#include "codegen/cpu/kernel_q256.inc"
+#undef Q256
+#undef Q256_ATTR
+#undef Q256_VNNI
+#define Q256(name) isa_avxvnni_##name
+#define Q256_ATTR ISA_AVXVNNI
+#define Q256_VNNI 1
+#include "codegen/cpu/kernel_q256.inc"
+#undef Q256
+#undef Q256_ATTR
+#undef Q256_VNNI
 
 /* ---- packed W4A8G32 rows (kernel_table.h: W4G32's packed order) ----
  * A group is a block of 32, so a superblock's 64 bytes of nibbles meet
@@ -4525,7 +4127,11 @@ PKA8_ROWS(isa_vnni512_pka8_q5_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q5_1A8
  * kept the sums in memory, indexed by row), and a half superblock's nibbles
  * through one dot2 (A8_DOT2_AVX2: 6 vector multiplies per superblock
  * where a vpmaddwd per vpmaddubsw took 8; Q5's values are < 32, so the
- * i16 sum of the two products stays within 4 * 31 * 127). */
+ * i16 sum of the two products stays within 4 * 31 * 127). Each row asks
+ * for its lines before it (seg_trickle's rule; a quad's at once after
+ * it before: at --cpu alderlake, two workers, ops of 960 rows of 576,
+ * Q4_0A8 from the L3 31.6 -> 36.4 GB/s and from memory 19.3 -> 22.1, from
+ * L2 21.7 -> 20.3; Q4_1A8 37.6 -> 39.4 and 19.7 -> 21.6). */
 #define PKA8_256_ROWS(pre, attr, dot2)                                                                         \
     /* The superblock at w (nblk of its blocks, a constant) against x's  \
      * at xs, dq, dx: its halves' sums into a[0], a[1], its offsets into   \
@@ -4569,6 +4175,7 @@ PKA8_ROWS(isa_vnni512_pka8_q5_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q5_1A8
         int T, const GemvSeg *g, const int8_t *xqp, const float *dq4, const float *dx4, int64_t k)           \
     {                                                                                                        \
         int64_t rb = qrow_bytes(T, k), nb = k / 32, sbb = 4 * (PKA8_HDR(T) + 16);                            \
+        WStream *tws = seg_trickle(g, rb, k, WS_TRICKLE_K);                                                  \
         for (int64_t r = g->r0; r < g->r1; r += 4) {                                                         \
             const unsigned char *row[4];                                                                     \
             seg_quad(g, rb, r, row);                                                                         \
@@ -4578,6 +4185,8 @@ PKA8_ROWS(isa_vnni512_pka8_q5_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q5_1A8
                 v8fl a[2] = {{0}, {0}};                                                                      \
                 v4f off = {0};                                                                               \
                 int64_t sb = 0;                                                                              \
+                if (tws)                                                                                     \
+                    ws_trickle(tws, rb);                                                                     \
                 for (; sb < nb / 4; sb++)                                                                    \
                     pre##_pka8_sb(T, 4, row[i] + sbb * sb, xqp + 128 * sb, dq4 + 4 * sb, dx4 + 4 * sb, a, &off); \
                 const unsigned char *w = row[i] + sbb * sb;                                                  \
@@ -4768,7 +4377,7 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
         return;
     }
     if (dtype_is_kquant((DType)l) && (megac_k_isa & KT_ISA_AVX2)) {
-        isa_avx2_gemv_kqa8(l, sg, ns, xq, dq, k);
+        ((megac_k_isa & KT_ISA_AVXVNNI) ? isa_avxvnni_gemv_kqa8 : isa_avx2_gemv_kqa8)(l, sg, ns, xq, dq, k);
         return;
     }
     int kind = dtype_is_kquant((DType)l) ? -1 : a8_fast_kind(t, k);
