@@ -304,8 +304,24 @@ static void add_gemvs(Schedule *s, DType t, int64_t rows, int64_t k, int64_t cut
 /* y = W x for `rows` rows of dtype t (raw: its rows as quantize_row
  * writes them) through a kernel of one GEMV on the host CPU, its rows split
  * between two ops at cut. */
-static void run_gemv(DType t, const unsigned char *raw, int64_t rows, int64_t k, int64_t cut, const float *x,
-                     float *y)
+/* The CPU targets whose integer kernels the tests below check: the
+ * host's, and the 256-bit ones where this host runs them (x86-64-v3:
+ * vpmaddubsw; alderlake: AVX-VNNI's vpdpbusd). */
+static int int_targets(const char *cpu[3])
+{
+    int n = 0;
+    cpu[n++] = NULL;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        cpu[n++] = "x86-64-v3";
+        if (test_cpuinfo_has("flags", " avx_vnni") == 1)
+            cpu[n++] = "alderlake";
+    }
+    return n;
+}
+
+static void run_gemv(const char *cpu, DType t, const unsigned char *raw, int64_t rows, int64_t k, int64_t cut,
+                     const float *x, float *y)
 {
     Schedule *s = sched_new("qone", "cpu", 1);
     s->shape = gemv_shape(k);
@@ -313,7 +329,7 @@ static void run_gemv(DType t, const unsigned char *raw, int64_t rows, int64_t k,
     uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx), wb, yb;
     add_gemvs(s, t, rows, k, cut, xb, &wb, &yb);
     QKern q;
-    qkern_build(&q, s, NULL);
+    qkern_build(&q, s, cpu);
     kernel_rows_put(t, rows, k, raw, q.wts + s->bufs[wb].offset);
     memcpy(q.arena + s->bufs[xb].offset, x, sizeof(float) * (size_t)k);
     qkern_step(&q);
@@ -539,7 +555,8 @@ Test(cpu_quant_perf, q8_lane_bound)
 {
     const int64_t rows = 4, k = 576;
     const DType ts[] = {DT_Q8_0, DT_W8};
-    const char *pattern[3] = {"x all +", "x all -", "x alternating"};
+    const char *pattern[3] = {"x all +", "x all -", "x alternating"}, *cpu[3];
+    int nc = int_targets(cpu);
     float x[576], w[576], y[4];
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
         DType t = ts[ti];
@@ -553,8 +570,12 @@ Test(cpu_quant_perf, q8_lane_bound)
         for (int xs = 0; xs < 3; xs++) {
             for (int64_t j = 0; j < k; j++)
                 x[j] = (xs == 0 ? 1.0f : xs == 1 ? -1.0f : (j % 2 ? -1.0f : 1.0f)) * (1.0f + (float)(j / 32));
-            run_gemv(t, raw, rows, k, 2, x, y);
-            expect_ref(t, raw, rows, k, x, y, pattern[xs]);
+            for (int c = 0; c < nc; c++) {
+                char what[64];
+                snprintf(what, sizeof what, "%s, %s", cpu[c] ? cpu[c] : "host", pattern[xs]);
+                run_gemv(cpu[c], t, raw, rows, k, 2, x, y);
+                expect_ref(t, raw, rows, k, x, y, what);
+            }
         }
         free(raw);
     }
@@ -570,6 +591,8 @@ Test(cpu_quant_perf, q8_outlier_x)
     const int64_t rows = 8, k = 1536;
     const DType ts[] = {DT_Q8_0, DT_W8};
     float x[1536], w[1536], y[8];
+    const char *cpu[3];
+    int nc = int_targets(cpu);
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
         DType t = ts[ti];
         uint64_t seed = 11;
@@ -586,8 +609,10 @@ Test(cpu_quant_perf, q8_outlier_x)
                     w[j] = 0.0f;
             quantize_row(t, w, k, raw + (size_t)r * rb);
         }
-        run_gemv(t, raw, rows, k, 4, x, y);
-        expect_ref(t, raw, rows, k, x, y, "an outlier in x");
+        for (int c = 0; c < nc; c++) {
+            run_gemv(cpu[c], t, raw, rows, k, 4, x, y);
+            expect_ref(t, raw, rows, k, x, y, cpu[c] ? cpu[c] : "host");
+        }
         free(raw);
     }
 }
@@ -600,14 +625,20 @@ Test(cpu_quant_perf, tiny_x)
     const int64_t rows = 8, k = 768;
     const DType ts[] = {DT_Q8_0, DT_W8, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_W4G32, DT_W4G64, DT_W4G128, DT_Q4_K, DT_Q6_K};
     float x[768], y[8];
+    const char *cpu[3];
+    int nc = int_targets(cpu);
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
         uint64_t seed = 13;
         unsigned char *raw = random_rows(ts[ti], rows, k, &seed);
         for (int zero = 0; zero < 2; zero++) {
             for (int64_t j = 0; j < k; j++)
                 x[j] = zero ? 0.0f : 1e-31f * lcg(&seed);
-            run_gemv(ts[ti], raw, rows, k, 4, x, y);
-            expect_ref(ts[ti], raw, rows, k, x, y, zero ? "x zero" : "x tiny");
+            for (int c = 0; c < nc; c++) {
+                char what[64];
+                snprintf(what, sizeof what, "%s, %s", cpu[c] ? cpu[c] : "host", zero ? "x zero" : "x tiny");
+                run_gemv(cpu[c], ts[ti], raw, rows, k, 4, x, y);
+                expect_ref(ts[ti], raw, rows, k, x, y, what);
+            }
         }
         free(raw);
     }
@@ -695,6 +726,8 @@ Test(cpu_quant_perf, packed_nonfinite_x)
     const int64_t rows = 8, k = 576;
     const float bad[2] = {NAN, INFINITY};
     const DType ts[] = {DT_Q4_0, DT_Q4_1, DT_W4G32, DT_W4G64, DT_W4G128, DT_Q8_0, DT_W8};
+    const char *cpu[3];
+    int nc = int_targets(cpu);
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
         for (int bi = 0; bi < 2; bi++) {
             DType t = ts[ti];
@@ -704,10 +737,12 @@ Test(cpu_quant_perf, packed_nonfinite_x)
             for (int64_t j = 0; j < k; j++)
                 x[j] = lcg(&seed);
             x[100] = bad[bi];
-            run_gemv(t, raw, rows, k, 3, x, y);
-            for (int64_t r = 0; r < rows; r++)
-                cr_assert(!isfinite(y[r]), "%s, x with %g: row %ld is %g", dtype_name(t), (double)bad[bi], (long)r,
-                          y[r]);
+            for (int c = 0; c < nc; c++) {
+                run_gemv(cpu[c], t, raw, rows, k, 3, x, y);
+                for (int64_t r = 0; r < rows; r++)
+                    cr_assert(!isfinite(y[r]), "%s %s, x with %g: row %ld is %g", cpu[c] ? cpu[c] : "host",
+                              dtype_name(t), (double)bad[bi], (long)r, y[r]);
+            }
             free(raw);
         }
     }

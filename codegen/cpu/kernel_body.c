@@ -2152,6 +2152,7 @@ static void qrows4(int t, const unsigned char *const row[4], const float *x, con
 
 /* y[r0:r1] (+)= W . x (+ b) for the A16 quantized and half dtypes. */
 static int isa_vnni512_gemv_q8x(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
+static int isa_avxvnni_gemv_q8x(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 static int isa_vnni512_gemv_nibq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 
 static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
@@ -2168,6 +2169,9 @@ static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t
     }
     if ((HAS_DT(DT_Q8_0) | HAS_DT(DT_W8)) && (t == DT_Q8_0 || t == DT_W8) && (megac_k_isa & KT_ISA_VNNI512) &&
         k % 64 == 0 && k <= QFAST_K_MAX && isa_vnni512_gemv_q8x(t, sg, ns, x, k))
+        return;
+    if ((HAS_DT(DT_Q8_0) | HAS_DT(DT_W8)) && (t == DT_Q8_0 || t == DT_W8) && (megac_k_isa & KT_ISA_AVXVNNI) &&
+        !(megac_k_isa & KT_ISA_AVX512) && k % 32 == 0 && k <= QFAST_K_MAX && isa_avxvnni_gemv_q8x(t, sg, ns, x, k))
         return;
     if ((HAS_DT(DT_W4G64) | HAS_DT(DT_W4G128)) && (t == DT_W4G64 || t == DT_W4G128) &&
         (megac_k_isa & KT_ISA_VNNI512) && k % 32 == 0 && k <= QFAST_K_MAX && isa_vnni512_gemv_nibq(t, sg, ns, x, k))
@@ -3907,6 +3911,181 @@ static ISA_VNNI512 void isa_vnni512_gemv_kqa8(int l, const GemvSeg *sg, int ns, 
 #undef Q256
 #undef Q256_ATTR
 #undef Q256_VNNI
+
+/* ---- Q8_0 and W8 rows against x's planes on AVX-VNNI ----
+ * The AVX-512 VNNI kernels' sums (isa_vnni512_q8_0_rows4,
+ * isa_vnni512_w8x_rows4) on 8 lanes, a row at a time (one sequential
+ * stream, as the AVX2 float rows), each row asking for its lines before
+ * it. Q8_0: a block of 32 is one vector, its weights made unsigned (q ^
+ * 0x80 = q + 128) meet x's three planes of that block (23-bit fixed
+ * point per block, cut as isa_avx2_pkq_cut cuts them for the packed
+ * rows), the excess 128 (sum of the lane's four xi) taken off per lane
+ * (corr), exact before one conversion and one FMA by d_b u_b per block,
+ * where the float rows widened, converted and multiplied every weight.
+ * W8: x as one 30-bit fixed point per op in four planes, each plane
+ * summed into its own 32-bit accumulator (a lane: k / 8 products of at
+ * most 255 * 128, < 2^31 for k <= QFAST_K_MAX), combined in 64-bit
+ * integers at the row's end. */
+
+typedef int8_t v8s8 __attribute__((vector_size(8)));
+
+/* Q8_0: x's planes (plane p, the top first, at xq + p k, element
+ * order), the blocks' u into ub and corr (8 lanes a block); 0 (nothing
+ * done) where x_integer_ok() is not. k % 32 == 0. */
+static ISA_AVXVNNI int isa_avxvnni_q8x_prepare(const float *x, int64_t k, int8_t *xq, float *ub, int32_t *corr)
+{
+    if (!x_integer_ok(x, k, NULL))
+        return 0;
+    const v8u32 ones = {0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u,
+                        0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u};
+    for (int64_t blk = 0; blk < k / 32; blk++) {
+        v32c pl[3];
+        isa_avx2_pkq_cut(x + 32 * blk, &ub[blk], 1, pl);
+        UNROLL4
+        for (int p = 0; p < 3; p++)
+            memcpy(xq + p * k + 32 * blk, &pl[p], 32);
+        v8i32 c = __builtin_ia32_vpdpbusd256((v8i32){0}, (v8i32)ones, (v8i32)pl[0]) << 8;
+        c = __builtin_ia32_vpdpbusd256(c, (v8i32)ones, (v8i32)pl[1]) << 8;
+        c = __builtin_ia32_vpdpbusd256(c, (v8i32)ones, (v8i32)pl[2]) << 7;
+        memcpy(corr + 8 * blk, &c, 32);
+    }
+    return 1;
+}
+
+/* Segment g's Q8_0 rows (packed: f16 d[nb], then i8 q[nb][32]). */
+static ISA_AVXVNNI void isa_avxvnni_q8x_rows(const GemvSeg *g, const int8_t *xq, const float *ub,
+                                             const int32_t *corr, int64_t k)
+{
+    int64_t rb = qrow_bytes(DT_Q8_0, k), nb = k / 32;
+    WStream *tws = seg_trickle(g, rb, k, 0);
+    float sc[KT_PACK_K_MAX / 32 + 8] __attribute__((aligned(32)));
+    for (int64_t r = g->r0; r < g->r1; r += 4) {
+        const unsigned char *row[4];
+        seg_quad(g, rb, r, row);
+        v4f rs[4];
+#pragma clang loop unroll(disable)
+        for (int i = 0; i < 4; i++) {
+            if (tws)
+                ws_trickle(tws, rb);
+            /* d_b u_b, 8 at a time (the last reads up to 7 scales past
+             * nb, inside the weights; ub has 8 zeros past nb) */
+            for (int64_t c = 0; c < nb; c += 8) {
+                v8i16 h;
+                memcpy(&h, row[i] + 2 * c, sizeof h);
+                v8fl f = __builtin_ia32_vcvtph2ps256(h) * LOAD8F(ub + c);
+                memcpy(sc + c, &f, sizeof f);
+            }
+            const unsigned char *q = row[i] + 2 * nb;
+            v8fl acc[2] = {{0}, {0}};
+            for (int64_t b = 0; b < nb; b++) {
+                v8u32 u = *(const v8u32u *)(q + 32 * b) ^ 0x80808080u;
+                v8i32 s = __builtin_ia32_vpdpbusd256((v8i32){0}, (v8i32)u, *(const v8i32 *)(xq + 32 * b)) << 8;
+                s = __builtin_ia32_vpdpbusd256(s, (v8i32)u, *(const v8i32 *)(xq + k + 32 * b)) << 8;
+                s = __builtin_ia32_vpdpbusd256(s, (v8i32)u, *(const v8i32 *)(xq + 2 * k + 32 * b)) -
+                    *(const v8i32 *)(corr + 8 * b);
+                acc[b & 1] += __builtin_convertvector(s, v8fl) * sc[b];
+            }
+            rs[i] = isa_avx2_halves(acc[0] + acc[1]);
+        }
+        v4f o = isa_avx2_sum4(rs);
+        float out[4];
+        memcpy(out, &o, 16);
+        seg_quad_store(g, rb, r, out);
+    }
+}
+
+/* W8: x as xi = rint(x 2^-e) (isa_vnni512_w8x_prepare's values) in four
+ * signed byte planes at xq + p k, corr[p] = 128 sum(X_p), *u = 2^e. */
+static ISA_AVXVNNI int isa_avxvnni_w8x_prepare(const float *x, int64_t k, int8_t *xq, int64_t corr[4], double *u)
+{
+    float amax;
+    if (!x_integer_ok(x, k, &amax))
+        return 0;
+    int ex = 0;
+    if (amax > 0)
+        frexpf(amax, &ex);
+    float sc = amax > 0 ? ldexpf(1.0f, 30 - ex) : 0.0f;
+    *u = amax > 0 ? ldexp(1.0, ex - 30) : 0.0;
+    v8i32 c[4] = {{0}, {0}, {0}, {0}};
+    for (int64_t j = 0; j < k; j += 8) {
+        v8fl f = LOAD8F(x + j) * sc, r = (f + 12582912.0f) - 12582912.0f; /* nearest (|f| <= 2^22) */
+        v8i32 fi = __builtin_convertvector(f, v8i32), small = (fi < 4194304) & (fi > -4194304);
+        v8i32 xi = (__builtin_convertvector(r, v8i32) & small) | (fi & ~small);
+        UNROLL4
+        for (int p = 0; p < 4; p++) {
+            v8i32 pl = p < 3 ? (xi << 24) >> 24 : xi;
+            xi = (xi - pl) >> 8;
+            v8s8 b = __builtin_convertvector(pl, v8s8);
+            memcpy(xq + p * k + j, &b, 8);
+            c[p] += pl;
+        }
+    }
+    for (int p = 0; p < 4; p++) {
+        int64_t sum = 0;
+        for (int i = 0; i < 8; i++)
+            sum += c[p][i];
+        corr[p] = 128 * sum;
+    }
+    return 1;
+}
+
+/* Segment g's W8 rows ({f32 s; i8 q[k]}). */
+static ISA_AVXVNNI void isa_avxvnni_w8x_rows(const GemvSeg *g, const int8_t *xq, const int64_t corr[4], double u,
+                                             int64_t k)
+{
+    int64_t rb = qrow_bytes(DT_W8, k);
+    WStream *tws = seg_trickle(g, rb, k, 0);
+    for (int64_t r = g->r0; r < g->r1; r += 4) {
+        const unsigned char *row[4];
+        seg_quad(g, rb, r, row);
+        float out[4];
+#pragma clang loop unroll(disable)
+        for (int i = 0; i < 4; i++) {
+            if (tws)
+                ws_trickle(tws, rb);
+            const unsigned char *q = row[i] + 4;
+            v8i32 acc[4] = {{0}, {0}, {0}, {0}};
+            for (int64_t j = 0; j < k; j += 32) {
+                v8u32 w = *(const v8u32u *)(q + j) ^ 0x80808080u;
+                UNROLL4
+                for (int p = 0; p < 4; p++)
+                    acc[p] = __builtin_ia32_vpdpbusd256(acc[p], (v8i32)w, *(const v8i32 *)(xq + p * k + j));
+            }
+            v8i32 h = isa_avx2_hsum4(acc[0], acc[1], acc[2], acc[3]); /* lane p, p + 4: plane p's halves */
+            int64_t dot = 0;
+            UNROLL4
+            for (int p = 0; p < 4; p++)
+                dot += ((int64_t)h[p] + h[p + 4] - corr[p]) * ((int64_t)1 << (8 * p));
+            float s;
+            memcpy(&s, row[i], 4);
+            out[i] = (float)((double)dot * u * (double)s);
+        }
+        seg_quad_store(g, rb, r, out);
+    }
+}
+
+/* gemv_quant() for Q8_0 and W8 rows of k % 32 == 0 on AVX-VNNI; 0
+ * (nothing done) where x_integer_ok() is not. */
+static ISA_AVXVNNI int isa_avxvnni_gemv_q8x(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
+{
+    int w8 = t == DT_W8;
+    int8_t xq[(w8 ? 4 : 3) * k] __attribute__((aligned(32)));
+    float ub[w8 ? 1 : k / 32 + 8] __attribute__((aligned(32)));
+    int32_t corr[w8 ? 1 : k / 4] __attribute__((aligned(32)));
+    int64_t corr4[4];
+    double u = 0;
+    if (w8 ? !isa_avxvnni_w8x_prepare(x, k, xq, corr4, &u) : !isa_avxvnni_q8x_prepare(x, k, xq, ub, corr))
+        return 0;
+    for (int64_t b = k / 32; !w8 && b < k / 32 + 8; b++)
+        ub[b] = 0.0f;
+    for (int i = 0; i < ns; i++) {
+        if (w8)
+            isa_avxvnni_w8x_rows(&sg[i], xq, corr4, u, k);
+        else
+            isa_avxvnni_q8x_rows(&sg[i], xq, ub, corr, k);
+    }
+    return 1;
+}
 
 /* ---- packed W4A8G32 rows (kernel_table.h: W4G32's packed order) ----
  * A group is a block of 32, so a superblock's 64 bytes of nibbles meet
