@@ -1013,8 +1013,9 @@ static inline __attribute__((always_inline)) void far_prefetch(const unsigned ch
  * --versus, both ways round). The AVX-512 8-bit kernels, the portable W8
  * one and the AVX2 Q8_0 and W8 ones do this (x86-64-v3 bundles of the Q8_0
  * file, on the same Zen 4: 1.07-1.10x, as W8A16 1.05-1.09x; the 256-bit
- * Q8_0A8 and W8A8 kernels spreading theirs ran 0.97-1.03x, so they do not;
- * no AVX2-only machine at hand). Where the A16 kernels compute more per
+ * Q8_0A8 and W8A8 kernels spreading theirs over 64-byte steps ran
+ * 0.97-1.03x, so they ask once per row, from WS_TRICKLE_K, as the other
+ * 256-bit rows since 2026-12-06; no AVX2-only machine at hand). Where the A16 kernels compute more per
  * byte (rows shorter than WS_TRICKLE_K: Q8_0 at 576 ran 3-8% slower so) and
  * over one long segment of short rows (WS_TRICKLE_SEG_MAX or more, k below
  * WS_TRICKLE_K: SmolLM2's tied output matrix, 15 MB a worker, ran 5% slower
@@ -3201,13 +3202,21 @@ static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_hsum4(v8i32
 /* Four rows of 8-bit weights on 256 bits: Q8_0A8 (Q80 1: rows packed,
  * f16 d[nb] then i8 q[nb][32] (kernel_table.h), each block's sum scaled
  * by its d) or W8A8 (Q80 0: {f32 s; i8 q[k]}, the row scaled by s at the
- * end). b points 2 bytes before a block's 32 weights. */
+ * end). b points 2 bytes before a block's 32 weights. Each row asks for
+ * its lines before it where ws is given (gemv_a8_fast: from WS_TRICKLE_K,
+ * always on Intel's cores; on the Xeon at --cpu alderlake, two workers,
+ * ops of 960 rows of 576, from the L3 / memory: Q8_0A8 41.3 -> 49.0 /
+ * 21.3 -> 26.0 GB/s, W8A8 42.2 -> 48.6 / 22.2 -> 26.7, the same from L2;
+ * the W4A8G64/G128 rows below 33.1 -> 32.1 / 19.6 -> 20.9 and 33.4 ->
+ * 34.2 / 19.6 -> 22.1, from L2 0.91x). */
 #define A8_256_Q8_ROWS(pre, attr, dot, name, Q80)                                                            \
     static attr void pre##_##name##_rows4(const unsigned char *const row[4], const int8_t *xq, const float *dq, \
-                                          int64_t k, float out[4])                                          \
+                                          int64_t k, float out[4], WStream *ws)                             \
     {                                                                                                       \
         _Pragma("clang loop unroll(disable)") for (int i = 0; i < 4; i++)                                   \
         {                                                                                                   \
+            if (ws)                                                                                         \
+                ws_trickle(ws, qrow_bytes((Q80) ? DT_Q8_0A8 : DT_W8A8, k));                                \
             v8fl acc = {0};                                                                                 \
             int64_t j = 0;                                                                                  \
             for (; j + 128 <= k; j += 128) { /* four blocks, their sums added as integers */               \
@@ -3297,11 +3306,13 @@ static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_hsum4(v8i32
         return isa_avx2_halves(acc);                                                                           \
     }                                                                                                          \
     static attr void pre##_w4a8_rows4(int64_t gs, const unsigned char *const row[4], const int8_t *xq2,        \
-                                      const float *dq8, const float *dsx, int64_t k, float out[4])             \
+                                      const float *dq8, const float *dsx, int64_t k, float out[4], WStream *ws) \
     {                                                                                                          \
         v4f r[4], off = {0};                                                                                   \
         _Pragma("clang loop unroll(disable)")                                                                  \
         for (int i = 0; i < 4; i++) {                                                                          \
+            if (ws)                                                                                            \
+                ws_trickle(ws, qrow_bytes(gs == 64 ? DT_W4A8G64 : DT_W4A8G128, k));                            \
             float o;                                                                                           \
             r[i] = gs == 64 ? pre##_w4a8_row(64, row[i], xq2, dq8, dsx, k, &o)                                 \
                             : pre##_w4a8_row(128, row[i], xq2, dq8, dsx, k, &o);                               \
@@ -4477,21 +4488,21 @@ static inline __attribute__((always_inline)) void a8_rows4(int kind, int t, cons
     if (t == DT_Q8_0A8 && kind == 2)
         isa_vnni512_q8_0a8_rows4(row, xq, dq, corr, k, out, ws);
     else if (t == DT_Q8_0A8 && kind == 1)
-        isa_avxvnni_q8_0a8_rows4(row, xq, dq, k, out);
+        isa_avxvnni_q8_0a8_rows4(row, xq, dq, k, out, ws);
     else if (t == DT_Q8_0A8)
-        isa_avx2_q8_0a8_rows4(row, xq, dq, k, out);
+        isa_avx2_q8_0a8_rows4(row, xq, dq, k, out, ws);
     else if (kind == 2 && t == DT_W8A8)
         isa_vnni512_w8a8_rows4(row, xq, side, c, k, out, ws);
     else if (kind == 2)
         isa_vnni512_w4a8_rows4(gs, row, xq, dq, side, k, out);
     else if (kind == 1 && t == DT_W8A8)
-        isa_avxvnni_w8a8_rows4(row, xq, dq, k, out);
+        isa_avxvnni_w8a8_rows4(row, xq, dq, k, out, ws);
     else if (kind == 1)
-        isa_avxvnni_w4a8_rows4(gs, row, xq, dq, side, k, out);
+        isa_avxvnni_w4a8_rows4(gs, row, xq, dq, side, k, out, ws);
     else if (t == DT_W8A8)
-        isa_avx2_w8a8_rows4(row, xq, dq, k, out);
+        isa_avx2_w8a8_rows4(row, xq, dq, k, out, ws);
     else
-        isa_avx2_w4a8_rows4(gs, row, xq, dq, side, k, out);
+        isa_avx2_w4a8_rows4(gs, row, xq, dq, side, k, out, ws);
 }
 
 /* gemv_a8() with a fast kernel: the activation side's sums first (W8A8 on
@@ -4532,7 +4543,7 @@ static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_
     /* far quads where the kernel asks through its stream (kind 2) */
     int far = kind == 2 && (t == DT_Q8_0A8 || t == DT_W8A8);
     for (int i = 0; i < ns; i++)
-        SEG_QUADS(&sg[i], rb, k, 0, far, row, out, ws, isfar,
+        SEG_QUADS(&sg[i], rb, k, kind == 2 ? 0 : WS_TRICKLE_K, far, row, out, ws, isfar,
                   a8_rows4(isfar ? 2 : kind, t, row, xa, da, side, corr, c, k, out, ws));
 }
 
