@@ -3354,9 +3354,9 @@ static ISA_AVX2 void isa_avx2_w8_rows4(const unsigned char *const row[4], const 
         const unsigned char *q = row[i] + 4;
         v8fl a[4] = {{0}, {0}, {0}, {0}};
         int64_t j = 0;
+        if (ws)
+            ws_trickle(ws, 4 + k);
         for (; j + 32 <= k; j += 32) {
-            if (ws && j % 64 == 0)
-                ws_trickle(ws, 64);
             UNROLL4
             for (int c = 0; c < 4; c++)
                 a[c] += I8X8(q + j + 8 * c) * LOAD8F(x + j + 8 * c);
@@ -3396,9 +3396,9 @@ static ISA_AVX2 void isa_avx2_q8_0_rows4(const unsigned char *const row[4], cons
             v8fl f = __builtin_ia32_vcvtph2ps256(h);
             memcpy(sc + c, &f, sizeof f);
         }
+        if (ws)
+            ws_trickle(ws, 34 * nb);
         for (int64_t j = 0, g = 0; j < k; j += 64, b += 64, g += 2) {
-            if (ws)
-                ws_trickle(ws, 64 + 4);
             v8fl t = I8X8(b) * LOAD8F(x + j);
             t += I8X8(b + 8) * LOAD8F(x + j + 8);
             t += I8X8(b + 16) * LOAD8F(x + j + 16);
