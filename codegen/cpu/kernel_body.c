@@ -1010,12 +1010,15 @@ static inline __attribute__((always_inline)) void far_prefetch(const unsigned ch
  * ceiling (6.8 to 10 at 60), and its Q8_0 file decodes 1.03-1.09x faster
  * with int8 inputs, 1.02-1.06x with exact ones, as W8A8 1.03x (at a 37 GB/s
  * ceiling) to 1.10-1.14x (at 60), as W8A16 1.04-1.08x (megac bench
- * --versus, both ways round). The AVX-512 8-bit kernels, the portable W8
- * one and the AVX2 Q8_0 and W8 ones do this (x86-64-v3 bundles of the Q8_0
- * file, on the same Zen 4: 1.07-1.10x, as W8A16 1.05-1.09x; the 256-bit
- * Q8_0A8 and W8A8 kernels spreading theirs over 64-byte steps ran
- * 0.97-1.03x, so they ask once per row, from WS_TRICKLE_K, as the other
- * 256-bit rows since 2026-12-06; no AVX2-only machine at hand). Where the A16 kernels compute more per
+ * --versus, both ways round). The AVX-512 8-bit kernels and the portable
+ * W8 one do this; the AVX2 Q8_0 and W8 ones did (x86-64-v3 bundles of the
+ * Q8_0 file, on the same Zen 4: 1.07-1.10x, as W8A16 1.05-1.09x) and since
+ * 2026-12-06 ask once per row, as the other 256-bit rows do (the Intel
+ * Xeon, --cpu haswell, two workers, rows of 576 from the L3 and from
+ * memory: Q8_0 28.3 -> 32.6 and 21.1 -> 22.2 GB/s, W8 31.3 -> 34.2 and
+ * 20.8 -> 22.7; the 256-bit Q8_0A8 and W8A8 kernels spreading theirs over
+ * 64-byte steps had run 0.97-1.03x on Zen 4; no AMD machine at hand to
+ * measure the per-row asks). Where the A16 kernels compute more per
  * byte (rows shorter than WS_TRICKLE_K: Q8_0 at 576 ran 3-8% slower so) and
  * over one long segment of short rows (WS_TRICKLE_SEG_MAX or more, k below
  * WS_TRICKLE_K: SmolLM2's tied output matrix, 15 MB a worker, ran 5% slower
