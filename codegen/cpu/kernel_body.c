@@ -3910,7 +3910,8 @@ static ISA_VNNI512 void isa_vnni512_gemv_kqa8(int l, const GemvSeg *sg, int ns, 
  * W4G128, the k-quants, A16 against x's planes and the k-quants' A8
  * forms): AVX2's, and AVX-VNNI's with vpdpbusd (kernel_q256.inc). From
  * L2 on one core of the Xeon (a Golden Cove, the Alder Lake P-core's
- * design) at --cpu alderlake, k 576 (the k-quants 768): see README. */
+ * design) at --cpu alderlake, k 576 (the k-quants 768): README,
+ * Performance, "AVX-VNNI and the 256-bit rows". */
 #define Q256(name) isa_avx2_##name
 #define Q256_ATTR ISA_AVX2
 #define Q256_VNNI 0
