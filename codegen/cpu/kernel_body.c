@@ -3157,18 +3157,18 @@ static inline __attribute__((always_inline)) ISA_AVXVNNI v8i32 isa_avxvnni_dot(v
     return __builtin_ia32_vpdpbusd256(acc, (v8i32)u, (v8i32)s);
 }
 
-/* dot2(u1, s1, u2, s2): per 32-bit lane the eight products of u1 x s1
- * and u2 x s2 (u8 x s8), where u1 and u2 are the low and high nibbles of
+/* dot2(acc, u1, s1, u2, s2): acc plus, per 32-bit lane, the eight
+ * products of u1 x s1 and u2 x s2 (u8 x s8), where u1 and u2 are the low and high nibbles of
  * the same lanes, so one block: on AVX2 two vpmaddubsw summed as i16
  * (|sum| <= 4 * 15 * 128) and one vpmaddwd (on Zen 3 the multiplies share
  * two pipes with the FMAs, conversions and shifts, so a vpmaddwd per
  * vpmaddubsw cost as much as the products); on AVX-VNNI two vpdpbusd. */
-#define A8_DOT2_AVX2(u1, s1, u2, s2)                                                                        \
-    __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((v32c)(u1), (v32c)(s1)) +                           \
-                                  __builtin_ia32_pmaddubsw256((v32c)(u2), (v32c)(s2)),                        \
-                              (v16i16){1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1})
-#define A8_DOT2_AVXVNNI(u1, s1, u2, s2)                                                                     \
-    __builtin_ia32_vpdpbusd256(__builtin_ia32_vpdpbusd256((v8i32){0}, (v8i32)(u1), (v8i32)(s1)), (v8i32)(u2), \
+#define A8_DOT2_AVX2(acc, u1, s1, u2, s2)                                                                   \
+    ((acc) + __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((v32c)(u1), (v32c)(s1)) +                   \
+                                           __builtin_ia32_pmaddubsw256((v32c)(u2), (v32c)(s2)),                \
+                                       (v16i16){1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}))
+#define A8_DOT2_AVXVNNI(acc, u1, s1, u2, s2)                                                                \
+    __builtin_ia32_vpdpbusd256(__builtin_ia32_vpdpbusd256((acc), (v8i32)(u1), (v8i32)(s1)), (v8i32)(u2),      \
                                (v8i32)(s2))
 /* The f16 at p by vcvtph2ps (f16_at converts in software: a dozen scalar
  * ops and a branch per block). */
@@ -3275,7 +3275,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 v8i32 isa_avx2_hsum4(v8i32
         if (two)                                                                                               \
             c1 = *(const v4u32u_a *)(c + 16);                                                                  \
         v8u32 q = __builtin_shufflevector(c0, c1, 0, 1, 2, 3, 4, 5, 6, 7);                                     \
-        v8i32 d = dot2(q & m, *(const v8u32 *)xp, (q >> 4) & m, *(const v8u32 *)(xp + 32));                    \
+        v8i32 d = dot2((v8i32){0}, q & m, *(const v8u32 *)xp, (q >> 4) & m, *(const v8u32 *)(xp + 32));        \
         return __builtin_convertvector(d, v8fl) * *(const v8fl *)dp;                                           \
     }                                                                                                          \
     /* One row of groups of gs (a constant): whole groups, then a short \
@@ -4146,10 +4146,15 @@ static void pka8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t 
  * weight: sum_j (q_j - o) xq_j = sum_j q_j xq_j - o sum_j xq_j. The
  * kernels below start each superblock's integer sums from
  * xc = -o sum xq, per 32-bit lane (the eight inputs lane l meets: bytes
- * 4 l..4 l + 3 of both halves of xqp), so the offset costs no float work
- * per row (PKA8_FOLD; it was a multiply and an add of four scales per
- * superblock and row, and a reduction per row). Exact: a lane's sum
- * stays within 8 * 31 * 128 + 16 * 8 * 128 < 2^16 in magnitude. */
+ * 4 l..4 l + 3 of both halves of xqp; a 256-bit half h's lanes are
+ * xc + 8 h), so the offset costs no float work per row (PKA8_FOLD; it was
+ * a multiply and an add of four scales per superblock and row, and a
+ * reduction per row). Exact: a lane's sum stays within 8 * 31 * 128 +
+ * 16 * 8 * 128 < 2^16 in magnitude. The 256-bit rows do this since
+ * 2026-12-06 (at --cpu alderlake, ops of 960 rows of 576: from L2 on one
+ * worker Q4_0A8 22.7-23.4 -> 25.0-26.5 GB/s, Q5_0A8 20.3-20.6 -> 21.5-22.1;
+ * two workers from memory 23.6 -> 24.6 and 22.1 -> 22.6; from the L3
+ * level within noise; --cpu haswell Q4_0A8 1.01-1.03x). */
 #define PKA8_FOLD(T) ((T) == DT_Q4_0A8 || (T) == DT_Q5_0A8)
 static void pka8_x_corr(const int8_t *xqp, int64_t nsb, int32_t o, int32_t *xc)
 {
@@ -4325,14 +4330,15 @@ PKA8_ROWS(isa_vnni512_pka8_q5_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q5_1A8
  * for its lines before it (seg_trickle's rule; a quad's at once after
  * it before: at --cpu alderlake, two workers, ops of 960 rows of 576,
  * Q4_0A8 from the L3 31.6 -> 36.4 GB/s and from memory 19.3 -> 22.1, from
- * L2 21.7 -> 20.3; Q4_1A8 37.6 -> 39.4 and 19.7 -> 21.6). */
+ * L2 21.7 -> 20.3; Q4_1A8 37.6 -> 39.4 and 19.7 -> 21.6). Q4_0A8 and
+ * Q5_0A8 start their sums from xc (PKA8_FOLD, pka8_x_corr). */
 #define PKA8_256_ROWS(pre, attr, dot2)                                                                         \
     /* The superblock at w (nblk of its blocks, a constant) against x's  \
      * at xs, dq, dx: its halves' sums into a[0], a[1], its offsets into   \
      * *off. */                                                            \
     static inline __attribute__((always_inline)) attr void pre##_pka8_sb(                                    \
         int T, int nblk, const unsigned char *w, const int8_t *xs, const float *dq, const float *dx,         \
-        v8fl a[2], v4f *off)                                                                                 \
+        const int32_t *xc, v8fl a[2], v4f *off)                                                              \
     {                                                                                                        \
         const v8u32 m = {0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu,                                 \
                          0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu, 0x0f0f0f0fu};                                \
@@ -4357,16 +4363,19 @@ PKA8_ROWS(isa_vnni512_pka8_q5_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q5_1A8
                 q5 >>= (v8u32){0, 1, 2, 3, 0, 1, 2, 3};                                                      \
                 PKA8_FOLD5(q5, lo, hi);                                                                      \
             }                                                                                                \
-            v8i32 d = dot2(lo, *(const v8u32 *)(xs + 32 * h), hi, *(const v8u32 *)(xs + 64 + 32 * h));       \
+            v8i32 d0 = PKA8_FOLD(T) ? *(const v8i32 *)(xc + 8 * h) : (v8i32){0};                             \
+            v8i32 d = dot2(d0, lo, *(const v8u32 *)(xs + 32 * h), hi, *(const v8u32 *)(xs + 64 + 32 * h));   \
             /* block 2 h's scale to lanes 0-3, 2 h + 1's to lanes 4-7 */                                   \
             v8fl s8 = __builtin_ia32_permvarsf256(sd8, (v8i32){2 * h, 2 * h, 2 * h, 2 * h, 2 * h + 1, 2 * h + 1, \
                                                                2 * h + 1, 2 * h + 1});                       \
             a[h] += __builtin_convertvector(d, v8fl) * s8;                                                   \
         }                                                                                                    \
-        *off += PKA8_OFF(T, w, nblk, sc, *(const v4f *)dx, isa_avx2_f16x4);                                  \
+        if (!PKA8_FOLD(T))                                                                                   \
+            *off += PKA8_OFF(T, w, nblk, sc, *(const v4f *)dx, isa_avx2_f16x4);                              \
     }                                                                                                        \
     static inline __attribute__((always_inline)) attr void pre##_pka8_rows(                                  \
-        int T, const GemvSeg *g, const int8_t *xqp, const float *dq4, const float *dx4, int64_t k)           \
+        int T, const GemvSeg *g, const int8_t *xqp, const float *dq4, const float *dx4, const int32_t *xc,   \
+        int64_t k)                                                                                           \
     {                                                                                                        \
         int64_t rb = qrow_bytes(T, k), nb = k / 32, sbb = 4 * (PKA8_HDR(T) + 16);                            \
         WStream *tws = seg_trickle(g, rb, k, WS_TRICKLE_K);                                                  \
@@ -4382,15 +4391,16 @@ PKA8_ROWS(isa_vnni512_pka8_q5_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q5_1A8
                 if (tws)                                                                                     \
                     ws_trickle(tws, rb);                                                                     \
                 for (; sb < nb / 4; sb++)                                                                    \
-                    pre##_pka8_sb(T, 4, row[i] + sbb * sb, xqp + 128 * sb, dq4 + 4 * sb, dx4 + 4 * sb, a, &off); \
+                    pre##_pka8_sb(T, 4, row[i] + sbb * sb, xqp + 128 * sb, dq4 + 4 * sb, dx4 + 4 * sb,          \
+                                  xc + 16 * sb, a, &off);                                                    \
                 const unsigned char *w = row[i] + sbb * sb;                                                  \
                 const int8_t *xs = xqp + 128 * sb;                                                           \
                 if (nb % 4 == 1)                                                                             \
-                    pre##_pka8_sb(T, 1, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, a, &off);                         \
+                    pre##_pka8_sb(T, 1, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, xc + 16 * sb, a, &off);           \
                 else if (nb % 4 == 2)                                                                        \
-                    pre##_pka8_sb(T, 2, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, a, &off);                         \
+                    pre##_pka8_sb(T, 2, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, xc + 16 * sb, a, &off);           \
                 else if (nb % 4 == 3)                                                                        \
-                    pre##_pka8_sb(T, 3, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, a, &off);                         \
+                    pre##_pka8_sb(T, 3, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, xc + 16 * sb, a, &off);           \
                 rs[i] = isa_avx2_halves(a[0] + a[1]);                                                        \
                 off4[i] = (off[0] + off[1]) + (off[2] + off[3]);                                             \
             }                                                                                                \
@@ -4402,14 +4412,14 @@ PKA8_ROWS(isa_vnni512_pka8_q5_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q5_1A8
     }                                                                                                        \
     /* Segment g's rows of dtype t, each dtype with its own rows. */                                       \
     static attr void pre##_pka8_seg(int t, const GemvSeg *g, const int8_t *xqp, const float *dq4,            \
-                                    const float *dx4, int64_t k)                                             \
+                                    const float *dx4, const int32_t *xc, int64_t k)                          \
     {                                                                                                        \
         switch (t) {                                                                                         \
-        case DT_Q4_0A8: pre##_pka8_rows(DT_Q4_0A8, g, xqp, dq4, dx4, k); break;                              \
-        case DT_Q4_1A8: pre##_pka8_rows(DT_Q4_1A8, g, xqp, dq4, dx4, k); break;                              \
-        case DT_Q5_0A8: pre##_pka8_rows(DT_Q5_0A8, g, xqp, dq4, dx4, k); break;                              \
-        case DT_Q5_1A8: pre##_pka8_rows(DT_Q5_1A8, g, xqp, dq4, dx4, k); break;                              \
-        default: pre##_pka8_rows(DT_W4A8G32, g, xqp, dq4, dx4, k); break;                                    \
+        case DT_Q4_0A8: pre##_pka8_rows(DT_Q4_0A8, g, xqp, dq4, dx4, xc, k); break;                              \
+        case DT_Q4_1A8: pre##_pka8_rows(DT_Q4_1A8, g, xqp, dq4, dx4, xc, k); break;                              \
+        case DT_Q5_0A8: pre##_pka8_rows(DT_Q5_0A8, g, xqp, dq4, dx4, xc, k); break;                              \
+        case DT_Q5_1A8: pre##_pka8_rows(DT_Q5_1A8, g, xqp, dq4, dx4, xc, k); break;                              \
+        default: pre##_pka8_rows(DT_W4A8G32, g, xqp, dq4, dx4, xc, k); break;                                    \
         }                                                                                                    \
     }
 PKA8_256_ROWS(isa_avx2, ISA_AVX2, A8_DOT2_AVX2)
@@ -4425,11 +4435,14 @@ static void gemv_pka8(int t, const GemvSeg *sg, int ns, const int8_t *xq, const 
     int32_t xc[16 * (nsb + 1)] __attribute__((aligned(64)));
     pka8_x_prepare(xq, dq, k, xqp, dq4, dx4);
     /* The 256-bit rows (AVX-VNNI, or AVX2, without AVX-512 VNNI) take x as
-     * prepared; the 512-bit and portable ones (PKA8_ROWS) also take the
-     * duplicated tail and, for Q4_0A8 and Q5_0A8, xc. */
+     * prepared and, for Q4_0A8 and Q5_0A8, xc; the 512-bit and portable
+     * ones (PKA8_ROWS) also take the duplicated tail (and xc over it). */
     if (!(megac_k_isa & KT_ISA_VNNI512) && (megac_k_isa & (KT_ISA_AVXVNNI | KT_ISA_AVX2))) {
+        if (PKA8_FOLD(t))
+            pka8_x_corr(xqp, nsb, t == DT_Q4_0A8 ? 8 : 16, xc);
         for (int i = 0; i < ns; i++)
-            ((megac_k_isa & KT_ISA_AVXVNNI) ? isa_avxvnni_pka8_seg : isa_avx2_pka8_seg)(t, &sg[i], xqp, dq4, dx4, k);
+            ((megac_k_isa & KT_ISA_AVXVNNI) ? isa_avxvnni_pka8_seg : isa_avx2_pka8_seg)(t, &sg[i], xqp, dq4, dx4, xc,
+                                                                                        k);
         return;
     }
     if (k / 32 % 4 == 2)
