@@ -1688,6 +1688,12 @@ static void isa_avx2_gemv_packed(int t, const GemvSeg *sg, int ns, const float *
 static int isa_avx2_gemv_packed_q(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 static int isa_avxvnni_gemv_packed_q(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 
+/* The 256-bit u8 x s8 function `name` for this target: AVX-VNNI's
+ * (vpdpbusd) where the CPU has it, else AVX2's (kernel_q256.inc and the
+ * 256-bit A8 rows come in both). megac_k_isa is a constant, so the other
+ * folds away. */
+#define Q256_PICK(name) ((megac_k_isa & KT_ISA_AVXVNNI) ? isa_avxvnni_##name : isa_avx2_##name)
+
 /* y[r0:r1] (+)= W . x (+ b) for packed rows, each segment's. */
 static void gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
@@ -1696,8 +1702,7 @@ static void gemv_packed(int t, const GemvSeg *sg, int ns, const float *x, int64_
     if (!(megac_k_isa & KT_ISA_GFNI512) && (megac_k_isa & KT_ISA_VNNI512) && isa_vnni512_gemv_packed(t, sg, ns, x, k))
         return;
     int avx2 = (megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512);
-    if (avx2 && ((megac_k_isa & KT_ISA_AVXVNNI) ? isa_avxvnni_gemv_packed_q(t, sg, ns, x, k)
-                                                : isa_avx2_gemv_packed_q(t, sg, ns, x, k)))
+    if (avx2 && Q256_PICK(gemv_packed_q)(t, sg, ns, x, k))
         return;
     int64_t nsb = (k / 32 + 3) / 4;
     float xp[128 * nsb] __attribute__((aligned(64)));
@@ -1957,8 +1962,7 @@ static void gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
     if ((megac_k_isa & KT_ISA_VNNI512) && isa_vnni512_gemv_kq(t, sg, ns, x, k))
         return;
     int avx2 = (megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512);
-    if (avx2 && ((megac_k_isa & KT_ISA_AVXVNNI) ? isa_avxvnni_gemv_kq_q(t, sg, ns, x, k)
-                                                : isa_avx2_gemv_kq_q(t, sg, ns, x, k)))
+    if (avx2 && Q256_PICK(gemv_kq_q)(t, sg, ns, x, k))
         return;
     float xr[2 * k] __attribute__((aligned(64)));
     float xs[k / 16];
@@ -3537,8 +3541,7 @@ static int isa_avxvnni_gemv_nibq(int t, const GemvSeg *sg, int ns, const float *
  * x's planes, or in float where x_integer_ok() is not. */
 static ISA_AVX2 void isa_avx2_gemv_nib(int t, const GemvSeg *sg, int ns, const float *x, const float *xg, int64_t k)
 {
-    if ((megac_k_isa & KT_ISA_AVXVNNI) ? isa_avxvnni_gemv_nibq(t, sg, ns, x, xg, k)
-                                       : isa_avx2_gemv_nibq(t, sg, ns, x, xg, k))
+    if (Q256_PICK(gemv_nibq)(t, sg, ns, x, xg, k))
         return;
     float xq[64 * ((k / 32 + 1) / 2)] __attribute__((aligned(32)));
     isa_avx2_nib_x_prepare(x, k, xq);
@@ -4327,8 +4330,8 @@ PKA8_ROWS(isa_vnni512_pka8_q5_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q5_1A8
  * through one dot2 (A8_DOT2_AVX2: 6 vector multiplies per superblock
  * where a vpmaddwd per vpmaddubsw took 8; Q5's values are < 32, so the
  * i16 sum of the two products stays within 4 * 31 * 127). Each row asks
- * for its lines before it (seg_trickle's rule; a quad's at once after
- * it before: at --cpu alderlake, two workers, ops of 960 rows of 576,
+ * for its lines before it, by seg_trickle's rule (where a quad's were
+ * asked for together before: at --cpu alderlake, two workers, ops of 960 rows of 576,
  * Q4_0A8 from the L3 31.6 -> 36.4 GB/s and from memory 19.3 -> 22.1, from
  * L2 21.7 -> 20.3; Q4_1A8 37.6 -> 39.4 and 19.7 -> 21.6). Q4_0A8 and
  * Q5_0A8 start their sums from xc (PKA8_FOLD, pka8_x_corr). */
@@ -4441,8 +4444,7 @@ static void gemv_pka8(int t, const GemvSeg *sg, int ns, const int8_t *xq, const 
         if (PKA8_FOLD(t))
             pka8_x_corr(xqp, nsb, t == DT_Q4_0A8 ? 8 : 16, xc);
         for (int i = 0; i < ns; i++)
-            ((megac_k_isa & KT_ISA_AVXVNNI) ? isa_avxvnni_pka8_seg : isa_avx2_pka8_seg)(t, &sg[i], xqp, dq4, dx4, xc,
-                                                                                        k);
+            Q256_PICK(pka8_seg)(t, &sg[i], xqp, dq4, dx4, xc, k);
         return;
     }
     if (k / 32 % 4 == 2)
@@ -4584,7 +4586,7 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
         return;
     }
     if (dtype_is_kquant((DType)l) && (megac_k_isa & KT_ISA_AVX2)) {
-        ((megac_k_isa & KT_ISA_AVXVNNI) ? isa_avxvnni_gemv_kqa8 : isa_avx2_gemv_kqa8)(l, sg, ns, xq, dq, k);
+        Q256_PICK(gemv_kqa8)(l, sg, ns, xq, dq, k);
         return;
     }
     int kind = dtype_is_kquant((DType)l) ? -1 : a8_fast_kind(t, k);
