@@ -748,6 +748,91 @@ Test(cpu_quant_perf, packed_nonfinite_x)
     }
 }
 
+/* The float one ulp from f away from zero (u > 0) or toward it. */
+static float ulps_from(float f, int u)
+{
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    b = (uint32_t)((int64_t)b + u);
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+/* x whose blocks of 32 each hold their largest |x| first and the rest
+ * near half-integer multiples of d = max|x| / 127. In even blocks each
+ * other element is the nearest float (within 8 ulps) to (n + 1/2) d whose
+ * x * (1 / d) is no tie but rounds to another integer than x / d does,
+ * where one exists, else (n + 1/4) d, so that no element there is a tie
+ * either way; odd blocks hold the nearest floats to (n + 1/2) d (ties of
+ * x / d among them). Returns how many elements are in the first kind,
+ * i.e. come out one off from a kernel that takes x * (1 / d) for x / d. */
+static int64_t near_half_x(float *x, int64_t k, uint64_t *seed)
+{
+    int64_t off = 0;
+    for (int64_t b = 0; b < k / 32; b++) {
+        float amax = 1.0f + 0.9f * fabsf(lcg(seed)), d = amax / 127.0f, r = 1.0f / d;
+        x[32 * b] = b % 2 ? -amax : amax;
+        for (int j = 1; j < 32; j++) {
+            int n = (int)(125.0f * lcg(seed));
+            float c = ((float)n + (n < 0 ? -0.5f : 0.5f)) * d, v = b % 2 ? c : ((float)n + 0.25f) * d;
+            for (int u = 0; u <= 16 && b % 2 == 0; u++) {
+                float t = ulps_from(c, u % 2 ? (u + 1) / 2 : -(u / 2)), p = t * r;
+                if (fabsf(t) < amax && rintf(p) != rintf(t / d) && fabsf(p - rintf(p)) < 0.5f) {
+                    v = t;
+                    off++;
+                    break;
+                }
+            }
+            x[32 * b + j] = v;
+        }
+    }
+    return off;
+}
+
+/* The int8 inputs of every A8 dtype are rint(x / d) (ir/dtype.h), also
+ * where x times a rounded 1 / d lands on the other side of a half-integer
+ * (the AVX-512 kernels quantize by that product and check how near a
+ * half-integer it is: kernel_body.c, isa_avx512_act_block) and on exact
+ * ties (k 576: a short last superblock, taken twice by the 512-bit packed
+ * rows; 768: the k-quants). Against quant_gemv_a8_ref, which divides: one
+ * input one off moves a row by |w| d, about 1e-4 of its sum of |w x|. */
+Test(cpu_quant_perf, a8_inputs_round_as_divided)
+{
+    const DType ts[] = {DT_W8A8,   DT_W4A8G32, DT_W4A8G64, DT_W4A8G128, DT_Q8_0A8, DT_Q4_0A8, DT_Q4_1A8,
+                        DT_Q5_0A8, DT_Q5_1A8,  DT_Q4_KA8,  DT_Q5_KA8,   DT_Q6_KA8};
+    const int64_t ks[] = {576, 768}, rows = 9;
+    const char *cpu[3];
+    int nc = int_targets(cpu);
+    for (size_t ki = 0; ki < 2; ki++) {
+        int64_t k = ks[ki];
+        float x[768], y[9];
+        double ref[9];
+        uint64_t seed = 17;
+        int64_t off = near_half_x(x, k, &seed);
+        cr_assert_geq(off, k / 32, "k %ld: only %ld inputs where x * (1 / d) rounds otherwise", (long)k, (long)off);
+        for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
+            if (!fits(ts[ti], k))
+                continue;
+            unsigned char *raw = random_rows(ts[ti], rows, k, &seed);
+            quant_gemv_a8_ref(ts[ti], raw, rows, k, x, ref);
+            float *deq = malloc(sizeof(float) * (size_t)k);
+            for (int c = 0; c < nc; c++) {
+                run_gemv(cpu[c], ts[ti], raw, rows, k, 5, x, y);
+                for (int64_t r = 0; r < rows; r++) {
+                    quant_row_dequant(dtype_layout(ts[ti]), raw + (size_t)r * dtype_row_bytes(ts[ti], k), k, deq);
+                    double mag = 0;
+                    for (int64_t j = 0; j < k; j++)
+                        mag += fabs((double)deq[j] * x[j]);
+                    cr_assert_leq(fabs(y[r] - ref[r]), 2e-6 * mag, "%s %s k %ld: row %ld is %.9g, not %.9g",
+                                  cpu[c] ? cpu[c] : "host", dtype_name(ts[ti]), (long)k, (long)r, y[r], ref[r]);
+                }
+            }
+            free(deq);
+            free(raw);
+        }
+    }
+}
+
 /* ---- GEMV bandwidth per dtype (MEGAC_CPU_BENCH=1) ---- */
 
 static double elapsed_s(struct timespec a)
