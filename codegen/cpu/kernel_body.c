@@ -974,9 +974,25 @@ static void ws_fill(WStream *ws, int64_t target)
     }
 }
 
+/* Profile builds (MEGAC_CPU_PROFILE): when this worker's current GEMV
+ * run first read (ws_read) or asked for (ws_trickle) weights, i.e. when its
+ * input had been prepared (normalized, quantized, packed); 0 until then.
+ * f32 rows tell the stream nothing: their runs count as all rows. */
+#ifdef MEGAC_CPU_PROFILE
+static _Thread_local uint64_t prof_rows_at;
+#define PROF_ROWS_BEGIN()                                   \
+    do {                                                    \
+        if (!prof_rows_at)                                  \
+            prof_rows_at = __builtin_ia32_rdtsc();          \
+    } while (0)
+#else
+#define PROF_ROWS_BEGIN() (void)0
+#endif
+
 /* The kernels read `bytes` more of the stream. */
 static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t bytes)
 {
+    PROF_ROWS_BEGIN();
     ws->ahead -= bytes;
     if (ws->ahead < QPF_BYTES)
         ws_fill(ws, QPF_BYTES);
@@ -1056,6 +1072,7 @@ static inline __attribute__((always_inline)) void far_prefetch(const unsigned ch
 #define WS_TRICKLE_SEG_MAX (1 << 20)
 static inline __attribute__((always_inline)) void ws_trickle(WStream *ws, int64_t bytes)
 {
+    PROF_ROWS_BEGIN();
 #ifdef QPF_OFF
     (void)ws, (void)bytes;
     return;
@@ -2296,13 +2313,12 @@ typedef int8_t v16s8a1 __attribute__((vector_size(16), aligned(1)));
 static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_plane_put(const v16i32 *p0, const v16i32 *p1,
                                                                                    int8_t *lo, int8_t *hi)
 {
-    v16s8 a = __builtin_convertvector(*p0, v16s8), b = __builtin_convertvector(*p1, v16s8);
-    v32s8 e = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
-                                      21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
-    v32s8 o = __builtin_shufflevector(e, e, 0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27, 4, 12, 20, 28, 5,
-                                      13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31);
-    *(v16s8a1 *)lo = __builtin_shufflevector(o, o, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    *(v16s8a1 *)hi = __builtin_shufflevector(o, o, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+    /* the 32-bit lanes in that order, then to bytes (a shuffle of the 32
+     * bytes took a dozen instructions without AVX-512 VBMI) */
+    v16i32 l = __builtin_shufflevector(*p0, *p1, 0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+    v16i32 h = __builtin_shufflevector(*p0, *p1, 4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31);
+    *(v16s8a1 *)lo = __builtin_convertvector(l, v16s8);
+    *(v16s8a1 *)hi = __builtin_convertvector(h, v16s8);
 }
 
 /* xi = rint(16 floats at x times inv), cut into the three planes. */
@@ -2358,18 +2374,37 @@ static inline __attribute__((always_inline)) int x_integer_ok(const float *x, in
     return mb < 0x7f800000u && (mb == 0 || mb >= 0x1f800000u); /* 0x1f800000: 2^-64 */
 }
 
-/* Block x[0:32] as fixed point: *u = max|x| / PKQ_MAX, and the three
+/* The fixed point's scales of x's nb blocks of 32 (x finite:
+ * x_integer_ok): inv[b] = PKQ_MAX / max|x_b| and u[b] = max|x_b| / PKQ_MAX,
+ * both 0 for a block of zeros; inv and u hold nb rounded up to 16. All the
+ * maxima first, then the divisions 16 blocks at a time (the same values):
+ * done block by block, each block's maximum, divisions and cut made one
+ * chain, and SmolLM2-135M's Q4_0 step with exact inputs spent 5.5% of its
+ * cycles preparing them on the Xeon host (the cycle profile's "inputs"). */
+static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_cut_scales(const float *x, int64_t nb,
+                                                                                   float *inv, float *u)
+{
+    for (int64_t b = 0; b < nb; b++) { /* |x| as integers: same order as the floats */
+        v16u32 m2 = __builtin_elementwise_max((v16u32)LOAD16(x + 32 * b) & 0x7fffffffu,
+                                              (v16u32)LOAD16(x + 32 * b + 16) & 0x7fffffffu);
+        uint32_t m = hmax16u(&m2);
+        memcpy(inv + b, &m, 4);
+    }
+    for (int64_t b = nb; b % 16; b++)
+        inv[b] = 0.0f;
+    for (int64_t b = 0; b < nb; b += 16) {
+        v16f amax = LOAD16(inv + b);
+        v16i32 pos = (v16i32)(amax > 0.0f);
+        STORE16(inv + b, (v16f)((v16i32)(PKQ_MAX / amax) & pos));
+        STORE16(u + b, (v16f)((v16i32)(amax / PKQ_MAX) & pos));
+    }
+}
+
+/* Block x[0:32] as fixed point (inv: its cut_scales one): the three
  * planes of its halves into a and b. */
-static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_block_cut(const float *x, float *u,
+static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_block_cut(const float *x, float inv,
                                                                                   v16i32 a[3], v16i32 b[3])
 {
-    /* |x| as integers: same order as the floats */
-    v16u32 m2 = __builtin_elementwise_max((v16u32)LOAD16(x) & 0x7fffffffu, (v16u32)LOAD16(x + 16) & 0x7fffffffu);
-    uint32_t m = hmax16u(&m2);
-    float amax;
-    memcpy(&amax, &m, 4);
-    float inv = amax > 0 ? PKQ_MAX / amax : 0.0f;
-    *u = amax > 0 ? amax / PKQ_MAX : 0.0f;
     isa_vnni512_pkq_cut(x, inv, a);
     isa_vnni512_pkq_cut(x + 16, inv, b);
 }
@@ -2384,13 +2419,15 @@ static ISA_VNNI512 int isa_vnni512_pkq_x_prepare(const float *x, int64_t k, int 
     int64_t nb = k / 32, nsb = (nb + 3) / 4;
     if (!x_integer_ok(x, k, NULL))
         return 0;
+    float inv[nb + 16] __attribute__((aligned(64))), u[nb + 16] __attribute__((aligned(64)));
+    isa_vnni512_cut_scales(x, nb, inv, u);
     memset(xq + 384 * (nb / 4), 0, (size_t)(384 * (nsb - nb / 4)));
-    for (int64_t blk = nb; blk < 4 * nsb; blk++)
-        ub[blk] = 0.0f;
+    for (int64_t blk = 0; blk < 4 * nsb; blk++)
+        ub[blk] = blk < nb ? u[blk] : 0.0f;
     for (int64_t blk = 0; blk < nb; blk++) {
         int8_t *o = xq + 384 * (blk / 4) + 16 * (blk % 4);
         v16i32 a[3], b[3];
-        isa_vnni512_block_cut(x + 32 * blk, &ub[blk], a, b);
+        isa_vnni512_block_cut(x + 32 * blk, inv[blk], a, b);
         UNROLL4
         for (int p = 0; p < 3; p++) { /* plane p (0: the lowest) at 256 - 128 p */
             if (natural) {
@@ -2596,17 +2633,19 @@ static ISA_VNNI512 int isa_vnni512_gemv_nibq(int t, const GemvSeg *sg, int ns, c
  *               the 128, part 1 (high nibbles) 32-63 and 96-127;
  *   Q6_K:       part 0 (ql's low nibbles) elements 0-63, part 1 64-127. */
 
-/* xq and ub (one u per block of 32) for kq rows of k (k % 256 == 0);
- * 0 where x_integer_ok() is not. */
+/* xq and ub (one u per block of 32, k / 32 rounded up to 16 of them) for
+ * kq rows of k (k % 256 == 0); 0 where x_integer_ok() is not. */
 static ISA_VNNI512 int isa_vnni512_kq_x_prepare(int q6, const float *x, int64_t k, int8_t *xq, float *ub)
 {
     if (!x_integer_ok(x, k, NULL))
         return 0;
+    float inv[k / 32 + 16] __attribute__((aligned(64)));
+    isa_vnni512_cut_scales(x, k / 32, inv, ub);
     for (int64_t blk = 0; blk < k / 32; blk++) {
         int j = (int)(blk % 4), part = q6 ? j / 2 : j % 2, half = q6 ? j % 2 : j / 2;
         int8_t *o = xq + 384 * (blk / 4) + 64 * part + 32 * half;
         v16i32 a[3], b[3];
-        isa_vnni512_block_cut(x + 32 * blk, &ub[blk], a, b);
+        isa_vnni512_block_cut(x + 32 * blk, inv[blk], a, b);
         for (int p = 0; p < 3; p++) {
             *(v16s8a1 *)(o + 128 * (2 - p)) = __builtin_convertvector(a[p], v16s8);
             *(v16s8a1 *)(o + 128 * (2 - p) + 16) = __builtin_convertvector(b[p], v16s8);
@@ -2805,7 +2844,7 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_row
 static ISA_VNNI512 int isa_vnni512_gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
     int8_t xq[3 * k] __attribute__((aligned(64)));
-    float ub[k / 32], xs[k / 16];
+    float ub[k / 32 + 16] __attribute__((aligned(64))), xs[k / 16]; /* ub: isa_vnni512_cut_scales */
     if (!isa_vnni512_kq_x_prepare(t == DT_Q6_K, x, k, xq, ub))
         return 0;
     /* vector sums (a scalar loop here was one chain of k dependent adds,
@@ -2874,16 +2913,18 @@ static inline __attribute__((always_inline)) ISA_VNNI512 v16i32 isa_vnni512_q8x_
     return isa_vnni512_dot(a, u, x0) - cv;
 }
 
-/* x's planes into xq (3 k bytes), u_b into ub and 128 (sum of xi over
- * elements 4 l..4 l + 3) into corr[l]; k % 64 == 0. 0 (nothing usable)
- * where x_integer_ok() is not. */
+/* x's planes into xq (3 k bytes), u_b into ub (k / 32 rounded up to 16
+ * floats) and 128 (sum of xi over elements 4 l..4 l + 3) into corr[l];
+ * k % 64 == 0. 0 (nothing usable) where x_integer_ok() is not. */
 static ISA_VNNI512 int isa_vnni512_q8x_prepare(const float *x, int64_t k, int8_t *xq, float *ub, int32_t *corr)
 {
     if (!x_integer_ok(x, k, NULL))
         return 0;
+    float inv[k / 32 + 16] __attribute__((aligned(64)));
+    isa_vnni512_cut_scales(x, k / 32, inv, ub);
     for (int64_t blk = 0; blk < k / 32; blk++) {
         v16i32 h[2][3];
-        isa_vnni512_block_cut(x + 32 * blk, &ub[blk], h[0], h[1]);
+        isa_vnni512_block_cut(x + 32 * blk, inv[blk], h[0], h[1]);
         for (int half = 0; half < 2; half++)
             for (int p = 0; p < 3; p++)
                 *(v16s8a1 *)(xq + (2 - p) * k + 32 * blk + 16 * half) = __builtin_convertvector(h[half][p], v16s8);
@@ -6187,7 +6228,7 @@ static int sync_wait(const MegacArgs *a, uint32_t worker, uint32_t pc, uint32_t 
 #define PROF_CLASSES 16
 enum { PROF_WAIT = OP_COUNT, PROF_SIGNAL, PROF_SLOTS };
 static struct {
-    uint64_t cyc[PROF_SLOTS], gemv_bytes, steps;
+    uint64_t cyc[PROF_SLOTS], gemv_bytes, steps, gemv_prep;
     uint64_t dt_cyc[DT_COUNT], dt_bytes[DT_COUNT]; /* GEMVs by weight dtype */
     struct { int64_t k; int lg; uint64_t cyc, bytes, runs; } cls[PROF_CLASSES]; /* GEMV runs by class */
     int ncls;
@@ -6222,8 +6263,9 @@ __attribute__((destructor)) static void prof_print(void)
         for (int i = 0; i < PROF_SLOTS; i++)
             if (prof[w].cyc[i])
                 fprintf(stderr, " %s %.1f%%", prof_names[i], 100.0 * (double)prof[w].cyc[i] / (double)tot);
-        fprintf(stderr, "; gemv %.2f bytes/cycle",
-                prof[w].cyc[OP_GEMV] ? (double)prof[w].gemv_bytes / (double)prof[w].cyc[OP_GEMV] : 0.0);
+        fprintf(stderr, "; gemv %.2f bytes/cycle, inputs %.1f%%",
+                prof[w].cyc[OP_GEMV] ? (double)prof[w].gemv_bytes / (double)prof[w].cyc[OP_GEMV] : 0.0,
+                100.0 * (double)prof[w].gemv_prep / (double)tot);
         for (int t = 0; t < DT_COUNT; t++)
             if (prof[w].dt_cyc[t])
                 fprintf(stderr, "; %s %.1f%% at %.2f", prof_dt_names[t],
@@ -6319,7 +6361,14 @@ void megac_worker(const MegacArgs *a, uint32_t worker)
                 break;
             if (in[KT_OP] == OP_GEMV) {
                 int n = gemv_run_length(in, megac_k_insts + (int64_t)end * KT_STRIDE);
+#ifdef MEGAC_CPU_PROFILE
+                prof_rows_at = 0;
+#endif
                 op_gemv(a, in, n, &ws);
+#ifdef MEGAC_CPU_PROFILE
+                if (worker < PROF_WORKERS && prof_rows_at > prof_t0)
+                    prof[worker].gemv_prep += prof_rows_at - prof_t0;
+#endif
                 uint64_t run_bytes = 0;
                 for (int j = 0; j < n; j++)
                     run_bytes += prof_gemv_bytes(worker, in + (int64_t)j * KT_STRIDE);
