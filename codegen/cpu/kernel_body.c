@@ -4211,134 +4211,58 @@ static void pka8_x_corr(const int8_t *xqp, int64_t nsb, int32_t o, int32_t *xc)
         }
 }
 
-/* ---- int8 inputs by AVX-512, without act_block's division per element ----
- * The same bytes as act_quantize: xq = rint(x / d) (f32 division, nearest
- * even) with d = max|x| / 127. Here t = x * (1 / d) and n is t rounded to
- * an integer: |t - x / d| <= 128 * 2^-23 = 2^-16, and x / d is at most
- * 2^-18 (half an ulp below 128) from its f32 rounding, so where
- * |t - n| < 0.5 - 2^-14 that rounding lies within 0.5 of n and its rint
- * is n (and |n| <= 127: |t| <= 127 (1 + 2^-23)). A block with any element
- * nearer a half-integer (about one block in 250 of random x; one in 900
- * of SmolLM2-135M's inputs), a NaN or an infinity (t not finite), or d below
- * 2^-100 (0 included: 1 / d too coarse or infinite) goes through
- * act_block itself. In two passes: every block's maximum, then the
- * divisions as vectors of 16 blocks, then the integers, so that no block
- * waits on its own maximum, division and check chain (one pass per block
- * ran ~2x slower). On the Xeon host a SmolLM2-135M Q4_0 step with int8
- * inputs spent 6-6.5% of each worker's cycles quantizing and packing its
- * inputs (the division per element, act_block's chain per block, and
- * pka8_x_prepare's scalar sums), each worker all of them: 0.9 and 2.2
- * thousand TSC cycles for rows of 576 and 1536, 0.33 and 0.77 this way. */
-#define ACT_NEAR_HALF 0x3efffe00u /* the bits of 0.5 - 2^-14 */
-
-/* d_b (into d) and 1 / d_b (r) of x's nb blocks of 32; both hold nb
- * rounded up to 16 floats. */
-static inline __attribute__((always_inline)) ISA_AVX512 void isa_avx512_act_scales(const float *x, int64_t nb,
-                                                                                float *d, float *r)
-{
-    for (int64_t b = 0; b < nb; b++) {
-        v16u32 u0 = (v16u32)LOAD16(x + 32 * b) & 0x7fffffffu, u1 = (v16u32)LOAD16(x + 32 * b + 16) & 0x7fffffffu;
-        u0 &= (v16u32)(u0 <= 0x7f800000u); /* NaNs count as 0, as in act_block */
-        u1 &= (v16u32)(u1 <= 0x7f800000u);
-        v16u32 m = __builtin_elementwise_max(u0, u1);
-        uint32_t mb = hmax16u(&m);
-        memcpy(d + b, &mb, 4);
-    }
-    for (int64_t b = nb; b % 16; b++)
-        d[b] = 0.0f;
-    for (int64_t b = 0; b < nb; b += 16) {
-        v16f dv = LOAD16(d + b) / 127.0f; /* lanes past nb: 0, and r infinite (unused) */
-        STORE16(d + b, dv);
-        STORE16(r + b, 1.0f / dv);
-    }
-}
-
-/* Block b of x as int32 lanes q0 (elements 0-15) and q1, d and r its
- * scale and reciprocal (isa_avx512_act_scales). */
-static inline __attribute__((always_inline)) ISA_AVX512 void isa_avx512_act_block(const float *x, float d, float r,
-                                                                               v16i32 *q0, v16i32 *q1)
-{
-    v16f v0 = LOAD16(x), v1 = LOAD16(x + 16), t0 = v0 * r, t1 = v1 * r;
-    v16f n0 = __builtin_ia32_rndscaleps_mask(t0, 0, t0, 0xffff, 4); /* 0: nearest even */
-    v16f n1 = __builtin_ia32_rndscaleps_mask(t1, 0, t1, 0xffff, 4);
-    v16u32 e = __builtin_elementwise_max((v16u32)(t0 - n0) & 0x7fffffffu, (v16u32)(t1 - n1) & 0x7fffffffu);
-    /* 1: unsigned less than, lane by lane (a NaN's bits are not) */
-    unsigned short near = __builtin_ia32_ucmpd512_mask((v16i32)e, (v16i32){0} + (int32_t)ACT_NEAR_HALF, 1, 0xffff);
-    if (__builtin_expect(!(d >= 0x1p-100f) || near != 0xffff, 0)) {
-        int8_t t[32];
-        act_block(x, 32, t, &d);
-        *q0 = __builtin_convertvector(*(const v16i8 *)t, v16i32);
-        *q1 = __builtin_convertvector(*(const v16i8 *)(t + 16), v16i32);
-        return;
-    }
-    *q0 = __builtin_convertvector(n0, v16i32);
-    *q1 = __builtin_convertvector(n1, v16i32);
-}
-
-/* act_quantize(x, k, xq, dq), the same bytes. */
-static ISA_AVX512 void isa_avx512_act_quantize(const float *x, int64_t k, int8_t *xq, float *dq)
-{
-    int64_t nb = k / 32;
-    float d[nb + 16] __attribute__((aligned(64))), r[nb + 16] __attribute__((aligned(64)));
-    isa_avx512_act_scales(x, nb, d, r);
-    for (int64_t b = 0; b < nb; b++) {
-        v16i32 q0, q1;
-        isa_avx512_act_block(x + 32 * b, d[b], r[b], &q0, &q1);
-        *(v16i8 *)(xq + 32 * b) = __builtin_convertvector(q0, v16i8);
-        *(v16i8 *)(xq + 32 * b + 16) = __builtin_convertvector(q1, v16i8);
-        dq[b] = d[b];
-    }
-    if (32 * nb < k)
-        act_block(x + 32 * nb, k - 32 * nb, xq + 32 * nb, dq + nb);
-}
-
+/* ---- int8 inputs without act_block's division per element ----
+ * kernel_act.inc, once for AVX-512 (isa_avx512_*) and once for AVX2
+ * (isa_avx2_*: the 256-bit rows' kernels, AVX-VNNI's included). */
 typedef short v32i16 __attribute__((vector_size(64)));
 typedef int32_t v4i32 __attribute__((vector_size(16)));
 
-/* What act_quantize, pka8_x_prepare, pk_tail_dup (dup) and pka8_x_corr
- * (offset o; 0 for the dtypes that take no xc) give, for the 512-bit rows
- * (k % 32 == 0): each block's int32 lanes permuted into the halves' byte
- * order, then per superblock the eight inputs of each 32-bit lane summed
- * (vpmaddubsw, vpmaddwd: |sum| <= 8 * 127) for xc and dx4. */
-static ISA_AVX512 void isa_avx512_pka8_x(const float *x, int64_t k, int dup, int32_t o, int8_t *xqp, float *dq4,
-                                         float *dx4, int32_t *xc)
+/* Per 32-bit lane l of a superblock's packed inputs (the 64 bytes at xqp
+ * and the 64 after them: both nibble halves), the sum of its eight
+ * inputs (vpmaddubsw against ones, then vpmaddwd: |sum| <= 8 * 127). */
+static inline __attribute__((always_inline)) ISA_AVX512 void isa_avx512_lane_sums(const int8_t *xqp, v16i32 *out)
 {
-    int64_t nb = k / 32, nsb = (nb + 3) / 4;
-    float d[4 * nsb + 16] __attribute__((aligned(64))), r[4 * nsb + 16] __attribute__((aligned(64)));
-    isa_avx512_act_scales(x, nb, d, r);
-    for (int64_t b = nb; b < 4 * nsb; b++) { /* past k: zeros */
-        memset(xqp + 128 * (b / 4) + 16 * (b % 4), 0, 16);
-        memset(xqp + 128 * (b / 4) + 64 + 16 * (b % 4), 0, 16);
-        d[b] = 0.0f;
-    }
-    for (int64_t b = 0; b < nb; b++) {
-        v16i32 q0, q1;
-        isa_avx512_act_block(x + 32 * b, d[b], r[b], &q0, &q1);
-        /* lane 4 i + m of the low half: element 8 m + i; of the high one: 8 m + 4 + i */
-        v16i32 lo = __builtin_shufflevector(q0, q1, 0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
-        v16i32 hi = __builtin_shufflevector(q0, q1, 4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31);
-        int8_t *op = xqp + 128 * (b / 4) + 16 * (b % 4);
-        *(v16i8 *)op = __builtin_convertvector(lo, v16i8);
-        *(v16i8 *)(op + 64) = __builtin_convertvector(hi, v16i8);
-    }
-    for (int64_t sb = 0; sb < nsb; sb++) {
-        v64i8 ones = (v64i8){0} + 1;
-        v32i16 p = __builtin_ia32_pmaddubsw512(ones, *(const v64i8 *)(xqp + 128 * sb)) +
-                   __builtin_ia32_pmaddubsw512(ones, *(const v64i8 *)(xqp + 128 * sb + 64));
-        v16i32 sum = __builtin_ia32_pmaddwd512(p, (v32i16){0} + 1); /* lane l: its eight inputs */
-        *(v16i32 *)(xc + 16 * sb) = sum * -o;
-        sum += __builtin_shufflevector(sum, sum, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-        sum += __builtin_shufflevector(sum, sum, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-        v4f dv = *(const v4f *)(d + 4 * sb);
-        v4f dx = dv * __builtin_convertvector(__builtin_shufflevector(sum, sum, 0, 4, 8, 12), v4f);
-        memcpy(dq4 + 4 * sb, &dv, sizeof dv);
-        memcpy(dx4 + 4 * sb, &dx, sizeof dx);
-    }
-    if (dup) { /* superblock nsb: blocks 0, 1, 0, 1 of nsb - 1 */
-        pk_tail_dup(xqp, 128, dq4, dx4, nsb);
-        memcpy(xc + 16 * nsb, xc + 16 * (nsb - 1), 8 * sizeof *xc);
-        memcpy(xc + 16 * nsb + 8, xc + 16 * (nsb - 1), 8 * sizeof *xc);
-    }
+    v64i8 ones = (v64i8){0} + 1;
+    v32i16 p = __builtin_ia32_pmaddubsw512(ones, *(const v64i8 *)xqp) +
+               __builtin_ia32_pmaddubsw512(ones, *(const v64i8 *)(xqp + 64));
+    *out = __builtin_ia32_pmaddwd512(p, (v32i16){0} + 1);
+}
+
+/* (a v16i32 result through a pointer: returned, it would change the ABI
+ * of a 256-bit function) */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_lane_sums(const int8_t *xqp, v16i32 *out)
+{
+    v32c ones = (v32c){0} + 1;
+    v16i16 one16 = (v16i16){0} + 1;
+    v8i32 s[2];
+    UNROLL4
+    for (int h = 0; h < 2; h++)
+        s[h] = __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256(ones, *(const v32c *)(xqp + 32 * h)) +
+                                             __builtin_ia32_pmaddubsw256(ones, *(const v32c *)(xqp + 64 + 32 * h)),
+                                         one16);
+    *out = __builtin_shufflevector(s[0], s[1], 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+#define ACT(name) isa_avx512_##name
+#define ACT_ATTR ISA_AVX512
+#include "codegen/cpu/kernel_act.inc"
+#undef ACT
+#undef ACT_ATTR
+#define ACT(name) isa_avx2_##name
+#define ACT_ATTR ISA_AVX2
+#include "codegen/cpu/kernel_act.inc"
+#undef ACT
+#undef ACT_ATTR
+
+/* act_quantize by the widest kernel the CPU runs. */
+static void act_quantize_best(const float *x, int64_t k, int8_t *xq, float *dq)
+{
+    if (megac_k_isa & KT_ISA_AVX512)
+        isa_avx512_act_quantize(x, k, xq, dq);
+    else if (megac_k_isa & KT_ISA_AVX2)
+        isa_avx2_act_quantize(x, k, xq, dq);
+    else
+        act_quantize(x, k, xq, dq);
 }
 
 /* dot16(acc, u, s): acc += four u8 x s8 products per lane, for each
@@ -4638,20 +4562,19 @@ static void gemv_pka8(int t, const GemvSeg *sg, int ns, const float *x, int64_t 
             rows(&sg[i], xqp, dq4, dx4, xc, k);
         return;
     }
-    int8_t xq[k];
-    float dq[k / 32];
-    act_quantize(x, k, xq, dq);
-    pka8_x_prepare(xq, dq, k, xqp, dq4, dx4);
     /* The 256-bit rows (AVX-VNNI, or AVX2, without AVX-512 VNNI) take x as
      * prepared and, for Q4_0A8 and Q5_0A8, xc; the portable ones
      * (PKA8_ROWS) also take the duplicated tail (and xc over it). */
     if (megac_k_isa & (KT_ISA_AVXVNNI | KT_ISA_AVX2)) {
-        if (PKA8_FOLD(t))
-            pka8_x_corr(xqp, nsb, pka8_fold_o(t), xc);
+        isa_avx2_pka8_x(x, k, 0, pka8_fold_o(t), xqp, dq4, dx4, xc);
         for (int i = 0; i < ns; i++)
             Q256_PICK(pka8_seg)(t, &sg[i], xqp, dq4, dx4, xc, k);
         return;
     }
+    int8_t xq[k];
+    float dq[k / 32];
+    act_quantize(x, k, xq, dq);
+    pka8_x_prepare(xq, dq, k, xqp, dq4, dx4);
     if (k / 32 % 4 == 2)
         pk_tail_dup(xqp, 128, dq4, dx4, nsb);
     if (PKA8_FOLD(t))
@@ -4774,10 +4697,7 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
     }
     int8_t xq[k];
     float dq[(k + 31) / 32];
-    if (megac_k_isa & KT_ISA_AVX512)
-        isa_avx512_act_quantize(x, k, xq, dq);
-    else
-        act_quantize(x, k, xq, dq);
+    act_quantize_best(x, k, xq, dq);
     int l = qlayout(t);
     if (dtype_is_kquant((DType)l) && (megac_k_isa & KT_ISA_VNNI512)) {
         isa_vnni512_gemv_kqa8(l, sg, ns, xq, dq, k);
@@ -6228,7 +6148,7 @@ static int sync_wait(const MegacArgs *a, uint32_t worker, uint32_t pc, uint32_t 
 #define PROF_CLASSES 16
 enum { PROF_WAIT = OP_COUNT, PROF_SIGNAL, PROF_SLOTS };
 static struct {
-    uint64_t cyc[PROF_SLOTS], gemv_bytes, steps, gemv_prep;
+    uint64_t cyc[PROF_SLOTS], gemv_bytes, steps, gemv_prep, wc[8];
     uint64_t dt_cyc[DT_COUNT], dt_bytes[DT_COUNT]; /* GEMVs by weight dtype */
     struct { int64_t k; int lg; uint64_t cyc, bytes, runs; } cls[PROF_CLASSES]; /* GEMV runs by class */
     int ncls;
@@ -6271,6 +6191,9 @@ __attribute__((destructor)) static void prof_print(void)
                 fprintf(stderr, "; %s %.1f%% at %.2f", prof_dt_names[t],
                         100.0 * (double)prof[w].dt_cyc[t] / (double)tot,
                         (double)prof[w].dt_bytes[t] / (double)prof[w].dt_cyc[t]);
+        fprintf(stderr, " waits:");
+        for (int c = 0; c < 8; c++)
+            fprintf(stderr, " %d:%.1f%%", c, 100.0 * (double)prof[w].wc[c] / (double)tot);
         fputc('\n', stderr);
         for (int c = 0; c < prof[w].ncls; c++)
             fprintf(stderr, "  gemv runs of k %ld, %lu-%lu KiB: %.1f a step, %.1f%% of cycles, %.2f bytes/cycle\n",
@@ -6388,6 +6311,12 @@ void megac_worker(const MegacArgs *a, uint32_t worker)
         case K_INST_WAIT:
             if (!sync_wait(a, worker, (uint32_t)(i - first), (uint32_t)in[KT_COUNTER], (uint32_t)in[KT_AMOUNT]))
                 return;
+#ifdef MEGAC_CPU_PROFILE
+            if (worker < PROF_WORKERS) {
+                uint64_t now_ = prof_now();
+                prof[worker].wc[(in[KT_COUNTER] + 7) % 8] += now_ - prof_t0;
+            }
+#endif
             PROF_END(worker, PROF_WAIT);
             break;
         default:
