@@ -6148,7 +6148,7 @@ static int sync_wait(const MegacArgs *a, uint32_t worker, uint32_t pc, uint32_t 
 #define PROF_CLASSES 16
 enum { PROF_WAIT = OP_COUNT, PROF_SIGNAL, PROF_SLOTS };
 static struct {
-    uint64_t cyc[PROF_SLOTS], gemv_bytes, steps, gemv_prep, wc[8];
+    uint64_t cyc[PROF_SLOTS], gemv_bytes, steps, gemv_prep;
     uint64_t dt_cyc[DT_COUNT], dt_bytes[DT_COUNT]; /* GEMVs by weight dtype */
     struct { int64_t k; int lg; uint64_t cyc, bytes, runs; } cls[PROF_CLASSES]; /* GEMV runs by class */
     int ncls;
@@ -6191,9 +6191,6 @@ __attribute__((destructor)) static void prof_print(void)
                 fprintf(stderr, "; %s %.1f%% at %.2f", prof_dt_names[t],
                         100.0 * (double)prof[w].dt_cyc[t] / (double)tot,
                         (double)prof[w].dt_bytes[t] / (double)prof[w].dt_cyc[t]);
-        fprintf(stderr, " waits:");
-        for (int c = 0; c < 8; c++)
-            fprintf(stderr, " %d:%.1f%%", c, 100.0 * (double)prof[w].wc[c] / (double)tot);
         fputc('\n', stderr);
         for (int c = 0; c < prof[w].ncls; c++)
             fprintf(stderr, "  gemv runs of k %ld, %lu-%lu KiB: %.1f a step, %.1f%% of cycles, %.2f bytes/cycle\n",
@@ -6311,12 +6308,6 @@ void megac_worker(const MegacArgs *a, uint32_t worker)
         case K_INST_WAIT:
             if (!sync_wait(a, worker, (uint32_t)(i - first), (uint32_t)in[KT_COUNTER], (uint32_t)in[KT_AMOUNT]))
                 return;
-#ifdef MEGAC_CPU_PROFILE
-            if (worker < PROF_WORKERS) {
-                uint64_t now_ = prof_now();
-                prof[worker].wc[(in[KT_COUNTER] + 7) % 8] += now_ - prof_t0;
-            }
-#endif
             PROF_END(worker, PROF_WAIT);
             break;
         default:
