@@ -2376,13 +2376,14 @@ static inline __attribute__((always_inline)) int x_integer_ok(const float *x, in
 
 /* The fixed point's scales of x's nb blocks of 32 (x finite:
  * x_integer_ok): inv[b] = PKQ_MAX / max|x_b| and u[b] = max|x_b| / PKQ_MAX,
- * both 0 for a block of zeros; inv and u hold nb rounded up to 16. All the
- * maxima first, then the divisions 16 blocks at a time (the same values):
- * done block by block, each block's maximum, divisions and cut made one
- * chain, and SmolLM2-135M's Q4_0 step with exact inputs spent 5.5% of its
- * cycles preparing them on the Xeon host (the cycle profile's "inputs"). */
-static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_cut_scales(const float *x, int64_t nb,
-                                                                                   float *inv, float *u)
+ * both 0 for a block of zeros; inv holds nb rounded up to 16, u nb. All
+ * the maxima first, then the divisions 16 blocks at a time (the same
+ * values): done block by block, each block's maximum, divisions and cut
+ * made one chain, and SmolLM2-135M's Q4_0 step with exact inputs spent
+ * 5.5% of its cycles preparing them on the Xeon host (the cycle profile's
+ * "inputs"). Generic vector code, inlined into each instruction set's
+ * kernels (the AVX-512 VNNI and the 256-bit ones). */
+static inline __attribute__((always_inline)) void cut_scales(const float *x, int64_t nb, float *inv, float *u)
 {
     for (int64_t b = 0; b < nb; b++) { /* |x| as integers: same order as the floats */
         v16u32 m2 = __builtin_elementwise_max((v16u32)LOAD16(x + 32 * b) & 0x7fffffffu,
@@ -2395,12 +2396,13 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_cut_sc
     for (int64_t b = 0; b < nb; b += 16) {
         v16f amax = LOAD16(inv + b);
         v16i32 pos = (v16i32)(amax > 0.0f);
+        v16f uv = (v16f)((v16i32)(amax / PKQ_MAX) & pos);
         STORE16(inv + b, (v16f)((v16i32)(PKQ_MAX / amax) & pos));
-        STORE16(u + b, (v16f)((v16i32)(amax / PKQ_MAX) & pos));
+        memcpy(u + b, &uv, sizeof(float) * (size_t)(nb - b < 16 ? nb - b : 16));
     }
 }
 
-/* Block x[0:32] as fixed point (inv: its cut_scales one): the three
+/* Block x[0:32] as fixed point (inv: cut_scales's): the three
  * planes of its halves into a and b. */
 static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_block_cut(const float *x, float inv,
                                                                                   v16i32 a[3], v16i32 b[3])
@@ -2420,7 +2422,7 @@ static ISA_VNNI512 int isa_vnni512_pkq_x_prepare(const float *x, int64_t k, int 
     if (!x_integer_ok(x, k, NULL))
         return 0;
     float inv[nb + 16] __attribute__((aligned(64))), u[nb + 16] __attribute__((aligned(64)));
-    isa_vnni512_cut_scales(x, nb, inv, u);
+    cut_scales(x, nb, inv, u);
     memset(xq + 384 * (nb / 4), 0, (size_t)(384 * (nsb - nb / 4)));
     for (int64_t blk = 0; blk < 4 * nsb; blk++)
         ub[blk] = blk < nb ? u[blk] : 0.0f;
@@ -2633,14 +2635,14 @@ static ISA_VNNI512 int isa_vnni512_gemv_nibq(int t, const GemvSeg *sg, int ns, c
  *               the 128, part 1 (high nibbles) 32-63 and 96-127;
  *   Q6_K:       part 0 (ql's low nibbles) elements 0-63, part 1 64-127. */
 
-/* xq and ub (one u per block of 32, k / 32 rounded up to 16 of them) for
- * kq rows of k (k % 256 == 0); 0 where x_integer_ok() is not. */
+/* xq and ub (one u per block of 32) for kq rows of k (k % 256 == 0);
+ * 0 where x_integer_ok() is not. */
 static ISA_VNNI512 int isa_vnni512_kq_x_prepare(int q6, const float *x, int64_t k, int8_t *xq, float *ub)
 {
     if (!x_integer_ok(x, k, NULL))
         return 0;
     float inv[k / 32 + 16] __attribute__((aligned(64)));
-    isa_vnni512_cut_scales(x, k / 32, inv, ub);
+    cut_scales(x, k / 32, inv, ub);
     for (int64_t blk = 0; blk < k / 32; blk++) {
         int j = (int)(blk % 4), part = q6 ? j / 2 : j % 2, half = q6 ? j % 2 : j / 2;
         int8_t *o = xq + 384 * (blk / 4) + 64 * part + 32 * half;
@@ -2844,7 +2846,7 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_row
 static ISA_VNNI512 int isa_vnni512_gemv_kq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
     int8_t xq[3 * k] __attribute__((aligned(64)));
-    float ub[k / 32 + 16] __attribute__((aligned(64))), xs[k / 16]; /* ub: isa_vnni512_cut_scales */
+    float ub[k / 32], xs[k / 16];
     if (!isa_vnni512_kq_x_prepare(t == DT_Q6_K, x, k, xq, ub))
         return 0;
     /* vector sums (a scalar loop here was one chain of k dependent adds,
@@ -2913,15 +2915,15 @@ static inline __attribute__((always_inline)) ISA_VNNI512 v16i32 isa_vnni512_q8x_
     return isa_vnni512_dot(a, u, x0) - cv;
 }
 
-/* x's planes into xq (3 k bytes), u_b into ub (k / 32 rounded up to 16
- * floats) and 128 (sum of xi over elements 4 l..4 l + 3) into corr[l];
- * k % 64 == 0. 0 (nothing usable) where x_integer_ok() is not. */
+/* x's planes into xq (3 k bytes), u_b into ub and 128 (sum of xi over
+ * elements 4 l..4 l + 3) into corr[l]; k % 64 == 0. 0 (nothing usable)
+ * where x_integer_ok() is not. */
 static ISA_VNNI512 int isa_vnni512_q8x_prepare(const float *x, int64_t k, int8_t *xq, float *ub, int32_t *corr)
 {
     if (!x_integer_ok(x, k, NULL))
         return 0;
     float inv[k / 32 + 16] __attribute__((aligned(64)));
-    isa_vnni512_cut_scales(x, k / 32, inv, ub);
+    cut_scales(x, k / 32, inv, ub);
     for (int64_t blk = 0; blk < k / 32; blk++) {
         v16i32 h[2][3];
         isa_vnni512_block_cut(x + 32 * blk, inv[blk], h[0], h[1]);
@@ -3698,7 +3700,7 @@ static ISA_AVX2 void isa_avx2_gemv_packed(int t, const GemvSeg *sg, int ns, cons
     pk_segs(isa_avx2_pk_rows4, t, sg, ns, xp, xs, k);
 }
 
-/* Block x[0:32]'s planes (pl[0]: X2, the top) as isa_vnni512_block_cut
+/* Block x[0:32]'s planes (pl[0]: X2, the top; inv: cut_scales's) as isa_vnni512_block_cut
  * cuts them, in the packed rows' byte order or, with natural, in element
  * order (the k-quant and W4G64/W4G128 rows), with 8-lane ops (the 16-lane
  * generic code took ~100 more cycles per block than the float kernel's
@@ -3708,23 +3710,13 @@ static ISA_AVX2 void isa_avx2_gemv_packed(int t, const GemvSeg *sg, int ns, cons
  * of lane 0 and 8 m + 4 + i in lane 1, and a byte shuffle within lanes
  * turns dword m byte i into byte 4 i + m (a dword permutation puts them
  * back in element order). */
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_cut(const float *x, float *u, int natural,
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_cut(const float *x, float inv, int natural,
                                                                            v32c pl[3])
 {
     const v32c tr = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
                      0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
     v8u32 a[4];
     memcpy(a, x, 128);
-    v8u32 m8 = __builtin_elementwise_max(__builtin_elementwise_max(a[0] & 0x7fffffffu, a[1] & 0x7fffffffu),
-                                         __builtin_elementwise_max(a[2] & 0x7fffffffu, a[3] & 0x7fffffffu));
-    v4u32 m4 = __builtin_elementwise_max(__builtin_shufflevector(m8, m8, 0, 1, 2, 3),
-                                         __builtin_shufflevector(m8, m8, 4, 5, 6, 7));
-    m4 = __builtin_elementwise_max(m4, __builtin_shufflevector(m4, m4, 2, 3, 0, 1));
-    m4 = __builtin_elementwise_max(m4, __builtin_shufflevector(m4, m4, 1, 0, 3, 2));
-    float amax;
-    memcpy(&amax, &m4, 4);
-    float inv = amax > 0 ? PKQ_MAX / amax : 0.0f;
-    *u = amax > 0 ? amax / PKQ_MAX : 0.0f;
     v8i32 y[4];
     UNROLL4
     for (int j = 0; j < 4; j++) /* nearest integer, ties to even (as isa_vnni512_pkq_cut) */
@@ -3748,11 +3740,11 @@ static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_cut(cons
 /* The packed rows' planes of block x[0:32] at o (xq + 384 (blk / 4) + 16
  * (blk % 4)): 16 bytes of low-nibble order, 16 of high, per plane; with
  * natural, elements 0-15 and 16-31 (W4G64/W4G128 records' chunks). */
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_block(const float *x, float *u, int natural,
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_pkq_block(const float *x, float inv, int natural,
                                                                              int8_t *o)
 {
     v32c pl[3];
-    isa_avx2_pkq_cut(x, u, natural, pl);
+    isa_avx2_pkq_cut(x, inv, natural, pl);
     UNROLL4
     for (int p = 0; p < 3; p++) { /* pl[0]: the top plane */
         memcpy(o + 128 * p, &pl[p], 16);
@@ -3767,11 +3759,13 @@ static inline __attribute__((always_inline)) ISA_AVX2 int isa_avx2_pkq_x_prepare
     int64_t nb = k / 32, nsb = (nb + 3) / 4;
     if (!x_integer_ok(x, k, NULL))
         return 0;
+    float inv[nb + 16] __attribute__((aligned(64)));
+    cut_scales(x, nb, inv, ub);
     memset(xq + 384 * (nb / 4), 0, (size_t)(384 * (nsb - nb / 4)));
     for (int64_t blk = nb; blk < 4 * nsb; blk++)
         ub[blk] = 0.0f;
     for (int64_t blk = 0; blk < nb; blk++)
-        isa_avx2_pkq_block(x + 32 * blk, &ub[blk], natural, xq + 384 * (blk / 4) + 16 * (blk % 4));
+        isa_avx2_pkq_block(x + 32 * blk, inv[blk], natural, xq + 384 * (blk / 4) + 16 * (blk % 4));
     return 1;
 }
 
@@ -3902,10 +3896,12 @@ static inline __attribute__((always_inline)) ISA_AVX2 int isa_avx2_kq_x_prepare(
 {
     if (!x_integer_ok(x, k, NULL))
         return 0;
+    float inv[k / 32 + 16] __attribute__((aligned(64)));
+    cut_scales(x, k / 32, inv, ub);
     for (int64_t blk = 0; blk < k / 32; blk++) {
         int8_t *o = xq + kq_x_block_at(q6, 3, blk);
         v32c pl[3];
-        isa_avx2_pkq_cut(x + 32 * blk, &ub[blk], 1, pl);
+        isa_avx2_pkq_cut(x + 32 * blk, inv[blk], 1, pl);
         UNROLL4
         for (int p = 0; p < 3; p++)
             memcpy(o + 128 * p, &pl[p], 32);
@@ -3997,9 +3993,11 @@ static ISA_AVXVNNI int isa_avxvnni_q8x_prepare(const float *x, int64_t k, int8_t
         return 0;
     const v8u32 ones = {0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u,
                         0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u};
+    float inv[k / 32 + 16] __attribute__((aligned(64)));
+    cut_scales(x, k / 32, inv, ub);
     for (int64_t blk = 0; blk < k / 32; blk++) {
         v32c pl[3];
-        isa_avx2_pkq_cut(x + 32 * blk, &ub[blk], 1, pl);
+        isa_avx2_pkq_cut(x + 32 * blk, inv[blk], 1, pl);
         UNROLL4
         for (int p = 0; p < 3; p++)
             memcpy(xq + p * k + 32 * blk, &pl[p], 32);
