@@ -521,6 +521,19 @@ Test(cpu_quant_perf, every_dtype_cascadelake)
     check_all("cascadelake", 224);
 }
 
+/* AVX-512 without VNNI (Skylake-X): the int8 inputs by the AVX-512
+ * quantizer (kernel_act.inc), the packed A8 rows by the 256-bit ones and
+ * their AVX2 preparation; needs a host that runs AVX-512 BW/VL/DQ. */
+Test(cpu_quant_perf, every_dtype_skylake_avx512)
+{
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq"))
+        cr_skip_test("this host cannot run Skylake-X code (AVX-512)");
+    check_all("skylake-avx512", 576);
+    check_all("skylake-avx512", 224); /* a short superblock of 3 */
+}
+
 /* AVX-VNNI without AVX-512 (its 256-bit vpdpbusd kernels: the A8 rows,
  * and kernel_q256.inc's against x's planes); needs a host that runs
  * avxvnni. */
