@@ -2421,11 +2421,11 @@ static ISA_VNNI512 int isa_vnni512_pkq_x_prepare(const float *x, int64_t k, int 
     int64_t nb = k / 32, nsb = (nb + 3) / 4;
     if (!x_integer_ok(x, k, NULL))
         return 0;
-    float inv[nb + 16] __attribute__((aligned(64))), u[nb + 16] __attribute__((aligned(64)));
-    cut_scales(x, nb, inv, u);
+    float inv[nb + 16] __attribute__((aligned(64)));
+    cut_scales(x, nb, inv, ub);
     memset(xq + 384 * (nb / 4), 0, (size_t)(384 * (nsb - nb / 4)));
-    for (int64_t blk = 0; blk < 4 * nsb; blk++)
-        ub[blk] = blk < nb ? u[blk] : 0.0f;
+    for (int64_t blk = nb; blk < 4 * nsb; blk++)
+        ub[blk] = 0.0f;
     for (int64_t blk = 0; blk < nb; blk++) {
         int8_t *o = xq + 384 * (blk / 4) + 16 * (blk % 4);
         v16i32 a[3], b[3];
@@ -4553,30 +4553,26 @@ static void gemv_pka8(int t, const GemvSeg *sg, int ns, const float *x, int64_t 
     int8_t xqp[128 * (nsb + 1)] __attribute__((aligned(64)));
     float dq4[4 * (nsb + 1)] __attribute__((aligned(16))), dx4[4 * (nsb + 1)] __attribute__((aligned(16)));
     int32_t xc[16 * (nsb + 1)] __attribute__((aligned(64)));
+    /* The 256-bit rows (AVX-VNNI, or AVX2, without AVX-512 VNNI) take x as
+     * prepared and, for Q4_0A8 and Q5_0A8, xc; the 512-bit and portable
+     * ones (PKA8_ROWS) also take the duplicated tail (and xc over it). */
     if (megac_k_isa & KT_ISA_VNNI512) {
         isa_avx512_pka8_x(x, k, k / 32 % 4 == 2, pka8_fold_o(t), xqp, dq4, dx4, xc);
-        Pka8RowsFn rows = pka8_rows_fn(t);
-        for (int i = 0; i < ns; i++)
-            rows(&sg[i], xqp, dq4, dx4, xc, k);
-        return;
-    }
-    /* The 256-bit rows (AVX-VNNI, or AVX2, without AVX-512 VNNI) take x as
-     * prepared and, for Q4_0A8 and Q5_0A8, xc; the portable ones
-     * (PKA8_ROWS) also take the duplicated tail (and xc over it). */
-    if (megac_k_isa & (KT_ISA_AVXVNNI | KT_ISA_AVX2)) {
+    } else if (megac_k_isa & (KT_ISA_AVXVNNI | KT_ISA_AVX2)) {
         isa_avx2_pka8_x(x, k, 0, pka8_fold_o(t), xqp, dq4, dx4, xc);
         for (int i = 0; i < ns; i++)
             Q256_PICK(pka8_seg)(t, &sg[i], xqp, dq4, dx4, xc, k);
         return;
+    } else {
+        int8_t xq[k];
+        float dq[k / 32];
+        act_quantize(x, k, xq, dq);
+        pka8_x_prepare(xq, dq, k, xqp, dq4, dx4);
+        if (k / 32 % 4 == 2)
+            pk_tail_dup(xqp, 128, dq4, dx4, nsb);
+        if (PKA8_FOLD(t))
+            pka8_x_corr(xqp, nsb + (k / 32 % 4 == 2), pka8_fold_o(t), xc);
     }
-    int8_t xq[k];
-    float dq[k / 32];
-    act_quantize(x, k, xq, dq);
-    pka8_x_prepare(xq, dq, k, xqp, dq4, dx4);
-    if (k / 32 % 4 == 2)
-        pk_tail_dup(xqp, 128, dq4, dx4, nsb);
-    if (PKA8_FOLD(t))
-        pka8_x_corr(xqp, nsb + (k / 32 % 4 == 2), pka8_fold_o(t), xc);
     Pka8RowsFn rows = pka8_rows_fn(t);
     for (int i = 0; i < ns; i++)
         rows(&sg[i], xqp, dq4, dx4, xc, k);
