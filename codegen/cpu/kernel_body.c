@@ -2374,6 +2374,23 @@ static inline __attribute__((always_inline)) int x_integer_ok(const float *x, in
     return mb < 0x7f800000u && (mb == 0 || mb >= 0x1f800000u); /* 0x1f800000: 2^-64 */
 }
 
+/* max|x| of each of x's nb blocks of 32 into m[0:nb] (NaNs count as 0),
+ * and zeros after it to a multiple of 16 (m holds that many): the first
+ * pass of cut_scales and of kernel_act.inc's act_scales. */
+static inline __attribute__((always_inline)) void block_amax(const float *x, int64_t nb, float *m)
+{
+    for (int64_t b = 0; b < nb; b++) { /* |x| as integers: same order as the floats */
+        v16u32 u0 = (v16u32)LOAD16(x + 32 * b) & 0x7fffffffu, u1 = (v16u32)LOAD16(x + 32 * b + 16) & 0x7fffffffu;
+        u0 &= (v16u32)(u0 <= 0x7f800000u);
+        u1 &= (v16u32)(u1 <= 0x7f800000u);
+        v16u32 mx = __builtin_elementwise_max(u0, u1);
+        uint32_t mb = hmax16u(&mx);
+        memcpy(m + b, &mb, 4);
+    }
+    for (int64_t b = nb; b % 16; b++)
+        m[b] = 0.0f;
+}
+
 /* The fixed point's scales of x's nb blocks of 32 (x finite:
  * x_integer_ok): inv[b] = PKQ_MAX / max|x_b| and u[b] = max|x_b| / PKQ_MAX,
  * both 0 for a block of zeros; inv holds nb rounded up to 16, u nb. All
@@ -2385,14 +2402,7 @@ static inline __attribute__((always_inline)) int x_integer_ok(const float *x, in
  * kernels (the AVX-512 VNNI and the 256-bit ones). */
 static inline __attribute__((always_inline)) void cut_scales(const float *x, int64_t nb, float *inv, float *u)
 {
-    for (int64_t b = 0; b < nb; b++) { /* |x| as integers: same order as the floats */
-        v16u32 m2 = __builtin_elementwise_max((v16u32)LOAD16(x + 32 * b) & 0x7fffffffu,
-                                              (v16u32)LOAD16(x + 32 * b + 16) & 0x7fffffffu);
-        uint32_t m = hmax16u(&m2);
-        memcpy(inv + b, &m, 4);
-    }
-    for (int64_t b = nb; b % 16; b++)
-        inv[b] = 0.0f;
+    block_amax(x, nb, inv);
     for (int64_t b = 0; b < nb; b += 16) {
         v16f amax = LOAD16(inv + b);
         v16i32 pos = (v16i32)(amax > 0.0f);
