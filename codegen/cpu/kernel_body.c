@@ -4316,7 +4316,7 @@ static void act_quantize_best(const float *x, int64_t k, int8_t *xq, float *dq)
 
 /* Superblock sb of the four rows, nblk of its blocks (a constant 4 in
  * the main loop, so its loads and conversions are fixed-size). */
-#define PKA8_SB(dot16, nblk, T)                                                                              \
+#define PKA8_SB(dot16, hi4, nblk, T)                                                                              \
     do {                                                                                                     \
         v16u32 xl = *(const v16u32 *)(xqp + 128 * sb), xh = *(const v16u32 *)(xqp + 128 * sb + 64);           \
         v4f dq = *(const v4f *)(dq4 + 4 * sb), dx = *(const v4f *)(dx4 + 4 * sb);                             \
@@ -4330,7 +4330,7 @@ static void act_quantize_best(const float *x, int64_t k, int8_t *xq, float *dq)
                 v = *(const v16u32a1 *)(w + 4 * PKA8_HDR(T));                                                \
             else                                                                                             \
                 pk_load_short(w + PKA8_HDR(T) * (nblk), (nblk), &v);                                         \
-            v16u32 lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu;                                        \
+            v16u32 lo = v & 0x0f0f0f0fu, hi = hi4(v);                                                        \
             if (PKA8_Q5(T)) {                                                                                \
                 v4u32 qh;                                                                                    \
                 PKA8_QH(T, w, (nblk), qh);                                                                   \
@@ -4352,14 +4352,14 @@ static void act_quantize_best(const float *x, int64_t k, int8_t *xq, float *dq)
 /* The short last superblocks of rows i0 and i1 (two blocks each) as one,
  * as pk_tail2 takes them: row i0's nibbles in lanes 0-7, i1's in 8-15,
  * against superblock sb + 1's inputs (pk_tail_dup: sb's duplicated). */
-#define PKA8_TAIL2(dot16, T, i0, i1)                                                                           \
+#define PKA8_TAIL2(dot16, hi4, T, i0, i1)                                                                           \
     do {                                                                                                     \
         const unsigned char *w0 = row[i0] + 4 * (PKA8_HDR(T) + 16) * sb, *w1 = row[i1] + 4 * (PKA8_HDR(T) + 16) * sb; \
         v16u32 xl = *(const v16u32 *)(xqp + 128 * (sb + 1)), xh = *(const v16u32 *)(xqp + 128 * (sb + 1) + 64); \
         v4f dq = *(const v4f *)(dq4 + 4 * (sb + 1)), dx = *(const v4f *)(dx4 + 4 * (sb + 1)), o4 = {0};        \
         v16u32 v, q5;                                                                                        \
         pk_pair_nibbles(w0, w1, PKA8_HDR(T), &v);                                                            \
-        v16u32 lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu;                                            \
+        v16u32 lo = v & 0x0f0f0f0fu, hi = hi4(v);                                                            \
         if (PKA8_Q5(T)) {                                                                                    \
             pk_pair_qh(w0, w1, (T) == DT_Q5_0A8 ? 4 : 8, &q5);                                               \
             PKA8_FOLD5(q5, lo, hi);                                                                          \
@@ -4385,7 +4385,7 @@ static void act_quantize_best(const float *x, int64_t k, int8_t *xq, float *dq)
  * superblocks, then the nb % 4 blocks left over as a short one (zeros
  * past them, in the weights as in xqp; two rows' two-block ones as one,
  * PKA8_TAIL2), into out[4]; tws (if any) asks for the lines ahead. */
-#define PKA8_QUAD(dot16, T, row, out, tws)                                                             \
+#define PKA8_QUAD(dot16, hi4, T, row, out, tws)                                                             \
     do {                                                                                               \
         v16f acc[4] = {{0}, {0}, {0}, {0}};                                                            \
         v4f off[4] = {{0}, {0}, {0}, {0}};                                                             \
@@ -4393,13 +4393,13 @@ static void act_quantize_best(const float *x, int64_t k, int8_t *xq, float *dq)
         for (; sb < nb / 4; sb++) {                                                                    \
             if (tws)                                                                                   \
                 ws_trickle(tws, 16 * (PKA8_HDR(T) + 16));                                              \
-            PKA8_SB(dot16, 4, T);                                                                      \
+            PKA8_SB(dot16, hi4, 4, T);                                                                      \
         }                                                                                              \
         if (nb % 4 == 2) {                                                                             \
-            PKA8_TAIL2(dot16, T, 0, 1);                                                                \
-            PKA8_TAIL2(dot16, T, 2, 3);                                                                \
+            PKA8_TAIL2(dot16, hi4, T, 0, 1);                                                                \
+            PKA8_TAIL2(dot16, hi4, T, 2, 3);                                                                \
         } else if (nb % 4) {                                                                           \
-            PKA8_SB(dot16, (int)(nb % 4), T);                                                          \
+            PKA8_SB(dot16, hi4, (int)(nb % 4), T);                                                          \
         }                                                                                              \
         v4f o_ = hsum16x4(acc);                                                                        \
         if (!PKA8_FOLD(T))                                                                             \
@@ -4408,23 +4408,24 @@ static void act_quantize_best(const float *x, int64_t k, int8_t *xq, float *dq)
     } while (0)
 
 /* Rows [r0, r1) four at a time (SEG_QUADS). */
-#define PKA8_ROWS(name, attr, dot16, T)                                                                        \
+#define PKA8_ROWS(name, attr, dot16, hi4, T)                                                                        \
     static attr void name(const GemvSeg *g, const int8_t *xqp, const float *dq4, const float *dx4,            \
                           const int32_t *xc, int64_t k)                                                      \
     {                                                                                                        \
         int64_t rb = qrow_bytes(T, k), nb = k / 32;                                                         \
-        SEG_QUADS(g, rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_, PKA8_QUAD(dot16, T, row, out, ws));       \
+        SEG_QUADS(g, rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_, PKA8_QUAD(dot16, hi4, T, row, out, ws));       \
     }
-PKA8_ROWS(pka8_portable_rows, , PKA8_DOT16_PORTABLE, DT_W4A8G32)
-PKA8_ROWS(isa_vnni512_pka8_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_W4A8G32)
-PKA8_ROWS(pka8_portable_q4_1_rows, , PKA8_DOT16_PORTABLE, DT_Q4_1A8)
-PKA8_ROWS(isa_vnni512_pka8_q4_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q4_1A8)
-PKA8_ROWS(pka8_portable_q4_0_rows, , PKA8_DOT16_PORTABLE, DT_Q4_0A8)
-PKA8_ROWS(isa_vnni512_pka8_q4_0_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q4_0A8)
-PKA8_ROWS(pka8_portable_q5_0_rows, , PKA8_DOT16_PORTABLE, DT_Q5_0A8)
-PKA8_ROWS(isa_vnni512_pka8_q5_0_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q5_0A8)
-PKA8_ROWS(pka8_portable_q5_1_rows, , PKA8_DOT16_PORTABLE, DT_Q5_1A8)
-PKA8_ROWS(isa_vnni512_pka8_q5_1_rows, ISA_VNNI512, PKA8_DOT16_VNNI512, DT_Q5_1A8)
+#define PKA8_HI_SHIFT(v) (((v) >> 4) & 0x0f0f0f0fu)
+#define PKA8_TYPES(pre, attr, dot16, hi4)                               \
+    PKA8_ROWS(pre##_rows, attr, dot16, hi4, DT_W4A8G32)               \
+    PKA8_ROWS(pre##_q4_0_rows, attr, dot16, hi4, DT_Q4_0A8)           \
+    PKA8_ROWS(pre##_q4_1_rows, attr, dot16, hi4, DT_Q4_1A8)           \
+    PKA8_ROWS(pre##_q5_0_rows, attr, dot16, hi4, DT_Q5_0A8)           \
+    PKA8_ROWS(pre##_q5_1_rows, attr, dot16, hi4, DT_Q5_1A8)
+PKA8_TYPES(pka8_portable, , PKA8_DOT16_PORTABLE, PKA8_HI_SHIFT)
+PKA8_TYPES(isa_vnni512_pka8, ISA_VNNI512, PKA8_DOT16_VNNI512, PKA8_HI_SHIFT)
+/* with GFNI, each byte's high nibble by one vgf2p8affineqb (isa_gfni512_hi) */
+PKA8_TYPES(isa_gfni512_pka8, ISA_GFNI512, PKA8_DOT16_VNNI512, isa_gfni512_hi)
 
 /* The 256-bit rows (AVX2, AVX-VNNI), one row after another with the
  * row's sums in registers (Zen 3: one sequential weight stream decoded
@@ -4536,6 +4537,12 @@ typedef void (*Pka8RowsFn)(const GemvSeg *, const int8_t *, const float *, const
 /* The PKA8_ROWS function for t: AVX-512 VNNI's or the portable one. */
 static Pka8RowsFn pka8_rows_fn(int t)
 {
+    if (megac_k_isa & KT_ISA_GFNI512)
+        return t == DT_Q4_0A8   ? isa_gfni512_pka8_q4_0_rows
+               : t == DT_Q4_1A8 ? isa_gfni512_pka8_q4_1_rows
+               : t == DT_Q5_0A8 ? isa_gfni512_pka8_q5_0_rows
+               : t == DT_Q5_1A8 ? isa_gfni512_pka8_q5_1_rows
+                                : isa_gfni512_pka8_rows;
     if (megac_k_isa & KT_ISA_VNNI512)
         return t == DT_Q4_0A8   ? isa_vnni512_pka8_q4_0_rows
                : t == DT_Q4_1A8 ? isa_vnni512_pka8_q4_1_rows
