@@ -518,9 +518,9 @@ Test(e2e_cpu, generation_stops_at_every_eos_id)
 }
 
 /* A reset starts the next sequence from zeroed state and KV cache, as a
- * fresh open does: the arena (661 KB here, so its pages are dropped and
- * come back zero rather than being cleared in place) holds nothing of the
- * 48 positions before it (its logits, still mapped, read zero), and the
+ * fresh open does: the arena (661 KB here, so it is cleared page by page:
+ * those in memory zeroed, the others dropped) holds nothing of the 48
+ * positions before it (its logits, still mapped, read zero), and the
  * logits that follow equal a fresh model's bit for bit. */
 Test(e2e_cpu, reset_leaves_nothing_of_the_last_sequence)
 {
