@@ -45,7 +45,7 @@
 #define CPU_SPIN_NS 500000
 /* Arenas of at least this many bytes are reset page by page
  * (arena_zero_resident; smaller ones are zeroed whole). */
-#define CPU_ARENA_DROP_MIN (256u << 10)
+#define CPU_ARENA_PAGED_MIN (256u << 10)
 /* With a CPU for each worker: how long a kernel wait spins before it
  * sleeps (MegacArgs.spin_ns; the kernel's own default is for shared CPUs). */
 #define CPU_WAIT_SPIN_NS 5000000
@@ -407,7 +407,7 @@ static int arena_zero_resident(CpuPool *pool)
 static megac_status cpu_reset(megac_model *m)
 {
     CpuPool *pool = m->be_state;
-    if (pool->arena_bytes < CPU_ARENA_DROP_MIN || arena_zero_resident(pool) != 0)
+    if (pool->arena_bytes < CPU_ARENA_PAGED_MIN || arena_zero_resident(pool) != 0)
         memset(pool->arena, 0, pool->arena_bytes);
     return MEGAC_OK;
 }

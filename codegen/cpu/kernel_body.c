@@ -4316,11 +4316,11 @@ static void act_quantize_best(const float *x, int64_t k, int8_t *xq, float *dq)
 
 /* Superblock sb of the four rows, nblk of its blocks (a constant 4 in
  * the main loop, so its loads and conversions are fixed-size). */
-#define PKA8_SB(dot16, hi4, nblk, T)                                                                              \
+#define PKA8_SB(dot16, hi4, nblk, T)                                                                         \
     do {                                                                                                     \
-        v16u32 xl = *(const v16u32 *)(xqp + 128 * sb), xh = *(const v16u32 *)(xqp + 128 * sb + 64);           \
-        v4f dq = *(const v4f *)(dq4 + 4 * sb), dx = *(const v4f *)(dx4 + 4 * sb);                             \
-        v16i32 xc16 = PKA8_FOLD(T) ? *(const v16i32 *)(xc + 16 * sb) : (v16i32){0};                           \
+        v16u32 xl = *(const v16u32 *)(xqp + 128 * sb), xh = *(const v16u32 *)(xqp + 128 * sb + 64);          \
+        v4f dq = *(const v4f *)(dq4 + 4 * sb), dx = *(const v4f *)(dx4 + 4 * sb);                            \
+        v16i32 xc16 = PKA8_FOLD(T) ? *(const v16i32 *)(xc + 16 * sb) : (v16i32){0};                          \
         (void)xc16;                                                                                          \
         UNROLL4                                                                                              \
         for (int i = 0; i < 4; i++) {                                                                        \
@@ -4342,7 +4342,7 @@ static void act_quantize_best(const float *x, int64_t k, int8_t *xq, float *dq)
             dot16(p, lo, xl);                                                                                \
             dot16(p, hi, xh);                                                                                \
             v4f sc = pk_f16x4(pk_u16x4(w, (nblk))), sd = sc * dq;                                            \
-            acc[i] += __builtin_shufflevector(sd, sd, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *         \
+            acc[i] += __builtin_shufflevector(sd, sd, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *      \
                       __builtin_convertvector(p, v16f);                                                      \
             if (!PKA8_FOLD(T))                                                                               \
                 off[i] += PKA8_OFF(T, w, (nblk), sc, dx, pk_f16x4);                                          \
@@ -4352,11 +4352,11 @@ static void act_quantize_best(const float *x, int64_t k, int8_t *xq, float *dq)
 /* The short last superblocks of rows i0 and i1 (two blocks each) as one,
  * as pk_tail2 takes them: row i0's nibbles in lanes 0-7, i1's in 8-15,
  * against superblock sb + 1's inputs (pk_tail_dup: sb's duplicated). */
-#define PKA8_TAIL2(dot16, hi4, T, i0, i1)                                                                           \
+#define PKA8_TAIL2(dot16, hi4, T, i0, i1)                                                                    \
     do {                                                                                                     \
         const unsigned char *w0 = row[i0] + 4 * (PKA8_HDR(T) + 16) * sb, *w1 = row[i1] + 4 * (PKA8_HDR(T) + 16) * sb; \
         v16u32 xl = *(const v16u32 *)(xqp + 128 * (sb + 1)), xh = *(const v16u32 *)(xqp + 128 * (sb + 1) + 64); \
-        v4f dq = *(const v4f *)(dq4 + 4 * (sb + 1)), dx = *(const v4f *)(dx4 + 4 * (sb + 1)), o4 = {0};        \
+        v4f dq = *(const v4f *)(dq4 + 4 * (sb + 1)), dx = *(const v4f *)(dx4 + 4 * (sb + 1)), o4 = {0};      \
         v16u32 v, q5;                                                                                        \
         pk_pair_nibbles(w0, w1, PKA8_HDR(T), &v);                                                            \
         v16u32 lo = v & 0x0f0f0f0fu, hi = hi4(v);                                                            \
@@ -4376,7 +4376,7 @@ static void act_quantize_best(const float *x, int64_t k, int8_t *xq, float *dq)
             memcpy((char *)&z + 2, w1 + 4, 2);                                                               \
             o4 = sc * __builtin_convertvector(z, v4f) * dx;                                                  \
         }                                                                                                    \
-        v16f pr = __builtin_shufflevector(sd, sd, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *            \
+        v16f pr = __builtin_shufflevector(sd, sd, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *          \
                   __builtin_convertvector(p, v16f);                                                          \
         pk_pair_add(&pr, o4, &acc[i0], &acc[i1], &off[i0], &off[i1]);                                        \
     } while (0)
@@ -4385,7 +4385,7 @@ static void act_quantize_best(const float *x, int64_t k, int8_t *xq, float *dq)
  * superblocks, then the nb % 4 blocks left over as a short one (zeros
  * past them, in the weights as in xqp; two rows' two-block ones as one,
  * PKA8_TAIL2), into out[4]; tws (if any) asks for the lines ahead. */
-#define PKA8_QUAD(dot16, hi4, T, row, out, tws)                                                             \
+#define PKA8_QUAD(dot16, hi4, T, row, out, tws)                                                        \
     do {                                                                                               \
         v16f acc[4] = {{0}, {0}, {0}, {0}};                                                            \
         v4f off[4] = {{0}, {0}, {0}, {0}};                                                             \
@@ -4393,13 +4393,13 @@ static void act_quantize_best(const float *x, int64_t k, int8_t *xq, float *dq)
         for (; sb < nb / 4; sb++) {                                                                    \
             if (tws)                                                                                   \
                 ws_trickle(tws, 16 * (PKA8_HDR(T) + 16));                                              \
-            PKA8_SB(dot16, hi4, 4, T);                                                                      \
+            PKA8_SB(dot16, hi4, 4, T);                                                                 \
         }                                                                                              \
         if (nb % 4 == 2) {                                                                             \
-            PKA8_TAIL2(dot16, hi4, T, 0, 1);                                                                \
-            PKA8_TAIL2(dot16, hi4, T, 2, 3);                                                                \
+            PKA8_TAIL2(dot16, hi4, T, 0, 1);                                                           \
+            PKA8_TAIL2(dot16, hi4, T, 2, 3);                                                           \
         } else if (nb % 4) {                                                                           \
-            PKA8_SB(dot16, hi4, (int)(nb % 4), T);                                                          \
+            PKA8_SB(dot16, hi4, (int)(nb % 4), T);                                                     \
         }                                                                                              \
         v4f o_ = hsum16x4(acc);                                                                        \
         if (!PKA8_FOLD(T))                                                                             \
@@ -4408,15 +4408,15 @@ static void act_quantize_best(const float *x, int64_t k, int8_t *xq, float *dq)
     } while (0)
 
 /* Rows [r0, r1) four at a time (SEG_QUADS). */
-#define PKA8_ROWS(name, attr, dot16, hi4, T)                                                                        \
-    static attr void name(const GemvSeg *g, const int8_t *xqp, const float *dq4, const float *dx4,            \
+#define PKA8_ROWS(name, attr, dot16, hi4, T)                                                                 \
+    static attr void name(const GemvSeg *g, const int8_t *xqp, const float *dq4, const float *dx4,           \
                           const int32_t *xc, int64_t k)                                                      \
     {                                                                                                        \
-        int64_t rb = qrow_bytes(T, k), nb = k / 32;                                                         \
-        SEG_QUADS(g, rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_, PKA8_QUAD(dot16, hi4, T, row, out, ws));       \
+        int64_t rb = qrow_bytes(T, k), nb = k / 32;                                                          \
+        SEG_QUADS(g, rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_, PKA8_QUAD(dot16, hi4, T, row, out, ws));  \
     }
 #define PKA8_HI_SHIFT(v) (((v) >> 4) & 0x0f0f0f0fu)
-#define PKA8_TYPES(pre, attr, dot16, hi4)                               \
+#define PKA8_TYPES(pre, attr, dot16, hi4)                             \
     PKA8_ROWS(pre##_rows, attr, dot16, hi4, DT_W4A8G32)               \
     PKA8_ROWS(pre##_q4_0_rows, attr, dot16, hi4, DT_Q4_0A8)           \
     PKA8_ROWS(pre##_q4_1_rows, attr, dot16, hi4, DT_Q4_1A8)           \
