@@ -4534,26 +4534,23 @@ PKA8_256_ROWS(isa_avxvnni, ISA_AVXVNNI, A8_DOT2_AVXVNNI)
 
 typedef void (*Pka8RowsFn)(const GemvSeg *, const int8_t *, const float *, const float *, const int32_t *, int64_t);
 
-/* The PKA8_ROWS function for t: AVX-512 VNNI's or the portable one. */
+/* PKA8_TYPES(pre)'s function for t */
+#define PKA8_PICK(pre, t)                                                                                       \
+    ((t) == DT_Q4_0A8   ? pre##_q4_0_rows                                                                       \
+     : (t) == DT_Q4_1A8 ? pre##_q4_1_rows                                                                       \
+     : (t) == DT_Q5_0A8 ? pre##_q5_0_rows                                                                       \
+     : (t) == DT_Q5_1A8 ? pre##_q5_1_rows                                                                       \
+                        : pre##_rows)
+
+/* The PKA8_ROWS function for t: AVX-512 VNNI's (with GFNI where the CPU
+ * has it) or the portable one. */
 static Pka8RowsFn pka8_rows_fn(int t)
 {
     if (megac_k_isa & KT_ISA_GFNI512)
-        return t == DT_Q4_0A8   ? isa_gfni512_pka8_q4_0_rows
-               : t == DT_Q4_1A8 ? isa_gfni512_pka8_q4_1_rows
-               : t == DT_Q5_0A8 ? isa_gfni512_pka8_q5_0_rows
-               : t == DT_Q5_1A8 ? isa_gfni512_pka8_q5_1_rows
-                                : isa_gfni512_pka8_rows;
+        return PKA8_PICK(isa_gfni512_pka8, t);
     if (megac_k_isa & KT_ISA_VNNI512)
-        return t == DT_Q4_0A8   ? isa_vnni512_pka8_q4_0_rows
-               : t == DT_Q4_1A8 ? isa_vnni512_pka8_q4_1_rows
-               : t == DT_Q5_0A8 ? isa_vnni512_pka8_q5_0_rows
-               : t == DT_Q5_1A8 ? isa_vnni512_pka8_q5_1_rows
-                                : isa_vnni512_pka8_rows;
-    return t == DT_Q4_0A8   ? pka8_portable_q4_0_rows
-           : t == DT_Q4_1A8 ? pka8_portable_q4_1_rows
-           : t == DT_Q5_0A8 ? pka8_portable_q5_0_rows
-           : t == DT_Q5_1A8 ? pka8_portable_q5_1_rows
-                            : pka8_portable_rows;
+        return PKA8_PICK(isa_vnni512_pka8, t);
+    return PKA8_PICK(pka8_portable, t);
 }
 
 /* The offset whose sums the rows of t start from (PKA8_FOLD), else 0. */
