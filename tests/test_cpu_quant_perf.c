@@ -184,7 +184,7 @@ static unsigned char *alloc_weights(size_t n)
 #ifdef MADV_HUGEPAGE
     madvise(p, n ? n : 64, MADV_HUGEPAGE);
 #endif
-    memset(p, 0, n);
+    memset(p, 0, n); /* zero already; touched now so that no timed run takes its page faults */
     return p;
 }
 
@@ -397,6 +397,16 @@ static void flip_some_scales(DType t, unsigned char *row, int64_t r, int64_t k)
     }
 }
 
+/* Whether this host runs AVX-512 F/BW/VL/DQ code (Skylake-X), and with
+ * vnni AVX-512 VNNI code too (Cascade Lake). */
+static bool host_runs_avx512(bool vnni)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           (!vnni || __builtin_cpu_supports("avx512vnni"));
+}
+
 /* All dtypes (GGUF ones where k is whole blocks) on one CPU target, rows
  * of k in two GEMVs cut at row `cut`. */
 static void check_all_rows(const char *cpu, int64_t k, int64_t rows, int64_t cut)
@@ -472,9 +482,7 @@ static void check_all(const char *cpu, int64_t k)
 Test(cpu_quant_perf, far_quads, .timeout = 300)
 {
     check_all_rows(NULL, 2048, 1003, 501);
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw") ||
-        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq"))
+    if (!host_runs_avx512(true))
         cr_skip_test("this host cannot run Cascade Lake code (AVX-512 VNNI): the host's kernel only");
     check_all_rows("cascadelake", 2048, 1003, 501);
 }
@@ -533,9 +541,7 @@ Test(cpu_quant_perf, prefetch_tuning_by_vendor)
  * needs a host that runs avx512vnni. */
 Test(cpu_quant_perf, every_dtype_cascadelake)
 {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw") ||
-        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq"))
+    if (!host_runs_avx512(true))
         cr_skip_test("this host cannot run Cascade Lake code (AVX-512 VNNI)");
     check_all("cascadelake", 576);
     check_all("cascadelake", 224);
@@ -546,9 +552,7 @@ Test(cpu_quant_perf, every_dtype_cascadelake)
  * their AVX2 preparation; needs a host that runs AVX-512 BW/VL/DQ. */
 Test(cpu_quant_perf, every_dtype_skylake_avx512)
 {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
-        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq"))
+    if (!host_runs_avx512(false))
         cr_skip_test("this host cannot run Skylake-X code (AVX-512)");
     check_all("skylake-avx512", 576);
     check_all("skylake-avx512", 224); /* a short superblock of 3 */
