@@ -29,7 +29,7 @@
 # rows32w4:MK_ROW_LANES_MIN=32@w4a16-g128", empty skips; the 2026-12-04 runs also timed set.attn_combine=in_o (or
 # its opposite), MK_ROW_LANES_MIN=32 (bf16), MK_WAIT_SLEEP_MAX=0, MK_ISTAGE=0 (and @w8a16),
 # MK_XREUSE=0, MK_WNOALLOC=0, MK_PRELOADS=0, MK_XSWIZZLE=0@w8a16,
-# MK_WSTAGE_BYTES=131072 and MK_VLOADS=4 and 12: README),
+# MK_WSTAGE_BYTES=131072 and MK_VLOADS=4 and 12: docs/performance.md),
 # LONG_CONTEXT (default 2000, 0 skips the
 # long-context benchmarks: SmolLM2 with an f16 cache, sink_window,
 # streaming and TOVA, each against the dense f32 cache in the same runs),

@@ -22,7 +22,7 @@
  *   gcc -O2 -march=native -DHINT=_MM_HINT_T1 -o /tmp/il scripts/scratch-q4-interleave.c -lpthread -lm
  *   /tmp/il MB THREADS K REPS     (NPF=0: b4row and bfar4 without software prefetch;
  *                                   PF=N: the prefetch distance, 16384 by default)
- * Needs AVX-512 VNNI and F16C. Findings: README, "On an Intel Xeon ...". */
+ * Needs AVX-512 VNNI and F16C. Findings: docs/performance.md, "On an Intel Xeon ...". */
 #ifndef HINT
 #define HINT _MM_HINT_T0
 #endif

@@ -1195,7 +1195,7 @@ static inline __attribute__((always_inline)) WStream *seg_trickle(const GemvSeg 
  * no software prefetch, far quads 24, and with each stream asking ahead
  * 26.7, a plain read's rate (25-26), where megac's kernel with its spread
  * prefetches made 22-23; a Llama-3.2-1B-shaped model decodes 1.13-1.19x
- * faster (README). Only segments of FAR_QUAD_MIN_BYTES or more: a short
+ * faster (docs/performance.md). Only segments of FAR_QUAD_MIN_BYTES or more: a short
  * one's streams 1-3 start unasked (the worker's stream asked for what
  * follows the previous segment, i.e. stream 0's start), which took
  * SmolLM2-135M's exact-input Q4_0 step (segments of 31-250 KB a worker,
@@ -3960,8 +3960,8 @@ static ISA_VNNI512 void isa_vnni512_gemv_kqa8(int l, const GemvSeg *sg, int ns, 
  * W4G128, the k-quants, A16 against x's planes and the k-quants' A8
  * forms): AVX2's, and AVX-VNNI's with vpdpbusd (kernel_q256.inc). From
  * L2 on one core of the Xeon (a Golden Cove, the Alder Lake P-core's
- * design) at --cpu alderlake, k 576 (the k-quants 768): README,
- * Performance, "AVX-VNNI and the 256-bit rows". */
+ * design) at --cpu alderlake, k 576 (the k-quants 768): docs/performance.md,
+ * "AVX-VNNI and the 256-bit rows". */
 #define Q256(name) isa_avx2_##name
 #define Q256_ATTR ISA_AVX2
 #define Q256_VNNI 0

@@ -117,7 +117,7 @@ enum {
  * so that a kernel converts a row's scales 16 at a time into floats and
  * broadcasts each from memory, where the stored order has it splat and
  * convert one per block (on Zen 4 the A16 GEMV from L2 ran ~1.2x faster
- * so; README).
+ * so; docs/performance.md).
  * Values are untouched: packing only moves bytes and nibbles
  * (compiler/quant.c: quant_cpu_pack). */
 #define KT_PACK_K_MAX 16384
