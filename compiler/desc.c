@@ -1669,6 +1669,7 @@ static void desc_defaults(ModelDesc *m)
     m->rope_theta = 10000;
     m->bos_id = m->eos_id = -1;
     m->act_dtype = DT_F32;
+    m->kv_dtype = DT_F16;   /* as llama.cpp's default; README, What works */
 }
 
 static const char *dir_of(Arena *a, const char *path)

@@ -135,7 +135,7 @@ typedef struct ModelDesc {
 
     /* compile knobs */
     DType act_dtype;            /* activation dtype: f32 only so far */
-    DType kv_dtype;             /* KV cache elements: f32 (default), f16 or bf16 */
+    DType kv_dtype;             /* KV cache elements: f16 (desc's default), f32 or bf16 */
     QuantSpec quant[TCLASS_COUNT];
     AttnSpec attn[MODEL_MAX_LAYERS];
     KvPolicy kv[MODEL_MAX_LAYERS];

@@ -433,7 +433,7 @@ Test(sparse, snapkv_run_engines_agree, .timeout = 300)
  * the logits are held to a tolerance 100 times the f32 cache's for f16
  * and 800 times for bf16 (whose rounding step is 8 times f16's), and, as a
  * check that the rounding is the one the reference does, to half of
- * their distance from the reference with an f32 cache (set[0] dropped). */
+ * their distance from the reference with an f32 cache (set[0] made f32). */
 static const Config kv_configs[] = {
     {"f16", {"compile.kv_dtype=f16"}, 0},
     {"bf16", {"compile.kv_dtype=bf16"}, 0},
@@ -455,7 +455,7 @@ static void kv_dtype_vs_reference(const char *model, const char *target, const i
     char *dir = test_tmp_dir("kvdtype");
     for (size_t i = 0; i < sizeof kv_configs / sizeof kv_configs[0]; i++) {
         const Config *c = &kv_configs[i];
-        Config f32 = {c->name, {c->set[1], c->set[2], NULL}, c->prompt_end};
+        Config f32 = {c->name, {"compile.kv_dtype=f32", c->set[1], c->set[2]}, c->prompt_end};
         Ref r, r32;
         ref_open(&r, model, c);
         ref_open(&r32, model, &f32);
