@@ -26,13 +26,15 @@
 # FORMATS; default "wpipe:MK_WPIPE=4 wpipenp:MK_WPIPE=4,MK_WPIPE_PRIME=0
 # wpipe32:MK_WPIPE=4,MK_ROW_LANES_MIN=32 wpipe32w8:MK_WPIPE=4,MK_ROW_LANES_MIN=32@w8a16 onerow:MK_NL_ONE_ROW=1
 # oneroww8:MK_NL_ONE_ROW=1@w8a16 rows32w8:MK_ROW_LANES_MIN=32@w8a16
-# rows32w4:MK_ROW_LANES_MIN=32@w4a16-g128", empty skips; the 2026-12-04 runs also timed set.attn_combine=in_o (or
+# rows32w4:MK_ROW_LANES_MIN=32@w4a16-g128 kvf32:set.compile.kv_dtype=f32" (the last: an f32 KV
+# cache against the default f16 one), empty skips; the 2026-12-04 runs also timed set.attn_combine=in_o (or
 # its opposite), MK_ROW_LANES_MIN=32 (bf16), MK_WAIT_SLEEP_MAX=0, MK_ISTAGE=0 (and @w8a16),
 # MK_XREUSE=0, MK_WNOALLOC=0, MK_PRELOADS=0, MK_XSWIZZLE=0@w8a16,
 # MK_WSTAGE_BYTES=131072 and MK_VLOADS=4 and 12: docs/performance.md),
 # LONG_CONTEXT (default 2000, 0 skips the
-# long-context benchmarks: SmolLM2 with an f16 cache, sink_window,
-# streaming and TOVA, each against the dense f32 cache in the same runs),
+# long-context benchmarks: SmolLM2 with an f16 cache (the default), and
+# sink_window, streaming and TOVA on an f32 one, each against the dense f32
+# cache in the same runs),
 # LONG_TOKENS (timed there, default 32), PROFILE (default 1; 0 skips the
 # cycle profile of each model's bf16 kernel built with MK_PROFILE=1), NCU
 # (default 1; 0 skips Nsight Compute's counters for one decode step of the
@@ -172,7 +174,7 @@ done
 variants=
 for v in ${VARIANTS-wpipe:MK_WPIPE=4 wpipenp:MK_WPIPE=4,MK_WPIPE_PRIME=0 wpipe32:MK_WPIPE=4,MK_ROW_LANES_MIN=32 \
     wpipe32w8:MK_WPIPE=4,MK_ROW_LANES_MIN=32@w8a16 onerow:MK_NL_ONE_ROW=1 oneroww8:MK_NL_ONE_ROW=1@w8a16 \
-    rows32w8:MK_ROW_LANES_MIN=32@w8a16 rows32w4:MK_ROW_LANES_MIN=32@w4a16-g128}; do
+    rows32w8:MK_ROW_LANES_MIN=32@w8a16 rows32w4:MK_ROW_LANES_MIN=32@w4a16-g128 kvf32:set.compile.kv_dtype=f32}; do
     case $v in *@*) ;; *) v=$v@bf16 ;; esac
     case " $formats " in *" ${v##*@} "*) variants="$variants $v" ;; esac
 done
@@ -305,8 +307,8 @@ for model in $models; do
 done
 # ---- long context: f16 cache and sparse attention against dense ----
 # SmolLM2-135M (bf16 weights) decoding from position LONG_CONTEXT (default
-# 2000; 0 skips): where attention reads the cache, which the position-0
-# benchmarks above never do. Each bundle is timed against the dense f32-cache
+# 2000; 0 skips): where attention reads the cache, which the position-1
+# benchmarks above hardly do. Each bundle is timed against the dense f32-cache
 # one in the same runs (megac bench --versus): speedup = bundle / dense.
 long=${LONG_CONTEXT:-2000}
 longrows=()
@@ -319,11 +321,14 @@ if [ "$long" -gt 0 ]; then
             "$@" -o "$work/long.$k.megac" >"$out/long.$k.compile.log" 2>&1 || echo failed >"$work/long.$k.failed"
     }
     log "long context ($long positions): compiling SmolLM2-135M dense, f16 cache, sink_window, streaming, tova"
-    long_compile dense &
+    # all but the f16 one (the default cache since 2026-12-06) keep an f32
+    # cache, so that each row measures one change against the dense f32 one
+    f32=(--set compile.kv_dtype=f32)
+    long_compile dense "${f32[@]}" &
     long_compile f16 --set compile.kv_dtype=f16 &
-    long_compile window --set 'compile.attention=[{layers: all, kind: sink_window, sinks: 4, window: 508}]' &
-    long_compile streaming --set 'compile.kv_policy=[{layers: all, policy: streaming, sinks: 4, window: 508}]' &
-    long_compile tova --set 'compile.kv_policy=[{layers: all, policy: tova, budget: 512}]' &
+    long_compile window "${f32[@]}" --set 'compile.attention=[{layers: all, kind: sink_window, sinks: 4, window: 508}]' &
+    long_compile streaming "${f32[@]}" --set 'compile.kv_policy=[{layers: all, policy: streaming, sinks: 4, window: 508}]' &
+    long_compile tova "${f32[@]}" --set 'compile.kv_policy=[{layers: all, policy: tova, budget: 512}]' &
     wait
     for k in f16 window streaming tova; do
         if [ -e "$work/long.$k.failed" ] || [ -e "$work/long.dense.failed" ]; then

@@ -6158,7 +6158,7 @@ enum { PROF_WAIT = OP_COUNT, PROF_SIGNAL, PROF_SLOTS };
 static struct {
     uint64_t cyc[PROF_SLOTS], gemv_bytes, steps, gemv_prep;
     uint64_t dt_cyc[DT_COUNT], dt_bytes[DT_COUNT]; /* GEMVs by weight dtype */
-    struct { int64_t k; int lg; uint64_t cyc, bytes, runs; } cls[PROF_CLASSES]; /* GEMV runs by class */
+    struct { int64_t k; int lg; uint64_t cyc, prep, bytes, runs; } cls[PROF_CLASSES]; /* GEMV runs by class */
     int ncls;
     char pad[64];
 } prof[PROF_WORKERS];
@@ -6201,12 +6201,16 @@ __attribute__((destructor)) static void prof_print(void)
                         (double)prof[w].dt_bytes[t] / (double)prof[w].dt_cyc[t]);
         fputc('\n', stderr);
         for (int c = 0; c < prof[w].ncls; c++)
-            fprintf(stderr, "  gemv runs of k %ld, %lu-%lu KiB: %.1f a step, %.1f%% of cycles, %.2f bytes/cycle\n",
+            fprintf(stderr,
+                    "  gemv runs of k %ld, %lu-%lu KiB: %.1f a step, %.1f%% of cycles, %.2f bytes/cycle; "
+                    "inputs %.1f%% of cycles, rows %.2f bytes/cycle\n",
                     (long)prof[w].cls[c].k, (unsigned long)(1ul << prof[w].cls[c].lg >> 10),
                     (unsigned long)(2ul << prof[w].cls[c].lg >> 10),
                     (double)prof[w].cls[c].runs / (double)prof[w].steps,
                     100.0 * (double)prof[w].cls[c].cyc / (double)tot,
-                    (double)prof[w].cls[c].bytes / (double)prof[w].cls[c].cyc);
+                    (double)prof[w].cls[c].bytes / (double)prof[w].cls[c].cyc,
+                    100.0 * (double)prof[w].cls[c].prep / (double)tot,
+                    (double)prof[w].cls[c].bytes / (double)(prof[w].cls[c].cyc - prof[w].cls[c].prep + 1));
     }
 }
 
@@ -6231,8 +6235,9 @@ static void prof_gemv_cycles(uint32_t w, const int64_t *in, uint64_t t0)
         prof[w].dt_cyc[opnd_dtype(in, 0)] += prof_now() - t0;
 }
 
-/* A run of GEMVs (`bytes` of weights, rows of k) since t0, by class. */
-static void prof_gemv_class(uint32_t w, int64_t k, uint64_t bytes, uint64_t t0)
+/* A run of GEMVs (`bytes` of weights, rows of k) since t0, `prep` of it
+ * preparing the input, by class. */
+static void prof_gemv_class(uint32_t w, int64_t k, uint64_t bytes, uint64_t t0, uint64_t prep)
 {
     if (w >= PROF_WORKERS)
         return;
@@ -6247,6 +6252,7 @@ static void prof_gemv_class(uint32_t w, int64_t k, uint64_t bytes, uint64_t t0)
         prof[w].cls[c].lg = lg;
     }
     prof[w].cls[c].cyc += prof_now() - t0;
+    prof[w].cls[c].prep += prep;
     prof[w].cls[c].bytes += bytes;
     prof[w].cls[c].runs++;
 }
@@ -6264,7 +6270,7 @@ static void prof_gemv_class(uint32_t w, int64_t k, uint64_t bytes, uint64_t t0)
 #define PROF_END(w, slot) (void)0
 #define prof_gemv_bytes(w, in) 0u
 #define prof_gemv_cycles(w, in, t0) (void)0
-#define prof_gemv_class(w, k, bytes, t0) (void)0
+#define prof_gemv_class(w, k, bytes, t0, prep) (void)0
 #endif
 
 /* ---- entry point ---- */
@@ -6293,16 +6299,19 @@ void megac_worker(const MegacArgs *a, uint32_t worker)
                 prof_rows_at = 0;
 #endif
                 op_gemv(a, in, n, &ws);
+                uint64_t prep = 0;
 #ifdef MEGAC_CPU_PROFILE
-                if (worker < PROF_WORKERS && prof_rows_at > prof_t0)
-                    prof[worker].gemv_prep += prof_rows_at - prof_t0;
+                prep = prof_rows_at > prof_t0 ? prof_rows_at - prof_t0 : 0;
+                if (worker < PROF_WORKERS)
+                    prof[worker].gemv_prep += prep;
 #endif
                 uint64_t run_bytes = 0;
                 for (int j = 0; j < n; j++)
                     run_bytes += prof_gemv_bytes(worker, in + (int64_t)j * KT_STRIDE);
                 prof_gemv_cycles(worker, in, prof_t0);
-                prof_gemv_class(worker, in[KT_PARAM + 2], run_bytes, prof_t0);
+                prof_gemv_class(worker, in[KT_PARAM + 2], run_bytes, prof_t0, prep);
                 (void)run_bytes;
+                (void)prep;
                 i += n - 1;
             } else {
                 op_run(a, in, &ws);
