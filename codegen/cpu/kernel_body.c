@@ -980,6 +980,9 @@ static void ws_fill(WStream *ws, int64_t target)
  * f32 rows tell the stream nothing: their runs count as all rows. */
 #ifdef MEGAC_CPU_PROFILE
 static _Thread_local uint64_t prof_rows_at;
+/* and when its rows reported (ws_read) PROF_HEAD_BYTES or more, how many */
+#define PROF_HEAD_BYTES 16384
+static _Thread_local uint64_t prof_head_at, prof_head_bytes, prof_run_bytes;
 #define PROF_ROWS_BEGIN()                                   \
     do {                                                    \
         if (!prof_rows_at)                                  \
@@ -993,6 +996,13 @@ static _Thread_local uint64_t prof_rows_at;
 static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t bytes)
 {
     PROF_ROWS_BEGIN();
+#ifdef MEGAC_CPU_PROFILE
+    prof_run_bytes += (uint64_t)bytes;
+    if (!prof_head_at && prof_run_bytes >= PROF_HEAD_BYTES) {
+        prof_head_at = __builtin_ia32_rdtsc();
+        prof_head_bytes = prof_run_bytes;
+    }
+#endif
     ws->ahead -= bytes;
     if (ws->ahead < QPF_BYTES)
         ws_fill(ws, QPF_BYTES);
@@ -6155,10 +6165,15 @@ static int sync_wait(const MegacArgs *a, uint32_t worker, uint32_t pc, uint32_t 
 #define PROF_WORKERS 64
 #define PROF_CLASSES 16
 enum { PROF_WAIT = OP_COUNT, PROF_SIGNAL, PROF_SLOTS };
+struct ProfClass {
+    int64_t k;
+    int lg;
+    uint64_t cyc, prep, bytes, runs, head_cyc, head_bytes;
+};
 static struct {
     uint64_t cyc[PROF_SLOTS], gemv_bytes, steps, gemv_prep;
     uint64_t dt_cyc[DT_COUNT], dt_bytes[DT_COUNT]; /* GEMVs by weight dtype */
-    struct { int64_t k; int lg; uint64_t cyc, prep, bytes, runs; } cls[PROF_CLASSES]; /* GEMV runs by class */
+    struct ProfClass cls[PROF_CLASSES]; /* GEMV runs by class */
     int ncls;
     char pad[64];
 } prof[PROF_WORKERS];
@@ -6200,17 +6215,24 @@ __attribute__((destructor)) static void prof_print(void)
                         100.0 * (double)prof[w].dt_cyc[t] / (double)tot,
                         (double)prof[w].dt_bytes[t] / (double)prof[w].dt_cyc[t]);
         fputc('\n', stderr);
-        for (int c = 0; c < prof[w].ncls; c++)
+        for (int c = 0; c < prof[w].ncls; c++) {
+            const struct ProfClass *r = &prof[w].cls[c];
+            uint64_t rows = r->cyc - r->prep, rest = r->bytes - r->head_bytes;
             fprintf(stderr,
                     "  gemv runs of k %ld, %lu-%lu KiB: %.1f a step, %.1f%% of cycles, %.2f bytes/cycle; "
-                    "inputs %.1f%% of cycles, rows %.2f bytes/cycle\n",
-                    (long)prof[w].cls[c].k, (unsigned long)(1ul << prof[w].cls[c].lg >> 10),
-                    (unsigned long)(2ul << prof[w].cls[c].lg >> 10),
-                    (double)prof[w].cls[c].runs / (double)prof[w].steps,
-                    100.0 * (double)prof[w].cls[c].cyc / (double)tot,
-                    (double)prof[w].cls[c].bytes / (double)prof[w].cls[c].cyc,
-                    100.0 * (double)prof[w].cls[c].prep / (double)tot,
-                    (double)prof[w].cls[c].bytes / (double)(prof[w].cls[c].cyc - prof[w].cls[c].prep + 1));
+                    "inputs %.1f%% of cycles, rows %.2f bytes/cycle",
+                    (long)r->k, (unsigned long)(1ul << r->lg >> 10), (unsigned long)(2ul << r->lg >> 10),
+                    (double)r->runs / (double)prof[w].steps, 100.0 * (double)r->cyc / (double)tot,
+                    (double)r->bytes / (double)r->cyc, 100.0 * (double)r->prep / (double)tot,
+                    (double)r->bytes / (double)(rows + 1));
+            /* (a run read as far quads reports their bytes at once) */
+            if (rest && r->runs && rows > r->head_cyc)
+                fprintf(stderr, " (the first %.0f KiB at %.2f, the rest at %.2f)",
+                        (double)r->head_bytes / 1024.0 / (double)r->runs,
+                        (double)r->head_bytes / (double)(r->head_cyc + 1),
+                        (double)rest / (double)(rows - r->head_cyc));
+            fputc('\n', stderr);
+        }
     }
 }
 
@@ -6236,7 +6258,8 @@ static void prof_gemv_cycles(uint32_t w, const int64_t *in, uint64_t t0)
 }
 
 /* A run of GEMVs (`bytes` of weights, rows of k) since t0, `prep` of it
- * preparing the input, by class. */
+ * preparing the input, by class; and how long its rows took to report
+ * their first PROF_HEAD_BYTES (all of them where the run is shorter). */
 static void prof_gemv_class(uint32_t w, int64_t k, uint64_t bytes, uint64_t t0, uint64_t prep)
 {
     if (w >= PROF_WORKERS)
@@ -6251,8 +6274,14 @@ static void prof_gemv_class(uint32_t w, int64_t k, uint64_t bytes, uint64_t t0, 
         prof[w].cls[c].k = k;
         prof[w].cls[c].lg = lg;
     }
-    prof[w].cls[c].cyc += prof_now() - t0;
+    uint64_t now = prof_now();
+    prof[w].cls[c].cyc += now - t0;
     prof[w].cls[c].prep += prep;
+    if (prof_rows_at) {
+        uint64_t at = prof_head_at ? prof_head_at : now;
+        prof[w].cls[c].head_cyc += at > prof_rows_at ? at - prof_rows_at : 0;
+        prof[w].cls[c].head_bytes += prof_head_at ? prof_head_bytes : bytes;
+    }
     prof[w].cls[c].bytes += bytes;
     prof[w].cls[c].runs++;
 }
@@ -6296,7 +6325,7 @@ void megac_worker(const MegacArgs *a, uint32_t worker)
             if (in[KT_OP] == OP_GEMV) {
                 int n = gemv_run_length(in, megac_k_insts + (int64_t)end * KT_STRIDE);
 #ifdef MEGAC_CPU_PROFILE
-                prof_rows_at = 0;
+                prof_rows_at = prof_head_at = prof_run_bytes = 0;
 #endif
                 op_gemv(a, in, n, &ws);
                 uint64_t prep = 0;
