@@ -448,7 +448,11 @@ static bool run_ref_generate(RunRef *r, const RunOptions *o, int steps)
         } else {
             next = megac_sample(logits, r->m->vocab_size, &smp, &rng);
             if (next < 0) {
-                fprintf(stderr, "megac run: position %d: %s\n", pos, megac_error(NULL));
+                fprintf(stderr, "megac run: position %d: %s%s\n", pos, megac_error(NULL),
+                        r->m->kv_dtype == DT_F16 ? " (the model's KV cache is f16, which holds values up to 65504: "
+                                                   "where its k or v grow past that, compile.kv_dtype: bf16 or f32 "
+                                                   "holds them)"
+                                                 : "");
                 r->sample_failed = true;
                 return false;
             }

@@ -57,6 +57,7 @@ struct megac_model {
     pthread_mutex_t mu;         /* recursive: serializes step, reset, generate, encode, decode */
     bool mu_ready;
     RtManifest man;
+    char kv_dtype[8];           /* the KV cache's elements, as schedule.sched's kv buffers say ("": none) */
     const RtBackend *be;
     void *be_state;             /* owned by the backend */
     char *kernel_image;         /* the kernel file's checked bytes (until the backend opens) */

@@ -461,6 +461,32 @@ static void sched_text_facts(const char *text, size_t len, uint64_t *facts)
         facts[MEGAC_FACT_COUNTERS] = nctrs;
 }
 
+/* The element type of schedule.sched's first KV cache buffer (a line
+ * `buffer NAME DTYPE [DIMS] kv`; every layer's cache has the one
+ * compile.kv_dtype), into out; "" where there is none. */
+static void sched_kv_dtype(const char *text, size_t len, char *out, size_t cap)
+{
+    out[0] = 0;
+    for (size_t i = 0, e; i < len; i = e + 1) {
+        for (e = i; e < len && text[e] != '\n'; e++)
+            ;
+        const char *l = text + i, *end = text + e;
+        if (e - i < 10 || memcmp(l, "buffer ", 7) != 0 || memcmp(end - 3, " kv", 3) != 0)
+            continue;
+        const char *t = memchr(l + 7, ' ', (size_t)(end - l - 7));
+        if (!t)
+            return;
+        t++;
+        const char *te = memchr(t, ' ', (size_t)(end - t));
+        size_t n = te ? (size_t)(te - t) : 0;
+        if (n && n < cap) {
+            memcpy(out, t, n);
+            out[n] = 0;
+        }
+        return;
+    }
+}
+
 int rt_stage_sums(const char *dir, const uint64_t *v, uint32_t nctrs, RtStageSum *out, int max)
 {
     char path[4096];
@@ -512,6 +538,7 @@ static megac_status bundle_schedule_check(megac_model *m)
         return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read: %s", path, slurp_error(errno));
     uint64_t h = rt_fnv1a(text, len), facts[MEGAC_NFACTS];
     sched_text_facts(text, len, facts);
+    sched_kv_dtype(text, len, m->kv_dtype, sizeof m->kv_dtype);
     free(text);
     if (h != m->man.schedule_hash)
         return rt_fail(m, MEGAC_ERR_FORMAT,

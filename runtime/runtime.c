@@ -274,13 +274,18 @@ static double now_s(void)
 
 /* The next token after a step: the kernel's argmax when greedy. Non-finite
  * logits are refused, naming the position: they come from a diverging
- * model, and no token is right. */
+ * model, or from k or v past what an f16 cache holds (stored as
+ * infinities), and no token is right. */
 static megac_status generate_pick(megac_model *m, const megac_sampler *s, uint64_t *rng, int *tok)
 {
     int bad = rt_logits_bad(m->logits, m->man.vocab);
     if (bad >= 0)
-        return rt_fail(m, MEGAC_ERR_KERNEL, "the logits at position %d are not finite: token %d has %g", m->pos - 1,
-                       bad, (double)m->logits[bad]);
+        return rt_fail(m, MEGAC_ERR_KERNEL, "the logits at position %d are not finite: token %d has %g%s", m->pos - 1,
+                       bad, (double)m->logits[bad],
+                       strcmp(m->kv_dtype, "f16") == 0
+                           ? " (this bundle's KV cache is f16, which holds values up to 65504: where a model's k or v "
+                             "grow past that, compile.kv_dtype: bf16 or f32 holds them)"
+                           : "");
     if (!s || s->temperature == 0.0f) {
         *tok = megac_argmax(m);
         return MEGAC_OK;

@@ -602,3 +602,61 @@ Test(run_cmd, damaged_bundles_are_refused, .timeout = 120)
     cr_assert_eq(system(cmd), 0);
     free(cmd);
 }
+
+/* A model whose k and v outgrow what an f16 cache holds (65504): a
+ * llama2.c checkpoint (dim 16, 4 heads of 4, 2 kv heads, hidden 24, 2
+ * layers, the byte tokenizer's 259 tokens) whose every float is 100, so
+ * that k = v = 16 * 100 * 100 = 1.6e5 at every layer while everything else
+ * stays well inside f32. With the default f16 cache they are stored as
+ * infinities, the logits come out NaN, and the error names the setting
+ * that holds them (the kernel's and the reference engine's, which rounds
+ * its cache the same way); with compile.kv_dtype f32 or bf16 the same
+ * model decodes. */
+Test(run_cmd, f16_cache_overflow_names_kv_dtype, .timeout = 120)
+{
+    char dir[] = "/tmp/megac-run-kv16-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    const int32_t h[7] = {16, 24, 2, 4, 2, 259, 8};
+    const size_t L = 2, dim = 16, kv = 8, hid = 24, V = 259, seq = 8;
+    size_t nf = V * dim + L * (2 * dim + 2 * dim * dim + 2 * kv * dim + 3 * hid * dim) + dim + seq * 2 * 2;
+    char *bin = xasprintf("%s/big.bin", dir), *yaml = xasprintf("%s/big.yaml", dir);
+    FILE *f = fopen(bin, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(h, sizeof h, 1, f), 1);
+    const float hundred = 100.0f;
+    for (size_t i = 0; i < nf; i++)
+        cr_assert_eq(fwrite(&hundred, 4, 1, f), 1);
+    cr_assert_eq(fclose(f), 0);
+    f = fopen(yaml, "w");
+    cr_assert_not_null(f);
+    fputs("name: big-kv\narch: {dim: 16, hidden_dim: 24, n_layers: 2, n_heads: 4, n_kv_heads: 2, vocab_size: 259, "
+          "max_seq: 8}\ntie_embeddings: true\nweights: {format: llama2c, path: big.bin}\n"
+          "tokenizer: {format: bytes}\n",
+          f);
+    cr_assert_eq(fclose(f), 0);
+    static char err[8192];
+    for (int i = 0; i < 4; i++) {
+        static const char *const sets[] = {"", " --engine reference", " --set compile.kv_dtype=f32",
+                                           " --set compile.kv_dtype=bf16"};
+        char *cmd = xasprintf("cd %s && %s run big.yaml -n 4 --temp 0%s 2>&1 >/dev/null", dir, MEGAC_BIN, sets[i]);
+        FILE *p = popen(cmd, "r");
+        cr_assert_not_null(p);
+        size_t n = fread(err, 1, sizeof err - 1, p);
+        err[n] = 0;
+        int st = pclose(p);
+        if (i < 2) {
+            cr_assert_neq(st, 0, "the f16 cache's run did not fail: %s", err);
+            cr_assert(strstr(err, i ? "not usable" : "are not finite") && strstr(err, "KV cache is f16") &&
+                          strstr(err, "compile.kv_dtype"),
+                      "stderr: %s", err);
+        } else {
+            cr_assert_eq(st, 0, "%s: %s", cmd, err);
+        }
+        free(cmd);
+    }
+    char *cmd = xasprintf("rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+    free(cmd);
+    free(bin);
+    free(yaml);
+}
