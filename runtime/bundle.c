@@ -431,17 +431,35 @@ static const char *sched_counter_name(const char *l, size_t n)
     return n > 8 && memcmp(l, "counter ", 8) == 0 ? l + 8 : NULL;
 }
 
+/* A `buffer NAME DTYPE [DIMS] kv` line's DTYPE into out (at most cap - 1
+ * bytes; other lines leave out as it is). */
+static void sched_kv_line(const char *l, size_t n, char *out, size_t cap)
+{
+    const char *end = l + n;
+    if (n < 10 || memcmp(l, "buffer ", 7) != 0 || memcmp(end - 3, " kv", 3) != 0)
+        return;
+    const char *t = memchr(l + 7, ' ', (size_t)(end - l - 7));
+    const char *te = t ? memchr(t + 1, ' ', (size_t)(end - t - 1)) : NULL;
+    if (te && (size_t)(te - t - 1) < cap) {
+        memcpy(out, t + 1, (size_t)(te - t - 1));
+        out[te - t - 1] = 0;
+    }
+}
+
 /* The facts schedule.sched's text states (ir/text.c writes it): the header
  * `schedule NAME target T workers N`, one `counter NAME` line per counter,
  * and `vocab=` and `max_seq=` of the shape line. The arena and io offsets
  * come from the compiler's layout, not the text: only the kernel's own
- * facts state those (for a cubin, once it is loaded on the device). */
-static void sched_text_facts(const char *text, size_t len, uint64_t *facts)
+ * facts state those (for a cubin, once it is loaded on the device). And
+ * the KV cache's element type, from its first `kv` buffer (every layer's
+ * cache has compile.kv_dtype's), into kv_dtype ("" where there is none). */
+static void sched_text_facts(const char *text, size_t len, uint64_t *facts, char *kv_dtype, size_t kv_cap)
 {
     uint64_t nctrs = 0;
     bool header = false;
     for (int i = 0; i < MEGAC_NFACTS; i++)
         facts[i] = MEGAC_FACT_NONE;
+    kv_dtype[0] = 0;
     for (size_t i = 0, e; i < len; i = e + 1) {
         for (e = i; e < len && text[e] != '\n'; e++)
             ;
@@ -455,36 +473,12 @@ static void sched_text_facts(const char *text, size_t len, uint64_t *facts)
         } else if (n > 6 && memcmp(l, "shape ", 6) == 0) {
             facts[MEGAC_FACT_VOCAB] = sched_line_number(l, n, " vocab=");
             facts[MEGAC_FACT_MAX_SEQ] = sched_line_number(l, n, " max_seq=");
+        } else if (!kv_dtype[0]) {
+            sched_kv_line(l, n, kv_dtype, kv_cap);
         }
     }
     if (header)
         facts[MEGAC_FACT_COUNTERS] = nctrs;
-}
-
-/* The element type of schedule.sched's first KV cache buffer (a line
- * `buffer NAME DTYPE [DIMS] kv`; every layer's cache has the one
- * compile.kv_dtype), into out; "" where there is none. */
-static void sched_kv_dtype(const char *text, size_t len, char *out, size_t cap)
-{
-    out[0] = 0;
-    for (size_t i = 0, e; i < len; i = e + 1) {
-        for (e = i; e < len && text[e] != '\n'; e++)
-            ;
-        const char *l = text + i, *end = text + e;
-        if (e - i < 10 || memcmp(l, "buffer ", 7) != 0 || memcmp(end - 3, " kv", 3) != 0)
-            continue;
-        const char *t = memchr(l + 7, ' ', (size_t)(end - l - 7));
-        if (!t)
-            return;
-        t++;
-        const char *te = memchr(t, ' ', (size_t)(end - t));
-        size_t n = te ? (size_t)(te - t) : 0;
-        if (n && n < cap) {
-            memcpy(out, t, n);
-            out[n] = 0;
-        }
-        return;
-    }
 }
 
 int rt_stage_sums(const char *dir, const uint64_t *v, uint32_t nctrs, RtStageSum *out, int max)
@@ -537,8 +531,7 @@ static megac_status bundle_schedule_check(megac_model *m)
     if (!text)
         return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read: %s", path, slurp_error(errno));
     uint64_t h = rt_fnv1a(text, len), facts[MEGAC_NFACTS];
-    sched_text_facts(text, len, facts);
-    sched_kv_dtype(text, len, m->kv_dtype, sizeof m->kv_dtype);
+    sched_text_facts(text, len, facts, m->kv_dtype, sizeof m->kv_dtype);
     free(text);
     if (h != m->man.schedule_hash)
         return rt_fail(m, MEGAC_ERR_FORMAT,
