@@ -81,7 +81,9 @@ static char *compile_bundle_with(const char *model, int workers, const char *dir
  * reference's float64 at f32 tolerance, which an f16 row that rounds the
  * other way next to a rounding boundary would exceed. f16 and bf16 caches
  * are held to the reference in test_sparse.c (kv_dtype). */
-#define E2E_KV "compile.kv_dtype=f32"
+#define E2E_KV_KEY "compile.kv_dtype"
+#define E2E_KV_VALUE "f32"
+#define E2E_KV E2E_KV_KEY "=" E2E_KV_VALUE
 
 static char *compile_bundle(const char *model, int workers, const char *dir)
 {
@@ -101,7 +103,7 @@ static void ref_open(Ref *r, const char *model)
     memset(r, 0, sizeof *r);
     Diag d;
     diag_init(&d);
-    DescOverride kv = {"compile.kv_dtype", "f32"}; /* E2E_KV */
+    DescOverride kv = {E2E_KV_KEY, E2E_KV_VALUE};
     bool ok = strcmp(model, "default") == 0
                   ? desc_parse(&r->m, &r->arena, "<embedded>", desc_default_yaml, strlen(desc_default_yaml), &kv, 1,
                                &d)
