@@ -99,7 +99,7 @@ static const char *const compile_keys[] = {"act_dtype", "kv_dtype", "quant", "at
                                            "targets", "workers", "max_seq", "attn_combine", NULL};
 static const char *const quant_keys[] = {"default", "embed", "attn", "mlp", "lm_head", NULL};
 static const char *const attn_keys[] = {"layers", "kind", "sinks", "window", "page", "budget", NULL};
-static const char *const kv_keys[] = {"layers", "policy", "budget", "sinks", "window", NULL};
+static const char *const kv_keys[] = {"layers", "policy", "budget", "sinks", "window", "pyramid", NULL};
 
 /* Enum spellings, in enum order. */
 static const char *const weights_formats[] = {"llama2c", "safetensors", "gguf", "synthetic", NULL};
@@ -129,13 +129,13 @@ static const ParamMask attn_kind_params[] = {
     [ATTN_SINK_WINDOW] = {0x3, 0x3},    /* sinks, window */
     [ATTN_QUEST] = {0xc, 0xc},          /* page, budget */
 };
-static const char *const kv_params[] = {"budget", "sinks", "window"};
+static const char *const kv_params[] = {"budget", "sinks", "window", "pyramid"};
 static const ParamMask kv_kind_params[] = {
     [KV_FULL] = {0, 0},
     [KV_STREAMING] = {0x6, 0x6},        /* sinks, window */
     [KV_H2O] = {0x1, 0x5},              /* budget (+ recent window) */
     [KV_TOVA] = {0x1, 0x1},             /* budget */
-    [KV_SNAPKV] = {0x1, 0x5},           /* budget (+ observation window) */
+    [KV_SNAPKV] = {0x1, 0xd},           /* budget (+ observation window, pyramid) */
 };
 
 /* ---- locating and reporting ---- */
@@ -1436,8 +1436,32 @@ static void desc_attention(Ctx *c, const DocNode *l)
     }
 }
 
+/* PyramidKV's budgets (arXiv 2406.02069; the research notes'
+ * techniques.md, section 3) for the n layers of one SnapKV entry whose
+ * average budget is `budget`, `window` of it the observation window that
+ * every layer keeps: the rest, r = budget - window, becomes a pyramid from
+ * 2 r - r / beta at the entry's first layer down to r / beta at its last,
+ * in equal steps, each rounded to the nearest (so the mean stays the
+ * budget, within the rounding); beta 1 keeps every layer at the budget.
+ * Layer i of the entry's range gets out[i] (a budget past INT_MAX, which
+ * holds any context, is cut to it). Returns false where the last layer
+ * would keep nothing beyond its window; *low is its budget either way. */
+static bool pyramid_budgets(int budget, int beta, int window, int n, int *out, int *low)
+{
+    double r = (double)budget - window, lo = r / beta, hi = 2.0 * r - lo, step = n > 1 ? (hi - lo) / (n - 1) : 0.0;
+    *low = n > 1 ? window + (int)lround(lo) : budget;
+    if (*low <= window)
+        return false;
+    for (int i = 0; i < n; i++) {
+        double b = n > 1 ? window + (double)lround(hi - i * step) : budget;
+        out[i] = b < INT_MAX ? (int)b : INT_MAX;
+    }
+    return true;
+}
+
 /* kv_policy: [{layers: RANGE, policy: full|streaming|h2o|tova|snapkv,
- * budget, sinks, window}, ...]; layers not covered keep the full cache. */
+ * budget, sinks, window, pyramid}, ...]; layers not covered keep the full
+ * cache. */
 static void desc_kv_policy(Ctx *c, const DocNode *l)
 {
     if (l->kind != DOC_SEQ) {
@@ -1445,9 +1469,10 @@ static void desc_kv_policy(Ctx *c, const DocNode *l)
         return;
     }
     const DocNode **owner = ARENA_ARRAY(c->a, const DocNode *, MODEL_MAX_LAYERS);
+    int *budgets = ARENA_ARRAY(c->a, int, MODEL_MAX_LAYERS);
     for (int i = 0; i < l->n; i++) {
-        int v[5] = {0};
-        int k = entry_read(c, l->items[i], "kv_policy", kv_keys, "policy", kv_kinds, kv_params, 3, kv_kind_params,
+        int v[6] = {0};
+        int k = entry_read(c, l->items[i], "kv_policy", kv_keys, "policy", kv_kinds, kv_params, 4, kv_kind_params,
                            owner, v);
         const DocNode *wn = doc_get(l->items[i], "window");
         if (k == KV_H2O && !wn)
@@ -1463,8 +1488,16 @@ static void desc_kv_policy(Ctx *c, const DocNode *l)
                       "at least 2)", v[2]);
             k = -1;
         }
-        for (int x = v[3]; k >= 0 && x <= v[4]; x++) {
-            c->m->kv[x] = (KvPolicy){(KvPolicyKind)k, v[0], v[1], v[2]};
+        const DocNode *pn = doc_get(l->items[i], "pyramid");
+        int low;
+        if (k == KV_SNAPKV && pn && !pyramid_budgets(v[0], v[3], v[2], v[5] - v[4] + 1, budgets, &low)) {
+            ctx_error(c, pn, "snapkv's pyramid %d over layers %d-%d would give layer %d a budget of %d, which does "
+                      "not exceed its observation window (%d): raise the budget (%d) or lower the pyramid",
+                      v[3], v[4], v[5], v[5], low, v[2], v[0]);
+            k = -1;
+        }
+        for (int x = v[4]; k >= 0 && x <= v[5]; x++) {
+            c->m->kv[x] = (KvPolicy){(KvPolicyKind)k, k == KV_SNAPKV && pn ? budgets[x - v[4]] : v[0], v[1], v[2]};
             c->kv_at[x] = l->items[i];
         }
     }

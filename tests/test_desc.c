@@ -782,6 +782,51 @@ Test(desc, ranges_cover_and_default)
     arena_free(&a);
 }
 
+/* PyramidKV over a SnapKV entry: the part of the budget beyond the window,
+ * r, runs from 2 r - r / beta down to r / beta over the entry's layers in
+ * equal steps; the window is every layer's. */
+Test(desc, snapkv_pyramid_budgets)
+{
+    ModelDesc m;
+    Arena a = {0};
+    /* r = 56: 98, 77, 56, 35, 14 past the window of 8 */
+    DescOverride ov[] = {{"n_layers", "7"},
+                         {"kv_policy", "[{layers: 0, policy: tova, budget: 9}, {layers: 1-5, policy: snapkv, budget: "
+                                       "64, window: 8, pyramid: 4}, {layers: 6, policy: snapkv, budget: 30, pyramid: 1}]"}};
+    cr_assert(parse(&m, &a, "models/default.yaml", desc_default_yaml, ov, 2, NULL), "%s", errs);
+    const int want[] = {106, 85, 64, 43, 22};
+    for (int l = 1; l <= 5; l++) {
+        cr_assert_eq(m.kv[l].kind, KV_SNAPKV);
+        cr_assert_eq(m.kv[l].budget, want[l - 1], "layer %d: budget %d, want %d", l, m.kv[l].budget, want[l - 1]);
+        cr_assert_eq(m.kv[l].window, 8);
+    }
+    cr_assert_eq(m.kv[0].budget, 9, "another entry keeps its own");
+    cr_assert_eq(m.kv[6].budget, 30, "pyramid 1 is flat");
+    cr_assert_eq(m.kv[6].window, 15, "the default window, from the entry's budget");
+    /* rounded to the nearest: r = 10 over 4 layers, 10 / 3 = 3.33 to 16.67 */
+    DescOverride ov2[] = {{"n_layers", "4"},
+                          {"kv_policy", "[{layers: all, policy: snapkv, budget: 12, window: 2, pyramid: 3}]"}};
+    cr_assert(parse(&m, &a, "models/default.yaml", desc_default_yaml, ov2, 2, NULL), "%s", errs);
+    const int want2[] = {19, 14, 10, 5};
+    for (int l = 0; l < 4; l++)
+        cr_assert_eq(m.kv[l].budget, want2[l], "layer %d: budget %d, want %d", l, m.kv[l].budget, want2[l]);
+
+    /* r = 20 (the default window is 20): 20 / 50 rounds to nothing */
+    DescOverride steep[] = {{"kv_policy", "[{layers: all, policy: snapkv, budget: 40, pyramid: 50}]"}};
+    expect_errors(desc_default_yaml, steep, 1,
+                  "<command line>:1:63: error: snapkv's pyramid 50 over layers 0-1 would give layer 1 a budget of "
+                  "20, which does not exceed its observation window (20): raise the budget (40) or lower the "
+                  "pyramid\n"
+                  "    1 | kv_policy=[{layers: all, policy: snapkv, budget: 40, pyramid: 50}]\n"
+                  "      |                                                               ^\n");
+    DescOverride other[] = {{"kv_policy", "[{layers: all, policy: h2o, budget: 40, pyramid: 2}]"}};
+    expect_errors(desc_default_yaml, other, 1,
+                  "<command line>:1:60: error: 'pyramid' does not apply to kv_policy 'h2o'\n"
+                  "    1 | kv_policy=[{layers: all, policy: h2o, budget: 40, pyramid: 2}]\n"
+                  "      |                                                            ^\n");
+    arena_free(&a);
+}
+
 /* ---- printing ---- */
 
 static void roundtrip(const char *file)

@@ -76,6 +76,8 @@ static const Config configs[] = {
      {"compile.attention=[{layers: 2-, kind: sink_window, sinks: 4, window: 16}]",
       "compile.kv_policy=[{layers: 0-1, policy: snapkv, budget: 20, window: 4}]"},
      40},
+    /* PyramidKV: stories260K's five layers keep 37, 31, 24, 17, 11 rows, the synthetic model's three 37, 24, 11 */
+    {"snapkv-pyramid", {"compile.kv_policy=[{layers: all, policy: snapkv, budget: 24, window: 4, pyramid: 3}]"}, 60},
 };
 
 static bool have_stories(void)
