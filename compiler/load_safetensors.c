@@ -20,14 +20,34 @@
  * (its "weight_map" maps each tensor to a shard file in the same folder),
  * or a folder holding either. HF checkpoints rotate q/k with rotate-half
  * (pairs (i, i + head_dim/2)); rows are kept as stored.
+ *
+ * AWQ and GPTQ checkpoints (a quantization_config in the config.json
+ * beside the weights) store their linear layers as 4-bit groups along K
+ * instead of NAME.weight: NAME.qweight and NAME.qzeros (I32, eight
+ * nibbles a word), NAME.scales (F16) and, for GPTQ, NAME.g_idx (I32).
+ * For an [N, K] matrix in groups of G (research/techniques.md, section 1.1):
+ *   AWQ (version gemm)  qweight [K][N/8]: column 8j + i of row k is nibble
+ *                       AWQ_NIBBLE[i] of word [k][j]; qzeros [K/G][N/8]
+ *                       likewise; w = s * (q - z)
+ *   GPTQ                qweight [K/8][N]: row 8i + j is nibble j of word
+ *                       [i][n]; qzeros [K/G][N/8]: column 8j + i is nibble
+ *                       i of word [g][j], the zero minus one
+ *                       (checkpoint_format gptq, the default) or the zero
+ *                       itself (gptq_v2); g_idx[k] must be k / G (act
+ *                       order that regroups rows is refused)
+ * scales [K/G][N] either way. They become megac's W4G<G> rows, the same
+ * f16 scale, integer zero and nibbles (ir/dtype.h), so nothing is
+ * rounded: w = s * (q - z) is what both formats mean, bit for bit.
  */
 #include "compiler/doc.h"
+#include "compiler/quant.h"
 #include "compiler/weights_impl.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #define ST_MAX_DIMS 8
@@ -50,9 +70,18 @@ typedef struct {
 } StFile;
 
 /* A whole checkpoint: one file, or the shards an index names. */
+/* How an AWQ or GPTQ checkpoint packs its linear layers (above). */
+typedef enum { HQ_NONE, HQ_AWQ, HQ_GPTQ } HqMethod;
+typedef struct {
+    HqMethod method;
+    int group;              /* 32, 64 or 128 */
+    int zero_add;           /* GPTQ v1 stores the zero minus one */
+} HfQuant;
+
 typedef struct {
     Arena a;
     const char *path;       /* what the description named */
+    HfQuant hq;             /* the config.json beside it says */
     StFile *files;
     int nfiles;
     Doc index;              /* when sharded */
@@ -431,9 +460,248 @@ static const char *st_file_of(void *ctx, const char *name)
     return sf ? sf->path : sm->path;
 }
 
+/* ---- AWQ and GPTQ ---- */
+
+/* An unquoted integer of config.json in [lo, hi], or error at n. */
+static bool hq_int(Doc *doc, const DocNode *n, const char *key, int lo, int hi, int *out, Diag *d)
+{
+    char *end;
+    long v = n && n->kind == DOC_SCALAR && !n->quoted ? strtol(n->str, &end, 10) : 0;
+    if (!n || n->kind != DOC_SCALAR || n->quoted || end == n->str || *end || v < lo || v > hi) {
+        doc_error(doc, d, n, "quantization_config.%s: expected an integer from %d to %d", key, lo, hi);
+        return false;
+    }
+    *out = (int)v;
+    return true;
+}
+
+/* A string of config.json, or NULL (error at n unless absent). */
+static const char *hq_str(Doc *doc, const DocNode *n, const char *key, bool *ok, Diag *d)
+{
+    if (!n || doc_is_null(n))
+        return NULL;
+    if (n->kind != DOC_SCALAR || !n->quoted) {
+        doc_error(doc, d, n, "quantization_config.%s: expected a string", key);
+        *ok = false;
+        return NULL;
+    }
+    return n->str;
+}
+
+/* The quantization_config of the config.json in the weights' folder, if
+ * any: {quant_method: awq|gptq, bits: 4, group_size: 32|64|128, version:
+ * gemm (AWQ), checkpoint_format: gptq|gptq_v2 (GPTQ)}; sm->hq stays
+ * HQ_NONE without one. False after an error at the offending key. */
+static bool hq_read(StModel *sm, Diag *d)
+{
+    const char *slash = strrchr(sm->path, '/');
+    char *cfg = slash ? arena_printf(&sm->a, "%.*s/config.json", (int)(slash - sm->path), sm->path)
+                      : arena_strdup(&sm->a, "config.json");
+    struct stat st;
+    if (stat(cfg, &st) != 0)
+        return true;
+    Doc doc;
+    if (!doc_load(&doc, cfg, d)) {
+        doc_free(&doc);
+        return false;
+    }
+    const DocNode *q = doc.root && doc.root->kind == DOC_MAP ? doc_get(doc.root, "quantization_config") : NULL;
+    bool ok = true;
+    if (q && !doc_is_null(q) && q->kind != DOC_MAP) {
+        doc_error(&doc, d, q, "quantization_config: expected an object, found %s", doc_kind_name(q->kind));
+        ok = false;
+    } else if (q && !doc_is_null(q)) {
+        const char *m = hq_str(&doc, doc_get(q, "quant_method"), "quant_method", &ok, d);
+        const DocNode *mn = doc_get(q, "quant_method") ? doc_get(q, "quant_method") : q;
+        if (ok && (!m || (strcmp(m, "awq") && strcmp(m, "gptq")))) {
+            doc_error(&doc, d, mn, "quantization_config: quant_method %s%s%s is not supported (megac reads AWQ "
+                      "and GPTQ 4-bit checkpoints)", m ? "'" : "", m ? m : "absent", m ? "'" : "");
+            ok = false;
+        }
+        int bits = 4, group = 0;
+        const DocNode *bn = ok ? (doc_get(q, "bits") ? doc_get(q, "bits") : doc_get(q, "w_bit")) : NULL;
+        if (bn && (ok = hq_int(&doc, bn, "bits", 1, 64, &bits, d)) && bits != 4) {
+            doc_error(&doc, d, bn, "quantization_config.bits: %d-bit weights are not supported (only 4)", bits);
+            ok = false;
+        }
+        const DocNode *gn = ok ? (doc_get(q, "group_size") ? doc_get(q, "group_size") : doc_get(q, "q_group_size"))
+                               : NULL;
+        if (ok && !gn) {
+            doc_error(&doc, d, q, "quantization_config: group_size is missing");
+            ok = false;
+        }
+        if (ok && (ok = hq_int(&doc, gn, "group_size", -1, 1 << 20, &group, d)) && group != 32 && group != 64 &&
+            group != 128) {
+            doc_error(&doc, d, gn, "quantization_config.group_size: %d is not supported (32, 64 or 128)", group);
+            ok = false;
+        }
+        if (ok && !strcmp(m, "awq")) {
+            const DocNode *vn = doc_get(q, "version");
+            const char *v = hq_str(&doc, vn, "version", &ok, d);
+            if (ok && v && strcasecmp(v, "gemm")) {
+                doc_error(&doc, d, vn, "quantization_config.version: AWQ's '%s' packing is not supported (only "
+                          "gemm)", v);
+                ok = false;
+            }
+            const DocNode *zn = doc_get(q, "zero_point");
+            if (ok && zn && zn->kind == DOC_SCALAR && !strcmp(zn->str, "false")) {
+                doc_error(&doc, d, zn, "quantization_config.zero_point: AWQ without zeros is not supported");
+                ok = false;
+            }
+            sm->hq = (HfQuant){HQ_AWQ, group, 0};
+        } else if (ok) {
+            const DocNode *fn = doc_get(q, "checkpoint_format");
+            const char *f = hq_str(&doc, fn, "checkpoint_format", &ok, d);
+            if (ok && f && strcmp(f, "gptq") && strcmp(f, "gptq_v2")) {
+                doc_error(&doc, d, fn, "quantization_config.checkpoint_format: '%s' is not supported (gptq or "
+                          "gptq_v2)", f);
+                ok = false;
+            }
+            sm->hq = (HfQuant){HQ_GPTQ, group, f && !strcmp(f, "gptq_v2") ? 0 : 1};
+        }
+    }
+    doc_free(&doc);
+    return ok;
+}
+
+/* Entry `name` and the file it is in; NULL (reported) where it is
+ * missing or not of dtype `dt`. */
+static const StEntry *hq_entry(StModel *sm, const char *name, const char *dt, StFile **out, Diag *d)
+{
+    bool listed;
+    StFile *sf = st_model_shard(sm, name, &listed, d);
+    const StEntry *e = sf ? st_file_find(sf, name) : NULL;
+    if (!e) {
+        if (sf || !listed)
+            diag_file_error(d, sf ? sf->path : sm->path, "tensor '%s' is missing (a quantized matrix needs it)", name);
+        return NULL;
+    }
+    if (strcmp(st_dtypes[e->dtype].name, dt)) {
+        diag_file_error(d, sf->path, "tensor '%s': dtype %s, expected %s", name, st_dtypes[e->dtype].name, dt);
+        return NULL;
+    }
+    *out = sf;
+    return e;
+}
+
+/* Entry e's shape is [a, b]; reported otherwise. */
+static bool hq_shape(const StFile *sf, const StEntry *e, int64_t a, int64_t b, Diag *d)
+{
+    if (e->ndim == 2 && e->shape[0] == a && e->shape[1] == b)
+        return true;
+    char got[96];
+    diag_file_error(d, sf->path, "tensor '%s': shape %s, expected [%" PRId64 ", %" PRId64 "]", e->name,
+                    shape_str(got, sizeof got, e->ndim, e->shape), a, b);
+    return false;
+}
+
+static uint32_t hq_u32(const unsigned char *p, int64_t i)
+{
+    uint32_t v;
+    memcpy(&v, p + 4 * i, 4);
+    return v;
+}
+
+/* AWQ's order of the eight columns in a word: column i is nibble AWQ_NIBBLE[i]. */
+static const int AWQ_NIBBLE[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+/* Matrix slot s from BASE.qweight, .qzeros, .scales (and .g_idx), as
+ * W4G<G> rows (above); st_fetch's contract. */
+static int hq_fetch(StModel *sm, const char *base, const WSlot *s, float *dst, Diag *d)
+{
+    Arena *a = &sm->a;
+    const char *qn = arena_printf(a, "%s.qweight", base);
+    StFile *fq = NULL, *fz = NULL, *fs = NULL, *fg = NULL;
+    if (sm->hq.method == HQ_NONE) {
+        bool listed;
+        StFile *sf = st_model_shard(sm, qn, &listed, NULL);
+        diag_file_error(d, sf ? sf->path : sm->path, "tensor '%s': the matrix is stored quantized, but there is no "
+                        "quantization_config in a config.json beside the weights to say how", qn);
+        return -1;
+    }
+    int64_t n = s->rows, k = s->cols, g = sm->hq.group, ng = k / g;
+    const bool awq = sm->hq.method == HQ_AWQ;
+    const StEntry *eq = hq_entry(sm, qn, "I32", &fq, d);
+    const StEntry *ez = eq ? hq_entry(sm, arena_printf(a, "%s.qzeros", base), "I32", &fz, d) : NULL;
+    const StEntry *es = ez ? hq_entry(sm, arena_printf(a, "%s.scales", base), "F16", &fs, d) : NULL;
+    if (!es)
+        return -1;
+    if (k % g || n % 8 || (!awq && k % 8)) {
+        diag_file_error(d, fq->path, "tensor '%s': a [%" PRId64 ", %" PRId64 "] matrix in 4-bit groups of %" PRId64
+                        " needs its columns a multiple of the group%s and its rows of 8", qn, n, k, g,
+                        awq ? "" : " and of 8");
+        return -1;
+    }
+    if (!hq_shape(fq, eq, awq ? k : k / 8, awq ? n / 8 : n, d) || !hq_shape(fz, ez, ng, n / 8, d) ||
+        !hq_shape(fs, es, ng, n, d))
+        return -1;
+    const StEntry *eg = NULL;
+    if (!awq && st_has(sm, arena_printf(a, "%s.g_idx", base))) {
+        if (!(eg = hq_entry(sm, arena_printf(a, "%s.g_idx", base), "I32", &fg, d)))
+            return -1;
+        if (eg->ndim != 1 || eg->shape[0] != k) {
+            char got[96];
+            diag_file_error(d, fg->path, "tensor '%s': shape %s, expected [%" PRId64 "]", eg->name,
+                            shape_str(got, sizeof got, eg->ndim, eg->shape), k);
+            return -1;
+        }
+    }
+    DType t = g == 32 ? DT_W4G32 : g == 64 ? DT_W4G64 : DT_W4G128;
+    if (sm->w->dtypes_only)
+        return weights_fetch_stored(sm->w, s, dst, t, NULL, fq->path, qn, d);
+    const unsigned char *pq = fq->data + eq->begin, *pz = fz->data + ez->begin, *ps = fs->data + es->begin;
+    for (int64_t i = 0; eg && i < k; i++)
+        if ((int64_t)(int32_t)hq_u32(fg->data + eg->begin, i) != i / g) {
+            diag_file_error(d, fg->path, "tensor '%s': g_idx[%" PRId64 "] is %d, not %" PRId64 " (row / group_size): "
+                            "act-order checkpoints that regroup rows are not supported", eg->name, i,
+                            (int32_t)hq_u32(fg->data + eg->begin, i), i / g);
+            return -1;
+        }
+    size_t rb = dtype_row_bytes(t, k), gb = rb / (size_t)ng;
+    unsigned char *buf = xmalloc(rb * (size_t)n);
+    memset(buf, 0, rb * (size_t)n);
+    for (int64_t r = 0; r < n; r++) {
+        int zs = awq ? 4 * AWQ_NIBBLE[r % 8] : 4 * (int)(r % 8);
+        for (int64_t gi = 0; gi < ng; gi++) {
+            unsigned char *rec = buf + (size_t)r * rb + (size_t)gi * gb;
+            int z = (int)(hq_u32(pz, gi * (n / 8) + r / 8) >> zs & 15) + sm->hq.zero_add;
+            if (z > 15) {
+                diag_file_error(d, fz->path, "tensor '%s.qzeros': group %" PRId64 " of row %" PRId64 " stores 15, "
+                                "a zero of 16 in GPTQ's format, which megac's 4-bit groups cannot hold", base, gi, r);
+                free(buf);
+                return -1;
+            }
+            memcpy(rec, ps + 2 * (gi * n + r), 2);
+            rec[2] = (unsigned char)z;
+            for (int64_t j = 0; j < g; j++) {
+                int64_t kk = gi * g + j;
+                uint32_t wd = awq ? hq_u32(pq, kk * (n / 8) + r / 8) : hq_u32(pq, (kk / 8) * n + r);
+                int q = (int)(wd >> (awq ? 4 * AWQ_NIBBLE[r % 8] : 4 * (int)(kk % 8)) & 15);
+                unsigned char *b = rec + 4 + 16 * (j / 32) + j % 16;
+                *b |= (unsigned char)(j % 32 < 16 ? q : q << 4);
+            }
+        }
+    }
+    int r = weights_fetch_stored(sm->w, s, dst, t, buf, fq->path, qn, d);
+    if (!r) {
+        for (int64_t i = 0; i < n; i++)
+            quant_row_dequant(t, buf + (size_t)i * rb, k, dst + i * k);
+        weights_keep_stored(sm->w, s, dst, t, buf);
+        r = 1;
+    }
+    free(buf);
+    return r;
+}
+
 static int st_fetch(void *ctx, const char *name, const WSlot *s, float *dst, Diag *d)
 {
     StModel *sm = ctx;
+    size_t nl = strlen(name);
+    if (s->cols && nl > 7 && !strcmp(name + nl - 7, ".weight") && !st_has(sm, name)) {
+        char *base = arena_printf(&sm->a, "%.*s", (int)(nl - 7), name);
+        if (st_has(sm, arena_printf(&sm->a, "%s.qweight", base)))
+            return hq_fetch(sm, base, s, dst, d);
+    }
     bool listed;
     StFile *sf = st_model_shard(sm, name, &listed, d);
     if (!sf)
@@ -472,7 +740,7 @@ bool load_safetensors(Weights *w, const char *path, Diag *d)
     if (!weights_pairing_check(w, d, path, ROPE_HALF))
         return false;
     StModel sm;
-    bool ok = st_model_open(&sm, path, d);
+    bool ok = st_model_open(&sm, path, d) && hq_read(&sm, d);
     sm.w = w;
     if (ok) {
         WSource src = {.ctx = &sm, .path = sm.path, .name = wslot_hf_name, .fetch = st_fetch, .has = st_has,

@@ -759,6 +759,18 @@ int64_t quant_stored_first_non_finite(DType t, const unsigned char *data, int64_
         }
         return -1;
     }
+    if (t == DT_W4G32 || t == DT_W4G64 || t == DT_W4G128) { /* each group's f16 s, at the start of its record */
+        int64_t g = dtype_block(t), ng = (cols + g - 1) / g;
+        size_t rb = dtype_row_bytes(t, cols), gb = (size_t)dtype_row_bytes(t, g);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < ng; i++) {
+                uint16_t h;
+                memcpy(&h, data + (size_t)r * rb + (size_t)i * gb, 2);
+                if ((h & 0x7c00) == 0x7c00)
+                    return r * cols + i * g;
+            }
+        return -1;
+    }
     /* the f16 scales of each block: offsets of d (and of m or dmin) */
     int a = 0, b = -1;
     switch (t) {

@@ -155,7 +155,8 @@ bool quant_slot(Weights *w, const WSlot *s, Diag *d);
  * is never read under WEIGHTS_STORED_ONLY. */
 bool quant_stored_suffices(const Weights *w, const char *canon, DType src);
 /* The first non-finite element of a tensor of rows x cols in dtype t (f16,
- * bf16 or a GGUF block dtype) at data, or -1, read from the stored bytes:
+ * bf16, a GGUF block dtype, or W4G<G> from an AWQ or GPTQ checkpoint) at
+ * data, or -1, read from the stored bytes:
  * for blocks, the first element of the first block whose f16 scales are
  * not finite (a block dequantizes to finite values exactly when its scales
  * are, and its first element is then not), so where an f32 scan stops. */

@@ -1628,3 +1628,184 @@ Test(weights, a_fifo_is_refused_not_waited_on, .timeout = 30)
     unlink(fifo);
     free(fifo);
 }
+
+/* ---- AWQ and GPTQ checkpoints (make_hf_quant.py) ---- */
+
+static void skip_without_hf_quant(void)
+{
+    if (access(FIXTURES "/awq/model.safetensors", R_OK) != 0 || access(FIXTURES "/gptq.expected.bin", R_OK) != 0)
+        cr_skip("fixtures absent; run tests/fixtures/weights/make_hf_quant.py");
+}
+
+/* Their matrices arrive as W4G<group> rows whose dequantization is the
+ * checkpoint's s * (q - z) (numpy's, in the .expected.bin) bit for bit,
+ * kept as stored by a full load, a compile's load and a lowering's (which
+ * reads no data), the embedding and norms as F16. */
+Test(weights, awq_and_gptq_checkpoints_load_exactly)
+{
+    skip_without_hf_quant();
+    const struct {
+        const char *dir, *expected;
+        DType t;
+    } ck[] = {{FIXTURES "/awq", FIXTURES "/awq.expected.bin", DT_W4G32},
+              {FIXTURES "/gptq", FIXTURES "/gptq.expected.bin", DT_W4G64}};
+    static const char *const mats[] = {"L0.wq", "L0.wk", "L0.wv", "L0.wo", "L1.w_gate", "L1.w_up", "L1.w_down"};
+    for (int c = 0; c < 2; c++) {
+        ModelDesc m;
+        Arena a = {0};
+        Diag d;
+        diag_init(&d);
+        cr_assert(desc_load(&m, &a, ck[c].dir, NULL, 0, &d), "%s", ck[c].dir);
+        Weights full;
+        char err[1024];
+        cr_assert(load_capture(&full, &m, err, sizeof err), "%s: %s", ck[c].dir, err);
+        expect_all(&full, ck[c].expected);
+        cr_assert_eq(weights_dtype(&full, "embed"), DT_F16);
+        for (int flags = WEIGHTS_STORED_ONLY; flags <= WEIGHTS_DTYPES_ONLY; flags++) {
+            Weights w;
+            cr_assert(load_capture_ex(&w, &m, (unsigned)flags, err, sizeof err), "%s %d: %s", ck[c].dir, flags, err);
+            for (size_t i = 0; i < sizeof mats / sizeof *mats; i++) {
+                const QTensor *q = weights_qtensor(&full, mats[i]), *s = weights_qtensor(&w, mats[i]);
+                cr_assert(q && s && q->dtype == ck[c].t && s->dtype == ck[c].t, "%s %s: not %s", ck[c].dir, mats[i],
+                          dtype_name(ck[c].t));
+                if (flags == WEIGHTS_STORED_ONLY)
+                    cr_assert(memcmp(q->data, s->data, q->nbytes) == 0, "%s %s: other bytes", ck[c].dir, mats[i]);
+            }
+            weights_free(&w);
+        }
+        weights_free(&full);
+        arena_free(&a);
+    }
+}
+
+/* A copy of fixture folder `src` (config.json, model.safetensors) in the
+ * test's temp folder as `name`, its config.json's first `from` after
+ * `anchor` replaced by `to` (anchor NULL: the config left as it is);
+ * returns the folder. */
+static char *hfq_copy(const char *src, const char *name, const char *anchor, const char *from, const char *to)
+{
+    char *dir = tmp_path(name), *cfg = xasprintf("%s/config.json", src), *st = xasprintf("%s/model.safetensors", src);
+    cr_assert(mkdir(dir, 0755) == 0 || errno == EEXIST);
+    size_t n;
+    unsigned char *c = read_bytes(cfg, &n), *b = read_bytes(st, &n);
+    char *c2 = anchor ? str_patch((char *)c, anchor, from, to) : xstrdup((char *)c);
+    char *dcfg = xasprintf("%s/config.json", dir), *dst = xasprintf("%s/model.safetensors", dir);
+    write_bytes(dcfg, c2, strlen(c2));
+    write_bytes(dst, b, n);
+    free(c), free(b), free(c2), free(cfg), free(st), free(dcfg), free(dst);
+    return dir;
+}
+
+/* Loading folder `dir` fails with `want` (a prefix of the messages; "%s"
+ * in it stands for dir). */
+static void hfq_expect(const char *dir, const char *want)
+{
+    ModelDesc m;
+    Arena a = {0};
+    Diag d;
+    diag_init(&d);
+    cr_assert(desc_load(&m, &a, dir, NULL, 0, &d), "%s", dir);
+    Weights w;
+    char err[2048];
+    cr_assert_not(load_capture(&w, &m, err, sizeof err), "%s loaded", dir);
+    char *exp = xasprintf(want, dir);
+    cr_assert(strstr(err, exp), "expected\n%s\nin:\n%s", exp, err);
+    free(exp);
+    arena_free(&a);
+}
+
+Test(weights, awq_and_gptq_refusals)
+{
+    skip_without_hf_quant();
+    char *d = hfq_copy(FIXTURES "/awq", "bnb", "\"quant_method\"", "\"awq\"", "\"bitsandbytes\"");
+    hfq_expect(d, "%s/config.json:21:21: error: quantization_config: quant_method 'bitsandbytes' is not supported "
+                  "(megac reads AWQ and GPTQ 4-bit checkpoints)");
+    free(d);
+    d = hfq_copy(FIXTURES "/awq", "bits8", "\"bits\"", "4", "8");
+    hfq_expect(d, "%s/config.json:22:13: error: quantization_config.bits: 8-bit weights are not supported (only 4)");
+    free(d);
+    d = hfq_copy(FIXTURES "/awq", "g256", "\"group_size\"", "32", "256");
+    hfq_expect(d, "%s/config.json:23:19: error: quantization_config.group_size: 256 is not supported (32, 64 or "
+                  "128)");
+    free(d);
+    d = hfq_copy(FIXTURES "/awq", "gemv", "\"version\"", "\"gemm\"", "\"gemv\"");
+    hfq_expect(d, "%s/config.json:24:16: error: quantization_config.version: AWQ's 'gemv' packing is not supported "
+                  "(only gemm)");
+    free(d);
+    d = hfq_copy(FIXTURES "/gptq", "marlin", "\"checkpoint_format\"", "\"gptq\"", "\"marlin\"");
+    hfq_expect(d, "%s/config.json:26:26: error: quantization_config.checkpoint_format: 'marlin' is not supported "
+                  "(gptq or gptq_v2)");
+    free(d);
+    /* no quantization_config: the quantized tensors are not guessed at */
+    d = hfq_copy(FIXTURES "/awq", "noqc", "\"quantization_config\"", "\"quantization_config\"", "\"x_quantization\"");
+    hfq_expect(d, "%s/model.safetensors: error: tensor 'model.layers.0.self_attn.q_proj.qweight': the matrix is "
+                  "stored quantized, but there is no quantization_config in a config.json beside the weights to "
+                  "say how");
+    free(d);
+    /* the AWQ tensors read as GPTQ's: their shapes do not fit */
+    d = hfq_copy(FIXTURES "/awq", "asgptq", "\"quant_method\"", "\"awq\"", "\"gptq\"");
+    hfq_expect(d, "%s/model.safetensors: error: tensor 'model.layers.0.self_attn.q_proj.qweight': shape [64, 8], "
+                  "expected [8, 64]");
+    free(d);
+}
+
+/* GPTQ's act order: a g_idx that is not row / group_size regroups rows,
+ * which megac's groups cannot; the load is refused at the first such row. */
+Test(weights, gptq_act_order_refused)
+{
+    skip_without_hf_quant();
+    char *d = hfq_copy(FIXTURES "/gptq", "actorder", NULL, NULL, NULL);
+    char *st = xasprintf("%s/model.safetensors", d);
+    StParts p = st_split(st);
+    char *o = st_offsets(p.header, "model.layers.1.mlp.up_proj.g_idx");
+    unsigned long long begin, end;
+    cr_assert_eq(sscanf(o, "[%llu,%llu]", &begin, &end), 2);
+    int32_t one = 1; /* row 0 in group 1 */
+    memcpy(p.data + begin, &one, 4);
+    size_t hl = strlen(p.header);
+    unsigned char *raw = xmalloc(8 + hl + p.ndata);
+    uint64_t h = hl;
+    memcpy(raw, &h, 8);
+    memcpy(raw + 8, p.header, hl);
+    memcpy(raw + 8 + hl, p.data, p.ndata);
+    write_bytes(st, raw, 8 + hl + p.ndata);
+    hfq_expect(d, "%s/model.safetensors: error: tensor 'model.layers.1.mlp.up_proj.g_idx': g_idx[0] is 1, not 0 "
+                  "(row / group_size): act-order checkpoints that regroup rows are not supported");
+    free(raw), free(o), free(p.header), free(p.data), free(st), free(d);
+}
+
+/* A scale that is an infinity: refused by a full load (its f32 view) and
+ * by a compile's (its stored groups), naming the tensor. */
+Test(weights, awq_infinite_scale_refused)
+{
+    skip_without_hf_quant();
+    char *d = hfq_copy(FIXTURES "/awq", "infscale", NULL, NULL, NULL);
+    char *st = xasprintf("%s/model.safetensors", d);
+    size_t n;
+    unsigned char *raw = read_bytes(st, &n);
+    uint64_t h;
+    memcpy(&h, raw, 8);
+    char *header = xstrndup((char *)raw + 8, h);
+    char *o = st_offsets(header, "model.layers.0.mlp.down_proj.scales");
+    unsigned long long begin, end;
+    cr_assert_eq(sscanf(o, "[%llu,%llu]", &begin, &end), 2);
+    uint16_t inf = 0x7c00; /* group 1 of row 3: scales[1][3] */
+    memcpy(raw + 8 + h + begin + 2 * (1 * 64 + 3), &inf, 2);
+    write_bytes(st, raw, n);
+    ModelDesc m;
+    Arena a = {0};
+    Diag dg;
+    diag_init(&dg);
+    cr_assert(desc_load(&m, &a, d, NULL, 0, &dg));
+    for (int flags = 0; flags <= WEIGHTS_STORED_ONLY; flags++) {
+        Weights w;
+        char err[2048];
+        cr_assert_not(load_capture_ex(&w, &m, (unsigned)flags, err, sizeof err));
+        char *want = xasprintf("%s: error: tensor 'model.layers.0.mlp.down_proj.%s' has a non-finite value (NaN or "
+                               "infinity) at element %d", st, flags ? "qweight" : "weight", 3 * 128 + 32);
+        cr_assert(strstr(err, want), "expected\n%s\nin:\n%s", want, err);
+        free(want);
+    }
+    arena_free(&a);
+    free(raw), free(header), free(o), free(st), free(d);
+}
