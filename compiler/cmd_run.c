@@ -70,9 +70,11 @@ static void run_usage(FILE *out)
             "  --system TEXT      a system turn before it (implies --chat)\n"
             "  -i, --interactive  a conversation: each line of standard input is a user\n"
             "                     turn (the first may be --prompt), each reply generated\n"
-            "                     on the cache the conversation left; -n bounds all of it\n"
-            "                     (default: the model's context); bundle engines only\n"
-            "                     (implies --chat)\n"
+            "                     on the cache the conversation left, in a window of -n\n"
+            "                     positions (default: the model's context): when a turn\n"
+            "                     would not fit, the oldest turns are dropped (the first\n"
+            "                     prompt kept) and the rest read again; bundle engines\n"
+            "                     only (implies --chat)\n"
             "  -h, --help         this text\n\n"
             "The text goes to stdout; prompt/generated token counts and tok/s to stderr.\n");
 }

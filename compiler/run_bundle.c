@@ -307,12 +307,104 @@ static megac_model *bundle_open(const char *bundle, bool quiet)
     return NULL;
 }
 
+/* ---- --interactive ---- */
+
+/* What a conversation has put in the cache: tok[0, n), one per position
+ * (megac_position(m) is n between turns); `head` positions of the first
+ * turn's prompt (its BOS, any --system, the first user line: never
+ * dropped; -1 before it), and where each unit that may be dropped began
+ * (at[0, nat)): the first reply, then each later turn with its reply. */
+typedef struct {
+    int *tok;
+    size_t n, cap;
+    int head;
+    size_t *at, nat, atcap;
+} Conv;
+
+/* A reply's tokens as they come (printed, and kept for the history). */
+typedef struct {
+    int *tok;
+    size_t n, cap;
+} Reply;
+
+static int on_reply_token(void *user, int token, const char *text)
+{
+    Reply *r = user;
+    VEC_PUSH(r->tok, r->n, r->cap, token);
+    return on_token(NULL, token, text);
+}
+
+/* After megac_generate fed ids[0, n) and sampled r: the cache took the
+ * prompt and every reply token but, when the reply was cut, its last;
+ * returns that one (-1 when none is left over). */
+static int conv_take(Conv *c, megac_model *m, const int *ids, int n, const Reply *r)
+{
+    for (int i = 0; i < n; i++)
+        VEC_PUSH(c->tok, c->n, c->cap, ids[i]);
+    size_t fed = (size_t)megac_position(m) - c->n;
+    for (size_t i = 0; i < fed && i < r->n; i++)
+        VEC_PUSH(c->tok, c->n, c->cap, r->tok[i]);
+    return fed < r->n ? r->tok[fed] : -1;
+}
+
+/* Makes room for `want` more positions within `steps` (or, where that
+ * cannot be had, for `least`) by dropping the oldest units after the
+ * first prompt (whole; the current one, the last begun, too unless keep_last),
+ * then reads what is kept into a reset cache again: 1. 0 (nothing
+ * changed) when dropping every turn it may would not make room for
+ * `least`; -1 after reporting a failed step. */
+static int conv_shift(Conv *c, megac_model *m, size_t want, size_t least, int steps, bool keep_last)
+{
+    if (c->head < 0 || c->nat == 0)
+        return 0;
+    size_t head = (size_t)c->head, last = keep_last ? c->nat - 1 : c->nat, j = 0;
+#define CONV_KEPT(j) (head + (c->n - ((j) < c->nat ? c->at[j] : c->n)))
+    while (j < last && CONV_KEPT(j) + want > (size_t)steps)
+        j++;
+    if (CONV_KEPT(j) + want > (size_t)steps) /* the most it may drop: room for `least` at least? */
+        want = least;
+    if (CONV_KEPT(j) + want > (size_t)steps)
+        return 0;
+    while (j > 0 && CONV_KEPT(j - 1) + want <= (size_t)steps) /* no more than that needs */
+        j--;
+    size_t from = j < c->nat ? c->at[j] : c->n;
+#undef CONV_KEPT
+    size_t dropped = from - head;
+    memmove(c->tok + head, c->tok + from, sizeof(int) * (c->n - from));
+    c->n -= dropped;
+    memmove(c->at, c->at + j, sizeof(size_t) * (c->nat - j));
+    c->nat -= j;
+    for (size_t i = 0; i < c->nat; i++)
+        c->at[i] -= dropped;
+    fprintf(stderr, "megac run: the context is full: dropped the %zu oldest turn%s (%zu tokens, the first prompt "
+                    "kept); reading the %zu kept again\n", j, j == 1 ? "" : "s", dropped, c->n);
+    megac_status st = megac_reset(m);
+    for (size_t i = 0; i < c->n && st == MEGAC_OK; i++)
+        st = megac_feed(m, c->tok[i]);
+    if (st != MEGAC_OK) {
+        fprintf(stderr, "megac run: %s\n", megac_error(m));
+        return -1;
+    }
+    return 1;
+}
+
+/* The positions a turn leaves its reply before the conversation drops
+ * older turns to make room: a quarter of the window, at most 512. */
+static int conv_reserve(int steps)
+{
+    return steps / 4 < 512 ? steps / 4 : 512;
+}
+
 /* --interactive: a user turn a line of standard input (the first may be
  * --prompt; empty lines are skipped), each reply generated from the
  * position the conversation reached (megac_generate continues there: the
- * turn is fed as a prompt, the cache keeps everything before it). Ends at
- * the end of the input (status 0), or when a turn no longer fits in the
- * `steps` positions or a reply used them up (said on stderr; status 0). */
+ * turn is fed as a prompt, the cache keeps everything before it). When a
+ * turn and room for its reply (conv_reserve) no longer fit in the `steps`
+ * positions, or a reply reaches their end, the oldest turns (the first
+ * reply, then whole turns) are dropped, the first turn's prompt kept, and
+ * the rest read again from position 0 (said on stderr), and the reply goes
+ * on. Ends at the end of the input (status 0),
+ * or when even that leaves no room (said on stderr; status 0). */
 static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
 {
     megac_sampler s = {o->temperature, o->top_k, o->top_p, o->seed};
@@ -321,6 +413,8 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
     const char *turn = o->prompt && *o->prompt ? o->prompt : NULL;
     bool first = true, tty = isatty(STDIN_FILENO);
     int rc = 0;
+    Conv c = {.head = -1};
+    Reply r = {0};
     char *probe = run_turn_text(o, "", true, bundle_is_special, m);    /* a chat format, before any input */
     if (!probe)
         return 2;
@@ -331,12 +425,12 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
                 fputs("> ", stderr);
                 fflush(stderr);
             }
-            ssize_t r = getline(&line, &cap, stdin);
-            if (r < 0)
+            ssize_t got = getline(&line, &cap, stdin);
+            if (got < 0)
                 break;
-            while (r > 0 && (line[r - 1] == '\n' || line[r - 1] == '\r'))
-                line[--r] = 0;
-            if (r == 0)
+            while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r'))
+                line[--got] = 0;
+            if (got == 0)
                 continue;
             turn = line;
         }
@@ -352,7 +446,13 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
                 fprintf(stderr, "megac run: cannot tokenize the turn: %s\n", n < 0 ? megac_error(m) : "no tokens");
         }
         free(text);
-        int pos = megac_position(m), left = steps - pos;
+        if (n >= 1 && !first && n + conv_reserve(steps) > steps - megac_position(m) &&
+            conv_shift(&c, m, (size_t)(n + conv_reserve(steps)), (size_t)n + 1, steps, false) < 0) {
+            rc = 1;
+            free(ids);
+            break;
+        }
+        int left = steps - megac_position(m);
         if (n >= 1 && n >= left)
             fprintf(stderr, "megac run: the turn's %d tokens do not fit in the %d positions left of %d (-n; 0: the "
                             "model's context); the conversation ends here\n", n, left, steps);
@@ -361,27 +461,59 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
             free(ids);
             break;
         }
+        VEC_PUSH(c.at, c.nat, c.atcap, c.n + (first ? (size_t)n : 0)); /* the first unit: the first reply */
+        if (first)
+            c.head = n;
         megac_stats st;
-        int n_new = left - n + 1;
-        megac_status r = megac_generate(m, ids, n, n_new, &s, on_token, NULL, &st);
+        const int *in = ids;
+        int nin = n, n_new = left - n + 1, pending, carry;
+        bool ended = false;
+        for (;;) { /* the reply, shifted on as often as it reaches the end of the window */
+            r.n = 0;
+            megac_status g = megac_generate(m, in, nin, n_new, &s, on_reply_token, &r, &st);
+            if (g != MEGAC_OK) {
+                printf("\n");
+                fflush(stdout);
+                fprintf(stderr, "megac run: %s\n", megac_error(m));
+                rc = 1;
+                ended = true;
+                break;
+            }
+            pending = conv_take(&c, m, in, nin, &r);
+            if (st.generated_tokens < n_new)
+                break;
+            /* cut at the window's end: room for the rest, its last token fed again first */
+            int sh = pending < 0 ? 0 : conv_shift(&c, m, (size_t)conv_reserve(steps) + 1, 2, steps, true);
+            if (sh < 0) {
+                rc = 1;
+                ended = true;
+                break;
+            }
+            if (sh == 0) {
+                printf("\n");
+                fflush(stdout);
+                stats_print(&st, m);
+                fprintf(stderr, "megac run: the reply used up the %d positions (-n; 0: the model's context); the "
+                                "conversation ends here\n", steps);
+                ended = true;
+                break;
+            }
+            carry = pending;
+            in = &carry;
+            nin = 1;
+            n_new = steps - megac_position(m);
+        }
         free(ids);
+        if (ended)
+            break;
         printf("\n");
         fflush(stdout);
-        if (r != MEGAC_OK) {
-            fprintf(stderr, "megac run: %s\n", megac_error(m));
-            rc = 1;
-            break;
-        }
         stats_print(&st, m);
-        if (st.generated_tokens >= n_new) { /* cut short, not at the format's stop token */
-            fprintf(stderr, "megac run: the reply used up the %d positions (-n; 0: the model's context); the "
-                            "conversation ends here\n", steps);
-            break;
-        }
         first = false;
         turn = NULL;
     }
     free(line);
+    free(c.tok), free(c.at), free(r.tok);
     return rc;
 }
 

@@ -414,6 +414,66 @@ Test(run_cmd, smollm2_gguf_interactive, .timeout = 120)
     cr_assert(strstr(err, "the reply used up the 30 positions"), "stderr: %s", err);
 }
 
+/* Writes `lines` to a new temp file; returns its path (static buffer). */
+static const char *turns_file(const char *lines)
+{
+    static char path[] = "/tmp/megac_turns_XXXXXX";
+    strcpy(path, "/tmp/megac_turns_XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, lines, strlen(lines)), (ssize_t)strlen(lines));
+    close(fd);
+    return path;
+}
+
+static int count_of(const char *s, const char *what)
+{
+    int n = 0;
+    for (const char *q = strstr(s, what); q; q = strstr(q + 1, what))
+        n++;
+    return n;
+}
+
+/* --interactive past the window (-n 160): the oldest turns are dropped,
+ * the first prompt kept, and the conversation goes on; asked at the end,
+ * the model still knows the name the first turn gave. */
+Test(run_cmd, smollm2_gguf_interactive_drops_oldest_turns, .timeout = 120)
+{
+    if (access(SMOLLM2_GGUF, R_OK) != 0)
+        cr_skip_test("%s is absent (see models/smollm2-135m-instruct-gguf.yaml)", SMOLLM2_GGUF);
+    static char out[1 << 16], err[8192];
+    const char *path = turns_file("My name is Anna.\nWhat is 2 + 2?\nWhat is the capital of France?\nWhat is the "
+                                  "capital of Italy?\nWhat is the capital of Spain?\nWhat is my name?\n");
+    char *args = xasprintf("models/smollm2-135m-instruct-gguf.yaml --set weights.path=" SMOLLM2_GGUF
+                           " --temp 0 -n 160 -i < %s", path);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
+    free(args);
+    unlink(path);
+    cr_assert_geq(count_of(err, "megac run: the context is full: dropped the "), 1, "stderr: %s", err);
+    cr_assert_eq(count_of(err, "prompt tokens: "), 6, "six replies: %s", err);
+    cr_assert(strstr(out, "Paris") && strstr(out, "Madrid"), "%s", out);
+    const char *last = out + strlen(out) - 1;
+    while (last > out && last[-1] != '\n')
+        last--;
+    cr_assert(strstr(last, "Anna"), "the last reply: %s", last);
+}
+
+/* The same mechanics on the repository's tiny Llama 3 checkpoint (random
+ * weights: long replies): each turn that no longer fits drops older ones,
+ * the conversation ends only when a reply fills what is left, status 0. */
+Test(run_cmd, interactive_drops_oldest_turns, .timeout = 60)
+{
+    static char out[1 << 16], err[8192];
+    const char *path = turns_file("hello there how are you\nwhat is the weather\ntell me more\nok\nyes\nno\n");
+    char *args = xasprintf("tests/fixtures/weights/hf-llama3 --temp 0 -n 200 -i < %s", path);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
+    free(args);
+    unlink(path);
+    cr_assert_geq(count_of(err, "megac run: the context is full: dropped the "), 1, "stderr: %s", err);
+    cr_assert_geq(count_of(err, "prompt tokens: "), 3, "stderr: %s", err);
+    cr_assert_not(strstr(err, "do not fit"), "stderr: %s", err);
+}
+
 /* --interactive needs a bundle engine and a chat format, and says so
  * before reading any input. */
 Test(run_cmd, interactive_usage_errors, .timeout = 60)
