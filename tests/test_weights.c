@@ -1717,36 +1717,37 @@ static void hfq_expect(const char *dir, const char *want)
 Test(weights, awq_and_gptq_refusals)
 {
     skip_without_hf_quant();
-    char *d = hfq_copy(FIXTURES "/awq", "bnb", "\"quant_method\"", "\"awq\"", "\"bitsandbytes\"");
-    hfq_expect(d, "%s/config.json:21:21: error: quantization_config: quant_method 'bitsandbytes' is not supported "
-                  "(megac reads AWQ and GPTQ 4-bit checkpoints)");
-    free(d);
-    d = hfq_copy(FIXTURES "/awq", "bits8", "\"bits\"", "4", "8");
-    hfq_expect(d, "%s/config.json:22:13: error: quantization_config.bits: 8-bit weights are not supported (only 4)");
-    free(d);
-    d = hfq_copy(FIXTURES "/awq", "g256", "\"group_size\"", "32", "256");
-    hfq_expect(d, "%s/config.json:23:19: error: quantization_config.group_size: 256 is not supported (32, 64 or "
-                  "128)");
-    free(d);
-    d = hfq_copy(FIXTURES "/awq", "gemv", "\"version\"", "\"gemm\"", "\"gemv\"");
-    hfq_expect(d, "%s/config.json:24:16: error: quantization_config.version: AWQ's 'gemv' packing is not supported "
-                  "(only gemm)");
-    free(d);
-    d = hfq_copy(FIXTURES "/gptq", "marlin", "\"checkpoint_format\"", "\"gptq\"", "\"marlin\"");
-    hfq_expect(d, "%s/config.json:26:26: error: quantization_config.checkpoint_format: 'marlin' is not supported "
-                  "(gptq or gptq_v2)");
-    free(d);
-    /* no quantization_config: the quantized tensors are not guessed at */
-    d = hfq_copy(FIXTURES "/awq", "noqc", "\"quantization_config\"", "\"quantization_config\"", "\"x_quantization\"");
-    hfq_expect(d, "%s/model.safetensors: error: tensor 'model.layers.0.self_attn.q_proj.qweight': the matrix is "
-                  "stored quantized, but there is no quantization_config in a config.json beside the weights to "
-                  "say how");
-    free(d);
-    /* the AWQ tensors read as GPTQ's: their shapes do not fit */
-    d = hfq_copy(FIXTURES "/awq", "asgptq", "\"quant_method\"", "\"awq\"", "\"gptq\"");
-    hfq_expect(d, "%s/model.safetensors: error: tensor 'model.layers.0.self_attn.q_proj.qweight': shape [64, 8], "
-                  "expected [8, 64]");
-    free(d);
+    static const struct {
+        const char *src, *name, *anchor, *from, *to, *want; /* the config's first `from` after `anchor` made `to` */
+    } cases[] = {
+        {"awq", "bnb", "\"quant_method\"", "\"awq\"", "\"bitsandbytes\"",
+         "%s/config.json:21:21: error: quantization_config: quant_method 'bitsandbytes' is not supported (megac "
+         "reads AWQ and GPTQ 4-bit checkpoints)"},
+        {"awq", "bits8", "\"bits\"", "4", "8",
+         "%s/config.json:22:13: error: quantization_config.bits: 8-bit weights are not supported (only 4)"},
+        {"awq", "g256", "\"group_size\"", "32", "256",
+         "%s/config.json:23:19: error: quantization_config.group_size: 256 is not supported (32, 64 or 128)"},
+        {"awq", "gemv", "\"version\"", "\"gemm\"", "\"gemv\"",
+         "%s/config.json:24:16: error: quantization_config.version: AWQ's 'gemv' packing is not supported (only "
+         "gemm)"},
+        {"gptq", "marlin", "\"checkpoint_format\"", "\"gptq\"", "\"marlin\"",
+         "%s/config.json:26:26: error: quantization_config.checkpoint_format: 'marlin' is not supported (gptq or "
+         "gptq_v2)"},
+        /* no quantization_config: the quantized tensors are not guessed at */
+        {"awq", "noqc", "\"quantization_config\"", "\"quantization_config\"", "\"x_quantization\"",
+         "%s/model.safetensors: error: tensor 'model.layers.0.self_attn.q_proj.qweight': the matrix is stored "
+         "quantized, but there is no quantization_config in a config.json beside the weights to say how"},
+        /* the AWQ tensors read as GPTQ's: their shapes do not fit */
+        {"awq", "asgptq", "\"quant_method\"", "\"awq\"", "\"gptq\"",
+         "%s/model.safetensors: error: tensor 'model.layers.0.self_attn.q_proj.qweight': shape [64, 8], expected "
+         "[8, 64]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *src = xasprintf("%s/%s", FIXTURES, cases[i].src);
+        char *d = hfq_copy(src, cases[i].name, cases[i].anchor, cases[i].from, cases[i].to);
+        hfq_expect(d, cases[i].want);
+        free(d), free(src);
+    }
 }
 
 /* GPTQ's act order: a g_idx that is not row / group_size regroups rows,
