@@ -1750,6 +1750,34 @@ Test(weights, awq_and_gptq_refusals)
     }
 }
 
+/* checkpoint_format gptq_v2 stores the zeros themselves: the same file
+ * read so has every group's zero one less, nothing else changed. */
+Test(weights, gptq_v2_zeros_as_stored)
+{
+    skip_without_hf_quant();
+    char *d = hfq_copy(FIXTURES "/gptq", "v2", "\"checkpoint_format\"", "\"gptq\"", "\"gptq_v2\"");
+    const char *dirs[2] = {FIXTURES "/gptq", d};
+    Weights w[2];
+    Arena a = {0};
+    for (int i = 0; i < 2; i++) {
+        ModelDesc m;
+        Diag dg;
+        diag_init(&dg);
+        cr_assert(desc_load(&m, &a, dirs[i], NULL, 0, &dg));
+        char err[1024];
+        cr_assert(load_capture(&w[i], &m, err, sizeof err), "%s: %s", dirs[i], err);
+    }
+    const QTensor *q1 = weights_qtensor(&w[0], "L1.w_down"), *q2 = weights_qtensor(&w[1], "L1.w_down");
+    cr_assert(q1 && q2 && q1->dtype == DT_W4G64 && q2->dtype == DT_W4G64 && q1->nbytes == q2->nbytes);
+    size_t gb = dtype_row_bytes(DT_W4G64, 64);
+    for (size_t i = 0; i < q1->nbytes; i++)
+        cr_assert_eq(q2->data[i] + (i % gb == 2), q1->data[i], "byte %zu (record byte %zu)", i, i % gb);
+    weights_free(&w[0]);
+    weights_free(&w[1]);
+    arena_free(&a);
+    free(d);
+}
+
 /* GPTQ's act order: a g_idx that is not row / group_size regroups rows,
  * which megac's groups cannot; the load is refused at the first such row. */
 Test(weights, gptq_act_order_refused)
