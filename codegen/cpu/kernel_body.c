@@ -2189,6 +2189,7 @@ static void qrows4(int t, const unsigned char *const row[4], const float *x, con
 static int isa_vnni512_gemv_q8x(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 static int isa_avxvnni_gemv_q8x(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 static int isa_vnni512_gemv_nibq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
+static int isa_gfni512_gemv_nibq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 
 static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
@@ -2209,7 +2210,8 @@ static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t
         !(megac_k_isa & KT_ISA_AVX512) && k % 32 == 0 && k <= QFAST_K_MAX && isa_avxvnni_gemv_q8x(t, sg, ns, x, k))
         return;
     if ((HAS_DT(DT_W4G64) | HAS_DT(DT_W4G128)) && (t == DT_W4G64 || t == DT_W4G128) &&
-        (megac_k_isa & KT_ISA_VNNI512) && k % 32 == 0 && k <= QFAST_K_MAX && isa_vnni512_gemv_nibq(t, sg, ns, x, k))
+        (megac_k_isa & KT_ISA_VNNI512) && k % 32 == 0 && k <= QFAST_K_MAX &&
+        ((megac_k_isa & KT_ISA_GFNI512) ? isa_gfni512_gemv_nibq(t, sg, ns, x, k) : isa_vnni512_gemv_nibq(t, sg, ns, x, k)))
         return;
     int64_t rb = qrow_bytes(t, k);
     int fast = k <= QFAST_K_MAX && (t == DT_W8 || ((t == DT_Q8_0 || t == DT_W4G64 || t == DT_W4G128) && k % 32 == 0));
@@ -2525,122 +2527,21 @@ static inline __attribute__((always_inline)) ISA_VNNI512 v4f isa_vnni512_nib_s4(
     return s;
 }
 
-/* isa_vnni512_pk_dots() of a W4G* record's 64 bytes v (four chunks). */
-static inline __attribute__((always_inline)) ISA_VNNI512 v16i32 isa_vnni512_nib_dots(v16u32 v, const int8_t *xq)
-{
-    return isa_vnni512_pk_dots(v & 0x0f0f0f0fu, v >> 4 & 0x0f0f0f0fu, xq);
-}
-
-/* W4G64 and W4G128 rows with vpdpbusd, x as the packed rows take it (three
- * planes of 23-bit fixed point per block of 32) but in element order,
- * which is the records' (nib_groups4: s @0, z @2, then 16 bytes per 32
- * weights, byte b's low nibble weight b, its high one b + 16): a 64-byte
- * vector is four chunks of 32 (lanes 4c..4c+3: chunk c, one W4G128 group
- * or two W4G64 ones), its sums scaled by their blocks' u and their group's
- * s, and s z (the group's sum of x) comes off per group. One load, two
- * nibble ops, six dot products and three float ops per 128 weights of a
- * row where the table kernel (isa_avx512_nib_groups4) takes a lookup and
- * an FMA per 16 (from L2, one core, k 2048: W4G64 12.7 -> 18.5 GB/s,
- * W4G128 13.2 -> 20.8; Llama-3.2-1B W4A16-g128 decodes 1.52-1.76x faster).
- * A last superblock of 1-3 chunks (k % 128) loads them one by one. */
-static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_nibq_rows(int t, const GemvSeg *g,
-                                                                                   const int8_t *xq, const float *ub,
-                                                                                   const float *xg, int64_t k)
-{
-    const int64_t gs = t == DT_W4G64 ? 64 : 128, gb = 4 + gs / 2, nf = k / 128, rest = k % 128 / 32;
-    int64_t rb = qrow_bytes(t, k);
-    WStream *tws = seg_trickle(g, rb, k, WS_TRICKLE_K);
-    for (int64_t r = g->r0; r < g->r1; r += 4) {
-        const unsigned char *row[4];
-        seg_quad(g, rb, r, row);
-        v16f acc[4] = {{0}, {0}, {0}, {0}};
-        v4f off = {0};
-        for (int64_t j = 0; j < nf; j++) {
-            if (tws)
-                ws_trickle(tws, 4 * 128 / gs * gb);
-            v4f u4 = *(const v4f *)(ub + 4 * j), sza, szb;
-            v16f u = __builtin_shufflevector(u4, u4, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-            const int8_t *xj = xq + 384 * j;
-            if (gs == 128) {
-                v4f s4 = isa_vnni512_nib_s4(row, gb * j, &sza);
-                off += sza * xg[j];
-                UNROLL4
-                for (int i = 0; i < 4; i++) {
-                    v16u32 v = *(const v16u32a1 *)(row[i] + gb * j + 4);
-                    acc[i] += (s4[i] * u) * __builtin_convertvector(isa_vnni512_nib_dots(v, xj), v16f);
-                }
-            } else { /* two groups: chunks 0-1, 2-3 */
-                v4f sa = isa_vnni512_nib_s4(row, gb * 2 * j, &sza), sb = isa_vnni512_nib_s4(row, gb * (2 * j + 1), &szb);
-                off += sza * xg[2 * j] + szb * xg[2 * j + 1];
-                UNROLL4
-                for (int i = 0; i < 4; i++) {
-                    v8u32 a, b;
-                    memcpy(&a, row[i] + gb * 2 * j + 4, 32);
-                    memcpy(&b, row[i] + gb * (2 * j + 1) + 4, 32);
-                    v16u32 v = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-                    float a0 = sa[i], b0 = sb[i];
-                    v16f sv = {a0, a0, a0, a0, a0, a0, a0, a0, b0, b0, b0, b0, b0, b0, b0, b0};
-                    acc[i] += (sv * u) * __builtin_convertvector(isa_vnni512_nib_dots(v, xj), v16f);
-                }
-            }
-        }
-        if (rest) { /* chunks 4 nf .. 4 nf + rest - 1 (a last short group, or a W4G64 group and a short one) */
-            v4f u4 = *(const v4f *)(ub + 4 * nf), s[3], sz;
-            v16f u = __builtin_shufflevector(u4, u4, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-            int64_t at[3];
-            for (int64_t c = 0; c < rest; c++) {
-                int64_t ch = 4 * nf + c, gi = 32 * ch / gs, cc = ch % (gs / 32);
-                at[c] = gb * gi + 4 + 16 * cc;
-                if (c == 0 || cc == 0) {
-                    s[c] = isa_vnni512_nib_s4(row, gb * gi, &sz);
-                    off += sz * xg[gi];
-                } else {
-                    s[c] = s[c - 1];
-                }
-            }
-            UNROLL4
-            for (int i = 0; i < 4; i++) {
-                v4u32 q[3] = {{0}, {0}, {0}};
-                float sc[3] = {0, 0, 0};
-                UNROLL4
-                for (int c = 0; c < 3; c++)
-                    if (c < rest) {
-                        q[c] = *(const v4u32u_a *)(row[i] + at[c]);
-                        sc[c] = s[c][i];
-                    }
-                v8u32 q01 = __builtin_shufflevector(q[0], q[1], 0, 1, 2, 3, 4, 5, 6, 7);
-                v8u32 q2 = __builtin_shufflevector(q[2], (v4u32){0}, 0, 1, 2, 3, 4, 5, 6, 7);
-                v16u32 v = __builtin_shufflevector(q01, q2, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-                v16f sv = {sc[0], sc[0], sc[0], sc[0], sc[1], sc[1], sc[1], sc[1], sc[2], sc[2], sc[2], sc[2], 0, 0, 0, 0};
-                acc[i] += (sv * u) * __builtin_convertvector(isa_vnni512_nib_dots(v, xq + 384 * nf), v16f);
-            }
-        }
-        float out[4];
-        UNROLL4
-        for (int i = 0; i < 4; i++)
-            out[i] = hsum16(&acc[i]) - off[i];
-        seg_quad_store(g, rb, r, out);
-    }
-}
-
-/* gemv_quant()'s W4G64/W4G128 rows (k % 32 == 0) with vpdpbusd; 0 (nothing
- * done) where x_integer_ok() is not. */
-static ISA_VNNI512 int isa_vnni512_gemv_nibq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
-{
-    int64_t nsb = (k / 32 + 3) / 4;
-    int8_t xq[384 * nsb] __attribute__((aligned(64)));
-    float ub[4 * nsb] __attribute__((aligned(16))), xg[k / 32 + 1];
-    if (!isa_vnni512_pkq_x_prepare(x, k, 1, xq, ub))
-        return 0;
-    x_group_sums(x, k, t == DT_W4G64 ? 64 : 128, xg);
-    for (int i = 0; i < ns; i++) {
-        if (t == DT_W4G64)
-            isa_vnni512_nibq_rows(DT_W4G64, &sg[i], xq, ub, xg, k);
-        else
-            isa_vnni512_nibq_rows(DT_W4G128, &sg[i], xq, ub, xg, k);
-    }
-    return 1;
-}
+#define NQ(name) isa_vnni512_##name
+#define NQ_ATTR ISA_VNNI512
+#define NQ_HI(v) ((v) >> 4 & 0x0f0f0f0fu)
+#include "codegen/cpu/kernel_nibq.inc"
+#undef NQ
+#undef NQ_ATTR
+#undef NQ_HI
+/* with GFNI, the high nibbles by one vgf2p8affineqb (isa_gfni512_hi) */
+#define NQ(name) isa_gfni512_##name
+#define NQ_ATTR ISA_GFNI512
+#define NQ_HI(v) isa_gfni512_hi(v)
+#include "codegen/cpu/kernel_nibq.inc"
+#undef NQ
+#undef NQ_ATTR
+#undef NQ_HI
 
 /* Q4_K, Q5_K and Q6_K rows with vpdpbusd, x in the same three planes of
  * 23-bit fixed point per block of 32 as the packed rows (above). The
@@ -3193,6 +3094,135 @@ static ISA_VNNI512 void isa_vnni512_w4a8_rows4(int64_t gs, const unsigned char *
     UNROLL4
     for (int i = 0; i < 4; i++)
         out[i] = (acc[4 * i] + acc[4 * i + 1]) + (acc[4 * i + 2] + acc[4 * i + 3]) - off[i];
+}
+
+/* W4A8G64 and W4A8G128 rows, k % 32 == 0, a row at a time within the
+ * four (x shared): a superblock's 128 weights - one W4G128 record's
+ * nibbles, or two W4G64 records' - as one vector in the records' own
+ * chunk order (Q4_0's: byte 16c + i holds elements 32c + i and
+ * 32c + 16 + i), against x's halves of the same chunks (w4ga8_x_prepare:
+ * per superblock the first 16 int8 of each chunk, then the last 16), two
+ * u8 x s8 dot products; lane 4c + l's sum scaled by chunk c's d times its
+ * group's s, and s z times the group's sum of x (dsx) taken off at the
+ * end. isa_vnni512_w4a8_rows4 (still W4A8G32's where its rows are not
+ * packed) gathers four rows' 16 bytes into a vector per block of 32, about
+ * 15 vector ops per 64 bytes of nibbles where this takes 9: on the Xeon
+ * host, `megac bench --versus` both ways round, SmolLM2-135M with
+ * W4A8-g128 everywhere 1.13-1.15x (0.60 -> 0.70 of the ceiling) and
+ * Llama-3.2-1B's shape 1.16-1.17x (0.68 -> 0.81, from memory). The main
+ * loop takes whole superblocks (constants: the first try, with the short
+ * last one's copies inside it, spilled and ran at 0.73x); the last may hold
+ * 1-3 chunks (zeros past them, in x too). */
+static inline __attribute__((always_inline)) ISA_VNNI512 v16u32 isa_vnni512_w4g_nib(int64_t gs,
+                                                                                 const unsigned char *row,
+                                                                                 int64_t sb, int nc)
+{
+    if (gs == 128) {
+        const unsigned char *p = row + 68 * sb + 4;
+        if (nc == 4)
+            return *(const v16u32u *)p;
+        v16u32 v = {0};
+        memcpy(&v, p, (size_t)(16 * nc));
+        return v;
+    }
+    const unsigned char *p = row + 72 * sb + 4; /* two records of 36 bytes */
+    v8u32 a = {0}, b = {0};
+    memcpy(&a, p, nc >= 2 ? 32 : 16);
+    if (nc > 2)
+        memcpy(&b, p + 36, nc == 4 ? 32 : 16);
+    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+#define W4GA8_ROWS(pre, attr, hi4)                                                                              \
+    /* superblock sb of the four rows, nc of its chunks (a constant) */                                        \
+    static inline __attribute__((always_inline)) attr void pre##_w4ga8_sb(                                    \
+        int64_t gs, int nc, const unsigned char *const row[4], int64_t sb, const int8_t *xs, const float *d16, \
+        const float *dsx, v16f acc[4], v4f *off)                                                               \
+    {                                                                                                          \
+        int64_t sbb = gs == 128 ? 68 : 72;                                                                     \
+        v16u32 xl = *(const v16u32 *)(xs + 128 * sb), xh = *(const v16u32 *)(xs + 128 * sb + 64);              \
+        v16f d = *(const v16f *)(d16 + 16 * sb);                                                               \
+        /* each row's group scales (f16) and zeros: g128 one group, g64 up to two */                         \
+        v8i16 h = {0};                                                                                         \
+        v4f z0, z1 = {0};                                                                                      \
+        UNROLL4                                                                                                \
+        for (int i = 0; i < 4; i++) {                                                                          \
+            const unsigned char *r = row[i] + sbb * sb;                                                        \
+            uint16_t hv;                                                                                       \
+            memcpy(&hv, r, 2);                                                                                 \
+            h[i] = (short)hv;                                                                                  \
+            z0[i] = (float)r[2];                                                                               \
+            if (gs == 64 && nc > 2) {                                                                          \
+                memcpy(&hv, r + 36, 2);                                                                        \
+                h[4 + i] = (short)hv;                                                                          \
+                z1[i] = (float)r[38];                                                                          \
+            }                                                                                                  \
+        }                                                                                                      \
+        v8f sc = __builtin_ia32_vcvtph2ps256(h);                                                               \
+        v4f s0 = __builtin_shufflevector(sc, sc, 0, 1, 2, 3), s1 = __builtin_shufflevector(sc, sc, 4, 5, 6, 7); \
+        int64_t g = gs == 128 ? sb : 2 * sb;                                                                   \
+        *off += s0 * z0 * dsx[g];                                                                              \
+        if (gs == 64 && nc > 2)                                                                                \
+            *off += s1 * z1 * dsx[g + 1];                                                                      \
+        UNROLL4                                                                                                \
+        for (int i = 0; i < 4; i++) {                                                                          \
+            v16u32 v = isa_vnni512_w4g_nib(gs, row[i], sb, nc);                                                \
+            v16i32 p = isa_vnni512_dot((v16i32){0}, v & 0x0f0f0f0fu, xl);                                      \
+            p = isa_vnni512_dot(p, hi4(v), xh);                                                                \
+            v16f sv = gs == 128 ? (v16f){0} + s0[i]                                                            \
+                                : (v16f){s0[i], s0[i], s0[i], s0[i], s0[i], s0[i], s0[i], s0[i],               \
+                                         s1[i], s1[i], s1[i], s1[i], s1[i], s1[i], s1[i], s1[i]};              \
+            acc[i] += __builtin_convertvector(p, v16f) * (d * sv);                                             \
+        }                                                                                                      \
+    }                                                                                                          \
+    static inline __attribute__((always_inline)) attr void pre##_w4ga8_quad(                                  \
+        int64_t gs, const unsigned char *const row[4], const int8_t *xs, const float *d16, const float *dsx,   \
+        int64_t k, float out[4], WStream *ws)                                                                  \
+    {                                                                                                          \
+        int64_t nsb = k / 128, sbb = gs == 128 ? 68 : 72;                                                      \
+        v16f acc[4] = {{0}, {0}, {0}, {0}};                                                                    \
+        v4f off = {0};                                                                                         \
+        for (int64_t sb = 0; sb < nsb; sb++) {                                                                 \
+            if (ws)                                                                                            \
+                ws_trickle(ws, 4 * sbb);                                                                       \
+            pre##_w4ga8_sb(gs, 4, row, sb, xs, d16, dsx, acc, &off);                                           \
+        }                                                                                                      \
+        switch (k % 128 / 32) { /* the short last superblock */                                               \
+        case 1: pre##_w4ga8_sb(gs, 1, row, nsb, xs, d16, dsx, acc, &off); break;                               \
+        case 2: pre##_w4ga8_sb(gs, 2, row, nsb, xs, d16, dsx, acc, &off); break;                               \
+        case 3: pre##_w4ga8_sb(gs, 3, row, nsb, xs, d16, dsx, acc, &off); break;                               \
+        }                                                                                                      \
+        UNROLL4                                                                                                \
+        for (int i = 0; i < 4; i++)                                                                            \
+            out[i] = hsum16(&acc[i]) - off[i];                                                                 \
+    }                                                                                                          \
+    static attr void pre##_w4ga8_rows4(int64_t gs, const unsigned char *const row[4], const int8_t *xs,        \
+                                       const float *d16, const float *dsx, int64_t k, float out[4], WStream *ws) \
+    {                                                                                                          \
+        if (gs == 128)                                                                                         \
+            pre##_w4ga8_quad(128, row, xs, d16, dsx, k, out, ws);                                              \
+        else                                                                                                   \
+            pre##_w4ga8_quad(64, row, xs, d16, dsx, k, out, ws);                                               \
+    }
+#define W4GA8_HI_SHIFT(v) (((v) >> 4) & 0x0f0f0f0fu)
+W4GA8_ROWS(isa_vnni512, ISA_VNNI512, W4GA8_HI_SHIFT)
+W4GA8_ROWS(isa_gfni512, ISA_GFNI512, isa_gfni512_hi)
+
+/* x for the rows above: per superblock sb of 128 elements, xs[128 sb:]
+ * holds the first 16 int8 of each of its four chunks of 32, then the last
+ * 16 of each, and d16[16 sb:] each chunk's d four times; zeros past k. */
+static void w4ga8_x_prepare(const int8_t *xq, const float *dq, int64_t k, int8_t *xs, float *d16)
+{
+    int64_t nsb = (k + 127) / 128;
+    for (int64_t c = 0; c < 4 * nsb; c++) {
+        int8_t *o = xs + 128 * (c / 4) + 16 * (c % 4);
+        for (int j = 0; j < 16; j++) {
+            o[j] = 32 * c < k ? xq[32 * c + j] : 0;
+            o[64 + j] = 32 * c < k ? xq[32 * c + 16 + j] : 0;
+        }
+        for (int l = 0; l < 4; l++)
+            d16[4 * c + l] = 32 * c < k ? dq[c] : 0.0f;
+    }
 }
 
 /* ---- int8 activations on 256 bits (KT_ISA_AVX2, KT_ISA_AVXVNNI) ----
@@ -4648,6 +4678,10 @@ static inline __attribute__((always_inline)) void a8_rows4(int kind, int t, cons
         isa_avx2_q8_0a8_rows4(row, xq, dq, k, out, ws);
     else if (kind == 2 && t == DT_W8A8)
         isa_vnni512_w8a8_rows4(row, xq, side, c, k, out, ws);
+    else if (kind == 2 && gs > 32 && (megac_k_isa & KT_ISA_GFNI512))
+        isa_gfni512_w4ga8_rows4(gs, row, xq, dq, side, k, out, ws); /* xq, dq: w4ga8_x_prepare's */
+    else if (kind == 2 && gs > 32)
+        isa_vnni512_w4ga8_rows4(gs, row, xq, dq, side, k, out, ws);
     else if (kind == 2)
         isa_vnni512_w4a8_rows4(gs, row, xq, dq, side, k, out);
     else if (kind == 1 && t == DT_W8A8)
@@ -4686,15 +4720,18 @@ static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_
             side[bl * 32 / gs] = (bl * 32 % gs ? side[bl * 32 / gs] : 0.0f) + dq[bl] * (float)sx;
         }
     }
-    /* W4A8G64/G128 on 256 bits: xq and dq rearranged (a8_pair_prepare) */
-    int pairs = !q8 && kind < 2;
-    int64_t np = pairs ? (k / 32 + 1) / 2 : 1;
-    int8_t xq2[64 * np] __attribute__((aligned(32)));
-    float dq8[8 * np] __attribute__((aligned(32)));
+    /* W4A8G64/G128: xq and dq rearranged, on 256 bits by pairs of blocks
+     * (a8_pair_prepare), on AVX-512 VNNI by superblocks (w4ga8_x_prepare) */
+    int pairs = !q8 && kind < 2, sbs = !q8 && kind == 2 && gs > 32;
+    int64_t np = pairs ? (k / 32 + 1) / 2 : sbs ? (k + 127) / 128 : 1;
+    int8_t xq2[(pairs ? 64 : 128) * np] __attribute__((aligned(64)));
+    float dq8[(pairs ? 8 : 16) * np] __attribute__((aligned(64)));
     if (pairs)
         a8_pair_prepare(xq, dq, k, xq2, dq8);
-    const int8_t *xa = pairs ? xq2 : xq;
-    const float *da = pairs ? dq8 : t == DT_Q8_0A8 ? dqp : dq;
+    if (sbs)
+        w4ga8_x_prepare(xq, dq, k, xq2, dq8);
+    const int8_t *xa = pairs || sbs ? xq2 : xq;
+    const float *da = pairs || sbs ? dq8 : t == DT_Q8_0A8 ? dqp : dq;
     /* far quads where the kernel asks through its stream (kind 2) */
     int far = kind == 2 && (t == DT_Q8_0A8 || t == DT_W8A8);
     for (int i = 0; i < ns; i++)
