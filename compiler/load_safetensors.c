@@ -672,10 +672,10 @@ static int hq_fetch(StModel *sm, const char *base, const WSlot *s, float *dst, D
     size_t rb = dtype_row_bytes(t, k), gb = rb / (size_t)ng;
     unsigned char *buf = xmalloc(rb * (size_t)n);
     memset(buf, 0, rb * (size_t)n);
-    for (int64_t r = 0; r < n; r++) {
-        int zs = awq ? 4 * AWQ_NIBBLE[r % 8] : 4 * (int)(r % 8);
+    for (int64_t r = 0; r < n; r++) /* each group's s and z */
         for (int64_t gi = 0; gi < ng; gi++) {
             unsigned char *rec = buf + (size_t)r * rb + (size_t)gi * gb;
+            int zs = awq ? 4 * AWQ_NIBBLE[r % 8] : 4 * (int)(r % 8);
             int z = (int)(hq_u32(pz, gi * (n / 8) + r / 8) >> zs & 15) + sm->hq.zero_add;
             if (z > 15) {
                 diag_file_error(d, fz->path, "tensor '%s.qzeros': group %" PRId64 " of row %" PRId64 " stores 15, "
@@ -685,15 +685,27 @@ static int hq_fetch(StModel *sm, const char *base, const WSlot *s, float *dst, D
             }
             memcpy(rec, ps + 2 * (gi * n + r), 2);
             rec[2] = (unsigned char)z;
-            for (int64_t j = 0; j < g; j++) {
-                int64_t kk = gi * g + j;
-                uint32_t wd = awq ? hq_u32(pq, kk * (n / 8) + r / 8) : hq_u32(pq, (kk / 8) * n + r);
-                int q = (int)(wd >> (awq ? 4 * AWQ_NIBBLE[r % 8] : 4 * (int)(kk % 8)) & 15);
-                unsigned char *b = rec + 4 + 16 * (j / 32) + j % 16;
-                *b |= (unsigned char)(j % 32 < 16 ? q : q << 4);
-            }
         }
-    }
+    /* the nibbles, a word read once: AWQ's word [kk][j] holds column kk of
+     * rows 8j..8j+7, GPTQ's [k8][r] columns 8 k8..8 k8+7 of row r; rows are
+     * taken a block at a time (8 for AWQ, 16 for GPTQ: a cache line of
+     * words), so that both the words and the rows written stay in cache
+     * (one Llama-3.1-8B-shaped layer of AWQ g128 groups, 218M weights:
+     * 0.93 s of megac compile's weights_load, where row by row, each
+     * weight reading its own word, took 1.25 s) */
+    int gl = g == 32 ? 5 : g == 64 ? 6 : 7;
+    for (int64_t r0 = 0; r0 < n; r0 += awq ? 8 : 16)
+        for (int64_t kk = 0; kk < k; kk += awq ? 1 : 8)
+            for (int64_t r = r0; r < r0 + (awq ? 8 : 16) && r < n; r++) {
+                unsigned char *row = buf + (size_t)r * rb;
+                uint32_t wd = awq ? hq_u32(pq, kk * (n / 8) + r / 8) : hq_u32(pq, (kk / 8) * n + r);
+                for (int b = 0; b < (awq ? 1 : 8); b++) {
+                    int64_t c = kk + b, j = c & (g - 1); /* g: 32, 64 or 128 */
+                    int q = (int)(wd >> (awq ? 4 * AWQ_NIBBLE[r % 8] : 4 * b) & 15);
+                    unsigned char *p = row + (size_t)(c >> gl) * gb + 4 + 16 * (j / 32) + j % 16;
+                    *p |= (unsigned char)(j % 32 < 16 ? q : q << 4);
+                }
+            }
     int r = weights_fetch_stored(sm->w, s, dst, t, buf, fq->path, qn, d);
     if (!r) {
         for (int64_t i = 0; i < n; i++)
