@@ -594,14 +594,15 @@ static const StEntry *hq_entry(StModel *sm, const char *name, const char *dt, St
     return e;
 }
 
-/* Entry e's shape is [a, b]; reported otherwise. */
-static bool hq_shape(const StFile *sf, const StEntry *e, int64_t a, int64_t b, Diag *d)
+/* Entry e's shape is [a, b] (ndim 2) or [a] (ndim 1); reported otherwise. */
+static bool hq_shape(const StFile *sf, const StEntry *e, int ndim, int64_t a, int64_t b, Diag *d)
 {
-    if (e->ndim == 2 && e->shape[0] == a && e->shape[1] == b)
+    const int64_t want[2] = {a, b};
+    if (e->ndim == ndim && e->shape[0] == a && (ndim == 1 || e->shape[1] == b))
         return true;
-    char got[96];
-    diag_file_error(d, sf->path, "tensor '%s': shape %s, expected [%" PRId64 ", %" PRId64 "]", e->name,
-                    shape_str(got, sizeof got, e->ndim, e->shape), a, b);
+    char got[96], exp[96];
+    diag_file_error(d, sf->path, "tensor '%s': shape %s, expected %s", e->name,
+                    shape_str(got, sizeof got, e->ndim, e->shape), shape_str(exp, sizeof exp, ndim, want));
     return false;
 }
 
@@ -644,20 +645,13 @@ static int hq_fetch(StModel *sm, const char *base, const WSlot *s, float *dst, D
                         awq ? "" : " and of 8");
         return -1;
     }
-    if (!hq_shape(fq, eq, awq ? k : k / 8, awq ? n / 8 : n, d) || !hq_shape(fz, ez, ng, n / 8, d) ||
-        !hq_shape(fs, es, ng, n, d))
+    if (!hq_shape(fq, eq, 2, awq ? k : k / 8, awq ? n / 8 : n, d) || !hq_shape(fz, ez, 2, ng, n / 8, d) ||
+        !hq_shape(fs, es, 2, ng, n, d))
         return -1;
     const StEntry *eg = NULL;
-    if (!awq && st_has(sm, arena_printf(a, "%s.g_idx", base))) {
-        if (!(eg = hq_entry(sm, arena_printf(a, "%s.g_idx", base), "I32", &fg, d)))
-            return -1;
-        if (eg->ndim != 1 || eg->shape[0] != k) {
-            char got[96];
-            diag_file_error(d, fg->path, "tensor '%s': shape %s, expected [%" PRId64 "]", eg->name,
-                            shape_str(got, sizeof got, eg->ndim, eg->shape), k);
-            return -1;
-        }
-    }
+    const char *gn = arena_printf(a, "%s.g_idx", base);
+    if (!awq && st_has(sm, gn) && (!(eg = hq_entry(sm, gn, "I32", &fg, d)) || !hq_shape(fg, eg, 1, k, 0, d)))
+        return -1;
     DType t = g == 32 ? DT_W4G32 : g == 64 ? DT_W4G64 : DT_W4G128;
     if (sm->w->dtypes_only)
         return weights_fetch_stored(sm->w, s, dst, t, NULL, fq->path, qn, d);

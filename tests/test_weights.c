@@ -1778,29 +1778,36 @@ Test(weights, gptq_v2_zeros_as_stored)
     free(d);
 }
 
+/* Writes n bytes at byte `at` of tensor `name` in DIR/model.safetensors
+ * (the header and every other byte as they were); returns the file's path. */
+static char *hfq_patch(const char *dir, const char *name, size_t at, const void *bytes, size_t n)
+{
+    char *st = xasprintf("%s/model.safetensors", dir);
+    size_t len;
+    unsigned char *raw = read_bytes(st, &len);
+    uint64_t h;
+    memcpy(&h, raw, 8);
+    char *header = xstrndup((char *)raw + 8, h), *o = st_offsets(header, name);
+    unsigned long long begin, end;
+    cr_assert_eq(sscanf(o, "[%llu,%llu]", &begin, &end), 2);
+    cr_assert_leq(begin + at + n, end);
+    memcpy(raw + 8 + h + begin + at, bytes, n);
+    write_bytes(st, raw, len);
+    free(raw), free(header), free(o);
+    return st;
+}
+
 /* GPTQ's act order: a g_idx that is not row / group_size regroups rows,
  * which megac's groups cannot; the load is refused at the first such row. */
 Test(weights, gptq_act_order_refused)
 {
     skip_without_hf_quant();
     char *d = hfq_copy(FIXTURES "/gptq", "actorder", NULL, NULL, NULL);
-    char *st = xasprintf("%s/model.safetensors", d);
-    StParts p = st_split(st);
-    char *o = st_offsets(p.header, "model.layers.1.mlp.up_proj.g_idx");
-    unsigned long long begin, end;
-    cr_assert_eq(sscanf(o, "[%llu,%llu]", &begin, &end), 2);
     int32_t one = 1; /* row 0 in group 1 */
-    memcpy(p.data + begin, &one, 4);
-    size_t hl = strlen(p.header);
-    unsigned char *raw = xmalloc(8 + hl + p.ndata);
-    uint64_t h = hl;
-    memcpy(raw, &h, 8);
-    memcpy(raw + 8, p.header, hl);
-    memcpy(raw + 8 + hl, p.data, p.ndata);
-    write_bytes(st, raw, 8 + hl + p.ndata);
+    free(hfq_patch(d, "model.layers.1.mlp.up_proj.g_idx", 0, &one, 4));
     hfq_expect(d, "%s/model.safetensors: error: tensor 'model.layers.1.mlp.up_proj.g_idx': g_idx[0] is 1, not 0 "
                   "(row / group_size): act-order checkpoints that regroup rows are not supported");
-    free(raw), free(o), free(p.header), free(p.data), free(st), free(d);
+    free(d);
 }
 
 /* A scale that is an infinity: refused by a full load (its f32 view) and
@@ -1809,18 +1816,8 @@ Test(weights, awq_infinite_scale_refused)
 {
     skip_without_hf_quant();
     char *d = hfq_copy(FIXTURES "/awq", "infscale", NULL, NULL, NULL);
-    char *st = xasprintf("%s/model.safetensors", d);
-    size_t n;
-    unsigned char *raw = read_bytes(st, &n);
-    uint64_t h;
-    memcpy(&h, raw, 8);
-    char *header = xstrndup((char *)raw + 8, h);
-    char *o = st_offsets(header, "model.layers.0.mlp.down_proj.scales");
-    unsigned long long begin, end;
-    cr_assert_eq(sscanf(o, "[%llu,%llu]", &begin, &end), 2);
     uint16_t inf = 0x7c00; /* group 1 of row 3: scales[1][3] */
-    memcpy(raw + 8 + h + begin + 2 * (1 * 64 + 3), &inf, 2);
-    write_bytes(st, raw, n);
+    char *st = hfq_patch(d, "model.layers.0.mlp.down_proj.scales", 2 * (1 * 64 + 3), &inf, 2);
     ModelDesc m;
     Arena a = {0};
     Diag dg;
@@ -1836,5 +1833,5 @@ Test(weights, awq_infinite_scale_refused)
         free(want);
     }
     arena_free(&a);
-    free(raw), free(header), free(o), free(st), free(d);
+    free(st), free(d);
 }
