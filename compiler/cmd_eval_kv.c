@@ -166,7 +166,7 @@ static int evkv_run(const EvKvArgs *a)
     dense.kv_dtype = DT_F32;
     for (int l = 0; l < MODEL_MAX_LAYERS; l++) {
         dense.attn[l] = (AttnSpec){ATTN_DENSE, 0, 0, 0, 0};
-        dense.kv[l] = (KvPolicy){KV_FULL, 0, 0, 0};
+        dense.kv[l] = (KvPolicy){.kind = KV_FULL};
     }
     int n = a->tokens < sparse.max_seq ? a->tokens : sparse.max_seq, v = sparse.vocab_size;
     if (n < a->tokens)

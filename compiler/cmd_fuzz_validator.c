@@ -100,8 +100,9 @@ static void tiny_knobs(ModelDesc *m, int v)
 {
     int S = m->max_seq;
     AttnSpec quest = {ATTN_QUEST, 0, 0, S / 4, S / 2}, sw = {ATTN_SINK_WINDOW, 2, S / 4, 0, 0};
-    KvPolicy h2o = {KV_H2O, S / 2, 0, S / 4}, tova = {KV_TOVA, S / 2, 0, 0}, stream = {KV_STREAMING, 0, 1, S / 2 - 1};
-    KvPolicy snap = {KV_SNAPKV, S / 2, 0, S / 8 > 0 ? S / 8 : 1};
+    KvPolicy h2o = {.kind = KV_H2O, .budget = S / 2, .window = S / 4}, tova = {.kind = KV_TOVA, .budget = S / 2};
+    KvPolicy stream = {.kind = KV_STREAMING, .sinks = 1, .window = S / 2 - 1};
+    KvPolicy snap = {.kind = KV_SNAPKV, .budget = S / 2, .window = S / 8 > 0 ? S / 8 : 1};
     m->kv_dtype = v == 2 || v == 5 ? DT_F16 : v == 6 ? DT_BF16 : DT_F32; /* half caches too */
     for (int l = 0; l < m->n_layers; l++) {
         bool odd = l % 2;

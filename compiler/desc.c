@@ -99,7 +99,7 @@ static const char *const compile_keys[] = {"act_dtype", "kv_dtype", "quant", "at
                                            "targets", "workers", "max_seq", "attn_combine", NULL};
 static const char *const quant_keys[] = {"default", "embed", "attn", "mlp", "lm_head", NULL};
 static const char *const attn_keys[] = {"layers", "kind", "sinks", "window", "page", "budget", NULL};
-static const char *const kv_keys[] = {"layers", "policy", "budget", "sinks", "window", "pyramid", NULL};
+static const char *const kv_keys[] = {"layers", "policy", "budget", "sinks", "window", "pyramid", "adaptive", NULL};
 
 /* Enum spellings, in enum order. */
 static const char *const weights_formats[] = {"llama2c", "safetensors", "gguf", "synthetic", NULL};
@@ -1460,8 +1460,10 @@ static bool pyramid_budgets(int budget, int beta, int window, int n, int *out, i
 }
 
 /* kv_policy: [{layers: RANGE, policy: full|streaming|h2o|tova|snapkv,
- * budget, sinks, window, pyramid}, ...]; layers not covered keep the full
- * cache. */
+ * budget, sinks, window, pyramid, adaptive}, ...]; layers not covered keep
+ * the full cache. adaptive: ALPHA (snapkv only, 0 <= ALPHA <= 1) pools
+ * each layer's budget over its kv heads (Ada-KV), every head sure of
+ * ALPHA (budget - window) rows of its own; 1 is flat SnapKV. */
 static void desc_kv_policy(Ctx *c, const DocNode *l)
 {
     if (l->kind != DOC_SEQ) {
@@ -1488,6 +1490,19 @@ static void desc_kv_policy(Ctx *c, const DocNode *l)
                       "at least 2)", v[2]);
             k = -1;
         }
+        const DocNode *an = doc_get(l->items[i], "adaptive");
+        double alpha = 1.0;
+        if (an && k >= 0 && k != KV_SNAPKV) {
+            ctx_error(c, an, "'adaptive' does not apply to kv_policy '%s' (only snapkv pools its budget)",
+                      kv_kinds[k]);
+            k = -1;
+        } else if (an && !node_double(c, an, "compile.kv_policy.adaptive", &alpha)) {
+            k = -1;
+        } else if (an && (alpha < 0.0 || alpha > 1.0)) {
+            ctx_error(c, an, "snapkv's adaptive safeguard must be between 0 and 1 (the share of its budget past "
+                      "the window each kv head keeps for sure; 1 is flat SnapKV), found %g", alpha);
+            k = -1;
+        }
         const DocNode *pn = doc_get(l->items[i], "pyramid");
         int low;
         if (k == KV_SNAPKV && pn && !pyramid_budgets(v[0], v[3], v[2], v[5] - v[4] + 1, budgets, &low)) {
@@ -1497,7 +1512,10 @@ static void desc_kv_policy(Ctx *c, const DocNode *l)
             k = -1;
         }
         for (int x = v[4]; k >= 0 && x <= v[5]; x++) {
-            c->m->kv[x] = (KvPolicy){(KvPolicyKind)k, k == KV_SNAPKV && pn ? budgets[x - v[4]] : v[0], v[1], v[2]};
+            KvPolicy *kp = &c->m->kv[x]; /* member by member: the padding stays desc_load's zeros (memcmp) */
+            kp->kind = (KvPolicyKind)k, kp->budget = k == KV_SNAPKV && pn ? budgets[x - v[4]] : v[0];
+            kp->sinks = v[1], kp->window = v[2], kp->adaptive = an && alpha < 1.0;
+            kp->alpha = kp->adaptive ? alpha : 0.0;
             c->kv_at[x] = l->items[i];
         }
     }
@@ -2091,6 +2109,12 @@ static void print_params(FILE *out, const char *const *names, const int *vals, i
             fprintf(out, ", %s: %d", names[i], vals[i]);
 }
 
+static bool kv_same(const KvPolicy *a, const KvPolicy *b)
+{
+    return a->kind == b->kind && a->budget == b->budget && a->sinks == b->sinks && a->window == b->window &&
+           a->adaptive == b->adaptive && (!a->adaptive || a->alpha == b->alpha);
+}
+
 static void print_layers(const ModelDesc *m, FILE *out)
 {
     int nl = m->n_layers < MODEL_MAX_LAYERS ? m->n_layers : MODEL_MAX_LAYERS;
@@ -2112,13 +2136,16 @@ static void print_layers(const ModelDesc *m, FILE *out)
     }
     fputs("  kv_policy:\n", out);
     for (int lo = 0, hi; lo < nl; lo = hi + 1) {
-        for (hi = lo; hi + 1 < nl && !memcmp(&m->kv[hi + 1], &m->kv[lo], sizeof m->kv[lo]); hi++) {
+        for (hi = lo; hi + 1 < nl && kv_same(&m->kv[hi + 1], &m->kv[lo]); hi++) {
         }
         const KvPolicy *s = &m->kv[lo];
         fputs("    - {layers: ", out);
         print_range(out, lo, hi, nl);
         fprintf(out, ", policy: %s", kv_kinds[s->kind]);
         print_params(out, kv_params, (const int[]){s->budget, s->sinks, s->window}, 3, kv_kind_params[s->kind].allow);
+        char buf[40];
+        if (s->adaptive)
+            fprintf(out, ", adaptive: %s", double_str(buf, s->alpha));
         fputs("}\n", out);
     }
 }

@@ -392,10 +392,10 @@ static bool mut_sparse_params(Schedule *s, FuzzRng *r)
         return true;
     }
     /* params worth changing: kv_store h cap; attn_sparse s nsplit kind b;
-     * quest_select page npages; kv_evict policy cap nsplit; kv_snap budget window */
+     * quest_select page npages; kv_evict policy cap nsplit; kv_snap budget window safe */
     static const int8_t pick[OP_COUNT][4] = {
         [OP_KV_STORE] = {0, 1, 1, 1}, [OP_ATTN_SPARSE] = {1, 2, 3, 5},
-        [OP_QUEST_SELECT] = {1, 2, 2, 1}, [OP_KV_EVICT] = {0, 1, 4, 1}, [OP_KV_SNAP] = {0, 1, 0, 1}};
+        [OP_QUEST_SELECT] = {1, 2, 2, 1}, [OP_KV_EVICT] = {0, 1, 4, 1}, [OP_KV_SNAP] = {0, 1, 2, 1}};
     sparse_param_change(s, in, pick[in->op][fuzz_below(r, 4)], 1 + (int32_t)fuzz_below(r, 3));
     return true;
 }

@@ -276,6 +276,12 @@ static int layer_snap(const ModelDesc *m, int l)
     return m->kv[l].kind == KV_SNAPKV && m->kv[l].budget < m->max_seq ? m->kv[l].budget : 0;
 }
 
+/* The capacity of the kept list of each kv head of SnapKV layer l. */
+static int64_t layer_snap_list(const ModelDesc *m, int l)
+{
+    return snap_list_cap(layer_snap(m, l), kv_snap_safe(&m->kv[l]), m->n_kv_heads, m->max_seq);
+}
+
 static int layer_policy(const ModelDesc *m, int l)
 {
     return m->kv[l].kind == KV_STREAMING ? KV_POLICY_STREAMING : m->kv[l].kind == KV_H2O ? KV_POLICY_H2O
@@ -425,8 +431,9 @@ static void lower_layer_attn(Lower *L, int w, int l, int h, int sp, int ns, bool
         a[1] = acc_pos(kc, ACC_R, lo, hi);
         a[2] = acc_pos(vc, ACC_R, lo, hi);
         if (snap) {
-            p[3] = SPARSE_SNAP, p[4] = snap;
-            a[4] = acc_r(lower_layer_buf(L, "snap", l), h * (int64_t)(snap + 1), (h + 1) * (int64_t)(snap + 1));
+            int64_t list = layer_snap_list(L->m, l);
+            p[3] = SPARSE_SNAP, p[4] = (int32_t)list;
+            a[4] = acc_r(lower_layer_buf(L, "snap", l), h * (list + 2), (h + 1) * (list + 2));
         } else if (as->kind == ATTN_SINK_WINDOW) {
             p[3] = SPARSE_SINK_WINDOW, p[4] = as->sinks, p[5] = as->window;
         } else {
@@ -444,13 +451,13 @@ static void lower_kv_snap(Lower *L, int w, int l)
 {
     const ModelDesc *m = L->m;
     int C = layer_snap(m, l), W = m->kv[l].window;
-    int64_t S = m->max_seq, hd = L->hd;
-    int32_t p[2] = {C, W};
+    int64_t S = m->max_seq, hd = L->hd, nkv = m->n_kv_heads;
+    int32_t p[3] = {C, W, kv_snap_safe(&m->kv[l])};
     Access a[5] = {acc_r(L->q, 0, (int64_t)m->n_heads * hd),
-                   acc_r(lower_layer_buf(L, "kc", l), 0, (int64_t)m->n_kv_heads * S * hd),
+                   acc_r(lower_layer_buf(L, "kc", l), 0, nkv * S * hd),
                    acc_mode(lower_layer_buf(L, "qwin", l), ACC_RW, 0, (int64_t)W * m->n_heads * hd),
-                   acc_mode(lower_layer_buf(L, "snap", l), ACC_RW, 0, (int64_t)m->n_kv_heads * (C + 1)),
-                   acc_mode(L->snapsc, ACC_RW, 0, 2 * S)};
+                   acc_mode(lower_layer_buf(L, "snap", l), ACC_RW, 0, nkv * (layer_snap_list(m, l) + 2)),
+                   acc_mode(L->snapsc, ACC_RW, 0, (nkv + 2) * S)};
     sched_op(L->s, w, OP_KV_SNAP, p, a);
 }
 
@@ -857,7 +864,7 @@ static void lower_buffers(Lower *L)
         }
         if (layer_snap(m, l)) {
             snprintf(n, sizeof n, "snap.%d", l);
-            lower_buf(L, n, DT_I32, BUF_STATE, 2, m->n_kv_heads, layer_snap(m, l) + 1, 0, 0);
+            lower_buf(L, n, DT_I32, BUF_STATE, 2, m->n_kv_heads, layer_snap_list(m, l) + 2, 0, 0);
             snprintf(n, sizeof n, "qwin.%d", l);
             lower_buf(L, n, DT_F32, BUF_STATE, 3, m->kv[l].window, m->n_heads, L->hd, 0);
             snaps = true;
@@ -873,7 +880,7 @@ static void lower_buffers(Lower *L)
     }
     L->sel = maxnp ? lower_buf(L, "sel", DT_I32, BUF_SCRATCH, 2, m->n_kv_heads, maxnp, 0, 0) : BUF_NONE;
     L->score = nscore ? lower_buf(L, "score", DT_F32, BUF_SCRATCH, 2, m->n_heads, nscore, 0, 0) : BUF_NONE;
-    L->snapsc = snaps ? lower_buf(L, "snapsc", DT_F32, BUF_STATE, 2, 2, m->max_seq, 0, 0) : BUF_NONE;
+    L->snapsc = snaps ? lower_buf(L, "snapsc", DT_F32, BUF_STATE, 2, m->n_kv_heads + 2, m->max_seq, 0, 0) : BUF_NONE;
     L->x = lower_buf(L, "x", DT_F32, BUF_SCRATCH, 1, m->dim, 0, 0, 0);
     L->q = lower_buf(L, "q", DT_F32, BUF_SCRATCH, 1, qd, 0, 0, 0);
     L->k = lower_buf(L, "k", DT_F32, BUF_SCRATCH, 1, kvd, 0, 0, 0);
@@ -942,10 +949,11 @@ static bool lower_check(const ModelDesc *m, int workers, Diag *d)
         else if ((kv->kind == KV_STREAMING && (kv->sinks < 0 || kv->window < 1)) ||
                  ((kv->kind == KV_H2O || kv->kind == KV_TOVA) && kv->budget < 1) ||
                  (kv->kind == KV_H2O && (kv->window < 0 || kv->window >= kv->budget)) ||
-                 (kv->kind == KV_SNAPKV && (kv->window < 1 || kv->window >= kv->budget)))
+                 (kv->kind == KV_SNAPKV && (kv->window < 1 || kv->window >= kv->budget)) ||
+                 (kv->adaptive && (kv->kind != KV_SNAPKV || !(kv->alpha >= 0.0 && kv->alpha <= 1.0))))
             ok = lower_fail(m, d,
                             "%s (layer %lld): sinks >= 0, window >= 1 (h2o: 0 <= window < budget; snapkv: 1 <= "
-                            "window < budget), budget >= 1",
+                            "window < budget, adaptive in [0, 1]), budget >= 1",
                             "bad KV policy params", l);
     }
     return ok;

@@ -78,7 +78,16 @@ typedef struct {
 typedef struct {
     KvPolicyKind kind;
     int budget, sinks, window;
+    bool adaptive;              /* snapkv: Ada-KV's budget pooled over the layer's kv heads */
+    double alpha;               /* its safeguard: each head is sure of alpha (budget - window) rows */
 } KvPolicy;
+
+/* The scored rows each kv head of a SnapKV layer is sure of (ir/ops.h,
+ * KV_SNAP's safe): its budget when flat, else floor(alpha (budget - window)). */
+static inline int kv_snap_safe(const KvPolicy *kv)
+{
+    return kv->adaptive ? (int)(kv->alpha * (kv->budget - kv->window)) : kv->budget;
+}
 
 #define MODEL_MAX_LAYERS 256
 #define MODEL_MAX_WORKERS 4096    /* compile.workers, --workers: 1..this */
@@ -311,5 +320,9 @@ const float *ref_step(RefState *s, int token, int pos);
 /* The same step without the logits (the classifier is not run): a prompt
  * token before the last, as megac_feed runs it. */
 void ref_feed(RefState *s, int token, int pos);
+/* How many of the rows 0..pos kv head h of layer l still holds after the
+ * step at pos, the last one fed (pos + 1 on a layer that drops none):
+ * how eviction divided the cache, for tests. */
+int ref_kv_rows(RefState *s, int l, int h, int pos);
 
 #endif

@@ -498,11 +498,11 @@ static void ref_evict(RefState *s, int l, int pos)
     }
 }
 
-/* A scored position, and the order SnapKV keeps them in: the larger pooled
- * score first, the lower position on ties. */
+/* A scored row of a kv head, and the order SnapKV keeps them in: the
+ * larger pooled score first, then the lower head, then the lower position. */
 typedef struct {
     double score;
-    int pos;
+    int head, pos;
 } RefRank;
 
 static int ref_rank_cmp(const void *x, const void *y)
@@ -510,24 +510,32 @@ static int ref_rank_cmp(const void *x, const void *y)
     const RefRank *a = x, *b = y;
     if (a->score != b->score)
         return a->score > b->score ? -1 : 1;
+    if (a->head != b->head)
+        return a->head < b->head ? -1 : 1;
     return a->pos < b->pos ? -1 : a->pos > b->pos;
 }
 
-/* SnapKV after layer l's attention at pos, the prompt's last position:
- * when more than the budget is alive, kv head h keeps the window (its
- * alive positions among the last `window`) and the budget - |window|
- * others of largest pooled score (ir/ops.h), the lower position on ties. */
+/* SnapKV after layer l's attention at pos, the prompt's last position
+ * (ir/ops.h): when some kv head has more than the budget C alive, every
+ * head keeps its window (its alive positions among the last W), its own
+ * min(safe, quota) scored rows of largest pooled score, and the heads'
+ * remaining quotas go to the largest of the rows left over all heads. */
 static void ref_snap_compress(RefState *s, int l, int pos)
 {
     const ModelDesc *m = s->m;
     int C = ref_snap(m, l), W = m->kv[l].window, nkv = m->n_kv_heads, G = m->n_heads / nkv, hd = m->head_dim;
+    int safe = kv_snap_safe(&m->kv[l]), over = 0;
+    for (int h = 0; h < nkv; h++)
+        over |= ref_layer_rows(s, l, h, pos, s->rows) > C;
+    if (!over)
+        return;
     unsigned char *alive = s->alive[l];
     double *sc = xcalloc((size_t)pos + 1, sizeof(double)), *pool = xcalloc((size_t)pos + 1, sizeof(double));
     double *lg = xcalloc((size_t)pos + 1, sizeof(double));
+    RefRank *left = xcalloc((size_t)nkv * ((size_t)pos + 1), sizeof *left); /* every head's rows not yet kept */
+    int nleft = 0, pooled = 0;
     for (int h = 0; h < nkv; h++) {
         int n = ref_layer_rows(s, l, h, pos, s->rows), w0 = pos - W + 1 > 0 ? pos - W + 1 : 0, nwin = 0;
-        if (n <= C)
-            continue;
         for (int i = 0; i < n; i++) {
             sc[s->rows[i]] = 0;
             nwin += s->rows[i] >= w0;
@@ -553,14 +561,21 @@ static void ref_snap_compress(RefState *s, int l, int pos)
         }
         for (int i = 0; i < n; i++)
             alive[(size_t)s->rows[i] * nkv + h] = i >= nsc;
-        RefRank *r = xcalloc((size_t)nsc, sizeof *r);
+        RefRank *r = left + nleft;
         for (int i = 0; i < nsc; i++)
-            r[i] = (RefRank){pool[s->rows[i]], s->rows[i]};
+            r[i] = (RefRank){pool[s->rows[i]], h, s->rows[i]};
         qsort(r, (size_t)nsc, sizeof *r, ref_rank_cmp);
-        for (int i = 0; i < C - nwin; i++)
+        int quota = C - nwin < nsc ? C - nwin : nsc, sure = safe < quota ? safe : quota;
+        for (int i = 0; i < sure; i++)
             alive[(size_t)r[i].pos * nkv + h] = 1;
-        free(r);
+        memmove(r, r + sure, (size_t)(nsc - sure) * sizeof *r);
+        nleft += nsc - sure;
+        pooled += quota - sure;
     }
+    qsort(left, (size_t)nleft, sizeof *left, ref_rank_cmp);
+    for (int i = 0; i < pooled; i++)
+        alive[(size_t)left[i].pos * nkv + left[i].head] = 1;
+    free(left);
     free(sc);
     free(pool);
     free(lg);
@@ -653,6 +668,19 @@ static void ref_advance(RefState *s, int token, int pos)
 void ref_feed(RefState *s, int token, int pos)
 {
     ref_advance(s, token, pos);
+}
+
+int ref_kv_rows(RefState *s, int l, int h, int pos)
+{
+    const ModelDesc *m = s->m;
+    if (l < 0 || l >= m->n_layers || h < 0 || h >= m->n_kv_heads || pos < 0 || pos >= m->max_seq)
+        return -1;
+    if (!ref_kv_cap(m, l) && !ref_snap(m, l))
+        return pos + 1;
+    int n = 0;
+    for (int t = 0; t <= pos; t++)
+        n += s->alive[l][(size_t)t * m->n_kv_heads + h] != 0;
+    return n;
 }
 
 const float *ref_step(RefState *s, int token, int pos)

@@ -310,13 +310,13 @@ static bool fp_attn_sparse(Fp *f)
         if (kind == SPARSE_QUEST && (a <= 0 || b <= 0 || a > S))
             return fp_fail(f, "attn_sparse quest needs 0 < page <= max_seq and npages > 0");
         if (kind == SPARSE_SNAP && (a <= 0 || a > S || b != 0))
-            return fp_fail(f, "attn_sparse snap needs 0 < budget <= max_seq and b 0");
+            return fp_fail(f, "attn_sparse snap needs 0 < list capacity <= max_seq and b 0");
         fp_set(f, 1, ACC_R, affine_const(h * S * hd), (Affine){h * S * hd + hd, hd});
         fp_set(f, 2, ACC_R, affine_const(h * S * hd), (Affine){h * S * hd + hd, hd});
         if (kind == SPARSE_QUEST)
             fp_const(f, 4, ACC_R, h * b, (h + 1) * b);
         else if (kind == SPARSE_SNAP)
-            fp_const(f, 4, ACC_R, h * (a + 1), (h + 1) * (a + 1));
+            fp_const(f, 4, ACC_R, h * (a + 2), (h + 1) * (a + 2));
         else
             fp_absent(f, 4);
         return true;
@@ -380,14 +380,15 @@ static bool fp_kv_evict(Fp *f)
 static bool fp_kv_snap(Fp *f)
 {
     const ModelShape *m = &f->s->shape;
-    int64_t C = f->in->p[0], W = f->in->p[1], S = m->max_seq, hd = m->head_dim;
-    if (W <= 0 || W >= C || C > S)
-        return fp_fail(f, "kv_snap needs 0 < window < budget <= max_seq");
+    int64_t C = f->in->p[0], W = f->in->p[1], safe = f->in->p[2], S = m->max_seq, hd = m->head_dim;
+    int64_t nkv = m->n_kv_heads;
+    if (W <= 0 || W >= C || C > S || safe < 0)
+        return fp_fail(f, "kv_snap needs 0 < window < budget <= max_seq and safe >= 0");
     fp_const(f, 0, ACC_R, 0, (int64_t)m->n_heads * hd);
-    fp_const(f, 1, ACC_R, 0, (int64_t)m->n_kv_heads * S * hd);
+    fp_const(f, 1, ACC_R, 0, nkv * S * hd);
     fp_const(f, 2, ACC_RW, 0, W * m->n_heads * hd);
-    fp_const(f, 3, ACC_RW, 0, (int64_t)m->n_kv_heads * (C + 1));
-    fp_const(f, 4, ACC_RW, 0, 2 * S);
+    fp_const(f, 3, ACC_RW, 0, nkv * (snap_list_cap(C, safe, nkv, S) + 2));
+    fp_const(f, 4, ACC_RW, 0, (nkv + 2) * S);
     return true;
 }
 
@@ -484,8 +485,8 @@ int64_t op_operand_nelem(const Schedule *s, const Inst *in, int i)
     case OP_KV_SNAP:
         return i == 1   ? cache
                : i == 2 ? (int64_t)in->p[1] * m->n_heads * hd
-               : i == 3 ? (int64_t)m->n_kv_heads * (in->p[0] + 1)
-               : i == 4 ? 2 * (int64_t)m->max_seq
+               : i == 3 ? (int64_t)m->n_kv_heads * (snap_list_cap(in->p[0], in->p[2], m->n_kv_heads, m->max_seq) + 2)
+               : i == 4 ? ((int64_t)m->n_kv_heads + 2) * m->max_seq
                         : 0;
     default: return 0;
     }

@@ -57,9 +57,9 @@
       "bounds of page pos/page from kc; sel[h] = that page + the top npages-1 by bound")    \
     X(KV_EVICT, "kv_evict", "score? meta acc?", "policy cap sinks window nsplit",           \
       "every kv head: meta[h][cap] = the slot the next token takes (a victim when full)")   \
-    X(KV_SNAP, "kv_snap", "q kc qwin snap sc", "budget window",                             \
+    X(KV_SNAP, "kv_snap", "q kc qwin snap sc", "budget window safe",                        \
       "every kv head: at the prompt's last step, keep `budget` rows by the last `window` "  \
-      "queries' attention (SnapKV)")
+      "queries' attention (SnapKV; Ada-KV's pooled budget when safe < budget)")
 
 typedef enum {
 #define X(n, s, o, p, m) OP_##n,
@@ -81,9 +81,10 @@ typedef enum {
  *                       written when b = 1): split s of kv head h writes
  *                       the scaled scores q . k[t] / sqrt(hd) of its rows
  *                       [lo, hi) into its own piece of the buffer (below)
- *   SPARSE_SNAP         a = budget, b = 0; kc/vc [n_kv_heads][S][hd];
- *                       aux = snap (i32 [n_kv_heads][a + 1], read): the
- *                       rows alive at pos (SnapKV state, below)
+ *   SPARSE_SNAP         a = the snap list's capacity L (snap_list_cap),
+ *                       b = 0; kc/vc [n_kv_heads][S][hd]; aux = snap
+ *                       (i32 [n_kv_heads][a + 2], read): the rows alive
+ *                       at pos (SnapKV state, below)
  * The selected rows, run after run, are cut into blocks of
  * SPARSE_BLOCK and split as ATTN's rows are (below). Partials are laid
  * out as for ATTN (an empty split leaves zeros, -inf, 0).
@@ -127,29 +128,38 @@ typedef enum {
  *                        (the same slot for every kv head)
  * Ties go to the lowest slot. score is read by H2O and TOVA, acc only by H2O.
  *
- * SnapKV (KV_SNAP, SPARSE_SNAP), on a layer whose cache keeps every row:
- *   snap   (i32, class state) [n_kv_heads][budget + 1]: cut, the position of
+ * SnapKV (KV_SNAP, SPARSE_SNAP), on a layer whose cache keeps every row;
+ * C = budget, W = window, L = snap_list_cap(C, safe, n_kv_heads, S):
+ *   snap   (i32, class state) [n_kv_heads][L + 2]: cut, the position of
  *          the step at which the head was last compressed (-1: never),
- *          then the `budget` positions <= cut it kept, ascending
- *   qwin   (f32, class state) [window][n_heads][hd]: q of the last `window`
- *          steps, the step at position p in entry p % window
- *   sc     (f32, class state) [2][S]: the op's scratch
- * The rows of kv head h alive at a step pos: when 0 <= cut < pos, the kept
- * ones and (cut, pos]; otherwise [0, pos].
+ *          then n, how many positions <= cut it kept, then those n
+ *          positions, ascending (n <= L)
+ *   qwin   (f32, class state) [W][n_heads][hd]: q of the last W steps, the
+ *          step at position p in entry p % W
+ *   sc     (f32, class state) [n_kv_heads + 2][S]: the op's scratch
+ * The rows of kv head h alive at a step pos: when 0 <= cut < pos, the n
+ * kept ones and (cut, pos]; otherwise [0, pos].
  * KV_SNAP runs once per layer and step, after the layer's attention. At pos
  * 0 it sets every cut to -1; it stores this step's q into qwin; then, when
- * pos is the position of the prompt's last token (MegacArgs.prompt_end) and
- * more than `budget` rows are alive, for every kv head: the window is the
- * alive rows in [pos - window + 1, pos]; every other alive row t scores
- *   s[t] = sum over the queries w of the positions max(0, pos-window+1)..pos
+ * pos is the position of the prompt's last token (MegacArgs.prompt_end)
+ * and some kv head has more than C rows alive, the layer is compressed.
+ * For every kv head h: its window V_h is its alive rows in
+ * [pos - W + 1, pos]; every other alive row t (the scored rows R_h) scores
+ *   s[t] = sum over the queries w of the positions max(0, pos-W+1)..pos
  *          and over the kv head's q heads g of softmax_wg(t) / G,
  * softmax_wg over the alive rows <= w of q_wg . k / sqrt(hd) (q_wg from
  * qwin); pooled, s'[t] = the largest s[t'] of the scored rows t' with
- * |t' - t| <= 3 (SnapKV's max pool, kernel 7); the head keeps the window and
- * the budget - |window| scored rows of largest s' (ties: the lower
- * position): cut = pos, the kept list = those rows. Rows after pos are
- * alive as they come; a later prompt compresses again, among the alive.
- *
+ * |t' - t| <= 3 (SnapKV's max pool, kernel 7). The head's quota is
+ * q_h = min(C - |V_h|, |R_h|). Each head keeps V_h and its own
+ * min(safe, q_h) scored rows of largest s' (ties: the lower position);
+ * then, of all the heads' scored rows not kept yet, the
+ * sum_h (q_h - min(safe, q_h)) of largest s' are kept (ties: the lower
+ * head, then the lower position): Ada-KV's budget pooled over the layer
+ * (arXiv 2407.11550), with safe the rows each head is sure of. With
+ * safe >= C (flat SnapKV) every head keeps exactly its top q_h. Every
+ * head then has cut = pos and its kept scored rows and V_h as its list.
+ * Rows after pos are alive as they come; a later prompt compresses again,
+ * among the alive.
  * Quest page bounds (QUEST_SELECT): bounds (f32, class state)
  * [n_kv_heads][ceil(S/page)][2][hd] = the elementwise min and max of the k
  * rows of each page. The op recomputes page c = pos/page from kc rows
@@ -161,6 +171,15 @@ typedef enum {
 enum { SPARSE_SINK_WINDOW, SPARSE_QUEST, SPARSE_SLOTS, SPARSE_SNAP, SPARSE_KIND_COUNT };
 enum { KV_POLICY_STREAMING, KV_POLICY_H2O, KV_POLICY_TOVA, KV_POLICY_COUNT };
 #define SPARSE_BLOCK 32
+
+/* The most rows a SnapKV head keeps in its list (above): C with flat
+ * budgets (safe >= C); pooled, a head may take up to the whole layer's
+ * (and never more than max_seq). */
+static inline long long snap_list_cap(long long budget, long long safe, long long n_kv_heads, long long max_seq)
+{
+    long long pooled = budget * n_kv_heads;
+    return safe >= budget ? budget : pooled < max_seq ? pooled : max_seq;
+}
 
 /* Score entries per split and q head of an evicting layer (above): the
  * most rows a split of cap rows in blocks of SPARSE_BLOCK can take. */

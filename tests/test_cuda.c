@@ -262,9 +262,9 @@ static Schedule *test_sparse_schedule(const char *target, ModelShape sh, int cap
     uint32_t sel = test_buf(s, "sel", DT_I32, BUF_SCRATCH, nkv, np, 0);
     uint32_t part = test_buf(s, "part", DT_F32, BUF_SCRATCH, nkv * 2, g, hd + 2);
     int snapw = cap / 4 < 32 ? cap / 4 : 32;
-    uint32_t snap = test_buf(s, "snap", DT_I32, BUF_STATE, nkv, cap + 1, 0);
+    uint32_t snap = test_buf(s, "snap", DT_I32, BUF_STATE, nkv, cap + 2, 0);
     uint32_t qwin = test_buf(s, "qwin", DT_F32, BUF_STATE, snapw, nh, hd);
-    uint32_t snapsc = test_buf(s, "snapsc", DT_F32, BUF_STATE, 2, S, 0);
+    uint32_t snapsc = test_buf(s, "snapsc", DT_F32, BUF_STATE, nkv + 2, S, 0);
     for (int h = 0; h < nkv; h++) {
         test_op(s, OP_KV_STORE, (int32_t[]){h, cap}, (uint32_t[]){k, v, ks, vs, meta});
         test_op(s, OP_QUEST_SELECT, (int32_t[]){h, page, np}, (uint32_t[]){q, kc, bounds, sel});
@@ -280,7 +280,7 @@ static Schedule *test_sparse_schedule(const char *target, ModelShape sh, int cap
     test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_STREAMING, cap, 4, 0, 2}, (uint32_t[]){BUF_NONE, meta, BUF_NONE});
     test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_H2O, cap, 0, cap / 2, 2}, (uint32_t[]){score, meta, acc});
     test_op(s, OP_KV_EVICT, (int32_t[]){KV_POLICY_TOVA, cap, 0, 0, 2}, (uint32_t[]){score, meta, BUF_NONE});
-    test_op(s, OP_KV_SNAP, (int32_t[]){cap, snapw}, (uint32_t[]){q, kc, qwin, snap, snapsc});
+    test_op(s, OP_KV_SNAP, (int32_t[]){cap, snapw, cap}, (uint32_t[]){q, kc, qwin, snap, snapsc});
     sched_layout(s);
     return s;
 }

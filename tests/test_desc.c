@@ -827,6 +827,52 @@ Test(desc, snapkv_pyramid_budgets)
     arena_free(&a);
 }
 
+/* Ada-KV over a SnapKV entry: `adaptive: ALPHA` pools each layer's budget
+ * over its kv heads; 1 is flat; only snapkv takes it, between 0 and 1. */
+Test(desc, snapkv_adaptive)
+{
+    ModelDesc m;
+    Arena a = {0};
+    DescOverride ov[] = {{"n_layers", "4"},
+                         {"kv_policy", "[{layers: 0-1, policy: snapkv, budget: 48, window: 8, adaptive: 0.25}, "
+                                       "{layers: 2, policy: snapkv, budget: 48, adaptive: 1}, {layers: 3, policy: "
+                                       "snapkv, budget: 48, window: 8, pyramid: 1, adaptive: 0}]"}};
+    cr_assert(parse(&m, &a, "models/default.yaml", desc_default_yaml, ov, 2, NULL), "%s", errs);
+    cr_assert(m.kv[0].adaptive && m.kv[1].adaptive && m.kv[3].adaptive);
+    cr_assert(!m.kv[2].adaptive, "adaptive: 1 is flat SnapKV");
+    cr_assert_eq(m.kv[0].alpha, 0.25);
+    cr_assert_eq(kv_snap_safe(&m.kv[0]), 10, "floor(0.25 (48 - 8))");
+    cr_assert_eq(kv_snap_safe(&m.kv[2]), 48, "flat: each head is sure of its whole quota");
+    cr_assert_eq(kv_snap_safe(&m.kv[3]), 0);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    desc_print(&m, f);
+    fclose(f);
+    cr_assert(strstr(buf, "- {layers: 0-1, policy: snapkv, budget: 48, window: 8, adaptive: 0.25}"), "%s", buf);
+    cr_assert(strstr(buf, "- {layers: 2, policy: snapkv, budget: 48, window: 24}\n"), "%s", buf);
+    free(buf);
+
+    DescOverride other[] = {{"kv_policy", "[{layers: all, policy: h2o, budget: 40, adaptive: 0.2}]"}};
+    expect_errors(desc_default_yaml, other, 1,
+                  "<command line>:1:61: error: 'adaptive' does not apply to kv_policy 'h2o' (only snapkv pools its "
+                  "budget)\n"
+                  "    1 | kv_policy=[{layers: all, policy: h2o, budget: 40, adaptive: 0.2}]\n"
+                  "      |                                                             ^\n");
+    DescOverride range[] = {{"kv_policy", "[{layers: all, policy: snapkv, budget: 40, adaptive: 1.5}]"}};
+    expect_errors(desc_default_yaml, range, 1,
+                  "<command line>:1:64: error: snapkv's adaptive safeguard must be between 0 and 1 (the share of its "
+                  "budget past the window each kv head keeps for sure; 1 is flat SnapKV), found 1.5\n"
+                  "    1 | kv_policy=[{layers: all, policy: snapkv, budget: 40, adaptive: 1.5}]\n"
+                  "      |                                                                ^\n");
+    DescOverride word[] = {{"kv_policy", "[{layers: all, policy: snapkv, budget: 40, adaptive: yes}]"}};
+    expect_errors(desc_default_yaml, word, 1,
+                  "<command line>:1:64: error: expected a number for 'compile.kv_policy.adaptive', found 'yes'\n"
+                  "    1 | kv_policy=[{layers: all, policy: snapkv, budget: 40, adaptive: yes}]\n"
+                  "      |                                                                ^\n");
+    arena_free(&a);
+}
+
 /* ---- printing ---- */
 
 static void roundtrip(const char *file)

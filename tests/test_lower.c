@@ -400,7 +400,7 @@ Test(lower, attention_merged_by_o_workers)
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         ModelDesc *m = stories260k();
         if (cases[c].sparse) { /* eviction and a sparse layer: kv_evict and kv.l.h waits around the merge */
-            m->kv[1] = (KvPolicy){KV_TOVA, 32, 0, 0};
+            m->kv[1] = (KvPolicy){.kind = KV_TOVA, .budget = 32};
             m->attn[3] = (AttnSpec){ATTN_SINK_WINDOW, 4, 28, 0, 0};
         }
         int nw = cases[c].workers;
@@ -476,7 +476,7 @@ Test(lower, attn_combine_auto_is_stage)
 Test(lower, budget_past_max_seq_is_a_full_cache)
 {
     ModelDesc *m = toy(64, 128, 2, 4, 2, 16, 300, 128);
-    m->kv[1] = (KvPolicy){KV_H2O, 256, 0, 16};
+    m->kv[1] = (KvPolicy){.kind = KV_H2O, .budget = 256, .window = 16};
     Schedule *s = lower(m, "cpu", 2);
     cr_assert_eq(sched_find_buffer(s, "acc.1"), -1);
     cr_assert_eq(sched_find_buffer(s, "meta.1"), -1);
@@ -507,14 +507,14 @@ Test(lower, rejects_unsupported_models)
     expect_reject(toy(64, 172, 1, 8, 3, 8, 512, 64), "must divide n_heads");
     expect_reject(toy(64, 0, 1, 8, 4, 8, 512, 64), "hidden_dim must be positive");
     ModelDesc *m = stories260k();
-    m->kv[2] = (KvPolicy){KV_SNAPKV, 32, 0, 32};
+    m->kv[2] = (KvPolicy){.kind = KV_SNAPKV, .budget = 32, .window = 32};
     expect_reject(m, "snapkv: 1 <= window < budget");
     m = stories260k();
     m->attn[1] = (AttnSpec){ATTN_QUEST, 0, 0, 16, 32};
-    m->kv[1] = (KvPolicy){KV_TOVA, 32, 0, 0};
+    m->kv[1] = (KvPolicy){.kind = KV_TOVA, .budget = 32};
     expect_reject(m, "an evicting KV cache needs dense attention");
     m = stories260k();
-    m->kv[0] = (KvPolicy){KV_H2O, 32, 0, 32};
+    m->kv[0] = (KvPolicy){.kind = KV_H2O, .budget = 32, .window = 32};
     expect_reject(m, "h2o: 0 <= window < budget");
 }
 
@@ -576,18 +576,20 @@ Test(lower, sparse_knob_extremes_validate)
         AttnSpec a;
         KvPolicy kv;
     } cases[] = {
-        {{ATTN_QUEST, 0, 0, 100000, 5}, {KV_FULL, 0, 0, 0}},
-        {{ATTN_QUEST, 0, 0, 1, 2000000000}, {KV_FULL, 0, 0, 0}},
-        {{ATTN_SINK_WINDOW, 2000000000, 2000000000, 0, 0}, {KV_FULL, 0, 0, 0}},
-        {{ATTN_SINK_WINDOW, 0, 1, 0, 0}, {KV_FULL, 0, 0, 0}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {KV_STREAMING, 0, 600, 5}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {KV_STREAMING, 0, 0, 1}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {KV_H2O, 1, 0, 0}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {KV_TOVA, 1, 0, 0}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {KV_TOVA, 2000000000, 0, 0}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {KV_SNAPKV, 2, 0, 1}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {KV_SNAPKV, 511, 0, 510}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {KV_SNAPKV, 2000000000, 0, 32}},
+        {{ATTN_QUEST, 0, 0, 100000, 5}, {.kind = KV_FULL}},
+        {{ATTN_QUEST, 0, 0, 1, 2000000000}, {.kind = KV_FULL}},
+        {{ATTN_SINK_WINDOW, 2000000000, 2000000000, 0, 0}, {.kind = KV_FULL}},
+        {{ATTN_SINK_WINDOW, 0, 1, 0, 0}, {.kind = KV_FULL}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_STREAMING, .sinks = 600, .window = 5}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_STREAMING, .window = 1}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_H2O, .budget = 1}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_TOVA, .budget = 1}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_TOVA, .budget = 2000000000}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_SNAPKV, .budget = 2, .window = 1}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_SNAPKV, .budget = 511, .window = 510}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_SNAPKV, .budget = 2000000000, .window = 32}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_SNAPKV, .budget = 2, .window = 1, .adaptive = true}},
+        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_SNAPKV, .budget = 511, .window = 7, .adaptive = true, .alpha = 0.5}},
     };
     static const int workers[] = {1, 3, 5, 40}; /* 40: several splits per kv head */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)

@@ -78,6 +78,9 @@ static const Config configs[] = {
      40},
     /* PyramidKV: stories260K's five layers keep 37, 31, 24, 17, 11 rows, the synthetic model's three 37, 24, 11 */
     {"snapkv-pyramid", {"compile.kv_policy=[{layers: all, policy: snapkv, budget: 24, window: 4, pyramid: 3}]"}, 60},
+    /* Ada-KV: each layer's budget pooled over its kv heads, every head sure of 3 of its 16 */
+    {"snapkv-adaptive", {"compile.kv_policy=[{layers: all, policy: snapkv, budget: 24, window: 8, adaptive: 0.2}]"},
+     60},
 };
 
 static bool have_stories(void)
@@ -334,50 +337,105 @@ Test(sparse, small_budgets_move_away_from_dense, .timeout = 300)
 }
 
 /* A conversation: SnapKV compresses at the end of each prompt, the second
- * time among the rows the first kept and those after it; kernel and
- * reference agree at every step, on the CPU and host-CUDA. */
+ * time among the rows the first kept and those after it, flat and with
+ * Ada-KV's pooled budget (whose heads then hold lists of different
+ * lengths); kernel and reference agree at every step, on the CPU and
+ * host-CUDA. */
 Test(sparse, snapkv_compresses_at_every_prompt, .timeout = 300)
 {
     if (!have_stories())
         cr_skip_test("../shared/models/stories260K.bin is absent");
-    const Config c = {"snapkv-turns", {"compile.kv_policy=[{layers: all, policy: snapkv, budget: 20, window: 6}]"}, 0};
+    static const Config cs[] = {
+        {"snapkv-turns", {"compile.kv_policy=[{layers: all, policy: snapkv, budget: 20, window: 6}]"}, 0},
+        {"snapkv-ada-turns", {"compile.kv_policy=[{layers: all, policy: snapkv, budget: 20, window: 6, adaptive: 0}]"},
+         0},
+    };
     static const int prompt_end[] = {29, 69, 119}; /* from pos 40 on the second prompt, from 90 the third */
     char *dir = test_tmp_dir("sparse-turns");
-    Ref r;
-    ref_open(&r, STORIES_YAML, &c);
-    const char *targets[] = {"cpu", "host-cuda"};
-    for (int ti = 0; ti < 2; ti++) {
-        char *b = compile_with(STORIES_YAML, targets[ti], 2, &c, dir, c.name);
-        megac_model *mm;
-        cr_assert_eq(megac_open(b, &mm), MEGAC_OK, "%s", megac_last_open_error());
-        ref_reset(r.ref);
-        int tok = megac_bos(mm), vocab = r.m.vocab_size;
-        double worst = 0;
-        for (int pos = 0; pos < 140; pos++) {
-            int pe = pos <= 29 ? 0 : pos < 40 ? -1 : pos <= 69 ? 1 : pos < 90 ? -1 : 2;
-            int end = pe < 0 ? -1 : prompt_end[pe];
-            ref_set_prompt_end(r.ref, end);
-            cr_assert_eq(megac_set_prompt_end(mm, end), MEGAC_OK);
-            cr_assert_eq(megac_step(mm, tok), MEGAC_OK, "%s", megac_error(mm));
-            const float *got = megac_logits(mm), *want = ref_step(r.ref, tok, pos);
-            double scale = 0;
-            for (int i = 0; i < vocab; i++)
-                scale = fmax(scale, fabs(want[i]));
-            for (int i = 0; i < vocab; i++) {
-                double e = fabs((double)got[i] - want[i]);
-                worst = fmax(worst, e);
-                cr_assert(e <= ATOL + RTOL * scale, "%s pos %d logit %d: kernel %g, reference %g", targets[ti], pos, i,
-                          got[i], want[i]);
+    for (int ci = 0; ci < 2; ci++) {
+        const Config *c = &cs[ci];
+        Ref r;
+        ref_open(&r, STORIES_YAML, c);
+        const char *targets[] = {"cpu", "host-cuda"};
+        for (int ti = 0; ti < 2; ti++) {
+            char *b = compile_with(STORIES_YAML, targets[ti], 2, c, dir, c->name);
+            megac_model *mm;
+            cr_assert_eq(megac_open(b, &mm), MEGAC_OK, "%s", megac_last_open_error());
+            ref_reset(r.ref);
+            int tok = megac_bos(mm), vocab = r.m.vocab_size;
+            double worst = 0;
+            for (int pos = 0; pos < 140; pos++) {
+                int pe = pos <= 29 ? 0 : pos < 40 ? -1 : pos <= 69 ? 1 : pos < 90 ? -1 : 2;
+                int end = pe < 0 ? -1 : prompt_end[pe];
+                ref_set_prompt_end(r.ref, end);
+                cr_assert_eq(megac_set_prompt_end(mm, end), MEGAC_OK);
+                cr_assert_eq(megac_step(mm, tok), MEGAC_OK, "%s", megac_error(mm));
+                const float *got = megac_logits(mm), *want = ref_step(r.ref, tok, pos);
+                double scale = 0;
+                for (int i = 0; i < vocab; i++)
+                    scale = fmax(scale, fabs(want[i]));
+                for (int i = 0; i < vocab; i++) {
+                    double e = fabs((double)got[i] - want[i]);
+                    worst = fmax(worst, e);
+                    cr_assert(e <= ATOL + RTOL * scale, "%s %s pos %d logit %d: kernel %g, reference %g", c->name,
+                              targets[ti], pos, i, got[i], want[i]);
+                }
+                cr_assert_eq(megac_argmax(mm), harness_argmax(want, vocab), "%s %s pos %d", c->name, targets[ti], pos);
+                tok = megac_argmax(mm);
             }
-            cr_assert_eq(megac_argmax(mm), harness_argmax(want, vocab), "%s pos %d", targets[ti], pos);
-            tok = megac_argmax(mm);
+            cr_log_info("%s, three prompts, %s: max |logit diff| %.3g", c->name, targets[ti], worst);
+            megac_close(mm);
+            free(b);
         }
-        cr_log_info("snapkv, three prompts, %s: max |logit diff| %.3g", targets[ti], worst);
-        megac_close(mm);
-        free(b);
+        ref_close(&r);
     }
-    ref_close(&r);
     test_rm_rf(dir);
+}
+
+/* Ada-KV's pooled budget, on the reference (the kernels are held to it
+ * above): at the prompt's end every layer keeps budget rows per kv head in
+ * all, as flat SnapKV does, but divided unevenly, each head keeping its
+ * window and the rows it is sure of; alpha 1 is flat. */
+Test(sparse, snapkv_adaptive_pools_the_layer_budget)
+{
+    if (!have_stories())
+        cr_skip_test("../shared/models/stories260K.bin is absent");
+    static const Config cs[] = {
+        {"flat", {"compile.kv_policy=[{layers: all, policy: snapkv, budget: 20, window: 6}]"}, 59},
+        {"ada", {"compile.kv_policy=[{layers: all, policy: snapkv, budget: 20, window: 6, adaptive: 0.3}]"}, 59},
+        {"ada1", {"compile.kv_policy=[{layers: all, policy: snapkv, budget: 20, window: 6, adaptive: 1}]"}, 59},
+    };
+    int rows[3][8][8] = {{{0}}}, nl = 0, nkv = 0;
+    for (int ci = 0; ci < 3; ci++) {
+        Ref r;
+        ref_open(&r, STORIES_YAML, &cs[ci]);
+        nl = r.m.n_layers, nkv = r.m.n_kv_heads;
+        cr_assert(nl <= 8 && nkv <= 8);
+        ref_set_prompt_end(r.ref, cs[ci].prompt_end);
+        int tok = 1;
+        for (int pos = 0; pos <= cs[ci].prompt_end; pos++)
+            tok = harness_argmax(ref_step(r.ref, tok, pos), r.m.vocab_size);
+        for (int l = 0; l < nl; l++)
+            for (int h = 0; h < nkv; h++)
+                rows[ci][l][h] = ref_kv_rows(r.ref, l, h, cs[ci].prompt_end);
+        ref_close(&r);
+    }
+    int uneven = 0;
+    for (int l = 0; l < nl; l++) {
+        int sum = 0;
+        for (int h = 0; h < nkv; h++) {
+            cr_assert_eq(rows[0][l][h], 20, "flat: layer %d head %d keeps %d", l, h, rows[0][l][h]);
+            cr_assert_eq(rows[2][l][h], 20, "adaptive 1 is flat: layer %d head %d keeps %d", l, h, rows[2][l][h]);
+            cr_assert_geq(rows[1][l][h], 6 + 4, "layer %d head %d keeps %d: its window and floor(0.3 * 14)", l, h,
+                          rows[1][l][h]);
+            sum += rows[1][l][h];
+            uneven += rows[1][l][h] != 20;
+        }
+        cr_assert_eq(sum, 20 * nkv, "layer %d keeps %d rows in all", l, sum);
+    }
+    cr_assert_gt(uneven, 0, "Ada-KV divided every layer's budget evenly");
+    cr_log_info("ada 0.3, layer 0's heads keep %d %d %d %d", rows[1][0][0], rows[1][0][1], rows[1][0][2],
+                rows[1][0][3]);
 }
 
 /* Steps without outputs on sparse and evicting layers (harness_feed_check,

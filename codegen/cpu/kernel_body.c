@@ -5435,7 +5435,7 @@ static void op_kv_store(const MegacArgs *a, const int64_t *in)
  * sel lists them; the filled slots). */
 typedef struct SparseRuns {
     int64_t kind, a, b, n;      /* n = pos + 1 */
-    const int32_t *sel;         /* SPARSE_QUEST: the head's sel[0:b]; SPARSE_SNAP: its snap[0:a+1] */
+    const int32_t *sel;         /* SPARSE_QUEST: the head's sel[0:b]; SPARSE_SNAP: its snap[0:a+2] */
     int64_t i;                  /* the next run to look at */
 } SparseRuns;
 
@@ -5458,19 +5458,19 @@ static int sparse_run(const SparseRuns *r, int64_t i, int64_t *t0, int64_t *t1)
         *t1 = pg < 0 ? 0 : (e < r->n ? e : r->n);
         break;
     }
-    case SPARSE_SNAP: { /* a = budget; sel[0] = cut, sel[1:a+1] the kept rows */
-        int64_t cut = r->sel[0];
+    case SPARSE_SNAP: { /* a = the list's capacity; sel[0] = cut, sel[1] = n, sel[2:n+2] the kept rows */
+        int64_t cut = r->sel[0], nk = r->sel[1] < 0 ? 0 : r->sel[1] > r->a ? r->a : r->sel[1];
         if (cut < 0 || cut >= r->n - 1) { /* never compressed: every row */
             if (i > 0)
                 return 0;
             *t0 = 0, *t1 = r->n;
             break;
         }
-        if (i > r->a)
+        if (i > nk)
             return 0;
-        int64_t t = i < r->a ? r->sel[1 + i] : cut + 1;
+        int64_t t = i < nk ? r->sel[2 + i] : cut + 1;
         *t0 = t < 0 || t >= r->n ? 0 : t; /* outside [0, pos] (never, once compressed): empty */
-        *t1 = t < 0 || t >= r->n ? 0 : i < r->a ? t + 1 : r->n;
+        *t1 = t < 0 || t >= r->n ? 0 : i < nk ? t + 1 : r->n;
         break;
     }
     default: /* SPARSE_SLOTS: a = cap */
@@ -5538,7 +5538,7 @@ static void op_attn_sparse(const MegacArgs *a, const int64_t *in, WStream *ws)
     const char *kh = kc + h * rows * hd * kv_esize(kt), *vh = vc + h * rows * hd * kv_esize(kt);
     const float *qh = q + h * G * hd;
     const int32_t *sel = kind == SPARSE_QUEST ? (const int32_t *)aux + h * pb
-                         : kind == SPARSE_SNAP ? (const int32_t *)aux + h * (pa + 1)
+                         : kind == SPARSE_SNAP ? (const int32_t *)aux + h * (pa + 2)
                                                : NULL;
     SparseRuns r = {kind, pa, pb, a->pos + 1, sel, 0};
     int64_t nraw = sparse_score_rows(pa, nsplit); /* score entries per q head (slots with b = 1) */
@@ -5840,13 +5840,13 @@ static uint32_t snap_key(float v)
 }
 
 /* Adds query qv's softmax weights over the alive rows <= w of one kv head
- * (kh: its rows), divided by G, into s[t] for t < w0; lg: scratch by
- * position. */
-static void snap_score_query(int kt, const int32_t *sh, int64_t C, int64_t pos, const char *kh, const float *qv,
+ * (sh: its snap, L its list's capacity; kh: its rows), divided by G, into
+ * s[t] for t < w0; lg: scratch by position. */
+static void snap_score_query(int kt, const int32_t *sh, int64_t L, int64_t pos, const char *kh, const float *qv,
                              int64_t w, int64_t w0, int64_t hd, float inv_g, float *s, float *lg)
 {
     float scale = 1.0f / sqrtf((float)hd), m = NEG_INF, z = 0.0f;
-    SparseRuns r = {SPARSE_SNAP, C, 0, pos + 1, sh, 0};
+    SparseRuns r = {SPARSE_SNAP, L, 0, pos + 1, sh, 0};
     int64_t t0, t1;
     while (sparse_next(&r, &t0, &t1) && t0 <= w)
         for (int64_t t = t0; t < t1 && t <= w; t++) {
@@ -5863,44 +5863,54 @@ static void snap_score_query(int kt, const int32_t *sh, int64_t C, int64_t pos, 
             s[t] += exp_nonpos(lg[t] - m) / z * inv_g;
 }
 
-/* One kv head's compression (its snap sh, its rows kh), the head alive
- * rows counted: n > C. The pooled scores pl pick the C - |window| rows to
- * keep by a radix select of their keys (4 passes of 8 bits: the key T of
- * the K-th largest and how many equal to T to take, the lower positions
- * first); the new list goes through s (free by then) into sh. */
-static void snap_head(int kt, int32_t *sh, int64_t C, int64_t W, int64_t pos, const char *kh, const float *qwin,
-                      int64_t h, int64_t G, int64_t nh, int64_t hd, float *s, float *pl)
+/* One kv head's pooled scores: pl[t] for its alive rows t < w0 (the
+ * scored ones; -1 for the others), the window queries' weights summed into
+ * s first. Returns how many alive rows the window holds (*nsc: scored). */
+static int64_t snap_score(int kt, const int32_t *sh, int64_t L, int64_t W, int64_t pos, const char *kh,
+                          const float *qwin, int64_t h, int64_t G, int64_t nh, int64_t hd, float *s, float *lg,
+                          float *pl, int64_t *nsc)
 {
     int64_t w0 = pos - W + 1 > 0 ? pos - W + 1 : 0, nwin = 0, t0, t1;
-    SparseRuns r = {SPARSE_SNAP, C, 0, pos + 1, sh, 0};
+    SparseRuns r = {SPARSE_SNAP, L, 0, pos + 1, sh, 0};
+    *nsc = 0;
     for (int64_t t = 0; t < w0; t++)
         s[t] = -1.0f; /* not alive */
     while (sparse_next(&r, &t0, &t1))
         for (int64_t t = t0; t < t1; t++) {
             if (t < w0)
-                s[t] = 0.0f;
+                s[t] = 0.0f, ++*nsc;
             else
                 nwin++;
         }
     for (int64_t w = w0; w <= pos; w++)
         for (int64_t g = 0; g < G; g++)
-            snap_score_query(kt, sh, C, pos, kh, qwin + ((w % W) * nh + h * G + g) * hd, w, w0, hd, 1.0f / (float)G,
-                             s, pl);
+            snap_score_query(kt, sh, L, pos, kh, qwin + ((w % W) * nh + h * G + g) * hd, w, w0, hd, 1.0f / (float)G,
+                             s, lg);
     for (int64_t t = 0; t < w0; t++) { /* max pool, kernel 7, over the scored rows */
         float v = -1.0f;
         for (int64_t u = t - 3 < 0 ? 0 : t - 3; s[t] >= 0.0f && u <= t + 3 && u < w0; u++)
             v = s[u] > v ? s[u] : v;
         pl[t] = v;
     }
-    int64_t K = C - nwin, rank = K;
+    return nwin;
+}
+
+/* A radix select (4 passes of 8 bits) of the K largest values >= 0 among
+ * v[h * S + t], h < nseg, t < n: *T, the key of the K-th largest, and
+ * *take, how many keys equal to T to take, the first in the order h, t.
+ * The selected: v >= 0 with key > T, or key == T while take lasts. */
+static void snap_select(const float *v, int64_t nseg, int64_t S, int64_t n, int64_t K, uint32_t *T, int64_t *take)
+{
+    int64_t rank = K;
     uint32_t prefix = 0, mask = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
         int64_t bins[256] = {0};
-        for (int64_t t = 0; t < w0; t++) {
-            uint32_t k = snap_key(pl[t]);
-            if (pl[t] >= 0.0f && (k & mask) == prefix)
-                bins[(k >> shift) & 255u]++;
-        }
+        for (int64_t h = 0; h < nseg; h++)
+            for (int64_t t = 0; t < n; t++) {
+                uint32_t k = snap_key(v[h * S + t]);
+                if (v[h * S + t] >= 0.0f && (k & mask) == prefix)
+                    bins[(k >> shift) & 255u]++;
+            }
         int b = 255;
         int64_t above = 0; /* keys matching the prefix with a larger digit: kept */
         for (; b > 0 && above + bins[b] < rank; b--)
@@ -5909,25 +5919,17 @@ static void snap_head(int kt, int32_t *sh, int64_t C, int64_t W, int64_t pos, co
         prefix |= (uint32_t)b << shift;
         mask |= 255u << shift;
     }
-    int64_t n = 0;
-    for (int64_t t = 0; t < w0; t++) {
-        uint32_t k = snap_key(pl[t]);
-        if (pl[t] >= 0.0f && (k > prefix || (k == prefix && rank-- > 0)))
-            s[n++] = (float)t;
-    }
-    r.i = 0;
-    while (sparse_next(&r, &t0, &t1)) /* the window */
-        for (int64_t t = t0 > w0 ? t0 : w0; t < t1; t++)
-            s[n++] = (float)t;
-    for (int64_t i = 0; i < C; i++) /* n == C: the K selected and the window */
-        sh[1 + i] = (int32_t)s[i];
-    sh[0] = (int32_t)pos;
+    *T = prefix, *take = rank;
 }
 
 /* Every step: pos 0 clears every head's cut; q into qwin[pos % window].
- * At the prompt's last step (MegacArgs.prompt_end), each kv head with more
- * than `budget` rows alive is compressed (snap_head). sc: [2][S] scratch,
- * scores and pooled scores by position. */
+ * At the prompt's last step (MegacArgs.prompt_end), when some kv head has
+ * more than `budget` rows alive, the layer is compressed (ops.h): every
+ * head's pooled scores into pl[h] (snap_score); each head's `sure` best
+ * raised to +inf; then one select over all heads takes the sum of their
+ * quotas (the raised rows first); each head's list, the taken rows and
+ * its window, goes through s (free by then) into its snap. sc: [nkv + 2][S]
+ * scratch, scores and logits by position, then the heads' pooled scores. */
 static void op_kv_snap(const MegacArgs *a, const int64_t *in)
 {
     const float *q = opnd(a, in, 0);
@@ -5935,19 +5937,58 @@ static void op_kv_snap(const MegacArgs *a, const int64_t *in)
     float *qwin = opnd(a, in, 2), *sc = opnd(a, in, 4);
     int kt = kv_dtype(in, 1);
     int32_t *snap = opnd(a, in, 3);
-    int64_t C = in[KT_PARAM], W = in[KT_PARAM + 1], pos = a->pos;
+    int64_t C = in[KT_PARAM], W = in[KT_PARAM + 1], safe = in[KT_PARAM + 2], pos = a->pos;
     int64_t hd = SHAPE(KS_HEAD_DIM), nh = SHAPE(KS_N_HEADS), nkv = SHAPE(KS_N_KV_HEADS), S = SHAPE(KS_MAX_SEQ);
+    int64_t L = snap_list_cap(C, safe, nkv, S), stride = L + 2;
     if (pos == 0)
         for (int64_t h = 0; h < nkv; h++)
-            snap[h * (C + 1)] = -1;
+            snap[h * stride] = -1;
     memcpy(qwin + (pos % W) * nh * hd, q, (size_t)(nh * hd) * sizeof(float));
     if (pos != a->prompt_end)
         return;
+    int over = 0;
     for (int64_t h = 0; h < nkv; h++) {
-        int32_t *sh = snap + h * (C + 1);
-        int64_t cut = sh[0], n = cut >= 0 && cut < pos ? C + pos - cut : pos + 1;
-        if (n > C)
-            snap_head(kt, sh, C, W, pos, kc + h * S * hd * kv_esize(kt), qwin, h, nh / nkv, nh, hd, sc, sc + S);
+        const int32_t *sh = snap + h * stride;
+        int64_t cut = sh[0], n = cut >= 0 && cut < pos ? sh[1] + pos - cut : pos + 1;
+        over |= n > C;
+    }
+    if (!over)
+        return;
+    float *s = sc, *pl = sc + 2 * S;
+    int64_t w0 = pos - W + 1 > 0 ? pos - W + 1 : 0, total = 0, take, t0, t1;
+    uint32_t T;
+    for (int64_t h = 0; h < nkv; h++) {
+        int64_t nsc, nwin = snap_score(kt, snap + h * stride, L, W, pos, kc + h * S * hd * kv_esize(kt), qwin, h,
+                                       nh / nkv, nh, hd, s, sc + S, pl + h * S, &nsc);
+        int64_t quota = C - nwin < nsc ? C - nwin : nsc, sure = safe < quota ? safe : quota;
+        total += quota;
+        if (sure <= 0)
+            continue;
+        float *ph = pl + h * S;
+        snap_select(ph, 1, S, w0, sure, &T, &take);
+        for (int64_t t = 0; t < w0; t++) {
+            uint32_t k = snap_key(ph[t]);
+            if (ph[t] >= 0.0f && (k > T || (k == T && take-- > 0)))
+                ph[t] = INFINITY;
+        }
+    }
+    snap_select(pl, nkv, S, w0, total, &T, &take);
+    for (int64_t h = 0; h < nkv; h++) {
+        int32_t *sh = snap + h * stride;
+        const float *ph = pl + h * S;
+        int64_t n = 0;
+        for (int64_t t = 0; t < w0; t++) {
+            uint32_t k = snap_key(ph[t]);
+            if (ph[t] >= 0.0f && (k > T || (k == T && take-- > 0)))
+                s[n++] = (float)t;
+        }
+        SparseRuns r = {SPARSE_SNAP, L, 0, pos + 1, sh, 0};
+        while (sparse_next(&r, &t0, &t1)) /* the window */
+            for (int64_t t = t0 > w0 ? t0 : w0; t < t1; t++)
+                s[n++] = (float)t;
+        for (int64_t i = 0; i < n; i++) /* n <= L: at most the layer's budget, or the head's budget when flat */
+            sh[2 + i] = (int32_t)s[i];
+        sh[0] = (int32_t)pos, sh[1] = (int32_t)n;
     }
 }
 

@@ -53,11 +53,11 @@ static const char *check_params(const Schedule *s, const Inst *in)
         if (p[3] == SPARSE_SLOTS && (p[4] <= 0 || (p[5] != 0 && p[5] != 1)))
             return "attn_sparse slots needs cap > 0 and b (scores) 0 or 1";
         if (p[3] == SPARSE_SNAP && (p[4] <= 0 || p[5] != 0))
-            return "attn_sparse snap needs budget > 0 and b 0";
+            return "attn_sparse snap needs a list capacity > 0 and b 0";
         return NULL;
     case OP_KV_SNAP:
-        return p[1] <= 0 || p[1] >= p[0] || s->shape.max_seq >= (1 << 24)
-                   ? "kv_snap needs 0 < window < budget, and max_seq < 2^24 (rows go through f32)"
+        return p[1] <= 0 || p[1] >= p[0] || p[2] < 0 || s->shape.max_seq >= (1 << 24)
+                   ? "kv_snap needs 0 < window < budget, safe >= 0, and max_seq < 2^24 (rows go through f32)"
                    : NULL;
     case OP_QUEST_SELECT:
         return p[1] <= 0 || p[2] <= 0 ? "quest_select needs page > 0 and npages > 0" : NULL;

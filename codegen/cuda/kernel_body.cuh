@@ -1907,17 +1907,17 @@ MK_DEV void op_attn(const MegacArgs *a, const unsigned *in)
  * concatenation is cut into blocks of MK_SPARSE_BLOCK entries. */
 typedef struct MkRows {
     int kind;           /* an MK_SPARSE_* kind */
-    int a, b;           /* the kind's params; MK_SPARSE_SNAP: a = budget, b = its kept rows (mk_snap_rows) */
-    const int *sel;     /* MK_SPARSE_QUEST: the kv head's b pages; MK_SPARSE_SNAP: its snap[a + 1] */
+    int a, b;           /* the kind's params; MK_SPARSE_SNAP: a = the list's capacity, b = its kept rows */
+    const int *sel;     /* MK_SPARSE_QUEST: the kv head's b pages; MK_SPARSE_SNAP: its snap[a + 2] */
 } MkRows;
 
-/* The rows of a SnapKV head alive at pos (ops.h), with sh its snap[C + 1]:
- * r.b = how many kept rows come first (C once compressed: 0 <= cut < pos,
+/* The rows of a SnapKV head alive at pos (ops.h), with sel its snap[L + 2]:
+ * r.b = how many kept rows come first (n once compressed: 0 <= cut < pos,
  * else 0), then the rows from *base on; returns how many are alive. */
 MK_INLINE int mk_snap_rows(MkRows *r, int pos, int *base)
 {
-    int cut = r->sel[0], done = cut >= 0 && cut < pos;
-    r->b = done ? r->a : 0;
+    int cut = r->sel[0], done = cut >= 0 && cut < pos, n = r->sel[1] < 0 ? 0 : r->sel[1] > r->a ? r->a : r->sel[1];
+    r->b = done ? n : 0;
     *base = done ? cut + 1 : 0;
     return r->b + pos + 1 - *base;
 }
@@ -1962,7 +1962,7 @@ MK_INLINE int mk_rows_at(MkRows r, int pos, int e)
 {
     if (r.kind == MK_SPARSE_SNAP) { /* the kept rows, then (cut, pos]: r.b set by mk_snap_rows */
         int cut = r.sel[0], base = cut >= 0 && cut < pos ? cut + 1 : 0;
-        return e < r.b ? r.sel[1 + e] : base + e - r.b <= pos ? base + e - r.b : -1;
+        return e < r.b ? r.sel[2 + e] : base + e - r.b <= pos ? base + e - r.b : -1;
     }
     int off = 0, r0 = 0;
     for (int j = 0;; j++) {
@@ -2013,7 +2013,7 @@ MK_DEV void op_attn_sparse(const MegacArgs *a, const unsigned *in)
     int n = 0, lo = 0, hi = MK_MAX_SEQ;
     if (rows.kind == MK_SPARSE_SNAP) {
         int base;
-        rows.sel = (const int *)mk_opnd(a, in, 4) + (long long)h * (rows.a + 1);
+        rows.sel = (const int *)mk_opnd(a, in, 4) + (long long)h * (rows.a + 2);
         n = mk_snap_rows(&rows, pos, &base);
     }
     if (nsplit > 1)
@@ -2514,19 +2514,16 @@ MK_DEV void op_kv_evict(const MegacArgs *a, const unsigned *in)
 
 /* ---- SnapKV (ops.h) ---- */
 
-/* One kv head's compression, sh its snap, kh its rows, n > C of them
- * alive (MkRows r, entry e the e-th): the window queries' weights summed
- * into s[t] (t < w0; -1 marks a row not alive), each query's logits first
- * in lg by position; the max pool into lg; then a radix select as
- * quest_select's (a thread per digit bin, thread 0 picks the bin) finds
- * the key T of the K-th largest and how many equal to T to take; thread 0
- * writes the kept rows, ascending, into s (as floats: rows < 2^24) and the
- * block copies them into sh. */
-MK_DEV void mk_snap_head(int *sh, int C, int W, int pos, const mk_kv *kh, const float *qwin, int h, float *s,
-                         float *lg)
+/* One kv head's pooled scores (sh its snap, L its list's capacity, kh
+ * its rows): the window queries' weights summed into s[t] (t < w0; -1
+ * marks a row not alive), each query's logits first in lg by position;
+ * the max pool into pl (-1: not scored). Returns how many alive rows the
+ * window holds (*nsc: the scored ones); block-uniform. */
+MK_DEV int mk_snap_score(const int *sh, int L, int W, int pos, const mk_kv *kh, const float *qwin, int h, float *s,
+                         float *lg, float *pl, int *nsc)
 {
     unsigned tid = mk_tid(), warp = tid >> 5, lane = tid & 31u;
-    MkRows r = {MK_SPARSE_SNAP, C, 0, sh};
+    MkRows r = {MK_SPARSE_SNAP, L, 0, sh};
     int base, n = mk_snap_rows(&r, pos, &base), w0 = pos - W + 1 > 0 ? pos - W + 1 : 0;
     float scale = 1.0f / sqrtf((float)MK_HD);
     for (int t = (int)tid; t < w0; t += MK_THREADS)
@@ -2576,18 +2573,30 @@ MK_DEV void mk_snap_head(int *sh, int C, int W, int pos, const mk_kv *kh, const 
         float v = -1.0f;
         for (int u = t - 3 < 0 ? 0 : t - 3; s[t] >= 0.0f && u <= t + 3 && u < w0; u++)
             v = fmaxf(v, s[u]);
-        lg[t] = v;
+        pl[t] = v;
     }
     mk_sync();
-    unsigned prefix = 0, mask = 0;
-    int rank = C - nwin;
+    *nsc = n - nwin;
+    return nwin;
+}
+
+/* A radix select as quest_select's (a thread per digit bin, thread 0
+ * picks the bin) of the K largest values >= 0 among v[h * S + t], h <
+ * nseg, t < n: *T, the key of the K-th largest, and *take, how many keys
+ * equal to T to take, the first in the order h, t; block-uniform. */
+MK_DEV void mk_snap_select(const float *v, int nseg, int n, int K, unsigned *T, int *take)
+{
+    unsigned tid = mk_tid(), prefix = 0, mask = 0;
+    int rank = K;
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int b = (int)tid; b < MK_QBINS; b += MK_THREADS) {
             int cnt = 0;
-            for (int t = 0; t < w0; t++) {
-                unsigned k = mk_fkey(lg[t]);
-                cnt += lg[t] >= 0.0f && (k & mask) == prefix && (int)((k >> shift) & 255u) == b;
-            }
+            for (int h = 0; h < nseg; h++)
+                for (int t = 0; t < n; t++) {
+                    float x = v[(long long)h * MK_MAX_SEQ + t];
+                    unsigned k = mk_fkey(x);
+                    cnt += x >= 0.0f && (k & mask) == prefix && (int)((k >> shift) & 255u) == b;
+                }
             mk_sm[b] = (float)cnt;
         }
         mk_sync();
@@ -2604,49 +2613,82 @@ MK_DEV void mk_snap_head(int *sh, int C, int W, int pos, const mk_kv *kh, const 
         rank = (int)mk_sm[MK_QBINS + 1];
         mk_sync();
     }
-    if (tid == 0) {
-        int k = 0;
-        for (int t = 0; t < w0; t++) {
-            unsigned key = mk_fkey(lg[t]);
-            if (lg[t] >= 0.0f && (key > prefix || (key == prefix && rank-- > 0)))
-                s[k++] = (float)t;
-        }
-        for (int e = n - nwin; e < n; e++) /* the window: the last nwin alive rows */
-            s[k++] = (float)mk_rows_at(r, pos, e);
-    }
-    mk_sync();
-    for (int i = (int)tid; i < C; i += MK_THREADS) /* C rows: the K selected and the window */
-        sh[1 + i] = (int)s[i];
-    if (tid == 0)
-        sh[0] = pos;
-    mk_sync();
+    *T = prefix, *take = rank;
 }
 
-/* Every step: pos 0 clears every head's cut; q into qwin[pos % window];
- * at the prompt's last step (MegacArgs.prompt_end) each kv head with more
- * than `budget` rows alive is compressed (mk_snap_head). sc: [2][S]. */
+/* Every step: pos 0 clears every head's cut; q into qwin[pos % window].
+ * At the prompt's last step (MegacArgs.prompt_end), when some kv head has
+ * more than `budget` rows alive, the layer is compressed (ops.h): every
+ * head's pooled scores into pl[h] (mk_snap_score); thread 0 raises each
+ * head's `sure` best to +inf; one select over all heads takes the sum of
+ * their quotas (the raised first); thread 0 writes each head's list, the
+ * taken rows then its window (the last alive rows), through s into its
+ * snap. sc: [nkv + 2][S], scores and logits by position, then pl. */
 MK_DEV void op_kv_snap(const MegacArgs *a, const unsigned *in)
 {
     const float *q = (const float *)mk_opnd(a, in, 0);
     const mk_kv *kc = (const mk_kv *)mk_opnd(a, in, 1);
     float *qwin = (float *)mk_opnd(a, in, 2), *sc = (float *)mk_opnd(a, in, 4);
     int *snap = (int *)mk_opnd(a, in, 3);
-    int C = mk_param(in, 0), W = mk_param(in, 1), pos = (int)a->pos;
+    int C = mk_param(in, 0), W = mk_param(in, 1), safe = mk_param(in, 2), pos = (int)a->pos;
+    long long pooled = (long long)C * MK_NKV;
+    int L = safe >= C ? C : pooled < MK_MAX_SEQ ? (int)pooled : MK_MAX_SEQ, stride = L + 2; /* snap_list_cap */
     unsigned tid = mk_tid();
     if (pos == 0)
         for (int h = (int)tid; h < MK_NKV; h += MK_THREADS)
-            snap[(long long)h * (C + 1)] = -1;
+            snap[(long long)h * stride] = -1;
     for (int j = (int)tid; j < MK_NH * MK_HD; j += MK_THREADS)
         qwin[(long long)(pos % W) * MK_NH * MK_HD + j] = q[j];
     if (pos != a->prompt_end)
         return;
     mk_sync();
+    int over = 0, base, w0 = pos - W + 1 > 0 ? pos - W + 1 : 0, total = 0, take;
     for (int h = 0; h < MK_NKV; h++) {
-        int *sh = snap + (long long)h * (C + 1), base;
-        MkRows r = {MK_SPARSE_SNAP, C, 0, sh};
-        if (mk_snap_rows(&r, pos, &base) > C)
-            mk_snap_head(sh, C, W, pos, kc + (long long)h * MK_MAX_SEQ * MK_HD, qwin, h, sc, sc + MK_MAX_SEQ);
+        MkRows r = {MK_SPARSE_SNAP, L, 0, snap + (long long)h * stride};
+        over |= mk_snap_rows(&r, pos, &base) > C;
     }
+    if (!over)
+        return;
+    float *s = sc, *pl = sc + 2 * (long long)MK_MAX_SEQ;
+    unsigned T;
+    for (int h = 0; h < MK_NKV; h++) {
+        int nsc, nwin = mk_snap_score(snap + (long long)h * stride, L, W, pos, kc + (long long)h * MK_MAX_SEQ * MK_HD,
+                                      qwin, h, s, sc + MK_MAX_SEQ, pl + (long long)h * MK_MAX_SEQ, &nsc);
+        int quota = C - nwin < nsc ? C - nwin : nsc, sure = safe < quota ? safe : quota;
+        total += quota;
+        if (sure <= 0)
+            continue;
+        float *ph = pl + (long long)h * MK_MAX_SEQ;
+        mk_snap_select(ph, 1, w0, sure, &T, &take);
+        if (tid == 0)
+            for (int t = 0; t < w0; t++) {
+                unsigned k = mk_fkey(ph[t]);
+                if (ph[t] >= 0.0f && (k > T || (k == T && take-- > 0)))
+                    ph[t] = MK_INF;
+            }
+        mk_sync();
+    }
+    mk_snap_select(pl, MK_NKV, w0, total, &T, &take);
+    if (tid == 0)
+        for (int h = 0; h < MK_NKV; h++) {
+            int *sh = snap + (long long)h * stride, k = 0;
+            const float *ph = pl + (long long)h * MK_MAX_SEQ;
+            for (int t = 0; t < w0; t++) {
+                unsigned key = mk_fkey(ph[t]);
+                if (ph[t] >= 0.0f && (key > T || (key == T && take-- > 0)))
+                    s[k++] = (float)t;
+            }
+            MkRows r = {MK_SPARSE_SNAP, L, 0, sh};
+            int n = mk_snap_rows(&r, pos, &base), e = n;
+            while (e > 0 && mk_rows_at(r, pos, e - 1) >= w0) /* the window: the last alive rows */
+                e--;
+            for (; e < n; e++)
+                s[k++] = (float)mk_rows_at(r, pos, e);
+            for (int i = 0; i < k; i++) /* k <= L (ops.h) */
+                sh[2 + i] = (int)s[i];
+            sh[0] = pos, sh[1] = k;
+        }
+    mk_sync();
 }
 
 MK_DEV void mk_op_run(const MegacArgs *a, const unsigned *in)

@@ -80,7 +80,7 @@ static bool mc_attn_sparse(const ModelShape *sh, const int32_t *p, Access *e, bo
     if (kind == SPARSE_QUEST)
         e[4] = span(ACC_R, h * b, (h + 1) * b);
     else if (kind == SPARSE_SNAP)
-        e[4] = span(ACC_R, h * (a + 1), (h + 1) * (a + 1));
+        e[4] = span(ACC_R, h * (a + 2), (h + 1) * (a + 2));
     else if (kind == SPARSE_SLOTS) {
         int64_t piece = G * mc_score_rows(a, ns);
         e[4] = span(ACC_W, (h * ns + sp) * piece, (h * ns + sp + 1) * piece);
@@ -101,18 +101,18 @@ static bool mc_kv_evict(const ModelShape *sh, const int32_t *p, Access *e, bool 
     return (pol != KV_POLICY_STREAMING || sinks < cap) && (pol != KV_POLICY_H2O || window < cap);
 }
 
-/* KV_SNAP budget window: all q heads' q, any alive row of any kv head
- * (the whole cache), and the layer's qwin, snap and sc, all of them. */
+/* KV_SNAP budget window safe: all q heads' q, any alive row of any kv
+ * head (the whole cache), and the layer's qwin, snap and sc, all of them. */
 static bool mc_kv_snap(const ModelShape *sh, const int32_t *p, Access *e)
 {
-    int64_t kv = sh->n_kv_heads, hd = sh->head_dim, S = sh->max_seq, budget = p[0], window = p[1];
-    if (window <= 0 || window >= budget || budget > S)
+    int64_t kv = sh->n_kv_heads, hd = sh->head_dim, S = sh->max_seq, budget = p[0], window = p[1], safe = p[2];
+    if (window <= 0 || window >= budget || budget > S || safe < 0)
         return false;
     e[0] = span(ACC_R, 0, sh->n_heads * hd);
     e[1] = span(ACC_R, 0, kv * S * hd);
     e[2] = span(ACC_RW, 0, window * sh->n_heads * hd);
-    e[3] = span(ACC_RW, 0, kv * (budget + 1));
-    e[4] = span(ACC_RW, 0, 2 * S);
+    e[3] = span(ACC_RW, 0, kv * (snap_list_cap(budget, safe, kv, S) + 2));
+    e[4] = span(ACC_RW, 0, (kv + 2) * S);
     return true;
 }
 
@@ -250,15 +250,15 @@ static int64_t mc_layout(const ModelShape *sh, const Inst *in, int i)
     case OP_KV_STORE: return i == 2 || i == 3 ? kv * cap * hd : i == 4 ? kv * (cap + 1) : 0;
     case OP_ATTN_SPARSE:
         if (i == 4)
-            return in->p[3] == SPARSE_SNAP ? kv * (in->p[4] + 1) : 0;
+            return in->p[3] == SPARSE_SNAP ? kv * (in->p[4] + 2) : 0;
         if (i != 1 && i != 2)
             return 0;
         return in->p[3] == SPARSE_SLOTS ? kv * in->p[4] * hd : kv * S * hd;
     case OP_QUEST_SELECT: return i == 1 ? kv * S * hd : i == 2 ? kv * quest_pages(sh, page) * 2 * hd : 0;
     case OP_KV_EVICT: return i == 1 ? kv * (cap + 1) : i == 2 ? kv * cap : 0;
     case OP_KV_SNAP: {
-        int64_t budget = in->p[0], window = in->p[1];
-        int64_t want[OP_MAX_OPERANDS] = {0, kv * S * hd, window * sh->n_heads * hd, kv * (budget + 1), 2 * S};
+        int64_t budget = in->p[0], window = in->p[1], list = snap_list_cap(budget, in->p[2], kv, S);
+        int64_t want[OP_MAX_OPERANDS] = {0, kv * S * hd, window * sh->n_heads * hd, kv * (list + 2), (kv + 2) * S};
         return i < OP_MAX_OPERANDS ? want[i] : 0;
     }
     default: return 0;
