@@ -165,7 +165,7 @@ static int evkv_run(const EvKvArgs *a)
     dense = sparse;
     dense.kv_dtype = DT_F32;
     for (int l = 0; l < MODEL_MAX_LAYERS; l++) {
-        dense.attn[l] = (AttnSpec){ATTN_DENSE, 0, 0, 0, 0};
+        dense.attn[l] = (AttnSpec){.kind = ATTN_DENSE};
         dense.kv[l] = (KvPolicy){.kind = KV_FULL};
     }
     int n = a->tokens < sparse.max_seq ? a->tokens : sparse.max_seq, v = sparse.vocab_size;

@@ -99,7 +99,8 @@ static const int tiny_models[][8] = {
 static void tiny_knobs(ModelDesc *m, int v)
 {
     int S = m->max_seq;
-    AttnSpec quest = {ATTN_QUEST, 0, 0, S / 4, S / 2}, sw = {ATTN_SINK_WINDOW, 2, S / 4, 0, 0};
+    AttnSpec quest = {.kind = ATTN_QUEST, .page = S / 4, .budget = S / 2};
+    AttnSpec sw = {.kind = ATTN_SINK_WINDOW, .sinks = 2, .window = S / 4};
     KvPolicy h2o = {.kind = KV_H2O, .budget = S / 2, .window = S / 4}, tova = {.kind = KV_TOVA, .budget = S / 2};
     KvPolicy stream = {.kind = KV_STREAMING, .sinks = 1, .window = S / 2 - 1};
     KvPolicy snap = {.kind = KV_SNAPKV, .budget = S / 2, .window = S / 8 > 0 ? S / 8 : 1};

@@ -98,7 +98,7 @@ static const char *const tok_keys[] = {"format", "path", NULL};
 static const char *const compile_keys[] = {"act_dtype", "kv_dtype", "quant", "attention", "kv_policy",
                                            "targets", "workers", "max_seq", "attn_combine", NULL};
 static const char *const quant_keys[] = {"default", "embed", "attn", "mlp", "lm_head", NULL};
-static const char *const attn_keys[] = {"layers", "kind", "sinks", "window", "page", "budget", NULL};
+static const char *const attn_keys[] = {"layers", "kind", "sinks", "window", "page", "budget", "anchor", NULL};
 static const char *const kv_keys[] = {"layers", "policy", "budget", "sinks", "window", "pyramid", "adaptive", NULL};
 
 /* Enum spellings, in enum order. */
@@ -113,7 +113,7 @@ static const DType kv_dtype_of[] = {DT_F32, DT_F16, DT_BF16};
 /* compile.attn_combine, by AttnCombine */
 static const char *const attn_combines[] = {"auto", "in_o", "stage", NULL};
 static const char *const quant_names[] = {"none", "f32", "f16", "bf16", "w8a16", "w4a16", "w8a8", "w4a8", "a8", NULL};
-static const char *const attn_kinds[] = {"dense", "sink_window", "quest", NULL};
+static const char *const attn_kinds[] = {"dense", "sink_window", "quest", "kascade", "kascade_reuse", NULL};
 static const char *const kv_kinds[] = {"full", "streaming", "h2o", "tova", "snapkv", NULL};
 static const char *const target_names[] = {"cpu", "sm_80", "sm_90", "sm_120", "host-cuda", NULL};
 
@@ -123,11 +123,13 @@ static const char *const target_names[] = {"cpu", "sm_80", "sm_90", "sm_120", "h
 typedef struct {
     unsigned need, allow;       /* bit i: params[i] */
 } ParamMask;
-static const char *const attn_params[] = {"sinks", "window", "page", "budget"};
+static const char *const attn_params[] = {"sinks", "window", "page", "budget", "anchor"};
 static const ParamMask attn_kind_params[] = {
     [ATTN_DENSE] = {0, 0},
     [ATTN_SINK_WINDOW] = {0x3, 0x3},    /* sinks, window */
     [ATTN_QUEST] = {0xc, 0xc},          /* page, budget */
+    [ATTN_KASCADE] = {0x8, 0x8},        /* budget (top-k rows) */
+    [ATTN_KASCADE_REUSE] = {0x10, 0x10}, /* anchor (a kascade layer before) */
 };
 static const char *const kv_params[] = {"budget", "sinks", "window", "pyramid"};
 static const ParamMask kv_kind_params[] = {
@@ -1386,7 +1388,8 @@ static bool params_read(Ctx *c, const DocNode *e, const char *list, const char *
             ctx_error(c, e, "missing key '%s' in '%s' entry (%s '%s' needs it)", names[i], list, list, kind);
             ok = false;
         } else if (n) {
-            ok &= node_int32(c, n, what, strcmp(names[i], "sinks") == 0 ? 0 : 1, &vals[i]);
+            ok &= node_int32(c, n, what, strcmp(names[i], "sinks") == 0 || strcmp(names[i], "anchor") == 0 ? 0 : 1,
+                             &vals[i]);
         }
     }
     return ok;
@@ -1418,8 +1421,10 @@ static int entry_read(Ctx *c, const DocNode *e, const char *list, const char *co
     return ok ? k : -1;
 }
 
-/* attention: [{layers: RANGE, kind: dense|sink_window|quest, sinks, window,
- * page, budget}, ...]; layers not covered stay dense. */
+/* attention: [{layers: RANGE, kind: dense|sink_window|quest|kascade|
+ * kascade_reuse, sinks, window, page, budget, anchor}, ...]; layers not
+ * covered stay dense. A kascade_reuse layer's anchor is a kascade layer
+ * before it. */
 static void desc_attention(Ctx *c, const DocNode *l)
 {
     if (l->kind != DOC_SEQ) {
@@ -1427,12 +1432,32 @@ static void desc_attention(Ctx *c, const DocNode *l)
         return;
     }
     const DocNode **owner = ARENA_ARRAY(c->a, const DocNode *, MODEL_MAX_LAYERS);
+    const DocNode **at = ARENA_ARRAY(c->a, const DocNode *, MODEL_MAX_LAYERS);
     for (int i = 0; i < l->n; i++) {
-        int v[6] = {0};
-        int k = entry_read(c, l->items[i], "attention", attn_keys, "kind", attn_kinds, attn_params, 4,
+        int v[7] = {0};
+        int k = entry_read(c, l->items[i], "attention", attn_keys, "kind", attn_kinds, attn_params, 5,
                            attn_kind_params, owner, v);
-        for (int x = v[4]; k >= 0 && x <= v[5]; x++)
-            c->m->attn[x] = (AttnSpec){(AttnKind)k, v[0], v[1], v[2], v[3]};
+        for (int x = v[5]; k >= 0 && x <= v[6]; x++) {
+            c->m->attn[x] = (AttnSpec){(AttnKind)k, v[0], v[1], v[2], v[3], v[4]};
+            at[x] = l->items[i];
+        }
+    }
+    int nl = c->m->n_layers < MODEL_MAX_LAYERS ? c->m->n_layers : MODEL_MAX_LAYERS;
+    for (int x = 0; x < nl; x++) {
+        const AttnSpec *a = &c->m->attn[x];
+        if (a->kind != ATTN_KASCADE_REUSE || !at[x])
+            continue;
+        const DocNode *an = doc_get(at[x], "anchor");
+        if (a->anchor >= x)
+            ctx_error(c, an, "layer %d reuses the rows of layer %d, which is not before it (a kascade_reuse "
+                      "layer's anchor is an earlier kascade layer)", x, a->anchor);
+        else if (c->m->attn[a->anchor].kind != ATTN_KASCADE)
+            ctx_error(c, an, "layer %d reuses the rows of layer %d, whose attention is %s, not kascade (the anchor "
+                      "picks the rows)", x, a->anchor, attn_kinds[c->m->attn[a->anchor].kind]);
+        else
+            continue;
+        while (x + 1 < nl && at[x + 1] == at[x]) /* one error per entry */
+            x++;
     }
 }
 
@@ -1692,6 +1717,10 @@ static void check_knobs(Checker *k)
         if (m->kv[l].kind != KV_FULL && m->attn[l].kind != ATTN_DENSE)
             check_fail(k, -1, "layer %d: KV policy %s needs dense attention, not %s", l, kv_kinds[m->kv[l].kind],
                        attn_kinds[m->attn[l].kind]);
+        const AttnSpec *a = &m->attn[l];
+        if (a->kind == ATTN_KASCADE_REUSE && (a->anchor < 0 || a->anchor >= l ||
+                                              m->attn[a->anchor].kind != ATTN_KASCADE))
+            check_fail(k, -1, "layer %d: kascade_reuse's anchor (%d) must be an earlier kascade layer", l, a->anchor);
     }
 }
 
@@ -2130,7 +2159,7 @@ static void print_layers(const ModelDesc *m, FILE *out)
         fputs("    - {layers: ", out);
         print_range(out, lo, hi, nl);
         fprintf(out, ", kind: %s", attn_kinds[s->kind]);
-        print_params(out, attn_params, (const int[]){s->sinks, s->window, s->page, s->budget}, 4,
+        print_params(out, attn_params, (const int[]){s->sinks, s->window, s->page, s->budget, s->anchor}, 5,
                      attn_kind_params[s->kind].allow);
         fputs("}\n", out);
     }

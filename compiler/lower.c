@@ -115,6 +115,7 @@ typedef struct Lower {
     uint32_t prev;          /* counter of the previous stage */
     uint32_t sel, score;    /* Quest's page lists, eviction scores (BUF_NONE if unused) */
     uint32_t snapsc;        /* SnapKV's scratch, shared by its layers (BUF_NONE if unused) */
+    uint32_t topksc;        /* Kascade anchors' scratch, shared by them (BUF_NONE if unused) */
     int evict_pending;      /* layer whose kv_evict the next GEMV stage runs first, or -1 */
     bool combine_pending;   /* the next GEMV stage's workers merge the attention partials first */
     uint32_t *att_w;        /* per worker: its merged attention (fold), BUF_NONE until needed */
@@ -310,6 +311,13 @@ static int layer_npages(const ModelDesc *m, int l)
     return (int)(np < 1 ? 1 : np > all ? all : np);
 }
 
+/* Rows a Kascade anchor layer l picks per kv head (its budget, at most
+ * max_seq). */
+static int layer_topk(const ModelDesc *m, int l)
+{
+    return m->attn[l].budget < m->max_seq ? m->attn[l].budget : m->max_seq;
+}
+
 static uint32_t lower_layer_buf(Lower *L, const char *what, int l)
 {
     char name[32];
@@ -392,6 +400,14 @@ static void lower_kv_write(Lower *L, int w, int l, int h)
                                 (h + 1) * pages * 2 * hd),
                        acc_mode(L->sel, ACC_W, h * (int64_t)np, (h + 1) * (int64_t)np)};
         sched_op(L->s, w, OP_QUEST_SELECT, p, a);
+    } else if (L->m->attn[l].kind == ATTN_KASCADE) {
+        int k = layer_topk(L->m, l);
+        int32_t p[2] = {h, k};
+        Access a[4] = {acc_r(L->q, h * g * hd, (h + 1) * g * hd),
+                       acc_pos(kc, ACC_R, affine_const(h * S * hd), (Affine){h * S * hd + hd, hd}),
+                       acc_mode(L->topksc, ACC_W, h * (g + 1) * S, (h + 1) * (g + 1) * S),
+                       acc_mode(lower_layer_buf(L, "kidx", l), ACC_W, h * (int64_t)k, (h + 1) * (int64_t)k)};
+        sched_op(L->s, w, OP_TOPK_SELECT, p, a);
     }
 }
 
@@ -434,8 +450,13 @@ static void lower_layer_attn(Lower *L, int w, int l, int h, int sp, int ns, bool
             int64_t list = layer_snap_list(L->m, l);
             p[3] = SPARSE_SNAP, p[4] = (int32_t)list;
             a[4] = acc_r(lower_layer_buf(L, "snap", l), h * (list + 2), (h + 1) * (list + 2));
-        } else if (as->kind == ATTN_SINK_WINDOW) {
-            p[3] = SPARSE_SINK_WINDOW, p[4] = as->sinks, p[5] = as->window;
+        } else if (as->kind == ATTN_SINK_WINDOW || (as->kind == ATTN_KASCADE && l == 0)) {
+            bool all = as->kind == ATTN_KASCADE; /* Kascade's layer 0 attends over every row */
+            p[3] = SPARSE_SINK_WINDOW, p[4] = all ? 0 : as->sinks, p[5] = all ? (int32_t)S : as->window;
+        } else if (as->kind == ATTN_KASCADE || as->kind == ATTN_KASCADE_REUSE) {
+            int src = as->kind == ATTN_KASCADE ? l : as->anchor, k = layer_topk(L->m, src);
+            p[3] = SPARSE_QUEST, p[4] = 1, p[5] = k; /* the anchor's rows as pages of one row */
+            a[4] = acc_r(lower_layer_buf(L, "kidx", src), h * (int64_t)k, (h + 1) * (int64_t)k);
         } else {
             int np = layer_npages(L->m, l);
             p[3] = SPARSE_QUEST, p[4] = layer_page(L->m, l), p[5] = np;
@@ -846,7 +867,7 @@ static void lower_buffers(Lower *L)
     L->next = lower_buf(L, "next", DT_I32, BUF_IO, 1, 1, 0, 0, 0);
     int maxnp = 0;
     int64_t nscore = 0; /* score entries per q head: the most of any evicting layer */
-    bool snaps = false;
+    bool snaps = false, topk = false;
     for (int l = 0; l < m->n_layers; l++) {
         char n[32];
         int cap = layer_cap(m, l), rows = cap ? cap : m->max_seq;
@@ -871,6 +892,11 @@ static void lower_buffers(Lower *L)
         }
         if (layer_scores(m, l) && L->nsplit * sparse_score_rows(cap, L->nsplit) > nscore)
             nscore = L->nsplit * sparse_score_rows(cap, L->nsplit);
+        if (m->attn[l].kind == ATTN_KASCADE) {
+            snprintf(n, sizeof n, "kidx.%d", l);
+            lower_buf(L, n, DT_I32, BUF_SCRATCH, 2, m->n_kv_heads, layer_topk(m, l), 0, 0);
+            topk = true;
+        }
         if (m->attn[l].kind == ATTN_QUEST) {
             int page = layer_page(m, l);
             snprintf(n, sizeof n, "bounds.%d", l);
@@ -881,6 +907,9 @@ static void lower_buffers(Lower *L)
     L->sel = maxnp ? lower_buf(L, "sel", DT_I32, BUF_SCRATCH, 2, m->n_kv_heads, maxnp, 0, 0) : BUF_NONE;
     L->score = nscore ? lower_buf(L, "score", DT_F32, BUF_SCRATCH, 2, m->n_heads, nscore, 0, 0) : BUF_NONE;
     L->snapsc = snaps ? lower_buf(L, "snapsc", DT_F32, BUF_STATE, 2, m->n_kv_heads + 2, m->max_seq, 0, 0) : BUF_NONE;
+    L->topksc = topk ? lower_buf(L, "topksc", DT_F32, BUF_SCRATCH, 2, (int64_t)m->n_heads + m->n_kv_heads,
+                                 m->max_seq, 0, 0)
+                     : BUF_NONE;
     L->x = lower_buf(L, "x", DT_F32, BUF_SCRATCH, 1, m->dim, 0, 0, 0);
     L->q = lower_buf(L, "q", DT_F32, BUF_SCRATCH, 1, qd, 0, 0, 0);
     L->k = lower_buf(L, "k", DT_F32, BUF_SCRATCH, 1, kvd, 0, 0, 0);
@@ -943,8 +972,13 @@ static bool lower_check(const ModelDesc *m, int workers, Diag *d)
         if (kv->kind != KV_FULL && a->kind != ATTN_DENSE)
             ok = lower_fail(m, d, "%s (layer %lld): an evicting KV cache needs dense attention", "not supported", l);
         else if ((a->kind == ATTN_SINK_WINDOW && (a->sinks < 0 || a->window < 1)) ||
-                 (a->kind == ATTN_QUEST && (a->page < 1 || a->budget < 1)))
+                 (a->kind == ATTN_QUEST && (a->page < 1 || a->budget < 1)) ||
+                 (a->kind == ATTN_KASCADE && a->budget < 1))
             ok = lower_fail(m, d, "%s (layer %lld): sinks >= 0, window, page and budget >= 1",
+                            "bad sparse attention params", l);
+        else if (a->kind == ATTN_KASCADE_REUSE &&
+                 (a->anchor < 0 || a->anchor >= l || m->attn[a->anchor].kind != ATTN_KASCADE))
+            ok = lower_fail(m, d, "%s (layer %lld): a kascade_reuse layer's anchor is an earlier kascade layer",
                             "bad sparse attention params", l);
         else if ((kv->kind == KV_STREAMING && (kv->sinks < 0 || kv->window < 1)) ||
                  ((kv->kind == KV_H2O || kv->kind == KV_TOVA) && kv->budget < 1) ||

@@ -69,11 +69,16 @@ typedef struct {
     int group;              /* W4: 32, 64 or 128 */
 } QuantSpec;
 
-typedef enum { ATTN_DENSE, ATTN_SINK_WINDOW, ATTN_QUEST } AttnKind;
+/* ATTN_KASCADE: an anchor layer (Kascade, arXiv 2512.16391) picks `budget`
+ * rows per kv head by its exact attention and attends over them (layer 0:
+ * over all); ATTN_KASCADE_REUSE attends over the rows its `anchor` layer
+ * picked at the same step (ir/ops.h, TOPK_SELECT). */
+typedef enum { ATTN_DENSE, ATTN_SINK_WINDOW, ATTN_QUEST, ATTN_KASCADE, ATTN_KASCADE_REUSE } AttnKind;
 typedef enum { KV_FULL, KV_STREAMING, KV_H2O, KV_TOVA, KV_SNAPKV } KvPolicyKind;
 typedef struct {
     AttnKind kind;
     int sinks, window, page, budget;    /* meaning depends on kind */
+    int anchor;                         /* kascade_reuse: the anchor layer */
 } AttnSpec;
 typedef struct {
     KvPolicyKind kind;

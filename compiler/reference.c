@@ -72,6 +72,7 @@ struct RefState {
     unsigned char **alive;  /* (n_layers) x (rows_cap, n_kv_heads), evicting layers only */
     double **acc;           /* (n_layers) x (rows_cap, n_kv_heads), H2O's sums */
     double **qwin;          /* (n_layers) x (window, q_dim): SnapKV's last q, step p in p % window */
+    int **kidx;             /* (n_layers) x (n_kv_heads, k): a Kascade anchor's rows this step, -1 padded */
     int prompt_end;         /* the prompt's last position, -1: none */
 };
 
@@ -235,6 +236,12 @@ static double *ref_vec(int n)
     return xcalloc((size_t)n, sizeof(double));
 }
 
+/* Rows a Kascade anchor layer l picks per kv head (at most max_seq). */
+static int ref_topk(const ModelDesc *m, int l)
+{
+    return m->attn[l].budget < m->max_seq ? m->attn[l].budget : m->max_seq;
+}
+
 RefState *ref_new(const Weights *w)
 {
     const ModelDesc *m = w->m;
@@ -263,9 +270,13 @@ RefState *ref_new(const Weights *w)
     s->alive = xcalloc((size_t)m->n_layers, sizeof(unsigned char *));
     s->acc = xcalloc((size_t)m->n_layers, sizeof(double *));
     s->qwin = xcalloc((size_t)m->n_layers, sizeof(double *));
-    for (int l = 0; l < m->n_layers; l++)
+    s->kidx = xcalloc((size_t)m->n_layers, sizeof(int *));
+    for (int l = 0; l < m->n_layers; l++) {
         if (m->kv[l].kind == KV_SNAPKV)
             s->qwin[l] = ref_vec(m->kv[l].window * s->q_dim);
+        if (m->attn[l].kind == ATTN_KASCADE)
+            s->kidx[l] = xcalloc((size_t)m->n_kv_heads * (size_t)ref_topk(m, l), sizeof(int));
+    }
     s->prompt_end = -1;
     ref_mats_resolve(s);
     return s;
@@ -281,8 +292,10 @@ void ref_free(RefState *s)
         free(s->alive[l]);
         free(s->acc[l]);
         free(s->qwin[l]);
+        free(s->kidx[l]);
     }
     free(s->qwin);
+    free(s->kidx);
     free(s->kc);
     free(s->vc);
     free(s->alive);
@@ -412,6 +425,11 @@ static int ref_layer_rows(RefState *s, int l, int h, int pos, int *rows)
                 rows[n++] = t;
     } else if (a->kind == ATTN_QUEST) {
         n = ref_quest_rows(s, l, h, pos, rows);
+    } else if ((a->kind == ATTN_KASCADE && l > 0) || a->kind == ATTN_KASCADE_REUSE) {
+        int src = a->kind == ATTN_KASCADE ? l : a->anchor, k = ref_topk(m, src);
+        for (int i = 0; i < k; i++)
+            if (s->kidx[src][(size_t)h * k + i] >= 0)
+                rows[n++] = s->kidx[src][(size_t)h * k + i];
     } else {
         for (int t = 0; t <= pos; t++)
             rows[n++] = t;
@@ -581,6 +599,46 @@ static void ref_snap_compress(RefState *s, int l, int pos)
     free(lg);
 }
 
+/* Kascade's anchor layer l at pos (ir/ops.h, TOPK_SELECT): kv head h's
+ * rows are pos and the k - 1 others of largest attention summed over its
+ * q heads (ties: the lower row), ascending, -1 padded. */
+static void ref_kascade_select(RefState *s, int l, int pos)
+{
+    const ModelDesc *m = s->m;
+    int nkv = m->n_kv_heads, G = m->n_heads / nkv, hd = m->head_dim, k = ref_topk(m, l);
+    double *p = xcalloc((size_t)pos + 1, sizeof(double)), *lg = xcalloc((size_t)pos + 1, sizeof(double));
+    RefRank *r = xcalloc((size_t)pos + 1, sizeof *r);
+    for (int t = 0; t <= pos; t++)
+        s->rows[t] = t;
+    for (int h = 0; h < nkv; h++) {
+        int *out = s->kidx[l] + (size_t)h * k, n = 0;
+        for (int t = 0; t <= pos; t++)
+            p[t] = 0;
+        for (int g = 0; g < G; g++) {
+            ref_weights(s, l, h, s->q + (size_t)(h * G + g) * hd, s->rows, pos + 1, lg);
+            for (int t = 0; t <= pos; t++)
+                p[t] += lg[t];
+        }
+        for (int t = 0; t < pos; t++)
+            r[t] = (RefRank){p[t], 0, t};
+        qsort(r, (size_t)pos, sizeof *r, ref_rank_cmp);
+        int keep = k - 1 < pos ? k - 1 : pos;
+        for (int t = 0; t < pos; t++)
+            lg[t] = 0;
+        for (int i = 0; i < keep; i++)
+            lg[r[i].pos] = 1;
+        for (int t = 0; t < pos; t++)
+            if (lg[t] != 0)
+                out[n++] = t;
+        out[n++] = pos;
+        while (n < k)
+            out[n++] = -1;
+    }
+    free(p);
+    free(lg);
+    free(r);
+}
+
 /* A cache row: x[0:n] as compile.kv_dtype holds it. An f16 or bf16 cache
  * rounds the f32 value (what the kernels compute) to nearest even; the
  * reference then attends those values in float64. */
@@ -612,6 +670,8 @@ static void ref_layer_attention(RefState *s, int l, int pos)
         ref_attention(s->q, s->kc[l], s->vc[l], m->n_heads, m->n_kv_heads, hd, pos + 1, s->scores, s->att);
     } else {
         bool evicts = ref_kv_cap(m, l) > 0, snap = ref_snap(m, l) > 0;
+        if (m->attn[l].kind == ATTN_KASCADE)
+            ref_kascade_select(s, l, pos);
         for (int h = 0; (evicts || snap) && h < m->n_kv_heads; h++) {
             s->alive[l][(size_t)pos * m->n_kv_heads + h] = 1;
             s->acc[l][(size_t)pos * m->n_kv_heads + h] = 0;

@@ -353,6 +353,22 @@ static bool fp_quest_select(Fp *f)
     return true;
 }
 
+static bool fp_topk_select(Fp *f)
+{
+    const ModelShape *m = &f->s->shape;
+    int64_t h = f->in->p[0], k = f->in->p[1];
+    int64_t hd = m->head_dim, g = m->n_heads / m->n_kv_heads, S = m->max_seq;
+    if (h < 0 || h >= m->n_kv_heads)
+        return fp_fail(f, "topk_select needs 0 <= h < kv_heads");
+    if (k <= 0 || k > S)
+        return fp_fail(f, "topk_select needs 0 < k <= max_seq");
+    fp_const(f, 0, ACC_R, h * g * hd, (h + 1) * g * hd);
+    fp_set(f, 1, ACC_R, affine_const(h * S * hd), (Affine){h * S * hd + hd, hd});
+    fp_const(f, 2, ACC_W, h * (g + 1) * S, (h + 1) * (g + 1) * S);
+    fp_const(f, 3, ACC_W, h * k, (h + 1) * k);
+    return true;
+}
+
 static bool fp_kv_evict(Fp *f)
 {
     const ModelShape *m = &f->s->shape;
@@ -417,6 +433,7 @@ bool op_footprint(const Schedule *s, const Inst *in, Access *out, const char **w
     case OP_QUEST_SELECT: return fp_quest_select(&f);
     case OP_KV_EVICT: return fp_kv_evict(&f);
     case OP_KV_SNAP: return fp_kv_snap(&f);
+    case OP_TOPK_SELECT: return fp_topk_select(&f);
     case OP_COUNT: break;
     }
     die("bad op %d", in->op);
@@ -427,7 +444,7 @@ int op_cache_operand(const Inst *in, int which)
     switch ((OpCode)in->op) {
     case OP_KV_APPEND: case OP_KV_STORE: return 2 + which;
     case OP_ATTN: case OP_ATTN_SPARSE: return 1 + which;
-    case OP_QUEST_SELECT: case OP_KV_SNAP: return which == 0 ? 1 : -1;
+    case OP_QUEST_SELECT: case OP_KV_SNAP: case OP_TOPK_SELECT: return which == 0 ? 1 : -1;
     default: return -1;
     }
 }
@@ -451,7 +468,7 @@ DType op_operand_dtype(const Inst *in, int i)
     case OP_ATTN_SPARSE: return i == 4 && (in->p[3] == SPARSE_QUEST || in->p[3] == SPARSE_SNAP) ? DT_I32 : DT_F32;
     case OP_QUEST_SELECT: return i == 3 ? DT_I32 : DT_F32;
     case OP_KV_EVICT: return i == 1 ? DT_I32 : DT_F32;
-    case OP_KV_SNAP: return i == 3 ? DT_I32 : DT_F32;
+    case OP_KV_SNAP: case OP_TOPK_SELECT: return i == 3 ? DT_I32 : DT_F32;
     default: return DT_F32;
     }
 }
@@ -487,6 +504,11 @@ int64_t op_operand_nelem(const Schedule *s, const Inst *in, int i)
                : i == 2 ? (int64_t)in->p[1] * m->n_heads * hd
                : i == 3 ? (int64_t)m->n_kv_heads * (snap_list_cap(in->p[0], in->p[2], m->n_kv_heads, m->max_seq) + 2)
                : i == 4 ? ((int64_t)m->n_kv_heads + 2) * m->max_seq
+                        : 0;
+    case OP_TOPK_SELECT:
+        return i == 1   ? cache
+               : i == 2 ? ((int64_t)m->n_heads + m->n_kv_heads) * m->max_seq
+               : i == 3 ? (int64_t)m->n_kv_heads * in->p[1]
                         : 0;
     default: return 0;
     }

@@ -59,7 +59,10 @@
       "every kv head: meta[h][cap] = the slot the next token takes (a victim when full)")   \
     X(KV_SNAP, "kv_snap", "q kc qwin snap sc", "budget window safe",                        \
       "every kv head: at the prompt's last step, keep `budget` rows by the last `window` "  \
-      "queries' attention (SnapKV; Ada-KV's pooled budget when safe < budget)")
+      "queries' attention (SnapKV; Ada-KV's pooled budget when safe < budget)")               \
+    X(TOPK_SELECT, "topk_select", "q kc sc sel", "h k",                                     \
+      "sel[h] = pos and the k-1 rows < pos of most attention from kv head h's q heads "     \
+      "(Kascade's anchors)")
 
 typedef enum {
 #define X(n, s, o, p, m) OP_##n,
@@ -160,6 +163,19 @@ typedef enum {
  * head then has cut = pos and its kept scored rows and V_h as its list.
  * Rows after pos are alive as they come; a later prompt compresses again,
  * among the alive.
+ * Top-k rows (TOPK_SELECT, Kascade's anchor layers): for kv head h at pos,
+ * every row t <= pos of kc[h] gets
+ *   p[t] = sum over the kv head's q heads g of softmax_g(t),
+ * softmax_g over the rows [0, pos] of q_g . k_t / sqrt(hd) (q as it is:
+ * rotated before); sel[h][0:k] (i32, [n_kv_heads][k]) = the min(k, pos+1)
+ * rows made of pos and the others t < pos of largest p (ties: the lower
+ * row), ascending, padded with -1. sc (f32, class scratch)
+ * [n_kv_heads][G + 1][S] is the op's scratch (kv head h's part only,
+ * written before it is read).
+ * Layers that attend over such a list (the anchor's own, and Kascade's
+ * reuse layers, which read an anchor's) use ATTN_SPARSE's SPARSE_QUEST
+ * with a page of 1 row and b = k.
+ *
  * Quest page bounds (QUEST_SELECT): bounds (f32, class state)
  * [n_kv_heads][ceil(S/page)][2][hd] = the elementwise min and max of the k
  * rows of each page. The op recomputes page c = pos/page from kc rows

@@ -265,9 +265,12 @@ static Schedule *test_sparse_schedule(const char *target, ModelShape sh, int cap
     uint32_t snap = test_buf(s, "snap", DT_I32, BUF_STATE, nkv, cap + 2, 0);
     uint32_t qwin = test_buf(s, "qwin", DT_F32, BUF_STATE, snapw, nh, hd);
     uint32_t snapsc = test_buf(s, "snapsc", DT_F32, BUF_STATE, nkv + 2, S, 0);
+    uint32_t topksc = test_buf(s, "topksc", DT_F32, BUF_SCRATCH, nh + nkv, S, 0);
+    uint32_t kidx = test_buf(s, "kidx", DT_I32, BUF_SCRATCH, nkv, np, 0);
     for (int h = 0; h < nkv; h++) {
         test_op(s, OP_KV_STORE, (int32_t[]){h, cap}, (uint32_t[]){k, v, ks, vs, meta});
         test_op(s, OP_QUEST_SELECT, (int32_t[]){h, page, np}, (uint32_t[]){q, kc, bounds, sel});
+        test_op(s, OP_TOPK_SELECT, (int32_t[]){h, np}, (uint32_t[]){q, kc, topksc, kidx});
         test_op(s, OP_ATTN, (int32_t[]){h, 0, 2, 32, 0}, (uint32_t[]){q, kc, vc, part, BUF_NONE});
         test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 1, 2, SPARSE_SINK_WINDOW, 4, 64},
                 (uint32_t[]){q, kc, vc, part, BUF_NONE});

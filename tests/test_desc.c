@@ -873,6 +873,59 @@ Test(desc, snapkv_adaptive)
     arena_free(&a);
 }
 
+/* Kascade: anchor layers pick rows (kascade, budget), reuse layers read
+ * an earlier anchor's (kascade_reuse, anchor); an anchor that is not a
+ * kascade layer before is an error at the key. */
+Test(desc, kascade_layers)
+{
+    ModelDesc m;
+    Arena a = {0};
+    DescOverride ov[] = {{"n_layers", "6"},
+                         {"attention", "[{layers: 0, kind: kascade, budget: 64}, {layers: 1-2, kind: kascade_reuse, "
+                                       "anchor: 0}, {layers: 3, kind: kascade, budget: 32}, {layers: 4-, kind: "
+                                       "kascade_reuse, anchor: 3}]"}};
+    cr_assert(parse(&m, &a, "models/default.yaml", desc_default_yaml, ov, 2, NULL), "%s", errs);
+    cr_assert_eq(m.attn[0].kind, ATTN_KASCADE);
+    cr_assert_eq(m.attn[0].budget, 64);
+    cr_assert_eq(m.attn[2].kind, ATTN_KASCADE_REUSE);
+    cr_assert_eq(m.attn[2].anchor, 0);
+    cr_assert_eq(m.attn[5].anchor, 3);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    desc_print(&m, f);
+    fclose(f);
+    cr_assert(strstr(buf, "- {layers: 4-5, kind: kascade_reuse, anchor: 3}"), "%s", buf);
+
+    DescOverride later[] = {{"attention", "[{layers: 0, kind: kascade_reuse, anchor: 1}, {layers: 1, kind: "
+                                          "kascade, budget: 8}]"}};
+    expect_errors(desc_default_yaml, later, 1,
+                  "<command line>:1:53: error: layer 0 reuses the rows of layer 1, which is not before it (a "
+                  "kascade_reuse layer's anchor is an earlier kascade layer)\n"
+                  "    1 | attention=[{layers: 0, kind: kascade_reuse, anchor: 1}, {layers: 1, kind: kascade, budget: "
+                  "8}]\n"
+                  "      |                                                     ^\n");
+    DescOverride notk[] = {{"attention", "[{layers: 0, kind: quest, page: 4, budget: 8}, {layers: 1, kind: "
+                                         "kascade_reuse, anchor: 0}]"}};
+    expect_errors(desc_default_yaml, notk, 1,
+                  "<command line>:1:99: error: layer 1 reuses the rows of layer 0, whose attention is quest, not "
+                  "kascade (the anchor picks the rows)\n"
+                  "    1 | attention=[{layers: 0, kind: quest, page: 4, budget: 8}, {layers: 1, kind: kascade_reuse, "
+                  "anchor: 0}]\n"
+                  "      |                                                                                                   ^\n");
+    DescOverride nobudget[] = {{"attention", "[{layers: 0, kind: kascade, anchor: 0}]"}};
+    expect_errors(desc_default_yaml, nobudget, 1,
+                  "<command line>:1:12: error: missing key 'budget' in 'attention' entry (attention 'kascade' needs "
+                  "it)\n"
+                  "    1 | attention=[{layers: 0, kind: kascade, anchor: 0}]\n"
+                  "      |            ^\n"
+                  "<command line>:1:47: error: 'anchor' does not apply to attention 'kascade'\n"
+                  "    1 | attention=[{layers: 0, kind: kascade, anchor: 0}]\n"
+                  "      |                                               ^\n");
+    free(buf);
+    arena_free(&a);
+}
+
 /* ---- printing ---- */
 
 static void roundtrip(const char *file)

@@ -401,7 +401,7 @@ Test(lower, attention_merged_by_o_workers)
         ModelDesc *m = stories260k();
         if (cases[c].sparse) { /* eviction and a sparse layer: kv_evict and kv.l.h waits around the merge */
             m->kv[1] = (KvPolicy){.kind = KV_TOVA, .budget = 32};
-            m->attn[3] = (AttnSpec){ATTN_SINK_WINDOW, 4, 28, 0, 0};
+            m->attn[3] = (AttnSpec){.kind = ATTN_SINK_WINDOW, .sinks = 4, .window = 28};
         }
         int nw = cases[c].workers;
         m->attn_combine = COMBINE_IN_O;
@@ -510,7 +510,7 @@ Test(lower, rejects_unsupported_models)
     m->kv[2] = (KvPolicy){.kind = KV_SNAPKV, .budget = 32, .window = 32};
     expect_reject(m, "snapkv: 1 <= window < budget");
     m = stories260k();
-    m->attn[1] = (AttnSpec){ATTN_QUEST, 0, 0, 16, 32};
+    m->attn[1] = (AttnSpec){.kind = ATTN_QUEST, .page = 16, .budget = 32};
     m->kv[1] = (KvPolicy){.kind = KV_TOVA, .budget = 32};
     expect_reject(m, "an evicting KV cache needs dense attention");
     m = stories260k();
@@ -576,20 +576,20 @@ Test(lower, sparse_knob_extremes_validate)
         AttnSpec a;
         KvPolicy kv;
     } cases[] = {
-        {{ATTN_QUEST, 0, 0, 100000, 5}, {.kind = KV_FULL}},
-        {{ATTN_QUEST, 0, 0, 1, 2000000000}, {.kind = KV_FULL}},
-        {{ATTN_SINK_WINDOW, 2000000000, 2000000000, 0, 0}, {.kind = KV_FULL}},
-        {{ATTN_SINK_WINDOW, 0, 1, 0, 0}, {.kind = KV_FULL}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_STREAMING, .sinks = 600, .window = 5}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_STREAMING, .window = 1}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_H2O, .budget = 1}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_TOVA, .budget = 1}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_TOVA, .budget = 2000000000}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_SNAPKV, .budget = 2, .window = 1}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_SNAPKV, .budget = 511, .window = 510}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_SNAPKV, .budget = 2000000000, .window = 32}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_SNAPKV, .budget = 2, .window = 1, .adaptive = true}},
-        {{ATTN_DENSE, 0, 0, 0, 0}, {.kind = KV_SNAPKV, .budget = 511, .window = 7, .adaptive = true, .alpha = 0.5}},
+        {{.kind = ATTN_QUEST, .page = 100000, .budget = 5}, {.kind = KV_FULL}},
+        {{.kind = ATTN_QUEST, .page = 1, .budget = 2000000000}, {.kind = KV_FULL}},
+        {{.kind = ATTN_SINK_WINDOW, .sinks = 2000000000, .window = 2000000000}, {.kind = KV_FULL}},
+        {{.kind = ATTN_SINK_WINDOW, .window = 1}, {.kind = KV_FULL}},
+        {{.kind = ATTN_DENSE}, {.kind = KV_STREAMING, .sinks = 600, .window = 5}},
+        {{.kind = ATTN_DENSE}, {.kind = KV_STREAMING, .window = 1}},
+        {{.kind = ATTN_DENSE}, {.kind = KV_H2O, .budget = 1}},
+        {{.kind = ATTN_DENSE}, {.kind = KV_TOVA, .budget = 1}},
+        {{.kind = ATTN_DENSE}, {.kind = KV_TOVA, .budget = 2000000000}},
+        {{.kind = ATTN_DENSE}, {.kind = KV_SNAPKV, .budget = 2, .window = 1}},
+        {{.kind = ATTN_DENSE}, {.kind = KV_SNAPKV, .budget = 511, .window = 510}},
+        {{.kind = ATTN_DENSE}, {.kind = KV_SNAPKV, .budget = 2000000000, .window = 32}},
+        {{.kind = ATTN_DENSE}, {.kind = KV_SNAPKV, .budget = 2, .window = 1, .adaptive = true}},
+        {{.kind = ATTN_DENSE}, {.kind = KV_SNAPKV, .budget = 511, .window = 7, .adaptive = true, .alpha = 0.5}},
     };
     static const int workers[] = {1, 3, 5, 40}; /* 40: several splits per kv head */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)

@@ -78,6 +78,14 @@ static const Config configs[] = {
      40},
     /* PyramidKV: stories260K's five layers keep 37, 31, 24, 17, 11 rows, the synthetic model's three 37, 24, 11 */
     {"snapkv-pyramid", {"compile.kv_policy=[{layers: all, policy: snapkv, budget: 24, window: 4, pyramid: 3}]"}, 60},
+    /* Kascade: layer 0 attends over every row and picks 16 per kv head, which the others reuse; or
+     * layer 1 attends over its own top 24, which the layers after it reuse */
+    {"kascade", {"compile.attention=[{layers: 0, kind: kascade, budget: 16}, {layers: 1-, kind: kascade_reuse, "
+                 "anchor: 0}]"},
+     0},
+    {"kascade-anchors",
+     {"compile.attention=[{layers: 0-1, kind: kascade, budget: 24}, {layers: 2-, kind: kascade_reuse, anchor: 1}]"},
+     0},
     /* Ada-KV: each layer's budget pooled over its kv heads, every head sure of 3 of its 16 */
     {"snapkv-adaptive", {"compile.kv_policy=[{layers: all, policy: snapkv, budget: 24, window: 8, adaptive: 0.2}]"},
      60},
@@ -236,6 +244,10 @@ Test(sparse, full_budget_equals_dense_bitwise, .timeout = 600)
     static const Config full[] = {
         {"sw-full", {"compile.attention=[{layers: all, kind: sink_window, sinks: 4, window: 100}]"}, 0},
         {"quest-full", {"compile.attention=[{layers: all, kind: quest, page: 16, budget: 112}]"}, 0},
+        {"kascade-full",
+         {"compile.attention=[{layers: 0-1, kind: kascade, budget: 100}, {layers: 2-, kind: kascade_reuse, anchor: "
+          "1}]"},
+         0},
         {"h2o-full", {"compile.kv_policy=[{layers: all, policy: h2o, budget: 104}]"}, 0},
         {"tova-full", {"compile.kv_policy=[{layers: all, policy: tova, budget: 104}]"}, 0},
         {"streaming-full", {"compile.kv_policy=[{layers: all, policy: streaming, sinks: 4, window: 100}]"}, 0},

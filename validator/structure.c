@@ -193,7 +193,7 @@ static const struct {
     {"logits", "V", BUF_IO}, {"kc.", "kRd", BUF_KV}, {"vc.", "kRd", BUF_KV},
     {"meta.", "k*", BUF_STATE}, {"acc.", "k*", BUF_STATE}, {"snap.", "k*", BUF_STATE},
     {"qwin.", "*hd", BUF_STATE}, {"bounds.", "k*2d", BUF_STATE}, {"snapsc", "*S", BUF_STATE},
-    {"sel", "k*", BUF_SCRATCH}, {"score", "h*", BUF_SCRATCH}, {"x", "D", BUF_SCRATCH},
+    {"sel", "k*", BUF_SCRATCH}, {"kidx.", "k*", BUF_SCRATCH}, {"topksc", "*S", BUF_SCRATCH}, {"score", "h*", BUF_SCRATCH}, {"x", "D", BUF_SCRATCH},
     {"q", "Q", BUF_SCRATCH}, {"k", "K", BUF_SCRATCH}, {"v", "K", BUF_SCRATCH},
     {"att", "Q", BUF_SCRATCH}, {"part", "k*GP", BUF_SCRATCH}, {"gate", "H", BUF_SCRATCH},
     {"up", "H", BUF_SCRATCH}, {"hb", "H", BUF_SCRATCH}, {"att.w", "Q", BUF_SCRATCH},

@@ -5899,7 +5899,7 @@ static int64_t snap_score(int kt, const int32_t *sh, int64_t L, int64_t W, int64
  * v[h * S + t], h < nseg, t < n: *T, the key of the K-th largest, and
  * *take, how many keys equal to T to take, the first in the order h, t.
  * The selected: v >= 0 with key > T, or key == T while take lasts. */
-static void snap_select(const float *v, int64_t nseg, int64_t S, int64_t n, int64_t K, uint32_t *T, int64_t *take)
+static void radix_select(const float *v, int64_t nseg, int64_t S, int64_t n, int64_t K, uint32_t *T, int64_t *take)
 {
     int64_t rank = K;
     uint32_t prefix = 0, mask = 0;
@@ -5965,14 +5965,14 @@ static void op_kv_snap(const MegacArgs *a, const int64_t *in)
         if (sure <= 0)
             continue;
         float *ph = pl + h * S;
-        snap_select(ph, 1, S, w0, sure, &T, &take);
+        radix_select(ph, 1, S, w0, sure, &T, &take);
         for (int64_t t = 0; t < w0; t++) {
             uint32_t k = snap_key(ph[t]);
             if (ph[t] >= 0.0f && (k > T || (k == T && take-- > 0)))
                 ph[t] = INFINITY;
         }
     }
-    snap_select(pl, nkv, S, w0, total, &T, &take);
+    radix_select(pl, nkv, S, w0, total, &T, &take);
     for (int64_t h = 0; h < nkv; h++) {
         int32_t *sh = snap + h * stride;
         const float *ph = pl + h * S;
@@ -5990,6 +5990,51 @@ static void op_kv_snap(const MegacArgs *a, const int64_t *in)
             sh[2 + i] = (int32_t)s[i];
         sh[0] = (int32_t)pos, sh[1] = (int32_t)n;
     }
+}
+
+/* ---- Kascade's top-k rows (semantics: ir/ops.h, TOPK_SELECT) ---- */
+
+/* kv head h's rows at pos: the logits of its G q heads by row into lg
+ * ([G][S], one pass over the rows), each q head's softmax added into p,
+ * then pos and the k - 1 rows < pos of largest p (radix_select, ties to
+ * the lower row) into sel, ascending, -1 padded. */
+static void op_topk_select(const MegacArgs *a, const int64_t *in)
+{
+    const float *q = opnd(a, in, 0);
+    const char *kc = opnd(a, in, 1);
+    float *sc = opnd(a, in, 2);
+    int kt = kv_dtype(in, 1);
+    int64_t h = in[KT_PARAM], k = in[KT_PARAM + 1], pos = a->pos;
+    int64_t hd = SHAPE(KS_HEAD_DIM), G = SHAPE(KS_N_HEADS) / SHAPE(KS_N_KV_HEADS), S = SHAPE(KS_MAX_SEQ);
+    int32_t *sel = (int32_t *)opnd(a, in, 3) + h * k;
+    float *lg = sc + h * (G + 1) * S, *p = lg + G * S, scale = 1.0f / sqrtf((float)hd);
+    const char *kh = kc + h * S * hd * kv_esize(kt);
+    const float *qh = q + h * G * hd;
+    for (int64_t t = 0; t <= pos; t++) {
+        p[t] = 0.0f;
+        for (int64_t g = 0; g < G; g++)
+            lg[g * S + t] = kv_dot(kt, qh + g * hd, kh + t * hd * kv_esize(kt), hd) * scale;
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float m = NEG_INF, z = 0.0f, *lgg = lg + g * S;
+        for (int64_t t = 0; t <= pos; t++)
+            m = lgg[t] > m ? lgg[t] : m;
+        for (int64_t t = 0; t <= pos; t++)
+            z += lgg[t] = exp_nonpos(lgg[t] - m);
+        for (int64_t t = 0; t <= pos; t++)
+            p[t] += lgg[t] / z;
+    }
+    int64_t keep = k - 1 < pos ? k - 1 : pos, take, n = 0;
+    uint32_t T;
+    radix_select(p, 1, S, pos, keep, &T, &take);
+    for (int64_t t = 0; t < pos && keep > 0; t++) {
+        uint32_t key = snap_key(p[t]);
+        if (key > T || (key == T && take-- > 0))
+            sel[n++] = (int32_t)t;
+    }
+    sel[n++] = (int32_t)pos;
+    while (n < k)
+        sel[n++] = -1;
 }
 
 /* silu(g) u = g sigmoid(g) u, with e^-|g| from exp_nonpos (one vector
@@ -6098,6 +6143,7 @@ static void op_run(const MegacArgs *a, const int64_t *in, WStream *ws)
     RUN(OP_QUEST_SELECT, op_quest_select(a, in))
     RUN(OP_KV_EVICT, op_kv_evict(a, in))
     RUN(OP_KV_SNAP, op_kv_snap(a, in))
+    RUN(OP_TOPK_SELECT, op_topk_select(a, in))
     default: break;
     }
 #undef RUN

@@ -61,6 +61,8 @@ static const char *check_params(const Schedule *s, const Inst *in)
                    : NULL;
     case OP_QUEST_SELECT:
         return p[1] <= 0 || p[2] <= 0 ? "quest_select needs page > 0 and npages > 0" : NULL;
+    case OP_TOPK_SELECT:
+        return p[1] <= 0 || s->shape.max_seq >= (1 << 24) ? "topk_select needs k > 0 and max_seq < 2^24" : NULL;
     case OP_KV_EVICT:
         if (p[0] < 0 || p[0] >= KV_POLICY_COUNT)
             return "kv_evict has an unknown policy";

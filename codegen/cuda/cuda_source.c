@@ -28,7 +28,8 @@ _Static_assert(INST_OP == 0 && INST_SIGNAL == 1 && INST_WAIT == 2, "kernel_body.
 _Static_assert(OP_EMBED == 0 && OP_RMSNORM == 1 && OP_GEMV == 2 && OP_ROPE == 3 && OP_KV_APPEND == 4 &&
                    OP_ATTN == 5 && OP_ATTN_COMBINE == 6 && OP_SILU_MUL == 7 && OP_ADD == 8 && OP_ARGMAX == 9 &&
                    OP_ARGMAX_COMBINE == 10 && OP_KV_STORE == 11 && OP_ATTN_SPARSE == 12 &&
-                   OP_QUEST_SELECT == 13 && OP_KV_EVICT == 14 && OP_KV_SNAP == 15 && OP_COUNT == 16,
+                   OP_QUEST_SELECT == 13 && OP_KV_EVICT == 14 && OP_KV_SNAP == 15 && OP_TOPK_SELECT == 16 &&
+                   OP_COUNT == 17,
                "kernel_body.cuh's MK_OP_* mirror OpCode");
 _Static_assert(GEMV_ACCUM == 1 && GEMV_NORM == 2 && GEMV_BIAS == 4, "kernel_body.cuh's MK_GEMV_* mirror ops.h");
 _Static_assert(SPARSE_SINK_WINDOW == 0 && SPARSE_QUEST == 1 && SPARSE_SLOTS == 2 && SPARSE_SNAP == 3 &&
@@ -98,7 +99,7 @@ static int source_group(const Schedule *s)
 
 /* Floats of the shared scratch the serial ops use (kernel_body.cuh):
  * QUEST_SELECT 256 digit bins, a bound per warp, a digit and a rank;
- * KV_SNAP 256 bins, a digit and a rank;
+ * KV_SNAP 256 bins, a digit and a rank; TOPK_SELECT those or two per thread;
  * KV_EVICT (reading scores) the max and sum of each q head's softmax. */
 static int source_serial_smem(const Schedule *s, int threads)
 {
@@ -111,6 +112,8 @@ static int source_serial_smem(const Schedule *s, int threads)
                 n = 256 + threads / 32 + 2;
             if (in->kind == INST_OP && in->op == OP_KV_SNAP)
                 n = 256 + 2;
+            if (in->kind == INST_OP && in->op == OP_TOPK_SELECT)
+                n = 2 * threads > 256 + 2 ? 2 * threads : 256 + 2;
             if (in->kind == INST_OP && in->op == OP_KV_EVICT && in->p[0] != KV_POLICY_STREAMING)
                 n = 2 * s->shape.n_heads;
             need = n > need ? n : need;

@@ -43,7 +43,7 @@ enum { MK_INST_OP, MK_INST_SIGNAL, MK_INST_WAIT };
 enum {
     MK_OP_EMBED, MK_OP_RMSNORM, MK_OP_GEMV, MK_OP_ROPE, MK_OP_KV_APPEND, MK_OP_ATTN,
     MK_OP_ATTN_COMBINE, MK_OP_SILU_MUL, MK_OP_ADD, MK_OP_ARGMAX, MK_OP_ARGMAX_COMBINE,
-    MK_OP_KV_STORE, MK_OP_ATTN_SPARSE, MK_OP_QUEST_SELECT, MK_OP_KV_EVICT, MK_OP_KV_SNAP
+    MK_OP_KV_STORE, MK_OP_ATTN_SPARSE, MK_OP_QUEST_SELECT, MK_OP_KV_EVICT, MK_OP_KV_SNAP, MK_OP_TOPK_SELECT
 };
 #define MK_GEMV_ACCUM 1
 #define MK_GEMV_NORM 2
@@ -2691,6 +2691,81 @@ MK_DEV void op_kv_snap(const MegacArgs *a, const unsigned *in)
     mk_sync();
 }
 
+/* ---- Kascade's top-k rows (ops.h, TOPK_SELECT) ---- */
+
+/* kv head h's rows at pos: warp w takes rows w, w + MK_NWARPS, ... and
+ * writes the logits of the G q heads into lg ([G][S]); each q head's
+ * softmax is added into p; mk_snap_select finds the key T of the keep-th
+ * largest p among rows < pos and how many equal to take; then each thread
+ * counts its contiguous chunk of rows, thread 0 turns the counts into
+ * offsets (the ties to the lowest rows), and the chunks write their rows
+ * into sel, ascending, pos after them, -1 padded. mk_sm: 2 floats a thread. */
+MK_DEV void op_topk_select(const MegacArgs *a, const unsigned *in)
+{
+    const float *q = (const float *)mk_opnd(a, in, 0);
+    const mk_kv *kc = (const mk_kv *)mk_opnd(a, in, 1);
+    float *sc = (float *)mk_opnd(a, in, 2);
+    int h = mk_param(in, 0), k = mk_param(in, 1), pos = (int)a->pos;
+    int *sel = (int *)mk_opnd(a, in, 3) + (long long)h * k;
+    float *lg = sc + (long long)h * (MK_G + 1) * MK_MAX_SEQ, *p = lg + (long long)MK_G * MK_MAX_SEQ;
+    const mk_kv *kh = kc + (long long)h * MK_MAX_SEQ * MK_HD;
+    const float *qh = q + (long long)h * MK_G * MK_HD;
+    unsigned tid = mk_tid(), warp = tid >> 5, lane = tid & 31u;
+    float scale = 1.0f / sqrtf((float)MK_HD);
+    for (int t = (int)warp; t <= pos; t += MK_NWARPS)
+        for (int g = 0; g < MK_G; g++) {
+            float d = 0.0f;
+            for (int i = (int)lane; i < MK_HD; i += 32)
+                d += qh[g * MK_HD + i] * mk_kv_get(kh, (long long)t * MK_HD + i);
+            d = mk_warp_sum(d) * scale;
+            if (lane == 0)
+                lg[(long long)g * MK_MAX_SEQ + t] = d;
+        }
+    for (int t = (int)tid; t <= pos; t += MK_THREADS)
+        p[t] = 0.0f;
+    mk_sync();
+    for (int g = 0; g < MK_G; g++) {
+        const float *lgg = lg + (long long)g * MK_MAX_SEQ;
+        float m = MK_NEG_INF, z = 0.0f;
+        for (int t = (int)tid; t <= pos; t += MK_THREADS)
+            m = fmaxf(m, lgg[t]);
+        m = mk_block_max(m);
+        for (int t = (int)tid; t <= pos; t += MK_THREADS)
+            z += expf(lgg[t] - m);
+        z = mk_block_sum(z);
+        for (int t = (int)tid; t <= pos; t += MK_THREADS)
+            p[t] += expf(lgg[t] - m) / z;
+        mk_sync();
+    }
+    int keep = k - 1 < pos ? k - 1 : pos, take, chunk = (pos + MK_THREADS - 1) / MK_THREADS;
+    unsigned T;
+    mk_snap_select(p, 1, pos, keep, &T, &take);
+    int c0 = (int)tid * chunk < pos ? (int)tid * chunk : pos, c1 = c0 + chunk < pos ? c0 + chunk : pos, gt = 0, eq = 0;
+    for (int t = c0; t < c1 && keep > 0; t++) {
+        unsigned key = mk_fkey(p[t]);
+        gt += key > T;
+        eq += key == T;
+    }
+    mk_sm[2 * tid] = (float)gt, mk_sm[2 * tid + 1] = (float)eq;
+    mk_sync();
+    if (tid == 0)
+        for (int i = 0, off = 0, left = take; i < MK_THREADS; i++) { /* chunk i: its offset, its ties taken */
+            int g = (int)mk_sm[2 * i], e = (int)mk_sm[2 * i + 1], te = e < left ? e : left;
+            mk_sm[2 * i] = (float)off, mk_sm[2 * i + 1] = (float)te;
+            off += g + te, left -= te;
+        }
+    mk_sync();
+    int off = (int)mk_sm[2 * tid], te = (int)mk_sm[2 * tid + 1];
+    for (int t = c0; t < c1 && keep > 0; t++) {
+        unsigned key = mk_fkey(p[t]);
+        if (key > T || (key == T && te-- > 0))
+            sel[off++] = t;
+    }
+    for (int i = keep + (int)tid; i < k; i += MK_THREADS)
+        sel[i] = i == keep ? pos : -1;
+    mk_sync();
+}
+
 MK_DEV void mk_op_run(const MegacArgs *a, const unsigned *in)
 {
 /* Each case only when the schedule has the op (MK_OPS), so that unused
@@ -2717,6 +2792,7 @@ MK_DEV void mk_op_run(const MegacArgs *a, const unsigned *in)
     MK_RUN(MK_OP_QUEST_SELECT, op_quest_select)
     MK_RUN(MK_OP_KV_EVICT, op_kv_evict)
     MK_RUN(MK_OP_KV_SNAP, op_kv_snap)
+    MK_RUN(MK_OP_TOPK_SELECT, op_topk_select)
     default: break;
     }
 #undef MK_RUN

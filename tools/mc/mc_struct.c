@@ -201,6 +201,16 @@ static bool mc_expected(const Schedule *s, const Inst *in, Access *e, bool *pres
         return mc_kv_evict(sh, p, e, present);
     case OP_KV_SNAP:
         return mc_kv_snap(sh, p, e);
+    case OP_TOPK_SELECT: { /* q of kv head h, its rows [0, pos], its scratch [G + 1][S], its k entries of sel */
+        int64_t h = p[0], k = p[1];
+        if (h < 0 || h >= sh->n_kv_heads || k <= 0 || k > S)
+            return false;
+        e[0] = span(ACC_R, h * G * hd, (h + 1) * G * hd);
+        e[1] = cache_rows(sh, h);
+        e[2] = span(ACC_W, h * (G + 1) * S, (h + 1) * (G + 1) * S);
+        e[3] = span(ACC_W, h * k, (h + 1) * k);
+        return true;
+    }
     default:
         return false;
     }
@@ -222,7 +232,7 @@ static bool mc_is_i32(const Inst *in, int i)
     case OP_ATTN_SPARSE: return i == 4 && (in->p[3] == SPARSE_QUEST || in->p[3] == SPARSE_SNAP);
     case OP_QUEST_SELECT: return i == 3;
     case OP_KV_EVICT: return i == 1;
-    case OP_KV_SNAP: return i == 3;
+    case OP_KV_SNAP: case OP_TOPK_SELECT: return i == 3;
     default: return false;
     }
 }
@@ -238,7 +248,8 @@ static int mc_cache(const Inst *in, int i)
 /* The element count ops.h fixes for operand i's whole buffer (0: any):
  * the KV caches ([kv][S][hd], or [kv][cap][hd] for an evicting layer),
  * the rope table, eviction meta and acc, quest bounds, SnapKV's snap
- * ([kv][budget + 1]), qwin ([window][n_heads][hd]) and sc ([2][S]). */
+ * ([kv][list + 2]), qwin ([window][n_heads][hd]) and sc ([kv + 2][S]),
+ * top-k's scratch ([n_heads + kv][S]) and rows ([kv][k]). */
 static int64_t mc_layout(const ModelShape *sh, const Inst *in, int i)
 {
     int64_t kv = sh->n_kv_heads, S = sh->max_seq, hd = sh->head_dim;
@@ -261,6 +272,7 @@ static int64_t mc_layout(const ModelShape *sh, const Inst *in, int i)
         int64_t want[OP_MAX_OPERANDS] = {0, kv * S * hd, window * sh->n_heads * hd, kv * (list + 2), (kv + 2) * S};
         return i < OP_MAX_OPERANDS ? want[i] : 0;
     }
+    case OP_TOPK_SELECT: return i == 1 ? kv * S * hd : i == 2 ? (sh->n_heads + kv) * S : i == 3 ? kv * in->p[1] : 0;
     default: return 0;
     }
 }
