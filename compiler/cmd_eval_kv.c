@@ -21,6 +21,11 @@
  * the prompt's last token; with --copy the one before the second copy).
  * Printed: mean KL(P_dense || P_sparse) over positions, the same-top-1 rate,
  * the first position whose argmax differs, and the copy accuracies.
+ *
+ * With --plan-kascade N [--budget K] it measures instead how well each
+ * layer's top-K rows serve each later layer on the dense model over the
+ * stream, picks N Kascade anchors by Kascade's dynamic program and prints
+ * them as a compile.attention setting (evkv_plan, below).
  */
 #include "compiler/cli.h"
 #include "compiler/compile.h"
@@ -29,12 +34,14 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define EVKV_MAX_SETS 64
 
 typedef struct {
     const char *model, *prompt;
     int tokens, copy, prompt_end;   /* prompt_end -1: the stream's own (below) */
+    int plan, budget;               /* --plan-kascade N (0: off), --budget K */
     unsigned seed;
     DescOverride set[EVKV_MAX_SETS];
     int nset;
@@ -60,7 +67,12 @@ static void evkv_usage(FILE *out)
                  "  --seed S        seed of the copy stream's tokens (default 1)\n"
                  "  --prompt-end P  positions [0, P] are the prompt, where SnapKV layers compress\n"
                  "                  (default: the prompt's last token; with --copy the last before\n"
-                 "                  the second copy: question-agnostic; later is question-aware)\n");
+                 "                  the second copy: question-agnostic; later is question-aware)\n"
+                 "  --plan-kascade N  instead, profile the dense model over the stream and print N\n"
+                 "                  Kascade anchors (layer 0 the first) as a compile.attention\n"
+                 "                  setting: the anchors whose top-K rows (--budget) hold the most\n"
+                 "                  of the later layers' attention, each reuse layer's share given\n"
+                 "  --budget K      the rows each anchor picks per kv head (default 64)\n");
 }
 
 static bool evkv_int(const char *opt, const char *s, long lo, long hi, long *out)
@@ -81,7 +93,8 @@ static bool evkv_args(EvKvArgs *a, int argc, char **argv)
         const char *s = argv[i];
         bool opt = s[0] == '-' && s[1];
         bool known = !strcmp(s, "--set") || !strcmp(s, "--tokens") || !strcmp(s, "--prompt") ||
-                     !strcmp(s, "--copy") || !strcmp(s, "--seed") || !strcmp(s, "--prompt-end");
+                     !strcmp(s, "--copy") || !strcmp(s, "--seed") || !strcmp(s, "--prompt-end") ||
+                     !strcmp(s, "--plan-kascade") || !strcmp(s, "--budget");
         long v;
         if (opt && (!known || i + 1 >= argc))
             return cli_bad_arg("eval-kv", s, known);
@@ -104,6 +117,14 @@ static bool evkv_args(EvKvArgs *a, int argc, char **argv)
             if (!evkv_int(s, argv[++i], 0, 2147483647L, &v))
                 return false;
             a->seed = (unsigned)v;
+        } else if (!strcmp(s, "--plan-kascade")) {
+            if (!evkv_int(s, argv[++i], 1, MODEL_MAX_LAYERS, &v))
+                return false;
+            a->plan = (int)v;
+        } else if (!strcmp(s, "--budget")) {
+            if (!evkv_int(s, argv[++i], 1, 1000000, &v))
+                return false;
+            a->budget = (int)v;
         } else if (!strcmp(s, "--prompt")) {
             a->prompt = argv[++i];
         } else if (a->model) {
@@ -146,6 +167,170 @@ static int evkv_copy_stream(int *stream, int n, int span, int bos, int vocab, un
         stream[i] = i >= second ? stream[first + i - second] : lo + (int)(x % (uint64_t)(vocab - lo));
     }
     return second;
+}
+
+/* ---- --plan-kascade: Kascade's anchors from a profile (research/techniques.md, 2.3) ---- */
+
+/* At every position past the budget, each layer's top-K rows per kv head
+ * (pos and the K - 1 others of most attention summed over the kv head's q
+ * heads, as TOPK_SELECT picks them) and, for every earlier layer i, the
+ * share of layer j's attention that i's rows hold against what j's own
+ * hold: sim[i][j] adds its least over the kv heads, a step at a time. */
+typedef struct {
+    int L, nkv, K, steps;
+    int *top;           /* [L][nkv][K]: this step's picks */
+    double *a;          /* [nkv][pos + 1] of the current layer: attention summed over q heads */
+    double *sim;        /* [L][L] */
+    double *worst;      /* [L]: this step's least share per earlier layer (scratch) */
+    int *order;         /* scratch */
+    int cap;
+} KPlan;
+
+static const double *kplan_key;
+
+static int kplan_cmp(const void *x, const void *y)
+{
+    int i = *(const int *)x, j = *(const int *)y;
+    if (kplan_key[i] != kplan_key[j])
+        return kplan_key[i] > kplan_key[j] ? -1 : 1;
+    return i < j ? -1 : i > j;
+}
+
+static void kplan_hook(void *ctx, int l, int h, int pos, const int *rows, int n, const double *p, int G,
+                       size_t stride)
+{
+    KPlan *k = ctx;
+    if (pos + 1 <= k->K || n != pos + 1)
+        return; /* every row fits (or a layer that is not dense) */
+    double *a = k->a + (size_t)h * k->cap;
+    for (int t = 0; t <= pos; t++) {
+        a[t] = 0;
+        for (int g = 0; g < G; g++)
+            a[rows[t]] += p[(size_t)g * stride + t];
+    }
+    for (int t = 0; t < pos; t++)
+        k->order[t] = t;
+    kplan_key = a;
+    qsort(k->order, (size_t)pos, sizeof *k->order, kplan_cmp);
+    int *top = k->top + ((size_t)l * k->nkv + h) * k->K;
+    top[0] = pos;
+    double own = a[pos];
+    for (int i = 1; i < k->K; i++)
+        own += a[top[i] = k->order[i - 1]];
+    for (int i = 0; i < l; i++) {
+        const int *ti = k->top + ((size_t)i * k->nkv + h) * k->K;
+        double got = 0;
+        for (int r = 0; r < k->K; r++)
+            got += a[ti[r]];
+        double share = own > 0 ? got / own : 1;
+        k->worst[i] = h == 0 || share < k->worst[i] ? share : k->worst[i];
+    }
+    if (h == k->nkv - 1) {
+        for (int i = 0; i < l; i++)
+            k->sim[(size_t)i * k->L + l] += k->worst[i];
+        if (l == k->L - 1)
+            k->steps++;
+    }
+}
+
+/* N anchors a_1 = 0 < ... < a_N, layer j reusing the last anchor at or
+ * before it: the most sum over reuse layers of sim[a][j] (mean shares),
+ * by dynamic programming over (anchors placed, the last one). */
+static double kplan_pick(const double *sim, int L, int N, int *anchors)
+{
+    double *seg = xcalloc((size_t)L * (L + 1), sizeof(double)); /* seg[a][b]: layers (a, b) reuse a */
+    for (int a = 0; a < L; a++)
+        for (int b = a + 1; b <= L; b++)
+            seg[(size_t)a * (L + 1) + b] =
+                seg[(size_t)a * (L + 1) + b - 1] + (b - 1 > a ? sim[(size_t)a * L + b - 1] : 0);
+    double *g = xcalloc((size_t)(N + 1) * L, sizeof(double));
+    int *from = xcalloc((size_t)(N + 1) * L, sizeof(int));
+    for (int i = 0; i < (N + 1) * L; i++)
+        g[i] = -1;
+    g[(size_t)1 * L + 0] = 0;
+    for (int m = 2; m <= N; m++)
+        for (int b = 1; b < L; b++)
+            for (int a = 0; a < b; a++)
+                if (g[(size_t)(m - 1) * L + a] >= 0) {
+                    double v = g[(size_t)(m - 1) * L + a] + seg[(size_t)a * (L + 1) + b];
+                    if (v > g[(size_t)m * L + b])
+                        g[(size_t)m * L + b] = v, from[(size_t)m * L + b] = a;
+                }
+    int last = 0;
+    double best = -1;
+    for (int a = 0; a < L; a++)
+        if (g[(size_t)N * L + a] >= 0 && g[(size_t)N * L + a] + seg[(size_t)a * (L + 1) + L] > best)
+            best = g[(size_t)N * L + a] + seg[(size_t)a * (L + 1) + L], last = a;
+    for (int m = N; m >= 1; m--) {
+        anchors[m - 1] = last;
+        last = from[(size_t)m * L + last];
+    }
+    free(seg);
+    free(g);
+    free(from);
+    return best;
+}
+
+static void evkv_plan(const EvKvArgs *a, const ModelDesc *m, RefState *rd, int *stream, int n, int np)
+{
+    int L = m->n_layers, N = a->plan < L ? a->plan : L, K = a->budget;
+    KPlan k = {L, m->n_kv_heads, K, 0, NULL, NULL, NULL, NULL, NULL, n};
+    k.top = xcalloc((size_t)L * k.nkv * K, sizeof(int));
+    k.a = xcalloc((size_t)k.nkv * n, sizeof(double));
+    k.sim = xcalloc((size_t)L * L, sizeof(double));
+    k.worst = xcalloc((size_t)L, sizeof(double));
+    k.order = xcalloc((size_t)n, sizeof(int));
+    ref_set_attn_hook(rd, kplan_hook, &k);
+    double *pd = xmalloc(sizeof(double) * (size_t)m->vocab_size);
+    bool tty = isatty(STDERR_FILENO);
+    for (int pos = 0; pos < n; pos++) {
+        int td = evkv_log_softmax(ref_step(rd, stream[pos], pos), m->vocab_size, pd);
+        if (pos + 1 < n && pos + 1 >= np)
+            stream[pos + 1] = td;
+        if (tty && (pos % 64 == 63 || pos == n - 1))
+            fprintf(stderr, "megac eval-kv: profiled %d of %d positions\r%s", pos + 1, n, pos == n - 1 ? "\n" : "");
+    }
+    printf("model %s: %d positions, Kascade anchors of %d rows per kv head\n", m->name, n, K);
+    if (!k.steps) {
+        printf("  no position has more than %d rows: every layer's top-%d is all of them (raise --tokens)\n", K, K);
+    } else {
+        for (int i = 0; i < L * L; i++)
+            k.sim[i] /= k.steps;
+        int *an = xcalloc((size_t)N, sizeof(int));
+        double score = kplan_pick(k.sim, L, N, an);
+        printf("  anchors");
+        for (int i = 0; i < N; i++)
+            printf("%s %d", i ? "," : "", an[i]);
+        printf(": reuse layers hold %.3f of their own top-%d's attention on the mean (over %d positions;\n"
+               "  each the least of its kv heads)\n",
+               L > N ? score / (L - N) : 1.0, K, k.steps);
+        printf("  layer:share");
+        for (int j = 0, m2 = 0; j < L; j++) {
+            while (m2 + 1 < N && an[m2 + 1] <= j)
+                m2++;
+            if (an[m2] != j)
+                printf(" %d:%.3f", j, k.sim[(size_t)an[m2] * L + j]);
+        }
+        printf("\n  --set 'compile.attention=[");
+        for (int i = 0; i < N; i++) {
+            int end = i + 1 < N ? an[i + 1] - 1 : L - 1;
+            printf("%s{layers: %d, kind: kascade, budget: %d}", i ? ", " : "", an[i], K);
+            if (end > an[i]) {
+                printf(", {layers: %d", an[i] + 1);
+                if (end > an[i] + 1)
+                    printf("-%d", end);
+                printf(", kind: kascade_reuse, anchor: %d}", an[i]);
+            }
+        }
+        printf("]'\n");
+        free(an);
+    }
+    free(pd);
+    free(k.top);
+    free(k.a);
+    free(k.sim);
+    free(k.worst);
+    free(k.order);
 }
 
 static int evkv_run(const EvKvArgs *a)
@@ -210,6 +395,15 @@ static int evkv_run(const EvKvArgs *a)
         arena_free(&arena);
         return 2;
     }
+    if (a->plan) { /* w describes the dense model */
+        RefState *rp = ref_new(&w);
+        evkv_plan(a, &dense, rp, stream, n, np);
+        ref_free(rp);
+        free(stream);
+        weights_free(&w);
+        arena_free(&arena);
+        return 0;
+    }
     /* Both engines share the weights: the policies live in the descriptions. */
     RefState *rd = ref_new(&w);
     const ModelDesc *held = w.m;
@@ -266,7 +460,7 @@ int cmd_eval_kv(int argc, char **argv)
         evkv_usage(stdout);
         return 0;
     }
-    EvKvArgs a = {.prompt = "Once upon a time", .tokens = 256, .seed = 1, .prompt_end = -1};
+    EvKvArgs a = {.prompt = "Once upon a time", .tokens = 256, .seed = 1, .prompt_end = -1, .budget = 64};
     int rc = 2;
     if (!evkv_args(&a, argc, argv))
         evkv_usage(stderr);

@@ -329,5 +329,11 @@ void ref_feed(RefState *s, int token, int pos);
  * step at pos, the last one fed (pos + 1 on a layer that drops none):
  * how eviction divided the cache, for tests. */
 int ref_kv_rows(RefState *s, int l, int h, int pos);
+/* fn(ctx, l, h, pos, rows, n, p, G, stride) after the attention of kv head
+ * h of layer l at pos, every layer's (dense ones too): the q heads' softmax
+ * weights over rows[0:n] (ascending), q head h*G + g's at p + g * stride. */
+typedef void (*RefAttnHook)(void *ctx, int l, int h, int pos, const int *rows, int n, const double *p, int G,
+                            size_t stride);
+void ref_set_attn_hook(RefState *s, RefAttnHook fn, void *ctx);
 
 #endif

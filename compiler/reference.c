@@ -74,6 +74,8 @@ struct RefState {
     double **qwin;          /* (n_layers) x (window, q_dim): SnapKV's last q, step p in p % window */
     int **kidx;             /* (n_layers) x (n_kv_heads, k): a Kascade anchor's rows this step, -1 padded */
     int prompt_end;         /* the prompt's last position, -1: none */
+    RefAttnHook hook;       /* ref_set_attn_hook's, or NULL */
+    void *hook_ctx;
 };
 
 /* ---- ops ---- */
@@ -666,7 +668,7 @@ static void ref_layer_attention(RefState *s, int l, int pos)
     size_t row = (size_t)pos * (size_t)s->kv_dim;
     ref_cache_put(m->kv_dtype, s->kc[l] + row, s->k, s->kv_dim);
     ref_cache_put(m->kv_dtype, s->vc[l] + row, s->v, s->kv_dim);
-    if (m->attn[l].kind == ATTN_DENSE && m->kv[l].kind == KV_FULL) {
+    if (m->attn[l].kind == ATTN_DENSE && m->kv[l].kind == KV_FULL && !s->hook) {
         ref_attention(s->q, s->kc[l], s->vc[l], m->n_heads, m->n_kv_heads, hd, pos + 1, s->scores, s->att);
     } else {
         bool evicts = ref_kv_cap(m, l) > 0, snap = ref_snap(m, l) > 0;
@@ -678,8 +680,12 @@ static void ref_layer_attention(RefState *s, int l, int pos)
         }
         if (snap)
             memcpy(s->qwin[l] + (size_t)(pos % m->kv[l].window) * s->q_dim, s->q, (size_t)s->q_dim * sizeof(double));
-        for (int h = 0; h < m->n_kv_heads; h++)
-            ref_head_attention(s, l, h, s->rows, ref_layer_rows(s, l, h, pos, s->rows));
+        for (int h = 0; h < m->n_kv_heads; h++) {
+            int n = ref_layer_rows(s, l, h, pos, s->rows), G = m->n_heads / m->n_kv_heads;
+            ref_head_attention(s, l, h, s->rows, n);
+            if (s->hook)
+                s->hook(s->hook_ctx, l, h, pos, s->rows, n, s->probs + (size_t)h * G * s->rows_cap, G, s->rows_cap);
+        }
         if (evicts)
             ref_evict(s, l, pos);
         if (snap && pos == s->prompt_end)
@@ -728,6 +734,11 @@ static void ref_advance(RefState *s, int token, int pos)
 void ref_feed(RefState *s, int token, int pos)
 {
     ref_advance(s, token, pos);
+}
+
+void ref_set_attn_hook(RefState *s, RefAttnHook fn, void *ctx)
+{
+    s->hook = fn, s->hook_ctx = ctx;
 }
 
 int ref_kv_rows(RefState *s, int l, int h, int pos)

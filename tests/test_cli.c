@@ -549,6 +549,34 @@ Test(cli, eval_kv_measures_against_dense)
     test_rm_rf(d);
 }
 
+/* eval-kv --plan-kascade: N anchors from a profile of the dense model,
+ * printed as a setting that compiles and evaluates; as many anchors as
+ * layers leave no reuse layer; a budget that holds every position has
+ * nothing to choose. */
+Test(cli, eval_kv_plans_kascade_anchors)
+{
+    char *d = tmp_dir(), out[16384], args[4096];
+    cr_assert_eq(megac(d, "eval-kv default --tokens 96 --plan-kascade 1 --budget 16", out, sizeof out), 0, "%s",
+                 out);
+    cr_assert(strstr(out, "  anchors 0: reuse layers hold "), "%s", out);
+    const char *set = strstr(out, "--set '");
+    cr_assert(set && strstr(set, "{layers: 0, kind: kascade, budget: 16}, {layers: 1, kind: kascade_reuse, "
+                                 "anchor: 0}]'"), "%s", out);
+    int len = (int)(strchr(set + 7, '\'') - set) + 1;
+    snprintf(args, sizeof args, "eval-kv default --tokens 96 %.*s", len, set);
+    cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
+    cr_assert(eval_kv_kl(out) > 0, "16 rows of 96: not dense: %s", out);
+    cr_assert_eq(megac(d, "eval-kv default --tokens 96 --plan-kascade 2 --budget 16", out, sizeof out), 0, "%s",
+                 out);
+    cr_assert(strstr(out, "  anchors 0, 1: ") && !strstr(out, "kascade_reuse"), "%s", out);
+    cr_assert_eq(megac(d, "eval-kv default --tokens 32 --plan-kascade 1 --budget 64", out, sizeof out), 0, "%s",
+                 out);
+    cr_assert(strstr(out, "no position has more than 64 rows"), "%s", out);
+    cr_assert_eq(megac(d, "eval-kv default --plan-kascade 0", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "--plan-kascade needs a number from 1 to"), "%s", out);
+    test_rm_rf(d);
+}
+
 /* `megac describe` prints what megac reads, as YAML it reads back: the
  * printed description of a GGUF file, saved and described again, prints
  * the same; compile names a bundle after the file or the folder. */
