@@ -513,6 +513,10 @@ static const Config kv_configs[] = {
      {"compile.kv_dtype=f16", "compile.attention=[{layers: 0, kind: quest, page: 8, budget: 24}]",
       "compile.kv_policy=[{layers: 1-, policy: tova, budget: 24}]"},
      0},
+    {"bf16-kascade",
+     {"compile.kv_dtype=bf16",
+      "compile.attention=[{layers: 0-1, kind: kascade, budget: 20}, {layers: 2-, kind: kascade_reuse, anchor: 1}]"},
+     0},
     {"bf16-h2o-snapkv",
      {"compile.kv_dtype=bf16",
       "compile.kv_policy=[{layers: 0, policy: h2o, budget: 24, window: 8}, {layers: 1-, policy: snapkv, budget: 24, "

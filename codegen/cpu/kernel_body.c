@@ -5994,8 +5994,50 @@ static void op_kv_snap(const MegacArgs *a, const int64_t *in)
 
 /* ---- Kascade's top-k rows (semantics: ir/ops.h, TOPK_SELECT) ---- */
 
+/* lg[g * S + t] = scale * q_g . k_t for rows t < n, in chunks of
+ * ATTN_CHUNK rows by attention's own score tiles (each k row read once for
+ * all G q heads; rows of an f16/bf16 cache of hd % 16 != 0 widened first). */
+static inline __attribute__((always_inline)) void topk_logits_kt(int kt, const float *q, const char *kh, int64_t n,
+                                                                int64_t hd, int64_t G, float scale, float *lg,
+                                                                int64_t S)
+{
+    enum { F32 = DT_F32 };
+    int wide = kt != DT_F32 && hd % 16;
+    float sc[G][ATTN_CHUNK], rows[wide ? ATTN_CHUNK * hd : 1];
+    int64_t rowb = hd * kv_esize(kt);
+    for (int64_t c0 = 0; c0 < n; c0 += ATTN_CHUNK) {
+        int64_t len = n - c0 < ATTN_CHUNK ? n - c0 : ATTN_CHUNK;
+        const char *k = kh + c0 * rowb;
+        if (wide)
+            kv_widen(kt, k, len * hd, rows);
+        for (int64_t i = 0; i < len; i += 4) {
+            int64_t m = len - i < 4 ? len - i : 4;
+            for (int64_t g0 = 0; g0 < G; g0 += ATTN_HT_ISA) {
+                int64_t ht = G - g0 < ATTN_HT_ISA ? G - g0 : ATTN_HT_ISA;
+                if (wide)
+                    attn_scores_tile(F32, sc, q, (const char *)(rows + i * hd), i, m, hd, g0, ht, scale);
+                else
+                    attn_scores_tile(kt, sc, q, k + i * rowb, i, m, hd, g0, ht, scale);
+            }
+        }
+        for (int64_t g = 0; g < G; g++)
+            memcpy(lg + g * S + c0, sc[g], (size_t)len * sizeof(float));
+    }
+}
+
+static void topk_logits(int kt, const float *q, const char *kh, int64_t n, int64_t hd, int64_t G, float scale,
+                        float *lg, int64_t S)
+{
+    if (kt == DT_F16 && HAS_DT(DT_F16))
+        topk_logits_kt(DT_F16, q, kh, n, hd, G, scale, lg, S);
+    else if (kt == DT_BF16 && HAS_DT(DT_BF16))
+        topk_logits_kt(DT_BF16, q, kh, n, hd, G, scale, lg, S);
+    else
+        topk_logits_kt(DT_F32, q, kh, n, hd, G, scale, lg, S);
+}
+
 /* kv head h's rows at pos: the logits of its G q heads by row into lg
- * ([G][S], one pass over the rows), each q head's softmax added into p,
+ * ([G][S], topk_logits), each q head's softmax added into p,
  * then pos and the k - 1 rows < pos of largest p (radix_select, ties to
  * the lower row) into sel, ascending, -1 padded. */
 static void op_topk_select(const MegacArgs *a, const int64_t *in)
@@ -6010,11 +6052,9 @@ static void op_topk_select(const MegacArgs *a, const int64_t *in)
     float *lg = sc + h * (G + 1) * S, *p = lg + G * S, scale = 1.0f / sqrtf((float)hd);
     const char *kh = kc + h * S * hd * kv_esize(kt);
     const float *qh = q + h * G * hd;
-    for (int64_t t = 0; t <= pos; t++) {
+    topk_logits(kt, qh, kh, pos + 1, hd, G, scale, lg, S);
+    for (int64_t t = 0; t <= pos; t++)
         p[t] = 0.0f;
-        for (int64_t g = 0; g < G; g++)
-            lg[g * S + t] = kv_dot(kt, qh + g * hd, kh + t * hd * kv_esize(kt), hd) * scale;
-    }
     for (int64_t g = 0; g < G; g++) {
         float m = NEG_INF, z = 0.0f, *lgg = lg + g * S;
         for (int64_t t = 0; t <= pos; t++)
