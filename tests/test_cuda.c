@@ -1689,6 +1689,69 @@ Test(cuda_host, quest_select_matches_double, .timeout = 120)
     host_kernel_close(&k);
 }
 
+/* TOPK_SELECT on the host-CUDA kernel, as cpu_ops.topk_select_rows checks
+ * the CPU's: row t is c_t * u with u and every q positive, so the heads'
+ * weights rank rows as c does; c takes 23 levels, so rows tie exactly and
+ * the lower one must win; every position, k = 1, 5 and 40 (more rows than
+ * one chunk per thread once pos passes the block's threads). */
+static double topk_level(int t)
+{
+    return (double)((t * 37) % 23) * 0.05;
+}
+
+Test(cuda_host, topk_select_matches_ranking, .timeout = 120)
+{
+    static const int ks[3] = {1, 5, 40};
+    Schedule *s = sched_new("topk", "host-cuda", 1);
+    s->shape = sp_shape();
+    uint32_t q = test_buf(s, "q", DT_F32, BUF_SCRATCH, SP_NH * SP_HD, 0, 0);
+    uint32_t kc = test_buf(s, "kc", DT_F32, BUF_KV, SP_NKV, SP_S, SP_HD);
+    uint32_t sc = test_buf(s, "topksc", DT_F32, BUF_SCRATCH, SP_NH + SP_NKV, SP_S, 0), sel[3];
+    for (int i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "kidx%d", ks[i]);
+        sel[i] = test_buf(s, name, DT_I32, BUF_SCRATCH, SP_NKV, ks[i], 0);
+        for (int h = 0; h < SP_NKV; h++)
+            test_op(s, OP_TOPK_SELECT, (int32_t[]){h, ks[i]}, (uint32_t[]){q, kc, sc, sel[i]});
+    }
+    HostKernel k;
+    host_kernel_open(&k, s);
+    float *qv = host_buf(&k, q), *kcv = host_buf(&k, kc);
+    for (int i = 0; i < SP_NH * SP_HD; i++)
+        qv[i] = 0.5f + 0.5f * (float)(i % 7) / 7.0f;
+    for (int h = 0; h < SP_NKV; h++)
+        for (int t = 0; t < SP_S; t++)
+            for (int j = 0; j < SP_HD; j++)
+                kcv[((int64_t)h * SP_S + t) * SP_HD + j] = (float)(topk_level(t) * (0.5 + 0.25 * (j % 3)));
+    for (int pos = 0; pos < SP_S; pos++) {
+        host_kernel_step(&k, pos);
+        for (int i = 0; i < 3; i++) {
+            int want[40], n = 0, keep = ks[i] - 1 < pos ? ks[i] - 1 : pos;
+            bool taken[SP_S] = {false};
+            for (int r = 0; r < keep; r++) {
+                int best = -1;
+                for (int t = 0; t < pos; t++)
+                    if (!taken[t] && (best < 0 || topk_level(t) > topk_level(best)))
+                        best = t;
+                taken[best] = true;
+            }
+            for (int t = 0; t < pos; t++)
+                if (taken[t])
+                    want[n++] = t;
+            want[n++] = pos;
+            while (n < ks[i])
+                want[n++] = -1;
+            for (int h = 0; h < SP_NKV; h++) {
+                const int *got = (const int *)host_buf(&k, sel[i]) + h * ks[i];
+                for (int j = 0; j < ks[i]; j++)
+                    cr_assert_eq(got[j], want[j], "pos %d h%d k %d: sel[%d] = %d, want %d", pos, h, ks[i], j, got[j],
+                                 want[j]);
+            }
+        }
+    }
+    host_kernel_close(&k);
+}
+
 /* The eviction rules of ops.h, in double on the kernel's scores, for one
  * layer: meta[h][cap] after the step, and H2O's acc. */
 static void evict_want(int pol, int cap, int sinks, int window, int pos, const float *score, int *meta, double *acc)

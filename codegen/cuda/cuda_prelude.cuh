@@ -84,6 +84,8 @@ MK_INLINE float mk_f16(unsigned h)
 }
 MK_INLINE unsigned mk_as_uint(float f) { return __float_as_uint(f); }
 MK_INLINE void mk_fence(void) { __threadfence(); }
+/* An add to shared memory from many threads of the block. */
+MK_INLINE void mk_sm_addf(float *p, float v) { atomicAdd(p, v); }
 /* A signal: add with release semantics at GPU scope. After the block's
  * barrier it publishes every thread's writes (PTX release cumulativity),
  * without a separate full fence. */

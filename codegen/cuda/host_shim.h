@@ -319,6 +319,9 @@ static inline unsigned mk_as_uint(float f)
     return u;
 }
 static inline void mk_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+/* An add to shared memory from many threads of the block: the fibers run
+ * one at a time between barriers, so a plain add is atomic among them. */
+static inline void mk_sm_addf(float *p, float v) { *p += v; }
 static inline void mk_signal_add(unsigned *p, unsigned v) { __atomic_fetch_add(p, v, __ATOMIC_RELEASE); }
 static inline unsigned mk_ld_acquire(const unsigned *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 

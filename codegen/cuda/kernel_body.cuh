@@ -2580,24 +2580,26 @@ MK_DEV int mk_snap_score(const int *sh, int L, int W, int pos, const mk_kv *kh, 
     return nwin;
 }
 
-/* A radix select as quest_select's (a thread per digit bin, thread 0
- * picks the bin) of the K largest values >= 0 among v[h * S + t], h <
- * nseg, t < n: *T, the key of the K-th largest, and *take, how many keys
- * equal to T to take, the first in the order h, t; block-uniform. */
+/* A radix select of the K largest values >= 0 among v[h * S + t], h <
+ * nseg, t < n: each pass the block's threads take the values in turn and
+ * add each matching key's digit into 256 bins in mk_sm (shared adds),
+ * thread 0 picks the bin; *T, the key of the K-th largest, and *take, how
+ * many keys equal to T to take, the first in the order h, t; block-uniform
+ * (counts as floats: below 2^24). */
 MK_DEV void mk_snap_select(const float *v, int nseg, int n, int K, unsigned *T, int *take)
 {
     unsigned tid = mk_tid(), prefix = 0, mask = 0;
     int rank = K;
+    long long all = (long long)nseg * n;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = (int)tid; b < MK_QBINS; b += MK_THREADS) {
-            int cnt = 0;
-            for (int h = 0; h < nseg; h++)
-                for (int t = 0; t < n; t++) {
-                    float x = v[(long long)h * MK_MAX_SEQ + t];
-                    unsigned k = mk_fkey(x);
-                    cnt += x >= 0.0f && (k & mask) == prefix && (int)((k >> shift) & 255u) == b;
-                }
-            mk_sm[b] = (float)cnt;
+        for (int b = (int)tid; b < MK_QBINS; b += MK_THREADS)
+            mk_sm[b] = 0.0f;
+        mk_sync();
+        for (long long e = tid; e < all; e += MK_THREADS) {
+            float x = v[e / n * MK_MAX_SEQ + e % n];
+            unsigned k = mk_fkey(x);
+            if (x >= 0.0f && (k & mask) == prefix)
+                mk_sm_addf(&mk_sm[(k >> shift) & 255u], 1.0f);
         }
         mk_sync();
         if (tid == 0) {
