@@ -70,8 +70,8 @@ static void evkv_usage(FILE *out)
                  "                  the second copy: question-agnostic; later is question-aware)\n"
                  "  --plan-kascade N  instead, profile the dense model over the stream and print N\n"
                  "                  Kascade anchors (layer 0 the first) as a compile.attention\n"
-                 "                  setting: the anchors whose top-K rows (--budget) hold the most\n"
-                 "                  of the later layers' attention, each reuse layer's share given\n"
+                 "                  setting: those whose top-K rows (--budget) keep the most of\n"
+                 "                  every layer's attention, each layer's share given (* anchors)\n"
                  "  --budget K      the rows each anchor picks per kv head (default 64)\n");
 }
 
@@ -173,15 +173,17 @@ static int evkv_copy_stream(int *stream, int n, int span, int bos, int vocab, un
 
 /* At every position past the budget, each layer's top-K rows per kv head
  * (pos and the K - 1 others of most attention summed over the kv head's q
- * heads, as TOPK_SELECT picks them) and, for every earlier layer i, the
- * share of layer j's attention that i's rows hold against what j's own
- * hold: sim[i][j] adds its least over the kv heads, a step at a time. */
+ * heads, as TOPK_SELECT picks them), and the attention-mass recall
+ * (research/techniques.md, section 4) each layer j would have at that
+ * step: sim[j][j] attending over its own rows (an anchor), sim[i][j] over
+ * those of an earlier layer i (reusing them); each the least over the kv
+ * heads, a step at a time. */
 typedef struct {
     int L, nkv, K, steps;
     int *top;           /* [L][nkv][K]: this step's picks */
     double *a;          /* [nkv][pos + 1] of the current layer: attention summed over q heads */
     double *sim;        /* [L][L] */
-    double *worst;      /* [L]: this step's least share per earlier layer (scratch) */
+    double *worst;      /* [L]: this step's least recall per layer i <= l (scratch) */
     int *order;         /* scratch */
     int cap;
 } KPlan;
@@ -214,19 +216,17 @@ static void kplan_hook(void *ctx, int l, int h, int pos, const int *rows, int n,
     qsort(k->order, (size_t)pos, sizeof *k->order, kplan_cmp);
     int *top = k->top + ((size_t)l * k->nkv + h) * k->K;
     top[0] = pos;
-    double own = a[pos];
     for (int i = 1; i < k->K; i++)
-        own += a[top[i] = k->order[i - 1]];
-    for (int i = 0; i < l; i++) {
+        top[i] = k->order[i - 1];
+    for (int i = 0; i <= l; i++) { /* the weights sum to G: recall = mass / G */
         const int *ti = k->top + ((size_t)i * k->nkv + h) * k->K;
         double got = 0;
         for (int r = 0; r < k->K; r++)
             got += a[ti[r]];
-        double share = own > 0 ? got / own : 1;
-        k->worst[i] = h == 0 || share < k->worst[i] ? share : k->worst[i];
+        k->worst[i] = h == 0 || got / G < k->worst[i] ? got / G : k->worst[i];
     }
     if (h == k->nkv - 1) {
-        for (int i = 0; i < l; i++)
+        for (int i = 0; i <= l; i++)
             k->sim[(size_t)i * k->L + l] += k->worst[i];
         if (l == k->L - 1)
             k->steps++;
@@ -234,15 +234,17 @@ static void kplan_hook(void *ctx, int l, int h, int pos, const int *rows, int n,
 }
 
 /* N anchors a_1 = 0 < ... < a_N, layer j reusing the last anchor at or
- * before it: the most sum over reuse layers of sim[a][j] (mean shares),
- * by dynamic programming over (anchors placed, the last one). */
+ * before it: the most sum over layers of their recall (layer 0 dense: 1;
+ * an anchor a: sim[a][a]; a reuse layer j of anchor a: sim[a][j]), by
+ * dynamic programming over (anchors placed, the last one). */
 static double kplan_pick(const double *sim, int L, int N, int *anchors)
 {
-    double *seg = xcalloc((size_t)L * (L + 1), sizeof(double)); /* seg[a][b]: layers (a, b) reuse a */
-    for (int a = 0; a < L; a++)
-        for (int b = a + 1; b <= L; b++)
-            seg[(size_t)a * (L + 1) + b] =
-                seg[(size_t)a * (L + 1) + b - 1] + (b - 1 > a ? sim[(size_t)a * L + b - 1] : 0);
+    double *seg = xcalloc((size_t)L * (L + 1), sizeof(double)); /* seg[a][b]: anchor a, layers (a, b) reuse it */
+    for (int a = 0; a < L; a++) {
+        seg[(size_t)a * (L + 1) + a + 1] = a == 0 ? 1.0 : sim[(size_t)a * L + a];
+        for (int b = a + 2; b <= L; b++)
+            seg[(size_t)a * (L + 1) + b] = seg[(size_t)a * (L + 1) + b - 1] + sim[(size_t)a * L + b - 1];
+    }
     double *g = xcalloc((size_t)(N + 1) * L, sizeof(double));
     int *from = xcalloc((size_t)(N + 1) * L, sizeof(int));
     for (int i = 0; i < (N + 1) * L; i++)
@@ -301,15 +303,14 @@ static void evkv_plan(const EvKvArgs *a, const ModelDesc *m, RefState *rd, int *
         printf("  anchors");
         for (int i = 0; i < N; i++)
             printf("%s %d", i ? "," : "", an[i]);
-        printf(": reuse layers hold %.3f of their own top-%d's attention on the mean (over %d positions;\n"
-               "  each the least of its kv heads)\n",
-               L > N ? score / (L - N) : 1.0, K, k.steps);
-        printf("  layer:share");
+        printf(": the layers keep %.3f of their attention on the mean (over %d positions; each layer the\n"
+               "  least of its kv heads; layer 0 all of it)\n",
+               score / L, k.steps);
+        printf("  layer:recall");
         for (int j = 0, m2 = 0; j < L; j++) {
             while (m2 + 1 < N && an[m2 + 1] <= j)
                 m2++;
-            if (an[m2] != j)
-                printf(" %d:%.3f", j, k.sim[(size_t)an[m2] * L + j]);
+            printf(" %d%s:%.3f", j, an[m2] == j ? "*" : "", j == 0 ? 1.0 : k.sim[(size_t)an[m2] * L + j]);
         }
         printf("\n  --set 'compile.attention=[");
         for (int i = 0; i < N; i++) {

@@ -558,7 +558,7 @@ Test(cli, eval_kv_plans_kascade_anchors)
     char *d = tmp_dir(), out[16384], args[4096];
     cr_assert_eq(megac(d, "eval-kv default --tokens 96 --plan-kascade 1 --budget 16", out, sizeof out), 0, "%s",
                  out);
-    cr_assert(strstr(out, "  anchors 0: reuse layers hold "), "%s", out);
+    cr_assert(strstr(out, "  anchors 0: the layers keep ") && strstr(out, "layer:recall 0*:1.000 1:"), "%s", out);
     const char *set = strstr(out, "--set '");
     cr_assert(set && strstr(set, "{layers: 0, kind: kascade, budget: 16}, {layers: 1, kind: kascade_reuse, "
                                  "anchor: 0}]'"), "%s", out);
