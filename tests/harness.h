@@ -1,6 +1,6 @@
 /*
- * harness.h - shared by the end-to-end tests: a compiled bundle decoded
- * next to the reference engine, step by step.
+ * harness.h - shared by the tests: a compiled bundle decoded next to the
+ * reference engine, step by step, and the rows of the top-k op tests.
  *
  * Tolerance: every logit within atol + rtol * max|reference logit| of that
  * step, and the kernel's own argmax equal to the reference's.
@@ -35,6 +35,37 @@ static inline bool harness_variant_wanted(size_t i, size_t j, size_t n)
 }
 
 /* Index of the largest value, lowest index on ties (as the kernels do). */
+/* topk_select's op tests (CPU and host-CUDA): row t of every kv head is
+ * harness_topk_level(t) times one positive vector, and every q is
+ * positive, so the q heads' weights rank the rows as their levels do; 23
+ * levels, so rows tie exactly and the lower one must win. */
+static inline double harness_topk_level(int t)
+{
+    return (double)((t * 37) % 23) * 0.05;
+}
+
+/* What topk_select picks at pos on those rows (ir/ops.h): pos and the
+ * k - 1 others of highest level (ties: the lower row), ascending, -1 after. */
+static inline void harness_topk_want(int pos, int k, int *want)
+{
+    bool taken[pos + 1];
+    memset(taken, 0, sizeof taken);
+    int keep = k - 1 < pos ? k - 1 : pos, n = 0;
+    for (int r = 0; r < keep; r++) {
+        int best = -1;
+        for (int t = 0; t < pos; t++)
+            if (!taken[t] && (best < 0 || harness_topk_level(t) > harness_topk_level(best)))
+                best = t;
+        taken[best] = true;
+    }
+    for (int t = 0; t < pos; t++)
+        if (taken[t])
+            want[n++] = t;
+    want[n++] = pos;
+    while (n < k)
+        want[n++] = -1;
+}
+
 static inline int harness_argmax(const float *v, int n)
 {
     int b = 0;

@@ -16,6 +16,7 @@
 #include "codegen/codegen.h"
 #include "codegen/cpu/kernel_table.h"
 #include "runtime/kernel_abi.h"
+#include "tests/harness.h"
 #include "tests/scores.h"
 
 #include <criterion/criterion.h>
@@ -2136,36 +2137,8 @@ Test(cpu_ops, quest_select_pages)
 
 /* ---- topk_select ---- */
 
-/* Kascade's top-k rows (ops.h): row t of either kv head is c_t * u, with
- * u and every q positive, so each q head's weights, and their sum, rank
- * the rows as c does; c takes 23 levels, so rows tie exactly (identical
- * rows) and the lower one must win. Checked at every position for k = 1,
- * 5 and 40: pos and the k - 1 others of largest c, ascending, -1 after. */
-static double topk_level(int64_t t)
-{
-    return (double)((t * 37) % 23) * 0.05;
-}
-
-static void topk_want(int64_t pos, int k, int32_t *want)
-{
-    bool taken[SP_SEQ] = {false};
-    int64_t keep = k - 1 < pos ? k - 1 : pos;
-    for (int64_t r = 0; r < keep; r++) {
-        int64_t best = -1;
-        for (int64_t t = 0; t < pos; t++)
-            if (!taken[t] && (best < 0 || topk_level(t) > topk_level(best)))
-                best = t;
-        taken[best] = true;
-    }
-    int n = 0;
-    for (int64_t t = 0; t < pos; t++)
-        if (taken[t])
-            want[n++] = (int32_t)t;
-    want[n++] = (int32_t)pos;
-    while (n < k)
-        want[n++] = -1;
-}
-
+/* Kascade's top-k rows (ops.h) on the rows of harness_topk_level, at every
+ * position for k = 1, 5 and 40. */
 Test(cpu_ops, topk_select_rows)
 {
     static const int ks[3] = {1, 5, 40};
@@ -2188,13 +2161,13 @@ Test(cpu_ops, topk_select_rows)
     for (int h = 0; h < SP_NKV; h++)
         for (int64_t t = 0; t < SP_SEQ; t++)
             for (int j = 0; j < SP_HD; j++)
-                kcp[(h * SP_SEQ + t) * SP_HD + j] = (float)(topk_level(t) * (0.5 + 0.25 * (j % 3)));
+                kcp[(h * SP_SEQ + t) * SP_HD + j] = (float)(harness_topk_level((int)t) * (0.5 + 0.25 * (j % 3)));
     for (int64_t pos = 0; pos < SP_SEQ; pos++) {
         kern_step(&k, pos, 0);
         cr_assert_eq(k.abort_info.flag, 0);
         for (int i = 0; i < 3; i++) {
-            int32_t want[40];
-            topk_want(pos, ks[i], want);
+            int want[40];
+            harness_topk_want((int)pos, ks[i], want);
             for (int h = 0; h < SP_NKV; h++) {
                 const int32_t *got = ibuf(&k, sel[i]) + h * ks[i];
                 for (int j = 0; j < ks[i]; j++)

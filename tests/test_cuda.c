@@ -1690,15 +1690,8 @@ Test(cuda_host, quest_select_matches_double, .timeout = 120)
 }
 
 /* TOPK_SELECT on the host-CUDA kernel, as cpu_ops.topk_select_rows checks
- * the CPU's: row t is c_t * u with u and every q positive, so the heads'
- * weights rank rows as c does; c takes 23 levels, so rows tie exactly and
- * the lower one must win; every position, k = 1, 5 and 40 (more rows than
- * one chunk per thread once pos passes the block's threads). */
-static double topk_level(int t)
-{
-    return (double)((t * 37) % 23) * 0.05;
-}
-
+ * the CPU's (harness_topk_level's rows): every position, k = 1, 5 and 40
+ * (two rows a thread for the compaction once pos passes 128). */
 Test(cuda_host, topk_select_matches_ranking, .timeout = 120)
 {
     static const int ks[3] = {1, 5, 40};
@@ -1722,25 +1715,12 @@ Test(cuda_host, topk_select_matches_ranking, .timeout = 120)
     for (int h = 0; h < SP_NKV; h++)
         for (int t = 0; t < SP_S; t++)
             for (int j = 0; j < SP_HD; j++)
-                kcv[((int64_t)h * SP_S + t) * SP_HD + j] = (float)(topk_level(t) * (0.5 + 0.25 * (j % 3)));
+                kcv[((int64_t)h * SP_S + t) * SP_HD + j] = (float)(harness_topk_level(t) * (0.5 + 0.25 * (j % 3)));
     for (int pos = 0; pos < SP_S; pos++) {
         host_kernel_step(&k, pos);
         for (int i = 0; i < 3; i++) {
-            int want[40], n = 0, keep = ks[i] - 1 < pos ? ks[i] - 1 : pos;
-            bool taken[SP_S] = {false};
-            for (int r = 0; r < keep; r++) {
-                int best = -1;
-                for (int t = 0; t < pos; t++)
-                    if (!taken[t] && (best < 0 || topk_level(t) > topk_level(best)))
-                        best = t;
-                taken[best] = true;
-            }
-            for (int t = 0; t < pos; t++)
-                if (taken[t])
-                    want[n++] = t;
-            want[n++] = pos;
-            while (n < ks[i])
-                want[n++] = -1;
+            int want[40];
+            harness_topk_want(pos, ks[i], want);
             for (int h = 0; h < SP_NKV; h++) {
                 const int *got = (const int *)host_buf(&k, sel[i]) + h * ks[i];
                 for (int j = 0; j < ks[i]; j++)
