@@ -833,6 +833,7 @@ static void op_rmsnorm(const MegacArgs *a, const int64_t *in)
 #endif
 
 #define ATTN_CHUNK 64     /* rows scored before their softmax update */
+#define SPARSE_GATHER 8   /* attn_sparse copies runs shorter than this together */
 
 typedef struct WStream {
     const MegacArgs *a;
@@ -5551,13 +5552,33 @@ static void op_attn_sparse(const MegacArgs *a, const int64_t *in, WStream *ws)
             n += t1 - t0;
         split_range(n, SPARSE_BLOCK, s, nsplit, &lo, &hi);
     }
+    /* Runs shorter than SPARSE_GATHER (Kascade's and SnapKV's single rows,
+     * scattered over the cache) are copied into gk/gv and attended
+     * ATTN_CHUNK at a time: one row a call, each row's misses waited for
+     * in turn, took ~200 cycles a row. Slots are one run. */
+    int64_t rowb = hd * kv_esize(kt), ng = 0;
+    bool gather = kind != SPARSE_SLOTS;
+    char gk[gather ? ATTN_CHUNK * rowb : 1], gv[gather ? ATTN_CHUNK * rowb : 1];
     for (; e < hi && sparse_next(&r, &t0, &t1); e += t1 - t0) {
         int64_t len = t1 - t0, u0 = t0 + (lo <= e ? 0 : lo - e < len ? lo - e : len);
         int64_t u1 = t0 + (hi - e < len ? hi - e : len);
+        if (gather && u1 - u0 < SPARSE_GATHER) {
+            for (int64_t t = u0; t < u1; t++, ng++) {
+                if (ng == ATTN_CHUNK)
+                    attn_chunk(kt, p, qh, gk, gv, 0, ng, hd, G, scale, rs, NULL, 0), ng = 0;
+                memcpy(gk + ng * rowb, kh + t * rowb, (size_t)rowb);
+                memcpy(gv + ng * rowb, vh + t * rowb, (size_t)rowb);
+            }
+            continue;
+        }
+        if (ng)
+            attn_chunk(kt, p, qh, gk, gv, 0, ng, hd, G, scale, rs, NULL, 0), ng = 0;
         for (int64_t c = u0; c < u1; c += ATTN_CHUNK)
             attn_chunk(kt, p, qh, kh, vh, c, u1 - c < ATTN_CHUNK ? u1 - c : ATTN_CHUNK, hd, G, scale, rs,
                        raw ? raw + (c - lo) : NULL, nraw);
     }
+    if (ng)
+        attn_chunk(kt, p, qh, gk, gv, 0, ng, hd, G, scale, rs, NULL, 0);
 }
 
 /* Elementwise min and max of the k rows [t0, t1) (t1 > t0) into lo, hi. */
@@ -6055,14 +6076,27 @@ static void op_topk_select(const MegacArgs *a, const int64_t *in)
     topk_logits(kt, qh, kh, pos + 1, hd, G, scale, lg, S);
     for (int64_t t = 0; t <= pos; t++)
         p[t] = 0.0f;
-    for (int64_t g = 0; g < G; g++) {
+    for (int64_t g = 0; g < G; g++) { /* vector loops: max, exponentials, their sum, p (as evict_softmax) */
+        v16f vm = {NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF,
+                   NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF};
+        v16f vz = {0};
         float m = NEG_INF, z = 0.0f, *lgg = lg + g * S;
-        for (int64_t t = 0; t <= pos; t++)
+        int64_t t = 0;
+        for (; t + 16 <= pos + 1; t += 16)
+            vm = __builtin_elementwise_max(vm, LOAD16(lgg + t));
+        for (; t <= pos; t++)
             m = lgg[t] > m ? lgg[t] : m;
-        for (int64_t t = 0; t <= pos; t++)
-            z += lgg[t] = exp_nonpos(lgg[t] - m);
-        for (int64_t t = 0; t <= pos; t++)
-            p[t] += lgg[t] / z;
+        for (int j = 0; j < 16; j++)
+            m = vm[j] > m ? vm[j] : m;
+        for (t = 0; t <= pos; t++)
+            lgg[t] = exp_nonpos(lgg[t] - m);
+        for (t = 0; t + 16 <= pos + 1; t += 16)
+            vz += LOAD16(lgg + t);
+        for (; t <= pos; t++)
+            z += lgg[t];
+        float inv = 1.0f / (z + hsum16(&vz));
+        for (t = 0; t <= pos; t++)
+            p[t] += lgg[t] * inv;
     }
     int64_t keep = k - 1 < pos ? k - 1 : pos, take, n = 0;
     uint32_t T;
