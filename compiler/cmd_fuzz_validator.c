@@ -91,7 +91,7 @@ static const int tiny_models[][8] = {
     {96, 192, 2, 6, 3, 16, 128, 16},
 };
 
-#define TINY_VARIANTS 7
+#define TINY_VARIANTS 9
 
 /* Variant v (1..TINY_VARIANTS-1) of sparse attention and eviction knobs:
  * even and odd layers get one each (a layer never has both), sized to the
@@ -104,7 +104,10 @@ static void tiny_knobs(ModelDesc *m, int v)
     KvPolicy h2o = {.kind = KV_H2O, .budget = S / 2, .window = S / 4}, tova = {.kind = KV_TOVA, .budget = S / 2};
     KvPolicy stream = {.kind = KV_STREAMING, .sinks = 1, .window = S / 2 - 1};
     KvPolicy snap = {.kind = KV_SNAPKV, .budget = S / 2, .window = S / 8 > 0 ? S / 8 : 1};
-    m->kv_dtype = v == 2 || v == 5 ? DT_F16 : v == 6 ? DT_BF16 : DT_F32; /* half caches too */
+    KvPolicy ada = snap;
+    ada.adaptive = true, ada.alpha = 0.2;
+    AttnSpec anchor = {.kind = ATTN_KASCADE, .budget = S / 4};
+    m->kv_dtype = v == 2 || v == 5 || v == 8 ? DT_F16 : v == 6 ? DT_BF16 : DT_F32; /* half caches too */
     for (int l = 0; l < m->n_layers; l++) {
         bool odd = l % 2;
         switch (v) {
@@ -114,6 +117,10 @@ static void tiny_knobs(ModelDesc *m, int v)
         case 4: m->kv[l] = stream; break;
         case 5: odd ? (void)(m->kv[l] = tova) : (void)(m->attn[l] = sw); break;
         case 6: odd ? (void)(m->kv[l] = snap) : (void)(m->attn[l] = quest); break;
+        case 7: /* Kascade: even layers anchors, odd ones reuse the one before */
+            m->attn[l] = odd ? (AttnSpec){.kind = ATTN_KASCADE_REUSE, .anchor = l - 1} : anchor;
+            break;
+        case 8: odd ? (void)(m->kv[l] = ada) : (void)(m->attn[l] = anchor); break;
         default: break;
         }
     }

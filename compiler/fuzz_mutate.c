@@ -239,7 +239,8 @@ static bool is_kv_write(const Schedule *s, uint32_t w, uint32_t t)
 static bool is_sparse_op(const Schedule *s, uint32_t w, uint32_t t)
 {
     return is_op_of(s, w, t, OP_KV_STORE) || is_op_of(s, w, t, OP_ATTN_SPARSE) ||
-           is_op_of(s, w, t, OP_QUEST_SELECT) || is_op_of(s, w, t, OP_KV_EVICT) || is_op_of(s, w, t, OP_KV_SNAP);
+           is_op_of(s, w, t, OP_QUEST_SELECT) || is_op_of(s, w, t, OP_KV_EVICT) || is_op_of(s, w, t, OP_KV_SNAP) ||
+           is_op_of(s, w, t, OP_TOPK_SELECT);
 }
 
 /* A kv_evict or kv_snap with a wait before it on its worker. */
@@ -375,9 +376,10 @@ static void sparse_param_change(Schedule *s, Inst *in, int i, int32_t d)
     op_refresh(s, in);
 }
 
-/* A defect planted in kv_store, attn_sparse, quest_select or kv_evict: a
- * param that decides its footprint changes (accesses follow), or one of
- * its declared ranges is cut short (the op still touches it all). */
+/* A defect planted in kv_store, attn_sparse, quest_select, kv_evict,
+ * kv_snap or topk_select: a param that decides its footprint changes
+ * (accesses follow), or one of its declared ranges is cut short (the op
+ * still touches it all). */
 static bool mut_sparse_params(Schedule *s, FuzzRng *r)
 {
     Site x = {0, 0};
@@ -392,10 +394,11 @@ static bool mut_sparse_params(Schedule *s, FuzzRng *r)
         return true;
     }
     /* params worth changing: kv_store h cap; attn_sparse s nsplit kind b;
-     * quest_select page npages; kv_evict policy cap nsplit; kv_snap budget window safe */
+     * quest_select page npages; kv_evict policy cap nsplit; kv_snap budget window safe; topk_select h k */
     static const int8_t pick[OP_COUNT][4] = {
         [OP_KV_STORE] = {0, 1, 1, 1}, [OP_ATTN_SPARSE] = {1, 2, 3, 5},
-        [OP_QUEST_SELECT] = {1, 2, 2, 1}, [OP_KV_EVICT] = {0, 1, 4, 1}, [OP_KV_SNAP] = {0, 1, 2, 1}};
+        [OP_QUEST_SELECT] = {1, 2, 2, 1}, [OP_KV_EVICT] = {0, 1, 4, 1}, [OP_KV_SNAP] = {0, 1, 2, 1},
+        [OP_TOPK_SELECT] = {0, 1, 1, 0}};
     sparse_param_change(s, in, pick[in->op][fuzz_below(r, 4)], 1 + (int32_t)fuzz_below(r, 3));
     return true;
 }
