@@ -22,12 +22,14 @@
  * in position space, apart from how the kernels do them: the whole cache is
  * kept, and each kv head attends the positions its layer's kind selects
  * (sink_window: a mask; quest: page bounds recomputed from the cached keys
- * every step) or, on an evicting layer, the positions still alive. After
+ * every step; kascade: the anchor's top-k of this step, scored from its
+ * whole cache) or, on an evicting layer, the positions still alive. After
  * the layer's attention the policy marks one position dead once the cache
  * holds its budget, by the same rule the kernels apply to their slots.
  * SnapKV layers keep the q of their last `window` steps and, after the
- * prompt's last step, keep `budget` positions per kv head by the window's
- * attention (the rule of ir/ops.h, in position space).
+ * prompt's last step, keep `budget` positions per kv head (or the layer's
+ * budget pooled over its kv heads, Ada-KV) by the window's attention (the
+ * rule of ir/ops.h, in position space).
  */
 #include "compiler/reference.h"
 
