@@ -2586,7 +2586,7 @@ MK_DEV int mk_snap_score(const int *sh, int L, int W, int pos, const mk_kv *kh, 
  * thread 0 picks the bin; *T, the key of the K-th largest, and *take, how
  * many keys equal to T to take, the first in the order h, t; block-uniform
  * (counts as floats: below 2^24). */
-MK_DEV void mk_snap_select(const float *v, int nseg, int n, int K, unsigned *T, int *take)
+MK_DEV void mk_radix_select(const float *v, int nseg, int n, int K, unsigned *T, int *take)
 {
     unsigned tid = mk_tid(), prefix = 0, mask = 0;
     int rank = K;
@@ -2661,7 +2661,7 @@ MK_DEV void op_kv_snap(const MegacArgs *a, const unsigned *in)
         if (sure <= 0)
             continue;
         float *ph = pl + (long long)h * MK_MAX_SEQ;
-        mk_snap_select(ph, 1, w0, sure, &T, &take);
+        mk_radix_select(ph, 1, w0, sure, &T, &take);
         if (tid == 0)
             for (int t = 0; t < w0; t++) {
                 unsigned k = mk_fkey(ph[t]);
@@ -2670,7 +2670,7 @@ MK_DEV void op_kv_snap(const MegacArgs *a, const unsigned *in)
             }
         mk_sync();
     }
-    mk_snap_select(pl, MK_NKV, w0, total, &T, &take);
+    mk_radix_select(pl, MK_NKV, w0, total, &T, &take);
     if (tid == 0)
         for (int h = 0; h < MK_NKV; h++) {
             int *sh = snap + (long long)h * stride, k = 0;
@@ -2697,7 +2697,7 @@ MK_DEV void op_kv_snap(const MegacArgs *a, const unsigned *in)
 
 /* kv head h's rows at pos: warp w takes rows w, w + MK_NWARPS, ... and
  * writes the logits of the G q heads into lg ([G][S]); each q head's
- * softmax is added into p; mk_snap_select finds the key T of the keep-th
+ * softmax is added into p; mk_radix_select finds the key T of the keep-th
  * largest p among rows < pos and how many equal to take; then each thread
  * counts its contiguous chunk of rows, thread 0 turns the counts into
  * offsets (the ties to the lowest rows), and the chunks write their rows
@@ -2741,7 +2741,7 @@ MK_DEV void op_topk_select(const MegacArgs *a, const unsigned *in)
     }
     int keep = k - 1 < pos ? k - 1 : pos, take, chunk = (pos + MK_THREADS - 1) / MK_THREADS;
     unsigned T;
-    mk_snap_select(p, 1, pos, keep, &T, &take);
+    mk_radix_select(p, 1, pos, keep, &T, &take);
     int c0 = (int)tid * chunk < pos ? (int)tid * chunk : pos, c1 = c0 + chunk < pos ? c0 + chunk : pos, gt = 0, eq = 0;
     for (int t = c0; t < c1 && keep > 0; t++) {
         unsigned key = mk_fkey(p[t]);
