@@ -24,8 +24,9 @@
  *
  * With --plan-kascade N [--budget K] it measures instead how well each
  * layer's top-K rows serve each later layer on the dense model over the
- * stream, picks N Kascade anchors by Kascade's dynamic program and prints
- * them as a compile.attention setting (evkv_plan, below).
+ * stream, maps each later layer's kv heads to the earlier layer's that
+ * serve them best, picks N Kascade anchors by Kascade's dynamic program
+ * and prints them as a compile.attention setting (evkv_plan, below).
  */
 #include "compiler/cli.h"
 #include "compiler/compile.h"
@@ -42,6 +43,7 @@ typedef struct {
     const char *model, *prompt;
     int tokens, copy, prompt_end;   /* prompt_end -1: the stream's own (below) */
     int plan, budget;               /* --plan-kascade N (0: off), --budget K */
+    bool same_heads;                /* --same-heads: plan without kv head maps */
     unsigned seed;
     DescOverride set[EVKV_MAX_SETS];
     int nset;
@@ -50,7 +52,8 @@ typedef struct {
 static void evkv_usage(FILE *out)
 {
     fprintf(out, "usage: megac eval-kv MODEL [--set key=value]... [--tokens N] [--prompt TEXT]\n"
-                 "                     [--copy L] [--seed S]\n\n"
+                 "                     [--copy L] [--seed S] [--prompt-end P]\n"
+                 "                     [--plan-kascade N [--budget K] [--same-heads]]\n\n"
                  "Teacher-forced fidelity of the description's sparse attention, KV eviction and\n"
                  "KV cache dtype (compile.attention, compile.kv_policy, compile.kv_dtype; give them\n"
                  "with --set) against the same model with every layer dense and full and an f32\n"
@@ -72,7 +75,10 @@ static void evkv_usage(FILE *out)
                  "                  Kascade anchors (layer 0 the first) as a compile.attention\n"
                  "                  setting: those whose top-K rows (--budget) keep the most of\n"
                  "                  every layer's attention, each layer's share given (* anchors)\n"
-                 "  --budget K      the rows each anchor picks per kv head (default 64)\n");
+                 "  --budget K      the rows each anchor picks per kv head (default 64)\n"
+                 "  --same-heads    plan without kv head maps: each reuse layer's kv head reads\n"
+                 "                  the anchor's of the same index (by default each reads the\n"
+                 "                  anchor kv head whose rows keep the most of its attention)\n");
 }
 
 static bool evkv_int(const char *opt, const char *s, long lo, long hi, long *out)
@@ -92,6 +98,10 @@ static bool evkv_args(EvKvArgs *a, int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         bool opt = s[0] == '-' && s[1];
+        if (!strcmp(s, "--same-heads")) {
+            a->same_heads = true;
+            continue;
+        }
         bool known = !strcmp(s, "--set") || !strcmp(s, "--tokens") || !strcmp(s, "--prompt") ||
                      !strcmp(s, "--copy") || !strcmp(s, "--seed") || !strcmp(s, "--prompt-end") ||
                      !strcmp(s, "--plan-kascade") || !strcmp(s, "--budget");
@@ -174,16 +184,19 @@ static int evkv_copy_stream(int *stream, int n, int span, int bos, int vocab, un
 /* At every position past the budget, each layer's top-K rows per kv head
  * (pos and the K - 1 others of most attention summed over the kv head's q
  * heads, as TOPK_SELECT picks them), and the attention-mass recall
- * (research/techniques.md, section 4) each layer j would have at that
- * step: sim[j][j] attending over its own rows (an anchor), sim[i][j] over
- * those of an earlier layer i (reusing them); each the least over the kv
- * heads, a step at a time. */
+ * (research/techniques.md, section 4) each of its kv heads h would have at
+ * that step: over its own rows (self[l][h], an anchor), and over those of
+ * each kv head h' of an earlier layer i (pair[i][l][h][h'], reusing them).
+ * Summed over the steps; evkv_plan turns the sums into the similarity the
+ * dynamic program reads: a reuse layer's kv head h reads the anchor kv head
+ * whose rows keep the most of its attention on the mean (its head map, or
+ * h with --same-heads), and a layer counts as its least-served kv head. */
 typedef struct {
     int L, nkv, K, steps;
     int *top;           /* [L][nkv][K]: this step's picks */
     double *a;          /* [nkv][pos + 1] of the current layer: attention summed over q heads */
-    double *sim;        /* [L][L] */
-    double *worst;      /* [L]: this step's least recall per layer i <= l (scratch) */
+    double *self;       /* [L][nkv] */
+    double *pair;       /* [L][L][nkv][nkv] (i < l) */
     int *order;         /* scratch */
     int cap;
 } KPlan;
@@ -218,19 +231,33 @@ static void kplan_hook(void *ctx, int l, int h, int pos, const int *rows, int n,
     top[0] = pos;
     for (int i = 1; i < k->K; i++)
         top[i] = k->order[i - 1];
-    for (int i = 0; i <= l; i++) { /* the weights sum to G: recall = mass / G */
-        const int *ti = k->top + ((size_t)i * k->nkv + h) * k->K;
-        double got = 0;
-        for (int r = 0; r < k->K; r++)
-            got += a[ti[r]];
-        k->worst[i] = h == 0 || got / G < k->worst[i] ? got / G : k->worst[i];
-    }
-    if (h == k->nkv - 1) {
-        for (int i = 0; i <= l; i++)
-            k->sim[(size_t)i * k->L + l] += k->worst[i];
-        if (l == k->L - 1)
-            k->steps++;
-    }
+    /* the weights sum to G: recall = mass / G; layer i < l's picks are all made */
+    for (int i = 0; i <= l; i++)
+        for (int h2 = i == l ? h : 0; h2 < (i == l ? h + 1 : k->nkv); h2++) {
+            const int *ti = k->top + ((size_t)i * k->nkv + h2) * k->K;
+            double got = 0;
+            for (int r = 0; r < k->K; r++)
+                got += a[ti[r]];
+            if (i == l)
+                k->self[(size_t)l * k->nkv + h] += got / G;
+            else
+                k->pair[(((size_t)i * k->L + l) * k->nkv + h) * k->nkv + h2] += got / G;
+        }
+    if (h == k->nkv - 1 && l == k->L - 1)
+        k->steps++;
+}
+
+/* The kv head of layer i that serves layer j's kv head h best (the lowest
+ * on ties; h itself with same_heads), and its mean recall in *r. */
+static int kplan_head(const KPlan *k, int i, int j, int h, bool same_heads, double *r)
+{
+    const double *row = k->pair + (((size_t)i * k->L + j) * k->nkv + h) * k->nkv;
+    int best = h;
+    for (int h2 = 0; !same_heads && h2 < k->nkv; h2++)
+        if (row[h2] > row[best] || (row[h2] == row[best] && h2 < best))
+            best = h2;
+    *r = row[best] / k->steps;
+    return best;
 }
 
 /* N anchors a_1 = 0 < ... < a_N, layer j reusing the last anchor at or
@@ -273,14 +300,42 @@ static double kplan_pick(const double *sim, int L, int N, int *anchors)
     return best;
 }
 
+/* Prints the kascade_reuse entries of layers lo..hi reusing anchor i,
+ * consecutive layers with the same head map as one entry. */
+static void kplan_print_reuse(const KPlan *k, int i, int lo, int hi, bool same_heads)
+{
+    int nkv = k->nkv, *map = xcalloc((size_t)nkv * (hi - lo + 1), sizeof(int));
+    double r;
+    for (int j = lo; j <= hi; j++)
+        for (int h = 0; h < nkv; h++)
+            map[(size_t)(j - lo) * nkv + h] = kplan_head(k, i, j, h, same_heads, &r);
+    for (int j = lo, e; j <= hi; j = e + 1) {
+        const int *mj = map + (size_t)(j - lo) * nkv;
+        for (e = j; e < hi && !memcmp(mj, map + (size_t)(e + 1 - lo) * nkv, sizeof(int) * nkv); e++) {
+        }
+        bool identity = true;
+        for (int h = 0; h < nkv; h++)
+            identity &= mj[h] == h;
+        printf(", {layers: %d", j);
+        if (e > j)
+            printf("-%d", e);
+        printf(", kind: kascade_reuse, anchor: %d", i);
+        for (int h = 0; !identity && h < nkv; h++)
+            printf("%s%d", h ? ", " : ", heads: [", mj[h]);
+        printf(identity ? "}" : "]}");
+    }
+    free(map);
+}
+
 static void evkv_plan(const EvKvArgs *a, const ModelDesc *m, RefState *rd, int *stream, int n, int np)
 {
-    int L = m->n_layers, N = a->plan < L ? a->plan : L, K = a->budget;
-    KPlan k = {L, m->n_kv_heads, K, 0, NULL, NULL, NULL, NULL, NULL, n};
-    k.top = xcalloc((size_t)L * k.nkv * K, sizeof(int));
-    k.a = xcalloc((size_t)k.nkv * n, sizeof(double));
-    k.sim = xcalloc((size_t)L * L, sizeof(double));
-    k.worst = xcalloc((size_t)L, sizeof(double));
+    int L = m->n_layers, N = a->plan < L ? a->plan : L, K = a->budget, nkv = m->n_kv_heads;
+    bool same = a->same_heads || nkv > ATTN_MAX_HEAD_MAP;
+    KPlan k = {L, nkv, K, 0, NULL, NULL, NULL, NULL, NULL, n};
+    k.top = xcalloc((size_t)L * nkv * K, sizeof(int));
+    k.a = xcalloc((size_t)nkv * n, sizeof(double));
+    k.self = xcalloc((size_t)L * nkv, sizeof(double));
+    k.pair = xcalloc((size_t)L * L * nkv * nkv, sizeof(double));
     k.order = xcalloc((size_t)n, sizeof(int));
     ref_set_attn_hook(rd, kplan_hook, &k);
     double *pd = xmalloc(sizeof(double) * (size_t)m->vocab_size);
@@ -292,45 +347,55 @@ static void evkv_plan(const EvKvArgs *a, const ModelDesc *m, RefState *rd, int *
         if (tty && (pos % 64 == 63 || pos == n - 1))
             fprintf(stderr, "megac eval-kv: profiled %d of %d positions\r%s", pos + 1, n, pos == n - 1 ? "\n" : "");
     }
-    printf("model %s: %d positions, Kascade anchors of %d rows per kv head\n", m->name, n, K);
+    printf("model %s: %d positions, Kascade anchors of %d rows per kv head%s\n", m->name, n, K,
+           same ? ", each reuse kv head reading the anchor's of its index" : "");
     if (!k.steps) {
         printf("  no position has more than %d rows: every layer's top-%d is all of them (raise --tokens)\n", K, K);
     } else {
-        for (int i = 0; i < L * L; i++)
-            k.sim[i] /= k.steps;
+        /* sim[i][j]: layer j's least-served kv head's mean recall reusing layer i's rows (i < j), or its own */
+        double *sim = xcalloc((size_t)L * L, sizeof(double)), r;
+        for (int j = 0; j < L; j++)
+            for (int i = 0; i <= j; i++) {
+                double least = 2;
+                for (int h = 0; h < nkv; h++) {
+                    if (i == j)
+                        r = k.self[(size_t)j * nkv + h] / k.steps;
+                    else
+                        kplan_head(&k, i, j, h, same, &r);
+                    least = r < least ? r : least;
+                }
+                sim[(size_t)i * L + j] = least;
+            }
         int *an = xcalloc((size_t)N, sizeof(int));
-        double score = kplan_pick(k.sim, L, N, an);
+        double score = kplan_pick(sim, L, N, an);
         printf("  anchors");
         for (int i = 0; i < N; i++)
             printf("%s %d", i ? "," : "", an[i]);
-        printf(": the layers keep %.3f of their attention on the mean (over %d positions; each layer the\n"
-               "  least of its kv heads; layer 0 all of it)\n",
+        printf(": the layers keep %.3f of their attention on the mean (over %d positions; each layer its\n"
+               "  least-served kv head's mean; layer 0 all of it)\n",
                score / L, k.steps);
         printf("  layer:recall");
         for (int j = 0, m2 = 0; j < L; j++) {
             while (m2 + 1 < N && an[m2 + 1] <= j)
                 m2++;
-            printf(" %d%s:%.3f", j, an[m2] == j ? "*" : "", j == 0 ? 1.0 : k.sim[(size_t)an[m2] * L + j]);
+            printf(" %d%s:%.3f", j, an[m2] == j ? "*" : "", j == 0 ? 1.0 : sim[(size_t)an[m2] * L + j]);
         }
         printf("\n  --set 'compile.attention=[");
         for (int i = 0; i < N; i++) {
             int end = i + 1 < N ? an[i + 1] - 1 : L - 1;
             printf("%s{layers: %d, kind: kascade, budget: %d}", i ? ", " : "", an[i], K);
-            if (end > an[i]) {
-                printf(", {layers: %d", an[i] + 1);
-                if (end > an[i] + 1)
-                    printf("-%d", end);
-                printf(", kind: kascade_reuse, anchor: %d}", an[i]);
-            }
+            if (end > an[i])
+                kplan_print_reuse(&k, an[i], an[i] + 1, end, same);
         }
         printf("]'\n");
         free(an);
+        free(sim);
     }
     free(pd);
     free(k.top);
     free(k.a);
-    free(k.sim);
-    free(k.worst);
+    free(k.self);
+    free(k.pair);
     free(k.order);
 }
 

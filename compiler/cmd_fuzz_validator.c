@@ -107,6 +107,9 @@ static void tiny_knobs(ModelDesc *m, int v)
     KvPolicy ada = snap;
     ada.adaptive = true, ada.alpha = 0.2;
     AttnSpec anchor = {.kind = ATTN_KASCADE, .budget = S / 4};
+    AttnSpec reuse = {.kind = ATTN_KASCADE_REUSE, .head_map = m->n_kv_heads > 1 && m->n_kv_heads <= ATTN_MAX_HEAD_MAP};
+    for (int h = 0; reuse.head_map && h < m->n_kv_heads; h++) /* kv heads read the anchor's in reverse */
+        reuse.heads[h] = (uint8_t)(m->n_kv_heads - 1 - h);
     m->kv_dtype = v == 2 || v == 5 || v == 8 ? DT_F16 : v == 6 ? DT_BF16 : DT_F32; /* half caches too */
     for (int l = 0; l < m->n_layers; l++) {
         bool odd = l % 2;
@@ -117,8 +120,9 @@ static void tiny_knobs(ModelDesc *m, int v)
         case 4: m->kv[l] = stream; break;
         case 5: odd ? (void)(m->kv[l] = tova) : (void)(m->attn[l] = sw); break;
         case 6: odd ? (void)(m->kv[l] = snap) : (void)(m->attn[l] = quest); break;
-        case 7: /* Kascade: even layers anchors, odd ones reuse the one before */
-            m->attn[l] = odd ? (AttnSpec){.kind = ATTN_KASCADE_REUSE, .anchor = l - 1} : anchor;
+        case 7: /* Kascade: even layers anchors, odd ones reuse the one before's rows, head map reversed */
+            m->attn[l] = odd ? reuse : anchor;
+            m->attn[l].anchor = odd ? l - 1 : 0;
             break;
         case 8: odd ? (void)(m->kv[l] = ada) : (void)(m->attn[l] = anchor); break;
         default: break;

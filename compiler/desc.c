@@ -98,7 +98,8 @@ static const char *const tok_keys[] = {"format", "path", NULL};
 static const char *const compile_keys[] = {"act_dtype", "kv_dtype", "quant", "attention", "kv_policy",
                                            "targets", "workers", "max_seq", "attn_combine", NULL};
 static const char *const quant_keys[] = {"default", "embed", "attn", "mlp", "lm_head", NULL};
-static const char *const attn_keys[] = {"layers", "kind", "sinks", "window", "page", "budget", "anchor", NULL};
+static const char *const attn_keys[] = {"layers", "kind", "sinks", "window", "page", "budget", "anchor",
+                                        "fraction", "heads", NULL};
 static const char *const kv_keys[] = {"layers", "policy", "budget", "sinks", "window", "pyramid", "adaptive", NULL};
 
 /* Enum spellings, in enum order. */
@@ -1421,10 +1422,70 @@ static int entry_read(Ctx *c, const DocNode *e, const char *list, const char *co
     return ok ? k : -1;
 }
 
+/* A kascade_reuse entry's `heads: [a_0, ..., a_{n_kv_heads-1}]`: kv head h
+ * reads the rows of the anchor's kv head a_h. An identity map is kept as
+ * none (head_map false), so that a description prints and reads back the
+ * same. */
+static bool desc_head_map(Ctx *c, const DocNode *n, int kind, AttnSpec *out)
+{
+    int nkv = c->m->n_kv_heads;
+    if (kind != ATTN_KASCADE_REUSE) {
+        ctx_error(c, n, "'heads' does not apply to attention '%s' (it maps a kascade_reuse layer's kv heads to "
+                  "its anchor's)", attn_kinds[kind]);
+        return false;
+    }
+    if (n->kind != DOC_SEQ) {
+        ctx_error(c, n, "expected a list of %d anchor kv heads for 'compile.attention.heads', found %s", nkv,
+                  doc_kind_name(n->kind));
+        return false;
+    }
+    if (nkv > ATTN_MAX_HEAD_MAP) {
+        ctx_error(c, n, "'heads' maps at most %d kv heads; the model has %d", ATTN_MAX_HEAD_MAP, nkv);
+        return false;
+    }
+    if (n->n != nkv) {
+        ctx_error(c, n, "'heads' lists %d anchor kv head%s; the model has %d kv heads (one for each)", n->n,
+                  n->n == 1 ? "" : "s", nkv);
+        return false;
+    }
+    bool ok = true, identity = true;
+    for (int h = 0; h < n->n; h++) {
+        int64_t v = 0;
+        ok &= node_int(c, n->items[h], "compile.attention.heads", 0, nkv - 1, &v);
+        out->heads[h] = (uint8_t)v;
+        identity &= v == h;
+    }
+    out->head_map = ok && !identity;
+    if (!out->head_map)
+        memset(out->heads, 0, sizeof out->heads);
+    return ok;
+}
+
+/* A kascade entry's `fraction: F` (0 < F <= 1): its anchors pick
+ * max(budget, ceil(F rows)) rows (Kascade's max(128, 10% of n)). */
+static bool desc_fraction(Ctx *c, const DocNode *n, int kind, AttnSpec *out)
+{
+    double f;
+    if (kind != ATTN_KASCADE) {
+        ctx_error(c, n, "'fraction' does not apply to attention '%s' (a kascade anchor's top-k grows with it)",
+                  attn_kinds[kind]);
+        return false;
+    }
+    if (!node_double(c, n, "compile.attention.fraction", &f))
+        return false;
+    if (!(f > 0.0 && f <= 1.0)) {
+        ctx_error(c, n, "kascade's fraction must be above 0 and at most 1 (an anchor picks the larger of its "
+                  "budget and this share of the rows), found %g", f);
+        return false;
+    }
+    out->fraction = f;
+    return true;
+}
+
 /* attention: [{layers: RANGE, kind: dense|sink_window|quest|kascade|
- * kascade_reuse, sinks, window, page, budget, anchor}, ...]; layers not
- * covered stay dense. A kascade_reuse layer's anchor is a kascade layer
- * before it. */
+ * kascade_reuse, sinks, window, page, budget, anchor, fraction, heads},
+ * ...]; layers not covered stay dense. A kascade_reuse layer's anchor is a
+ * kascade layer before it. */
 static void desc_attention(Ctx *c, const DocNode *l)
 {
     if (l->kind != DOC_SEQ) {
@@ -1437,8 +1498,18 @@ static void desc_attention(Ctx *c, const DocNode *l)
         int v[7] = {0};
         int k = entry_read(c, l->items[i], "attention", attn_keys, "kind", attn_kinds, attn_params, 5,
                            attn_kind_params, owner, v);
+        AttnSpec spec;
+        memset(&spec, 0, sizeof spec); /* padding too: layers compare by memcmp */
+        spec.kind = (AttnKind)k, spec.sinks = v[0], spec.window = v[1], spec.page = v[2], spec.budget = v[3];
+        spec.anchor = v[4];
+        const DocNode *hn = k >= 0 ? doc_get(l->items[i], "heads") : NULL;
+        const DocNode *fn = k >= 0 ? doc_get(l->items[i], "fraction") : NULL;
+        bool ok = !hn || desc_head_map(c, hn, k, &spec);
+        ok &= !fn || desc_fraction(c, fn, k, &spec); /* both reported */
+        if (!ok)
+            k = -1;
         for (int x = v[5]; k >= 0 && x <= v[6]; x++) {
-            c->m->attn[x] = (AttnSpec){(AttnKind)k, v[0], v[1], v[2], v[3], v[4]};
+            c->m->attn[x] = spec;
             at[x] = l->items[i];
         }
     }
@@ -1721,6 +1792,16 @@ static void check_knobs(Checker *k)
         if (a->kind == ATTN_KASCADE_REUSE && (a->anchor < 0 || a->anchor >= l ||
                                               m->attn[a->anchor].kind != ATTN_KASCADE))
             check_fail(k, -1, "layer %d: kascade_reuse's anchor (%d) must be an earlier kascade layer", l, a->anchor);
+        if (a->kind == ATTN_KASCADE ? !(a->fraction >= 0.0 && a->fraction <= 1.0) : a->fraction != 0.0)
+            check_fail(k, -1, "layer %d: a fraction is for kascade layers, between 0 and 1 (found %g)", l,
+                       a->fraction);
+        if (a->head_map && (a->kind != ATTN_KASCADE_REUSE || m->n_kv_heads > ATTN_MAX_HEAD_MAP))
+            check_fail(k, -1, "layer %d: a kv head map is for kascade_reuse layers of at most %d kv heads", l,
+                       ATTN_MAX_HEAD_MAP);
+        for (int h = 0; a->head_map && h < m->n_kv_heads && h < ATTN_MAX_HEAD_MAP; h++)
+            if (a->heads[h] >= m->n_kv_heads)
+                check_fail(k, -1, "layer %d: kv head %d reads the anchor's kv head %d; the model has %d", l, h,
+                           a->heads[h], m->n_kv_heads);
     }
 }
 
@@ -2161,7 +2242,12 @@ static void print_layers(const ModelDesc *m, FILE *out)
         fprintf(out, ", kind: %s", attn_kinds[s->kind]);
         print_params(out, attn_params, (const int[]){s->sinks, s->window, s->page, s->budget, s->anchor}, 5,
                      attn_kind_params[s->kind].allow);
-        fputs("}\n", out);
+        char buf[40];
+        if (s->fraction > 0.0)
+            fprintf(out, ", fraction: %s", double_str(buf, s->fraction));
+        for (int h = 0; s->head_map && h < m->n_kv_heads && h < ATTN_MAX_HEAD_MAP; h++)
+            fprintf(out, "%s%d", h ? ", " : ", heads: [", s->heads[h]);
+        fputs(s->head_map ? "]}\n" : "}\n", out);
     }
     fputs("  kv_policy:\n", out);
     for (int lo = 0, hi; lo < nl; lo = hi + 1) {

@@ -342,6 +342,8 @@ static uint32_t aux_buffer(const Schedule *s, const Inst *in, int i)
     char name[64] = "score";
     if (in->op == OP_ATTN_SPARSE && in->p[3] == SPARSE_QUEST)
         snprintf(name, sizeof name, "sel");
+    if (in->op == OP_ATTN_SPARSE && in->p[3] == SPARSE_ROWS)
+        snprintf(name, sizeof name, "kidx.0"); /* layer 0's rows, if it is an anchor */
     if (in->op == OP_ATTN_SPARSE && in->p[3] == SPARSE_SNAP) { /* the layer's snap, named as its kc is */
         uint32_t kc = s->accs[in->acc + 1].buf;
         const char *kn = kc < s->nbufs ? s->bufs[kc].name : "";
@@ -394,11 +396,11 @@ static bool mut_sparse_params(Schedule *s, FuzzRng *r)
         return true;
     }
     /* params worth changing: kv_store h cap; attn_sparse s nsplit kind b;
-     * quest_select page npages; kv_evict policy cap nsplit; kv_snap budget window safe; topk_select h k */
+     * quest_select page npages; kv_evict policy cap nsplit; kv_snap budget window safe; topk_select h k b ppm */
     static const int8_t pick[OP_COUNT][4] = {
         [OP_KV_STORE] = {0, 1, 1, 1}, [OP_ATTN_SPARSE] = {1, 2, 3, 5},
         [OP_QUEST_SELECT] = {1, 2, 2, 1}, [OP_KV_EVICT] = {0, 1, 4, 1}, [OP_KV_SNAP] = {0, 1, 2, 1},
-        [OP_TOPK_SELECT] = {0, 1, 1, 0}};
+        [OP_TOPK_SELECT] = {0, 1, 2, 3}};
     sparse_param_change(s, in, pick[in->op][fuzz_below(r, 4)], 1 + (int32_t)fuzz_below(r, 3));
     return true;
 }

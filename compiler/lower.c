@@ -311,11 +311,17 @@ static int layer_npages(const ModelDesc *m, int l)
     return (int)(np < 1 ? 1 : np > all ? all : np);
 }
 
-/* Rows a Kascade anchor layer l picks per kv head (its budget, at most
- * max_seq). */
-static int layer_topk(const ModelDesc *m, int l)
+/* The budget of Kascade anchor layer l (at most max_seq), and its list's
+ * length: the most rows it picks per kv head, at max_seq rows (ops.h,
+ * topk_rows). */
+static int layer_topk_budget(const ModelDesc *m, int l)
 {
     return m->attn[l].budget < m->max_seq ? m->attn[l].budget : m->max_seq;
+}
+
+static int layer_topk(const ModelDesc *m, int l)
+{
+    return (int)topk_rows(m->max_seq, layer_topk_budget(m, l), attn_topk_ppm(&m->attn[l]), m->max_seq);
 }
 
 static uint32_t lower_layer_buf(Lower *L, const char *what, int l)
@@ -402,7 +408,7 @@ static void lower_kv_write(Lower *L, int w, int l, int h)
         sched_op(L->s, w, OP_QUEST_SELECT, p, a);
     } else if (L->m->attn[l].kind == ATTN_KASCADE) {
         int k = layer_topk(L->m, l);
-        int32_t p[2] = {h, k};
+        int32_t p[4] = {h, k, layer_topk_budget(L->m, l), attn_topk_ppm(&L->m->attn[l])};
         Access a[4] = {acc_r(L->q, h * g * hd, (h + 1) * g * hd),
                        acc_pos(kc, ACC_R, affine_const(h * S * hd), (Affine){h * S * hd + hd, hd}),
                        acc_mode(L->topksc, ACC_W, h * (g + 1) * S, (h + 1) * (g + 1) * S),
@@ -455,8 +461,9 @@ static void lower_layer_attn(Lower *L, int w, int l, int h, int sp, int ns, bool
             p[3] = SPARSE_SINK_WINDOW, p[4] = all ? 0 : as->sinks, p[5] = all ? (int32_t)S : as->window;
         } else if (as->kind == ATTN_KASCADE || as->kind == ATTN_KASCADE_REUSE) {
             int src = as->kind == ATTN_KASCADE ? l : as->anchor, k = layer_topk(L->m, src);
-            p[3] = SPARSE_QUEST, p[4] = 1, p[5] = k; /* the anchor's rows as pages of one row */
-            a[4] = acc_r(lower_layer_buf(L, "kidx", src), h * (int64_t)k, (h + 1) * (int64_t)k);
+            int lh = as->kind == ATTN_KASCADE ? h : attn_list_head(as, h); /* the anchor's kv head it reads */
+            p[3] = SPARSE_ROWS, p[4] = lh, p[5] = k;
+            a[4] = acc_r(lower_layer_buf(L, "kidx", src), lh * (int64_t)k, (lh + 1) * (int64_t)k);
         } else {
             int np = layer_npages(L->m, l);
             p[3] = SPARSE_QUEST, p[4] = layer_page(L->m, l), p[5] = np;
@@ -973,18 +980,27 @@ static bool lower_check(const ModelDesc *m, int workers, Diag *d)
             ok = lower_fail(m, d, "%s (layer %lld): an evicting KV cache needs dense attention", "not supported", l);
         else if ((a->kind == ATTN_SINK_WINDOW && (a->sinks < 0 || a->window < 1)) ||
                  (a->kind == ATTN_QUEST && (a->page < 1 || a->budget < 1)) ||
-                 (a->kind == ATTN_KASCADE && a->budget < 1))
-            ok = lower_fail(m, d, "%s (layer %lld): sinks >= 0, window, page and budget >= 1",
+                 (a->kind == ATTN_KASCADE && (a->budget < 1 || !(a->fraction >= 0.0 && a->fraction <= 1.0))))
+            ok = lower_fail(m, d, "%s (layer %lld): sinks >= 0, window, page and budget >= 1, fraction in [0, 1]",
                             "bad sparse attention params", l);
         else if (a->kind == ATTN_KASCADE_REUSE &&
                  (a->anchor < 0 || a->anchor >= l || m->attn[a->anchor].kind != ATTN_KASCADE))
             ok = lower_fail(m, d, "%s (layer %lld): a kascade_reuse layer's anchor is an earlier kascade layer",
                             "bad sparse attention params", l);
-        else if ((kv->kind == KV_STREAMING && (kv->sinks < 0 || kv->window < 1)) ||
-                 ((kv->kind == KV_H2O || kv->kind == KV_TOVA) && kv->budget < 1) ||
-                 (kv->kind == KV_H2O && (kv->window < 0 || kv->window >= kv->budget)) ||
-                 (kv->kind == KV_SNAPKV && (kv->window < 1 || kv->window >= kv->budget)) ||
-                 (kv->adaptive && (kv->kind != KV_SNAPKV || !(kv->alpha >= 0.0 && kv->alpha <= 1.0))))
+        else if (a->head_map && (a->kind != ATTN_KASCADE_REUSE || m->n_kv_heads > ATTN_MAX_HEAD_MAP))
+            ok = lower_fail(m, d, "%s (layer %lld): a kv head map is for kascade_reuse layers",
+                            "bad sparse attention params", l);
+        for (int h = 0; ok && a->head_map && h < m->n_kv_heads; h++)
+            if (a->heads[h] >= m->n_kv_heads)
+                ok = lower_fail(m, d, "%s (layer %lld): the kv head map names a kv head past the model's",
+                                "bad sparse attention params", l);
+        if (!ok)
+            break;
+        if ((kv->kind == KV_STREAMING && (kv->sinks < 0 || kv->window < 1)) ||
+            ((kv->kind == KV_H2O || kv->kind == KV_TOVA) && kv->budget < 1) ||
+            (kv->kind == KV_H2O && (kv->window < 0 || kv->window >= kv->budget)) ||
+            (kv->kind == KV_SNAPKV && (kv->window < 1 || kv->window >= kv->budget)) ||
+            (kv->adaptive && (kv->kind != KV_SNAPKV || !(kv->alpha >= 0.0 && kv->alpha <= 1.0))))
             ok = lower_fail(m, d,
                             "%s (layer %lld): sinks >= 0, window >= 1 (h2o: 0 <= window < budget; snapkv: 1 <= "
                             "window < budget, adaptive in [0, 1]), budget >= 1",

@@ -70,16 +70,35 @@ typedef struct {
 } QuantSpec;
 
 /* ATTN_KASCADE: an anchor layer (Kascade, arXiv 2512.16391) picks `budget`
- * rows per kv head by its exact attention and attends over them (layer 0:
- * over all); ATTN_KASCADE_REUSE attends over the rows its `anchor` layer
- * picked at the same step (ir/ops.h, TOPK_SELECT). */
+ * rows per kv head by its exact attention, or `fraction` of the rows when
+ * that is more (0: a fixed budget), and attends over them (layer 0: over
+ * all); ATTN_KASCADE_REUSE attends over the rows its `anchor` layer
+ * picked at the same step (ir/ops.h, TOPK_SELECT): kv head h over those
+ * of the anchor's kv head heads[h] (the paper's head mapping; the same
+ * index unless the description maps them). */
 typedef enum { ATTN_DENSE, ATTN_SINK_WINDOW, ATTN_QUEST, ATTN_KASCADE, ATTN_KASCADE_REUSE } AttnKind;
 typedef enum { KV_FULL, KV_STREAMING, KV_H2O, KV_TOVA, KV_SNAPKV } KvPolicyKind;
+#define ATTN_MAX_HEAD_MAP 64    /* kv heads a kascade_reuse layer's `heads` map can name */
 typedef struct {
     AttnKind kind;
     int sinks, window, page, budget;    /* meaning depends on kind */
     int anchor;                         /* kascade_reuse: the anchor layer */
+    double fraction;                    /* kascade: 0, or the share of the rows picked past budget (0, 1] */
+    bool head_map;                      /* kascade_reuse: heads[] maps kv heads (false: identity, heads[] 0) */
+    uint8_t heads[ATTN_MAX_HEAD_MAP];   /* the anchor's kv head each kv head reads the rows of */
 } AttnSpec;
+
+/* A kascade layer's fraction in millionths (TOPK_SELECT's ppm). */
+static inline int attn_topk_ppm(const AttnSpec *a)
+{
+    return (int)(a->fraction * 1e6 + 0.5);
+}
+
+/* The anchor kv head whose rows kv head h of a kascade_reuse layer reads. */
+static inline int attn_list_head(const AttnSpec *a, int h)
+{
+    return a->head_map && h < ATTN_MAX_HEAD_MAP ? a->heads[h] : h;
+}
 typedef struct {
     KvPolicyKind kind;
     int budget, sinks, window;

@@ -240,10 +240,16 @@ static double *ref_vec(int n)
     return xcalloc((size_t)n, sizeof(double));
 }
 
-/* Rows a Kascade anchor layer l picks per kv head (at most max_seq). */
-static int ref_topk(const ModelDesc *m, int l)
+/* The most rows a Kascade anchor layer l picks per kv head (its list's
+ * length: ops.h, topk_rows at max_seq rows), and its budget. */
+static int ref_topk_budget(const ModelDesc *m, int l)
 {
     return m->attn[l].budget < m->max_seq ? m->attn[l].budget : m->max_seq;
+}
+
+static int ref_topk(const ModelDesc *m, int l)
+{
+    return (int)topk_rows(m->max_seq, ref_topk_budget(m, l), attn_topk_ppm(&m->attn[l]), m->max_seq);
 }
 
 RefState *ref_new(const Weights *w)
@@ -431,9 +437,10 @@ static int ref_layer_rows(RefState *s, int l, int h, int pos, int *rows)
         n = ref_quest_rows(s, l, h, pos, rows);
     } else if ((a->kind == ATTN_KASCADE && l > 0) || a->kind == ATTN_KASCADE_REUSE) {
         int src = a->kind == ATTN_KASCADE ? l : a->anchor, k = ref_topk(m, src);
+        const int *list = s->kidx[src] + (size_t)(a->kind == ATTN_KASCADE ? h : attn_list_head(a, h)) * k;
         for (int i = 0; i < k; i++)
-            if (s->kidx[src][(size_t)h * k + i] >= 0)
-                rows[n++] = s->kidx[src][(size_t)h * k + i];
+            if (list[i] >= 0)
+                rows[n++] = list[i];
     } else {
         for (int t = 0; t <= pos; t++)
             rows[n++] = t;
@@ -604,8 +611,10 @@ static void ref_snap_compress(RefState *s, int l, int pos)
 }
 
 /* Kascade's anchor layer l at pos (ir/ops.h, TOPK_SELECT): kv head h's
- * rows are pos and the k - 1 others of largest attention summed over its
- * q heads (ties: the lower row), ascending, -1 padded. */
+ * rows are pos and the n - 1 others of largest attention summed over its
+ * q heads (ties: the lower row), ascending, -1 padded to the list's
+ * length k; n is the budget, or the fraction of the pos + 1 rows when that
+ * is more, at most k. */
 static void ref_kascade_select(RefState *s, int l, int pos)
 {
     const ModelDesc *m = s->m;
@@ -626,7 +635,7 @@ static void ref_kascade_select(RefState *s, int l, int pos)
         for (int t = 0; t < pos; t++)
             r[t] = (RefRank){p[t], 0, t};
         qsort(r, (size_t)pos, sizeof *r, ref_rank_cmp);
-        int keep = k - 1 < pos ? k - 1 : pos;
+        int keep = (int)topk_rows(k, ref_topk_budget(m, l), attn_topk_ppm(&m->attn[l]), pos + 1) - 1;
         for (int t = 0; t < pos; t++)
             lg[t] = 0;
         for (int i = 0; i < keep; i++)

@@ -305,18 +305,23 @@ static bool fp_attn_sparse(Fp *f)
     case SPARSE_SINK_WINDOW:
     case SPARSE_QUEST:
     case SPARSE_SNAP:
+    case SPARSE_ROWS:
         if (kind == SPARSE_SINK_WINDOW && (a < 0 || b <= 0))
             return fp_fail(f, "attn_sparse sink_window needs sinks >= 0 and window > 0");
         if (kind == SPARSE_QUEST && (a <= 0 || b <= 0 || a > S))
             return fp_fail(f, "attn_sparse quest needs 0 < page <= max_seq and npages > 0");
         if (kind == SPARSE_SNAP && (a <= 0 || a > S || b != 0))
             return fp_fail(f, "attn_sparse snap needs 0 < list capacity <= max_seq and b 0");
+        if (kind == SPARSE_ROWS && (a < 0 || a >= m->n_kv_heads || b <= 0 || b > S))
+            return fp_fail(f, "attn_sparse rows needs 0 <= list head < kv_heads and 0 < length <= max_seq");
         fp_set(f, 1, ACC_R, affine_const(h * S * hd), (Affine){h * S * hd + hd, hd});
         fp_set(f, 2, ACC_R, affine_const(h * S * hd), (Affine){h * S * hd + hd, hd});
         if (kind == SPARSE_QUEST)
             fp_const(f, 4, ACC_R, h * b, (h + 1) * b);
         else if (kind == SPARSE_SNAP)
             fp_const(f, 4, ACC_R, h * (a + 2), (h + 1) * (a + 2));
+        else if (kind == SPARSE_ROWS)
+            fp_const(f, 4, ACC_R, a * b, (a + 1) * b);
         else
             fp_absent(f, 4);
         return true;
@@ -356,12 +361,12 @@ static bool fp_quest_select(Fp *f)
 static bool fp_topk_select(Fp *f)
 {
     const ModelShape *m = &f->s->shape;
-    int64_t h = f->in->p[0], k = f->in->p[1];
+    int64_t h = f->in->p[0], k = f->in->p[1], b = f->in->p[2], ppm = f->in->p[3];
     int64_t hd = m->head_dim, g = m->n_heads / m->n_kv_heads, S = m->max_seq;
     if (h < 0 || h >= m->n_kv_heads)
         return fp_fail(f, "topk_select needs 0 <= h < kv_heads");
-    if (k <= 0 || k > S)
-        return fp_fail(f, "topk_select needs 0 < k <= max_seq");
+    if (k <= 0 || k > S || b <= 0 || b > k || ppm < 0 || ppm > 1000000)
+        return fp_fail(f, "topk_select needs 0 < b <= k <= max_seq and 0 <= ppm <= 10^6");
     fp_const(f, 0, ACC_R, h * g * hd, (h + 1) * g * hd);
     fp_set(f, 1, ACC_R, affine_const(h * S * hd), (Affine){h * S * hd + hd, hd});
     fp_const(f, 2, ACC_W, h * (g + 1) * S, (h + 1) * (g + 1) * S);
@@ -465,7 +470,7 @@ DType op_operand_dtype(const Inst *in, int i)
     case OP_EMBED: return i == 0 ? DT_I32 : DT_F32;
     case OP_ARGMAX_COMBINE: return i == 1 ? DT_I32 : DT_F32;
     case OP_KV_STORE: return i == 4 ? DT_I32 : DT_F32;
-    case OP_ATTN_SPARSE: return i == 4 && (in->p[3] == SPARSE_QUEST || in->p[3] == SPARSE_SNAP) ? DT_I32 : DT_F32;
+    case OP_ATTN_SPARSE: return i == 4 && sparse_reads_list(in->p[3]) ? DT_I32 : DT_F32;
     case OP_QUEST_SELECT: return i == 3 ? DT_I32 : DT_F32;
     case OP_KV_EVICT: return i == 1 ? DT_I32 : DT_F32;
     case OP_KV_SNAP: case OP_TOPK_SELECT: return i == 3 ? DT_I32 : DT_F32;
@@ -488,7 +493,7 @@ int64_t op_operand_nelem(const Schedule *s, const Inst *in, int i)
     case OP_ATTN_SPARSE:
         if (i == 1 || i == 2)
             return in->p[3] == SPARSE_SLOTS ? (int64_t)m->n_kv_heads * in->p[4] * hd : cache;
-        return 0;
+        return i == 4 && in->p[3] == SPARSE_ROWS ? (int64_t)m->n_kv_heads * in->p[5] : 0;
     case OP_QUEST_SELECT:
         if (i == 1)
             return cache;
@@ -519,7 +524,7 @@ bool op_operand_needed(const Inst *in, int i)
     if (in->op == OP_ATTN && i == 4)
         return in->p[4] == 1;
     if (in->op == OP_ATTN_SPARSE && i == 4)
-        return in->p[3] == SPARSE_QUEST || in->p[3] == SPARSE_SNAP || (in->p[3] == SPARSE_SLOTS && in->p[5] == 1);
+        return sparse_reads_list(in->p[3]) || (in->p[3] == SPARSE_SLOTS && in->p[5] == 1);
     if (in->op == OP_KV_EVICT && i == 0)
         return in->p[0] != KV_POLICY_STREAMING;
     if (in->op == OP_KV_EVICT && i == 2)

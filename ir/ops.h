@@ -52,7 +52,7 @@
       "slot = meta[h][cap] (0 at pos 0, which also empties meta); kc/vc[h][slot] = k/v "    \
       "of head h; meta[h][slot] = pos")                                                     \
     X(ATTN_SPARSE, "attn_sparse", "q kc vc part aux?", "h s nsplit kind a b",               \
-      "attn partials of split s over the rows `kind` selects (sink_window, quest, slots)")  \
+      "attn partials of split s over the rows `kind` selects (sink_window, quest, slots, snap, rows)")  \
     X(QUEST_SELECT, "quest_select", "q kc bounds sel", "h page npages",                     \
       "bounds of page pos/page from kc; sel[h] = that page + the top npages-1 by bound")    \
     X(KV_EVICT, "kv_evict", "score? meta acc?", "policy cap sinks window nsplit",           \
@@ -60,9 +60,9 @@
     X(KV_SNAP, "kv_snap", "q kc qwin snap sc", "budget window safe",                        \
       "every kv head: at the prompt's last step, keep `budget` rows by the last `window` "  \
       "queries' attention (SnapKV; Ada-KV's pooled budget when safe < budget)")               \
-    X(TOPK_SELECT, "topk_select", "q kc sc sel", "h k",                                     \
-      "sel[h] = pos and the k-1 rows < pos of most attention from kv head h's q heads "     \
-      "(Kascade's anchors)")
+    X(TOPK_SELECT, "topk_select", "q kc sc sel", "h k b ppm",                               \
+      "sel[h] = pos and the rows < pos of most attention from kv head h's q heads, "        \
+      "topk_rows(k, b, ppm, pos+1) in all (Kascade's anchors)")
 
 typedef enum {
 #define X(n, s, o, p, m) OP_##n,
@@ -88,6 +88,12 @@ typedef enum {
  *                       b = 0; kc/vc [n_kv_heads][S][hd]; aux = snap
  *                       (i32 [n_kv_heads][a + 2], read): the rows alive
  *                       at pos (SnapKV state, below)
+ *   SPARSE_ROWS         a = the kv head whose list is read (0 <= a <
+ *                       n_kv_heads), b = the list's length; kc/vc
+ *                       [n_kv_heads][S][hd]; aux = sel (i32
+ *                       [n_kv_heads][b], read): the rows sel[a][j] >= 0
+ *                       (Kascade's top-k lists, TOPK_SELECT; a reuse
+ *                       layer's kv head h may read another head's)
  * The selected rows, run after run, are cut into blocks of
  * SPARSE_BLOCK and split as ATTN's rows are (below). Partials are laid
  * out as for ATTN (an empty split leaves zeros, -inf, 0).
@@ -167,14 +173,17 @@ typedef enum {
  * every row t <= pos of kc[h] gets
  *   p[t] = sum over the kv head's q heads g of softmax_g(t),
  * softmax_g over the rows [0, pos] of q_g . k_t / sqrt(hd) (q as it is:
- * rotated before); sel[h][0:k] (i32, [n_kv_heads][k]) = the min(k, pos+1)
- * rows made of pos and the others t < pos of largest p (ties: the lower
- * row), ascending, padded with -1. sc (f32, class scratch)
- * [n_kv_heads][G + 1][S] is the op's scratch (kv head h's part only,
- * written before it is read).
+ * rotated before); sel[h][0:k] (i32, [n_kv_heads][k]) = the
+ * n = topk_rows(k, b, ppm, pos + 1) rows made of pos and the n - 1 others
+ * t < pos of largest p (ties: the lower row), ascending, padded with -1:
+ * b rows, or ppm millionths of the rows when that is more (Kascade's
+ * max(128, 10% of n)), never more than k (the list's length) or pos + 1.
+ * sc (f32, class scratch) [n_kv_heads][G + 1][S] is the op's scratch (kv
+ * head h's part only, written before it is read).
  * Layers that attend over such a list (the anchor's own, and Kascade's
- * reuse layers, which read an anchor's) use ATTN_SPARSE's SPARSE_QUEST
- * with a page of 1 row and b = k.
+ * reuse layers, which read an anchor's) use ATTN_SPARSE's SPARSE_ROWS
+ * with b = k: the anchor's kv head h its own list (a = h), a reuse layer's
+ * kv head h the list of the anchor's kv head its head map names.
  *
  * Quest page bounds (QUEST_SELECT): bounds (f32, class state)
  * [n_kv_heads][ceil(S/page)][2][hd] = the elementwise min and max of the k
@@ -184,9 +193,23 @@ typedef enum {
  * max(q_g[i]*min_j[i], q_g[i]*max_j[i]); sel[h] holds page c, then the
  * npages-1 other pages of largest U (ties: lower page first), in
  * ascending page order, padded with -1. */
-enum { SPARSE_SINK_WINDOW, SPARSE_QUEST, SPARSE_SLOTS, SPARSE_SNAP, SPARSE_KIND_COUNT };
+enum { SPARSE_SINK_WINDOW, SPARSE_QUEST, SPARSE_SLOTS, SPARSE_SNAP, SPARSE_ROWS, SPARSE_KIND_COUNT };
+/* Whether ATTN_SPARSE of this kind reads an i32 list of rows or pages as aux. */
+static inline bool sparse_reads_list(long long kind)
+{
+    return kind == SPARSE_QUEST || kind == SPARSE_SNAP || kind == SPARSE_ROWS;
+}
 enum { KV_POLICY_STREAMING, KV_POLICY_H2O, KV_POLICY_TOVA, KV_POLICY_COUNT };
 #define SPARSE_BLOCK 32
+
+/* Rows TOPK_SELECT picks among n (above): the larger of b and
+ * ceil(n ppm / 10^6), at most k and n. */
+static inline long long topk_rows(long long k, long long b, long long ppm, long long n)
+{
+    long long share = (n * ppm + 999999) / 1000000, r = share > b ? share : b;
+    r = r < k ? r : k;
+    return r < n ? r : n;
+}
 
 /* The most rows a SnapKV head keeps in its list (above): C with flat
  * budgets (safe >= C); pooled, a head may take up to the whole layer's

@@ -44,13 +44,27 @@ static inline double harness_topk_level(int t)
     return (double)((t * 37) % 23) * 0.05;
 }
 
+/* topk_select's params in those tests: a list of k, b rows or ppm
+ * millionths of the rows when that is more. */
+typedef struct {
+    int k, b, ppm;
+} HarnessTopk;
+static const HarnessTopk harness_topks[] = {{1, 1, 0}, {5, 5, 0}, {40, 40, 0}, {40, 3, 150000}, {12, 4, 100000}};
+#define HARNESS_NTOPK ((int)(sizeof harness_topks / sizeof harness_topks[0]))
+
 /* What topk_select picks at pos on those rows (ir/ops.h): pos and the
- * k - 1 others of highest level (ties: the lower row), ascending, -1 after. */
-static inline void harness_topk_want(int pos, int k, int *want)
+ * others of highest level (ties: the lower row), as many as the larger of
+ * b and ceil((pos + 1) ppm / 10^6) in all, at most k and pos + 1;
+ * ascending, -1 after. Counted here, not with ops.h's topk_rows. */
+static inline void harness_topk_want(int pos, HarnessTopk c, int *want)
 {
     bool taken[pos + 1];
     memset(taken, 0, sizeof taken);
-    int keep = k - 1 < pos ? k - 1 : pos, n = 0;
+    int rows = c.b, k = c.k, n = 0;
+    while ((long long)rows * 1000000 < (long long)(pos + 1) * c.ppm) /* the fraction's rows, rounded up */
+        rows++;
+    rows = rows < k ? rows : k;
+    int keep = rows - 1 < pos ? rows - 1 : pos;
     for (int r = 0; r < keep; r++) {
         int best = -1;
         for (int t = 0; t < pos; t++)

@@ -559,13 +559,20 @@ Test(cli, eval_kv_plans_kascade_anchors)
     cr_assert_eq(megac(d, "eval-kv default --tokens 96 --plan-kascade 1 --budget 16", out, sizeof out), 0, "%s",
                  out);
     cr_assert(strstr(out, "  anchors 0: the layers keep ") && strstr(out, "layer:recall 0*:1.000 1:"), "%s", out);
+    double mapped = atof(strstr(out, "layer:recall 0*:1.000 1:") + strlen("layer:recall 0*:1.000 1:"));
     const char *set = strstr(out, "--set '");
     cr_assert(set && strstr(set, "{layers: 0, kind: kascade, budget: 16}, {layers: 1, kind: kascade_reuse, "
-                                 "anchor: 0}]'"), "%s", out);
+                                 "anchor: 0"), "%s", out);
     int len = (int)(strchr(set + 7, '\'') - set) + 1;
     snprintf(args, sizeof args, "eval-kv default --tokens 96 %.*s", len, set);
     cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
     cr_assert(eval_kv_kl(out) > 0, "16 rows of 96: not dense: %s", out);
+    /* each kv head the anchor's that serves it best, or the same index: never better */
+    cr_assert_eq(megac(d, "eval-kv default --tokens 96 --plan-kascade 1 --budget 16 --same-heads", out, sizeof out),
+                 0, "%s", out);
+    cr_assert(strstr(out, "reading the anchor's of its index") && !strstr(out, "heads: ["), "%s", out);
+    double same = atof(strstr(out, "layer:recall 0*:1.000 1:") + strlen("layer:recall 0*:1.000 1:"));
+    cr_assert(same > 0 && same <= mapped, "the same heads keep %g, the mapped ones %g", same, mapped);
     cr_assert_eq(megac(d, "eval-kv default --tokens 96 --plan-kascade 2 --budget 16", out, sizeof out), 0, "%s",
                  out);
     cr_assert(strstr(out, "  anchors 0, 1: ") && !strstr(out, "kascade_reuse"), "%s", out);

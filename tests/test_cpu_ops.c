@@ -1675,10 +1675,11 @@ static int64_t evict_score_index(int qh, int t, int n, int cap, int ns)
     return at;
 }
 
-enum { SPV_ONE_RUN, SPV_SINKS_WINDOW, SPV_ALL_SINKS, SPV_QUEST16, SPV_QUEST7, SPV_SLOTS, SPV_COUNT };
+enum { SPV_ONE_RUN, SPV_SINKS_WINDOW, SPV_ALL_SINKS, SPV_QUEST16, SPV_QUEST7, SPV_SLOTS, SPV_ROWS, SPV_COUNT };
 
 /* Every attn_sparse that selects all rows gives OP_ATTN's partials (block
- * 32) bit for bit, with 1 and 3 splits; slots also write their scores. */
+ * 32) bit for bit, with 1 and 3 splits; slots also write their scores;
+ * rows read the next kv head's list (of every row). */
 Test(cpu_ops, attn_sparse_all_rows_is_attn)
 {
     Schedule *s = sched_new("sparse_all", "cpu", 2);
@@ -1686,9 +1687,11 @@ Test(cpu_ops, attn_sparse_all_rows_is_attn)
     uint32_t q = add_buf(s, "q", BUF_SCRATCH, SP_NH * SP_HD);
     uint32_t kc = add_buf(s, "kc", BUF_KV, SP_NKV * SP_SEQ * SP_HD), vc = add_buf(s, "vc", BUF_KV, SP_NKV * SP_SEQ * SP_HD);
     uint32_t sel16 = add_i32(s, "sel16", BUF_STATE, SP_NKV * 10), sel7 = add_i32(s, "sel7", BUF_STATE, SP_NKV * 23);
+    uint32_t list = add_i32(s, "list", BUF_STATE, SP_NKV * SP_SEQ);
     const int32_t kinds[SPV_COUNT][3] = {{SPARSE_SINK_WINDOW, 0, SP_SEQ}, {SPARSE_SINK_WINDOW, 40, 200},
                                          {SPARSE_SINK_WINDOW, SP_SEQ, 1},  {SPARSE_QUEST, 16, 10},
-                                         {SPARSE_QUEST, 7, 23},            {SPARSE_SLOTS, SP_SEQ, 0}};
+                                         {SPARSE_QUEST, 7, 23},            {SPARSE_SLOTS, SP_SEQ, 0},
+                                         {SPARSE_ROWS, 0, SP_SEQ}};
     const int nsplits[2] = {1, 3};
     uint32_t pa[2], ps[2][SPV_COUNT];
     int w = 0;
@@ -1706,12 +1709,13 @@ Test(cpu_ops, attn_sparse_all_rows_is_attn)
             snprintf(name, sizeof name, "ps%d_%d", ns, v);
             ps[i][v] = add_buf(s, name, BUF_SCRATCH, SP_NKV * ns * SP_PE);
             int32_t kind = kinds[v][0], b = kinds[v][2];
-            uint32_t aux = v == SPV_QUEST16 ? sel16 : v == SPV_QUEST7 ? sel7 : BUF_NONE;
+            uint32_t aux = v == SPV_QUEST16 ? sel16 : v == SPV_QUEST7 ? sel7 : v == SPV_ROWS ? list : BUF_NONE;
             if (v == SPV_SLOTS)
                 b = 1, aux = score;
             for (int h = 0; h < SP_NKV; h++)
                 for (int sp = 0; sp < ns; sp++)
-                    add_op(s, (w++) % 2, OP_ATTN_SPARSE, (int32_t[]){h, sp, ns, kind, kinds[v][1], b},
+                    add_op(s, (w++) % 2, OP_ATTN_SPARSE,
+                           (int32_t[]){h, sp, ns, kind, v == SPV_ROWS ? (h + 1) % SP_NKV : kinds[v][1], b},
                            (uint32_t[]){q, kc, vc, ps[i][v], aux});
         }
     }
@@ -1722,6 +1726,8 @@ Test(cpu_ops, attn_sparse_all_rows_is_attn)
             ibuf(&k, sel16)[h * 10 + j] = j;
         for (int j = 0; j < 23; j++)
             ibuf(&k, sel7)[h * 23 + j] = j;
+        for (int j = 0; j < SP_SEQ; j++)
+            ibuf(&k, list)[h * SP_SEQ + j] = j;
     }
     const int64_t positions[] = {0, 5, 31, 32, 70, 100, SP_SEQ - 1};
     for (int pi = 0; pi < 7; pi++) {
@@ -2138,20 +2144,20 @@ Test(cpu_ops, quest_select_pages)
 /* ---- topk_select ---- */
 
 /* Kascade's top-k rows (ops.h) on the rows of harness_topk_level, at every
- * position for k = 1, 5 and 40. */
+ * position, for fixed k of 1, 5 and 40 and two growing with the rows. */
 Test(cpu_ops, topk_select_rows)
 {
-    static const int ks[3] = {1, 5, 40};
     Schedule *s = sched_new("topk", "cpu", 2);
     s->shape = sp_shape();
     uint32_t q = add_buf(s, "q", BUF_SCRATCH, SP_NH * SP_HD), kc = add_buf(s, "kc", BUF_KV, SP_NKV * SP_SEQ * SP_HD);
-    uint32_t sc = add_buf(s, "topksc", BUF_SCRATCH, (SP_NH + SP_NKV) * SP_SEQ), sel[3];
-    for (int i = 0; i < 3; i++) {
+    uint32_t sc = add_buf(s, "topksc", BUF_SCRATCH, (SP_NH + SP_NKV) * SP_SEQ), sel[HARNESS_NTOPK];
+    for (int i = 0; i < HARNESS_NTOPK; i++) {
+        HarnessTopk c = harness_topks[i];
         char name[16];
-        snprintf(name, sizeof name, "kidx%d", ks[i]);
-        sel[i] = add_i32(s, name, BUF_STATE, SP_NKV * ks[i]);
+        snprintf(name, sizeof name, "kidx%d", i);
+        sel[i] = add_i32(s, name, BUF_STATE, SP_NKV * c.k);
         for (int h = 0; h < SP_NKV; h++)
-            add_op(s, h, OP_TOPK_SELECT, (int32_t[]){h, ks[i]}, (uint32_t[]){q, kc, sc, sel[i]});
+            add_op(s, h, OP_TOPK_SELECT, (int32_t[]){h, c.k, c.b, c.ppm}, (uint32_t[]){q, kc, sc, sel[i]});
     }
     Kern k;
     kern_build(&k, s);
@@ -2165,13 +2171,13 @@ Test(cpu_ops, topk_select_rows)
     for (int64_t pos = 0; pos < SP_SEQ; pos++) {
         kern_step(&k, pos, 0);
         cr_assert_eq(k.abort_info.flag, 0);
-        for (int i = 0; i < 3; i++) {
-            int want[40];
-            harness_topk_want((int)pos, ks[i], want);
+        for (int i = 0; i < HARNESS_NTOPK; i++) {
+            int want[40], kk = harness_topks[i].k;
+            harness_topk_want((int)pos, harness_topks[i], want);
             for (int h = 0; h < SP_NKV; h++) {
-                const int32_t *got = ibuf(&k, sel[i]) + h * ks[i];
-                for (int j = 0; j < ks[i]; j++)
-                    cr_assert_eq(got[j], want[j], "pos %ld h%d k %d: sel[%d] = %d, want %d", (long)pos, h, ks[i], j,
+                const int32_t *got = ibuf(&k, sel[i]) + h * kk;
+                for (int j = 0; j < kk; j++)
+                    cr_assert_eq(got[j], want[j], "pos %ld h%d case %d: sel[%d] = %d, want %d", (long)pos, h, i, j,
                                  got[j], want[j]);
             }
         }

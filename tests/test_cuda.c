@@ -270,13 +270,15 @@ static Schedule *test_sparse_schedule(const char *target, ModelShape sh, int cap
     for (int h = 0; h < nkv; h++) {
         test_op(s, OP_KV_STORE, (int32_t[]){h, cap}, (uint32_t[]){k, v, ks, vs, meta});
         test_op(s, OP_QUEST_SELECT, (int32_t[]){h, page, np}, (uint32_t[]){q, kc, bounds, sel});
-        test_op(s, OP_TOPK_SELECT, (int32_t[]){h, np}, (uint32_t[]){q, kc, topksc, kidx});
+        test_op(s, OP_TOPK_SELECT, (int32_t[]){h, np, 1, 250000}, (uint32_t[]){q, kc, topksc, kidx});
         test_op(s, OP_ATTN, (int32_t[]){h, 0, 2, 32, 0}, (uint32_t[]){q, kc, vc, part, BUF_NONE});
         test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 1, 2, SPARSE_SINK_WINDOW, 4, 64},
                 (uint32_t[]){q, kc, vc, part, BUF_NONE});
         test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 0, 2, SPARSE_QUEST, page, np}, (uint32_t[]){q, kc, vc, part, sel});
         test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 1, 2, SPARSE_SLOTS, cap, 1}, (uint32_t[]){q, ks, vs, part, score});
         test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 1, 2, SPARSE_SNAP, cap, 0}, (uint32_t[]){q, kc, vc, part, snap});
+        test_op(s, OP_ATTN_SPARSE, (int32_t[]){h, 0, 2, SPARSE_ROWS, (int32_t)((h + 1) % nkv), np},
+                (uint32_t[]){q, kc, vc, part, kidx});
         test_op(s, OP_ATTN_COMBINE, (int32_t[]){h, 2, 1}, (uint32_t[]){part, out});
     }
     test_op(s, OP_ATTN_COMBINE, (int32_t[]){0, 2, (int32_t)nkv}, (uint32_t[]){part, out});
@@ -1345,6 +1347,10 @@ static int sp_rows(int kind, int a, int b, const int *sel, int pos, int *rows)
         for (int j = 0; j < b; j++)
             for (int t = sel[j] * a; sel[j] >= 0 && t < (sel[j] + 1) * a && t <= pos; t++)
                 rows[n++] = t;
+    } else if (kind == SPARSE_ROWS) { /* sel: kv head a's list */
+        for (int j = 0; j < b; j++)
+            if (sel[j] >= 0 && sel[j] <= pos)
+                rows[n++] = sel[j];
     } else {
         for (int t = 0; t <= pos && t < a; t++)
             rows[n++] = t;
@@ -1383,6 +1389,10 @@ typedef struct {
     uint32_t kc, vc, part, aux;
 } SpCase;
 
+/* The row lists of sp_rows_check's rows cases, [SP_NKV][SP_NR]. */
+enum { SP_NR = 7 };
+static const int sp_listv[SP_NKV * SP_NR] = {0, 5, 6, 7, 33, 90, -1, 2, 3, 64, 65, 66, 120, 249};
+
 /* Each split's partial against a double attention over exactly its rows
  * (the entries of its blocks of 32 in the kind's row list, ir/ops.h): m, l, o/l, or
  * zeros, -inf, 0 when empty; the splits merged in the test against one
@@ -1395,7 +1405,8 @@ static void sp_case_check(HostKernel *k, const SpCase *c, uint32_t qb, const int
     int rows[SP_S], srows[SP_S];
     double m, l, o[SP_HD];
     for (int h = 0; h < SP_NKV; h++) {
-        int n = sp_rows(c->kind, c->a, c->b, sel ? sel + h * c->b : NULL, pos, rows);
+        const int *hs = c->kind == SPARSE_ROWS ? sp_listv + c->a * c->b : sel ? sel + h * c->b : NULL;
+        int n = sp_rows(c->kind, c->a, c->b, hs, pos, rows);
         for (int g = 0; g < SP_G; g++) {
             const float *qh = q + (h * SP_G + g) * SP_HD;
             double M = -INFINITY, L = 0, O[SP_HD] = {0};
@@ -1446,7 +1457,8 @@ static void sp_case_check(HostKernel *k, const SpCase *c, uint32_t qb, const int
  * rows ops.h says: sink_window (the runs apart, adjacent, and inside the
  * sinks), Quest with a hand-written sel (gaps, adjacent pages, -1, a page
  * past pos, a partial page), slots below and at the cap (with scores =
- * q.k/sqrt(hd) for the rows read, the rest untouched, and without). */
+ * q.k/sqrt(hd) for the rows read, the rest untouched, and without), and
+ * lists of rows, every kv head reading kv head a's (-1, rows past pos). */
 static void sp_rows_check(bool wide)
 {
     Schedule *s = sched_new("sparse-rows", "host-cuda", 1);
@@ -1461,11 +1473,13 @@ static void sp_rows_check(bool wide)
     uint32_t sel = test_buf(s, "sel", DT_I32, BUF_SCRATCH, SP_NKV, NPG, 0);
     uint32_t score = test_buf(s, "score", DT_F32, BUF_SCRATCH, SP_NH, sparse_score_rows(CAP, 1), 0);
     uint32_t score2 = test_buf(s, "score2", DT_F32, BUF_SCRATCH, SP_NH, 2 * sparse_score_rows(CAP, 2), 0);
+    uint32_t list = test_buf(s, "list", DT_I32, BUF_SCRATCH, SP_NKV, SP_NR, 0);
     SpCase cs[] = {
         {SPARSE_SINK_WINDOW, 5, 60, 2, kc, vc, 0, BUF_NONE}, {SPARSE_SINK_WINDOW, 3, 7, 1, kc, vc, 0, BUF_NONE},
         {SPARSE_QUEST, 8, NPG, 3, kc, vc, 0, sel},          {SPARSE_QUEST, 8, NPG, 1, kc, vc, 0, sel},
         {SPARSE_SLOTS, CAP, 1, 1, ks, vs, 0, score},        {SPARSE_SLOTS, CAP, 0, 2, ks, vs, 0, BUF_NONE},
         {SPARSE_SINK_WINDOW, 10, 200, 1, kc, vc, 0, BUF_NONE}, {SPARSE_SLOTS, CAP, 1, 2, ks, vs, 0, score2},
+        {SPARSE_ROWS, 1, SP_NR, 2, kc, vc, 0, list},        {SPARSE_ROWS, 0, SP_NR, 1, kc, vc, 0, list},
     };
     enum { NC = sizeof cs / sizeof cs[0] };
     for (int i = 0; i < NC; i++) {
@@ -1481,6 +1495,7 @@ static void sp_rows_check(bool wide)
     host_kernel_open(&k, s);
     static const int selv[SP_NKV * NPG] = {1, 3, 4, -1, 12, 0, 2, 8, 15, -1};
     memcpy(host_buf(&k, sel), selv, sizeof selv);
+    memcpy(host_buf(&k, list), sp_listv, sizeof sp_listv);
     static const int poss[] = {2, 20, 47, 64, 100, 127, 250};
     for (size_t pi = 0; pi < sizeof poss / sizeof poss[0]; pi++) {
         int pos = poss[pi];
@@ -1690,22 +1705,23 @@ Test(cuda_host, quest_select_matches_double, .timeout = 120)
 }
 
 /* TOPK_SELECT on the host-CUDA kernel, as cpu_ops.topk_select_rows checks
- * the CPU's (harness_topk_level's rows): every position, k = 1, 5 and 40
- * (two rows a thread for the compaction once pos passes 128). */
+ * the CPU's (harness_topk_level's rows): every position, fixed k of 1, 5
+ * and 40 and two growing with the rows (two rows a thread for the
+ * compaction once pos passes 128). */
 Test(cuda_host, topk_select_matches_ranking, .timeout = 120)
 {
-    static const int ks[3] = {1, 5, 40};
     Schedule *s = sched_new("topk", "host-cuda", 1);
     s->shape = sp_shape();
     uint32_t q = test_buf(s, "q", DT_F32, BUF_SCRATCH, SP_NH * SP_HD, 0, 0);
     uint32_t kc = test_buf(s, "kc", DT_F32, BUF_KV, SP_NKV, SP_S, SP_HD);
-    uint32_t sc = test_buf(s, "topksc", DT_F32, BUF_SCRATCH, SP_NH + SP_NKV, SP_S, 0), sel[3];
-    for (int i = 0; i < 3; i++) {
+    uint32_t sc = test_buf(s, "topksc", DT_F32, BUF_SCRATCH, SP_NH + SP_NKV, SP_S, 0), sel[HARNESS_NTOPK];
+    for (int i = 0; i < HARNESS_NTOPK; i++) {
+        HarnessTopk c = harness_topks[i];
         char name[32];
-        snprintf(name, sizeof name, "kidx%d", ks[i]);
-        sel[i] = test_buf(s, name, DT_I32, BUF_SCRATCH, SP_NKV, ks[i], 0);
+        snprintf(name, sizeof name, "kidx%d", i);
+        sel[i] = test_buf(s, name, DT_I32, BUF_SCRATCH, SP_NKV, c.k, 0);
         for (int h = 0; h < SP_NKV; h++)
-            test_op(s, OP_TOPK_SELECT, (int32_t[]){h, ks[i]}, (uint32_t[]){q, kc, sc, sel[i]});
+            test_op(s, OP_TOPK_SELECT, (int32_t[]){h, c.k, c.b, c.ppm}, (uint32_t[]){q, kc, sc, sel[i]});
     }
     HostKernel k;
     host_kernel_open(&k, s);
@@ -1718,13 +1734,13 @@ Test(cuda_host, topk_select_matches_ranking, .timeout = 120)
                 kcv[((int64_t)h * SP_S + t) * SP_HD + j] = (float)(harness_topk_level(t) * (0.5 + 0.25 * (j % 3)));
     for (int pos = 0; pos < SP_S; pos++) {
         host_kernel_step(&k, pos);
-        for (int i = 0; i < 3; i++) {
-            int want[40];
-            harness_topk_want(pos, ks[i], want);
+        for (int i = 0; i < HARNESS_NTOPK; i++) {
+            int want[40], kk = harness_topks[i].k;
+            harness_topk_want(pos, harness_topks[i], want);
             for (int h = 0; h < SP_NKV; h++) {
-                const int *got = (const int *)host_buf(&k, sel[i]) + h * ks[i];
-                for (int j = 0; j < ks[i]; j++)
-                    cr_assert_eq(got[j], want[j], "pos %d h%d k %d: sel[%d] = %d, want %d", pos, h, ks[i], j, got[j],
+                const int *got = (const int *)host_buf(&k, sel[i]) + h * kk;
+                for (int j = 0; j < kk; j++)
+                    cr_assert_eq(got[j], want[j], "pos %d h%d case %d: sel[%d] = %d, want %d", pos, h, i, j, got[j],
                                  want[j]);
             }
         }

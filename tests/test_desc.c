@@ -926,6 +926,108 @@ Test(desc, kascade_layers)
     arena_free(&a);
 }
 
+/* A kascade_reuse layer's kv head map (heads: the anchor's kv head each of
+ * its kv heads reads): kept, printed and read back; an identity map is
+ * none; errors at the key or the item. */
+Test(desc, kascade_head_maps)
+{
+    ModelDesc m, n;
+    Arena a = {0};
+    DescOverride ov[] = {{"n_layers", "4"},
+                         {"attention", "[{layers: 0, kind: kascade, budget: 8}, {layers: 1, kind: kascade_reuse, "
+                                       "anchor: 0, heads: [0, 1]}, {layers: 2-, kind: kascade_reuse, anchor: 0, "
+                                       "heads: [1, 1]}]"}};
+    cr_assert(parse(&m, &a, "models/default.yaml", desc_default_yaml, ov, 2, NULL), "%s", errs);
+    cr_assert(!m.attn[1].head_map, "an identity map is none");
+    cr_assert(m.attn[3].head_map && m.attn[3].heads[0] == 1 && m.attn[3].heads[1] == 1);
+    cr_assert_eq(attn_list_head(&m.attn[3], 0), 1);
+    cr_assert_eq(attn_list_head(&m.attn[1], 0), 0);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    desc_print(&m, f);
+    fclose(f);
+    cr_assert(strstr(buf, "    - {layers: 1, kind: kascade_reuse, anchor: 0}\n"
+                          "    - {layers: 2-3, kind: kascade_reuse, anchor: 0, heads: [1, 1]}\n"), "%s", buf);
+    cr_assert(parse(&n, &a, "models/default.yaml", buf, NULL, 0, NULL), "%s\n%s", buf, errs);
+    cr_assert(!memcmp(n.attn, m.attn, sizeof m.attn), "%s", buf);
+    free(buf);
+
+    const char *pre = "[{layers: 0, kind: kascade, budget: 8}, {layers: 1, kind: kascade_reuse, anchor: 0, heads: ";
+    char text[4][256];
+    const char *maps[] = {"[1]}]", "[1, 2]}]", "{a: 1}}]", "[1, x]}]"};
+    for (int i = 0; i < 4; i++)
+        snprintf(text[i], sizeof text[i], "%s%s", pre, maps[i]);
+    struct {
+        int off; /* of the node in error, from the list's '[' */
+        const char *msg;
+    } want[] = {
+        {0, "'heads' lists 1 anchor kv head; the model has 2 kv heads (one for each)"},
+        {4, "'compile.attention.heads' must be between 0 and 1, found 2"},
+        {0, "expected a list of 2 anchor kv heads for 'compile.attention.heads', found a mapping"},
+        {4, "expected an integer for 'compile.attention.heads', found 'x'"},
+    };
+    for (int i = 0; i < 4; i++) {
+        char expect[1536], spaces[512];
+        int col = (int)(strlen("attention=") + strlen(pre)) + 1 + want[i].off;
+        memset(spaces, ' ', sizeof spaces);
+        DescOverride o[] = {{"attention", text[i]}};
+        snprintf(expect, sizeof expect, "<command line>:1:%d: error: %s\n    1 | attention=%s\n      |%.*s^\n", col,
+                 want[i].msg, text[i], col, spaces);
+        expect_errors(desc_default_yaml, o, 1, expect);
+    }
+    DescOverride anchor[] = {{"attention", "[{layers: 0, kind: kascade, budget: 8, heads: [1, 0]}]"}};
+    expect_errors(desc_default_yaml, anchor, 1,
+                  "<command line>:1:57: error: 'heads' does not apply to attention 'kascade' (it maps a "
+                  "kascade_reuse layer's kv heads to its anchor's)\n"
+                  "    1 | attention=[{layers: 0, kind: kascade, budget: 8, heads: [1, 0]}]\n"
+                  "      |                                                         ^\n");
+    arena_free(&a);
+}
+
+/* A kascade anchor's fraction (its top-k the larger of budget and that
+ * share of the rows): kept, printed and read back; errors at the key. */
+Test(desc, kascade_fraction)
+{
+    ModelDesc m, n;
+    Arena a = {0};
+    DescOverride ov[] = {{"attention", "[{layers: 0, kind: kascade, budget: 8, fraction: 0.1}, {layers: 1, kind: "
+                                       "kascade_reuse, anchor: 0}]"}};
+    cr_assert(parse(&m, &a, "models/default.yaml", desc_default_yaml, ov, 1, NULL), "%s", errs);
+    cr_assert(m.attn[0].fraction == 0.1 && m.attn[1].fraction == 0.0);
+    cr_assert_eq(attn_topk_ppm(&m.attn[0]), 100000);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    desc_print(&m, f);
+    fclose(f);
+    cr_assert(strstr(buf, "    - {layers: 0, kind: kascade, budget: 8, fraction: 0.1}\n"), "%s", buf);
+    cr_assert(parse(&n, &a, "models/default.yaml", buf, NULL, 0, NULL), "%s\n%s", buf, errs);
+    cr_assert(!memcmp(n.attn, m.attn, sizeof m.attn), "%s", buf);
+    free(buf);
+    DescOverride reuse[] = {{"attention", "[{layers: 0, kind: kascade, budget: 8}, {layers: 1, kind: "
+                                          "kascade_reuse, anchor: 0, fraction: 0.5}]"}};
+    expect_errors(desc_default_yaml, reuse, 1,
+                  "<command line>:1:105: error: 'fraction' does not apply to attention 'kascade_reuse' (a kascade "
+                  "anchor's top-k grows with it)\n"
+                  "    1 | attention=[{layers: 0, kind: kascade, budget: 8}, {layers: 1, kind: kascade_reuse, anchor: "
+                  "0, fraction: 0.5}]\n"
+                  "      |                                                                                           "
+                  "              ^\n");
+    DescOverride big[] = {{"attention", "[{layers: 0, kind: kascade, budget: 8, fraction: 1.5}]"}};
+    expect_errors(desc_default_yaml, big, 1,
+                  "<command line>:1:60: error: kascade's fraction must be above 0 and at most 1 (an anchor picks the "
+                  "larger of its budget and this share of the rows), found 1.5\n"
+                  "    1 | attention=[{layers: 0, kind: kascade, budget: 8, fraction: 1.5}]\n"
+                  "      |                                                            ^\n");
+    DescOverride word[] = {{"attention", "[{layers: 0, kind: kascade, budget: 8, fraction: tenth}]"}};
+    expect_errors(desc_default_yaml, word, 1,
+                  "<command line>:1:60: error: expected a number for 'compile.attention.fraction', found 'tenth'\n"
+                  "    1 | attention=[{layers: 0, kind: kascade, budget: 8, fraction: tenth}]\n"
+                  "      |                                                            ^\n");
+    arena_free(&a);
+}
+
 /* ---- printing ---- */
 
 static void roundtrip(const char *file)

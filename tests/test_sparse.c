@@ -86,6 +86,11 @@ static const Config configs[] = {
     {"kascade-anchors",
      {"compile.attention=[{layers: 0-1, kind: kascade, budget: 24}, {layers: 2-, kind: kascade_reuse, anchor: 1}]"},
      0},
+    /* Kascade's growing top-k: 8 rows, or 15% of the rows once that is more (past 53 rows) */
+    {"kascade-fraction",
+     {"compile.attention=[{layers: 0-1, kind: kascade, budget: 8, fraction: 0.15}, {layers: 2-, kind: kascade_reuse, "
+      "anchor: 1}]"},
+     0},
     /* Ada-KV: each layer's budget pooled over its kv heads, every head sure of 3 of its 16 */
     {"snapkv-adaptive", {"compile.kv_policy=[{layers: all, policy: snapkv, budget: 24, window: 8, adaptive: 0.2}]"},
      60},
@@ -211,6 +216,70 @@ Test(sparse, stories260K_host_cuda_matches_reference, .timeout = 900)
         cr_skip_test("../shared/models/stories260K.bin is absent");
     static const int w[] = {2, 3};
     sparse_vs_reference(STORIES_YAML, "host-cuda", w, 2, 100);
+}
+
+/* Kascade's head map on `model` (its reuse layers' kv heads reading the
+ * anchor's kv heads `heads` names): the reference with the map moves away
+ * from the one without it (so a kernel that ignored the map would not
+ * match), and the kernels match the reference with it, on the CPU at
+ * 1 and 3 workers and host-CUDA at 2. */
+static void kascade_head_map_case(const char *model, const char *heads, const char *dir)
+{
+    char with[512], without[512];
+    snprintf(with, sizeof with,
+             "compile.attention=[{layers: 0, kind: kascade, budget: 12}, {layers: 1-, kind: kascade_reuse, anchor: "
+             "0, heads: %s}]",
+             heads);
+    snprintf(without, sizeof without,
+             "compile.attention=[{layers: 0, kind: kascade, budget: 12}, {layers: 1-, kind: kascade_reuse, anchor: "
+             "0}]");
+    Config cw = {"kascade-heads", {with}, 0}, co = {"kascade-same", {without}, 0};
+    Ref r, o;
+    ref_open(&r, model, &cw);
+    ref_open(&o, model, &co);
+    cr_assert(r.m.attn[1].head_map, "%s", with);
+    double moved = 0;
+    int tok = r.m.bos_id >= 0 ? r.m.bos_id : 1;
+    for (int pos = 0; pos < 64; pos++) {
+        const float *a = ref_step(r.ref, tok, pos), *b = ref_step(o.ref, tok, pos);
+        int best = 0;
+        for (int k = 0; k < r.m.vocab_size; k++) {
+            moved = fmax(moved, fabs((double)a[k] - b[k]));
+            best = a[k] > a[best] ? k : best;
+        }
+        tok = best;
+    }
+    cr_assert(moved > 1e-2, "%s: the head map %s changes nothing (max diff %.3g)", model, heads, moved);
+    ref_close(&o);
+    static const struct {
+        const char *target;
+        int workers;
+    } runs[] = {{"cpu", 1}, {"cpu", 3}, {"host-cuda", 2}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        char *b = compile_with(model, runs[i].target, runs[i].workers, &cw, dir, "kascade-heads");
+        megac_model *mm;
+        cr_assert_eq(megac_open(b, &mm), MEGAC_OK, "%s", megac_last_open_error());
+        char what[256];
+        snprintf(what, sizeof what, "%s kascade heads %s on %s, %d workers", model, heads, runs[i].target,
+                 runs[i].workers);
+        harness_compare_greedy(mm, r.ref, r.m.vocab_size, 96, ATOL, RTOL, what);
+        megac_close(mm);
+        free(b);
+    }
+    ref_close(&r);
+}
+
+Test(sparse, kascade_head_maps_follow_the_map, .timeout = 600)
+{
+    char *dir = test_tmp_dir("sparse-heads");
+    char *y = synth_path(dir);
+    kascade_head_map_case(y, "[1, 1]", dir);
+    if (have_stories())
+        kascade_head_map_case(STORIES_YAML, "[3, 0, 0, 2]", dir);
+    else
+        cr_log_warn("stories260K half skipped: ../shared/models/stories260K.bin is absent");
+    test_rm_rf(dir);
+    free(y);
 }
 
 /* Greedy logits of a bundle for ntok steps from BOS, feeding its argmax;

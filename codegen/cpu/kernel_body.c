@@ -5533,14 +5533,17 @@ static void op_attn_sparse(const MegacArgs *a, const int64_t *in, WStream *ws)
     float scale = 1.0f / sqrtf((float)hd);
     float *p = part + (h * nsplit + s) * G * (hd + 2);
     attn_part_init(p, G, hd);
-    if ((kind == SPARSE_QUEST || kind == SPARSE_SNAP) && !aux)
+    if (sparse_reads_list(kind) && !aux)
         return;
     int64_t rows = kind == SPARSE_SLOTS ? pa : SHAPE(KS_MAX_SEQ);
     const char *kh = kc + h * rows * hd * kv_esize(kt), *vh = vc + h * rows * hd * kv_esize(kt);
     const float *qh = q + h * G * hd;
     const int32_t *sel = kind == SPARSE_QUEST ? (const int32_t *)aux + h * pb
                          : kind == SPARSE_SNAP ? (const int32_t *)aux + h * (pa + 2)
+                         : kind == SPARSE_ROWS ? (const int32_t *)aux + pa * pb
                                                : NULL;
+    if (kind == SPARSE_ROWS) /* kv head pa's list of rows: Quest's pages of one row */
+        kind = SPARSE_QUEST, pa = 1;
     SparseRuns r = {kind, pa, pb, a->pos + 1, sel, 0};
     int64_t nraw = sparse_score_rows(pa, nsplit); /* score entries per q head (slots with b = 1) */
     float *raw = kind == SPARSE_SLOTS && pb == 1 && aux ? aux + (h * nsplit + s) * G * nraw : NULL;
@@ -6069,6 +6072,7 @@ static void op_topk_select(const MegacArgs *a, const int64_t *in)
     int kt = kv_dtype(in, 1);
     int64_t h = in[KT_PARAM], k = in[KT_PARAM + 1], pos = a->pos;
     int64_t hd = SHAPE(KS_HEAD_DIM), G = SHAPE(KS_N_HEADS) / SHAPE(KS_N_KV_HEADS), S = SHAPE(KS_MAX_SEQ);
+    int64_t rows = topk_rows(k, in[KT_PARAM + 2], in[KT_PARAM + 3], pos + 1);
     int32_t *sel = (int32_t *)opnd(a, in, 3) + h * k;
     float *lg = sc + h * (G + 1) * S, *p = lg + G * S, scale = 1.0f / sqrtf((float)hd);
     const char *kh = kc + h * S * hd * kv_esize(kt);
@@ -6098,7 +6102,7 @@ static void op_topk_select(const MegacArgs *a, const int64_t *in)
         for (t = 0; t <= pos; t++)
             p[t] += lgg[t] * inv;
     }
-    int64_t keep = k - 1 < pos ? k - 1 : pos, take, n = 0;
+    int64_t keep = rows - 1, take, n = 0;
     uint32_t T;
     radix_select(p, 1, S, pos, keep, &T, &take);
     for (int64_t t = 0; t < pos && keep > 0; t++) {

@@ -54,6 +54,8 @@ static const char *check_params(const Schedule *s, const Inst *in)
             return "attn_sparse slots needs cap > 0 and b (scores) 0 or 1";
         if (p[3] == SPARSE_SNAP && (p[4] <= 0 || p[5] != 0))
             return "attn_sparse snap needs a list capacity > 0 and b 0";
+        if (p[3] == SPARSE_ROWS && (p[4] < 0 || p[4] >= s->shape.n_kv_heads || p[5] <= 0))
+            return "attn_sparse rows needs 0 <= list head < kv_heads and a length > 0";
         return NULL;
     case OP_KV_SNAP:
         return p[1] <= 0 || p[1] >= p[0] || p[2] < 0 || s->shape.max_seq >= (1 << 24)
@@ -62,7 +64,9 @@ static const char *check_params(const Schedule *s, const Inst *in)
     case OP_QUEST_SELECT:
         return p[1] <= 0 || p[2] <= 0 ? "quest_select needs page > 0 and npages > 0" : NULL;
     case OP_TOPK_SELECT:
-        return p[1] <= 0 || s->shape.max_seq >= (1 << 24) ? "topk_select needs k > 0 and max_seq < 2^24" : NULL;
+        return p[1] <= 0 || p[2] <= 0 || p[2] > p[1] || p[3] < 0 || p[3] > 1000000 || s->shape.max_seq >= (1 << 24)
+                   ? "topk_select needs 0 < b <= k, 0 <= ppm <= 10^6 and max_seq < 2^24"
+                   : NULL;
     case OP_KV_EVICT:
         if (p[0] < 0 || p[0] >= KV_POLICY_COUNT)
             return "kv_evict has an unknown policy";

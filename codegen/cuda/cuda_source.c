@@ -33,7 +33,7 @@ _Static_assert(OP_EMBED == 0 && OP_RMSNORM == 1 && OP_GEMV == 2 && OP_ROPE == 3 
                "kernel_body.cuh's MK_OP_* mirror OpCode");
 _Static_assert(GEMV_ACCUM == 1 && GEMV_NORM == 2 && GEMV_BIAS == 4, "kernel_body.cuh's MK_GEMV_* mirror ops.h");
 _Static_assert(SPARSE_SINK_WINDOW == 0 && SPARSE_QUEST == 1 && SPARSE_SLOTS == 2 && SPARSE_SNAP == 3 &&
-                   SPARSE_KIND_COUNT == 4 &&
+                   SPARSE_ROWS == 4 && SPARSE_KIND_COUNT == 5 &&
                    SPARSE_BLOCK == 32 && KV_POLICY_STREAMING == 0 && KV_POLICY_H2O == 1 && KV_POLICY_TOVA == 2,
                "kernel_body.cuh's MK_SPARSE_* and MK_KV_* mirror ops.h");
 _Static_assert(DT_F32 == 0 && DT_F16 == 1 && DT_BF16 == 2 && DT_I32 == 3 && DT_Q8_0 == 5 && DT_Q4_0 == 6 &&

@@ -52,6 +52,7 @@ enum {
 #define MK_SPARSE_QUEST 1
 #define MK_SPARSE_SLOTS 2
 #define MK_SPARSE_SNAP 3
+#define MK_SPARSE_ROWS 4
 #define MK_SPARSE_BLOCK 32
 #define MK_KV_STREAMING 0
 #define MK_KV_H2O 1
@@ -2010,6 +2011,10 @@ MK_DEV void op_attn_sparse(const MegacArgs *a, const unsigned *in)
     MkRows rows = {mk_param(in, 3), mk_param(in, 4), mk_param(in, 5), 0};
     if (rows.kind == MK_SPARSE_QUEST)
         rows.sel = (const int *)mk_opnd(a, in, 4) + (long long)h * rows.b;
+    if (rows.kind == MK_SPARSE_ROWS) { /* kv head a's list of rows: Quest's pages of one row */
+        rows.sel = (const int *)mk_opnd(a, in, 4) + (long long)rows.a * rows.b;
+        rows.kind = MK_SPARSE_QUEST, rows.a = 1;
+    }
     int n = 0, lo = 0, hi = MK_MAX_SEQ;
     if (rows.kind == MK_SPARSE_SNAP) {
         int base;
@@ -2695,6 +2700,14 @@ MK_DEV void op_kv_snap(const MegacArgs *a, const unsigned *in)
 
 /* ---- Kascade's top-k rows (ops.h, TOPK_SELECT) ---- */
 
+/* ops.h's topk_rows: the larger of b and ceil(n ppm / 10^6), at most k and n. */
+MK_INLINE int mk_topk_rows(int k, int b, int ppm, int n)
+{
+    long long share = ((long long)n * ppm + 999999) / 1000000, r = share > b ? share : b;
+    r = r < k ? r : k;
+    return (int)(r < n ? r : n);
+}
+
 /* kv head h's rows at pos: warp w takes rows w, w + MK_NWARPS, ... and
  * writes the logits of the G q heads into lg ([G][S]); each q head's
  * softmax is added into p; mk_radix_select finds the key T of the keep-th
@@ -2739,7 +2752,8 @@ MK_DEV void op_topk_select(const MegacArgs *a, const unsigned *in)
             p[t] += expf(lgg[t] - m) / z;
         mk_sync();
     }
-    int keep = k - 1 < pos ? k - 1 : pos, take, chunk = (pos + MK_THREADS - 1) / MK_THREADS;
+    int keep = mk_topk_rows(k, mk_param(in, 2), mk_param(in, 3), pos + 1) - 1, take;
+    int chunk = (pos + MK_THREADS - 1) / MK_THREADS;
     unsigned T;
     mk_radix_select(p, 1, pos, keep, &T, &take);
     int c0 = (int)tid * chunk < pos ? (int)tid * chunk : pos, c1 = c0 + chunk < pos ? c0 + chunk : pos, gt = 0, eq = 0;

@@ -56,9 +56,10 @@ static int64_t mc_score_rows(int64_t cap, int64_t ns)
 }
 
 /* ATTN_SPARSE h s nsplit kind a b: the rows `kind` selects lie in head h's
- * rows [0, pos] (sink_window, quest, snap) or in its cap = a slots (slots);
- * aux is absent, sel[h] (quest, read), split s's piece of the scores of
- * h's q heads (slots, b = 1) or snap[h] (snap, read). */
+ * rows [0, pos] (sink_window, quest, snap, rows) or in its cap = a slots
+ * (slots); aux is absent, sel[h] (quest, read), split s's piece of the
+ * scores of h's q heads (slots, b = 1), snap[h] (snap, read) or the list
+ * of kv head a (rows, read). */
 static bool mc_attn_sparse(const ModelShape *sh, const int32_t *p, Access *e, bool *present)
 {
     int64_t hd = sh->head_dim, S = sh->max_seq, G = sh->n_kv_heads > 0 ? sh->n_heads / sh->n_kv_heads : 0;
@@ -69,6 +70,7 @@ static bool mc_attn_sparse(const ModelShape *sh, const int32_t *p, Access *e, bo
     case SPARSE_QUEST: ok &= a > 0 && a <= S && b > 0; break;
     case SPARSE_SLOTS: ok &= a > 0 && a <= S && (b == 0 || b == 1); break;
     case SPARSE_SNAP: ok &= a > 0 && a <= S && b == 0; break;
+    case SPARSE_ROWS: ok &= a >= 0 && a < sh->n_kv_heads && b > 0 && b <= S; break;
     default: return false;
     }
     if (!ok)
@@ -76,9 +78,11 @@ static bool mc_attn_sparse(const ModelShape *sh, const int32_t *p, Access *e, bo
     e[0] = span(ACC_R, h * G * hd, (h + 1) * G * hd);
     e[1] = kind == SPARSE_SLOTS ? span(ACC_R, h * a * hd, (h + 1) * a * hd) : cache_rows(sh, h), e[2] = e[1];
     e[3] = span(ACC_W, (h * ns + sp) * G * (hd + 2), (h * ns + sp + 1) * G * (hd + 2));
-    present[4] = kind == SPARSE_QUEST || kind == SPARSE_SNAP || (kind == SPARSE_SLOTS && b == 1);
+    present[4] = kind == SPARSE_QUEST || kind == SPARSE_SNAP || kind == SPARSE_ROWS || (kind == SPARSE_SLOTS && b == 1);
     if (kind == SPARSE_QUEST)
         e[4] = span(ACC_R, h * b, (h + 1) * b);
+    else if (kind == SPARSE_ROWS)
+        e[4] = span(ACC_R, a * b, (a + 1) * b);
     else if (kind == SPARSE_SNAP)
         e[4] = span(ACC_R, h * (a + 2), (h + 1) * (a + 2));
     else if (kind == SPARSE_SLOTS) {
@@ -202,8 +206,8 @@ static bool mc_expected(const Schedule *s, const Inst *in, Access *e, bool *pres
     case OP_KV_SNAP:
         return mc_kv_snap(sh, p, e);
     case OP_TOPK_SELECT: { /* q of kv head h, its rows [0, pos], its scratch [G + 1][S], its k entries of sel */
-        int64_t h = p[0], k = p[1];
-        if (h < 0 || h >= sh->n_kv_heads || k <= 0 || k > S)
+        int64_t h = p[0], k = p[1], b = p[2], ppm = p[3];
+        if (h < 0 || h >= sh->n_kv_heads || k <= 0 || k > S || b <= 0 || b > k || ppm < 0 || ppm > 1000000)
             return false;
         e[0] = span(ACC_R, h * G * hd, (h + 1) * G * hd);
         e[1] = cache_rows(sh, h);
@@ -229,7 +233,7 @@ static bool mc_is_i32(const Inst *in, int i)
     case OP_EMBED: return i == 0;
     case OP_ARGMAX_COMBINE: return i == 1;
     case OP_KV_STORE: return i == 4;
-    case OP_ATTN_SPARSE: return i == 4 && (in->p[3] == SPARSE_QUEST || in->p[3] == SPARSE_SNAP);
+    case OP_ATTN_SPARSE: return i == 4 && (in->p[3] == SPARSE_QUEST || in->p[3] == SPARSE_SNAP || in->p[3] == SPARSE_ROWS);
     case OP_QUEST_SELECT: return i == 3;
     case OP_KV_EVICT: return i == 1;
     case OP_KV_SNAP: case OP_TOPK_SELECT: return i == 3;
@@ -261,7 +265,7 @@ static int64_t mc_layout(const ModelShape *sh, const Inst *in, int i)
     case OP_KV_STORE: return i == 2 || i == 3 ? kv * cap * hd : i == 4 ? kv * (cap + 1) : 0;
     case OP_ATTN_SPARSE:
         if (i == 4)
-            return in->p[3] == SPARSE_SNAP ? kv * (in->p[4] + 2) : 0;
+            return in->p[3] == SPARSE_SNAP ? kv * (in->p[4] + 2) : in->p[3] == SPARSE_ROWS ? kv * in->p[5] : 0;
         if (i != 1 && i != 2)
             return 0;
         return in->p[3] == SPARSE_SLOTS ? kv * in->p[4] * hd : kv * S * hd;
