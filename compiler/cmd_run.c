@@ -53,7 +53,7 @@ static void run_usage(FILE *out)
             "  --engine E         cpu | host-cuda | cuda | reference (default: a bundle's\n"
             "                     own target; for a model cpu: it is compiled to a cached\n"
             "                     bundle in .megac-cache/)\n"
-            "  --prompt TEXT      prompt (default: none, start from BOS)\n"
+            "  -p, --prompt TEXT  prompt (default: none, start from BOS)\n"
             "  --prompt-file F    the prompt is file F's text ('-': standard input) but\n"
             "                     for its last newline, if it ends with one\n"
             "  -n N               positions to run, BOS and prompt included\n"
@@ -164,12 +164,12 @@ static int run_option_apply(RunOptions *o, const char *opt, const char *val)
             return run_bad_value(opt, val, "one of %s, %s, %s or %s", run_engine_names[0], run_engine_names[1],
                                  run_engine_names[2], run_engine_names[3]);
         o->engine_given = true;
-    } else if (!strcmp(opt, "--prompt") || !strcmp(opt, "--prompt-file")) {
+    } else if (!strcmp(opt, "--prompt") || !strcmp(opt, "-p") || !strcmp(opt, "--prompt-file")) {
         if (o->prompt) {
-            fprintf(stderr, "megac run: the prompt is given twice (--prompt, --prompt-file)\n");
+            fprintf(stderr, "megac run: the prompt is given twice (--prompt, -p, --prompt-file)\n");
             return 2;
         }
-        if (!strcmp(opt, "--prompt")) {
+        if (strcmp(opt, "--prompt-file")) {
             o->prompt = val;
             return -1;
         }
@@ -282,8 +282,8 @@ static void run_options_default(RunOptions *o)
 /* True for an option that takes a value (run_option_apply's list). */
 static bool run_option_known(const char *opt)
 {
-    static const char *const names[] = {"--engine", "--prompt", "--prompt-file", "-n",        "--temp",  "--top-k",
-                                        "--top-p",  "--seed",   "--set",         "--workers", "--system"};
+    static const char *const names[] = {"--engine", "--prompt", "-p",        "--prompt-file", "-n",       "--temp",
+                                        "--top-k",  "--top-p",  "--seed",    "--set",         "--workers", "--system"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(opt, names[i]))
             return true;

@@ -83,6 +83,23 @@ Test(run_options, values_and_defaults)
     run_options_free(&o);
 }
 
+/* -p is --prompt (as llama.cpp spells it); either twice, or with
+ * --prompt-file, is an error. */
+Test(run_options, short_prompt, .init = cr_redirect_stderr)
+{
+    RunOptions o;
+    const char *a[] = {"-p", "Hello there", "m.yaml"};
+    cr_assert_eq(parse(&o, a, 3), -1);
+    cr_assert_str_eq(o.prompt, "Hello there");
+    run_options_free(&o);
+    const char *b[] = {"-p=Hi"};
+    cr_assert_eq(parse(&o, b, 1), -1);
+    cr_assert_str_eq(o.prompt, "Hi");
+    run_options_free(&o);
+    const char *twice[] = {"-p", "a", "--prompt", "b"};
+    cr_assert_eq(parse(&o, twice, 4), 2);
+}
+
 Test(run_options, bundle_defaults_to_cpu)
 {
     RunOptions o;
