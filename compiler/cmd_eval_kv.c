@@ -43,7 +43,9 @@ typedef struct {
     const char *model, *prompt;
     int tokens, copy, prompt_end;   /* prompt_end -1: the stream's own (below) */
     int plan, budget;               /* --plan-kascade N (0: off), --budget K */
+    double fraction;                /* --fraction F (0: a fixed K) */
     bool same_heads;                /* --same-heads: plan without kv head maps */
+    const char *plan_opt;           /* the last planning option given (an error without --plan-kascade) */
     unsigned seed;
     DescOverride set[EVKV_MAX_SETS];
     int nset;
@@ -53,7 +55,7 @@ static void evkv_usage(FILE *out)
 {
     fprintf(out, "usage: megac eval-kv MODEL [--set key=value]... [--tokens N] [--prompt TEXT]\n"
                  "                     [--copy L] [--seed S] [--prompt-end P]\n"
-                 "                     [--plan-kascade N [--budget K] [--same-heads]]\n\n"
+                 "                     [--plan-kascade N [--budget K] [--fraction F] [--same-heads]]\n\n"
                  "Teacher-forced fidelity of the description's sparse attention, KV eviction and\n"
                  "KV cache dtype (compile.attention, compile.kv_policy, compile.kv_dtype; give them\n"
                  "with --set) against the same model with every layer dense and full and an f32\n"
@@ -76,6 +78,8 @@ static void evkv_usage(FILE *out)
                  "                  setting: those whose top-K rows (--budget) keep the most of\n"
                  "                  every layer's attention, each layer's share given (* anchors)\n"
                  "  --budget K      the rows each anchor picks per kv head (default 64)\n"
+                 "  --fraction F    or F of the rows when that is more (0 < F <= 1; the paper's\n"
+                 "                  max(128, 10%% of n) is --budget 128 --fraction 0.1)\n"
                  "  --same-heads    plan without kv head maps: each reuse layer's kv head reads\n"
                  "                  the anchor's of the same index (by default each reads the\n"
                  "                  anchor kv head whose rows keep the most of its attention)\n");
@@ -100,11 +104,12 @@ static bool evkv_args(EvKvArgs *a, int argc, char **argv)
         bool opt = s[0] == '-' && s[1];
         if (!strcmp(s, "--same-heads")) {
             a->same_heads = true;
+            a->plan_opt = s;
             continue;
         }
         bool known = !strcmp(s, "--set") || !strcmp(s, "--tokens") || !strcmp(s, "--prompt") ||
                      !strcmp(s, "--copy") || !strcmp(s, "--seed") || !strcmp(s, "--prompt-end") ||
-                     !strcmp(s, "--plan-kascade") || !strcmp(s, "--budget");
+                     !strcmp(s, "--plan-kascade") || !strcmp(s, "--budget") || !strcmp(s, "--fraction");
         long v;
         if (opt && (!known || i + 1 >= argc))
             return cli_bad_arg("eval-kv", s, known);
@@ -135,6 +140,16 @@ static bool evkv_args(EvKvArgs *a, int argc, char **argv)
             if (!evkv_int(s, argv[++i], 1, 1000000, &v))
                 return false;
             a->budget = (int)v;
+            a->plan_opt = s;
+        } else if (!strcmp(s, "--fraction")) {
+            char *e;
+            const char *f = argv[++i];
+            a->fraction = strtod(f, &e);
+            if (!*f || *e || !(a->fraction > 0.0 && a->fraction <= 1.0)) {
+                fprintf(stderr, "megac eval-kv: --fraction needs a number above 0 and at most 1, not '%s'\n", f);
+                return false;
+            }
+            a->plan_opt = s;
         } else if (!strcmp(s, "--prompt")) {
             a->prompt = argv[++i];
         } else if (a->model) {
@@ -142,6 +157,10 @@ static bool evkv_args(EvKvArgs *a, int argc, char **argv)
         } else {
             a->model = s;
         }
+    }
+    if (a->plan_opt && !a->plan) {
+        fprintf(stderr, "megac eval-kv: %s is an option of --plan-kascade, which is not given\n", a->plan_opt);
+        return false;
     }
     if (!a->model)
         fprintf(stderr, "megac eval-kv: no model given\n");
@@ -192,7 +211,8 @@ static int evkv_copy_stream(int *stream, int n, int span, int bos, int vocab, un
  * whose rows keep the most of its attention on the mean (its head map, or
  * h with --same-heads), and a layer counts as its least-served kv head. */
 typedef struct {
-    int L, nkv, K, steps;
+    int L, nkv, K, steps;   /* K: the most rows an anchor picks (the lists' stride) */
+    int b, ppm, kk;         /* the budget, the fraction in millionths; this step's rows (topk_rows) */
     int *top;           /* [L][nkv][K]: this step's picks */
     double *a;          /* [nkv][pos + 1] of the current layer: attention summed over q heads */
     double *self;       /* [L][nkv] */
@@ -215,7 +235,8 @@ static void kplan_hook(void *ctx, int l, int h, int pos, const int *rows, int n,
                        size_t stride)
 {
     KPlan *k = ctx;
-    if (pos + 1 <= k->K || n != pos + 1)
+    k->kk = (int)topk_rows(k->K, k->b, k->ppm, pos + 1);
+    if (k->kk == pos + 1 || n != pos + 1)
         return; /* every row fits (or a layer that is not dense) */
     double *a = k->a + (size_t)h * k->cap;
     for (int t = 0; t <= pos; t++) {
@@ -229,14 +250,14 @@ static void kplan_hook(void *ctx, int l, int h, int pos, const int *rows, int n,
     qsort(k->order, (size_t)pos, sizeof *k->order, kplan_cmp);
     int *top = k->top + ((size_t)l * k->nkv + h) * k->K;
     top[0] = pos;
-    for (int i = 1; i < k->K; i++)
+    for (int i = 1; i < k->kk; i++)
         top[i] = k->order[i - 1];
     /* the weights sum to G: recall = mass / G; layer i < l's picks are all made */
     for (int i = 0; i <= l; i++)
         for (int h2 = i == l ? h : 0; h2 < (i == l ? h + 1 : k->nkv); h2++) {
             const int *ti = k->top + ((size_t)i * k->nkv + h2) * k->K;
             double got = 0;
-            for (int r = 0; r < k->K; r++)
+            for (int r = 0; r < k->kk; r++)
                 got += a[ti[r]];
             if (i == l)
                 k->self[(size_t)l * k->nkv + h] += got / G;
@@ -331,8 +352,9 @@ static void evkv_plan(const EvKvArgs *a, const ModelDesc *m, RefState *rd, int *
 {
     int L = m->n_layers, N = a->plan < L ? a->plan : L, K = a->budget, nkv = m->n_kv_heads;
     bool same = a->same_heads || nkv > ATTN_MAX_HEAD_MAP;
-    KPlan k = {L, nkv, K, 0, NULL, NULL, NULL, NULL, NULL, n};
-    k.top = xcalloc((size_t)L * nkv * K, sizeof(int));
+    int ppm = (int)(a->fraction * 1e6 + 0.5), cap = (int)topk_rows(n, K, ppm, n); /* the most rows a step picks */
+    KPlan k = {L, nkv, cap, 0, K, ppm, 0, NULL, NULL, NULL, NULL, NULL, n};
+    k.top = xcalloc((size_t)L * nkv * k.K, sizeof(int));
     k.a = xcalloc((size_t)nkv * n, sizeof(double));
     k.self = xcalloc((size_t)L * nkv, sizeof(double));
     k.pair = xcalloc((size_t)L * L * nkv * nkv, sizeof(double));
@@ -347,10 +369,15 @@ static void evkv_plan(const EvKvArgs *a, const ModelDesc *m, RefState *rd, int *
         if (tty && (pos % 64 == 63 || pos == n - 1))
             fprintf(stderr, "megac eval-kv: profiled %d of %d positions\r%s", pos + 1, n, pos == n - 1 ? "\n" : "");
     }
-    printf("model %s: %d positions, Kascade anchors of %d rows per kv head%s\n", m->name, n, K,
+    char frac[64] = "", more[64] = "";
+    if (ppm) {
+        snprintf(frac, sizeof frac, ", fraction: %.9g", a->fraction);
+        snprintf(more, sizeof more, " (or %.9g of the rows when more)", a->fraction);
+    }
+    printf("model %s: %d positions, Kascade anchors of %d rows per kv head%s%s\n", m->name, n, K, more,
            same ? ", each reuse kv head reading the anchor's of its index" : "");
     if (!k.steps) {
-        printf("  no position has more than %d rows: every layer's top-%d is all of them (raise --tokens)\n", K, K);
+        printf("  no position picks fewer rows than it has: every layer's top-k is all of them (raise --tokens)\n");
     } else {
         /* sim[i][j]: layer j's least-served kv head's mean recall reusing layer i's rows (i < j), or its own */
         double *sim = xcalloc((size_t)L * L, sizeof(double)), r;
@@ -383,7 +410,7 @@ static void evkv_plan(const EvKvArgs *a, const ModelDesc *m, RefState *rd, int *
         printf("\n  --set 'compile.attention=[");
         for (int i = 0; i < N; i++) {
             int end = i + 1 < N ? an[i + 1] - 1 : L - 1;
-            printf("%s{layers: %d, kind: kascade, budget: %d}", i ? ", " : "", an[i], K);
+            printf("%s{layers: %d, kind: kascade, budget: %d%s}", i ? ", " : "", an[i], K, frac);
             if (end > an[i])
                 kplan_print_reuse(&k, an[i], an[i] + 1, end, same);
         }

@@ -578,9 +578,27 @@ Test(cli, eval_kv_plans_kascade_anchors)
     cr_assert(strstr(out, "  anchors 0, 1: ") && !strstr(out, "kascade_reuse"), "%s", out);
     cr_assert_eq(megac(d, "eval-kv default --tokens 32 --plan-kascade 1 --budget 64", out, sizeof out), 0, "%s",
                  out);
-    cr_assert(strstr(out, "no position has more than 64 rows"), "%s", out);
+    cr_assert(strstr(out, "no position picks fewer rows than it has"), "%s", out);
     cr_assert_eq(megac(d, "eval-kv default --plan-kascade 0", out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "--plan-kascade needs a number from 1 to"), "%s", out);
+    /* a top-k growing with the rows: planned so, printed so, and read back */
+    cr_assert_eq(megac(d, "eval-kv default --tokens 200 --plan-kascade 1 --budget 16 --fraction 0.25", out,
+                       sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "(or 0.25 of the rows when more)"), "%s", out);
+    const char *rk = "layer:recall 0*:1.000 1:";
+    double grown = atof(strstr(out, rk) + strlen(rk));
+    set = strstr(out, "--set '");
+    cr_assert(set && strstr(set, "{layers: 0, kind: kascade, budget: 16, fraction: 0.25}"), "%s", out);
+    len = (int)(strchr(set + 7, '\'') - set) + 1;
+    snprintf(args, sizeof args, "eval-kv default --tokens 96 %.*s", len, set);
+    cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(megac(d, "eval-kv default --tokens 200 --plan-kascade 1 --budget 16", out, sizeof out), 0, "%s", out);
+    double fixed = atof(strstr(out, rk) + strlen(rk));
+    cr_assert(fixed > 0 && fixed < grown, "16 rows keep %g of layer 1's attention, up to 50 %g", fixed, grown);
+    cr_assert_eq(megac(d, "eval-kv default --budget 16", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "--budget is an option of --plan-kascade, which is not given"), "%s", out);
+    cr_assert_eq(megac(d, "eval-kv default --plan-kascade 1 --fraction 0", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "--fraction needs a number above 0 and at most 1, not '0'"), "%s", out);
     test_rm_rf(d);
 }
 
