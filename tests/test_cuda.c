@@ -135,8 +135,20 @@ static const char *const synth_sparse[] = {
     "  kv_policy: [{layers: 1, policy: tova, budget: 24}]\n",
     "  kv_dtype: bf16\n"
     "  kv_policy: [{layers: all, policy: snapkv, budget: 20, window: 6}]\n",
+    /* Kascade: layer 0 picks 12 rows a kv head (20% of the rows past 60),
+     * which layer 1's kv heads both read from kv head 1; then both layers
+     * anchors, layer 1 attending over its own rows */
+    "  attention: [{layers: 0, kind: kascade, budget: 12, fraction: 0.2}, {layers: 1, kind: kascade_reuse, "
+    "anchor: 0, heads: [1, 1]}]\n",
+    "  kv_dtype: f16\n"
+    "  attention: [{layers: 0-1, kind: kascade, budget: 10}]\n",
+    /* Ada-KV: SnapKV's budget pooled over the kv heads */
+    "  kv_policy: [{layers: all, policy: snapkv, budget: 20, window: 6, adaptive: 0.2}]\n",
 };
-static const int synth_sparse_prompt_end[] = {-1, -1, -1, 40, -1, -1, 40};
+static const int synth_sparse_prompt_end[] = {-1, -1, -1, 40, -1, -1, 40, -1, -1, 40};
+_Static_assert(sizeof synth_sparse / sizeof synth_sparse[0] ==
+                   sizeof synth_sparse_prompt_end / sizeof synth_sparse_prompt_end[0],
+               "a prompt end for every setting");
 
 /* synth_sparse[first, first + n) on `target` at the given block counts. */
 static void sparse_synth_check(const char *target, const int *blocks, int nb, size_t first, size_t n);
@@ -2331,6 +2343,12 @@ Test(cuda_gpu, sparse_synthetic_caches_match_reference, .timeout = 300)
 {
     gpu_require();
     sparse_synth_check(gpu_target(), sparse_gpu_blocks, 3, 5, 2);
+}
+
+Test(cuda_gpu, sparse_synthetic_kascade_adakv_match_reference, .timeout = 300)
+{
+    gpu_require();
+    sparse_synth_check(gpu_target(), sparse_gpu_blocks, 3, 7, 3);
 }
 
 Test(cuda_gpu, stories260K_run_gives_llama2c_text, .timeout = 300)
