@@ -233,7 +233,8 @@ static bool mc_is_i32(const Inst *in, int i)
     case OP_EMBED: return i == 0;
     case OP_ARGMAX_COMBINE: return i == 1;
     case OP_KV_STORE: return i == 4;
-    case OP_ATTN_SPARSE: return i == 4 && (in->p[3] == SPARSE_QUEST || in->p[3] == SPARSE_SNAP || in->p[3] == SPARSE_ROWS);
+    case OP_ATTN_SPARSE:
+        return i == 4 && (in->p[3] == SPARSE_QUEST || in->p[3] == SPARSE_SNAP || in->p[3] == SPARSE_ROWS);
     case OP_QUEST_SELECT: return i == 3;
     case OP_KV_EVICT: return i == 1;
     case OP_KV_SNAP: case OP_TOPK_SELECT: return i == 3;
