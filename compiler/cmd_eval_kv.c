@@ -20,7 +20,10 @@
  * Positions [0, P] count as the prompt, where SnapKV compresses (default:
  * the prompt's last token; with --copy the one before the second copy).
  * Printed: mean KL(P_dense || P_sparse) over positions, the same-top-1 rate,
- * the first position whose argmax differs, and the copy accuracies.
+ * the first position whose argmax differs, and the copy accuracies. Both
+ * models run on the float64 reference, or (--engine cpu) as CPU bundles
+ * compiled into a temporary folder: the kernels, far faster at long
+ * streams.
  *
  * With --plan-kascade N [--budget K] it measures instead how well each
  * layer's top-K rows serve each later layer on the dense model over the
@@ -31,7 +34,9 @@
 #include "compiler/cli.h"
 #include "compiler/compile.h"
 #include "compiler/driver.h"
+#include "runtime/megac.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +46,7 @@
 
 typedef struct {
     const char *model, *prompt;
+    const char *engine;             /* "reference" or "cpu" */
     int tokens, copy, prompt_end;   /* prompt_end -1: the stream's own (below) */
     int plan, budget;               /* --plan-kascade N (0: off), --budget K */
     double fraction;                /* --fraction F (0: a fixed K) */
@@ -54,12 +60,12 @@ typedef struct {
 static void evkv_usage(FILE *out)
 {
     fprintf(out, "usage: megac eval-kv MODEL [--set key=value]... [--tokens N] [--prompt TEXT]\n"
-                 "                     [--copy L] [--seed S] [--prompt-end P]\n"
+                 "                     [--copy L] [--seed S] [--prompt-end P] [--engine E]\n"
                  "                     [--plan-kascade N [--budget K] [--fraction F] [--same-heads]]\n\n"
                  "Teacher-forced fidelity of the description's sparse attention, KV eviction and\n"
                  "KV cache dtype (compile.attention, compile.kv_policy, compile.kv_dtype; give them\n"
                  "with --set) against the same model with every layer dense and full and an f32\n"
-                 "cache, both on the float64 reference: mean KL\n"
+                 "cache, both on the float64 reference (or --engine cpu): mean KL\n"
                  "divergence from dense, the same-top-1 rate and the first differing position.\n\n"
                  "  --set key=value override a description key (repeatable), e.g.\n"
                  "                  --set 'compile.kv_policy=[{layers: all, policy: tova, budget: 64}]'\n"
@@ -73,6 +79,9 @@ static void evkv_usage(FILE *out)
                  "  --prompt-end P  positions [0, P] are the prompt, where SnapKV layers compress\n"
                  "                  (default: the prompt's last token; with --copy the last before\n"
                  "                  the second copy: question-agnostic; later is question-aware)\n"
+                 "  --engine E      what runs both models: reference (float64, default) or cpu\n"
+                 "                  (CPU bundles compiled into a temporary folder: the kernels,\n"
+                 "                  ~100x faster on long streams; not with --plan-kascade)\n"
                  "  --plan-kascade N  instead, profile the dense model over the stream and print N\n"
                  "                  Kascade anchors (layer 0 the first) as a compile.attention\n"
                  "                  setting: those whose top-K rows (--budget) keep the most of\n"
@@ -109,7 +118,8 @@ static bool evkv_args(EvKvArgs *a, int argc, char **argv)
         }
         bool known = !strcmp(s, "--set") || !strcmp(s, "--tokens") || !strcmp(s, "--prompt") ||
                      !strcmp(s, "--copy") || !strcmp(s, "--seed") || !strcmp(s, "--prompt-end") ||
-                     !strcmp(s, "--plan-kascade") || !strcmp(s, "--budget") || !strcmp(s, "--fraction");
+                     !strcmp(s, "--plan-kascade") || !strcmp(s, "--budget") || !strcmp(s, "--fraction") ||
+                     !strcmp(s, "--engine");
         long v;
         if (opt && (!known || i + 1 >= argc))
             return cli_bad_arg("eval-kv", s, known);
@@ -152,6 +162,12 @@ static bool evkv_args(EvKvArgs *a, int argc, char **argv)
             a->plan_opt = s;
         } else if (!strcmp(s, "--prompt")) {
             a->prompt = argv[++i];
+        } else if (!strcmp(s, "--engine")) {
+            a->engine = argv[++i];
+            if (strcmp(a->engine, "reference") && strcmp(a->engine, "cpu")) {
+                fprintf(stderr, "megac eval-kv: --engine is reference or cpu, not '%s'\n", a->engine);
+                return false;
+            }
         } else if (a->model) {
             return cli_bad_arg("eval-kv", s, false);
         } else {
@@ -160,6 +176,11 @@ static bool evkv_args(EvKvArgs *a, int argc, char **argv)
     }
     if (a->plan_opt && !a->plan) {
         fprintf(stderr, "megac eval-kv: %s is an option of --plan-kascade, which is not given\n", a->plan_opt);
+        return false;
+    }
+    if (a->plan && strcmp(a->engine, "reference")) {
+        fprintf(stderr, "megac eval-kv: --plan-kascade profiles on the reference engine (its attention weights), "
+                        "not --engine %s\n", a->engine);
         return false;
     }
     if (!a->model)
@@ -426,6 +447,69 @@ static void evkv_plan(const EvKvArgs *a, const ModelDesc *m, RefState *rd, int *
     free(k.order);
 }
 
+/* One of the two models eval-kv compares: the reference on the shared
+ * weights, or a CPU bundle compiled into a temporary folder. */
+typedef struct {
+    RefState *ref;
+    megac_model *mm;
+    char dir[64], bundle[96];
+} EvKvEngine;
+
+/* Compiles the model with the --set overrides, then `extra`, for the cpu
+ * into a temporary folder (`what` names the bundle) and opens it. */
+static bool evkv_open_cpu(EvKvEngine *e, const EvKvArgs *a, const DescOverride *extra, int nextra,
+                          const char *what)
+{
+    memset(e, 0, sizeof *e);
+    if (a->nset + nextra > DRIVER_MAX_SETS) {
+        fprintf(stderr, "megac eval-kv: --engine cpu takes at most %d --set overrides\n", DRIVER_MAX_SETS - nextra);
+        return false;
+    }
+    snprintf(e->dir, sizeof e->dir, "/tmp/megac_evalkv_XXXXXX");
+    if (!mkdtemp(e->dir)) {
+        fprintf(stderr, "megac eval-kv: cannot create a temporary folder in /tmp: %s\n", strerror(errno));
+        e->dir[0] = 0;
+        return false;
+    }
+    snprintf(e->bundle, sizeof e->bundle, "%s/%s.megac", e->dir, what);
+    CompileOptions o = {.model = a->model, .target = "cpu", .out = e->bundle, .quiet = true};
+    memcpy(o.sets, a->set, sizeof(DescOverride) * (size_t)a->nset);
+    memcpy(o.sets + a->nset, extra, sizeof(DescOverride) * (size_t)nextra);
+    o.nsets = a->nset + nextra;
+    fprintf(stderr, "megac eval-kv: compiling the %s model for the cpu\n", what);
+    if (driver_compile(&o) != 0)
+        return false;
+    if (megac_open(e->bundle, &e->mm) != MEGAC_OK) {
+        fprintf(stderr, "megac eval-kv: %s\n", megac_last_open_error());
+        return false;
+    }
+    return true;
+}
+
+/* The logits of token tok at pos, or NULL (reported). */
+static const float *evkv_step(EvKvEngine *e, int tok, int pos)
+{
+    if (e->ref)
+        return ref_step(e->ref, tok, pos);
+    if (megac_step(e->mm, tok) == MEGAC_OK)
+        return megac_logits(e->mm);
+    fprintf(stderr, "megac eval-kv: the cpu bundle's step at position %d: %s\n", pos, megac_error(e->mm));
+    return NULL;
+}
+
+static void evkv_close(EvKvEngine *e)
+{
+    if (e->ref)
+        ref_free(e->ref);
+    if (e->mm)
+        megac_close(e->mm);
+    if (e->dir[0]) {
+        driver_bundle_remove(e->bundle);
+        rmdir(e->dir);
+    }
+    memset(e, 0, sizeof *e);
+}
+
 static int evkv_run(const EvKvArgs *a)
 {
     Arena arena = {0};
@@ -456,8 +540,10 @@ static int evkv_run(const EvKvArgs *a)
         return 2;
     }
     Weights w;
-    if (!driver_weights_fit(&dense, "eval-kv holds the model's stored weights in memory", NULL, true, &d) ||
-        !weights_load_ex(&w, &dense, WEIGHTS_STORED_ONLY, NULL, &d)) {
+    memset(&w, 0, sizeof w);
+    bool cpu = !strcmp(a->engine, "cpu"); /* else the reference, which holds the weights here */
+    if (!cpu && (!driver_weights_fit(&dense, "eval-kv holds the model's stored weights in memory", NULL, true, &d) ||
+                 !weights_load_ex(&w, &dense, WEIGHTS_STORED_ONLY, NULL, &d))) {
         arena_free(&arena);
         return 2;
     }
@@ -497,19 +583,40 @@ static int evkv_run(const EvKvArgs *a)
         arena_free(&arena);
         return 0;
     }
-    /* Both engines share the weights: the policies live in the descriptions. */
-    RefState *rd = ref_new(&w);
-    const ModelDesc *held = w.m;
-    w.m = &sparse;
-    RefState *rs = ref_new(&w);
-    w.m = held;
-    ref_set_prompt_end(rs, pe);
+    EvKvEngine ed = {0}, es = {0};
+    if (cpu) { /* dense: every layer's attention dense, its cache full and f32 */
+        static const DescOverride plain[] = {
+            {"compile.attention", "[]"}, {"compile.kv_policy", "[]"}, {"compile.kv_dtype", "f32"}};
+        if (!evkv_open_cpu(&ed, a, plain, 3, "dense") || !evkv_open_cpu(&es, a, NULL, 0, "configured") ||
+            megac_set_prompt_end(es.mm, pe) != MEGAC_OK) {
+            evkv_close(&ed);
+            evkv_close(&es);
+            free(stream);
+            arena_free(&arena);
+            return 2;
+        }
+    } else { /* both references share the weights: the policies live in the descriptions */
+        ed.ref = ref_new(&w);
+        const ModelDesc *held = w.m;
+        w.m = &sparse;
+        es.ref = ref_new(&w);
+        w.m = held;
+        ref_set_prompt_end(es.ref, pe);
+    }
     double *pd = xmalloc(sizeof(double) * (size_t)v), *ps = xmalloc(sizeof(double) * (size_t)v);
     double kl = 0;
-    int same = 0, first_diff = -1, copy_d = 0, copy_s = 0, copy_n = 0;
+    int same = 0, first_diff = -1, copy_d = 0, copy_s = 0, copy_n = 0, rc = 0;
+    bool tty = isatty(STDERR_FILENO);
     for (int pos = 0; pos < n; pos++) {
-        int td = evkv_log_softmax(ref_step(rd, stream[pos], pos), v, pd);
-        int ts = evkv_log_softmax(ref_step(rs, stream[pos], pos), v, ps);
+        const float *ld = evkv_step(&ed, stream[pos], pos), *ls = ld ? evkv_step(&es, stream[pos], pos) : NULL;
+        if (!ls) {
+            rc = 1;
+            n = pos;
+            break;
+        }
+        int td = evkv_log_softmax(ld, v, pd), ts = evkv_log_softmax(ls, v, ps);
+        if (tty && (pos % 64 == 63 || pos == n - 1))
+            fprintf(stderr, "megac eval-kv: %d of %d positions\r%s", pos + 1, n, pos == n - 1 ? "\n" : "");
         double k = 0;
         for (int i = 0; i < v; i++)
             k += exp(pd[i]) * (pd[i] - ps[i]);
@@ -525,8 +632,18 @@ static int evkv_run(const EvKvArgs *a)
             copy_s += ts == stream[pos + 1];
         }
     }
-    printf("model %s: %d positions, %s stream, the prompt ends at %d\n", sparse.name, n,
-           a->copy ? "induction-copy" : "greedy (dense)", pe);
+    if (rc) {
+        evkv_close(&ed);
+        evkv_close(&es);
+        free(pd);
+        free(ps);
+        free(stream);
+        weights_free(&w);
+        arena_free(&arena);
+        return rc;
+    }
+    printf("model %s: %d positions, %s stream, the prompt ends at %d%s\n", sparse.name, n,
+           a->copy ? "induction-copy" : "greedy (dense)", pe, cpu ? " (cpu bundles)" : "");
     printf("  mean KL from dense  %.4g nats\n", kl / n);
     printf("  same top-1          %.1f%%\n", 100.0 * same / n);
     if (first_diff < 0)
@@ -537,8 +654,8 @@ static int evkv_run(const EvKvArgs *a)
         printf("  copy accuracy       dense %.1f%%, configured %.1f%% (%d predictions; the second copy starts "
                "%d positions after the first)\n",
                100.0 * copy_d / copy_n, 100.0 * copy_s / copy_n, copy_n, second - (sparse.bos_id >= 0));
-    ref_free(rd);
-    ref_free(rs);
+    evkv_close(&ed);
+    evkv_close(&es);
     free(pd);
     free(ps);
     free(stream);
@@ -553,7 +670,8 @@ int cmd_eval_kv(int argc, char **argv)
         evkv_usage(stdout);
         return 0;
     }
-    EvKvArgs a = {.prompt = "Once upon a time", .tokens = 256, .seed = 1, .prompt_end = -1, .budget = 64};
+    EvKvArgs a = {.prompt = "Once upon a time", .engine = "reference", .tokens = 256, .seed = 1, .prompt_end = -1,
+                  .budget = 64};
     int rc = 2;
     if (!evkv_args(&a, argc, argv))
         evkv_usage(stderr);

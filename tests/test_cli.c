@@ -12,6 +12,7 @@
 #include "tests/tmpdir.h"
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -515,6 +516,34 @@ static double eval_kv_kl(const char *out)
 {
     const char *p = strstr(out, "mean KL from dense");
     return p ? strtod(p + strlen("mean KL from dense"), NULL) : -1;
+}
+
+/* eval-kv --engine cpu: the same measure on CPU bundles (compiled into a
+ * temporary folder, removed after): within 1% of the reference's, a budget
+ * that holds every row of an f32 cache dense bit for bit; planning stays
+ * on the reference. */
+Test(cli, eval_kv_on_cpu_bundles, .timeout = 300)
+{
+    char *d = tmp_dir(), out[16384], args[1024];
+    const char *set = "--set 'compile.attention=[{layers: 0, kind: kascade, budget: 16, fraction: 0.1}, {layers: 1, "
+                      "kind: kascade_reuse, anchor: 0, heads: [1, 0]}]'";
+    snprintf(args, sizeof args, "eval-kv default --tokens 160 %s", set);
+    cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
+    double ref = eval_kv_kl(out);
+    snprintf(args, sizeof args, "eval-kv default --tokens 160 %s --engine cpu", set);
+    cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
+    double cpu = eval_kv_kl(out);
+    cr_assert(strstr(out, "(cpu bundles)") && strstr(out, "compiling the dense model for the cpu"), "%s", out);
+    cr_assert(ref > 1e-4 && fabs(cpu - ref) <= 0.01 * ref, "KL on the reference %g, on cpu bundles %g", ref, cpu);
+    cr_assert_eq(megac(d, "eval-kv default --tokens 64 --engine cpu --set compile.kv_dtype=f32 --set "
+                          "'compile.kv_policy=[{layers: all, policy: tova, budget: 100}]'", out, sizeof out),
+                 0, "%s", out);
+    cr_assert(eval_kv_kl(out) == 0 && strstr(out, "first difference    none\n"), "%s", out);
+    cr_assert_eq(megac(d, "eval-kv default --engine gpu", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "--engine is reference or cpu, not 'gpu'"), "%s", out);
+    cr_assert_eq(megac(d, "eval-kv default --engine cpu --plan-kascade 1", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "--plan-kascade profiles on the reference engine"), "%s", out);
+    test_rm_rf(d);
 }
 
 /* eval-kv: a budget that holds every position is dense (KL 0, no
