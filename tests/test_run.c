@@ -246,7 +246,7 @@ Test(run_cmd, prompt_file_is_the_prompt)
     cr_assert_str_eq(out, want, "from standard input");
     snprintf(args, sizeof args, "--prompt-file %s --prompt hi", path);
     cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2);
-    cr_assert_str_eq(err, "megac run: the prompt is given twice (--prompt, --prompt-file)\n");
+    cr_assert_str_eq(err, "megac run: the prompt is given twice (--prompt, -p, --prompt-file)\n");
     cr_assert_eq(megac_run("--prompt-file /nonexistent/p.txt", out, sizeof out, err, sizeof err), 2);
     cr_assert_str_eq(err, "megac run: --prompt-file /nonexistent/p.txt: cannot read: No such file or directory\n");
     fd = open(path, O_WRONLY | O_TRUNC);
