@@ -473,9 +473,10 @@ static bool evkv_open_cpu(EvKvEngine *e, const EvKvArgs *a, const DescOverride *
     }
     snprintf(e->bundle, sizeof e->bundle, "%s/%s.megac", e->dir, what);
     CompileOptions o = {.model = a->model, .target = "cpu", .out = e->bundle, .quiet = true};
-    memcpy(o.sets, a->set, sizeof(DescOverride) * (size_t)a->nset);
-    memcpy(o.sets + a->nset, extra, sizeof(DescOverride) * (size_t)nextra);
-    o.nsets = a->nset + nextra;
+    for (int i = 0; i < a->nset; i++)
+        o.sets[o.nsets++] = a->set[i];
+    for (int i = 0; i < nextra; i++)
+        o.sets[o.nsets++] = extra[i];
     fprintf(stderr, "megac eval-kv: compiling the %s model for the cpu\n", what);
     if (driver_compile(&o) != 0)
         return false;
