@@ -289,14 +289,15 @@ static void kplan_hook(void *ctx, int l, int h, int pos, const int *rows, int n,
         k->steps++;
 }
 
-/* The kv head of layer i that serves layer j's kv head h best (the lowest
- * on ties; h itself with same_heads), and its mean recall in *r. */
+/* The kv head of layer i that serves layer j's kv head h best (h itself on
+ * a tie with it, else the lowest; h with same_heads), and its mean recall
+ * in *r. */
 static int kplan_head(const KPlan *k, int i, int j, int h, bool same_heads, double *r)
 {
     const double *row = k->pair + (((size_t)i * k->L + j) * k->nkv + h) * k->nkv;
     int best = h;
     for (int h2 = 0; !same_heads && h2 < k->nkv; h2++)
-        if (row[h2] > row[best] || (row[h2] == row[best] && h2 < best))
+        if (row[h2] > row[best])
             best = h2;
     *r = row[best] / k->steps;
     return best;
