@@ -634,28 +634,20 @@ static int evkv_run(const EvKvArgs *a)
             copy_s += ts == stream[pos + 1];
         }
     }
-    if (rc) {
-        evkv_close(&ed);
-        evkv_close(&es);
-        free(pd);
-        free(ps);
-        free(stream);
-        weights_free(&w);
-        arena_free(&arena);
-        return rc;
+    if (!rc) {
+        printf("model %s: %d positions, %s stream, the prompt ends at %d%s\n", sparse.name, n,
+               a->copy ? "induction-copy" : "greedy (dense)", pe, cpu ? " (cpu bundles)" : "");
+        printf("  mean KL from dense  %.4g nats\n", kl / n);
+        printf("  same top-1          %.1f%%\n", 100.0 * same / n);
+        if (first_diff < 0)
+            printf("  first difference    none\n");
+        else
+            printf("  first difference    at position %d\n", first_diff);
+        if (second >= 0)
+            printf("  copy accuracy       dense %.1f%%, configured %.1f%% (%d predictions; the second copy starts "
+                   "%d positions after the first)\n",
+                   100.0 * copy_d / copy_n, 100.0 * copy_s / copy_n, copy_n, second - (sparse.bos_id >= 0));
     }
-    printf("model %s: %d positions, %s stream, the prompt ends at %d%s\n", sparse.name, n,
-           a->copy ? "induction-copy" : "greedy (dense)", pe, cpu ? " (cpu bundles)" : "");
-    printf("  mean KL from dense  %.4g nats\n", kl / n);
-    printf("  same top-1          %.1f%%\n", 100.0 * same / n);
-    if (first_diff < 0)
-        printf("  first difference    none\n");
-    else
-        printf("  first difference    at position %d\n", first_diff);
-    if (second >= 0)
-        printf("  copy accuracy       dense %.1f%%, configured %.1f%% (%d predictions; the second copy starts "
-               "%d positions after the first)\n",
-               100.0 * copy_d / copy_n, 100.0 * copy_s / copy_n, copy_n, second - (sparse.bos_id >= 0));
     evkv_close(&ed);
     evkv_close(&es);
     free(pd);
@@ -663,7 +655,7 @@ static int evkv_run(const EvKvArgs *a)
     free(stream);
     weights_free(&w);
     arena_free(&arena);
-    return 0;
+    return rc;
 }
 
 int cmd_eval_kv(int argc, char **argv)
