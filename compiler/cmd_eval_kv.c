@@ -36,7 +36,6 @@
 #include "compiler/driver.h"
 #include "runtime/megac.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -452,40 +451,22 @@ static void evkv_plan(const EvKvArgs *a, const ModelDesc *m, RefState *rd, int *
  * weights, or a CPU bundle compiled into a temporary folder. */
 typedef struct {
     RefState *ref;
-    megac_model *mm;
-    char dir[64], bundle[96];
+    DriverTmpBundle b;
 } EvKvEngine;
 
 /* Compiles the model with the --set overrides, then `extra`, for the cpu
- * into a temporary folder (`what` names the bundle) and opens it. */
+ * into a temporary folder (`what` names it) and opens it. */
 static bool evkv_open_cpu(EvKvEngine *e, const EvKvArgs *a, const DescOverride *extra, int nextra,
-                          const char *what)
+                          const char *what, Diag *d)
 {
-    memset(e, 0, sizeof *e);
-    if (a->nset + nextra > DRIVER_MAX_SETS) {
-        fprintf(stderr, "megac eval-kv: --engine cpu takes at most %d --set overrides\n", DRIVER_MAX_SETS - nextra);
-        return false;
-    }
-    snprintf(e->dir, sizeof e->dir, "/tmp/megac_evalkv_XXXXXX");
-    if (!mkdtemp(e->dir)) {
-        fprintf(stderr, "megac eval-kv: cannot create a temporary folder in /tmp: %s\n", strerror(errno));
-        e->dir[0] = 0;
-        return false;
-    }
-    snprintf(e->bundle, sizeof e->bundle, "%s/%s.megac", e->dir, what);
-    CompileOptions o = {.model = a->model, .target = "cpu", .out = e->bundle, .quiet = true};
+    DescOverride sets[EVKV_MAX_SETS + 3];
+    int n = 0;
     for (int i = 0; i < a->nset; i++)
-        o.sets[o.nsets++] = a->set[i];
-    for (int i = 0; i < nextra; i++)
-        o.sets[o.nsets++] = extra[i];
+        sets[n++] = a->set[i];
+    for (int i = 0; i < nextra && n < EVKV_MAX_SETS + 3; i++)
+        sets[n++] = extra[i];
     fprintf(stderr, "megac eval-kv: compiling the %s model for the cpu\n", what);
-    if (driver_compile(&o) != 0)
-        return false;
-    if (megac_open(e->bundle, &e->mm) != MEGAC_OK) {
-        fprintf(stderr, "megac eval-kv: %s\n", megac_last_open_error());
-        return false;
-    }
-    return true;
+    return driver_tmp_bundle_open(&e->b, a->model, sets, n, what, d);
 }
 
 /* The logits of token tok at pos, or NULL (reported). */
@@ -493,9 +474,9 @@ static const float *evkv_step(EvKvEngine *e, int tok, int pos)
 {
     if (e->ref)
         return ref_step(e->ref, tok, pos);
-    if (megac_step(e->mm, tok) == MEGAC_OK)
-        return megac_logits(e->mm);
-    fprintf(stderr, "megac eval-kv: the cpu bundle's step at position %d: %s\n", pos, megac_error(e->mm));
+    if (megac_step(e->b.mm, tok) == MEGAC_OK)
+        return megac_logits(e->b.mm);
+    fprintf(stderr, "megac eval-kv: the cpu bundle's step at position %d: %s\n", pos, megac_error(e->b.mm));
     return NULL;
 }
 
@@ -503,13 +484,8 @@ static void evkv_close(EvKvEngine *e)
 {
     if (e->ref)
         ref_free(e->ref);
-    if (e->mm)
-        megac_close(e->mm);
-    if (e->dir[0]) {
-        driver_bundle_remove(e->bundle);
-        rmdir(e->dir);
-    }
-    memset(e, 0, sizeof *e);
+    driver_tmp_bundle_close(&e->b);
+    e->ref = NULL;
 }
 
 static int evkv_run(const EvKvArgs *a)
@@ -589,8 +565,8 @@ static int evkv_run(const EvKvArgs *a)
     if (cpu) { /* dense: every layer's attention dense, its cache full and f32 */
         static const DescOverride plain[] = {
             {"compile.attention", "[]"}, {"compile.kv_policy", "[]"}, {"compile.kv_dtype", "f32"}};
-        if (!evkv_open_cpu(&ed, a, plain, 3, "dense") || !evkv_open_cpu(&es, a, NULL, 0, "configured") ||
-            megac_set_prompt_end(es.mm, pe) != MEGAC_OK) {
+        if (!evkv_open_cpu(&ed, a, plain, 3, "dense", &d) || !evkv_open_cpu(&es, a, NULL, 0, "configured", &d) ||
+            megac_set_prompt_end(es.b.mm, pe) != MEGAC_OK) {
             evkv_close(&ed);
             evkv_close(&es);
             free(stream);

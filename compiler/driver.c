@@ -694,3 +694,42 @@ int driver_compile(const CompileOptions *o)
     return rc;
 }
 
+
+bool driver_tmp_bundle_open(DriverTmpBundle *b, const char *model, const DescOverride *sets, int nsets,
+                            const char *tag, Diag *d)
+{
+    memset(b, 0, sizeof *b);
+    if (nsets > DRIVER_MAX_SETS) {
+        diag_file_error(d, model ? model : "megac", "a cpu bundle takes at most %d --set overrides here, not %d",
+                        DRIVER_MAX_SETS, nsets);
+        return false;
+    }
+    snprintf(b->dir, sizeof b->dir, "/tmp/megac_%.16s_XXXXXX", tag);
+    if (!mkdtemp(b->dir)) {
+        diag_file_error(d, "/tmp", "cannot create a temporary folder: %s", strerror(errno));
+        b->dir[0] = 0;
+        return false;
+    }
+    snprintf(b->path, sizeof b->path, "%s/%.16s.megac", b->dir, tag);
+    CompileOptions o = {.model = model, .target = "cpu", .out = b->path, .quiet = true, .nsets = nsets};
+    for (int i = 0; i < nsets; i++)
+        o.sets[i] = sets[i];
+    int rc = driver_compile(&o);
+    if (rc == 0 && megac_open(b->path, &b->mm) == MEGAC_OK)
+        return true;
+    diag_file_error(d, model ? model : "megac", "the cpu bundle could not be %s: %s", rc ? "compiled" : "opened",
+                    rc ? "see above" : megac_last_open_error());
+    driver_tmp_bundle_close(b);
+    return false;
+}
+
+void driver_tmp_bundle_close(DriverTmpBundle *b)
+{
+    if (b->mm)
+        megac_close(b->mm);
+    if (b->dir[0]) {
+        driver_bundle_remove(b->path);
+        rmdir(b->dir);
+    }
+    memset(b, 0, sizeof *b);
+}

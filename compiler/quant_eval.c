@@ -20,7 +20,6 @@
 #include "compiler/quant.h"
 #include "runtime/megac.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -116,27 +115,9 @@ static bool eval_base(const ModelDesc *m, const char *prompt, EvalBase *b, Quant
 typedef struct EvalDec {
     Weights w;
     RefState *ref;
-    megac_model *mm;
-    char dir[64], bundle[96];
+    DriverTmpBundle b;
 } EvalDec;
 
-/* Removes the files of folder `path` (no subfolders), then the folder. */
-static void eval_rmdir(const char *path)
-{
-    DIR *dir = opendir(path);
-    struct dirent *e;
-    while (dir && (e = readdir(dir)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            char f[512];
-            snprintf(f, sizeof f, "%s/%s", path, e->d_name);
-            unlink(f);
-        }
-    if (dir)
-        closedir(dir);
-    rmdir(path);
-}
-
-/* `{embed: X, attn: X, ...}` for the classes in the set, the others none. */
 static char *eval_quant_flow(unsigned classes, QuantSpec q)
 {
     static const char *const names[] = {
@@ -159,26 +140,15 @@ static char *eval_quant_flow(unsigned classes, QuantSpec q)
 /* Compiles the model with format q for the cpu and opens the bundle. */
 static bool eval_dec_open_cpu(EvalDec *x, const QuantEvalRun *r, QuantSpec q, Diag *d)
 {
-    snprintf(x->dir, sizeof x->dir, "/tmp/megac_evalq_XXXXXX");
-    if (!mkdtemp(x->dir)) {
-        diag_file_error(d, "/tmp", "cannot create a temporary folder: %s", strerror(errno));
-        return false;
-    }
-    snprintf(x->bundle, sizeof x->bundle, "%s/b.megac", x->dir);
-    CompileOptions o = {.model = r->model, .target = "cpu", .out = x->bundle, .quiet = true};
+    DescOverride sets[DRIVER_MAX_SETS];
     ASSERT(r->nsets < DRIVER_MAX_SETS);
     for (int i = 0; i < r->nsets; i++)
-        o.sets[i] = r->sets[i];
+        sets[i] = r->sets[i];
     char *flow = eval_quant_flow(r->classes, q);
-    o.sets[r->nsets] = (DescOverride){"quant", flow};
-    o.nsets = r->nsets + 1;
-    int rc = driver_compile(&o);
+    sets[r->nsets] = (DescOverride){"quant", flow};
+    bool ok = driver_tmp_bundle_open(&x->b, r->model, sets, r->nsets + 1, "evalq", d);
     free(flow);
-    if (rc == 0 && megac_open(x->bundle, &x->mm) == MEGAC_OK)
-        return true;
-    diag_file_error(d, r->model ? r->model : "megac", "the cpu bundle for this format could not be %s: %s",
-                    rc ? "compiled" : "opened", rc ? "see above" : megac_last_open_error());
-    return false;
+    return ok;
 }
 
 static bool eval_dec_open(EvalDec *x, const ModelDesc *m, const QuantEvalRun *r, QuantSpec q, Diag *d)
@@ -199,21 +169,16 @@ static const float *eval_dec_step(EvalDec *x, int tok, int pos)
 {
     if (x->ref)
         return ref_step(x->ref, tok, pos);
-    if (megac_step(x->mm, tok) != MEGAC_OK)
-        die("eval-quant: megac_step at %d: %s", pos, megac_error(x->mm));
-    return megac_logits(x->mm);
+    if (megac_step(x->b.mm, tok) != MEGAC_OK)
+        die("eval-quant: megac_step at %d: %s", pos, megac_error(x->b.mm));
+    return megac_logits(x->b.mm);
 }
 
 static void eval_dec_close(EvalDec *x)
 {
     if (x->ref)
         ref_free(x->ref);
-    if (x->mm)
-        megac_close(x->mm);
-    if (x->dir[0]) {
-        eval_rmdir(x->bundle);
-        eval_rmdir(x->dir);
-    }
+    driver_tmp_bundle_close(&x->b);
     weights_free(&x->w);
 }
 
