@@ -311,19 +311,6 @@ static int layer_npages(const ModelDesc *m, int l)
     return (int)(np < 1 ? 1 : np > all ? all : np);
 }
 
-/* The budget of Kascade anchor layer l (at most max_seq), and its list's
- * length: the most rows it picks per kv head, at max_seq rows (ops.h,
- * topk_rows). */
-static int layer_topk_budget(const ModelDesc *m, int l)
-{
-    return m->attn[l].budget < m->max_seq ? m->attn[l].budget : m->max_seq;
-}
-
-static int layer_topk(const ModelDesc *m, int l)
-{
-    return (int)topk_rows(m->max_seq, layer_topk_budget(m, l), attn_topk_ppm(&m->attn[l]), m->max_seq);
-}
-
 static uint32_t lower_layer_buf(Lower *L, const char *what, int l)
 {
     char name[32];
@@ -407,8 +394,8 @@ static void lower_kv_write(Lower *L, int w, int l, int h)
                        acc_mode(L->sel, ACC_W, h * (int64_t)np, (h + 1) * (int64_t)np)};
         sched_op(L->s, w, OP_QUEST_SELECT, p, a);
     } else if (L->m->attn[l].kind == ATTN_KASCADE) {
-        int k = layer_topk(L->m, l);
-        int32_t p[4] = {h, k, layer_topk_budget(L->m, l), attn_topk_ppm(&L->m->attn[l])};
+        int k = kascade_list_len(L->m, l);
+        int32_t p[4] = {h, k, kascade_budget(L->m, l), attn_topk_ppm(&L->m->attn[l])};
         Access a[4] = {acc_r(L->q, h * g * hd, (h + 1) * g * hd),
                        acc_pos(kc, ACC_R, affine_const(h * S * hd), (Affine){h * S * hd + hd, hd}),
                        acc_mode(L->topksc, ACC_W, h * (g + 1) * S, (h + 1) * (g + 1) * S),
@@ -460,7 +447,7 @@ static void lower_layer_attn(Lower *L, int w, int l, int h, int sp, int ns, bool
             bool all = as->kind == ATTN_KASCADE; /* Kascade's layer 0 attends over every row */
             p[3] = SPARSE_SINK_WINDOW, p[4] = all ? 0 : as->sinks, p[5] = all ? (int32_t)S : as->window;
         } else if (as->kind == ATTN_KASCADE || as->kind == ATTN_KASCADE_REUSE) {
-            int src = as->kind == ATTN_KASCADE ? l : as->anchor, k = layer_topk(L->m, src);
+            int src = as->kind == ATTN_KASCADE ? l : as->anchor, k = kascade_list_len(L->m, src);
             int lh = as->kind == ATTN_KASCADE ? h : attn_list_head(as, h); /* the anchor's kv head it reads */
             p[3] = SPARSE_ROWS, p[4] = lh, p[5] = k;
             a[4] = acc_r(lower_layer_buf(L, "kidx", src), lh * (int64_t)k, (lh + 1) * (int64_t)k);
@@ -901,7 +888,7 @@ static void lower_buffers(Lower *L)
             nscore = L->nsplit * sparse_score_rows(cap, L->nsplit);
         if (m->attn[l].kind == ATTN_KASCADE) {
             snprintf(n, sizeof n, "kidx.%d", l);
-            lower_buf(L, n, DT_I32, BUF_SCRATCH, 2, m->n_kv_heads, layer_topk(m, l), 0, 0);
+            lower_buf(L, n, DT_I32, BUF_SCRATCH, 2, m->n_kv_heads, kascade_list_len(m, l), 0, 0);
             topk = true;
         }
         if (m->attn[l].kind == ATTN_QUEST) {

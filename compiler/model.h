@@ -19,6 +19,7 @@
 #define MEGAC_MODEL_H
 
 #include "ir/dtype.h"
+#include "ir/ops.h"
 #include "ir/util.h"
 
 typedef enum { ROPE_ADJACENT, ROPE_HALF } RopePairing;
@@ -176,6 +177,19 @@ typedef struct ModelDesc {
     int workers;                /* 0 = the target's default; at most MODEL_MAX_WORKERS */
     AttnCombine attn_combine;   /* where split attention's partials are merged */
 } ModelDesc;
+
+/* Kascade anchor layer l's budget (at most max_seq), and its list's
+ * length: the most rows it picks per kv head, at max_seq rows (ir/ops.h,
+ * topk_rows). */
+static inline int kascade_budget(const ModelDesc *m, int l)
+{
+    return m->attn[l].budget < m->max_seq ? m->attn[l].budget : m->max_seq;
+}
+
+static inline int kascade_list_len(const ModelDesc *m, int l)
+{
+    return (int)topk_rows(m->max_seq, kascade_budget(m, l), attn_topk_ppm(&m->attn[l]), m->max_seq);
+}
 
 /* ---- desc.c: model descriptions ---- */
 

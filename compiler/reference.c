@@ -240,18 +240,6 @@ static double *ref_vec(int n)
     return xcalloc((size_t)n, sizeof(double));
 }
 
-/* The most rows a Kascade anchor layer l picks per kv head (its list's
- * length: ops.h, topk_rows at max_seq rows), and its budget. */
-static int ref_topk_budget(const ModelDesc *m, int l)
-{
-    return m->attn[l].budget < m->max_seq ? m->attn[l].budget : m->max_seq;
-}
-
-static int ref_topk(const ModelDesc *m, int l)
-{
-    return (int)topk_rows(m->max_seq, ref_topk_budget(m, l), attn_topk_ppm(&m->attn[l]), m->max_seq);
-}
-
 RefState *ref_new(const Weights *w)
 {
     const ModelDesc *m = w->m;
@@ -285,7 +273,7 @@ RefState *ref_new(const Weights *w)
         if (m->kv[l].kind == KV_SNAPKV)
             s->qwin[l] = ref_vec(m->kv[l].window * s->q_dim);
         if (m->attn[l].kind == ATTN_KASCADE)
-            s->kidx[l] = xcalloc((size_t)m->n_kv_heads * (size_t)ref_topk(m, l), sizeof(int));
+            s->kidx[l] = xcalloc((size_t)m->n_kv_heads * (size_t)kascade_list_len(m, l), sizeof(int));
     }
     s->prompt_end = -1;
     ref_mats_resolve(s);
@@ -436,7 +424,7 @@ static int ref_layer_rows(RefState *s, int l, int h, int pos, int *rows)
     } else if (a->kind == ATTN_QUEST) {
         n = ref_quest_rows(s, l, h, pos, rows);
     } else if ((a->kind == ATTN_KASCADE && l > 0) || a->kind == ATTN_KASCADE_REUSE) {
-        int src = a->kind == ATTN_KASCADE ? l : a->anchor, k = ref_topk(m, src);
+        int src = a->kind == ATTN_KASCADE ? l : a->anchor, k = kascade_list_len(m, src);
         const int *list = s->kidx[src] + (size_t)(a->kind == ATTN_KASCADE ? h : attn_list_head(a, h)) * k;
         for (int i = 0; i < k; i++)
             if (list[i] >= 0)
@@ -618,7 +606,7 @@ static void ref_snap_compress(RefState *s, int l, int pos)
 static void ref_kascade_select(RefState *s, int l, int pos)
 {
     const ModelDesc *m = s->m;
-    int nkv = m->n_kv_heads, G = m->n_heads / nkv, hd = m->head_dim, k = ref_topk(m, l);
+    int nkv = m->n_kv_heads, G = m->n_heads / nkv, hd = m->head_dim, k = kascade_list_len(m, l);
     double *p = xcalloc((size_t)pos + 1, sizeof(double)), *lg = xcalloc((size_t)pos + 1, sizeof(double));
     RefRank *r = xcalloc((size_t)pos + 1, sizeof *r);
     for (int t = 0; t <= pos; t++)
@@ -635,7 +623,7 @@ static void ref_kascade_select(RefState *s, int l, int pos)
         for (int t = 0; t < pos; t++)
             r[t] = (RefRank){p[t], 0, t};
         qsort(r, (size_t)pos, sizeof *r, ref_rank_cmp);
-        int keep = (int)topk_rows(k, ref_topk_budget(m, l), attn_topk_ppm(&m->attn[l]), pos + 1) - 1;
+        int keep = (int)topk_rows(k, kascade_budget(m, l), attn_topk_ppm(&m->attn[l]), pos + 1) - 1;
         for (int t = 0; t < pos; t++)
             lg[t] = 0;
         for (int i = 0; i < keep; i++)
