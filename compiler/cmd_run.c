@@ -402,9 +402,7 @@ static bool run_desc_load(ModelDesc *m, Arena *a, const RunOptions *o, Diag *d)
     return desc_load(m, a, o->model, o->sets, o->nsets, d) && desc_check(m, d);
 }
 
-/* Writes a token's text like llama2.c's safe_printf: a lone control byte
- * (a raw <0xXX> piece that is neither printable nor space) is dropped. */
-static bool run_piece_write(const char *piece, int len)
+bool run_piece_write(const char *piece, int len)
 {
     if (len <= 0)
         return true;

@@ -60,6 +60,12 @@ void run_options_free(RunOptions *o);
 /* True when an n-token prompt fits the steps positions run (of a model of
  * max_seq); else says why on stderr, the same for every engine. */
 bool run_prompt_fits(int n, int steps, int max_seq);
+/* Writes a token's text (len bytes) to stdout and flushes, as llama2.c's
+ * safe_printf does: a lone ASCII control byte (a raw <0xXX> piece neither
+ * printable nor space) is dropped; a byte >= 0x80 is written, as it is
+ * part of a UTF-8 character split over byte tokens. False when stdout
+ * fails. Every engine prints with it. */
+bool run_piece_write(const char *piece, int len);
 /* Warns once on stderr when encoding dropped n characters of the prompt
  * (no piece, no byte token): how many, and the first (its code point, -1
  * if not UTF-8: then text[at] is the byte) with its byte offset. */

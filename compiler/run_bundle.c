@@ -19,7 +19,6 @@
 #include "compiler/run.h"
 #include "runtime/megac.h"
 
-#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -32,14 +31,9 @@
 
 #define RUN_CACHE_DIR ".megac-cache"
 
-/* Prints a piece unless it is empty or a lone unprintable byte. */
 static void piece_print(const char *p)
 {
-    if (!p[0])
-        return;
-    if (!p[1] && !isprint((unsigned char)p[0]) && !isspace((unsigned char)p[0]))
-        return;
-    fputs(p, stdout);
+    run_piece_write(p, (int)strlen(p));
 }
 
 static int on_token(void *user, int token, const char *text)
@@ -47,7 +41,6 @@ static int on_token(void *user, int token, const char *text)
     (void)user;
     (void)token;
     piece_print(text);
-    fflush(stdout);
     return 0;
 }
 

@@ -421,6 +421,28 @@ Test(cli, run_long_prompt_is_refused_by_every_engine)
     test_rm_rf(d);
 }
 
+/* Text made of byte tokens (UTF-8 split over <0xXX> pieces) prints the
+ * same from a bundle as from the reference: the bundle engine had dropped
+ * every lone byte >= 0x80, printing "caf " for "café". */
+Test(cli, run_prints_byte_tokens_the_same_on_every_engine)
+{
+    char *d = tmp_dir(), out[2][16384];
+    cr_assert_eq(megac(d, "compile default -q --set max_seq=32 -o b.megac", out[0], sizeof out[0]), 0, "%s", out[0]);
+    const char *models[] = {"b.megac", "default --set max_seq=32 --engine reference"};
+    for (int i = 0; i < 2; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "run %s -n 24 --temp 0 --prompt 'caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac'",
+                 models[i]);
+        cr_assert_eq(megac(d, args, out[i], sizeof out[i]), 0, "%s: %s", args, out[i]);
+        cr_assert(!strncmp(out[i], "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac", 11), "%s: %s", args, out[i]);
+        char *eol = strchr(out[i], '\n');
+        cr_assert(eol, "%s: %s", args, out[i]);
+        *eol = 0;
+    }
+    cr_assert_str_eq(out[0], out[1]);
+    test_rm_rf(d);
+}
+
 /* A model read from a pipe is read once, as its text: describe peeked at
  * its first bytes for a GGUF magic, and the description it then parsed
  * had lost them ("empty model description"). */
