@@ -57,6 +57,7 @@ int cmd_describe(int argc, char **argv)
         ModelDesc m;
         Diag d;
         diag_init(&d);
+        d.prog = "megac describe";
         if (desc_load(&m, &arena, model, set, nset, &d) && desc_check(&m, &d)) {
             desc_print(&m, stdout);
             rc = fflush(stdout) == 0 ? 0 : 2;

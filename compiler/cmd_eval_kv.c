@@ -494,6 +494,7 @@ static int evkv_run(const EvKvArgs *a)
     ModelDesc sparse, dense;
     Diag d;
     diag_init(&d);
+    d.prog = "megac eval-kv";
     bool ok = driver_is_default_model(a->model)
                   ? desc_parse(&sparse, &arena, "<embedded>", desc_default_yaml, strlen(desc_default_yaml), a->set,
                                a->nset, &d)

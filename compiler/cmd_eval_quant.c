@@ -234,6 +234,7 @@ static int eval_run(EvalArgs *a, unsigned classes, const QuantSpec *f, int nf)
     ModelDesc m;
     Diag d;
     diag_init(&d);
+    d.prog = "megac eval-quant";
     int rc = 2;
     if (desc_load(&m, &arena, a->model, a->set, a->nset, &d) && desc_check(&m, &d)) {
         if (a->tokens > m.max_seq) {

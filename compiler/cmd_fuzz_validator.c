@@ -45,6 +45,8 @@ typedef struct Campaign {
     FILE *null;
 } Campaign;
 
+#define FUZZ_MAX_COUNT 100000000    /* ~2.5 days at 10,000 schedules in 20 s */
+
 static void fuzz_usage(FILE *out)
 {
     fprintf(out, "usage: megac fuzz-validator [--seed S] [--count N] [--workers-max W]\n"
@@ -56,7 +58,7 @@ static void fuzz_usage(FILE *out)
                  "Prints the confusion matrix per defect class and ends with\n"
                  "  schedules=N unsafe=U false_accepts=A false_rejects=R\n\n"
                  "  --seed S         random seed (default 1)\n"
-                 "  --count N        schedules to judge (default 1000)\n"
+                 "  --count N        schedules to judge, 1..%d (default 1000)\n"
                  "  --workers-max W  most workers in a lowering (default %d)\n"
                  "  --model M        lower the model M (2..W workers, cpu; as megac lower does)\n"
                  "                   instead of the tiny models; a small max_seq keeps the\n"
@@ -66,15 +68,19 @@ static void fuzz_usage(FILE *out)
                  "  -v               print every disagreement\n\n"
                  "Exit status: 0 no false accept and every real lowering accepted, 1 otherwise,\n"
                  "2 bad options.\n",
-            MC_MAX_WORKERS, MC_MAX_WORKERS);
+            MC_MAX_WORKERS, FUZZ_MAX_COUNT, MC_MAX_WORKERS);
 }
 
+/* A decimal number (digits only: no sign, space or 0x), as every megac
+ * command reads them. */
 static bool u64_arg(const char *s, uint64_t *out)
 {
     char *end;
     errno = 0;
-    unsigned long long v = strtoull(s, &end, 0);
-    if (errno || *end || !*s || s[0] == '-')
+    if (*s < '0' || *s > '9')
+        return false;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end)
         return false;
     *out = v;
     return true;
@@ -177,6 +183,7 @@ static bool base_build(Campaign *c)
 {
     Diag d;
     diag_init(&d);
+    d.prog = "megac fuzz-validator";
     bool ok = c->model ? base_build_model(c, &d) : base_build_tiny(c, &d);
     return ok && c->nbase > 0;
 }
@@ -201,6 +208,7 @@ static void campaign_judge(Campaign *c, FuzzClass k, Schedule *s, uint64_t i)
 {
     Diag d;
     diag_init(&d);
+    d.prog = "megac fuzz-validator";
     d.out = c->null;
     const Target *t = target_lookup(s->target, &d);
     ValOptions vo = {.target = t};
@@ -304,7 +312,7 @@ int cmd_fuzz_validator(int argc, char **argv)
         bool has = i + 1 < argc && u64_arg(argv[i + 1], &v);
         if (!strcmp(argv[i], "--seed") && has)
             c.seed = v, i++;
-        else if (!strcmp(argv[i], "--count") && has)
+        else if (!strcmp(argv[i], "--count") && has && v >= 1 && v <= FUZZ_MAX_COUNT)
             c.count = v, i++;
         else if (!strcmp(argv[i], "--workers-max") && has && v >= 2 && v <= MC_MAX_WORKERS)
             c.workers_max = (int)v, i++;

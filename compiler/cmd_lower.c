@@ -118,6 +118,7 @@ int cmd_lower(int argc, char **argv)
     ModelDesc *m = ARENA_NEW(&arena, ModelDesc);
     Diag d;
     diag_init(&d);
+    d.prog = "megac lower";
     Schedule *s = NULL;
     if (!lower_args_parse(&a, argc, argv)) {
         lower_usage(stderr);

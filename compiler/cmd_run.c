@@ -560,6 +560,7 @@ int run_reference(const RunOptions *o)
     ModelDesc m;
     Diag d;
     diag_init(&d);
+    d.prog = "megac run";
     int rc = 2;
     if (run_desc_load(&m, &arena, o, &d)) {
         bool a8 = false;
@@ -600,6 +601,7 @@ static bool run_model_is_file(const RunOptions *o)
     if (S_ISFIFO(st.st_mode)) { /* the cache key reads the description, then the compile does */
         Diag d;
         diag_init(&d);
+        d.prog = "megac run";
         diag_file_error(&d, o->model, "a pipe: the %s engine reads the description twice (for the cache key, then "
                         "to compile it); give it as a file, or run it with --engine reference",
                         run_engine_name(o->engine));
@@ -612,6 +614,7 @@ static bool run_model_is_file(const RunOptions *o)
     if (!tty) {
         Diag d;
         diag_init(&d);
+        d.prog = "megac run";
         diag_file_error(&d, o->model, "not a regular file (a device): " DESC_WHAT_A_MODEL_IS);
     }
     return tty;

@@ -82,6 +82,7 @@ static int validate_sched(const Schedule *s, const SrcFile *src, const char *tna
 {
     Diag d;
     diag_init(&d);
+    d.prog = "megac validate";
     o->target = target_lookup(tname ? tname : s->target, &d);
     if (!o->target)
         return 2;
@@ -111,6 +112,7 @@ static int validate_file(const char *path, const char *tname, ValOptions *o)
     Diag d;
     SrcFile src;
     diag_init(&d);
+    d.prog = "megac validate";
     bool in = !strcmp(path, "-");
     if (!srcfile_load(&src, in ? "/dev/stdin" : path)) {
         diag_file_error(&d, path, "cannot read: %s", strerror(errno));
@@ -138,6 +140,7 @@ static int validate_model(const char *path, const char *tname, int workers, cons
     ModelDesc *m = ARENA_NEW(&arena, ModelDesc);
     Diag d;
     diag_init(&d);
+    d.prog = "megac validate";
     int rc = 2;
     if (desc_load(m, &arena, path, set, nset, &d)) {
         const Target *t = target_lookup(tname ? tname : m->targets[0] ? m->targets[0] : "cpu", &d);

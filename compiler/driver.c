@@ -671,6 +671,7 @@ int driver_compile(const CompileOptions *o)
     memset(&c, 0, sizeof c);
     c.o = o;
     diag_init(&c.d);
+    c.d.prog = "megac compile";
     c.t0 = now_s();
     double start = c.t0;
     int rc = compile_passes(&c);

@@ -2,6 +2,7 @@
  * main.c - the megac driver: dispatches to a subcommand.
  */
 #include "compiler/cli.h"
+#include "runtime/kernel_abi.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -30,7 +31,8 @@ static void usage(FILE *out)
                  "decode step (CPU via LLVM, CUDA via NVRTC) and runs it.\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %-16s %s\n", commands[i].name, commands[i].help);
-    fprintf(out, "\n'megac <command> --help' describes a command.\n");
+    fprintf(out, "\n'megac <command> --help' (or 'megac help <command>') describes a command;\n"
+                 "'megac --version' prints the version.\n");
 }
 
 bool cli_wants_help(int argc, char **argv)
@@ -50,14 +52,30 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("megac %s (kernel ABI %u; `megac doctor` reports the toolchain)\n", MEGAC_VERSION, MEGAC_KERNEL_ABI);
+        return 0;
+    }
+    bool help = !strcmp(argv[1], "help");
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || (help && argc == 2)) {
         usage(stdout);
         return 0;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (strcmp(argv[1], commands[i].name) == 0)
+    if (help && argc > 3) {
+        fprintf(stderr, "megac help: one command at a time\n");
+        usage(stderr);
+        return 2;
+    }
+    const char *name = argv[help ? 2 : 1];
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(name, commands[i].name))
+            continue;
+        if (!help)
             return commands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "megac: unknown command '%s'\n", argv[1]);
+        char *args[] = {argv[2], "--help", NULL};
+        return commands[i].fn(2, args);
+    }
+    fprintf(stderr, "megac: unknown command '%s'\n", name);
     usage(stderr);
     return 2;
 }

@@ -94,6 +94,7 @@ static bool fnv_model_files(uint64_t *h, const RunOptions *o)
     Arena a = {0};
     Diag d;
     diag_init(&d);
+    d.prog = "megac run";
     ModelDesc m;
     bool ok = o->model ? desc_load(&m, &a, o->model, o->sets, o->nsets, &d)
                        : desc_parse(&m, &a, "<embedded>", desc_default_yaml, strlen(desc_default_yaml), o->sets,
@@ -601,6 +602,7 @@ static bool bundle_target_fits(const char *bundle, const RunOptions *o)
     bool quoted = srcfile_load(&src, path);
     Diag d;
     diag_init(&d);
+    d.prog = "megac run";
     if (fit)
         diag_error(&d, &src, line, col, "the bundle was compiled for target '%s', not for engine '%s'; run it with "
                    "--engine %s", target, run_engine_name(o->engine), fit);

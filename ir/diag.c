@@ -98,7 +98,7 @@ void diag_vreport(Diag *d, const char *kind, const SrcFile *src, int line, int c
     }
     if (d && strcmp(kind, "warning") == 0)
         d->nwarnings++;
-    put_escaped(out, src && src->path ? src->path : "megac");
+    put_escaped(out, src && src->path ? src->path : d && d->prog ? d->prog : "megac");
     if (line > 0 && col > 0)
         fprintf(out, ":%d:%d: %s: ", line, col, kind);
     else if (line > 0)

@@ -78,6 +78,7 @@ typedef struct SrcFile {
 
 typedef struct Diag {
     FILE *out;              /* stderr unless redirected */
+    const char *prog;       /* what an error without a file names ("megac lower"); NULL = "megac" */
     int nerrors;
     int nwarnings;
     int max_errors;         /* stop printing after this many; 0 = 50 */

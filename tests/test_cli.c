@@ -374,11 +374,28 @@ Test(cli, bad_arguments_read_the_same_everywhere)
         {"run default --set x", "megac run: --set needs KEY=VALUE (at most 64 of them), not 'x'"},
         {"compile default --set x", "megac compile: --set needs KEY=VALUE"},
         {"fuzz-validator --model default --set x", "megac fuzz-validator: --set needs KEY=VALUE"},
+        {"fuzz-validator --count 0x10", "megac fuzz-validator: bad value for --count: '0x10'"},
+        {"fuzz-validator --count 0", "megac fuzz-validator: bad value for --count: '0'"},
+        {"lower default --target bogus", "megac lower: error: unknown target 'bogus'"},
+        {"compile default --target sm_91", "megac compile: error: unknown target 'sm_91' (did you mean 'sm_90'?)"},
+        {"help nonexist", "megac: unknown command 'nonexist'"},
+        {"help run lower", "megac help: one command at a time"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cr_assert_eq(megac(d, cases[i].args, out, sizeof out), 2, "%s: %s", cases[i].args, out);
         cr_assert(strstr(out, cases[i].want), "%s: %s", cases[i].args, out);
     }
+    test_rm_rf(d);
+}
+
+/* `megac help CMD` is `megac CMD --help`; --version names the kernel ABI. */
+Test(cli, help_names_a_command_and_version)
+{
+    char *d = tmp_dir(), out[16384];
+    cr_assert_eq(megac(d, "help compile", out, sizeof out), 0, "%s", out);
+    cr_assert(!strncmp(out, "usage: megac compile", 20), "%s", out);
+    cr_assert_eq(megac(d, "--version", out, sizeof out), 0, "%s", out);
+    cr_assert(!strncmp(out, "megac ", 6) && strstr(out, "kernel ABI"), "%s", out);
     test_rm_rf(d);
 }
 
