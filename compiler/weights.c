@@ -694,9 +694,9 @@ bool weights_load_ex(Weights *w, const ModelDesc *m, unsigned flags, const Weigh
     int before = d->nerrors;
     bool ok = false;
     switch (m->weights_format) {
-    case WFMT_LLAMA2C: /* all f32: nothing in the file decides a dtype */
+    case WFMT_LLAMA2C: /* all f32: nothing in the file decides a dtype, but its header is checked */
         w->pairing = m->rope_pairing;
-        ok = w->dtypes_only || load_llama2c(w, m->weights_path, d);
+        ok = load_llama2c(w, m->weights_path, d);
         break;
     case WFMT_SAFETENSORS: ok = load_safetensors(w, m->weights_path, d); break;
     case WFMT_GGUF: ok = load_gguf(w, m->weights_path, d); break;

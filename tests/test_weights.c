@@ -225,12 +225,12 @@ Test(weights, llama2c_unshared_classifier)
     free(path);
 }
 
-/* Loads `m` expecting failure and an error containing `want`. */
-static void expect_error(const ModelDesc *m, const char *want)
+/* Loads `m` (with flags) expecting failure and an error containing `want`. */
+static void expect_error_ex(const ModelDesc *m, unsigned flags, const char *want)
 {
     Weights w;
     char err[2048];
-    cr_assert_not(load_capture(&w, m, err, sizeof err), "loaded, expected: %s", want);
+    cr_assert_not(load_capture_ex(&w, m, flags, err, sizeof err), "loaded, expected: %s", want);
     cr_assert_not_null(strstr(err, want), "expected '%s' in:\n%s", want, err);
     cr_assert_not_null(strstr(err, m->weights_path ? m->weights_path : "tiny.yaml"), "no path in: %s", err);
     int nerr = 0;
@@ -241,6 +241,20 @@ static void expect_error(const ModelDesc *m, const char *want)
         fputs(err, stderr);
 }
 
+static void expect_error(const ModelDesc *m, const char *want)
+{
+    expect_error_ex(m, 0, want);
+}
+
+/* The same error from a load and from the header-only read that `megac
+ * lower` and `validate` make (WEIGHTS_DTYPES_ONLY): it had not opened a
+ * llama2.c file at all. */
+static void expect_error_both(const ModelDesc *m, const char *want)
+{
+    expect_error_ex(m, 0, want);
+    expect_error_ex(m, WEIGHTS_DTYPES_ONLY, want);
+}
+
 Test(weights, llama2c_bad_inputs)
 {
     size_t size;
@@ -248,49 +262,54 @@ Test(weights, llama2c_bad_inputs)
     size_t n;
     unsigned char *raw = read_bytes(path, &n);
     ModelDesc m;
+    desc_tiny(&m, WFMT_LLAMA2C, path);
+    Weights w;
+    char err[2048];
+    cr_assert(load_capture_ex(&w, &m, WEIGHTS_DTYPES_ONLY, err, sizeof err), "%s", err);
+    weights_free(&w);
 
     char *trunc = tmp_path("trunc.bin");
     write_bytes(trunc, raw, size - 4 * 16 * 24);
     desc_tiny(&m, WFMT_LLAMA2C, trunc);
-    expect_error(&m, "truncated");
+    expect_error_both(&m, "truncated");
 
     char *hdr = tmp_path("hdr.bin");
     write_bytes(hdr, raw, 20);
     desc_tiny(&m, WFMT_LLAMA2C, hdr);
-    expect_error(&m, "a llama2.c header alone is 28");
+    expect_error_both(&m, "a llama2.c header alone is 28");
 
     char *trail = tmp_path("trail.bin");
     unsigned char *big = xcalloc(size + 8, 1);
     memcpy(big, raw, size);
     write_bytes(trail, big, size + 8);
     desc_tiny(&m, WFMT_LLAMA2C, trail);
-    expect_error(&m, "trailing data");
+    expect_error_both(&m, "trailing data");
 
     desc_tiny(&m, WFMT_LLAMA2C, path);
     m.hidden_dim = 32;
-    expect_error(&m, "hidden_dim is 24, but the model description says 32");
+    expect_error_both(&m, "hidden_dim is 24, but the model description says 32");
 
     desc_tiny(&m, WFMT_LLAMA2C, path);
     m.tie_embeddings = false;
-    expect_error(&m, "shared with the embedding");
+    expect_error_both(&m, "shared with the embedding");
 
     desc_tiny(&m, WFMT_LLAMA2C, path);
     m.rope_pairing = ROPE_HALF;
-    expect_error(&m, "RoPE pairing 'adjacent'");
+    expect_error_both(&m, "RoPE pairing 'adjacent'");
 
     desc_tiny(&m, WFMT_LLAMA2C, path);
     m.qkv_bias = true;
-    expect_error(&m, "no q/k/v biases");
+    expect_error_both(&m, "no q/k/v biases");
 
     desc_tiny(&m, WFMT_LLAMA2C, "/nonexistent/x.bin");
-    expect_error(&m, "cannot open");
+    expect_error_both(&m, "cannot open");
 
     char *vmin = tmp_path("vocab_min.bin"); /* vocab_size INT32_MIN: no |vocab| to take */
     int32_t minv = INT32_MIN;
     memcpy(raw + 20, &minv, 4);
     write_bytes(vmin, raw, size);
     desc_tiny(&m, WFMT_LLAMA2C, vmin);
-    expect_error(&m, "header: vocab_size is -2147483648");
+    expect_error_both(&m, "header: vocab_size is -2147483648");
     free(vmin);
 
     free(big);
