@@ -626,6 +626,12 @@ static Schedule *without_outputs(const Schedule *s, const bool *out)
                 wk->insts[n++] = wk->insts[i];
         wk->ninst = n;
     }
+    /* such a step leaves the outputs (logits, next) as they were and the
+     * host reads none of them: they are not this step's io, which the
+     * validator requires to be read, or written whole */
+    for (uint32_t b = 0; b < t->nbufs; b++)
+        if (out[b] && t->bufs[b].cls == BUF_IO)
+            t->bufs[b].cls = BUF_STATE;
     sched_layout(t);
     return t;
 }

@@ -1,5 +1,6 @@
 /*
- * race.c - race freedom, uninitialized scratch reads and KV order.
+ * race.c - race freedom, uninitialized scratch reads, outputs written whole, and
+ * KV order.
  *
  * For each buffer that is written in the step, the accesses are grouped by
  * worker in program order. For an access a of worker j and the writes of
@@ -16,8 +17,12 @@
  * Scratch reads must be covered, for every pos, by writes that happen
  * before them (the first run of every worker, plus earlier writes of the
  * same worker); coverage is decided at every pos where the order of the
- * ranges' ends can change. KV buffers: a read that overlaps a write of this
- * step must come after it (kv-order), in the same worker too.
+ * ranges' ends can change. An io buffer that the step writes is an output
+ * (logits, next): its reads in the step are checked as scratch reads, and
+ * the step's writes must cover all of it, since the host reads it after
+ * the step; an io buffer the step neither reads nor writes is an error
+ * (an output nothing writes). KV buffers: a read that overlaps a write of
+ * this step must come after it (kv-order), in the same worker too.
  */
 #include "validator/val_int.h"
 
@@ -253,9 +258,10 @@ static void uninit_check(Race *rc, const RAcc *a)
     char da[256];
     acc_desc(v, rc->buf, a, da, sizeof da);
     val_error(v, &v->r->nuninit, val_inst(v, a->w, a->t)->line,
-              "uninit: %s, but element %lld (pos=%lld) of scratch buffer %s is not written by anything that "
+              "uninit: %s, but element %lld (pos=%lld) of %s buffer %s is not written by anything that "
               "happens before it",
-              da, (long long)gap, (long long)pos, v->s->bufs[rc->buf].name);
+              da, (long long)gap, (long long)pos, v->s->bufs[rc->buf].cls == BUF_IO ? "output" : "scratch",
+              v->s->bufs[rc->buf].name);
     for (uint32_t k = 0; k < rc->b->nwr; k++) {
         const RAcc *x = &rc->b->wr[k];
         int64_t p;
@@ -321,9 +327,27 @@ static void buffer_check(Race *rc)
             else if (buf->cls == BUF_KV && a->mode == ACC_R)
                 kv_same_worker_check(rc, a, s, e);
         }
-        if (buf->cls == BUF_SCRATCH && (a->mode & ACC_R))
+        if ((buf->cls == BUF_SCRATCH || buf->cls == BUF_IO) && (a->mode & ACC_R))
             uninit_check(rc, a);
     }
+}
+
+/* An output (an io buffer the step writes) must be written whole, for
+ * every pos: the host reads it after the step. */
+static void output_check(Race *rc)
+{
+    Val *v = rc->v;
+    const Buffer *buf = &v->s->bufs[rc->buf];
+    RAcc whole = {.lo = {.c = 0}, .hi = {.c = buf->nelem}, .hlo = 0, .hhi = buf->nelem};
+    rc->ncov = 0;
+    for (uint32_t k = 0; k < rc->b->nwr; k++)
+        cov_push(rc, &rc->b->wr[k]);
+    int64_t pos = 0, gap = 0;
+    if (!covered_all(rc, &whole, &pos, &gap))
+        val_error(v, &v->r->nuninit, buf->line,
+                  "uninit: element %lld (pos=%lld) of output buffer %s is written by nothing in the step; the "
+                  "host reads it after the step",
+                  (long long)gap, (long long)pos, buf->name);
 }
 
 /* Buckets every access on a buffer that is written or is scratch. */
@@ -358,12 +382,20 @@ void val_race_check(Val *v)
     BufAccs *ba = accesses_collect(v);
     Race rc = {.v = v};
     for (uint32_t b = 0; b < v->s->nbufs; b++) {
-        if (ba[b].nwr == 0 && v->s->bufs[b].cls != BUF_SCRATCH)
+        BufClass cls = v->s->bufs[b].cls;
+        if (cls == BUF_IO && ba[b].nall == 0)
+            val_error(v, &v->r->nuninit, v->s->bufs[b].line,
+                      "uninit: io buffer %s is neither read nor written by the step (an input nothing reads, or "
+                      "an output nothing writes)",
+                      v->s->bufs[b].name);
+        if (ba[b].nwr == 0 && cls != BUF_SCRATCH)
             continue;
         rc.b = &ba[b];
         rc.buf = b;
         runs_build(rc.b);
         buffer_check(&rc);
+        if (cls == BUF_IO)
+            output_check(&rc);
     }
     for (uint32_t b = 0; b < v->s->nbufs; b++) {
         free(ba[b].all);

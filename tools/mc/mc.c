@@ -9,7 +9,9 @@
  * and not all done is a deadlock; two enabled ops of different workers
  * that conflict (same buffer, overlapping at some checked pos, one
  * writes) are a race; an enabled scratch read not covered by the writes
- * already executed is uninit; an enabled KV read overlapping a write of
+ * already executed is uninit, and so is an output's (an io buffer some op
+ * writes: logits, next), whose elements must all be written when every
+ * worker is done; an io buffer no op reads or writes is uninit too; an enabled KV read overlapping a write of
  * the step that has not executed is a kv-order violation.
  *
  * Why "both enabled in one reachable state" is the race definition that
@@ -135,7 +137,7 @@ static bool const_range(const Access *a)
     return a->lo.k == 0 && a->hi.k == 0;
 }
 
-/* Is read `r` of a scratch buffer covered by executed writes at pos p? */
+/* Is read `r` of a scratch or output buffer covered by executed writes at pos p? */
 static bool covered(Mc *m, uint64_t st, const Access *r, int64_t p)
 {
     int64_t lo = affine_at(r->lo, p), hi = affine_at(r->hi, p);
@@ -186,7 +188,7 @@ static bool reads_check(Mc *m, uint64_t st, uint32_t w)
         if (cls == BUF_KV && kv_pending(m, st, w, a))
             return mc_fail(m, &m->r->kv_order, "w%u i%u reads KV %s before its write this step", w, pc_of(st, w),
                            m->s->bufs[a->buf].name);
-        if (cls != BUF_SCRATCH)
+        if (cls != BUF_SCRATCH && !m->output[a->buf])
             continue;
         int np = const_range(a) ? 1 : m->npos;
         for (int k = 0; k < np; k++)
@@ -222,6 +224,13 @@ static bool state_check(Mc *m, uint64_t st, bool *any_enabled)
     }
     if (!all_done && !*any_enabled)
         return mc_fail(m, &m->r->deadlock, "deadlock: no worker can move");
+    for (uint32_t b = 0; all_done && b < m->s->nbufs; b++) {
+        Access whole = {.buf = b, .mode = ACC_R, .lo = {0, 0}, .hi = {m->s->bufs[b].nelem, 0}};
+        for (int k = 0; m->output[b] && k < m->npos; k++)
+            if (!covered(m, st, &whole, m->pos[k]))
+                return mc_fail(m, &m->r->uninit, "output %s is not all written at the end (pos %lld)",
+                               m->s->bufs[b].name, (long long)m->pos[k]);
+    }
     return true;
 }
 
@@ -282,9 +291,19 @@ static void mc_prepare(Mc *m)
             m->pos[m->npos++] = cand[i];
     }
     m->conf = xcalloc((size_t)m->ntotal * m->ntotal + 1, 1);
+    m->output = xcalloc(s->nbufs ? s->nbufs : 1, 1);
+    for (uint32_t w = 0; w < m->nw; w++)
+        for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
+            const Inst *in = inst_at(m, w, t);
+            for (int i = 0; in->kind == INST_OP && i < in->nacc; i++) {
+                const Access *a = &s->accs[in->acc + i];
+                if (a->buf != BUF_NONE && (a->mode & ACC_W) && s->bufs[a->buf].cls == BUF_IO)
+                    m->output[a->buf] = 1;
+            }
+        }
     int64_t big = 1;
     for (uint32_t b = 0; b < s->nbufs; b++)
-        if (s->bufs[b].cls == BUF_SCRATCH && s->bufs[b].nelem > big)
+        if ((s->bufs[b].cls == BUF_SCRATCH || m->output[b]) && s->bufs[b].nelem > big)
             big = s->bufs[b].nelem;
     m->mark = xcalloc((size_t)big, 1);
 }
@@ -316,6 +335,7 @@ McVerdict mc_check(const Schedule *s, const McOptions *o, McResult *r)
     free(m.sigpre);
     free(m.conf);
     free(m.mark);
+    free(m.output);
     free(m.set);
     return r->verdict;
 }

@@ -17,7 +17,8 @@ typedef struct Mc {
     int64_t pos[MC_ALL_POS];
     int npos;
     uint8_t *conf;          /* (ntotal^2) memo: 0 unknown, 1 no conflict, 2 conflict */
-    uint8_t *mark;          /* coverage bitmap, largest scratch buffer */
+    uint8_t *mark;          /* coverage bitmap, largest scratch or output buffer */
+    uint8_t *output;        /* per buffer: 1 for an io buffer some op writes */
     uint64_t *set;          /* visited states: open addressing, key + 1 */
     uint64_t setcap, nset;
 } Mc;
