@@ -9,6 +9,7 @@
 #include "compiler/cli.h"
 #include "compiler/compile.h"
 #include "compiler/driver.h"
+#include "runtime/backend.h"
 #include "validator/validator.h"
 
 #include <errno.h>
@@ -22,9 +23,9 @@ static void validate_usage(FILE *out)
 {
     fprintf(out, "usage: megac validate X.sched|-|B.megac|MODEL [--target T] [--threads N] [--regs N] [--smem BYTES]\n"
                  "                      [--workers N] [--set key=value]...\n\n"
-                 "Proves the schedule free of deadlocks, data races, uninitialized scratch reads\n"
-                 "and KV-order violations for every pos in [0, max_seq), and checks its structure\n"
-                 "and that its workers can all be resident on the target. '-' reads stdin, a\n"
+                 "Proves the schedule free of deadlocks, data races, uninitialized scratch reads,\n"
+                 "outputs left unwritten and KV-order violations for every pos in [0, max_seq), and\n"
+                 "checks its structure and that its workers can all be resident on the target. '-' reads stdin, a\n"
                  "bundle (NAME.megac/) its schedule.sched. A model (a description, GGUF file,\n"
                  "HF folder or llama2.c checkpoint) is lowered first, as `megac lower` lowers it: the schedule\n"
                  "`megac compile` builds.\n\n"
@@ -35,7 +36,9 @@ static void validate_usage(FILE *out)
                  "  --smem BYTES   shared memory per block\n"
                  "  --workers N    a model's worker count (as megac lower)\n"
                  "  --set k=v      override a model's description key (repeatable)\n"
-                 "Without the kernel's resources a CUDA target is assumed to hold one block per SM.\n\n"
+                 "--regs and --smem need --threads; all three apply to CUDA targets. Without them a\n"
+                 "CUDA target is assumed to hold one block per SM. A bundle's schedule must match its\n"
+                 "manifest's hash.\n\n"
                  "Exit status: 0 safe, 1 findings, 2 unreadable input, bad options, or a schedule past\n"
                  "the validator's budget (NOT CHECKED; MEGAC_VALIDATE_MAX_GB sets its memory, default 8).\n");
 }
@@ -86,6 +89,11 @@ static int validate_sched(const Schedule *s, const SrcFile *src, const char *tna
     o->target = target_lookup(tname ? tname : s->target, &d);
     if (!o->target)
         return 2;
+    if (o->target->kind != TARGET_CUDA && o->threads_per_block) {
+        fprintf(stderr, "megac validate: --threads, --regs and --smem apply to CUDA targets, not %s\n",
+                o->target->name);
+        return 2;
+    }
     o->src = src;
     ValResult r;
     double t0 = now_ms();
@@ -115,7 +123,7 @@ static int validate_file(const char *path, const char *tname, ValOptions *o)
     d.prog = "megac validate";
     bool in = !strcmp(path, "-");
     if (!srcfile_load(&src, in ? "/dev/stdin" : path)) {
-        diag_file_error(&d, path, "cannot read: %s", strerror(errno));
+        diag_file_error(&d, path, "cannot read: %s", errno == ENODEV ? "not a regular file (a device)" : strerror(errno));
         return 2;
     }
     if (in) {
@@ -212,6 +220,34 @@ static char *validate_bundle_schedule(const char *path)
     return bundle ? xasprintf("%s/schedule.sched", path) : NULL;
 }
 
+/* A bundle's schedule.sched must be the one its manifest was written for
+ * (the runtime refuses it otherwise): validating another would say "safe"
+ * of a bundle that cannot run. False (reported) when it is not. */
+static bool validate_bundle_hash(const char *dir, const char *sched)
+{
+    char *mpath = xasprintf("%s/manifest.yaml", dir), err[512];
+    size_t mlen = 0, slen = 0;
+    char *mtext = read_file(mpath, &mlen), *stext = read_file(sched, &slen);
+    RtManifest man;
+    bool ok = false;
+    if (!mtext || !stext)
+        fprintf(stderr, "megac validate: %s: cannot read: %s\n", mtext ? sched : mpath,
+                errno == ENODEV ? "not a regular file (a device)" : strerror(errno));
+    else if (rt_manifest_parse(&man, mpath, mtext, mlen, err, sizeof err) != MEGAC_OK)
+        fprintf(stderr, "%s\n", err);
+    else if (hash_fnv1a(stext, slen, HASH_FNV_INIT) != man.schedule_hash)
+        fprintf(stderr, "%s: error: schedule hash %016llx does not match the manifest's %016llx (the schedule was "
+                        "changed after compilation; the runtime refuses this bundle)\n",
+                sched, (unsigned long long)hash_fnv1a(stext, slen, HASH_FNV_INIT),
+                (unsigned long long)man.schedule_hash);
+    else
+        ok = true;
+    free(mpath);
+    free(mtext);
+    free(stext);
+    return ok;
+}
+
 #define VALIDATE_MAX_SETS 64
 
 int cmd_validate(int argc, char **argv)
@@ -255,8 +291,15 @@ int cmd_validate(int argc, char **argv)
         if (!ok)
             goto out;
     }
-    if (path && (inner = validate_bundle_schedule(path)) != NULL)
+    if (!o.threads_per_block && (o.regs_per_thread || o.smem_per_block)) {
+        fprintf(stderr, "megac validate: --regs and --smem need --threads (the kernel's threads per block)\n");
+        goto out;
+    }
+    if (path && (inner = validate_bundle_schedule(path)) != NULL) {
+        if (!validate_bundle_hash(path, inner))
+            goto out;
         path = inner;
+    }
     if (!path) {
         validate_usage(stderr);
     } else if (validate_is_schedule(path)) {

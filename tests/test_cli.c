@@ -388,6 +388,26 @@ Test(cli, bad_arguments_read_the_same_everywhere)
     test_rm_rf(d);
 }
 
+/* `megac validate B.megac` checks the bundle's schedule, and that it is the
+ * one the manifest was written for: another one (here a 1-worker bundle's)
+ * had been judged safe although the runtime refuses the bundle. */
+Test(cli, validate_checks_a_bundles_schedule_hash)
+{
+    char *d = tmp_dir(), out[16384];
+    cr_assert_eq(megac(d, "compile default -q --workers 1 -o b1.megac", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(megac(d, "compile default -q --workers 2 -o b2.megac", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(megac(d, "validate b2.megac", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "b2.megac/schedule.sched: safe"), "%s", out);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "cp '%s/b1.megac/schedule.sched' '%s/b2.megac/schedule.sched'", d, d);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(megac(d, "validate b2.megac", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "b2.megac/schedule.sched: error: schedule hash") &&
+                  strstr(out, "does not match the manifest's"),
+              "%s", out);
+    test_rm_rf(d);
+}
+
 /* `megac help CMD` is `megac CMD --help`; --version names the kernel ABI. */
 Test(cli, help_names_a_command_and_version)
 {

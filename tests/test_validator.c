@@ -312,8 +312,9 @@ Test(cli, validate_exit_codes)
     cr_assert_eq(WEXITSTATUS(system(cmd)), 0);
 }
 
-/* Kernel resources out of CUDA's range are bad options (2), not findings;
- * '-' reads stdin; two schedules are refused. */
+/* Kernel resources out of CUDA's range, or given where they mean nothing,
+ * are bad options (2), not findings; '-' reads stdin; two schedules are
+ * refused. */
 Test(cli, validate_options_and_operands)
 {
     static const struct {
@@ -326,6 +327,10 @@ Test(cli, validate_options_and_operands)
         {"tiny_layer.sched tiny_layer_sm90.sched", "megac validate: one schedule or model at a time", 2},
         {"- < tiny_layer.sched", "megac validate: <stdin>: safe:", 0},
         {"tiny_layer_sm90.sched --threads 1024 --regs 64", "safe", 0},
+        {"tiny_layer_sm90.sched --smem 1024", "megac validate: --regs and --smem need --threads", 2},
+        {"tiny_layer.sched --threads 128", "megac validate: --threads, --regs and --smem apply to CUDA targets, not cpu",
+         2},
+        {"/dev/null", "/dev/null: error: cannot read: not a regular file (a device)", 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char cmd[1024], out[4096];
