@@ -8,6 +8,7 @@
  */
 #include "compiler/cli.h"
 #include "compiler/compile.h"
+#include "compiler/doc.h"
 #include "compiler/quant.h"
 
 #include <errno.h>
@@ -162,18 +163,25 @@ static void eval_print(FILE *out, const ModelDesc *m, const EvalArgs *a, const Q
     }
 }
 
-/* s as a JSON string (quotes, backslashes and control bytes escaped). */
+/* s as a JSON string: quotes, backslashes and control bytes escaped, and
+ * each byte that is not part of well-formed UTF-8 (a prompt given as raw
+ * bytes) written as U+FFFD, since JSON text is Unicode. */
 static void eval_json_str(FILE *f, const char *s)
 {
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strlen(s);
     fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = p[i];
+        int k = c < 0x80 ? 1 : utf8_len(p + i, n - i);
         if (c == '"' || c == '\\')
             fprintf(f, "\\%c", c);
         else if (c < 0x20)
             fprintf(f, "\\u%04x", c);
+        else if (!k)
+            fputs("\\ufffd", f);
         else
-            fputc(c, f);
+            fwrite(p + i, 1, (size_t)k, f), i += (size_t)k - 1;
     }
     fputc('"', f);
 }

@@ -567,6 +567,14 @@ Test(cli, eval_quant_checks_before_evaluating)
                        sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "megac eval-quant: note: the prompt has 17 tokens; evaluating its first 4 (--tokens)"), "%s",
               out);
+    /* --json is JSON whatever the prompt's bytes: escapes, and U+FFFD for a
+     * byte outside UTF-8 (it had been written raw) */
+    cr_assert_eq(megac(d, "eval-quant default --tokens 4 --formats f16 --json j.json "
+                          "--prompt \"$(printf 'a\\042b\\134c\\001\\377 \\303\\251')\"", out, sizeof out), 0,
+                 "%s", out);
+    char json[8192];
+    file_read(d, "j.json", json, sizeof json);
+    cr_assert(strstr(json, "\"prompt\": \"a\\\"b\\\\c\\u0001\\ufffd \xc3\xa9\""), "%s", json);
     test_rm_rf(d);
 }
 
