@@ -950,9 +950,16 @@ static bool lower_check(const ModelDesc *m, int workers, Diag *d)
         ok = lower_fail(m, d, "%s %lld exceeds MODEL_MAX_LAYERS", "n_layers", m->n_layers);
     if (workers > 65535)
         ok = lower_fail(m, d, "%s %lld is more than 65535", "workers", workers);
-    if ((int64_t)m->vocab_size * m->dim > INT32_MAX || (int64_t)m->hidden_dim * m->dim > INT32_MAX ||
-        (int64_t)m->n_heads * m->head_dim * m->dim > INT32_MAX)
-        ok = lower_fail(m, d, "%s: a weight matrix has more than 2^31 elements (%lld)", "not supported yet", 0);
+    const struct {
+        const char *what;
+        int64_t rows;
+    } mats[] = {{"the embedding (vocab_size x dim)", m->vocab_size},
+                {"w_gate, w_up and w_down (hidden_dim x dim)", m->hidden_dim},
+                {"wq and wo (n_heads * head_dim x dim)", (int64_t)m->n_heads * m->head_dim}};
+    for (size_t i = 0; ok && i < sizeof mats / sizeof mats[0]; i++)
+        if (mats[i].rows * m->dim > INT32_MAX)
+            ok = lower_fail(m, d, "not supported yet: %s: %lld elements in one matrix, more than 2^31 - 1", mats[i].what,
+                            (long long)(mats[i].rows * m->dim));
     if (m->act_dtype != DT_F32)
         ok = lower_fail(m, d, "%s: activation dtype %lld is not f32", "not supported yet", m->act_dtype);
     if (!dtype_is_cache(m->kv_dtype))

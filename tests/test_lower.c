@@ -506,6 +506,9 @@ Test(lower, rejects_unsupported_models)
     expect_reject(toy(63, 172, 1, 9, 3, 7, 512, 64), "head_dim 7 is odd");
     expect_reject(toy(64, 172, 1, 8, 3, 8, 512, 64), "must divide n_heads");
     expect_reject(toy(64, 0, 1, 8, 4, 8, 512, 64), "hidden_dim must be positive");
+    expect_reject(toy(1 << 20, 172, 1, 1, 1, 1 << 20, 512, 64),
+                  "not supported yet: wq and wo (n_heads * head_dim x dim): 1099511627776 elements in one matrix");
+    expect_reject(toy(4096, 172, 1, 32, 8, 128, 1 << 20, 64), "the embedding (vocab_size x dim): 4294967296 elements");
     ModelDesc *m = stories260k();
     m->kv[2] = (KvPolicy){.kind = KV_SNAPKV, .budget = 32, .window = 32};
     expect_reject(m, "snapkv: 1 <= window < budget");
