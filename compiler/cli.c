@@ -47,12 +47,71 @@ void cli_sets_free(DescOverride *set, int n)
         free((char *)set[i].key);
 }
 
+/* The length of the decimal number at s: [-]digits, then (frac) .digits
+ * and (frac) [eE][-+]digits; 0 when s does not start with one. */
+static size_t number_span(const char *s, bool frac)
+{
+    size_t i = s[0] == '-', d = strspn(s + i, "0123456789");
+    i += d;
+    if (frac && s[i] == '.') {
+        size_t f = strspn(s + i + 1, "0123456789");
+        if (!d && !f)
+            return 0;
+        i += 1 + f, d += f;
+    }
+    if (!d)
+        return 0;
+    if (frac && (s[i] == 'e' || s[i] == 'E')) {
+        size_t j = i + 1 + (s[i + 1] == '-' || s[i + 1] == '+'), e = strspn(s + j, "0123456789");
+        if (!e)
+            return 0;
+        i = j + e;
+    }
+    return i;
+}
+
+bool cli_parse_long(const char *s, long lo, long hi, long *out)
+{
+    size_t n = number_span(s, false);
+    if (!n || s[n])
+        return false;
+    errno = 0;
+    long v = strtol(s, NULL, 10);
+    if (errno || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+bool cli_parse_u64(const char *s, uint64_t *out)
+{
+    size_t n = number_span(s, false);
+    if (!n || s[n] || s[0] == '-')
+        return false;
+    errno = 0;
+    unsigned long long v = strtoull(s, NULL, 10);
+    if (errno)
+        return false;
+    *out = v;
+    return true;
+}
+
+bool cli_parse_double(const char *s, double lo, double hi, double *out)
+{
+    size_t n = number_span(s, true);
+    if (!n || s[n])
+        return false;
+    double v = strtod(s, NULL);
+    if (!(v >= lo && v <= hi))
+        return false;
+    *out = v;
+    return true;
+}
+
 bool cli_workers_parse(const char *cmd, const char *s, int *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < 1 || v > MODEL_MAX_WORKERS) {
+    long v;
+    if (!cli_parse_long(s, 1, MODEL_MAX_WORKERS, &v)) {
         fprintf(stderr, "megac %s: --workers needs a number in 1..%d, not '%s'\n", cmd, MODEL_MAX_WORKERS, s);
         return false;
     }

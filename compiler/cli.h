@@ -8,6 +8,7 @@
 #define MEGAC_CLI_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "compiler/model.h"
 
@@ -31,6 +32,14 @@ bool cli_wants_help(int argc, char **argv);
  * needs a value" (needs_value: a known option given last), "unknown option
  * 'X'", or "unexpected argument 'X'" for an extra operand. Returns false. */
 bool cli_bad_arg(const char *cmd, const char *arg, bool needs_value);
+/* How every megac option reads a number, so that all commands take the
+ * same spellings: decimal digits with an optional leading '-' (no space,
+ * '+', 0x or octal), and for cli_parse_double a fraction and an exponent
+ * (no hex floats, inf or nan). Each is false, saying nothing, when s is
+ * not such a number or lies outside [lo, hi]. */
+bool cli_parse_long(const char *s, long lo, long hi, long *out);
+bool cli_parse_u64(const char *s, uint64_t *out);
+bool cli_parse_double(const char *s, double lo, double hi, double *out);
 /* Parses --workers' value into *out (1..MODEL_MAX_WORKERS, as
  * compile.workers); false after saying so, with the range. */
 bool cli_workers_parse(const char *cmd, const char *s, int *out);

@@ -66,9 +66,8 @@ static void bench_usage(FILE *out)
 /* A positive int option value, or -1. */
 static int parse_count(const char *s, int max)
 {
-    char *end;
-    long v = strtol(s, &end, 10);
-    return (*s && !*end && v > 0 && v <= max) ? (int)v : -1;
+    long v;
+    return cli_parse_long(s, 1, max, &v) ? (int)v : -1;
 }
 
 static bool bench_args_parse(int argc, char **argv, BenchOptions *o)

@@ -95,9 +95,8 @@ static void evkv_usage(FILE *out)
 
 static bool evkv_int(const char *opt, const char *s, long lo, long hi, long *out)
 {
-    char *e;
-    long v = strtol(s, &e, 10);
-    if (!*s || *e || v < lo || v > hi) {
+    long v;
+    if (!cli_parse_long(s, lo, hi, &v)) {
         fprintf(stderr, "megac eval-kv: %s needs a number from %ld to %ld, not '%s'\n", opt, lo, hi, s);
         return false;
     }
@@ -151,10 +150,8 @@ static bool evkv_args(EvKvArgs *a, int argc, char **argv)
             a->budget = (int)v;
             a->plan_opt = s;
         } else if (!strcmp(s, "--fraction")) {
-            char *e;
             const char *f = argv[++i];
-            a->fraction = strtod(f, &e);
-            if (!*f || *e || !(a->fraction > 0.0 && a->fraction <= 1.0)) {
+            if (!cli_parse_double(f, 0.0, 1.0, &a->fraction) || a->fraction == 0.0) {
                 fprintf(stderr, "megac eval-kv: --fraction needs a number above 0 and at most 1, not '%s'\n", f);
                 return false;
             }
@@ -372,6 +369,9 @@ static void kplan_print_reuse(const KPlan *k, int i, int lo, int hi, bool same_h
 static void evkv_plan(const EvKvArgs *a, const ModelDesc *m, RefState *rd, int *stream, int n, int np)
 {
     int L = m->n_layers, N = a->plan < L ? a->plan : L, K = a->budget, nkv = m->n_kv_heads;
+    if (a->plan > L)
+        fprintf(stderr, "megac eval-kv: note: --plan-kascade %d is more than the model's %d layers; planning %d\n",
+                a->plan, L, L);
     bool same = a->same_heads || nkv > ATTN_MAX_HEAD_MAP;
     int ppm = (int)(a->fraction * 1e6 + 0.5), cap = (int)topk_rows(n, K, ppm, n); /* the most rows a step picks */
     KPlan k = {L, nkv, cap, 0, K, ppm, 0, NULL, NULL, NULL, NULL, NULL, n};

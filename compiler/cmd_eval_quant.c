@@ -80,9 +80,8 @@ static bool eval_args_parse(EvalArgs *a, int argc, char **argv)
         } else if (!strcmp(s, "--json")) {
             a->json = argv[++i];
         } else if (!strcmp(s, "--tokens")) {
-            char *e;
-            long v = strtol(argv[++i], &e, 10);
-            if (*e || v < 2 || v > 1000000) {
+            long v;
+            if (!cli_parse_long(argv[++i], 2, 1000000, &v)) {
                 fprintf(stderr, "megac eval-quant: --tokens needs a number of at least 2, not '%s'\n", argv[i]);
                 return false;
             }
@@ -102,13 +101,28 @@ static bool eval_args_parse(EvalArgs *a, int argc, char **argv)
     return a->model != NULL;
 }
 
-/* Splits the comma-separated list; false (after printing why) on a bad name. */
+/* The next item of a comma-separated list at *p (cut in place; empty
+ * where two commas meet or after a last comma), NULL past the end. */
+static char *list_next(char **p)
+{
+    char *t = *p;
+    if (!t)
+        return NULL;
+    char *c = strchr(t, ',');
+    *p = c ? c + 1 : NULL;
+    if (c)
+        *c = 0;
+    return t;
+}
+
+/* Splits the comma-separated list; false (after printing why) on a bad or
+ * empty name. */
 static bool eval_formats_parse(const char *list, QuantSpec *f, int *n)
 {
-    char *s = xstrdup(list), *save = NULL;
+    char *s = xstrdup(list), *at = s;
     bool ok = true;
     *n = 0;
-    for (char *t = strtok_r(s, ",", &save); t && ok; t = strtok_r(NULL, ",", &save)) {
+    for (char *t = *s ? list_next(&at) : NULL; t && ok; t = list_next(&at)) {
         QuantSpec q;
         ok = *n < EVAL_MAX_FORMATS && quant_spec_parse(t, &q) && quant_spec_dtype(q, DT_F32) >= 0 &&
              q.kind != QUANT_NONE;
@@ -132,9 +146,9 @@ static unsigned eval_classes_parse(const char *list)
         TCLASS_LIST(X)
 #undef X
     };
-    char *s = xstrdup(list), *save = NULL;
+    char *s = xstrdup(list), *at = s;
     unsigned set = 0;
-    for (char *t = strtok_r(s, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    for (char *t = *s ? list_next(&at) : NULL; t; t = list_next(&at)) {
         int c = TCLASS_COUNT;
         while (--c >= 0 && strcmp(t, names[c]) != 0)
             ;

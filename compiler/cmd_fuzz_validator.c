@@ -71,21 +71,6 @@ static void fuzz_usage(FILE *out)
             MC_MAX_WORKERS, FUZZ_MAX_COUNT, MC_MAX_WORKERS);
 }
 
-/* A decimal number (digits only: no sign, space or 0x), as every megac
- * command reads them. */
-static bool u64_arg(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    if (*s < '0' || *s > '9')
-        return false;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end)
-        return false;
-    *out = v;
-    return true;
-}
-
 /* Tiny models: dim, hidden, layers, heads, kv_heads, head_dim, vocab, max_seq. */
 static const int tiny_models[][8] = {
     {16, 32, 1, 2, 1, 8, 32, 16},
@@ -309,7 +294,7 @@ int cmd_fuzz_validator(int argc, char **argv)
     Campaign c = {.seed = 1, .count = 1000, .workers_max = MC_MAX_WORKERS};
     for (int i = 1; i < argc; i++) {
         uint64_t v = 0;
-        bool has = i + 1 < argc && u64_arg(argv[i + 1], &v);
+        bool has = i + 1 < argc && cli_parse_u64(argv[i + 1], &v);
         if (!strcmp(argv[i], "--seed") && has)
             c.seed = v, i++;
         else if (!strcmp(argv[i], "--count") && has && v >= 1 && v <= FUZZ_MAX_COUNT)

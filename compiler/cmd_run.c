@@ -81,36 +81,12 @@ static void run_usage(FILE *out)
 
 /* ---- option parsing ---- */
 
-static bool run_parse_long(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return false;
-    *out = v;
-    return true;
-}
-
 static bool run_parse_float(const char *s, double lo, double hi, float *out)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi))
+    double v;
+    if (!cli_parse_double(s, lo, hi, &v))
         return false;
     *out = (float)v;
-    return true;
-}
-
-static bool run_parse_seed(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || *s == '-')
-        return false;
-    *out = v;
     return true;
 }
 
@@ -190,7 +166,7 @@ static int run_option_apply(RunOptions *o, const char *opt, const char *val)
             t[--len] = 0;
         o->prompt = o->prompt_text = t;
     } else if (!strcmp(opt, "-n")) {
-        if (!run_parse_long(val, 0, RUN_MAX_STEPS, &v))
+        if (!cli_parse_long(val, 0, RUN_MAX_STEPS, &v))
             return run_bad_value(opt, val, "a number in 0..%ld (0: the model's context)", RUN_MAX_STEPS);
         o->steps = (int)v;
         o->steps_given = true;
@@ -198,14 +174,14 @@ static int run_option_apply(RunOptions *o, const char *opt, const char *val)
         if (!run_parse_float(val, 0, 1e6, &o->temperature))
             return run_bad_value(opt, val, "a number in 0..1e6 (0: greedy)");
     } else if (!strcmp(opt, "--top-k")) {
-        if (!run_parse_long(val, 0, RUN_MAX_STEPS, &v))
+        if (!cli_parse_long(val, 0, RUN_MAX_STEPS, &v))
             return run_bad_value(opt, val, "a number in 0..%ld (0: off)", RUN_MAX_STEPS);
         o->top_k = (int)v;
     } else if (!strcmp(opt, "--top-p")) {
         if (!run_parse_float(val, 0, 1, &o->top_p) || o->top_p <= 0)
             return run_bad_value(opt, val, "a number above 0, at most 1 (1: off)");
     } else if (!strcmp(opt, "--seed")) {
-        if (!run_parse_seed(val, &o->seed))
+        if (!cli_parse_u64(val, &o->seed))
             return run_bad_value(opt, val, "a number in 0..%llu", (unsigned long long)UINT64_MAX);
         o->seed_given = true;
     } else if (!strcmp(opt, "--set")) {

@@ -61,10 +61,8 @@ static bool int_arg(const char *opt, const char *s, int *out)
     const ValidateRange *r = validate_ranges;
     while (strcmp(r->name, opt) != 0)
         r++;
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < r->lo || v > r->hi) {
+    long v;
+    if (!cli_parse_long(s, r->lo, r->hi, &v)) {
         fprintf(stderr, "megac validate: %s needs a number in %ld..%ld, not '%s'\n", opt, r->lo, r->hi, s);
         return false;
     }
