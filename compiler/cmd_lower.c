@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define LOWER_MAX_SETS 64
 
@@ -81,13 +82,16 @@ static bool lower_write(const Schedule *s, const char *path)
         return false;
     }
     sched_print(s, f);
-    bool ok = !ferror(f);
-    if (path && fclose(f) != 0)
-        ok = false;
-    else if (!path && fflush(f) != 0)
-        ok = false;
+    errno = 0;
+    bool ok = fflush(f) == 0 && !ferror(f);
+    int e = errno;
+    if (path && fclose(f) != 0 && ok)
+        ok = false, e = errno;
     if (!ok)
-        fprintf(stderr, "megac lower: error writing %s\n", path ? path : "stdout");
+        fprintf(stderr, "megac lower: error writing %s: %s\n", path ? path : "stdout", e ? strerror(e) : "I/O error");
+    struct stat st;
+    if (!ok && path && stat(path, &st) == 0 && S_ISREG(st.st_mode))
+        remove(path); /* a partial schedule would parse as far as it goes */
     return ok;
 }
 

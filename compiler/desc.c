@@ -26,6 +26,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 const char desc_default_name[] = "default";
 const char desc_default_yaml[] =
@@ -2147,7 +2148,13 @@ bool desc_load(ModelDesc *m, Arena *a, const char *path, const DescOverride *ov,
     char *as = NULL, *text = desc_source(path, &len, &as, &written);
     if (!text) {
         int e = errno;
-        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        char *manifest = xasprintf("%s/manifest.yaml", path);
+        bool bundle = access(manifest, F_OK) == 0;
+        free(manifest);
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && bundle)
+            diag_file_error(d, path, "this is a compiled bundle, not a model description (`megac run` runs it, "
+                                     "`megac validate` checks its schedule)");
+        else if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
             diag_file_error(d, path, "this folder holds no config.json: " DESC_WHAT_A_MODEL_IS);
         else if (e == ENODEV)
             diag_file_error(d, path, "not a regular file (a device): " DESC_WHAT_A_MODEL_IS);

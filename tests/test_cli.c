@@ -387,6 +387,7 @@ Test(cli, bad_arguments_read_the_same_everywhere)
         {"eval-quant default --formats w8a16,,f16", "megac eval-quant: bad format ''"},
         {"eval-quant default --formats w8a16,", "megac eval-quant: bad format ''"},
         {"eval-quant default --classes attn,,mlp", "megac eval-quant: unknown tensor class ''"},
+        {"lower default -o /dev/full", "megac lower: error writing /dev/full: No space left on device"},
         {"help nonexist", "megac: unknown command 'nonexist'"},
         {"help run lower", "megac help: one command at a time"},
     };
@@ -399,7 +400,8 @@ Test(cli, bad_arguments_read_the_same_everywhere)
 
 /* `megac validate B.megac` checks the bundle's schedule, and that it is the
  * one the manifest was written for: another one (here a 1-worker bundle's)
- * had been judged safe although the runtime refuses the bundle. */
+ * had been judged safe although the runtime refuses the bundle. Commands
+ * that take a model say a bundle is one ("holds no config.json" before). */
 Test(cli, validate_checks_a_bundles_schedule_hash)
 {
     char *d = tmp_dir(), out[16384];
@@ -407,6 +409,8 @@ Test(cli, validate_checks_a_bundles_schedule_hash)
     cr_assert_eq(megac(d, "compile default -q --workers 2 -o b2.megac", out, sizeof out), 0, "%s", out);
     cr_assert_eq(megac(d, "validate b2.megac", out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "b2.megac/schedule.sched: safe"), "%s", out);
+    cr_assert_eq(megac(d, "lower b2.megac", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "b2.megac: error: this is a compiled bundle, not a model description"), "%s", out);
     char cmd[1400];
     snprintf(cmd, sizeof cmd, "cp '%s/b1.megac/schedule.sched' '%s/b2.megac/schedule.sched'", d, d);
     cr_assert_eq(system(cmd), 0);
