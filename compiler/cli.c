@@ -33,8 +33,12 @@ bool cli_bad_arg(const char *cmd, const char *arg, bool needs_value)
 bool cli_set_add(const char *cmd, const char *kv, DescOverride *set, int *n, int max)
 {
     const char *eq = strchr(kv, '=');
-    if (!eq || eq == kv || *n >= max) {
+    if (!eq || eq == kv) {
         fprintf(stderr, "megac %s: --set needs KEY=VALUE (at most %d of them), not '%s'\n", cmd, max, kv);
+        return false;
+    }
+    if (*n >= max) {
+        fprintf(stderr, "megac %s: at most %d --set options; '%s' is one too many\n", cmd, max, kv);
         return false;
     }
     set[(*n)++] = (DescOverride){xstrndup(kv, (size_t)(eq - kv)), eq + 1};

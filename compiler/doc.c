@@ -49,6 +49,9 @@ static bool next_event(Builder *b)
         diag_error(b->d, &b->doc->src, (int)m->line + 1, (int)m->column + 1, "%s%s%s",
                    b->p.problem ? b->p.problem : "syntax error",
                    b->p.context ? " " : "", b->p.context ? b->p.context : "");
+        const yaml_mark_t *c = &b->p.context_mark;
+        if (b->p.context && (c->line != m->line || c->column != m->column)) /* at the end of a file, the only caret */
+            diag_note(b->d, &b->doc->src, (int)c->line + 1, (int)c->column + 1, "it starts here (%s)", b->p.context);
         b->ok = false;
         return false;
     }

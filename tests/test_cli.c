@@ -395,6 +395,11 @@ Test(cli, bad_arguments_read_the_same_everywhere)
         cr_assert_eq(megac(d, cases[i].args, out, sizeof out), 2, "%s: %s", cases[i].args, out);
         cr_assert(strstr(out, cases[i].want), "%s: %s", cases[i].args, out);
     }
+    char many[1024] = "describe default";   /* one --set past the 64 a command holds */
+    for (int i = 0; i < 65; i++)
+        strcat(many, " --set a=1");
+    cr_assert_eq(megac(d, many, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "megac describe: at most 64 --set options; 'a=1' is one too many"), "%s", out);
     test_rm_rf(d);
 }
 

@@ -426,6 +426,17 @@ Test(desc, from_checkpoint)
 #define BASE "name: x\nweights: {format: synthetic}\n"
 #define ARCH "arch: {dim: 64, hidden_dim: 128, n_layers: 4, n_heads: 4, vocab_size: 300, max_seq: 64}\n"
 
+/* A syntax error at the end of the file (no line there to quote) also
+ * points at where the unclosed construct starts. */
+Test(desc, diag_syntax_error_names_the_open_construct)
+{
+    expect_errors("name: x\narch: {dim: 64\n", NULL, 0,
+                  "models/x.yaml:3:1: error: did not find expected ',' or '}' while parsing a flow mapping\n"
+                  "models/x.yaml:2:7: note: it starts here (while parsing a flow mapping)\n"
+                  "    2 | arch: {dim: 64\n"
+                  "      |       ^\n");
+}
+
 Test(desc, diag_unknown_key_suggests)
 {
     expect_errors("name: x\nweights: {format: synthetic}\narch:\n  dim: 64\n  hiden_dim: 128\n  n_layers: 2\n"
