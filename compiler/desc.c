@@ -322,9 +322,15 @@ static bool node_double(Ctx *c, const DocNode *n, const char *what, double *out)
         return false;
     }
     char *end;
+    errno = 0;
     double v = strtod(n->str, &end);
     if (end == n->str || *end || !isfinite(v)) {
-        ctx_error(c, n, "expected a number for '%s', found '%s'", what, ctx_quote(c, n->str));
+        ctx_error(c, n, "expected a number for '%s', found '%s'%s", what, ctx_quote(c, n->str),
+                  end != n->str && !*end ? " (past a double's range)" : "");
+        return false;
+    }
+    if (errno == ERANGE && v == 0.0) {
+        ctx_error(c, n, "'%s' is %s, too small for a double (it would read as 0)", what, ctx_quote(c, n->str));
         return false;
     }
     *out = v;

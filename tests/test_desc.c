@@ -1105,6 +1105,21 @@ Test(desc, errors_from_file_and_overrides_collected)
                   "      |           ^\n");
 }
 
+/* A number past a double's range says so; one that underflows to 0 is
+ * refused as such, not reported later as the value 0. */
+Test(desc, numbers_past_a_doubles_range)
+{
+    expect_errors("name: x\nweights: {format: synthetic}\nnorm_eps: 1e-400\n" ARCH, NULL, 0,
+                  "models/x.yaml:3:11: error: 'norm_eps' is 1e-400, too small for a double (it would read as 0)\n"
+                  "    3 | norm_eps: 1e-400\n"
+                  "      |           ^\n");
+    expect_errors("name: x\nweights: {format: synthetic}\nnorm_eps: 1e999\n" ARCH, NULL, 0,
+                  "models/x.yaml:3:11: error: expected a number for 'norm_eps', found '1e999' (past a double's "
+                  "range)\n"
+                  "    3 | norm_eps: 1e999\n"
+                  "      |           ^\n");
+}
+
 /* A NUL, a control byte or malformed UTF-8 is reported where it is, not at
  * 1:1 (libyaml decodes the whole input before it counts lines). */
 Test(desc, diag_bad_bytes_at_their_place)
