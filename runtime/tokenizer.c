@@ -44,6 +44,7 @@
  */
 #include "runtime/tokenizer.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -1026,6 +1027,58 @@ int tok_decode(const Tokenizer *t, int prev, int id, char *buf, size_t cap)
     return (int)n;
 }
 
+/* ---- piece checks (the importers' and the loaders' one rule) ---- */
+
+/* RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF. */
+bool tok_utf8_valid(const char *s, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0; i < len;) {
+        unsigned c = p[i];
+        size_t k = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        if (k == 0 || k > len - i)
+            return false;
+        unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+        unsigned hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+        if (k > 1 && (p[i + 1] < lo || p[i + 1] > hi))
+            return false;
+        for (size_t j = 2; j < k; j++)
+            if ((p[i + j] & 0xC0) != 0x80)
+                return false;
+        i += k;
+    }
+    return true;
+}
+
+/* Upper-case hex, as SentencePiece writes byte pieces and as
+ * tok_byte_ids looks them up: a "<0x0a>" would never be found. */
+bool tok_byte_piece(const char *s, size_t len)
+{
+    return len == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>' && hexval(s[3]) >= 0 && hexval(s[4]) >= 0 &&
+           !islower((unsigned char)s[3]) && !islower((unsigned char)s[4]);
+}
+
+size_t tok_escape(const char *s, size_t len, char *buf, size_t cap)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char one[5];
+        int k = c == '\\' || c == '\'' ? snprintf(one, sizeof one, "\\%c", c)
+                : c >= 0x20 && c < 0x7F ? snprintf(one, sizeof one, "%c", c)
+                                       : snprintf(one, sizeof one, "\\x%02x", c);
+        if (n + (size_t)k + (i + 1 < len ? 3 : 0) + 1 > cap) {  /* room left for "..." and the NUL */
+            memcpy(buf + n, "...", 3);
+            n += 3;
+            break;
+        }
+        memcpy(buf + n, one, (size_t)k);
+        n += (size_t)k;
+    }
+    buf[n] = '\0';
+    return n;
+}
+
 /* ---- native file ---- */
 
 static void put_u32(FILE *f, uint32_t v, bool *ok)
@@ -1182,7 +1235,8 @@ static unsigned char *tok_slurp(const char *path, size_t *len, char *err, size_t
 }
 
 /* Piece flags a file of `version` may hold: TOKF_SPECIAL, and from
- * version 2 TOKF_STOP. */
+ * version 2 TOKF_STOP. An SPM piece is UTF-8, as every importer checked
+ * (BPE pieces are raw bytes: a piece may be part of a character). */
 static bool tok_read_pieces(Tokenizer *t, Reader *r, uint32_t version)
 {
     unsigned known = version >= 2 ? TOKF_SPECIAL | TOKF_STOP : TOKF_SPECIAL;
@@ -1193,6 +1247,12 @@ static bool tok_read_pieces(Tokenizer *t, Reader *r, uint32_t version)
         const unsigned char *b = len <= TOK_MAX_PIECE ? rd_bytes(r, len) : NULL;
         if (!flags || !b || (*flags & ~known) || !isfinite(score))
             return false;
+        if (t->kind == TOK_SPM && !tok_utf8_valid((const char *)b, len)) {
+            char esc[96];
+            tok_escape((const char *)b, len, esc, sizeof esc);
+            tok_fail(t, "piece %d '%s' is not valid UTF-8", id, esc);
+            return false;
+        }
         tok_set_piece(t, id, (const char *)b, len, score);
         if (*flags & TOKF_SPECIAL)
             tok_set_special(t, id);
@@ -1242,7 +1302,8 @@ static Tokenizer *tok_parse(Reader *r, const char *path, char *err, size_t errle
     if (ok)
         tok_finish(t);
     if (!ok || tok_error(t) || r->at != r->n) {
-        snprintf(err, errlen, "%s: corrupt tokenizer file (at byte %zu of %zu)", path, r->at, r->n);
+        snprintf(err, errlen, "%s: corrupt tokenizer file (at byte %zu of %zu)%s%s", path, r->at, r->n,
+                 tok_error(t) ? ": " : "", tok_error(t) ? tok_error(t) : "");
         tok_free(t);
         return NULL;
     }
@@ -1263,6 +1324,27 @@ Tokenizer *tok_load(const char *path, char *err, size_t errlen)
 
 /* ---- llama2.c tokenizer.bin ---- */
 
+/* i32 max_token_length, then per token { f32 score, i32 len, len bytes }.
+ * max_token_length bounds every len; llama2.c sizes its merge buffer from
+ * it (max_token_length * 2 + 3, an int), so -1 or 2^31-1 cannot be a real
+ * file's. A piece is UTF-8 text: llama2.c's export writes SentencePiece's
+ * pieces (bytes as the text <0xNN>) encoded as UTF-8. */
+static bool llama2c_piece_check(const char *path, int id, float score, const unsigned char *b, int32_t len,
+                                char *err, size_t errlen)
+{
+    char esc[96];
+    if (!isfinite(score)) {
+        snprintf(err, errlen, "%s: token %d has a non-finite score", path, id);
+        return false;
+    }
+    if (!tok_utf8_valid((const char *)b, (size_t)len)) {
+        tok_escape((const char *)b, (size_t)len, esc, sizeof esc);
+        snprintf(err, errlen, "%s: token %d '%s' is not valid UTF-8 (a byte is the piece <0xNN>)", path, id, esc);
+        return false;
+    }
+    return true;
+}
+
 Tokenizer *tok_load_llama2c(const char *path, int n_vocab, char *err, size_t errlen)
 {
     size_t n = 0;
@@ -1270,22 +1352,26 @@ Tokenizer *tok_load_llama2c(const char *path, int n_vocab, char *err, size_t err
     if (!buf)
         return NULL;
     Reader r = {buf, n, 0, true};
-    uint32_t maxlen = rd_u32(&r);
+    int32_t maxlen = (int32_t)rd_u32(&r);
+    if (r.ok && (maxlen <= 0 || maxlen > TOK_MAX_PIECE)) {
+        snprintf(err, errlen, "%s: max_token_length %d is outside [1, %d]", path, maxlen, TOK_MAX_PIECE);
+        free(buf);
+        return NULL;
+    }
     Tokenizer *t = r.ok ? tok_new(TOK_SPM, n_vocab) : NULL;
-    int bad_score = -1;
-    for (int id = 0; t && id < n_vocab && r.ok && bad_score < 0; id++) {
+    bool bad_piece = false;
+    for (int id = 0; t && id < n_vocab && r.ok && !bad_piece; id++) {
         float score = rd_f32(&r);
         int32_t len = (int32_t)rd_u32(&r);
-        const unsigned char *b = len >= 0 && (uint32_t)len <= maxlen ? rd_bytes(&r, (size_t)len) : NULL;
+        const unsigned char *b = len >= 0 && len <= maxlen ? rd_bytes(&r, (size_t)len) : NULL;
         if (!b)
             r.ok = false;
-        else if (!isfinite(score))
-            bad_score = id;
+        else if (!llama2c_piece_check(path, id, score, b, len, err, errlen))
+            bad_piece = true;
         else
             tok_set_piece(t, id, (const char *)b, (size_t)len, score);
     }
-    if (bad_score >= 0) {
-        snprintf(err, errlen, "%s: token %d has a non-finite score", path, bad_score);
+    if (bad_piece) {
         tok_free(t);
         free(buf);
         return NULL;

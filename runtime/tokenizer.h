@@ -66,6 +66,17 @@ bool tok_save(const Tokenizer *t, const char *path, char *err, size_t errlen);
 /* llama2.c tokenizer.bin (needs the vocab size from the model header). */
 Tokenizer *tok_load_llama2c(const char *path, int n_vocab, char *err, size_t errlen);
 
+/* Piece checks, one rule for every reader of SPM vocabularies (llama2.c
+ * tokenizer.bin, GGUF "llama", the native file): a piece is UTF-8 text
+ * (strict: no overlong forms, surrogates or code points past U+10FFFF),
+ * and a byte piece is exactly <0xNN> with upper-case hex digits. */
+bool tok_utf8_valid(const char *s, size_t len);
+bool tok_byte_piece(const char *s, size_t len);
+/* s[0..len) for a message (cap >= 4): printable ASCII as is, \\ and \'
+ * escaped, any other byte as \xNN; cut with "..." where it does not fit.
+ * Returns the length written. */
+size_t tok_escape(const char *s, size_t len, char *buf, size_t cap);
+
 int tok_vocab(const Tokenizer *t);
 int tok_bos(const Tokenizer *t);
 int tok_eos(const Tokenizer *t);

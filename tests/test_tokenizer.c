@@ -10,13 +10,15 @@
  *     (fixtures/tokenizer/pretok_golden.json);
  *   - the GGUF vocabulary of SmolLM2 (env MEGAC_SMOLLM2_GGUF) against the
  *     same goldens;
- * plus the byte tokenizer, bad native files and importer errors.
+ * plus the byte tokenizer, bad native files, importer errors, and the
+ * piece checks every SPM reader shares (bad texts, types and lengths).
  */
 #include "compiler/compile.h"
 #include "compiler/doc.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -783,4 +785,116 @@ Test(tokenizer, gguf_spm_without_dummy_prefix_refused)
     fclose(f);
     cr_assert(strstr(buf, "bad-spm-prefix.gguf: error: an SPM vocabulary without its dummy prefix "
                           "(tokenizer.ggml.add_space_prefix false) is not supported yet"), "%s", buf);
+}
+
+/* ---- piece checks: bad texts, types and lengths name the file and the token ---- */
+
+Test(tokenizer, piece_check_rules)
+{
+    static const struct { const char *s; bool ok; } utf8[] = {
+        {"", true}, {"a b", true}, {"\xE2\x96\x81the", true}, {"\xF0\x9F\x98\x8A", true}, {"\xF4\x8F\xBF\xBF", true},
+        {"\xFF", false}, {"\xC0\xAF", false}, {"\xE0\x80\xAF", false}, {"\xED\xA0\x80", false},
+        {"\xF4\x90\x80\x80", false}, {"\xE2\x96", false}, {"a\x80", false},
+    };
+    for (size_t i = 0; i < sizeof utf8 / sizeof *utf8; i++)
+        cr_assert_eq(tok_utf8_valid(utf8[i].s, strlen(utf8[i].s)), utf8[i].ok, "case %zu", i);
+    cr_assert(tok_byte_piece("<0x0A>", 6) && tok_byte_piece("<0xFF>", 6));
+    cr_assert(!tok_byte_piece("<0x0a>", 6) && !tok_byte_piece("<0x0G>", 6) && !tok_byte_piece("<0x0A", 5) &&
+              !tok_byte_piece("<0x0A>>", 7));
+    char buf[16];
+    cr_assert_eq(tok_escape("a'\\\xff\n", 5, buf, sizeof buf), 13);
+    cr_assert_str_eq(buf, "a\\'\\\\\\xff\\x0a");
+    tok_escape("0123456789abcdef", 16, buf, sizeof buf);
+    cr_assert_str_eq(buf, "0123456789ab...");
+}
+
+/* b[0..*n) (freed) with `cut` bytes at `at` replaced by p[0..np). */
+static char *splice(char *b, size_t *n, size_t at, size_t cut, const void *p, size_t np)
+{
+    char *out = malloc(*n - cut + np);
+    cr_assert(out);
+    memcpy(out, b, at);
+    memcpy(out + at, p, np);
+    memcpy(out + at + np, b + at + cut, *n - at - cut);
+    *n = *n - cut + np;
+    free(b);
+    return out;
+}
+
+/* Offset of token i's record (f32 score, i32 len, bytes) in a llama2.c
+ * tokenizer file. */
+static size_t llama2c_token_at(const char *b, int i)
+{
+    size_t at = 4;
+    for (int k = 0; k < i; k++) {
+        int32_t len;
+        memcpy(&len, b + at + 4, 4);
+        at += 8 + (size_t)len;
+    }
+    return at;
+}
+
+/* A llama2.c piece that is not UTF-8 (byte pieces are the text <0xNN>)
+ * and a max_token_length llama2.c could not size its buffer from are
+ * errors naming the file (and the token). */
+Test(tokenizer, llama2c_bad_piece_and_max_length)
+{
+    need_file(TOK512);
+    size_t n;
+    char *b = read_file(TOK512, &n);
+    cr_assert(b && n > 8);
+    size_t at = llama2c_token_at(b, 300);
+    int32_t len;
+    memcpy(&len, b + at + 4, 4);
+    char rec[10];
+    memcpy(rec, b + at, 4);     /* its score */
+    memcpy(rec + 4, &(int32_t){2}, 4);
+    memcpy(rec + 8, "a\xff", 2);
+    size_t nbad = n;
+    char *bad = malloc(n);
+    memcpy(bad, b, n);
+    bad = splice(bad, &nbad, at, 8 + (size_t)len, rec, sizeof rec);
+    char path[32], want[256];
+    char *e = import_bytes_errors(TOKFMT_LLAMA2C, bad, nbad, 512, path);
+    snprintf(want, sizeof want, "%s: error: token 300 'a\\xff' is not valid UTF-8 (a byte is the piece <0xNN>)\n", path);
+    cr_assert_str_eq(e, want);
+    free(e);
+    free(bad);
+    static const int32_t maxlens[] = {0, -1, INT32_MAX, (1 << 16) + 1};
+    for (size_t i = 0; i < sizeof maxlens / sizeof *maxlens; i++) {
+        memcpy(b, &maxlens[i], 4);
+        e = import_bytes_errors(TOKFMT_LLAMA2C, b, n, 512, path);
+        snprintf(want, sizeof want, "%s: error: max_token_length %d is outside [1, 65536]\n", path, maxlens[i]);
+        cr_assert_str_eq(e, want);
+        free(e);
+    }
+    free(b);
+}
+
+/* A native SPM piece that is not UTF-8 is refused on load, naming the
+ * file and the piece, as the importers refuse one (BPE pieces are raw
+ * bytes and may split a character). */
+Test(tokenizer, native_spm_piece_not_utf8)
+{
+    char path[] = "/tmp/megac_tokutf_XXXXXX", err[512], want[512];
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    Tokenizer *t = tok_new(TOK_SPM, 8);
+    for (int id = 0; id < 8; id++)
+        tok_set_piece(t, id, id == 5 ? "a\xff" : "abcdefgh" + id, id == 5 ? 2 : 1, 0.0f);
+    cr_assert(tok_save(t, path, err, sizeof err), "%s", err);
+    cr_assert_null(tok_load(path, err, sizeof err));
+    snprintf(want, sizeof want, "%s: corrupt tokenizer file (at byte ", path);
+    cr_assert(strstr(err, want) == err && strstr(err, "): piece 5 'a\\xff' is not valid UTF-8"), "%s", err);
+    tok_free(t);
+    t = tok_new(TOK_BPE, 2);
+    tok_set_piece(t, 0, "\xe2", 1, 0.0f);
+    tok_set_piece(t, 1, "\x96", 1, 0.0f);
+    cr_assert(tok_save(t, path, err, sizeof err), "%s", err);
+    Tokenizer *u = tok_load(path, err, sizeof err);
+    cr_assert(u, "%s", err);
+    tok_free(u);
+    tok_free(t);
+    unlink(path);
 }
