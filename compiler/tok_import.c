@@ -494,11 +494,46 @@ static bool gguf_pretok(const GgufFile *g, Diag *d, PreTokKind *out)
     return false;
 }
 
-/* Token types of llama.cpp: 3 = control, 4 = user-defined: both matched
- * verbatim. */
+/* tokenizer.ggml.token_type values: llama.cpp's llama_token_type (gguf-py
+ * writes 1..6; llama.cpp also knows 0). Control and user-defined tokens
+ * are matched verbatim. */
+enum {
+    GGUF_TOK_UNDEFINED, GGUF_TOK_NORMAL, GGUF_TOK_UNKNOWN, GGUF_TOK_CONTROL, GGUF_TOK_USER_DEFINED, GGUF_TOK_UNUSED,
+    GGUF_TOK_BYTE
+};
+
 static bool gguf_is_special(int32_t type)
 {
-    return type == 3 || type == 4;
+    return type == GGUF_TOK_CONTROL || type == GGUF_TOK_USER_DEFINED;
+}
+
+/* Token i's type, and for SPM its text, as tok_utf8_valid / tok_byte_piece
+ * say: a type outside the enum, a byte token that is not <0xNN> (megac's
+ * encoder finds byte pieces by that text) or a piece that is not UTF-8
+ * would load and decode garbage. */
+static bool gguf_token_check(const GgufFile *g, uint64_t i, int32_t type, GgufStr s, bool spm, Diag *d)
+{
+    char esc[96];
+    if (type < GGUF_TOK_UNDEFINED || type > GGUF_TOK_BYTE) {
+        tok_escape(s.s, s.len, esc, sizeof esc);
+        diag_file_error(d, g->path, "tokenizer.ggml.token_type[%llu] is %d, not a token type (0 undefined, 1 normal, "
+                        "2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte); the token is '%s'",
+                        (unsigned long long)i, type, esc);
+        return false;
+    }
+    if (spm && type == GGUF_TOK_BYTE && !tok_byte_piece(s.s, s.len)) {
+        tok_escape(s.s, s.len, esc, sizeof esc);
+        diag_file_error(d, g->path, "tokenizer.ggml.tokens[%llu] '%s' is a byte token (tokenizer.ggml.token_type 6) "
+                        "but not <0xNN>", (unsigned long long)i, esc);
+        return false;
+    }
+    if (spm && type != GGUF_TOK_BYTE && !tok_utf8_valid(s.s, s.len)) {
+        tok_escape(s.s, s.len, esc, sizeof esc);
+        diag_file_error(d, g->path, "tokenizer.ggml.tokens[%llu] '%s' is not valid UTF-8", (unsigned long long)i,
+                        esc);
+        return false;
+    }
+    return true;
 }
 
 static bool gguf_vocab(Tokenizer *t, const GgufFile *g, bool spm, Diag *d)
@@ -510,7 +545,10 @@ static bool gguf_vocab(Tokenizer *t, const GgufFile *g, bool spm, Diag *d)
         !gguf_array_opt(g, "tokenizer.ggml.scores", GGUF_T_F32, tokens->arr_n, d, &scores))
         return false;
     for (uint64_t i = 0; i < tokens->arr_n && i < n; i++) {
-        bool special = types && gguf_is_special(gguf_i32_at(types, i));
+        int32_t type = types ? gguf_i32_at(types, i) : GGUF_TOK_NORMAL;
+        bool special = gguf_is_special(type);
+        if (!gguf_token_check(g, i, type, tokens->strs[i], spm, d))
+            return false;
         bool ok = spm ? gguf_spm_piece(t, (int)i, tokens->strs[i], scores ? gguf_f32_at(scores, i) : 0.0f)
                       : gguf_bpe_piece(t, (int)i, tokens->strs[i], special);
         if (!ok) {

@@ -15,6 +15,7 @@
  */
 #include "compiler/compile.h"
 #include "compiler/doc.h"
+#include "gguf_patch.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -897,4 +898,80 @@ Test(tokenizer, native_spm_piece_not_utf8)
     tok_free(u);
     tok_free(t);
     unlink(path);
+}
+
+/* Offset of token i's record (u64 len, bytes) in tokenizer.ggml.tokens. */
+static size_t gguf_token_at(const char *b, size_t n, uint64_t i)
+{
+    size_t at = test_gguf_kv_at((const unsigned char *)b, n, "tokenizer.ggml.tokens") + 16;
+    for (uint64_t k = 0; k < i; k++) {
+        uint64_t len;
+        memcpy(&len, b + at, 8);
+        at += 8 + len;
+    }
+    return at;
+}
+
+/* tok512_spm.gguf with token i's text replaced by s (length len). */
+static char *gguf_with_token(char *b, size_t *n, uint64_t i, const char *s, uint64_t len)
+{
+    size_t at = gguf_token_at(b, *n, i);
+    uint64_t old;
+    memcpy(&old, b + at, 8);
+    char rec[64];
+    cr_assert(len <= sizeof rec - 8);
+    memcpy(rec, &len, 8);
+    memcpy(rec + 8, s, len);
+    return splice(b, n, at, 8 + old, rec, 8 + len);
+}
+
+static char *tok512_gguf(size_t *n)
+{
+    need_file(FIXTURES "/tok512_spm.gguf");
+    char *b = read_file(FIXTURES "/tok512_spm.gguf", n);
+    cr_assert(b);
+    return b;
+}
+
+/* Imports a GGUF vocabulary that must fail; the one error must be
+ * "<tmpfile>: error: <want>\n". */
+static void expect_gguf_error(const char *b, size_t n, const char *want)
+{
+    char path[32], full[512];
+    char *e = import_bytes_errors(TOKFMT_GGUF, b, n, 512, path);
+    snprintf(full, sizeof full, "%s: error: %s\n", path, want);
+    cr_assert_str_eq(e, full);
+    free(e);
+}
+
+/* An SPM GGUF token that is not UTF-8, a byte token that is not <0xNN>,
+ * and a token type outside llama.cpp's enum are errors naming the file,
+ * the key and the index (they had loaded and decoded garbage). */
+Test(tokenizer, gguf_spm_bad_tokens)
+{
+    size_t n;
+    char *b = gguf_with_token(tok512_gguf(&n), &n, 300, "a\xff", 2);
+    expect_gguf_error(b, n, "tokenizer.ggml.tokens[300] 'a\\xff' is not valid UTF-8");
+    free(b);
+    b = gguf_with_token(tok512_gguf(&n), &n, 1, "<s\xc0\xbe", 4);  /* a control token too */
+    expect_gguf_error(b, n, "tokenizer.ggml.tokens[1] '<s\\xc0\\xbe' is not valid UTF-8");
+    free(b);
+    b = gguf_with_token(tok512_gguf(&n), &n, 13, "<0x0a>", 6);     /* <0x0A>, in lower case: never looked up */
+    expect_gguf_error(b, n, "tokenizer.ggml.tokens[13] '<0x0a>' is a byte token (tokenizer.ggml.token_type 6) but "
+                      "not <0xNN>");
+    free(b);
+    b = gguf_with_token(tok512_gguf(&n), &n, 3, "", 0);
+    expect_gguf_error(b, n, "tokenizer.ggml.tokens[3] '' is a byte token (tokenizer.ggml.token_type 6) but not <0xNN>");
+    free(b);
+    b = tok512_gguf(&n);
+    size_t types = test_gguf_kv_at((const unsigned char *)b, n, "tokenizer.ggml.token_type") + 16;
+    int32_t v = 99;
+    memcpy(b + types + 4 * 7, &v, 4);
+    expect_gguf_error(b, n, "tokenizer.ggml.token_type[7] is 99, not a token type (0 undefined, 1 normal, 2 unknown, "
+                      "3 control, 4 user-defined, 5 unused, 6 byte); the token is '<0x04>'");
+    v = -1;
+    memcpy(b + types + 4 * 7, &v, 4);
+    expect_gguf_error(b, n, "tokenizer.ggml.token_type[7] is -1, not a token type (0 undefined, 1 normal, 2 unknown, "
+                      "3 control, 4 user-defined, 5 unused, 6 byte); the token is '<0x04>'");
+    free(b);
 }
