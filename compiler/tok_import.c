@@ -536,6 +536,65 @@ static bool gguf_token_check(const GgufFile *g, uint64_t i, int32_t type, GgufSt
     return true;
 }
 
+typedef struct {
+    GgufStr s;
+    uint64_t i;             /* its index in tokenizer.ggml.tokens */
+} GgufTokRef;
+
+/* By text, then by index. */
+static int gguf_tokref_cmp(const void *x, const void *y)
+{
+    const GgufTokRef *a = x, *b = y;
+    int c = memcmp(a->s.s, b->s.s, a->s.len < b->s.len ? a->s.len : b->s.len);
+    if (c == 0 && a->s.len != b->s.len)
+        c = a->s.len < b->s.len ? -1 : 1;
+    return c ? c : (a->i > b->i) - (a->i < b->i);
+}
+
+static bool gguf_tokref_same(const GgufTokRef *a, const GgufTokRef *b)
+{
+    return a->s.len == b->s.len && memcmp(a->s.s, b->s.s, a->s.len) == 0;
+}
+
+/* Empty and repeated normal tokens of an SPM vocabulary. SentencePiece
+ * writes neither, but converted GGUF vocabularies hold them (llama.cpp
+ * warns of an empty token; official Gemma 4 GGUFs repeat three texts),
+ * and they are harmless here: an empty piece matches nothing, and encoding takes
+ * the lowest id of a text. So one warning each, naming the first and
+ * counting all. */
+static void gguf_spm_warn(const GgufFile *g, const GgufKV *tokens, const GgufKV *types, Diag *d)
+{
+    SrcFile src = {.path = g->path};
+    GgufTokRef *refs = xmalloc(tokens->arr_n * sizeof *refs);
+    uint64_t nref = 0, nempty = 0, empty_at = 0, ndup = 0, first = 0, a = 0, b = UINT64_MAX;
+    for (uint64_t i = 0; i < tokens->arr_n; i++) {
+        if (types && gguf_i32_at(types, i) != GGUF_TOK_NORMAL)
+            continue;
+        if (tokens->strs[i].len == 0 && nempty++ == 0)
+            empty_at = i;
+        else if (tokens->strs[i].len > 0)
+            refs[nref++] = (GgufTokRef){tokens->strs[i], i};
+    }
+    qsort(refs, nref, sizeof *refs, gguf_tokref_cmp);
+    for (uint64_t k = 0; k < nref; k++) {
+        if (k == 0 || !gguf_tokref_same(&refs[k - 1], &refs[k]))
+            first = refs[k].i;
+        else if (++ndup && refs[k].i < b)   /* the pair whose repeat comes first */
+            a = first, b = refs[k].i;
+    }
+    if (nempty)
+        diag_warning(d, &src, 0, 0, "tokenizer.ggml.tokens[%llu] is an empty normal token (%llu in all); encoding "
+                     "never produces one", (unsigned long long)empty_at, (unsigned long long)nempty);
+    if (ndup) {
+        char esc[96];
+        tok_escape(tokens->strs[b].s, tokens->strs[b].len, esc, sizeof esc);
+        diag_warning(d, &src, 0, 0, "tokenizer.ggml.tokens[%llu] and [%llu] are the same normal token '%s' (%llu "
+                     "repeat an earlier one's text); encoding produces only the first", (unsigned long long)a,
+                     (unsigned long long)b, esc, (unsigned long long)ndup);
+    }
+    free(refs);
+}
+
 static bool gguf_vocab(Tokenizer *t, const GgufFile *g, bool spm, Diag *d)
 {
     uint64_t n = (uint64_t)tok_vocab(t);
@@ -563,6 +622,8 @@ static bool gguf_vocab(Tokenizer *t, const GgufFile *g, bool spm, Diag *d)
             return false;
         }
     }
+    if (spm)
+        gguf_spm_warn(g, tokens, types, d);
     return true;
 }
 

@@ -975,3 +975,61 @@ Test(tokenizer, gguf_spm_bad_tokens)
                       "3 control, 4 user-defined, 5 unused, 6 byte); the token is '<0x04>'");
     free(b);
 }
+
+/* Imports a GGUF vocabulary that must load; returns what it printed. */
+static char *gguf_import_output(const char *b, size_t n, char *path)
+{
+    strcpy(path, "/tmp/megac_tokimp_XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    write_bytes(path, b, n);
+    ModelDesc m = model_with_tok(TOKFMT_GGUF, path, 512);
+    Diag d;
+    diag_init(&d);
+    char *out = NULL;
+    size_t len = 0;
+    d.out = open_memstream(&out, &len);
+    cr_assert(d.out);
+    Tokenizer *t = tok_import(&m, &d);
+    fclose(d.out);
+    unlink(path);
+    cr_assert(t && d.nerrors == 0, "%s", out);
+    tok_free(t);
+    return out;
+}
+
+/* Repeated and empty normal tokens load with one warning each, naming
+ * the first and counting all: converted vocabularies hold them (llama.cpp
+ * warns of empty tokens; official Gemma GGUFs repeat texts). Token type 0
+ * (llama.cpp's UNDEFINED) is tolerated. */
+Test(tokenizer, gguf_spm_repeated_and_empty_tokens_warn)
+{
+    size_t n;
+    char *b = tok512_gguf(&n);
+    size_t at = gguf_token_at(b, n, 300);
+    uint64_t len;
+    memcpy(&len, b + at, 8);
+    char text[64], esc[96], path[32], want[512];
+    cr_assert(len < sizeof text);
+    memcpy(text, b + at + 8, len);
+    tok_escape(text, len, esc, sizeof esc);
+    b = gguf_with_token(b, &n, 480, text, len);
+    b = gguf_with_token(b, &n, 400, text, len);
+    b = gguf_with_token(b, &n, 450, "", 0);
+    b = gguf_with_token(b, &n, 460, "", 0);
+    char *out = gguf_import_output(b, n, path);
+    snprintf(want, sizeof want, "%s: warning: tokenizer.ggml.tokens[450] is an empty normal token (2 in all); encoding "
+             "never produces one\n%s: warning: tokenizer.ggml.tokens[300] and [400] are the same normal token '%s' (2 "
+             "repeat an earlier one's text); encoding produces only the first\n", path, path, esc);
+    cr_assert_str_eq(out, want);
+    free(out);
+    free(b);
+    b = tok512_gguf(&n);
+    size_t types = test_gguf_kv_at((const unsigned char *)b, n, "tokenizer.ggml.token_type") + 16;
+    memset(b + types + 4 * 300, 0, 4);
+    out = gguf_import_output(b, n, path);
+    cr_assert_str_eq(out, "");
+    free(out);
+    free(b);
+}
