@@ -95,6 +95,20 @@ static int gguf_fetch(void *ctx, const char *name, const WSlot *s, float *dst, D
     return 1;
 }
 
+static const char *gguf_tensor_name(void *ctx, int64_t i, size_t *len)
+{
+    const GgufFile *g = ((GgufCtx *)ctx)->g;
+    if ((uint64_t)i >= g->ntensors)
+        return NULL;
+    *len = (size_t)g->tensors[i].name.len;
+    return g->tensors[i].name.s;
+}
+
+/* Tensors a file may hold beside the model's: rope_freqs.weight is read
+ * by gguf_rope_freqs_check; blk.N.attn_rot_embd is llama.cpp's name for
+ * an HF checkpoint's rotary_emb.inv_freq, which RoPE recomputes. */
+static const char *const gguf_known[] = {"rope_freqs.weight", "attn_rot_embd", NULL};
+
 /* `<arch>.<key>` must be an integer equal to the description's value when
  * present. */
 static bool gguf_hparam_check(const GgufFile *g, const char *arch, const char *key, int want, Diag *d)
@@ -244,7 +258,8 @@ bool load_gguf(Weights *w, const char *path, Diag *d)
               gguf_hparams_check(g, w->m, arch, d);
     if (ok) {
         GgufCtx c = {g, w};
-        WSource src = {.ctx = &c, .path = g->path, .name = wslot_gguf_name, .fetch = gguf_fetch, .has = gguf_has};
+        WSource src = {.ctx = &c, .path = g->path, .name = wslot_gguf_name, .fetch = gguf_fetch, .has = gguf_has,
+                       .tensor = gguf_tensor_name, .layer_prefix = "blk.", .known = gguf_known};
         ok = weights_fill(w, &src, d);
     }
     gguf_close(g);

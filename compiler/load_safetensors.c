@@ -452,6 +452,26 @@ static bool st_has(void *ctx, const char *name)
     return st_file_find(&sm->files[0], name) != NULL;
 }
 
+/* The i-th tensor the checkpoint lists: its index's weight_map, or its
+ * one file's header. */
+static const char *st_tensor_name(void *ctx, int64_t i, size_t *len)
+{
+    StModel *sm = ctx;
+    const char *name = NULL;
+    if (sm->has_index)
+        name = i < sm->weight_map->n ? sm->weight_map->keys[i]->str : NULL;
+    else
+        name = i < sm->files[0].ne ? sm->files[0].e[i].name : NULL;
+    if (name)
+        *len = strlen(name); /* st_name_check refused names holding a NUL */
+    return name;
+}
+
+/* A layer's rotary_emb.inv_freq, which old HF Llama checkpoints saved
+ * (RoPE recomputes it); the parts of an AWQ or GPTQ matrix (hq_fetch). */
+static const char *const st_known[] = {"self_attn.rotary_emb.inv_freq", NULL};
+static const char *const st_weight_parts[] = {".qweight", ".qzeros", ".scales", ".g_idx", NULL};
+
 /* The file a fetched tensor came from (its shard, already open). */
 static const char *st_file_of(void *ctx, const char *name)
 {
@@ -764,7 +784,8 @@ bool load_safetensors(Weights *w, const char *path, Diag *d)
     sm.w = w;
     if (ok) {
         WSource src = {.ctx = &sm, .path = sm.path, .name = wslot_hf_name, .fetch = st_fetch, .has = st_has,
-                       .file = st_file_of};
+                       .file = st_file_of, .tensor = st_tensor_name, .layer_prefix = "model.layers.",
+                       .known = st_known, .weight_parts = st_weight_parts};
         ok = weights_fill(w, &src, d);
     }
     st_model_close(&sm);

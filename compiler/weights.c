@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -576,20 +577,107 @@ static bool weights_tied_check(const Weights *w, const WSource *src, Arena *a, D
     return ok;
 }
 
-/* A file with a layer past the description's n_layers (a GGUF whose
- * block_count, or a config whose num_hidden_layers, was lowered) would
- * load its first layers and drop the rest without a word: refuse it. */
-static bool weights_layers_check(const Weights *w, const WSource *src, Arena *a, Diag *d)
+/* Whether `name` is the file's name of one of the model's tensors in
+ * layer `layer` (-1: a global one), q/k/v biases and a tied model's
+ * classifier included (weights_bias_check and weights_tied_check judge
+ * those); only matrices when `matrix`. */
+static bool name_is_slot(const Weights *w, const WSource *src, Arena *a, const char *name, int layer, bool matrix)
 {
-    for (WKind k = WK_ATTN_NORM; k <= WK_W_DOWN; k++) {
-        WSlot extra = {.kind = k, .layer = w->m->n_layers};
-        char *name = src->name(a, &extra);
-        if (src->has(src->ctx, name)) {
+    for (WKind k = 0; k < WK_COUNT; k++) {
+        int64_t rows, cols;
+        slot_shape(w->m, k, &rows, &cols);
+        WSlot s = {.kind = k, .layer = layer};
+        if (wkind_is_per_layer(k) == (layer >= 0) && (!matrix || cols) && strcmp(src->name(a, &s), name) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* A name the model uses, or one the loader knows (src->known, or a
+ * matrix's ".weight" spelled with one of src->weight_parts); `rest` is
+ * what follows "<prefix><layer>." in a layer's name. */
+static bool name_known(const Weights *w, const WSource *src, Arena *a, const char *name, const char *rest, int layer)
+{
+    if (name_is_slot(w, src, a, name, layer, false))
+        return true;
+    for (const char *const *k = src->known; k && *k; k++)
+        if (strcmp(layer >= 0 ? rest : name, *k) == 0)
+            return true;
+    size_t n = strlen(name);
+    for (const char *const *p = src->weight_parts; p && *p; p++) {
+        size_t pn = strlen(*p);
+        if (n > pn && strcmp(name + n - pn, *p) == 0 &&
+            name_is_slot(w, src, a, arena_printf(a, "%.*s.weight", (int)(n - pn), name), layer, true))
+            return true;
+    }
+    return false;
+}
+
+/* layer := digits without a sign or a leading zero, then '.' and more:
+ * the layer number (INT_MAX for a larger one), *rest what follows the
+ * '.'; -1 when the name is not so. */
+static int name_layer(const char *s, const char **rest)
+{
+    int64_t l = 0;
+    const char *p = s;
+    for (; *p >= '0' && *p <= '9'; p++)
+        l = l * 10 + (*p - '0') > INT_MAX ? INT_MAX : l * 10 + (*p - '0');
+    if (p == s || (*s == '0' && p > s + 1) || *p != '.' || !p[1])
+        return -1;
+    *rest = p + 1;
+    return (int)l;
+}
+
+/* Every name the file lists: a tensor without a name, or with a layer the
+ * model lacks (a file of more layers than the description's n_layers, or
+ * a name no loader would ask for: "blk.-1.", "blk.x."), is refused, where
+ * it would be dropped without a word; names neither the model nor the
+ * loader knows are dropped with one warning (a newer converter may add
+ * tensors megac has no use for). */
+static bool weights_names_check(const Weights *w, const WSource *src, Diag *d)
+{
+    const ModelDesc *m = w->m;
+    size_t plen = strlen(src->layer_prefix), len;
+    int64_t nunknown = 0;
+    char *first = NULL;
+    Arena keep = {0};
+    const char *s;
+    for (int64_t i = 0; src->tensor && (s = src->tensor(src->ctx, i, &len)) != NULL; i++) {
+        if (len == 0 || memchr(s, 0, len)) {
+            if (len == 0)
+                diag_file_error(d, src->path, "tensor %" PRId64 " (counting from 0) has an empty name", i);
+            else
+                diag_file_error(d, src->path, "tensor name '%s\\u0000...' contains a NUL character (byte %zu of the "
+                                "name)", s, strlen(s));
+            arena_free(&keep);
+            return false;
+        }
+        Arena a = {0};
+        char *name = arena_strndup(&a, s, len);
+        const char *rest = name;
+        bool per_layer = strncmp(name, src->layer_prefix, plen) == 0;
+        int layer = per_layer ? name_layer(name + plen, &rest) : -1;
+        bool ok = !per_layer || (layer >= 0 && layer < m->n_layers);
+        if (per_layer && layer < 0)
+            diag_file_error(d, src->path, "tensor '%s': a layer's tensor needs its layer number (0 to %d) and '.' "
+                            "after '%s'", name, m->n_layers - 1, src->layer_prefix);
+        else if (!ok)
             diag_file_error(d, src->path, "tensor '%s': the file has more layers than the model description's "
-                            "n_layers (%d)", name, w->m->n_layers);
+                            "n_layers (%d)", name, m->n_layers);
+        else if (!name_known(w, src, &a, name, rest, layer) && !nunknown++)
+            first = arena_strdup(&keep, name);
+        arena_free(&a);
+        if (!ok) {
+            arena_free(&keep);
             return false;
         }
     }
+    if (nunknown) {
+        SrcFile f = {.path = src->path};
+        diag_warning(d, &f, 0, 0, "ignoring %" PRId64 " tensor%s the model does not use: '%s'%s", nunknown,
+                     nunknown > 1 ? "s" : "", first, nunknown > 1 ? " and others" : "");
+    }
+    arena_free(&keep);
     return true;
 }
 
@@ -598,7 +686,7 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d)
     Arena a = {0};
     int n;
     const WSlot *slots = weights_slots(w, &a, &n);
-    bool ok = true;
+    bool ok = weights_names_check(w, src, d);
     for (int i = 0; i < n && ok; i++) { /* stops at the first bad tensor: one error, not a cascade */
         char *name = src->name(&a, &slots[i]);
         int r = src->fetch(src->ctx, name, &slots[i], slots[i].dst, d);
@@ -607,8 +695,7 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d)
         ok = r > 0 && weights_slot_done_ex(w, slots[i].kind, slots[i].layer,
                                             src->file ? src->file(src->ctx, name) : src->path, r == WFETCH_STORED, d);
     }
-    ok = ok && weights_bias_check(w, src, &a, d) && (w->dtypes_only || weights_tied_check(w, src, &a, d)) &&
-         weights_layers_check(w, src, &a, d);
+    ok = ok && weights_bias_check(w, src, &a, d) && (w->dtypes_only || weights_tied_check(w, src, &a, d));
     arena_free(&a);
     return ok;
 }

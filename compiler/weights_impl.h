@@ -138,11 +138,24 @@ typedef struct WSource {
     int (*fetch)(void *ctx, const char *name, const WSlot *s, float *dst, Diag *d);
     bool (*has)(void *ctx, const char *name);
     const char *(*file)(void *ctx, const char *name); /* the file a fetched tensor came from; NULL: path */
+    /* Every tensor name the file lists, for the check of names no slot
+     * takes: the i-th (not NUL-terminated; its length in *len), NULL past
+     * the last. */
+    const char *(*tensor)(void *ctx, int64_t i, size_t *len);
+    const char *layer_prefix;                       /* "model.layers.", "blk.": a name so begun is a layer's */
+    /* Names the loader reads itself or passes over on purpose (a layer's
+     * as what follows "<prefix><l>.", others whole), and suffixes that
+     * stand for a matrix's ".weight" (AWQ's ".qweight", ...); both
+     * NULL-terminated, or NULL. */
+    const char *const *known;
+    const char *const *weight_parts;
 } WSource;
 /* Fills every slot of w from src, reporting each missing or bad tensor;
  * also refuses tensors the description says the model lacks (q/k/v biases
  * without qkv_bias, a separate lm_head that differs from the embedding
- * when tied). */
+ * when tied) and tensor names that are empty or name a layer the model
+ * does not have (at or past n_layers, negative, not a number), and warns
+ * once of names it does not know at all (the first and their count). */
 bool weights_fill(Weights *w, const WSource *src, Diag *d);
 
 /* ---- quant.c (beyond compiler/quant.h) ---- */

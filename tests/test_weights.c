@@ -1854,3 +1854,185 @@ Test(weights, awq_infinite_scale_refused)
     arena_free(&a);
     free(st), free(d);
 }
+
+/* ---- tensor names no slot takes ---- */
+
+/* tiny.gguf with one more tensor, `name` (an F32 vector of 4 zeros, after
+ * the others), written as `file` in the test's temp folder; returns its
+ * path. */
+static char *gguf_with_tensor(const char *src, const char *file, const char *name)
+{
+    size_t n;
+    unsigned char *raw = read_bytes(src, &n);
+    Diag d;
+    diag_init(&d);
+    GgufFile *g = gguf_open(src, &d);
+    cr_assert_not_null(g);
+    const GgufTensor *last = &g->tensors[g->ntensors - 1];
+    size_t info_end = (size_t)((const unsigned char *)last->name.s - g->map) + last->name.len + 4 +
+                      8 * last->ndim + 4 + 8;
+    size_t data = (size_t)((const unsigned char *)g->tensors[0].data - g->map) - g->tensors[0].offset;
+    uint64_t end = 0, al = g->alignment, k = strlen(name), ntensors = g->ntensors + 1, dim = 4, off;
+    for (uint64_t i = 0; i < g->ntensors; i++)
+        if (g->tensors[i].offset + g->tensors[i].nbytes > end)
+            end = g->tensors[i].offset + g->tensors[i].nbytes;
+    off = (end + al - 1) / al * al;
+    uint32_t ndim = 1, type = 0; /* F32 */
+    size_t info = 8 + k + 4 + 8 + 4 + 8, start = (info_end + info + al - 1) / al * al;
+    unsigned char *b = xcalloc(start + off + 16, 1), *p = b + info_end;
+    memcpy(b, raw, info_end);
+    memcpy(b + 8, &ntensors, 8);
+    memcpy(p, &k, 8), memcpy(p + 8, name, k), p += 8 + k;
+    memcpy(p, &ndim, 4), memcpy(p + 4, &dim, 8), memcpy(p + 12, &type, 4), memcpy(p + 16, &off, 8);
+    memcpy(b + start, raw + data, end);
+    gguf_close(g);
+    char *path = tmp_path(file);
+    write_bytes(path, b, start + off + 16);
+    free(b), free(raw);
+    return path;
+}
+
+/* A GGUF tensor whose name is empty, or a layer's whose layer the model
+ * lacks (at or past n_layers, negative, not a number), would be dropped
+ * without a word: refused by a load and by a lowering's header-only read,
+ * naming the file and the tensor. */
+Test(weights, gguf_tensor_names_outside_the_model)
+{
+    skip_without_fixtures();
+    static const struct {
+        const char *name, *want;
+    } cases[] = {
+        {"blk.5.attn_q.weight", "error: tensor 'blk.5.attn_q.weight': the file has more layers than the model "
+                                "description's n_layers (2)\n"},
+        {"blk.2.ffn_foo", "error: tensor 'blk.2.ffn_foo': the file has more layers than the model description's "
+                          "n_layers (2)\n"},
+        {"blk.99999999999999999999.attn_q.weight", "error: tensor 'blk.99999999999999999999.attn_q.weight': the "
+                                                   "file has more layers"},
+        {"blk.-1.attn_q.weight", "error: tensor 'blk.-1.attn_q.weight': a layer's tensor needs its layer number "
+                                 "(0 to 1) and '.' after 'blk.'\n"},
+        {"blk.01.attn_q.weight", "error: tensor 'blk.01.attn_q.weight': a layer's tensor needs its layer number"},
+        {"blk.x.attn_q.weight", "error: tensor 'blk.x.attn_q.weight': a layer's tensor needs its layer number"},
+        {"blk.1", "error: tensor 'blk.1': a layer's tensor needs its layer number"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *path = gguf_with_tensor(FIXTURES "/tiny.gguf", "names.gguf", cases[i].name);
+        ModelDesc m;
+        desc_gguf(&m, path);
+        char *want = xasprintf("%s: %s", path, cases[i].want);
+        expect_error_both(&m, want);
+        free(want), free(path);
+    }
+    Diag d;
+    diag_init(&d);
+    GgufFile *g = gguf_open(FIXTURES "/tiny.gguf", &d);
+    cr_assert_not_null(g);
+    char *path = gguf_with_tensor(FIXTURES "/tiny.gguf", "empty.gguf", "");
+    ModelDesc m;
+    desc_gguf(&m, path);
+    char *want = xasprintf("%s: error: tensor %d (counting from 0) has an empty name\n", path, (int)g->ntensors);
+    expect_error_both(&m, want);
+    gguf_close(g);
+    free(want), free(path);
+}
+
+/* Names neither the model nor the loader knows are dropped with one
+ * warning naming the first and their count; a layer's attn_rot_embd (an
+ * HF checkpoint's inv_freq, converted) is dropped silently. */
+Test(weights, gguf_unknown_tensors_warned_once)
+{
+    skip_without_fixtures();
+    char *one = gguf_with_tensor(FIXTURES "/tiny.gguf", "one.gguf", "blk.1.ffn_foo.weight");
+    char *two = gguf_with_tensor(one, "two.gguf", "foo.weight");
+    char *rot = gguf_with_tensor(FIXTURES "/tiny.gguf", "rot.gguf", "blk.0.attn_rot_embd");
+    const char *paths[] = {one, two, rot};
+    for (int i = 0; i < 3; i++) {
+        ModelDesc m;
+        desc_gguf(&m, paths[i]);
+        for (unsigned flags = 0; flags <= WEIGHTS_DTYPES_ONLY; flags += WEIGHTS_DTYPES_ONLY) {
+            Weights w;
+            char err[1024];
+            cr_assert(load_capture_ex(&w, &m, flags, err, sizeof err), "%s", err);
+            char *want = i == 0 ? xasprintf("%s: warning: ignoring 1 tensor the model does not use: "
+                                            "'blk.1.ffn_foo.weight'\n", one)
+                       : i == 1 ? xasprintf("%s: warning: ignoring 2 tensors the model does not use: "
+                                            "'blk.1.ffn_foo.weight' and others\n", two)
+                                : xstrdup("");
+            cr_assert_str_eq(err, want);
+            free(want);
+            weights_free(&w);
+        }
+    }
+    free(one), free(two), free(rot);
+}
+
+/* The same in a safetensors header (a config's num_hidden_layers lowered
+ * below the file's) and an index's weight_map; an old HF Llama
+ * checkpoint's rotary_emb.inv_freq (tiny.safetensors holds them) and the
+ * parts of AWQ and GPTQ matrices are known and dropped silently. */
+Test(weights, safetensors_tensor_names_outside_the_model)
+{
+    skip_without_fixtures();
+    StParts p = st_split(FIXTURES "/tiny.safetensors");
+    static const struct {
+        const char *name, *want;
+    } cases[] = {
+        {"model.layers.7.input_layernorm.weight", "error: tensor 'model.layers.7.input_layernorm.weight': the file "
+                                                  "has more layers than the model description's n_layers (2)\n"},
+        {"model.layers.-1.input_layernorm.weight", "error: tensor 'model.layers.-1.input_layernorm.weight': a "
+                                                   "layer's tensor needs its layer number (0 to 1) and '.' after "
+                                                   "'model.layers.'\n"},
+        {"", "error: tensor 0 (counting from 0) has an empty name\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *h = xasprintf("{\"%s\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},%s", cases[i].name,
+                            p.header + 1);
+        char *path = st_write("names.safetensors", h, p.data, p.ndata);
+        ModelDesc m;
+        desc_st(&m, path);
+        char *want = xasprintf("%s: %s", path, cases[i].want);
+        expect_error_both(&m, want);
+        free(want), free(path), free(h);
+    }
+
+    char *h = xasprintf("{\"model.layers.1.mlp.foo.weight\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":"
+                        "[0,0]},%s", p.header + 1);
+    char *path = st_write("unknown.safetensors", h, p.data, p.ndata);
+    const char *loads[] = {FIXTURES "/tiny.safetensors", path};
+    for (int i = 0; i < 2; i++) {
+        ModelDesc m;
+        desc_st(&m, loads[i]);
+        Weights w;
+        char err[1024];
+        cr_assert(load_capture(&w, &m, err, sizeof err), "%s", err);
+        char *want = i ? xasprintf("%s: warning: ignoring 1 tensor the model does not use: "
+                                   "'model.layers.1.mlp.foo.weight'\n", path)
+                       : xstrdup("");
+        cr_assert_str_eq(err, want);
+        free(want);
+        weights_free(&w);
+    }
+    free(path), free(h);
+
+    index_expect("layersidx", "{\"weight_map\": {\"model.norm.weight\": \"a.safetensors\",\n"
+                              "  \"model.layers.2.mlp.up_proj.weight\": \"a.safetensors\"}}",
+                 "model.safetensors.index.json: error: tensor 'model.layers.2.mlp.up_proj.weight': the file has "
+                 "more layers than the model description's n_layers (2)\n");
+    free(p.header), free(p.data);
+
+    if (access(FIXTURES "/awq/model.safetensors", R_OK) != 0)
+        return;
+    const char *quant[] = {FIXTURES "/awq", FIXTURES "/gptq"};
+    for (int i = 0; i < 2; i++) {
+        ModelDesc m;
+        Arena a = {0};
+        Diag d;
+        diag_init(&d);
+        cr_assert(desc_load(&m, &a, quant[i], NULL, 0, &d), "%s", quant[i]);
+        Weights w;
+        char err[1024];
+        cr_assert(load_capture_ex(&w, &m, WEIGHTS_DTYPES_ONLY, err, sizeof err), "%s", err);
+        cr_assert_str_eq(err, "", "%s", quant[i]);
+        weights_free(&w);
+        arena_free(&a);
+    }
+}
