@@ -82,7 +82,6 @@ typedef struct {
     Arena a;
     const char *path;       /* what the description named */
     HfQuant hq;             /* the config.json beside it says (hq_read) */
-    int hq_state;           /* 0: not read yet, 1: read, -1: refused (reported) */
     StFile *files;
     int nfiles;
     Doc index;              /* when sharded */
@@ -513,16 +512,10 @@ static const char *hq_str(Doc *doc, const DocNode *n, const char *key, bool *ok,
  * any: {quant_method: awq|gptq, bits: 4, group_size: 32|64|128, version:
  * gemm (AWQ), checkpoint_format: gptq|gptq_v2 (GPTQ)}; sm->hq stays
  * HQ_NONE without one. False after an error at the offending key. Read
- * once, when a tensor needs it (a checkpoint of floats never does). */
-static bool hq_read_config(StModel *sm, Diag *d);
+ * once, as the load starts: a method, bit width, group size or packing
+ * megac refuses is an error whatever the tensors are (a checkpoint of
+ * floats beside such a config is not what the config says it is). */
 static bool hq_read(StModel *sm, Diag *d)
-{
-    if (!sm->hq_state)
-        sm->hq_state = hq_read_config(sm, d) ? 1 : -1;
-    return sm->hq_state > 0;
-}
-
-static bool hq_read_config(StModel *sm, Diag *d)
 {
     const char *slash = strrchr(sm->path, '/');
     char *cfg = slash ? arena_printf(&sm->a, "%.*s/config.json", (int)(slash - sm->path), sm->path)
@@ -643,8 +636,6 @@ static int hq_fetch(StModel *sm, const char *base, const WSlot *s, float *dst, D
     Arena *a = &sm->a;
     const char *qn = arena_printf(a, "%s.qweight", base);
     StFile *fq = NULL, *fz = NULL, *fs = NULL, *fg = NULL;
-    if (!hq_read(sm, d))
-        return -1;
     if (sm->hq.method == HQ_NONE) {
         bool listed;
         StFile *sf = st_model_shard(sm, qn, &listed, NULL);
@@ -752,8 +743,6 @@ static int st_fetch(void *ctx, const char *name, const WSlot *s, float *dst, Dia
         return -1;
     }
     if (st_dtypes[e->dtype].src < 0) {
-        if (!hq_read(sm, d)) /* a quantization_config megac refuses says more than the dtype */
-            return -1;
         diag_file_error(d, sf->path, "tensor '%s': dtype %s is not supported (only F32, F16 and BF16)", name,
                         st_dtypes[e->dtype].name);
         return -1;
@@ -782,6 +771,7 @@ bool load_safetensors(Weights *w, const char *path, Diag *d)
     StModel sm;
     bool ok = st_model_open(&sm, path, d);
     sm.w = w;
+    ok = ok && hq_read(&sm, d);
     if (ok) {
         WSource src = {.ctx = &sm, .path = sm.path, .name = wslot_hf_name, .fetch = st_fetch, .has = st_has,
                        .file = st_file_of, .tensor = st_tensor_name, .layer_prefix = "model.layers.",

@@ -2036,3 +2036,39 @@ Test(weights, safetensors_tensor_names_outside_the_model)
         arena_free(&a);
     }
 }
+
+/* A quantization_config megac refuses is an error at its key also beside
+ * a checkpoint of floats (hf-llama3's), which never reads a quantized
+ * tensor: by a load and by a lowering's header-only read. */
+Test(weights, quantization_config_checked_on_a_float_checkpoint)
+{
+    if (access(FIXTURES "/hf-llama3/model.safetensors", R_OK) != 0)
+        cr_skip("tests/fixtures/weights/hf-llama3 absent");
+    static const struct {
+        const char *name, *qc, *want;
+    } cases[] = {
+        {"bnb", "{\"quant_method\": \"bnb\", \"bits\": 4}",
+         "%s/config.json:15:43: error: quantization_config: quant_method 'bnb' is not supported (megac reads AWQ "
+         "and GPTQ 4-bit checkpoints)\n"},
+        {"awq7", "{\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 7}",
+         "%s/config.json:15:75: error: quantization_config.group_size: 7 is not supported (32, 64 or 128)\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *to = xasprintf("\"quantization_config\": %s,\n  \"hidden_act\"", cases[i].qc);
+        char *dir = hfq_copy(FIXTURES "/hf-llama3", cases[i].name, "\"hidden_act\"", "\"hidden_act\"", to);
+        ModelDesc m;
+        Arena a = {0};
+        Diag d;
+        diag_init(&d);
+        cr_assert(desc_load(&m, &a, dir, NULL, 0, &d), "%s", dir);
+        char *want = xasprintf(cases[i].want, dir);
+        for (unsigned flags = 0; flags <= WEIGHTS_DTYPES_ONLY; flags += WEIGHTS_DTYPES_ONLY) {
+            Weights w;
+            char err[2048];
+            cr_assert_not(load_capture_ex(&w, &m, flags, err, sizeof err), "%s loaded", dir);
+            cr_assert(strstr(err, want), "expected\n%s\nin:\n%s", want, err);
+        }
+        free(want), free(to), free(dir);
+        arena_free(&a);
+    }
+}
