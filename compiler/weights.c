@@ -553,7 +553,9 @@ static bool weights_bias_check(const Weights *w, const WSource *src, Arena *a, D
 }
 
 /* A tied model whose file carries its own classifier: fine when it is a
- * copy of the embedding, an error when it differs. */
+ * copy of the embedding, an error when it differs. Its shape and dtype
+ * are checked by a header-only read (WEIGHTS_DTYPES_ONLY) too, as a load
+ * checks them, where only its values go unread. */
 static bool weights_tied_check(const Weights *w, const WSource *src, Arena *a, Diag *d)
 {
     const ModelDesc *m = w->m;
@@ -561,6 +563,10 @@ static bool weights_tied_check(const Weights *w, const WSource *src, Arena *a, D
     char *name = src->name(a, &head);
     if (!m->tie_embeddings || !src->has(src->ctx, name))
         return true;
+    if (w->dtypes_only) {
+        float unread; /* not the slot's buffer: the fetch records no dtype for it */
+        return src->fetch(src->ctx, name, &head, &unread, d) > 0;
+    }
     size_t bytes = (size_t)wslot_nelem(&head) * sizeof(float);
     float *tmp = xmalloc(bytes), *embed = w->embed_unwritten ? xmalloc(bytes) : w->tok_embed;
     if (w->embed_unwritten)
@@ -695,7 +701,7 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d)
         ok = r > 0 && weights_slot_done_ex(w, slots[i].kind, slots[i].layer,
                                             src->file ? src->file(src->ctx, name) : src->path, r == WFETCH_STORED, d);
     }
-    ok = ok && weights_bias_check(w, src, &a, d) && (w->dtypes_only || weights_tied_check(w, src, &a, d));
+    ok = ok && weights_bias_check(w, src, &a, d) && weights_tied_check(w, src, &a, d);
     arena_free(&a);
     return ok;
 }

@@ -2072,3 +2072,31 @@ Test(weights, quantization_config_checked_on_a_float_checkpoint)
         arena_free(&a);
     }
 }
+
+/* A tied model whose file also holds a classifier of the wrong shape (or
+ * of a dtype megac cannot load) is refused by a lowering's header-only
+ * read as by a load, not only once `megac run` reads the values. */
+Test(weights, tied_classifier_shape_checked_by_a_header_only_read)
+{
+    skip_without_fixtures();
+    StParts p = st_split(FIXTURES "/tiny.safetensors");
+    char *h = str_patch(p.header, "\"lm_head.weight\"", "[32,16]", "[16,32]");
+    char *path = st_write("head.safetensors", h, p.data, p.ndata);
+    ModelDesc m;
+    desc_st(&m, path);
+    m.tie_embeddings = true;
+    char *want = xasprintf("%s: error: tensor 'lm_head.weight': shape [16, 32] does not match the model (expected "
+                           "[32, 16])\n", path);
+    expect_error_both(&m, want);
+    free(want), free(path), free(h);
+
+    h = str_patch(p.header, "\"lm_head.weight\"", "\"BF16\"", "\"I16\"");
+    path = st_write("head-i16.safetensors", h, p.data, p.ndata);
+    desc_st(&m, path);
+    m.tie_embeddings = true;
+    want = xasprintf("%s: error: tensor 'lm_head.weight': dtype I16 is not supported (only F32, F16 and BF16)\n",
+                     path);
+    expect_error_both(&m, want);
+    free(want), free(path), free(h);
+    free(p.header), free(p.data);
+}
