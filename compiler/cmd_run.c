@@ -76,7 +76,9 @@ static void run_usage(FILE *out)
             "                     prompt kept) and the rest read again; bundle engines\n"
             "                     only (implies --chat)\n"
             "  -h, --help         this text\n\n"
-            "The text goes to stdout; prompt/generated token counts and tok/s to stderr.\n");
+            "The text goes to stdout; prompt/generated token counts and tok/s to stderr.\n"
+            "Exit status: 0 done, 1 the run failed (logits that cannot be sampled, a kernel\n"
+            "error, stdout closed), 2 bad options or a model or bundle that does not load.\n");
 }
 
 /* ---- option parsing ---- */
@@ -515,7 +517,7 @@ static int run_ref_decode(const ModelDesc *m, const Tokenizer *t, const RunOptio
     weights_free(&w);
     free(r.prompt);
     if (!ok && r.sample_failed)
-        return 2;
+        return 1;   /* as a bundle's run: the model ran and gave logits it cannot sample */
     if (!ok) {
         fprintf(stderr, "megac run: writing the text failed: %s\n", strerror(errno));
         return 1;
