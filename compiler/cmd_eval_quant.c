@@ -259,9 +259,12 @@ static int eval_run(EvalArgs *a, unsigned classes, const QuantSpec *f, int nf)
     d.prog = "megac eval-quant";
     int rc = 2;
     if (desc_load(&m, &arena, a->model, a->set, a->nset, &d) && desc_check(&m, &d)) {
-        if (a->tokens > m.max_seq) {
-            fprintf(stderr, "megac eval-quant: --tokens %d exceeds the model's max_seq %d\n", a->tokens, m.max_seq);
-        } else if (!(a->json && (cli_out_is_input("eval-quant", a->json, &m) || !eval_json_writable(a->json)))) {
+        if (a->tokens > m.max_seq) { /* as eval-kv and run's -n */
+            fprintf(stderr, "megac eval-quant: note: --tokens %d is more than the model's max_seq; evaluating %d\n",
+                    a->tokens, m.max_seq);
+            a->tokens = m.max_seq;
+        }
+        if (!(a->json && (cli_out_is_input("eval-quant", a->json, &m) || !eval_json_writable(a->json)))) {
             QuantEval *e = xcalloc((size_t)nf + 1, sizeof *e);
             QuantEvalRun r = {a->prompt, a->tokens, classes, a->engine, a->model, a->set, a->nset};
             if (quant_eval(&m, &r, f, nf, e, &d)) {

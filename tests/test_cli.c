@@ -585,6 +585,10 @@ Test(cli, eval_quant_checks_before_evaluating)
                        sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "megac eval-quant: note: the prompt has 17 tokens; evaluating its first 4 (--tokens)"), "%s",
               out);
+    cr_assert_eq(megac(d, "eval-quant default --set max_seq=16 --tokens 64 --formats f16", out, sizeof out), 0, "%s",
+                 out);
+    cr_assert(strstr(out, "megac eval-quant: note: --tokens 64 is more than the model's max_seq; evaluating 16"), "%s",
+              out);
     /* --json is JSON whatever the prompt's bytes: escapes, and U+FFFD for a
      * byte outside UTF-8 (it had been written raw) */
     cr_assert_eq(megac(d, "eval-quant default --tokens 4 --formats f16 --json j.json "
