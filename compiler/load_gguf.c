@@ -226,8 +226,12 @@ bool gguf_model_arch(const GgufFile *g, char *arch, size_t n, RopePairing *pairi
     static const struct { const char *name; RopePairing pairing; } archs[] = {
         {"llama", ROPE_ADJACENT}, {"qwen2", ROPE_HALF},
     };
-    GgufStr a = {5, "llama"};
-    if (gguf_find(g, "general.architecture") && !gguf_get_str(g, "general.architecture", &a)) {
+    GgufStr a;
+    if (!gguf_find(g, "general.architecture")) { /* llama.cpp refuses such a file too */
+        diag_file_error(d, g->path, "key 'general.architecture' is missing (llama or qwen2)");
+        return false;
+    }
+    if (!gguf_get_str(g, "general.architecture", &a)) {
         diag_file_error(d, g->path, "key 'general.architecture' must be a string");
         return false;
     }
