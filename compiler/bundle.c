@@ -29,7 +29,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define BUNDLE_FORMAT 2     /* runtime/backend.h's RT_FORMAT_VERSION */
+#define BUNDLE_FORMAT 3     /* runtime/backend.h's RT_FORMAT_VERSION */
 
 static int buf_cmp_offset(const void *a, const void *b)
 {
@@ -253,11 +253,16 @@ static bool bundle_kernel_hash(const char *path, uint64_t *bytes, uint64_t *hash
 static bool bundle_manifest_write(const char *path, const char *dir, const ModelDesc *m, const Tokenizer *t,
                                   const Schedule *s, const char *kernel_file, uint64_t hash, Diag *d)
 {
-    uint64_t otok, ologits, onext, kbytes, khash;
+    uint64_t otok, ologits, onext, kbytes, khash, wbytes, whash;
     const char *slash = strrchr(kernel_file, '/'), *kname = slash ? slash + 1 : kernel_file;
-    char *kpath = xasprintf("%s/%s", dir, kname);
+    char *kpath = xasprintf("%s/%s", dir, kname), *wpath = xasprintf("%s/weights.bin", dir);
     bool ok = bundle_kernel_hash(kpath, &kbytes, &khash, d);
+    if (ok && !file_hash_bulk(wpath, &wbytes, &whash)) {
+        diag_file_error(d, wpath, "cannot read it back to hash it: %s", strerror(errno));
+        ok = false;
+    }
     free(kpath);
+    free(wpath);
     if (!ok || !bundle_io_offset(s, "tok", DT_I32, &otok, d) ||
         !bundle_io_offset(s, "logits", DT_F32, &ologits, d) || !bundle_io_offset(s, "next", DT_I32, &onext, d))
         return false;
@@ -271,8 +276,8 @@ static bool bundle_manifest_write(const char *path, const char *dir, const Model
     fprintf(f, "format: %d\nname: %s\ntarget: %s\nkernel: %s\n", BUNDLE_FORMAT, m->name, s->target, kname);
     fprintf(f, "kernel_bytes: %" PRIu64 "\nkernel_hash: %016" PRIx64 "\nkernel_abi: %u\n", kbytes, khash,
             MEGAC_KERNEL_ABI);
-    fprintf(f, "schedule_hash: %016" PRIx64 "\nweights_bytes: %" PRIu64 "\nweights_read_bytes: %" PRIu64 "\n", hash,
-            s->weights_bytes, bundle_read_bytes(s));
+    fprintf(f, "schedule_hash: %016" PRIx64 "\nweights_bytes: %" PRIu64 "\nweights_hash: %016" PRIx64
+            "\nweights_read_bytes: %" PRIu64 "\n", hash, s->weights_bytes, whash, bundle_read_bytes(s));
     fprintf(f, "arena_bytes: %" PRIu64 "\ncounters: %u\nworkers: %u\n", s->arena_bytes, s->nctrs, s->nworkers);
     fprintf(f, "vocab: %d\nmax_seq: %d\nbos: %d\neos: %d\n", m->vocab_size, m->max_seq, bos, eos);
     fprintf(f, "io_tok: %" PRIu64 "\nio_logits: %" PRIu64 "\nio_next: %" PRIu64 "\n", otok, ologits, onext);

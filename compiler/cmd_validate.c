@@ -37,8 +37,8 @@ static void validate_usage(FILE *out)
                  "  --workers N    a model's worker count (as megac lower)\n"
                  "  --set k=v      override a model's description key (repeatable)\n"
                  "--regs and --smem need --threads; all three apply to CUDA targets. Without them a\n"
-                 "CUDA target is assumed to hold one block per SM. A bundle's schedule must match its\n"
-                 "manifest's hash.\n\n"
+                 "CUDA target is assumed to hold one block per SM. A bundle's schedule.sched and\n"
+                 "weights.bin must match their hashes in its manifest.\n\n"
                  "Exit status: 0 safe, 1 findings, 2 unreadable input, bad options, or a schedule past\n"
                  "the validator's budget (NOT CHECKED; MEGAC_VALIDATE_MAX_GB sets its memory, default 8).\n");
 }
@@ -220,7 +220,27 @@ static char *validate_bundle_schedule(const char *path)
 
 /* A bundle's schedule.sched must be the one its manifest was written for
  * (the runtime refuses it otherwise): validating another would say "safe"
- * of a bundle that cannot run. False (reported) when it is not. */
+ * of a bundle that cannot run. weights.bin must be the file the compile
+ * wrote (its size and hash_bulk): a damaged copy runs, and gives
+ * non-finite logits or, worse, other text. False (reported) when either
+ * is not. */
+static bool validate_bundle_weights(const char *dir, const RtManifest *man)
+{
+    char *wpath = xasprintf("%s/weights.bin", dir);
+    uint64_t bytes = 0, hash = 0;
+    bool ok = file_hash_bulk(wpath, &bytes, &hash);
+    if (!ok)
+        fprintf(stderr, "megac validate: %s: cannot read: %s\n", wpath,
+                errno == ENODEV ? "not a regular file" : strerror(errno));
+    else if (bytes != man->weights_bytes || hash != man->weights_hash)
+        fprintf(stderr, "%s: error: %s (the file was changed or damaged after compilation: recompile the bundle)\n",
+                wpath, bytes != man->weights_bytes ? "its size is not the manifest's weights_bytes"
+                                                   : "its hash is not the manifest's weights_hash");
+    ok = ok && bytes == man->weights_bytes && hash == man->weights_hash;
+    free(wpath);
+    return ok;
+}
+
 static bool validate_bundle_hash(const char *dir, const char *sched)
 {
     char *mpath = xasprintf("%s/manifest.yaml", dir), err[512];
@@ -239,7 +259,7 @@ static bool validate_bundle_hash(const char *dir, const char *sched)
                 sched, (unsigned long long)hash_fnv1a(stext, slen, HASH_FNV_INIT),
                 (unsigned long long)man.schedule_hash);
     else
-        ok = true;
+        ok = validate_bundle_weights(dir, &man);
     free(mpath);
     free(mtext);
     free(stext);

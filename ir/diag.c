@@ -10,8 +10,10 @@
 #include "ir/util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -191,6 +193,33 @@ char *read_file(const char *path, size_t *len)
     if (len)
         *len = n;
     return buf;
+}
+
+bool file_hash_bulk(const char *path, uint64_t *bytes, uint64_t *hash)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO is refused below, not waited on */
+    struct stat st;
+    if (fd < 0)
+        return false;
+    int bad = fstat(fd, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : !S_ISREG(st.st_mode) ? ENODEV : 0;
+    if (bad) {
+        close(fd);
+        errno = bad;
+        return false;
+    }
+    size_t n = (size_t)st.st_size;
+    void *p = n ? mmap(NULL, n, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+    int e = errno;
+    close(fd);
+    if (n && p == MAP_FAILED) {
+        errno = e;
+        return false;
+    }
+    *bytes = n;
+    *hash = hash_bulk(p ? p : "", n);
+    if (p)
+        munmap(p, n);
+    return true;
 }
 
 bool srcfile_load(SrcFile *f, const char *path)

@@ -146,6 +146,28 @@ uint64_t hash_fnv1a(const void *p, size_t n, uint64_t h)
     return h;
 }
 
+uint64_t hash_bulk(const void *p, size_t n)
+{
+    enum { LANES = 4 };
+    const uint64_t k = 0x9e3779b97f4a7c15ull; /* odd: multiplying by it is a bijection */
+    const unsigned char *b = p;
+    uint64_t h[LANES] = {1, 2, 3, 4};
+    size_t i = 0;
+    for (; i + 8 * LANES <= n; i += 8 * LANES)
+        for (int l = 0; l < LANES; l++) {
+            uint64_t w;
+            memcpy(&w, b + i + 8 * l, 8);
+            h[l] = (h[l] ^ w) * k;
+            h[l] ^= h[l] >> 31;
+        }
+    uint64_t r = hash_fnv1a(b + i, n - i, HASH_FNV_INIT ^ (uint64_t)n);
+    for (int l = 0; l < LANES; l++) {
+        r = (r ^ h[l]) * k;
+        r ^= r >> 31;
+    }
+    return r;
+}
+
 /* ---- f16 / bf16 ---- */
 
 static uint32_t f32_bits(float f)

@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RT_FORMAT_VERSION 2    /* 2: kernel_bytes, kernel_hash */
+#define RT_FORMAT_VERSION 3    /* 2: kernel_bytes, kernel_hash; 3: weights_hash */
 #define RT_ERR_LEN 1024
 
 /* manifest.yaml, parsed. Strings are owned by the manifest (fixed size). */
@@ -39,6 +39,7 @@ typedef struct RtManifest {
     uint64_t kernel_abi;        /* MEGAC_KERNEL_ABI the kernel was built for */
     uint64_t schedule_hash;     /* FNV-1a of schedule.sched */
     uint64_t weights_bytes;     /* size of weights.bin */
+    uint64_t weights_hash;      /* hash_bulk of weights.bin (`megac validate` checks it; opening does not) */
     uint64_t weights_read_bytes;/* weight bytes the kernel reads per step */
     uint64_t arena_bytes;       /* state, kv, scratch and io buffers */
     uint32_t counters;          /* number of step counters */

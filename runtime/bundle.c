@@ -6,11 +6,13 @@
  * so the runtime needs no YAML library); `#` starts a comment line. Every
  * key below is required, unknown keys are errors, and numbers are decimal
  * except the hashes (16 hex digits, FNV-1a 64 of the file's bytes;
- * schedule_hash is what the compiler's sched_hash() computes):
+ * schedule_hash is what the compiler's sched_hash() computes; weights_hash
+ * is ir/util's hash_bulk, which `megac validate` checks and opening does
+ * not: it would read every byte of a large file on each open):
  *
- *   format: 2                 name: stories260K        target: cpu
+ *   format: 3                 name: stories260K        target: cpu
  *   kernel: kernel.so         kernel_bytes: N          kernel_hash: 3f0c...
- *   kernel_abi: 2             schedule_hash: 9ae1...
+ *   kernel_abi: 2             schedule_hash: 9ae1...   weights_hash: 51d2...
  *   weights_bytes: N          weights_read_bytes: N    arena_bytes: N
  *   counters: N               workers: N               vocab: N
  *   max_seq: N                bos: N                   eos: N
@@ -67,6 +69,7 @@ static const ManKey man_keys[] = {
     MK("kernel_abi", MK_U64, kernel_abi),
     MK("schedule_hash", MK_HEX, schedule_hash),
     MK("weights_bytes", MK_U64, weights_bytes),
+    MK("weights_hash", MK_HEX, weights_hash),
     MK("weights_read_bytes", MK_U64, weights_read_bytes),
     MK("arena_bytes", MK_U64, arena_bytes),
     MK("counters", MK_U32, counters),

@@ -423,6 +423,13 @@ Test(cli, validate_checks_a_bundles_schedule_hash)
     cr_assert(strstr(out, "b2.megac/schedule.sched: error: schedule hash") &&
                   strstr(out, "does not match the manifest's"),
               "%s", out);
+    /* a weights.bin with one byte changed runs (it gives other logits): validate finds it */
+    cr_assert_eq(megac(d, "validate b1.megac", out, sizeof out), 0, "%s", out);
+    snprintf(cmd, sizeof cmd, "printf '\\001' | dd of='%s/b1.megac/weights.bin' bs=1 seek=100 conv=notrunc 2>/dev/null",
+             d);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(megac(d, "validate b1.megac", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "b1.megac/weights.bin: error: its hash is not the manifest's weights_hash"), "%s", out);
     test_rm_rf(d);
 }
 

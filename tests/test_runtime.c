@@ -142,9 +142,10 @@ static void write_manifest(const char *dir, int workers, uint64_t hash)
     free(k);
     char buf[2048];
     snprintf(buf, sizeof buf,
-             "# megac bundle\nformat: 2\nname: toy\ntarget: cpu\nkernel: kernel.so\nkernel_bytes: %zu\n"
+             "# megac bundle\nformat: 3\nname: toy\ntarget: cpu\nkernel: kernel.so\nkernel_bytes: %zu\n"
              "kernel_hash: %016" PRIx64 "\nkernel_abi: " ABI_TEXT "\n"
-             "schedule_hash: %016" PRIx64 "\nweights_bytes: %d\nweights_read_bytes: %d\narena_bytes: %d\n"
+             "schedule_hash: %016" PRIx64 "\nweights_bytes: %d\nweights_hash: 0000000000000000\n"
+             "weights_read_bytes: %d\narena_bytes: %d\n"
              "counters: 1\nworkers: %d\nvocab: %d\nmax_seq: %d\nbos: 1\neos: 2\n"
              "io_tok: %d\nio_logits: %d\nio_next: %d\n",
              klen, khash, hash, V * V * 4, V * V * 4, ARENA, workers, V, MAXSEQ, OFF_TOK, OFF_LOGITS, OFF_NEXT);
@@ -489,9 +490,9 @@ Test(runtime, refuses_mismatched_bundles)
     cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
     megac_close(m);
 
-    edit_file(dir, "manifest.yaml", "format: 2", "format: 3");
-    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml:2:", "format 3");
-    edit_file(dir, "manifest.yaml", "format: 3", "format: 2");
+    edit_file(dir, "manifest.yaml", "format: 3", "format: 4");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml:2:", "format 4");
+    edit_file(dir, "manifest.yaml", "format: 4", "format: 3");
 
     edit_file(dir, "schedule.sched", "toy", "tox");
     expect_refusal(dir, MEGAC_ERR_FORMAT, "schedule.sched", "does not match");
@@ -507,7 +508,7 @@ Test(runtime, refuses_mismatched_bundles)
     edit_file(dir, "manifest.yaml", "kernel_abi: 9", "kernel_abi: " ABI_TEXT);
 
     edit_file(dir, "manifest.yaml", "vocab: 259", "vocab: 259\nvocab_size: 3");
-    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml:16:", "unknown key 'vocab_size'");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml:17:", "unknown key 'vocab_size'");
     edit_file(dir, "manifest.yaml", "\nvocab_size: 3", "");
 
     edit_file(dir, "manifest.yaml", "eos: 2\n", "");
@@ -530,7 +531,7 @@ Test(runtime, refuses_mismatched_bundles)
     edit_file(dir, "manifest.yaml", "target: sm_90", "target: cpu");
 
     edit_file(dir, "manifest.yaml", "io_logits: 1024", "io_logits: 4000");
-    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml:20:12: error: io_logits: 4000", "does not fit the arena");
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "manifest.yaml:21:12: error: io_logits: 4000", "does not fit the arena");
     edit_file(dir, "manifest.yaml", "io_logits: 4000", "io_logits: 1024");
 
     /* a kernel built for another schedule, with manifest and schedule agreeing */
@@ -586,7 +587,7 @@ static const Tamper tampers[] = {
     {"bos: 1", "bos: -5", "manifest.yaml", "manifest.yaml", "bos: -5 is not -1"},
     {"eos: 2", "eos: 9999", "manifest.yaml", "manifest.yaml", "eos: 9999 is not -1"},
     {"eos: 2", "eos: -2", "manifest.yaml", "manifest.yaml", "eos: -2 is not -1"},
-    {"format: 2", "format: 1", "manifest.yaml:2:", "manifest.yaml:2:", "format 1, but this runtime reads format 2"},
+    {"format: 3", "format: 2", "manifest.yaml:2:", "manifest.yaml:2:", "format 2, but this runtime reads format 3"},
     {"kernel_abi: " ABI_TEXT, "kernel_abi: 1", "manifest.yaml", "manifest.yaml", "kernel_abi 1, but this runtime speaks"},
 };
 
@@ -1076,9 +1077,10 @@ Test(runtime, one_model_from_several_threads_is_serialized, .timeout = 60)
 
 /* The manifest parser on its own: every line's error names file:line. */
 static const char good_manifest[] =
-    "# c\r\nformat: 2\r\nname: \"x y\"\ntarget: cpu\nkernel: kernel.so\nkernel_bytes: 7\n"
+    "# c\r\nformat: 3\r\nname: \"x y\"\ntarget: cpu\nkernel: kernel.so\nkernel_bytes: 7\n"
     "kernel_hash: 0123456789abcdef\nkernel_abi: " ABI_TEXT "\n"
-    "schedule_hash: 00000000DEADbeef\nweights_bytes: 10\nweights_read_bytes: 9\narena_bytes: 4096\n"
+    "schedule_hash: 00000000DEADbeef\nweights_bytes: 10\nweights_hash: 0123456789ABCDEF\nweights_read_bytes: 9\n"
+    "arena_bytes: 4096\n"
     "counters: 3\nworkers: 2\nvocab: 5\nmax_seq: 8\nbos: -1\neos: 2\nio_tok: 0\nio_logits: 64\nio_next: 4\n";
 
 static void expect_manifest_error(const char *from, const char *to, const char *msg)
@@ -1107,19 +1109,19 @@ Test(runtime, manifest_parser)
     cr_assert_eq(man.kernel_bytes, 7);
     cr_assert_eq(man.kernel_hash, 0x0123456789abcdefull);
     expect_manifest_error("counters: 3", "counters: -3",
-                          "m.yaml:13:11: error: bad value '-3' for 'counters' (expected a decimal integer in "
+                          "m.yaml:14:11: error: bad value '-3' for 'counters' (expected a decimal integer in "
                           "0..4294967295)");
     expect_manifest_error("counters: 3", "counters: 3x",
-                          "m.yaml:13:11: error: bad value '3x' for 'counters' (expected a decimal integer in "
+                          "m.yaml:14:11: error: bad value '3x' for 'counters' (expected a decimal integer in "
                           "0..4294967295)");
     expect_manifest_error("workers: 2", "workers: 4294967296",
-                          "m.yaml:14:10: error: bad value '4294967296' for 'workers' (expected a decimal integer in "
+                          "m.yaml:15:10: error: bad value '4294967296' for 'workers' (expected a decimal integer in "
                           "0..4294967295)");
     expect_manifest_error("vocab: 5\n", "vocab: 5\nvocab: 6\n",
-                          "m.yaml:16:1: error: duplicate key 'vocab' (first on line 15)");
-    expect_manifest_error("eos: 2", "eos 2", "m.yaml:18:1: error: expected `key: value` (a lowercase key, a colon, "
+                          "m.yaml:17:1: error: duplicate key 'vocab' (first on line 16)");
+    expect_manifest_error("eos: 2", "eos 2", "m.yaml:19:1: error: expected `key: value` (a lowercase key, a colon, "
                           "its value)");
-    expect_manifest_error("eos: 2", "Eos: 2", "m.yaml:18:1: error: expected `key: value` (a lowercase key, a colon, "
+    expect_manifest_error("eos: 2", "Eos: 2", "m.yaml:19:1: error: expected `key: value` (a lowercase key, a colon, "
                           "its value)");
     expect_manifest_error("name: \"x y\"", "name:", "m.yaml:3:6: error: bad value '' for 'name' (expected a non-empty "
                           "string)");
@@ -1138,22 +1140,22 @@ Test(runtime, manifest_parser)
 Test(runtime, manifest_values_out_of_range)
 {
     expect_manifest_error("workers: 2", "workers: 5000",
-                          "m.yaml:14:10: error: workers: 5000 is outside the allowed range 1..4096");
-    expect_manifest_error("workers: 2", "workers: 0", "m.yaml:14:10: error: workers: 0 is outside the allowed range "
+                          "m.yaml:15:10: error: workers: 5000 is outside the allowed range 1..4096");
+    expect_manifest_error("workers: 2", "workers: 0", "m.yaml:15:10: error: workers: 0 is outside the allowed range "
                           "1..4096");
-    expect_manifest_error("vocab: 5", "vocab: 0", "m.yaml:15:8: error: vocab: 0 is outside the allowed range "
+    expect_manifest_error("vocab: 5", "vocab: 0", "m.yaml:16:8: error: vocab: 0 is outside the allowed range "
                           "1..2147483647");
-    expect_manifest_error("max_seq: 8", "max_seq: -8", "m.yaml:16:10: error: max_seq: -8 is outside the allowed "
+    expect_manifest_error("max_seq: 8", "max_seq: -8", "m.yaml:17:10: error: max_seq: -8 is outside the allowed "
                           "range 1..2147483647");
-    expect_manifest_error("eos: 2", "eos:   5", "m.yaml:18:8: error: eos: 5 is not -1 or a token id below vocab: 5");
+    expect_manifest_error("eos: 2", "eos:   5", "m.yaml:19:8: error: eos: 5 is not -1 or a token id below vocab: 5");
     expect_manifest_error("kernel_abi: " ABI_TEXT, "kernel_abi: 9",
                           "m.yaml:8:13: error: kernel_abi 9, but this runtime speaks ABI " ABI_TEXT ": recompile the bundle");
     expect_manifest_error("kernel: kernel.so", "kernel: ../k.so",
                           "m.yaml:5:9: error: kernel '../k.so' must name a file in the bundle");
-    expect_manifest_error("io_logits: 64", "io_logits: 66", "m.yaml:20:12: error: io_logits: 66 is not a multiple "
+    expect_manifest_error("io_logits: 64", "io_logits: 66", "m.yaml:21:12: error: io_logits: 66 is not a multiple "
                           "of 4");
     expect_manifest_error("io_logits: 64", "io_logits: 4084",
-                          "m.yaml:20:12: error: io_logits: 4084: its 20-byte io buffer does not fit the arena of "
+                          "m.yaml:21:12: error: io_logits: 4084: its 20-byte io buffer does not fit the arena of "
                           "4096 bytes (arena_bytes)");
 }
 

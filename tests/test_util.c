@@ -53,6 +53,27 @@ Test(util, closest)
     cr_assert_null(str_closest("zzzzzzzz", c));
 }
 
+/* hash_bulk (weights.bin's integrity): every single-bit change of inputs
+ * of 0..100 bytes (words, the tail, both) changes the hash, and so does
+ * the length alone. */
+Test(util, hash_bulk_sees_every_bit)
+{
+    unsigned char b[100];
+    for (int i = 0; i < 100; i++)
+        b[i] = (unsigned char)(i * 37 + 11);
+    for (size_t n = 0; n <= 100; n++) {
+        uint64_t h = hash_bulk(b, n);
+        if (n < 100)
+            cr_assert_neq(h, hash_bulk(b, n + 1), "length %zu", n);
+        for (size_t i = 0; i < n; i++)
+            for (int bit = 0; bit < 8; bit++) {
+                b[i] ^= (unsigned char)(1u << bit);
+                cr_assert_neq(hash_bulk(b, n), h, "length %zu byte %zu bit %d", n, i, bit);
+                b[i] ^= (unsigned char)(1u << bit);
+            }
+    }
+}
+
 Test(util, half_roundtrip)
 {
     for (uint32_t h = 0; h < 65536; h++) {
