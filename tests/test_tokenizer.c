@@ -475,10 +475,9 @@ Test(tokenizer, native_bad_files)
 }
 
 /* Runs tok_import on n bytes at p written to a temporary file (its name
- * left in path, 32 bytes) as a tokenizer of format f; returns what it
- * printed. The import must fail, with exactly `nerrors` errors (any number
- * when 0). */
-static char *import_errors(TokFormat f, const void *p, size_t n, int vocab, char *path, int nerrors)
+ * left in path, 32 bytes) as a tokenizer of format f: the tokenizer, what
+ * it printed (*out, malloc'd) and its error count. */
+static Tokenizer *import_capture(TokFormat f, const void *p, size_t n, int vocab, char *path, char **out, int *nerr)
 {
     strcpy(path, "/tmp/megac_tokimp_XXXXXX");
     int fd = mkstemp(path);
@@ -488,15 +487,25 @@ static char *import_errors(TokFormat f, const void *p, size_t n, int vocab, char
     ModelDesc m = model_with_tok(f, path, vocab);
     Diag d;
     diag_init(&d);
-    char *out = NULL;
     size_t len = 0;
-    d.out = open_memstream(&out, &len);
+    *out = NULL;
+    d.out = open_memstream(out, &len);
     cr_assert(d.out);
     Tokenizer *t = tok_import(&m, &d);
     fclose(d.out);
     unlink(path);
-    cr_assert_null(t, "a bad tokenizer was accepted");
-    cr_assert(nerrors ? d.nerrors == nerrors : d.nerrors > 0, "%s", out);
+    *nerr = d.nerrors;
+    return t;
+}
+
+/* The same where the import must fail, with exactly `nerrors` errors (any
+ * number when 0); returns what it printed. */
+static char *import_errors(TokFormat f, const void *p, size_t n, int vocab, char *path, int nerrors)
+{
+    char *out;
+    int nerr;
+    cr_assert_null(import_capture(f, p, n, vocab, path, &out, &nerr), "a bad tokenizer was accepted");
+    cr_assert(nerrors ? nerr == nerrors : nerr > 0, "%s", out);
     return out;
 }
 
@@ -979,22 +988,10 @@ Test(tokenizer, gguf_spm_bad_tokens)
 /* Imports a GGUF vocabulary that must load; returns what it printed. */
 static char *gguf_import_output(const char *b, size_t n, char *path)
 {
-    strcpy(path, "/tmp/megac_tokimp_XXXXXX");
-    int fd = mkstemp(path);
-    cr_assert(fd >= 0);
-    close(fd);
-    write_bytes(path, b, n);
-    ModelDesc m = model_with_tok(TOKFMT_GGUF, path, 512);
-    Diag d;
-    diag_init(&d);
-    char *out = NULL;
-    size_t len = 0;
-    d.out = open_memstream(&out, &len);
-    cr_assert(d.out);
-    Tokenizer *t = tok_import(&m, &d);
-    fclose(d.out);
-    unlink(path);
-    cr_assert(t && d.nerrors == 0, "%s", out);
+    char *out;
+    int nerr;
+    Tokenizer *t = import_capture(TOKFMT_GGUF, b, n, 512, path, &out, &nerr);
+    cr_assert(t && nerr == 0, "%s", out);
     tok_free(t);
     return out;
 }
