@@ -24,11 +24,11 @@ static void validate_usage(FILE *out)
     fprintf(out, "usage: megac validate X.sched|-|B.megac|MODEL [--target T] [--threads N] [--regs N] [--smem BYTES]\n"
                  "                      [--workers N] [--set key=value]...\n\n"
                  "Proves the schedule free of deadlocks, data races, uninitialized scratch reads,\n"
-                 "outputs left unwritten and KV-order violations for every pos in [0, max_seq), and\n"
-                 "checks its structure and that its workers can all be resident on the target. '-' reads stdin, a\n"
-                 "bundle (NAME.megac/) its schedule.sched. A model (a description, GGUF file,\n"
-                 "HF folder or llama2.c checkpoint) is lowered first, as `megac lower` lowers it: the schedule\n"
-                 "`megac compile` builds.\n\n"
+                 "outputs left unwritten and KV-order violations for every pos in [0, max_seq),\n"
+                 "and checks its structure and that its workers can all be resident on the\n"
+                 "target. '-' reads stdin, a bundle (NAME.megac/) its schedule.sched. A model (a\n"
+                 "description, GGUF file, HF folder or llama2.c checkpoint) is lowered first, as\n"
+                 "`megac lower` lowers it: the schedule `megac compile` builds.\n\n"
                  "  --target T     check against target T instead of the schedule's own (a\n"
                  "                 model's: its description's first target, else cpu)\n"
                  "  --threads N    threads per block of the kernel, 1..1024 (CUDA co-residency)\n"
@@ -121,7 +121,8 @@ static int validate_file(const char *path, const char *tname, ValOptions *o)
     d.prog = "megac validate";
     bool in = !strcmp(path, "-");
     if (!srcfile_load(&src, in ? "/dev/stdin" : path)) {
-        diag_file_error(&d, path, "cannot read: %s", errno == ENODEV ? "not a regular file (a device)" : strerror(errno));
+        diag_file_error(&d, path, "cannot read: %s",
+                        errno == ENODEV ? "not a regular file (a device)" : strerror(errno));
         return 2;
     }
     if (in) {
@@ -218,12 +219,9 @@ static char *validate_bundle_schedule(const char *path)
     return bundle ? xasprintf("%s/schedule.sched", path) : NULL;
 }
 
-/* A bundle's schedule.sched must be the one its manifest was written for
- * (the runtime refuses it otherwise): validating another would say "safe"
- * of a bundle that cannot run. weights.bin must be the file the compile
- * wrote (its size and hash_bulk): a damaged copy runs, and gives
- * non-finite logits or, worse, other text. False (reported) when either
- * is not. */
+/* weights.bin must be the file the compile wrote (its size and
+ * hash_bulk): a damaged copy runs, and gives non-finite logits or, worse,
+ * other text. False (reported) when it is not. */
 static bool validate_bundle_weights(const char *dir, const RtManifest *man)
 {
     char *wpath = xasprintf("%s/weights.bin", dir);
@@ -241,6 +239,10 @@ static bool validate_bundle_weights(const char *dir, const RtManifest *man)
     return ok;
 }
 
+/* A bundle's schedule.sched must be the one its manifest was written for
+ * (the runtime refuses it otherwise): validating another would say "safe"
+ * of a bundle that cannot run; and its weights must be whole (above).
+ * False (reported) when either is not. */
 static bool validate_bundle_hash(const char *dir, const char *sched)
 {
     char *mpath = xasprintf("%s/manifest.yaml", dir), err[512];
