@@ -193,10 +193,7 @@ static bool bundle_weights_write(const char *path, const Schedule *s, const Mode
     return ok;
 }
 
-/* Weight bytes one step reads: every weight read access's range at pos 0,
- * except that an embedding gather reads one row (c1 - c0 elements), not the
- * table its access declares. */
-static uint64_t bundle_read_bytes(const Schedule *s)
+uint64_t bundle_read_bytes(const Schedule *s)
 {
     uint64_t total = 0;
     for (uint32_t wi = 0; wi < s->nworkers; wi++) {

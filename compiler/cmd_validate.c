@@ -38,7 +38,8 @@ static void validate_usage(FILE *out)
                  "  --set k=v      override a model's description key (repeatable)\n"
                  "--regs and --smem need --threads; all three apply to CUDA targets. Without them a\n"
                  "CUDA target is assumed to hold one block per SM. A bundle's schedule.sched and\n"
-                 "weights.bin must match their hashes in its manifest.\n\n"
+                 "weights.bin must match their hashes in its manifest, and its weights_read_bytes\n"
+                 "the schedule's.\n\n"
                  "Exit status: 0 safe, 1 findings, 2 unreadable input, bad options, or a schedule past\n"
                  "the validator's budget (NOT CHECKED; MEGAC_VALIDATE_MAX_GB sets its memory, default 8).\n");
 }
@@ -239,6 +240,28 @@ static bool validate_bundle_weights(const char *dir, const RtManifest *man)
     return ok;
 }
 
+/* The manifest's weights_read_bytes, which nothing hashes and only `megac
+ * bench` reads (for its GB/s), must be what the schedule reads; a schedule
+ * that does not parse passes here and is reported by validation. */
+static bool validate_bundle_reads(const char *mpath, const RtManifest *man, const char *sched, const char *stext,
+                                  size_t slen)
+{
+    Diag d;
+    diag_init(&d);
+    d.out = fopen("/dev/null", "w");
+    Schedule *s = d.out ? sched_parse(sched, stext, slen, &d) : NULL;
+    if (d.out)
+        fclose(d.out);
+    uint64_t reads = s ? bundle_read_bytes(s) : man->weights_read_bytes;
+    sched_free(s);
+    if (reads == man->weights_read_bytes)
+        return true;
+    fprintf(stderr, "%s: error: weights_read_bytes is %llu, but the schedule reads %llu weight bytes a step (the "
+                    "manifest was edited: megac bench's GB/s would be wrong)\n",
+            mpath, (unsigned long long)man->weights_read_bytes, (unsigned long long)reads);
+    return false;
+}
+
 /* A bundle's schedule.sched must be the one its manifest was written for
  * (the runtime refuses it otherwise): validating another would say "safe"
  * of a bundle that cannot run; and its weights must be whole (above).
@@ -261,7 +284,7 @@ static bool validate_bundle_hash(const char *dir, const char *sched)
                 sched, (unsigned long long)hash_fnv1a(stext, slen, HASH_FNV_INIT),
                 (unsigned long long)man.schedule_hash);
     else
-        ok = validate_bundle_weights(dir, &man);
+        ok = validate_bundle_weights(dir, &man) && validate_bundle_reads(mpath, &man, sched, stext, slen);
     free(mpath);
     free(mtext);
     free(stext);

@@ -34,5 +34,10 @@ Tokenizer *tok_import(const ModelDesc *m, Diag *d);
  * buffers done, of total, bytes written. */
 bool bundle_write(const char *dir, const ModelDesc *m, const Weights *w, const Tokenizer *t,
                   const Schedule *s, const char *kernel_file, const WeightsProgress *p, Diag *d);
+/* Weight bytes one step of s reads (the manifest's weights_read_bytes):
+ * every weight read access's range at pos 0, except that an embedding
+ * gather reads one row (c1 - c0 elements), not the table its access
+ * declares. */
+uint64_t bundle_read_bytes(const Schedule *s);
 
 #endif

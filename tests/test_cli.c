@@ -423,6 +423,16 @@ Test(cli, validate_checks_a_bundles_schedule_hash)
     cr_assert(strstr(out, "b2.megac/schedule.sched: error: schedule hash") &&
                   strstr(out, "does not match the manifest's"),
               "%s", out);
+    /* the manifest's weights_read_bytes (bench's GB/s; not hashed) edited */
+    cr_assert_eq(megac(d, "validate b1.megac", out, sizeof out), 0, "%s", out);
+    snprintf(cmd, sizeof cmd, "cd '%s/b1.megac' && cp manifest.yaml m.bak && "
+             "sed -i 's/^weights_read_bytes: .*/weights_read_bytes: 99999999999999/' manifest.yaml", d);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(megac(d, "validate b1.megac", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "b1.megac/manifest.yaml: error: weights_read_bytes is 99999999999999, but the schedule reads"),
+              "%s", out);
+    snprintf(cmd, sizeof cmd, "mv '%s/b1.megac/m.bak' '%s/b1.megac/manifest.yaml'", d, d);
+    cr_assert_eq(system(cmd), 0);
     /* a weights.bin with one byte changed runs (it gives other logits): validate finds it */
     cr_assert_eq(megac(d, "validate b1.megac", out, sizeof out), 0, "%s", out);
     snprintf(cmd, sizeof cmd, "printf '\\001' | dd of='%s/b1.megac/weights.bin' bs=1 seek=100 conv=notrunc 2>/dev/null",
