@@ -113,8 +113,69 @@ static int validate_sched(const Schedule *s, const SrcFile *src, const char *tna
     return ok ? 0 : unchecked ? 2 : 1;
 }
 
-/* A schedule's text: X.sched, or '-' for stdin. */
-static int validate_file(const char *path, const char *tname, ValOptions *o)
+/* weights.bin must be the file the compile wrote (its size and
+ * hash_bulk): a damaged copy runs, and gives non-finite logits or, worse,
+ * other text. False (reported) when it is not. */
+static bool validate_bundle_weights(const char *dir, const RtManifest *man)
+{
+    char *wpath = xasprintf("%s/weights.bin", dir);
+    uint64_t bytes = 0, hash = 0;
+    bool ok = file_hash_bulk(wpath, &bytes, &hash);
+    if (!ok)
+        fprintf(stderr, "megac validate: %s: cannot read: %s\n", wpath,
+                errno == ENODEV ? "not a regular file" : strerror(errno));
+    else if (bytes != man->weights_bytes || hash != man->weights_hash)
+        fprintf(stderr, "%s: error: %s (the file was changed or damaged after compilation: recompile the bundle)\n",
+                wpath, bytes != man->weights_bytes ? "its size is not the manifest's weights_bytes"
+                                                   : "its hash is not the manifest's weights_hash");
+    ok = ok && bytes == man->weights_bytes && hash == man->weights_hash;
+    free(wpath);
+    return ok;
+}
+
+/* The manifest's weights_read_bytes, which nothing hashes and only `megac
+ * bench` reads (for its GB/s), must be what the schedule reads. */
+static bool validate_bundle_reads(const char *dir, const RtManifest *man, const Schedule *s)
+{
+    uint64_t reads = bundle_read_bytes(s);
+    if (reads == man->weights_read_bytes)
+        return true;
+    fprintf(stderr, "%s/manifest.yaml: error: weights_read_bytes is %llu, but the schedule reads %llu weight bytes a "
+                    "step (the manifest was edited: megac bench's GB/s would be wrong)\n",
+            dir, (unsigned long long)man->weights_read_bytes, (unsigned long long)reads);
+    return false;
+}
+
+/* A bundle's schedule.sched (src) must be the one its manifest was written
+ * for (the runtime refuses it otherwise): validating another would say
+ * "safe" of a bundle that cannot run; and its weights must be whole
+ * (above). The manifest into *man; false (reported) when any is not so. */
+static bool validate_bundle_manifest(const char *dir, const SrcFile *src, RtManifest *man)
+{
+    char *mpath = xasprintf("%s/manifest.yaml", dir), err[512];
+    size_t mlen = 0;
+    char *mtext = read_file(mpath, &mlen);
+    uint64_t h = hash_fnv1a(src->text, src->len, HASH_FNV_INIT);
+    bool ok = false;
+    if (!mtext)
+        fprintf(stderr, "megac validate: %s: cannot read: %s\n", mpath,
+                errno == ENODEV ? "not a regular file (a device)" : strerror(errno));
+    else if (rt_manifest_parse(man, mpath, mtext, mlen, err, sizeof err) != MEGAC_OK)
+        fprintf(stderr, "%s\n", err);
+    else if (h != man->schedule_hash)
+        fprintf(stderr, "%s: error: schedule hash %016llx does not match the manifest's %016llx (the schedule was "
+                        "changed after compilation; the runtime refuses this bundle)\n",
+                src->path, (unsigned long long)h, (unsigned long long)man->schedule_hash);
+    else
+        ok = validate_bundle_weights(dir, man);
+    free(mpath);
+    free(mtext);
+    return ok;
+}
+
+/* A schedule's text: X.sched, '-' for stdin, or a bundle's schedule.sched
+ * (bundle: its folder), which must also be the manifest's (above). */
+static int validate_file(const char *path, const char *bundle, const char *tname, ValOptions *o)
 {
     Diag d;
     SrcFile src;
@@ -130,8 +191,12 @@ static int validate_file(const char *path, const char *tname, ValOptions *o)
         free((char *)src.path);
         src.path = xstrdup(path = "<stdin>");
     }
-    Schedule *s = sched_parse(path, src.text, src.len, &d);
-    int rc = s ? validate_sched(s, &src, tname, o) : 2;
+    RtManifest man;
+    Schedule *s = NULL;
+    int rc = 2;
+    if ((!bundle || validate_bundle_manifest(bundle, &src, &man)) &&
+        (s = sched_parse(path, src.text, src.len, &d)) != NULL && (!bundle || validate_bundle_reads(bundle, &man, s)))
+        rc = validate_sched(s, &src, tname, o);
     sched_free(s);
     srcfile_free(&src);
     return rc;
@@ -220,77 +285,6 @@ static char *validate_bundle_schedule(const char *path)
     return bundle ? xasprintf("%s/schedule.sched", path) : NULL;
 }
 
-/* weights.bin must be the file the compile wrote (its size and
- * hash_bulk): a damaged copy runs, and gives non-finite logits or, worse,
- * other text. False (reported) when it is not. */
-static bool validate_bundle_weights(const char *dir, const RtManifest *man)
-{
-    char *wpath = xasprintf("%s/weights.bin", dir);
-    uint64_t bytes = 0, hash = 0;
-    bool ok = file_hash_bulk(wpath, &bytes, &hash);
-    if (!ok)
-        fprintf(stderr, "megac validate: %s: cannot read: %s\n", wpath,
-                errno == ENODEV ? "not a regular file" : strerror(errno));
-    else if (bytes != man->weights_bytes || hash != man->weights_hash)
-        fprintf(stderr, "%s: error: %s (the file was changed or damaged after compilation: recompile the bundle)\n",
-                wpath, bytes != man->weights_bytes ? "its size is not the manifest's weights_bytes"
-                                                   : "its hash is not the manifest's weights_hash");
-    ok = ok && bytes == man->weights_bytes && hash == man->weights_hash;
-    free(wpath);
-    return ok;
-}
-
-/* The manifest's weights_read_bytes, which nothing hashes and only `megac
- * bench` reads (for its GB/s), must be what the schedule reads; a schedule
- * that does not parse passes here and is reported by validation. */
-static bool validate_bundle_reads(const char *mpath, const RtManifest *man, const char *sched, const char *stext,
-                                  size_t slen)
-{
-    Diag d;
-    diag_init(&d);
-    d.out = fopen("/dev/null", "w");
-    Schedule *s = d.out ? sched_parse(sched, stext, slen, &d) : NULL;
-    if (d.out)
-        fclose(d.out);
-    uint64_t reads = s ? bundle_read_bytes(s) : man->weights_read_bytes;
-    sched_free(s);
-    if (reads == man->weights_read_bytes)
-        return true;
-    fprintf(stderr, "%s: error: weights_read_bytes is %llu, but the schedule reads %llu weight bytes a step (the "
-                    "manifest was edited: megac bench's GB/s would be wrong)\n",
-            mpath, (unsigned long long)man->weights_read_bytes, (unsigned long long)reads);
-    return false;
-}
-
-/* A bundle's schedule.sched must be the one its manifest was written for
- * (the runtime refuses it otherwise): validating another would say "safe"
- * of a bundle that cannot run; and its weights must be whole (above).
- * False (reported) when either is not. */
-static bool validate_bundle_hash(const char *dir, const char *sched)
-{
-    char *mpath = xasprintf("%s/manifest.yaml", dir), err[512];
-    size_t mlen = 0, slen = 0;
-    char *mtext = read_file(mpath, &mlen), *stext = read_file(sched, &slen);
-    RtManifest man;
-    bool ok = false;
-    if (!mtext || !stext)
-        fprintf(stderr, "megac validate: %s: cannot read: %s\n", mtext ? sched : mpath,
-                errno == ENODEV ? "not a regular file (a device)" : strerror(errno));
-    else if (rt_manifest_parse(&man, mpath, mtext, mlen, err, sizeof err) != MEGAC_OK)
-        fprintf(stderr, "%s\n", err);
-    else if (hash_fnv1a(stext, slen, HASH_FNV_INIT) != man.schedule_hash)
-        fprintf(stderr, "%s: error: schedule hash %016llx does not match the manifest's %016llx (the schedule was "
-                        "changed after compilation; the runtime refuses this bundle)\n",
-                sched, (unsigned long long)hash_fnv1a(stext, slen, HASH_FNV_INIT),
-                (unsigned long long)man.schedule_hash);
-    else
-        ok = validate_bundle_weights(dir, &man) && validate_bundle_reads(mpath, &man, sched, stext, slen);
-    free(mpath);
-    free(mtext);
-    free(stext);
-    return ok;
-}
-
 #define VALIDATE_MAX_SETS 64
 
 int cmd_validate(int argc, char **argv)
@@ -338,18 +332,16 @@ int cmd_validate(int argc, char **argv)
         fprintf(stderr, "megac validate: --regs and --smem need --threads (the kernel's threads per block)\n");
         goto out;
     }
-    if (path && (inner = validate_bundle_schedule(path)) != NULL) {
-        if (!validate_bundle_hash(path, inner))
-            goto out;
-        path = inner;
-    }
+    const char *bundle = NULL;
+    if (path && (inner = validate_bundle_schedule(path)) != NULL)
+        bundle = path, path = inner;
     if (!path) {
         validate_usage(stderr);
     } else if (validate_is_schedule(path)) {
         if (workers || nset)
             fprintf(stderr, "megac validate: --workers and --set apply to a model; '%s' is a schedule\n", path);
         else
-            rc = validate_file(path, tname, &o);
+            rc = validate_file(path, bundle, tname, &o);
     } else {
         rc = validate_model(path, tname, workers, set, nset, &o);
     }
