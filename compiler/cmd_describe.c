@@ -10,7 +10,7 @@
  * an HF folder it shows what megac took from the file.
  */
 #include "compiler/cli.h"
-#include "compiler/doc.h"
+#include "runtime/tokenizer.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -63,7 +63,7 @@ int cmd_describe(int argc, char **argv)
             rc = fflush(stdout) == 0 ? 0 : 2;
             const char *paths[2] = {m.weights_path, m.tok_path};
             for (int i = 0; i < 2; i++)
-                if (paths[i] && !utf8_valid(paths[i]) && (i == 0 || !paths[0] || strcmp(paths[0], paths[1])))
+                if (paths[i] && !tok_utf8_valid(paths[i], strlen(paths[i])) && (i == 0 || !paths[0] || strcmp(paths[0], paths[1])))
                     fprintf(stderr,
                             "megac describe: warning: the path '%s' is not UTF-8, which YAML cannot hold; the "
                             "description will not load back until the file is renamed (megac run and compile "

@@ -8,7 +8,6 @@
  */
 #include "compiler/cli.h"
 #include "compiler/compile.h"
-#include "compiler/doc.h"
 #include "compiler/quant.h"
 
 #include <errno.h>
@@ -187,7 +186,7 @@ static void eval_json_str(FILE *f, const char *s)
     fputc('"', f);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = p[i];
-        int k = c < 0x80 ? 1 : utf8_len(p + i, n - i);
+        int k = tok_utf8_len(s + i, n - i);
         if (c == '"' || c == '\\')
             fprintf(f, "\\%c", c);
         else if (c < 0x20)

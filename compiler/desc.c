@@ -16,6 +16,7 @@
 #include "compiler/doc.h"
 #include "compiler/gguf.h"
 #include "compiler/model.h"
+#include "runtime/tokenizer.h"
 
 #include <errno.h>
 #include <ctype.h>
@@ -2333,7 +2334,7 @@ void desc_print(const ModelDesc *m, FILE *out)
      * cannot hold make the comment unreadable: each such byte is a '?' */
     const unsigned char *p = (const unsigned char *)(m->path ? m->path : "?");
     for (size_t i = 0, n = strlen((const char *)p); i < n;) {
-        int k = p[i] < 0x80 ? 1 : utf8_len(p + i, n - i);
+        int k = tok_utf8_len((const char *)p + i, n - i);
         if (k > 1) {
             fwrite(p + i, 1, (size_t)k, out);
             i += (size_t)k;

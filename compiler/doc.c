@@ -6,6 +6,7 @@
  * mapping keys are errors (JSON allows them, a model description must not).
  */
 #include "compiler/doc.h"
+#include "runtime/tokenizer.h"
 
 #include <errno.h>
 #include <math.h>
@@ -209,35 +210,6 @@ static DocNode *build_node(Builder *b, int depth)
     return NULL;
 }
 
-int utf8_len(const unsigned char *p, size_t n)
-{
-    unsigned char c = p[0];
-    int len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-    if (!len || (size_t)len > n)
-        return 0;
-    unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
-    unsigned char hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
-    if (p[1] < lo || p[1] > hi)
-        return 0;
-    for (int i = 2; i < len; i++)
-        if (p[i] < 0x80 || p[i] > 0xBF)
-            return 0;
-    return len;
-}
-
-bool utf8_valid(const char *s)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t n = strlen(s);
-    for (size_t i = 0; i < n; i++) {
-        int k = p[i] < 0x80 ? 1 : utf8_len(p + i, n - i);
-        if (!k)
-            return false;
-        i += (size_t)k - 1;
-    }
-    return true;
-}
-
 /* Rejects a NUL, a control byte or malformed UTF-8 at its own line and
  * column; libyaml would report them, but at 1:1 (it decodes the whole input
  * before it tracks positions). UTF-16 input (a BOM) is left to libyaml. */
@@ -262,7 +234,7 @@ static bool doc_bytes_check(const Doc *doc, Diag *d)
             diag_error(d, &doc->src, line, col, "control character 0x%02x is not allowed", c);
             return false;
         } else if (c >= 0x80) {
-            if (!(k = utf8_len(t + i, n - i))) {
+            if (!(k = tok_utf8_len((const char *)t + i, n - i))) {
                 diag_error(d, &doc->src, line, col, "invalid UTF-8 (byte 0x%02x)", c);
                 return false;
             }

@@ -38,11 +38,6 @@ typedef struct Doc {
 bool doc_parse(Doc *doc, const char *path, char *text, size_t len, Diag *d);
 /* Reads and parses a file; reports unreadable files as errors too. */
 bool doc_load(Doc *doc, const char *path, Diag *d);
-/* The length of the well-formed UTF-8 sequence at p (at most n bytes), 0
- * when it is not one (RFC 3629: no overlongs, surrogates or > U+10FFFF). */
-int utf8_len(const unsigned char *p, size_t n);
-/* Whether s is well-formed UTF-8 (text YAML can hold). */
-bool utf8_valid(const char *s);
 void doc_free(Doc *doc);
 
 /* Map lookup by key; NULL when absent or when `m` is not a map. */

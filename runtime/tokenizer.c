@@ -1030,23 +1030,28 @@ int tok_decode(const Tokenizer *t, int prev, int id, char *buf, size_t cap)
 /* ---- piece checks (the importers' and the loaders' one rule) ---- */
 
 /* RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF. */
-bool tok_utf8_valid(const char *s, size_t len)
+int tok_utf8_len(const char *s, size_t n)
 {
     const unsigned char *p = (const unsigned char *)s;
-    for (size_t i = 0; i < len;) {
-        unsigned c = p[i];
-        size_t k = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-        if (k == 0 || k > len - i)
+    unsigned c = p[0];
+    int k = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (k == 0 || (size_t)k > n)
+        return 0;
+    unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+    unsigned hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+    if (k > 1 && (p[1] < lo || p[1] > hi))
+        return 0;
+    for (int j = 2; j < k; j++)
+        if ((p[j] & 0xC0) != 0x80)
+            return 0;
+    return k;
+}
+
+bool tok_utf8_valid(const char *s, size_t len)
+{
+    for (size_t i = 0, k; i < len; i += k)
+        if (!(k = (size_t)tok_utf8_len(s + i, len - i)))
             return false;
-        unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
-        unsigned hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
-        if (k > 1 && (p[i + 1] < lo || p[i + 1] > hi))
-            return false;
-        for (size_t j = 2; j < k; j++)
-            if ((p[i + j] & 0xC0) != 0x80)
-                return false;
-        i += k;
-    }
     return true;
 }
 

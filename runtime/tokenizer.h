@@ -71,6 +71,10 @@ Tokenizer *tok_load_llama2c(const char *path, int n_vocab, char *err, size_t err
  * (strict: no overlong forms, surrogates or code points past U+10FFFF),
  * and a byte piece is exactly <0xNN> with upper-case hex digits. */
 bool tok_utf8_valid(const char *s, size_t len);
+/* The length of the well-formed UTF-8 character at s (n >= 1 bytes): 1 for
+ * ASCII, 2..4, or 0 when it is not one. tok_utf8_valid reads by it; so do
+ * the compiler's text checks (YAML, printed paths, JSON). */
+int tok_utf8_len(const char *s, size_t n);
 bool tok_byte_piece(const char *s, size_t len);
 /* s[0..len) for a message (cap >= 4): printable ASCII as is, \\ and \'
  * escaped, any other byte as \xNN; cut with "..." where it does not fit.
