@@ -321,9 +321,6 @@ static void add_gemvs(Schedule *s, DType t, int64_t rows, int64_t k, int64_t cut
     }
 }
 
-/* y = W x for `rows` rows of dtype t (raw: its rows as quantize_row
- * writes them) through a kernel of one GEMV on the host CPU, its rows split
- * between two ops at cut. */
 /* The CPU targets whose integer kernels the tests below check: the
  * host's, and the 256-bit ones where this host runs them (x86-64-v3:
  * vpmaddubsw; alderlake: AVX-VNNI's vpdpbusd). */
@@ -340,21 +337,66 @@ static int int_targets(const char *cpu[3])
     return n;
 }
 
-static void run_gemv(const char *cpu, DType t, const unsigned char *raw, int64_t rows, int64_t k, int64_t cut,
-                     const float *x, float *y)
+/* A kernel on one CPU target with a GEMV of `rows` rows for each dtype
+ * of a list (those that fit k), each split between two ops at `cut`, so
+ * that a test compiles a kernel per target and not per dtype and input (a
+ * compile takes about a second; these tests made some 200 of them). */
+typedef struct GemvSet {
+    QKern q;
+    size_t n;
+    DType ts[NDT];
+    uint32_t xb, wb[NDT], yb[NDT];
+    int64_t rows, k;
+} GemvSet;
+
+static void gset_build(GemvSet *g, const char *cpu, const DType *ts, size_t n, int64_t rows, int64_t k, int64_t cut)
 {
-    Schedule *s = sched_new("qone", "cpu", 1);
+    cr_assert(n <= NDT);
+    memset(g, 0, sizeof *g);
+    Schedule *s = sched_new("qset", "cpu", 1);
     s->shape = gemv_shape(k);
     int64_t sx[1] = {k};
-    uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx), wb, yb;
-    add_gemvs(s, t, rows, k, cut, xb, &wb, &yb);
-    QKern q;
-    qkern_build(&q, s, cpu);
-    kernel_rows_put(t, rows, k, raw, q.wts + s->bufs[wb].offset);
-    memcpy(q.arena + s->bufs[xb].offset, x, sizeof(float) * (size_t)k);
-    qkern_step(&q);
-    memcpy(y, q.arena + s->bufs[yb].offset, sizeof(float) * (size_t)rows);
-    qkern_free(&q);
+    g->xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx);
+    for (size_t i = 0; i < n; i++) {
+        g->ts[i] = ts[i];
+        if (fits(ts[i], k))
+            add_gemvs(s, ts[i], rows, k, cut, g->xb, &g->wb[i], &g->yb[i]);
+    }
+    g->n = n, g->rows = rows, g->k = k;
+    qkern_build(&g->q, s, cpu);
+}
+
+/* y = W x for the set's dtype t (raw: its rows as quantize_row writes
+ * them); y's buffer is filled with 1e30 first, so a row the kernel left
+ * unwritten shows. */
+static void gset_run(GemvSet *g, DType t, const unsigned char *raw, const float *x, float *y)
+{
+    size_t i = 0;
+    while (i < g->n && g->ts[i] != t)
+        i++;
+    cr_assert(i < g->n && fits(t, g->k), "%s is not in the kernel", dtype_name(t));
+    const Schedule *s = g->q.s;
+    float *out = (float *)(g->q.arena + s->bufs[g->yb[i]].offset);
+    for (int64_t r = 0; r < g->rows; r++)
+        out[r] = 1e30f;
+    kernel_rows_put(t, g->rows, g->k, raw, g->q.wts + s->bufs[g->wb[i]].offset);
+    memcpy(g->q.arena + s->bufs[g->xb].offset, x, sizeof(float) * (size_t)g->k);
+    qkern_step(&g->q);
+    memcpy(y, out, sizeof(float) * (size_t)g->rows);
+}
+
+/* A set for each of the n CPU targets in cpu[]. */
+static void gsets_build(GemvSet *g, const char *const *cpu, int n, const DType *ts, size_t nt, int64_t rows, int64_t k,
+                        int64_t cut)
+{
+    for (int c = 0; c < n; c++)
+        gset_build(&g[c], cpu[c], ts, nt, rows, k, cut);
+}
+
+static void gsets_free(GemvSet *g, int n)
+{
+    for (int c = 0; c < n; c++)
+        qkern_free(&g[c].q);
 }
 
 /* y within 2e-6 of the sum of |w x| of the float64 GEMV of raw's rows. */
@@ -595,6 +637,8 @@ Test(cpu_quant_perf, q8_lane_bound)
     const char *pattern[3] = {"x all +", "x all -", "x alternating"}, *cpu[3];
     int nc = int_targets(cpu);
     float x[576], w[576], y[4];
+    GemvSet set[3];
+    gsets_build(set, cpu, nc, ts, sizeof ts / sizeof *ts, rows, k, 2);
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
         DType t = ts[ti];
         size_t rb = dtype_row_bytes(t, k);
@@ -610,12 +654,13 @@ Test(cpu_quant_perf, q8_lane_bound)
             for (int c = 0; c < nc; c++) {
                 char what[64];
                 snprintf(what, sizeof what, "%s, %s", cpu[c] ? cpu[c] : "host", pattern[xs]);
-                run_gemv(cpu[c], t, raw, rows, k, 2, x, y);
+                gset_run(&set[c], t, raw, x, y);
                 expect_ref(t, raw, rows, k, x, y, what);
             }
         }
         free(raw);
     }
+    gsets_free(set, nc);
 }
 
 /* An activation outlier 10^4 times the rest (LLMs have them): the 8-bit
@@ -630,6 +675,8 @@ Test(cpu_quant_perf, q8_outlier_x)
     float x[1536], w[1536], y[8];
     const char *cpu[3];
     int nc = int_targets(cpu);
+    GemvSet set[3];
+    gsets_build(set, cpu, nc, ts, sizeof ts / sizeof *ts, rows, k, 4);
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
         DType t = ts[ti];
         uint64_t seed = 11;
@@ -647,11 +694,12 @@ Test(cpu_quant_perf, q8_outlier_x)
             quantize_row(t, w, k, raw + (size_t)r * rb);
         }
         for (int c = 0; c < nc; c++) {
-            run_gemv(cpu[c], t, raw, rows, k, 4, x, y);
+            gset_run(&set[c], t, raw, x, y);
             expect_ref(t, raw, rows, k, x, y, cpu[c] ? cpu[c] : "host");
         }
         free(raw);
     }
+    gsets_free(set, nc);
 }
 
 /* x far below 1 (1e-31: the integer kernels' fixed point of x would need
@@ -664,6 +712,8 @@ Test(cpu_quant_perf, tiny_x)
     float x[768], y[8];
     const char *cpu[3];
     int nc = int_targets(cpu);
+    GemvSet set[3];
+    gsets_build(set, cpu, nc, ts, sizeof ts / sizeof *ts, rows, k, 4);
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
         uint64_t seed = 13;
         unsigned char *raw = random_rows(ts[ti], rows, k, &seed);
@@ -673,12 +723,13 @@ Test(cpu_quant_perf, tiny_x)
             for (int c = 0; c < nc; c++) {
                 char what[64];
                 snprintf(what, sizeof what, "%s, %s", cpu[c] ? cpu[c] : "host", zero ? "x zero" : "x tiny");
-                run_gemv(cpu[c], ts[ti], raw, rows, k, 4, x, y);
+                gset_run(&set[c], ts[ti], raw, x, y);
                 expect_ref(ts[ti], raw, rows, k, x, y, what);
             }
         }
         free(raw);
     }
+    gsets_free(set, nc);
 }
 
 /* ---- packed 4-bit rows (compiler/quant.h: quant_cpu_pack) ---- */
@@ -765,6 +816,8 @@ Test(cpu_quant_perf, packed_nonfinite_x)
     const DType ts[] = {DT_Q4_0, DT_Q4_1, DT_W4G32, DT_W4G64, DT_W4G128, DT_Q8_0, DT_W8};
     const char *cpu[3];
     int nc = int_targets(cpu);
+    GemvSet set[3];
+    gsets_build(set, cpu, nc, ts, sizeof ts / sizeof *ts, rows, k, 3);
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
         for (int bi = 0; bi < 2; bi++) {
             DType t = ts[ti];
@@ -775,7 +828,7 @@ Test(cpu_quant_perf, packed_nonfinite_x)
                 x[j] = lcg(&seed);
             x[100] = bad[bi];
             for (int c = 0; c < nc; c++) {
-                run_gemv(cpu[c], t, raw, rows, k, 3, x, y);
+                gset_run(&set[c], t, raw, x, y);
                 for (int64_t r = 0; r < rows; r++)
                     cr_assert(!isfinite(y[r]), "%s %s, x with %g: row %ld is %g", cpu[c] ? cpu[c] : "host",
                               dtype_name(t), (double)bad[bi], (long)r, y[r]);
@@ -783,6 +836,7 @@ Test(cpu_quant_perf, packed_nonfinite_x)
             free(raw);
         }
     }
+    gsets_free(set, nc);
 }
 
 /* The float one ulp from f away from zero (u > 0) or toward it. */
@@ -847,6 +901,8 @@ Test(cpu_quant_perf, a8_inputs_round_as_divided)
         uint64_t seed = 17;
         int64_t off = near_half_x(x, k, &seed);
         cr_assert_geq(off, k / 32, "k %ld: only %ld inputs where x * (1 / d) rounds otherwise", (long)k, (long)off);
+        GemvSet set[3];
+        gsets_build(set, cpu, nc, ts, sizeof ts / sizeof *ts, rows, k, 5);
         for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
             if (!fits(ts[ti], k))
                 continue;
@@ -854,7 +910,7 @@ Test(cpu_quant_perf, a8_inputs_round_as_divided)
             quant_gemv_a8_ref(ts[ti], raw, rows, k, x, ref);
             float *deq = malloc(sizeof(float) * (size_t)k);
             for (int c = 0; c < nc; c++) {
-                run_gemv(cpu[c], ts[ti], raw, rows, k, 5, x, y);
+                gset_run(&set[c], ts[ti], raw, x, y);
                 for (int64_t r = 0; r < rows; r++) {
                     quant_row_dequant(dtype_layout(ts[ti]), raw + (size_t)r * dtype_row_bytes(ts[ti], k), k, deq);
                     double mag = 0;
@@ -867,6 +923,7 @@ Test(cpu_quant_perf, a8_inputs_round_as_divided)
             free(deq);
             free(raw);
         }
+        gsets_free(set, nc);
     }
 }
 
