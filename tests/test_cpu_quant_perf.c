@@ -453,16 +453,12 @@ static bool host_runs_avx512(bool vnni)
  * of k in two GEMVs cut at row `cut`. */
 static void check_all_rows(const char *cpu, int64_t k, int64_t rows, int64_t cut)
 {
-    Schedule *s = sched_new("qgemv", "cpu", 1);
-    s->shape = gemv_shape(k);
-    int64_t sx[1] = {k};
-    uint32_t xb = sched_add_buffer(s, "x", DT_F32, BUF_STATE, 1, sx), wb[NDT] = {0}, yb[NDT] = {0};
-    for (size_t i = 0; i < NDT; i++)
-        if (fits(all_dtypes[i], k))
-            add_gemvs(s, all_dtypes[i], rows, k, cut, xb, &wb[i], &yb[i]);
-    QKern q;
-    qkern_build(&q, s, cpu);
-    float *w = malloc(sizeof(float) * (size_t)(rows * k)), *x = (float *)(q.arena + s->bufs[xb].offset);
+    GemvSet g; /* every dtype at once: one step checks them all */
+    gset_build(&g, cpu, all_dtypes, NDT, rows, k, cut);
+    QKern *q = &g.q;
+    const Schedule *s = q->s;
+    const uint32_t *wb = g.wb, *yb = g.yb;
+    float *w = malloc(sizeof(float) * (size_t)(rows * k)), *x = (float *)(q->arena + s->bufs[g.xb].offset);
     uint64_t seed = 7;
     for (int64_t j = 0; j < k; j++)
         x[j] = lcg(&seed) * (j % 37 == 0 ? 8.0f : 1.0f); /* a few outliers per block */
@@ -478,9 +474,9 @@ static void check_all_rows(const char *cpu, int64_t k, int64_t rows, int64_t cut
             quantize_row(all_dtypes[i], w + r * k, k, raw[i] + (size_t)r * rb);
             flip_some_scales(all_dtypes[i], raw[i] + (size_t)r * rb, r, k);
         }
-        kernel_rows_put(all_dtypes[i], rows, k, raw[i], q.wts + s->bufs[wb[i]].offset);
+        kernel_rows_put(all_dtypes[i], rows, k, raw[i], q->wts + s->bufs[wb[i]].offset);
     }
-    qkern_step(&q);
+    qkern_step(q);
     double *ref = malloc(sizeof(double) * (size_t)rows), *mag = malloc(sizeof(double) * (size_t)rows);
     float *deq = malloc(sizeof(float) * (size_t)k);
     for (size_t i = 0; i < NDT; i++) {
@@ -488,7 +484,7 @@ static void check_all_rows(const char *cpu, int64_t k, int64_t rows, int64_t cut
         if (!fits(t, k))
             continue;
         const unsigned char *W = raw[i];
-        const float *y = (const float *)(q.arena + s->bufs[yb[i]].offset);
+        const float *y = (const float *)(q->arena + s->bufs[yb[i]].offset);
         if (dtype_is_a8(t))
             quant_gemv_a8_ref(t, W, rows, k, x, ref);
         else
@@ -508,7 +504,7 @@ static void check_all_rows(const char *cpu, int64_t k, int64_t rows, int64_t cut
     free(w);
     for (size_t i = 0; i < NDT; i++)
         free(raw[i]);
-    qkern_free(&q);
+    qkern_free(q);
 }
 
 static void check_all(const char *cpu, int64_t k)
