@@ -38,6 +38,16 @@ typedef struct CudaKernelInfo {
 /* arch: "sm_80", "sm_90", "sm_120". The NVRTC log is printed on failure. */
 bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path, CudaKernelInfo *info,
                      Diag *d);
+/* Told of each NVRTC compile of cg_cuda_compile_ex's search that spilled
+ * (each takes seconds, a spilling one the longest): its seconds and a
+ * sentence on what it tries next. */
+typedef struct CgCudaProgress {
+    void (*fn)(void *ctx, double seconds, const char *what);
+    void *ctx;
+} CgCudaProgress;
+/* cg_cuda_compile, telling p (if any) of its retries. */
+bool cg_cuda_compile_ex(const Schedule *s, const char *arch, const char *cubin_path, CudaKernelInfo *info,
+                        const CgCudaProgress *p, Diag *d);
 /* The generated CUDA C compiled for the host through the shim: a .so with
  * the CPU kernel ABI (one worker = one block, run as a thread). */
 bool cg_hostcuda_compile(const Schedule *s, const char *so_path, Diag *d);

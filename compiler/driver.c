@@ -345,6 +345,14 @@ static void diag_text_rename(FILE *out, const char *text, const char *tmp, const
     fputs(text, out);
 }
 
+/* A line for each NVRTC compile that spilled (seconds each), as passes
+ * print theirs, so a long search does not pass in silence. */
+static void codegen_cuda_retry(void *ctx, double seconds, const char *what)
+{
+    (void)ctx;
+    fprintf(stderr, "megac compile: %-20s %8.1f ms  %s\n", "cg_cuda_compile", 1e3 * seconds, what);
+}
+
 /* Runs the target's code generator into the temporary folder; *pass names it. */
 static bool codegen_run(Compilation *c, CudaKernelInfo *info, const char **pass)
 {
@@ -365,7 +373,8 @@ static bool codegen_run(Compilation *c, CudaKernelInfo *info, const char **pass)
     c->kernel_file = arena_printf(&c->arena, "kernel.%s.cubin", t->name);
     c->kernel_path = xasprintf("%s/%s", c->tmp, c->kernel_file);
     *pass = "cg_cuda_compile";
-    return cg_cuda_compile(c->s, t->name, c->kernel_path, info, &c->d);
+    CgCudaProgress p = {codegen_cuda_retry, NULL};
+    return cg_cuda_compile_ex(c->s, t->name, c->kernel_path, info, c->o->quiet ? NULL : &p, &c->d);
 }
 
 /* Code generation writes into DIR.tmp<pid>; its messages are held and

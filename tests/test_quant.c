@@ -16,6 +16,7 @@
 #include "compiler/quant.h"
 
 #include "codegen/codegen.h"
+#include "codegen/cuda/cuda.h"
 #include "harness.h"
 #include "runtime/kernel_abi.h"
 
@@ -953,6 +954,18 @@ Test(quant, hostcuda_quantized, .timeout = 180)
 
 /* NVRTC compiles the quantized kernel for a GPU architecture (no GPU
  * needed to compile). */
+typedef struct Retries {
+    int n;
+} Retries;
+
+static void count_retry(void *ctx, double seconds, const char *what)
+{
+    Retries *r = ctx;
+    cr_assert_gt(seconds, 0.0);
+    cr_assert(strstr(what, "sm_90 spills with ") && strstr(what, "; again with "), "%s", what);
+    r->n++;
+}
+
 Test(quant, cuda_nvrtc_compiles_quantized, .timeout = 180)
 {
     /* three NVRTC compiles (two spill), 54 s under ASan, none of it
@@ -974,8 +987,15 @@ Test(quant, cuda_nvrtc_compiles_quantized, .timeout = 180)
     cr_assert_not_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/kernel.cubin", dir);
     CudaKernelInfo info;
-    cr_assert(cg_cuda_compile(s, "sm_90", path, &info, &d), "NVRTC failed");
+    Retries r = {0};
+    CgCudaProgress p = {count_retry, &r};
+    cr_assert(cg_cuda_compile_ex(s, "sm_90", path, &info, &p, &d), "NVRTC failed");
     cr_assert_eq(info.local_bytes, 0, "spills");
+    /* every compile of the search that spilled was reported: as many as
+     * the steps from the first layout to the one that fitted */
+    CudaLayout l0 = cuda_layout(s, false);
+    int steps = (l0.preloads - info.preloads) + (l0.block_lanes && !info.block_lanes) + (l0.vloads - info.vloads) / 2;
+    cr_assert_eq(r.n, steps, "%d retries reported, %d steps taken", r.n, steps);
     unlink(path);
     rmdir(dir);
     sched_free(s);

@@ -13,6 +13,7 @@
 #include <nvrtc.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* "sm_90" -> 90; 0 if not one of the backend's architectures. */
 static int nvrtc_arch(const char *arch)
@@ -184,7 +185,21 @@ bool cuda_nvrtc_compile(const char *src, const char *arch, int threads, const ch
     return ok;
 }
 
+/* Seconds since t0 (CLOCK_MONOTONIC). */
+static double nvrtc_seconds(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
+}
+
 bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path, CudaKernelInfo *info, Diag *d)
+{
+    return cg_cuda_compile_ex(s, arch, cubin_path, info, NULL, d);
+}
+
+bool cg_cuda_compile_ex(const Schedule *s, const char *arch, const char *cubin_path, CudaKernelInfo *info,
+                        const CgCudaProgress *p, Diag *d)
 {
     if (!nvrtc_arch(arch)) {
         diag_file_error(d, cubin_path, "unknown CUDA architecture '%s' (sm_80, sm_90 or sm_120)", arch);
@@ -201,6 +216,8 @@ bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path
     for (;;) {
         char *src = cuda_source_build(s, &l, false);
         bool spilled = false, retry = l.preloads > 0 || l.block_lanes || l.vloads > 2;
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         bool ok = cuda_nvrtc_compile(src, arch, l.threads, cubin_path, info, retry ? &spilled : NULL, d);
         free(src);
         if (ok && info) {
@@ -213,11 +230,20 @@ bool cg_cuda_compile(const Schedule *s, const char *arch, const char *cubin_path
         }
         if (ok || !spilled)
             return ok;
-        if (l.preloads > 0)
+        char what[160];
+        if (l.preloads > 0) {
+            snprintf(what, sizeof what, "%s spills with %d weight load%s a lane before a GEMV's wait; again with %d",
+                     arch, l.preloads, l.preloads == 1 ? "" : "s", l.preloads - 1);
             l.preloads--;
-        else if (l.block_lanes)
+        } else if (l.block_lanes) {
+            snprintf(what, sizeof what, "%s spills with short block rows side by side; again with a row a warp", arch);
             l.block_lanes = 0;
-        else
+        } else {
+            snprintf(what, sizeof what, "%s spills with %d weight loads in flight a lane; again with %d", arch,
+                     l.vloads, l.vloads - 2);
             l.vloads -= 2;
+        }
+        if (p && p->fn)
+            p->fn(p->ctx, nvrtc_seconds(&t0), what);
     }
 }
