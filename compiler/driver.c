@@ -345,12 +345,12 @@ static void diag_text_rename(FILE *out, const char *text, const char *tmp, const
     fputs(text, out);
 }
 
-/* A line for each NVRTC compile that spilled (seconds each), as passes
- * print theirs, so a long search does not pass in silence. */
+/* A pass line for each NVRTC compile that spilled, so that a long search
+ * does not pass in silence (each line's time is its own compile's). */
 static void codegen_cuda_retry(void *ctx, double seconds, const char *what)
 {
-    (void)ctx;
-    fprintf(stderr, "megac compile: %-20s %8.1f ms  %s\n", "cg_cuda_compile", 1e3 * seconds, what);
+    (void)seconds; /* pass_done's clock, which the line resets, measured the same */
+    pass_done(ctx, "cg_cuda_compile", true, what);
 }
 
 /* Runs the target's code generator into the temporary folder; *pass names it. */
@@ -373,8 +373,8 @@ static bool codegen_run(Compilation *c, CudaKernelInfo *info, const char **pass)
     c->kernel_file = arena_printf(&c->arena, "kernel.%s.cubin", t->name);
     c->kernel_path = xasprintf("%s/%s", c->tmp, c->kernel_file);
     *pass = "cg_cuda_compile";
-    CgCudaProgress p = {codegen_cuda_retry, NULL};
-    return cg_cuda_compile_ex(c->s, t->name, c->kernel_path, info, c->o->quiet ? NULL : &p, &c->d);
+    CgCudaProgress p = {codegen_cuda_retry, c};
+    return cg_cuda_compile_ex(c->s, t->name, c->kernel_path, info, &p, &c->d);
 }
 
 /* Code generation writes into DIR.tmp<pid>; its messages are held and
