@@ -122,6 +122,18 @@ static unsigned char *read_bytes(const char *path, size_t *n)
     return (unsigned char *)p;
 }
 
+/* src's bytes (*n of them), and *g the GGUF file parsed from it (for its
+ * tensors' offsets into those bytes; gguf_close it). */
+static unsigned char *gguf_read_open(const char *src, size_t *n, GgufFile **g)
+{
+    unsigned char *raw = read_bytes(src, n);
+    Diag d;
+    diag_init(&d);
+    *g = gguf_open(src, &d);
+    cr_assert_not_null(*g, "%s", src);
+    return raw;
+}
+
 static float float_at(const unsigned char *p, size_t off)
 {
     float x;
@@ -1063,11 +1075,10 @@ Test(weights, gguf_non_finite_blocks_without_f32)
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *src = xasprintf("%s/%s", FIXTURES, cases[i].file), *path = tmp_path(cases[i].file);
         size_t n;
-        unsigned char *raw = read_bytes(src, &n);
+        GgufFile *g;
+        unsigned char *raw = gguf_read_open(src, &n, &g);
         Diag d;
         diag_init(&d);
-        GgufFile *g = gguf_open(src, &d);
-        cr_assert_not_null(g, "%s", src);
         const GgufTensor *t = gguf_find_tensor(g, cases[i].tensor);
         cr_assert_not_null(t, "%s", cases[i].tensor);
         size_t at = (size_t)((const unsigned char *)t->data - g->map) + (size_t)cases[i].block * cases[i].block_bytes;
@@ -1121,11 +1132,8 @@ Test(weights, tied_check_of_a_stored_embedding)
     cr_assert_str_eq(stored, full);
 
     size_t n;
-    unsigned char *raw = read_bytes(src, &n);
-    Diag d;
-    diag_init(&d);
-    GgufFile *g = gguf_open(src, &d);
-    cr_assert_not_null(g);
+    GgufFile *g;
+    unsigned char *raw = gguf_read_open(src, &n, &g);
     const GgufTensor *e = gguf_find_tensor(g, "token_embd.weight"), *o = gguf_find_tensor(g, "output.weight");
     cr_assert(e && o && e->ggml_type == o->ggml_type);
     size_t bytes = (size_t)m.vocab_size * dtype_row_bytes(DT_Q8_0, m.dim);
@@ -1863,11 +1871,8 @@ Test(weights, awq_infinite_scale_refused)
 static char *gguf_with_tensor(const char *src, const char *file, const char *name)
 {
     size_t n;
-    unsigned char *raw = read_bytes(src, &n);
-    Diag d;
-    diag_init(&d);
-    GgufFile *g = gguf_open(src, &d);
-    cr_assert_not_null(g);
+    GgufFile *g;
+    unsigned char *raw = gguf_read_open(src, &n, &g);
     const GgufTensor *last = &g->tensors[g->ntensors - 1];
     size_t info_end = (size_t)((const unsigned char *)last->name.s - g->map) + last->name.len + 4 +
                       8 * last->ndim + 4 + 8;
