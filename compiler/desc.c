@@ -820,8 +820,14 @@ static void eos_read(Ctx *c, const DocNode *n, const char *what)
         if (!node_int32(c, n->items[i], what, 0, &ids[i]))
             return;
     m->eos_id = ids[0];
-    m->n_stop = n->n - 1;
-    memcpy(m->stop_ids, ids + 1, sizeof(int) * (size_t)m->n_stop);
+    m->n_stop = 0;
+    for (int i = 1; i < n->n; i++) { /* an id listed twice ends generation once */
+        bool known = ids[i] == ids[0];
+        for (int k = 0; k < m->n_stop; k++)
+            known |= m->stop_ids[k] == ids[i];
+        if (!known)
+            m->stop_ids[m->n_stop++] = ids[i];
+    }
     c->at[F_EOS] = c->at[F_STOP] = n;
 }
 

@@ -1850,6 +1850,10 @@ Test(desc, eos_lists)
     DescOverride ov = {"eos", "3"};
     cr_assert(parse(&m, &a, "models/t.yaml", text, &ov, 1, NULL), "%s", errs);
     cr_assert(m.eos_id == 3 && m.n_stop == 0, "an id replaces the list");
+    snprintf(text, sizeof text, "%seos: [5, 7, 5, 7, 8, 8]\n", base);
+    cr_assert(parse(&m, &a, "models/t.yaml", text, NULL, 0, NULL), "%s", errs);
+    cr_assert(m.eos_id == 5 && m.n_stop == 2 && m.stop_ids[0] == 7 && m.stop_ids[1] == 8,
+              "an id listed twice is kept once: eos %d, %d stops", m.eos_id, m.n_stop);
     arena_free(&a);
     snprintf(text, sizeof text, "%seos: [5, 90]\n", base);
     expect_errors(text, NULL, 0,
