@@ -366,6 +366,12 @@ void run_drops_warn(const char *text, int n, int first, size_t at)
         fprintf(stderr, "the byte 0x%02X, not UTF-8, at byte %zu)\n", (unsigned char)text[at], at);
 }
 
+void run_stop_say(int token, int bos, int eos)
+{
+    fprintf(stderr, "megac run: the model ended the text: it chose token %d, %s\n", token,
+            token == eos ? "its EOS" : token == bos ? "its BOS (which ends a text, as in llama2.c)" : "a stop token");
+}
+
 static double run_now(void)
 {
     struct timespec ts;
@@ -400,6 +406,7 @@ typedef struct {
     int generated;          /* sampled tokens */
     int positions;          /* steps run */
     bool sample_failed;     /* the sampler refused the logits (reported) */
+    int stop;               /* the stop token that ended the text, or -1 */
 } RunRef;
 
 /* The llama2.c loop; returns false when stdout fails or the sampler
@@ -434,8 +441,10 @@ static bool run_ref_generate(RunRef *r, const RunOptions *o, int steps)
                 r->sample_failed = true;
                 return false;
             }
-            if (next == r->bos || next == r->eos || tok_is_stop(r->tok, next))
+            if (next == r->bos || next == r->eos || tok_is_stop(r->tok, next)) {
+                r->stop = next;
                 break;      /* the stop token is not counted, as in megac_generate */
+            }
             r->generated++;
         }
         int len = tok_decode(r->tok, token, next, piece, sizeof piece);
@@ -488,7 +497,7 @@ static bool run_ref_encode(RunRef *r, const char *prompt)
  * prompt is known to fit, so a bad prompt costs no load. */
 static int run_ref_decode(const ModelDesc *m, const Tokenizer *t, const RunOptions *o, Diag *d)
 {
-    RunRef r = {.tok = t, .m = m};
+    RunRef r = {.tok = t, .m = m, .stop = -1};
     r.bos = m->bos_id >= 0 ? m->bos_id : tok_bos(t);
     r.eos = m->eos_id >= 0 ? m->eos_id : tok_eos(t);
     char *text = run_prompt_text(o, ref_is_special, (void *)r.tok);
@@ -522,6 +531,8 @@ static int run_ref_decode(const ModelDesc *m, const Tokenizer *t, const RunOptio
         fprintf(stderr, "megac run: writing the text failed: %s\n", strerror(errno));
         return 1;
     }
+    if (r.stop >= 0)
+        run_stop_say(r.stop, r.bos, r.eos);
     fprintf(stderr, "prompt tokens: %d, generated tokens: %d, %.1f tok/s (engine reference, %d positions in %.3f s)\n",
             r.nprompt, r.generated, dt > 0 ? r.positions / dt : 0.0, r.positions, dt);
     return 0;

@@ -70,6 +70,10 @@ bool run_piece_write(const char *piece, int len);
  * (no piece, no byte token): how many, and the first (its code point, -1
  * if not UTF-8: then text[at] is the byte) with its byte offset. */
 void run_drops_warn(const char *text, int n, int first, size_t at);
+/* Says on stderr that the model ended the text by choosing stop token
+ * `token` (its BOS, its EOS, or another stop id), so that a run that stops
+ * early says why. Every engine says it, but not a conversation's turns. */
+void run_stop_say(int token, int bos, int eos);
 /* The text to encode for o's prompt: the prompt itself, or with --chat
  * the prompt as a user turn (after a --system turn) in the chat format
  * whose special tokens the tokenizer has: ChatML (<|im_start|>: SmolLM2,

@@ -549,6 +549,8 @@ static int bundle_generate(const RunOptions *o, const char *bundle, megac_model 
         rc = 1;
         goto out;
     }
+    if (st.stop_token >= 0)
+        run_stop_say(st.stop_token, megac_bos(m), megac_eos(m));
     stats_print(&st, m);
     rc = 0;
 out:

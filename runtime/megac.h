@@ -52,6 +52,8 @@ typedef struct megac_sampler {
 typedef struct megac_stats {
     int prompt_tokens, generated_tokens;
     double prefill_s, decode_s;     /* wall time */
+    int stop_token;                 /* the stop token (BOS, EOS or a stop id) the model chose, which ended
+                                       generation (not counted, not passed to the callback); -1 if none */
 } megac_stats;
 
 /* Called for every generated token with its decoded text; return non-zero

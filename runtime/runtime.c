@@ -304,6 +304,7 @@ static megac_status model_generate(megac_model *m, const int *prompt, int npromp
     if (!st)
         st = &local;
     memset(st, 0, sizeof *st);
+    st->stop_token = -1;
     m->err[0] = 0;
     if (!prompt)
         return rt_fail(m, MEGAC_ERR_ARG, "megac_generate: no prompt given");
@@ -328,8 +329,10 @@ static megac_status model_generate(megac_model *m, const int *prompt, int npromp
             return rc;
         if (tok < 0 || tok >= m->man.vocab)
             return rt_fail(m, MEGAC_ERR_KERNEL, "the kernel chose token %d, outside the vocabulary", tok);
-        if (model_is_stop(m, tok))
+        if (model_is_stop(m, tok)) {
+            st->stop_token = tok;
             break;
+        }
         st->generated_tokens++;
         if (cb && cb(user, tok, megac_decode(m, prev, tok)))
             break;

@@ -443,6 +443,30 @@ Test(cli, validate_checks_a_bundles_schedule_hash)
     test_rm_rf(d);
 }
 
+/* A run the model ends by choosing a stop token says so, on every engine:
+ * the default model's first greedy token made its EOS ends the text at
+ * once, with no token generated. */
+Test(cli, run_says_which_stop_token_ended_it)
+{
+    char *d = tmp_dir(), out[16384], cmd[256];
+    cr_assert_eq(megac(d, "run default --engine reference -n 2 --temp 0", out, sizeof out), 0, "%s", out);
+    unsigned char c = (unsigned char)out[0];
+    cr_assert(c > 0x20 && c < 0x7f, "the default model's first greedy byte is not printable (0x%02X): %s", c, out);
+    int id = 3 + c; /* the bytes tokenizer: byte b is id 3 + b */
+    static const char *const engines[] = {"reference", "cpu"};
+    for (int e = 0; e < 2; e++) {
+        snprintf(cmd, sizeof cmd, "run default --engine %s --set eos=%d -n 8 --temp 0", engines[e], id);
+        cr_assert_eq(megac(d, cmd, out, sizeof out), 0, "%s", out);
+        char want[128];
+        snprintf(want, sizeof want, "megac run: the model ended the text: it chose token %d, its EOS\n", id);
+        cr_assert(strstr(out, want), "%s: %s", engines[e], out);
+        cr_assert(strstr(out, "prompt tokens: 1, generated tokens: 0,"), "%s: %s", engines[e], out);
+    }
+    cr_assert_eq(megac(d, "run default --engine reference -n 8 --temp 0", out, sizeof out), 0, "%s", out);
+    cr_assert(!strstr(out, "ended the text"), "no stop token: nothing said: %s", out);
+    test_rm_rf(d);
+}
+
 /* `megac help CMD` is `megac CMD --help`; --version names the kernel ABI. */
 Test(cli, help_names_a_command_and_version)
 {

@@ -455,11 +455,13 @@ Test(runtime, generate_greedy_streams_tokens)
     cr_assert_eq(c.n, nexp);
     cr_assert_eq(st.prompt_tokens, 3);
     cr_assert_eq(st.generated_tokens, nexp);
+    cr_assert_eq(st.stop_token, nexp < 6 ? expect : -1, "the stop token that ended it");
     /* the callback stops it */
     cr_assert_eq(megac_reset(m), MEGAC_OK);
     Collected c2 = {0, 2, {0}};
     cr_assert_eq(megac_generate(m, prompt, 3, 6, &greedy, collect, &c2, &st), MEGAC_OK);
     cr_assert_eq(c2.n, 2);
+    cr_assert_eq(st.stop_token, -1, "the callback stopped it, no stop token");
     megac_close(m);
     remove_bundle(dir);
 }
