@@ -564,6 +564,16 @@ static CharClass tok_class(uint32_t c)
     return tok_is_space(c) ? CC_SPACE : CC_OTHER;
 }
 
+/* Whether HF's Digits pre-tokenizer splits c off as a word of its own
+ * (Rust's char::is_numeric, whose Unicode version may be newer than the
+ * regex's \p{N}: tok_unicode.inc). */
+static bool tok_digit_split(uint32_t c)
+{
+    if (c < 0x80)
+        return c >= '0' && c <= '9';
+    return tok_in_ranges(tok_numeric, sizeof tok_numeric / sizeof *tok_numeric, c);
+}
+
 /* Decodes one UTF-8 char at s[0..n); sets *len. Invalid or truncated
  * sequences decode as one byte of value 0xFFFFFFFF (class "other"). */
 static uint32_t utf8_next(const unsigned char *s, size_t n, size_t *len)
@@ -848,7 +858,7 @@ static bool bpe_word(const Tokenizer *t, const char *s, size_t n, IdBuf *o)
 }
 
 /* The end of the pre-tokenizer word at c[i]. With PRETOK_GPT2_DIGITS a
- * number char is a word alone and the regex sees only the spans between;
+ * digit (tok_digit_split) is a word alone and the regex sees only the spans between;
  * *span caches the end of the current span (start with 0). */
 static size_t pretok_next(const Tokenizer *t, const Chars *c, size_t i, size_t *span)
 {
@@ -858,11 +868,11 @@ static size_t pretok_next(const Tokenizer *t, const Chars *c, size_t i, size_t *
         return match_gpt2(c, i);
     if (t->pretok == PRETOK_NONE)
         return c->n;
-    if (c->cls[i] == CC_NUMBER)
+    if (tok_digit_split(c->cp[i]))
         return i + 1;
     if (*span <= i) {
         *span = i;
-        while (*span < c->n && c->cls[*span] != CC_NUMBER)
+        while (*span < c->n && !tok_digit_split(c->cp[*span]))
             ++*span;
     }
     Chars sub = *c;
