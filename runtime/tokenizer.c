@@ -698,9 +698,10 @@ static size_t match_llama3(const Chars *c, size_t i, size_t digits)
         return run_of(c, i, CC_LETTER);
     if (k != CC_NUMBER && !is_nl(c->cp[i]) && i + 1 < c->n && c->cls[i + 1] == CC_LETTER)
         return run_of(c, i + 1, CC_LETTER);
-    if (k == CC_NUMBER) {
-        j = run_of(c, i, CC_NUMBER);
-        return j - i > digits ? i + digits : j;
+    if (k == CC_NUMBER) { /* no further than the word's end: a long run of digits is read once, not per word */
+        for (j = i; j < c->n && j - i < digits && c->cls[j] == CC_NUMBER; j++)
+            ;
+        return j;
     }
     size_t s = c->cp[i] == ' ' && i + 1 < c->n && c->cls[i + 1] == CC_OTHER ? i + 1 : i;
     if (c->cls[s] == CC_OTHER) {
