@@ -258,6 +258,12 @@ static int eval_run(EvalArgs *a, unsigned classes, const QuantSpec *f, int nf)
     d.prog = "megac eval-quant";
     int rc = 2;
     if (desc_load(&m, &arena, a->model, a->set, a->nset, &d) && desc_check(&m, &d)) {
+        if (m.max_seq < 2) {
+            fprintf(stderr, "megac eval-quant: the model's max_seq is %d; a measure needs at least 2 positions (a "
+                            "prompt token and one to predict)\n", m.max_seq);
+            arena_free(&arena);
+            return 2;
+        }
         if (a->tokens > m.max_seq) { /* as eval-kv and run's -n */
             fprintf(stderr, "megac eval-quant: note: --tokens %d is more than the model's max_seq; evaluating %d\n",
                     a->tokens, m.max_seq);
