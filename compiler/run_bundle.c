@@ -398,7 +398,8 @@ static int conv_reserve(int steps)
  * reply, then whole turns) are dropped, the first turn's prompt kept, and
  * the rest read again from position 0 (said on stderr), and the reply goes
  * on. Ends at the end of the input (status 0),
- * or when even that leaves no room (said on stderr; status 0). */
+ * or when even that leaves no room (said on stderr; status 0, or 2 for the
+ * first turn, as a prompt that does not fit). */
 static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
 {
     megac_sampler s = {o->temperature, o->top_k, o->top_p, o->seed};
@@ -451,7 +452,7 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
             fprintf(stderr, "megac run: the turn's %d tokens do not fit in the %d positions left of %d (-n; 0: the "
                             "model's context); the conversation ends here\n", n, left, steps);
         if (n < 1 || n >= left) {
-            rc = n < 1 ? 2 : 0;
+            rc = n < 1 || first ? 2 : 0; /* a first turn that does not fit: as run's prompt (nothing ran) */
             free(ids);
             break;
         }

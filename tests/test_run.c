@@ -501,6 +501,10 @@ Test(run_cmd, interactive_usage_errors, .timeout = 60)
                           "reference\n");
     cr_assert_eq(megac_run("default --interactive < /dev/null", out, sizeof out, err, sizeof err), 2);
     cr_assert(strstr(err, "this model's tokenizer has no chat format megac knows"), "stderr: %s", err);
+    /* a first turn that does not fit: nothing ran, status 2 as for a prompt that does not fit */
+    cr_assert_eq(megac_run("tests/fixtures/weights/hf-llama3 -n 4 -i --prompt 'hello there' < /dev/null", out,
+                           sizeof out, err, sizeof err), 2, "stderr: %s", err);
+    cr_assert(strstr(err, "do not fit in the 4 positions left of 4"), "stderr: %s", err);
 }
 
 /* A tokenizer without a chat format's special tokens: --chat is refused. */
