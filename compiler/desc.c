@@ -2161,12 +2161,17 @@ bool desc_load(ModelDesc *m, Arena *a, const char *path, const DescOverride *ov,
     char *as = NULL, *text = desc_source(path, &len, &as, &written);
     if (!text) {
         int e = errno;
-        char *manifest = xasprintf("%s/manifest.yaml", path);
-        bool bundle = access(manifest, F_OK) == 0;
+        char *manifest = xasprintf("%s/manifest.yaml", path), *sched = xasprintf("%s/schedule.sched", path);
+        bool bundle = access(manifest, F_OK) == 0, part = access(sched, F_OK) == 0;
         free(manifest);
+        free(sched);
         if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && bundle)
             diag_file_error(d, path, "this is a compiled bundle, not a model description (`megac run` runs it, "
                                      "`megac validate` checks its schedule)");
+        else if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && part)
+            diag_file_error(d, path, "this folder holds a schedule.sched but no manifest.yaml: a compiled bundle "
+                                     "that lost its manifest (recompile it), or not a bundle at all: "
+                                     DESC_WHAT_A_MODEL_IS);
         else if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
             diag_file_error(d, path, "this folder holds no config.json: " DESC_WHAT_A_MODEL_IS);
         else if (e == ENODEV)

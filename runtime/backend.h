@@ -66,6 +66,7 @@ struct megac_model {
     const void *weights;        /* weights.bin, mapped read-only or read into memory (bundle.c) */
     size_t weights_len;
     bool weights_copied;        /* read into anonymous memory, not mapped from the file */
+    bool check_only;            /* megac_bundle_check: files checked, nothing run (weights mapped, not read) */
     Tokenizer *tok;
     int pos;                    /* position of the next step */
     int prompt_end;             /* position of the prompt's last token, -1: none (MegacArgs.prompt_end) */

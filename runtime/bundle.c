@@ -627,7 +627,7 @@ static megac_status bundle_kernel_check(megac_model *m)
  * bundle's weights are copied to the device once, from the mapping. */
 static bool weights_copy_wanted(const megac_model *m)
 {
-    if (strcmp(m->man.target, "cpu") != 0 && strcmp(m->man.target, "host-cuda") != 0)
+    if (m->check_only || (strcmp(m->man.target, "cpu") != 0 && strcmp(m->man.target, "host-cuda") != 0))
         return false;
     const char *e = getenv("MEGAC_WEIGHTS_MMAP");
     if (e && *e && strcmp(e, "0") != 0)

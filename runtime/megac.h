@@ -70,6 +70,12 @@ const char *megac_last_open_error(void);                /* why open failed */
  * another device before opening it. On failure the message is in
  * megac_last_open_error(). */
 megac_status megac_bundle_target(const char *bundle_dir, char *target, size_t cap, int *line, int *col);
+/* What megac_open checks of a bundle's files, without loading its kernel
+ * or starting anything (so on any machine, for any target): the manifest,
+ * the schedule's hash, the kernel file's size and hash, weights.bin's size,
+ * the tokenizer. MEGAC_OK, or the error megac_open would give, in
+ * megac_last_open_error(). */
+megac_status megac_bundle_check(const char *bundle_dir);
 
 /* Model facts. */
 int megac_vocab_size(const megac_model *m);

@@ -47,9 +47,13 @@ static const RtBackend *backend_for(const char *target)
     return NULL;
 }
 
-static megac_status model_open(megac_model *m, const char *dir)
+/* Opens the bundle in dir into m; with check_only, only its files are
+ * read and checked (megac_bundle_check): no device is looked for, no
+ * kernel loaded. */
+static megac_status model_open(megac_model *m, const char *dir, bool check_only)
 {
     m->dir = strdup(dir);
+    m->check_only = check_only;
     if (!m->dir)
         return rt_fail(m, MEGAC_ERR_NOMEM, "out of memory");
     megac_status st = rt_manifest_load(m);
@@ -61,6 +65,8 @@ static megac_status model_open(megac_model *m, const char *dir)
                        "%s/manifest.yaml:%d:%d: error: unknown target '%s' (this runtime runs cpu, host-cuda or "
                        "sm_XX bundles)",
                        dir, m->man.target_line, m->man.target_col, m->man.target);
+    if (check_only)
+        return rt_bundle_load(m);
     if ((m->be->prepare && (st = m->be->prepare(m))) || (st = rt_bundle_load(m)))
         return st;
     return m->be->open(m);
@@ -79,28 +85,28 @@ static bool model_mutex_init(megac_model *m)
     return ok;
 }
 
-megac_status megac_open(const char *bundle_dir, megac_model **out)
+/* megac_open and megac_bundle_check: the model, or NULL with the error in
+ * open_error. */
+static megac_status model_new(const char *bundle_dir, bool check_only, megac_model **out)
 {
-    open_error[0] = 0;
-    if (!out)
-        return rt_loose_fail(MEGAC_ERR_ARG, "megac_open: no place for the model given");
+    const char *who = check_only ? "megac_bundle_check" : "megac_open";
     *out = NULL;
     if (!bundle_dir) {
-        snprintf(open_error, sizeof open_error, "megac_open: no bundle folder given");
+        snprintf(open_error, sizeof open_error, "%s: no bundle folder given", who);
         return MEGAC_ERR_ARG;
     }
     megac_model *m = calloc(1, sizeof *m);
     if (!m) {
-        snprintf(open_error, sizeof open_error, "megac_open: out of memory");
+        snprintf(open_error, sizeof open_error, "%s: out of memory", who);
         return MEGAC_ERR_NOMEM;
     }
     m->prompt_end = -1;
     if (!model_mutex_init(m)) {
-        snprintf(open_error, sizeof open_error, "megac_open: cannot create the model's mutex");
+        snprintf(open_error, sizeof open_error, "%s: cannot create the model's mutex", who);
         megac_close(m);
         return MEGAC_ERR_NOMEM;
     }
-    megac_status st = model_open(m, bundle_dir);
+    megac_status st = model_open(m, bundle_dir, check_only);
     if (st) {
         snprintf(open_error, sizeof open_error, "%s", m->err);
         megac_close(m);
@@ -108,6 +114,24 @@ megac_status megac_open(const char *bundle_dir, megac_model **out)
     }
     *out = m;
     return MEGAC_OK;
+}
+
+megac_status megac_open(const char *bundle_dir, megac_model **out)
+{
+    open_error[0] = 0;
+    if (!out)
+        return rt_loose_fail(MEGAC_ERR_ARG, "megac_open: no place for the model given");
+    return model_new(bundle_dir, false, out);
+}
+
+megac_status megac_bundle_check(const char *bundle_dir)
+{
+    open_error[0] = 0;
+    megac_model *m;
+    megac_status st = model_new(bundle_dir, true, &m);
+    if (!st)
+        megac_close(m); /* no backend state: m->be_state is NULL */
+    return st;
 }
 
 void megac_close(megac_model *m)

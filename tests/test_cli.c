@@ -441,6 +441,28 @@ Test(cli, validate_checks_a_bundles_schedule_hash)
     cr_assert_eq(system(cmd), 0);
     cr_assert_eq(megac(d, "validate b1.megac", out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "b1.megac/weights.bin: error: its hash is not the manifest's weights_hash"), "%s", out);
+    /* and the rest of what megac_open checks: the kernel, the tokenizer, the manifest's target */
+    static const struct {
+        const char *edit, *want;
+    } damage[] = {
+        {"printf '\\001' | dd of=kernel.so bs=1 seek=200 conv=notrunc 2>/dev/null",
+         "b2.megac/kernel.so: error: its hash is "},
+        {"rm kernel.so", "b2.megac/kernel.so: cannot read the kernel: No such file or directory"},
+        {"rm tokenizer.bin", "b2.megac/tokenizer.bin"},
+        {"sed -i 's/^target: cpu$/target: host-cuda/' manifest.yaml",
+         "b2.megac/manifest.yaml:4:1: error: target 'host-cuda', but the schedule (and its kernel) was built for 'cpu'"},
+        {"rm manifest.yaml", "b2.megac: error: this folder holds a schedule.sched but no manifest.yaml"},
+    };
+    cr_assert_eq(megac(d, "compile default -q -o b3.megac", out, sizeof out), 0, "%s", out);
+    for (size_t i = 0; i < sizeof damage / sizeof *damage; i++) {
+        snprintf(cmd, sizeof cmd, "cd '%s' && rm -rf b2.megac && cp -r b3.megac b2.megac", d);
+        cr_assert_eq(system(cmd), 0, "%s", cmd);
+        cr_assert_eq(megac(d, "validate b2.megac", out, sizeof out), 0, "%s", out);
+        snprintf(cmd, sizeof cmd, "cd '%s/b2.megac' && %s", d, damage[i].edit);
+        cr_assert_eq(system(cmd), 0, "%s", cmd);
+        cr_assert_eq(megac(d, "validate b2.megac", out, sizeof out), 2, "%s: %s", damage[i].edit, out);
+        cr_assert(strstr(out, damage[i].want), "%s: %s", damage[i].edit, out);
+    }
     test_rm_rf(d);
 }
 
