@@ -3,8 +3,9 @@
  * `megac run MODEL.yaml` run it:
  *
  *   desc_load           the model description (YAML), with --set overrides
+ *   tok_import          its tokenizer (before the weights: a missing or bad
+ *                       tokenizer is found in a moment, not after minutes)
  *   weights_load        its weights (llama2.c, safetensors, GGUF, synthetic)
- *   tok_import          its tokenizer
  *   lower_model         one decode step as a Schedule for W workers
  *   val_schedule_check  deadlock and race freedom; a schedule that fails is
  *                       never compiled (exit 1 with the findings)
@@ -650,8 +651,8 @@ static void out_tmp_close(Compilation *c)
 static int compile_passes(Compilation *c)
 {
     c->target = target_lookup(c->o->target, &c->d);     /* before any work */
-    if (!c->target || !out_check(c) || !out_tmp_make(c) || !pass_desc_load(c) || !pass_weights_load(c) ||
-        !pass_tok_import(c) || !pass_lower_model(c))
+    if (!c->target || !out_check(c) || !out_tmp_make(c) || !pass_desc_load(c) || !pass_tok_import(c) ||
+        !pass_weights_load(c) || !pass_lower_model(c))
         return 2;
     if (!pass_validate(c, NULL)) {
         fprintf(stderr, "megac compile: the schedule %s; no code was generated\n",

@@ -803,7 +803,12 @@ static Tokenizer *tok_import_format(const ModelDesc *m, Diag *d)
     case TOKFMT_NONE:
         break;
     }
-    diag_file_error(d, m->path, "the model names no tokenizer");
+    if (m->weights_format == WFMT_LLAMA2C && m->weights_path && !strcmp(m->path, m->weights_path))
+        diag_file_error(d, m->path, "no tokenizer beside this checkpoint: megac looks in its folder for "
+                        "tok%d.bin, then tokenizer.bin (llama2.c's names); put it there, or write a description "
+                        "that names it (`megac describe` prints one to start from)", m->vocab_size);
+    else
+        diag_file_error(d, m->path, "the model names no tokenizer");
     return NULL;
 }
 
