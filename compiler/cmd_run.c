@@ -372,6 +372,16 @@ void run_stop_say(int token, int bos, int eos)
             token == eos ? "its EOS" : token == bos ? "its BOS (which ends a text, as in llama2.c)" : "a stop token");
 }
 
+void run_no_tokens_say(const char *text)
+{
+    if (!*text)
+        fprintf(stderr, "megac run: an empty prompt starts from the BOS token, and this model names none (its "
+                        "description's `bos: ID`, or --set bos=ID); or give a prompt\n");
+    else
+        fprintf(stderr, "megac run: the prompt gives no tokens: the tokenizer adds no BOS to it, and none of its "
+                        "characters has a piece or a byte token\n");
+}
+
 static double run_now(void)
 {
     struct timespec ts;
@@ -478,8 +488,7 @@ static bool run_ref_encode(RunRef *r, const char *prompt)
     run_drops_warn(text, drops.n, drops.first, drops.first_at);
     r->bos_added = add_bos;
     if (r->nprompt < 1) {
-        fprintf(stderr, "megac run: the prompt gives no tokens: the tokenizer adds no BOS to it, and none of its "
-                        "characters has a piece or a byte token\n");
+        run_no_tokens_say(text);
         return false;
     }
     for (int i = 0; i < r->nprompt; i++) {

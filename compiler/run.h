@@ -74,6 +74,10 @@ void run_drops_warn(const char *text, int n, int first, size_t at);
  * `token` (its BOS, its EOS, or another stop id), so that a run that stops
  * early says why. Every engine says it, but not a conversation's turns. */
 void run_stop_say(int token, int bos, int eos);
+/* Says on stderr why the prompt `text` gave no tokens: an empty one, that
+ * the model knows no BOS id to start from; else that none of its
+ * characters has a piece or a byte token (and no BOS was added). */
+void run_no_tokens_say(const char *text);
 /* The text to encode for o's prompt: the prompt itself, or with --chat
  * the prompt as a user turn (after a --system turn) in the chat format
  * whose special tokens the tokenizer has: ChatML (<|im_start|>: SmolLM2,

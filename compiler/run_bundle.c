@@ -263,8 +263,7 @@ static int prompt_encode(megac_model *m, const char *prompt, int **ids, int *bos
     if (n < 0)
         fprintf(stderr, "megac run: cannot tokenize the prompt: %s\n", megac_error(m));
     else if (n == 0)
-        fprintf(stderr, "megac run: the prompt gives no tokens: the tokenizer adds no BOS to it, and none of its "
-                        "characters has a piece or a byte token\n");
+        run_no_tokens_say(text);
     return n < 1 ? -1 : n;
 }
 

@@ -515,6 +515,33 @@ Test(run_cmd, chat_needs_a_known_format, .timeout = 60)
     cr_assert(strstr(err, "--chat: this model's tokenizer has no chat format megac knows"), "stderr: %s", err);
 }
 
+/* An empty prompt with no BOS id known (a description that names an HF
+ * tokenizer whose config gives none) says what is missing, on both
+ * engines; with --set bos it runs. */
+Test(run_cmd, empty_prompt_needs_a_bos, .timeout = 60)
+{
+    static char out[4096], err[4096];
+    const char *path = turns_file("name: nb\narch: {dim: 32, hidden_dim: 32, n_layers: 1, n_heads: 2, n_kv_heads: 1, "
+                                  "vocab_size: 300, max_seq: 16}\nweights: {format: synthetic, seed: 1}\n"
+                                  "tokenizer: {format: hf, path: " MEGAC_SRC
+                                  "/tests/fixtures/weights/hf-llama3/tokenizer.json}\n");
+    char yaml[64];
+    snprintf(yaml, sizeof yaml, "%s.yaml", path);
+    cr_assert_eq(rename(path, yaml), 0);
+    static const char *const engines[] = {"reference", "cpu"};
+    for (int e = 0; e < 2; e++) {
+        char *args = xasprintf("%s --engine %s -n 3", yaml, engines[e]);
+        cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2, "%s: %s", engines[e], err);
+        free(args);
+        cr_assert(strstr(err, "megac run: an empty prompt starts from the BOS token, and this model names none"),
+                  "%s: %s", engines[e], err);
+    }
+    char *args = xasprintf("%s --engine reference -n 3 --set bos=1", yaml);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    free(args);
+    unlink(yaml);
+}
+
 /* The formats, byte for byte, from a tokenizer that has one marker. */
 static bool has_marker(void *ctx, const char *piece)
 {
