@@ -22,7 +22,8 @@
  * the step's writes must cover all of it, since the host reads it after
  * the step; an io buffer the step neither reads nor writes is an error
  * (an output nothing writes). KV buffers: a read that overlaps a write of
- * this step must come after it (kv-order), in the same worker too.
+ * this step must come after it (kv-order), in the same worker too, and a
+ * KV buffer the step reads must be one it writes (its new rows).
  */
 #include "validator/val_int.h"
 
@@ -388,6 +389,14 @@ void val_race_check(Val *v)
                       "uninit: io buffer %s is neither read nor written by the step (an input nothing reads, or "
                       "an output nothing writes)",
                       v->s->bufs[b].name);
+        if (cls == BUF_KV && ba[b].nwr == 0 && ba[b].nall > 0) {
+            const RAcc *a = &ba[b].all[0];
+            val_error(v, &v->r->nuninit, val_inst(v, a->w, a->t)->line,
+                      "uninit: kv buffer %s is read (worker %u inst %u, %s) but no op of the step writes it: the "
+                      "rows a step adds (kv_append, kv_store) are never written, so every later step reads rows "
+                      "no step wrote",
+                      v->s->bufs[b].name, a->w, a->t, val_inst_name(v, a->w, a->t));
+        }
         if (ba[b].nwr == 0 && cls != BUF_SCRATCH)
             continue;
         rc.b = &ba[b];

@@ -11,7 +11,8 @@
  * writes) are a race; an enabled scratch read not covered by the writes
  * already executed is uninit, and so is an output's (an io buffer some op
  * writes: logits, next), whose elements must all be written when every
- * worker is done; an io buffer no op reads or writes is uninit too; an enabled KV read overlapping a write of
+ * worker is done; an io buffer no op reads or writes is uninit too, and so
+ * is a KV buffer some op reads and none writes; an enabled KV read overlapping a write of
  * the step that has not executed is a kv-order violation.
  *
  * Why "both enabled in one reachable state" is the race definition that

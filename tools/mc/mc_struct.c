@@ -388,18 +388,24 @@ bool mc_structure_check(Mc *m)
         if (sum[c] > UINT32_MAX)
             ok = mc_fail(m, &m->r->structure, "counter %u: signals add up to %llu", c, (unsigned long long)sum[c]);
     free(sum);
-    /* an io buffer is an input some op reads or an output some op writes */
-    uint8_t *used = xcalloc(s->nbufs ? s->nbufs : 1, 1);
+    /* an io buffer is an input some op reads or an output some op writes;
+     * a KV buffer some op reads is one some op writes (the step's new rows:
+     * the rows earlier steps read are the ones their steps wrote) */
+    uint8_t *used = xcalloc(s->nbufs ? s->nbufs : 1, 1); /* bit 0 accessed, bit 1 written */
     for (uint32_t w = 0; w < s->nworkers; w++)
         for (uint32_t t = 0; t < s->workers[w].ninst; t++) {
             const Inst *in = &s->workers[w].insts[t];
-            for (int i = 0; in->kind == INST_OP && i < in->nacc; i++)
-                if (s->accs[in->acc + i].buf != BUF_NONE)
-                    used[s->accs[in->acc + i].buf] = 1;
+            for (int i = 0; in->kind == INST_OP && i < in->nacc; i++) {
+                const Access *a = &s->accs[in->acc + i];
+                if (a->buf != BUF_NONE)
+                    used[a->buf] |= (uint8_t)(1 | (a->mode != ACC_R ? 2 : 0));
+            }
         }
     for (uint32_t b = 0; b < s->nbufs && ok; b++)
         if (s->bufs[b].cls == BUF_IO && !used[b])
             ok = mc_fail(m, &m->r->uninit, "io buffer %s: no op reads or writes it", s->bufs[b].name);
+        else if (s->bufs[b].cls == BUF_KV && used[b] == 1)
+            ok = mc_fail(m, &m->r->uninit, "kv buffer %s: read, and no op of the step writes it", s->bufs[b].name);
     free(used);
     return ok;
 }
