@@ -509,6 +509,12 @@ static int evkv_run(const EvKvArgs *a)
         dense.attn[l] = (AttnSpec){.kind = ATTN_DENSE};
         dense.kv[l] = (KvPolicy){.kind = KV_FULL};
     }
+    if (sparse.max_seq < 2) { /* as eval-quant: --tokens is 2 or more */
+        fprintf(stderr, "megac eval-kv: the model's max_seq is %d; a measure needs at least 2 positions\n",
+                sparse.max_seq);
+        arena_free(&arena);
+        return 2;
+    }
     int n = a->tokens < sparse.max_seq ? a->tokens : sparse.max_seq, v = sparse.vocab_size;
     if (n < a->tokens)
         fprintf(stderr, "megac eval-kv: note: --tokens %d is more than the model's max_seq; evaluating %d\n",

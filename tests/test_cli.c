@@ -388,6 +388,7 @@ Test(cli, bad_arguments_read_the_same_everywhere)
         {"eval-quant default --formats w8a16,", "megac eval-quant: bad format ''"},
         {"eval-quant default --classes attn,,mlp", "megac eval-quant: unknown tensor class ''"},
         {"eval-quant default --set max_seq=1", "megac eval-quant: the model's max_seq is 1; a measure needs at least 2"},
+        {"eval-kv default --set max_seq=1", "megac eval-kv: the model's max_seq is 1; a measure needs at least 2"},
         {"lower default -o /dev/full", "megac lower: error writing /dev/full: No space left on device"},
         {"help nonexist", "megac: unknown command 'nonexist'"},
         {"help run lower", "megac help: one command at a time"},
