@@ -146,18 +146,11 @@ static bool validate_bundle_reads(const char *dir, const RtManifest *man, const 
     return false;
 }
 
-/* The manifest's target must be the schedule's (the kernel was built for
- * it), and the rest of the bundle what megac_open would accept: the kernel
- * file (its size and hash) and the tokenizer. A bundle that cannot run is
- * not "safe". */
-static bool validate_bundle_files(const char *dir, const RtManifest *man, const Schedule *s)
+/* The rest of the bundle must be what megac_open would accept: the
+ * manifest's target the schedule's, the kernel file (its size and hash),
+ * the tokenizer. A bundle that cannot run is not "safe". */
+static bool validate_bundle_files(const char *dir)
 {
-    if (strcmp(man->target, s->target) != 0) {
-        fprintf(stderr, "%s/manifest.yaml:%d:%d: error: target '%s', but the schedule (and its kernel) was built for "
-                        "'%s' (the manifest was edited: recompile the bundle for the target wanted)\n",
-                dir, man->target_line, man->target_col, man->target, s->target);
-        return false;
-    }
     if (megac_bundle_check(dir) == MEGAC_OK)
         return true;
     fprintf(stderr, "%s\n", megac_last_open_error());
@@ -214,7 +207,7 @@ static int validate_file(const char *path, const char *bundle, const char *tname
     int rc = 2;
     if ((!bundle || validate_bundle_manifest(bundle, &src, &man)) &&
         (s = sched_parse(path, src.text, src.len, &d)) != NULL &&
-        (!bundle || (validate_bundle_reads(bundle, &man, s) && validate_bundle_files(bundle, &man, s))))
+        (!bundle || (validate_bundle_reads(bundle, &man, s) && validate_bundle_files(bundle))))
         rc = validate_sched(s, &src, tname, o);
     sched_free(s);
     srcfile_free(&src);

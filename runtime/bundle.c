@@ -427,6 +427,24 @@ static uint64_t sched_line_number(const char *l, size_t n, const char *tag)
     return strtoull(at + strlen(tag), NULL, 10);
 }
 
+/* The word after " target " in the header line l (n bytes) into out (at
+ * most cap - 1 bytes; "" where there is none). */
+static void sched_target_word(const char *l, size_t n, char *out, size_t cap)
+{
+    out[0] = 0;
+    for (size_t i = 0; i + 8 < n; i++)
+        if (memcmp(l + i, " target ", 8) == 0) {
+            size_t s = i + 8, e = s;
+            while (e < n && l[e] != ' ')
+                e++;
+            if (e - s < cap) {
+                memcpy(out, l + s, e - s);
+                out[e - s] = 0;
+            }
+            return;
+        }
+}
+
 /* The name a `counter NAME` line of schedule.sched declares (up to the
  * line's end), or NULL for another line. */
 static const char *sched_counter_name(const char *l, size_t n)
@@ -455,9 +473,12 @@ static void sched_kv_line(const char *l, size_t n, char *out, size_t cap)
  * come from the compiler's layout, not the text: only the kernel's own
  * facts state those (for a cubin, once it is loaded on the device). And
  * the KV cache's element type, from its first `kv` buffer (every layer's
- * cache has compile.kv_dtype's), into kv_dtype ("" where there is none). */
-static void sched_text_facts(const char *text, size_t len, uint64_t *facts, char *kv_dtype, size_t kv_cap)
+ * cache has compile.kv_dtype's), into kv_dtype ("" where there is none),
+ * and the header's target into target (the same). */
+static void sched_text_facts(const char *text, size_t len, uint64_t *facts, char *kv_dtype, size_t kv_cap,
+                             char *target, size_t target_cap)
 {
+    target[0] = 0;
     uint64_t nctrs = 0;
     bool header = false;
     for (int i = 0; i < MEGAC_NFACTS; i++)
@@ -472,6 +493,7 @@ static void sched_text_facts(const char *text, size_t len, uint64_t *facts, char
             nctrs++;
         else if (n > 9 && memcmp(l, "schedule ", 9) == 0) {
             facts[MEGAC_FACT_WORKERS] = sched_line_number(l, n, " workers ");
+            sched_target_word(l, n, target, target_cap);
             header = true;
         } else if (n > 6 && memcmp(l, "shape ", 6) == 0) {
             facts[MEGAC_FACT_VOCAB] = sched_line_number(l, n, " vocab=");
@@ -534,13 +556,19 @@ static megac_status bundle_schedule_check(megac_model *m)
     if (!text)
         return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read: %s", path, slurp_error(errno));
     uint64_t h = rt_fnv1a(text, len), facts[MEGAC_NFACTS];
-    sched_text_facts(text, len, facts, m->kv_dtype, sizeof m->kv_dtype);
+    char target[sizeof m->man.target];
+    sched_text_facts(text, len, facts, m->kv_dtype, sizeof m->kv_dtype, target, sizeof target);
     free(text);
     if (h != m->man.schedule_hash)
         return rt_fail(m, MEGAC_ERR_FORMAT,
                        "%s: error: schedule hash %016" PRIx64 " does not match the manifest's %016" PRIx64
                        " (the schedule was changed after compilation)",
                        path, h, m->man.schedule_hash);
+    if (target[0] && strcmp(target, m->man.target) != 0) /* the schedule (and the kernel) made for another target */
+        return rt_fail(m, MEGAC_ERR_FORMAT,
+                       "%s/manifest.yaml:%d:%d: error: target '%s', but the schedule (and its kernel) was built for "
+                       "'%s' (the manifest was edited: recompile the bundle for the target wanted)",
+                       m->dir, m->man.target_line, m->man.target_col, m->man.target, target);
     return rt_facts_check(m, facts, path, "the schedule has");
 }
 

@@ -588,6 +588,28 @@ Test(run_cmd, chat_text)
  * with a message naming the key (these crashed: counters and arena_bytes
  * with SIGSEGV, a truncated kernel.so with SIGBUS); the untouched bundle
  * runs. */
+/* A manifest whose target was edited to another engine's (host-cuda for a
+ * cpu kernel) is refused: the schedule (and the kernel) were made for the
+ * target the schedule's header names. It had run. */
+Test(run_cmd, a_manifest_target_that_is_not_the_schedules_is_refused, .timeout = 60)
+{
+    char dir[] = "/tmp/megac-run-mtarget-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char *cmd = xasprintf("%s compile default -q -o %s/b.megac && sed -i 's/^target: cpu$/target: host-cuda/' "
+                          "%s/b.megac/manifest.yaml", MEGAC_BIN, dir, dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    free(cmd);
+    static char out[4096], err[4096];
+    char *args = xasprintf("%s/b.megac -n 4", dir);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2, "%s", err);
+    free(args);
+    cr_assert(strstr(err, "b.megac/manifest.yaml:4:1: error: target 'host-cuda', but the schedule (and its kernel) "
+                          "was built for 'cpu'"), "%s", err);
+    cmd = xasprintf("rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+    free(cmd);
+}
+
 /* A bundle for another engine is refused at its manifest's target key
  * (file:line:col, the line and a caret), before the rest of it is read:
  * here its weights.bin is cut short and that is not what is reported.
