@@ -298,6 +298,33 @@ Test(run_cmd, stories260k_checkpoint_as_the_model, .timeout = 60)
     free(want);
 }
 
+/* The same checkpoint alone in a folder: the error says where megac looked
+ * for its tokenizer, on both engines (it said "the model names no
+ * tokenizer"), and the compile says it before loading any weight. */
+Test(run_cmd, a_checkpoint_without_its_tokenizer_says_where_it_looked, .timeout = 60)
+{
+    if (access(SHARED "/models/stories260K.bin", R_OK) != 0)
+        cr_skip_test("../shared (stories260K) is absent");
+    char dir[] = "/tmp/megac-notok-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    char *cmd = xasprintf("cp " SHARED "/models/stories260K.bin %s/", dir);
+    cr_assert_eq(system(cmd), 0);
+    free(cmd);
+    static char out[4096], err[4096];
+    static const char *const engines[] = {"reference", "cpu"};
+    for (int e = 0; e < 2; e++) {
+        char *args = xasprintf("%s/stories260K.bin --engine %s -n 4", dir, engines[e]);
+        cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2, "%s: %s", engines[e], err);
+        free(args);
+        cr_assert(strstr(err, "stories260K.bin: error: no tokenizer beside this checkpoint: megac looks in its "
+                              "folder for tok512.bin, then tokenizer.bin"), "%s: %s", engines[e], err);
+        cr_assert_not(strstr(err, "weights_load"), "%s: the weights were loaded first: %s", engines[e], err);
+    }
+    cmd = xasprintf("rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+    free(cmd);
+}
+
 /* The reference checks the prompt against -n before it loads the weights
  * (an 8B model's load takes minutes): here they do not exist, and the
  * prompt's error comes alone; with room for the prompt the load is tried. */
