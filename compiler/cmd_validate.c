@@ -146,37 +146,25 @@ static bool validate_bundle_reads(const char *dir, const RtManifest *man, const 
     return false;
 }
 
-/* The rest of the bundle must be what megac_open would accept: the
- * manifest's target the schedule's, the kernel file (its size and hash),
- * the tokenizer. A bundle that cannot run is not "safe". */
-static bool validate_bundle_files(const char *dir)
-{
-    if (megac_bundle_check(dir) == MEGAC_OK)
-        return true;
-    fprintf(stderr, "%s\n", megac_last_open_error());
-    return false;
-}
-
-/* A bundle's schedule.sched (src) must be the one its manifest was written
- * for (the runtime refuses it otherwise): validating another would say
- * "safe" of a bundle that cannot run; and its weights must be whole
- * (above). The manifest into *man; false (reported) when any is not so. */
-static bool validate_bundle_manifest(const char *dir, const SrcFile *src, RtManifest *man)
+/* A bundle must be one megac_open accepts (megac_bundle_check: its
+ * schedule.sched the one the manifest was written for, the manifest's
+ * target the schedule's, the kernel file and the tokenizer whole):
+ * validating it otherwise would say "safe" of a bundle that cannot run;
+ * and its weights must be whole (above). The manifest into *man; false
+ * (reported) when any is not so. */
+static bool validate_bundle_manifest(const char *dir, RtManifest *man)
 {
     char *mpath = xasprintf("%s/manifest.yaml", dir), err[512];
     size_t mlen = 0;
     char *mtext = read_file(mpath, &mlen);
-    uint64_t h = hash_fnv1a(src->text, src->len, HASH_FNV_INIT);
     bool ok = false;
     if (!mtext)
         fprintf(stderr, "megac validate: %s: cannot read: %s\n", mpath,
                 errno == ENODEV ? "not a regular file (a device)" : strerror(errno));
     else if (rt_manifest_parse(man, mpath, mtext, mlen, err, sizeof err) != MEGAC_OK)
         fprintf(stderr, "%s\n", err);
-    else if (h != man->schedule_hash)
-        fprintf(stderr, "%s: error: schedule hash %016llx does not match the manifest's %016llx (the schedule was "
-                        "changed after compilation; the runtime refuses this bundle)\n",
-                src->path, (unsigned long long)h, (unsigned long long)man->schedule_hash);
+    else if (megac_bundle_check(dir) != MEGAC_OK)
+        fprintf(stderr, "%s\n", megac_last_open_error());
     else
         ok = validate_bundle_weights(dir, man);
     free(mpath);
@@ -205,9 +193,8 @@ static int validate_file(const char *path, const char *bundle, const char *tname
     RtManifest man;
     Schedule *s = NULL;
     int rc = 2;
-    if ((!bundle || validate_bundle_manifest(bundle, &src, &man)) &&
-        (s = sched_parse(path, src.text, src.len, &d)) != NULL &&
-        (!bundle || (validate_bundle_reads(bundle, &man, s) && validate_bundle_files(bundle))))
+    if ((!bundle || validate_bundle_manifest(bundle, &man)) && (s = sched_parse(path, src.text, src.len, &d)) != NULL &&
+        (!bundle || validate_bundle_reads(bundle, &man, s)))
         rc = validate_sched(s, &src, tname, o);
     sched_free(s);
     srcfile_free(&src);

@@ -798,6 +798,15 @@ static void config_token_id(Ctx *c, const DocNode *root, const char *key, int *o
         c->at[f] = n;
 }
 
+/* Whether id already ends generation (the eos or a stop id). */
+static bool eos_known(const ModelDesc *m, int id)
+{
+    bool known = id == m->eos_id;
+    for (int k = 0; k < m->n_stop; k++)
+        known |= m->stop_ids[k] == id;
+    return known;
+}
+
 /* eos (YAML) or eos_token_id (config): an id, or a list of them whose
  * first is the eos and whose others end generation too (Llama 3 Instruct:
  * [<|end_of_text|>, <|eom_id|>, <|eot_id|>]). */
@@ -821,13 +830,9 @@ static void eos_read(Ctx *c, const DocNode *n, const char *what)
             return;
     m->eos_id = ids[0];
     m->n_stop = 0;
-    for (int i = 1; i < n->n; i++) { /* an id listed twice ends generation once */
-        bool known = ids[i] == ids[0];
-        for (int k = 0; k < m->n_stop; k++)
-            known |= m->stop_ids[k] == ids[i];
-        if (!known)
+    for (int i = 1; i < n->n; i++) /* an id listed twice ends generation once */
+        if (!eos_known(m, ids[i]))
             m->stop_ids[m->n_stop++] = ids[i];
-    }
     c->at[F_EOS] = c->at[F_STOP] = n;
 }
 
@@ -866,10 +871,7 @@ static void config_generation_eos(Ctx *c, Doc *gen, const char *cfg_path)
         int id;
         if (!node_int32(c, items[i], "eos_token_id", 0, &id))
             return;
-        bool known = id == m->eos_id;
-        for (int k = 0; k < m->n_stop; k++)
-            known |= m->stop_ids[k] == id;
-        if (known)
+        if (eos_known(m, id))
             continue;
         if (m->eos_id < 0) {
             m->eos_id = id;
