@@ -12,7 +12,11 @@
  * Only the middle run needs an overlap test (exact over pos in [0,
  * max_seq), affine.c); an overlap there is a race. Write-write pairs are
  * examined once, from the worker with the higher index. No pair is
- * skipped, whatever the schedule's size.
+ * skipped, whatever the schedule's size. A worker's accesses are taken in
+ * program order, and along it both splits only move forward (its clock
+ * grows, and so does its instruction index), so each worker keeps a cursor
+ * per run: the work per (access, run) is a comparison or two, not two
+ * binary searches through clocks scattered over the pool.
  *
  * Scratch reads must be covered, for every pos, by writes that happen
  * before them (the first run of every worker, plus earlier writes of the
@@ -51,15 +55,47 @@ typedef struct Ivl {
     int64_t lo, hi;
 } Ivl;
 
+/* Where a run of writes stands against the current access a of one worker:
+ * [run start, c1) happen before a, [c2, run end) happen after it; thr is
+ * the entry of wr[c2]'s clock for a's worker (a happens before wr[c2] iff
+ * thr > a's instruction index). */
+typedef struct Cursor {
+    uint32_t c1, c2, thr;
+} Cursor;
+
+/* A read range proved covered by gathered writes (their indices in wr:
+ * Race.midx[at, at + n)). After a barrier every worker that reads a vector
+ * gathers the same latest writes of it, so the proof is made once. */
+typedef struct CovMemo {
+    uint64_t hash;
+    Affine lo, hi;
+    uint32_t n, at;
+} CovMemo;
+
 typedef struct Race {
     Val *v;
     BufAccs *b;
     uint32_t buf;
+    Cursor *cur;            /* (nrun) for the worker whose accesses are being checked */
     RAcc **cov;             /* writes gathered for a coverage test */
     uint32_t ncov, capcov;
     Ivl *ivl;
     uint32_t capivl;
+    CovMemo *memo;          /* this buffer's proofs */
+    uint32_t nmemo, capmemo;
+    uint32_t *midx;
+    size_t nmidx, capmidx;
+    uint32_t *slot;         /* (capslot, a power of two) open addressing: memo index + 1, 0 empty */
+    uint32_t capslot;
+    uint32_t *col;          /* (nwr x COL_BLOCK) each write's clock entries for workers col_j0.. */
+    size_t capcol;
+    uint32_t col_j0;        /* UINT32_MAX: not built for this buffer */
 } Race;
+
+/* Workers whose clock entries a pass over the writes copies at once: the
+ * entries of one clock for 16 workers share a cache line, which serves
+ * the 16 of them in turn where each would have read it apart. */
+#define COL_BLOCK 16
 
 static bool racc_overlap(const Val *v, const RAcc *a, const RAcc *b, int64_t *pos)
 {
@@ -119,11 +155,18 @@ static const uint32_t *racc_clock(const Val *v, const RAcc *a)
     return id == UINT32_MAX ? NULL : val_clock(v, id);
 }
 
+/* How many of worker i's instructions happen before access a (its own
+ * worker: those before it). */
+static uint32_t hb_bound(const RAcc *a, const uint32_t *clk_a, uint32_t i)
+{
+    return i == a->w ? a->t : clk_a ? clk_a[i] : 0;
+}
+
 /* First index in the run [lo, hi) of worker i whose write does not happen
- * before a: the writes before index clk_a[i] of worker i do. */
+ * before a (the writes of worker i before instruction hb_bound do). */
 static uint32_t split_before(const RAcc *wr, uint32_t lo, uint32_t hi, const RAcc *a, const uint32_t *clk_a)
 {
-    uint32_t i = wr[lo].w, bound = i == a->w ? a->t : clk_a ? clk_a[i] : 0;
+    uint32_t bound = hb_bound(a, clk_a, wr[lo].w);
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
         if (wr[mid].t < bound)
@@ -134,17 +177,65 @@ static uint32_t split_before(const RAcc *wr, uint32_t lo, uint32_t hi, const RAc
     return lo;
 }
 
-/* First index in [lo, hi) whose write a happens before. */
-static uint32_t split_after(const Val *v, const RAcc *wr, uint32_t lo, uint32_t hi, const RAcc *a)
+/* The entry of write wr[k]'s clock for worker j (0: nothing of j before
+ * it), from the columns built for j's block. */
+static uint32_t clock_entry(const Race *rc, uint32_t k, uint32_t j)
 {
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (val_hb(v, a->w, a->t, wr[mid].w, wr[mid].t))
-            hi = mid;
-        else
-            lo = mid + 1;
+    return rc->col[(size_t)k * COL_BLOCK + (j - rc->col_j0)];
+}
+
+/* Copies the clock entries of every write for the block of workers that
+ * holds j (once per block and buffer). */
+static void columns_build(Race *rc, uint32_t j)
+{
+    const Val *v = rc->v;
+    const BufAccs *b = rc->b;
+    uint32_t j0 = j - j % COL_BLOCK, n = v->nw - j0 < COL_BLOCK ? v->nw - j0 : COL_BLOCK;
+    if (rc->col_j0 == j0)
+        return;
+    if ((size_t)b->nwr * COL_BLOCK > rc->capcol) {
+        rc->capcol = (size_t)b->nwr * COL_BLOCK;
+        rc->col = xrealloc(rc->col, rc->capcol * sizeof *rc->col);
     }
-    return lo;
+    for (uint32_t k = 0; k < b->nwr; k++) {
+        uint32_t id = v->seg[v->base[b->wr[k].w] + b->wr[k].t], *dst = rc->col + (size_t)k * COL_BLOCK;
+        if (id == UINT32_MAX)
+            memset(dst, 0, n * sizeof *dst);
+        else
+            memcpy(dst, val_clock(v, id) + j0, n * sizeof *dst);
+    }
+    rc->col_j0 = j0;
+}
+
+/* Starts the cursors of every run over for the accesses of a new worker. */
+static void cursors_reset(Race *rc, uint32_t j)
+{
+    const BufAccs *b = rc->b;
+    columns_build(rc, j);
+    for (uint32_t r = 0; r < b->nrun; r++) {
+        uint32_t s = b->run[r];
+        rc->cur[r] = (Cursor){s, s, clock_entry(rc, s, j)};
+    }
+}
+
+/* Moves run r's cursor to access a, which follows (in its worker's program
+ * order) every access the cursor was moved to before. */
+static Cursor *cursor_at(Race *rc, uint32_t r, const RAcc *a, const uint32_t *clk_a)
+{
+    const BufAccs *b = rc->b;
+    Cursor *cu = &rc->cur[r];
+    uint32_t e = b->run[r + 1], bound = hb_bound(a, clk_a, b->wr[b->run[r]].w);
+    while (cu->c1 < e && b->wr[cu->c1].t < bound)
+        cu->c1++;
+    if (cu->c2 < cu->c1) {
+        cu->c2 = cu->c1;
+        cu->thr = cu->c2 < e ? clock_entry(rc, cu->c2, a->w) : 0;
+    }
+    while (cu->c2 < e && cu->thr <= a->t) {
+        cu->c2++;
+        cu->thr = cu->c2 < e ? clock_entry(rc, cu->c2, a->w) : 0;
+    }
+    return cu;
 }
 
 static void cov_push(Race *rc, RAcc *x)
@@ -169,7 +260,10 @@ static bool covered_at(Race *rc, const RAcc *a, int64_t pos, int64_t *gap)
     uint32_t n = 0;
     for (uint32_t k = 0; k < rc->ncov; k++)
         rc->ivl[n++] = (Ivl){affine_at(rc->cov[k]->lo, pos), affine_at(rc->cov[k]->hi, pos)};
-    if (n > 1)
+    bool sorted = true;
+    for (uint32_t k = 1; k < n && sorted; k++)
+        sorted = rc->ivl[k - 1].lo <= rc->ivl[k].lo;
+    if (!sorted)
         qsort(rc->ivl, n, sizeof *rc->ivl, ivl_cmp);
     int64_t cur = lo;
     for (uint32_t k = 0; k < n && cur < hi; k++) {
@@ -224,7 +318,8 @@ static bool covered_all(Race *rc, const RAcc *a, int64_t *bad_pos, int64_t *gap)
 }
 
 /* Gathers writes that happen before a: all of them, or (quick) only the
- * latest overlapping one of each worker. */
+ * latest overlapping one of each worker. The cursors of the other workers'
+ * runs stand at a. */
 static void cov_gather(Race *rc, const RAcc *a, bool quick)
 {
     const BufAccs *b = rc->b;
@@ -232,7 +327,7 @@ static void cov_gather(Race *rc, const RAcc *a, bool quick)
     rc->ncov = 0;
     for (uint32_t r = 0; r < b->nrun; r++) {
         uint32_t s = b->run[r], e = b->run[r + 1];
-        uint32_t c1 = split_before(b->wr, s, e, a, clk);
+        uint32_t c1 = b->wr[s].w == a->w ? split_before(b->wr, s, e, a, clk) : rc->cur[r].c1;
         for (uint32_t k = c1, seen = 0; k > s && (!quick || seen < 8); k--, seen++) {
             RAcc *x = &b->wr[k - 1];
             if (x->hhi <= a->hlo || a->hhi <= x->hlo)
@@ -244,6 +339,78 @@ static void cov_gather(Race *rc, const RAcc *a, bool quick)
     }
 }
 
+static bool affine_eq(Affine x, Affine y)
+{
+    return x.k == y.k && x.c == y.c;
+}
+
+static uint64_t memo_hash(const Race *rc, const RAcc *a)
+{
+    uint64_t h = 1469598103934665603ull;
+    int64_t key[4] = {a->lo.k, a->lo.c, a->hi.k, a->hi.c};
+    for (int i = 0; i < 4; i++)
+        h = (h ^ (uint64_t)key[i]) * 1099511628211ull;
+    for (uint32_t k = 0; k < rc->ncov; k++)
+        h = (h ^ (uint64_t)(rc->cov[k] - rc->b->wr)) * 1099511628211ull;
+    return h ^ h >> 29;
+}
+
+static bool memo_same(const Race *rc, const CovMemo *m, const RAcc *a, uint64_t h)
+{
+    if (m->hash != h || m->n != rc->ncov || !affine_eq(m->lo, a->lo) || !affine_eq(m->hi, a->hi))
+        return false;
+    for (uint32_t k = 0; k < m->n; k++)
+        if (rc->midx[m->at + k] != (uint32_t)(rc->cov[k] - rc->b->wr))
+            return false;
+    return true;
+}
+
+/* Has the range of a been proved covered by the writes just gathered? */
+static bool memo_find(const Race *rc, const RAcc *a, uint64_t h)
+{
+    for (uint32_t i = (uint32_t)h & (rc->capslot - 1); rc->capslot && rc->slot[i];
+         i = (i + 1) & (rc->capslot - 1))
+        if (memo_same(rc, &rc->memo[rc->slot[i] - 1], a, h))
+            return true;
+    return false;
+}
+
+static void memo_slot_put(Race *rc, uint32_t m)
+{
+    uint32_t i = (uint32_t)rc->memo[m].hash & (rc->capslot - 1);
+    while (rc->slot[i])
+        i = (i + 1) & (rc->capslot - 1);
+    rc->slot[i] = m + 1;
+}
+
+/* Records the proof; past 16M remembered writes a buffer's proofs are no
+ * longer kept (each is then made again). */
+static void memo_add(Race *rc, const RAcc *a, uint64_t h)
+{
+    if (rc->nmidx + rc->ncov > ((size_t)1 << 24))
+        return;
+    if (2 * (rc->nmemo + 1) > rc->capslot) {
+        rc->capslot = rc->capslot ? 2 * rc->capslot : 64;
+        rc->slot = xrealloc(rc->slot, rc->capslot * sizeof *rc->slot);
+        memset(rc->slot, 0, rc->capslot * sizeof *rc->slot);
+        for (uint32_t m = 0; m < rc->nmemo; m++)
+            memo_slot_put(rc, m);
+    }
+    CovMemo m = {h, a->lo, a->hi, rc->ncov, (uint32_t)rc->nmidx};
+    for (uint32_t k = 0; k < rc->ncov; k++)
+        VEC_PUSH(rc->midx, rc->nmidx, rc->capmidx, (uint32_t)(rc->cov[k] - rc->b->wr));
+    VEC_PUSH(rc->memo, rc->nmemo, rc->capmemo, m);
+    memo_slot_put(rc, rc->nmemo - 1);
+}
+
+static void memo_clear(Race *rc)
+{
+    if (rc->nmemo)
+        memset(rc->slot, 0, rc->capslot * sizeof *rc->slot);
+    rc->nmemo = 0;
+    rc->nmidx = 0;
+}
+
 static void uninit_check(Race *rc, const RAcc *a)
 {
     Val *v = rc->v;
@@ -251,8 +418,13 @@ static void uninit_check(Race *rc, const RAcc *a)
     if (affine_overlap_pos(a->lo, a->hi, a->lo, a->hi, v->nseq) < 0)
         return;     /* empty for every pos */
     cov_gather(rc, a, true);
-    if (covered_all(rc, a, &pos, &gap))
+    uint64_t h = memo_hash(rc, a);
+    if (memo_find(rc, a, h))
         return;
+    if (covered_all(rc, a, &pos, &gap)) {
+        memo_add(rc, a, h);
+        return;
+    }
     cov_gather(rc, a, false);
     if (covered_all(rc, a, &pos, &gap))
         return;
@@ -275,19 +447,18 @@ static void uninit_check(Race *rc, const RAcc *a)
     }
 }
 
-/* a against the writes of one other worker, [s, e). */
-static void pair_check(Race *rc, const RAcc *a, const uint32_t *clk, uint32_t s, uint32_t e)
+/* a against the writes of another worker's run r. */
+static void pair_check(Race *rc, const RAcc *a, const uint32_t *clk, uint32_t r)
 {
     Val *v = rc->v;
     const BufAccs *b = rc->b;
-    uint32_t i = b->wr[s].w;
+    uint32_t s = b->run[r], e = b->run[r + 1], i = b->wr[s].w;
     bool a_writes = a->mode & ACC_W;
     if (a_writes && !(a->mode & ACC_R) && i > a->w)
         return;     /* write-write: examined from worker i's side */
-    uint32_t c1 = split_before(b->wr, s, e, a, clk);
-    uint32_t c2 = c1 == e ? e : split_after(v, b->wr, c1, e, a);
+    const Cursor *cu = cursor_at(rc, r, a, clk);
     v->r->pairs_checked += (uint64_t)(e - s);
-    for (uint32_t k = c1; k < c2; k++) {
+    for (uint32_t k = cu->c1; k < cu->c2; k++) {
         const RAcc *x = &b->wr[k];
         int64_t pos;
         if (a_writes && i > a->w && (x->mode & ACC_R) == 0)
@@ -296,7 +467,7 @@ static void pair_check(Race *rc, const RAcc *a, const uint32_t *clk, uint32_t s,
             race_report(rc, a, x, pos, false);
     }
     if (v->s->bufs[rc->buf].cls == BUF_KV && a->mode == ACC_R)
-        for (uint32_t k = c2; k < e; k++) {
+        for (uint32_t k = cu->c2; k < e; k++) {
             int64_t pos;
             if (racc_overlap(v, a, &b->wr[k], &pos))
                 race_report(rc, a, &b->wr[k], pos, true);
@@ -318,13 +489,16 @@ static void buffer_check(Race *rc)
     Val *v = rc->v;
     BufAccs *b = rc->b;
     const Buffer *buf = &v->s->bufs[rc->buf];
+    rc->cur = xrealloc(rc->cur, (b->nrun ? b->nrun : 1) * sizeof *rc->cur);
     for (uint32_t k = 0; k < b->nall; k++) {
         const RAcc *a = &b->all[k];
         const uint32_t *clk = racc_clock(v, a);
+        if (k == 0 || a->w != b->all[k - 1].w)
+            cursors_reset(rc, a->w);
         for (uint32_t r = 0; r < b->nrun; r++) {
             uint32_t s = b->run[r], e = b->run[r + 1];
             if (b->wr[s].w != a->w)
-                pair_check(rc, a, clk, s, e);
+                pair_check(rc, a, clk, r);
             else if (buf->cls == BUF_KV && a->mode == ACC_R)
                 kv_same_worker_check(rc, a, s, e);
         }
@@ -401,6 +575,8 @@ void val_race_check(Val *v)
             continue;
         rc.b = &ba[b];
         rc.buf = b;
+        memo_clear(&rc);
+        rc.col_j0 = UINT32_MAX;
         runs_build(rc.b);
         buffer_check(&rc);
         if (cls == BUF_IO)
@@ -414,4 +590,9 @@ void val_race_check(Val *v)
     free(ba);
     free(rc.cov);
     free(rc.ivl);
+    free(rc.cur);
+    free(rc.memo);
+    free(rc.midx);
+    free(rc.slot);
+    free(rc.col);
 }
