@@ -58,6 +58,9 @@ typedef enum {
     F_EPS, F_THETA, F_SCALING, F_TOKENIZER, F_WEIGHTS, F_BOS, F_EOS, F_STOP, F_WORKERS, F_COUNT
 } Field;
 
+_Static_assert(F_DIM == (int)DSRC_DIM && F_MAX_SEQ == (int)DSRC_MAX_SEQ && F_THETA == (int)DSRC_THETA &&
+               F_EPS == (int)DSRC_EPS, "ModelDesc.src_at is indexed by Field");
+
 /* Fields as the checks name them. */
 static const char *const field_names[F_COUNT] = {
     "dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "max_seq",
@@ -1911,6 +1914,27 @@ static void desc_walk(Ctx *c, Doc cfg[2])
         desc_compile(c, n);
 }
 
+/* Keeps where the fields a weight file is compared with were set: the
+ * nodes go with their Docs, a note after a mismatch needs the place. */
+static void desc_src_record(Ctx *c)
+{
+    for (int f = 0; f < DSRC_COUNT; f++) {
+        const DocNode *n = c->at[f];
+        const Doc *doc = n ? ctx_doc_of(c, n) : NULL;
+        if (n && !(c->self && doc == c->doc) && n->line > 0)
+            c->m->src_at[f] = (DescSrc){arena_strdup(c->a, doc->src.path), n->line, n->col};
+    }
+}
+
+void desc_note_set(Diag *d, const ModelDesc *m, DescSrcField f)
+{
+    const DescSrc *s = &m->src_at[f];
+    if (f < 0 || f >= DSRC_COUNT || !m->src_at[f].path)
+        return;
+    SrcFile src = {.path = s->path};
+    diag_note(d, &src, s->line, s->col, "%s is set here", field_names[f]);
+}
+
 /* desc_parse, where `self` (or NULL) names the GGUF file or HF folder the
  * text was written for. */
 static bool desc_parse_for(ModelDesc *m, Arena *a, const char *path, const char *self, const char *text, size_t len,
@@ -1933,6 +1957,8 @@ static bool desc_parse_for(ModelDesc *m, Arena *a, const char *path, const char 
         desc_walk(&c, cfg);     /* a failed override left the tree intact */
     if (d->nerrors == errors0)
         check_run(m, &c, d);
+    if (d->nerrors == errors0)
+        desc_src_record(&c);
     for (int i = 0; i < nov; i++)
         doc_free(&ods[i]);
     free(ods);

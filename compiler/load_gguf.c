@@ -111,7 +111,8 @@ static const char *const gguf_known[] = {"rope_freqs.weight", "attn_rot_embd", N
 
 /* `<arch>.<key>` must be an integer equal to the description's value when
  * present. */
-static bool gguf_hparam_check(const GgufFile *g, const char *arch, const char *key, int want, Diag *d)
+static bool gguf_hparam_check(const GgufFile *g, const char *arch, const char *key, const ModelDesc *m,
+                              DescSrcField f, int want, Diag *d)
 {
     char full[160];
     int64_t v;
@@ -121,13 +122,14 @@ static bool gguf_hparam_check(const GgufFile *g, const char *arch, const char *k
     if (v == want)
         return true;
     diag_file_error(d, g->path, "key '%s' is %" PRId64 ", but the model description says %d", full, v, want);
+    desc_note_set(d, m, f);
     return false;
 }
 
 /* `<arch>.<key>` must be a positive, finite float within a relative 1e-4
  * of the description's value (an f32 in the file) when present. */
-static bool gguf_hparam_float_check(const GgufFile *g, const char *arch, const char *key, double want,
-                                    const char *what, Diag *d)
+static bool gguf_hparam_float_check(const GgufFile *g, const char *arch, const char *key, const ModelDesc *m,
+                                    DescSrcField f, double want, const char *what, Diag *d)
 {
     char full[160];
     double v;
@@ -137,6 +139,7 @@ static bool gguf_hparam_float_check(const GgufFile *g, const char *arch, const c
     if (fabs(v - want) <= 1e-4 * fabs(want))
         return true;
     diag_file_error(d, g->path, "key '%s' is %g, but the model description says %s %g", full, v, what, want);
+    desc_note_set(d, m, f);
     return false;
 }
 
@@ -208,15 +211,16 @@ static bool gguf_rope_freqs_check(const GgufFile *g, const ModelDesc *m, Diag *d
 
 static bool gguf_hparams_check(const GgufFile *g, const ModelDesc *m, const char *arch, Diag *d)
 {
-    bool ok = gguf_hparam_check(g, arch, "embedding_length", m->dim, d);
-    ok &= gguf_hparam_check(g, arch, "feed_forward_length", m->hidden_dim, d);
-    ok &= gguf_hparam_check(g, arch, "block_count", m->n_layers, d);
-    ok &= gguf_hparam_check(g, arch, "attention.head_count", m->n_heads, d);
-    ok &= gguf_hparam_check(g, arch, "attention.head_count_kv", m->n_kv_heads, d);
-    ok &= gguf_hparam_check(g, arch, "vocab_size", m->vocab_size, d);
-    ok &= gguf_hparam_check(g, arch, "rope.dimension_count", m->head_dim, d);
-    ok &= gguf_hparam_float_check(g, arch, "rope.freq_base", m->rope_theta, "rope theta", d);
-    ok &= gguf_hparam_float_check(g, arch, "attention.layer_norm_rms_epsilon", m->norm_eps, "norm_eps", d);
+    bool ok = gguf_hparam_check(g, arch, "embedding_length", m, DSRC_DIM, m->dim, d);
+    ok &= gguf_hparam_check(g, arch, "feed_forward_length", m, DSRC_HIDDEN, m->hidden_dim, d);
+    ok &= gguf_hparam_check(g, arch, "block_count", m, DSRC_LAYERS, m->n_layers, d);
+    ok &= gguf_hparam_check(g, arch, "attention.head_count", m, DSRC_HEADS, m->n_heads, d);
+    ok &= gguf_hparam_check(g, arch, "attention.head_count_kv", m, DSRC_KV_HEADS, m->n_kv_heads, d);
+    ok &= gguf_hparam_check(g, arch, "vocab_size", m, DSRC_VOCAB, m->vocab_size, d);
+    ok &= gguf_hparam_check(g, arch, "rope.dimension_count", m, DSRC_HEAD_DIM, m->head_dim, d);
+    ok &= gguf_hparam_float_check(g, arch, "rope.freq_base", m, DSRC_THETA, m->rope_theta, "rope theta", d);
+    ok &= gguf_hparam_float_check(g, arch, "attention.layer_norm_rms_epsilon", m, DSRC_EPS, m->norm_eps,
+                                  "norm_eps", d);
     ok &= gguf_context_check(g, arch, m, d);
     return ok && gguf_rope_freqs_check(g, m, d);
 }

@@ -39,6 +39,8 @@ static bool l2c_header_check(const Weights *w, const WFile *f, const int32_t *h,
     static const char *const names[HDR_N] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads",
                                              "vocab_size", "seq_len"};
     const ModelDesc *m = w->m;
+    static const DescSrcField field[HDR_N] = {DSRC_DIM, DSRC_HIDDEN, DSRC_LAYERS, DSRC_HEADS, DSRC_KV_HEADS,
+                                              DSRC_VOCAB, DSRC_MAX_SEQ};
     int want[HDR_N] = {m->dim, m->hidden_dim, m->n_layers, m->n_heads, m->n_kv_heads, m->vocab_size, 0};
     bool ok = true;
     for (int i = 0; i < HDR_SEQ; i++) {
@@ -46,6 +48,7 @@ static bool l2c_header_check(const Weights *w, const WFile *f, const int32_t *h,
         if (got != want[i] || (i == HDR_VOCAB && h[i] == INT32_MIN)) {
             diag_file_error(d, f->path, "header: %s is %d, but the model description says %d", names[i], h[i],
                             want[i]);
+            desc_note_set(d, m, field[i]);
             ok = false;
         }
     }

@@ -126,6 +126,18 @@ typedef enum {
     COMBINE_STAGE               /* "stage": one worker per kv head, which o then waits for */
 } AttnCombine;
 
+/* The fields a weight file's header is compared with, in desc.c's order,
+ * and where the description set each (desc_note_set). */
+typedef enum {
+    DSRC_DIM, DSRC_HIDDEN, DSRC_LAYERS, DSRC_HEADS, DSRC_KV_HEADS, DSRC_HEAD_DIM, DSRC_VOCAB, DSRC_MAX_SEQ,
+    DSRC_EPS, DSRC_THETA, DSRC_COUNT
+} DescSrcField;
+typedef struct {
+    const char *path;           /* the description, its config.json, "<command line>"; NULL: no line to
+                                 * point at (a default, a derived value, a GGUF file's own description) */
+    int line, col;
+} DescSrc;
+
 typedef struct ModelDesc {
     const char *name;
     const char *path;           /* the YAML file it came from ("<embedded>" for the default) */
@@ -133,6 +145,7 @@ typedef struct ModelDesc {
     const char *arch_path;      /* the file arch came from (from-config, from-gguf,
                                  * from-checkpoint), resolved; NULL for explicit dims */
     const char *gen_config_path;/* generation_config.json read beside a config.json, or NULL */
+    DescSrc src_at[DSRC_COUNT]; /* where each was set */
 
     /* architecture */
     int dim;                    /* hidden size */
@@ -220,6 +233,10 @@ extern const char desc_default_yaml[];
 extern const char desc_default_name[];
 /* Checks dims for consistency (heads divide, etc.). */
 bool desc_check(const ModelDesc *m, Diag *d);
+/* A note at the line of the description (or config.json, or --set) that
+ * set field f, after an error about a file that disagrees with it; nothing
+ * where no line set it. */
+void desc_note_set(Diag *d, const ModelDesc *m, DescSrcField f);
 void desc_print(const ModelDesc *m, FILE *out);
 
 /* ---- weights ---- */

@@ -941,3 +941,28 @@ Test(cli, validate_takes_a_model)
     cr_assert(strstr(out, "megac validate: b.megac/schedule.sched: safe: "), "%s", out);
     test_rm_rf(d);
 }
+
+/* A weight file whose header disagrees with the description: the error
+ * names the file's key, and a note the line that set the value (the
+ * description's, or the command line's --set). */
+Test(cli, header_mismatch_notes_the_line_that_set_it)
+{
+    char *d = tmp_dir(), out[16384];
+    file_write(d, "t.yaml",
+               "name: t\n"
+               "arch: {dim: 32, hidden_dim: 64, n_layers: 2,\n"
+               "       n_heads: 8, n_kv_heads: 2, vocab_size: 32, max_seq: 64}\n"
+               "rope: {theta: 10000, pairing: adjacent}\n"
+               "weights: {format: gguf, path: " MEGAC_SRC "/tests/fixtures/weights/tiny.gguf}\n");
+    cr_assert_eq(megac(d, "lower t.yaml -o t.sched", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "tiny.gguf: error: key 'llama.attention.head_count' is 4, but the model description "
+                          "says 8\nt.yaml:3:17: note: n_heads is set here\n"),
+              "%s", out);
+    cr_assert_eq(megac(d, "lower t.yaml --set arch.n_heads=4 --set arch.n_layers=3 -o t.sched", out, sizeof out), 2,
+                 "%s", out);
+    cr_assert(strstr(out, "error: key 'llama.block_count' is 2, but the model description says 3\n"
+                          "<command line>:1:15: note: n_layers is set here\n"),
+              "%s", out);
+    cr_assert(!strstr(out, "head_count'"), "%s", out);
+    test_rm_rf(d);
+}

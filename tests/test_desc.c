@@ -1060,6 +1060,7 @@ static void roundtrip(const char *file)
     /* every scalar field is equal; pointers are compared as strings above */
     n.name = m.name, n.path = m.path, n.dir = m.dir;
     n.weights_path = m.weights_path, n.tok_path = m.tok_path, n.arch_path = m.arch_path;
+    memcpy(n.src_at, m.src_at, sizeof m.src_at);    /* where each field was set: another text */
     for (int i = 0; i < 8; i++) {
         cr_assert((!n.targets[i] && !m.targets[i]) || !strcmp(n.targets[i], m.targets[i]));
         n.targets[i] = m.targets[i];
@@ -1364,6 +1365,7 @@ Test(desc, gguf_smollm2_equals_its_hand_written_description)
     g.norm_eps = y.norm_eps;
     g.name = y.name, g.path = y.path, g.dir = y.dir, g.weights_path = y.weights_path, g.tok_path = y.tok_path;
     g.arch_path = y.arch_path;
+    memcpy(g.src_at, y.src_at, sizeof g.src_at);
     cr_assert(memcmp(&g, &y, sizeof g) == 0, "the GGUF's description differs from the YAML's");
     arena_free(&a);
 }
@@ -1654,6 +1656,7 @@ Test(desc, gguf_description_prints_and_reads_back)
     cr_assert_str_eq(n.weights_path, m.weights_path);
     n.name = m.name, n.path = m.path, n.dir = m.dir, n.weights_path = m.weights_path, n.tok_path = m.tok_path;
     n.arch_path = m.arch_path;
+    memcpy(n.src_at, m.src_at, sizeof m.src_at);
     cr_assert(memcmp(&n, &m, sizeof m) == 0, "desc_print did not read back the same:\n%s", buf);
     free(buf);
     arena_free(&a);
