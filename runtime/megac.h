@@ -115,8 +115,9 @@ int megac_position(const megac_model *m);
 
 /* Tokenizer of the bundle. encode: returns the number of ids written
  * (at most cap), or -1 with megac_error set. add_bos: 1 yes, 0 no, -1 the
- * tokenizer's default (BOS first for SPM/byte vocabularies; byte-level BPE
- * only for an empty text). */
+ * tokenizer's default (BOS first for SPM/byte vocabularies, and for
+ * byte-level BPE whose source says so, else only for an empty text; never
+ * before a text that starts with the BOS token itself). */
 int megac_encode(megac_model *m, const char *text, int add_bos, int *ids, int cap);
 /* How many characters of the text the last megac_encode on m dropped
  * because the tokenizer has no piece and no byte token for them (0: none;

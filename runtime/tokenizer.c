@@ -24,7 +24,8 @@
  * says where the first one is, so that callers can warn.
  *
  * Unicode classes: \p{L} and \p{N} are the general categories L* and N*
- * from tok_unicode.inc (generated from Unicode 14 data); \s is the
+ * from tok_unicode.inc (generated from Unicode 16.0 data, as HF tokenizers'
+ * Oniguruma has it; the Digits split's numeric chars are HF's own); \s is the
  * White_Space property, as in Oniguruma (which HF tokenizers uses). The
  * case-insensitive contractions of Llama-3 fold ASCII and U+017F. Invalid UTF-8
  * bytes are taken one at a time as "other" (neither letter, number nor
@@ -1413,5 +1414,11 @@ bool tok_always_bos(const Tokenizer *t)
 
 bool tok_default_bos(const Tokenizer *t, const char *text)
 {
-    return (tok_kind(t) != TOK_BPE || t->always_bos || !text || !*text) && tok_bos(t) >= 0;
+    if (tok_bos(t) < 0)
+        return false;
+    /* a text that starts with the BOS token itself (Llama 3's chat format,
+     * or a prompt typed so) gets no second one */
+    if (text && *text && t->nspecials && special_at(t, text, strlen(text)) == t->bos)
+        return false;
+    return tok_kind(t) != TOK_BPE || t->always_bos || !text || !*text;
 }

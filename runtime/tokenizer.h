@@ -110,7 +110,9 @@ int tok_encode_drops(const Tokenizer *t, const char *text, bool add_bos, int *id
 /* Whether a prompt should start with BOS: yes for SPM and byte tokenizers
  * and for those set always-BOS (Llama 3); for other byte-level BPE only
  * when the text is empty (SmolLM2's chat format carries its own
- * <|im_start|>). One rule for every engine. */
+ * <|im_start|>); never when the text starts with the BOS token itself (a
+ * chat format's <|begin_of_text|>: one BOS, as HF's chat template gives).
+ * One rule for every engine. */
 bool tok_default_bos(const Tokenizer *t, const char *text);
 /* The pre-tokenizer's words of text (special tokens not handled): writes
  * the end byte offset of each word to ends; returns the count, or -1 if cap

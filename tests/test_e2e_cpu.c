@@ -485,8 +485,12 @@ Test(e2e_cpu, generation_stops_at_every_eos_id)
     char *b = compile_bundle(WFIX "/llama3.gguf", 2, dir);
     megac_model *mm;
     cr_assert_eq(megac_open(b, &mm), MEGAC_OK, "%s", megac_last_open_error());
-    int ids[64], n = megac_encode(mm, " the a is", -1, ids, 64), eot = -1;
+    int ids[64], n = megac_encode(mm, " the a is", -1, ids, 64), eot = -1, same[64];
     cr_assert_eq(n, 4);
+    /* a text that starts with <|begin_of_text|> itself (Llama 3's chat
+     * format) gets no second BOS from the file's add_bos_token */
+    cr_assert_eq(megac_encode(mm, "<|begin_of_text|> the a is", -1, same, 64), 4);
+    cr_assert(memcmp(same, ids, sizeof(int) * 4) == 0);
     for (int i = 0; i < megac_vocab_size(mm); i++)
         if (strcmp(megac_decode(mm, -1, i), "<|eot_id|>") == 0)
             eot = i;
