@@ -65,8 +65,10 @@ static void run_usage(FILE *out)
             "  --set KEY=VALUE    override a model description key (repeatable)\n"
             "  --workers N        worker count of a bundle engine (1..4096)\n"
             "  --chat             the prompt is a user turn in the model's chat format\n"
-            "                     (ChatML or Llama 3, from the tokenizer's special\n"
-            "                     tokens); the reply follows\n"
+            "                     (ChatML, Llama 3 or Zephyr, as its chat template\n"
+            "                     writes, else from the tokenizer's special tokens),\n"
+            "                     after the system turn the template writes when none\n"
+            "                     is given (SmolLM2's, Qwen2.5's); the reply follows\n"
             "  --system TEXT      a system turn before it (implies --chat)\n"
             "  -i, --interactive  a conversation: each line of standard input is a user\n"
             "                     turn (the first may be --prompt), each reply generated\n"
@@ -204,47 +206,67 @@ static int run_option_apply(RunOptions *o, const char *opt, const char *val)
 
 /* ---- chat formats ---- */
 
-/* A chat format: the special token that identifies it, printf formats
- * (one %s each) of a system turn and a user turn, the start of the
- * assistant's reply, and what ends a reply (the stop token, which
- * generation samples but does not run, and what follows it). */
+/* A chat format: the chat template kind that names it, the special token
+ * that identifies it where no template does (NULL: only a template), what
+ * the first turn starts with, printf formats of a system turn and a user
+ * turn (the text, then the EOS token's text: "%.0s" where unused), the
+ * start of the assistant's reply, and what ends a reply (the stop token,
+ * which generation samples but does not run, and what follows it; the
+ * EOS text its one argument). */
 typedef struct {
-    const char *name, *marker, *system, *user, *reply, *end;
+    ChatKind kind;
+    const char *marker, *first, *system, *user, *reply, *end;
 } ChatFormat;
 
 static const ChatFormat chat_formats[] = {
-    {"ChatML", "<|im_start|>", "<|im_start|>system\n%s<|im_end|>\n", "<|im_start|>user\n%s<|im_end|>\n",
-     "<|im_start|>assistant\n", "<|im_end|>\n"},
-    {"Llama 3", "<|start_header_id|>", "<|start_header_id|>system<|end_header_id|>\n\n%s<|eot_id|>",
-     "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|>", "<|start_header_id|>assistant<|end_header_id|>\n\n",
-     "<|eot_id|>"},
+    {CHAT_CHATML, "<|im_start|>", "", "<|im_start|>system\n%s<|im_end|>\n%.0s", "<|im_start|>user\n%s<|im_end|>\n%.0s",
+     "<|im_start|>assistant\n", "<|im_end|>\n%.0s"},
+    {CHAT_LLAMA3, "<|start_header_id|>", "<|begin_of_text|>",
+     "<|start_header_id|>system<|end_header_id|>\n\n%s<|eot_id|>%.0s",
+     "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|>%.0s", "<|start_header_id|>assistant<|end_header_id|>\n\n",
+     "<|eot_id|>%.0s"},
+    {CHAT_ZEPHYR, NULL, "", "<|system|>\n%s%s\n", "<|user|>\n%s%s\n", "<|assistant|>\n", "%s\n"},
 };
 
-char *run_prompt_text(const RunOptions *o, bool (*is_special)(void *ctx, const char *piece), void *ctx)
+static const ChatFormat *chat_format(const RunChat *c)
 {
-    return run_turn_text(o, o->prompt ? o->prompt : "", true, is_special, ctx);
+    for (size_t i = 0; i < sizeof chat_formats / sizeof *chat_formats; i++)
+        if (c->kind == (int)chat_formats[i].kind)
+            return &chat_formats[i];
+    if (c->kind == CHAT_LLAMA2) {
+        fprintf(stderr, "megac run: --chat: this model's chat template writes Llama 2's [INST] format, which megac "
+                        "does not write yet; give the formatted text with --prompt\n");
+        return NULL;
+    }
+    for (size_t i = 0; i < sizeof chat_formats / sizeof *chat_formats; i++)
+        if (chat_formats[i].marker && c->is_special(c->ctx, chat_formats[i].marker))
+            return &chat_formats[i];
+    fprintf(stderr, "megac run: --chat: this model's tokenizer has no chat format megac knows (no chat template "
+                    "megac recognizes, and neither ChatML's <|im_start|> nor Llama 3's <|start_header_id|>); give the "
+                    "formatted text with --prompt\n");
+    return NULL;
 }
 
-char *run_turn_text(const RunOptions *o, const char *prompt, bool first, bool (*is_special)(void *ctx, const char *piece),
-                    void *ctx)
+char *run_prompt_text(const RunOptions *o, const RunChat *c)
+{
+    return run_turn_text(o, o->prompt ? o->prompt : "", true, c);
+}
+
+char *run_turn_text(const RunOptions *o, const char *prompt, bool first, const RunChat *c)
 {
     if (!o->chat)
         return xstrdup(prompt);
-    const ChatFormat *f = NULL;
-    for (size_t i = 0; i < sizeof chat_formats / sizeof *chat_formats && !f; i++)
-        if (is_special(ctx, chat_formats[i].marker))
-            f = &chat_formats[i];
-    if (!f) {
-        fprintf(stderr, "megac run: --chat: this model's tokenizer has no chat format megac knows (ChatML's "
-                        "<|im_start|> or Llama 3's <|start_header_id|>); give the formatted text with --prompt\n");
+    const ChatFormat *f = chat_format(c);
+    if (!f)
         return NULL;
-    }
-    char *sys = o->system && first ? xasprintf(f->system, o->system) : xstrdup("");
-    char *user = xasprintf(f->user, prompt);
-    bool llama3 = f == &chat_formats[1];
-    char *text = xasprintf("%s%s%s%s", !first ? f->end : llama3 ? "<|begin_of_text|>" : "", sys, user, f->reply);
+    const char *eos = c->eos ? c->eos : "", *system = o->system ? o->system : c->default_system;
+    char *sys = system && first ? xasprintf(f->system, system, eos) : xstrdup("");
+    char *user = xasprintf(f->user, prompt, eos);
+    char *end = xasprintf(f->end, eos);
+    char *text = xasprintf("%s%s%s%s", first ? f->first : end, sys, user, f->reply);
     free(sys);
     free(user);
+    free(end);
     return text;
 }
 
@@ -477,6 +499,14 @@ static bool ref_is_special(void *ctx, const char *piece)
     return tok_encode(ctx, piece, false, ids, 4) == 1;
 }
 
+/* The EOS token's text, for a chat format (NULL without one). */
+static char *ref_eos_text(const Tokenizer *t, int eos)
+{
+    size_t len;
+    const char *p = eos >= 0 ? tok_piece(t, eos, &len) : NULL;
+    return p ? xstrndup(p, len) : NULL;
+}
+
 static bool run_ref_encode(RunRef *r, const char *prompt)
 {
     const char *text = prompt ? prompt : "";
@@ -509,9 +539,13 @@ static int run_ref_decode(const ModelDesc *m, const Tokenizer *t, const RunOptio
     RunRef r = {.tok = t, .m = m, .stop = -1};
     r.bos = m->bos_id >= 0 ? m->bos_id : tok_bos(t);
     r.eos = m->eos_id >= 0 ? m->eos_id : tok_eos(t);
-    char *text = run_prompt_text(o, ref_is_special, (void *)r.tok);
+    char *eos = ref_eos_text(t, r.eos);
+    RunChat chat = {.eos = eos, .is_special = ref_is_special, .ctx = (void *)r.tok};
+    chat.kind = (int)tok_chat(t, &chat.default_system);
+    char *text = run_prompt_text(o, &chat);
     bool encoded = text && run_ref_encode(&r, text);
     free(text);
+    free(eos);
     if (!encoded) {
         free(r.prompt);
         return 2;

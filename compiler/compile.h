@@ -27,6 +27,13 @@ Schedule *lower_model_stored(const ModelDesc *m, const Target *t, int workers, D
  * the built-in bytes). NULL with an error naming the file otherwise. */
 Tokenizer *tok_import(const ModelDesc *m, Diag *d);
 
+/* ---- chat_template.c ---- */
+/* The chat format a chat template (Jinja text) writes, by its markers, and
+ * in *default_system (malloc'd, or NULL) the system turn a ChatML template
+ * writes when a conversation gives none. */
+ChatKind chat_template_kind(const char *tmpl, size_t len, char **default_system);
+const char *chat_kind_name(ChatKind k);
+
 /* ---- bundle.c ---- */
 /* Writes NAME.megac/: manifest.yaml, schedule.sched, weights.bin (kernel
  * layout, from sched_layout offsets), tokenizer.bin; the kernel file is

@@ -78,20 +78,32 @@ void run_stop_say(int token, int bos, int eos);
  * the model knows no BOS id to start from; else that none of its
  * characters has a piece or a byte token (and no BOS was added). */
 void run_no_tokens_say(const char *text);
+/* What the model's tokenizer says of chat formats: the one its chat
+ * template writes (ChatKind; CHAT_UNKNOWN: none known), that template's
+ * default system turn (or NULL), the EOS token's text (Zephyr's turns end
+ * with it), and is_special(ctx, piece): whether the tokenizer encodes
+ * piece as one token, to find a format by its special tokens where the
+ * template says nothing. */
+typedef struct {
+    int kind;
+    const char *default_system;
+    const char *eos;
+    bool (*is_special)(void *ctx, const char *piece);
+    void *ctx;
+} RunChat;
 /* The text to encode for o's prompt: the prompt itself, or with --chat
- * the prompt as a user turn (after a --system turn) in the chat format
- * whose special tokens the tokenizer has: ChatML (<|im_start|>: SmolLM2,
- * Qwen2) or Llama 3 (<|start_header_id|>), ending where the assistant's
- * reply begins. is_special(ctx, piece) says whether the tokenizer encodes
- * piece as one token. xmalloc'd; NULL (reported on stderr) when the
- * tokenizer has neither. */
-char *run_prompt_text(const RunOptions *o, bool (*is_special)(void *ctx, const char *piece), void *ctx);
+ * the prompt as a user turn (after a --system turn, else the template's
+ * default system turn) in the model's chat format: the one its chat
+ * template writes (ChatML, Llama 3, Zephyr), else the one whose special
+ * tokens the tokenizer has (ChatML's <|im_start|>, Llama 3's
+ * <|start_header_id|>), ending where the assistant's reply begins.
+ * xmalloc'd; NULL (reported on stderr) when there is none. */
+char *run_prompt_text(const RunOptions *o, const RunChat *c);
 /* The same for one user turn `prompt` of a conversation (--interactive):
  * the first as run_prompt_text writes it, a later one after the reply
  * before it, which ended at the format's stop token: that token (not yet
  * run) and the turn. */
-char *run_turn_text(const RunOptions *o, const char *prompt, bool first,
-                    bool (*is_special)(void *ctx, const char *piece), void *ctx);
+char *run_turn_text(const RunOptions *o, const char *prompt, bool first, const RunChat *c);
 /* Decodes with the reference; returns the exit status. */
 int run_reference(const RunOptions *o);
 

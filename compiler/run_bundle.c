@@ -275,6 +275,17 @@ static bool bundle_is_special(void *ctx, const char *piece)
     return megac_encode(ctx, piece, 0, ids, 4) == 1;
 }
 
+/* What the bundle's tokenizer says of chat formats (run.h); *eos_copy
+ * holds the EOS text (megac_decode's lasts until its next call): free it. */
+static RunChat bundle_chat(megac_model *m, char **eos_copy)
+{
+    RunChat c = {.is_special = bundle_is_special, .ctx = m};
+    c.kind = megac_chat_format(m, &c.default_system);
+    *eos_copy = megac_eos(m) >= 0 ? xstrdup(megac_decode(m, -1, megac_eos(m))) : NULL;
+    c.eos = *eos_copy;
+    return c;
+}
+
 static void stats_print(const megac_stats *st, const megac_model *m)
 {
     double pre = st->prefill_s > 0 ? st->prompt_tokens / st->prefill_s : 0;
@@ -409,9 +420,13 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
     int rc = 0;
     Conv c = {.head = -1};
     Reply r = {0};
-    char *probe = run_turn_text(o, "", true, bundle_is_special, m);    /* a chat format, before any input */
-    if (!probe)
+    char *eos;
+    RunChat chat = bundle_chat(m, &eos);
+    char *probe = run_turn_text(o, "", true, &chat);    /* a chat format, before any input */
+    if (!probe) {
+        free(eos);
         return 2;
+    }
     free(probe);
     for (;;) {
         if (!turn) {
@@ -428,7 +443,7 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
                 continue;
             turn = line;
         }
-        char *text = run_turn_text(o, turn, first, bundle_is_special, m);
+        char *text = run_turn_text(o, turn, first, &chat);
         int *ids = NULL, n = -1, bos = 0;
         if (text && first) {
             n = prompt_encode(m, text, &ids, &bos);
@@ -507,6 +522,7 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
         turn = NULL;
     }
     free(line);
+    free(eos);
     free(c.tok), free(c.at), free(r.tok);
     return rc;
 }
@@ -525,7 +541,10 @@ static int bundle_generate(const RunOptions *o, const char *bundle, megac_model 
         return bundle_converse(o, m, steps);
     }
     int *ids = NULL, bos = 0, n = -1;
-    char *text = run_prompt_text(o, bundle_is_special, m);
+    char *eos;
+    RunChat chat = bundle_chat(m, &eos);
+    char *text = run_prompt_text(o, &chat);
+    free(eos);
     if (text)
         n = prompt_encode(m, text, &ids, &bos);
     free(text);

@@ -26,6 +26,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- GPT-2 byte-to-unicode, inverted ---- */
 
@@ -359,6 +360,63 @@ static bool hf_build(HfImport *h)
     return ok;
 }
 
+/* ---- chat templates ---- */
+
+static void chat_set(Tokenizer *t, const char *tmpl, size_t len)
+{
+    char *sys;
+    ChatKind k = chat_template_kind(tmpl, len, &sys);
+    tok_set_chat(t, k, sys);
+    free(sys);
+}
+
+static void chat_warn(const char *path, const char *what, Diag *d)
+{
+    SrcFile src = {.path = path};
+    diag_warning(d, &src, 0, 0, "%s; `megac run --chat` will look for a chat format's special tokens instead",
+                 what);
+}
+
+/* An HF folder's chat template: chat_template.jinja beside tokenizer.json
+ * (transformers writes it there since 4.43), else tokenizer_config.json's
+ * chat_template (a string, or a list of {name, template}: "default"). */
+static void hf_chat_template(Tokenizer *t, const char *tok_path, Diag *d)
+{
+    const char *slash = strrchr(tok_path, '/');
+    char *dir = slash ? xstrndup(tok_path, (size_t)(slash - tok_path)) : xstrdup(".");
+    char *jinja = xasprintf("%s/chat_template.jinja", dir), *cfg = xasprintf("%s/tokenizer_config.json", dir);
+    size_t n;
+    char *text = access(jinja, F_OK) == 0 ? read_file(jinja, &n) : NULL;
+    if (text) {
+        chat_set(t, text, n);
+        free(text);
+    } else if (access(cfg, F_OK) == 0) {
+        FILE *sink = fopen("/dev/null", "w");
+        Diag quiet = {.out = sink ? sink : stderr};
+        Doc doc = {0};
+        const DocNode *ct = NULL;
+        if (doc_load(&doc, cfg, &quiet) && doc.root && (ct = doc_get(doc.root, "chat_template"))) {
+            for (int i = 0; ct->kind == DOC_SEQ && i < ct->n; i++) {
+                const DocNode *name = doc_get(ct->items[i], "name"), *tmpl = doc_get(ct->items[i], "template");
+                if (name && tmpl && name->kind == DOC_SCALAR && !strcmp(name->str, "default"))
+                    ct = tmpl;
+            }
+            if (ct->kind == DOC_SCALAR)
+                chat_set(t, ct->str, ct->len);
+            else
+                chat_warn(cfg, "its chat_template is neither a string nor a list with a 'default' template", d);
+        } else if (!doc.root || quiet.nerrors) {
+            chat_warn(cfg, "this file does not read as JSON, so the chat template in it is not known", d);
+        }
+        doc_free(&doc);
+        if (sink)
+            fclose(sink);
+    }
+    free(dir);
+    free(jinja);
+    free(cfg);
+}
+
 static Tokenizer *tok_import_hf(const ModelDesc *m, Diag *d)
 {
     HfImport h = {.d = d, .m = m};
@@ -369,6 +427,8 @@ static Tokenizer *tok_import_hf(const ModelDesc *m, Diag *d)
     bool ok = h.doc.root && hf_build(&h);
     if (!h.doc.root)
         diag_file_error(d, m->tok_path, "empty tokenizer file");
+    if (ok)
+        hf_chat_template(h.t, m->tok_path, d);
     if (ok)
         tok_finish(h.t);
     if (ok && tok_error(h.t)) {
@@ -709,6 +769,11 @@ static Tokenizer *gguf_build(const GgufFile *g, const ModelDesc *m, Diag *d)
         return NULL;
     }
     tok_set_always_bos(t, ab && ab->v.b);
+    GgufStr ct;
+    if (gguf_get_str(g, "tokenizer.chat_template", &ct))
+        chat_set(t, ct.s, (size_t)ct.len);
+    else if (gguf_find(g, "tokenizer.chat_template"))
+        chat_warn(g->path, "tokenizer.chat_template is not a string", d);
     if (!gguf_ids(t, g, m, d) || !gguf_vocab(t, g, spm, d) || (bpe && !gguf_merges(t, g, d))) {
         tok_free(t);
         return NULL;

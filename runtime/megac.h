@@ -127,6 +127,11 @@ int megac_encode(megac_model *m, const char *text, int add_bos, int *ids, int ca
 int megac_encode_dropped(const megac_model *m, int *first, size_t *at);
 /* 1 if the tokenizer's default puts BOS before `text` (see above). */
 int megac_wants_bos(const megac_model *m, const char *text);
+/* The chat format the model's chat template writes (0 unknown, 1 ChatML,
+ * 2 Llama 3, 3 Zephyr, 4 Llama 2: runtime/tokenizer.h's ChatKind), and in
+ * *default_system (may be NULL) the system turn it writes when a
+ * conversation gives none, or NULL. */
+int megac_chat_format(const megac_model *m, const char **default_system);
 /* Text of one token (valid until the next call on m); handles byte pieces
  * and the leading-space rule after BOS. */
 const char *megac_decode(megac_model *m, int prev_token, int token);

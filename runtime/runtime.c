@@ -245,6 +245,13 @@ megac_status megac_feed(megac_model *m, int token)
 const float *megac_logits(const megac_model *m) { return m && m->stepped ? m->logits : NULL; }
 int megac_argmax(const megac_model *m) { return m && m->stepped ? m->next : -1; }
 
+int megac_chat_format(const megac_model *m, const char **default_system)
+{
+    if (default_system)
+        *default_system = NULL;
+    return m ? (int)tok_chat(m->tok, default_system) : 0;
+}
+
 int megac_wants_bos(const megac_model *m, const char *text)
 {
     return m ? tok_default_bos(m->tok, text) : 0;

@@ -38,6 +38,8 @@
  *   n_vocab x { u32 len, f32 score, u8 flags (bit 0: special; bit 1, from
  *   version 2: generation stops at it), len bytes }
  *   n_merges x { i32 a, i32 b }          (rank = index; a+b is a piece)
+ *   from version 3: u32 chat (ChatKind), u32 len, len bytes (the chat
+ *   template's default system turn; 0: none)
  * Every count and length is checked against the file size on load.
  *
  * Runtime code: no compiler headers, never ends the process; errors come back as NULL /
@@ -62,7 +64,8 @@ typedef struct { uint32_t lo, hi; } TokRange;
 #define TOK_MAGIC "MGTK"
 #define TOKF_SPECIAL 1u     /* matched verbatim in the input */
 #define TOKF_STOP 2u        /* generation stops at it (besides eos) */
-#define TOK_VERSION 2u        /* 2: a flags word (bit 0: always BOS) after the pre-tokenizer */
+#define TOK_VERSION 3u        /* 2: a flags word (bit 0: always BOS) after the pre-tokenizer; 3: the
+                                 chat format after the merges */
 #define TOK_MAX_VOCAB (1 << 24)
 #define TOK_MAX_PIECE (1 << 16)
 
@@ -75,6 +78,8 @@ struct Tokenizer {
     TokKind kind;
     PreTokKind pretok;
     bool always_bos;        /* every prompt starts with BOS (Llama 3) */
+    ChatKind chat;
+    char *chat_system;      /* the chat template's default system turn, or NULL */
     int n_vocab;
     int bos, eos;
     char **piece;           /* (n_vocab) raw bytes, malloc'd each */
@@ -146,6 +151,7 @@ void tok_free(Tokenizer *t)
         for (int i = 0; i < t->n_vocab; i++)
             free(t->piece[i]);
     free(t->piece);
+    free(t->chat_system);
     free(t->plen);
     free(t->score);
     free(t->special);
@@ -207,6 +213,26 @@ void tok_set_special(Tokenizer *t, int id)
 void tok_set_always_bos(Tokenizer *t, bool always)
 {
     t->always_bos = always;
+}
+
+void tok_set_chat(Tokenizer *t, ChatKind k, const char *default_system)
+{
+    if ((unsigned)k > CHAT_LLAMA2 || (default_system && strlen(default_system) > TOK_MAX_SYSTEM)) {
+        tok_fail(t, "chat format %d (or its system turn) out of range", (int)k);
+        return;
+    }
+    free(t->chat_system);
+    t->chat = k;
+    t->chat_system = default_system ? strdup(default_system) : NULL;
+    if (default_system && !t->chat_system)
+        tok_fail(t, "out of memory");
+}
+
+ChatKind tok_chat(const Tokenizer *t, const char **default_system)
+{
+    if (default_system)
+        *default_system = t->chat_system;
+    return t->chat;
 }
 
 void tok_set_ids(Tokenizer *t, int bos, int eos)
@@ -1135,6 +1161,11 @@ static void tok_write(const Tokenizer *t, FILE *f, bool *ok)
         put_u32(f, (uint32_t)t->merges[r].a, ok);
         put_u32(f, (uint32_t)t->merges[r].b, ok);
     }
+    uint32_t slen = t->chat_system ? (uint32_t)strlen(t->chat_system) : 0;
+    put_u32(f, (uint32_t)t->chat, ok);
+    put_u32(f, slen, ok);
+    if (slen && fwrite(t->chat_system, 1, slen, f) != slen)
+        *ok = false;
 }
 
 bool tok_save(const Tokenizer *t, const char *path, char *err, size_t errlen)
@@ -1291,6 +1322,24 @@ static bool tok_read_merges(Tokenizer *t, Reader *r, uint32_t nmerges)
     return r->ok;
 }
 
+/* Version 3's chat format: a known kind, and a system turn of UTF-8 text
+ * without NULs. */
+static bool tok_read_chat(Tokenizer *t, Reader *r)
+{
+    uint32_t kind = rd_u32(r), len = rd_u32(r);
+    if (!r->ok || kind > CHAT_LLAMA2 || len > TOK_MAX_SYSTEM)
+        return false;
+    const unsigned char *b = len ? rd_bytes(r, len) : NULL;
+    if (len && (!b || memchr(b, 0, len) || !tok_utf8_valid((const char *)b, len)))
+        return false;
+    char *sys = len ? strndup((const char *)b, len) : NULL;
+    if (len && !sys)
+        return false;
+    tok_set_chat(t, (ChatKind)kind, sys);
+    free(sys);
+    return !tok_error(t);
+}
+
 static Tokenizer *tok_parse(Reader *r, const char *path, char *err, size_t errlen)
 {
     const unsigned char *magic = rd_bytes(r, 4);
@@ -1316,6 +1365,8 @@ static Tokenizer *tok_parse(Reader *r, const char *path, char *err, size_t errle
     tok_set_always_bos(t, flags & 1);
     tok_set_ids(t, bos, eos);
     bool ok = !tok_error(t) && tok_read_pieces(t, r, version) && tok_read_merges(t, r, nmerges);
+    if (ok && version >= 3)
+        ok = tok_read_chat(t, r);
     if (ok)
         tok_finish(t);
     if (!ok || tok_error(t) || r->at != r->n) {

@@ -30,6 +30,15 @@ typedef enum {
 
 typedef struct Tokenizer Tokenizer;     /* opaque; see tokenizer.c */
 
+/* The chat format a model's chat template writes (the importers read the
+ * template; `megac run --chat` writes turns in it). CHAT_UNKNOWN: no
+ * template, or one megac does not recognize (the run then looks for a
+ * format's special tokens). CHAT_LLAMA2 is recognized, not written. */
+typedef enum {
+    CHAT_UNKNOWN = 0, CHAT_CHATML = 1, CHAT_LLAMA3 = 2, CHAT_ZEPHYR = 3, CHAT_LLAMA2 = 4
+} ChatKind;
+#define TOK_MAX_SYSTEM 65536    /* bytes of a template's default system turn */
+
 /* Builders (used by importers): a tokenizer of `kind` with n pieces. */
 Tokenizer *tok_new(TokKind kind, int n_vocab);
 /* Sets piece id (bytes, not NUL-terminated) and its score (SPM) . */
@@ -49,6 +58,10 @@ void tok_set_pretok(Tokenizer *t, PreTokKind k);
  * a tokenizer.json whose post-processor prepends BOS: Llama 3); otherwise
  * tok_default_bos's rule for the kind. */
 void tok_set_always_bos(Tokenizer *t, bool always);
+/* The chat format and the system turn the template writes when a
+ * conversation has none (NULL: none; at most TOK_MAX_SYSTEM bytes). */
+void tok_set_chat(Tokenizer *t, ChatKind k, const char *default_system);
+ChatKind tok_chat(const Tokenizer *t, const char **default_system);
 /* Call once after building: builds lookup tables. */
 void tok_finish(Tokenizer *t);
 void tok_free(Tokenizer *t);

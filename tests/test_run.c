@@ -4,6 +4,8 @@
  * the byte-exact llama2.c golden: stories260K, "Once upon a time", -n 200,
  * greedy.
  */
+#include "compiler/compile.h"
+#include "compiler/doc.h"
 #include "compiler/run.h"
 
 #include <criterion/criterion.h>
@@ -367,24 +369,28 @@ Test(run_cmd, smollm2_gguf_chat, .timeout = 60)
     cr_assert(strstr(err, "prompt tokens: 16,"), "stderr: %s", err);
 }
 
-/* --chat writes that same prompt from the question alone (the tokenizer
- * has <|im_start|>): the same tokens, the same text out. */
+/* --chat writes that prompt from the question alone, after the system
+ * turn the GGUF's chat template writes when none is given (37 tokens, as
+ * HF tokenizers counts the template's rendering): the same tokens, the
+ * same text out. */
 Test(run_cmd, smollm2_gguf_chat_option, .timeout = 60)
 {
     if (access(SMOLLM2_GGUF, R_OK) != 0)
         cr_skip_test("%s is absent (see models/smollm2-135m-instruct-gguf.yaml)", SMOLLM2_GGUF);
     static char out[1 << 16], err[4096], out2[1 << 16], err2[4096];
-    char *args = xasprintf("models/smollm2-135m-instruct-gguf.yaml --set weights.path=%s --temp 0 -n 64 --prompt "
-                           "\"<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n\"",
-                           SMOLLM2_GGUF);
+    char *args = xasprintf("models/smollm2-135m-instruct-gguf.yaml --set weights.path=%s --temp 0 -n 80 --prompt "
+                           "\"<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+                           "Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                           "<|im_start|>assistant\n\"", SMOLLM2_GGUF);
     cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
     free(args);
-    args = xasprintf("models/smollm2-135m-instruct-gguf.yaml --set weights.path=%s --temp 0 -n 64 --chat "
+    args = xasprintf("models/smollm2-135m-instruct-gguf.yaml --set weights.path=%s --temp 0 -n 80 --chat "
                      "--prompt 'What is the capital of France?'", SMOLLM2_GGUF);
     cr_assert_eq(megac_run(args, out2, sizeof out2, err2, sizeof err2), 0, "stderr: %s", err2);
     free(args);
     cr_assert_str_eq(out2, out);
-    cr_assert(strstr(err2, "prompt tokens: 16,"), "stderr: %s", err2);
+    cr_assert(strstr(err2, "prompt tokens: 37,"), "stderr: %s", err2);
+    cr_assert(strstr(out2, "Paris"), "%s", out2);
 }
 
 /* The same real weights through the HF path (safetensors f32 made by
@@ -428,7 +434,9 @@ Test(run_cmd, smollm2_gguf_interactive, .timeout = 120)
     const char *lines = "My name is Anna and I live in Oslo.\n\nWhere do I live?\n";
     cr_assert_eq(write(fd, lines, strlen(lines)), (ssize_t)strlen(lines));
     close(fd);
-    char *args = xasprintf("%s -n 300 -i < %s", model, turns);
+    /* a system turn of its own: after the template's default one, this
+     * small model's greedy replies lose Oslo */
+    char *args = xasprintf("%s -n 300 -i --system 'You are a helpful assistant.' < %s", model, turns);
     cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
     free(args);
     char *nl = strchr(out, '\n');
@@ -440,7 +448,8 @@ Test(run_cmd, smollm2_gguf_interactive, .timeout = 120)
     cr_assert(st && strstr(st + 1, "prompt tokens: "), "two turns' stats: %s", err);
     FILE *f = fopen(turns, "w");   /* the conversation as one prompt (its last newline is dropped) */
     cr_assert(f);
-    fprintf(f, "<|im_start|>user\nMy name is Anna and I live in Oslo.<|im_end|>\n<|im_start|>assistant\n%s"
+    fprintf(f, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+               "<|im_start|>user\nMy name is Anna and I live in Oslo.<|im_end|>\n<|im_start|>assistant\n%s"
                "<|im_end|>\n<|im_start|>user\nWhere do I live?<|im_end|>\n<|im_start|>assistant\n\n", first);
     fclose(f);
     args = xasprintf("%s -n 300 --prompt-file %s", model, turns);
@@ -452,10 +461,10 @@ Test(run_cmd, smollm2_gguf_interactive, .timeout = 120)
         reply = q + strlen(mark);
     cr_assert(reply, "%s", out2);
     cr_assert_str_eq(second, reply, "the second turn's reply against the whole conversation's");
-    args = xasprintf("%s -n 30 -i --prompt 'Tell me a long story about a dragon.' < /dev/null", model);
+    args = xasprintf("%s -n 64 -i --prompt 'Tell me a long story about a dragon.' < /dev/null", model);
     cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
     free(args);
-    cr_assert(strstr(err, "the reply used up the 30 positions"), "stderr: %s", err);
+    cr_assert(strstr(err, "the reply used up the 64 positions"), "stderr: %s", err);
 }
 
 /* Writes `lines` to a new temp file; returns its path (static buffer). */
@@ -569,10 +578,16 @@ Test(run_cmd, empty_prompt_needs_a_bos, .timeout = 60)
     unlink(yaml);
 }
 
-/* The formats, byte for byte, from a tokenizer that has one marker. */
+/* The formats, byte for byte, from a tokenizer that has one marker and
+ * no chat template megac knows. */
 static bool has_marker(void *ctx, const char *piece)
 {
     return !strcmp(piece, ctx);
+}
+
+static RunChat marker_chat(const char *marker)
+{
+    return (RunChat){.is_special = has_marker, .ctx = (void *)marker};
 }
 
 Test(run_cmd, chat_text)
@@ -581,31 +596,126 @@ Test(run_cmd, chat_text)
     const char *args[] = {"--system", "Be brief.", "--prompt", "Hi?"};
     cr_assert_eq(parse(&o, args, 4), -1);
     cr_assert(o.chat);
-    char *t = run_prompt_text(&o, has_marker, "<|im_start|>");
+    RunChat chatml = marker_chat("<|im_start|>"), llama3 = marker_chat("<|start_header_id|>");
+    char *t = run_prompt_text(&o, &chatml);
     cr_assert_str_eq(t, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n"
                         "<|im_start|>assistant\n");
     free(t);
-    t = run_prompt_text(&o, has_marker, "<|start_header_id|>");
+    t = run_prompt_text(&o, &llama3);
     cr_assert_str_eq(t, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
                         "<|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|>"
                         "<|start_header_id|>assistant<|end_header_id|>\n\n");
     free(t);
     /* a later turn of a conversation: the stop token that ended the reply
      * before it, the user turn, the reply's start; no system turn again */
-    t = run_turn_text(&o, "And?", false, has_marker, "<|im_start|>");
+    t = run_turn_text(&o, "And?", false, &chatml);
     cr_assert_str_eq(t, "<|im_end|>\n<|im_start|>user\nAnd?<|im_end|>\n<|im_start|>assistant\n");
     free(t);
-    t = run_turn_text(&o, "And?", false, has_marker, "<|start_header_id|>");
+    t = run_turn_text(&o, "And?", false, &llama3);
     cr_assert_str_eq(t, "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nAnd?<|eot_id|>"
                         "<|start_header_id|>assistant<|end_header_id|>\n\n");
     free(t);
     run_options_free(&o);
     const char *plain[] = {"--prompt", "Hi?"};
     cr_assert_eq(parse(&o, plain, 2), -1);
-    t = run_prompt_text(&o, has_marker, "<|im_start|>");
+    t = run_prompt_text(&o, &chatml);
     cr_assert_str_eq(t, "Hi?", "without --chat the prompt is as given");
     free(t);
     run_options_free(&o);
+}
+
+/* Chat templates (tests/fixtures/chat/golden.json: the SmolLM2 GGUF's own,
+ * and ones written after Qwen2.5's, Llama 3's, TinyLlama's and Llama 2's)
+ * are recognized, and the turns --chat and --interactive write, with the
+ * replies between them, are what Jinja renders from each template for the
+ * same conversation (make_golden.py): the default system turn where none
+ * is given, the system turn given, later turns after a reply. Llama 2's
+ * format is recognized and refused. */
+static bool never_special(void *ctx, const char *piece)
+{
+    (void)ctx, (void)piece;
+    return false;
+}
+
+Test(run_cmd, chat_templates_render_as_jinja)
+{
+    Doc doc;
+    Diag d = {.out = stderr};
+    cr_assert(doc_load(&doc, MEGAC_SRC "/tests/fixtures/chat/golden.json", &d));
+    static const struct {
+        const char *name;
+        ChatKind kind;
+        const char *system;
+    } want[] = {
+        {"smollm2", CHAT_CHATML, "You are a helpful AI assistant named SmolLM, trained by Hugging Face"},
+        {"qwen2.5", CHAT_CHATML, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."},
+        {"llama3", CHAT_LLAMA3, NULL},
+        {"zephyr", CHAT_ZEPHYR, NULL},
+        {"llama2", CHAT_LLAMA2, NULL},
+    };
+    int checked = 0;
+    for (int i = 0; i < doc.root->n; i++) {
+        const DocNode *e = doc.root->items[i], *turns = doc_get(e, "turns"), *sys = doc_get(e, "system");
+        const char *name = doc_get(e, "template")->str, *text = doc_get(e, "text")->str;
+        size_t w = 0;
+        while (w < sizeof want / sizeof *want && strcmp(want[w].name, name))
+            w++;
+        cr_assert(w < sizeof want / sizeof *want, "%s", name);
+        char *dsys;
+        ChatKind k = chat_template_kind(text, strlen(text), &dsys);
+        cr_assert_eq(k, want[w].kind, "%s: %s", name, chat_kind_name(k));
+        cr_assert((!dsys && !want[w].system) || (dsys && want[w].system && !strcmp(dsys, want[w].system)), "%s: %s",
+                  name, dsys ? dsys : "(none)");
+        RunOptions o;
+        const char *chat[] = {"--chat"};
+        cr_assert_eq(parse(&o, chat, 1), -1);
+        o.system = doc_is_null(sys) ? NULL : xstrdup(sys->str);
+        RunChat c = {.kind = k, .default_system = dsys, .eos = doc_get(e, "eos")->str, .is_special = never_special};
+        char *got = run_turn_text(&o, turns->items[0]->str, true, &c);
+        if (k == CHAT_LLAMA2) {
+            cr_assert_null(got, "%s", name);
+        } else {
+            for (int t = 1; got && t + 1 < turns->n; t += 2) {
+                char *next = run_turn_text(&o, turns->items[t + 1]->str, false, &c);
+                char *joined = xasprintf("%s%s%s", got, turns->items[t]->str, next);
+                free(got), free(next);
+                got = joined;
+            }
+            cr_assert_str_eq(got, doc_get(e, "rendered")->str, "%s, system %s", name, o.system ? o.system : "none");
+            checked++;
+        }
+        free(got);
+        free(dsys);
+        run_options_free(&o);
+    }
+    cr_assert_eq(checked, 16);
+    doc_free(&doc);
+}
+
+/* Templates that look like none of the formats, or are not templates,
+ * leave the format to the tokenizer's special tokens; a ChatML template
+ * with two different default system turns keeps neither. */
+Test(run_cmd, chat_templates_unknown_and_ambiguous)
+{
+    static const char *const unknown[] = {
+        "", "{{ messages }}", "<|user|>{{ m }}<|end|><|assistant|>",   /* Phi-3: <|end|> */
+        "{% for m in messages %}{{ m.content }}{% endfor %}",
+    };
+    for (size_t i = 0; i < sizeof unknown / sizeof *unknown; i++) {
+        char *sys;
+        cr_assert_eq(chat_template_kind(unknown[i], strlen(unknown[i]), &sys), CHAT_UNKNOWN, "%s", unknown[i]);
+        cr_assert_null(sys);
+    }
+    const char *two = "{% if a %}{{ '<|im_start|>system\\nA<|im_end|>\\n' }}{% else %}"
+                      "{{ \"<|im_start|>system\\nB<|im_end|>\\n\" }}{% endif %}";
+    char *sys;
+    cr_assert_eq(chat_template_kind(two, strlen(two), &sys), CHAT_CHATML);
+    cr_assert_null(sys, "%s", sys);
+    const char *one = "{{ '<|im_start|>system\\nA \\'quoted\\'<|im_end|>\\n' }} <|im_start|>system\\nB "
+                      "outside the tags<|im_end|>\\n{{ '<|im_start|>' + role }}";
+    cr_assert_eq(chat_template_kind(one, strlen(one), &sys), CHAT_CHATML);
+    cr_assert_str_eq(sys, "A 'quoted'");
+    free(sys);
 }
 
 /* ---- damaged bundles ---- */
@@ -816,4 +926,40 @@ Test(run_cmd, f16_cache_overflow_names_kv_dtype, .timeout = 120)
     free(cmd);
     free(bin);
     free(yaml);
+}
+
+/* An HF folder's chat template: tokenizer_config.json's chat_template
+ * (here a Zephyr one, on a tokenizer that has Llama 3's special tokens:
+ * the template wins), chat_template.jinja over it (a ChatML one, written
+ * though the vocabulary spells <|im_start|> in pieces); a config that is
+ * not JSON is warned about, and the special tokens decide again. */
+Test(run_cmd, hf_folder_chat_template)
+{
+    char dir[] = "/tmp/megac-run-chat-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    static char out[1 << 14], err[4096];
+    char *cmd = xasprintf("cp %s/tests/fixtures/weights/hf-llama3/* %s/ && printf '%%s' '{\"chat_template\": "
+                          "\"{%% for m in messages %%}{{ \\x27<|user|>\\\\n\\x27 + m.content + eos_token }}{%% endfor %%}"
+                          "{{ \\x27<|assistant|>\\x27 }}\"}' > %s/tokenizer_config.json",
+                          MEGAC_SRC, dir, dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    free(cmd);
+    char *args = xasprintf("%s --engine reference --chat -p 'the a' -n 60 --temp 0", dir);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
+    cr_assert(strncmp(out, "<|user|>\nthe a<|end_of_text|>\n<|assistant|>\n", 44) == 0, "%s", out);
+    cmd = xasprintf("printf '%%s' \"{{ '<|im_start|>' }}\" > %s/chat_template.jinja", dir);
+    cr_assert_eq(system(cmd), 0);
+    free(cmd);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
+    cr_assert(strncmp(out, "<|im_start|>user\nthe a<|im_end|>\n<|im_start|>assistant\n", 52) == 0, "%s", out);
+    cmd = xasprintf("rm %s/chat_template.jinja && printf '{\"chat_template\": ' > %s/tokenizer_config.json", dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    free(cmd);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
+    cr_assert(strstr(err, "tokenizer_config.json: warning: this file does not read as JSON"), "%s", err);
+    cr_assert(strncmp(out, "<|begin_of_text|><|start_header_id|>user", 40) == 0, "%s", out);
+    free(args);
+    cmd = xasprintf("rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+    free(cmd);
 }

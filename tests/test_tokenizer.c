@@ -736,13 +736,15 @@ Test(tokenizer, native_fifo_refused, .timeout = 30)
     rmdir(dir);
 }
 
-/* The native file keeps stop marks and always-BOS (version 2), and a
- * version 1 file (no flags word; written by megac before them) still loads. */
+/* The native file keeps stop marks and always-BOS (version 2) and the
+ * chat format (version 3), and version 1 and 2 files (no flags word, no
+ * chat format; written by megac before them) still load. */
 Test(tokenizer, native_flags_and_version_1)
 {
     Tokenizer *t = tok512();
     tok_set_stop(t, 5);
     tok_set_always_bos(t, true);
+    tok_set_chat(t, CHAT_CHATML, "Be kind.");
     char path[] = "/tmp/megac_tokv_XXXXXX", err[512];
     int fd = mkstemp(path);
     cr_assert(fd >= 0);
@@ -752,6 +754,9 @@ Test(tokenizer, native_flags_and_version_1)
     cr_assert(u, "%s", err);
     cr_assert(tok_is_stop(u, 5) && tok_is_stop(u, tok_eos(u)) && !tok_is_stop(u, 6) && !tok_is_stop(u, -1));
     cr_assert(tok_always_bos(u));
+    const char *sys;
+    cr_assert_eq(tok_chat(u, &sys), CHAT_CHATML);
+    cr_assert_str_eq(sys, "Be kind.");
     tok_free(u);
     tok_free(t);
 
@@ -759,7 +764,29 @@ Test(tokenizer, native_flags_and_version_1)
     cr_assert(tok_save(t, path, err, sizeof err), "%s", err);
     size_t n;
     char *v2 = read_file(path, &n);
-    cr_assert(v2 && n > 20 && v2[4] == 2 && v2[16] == 0, "version 2, flags 0");
+    cr_assert(v2 && n > 28 && v2[4] == 3 && v2[16] == 0, "version 3, flags 0");
+    /* version 3's chat format: a kind megac does not know, or a system
+     * turn that is not text, is refused */
+    static const struct { uint32_t kind, len; const char *sys; } bad[] = {{9, 0, ""}, {1, 2, "a\0"}, {1, 1, "\xff"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char *b = malloc(n + 2);
+        memcpy(b, v2, n - 8);
+        memcpy(b + n - 8, &bad[i].kind, 4);
+        memcpy(b + n - 4, &bad[i].len, 4);
+        memcpy(b + n, bad[i].sys, bad[i].len);
+        write_bytes(path, b, n + bad[i].len);
+        cr_assert_null(tok_load(path, err, sizeof err), "case %zu", i);
+        cr_assert(strstr(err, "corrupt tokenizer file"), "%s", err);
+        free(b);
+    }
+    n -= 8;         /* version 2: no chat format */
+    v2[4] = 2;
+    write_bytes(path, v2, n);
+    u = tok_load(path, err, sizeof err);
+    cr_assert(u, "a version 2 file: %s", err);
+    cr_assert_eq(tok_chat(u, &sys), CHAT_UNKNOWN);
+    cr_assert_null(sys);
+    tok_free(u);
     char *v1 = malloc(n);
     memcpy(v1, v2, 16);
     memcpy(v1 + 16, v2 + 20, n - 20);
