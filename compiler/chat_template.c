@@ -7,7 +7,9 @@
  * The template is not executed: it is recognized by the markers it writes,
  * as llama.cpp recognizes templates (ChatML's <|im_start|>, Llama 3's
  * <|start_header_id|>, Zephyr's <|user|> and <|assistant|>, Llama 2's
- * [INST]), and `megac run --chat` then writes turns in that format
+ * [INST] with <<SYS>>; Mistral's [INST] without it, whose versions write
+ * turns differently, is not recognized), and `megac run --chat` then
+ * writes turns in that format
  * (compiler/cmd_run.c). A ChatML template's default system turn is the
  * one string literal of the template (inside its {{ }} and {% %} tags)
  * that is a whole system turn: '<|im_start|>system\n' TEXT '<|im_end|>\n',
@@ -121,7 +123,7 @@ ChatKind chat_template_kind(const char *tmpl, size_t len, char **default_system)
         return CHAT_LLAMA3;
     if (has(tmpl, len, "<|user|>") && has(tmpl, len, "<|assistant|>") && !has(tmpl, len, "<|end|>"))
         return CHAT_ZEPHYR;
-    if (has(tmpl, len, "[INST]"))
+    if (has(tmpl, len, "[INST]") && has(tmpl, len, "<<SYS>>"))
         return CHAT_LLAMA2;
     return CHAT_UNKNOWN;
 }

@@ -65,7 +65,7 @@ static void run_usage(FILE *out)
             "  --set KEY=VALUE    override a model description key (repeatable)\n"
             "  --workers N        worker count of a bundle engine (1..4096)\n"
             "  --chat             the prompt is a user turn in the model's chat format\n"
-            "                     (ChatML, Llama 3 or Zephyr, as its chat template\n"
+            "                     (ChatML, Llama 3, Zephyr or Llama 2, as its chat template\n"
             "                     writes, else from the tokenizer's special tokens),\n"
             "                     after the system turn the template writes when none\n"
             "                     is given (SmolLM2's, Qwen2.5's); the reply follows\n"
@@ -216,16 +216,22 @@ static int run_option_apply(RunOptions *o, const char *opt, const char *val)
 typedef struct {
     ChatKind kind;
     const char *marker, *first, *system, *user, *reply, *end;
+    const char *user_after_system;  /* the user turn right after a system turn (NULL: user) */
 } ChatFormat;
 
 static const ChatFormat chat_formats[] = {
     {CHAT_CHATML, "<|im_start|>", "", "<|im_start|>system\n%s<|im_end|>\n%.0s", "<|im_start|>user\n%s<|im_end|>\n%.0s",
-     "<|im_start|>assistant\n", "<|im_end|>\n%.0s"},
+     "<|im_start|>assistant\n", "<|im_end|>\n%.0s", NULL},
     {CHAT_LLAMA3, "<|start_header_id|>", "<|begin_of_text|>",
      "<|start_header_id|>system<|end_header_id|>\n\n%s<|eot_id|>%.0s",
      "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|>%.0s", "<|start_header_id|>assistant<|end_header_id|>\n\n",
-     "<|eot_id|>%.0s"},
-    {CHAT_ZEPHYR, NULL, "", "<|system|>\n%s%s\n", "<|user|>\n%s%s\n", "<|assistant|>\n", "%s\n"},
+     "<|eot_id|>%.0s", NULL},
+    {CHAT_ZEPHYR, NULL, "", "<|system|>\n%s%s\n", "<|user|>\n%s%s\n", "<|assistant|>\n", "%s\n", NULL},
+    /* Llama 2: the system turn inside the first [INST]; a reply is
+     * followed by ' ' and EOS (the template's ' ' + reply + ' ' + eos:
+     * the reply's own first token brings the space before it) */
+    {CHAT_LLAMA2, NULL, "", "<s>[INST] <<SYS>>\n%s\n<</SYS>>\n\n%.0s", "<s>[INST] %s [/INST]%.0s", "", " %s",
+     "%s [/INST]%.0s"},
 };
 
 static const ChatFormat *chat_format(const RunChat *c)
@@ -233,11 +239,6 @@ static const ChatFormat *chat_format(const RunChat *c)
     for (size_t i = 0; i < sizeof chat_formats / sizeof *chat_formats; i++)
         if (c->kind == (int)chat_formats[i].kind)
             return &chat_formats[i];
-    if (c->kind == CHAT_LLAMA2) {
-        fprintf(stderr, "megac run: --chat: this model's chat template writes Llama 2's [INST] format, which megac "
-                        "does not write yet; give the formatted text with --prompt\n");
-        return NULL;
-    }
     for (size_t i = 0; i < sizeof chat_formats / sizeof *chat_formats; i++)
         if (chat_formats[i].marker && c->is_special(c->ctx, chat_formats[i].marker))
             return &chat_formats[i];
@@ -260,8 +261,9 @@ char *run_turn_text(const RunOptions *o, const char *prompt, bool first, const R
     if (!f)
         return NULL;
     const char *eos = c->eos ? c->eos : "", *system = o->system ? o->system : c->default_system;
-    char *sys = system && first ? xasprintf(f->system, system, eos) : xstrdup("");
-    char *user = xasprintf(f->user, prompt, eos);
+    bool with_sys = system && first;
+    char *sys = with_sys ? xasprintf(f->system, system, eos) : xstrdup("");
+    char *user = xasprintf(with_sys && f->user_after_system ? f->user_after_system : f->user, prompt, eos);
     char *end = xasprintf(f->end, eos);
     char *text = xasprintf("%s%s%s%s", first ? f->first : end, sys, user, f->reply);
     free(sys);

@@ -450,7 +450,7 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
         } else if (text) {     /* no BOS inside a conversation */
             int idcap = (int)strlen(text) + 8;
             ids = xmalloc(sizeof(int) * (size_t)idcap);
-            n = megac_encode(m, text, 0, ids, idcap);
+            n = megac_encode_more(m, text, ids, idcap);
             if (n < 1)
                 fprintf(stderr, "megac run: cannot tokenize the turn: %s\n", n < 0 ? megac_error(m) : "no tokens");
         }

@@ -119,6 +119,10 @@ int megac_position(const megac_model *m);
  * byte-level BPE whose source says so, else only for an empty text; never
  * before a text that starts with the BOS token itself). */
 int megac_encode(megac_model *m, const char *text, int add_bos, int *ids, int cap);
+/* megac_encode for text that continues the text encoded before it (a
+ * later turn of a conversation): no BOS, and an SPM vocabulary's dummy
+ * prefix (the ' ' before a text) is not put before it. */
+int megac_encode_more(megac_model *m, const char *text, int *ids, int cap);
 /* How many characters of the text the last megac_encode on m dropped
  * because the tokenizer has no piece and no byte token for them (0: none;
  * bytes of such a character that have a token are kept). *first gets the

@@ -275,6 +275,23 @@ int megac_encode(megac_model *m, const char *text, int add_bos, int *ids, int ca
     return n;
 }
 
+int megac_encode_more(megac_model *m, const char *text, int *ids, int cap)
+{
+    NEED_MODEL(m, "megac_encode_more", -1);
+    if (!text || !ids || cap < 0) {
+        rt_fail(m, MEGAC_ERR_ARG, "megac_encode_more: %s",
+                !text ? "no text given" : !ids ? "no ids array given" : "cap is negative");
+        return -1;
+    }
+    pthread_mutex_lock(&m->mu);
+    m->err[0] = 0;
+    int n = tok_encode_more(m->tok, text, ids, cap, &m->drops);
+    if (n < 0)
+        rt_fail(m, MEGAC_ERR_ARG, "the text needs more than %d tokens", cap);
+    pthread_mutex_unlock(&m->mu);
+    return n;
+}
+
 int megac_encode_dropped(const megac_model *m, int *first, size_t *at)
 {
     NEED_MODEL(m, "megac_encode_dropped", 0);

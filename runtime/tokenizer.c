@@ -506,6 +506,7 @@ typedef struct {
     int *ids;
     int n, cap;
     bool overflow;
+    bool no_prefix;         /* SPM: the segment at hand gets no dummy prefix (it continues a text) */
     const char *text;       /* the whole text, for the offsets of drops */
     TokDrops drops;
 } IdBuf;
@@ -954,7 +955,7 @@ static bool spm_segment(const Tokenizer *t, const char *s, size_t len, IdBuf *o)
         return false;
     int m = 0;
     int space = tok_lookup(t, " ", 1);
-    if (space >= 0)   /* the dummy prefix */
+    if (space >= 0 && !o->no_prefix)   /* the dummy prefix */
         sym[m++] = space;
     for (size_t i = 0, k; i < len; i += k) {
         k = utf8_len(s + i, len - i);
@@ -1010,9 +1011,12 @@ int tok_encode(const Tokenizer *t, const char *text, bool add_bos, int *ids, int
     return tok_encode_drops(t, text, add_bos, ids, cap, NULL);
 }
 
-int tok_encode_drops(const Tokenizer *t, const char *text, bool add_bos, int *ids, int cap, TokDrops *drops)
+/* cont: the text continues one encoded before (a later turn of a
+ * conversation): SPM gives its start no dummy prefix. */
+static int tok_encode_at(const Tokenizer *t, const char *text, bool add_bos, bool cont, int *ids, int cap,
+                         TokDrops *drops)
 {
-    IdBuf o = {ids, 0, cap < 0 ? 0 : cap, false, text, {0, 0, 0}};
+    IdBuf o = {ids, 0, cap < 0 ? 0 : cap, false, false, text, {0, 0, 0}};
     if (add_bos && t->bos >= 0)
         ids_push(&o, t->bos);
     size_t len = strlen(text), start = 0;
@@ -1021,6 +1025,7 @@ int tok_encode_drops(const Tokenizer *t, const char *text, bool add_bos, int *id
         int sp = i < len && t->nspecials ? special_at(t, text + i, len - i) : -1;
         if (sp < 0 && i < len)
             continue;
+        o.no_prefix = cont && start == 0;
         ok = tok_segment(t, text + start, i - start, &o);
         if (sp >= 0) {
             ids_push(&o, sp);
@@ -1031,6 +1036,16 @@ int tok_encode_drops(const Tokenizer *t, const char *text, bool add_bos, int *id
     if (drops)
         *drops = o.drops;
     return ok && !o.overflow ? o.n : -1;
+}
+
+int tok_encode_drops(const Tokenizer *t, const char *text, bool add_bos, int *ids, int cap, TokDrops *drops)
+{
+    return tok_encode_at(t, text, add_bos, false, ids, cap, drops);
+}
+
+int tok_encode_more(const Tokenizer *t, const char *text, int *ids, int cap, TokDrops *drops)
+{
+    return tok_encode_at(t, text, false, true, ids, cap, drops);
 }
 
 /* ---- decode ---- */

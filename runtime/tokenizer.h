@@ -33,7 +33,7 @@ typedef struct Tokenizer Tokenizer;     /* opaque; see tokenizer.c */
 /* The chat format a model's chat template writes (the importers read the
  * template; `megac run --chat` writes turns in it). CHAT_UNKNOWN: no
  * template, or one megac does not recognize (the run then looks for a
- * format's special tokens). CHAT_LLAMA2 is recognized, not written. */
+ * format's special tokens). */
 typedef enum {
     CHAT_UNKNOWN = 0, CHAT_CHATML = 1, CHAT_LLAMA3 = 2, CHAT_ZEPHYR = 3, CHAT_LLAMA2 = 4
 } ChatKind;
@@ -120,6 +120,10 @@ typedef struct TokDrops {
 } TokDrops;
 /* tok_encode, also saying what it dropped (drops may be NULL). */
 int tok_encode_drops(const Tokenizer *t, const char *text, bool add_bos, int *ids, int cap, TokDrops *drops);
+/* Encodes text that continues a text encoded before (a later turn of a
+ * conversation), as the two would encode as one where they meet at a
+ * special token or a space: no BOS, and no SPM dummy prefix at its start. */
+int tok_encode_more(const Tokenizer *t, const char *text, int *ids, int cap, TokDrops *drops);
 /* Whether a prompt should start with BOS: yes for SPM and byte tokenizers
  * and for those set always-BOS (Llama 3); for other byte-level BPE only
  * when the text is empty (SmolLM2's chat format carries its own

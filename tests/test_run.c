@@ -629,8 +629,7 @@ Test(run_cmd, chat_text)
  * are recognized, and the turns --chat and --interactive write, with the
  * replies between them, are what Jinja renders from each template for the
  * same conversation (make_golden.py): the default system turn where none
- * is given, the system turn given, later turns after a reply. Llama 2's
- * format is recognized and refused. */
+ * is given, the system turn given, later turns after a reply. */
 static bool never_special(void *ctx, const char *piece)
 {
     (void)ctx, (void)piece;
@@ -672,23 +671,21 @@ Test(run_cmd, chat_templates_render_as_jinja)
         o.system = doc_is_null(sys) ? NULL : xstrdup(sys->str);
         RunChat c = {.kind = k, .default_system = dsys, .eos = doc_get(e, "eos")->str, .is_special = never_special};
         char *got = run_turn_text(&o, turns->items[0]->str, true, &c);
-        if (k == CHAT_LLAMA2) {
-            cr_assert_null(got, "%s", name);
-        } else {
-            for (int t = 1; got && t + 1 < turns->n; t += 2) {
-                char *next = run_turn_text(&o, turns->items[t + 1]->str, false, &c);
-                char *joined = xasprintf("%s%s%s", got, turns->items[t]->str, next);
-                free(got), free(next);
-                got = joined;
-            }
-            cr_assert_str_eq(got, doc_get(e, "rendered")->str, "%s, system %s", name, o.system ? o.system : "none");
-            checked++;
+        /* a reply as the model writes it: SPM's first piece brings its space */
+        const char *space = k == CHAT_LLAMA2 ? " " : "";
+        for (int t = 1; got && t + 1 < turns->n; t += 2) {
+            char *next = run_turn_text(&o, turns->items[t + 1]->str, false, &c);
+            char *joined = xasprintf("%s%s%s%s", got, space, turns->items[t]->str, next);
+            free(got), free(next);
+            got = joined;
         }
+        cr_assert_str_eq(got, doc_get(e, "rendered")->str, "%s, system %s", name, o.system ? o.system : "none");
+        checked++;
         free(got);
         free(dsys);
         run_options_free(&o);
     }
-    cr_assert_eq(checked, 16);
+    cr_assert_eq(checked, 20);
     doc_free(&doc);
 }
 
@@ -699,6 +696,7 @@ Test(run_cmd, chat_templates_unknown_and_ambiguous)
 {
     static const char *const unknown[] = {
         "", "{{ messages }}", "<|user|>{{ m }}<|end|><|assistant|>",   /* Phi-3: <|end|> */
+        "{{ bos_token }}{% for m in messages %}{{ '[INST] ' + m.content + ' [/INST]' }}{% endfor %}", /* Mistral */
         "{% for m in messages %}{{ m.content }}{% endfor %}",
     };
     for (size_t i = 0; i < sizeof unknown / sizeof *unknown; i++) {

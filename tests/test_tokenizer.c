@@ -1057,3 +1057,34 @@ Test(tokenizer, gguf_spm_repeated_and_empty_tokens_warn)
     free(out);
     free(b);
 }
+
+/* A later turn of a conversation is encoded as a continuation: where the
+ * text before it ends and it starts with a space or a special token, the
+ * two encode as their concatenation does; SPM puts no dummy prefix before
+ * it (tok_encode would: '  time' and a second space piece). */
+Test(tokenizer, encode_more_continues_a_text)
+{
+    ModelDesc m = model_with_tok(TOKFMT_GGUF, FIXTURES "/tok512_spm.gguf", 512);
+    Diag d;
+    diag_init(&d);
+    Tokenizer *t = tok_import(&m, &d);
+    cr_assert(t, "import failed");
+    static const char *const pairs[][2] = {
+        {"Once upon a", " time"}, {"Once upon a time", "</s> The end."}, {"Hi?", " </s><s>[INST] And? [/INST]"},
+        {"Hi", "<s> ok"},
+    };
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
+        int whole[MAX_IDS], a[MAX_IDS], b[MAX_IDS], c[MAX_IDS];
+        char *ab = xasprintf("%s%s", pairs[i][0], pairs[i][1]);
+        int nw = tok_encode(t, ab, false, whole, MAX_IDS), na = tok_encode(t, pairs[i][0], false, a, MAX_IDS);
+        int nb = tok_encode_more(t, pairs[i][1], b, MAX_IDS, NULL), nc = tok_encode(t, pairs[i][1], false, c, MAX_IDS);
+        cr_assert(nw > 0 && na > 0 && nb > 0, "%s", ab);
+        cr_assert_eq(na + nb, nw, "%s: %d + %d tokens, %d as one", ab, na, nb, nw);
+        cr_assert(memcmp(a, whole, sizeof(int) * (size_t)na) == 0 && memcmp(b, whole + na, sizeof(int) * (size_t)nb) == 0,
+                  "%s", ab);
+        if (pairs[i][1][0] == ' ')
+            cr_assert(nc != nb || memcmp(b, c, sizeof(int) * (size_t)nb) != 0, "tok_encode puts the prefix: %s", ab);
+        free(ab);
+    }
+    tok_free(t);
+}
