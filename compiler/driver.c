@@ -290,9 +290,12 @@ static bool pass_weights_load(Compilation *c)
 static bool pass_tok_import(Compilation *c)
 {
     c->tok = tok_import(&c->m, &c->d);
-    char detail[64] = "";
+    char detail[128] = "";
+    const char *sys;
+    ChatKind k = c->tok ? tok_chat(c->tok, &sys) : CHAT_UNKNOWN;
     if (c->tok)
-        snprintf(detail, sizeof detail, "%d tokens", tok_vocab(c->tok));
+        snprintf(detail, sizeof detail, "%d tokens%s%s%s", tok_vocab(c->tok), k ? ", chat template: " : "",
+                 k ? chat_kind_name(k) : "", k && sys ? " (with a default system turn)" : "");
     return pass_done(c, "tok_import", c->tok != NULL, detail);
 }
 
