@@ -257,39 +257,35 @@ int megac_wants_bos(const megac_model *m, const char *text)
     return m ? tok_default_bos(m->tok, text) : 0;
 }
 
-int megac_encode(megac_model *m, const char *text, int add_bos, int *ids, int cap)
+/* megac_encode (add_bos 1, 0, -1) and megac_encode_more (add_bos 2: a
+ * continuation), named fn in their messages. */
+static int rt_encode(megac_model *m, const char *fn, const char *text, int add_bos, int *ids, int cap)
 {
-    NEED_MODEL(m, "megac_encode", -1);
     if (!text || !ids || cap < 0) {
-        rt_fail(m, MEGAC_ERR_ARG, "megac_encode: %s",
-                !text ? "no text given" : !ids ? "no ids array given" : "cap is negative");
+        rt_fail(m, MEGAC_ERR_ARG, "%s: %s", fn, !text ? "no text given" : !ids ? "no ids array given" : "cap is negative");
         return -1;
     }
     pthread_mutex_lock(&m->mu);
     m->err[0] = 0;
-    int n = tok_encode_drops(m->tok, text, add_bos < 0 ? tok_default_bos(m->tok, text) : add_bos != 0, ids, cap,
-                             &m->drops);
+    int n = add_bos == 2 ? tok_encode_more(m->tok, text, ids, cap, &m->drops)
+                         : tok_encode_drops(m->tok, text, add_bos < 0 ? tok_default_bos(m->tok, text) : add_bos != 0,
+                                            ids, cap, &m->drops);
     if (n < 0)
-        rt_fail(m, MEGAC_ERR_ARG, "the prompt needs more than %d tokens", cap);
+        rt_fail(m, MEGAC_ERR_ARG, "the %s needs more than %d tokens", add_bos == 2 ? "text" : "prompt", cap);
     pthread_mutex_unlock(&m->mu);
     return n;
+}
+
+int megac_encode(megac_model *m, const char *text, int add_bos, int *ids, int cap)
+{
+    NEED_MODEL(m, "megac_encode", -1);
+    return rt_encode(m, "megac_encode", text, add_bos < 0 ? -1 : add_bos != 0, ids, cap);
 }
 
 int megac_encode_more(megac_model *m, const char *text, int *ids, int cap)
 {
     NEED_MODEL(m, "megac_encode_more", -1);
-    if (!text || !ids || cap < 0) {
-        rt_fail(m, MEGAC_ERR_ARG, "megac_encode_more: %s",
-                !text ? "no text given" : !ids ? "no ids array given" : "cap is negative");
-        return -1;
-    }
-    pthread_mutex_lock(&m->mu);
-    m->err[0] = 0;
-    int n = tok_encode_more(m->tok, text, ids, cap, &m->drops);
-    if (n < 0)
-        rt_fail(m, MEGAC_ERR_ARG, "the text needs more than %d tokens", cap);
-    pthread_mutex_unlock(&m->mu);
-    return n;
+    return rt_encode(m, "megac_encode_more", text, 2, ids, cap);
 }
 
 int megac_encode_dropped(const megac_model *m, int *first, size_t *at)
