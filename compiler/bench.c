@@ -247,8 +247,11 @@ void bench_ceiling_free(BenchCeiling *c)
 double bench_decode_tok_s(megac_model *m, int context, int ntok, const int *fed, int *toks)
 {
     int last = megac_max_seq(m) - 1, ctx = context < 1 ? 1 : context > last ? last : context;
+    /* decode starts from BOS; a model that names none (an HF tokenizer.json
+     * without a bos_token_id) from its EOS, else from token 0 */
+    int start = megac_bos(m) >= 0 ? megac_bos(m) : megac_eos(m) >= 0 ? megac_eos(m) : 0;
     /* the positions before the timed ones are the prompt: SnapKV layers compress at its end */
-    if (megac_reset(m) || megac_set_prompt_end(m, ctx - 1) || megac_step(m, megac_bos(m)))
+    if (megac_reset(m) || megac_set_prompt_end(m, ctx - 1) || megac_step(m, start))
         return -1;
     for (int pos = 1; pos < ctx; pos++)
         if (megac_step(m, megac_argmax(m)))

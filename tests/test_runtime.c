@@ -754,6 +754,19 @@ Test(runtime, bench_reports_rate_and_ceiling)
     remove_bundle(dir);
 }
 
+/* A model that names no BOS (an HF tokenizer.json without bos_token_id)
+ * is timed from its EOS: bench asked for token -1 and failed. */
+Test(runtime, bench_a_model_without_bos)
+{
+    char *dir = make_bundle(2);
+    edit_file(dir, "manifest.yaml", "bos: 1", "bos: -1");
+    char cmd[2048], out[8192];
+    snprintf(cmd, sizeof cmd, "%s bench %s -n 4 --runs 1 --ceiling-mb 8 2>&1", MEGAC_BIN, dir);
+    cr_assert_eq(cmd_output(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "tok_s="), "%s", out);
+    remove_bundle(dir);
+}
+
 /* `megac bench A --versus B` times both (taking turns at going first):
  * the rates and the ratio come out for each, and a B that does not open
  * is named in the error. */
