@@ -154,17 +154,18 @@ static bool validate_bundle_reads(const char *dir, const RtManifest *man, const 
  * (reported) when any is not so. */
 static bool validate_bundle_manifest(const char *dir, RtManifest *man)
 {
-    char *mpath = xasprintf("%s/manifest.yaml", dir), err[512];
+    char *mpath = xasprintf("%s/manifest.yaml", dir), err[512], *mtext = NULL;
     size_t mlen = 0;
-    char *mtext = read_file(mpath, &mlen);
     bool ok = false;
-    if (!mtext)
+    /* the runtime's check first: it refuses members that are not regular
+     * files (a FIFO would read as empty here) */
+    if (megac_bundle_check(dir) != MEGAC_OK)
+        fprintf(stderr, "%s\n", megac_last_open_error());
+    else if (!(mtext = read_file(mpath, &mlen)))
         fprintf(stderr, "megac validate: %s: cannot read: %s\n", mpath,
                 errno == ENODEV ? "not a regular file (a device)" : strerror(errno));
     else if (rt_manifest_parse(man, mpath, mtext, mlen, err, sizeof err) != MEGAC_OK)
         fprintf(stderr, "%s\n", err);
-    else if (megac_bundle_check(dir) != MEGAC_OK)
-        fprintf(stderr, "%s\n", megac_last_open_error());
     else
         ok = validate_bundle_weights(dir, man);
     free(mpath);

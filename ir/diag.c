@@ -154,9 +154,21 @@ void diag_file_error(Diag *d, const char *path, const char *fmt, ...)
 
 char *read_file(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    /* opened without waiting: a FIFO nothing writes to reads as empty
+     * (the error is then the reader's), where fopen would wait for a
+     * writer forever; a pipe with a writer (validate -, <(...)) is read to
+     * its end once blocking again */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
         return NULL;
+    int fl = fcntl(fd, F_GETFL);
+    FILE *f = fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return NULL;
+    }
     struct stat st;
     if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
         fclose(f);

@@ -966,3 +966,24 @@ Test(cli, header_mismatch_notes_the_line_that_set_it)
     cr_assert(!strstr(out, "head_count'"), "%s", out);
     test_rm_rf(d);
 }
+
+/* A FIFO nothing writes to, named as a schedule, a description, or a
+ * bundle's member, is answered at once (it was waited on forever: fuzz
+ * campaign F1); a pipe with a writer is still read (describe_and_validate_read_a_pipe). */
+Test(cli, a_fifo_nothing_writes_to_is_not_waited_on, .timeout = 60)
+{
+    char *d = tmp_dir(), out[16384], p[1200];
+    snprintf(p, sizeof p, "%s/f", d);
+    cr_assert_eq(mkfifo(p, 0600), 0);
+    cr_assert_eq(megac(d, "validate f", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "f:1:1: error: expected 'schedule NAME target TARGET workers N'"), "%s", out);
+    cr_assert_eq(megac(d, "describe f", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "f: error: empty model description"), "%s", out);
+    cr_assert_eq(megac(d, "compile default -q -o b.megac", out, sizeof out), 0, "%s", out);
+    snprintf(p, sizeof p, "%s/b.megac/schedule.sched", d);
+    cr_assert_eq(unlink(p), 0);
+    cr_assert_eq(mkfifo(p, 0600), 0);
+    cr_assert_eq(megac(d, "validate b.megac", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "b.megac/schedule.sched: cannot read: not a regular file"), "%s", out);
+    test_rm_rf(d);
+}
