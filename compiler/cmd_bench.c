@@ -10,6 +10,7 @@
  */
 #include "compiler/bench.h"
 #include "compiler/cli.h"
+#include "compiler/compile.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,19 +100,28 @@ static bool bench_args_parse(int argc, char **argv, BenchOptions *o)
     return o->bundle != NULL;
 }
 
-/* Weight bytes the kernel reads per step, from the bundle's manifest. */
-static unsigned long long bench_read_bytes(const char *bundle)
+/* Weight bytes the kernel reads per step: what the bundle's schedule reads
+ * (megac_open has checked it is the one the manifest was written for), not
+ * the manifest's weights_read_bytes, which nothing hashes (an edited one
+ * had the ceiling probe map 2 GiB for a toy model). 0 when the schedule
+ * does not read back. */
+static uint64_t bench_read_bytes(const char *bundle)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/manifest.yaml", bundle);
-    FILE *f = fopen(path, "r");
-    unsigned long long v = 0;
-    char line[512];
-    for (int i = 0; f && i < 64 && fgets(line, sizeof line, f); i++) /* a manifest is ~20 lines */
-        if (sscanf(line, "weights_read_bytes: %llu", &v) == 1)
-            break;
-    if (f)
-        fclose(f);
+    char *path = xasprintf("%s/schedule.sched", bundle);
+    size_t n;
+    char *text = read_file(path, &n);
+    Diag d;
+    diag_init(&d);
+    FILE *sink = fopen("/dev/null", "w");
+    d.out = sink ? sink : stderr;
+    Schedule *s = text ? sched_parse(path, text, n, &d) : NULL;
+    uint64_t v = s ? bundle_read_bytes(s) : 0;
+    if (s)
+        sched_free(s);
+    if (sink)
+        fclose(sink);
+    free(text);
+    free(path);
     return v;
 }
 
@@ -254,7 +264,7 @@ int cmd_bench(int argc, char **argv)
         megac_close(m);
         return 2;
     }
-    unsigned long long rbytes = bench_read_bytes(o.bundle);
+    unsigned long long rbytes = (unsigned long long)bench_read_bytes(o.bundle);
     if (rbytes == 0)    /* a manifest without the figure: every weight byte */
         rbytes = megac_weights_bytes(m);
     size_t pass;
