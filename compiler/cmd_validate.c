@@ -133,17 +133,23 @@ static bool validate_bundle_weights(const char *dir, const RtManifest *man)
     return ok;
 }
 
-/* The manifest's weights_read_bytes, which nothing hashes and only `megac
- * bench` reads (for its GB/s), must be what the schedule reads. */
-static bool validate_bundle_reads(const char *dir, const RtManifest *man, const Schedule *s)
+/* The manifest's weights_bytes must be the schedule's weight layout (the
+ * kernel was built for that layout: megac_open refuses the bundle
+ * otherwise), and its weights_read_bytes, which nothing hashes and only
+ * `megac bench` read (for its GB/s), what the schedule reads. */
+static bool validate_bundle_reads(const char *dir, const RtManifest *man, Schedule *s)
 {
+    sched_layout(s);    /* the offsets a compile gave it (a parsed schedule has none) */
     uint64_t reads = bundle_read_bytes(s);
-    if (reads == man->weights_read_bytes)
-        return true;
-    fprintf(stderr, "%s/manifest.yaml: error: weights_read_bytes is %llu, but the schedule reads %llu weight bytes a "
-                    "step (the manifest was edited: megac bench's GB/s would be wrong)\n",
-            dir, (unsigned long long)man->weights_read_bytes, (unsigned long long)reads);
-    return false;
+    if (s->weights_bytes != man->weights_bytes)
+        fprintf(stderr, "%s/manifest.yaml: error: weights_bytes is %llu, but the schedule lays out %llu weight bytes "
+                        "(the manifest and weights.bin were changed after compilation: recompile the bundle)\n",
+                dir, (unsigned long long)man->weights_bytes, (unsigned long long)s->weights_bytes);
+    else if (reads != man->weights_read_bytes)
+        fprintf(stderr, "%s/manifest.yaml: error: weights_read_bytes is %llu, but the schedule reads %llu weight bytes "
+                        "a step (the manifest was edited)\n",
+                dir, (unsigned long long)man->weights_read_bytes, (unsigned long long)reads);
+    return s->weights_bytes == man->weights_bytes && reads == man->weights_read_bytes;
 }
 
 /* A bundle must be one megac_open accepts (megac_bundle_check: its

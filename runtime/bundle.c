@@ -572,8 +572,7 @@ static megac_status bundle_schedule_check(megac_model *m)
     return rt_facts_check(m, facts, path, "the schedule has");
 }
 
-/* Whether an ELF image (a kernel.so or a cubin; anything else passes)
- * has its program headers and every PT_LOAD segment's file bytes inside
+/* Whether an ELF image (a kernel.so or a cubin) has its program headers and every PT_LOAD segment's file bytes inside
  * its len bytes: dlopen maps segments as the headers say, and one past
  * the end of the file dies of SIGBUS. */
 static bool elf_loads_fit(const unsigned char *b, size_t len)
@@ -635,6 +634,11 @@ static megac_status bundle_kernel_check(megac_model *m)
                        "%s: error: its hash is %016" PRIx64 ", but the manifest says kernel_hash: %016" PRIx64
                        ": the bundle is damaged; recompile it",
                        path, h, m->man.kernel_hash);
+    if (len < 4 || memcmp(bytes, "\177ELF", 4) != 0)   /* a kernel.so and a cubin are ELF files */
+        return rt_fail(m, MEGAC_ERR_FORMAT,
+                       "%s: error: not an ELF file (a kernel.so or a cubin is one: %zu bytes that are not): the "
+                       "bundle is damaged; recompile it",
+                       path, len);
     if (!elf_loads_fit((const unsigned char *)bytes, len))
         return rt_fail(m, MEGAC_ERR_FORMAT,
                        "%s: error: not a whole ELF file (its headers or a loadable segment end past its %zu "

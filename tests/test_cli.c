@@ -449,6 +449,10 @@ Test(cli, validate_checks_a_bundles_schedule_hash)
         {"printf '\\001' | dd of=kernel.so bs=1 seek=200 conv=notrunc 2>/dev/null",
          "b2.megac/kernel.so: error: its hash is "},
         {"rm kernel.so", "b2.megac/kernel.so: cannot read the kernel: No such file or directory"},
+        /* emptied, with its size and hash in the manifest made to match: validate said "safe" */
+        {": > kernel.so && sed -i 's/^kernel_bytes: .*/kernel_bytes: 0/; s/^kernel_hash: .*/kernel_hash: "
+         "cbf29ce484222325/' manifest.yaml",
+         "b2.megac/kernel.so: error: not an ELF file"},
         {"rm tokenizer.bin", "b2.megac/tokenizer.bin"},
         {"sed -i 's/^target: cpu$/target: host-cuda/' manifest.yaml",
          "b2.megac/manifest.yaml:4:1: error: target 'host-cuda', but the schedule (and its kernel) was built for 'cpu'"},
