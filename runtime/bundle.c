@@ -31,6 +31,7 @@
  * each manifest key the kernel depends on is checked the same way.
  */
 #include "runtime/backend.h"
+#include "runtime/tokenizer.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -218,10 +219,15 @@ megac_status rt_facts_check(megac_model *m, const uint64_t *facts, const char *f
         uint64_t said = man_value_get(&m->man, k);
         if (facts[i] == MEGAC_FACT_NONE || facts[i] == said)
             continue;
+        char said_s[24];
+        if (k->kind == MK_INT)
+            snprintf(said_s, sizeof said_s, "%" PRId64, (int64_t)said);
+        else
+            snprintf(said_s, sizeof said_s, "%" PRIu64, said);
         return rt_fail(m, MEGAC_ERR_FORMAT,
-                       "%s: error: %s %s %" PRIu64 ", but %s/manifest.yaml says %s: %" PRId64
+                       "%s: error: %s %s %" PRIu64 ", but %s/manifest.yaml says %s: %s"
                        ": the bundle's files do not belong together; recompile it",
-                       file, who, k->key, facts[i], m->dir, k->key, (int64_t)said);
+                       file, who, k->key, facts[i], m->dir, k->key, said_s);
     }
     return MEGAC_OK;
 }
@@ -258,9 +264,12 @@ static const char *man_line_apply(RtManifest *man, ManPos *pos, int lineno, char
     *col = 1;       /* keys start their line */
     if (!man_line_split(line, &key, &val, &vcol))
         return "expected `key: value` (a lowercase key, a colon, its value)";
+    char key_s[80], val_s[160];   /* as messages quote them: control bytes and non-ASCII escaped */
+    tok_escape(key, strlen(key), key_s, sizeof key_s);
+    tok_escape(val, strlen(val), val_s, sizeof val_s);
     const ManKey *k = man_key_find(key);
     if (!k) {
-        snprintf(msg, cap, "unknown key '%s'", key);
+        snprintf(msg, cap, "unknown key '%s'", key_s);
         return msg;
     }
     ManPos *at = &pos[k - man_keys];
@@ -272,10 +281,10 @@ static const char *man_line_apply(RtManifest *man, ManPos *pos, int lineno, char
     int64_t v = 0;
     if (!man_value_set(man, k, val)) {
         if (k->kind == MK_STR && *val)
-            snprintf(msg, cap, "bad value '%s' for '%s' (expected a string of at most %zu bytes)", val, key,
+            snprintf(msg, cap, "bad value '%s' for '%s' (expected a string of at most %zu bytes)", val_s, key,
                      k->size - 1);
         else
-            snprintf(msg, cap, "bad value '%s' for '%s' (expected %s)", val, key, man_kind_hint(k));
+            snprintf(msg, cap, "bad value '%s' for '%s' (expected %s)", val_s, key, man_kind_hint(k));
     } else if ((k->lo || k->hi) && ((v = (int64_t)man_value_get(man, k)) < k->lo || v > k->hi)) {
         snprintf(msg, cap, "%s: %" PRId64 " is outside the allowed range %" PRId64 "..%" PRId64, key, v, k->lo,
                  k->hi);
@@ -328,9 +337,11 @@ static megac_status man_values_check(const RtManifest *x, const ManPos *pos, con
             return man_fail(err, errlen, path, man_pos(pos, i ? "eos" : "bos"),
                             "%s: %d is not -1 or a token id below vocab: %d", i ? "eos" : "bos", id, x->vocab);
     }
-    if (strchr(x->kernel, '/'))
-        return man_fail(err, errlen, path, man_pos(pos, "kernel"), "kernel '%s' must name a file in the bundle",
-                        x->kernel);
+    char name[160];
+    tok_escape(x->kernel, strlen(x->kernel), name, sizeof name);
+    if (strchr(x->kernel, '/') || strcmp(name, x->kernel) != 0 || strchr(x->kernel, '\''))
+        return man_fail(err, errlen, path, man_pos(pos, "kernel"),
+                        "kernel '%s' must name a file in the bundle (printable ASCII, no '/')", name);
     static const char *const io_keys[] = {"io_tok", "io_logits", "io_next"};
     uint64_t off[3] = {x->off_tok, x->off_logits, x->off_next}, len[3] = {4, 4ull * (uint64_t)x->vocab, 4};
     for (int i = 0; i < 3; i++) {
@@ -363,6 +374,9 @@ megac_status rt_manifest_parse(RtManifest *man, const char *path, const char *te
                             sizeof line - 1);
         memcpy(line, text + i, n);
         line[n] = 0;
+        if (memchr(line, 0, n))     /* the rest of the line would be lost unseen */
+            return man_fail(err, errlen, path, (ManPos){lineno, (int)strlen(line) + 1},
+                            "a NUL byte in the line (a manifest is text)");
         if (strspn(line, " \t\r") == n || line[0] == '#')
             continue;
         int col;
@@ -715,7 +729,9 @@ static megac_status bundle_weights_map(megac_model *m)
     }
     if ((uint64_t)sb.st_size != m->man.weights_bytes) {
         close(fd);
-        return rt_fail(m, MEGAC_ERR_FORMAT, "%s: error: %" PRIu64 " bytes, but the manifest says %" PRIu64,
+        return rt_fail(m, MEGAC_ERR_FORMAT,
+                       "%s: error: %" PRIu64 " bytes, but the manifest says weights_bytes: %" PRIu64
+                       ": the bundle is damaged; recompile it",
                        path, (uint64_t)sb.st_size, m->man.weights_bytes);
     }
     m->weights_len = (size_t)sb.st_size;

@@ -581,6 +581,9 @@ static const Tamper tampers[] = {
     {"workers: 2", "workers: 3", "schedule.sched", "kernel.so", "workers 2, but"},
     {"arena_bytes: 4096", "arena_bytes: 3000", "kernel.so", "kernel.so", "arena_bytes 4096, but"},
     {"arena_bytes: 4096", "arena_bytes: 9000", "kernel.so", "kernel.so", "says arena_bytes: 9000"},
+    /* unsigned, as written (it read -9223372036854775808: fuzz campaign F5) */
+    {"arena_bytes: 4096", "arena_bytes: 9223372036854775808", "kernel.so", "kernel.so",
+     "says arena_bytes: 9223372036854775808:"},
     {"max_seq: 16", "max_seq: 100000", "schedule.sched", "kernel.so", "max_seq 16, but"},
     {"vocab: 259", "vocab: 300", "schedule.sched", "kernel.so", "vocab 259, but"},
     {"io_logits: 1024", "io_logits: 1088", "kernel.so", "kernel.so", "io_logits 1024, but"},
@@ -1173,12 +1176,43 @@ Test(runtime, manifest_values_out_of_range)
     expect_manifest_error("kernel_abi: " ABI_TEXT, "kernel_abi: 9",
                           "m.yaml:8:13: error: kernel_abi 9, but this runtime speaks ABI " ABI_TEXT ": recompile the bundle");
     expect_manifest_error("kernel: kernel.so", "kernel: ../k.so",
-                          "m.yaml:5:9: error: kernel '../k.so' must name a file in the bundle");
+                          "m.yaml:5:9: error: kernel '../k.so' must name a file in the bundle (printable ASCII, no "
+                          "'/')");
+    /* what a manifest holds is quoted with its control bytes and non-ASCII
+     * escaped (a terminal's escape sequences reached it: fuzz campaign F6) */
+    expect_manifest_error("kernel: kernel.so", "kernel: k\x1b]0;x\x07.so",
+                          "m.yaml:5:9: error: kernel 'k\\x1b]0;x\\x07.so' must name a file in the bundle "
+                          "(printable ASCII, no '/')");
+    expect_manifest_error("counters: 3", "counters: 3\xc3\xa9\x1b",
+                          "m.yaml:14:11: error: bad value '3\\xc3\\xa9\\x1b' for 'counters' (expected a decimal "
+                          "integer in 0..4294967295)");
+    expect_manifest_error("eos: 2", "e\x7fos: 2", "m.yaml:19:1: error: expected `key: value` (a lowercase key, a "
+                          "colon, its value)");
     expect_manifest_error("io_logits: 64", "io_logits: 66", "m.yaml:21:12: error: io_logits: 66 is not a multiple "
                           "of 4");
     expect_manifest_error("io_logits: 64", "io_logits: 4084",
                           "m.yaml:21:12: error: io_logits: 4084: its 20-byte io buffer does not fit the arena of "
                           "4096 bytes (arena_bytes)");
+}
+
+/* A NUL byte in a manifest's line is refused at its place (the value
+ * stopped there, and the rest was lost unseen: 'target: cpu\0garbage' was
+ * taken as cpu; fuzz campaign F4). */
+Test(runtime, manifest_nul_byte)
+{
+    char text[2048], err[512];
+    const char *at = strstr(good_manifest, "target: cpu");
+    size_t head = (size_t)(at - good_manifest), n = 0;
+    memcpy(text, good_manifest, head);
+    n = head;
+    memcpy(text + n, "target: cpu\0garbage", 19);
+    n += 19;
+    size_t rest = strlen(at + strlen("target: cpu"));
+    memcpy(text + n, at + strlen("target: cpu"), rest);
+    n += rest;
+    RtManifest man;
+    cr_assert_eq(rt_manifest_parse(&man, "m.yaml", text, n, err, sizeof err), MEGAC_ERR_FORMAT);
+    cr_assert_str_eq(err, "m.yaml:4:12: error: a NUL byte in the line (a manifest is text)");
 }
 
 /* The CUDA profile's waits by stage: counters summed by their name up to
