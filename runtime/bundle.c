@@ -407,9 +407,10 @@ static const char *file_kind_error(const struct stat *sb)
 }
 
 
+/* ENXIO: what open(O_NONBLOCK) says of a socket. */
 static const char *slurp_error(int e)
 {
-    return e == EINVAL ? "not a regular file" : strerror(e);
+    return e == EINVAL ? "not a regular file" : e == ENXIO ? "not a regular file (a socket)" : strerror(e);
 }
 
 static megac_status bundle_manifest_read(megac_model *m)
@@ -627,7 +628,8 @@ static megac_status bundle_kernel_check(megac_model *m)
     if (!rt_path(path, sizeof path, m->dir, m->man.kernel))
         return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
     if (stat(path, &sb) != 0)
-        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read the kernel: %s", path, strerror(errno));
+        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read the kernel: %s (the manifest's kernel: %s)", path,
+                       strerror(errno), m->man.kernel);
     if (file_kind_error(&sb))
         return rt_fail(m, MEGAC_ERR_IO, "%s: cannot read the kernel: %s; the manifest's kernel: %s must name the "
                        "kernel file in the bundle", path, file_kind_error(&sb), m->man.kernel);
@@ -717,7 +719,7 @@ static megac_status bundle_weights_map(megac_model *m)
         return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);    /* a FIFO: refused below, not waited on */
     if (fd < 0)
-        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        return rt_fail(m, MEGAC_ERR_IO, "%s: cannot open: %s", path, slurp_error(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         close(fd);

@@ -1288,8 +1288,9 @@ char *rt_slurp(const char *path, size_t *len)
 static unsigned char *tok_slurp(const char *path, size_t *len, char *err, size_t errlen)
 {
     unsigned char *buf = (unsigned char *)rt_slurp(path, len);
-    if (!buf && (errno == EISDIR || errno == EINVAL)) /* a FIFO or /dev/zero would never end */
-        snprintf(err, errlen, "%s: not a regular file", path);
+    if (!buf && (errno == EISDIR || errno == EINVAL || errno == ENXIO)) /* a FIFO or /dev/zero would never end;
+                                                                         ENXIO: a socket */
+        snprintf(err, errlen, "%s: not a regular file%s", path, errno == ENXIO ? " (a socket)" : "");
     else if (!buf)
         snprintf(err, errlen, "%s: %s: %s", path, errno == ENOMEM ? "out of memory" : errno == EIO ? "read failed"
                                                                                                    : "cannot open",

@@ -26,7 +26,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -554,7 +556,8 @@ Test(runtime, refuses_mismatched_bundles)
     expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "does not export 'megac_kernel_abi'");
     snprintf(path, sizeof path, "%s/kernel.so", dir);
     cr_assert_eq(unlink(path), 0);
-    expect_refusal(dir, MEGAC_ERR_IO, "kernel.so", "cannot read the kernel");
+    expect_refusal(dir, MEGAC_ERR_IO, "kernel.so", "cannot read the kernel: No such file or directory (the "
+                   "manifest's kernel: kernel.so)");
     compile_kernel(dir, 2, h, MEGAC_KERNEL_ABI);
     write_manifest(dir, 2, h);
 
@@ -685,14 +688,25 @@ Test(runtime, refuses_special_files_and_a_cut_kernel)
         megac_status st;
     } files[] = {{"schedule.sched", MEGAC_ERR_IO}, {"tokenizer.bin", MEGAC_ERR_FORMAT}, {"manifest.yaml", MEGAC_ERR_IO},
                  {"kernel.so", MEGAC_ERR_IO}, {"weights.bin", MEGAC_ERR_IO}};
-    for (int fifo = 0; fifo < 2; fifo++) {
+    for (int kind = 0; kind < 3; kind++) {  /* /dev/zero, a FIFO, a socket (open said "No such device or address") */
         for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
             char path[1024], keep[1100];
             snprintf(path, sizeof path, "%s/%s", dir, files[i].name);
             snprintf(keep, sizeof keep, "%s.orig", path);
             cr_assert_eq(rename(path, keep), 0);
-            cr_assert_eq(fifo ? mkfifo(path, 0600) : symlink("/dev/zero", path), 0);
+            int sock = -1;
+            if (kind == 2) {
+                struct sockaddr_un sa = {.sun_family = AF_UNIX};
+                cr_assert_lt(strlen(path), sizeof sa.sun_path);
+                strcpy(sa.sun_path, path);
+                sock = socket(AF_UNIX, SOCK_STREAM, 0);
+                cr_assert(sock >= 0 && bind(sock, (struct sockaddr *)&sa, sizeof sa) == 0, "%s", path);
+            } else {
+                cr_assert_eq(kind ? mkfifo(path, 0600) : symlink("/dev/zero", path), 0);
+            }
             expect_refusal(dir, files[i].st, files[i].name, "not a regular file");
+            if (sock >= 0)
+                close(sock);
             cr_assert_eq(unlink(path), 0);
             cr_assert_eq(rename(keep, path), 0);
         }
