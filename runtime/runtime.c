@@ -324,12 +324,15 @@ static megac_status generate_pick(megac_model *m, const megac_sampler *s, uint64
 {
     int bad = rt_logits_bad(m->logits, m->man.vocab);
     if (bad >= 0)
-        return rt_fail(m, MEGAC_ERR_KERNEL, "the logits at position %d are not finite: token %d has %g%s", m->pos - 1,
-                       bad, (double)m->logits[bad],
+        return rt_fail(m, MEGAC_ERR_KERNEL,
+                       "the logits at position %d are not finite: token %d has %g%s; or the weights were damaged "
+                       "after compilation (`megac validate %s` checks their hash)",
+                       m->pos - 1, bad, (double)m->logits[bad],
                        strcmp(m->kv_dtype, "f16") == 0
                            ? " (this bundle's KV cache is f16, which holds values up to 65504: where a model's k or v "
                              "grow past that, compile.kv_dtype: bf16 or f32 holds them)"
-                           : "");
+                           : "",
+                       m->dir);
     if (!s || s->temperature == 0.0f) {
         *tok = megac_argmax(m);
         return MEGAC_OK;

@@ -914,6 +914,8 @@ Test(run_cmd, f16_cache_overflow_names_kv_dtype, .timeout = 120)
             cr_assert(strstr(err, i ? "not usable" : "are not finite") && strstr(err, "KV cache is f16") &&
                           strstr(err, "compile.kv_dtype"),
                       "stderr: %s", err);
+            cr_assert(i || strstr(err, "or the weights were damaged after compilation (`megac validate "),
+                      "a bundle's weights are not hashed at open: %s", err);
         } else {
             cr_assert_eq(st, 0, "%s: %s", cmd, err);
         }
