@@ -1309,6 +1309,14 @@ static bool tok_read_pieces(Tokenizer *t, Reader *r, uint32_t version)
         float score = rd_f32(r);
         const unsigned char *flags = rd_bytes(r, 1);
         const unsigned char *b = len <= TOK_MAX_PIECE ? rd_bytes(r, len) : NULL;
+        if (len > TOK_MAX_PIECE)
+            tok_fail(t, "piece %d is %u bytes long (at most %d)", id, len, TOK_MAX_PIECE);
+        else if (!flags || !b)
+            tok_fail(t, "the file ends inside piece %d of %d", id, t->n_vocab);
+        else if (*flags & ~known)
+            tok_fail(t, "piece %d has flags 0x%02x, which a version %u file does not have", id, *flags, version);
+        else if (!isfinite(score))
+            tok_fail(t, "piece %d's score is %g", id, (double)score);
         if (!flags || !b || (*flags & ~known) || !isfinite(score))
             return false;
         if (t->kind == TOK_SPM && !tok_utf8_valid((const char *)b, len)) {
@@ -1330,10 +1338,19 @@ static bool tok_read_merges(Tokenizer *t, Reader *r, uint32_t nmerges)
 {
     for (uint32_t i = 0; i < nmerges && r->ok; i++) {
         int32_t a = (int32_t)rd_u32(r), b = (int32_t)rd_u32(r);
-        if (!r->ok || a < 0 || b < 0 || a >= t->n_vocab || b >= t->n_vocab)
+        if (!r->ok) {
+            tok_fail(t, "the file ends inside merge %u of %u", i, nmerges);
             return false;
-        if (!tok_add_merge(t, t->piece[a], t->plen[a], t->piece[b], t->plen[b], (int)i))
+        }
+        if (a < 0 || b < 0 || a >= t->n_vocab || b >= t->n_vocab) {
+            tok_fail(t, "merge %u joins tokens %d and %d, outside the vocabulary of %d", i, a, b, t->n_vocab);
             return false;
+        }
+        if (!tok_add_merge(t, t->piece[a], t->plen[a], t->piece[b], t->plen[b], (int)i)) {
+            if (!tok_error(t))
+                tok_fail(t, "merge %u joins tokens %d and %d, whose pieces together are no piece", i, a, b);
+            return false;
+        }
     }
     return r->ok;
 }
@@ -1343,11 +1360,17 @@ static bool tok_read_merges(Tokenizer *t, Reader *r, uint32_t nmerges)
 static bool tok_read_chat(Tokenizer *t, Reader *r)
 {
     uint32_t kind = rd_u32(r), len = rd_u32(r);
-    if (!r->ok || kind > CHAT_LLAMA2 || len > TOK_MAX_SYSTEM)
+    if (!r->ok || kind > CHAT_LLAMA2 || len > TOK_MAX_SYSTEM) {
+        tok_fail(t, !r->ok ? "the file ends inside the chat format" : kind > CHAT_LLAMA2 ? "chat format %u is unknown"
+                                                                  : "a chat system turn of %u bytes (at most %d)",
+                 kind > CHAT_LLAMA2 ? kind : len, TOK_MAX_SYSTEM);
         return false;
+    }
     const unsigned char *b = len ? rd_bytes(r, len) : NULL;
-    if (len && (!b || memchr(b, 0, len) || !tok_utf8_valid((const char *)b, len)))
+    if (len && (!b || memchr(b, 0, len) || !tok_utf8_valid((const char *)b, len))) {
+        tok_fail(t, !b ? "the file ends inside the chat system turn" : "the chat system turn is not UTF-8 text");
         return false;
+    }
     char *sys = len ? strndup((const char *)b, len) : NULL;
     if (len && !sys)
         return false;
@@ -1366,10 +1389,17 @@ static Tokenizer *tok_parse(Reader *r, const char *path, char *err, size_t errle
     uint32_t version = rd_u32(r), kind = rd_u32(r), pretok = rd_u32(r), flags = version >= 2 ? rd_u32(r) : 0;
     int32_t nv = (int32_t)rd_u32(r), bos = (int32_t)rd_u32(r), eos = (int32_t)rd_u32(r);
     uint32_t nmerges = rd_u32(r);
-    if (!r->ok || version < 1 || version > TOK_VERSION || (flags & ~1u) || kind < TOK_SPM || kind > TOK_BYTES ||
-        pretok > PRETOK_QWEN2 || nv <= 0 || nv > TOK_MAX_VOCAB || nmerges > (uint32_t)(r->n / 8)) {
-        snprintf(err, errlen, "%s: bad tokenizer header (version %u, kind %u, vocab %d, merges %u)", path,
-                 version, kind, nv, nmerges);
+    const char *bad = !r->ok                                   ? "the file ends inside it"
+                      : version < 1 || version > TOK_VERSION   ? "the version is not one this runtime reads"
+                      : flags & ~1u                            ? "unknown flag bits"
+                      : kind < TOK_SPM || kind > TOK_BYTES     ? "the kind is unknown"
+                      : pretok > PRETOK_QWEN2                  ? "the pre-tokenizer is unknown"
+                      : nv <= 0 || nv > TOK_MAX_VOCAB          ? "the vocabulary size is out of range"
+                      : nmerges > (uint32_t)(r->n / 8)         ? "more merges than the file has bytes for"
+                                                               : NULL;
+    if (bad) {
+        snprintf(err, errlen, "%s: bad tokenizer header: %s (version %u, flags 0x%x, kind %u, pre-tokenizer %u, vocab %d, "
+                 "merges %u)", path, bad, version, flags, kind, pretok, nv, nmerges);
         return NULL;
     }
     Tokenizer *t = tok_new((TokKind)kind, nv);
@@ -1385,6 +1415,8 @@ static Tokenizer *tok_parse(Reader *r, const char *path, char *err, size_t errle
         ok = tok_read_chat(t, r);
     if (ok)
         tok_finish(t);
+    if (ok && !tok_error(t) && r->at != r->n)
+        tok_fail(t, "%zu bytes after its end", r->n - r->at);
     if (!ok || tok_error(t) || r->at != r->n) {
         snprintf(err, errlen, "%s: corrupt tokenizer file (at byte %zu of %zu)%s%s", path, r->at, r->n,
                  tok_error(t) ? ": " : "", tok_error(t) ? tok_error(t) : "");

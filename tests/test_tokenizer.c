@@ -767,18 +767,40 @@ Test(tokenizer, native_flags_and_version_1)
     cr_assert(v2 && n > 28 && v2[4] == 3 && v2[16] == 0, "version 3, flags 0");
     /* version 3's chat format: a kind megac does not know, or a system
      * turn that is not text, is refused */
-    static const struct { uint32_t kind, len; const char *sys; } bad[] = {{9, 0, ""}, {1, 2, "a\0"}, {1, 1, "\xff"}};
+    static const struct {
+        uint32_t kind, len;     /* as the file says */
+        const char *sys;
+        size_t have;            /* bytes of it the file holds */
+        const char *why;
+    } bad[] = {{9, 0, "", 0, "chat format 9 is unknown"},
+               {1, 2, "a\0", 2, "the chat system turn is not UTF-8 text"},
+               {1, 1, "\xff", 1, "the chat system turn is not UTF-8 text"},
+               {1, 4, "ab", 2, "the file ends inside the chat system turn"}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        char *b = malloc(n + 2);
+        char *b = malloc(n + 4);
         memcpy(b, v2, n - 8);
         memcpy(b + n - 8, &bad[i].kind, 4);
         memcpy(b + n - 4, &bad[i].len, 4);
-        memcpy(b + n, bad[i].sys, bad[i].len);
-        write_bytes(path, b, n + bad[i].len);
+        memcpy(b + n, bad[i].sys, bad[i].have);
+        write_bytes(path, b, n + bad[i].have);
         cr_assert_null(tok_load(path, err, sizeof err), "case %zu", i);
-        cr_assert(strstr(err, "corrupt tokenizer file"), "%s", err);
+        cr_assert(strstr(err, "corrupt tokenizer file") && strstr(err, bad[i].why), "%s", err);
         free(b);
     }
+    /* the reason, not only where: bytes past the end, a header field */
+    char *b = malloc(n + 3);
+    memcpy(b, v2, n);
+    memcpy(b + n, "xyz", 3);
+    write_bytes(path, b, n + 3);
+    cr_assert_null(tok_load(path, err, sizeof err));
+    cr_assert(strstr(err, "corrupt tokenizer file (at byte ") && strstr(err, "): 3 bytes after its end"), "%s", err);
+    memcpy(b, v2, n);
+    b[12] = 9;      /* the pre-tokenizer */
+    write_bytes(path, b, n);
+    cr_assert_null(tok_load(path, err, sizeof err));
+    cr_assert(strstr(err, "bad tokenizer header: the pre-tokenizer is unknown (version 3, flags 0x0, kind 1, "
+                          "pre-tokenizer 9,"), "%s", err);
+    free(b);
     n -= 8;         /* version 2: no chat format */
     v2[4] = 2;
     write_bytes(path, v2, n);
