@@ -2190,10 +2190,20 @@ bool desc_load(ModelDesc *m, Arena *a, const char *path, const DescOverride *ov,
     if (!text) {
         int e = errno;
         char *manifest = xasprintf("%s/manifest.yaml", path), *sched = xasprintf("%s/schedule.sched", path);
-        bool bundle = access(manifest, F_OK) == 0, part = access(sched, F_OK) == 0;
+        struct stat lst;
+        bool bundle = access(manifest, F_OK) == 0;
+        int me = bundle ? 0 : errno;        /* why not, where it is there but a link that leads nowhere */
+        bool part = access(sched, F_OK) == 0;
+        if (me && lstat(manifest, &lst) != 0)
+            me = 0;
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && me)
+            diag_file_error(d, manifest, "cannot read: %s (a symbolic link that leads to no file: the bundle's "
+                                         "manifest.yaml is not there)", strerror(me));
         free(manifest);
         free(sched);
-        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && bundle)
+        if (me)
+            ;
+        else if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && bundle)
             diag_file_error(d, path, "this is a compiled bundle, not a model description (`megac run` runs it, "
                                      "`megac validate` checks its schedule)");
         else if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && part)

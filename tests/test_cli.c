@@ -457,6 +457,9 @@ Test(cli, validate_checks_a_bundles_schedule_hash)
         {"sed -i 's/^target: cpu$/target: host-cuda/' manifest.yaml",
          "b2.megac/manifest.yaml:4:1: error: target 'host-cuda', but the schedule (and its kernel) was built for 'cpu'"},
         {"rm manifest.yaml", "b2.megac: error: this folder holds a schedule.sched but no manifest.yaml"},
+        {"rm manifest.yaml && ln -s nowhere manifest.yaml",
+         "b2.megac/manifest.yaml: error: cannot read: No such file or directory (a symbolic link that leads to no "
+         "file"},
     };
     cr_assert_eq(megac(d, "compile default -q -o b3.megac", out, sizeof out), 0, "%s", out);
     for (size_t i = 0; i < sizeof damage / sizeof *damage; i++) {
