@@ -968,7 +968,7 @@ static void arch_from_checkpoint(Ctx *c, const DocNode *at)
     if (!p)
         return;
     const char *path = path_resolve(c, p);
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen_read(path);
     if (!f) {
         ctx_error(c, at, "cannot read checkpoint '%s': %s", path, strerror(errno));
         return;
@@ -1951,7 +1951,7 @@ static bool desc_parse_for(ModelDesc *m, Arena *a, const char *path, const char 
     bool parsed = doc_parse(&doc, path, xstrndup(text, len), len, d);
     if (parsed && !doc.root)
         diag_error(d, &doc.src, 0, 0, "empty model description");
-    for (int i = 0; parsed && doc.root && i < nov; i++)
+    for (int i = 0; parsed && doc.root && doc.root->kind == DOC_MAP && i < nov; i++)   /* else desc_walk says */
         override_apply(&c, &ods[i], &ov[i]);
     if (parsed && doc.root)
         desc_walk(&c, cfg);     /* a failed override left the tree intact */

@@ -541,7 +541,7 @@ void driver_tmp_sweep(const char *parent, const char *base)
 static bool out_is_bundle(const char *dir)
 {
     char *path = xasprintf("%s/manifest.yaml", dir), line[256];
-    FILE *f = fopen(path, "r");
+    FILE *f = fopen_read(path);
     free(path);
     bool yes = false;
     for (int i = 0; f && !yes && i < 8 && fgets(line, sizeof line, f); i++)

@@ -152,12 +152,8 @@ void diag_file_error(Diag *d, const char *path, const char *fmt, ...)
     va_end(ap);
 }
 
-char *read_file(const char *path, size_t *len)
+FILE *fopen_read(const char *path)
 {
-    /* opened without waiting: a FIFO nothing writes to reads as empty
-     * (the error is then the reader's), where fopen would wait for a
-     * writer forever; a pipe with a writer (validate -, <(...)) is read to
-     * its end once blocking again */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return NULL;
@@ -167,8 +163,15 @@ char *read_file(const char *path, size_t *len)
         int e = errno;
         close(fd);
         errno = e;
-        return NULL;
     }
+    return f;
+}
+
+char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen_read(path);
+    if (!f)
+        return NULL;
     struct stat st;
     if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
         fclose(f);

@@ -95,6 +95,10 @@ void diag_note(Diag *d, const SrcFile *src, int line, int col, const char *fmt, 
 void diag_file_error(Diag *d, const char *path, const char *fmt, ...) MEGAC_PRINTF(3, 4);
 void diag_vreport(Diag *d, const char *kind, const SrcFile *src, int line, int col, const char *fmt, va_list ap);
 
+/* fopen(path, "rb") that does not wait for a writer: a FIFO nothing
+ * writes to reads as empty at once (fopen would wait forever), a pipe with
+ * a writer (validate -, <(...)) is read to its end. */
+FILE *fopen_read(const char *path);
 /* Reads a whole file into a NUL-terminated buffer (xmalloc'd). Returns NULL
  * and sets errno when the file cannot be read. */
 char *read_file(const char *path, size_t *len);

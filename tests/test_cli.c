@@ -986,6 +986,19 @@ Test(cli, a_fifo_nothing_writes_to_is_not_waited_on, .timeout = 60)
     cr_assert(strstr(out, "f:1:1: error: expected 'schedule NAME target TARGET workers N'"), "%s", out);
     cr_assert_eq(megac(d, "describe f", out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "f: error: empty model description"), "%s", out);
+    /* files a description names, or megac finds beside them */
+    file_write(d, "c.yaml", "name: c\narch: {from-checkpoint: f}\nweights: {format: llama2c, path: f}\n");
+    cr_assert_eq(megac(d, "describe c.yaml", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "does not start with a llama2.c header"), "%s", out);
+    file_write(d, "h.yaml", "name: h\narch: {from-config: f}\nweights: {format: synthetic}\n");
+    cr_assert_eq(megac(d, "describe h.yaml", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "f: error: empty config"), "%s", out);
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd, "mkdir '%s/hf' && cp '%s'/tests/fixtures/weights/hf-llama3/* '%s/hf/' && "
+             "mkfifo '%s/hf/generation_config.json'", d, MEGAC_SRC, d, d);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    cr_assert_eq(megac(d, "describe hf", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "generation_config.json: error: empty generation config"), "%s", out);
     cr_assert_eq(megac(d, "compile default -q -o b.megac", out, sizeof out), 0, "%s", out);
     snprintf(p, sizeof p, "%s/b.megac/schedule.sched", d);
     cr_assert_eq(unlink(p), 0);

@@ -769,6 +769,13 @@ Test(desc, set_errors)
                   "2147483647\n"
                   "    1 | arch.dim=99999999999999999999\n"
                   "      |          ^\n");
+    /* a description that is not a mapping at all: --set has nowhere to
+     * go (it crashed, reading a list's keys: fuzz campaign) */
+    DescOverride ov9[] = {{"name", "x"}};
+    expect_errors("- 1\n", ov9, 1,
+                  "models/x.yaml:1:1: error: expected a mapping of model description keys, found a list\n"
+                  "    1 | - 1\n"
+                  "      | ^\n");
 }
 
 /* ---- layer ranges ---- */
