@@ -340,9 +340,15 @@ bool doc_int(Doc *doc, Diag *d, const DocNode *n, int64_t *out)
                   !n ? "nothing" : n->kind != DOC_SCALAR ? doc_kind_name(n->kind) : "a quoted string");
         return false;
     }
+    /* decimal, as JSON writes it: 010 is not 8, nor 0x10 16 */
+    const char *digits = n->str + (n->str[0] == '-' || n->str[0] == '+');
+    if ((digits[0] == '0' && digits[1] >= '0' && digits[1] <= '9') || strpbrk(n->str, "xX")) {
+        doc_error(doc, d, n, "expected a decimal integer, found '%s'", n->str);
+        return false;
+    }
     char *end;
     errno = 0;
-    long long v = strtoll(n->str, &end, 0);
+    long long v = strtoll(n->str, &end, 10);
     if (errno || end == n->str || *end) {
         /* accept integral floats written as 1e5 or 32.0 */
         double x = strtod(n->str, &end);

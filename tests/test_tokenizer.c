@@ -549,6 +549,17 @@ Test(tokenizer, hf_import_errors)
                            " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 2}, \"merges\": [\"a b\"]}}\n");
     cr_assert(strstr(e, "error: no vocab piece or added token has id 1 (the ids run to 2)"), "%s", e);
     free(e);
+    /* ids are decimal, as JSON writes them: 010 was read as 8 (octal), 0x1 as 1 */
+    static const char *const ids[] = {"010", "0x1", "-0x1"};
+    for (size_t i = 0; i < sizeof ids / sizeof *ids; i++) {
+        char json[512], want[64];
+        snprintf(json, sizeof json, "{\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false},\n"
+                 " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": %s}, \"merges\": []}}\n", ids[i]);
+        snprintf(want, sizeof want, ":2:50: error: expected a decimal integer, found '%s'", ids[i]);
+        e = import_json_errors(json);
+        cr_assert(strstr(e, want), "%s", e);
+        free(e);
+    }
 }
 
 /* The weights' GGUF fixture has tokens and scores but no token types
