@@ -21,6 +21,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -467,11 +468,19 @@ static bool run_ref_generate(RunRef *r, const RunOptions *o, int steps)
         } else {
             next = megac_sample(logits, r->m->vocab_size, &smp, &rng);
             if (next < 0) {
-                fprintf(stderr, "megac run: position %d: %s%s\n", pos, megac_error(NULL),
-                        r->m->kv_dtype == DT_F16 ? " (the model's KV cache is f16, which holds values up to 65504: "
-                                                   "where its k or v grow past that, compile.kv_dtype: bf16 or f32 "
-                                                   "holds them)"
-                                                 : "");
+                int bad = 0;
+                while (bad < r->m->vocab_size && isfinite(logits[bad]))
+                    bad++;
+                const char *f16 = r->m->kv_dtype == DT_F16 ? " (the model's KV cache is f16, which holds values up to "
+                                                             "65504: where its k or v grow past that, "
+                                                             "compile.kv_dtype: bf16 or f32 holds them)"
+                                                           : "";
+                if (bad < r->m->vocab_size)
+                    fprintf(stderr, "megac run: the logits at position %d are not finite: token %d has %g: the "
+                                    "model's numbers grow past what f32 holds (weights or activations too large)%s\n",
+                            pos, bad, (double)logits[bad], f16);
+                else
+                    fprintf(stderr, "megac run: position %d: %s\n", pos, megac_error(NULL));
                 r->sample_failed = true;
                 return false;
             }
