@@ -104,7 +104,8 @@ static RunEngine run_engine_from_name(const char *s)
 }
 
 /* True when the model argument names a bundle: *.megac, or a directory
- * that is not an HF checkpoint folder (manifest.yaml, or no config.json). */
+ * with a manifest.yaml. Any other directory is a model (an HF checkpoint
+ * folder; desc_load says what one without a config.json lacks). */
 static bool run_model_is_bundle(const char *path)
 {
     size_t n = strlen(path);
@@ -113,10 +114,9 @@ static bool run_model_is_bundle(const char *path)
     struct stat st;
     if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
         return false;
-    char *manifest = xasprintf("%s/manifest.yaml", path), *config = xasprintf("%s/config.json", path);
-    bool bundle = access(manifest, F_OK) == 0 || access(config, F_OK) != 0;
+    char *manifest = xasprintf("%s/manifest.yaml", path);
+    bool bundle = access(manifest, F_OK) == 0;
     free(manifest);
-    free(config);
     return bundle;
 }
 

@@ -114,8 +114,16 @@ static bool cache_key(const RunOptions *o, const char *target, uint64_t *key)
     if (o->model) {
         size_t len;
         char *text = desc_read_text(o->model, &len);
-        if (!text) {
-            fprintf(stderr, "megac run: %s: cannot read: %s\n", o->model, strerror(errno));
+        if (!text) {    /* desc_load says why (a folder without config.json, a bundle without its manifest...) */
+            int e = errno;
+            Arena a = {0};
+            Diag d;
+            diag_init(&d);
+            d.prog = "megac run";
+            ModelDesc m;
+            if (desc_load(&m, &a, o->model, o->sets, o->nsets, &d))
+                fprintf(stderr, "megac run: %s: cannot read: %s\n", o->model, strerror(e));
+            arena_free(&a);
             return false;
         }
         h = hash_fnv1a(text, len, h);

@@ -218,6 +218,26 @@ Test(run_cmd, reference_refuses_a_bundle)
     cr_assert(strstr(err, "not the bundle"), "stderr: %s", err);
 }
 
+/* A folder that is neither a bundle (no manifest.yaml) nor an HF
+ * checkpoint (no config.json) is a model that lacks its config, on every
+ * engine and with --set (it was taken for a bundle: "engine reference runs
+ * a model description, not the bundle", "--set applies to ... not
+ * bundles", "cannot read: No such file or directory"). */
+Test(run_cmd, a_folder_without_config_or_manifest)
+{
+    char dir[] = "/tmp/megac-run-nocfg-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    static char out[256], err[4096];
+    static const char *const tails[] = {"", " --engine reference", " --set n_layers=1"};
+    for (size_t i = 0; i < sizeof tails / sizeof *tails; i++) {
+        char *args = xasprintf("%s -n 4%s", dir, tails[i]);
+        cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2, "%s: %s", args, err);
+        cr_assert(strstr(err, ": error: this folder holds no config.json"), "%s: %s", args, err);
+        free(args);
+    }
+    rmdir(dir);
+}
+
 /* The embedded default model runs with no files at all. */
 Test(run_cmd, embedded_default_model)
 {
