@@ -2083,7 +2083,8 @@ static char *desc_source(const char *path, size_t *len, char **as, bool *written
         while (n > 1 && path[n - 1] == '/')
             n--;
         char *cfg = xasprintf("%.*s/config.json", (int)n, path), *tj = xasprintf("%.*s/tokenizer.json", (int)n, path);
-        bool tok = stat(tj, &st) == 0 && S_ISREG(st.st_mode);
+        struct stat lst;    /* there in any form: a folder, FIFO or loop is then reported at its name */
+        bool tok = lstat(tj, &lst) == 0;
         free(tj);
         if (stat(cfg, &st) != 0 || !S_ISREG(st.st_mode)) {
             free(cfg);

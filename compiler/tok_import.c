@@ -868,7 +868,11 @@ static Tokenizer *tok_import_format(const ModelDesc *m, Diag *d)
     case TOKFMT_NONE:
         break;
     }
-    if (m->weights_format == WFMT_LLAMA2C && m->weights_path && !strcmp(m->path, m->weights_path))
+    size_t np = strlen(m->path);
+    if (m->weights_format == WFMT_SAFETENSORS && np >= 12 && !strcmp(m->path + np - 12, "/config.json"))
+        diag_file_error(d, m->path, "no tokenizer.json beside this config.json: megac reads an HF checkpoint "
+                        "folder's tokenizer from there; copy the model's tokenizer.json into the folder");
+    else if (m->weights_format == WFMT_LLAMA2C && m->weights_path && !strcmp(m->path, m->weights_path))
         diag_file_error(d, m->path, "no tokenizer beside this checkpoint: megac looks in its folder for "
                         "tok%d.bin, then tokenizer.bin (llama2.c's names); put it there, or write a description "
                         "that names it (`megac describe` prints one to start from)", m->vocab_size);

@@ -235,7 +235,25 @@ Test(run_cmd, a_folder_without_config_or_manifest)
         cr_assert(strstr(err, ": error: this folder holds no config.json"), "%s: %s", args, err);
         free(args);
     }
-    rmdir(dir);
+    /* an HF folder without its tokenizer.json says so; one whose
+     * tokenizer.json is a folder is reported at it (it was skipped: "the
+     * model names no tokenizer") */
+    char *cmd = xasprintf("cp %s/tests/fixtures/weights/hf-llama3/config.json "
+                          "%s/tests/fixtures/weights/hf-llama3/model.safetensors %s/", MEGAC_SRC, MEGAC_SRC, dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    free(cmd);
+    char *args = xasprintf("%s --engine reference -n 4", dir);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2, "%s", err);
+    cr_assert(strstr(err, "/config.json: error: no tokenizer.json beside this config.json"), "%s", err);
+    cmd = xasprintf("mkdir %s/tokenizer.json", dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    free(cmd);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2, "%s", err);
+    cr_assert(strstr(err, "/tokenizer.json: error: cannot read file: Is a directory"), "%s", err);
+    free(args);
+    cmd = xasprintf("rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+    free(cmd);
 }
 
 /* The embedded default model runs with no files at all. */
