@@ -1082,9 +1082,15 @@ static void gguf_dims(Ctx *c, const GgufFile *g, const char *arch, const DocNode
     if (!ok)
         return;
     m->head_dim = kl ? kl : m->n_heads > 0 && m->dim % m->n_heads == 0 ? m->dim / m->n_heads : 0;
+    if (!m->head_dim) {     /* the checks below compare with it; desc_check would say it later */
+        diag_file_error(c->d, g->path, "key '%s.attention.head_count' is %d, which does not divide "
+                        "'%s.embedding_length' %d, and no '%s.attention.key_length' gives a head's size",
+                        arch, m->n_heads, arch, m->dim, arch);
+        return;
+    }
     if (vl && vl != m->head_dim)
-        diag_file_error(c->d, g->path, "value heads of %d and key heads of %d are not supported (they must be equal)",
-                        vl, m->head_dim);
+        diag_file_error(c->d, g->path, "key '%s.attention.value_length' is %d, but a head's key size is %d: value "
+                        "and key heads of different sizes are not supported", arch, vl, m->head_dim);
     if (rd > m->head_dim)
         diag_file_error(c->d, g->path, "key '%s.rope.dimension_count' is %d, more than a head's %d dims", arch, rd,
                         m->head_dim);

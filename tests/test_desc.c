@@ -1428,6 +1428,9 @@ Test(desc, gguf_keys_of_another_type)
         {"llama3.gguf", "llama.rope.freq_base", "error: key 'llama.rope.freq_base' is 0; it must be a positive finite "
          "number\n", 4, 0, 4},
         {"llama3.gguf", "llama.rope.freq_base", NULL, 4, 250000, 4},           /* u32 250000: taken */
+        /* a head count that leaves no head size (it was reported as a rotary count past 0 dims) */
+        {"llama3.gguf", "llama.attention.head_count", "error: key 'llama.attention.head_count' is 5, which does not "
+         "divide 'llama.embedding_length' 64, and no 'llama.attention.key_length' gives a head's size\n", 4, 5, 4},
         {"llama3.gguf", "llama.vocab_size", "error: key 'llama.vocab_size' is 100000, but tensor 'token_embd.weight' "
          "has 272 rows\n", 4, 100000, 4},
         {"llama3.gguf", "general.architecture", "error: key 'general.architecture' holds a NUL character (after "
