@@ -73,14 +73,54 @@ static void print_source_line(FILE *out, const SrcFile *src, int line, int col)
 /* s with its control characters other than newline and tab written as
  * \xNN: messages quote names and strings from the files they read, and a
  * damaged file's escape sequences must not reach the terminal. */
+/* The length of the well-formed UTF-8 character at s (0: not one). */
+static int utf8_char_len(const unsigned char *s)
+{
+    int n = s[0] < 0x80 ? 1 : s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
+          : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
+    for (int i = 1; i < n; i++)
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+    if ((n == 3 && ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0))) ||
+        (n == 4 && ((s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90))))
+        return 0;   /* overlong, a surrogate, past U+10FFFF */
+    return n;
+}
+
+/* A message is one line of text: control bytes (a newline too: a name
+ * read from a file could forge a line of its own) and bytes that are not
+ * UTF-8 are written as \xNN. */
 static void put_escaped(FILE *out, const char *s)
 {
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f)
-            fprintf(out, "\\x%02x", c);
-        else
-            fputc(c, out);
+    while (*s) {
+        const unsigned char *u = (const unsigned char *)s;
+        int n = u[0] < 0x20 && u[0] != '\t' ? 0 : u[0] == 0x7f ? 0 : utf8_char_len(u);
+        if (n == 0) {
+            fprintf(out, "\\x%02x", u[0]);
+            s++;
+        } else {
+            fwrite(s, 1, (size_t)n, out);
+            s += n;
+        }
+    }
+}
+
+void diag_log(Diag *d, const char *text)
+{
+    FILE *out = d && d->out ? d->out : stderr;
+    if (d && d->nerrors > (d->max_errors ? d->max_errors : 50))
+        return;
+    for (const char *s = text ? text : ""; *s;) {
+        const char *e = strchr(s, '\n');
+        size_t n = e ? (size_t)(e - s) : strlen(s);
+        char *line = xmalloc(n + 1);
+        memcpy(line, s, n);
+        line[n] = 0;
+        fputs("    ", out);
+        put_escaped(out, line);
+        fputc('\n', out);
+        free(line);
+        s += n + (e != NULL);
     }
 }
 

@@ -94,6 +94,11 @@ void diag_note(Diag *d, const SrcFile *src, int line, int col, const char *fmt, 
 /* An error about a file as a whole (binary inputs: "path: error: ..."). */
 void diag_file_error(Diag *d, const char *path, const char *fmt, ...) MEGAC_PRINTF(3, 4);
 void diag_vreport(Diag *d, const char *kind, const SrcFile *src, int line, int col, const char *fmt, va_list ap);
+/* A tool's log after the message that cites it (NVRTC's): each line
+ * indented, escaped as messages are. A message itself is one line: its
+ * newlines are escaped too, so that a name read from a file cannot forge
+ * a line of its own. */
+void diag_log(Diag *d, const char *text);
 
 /* fopen(path, "rb") that does not wait for a writer: a FIFO nothing
  * writes to reads as empty at once (fopen would wait forever), a pipe with

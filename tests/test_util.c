@@ -31,19 +31,25 @@ Test(util, caret_diagnostic)
 
 /* Names and strings quoted from a file's bytes reach the terminal with
  * their control characters escaped (\xNN in messages and paths, '?' in a
- * quoted source line, where the caret keeps its column); newlines and tabs
- * of multi-line logs stay. */
+ * quoted source line, where the caret keeps its column): a newline too (a
+ * GGUF key holding one forged a line 'fake: error'), and bytes that are
+ * not UTF-8; UTF-8 and tabs stay. A tool's log (diag_log) keeps its lines,
+ * each indented. */
 Test(util, diagnostics_escape_control_characters)
 {
     char buf[512];
     Diag d;
     diag_into(&d, buf, sizeof buf);
     SrcFile src = {.path = "m\x1b.yaml", .text = "k: \x1b[2Jx\n", .len = 10};
-    diag_error(&d, &src, 1, 8, "key '%s\r' at\tthe log:\n%s", "\x1b[31m", "\x7f");
+    diag_error(&d, &src, 1, 8, "key '%s\r' at\tthe log:\n%s \xc3\xa9 \xc3 \xed\xa0\x80", "\x1b[31m", "\x7f");
+    diag_log(&d, "line 1\n\x1b line 2");
     fclose(d.out);
-    cr_assert_str_eq(buf, "m\\x1b.yaml:1:8: error: key '\\x1b[31m\\x0d' at\tthe log:\n\\x7f\n"
+    cr_assert_str_eq(buf, "m\\x1b.yaml:1:8: error: key '\\x1b[31m\\x0d' at\tthe log:\\x0a\\x7f \xc3\xa9 \\xc3 "
+                          "\\xed\\xa0\\x80\n"
                           "    1 | k: ?[2Jx\n"
-                          "      |        ^\n");
+                          "      |        ^\n"
+                          "    line 1\n"
+                          "    \\x1b line 2\n");
 }
 
 Test(util, closest)

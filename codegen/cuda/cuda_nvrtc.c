@@ -117,8 +117,8 @@ static bool nvrtc_build(nvrtcProgram prog, int arch, const char *path, char **lo
     *log = nvrtc_log(prog);
     if (r == NVRTC_SUCCESS)
         return true;
-    diag_file_error(d, path, "nvrtcCompileProgram (%s) failed: %s; program log:\n%s", archopt,
-                    nvrtcGetErrorString(r), *log);
+    diag_file_error(d, path, "nvrtcCompileProgram (%s) failed: %s; program log:", archopt, nvrtcGetErrorString(r));
+    diag_log(d, *log);
     return false;
 }
 
@@ -141,7 +141,8 @@ static bool nvrtc_resources(const char *log, int threads, const char *path, Cuda
     memset(info, 0, sizeof *info);
     info->threads_per_block = threads;
     if (!cuda_ptxas_info_parse(log, info)) {
-        diag_file_error(d, path, "no ptxas resource usage for megac_kernel in the NVRTC log:\n%s", log);
+        diag_file_error(d, path, "no ptxas resource usage for megac_kernel in the NVRTC log:");
+        diag_log(d, log);
         return false;
     }
     if (info->local_bytes > 0 && spilled) {
@@ -149,8 +150,9 @@ static bool nvrtc_resources(const char *log, int threads, const char *path, Cuda
         return false;
     }
     if (info->local_bytes > 0) {
-        diag_file_error(d, path, "megac_kernel uses %d bytes of local memory (stack frame or spills); log:\n%s",
-                        info->local_bytes, log);
+        diag_file_error(d, path, "megac_kernel uses %d bytes of local memory (stack frame or spills); log:",
+                        info->local_bytes);
+        diag_log(d, log);
         return false;
     }
     return true;
