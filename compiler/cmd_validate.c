@@ -256,7 +256,7 @@ static bool validate_is_schedule(const char *path)
     size_t n = strlen(path);
     if (!strcmp(path, "-") || (n > 6 && !strcmp(path + n - 6, ".sched")))
         return true;
-    if (driver_is_default_model(path))
+    if (driver_is_default_model(path) || !*path)   /* '': desc_load says the model's path is empty */
         return false;
     struct stat st;
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))

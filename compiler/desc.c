@@ -2186,6 +2186,10 @@ bool desc_load(ModelDesc *m, Arena *a, const char *path, const DescOverride *ov,
 {
     if (!path || strcmp(path, desc_default_name) == 0)
         return desc_parse(m, a, DESC_EMBEDDED_PATH, desc_default_yaml, strlen(desc_default_yaml), ov, nov, d);
+    if (!*path) {
+        diag_file_error(d, d->prog ? d->prog : "megac", "the model's path is empty: " DESC_WHAT_A_MODEL_IS);
+        return false;
+    }
     struct stat st;
     if (stat(path, &st) == 0 && !S_ISDIR(st.st_mode) && file_is_safetensors(path, &st)) {
         desc_safetensors_refuse(path, d);

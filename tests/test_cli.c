@@ -1007,3 +1007,18 @@ Test(cli, a_fifo_nothing_writes_to_is_not_waited_on, .timeout = 60)
     cr_assert(strstr(out, "b.megac/schedule.sched: cannot read: not a regular file"), "%s", out);
     test_rm_rf(d);
 }
+
+/* An empty model path is named as such (it read ": error: cannot read
+ * model description: No such file or directory", naming no file). */
+Test(cli, an_empty_model_path)
+{
+    char *d = tmp_dir(), out[4096];
+    static const char *const cmds[] = {"describe ''", "lower ''", "run '' -n 3", "validate ''"};
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        cr_assert_eq(megac(d, cmds[i], out, sizeof out), 2, "%s: %s", cmds[i], out);
+        cr_assert(strstr(out, "error: the model's path is empty") || strstr(out, "cannot read"), "%s: %s", cmds[i],
+                  out);
+        cr_assert(!strstr(out, "\n: error") && strncmp(out, ": error", 7) != 0, "%s: %s", cmds[i], out);
+    }
+    test_rm_rf(d);
+}
