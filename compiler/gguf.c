@@ -61,7 +61,7 @@ const char *gguf_type_name(uint32_t t)
 }
 
 /* A metadata value's type, as the GGUF specification names it. */
-static const char *gguf_value_type_name(uint32_t t)
+const char *gguf_value_type_name(uint32_t t)
 {
     static const char *const names[] = {"uint8", "int8",   "uint16", "int16", "uint32", "int32", "float32",
                                         "bool",  "string", "array",  "uint64", "int64", "float64"};

@@ -62,6 +62,8 @@ const GgufTensor *gguf_find_tensor(const GgufFile *g, const char *name);
 bool gguf_get_int(const GgufFile *g, const char *key, int64_t *out);
 bool gguf_get_float(const GgufFile *g, const char *key, double *out);
 bool gguf_get_str(const GgufFile *g, const char *key, GgufStr *out);
+/* A metadata value's type as the GGUF specification names it (uint8 ... float64, string, array). */
+const char *gguf_value_type_name(uint32_t t);
 /* A hyperparameter `<arch>.<key>` (its full name written into full[160]):
  * 0 when absent, 1 when read, -1 when of another type (an error naming it
  * is reported; an integer array is "per-layer values"). The float must be

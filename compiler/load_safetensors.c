@@ -487,7 +487,12 @@ static bool hq_int(Doc *doc, const DocNode *n, const char *key, int lo, int hi, 
 {
     char *end;
     long v = n && n->kind == DOC_SCALAR && !n->quoted ? strtol(n->str, &end, 10) : 0;
-    if (!n || n->kind != DOC_SCALAR || n->quoted || end == n->str || *end || v < lo || v > hi) {
+    if (!n || n->kind != DOC_SCALAR || n->quoted || end == n->str || *end) {
+        doc_error(doc, d, n, "quantization_config.%s: expected an integer, found %s", key,
+                  !n ? "nothing" : n->kind != DOC_SCALAR ? doc_kind_name(n->kind) : "a string");
+        return false;
+    }
+    if (v < lo || v > hi) {
         doc_error(doc, d, n, "quantization_config.%s: expected an integer from %d to %d", key, lo, hi);
         return false;
     }

@@ -450,11 +450,16 @@ static Tokenizer *tok_import_hf(const ModelDesc *m, Diag *d)
 static const GgufKV *gguf_array(const GgufFile *g, const char *key, GgufType et, uint64_t n, Diag *d)
 {
     const GgufKV *kv = gguf_find(g, key);
-    if (!kv || kv->type != GGUF_T_ARRAY || kv->arr_type != et || (n && kv->arr_n != n)) {
-        diag_file_error(d, g->path, "%s: missing, not an array of the expected type, or of the wrong length", key);
-        return NULL;
-    }
-    return kv;
+    if (!kv)
+        diag_file_error(d, g->path, "key '%s' is missing", key);
+    else if (kv->type != GGUF_T_ARRAY || kv->arr_type != et)
+        diag_file_error(d, g->path, "key '%s' must be an array of %s, not %s%s", key, gguf_value_type_name(et),
+                        kv->type == GGUF_T_ARRAY ? "an array of " : "a ",
+                        gguf_value_type_name(kv->type == GGUF_T_ARRAY ? kv->arr_type : kv->type));
+    else if (n && kv->arr_n != n)
+        diag_file_error(d, g->path, "key '%s' has %llu elements, but tokenizer.ggml.tokens has %llu", key,
+                        (unsigned long long)kv->arr_n, (unsigned long long)n);
+    return kv && kv->type == GGUF_T_ARRAY && kv->arr_type == et && (!n || kv->arr_n == n) ? kv : NULL;
 }
 
 /* An optional array: absent is fine (*out = NULL), malformed is an error. */

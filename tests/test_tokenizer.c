@@ -679,6 +679,28 @@ static char *gguf_with_u32(const char *key, uint32_t v, size_t *n)
     return b;
 }
 
+/* A GGUF tokenizer array of another element type says which it is and
+ * which it must be (it read "missing, not an array of the expected type,
+ * or of the wrong length"). */
+Test(tokenizer, gguf_array_of_another_type)
+{
+    size_t n;
+    need_file(FIXTURES "/tok512_spm.gguf");
+    char *b = read_file(FIXTURES "/tok512_spm.gguf", &n), path[32], want[200];
+    cr_assert(b);
+    size_t at = test_gguf_kv_at((const unsigned char *)b, n, "tokenizer.ggml.token_type");
+    uint32_t t, u32 = 4;
+    memcpy(&t, b + at + 4, 4);
+    cr_assert_eq(t, 5, "token_type is an array of int32");
+    memcpy(b + at + 4, &u32, 4);    /* the same bytes, as uint32 */
+    char *e = import_bytes_errors(TOKFMT_GGUF, b, n, 512, path);
+    snprintf(want, sizeof want, "%s: error: key 'tokenizer.ggml.token_type' must be an array of int32, not an array "
+             "of uint32\n", path);
+    cr_assert_str_eq(e, want);
+    free(e);
+    free(b);
+}
+
 /* GGUF bos/eos ids outside the vocabulary are refused, naming the key, as
  * YAML bos: and HF bos_token_id are. */
 Test(tokenizer, gguf_ids_out_of_range)

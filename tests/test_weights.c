@@ -1754,6 +1754,9 @@ Test(weights, awq_and_gptq_refusals)
          "%s/config.json:22:13: error: quantization_config.bits: 8-bit weights are not supported (only 4)"},
         {"awq", "g256", "\"group_size\"", "32", "256",
          "%s/config.json:23:19: error: quantization_config.group_size: 256 is not supported (32, 64 or 128)"},
+        /* not an integer at all: said so (it read "an integer from -1 to 1048576") */
+        {"awq", "glist", "\"group_size\"", "32", "[32]",
+         "%s/config.json:23:19: error: quantization_config.group_size: expected an integer, found a list"},
         {"awq", "gemv", "\"version\"", "\"gemm\"", "\"gemv\"",
          "%s/config.json:24:16: error: quantization_config.version: AWQ's 'gemv' packing is not supported (only "
          "gemm)"},
