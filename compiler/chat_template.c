@@ -9,8 +9,8 @@
  * <|start_header_id|>, Zephyr's <|user|> and <|assistant|>, Llama 2's
  * [INST] with <<SYS>>; Mistral's [INST] without it, whose versions write
  * turns differently, is not recognized), and `megac run --chat` then
- * writes turns in that format
- * (compiler/cmd_run.c). A ChatML template's default system turn is the
+ * writes turns in that format (compiler/cmd_run.c). A ChatML template's
+ * default system turn is the
  * one string literal of the template (inside its {{ }} and {% %} tags)
  * that is a whole system turn: '<|im_start|>system\n' TEXT '<|im_end|>\n',
  * TEXT without a tag (SmolLM2's "You are a helpful AI assistant named

@@ -1934,9 +1934,9 @@ static void desc_src_record(Ctx *c)
 
 void desc_note_set(Diag *d, const ModelDesc *m, DescSrcField f)
 {
-    const DescSrc *s = &m->src_at[f];
     if (f < 0 || f >= DSRC_COUNT || !m->src_at[f].path)
         return;
+    const DescSrc *s = &m->src_at[f];
     SrcFile src = {.path = s->path};
     diag_note(d, &src, s->line, s->col, "%s is set here", field_names[f]);
 }
@@ -2204,29 +2204,27 @@ bool desc_load(ModelDesc *m, Arena *a, const char *path, const DescOverride *ov,
         struct stat lst;
         bool bundle = access(manifest, F_OK) == 0;
         int me = bundle ? 0 : errno;        /* why not, where it is there but a link that leads nowhere */
-        bool part = access(sched, F_OK) == 0;
+        bool part = access(sched, F_OK) == 0, dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
         if (me && lstat(manifest, &lst) != 0)
             me = 0;
-        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && me)
+        if (dir && me)
             diag_file_error(d, manifest, "cannot read: %s (a symbolic link that leads to no file: the bundle's "
                                          "manifest.yaml is not there)", strerror(me));
-        free(manifest);
-        free(sched);
-        if (me)
-            ;
-        else if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && bundle)
+        else if (dir && bundle)
             diag_file_error(d, path, "this is a compiled bundle, not a model description (`megac run` runs it, "
                                      "`megac validate` checks its schedule)");
-        else if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && part)
+        else if (dir && part)
             diag_file_error(d, path, "this folder holds a schedule.sched but no manifest.yaml: a compiled bundle "
                                      "that lost its manifest (recompile it), or not a bundle at all: "
                                      DESC_WHAT_A_MODEL_IS);
-        else if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        else if (dir)
             diag_file_error(d, path, "this folder holds no config.json: " DESC_WHAT_A_MODEL_IS);
         else if (e == ENODEV)
             diag_file_error(d, path, "not a regular file (a device): " DESC_WHAT_A_MODEL_IS);
         else
             diag_file_error(d, path, "cannot read model description: %s", strerror(e));
+        free(manifest);
+        free(sched);
         return false;
     }
     bool ok = desc_parse_for(m, a, as, written ? path : NULL, text, len, ov, nov, d);

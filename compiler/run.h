@@ -94,7 +94,7 @@ typedef struct {
 /* The text to encode for o's prompt: the prompt itself, or with --chat
  * the prompt as a user turn (after a --system turn, else the template's
  * default system turn) in the model's chat format: the one its chat
- * template writes (ChatML, Llama 3, Zephyr), else the one whose special
+ * template writes (ChatML, Llama 3, Zephyr, Llama 2), else the one whose special
  * tokens the tokenizer has (ChatML's <|im_start|>, Llama 3's
  * <|start_header_id|>), ending where the assistant's reply begins.
  * xmalloc'd; NULL (reported on stderr) when there is none. */

@@ -339,7 +339,7 @@ static megac_status man_values_check(const RtManifest *x, const ManPos *pos, con
     }
     char name[160];
     tok_escape(x->kernel, strlen(x->kernel), name, sizeof name);
-    if (strchr(x->kernel, '/') || strcmp(name, x->kernel) != 0 || strchr(x->kernel, '\''))
+    if (strchr(x->kernel, '/') || strcmp(name, x->kernel) != 0)    /* escaped: not printable ASCII, or ' or \\ */
         return man_fail(err, errlen, path, man_pos(pos, "kernel"),
                         "kernel '%s' must name a file in the bundle (printable ASCII, no '/')", name);
     static const char *const io_keys[] = {"io_tok", "io_logits", "io_next"};
@@ -587,9 +587,10 @@ static megac_status bundle_schedule_check(megac_model *m)
     return rt_facts_check(m, facts, path, "the schedule has");
 }
 
-/* Whether an ELF image (a kernel.so or a cubin) has its program headers and every PT_LOAD segment's file bytes inside
- * its len bytes: dlopen maps segments as the headers say, and one past
- * the end of the file dies of SIGBUS. */
+/* Whether an ELF image (a kernel.so or a cubin) has its program headers
+ * and every PT_LOAD segment's file bytes inside its len bytes: dlopen maps
+ * segments as the headers say, and one past the end of the file dies of
+ * SIGBUS. */
 static bool elf_loads_fit(const unsigned char *b, size_t len)
 {
     if (len < 4 || memcmp(b, "\177ELF", 4) != 0)

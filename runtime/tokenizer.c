@@ -1309,16 +1309,17 @@ static bool tok_read_pieces(Tokenizer *t, Reader *r, uint32_t version)
         float score = rd_f32(r);
         const unsigned char *flags = rd_bytes(r, 1);
         const unsigned char *b = len <= TOK_MAX_PIECE ? rd_bytes(r, len) : NULL;
-        if (len > TOK_MAX_PIECE)
-            tok_fail(t, "piece %d is %u bytes long (at most %d)", id, len, TOK_MAX_PIECE);
-        else if (!flags || !b)
-            tok_fail(t, "the file ends inside piece %d of %d", id, t->n_vocab);
-        else if (*flags & ~known)
-            tok_fail(t, "piece %d has flags 0x%02x, which a version %u file does not have", id, *flags, version);
-        else if (!isfinite(score))
-            tok_fail(t, "piece %d's score is %g", id, (double)score);
-        if (!flags || !b || (*flags & ~known) || !isfinite(score))
+        if (!flags || !b || (*flags & ~known) || !isfinite(score)) {
+            if (len > TOK_MAX_PIECE)
+                tok_fail(t, "piece %d is %u bytes long (at most %d)", id, len, TOK_MAX_PIECE);
+            else if (!flags || !b)
+                tok_fail(t, "the file ends inside piece %d of %d", id, t->n_vocab);
+            else if (*flags & ~known)
+                tok_fail(t, "piece %d has flags 0x%02x, which a version %u file does not have", id, *flags, version);
+            else
+                tok_fail(t, "piece %d's score is %g", id, (double)score);
             return false;
+        }
         if (t->kind == TOK_SPM && !tok_utf8_valid((const char *)b, len)) {
             char esc[96];
             tok_escape((const char *)b, len, esc, sizeof esc);
@@ -1360,12 +1361,14 @@ static bool tok_read_merges(Tokenizer *t, Reader *r, uint32_t nmerges)
 static bool tok_read_chat(Tokenizer *t, Reader *r)
 {
     uint32_t kind = rd_u32(r), len = rd_u32(r);
-    if (!r->ok || kind > CHAT_LLAMA2 || len > TOK_MAX_SYSTEM) {
-        tok_fail(t, !r->ok ? "the file ends inside the chat format" : kind > CHAT_LLAMA2 ? "chat format %u is unknown"
-                                                                  : "a chat system turn of %u bytes (at most %d)",
-                 kind > CHAT_LLAMA2 ? kind : len, TOK_MAX_SYSTEM);
+    if (!r->ok)
+        tok_fail(t, "the file ends inside the chat format");
+    else if (kind > CHAT_LLAMA2)
+        tok_fail(t, "chat format %u is unknown", kind);
+    else if (len > TOK_MAX_SYSTEM)
+        tok_fail(t, "a chat system turn of %u bytes (at most %d)", len, TOK_MAX_SYSTEM);
+    if (!r->ok || kind > CHAT_LLAMA2 || len > TOK_MAX_SYSTEM)
         return false;
-    }
     const unsigned char *b = len ? rd_bytes(r, len) : NULL;
     if (len && (!b || memchr(b, 0, len) || !tok_utf8_valid((const char *)b, len))) {
         tok_fail(t, !b ? "the file ends inside the chat system turn" : "the chat system turn is not UTF-8 text");
