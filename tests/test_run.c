@@ -706,7 +706,7 @@ Test(run_cmd, chat_templates_render_as_jinja)
         RunOptions o;
         const char *chat[] = {"--chat"};
         cr_assert_eq(parse(&o, chat, 1), -1);
-        o.system = doc_is_null(sys) ? NULL : xstrdup(sys->str);
+        o.system = doc_is_null(sys) ? NULL : sys->str;
         RunChat c = {.kind = k, .default_system = dsys, .eos = doc_get(e, "eos")->str, .is_special = never_special};
         char *got = run_turn_text(&o, turns->items[0]->str, true, &c);
         /* a reply as the model writes it: SPM's first piece brings its space */
