@@ -290,7 +290,8 @@ bool doc_load(Doc *doc, const char *path, Diag *d)
     char *text = read_file(path, &len);
     if (!text) {
         memset(doc, 0, sizeof *doc);
-        diag_file_error(d, path, "cannot read file: %s", strerror(errno));
+        diag_file_error(d, path, "cannot read file: %s",
+                        errno == ENODEV ? "not a regular file (a device)" : strerror(errno));
         return false;
     }
     return doc_parse(doc, path, text, len, d);

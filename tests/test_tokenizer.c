@@ -679,6 +679,21 @@ static char *gguf_with_u32(const char *key, uint32_t v, size_t *n)
     return b;
 }
 
+/* A device named as tokenizer.json is refused as one, not read without
+ * end (it said "No such device"). */
+Test(tokenizer, hf_tokenizer_path_a_device)
+{
+    ModelDesc m = model_with_tok(TOKFMT_HF, "/dev/zero", 0);
+    char buf[1024] = {0};
+    FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+    Diag d;
+    diag_init(&d);
+    d.out = f;
+    cr_assert_null(tok_import(&m, &d));
+    fclose(f);
+    cr_assert(strstr(buf, "/dev/zero: error: cannot read file: not a regular file (a device)"), "%s", buf);
+}
+
 /* A GGUF tokenizer array of another element type says which it is and
  * which it must be (it read "missing, not an array of the expected type,
  * or of the wrong length"). */
