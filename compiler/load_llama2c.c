@@ -81,26 +81,39 @@ static bool l2c_header_check(const Weights *w, const WFile *f, const int32_t *h,
     return weights_pairing_check(w, d, f->path, ROPE_ADJACENT);
 }
 
+/* Each tensor's name in llama2.c's export (its TransformerWeights fields). */
+static const char *const l2c_names[WK_COUNT] = {
+    [WK_EMBED] = "token_embedding_table", [WK_ATTN_NORM] = "rms_att_weight", [WK_WQ] = "wq", [WK_WK] = "wk",
+    [WK_WV] = "wv", [WK_WO] = "wo", [WK_FFN_NORM] = "rms_ffn_weight", [WK_W_GATE] = "w1", [WK_W_DOWN] = "w2",
+    [WK_W_UP] = "w3", [WK_FINAL_NORM] = "rms_final_weight", [WK_LM_HEAD] = "wcls",
+};
+
+char *wslot_l2c_name(Arena *a, const WSlot *s)
+{
+    const char *n = l2c_names[s->kind] ? l2c_names[s->kind] : wkind_canon(s->kind);
+    return wkind_is_per_layer(s->kind) ? arena_printf(a, "%s (layer %d)", n, s->layer) : arena_strdup(a, n);
+}
+
 static int l2c_runs(const ModelDesc *m, int seq_len, bool shared, L2cRun *r)
 {
     int64_t dim = m->dim, kv = (int64_t)m->n_kv_heads * m->head_dim, hid = m->hidden_dim;
     int64_t freq = (int64_t)seq_len * (m->head_dim / 2);
     int n = 0;
-    r[n++] = (L2cRun){"token_embedding_table", WK_EMBED, false, m->vocab_size * dim};
-    r[n++] = (L2cRun){"rms_att_weight", WK_ATTN_NORM, true, dim};
-    r[n++] = (L2cRun){"wq", WK_WQ, true, dim * dim};
-    r[n++] = (L2cRun){"wk", WK_WK, true, kv * dim};
-    r[n++] = (L2cRun){"wv", WK_WV, true, kv * dim};
-    r[n++] = (L2cRun){"wo", WK_WO, true, dim * dim};
-    r[n++] = (L2cRun){"rms_ffn_weight", WK_FFN_NORM, true, dim};
-    r[n++] = (L2cRun){"w1", WK_W_GATE, true, hid * dim};
-    r[n++] = (L2cRun){"w2", WK_W_DOWN, true, dim * hid};
-    r[n++] = (L2cRun){"w3", WK_W_UP, true, hid * dim};
-    r[n++] = (L2cRun){"rms_final_weight", WK_FINAL_NORM, false, dim};
+    r[n++] = (L2cRun){l2c_names[WK_EMBED], WK_EMBED, false, m->vocab_size * dim};
+    r[n++] = (L2cRun){l2c_names[WK_ATTN_NORM], WK_ATTN_NORM, true, dim};
+    r[n++] = (L2cRun){l2c_names[WK_WQ], WK_WQ, true, dim * dim};
+    r[n++] = (L2cRun){l2c_names[WK_WK], WK_WK, true, kv * dim};
+    r[n++] = (L2cRun){l2c_names[WK_WV], WK_WV, true, kv * dim};
+    r[n++] = (L2cRun){l2c_names[WK_WO], WK_WO, true, dim * dim};
+    r[n++] = (L2cRun){l2c_names[WK_FFN_NORM], WK_FFN_NORM, true, dim};
+    r[n++] = (L2cRun){l2c_names[WK_W_GATE], WK_W_GATE, true, hid * dim};
+    r[n++] = (L2cRun){l2c_names[WK_W_DOWN], WK_W_DOWN, true, dim * hid};
+    r[n++] = (L2cRun){l2c_names[WK_W_UP], WK_W_UP, true, hid * dim};
+    r[n++] = (L2cRun){l2c_names[WK_FINAL_NORM], WK_FINAL_NORM, false, dim};
     r[n++] = (L2cRun){"freq_cis_real", WK_COUNT, false, freq};
     r[n++] = (L2cRun){"freq_cis_imag", WK_COUNT, false, freq};
     if (!shared)
-        r[n++] = (L2cRun){"wcls", WK_LM_HEAD, false, m->vocab_size * dim};
+        r[n++] = (L2cRun){l2c_names[WK_LM_HEAD], WK_LM_HEAD, false, m->vocab_size * dim};
     return n;
 }
 

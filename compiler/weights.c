@@ -419,8 +419,10 @@ static bool slot_finite_check(Weights *w, WKind k, int layer, int64_t n, const c
     Arena a = {0};
     WSlot s = {.kind = k, .layer = layer};
     WeightFormat f = w->m->weights_format;
-    char *name = f == WFMT_GGUF ? wslot_gguf_name(&a, &s) : f == WFMT_SAFETENSORS ? wslot_hf_name(&a, &s)
-                                                                                 : wslot_canon_name(&a, &s);
+    char *name = f == WFMT_GGUF           ? wslot_gguf_name(&a, &s)
+                 : f == WFMT_SAFETENSORS ? wslot_hf_name(&a, &s)
+                 : f == WFMT_LLAMA2C     ? wslot_l2c_name(&a, &s)
+                                         : wslot_canon_name(&a, &s);
     non_finite_error(d, file ? file : w->m->weights_path ? w->m->weights_path : w->m->path, name, at);
     arena_free(&a);
     return false;

@@ -71,6 +71,8 @@ const char *wkind_canon(WKind k);
 char *wslot_canon_name(Arena *a, const WSlot *s);
 char *wslot_hf_name(Arena *a, const WSlot *s);
 char *wslot_gguf_name(Arena *a, const WSlot *s);
+/* llama2.c's name: "w1 (layer 3)", "token_embedding_table" (load_llama2c.c). */
+char *wslot_l2c_name(Arena *a, const WSlot *s);
 int64_t wslot_nelem(const WSlot *s);
 /* The buffer of tensor k in layer `layer` (-1 for global ones); NULL when
  * the model has no such tensor. */

@@ -360,8 +360,9 @@ Test(weights, claims_beyond_the_file_cost_no_memory)
     cr_assert_lt(ru.ru_maxrss, 300 * 1024, "peak resident %ld KB", ru.ru_maxrss);
 }
 
-/* A NaN or infinity in a tensor is an error naming the tensor and the
- * element, not garbage text at run time. */
+/* A NaN or infinity in a tensor is an error naming the tensor (as the
+ * checkpoint names it: llama2.c's field and the layer, where it said
+ * megac's own 'L0.wq') and the element, not garbage text at run time. */
 Test(weights, llama2c_non_finite)
 {
     size_t size;
@@ -378,8 +379,8 @@ Test(weights, llama2c_non_finite)
         ModelDesc m;
         desc_tiny(&m, WFMT_LLAMA2C, path);
         char want[128];
-        snprintf(want, sizeof want, "error: tensor 'L0.wq' has a non-finite value (NaN or infinity) at element %d\n",
-                 3 + i);
+        snprintf(want, sizeof want, "error: tensor 'wq (layer 0)' has a non-finite value (NaN or infinity) at "
+                 "element %d\n", 3 + i);
         expect_error(&m, want);
         free(b);
     }
