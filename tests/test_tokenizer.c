@@ -679,18 +679,25 @@ static char *gguf_with_u32(const char *key, uint32_t v, size_t *n)
     return b;
 }
 
+/* tok_import of a file that must fail; what it printed into buf. */
+static void import_path_fails(TokFormat f, const char *path, int vocab, char *buf, size_t cap)
+{
+    ModelDesc m = model_with_tok(f, path, vocab);
+    memset(buf, 0, cap);
+    FILE *out = fmemopen(buf, cap - 1, "w");
+    Diag d;
+    diag_init(&d);
+    d.out = out;
+    cr_assert_null(tok_import(&m, &d), "%s was accepted", path);
+    fclose(out);
+}
+
 /* A device named as tokenizer.json is refused as one, not read without
  * end (it said "No such device"). */
 Test(tokenizer, hf_tokenizer_path_a_device)
 {
-    ModelDesc m = model_with_tok(TOKFMT_HF, "/dev/zero", 0);
-    char buf[1024] = {0};
-    FILE *f = fmemopen(buf, sizeof buf - 1, "w");
-    Diag d;
-    diag_init(&d);
-    d.out = f;
-    cr_assert_null(tok_import(&m, &d));
-    fclose(f);
+    char buf[1024];
+    import_path_fails(TOKFMT_HF, "/dev/zero", 0, buf, sizeof buf);
     cr_assert(strstr(buf, "/dev/zero: error: cannot read file: not a regular file (a device)"), "%s", buf);
 }
 
@@ -882,14 +889,8 @@ Test(tokenizer, gguf_spm_without_dummy_prefix_refused)
 {
     const char *path = MEGAC_SRC "/tests/fixtures/weights/bad-spm-prefix.gguf";
     need_file(path);
-    ModelDesc m = model_with_tok(TOKFMT_GGUF, path, 4);
-    char buf[1024] = {0};
-    FILE *f = fmemopen(buf, sizeof buf - 1, "w");
-    Diag d;
-    diag_init(&d);
-    d.out = f;
-    cr_assert_null(tok_import(&m, &d));
-    fclose(f);
+    char buf[1024];
+    import_path_fails(TOKFMT_GGUF, path, 4, buf, sizeof buf);
     cr_assert(strstr(buf, "bad-spm-prefix.gguf: error: an SPM vocabulary without its dummy prefix "
                           "(tokenizer.ggml.add_space_prefix false) is not supported yet"), "%s", buf);
 }
