@@ -391,8 +391,7 @@ static void hf_chat_template(Tokenizer *t, const char *tok_path, Diag *d)
         chat_set(t, text, n);
         free(text);
     } else if (access(cfg, F_OK) == 0) {
-        FILE *sink = fopen("/dev/null", "w");
-        Diag quiet = {.out = sink ? sink : stderr};
+        Diag quiet = {.silent = true};
         Doc doc = {0};
         const DocNode *ct = NULL;
         if (doc_load(&doc, cfg, &quiet) && doc.root && (ct = doc_get(doc.root, "chat_template"))) {
@@ -409,8 +408,6 @@ static void hf_chat_template(Tokenizer *t, const char *tok_path, Diag *d)
             chat_warn(cfg, "this file does not read as JSON, so the chat template in it is not known", d);
         }
         doc_free(&doc);
-        if (sink)
-            fclose(sink);
     }
     free(dir);
     free(jinja);

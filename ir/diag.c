@@ -73,7 +73,9 @@ static void print_source_line(FILE *out, const SrcFile *src, int line, int col)
 /* s with its control characters other than newline and tab written as
  * \xNN: messages quote names and strings from the files they read, and a
  * damaged file's escape sequences must not reach the terminal. */
-/* The length of the well-formed UTF-8 character at s (0: not one). */
+/* The length of the well-formed UTF-8 character at s (0: not one): the
+ * rule of runtime/tokenizer.c's tok_utf8_len (the runtime links nothing of
+ * ir/, nor ir/ of the runtime). */
 static int utf8_char_len(const unsigned char *s)
 {
     int n = s[0] < 0x80 ? 1 : s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
@@ -108,7 +110,7 @@ static void put_escaped(FILE *out, const char *s)
 void diag_log(Diag *d, const char *text)
 {
     FILE *out = d && d->out ? d->out : stderr;
-    if (d && d->nerrors > (d->max_errors ? d->max_errors : 50))
+    if (d && (d->silent || d->nerrors > (d->max_errors ? d->max_errors : 50)))
         return;
     for (const char *s = text ? text : ""; *s;) {
         const char *e = strchr(s, '\n');
@@ -140,6 +142,8 @@ void diag_vreport(Diag *d, const char *kind, const SrcFile *src, int line, int c
     }
     if (d && strcmp(kind, "warning") == 0)
         d->nwarnings++;
+    if (d && d->silent)
+        return;
     put_escaped(out, src && src->path ? src->path : d && d->prog ? d->prog : "megac");
     if (line > 0 && col > 0)
         fprintf(out, ":%d:%d: %s: ", line, col, kind);

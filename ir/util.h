@@ -83,6 +83,7 @@ typedef struct Diag {
     int nwarnings;
     int max_errors;         /* stop printing after this many; 0 = 50 */
     bool color;
+    bool silent;            /* count, print nothing (a probe whose failure the caller words) */
 } Diag;
 
 void diag_init(Diag *d);

@@ -346,13 +346,13 @@ static bool affine_eq(Affine x, Affine y)
 
 static uint64_t memo_hash(const Race *rc, const RAcc *a)
 {
-    uint64_t h = 1469598103934665603ull;
     int64_t key[4] = {a->lo.k, a->lo.c, a->hi.k, a->hi.c};
-    for (int i = 0; i < 4; i++)
-        h = (h ^ (uint64_t)key[i]) * 1099511628211ull;
-    for (uint32_t k = 0; k < rc->ncov; k++)
-        h = (h ^ (uint64_t)(rc->cov[k] - rc->b->wr)) * 1099511628211ull;
-    return h ^ h >> 29;
+    uint64_t h = hash_fnv1a(key, sizeof key, HASH_FNV_INIT);
+    for (uint32_t k = 0; k < rc->ncov; k++) {
+        uint32_t idx = (uint32_t)(rc->cov[k] - rc->b->wr);
+        h = hash_fnv1a(&idx, sizeof idx, h);
+    }
+    return h ^ h >> 29;     /* the table takes the low bits */
 }
 
 static bool memo_same(const Race *rc, const CovMemo *m, const RAcc *a, uint64_t h)
