@@ -69,7 +69,9 @@ static void run_usage(FILE *out)
             "                     (ChatML, Llama 3, Zephyr or Llama 2, as its chat template\n"
             "                     writes, else from the tokenizer's special tokens),\n"
             "                     after the system turn the template writes when none\n"
-            "                     is given (SmolLM2's, Qwen2.5's); the reply follows\n"
+            "                     is given (SmolLM2's, Qwen2.5's; Llama 3.1-3.3's always,\n"
+            "                     dated as it dates it: 3.2's with today's date); the\n"
+            "                     reply follows\n"
             "  --system TEXT      a system turn before it (implies --chat)\n"
             "  -i, --interactive  a conversation: each line of standard input is a user\n"
             "                     turn (the first may be --prompt), each reply generated\n"
@@ -207,32 +209,43 @@ static int run_option_apply(RunOptions *o, const char *opt, const char *val)
 
 /* ---- chat formats ---- */
 
+/* How a format strips its texts as the template does (Jinja's trim and
+ * Python's strip()): not at all, each turn's text (Llama 3's
+ * `content | trim`), or the text of one [INST] block, its <<SYS>> turn and
+ * the user's together (Llama 2's `content.strip()`). */
+typedef enum { TRIM_NONE, TRIM_TURNS, TRIM_BLOCK } ChatTrim;
+
 /* A chat format: the chat template kind that names it, the special token
  * that identifies it where no template does (NULL: only a template), what
  * the first turn starts with, printf formats of a system turn and a user
  * turn (the text, then the EOS token's text: "%.0s" where unused), the
- * start of the assistant's reply, and what ends a reply (the stop token,
+ * start of the assistant's reply, what ends a reply (the stop token,
  * which generation samples but does not run, and what follows it; the
- * EOS text its one argument). */
+ * EOS text its one argument), and a block the system and user turns are
+ * written into together ("%s"; NULL: none). */
 typedef struct {
     ChatKind kind;
-    const char *marker, *first, *system, *user, *reply, *end;
-    const char *user_after_system;  /* the user turn right after a system turn (NULL: user) */
+    const char *marker, *first, *system, *user, *reply, *end, *block;
+    ChatTrim trim;
 } ChatFormat;
+
+#define LLAMA3_TURNS                                                                                                  \
+    "<|begin_of_text|>", "<|start_header_id|>system<|end_header_id|>\n\n%s<|eot_id|>%.0s",                           \
+        "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|>%.0s",                                               \
+        "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>%.0s", NULL, TRIM_TURNS
 
 static const ChatFormat chat_formats[] = {
     {CHAT_CHATML, "<|im_start|>", "", "<|im_start|>system\n%s<|im_end|>\n%.0s", "<|im_start|>user\n%s<|im_end|>\n%.0s",
-     "<|im_start|>assistant\n", "<|im_end|>\n%.0s", NULL},
-    {CHAT_LLAMA3, "<|start_header_id|>", "<|begin_of_text|>",
-     "<|start_header_id|>system<|end_header_id|>\n\n%s<|eot_id|>%.0s",
-     "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|>%.0s", "<|start_header_id|>assistant<|end_header_id|>\n\n",
-     "<|eot_id|>%.0s", NULL},
-    {CHAT_ZEPHYR, NULL, "", "<|system|>\n%s%s\n", "<|user|>\n%s%s\n", "<|assistant|>\n", "%s\n", NULL},
+     "<|im_start|>assistant\n", "<|im_end|>\n%.0s", NULL, TRIM_NONE},
+    {CHAT_LLAMA3, "<|start_header_id|>", LLAMA3_TURNS},
+    /* Llama 3.1: the same turns, and a system turn always (run_turn_text) */
+    {CHAT_LLAMA31, NULL, LLAMA3_TURNS},
+    {CHAT_LLAMA31_TODAY, NULL, LLAMA3_TURNS},
+    {CHAT_ZEPHYR, NULL, "", "<|system|>\n%s%s\n", "<|user|>\n%s%s\n", "<|assistant|>\n", "%s\n", NULL, TRIM_NONE},
     /* Llama 2: the system turn inside the first [INST]; a reply is
      * followed by ' ' and EOS (the template's ' ' + reply + ' ' + eos:
      * the reply's own first token brings the space before it) */
-    {CHAT_LLAMA2, NULL, "", "<s>[INST] <<SYS>>\n%s\n<</SYS>>\n\n%.0s", "<s>[INST] %s [/INST]%.0s", "", " %s",
-     "%s [/INST]%.0s"},
+    {CHAT_LLAMA2, NULL, "", "<<SYS>>\n%s\n<</SYS>>\n\n%.0s", "%s%.0s", "", " %s", "<s>[INST] %s [/INST]", TRIM_BLOCK},
 };
 
 static const ChatFormat *chat_format(const RunChat *c)
@@ -249,6 +262,54 @@ static const ChatFormat *chat_format(const RunChat *c)
     return NULL;
 }
 
+/* Bytes of the white space Python's str.strip() removes that starts at s
+ * (of n bytes): ASCII's, \x1c-\x1f, and the Unicode spaces in UTF-8; 0
+ * for none. */
+static size_t space_at(const unsigned char *s, size_t n)
+{
+    if (n && (*s == ' ' || (*s >= '\t' && *s <= '\r') || (*s >= 0x1c && *s <= 0x1f)))
+        return 1;
+    if (n >= 2 && s[0] == 0xc2 && (s[1] == 0x85 || s[1] == 0xa0))
+        return 2;
+    if (n < 3)
+        return 0;
+    unsigned cp = (s[0] & 0x0fu) << 12 | (s[1] & 0x3fu) << 6 | (s[2] & 0x3fu);
+    bool utf8 = (s[0] & 0xf0) == 0xe0 && (s[1] & 0xc0) == 0x80 && (s[2] & 0xc0) == 0x80;
+    return utf8 && (cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 ||
+                    cp == 0x202f || cp == 0x205f || cp == 0x3000)
+               ? 3
+               : 0;
+}
+
+/* text without the white space at its ends, as Python's strip(). */
+static char *stripped(const char *text)
+{
+    const unsigned char *s = (const unsigned char *)text;
+    size_t n = strlen(text), a = 0, b = n, k;
+    while (a < n && (k = space_at(s + a, n - a)) > 0)
+        a += k;
+    for (bool more = true; more && b > a;) {
+        more = false;
+        for (k = 1; k <= 3 && k <= b - a; k++)
+            if (space_at(s + b - k, k) == k) {
+                b -= k;
+                more = true;
+                break;
+            }
+    }
+    return xstrndup(text + a, b - a);
+}
+
+/* "07 Dec 2026": the local day, as strftime_now("%d %b %Y") writes it
+ * (the template's own fallback date where the clock cannot be read). */
+static void today_write(char out[32])
+{
+    time_t now = time(NULL);
+    struct tm tm;
+    if (!localtime_r(&now, &tm) || !strftime(out, 32, "%d %b %Y", &tm))
+        snprintf(out, 32, "26 Jul 2024");
+}
+
 char *run_prompt_text(const RunOptions *o, const RunChat *c)
 {
     return run_turn_text(o, o->prompt ? o->prompt : "", true, c);
@@ -261,16 +322,42 @@ char *run_turn_text(const RunOptions *o, const char *prompt, bool first, const R
     const ChatFormat *f = chat_format(c);
     if (!f)
         return NULL;
-    const char *eos = c->eos ? c->eos : "", *system = o->system ? o->system : c->default_system;
-    bool with_sys = system && first;
-    char *sys = with_sys ? xasprintf(f->system, system, eos) : xstrdup("");
-    char *user = xasprintf(with_sys && f->user_after_system ? f->user_after_system : f->user, prompt, eos);
+    const char *eos = c->eos ? c->eos : "";
+    bool dated = f->kind == CHAT_LLAMA31 || f->kind == CHAT_LLAMA31_TODAY;
+    /* a Llama 3.1 template's preamble, else a ChatML template's default
+     * system turn where the conversation gives none */
+    const char *preamble = dated && c->default_system ? c->default_system : "";
+    const char *system = o->system ? o->system : dated ? NULL : c->default_system;
+    char *sys = NULL;
+    if (first && (system || dated)) {
+        char day[32] = "";
+        if (f->kind == CHAT_LLAMA31_TODAY && c->today)
+            snprintf(day, sizeof day, "%s", c->today);
+        else if (f->kind == CHAT_LLAMA31_TODAY)
+            today_write(day);
+        char *text = f->trim == TRIM_TURNS ? stripped(system ? system : "") : xstrdup(system ? system : "");
+        char *whole = xasprintf("%s%s%s%s%s", preamble, *day ? "Today Date: " : "", day, *day ? "\n\n" : "", text);
+        sys = xasprintf(f->system, whole, eos);
+        free(text);
+        free(whole);
+    }
+    char *text = f->trim == TRIM_TURNS ? stripped(prompt) : xstrdup(prompt);
+    char *user = xasprintf(f->user, text, eos);
+    free(text);
+    char *turns = xasprintf("%s%s", sys ? sys : "", user);
+    if (f->block) {
+        char *inner = f->trim == TRIM_BLOCK ? stripped(turns) : xstrdup(turns);
+        free(turns);
+        turns = xasprintf(f->block, inner);
+        free(inner);
+    }
     char *end = xasprintf(f->end, eos);
-    char *text = xasprintf("%s%s%s%s", first ? f->first : end, sys, user, f->reply);
+    char *out = xasprintf("%s%s%s", first ? f->first : end, turns, f->reply);
     free(sys);
     free(user);
+    free(turns);
     free(end);
-    return text;
+    return out;
 }
 
 static void run_options_default(RunOptions *o)

@@ -293,9 +293,11 @@ static bool pass_tok_import(Compilation *c)
     char detail[128] = "";
     const char *sys;
     ChatKind k = c->tok ? tok_chat(c->tok, &sys) : CHAT_UNKNOWN;
+    bool dated = k == CHAT_LLAMA31 || k == CHAT_LLAMA31_TODAY;
     if (c->tok)
         snprintf(detail, sizeof detail, "%d tokens%s%s%s", tok_vocab(c->tok), k ? ", chat template: " : "",
-                 k ? chat_kind_name(k) : "", k && sys ? " (with a default system turn)" : "");
+                 k ? chat_kind_name(k) : "",
+                 dated ? " (a system turn always)" : k && sys ? " (with a default system turn)" : "");
     return pass_done(c, "tok_import", c->tok != NULL, detail);
 }
 

@@ -79,14 +79,17 @@ void run_stop_say(int token, int bos, int eos);
  * characters has a piece or a byte token (and no BOS was added). */
 void run_no_tokens_say(const char *text);
 /* What the model's tokenizer says of chat formats: the one its chat
- * template writes (ChatKind; CHAT_UNKNOWN: none known), that template's
- * default system turn (or NULL), the EOS token's text (Zephyr's turns end
+ * template writes (ChatKind; CHAT_UNKNOWN: none known), the text that goes
+ * with it (ChatML's default system turn, Llama 3.1's preamble:
+ * runtime/tokenizer.h; or NULL), the EOS token's text (Zephyr's turns end
  * with it), and is_special(ctx, piece): whether the tokenizer encodes
  * piece as one token, to find a format by its special tokens where the
- * template says nothing. */
+ * template says nothing. today: the date CHAT_LLAMA31_TODAY writes
+ * ("07 Dec 2026"); NULL, the local day it runs. */
 typedef struct {
     int kind;
     const char *default_system;
+    const char *today;
     const char *eos;
     bool (*is_special)(void *ctx, const char *piece);
     void *ctx;

@@ -132,9 +132,11 @@ int megac_encode_dropped(const megac_model *m, int *first, size_t *at);
 /* 1 if the tokenizer's default puts BOS before `text` (see above). */
 int megac_wants_bos(const megac_model *m, const char *text);
 /* The chat format the model's chat template writes (0 unknown, 1 ChatML,
- * 2 Llama 3, 3 Zephyr, 4 Llama 2: runtime/tokenizer.h's ChatKind), and in
- * *default_system (may be NULL) the system turn it writes when a
- * conversation gives none, or NULL. */
+ * 2 Llama 3, 3 Zephyr, 4 Llama 2, 5 Llama 3.1, 6 Llama 3.1 with the day it
+ * runs: runtime/tokenizer.h's ChatKind), and in *default_system (may be
+ * NULL) the text that goes with it, or NULL: for ChatML the system turn
+ * it writes when a conversation gives none, for 5 and 6 the preamble of
+ * the system turn it always writes (tokenizer.h). */
 int megac_chat_format(const megac_model *m, const char **default_system);
 /* Text of one token (valid until the next call on m); handles byte pieces
  * and the leading-space rule after BOS. */

@@ -217,7 +217,7 @@ void tok_set_always_bos(Tokenizer *t, bool always)
 
 void tok_set_chat(Tokenizer *t, ChatKind k, const char *default_system)
 {
-    if ((unsigned)k > CHAT_LLAMA2 || (default_system && strlen(default_system) > TOK_MAX_SYSTEM)) {
+    if ((unsigned)k >= CHAT_KINDS || (default_system && strlen(default_system) > TOK_MAX_SYSTEM)) {
         tok_fail(t, "chat format %d (or its system turn) out of range", (int)k);
         return;
     }
@@ -1363,11 +1363,11 @@ static bool tok_read_chat(Tokenizer *t, Reader *r)
     uint32_t kind = rd_u32(r), len = rd_u32(r);
     if (!r->ok)
         tok_fail(t, "the file ends inside the chat format");
-    else if (kind > CHAT_LLAMA2)
+    else if (kind >= CHAT_KINDS)
         tok_fail(t, "chat format %u is unknown", kind);
     else if (len > TOK_MAX_SYSTEM)
         tok_fail(t, "a chat system turn of %u bytes (at most %d)", len, TOK_MAX_SYSTEM);
-    if (!r->ok || kind > CHAT_LLAMA2 || len > TOK_MAX_SYSTEM)
+    if (!r->ok || kind >= CHAT_KINDS || len > TOK_MAX_SYSTEM)
         return false;
     const unsigned char *b = len ? rd_bytes(r, len) : NULL;
     if (len && (!b || memchr(b, 0, len) || !tok_utf8_valid((const char *)b, len))) {

@@ -33,9 +33,19 @@ typedef struct Tokenizer Tokenizer;     /* opaque; see tokenizer.c */
 /* The chat format a model's chat template writes (the importers read the
  * template; `megac run --chat` writes turns in it). CHAT_UNKNOWN: no
  * template, or one megac does not recognize (the run then looks for a
- * format's special tokens). */
+ * format's special tokens). With each kind the tokenizer keeps a text
+ * (tok_set_chat's default_system): for ChatML the system turn the template
+ * writes when a conversation gives none; for the two Llama 3.1 kinds (Llama
+ * 3 turns, and a system turn always written, which starts with a preamble:
+ * "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n",
+ * then the conversation's system text, if any) that preamble, whole for
+ * CHAT_LLAMA31, and for CHAT_LLAMA31_TODAY without its "Today Date: ...\n\n"
+ * line, which then gives the day the model runs (Llama 3.2's templates call
+ * strftime_now); no text for the others. */
 typedef enum {
-    CHAT_UNKNOWN = 0, CHAT_CHATML = 1, CHAT_LLAMA3 = 2, CHAT_ZEPHYR = 3, CHAT_LLAMA2 = 4
+    CHAT_UNKNOWN = 0, CHAT_CHATML = 1, CHAT_LLAMA3 = 2, CHAT_ZEPHYR = 3, CHAT_LLAMA2 = 4,
+    CHAT_LLAMA31 = 5, CHAT_LLAMA31_TODAY = 6,
+    CHAT_KINDS      /* one past the last */
 } ChatKind;
 #define TOK_MAX_SYSTEM 65536    /* bytes of a template's default system turn */
 

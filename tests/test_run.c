@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define SHARED MEGAC_SRC "/../shared"
@@ -689,6 +690,8 @@ Test(run_cmd, chat_templates_render_as_jinja)
         {"llama3", CHAT_LLAMA3, NULL},
         {"zephyr", CHAT_ZEPHYR, NULL},
         {"llama2", CHAT_LLAMA2, NULL},
+        {"llama3.1", CHAT_LLAMA31, "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"},
+        {"llama3.2", CHAT_LLAMA31_TODAY, "Cutting Knowledge Date: December 2023\n"},
     };
     int checked = 0;
     for (int i = 0; i < doc.root->n; i++) {
@@ -707,7 +710,9 @@ Test(run_cmd, chat_templates_render_as_jinja)
         const char *chat[] = {"--chat"};
         cr_assert_eq(parse(&o, chat, 1), -1);
         o.system = doc_is_null(sys) ? NULL : sys->str;
-        RunChat c = {.kind = k, .default_system = dsys, .eos = doc_get(e, "eos")->str, .is_special = never_special};
+        /* make_golden.py's day for strftime_now */
+        RunChat c = {.kind = k, .default_system = dsys, .today = "07 Dec 2026", .eos = doc_get(e, "eos")->str,
+                     .is_special = never_special};
         char *got = run_turn_text(&o, turns->items[0]->str, true, &c);
         /* a reply as the model writes it: SPM's first piece brings its space */
         const char *space = k == CHAT_LLAMA2 ? " " : "";
@@ -723,7 +728,7 @@ Test(run_cmd, chat_templates_render_as_jinja)
         free(dsys);
         run_options_free(&o);
     }
-    cr_assert_eq(checked, 20);
+    cr_assert_eq(checked, 42);
     doc_free(&doc);
 }
 
@@ -752,6 +757,55 @@ Test(run_cmd, chat_templates_unknown_and_ambiguous)
     cr_assert_eq(chat_template_kind(one, strlen(one), &sys), CHAT_CHATML);
     cr_assert_str_eq(sys, "A 'quoted'");
     free(sys);
+}
+
+/* A Llama 3 template with a knowledge-cutoff line but no date it sets or
+ * takes (neither date_string = "..." nor strftime_now) stays plain Llama
+ * 3: no preamble is made up; a date_string set from elsewhere is not a
+ * date. */
+Test(run_cmd, chat_templates_llama31_needs_its_date)
+{
+    static const char *const plain[] = {
+        "{{ '<|start_header_id|>system<|end_header_id|>\\n\\n' }}{{ 'Cutting Knowledge Date: December 2023\\n' }}"
+        "{{ 'Today Date: ' + date_string + '\\n\\n' }}",
+        "{%- set date_string = other %}{{ '<|start_header_id|>' }}{{ 'Cutting Knowledge Date: X\\n' }}{{ 'Today Date: ' }}",
+        /* the cutoff outside a tag is not a literal the template writes */
+        "{%- set date_string = '1 Jan 2025' %}<|start_header_id|>'Cutting Knowledge Date: X\\n'{{ 'Today Date: ' }}",
+    };
+    for (size_t i = 0; i < sizeof plain / sizeof *plain; i++) {
+        char *sys;
+        cr_assert_eq(chat_template_kind(plain[i], strlen(plain[i]), &sys), CHAT_LLAMA3, "%s", plain[i]);
+        cr_assert_null(sys);
+    }
+    const char *set = "{%- set date_string = \"1 Jan 2025\" %}{{ '<|start_header_id|>' }}"
+                      "{{ \"Cutting Knowledge Date: X\\n\" }}{{ \"Today Date: \" + date_string }}";
+    char *sys;
+    cr_assert_eq(chat_template_kind(set, strlen(set), &sys), CHAT_LLAMA31);
+    cr_assert_str_eq(sys, "Cutting Knowledge Date: X\nToday Date: 1 Jan 2025\n\n");
+    free(sys);
+}
+
+/* Where the template takes today's date, the turn gives the local day, as
+ * strftime("%d %b %Y") writes it (read before and after: midnight). */
+Test(run_cmd, chat_llama31_today_is_the_local_day)
+{
+    RunOptions o;
+    const char *chat[] = {"--chat"};
+    cr_assert_eq(parse(&o, chat, 1), -1);
+    char before[32], after[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    strftime(before, sizeof before, "%d %b %Y", localtime_r(&now, &tm));
+    RunChat c = {.kind = CHAT_LLAMA31_TODAY, .default_system = "Cutoff\n", .eos = "<|eot_id|>",
+                 .is_special = never_special};
+    char *got = run_turn_text(&o, "Hi", true, &c);
+    now = time(NULL);
+    strftime(after, sizeof after, "%d %b %Y", localtime_r(&now, &tm));
+    char *want1 = xasprintf("system<|end_header_id|>\n\nCutoff\nToday Date: %s\n\n<|eot_id|>", before);
+    char *want2 = xasprintf("system<|end_header_id|>\n\nCutoff\nToday Date: %s\n\n<|eot_id|>", after);
+    cr_assert(strstr(got, want1) || strstr(got, want2), "%s", got);
+    free(want1), free(want2), free(got);
+    run_options_free(&o);
 }
 
 /* ---- damaged bundles ---- */
@@ -997,6 +1051,36 @@ Test(run_cmd, hf_folder_chat_template)
     cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
     cr_assert(strstr(err, "tokenizer_config.json: warning: this file does not read as JSON"), "%s", err);
     cr_assert(strncmp(out, "<|begin_of_text|><|start_header_id|>user", 40) == 0, "%s", out);
+    free(args);
+    /* Llama 3.2's dated system turn, through a bundle (its tokenizer.bin
+     * keeps the kind and the preamble), on the day it runs; Llama 3's
+     * turns are stripped */
+    cmd = xasprintf("printf '%%s' '{%%- if strftime_now is defined %%}{%%- set date_string = strftime_now(\"%%d %%b "
+                    "%%Y\") %%}{%%- endif %%}{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}{{- "
+                    "\"Cutting Knowledge Date: December 2023\\n\" }}{{- \"Today Date: \" + date_string }}' > "
+                    "%s/chat_template.jinja",
+                    dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    free(cmd);
+    args = xasprintf("%s --chat -p ' the a ' --system ' Be. ' -n 100 --temp 0", dir);
+    char day[2][32];
+    time_t now = time(NULL);
+    struct tm tm;
+    strftime(day[0], sizeof day[0], "%d %b %Y", localtime_r(&now, &tm));
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
+    now = time(NULL);
+    strftime(day[1], sizeof day[1], "%d %b %Y", localtime_r(&now, &tm));
+    cr_assert(strstr(err, "chat template: Llama 3.1 (today's date) (a system turn always)"), "%s", err);
+    bool found = false;
+    for (int i = 0; i < 2; i++) {
+        char *want = xasprintf("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge "
+                               "Date: December 2023\nToday Date: %s\n\nBe.<|eot_id|><|start_header_id|>user<|end_"
+                               "header_id|>\n\nthe a<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+                               day[i]);
+        found = found || !strncmp(out, want, strlen(want));
+        free(want);
+    }
+    cr_assert(found, "%s", out);
     free(args);
     cmd = xasprintf("rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);

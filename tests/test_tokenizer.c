@@ -813,6 +813,14 @@ Test(tokenizer, native_flags_and_version_1)
     cr_assert_eq(tok_chat(u, &sys), CHAT_CHATML);
     cr_assert_str_eq(sys, "Be kind.");
     tok_free(u);
+    /* the last kind, with its text (Llama 3.1's preamble) */
+    tok_set_chat(t, CHAT_LLAMA31_TODAY, "Cutting Knowledge Date: December 2023\n");
+    cr_assert(tok_save(t, path, err, sizeof err), "%s", err);
+    u = tok_load(path, err, sizeof err);
+    cr_assert(u, "%s", err);
+    cr_assert_eq(tok_chat(u, &sys), CHAT_LLAMA31_TODAY);
+    cr_assert_str_eq(sys, "Cutting Knowledge Date: December 2023\n");
+    tok_free(u);
     tok_free(t);
 
     t = tok512();
@@ -828,6 +836,7 @@ Test(tokenizer, native_flags_and_version_1)
         size_t have;            /* bytes of it the file holds */
         const char *why;
     } bad[] = {{9, 0, "", 0, "chat format 9 is unknown"},
+               {CHAT_KINDS, 0, "", 0, "is unknown"},
                {1, 2, "a\0", 2, "the chat system turn is not UTF-8 text"},
                {1, 1, "\xff", 1, "the chat system turn is not UTF-8 text"},
                {1, 4, "ab", 2, "the file ends inside the chat system turn"}};
