@@ -4,6 +4,9 @@
  * Grammar accepted: any YAML 1.1 document made of mappings, sequences and
  * scalars (block or flow, so JSON too). Aliases are rejected; duplicate
  * mapping keys are errors (JSON allows them, a model description must not).
+ * JSON is read as YAML reads it, so more leniently than a JSON reader (a
+ * trailing comma, an unquoted string are accepted); its syntax errors are
+ * told in JSON's words (json_words).
  */
 #include "compiler/doc.h"
 #include "runtime/tokenizer.h"
@@ -43,16 +46,57 @@ void doc_note(Doc *doc, Diag *d, const DocNode *n, const char *fmt, ...)
     va_end(ap);
 }
 
+/* What a JSON reader says where libyaml reports `problem` `context` (NULL
+ * context: any), and what its context mark points at (NULL: no note). */
+static const struct {
+    const char *problem, *context, *json, *starts;
+} json_words[] = {
+    {"did not find expected ',' or '}'", "while parsing a flow mapping", "expected ',' or '}' in this object",
+     "the object starts here"},
+    {"did not find expected ',' or ']'", "while parsing a flow sequence", "expected ',' or ']' in this array",
+     "the array starts here"},
+    {"did not find expected node content", NULL, "expected a value", NULL},
+    {"found unexpected end of stream", "while scanning a quoted scalar", "the file ends inside this string",
+     "the string starts here"},
+    {"found unknown escape character", NULL, "unknown escape in a string", "the string starts here"},
+    {"did not find expected hexdecimal number", NULL, "a \\u escape needs four hex digits",
+     "the string starts here"},
+    {"did not find expected <document start>", NULL, "text after the end of the JSON value", NULL},
+    {"found character that cannot start any token", NULL, "this character cannot start a JSON value", NULL},
+};
+
+/* A document whose first byte after white space is '{' or '[' reads as
+ * JSON (config.json, tokenizer.json, a safetensors header): its syntax
+ * errors are told in JSON's words, not YAML's. */
+static bool doc_looks_json(const Doc *doc)
+{
+    const char *t = doc->src.text;
+    size_t i = 0;
+    while (i < doc->src.len && (t[i] == ' ' || t[i] == '\t' || t[i] == '\r' || t[i] == '\n'))
+        i++;
+    return i < doc->src.len && (t[i] == '{' || t[i] == '[');
+}
+
 static bool next_event(Builder *b)
 {
     if (!yaml_parser_parse(&b->p, &b->ev)) {
-        const yaml_mark_t *m = &b->p.problem_mark;
-        diag_error(b->d, &b->doc->src, (int)m->line + 1, (int)m->column + 1, "%s%s%s",
-                   b->p.problem ? b->p.problem : "syntax error",
-                   b->p.context ? " " : "", b->p.context ? b->p.context : "");
-        const yaml_mark_t *c = &b->p.context_mark;
-        if (b->p.context && (c->line != m->line || c->column != m->column)) /* at the end of a file, the only caret */
-            diag_note(b->d, &b->doc->src, (int)c->line + 1, (int)c->column + 1, "it starts here (%s)", b->p.context);
+        const yaml_mark_t *m = &b->p.problem_mark, *c = &b->p.context_mark;
+        const char *problem = b->p.problem ? b->p.problem : "syntax error", *context = b->p.context;
+        char starts[128] = "";
+        if (context)
+            snprintf(starts, sizeof starts, "it starts here (%s)", context);
+        for (size_t i = 0; i < sizeof json_words / sizeof *json_words && doc_looks_json(b->doc); i++)
+            if (!strcmp(problem, json_words[i].problem) &&
+                (!json_words[i].context || (context && !strcmp(context, json_words[i].context)))) {
+                problem = json_words[i].json;
+                context = NULL;
+                snprintf(starts, sizeof starts, "%s", json_words[i].starts ? json_words[i].starts : "");
+                break;
+            }
+        diag_error(b->d, &b->doc->src, (int)m->line + 1, (int)m->column + 1, "%s%s%s", problem, context ? " " : "",
+                   context ? context : "");
+        if (*starts && b->p.context && (c->line != m->line || c->column != m->column)) /* at the end of a file, the only caret */
+            diag_note(b->d, &b->doc->src, (int)c->line + 1, (int)c->column + 1, "%s", starts);
         b->ok = false;
         return false;
     }

@@ -92,6 +92,52 @@ Test(util, half_roundtrip)
     cr_assert_float_eq(bf16_to_f32(0x4049), 3.140625f, 0);
 }
 
+/* A document that starts with '{' or '[' is told its syntax errors in
+ * JSON's words (libyaml's are YAML's: "flow mapping", "quoted scalar"),
+ * with a note where the unclosed object, array or string starts. */
+Test(doc, json_syntax_errors_in_json_words)
+{
+    static const struct {
+        const char *text, *want;
+    } cases[] = {
+        {"{\"a\" 1}", "t.json:1:6: error: expected ',' or '}' in this object\n"
+                      "t.json:1:1: note: the object starts here\n"},
+        {"\n [1, 2", "t.json:3:1: error: expected ',' or ']' in this array\nt.json:2:2: note: the array starts here\n"},
+        {"{\"a\": [1, }", "t.json:1:11: error: expected a value\n"},
+        {"{\"a\": \"b", "t.json:1:9: error: the file ends inside this string\nt.json:1:7: note: the string starts here\n"},
+        {"{\"a\": \"\\u12\"}", "t.json:1:10: error: a \\u escape needs four hex digits\n"
+                              "t.json:1:7: note: the string starts here\n"},
+        {"{\"a\": 1}}", "t.json:1:9: error: text after the end of the JSON value\n"},
+        {"{\"a\": @}", "t.json:1:7: error: this character cannot start a JSON value\n"},
+        /* YAML stays in YAML's words */
+        {"a: [1, 2", "t.json:2:1: error: did not find expected ',' or ']' while parsing a flow sequence\n"
+                     "t.json:1:4: note: it starts here (while parsing a flow sequence)\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *out = open_memstream(&buf, &len);
+        Diag d = {.out = out};
+        Doc doc;
+        cr_assert_not(doc_parse(&doc, "t.json", xstrdup(cases[i].text), strlen(cases[i].text), &d), "%s", cases[i].text);
+        doc_free(&doc);
+        fclose(out);
+        /* the messages, without the quoted source lines */
+        char *got = xstrdup(""), *line = buf;
+        for (char *nl; line && *line; line = nl ? nl + 1 : NULL) {
+            nl = strchr(line, '\n');
+            if (*line == ' ')
+                continue;
+            char *more = xasprintf("%s%.*s\n", got, (int)(nl ? nl - line : (ptrdiff_t)strlen(line)), line);
+            free(got);
+            got = more;
+        }
+        cr_assert_str_eq(got, cases[i].want, "%s", cases[i].text);
+        free(got);
+        free(buf);
+    }
+}
+
 Test(doc, positions_and_json)
 {
     Doc doc;
