@@ -267,19 +267,20 @@ static bool doc_bytes_check(const Doc *doc, Diag *d)
     size_t bol = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = t[i];
-        int col = (int)(i - bol) + 1, k;
+        const char *bol_at = (const char *)t + bol, *at = (const char *)t + i;    /* diag_col(bol_at, at) */
+        int k;
         if (c == '\n') {
             line++;
             bol = i + 1;
         } else if (c == 0) {
-            diag_error(d, &doc->src, line, col, "a NUL byte is not allowed here (is this a text file?)");
+            diag_error(d, &doc->src, line, diag_col(bol_at, at), "a NUL byte is not allowed here (is this a text file?)");
             return false;
         } else if ((c < 0x20 && c != '\t' && c != '\r') || c == 0x7F) {
-            diag_error(d, &doc->src, line, col, "control character 0x%02x is not allowed", c);
+            diag_error(d, &doc->src, line, diag_col(bol_at, at), "control character 0x%02x is not allowed", c);
             return false;
         } else if (c >= 0x80) {
-            if (!(k = tok_utf8_len((const char *)t + i, n - i))) {
-                diag_error(d, &doc->src, line, col, "invalid UTF-8 (byte 0x%02x)", c);
+            if (!(k = tok_utf8_len(at, n - i))) {
+                diag_error(d, &doc->src, line, diag_col(bol_at, at), "invalid UTF-8 (byte 0x%02x)", c);
                 return false;
             }
             i += (size_t)k - 1;

@@ -33,6 +33,66 @@ static bool utf8_continuation(char c)
     return ((unsigned char)c & 0xC0) == 0x80;
 }
 
+/* The length of the well-formed UTF-8 character at s (0: not one): the
+ * rule of runtime/tokenizer.c's tok_utf8_len (the runtime links nothing of
+ * ir/, nor ir/ of the runtime). */
+static int utf8_char_len(const unsigned char *s)
+{
+    int n = s[0] < 0x80 ? 1 : s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
+          : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
+    for (int i = 1; i < n; i++)
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+    if ((n == 3 && ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0))) ||
+        (n == 4 && ((s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90))))
+        return 0;   /* overlong, a surrogate, past U+10FFFF */
+    return n;
+}
+
+/* The bytes of the character at s[0..n): a UTF-8 character's, else 1. */
+static size_t char_bytes(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t k = u[0] < 0x80 ? 1 : u[0] >= 0xF0 ? 4 : u[0] >= 0xE0 ? 3 : 2;
+    return k <= n && utf8_char_len(u) == (int)k ? k : 1;
+}
+
+int diag_col(const char *line, const char *at)
+{
+    int col = 1;
+    for (const char *p = line; p < at; col++)
+        p += char_bytes(p, (size_t)(at - p));
+    return col;
+}
+
+/* Terminal cells of the character at s[0..n): 2 for East Asian wide and
+ * full-width ones (CJK, Hangul, kana, emoji), 0 for combining marks and
+ * zero-width ones, else 1 (a rough wcwidth; the caret's padding). */
+static int char_cells(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t k = char_bytes(s, n);
+    if (k == 1)
+        return 1;
+    unsigned cp = k == 2 ? (u[0] & 0x1fu) << 6 | (u[1] & 0x3fu)
+                : k == 3 ? (u[0] & 0x0fu) << 12 | (u[1] & 0x3fu) << 6 | (u[2] & 0x3fu)
+                         : (u[0] & 0x07u) << 18 | (u[1] & 0x3fu) << 12 | (u[2] & 0x3fu) << 6 | (u[3] & 0x3fu);
+    static const unsigned zero[][2] = {{0x300, 0x36f}, {0x483, 0x489}, {0x591, 0x5bd}, {0x610, 0x61a},
+                                       {0x64b, 0x65f}, {0x200b, 0x200f}, {0x20d0, 0x20ff}, {0xfe00, 0xfe0f},
+                                       {0xfe20, 0xfe2f}};
+    static const unsigned wide[][2] = {{0x1100, 0x115f}, {0x2e80, 0x303e}, {0x3041, 0x33ff}, {0x3400, 0x4dbf},
+                                       {0x4e00, 0x9fff}, {0xa000, 0xa4cf}, {0xac00, 0xd7a3}, {0xf900, 0xfaff},
+                                       {0xfe30, 0xfe4f}, {0xff00, 0xff60}, {0xffe0, 0xffe6}, {0x1f300, 0x1f64f},
+                                       {0x1f900, 0x1f9ff}, {0x20000, 0x2fffd}, {0x30000, 0x3fffd}};
+    for (size_t i = 0; i < sizeof zero / sizeof *zero; i++)
+        if (cp >= zero[i][0] && cp <= zero[i][1])
+            return 0;
+    for (size_t i = 0; i < sizeof wide / sizeof *wide; i++)
+        if (cp >= wide[i][0] && cp <= wide[i][1])
+            return 2;
+    return 1;
+}
+
 static void print_source_line(FILE *out, const SrcFile *src, int line, int col)
 {
     if (!src || !src->text || line <= 0)
@@ -46,7 +106,10 @@ static void print_source_line(FILE *out, const SrcFile *src, int line, int col)
     const char *e = p;
     while (e < end && *e != '\n' && *e != '\r')
         e++;
-    size_t n = (size_t)(e - p), at = col <= 0 ? 0 : (size_t)col - 1 < n ? (size_t)col - 1 : n;
+    /* at: the byte where the col-th character starts (or the line's end) */
+    size_t n = (size_t)(e - p), at = 0;
+    for (int c = 1; c < col && at < n; c++)
+        at += char_bytes(p + at, n - at);
     size_t from = 0, to = n;
     if (n > SNIPPET_WIDTH + SNIPPET_WIDTH / 5) {
         from = at > SNIPPET_WIDTH / 2 ? at - SNIPPET_WIDTH / 2 : 0;
@@ -65,33 +128,20 @@ static void print_source_line(FILE *out, const SrcFile *src, int line, int col)
     if (col <= 0)
         return;
     fprintf(out, "      | %s", *pre ? "   " : "");
-    for (size_t i = from; i < at && i < to; i++)
-        fputc(p[i] == '\t' ? '\t' : ' ', out);
+    for (size_t i = from; i < at && i < to; i += char_bytes(p + i, to - i))
+        if (p[i] == '\t')
+            fputc('\t', out);
+        else
+            for (int k = char_cells(p + i, to - i); k > 0; k--)
+                fputc(' ', out);
     fputs("^\n", out);
-}
-
-/* s with its control characters other than newline and tab written as
- * \xNN: messages quote names and strings from the files they read, and a
- * damaged file's escape sequences must not reach the terminal. */
-/* The length of the well-formed UTF-8 character at s (0: not one): the
- * rule of runtime/tokenizer.c's tok_utf8_len (the runtime links nothing of
- * ir/, nor ir/ of the runtime). */
-static int utf8_char_len(const unsigned char *s)
-{
-    int n = s[0] < 0x80 ? 1 : s[0] >= 0xC2 && s[0] <= 0xDF ? 2 : s[0] >= 0xE0 && s[0] <= 0xEF ? 3
-          : s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : 0;
-    for (int i = 1; i < n; i++)
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-    if ((n == 3 && ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] >= 0xA0))) ||
-        (n == 4 && ((s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] >= 0x90))))
-        return 0;   /* overlong, a surrogate, past U+10FFFF */
-    return n;
 }
 
 /* A message is one line of text: control bytes (a newline too: a name
  * read from a file could forge a line of its own) and bytes that are not
- * UTF-8 are written as \xNN. */
+ * UTF-8 are written as \xNN (messages quote names and strings from the
+ * files they read, and a damaged file's escape sequences must not reach
+ * the terminal). */
 static void put_escaped(FILE *out, const char *s)
 {
     while (*s) {

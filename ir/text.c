@@ -228,7 +228,7 @@ typedef struct Parser {
 
 static int parser_col(const Parser *ps, const char *at)
 {
-    return (int)(at - ps->line) + 1;
+    return diag_col(ps->line, at);
 }
 
 /* Reports at `at` and marks the line failed; returns false. */

@@ -88,13 +88,16 @@ typedef struct Diag {
 
 void diag_init(Diag *d);
 /* Prints "path:line:col: error: msg", then the source line and a caret
- * under column col (1-based; line 0 means no location). */
+ * under column col (1-based, in characters: UTF-8 code points, as libyaml
+ * counts them, a byte that is not UTF-8 one; line 0 means no location). */
 void diag_error(Diag *d, const SrcFile *src, int line, int col, const char *fmt, ...) MEGAC_PRINTF(5, 6);
 void diag_warning(Diag *d, const SrcFile *src, int line, int col, const char *fmt, ...) MEGAC_PRINTF(5, 6);
 void diag_note(Diag *d, const SrcFile *src, int line, int col, const char *fmt, ...) MEGAC_PRINTF(5, 6);
 /* An error about a file as a whole (binary inputs: "path: error: ..."). */
 void diag_file_error(Diag *d, const char *path, const char *fmt, ...) MEGAC_PRINTF(3, 4);
 void diag_vreport(Diag *d, const char *kind, const SrcFile *src, int line, int col, const char *fmt, va_list ap);
+/* The column (as above) of `at` in the line that starts at `line`. */
+int diag_col(const char *line, const char *at);
 /* A tool's log after the message that cites it (NVRTC's): each line
  * indented, escaped as messages are. A message itself is one line: its
  * newlines are escaped too, so that a name read from a file cannot forge

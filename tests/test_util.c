@@ -29,6 +29,45 @@ Test(util, caret_diagnostic)
     cr_assert_str_eq(buf, "m.yaml:2:1: error: unknown key 'hiden'\n    2 | hiden: 2\n      | ^\n");
 }
 
+/* Columns count characters (as libyaml's marks do), and the caret's
+ * padding their terminal cells: a CJK character takes two, an accented
+ * letter one, a combining mark none; on a long line of such text the
+ * window is around the character the column names (it was cut around that
+ * byte offset: the caret fell inside a string 90 characters earlier). */
+Test(util, caret_counts_characters_and_cells)
+{
+    char buf[2048];
+    Diag d;
+    diag_into(&d, buf, sizeof buf);
+    const char *t = "k: \"e\xcc\x81\xc3\xa9\xe6\x97\xa5\" x\n";   /* e + U+0301, é, 日 */
+    SrcFile src = {.path = "m.yaml", .text = t, .len = strlen(t)};
+    cr_assert_eq(diag_col(t, strchr(t, 'x')), 11);
+    diag_error(&d, &src, 1, 11, "here");
+    fclose(d.out);
+    cr_assert_str_eq(buf, "m.yaml:1:11: error: here\n    1 | k: \"e\xcc\x81\xc3\xa9\xe6\x97\xa5\" x\n"
+                          "      |           ^\n");
+    /* a 400-character line of 3-byte characters, the column at its 'x' */
+    char *line = xmalloc(1300);
+    size_t n = 0;
+    for (int i = 0; i < 300; i++, n += 3)
+        memcpy(line + n, "\xe6\x97\xa5", 3);
+    memcpy(line + n, "\" x\n", 5);
+    n += 4;
+    src = (SrcFile){.path = "m.yaml", .text = line, .len = n};
+    cr_assert_eq(diag_col(line, line + n - 2), 303);
+    diag_into(&d, buf, sizeof buf);
+    diag_error(&d, &src, 1, 303, "here");
+    fclose(d.out);
+    /* the window: the line's last 100 bytes but the first, not a whole
+     * character: 32 characters and '" x', the caret under the x, 2 * 32 +
+     * 2 cells after the "..." */
+    char *want = xasprintf("m.yaml:1:303: error: here\n    1 | ...%.*s\n      |    %*s^\n", 99, line + 900 - 96,
+                           2 * 32 + 2, "");
+    cr_assert_str_eq(buf, want, "%s", buf);
+    free(want);
+    free(line);
+}
+
 /* Names and strings quoted from a file's bytes reach the terminal with
  * their control characters escaped (\xNN in messages and paths, '?' in a
  * quoted source line, where the caret keeps its column): a newline too (a
