@@ -262,40 +262,28 @@ static const ChatFormat *chat_format(const RunChat *c)
     return NULL;
 }
 
-/* Bytes of the white space Python's str.strip() removes that starts at s
- * (of n bytes): ASCII's, \x1c-\x1f, and the Unicode spaces in UTF-8; 0
- * for none. */
-static size_t space_at(const unsigned char *s, size_t n)
+/* Whether Python's str.isspace() holds for code point c: ASCII's white
+ * space, \x1c-\x1f, and the Unicode spaces. */
+static bool py_space(unsigned c)
 {
-    if (n && (*s == ' ' || (*s >= '\t' && *s <= '\r') || (*s >= 0x1c && *s <= 0x1f)))
-        return 1;
-    if (n >= 2 && s[0] == 0xc2 && (s[1] == 0x85 || s[1] == 0xa0))
-        return 2;
-    if (n < 3)
-        return 0;
-    unsigned cp = (s[0] & 0x0fu) << 12 | (s[1] & 0x3fu) << 6 | (s[2] & 0x3fu);
-    bool utf8 = (s[0] & 0xf0) == 0xe0 && (s[1] & 0xc0) == 0x80 && (s[2] & 0xc0) == 0x80;
-    return utf8 && (cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 ||
-                    cp == 0x202f || cp == 0x205f || cp == 0x3000)
-               ? 3
-               : 0;
+    return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f) || c == 0x85 || c == 0xa0 ||
+           c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f ||
+           c == 0x205f || c == 0x3000;
 }
 
 /* text without the white space at its ends, as Python's strip(). */
 static char *stripped(const char *text)
 {
-    const unsigned char *s = (const unsigned char *)text;
-    size_t n = strlen(text), a = 0, b = n, k;
-    while (a < n && (k = space_at(s + a, n - a)) > 0)
-        a += k;
-    for (bool more = true; more && b > a;) {
-        more = false;
-        for (k = 1; k <= 3 && k <= b - a; k++)
-            if (space_at(s + b - k, k) == k) {
-                b -= k;
-                more = true;
-                break;
-            }
+    size_t n = strlen(text), a = 0, b = 0;   /* [a, b): from the first character not a space to past the last */
+    bool seen = false;
+    for (size_t i = 0, k; i < n; i += k) {
+        unsigned cp;
+        k = utf8_next(text + i, n - i, &cp);
+        if (py_space(cp) && k == (cp < 0x80 ? 1u : cp < 0x800 ? 2u : 3u))  /* not a stray byte 0x85 or 0xa0 */
+            continue;
+        if (!seen)
+            a = i, seen = true;
+        b = i + k;
     }
     return xstrndup(text + a, b - a);
 }

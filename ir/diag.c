@@ -49,12 +49,25 @@ static int utf8_char_len(const unsigned char *s)
     return n;
 }
 
-/* The bytes of the character at s[0..n): a UTF-8 character's, else 1. */
-static size_t char_bytes(const char *s, size_t n)
+size_t utf8_next(const char *s, size_t n, unsigned *cp)
 {
     const unsigned char *u = (const unsigned char *)s;
     size_t k = u[0] < 0x80 ? 1 : u[0] >= 0xF0 ? 4 : u[0] >= 0xE0 ? 3 : 2;
-    return k <= n && utf8_char_len(u) == (int)k ? k : 1;
+    if (k == 1 || k > n || utf8_char_len(u) != (int)k) {
+        if (cp)
+            *cp = u[0];
+        return 1;
+    }
+    if (cp)
+        *cp = k == 2 ? (u[0] & 0x1fu) << 6 | (u[1] & 0x3fu)
+            : k == 3 ? (u[0] & 0x0fu) << 12 | (u[1] & 0x3fu) << 6 | (u[2] & 0x3fu)
+                     : (u[0] & 0x07u) << 18 | (u[1] & 0x3fu) << 12 | (u[2] & 0x3fu) << 6 | (u[3] & 0x3fu);
+    return k;
+}
+
+static size_t char_bytes(const char *s, size_t n)
+{
+    return utf8_next(s, n, NULL);
 }
 
 int diag_col(const char *line, const char *at)
@@ -70,13 +83,9 @@ int diag_col(const char *line, const char *at)
  * zero-width ones, else 1 (a rough wcwidth; the caret's padding). */
 static int char_cells(const char *s, size_t n)
 {
-    const unsigned char *u = (const unsigned char *)s;
-    size_t k = char_bytes(s, n);
-    if (k == 1)
+    unsigned cp;
+    if (utf8_next(s, n, &cp) == 1)
         return 1;
-    unsigned cp = k == 2 ? (u[0] & 0x1fu) << 6 | (u[1] & 0x3fu)
-                : k == 3 ? (u[0] & 0x0fu) << 12 | (u[1] & 0x3fu) << 6 | (u[2] & 0x3fu)
-                         : (u[0] & 0x07u) << 18 | (u[1] & 0x3fu) << 12 | (u[2] & 0x3fu) << 6 | (u[3] & 0x3fu);
     static const unsigned zero[][2] = {{0x300, 0x36f}, {0x483, 0x489}, {0x591, 0x5bd}, {0x610, 0x61a},
                                        {0x64b, 0x65f}, {0x200b, 0x200f}, {0x20d0, 0x20ff}, {0xfe00, 0xfe0f},
                                        {0xfe20, 0xfe2f}};

@@ -98,6 +98,10 @@ void diag_file_error(Diag *d, const char *path, const char *fmt, ...) MEGAC_PRIN
 void diag_vreport(Diag *d, const char *kind, const SrcFile *src, int line, int col, const char *fmt, va_list ap);
 /* The column (as above) of `at` in the line that starts at `line`. */
 int diag_col(const char *line, const char *at);
+/* The character at s[0..n), n > 0: its bytes, and in *cp (may be NULL)
+ * its code point; a byte that does not start a well-formed UTF-8
+ * character is one character, its code point the byte's value. */
+size_t utf8_next(const char *s, size_t n, unsigned *cp);
 /* A tool's log after the message that cites it (NVRTC's): each line
  * indented, escaped as messages are. A message itself is one line: its
  * newlines are escaped too, so that a name read from a file cannot forge
