@@ -78,8 +78,10 @@ static void run_usage(FILE *out)
             "                     on the cache the conversation left, in a window of -n\n"
             "                     positions (default: the model's context): when a turn\n"
             "                     would not fit, the oldest turns are dropped (the first\n"
-            "                     prompt kept) and the rest read again; bundle engines\n"
-            "                     only (implies --chat)\n"
+            "                     prompt kept) and the rest read again; a line that is\n"
+            "                     no turn it can take (a NUL byte, too many tokens even\n"
+            "                     then) is skipped, said, and the status is 2 at the\n"
+            "                     end; bundle engines only (implies --chat)\n"
             "  -h, --help         this text\n\n"
             "The text goes to stdout; prompt/generated token counts and tok/s to stderr.\n"
             "Exit status: 0 done, 1 the run failed (logits that cannot be sampled, a kernel\n"
@@ -157,10 +159,12 @@ static int run_option_apply(RunOptions *o, const char *opt, const char *val)
             return -1;
         }
         size_t len = 0;
-        char *t = read_file(strcmp(val, "-") ? val : "/dev/stdin", &len);
+        char *t = read_file_max(strcmp(val, "-") ? val : "/dev/stdin", &len, RUN_MAX_TEXT);
         if (!t) {
             fprintf(stderr, "megac run: --prompt-file %s: cannot read: %s\n", val,
-                    errno == ENODEV ? "not a regular file (a device)" : strerror(errno));
+                    errno == ENODEV  ? "not a regular file (a device)"
+                    : errno == EFBIG ? "more than 256 MiB, the most a prompt may be"
+                                     : strerror(errno));
             return 2;
         }
         if (strlen(t) != len) {
@@ -186,7 +190,7 @@ static int run_option_apply(RunOptions *o, const char *opt, const char *val)
         o->top_k = (int)v;
     } else if (!strcmp(opt, "--top-p")) {
         if (!run_parse_float(val, 0, 1, &o->top_p) || o->top_p <= 0)
-            return run_bad_value(opt, val, "a number above 0, at most 1 (1: off)");
+            return run_bad_value(opt, val, "a number above 0 as a float, at most 1 (1: off)");
     } else if (!strcmp(opt, "--seed")) {
         if (!cli_parse_u64(val, &o->seed))
             return run_bad_value(opt, val, "a number in 0..%llu", (unsigned long long)UINT64_MAX);
@@ -248,7 +252,7 @@ static const ChatFormat chat_formats[] = {
     {CHAT_LLAMA2, NULL, "", "<<SYS>>\n%s\n<</SYS>>\n\n%.0s", "%s%.0s", "", " %s", "<s>[INST] %s [/INST]", TRIM_BLOCK},
 };
 
-static const ChatFormat *chat_format(const RunChat *c)
+static const ChatFormat *chat_format(const RunOptions *o, const RunChat *c)
 {
     for (size_t i = 0; i < sizeof chat_formats / sizeof *chat_formats; i++)
         if (c->kind == (int)chat_formats[i].kind)
@@ -256,9 +260,11 @@ static const ChatFormat *chat_format(const RunChat *c)
     for (size_t i = 0; i < sizeof chat_formats / sizeof *chat_formats; i++)
         if (chat_formats[i].marker && c->is_special(c->ctx, chat_formats[i].marker))
             return &chat_formats[i];
-    fprintf(stderr, "megac run: --chat: this model's tokenizer has no chat format megac knows (no chat template "
-                    "megac recognizes, and neither ChatML's <|im_start|> nor Llama 3's <|start_header_id|>); give the "
-                    "formatted text with --prompt\n");
+    fprintf(stderr, "megac run: %s: this model's tokenizer has no chat format megac knows (no chat template "
+                    "megac recognizes, and neither ChatML's <|im_start|> nor Llama 3's <|start_header_id|>); %s\n",
+            o->interactive ? "-i (a conversation in the model's chat format)" : o->system ? "--system" : "--chat",
+            o->interactive ? "run it without -i, the prompt formatted as the model wants it"
+                           : "give the formatted text with --prompt");
     return NULL;
 }
 
@@ -305,9 +311,16 @@ char *run_prompt_text(const RunOptions *o, const RunChat *c)
 
 char *run_turn_text(const RunOptions *o, const char *prompt, bool first, const RunChat *c)
 {
+    size_t len = strlen(prompt), slen = o->system ? strlen(o->system) : 0;
+    if (len > RUN_MAX_TEXT || slen > RUN_MAX_TEXT) {
+        fprintf(stderr, "megac run: the %s is %zu bytes: more than 256 MiB, the most megac reads\n",
+                len > RUN_MAX_TEXT ? (o->interactive ? "turn" : "prompt") : "system turn",
+                len > RUN_MAX_TEXT ? len : slen);
+        return NULL;
+    }
     if (!o->chat)
         return xstrdup(prompt);
-    const ChatFormat *f = chat_format(c);
+    const ChatFormat *f = chat_format(o, c);
     if (!f)
         return NULL;
     const char *eos = c->eos ? c->eos : "";
@@ -453,12 +466,17 @@ bool run_prompt_fits(int n, int steps, int max_seq)
     return false;
 }
 
-void run_drops_warn(const char *text, int n, int first, size_t at)
+const char *run_text_name(const RunOptions *o)
+{
+    return o->interactive ? "the turn in its chat format" : o->chat ? "the prompt in its chat format" : "the prompt";
+}
+
+void run_drops_warn(const char *text, const char *what, int n, int first, size_t at)
 {
     if (n <= 0)
         return;
-    fprintf(stderr, "megac run: warning: %d character%s of the prompt ha%s no piece and no byte token in the "
-            "tokenizer and %s dropped (the first: ", n, n == 1 ? "" : "s", n == 1 ? "s" : "ve",
+    fprintf(stderr, "megac run: warning: %d character%s of %s ha%s no piece and no byte token in the "
+            "tokenizer and %s dropped (the first: ", n, n == 1 ? "" : "s", what, n == 1 ? "s" : "ve",
             n == 1 ? "was" : "were");
     if (first >= 0)
         fprintf(stderr, "U+%04X at byte %zu)\n", (unsigned)first, at);
@@ -507,6 +525,7 @@ bool run_piece_write(const char *piece, int len)
 }
 
 typedef struct {
+    const RunOptions *o;
     RefState *ref;
     const Tokenizer *tok;
     const ModelDesc *m;
@@ -601,7 +620,7 @@ static bool run_ref_encode(RunRef *r, const char *prompt)
     r->prompt = xmalloc(sizeof(int) * (size_t)cap);
     TokDrops drops;
     r->nprompt = tok_encode_drops(r->tok, text, add_bos, r->prompt, cap, &drops);
-    run_drops_warn(text, drops.n, drops.first, drops.first_at);
+    run_drops_warn(text, run_text_name(r->o), drops.n, drops.first, drops.first_at);
     r->bos_added = add_bos;
     if (r->nprompt < 1) {
         run_no_tokens_say(text);
@@ -622,7 +641,7 @@ static bool run_ref_encode(RunRef *r, const char *prompt)
  * prompt is known to fit, so a bad prompt costs no load. */
 static int run_ref_decode(const ModelDesc *m, const Tokenizer *t, const RunOptions *o, Diag *d)
 {
-    RunRef r = {.tok = t, .m = m, .stop = -1};
+    RunRef r = {.o = o, .tok = t, .m = m, .stop = -1};
     r.bos = m->bos_id >= 0 ? m->bos_id : tok_bos(t);
     r.eos = m->eos_id >= 0 ? m->eos_id : tok_eos(t);
     char *eos = ref_eos_text(t, r.eos);

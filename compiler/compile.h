@@ -26,6 +26,10 @@ Schedule *lower_model_stored(const ModelDesc *m, const Target *t, int workers, D
 /* The tokenizer the description names (llama2.c, HF json, GGUF vocab, or
  * the built-in bytes). NULL with an error naming the file otherwise. */
 Tokenizer *tok_import(const ModelDesc *m, Diag *d);
+/* The files an HF tokenizer's chat template is read from, beside its
+ * tokenizer.json tok_path: chat_template.jinja, else tokenizer_config.json
+ * (both xmalloc'd). */
+void tok_chat_template_files(const char *tok_path, char **jinja, char **config);
 
 /* ---- chat_template.c ---- */
 /* The chat format a chat template (Jinja text) writes, by its markers, and

@@ -26,6 +26,9 @@ typedef enum {
 } RunEngine;
 
 #define RUN_MAX_SETS 64
+/* The most text a prompt, a turn or a system turn may be (bytes): far more
+ * than any model's context holds, and small enough for int token counts. */
+#define RUN_MAX_TEXT (256u << 20)
 
 typedef struct RunOptions {
     const char *model;      /* MODEL.yaml or NAME.megac (a bundle dir); NULL = embedded default */
@@ -66,10 +69,15 @@ bool run_prompt_fits(int n, int steps, int max_seq);
  * part of a UTF-8 character split over byte tokens. False when stdout
  * fails. Every engine prints with it. */
 bool run_piece_write(const char *piece, int len);
-/* Warns once on stderr when encoding dropped n characters of the prompt
- * (no piece, no byte token): how many, and the first (its code point, -1
- * if not UTF-8: then text[at] is the byte) with its byte offset. */
-void run_drops_warn(const char *text, int n, int first, size_t at);
+/* Warns once on stderr when encoding dropped n characters of `text`, which
+ * is `what` (run_text_name): how many (no piece, no byte token), and the
+ * first (its code point, -1 if not UTF-8: then text[at] is the byte) with
+ * its byte offset. */
+void run_drops_warn(const char *text, const char *what, int n, int first, size_t at);
+/* What the text run encodes is, for messages: "the prompt", or with a
+ * chat format "the prompt in its chat format" ("the turn ..." for -i): the
+ * offsets are the formatted text's. */
+const char *run_text_name(const RunOptions *o);
 /* Says on stderr that the model ended the text by choosing stop token
  * `token` (its BOS, its EOS, or another stop id), so that a run that stops
  * early says why. Every engine says it, but not a conversation's turns. */

@@ -15,6 +15,7 @@
  * as it comes (unprintable single bytes skipped), then a newline. Stats go
  * to stderr.
  */
+#include "compiler/compile.h"
 #include "compiler/driver.h"
 #include "compiler/run.h"
 #include "runtime/megac.h"
@@ -31,17 +32,33 @@
 
 #define RUN_CACHE_DIR ".megac-cache"
 
-static void piece_print(const char *p)
+/* The first error writing the text to stdout (errno's value; 0: none):
+ * generation stops at it, and the run says so and fails (text_end). */
+static int out_errno;
+
+static bool piece_print(const char *p)
 {
-    run_piece_write(p, (int)strlen(p));
+    if (!out_errno && !run_piece_write(p, (int)strlen(p)))
+        out_errno = errno ? errno : EIO;
+    return !out_errno;
 }
 
 static int on_token(void *user, int token, const char *text)
 {
     (void)user;
     (void)token;
-    piece_print(text);
-    return 0;
+    return !piece_print(text);
+}
+
+/* Ends a text on stdout with a newline; false (said on stderr) when
+ * writing it, or any of it, failed: a full disk, a closed pipe. */
+static bool text_end(void)
+{
+    if (!out_errno && (putchar('\n') == EOF || fflush(stdout) != 0))
+        out_errno = errno ? errno : EIO;
+    if (out_errno)
+        fprintf(stderr, "megac run: writing the text failed: %s\n", strerror(out_errno));
+    return !out_errno;
 }
 
 /* The compile target of an engine; NULL (reported) if it has none here. */
@@ -87,7 +104,8 @@ static uint64_t fnv_file_id(uint64_t h, const char *path)
 }
 
 /* The weight, tokenizer and arch (config.json and its generation_config.json,
- * GGUF) files the description names, folded into h;
+ * GGUF) files the description names, and an HF tokenizer's chat template
+ * files, folded into h (their paths, sizes and modification times);
  * false (errors reported) if the description does not load. */
 static bool fnv_model_files(uint64_t *h, const RunOptions *o)
 {
@@ -102,6 +120,13 @@ static bool fnv_model_files(uint64_t *h, const RunOptions *o)
     if (ok)
         *h = fnv_file_id(fnv_file_id(fnv_file_id(fnv_file_id(*h, m.weights_path), m.tok_path), m.arch_path),
                          m.gen_config_path);
+    if (ok && m.tok_path) {     /* an HF tokenizer's chat template, beside it */
+        char *jinja, *config;
+        tok_chat_template_files(m.tok_path, &jinja, &config);
+        *h = fnv_file_id(fnv_file_id(*h, jinja), config);
+        free(jinja);
+        free(config);
+    }
     arena_free(&a);
     return ok;
 }
@@ -258,7 +283,7 @@ static char *bundle_cached(const RunOptions *o, bool rebuild, bool *cached)
 
 /* Tokenizes the prompt (BOS first when the tokenizer wants it, then
  * *bos = 1); returns the count or -1 (reported). */
-static int prompt_encode(megac_model *m, const char *prompt, int **ids, int *bos)
+static int prompt_encode(megac_model *m, const RunOptions *o, const char *prompt, int **ids, int *bos)
 {
     const char *text = prompt ? prompt : "";
     int cap = (int)strlen(text) + 8;
@@ -267,7 +292,7 @@ static int prompt_encode(megac_model *m, const char *prompt, int **ids, int *bos
     int n = megac_encode(m, text, *bos, *ids, cap), first;
     size_t at;
     int dropped = megac_encode_dropped(m, &first, &at);
-    run_drops_warn(text, dropped, first, at);
+    run_drops_warn(text, run_text_name(o), dropped, first, at);
     if (n < 0)
         fprintf(stderr, "megac run: cannot tokenize the prompt: %s\n", megac_error(m));
     else if (n == 0)
@@ -303,7 +328,7 @@ static void stats_print(const megac_stats *st, const megac_model *m)
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (ncpu > 0 && megac_num_workers(m) > ncpu)
         fprintf(stderr, "megac run: note: %d workers on %ld CPUs: workers take turns on the cores; "
-                        "compile with --workers %ld or fewer for speed\n",
+                        "--workers %ld or fewer (a bundle's when it is compiled) is faster\n",
                 megac_num_workers(m), ncpu, ncpu);
 }
 
@@ -359,26 +384,25 @@ static int conv_take(Conv *c, megac_model *m, const int *ids, int n, const Reply
     return fed < r->n ? r->tok[fed] : -1;
 }
 
-/* Makes room for `want` more positions within `steps` (or, where that
- * cannot be had, for `least`) by dropping the oldest units after the
- * first prompt (whole; the current one, the last begun, too unless keep_last),
- * then reads what is kept into a reset cache again: 1. 0 (nothing
- * changed) when dropping every turn it may would not make room for
- * `least`; -1 after reporting a failed step. */
+/* Makes room for `want` more positions within `steps` by dropping the
+ * oldest units after the first prompt (whole; the current one, the last
+ * begun, too unless keep_last), as few as that needs; where dropping all
+ * it may does not make room for `want`, all it may, if that makes room
+ * for `least`. Then reads what is kept into a reset cache again. Returns
+ * 1 (room made, or there already), 0 (nothing changed: not even `least`
+ * can be had), -1 after reporting a failed step. */
 static int conv_shift(Conv *c, megac_model *m, size_t want, size_t least, int steps, bool keep_last)
 {
-    if (c->head < 0 || c->nat == 0)
+    if (c->head < 0)
         return 0;
-    size_t head = (size_t)c->head, last = keep_last ? c->nat - 1 : c->nat, j = 0;
+    size_t head = (size_t)c->head, last = keep_last && c->nat ? c->nat - 1 : c->nat, j = 0;
 #define CONV_KEPT(j) (head + (c->n - ((j) < c->nat ? c->at[j] : c->n)))
     while (j < last && CONV_KEPT(j) + want > (size_t)steps)
         j++;
-    if (CONV_KEPT(j) + want > (size_t)steps) /* the most it may drop: room for `least` at least? */
-        want = least;
-    if (CONV_KEPT(j) + want > (size_t)steps)
+    if (CONV_KEPT(j) + least > (size_t)steps)
         return 0;
-    while (j > 0 && CONV_KEPT(j - 1) + want <= (size_t)steps) /* no more than that needs */
-        j--;
+    if (j == 0)
+        return 1;
     size_t from = j < c->nat ? c->at[j] : c->n;
 #undef CONV_KEPT
     size_t dropped = from - head;
@@ -388,8 +412,10 @@ static int conv_shift(Conv *c, megac_model *m, size_t want, size_t least, int st
     c->nat -= j;
     for (size_t i = 0; i < c->nat; i++)
         c->at[i] -= dropped;
-    fprintf(stderr, "megac run: the context is full: dropped the %zu oldest turn%s (%zu tokens, the first prompt "
-                    "kept); reading the %zu kept again\n", j, j == 1 ? "" : "s", dropped, c->n);
+    /* on a terminal the reply's text is mid-line there */
+    fprintf(stderr, "%smegac run: the context is full: dropped the %zu oldest turn%s (%zu tokens, the first prompt "
+                    "kept); reading the %zu kept again\n", isatty(STDOUT_FILENO) ? "\n" : "", j, j == 1 ? "" : "s",
+            dropped, c->n);
     megac_status st = megac_reset(m);
     for (size_t i = 0; i < c->n && st == MEGAC_OK; i++)
         st = megac_feed(m, c->tok[i]);
@@ -407,6 +433,51 @@ static int conv_reserve(int steps)
     return steps / 4 < 512 ? steps / 4 : 512;
 }
 
+/* A turn's statistics over the pieces of its reply (cut where the window
+ * ended): the turn's own prompt tokens, every reply token, all the time. */
+static void stats_add(megac_stats *total, const megac_stats *piece, bool first_piece)
+{
+    if (first_piece) {
+        *total = *piece;
+        return;
+    }
+    total->generated_tokens += piece->generated_tokens;
+    total->prefill_s += piece->prefill_s;
+    total->decode_s += piece->decode_s;
+    total->stop_token = piece->stop_token;
+}
+
+/* The next user turn from standard input (its line ending removed; empty
+ * lines skipped): 1, 0 at the end of the input, -1 when it cannot be read
+ * (said on stderr), 2 for a line that is not a turn (a NUL byte; said). */
+static int turn_read(char **line, size_t *cap, bool tty)
+{
+    for (;;) {
+        if (tty) {
+            fputs("> ", stderr);
+            fflush(stderr);
+        }
+        errno = 0;
+        ssize_t got = getline(line, cap, stdin);
+        if (got < 0 && ferror(stdin)) {
+            fprintf(stderr, "megac run: cannot read standard input: %s\n", strerror(errno ? errno : EIO));
+            return -1;
+        }
+        if (got < 0)
+            return 0;
+        size_t len = strlen(*line);
+        if (len < (size_t)got) {
+            fprintf(stderr, "megac run: a line with a NUL byte at offset %zu: a turn is text; the line is "
+                            "skipped\n", len);
+            return 2;
+        }
+        while (got > 0 && ((*line)[got - 1] == '\n' || (*line)[got - 1] == '\r'))
+            (*line)[--got] = 0;
+        if (got > 0)
+            return 1;
+    }
+}
+
 /* --interactive: a user turn a line of standard input (the first may be
  * --prompt; empty lines are skipped), each reply generated from the
  * position the conversation reached (megac_generate continues there: the
@@ -415,9 +486,12 @@ static int conv_reserve(int steps)
  * positions, or a reply reaches their end, the oldest turns (the first
  * reply, then whole turns) are dropped, the first turn's prompt kept, and
  * the rest read again from position 0 (said on stderr), and the reply goes
- * on. Ends at the end of the input (status 0),
- * or when even that leaves no room (said on stderr; status 0, or 2 for the
- * first turn, as a prompt that does not fit). */
+ * on. A line that is not a turn it can take (a NUL byte, more text than
+ * megac reads, no tokens, more tokens than dropping every earlier turn
+ * makes room for) is skipped, said on stderr, and the status is then 2 at
+ * the end. Ends at the end of the input (status 0), when a reply uses up
+ * the window (0), when standard input or stdout fails (2, 1), or when
+ * --prompt, the first turn, does not fit (2, as run's prompt). */
 static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
 {
     megac_sampler s = {o->temperature, o->top_k, o->top_p, o->seed};
@@ -425,7 +499,7 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
     size_t cap = 0;
     const char *turn = o->prompt && *o->prompt ? o->prompt : NULL;
     bool first = true, tty = isatty(STDIN_FILENO);
-    int rc = 0;
+    int rc = 0, skipped = 0;
     Conv c = {.head = -1};
     Reply r = {0};
     char *eos;
@@ -437,28 +511,30 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
     }
     free(probe);
     for (;;) {
+        bool given = turn != NULL;      /* --prompt: refused as run's prompt, not skipped */
         if (!turn) {
-            if (tty) {
-                fputs("> ", stderr);
-                fflush(stderr);
-            }
-            ssize_t got = getline(&line, &cap, stdin);
-            if (got < 0)
-                break;
-            while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r'))
-                line[--got] = 0;
-            if (got == 0)
+            int got = turn_read(&line, &cap, tty);
+            if (got == 2) {
+                skipped++;
                 continue;
+            }
+            if (got < 0)
+                rc = 2;
+            if (got <= 0)
+                break;
             turn = line;
         }
         char *text = run_turn_text(o, turn, first, &chat);
         int *ids = NULL, n = -1, bos = 0;
         if (text && first) {
-            n = prompt_encode(m, text, &ids, &bos);
+            n = prompt_encode(m, o, text, &ids, &bos);
         } else if (text) {     /* no BOS inside a conversation */
-            int idcap = (int)strlen(text) + 8;
+            int idcap = (int)strlen(text) + 8, dropped, first_cp;
+            size_t at;
             ids = xmalloc(sizeof(int) * (size_t)idcap);
             n = megac_encode_more(m, text, ids, idcap);
+            if ((dropped = megac_encode_dropped(m, &first_cp, &at)) > 0)
+                run_drops_warn(text, run_text_name(o), dropped, first_cp, at);
             if (n < 1)
                 fprintf(stderr, "megac run: cannot tokenize the turn: %s\n", n < 0 ? megac_error(m) : "no tokens");
         }
@@ -472,32 +548,42 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
         int left = steps - megac_position(m);
         if (n >= 1 && n >= left)
             fprintf(stderr, "megac run: the turn's %d tokens do not fit in the %d positions left of %d (-n; 0: the "
-                            "model's context); the conversation ends here\n", n, left, steps);
+                            "model's context)%s\n", n, left, steps,
+                    given   ? ""
+                    : first ? "; the line is skipped"
+                            : ", even with every earlier turn but the first prompt dropped; the line is skipped");
         if (n < 1 || n >= left) {
-            rc = n < 1 || first ? 2 : 0; /* a first turn that does not fit: as run's prompt (nothing ran) */
             free(ids);
-            break;
+            turn = NULL;
+            if (given) {
+                rc = 2;     /* as run's prompt (nothing ran) */
+                break;
+            }
+            skipped++;
+            continue;
         }
         VEC_PUSH(c.at, c.nat, c.atcap, c.n + (first ? (size_t)n : 0)); /* the first unit: the first reply */
         if (first)
             c.head = n;
-        megac_stats st;
+        megac_stats st, piece;
         const int *in = ids;
         int nin = n, n_new = left - n + 1, pending, carry;
         bool ended = false;
-        for (;;) { /* the reply, shifted on as often as it reaches the end of the window */
+        for (bool first_piece = true;; first_piece = false) { /* the reply, shifted on as often as it reaches the
+                                                                 end of the window */
             r.n = 0;
-            megac_status g = megac_generate(m, in, nin, n_new, &s, on_reply_token, &r, &st);
-            if (g != MEGAC_OK) {
-                printf("\n");
-                fflush(stdout);
-                fprintf(stderr, "megac run: %s\n", megac_error(m));
+            megac_status g = megac_generate(m, in, nin, n_new, &s, on_reply_token, &r, &piece);
+            if (g == MEGAC_OK)
+                stats_add(&st, &piece, first_piece);
+            if (g != MEGAC_OK || out_errno) {
+                if (text_end() && g != MEGAC_OK)
+                    fprintf(stderr, "megac run: %s\n", megac_error(m));
                 rc = 1;
                 ended = true;
                 break;
             }
             pending = conv_take(&c, m, in, nin, &r);
-            if (st.generated_tokens < n_new)
+            if (piece.generated_tokens < n_new)
                 break;
             /* cut at the window's end: room for the rest, its last token fed again first */
             int sh = pending < 0 ? 0 : conv_shift(&c, m, (size_t)conv_reserve(steps) + 1, 2, steps, true);
@@ -507,8 +593,8 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
                 break;
             }
             if (sh == 0) {
-                printf("\n");
-                fflush(stdout);
+                if (!text_end())
+                    rc = 1;
                 stats_print(&st, m);
                 fprintf(stderr, "megac run: the reply used up the %d positions (-n; 0: the model's context); the "
                                 "conversation ends here\n", steps);
@@ -523,11 +609,18 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
         free(ids);
         if (ended)
             break;
-        printf("\n");
-        fflush(stdout);
+        if (!text_end()) {
+            rc = 1;
+            break;
+        }
         stats_print(&st, m);
         first = false;
         turn = NULL;
+    }
+    if (skipped && !rc) {
+        fprintf(stderr, "megac run: %d line%s of the input %s skipped (above)\n", skipped, skipped == 1 ? "" : "s",
+                skipped == 1 ? "was" : "were");
+        rc = 2;
     }
     free(line);
     free(eos);
@@ -554,7 +647,7 @@ static int bundle_generate(const RunOptions *o, const char *bundle, megac_model 
     char *text = run_prompt_text(o, &chat);
     free(eos);
     if (text)
-        n = prompt_encode(m, text, &ids, &bos);
+        n = prompt_encode(m, o, text, &ids, &bos);
     free(text);
     int steps = o->steps > 0 && o->steps < megac_max_seq(m) ? o->steps : megac_max_seq(m);
     if (o->steps > steps)
@@ -563,14 +656,15 @@ static int bundle_generate(const RunOptions *o, const char *bundle, megac_model 
     int rc = 2;
     if (n < 1 || !run_prompt_fits(n, steps, megac_max_seq(m)))
         goto out;
-    for (int i = bos; i < n; i++)
-        piece_print(megac_decode(m, i ? ids[i - 1] : -1, ids[i]));
-    fflush(stdout);
+    for (int i = bos; i < n && piece_print(megac_decode(m, i ? ids[i - 1] : -1, ids[i])); i++)
+        ;
     megac_sampler s = {o->temperature, o->top_k, o->top_p, o->seed};
     megac_stats st;
-    megac_status r = megac_generate(m, ids, n, steps - n + 1, &s, on_token, NULL, &st);
-    printf("\n");
-    fflush(stdout);
+    megac_status r = out_errno ? MEGAC_OK : megac_generate(m, ids, n, steps - n + 1, &s, on_token, NULL, &st);
+    if (!text_end()) {
+        rc = 1;
+        goto out;
+    }
     if (r != MEGAC_OK) {
         fprintf(stderr, "megac run: %s\n", megac_error(m));
         rc = 1;

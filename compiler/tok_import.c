@@ -362,14 +362,6 @@ static bool hf_build(HfImport *h)
 
 /* ---- chat templates ---- */
 
-static void chat_set(Tokenizer *t, const char *tmpl, size_t len)
-{
-    char *sys;
-    ChatKind k = chat_template_kind(tmpl, len, &sys);
-    tok_set_chat(t, k, sys);
-    free(sys);
-}
-
 static void chat_warn(const char *path, const char *what, Diag *d)
 {
     SrcFile src = {.path = path};
@@ -377,18 +369,39 @@ static void chat_warn(const char *path, const char *what, Diag *d)
                  what);
 }
 
+/* The template's format, read from `path`: one megac does not recognize
+ * is warned about (a Mistral [INST] one, say: --chat would otherwise write
+ * Llama 3's turns from the special tokens without a word). */
+static void chat_set(Tokenizer *t, const char *tmpl, size_t len, const char *path, Diag *d)
+{
+    char *sys;
+    ChatKind k = chat_template_kind(tmpl, len, &sys);
+    tok_set_chat(t, k, sys);
+    free(sys);
+    if (k == CHAT_UNKNOWN && len)
+        chat_warn(path, "its chat template is not one megac recognizes (ChatML, Llama 3 or 3.1, Zephyr, Llama 2)",
+                  d);
+}
+
+void tok_chat_template_files(const char *tok_path, char **jinja, char **config)
+{
+    const char *slash = strrchr(tok_path, '/');
+    int dir = slash ? (int)(slash - tok_path) : 1;
+    *jinja = xasprintf("%.*s/chat_template.jinja", dir, slash ? tok_path : ".");
+    *config = xasprintf("%.*s/tokenizer_config.json", dir, slash ? tok_path : ".");
+}
+
 /* An HF folder's chat template: chat_template.jinja beside tokenizer.json
  * (transformers writes it there since 4.43), else tokenizer_config.json's
  * chat_template (a string, or a list of {name, template}: "default"). */
 static void hf_chat_template(Tokenizer *t, const char *tok_path, Diag *d)
 {
-    const char *slash = strrchr(tok_path, '/');
-    char *dir = slash ? xstrndup(tok_path, (size_t)(slash - tok_path)) : xstrdup(".");
-    char *jinja = xasprintf("%s/chat_template.jinja", dir), *cfg = xasprintf("%s/tokenizer_config.json", dir);
+    char *jinja, *cfg;
+    tok_chat_template_files(tok_path, &jinja, &cfg);
     size_t n;
     char *text = access(jinja, F_OK) == 0 ? read_file(jinja, &n) : NULL;
     if (text) {
-        chat_set(t, text, n);
+        chat_set(t, text, n, jinja, d);
         free(text);
     } else if (access(cfg, F_OK) == 0) {
         Diag quiet = {.silent = true};
@@ -401,7 +414,7 @@ static void hf_chat_template(Tokenizer *t, const char *tok_path, Diag *d)
                     ct = tmpl;
             }
             if (ct->kind == DOC_SCALAR)
-                chat_set(t, ct->str, ct->len);
+                chat_set(t, ct->str, ct->len, cfg, d);
             else
                 chat_warn(cfg, "its chat_template is neither a string nor a list with a 'default' template", d);
         } else if (!doc.root || quiet.nerrors) {
@@ -409,7 +422,6 @@ static void hf_chat_template(Tokenizer *t, const char *tok_path, Diag *d)
         }
         doc_free(&doc);
     }
-    free(dir);
     free(jinja);
     free(cfg);
 }
@@ -773,7 +785,7 @@ static Tokenizer *gguf_build(const GgufFile *g, const ModelDesc *m, Diag *d)
     tok_set_always_bos(t, ab && ab->v.b);
     GgufStr ct;
     if (gguf_get_str(g, "tokenizer.chat_template", &ct))
-        chat_set(t, ct.s, (size_t)ct.len);
+        chat_set(t, ct.s, (size_t)ct.len, g->path, d);
     else if (gguf_find(g, "tokenizer.chat_template"))
         chat_warn(g->path, "tokenizer.chat_template is not a string", d);
     if (!gguf_ids(t, g, m, d) || !gguf_vocab(t, g, spm, d) || (bpe && !gguf_merges(t, g, d))) {

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 void diag_init(Diag *d)
@@ -272,6 +273,11 @@ FILE *fopen_read(const char *path)
 
 char *read_file(const char *path, size_t *len)
 {
+    return read_file_max(path, len, SIZE_MAX - 1);
+}
+
+char *read_file_max(const char *path, size_t *len, size_t max)
+{
     FILE *f = fopen_read(path);
     if (!f)
         return NULL;
@@ -281,13 +287,19 @@ char *read_file(const char *path, size_t *len)
         errno = EISDIR;
         return NULL;
     }
-    /* a file, or a pipe or terminal (validate -); not /dev/zero or another
-     * device, which would be read until memory ran out. ENODEV says so:
-     * callers word it "not a regular file (a device)", not strerror's "No
-     * such device". */
-    if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode) && !isatty(fileno(f))) {
+    /* a file, or a pipe or terminal (validate -), or /dev/null (1:3); not
+     * /dev/zero or another device, which would be read until memory ran
+     * out. ENODEV says so: callers word it "not a regular file (a device)",
+     * not strerror's "No such device". */
+    if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode) && !isatty(fileno(f)) &&
+        !(S_ISCHR(st.st_mode) && major(st.st_rdev) == 1 && minor(st.st_rdev) == 3)) {
         fclose(f);
         errno = ENODEV;
+        return NULL;
+    }
+    if (S_ISREG(st.st_mode) && st.st_size > 0 && (uint64_t)st.st_size > max) {
+        fclose(f);
+        errno = EFBIG;
         return NULL;
     }
     size_t cap = 1 << 16, n = 0;
@@ -299,6 +311,12 @@ char *read_file(const char *path, size_t *len)
         n += r;
         if (r == 0)
             break;
+        if (n > max) {
+            free(buf);
+            fclose(f);
+            errno = EFBIG;
+            return NULL;
+        }
     }
     int err = ferror(f);
     fclose(f);

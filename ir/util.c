@@ -63,6 +63,8 @@ char *xasprintf(const char *fmt, ...)
     va_copy(aq, ap);
     int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
+    if (n < 0)      /* 2 GiB or more of text: callers bound what they format */
+        die("xasprintf: cannot format \"%s\" (%s)", fmt, strerror(errno));
     char *p = xmalloc((size_t)n + 1);
     vsnprintf(p, (size_t)n + 1, fmt, aq);
     va_end(aq);

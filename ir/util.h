@@ -113,8 +113,12 @@ void diag_log(Diag *d, const char *text);
  * a writer (validate -, <(...)) is read to its end. */
 FILE *fopen_read(const char *path);
 /* Reads a whole file into a NUL-terminated buffer (xmalloc'd). Returns NULL
- * and sets errno when the file cannot be read. */
+ * and sets errno when the file cannot be read: EISDIR, ENODEV for a device
+ * (but /dev/null, which reads as empty), EIO. */
 char *read_file(const char *path, size_t *len);
+/* The same, refusing (EFBIG) a file of more than max bytes before it reads
+ * them all. */
+char *read_file_max(const char *path, size_t *len, size_t max);
 /* The size and hash_bulk of a regular file, read through a mapping;
  * false with errno set (ENODEV: not a regular file) when it cannot be. */
 bool file_hash_bulk(const char *path, uint64_t *bytes, uint64_t *hash);

@@ -145,7 +145,7 @@ Test(run_cmd, bad_values_name_their_range)
         {"-n -1", "megac run: -n needs a number in 0..1073741824 (0: the model's context), not '-1'\n"},
         {"--top-k 1e3", "megac run: --top-k needs a number in 0..1073741824 (0: off), not '1e3'\n"},
         {"--temp -1", "megac run: --temp needs a number in 0..1e6 (0: greedy), not '-1'\n"},
-        {"--top-p 0", "megac run: --top-p needs a number above 0, at most 1 (1: off), not '0'\n"},
+        {"--top-p 0", "megac run: --top-p needs a number above 0 as a float, at most 1 (1: off), not '0'\n"},
         {"--seed -3", "megac run: --seed needs a number in 0..18446744073709551615, not '-3'\n"},
         {"--engine gpu", "megac run: --engine needs one of reference, cpu, host-cuda or cuda, not 'gpu'\n"},
     };
@@ -299,7 +299,32 @@ Test(run_cmd, prompt_file_is_the_prompt)
     char msg[256];
     snprintf(msg, sizeof msg, "megac run: --prompt-file %s: a NUL byte at offset 2: a prompt is text\n", path);
     cr_assert_str_eq(err, msg);
+    /* more than 256 MiB (a sparse file: refused by its size, not read) */
+    cr_assert_eq(truncate(path, (off_t)(257u << 20)), 0);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2);
+    snprintf(msg, sizeof msg, "megac run: --prompt-file %s: cannot read: more than 256 MiB, the most a prompt may be\n",
+             path);
+    cr_assert_str_eq(err, msg);
     unlink(path);
+    /* /dev/null as standard input is an empty prompt (it was refused as a device) */
+    cr_assert_eq(megac_run("-n 12 --temp 0 --prompt-file - < /dev/null", out, sizeof out, err, sizeof err), 0, "%s",
+                 err);
+}
+
+/* A text that cannot be written (a full disk) fails the run, status 1 and
+ * a message, on every engine and in a conversation; the bundle engines
+ * had run on and exited 0. */
+Test(run_cmd, a_failed_write_fails_the_run, .timeout = 60)
+{
+    static char out[4096], err[4096];
+    cr_assert_eq(megac_run("-n 40 --temp 0 --prompt hi > /dev/full", out, sizeof out, err, sizeof err), 1, "%s", err);
+    cr_assert(strstr(err, "megac run: writing the text failed: No space left on device\n"), "%s", err);
+    cr_assert_eq(megac_run("-n 40 --temp 0 --prompt hi --engine reference > /dev/full", out, sizeof out, err,
+                           sizeof err), 1, "%s", err);
+    cr_assert(strstr(err, "megac run: writing the text failed: No space left on device\n"), "%s", err);
+    cr_assert_eq(megac_run("tests/fixtures/weights/hf-llama3 -n 60 --temp 0 -i --prompt hi < /dev/null > /dev/full",
+                           out, sizeof out, err, sizeof err), 1, "%s", err);
+    cr_assert(strstr(err, "megac run: writing the text failed: No space left on device\n"), "%s", err);
 }
 
 /* llama2.c: run stories260K.bin -z tok512.bin -t 0 -n 200 -i "Once upon a time" */
@@ -580,6 +605,40 @@ Test(run_cmd, interactive_usage_errors, .timeout = 60)
     cr_assert_eq(megac_run("tests/fixtures/weights/hf-llama3 -n 4 -i --prompt 'hello there' < /dev/null", out,
                            sizeof out, err, sizeof err), 2, "stderr: %s", err);
     cr_assert(strstr(err, "do not fit in the 4 positions left of 4"), "stderr: %s", err);
+}
+
+/* A line of a conversation that is not a turn (a NUL byte in it; more
+ * tokens than the window holds) is skipped with a message, the rest of
+ * the conversation goes on, and the status is 2 at the end; standard
+ * input that cannot be read (a directory) is said, status 2 (it read as
+ * the end of the conversation). */
+Test(run_cmd, interactive_skips_lines_that_are_no_turn, .timeout = 60)
+{
+    static char out[1 << 16], err[8192];
+    char *big = xmalloc(4001);
+    memset(big, 'x', 4000);
+    big[4000] = 0;
+    char *lines = xasprintf("hi\n%s\nho\n", big);
+    char path[] = "/tmp/megac_turns_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "ab\0\n", 4), 4);   /* a NUL byte */
+    cr_assert_eq(write(fd, lines, strlen(lines)), (ssize_t)strlen(lines));
+    close(fd);
+    char *args = xasprintf("tests/fixtures/weights/hf-llama3 --temp 0 -n 200 -i < %s", path);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 2, "stderr: %s", err);
+    cr_assert(strstr(err, "megac run: a line with a NUL byte at offset 2: a turn is text; the line is skipped\n"),
+              "stderr: %s", err);
+    cr_assert(strstr(err, "do not fit in the "), "stderr: %s", err);
+    cr_assert(strstr(err, "even with every earlier turn but the first prompt dropped; the line is skipped\n"),
+              "stderr: %s", err);
+    cr_assert(strstr(err, "megac run: 2 lines of the input were skipped (above)\n"), "stderr: %s", err);
+    cr_assert_eq(count_of(err, "prompt tokens: "), 2, "hi and ho were answered: %s", err);
+    unlink(path);
+    free(args), free(lines), free(big);
+    cr_assert_eq(megac_run("tests/fixtures/weights/hf-llama3 --temp 0 -n 60 -i < /tmp", out, sizeof out, err,
+                           sizeof err), 2, "stderr: %s", err);
+    cr_assert(strstr(err, "megac run: cannot read standard input: Is a directory\n"), "stderr: %s", err);
 }
 
 /* A tokenizer without a chat format's special tokens: --chat is refused. */
@@ -1081,6 +1140,15 @@ Test(run_cmd, hf_folder_chat_template)
         free(want);
     }
     cr_assert(found, "%s", out);
+    /* another template is another bundle: the run cache's key covers the
+     * template's files (a cached bundle had kept the old format) */
+    cmd = xasprintf("printf '%%s' \"{{ '<|im_start|>' }}\" > %s/chat_template.jinja", dir);
+    cr_assert_eq(system(cmd), 0);
+    free(cmd);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
+    cr_assert(strstr(err, "compiling "), "%s", err);
+    const char *chatml = "<|im_start|>system\n Be. <|im_end|>\n<|im_start|>user\n the a <|im_end|>"; /* not stripped */
+    cr_assert(!strncmp(out, chatml, strlen(chatml)), "%s", out);
     free(args);
     cmd = xasprintf("rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
