@@ -85,7 +85,8 @@ static void run_usage(FILE *out)
             "  -h, --help         this text\n\n"
             "The text goes to stdout; prompt/generated token counts and tok/s to stderr.\n"
             "Exit status: 0 done, 1 the run failed (logits that cannot be sampled, a kernel\n"
-            "error, stdout closed), 2 bad options or a model or bundle that does not load.\n");
+            "error, stdout closed), 2 bad options or input (a prompt, a turn, standard\n"
+            "input), or a model or bundle that does not load.\n");
 }
 
 /* ---- option parsing ---- */

@@ -412,10 +412,10 @@ static int conv_shift(Conv *c, megac_model *m, size_t want, size_t least, int st
     c->nat -= j;
     for (size_t i = 0; i < c->nat; i++)
         c->at[i] -= dropped;
-    /* on a terminal the reply's text is mid-line there */
+    /* on a terminal a reply's text (keep_last: it goes on) is mid-line there */
     fprintf(stderr, "%smegac run: the context is full: dropped the %zu oldest turn%s (%zu tokens, the first prompt "
-                    "kept); reading the %zu kept again\n", isatty(STDOUT_FILENO) ? "\n" : "", j, j == 1 ? "" : "s",
-            dropped, c->n);
+                    "kept); reading the %zu kept again\n", keep_last && isatty(STDOUT_FILENO) ? "\n" : "", j,
+            j == 1 ? "" : "s", dropped, c->n);
     megac_status st = megac_reset(m);
     for (size_t i = 0; i < c->n && st == MEGAC_OK; i++)
         st = megac_feed(m, c->tok[i]);
