@@ -573,6 +573,22 @@ Test(run_cmd, smollm2_gguf_interactive_drops_oldest_turns, .timeout = 120)
     while (last > out && last[-1] != '\n')
         last--;
     cr_assert(strstr(last, "Anna"), "the last reply: %s", last);
+    /* a turn for which dropping every earlier one leaves less room than
+     * wanted for its reply: they are dropped up front (it had re-read the
+     * cache dropping none, then cut the reply short) */
+    char *long_turn = xasprintf("hi\n%s\n", "word word word word word word word word word word word word word word "
+                                "word word word word word word word word word word word word word word word word word "
+                                "word word word word word word word word word word word word word word word word word "
+                                "word word word word word word word word word word word word word");
+    path = turns_file(long_turn);
+    free(long_turn);
+    args = xasprintf("models/smollm2-135m-instruct-gguf.yaml --set weights.path=" SMOLLM2_GGUF
+                     " --temp 0 -n 128 -i < %s", path);
+    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
+    free(args);
+    unlink(path);
+    cr_assert_eq(count_of(err, "megac run: the context is full: dropped the 1 oldest turn ("), 1, "stderr: %s", err);
+    cr_assert_not(strstr(err, "dropped the 0 oldest"), "stderr: %s", err);
 }
 
 /* The same mechanics on the repository's tiny Llama 3 checkpoint (random
