@@ -15,13 +15,15 @@
  * for CPU_WAIT_SPIN_NS before they sleep (MegacArgs.spin_ns): a worker
  * that slept on its futex took ~0.3 ms to wake there.
  *
- * The kernel is loaded from a private copy of the bytes bundle.c checked
- * ($TMPDIR/megac-XXXXXX/kernel.so, removed as soon as it is loaded, so a
- * killed process leaves nothing behind): dlopen returns the
- * library already loaded under the same path, so a bundle recompiled while
- * a model of it is open would otherwise get the old kernel.so (a false
- * schedule mismatch, or silently the old code). Where no copy can be made
- * or loaded (a noexec temp folder), the bundle's file is loaded itself.
+ * The kernel is loaded from a private copy of the bytes bundle.c checked,
+ * an anonymous memory file (memfd "megac-kernel.so"), else
+ * $TMPDIR/megac-XXXXXX/kernel.so, removed as soon as it is loaded: dlopen
+ * returns the library already loaded under the same path, so a bundle
+ * recompiled while a model of it is open would otherwise get the old
+ * kernel.so (a false schedule mismatch, or silently the old code). The
+ * memfd leaves nothing on disk whenever the process is killed; the temp
+ * file, a moment's window. Where no copy can be made or loaded (a noexec
+ * temp folder), the bundle's file is loaded itself.
  *
  * MEGAC_WATCHDOG_MS in the environment (read at open, rt_watchdog_ns) sets
  * the kernel's wait deadline (MegacArgs.timeout_ns); unset, the kernel's
@@ -31,6 +33,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
@@ -38,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -63,6 +67,7 @@ typedef struct CpuThread {
 
 struct CpuPool {
     void *dl;
+    int memfd;                  /* the memfd dl was loaded from, or -1 */
     megac_worker_fn worker;
     void *arena;                /* an anonymous mapping of arena_bytes */
     size_t arena_bytes;
@@ -250,8 +255,48 @@ static megac_status cpu_threads_start(megac_model *m, CpuPool *pool)
     return MEGAC_OK;
 }
 
-/* Writes the checked kernel bytes to a fresh temp folder and loads them;
- * NULL if that fails. */
+/* Loads the checked kernel bytes from an anonymous memory file (memfd):
+ * nothing on disk, so a process killed at any moment leaves nothing
+ * behind; NULL where that cannot be (no memfd, or one that may not be
+ * executed: vm.memfd_noexec). */
+static void *cpu_dlopen_memfd(const megac_model *m, int *memfd)
+{
+    int fd = m->kernel_image ? (int)syscall(SYS_memfd_create, "megac-kernel.so", 1u /* MFD_CLOEXEC */) : -1;
+    if (fd < 0)
+        return NULL;
+    bool ok = true;
+    for (size_t at = 0; ok && at < m->kernel_len;) {
+        ssize_t w = write(fd, (const char *)m->kernel_image + at, m->kernel_len - at);
+        ok = w > 0;
+        at += ok ? (size_t)w : 0;
+    }
+    /* dlopen knows a library by its path first: a library still loaded
+     * from an earlier memfd of the same number (one not unloaded when its
+     * model closed) would be returned for this one. Such a number is
+     * passed over; the memfd stays open while its library is (cpu_close),
+     * so that two open models never share one. */
+    char path[64];
+    for (int tries = 0; ok && tries < 64; tries++) {
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        void *old = dlopen(path, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+        if (!old)
+            break;
+        dlclose(old);
+        int next = fcntl(fd, F_DUPFD_CLOEXEC, fd + 1);
+        close(fd);
+        fd = next;
+        ok = fd >= 0 && tries < 63;
+    }
+    void *dl = ok ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : NULL;
+    if (dl)
+        *memfd = fd;
+    else if (fd >= 0)
+        close(fd);
+    return dl;
+}
+
+/* Writes the checked kernel bytes to a fresh temp folder and loads them
+ * (where there is no memfd); NULL if that fails. */
 static void *cpu_dlopen_copy(const megac_model *m)
 {
     char copy[4096];
@@ -291,6 +336,8 @@ static void cpu_close(megac_model *m)
     /* dlclose only after every thread that ran kernel code has exited */
     if (pool->dl)
         dlclose(pool->dl);
+    if (pool->memfd >= 0)
+        close(pool->memfd);
     free(pool->counters);
     if (pool->arena)
         munmap(pool->arena, pool->arena_bytes);
@@ -307,13 +354,16 @@ static megac_status cpu_open(megac_model *m)
     CpuPool *pool = calloc(1, sizeof *pool);
     if (!pool)
         return rt_fail(m, MEGAC_ERR_NOMEM, "out of memory");
+    pool->memfd = -1;
     if (pthread_mutex_init(&pool->mu, NULL) != 0 || pthread_cond_init(&pool->go, NULL) != 0 ||
         pthread_cond_init(&pool->done, NULL) != 0) {
         free(pool);     /* these inits cannot fail on Linux; if one did, nothing else was made */
         return rt_fail(m, MEGAC_ERR_NOMEM, "cannot create the worker pool's mutex and condition variables");
     }
     m->be_state = pool;
-    pool->dl = cpu_dlopen_copy(m);
+    pool->dl = cpu_dlopen_memfd(m, &pool->memfd);
+    if (!pool->dl)
+        pool->dl = cpu_dlopen_copy(m);
     if (!pool->dl)
         pool->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!pool->dl)

@@ -14,7 +14,8 @@
 #   - the 12 instructions with the most samples,
 # so that a stall shows as the instruction after the one that waits (a
 # load, a prefetch that found the fill buffers full, a dependent chain).
-# The runtime loads a private copy of kernel.so and removes it, so perf
+# The runtime loads a private copy of kernel.so (a memfd, "megac-kernel.so",
+# or a temp file it removes), so perf
 # cannot symbolize it; the copy's load address comes from the recording's
 # mmap events. The timer's interrupts stop one worker at a time and the
 # other then waits for it: the wait loop in megac_worker takes ~25% of a
@@ -27,7 +28,7 @@
 set -euo pipefail
 
 usage() {
-    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 [ $# -ge 1 ] || usage 2
@@ -54,7 +55,7 @@ data=${PERF_DATA:-$tmp/perf.data}
 perf record -q -e cpu-clock -F 10000 -o "$data" "$megac" bench "$bundle" "${bench_args[@]}" >"$tmp/bench.txt" 2>&1 ||
     { cat "$tmp/bench.txt" >&2; echo "perf-kernel.sh: perf record failed" >&2; exit 1; }
 grep -E '^tok_s=' "$tmp/bench.txt" || true
-perf script -i "$data" --show-mmap-events 2>/dev/null | grep -E 'MMAP.*r-xp .*/kernel\.so$' >"$tmp/mmap.txt" || true
+perf script -i "$data" --show-mmap-events 2>/dev/null | grep -E 'MMAP.*r-xp .*(/kernel\.so|/memfd:megac-kernel\.so( \(deleted\))?)$' >"$tmp/mmap.txt" || true
 perf script -i "$data" -F ip,dso 2>/dev/null | awk '/kernel\.so/ { print $1 }' >"$tmp/ips.txt"
 objdump -d --no-show-raw-insn "$bundle/kernel.so" >"$tmp/kernel.dis"
 python3 - "$tmp/mmap.txt" "$tmp/ips.txt" "$tmp/kernel.dis" <<'PY'

@@ -1010,6 +1010,36 @@ Test(runtime, generate_refuses_bad_samplers_and_nan_logits)
     remove_bundle(dir);
 }
 
+/* The kernel is loaded from a memfd (nothing on disk), through the path
+ * /proc/self/fd/N. A library left loaded from an earlier model's memfd of
+ * the same number (here: a handle of the test's own keeps it) is not
+ * taken for the next model's: that number is passed over. */
+Test(runtime, a_kernel_left_loaded_under_a_memfd_path_is_not_reused)
+{
+    char *dir = make_bundle(2), *next = make_bundle(3), path[64] = "", link[256];
+    megac_model *a, *b;
+    cr_assert_eq(megac_open(dir, &a), MEGAC_OK, "%s", megac_last_open_error());
+    for (int fd = 3; fd < 1024 && !path[0]; fd++) {
+        char p[64];
+        snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(p, link, sizeof link - 1);
+        if (n > 0 && (link[n] = 0, strstr(link, "/memfd:megac-kernel.so")))
+            snprintf(path, sizeof path, "%s", p);
+    }
+    cr_assert(path[0], "the kernel was not loaded from a memfd");
+    void *keep = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
+    cr_assert_not_null(keep, "%s", dlerror());
+    megac_close(a);     /* its memfd's number is free again; its library stays */
+    cr_assert_eq(megac_open(next, &b), MEGAC_OK, "%s", megac_last_open_error());
+    cr_assert_eq(megac_num_workers(b), 3);
+    cr_assert_eq(megac_step(b, 72), MEGAC_OK, "%s", megac_error(b));
+    cr_assert_eq(megac_argmax(b), toy_argmax(72));
+    megac_close(b);
+    dlclose(keep);
+    remove_bundle(dir);
+    remove_bundle(next);
+}
+
 /* A bundle recompiled (replaced by rename, as megac compile does) while a
  * model of it is open: a new open gets the new kernel.so, not the library
  * dlopen already holds under the same path. */

@@ -330,7 +330,9 @@ Test(cli, validate_options_and_operands)
         {"tiny_layer_sm90.sched --smem 1024", "megac validate: --regs and --smem need --threads", 2},
         {"tiny_layer.sched --threads 128", "megac validate: --threads, --regs and --smem apply to CUDA targets, not cpu",
          2},
-        {"/dev/null", "/dev/null: error: cannot read: not a regular file (a device)", 2},
+        {"/dev/zero", "/dev/zero: error: cannot read: not a regular file (a device)", 2},
+        /* /dev/null reads as an empty file */
+        {"/dev/null", "/dev/null:1:1: error: expected 'schedule NAME target TARGET workers N'", 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char cmd[1024], out[4096];
