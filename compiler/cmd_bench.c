@@ -83,9 +83,9 @@ static bool bench_args_parse(int argc, char **argv, BenchOptions *o)
         } else if (!strcmp(a, "--prefill")) {
             o->prefill = true;
         } else if (dst && i + 1 < argc) {
-            int v = parse_count(argv[++i], dst == &o->runs ? BENCH_MAX_RUNS : 1 << 20);
+            int max = dst == &o->runs ? BENCH_MAX_RUNS : 1 << 20, v = parse_count(argv[++i], max);
             if (v < 0) {
-                fprintf(stderr, "megac bench: bad value '%s' for %s\n", argv[i], a);
+                fprintf(stderr, "megac bench: %s needs a number in 1..%d, not '%s'\n", a, max, argv[i]);
                 return false;
             }
             *dst = v;
@@ -184,13 +184,22 @@ out:
     return ok;
 }
 
+/* The context position and token count a bundle's runs time: o's, cut
+ * to what its context holds. */
+static void bench_clip(const megac_model *m, const BenchOptions *o, int *ctx, int *ntok)
+{
+    int last = megac_max_seq(m) - 1;
+    *ctx = o->context < 1 ? 1 : o->context > last ? last : o->context;
+    *ntok = o->ntok < last - *ctx + 1 ? o->ntok : last - *ctx + 1;
+}
+
 /* rbytes: the weight bytes a step reads (the manifest's, else all). */
 static void bench_report(const BenchOptions *o, megac_model *m, unsigned long long rbytes, const BenchCeiling *c,
                          BenchRuns *br)
 {
     double *rates = br->rate, *vrates = o->versus ? br->vrate : NULL, *ceil = br->ceil;
-    int last = megac_max_seq(m) - 1, ctx = o->context < 1 ? 1 : o->context > last ? last : o->context;
-    int ntok = o->ntok < last - ctx + 1 ? o->ntok : last - ctx + 1;
+    int last = megac_max_seq(m) - 1, ctx, ntok;
+    bench_clip(m, o, &ctx, &ntok);
     if (o->context > last)
         fprintf(stderr, "megac bench: note: --context %d is more than the model's context allows (%d positions); "
                 "fed %d\n", o->context, last + 1, ctx);
@@ -259,6 +268,18 @@ int cmd_bench(int argc, char **argv)
     if (o.versus && megac_open(o.versus, &v) != MEGAC_OK) {
         fprintf(stderr, "megac bench: %s\n", megac_last_open_error());
         megac_close(m);
+        return 2;
+    }
+    int ctx[2], ntok[2];
+    bench_clip(m, &o, &ctx[0], &ntok[0]);
+    if (v)
+        bench_clip(v, &o, &ctx[1], &ntok[1]);
+    if (v && (ctx[0] != ctx[1] || ntok[0] != ntok[1])) {   /* the ratio would be of different work */
+        fprintf(stderr, "megac bench: %s times %d tokens from position %d, %s %d from %d (their contexts: %d and %d "
+                        "positions); give a --context and -n that both hold\n", o.bundle, ntok[0], ctx[0], o.versus,
+                ntok[1], ctx[1], megac_max_seq(m), megac_max_seq(v));
+        megac_close(m);
+        megac_close(v);
         return 2;
     }
     unsigned long long rbytes = (unsigned long long)bench_read_bytes(o.bundle);

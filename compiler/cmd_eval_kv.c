@@ -339,6 +339,15 @@ static double kplan_pick(const double *sim, int L, int N, int *anchors)
     return best;
 }
 
+/* Whether position pos of n is one to report: on a terminal every 64th,
+ * rewritten in place; in a log a line at each quarter. */
+static bool evkv_progress_due(bool tty, int pos, int n)
+{
+    if (tty)
+        return pos % 64 == 63 || pos == n - 1;
+    return pos == n - 1 || (n >= 64 && (pos + 1) % ((n + 3) / 4) == 0);
+}
+
 /* Prints the kascade_reuse entries of layers lo..hi reusing anchor i,
  * consecutive layers with the same head map as one entry. */
 static void kplan_print_reuse(const KPlan *k, int i, int lo, int hi, bool same_heads)
@@ -387,8 +396,9 @@ static void evkv_plan(const EvKvArgs *a, const ModelDesc *m, RefState *rd, int *
         int td = evkv_log_softmax(ref_step(rd, stream[pos], pos), m->vocab_size, pd);
         if (pos + 1 < n && pos + 1 >= np)
             stream[pos + 1] = td;
-        if (tty && (pos % 64 == 63 || pos == n - 1))
-            fprintf(stderr, "megac eval-kv: profiled %d of %d positions\r%s", pos + 1, n, pos == n - 1 ? "\n" : "");
+        if (evkv_progress_due(tty, pos, n))
+            fprintf(stderr, "megac eval-kv: profiled %d of %d positions%s", pos + 1, n,
+                    tty && pos < n - 1 ? "\r" : "\n");
     }
     char frac[64] = "", more[64] = "";
     if (ppm) {
@@ -546,6 +556,9 @@ static int evkv_run(const EvKvArgs *a)
         }
         int cap = (int)strlen(a->prompt) + 8, *ids = xmalloc(sizeof(int) * (size_t)cap);
         np = tok_encode(t, a->prompt, tok_bos(t) >= 0, ids, cap);
+        if (np > n)     /* as eval-quant */
+            fprintf(stderr, "megac eval-kv: note: the prompt has %d tokens; evaluating its first %d (--tokens)\n",
+                    np, n);
         np = np > n ? n : np < 1 ? 1 : np;
         memcpy(stream, ids, sizeof(int) * (size_t)np);
         free(ids);
@@ -600,8 +613,8 @@ static int evkv_run(const EvKvArgs *a)
             break;
         }
         int td = evkv_log_softmax(ld, v, pd), ts = evkv_log_softmax(ls, v, ps);
-        if (tty && (pos % 64 == 63 || pos == n - 1))
-            fprintf(stderr, "megac eval-kv: %d of %d positions\r%s", pos + 1, n, pos == n - 1 ? "\n" : "");
+        if (evkv_progress_due(tty, pos, n))
+            fprintf(stderr, "megac eval-kv: %d of %d positions%s", pos + 1, n, tty && pos < n - 1 ? "\r" : "\n");
         double k = 0;
         for (int i = 0; i < v; i++)
             k += exp(pd[i]) * (pd[i] - ps[i]);

@@ -81,7 +81,7 @@ static bool eval_args_parse(EvalArgs *a, int argc, char **argv)
         } else if (!strcmp(s, "--tokens")) {
             long v;
             if (!cli_parse_long(argv[++i], 2, 1000000, &v)) {
-                fprintf(stderr, "megac eval-quant: --tokens needs a number of at least 2, not '%s'\n", argv[i]);
+                fprintf(stderr, "megac eval-quant: --tokens needs a number in 2..1000000, not '%s'\n", argv[i]);
                 return false;
             }
             a->tokens = (int)v;
@@ -271,7 +271,7 @@ static int eval_run(EvalArgs *a, unsigned classes, const QuantSpec *f, int nf)
         }
         if (!(a->json && (cli_out_is_input("eval-quant", a->json, &m) || !eval_json_writable(a->json)))) {
             QuantEval *e = xcalloc((size_t)nf + 1, sizeof *e);
-            QuantEvalRun r = {a->prompt, a->tokens, classes, a->engine, a->model, a->set, a->nset};
+            QuantEvalRun r = {a->prompt, a->tokens, classes, a->engine, a->model, a->set, a->nset, true};
             if (quant_eval(&m, &r, f, nf, e, &d)) {
                 eval_print(stdout, &m, a, e, nf);
                 rc = a->json && !eval_json_write(a->json, &m, a, e, nf) ? 2 : 0;

@@ -330,7 +330,7 @@ static bool node_double(Ctx *c, const DocNode *n, const char *what, double *out)
     double v = strtod(n->str, &end);
     if (end == n->str || *end || !isfinite(v)) {
         ctx_error(c, n, "expected a number for '%s', found '%s'%s", what, ctx_quote(c, n->str),
-                  end != n->str && !*end ? " (past a double's range)" : "");
+                  end != n->str && !*end ? (isnan(v) ? " (not a number)" : " (past a double's range)") : "");
         return false;
     }
     if (errno == ERANGE && v == 0.0) {
@@ -1606,9 +1606,9 @@ static void desc_kv_policy(Ctx *c, const DocNode *l)
             ctx_error(c, wn ? wn : l->items[i], "%s's %s window (%d) must be smaller than its budget (%d)",
                       kv_kinds[k], k == KV_H2O ? "recent" : "observation", v[2], v[0]);
             k = -1;
-        } else if (k == KV_SNAPKV && v[2] < 1) {
-            ctx_error(c, wn ? wn : l->items[i], "snapkv's observation window (%d) must be at least 1 (its budget: "
-                      "at least 2)", v[2]);
+        } else if ((k == KV_H2O || k == KV_SNAPKV) && v[2] < 1) { /* budget 1: a derived window of 0 */
+            ctx_error(c, wn ? wn : l->items[i], "%s's %s window (%d) must be at least 1 (its budget: at least 2)",
+                      kv_kinds[k], k == KV_H2O ? "recent" : "observation", v[2]);
             k = -1;
         }
         const DocNode *an = doc_get(l->items[i], "adaptive");

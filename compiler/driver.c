@@ -275,7 +275,7 @@ static bool pass_weights_load(Compilation *c)
     if (c->have_weights)
         a8_summary(&c->w, detail + strlen(detail), sizeof detail - strlen(detail));
     bool ok = c->have_weights;
-    if (ok && c->target->kind == TARGET_CUDA) /* one error, not one per instruction */
+    if (ok && c->target->kind != TARGET_CPU) /* one error, not one per instruction (host-cuda too) */
         for (int i = 0; i < c->w.nqt && ok; i++)
             if (dtype_is_a8(c->w.qt[i].dtype)) {
                 diag_file_error(&c->d, c->m.path ? c->m.path : "megac",
@@ -431,6 +431,15 @@ static struct {
     volatile sig_atomic_t pending;
 } out_guard;
 
+/* Async-signal-safe. */
+static void signal_default(int sig)
+{
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(sig, &dfl, NULL);
+}
+
 /* Async-signal-safe: unlink, rmdir, sigaction and raise only. */
 static void out_on_signal(int sig)
 {
@@ -442,10 +451,16 @@ static void out_on_signal(int sig)
         if (out_guard.files[i][0])
             unlink(out_guard.files[i]);
     rmdir(out_guard.dir);
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    sigaction(sig, &dfl, NULL);
+    /* then what was there before: a handler of the caller's (a temporary
+     * bundle's, below) runs next; else the default, which ends the process */
+    for (int i = 0; i < OUT_NSIGS; i++) {
+        const struct sigaction *old = &out_guard.old[i];
+        bool chain = old->sa_handler != SIG_DFL && old->sa_handler != SIG_IGN;
+        if (out_sigs[i] == sig && chain)
+            sigaction(sig, old, NULL);
+        else if (out_sigs[i] == sig)
+            signal_default(sig);
+    }
     raise(sig);
 }
 
@@ -553,6 +568,26 @@ static bool out_is_bundle(const char *dir)
     return yes;
 }
 
+/* True, with its name, when the folder holds an entry that is not a
+ * bundle's file (a regular file of out_is_bundle_file's names). */
+static bool out_foreign_file(const char *dir, char *name, size_t cap)
+{
+    DIR *d = opendir(dir);
+    bool found = false;
+    for (struct dirent *e; d && !found && (e = readdir(d));) {
+        struct stat sb;
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        found = !out_is_bundle_file(e->d_name) || fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 ||
+                !S_ISREG(sb.st_mode);
+        if (found)
+            snprintf(name, cap, "%s", e->d_name);
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
 static bool out_is_empty_dir(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -580,10 +615,19 @@ static bool out_check(Compilation *c)
     if (lstat(c->out, &sb) != 0)
         return true;
     c->replace = S_ISDIR(sb.st_mode) && (out_is_bundle(c->out) || out_is_empty_dir(c->out));
-    if (!c->replace)
+    if (!c->replace) {
         diag_file_error(&c->d, c->out, "exists and is not a megac bundle; not overwriting it (remove it or choose "
                                        "another -o)");
-    return c->replace;
+        return false;
+    }
+    char other[256];
+    if (out_foreign_file(c->out, other, sizeof other)) {   /* a replaced bundle's files are all removed */
+        diag_file_error(&c->d, c->out, "is a megac bundle that also holds '%s', which is not a bundle's file; not "
+                                       "overwriting it (move that out, or choose another -o)", other);
+        c->replace = false;
+        return false;
+    }
+    return true;
 }
 
 /* Creates out.tmp<pid> and guards it against signals. */
@@ -592,13 +636,21 @@ static bool out_tmp_make(Compilation *c)
     char *slash = strrchr(c->out, '/');
     char *parent = slash ? xasprintf("%.*s", slash == c->out ? 1 : (int)(slash - c->out), c->out) : xstrdup(".");
     driver_tmp_sweep(parent, slash ? slash + 1 : c->out);
-    free(parent);
     c->tmp = xasprintf("%s.tmp%ld", c->out, (long)getpid());
     driver_bundle_remove(c->tmp);
     out_guard_install(c->tmp, c->target);      /* first: a signal may come as soon as it exists */
-    if (mkdir(c->tmp, 0777) == 0)
+    if (mkdir(c->tmp, 0777) == 0) {
+        free(parent);
         return true;
-    diag_file_error(&c->d, c->out, "cannot create the bundle folder %s: %s", c->tmp, strerror(errno));
+    }
+    int e = errno;
+    struct stat sb;
+    if (e == ENOENT || (stat(parent, &sb) == 0 && !S_ISDIR(sb.st_mode)))   /* the folder it goes in: say so */
+        diag_file_error(&c->d, c->out, "cannot create the bundle: its folder %s %s", parent,
+                        e == ENOENT ? "does not exist" : "is not a folder");
+    else
+        diag_file_error(&c->d, c->out, "cannot create the bundle folder %s: %s", c->tmp, strerror(e));
+    free(parent);
     out_guard_remove();
     free(c->tmp);
     c->tmp = NULL;
@@ -711,6 +763,74 @@ int driver_compile(const CompileOptions *o)
 }
 
 
+/* The temporary bundles open (driver_tmp_bundle_open), which a SIGINT,
+ * SIGTERM or SIGHUP removes before the process ends: their files (the
+ * names a bundle's files have, so none of another kind is touched), the
+ * bundle folder and the temporary folder around it. A slot is filled, then
+ * marked used; the handlers are installed while any is. */
+enum { TMP_SLOTS = 4 };
+static struct {
+    struct {
+        char dir[256], files[OUT_NFILES][320];
+        volatile sig_atomic_t used;
+    } slot[TMP_SLOTS];
+    struct sigaction old[OUT_NSIGS];
+    int n;
+} tmp_guard;
+
+static void tmp_on_signal(int sig)
+{
+    for (int i = 0; i < TMP_SLOTS; i++) {
+        if (!tmp_guard.slot[i].used)
+            continue;
+        for (int f = 0; f < OUT_NFILES; f++)
+            unlink(tmp_guard.slot[i].files[f]);
+        rmdir(tmp_guard.slot[i].files[0]);  /* files[0] holds the bundle folder itself */
+        rmdir(tmp_guard.slot[i].dir);
+    }
+    signal_default(sig);
+    raise(sig);
+}
+
+/* Guards b's folders; false when every slot is taken (not guarded then). */
+static bool tmp_guard_add(const DriverTmpBundle *b)
+{
+    int i = 0;
+    while (i < TMP_SLOTS && tmp_guard.slot[i].used)
+        i++;
+    if (i == TMP_SLOTS)
+        return false;
+    static const char *const names[OUT_NFILES - 1] = {"manifest.yaml", "schedule.sched", "weights.bin",
+                                                      "tokenizer.bin", "kernel.so",      "kernel.so.o",
+                                                      "kernel.ll",     "kernel.host.c"};
+    snprintf(tmp_guard.slot[i].dir, sizeof tmp_guard.slot[i].dir, "%s", b->dir);
+    snprintf(tmp_guard.slot[i].files[0], sizeof tmp_guard.slot[i].files[0], "%s", b->path);
+    for (int f = 1; f < OUT_NFILES; f++)   /* a cpu bundle's files (no cubin) */
+        snprintf(tmp_guard.slot[i].files[f], sizeof tmp_guard.slot[i].files[f], "%s/%s", b->path, names[f - 1]);
+    if (tmp_guard.n++ == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = tmp_on_signal;
+        sigemptyset(&sa.sa_mask);
+        for (int s = 0; s < OUT_NSIGS; s++)
+            sigaction(out_sigs[s], &sa, &tmp_guard.old[s]);
+    }
+    tmp_guard.slot[i].used = 1;
+    return true;
+}
+
+static void tmp_guard_drop(const DriverTmpBundle *b)
+{
+    for (int i = 0; i < TMP_SLOTS; i++) {
+        if (!tmp_guard.slot[i].used || strcmp(tmp_guard.slot[i].dir, b->dir))
+            continue;
+        tmp_guard.slot[i].used = 0;
+        if (--tmp_guard.n == 0)
+            for (int s = 0; s < OUT_NSIGS; s++)
+                sigaction(out_sigs[s], &tmp_guard.old[s], NULL);
+    }
+}
+
 bool driver_tmp_bundle_open(DriverTmpBundle *b, const char *model, const DescOverride *sets, int nsets,
                             const char *tag, Diag *d)
 {
@@ -720,13 +840,17 @@ bool driver_tmp_bundle_open(DriverTmpBundle *b, const char *model, const DescOve
                         DRIVER_MAX_SETS, nsets);
         return false;
     }
-    snprintf(b->dir, sizeof b->dir, "/tmp/megac_%.16s_XXXXXX", tag);
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !*tmp || strlen(tmp) > 200)
+        tmp = "/tmp";
+    snprintf(b->dir, sizeof b->dir, "%s/megac_%.16s_XXXXXX", tmp, tag);
     if (!mkdtemp(b->dir)) {
-        diag_file_error(d, "/tmp", "cannot create a temporary folder: %s", strerror(errno));
+        diag_file_error(d, tmp, "cannot create a temporary folder: %s", strerror(errno));
         b->dir[0] = 0;
         return false;
     }
     snprintf(b->path, sizeof b->path, "%s/%.16s.megac", b->dir, tag);
+    tmp_guard_add(b);
     CompileOptions o = {.model = model, .target = "cpu", .out = b->path, .quiet = true, .nsets = nsets};
     for (int i = 0; i < nsets; i++)
         o.sets[i] = sets[i];
@@ -746,6 +870,7 @@ void driver_tmp_bundle_close(DriverTmpBundle *b)
     if (b->dir[0]) {
         driver_bundle_remove(b->path);
         rmdir(b->dir);
+        tmp_guard_drop(b);
     }
     memset(b, 0, sizeof *b);
 }

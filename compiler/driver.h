@@ -53,16 +53,18 @@ bool driver_weights_fit(const ModelDesc *m, const char *what, const char *dir, b
 /* True for a model argument that names the embedded default model. */
 bool driver_is_default_model(const char *model);
 
-/* A CPU bundle compiled into a folder of its own under /tmp and opened:
- * what eval-quant and eval-kv run a model on with --engine cpu. */
+/* A CPU bundle compiled into a folder of its own under $TMPDIR (else /tmp)
+ * and opened: what eval-quant and eval-kv run a model on with --engine
+ * cpu. */
 typedef struct DriverTmpBundle {
     megac_model *mm;
-    char dir[64], path[96];
+    char dir[256], path[288];
 } DriverTmpBundle;
 
 /* Compiles `model` with sets[0:nsets] (applied in order) for the cpu,
- * quietly, into /tmp/megac_TAG_XXXXXX/TAG.megac and opens it; false after
- * reporting to d, the folder removed. */
+ * quietly, into $TMPDIR/megac_TAG_XXXXXX/TAG.megac and opens it; false
+ * after reporting to d, the folder removed. A SIGINT, SIGTERM or SIGHUP
+ * while it is open removes it before the process ends. */
 bool driver_tmp_bundle_open(DriverTmpBundle *b, const char *model, const DescOverride *sets, int nsets,
                             const char *tag, Diag *d);
 /* Closes the bundle and removes its folder (a zeroed b: nothing). */

@@ -136,6 +136,7 @@ typedef struct QuantEvalRun {
     const char *model;              /* the description, for engine cpu */
     const DescOverride *sets;
     int nsets;
+    bool progress;                  /* a line on stderr as each format starts */
 } QuantEvalRun;
 
 /* out has nfmt + 1 entries: out[0] is the baseline (kl 0, top1 1). False

@@ -232,9 +232,16 @@ bool quant_eval(const ModelDesc *m, const QuantEvalRun *r, const QuantSpec *fmts
     b.stream = xcalloc((size_t)b.n, sizeof *b.stream);
     b.top = xcalloc((size_t)b.n, sizeof *b.top);
     b.logp = xmalloc(sizeof(double) * (size_t)b.n * (size_t)b.vocab);
+    if (r->progress)
+        fprintf(stderr, "megac eval-quant: [1/%d] the baseline (quant none), %d positions\n", nfmt + 1, b.n);
     bool ok = eval_base(m, r->prompt, &b, &out[0], d);
-    for (int i = 0; ok && i < nfmt; i++)
+    for (int i = 0; ok && i < nfmt; i++) {
+        char name[64];
+        if (r->progress)
+            fprintf(stderr, "megac eval-quant: [%d/%d] %s on the %s engine\n", i + 2, nfmt + 1,
+                    quant_spec_str(fmts[i], name, sizeof name), r->engine ? r->engine : "reference");
         ok = eval_format(m, r, fmts[i], &b, &out[i + 1], d);
+    }
     free(b.stream);
     free(b.top);
     free(b.logp);

@@ -447,6 +447,28 @@ static void stats_add(megac_stats *total, const megac_stats *piece, bool first_p
     total->stop_token = piece->stop_token;
 }
 
+/* getline(3) on stdin that stops past max bytes (-2; a line of /dev/zero
+ * had taken all memory): the line's length, -1 at the end or an error. */
+static ssize_t line_read(char **line, size_t *cap, size_t max)
+{
+    size_t n = 0;
+    int ch = 0;
+    flockfile(stdin);
+    while (n <= max && (ch = getc_unlocked(stdin)) != EOF) {
+        if (n + 2 > *cap) {
+            *cap = *cap ? 2 * *cap : 4096;
+            *line = xrealloc(*line, *cap);
+        }
+        (*line)[n++] = (char)ch;
+        if (ch == '\n')
+            break;
+    }
+    funlockfile(stdin);
+    if (n)
+        (*line)[n] = 0;
+    return n > max ? -2 : n ? (ssize_t)n : -1;
+}
+
 /* The next user turn from standard input (its line ending removed; empty
  * lines skipped): 1, 0 at the end of the input, -1 when it cannot be read
  * (said on stderr), 2 for a line that is not a turn (a NUL byte; said). */
@@ -458,7 +480,12 @@ static int turn_read(char **line, size_t *cap, bool tty)
             fflush(stderr);
         }
         errno = 0;
-        ssize_t got = getline(line, cap, stdin);
+        ssize_t got = line_read(line, cap, RUN_MAX_TEXT);
+        if (got == -2) {
+            fprintf(stderr, "megac run: a line of more than 256 MiB on standard input (the most megac reads as "
+                            "a turn); the conversation ends here\n");
+            return -1;
+        }
         if (got < 0 && ferror(stdin)) {
             fprintf(stderr, "megac run: cannot read standard input: %s\n", strerror(errno ? errno : EIO));
             return -1;

@@ -571,6 +571,17 @@ Test(desc, diag_unsupported_knobs)
                   "      |                                                                   ^\n");
 }
 
+/* H2O's recent window defaults to half its budget: a budget of 1 gives
+ * none, which megac refuses as it refuses `window: 0` (it was accepted, and
+ * `describe` then printed a description megac could not read back). */
+Test(desc, diag_h2o_budget_one)
+{
+    expect_errors(BASE ARCH "compile:\n  kv_policy: [{layers: all, policy: h2o, budget: 1}]\n", NULL, 0,
+                  "models/x.yaml:5:15: error: h2o's recent window (0) must be at least 1 (its budget: at least 2)\n"
+                  "    5 |   kv_policy: [{layers: all, policy: h2o, budget: 1}]\n"
+                  "      |               ^\n");
+}
+
 Test(desc, diag_nul_in_string)
 {
     expect_errors("name: \"a\\x00b\"\narch: {dim: 64, hidden_dim: 128, n_layers: 4, n_heads: 4, vocab_size: 300, "

@@ -682,7 +682,7 @@ static void fidelity_check(const ModelDesc *m, const char *model, const DescOver
 {
     Recorded r;
     recorded_load(&r, path);
-    QuantEvalRun run = {r.prompt, r.tokens, r.classes, r.engine, model, sets, nsets};
+    QuantEvalRun run = {r.prompt, r.tokens, r.classes, r.engine, model, sets, nsets, false};
     QuantEval *e = calloc((size_t)r.n + 1, sizeof *e);
     Diag d;
     diag_init(&d);
@@ -1141,7 +1141,7 @@ Test(quant, awq_gptq_models_run_on_their_groups, .timeout = 180)
         kernel_vs_reference(&m, "host-cuda", 3, 6);
         QuantSpec f[1] = {{QUANT_A8, 0}};
         QuantEval e[2];
-        QuantEvalRun r = {"Once upon", 16, 15, "cpu", dirs[c], ov, 2};
+        QuantEvalRun r = {"Once upon", 16, 15, "cpu", dirs[c], ov, 2, false};
         cr_assert(quant_eval(&m, &r, f, 1, e, &d));
         cr_assert_eq(e[1].bpw, e[0].bpw, "%s: the stored bits per weight: %g, %g", dirs[c], e[1].bpw, e[0].bpw);
         /* tiny random models move more than real ones (5e-4 to 8e-4 here); a broken int8 row is far off */
@@ -1260,7 +1260,7 @@ Test(quant, a8_keeps_stored_weights, .timeout = 120)
     cr_assert(desc_load(&m, &a, path, NULL, 0, &d));
     QuantSpec f[1] = {{QUANT_A8, 0}};
     QuantEval e[2];
-    QuantEvalRun r = {"Once upon", 16, 15, "cpu", path, NULL, 0};
+    QuantEvalRun r = {"Once upon", 16, 15, "cpu", path, NULL, 0, false};
     cr_assert(quant_eval(&m, &r, f, 1, e, &d));
     unlink(path);
     cr_assert_eq(e[1].bpw, e[0].bpw, "the stored bits per weight: %g, %g", e[1].bpw, e[0].bpw);
@@ -1395,7 +1395,7 @@ Test(quant, fidelity_stories260k_cpu_kernel, .timeout = 120)
     fidelity_check(&m, path, NULL, 0, QFIX "/fidelity-stories260k-cpu.json");
     QuantSpec f[2] = {{QUANT_W8A16, 0}, {QUANT_W4A16, 32}};
     QuantEval ek[3], er[3];
-    QuantEvalRun rk = {"Once upon a time", 32, 15, "cpu", path, NULL, 0}, rr = rk;
+    QuantEvalRun rk = {"Once upon a time", 32, 15, "cpu", path, NULL, 0, false}, rr = rk;
     rr.engine = "reference";
     cr_assert(quant_eval(&m, &rk, f, 2, ek, &d) && quant_eval(&m, &rr, f, 2, er, &d));
     for (int i = 1; i <= 2; i++) {
