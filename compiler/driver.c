@@ -464,22 +464,31 @@ static void out_on_signal(int sig)
     raise(sig);
 }
 
+/* The files a compile may write into a bundle folder but the cubin (whose
+ * name has the target's). */
+static const char *const out_file_names[OUT_NFILES - 1] = {"manifest.yaml", "schedule.sched", "weights.bin",
+                                                           "tokenizer.bin", "kernel.so",      "kernel.so.o",
+                                                           "kernel.ll",     "kernel.host.c"};
+
+/* Installs handler for out_sigs, the handlers before it into old. */
+static void signals_install(void (*handler)(int), struct sigaction old[OUT_NSIGS])
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = handler;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < OUT_NSIGS; i++)
+        sigaction(out_sigs[i], &sa, &old[i]);
+}
+
 static void out_guard_install(const char *tmp, const Target *t)
 {
-    static const char *const names[OUT_NFILES - 1] = {"manifest.yaml", "schedule.sched", "weights.bin",
-                                                      "tokenizer.bin", "kernel.so",      "kernel.so.o",
-                                                      "kernel.ll",     "kernel.host.c"};
     memset(&out_guard, 0, sizeof out_guard);
     snprintf(out_guard.dir, sizeof out_guard.dir, "%s", tmp);
     for (int i = 0; i < OUT_NFILES - 1; i++)
-        snprintf(out_guard.files[i], PATH_MAX, "%s/%s", tmp, names[i]);
+        snprintf(out_guard.files[i], PATH_MAX, "%s/%s", tmp, out_file_names[i]);
     snprintf(out_guard.files[OUT_NFILES - 1], PATH_MAX, "%s/kernel.%s.cubin", tmp, t->name);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = out_on_signal;
-    sigemptyset(&sa.sa_mask);
-    for (int i = 0; i < OUT_NSIGS; i++)
-        sigaction(out_sigs[i], &sa, &out_guard.old[i]);
+    signals_install(out_on_signal, out_guard.old);
 }
 
 /* Restores the handlers, then raises a signal that came while committing. */
@@ -800,21 +809,13 @@ static bool tmp_guard_add(const DriverTmpBundle *b)
         i++;
     if (i == TMP_SLOTS)
         return false;
-    static const char *const names[OUT_NFILES - 1] = {"manifest.yaml", "schedule.sched", "weights.bin",
-                                                      "tokenizer.bin", "kernel.so",      "kernel.so.o",
-                                                      "kernel.ll",     "kernel.host.c"};
     snprintf(tmp_guard.slot[i].dir, sizeof tmp_guard.slot[i].dir, "%s", b->dir);
     snprintf(tmp_guard.slot[i].files[0], sizeof tmp_guard.slot[i].files[0], "%s", b->path);
     for (int f = 1; f < OUT_NFILES; f++)   /* a cpu bundle's files (no cubin) */
-        snprintf(tmp_guard.slot[i].files[f], sizeof tmp_guard.slot[i].files[f], "%s/%s", b->path, names[f - 1]);
-    if (tmp_guard.n++ == 0) {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = tmp_on_signal;
-        sigemptyset(&sa.sa_mask);
-        for (int s = 0; s < OUT_NSIGS; s++)
-            sigaction(out_sigs[s], &sa, &tmp_guard.old[s]);
-    }
+        snprintf(tmp_guard.slot[i].files[f], sizeof tmp_guard.slot[i].files[f], "%s/%s", b->path,
+                 out_file_names[f - 1]);
+    if (tmp_guard.n++ == 0)
+        signals_install(tmp_on_signal, tmp_guard.old);
     tmp_guard.slot[i].used = 1;
     return true;
 }
