@@ -281,7 +281,7 @@ char *read_file_max(const char *path, size_t *len, size_t max)
     FILE *f = fopen_read(path);
     if (!f)
         return NULL;
-    struct stat st;
+    struct stat st = {0};     /* a failed fstat: read as a stream */
     if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
         fclose(f);
         errno = EISDIR;
