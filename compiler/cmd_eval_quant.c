@@ -234,6 +234,10 @@ static bool eval_json_write(const char *path, const ModelDesc *m, const EvalArgs
  * rather than found out after it. */
 static bool eval_json_writable(const char *path)
 {
+    if (!*path) {   /* stat("") fails with ENOENT, as for a file yet to be made */
+        fprintf(stderr, "megac eval-quant: --json needs a file name\n");
+        return false;
+    }
     const char *slash = strrchr(path, '/');
     char *dir = slash ? xstrndup(path, slash == path ? 1 : (size_t)(slash - path)) : xstrdup(".");
     struct stat st;
