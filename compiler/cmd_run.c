@@ -717,6 +717,29 @@ int run_reference(const RunOptions *o)
     return rc;
 }
 
+bool run_chat_known(const RunOptions *o)
+{
+    if (!o->chat || o->model_is_bundle)
+        return true;
+    Arena arena = {0};
+    ModelDesc m;
+    Diag quiet = {.silent = true};      /* the compile reports what does not load */
+    bool known = true;
+    Tokenizer *t = run_desc_load(&m, &arena, o, &quiet) ? tok_import(&m, &quiet) : NULL;
+    if (t) {
+        char *eos = ref_eos_text(t, m.eos_id);
+        RunChat c = {.eos = eos, .is_special = ref_is_special, .ctx = t};
+        c.kind = (int)tok_chat(t, &c.default_system);
+        char *probe = run_turn_text(o, "", true, &c);
+        known = probe != NULL;
+        free(probe);
+        free(eos);
+        tok_free(t);
+    }
+    arena_free(&arena);
+    return known;
+}
+
 /* ---- the command ---- */
 
 void run_options_free(RunOptions *o)

@@ -115,6 +115,11 @@ char *run_prompt_text(const RunOptions *o, const RunChat *c);
  * before it, which ended at the format's stop token: that token (not yet
  * run) and the turn. */
 char *run_turn_text(const RunOptions *o, const char *prompt, bool first, const RunChat *c);
+/* With --chat (-i, --system) and a model description, whether its
+ * tokenizer has a chat format (false said on stderr): asked before a
+ * bundle engine compiles it. True when the description or tokenizer does
+ * not load (the compile says why). */
+bool run_chat_known(const RunOptions *o);
 /* Decodes with the reference; returns the exit status. */
 int run_reference(const RunOptions *o);
 

@@ -711,6 +711,8 @@ out:
  * once more, so one bad entry does not fail every later run. */
 static int run_cached(const RunOptions *o)
 {
+    if (!run_chat_known(o))     /* before a compile, not after it */
+        return 2;
     bool cached;
     char *dir = bundle_cached(o, false, &cached);
     if (!dir)

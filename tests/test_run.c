@@ -663,6 +663,10 @@ Test(run_cmd, chat_needs_a_known_format, .timeout = 60)
     static char out[4096], err[4096];
     cr_assert_eq(megac_run("default --chat --prompt hi -n 8", out, sizeof out, err, sizeof err), 2);
     cr_assert(strstr(err, "--chat: this model's tokenizer has no chat format megac knows"), "stderr: %s", err);
+    /* before a compile (a description not in the run cache: it was compiled, then refused) */
+    cr_assert_eq(megac_run("default --chat --prompt hi -n 8 --set name=chat-needs-a-format", out, sizeof out, err,
+                           sizeof err), 2);
+    cr_assert(strstr(err, "no chat format megac knows") && !strstr(err, "compiling"), "stderr: %s", err);
 }
 
 /* An empty prompt with no BOS id known (a description that names an HF
