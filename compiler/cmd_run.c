@@ -325,7 +325,7 @@ char *run_turn_text(const RunOptions *o, const char *prompt, bool first, const R
     if (!f)
         return NULL;
     const char *eos = c->eos ? c->eos : "";
-    bool dated = f->kind == CHAT_LLAMA31 || f->kind == CHAT_LLAMA31_TODAY;
+    bool dated = chat_kind_dated(f->kind);
     /* a Llama 3.1 template's preamble, else a ChatML template's default
      * system turn where the conversation gives none */
     const char *preamble = dated && c->default_system ? c->default_system : "";

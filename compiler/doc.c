@@ -85,7 +85,8 @@ static bool next_event(Builder *b)
         char starts[128] = "";
         if (context)
             snprintf(starts, sizeof starts, "it starts here (%s)", context);
-        for (size_t i = 0; i < sizeof json_words / sizeof *json_words && doc_looks_json(b->doc); i++)
+        bool json = doc_looks_json(b->doc);
+        for (size_t i = 0; json && i < sizeof json_words / sizeof *json_words; i++)
             if (!strcmp(problem, json_words[i].problem) &&
                 (!json_words[i].context || (context && !strcmp(context, json_words[i].context)))) {
                 problem = json_words[i].json;

@@ -293,7 +293,7 @@ static bool pass_tok_import(Compilation *c)
     char detail[128] = "";
     const char *sys;
     ChatKind k = c->tok ? tok_chat(c->tok, &sys) : CHAT_UNKNOWN;
-    bool dated = k == CHAT_LLAMA31 || k == CHAT_LLAMA31_TODAY;
+    bool dated = chat_kind_dated(k);
     if (c->tok)
         snprintf(detail, sizeof detail, "%d tokens%s%s%s", tok_vocab(c->tok), k ? ", chat template: " : "",
                  k ? chat_kind_name(k) : "",

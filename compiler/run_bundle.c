@@ -282,19 +282,22 @@ static char *bundle_cached(const RunOptions *o, bool rebuild, bool *cached)
 }
 
 /* Tokenizes the prompt (BOS first when the tokenizer wants it, then
- * *bos = 1); returns the count or -1 (reported). */
-static int prompt_encode(megac_model *m, const RunOptions *o, const char *prompt, int **ids, int *bos)
+ * *bos = 1), or with `more` a later turn of a conversation, as the text's
+ * continuation (no BOS, no SPM dummy prefix); returns the count or -1
+ * (reported). */
+static int prompt_encode(megac_model *m, const RunOptions *o, const char *prompt, bool more, int **ids, int *bos)
 {
     const char *text = prompt ? prompt : "";
     int cap = (int)strlen(text) + 8;
     *ids = xmalloc(sizeof(int) * (size_t)cap);
-    *bos = megac_wants_bos(m, text);
-    int n = megac_encode(m, text, *bos, *ids, cap), first;
+    *bos = !more && megac_wants_bos(m, text);
+    int n = more ? megac_encode_more(m, text, *ids, cap) : megac_encode(m, text, *bos, *ids, cap), first;
     size_t at;
     int dropped = megac_encode_dropped(m, &first, &at);
     run_drops_warn(text, run_text_name(o), dropped, first, at);
-    if (n < 0)
-        fprintf(stderr, "megac run: cannot tokenize the prompt: %s\n", megac_error(m));
+    if (n < 0 || (n == 0 && more))
+        fprintf(stderr, "megac run: cannot tokenize the %s: %s\n", more ? "turn" : "prompt",
+                n < 0 ? megac_error(m) : "no tokens");
     else if (n == 0)
         run_no_tokens_say(text);
     return n < 1 ? -1 : n;
@@ -553,18 +556,8 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
         }
         char *text = run_turn_text(o, turn, first, &chat);
         int *ids = NULL, n = -1, bos = 0;
-        if (text && first) {
-            n = prompt_encode(m, o, text, &ids, &bos);
-        } else if (text) {     /* no BOS inside a conversation */
-            int idcap = (int)strlen(text) + 8, dropped, first_cp;
-            size_t at;
-            ids = xmalloc(sizeof(int) * (size_t)idcap);
-            n = megac_encode_more(m, text, ids, idcap);
-            if ((dropped = megac_encode_dropped(m, &first_cp, &at)) > 0)
-                run_drops_warn(text, run_text_name(o), dropped, first_cp, at);
-            if (n < 1)
-                fprintf(stderr, "megac run: cannot tokenize the turn: %s\n", n < 0 ? megac_error(m) : "no tokens");
-        }
+        if (text)       /* no BOS inside a conversation */
+            n = prompt_encode(m, o, text, !first, &ids, &bos);
         free(text);
         if (n >= 1 && !first && n + conv_reserve(steps) > steps - megac_position(m) &&
             conv_shift(&c, m, (size_t)(n + conv_reserve(steps)), (size_t)n + 1, steps, false) < 0) {
@@ -674,7 +667,7 @@ static int bundle_generate(const RunOptions *o, const char *bundle, megac_model 
     char *text = run_prompt_text(o, &chat);
     free(eos);
     if (text)
-        n = prompt_encode(m, o, text, &ids, &bos);
+        n = prompt_encode(m, o, text, false, &ids, &bos);
     free(text);
     int steps = o->steps > 0 && o->steps < megac_max_seq(m) ? o->steps : megac_max_seq(m);
     if (o->steps > steps)

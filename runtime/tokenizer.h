@@ -47,6 +47,11 @@ typedef enum {
     CHAT_LLAMA31 = 5, CHAT_LLAMA31_TODAY = 6,
     CHAT_KINDS      /* one past the last */
 } ChatKind;
+/* A Llama 3.1 kind: a system turn always, starting with its preamble. */
+static inline bool chat_kind_dated(ChatKind k)
+{
+    return k == CHAT_LLAMA31 || k == CHAT_LLAMA31_TODAY;
+}
 #define TOK_MAX_SYSTEM 65536    /* bytes of a template's default system turn */
 
 /* Builders (used by importers): a tokenizer of `kind` with n pieces. */
