@@ -593,11 +593,8 @@ static bool override_apply(Ctx *c, Doc *od, const DescOverride *o)
         free(text);
         return false;
     }
-    memset(text, ' ', klen + 1);   /* keeps the value's columns */
-    if (!doc_parse(od, "<command line>", text, len, c->d))
+    if (!doc_parse_value(od, "<command line>", text, len, klen + 1, c->d))
         return false;
-    memcpy(text, o->key, klen);
-    text[klen] = '=';
     const char *prefix = override_prefix(c, od, o->key, klen);
     if (!prefix)
         return false;

@@ -20,6 +20,8 @@
 typedef struct {
     Doc *doc;
     Diag *d;
+    const char *input; /* what libyaml reads (doc->src.text, or doc_parse_value's copy) */
+    size_t input_len;
     yaml_parser_t p;
     yaml_event_t ev;
     bool ok;
@@ -68,13 +70,12 @@ static const struct {
 /* A document whose first byte after white space is '{' or '[' reads as
  * JSON (config.json, tokenizer.json, a safetensors header): its syntax
  * errors are told in JSON's words, not YAML's. */
-static bool doc_looks_json(const Doc *doc)
+static bool doc_looks_json(const char *t, size_t len)
 {
-    const char *t = doc->src.text;
     size_t i = 0;
-    while (i < doc->src.len && (t[i] == ' ' || t[i] == '\t' || t[i] == '\r' || t[i] == '\n'))
+    while (i < len && (t[i] == ' ' || t[i] == '\t' || t[i] == '\r' || t[i] == '\n'))
         i++;
-    return i < doc->src.len && (t[i] == '{' || t[i] == '[');
+    return i < len && (t[i] == '{' || t[i] == '[');
 }
 
 static bool next_event(Builder *b)
@@ -85,7 +86,7 @@ static bool next_event(Builder *b)
         char starts[128] = "";
         if (context)
             snprintf(starts, sizeof starts, "it starts here (%s)", context);
-        bool json = doc_looks_json(b->doc);
+        bool json = doc_looks_json(b->input, b->input_len);
         for (size_t i = 0; json && i < sizeof json_words / sizeof *json_words; i++)
             if (!strcmp(problem, json_words[i].problem) &&
                 (!json_words[i].context || (context && !strcmp(context, json_words[i].context)))) {
@@ -290,7 +291,10 @@ static bool doc_bytes_check(const Doc *doc, Diag *d)
     return true;
 }
 
-bool doc_parse(Doc *doc, const char *path, char *text, size_t len, Diag *d)
+/* doc_parse of input[0, input_len) where diagnostics quote text (the same
+ * lines and character columns). */
+static bool doc_parse_input(Doc *doc, const char *path, char *text, size_t len, const char *input, size_t input_len,
+                            Diag *d)
 {
     memset(doc, 0, sizeof *doc);
     doc->src.path = xstrdup(path);
@@ -298,9 +302,9 @@ bool doc_parse(Doc *doc, const char *path, char *text, size_t len, Diag *d)
     doc->src.len = len;
     if (!doc_bytes_check(doc, d))
         return false;
-    Builder b = {.doc = doc, .d = d, .ok = true};
+    Builder b = {.doc = doc, .d = d, .input = input, .input_len = input_len, .ok = true};
     yaml_parser_initialize(&b.p);
-    yaml_parser_set_input_string(&b.p, (const unsigned char *)text, len);
+    yaml_parser_set_input_string(&b.p, (const unsigned char *)input, input_len);
     bool in_doc = false;
     while (b.ok && next_event(&b)) {
         yaml_event_type_t t = b.ev.type;
@@ -328,6 +332,25 @@ bool doc_parse(Doc *doc, const char *path, char *text, size_t len, Diag *d)
     }
     yaml_parser_delete(&b.p);
     return b.ok;
+}
+
+bool doc_parse(Doc *doc, const char *path, char *text, size_t len, Diag *d)
+{
+    return doc_parse_input(doc, path, text, len, text, len, d);
+}
+
+bool doc_parse_value(Doc *doc, const char *path, char *text, size_t len, size_t skip, Diag *d)
+{
+    size_t nch = 0;
+    for (size_t i = 0; i < skip; i++)
+        nch += ((unsigned char)text[i] & 0xc0) != 0x80; /* libyaml's columns count characters */
+    char *input = xmalloc(nch + (len - skip) + 1);
+    memset(input, ' ', nch);
+    memcpy(input + nch, text + skip, len - skip);
+    input[nch + len - skip] = 0;
+    bool ok = doc_parse_input(doc, path, text, len, input, nch + len - skip, d);
+    free(input);
+    return ok;
 }
 
 bool doc_load(Doc *doc, const char *path, Diag *d)

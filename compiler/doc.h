@@ -36,6 +36,10 @@ typedef struct Doc {
 /* Parses `text` (not copied when `take` is true: the Doc frees it). On a
  * syntax error prints `path:line:col: error:` to d and returns false. */
 bool doc_parse(Doc *doc, const char *path, char *text, size_t len, Diag *d);
+/* doc_parse of text's bytes from skip on, as if those before were blanks
+ * (a `key=value` whose value alone is YAML): diagnostics quote the whole
+ * text, columns counted in it. */
+bool doc_parse_value(Doc *doc, const char *path, char *text, size_t len, size_t skip, Diag *d);
 /* Reads and parses a file; reports unreadable files as errors too. */
 bool doc_load(Doc *doc, const char *path, Diag *d);
 void doc_free(Doc *doc);

@@ -274,17 +274,7 @@ static bool pass_weights_load(Compilation *c)
                  c->w.stored_kept);
     if (c->have_weights)
         a8_summary(&c->w, detail + strlen(detail), sizeof detail - strlen(detail));
-    bool ok = c->have_weights;
-    if (ok && c->target->kind != TARGET_CPU) /* one error, not one per instruction (host-cuda too) */
-        for (int i = 0; i < c->w.nqt && ok; i++)
-            if (dtype_is_a8(c->w.qt[i].dtype)) {
-                diag_file_error(&c->d, c->m.path ? c->m.path : "megac",
-                                "matrix '%s' is %s: int8-input formats (w8a8, w4a8, a8) run on the CPU backend "
-                                "only; compile for --target cpu, or choose an A16 format (none, w8a16, w4a16) "
-                                "for %s", c->w.qt[i].name, dtype_name(c->w.qt[i].dtype), c->o->target);
-                ok = false;
-            }
-    return pass_done(c, "weights_load", ok, detail);
+    return pass_done(c, "weights_load", c->have_weights, detail);
 }
 
 static bool pass_tok_import(Compilation *c)

@@ -1040,6 +1040,16 @@ Schedule *lower_model_weights(const ModelDesc *m, const Weights *w, const Target
     free(L.in_stage);
     free(L.att_w);
     free(L.nsig);
+    if (t->kind != TARGET_CPU) /* one error, not one per instruction (host-cuda too) */
+        for (uint32_t b = 0; b < L.s->nbufs; b++)
+            if (L.s->bufs[b].cls == BUF_WEIGHT && dtype_is_a8(L.s->bufs[b].dtype)) {
+                diag_file_error(d, m->path ? m->path : m->name,
+                                "matrix '%s' is %s: int8-input formats (w8a8, w4a8, a8) run on the CPU backend "
+                                "only (--target cpu); for %s, choose an A16 format (none, w8a16, w4a16)",
+                                L.s->bufs[b].name, dtype_name(L.s->bufs[b].dtype), t->name);
+                sched_free(L.s);
+                return NULL;
+            }
     return L.s;
 }
 

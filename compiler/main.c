@@ -4,7 +4,9 @@
 #include "compiler/cli.h"
 #include "runtime/kernel_abi.h"
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const struct {
@@ -46,8 +48,37 @@ bool cli_wants_help(int argc, char **argv)
     return false;
 }
 
+/* Warns of each MEGAC_* setting in the environment whose value its reader
+ * would not take (they fall back to their defaults there, silently). */
+static void env_check(void)
+{
+    static const struct {
+        const char *name, *want;
+        double lo, hi; /* the range taken; lo itself is not where open */
+        bool open, integer;
+    } vars[] = {
+        {"MEGAC_CACHE_KEEP", "a count of bundles, 1..100000; 8 is used", 1, 100000, false, true},
+        {"MEGAC_VALIDATE_MAX_GB", "a number of gigabytes above 0; 8 is used", 0, INFINITY, true, false},
+        {"MEGAC_WATCHDOG_MS", "a number of milliseconds (digits only); the kernel's default deadline is used", 0,
+         INFINITY, false, true},
+    };
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        const char *e = getenv(vars[i].name);
+        if (!e || !*e)
+            continue;
+        char *end;
+        double v = strtod(e, &end);
+        bool ok = *end == 0 && (vars[i].open ? v > vars[i].lo : v >= vars[i].lo) && v <= vars[i].hi;
+        if (vars[i].integer)
+            ok = ok && strspn(e, "0123456789") == strlen(e);
+        if (!ok)
+            fprintf(stderr, "megac: warning: %s='%.32s' is not %s\n", vars[i].name, e, vars[i].want);
+    }
+}
+
 int main(int argc, char **argv)
 {
+    env_check();
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -72,8 +72,11 @@ static megac_status cuda_device_pick(megac_model *m, CudaState *st)
 {
     int n = 0, ordinal = 0, major = 0, minor = 0, coop = 0;
     const char *e = getenv("MEGAC_CUDA_DEVICE");
-    if (e)
+    if (e && *e) {
+        if (strspn(e, "0123456789") != strlen(e) || strlen(e) > 4)
+            return rt_fail(m, MEGAC_ERR_ARG, "MEGAC_CUDA_DEVICE='%.32s' is not a device ordinal (0, 1, ...)", e);
         ordinal = atoi(e);
+    }
     CU_CHECK(m, st, cuDeviceGetCount(&n));
     if (n <= ordinal)
         return rt_fail(m, MEGAC_ERR_DEVICE, "no CUDA device %d: the driver sees %d device(s)", ordinal, n);

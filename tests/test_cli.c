@@ -938,21 +938,49 @@ Test(cli, compile_a8_summary)
     cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "megac run: note: the reference engine runs int8-input formats (w8a8, w4a8, a8) on their "
                           "weights with exact inputs; their int8 inputs are modelled by the cpu engine\n"), "%s", out);
-    /* for a GPU, or the CUDA C on the host: one error before any lowering,
+    /* for a GPU, or the CUDA C on the host: one error from the lowering,
      * not one per instruction (host-cuda gave those, naming a schedule file
-     * never written) */
+     * never written), and `lower` and `validate` of the model refuse it as
+     * `compile` does (they called its schedule safe) */
     static const char *const cuda[] = {"sm_90", "host-cuda"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(args, sizeof args, "compile %s/tests/fixtures/weights/tiny.gguf --target %s --set "
-                 "quant.default=a8 -o g.megac", MEGAC_SRC, cuda[i]);
-        cr_assert_eq(megac(d, args, out, sizeof out), 2, "%s", out);
+    static const char *const cmd[] = {"compile", "lower", "validate"};
+    for (int i = 0; i < 6; i++) {
+        snprintf(args, sizeof args, "%s %s/tests/fixtures/weights/tiny.gguf --target %s --set quant.default=a8%s",
+                 cmd[i / 2], MEGAC_SRC, cuda[i % 2], i / 2 == 2 ? "" : " -o g.megac");
+        cr_assert_eq(megac(d, args, out, sizeof out), 2, "%s: %s", args, out);
         char want[512];
         snprintf(want, sizeof want, "tiny.gguf: error: matrix 'embed' is q8_0a8: int8-input formats (w8a8, w4a8, a8) "
-                 "run on the CPU backend only; compile for --target cpu, or choose an A16 format (none, w8a16, w4a16) "
-                 "for %s\n", cuda[i]);
-        cr_assert(strstr(out, want), "%s", out);
-        cr_assert(!strstr(out, "CUDA backend yet") && !strstr(out, "lower_model"), "%s", out);
+                 "run on the CPU backend only (--target cpu); for %s, choose an A16 format (none, w8a16, w4a16)\n",
+                 cuda[i % 2]);
+        cr_assert(strstr(out, want), "%s: %s", args, out);
+        cr_assert(!strstr(out, "CUDA backend yet") && !strstr(out, "safe") && !strstr(out, "error: matrix 'L0"),
+                  "%s: %s", args, out);
     }
+    test_rm_rf(d);
+}
+
+/* A MEGAC_* setting its reader would not take is warned of (they fell back
+ * to their defaults silently), whatever the command; good ones are not. */
+Test(cli, env_settings_warned)
+{
+    char *d = tmp_dir(), out[8192];
+    cr_assert_eq(megac_env(d, "MEGAC_VALIDATE_MAX_GB=8GB MEGAC_CACHE_KEEP=0 MEGAC_WATCHDOG_MS=-5", "validate default",
+                           out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "megac: warning: MEGAC_VALIDATE_MAX_GB='8GB' is not a number of gigabytes above 0; 8 is "
+                          "used\n"), "%s", out);
+    cr_assert(strstr(out, "megac: warning: MEGAC_CACHE_KEEP='0' is not a count of bundles, 1..100000; 8 is used\n"),
+              "%s", out);
+    cr_assert(strstr(out, "megac: warning: MEGAC_WATCHDOG_MS='-5' is not a number of milliseconds (digits only); the "
+                          "kernel's default deadline is used\n"), "%s", out);
+    cr_assert(strstr(out, ": safe: "), "%s", out);
+    /* the validator takes the default for such a value too (atof read
+     * '1e-9x' as 1e-9 GB, which leaves the schedule unchecked) */
+    cr_assert_eq(megac_env(d, "MEGAC_VALIDATE_MAX_GB=1e-9x", "validate default", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(megac_env(d, "MEGAC_VALIDATE_MAX_GB=1e-9", "validate default", out, sizeof out), 2, "%s", out);
+    cr_assert(!strstr(out, "warning"), "%s", out);
+    cr_assert_eq(megac_env(d, "MEGAC_VALIDATE_MAX_GB=0.5 MEGAC_CACHE_KEEP=3 MEGAC_WATCHDOG_MS=0", "validate default",
+                           out, sizeof out), 0, "%s", out);
+    cr_assert(!strstr(out, "warning"), "%s", out);
     test_rm_rf(d);
 }
 

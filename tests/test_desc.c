@@ -780,6 +780,18 @@ Test(desc, set_errors)
                   "2147483647\n"
                   "    1 | arch.dim=99999999999999999999\n"
                   "      |          ^\n");
+    /* a value's syntax error quotes the key too (it showed blanks there),
+     * its column counted in characters after a non-ASCII key */
+    DescOverride ov10[] = {{"max_seq", "*a"}};
+    expect_errors(desc_default_yaml, ov10, 1,
+                  "<command line>:1:9: error: YAML aliases are not supported\n"
+                  "    1 | max_seq=*a\n"
+                  "      |         ^\n");
+    DescOverride ov11[] = {{"\xc3\xa9t\xc3\xa9", "[1, *b]"}};
+    expect_errors(desc_default_yaml, ov11, 1,
+                  "<command line>:1:9: error: YAML aliases are not supported\n"
+                  "    1 | \xc3\xa9t\xc3\xa9=[1, *b]\n"
+                  "      |         ^\n");
     /* a description that is not a mapping at all: --set has nowhere to
      * go (it crashed, reading a list's keys: fuzz campaign) */
     DescOverride ov9[] = {{"name", "x"}};

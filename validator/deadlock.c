@@ -559,8 +559,9 @@ static bool val_budget_check(Val *v)
     free(k);
     double clocks = (double)(nwait + joins) * v->nw * sizeof *v->pool, gb = 8;
     const char *env = getenv("MEGAC_VALIDATE_MAX_GB");
-    if (env && atof(env) > 0)
-        gb = atof(env);
+    char *end;
+    if (env && *env && strtod(env, &end) > 0 && *end == 0) /* else the default (megac warns) */
+        gb = strtod(env, NULL);
     int line = header_line(v);
     if (clocks + tables > gb * (1 << 30))
         val_error(v, &v->r->nlimit, line,
