@@ -114,8 +114,8 @@ static char *list_next(char **p)
     return t;
 }
 
-/* Splits the comma-separated list; false (after printing why) on a bad or
- * empty name. */
+/* Splits the comma-separated list, each format once; false (after printing
+ * why) on a bad or empty name. */
 static bool eval_formats_parse(const char *list, QuantSpec *f, int *n)
 {
     char *s = xstrdup(list), *at = s;
@@ -128,8 +128,15 @@ static bool eval_formats_parse(const char *list, QuantSpec *f, int *n)
         if (!ok)
             fprintf(stderr, "megac eval-quant: bad format '%s' (f32, f16, bf16, w8a16, w4a16[-g32|-g64|-g128], "
                             "w8a8, w4a8[-g32|-g64|-g128], a8; at most %d)\n", t, EVAL_MAX_FORMATS);
-        else
-            f[(*n)++] = q;
+        else {
+            int j = 0;
+            while (j < *n && (f[j].kind != q.kind || f[j].group != q.group))
+                j++;
+            if (j < *n)
+                fprintf(stderr, "megac eval-quant: note: format '%s' is named again; measured once\n", t);
+            else
+                f[(*n)++] = q;
+        }
     }
     free(s);
     if (ok && *n == 0)

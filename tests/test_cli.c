@@ -678,8 +678,8 @@ Test(cli, compile_checks_cpu_before_any_work)
 }
 
 /* eval-quant: an empty list is an error line, a --json that cannot be
- * written is refused before the evaluation, a long prompt is cut with a
- * note. */
+ * written is refused before the evaluation, a format named twice is
+ * measured once, a long prompt is cut with a note. */
 Test(cli, eval_quant_checks_before_evaluating)
 {
     char *d = tmp_dir(), out[16384];
@@ -692,6 +692,13 @@ Test(cli, eval_quant_checks_before_evaluating)
     cr_assert(!strstr(out, "baseline"), "refused before evaluating: %s", out);
     cr_assert_eq(megac(d, "eval-quant default --json . --formats w8a16", out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "cannot write '.': Is a directory"), "%s", out);
+    /* a format named twice is measured once (it made a row each time) */
+    cr_assert_eq(megac(d, "eval-quant default --tokens 4 --formats w4a16,w8a16,w4a16-g128,w4a16-g32", out, sizeof out),
+                 0, "%s", out);
+    cr_assert(strstr(out, "megac eval-quant: note: format 'w4a16-g128' is named again; measured once\n"), "%s", out);
+    cr_assert(strstr(out, "] w4a16-g32 on the reference engine") && strstr(out, "\nw4a16-g32 ") &&
+                  strstr(out, "\nw4a16-g128 ") && !strstr(strstr(out, "\nw4a16-g128 ") + 1, "\nw4a16-g128 "),
+              "%s", out);
     cr_assert_eq(megac(d, "eval-quant default --tokens 4 --formats w8a16 --prompt 'Once upon a time'", out,
                        sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "megac eval-quant: note: the prompt has 17 tokens; evaluating its first 4 (--tokens)"), "%s",
