@@ -104,3 +104,55 @@ void cg_kernel_facts(const Schedule *s, uint64_t *v)
     v[MEGAC_FACT_IO_LOGITS] = facts_io_offset(s, "logits");
     v[MEGAC_FACT_IO_NEXT] = facts_io_offset(s, "next");
 }
+
+/* Layer l of a `kc.L` or `vc.L` buffer name (*v: 1 for vc), -1 for another. */
+static int kv_cache_layer(const char *name, int *v)
+{
+    if ((name[0] != 'k' && name[0] != 'v') || name[1] != 'c' || name[2] != '.' || name[3] < '0' || name[3] > '9')
+        return -1;
+    char *end;
+    long l = strtol(name + 3, &end, 10);
+    *v = name[0] == 'v';
+    return *end || l > INT32_MAX ? -1 : (int)l;
+}
+
+uint32_t cg_kv_layout(const Schedule *s, uint64_t *v)
+{
+    const ModelShape *sh = &s->shape;
+    int64_t rope = sched_find_buffer(s, "rope"), hd = sh->head_dim, rows = sh->max_seq;
+    uint32_t n = MEGAC_KVL_CACHES + 2 * (uint32_t)sh->n_layers, ops, dts;
+    v[MEGAC_KVL_LAYERS] = 0;
+    cg_used(s, &ops, &dts);
+    if (sh->n_layers < 1 || rope < 0 || s->bufs[rope].cls != BUF_WEIGHT || s->bufs[rope].dtype != DT_F32 ||
+        s->bufs[rope].nelem != rows * hd ||
+        (ops & (1u << OP_KV_STORE | 1u << OP_KV_EVICT | 1u << OP_KV_SNAP | 1u << OP_QUEST_SELECT)))
+        return 1;
+    for (uint32_t i = MEGAC_KVL_CACHES; i < n; i++)
+        v[i] = UINT64_MAX;
+    DType elem = DT_COUNT;
+    for (uint32_t b = 0; b < s->nbufs; b++) {
+        const Buffer *bf = &s->bufs[b];
+        if (bf->cls != BUF_KV && bf->cls != BUF_STATE)
+            continue;
+        int isv, l = kv_cache_layer(bf->name, &isv);
+        uint32_t at = MEGAC_KVL_CACHES + 2 * (uint32_t)l + (uint32_t)isv;
+        if (l < 0 || l >= sh->n_layers || bf->cls != BUF_KV || v[at] != UINT64_MAX || bf->rank != 3 ||
+            bf->shape[0] != sh->n_kv_heads || bf->shape[1] != rows || bf->shape[2] != hd ||
+            (elem != DT_COUNT && bf->dtype != elem) ||
+            (bf->dtype != DT_F32 && bf->dtype != DT_F16 && bf->dtype != DT_BF16))
+            return 1; /* another buffer that lives across steps, or a cache of another shape */
+        elem = bf->dtype;
+        v[at] = bf->offset;
+    }
+    for (uint32_t i = MEGAC_KVL_CACHES; i < n; i++)
+        if (v[i] == UINT64_MAX)
+            return 1;
+    v[MEGAC_KVL_LAYERS] = (uint64_t)sh->n_layers;
+    v[MEGAC_KVL_HEADS] = (uint64_t)sh->n_kv_heads;
+    v[MEGAC_KVL_ROWS] = (uint64_t)rows;
+    v[MEGAC_KVL_HEAD_DIM] = (uint64_t)hd;
+    v[MEGAC_KVL_ELEM] = elem == DT_F16 ? MEGAC_KV_F16 : elem == DT_BF16 ? MEGAC_KV_BF16 : MEGAC_KV_F32;
+    v[MEGAC_KVL_ROPE_HALF] = sh->rope_pairing == 1;
+    v[MEGAC_KVL_ROPE] = s->bufs[rope].offset;
+    return n;
+}

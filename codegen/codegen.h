@@ -59,6 +59,10 @@ bool cg_run_cc(char *const argv[], char **output);
 /* What a kernel built from s states about itself (megac_kernel_facts,
  * runtime/kernel_abi.h): v has MEGAC_NFACTS entries. */
 void cg_kernel_facts(const Schedule *s, uint64_t *v);
+/* megac_kv_layout of a kernel built from s (runtime/kernel_abi.h) into v,
+ * which has room for MEGAC_KVL_CACHES + 2 n_layers words; returns how many
+ * it holds (1, a zero, where the cache cannot be shifted). */
+uint32_t cg_kv_layout(const Schedule *s, uint64_t *v);
 /* The opcodes (bit o for OpCode o) and operand dtypes (bit t for DType t)
  * of s's instructions: both backends compile only those op bodies and
  * weight formats. */

@@ -78,10 +78,16 @@ static void run_usage(FILE *out)
             "                     on the cache the conversation left, in a window of -n\n"
             "                     positions (default: the model's context): when a turn\n"
             "                     would not fit, the oldest turns are dropped (the first\n"
-            "                     prompt kept) and the rest read again; a line that is\n"
+            "                     prompt kept) and the cache shifted over them (the rest\n"
+            "                     moved down, their keys turned to their new positions,\n"
+            "                     as llama.cpp's context shift; read again where the\n"
+            "                     cache evicts or keeps Quest pages); a line that is\n"
             "                     no turn it can take (a NUL byte, too many tokens even\n"
             "                     then) is skipped, said, and the status is 2 at the\n"
             "                     end; bundle engines only (implies --chat)\n"
+            "  --no-context-shift with -i, the kept turns are read again from position 0\n"
+            "                     instead (slower; their cache rows then hold nothing\n"
+            "                     of the dropped turns)\n"
             "  -h, --help         this text\n\n"
             "The text goes to stdout; prompt/generated token counts and tok/s to stderr.\n"
             "Exit status: 0 done, 1 the run failed (logits that cannot be sampled, a kernel\n"
@@ -406,6 +412,10 @@ int run_options_parse(RunOptions *o, int argc, char **argv)
         }
         if (options && (!strcmp(a, "--interactive") || !strcmp(a, "-i"))) {
             o->interactive = o->chat = true;
+            continue;
+        }
+        if (options && !strcmp(a, "--no-context-shift")) {
+            o->no_shift = true;
             continue;
         }
         if (!options || a[0] != '-' || !a[1]) {
@@ -787,6 +797,10 @@ int cmd_run(int argc, char **argv)
     int rc = run_options_parse(&o, argc, argv);
     if (rc < 0 && !run_model_is_file(&o))
         rc = 2;
+    if (rc < 0 && o.no_shift && !o.interactive) {
+        fprintf(stderr, "megac run: --no-context-shift is for a conversation (-i)\n");
+        rc = 2;
+    }
     if (rc < 0 && o.interactive && o.engine == ENGINE_REFERENCE) {
         fprintf(stderr, "megac run: --interactive runs on a bundle engine (cpu, host-cuda, cuda), not the "
                         "reference\n");

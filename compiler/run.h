@@ -49,6 +49,7 @@ typedef struct RunOptions {
     int workers;            /* --workers; 0 = the bundle's own */
     bool chat;              /* --chat: the prompt is a user turn in the model's chat format */
     bool interactive;       /* --interactive: a conversation, a user turn a line of standard input (implies chat) */
+    bool no_shift;          /* --no-context-shift: -i reads the kept turns again where it drops the oldest */
     const char *system;     /* --system: a system turn first (implies chat) */
 } RunOptions;
 

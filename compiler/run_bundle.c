@@ -391,10 +391,11 @@ static int conv_take(Conv *c, megac_model *m, const int *ids, int n, const Reply
  * oldest units after the first prompt (whole; the current one, the last
  * begun, too unless keep_last), as few as that needs; where dropping all
  * it may does not make room for `want`, all it may, if that makes room
- * for `least`. Then reads what is kept into a reset cache again. Returns
- * 1 (room made, or there already), 0 (nothing changed: not even `least`
- * can be had), -1 after reporting a failed step. */
-static int conv_shift(Conv *c, megac_model *m, size_t want, size_t least, int steps, bool keep_last)
+ * for `least`. Then shifts the cache over them (megac_shift), or, where
+ * it cannot be shifted or `reread`, reads what is kept into a reset cache
+ * again. Returns 1 (room made, or there already), 0 (nothing changed: not
+ * even `least` can be had), -1 after reporting a failed step. */
+static int conv_shift(Conv *c, megac_model *m, size_t want, size_t least, int steps, bool keep_last, bool reread)
 {
     if (c->head < 0)
         return 0;
@@ -409,6 +410,14 @@ static int conv_shift(Conv *c, megac_model *m, size_t want, size_t least, int st
     size_t from = j < c->nat ? c->at[j] : c->n;
 #undef CONV_KEPT
     size_t dropped = from - head;
+    /* the cache holds c->n positions between turns and where a reply is cut */
+    megac_status st = reread || (size_t)megac_position(m) != c->n
+                          ? MEGAC_ERR_UNSUPPORTED
+                          : megac_shift(m, (int)head, (int)dropped);
+    if (st != MEGAC_OK && st != MEGAC_ERR_UNSUPPORTED) {
+        fprintf(stderr, "megac run: %s\n", megac_error(m));
+        return -1;
+    }
     memmove(c->tok + head, c->tok + from, sizeof(int) * (c->n - from));
     c->n -= dropped;
     memmove(c->at, c->at + j, sizeof(size_t) * (c->nat - j));
@@ -417,9 +426,12 @@ static int conv_shift(Conv *c, megac_model *m, size_t want, size_t least, int st
         c->at[i] -= dropped;
     /* on a terminal a reply's text (keep_last: it goes on) is mid-line there */
     fprintf(stderr, "%smegac run: the context is full: dropped the %zu oldest turn%s (%zu tokens, the first prompt "
-                    "kept); reading the %zu kept again\n", keep_last && isatty(STDOUT_FILENO) ? "\n" : "", j,
-            j == 1 ? "" : "s", dropped, c->n);
-    megac_status st = megac_reset(m);
+                    "kept); %s the %zu kept%s\n", keep_last && isatty(STDOUT_FILENO) ? "\n" : "", j,
+            j == 1 ? "" : "s", dropped, st == MEGAC_OK ? "shifted" : "reading", c->n,
+            st == MEGAC_OK ? " down over them" : " again");
+    if (st == MEGAC_OK)
+        return 1;
+    st = megac_reset(m);
     for (size_t i = 0; i < c->n && st == MEGAC_OK; i++)
         st = megac_feed(m, c->tok[i]);
     if (st != MEGAC_OK) {
@@ -515,8 +527,9 @@ static int turn_read(char **line, size_t *cap, bool tty)
  * turn and room for its reply (conv_reserve) no longer fit in the `steps`
  * positions, or a reply reaches their end, the oldest turns (the first
  * reply, then whole turns) are dropped, the first turn's prompt kept, and
- * the rest read again from position 0 (said on stderr), and the reply goes
- * on. A line that is not a turn it can take (a NUL byte, more text than
+ * the cache shifted over them (or, with --no-context-shift or a cache that
+ * cannot shift, the rest read again from position 0; said on stderr), and
+ * the reply goes on. A line that is not a turn it can take (a NUL byte, more text than
  * megac reads, no tokens, more tokens than dropping every earlier turn
  * makes room for) is skipped, said on stderr, and the status is then 2 at
  * the end. Ends at the end of the input (status 0), when a reply uses up
@@ -560,7 +573,7 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
             n = prompt_encode(m, o, text, !first, &ids, &bos);
         free(text);
         if (n >= 1 && !first && n + conv_reserve(steps) > steps - megac_position(m) &&
-            conv_shift(&c, m, (size_t)(n + conv_reserve(steps)), (size_t)n + 1, steps, false) < 0) {
+            conv_shift(&c, m, (size_t)(n + conv_reserve(steps)), (size_t)n + 1, steps, false, o->no_shift) < 0) {
             rc = 1;
             free(ids);
             break;
@@ -606,7 +619,7 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
             if (piece.generated_tokens < n_new)
                 break;
             /* cut at the window's end: room for the rest, its last token fed again first */
-            int sh = pending < 0 ? 0 : conv_shift(&c, m, (size_t)conv_reserve(steps) + 1, 2, steps, true);
+            int sh = pending < 0 ? 0 : conv_shift(&c, m, (size_t)conv_reserve(steps) + 1, 2, steps, true, o->no_shift);
             if (sh < 0) {
                 rc = 1;
                 ended = true;

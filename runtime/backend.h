@@ -77,6 +77,7 @@ struct megac_model {
     char err[RT_ERR_LEN];
     char piece[512];            /* megac_decode's text */
     TokDrops drops;             /* what the last megac_encode dropped */
+    uint64_t *kv_layout;        /* the kernel's megac_kv_layout, checked; NULL: no shift (kv_shift.c) */
 };
 
 /* A device backend: opens the kernel, runs one step, closes. */
@@ -95,6 +96,10 @@ struct RtBackend {
     megac_status (*step)(megac_model *m, int token, int pos);
     /* Clears state that lives across steps (KV cache) for a new sequence. */
     megac_status (*reset)(megac_model *m);
+    /* Copies len bytes between the arena at offset off and host memory
+     * buf: into the arena when to_arena, else out of it (a context shift's
+     * rows). The range is within the arena. */
+    megac_status (*arena_copy)(megac_model *m, uint64_t off, void *buf, size_t len, bool to_arena);
     void (*close)(megac_model *m);
 };
 
@@ -107,6 +112,17 @@ megac_status rt_fail(megac_model *m, megac_status st, const char *fmt, ...)
  * go to this thread's buffer, read by megac_error(NULL). */
 megac_status rt_loose_fail(megac_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void rt_loose_clear(void);
+
+/* ---- kv_shift.c ---- */
+/* Takes the kernel's megac_kv_layout (nwords words; v NULL where the kernel
+ * has none) into m->kv_layout after checking it against the manifest and
+ * weights.bin (a malformed one is MEGAC_ERR_FORMAT, naming file); a layout
+ * of zero layers leaves it NULL. */
+megac_status rt_kv_layout_set(megac_model *m, const uint64_t *v, size_t nwords, const char *file);
+/* megac_shift's work on a model with a layout, its arguments checked
+ * (0 <= keep, 0 <= n, keep + n <= m->pos): moves and turns the rows;
+ * m->pos is the caller's. */
+megac_status rt_kv_shift(megac_model *m, int keep, int n);
 
 /* ---- sampler.c ---- */
 /* Why a sampler's settings are refused (static text), or NULL. */

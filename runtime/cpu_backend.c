@@ -35,6 +35,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <link.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -179,7 +180,15 @@ static megac_status cpu_kernel_check(megac_model *m, CpuPool *pool, const char *
                        "%s: error: the kernel was built for schedule %016" PRIx64
                        ", but the manifest and schedule.sched are %016" PRIx64,
                        path, *hash, m->man.schedule_hash);
-    return rt_facts_check(m, facts, path, "the kernel was built with");
+    megac_status st = rt_facts_check(m, facts, path, "the kernel was built with");
+    if (st)
+        return st;
+    /* the KV layout, its words as many as the symbol's size says */
+    const uint64_t *kv = dlsym(pool->dl, "megac_kv_layout");
+    Dl_info info;
+    const ElfW(Sym) *sym = NULL;
+    size_t nwords = kv && dladdr1(kv, &info, (void **)&sym, RTLD_DL_SYMENT) && sym ? sym->st_size / 8 : 0;
+    return rt_kv_layout_set(m, kv, nwords, path);
 }
 
 static megac_status cpu_memory_init(megac_model *m, CpuPool *pool)
@@ -462,10 +471,21 @@ static megac_status cpu_reset(megac_model *m)
     return MEGAC_OK;
 }
 
+static megac_status cpu_arena_copy(megac_model *m, uint64_t off, void *buf, size_t len, bool to_arena)
+{
+    char *p = (char *)((CpuPool *)m->be_state)->arena + off;
+    if (to_arena)
+        memcpy(p, buf, len);
+    else
+        memcpy(buf, p, len);
+    return MEGAC_OK;
+}
+
 const RtBackend rt_cpu_backend = {
     .name = "cpu",
     .open = cpu_open,
     .step = cpu_step,
     .reset = cpu_reset,
+    .arena_copy = cpu_arena_copy,
     .close = cpu_close,
 };

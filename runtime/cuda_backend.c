@@ -194,7 +194,15 @@ static megac_status cuda_module_load(megac_model *m, CudaState *st)
     char path[4096];
     if (!rt_path(path, sizeof path, m->dir, m->man.kernel))
         return rt_fail(m, MEGAC_ERR_ARG, "%s: bundle path too long", m->dir);
-    return rt_facts_check(m, facts, path, "the kernel was built with");
+    if ((s = rt_facts_check(m, facts, path, "the kernel was built with")))
+        return s;
+    uint64_t *kv = NULL;
+    if (st->drv.cuModuleGetGlobal_v2(&p, &bytes, st->mod, "megac_kv_layout") == 0 && bytes >= 8 &&
+        !(kv = cuda_global_opt(st, "megac_kv_layout", bytes)))
+        return rt_fail(m, MEGAC_ERR_DEVICE, "cannot read the kernel's megac_kv_layout");
+    s = rt_kv_layout_set(m, kv, kv ? bytes / 8 : 0, path);
+    free(kv);
+    return s;
 }
 
 /* All W blocks must be resident at once. */
@@ -393,11 +401,25 @@ static megac_status cuda_reset(megac_model *m)
     return MEGAC_OK;
 }
 
+static megac_status cuda_arena_copy(megac_model *m, uint64_t off, void *buf, size_t len, bool to_arena)
+{
+    CudaState *st = m->be_state;
+    if (len == 0)
+        return MEGAC_OK;
+    CU_CHECK(m, st, cuCtxSetCurrent(st->ctx));
+    if (to_arena)
+        CU_CHECK(m, st, cuMemcpyHtoD_v2(st->arena + off, buf, len));
+    else
+        CU_CHECK(m, st, cuMemcpyDtoH_v2(buf, st->arena + off, len));
+    return MEGAC_OK;
+}
+
 const RtBackend rt_cuda_backend = {
     .name = "cuda",
     .prepare = cuda_prepare,
     .open = cuda_open,
     .step = cuda_step,
+    .arena_copy = cuda_arena_copy,
     .reset = cuda_reset,
     .close = cuda_close,
 };

@@ -10,6 +10,9 @@
  *   const uint64_t megac_kernel_facts[MEGAC_NFACTS];
  *        what the kernel was built with (MegacFact order); the runtime
  *        refuses a manifest whose key disagrees with one of them;
+ *   const uint64_t megac_kv_layout[];
+ *        where its KV cache lives, for a context shift (megac_shift: the
+ *        runtime moves the rows and turns the keys; MegacKvLayout below);
  *   void megac_worker(const MegacArgs *a, uint32_t worker);
  *        runs worker `worker`'s instruction list for one step and returns;
  *        the runtime calls it from W threads at once, with the counters
@@ -18,7 +21,8 @@
  * with one block per worker, plus the same four constants as __device__
  * globals (read with cuModuleGetGlobal), and `megac_k_dyn_smem_bytes` (a
  * u32): the dynamic shared memory each block is launched with (the GEMVs'
- * weight stage and the instruction stage; 0 without them).
+ * weight stage and the instruction stage; 0 without them). A cubin's
+ * megac_kv_layout is sized to its words.
  *
  * Buffers are addressed by the byte offsets recorded in the schedule
  * (Buffer.offset): weights relative to `weights`, everything else relative
@@ -32,7 +36,8 @@
 /* 2: megac_kernel_facts */
 /* 3: MegacArgs.prompt_end */
 /* 4: MegacArgs.spin_ns; 5: megac_k_dyn_smem_bytes (the instruction stage) */
-#define MEGAC_KERNEL_ABI 6u    /* 6: MegacArgs.flags (steps without outputs) */
+/* 6: MegacArgs.flags (steps without outputs) */
+#define MEGAC_KERNEL_ABI 7u    /* 7: megac_kv_layout */
 
 /* megac_kernel_facts[]: each is the value of one manifest key. */
 typedef enum MegacFact {
@@ -49,6 +54,29 @@ typedef enum MegacFact {
 } MegacFact;
 /* A fact the kernel does not know (an io buffer the schedule lacks). */
 #define MEGAC_FACT_NONE UINT64_MAX
+
+/* megac_kv_layout[]'s words. KV_LAYERS is 0 where the cache cannot be
+ * shifted, and no word follows: a layer's rows are slots (an evicting
+ * kv_policy) or the kernel keeps state about them across steps (Quest's
+ * page bounds, SnapKV's kept lists). Else every layer has a cache of
+ * KV_HEADS x KV_ROWS rows (max_seq: row p holds position p) of HEAD_DIM
+ * elements of type KV_ELEM (MEGAC_KV_F32, F16, BF16), its keys rotated at
+ * their position by the RoPE table at weights offset ROPE ([KV_ROWS]
+ * [HEAD_DIM / 2] pairs of f32 cos, sin; pair i of a head is elements
+ * (2i, 2i + 1), or (i, i + HEAD_DIM / 2) where ROPE_HALF is 1), and layer
+ * l's key and value caches ([KV_HEADS][KV_ROWS][HEAD_DIM]) are at arena
+ * offsets megac_kv_layout[MEGAC_KVL_CACHES + 2 l] and [... + 2 l + 1]. */
+typedef enum MegacKvLayout {
+    MEGAC_KVL_LAYERS,
+    MEGAC_KVL_HEADS,
+    MEGAC_KVL_ROWS,
+    MEGAC_KVL_HEAD_DIM,
+    MEGAC_KVL_ELEM,
+    MEGAC_KVL_ROPE_HALF,
+    MEGAC_KVL_ROPE,
+    MEGAC_KVL_CACHES
+} MegacKvLayout;
+enum { MEGAC_KV_F32, MEGAC_KV_F16, MEGAC_KV_BF16 };
 
 typedef struct MegacAbort {
     uint32_t flag;          /* non-zero once a wait timed out */

@@ -38,6 +38,7 @@ typedef enum {
     MEGAC_ERR_DEVICE,       /* no driver / GPU, or a driver call failed */
     MEGAC_ERR_KERNEL,       /* the kernel aborted (watchdog), or its logits are NaN/Inf */
     MEGAC_ERR_NOMEM,
+    MEGAC_ERR_UNSUPPORTED,  /* the bundle cannot do it (megac_shift of an evicting cache) */
 } megac_status;
 
 typedef struct megac_model megac_model;
@@ -106,6 +107,17 @@ megac_status megac_step(megac_model *m, int token);
  * bit. megac_logits and megac_argmax then return NULL and -1 until the
  * next megac_step. */
 megac_status megac_feed(megac_model *m, int token);
+/* A context shift: drops positions [keep, keep + n) from the KV cache and
+ * moves the later ones down by n, as if their tokens had been decoded
+ * there (their keys turned back by n positions of RoPE, in f32 and rounded
+ * again to the cache's type: within rounding of feeding them again, as
+ * llama.cpp's context shift), so the position goes back by n; no step
+ * runs. megac_logits is then NULL until the next megac_step.
+ * MEGAC_ERR_ARG unless 0 <= keep, 0 <= n and keep + n <= the position;
+ * MEGAC_ERR_UNSUPPORTED where the bundle's cache is not rows by position
+ * (an evicting kv_policy) or the kernel keeps state about the rows (Quest
+ * pages, SnapKV): reset and feed the kept tokens there. */
+megac_status megac_shift(megac_model *m, int keep, int n);
 /* Logits of the last step (vocab floats, owned by m); NULL before any
  * step, after megac_feed or megac_reset. */
 const float *megac_logits(const megac_model *m);

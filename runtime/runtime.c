@@ -143,6 +143,7 @@ void megac_close(megac_model *m)
     rt_bundle_unload(m);
     if (m->mu_ready)
         pthread_mutex_destroy(&m->mu);
+    free(m->kv_layout);
     free(m->dir);
     free(m);
 }
@@ -186,6 +187,27 @@ megac_status megac_reset(megac_model *m)
     m->stepped = false;
     m->err[0] = 0;
     megac_status st = m->be->reset(m);
+    pthread_mutex_unlock(&m->mu);
+    return st;
+}
+
+megac_status megac_shift(megac_model *m, int keep, int n)
+{
+    NEED_MODEL(m, "megac_shift", MEGAC_ERR_ARG);
+    pthread_mutex_lock(&m->mu);
+    m->err[0] = 0;
+    megac_status st = MEGAC_OK;
+    if (keep < 0 || n < 0 || keep > m->pos || n > m->pos - keep)
+        st = rt_fail(m, MEGAC_ERR_ARG, "megac_shift: cannot drop positions [%d, %d + %d) of the %d in the cache", keep,
+                     keep, n, m->pos);
+    else if (!m->kv_layout)
+        st = rt_fail(m, MEGAC_ERR_UNSUPPORTED, "megac_shift: this bundle's KV cache cannot be shifted (a layer evicts "
+                     "rows or keeps state about them: kv_policy, Quest pages); reset and feed the kept tokens instead");
+    else if (n > 0 && (st = rt_kv_shift(m, keep, n)) == MEGAC_OK) {
+        m->pos -= n;
+        m->stepped = false;
+        m->prompt_end = -1;
+    }
     pthread_mutex_unlock(&m->mu);
     return st;
 }

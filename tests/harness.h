@@ -179,4 +179,66 @@ static inline void harness_feed_check(const char *b, double tol, int npos)
     megac_close(stepped);
 }
 
+/* megac_shift on bundle b, a model of one layer (so each cache row depends
+ * on its token and position alone, and a shifted cache is the one the kept
+ * tokens give): for each case, a model that decoded `len` tokens and
+ * dropped positions [keep, keep + n) gives over the next 10 steps the
+ * logits of one that decoded only the kept tokens, within tol * max|logit|
+ * (the keys turned in f32 and rounded again to the cache's type), and the
+ * same argmax. Then the calls it refuses. */
+static inline void harness_shift_check(const char *b, double tol)
+{
+    megac_model *shifted, *fresh;
+    cr_assert_eq(megac_open(b, &shifted), MEGAC_OK, "%s", megac_last_open_error());
+    cr_assert_eq(megac_open(b, &fresh), MEGAC_OK, "%s", megac_last_open_error());
+    int V = megac_vocab_size(shifted), S = megac_max_seq(shifted);
+    static const struct {
+        int keep, n, len;
+    } cases[] = {{5, 12, 30}, {0, 1, 30}, {1, 120, 200}, {29, 1, 30}, {7, 0, 20}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        int keep = cases[c].keep, n = cases[c].n, len = cases[c].len, tok[220];
+        cr_assert(len + 10 <= S && len + 10 <= 220);
+        for (int i = 0; i < len + 10; i++)
+            tok[i] = i == 0 ? megac_bos(shifted) : (7919 * i + 13 * (int)c) % V;
+        cr_assert_eq(megac_reset(shifted), MEGAC_OK);
+        cr_assert_eq(megac_reset(fresh), MEGAC_OK);
+        for (int i = 0; i < len; i++) {
+            cr_assert_eq(megac_feed(shifted, tok[i]), MEGAC_OK, "%s", megac_error(shifted));
+            if (i < keep || i >= keep + n)
+                cr_assert_eq(megac_feed(fresh, tok[i]), MEGAC_OK, "%s", megac_error(fresh));
+        }
+        cr_assert_eq(megac_shift(shifted, keep, n), MEGAC_OK, "%s: %s", b, megac_error(shifted));
+        cr_assert_eq(megac_position(shifted), len - n);
+        cr_assert_null(megac_logits(shifted));
+        double worst = 0;
+        for (int i = len; i < len + 10; i++) {
+            cr_assert_eq(megac_step(shifted, tok[i]), MEGAC_OK, "%s", megac_error(shifted));
+            cr_assert_eq(megac_step(fresh, tok[i]), MEGAC_OK, "%s", megac_error(fresh));
+            const float *got = megac_logits(shifted), *want = megac_logits(fresh);
+            double scale = 0;
+            for (int j = 0; j < V; j++)
+                scale = fmax(scale, fabs(want[j]));
+            for (int j = 0; j < V; j++) {
+                double e = fabs((double)got[j] - (double)want[j]);
+                worst = fmax(worst, e / scale);
+                cr_assert(e <= tol * scale, "%s: drop [%d, %d + %d) of %d: step %d logit %d: %.7g, kept tokens "
+                          "decoded %.7g", b, keep, keep, n, len, i - len, j, got[j], want[j]);
+            }
+            cr_assert_eq(megac_argmax(shifted), megac_argmax(fresh), "%s: step %d", b, i - len);
+        }
+        cr_log_info("%s: drop [%d, %d + %d) of %d: max |logit diff| / max |logit| %.3g", b, keep, keep, n, len, worst);
+    }
+    int pos = megac_position(shifted);
+    cr_assert_eq(megac_shift(shifted, -1, 1), MEGAC_ERR_ARG);
+    cr_assert_eq(megac_shift(shifted, 0, -1), MEGAC_ERR_ARG);
+    cr_assert_eq(megac_shift(shifted, pos, 1), MEGAC_ERR_ARG);
+    cr_assert_eq(megac_shift(shifted, 1, pos), MEGAC_ERR_ARG);
+    cr_assert(strstr(megac_error(shifted), "megac_shift: cannot drop positions ["), "%s", megac_error(shifted));
+    cr_assert_eq(megac_position(shifted), pos);
+    cr_assert_eq(megac_shift(shifted, pos, 0), MEGAC_OK);
+    cr_assert_eq(megac_shift(NULL, 0, 0), MEGAC_ERR_ARG);
+    megac_close(shifted);
+    megac_close(fresh);
+}
+
 #endif

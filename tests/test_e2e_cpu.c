@@ -585,3 +585,47 @@ static void feed_skips_the_outputs(const char *target)
 
 Test(e2e_cpu, feed_skips_the_outputs) { feed_skips_the_outputs("cpu"); }
 Test(e2e_cpu, feed_skips_the_outputs_host_cuda) { feed_skips_the_outputs("host-cuda"); }
+
+/* megac_shift (harness_shift_check) on one-layer forms of the default
+ * model: each cache type (its tolerance: rounding the turned keys again;
+ * without the turn the logits were off by 2e-2 of their largest), RoPE's
+ * two pairings with llama3 scaling, the CUDA C on the host; and a bundle
+ * whose cache evicts refuses it. */
+Test(e2e_cpu, shift_drops_positions_and_turns_the_keys, .timeout = 300)
+{
+    static const struct {
+        const char *target, *set;
+        double tol;
+    } cases[] = {
+        {"cpu", "compile.kv_dtype=f32", 1e-5},
+        {"cpu", "compile.kv_dtype=f16", 1e-3},
+        {"cpu", "compile.kv_dtype=bf16", 2e-3},
+        {"cpu", "compile.kv_dtype=f32 --set rope.pairing=half --set 'rope.scaling={type: llama3, factor: 8, "
+                "low_freq_factor: 1, high_freq_factor: 4, original_max_pos: 64}'", 1e-5},
+        {"host-cuda", "compile.kv_dtype=f16", 1e-3},
+    };
+    char *dir = tmp_dir(), cmd[4096], log[4096], b[1200];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snprintf(b, sizeof b, "%s/s%zu.megac", dir, i);
+        snprintf(cmd, sizeof cmd, "%s compile default --set arch.n_layers=1 --set %s --target %s -q -o %s", MEGAC_BIN,
+                 cases[i].set, cases[i].target, b);
+        cr_assert_eq(sh(cmd, log, sizeof log), 0, "%s\n%s", cmd, log);
+        harness_shift_check(b, cases[i].tol);
+    }
+    static const char *const evicting[] = {"kv_policy='[{layers: all, policy: streaming, sinks: 4, window: 32}]'",
+                                           "'attention=[{layers: all, kind: quest, page: 16, budget: 64}]'"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(b, sizeof b, "%s/e%d.megac", dir, i);
+        snprintf(cmd, sizeof cmd, "%s compile default --set %s -q -o %s", MEGAC_BIN, evicting[i], b);
+        cr_assert_eq(sh(cmd, log, sizeof log), 0, "%s\n%s", cmd, log);
+        megac_model *m;
+        cr_assert_eq(megac_open(b, &m), MEGAC_OK, "%s", megac_last_open_error());
+        for (int t = 0; t < 8; t++)
+            cr_assert_eq(megac_feed(m, t + 1), MEGAC_OK);
+        cr_assert_eq(megac_shift(m, 2, 3), MEGAC_ERR_UNSUPPORTED);
+        cr_assert(strstr(megac_error(m), "this bundle's KV cache cannot be shifted"), "%s", megac_error(m));
+        cr_assert_eq(megac_position(m), 8);
+        megac_close(m);
+    }
+    test_rm_rf(dir);
+}

@@ -552,31 +552,37 @@ static int count_of(const char *s, const char *what)
 }
 
 /* --interactive past the window (-n 160): the oldest turns are dropped,
- * the first prompt kept, and the conversation goes on; asked at the end,
- * the model still knows the name the first turn gave. */
-Test(run_cmd, smollm2_gguf_interactive_drops_oldest_turns, .timeout = 120)
+ * the first prompt kept, the cache shifted over them (or, with
+ * --no-context-shift, the kept turns read again), and the conversation
+ * goes on; asked at the end, the model still knows the name the first turn
+ * gave. */
+Test(run_cmd, smollm2_gguf_interactive_drops_oldest_turns, .timeout = 180)
 {
     if (access(SMOLLM2_GGUF, R_OK) != 0)
         cr_skip_test("%s is absent (see models/smollm2-135m-instruct-gguf.yaml)", SMOLLM2_GGUF);
     static char out[1 << 16], err[8192];
     const char *path = turns_file("My name is Anna.\nWhat is 2 + 2?\nWhat is the capital of France?\nWhat is the "
                                   "capital of Italy?\nWhat is the capital of Spain?\nWhat is my name?\n");
-    char *args = xasprintf("models/smollm2-135m-instruct-gguf.yaml --set weights.path=" SMOLLM2_GGUF
-                           " --temp 0 -n 160 -i < %s", path);
-    cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
-    free(args);
+    for (int reread = 0; reread < 2; reread++) {
+        char *args = xasprintf("models/smollm2-135m-instruct-gguf.yaml --set weights.path=" SMOLLM2_GGUF
+                               " --temp 0 -n 160 -i%s < %s", reread ? " --no-context-shift" : "", path);
+        cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
+        free(args);
+        cr_assert_geq(count_of(err, "megac run: the context is full: dropped the "), 1, "stderr: %s", err);
+        cr_assert_eq(count_of(err, reread ? " kept again\n" : " kept down over them\n"),
+                     count_of(err, "megac run: the context is full: dropped the "), "stderr: %s", err);
+        cr_assert_eq(count_of(err, "prompt tokens: "), 6, "six replies: %s", err);
+        cr_assert(strstr(out, "Paris") && strstr(out, "Madrid"), "%s", out);
+        const char *last = out + strlen(out) - 1;
+        while (last > out && last[-1] != '\n')
+            last--;
+        cr_assert(strstr(last, "Anna"), "the last reply: %s", last);
+    }
     unlink(path);
-    cr_assert_geq(count_of(err, "megac run: the context is full: dropped the "), 1, "stderr: %s", err);
-    cr_assert_eq(count_of(err, "prompt tokens: "), 6, "six replies: %s", err);
-    cr_assert(strstr(out, "Paris") && strstr(out, "Madrid"), "%s", out);
-    const char *last = out + strlen(out) - 1;
-    while (last > out && last[-1] != '\n')
-        last--;
-    cr_assert(strstr(last, "Anna"), "the last reply: %s", last);
     /* a turn for which dropping every earlier one leaves less room than
      * wanted for its reply: they are dropped up front (it had re-read the
      * cache dropping none, then cut the reply short) */
-    char *long_turn = xasprintf("hi\n%s\n", "word word word word word word word word word word word word word word "
+    char *args, *long_turn = xasprintf("hi\n%s\n", "word word word word word word word word word word word word word word "
                                 "word word word word word word word word word word word word word word word word word "
                                 "word word word word word word word word word word word word word word word word word "
                                 "word word word word word word word word word word word word word");
@@ -621,6 +627,8 @@ Test(run_cmd, interactive_usage_errors, .timeout = 60)
     cr_assert_eq(megac_run("tests/fixtures/weights/hf-llama3 -n 4 -i --prompt 'hello there' < /dev/null", out,
                            sizeof out, err, sizeof err), 2, "stderr: %s", err);
     cr_assert(strstr(err, "do not fit in the 4 positions left of 4"), "stderr: %s", err);
+    cr_assert_eq(megac_run("default --no-context-shift -p hi", out, sizeof out, err, sizeof err), 2);
+    cr_assert_str_eq(err, "megac run: --no-context-shift is for a conversation (-i)\n");
 }
 
 /* A line of a conversation that is not a turn (a NUL byte in it; more

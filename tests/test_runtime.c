@@ -42,8 +42,8 @@
 #define OFF_LOGITS 1024
 /* MEGAC_KERNEL_ABI as text, for the manifests, edits and messages below
  * (string constants): an ABI bump edits it here, and the assert says so. */
-#define ABI_TEXT "6"
-_Static_assert(MEGAC_KERNEL_ABI == 6, "ABI_TEXT must spell MEGAC_KERNEL_ABI");
+#define ABI_TEXT "7"
+_Static_assert(MEGAC_KERNEL_ABI == 7, "ABI_TEXT must spell MEGAC_KERNEL_ABI");
 #define ARENA 4096      /* more than the logits need: a larger vocab still fits */
 
 static const char kernel_src[] =

@@ -64,7 +64,7 @@ typedef struct CpuJob {
 } CpuJob;
 
 static const char *const cpu_exports[] = {"megac_worker", "megac_kernel_abi", "megac_schedule_hash",
-                                          "megac_num_workers", "megac_kernel_facts", NULL};
+                                          "megac_num_workers", "megac_kernel_facts", "megac_kv_layout", NULL};
 
 /* Named CPUs accepted besides the host ("host" or NULL). */
 static const char *const cpu_levels[] = {"x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "haswell",

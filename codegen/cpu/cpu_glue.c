@@ -132,6 +132,20 @@ static void glue_facts(LLVMModuleRef m, LLVMContextRef ctx, const Schedule *s)
     glue_global(m, "megac_kernel_facts", LLVMConstArray(i64, c, MEGAC_NFACTS), 8);
 }
 
+/* megac_kv_layout: where the KV cache is, for a context shift (kernel_abi.h). */
+static void glue_kv_layout(LLVMModuleRef m, LLVMContextRef ctx, const Schedule *s)
+{
+    uint64_t *v = xmalloc((MEGAC_KVL_CACHES + 2 * (size_t)(s->shape.n_layers > 0 ? s->shape.n_layers : 0)) * sizeof *v);
+    uint32_t n = cg_kv_layout(s, v);
+    LLVMTypeRef i64 = LLVMInt64TypeInContext(ctx);
+    LLVMValueRef *c = xmalloc(n * sizeof *c);
+    for (uint32_t i = 0; i < n; i++)
+        c[i] = LLVMConstInt(i64, v[i], 0);
+    glue_global(m, "megac_kv_layout", LLVMConstArray(i64, c, n), 8);
+    free(c);
+    free(v);
+}
+
 /* megac_k_ops, megac_k_dts: the opcodes and operand dtypes of the schedule. */
 static void glue_used(LLVMModuleRef m, LLVMContextRef ctx, const Schedule *s)
 {
@@ -154,5 +168,6 @@ LLVMModuleRef cpu_glue_build(LLVMContextRef ctx, const Schedule *s)
     glue_global(m, "megac_schedule_hash", LLVMConstInt(i64, sched_hash(s), 0), 8);
     glue_global(m, "megac_num_workers", LLVMConstInt(i32, s->nworkers, 0), 4);
     glue_facts(m, ctx, s);
+    glue_kv_layout(m, ctx, s);
     return m;
 }

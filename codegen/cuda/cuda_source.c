@@ -391,6 +391,13 @@ static void source_constants(FILE *f, const Schedule *s, const CudaLayout *l)
     for (int i = 0; i < MEGAC_NFACTS; i++)
         fprintf(f, "%s0x%llxull", i ? ", " : "", (unsigned long long)facts[i]);
     fprintf(f, "};\n");
+    uint64_t *kv = xmalloc((MEGAC_KVL_CACHES + 2 * (size_t)(s->shape.n_layers > 0 ? s->shape.n_layers : 0)) * sizeof *kv);
+    uint32_t n = cg_kv_layout(s, kv);
+    fprintf(f, "MK_EXPORT const unsigned long long megac_kv_layout[%u] = {", n);
+    for (uint32_t i = 0; i < n; i++)
+        fprintf(f, "%s0x%llxull", i ? ", " : "", (unsigned long long)kv[i]);
+    fprintf(f, "};\n");
+    free(kv);
 }
 
 static const char source_gpu_entry[] =
