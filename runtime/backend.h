@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define RT_FORMAT_VERSION 3    /* 2: kernel_bytes, kernel_hash; 3: weights_hash */
 #define RT_ERR_LEN 1024
@@ -68,6 +69,7 @@ struct megac_model {
     bool weights_copied;        /* read into anonymous memory, not mapped from the file */
     bool check_only;            /* megac_bundle_check: files checked, nothing run (weights mapped, not read) */
     Tokenizer *tok;
+    pid_t pid;                  /* the process that opened it (steps refused in a forked child) */
     int pos;                    /* position of the next step */
     int prompt_end;             /* position of the prompt's last token, -1: none (MegacArgs.prompt_end) */
     bool no_output;             /* the step being run skips its outputs (MEGAC_STEP_NO_OUTPUT) */

@@ -16,9 +16,19 @@
  * or change it (step, reset, generate, encode, decode) take the model's
  * lock, so they run one at a time, in some order. megac_logits, argmax,
  * position, error and the text megac_decode returns are the model's latest
- * results, whichever thread's call made them: a thread that needs its own
- * step's results keeps the model to itself. Distinct models (also of one
- * bundle) run in parallel.
+ * results, whichever thread's call made them, read without the lock: a
+ * thread that reads them while another's call on the model runs races
+ * with it, so a thread that needs its own step's results keeps the model
+ * to itself (or orders its calls with its own lock). Distinct models (also
+ * of one bundle) run in parallel. A model belongs to the process that
+ * opened it: after fork() its steps are refused in the child (its worker
+ * threads, a device's context, stayed in the parent), which opens the
+ * bundle again.
+ *
+ * Text is encoded as the tokenizer's source does: the text of a special
+ * token (e.g. "<|im_start|>") in it becomes that token, as HF tokenizers
+ * do by default; a caller that passes untrusted text where it builds a
+ * chat turn takes them out first.
  */
 #ifndef MEGAC_H
 #define MEGAC_H
@@ -45,7 +55,7 @@ typedef struct megac_model megac_model;
 
 typedef struct megac_sampler {
     float temperature;      /* 0 = greedy; else finite and > 0 */
-    int top_k;              /* 0 = off */
+    int top_k;              /* 0 = off; negative is refused */
     float top_p;            /* 1 (or more) = off; NaN or < 0 is refused */
     uint64_t seed;
 } megac_sampler;
@@ -74,8 +84,10 @@ megac_status megac_bundle_target(const char *bundle_dir, char *target, size_t ca
 /* What megac_open checks of a bundle's files, without loading its kernel
  * or starting anything (so on any machine, for any target): the manifest,
  * the schedule's hash, the kernel file's size and hash, weights.bin's size,
- * the tokenizer. MEGAC_OK, or the error megac_open would give, in
- * megac_last_open_error(). */
+ * the tokenizer. MEGAC_OK, or the error megac_open would give for those,
+ * in megac_last_open_error(); what only the kernel states (its facts: the
+ * arena's size, the io offsets) and a device's presence are checked by
+ * megac_open alone. */
 megac_status megac_bundle_check(const char *bundle_dir);
 
 /* Model facts. */
@@ -95,10 +107,13 @@ int megac_weights_in_memory(const megac_model *m);
 
 megac_status megac_reset(megac_model *m);               /* position back to 0, no prompt end */
 /* The position of the last token of the prompt being fed (-1: none, the
- * default). SnapKV layers (kv_policy snapkv) compress their cache at the
- * end of that step; megac_generate sets it for its prompt. */
+ * default; at most max_seq - 1). SnapKV layers (kv_policy snapkv) compress
+ * their cache at the end of that step; megac_generate sets it for its
+ * prompt. */
 megac_status megac_set_prompt_end(megac_model *m, int pos);
-/* Runs one decode step: token at the current position; advances it. */
+/* Runs one decode step: token at the current position; advances it.
+ * MEGAC_ERR_KERNEL (the position advanced: the cache took the token) where
+ * the logits are not finite, naming the position. */
 megac_status megac_step(megac_model *m, int token);
 /* Runs one step whose outputs are not wanted (a prompt token before the
  * last): the kernel skips the ops that only compute the logits and the
@@ -150,8 +165,10 @@ int megac_wants_bos(const megac_model *m, const char *text);
  * it writes when a conversation gives none, for 5 and 6 the preamble of
  * the system turn it always writes (tokenizer.h). */
 int megac_chat_format(const megac_model *m, const char **default_system);
-/* Text of one token (valid until the next call on m); handles byte pieces
- * and the leading-space rule after BOS. */
+/* Text of one token (valid until the next call on m: the text a token
+ * callback is given is this one's, so a callback that decodes copies it
+ * first); handles byte pieces and the leading-space rule after BOS; "" for
+ * an id outside the vocabulary. */
 const char *megac_decode(megac_model *m, int prev_token, int token);
 
 /* Picks a token from n logits: returns its id in [0, n), or a negative
@@ -163,9 +180,11 @@ const char *megac_decode(megac_model *m, int prev_token, int token);
 int megac_sample(const float *logits, int n, const megac_sampler *s, uint64_t *rng_state);
 
 /* Feeds the prompt (already tokenized), then samples up to n_new tokens,
- * calling cb for each; stops at a stop token (megac_is_stop) or when cb
- * returns non-zero. s NULL
- * is greedy; bad settings are refused before any step runs. */
+ * calling cb for each; stops at a stop token (megac_is_stop), when cb
+ * returns non-zero, or at the context's end (the position reaches
+ * megac_max_seq: MEGAC_OK, fewer tokens generated). s NULL is greedy; bad
+ * settings, a token id outside the vocabulary and a prompt longer than
+ * the positions left are refused before any step runs. */
 megac_status megac_generate(megac_model *m, const int *prompt, int nprompt, int n_new,
                             const megac_sampler *s, megac_token_cb cb, void *user, megac_stats *st);
 

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static _Thread_local char open_error[RT_ERR_LEN];
 
@@ -91,7 +92,7 @@ static megac_status model_new(const char *bundle_dir, bool check_only, megac_mod
 {
     const char *who = check_only ? "megac_bundle_check" : "megac_open";
     *out = NULL;
-    if (!bundle_dir) {
+    if (!bundle_dir || !*bundle_dir) { /* "" would be "/manifest.yaml" */
         snprintf(open_error, sizeof open_error, "%s: no bundle folder given", who);
         return MEGAC_ERR_ARG;
     }
@@ -101,6 +102,7 @@ static megac_status model_new(const char *bundle_dir, bool check_only, megac_mod
         return MEGAC_ERR_NOMEM;
     }
     m->prompt_end = -1;
+    m->pid = getpid();
     if (!model_mutex_init(m)) {
         snprintf(open_error, sizeof open_error, "%s: cannot create the model's mutex", who);
         megac_close(m);
@@ -169,7 +171,7 @@ int megac_eos(const megac_model *m) { return m ? m->man.eos : -1; }
 /* BOS, EOS, or a token the tokenizer marks as ending generation. */
 static bool model_is_stop(const megac_model *m, int tok)
 {
-    return tok == m->man.bos || tok == m->man.eos || (m->tok && tok_is_stop(m->tok, tok));
+    return tok >= 0 && (tok == m->man.bos || tok == m->man.eos || (m->tok && tok_is_stop(m->tok, tok)));
 }
 
 int megac_is_stop(const megac_model *m, int token) { return m && model_is_stop(m, token); }
@@ -212,10 +214,17 @@ megac_status megac_shift(megac_model *m, int keep, int n)
     return st;
 }
 
-/* One step; `outputs` false: a step without outputs (megac_feed). */
+/* One step; `outputs` false: a step without outputs (megac_feed). Logits
+ * that are not finite are refused, naming the position (the step counts:
+ * its cache rows are written): they come from a diverging model, or from
+ * k or v past what an f16 cache holds (stored as infinities), and no token
+ * is right. */
 static megac_status model_step(megac_model *m, int token, bool outputs)
 {
     m->err[0] = 0;
+    if (getpid() != m->pid) /* the worker threads (a device context) stayed in the parent */
+        return rt_fail(m, MEGAC_ERR_ARG, "this model was opened by process %d: after fork() the child must open "
+                       "the bundle itself", (int)m->pid);
     if (token < 0 || token >= m->man.vocab)
         return rt_fail(m, MEGAC_ERR_ARG, "token %d is outside the vocabulary [0, %d)", token, m->man.vocab);
     if (m->pos >= m->man.max_seq)
@@ -228,6 +237,17 @@ static megac_status model_step(megac_model *m, int token, bool outputs)
         return st;
     m->pos++;
     m->stepped = outputs;
+    int bad = outputs ? rt_logits_bad(m->logits, m->man.vocab) : -1;
+    if (bad >= 0)
+        return rt_fail(m, MEGAC_ERR_KERNEL,
+                       "the logits at position %d are not finite: token %d has %g%s; or the weights were damaged "
+                       "after compilation (`megac validate %s` checks their hash)",
+                       m->pos - 1, bad, (double)m->logits[bad],
+                       strcmp(m->kv_dtype, "f16") == 0
+                           ? " (this bundle's KV cache is f16, which holds values up to 65504: where a model's k or v "
+                             "grow past that, compile.kv_dtype: bf16 or f32 holds them)"
+                           : "",
+                       m->dir);
     return MEGAC_OK;
 }
 
@@ -236,8 +256,10 @@ megac_status megac_set_prompt_end(megac_model *m, int pos)
     NEED_MODEL(m, "megac_set_prompt_end", MEGAC_ERR_ARG);
     pthread_mutex_lock(&m->mu);
     m->err[0] = 0;
-    megac_status st = pos < -1 ? rt_fail(m, MEGAC_ERR_ARG, "megac_set_prompt_end: position %d (-1 for none)", pos)
-                               : MEGAC_OK;
+    megac_status st = pos < -1 || pos >= m->man.max_seq
+                          ? rt_fail(m, MEGAC_ERR_ARG, "megac_set_prompt_end: position %d is not in the context of %d "
+                                    "(-1 for none)", pos, m->man.max_seq)
+                          : MEGAC_OK;
     if (!st)
         m->prompt_end = pos;
     pthread_mutex_unlock(&m->mu);
@@ -293,7 +315,8 @@ static int rt_encode(megac_model *m, const char *fn, const char *text, int add_b
                          : tok_encode_drops(m->tok, text, add_bos < 0 ? tok_default_bos(m->tok, text) : add_bos != 0,
                                             ids, cap, &m->drops);
     if (n < 0)
-        rt_fail(m, MEGAC_ERR_ARG, "the %s needs more than %d tokens", add_bos == 2 ? "text" : "prompt", cap);
+        rt_fail(m, MEGAC_ERR_ARG, "%s: the %s takes more than the %d token%s ids has room for", fn,
+                add_bos == 2 ? "text" : "prompt", cap, cap == 1 ? "" : "s");
     pthread_mutex_unlock(&m->mu);
     return n;
 }
@@ -338,23 +361,10 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The next token after a step: the kernel's argmax when greedy. Non-finite
- * logits are refused, naming the position: they come from a diverging
- * model, or from k or v past what an f16 cache holds (stored as
- * infinities), and no token is right. */
+/* The next token after a step (whose logits model_step found finite): the
+ * kernel's argmax when greedy. */
 static megac_status generate_pick(megac_model *m, const megac_sampler *s, uint64_t *rng, int *tok)
 {
-    int bad = rt_logits_bad(m->logits, m->man.vocab);
-    if (bad >= 0)
-        return rt_fail(m, MEGAC_ERR_KERNEL,
-                       "the logits at position %d are not finite: token %d has %g%s; or the weights were damaged "
-                       "after compilation (`megac validate %s` checks their hash)",
-                       m->pos - 1, bad, (double)m->logits[bad],
-                       strcmp(m->kv_dtype, "f16") == 0
-                           ? " (this bundle's KV cache is f16, which holds values up to 65504: where a model's k or v "
-                             "grow past that, compile.kv_dtype: bf16 or f32 holds them)"
-                           : "",
-                       m->dir);
     if (!s || s->temperature == 0.0f) {
         *tok = megac_argmax(m);
         return MEGAC_OK;
@@ -381,6 +391,13 @@ static megac_status model_generate(megac_model *m, const int *prompt, int npromp
         return rt_fail(m, MEGAC_ERR_ARG, "megac_generate needs at least one prompt token (BOS)");
     if (s && rt_sampler_error(s))
         return rt_fail(m, MEGAC_ERR_ARG, "megac_generate: %s", rt_sampler_error(s));
+    if (nprompt > m->man.max_seq - m->pos)
+        return rt_fail(m, MEGAC_ERR_ARG, "megac_generate: a prompt of %d tokens does not fit in the %d positions "
+                       "left of the context's %d", nprompt, m->man.max_seq - m->pos, m->man.max_seq);
+    for (int i = 0; i < nprompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= m->man.vocab)
+            return rt_fail(m, MEGAC_ERR_ARG, "megac_generate: prompt token %d is %d, outside the vocabulary [0, %d)",
+                           i, prompt[i], m->man.vocab);
     uint64_t rng = 0;       /* 0: megac_sample seeds it from s->seed, as the reference engine does */
     double t0 = now_s();
     megac_status rc;

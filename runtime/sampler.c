@@ -347,6 +347,8 @@ const char *rt_sampler_error(const megac_sampler *s)
         return "the temperature must be 0 (greedy) or a finite positive number";
     if (!(s->top_p >= 0.0f))
         return "top_p must be a number >= 0 (1 or more: off)";
+    if (s->top_k < 0)
+        return "top_k must be 0 (off) or more";
     return NULL;
 }
 

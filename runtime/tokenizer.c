@@ -606,21 +606,15 @@ static bool tok_digit_split(uint32_t c)
  * sequences decode as one byte of value 0xFFFFFFFF (class "other"). */
 static uint32_t utf8_next(const unsigned char *s, size_t n, size_t *len)
 {
-    unsigned c = s[0];
-    size_t k = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-    if (k == 1 || k == 0 || k > n) {
+    int k = tok_utf8_len((const char *)s, n); /* strict: no overlong forms, surrogates or past U+10FFFF */
+    if (k <= 1) {
         *len = 1;
-        return k == 1 ? c : 0xFFFFFFFFu;
+        return k == 1 ? s[0] : 0xFFFFFFFFu;
     }
-    uint32_t cp = c & (0x7F >> k);
-    for (size_t i = 1; i < k; i++) {
-        if ((s[i] & 0xC0) != 0x80) {
-            *len = 1;
-            return 0xFFFFFFFFu;
-        }
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    *len = k;
+    uint32_t cp = s[0] & (0x7Fu >> k);
+    for (int i = 1; i < k; i++)
+        cp = (cp << 6) | (s[i] & 0x3Fu);
+    *len = (size_t)k;
     return cp;
 }
 

@@ -20,6 +20,7 @@
 #include <criterion/criterion.h>
 #include <dlfcn.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -29,6 +30,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -545,9 +547,11 @@ Test(runtime, refuses_mismatched_bundles)
     compile_kernel(dir, 2, 0x1234, MEGAC_KERNEL_ABI);
     write_manifest(dir, 2, h);
     expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "0000000000001234");
-    compile_kernel(dir, 2, h, 7);
+    compile_kernel(dir, 2, h, MEGAC_KERNEL_ABI + 1);
     write_manifest(dir, 2, h);
-    expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", "kernel ABI 7");
+    char abi_other[32];
+    snprintf(abi_other, sizeof abi_other, "kernel ABI %u", MEGAC_KERNEL_ABI + 1);
+    expect_refusal(dir, MEGAC_ERR_FORMAT, "kernel.so", abi_other);
     char cmd[2048];
     write_text(dir, "empty.c", "int megac_not_a_kernel;\n");
     snprintf(cmd, sizeof cmd, "cc -shared -fPIC -o %s/kernel.so %s/empty.c", dir, dir);
@@ -984,12 +988,26 @@ Test(runtime, generate_refuses_bad_samplers_and_nan_logits)
     megac_model *m;
     cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
     int prompt[] = {1, 50};
-    megac_sampler bad[] = {{NAN, 0, 1, 42}, {INFINITY, 0, 1, 42}, {-1, 0, 1, 42}, {1, 0, NAN, 42}};
+    megac_sampler bad[] = {{NAN, 0, 1, 42}, {INFINITY, 0, 1, 42}, {-1, 0, 1, 42}, {1, 0, NAN, 42}, {1, -5, 1, 42}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         cr_assert_eq(megac_generate(m, prompt, 2, 5, &bad[i], NULL, NULL, NULL), MEGAC_ERR_ARG, "case %zu", i);
         cr_assert(strstr(megac_error(m), "megac_generate: t"), "%s", megac_error(m));
         cr_assert_eq(megac_position(m), 0, "case %zu: a step ran", i);
     }
+    /* a prompt token outside the vocabulary, or more prompt than the
+     * context has left: refused before any step (it had fed the tokens
+     * before the bad one; past INT_MAX - pos, prompt_end overflowed) */
+    int badtok[] = {1, 5, -1};
+    cr_assert_eq(megac_generate(m, badtok, 3, 5, NULL, NULL, NULL, NULL), MEGAC_ERR_ARG);
+    cr_assert(strstr(megac_error(m), "prompt token 2 is -1, outside the vocabulary [0, 259)"), "%s", megac_error(m));
+    cr_assert_eq(megac_position(m), 0);
+    cr_assert_eq(megac_step(m, 1), MEGAC_OK);
+    cr_assert_eq(megac_generate(m, prompt, MAXSEQ, 5, NULL, NULL, NULL, NULL), MEGAC_ERR_ARG);
+    cr_assert(strstr(megac_error(m), "a prompt of 16 tokens does not fit in the 15 positions left"), "%s",
+              megac_error(m));
+    cr_assert_eq(megac_generate(m, prompt, INT_MAX, 5, NULL, NULL, NULL, NULL), MEGAC_ERR_ARG);
+    cr_assert_eq(megac_position(m), 1);
+    cr_assert_eq(megac_is_stop(m, -1), 0);
     megac_close(m);
     float *w = malloc(sizeof(float) * V * V);
     for (int t = 0; t < V; t++)
@@ -1006,6 +1024,41 @@ Test(runtime, generate_refuses_bad_samplers_and_nan_logits)
     cr_assert_eq(megac_reset(m), MEGAC_OK);
     cr_assert_eq(megac_generate(m, prompt, 2, 5, &warm, NULL, NULL, NULL), MEGAC_ERR_KERNEL);
     cr_assert(strstr(megac_error(m), "position 1"), "%s", megac_error(m));
+    /* megac_step says so too (it returned MEGAC_OK, the argmax a token of
+     * NaN logits); the step counts, a feed reads no logits */
+    cr_assert_eq(megac_reset(m), MEGAC_OK);
+    cr_assert_eq(megac_step(m, 1), MEGAC_OK);
+    cr_assert_eq(megac_step(m, 50), MEGAC_ERR_KERNEL);
+    cr_assert(strstr(megac_error(m), "the logits at position 1 are not finite: token 7 has nan"), "%s",
+              megac_error(m));
+    cr_assert_eq(megac_position(m), 2);
+    cr_assert_eq(megac_feed(m, 50), MEGAC_OK);
+    megac_close(m);
+    remove_bundle(dir);
+}
+
+/* A model belongs to the process that opened it: in a forked child its
+ * steps are refused (they waited forever on worker threads that stayed in
+ * the parent), and the parent's go on. */
+Test(runtime, a_forked_child_cannot_step_the_parents_model)
+{
+    char *dir = make_bundle(2);
+    megac_model *m;
+    cr_assert_eq(megac_open(dir, &m), MEGAC_OK, "%s", megac_last_open_error());
+    cr_assert_eq(megac_step(m, 1), MEGAC_OK);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        alarm(20);
+        megac_status st = megac_step(m, 2);
+        _exit(st == MEGAC_ERR_ARG && strstr(megac_error(m), "after fork() the child must open the bundle itself")
+                  ? 0 : 1);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child's step: status %d", status);
+    cr_assert_eq(megac_step(m, 2), MEGAC_OK, "%s", megac_error(m));
     megac_close(m);
     remove_bundle(dir);
 }
@@ -1090,7 +1143,13 @@ Test(runtime, null_arguments_and_stale_errors)
     cr_assert_eq(megac_generate(m, NULL, 2, 1, NULL, NULL, NULL, NULL), MEGAC_ERR_ARG);
     cr_assert_eq(megac_step(m, -1), MEGAC_ERR_ARG);
     cr_assert_eq(megac_set_prompt_end(m, -2), MEGAC_ERR_ARG);
-    cr_assert(strstr(megac_error(m), "megac_set_prompt_end: position -2 (-1 for none)"), "%s", megac_error(m));
+    cr_assert(strstr(megac_error(m), "megac_set_prompt_end: position -2 is not in the context of 16 (-1 for none)"),
+              "%s", megac_error(m));
+    cr_assert_eq(megac_set_prompt_end(m, 16), MEGAC_ERR_ARG); /* past the context: it would never be reached */
+    megac_model *none = NULL;
+    cr_assert_eq(megac_open("", &none), MEGAC_ERR_ARG); /* it read "/manifest.yaml" */
+    cr_assert_str_eq(megac_last_open_error(), "megac_open: no bundle folder given");
+    cr_assert_eq(megac_set_prompt_end(m, 15), MEGAC_OK);
     cr_assert_eq(megac_set_prompt_end(m, 5), MEGAC_OK);
     cr_assert_eq(megac_step(m, 1), MEGAC_OK);
     cr_assert_str_eq(megac_error(m), "", "a stale message after a success");

@@ -348,7 +348,8 @@ Test(tokenizer, llama3_whole_word)
 
 /* Characters without a piece or byte token are dropped and counted, for
  * SPM and BPE alike: the count, the first one's code point and offset; a
- * byte that is not UTF-8 is reported as -1 at its offset. */
+ * byte that is not UTF-8 (strictly: no overlong forms, surrogates or code
+ * points past U+10FFFF) is reported as -1 at its offset. */
 Test(tokenizer, dropped_characters_are_counted)
 {
     for (int k = 0; k < 2; k++) {
@@ -368,6 +369,15 @@ Test(tokenizer, dropped_characters_are_counted)
         n = tok_encode_drops(t, "ab\xff", false, ids, 16, &d);
         cr_assert(n == 2 && d.n == 1 && d.first == -1 && d.first_at == 2, "kind %d: %d ids, %d dropped, %d at %zu", k,
                   n, d.n, d.first, d.first_at);
+        /* an overlong form, a code point past U+10FFFF: not UTF-8 (they
+         * were reported as '/' and U+1FFFFF) */
+        static const char *const not_utf8[] = {"ab\xc0\xaf", "ab\xc1\xbf", "ab\xf5\x80\x80\x80",
+                                               "ab\xf7\xbf\xbf\xbf", "ab\xed\xa0\x80"};
+        for (int i = 0; i < 5; i++) {
+            n = tok_encode_drops(t, not_utf8[i], false, ids, 16, &d);
+            cr_assert(n == 2 && d.n >= 1 && d.first == -1 && d.first_at == 2, "kind %d, case %d: %d ids, %d dropped, "
+                      "first %d at %zu", k, i, n, d.n, d.first, d.first_at);
+        }
         n = tok_encode_drops(t, "abba", false, ids, 16, &d);
         cr_assert(n == 4 && d.n == 0, "kind %d", k);
         tok_free(t);
