@@ -2354,6 +2354,18 @@ static void print_compile(const ModelDesc *m, FILE *out)
         fprintf(out, "  attn_combine: %s\n", attn_combines[m->attn_combine]);
 }
 
+/* A path as an absolute one (the working directory before a relative
+ * one), so the printed description reads back wherever it is saved: its
+ * paths are taken relative to its own folder. */
+static void print_path(FILE *out, const char *path)
+{
+    char cwd[4096], *abs = path[0] == '/' ? NULL : realpath(path, NULL); /* NULL where it does not exist */
+    if (!abs && path[0] != '/' && getcwd(cwd, sizeof cwd))
+        abs = xasprintf("%s/%s", strcmp(cwd, "/") ? cwd : "", path);
+    print_str(out, abs ? abs : path);
+    free(abs);
+}
+
 static void print_io(const ModelDesc *m, FILE *out)
 {
     fprintf(out, "weights: {format: %s", weights_formats[m->weights_format]);
@@ -2361,12 +2373,12 @@ static void print_io(const ModelDesc *m, FILE *out)
         fprintf(out, ", seed: %llu", (unsigned long long)m->weights_seed);
     if (m->weights_path) {
         fputs(", path: ", out);
-        print_str(out, m->weights_path);
+        print_path(out, m->weights_path);
     }
     fprintf(out, "}\ntokenizer: {format: %s", tok_formats[m->tok_format]);
     if (m->tok_path) {
         fputs(", path: ", out);
-        print_str(out, m->tok_path);
+        print_path(out, m->tok_path);
     }
     fputs("}\n", out);
     if (m->bos_id >= 0)
@@ -2381,7 +2393,7 @@ static void print_io(const ModelDesc *m, FILE *out)
     }
 }
 
-/* Paths are printed resolved (relative to the working directory). */
+/* Paths are printed resolved, absolute. */
 void desc_print(const ModelDesc *m, FILE *out)
 {
     fputs("# ", out);
@@ -2398,7 +2410,7 @@ void desc_print(const ModelDesc *m, FILE *out)
             i++;
         }
     }
-    fputs(" (paths resolved against the working directory)\n", out);
+    fputs(" (paths made absolute)\n", out);
     fprintf(out, "name: %s\narch:\n", m->name ? m->name : "?");
     fprintf(out, "  dim: %d\n  hidden_dim: %d\n  n_layers: %d\n  n_heads: %d\n  n_kv_heads: %d\n", m->dim,
             m->hidden_dim, m->n_layers, m->n_heads, m->n_kv_heads);

@@ -78,6 +78,24 @@ static bool doc_looks_json(const char *t, size_t len)
     return i < len && (t[i] == '{' || t[i] == '[');
 }
 
+/* The line and column just past the last character of src (before its
+ * final line ending): where a syntax error at the end of the input is
+ * shown, on a line the text has. */
+static void doc_end_at(const SrcFile *src, int *line, int *col)
+{
+    size_t n = src->len;
+    while (n > 0 && (src->text[n - 1] == '\n' || src->text[n - 1] == '\r'))
+        n--;
+    size_t bol = n;
+    while (bol > 0 && src->text[bol - 1] != '\n')
+        bol--;
+    int l = 1;
+    for (size_t i = 0; i < bol; i++)
+        l += src->text[i] == '\n';
+    *line = l;
+    *col = diag_col(src->text + bol, src->text + n);
+}
+
 static bool next_event(Builder *b)
 {
     if (!yaml_parser_parse(&b->p, &b->ev)) {
@@ -95,9 +113,11 @@ static bool next_event(Builder *b)
                 snprintf(starts, sizeof starts, "%s", json_words[i].starts ? json_words[i].starts : "");
                 break;
             }
-        diag_error(b->d, &b->doc->src, (int)m->line + 1, (int)m->column + 1, "%s%s%s", problem, context ? " " : "",
-                   context ? context : "");
-        if (*starts && b->p.context && (c->line != m->line || c->column != m->column)) /* at the end of a file, the only caret */
+        int line = (int)m->line + 1, col = (int)m->column + 1;
+        if (m->index >= b->input_len) /* the end of the input: just past its last character, on its line */
+            doc_end_at(&b->doc->src, &line, &col);
+        diag_error(b->d, &b->doc->src, line, col, "%s%s%s", problem, context ? " " : "", context ? context : "");
+        if (*starts && b->p.context && (c->line != m->line || c->column != m->column))
             diag_note(b->d, &b->doc->src, (int)c->line + 1, (int)c->column + 1, "%s", starts);
         b->ok = false;
         return false;

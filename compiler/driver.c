@@ -216,6 +216,14 @@ static size_t memory_available(const char **src)
     return avail;
 }
 
+/* bytes as "N.NN GB", or "N.NN MB" below a tenth of a GB (a 1 MB model
+ * and a 1 MB limit both read "0.00 GB"), into buf. */
+static const char *size_str(char *buf, size_t cap, size_t bytes)
+{
+    snprintf(buf, cap, bytes < 100000000 ? "%.2f MB" : "%.2f GB", bytes < 100000000 ? bytes / 1e6 : bytes / 1e9);
+    return buf;
+}
+
 /* Refuses a model whose stored weights do not fit in the memory available
  * or on the disk that holds dir (NULL: no disk check); true when they fit
  * or cannot be told. `what` says who holds them ("a compile holds ...");
@@ -230,15 +238,15 @@ bool driver_weights_fit(const ModelDesc *m, const char *what, const char *dir, b
     weights_free(&w);
     const char *src, *name = m->path ? m->path : "megac";
     size_t avail = memory_available(&src);
-    char size[96], hint[128] = "";
-    int at = snprintf(size, sizeof size, "%.2f GB for this model", need / 1e9);
+    char size[96], hint[128] = "", num[32];
+    int at = snprintf(size, sizeof size, "%s for this model", size_str(num, sizeof num, need));
     if (f32)
         snprintf(size + at, sizeof size - (size_t)at, " (%d matrices in f32)", f32);
     if (f32 && knobs)
         snprintf(hint, sizeof hint, "store the matrices smaller (--set quant.default=bf16, w8a16 or w4a16-g128), or ");
     if (avail && need > avail) {
-        diag_file_error(d, name, "%s: %s, but %.2f GB are available (%s); %suse a machine with more memory", what,
-                        size, avail / 1e9, src, hint);
+        diag_file_error(d, name, "%s: %s, but %s are available (%s); %suse a machine with more memory", what,
+                        size, size_str(num, sizeof num, avail), src, hint);
         return false;
     }
     struct statvfs fs;
@@ -246,9 +254,9 @@ bool driver_weights_fit(const ModelDesc *m, const char *what, const char *dir, b
         size_t free_b = (size_t)fs.f_bavail * fs.f_frsize;
         if (need > free_b) {
             diag_file_error(d, name,
-                            "the bundle's weights take %s, but %s has %.2f GB free; %swrite the bundle to a disk "
+                            "the bundle's weights take %s, but %s has %s free; %swrite the bundle to a disk "
                             "with more room",
-                            size, dir, free_b / 1e9, hint);
+                            size, dir, size_str(num, sizeof num, free_b), hint);
             return false;
         }
     }

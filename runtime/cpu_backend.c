@@ -145,6 +145,14 @@ static void *cpu_thread_main(void *p)
     }
 }
 
+/* Whether switch `name` is on in the environment: set, not empty, not "0"
+ * (MEGAC_NO_PIN=0 had turned pinning off too). */
+static bool env_on(const char *name)
+{
+    const char *e = getenv(name);
+    return e && *e && strcmp(e, "0") != 0;
+}
+
 /* Looks up a symbol of the kernel; NULL with m->err set if absent. */
 static const void *cpu_symbol(megac_model *m, void *dl, const char *path, const char *name)
 {
@@ -226,7 +234,7 @@ static megac_status cpu_memory_init(megac_model *m, CpuPool *pool)
 static void cpu_threads_pin(CpuPool *pool)
 {
     cpu_set_t allowed;
-    if (getenv("MEGAC_NO_PIN") || sched_getaffinity(0, sizeof allowed, &allowed) != 0 ||
+    if (env_on("MEGAC_NO_PIN") || sched_getaffinity(0, sizeof allowed, &allowed) != 0 ||
         (uint32_t)CPU_COUNT(&allowed) < pool->nthreads)
         return;
     uint32_t i = 0;
@@ -244,7 +252,7 @@ static megac_status cpu_threads_start(megac_model *m, CpuPool *pool)
 {
     pool->nthreads = m->man.workers;
     cpu_set_t allowed;
-    pool->spin = !getenv("MEGAC_NO_SPIN") && sched_getaffinity(0, sizeof allowed, &allowed) == 0 &&
+    pool->spin = !env_on("MEGAC_NO_SPIN") && sched_getaffinity(0, sizeof allowed, &allowed) == 0 &&
                  (uint32_t)CPU_COUNT(&allowed) >= pool->nthreads;
     pool->args.spin_ns = pool->spin ? CPU_WAIT_SPIN_NS : 0;
     pool->threads = calloc(pool->nthreads, sizeof *pool->threads);

@@ -9,7 +9,7 @@
 # plus the ../shared files the CUDA tests read. scripts/gpu-check.sh uses
 # gpu-pack/ when it is there and runs; it builds from source otherwise.
 #
-#   scripts/gpu-pack.sh            # then send gpu-pack/ along (about 3 MB)
+#   scripts/gpu-pack.sh            # here; then send gpu-pack/ along (about 14 MB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)

@@ -194,6 +194,10 @@ Test(cli, weights_past_the_memory_are_refused_before_loading, .timeout = 120)
               "%s", out);
     cr_assert(strstr(out, "weights_load") && strstr(out, "FAILED") && !strstr(out, "f32 read"), "%s", out);
     cr_assert_str_eq(dir_list(d, buf, sizeof buf), "");
+    /* small sizes in MB (both read "0.00 GB") */
+    cr_assert_eq(megac_env(d, "MEGAC_MEMORY_MB=0.01", "compile default -o s.megac", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, " MB for this model (") && strstr(out, "but 0.01 MB are available (MEGAC_MEMORY_MB)"), "%s",
+              out);
     snprintf(args, sizeof args, "compile %s -q --set quant.default=w4a16-g32 -o s.megac", lm);
     cr_assert_eq(megac_env(d, "MEGAC_MEMORY_MB=100", args, out, sizeof out), 0, "%s", out);
     cr_assert_str_eq(dir_list(d, buf, sizeof buf), "s.megac");
@@ -839,8 +843,9 @@ Test(cli, eval_kv_plans_kascade_anchors)
 }
 
 /* `megac describe` prints what megac reads, as YAML it reads back: the
- * printed description of a GGUF file, saved and described again, prints
- * the same; compile names a bundle after the file or the folder. */
+ * printed description of a GGUF file, saved (here or elsewhere) and
+ * described again, prints the same; compile names a bundle after the file
+ * or the folder. */
 Test(cli, describe_reads_back_and_compile_names_the_bundle)
 {
     const char *gguf = MEGAC_SRC "/tests/fixtures/weights/llama3.gguf";
@@ -867,6 +872,17 @@ Test(cli, describe_reads_back_and_compile_names_the_bundle)
                           "the description will not load back until the file is renamed (megac run and compile take "
                           "the file itself)\n");
     cr_assert(w && !strstr(w + 1, "megac describe: warning"), "one warning: %s", out);
+    /* a file named relative to the working directory, its description saved
+     * in another folder: it reads back there (its paths are absolute; they
+     * were relative to the working directory, the saved file's to its own
+     * folder) */
+    snprintf(args, sizeof args, "cp %s '%s/m.gguf' && mkdir '%s/sub'", gguf, d, d);
+    cr_assert_eq(system(args), 0, "%s", args);
+    cr_assert_eq(megac(d, "describe m.gguf", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "path: \"/") && strstr(out, "/m.gguf\"}"), "%s", out);
+    file_write(d, "sub/m.yaml", out);
+    cr_assert_eq(megac(d, "describe sub/m.yaml", again, sizeof again), 0, "%s", again);
+    cr_assert_str_eq(strchr(again, '\n'), strchr(out, '\n'));
     test_rm_rf(d);
 }
 

@@ -430,8 +430,12 @@ Test(desc, from_checkpoint)
  * points at where the unclosed construct starts. */
 Test(desc, diag_syntax_error_names_the_open_construct)
 {
+    /* at the end of the input: shown just past its last character (it
+     * was line 3, which the file does not have: no source line) */
     expect_errors("name: x\narch: {dim: 64\n", NULL, 0,
-                  "models/x.yaml:3:1: error: did not find expected ',' or '}' while parsing a flow mapping\n"
+                  "models/x.yaml:2:15: error: did not find expected ',' or '}' while parsing a flow mapping\n"
+                  "    2 | arch: {dim: 64\n"
+                  "      |               ^\n"
                   "models/x.yaml:2:7: note: it starts here (while parsing a flow mapping)\n"
                   "    2 | arch: {dim: 64\n"
                   "      |       ^\n");

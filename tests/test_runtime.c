@@ -377,6 +377,8 @@ Test(runtime, waits_spin_only_with_a_cpu_per_worker)
         cr_assert_eq(spin_ns_given(ncpu + 1), 0, "%d workers on %d CPUs: waits sleep", ncpu + 1, ncpu);
     setenv("MEGAC_NO_SPIN", "1", 1);
     cr_assert_eq(spin_ns_given(1), 0, "MEGAC_NO_SPIN=1: waits sleep");
+    setenv("MEGAC_NO_SPIN", "0", 1);
+    cr_assert_gt(spin_ns_given(1), 0, "MEGAC_NO_SPIN=0 is off (it was on whatever its value)");
     if (saved)
         setenv("MEGAC_NO_SPIN", saved, 1);
     else
