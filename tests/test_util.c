@@ -141,7 +141,9 @@ Test(doc, json_syntax_errors_in_json_words)
     } cases[] = {
         {"{\"a\" 1}", "t.json:1:6: error: expected ',' or '}' in this object\n"
                       "t.json:1:1: note: the object starts here\n"},
-        {"\n [1, 2", "t.json:3:1: error: expected ',' or ']' in this array\nt.json:2:2: note: the array starts here\n"},
+        /* at the end of the input: just past its last character (line 3, which
+         * the text does not have, had no source line) */
+        {"\n [1, 2", "t.json:2:7: error: expected ',' or ']' in this array\nt.json:2:2: note: the array starts here\n"},
         {"{\"a\": [1, }", "t.json:1:11: error: expected a value\n"},
         {"{\"a\": \"b", "t.json:1:9: error: the file ends inside this string\nt.json:1:7: note: the string starts here\n"},
         {"{\"a\": \"\\u12\"}", "t.json:1:10: error: a \\u escape needs four hex digits\n"
@@ -149,7 +151,7 @@ Test(doc, json_syntax_errors_in_json_words)
         {"{\"a\": 1}}", "t.json:1:9: error: text after the end of the JSON value\n"},
         {"{\"a\": @}", "t.json:1:7: error: this character cannot start a JSON value\n"},
         /* YAML stays in YAML's words */
-        {"a: [1, 2", "t.json:2:1: error: did not find expected ',' or ']' while parsing a flow sequence\n"
+        {"a: [1, 2", "t.json:1:9: error: did not find expected ',' or ']' while parsing a flow sequence\n"
                      "t.json:1:4: note: it starts here (while parsing a flow sequence)\n"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
