@@ -2,6 +2,7 @@
  * util.c - fatal errors, checked allocation, arena, hashing, f16/bf16.
  */
 #include "ir/util.h"
+#include "runtime/half.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -170,74 +171,9 @@ uint64_t hash_bulk(const void *p, size_t n)
     return r;
 }
 
-/* ---- f16 / bf16 ---- */
+/* ---- f16 / bf16 (runtime/half.h: the kernels' and the runtime's too) ---- */
 
-static uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static float bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    if (exp == 0) {
-        if (man == 0)
-            return bits_f32(sign);
-        /* subnormal: value = man * 2^-24 */
-        float v = (float)man * (1.0f / 16777216.0f);
-        return sign ? -v : v;
-    }
-    if (exp == 31)
-        return bits_f32(sign | 0x7f800000u | (man << 13));
-    return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
-}
-
-uint16_t f32_to_f16(float f)
-{
-    uint32_t u = f32_bits(f);
-    uint32_t sign = (u >> 16) & 0x8000;
-    uint32_t exp = (u >> 23) & 0xff, man = u & 0x7fffff;
-    if (exp == 0xff)
-        return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
-    int e = (int)exp - 127 + 15;
-    if (e >= 31)
-        return (uint16_t)(sign | 0x7c00);
-    if (e <= 0) {
-        if (e < -10)
-            return (uint16_t)sign;
-        man |= 0x800000;
-        int shift = 14 - e;
-        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1)))
-            h++;
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (h & 1)))
-        h++; /* may carry into the exponent, which is correct */
-    return (uint16_t)(sign | h);
-}
-
-float bf16_to_f32(uint16_t h)
-{
-    return bits_f32((uint32_t)h << 16);
-}
-
-uint16_t f32_to_bf16(float f)
-{
-    uint32_t u = f32_bits(f);
-    if ((u & 0x7fffffff) > 0x7f800000)
-        return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fff + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
+float f16_to_f32(uint16_t h) { return half_f16_to_f32(h); }
+uint16_t f32_to_f16(float f) { return half_f32_to_f16(f); }
+float bf16_to_f32(uint16_t h) { return half_bf16_to_f32(h); }
+uint16_t f32_to_bf16(float f) { return half_f32_to_bf16(f); }

@@ -12,6 +12,7 @@
  * too), so one piece of code serves every backend.
  */
 #include "runtime/backend.h"
+#include "runtime/half.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -58,65 +59,7 @@ megac_status rt_kv_layout_set(megac_model *m, const uint64_t *v, size_t nwords, 
     return MEGAC_OK;
 }
 
-/* ---- the cache's elements (the kernel's kv_put and kv_at, kernel_body.c) ---- */
-
-static float f16_float(uint16_t h)
-{
-    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31, man = h & 0x3ffu, u;
-    float f;
-    if (e == 0) {
-        f = (float)man * 0x1p-24f;
-        memcpy(&u, &f, 4);
-        u |= s;
-    } else {
-        u = s | (e == 31 ? 0x7f800000u | man << 13 : (e + 112) << 23 | man << 13);
-    }
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* f to f16, rounded to nearest even. */
-static uint16_t float_f16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t sign = (u >> 16) & 0x8000u, exp = (u >> 23) & 0xffu, man = u & 0x7fffffu;
-    if (exp == 0xffu)
-        return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0u));
-    int e = (int)exp - 127 + 15;
-    if (e >= 31)
-        return (uint16_t)(sign | 0x7c00u);
-    if (e <= 0) { /* a subnormal f16, or zero */
-        if (e < -10)
-            return (uint16_t)sign;
-        man |= 0x800000u;
-        int shift = 14 - e;
-        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
-        h += rem > half || (rem == half && (h & 1u));
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fffu;
-    h += rem > 0x1000u || (rem == 0x1000u && (h & 1u)); /* may carry into the exponent: correct */
-    return (uint16_t)(sign | h);
-}
-
-static float bf16_float(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint16_t float_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+/* ---- the cache's elements, as the kernel's kv_put and kv_at (kernel_body.c) ---- */
 
 static float kv_get(uint64_t t, const unsigned char *p, size_t i)
 {
@@ -127,7 +70,7 @@ static float kv_get(uint64_t t, const unsigned char *p, size_t i)
         return f;
     }
     memcpy(&h, p + 2 * i, 2);
-    return t == MEGAC_KV_F16 ? f16_float(h) : bf16_float(h);
+    return t == MEGAC_KV_F16 ? half_f16_to_f32(h) : half_bf16_to_f32(h);
 }
 
 static void kv_set(uint64_t t, unsigned char *p, size_t i, float f)
@@ -136,7 +79,7 @@ static void kv_set(uint64_t t, unsigned char *p, size_t i, float f)
         memcpy(p + 4 * i, &f, 4);
         return;
     }
-    uint16_t h = t == MEGAC_KV_F16 ? float_f16(f) : float_bf16(f);
+    uint16_t h = t == MEGAC_KV_F16 ? half_f32_to_f16(f) : half_f32_to_bf16(f);
     memcpy(p + 2 * i, &h, 2);
 }
 

@@ -72,6 +72,7 @@
 #include "codegen/cpu/kernel_table.h"
 #include "ir/dtype.h"
 #include "ir/ops.h"
+#include "runtime/half.h"
 #include "runtime/kernel_abi.h"
 
 #include <linux/futex.h>
@@ -217,25 +218,12 @@ typedef uint8_t v16u8 __attribute__((vector_size(16), aligned(1)));
 
 static float f16_at(const unsigned char *p)
 {
-    uint32_t h = (uint32_t)(p[0] | p[1] << 8), s = (h & 0x8000u) << 16, e = (h >> 10) & 31, m = h & 0x3ffu, u;
-    float f;
-    if (e == 0) {
-        f = (float)m * 0x1p-24f;
-        memcpy(&u, &f, 4);
-        u |= s;
-    } else {
-        u = s | (e == 31 ? 0x7f800000u | m << 13 : (e + 112) << 23 | m << 13);
-    }
-    memcpy(&f, &u, 4);
-    return f;
+    return half_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
 }
 
 static float bf16_at(const unsigned char *p)
 {
-    uint32_t u = (uint32_t)(p[0] | p[1] << 8) << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return half_bf16_to_f32((uint16_t)(p[0] | p[1] << 8));
 }
 
 /* W4 group size of a W4G* dtype. */
@@ -4896,8 +4884,8 @@ static void op_rope(const MegacArgs *a, const int64_t *in)
 
 /* ---- the KV cache's elements: f32, f16 or bf16 (compile.kv_dtype; the
  * k and v rows of an instruction alike, ir.h: op_cache_operand) ----
- * Rows are written rounded to nearest even (the bits of ir/util.c's
- * f32_to_f16 and f32_to_bf16) and widened to f32 where they are read: the
+ * Rows are written rounded to nearest even (runtime/half.h, the
+ * compiler's and the runtime's conversions too) and widened to f32 where they are read: the
  * scores, the weighted sums of v, Quest's bounds and SnapKV's scores are
  * all f32 arithmetic on the stored values. kt: the cache's dtype; the
  * readers below are inlined where kt is a constant (kv_dispatch). */
@@ -4972,45 +4960,11 @@ static inline __attribute__((always_inline)) void kv_widen(int kt, const void *p
         out[j] = kv_at(kt, p, j);
 }
 
-static uint16_t kv_f16_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t sign = (u >> 16) & 0x8000u, exp = (u >> 23) & 0xffu, man = u & 0x7fffffu;
-    if (exp == 0xffu)
-        return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0u));
-    int e = (int)exp - 127 + 15;
-    if (e >= 31)
-        return (uint16_t)(sign | 0x7c00u);
-    if (e <= 0) { /* a subnormal f16, or zero */
-        if (e < -10)
-            return (uint16_t)sign;
-        man |= 0x800000u;
-        int shift = 14 - e;
-        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
-        h += rem > half || (rem == half && (h & 1u));
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fffu;
-    h += rem > 0x1000u || (rem == 0x1000u && (h & 1u)); /* may carry into the exponent: correct */
-    return (uint16_t)(sign | h);
-}
-
-static uint16_t kv_bf16_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 typedef float v8fu __attribute__((vector_size(32), aligned(4)));
 
 /* Eight floats to f16 by vcvtps2ph, rounding to nearest even (imm 0): the
- * bits of kv_f16_bits for every number; a NaN keeps its payload's top bits
- * where kv_f16_bits writes 0x200 (a NaN either way). */
+ * bits of half_f32_to_f16 for every number; a NaN keeps its payload's top bits
+ * where half_f32_to_f16 writes 0x200 (a NaN either way). */
 static ISA_AVX2 void isa_avx2_f16x8_put(const float *src, uint16_t *out)
 {
     v8i16 h = __builtin_ia32_vcvtps2ph256(*(const v8fu *)src, 0);
@@ -5031,7 +4985,7 @@ static void kv_put(int kt, void *p, int64_t j, const float *src, int64_t n)
         for (; i + 8 <= n; i += 8)
             isa_avx2_f16x8_put(src + i, o + i);
     for (; i < n; i++)
-        o[i] = kt == DT_F16 ? kv_f16_bits(src[i]) : kv_bf16_bits(src[i]);
+        o[i] = kt == DT_F16 ? half_f32_to_f16(src[i]) : half_f32_to_bf16(src[i]);
 }
 
 static void op_kv_append(const MegacArgs *a, const int64_t *in)

@@ -1684,8 +1684,8 @@ MK_DEV void op_rope(const MegacArgs *a, const unsigned *in)
 
 /* ---- the KV cache's elements: MK_KVT (the schedule's one cache dtype,
  * cuda_check.c) is f32, f16 or bf16. Rows are written rounded to nearest
- * even (the bits of ir/util.c's f32_to_f16 / f32_to_bf16) and widened to
- * f32 where they are read. ---- */
+ * even (the bits of runtime/half.h) and widened to f32 where they are
+ * read. ---- */
 #ifndef MK_KVT
 #define MK_KVT MK_DT_F32
 #endif
