@@ -58,7 +58,10 @@ static void run_usage(FILE *out)
             "  --prompt-file F    the prompt is file F's text ('-': standard input) but\n"
             "                     for its last newline, if it ends with one\n"
             "  -n N               positions to run, BOS and prompt included\n"
-            "                     (default 256; 0 = the model's context)\n"
+            "                     (default 256; 0 = the model's context); past the\n"
+            "                     context a bundle engine shifts the cache as it fills\n"
+            "                     (keeps the prompt, or BOS where the prompt is more\n"
+            "                     than half of it, drops half of the rest) and goes on\n"
             "  --temp T           temperature, 0 = greedy (default 1)\n"
             "  --top-k K          keep the K most probable tokens (default 0 = off)\n"
             "  --top-p P          nucleus sampling mass (default 0.9; 1 = off)\n"
@@ -86,9 +89,9 @@ static void run_usage(FILE *out)
             "                     no turn it can take (a NUL byte, too many tokens even\n"
             "                     then) is skipped, said, and the status is 2 at the\n"
             "                     end; bundle engines only (implies --chat)\n"
-            "  --no-context-shift with -i, the kept turns are read again from position 0\n"
-            "                     instead (slower; their cache rows then hold nothing\n"
-            "                     of the dropped turns)\n"
+            "  --no-context-shift no shifts: a run stops at the model's context, and -i\n"
+            "                     reads the kept turns again from position 0 (slower;\n"
+            "                     their cache rows then hold nothing of the dropped turns)\n"
             "  -h, --help         this text\n\n"
             "The text goes to stdout; prompt/generated token counts and tok/s to stderr.\n"
             "Exit status: 0 done, 1 the run failed (logits that cannot be sampled, a kernel\n"
@@ -798,10 +801,6 @@ int cmd_run(int argc, char **argv)
     int rc = run_options_parse(&o, argc, argv);
     if (rc < 0 && !run_model_is_file(&o))
         rc = 2;
-    if (rc < 0 && o.no_shift && !o.interactive) {
-        fprintf(stderr, "megac run: --no-context-shift is for a conversation (-i)\n");
-        rc = 2;
-    }
     if (rc < 0 && o.interactive && o.engine == ENGINE_REFERENCE) {
         fprintf(stderr, "megac run: --interactive runs on a bundle engine (cpu, host-cuda, cuda), not the "
                         "reference\n");

@@ -682,18 +682,49 @@ static int bundle_generate(const RunOptions *o, const char *bundle, megac_model 
     if (text)
         n = prompt_encode(m, o, text, false, &ids, &bos);
     free(text);
-    int steps = o->steps > 0 && o->steps < megac_max_seq(m) ? o->steps : megac_max_seq(m);
-    if (o->steps > steps)
-        fprintf(stderr, "megac run: note: -n %d is more than the model's context; running %d positions\n", o->steps,
-                steps);
+    int W = megac_max_seq(m), steps = o->steps > 0 ? o->steps : W;
+    /* past the context: the cache shifted as often as it fills, where it can */
+    bool past = steps > W && !o->no_shift && megac_shift(m, 0, 0) == MEGAC_OK;
+    if (steps > W && !past) {
+        fprintf(stderr, "megac run: note: -n %d is more than the model's context; running %d positions%s\n", steps, W,
+                o->no_shift ? "" : " (this bundle's cache cannot be shifted)");
+        steps = W;
+    }
     int rc = 2;
-    if (n < 1 || !run_prompt_fits(n, steps, megac_max_seq(m)))
+    if (n < 1 || !run_prompt_fits(n, steps < W ? steps : W, W))
         goto out;
     for (int i = bos; i < n && piece_print(megac_decode(m, i ? ids[i - 1] : -1, ids[i])); i++)
         ;
     megac_sampler s = {o->temperature, o->top_k, o->top_p, o->seed};
-    megac_stats st;
-    megac_status r = out_errno ? MEGAC_OK : megac_generate(m, ids, n, steps - n + 1, &s, on_token, NULL, &st);
+    megac_stats st, piece;
+    megac_status r = MEGAC_OK;
+    Reply last = {0};
+    const int *in = ids;
+    int nin = n, carry, left = steps - n + 1; /* tokens still to generate */
+    for (bool first = true; !out_errno; first = false) {
+        last.n = 0;
+        r = megac_generate(m, in, nin, left, &s, on_reply_token, &last, &piece);
+        if (r != MEGAC_OK)
+            break;
+        stats_add(&st, &piece, first);
+        left -= piece.generated_tokens;
+        if (!past || left <= 0 || piece.stop_token >= 0 || out_errno || megac_position(m) < W || !last.n)
+            break;
+        /* the window is full: keep the prompt (BOS alone where it takes
+         * more than half the window), drop half of what follows, go on
+         * from the last token, which was chosen but not fed */
+        int keep = n <= W / 2 ? n : bos, drop = (megac_position(m) - keep) / 2;
+        if ((r = megac_shift(m, keep, drop)) != MEGAC_OK)
+            break;
+        if (isatty(STDOUT_FILENO))
+            fputc('\n', stderr);
+        fprintf(stderr, "megac run: the context is full (%d positions): dropped %d after the first %d; shifted the "
+                        "%d kept down over them\n", W, drop, keep, megac_position(m) - keep);
+        carry = last.tok[last.n - 1];
+        in = &carry;
+        nin = 1;
+    }
+    free(last.tok);
     if (!text_end()) {
         rc = 1;
         goto out;

@@ -558,9 +558,26 @@ Test(cli, run_takes_default_short_equals_and_notes_clamping)
     cr_assert_eq(megac(d, "compile default -q --set max_seq=32 -o b.megac", out, sizeof out), 0, "%s", out);
     cr_assert_eq(megac(d, "run b.megac -n=3 --temp 0", out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "prompt tokens: 1, generated tokens: 3"), "%s", out);
-    cr_assert_eq(megac(d, "run b.megac -n 1000 --temp 0", out, sizeof out), 0, "%s", out);
-    cr_assert(strstr(out, "megac run: note: -n 1000 is more than the model's context; running 32 positions"), "%s",
+    /* past the context: the cache shifted as it fills (prompt kept, half
+     * the rest dropped), every position run; with --no-context-shift, or a
+     * cache that cannot shift, a note and the context's positions; the
+     * text is the same up to the first shift */
+    char shifted[16384], capped[16384];
+    cr_assert_eq(megac(d, "run b.megac -n 100 --temp 0 2>/dev/null >t.txt && cat t.txt", shifted, sizeof shifted), 0);
+    cr_assert_eq(megac(d, "run b.megac -n 100 --temp 0", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "megac run: the context is full (32 positions): dropped 15 after the first 1; shifted the 16 "
+                          "kept down over them\n") && strstr(out, "prompt tokens: 1, generated tokens: 100,"), "%s", out);
+    cr_assert_eq(megac(d, "run b.megac -n 1000 --temp 0 --no-context-shift", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "megac run: note: -n 1000 is more than the model's context; running 32 positions\n"), "%s",
               out);
+    cr_assert_eq(megac(d, "run b.megac -n 1000 --temp 0 --no-context-shift 2>/dev/null >t.txt && cat t.txt", capped,
+                       sizeof capped), 0);
+    cr_assert(strlen(capped) > 16 && !strncmp(shifted, capped, 16), "%s\n%s", shifted, capped);
+    cr_assert_eq(megac(d, "compile default -q --set max_seq=32 --set kv_policy='[{layers: all, policy: streaming, "
+                          "sinks: 4, window: 8}]' -o e.megac", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(megac(d, "run e.megac -n 1000 --temp 0", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "megac run: note: -n 1000 is more than the model's context; running 32 positions (this "
+                          "bundle's cache cannot be shifted)\n"), "%s", out);
     cr_assert_eq(megac(d, "run b.megac --set workers=4 -n 3", out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "--set applies to model descriptions, not bundles"), "%s", out);
     cr_assert_eq(megac(d, "run default --engine reference -n 3 --temp 0", out, sizeof out), 0, "%s", out);

@@ -627,8 +627,6 @@ Test(run_cmd, interactive_usage_errors, .timeout = 60)
     cr_assert_eq(megac_run("tests/fixtures/weights/hf-llama3 -n 4 -i --prompt 'hello there' < /dev/null", out,
                            sizeof out, err, sizeof err), 2, "stderr: %s", err);
     cr_assert(strstr(err, "do not fit in the 4 positions left of 4"), "stderr: %s", err);
-    cr_assert_eq(megac_run("default --no-context-shift -p hi", out, sizeof out, err, sizeof err), 2);
-    cr_assert_str_eq(err, "megac run: --no-context-shift is for a conversation (-i)\n");
 }
 
 /* A line of a conversation that is not a turn (a NUL byte in it; more
