@@ -563,13 +563,23 @@ static bool run_ref_generate(RunRef *r, const RunOptions *o, int steps)
     int token = r->prompt[0];
     if (!r->bos_added && !run_piece_write(piece, tok_decode(r->tok, -1, token, piece, sizeof piece)))
         return false;
-    for (int pos = 0; pos < steps; pos++) {
+    int W = r->m->max_seq, at = 0;      /* the cache's next position */
+    for (int pos = 0; pos < steps; pos++, at++) {
+        if (at == W) { /* past the context: shifted as a bundle's run shifts its cache */
+            int keep = r->nprompt <= W / 2 ? r->nprompt : (r->bos_added || r->prompt[0] == r->bos),
+                drop = (W - keep) / 2;
+            if (!ref_shift(r->ref, keep, drop))
+                break;
+            fprintf(stderr, "megac run: the context is full (%d positions): dropped %d after the first %d; shifted "
+                            "the %d kept down over them\n", W, drop, keep, W - drop - keep);
+            at -= drop;
+        }
         bool prompt = pos + 1 < r->nprompt;    /* the next token is given: no logits needed */
         const float *logits = NULL;
         if (prompt)
-            ref_feed(r->ref, token, pos);
+            ref_feed(r->ref, token, at);
         else
-            logits = ref_step(r->ref, token, pos);
+            logits = ref_step(r->ref, token, at);
         r->positions++;
         int next;
         if (prompt) {
@@ -670,12 +680,16 @@ static int run_ref_decode(const ModelDesc *m, const Tokenizer *t, const RunOptio
         free(r.prompt);
         return 2;
     }
-    int steps = o->steps <= 0 || o->steps > m->max_seq ? m->max_seq : o->steps;
+    /* past the context the cache is shifted as it fills, where it can be */
+    bool can_shift = !o->no_shift;
+    for (int l = 0; l < m->n_layers; l++)
+        can_shift = can_shift && m->kv[l].kind == KV_FULL && m->attn[l].kind != ATTN_QUEST;
+    int steps = o->steps <= 0 ? m->max_seq : o->steps > m->max_seq && !can_shift ? m->max_seq : o->steps;
     if (o->steps > steps)
-        fprintf(stderr, "megac run: note: -n %d is more than the model's context; running %d positions\n", o->steps,
-                steps);
+        fprintf(stderr, "megac run: note: -n %d is more than the model's context; running %d positions%s\n", o->steps,
+                steps, o->no_shift ? "" : " (this model's cache cannot be shifted)");
     Weights w;
-    if (!run_prompt_fits(r.nprompt, steps, m->max_seq) || !driver_weights_fit(m, "the reference engine holds the stored weights in memory", NULL, true, d) ||
+    if (!run_prompt_fits(r.nprompt, steps < m->max_seq ? steps : m->max_seq, m->max_seq) || !driver_weights_fit(m, "the reference engine holds the stored weights in memory", NULL, true, d) ||
         !weights_load_ex(&w, m, WEIGHTS_STORED_ONLY, NULL, d)) {
         free(r.prompt);
         return 2;

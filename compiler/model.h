@@ -375,6 +375,12 @@ const float *ref_step(RefState *s, int token, int pos);
 /* The same step without the logits (the classifier is not run): a prompt
  * token before the last, as megac_feed runs it. */
 void ref_feed(RefState *s, int token, int pos);
+/* A context shift, as megac_shift: positions [keep, keep + n) leave the
+ * cache, the later rows move down by n, their keys turned back by n
+ * positions of RoPE (in float64) and stored again in the cache's type;
+ * the next position is then n fewer. false (nothing done) for a bad range,
+ * or where a layer's cache evicts or keeps Quest pages. */
+bool ref_shift(RefState *s, int keep, int n);
 /* How many of the rows 0..pos kv head h of layer l still holds after the
  * step at pos, the last one fed (pos + 1 on a layer that drops none):
  * how eviction divided the cache, for tests. */

@@ -763,3 +763,25 @@ const float *ref_step(RefState *s, int token, int pos)
         s->logits[i] = (float)s->logits_d[i];
     return s->logits;
 }
+
+bool ref_shift(RefState *s, int keep, int n)
+{
+    const ModelDesc *m = s->m;
+    if (keep < 0 || n < 0 || keep > s->npos || n > s->npos - keep)
+        return false;
+    for (int l = 0; l < m->n_layers; l++)
+        if (m->kv[l].kind != KV_FULL || m->attn[l].kind == ATTN_QUEST)
+            return false;
+    size_t kd = (size_t)s->kv_dim;
+    for (int l = 0; l < m->n_layers; l++)
+        for (int p = keep + n; p < s->npos; p++) {
+            double *k = s->k;
+            memcpy(k, s->kc[l] + (size_t)p * kd, kd * sizeof *k);
+            ref_rope(k, m->n_kv_heads, m->head_dim, -n, s->freq, s->w->pairing);
+            ref_cache_put(m->kv_dtype, s->kc[l] + (size_t)(p - n) * kd, k, s->kv_dim);
+            memcpy(s->vc[l] + (size_t)(p - n) * kd, s->vc[l] + (size_t)p * kd, kd * sizeof *k);
+        }
+    s->npos -= n;
+    s->prompt_end = -1;
+    return true;
+}

@@ -586,6 +586,63 @@ static void feed_skips_the_outputs(const char *target)
 Test(e2e_cpu, feed_skips_the_outputs) { feed_skips_the_outputs("cpu"); }
 Test(e2e_cpu, feed_skips_the_outputs_host_cuda) { feed_skips_the_outputs("host-cuda"); }
 
+/* megac_shift on a real model of five layers (stories260K, its context cut
+ * to 64, f32 cache) against the reference engine's ref_shift: greedy
+ * decoding for 300 positions, both shifted each time the context fills
+ * (BOS kept, half the rest dropped, as `megac run -n` does), every step's
+ * logits within the e2e tolerance and the same argmax: the moved rows
+ * keep what the dropped tokens gave them alike in both. */
+Test(e2e_cpu, shift_matches_the_reference_engine, .timeout = 300)
+{
+    if (!file_exists(SHARED "/models/stories260K.bin"))
+        cr_skip("../shared/models/stories260K.bin is absent");
+    Ref r;
+    memset(&r, 0, sizeof r);
+    Diag d;
+    diag_init(&d);
+    DescOverride kv[] = {{E2E_KV_KEY, E2E_KV_VALUE}, {"compile.max_seq", "64"}};
+    cr_assert(desc_load(&r.m, &r.arena, STORIES_YAML, kv, 2, &d) && weights_load(&r.w, &r.m, &d));
+    r.ref = ref_new(&r.w);
+    char *dir = tmp_dir();
+    char *b = compile_bundle_with(STORIES_YAML, 2, dir, "--set " E2E_KV " --set compile.max_seq=64", "");
+    megac_model *mm;
+    cr_assert_eq(megac_open(b, &mm), MEGAC_OK, "%s", megac_last_open_error());
+    int W = megac_max_seq(mm), V = r.m.vocab_size, tok = megac_bos(mm), shifts = 0;
+    cr_assert_eq(W, 64);
+    double worst = 0;
+    for (int i = 0; i < 300; i++) {
+        if (megac_position(mm) == W) {
+            int drop = (W - 1) / 2;
+            cr_assert_eq(megac_shift(mm, 1, drop), MEGAC_OK, "%s", megac_error(mm));
+            cr_assert(ref_shift(r.ref, 1, drop));
+            shifts++;
+        }
+        int pos = megac_position(mm);
+        cr_assert_eq(megac_step(mm, tok), MEGAC_OK, "%s", megac_error(mm));
+        const float *got = megac_logits(mm), *want = ref_step(r.ref, tok, pos);
+        double scale = 0;
+        for (int j = 0; j < V; j++)
+            scale = fmax(scale, fabs(want[j]));
+        for (int j = 0; j < V; j++) {
+            double e = fabs((double)got[j] - (double)want[j]);
+            worst = fmax(worst, e);
+            cr_assert(e <= ATOL + RTOL * scale, "step %d (position %d, %d shifts): logit %d: kernel %.7g, reference "
+                      "%.7g", i, pos, shifts, j, got[j], want[j]);
+        }
+        cr_assert_eq(megac_argmax(mm), harness_argmax(want, V), "step %d", i);
+        tok = megac_argmax(mm);
+        if (tok == megac_bos(mm)) /* llama2.c's stories end with BOS: begin another */
+            tok = 1 + i % 100;
+    }
+    cr_assert_geq(shifts, 5);
+    cr_assert(!ref_shift(r.ref, 3, 100) && !ref_shift(r.ref, -1, 1));
+    cr_log_info("stories260K: 300 steps, %d shifts, max |logit diff| %.3g", shifts, worst);
+    megac_close(mm);
+    free(b);
+    test_rm_rf(dir);
+    ref_close(&r);
+}
+
 /* megac_shift (harness_shift_check) on one-layer forms of the default
  * model: each cache type (its tolerance: rounding the turned keys again;
  * without the turn the logits were off by 2e-2 of their largest), RoPE's
