@@ -1367,7 +1367,15 @@ Test(quant, cuda_refuses_a8)
     char buf[4096] = {0};
     Diag d;
     diag_init(&d);
-    Schedule *s = lower_model(&m, target_lookup("sm_90", &d), 4, &d);
+    /* the lowering for a CUDA target refuses it (one error) */
+    d.out = fmemopen(buf, sizeof buf - 1, "w");
+    cr_assert_null(lower_model(&m, target_lookup("sm_90", &d), 4, &d));
+    fclose(d.out);
+    cr_assert(strstr(buf, "int8-input formats (w8a8, w4a8, a8) run on the CPU backend only (--target cpu)"), "%s",
+              buf);
+    /* and the CUDA backend, given such a schedule (a .sched file), too */
+    memset(buf, 0, sizeof buf);
+    Schedule *s = lower_model(&m, target_lookup("cpu", &d), 4, &d);
     cr_assert_not_null(s);
     sched_layout(s);
     d.out = fmemopen(buf, sizeof buf - 1, "w");
