@@ -411,9 +411,11 @@ static int conv_shift(Conv *c, megac_model *m, size_t want, size_t least, int st
 #undef CONV_KEPT
     size_t dropped = from - head;
     /* the cache holds c->n positions between turns and where a reply is cut */
-    megac_status st = reread || (size_t)megac_position(m) != c->n
-                          ? MEGAC_ERR_UNSUPPORTED
-                          : megac_shift(m, (int)head, (int)dropped);
+    megac_status st = MEGAC_ERR_UNSUPPORTED;
+    const char *why = "";
+    if (!reread && (size_t)megac_position(m) == c->n && (st = megac_shift(m, (int)head, (int)dropped)) ==
+                                                          MEGAC_ERR_UNSUPPORTED)
+        why = " (this bundle's cache cannot be shifted)";
     if (st != MEGAC_OK && st != MEGAC_ERR_UNSUPPORTED) {
         fprintf(stderr, "megac run: %s\n", megac_error(m));
         return -1;
@@ -426,9 +428,9 @@ static int conv_shift(Conv *c, megac_model *m, size_t want, size_t least, int st
         c->at[i] -= dropped;
     /* on a terminal a reply's text (keep_last: it goes on) is mid-line there */
     fprintf(stderr, "%smegac run: the context is full: dropped the %zu oldest turn%s (%zu tokens, the first prompt "
-                    "kept); %s the %zu kept%s\n", keep_last && isatty(STDOUT_FILENO) ? "\n" : "", j,
+                    "kept); %s the %zu kept%s%s\n", keep_last && isatty(STDOUT_FILENO) ? "\n" : "", j,
             j == 1 ? "" : "s", dropped, st == MEGAC_OK ? "shifted" : "reading", c->n,
-            st == MEGAC_OK ? " down over them" : " again");
+            st == MEGAC_OK ? " down over them" : " again", why);
     if (st == MEGAC_OK)
         return 1;
     st = megac_reset(m);
@@ -672,6 +674,9 @@ static int bundle_generate(const RunOptions *o, const char *bundle, megac_model 
     if (o->interactive) {
         int want = o->steps_given ? o->steps : 0;
         int steps = want > 0 && want < megac_max_seq(m) ? want : megac_max_seq(m);
+        if (want > steps)
+            fprintf(stderr, "megac run: note: -n %d is more than the model's context; the conversation's window is "
+                            "%d positions\n", want, steps);
         return bundle_converse(o, m, steps);
     }
     int *ids = NULL, bos = 0, n = -1;

@@ -895,11 +895,33 @@ static Tokenizer *tok_import_format(const ModelDesc *m, Diag *d)
     return NULL;
 }
 
+/* Special tokens that end a generation wherever a model writes them, as
+ * llama.cpp's end-of-generation set has them: SmolLM2-Instruct's eos is
+ * <|im_end|>, but it writes <|endoftext|> (a document's end) too, which
+ * was printed as text. */
+static const char *const eog_texts[] = {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>",
+                                        "<|end|>",       "<end_of_turn>", "<|end_of_text|>", NULL};
+
+static void eog_stops(Tokenizer *t)
+{
+    for (int id = 0; id < tok_vocab(t); id++) {
+        size_t len;
+        const char *p = tok_piece(t, id, &len);
+        if (!p || !tok_is_special(t, id) || len < 5 || p[0] != '<')
+            continue;
+        for (int i = 0; eog_texts[i]; i++)
+            if (len == strlen(eog_texts[i]) && !memcmp(p, eog_texts[i], len))
+                tok_set_stop(t, id);
+    }
+}
+
 Tokenizer *tok_import(const ModelDesc *m, Diag *d)
 {
     Tokenizer *t = tok_import_format(m, d);
     for (int i = 0; t && i < m->n_stop; i++)   /* the rest of an eos list (desc_check: in the vocabulary) */
         tok_set_stop(t, m->stop_ids[i]);
+    if (t)
+        eog_stops(t);
     if (t && tok_error(t)) {
         diag_file_error(d, m->path, "%s", tok_error(t));
         tok_free(t);

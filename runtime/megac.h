@@ -125,13 +125,19 @@ megac_status megac_feed(megac_model *m, int token);
 /* A context shift: drops positions [keep, keep + n) from the KV cache and
  * moves the later ones down by n, as if their tokens had been decoded
  * there (their keys turned back by n positions of RoPE, in f32 and rounded
- * again to the cache's type: within rounding of feeding them again, as
- * llama.cpp's context shift), so the position goes back by n; no step
- * runs. megac_logits is then NULL until the next megac_step.
- * MEGAC_ERR_ARG unless 0 <= keep, 0 <= n and keep + n <= the position;
- * MEGAC_ERR_UNSUPPORTED where the bundle's cache is not rows by position
- * (an evicting kv_policy) or the kernel keeps state about the rows (Quest
- * pages, SnapKV): reset and feed the kept tokens there. */
+ * again to the cache's type, as llama.cpp's context shift), so the
+ * position goes back by n; no step runs. The moved rows keep what the
+ * dropped tokens contributed to them (a model of more than one layer
+ * differs from one fed the kept tokens afresh by that); a key moved k
+ * times is rounded k more times: nothing on an f32 cache, about 1e-5 of
+ * the logits per shift on an f16 one and 1e-4 on bf16, which add up over
+ * hundreds of shifts of the same rows. With n > 0 megac_logits is NULL
+ * until the next megac_step; n = 0 changes nothing (MEGAC_OK where the
+ * bundle can shift: a probe). MEGAC_ERR_ARG unless 0 <= keep, 0 <= n and
+ * keep + n <= the position; MEGAC_ERR_UNSUPPORTED where the bundle's cache
+ * is not rows by position (an evicting kv_policy) or the kernel keeps
+ * state about the rows (Quest pages, SnapKV): reset and feed the kept
+ * tokens there. */
 megac_status megac_shift(megac_model *m, int keep, int n);
 /* Logits of the last step (vocab floats, owned by m); NULL before any
  * step, after megac_feed or megac_reset. */

@@ -180,14 +180,27 @@ uint64_t megac_weights_bytes(const megac_model *m) { return m ? m->man.weights_b
 int megac_weights_in_memory(const megac_model *m) { return m && m->weights_copied; }
 int megac_position(const megac_model *m) { return m ? m->pos : 0; }
 
+/* MEGAC_OK in the process that opened m; in a forked child an error: the
+ * worker threads (a device context) stayed in the parent. */
+static megac_status model_owned(megac_model *m)
+{
+    return getpid() == m->pid ? MEGAC_OK
+                              : rt_fail(m, MEGAC_ERR_ARG, "this model was opened by process %d: after fork() the "
+                                        "child must open the bundle itself", (int)m->pid);
+}
+
 megac_status megac_reset(megac_model *m)
 {
     NEED_MODEL(m, "megac_reset", MEGAC_ERR_ARG);
     pthread_mutex_lock(&m->mu);
+    m->err[0] = 0;
+    if (model_owned(m)) {
+        pthread_mutex_unlock(&m->mu);
+        return MEGAC_ERR_ARG;
+    }
     m->pos = 0;
     m->prompt_end = -1;
     m->stepped = false;
-    m->err[0] = 0;
     megac_status st = m->be->reset(m);
     pthread_mutex_unlock(&m->mu);
     return st;
@@ -198,14 +211,14 @@ megac_status megac_shift(megac_model *m, int keep, int n)
     NEED_MODEL(m, "megac_shift", MEGAC_ERR_ARG);
     pthread_mutex_lock(&m->mu);
     m->err[0] = 0;
-    megac_status st = MEGAC_OK;
-    if (keep < 0 || n < 0 || keep > m->pos || n > m->pos - keep)
+    megac_status st = model_owned(m);
+    if (!st && (keep < 0 || n < 0 || keep > m->pos || n > m->pos - keep))
         st = rt_fail(m, MEGAC_ERR_ARG, "megac_shift: cannot drop positions [%d, %d + %d) of the %d in the cache", keep,
                      keep, n, m->pos);
-    else if (!m->kv_layout)
+    else if (!st && !m->kv_layout)
         st = rt_fail(m, MEGAC_ERR_UNSUPPORTED, "megac_shift: this bundle's KV cache cannot be shifted (a layer evicts "
                      "rows or keeps state about them: kv_policy, Quest pages); reset and feed the kept tokens instead");
-    else if (n > 0 && (st = rt_kv_shift(m, keep, n)) == MEGAC_OK) {
+    else if (!st && n > 0 && (st = rt_kv_shift(m, keep, n)) == MEGAC_OK) {
         m->pos -= n;
         m->stepped = false;
         m->prompt_end = -1;
@@ -222,9 +235,8 @@ megac_status megac_shift(megac_model *m, int keep, int n)
 static megac_status model_step(megac_model *m, int token, bool outputs)
 {
     m->err[0] = 0;
-    if (getpid() != m->pid) /* the worker threads (a device context) stayed in the parent */
-        return rt_fail(m, MEGAC_ERR_ARG, "this model was opened by process %d: after fork() the child must open "
-                       "the bundle itself", (int)m->pid);
+    if (model_owned(m))
+        return MEGAC_ERR_ARG;
     if (token < 0 || token >= m->man.vocab)
         return rt_fail(m, MEGAC_ERR_ARG, "token %d is outside the vocabulary [0, %d)", token, m->man.vocab);
     if (m->pos >= m->man.max_seq)

