@@ -14,7 +14,6 @@
 #include "runtime/backend.h"
 #include "runtime/half.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,14 +112,14 @@ megac_status rt_kv_shift(megac_model *m, int keep, int n)
     if (!buf)
         return rt_fail(m, MEGAC_ERR_NOMEM, "megac_shift: cannot allocate %zu bytes", moved * rb);
     megac_status st = MEGAC_OK;
-    for (uint64_t l = 0; l < 2 * lay[MEGAC_KVL_LAYERS] && !st; l++)
+    for (uint64_t c = 0; c < 2 * lay[MEGAC_KVL_LAYERS] && !st; c++) /* each layer's k cache, then its v cache */
         for (uint64_t h = 0; h < lay[MEGAC_KVL_HEADS] && !st; h++) {
-            uint64_t base = lay[MEGAC_KVL_CACHES + l] + h * rows * rb;
+            uint64_t base = lay[MEGAC_KVL_CACHES + c] + h * rows * rb;
             /* rows [keep + n, pos) to [keep, pos - n); the n rows past them are
              * zeroed as a reset leaves them (a step writes its row before any
              * read of it) */
             st = m->be->arena_copy(m, base + (size_t)(keep + n) * rb, buf, moved * rb, false);
-            if (!st && l % 2 == 0)
+            if (!st && c % 2 == 0)
                 keys_turn(lay, buf, moved, cs);
             if (!st)
                 st = m->be->arena_copy(m, base + (size_t)keep * rb, buf, moved * rb, true);
