@@ -352,10 +352,38 @@ const char *rt_sampler_error(const megac_sampler *s)
     return NULL;
 }
 
+typedef uint32_t rt_v4u __attribute__((vector_size(16)));
+typedef int32_t rt_v4i __attribute__((vector_size(16)));
+
+/* Whether any of the n floats is not finite (NaN, +Inf, -Inf): sixteen at
+ * a time in vectors (every step's logits pass here: the plain loop was
+ * not vectorized at -O2, 51 us a step for SmolLM2's 49152 logits, 2% of a
+ * step; this one 8 us). */
+static bool any_nonfinite(const float *x, int n)
+{
+    const rt_v4u e = {0x7f800000u, 0x7f800000u, 0x7f800000u, 0x7f800000u};
+    rt_v4i any = {0, 0, 0, 0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        rt_v4u v[4];
+        memcpy(v, x + i, sizeof v);
+        any |= ((v[0] & e) == e) | ((v[1] & e) == e) | ((v[2] & e) == e) | ((v[3] & e) == e);
+    }
+    uint32_t tail = 0;
+    for (; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, sizeof u);
+        tail |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return tail || any[0] || any[1] || any[2] || any[3];
+}
+
 int rt_logits_bad(const float *logits, int n)
 {
-    /* one pass over the bits that the compiler vectorizes (NaN or +Inf
-     * anywhere; any logit but -Inf), then the first bad one's index */
+    if (!any_nonfinite(logits, n))
+        return -1; /* the common case: all finite */
+    /* one pass over the bits (NaN or +Inf anywhere; any logit but -Inf),
+     * then the first bad one's index */
     uint32_t bad = 0, finite = 0;
     for (int i = 0; i < n; i++) {
         uint32_t u;

@@ -174,6 +174,17 @@ Test(sampler, non_finite_logits_are_refused)
     cr_assert_eq(megac_sample(b, 4, &g, &rng), -MEGAC_ERR_ARG);
     cr_assert_eq(megac_sample(c, 3, &s, &rng), -MEGAC_ERR_ARG);
     cr_assert_eq(megac_sample(d, 3, &s, &rng), 1, "-inf masks a token");
+    /* longer rows (scanned sixteen at a time, then a tail): a NaN or +Inf
+     * anywhere is found, -Inf alone is not an error */
+    float e[70];
+    for (int at = 0; at < 70; at++)
+        for (int k = 0; k < 3; k++) {
+            for (int i = 0; i < 70; i++)
+                e[i] = (float)(i % 7) - 3.0f;
+            e[at] = k == 0 ? NAN : k == 1 ? INFINITY : -INFINITY;
+            int got = megac_sample(e, 70, &g, &rng);
+            cr_assert(k == 2 ? got >= 0 && got != at : got == -MEGAC_ERR_ARG, "at %d, kind %d: %d", at, k, got);
+        }
 }
 
 /* At a huge temperature every p rounds to 1/n; the ranking still follows
