@@ -534,9 +534,11 @@ static int turn_read(char **line, size_t *cap, bool tty)
  * the reply goes on. A line that is not a turn it can take (a NUL byte, more text than
  * megac reads, no tokens, more tokens than dropping every earlier turn
  * makes room for) is skipped, said on stderr, and the status is then 2 at
- * the end. Ends at the end of the input (status 0), when a reply uses up
- * the window (0), when standard input or stdout fails (2, 1), or when
- * --prompt, the first turn, does not fit (2, as run's prompt). */
+ * the end. Ends at the end of the input (status 0), when
+ * standard input or stdout fails (2, 1), or when --prompt, the first
+ * turn, does not fit (2, as run's prompt). A reply that fills the window
+ * beside the first prompt is cut there (said), and the next turn drops it
+ * with the older ones. */
 static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
 {
     megac_sampler s = {o->temperature, o->top_k, o->top_p, o->seed};
@@ -603,7 +605,7 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
         megac_stats st, piece;
         const int *in = ids;
         int nin = n, n_new = left - n + 1, pending, carry;
-        bool ended = false;
+        bool ended = false, cut = false;
         for (bool first_piece = true;; first_piece = false) { /* the reply, shifted on as often as it reaches the
                                                                  end of the window */
             r.n = 0;
@@ -627,13 +629,8 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
                 ended = true;
                 break;
             }
-            if (sh == 0) {
-                if (!text_end())
-                    rc = 1;
-                stats_print(&st, m);
-                fprintf(stderr, "megac run: the reply used up the %d positions (-n; 0: the model's context); the "
-                                "conversation ends here\n", steps);
-                ended = true;
+            if (sh == 0) { /* the reply fills the window beside the first prompt: cut there */
+                cut = true;
                 break;
             }
             carry = pending;
@@ -649,6 +646,9 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
             break;
         }
         stats_print(&st, m);
+        if (cut) /* the next turn drops it (with older ones) to make room */
+            fprintf(stderr, "megac run: the reply used up the %d positions (-n; 0: the model's context) beside the "
+                            "first prompt: it is cut there\n", steps);
         first = false;
         turn = NULL;
     }

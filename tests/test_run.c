@@ -510,6 +510,18 @@ Test(run_cmd, smollm2_hf_equals_gguf, .timeout = 120)
     cr_assert_str_eq(out2, out);
 }
 
+/* Writes `lines` to a new temp file; returns its path (static buffer). */
+static const char *turns_file(const char *lines)
+{
+    static char path[] = "/tmp/megac_turns_XXXXXX";
+    strcpy(path, "/tmp/megac_turns_XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, lines, strlen(lines)), (ssize_t)strlen(lines));
+    close(fd);
+    return path;
+}
+
 /* --interactive: each line of standard input is a user turn, answered on
  * the cache the conversation left: the second reply is the one a single
  * run gives for the whole conversation written out as its prompt (the
@@ -555,22 +567,17 @@ Test(run_cmd, smollm2_gguf_interactive, .timeout = 120)
         reply = q + strlen(mark);
     cr_assert(reply, "%s", out2);
     cr_assert_str_eq(second, reply, "the second turn's reply against the whole conversation's");
-    args = xasprintf("%s -n 64 -i --prompt 'Tell me a long story about a dragon.' < /dev/null", model);
+    /* a reply that fills the window beside the first prompt is cut there,
+     * and the conversation goes on (it ended there): the next turn drops it */
+    const char *more = turns_file("What is the capital of France?\n");
+    args = xasprintf("%s -n 64 -i --temp 0 --prompt 'Tell me a long story about a dragon.' < %s", model, more);
     cr_assert_eq(megac_run(args, out, sizeof out, err, sizeof err), 0, "stderr: %s", err);
     free(args);
-    cr_assert(strstr(err, "the reply used up the 64 positions"), "stderr: %s", err);
-}
-
-/* Writes `lines` to a new temp file; returns its path (static buffer). */
-static const char *turns_file(const char *lines)
-{
-    static char path[] = "/tmp/megac_turns_XXXXXX";
-    strcpy(path, "/tmp/megac_turns_XXXXXX");
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    cr_assert_eq(write(fd, lines, strlen(lines)), (ssize_t)strlen(lines));
-    close(fd);
-    return path;
+    unlink(more);
+    cr_assert(strstr(err, "megac run: the reply used up the 64 positions (-n; 0: the model's context) beside the first "
+                          "prompt: it is cut there\n"), "stderr: %s", err);
+    cr_assert(strstr(err, "megac run: the context is full: dropped the 1 oldest turn ("), "stderr: %s", err);
+    cr_assert(strstr(out, "Paris"), "the second turn's reply: %s", out);
 }
 
 static int count_of(const char *s, const char *what)
