@@ -2385,6 +2385,22 @@ Test(cuda_gpu, feed_skips_the_outputs, .timeout = 300)
     test_rm_rf(dir);
 }
 
+/* A context shift on the device (harness_shift_check): the cubin's
+ * megac_kv_layout read with cuModuleGetGlobal, the rows moved through the
+ * host (cuda_arena_copy), on a one-layer model with an f16 cache. */
+Test(cuda_gpu, shift_drops_positions_and_turns_the_keys, .timeout = 300)
+{
+    gpu_require();
+    char *dir = tmp_dir(), cmd[4096], b[1200];
+    static char log[1 << 16];
+    snprintf(b, sizeof b, "%s/shift.megac", dir);
+    snprintf(cmd, sizeof cmd, "%s compile default --set arch.n_layers=1 --set compile.kv_dtype=f16 --target %s -q -o "
+             "'%s' 2>&1", test_bin(), gpu_target(), b);
+    cr_assert_eq(sh(cmd, log, sizeof log), 0, "%s failed:\n%s", cmd, log);
+    harness_shift_check(b, 1e-3);
+    test_rm_rf(dir);
+}
+
 /* The stuck wait on the device: the kernel returns within the deadline and
  * the error names the wait. */
 Test(cuda_gpu, watchdog_names_the_stuck_wait, .timeout = 120)
