@@ -108,6 +108,7 @@ void cg_kernel_facts(const Schedule *s, uint64_t *v)
 /* Layer l of a `kc.L` or `vc.L` buffer name (*v: 1 for vc), -1 for another. */
 static int kv_cache_layer(const char *name, int *v)
 {
+    *v = 0;
     if ((name[0] != 'k' && name[0] != 'v') || name[1] != 'c' || name[2] != '.' || name[3] < '0' || name[3] > '9')
         return -1;
     char *end;

@@ -484,7 +484,8 @@ static const float *evkv_step(EvKvEngine *e, int tok, int pos)
 {
     if (e->ref)
         return ref_step(e->ref, tok, pos);
-    if (megac_step(e->b.mm, tok) == MEGAC_OK)
+    megac_status st = megac_step(e->b.mm, tok);
+    if (st == MEGAC_OK || (st == MEGAC_ERR_KERNEL && megac_logits(e->b.mm))) /* non-finite: as the reference's */
         return megac_logits(e->b.mm);
     fprintf(stderr, "megac eval-kv: the cpu bundle's step at position %d: %s\n", pos, megac_error(e->b.mm));
     return NULL;

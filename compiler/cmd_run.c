@@ -59,7 +59,7 @@ static void run_usage(FILE *out)
             "                     for its last newline, if it ends with one\n"
             "  -n N               positions to run, BOS and prompt included\n"
             "                     (default 256; 0 = the model's context); past the\n"
-            "                     context a bundle engine shifts the cache as it fills\n"
+            "                     context the cache is shifted each time it fills\n"
             "                     (keeps the prompt, or BOS where the prompt is more\n"
             "                     than half of it, drops half of the rest) and goes on\n"
             "  --temp T           temperature, 0 = greedy (default 1)\n"
@@ -566,9 +566,9 @@ static bool run_ref_generate(RunRef *r, const RunOptions *o, int steps)
     int W = r->m->max_seq, at = 0;      /* the cache's next position */
     for (int pos = 0; pos < steps; pos++, at++) {
         if (at == W) { /* past the context: shifted as a bundle's run shifts its cache */
-            int keep = r->nprompt <= W / 2 ? r->nprompt : (r->bos_added || r->prompt[0] == r->bos),
-                drop = (W - keep) / 2;
-            if (!ref_shift(r->ref, keep, drop))
+            int keep = r->nprompt <= W / 2 ? r->nprompt : r->prompt[0] == r->bos, drop = (W - keep) / 2;
+            drop = drop < 1 ? 1 : drop;
+            if (keep + drop > W || !ref_shift(r->ref, keep, drop)) /* a context of one position */
                 break;
             fprintf(stderr, "megac run: the context is full (%d positions): dropped %d after the first %d; shifted "
                             "the %d kept down over them\n", W, drop, keep, W - drop - keep);

@@ -2355,13 +2355,14 @@ static void print_compile(const ModelDesc *m, FILE *out)
 }
 
 /* A path as an absolute one (the working directory before a relative
- * one), so the printed description reads back wherever it is saved: its
- * paths are taken relative to its own folder. */
+ * one, as text: no symlink resolved, so an HF cache's snapshot names stay,
+ * and the files found beside them), so the printed description reads back
+ * wherever it is saved: its paths are taken relative to its own folder. */
 static void print_path(FILE *out, const char *path)
 {
-    char cwd[4096], *abs = path[0] == '/' ? NULL : realpath(path, NULL); /* NULL where it does not exist */
-    if (!abs && path[0] != '/' && getcwd(cwd, sizeof cwd))
-        abs = xasprintf("%s/%s", strcmp(cwd, "/") ? cwd : "", path);
+    char cwd[4096], *abs = NULL;
+    if (path[0] != '/' && getcwd(cwd, sizeof cwd))
+        abs = xasprintf("%s/%s", strcmp(cwd, "/") ? cwd : "", path[0] == '.' && path[1] == '/' ? path + 2 : path);
     print_str(out, abs ? abs : path);
     free(abs);
 }

@@ -22,6 +22,7 @@ typedef struct {
     Diag *d;
     const char *input; /* what libyaml reads (doc->src.text, or doc_parse_value's copy) */
     size_t input_len;
+    size_t input_chars; /* its characters (libyaml's marks count characters, not bytes) */
     yaml_parser_t p;
     yaml_event_t ev;
     bool ok;
@@ -114,7 +115,7 @@ static bool next_event(Builder *b)
                 break;
             }
         int line = (int)m->line + 1, col = (int)m->column + 1;
-        if (m->index >= b->input_len) /* the end of the input: just past its last character, on its line */
+        if (m->index >= b->input_chars) /* the end of the input: just past its last character, on its line */
             doc_end_at(&b->doc->src, &line, &col);
         diag_error(b->d, &b->doc->src, line, col, "%s%s%s", problem, context ? " " : "", context ? context : "");
         if (*starts && b->p.context && (c->line != m->line || c->column != m->column))
@@ -323,6 +324,8 @@ static bool doc_parse_input(Doc *doc, const char *path, char *text, size_t len, 
     if (!doc_bytes_check(doc, d))
         return false;
     Builder b = {.doc = doc, .d = d, .input = input, .input_len = input_len, .ok = true};
+    for (size_t i = 0; i < input_len; i++)
+        b.input_chars += ((unsigned char)input[i] & 0xc0) != 0x80;
     yaml_parser_initialize(&b.p);
     yaml_parser_set_input_string(&b.p, (const unsigned char *)input, input_len);
     bool in_doc = false;

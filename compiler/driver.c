@@ -773,8 +773,9 @@ int driver_compile(const CompileOptions *o)
 /* The temporary bundles open (driver_tmp_bundle_open), which a SIGINT,
  * SIGTERM or SIGHUP removes before the process ends: their files (the
  * names a bundle's files have, so none of another kind is touched), the
- * bundle folder and the temporary folder around it. A slot is filled, then
- * marked used; the handlers are installed while any is. */
+ * bundle folder and the temporary folder around it. A slot is marked used
+ * (the handlers installed while any is) before its folder exists, its
+ * names filled as what they name is made (an empty name removes nothing). */
 enum { TMP_SLOTS = 4 };
 static struct {
     struct {
@@ -799,22 +800,46 @@ static void tmp_on_signal(int sig)
     raise(sig);
 }
 
-/* Guards b's folders; false when every slot is taken (not guarded then). */
-static bool tmp_guard_add(const DriverTmpBundle *b)
+/* Makes b's temporary folder from the template in b->dir (mkdtemp) inside
+ * a guard slot whose handlers are already in place, so that a signal at
+ * any moment finds what exists (the folder was made first, and a signal
+ * before the slot was marked left it behind); then names b's bundle path
+ * (tag) and files there. False, after mkdtemp failed (errno), with b->dir
+ * emptied. Every slot taken: made unguarded. */
+static bool tmp_guard_make(DriverTmpBundle *b, const char *tag)
 {
     int i = 0;
     while (i < TMP_SLOTS && tmp_guard.slot[i].used)
         i++;
-    if (i == TMP_SLOTS)
-        return false;
-    snprintf(tmp_guard.slot[i].dir, sizeof tmp_guard.slot[i].dir, "%s", b->dir);
-    snprintf(tmp_guard.slot[i].files[0], sizeof tmp_guard.slot[i].files[0], "%s", b->path);
-    for (int f = 1; f < OUT_NFILES; f++)   /* a cpu bundle's files (no cubin) */
-        snprintf(tmp_guard.slot[i].files[f], sizeof tmp_guard.slot[i].files[f], "%s/%s", b->path,
-                 out_file_names[f - 1]);
+    if (i == TMP_SLOTS) {
+        if (!mkdtemp(b->dir))
+            return b->dir[0] = 0, false;
+        snprintf(b->path, sizeof b->path, "%s/%.16s.megac", b->dir, tag);
+        return true;
+    }
+    char *dir = tmp_guard.slot[i].dir;
+    snprintf(dir, sizeof tmp_guard.slot[i].dir, "%s", b->dir);
+    for (int f = 0; f < OUT_NFILES; f++)
+        tmp_guard.slot[i].files[f][0] = 0;
     if (tmp_guard.n++ == 0)
         signals_install(tmp_on_signal, tmp_guard.old);
     tmp_guard.slot[i].used = 1;
+    if (!mkdtemp(dir)) { /* the slot's own copy: its name is there before the folder exists */
+        int e = errno;
+        tmp_guard.slot[i].used = 0;
+        if (--tmp_guard.n == 0)
+            for (int s = 0; s < OUT_NSIGS; s++)
+                sigaction(out_sigs[s], &tmp_guard.old[s], NULL);
+        b->dir[0] = 0;
+        errno = e;
+        return false;
+    }
+    snprintf(b->dir, sizeof b->dir, "%s", dir);
+    snprintf(b->path, sizeof b->path, "%s/%.16s.megac", b->dir, tag);
+    for (int f = 1; f < OUT_NFILES; f++)   /* a cpu bundle's files (no cubin) */
+        snprintf(tmp_guard.slot[i].files[f], sizeof tmp_guard.slot[i].files[f], "%s/%s", b->path,
+                 out_file_names[f - 1]);
+    snprintf(tmp_guard.slot[i].files[0], sizeof tmp_guard.slot[i].files[0], "%s", b->path);
     return true;
 }
 
@@ -843,13 +868,10 @@ bool driver_tmp_bundle_open(DriverTmpBundle *b, const char *model, const DescOve
     if (!tmp || !*tmp || strlen(tmp) > 200)
         tmp = "/tmp";
     snprintf(b->dir, sizeof b->dir, "%s/megac_%.16s_XXXXXX", tmp, tag);
-    if (!mkdtemp(b->dir)) {
+    if (!tmp_guard_make(b, tag)) {
         diag_file_error(d, tmp, "cannot create a temporary folder: %s", strerror(errno));
-        b->dir[0] = 0;
         return false;
     }
-    snprintf(b->path, sizeof b->path, "%s/%.16s.megac", b->dir, tag);
-    tmp_guard_add(b);
     CompileOptions o = {.model = model, .target = "cpu", .out = b->path, .quiet = true, .nsets = nsets};
     for (int i = 0; i < nsets; i++)
         o.sets[i] = sets[i];

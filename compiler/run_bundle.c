@@ -175,7 +175,8 @@ static int cache_keep(void)
     const char *e = getenv("MEGAC_CACHE_KEEP");
     char *end;
     long v = e && *e ? strtol(e, &end, 10) : 8;
-    return e && *e && (*end || v < 1 || v > 100000) ? 8 : (int)v;
+    /* digits only, as megac's warning (main.c) takes them */
+    return e && *e && (*end || strspn(e, "0123456789") != strlen(e) || v < 1 || v > 100000) ? 8 : (int)v;
 }
 
 typedef struct {
@@ -451,7 +452,9 @@ static int conv_reserve(int steps)
 }
 
 /* A turn's statistics over the pieces of its reply (cut where the window
- * ended): the turn's own prompt tokens, every reply token, all the time. */
+ * ended): the turn's own prompt tokens, every reply token, all the time
+ * (a later piece's prefill, the token carried over the shift, counted as
+ * decoding). */
 static void stats_add(megac_stats *total, const megac_stats *piece, bool first_piece)
 {
     if (first_piece) {
@@ -459,8 +462,7 @@ static void stats_add(megac_stats *total, const megac_stats *piece, bool first_p
         return;
     }
     total->generated_tokens += piece->generated_tokens;
-    total->prefill_s += piece->prefill_s;
-    total->decode_s += piece->decode_s;
+    total->decode_s += piece->prefill_s + piece->decode_s; /* its "prompt": the reply's token carried over a shift */
     total->stop_token = piece->stop_token;
 }
 
@@ -542,6 +544,7 @@ static int turn_read(char **line, size_t *cap, bool tty)
 static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
 {
     megac_sampler s = {o->temperature, o->top_k, o->top_p, o->seed};
+    uint64_t rng = 0; /* one draw sequence over the conversation (megac_generate_rng) */
     char *line = NULL;
     size_t cap = 0;
     const char *turn = o->prompt && *o->prompt ? o->prompt : NULL;
@@ -609,7 +612,7 @@ static int bundle_converse(const RunOptions *o, megac_model *m, int steps)
         for (bool first_piece = true;; first_piece = false) { /* the reply, shifted on as often as it reaches the
                                                                  end of the window */
             r.n = 0;
-            megac_status g = megac_generate(m, in, nin, n_new, &s, on_reply_token, &r, &piece);
+            megac_status g = megac_generate_rng(m, in, nin, n_new, &s, &rng, on_reply_token, &r, &piece);
             if (g == MEGAC_OK)
                 stats_add(&st, &piece, first_piece);
             if (g != MEGAC_OK || out_errno) {
@@ -701,6 +704,7 @@ static int bundle_generate(const RunOptions *o, const char *bundle, megac_model 
     for (int i = bos; i < n && piece_print(megac_decode(m, i ? ids[i - 1] : -1, ids[i])); i++)
         ;
     megac_sampler s = {o->temperature, o->top_k, o->top_p, o->seed};
+    uint64_t rng = 0; /* one draw sequence over the run, as the reference engine draws (megac_generate_rng) */
     megac_stats st, piece;
     megac_status r = MEGAC_OK;
     Reply last = {0};
@@ -708,7 +712,7 @@ static int bundle_generate(const RunOptions *o, const char *bundle, megac_model 
     int nin = n, carry, left = steps - n + 1; /* tokens still to generate */
     for (bool first = true; !out_errno; first = false) {
         last.n = 0;
-        r = megac_generate(m, in, nin, left, &s, on_reply_token, &last, &piece);
+        r = megac_generate_rng(m, in, nin, left, &s, &rng, on_reply_token, &last, &piece);
         if (r != MEGAC_OK)
             break;
         stats_add(&st, &piece, first);
@@ -718,7 +722,10 @@ static int bundle_generate(const RunOptions *o, const char *bundle, megac_model 
         /* the window is full: keep the prompt (BOS alone where it takes
          * more than half the window), drop half of what follows, go on
          * from the last token, which was chosen but not fed */
-        int keep = n <= W / 2 ? n : bos, drop = (megac_position(m) - keep) / 2;
+        int keep = n <= W / 2 ? n : ids[0] == megac_bos(m), drop = (megac_position(m) - keep) / 2;
+        drop = drop < 1 ? 1 : drop;
+        if (keep + drop > megac_position(m)) /* a context of one position */
+            break;
         if ((r = megac_shift(m, keep, drop)) != MEGAC_OK)
             break;
         if (isatty(STDOUT_FILENO))

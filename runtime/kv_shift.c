@@ -108,9 +108,10 @@ megac_status rt_kv_shift(megac_model *m, int keep, int n)
     /* the table's row n (n < rows where a row moves): cos, sin of n times
      * each pair's frequency */
     const float *cs = moved ? (const float *)((const char *)m->weights + lay[MEGAC_KVL_ROPE]) + (size_t)n * hd : NULL;
-    unsigned char *buf = malloc((moved > (size_t)n ? moved : (size_t)n) * rb + 1);
+    size_t bytes = (moved > (size_t)n ? moved : (size_t)n) * rb + 1;
+    unsigned char *buf = malloc(bytes);
     if (!buf)
-        return rt_fail(m, MEGAC_ERR_NOMEM, "megac_shift: cannot allocate %zu bytes", moved * rb);
+        return rt_fail(m, MEGAC_ERR_NOMEM, "megac_shift: cannot allocate %zu bytes", bytes);
     megac_status st = MEGAC_OK;
     for (uint64_t c = 0; c < 2 * lay[MEGAC_KVL_LAYERS] && !st; c++) /* each layer's k cache, then its v cache */
         for (uint64_t h = 0; h < lay[MEGAC_KVL_HEADS] && !st; h++) {

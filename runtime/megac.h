@@ -113,7 +113,8 @@ megac_status megac_reset(megac_model *m);               /* position back to 0, n
 megac_status megac_set_prompt_end(megac_model *m, int pos);
 /* Runs one decode step: token at the current position; advances it.
  * MEGAC_ERR_KERNEL (the position advanced: the cache took the token) where
- * the logits are not finite, naming the position. */
+ * the logits are not finite, naming the position; megac_logits returns
+ * them. */
 megac_status megac_step(megac_model *m, int token);
 /* Runs one step whose outputs are not wanted (a prompt token before the
  * last): the kernel skips the ops that only compute the logits and the
@@ -137,7 +138,8 @@ megac_status megac_feed(megac_model *m, int token);
  * keep + n <= the position; MEGAC_ERR_UNSUPPORTED where the bundle's cache
  * is not rows by position (an evicting kv_policy) or the kernel keeps
  * state about the rows (Quest pages, SnapKV): reset and feed the kept
- * tokens there. */
+ * tokens there. Another error while the rows move (a device's copy)
+ * leaves the cache reset (position 0), not half moved. */
 megac_status megac_shift(megac_model *m, int keep, int n);
 /* Logits of the last step (vocab floats, owned by m); NULL before any
  * step, after megac_feed or megac_reset. */
@@ -193,6 +195,13 @@ int megac_sample(const float *logits, int n, const megac_sampler *s, uint64_t *r
  * the positions left are refused before any step runs. */
 megac_status megac_generate(megac_model *m, const int *prompt, int nprompt, int n_new,
                             const megac_sampler *s, megac_token_cb cb, void *user, megac_stats *st);
+/* megac_generate with the sampler's state in *rng_state (megac_sample's):
+ * 0 seeds it from s->seed, as megac_generate does at each call; it holds
+ * the state after the call, so a generation continued in pieces (after a
+ * megac_shift, or over the turns of a conversation) draws as one. */
+megac_status megac_generate_rng(megac_model *m, const int *prompt, int nprompt, int n_new,
+                                const megac_sampler *s, uint64_t *rng_state, megac_token_cb cb, void *user,
+                                megac_stats *st);
 
 #ifdef __cplusplus
 }

@@ -180,24 +180,27 @@ uint64_t megac_weights_bytes(const megac_model *m) { return m ? m->man.weights_b
 int megac_weights_in_memory(const megac_model *m) { return m && m->weights_copied; }
 int megac_position(const megac_model *m) { return m ? m->pos : 0; }
 
-/* MEGAC_OK in the process that opened m; in a forked child an error: the
- * worker threads (a device context) stayed in the parent. */
-static megac_status model_owned(megac_model *m)
+/* Takes m's lock in the process that opened m; in a forked child, false
+ * after saying why: its worker threads (a device's context) stayed in the
+ * parent, and the lock itself may be held there by a thread that did not
+ * fork (the child would wait on it forever). */
+static bool model_lock(megac_model *m)
 {
-    return getpid() == m->pid ? MEGAC_OK
-                              : rt_fail(m, MEGAC_ERR_ARG, "this model was opened by process %d: after fork() the "
-                                        "child must open the bundle itself", (int)m->pid);
+    if (getpid() != m->pid) {
+        rt_fail(m, MEGAC_ERR_ARG, "this model was opened by process %d: after fork() the child must open the bundle "
+                "itself", (int)m->pid);
+        return false;
+    }
+    pthread_mutex_lock(&m->mu);
+    return true;
 }
 
 megac_status megac_reset(megac_model *m)
 {
     NEED_MODEL(m, "megac_reset", MEGAC_ERR_ARG);
-    pthread_mutex_lock(&m->mu);
-    m->err[0] = 0;
-    if (model_owned(m)) {
-        pthread_mutex_unlock(&m->mu);
+    if (!model_lock(m))
         return MEGAC_ERR_ARG;
-    }
+    m->err[0] = 0;
     m->pos = 0;
     m->prompt_end = -1;
     m->stepped = false;
@@ -209,16 +212,25 @@ megac_status megac_reset(megac_model *m)
 megac_status megac_shift(megac_model *m, int keep, int n)
 {
     NEED_MODEL(m, "megac_shift", MEGAC_ERR_ARG);
-    pthread_mutex_lock(&m->mu);
+    if (!model_lock(m))
+        return MEGAC_ERR_ARG;
     m->err[0] = 0;
-    megac_status st = model_owned(m);
-    if (!st && (keep < 0 || n < 0 || keep > m->pos || n > m->pos - keep))
+    megac_status st = MEGAC_OK;
+    if (keep < 0 || n < 0 || keep > m->pos || n > m->pos - keep)
         st = rt_fail(m, MEGAC_ERR_ARG, "megac_shift: cannot drop positions [%d, %d + %d) of the %d in the cache", keep,
                      keep, n, m->pos);
-    else if (!st && !m->kv_layout)
+    else if (!m->kv_layout)
         st = rt_fail(m, MEGAC_ERR_UNSUPPORTED, "megac_shift: this bundle's KV cache cannot be shifted (a layer evicts "
                      "rows or keeps state about them: kv_policy, Quest pages); reset and feed the kept tokens instead");
-    else if (!st && n > 0 && (st = rt_kv_shift(m, keep, n)) == MEGAC_OK) {
+    else if (n > 0 && (st = rt_kv_shift(m, keep, n)) != MEGAC_OK) {
+        /* part of the cache may have moved: start over rather than step on it */
+        size_t len = strlen(m->err);
+        snprintf(m->err + len, sizeof m->err - len, " (the cache was reset: position 0)");
+        m->be->reset(m);
+        m->pos = 0;
+        m->stepped = false;
+        m->prompt_end = -1;
+    } else if (n > 0) {
         m->pos -= n;
         m->stepped = false;
         m->prompt_end = -1;
@@ -235,8 +247,6 @@ megac_status megac_shift(megac_model *m, int keep, int n)
 static megac_status model_step(megac_model *m, int token, bool outputs)
 {
     m->err[0] = 0;
-    if (model_owned(m))
-        return MEGAC_ERR_ARG;
     if (token < 0 || token >= m->man.vocab)
         return rt_fail(m, MEGAC_ERR_ARG, "token %d is outside the vocabulary [0, %d)", token, m->man.vocab);
     if (m->pos >= m->man.max_seq)
@@ -266,7 +276,8 @@ static megac_status model_step(megac_model *m, int token, bool outputs)
 megac_status megac_set_prompt_end(megac_model *m, int pos)
 {
     NEED_MODEL(m, "megac_set_prompt_end", MEGAC_ERR_ARG);
-    pthread_mutex_lock(&m->mu);
+    if (!model_lock(m))
+        return MEGAC_ERR_ARG;
     m->err[0] = 0;
     megac_status st = pos < -1 || pos >= m->man.max_seq
                           ? rt_fail(m, MEGAC_ERR_ARG, "megac_set_prompt_end: position %d is not in the context of %d "
@@ -280,7 +291,8 @@ megac_status megac_set_prompt_end(megac_model *m, int pos)
 
 static megac_status model_step_locked(megac_model *m, int token, bool outputs)
 {
-    pthread_mutex_lock(&m->mu);
+    if (!model_lock(m))
+        return MEGAC_ERR_ARG;
     megac_status st = model_step(m, token, outputs);
     pthread_mutex_unlock(&m->mu);
     return st;
@@ -321,7 +333,8 @@ static int rt_encode(megac_model *m, const char *fn, const char *text, int add_b
         rt_fail(m, MEGAC_ERR_ARG, "%s: %s", fn, !text ? "no text given" : !ids ? "no ids array given" : "cap is negative");
         return -1;
     }
-    pthread_mutex_lock(&m->mu);
+    if (!model_lock(m))
+        return -1;
     m->err[0] = 0;
     int n = add_bos == 2 ? tok_encode_more(m->tok, text, ids, cap, &m->drops)
                          : tok_encode_drops(m->tok, text, add_bos < 0 ? tok_default_bos(m->tok, text) : add_bos != 0,
@@ -358,7 +371,8 @@ int megac_encode_dropped(const megac_model *m, int *first, size_t *at)
 const char *megac_decode(megac_model *m, int prev_token, int token)
 {
     NEED_MODEL(m, "megac_decode", "");
-    pthread_mutex_lock(&m->mu);
+    if (!model_lock(m))
+        return "";
     m->piece[0] = 0;
     if (token >= 0 && token < tok_vocab(m->tok))    /* ids past the tokenizer's: no text */
         tok_decode(m->tok, prev_token, token, m->piece, sizeof m->piece);
@@ -389,7 +403,7 @@ static megac_status generate_pick(megac_model *m, const megac_sampler *s, uint64
 }
 
 static megac_status model_generate(megac_model *m, const int *prompt, int nprompt, int n_new, const megac_sampler *s,
-                                   megac_token_cb cb, void *user, megac_stats *st)
+                                   uint64_t *rng, megac_token_cb cb, void *user, megac_stats *st)
 {
     megac_stats local = {0};
     if (!st)
@@ -410,7 +424,6 @@ static megac_status model_generate(megac_model *m, const int *prompt, int npromp
         if (prompt[i] < 0 || prompt[i] >= m->man.vocab)
             return rt_fail(m, MEGAC_ERR_ARG, "megac_generate: prompt token %d is %d, outside the vocabulary [0, %d)",
                            i, prompt[i], m->man.vocab);
-    uint64_t rng = 0;       /* 0: megac_sample seeds it from s->seed, as the reference engine does */
     double t0 = now_s();
     megac_status rc;
     m->prompt_end = m->pos + nprompt - 1;
@@ -423,7 +436,7 @@ static megac_status model_generate(megac_model *m, const int *prompt, int npromp
     int prev = prompt[nprompt - 1];
     for (int i = 0; i < n_new; i++) {
         int tok = -1;
-        if ((rc = generate_pick(m, s, &rng, &tok)))
+        if ((rc = generate_pick(m, s, rng, &tok)))
             return rc;
         if (tok < 0 || tok >= m->man.vocab)
             return rt_fail(m, MEGAC_ERR_KERNEL, "the kernel chose token %d, outside the vocabulary", tok);
@@ -447,9 +460,19 @@ static megac_status model_generate(megac_model *m, const int *prompt, int npromp
 megac_status megac_generate(megac_model *m, const int *prompt, int nprompt, int n_new, const megac_sampler *s,
                             megac_token_cb cb, void *user, megac_stats *st)
 {
+    uint64_t rng = 0; /* 0: megac_sample seeds it from s->seed, as the reference engine does */
+    return megac_generate_rng(m, prompt, nprompt, n_new, s, &rng, cb, user, st);
+}
+
+megac_status megac_generate_rng(megac_model *m, const int *prompt, int nprompt, int n_new, const megac_sampler *s,
+                                uint64_t *rng_state, megac_token_cb cb, void *user, megac_stats *st)
+{
     NEED_MODEL(m, "megac_generate", MEGAC_ERR_ARG);
-    pthread_mutex_lock(&m->mu);
-    megac_status rc = model_generate(m, prompt, nprompt, n_new, s, cb, user, st);
+    if (!rng_state)
+        return rt_fail(m, MEGAC_ERR_ARG, "megac_generate_rng: no sampler state given");
+    if (!model_lock(m))
+        return MEGAC_ERR_ARG;
+    megac_status rc = model_generate(m, prompt, nprompt, n_new, s, rng_state, cb, user, st);
     pthread_mutex_unlock(&m->mu);
     return rc;
 }

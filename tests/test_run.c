@@ -348,24 +348,28 @@ Test(run_cmd, stories260k_matches_llama2c)
 
 /* -n past the context (cut to 64 here): the cpu and reference engines
  * shift their caches at the same points (the prompt kept, half the rest
- * dropped) and write the same 300 positions of text; with
- * --no-context-shift both stop at the context. */
+ * dropped) and write the same 300 positions of text, greedy or sampled
+ * (one draw sequence over the run: the cpu engine's restarted from the
+ * seed after each shift); with --no-context-shift both stop at the
+ * context. */
 Test(run_cmd, stories260k_runs_past_its_context_as_the_reference, .timeout = 120)
 {
     if (access(SHARED "/models/stories260K.bin", R_OK) != 0)
         cr_skip_test("../shared/models/stories260K.bin is absent");
     static char out[2][1 << 16], err[2][8192];
-    static const char *const engines[] = {"cpu", "reference"};
-    for (int e = 0; e < 2; e++) {
-        char *args = xasprintf("models/stories260k.yaml --set compile.max_seq=64 --engine %s --prompt \"Once upon a "
-                               "time\" -n 300 --temp 0", engines[e]);
-        cr_assert_eq(megac_run(args, out[e], sizeof out[e], err[e], sizeof err[e]), 0, "stderr: %s", err[e]);
-        free(args);
-        cr_assert(strstr(err[e], "megac run: the context is full (64 positions): dropped 29 after the first 5; shifted "
-                                 "the 30 kept down over them\n"), "%s: %s", engines[e], err[e]);
-        cr_assert(strstr(err[e], "prompt tokens: 5, generated tokens: 296,"), "%s: %s", engines[e], err[e]);
+    static const char *const engines[] = {"cpu", "reference"}, *const samplers[] = {"--temp 0", "--temp 1 --seed 42"};
+    for (int k = 0; k < 2; k++) {
+        for (int e = 0; e < 2; e++) {
+            char *args = xasprintf("models/stories260k.yaml --set compile.max_seq=64 --engine %s --prompt \"Once upon "
+                                   "a time\" -n 300 %s", engines[e], samplers[k]);
+            cr_assert_eq(megac_run(args, out[e], sizeof out[e], err[e], sizeof err[e]), 0, "stderr: %s", err[e]);
+            free(args);
+            cr_assert(strstr(err[e], "megac run: the context is full (64 positions): dropped 29 after the first 5; "
+                                     "shifted the 30 kept down over them\n"), "%s: %s", engines[e], err[e]);
+            cr_assert(strstr(err[e], "prompt tokens: 5, generated tokens: 296,"), "%s: %s", engines[e], err[e]);
+        }
+        cr_assert_str_eq(out[0], out[1], "%s: the cpu engine's text against the reference's", samplers[k]);
     }
-    cr_assert_str_eq(out[0], out[1], "the cpu engine's text against the reference's");
     for (int e = 0; e < 2; e++) {
         char *args = xasprintf("models/stories260k.yaml --set compile.max_seq=64 --engine %s --prompt \"Once upon a "
                                "time\" -n 300 --temp 0 --no-context-shift", engines[e]);

@@ -153,6 +153,11 @@ Test(doc, json_syntax_errors_in_json_words)
         /* YAML stays in YAML's words */
         {"a: [1, 2", "t.json:1:9: error: did not find expected ',' or ']' while parsing a flow sequence\n"
                      "t.json:1:4: note: it starts here (while parsing a flow sequence)\n"},
+        /* with characters of several bytes before (libyaml's marks count
+         * characters: the end was missed, and line 3 named again) */
+        {"n: \"\xc3\xa9\xc3\xa9\"\na: [1, 2\n", "t.json:2:9: error: did not find expected ',' or ']' while parsing a flow "
+                                                 "sequence\nt.json:2:4: note: it starts here (while parsing a flow "
+                                                 "sequence)\n"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *buf = NULL;
