@@ -1039,6 +1039,25 @@ Test(runtime, generate_refuses_bad_samplers_and_nan_logits)
     remove_bundle(dir);
 }
 
+/* fork() from a token callback, inside megac_generate: the child's copy of
+ * the model's lock is held by a thread it does not have; its step must be
+ * refused before that lock (it waited forever); 1 for the child's exit. */
+static int fork_in_callback(void *user, int token, const char *text)
+{
+    megac_model *m = user;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20);
+        _exit(megac_step(m, 2) == MEGAC_ERR_ARG && megac_decode(m, -1, 65)[0] == 0 ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child's step under the held lock: status %d",
+              status);
+    return 1;
+}
+
 /* A model belongs to the process that opened it: in a forked child its
  * steps (they waited forever on worker threads that stayed in the parent),
  * resets and shifts are refused, and the parent's go on. */
@@ -1063,6 +1082,8 @@ Test(runtime, a_forked_child_cannot_step_the_parents_model)
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child's step: status %d", status);
     cr_assert_eq(megac_step(m, 2), MEGAC_OK, "%s", megac_error(m));
+    int prompt[] = {1};
+    cr_assert_eq(megac_generate(m, prompt, 1, 3, NULL, fork_in_callback, m, NULL), MEGAC_OK, "%s", megac_error(m));
     megac_close(m);
     remove_bundle(dir);
 }
