@@ -38,6 +38,7 @@
 #include <link.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,16 +259,28 @@ static megac_status cpu_threads_start(megac_model *m, CpuPool *pool)
     pool->threads = calloc(pool->nthreads, sizeof *pool->threads);
     if (!pool->threads)
         return rt_fail(m, MEGAC_ERR_NOMEM, "cannot allocate %u threads", pool->nthreads);
-    for (uint32_t i = 0; i < pool->nthreads; i++) {
+    /* the workers start with every signal blocked (they inherit this
+     * thread's mask): a SIGINT or SIGTERM goes to the application's own
+     * threads, whose handlers then run while the application's work waits
+     * (delivered to a worker, a handler removing files raced with the main
+     * thread writing them) */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    megac_status st = MEGAC_OK;
+    for (uint32_t i = 0; i < pool->nthreads && !st; i++) {
         CpuThread *t = &pool->threads[i];
         t->pool = pool;
         t->index = i;
         int e = pthread_create(&t->th, NULL, cpu_thread_main, t);
         if (e != 0)
-            return rt_fail(m, MEGAC_ERR_NOMEM, "pthread_create (worker %u of %u): %s", i, pool->nthreads,
-                           strerror(e));
-        t->started = true;
+            st = rt_fail(m, MEGAC_ERR_NOMEM, "pthread_create (worker %u of %u): %s", i, pool->nthreads, strerror(e));
+        else
+            t->started = true;
     }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (st)
+        return st;
     cpu_threads_pin(pool);
     return MEGAC_OK;
 }

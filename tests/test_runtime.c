@@ -24,6 +24,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -318,7 +319,8 @@ static double cpu_seconds(void)
 }
 
 /* Workers are the same W threads every step, and they sleep between steps:
- * the process burns (almost) no CPU time while no step runs. */
+ * the process burns (almost) no CPU time while no step runs; they take no
+ * signals. */
 Test(runtime, workers_persist_and_park_between_steps)
 {
     char *dir = make_bundle(4);
@@ -343,6 +345,22 @@ Test(runtime, workers_persist_and_park_between_steps)
         int32_t again[4];
         memcpy(again, arena + OFF_TIDS, sizeof again);
         cr_assert_arr_eq(again, tids, sizeof tids, "step %d ran on new threads", s);
+    }
+    /* the workers block every signal (SigBlk of /proc/self/task/TID/status):
+     * a SIGINT goes to the application's threads, not to a worker whose
+     * handler would run beside the application's work */
+    for (int i = 0; i < 4; i++) {
+        char path[64], line[256];
+        snprintf(path, sizeof path, "/proc/self/task/%d/status", (int)tids[i]);
+        FILE *f = fopen(path, "r");
+        cr_assert(f, "%s", path);
+        unsigned long long blk = 0;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "SigBlk: %llx", &blk) == 1)
+                break;
+        fclose(f);
+        cr_assert(blk & (1ull << (SIGINT - 1)) && blk & (1ull << (SIGTERM - 1)) && blk & (1ull << (SIGHUP - 1)),
+                  "worker %d blocks %#llx", i, blk);
     }
     megac_close(m);
     remove_bundle(dir);
