@@ -481,6 +481,13 @@ bool run_prompt_fits(int n, int steps, int max_seq)
     return false;
 }
 
+bool run_shift_plan(int nprompt, bool bos_first, int W, int *keep, int *drop)
+{
+    *keep = nprompt <= W / 2 ? nprompt : bos_first;
+    *drop = (W - *keep) / 2 < 1 ? 1 : (W - *keep) / 2;
+    return *keep + *drop <= W;
+}
+
 const char *run_text_name(const RunOptions *o)
 {
     return o->interactive ? "the turn in its chat format" : o->chat ? "the prompt in its chat format" : "the prompt";
@@ -566,9 +573,9 @@ static bool run_ref_generate(RunRef *r, const RunOptions *o, int steps)
     int W = r->m->max_seq, at = 0;      /* the cache's next position */
     for (int pos = 0; pos < steps; pos++, at++) {
         if (at == W) { /* past the context: shifted as a bundle's run shifts its cache */
-            int keep = r->nprompt <= W / 2 ? r->nprompt : r->prompt[0] == r->bos, drop = (W - keep) / 2;
-            drop = drop < 1 ? 1 : drop;
-            if (keep + drop > W || !ref_shift(r->ref, keep, drop)) /* a context of one position */
+            int keep, drop;
+            if (!run_shift_plan(r->nprompt, r->prompt[0] == r->bos, W, &keep, &drop) ||
+                !ref_shift(r->ref, keep, drop))
                 break;
             fprintf(stderr, "megac run: the context is full (%d positions): dropped %d after the first %d; shifted "
                             "the %d kept down over them\n", W, drop, keep, W - drop - keep);
@@ -681,9 +688,7 @@ static int run_ref_decode(const ModelDesc *m, const Tokenizer *t, const RunOptio
         return 2;
     }
     /* past the context the cache is shifted as it fills, where it can be */
-    bool can_shift = !o->no_shift;
-    for (int l = 0; l < m->n_layers; l++)
-        can_shift = can_shift && m->kv[l].kind == KV_FULL && m->attn[l].kind != ATTN_QUEST;
+    bool can_shift = !o->no_shift && ref_can_shift(m);
     int steps = o->steps <= 0 ? m->max_seq : o->steps > m->max_seq && !can_shift ? m->max_seq : o->steps;
     if (o->steps > steps)
         fprintf(stderr, "megac run: note: -n %d is more than the model's context; running %d positions%s\n", o->steps,

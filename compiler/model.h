@@ -381,6 +381,9 @@ void ref_feed(RefState *s, int token, int pos);
  * the next position is then n fewer. false (nothing done) for a bad range,
  * or where a layer's cache evicts or keeps Quest pages. */
 bool ref_shift(RefState *s, int keep, int n);
+/* Whether ref_shift can shift m's cache: every layer's rows are positions
+ * (no evicting kv_policy, SnapKV or Quest). */
+bool ref_can_shift(const ModelDesc *m);
 /* How many of the rows 0..pos kv head h of layer l still holds after the
  * step at pos, the last one fed (pos + 1 on a layer that drops none):
  * how eviction divided the cache, for tests. */

@@ -764,14 +764,19 @@ const float *ref_step(RefState *s, int token, int pos)
     return s->logits;
 }
 
-bool ref_shift(RefState *s, int keep, int n)
+bool ref_can_shift(const ModelDesc *m)
 {
-    const ModelDesc *m = s->m;
-    if (keep < 0 || n < 0 || keep > s->npos || n > s->npos - keep)
-        return false;
     for (int l = 0; l < m->n_layers; l++)
         if (m->kv[l].kind != KV_FULL || m->attn[l].kind == ATTN_QUEST)
             return false;
+    return true;
+}
+
+bool ref_shift(RefState *s, int keep, int n)
+{
+    const ModelDesc *m = s->m;
+    if (keep < 0 || n < 0 || keep > s->npos || n > s->npos - keep || !ref_can_shift(m))
+        return false;
     size_t kd = (size_t)s->kv_dim;
     for (int l = 0; l < m->n_layers; l++)
         for (int p = keep + n; p < s->npos; p++) {

@@ -64,6 +64,11 @@ void run_options_free(RunOptions *o);
 /* True when an n-token prompt fits the steps positions run (of a model of
  * max_seq); else says why on stderr, the same for every engine. */
 bool run_prompt_fits(int n, int steps, int max_seq);
+/* Where a run past the context shifts a full cache of W positions (both
+ * engines): it keeps the prompt's nprompt tokens (the first alone, bos_first,
+ * where the prompt is more than half of W) and drops half of the rest, at
+ * least one; false where W leaves nothing to drop. */
+bool run_shift_plan(int nprompt, bool bos_first, int W, int *keep, int *drop);
 /* Writes a token's text (len bytes) to stdout and flushes, as llama2.c's
  * safe_printf does: a lone ASCII control byte (a raw <0xXX> piece neither
  * printable nor space) is dropped; a byte >= 0x80 is written, as it is

@@ -722,9 +722,8 @@ static int bundle_generate(const RunOptions *o, const char *bundle, megac_model 
         /* the window is full: keep the prompt (BOS alone where it takes
          * more than half the window), drop half of what follows, go on
          * from the last token, which was chosen but not fed */
-        int keep = n <= W / 2 ? n : ids[0] == megac_bos(m), drop = (megac_position(m) - keep) / 2;
-        drop = drop < 1 ? 1 : drop;
-        if (keep + drop > megac_position(m)) /* a context of one position */
+        int keep, drop;
+        if (!run_shift_plan(n, ids[0] == megac_bos(m), W, &keep, &drop))
             break;
         if ((r = megac_shift(m, keep, drop)) != MEGAC_OK)
             break;
