@@ -75,9 +75,9 @@ static uint64_t facts_io_offset(const Schedule *s, const char *name)
     return b >= 0 && s->bufs[b].cls == BUF_IO ? s->bufs[b].offset : MEGAC_FACT_NONE;
 }
 
-_Static_assert(OP_COUNT <= 32 && DT_COUNT <= 32, "cg_used's masks have a bit per opcode and dtype");
+_Static_assert(OP_COUNT <= 32 && DT_COUNT <= 64, "cg_used's masks have a bit per opcode and dtype");
 
-void cg_used(const Schedule *s, uint32_t *ops, uint32_t *dtypes)
+void cg_used(const Schedule *s, uint32_t *ops, uint64_t *dtypes)
 {
     *ops = *dtypes = 0;
     for (uint32_t w = 0; w < s->nworkers; w++)
@@ -88,7 +88,7 @@ void cg_used(const Schedule *s, uint32_t *ops, uint32_t *dtypes)
             *ops |= 1u << in->op;
             for (uint32_t k = 0; k < in->nacc; k++)
                 if (s->accs[in->acc + k].buf != BUF_NONE)
-                    *dtypes |= 1u << s->bufs[s->accs[in->acc + k].buf].dtype;
+                    *dtypes |= 1ull << s->bufs[s->accs[in->acc + k].buf].dtype;
         }
 }
 
@@ -121,7 +121,8 @@ uint32_t cg_kv_layout(const Schedule *s, uint64_t *v)
 {
     const ModelShape *sh = &s->shape;
     int64_t rope = sched_find_buffer(s, "rope"), hd = sh->head_dim, rows = sh->max_seq;
-    uint32_t n = MEGAC_KVL_CACHES + 2 * (uint32_t)sh->n_layers, ops, dts;
+    uint32_t n = MEGAC_KVL_CACHES + 2 * (uint32_t)sh->n_layers, ops;
+    uint64_t dts;
     v[MEGAC_KVL_LAYERS] = 0;
     cg_used(s, &ops, &dts);
     if (sh->n_layers < 1 || rope < 0 || s->bufs[rope].cls != BUF_WEIGHT || s->bufs[rope].dtype != DT_F32 ||

@@ -66,7 +66,7 @@ uint32_t cg_kv_layout(const Schedule *s, uint64_t *v);
 /* The opcodes (bit o for OpCode o) and operand dtypes (bit t for DType t)
  * of s's instructions: both backends compile only those op bodies and
  * weight formats. */
-void cg_used(const Schedule *s, uint32_t *ops, uint32_t *dtypes);
+void cg_used(const Schedule *s, uint32_t *ops, uint64_t *dtypes);
 
 /* ---- info.c: for `megac doctor` ---- */
 const char *cg_llvm_version(void);

@@ -12,7 +12,8 @@
  *                                                     w[j+16] = d * ((qs[j] >> 4) - 8)
  *   Q4_1   block of 32: {f16 d; f16 m; u8 qs[16]}     w[j] = d * (qs[j] & 15) + m,
  *                                                     w[j+16] = d * (qs[j] >> 4) + m
- *   Q5_0, Q5_1 and the k-quants Q4_K, Q5_K, Q6_K (super-blocks of 256)
+ *   Q5_0, Q5_1, the k-quants Q2_K to Q6_K (super-blocks of 256), IQ4_NL
+ *   and IQ4_XS (non-linear 4-bit values)
  * (each product and sum rounded to f32 separately). GGUF dims are listed
  * fastest-first, so [cols, rows] is our (rows, cols). general.architecture
  * must be "llama" or "qwen2"; RoPE pairing follows llama.cpp's rope type for
@@ -33,7 +34,8 @@
 
 enum {
     GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8,
-    GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_BF16 = 30
+    GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_IQ4_NL = 20,
+    GGML_IQ4_XS = 23, GGML_BF16 = 30
 };
 
 /* The storage dtype of a GGUF type we load; -1 for the others. */
@@ -51,6 +53,10 @@ static int gguf_dtype(uint32_t ggml_type)
     case GGML_Q4_K: return DT_Q4_K;
     case GGML_Q5_K: return DT_Q5_K;
     case GGML_Q6_K: return DT_Q6_K;
+    case GGML_Q3_K: return DT_Q3_K;
+    case GGML_Q2_K: return DT_Q2_K;
+    case GGML_IQ4_NL: return DT_IQ4_NL;
+    case GGML_IQ4_XS: return DT_IQ4_XS;
     default: return -1;
     }
 }
@@ -80,7 +86,7 @@ static int gguf_fetch(void *ctx, const char *name, const WSlot *s, float *dst, D
     int dt = gguf_dtype(t->ggml_type);
     if (!t->data || dt < 0) {
         diag_file_error(d, g->path, "tensor '%s': type %s (%u) is not supported (F32, F16, BF16, Q8_0, Q4_0, "
-                        "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K are)", name, gguf_type_name(t->ggml_type), t->ggml_type);
+                        "Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS are)", name, gguf_type_name(t->ggml_type), t->ggml_type);
         return -1;
     }
     int64_t cols = s->cols ? s->cols : s->rows, rows = s->cols ? s->rows : 1;

@@ -7,7 +7,7 @@
  *  - Matrices are row-major [out][in]: y[i] = sum_j W[i*in + j] * x[j].
  *  - Every weight has an f32 view (except after weights_load_ex with
  *    WEIGHTS_STORED_ONLY, for compiles). A matrix may also be held in another
- *    storage dtype (QTensor: GGUF blocks, Q4_0 to Q6_K, kept as they are,
+ *    storage dtype (QTensor: GGUF blocks, Q4_0 to Q6_K and IQ4, kept as they are,
  *    or a format the quant knobs chose, see compiler/quant.h); its f32 view
  *    then holds exactly the dequantized values of those bytes, so the
  *    reference computes on the same quantized weights as the kernels.

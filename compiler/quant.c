@@ -234,6 +234,72 @@ static void q6k_dequant(const unsigned char *b, int64_t k, float *restrict y)
     }
 }
 
+/* Q3_K (ggml's dequantize_row_q3_K): per sub-block of 16, (d * sc) * q,
+ * q = the 2 low bits less 4 where the hmask bit is clear. */
+static void q3k_dequant(const unsigned char *b, int64_t k, float *restrict y)
+{
+    for (int64_t i = 0; i < k / 256; i++, b += 110) {
+        const unsigned char *hm = b, *qs = b + 32, *sc = b + 96;
+        float d = f16_at(b + 108);
+        for (int e = 0; e < 256; e++) {
+            int h = e / 128, sh = e % 128 / 32, l = e % 32, s = e / 16;
+            int lo = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4, hi = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+            int q = (qs[32 * h + l] >> (2 * sh) & 3) - ((hm[l] >> (4 * h + sh) & 1) ? 0 : 4);
+            y[e] = d * (float)((lo | hi << 4) - 32) * (float)q;
+        }
+        y += 256;
+    }
+}
+
+/* Q2_K (ggml's dequantize_row_q2_K): per sub-block of 16, (d * sc) * q -
+ * dmin * m. */
+static void q2k_dequant(const unsigned char *b, int64_t k, float *restrict y)
+{
+    for (int64_t i = 0; i < k / 256; i++, b += 84) {
+        const unsigned char *sc = b, *qs = b + 16;
+        float d = f16_at(b + 80), dmin = f16_at(b + 82);
+        for (int e = 0; e < 256; e++) {
+            int s = e / 16, q = qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32)) & 3;
+            y[e] = d * (float)(sc[s] & 15) * (float)q - dmin * (float)(sc[s] >> 4);
+        }
+        y += 256;
+    }
+}
+
+/* IQ4's non-linear 4-bit values (ggml's kvalues_iq4nl). */
+static const int8_t iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* IQ4_NL (ggml's dequantize_row_iq4_nl): d * kv[n], Q4_0's nibble order. */
+static void iq4nl_dequant(const unsigned char *b, int64_t k, float *restrict y)
+{
+    for (int64_t i = 0; i < k / 32; i++, b += 18, y += 32) {
+        float d = f16_at(b);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)iq4_values[b[2 + j] & 15];
+            y[j + 16] = d * (float)iq4_values[b[2 + j] >> 4];
+        }
+    }
+}
+
+/* IQ4_XS (ggml's dequantize_row_iq4_xs): per sub-block of 32, (d * (ls -
+ * 32)) * kv[n]. */
+static void iq4xs_dequant(const unsigned char *b, int64_t k, float *restrict y)
+{
+    for (int64_t i = 0; i < k / 256; i++, b += 136) {
+        float d = f16_at(b);
+        unsigned sh = (unsigned)(b[2] | b[3] << 8);
+        for (int s = 0; s < 8; s++, y += 32) {
+            int ls = (b[4 + s / 2] >> (4 * (s % 2)) & 15) | (int)(sh >> (2 * s) & 3) << 4;
+            float dl = d * (float)(ls - 32);
+            const unsigned char *qs = b + 8 + 16 * s;
+            for (int j = 0; j < 16; j++) {
+                y[j] = dl * (float)iq4_values[qs[j] & 15];
+                y[j + 16] = dl * (float)iq4_values[qs[j] >> 4];
+            }
+        }
+    }
+}
+
 /* ---- rows ---- */
 
 void quant_row_quantize(DType t, const float *w, int64_t k, unsigned char *out)
@@ -272,6 +338,10 @@ void quant_row_dequant(DType t, const unsigned char *row, int64_t k, float *rest
     case DT_Q4_K: q45k_dequant(false, row, k, out); return;
     case DT_Q5_K: q45k_dequant(true, row, k, out); return;
     case DT_Q6_K: q6k_dequant(row, k, out); return;
+    case DT_Q3_K: q3k_dequant(row, k, out); return;
+    case DT_Q2_K: q2k_dequant(row, k, out); return;
+    case DT_IQ4_NL: iq4nl_dequant(row, k, out); return;
+    case DT_IQ4_XS: iq4xs_dequant(row, k, out); return;
     case DT_W8: w8_dequant(row, k, out); return;
     case DT_W4G32: case DT_W4G64: case DT_W4G128: w4_dequant(dtype_block(t), row, k, out); return;
     default: die("quant_row_dequant: %s is not a weight dtype", dtype_name(t));
@@ -779,12 +849,16 @@ int64_t quant_stored_first_non_finite(DType t, const unsigned char *data, int64_
     case DT_Q4_K:
     case DT_Q5_K: b = 2; break;
     case DT_Q6_K: a = 208; break;
+    case DT_Q3_K: a = 108; break;
+    case DT_Q2_K: a = 80, b = 82; break;
     case DT_Q8_0:
     case DT_Q4_0:
-    case DT_Q5_0: break;
+    case DT_Q5_0:
+    case DT_IQ4_NL:
+    case DT_IQ4_XS: break;
     default: ASSERT(!"quant_stored_first_non_finite: not a dtype a file stores");
     }
-    int64_t be = dtype_is_kquant(t) ? 256 : 32, bb = (int64_t)dtype_row_bytes(t, be), nb = n / be;
+    int64_t be = dtype_block(t), bb = (int64_t)dtype_row_bytes(t, be), nb = n / be;
     for (int64_t i = 0; i < nb; i++) {
         const unsigned char *p = data + i * bb;
         uint16_t h0, h1 = 0;

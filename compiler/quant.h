@@ -15,7 +15,7 @@
  *                computing on float inputs, is not exact for them
  *   f16, bf16    rounded to nearest even
  *   none         the source as it is: GGUF blocks (Q8_0, Q4_0, Q4_1, Q5_0,
- *                Q5_1, Q4_K, Q5_K, Q6_K) are kept
+ *                Q5_1, Q2_K to Q6_K, IQ4_NL, IQ4_XS) are kept
  *                block-exact (never through a float round trip)
  * All are round-to-nearest from the f32 view of the loaded weights, done
  * once at compile time. After quant_apply, each quantized matrix's f32 view

@@ -46,7 +46,8 @@ bool dtype_is_rowwise(DType t)
 
 bool dtype_is_quant(DType t)
 {
-    return t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q5_0 || t == DT_Q5_1 || dtype_is_kquant(t) || dtype_is_rowwise(t);
+    return t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q5_0 || t == DT_Q5_1 || dtype_is_kquant(t) ||
+           t == DT_IQ4_NL || t == DT_IQ4_XS || dtype_is_rowwise(t);
 }
 
 /* W4 group record of L elements: header, then 16 bytes per 32 elements. */

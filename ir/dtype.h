@@ -25,6 +25,25 @@
  *         l < 32) takes 4 low bits from ql[l + 32(i&1)] (low nibble for
  *         i < 2, high for i >= 2) and 2 high bits from qh[l] >> 2i;
  *         w = (d * sc[2i + l/16]) * (q - 32)
+ *   Q3_K  {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}: 16 sub-blocks
+ *         of 16; in each half h of 128 elements, element 128h+32i+l (i < 4,
+ *         l < 32) takes 2 low bits from qs[32h+l] >> 2i and a high bit from
+ *         hmask[l] >> (4h+i) (bit set: +0, clear: -4); sub-block s's 6-bit
+ *         scale is (s < 8 ? scales[s] & 15 : scales[s-8] >> 4) | ((scales[8
+ *         + s%4] >> 2(s/4)) & 3) << 4, minus 32;
+ *         w = (d * sc) * (q_low - (h ? 0 : 4))
+ *   Q2_K  {u8 scales[16]; u8 qs[64]; f16 d; f16 dmin}: 16 sub-blocks of 16,
+ *         element 128h+32i+l takes 2 bits from qs[32h+l] >> 2i; sub-block s
+ *         has sc = scales[s] & 15 and m = scales[s] >> 4;
+ *         w = (d * sc) * q - (dmin * m)
+ * and the non-linear 4-bit ones (GGUF's IQ4), whose nibble n stands for
+ * kv[n] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53,
+ * 69, 89, 113}:
+ *   IQ4_NL {f16 d; u8 qs[16]}: Q4_0's nibble order; w = d * kv[n]
+ *   IQ4_XS {f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]}: 8 sub-blocks
+ *         of 32 (K a multiple of 256), sub-block s's nibbles in qs[16s..]
+ *         in Q4_0's order, its 6-bit scale ls = (scales_l[s/2] >> 4(s%2) &
+ *         15) | (scales_h >> 2s & 3) << 4; w = (d * (ls - 32)) * kv[n]
  *
  * W8 and W4G* are megac's own quantized layouts (issue: quantized GEMV).
  * They are *row-blocked*: every row of a [rows][K] matrix is a
@@ -112,7 +131,11 @@
     X(Q4_KA8, "q4_ka8", 256, 144)      \
     X(Q5_KA8, "q5_ka8", 256, 176)      \
     X(Q6_KA8, "q6_ka8", 256, 210)      \
-    X(Q4_0A8, "q4_0a8", 32, 18)
+    X(Q4_0A8, "q4_0a8", 32, 18)        \
+    X(IQ4_NL, "iq4_nl", 32, 18)        \
+    X(IQ4_XS, "iq4_xs", 256, 136)      \
+    X(Q3_K, "q3_k", 256, 110)          \
+    X(Q2_K, "q2_k", 256, 84)
 
 typedef enum {
 #define X(n, s, b, bb) DT_##n,
@@ -153,10 +176,10 @@ static inline bool dtype_is_cuda_ordered(DType t)
     return t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q8_0 || t == DT_W4G32 || t == DT_W4G64 || t == DT_W4G128;
 }
 
-/* True for GGUF's k-quants (Q4_K, Q5_K, Q6_K): super-blocks of 256. */
+/* True for GGUF's k-quants (Q2_K to Q6_K): super-blocks of 256. */
 static inline bool dtype_is_kquant(DType t)
 {
-    return t == DT_Q4_K || t == DT_Q5_K || t == DT_Q6_K;
+    return t == DT_Q4_K || t == DT_Q5_K || t == DT_Q6_K || t == DT_Q3_K || t == DT_Q2_K;
 }
 
 /* The A16 dtype with the same bytes (W8A8 -> W8, W4A8G32 -> W4G32,

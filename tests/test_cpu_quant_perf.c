@@ -85,7 +85,7 @@ static void gguf_block(DType t, const float *w, unsigned char *b)
     }
 }
 
-/* Q5_0, Q5_1 and the k-quants have no quantizer here (nor in gguf-py):
+/* Q5_0, Q5_1, the k-quants and IQ4 have no quantizer here (nor in gguf-py):
  * random blocks (every byte pattern is one), seeded by the row's first
  * weight, with the f16 scales and mins of ir/dtype.h kept to the size of
  * real ones, of both signs. */
@@ -99,6 +99,10 @@ static bool random_gguf_row(DType t, const float *w, int64_t k, unsigned char *o
     case DT_Q4_K: ds = 2e-4f, m = 2, ms = 1e-3f; break;
     case DT_Q5_K: ds = 1e-4f, m = 2, ms = 1e-3f; break;
     case DT_Q6_K: ds = 2e-5f, d = 208; break;
+    case DT_Q3_K: ds = 4e-4f, d = 108; break;
+    case DT_Q2_K: ds = 1e-3f, d = 80, m = 82, ms = 1e-3f; break;
+    case DT_IQ4_NL: ds = 4e-4f; break;
+    case DT_IQ4_XS: ds = 2e-5f; break;
     default: return false;
     }
     uint32_t bits;
@@ -284,7 +288,8 @@ static double qkern_step(QKern *k)
 static const DType all_dtypes[] = {DT_W8,      DT_Q8_0,     DT_Q4_0,    DT_Q4_1,     DT_W4G32,  DT_W4G64,  DT_W4G128,
                                    DT_W8A8,    DT_W4A8G32,  DT_W4A8G64, DT_W4A8G128, DT_Q4_1A8, DT_Q8_0A8, DT_F16,
                                    DT_BF16,    DT_Q5_0,     DT_Q5_1,    DT_Q4_K,     DT_Q5_K,   DT_Q6_K,   DT_Q5_0A8,
-                                   DT_Q5_1A8,  DT_Q4_KA8,   DT_Q5_KA8,  DT_Q6_KA8,   DT_Q4_0A8};
+                                   DT_Q5_1A8,  DT_Q4_KA8,   DT_Q5_KA8,  DT_Q6_KA8,   DT_Q4_0A8, DT_Q3_K,   DT_Q2_K,
+                                   DT_IQ4_NL,  DT_IQ4_XS};
 #define NDT (sizeof all_dtypes / sizeof *all_dtypes)
 
 /* Whether dtype t can hold rows of k elements: GGUF blocks (32, or 256
@@ -292,7 +297,8 @@ static const DType all_dtypes[] = {DT_W8,      DT_Q8_0,     DT_Q4_0,    DT_Q4_1,
 static bool fits(DType t, int64_t k)
 {
     t = dtype_layout(t);
-    bool gguf = t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q5_0 || t == DT_Q5_1 || dtype_is_kquant(t);
+    bool gguf = t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q5_0 || t == DT_Q5_1 || dtype_is_kquant(t) ||
+                t == DT_IQ4_NL || t == DT_IQ4_XS;
     return !gguf || k % dtype_block(t) == 0;
 }
 

@@ -947,10 +947,23 @@ Test(weights, gguf_bad_inputs)
     u32 = 1; /* F32 bytes read as F16 */
     memcpy(b + gguf_info_at(raw, n, "output_norm.weight") + 12, &u32, 4);
     gguf_expect("f16.gguf", b, n, "tensor 'output_norm.weight': 64 bytes of type F16 end 64 bytes before");
-    memcpy(b, raw, n);
-    u32 = 20; /* IQ4_NL: same block size as Q4_0 */
-    memcpy(b + q + 20, &u32, 4);
-    gguf_expect("type.gguf", b, n, "tensor 'blk.0.attn_q.weight': type IQ4_NL (20) is not supported");
+    {   /* IQ3_S: the block size of Q3_K (lowbit.gguf's attn_k) */
+        size_t ln;
+        unsigned char *lb = read_bytes(FIXTURES "/lowbit.gguf", &ln);
+        u32 = 21;
+        memcpy(lb + gguf_info_at(lb, ln, "blk.0.attn_k.weight") + 20, &u32, 4);
+        char *path = tmp_path("type.gguf");
+        write_bytes(path, lb, ln);
+        ModelDesc m;
+        Arena a = {0};
+        Diag d;
+        diag_init(&d);
+        cr_assert(desc_load(&m, &a, path, NULL, 0, &d), "%s", path);
+        expect_error(&m, "tensor 'blk.0.attn_k.weight': type IQ3_S (21) is not supported");
+        arena_free(&a);
+        free(path);
+        free(lb);
+    }
     memcpy(b, raw, n);
     u32 = 99;
     memcpy(b + q + 20, &u32, 4);
@@ -1072,6 +1085,10 @@ Test(weights, gguf_non_finite_blocks_without_f32)
         {"kquant.gguf", "blk.1.attn_output.weight", 1, 210, 208, 0x7e00, 256}, /* Q6_K d */
         {"kquant.gguf", "blk.0.ffn_up.weight", 9, 24, 2, 0x7e01, 288},      /* Q5_1 m */
         {"tiny.gguf", "token_embd.weight", 3, 34, 0, 0x7c00, 96},           /* the embedding's Q8_0 d */
+        {"lowbit.gguf", "blk.0.attn_q.weight", 3, 84, 82, 0x7c00, 768},     /* Q2_K dmin */
+        {"lowbit.gguf", "blk.0.attn_k.weight", 1, 110, 108, 0xfc00, 256},   /* Q3_K d */
+        {"lowbit.gguf", "blk.0.attn_v.weight", 7, 18, 0, 0x7e00, 224},      /* IQ4_NL d */
+        {"lowbit.gguf", "blk.0.attn_output.weight", 2, 136, 0, 0x7c00, 512}, /* IQ4_XS d */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *src = xasprintf("%s/%s", FIXTURES, cases[i].file), *path = tmp_path(cases[i].file);

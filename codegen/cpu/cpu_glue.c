@@ -149,11 +149,11 @@ static void glue_kv_layout(LLVMModuleRef m, LLVMContextRef ctx, const Schedule *
 /* megac_k_ops, megac_k_dts: the opcodes and operand dtypes of the schedule. */
 static void glue_used(LLVMModuleRef m, LLVMContextRef ctx, const Schedule *s)
 {
-    uint32_t ops, dts;
+    uint32_t ops;
+    uint64_t dts;
     cg_used(s, &ops, &dts);
-    LLVMTypeRef i32 = LLVMInt32TypeInContext(ctx);
-    glue_global(m, KT_SYM_OPS, LLVMConstInt(i32, ops, 0), 4);
-    glue_global(m, KT_SYM_DTS, LLVMConstInt(i32, dts, 0), 4);
+    glue_global(m, KT_SYM_OPS, LLVMConstInt(LLVMInt32TypeInContext(ctx), ops, 0), 4);
+    glue_global(m, KT_SYM_DTS, LLVMConstInt(LLVMInt64TypeInContext(ctx), dts, 0), 8);
 }
 
 LLVMModuleRef cpu_glue_build(LLVMContextRef ctx, const Schedule *s)

@@ -46,7 +46,9 @@
  * (kernel_table.h, compiler/quant.c): in float, one AND and one
  * conversion per 16 weights, on every instruction set (W4A8G32: two u8 x
  * s8 dot products per 128 weights). GGUF's k-quants (Q4_K, Q5_K, Q6_K) are
- * read as stored with the same trick. A run
+ * read as stored with the same trick; Q2_K, Q3_K, IQ4_NL and IQ4_XS (exact
+ * inputs only) by table lookups of their dequantized values (vpermps on
+ * AVX-512 and AVX2, vpshufb for IQ4 on AVX2). A run
  * of GEMVs with one input and no wait between them (q/k/v, gate/up)
  * normalizes and prepares that input once (gemv_run_length).
  *
@@ -93,7 +95,7 @@ extern const uint32_t megac_k_nworkers;
 extern const int32_t megac_k_isa; /* KT_ISA_* bits, defined by cpu_emit.c */
 extern const int32_t megac_k_tune; /* KT_TUNE_* bits, defined by cpu_emit.c */
 extern const uint32_t megac_k_ops;  /* bit o: the schedule has opcode o */
-extern const uint32_t megac_k_dts;  /* bit t: an operand of dtype t */
+extern const uint64_t megac_k_dts;  /* bit t: an operand of dtype t */
 
 /* Tests of these fold at O3, so the bodies of ops and weight formats the
  * schedule does not use are dropped from kernel.so (and from its compile
@@ -257,6 +259,10 @@ static int64_t qrow_bytes(int t, int64_t k)
     case DT_Q4_K: return k / 256 * 144;
     case DT_Q5_K: return k / 256 * 176;
     case DT_Q6_K: return k / 256 * 210;
+    case DT_Q3_K: return k / 256 * 110;
+    case DT_Q2_K: return k / 256 * 84;
+    case DT_IQ4_NL: return k / 32 * 18;
+    case DT_IQ4_XS: return k / 256 * 136;
     case DT_W8: return 4 + (k + 3) / 4 * 4;
     default: {
         int64_t g = w4_gsize(qlayout(t));
@@ -293,7 +299,33 @@ static uint32_t u32_at(const unsigned char *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-/* Element j of a Q5_0/Q5_1/Q4_K/Q5_K/Q6_K row. */
+/* Q3_K's 6-bit scale of sub-block s (< 16), less 32 (ggml's packing:
+ * 4 low bits in scales[s % 8], by nibble s / 8; 2 high bits in
+ * scales[8 + s % 4] at bit 2 (s / 4)). */
+static int q3k_scale(const unsigned char *sc, int s)
+{
+    int lo = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4, hi = sc[8 + s % 4] >> (2 * (s / 4)) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+/* IQ4's non-linear 4-bit values (ggml's kvalues_iq4nl), and as floats. */
+static const int8_t iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const float iq4_values_f[16] __attribute__((aligned(64))) = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                                    1,    13,   25,  38,  53,  69,  89,  113};
+
+/* ls - 32 of sub-block s (< 8) of the IQ4_XS super-block b. */
+static int iq4xs_ls(const unsigned char *b, int s)
+{
+    return ((b[4 + s / 2] >> (4 * (s % 2)) & 15) | ((b[2] | b[3] << 8) >> (2 * s) & 3) << 4) - 32;
+}
+
+/* d * (ls - 32) of sub-block s (< 8) of the IQ4_XS super-block b. */
+static float iq4xs_scale(const unsigned char *b, int s)
+{
+    return f16_at(b) * (float)iq4xs_ls(b, s);
+}
+
+/* Element j of a Q5_0/Q5_1/Q2_K-Q6_K/IQ4_XS row. */
 static float gguf_elem(int t, const unsigned char *row, int64_t j)
 {
     if (t == DT_Q5_0 || t == DT_Q5_1) {
@@ -310,6 +342,22 @@ static float gguf_elem(int t, const unsigned char *row, int64_t j)
         int lo = i < 2 ? ql[l + 32 * (i & 1)] & 15 : ql[l + 32 * (i & 1)] >> 4;
         int v = (lo | ((qh[l] >> (2 * i)) & 3) << 4) - 32;
         return f16_at(b + 208) * (float)(int8_t)b[192 + 8 * h + 2 * i + l / 16] * (float)v;
+    }
+    if (t == DT_Q3_K || t == DT_Q2_K) {
+        int h = e / 128, i = e % 128 / 32, l = e % 32, sb = e / 16;
+        if (t == DT_Q2_K) {
+            const unsigned char *b = row + j / 256 * 84;
+            int q = b[16 + 32 * h + l] >> (2 * i) & 3;
+            return f16_at(b + 80) * (float)(b[sb] & 15) * (float)q - f16_at(b + 82) * (float)(b[sb] >> 4);
+        }
+        const unsigned char *b = row + j / 256 * 110;
+        int q = (b[32 + 32 * h + l] >> (2 * i) & 3) - ((b[l] >> (4 * h + i) & 1) ? 0 : 4);
+        return f16_at(b + 108) * (float)q3k_scale(b + 96, sb) * (float)q;
+    }
+    if (t == DT_IQ4_XS) {
+        const unsigned char *b = row + j / 256 * 136, *qs = b + 8 + 16 * (e / 32);
+        int l = e % 32;
+        return iq4xs_scale(b, e / 32) * (float)iq4_values[l < 16 ? qs[l] & 15 : qs[l - 16] >> 4];
     }
     int q5 = t == DT_Q5_K, s = e / 32, l = e % 32;
     const unsigned char *b = row + j / 256 * (q5 ? 176 : 144), *qs = b + (q5 ? 48 : 16) + 32 * (s / 2);
@@ -397,7 +445,9 @@ static float qelem(int t, const unsigned char *row, int64_t k, int64_t j)
         float lo = f16_at(b) * (float)((b[4 + j % 16] >> (j % 32 < 16 ? 0 : 4)) & 15);
         return lo + f16_at(b + 2);
     }
-    case DT_Q5_0: case DT_Q5_1: case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: return gguf_elem(t, row, j);
+    case DT_Q5_0: case DT_Q5_1: case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: case DT_Q3_K: case DT_Q2_K: case DT_IQ4_XS:
+        return gguf_elem(t, row, j);
+    case DT_IQ4_NL: b = row + j / 32 * 18; return f16_at(b) * (float)iq4_values[(b[2 + j % 16] >> (j % 32 < 16 ? 0 : 4)) & 15];
     case DT_W8: { float s; memcpy(&s, row, 4); return s * (float)(int8_t)row[4 + j]; }
     default: {
         int64_t g = w4_gsize(t);
@@ -609,6 +659,77 @@ static float dot_q6k(const unsigned char *b, const float *x, int64_t k)
     return hsum16(&acc);
 }
 
+/* Q3_K: per 16 elements, (d sc) sum q x, q = 2 low bits - 4 where the
+ * hmask bit is clear. */
+static float dot_q3k(const unsigned char *b, const float *x, int64_t k)
+{
+    v16f acc = {0};
+    for (int64_t j = 0; j < k; j += 256, b += 110) {
+        float d = f16_at(b + 108);
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < 4; i++)
+                for (int u = 0; u < 2; u++) {
+                    v16u8 q2 = *(const v16u8 *)(b + 32 + 32 * h + 16 * u), hm = *(const v16u8 *)(b + 16 * u);
+                    v16u8 q = (q2 >> (uint8_t)(2 * i) & 3) + ((hm >> (uint8_t)(4 * h + i) & 1) << 2);
+                    v16f w = __builtin_convertvector(q, v16f) - 4.0f;
+                    acc += (d * (float)q3k_scale(b + 96, 8 * h + 2 * i + u)) *
+                           (w * LOAD16(x + j + 128 * h + 32 * i + 16 * u));
+                }
+    }
+    return hsum16(&acc);
+}
+
+/* Q2_K: per 16 elements, (d sc) sum q x - (dmin m) sum x. */
+static float dot_q2k(const unsigned char *b, const float *x, int64_t k)
+{
+    v16f acc = {0};
+    for (int64_t j = 0; j < k; j += 256, b += 84) {
+        float d = f16_at(b + 80), dmin = f16_at(b + 82);
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < 4; i++)
+                for (int u = 0; u < 2; u++) {
+                    int sb = 8 * h + 2 * i + u;
+                    v16u8 q2 = *(const v16u8 *)(b + 16 + 32 * h + 16 * u);
+                    v16f q = __builtin_convertvector(q2 >> (uint8_t)(2 * i) & 3, v16f);
+                    v16f xv = LOAD16(x + j + 128 * h + 32 * i + 16 * u);
+                    acc += (d * (float)(b[sb] & 15)) * (q * xv) - (dmin * (float)(b[sb] >> 4)) * xv;
+                }
+    }
+    return hsum16(&acc);
+}
+
+/* *acc += d sum kv[n] x over 32 IQ4 nibbles in Q4_0's order (qs: 16
+ * bytes). */
+static inline __attribute__((always_inline)) void iq4_block(const unsigned char *qs, const float *x, float d,
+                                                            v16f *acc)
+{
+    float w[32] __attribute__((aligned(64)));
+    for (int i = 0; i < 16; i++) {
+        w[i] = iq4_values_f[qs[i] & 15];
+        w[i + 16] = iq4_values_f[qs[i] >> 4];
+    }
+    *acc += d * (LOAD16(w) * LOAD16(x) + LOAD16(w + 16) * LOAD16(x + 16));
+}
+
+/* IQ4_NL: per block of 32, d sum kv[n] x. */
+static float dot_iq4nl(const unsigned char *b, const float *x, int64_t k)
+{
+    v16f acc = {0};
+    for (int64_t j = 0; j < k; j += 32, b += 18)
+        iq4_block(b + 2, x + j, f16_at(b), &acc);
+    return hsum16(&acc);
+}
+
+/* IQ4_XS: per sub-block of 32, (d (ls - 32)) sum kv[n] x. */
+static float dot_iq4xs(const unsigned char *b, const float *x, int64_t k)
+{
+    v16f acc = {0};
+    for (int64_t j = 0; j < k; j += 256, b += 136)
+        for (int s = 0; s < 8; s++)
+            iq4_block(b + 8 + 16 * s, x + j + 32 * s, iq4xs_scale(b, s), &acc);
+    return hsum16(&acc);
+}
+
 /* ---- int8 activations (W8A8, W4A8G*: ir/dtype.h) ---- */
 
 typedef int32_t v16i32 __attribute__((vector_size(64)));
@@ -734,9 +855,19 @@ static float dot_kqa8(int l, const unsigned char *row, const int8_t *xq, const f
     return s;
 }
 
+static float isa_avx512_dot_iq4(int t, const unsigned char *b, const float *x, int64_t k);
+static float isa_avx512_dot_q23k(int t, const unsigned char *b, const float *x, int64_t k);
+static float isa_avx2_dot_iq4(int t, const unsigned char *b, const float *x, int64_t k);
+static float isa_avx2_dot_q23k(int t, const unsigned char *b, const float *x, int64_t k);
+
 /* Row . x for any weight dtype but f32. */
 static float qdot(int t, const unsigned char *row, const float *x, int64_t k)
 {
+    if ((HAS_DT(DT_IQ4_NL) | HAS_DT(DT_IQ4_XS)) && (t == DT_IQ4_NL || t == DT_IQ4_XS) &&
+        (megac_k_isa & KT_ISA_AVX2))
+        return megac_k_isa & KT_ISA_AVX512 ? isa_avx512_dot_iq4(t, row, x, k) : isa_avx2_dot_iq4(t, row, x, k);
+    if ((HAS_DT(DT_Q3_K) | HAS_DT(DT_Q2_K)) && (t == DT_Q3_K || t == DT_Q2_K) && (megac_k_isa & KT_ISA_AVX2))
+        return megac_k_isa & KT_ISA_AVX512 ? isa_avx512_dot_q23k(t, row, x, k) : isa_avx2_dot_q23k(t, row, x, k);
     switch (t) {
     case DT_Q8_0: return dot_q8_0(row, x, k);
     case DT_Q4_0: return dot_q4_0(row, x, k);
@@ -746,6 +877,10 @@ static float qdot(int t, const unsigned char *row, const float *x, int64_t k)
     case DT_Q4_K: return dot_q45k(0, row, x, k);
     case DT_Q5_K: return dot_q45k(1, row, x, k);
     case DT_Q6_K: return dot_q6k(row, x, k);
+    case DT_Q3_K: return dot_q3k(row, x, k);
+    case DT_Q2_K: return dot_q2k(row, x, k);
+    case DT_IQ4_NL: return dot_iq4nl(row, x, k);
+    case DT_IQ4_XS: return dot_iq4xs(row, x, k);
     case DT_W8: return dot_w8(row, x, k);
     case DT_W4G32: case DT_W4G64: case DT_W4G128: return dot_w4(t, row, x, k);
     default: return dot_half(t, row, x, k);
@@ -2058,6 +2193,97 @@ isa_avx512_nib_groups4(const unsigned char *w[4], int64_t ng, int64_t gb, int64_
     }
 }
 
+/* An IQ4_NL or IQ4_XS row by table lookups, as the W4G* rows above: each
+ * block's (IQ4_XS: sub-block's) table is the 16 values times its scale,
+ * so that the weights are the reference's dequantized ones bit for bit;
+ * per 32 weights one widening load, a shift, two lookups and two FMAs. */
+static ISA_AVX512 float isa_avx512_dot_iq4(int t, const unsigned char *b, const float *x, int64_t k)
+{
+    v16f kv = LOAD16(iq4_values_f), acc0 = {0}, acc1 = {0};
+    if (t == DT_IQ4_NL) {
+        for (int64_t j = 0; j < k; j += 32, b += 18) {
+            v16f tab = kv * isa_f16c_at(b);
+            v16u32 q = __builtin_convertvector(*(const v16u8 *)(b + 2), v16u32);
+            acc0 += __builtin_ia32_permvarsf512(tab, (v16i32)q) * LOAD16(x + j);
+            acc1 += __builtin_ia32_permvarsf512(tab, (v16i32)(q >> 4)) * LOAD16(x + j + 16);
+        }
+    } else {
+        for (int64_t j = 0; j < k; j += 256, b += 136) {
+            float d = isa_f16c_at(b);
+            for (int s = 0; s < 8; s++) {
+                v16f tab = kv * (d * (float)iq4xs_ls(b, s));
+                v16u32 q = __builtin_convertvector(*(const v16u8 *)(b + 8 + 16 * s), v16u32);
+                acc0 += __builtin_ia32_permvarsf512(tab, (v16i32)q) * LOAD16(x + j + 32 * s);
+                acc1 += __builtin_ia32_permvarsf512(tab, (v16i32)(q >> 4)) * LOAD16(x + j + 32 * s + 16);
+            }
+        }
+    }
+    acc0 += acc1;
+    return hsum16(&acc0);
+}
+
+/* A Q3_K or Q2_K row by table lookups: sub-block s's table holds its
+ * values of q, (d sc_s) (q - 4) for Q3_K's 3 bits (q = the 2 low bits +
+ * 4 where the hmask bit is set), (d sc_s) q - dmin m_s for Q2_K's 2 bits,
+ * repeated to fill the 16 lanes so that an index's bits above them need
+ * no mask (vpermps reads 4). Per 16 weights: a shift (and Q3_K's high
+ * bit), one lookup, one FMA; each 16 bytes of fields widened once. */
+static ISA_AVX512 float isa_avx512_dot_q23k(int t, const unsigned char *b, const float *x, int64_t k)
+{
+    const v16f q3v = {-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3},
+               q2v = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
+    const v16u32 lo_shift = {0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4},
+                 hi_shift = {0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6};
+    int q3 = t == DT_Q3_K;
+    v16f acc0 = {0}, acc1 = {0};
+    for (int64_t j = 0; j < k; j += 256, b += q3 ? 110 : 84) {
+        const unsigned char *qs = b + (q3 ? 32 : 16);
+        /* the 16 sub-blocks' d sc_s (and Q2_K's dmin m_s), vectors at once */
+        float dsc[16] __attribute__((aligned(64))), dm[16] __attribute__((aligned(64)));
+        v16u32 hm[2] = {{0}, {0}};
+        if (q3) {
+            v16u8 sb;
+            memcpy(&sb, b + 96, 12);
+            v16u32 lo = __builtin_convertvector(
+                __builtin_shufflevector(sb, sb, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7), v16u32);
+            v16u32 hi = __builtin_convertvector(
+                __builtin_shufflevector(sb, sb, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11), v16u32);
+            v16i32 sc = (v16i32)((lo >> lo_shift & 15u) | (hi >> hi_shift & 3u) << 4) - 32;
+            STORE16(dsc, isa_f16c_at(b + 108) * __builtin_convertvector(sc, v16f));
+            for (int u = 0; u < 2; u++)
+                hm[u] = __builtin_convertvector(*(const v16u8 *)(b + 16 * u), v16u32) << 2;
+        } else {
+            v16u32 sc = __builtin_convertvector(*(const v16u8 *)b, v16u32);
+            STORE16(dsc, isa_f16c_at(b + 80) * __builtin_convertvector(sc & 15u, v16f));
+            STORE16(dm, isa_f16c_at(b + 82) * __builtin_convertvector(sc >> 4, v16f));
+        }
+        _Pragma("clang loop unroll(full)") for (int h = 0; h < 2; h++)
+        _Pragma("clang loop unroll(full)") for (int u = 0; u < 2; u++) {
+            v16u32 q = __builtin_convertvector(*(const v16u8 *)(qs + 32 * h + 16 * u), v16u32);
+            UNROLL4
+            for (int i = 0; i < 4; i++) {
+                int s = 8 * h + 2 * i + u;
+                v16u32 idx = q >> (uint32_t)(2 * i);
+                v16f tab;
+                if (q3) {
+                    tab = dsc[s] * q3v;
+                    idx = (idx & 3u) | (hm[u] >> (uint32_t)(4 * h + i) & 4u);
+                } else {
+                    v16f dq = dsc[s] * q2v; /* two roundings, as the reference's */
+                    tab = dq - dm[s];
+                }
+                v16f w = __builtin_ia32_permvarsf512(tab, (v16i32)idx);
+                if (i % 2)
+                    acc1 += w * LOAD16(x + j + 128 * h + 32 * i + 16 * u);
+                else
+                    acc0 += w * LOAD16(x + j + 128 * h + 32 * i + 16 * u);
+            }
+        }
+    }
+    acc0 += acc1;
+    return hsum16(&acc0);
+}
+
 /* Four packed Q8_0 rows (kernel_table.h) of nb blocks: their block scales
  * as floats into sc, 16 at a time (the last conversion reads up to 15
  * past them, inside the row's integers: 34 nb >= 2 (nb - 1) + 32 bytes;
@@ -3263,6 +3489,99 @@ static inline __attribute__((always_inline)) float hsum8(const v8fl *p)
     v8fl v = *p;
     v4f h = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
     return (h[0] + h[2]) + (h[1] + h[3]);
+}
+
+typedef int8_t v8i8 __attribute__((vector_size(8)));
+
+/* 32 IQ4 nibbles (qs, Q4_0's order) against x: sum kv[n] x, by vpshufb
+ * from the 16 values as int8 (a 32-byte lookup for the 32 weights), then
+ * widened to floats 8 at a time. */
+static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_iq4_block(const unsigned char *qs, const float *x)
+{
+    const v32c kv = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+                     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    v16u8 q = *(const v16u8 *)qs, lo = q & 15, hi = q >> 4;
+    v32c n = (v32c)__builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
+                                           19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+    v32c w = __builtin_ia32_pshufb256(kv, n);
+    v8fl s = {0}, xv;
+#define IQ4_EIGHT(c)                                                                                         \
+    do {                                                                                                     \
+        v8i8 w8 = __builtin_shufflevector(w, w, 8 * (c), 8 * (c) + 1, 8 * (c) + 2, 8 * (c) + 3, 8 * (c) + 4,  \
+                                          8 * (c) + 5, 8 * (c) + 6, 8 * (c) + 7);                            \
+        memcpy(&xv, x + 8 * (c), sizeof xv);                                                                 \
+        s += __builtin_convertvector(w8, v8fl) * xv;                                                         \
+    } while (0)
+    IQ4_EIGHT(0);
+    IQ4_EIGHT(1);
+    IQ4_EIGHT(2);
+    IQ4_EIGHT(3);
+#undef IQ4_EIGHT
+    return s;
+}
+
+/* An IQ4_NL or IQ4_XS row on AVX2 (isa_avx512_dot_iq4's sums, the
+ * scale applied to each block's). */
+static ISA_AVX2 float isa_avx2_dot_iq4(int t, const unsigned char *b, const float *x, int64_t k)
+{
+    v8fl acc = {0};
+    if (t == DT_IQ4_NL) {
+        for (int64_t j = 0; j < k; j += 32, b += 18)
+            acc += isa_f16c_at(b) * isa_avx2_iq4_block(b + 2, x + j);
+    } else {
+        for (int64_t j = 0; j < k; j += 256, b += 136) {
+            float d = isa_f16c_at(b);
+            for (int s = 0; s < 8; s++)
+                acc += (d * (float)iq4xs_ls(b, s)) * isa_avx2_iq4_block(b + 8 + 16 * s, x + j + 32 * s);
+        }
+    }
+    return hsum8(&acc);
+}
+
+/* isa_avx512_dot_q23k on AVX2: 8-entry tables (vpermps reads 3 bits of
+ * an index: Q3_K's q exactly, Q2_K's repeated twice), 8 weights a lookup. */
+static ISA_AVX2 float isa_avx2_dot_q23k(int t, const unsigned char *b, const float *x, int64_t k)
+{
+    const v8fl q3v = {-4, -3, -2, -1, 0, 1, 2, 3}, q2v = {0, 1, 2, 3, 0, 1, 2, 3};
+    int q3 = t == DT_Q3_K;
+    v8fl acc0 = {0}, acc1 = {0};
+    for (int64_t j = 0; j < k; j += 256, b += q3 ? 110 : 84) {
+        const unsigned char *qs = b + (q3 ? 32 : 16);
+        float dsc[16], dm[16], d = isa_f16c_at(b + (q3 ? 108 : 80)), dmin = q3 ? 0.0f : isa_f16c_at(b + 82);
+        for (int s = 0; s < 16; s++) {
+            dsc[s] = d * (float)(q3 ? q3k_scale(b + 96, s) : b[s] & 15);
+            dm[s] = dmin * (float)(b[s] >> 4);
+        }
+        _Pragma("clang loop unroll(full)") for (int h = 0; h < 2; h++)
+        _Pragma("clang loop unroll(full)") for (int e = 0; e < 4; e++) { /* 8 bytes of fields: lanes 8e.. */
+            v8u8 q8, h8 = {0};
+            memcpy(&q8, qs + 32 * h + 8 * e, 8);
+            if (q3)
+                memcpy(&h8, b + 8 * e, 8);
+            v8u32 q = __builtin_convertvector(q8, v8u32), hm = __builtin_convertvector(h8, v8u32) << 2;
+            UNROLL4
+            for (int i = 0; i < 4; i++) {
+                int s = 8 * h + 2 * i + e / 2;
+                v8u32 idx = q >> (uint32_t)(2 * i);
+                v8fl tab;
+                if (q3) {
+                    tab = dsc[s] * q3v;
+                    idx = (idx & 3u) | (hm >> (uint32_t)(4 * h + i) & 4u);
+                } else {
+                    v8fl dq = dsc[s] * q2v; /* two roundings, as the reference's */
+                    tab = dq - dm[s];
+                }
+                v8fl w = __builtin_ia32_permvarsf256(tab, (v8i32)idx), xv;
+                memcpy(&xv, x + j + 128 * h + 32 * i + 8 * e, sizeof xv);
+                if (i % 2)
+                    acc1 += w * xv;
+                else
+                    acc0 += w * xv;
+            }
+        }
+    }
+    acc0 += acc1;
+    return hsum8(&acc0);
 }
 
 /* The sum of v's halves: four floats, for isa_avx2_sum4. */

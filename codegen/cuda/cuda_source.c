@@ -38,8 +38,9 @@ _Static_assert(SPARSE_SINK_WINDOW == 0 && SPARSE_QUEST == 1 && SPARSE_SLOTS == 2
                "kernel_body.cuh's MK_SPARSE_* and MK_KV_* mirror ops.h");
 _Static_assert(DT_F32 == 0 && DT_F16 == 1 && DT_BF16 == 2 && DT_I32 == 3 && DT_Q8_0 == 5 && DT_Q4_0 == 6 &&
                    DT_Q4_1 == 7 && DT_W8 == 8 && DT_W4G32 == 9 && DT_W4G64 == 10 && DT_W4G128 == 11 && DT_Q5_0 == 18 && DT_Q5_1 == 19 &&
-                   DT_Q4_K == 20 && DT_Q5_K == 21 && DT_Q6_K == 22 && DT_COUNT <= 32,
-               "kernel_body.cuh's MK_DT_*; 5 bits per dtype");
+                   DT_Q4_K == 20 && DT_Q5_K == 21 && DT_Q6_K == 22 && DT_IQ4_NL == 29 && DT_IQ4_XS == 30 &&
+                   DT_Q3_K == 31 && DT_Q2_K == 32 && DT_COUNT <= 64,
+               "kernel_body.cuh's MK_DT_*; 6 bits per dtype (5 operands and the output-only bit: 31 bits)");
 _Static_assert(OP_MAX_PARAMS == 6 && OP_MAX_OPERANDS == 5, "instruction words: 6 params, 5 operands");
 /* The prelude and the shim declare MegacArgs with plain C types. */
 _Static_assert(sizeof(MegacArgs) == 72 && offsetof(MegacArgs, pos) == 32 && offsetof(MegacArgs, timeout_ns) == 40 &&
@@ -302,9 +303,10 @@ static void source_shape(FILE *f, const Schedule *s, const CudaLayout *l)
     fprintf(f, "#define MK_ROPE_HALF %d\n#define MK_EPS %.9ef\n", sh->rope_pairing == 1, sh->norm_eps);
     fprintf(f, "#define MK_NWORKERS %uu\n#define MK_NCTRS %uu\n#define MK_ARENA_BIT 0x%llxull\n", s->nworkers,
             s->nctrs ? s->nctrs : 1, (unsigned long long)CUDA_ARENA_BIT);
-    uint32_t ops, dts;
+    uint32_t ops;
+    uint64_t dts;
     cg_used(s, &ops, &dts);     /* kernel_body.cuh compiles only these bodies */
-    fprintf(f, "#define MK_OPS 0x%xu\n#define MK_DTS 0x%xu\n", ops, dts);
+    fprintf(f, "#define MK_OPS 0x%xu\n#define MK_DTS 0x%llxull\n", ops, (unsigned long long)dts);
     fprintf(f, "#define MK_KVT %d\n", (int)cuda_cache_dtype(s)); /* the caches' one dtype (cuda_check.c) */
     source_dev_defines(f);
 }
@@ -328,7 +330,7 @@ static int source_inst_encode(const Schedule *s, const Inst *in, const bool *out
         uint32_t b = s->accs[in->acc + (uint32_t)i].buf;
         w[n++] = b;
         if (b != BUF_NONE)
-            dt |= (uint32_t)s->bufs[b].dtype << (5 * i);
+            dt |= (uint32_t)s->bufs[b].dtype << (6 * i);
     }
     if (out && sched_inst_output_only(s, in, out))
         dt |= 1u << 31;     /* kernel_body.cuh's mk_skipped */

@@ -73,6 +73,10 @@ enum {
 #define MK_DT_Q4_K 20
 #define MK_DT_Q5_K 21
 #define MK_DT_Q6_K 22
+#define MK_DT_IQ4_NL 29
+#define MK_DT_IQ4_XS 30
+#define MK_DT_Q3_K 31
+#define MK_DT_Q2_K 32
 
 /* What the schedule uses (cuda_source.c): bit o of MK_OPS for opcode o, bit
  * t of MK_DTS for an operand of dtype t. The op bodies and weight formats
@@ -82,16 +86,16 @@ enum {
 #define MK_OPS 0xffffffffu
 #endif
 #ifndef MK_DTS
-#define MK_DTS 0xffffffffu
+#define MK_DTS 0xffffffffffffffffull
 #endif
 #define MK_HAS_OP(o) ((MK_OPS >> (o)) & 1u)
-#define MK_HAS_DT(t) ((MK_DTS >> (t)) & 1u)
+#define MK_HAS_DT(t) ((unsigned)(MK_DTS >> (t)) & 1u)
 #define MK_HAS_W4 (MK_HAS_DT(MK_DT_W4G32) | MK_HAS_DT(MK_DT_W4G64) | MK_HAS_DT(MK_DT_W4G128))
 /* a weight row in the CUDA block order (mk_planar) */
 #define MK_HAS_PLANAR (MK_HAS_W4 | MK_HAS_DT(MK_DT_Q4_0) | MK_HAS_DT(MK_DT_Q4_1) | MK_HAS_DT(MK_DT_Q8_0))
 #define MK_HAS_KQ (MK_HAS_DT(MK_DT_Q4_K) | MK_HAS_DT(MK_DT_Q5_K))
 /* a weight row read through mk_dot_qrow: anything but f32 and bf16 */
-#define MK_HAS_QROW ((MK_DTS & ~(1u << MK_DT_F32 | 1u << MK_DT_BF16 | 1u << MK_DT_I32)) != 0u)
+#define MK_HAS_QROW ((MK_DTS & ~(1ull << MK_DT_F32 | 1ull << MK_DT_BF16 | 1ull << MK_DT_I32)) != 0ull)
 
 /* Block-shared scratch: GEMV inputs, attention partials, reductions. */
 MK_SHARED MK_ALIGN16 float mk_sm[MK_SMEM_FLOATS];
@@ -355,7 +359,7 @@ MK_INLINE void *mk_opnd(const MegacArgs *a, const unsigned *in, int i)
 
 MK_INLINE int mk_dtype(const unsigned *in, int i)
 {
-    return (int)((in[1 + MK_NPARAM(in) + MK_NOPND(in)] >> (5 * i)) & 31u);
+    return (int)((in[1 + MK_NPARAM(in) + MK_NOPND(in)] >> (6 * i)) & 63u);
 }
 
 /* Whether this step skips op `in` (output-only, and a step without outputs). */
@@ -585,6 +589,10 @@ MK_INLINE long long mk_row_bytes(int t, long long k)
     case MK_DT_Q4_K: return k / 256 * 144;
     case MK_DT_Q5_K: return k / 256 * 176;
     case MK_DT_Q6_K: return k / 256 * 210;
+    case MK_DT_Q3_K: return k / 256 * 110;
+    case MK_DT_Q2_K: return k / 256 * 84;
+    case MK_DT_IQ4_NL: return k / 32 * 18;
+    case MK_DT_IQ4_XS: return k / 256 * 136;
     case MK_DT_W8: return 4 + (k + 3) / 4 * 4;
     default:
         g = mk_w4_gsize(t);
@@ -692,6 +700,37 @@ MK_INLINE int mk_q6k(const unsigned char *b, int h, int i, int l)
     return (lo | ((qh[0] >> (2 * i)) & 3) << 4) - 32;
 }
 
+/* IQ4's non-linear value of nibble n (ggml's kvalues_iq4nl: -127, -104,
+ * -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113), by a
+ * byte permute of the values as int8 (an indexed array would live in
+ * local memory). */
+MK_INLINE float mk_iq4(int n)
+{
+    unsigned s = (unsigned)n & 7u;
+    unsigned v = n & 8 ? mk_prmt(0x26190d01u, 0x71594535u, s) : mk_prmt(0xbfad9881u, 0xf6eaddcfu, s);
+    return (float)(signed char)(v & 0xffu);
+}
+
+/* Element e (< 256) of a Q3_K, Q2_K or IQ4_XS super-block b (layouts:
+ * ir/dtype.h), dequantized as compiler/quant.c does. */
+MK_INLINE float mk_lowbit_elem(int t, const unsigned char *b, int e)
+{
+    int h = e / 128, i = e % 128 / 32, l = e % 32, s = e / 16;
+    if (t == MK_DT_Q2_K) {
+        int q = b[16 + 32 * h + l] >> (2 * i) & 3;
+        return mk_f16_at(b + 80) * (float)(b[s] & 15) * (float)q - mk_f16_at(b + 82) * (float)(b[s] >> 4);
+    }
+    if (t == MK_DT_Q3_K) {
+        const unsigned char *sc = b + 96;
+        int lo = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4, hi = sc[8 + s % 4] >> (2 * (s / 4)) & 3;
+        int q = (b[32 + 32 * h + l] >> (2 * i) & 3) - ((b[l] >> (4 * h + i) & 1) ? 0 : 4);
+        return mk_f16_at(b + 108) * (float)((lo | hi << 4) - 32) * (float)q;
+    }
+    int sb = e / 32, ls = (b[4 + sb / 2] >> (4 * (sb % 2)) & 15) | ((b[2] | b[3] << 8) >> (2 * sb) & 3) << 4;
+    const unsigned char *qs = b + 8 + 16 * sb;
+    return mk_f16_at(b) * (float)(ls - 32) * mk_iq4(l < 16 ? qs[l] : qs[l - 16] >> 4);
+}
+
 /* Element j of a row of k elements of dtype t, dequantized. */
 MK_INLINE float mk_qelem(int t, const unsigned char *row, long long k, long long j)
 {
@@ -731,6 +770,15 @@ MK_INLINE float mk_qelem(int t, const unsigned char *row, long long k, long long
         return mk_f16_at(b + 208) * (float)(signed char)b[192 + 8 * (e / 128) + 2 * (e % 128 / 32) + e % 32 / 16] *
                (float)mk_q6k(b, e / 128, e % 128 / 32, e % 32);
     }
+    case MK_DT_Q3_K: case MK_DT_Q2_K: case MK_DT_IQ4_XS:
+        if (!(MK_HAS_DT(MK_DT_Q3_K) | MK_HAS_DT(MK_DT_Q2_K) | MK_HAS_DT(MK_DT_IQ4_XS)))
+            break;
+        return mk_lowbit_elem(t, row + j / 256 * mk_row_bytes(t, 256), (int)(j % 256));
+    case MK_DT_IQ4_NL:
+        if (!MK_HAS_DT(MK_DT_IQ4_NL))
+            break;
+        b = row + j / 32 * 18;
+        return mk_f16_at(b) * mk_iq4(j % 32 < 16 ? b[2 + j % 16] : b[2 + j % 16] >> 4);
     case MK_DT_W8:
         if (!MK_HAS_DT(MK_DT_W8))
             break;
