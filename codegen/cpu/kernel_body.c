@@ -2418,6 +2418,11 @@ static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t
         gemv_kq(t, sg, ns, x, k);
         return;
     }
+    /* Q3_K and Q2_K: the k-quants' integer rows with AVX-512 VNNI, else
+     * (or for x that they do not take) the table rows of qdot */
+    if ((HAS_DT(DT_Q3_K) | HAS_DT(DT_Q2_K)) && (t == DT_Q3_K || t == DT_Q2_K) && k <= QFAST_K_MAX &&
+        (megac_k_isa & KT_ISA_VNNI512) && isa_vnni512_gemv_kq(t, sg, ns, x, k))
+        return;
     if ((HAS_DT(DT_Q8_0) | HAS_DT(DT_W8)) && (t == DT_Q8_0 || t == DT_W8) && (megac_k_isa & KT_ISA_VNNI512) &&
         k % 64 == 0 && k <= QFAST_K_MAX && isa_vnni512_gemv_q8x(t, sg, ns, x, k))
         return;
@@ -2928,6 +2933,70 @@ isa_vnni512_kq6_superblock(int np, const unsigned char *b, const int8_t *xq, con
     }
 }
 
+/* One Q3_K or Q2_K super-block b against its planes (Q6_K's part
+ * layout: its 2-bit fields, byte l of qs + 32h holding elements 32i + l
+ * of half h at bits 2i, fall as Q6_K's values do, four elements a lane
+ * of one sub-block of 16), u8 and xs16 (its 16 sub-block sums of x): the
+ * values as bytes q (Q3_K: q + 4 where the hmask bit is set, 0..7), each
+ * lane's integer sum times d sc of its sub-block; Q3_K's - 4 as 4 sum d sc
+ * xs, Q2_K's dmin m as sum dmin m xs, both into *off. */
+static inline __attribute__((always_inline)) ISA_VNNI512 void
+isa_vnni512_kq23_superblock(int np, int q3, const unsigned char *b, const int8_t *xq, const v8fs *u8p,
+                            const v16f *xs16, v16f *acc, v16f *off)
+{
+    v16f d;
+    if (q3) {
+        const v16u32 lo_shift = {0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4},
+                     hi_shift = {0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6};
+        v16u8 sb = {0};
+        memcpy(&sb, b + 96, 12);
+        v16u32 l4 = __builtin_convertvector(
+            __builtin_shufflevector(sb, sb, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7), v16u32);
+        v16u32 h2 = __builtin_convertvector(
+            __builtin_shufflevector(sb, sb, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11), v16u32);
+        v16i32 sc = (v16i32)((l4 >> lo_shift & 15u) | (h2 >> hi_shift & 3u) << 4) - 32;
+        d = __builtin_convertvector(sc, v16f) * isa_f16c_at(b + 108);
+        *off += d * *xs16;
+    } else {
+        v16u32 sc = __builtin_convertvector(*(const v16u8 *)b, v16u32);
+        d = __builtin_convertvector(sc & 15u, v16f) * isa_f16c_at(b + 80);
+        *off += (__builtin_convertvector(sc >> 4, v16f) * isa_f16c_at(b + 82)) * *xs16;
+    }
+    v8fs u8 = *u8p;
+    v16f u = __builtin_shufflevector(u8, u8, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+    v8u32 hw = {0};
+    if (q3)
+        memcpy(&hw, b, 32);
+    for (int h = 0; h < 2; h++) {
+        v8u32 w;
+        memcpy(&w, b + (q3 ? 32 : 16) + 32 * h, 32);
+        v16u32 q = __builtin_shufflevector(w, w, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7) >>
+                   (v16u32){0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2};
+        v16u32 lo = q & 0x03030303u, hi = q >> 4 & 0x03030303u;
+        if (q3) { /* bit 4h + i of hmask[l]: i = 0, 1 in part 0's halves, 2, 3 in part 1's */
+            v16u32 m = __builtin_shufflevector(hw, hw, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7) >>
+                       (v16u32){4 * h, 4 * h, 4 * h, 4 * h, 4 * h, 4 * h, 4 * h, 4 * h, 4 * h + 1, 4 * h + 1,
+                                4 * h + 1, 4 * h + 1, 4 * h + 1, 4 * h + 1, 4 * h + 1, 4 * h + 1};
+            lo |= (m & 0x01010101u) << 2;
+            hi |= m & 0x04040404u;
+        }
+        v16f s0, s1;
+        isa_vnni512_kq_dots(np, lo, hi, xq + 128 * np * h, &s0, &s1);
+        /* lanes as in isa_vnni512_kq6_superblock */
+        if (h == 0) {
+            *acc += __builtin_shufflevector(d, d, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *
+                    __builtin_shufflevector(u, u, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1) * s0;
+            *acc += __builtin_shufflevector(d, d, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7) *
+                    __builtin_shufflevector(u, u, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3) * s1;
+        } else {
+            *acc += __builtin_shufflevector(d, d, 8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11) *
+                    __builtin_shufflevector(u, u, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5) * s0;
+            *acc += __builtin_shufflevector(d, d, 12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15) *
+                    __builtin_shufflevector(u, u, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7) * s1;
+        }
+    }
+}
+
 /* Four k-quant rows side by side into out[4]; tws (if any) asks for the
  * lines ahead. */
 static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_quad(int t, int np,
@@ -2936,7 +3005,7 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_qua
                                                                                const float *xs, int64_t k,
                                                                                WStream *tws, float out[4])
 {
-    int64_t bb = t == DT_Q4_K ? 144 : t == DT_Q5_K ? 176 : 210;
+    int64_t bb = t == DT_Q4_K ? 144 : t == DT_Q5_K ? 176 : t == DT_Q6_K ? 210 : t == DT_Q3_K ? 110 : 84;
     v16f acc[4] = {{0}, {0}, {0}, {0}}, off16[4] = {{0}, {0}, {0}, {0}};
     v8fs off8[4] = {{0}, {0}, {0}, {0}};
     for (int64_t s = 0; s < k / 256; s++) {
@@ -2944,7 +3013,13 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_qua
             ws_trickle(tws, 4 * bb);
         v8fs u8;
         memcpy(&u8, ub + 8 * s, 32);
-        if (t == DT_Q6_K) {
+        if (t == DT_Q3_K || t == DT_Q2_K) {
+            v16f xs16 = LOAD16(xs + 16 * s);
+            UNROLL4
+            for (int i = 0; i < 4; i++)
+                isa_vnni512_kq23_superblock(np, t == DT_Q3_K, row[i] + s * bb, xq + 256 * np * s, &u8, &xs16,
+                                            &acc[i], &off16[i]);
+        } else if (t == DT_Q6_K) {
             v16f xs16 = LOAD16(xs + 16 * s);
             UNROLL4
             for (int i = 0; i < 4; i++)
@@ -2965,7 +3040,10 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_qua
     }
     UNROLL4
     for (int i = 0; i < 4; i++)
-        out[i] = t != DT_Q6_K ? hsum16(&acc[i]) - kq_hsum8(&off8[i]) : hsum16(&acc[i]) - 32.0f * hsum16(&off16[i]);
+        out[i] = t == DT_Q4_K || t == DT_Q5_K ? hsum16(&acc[i]) - kq_hsum8(&off8[i])
+                 : t == DT_Q6_K               ? hsum16(&acc[i]) - 32.0f * hsum16(&off16[i])
+                 : t == DT_Q3_K               ? hsum16(&acc[i]) - 4.0f * hsum16(&off16[i])
+                                              : hsum16(&acc[i]) - hsum16(&off16[i]);
 }
 
 /* Rows [r0, r1) of a k-quant. */
@@ -2983,18 +3061,23 @@ static ISA_VNNI512 int isa_vnni512_gemv_kq(int t, const GemvSeg *sg, int ns, con
 {
     int8_t xq[3 * k] __attribute__((aligned(64)));
     float ub[k / 32], xs[k / 16];
-    if (!isa_vnni512_kq_x_prepare(t == DT_Q6_K, x, k, xq, ub))
+    int sixteen = t == DT_Q6_K || t == DT_Q3_K || t == DT_Q2_K; /* sub-blocks of 16, Q6_K's planes */
+    if (!isa_vnni512_kq_x_prepare(sixteen, x, k, xq, ub))
         return 0;
     /* vector sums (a scalar loop here was one chain of k dependent adds,
      * ~3000 cycles an op at k 768), in the order the AVX2 kernels take */
-    x_group_sums(x, k, t == DT_Q6_K ? 16 : 32, xs);
+    x_group_sums(x, k, sixteen ? 16 : 32, xs);
     for (int i = 0; i < ns; i++) {
         if (t == DT_Q4_K)
             isa_vnni512_kq_rows(DT_Q4_K, 3, &sg[i], xq, ub, xs, k);
         else if (t == DT_Q5_K)
             isa_vnni512_kq_rows(DT_Q5_K, 3, &sg[i], xq, ub, xs, k);
-        else
+        else if (t == DT_Q6_K)
             isa_vnni512_kq_rows(DT_Q6_K, 3, &sg[i], xq, ub, xs, k);
+        else if (HAS_DT(DT_Q3_K) && t == DT_Q3_K)
+            isa_vnni512_kq_rows(DT_Q3_K, 3, &sg[i], xq, ub, xs, k);
+        else if (HAS_DT(DT_Q2_K) && t == DT_Q2_K)
+            isa_vnni512_kq_rows(DT_Q2_K, 3, &sg[i], xq, ub, xs, k);
     }
     return 1;
 }
