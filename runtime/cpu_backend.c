@@ -115,9 +115,20 @@ static bool cpu_spin_for_step(CpuPool *pool, uint64_t seen)
     }
 }
 
-/* Worker thread: wait until the generation moves, run, report done. */
+/* Worker thread: wait until the generation moves, run, report done.
+ * Its float arithmetic flushes subnormal results to zero (MXCSR FTZ) and
+ * reads subnormal operands as zero (DAZ): an x86 core takes a microcode
+ * assist, some hundred cycles, for each instruction that meets one, and
+ * a GEMV input holding them (silu of a gate below about -87, as random
+ * weights give) read at a fifth of its speed: a Llama-3.2-1B-shaped
+ * Q3_K_M file of random weights decoded 2.1x faster with them flushed
+ * (megac bench, docs/performance.md). The values lost are below 2^-126
+ * in magnitude; the application's own threads keep their MXCSR. */
 static void *cpu_thread_main(void *p)
 {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_ldmxcsr(__builtin_ia32_stmxcsr() | 0x8040u); /* FTZ (bit 15) | DAZ (bit 6) */
+#endif
     CpuThread *t = p;
     CpuPool *pool = t->pool;
     uint64_t seen = 0;
