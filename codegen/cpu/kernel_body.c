@@ -2896,6 +2896,27 @@ isa_vnni512_kq4_superblock(int np, int q5, const unsigned char *b, const int8_t 
     }
 }
 
+/* *acc += each lane's sums s0 (part 0) and s1 (part 1) of half h of a
+ * super-block with sub-blocks of 16 (Q6_K's planes) times its sub-block's
+ * d[] and its x block's u[]: lane L holds elements 4L.. of part 0
+ * (sub-block 8h + L / 4, x block 4h + L / 8) and of part 1 (sub-block
+ * 8h + 4 + L / 4, block 4h + 2 + L / 8). */
+static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq16_add(int h, v16f d, v16f u, v16f s0,
+                                                                                 v16f s1, v16f *acc)
+{
+    if (h == 0) {
+        *acc += __builtin_shufflevector(d, d, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *
+                __builtin_shufflevector(u, u, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1) * s0;
+        *acc += __builtin_shufflevector(d, d, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7) *
+                __builtin_shufflevector(u, u, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3) * s1;
+    } else {
+        *acc += __builtin_shufflevector(d, d, 8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11) *
+                __builtin_shufflevector(u, u, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5) * s0;
+        *acc += __builtin_shufflevector(d, d, 12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15) *
+                __builtin_shufflevector(u, u, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7) * s1;
+    }
+}
+
 /* One Q6_K super-block b against its planes, u8 and xs16 (its 16
  * sub-block sums of x, 16 elements each): values 0..63 as bytes, the
  * - 32 as 32 sum d sc xs. */
@@ -2917,19 +2938,7 @@ isa_vnni512_kq6_superblock(int np, const unsigned char *b, const int8_t *xq, con
         v16u32 hi = (v >> 4 & 0x0f0f0f0fu) | (q & 0x30303030u); /* bits 4-5 of q are already where they go */
         v16f s0, s1;
         isa_vnni512_kq_dots(np, lo, hi, xq + 128 * np * h, &s0, &s1);
-        /* lane L: elements 4L.. of part 0 (sub-block 8h + L / 4, x block
-         * 4h + L / 8), of part 1 (sub-block 8h + 4 + L / 4, block 4h + 2 + L / 8) */
-        if (h == 0) {
-            *acc += __builtin_shufflevector(d, d, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *
-                    __builtin_shufflevector(u, u, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1) * s0;
-            *acc += __builtin_shufflevector(d, d, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7) *
-                    __builtin_shufflevector(u, u, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3) * s1;
-        } else {
-            *acc += __builtin_shufflevector(d, d, 8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11) *
-                    __builtin_shufflevector(u, u, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5) * s0;
-            *acc += __builtin_shufflevector(d, d, 12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15) *
-                    __builtin_shufflevector(u, u, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7) * s1;
-        }
+        isa_vnni512_kq16_add(h, d, u, s0, s1, acc);
     }
 }
 
@@ -2982,18 +2991,7 @@ isa_vnni512_kq23_superblock(int np, int q3, const unsigned char *b, const int8_t
         }
         v16f s0, s1;
         isa_vnni512_kq_dots(np, lo, hi, xq + 128 * np * h, &s0, &s1);
-        /* lanes as in isa_vnni512_kq6_superblock */
-        if (h == 0) {
-            *acc += __builtin_shufflevector(d, d, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *
-                    __builtin_shufflevector(u, u, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1) * s0;
-            *acc += __builtin_shufflevector(d, d, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7) *
-                    __builtin_shufflevector(u, u, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3) * s1;
-        } else {
-            *acc += __builtin_shufflevector(d, d, 8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11) *
-                    __builtin_shufflevector(u, u, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5) * s0;
-            *acc += __builtin_shufflevector(d, d, 12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15) *
-                    __builtin_shufflevector(u, u, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7) * s1;
-        }
+        isa_vnni512_kq16_add(h, d, u, s0, s1, acc);
     }
 }
 
