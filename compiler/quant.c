@@ -449,8 +449,8 @@ static double quant_row_gguf_a8(DType t, const unsigned char *row, int64_t k, co
     return y;
 }
 
-/* One Q4_KA8, Q5_KA8 or Q6_KA8 row against x: per block of 32, its d
- * times the sum of the weights' values (the k-quant's own, dequantized
+/* One Q4_KA8, Q5_KA8, Q6_KA8, IQ4_NLA8 or IQ4_XSA8 row against x: per
+ * block of 32, its d times the sum of the weights' values (the format's own, dequantized
  * exactly: quant_row_dequant) times xq, in double. */
 static double quant_row_kq_a8(DType t, const unsigned char *row, int64_t k, const float *x)
 {
@@ -475,7 +475,8 @@ void quant_gemv_a8_ref(DType t, const unsigned char *w, int64_t rows, int64_t k,
     size_t rb = dtype_row_bytes(t, k);
     for (int64_t r = 0; r < rows; r++)
         y[r] = dtype_is_rowwise(t)                 ? quant_row_a8(t, w + (size_t)r * rb, k, x)
-               : dtype_is_kquant(dtype_layout(t)) ? quant_row_kq_a8(t, w + (size_t)r * rb, k, x)
+               : dtype_is_kquant(dtype_layout(t)) || t == DT_IQ4_NLA8 || t == DT_IQ4_XSA8
+                   ? quant_row_kq_a8(t, w + (size_t)r * rb, k, x)
                                                   : quant_row_gguf_a8(t, w + (size_t)r * rb, k, x);
 }
 

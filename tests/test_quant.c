@@ -1027,12 +1027,16 @@ Test(quant, cpu_smollm2_gguf_own_blocks, .timeout = 300)
 
 /* A tiny Llama whose matrices are all Q5_0/Q5_1/Q4_K/Q5_K/Q6_K blocks
  * (tests/fixtures/weights/make_kquant.py). */
-#define KQ_YAML                                                                                       \
-    "name: tiny-kquant\n"                                                                             \
+#define KQ_ARCH                                                                                       \
     "arch: {dim: 256, hidden_dim: 256, n_layers: 2, n_heads: 4, n_kv_heads: 2, head_dim: 64,"         \
     " vocab_size: 260, max_seq: 16}\n"                                                                \
-    "tie_embeddings: false\n"                                                                         \
-    "weights: {format: gguf, path: ../weights/kquant.gguf}\n"                                         \
+    "tie_embeddings: false\n"
+#define KQ_YAML                                                                                       \
+    "name: tiny-kquant\n" KQ_ARCH "weights: {format: gguf, path: ../weights/kquant.gguf}\n"            \
+    "tokenizer: {format: none}\n"
+/* kquant.gguf's shapes in Q2_K, Q3_K, IQ4_NL and IQ4_XS (make_kquant.py) */
+#define LOWBIT_YAML                                                                                   \
+    "name: tiny-lowbit\n" KQ_ARCH "weights: {format: gguf, path: ../weights/lowbit.gguf}\n"            \
     "tokenizer: {format: none}\n"
 
 typedef struct {
@@ -1132,17 +1136,11 @@ Test(quant, gguf_kquant_model_runs_on_its_blocks, .timeout = 180)
 /* kquant.gguf's shapes in Q2_K, Q3_K, IQ4_NL and IQ4_XS (with a Q4_K and
  * a Q6_K matrix; make_kquant.py): kept byte for byte, and both kernels
  * follow the reference on them, as above; with int8 inputs (quant a8)
- * the four types keep their exact rows (they have no A8 form) and the
- * others take theirs. */
+ * Q2_K and Q3_K keep their exact rows (they have no A8 form) and the
+ * others take theirs (a8_keeps_stored_weights). */
 Test(quant, gguf_lowbit_model_runs_on_its_blocks, .timeout = 180)
 {
-    static const char yaml[] =
-        "name: tiny-lowbit\n"
-        "arch: {dim: 256, hidden_dim: 256, n_layers: 2, n_heads: 4, n_kv_heads: 2, head_dim: 64,"
-        " vocab_size: 260, max_seq: 16}\n"
-        "tie_embeddings: false\n"
-        "weights: {format: gguf, path: ../weights/lowbit.gguf}\n"
-        "tokenizer: {format: none}\n";
+    static const char yaml[] = LOWBIT_YAML;
     if (access(KQ_FIX "/lowbit.gguf", R_OK) != 0)
         cr_skip("tests/fixtures/weights/lowbit.gguf absent");
     Arena a = {0};
@@ -1168,9 +1166,10 @@ Test(quant, gguf_lowbit_model_runs_on_its_blocks, .timeout = 180)
     kernel_vs_reference(&m, "cpu", 1, 12);
     kernel_vs_reference(&m, "cpu", 3, 12);
     kernel_vs_reference(&m, "host-cuda", 3, 6);
-    /* int8 inputs: the low-bit matrices as they are, the rest A8 */
+    /* int8 inputs: Q2_K and Q3_K as they are, the rest A8 */
     cr_assert(weights_load(&w, &m8, &d));
     cr_assert_eq(weights_dtype(&w, "L0.wq"), DT_Q2_K);
+    cr_assert_eq(weights_dtype(&w, "L0.wk"), DT_Q3_K);
     cr_assert_eq(weights_dtype(&w, "L0.w_down"), DT_Q4_KA8);
     weights_free(&w);
     arena_free(&a);
@@ -1220,32 +1219,54 @@ Test(quant, awq_gptq_models_run_on_their_groups, .timeout = 180)
     }
 }
 
-/* NVRTC compiles those blocks' GEMVs for sm_80/90/120 without spills. */
-Test(quant, gguf_kquant_nvrtc, .timeout = 180)
+/* NVRTC compiles the GEMVs of model m's blocks for sm_80/90/120 without
+ * spills. */
+static void nvrtc_no_spills(const ModelDesc *m, Weights *w)
 {
-    Arena a = {0};
-    ModelDesc m;
-    Weights w;
-    kq_model_load(&a, &m, &w);
     Diag d;
     diag_init(&d);
     const char *archs[] = {"sm_80", "sm_90", "sm_120"};
     for (int i = 0; i < 3; i++) {
         if (!harness_variant_wanted(1, (size_t)i, 3)) /* sanitized: sm_90 only */
             continue;
-        Schedule *s = lower_model_weights(&m, &w, target_lookup(archs[i], &d), 8, &d);
+        Schedule *s = lower_model_weights(m, w, target_lookup(archs[i], &d), 8, &d);
         cr_assert_not_null(s);
         sched_layout(s);
         char dir[] = "/tmp/megac_kq_cu_XXXXXX", path[64];
         cr_assert_not_null(mkdtemp(dir));
         snprintf(path, sizeof path, "%s/kernel.cubin", dir);
         CudaKernelInfo info;
-        cr_assert(cg_cuda_compile(s, archs[i], path, &info, &d), "NVRTC failed for %s", archs[i]);
-        cr_assert_eq(info.local_bytes, 0, "%s: %d bytes of local memory", archs[i], (int)info.local_bytes);
+        cr_assert(cg_cuda_compile(s, archs[i], path, &info, &d), "%s: NVRTC failed for %s", m->name, archs[i]);
+        cr_assert_eq(info.local_bytes, 0, "%s %s: %d bytes of local memory", m->name, archs[i], (int)info.local_bytes);
         unlink(path);
         rmdir(dir);
         sched_free(s);
     }
+}
+
+Test(quant, gguf_kquant_nvrtc, .timeout = 180)
+{
+    Arena a = {0};
+    ModelDesc m;
+    Weights w;
+    kq_model_load(&a, &m, &w);
+    nvrtc_no_spills(&m, &w);
+    weights_free(&w);
+    arena_free(&a);
+}
+
+Test(quant, gguf_lowbit_nvrtc, .timeout = 180)
+{
+    if (access(KQ_FIX "/lowbit.gguf", R_OK) != 0)
+        cr_skip("tests/fixtures/weights/lowbit.gguf absent");
+    Arena a = {0};
+    ModelDesc m;
+    Weights w;
+    Diag d;
+    diag_init(&d);
+    cr_assert(desc_text(&m, &a, LOWBIT_YAML, NULL, 0));
+    cr_assert(weights_load(&w, &m, &d));
+    nvrtc_no_spills(&m, &w);
     weights_free(&w);
     arena_free(&a);
 }
@@ -1267,11 +1288,12 @@ static void a8_near_exact(const QTensor *src, const QTensor *q)
 }
 
 /* quant a8 keeps every stored matrix's values and gives the ones with an
- * int8-input form that form: GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and
- * k-quant blocks byte for byte (Q4_0A8, Q4_1A8, Q5_0A8, Q5_1A8, Q8_0A8,
- * Q4_KA8, Q5_KA8, Q6_KA8), f16 and bf16 as they are. On
- * the k-quant model the CPU kernel path stays close to the model as
- * stored (teacher-forced, 16 positions). */
+ * int8-input form that form: GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K to
+ * Q6_K and IQ4 blocks byte for byte (Q4_0A8, Q4_1A8, Q5_0A8, Q5_1A8,
+ * Q8_0A8, Q4_KA8, Q5_KA8, Q6_KA8, IQ4_NLA8, IQ4_XSA8), f16, bf16, Q2_K
+ * and Q3_K as they are. On the k-quant and low-bit models the CPU kernel
+ * path stays close to the model as stored (teacher-forced, 16
+ * positions). */
 Test(quant, a8_keeps_stored_weights, .timeout = 120)
 {
     if (access(MEGAC_SRC "/tests/fixtures/weights/tiny.gguf", R_OK) != 0 || access(KQ_FIX "/kquant.gguf", R_OK) != 0)
@@ -1289,7 +1311,9 @@ Test(quant, a8_keeps_stored_weights, .timeout = 120)
                 {KQ_YAML, "L0.wo", DT_Q5_0, DT_Q5_0A8},    {KQ_YAML, "L0.w_up", DT_Q5_1, DT_Q5_1A8},
                 {KQ_YAML, "L1.wv", DT_Q5_0, DT_Q5_0A8},    {KQ_YAML, "L0.wq", DT_Q4_K, DT_Q4_KA8},
                 {KQ_YAML, "L0.wk", DT_Q5_K, DT_Q5_KA8},    {KQ_YAML, "L0.wv", DT_Q6_K, DT_Q6_KA8},
-                {KQ_YAML, "embed", DT_Q6_K, DT_Q6_KA8}};
+                {KQ_YAML, "embed", DT_Q6_K, DT_Q6_KA8},    {LOWBIT_YAML, "L0.wv", DT_IQ4_NL, DT_IQ4_NLA8},
+                {LOWBIT_YAML, "L0.wo", DT_IQ4_XS, DT_IQ4_XSA8}, {LOWBIT_YAML, "lm_head", DT_IQ4_XS, DT_IQ4_XSA8},
+                {LOWBIT_YAML, "L0.wq", DT_Q2_K, DT_Q2_K},  {LOWBIT_YAML, "L0.wk", DT_Q3_K, DT_Q3_K}};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         ModelDesc m0, m1;
         Weights w0, w1;
@@ -1309,31 +1333,32 @@ Test(quant, a8_keeps_stored_weights, .timeout = 120)
         weights_free(&w0);
         weights_free(&w1);
     }
-    /* the model, compiled for the CPU with a8, against itself as stored */
-    char path[] = "/tmp/megac_kq_a8_XXXXXX.yaml";
-    int fd = mkstemps(path, 5);
-    cr_assert(fd >= 0);
-    char text[1024];
-    int len = snprintf(text, sizeof text,
-                       "name: tiny-kquant\n"
-                       "arch: {dim: 256, hidden_dim: 256, n_layers: 2, n_heads: 4, n_kv_heads: 2, head_dim: 64,"
-                       " vocab_size: 260, max_seq: 16}\n"
-                       "tie_embeddings: false\n"
-                       "weights: {format: gguf, path: %s/kquant.gguf}\n"
-                       "tokenizer: {format: bytes}\n",
-                       KQ_FIX);
-    cr_assert(write(fd, text, (size_t)len) == len);
-    close(fd);
-    ModelDesc m;
-    cr_assert(desc_load(&m, &a, path, NULL, 0, &d));
-    QuantSpec f[1] = {{QUANT_A8, 0}};
-    QuantEval e[2];
-    QuantEvalRun r = {"Once upon", 16, 15, "cpu", path, NULL, 0, false};
-    cr_assert(quant_eval(&m, &r, f, 1, e, &d));
-    unlink(path);
-    cr_assert_eq(e[1].bpw, e[0].bpw, "the stored bits per weight: %g, %g", e[1].bpw, e[0].bpw);
-    cr_assert(e[1].mean_kl > 0 && e[1].mean_kl < 1e-3, "a8 mean KL %g", e[1].mean_kl);
-    cr_assert_geq(e[1].top1, 0.8, "a8 same top-1 %g", e[1].top1);
+    /* the models, compiled for the CPU with a8, against themselves as stored */
+    static const char *const files[] = {"kquant", "lowbit"};
+    for (int i = 0; i < 2; i++) {
+        char path[] = "/tmp/megac_kq_a8_XXXXXX.yaml";
+        int fd = mkstemps(path, 5);
+        cr_assert(fd >= 0);
+        char text[1024];
+        int len = snprintf(text, sizeof text,
+                           "name: tiny-%s\n" KQ_ARCH "weights: {format: gguf, path: %s/%s.gguf}\n"
+                           "tokenizer: {format: bytes}\n",
+                           files[i], KQ_FIX, files[i]);
+        cr_assert(write(fd, text, (size_t)len) == len);
+        close(fd);
+        ModelDesc m;
+        cr_assert(desc_load(&m, &a, path, NULL, 0, &d));
+        QuantSpec f[1] = {{QUANT_A8, 0}};
+        QuantEval e[2];
+        QuantEvalRun r = {"Once upon", 16, 15, "cpu", path, NULL, 0, false};
+        cr_assert(quant_eval(&m, &r, f, 1, e, &d));
+        unlink(path);
+        cr_assert_eq(e[1].bpw, e[0].bpw, "%s: the stored bits per weight: %g, %g", files[i], e[1].bpw, e[0].bpw);
+        cr_assert(e[1].mean_kl > 0 && e[1].mean_kl < 1e-3, "%s: a8 mean KL %g", files[i], e[1].mean_kl);
+        cr_assert_geq(e[1].top1, 0.8, "%s: a8 same top-1 %g", files[i], e[1].top1);
+        cr_log_info("%s: a8 against the stored blocks, mean KL %.3g, same top-1 %.2f", files[i], e[1].mean_kl,
+                    e[1].top1);
+    }
     arena_free(&a);
 }
 

@@ -841,15 +841,16 @@ static float dot_q8_0a8(const unsigned char *row, const int8_t *xq, const float 
     return s;
 }
 
-/* A k-quant A8 row (layout l) on the quantized input without AVX2: per
- * block of 32, d times the sum of the weights' values times xq. */
+/* A k-quant or IQ4 A8 row (layout l) on the quantized input without
+ * AVX2 (IQ4: without AVX-512 VNNI): per block of 32, d times the sum of
+ * the weights' values times xq. */
 static float dot_kqa8(int l, const unsigned char *row, const int8_t *xq, const float *dq, int64_t k)
 {
     float s = 0;
     for (int64_t b = 0; b < k / 32; b++) {
         float p = 0;
         for (int j = 0; j < 32; j++)
-            p += gguf_elem(l, row, 32 * b + j) * (float)xq[32 * b + j];
+            p += qelem(l, row, k, 32 * b + j) * (float)xq[32 * b + j];
         s += dq[b] * p;
     }
     return s;
@@ -5130,8 +5131,98 @@ static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_
 
 /* y[r0:r1] of an A8 weight: the input quantized once, then integer rows.
  * k <= CPU_NORM_K_MAX (cpu_check.c), so the buffers stay modest VLAs. */
+/* IQ4_NLA8 and IQ4_XSA8 rows with vpdpbusd. A 64-byte vector holds four
+ * blocks' (IQ4_XS: sub-blocks') 16 bytes of nibbles, one a 128-bit lane;
+ * vpshufb turns each nibble into its value + 128 as an unsigned byte (1 to
+ * 241), against x's int8 in the same places: xl the first 16 of each
+ * block's 32, xh the last 16, made once per op (zeros past k). The + 128
+ * adds 128 times each lane's sum of xq, taken off by starting the lane's
+ * sum from xc = -128 (that sum). Each lane's integer sum is then scaled by
+ * its block's d_w d_x in float. */
+static ISA_VNNI512 void isa_vnni512_gemv_iq4a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
+{
+    const v64i8 kvu = {1,  24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166, (char)181,
+                       (char)197, (char)217, (char)241, 1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141,
+                       (char)153, (char)166, (char)181, (char)197, (char)217, (char)241, 1, 24, 45, 63, 79, 93,
+                       106, 118, (char)129, (char)141, (char)153, (char)166, (char)181, (char)197, (char)217,
+                       (char)241, 1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166,
+                       (char)181, (char)197, (char)217, (char)241};
+    int64_t nb = k / 32, ng = (nb + 3) / 4;
+    int8_t xq[32 * 4 * ng] __attribute__((aligned(64)));
+    float dq[4 * ng] __attribute__((aligned(16)));
+    memset(xq, 0, sizeof xq);
+    memset(dq, 0, sizeof dq);
+    act_quantize_best(x, k, xq, dq);
+    v16u32 xl[ng], xh[ng];
+    v16i32 xc[ng];
+    for (int64_t g = 0; g < ng; g++) {
+        int8_t lo[64], hi[64];
+        for (int b = 0; b < 4; b++) {
+            memcpy(lo + 16 * b, xq + 32 * (4 * g + b), 16);
+            memcpy(hi + 16 * b, xq + 32 * (4 * g + b) + 16, 16);
+        }
+        memcpy(&xl[g], lo, 64);
+        memcpy(&xh[g], hi, 64);
+        v16i32 s = isa_vnni512_dot((v16i32){0}, (v16u32){0} + 0x80808080u, xl[g]);
+        xc[g] = -isa_vnni512_dot(s, (v16u32){0} + 0x80808080u, xh[g]);
+    }
+    int xs = t == DT_IQ4_XSA8;
+    int64_t rb = qrow_bytes(t, k);
+    for (int i = 0; i < ns; i++)
+        for (int64_t r = sg[i].r0; r < sg[i].r1; r++) {
+            const unsigned char *row = sg[i].W + r * rb;
+            ws_read(sg[i].ws, rb);
+            v16f acc = {0};
+            for (int64_t g = 0; g < ng; g++) {
+                v16u32 v;
+                v4f dw;
+                if (xs) { /* sub-blocks 4 (g % 2) .. of super-block g / 2 */
+                    const unsigned char *b = row + 136 * (g / 2);
+                    int s0 = 4 * (int)(g % 2);
+                    v = *(const v16u32a1 *)(b + 8 + 64 * (g % 2));
+                    dw = (v4f){(float)iq4xs_ls(b, s0), (float)iq4xs_ls(b, s0 + 1), (float)iq4xs_ls(b, s0 + 2),
+                               (float)iq4xs_ls(b, s0 + 3)} *
+                         isa_f16c_at(b);
+                } else { /* blocks 4g .. 4g + n - 1 (a last group of n < 4: zeros, as x is past k) */
+                    const unsigned char *b = row + 18 * 4 * g;
+                    int n = nb - 4 * g < 4 ? (int)(nb - 4 * g) : 4;
+                    v4u32 c0 = *(const v4u32u_a *)(b + 2), c1 = {0}, c2 = {0}, c3 = {0};
+                    uint16_t h0 = (uint16_t)(b[0] | b[1] << 8), h1 = 0, h2 = 0, h3 = 0;
+                    if (n > 1) {
+                        c1 = *(const v4u32u_a *)(b + 20);
+                        h1 = (uint16_t)(b[18] | b[19] << 8);
+                    }
+                    if (n > 2) {
+                        c2 = *(const v4u32u_a *)(b + 38);
+                        h2 = (uint16_t)(b[36] | b[37] << 8);
+                    }
+                    if (n > 3) {
+                        c3 = *(const v4u32u_a *)(b + 56);
+                        h3 = (uint16_t)(b[54] | b[55] << 8);
+                    }
+                    v8u32 a = __builtin_shufflevector(c0, c1, 0, 1, 2, 3, 4, 5, 6, 7);
+                    v8u32 e = __builtin_shufflevector(c2, c3, 0, 1, 2, 3, 4, 5, 6, 7);
+                    v = __builtin_shufflevector(a, e, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+                    dw = __builtin_ia32_vcvtph2ps((v8i16){(short)h0, (short)h1, (short)h2, (short)h3, 0, 0, 0, 0});
+                }
+                v16u32 wl = (v16u32)__builtin_ia32_pshufb512(kvu, (v64i8)(v & 0x0f0f0f0fu));
+                v16u32 wh = (v16u32)__builtin_ia32_pshufb512(kvu, (v64i8)(v >> 4 & 0x0f0f0f0fu));
+                v16i32 s = isa_vnni512_dot(isa_vnni512_dot(xc[g], wl, xl[g]), wh, xh[g]);
+                v4f sc = dw * *(const v4f *)(dq + 4 * g);
+                acc += __builtin_shufflevector(sc, sc, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *
+                       __builtin_convertvector(s, v16f);
+            }
+            gemv_store(sg[i].y, sg[i].b, r, hsum16(&acc), sg[i].accum);
+        }
+}
+
 static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
+    if ((HAS_DT(DT_IQ4_NLA8) | HAS_DT(DT_IQ4_XSA8)) && (t == DT_IQ4_NLA8 || t == DT_IQ4_XSA8) &&
+        (megac_k_isa & KT_ISA_VNNI512)) {
+        isa_vnni512_gemv_iq4a8(t, sg, ns, x, k);
+        return;
+    }
     /* the GGUF 4- and 5-bit A8 rows (Q4_0A8, Q4_1A8, Q5_0A8, Q5_1A8) are
      * always packed: k is whole blocks and at most CPU_NORM_K_MAX
      * (cpu_check.c asserts it is within KT_PACK_K_MAX) */
@@ -5151,7 +5242,7 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
         Q256_PICK(gemv_kqa8)(l, sg, ns, xq, dq, k);
         return;
     }
-    int kind = dtype_is_kquant((DType)l) ? -1 : a8_fast_kind(t, k);
+    int kind = dtype_is_kquant((DType)l) || l == DT_IQ4_NL || l == DT_IQ4_XS ? -1 : a8_fast_kind(t, k);
     if (kind >= 0) {
         gemv_a8_fast(kind, t, sg, ns, xq, dq, k);
         return;
@@ -5163,7 +5254,7 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
             ws_read(sg[i].ws, rb);
             float v = t == DT_W8A8                  ? dot_w8a8(row, xq, dq, k)
                       : t == DT_Q8_0A8               ? dot_q8_0a8(row, xq, dq, k)
-                      : dtype_is_kquant((DType)l) ? dot_kqa8(l, row, xq, dq, k)
+                      : dtype_is_kquant((DType)l) || l == DT_IQ4_NL || l == DT_IQ4_XS ? dot_kqa8(l, row, xq, dq, k)
                                                      : dot_w4a8(t, row, xq, dq, k);
             gemv_store(sg[i].y, sg[i].b, r, v, sg[i].accum);
         }
@@ -5197,7 +5288,7 @@ static void gemv_rows(const MegacArgs *a, const int64_t *in, int n, const float 
     } else if (a8_is(t)) {
         if (HAS_DT(DT_W8A8) | HAS_DT(DT_W4A8G32) | HAS_DT(DT_W4A8G64) | HAS_DT(DT_W4A8G128) | HAS_DT(DT_Q4_1A8) |
             HAS_DT(DT_Q5_0A8) | HAS_DT(DT_Q5_1A8) | HAS_DT(DT_Q8_0A8) | HAS_DT(DT_Q4_KA8) | HAS_DT(DT_Q5_KA8) |
-            HAS_DT(DT_Q6_KA8) | HAS_DT(DT_Q4_0A8))
+            HAS_DT(DT_Q6_KA8) | HAS_DT(DT_Q4_0A8) | HAS_DT(DT_IQ4_NLA8) | HAS_DT(DT_IQ4_XSA8))
             gemv_a8(t, sg, n, x, k);
     } else {
         gemv_quant(t, sg, n, x, k);
