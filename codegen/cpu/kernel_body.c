@@ -5216,11 +5216,55 @@ static ISA_VNNI512 void isa_vnni512_gemv_iq4a8(int t, const GemvSeg *sg, int ns,
         }
 }
 
+/* IQ4_NLA8 and IQ4_XSA8 rows on AVX2, a block of 32 a 256-bit vector:
+ * the nibbles' values as int8 by vpshufb, in x's own order (a block's
+ * low nibbles are its first 16 elements), then llama.cpp's signed
+ * product: vpmaddubsw of |w| and x with w's signs (each pair's sum within
+ * 2 * 127 * 127), vpmaddwd to 32 bits, the block's d_w d_x in float. */
+static ISA_AVX2 void isa_avx2_gemv_iq4a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
+{
+    const v32c kv = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+                     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    const v16i16 ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    int8_t xq[k] __attribute__((aligned(32)));
+    float dq[(k + 31) / 32];
+    act_quantize_best(x, k, xq, dq);
+    int xs = t == DT_IQ4_XSA8;
+    int64_t rb = qrow_bytes(t, k);
+    for (int i = 0; i < ns; i++)
+        for (int64_t r = sg[i].r0; r < sg[i].r1; r++) {
+            const unsigned char *row = sg[i].W + r * rb, *qs;
+            ws_read(sg[i].ws, rb);
+            v8fl acc = {0};
+            for (int64_t b = 0; b < k / 32; b++) {
+                float d;
+                if (xs) {
+                    const unsigned char *sb = row + 136 * (b / 8);
+                    d = isa_f16c_at(sb) * (float)iq4xs_ls(sb, (int)(b % 8));
+                    qs = sb + 8 + 16 * (b % 8);
+                } else {
+                    d = isa_f16c_at(row + 18 * b);
+                    qs = row + 18 * b + 2;
+                }
+                v16u8 q = *(const v16u8 *)qs, lo = q & 15, hi = q >> 4;
+                v32c n = (v32c)__builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+                                                       16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+                v32c w = __builtin_ia32_pshufb256(kv, n), xv = *(const v32c *)(xq + 32 * b);
+                v16i16 p = __builtin_ia32_pmaddubsw256(__builtin_elementwise_abs(w), __builtin_ia32_psignb256(xv, w));
+                acc += __builtin_convertvector(__builtin_ia32_pmaddwd256(p, ones), v8fl) * (d * dq[b]);
+            }
+            gemv_store(sg[i].y, sg[i].b, r, hsum8(&acc), sg[i].accum);
+        }
+}
+
 static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
     if ((HAS_DT(DT_IQ4_NLA8) | HAS_DT(DT_IQ4_XSA8)) && (t == DT_IQ4_NLA8 || t == DT_IQ4_XSA8) &&
-        (megac_k_isa & KT_ISA_VNNI512)) {
-        isa_vnni512_gemv_iq4a8(t, sg, ns, x, k);
+        (megac_k_isa & KT_ISA_AVX2)) {
+        if (megac_k_isa & KT_ISA_VNNI512)
+            isa_vnni512_gemv_iq4a8(t, sg, ns, x, k);
+        else
+            isa_avx2_gemv_iq4a8(t, sg, ns, x, k);
         return;
     }
     /* the GGUF 4- and 5-bit A8 rows (Q4_0A8, Q4_1A8, Q5_0A8, Q5_1A8) are
