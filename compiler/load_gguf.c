@@ -85,8 +85,10 @@ static int gguf_fetch(void *ctx, const char *name, const WSlot *s, float *dst, D
         return -1;
     int dt = gguf_dtype(t->ggml_type);
     if (!t->data || dt < 0) {
-        diag_file_error(d, g->path, "tensor '%s': type %s (%u) is not supported (F32, F16, BF16, Q8_0, Q4_0, "
-                        "Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS are)", name, gguf_type_name(t->ggml_type), t->ggml_type);
+        diag_file_error(d, g->path,
+                        "tensor '%s': type %s (%u) is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
+                        "Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS are)",
+                        name, gguf_type_name(t->ggml_type), t->ggml_type);
         return -1;
     }
     int64_t cols = s->cols ? s->cols : s->rows, rows = s->cols ? s->rows : 1;

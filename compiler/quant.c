@@ -473,11 +473,11 @@ void quant_gemv_a8_ref(DType t, const unsigned char *w, int64_t rows, int64_t k,
 {
     ASSERT(dtype_is_a8(t));
     size_t rb = dtype_row_bytes(t, k);
+    bool values = dtype_is_kquant(dtype_layout(t)) || t == DT_IQ4_NLA8 || t == DT_IQ4_XSA8;
     for (int64_t r = 0; r < rows; r++)
-        y[r] = dtype_is_rowwise(t)                 ? quant_row_a8(t, w + (size_t)r * rb, k, x)
-               : dtype_is_kquant(dtype_layout(t)) || t == DT_IQ4_NLA8 || t == DT_IQ4_XSA8
-                   ? quant_row_kq_a8(t, w + (size_t)r * rb, k, x)
-                                                  : quant_row_gguf_a8(t, w + (size_t)r * rb, k, x);
+        y[r] = dtype_is_rowwise(t) ? quant_row_a8(t, w + (size_t)r * rb, k, x)
+               : values            ? quant_row_kq_a8(t, w + (size_t)r * rb, k, x)
+                                   : quant_row_gguf_a8(t, w + (size_t)r * rb, k, x);
 }
 
 /* ---- the CPU kernel's byte order for 4-bit and Q8_0 rows ----

@@ -447,7 +447,9 @@ static float qelem(int t, const unsigned char *row, int64_t k, int64_t j)
     }
     case DT_Q5_0: case DT_Q5_1: case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: case DT_Q3_K: case DT_Q2_K: case DT_IQ4_XS:
         return gguf_elem(t, row, j);
-    case DT_IQ4_NL: b = row + j / 32 * 18; return f16_at(b) * (float)iq4_values[(b[2 + j % 16] >> (j % 32 < 16 ? 0 : 4)) & 15];
+    case DT_IQ4_NL:
+        b = row + j / 32 * 18;
+        return f16_at(b) * (float)iq4_values[(b[2 + j % 16] >> (j % 32 < 16 ? 0 : 4)) & 15];
     case DT_W8: { float s; memcpy(&s, row, 4); return s * (float)(int8_t)row[4 + j]; }
     default: {
         int64_t g = w4_gsize(t);
@@ -2194,6 +2196,22 @@ isa_avx512_nib_groups4(const unsigned char *w[4], int64_t ng, int64_t gb, int64_
     }
 }
 
+/* Q3_K's 16 sub-block scales less 32 (q3k_scale) from its 12 bytes at
+ * sc, as floats, by two in-register byte selections. */
+static inline __attribute__((always_inline)) ISA_AVX512 void isa_avx512_q3k_scales(const unsigned char *sc,
+                                                                                  v16f *out)
+{
+    const v16u32 lo_shift = {0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4},
+                 hi_shift = {0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6};
+    v16u8 sb = {0};
+    memcpy(&sb, sc, 12);
+    v16u32 lo = __builtin_convertvector(
+        __builtin_shufflevector(sb, sb, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7), v16u32);
+    v16u32 hi = __builtin_convertvector(
+        __builtin_shufflevector(sb, sb, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11), v16u32);
+    *out = __builtin_convertvector((v16i32)((lo >> lo_shift & 15u) | (hi >> hi_shift & 3u) << 4) - 32, v16f);
+}
+
 /* An IQ4_NL or IQ4_XS row by table lookups, as the W4G* rows above: each
  * block's (IQ4_XS: sub-block's) table is the 16 values times its scale,
  * so that the weights are the reference's dequantized ones bit for bit;
@@ -2233,8 +2251,6 @@ static ISA_AVX512 float isa_avx512_dot_q23k(int t, const unsigned char *b, const
 {
     const v16f q3v = {-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3},
                q2v = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
-    const v16u32 lo_shift = {0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4},
-                 hi_shift = {0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6};
     int q3 = t == DT_Q3_K;
     v16f acc0 = {0}, acc1 = {0};
     for (int64_t j = 0; j < k; j += 256, b += q3 ? 110 : 84) {
@@ -2243,14 +2259,9 @@ static ISA_AVX512 float isa_avx512_dot_q23k(int t, const unsigned char *b, const
         float dsc[16] __attribute__((aligned(64))), dm[16] __attribute__((aligned(64)));
         v16u32 hm[2] = {{0}, {0}};
         if (q3) {
-            v16u8 sb;
-            memcpy(&sb, b + 96, 12);
-            v16u32 lo = __builtin_convertvector(
-                __builtin_shufflevector(sb, sb, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7), v16u32);
-            v16u32 hi = __builtin_convertvector(
-                __builtin_shufflevector(sb, sb, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11), v16u32);
-            v16i32 sc = (v16i32)((lo >> lo_shift & 15u) | (hi >> hi_shift & 3u) << 4) - 32;
-            STORE16(dsc, isa_f16c_at(b + 108) * __builtin_convertvector(sc, v16f));
+            v16f sc;
+            isa_avx512_q3k_scales(b + 96, &sc);
+            STORE16(dsc, isa_f16c_at(b + 108) * sc);
             for (int u = 0; u < 2; u++)
                 hm[u] = __builtin_convertvector(*(const v16u8 *)(b + 16 * u), v16u32) << 2;
         } else {
@@ -2956,16 +2967,8 @@ isa_vnni512_kq23_superblock(int np, int q3, const unsigned char *b, const int8_t
 {
     v16f d;
     if (q3) {
-        const v16u32 lo_shift = {0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4},
-                     hi_shift = {0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6};
-        v16u8 sb = {0};
-        memcpy(&sb, b + 96, 12);
-        v16u32 l4 = __builtin_convertvector(
-            __builtin_shufflevector(sb, sb, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7), v16u32);
-        v16u32 h2 = __builtin_convertvector(
-            __builtin_shufflevector(sb, sb, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11), v16u32);
-        v16i32 sc = (v16i32)((l4 >> lo_shift & 15u) | (h2 >> hi_shift & 3u) << 4) - 32;
-        d = __builtin_convertvector(sc, v16f) * isa_f16c_at(b + 108);
+        isa_avx512_q3k_scales(b + 96, &d);
+        d *= isa_f16c_at(b + 108);
         *off += d * *xs16;
     } else {
         v16u32 sc = __builtin_convertvector(*(const v16u8 *)b, v16u32);
