@@ -2196,6 +2196,18 @@ isa_avx512_nib_groups4(const unsigned char *w[4], int64_t ng, int64_t gb, int64_
     }
 }
 
+/* d (ls - 32) of the 8 sub-blocks of the IQ4_XS super-block b (d: its
+ * f16 scale as a float), iq4xs_scale's values at once. */
+static inline __attribute__((always_inline)) void iq4xs_scales8(const unsigned char *b, float d, float out[8])
+{
+    uint32_t sl;
+    memcpy(&sl, b + 4, 4);
+    v8u32 l = ((v8u32){0} + sl) >> (v8u32){0, 4, 8, 12, 16, 20, 24, 28} & 15u;
+    v8u32 h = ((v8u32){0} + (uint32_t)(b[2] | b[3] << 8)) >> (v8u32){0, 2, 4, 6, 8, 10, 12, 14} & 3u;
+    v8fs v = (__builtin_convertvector(l | h << 4, v8fs) - 32.0f) * d;
+    memcpy(out, &v, sizeof v);
+}
+
 /* Q3_K's 16 sub-block scales less 32 (q3k_scale) from its 12 bytes at
  * sc, as floats, by two in-register byte selections. */
 static inline __attribute__((always_inline)) ISA_AVX512 void isa_avx512_q3k_scales(const unsigned char *sc,
@@ -2228,9 +2240,10 @@ static ISA_AVX512 float isa_avx512_dot_iq4(int t, const unsigned char *b, const 
         }
     } else {
         for (int64_t j = 0; j < k; j += 256, b += 136) {
-            float d = isa_f16c_at(b);
+            float sc[8];
+            iq4xs_scales8(b, isa_f16c_at(b), sc);
             for (int s = 0; s < 8; s++) {
-                v16f tab = kv * (d * (float)iq4xs_ls(b, s));
+                v16f tab = kv * sc[s];
                 v16u32 q = __builtin_convertvector(*(const v16u8 *)(b + 8 + 16 * s), v16u32);
                 acc0 += __builtin_ia32_permvarsf512(tab, (v16i32)q) * LOAD16(x + j + 32 * s);
                 acc1 += __builtin_ia32_permvarsf512(tab, (v16i32)(q >> 4)) * LOAD16(x + j + 32 * s + 16);
@@ -3615,9 +3628,10 @@ static ISA_AVX2 float isa_avx2_dot_iq4(int t, const unsigned char *b, const floa
             acc += isa_f16c_at(b) * isa_avx2_iq4_block(b + 2, x + j);
     } else {
         for (int64_t j = 0; j < k; j += 256, b += 136) {
-            float d = isa_f16c_at(b);
+            float sc[8];
+            iq4xs_scales8(b, isa_f16c_at(b), sc);
             for (int s = 0; s < 8; s++)
-                acc += (d * (float)iq4xs_ls(b, s)) * isa_avx2_iq4_block(b + 8 + 16 * s, x + j + 32 * s);
+                acc += sc[s] * isa_avx2_iq4_block(b + 8 + 16 * s, x + j + 32 * s);
         }
     }
     return hsum8(&acc);
@@ -5176,16 +5190,16 @@ static ISA_VNNI512 void isa_vnni512_gemv_iq4a8(int t, const GemvSeg *sg, int ns,
             const unsigned char *row = sg[i].W + r * rb;
             ws_read(sg[i].ws, rb);
             v16f acc = {0};
+            float ssc[8] __attribute__((aligned(16))); /* IQ4_XS: the super-block's sub-block scales */
             for (int64_t g = 0; g < ng; g++) {
                 v16u32 v;
                 v4f dw;
                 if (xs) { /* sub-blocks 4 (g % 2) .. of super-block g / 2 */
                     const unsigned char *b = row + 136 * (g / 2);
-                    int s0 = 4 * (int)(g % 2);
+                    if (g % 2 == 0)
+                        iq4xs_scales8(b, isa_f16c_at(b), ssc);
                     v = *(const v16u32a1 *)(b + 8 + 64 * (g % 2));
-                    dw = (v4f){(float)iq4xs_ls(b, s0), (float)iq4xs_ls(b, s0 + 1), (float)iq4xs_ls(b, s0 + 2),
-                               (float)iq4xs_ls(b, s0 + 3)} *
-                         isa_f16c_at(b);
+                    dw = *(const v4f *)(ssc + 4 * (g % 2));
                 } else { /* blocks 4g .. 4g + n - 1 (a last group of n < 4: zeros, as x is past k) */
                     const unsigned char *b = row + 18 * 4 * g;
                     int n = nb - 4 * g < 4 ? (int)(nb - 4 * g) : 4;
@@ -5239,11 +5253,14 @@ static ISA_AVX2 void isa_avx2_gemv_iq4a8(int t, const GemvSeg *sg, int ns, const
             const unsigned char *row = sg[i].W + r * rb, *qs;
             ws_read(sg[i].ws, rb);
             v8fl acc = {0};
+            float sc[8];
             for (int64_t b = 0; b < k / 32; b++) {
                 float d;
                 if (xs) {
                     const unsigned char *sb = row + 136 * (b / 8);
-                    d = isa_f16c_at(sb) * (float)iq4xs_ls(sb, (int)(b % 8));
+                    if (b % 8 == 0)
+                        iq4xs_scales8(sb, isa_f16c_at(sb), sc);
+                    d = sc[b % 8];
                     qs = sb + 8 + 16 * (b % 8);
                 } else {
                     d = isa_f16c_at(row + 18 * b);
