@@ -1039,15 +1039,16 @@ Test(quant, cpu_smollm2_gguf_own_blocks, .timeout = 300)
     "name: tiny-lowbit\n" KQ_ARCH "weights: {format: gguf, path: ../weights/lowbit.gguf}\n"            \
     "tokenizer: {format: none}\n"
 
+/* A tensor (a GGUF name, or megac's canonical one) and its dtype. */
 typedef struct {
     const char *name;
     DType t;
-} BlockType;
+} NamedDtype;
 
 /* quant.c's dequantizers against gguf-py's (numpy, written apart from
  * megac) on random blocks of every type in tests/fixtures/weights/
  * STEM_blocks.gguf (make_kquant.py): bit for bit. */
-static void blocks_match_gguf_py(const char *stem, const BlockType *want, size_t n)
+static void blocks_match_gguf_py(const char *stem, const NamedDtype *want, size_t n)
 {
     char gpath[512], epath[512];
     snprintf(gpath, sizeof gpath, KQ_FIX "/%s_blocks.gguf", stem);
@@ -1082,30 +1083,43 @@ static void blocks_match_gguf_py(const char *stem, const BlockType *want, size_t
 
 Test(quant, gguf_kquant_blocks_match_gguf_py)
 {
-    static const BlockType want[] = {{"blocks.Q5_0", DT_Q5_0}, {"blocks.Q5_1", DT_Q5_1}, {"blocks.Q4_K", DT_Q4_K},
+    static const NamedDtype want[] = {{"blocks.Q5_0", DT_Q5_0}, {"blocks.Q5_1", DT_Q5_1}, {"blocks.Q4_K", DT_Q4_K},
                                      {"blocks.Q5_K", DT_Q5_K}, {"blocks.Q6_K", DT_Q6_K}};
     blocks_match_gguf_py("kquant", want, sizeof want / sizeof *want);
 }
 
 Test(quant, gguf_lowbit_blocks_match_gguf_py)
 {
-    static const BlockType want[] = {{"blocks.Q2_K", DT_Q2_K},
+    static const NamedDtype want[] = {{"blocks.Q2_K", DT_Q2_K},
                                      {"blocks.Q3_K", DT_Q3_K},
                                      {"blocks.IQ4_NL", DT_IQ4_NL},
                                      {"blocks.IQ4_XS", DT_IQ4_XS}};
     blocks_match_gguf_py("lowbit", want, sizeof want / sizeof *want);
 }
 
-/* The k-quant model's description and weights (the test is skipped
- * without its file). */
-static void kq_model_load(Arena *a, ModelDesc *m, Weights *w)
+/* A fixture model's description and weights: the k-quant model (yaml
+ * KQ_YAML, file "kquant") or the low-bit one (LOWBIT_YAML, "lowbit"); the
+ * test is skipped without its file. */
+static void kq_model_load(Arena *a, ModelDesc *m, Weights *w, const char *yaml, const char *file)
 {
-    if (access(KQ_FIX "/kquant.gguf", R_OK) != 0)
-        cr_skip("tests/fixtures/weights/kquant.gguf absent");
-    cr_assert(desc_text(m, a, KQ_YAML, NULL, 0));
+    char path[512];
+    snprintf(path, sizeof path, KQ_FIX "/%s.gguf", file);
+    if (access(path, R_OK) != 0)
+        cr_skip("tests/fixtures/weights/%s.gguf absent", file);
+    cr_assert(desc_text(m, a, yaml, NULL, 0));
     Diag d;
     diag_init(&d);
     cr_assert(weights_load(w, m, &d));
+}
+
+/* Each named matrix of w is held in its dtype, and every matrix's f32 view
+ * is the dequantization of its bytes. */
+static void expect_stored(const Weights *w, const NamedDtype *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(weights_dtype(w, want[i].name), want[i].t, "%s: %s", want[i].name,
+                     dtype_name(weights_dtype(w, want[i].name)));
+    expect_views(w);
 }
 
 /* A model of those blocks: kept byte for byte, the f32 views are their
@@ -1116,17 +1130,11 @@ Test(quant, gguf_kquant_model_runs_on_its_blocks, .timeout = 180)
     Arena a = {0};
     ModelDesc m;
     Weights w;
-    kq_model_load(&a, &m, &w);
-    const struct {
-        const char *canon;
-        DType t;
-    } want[] = {{"embed", DT_Q6_K},     {"L0.wq", DT_Q4_K}, {"L0.wk", DT_Q5_K}, {"L0.wv", DT_Q6_K},
-                {"L0.wo", DT_Q5_0},     {"L0.w_up", DT_Q5_1}, {"L1.wq", DT_Q5_1}, {"L1.w_down", DT_Q6_K},
-                {"lm_head", DT_Q4_K}};
-    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
-        cr_assert_eq(weights_dtype(&w, want[i].canon), want[i].t, "%s: %s", want[i].canon,
-                     dtype_name(weights_dtype(&w, want[i].canon)));
-    expect_views(&w);
+    kq_model_load(&a, &m, &w, KQ_YAML, "kquant");
+    static const NamedDtype want[] = {{"embed", DT_Q6_K},   {"L0.wq", DT_Q4_K},    {"L0.wk", DT_Q5_K},
+                                      {"L0.wv", DT_Q6_K},   {"L0.wo", DT_Q5_0},    {"L0.w_up", DT_Q5_1},
+                                      {"L1.wq", DT_Q5_1},   {"L1.w_down", DT_Q6_K}, {"lm_head", DT_Q4_K}};
+    expect_stored(&w, want, sizeof want / sizeof *want);
     weights_free(&w);
     kernel_vs_reference(&m, "cpu", 2, 12);
     kernel_vs_reference(&m, "host-cuda", 3, 6);
@@ -1140,29 +1148,20 @@ Test(quant, gguf_kquant_model_runs_on_its_blocks, .timeout = 180)
  * others take theirs (a8_keeps_stored_weights). */
 Test(quant, gguf_lowbit_model_runs_on_its_blocks, .timeout = 180)
 {
-    static const char yaml[] = LOWBIT_YAML;
-    if (access(KQ_FIX "/lowbit.gguf", R_OK) != 0)
-        cr_skip("tests/fixtures/weights/lowbit.gguf absent");
     Arena a = {0};
     ModelDesc m, m8;
-    cr_assert(desc_text(&m, &a, yaml, NULL, 0));
+    Weights w;
+    kq_model_load(&a, &m, &w, LOWBIT_YAML, "lowbit");
+    static const NamedDtype want[] = {{"embed", DT_Q3_K},     {"L0.wq", DT_Q2_K},     {"L0.wk", DT_Q3_K},
+                                      {"L0.wv", DT_IQ4_NL},   {"L0.wo", DT_IQ4_XS},   {"L0.w_up", DT_Q2_K},
+                                      {"L0.w_down", DT_Q4_K}, {"L1.wq", DT_IQ4_XS},   {"L1.w_up", DT_Q6_K},
+                                      {"lm_head", DT_IQ4_XS}};
+    expect_stored(&w, want, sizeof want / sizeof *want);
+    weights_free(&w);
     DescOverride i8[] = {{"quant", "a8"}};
-    cr_assert(desc_text(&m8, &a, yaml, i8, 1));
+    cr_assert(desc_text(&m8, &a, LOWBIT_YAML, i8, 1));
     Diag d;
     diag_init(&d);
-    Weights w;
-    cr_assert(weights_load(&w, &m, &d));
-    const struct {
-        const char *canon;
-        DType t;
-    } want[] = {{"embed", DT_Q3_K},      {"L0.wq", DT_Q2_K},     {"L0.wk", DT_Q3_K},  {"L0.wv", DT_IQ4_NL},
-                {"L0.wo", DT_IQ4_XS},    {"L0.w_up", DT_Q2_K},   {"L0.w_down", DT_Q4_K},
-                {"L1.wq", DT_IQ4_XS},    {"L1.w_up", DT_Q6_K},   {"lm_head", DT_IQ4_XS}};
-    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
-        cr_assert_eq(weights_dtype(&w, want[i].canon), want[i].t, "%s: %s", want[i].canon,
-                     dtype_name(weights_dtype(&w, want[i].canon)));
-    expect_views(&w);
-    weights_free(&w);
     kernel_vs_reference(&m, "cpu", 1, 12);
     kernel_vs_reference(&m, "cpu", 3, 12);
     kernel_vs_reference(&m, "host-cuda", 3, 6);
@@ -1220,7 +1219,7 @@ Test(quant, awq_gptq_models_run_on_their_groups, .timeout = 180)
 }
 
 /* NVRTC compiles the GEMVs of model m's blocks for sm_80/90/120 without
- * spills. */
+ * spills (the k-quant and the low-bit fixture models). */
 static void nvrtc_no_spills(const ModelDesc *m, Weights *w)
 {
     Diag d;
@@ -1244,31 +1243,18 @@ static void nvrtc_no_spills(const ModelDesc *m, Weights *w)
     }
 }
 
-Test(quant, gguf_kquant_nvrtc, .timeout = 180)
+Test(quant, gguf_kquant_nvrtc, .timeout = 240)
 {
-    Arena a = {0};
-    ModelDesc m;
-    Weights w;
-    kq_model_load(&a, &m, &w);
-    nvrtc_no_spills(&m, &w);
-    weights_free(&w);
-    arena_free(&a);
-}
-
-Test(quant, gguf_lowbit_nvrtc, .timeout = 180)
-{
-    if (access(KQ_FIX "/lowbit.gguf", R_OK) != 0)
-        cr_skip("tests/fixtures/weights/lowbit.gguf absent");
-    Arena a = {0};
-    ModelDesc m;
-    Weights w;
-    Diag d;
-    diag_init(&d);
-    cr_assert(desc_text(&m, &a, LOWBIT_YAML, NULL, 0));
-    cr_assert(weights_load(&w, &m, &d));
-    nvrtc_no_spills(&m, &w);
-    weights_free(&w);
-    arena_free(&a);
+    static const char *const yamls[] = {KQ_YAML, LOWBIT_YAML}, *const files[] = {"kquant", "lowbit"};
+    for (int i = 0; i < 2; i++) {
+        Arena a = {0};
+        ModelDesc m;
+        Weights w;
+        kq_model_load(&a, &m, &w, yamls[i], files[i]);
+        nvrtc_no_spills(&m, &w);
+        weights_free(&w);
+        arena_free(&a);
+    }
 }
 
 /* A8's NMSE against the exact GEMV of the same blocks: > 0 (the inputs
