@@ -728,9 +728,11 @@ static float dot_iq4nl(const unsigned char *b, const float *x, int64_t k)
 static float dot_iq4xs(const unsigned char *b, const float *x, int64_t k)
 {
     v16f acc = {0};
-    for (int64_t j = 0; j < k; j += 256, b += 136)
+    for (int64_t j = 0; j < k; j += 256, b += 136) {
+        float d = f16_at(b); /* once a super-block: f16_at converts in software */
         for (int s = 0; s < 8; s++)
-            iq4_block(b + 8 + 16 * s, x + j + 32 * s, iq4xs_scale(b, s), &acc);
+            iq4_block(b + 8 + 16 * s, x + j + 32 * s, d * (float)iq4xs_ls(b, s), &acc);
+    }
     return hsum16(&acc);
 }
 
