@@ -2258,6 +2258,149 @@ static ISA_AVX512 float isa_avx512_dot_iq4(int t, const unsigned char *b, const 
     return hsum16(&acc0);
 }
 
+/* ---- IQ4_NL and IQ4_XS rows, four at a time (AVX-512) ----
+ * A group is four blocks of 32 (IQ4_XS: four sub-blocks, half a
+ * super-block): their 16 bytes of nibbles as one 64-byte vector, block i
+ * in 128-bit lane i. Lane L's word holds bytes 4 (L % 4) .. + 3 of block
+ * L / 4, so its nibble n is element 4 (L % 4) + n / 2 + 16 (n % 2) of the
+ * block (a byte's low nibble is element j, its high one j + 16). x is
+ * reordered once per op to match (iq4_x_prepare), so every nibble meets
+ * its x with no shuffle of the weights; vpermps, which reads only an
+ * index's low 4 bits, looks the nibble up among the 16 values straight
+ * from v >> 4n. A lane's products all belong to one block, so its sums
+ * are scaled once per group by a vector of the four blocks' scales. Per
+ * 32 weights: two shifts, two lookups, two FMAs; the x vectors are
+ * loaded once for the four rows. */
+
+/* x[0:k] for the IQ4 four-row kernels: xr[128 g + 16 n + L] is element
+ * 32 (L / 4) + 4 (L % 4) + n / 2 + 16 (n % 2) of group g (0 past k). */
+static void iq4_x_prepare(const float *x, int64_t k, float *xr)
+{
+    int64_t ng = (k / 32 + 3) / 4;
+    for (int64_t g = 0; g < ng; g++)
+        for (int n = 0; n < 8; n++)
+            for (int L = 0; L < 16; L++) {
+                int64_t e = 128 * g + 32 * (L / 4) + 4 * (L % 4) + n / 2 + 16 * (n % 2);
+                xr[128 * g + 16 * n + L] = e < k ? x[e] : 0.0f;
+            }
+}
+
+typedef uint32_t v4u32a1 __attribute__((vector_size(16), aligned(1)));
+typedef short v32i16a1 __attribute__((vector_size(64), aligned(1)));
+typedef short v32i16 __attribute__((vector_size(64)));
+
+/* Group g of an IQ4_NL row of nb blocks: the nibbles of blocks 4g .. 4g +
+ * 3 as one vector and their scales; blocks past nb are zeros (x is 0
+ * there, and so is their scale). */
+static inline __attribute__((always_inline)) ISA_AVX512 void isa_avx512_iq4nl_group(const unsigned char *row,
+                                                                                   int64_t g, int64_t nb,
+                                                                                   v16u32 *v, v4f *d)
+{
+    const unsigned char *b = row + 72 * g;
+    int n = nb - 4 * g < 4 ? (int)(nb - 4 * g) : 4;
+    v4u32 c[4] = {{0}, {0}, {0}, {0}};
+    v8i16 h;
+    if (n == 4) { /* whole vectors: the scales are words 0, 9, 18 and 27 of the group's first 64 bytes */
+        UNROLL4
+        for (int i = 0; i < 4; i++)
+            c[i] = *(const v4u32a1 *)(b + 18 * i + 2);
+        v32i16 w = *(const v32i16a1 *)b;
+        h = __builtin_shufflevector(w, w, 0, 9, 18, 27, 0, 0, 0, 0);
+    } else { /* a short last group, once a row */
+        short hs[4] = {0};
+        for (int i = 0; i < n; i++) {
+            c[i] = *(const v4u32a1 *)(b + 18 * i + 2);
+            memcpy(&hs[i], b + 18 * i, 2);
+        }
+        h = (v8i16){hs[0], hs[1], hs[2], hs[3], 0, 0, 0, 0};
+    }
+    v8u32 lo = __builtin_shufflevector(c[0], c[1], 0, 1, 2, 3, 4, 5, 6, 7);
+    v8u32 hi = __builtin_shufflevector(c[2], c[3], 0, 1, 2, 3, 4, 5, 6, 7);
+    *v = __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    *d = __builtin_ia32_vcvtph2ps(h);
+}
+
+/* One group's 128 nibbles v times xr (its 128 reordered floats), summed
+ * per lane, with two chains of FMAs. */
+static inline __attribute__((always_inline)) ISA_AVX512 v16f isa_avx512_iq4_sums(v16u32 v, v16f kv,
+                                                                                const float *xr)
+{
+#define IQ4_LOOKUP(n) __builtin_ia32_permvarsf512(kv, (v16i32)(v >> (4 * (n))))
+    v16f e = IQ4_LOOKUP(0) * LOAD16(xr), o = IQ4_LOOKUP(1) * LOAD16(xr + 16);
+    e += IQ4_LOOKUP(2) * LOAD16(xr + 32);
+    o += IQ4_LOOKUP(3) * LOAD16(xr + 48);
+    e += IQ4_LOOKUP(4) * LOAD16(xr + 64);
+    o += IQ4_LOOKUP(5) * LOAD16(xr + 80);
+    e += IQ4_LOOKUP(6) * LOAD16(xr + 96);
+    o += IQ4_LOOKUP(7) * LOAD16(xr + 112);
+#undef IQ4_LOOKUP
+    return e + o;
+}
+
+/* Four IQ4_NL (xs = 0) or IQ4_XS rows of nb blocks of 32 into out[4];
+ * tws (if any) asks for the lines ahead. */
+static inline __attribute__((always_inline)) ISA_AVX512 void isa_avx512_iq4_quad(int xs,
+                                                                                const unsigned char *const row[4],
+                                                                                const float *xr, int64_t nb,
+                                                                                WStream *tws, float out[4])
+{
+    v16f kv = LOAD16(iq4_values_f), acc[4] = {{0}, {0}, {0}, {0}};
+    if (xs) {
+        for (int64_t s = 0; s < nb / 8; s++) {
+            if (tws)
+                ws_trickle(tws, 4 * 136);
+            float sc[4][8] __attribute__((aligned(32)));
+            UNROLL4
+            for (int i = 0; i < 4; i++)
+                iq4xs_scales8(row[i] + 136 * s, isa_f16c_at(row[i] + 136 * s), sc[i]);
+            for (int h = 0; h < 2; h++) {
+                UNROLL4
+                for (int i = 0; i < 4; i++) {
+                    v16u32 v;
+                    v4f d;
+                    memcpy(&v, row[i] + 136 * s + 8 + 64 * h, 64);
+                    memcpy(&d, sc[i] + 4 * h, 16);
+                    acc[i] += __builtin_shufflevector(d, d, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *
+                              isa_avx512_iq4_sums(v, kv, xr + 256 * s + 128 * h);
+                }
+            }
+        }
+    } else {
+        for (int64_t g = 0; g < (nb + 3) / 4; g++) {
+            if (tws)
+                ws_trickle(tws, 4 * 72);
+            UNROLL4
+            for (int i = 0; i < 4; i++) {
+                v16u32 v;
+                v4f d;
+                isa_avx512_iq4nl_group(row[i], g, nb, &v, &d);
+                acc[i] += __builtin_shufflevector(d, d, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *
+                          isa_avx512_iq4_sums(v, kv, xr + 128 * g);
+            }
+        }
+    }
+    v4f s = hsum16x4(acc);
+    memcpy(out, &s, sizeof s);
+}
+
+/* y[r0:r1] (+)= W . x for IQ4_NL and IQ4_XS rows (k <= QFAST_K_MAX),
+ * four at a time. */
+static ISA_AVX512 void isa_avx512_gemv_iq4(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
+{
+    int64_t nb = k / 32;
+    float xr[128 * ((nb + 3) / 4)] __attribute__((aligned(64)));
+    iq4_x_prepare(x, k, xr);
+    int64_t rb = qrow_bytes(t, k);
+    for (int i = 0; i < ns; i++) {
+        if (t == DT_IQ4_XS)
+            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
+                      isa_avx512_iq4_quad(1, row, xr, nb, ws, out));
+        else
+            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
+                      isa_avx512_iq4_quad(0, row, xr, nb, ws, out));
+    }
+}
+
 /* A Q3_K or Q2_K row by table lookups: sub-block s's table holds its
  * values of q, (d sc_s) (q - 4) for Q3_K's 3 bits (q = the 2 low bits +
  * 4 where the hmask bit is set), (d sc_s) q - dmin m_s for Q2_K's 2 bits,
@@ -2452,6 +2595,11 @@ static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t
     if ((HAS_DT(DT_Q3_K) | HAS_DT(DT_Q2_K)) && (t == DT_Q3_K || t == DT_Q2_K) && k <= QFAST_K_MAX &&
         (megac_k_isa & KT_ISA_VNNI512) && isa_vnni512_gemv_kq(t, sg, ns, x, k))
         return;
+    if ((HAS_DT(DT_IQ4_NL) | HAS_DT(DT_IQ4_XS)) && (t == DT_IQ4_NL || t == DT_IQ4_XS) && k <= QFAST_K_MAX &&
+        (megac_k_isa & KT_ISA_AVX512)) {
+        isa_avx512_gemv_iq4(t, sg, ns, x, k);
+        return;
+    }
     if ((HAS_DT(DT_Q8_0) | HAS_DT(DT_W8)) && (t == DT_Q8_0 || t == DT_W8) && (megac_k_isa & KT_ISA_VNNI512) &&
         k % 64 == 0 && k <= QFAST_K_MAX && isa_vnni512_gemv_q8x(t, sg, ns, x, k))
         return;
@@ -5159,8 +5307,14 @@ static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_
  * block's 32, xh the last 16, made once per op (zeros past k). The + 128
  * adds 128 times each lane's sum of xq, taken off by starting the lane's
  * sum from xc = -128 (that sum). Each lane's integer sum is then scaled by
- * its block's d_w d_x in float. */
-static ISA_VNNI512 void isa_vnni512_gemv_iq4a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
+ * its block's d_w d_x in float. Rows go four at a time (the IQ4_NL groups
+ * gathered as isa_avx512_iq4nl_group does for the A16 rows). */
+static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_iq4a8_quad(int xs,
+                                                                                   const unsigned char *const row[4],
+                                                                                   const v16u32 *xl, const v16u32 *xh,
+                                                                                   const v16i32 *xc, const float *dq,
+                                                                                   int64_t nb, WStream *tws,
+                                                                                   float out[4])
 {
     const v64i8 kvu = {1,  24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166, (char)181,
                        (char)197, (char)217, (char)241, 1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141,
@@ -5168,6 +5322,41 @@ static ISA_VNNI512 void isa_vnni512_gemv_iq4a8(int t, const GemvSeg *sg, int ns,
                        106, 118, (char)129, (char)141, (char)153, (char)166, (char)181, (char)197, (char)217,
                        (char)241, 1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166,
                        (char)181, (char)197, (char)217, (char)241};
+    v16f acc[4] = {{0}, {0}, {0}, {0}};
+    float sc[4][8] __attribute__((aligned(32))); /* IQ4_XS: the super-block's sub-block scales, each row's */
+    for (int64_t g = 0; g < (nb + 3) / 4; g++) {
+        if (tws)
+            ws_trickle(tws, 4 * (xs ? 68 : 72));
+        if (xs && g % 2 == 0) {
+            UNROLL4
+            for (int i = 0; i < 4; i++)
+                iq4xs_scales8(row[i] + 136 * (g / 2), isa_f16c_at(row[i] + 136 * (g / 2)), sc[i]);
+        }
+        v4f dx = *(const v4f *)(dq + 4 * g);
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            v16u32 v;
+            v4f dw;
+            if (xs) { /* sub-blocks 4 (g % 2) .. of super-block g / 2 */
+                memcpy(&v, row[i] + 136 * (g / 2) + 8 + 64 * (g % 2), 64);
+                memcpy(&dw, sc[i] + 4 * (g % 2), 16);
+            } else {
+                isa_avx512_iq4nl_group(row[i], g, nb, &v, &dw);
+            }
+            v16u32 wl = (v16u32)__builtin_ia32_pshufb512(kvu, (v64i8)(v & 0x0f0f0f0fu));
+            v16u32 wh = (v16u32)__builtin_ia32_pshufb512(kvu, (v64i8)(v >> 4 & 0x0f0f0f0fu));
+            v16i32 sum = isa_vnni512_dot(isa_vnni512_dot(xc[g], wl, xl[g]), wh, xh[g]);
+            v4f d = dw * dx;
+            acc[i] += __builtin_shufflevector(d, d, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *
+                      __builtin_convertvector(sum, v16f);
+        }
+    }
+    v4f s4 = hsum16x4(acc);
+    memcpy(out, &s4, sizeof s4);
+}
+
+static ISA_VNNI512 void isa_vnni512_gemv_iq4a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
+{
     int64_t nb = k / 32, ng = (nb + 3) / 4;
     int8_t xq[32 * 4 * ng] __attribute__((aligned(64)));
     float dq[4 * ng] __attribute__((aligned(16)));
@@ -5187,54 +5376,15 @@ static ISA_VNNI512 void isa_vnni512_gemv_iq4a8(int t, const GemvSeg *sg, int ns,
         v16i32 s = isa_vnni512_dot((v16i32){0}, (v16u32){0} + 0x80808080u, xl[g]);
         xc[g] = -isa_vnni512_dot(s, (v16u32){0} + 0x80808080u, xh[g]);
     }
-    int xs = t == DT_IQ4_XSA8;
     int64_t rb = qrow_bytes(t, k);
-    for (int i = 0; i < ns; i++)
-        for (int64_t r = sg[i].r0; r < sg[i].r1; r++) {
-            const unsigned char *row = sg[i].W + r * rb;
-            ws_read(sg[i].ws, rb);
-            v16f acc = {0};
-            float ssc[8] __attribute__((aligned(16))); /* IQ4_XS: the super-block's sub-block scales */
-            for (int64_t g = 0; g < ng; g++) {
-                v16u32 v;
-                v4f dw;
-                if (xs) { /* sub-blocks 4 (g % 2) .. of super-block g / 2 */
-                    const unsigned char *b = row + 136 * (g / 2);
-                    if (g % 2 == 0)
-                        iq4xs_scales8(b, isa_f16c_at(b), ssc);
-                    v = *(const v16u32a1 *)(b + 8 + 64 * (g % 2));
-                    dw = *(const v4f *)(ssc + 4 * (g % 2));
-                } else { /* blocks 4g .. 4g + n - 1 (a last group of n < 4: zeros, as x is past k) */
-                    const unsigned char *b = row + 18 * 4 * g;
-                    int n = nb - 4 * g < 4 ? (int)(nb - 4 * g) : 4;
-                    v4u32 c0 = *(const v4u32u_a *)(b + 2), c1 = {0}, c2 = {0}, c3 = {0};
-                    uint16_t h0 = (uint16_t)(b[0] | b[1] << 8), h1 = 0, h2 = 0, h3 = 0;
-                    if (n > 1) {
-                        c1 = *(const v4u32u_a *)(b + 20);
-                        h1 = (uint16_t)(b[18] | b[19] << 8);
-                    }
-                    if (n > 2) {
-                        c2 = *(const v4u32u_a *)(b + 38);
-                        h2 = (uint16_t)(b[36] | b[37] << 8);
-                    }
-                    if (n > 3) {
-                        c3 = *(const v4u32u_a *)(b + 56);
-                        h3 = (uint16_t)(b[54] | b[55] << 8);
-                    }
-                    v8u32 a = __builtin_shufflevector(c0, c1, 0, 1, 2, 3, 4, 5, 6, 7);
-                    v8u32 e = __builtin_shufflevector(c2, c3, 0, 1, 2, 3, 4, 5, 6, 7);
-                    v = __builtin_shufflevector(a, e, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-                    dw = __builtin_ia32_vcvtph2ps((v8i16){(short)h0, (short)h1, (short)h2, (short)h3, 0, 0, 0, 0});
-                }
-                v16u32 wl = (v16u32)__builtin_ia32_pshufb512(kvu, (v64i8)(v & 0x0f0f0f0fu));
-                v16u32 wh = (v16u32)__builtin_ia32_pshufb512(kvu, (v64i8)(v >> 4 & 0x0f0f0f0fu));
-                v16i32 s = isa_vnni512_dot(isa_vnni512_dot(xc[g], wl, xl[g]), wh, xh[g]);
-                v4f sc = dw * *(const v4f *)(dq + 4 * g);
-                acc += __builtin_shufflevector(sc, sc, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3) *
-                       __builtin_convertvector(s, v16f);
-            }
-            gemv_store(sg[i].y, sg[i].b, r, hsum16(&acc), sg[i].accum);
-        }
+    for (int i = 0; i < ns; i++) {
+        if (t == DT_IQ4_XSA8)
+            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
+                      isa_vnni512_iq4a8_quad(1, row, xl, xh, xc, dq, nb, ws, out));
+        else
+            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
+                      isa_vnni512_iq4a8_quad(0, row, xl, xh, xc, dq, nb, ws, out));
+    }
 }
 
 /* IQ4_NLA8 and IQ4_XSA8 rows on AVX2, a block of 32 a 256-bit vector:
