@@ -482,10 +482,11 @@ void quant_gemv_a8_ref(DType t, const unsigned char *w, int64_t rows, int64_t k,
 
 /* ---- the CPU kernel's byte order for 4-bit and Q8_0 rows ----
  * (layout: codegen/cpu/kernel_table.h) Q8_0 rows as their scales, then
- * their integers; Q4_0, Q4_1, W4G32 (W4A8G32) rows regrouped
+ * their integers; Q4_0, Q4_1, Q5_0, Q5_1, W4G32 (W4A8G32) rows regrouped
  * into superblocks of four blocks, headers field by field, nibbles
  * reordered so that a 64-byte load and one AND per nibble give the
- * weights of four blocks without shuffles. Packing is a permutation of a
+ * weights of four blocks without shuffles; IQ4_NL rows regrouped the
+ * same way, their nibbles as stored. Packing is a permutation of a
  * row's bytes and nibbles: no value is converted, rows keep their size
  * and offset (so schedules, access ranges and bundle sizes are those of
  * ir/dtype.h), and unpacking restores the input exactly. */
@@ -543,6 +544,7 @@ static int pack_block_fields(DType t, int i, int nblk, int off[3], int len[3])
 {
     static const struct { DType t; int n, len[3]; } fields[] = {
         {DT_Q4_0, 1, {2}}, {DT_Q4_1, 2, {2, 2}}, {DT_W4G32, 3, {2, 1, 1}}, {DT_Q5_0, 2, {2, 4}}, {DT_Q5_1, 3, {2, 2, 4}},
+        {DT_IQ4_NL, 1, {2}},
     };
     for (size_t j = 0; j < sizeof fields / sizeof *fields; j++) {
         if (fields[j].t != dtype_layout(t))
@@ -564,7 +566,10 @@ static void pack_block(DType t, const unsigned char *rec, unsigned char *sb, int
     int off[3], len[3], nf = pack_block_fields(t, i, nblk, off, len), at = 0;
     for (int f = 0; f < nf; at += len[f], f++)
         memcpy(sb + off[f], rec + at, (size_t)len[f]);
-    pack_nibs(rec + at, sb + at * nblk + 16 * i);
+    if (dtype_layout(t) == DT_IQ4_NL) /* its nibbles as stored (kernel_table.h) */
+        memcpy(sb + at * nblk + 16 * i, rec + at, 16);
+    else
+        pack_nibs(rec + at, sb + at * nblk + 16 * i);
 }
 
 static void unpack_block(DType t, const unsigned char *sb, unsigned char *rec, int i, int nblk)
@@ -572,7 +577,10 @@ static void unpack_block(DType t, const unsigned char *sb, unsigned char *rec, i
     int off[3], len[3], nf = pack_block_fields(t, i, nblk, off, len), at = 0;
     for (int f = 0; f < nf; at += len[f], f++)
         memcpy(rec + at, sb + off[f], (size_t)len[f]);
-    unpack_nibs(sb + at * nblk + 16 * i, rec + at);
+    if (dtype_layout(t) == DT_IQ4_NL)
+        memcpy(rec + at, sb + at * nblk + 16 * i, 16);
+    else
+        unpack_nibs(sb + at * nblk + 16 * i, rec + at);
 }
 
 /* One row of k elements, packed (pack) or back. */

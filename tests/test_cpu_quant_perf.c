@@ -736,12 +736,14 @@ Test(cpu_quant_perf, tiny_x)
 
 /* ---- packed 4-bit rows (compiler/quant.h: quant_cpu_pack) ---- */
 
-static const DType packed_dtypes[] = {DT_Q4_0, DT_Q4_1,   DT_W4G32,  DT_W4A8G32, DT_Q5_0,  DT_Q5_1,
-                                      DT_Q4_1A8, DT_Q5_0A8, DT_Q5_1A8, DT_Q4_0A8, DT_Q8_0, DT_Q8_0A8};
+static const DType packed_dtypes[] = {DT_Q4_0,   DT_Q4_1,   DT_W4G32,  DT_W4A8G32, DT_Q5_0,
+                                      DT_Q5_1,   DT_Q4_1A8, DT_Q5_0A8, DT_Q5_1A8,  DT_Q4_0A8,
+                                      DT_Q8_0,   DT_Q8_0A8, DT_IQ4_NL, DT_IQ4_NLA8};
 #define NPACKED (sizeof packed_dtypes / sizeof *packed_dtypes)
 
 /* Packing moves bytes only: any bytes come back from unpacking, and only
- * the 4-bit formats and Q8_0 (A16 and A8) with k % 32 == 0 are packed. */
+ * the 4-bit formats (IQ4_NL too) and Q8_0 (A16 and A8) with k % 32 == 0
+ * are packed. */
 Test(cpu_quant_perf, pack_round_trip)
 {
     const int64_t ks[] = {32, 96, 128, 160, 576};
@@ -815,7 +817,7 @@ Test(cpu_quant_perf, packed_nonfinite_x)
 {
     const int64_t rows = 8, k = 576;
     const float bad[2] = {NAN, INFINITY};
-    const DType ts[] = {DT_Q4_0, DT_Q4_1, DT_W4G32, DT_W4G64, DT_W4G128, DT_Q8_0, DT_W8};
+    const DType ts[] = {DT_Q4_0, DT_Q4_1, DT_W4G32, DT_W4G64, DT_W4G128, DT_Q8_0, DT_W8, DT_IQ4_NL};
     const char *cpu[3];
     int nc = int_targets(cpu);
     GemvSet set[3];

@@ -374,15 +374,32 @@ static float gguf_elem(int t, const unsigned char *row, int64_t j)
 /* Header bytes per block of a packed 4-bit dtype (kernel_table.h). */
 static int pk_hdr(int t)
 {
-    return t == DT_Q4_0 ? 2 : t == DT_Q5_0 ? 6 : t == DT_Q5_1 ? 8 : 4;
+    return t == DT_Q4_0 || t == DT_IQ4_NL ? 2 : t == DT_Q5_0 ? 6 : t == DT_Q5_1 ? 8 : 4;
 }
 
 /* Rows of t at k in the 4-bit packed order (superblocks of four blocks:
  * gemv_packed, gemv_pka8); Q8_0's packing is its own (the four-row Q8_0
- * kernels read it). */
+ * kernels read it), and IQ4_NL's nibbles stay in their own order (the IQ4
+ * kernels read it: iq4nl_block). */
 static int pk_nib_rows(int t, int64_t k)
 {
-    return qlayout(t) != DT_Q8_0 && kt_row_packed(t, k);
+    return qlayout(t) != DT_Q8_0 && qlayout(t) != DT_IQ4_NL && kt_row_packed(t, k);
+}
+
+/* Block b of an IQ4_NL row of k elements, packed (kernel_table.h) or as
+ * stored: its 16 bytes of nibbles, and where its f16 scale is (*d). */
+static inline __attribute__((always_inline)) const unsigned char *iq4nl_block(const unsigned char *row, int64_t k,
+                                                                             int64_t b, const unsigned char **d)
+{
+    if (!kt_row_packed(DT_IQ4_NL, k)) {
+        *d = row + 18 * b;
+        return row + 18 * b + 2;
+    }
+    int64_t s0 = b / 4 * 4, nb = k / 32;
+    int nblk = nb - s0 < 4 ? (int)(nb - s0) : 4, i = (int)(b - s0);
+    const unsigned char *sb = row + 18 * s0;
+    *d = sb + 2 * i;
+    return sb + 2 * nblk + 16 * i;
 }
 
 /* A two-block last superblock's inputs duplicated for the kernels that
@@ -415,8 +432,10 @@ static float pk_elem(int t, const unsigned char *row, int64_t k, int64_t j)
     int nblk = nb - s0 < 4 ? (int)(nb - s0) : 4, i = (int)(blk - s0), e = (int)(j % 32), n = e / 4;
     int hdr = pk_hdr(t);
     const unsigned char *sb = row + s0 * (hdr + 16);
-    int q = (sb[hdr * nblk + 16 * i + 4 * (e % 4) + n / 2] >> (4 * (n % 2))) & 15;
     float d = f16_at(sb + 2 * i);
+    if (t == DT_IQ4_NL) /* its nibbles as stored */
+        return d * (float)iq4_values[(sb[2 * nblk + 16 * i + e % 16] >> (e < 16 ? 0 : 4)) & 15];
+    int q = (sb[hdr * nblk + 16 * i + 4 * (e % 4) + n / 2] >> (4 * (n % 2))) & 15;
     if (t == DT_Q5_0 || t == DT_Q5_1)
         q |= (int)(u32_at(sb + (t == DT_Q5_0 ? 2 : 4) * nblk + 4 * i) >> e & 1) << 4;
     if (t == DT_Q4_0)
@@ -716,11 +735,13 @@ static inline __attribute__((always_inline)) void iq4_block(const unsigned char 
 }
 
 /* IQ4_NL: per block of 32, d sum kv[n] x. */
-static float dot_iq4nl(const unsigned char *b, const float *x, int64_t k)
+static float dot_iq4nl(const unsigned char *row, const float *x, int64_t k)
 {
     v16f acc = {0};
-    for (int64_t j = 0; j < k; j += 32, b += 18)
-        iq4_block(b + 2, x + j, f16_at(b), &acc);
+    for (int64_t b = 0; b < k / 32; b++) {
+        const unsigned char *d, *qs = iq4nl_block(row, k, b, &d);
+        iq4_block(qs, x + 32 * b, f16_at(d), &acc);
+    }
     return hsum16(&acc);
 }
 
@@ -2236,9 +2257,10 @@ static ISA_AVX512 float isa_avx512_dot_iq4(int t, const unsigned char *b, const 
 {
     v16f kv = LOAD16(iq4_values_f), acc0 = {0}, acc1 = {0};
     if (t == DT_IQ4_NL) {
-        for (int64_t j = 0; j < k; j += 32, b += 18) {
-            v16f tab = kv * isa_f16c_at(b);
-            v16u32 q = __builtin_convertvector(*(const v16u8 *)(b + 2), v16u32);
+        for (int64_t j = 0; j < k; j += 32) {
+            const unsigned char *d, *qs = iq4nl_block(b, k, j / 32, &d);
+            v16f tab = kv * isa_f16c_at(d);
+            v16u32 q = __builtin_convertvector(*(const v16u8 *)qs, v16u32);
             acc0 += __builtin_ia32_permvarsf512(tab, (v16i32)q) * LOAD16(x + j);
             acc1 += __builtin_ia32_permvarsf512(tab, (v16i32)(q >> 4)) * LOAD16(x + j + 16);
         }
@@ -2285,39 +2307,21 @@ static void iq4_x_prepare(const float *x, int64_t k, float *xr)
             }
 }
 
-typedef uint32_t v4u32a1 __attribute__((vector_size(16), aligned(1)));
-typedef short v32i16a1 __attribute__((vector_size(64), aligned(1)));
-typedef short v32i16 __attribute__((vector_size(64)));
-
-/* Group g of an IQ4_NL row of nb blocks: the nibbles of blocks 4g .. 4g +
- * 3 as one vector and their scales; blocks past nb are zeros (x is 0
- * there, and so is their scale). */
+/* Group g of an IQ4_NL row of nb blocks (packed: kernel_table.h, its
+ * superblock g): the nibbles of blocks 4g .. 4g + 3 as one vector and
+ * their scales; blocks past nb are zeros (x is 0 there, and so is their
+ * scale). */
 static inline __attribute__((always_inline)) ISA_AVX512 void isa_avx512_iq4nl_group(const unsigned char *row,
                                                                                    int64_t g, int64_t nb,
                                                                                    v16u32 *v, v4f *d)
 {
-    const unsigned char *b = row + 72 * g;
+    const unsigned char *sb = row + 72 * g;
     int n = nb - 4 * g < 4 ? (int)(nb - 4 * g) : 4;
-    v4u32 c[4] = {{0}, {0}, {0}, {0}};
-    v8i16 h;
-    if (n == 4) { /* whole vectors: the scales are words 0, 9, 18 and 27 of the group's first 64 bytes */
-        UNROLL4
-        for (int i = 0; i < 4; i++)
-            c[i] = *(const v4u32a1 *)(b + 18 * i + 2);
-        v32i16 w = *(const v32i16a1 *)b;
-        h = __builtin_shufflevector(w, w, 0, 9, 18, 27, 0, 0, 0, 0);
-    } else { /* a short last group, once a row */
-        short hs[4] = {0};
-        for (int i = 0; i < n; i++) {
-            c[i] = *(const v4u32a1 *)(b + 18 * i + 2);
-            memcpy(&hs[i], b + 18 * i, 2);
-        }
-        h = (v8i16){hs[0], hs[1], hs[2], hs[3], 0, 0, 0, 0};
-    }
-    v8u32 lo = __builtin_shufflevector(c[0], c[1], 0, 1, 2, 3, 4, 5, 6, 7);
-    v8u32 hi = __builtin_shufflevector(c[2], c[3], 0, 1, 2, 3, 4, 5, 6, 7);
-    *v = __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    *d = __builtin_ia32_vcvtph2ps(h);
+    if (n == 4)
+        *v = *(const v16u32a1 *)(sb + 8);
+    else
+        pk_load_short(sb + 2 * n, n, v);
+    *d = pk_f16x4(pk_u16x4(sb, n));
 }
 
 /* One group's 128 nibbles v times xr (its 128 reordered floats), summed
@@ -3776,8 +3780,10 @@ static ISA_AVX2 float isa_avx2_dot_iq4(int t, const unsigned char *b, const floa
 {
     v8fl acc = {0};
     if (t == DT_IQ4_NL) {
-        for (int64_t j = 0; j < k; j += 32, b += 18)
-            acc += isa_f16c_at(b) * isa_avx2_iq4_block(b + 2, x + j);
+        for (int64_t j = 0; j < k; j += 32) {
+            const unsigned char *d, *qs = iq4nl_block(b, k, j / 32, &d);
+            acc += isa_f16c_at(d) * isa_avx2_iq4_block(qs, x + j);
+        }
     } else {
         for (int64_t j = 0; j < k; j += 256, b += 136) {
             float sc[8];
@@ -5417,8 +5423,9 @@ static ISA_AVX2 void isa_avx2_gemv_iq4a8(int t, const GemvSeg *sg, int ns, const
                     d = sc[b % 8];
                     qs = sb + 8 + 16 * (b % 8);
                 } else {
-                    d = isa_f16c_at(row + 18 * b);
-                    qs = row + 18 * b + 2;
+                    const unsigned char *h;
+                    qs = iq4nl_block(row, k, b, &h);
+                    d = isa_f16c_at(h);
                 }
                 v16u8 q = *(const v16u8 *)qs, lo = q & 15, hi = q >> 4;
                 v32c n = (v32c)__builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,

@@ -93,8 +93,8 @@ enum {
     KT_TUNE_FAR_QUADS = 2
 };
 
-/* Packed 4-bit rows. The CPU kernel reads Q4_0, Q4_1, Q5_0, Q5_1 and
- * W4G32 (and W4A8G32: the same bytes) weights
+/* Packed 4-bit rows. The CPU kernel reads Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL
+ * and W4G32 (and W4A8G32: the same bytes) weights
  * with k % 32 == 0 (k <= KT_PACK_K_MAX) in its own byte order: every row
  * keeps its size and place, and its blocks of 32 are regrouped into
  * superblocks of 4 blocks (the last one has the nb % 4 left over, if any).
@@ -111,6 +111,13 @@ enum {
  * every lane is element 4n + lane % 4: an AND with 15 << 4n and one
  * int-to-float conversion give 16 weights (times 16^n) with no shuffles.
  * Q5's qh keep their order (bit e: element e's fifth bit).
+ * IQ4_NL (and IQ4_NLA8) rows are regrouped the same way,
+ *   IQ4_NL f16 d[t];            u8 q[t][16]    (18 t bytes)
+ * but keep each block's 16 bytes as stored (byte j: elements j and j +
+ * 16): their nibbles are looked up in a table, not converted, and their
+ * kernels meet them with x reordered once per op (kernel_body.c:
+ * iq4_x_prepare), so the regrouping alone, one 64-byte load of nibbles
+ * and one 8-byte load of scales per four blocks, is what they gain.
  * Q8_0 and Q8_0A8 rows (k % 32 == 0, k <= KT_PACK_K_MAX) are packed otherwise:
  * the whole row's block scales first, then its blocks' integers,
  *   Q8_0   f16 d[nb];           i8 q[nb][32]    (34 nb bytes)
@@ -124,7 +131,8 @@ enum {
 static inline int kt_row_packed(int t, int64_t k)
 {
     return (t == DT_Q4_0 || t == DT_Q4_1 || t == DT_W4G32 || t == DT_W4A8G32 || t == DT_Q4_1A8 || t == DT_Q5_0 ||
-            t == DT_Q5_1 || t == DT_Q5_0A8 || t == DT_Q5_1A8 || t == DT_Q4_0A8 || t == DT_Q8_0 || t == DT_Q8_0A8) &&
+            t == DT_Q5_1 || t == DT_Q5_0A8 || t == DT_Q5_1A8 || t == DT_Q4_0A8 || t == DT_Q8_0 || t == DT_Q8_0A8 ||
+            t == DT_IQ4_NL || t == DT_IQ4_NLA8) &&
            k > 0 && k % 32 == 0 && k <= KT_PACK_K_MAX;
 }
 
