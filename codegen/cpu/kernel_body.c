@@ -2581,6 +2581,7 @@ static int isa_vnni512_gemv_q8x(int t, const GemvSeg *sg, int ns, const float *x
 static int isa_avxvnni_gemv_q8x(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 static int isa_vnni512_gemv_nibq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 static int isa_gfni512_gemv_nibq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
+static void isa_avx2_gemv_iq4(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 
 static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
@@ -2600,8 +2601,11 @@ static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t
         (megac_k_isa & KT_ISA_VNNI512) && isa_vnni512_gemv_kq(t, sg, ns, x, k))
         return;
     if ((HAS_DT(DT_IQ4_NL) | HAS_DT(DT_IQ4_XS)) && (t == DT_IQ4_NL || t == DT_IQ4_XS) && k <= QFAST_K_MAX &&
-        (megac_k_isa & KT_ISA_AVX512)) {
-        isa_avx512_gemv_iq4(t, sg, ns, x, k);
+        (megac_k_isa & KT_ISA_AVX2)) {
+        if (megac_k_isa & KT_ISA_AVX512)
+            isa_avx512_gemv_iq4(t, sg, ns, x, k);
+        else
+            isa_avx2_gemv_iq4(t, sg, ns, x, k);
         return;
     }
     if ((HAS_DT(DT_Q8_0) | HAS_DT(DT_W8)) && (t == DT_Q8_0 || t == DT_W8) && (megac_k_isa & KT_ISA_VNNI512) &&
@@ -3750,14 +3754,22 @@ typedef int8_t v8i8 __attribute__((vector_size(8)));
 /* 32 IQ4 nibbles (qs, Q4_0's order) against x: sum kv[n] x, by vpshufb
  * from the 16 values as int8 (a 32-byte lookup for the 32 weights), then
  * widened to floats 8 at a time. */
-static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_iq4_block(const unsigned char *qs, const float *x)
+/* The 32 values of an IQ4 block's 16 bytes of nibbles qs as int8, in
+ * element order (a byte's low nibble is element j, its high one j + 16),
+ * by one vpshufb. */
+static inline __attribute__((always_inline)) ISA_AVX2 v32c isa_avx2_iq4_values(const unsigned char *qs)
 {
     const v32c kv = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
                      -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
     v16u8 q = *(const v16u8 *)qs, lo = q & 15, hi = q >> 4;
     v32c n = (v32c)__builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
                                            19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
-    v32c w = __builtin_ia32_pshufb256(kv, n);
+    return __builtin_ia32_pshufb256(kv, n);
+}
+
+static inline __attribute__((always_inline)) ISA_AVX2 v8fl isa_avx2_iq4_block(const unsigned char *qs, const float *x)
+{
+    v32c w = isa_avx2_iq4_values(qs);
     v8fl s = {0}, xv;
 #define IQ4_EIGHT(c)                                                                                         \
     do {                                                                                                     \
@@ -5393,49 +5405,97 @@ static ISA_VNNI512 void isa_vnni512_gemv_iq4a8(int t, const GemvSeg *sg, int ns,
     }
 }
 
-/* IQ4_NLA8 and IQ4_XSA8 rows on AVX2, a block of 32 a 256-bit vector:
- * the nibbles' values as int8 by vpshufb, in x's own order (a block's
- * low nibbles are its first 16 elements), then llama.cpp's signed
- * product: vpmaddubsw of |w| and x with w's signs (each pair's sum within
- * 2 * 127 * 127), vpmaddwd to 32 bits, the block's d_w d_x in float. */
-static ISA_AVX2 void isa_avx2_gemv_iq4a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
+/* IQ4_NL and IQ4_XS rows on AVX2, four at a time, a block of 32 a 256-bit
+ * vector: the nibbles' values as int8 by vpshufb, in x's own order, then
+ * with exact inputs (a8 = 0) four conversions and FMAs against x, with
+ * int8 inputs (a8 = 1: IQ4_NLA8, IQ4_XSA8; xq and dq from
+ * act_quantize_best) llama.cpp's signed product: vpmaddubsw of |w| and x
+ * with w's signs (each pair's sum within 2 * 127 * 127), vpmaddwd to 32
+ * bits. Each block's sum is scaled by its d_w (and d_x) in float; x's
+ * vectors are loaded once for the four rows. Groups of four blocks (IQ4_NL:
+ * a packed superblock; IQ4_XS: half a super-block). */
+static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_iq4_quad(int xs, int a8,
+                                                                            const unsigned char *const row[4],
+                                                                            const float *x, const int8_t *xq,
+                                                                            const float *dq, int64_t nb,
+                                                                            WStream *tws, float out[4])
 {
-    const v32c kv = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-                     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
     const v16i16 ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-    int8_t xq[k] __attribute__((aligned(32)));
-    float dq[(k + 31) / 32];
-    act_quantize_best(x, k, xq, dq);
-    int xs = t == DT_IQ4_XSA8;
-    int64_t rb = qrow_bytes(t, k);
-    for (int i = 0; i < ns; i++)
-        for (int64_t r = sg[i].r0; r < sg[i].r1; r++) {
-            const unsigned char *row = sg[i].W + r * rb, *qs;
-            ws_read(sg[i].ws, rb);
-            v8fl acc = {0};
-            float sc[8];
-            for (int64_t b = 0; b < k / 32; b++) {
-                float d;
-                if (xs) {
-                    const unsigned char *sb = row + 136 * (b / 8);
-                    if (b % 8 == 0)
-                        iq4xs_scales8(sb, isa_f16c_at(sb), sc);
-                    d = sc[b % 8];
-                    qs = sb + 8 + 16 * (b % 8);
-                } else {
-                    const unsigned char *h;
-                    qs = iq4nl_block(row, k, b, &h);
-                    d = isa_f16c_at(h);
-                }
-                v16u8 q = *(const v16u8 *)qs, lo = q & 15, hi = q >> 4;
-                v32c n = (v32c)__builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
-                                                       16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
-                v32c w = __builtin_ia32_pshufb256(kv, n), xv = *(const v32c *)(xq + 32 * b);
-                v16i16 p = __builtin_ia32_pmaddubsw256(__builtin_elementwise_abs(w), __builtin_ia32_psignb256(xv, w));
-                acc += __builtin_convertvector(__builtin_ia32_pmaddwd256(p, ones), v8fl) * (d * dq[b]);
+    v8fl acc[4] = {{0}, {0}, {0}, {0}};
+    float sc[4][8] __attribute__((aligned(32))); /* IQ4_XS: the super-block's sub-block scales, each row's */
+    for (int64_t g = 0; g < (nb + 3) / 4; g++) {
+        if (tws)
+            ws_trickle(tws, 4 * (xs ? 68 : 72));
+        int n = nb - 4 * g < 4 ? (int)(nb - 4 * g) : 4;
+        v4f d4[4];
+        const unsigned char *q0[4];
+        UNROLL4
+        for (int i = 0; i < 4; i++) {
+            if (xs) {
+                const unsigned char *sb = row[i] + 136 * (g / 2);
+                if (g % 2 == 0)
+                    iq4xs_scales8(sb, isa_f16c_at(sb), sc[i]);
+                memcpy(&d4[i], sc[i] + 4 * (g % 2), 16);
+                q0[i] = sb + 8 + 64 * (g % 2);
+            } else {
+                d4[i] = pk_f16x4(pk_u16x4(row[i] + 72 * g, n));
+                q0[i] = row[i] + 72 * g + 2 * n;
             }
-            gemv_store(sg[i].y, sg[i].b, r, hsum8(&acc), sg[i].accum);
         }
+        UNROLL4
+        for (int b = 0; b < 4; b++) {
+            int64_t j = 128 * g + 32 * b;
+            if (b >= n) { /* a short last IQ4_NL group */
+            } else if (a8) {
+                v32c xv = *(const v32c *)(xq + j);
+                UNROLL4
+                for (int i = 0; i < 4; i++) {
+                    v32c w = isa_avx2_iq4_values(q0[i] + 16 * b);
+                    v16i16 p = __builtin_ia32_pmaddubsw256(__builtin_elementwise_abs(w), __builtin_ia32_psignb256(xv, w));
+                    acc[i] += __builtin_convertvector(__builtin_ia32_pmaddwd256(p, ones), v8fl) * (d4[i][b] * dq[j / 32]);
+                }
+            } else {
+                UNROLL4
+                for (int i = 0; i < 4; i++)
+                    acc[i] += d4[i][b] * isa_avx2_iq4_block(q0[i] + 16 * b, x + j);
+            }
+        }
+    }
+    UNROLL4
+    for (int i = 0; i < 4; i++)
+        out[i] = hsum8(&acc[i]);
+}
+
+/* y[r0:r1] (+)= W . x for IQ4_NL, IQ4_XS and their A8 forms (k <=
+ * QFAST_K_MAX) on AVX2. */
+static ISA_AVX2 void isa_avx2_gemv_iq4(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
+{
+    int64_t nb = k / 32, rb = qrow_bytes(t, k);
+    int a8 = t == DT_IQ4_NLA8 || t == DT_IQ4_XSA8;
+    int8_t xq[a8 ? k : 1] __attribute__((aligned(32)));
+    float dq[a8 ? nb : 1];
+    if (a8)
+        act_quantize_best(x, k, xq, dq);
+    for (int i = 0; i < ns; i++) {
+        switch (t) {
+        case DT_IQ4_XS:
+            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
+                      isa_avx2_iq4_quad(1, 0, row, x, xq, dq, nb, ws, out));
+            break;
+        case DT_IQ4_NL:
+            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
+                      isa_avx2_iq4_quad(0, 0, row, x, xq, dq, nb, ws, out));
+            break;
+        case DT_IQ4_XSA8:
+            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
+                      isa_avx2_iq4_quad(1, 1, row, x, xq, dq, nb, ws, out));
+            break;
+        default:
+            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
+                      isa_avx2_iq4_quad(0, 1, row, x, xq, dq, nb, ws, out));
+            break;
+        }
+    }
 }
 
 static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
@@ -5445,7 +5505,7 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
         if (megac_k_isa & KT_ISA_VNNI512)
             isa_vnni512_gemv_iq4a8(t, sg, ns, x, k);
         else
-            isa_avx2_gemv_iq4a8(t, sg, ns, x, k);
+            isa_avx2_gemv_iq4(t, sg, ns, x, k);
         return;
     }
     /* the GGUF 4- and 5-bit A8 rows (Q4_0A8, Q4_1A8, Q5_0A8, Q5_1A8) are
