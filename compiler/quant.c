@@ -449,7 +449,7 @@ static double quant_row_gguf_a8(DType t, const unsigned char *row, int64_t k, co
     return y;
 }
 
-/* One Q4_KA8, Q5_KA8, Q6_KA8, IQ4_NLA8 or IQ4_XSA8 row against x: per
+/* One Q2_KA8 to Q6_KA8, IQ4_NLA8 or IQ4_XSA8 row against x: per
  * block of 32, its d times the sum of the weights' values (the format's own, dequantized
  * exactly: quant_row_dequant) times xq, in double. */
 static double quant_row_kq_a8(DType t, const unsigned char *row, int64_t k, const float *x)

@@ -69,10 +69,10 @@
  * For row-blocked types the table's `block` is the group along K (W8: 1)
  * and `block_bytes` the bytes of one full group (W8: 1, the scale apart).
  *
- * W8A8, W4A8G<G>, Q4_0A8, Q4_1A8, Q5_0A8, Q5_1A8, Q8_0A8, Q4_KA8,
- * Q5_KA8, Q6_KA8, IQ4_NLA8 and IQ4_XSA8 have exactly the bytes of W8,
- * W4G<G> and GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
- * IQ4_NL and IQ4_XS (whose blocks stay as
+ * W8A8, W4A8G<G>, Q4_0A8, Q4_1A8, Q5_0A8, Q5_1A8, Q8_0A8, Q2_KA8,
+ * Q3_KA8, Q4_KA8, Q5_KA8, Q6_KA8, IQ4_NLA8 and IQ4_XSA8 have exactly the
+ * bytes of W8, W4G<G> and GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,
+ * Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS (whose blocks stay as
  * stored: a GGUF file with int8 activations, as llama.cpp runs it); the
  * name
  * tells the GEMV to quantize its input too: x is cut in blocks of 32 along
@@ -87,10 +87,11 @@
  *   Q5_0A8:  y = sum_b d_b * dw_b * (sum_{j in b} q_j * xq_j - 16 * sum_{j in b} xq_j)
  *   Q5_1A8:  y = sum_b d_b * (dw_b * sum_{j in b} q_j * xq_j + m_b * sum_{j in b} xq_j)
  *   Q8_0A8:  y = sum_b d_b * dw_b * sum_{j in b} q_j * xq_j
- *   Q4_KA8, Q5_KA8, Q6_KA8, IQ4_NLA8, IQ4_XSA8: y = sum_b d_b * sum_{j in b}
+ *   Q2_KA8 to Q6_KA8, IQ4_NLA8, IQ4_XSA8: y = sum_b d_b * sum_{j in b}
  *            w_j * xq_j, w_j the format's own value of weight j (d sc q -
- *            dmin m, or d sc (q - 32) for Q6_K, d kv[n] for IQ4; per
- *            sub-block, the integer sums times its scales)
+ *            dmin m for Q2_K, Q4_K, Q5_K, d sc (q - 32) for Q6_K, d sc
+ *            (q - 4) for Q3_K, d kv[n] for IQ4; per sub-block, the
+ *            integer sums times its scales)
  *            (dw_b, m_b: the weight block's scale and min; Q5's q_j has
  *            its fifth bit)
  * (groups are multiples of 32, so blocks never straddle a group).
@@ -138,7 +139,9 @@
     X(Q3_K, "q3_k", 256, 110)          \
     X(Q2_K, "q2_k", 256, 84)           \
     X(IQ4_NLA8, "iq4_nla8", 32, 18)    \
-    X(IQ4_XSA8, "iq4_xsa8", 256, 136)
+    X(IQ4_XSA8, "iq4_xsa8", 256, 136)  \
+    X(Q3_KA8, "q3_ka8", 256, 110)      \
+    X(Q2_KA8, "q2_ka8", 256, 84)
 
 typedef enum {
 #define X(n, s, b, bb) DT_##n,
@@ -160,15 +163,15 @@ bool dtype_is_rowwise(DType t);
  * variants of W8 and W4G*). */
 bool dtype_is_quant(DType t);
 /* True for W8A8, W4A8G* and the GGUF blocks' A8 forms (Q4_0A8, Q4_1A8,
- * Q5_0A8, Q5_1A8, Q8_0A8, Q4_KA8, Q5_KA8, Q6_KA8): the GEMV quantizes its
- * input to int8.
+ * Q5_0A8, Q5_1A8, Q8_0A8, Q2_KA8 to Q6_KA8, IQ4_NLA8, IQ4_XSA8): the GEMV
+ * quantizes its input to int8.
  * (Inline, like dtype_layout: the CPU kernel body, which links nothing of
  * ir/, uses them too.) */
 static inline bool dtype_is_a8(DType t)
 {
     return t == DT_W8A8 || t == DT_W4A8G32 || t == DT_W4A8G64 || t == DT_W4A8G128 || t == DT_Q4_1A8 ||
            t == DT_Q5_0A8 || t == DT_Q5_1A8 || t == DT_Q8_0A8 || t == DT_Q4_KA8 || t == DT_Q5_KA8 || t == DT_Q6_KA8 ||
-           t == DT_Q4_0A8 || t == DT_IQ4_NLA8 || t == DT_IQ4_XSA8;
+           t == DT_Q4_0A8 || t == DT_IQ4_NLA8 || t == DT_IQ4_XSA8 || t == DT_Q3_KA8 || t == DT_Q2_KA8;
 }
 
 /* True for the dtypes a CUDA bundle stores in its own block order
@@ -205,6 +208,8 @@ static inline DType dtype_layout(DType t)
     case DT_Q6_KA8: return DT_Q6_K;
     case DT_IQ4_NLA8: return DT_IQ4_NL;
     case DT_IQ4_XSA8: return DT_IQ4_XS;
+    case DT_Q3_KA8: return DT_Q3_K;
+    case DT_Q2_KA8: return DT_Q2_K;
     default: return t;
     }
 }

@@ -289,7 +289,7 @@ static const DType all_dtypes[] = {DT_W8,      DT_Q8_0,     DT_Q4_0,    DT_Q4_1,
                                    DT_W8A8,    DT_W4A8G32,  DT_W4A8G64, DT_W4A8G128, DT_Q4_1A8, DT_Q8_0A8, DT_F16,
                                    DT_BF16,    DT_Q5_0,     DT_Q5_1,    DT_Q4_K,     DT_Q5_K,   DT_Q6_K,   DT_Q5_0A8,
                                    DT_Q5_1A8,  DT_Q4_KA8,   DT_Q5_KA8,  DT_Q6_KA8,   DT_Q4_0A8, DT_Q3_K,   DT_Q2_K,
-                                   DT_IQ4_NL,  DT_IQ4_XS,   DT_IQ4_NLA8, DT_IQ4_XSA8};
+                                   DT_IQ4_NL,  DT_IQ4_XS,   DT_IQ4_NLA8, DT_IQ4_XSA8, DT_Q3_KA8, DT_Q2_KA8};
 #define NDT (sizeof all_dtypes / sizeof *all_dtypes)
 
 /* Whether dtype t can hold rows of k elements: GGUF blocks (32, or 256

@@ -1165,10 +1165,10 @@ Test(quant, gguf_lowbit_model_runs_on_its_blocks, .timeout = 180)
     kernel_vs_reference(&m, "cpu", 1, 12);
     kernel_vs_reference(&m, "cpu", 3, 12);
     kernel_vs_reference(&m, "host-cuda", 3, 6);
-    /* int8 inputs: Q2_K and Q3_K as they are, the rest A8 */
+    /* int8 inputs: every stored block type has its A8 form */
     cr_assert(weights_load(&w, &m8, &d));
-    cr_assert_eq(weights_dtype(&w, "L0.wq"), DT_Q2_K);
-    cr_assert_eq(weights_dtype(&w, "L0.wk"), DT_Q3_K);
+    cr_assert_eq(weights_dtype(&w, "L0.wq"), DT_Q2_KA8);
+    cr_assert_eq(weights_dtype(&w, "L0.wk"), DT_Q3_KA8);
     cr_assert_eq(weights_dtype(&w, "L0.w_down"), DT_Q4_KA8);
     weights_free(&w);
     arena_free(&a);
@@ -1274,10 +1274,10 @@ static void a8_near_exact(const QTensor *src, const QTensor *q)
 }
 
 /* quant a8 keeps every stored matrix's values and gives the ones with an
- * int8-input form that form: GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K to
+ * int8-input form that form: GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to
  * Q6_K and IQ4 blocks byte for byte (Q4_0A8, Q4_1A8, Q5_0A8, Q5_1A8,
- * Q8_0A8, Q4_KA8, Q5_KA8, Q6_KA8, IQ4_NLA8, IQ4_XSA8), f16, bf16, Q2_K
- * and Q3_K as they are. On the k-quant and low-bit models the CPU kernel
+ * Q8_0A8, Q2_KA8 to Q6_KA8, IQ4_NLA8, IQ4_XSA8), f16 and bf16 as they
+ * are. On the k-quant and low-bit models the CPU kernel
  * path stays close to the model as stored (teacher-forced, 16
  * positions). */
 Test(quant, a8_keeps_stored_weights, .timeout = 120)
@@ -1299,7 +1299,7 @@ Test(quant, a8_keeps_stored_weights, .timeout = 120)
                 {KQ_YAML, "L0.wk", DT_Q5_K, DT_Q5_KA8},    {KQ_YAML, "L0.wv", DT_Q6_K, DT_Q6_KA8},
                 {KQ_YAML, "embed", DT_Q6_K, DT_Q6_KA8},    {LOWBIT_YAML, "L0.wv", DT_IQ4_NL, DT_IQ4_NLA8},
                 {LOWBIT_YAML, "L0.wo", DT_IQ4_XS, DT_IQ4_XSA8}, {LOWBIT_YAML, "lm_head", DT_IQ4_XS, DT_IQ4_XSA8},
-                {LOWBIT_YAML, "L0.wq", DT_Q2_K, DT_Q2_K},  {LOWBIT_YAML, "L0.wk", DT_Q3_K, DT_Q3_K}};
+                {LOWBIT_YAML, "L0.wq", DT_Q2_K, DT_Q2_KA8}, {LOWBIT_YAML, "L0.wk", DT_Q3_K, DT_Q3_KA8}};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         ModelDesc m0, m1;
         Weights w0, w1;

@@ -44,7 +44,7 @@ static bool check_gemv_weight(DType t)
     case DT_W4G64: case DT_W4G128: case DT_W8A8: case DT_W4A8G32: case DT_W4A8G64: case DT_W4A8G128:
     case DT_Q4_1A8: case DT_Q8_0A8: case DT_Q5_0A8: case DT_Q5_1A8: case DT_Q4_KA8: case DT_Q5_KA8: case DT_Q6_KA8:
     case DT_Q4_0A8: case DT_Q5_0: case DT_Q5_1: case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: case DT_Q3_K:
-    case DT_Q2_K: case DT_IQ4_NL: case DT_IQ4_XS: case DT_IQ4_NLA8: case DT_IQ4_XSA8:
+    case DT_Q2_K: case DT_IQ4_NL: case DT_IQ4_XS: case DT_IQ4_NLA8: case DT_IQ4_XSA8: case DT_Q3_KA8: case DT_Q2_KA8:
         return true;
     default:
         return false;

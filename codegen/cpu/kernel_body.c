@@ -2234,9 +2234,9 @@ static inline __attribute__((always_inline)) void iq4xs_scales8(const unsigned c
 }
 
 /* Q3_K's 16 sub-block scales less 32 (q3k_scale) from its 12 bytes at
- * sc, as floats, by two in-register byte selections. */
-static inline __attribute__((always_inline)) ISA_AVX512 void isa_avx512_q3k_scales(const unsigned char *sc,
-                                                                                  v16f *out)
+ * sc, as floats, by two in-register byte selections (generic vector
+ * code: the AVX-512 and the 256-bit kernels inline it). */
+static inline __attribute__((always_inline)) void q3k_scales16(const unsigned char *sc, v16f *out)
 {
     const v16u32 lo_shift = {0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4},
                  hi_shift = {0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6};
@@ -2424,7 +2424,7 @@ static ISA_AVX512 float isa_avx512_dot_q23k(int t, const unsigned char *b, const
         v16u32 hm[2] = {{0}, {0}};
         if (q3) {
             v16f sc;
-            isa_avx512_q3k_scales(b + 96, &sc);
+            q3k_scales16(b + 96, &sc);
             STORE16(dsc, isa_f16c_at(b + 108) * sc);
             for (int u = 0; u < 2; u++)
                 hm[u] = __builtin_convertvector(*(const v16u8 *)(b + 16 * u), v16u32) << 2;
@@ -2595,10 +2595,14 @@ static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t
         gemv_kq(t, sg, ns, x, k);
         return;
     }
-    /* Q3_K and Q2_K: the k-quants' integer rows with AVX-512 VNNI, else
-     * (or for x that they do not take) the table rows of qdot */
+    /* Q3_K and Q2_K: the k-quants' integer rows with AVX-512 VNNI, or on
+     * 256 bits (AVX2, AVX-VNNI), else (or for x that they do not take)
+     * the table rows of qdot */
     if ((HAS_DT(DT_Q3_K) | HAS_DT(DT_Q2_K)) && (t == DT_Q3_K || t == DT_Q2_K) && k <= QFAST_K_MAX &&
         (megac_k_isa & KT_ISA_VNNI512) && isa_vnni512_gemv_kq(t, sg, ns, x, k))
+        return;
+    if ((HAS_DT(DT_Q3_K) | HAS_DT(DT_Q2_K)) && (t == DT_Q3_K || t == DT_Q2_K) && k <= QFAST_K_MAX &&
+        (megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512) && Q256_PICK(gemv_kq_q)(t, sg, ns, x, k))
         return;
     if ((HAS_DT(DT_IQ4_NL) | HAS_DT(DT_IQ4_XS)) && (t == DT_IQ4_NL || t == DT_IQ4_XS) && k <= QFAST_K_MAX &&
         (megac_k_isa & KT_ISA_AVX2)) {
@@ -3140,7 +3144,7 @@ isa_vnni512_kq23_superblock(int np, int q3, const unsigned char *b, const int8_t
 {
     v16f d;
     if (q3) {
-        isa_avx512_q3k_scales(b + 96, &d);
+        q3k_scales16(b + 96, &d);
         d *= isa_f16c_at(b + 108);
         *off += d * *xs16;
     } else {
@@ -4541,7 +4545,7 @@ static inline __attribute__((always_inline)) ISA_AVX2 int isa_avx2_kq_x_prepare(
  * sub-blocks' sums of d xq. */
 static void kqa8_x_prepare(int l, const int8_t *xq, const float *dq, int64_t k, int8_t *xk, float *xs)
 {
-    int q6 = l == DT_Q6_K, n = q6 ? 16 : 32;
+    int q6 = l == DT_Q6_K || l == DT_Q3_K || l == DT_Q2_K, n = q6 ? 16 : 32; /* sub-blocks of 16: Q6_K's layout */
     for (int64_t blk = 0; blk < k / 32; blk++)
         memcpy(xk + kq_x_block_at(q6, 1, blk), xq + 32 * blk, 32);
     for (int64_t s = 0; s < k / n; s++) {
@@ -4552,7 +4556,7 @@ static void kqa8_x_prepare(int l, const int8_t *xq, const float *dq, int64_t k, 
     }
 }
 
-/* Q4_KA8, Q5_KA8 and Q6_KA8 rows (layout l) with vpdpbusd: the A16 rows'
+/* Q2_KA8 to Q6_KA8 rows (layout l) with vpdpbusd: the A16 rows'
  * loops with one plane, u the blocks' d (Zen 4, one core from L2: Q4_KA8
  * 18.0 GB/s against the AVX2 loops' 16.6-16.8, Q5_KA8 17.3-17.7 against
  * 16.2-16.7, Q6_KA8 20.8-21.3 against 21.2-21.3: the scales' unpacking,
@@ -4568,6 +4572,10 @@ static ISA_VNNI512 void isa_vnni512_gemv_kqa8(int l, const GemvSeg *sg, int ns, 
             isa_vnni512_kq_rows(DT_Q4_K, 1, &sg[i], xk, dq, xs, k);
         else if (l == DT_Q5_K)
             isa_vnni512_kq_rows(DT_Q5_K, 1, &sg[i], xk, dq, xs, k);
+        else if (l == DT_Q3_K)
+            isa_vnni512_kq_rows(DT_Q3_K, 1, &sg[i], xk, dq, xs, k);
+        else if (l == DT_Q2_K)
+            isa_vnni512_kq_rows(DT_Q2_K, 1, &sg[i], xk, dq, xs, k);
         else
             isa_vnni512_kq_rows(DT_Q6_K, 1, &sg[i], xk, dq, xs, k);
     }
