@@ -39,18 +39,20 @@
  * 2^-23, in integer dot products, and W8 rows there four planes of 30-bit
  * fixed point per op; tiny or non-finite x takes the float loops); A8
  * formats (W8A8, W4A8G*, and GGUF blocks as Q4_0A8, Q4_1A8, Q5_0A8,
- * Q5_1A8, Q8_0A8, Q4_KA8, Q5_KA8, Q6_KA8, IQ4_NLA8 and IQ4_XSA8) quantize
+ * Q5_1A8, Q8_0A8, Q2_KA8 to Q6_KA8, IQ4_NLA8 and IQ4_XSA8) quantize
  * x once per op to int8 and take integer dot products per block of 32
  * (IQ4's values by vpshufb). Q4_0, Q4_1, Q5_0,
  * Q5_1, W4G32 and their A8 forms (Q4_0A8, W4A8G32, Q4_1A8, Q5_0A8,
  * Q5_1A8) rows arrive packed
  * (kernel_table.h, compiler/quant.c): in float, one AND and one
  * conversion per 16 weights, on every instruction set (W4A8G32: two u8 x
- * s8 dot products per 128 weights). GGUF's k-quants (Q4_K, Q5_K, Q6_K) are
- * read as stored with the same trick, and so are Q3_K and Q2_K with
- * AVX-512 VNNI; otherwise those two, IQ4_NL and IQ4_XS take table lookups
- * of their dequantized values (vpermps on AVX-512 and AVX2, vpshufb for
- * IQ4 on AVX2). A run
+ * s8 dot products per 128 weights). GGUF's k-quants (Q2_K to Q6_K) are
+ * read as stored with the same trick (Q3_K and Q2_K as integer rows with
+ * AVX-512 VNNI and on AVX2-only hosts; on AVX-512 without VNNI, and for x
+ * the integer rows refuse, tables of their values). IQ4_NL
+ * (packed too, its nibbles as stored) and IQ4_XS rows go four at a time,
+ * their nibbles looked up among the 16 values (vpermps on AVX-512, vpshufb
+ * on AVX2). A run
  * of GEMVs with one input and no wait between them (q/k/v, gate/up)
  * normalizes and prepares that input once (gemv_run_length).
  *
