@@ -2583,7 +2583,10 @@ static int isa_vnni512_gemv_q8x(int t, const GemvSeg *sg, int ns, const float *x
 static int isa_avxvnni_gemv_q8x(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 static int isa_vnni512_gemv_nibq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
 static int isa_gfni512_gemv_nibq(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
-static void isa_avx2_gemv_iq4(int t, const GemvSeg *sg, int ns, const float *x, int64_t k);
+static void isa_avx2_gemv_iq4(int t, const GemvSeg *sg, int ns, const float *x, const int8_t *xq, const float *dq,
+                              int64_t k);
+static void isa_avxvnni_gemv_iq4(int t, const GemvSeg *sg, int ns, const float *x, const int8_t *xq,
+                                 const float *dq, int64_t k);
 
 static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
@@ -2611,7 +2614,7 @@ static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t
         if (megac_k_isa & KT_ISA_AVX512)
             isa_avx512_gemv_iq4(t, sg, ns, x, k);
         else
-            isa_avx2_gemv_iq4(t, sg, ns, x, k);
+            Q256_PICK(gemv_iq4)(t, sg, ns, x, NULL, NULL, k);
         return;
     }
     if ((HAS_DT(DT_Q8_0) | HAS_DT(DT_W8)) && (t == DT_Q8_0 || t == DT_W8) && (megac_k_isa & KT_ISA_VNNI512) &&
@@ -5415,107 +5418,11 @@ static ISA_VNNI512 void isa_vnni512_gemv_iq4a8(int t, const GemvSeg *sg, int ns,
     }
 }
 
-/* IQ4_NL and IQ4_XS rows on AVX2, four at a time, a block of 32 a 256-bit
- * vector: the nibbles' values as int8 by vpshufb, in x's own order, then
- * with exact inputs (a8 = 0) four conversions and FMAs against x, with
- * int8 inputs (a8 = 1: IQ4_NLA8, IQ4_XSA8; xq and dq from
- * act_quantize_best) llama.cpp's signed product: vpmaddubsw of |w| and x
- * with w's signs (each pair's sum within 2 * 127 * 127), vpmaddwd to 32
- * bits. Each block's sum is scaled by its d_w (and d_x) in float; x's
- * vectors are loaded once for the four rows. Groups of four blocks (IQ4_NL:
- * a packed superblock; IQ4_XS: half a super-block). */
-static inline __attribute__((always_inline)) ISA_AVX2 void isa_avx2_iq4_quad(int xs, int a8,
-                                                                            const unsigned char *const row[4],
-                                                                            const float *x, const int8_t *xq,
-                                                                            const float *dq, int64_t nb,
-                                                                            WStream *tws, float out[4])
-{
-    const v16i16 ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-    v8fl acc[4] = {{0}, {0}, {0}, {0}};
-    float sc[4][8] __attribute__((aligned(32))); /* IQ4_XS: the super-block's sub-block scales, each row's */
-    for (int64_t g = 0; g < (nb + 3) / 4; g++) {
-        if (tws)
-            ws_trickle(tws, 4 * (xs ? 68 : 72));
-        int n = nb - 4 * g < 4 ? (int)(nb - 4 * g) : 4;
-        v4f d4[4];
-        const unsigned char *q0[4];
-        UNROLL4
-        for (int i = 0; i < 4; i++) {
-            if (xs) {
-                const unsigned char *sb = row[i] + 136 * (g / 2);
-                if (g % 2 == 0)
-                    iq4xs_scales8(sb, isa_f16c_at(sb), sc[i]);
-                memcpy(&d4[i], sc[i] + 4 * (g % 2), 16);
-                q0[i] = sb + 8 + 64 * (g % 2);
-            } else {
-                d4[i] = pk_f16x4(pk_u16x4(row[i] + 72 * g, n));
-                q0[i] = row[i] + 72 * g + 2 * n;
-            }
-        }
-        UNROLL4
-        for (int b = 0; b < 4; b++) {
-            int64_t j = 128 * g + 32 * b;
-            if (b >= n) { /* a short last IQ4_NL group */
-            } else if (a8) {
-                v32c xv = *(const v32c *)(xq + j);
-                UNROLL4
-                for (int i = 0; i < 4; i++) {
-                    v32c w = isa_avx2_iq4_values(q0[i] + 16 * b);
-                    v16i16 p = __builtin_ia32_pmaddubsw256(__builtin_elementwise_abs(w), __builtin_ia32_psignb256(xv, w));
-                    acc[i] += __builtin_convertvector(__builtin_ia32_pmaddwd256(p, ones), v8fl) * (d4[i][b] * dq[j / 32]);
-                }
-            } else {
-                UNROLL4
-                for (int i = 0; i < 4; i++)
-                    acc[i] += d4[i][b] * isa_avx2_iq4_block(q0[i] + 16 * b, x + j);
-            }
-        }
-    }
-    UNROLL4
-    for (int i = 0; i < 4; i++)
-        out[i] = hsum8(&acc[i]);
-}
-
-/* y[r0:r1] (+)= W . x for IQ4_NL, IQ4_XS and their A8 forms (k <=
- * QFAST_K_MAX) on AVX2. */
-static ISA_AVX2 void isa_avx2_gemv_iq4(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
-{
-    int64_t nb = k / 32, rb = qrow_bytes(t, k);
-    int a8 = t == DT_IQ4_NLA8 || t == DT_IQ4_XSA8;
-    int8_t xq[a8 ? k : 1] __attribute__((aligned(32)));
-    float dq[a8 ? nb : 1];
-    if (a8)
-        act_quantize_best(x, k, xq, dq);
-    for (int i = 0; i < ns; i++) {
-        switch (t) {
-        case DT_IQ4_XS:
-            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
-                      isa_avx2_iq4_quad(1, 0, row, x, xq, dq, nb, ws, out));
-            break;
-        case DT_IQ4_NL:
-            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
-                      isa_avx2_iq4_quad(0, 0, row, x, xq, dq, nb, ws, out));
-            break;
-        case DT_IQ4_XSA8:
-            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
-                      isa_avx2_iq4_quad(1, 1, row, x, xq, dq, nb, ws, out));
-            break;
-        default:
-            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
-                      isa_avx2_iq4_quad(0, 1, row, x, xq, dq, nb, ws, out));
-            break;
-        }
-    }
-}
-
 static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
 {
     if ((HAS_DT(DT_IQ4_NLA8) | HAS_DT(DT_IQ4_XSA8)) && (t == DT_IQ4_NLA8 || t == DT_IQ4_XSA8) &&
-        (megac_k_isa & KT_ISA_AVX2)) {
-        if (megac_k_isa & KT_ISA_VNNI512)
-            isa_vnni512_gemv_iq4a8(t, sg, ns, x, k);
-        else
-            isa_avx2_gemv_iq4(t, sg, ns, x, k);
+        (megac_k_isa & KT_ISA_VNNI512)) {
+        isa_vnni512_gemv_iq4a8(t, sg, ns, x, k);
         return;
     }
     /* the GGUF 4- and 5-bit A8 rows (Q4_0A8, Q4_1A8, Q5_0A8, Q5_1A8) are
@@ -5525,9 +5432,14 @@ static void gemv_a8(int t, const GemvSeg *sg, int ns, const float *x, int64_t k)
         gemv_pka8(t, sg, ns, x, k);
         return;
     }
-    int8_t xq[k];
+    int8_t xq[k] __attribute__((aligned(32)));
     float dq[(k + 31) / 32];
     act_quantize_best(x, k, xq, dq);
+    if ((HAS_DT(DT_IQ4_NLA8) | HAS_DT(DT_IQ4_XSA8)) && (t == DT_IQ4_NLA8 || t == DT_IQ4_XSA8) &&
+        (megac_k_isa & KT_ISA_AVX2)) {
+        Q256_PICK(gemv_iq4)(t, sg, ns, NULL, xq, dq, k);
+        return;
+    }
     int l = qlayout(t);
     if (dtype_is_kquant((DType)l) && (megac_k_isa & KT_ISA_VNNI512)) {
         isa_vnni512_gemv_kqa8(l, sg, ns, xq, dq, k);
