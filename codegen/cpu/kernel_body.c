@@ -5338,8 +5338,9 @@ static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_
  * block's 32, xh the last 16, made once per op (zeros past k). The + 128
  * adds 128 times each lane's sum of xq, taken off by starting the lane's
  * sum from xc = -128 (that sum). Each lane's integer sum is then scaled by
- * its block's d_w d_x in float. Rows go four at a time (the IQ4_NL groups
- * gathered as isa_avx512_iq4nl_group does for the A16 rows). */
+ * its block's d_w d_x in float. Rows go four at a time (an IQ4_NL group read
+ * from its packed superblock by isa_avx512_iq4nl_group, as for the A16
+ * rows). */
 static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_iq4a8_quad(int xs,
                                                                                    const unsigned char *const row[4],
                                                                                    const v16u32 *xl, const v16u32 *xh,
