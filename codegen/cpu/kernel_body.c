@@ -2251,6 +2251,25 @@ static inline __attribute__((always_inline)) void q3k_scales16(const unsigned ch
     *out = __builtin_convertvector((v16i32)((lo >> lo_shift & 15u) | (hi >> hi_shift & 3u) << 4) - 32, v16f);
 }
 
+/* The 16 sub-block scales of a Q3_K (q3) or Q2_K super-block b as
+ * floats, *d (d sc; Q3_K's sc less 32), and what meets each sub-block's
+ * sum of x as an offset, *m (Q3_K: d sc again, for its - 4, which the
+ * caller applies; Q2_K: dmin m). dd and dmin: b's f16 fields as floats
+ * (Q3_K has no dmin), so that generic code converts none. */
+static inline __attribute__((always_inline)) void kq23_scales16(int q3, const unsigned char *b, float dd,
+                                                                float dmin, v16f *d, v16f *m)
+{
+    if (q3) {
+        q3k_scales16(b + 96, d);
+        *d *= dd;
+        *m = *d;
+        return;
+    }
+    v16u32 sc = __builtin_convertvector(*(const v16u8 *)b, v16u32);
+    *d = __builtin_convertvector(sc & 15u, v16f) * dd;
+    *m = __builtin_convertvector(sc >> 4, v16f) * dmin;
+}
+
 /* An IQ4_NL or IQ4_XS row by table lookups, as the W4G* rows above: each
  * block's (IQ4_XS: sub-block's) table is the 16 values times its scale,
  * so that the weights are the reference's dequantized ones bit for bit;
@@ -3147,16 +3166,9 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void
 isa_vnni512_kq23_superblock(int np, int q3, const unsigned char *b, const int8_t *xq, const v8fs *u8p,
                             const v16f *xs16, v16f *acc, v16f *off)
 {
-    v16f d;
-    if (q3) {
-        q3k_scales16(b + 96, &d);
-        d *= isa_f16c_at(b + 108);
-        *off += d * *xs16;
-    } else {
-        v16u32 sc = __builtin_convertvector(*(const v16u8 *)b, v16u32);
-        d = __builtin_convertvector(sc & 15u, v16f) * isa_f16c_at(b + 80);
-        *off += (__builtin_convertvector(sc >> 4, v16f) * isa_f16c_at(b + 82)) * *xs16;
-    }
+    v16f d, om;
+    kq23_scales16(q3, b, isa_f16c_at(b + (q3 ? 108 : 80)), q3 ? 0.0f : isa_f16c_at(b + 82), &d, &om);
+    *off += om * *xs16;
     v8fs u8 = *u8p;
     v16f u = __builtin_shufflevector(u8, u8, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
     v8u32 hw = {0};
@@ -3766,10 +3778,19 @@ typedef int8_t v8i8 __attribute__((vector_size(8)));
 /* The 32 values of an IQ4 block's 16 bytes of nibbles qs as int8, in
  * element order (a byte's low nibble is element j, its high one j + 16),
  * by one vpshufb. */
+/* iq4_values in both 16-byte lanes: vpshufb's table (a constant once
+ * inlined; a pointer out, as v32c values change the portable ABI). */
+static inline __attribute__((always_inline)) void iq4_table32(v32c *out)
+{
+    v16i8 t = *(const v16i8 *)iq4_values;
+    *out = (v32c)__builtin_shufflevector(t, t, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5,
+                                         6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
 static inline __attribute__((always_inline)) ISA_AVX2 v32c isa_avx2_iq4_values(const unsigned char *qs)
 {
-    const v32c kv = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-                     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    v32c kv;
+    iq4_table32(&kv);
     v16u8 q = *(const v16u8 *)qs, lo = q & 15, hi = q >> 4;
     v32c n = (v32c)__builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
                                            19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
@@ -5348,12 +5369,13 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_iq4a8_
                                                                                    int64_t nb, WStream *tws,
                                                                                    float out[4])
 {
-    const v64i8 kvu = {1,  24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166, (char)181,
-                       (char)197, (char)217, (char)241, 1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141,
-                       (char)153, (char)166, (char)181, (char)197, (char)217, (char)241, 1, 24, 45, 63, 79, 93,
-                       106, 118, (char)129, (char)141, (char)153, (char)166, (char)181, (char)197, (char)217,
-                       (char)241, 1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166,
-                       (char)181, (char)197, (char)217, (char)241};
+    v32c t; /* the values + 128 as u8 (flipping the sign bit), in every 16-byte lane */
+    iq4_table32(&t);
+    v64i8 kvu = (v64i8)__builtin_shufflevector(t, t, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
+                                               18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 0, 1, 2, 3,
+                                               4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
+                                               23, 24, 25, 26, 27, 28, 29, 30, 31) ^
+                (char)0x80;
     v16f acc[4] = {{0}, {0}, {0}, {0}};
     float sc[4][8] __attribute__((aligned(32))); /* IQ4_XS: the super-block's sub-block scales, each row's */
     for (int64_t g = 0; g < (nb + 3) / 4; g++) {
