@@ -124,9 +124,13 @@ int cmd_doctor(int argc, char **argv)
             if (has_feature(features, vec[i]))
                 printf(" %s", vec[i]);
         printf("\n");
-        printf("cpu tuning:    %s\n", cg_cpu_tune(NULL) & KT_TUNE_TRICKLE_ALL
-                                           ? "GEMV prefetches spread over rows of every length, far quads (an Intel CPU)"
-                                           : "GEMV prefetches spread over rows of 1024 or more");
+        int tune = cg_cpu_tune(NULL);
+        printf("cpu tuning:    %s%s\n",
+               tune & KT_TUNE_TRICKLE_ALL ? "GEMV prefetches spread over rows of every length"
+                                          : "GEMV prefetches spread over rows of 1024 or more",
+               tune & KT_TUNE_FAR_QUADS ? ", far quads (an Intel CPU)"
+               : tune & KT_TUNE_FAR_SEQ ? ", the 256-bit rows of long segments as far quads (AMD Zen 3)"
+                                        : "");
     } else {
         printf("host cpu:      LLVM has no native target here\n");
     }

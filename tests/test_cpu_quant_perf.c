@@ -519,13 +519,21 @@ static void check_all(const char *cpu, int64_t k)
 }
 
 /* Segments of 512 KB or more, which a kernel tuned for an Intel CPU reads
- * as far quads (kernel_body.c: seg_far_quads): 1003 rows of 2048, cut at
- * 501 (Q4_0: 577 KB and 578 KB; 125 quads a segment and one or two rows
- * after them). The host's kernel where the host is Intel's, and
- * Cascade Lake's (an Intel CPU) where the host runs AVX-512 VNNI. */
+ * as far quads (kernel_body.c: seg_far_quads), and one for AMD Zen 3 where
+ * its 256-bit rows go one after another (KT_TUNE_FAR_SEQ): 1003 rows of
+ * 2048, cut at 501 (Q4_0: 577 KB and 578 KB; 125 quads a segment and one
+ * or two rows after them), and for Zen 3, whose rows of 576 ask for no
+ * lines ahead (seg_trickle), 3301 rows cut at 1650 (Q4_0: 534 KB). The
+ * host's kernel, Zen 3's where the host runs AVX2, and Cascade Lake's (an
+ * Intel CPU) where the host runs AVX-512 VNNI. */
 Test(cpu_quant_perf, far_quads, .timeout = 300)
 {
     check_all_rows(NULL, 2048, 1003, 501);
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        check_all_rows("znver3", 2048, 1003, 501);
+        check_all_rows("znver3", 576, 3301, 1650);
+    }
     if (!host_runs_avx512(true))
         cr_skip_test("this host cannot run Cascade Lake code (AVX-512 VNNI): the host's kernel only");
     check_all_rows("cascadelake", 2048, 1003, 501);
@@ -562,21 +570,25 @@ Test(cpu_quant_perf, every_dtype_haswell)
 }
 
 /* Intel's named CPUs and an Intel host spread the GEMVs' prefetches at
- * every k and read far quads; AMD's and the x86-64 levels (either vendor)
- * do neither. */
+ * every k and read far quads; Zen 3 (named, or a host of AMD's family 19h
+ * without AVX-512) reads its 256-bit rows' long segments as far quads;
+ * the other AMD CPUs and the x86-64 levels (either vendor) do none of it. */
 Test(cpu_quant_perf, prefetch_tuning_by_vendor)
 {
     const char *intel[] = {"haswell", "skylake", "skylake-avx512", "cascadelake", "icelake-server",
                            "sapphirerapids", "alderlake"};
-    const char *other[] = {"znver2", "znver3", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"};
+    const char *other[] = {"znver2", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"};
     for (size_t i = 0; i < sizeof intel / sizeof *intel; i++)
         cr_assert_eq(cg_cpu_tune(intel[i]), KT_TUNE_TRICKLE_ALL | KT_TUNE_FAR_QUADS, "%s", intel[i]);
     for (size_t i = 0; i < sizeof other / sizeof *other; i++)
         cr_assert_eq(cg_cpu_tune(other[i]), 0, "%s", other[i]);
+    cr_assert_eq(cg_cpu_tune("znver3"), KT_TUNE_FAR_SEQ);
     int vendor = test_cpuinfo_has("vendor_id", "GenuineIntel"); /* 1 Intel, 0 another */
     if (vendor < 0)
         cr_skip_test("no vendor_id in /proc/cpuinfo");
-    cr_assert_eq(cg_cpu_tune(NULL), vendor ? KT_TUNE_TRICKLE_ALL | KT_TUNE_FAR_QUADS : 0);
+    int zen3 = test_cpuinfo_has("vendor_id", "AuthenticAMD") == 1 && test_cpuinfo_has("cpu family", "25") == 1 &&
+               test_cpuinfo_has("flags", "avx512f") == 0;
+    cr_assert_eq(cg_cpu_tune(NULL), vendor ? KT_TUNE_TRICKLE_ALL | KT_TUNE_FAR_QUADS : zen3 ? KT_TUNE_FAR_SEQ : 0);
     cr_assert_eq(cg_cpu_tune("host"), cg_cpu_tune(NULL));
 }
 

@@ -220,13 +220,13 @@ static bool features_have(const char *list, const char *f)
 }
 
 /* The named CPUs' KT_ISA_* and KT_TUNE_* bits (those not here: none).
- * KT_TUNE_TRICKLE_ALL and KT_TUNE_FAR_QUADS on Intel's, not on AMD's nor
- * on the x86-64 levels, which run on either (their kernels keep the rules
- * measured on Zen 4). */
+ * KT_TUNE_TRICKLE_ALL and KT_TUNE_FAR_QUADS on Intel's, KT_TUNE_FAR_SEQ on
+ * Zen 3, none on the x86-64 levels, which run on either (their kernels
+ * keep the rules measured on Zen 4). */
 #define T_INTEL (KT_TUNE_TRICKLE_ALL | KT_TUNE_FAR_QUADS)
 static const struct { const char *name; int32_t isa, tune; } cpu_named[] = {
     {"x86-64-v3", KT_ISA_AVX2, 0}, {"haswell", KT_ISA_AVX2, T_INTEL}, {"skylake", KT_ISA_AVX2, T_INTEL},
-    {"znver2", KT_ISA_AVX2, 0}, {"znver3", KT_ISA_AVX2, 0}, {"x86-64-v4", KT_ISA_AVX2 | KT_ISA_AVX512, 0},
+    {"znver2", KT_ISA_AVX2, 0}, {"znver3", KT_ISA_AVX2, KT_TUNE_FAR_SEQ}, {"x86-64-v4", KT_ISA_AVX2 | KT_ISA_AVX512, 0},
     {"skylake-avx512", KT_ISA_AVX2 | KT_ISA_AVX512, T_INTEL},
     {"cascadelake", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512, T_INTEL},
     {"icelake-server", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512 | KT_ISA_GFNI512, T_INTEL},
@@ -250,13 +250,19 @@ static int32_t job_isa_named(const char *cpu)
  * the first (8-bit rows in one long segment, from the L3 or memory) and
  * 1.06-1.13x (packed 4-bit rows), where on Zen 4 the same choices had
  * measured 1.01-1.09x slower; the second took Llama-3.2-1B-shaped files
- * 1.07-1.19x faster there (kernel_body.c: seg_far_quads; not measured on
- * AMD's cores, so not theirs). */
+ * 1.07-1.19x faster there (kernel_body.c: seg_far_quads). KT_TUNE_FAR_SEQ
+ * for AMD Zen 3 (family 19h without AVX-512; Zen 4 has it): there
+ * (2026-12-07) two threads read 30-37 GB/s as one sequential stream each
+ * and 41-46 as four, and a Llama-3.2-1B-shaped W4A8 model decoded
+ * 1.07-1.16x faster with its 256-bit rows read as far quads (Zen 2 and
+ * Zen 4 not measured, so not theirs). */
 int cg_cpu_tune(const char *cpu)
 {
     if (!cpu || !strcmp(cpu, "host") || !strcmp(cpu, "native")) {
         __builtin_cpu_init();
-        return __builtin_cpu_is("intel") ? KT_TUNE_TRICKLE_ALL | KT_TUNE_FAR_QUADS : 0;
+        if (__builtin_cpu_is("intel"))
+            return KT_TUNE_TRICKLE_ALL | KT_TUNE_FAR_QUADS;
+        return __builtin_cpu_is("amdfam19h") && !__builtin_cpu_supports("avx512f") ? KT_TUNE_FAR_SEQ : 0;
     }
     for (size_t i = 0; i < sizeof cpu_named / sizeof *cpu_named; i++)
         if (!strcmp(cpu, cpu_named[i].name))
@@ -345,6 +351,11 @@ static bool job_target(CpuJob *j)
     LLVMDisposeTargetData(td);
     job_retarget(j);
     int32_t isa = job_isa(j), tune = cg_cpu_tune(j->host ? NULL : j->cpu);
+    /* MEGAC_CPU_TUNE=N (developers): build with the KT_TUNE_* bits N in
+     * place of the CPU's, to time one choice against another */
+    const char *te = getenv("MEGAC_CPU_TUNE");
+    if (te && *te)
+        tune = (int32_t)strtol(te, NULL, 0);
     job_const_define(j, KT_SYM_ISA, isa);
     job_const_define(j, KT_SYM_TUNE, tune);
     if (j->o->verbose)

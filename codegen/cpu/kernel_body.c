@@ -1164,13 +1164,16 @@ static inline __attribute__((always_inline)) void ws_read(WStream *ws, int64_t b
 
 /* A far quad's line asks (seg_far_quads): each of its rows' bytes
  * [at + QPF_BYTES, + step), the step a kernel is about to read, so many
- * bytes ahead. */
+ * bytes ahead, every line of them (a 256-bit kernel that reads the rows
+ * one after another asks once per row, a quarter row of each: 4-18 lines
+ * at k 2048). */
 static inline __attribute__((always_inline)) void far_prefetch(const unsigned char *const row[4], int64_t at,
                                                               int64_t step)
 {
     _Pragma("clang loop unroll(full)")
     for (int i = 0; i < 4; i++) {
-        __builtin_prefetch(row[i] + at + QPF_BYTES, 0, QPF_LOCALITY);
+        for (int64_t o = 0; o < step - 1; o += 64)
+            __builtin_prefetch(row[i] + at + QPF_BYTES + o, 0, QPF_LOCALITY);
         __builtin_prefetch(row[i] + at + QPF_BYTES + step - 1, 0, QPF_LOCALITY);
     }
 }
@@ -1367,10 +1370,13 @@ static inline __attribute__((always_inline)) WStream *seg_trickle(const GemvSeg 
  * before. The ws stream is told of the far part as a whole at its end
  * (seg_far_done), so that it asks for what follows and none of its lines. */
 #define FAR_QUAD_MIN_BYTES (512 << 10)
-static inline __attribute__((always_inline)) int64_t seg_far_quads(const GemvSeg *g, int64_t rb)
+/* bits: the KT_TUNE_* bit that lets the kernel at hand read far quads
+ * (KT_TUNE_FAR_QUADS, or KT_TUNE_FAR_SEQ for the 256-bit rows that go
+ * one after another; 0: never). */
+static inline __attribute__((always_inline)) int64_t seg_far_quads(const GemvSeg *g, int64_t rb, int32_t bits)
 {
     int64_t n = g->r1 - g->r0;
-    return (megac_k_tune & KT_TUNE_FAR_QUADS) && n >= 16 && n * rb >= FAR_QUAD_MIN_BYTES ? n / 4 : 0;
+    return (megac_k_tune & bits) && n >= 16 && n * rb >= FAR_QUAD_MIN_BYTES ? n / 4 : 0;
 }
 
 /* Far quad j's rows (q of them a stream), and its results back. */
@@ -1410,35 +1416,35 @@ static inline __attribute__((always_inline)) void seg_far_done(const GemvSeg *g,
 }
 
 /* Every row of segment g (rows of rb bytes, k long) through a four-row
- * kernel: QUAD, a statement that fills out[4] from row[4] and asks for
- * lines through ws (NULL: it asks for none). The far quads first (where
- * `far` and seg_far_quads() allow), each asking through its own stream,
- * then the rest four at a time, asking through the worker's stream as
- * seg_trickle(g, rb, k, kmin) says; isfar, a constant in each loop, says
- * which (a QUAD that picks its kernel by it leaves the other loop's
- * kernels to constant folding: gemv_a8_fast). */
-#define SEG_QUADS(g, rb, k, kmin, far, row, out, ws, isfar, QUAD)            \
+ * kernel: the last argument, a statement (commas and all) that fills
+ * out[4] from row[4] and asks for lines through ws (NULL: it asks for
+ * none). The far quads first (where the KT_TUNE_* bit `far` and
+ * seg_far_quads() allow), then the rest four at a time; where
+ * seg_trickle(g, rb, k, kmin) asks for lines, a far quad asks through its
+ * own stream (far_stream) and the rest through the worker's. isfar, a
+ * constant in each loop, says which loop the statement is in. */
+#define SEG_QUADS(g, rb, k, kmin, far, row, out, ws, isfar, ...)             \
     do {                                                                     \
         const unsigned char *row[4];                                         \
         float out[4];                                                        \
-        int64_t q_ = (far) ? seg_far_quads(g, rb) : 0;                       \
+        int64_t q_ = seg_far_quads(g, rb, (far));                            \
         WStream fw_ = {0};                                                   \
+        WStream *tws_ = seg_trickle(g, rb, k, kmin);                         \
         for (int64_t j_ = 0; j_ < q_; j_++) {                                \
             seg_far_rows(g, rb, q_, j_, row);                                \
-            WStream *ws = far_stream(&fw_, row);                             \
+            WStream *ws = tws_ ? far_stream(&fw_, row) : NULL;               \
             const int isfar = 1;                                             \
             (void)isfar;                                                     \
-            QUAD;                                                            \
+            __VA_ARGS__;                                                     \
             seg_far_store(g, q_, j_, out);                                   \
         }                                                                    \
         seg_far_done(g, rb, q_);                                             \
-        WStream *tws_ = seg_trickle(g, rb, k, kmin);                         \
         for (int64_t r_ = (g)->r0 + 4 * q_; r_ < (g)->r1; r_ += 4) {         \
             WStream *ws = tws_;                                              \
             const int isfar = 0;                                             \
             (void)isfar;                                                     \
             seg_quad(g, rb, r_, row);                                        \
-            QUAD;                                                            \
+            __VA_ARGS__;                                                     \
             seg_quad_store(g, rb, r_, out);                                  \
         }                                                                    \
     } while (0)
@@ -2418,10 +2424,10 @@ static ISA_AVX512 void isa_avx512_gemv_iq4(int t, const GemvSeg *sg, int ns, con
     int64_t rb = qrow_bytes(t, k);
     for (int i = 0; i < ns; i++) {
         if (t == DT_IQ4_XS)
-            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
+            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, KT_TUNE_FAR_QUADS, row, out, ws, isfar_,
                       isa_avx512_iq4_quad(1, row, xr, nb, ws, out));
         else
-            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
+            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, KT_TUNE_FAR_QUADS, row, out, ws, isfar_,
                       isa_avx512_iq4_quad(0, row, xr, nb, ws, out));
     }
 }
@@ -2665,17 +2671,13 @@ static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t
         isa_avx2_gemv_nib(t, sg, ns, x, xg, k);
         return;
     }
-    for (int i = 0; i < ns; i++) {
-        const GemvSeg *g = &sg[i];
-        WStream *tws = seg_trickle(g, rb, k, WS_TRICKLE_K);
-        for (int64_t r = g->r0; r < g->r1; r += 4) {
-            const unsigned char *row[4];
-            float out[4];
-            seg_quad(g, rb, r, row);
-            qrows4(t, row, x, xg, k, out, tws);
-            seg_quad_store(g, rb, r, out);
-        }
-    }
+    /* the 256-bit W8 and Q8_0 rows go one after another (KT_TUNE_FAR_SEQ) */
+    int32_t far = (megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512) && (t == DT_W8 || t == DT_Q8_0)
+                      ? KT_TUNE_FAR_SEQ
+                      : 0;
+    for (int i = 0; i < ns; i++)
+        SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, far, row, out, ws, isfar_,
+                  qrows4(t, row, x, xg, k, out, ws));
 }
 
 /* y[r0:r1] (+)= W[r0:r1, 0:k] . x (+ b): one row at a time, so the weights
@@ -3248,7 +3250,7 @@ static inline __attribute__((always_inline)) ISA_VNNI512 void isa_vnni512_kq_row
                                                                                 const float *xs, int64_t k)
 {
     int64_t rb = qrow_bytes(t, k);
-    SEG_QUADS(g, rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
+    SEG_QUADS(g, rb, k, WS_TRICKLE_K, KT_TUNE_FAR_QUADS, row, out, ws, isfar_,
               isa_vnni512_kq_quad(t, np, row, xq, ub, xs, k, ws, out));
 }
 
@@ -3542,10 +3544,10 @@ static ISA_VNNI512 int isa_vnni512_gemv_q8x(int t, const GemvSeg *sg, int ns, co
         /* asks at every k, as the A8 rows (at k 576, WS_TRICKLE_K ran
          * 0.93-0.97x at a 60-65 GB/s ceiling, 1.0-1.05x at 37) */
         if (w8)
-            SEG_QUADS(g, rb, k, 0, 1, row, out, ws, isfar_,
+            SEG_QUADS(g, rb, k, 0, KT_TUNE_FAR_QUADS, row, out, ws, isfar_,
                       isa_vnni512_w8x_rows4(row, xq, corr4, u, k, out, ws));
         else
-            SEG_QUADS(g, rb, k, 0, 1, row, out, ws, isfar_,
+            SEG_QUADS(g, rb, k, 0, KT_TUNE_FAR_QUADS, row, out, ws, isfar_,
                       isa_vnni512_q8_0_rows4(3, row, xq, ub, corr, k, out, ws));
     }
     return 1;
@@ -5064,7 +5066,7 @@ static void act_quantize_best(const float *x, int64_t k, int8_t *xq, float *dq)
                           const int32_t *xc, int64_t k)                                                      \
     {                                                                                                        \
         int64_t rb = qrow_bytes(T, k), nb = k / 32;                                                          \
-        SEG_QUADS(g, rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_, PKA8_QUAD(dot16, hi4, T, row, out, ws));  \
+        SEG_QUADS(g, rb, k, WS_TRICKLE_K, KT_TUNE_FAR_QUADS, row, out, ws, isfar_, PKA8_QUAD(dot16, hi4, T, row, out, ws));  \
     }
 #define PKA8_HI_SHIFT(v) (((v) >> 4) & 0x0f0f0f0fu)
 #define PKA8_TYPES(pre, attr, dot16, hi4)                             \
@@ -5088,7 +5090,10 @@ PKA8_TYPES(isa_gfni512_pka8, ISA_GFNI512, PKA8_DOT16_VNNI512, isa_gfni512_hi)
  * for its lines before it, by seg_trickle's rule (where a quad's were
  * asked for together before: at --cpu alderlake, two workers, ops of 960 rows of 576,
  * Q4_0A8 from the L3 31.6 -> 36.4 GB/s and from memory 19.3 -> 22.1, from
- * L2 21.7 -> 20.3; Q4_1A8 37.6 -> 39.4 and 19.7 -> 21.6). Q4_0A8 and
+ * L2 21.7 -> 20.3; Q4_1A8 37.6 -> 39.4 and 19.7 -> 21.6). A long segment
+ * goes as far quads where KT_TUNE_FAR_SEQ says (Zen 3: four streams where
+ * there was one; from memory, two workers, one op of 256 MB, Q4_1A8 at k
+ * 576 1.13-1.16x, Q8_0A8 1.13x, the medians of alternated runs). Q4_0A8 and
  * Q5_0A8 start their sums from xc (PKA8_FOLD, pka8_x_corr). */
 #define PKA8_256_ROWS(pre, attr, dot2)                                                                         \
     /* The superblock at w (nblk of its blocks, a constant) against x's  \
@@ -5131,42 +5136,45 @@ PKA8_TYPES(isa_gfni512_pka8, ISA_GFNI512, PKA8_DOT16_VNNI512, isa_gfni512_hi)
         if (!PKA8_FOLD(T))                                                                                   \
             *off += PKA8_OFF(T, w, nblk, sc, *(const v4f *)dx, isa_avx2_f16x4);                              \
     }                                                                                                        \
+    /* Four rows' sums into out[4], each row asking for its lines first  \
+     * where ws is given. */                                               \
+    static inline __attribute__((always_inline)) attr void pre##_pka8_quad(                                  \
+        int T, const unsigned char *const row[4], const int8_t *xqp, const float *dq4, const float *dx4,     \
+        const int32_t *xc, int64_t rb, int64_t nb, WStream *ws, float out[4])                                \
+    {                                                                                                        \
+        int64_t sbb = 4 * (PKA8_HDR(T) + 16);                                                                \
+        v4f rs[4], off4 = {0};                                                                               \
+        _Pragma("clang loop unroll(disable)") for (int i = 0; i < 4; i++)                                   \
+        {                                                                                                    \
+            v8fl a[2] = {{0}, {0}};                                                                          \
+            v4f off = {0};                                                                                   \
+            int64_t sb = 0;                                                                                  \
+            if (ws)                                                                                          \
+                ws_trickle(ws, rb);                                                                          \
+            for (; sb < nb / 4; sb++)                                                                        \
+                pre##_pka8_sb(T, 4, row[i] + sbb * sb, xqp + 128 * sb, dq4 + 4 * sb, dx4 + 4 * sb,              \
+                              xc + 16 * sb, a, &off);                                                        \
+            const unsigned char *w = row[i] + sbb * sb;                                                      \
+            const int8_t *xs = xqp + 128 * sb;                                                               \
+            if (nb % 4 == 1)                                                                                 \
+                pre##_pka8_sb(T, 1, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, xc + 16 * sb, a, &off);               \
+            else if (nb % 4 == 2)                                                                            \
+                pre##_pka8_sb(T, 2, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, xc + 16 * sb, a, &off);               \
+            else if (nb % 4 == 3)                                                                            \
+                pre##_pka8_sb(T, 3, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, xc + 16 * sb, a, &off);               \
+            rs[i] = isa_avx2_halves(a[0] + a[1]);                                                            \
+            off4[i] = (off[0] + off[1]) + (off[2] + off[3]);                                                 \
+        }                                                                                                    \
+        v4f o = isa_avx2_sum4(rs) - off4;                                                                    \
+        memcpy(out, &o, 16);                                                                                 \
+    }                                                                                                        \
     static inline __attribute__((always_inline)) attr void pre##_pka8_rows(                                  \
         int T, const GemvSeg *g, const int8_t *xqp, const float *dq4, const float *dx4, const int32_t *xc,   \
         int64_t k)                                                                                           \
     {                                                                                                        \
-        int64_t rb = qrow_bytes(T, k), nb = k / 32, sbb = 4 * (PKA8_HDR(T) + 16);                            \
-        WStream *tws = seg_trickle(g, rb, k, WS_TRICKLE_K);                                                  \
-        for (int64_t r = g->r0; r < g->r1; r += 4) {                                                         \
-            const unsigned char *row[4];                                                                     \
-            seg_quad(g, rb, r, row);                                                                         \
-            v4f rs[4], off4 = {0};                                                                           \
-            _Pragma("clang loop unroll(disable)") for (int i = 0; i < 4; i++)                               \
-            {                                                                                                \
-                v8fl a[2] = {{0}, {0}};                                                                      \
-                v4f off = {0};                                                                               \
-                int64_t sb = 0;                                                                              \
-                if (tws)                                                                                     \
-                    ws_trickle(tws, rb);                                                                     \
-                for (; sb < nb / 4; sb++)                                                                    \
-                    pre##_pka8_sb(T, 4, row[i] + sbb * sb, xqp + 128 * sb, dq4 + 4 * sb, dx4 + 4 * sb,          \
-                                  xc + 16 * sb, a, &off);                                                    \
-                const unsigned char *w = row[i] + sbb * sb;                                                  \
-                const int8_t *xs = xqp + 128 * sb;                                                           \
-                if (nb % 4 == 1)                                                                             \
-                    pre##_pka8_sb(T, 1, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, xc + 16 * sb, a, &off);           \
-                else if (nb % 4 == 2)                                                                        \
-                    pre##_pka8_sb(T, 2, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, xc + 16 * sb, a, &off);           \
-                else if (nb % 4 == 3)                                                                        \
-                    pre##_pka8_sb(T, 3, w, xs, dq4 + 4 * sb, dx4 + 4 * sb, xc + 16 * sb, a, &off);           \
-                rs[i] = isa_avx2_halves(a[0] + a[1]);                                                        \
-                off4[i] = (off[0] + off[1]) + (off[2] + off[3]);                                             \
-            }                                                                                                \
-            v4f o = isa_avx2_sum4(rs) - off4;                                                                \
-            float out[4];                                                                                    \
-            memcpy(out, &o, 16);                                                                             \
-            seg_quad_store(g, rb, r, out);                                                                   \
-        }                                                                                                    \
+        int64_t rb = qrow_bytes(T, k), nb = k / 32;                                                          \
+        SEG_QUADS(g, rb, k, WS_TRICKLE_K, KT_TUNE_FAR_SEQ, row, out, ws, isfar_,                             \
+                  pre##_pka8_quad(T, row, xqp, dq4, dx4, xc, rb, nb, ws, out));                              \
     }                                                                                                        \
     /* Segment g's rows of dtype t, each dtype with its own rows. */                                       \
     static attr void pre##_pka8_seg(int t, const GemvSeg *g, const int8_t *xqp, const float *dq4,            \
@@ -5343,11 +5351,12 @@ static void gemv_a8_fast(int kind, int t, const GemvSeg *sg, int ns, const int8_
         w4ga8_x_prepare(xq, dq, k, xq2, dq8);
     const int8_t *xa = pairs || sbs ? xq2 : xq;
     const float *da = pairs || sbs ? dq8 : t == DT_Q8_0A8 ? dqp : dq;
-    /* far quads where the kernel asks through its stream (kind 2) */
-    int far = kind == 2 && (t == DT_Q8_0A8 || t == DT_W8A8);
+    /* the 8-bit rows as far quads: the AVX-512 VNNI ones, and the 256-bit
+     * ones (one after another) where KT_TUNE_FAR_SEQ says */
+    int32_t far = !q8 ? 0 : kind == 2 ? KT_TUNE_FAR_QUADS : KT_TUNE_FAR_SEQ;
     for (int i = 0; i < ns; i++)
         SEG_QUADS(&sg[i], rb, k, kind == 2 ? 0 : WS_TRICKLE_K, far, row, out, ws, isfar,
-                  a8_rows4(isfar ? 2 : kind, t, row, xa, da, side, corr, c, k, out, ws));
+                  a8_rows4(kind, t, row, xa, da, side, corr, c, k, out, ws));
 }
 
 /* y[r0:r1] of an A8 weight: the input quantized once, then integer rows.
@@ -5433,10 +5442,10 @@ static ISA_VNNI512 void isa_vnni512_gemv_iq4a8(int t, const GemvSeg *sg, int ns,
     int64_t rb = qrow_bytes(t, k);
     for (int i = 0; i < ns; i++) {
         if (t == DT_IQ4_XSA8)
-            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
+            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, KT_TUNE_FAR_QUADS, row, out, ws, isfar_,
                       isa_vnni512_iq4a8_quad(1, row, xl, xh, xc, dq, nb, ws, out));
         else
-            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, 1, row, out, ws, isfar_,
+            SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, KT_TUNE_FAR_QUADS, row, out, ws, isfar_,
                       isa_vnni512_iq4a8_quad(0, row, xl, xh, xc, dq, nb, ws, out));
     }
 }

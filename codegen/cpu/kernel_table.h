@@ -90,7 +90,14 @@ enum {
      * as far quads, four streams a quarter of it apart (kernel_body.c:
      * seg_far_quads), where the hardware prefetchers followed four
      * adjacent rows poorly (an Intel Xeon). */
-    KT_TUNE_FAR_QUADS = 2
+    KT_TUNE_FAR_QUADS = 2,
+    /* The 256-bit kernels that read a quad's rows one after another (one
+     * sequential stream: the int8-input rows of 8-bit and packed 4-bit
+     * weights, and the exact-input W8 and Q8_0 rows) read a segment of
+     * 512 KB or more as far quads too, where two cores read four streams
+     * each faster than one (AMD Zen 3). MEGAC_CPU_TUNE=N at compile time
+     * (developers) builds with the bits N instead of the CPU's. */
+    KT_TUNE_FAR_SEQ = 4
 };
 
 /* Packed 4-bit rows. The CPU kernel reads Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL
