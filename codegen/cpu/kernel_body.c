@@ -1430,6 +1430,8 @@ static inline __attribute__((always_inline)) void seg_far_done(const GemvSeg *g,
         int64_t q_ = seg_far_quads(g, rb, (far));                            \
         WStream fw_ = {0};                                                   \
         WStream *tws_ = seg_trickle(g, rb, k, kmin);                         \
+        if (q_) /* (ws_read comes after them: seg_far_done) */               \
+            PROF_ROWS_BEGIN();                                               \
         for (int64_t j_ = 0; j_ < q_; j_++) {                                \
             seg_far_rows(g, rb, q_, j_, row);                                \
             WStream *ws = tws_ ? far_stream(&fw_, row) : NULL;               \
