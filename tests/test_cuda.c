@@ -373,7 +373,8 @@ Test(cuda_nvrtc, every_model_every_arch, .timeout = 900)
     for (size_t m = 0; m < g.gl_pathc; m++) {
         const char *path = g.gl_pathv[m];
         if (strstr(path, "-hf.yaml") && !file_exists(SHARED_PATH("/hf-configs/SmolLM2-135M.config.json"))) {
-            cr_log_warn("%s skipped: ../shared/hf-configs is absent", path);
+            /* (not cr_log_warn: with it Criterion 2.4.1 exits 1 though every test passed) */
+            fprintf(stderr, "[WARN] %s skipped: ../shared/hf-configs is absent\n", path);
             continue;
         }
         for (int a = 0; a < 3; a++)

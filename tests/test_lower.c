@@ -538,6 +538,8 @@ Test(lower, fused_attention_stage)
 
 Test(lower, cli)
 {
+    if (access(MEGAC_SRC "/../shared/models/stories260K.bin", R_OK) != 0)
+        cr_skip_test("../shared/models/stories260K.bin is absent");
     char out[] = "/tmp/megac_lower_XXXXXX";
     int fd = mkstemp(out);
     cr_assert_geq(fd, 0);

@@ -277,7 +277,8 @@ Test(sparse, kascade_head_maps_follow_the_map, .timeout = 600)
     if (have_stories())
         kascade_head_map_case(STORIES_YAML, "[3, 0, 0, 2]", dir);
     else
-        cr_log_warn("stories260K half skipped: ../shared/models/stories260K.bin is absent");
+        /* (not cr_log_warn: with it Criterion 2.4.1 exits 1 though every test passed) */
+        fprintf(stderr, "[WARN] stories260K half skipped: ../shared/models/stories260K.bin is absent\n");
     test_rm_rf(dir);
     free(y);
 }
