@@ -226,7 +226,8 @@ static bool features_have(const char *list, const char *f)
 #define T_INTEL (KT_TUNE_TRICKLE_ALL | KT_TUNE_FAR_QUADS)
 static const struct { const char *name; int32_t isa, tune; } cpu_named[] = {
     {"x86-64-v3", KT_ISA_AVX2, 0}, {"haswell", KT_ISA_AVX2, T_INTEL}, {"skylake", KT_ISA_AVX2, T_INTEL},
-    {"znver2", KT_ISA_AVX2, 0}, {"znver3", KT_ISA_AVX2, KT_TUNE_FAR_SEQ}, {"x86-64-v4", KT_ISA_AVX2 | KT_ISA_AVX512, 0},
+    {"znver2", KT_ISA_AVX2, 0}, {"znver3", KT_ISA_AVX2, KT_TUNE_FAR_SEQ},
+    {"x86-64-v4", KT_ISA_AVX2 | KT_ISA_AVX512, 0},
     {"skylake-avx512", KT_ISA_AVX2 | KT_ISA_AVX512, T_INTEL},
     {"cascadelake", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512, T_INTEL},
     {"icelake-server", KT_ISA_AVX2 | KT_ISA_AVX512 | KT_ISA_VNNI512 | KT_ISA_GFNI512, T_INTEL},
@@ -252,9 +253,10 @@ static int32_t job_isa_named(const char *cpu)
  * measured 1.01-1.09x slower; the second took Llama-3.2-1B-shaped files
  * 1.07-1.19x faster there (kernel_body.c: seg_far_quads). KT_TUNE_FAR_SEQ
  * for AMD Zen 3 (family 19h without AVX-512; Zen 4 has it): there
- * (2026-12-07) two threads read 30-37 GB/s as one sequential stream each
- * and 41-46 as four, and a Llama-3.2-1B-shaped W4A8 model decoded
- * 1.07-1.16x faster with its 256-bit rows read as far quads (Zen 2 and
+ * (2026-12-07) two threads read 1.1-1.5x faster as four sequential
+ * streams each than as one (scripts/scratch-read-streams.c), and
+ * Llama-3.2-1B-shaped models decoded 1.04-1.16x (W4A8) and 1.07-1.12x
+ * (W8A16) faster with their 256-bit rows read as far quads (Zen 2 and
  * Zen 4 not measured, so not theirs). */
 int cg_cpu_tune(const char *cpu)
 {

@@ -5068,7 +5068,8 @@ static void act_quantize_best(const float *x, int64_t k, int8_t *xq, float *dq)
                           const int32_t *xc, int64_t k)                                                      \
     {                                                                                                        \
         int64_t rb = qrow_bytes(T, k), nb = k / 32;                                                          \
-        SEG_QUADS(g, rb, k, WS_TRICKLE_K, KT_TUNE_FAR_QUADS, row, out, ws, isfar_, PKA8_QUAD(dot16, hi4, T, row, out, ws));  \
+        SEG_QUADS(g, rb, k, WS_TRICKLE_K, KT_TUNE_FAR_QUADS, row, out, ws, isfar_,                           \
+                  PKA8_QUAD(dot16, hi4, T, row, out, ws));                                                   \
     }
 #define PKA8_HI_SHIFT(v) (((v) >> 4) & 0x0f0f0f0fu)
 #define PKA8_TYPES(pre, attr, dot16, hi4)                             \
