@@ -2563,10 +2563,18 @@ static void isa_avx2_q8_0_rows4(const unsigned char *const row[4], const float *
 static void isa_avx2_gemv_nib(int t, const GemvSeg *sg, int ns, const float *x, const float *xg, int64_t k);
 
 /* Four rows of a dtype with a fast kernel into out[4]. */
+/* Whether qrows4() reads t's rows with the 256-bit W8 and Q8_0 kernels,
+ * one row after another (so a long segment may go as far quads:
+ * KT_TUNE_FAR_SEQ). */
+static inline __attribute__((always_inline)) int qrows4_seq256(int t)
+{
+    return (megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512) && (t == DT_W8 || t == DT_Q8_0);
+}
+
 static void qrows4(int t, const unsigned char *const row[4], const float *x, const float *xg, int64_t k,
                    float out[4], WStream *ws)
 {
-    if ((megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512) && (t == DT_W8 || t == DT_Q8_0)) {
+    if (qrows4_seq256(t)) {
         if (t == DT_W8)
             isa_avx2_w8_rows4(row, x, k, out, ws);
         else
@@ -2673,12 +2681,8 @@ static void gemv_quant(int t, const GemvSeg *sg, int ns, const float *x, int64_t
         isa_avx2_gemv_nib(t, sg, ns, x, xg, k);
         return;
     }
-    /* the 256-bit W8 and Q8_0 rows go one after another (KT_TUNE_FAR_SEQ) */
-    int32_t far = (megac_k_isa & KT_ISA_AVX2) && !(megac_k_isa & KT_ISA_AVX512) && (t == DT_W8 || t == DT_Q8_0)
-                      ? KT_TUNE_FAR_SEQ
-                      : 0;
     for (int i = 0; i < ns; i++)
-        SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, far, row, out, ws, isfar_,
+        SEG_QUADS(&sg[i], rb, k, WS_TRICKLE_K, qrows4_seq256(t) ? KT_TUNE_FAR_SEQ : 0, row, out, ws, isfar_,
                   qrows4(t, row, x, xg, k, out, ws));
 }
 
