@@ -19,19 +19,27 @@
 
 /* Whether this is the sanitized suite (scripts/test.sh sets
  * MEGAC_SANITIZED=1 for the ASan build): the slowest tests then run fewer
- * steps, worker counts or architectures; the plain suite runs them all. */
+ * steps, worker counts or architectures. */
 static inline bool harness_sanitized(void)
 {
     return getenv("MEGAC_SANITIZED") != NULL;
 }
 
-/* Whether case i runs variant j of n (a worker count, an architecture):
- * every one in the plain suite; in the sanitized one, where such runs'
- * time goes to LLVM or NVRTC (not sanitized), one per case, in turn, so
- * that every variant still runs. */
+/* Whether case i runs variant j of n (a worker count, an architecture)
+ * when the plain suite runs `per` of each case's variants: those from
+ * i % n on, so that across the cases every variant runs, each beside
+ * several others; the sanitized suite, where such runs' time goes to LLVM
+ * or NVRTC (not sanitized), runs the first of them only. */
+static inline bool harness_variants_wanted(size_t i, size_t j, size_t n, size_t per)
+{
+    return (j + n - i % n) % n < (harness_sanitized() ? 1 : per);
+}
+
+/* Every variant of every case in the plain suite; one a case, in turn, in
+ * the sanitized one. */
 static inline bool harness_variant_wanted(size_t i, size_t j, size_t n)
 {
-    return !harness_sanitized() || j == i % n;
+    return harness_variants_wanted(i, j, n, n);
 }
 
 /* Index of the largest value, lowest index on ties (as the kernels do). */

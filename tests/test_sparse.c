@@ -1,7 +1,8 @@
 /*
  * test_sparse.c - sparse attention and KV eviction end to end: a model
  * compiled with compile.attention / compile.kv_policy set, on the CPU and
- * host-CUDA backends at several worker counts, decoded greedily next to the
+ * host-CUDA backends at several worker counts (each config at two of the
+ * CPU's, one of host-CUDA's, in turn), decoded greedily next to the
  * reference engine (which does the same selection in position space over a
  * full double cache, apart from how the kernels keep slots):
  *   - logits within tolerance and the same argmax at every step, with
@@ -165,8 +166,13 @@ static void ref_close(Ref *r)
     arena_free(&r->arena);
 }
 
-/* Every config at each worker count, against the reference. */
-static void sparse_vs_reference(const char *model, const char *target, const int *workers, int nw, int ntok)
+/* Every config against the reference, each at `per` of the nw worker
+ * counts (harness_variants_wanted: across the configs every count runs
+ * with every kind of op; each kernel compile takes 1-2 s of LLVM, and
+ * these tests took 230 s of the plain suite's ~900 with every config at
+ * every count, 2026-12-07). */
+static void sparse_vs_reference(const char *model, const char *target, const int *workers, int nw, int per,
+                                int ntok)
 {
     if (harness_sanitized())
         ntok = ntok < 64 ? ntok : 64;
@@ -175,7 +181,7 @@ static void sparse_vs_reference(const char *model, const char *target, const int
         Ref r;
         ref_open(&r, model, &configs[i]);
         for (int j = 0; j < nw; j++) {
-            if (!harness_variant_wanted(i, (size_t)j, (size_t)nw))
+            if (!harness_variants_wanted(i, (size_t)j, (size_t)nw, (size_t)per))
                 continue;
             char *b = compile_with(model, target, workers[j], &configs[i], dir, configs[i].name);
             megac_model *mm;
@@ -197,7 +203,7 @@ Test(sparse, stories260K_cpu_matches_reference, .timeout = 600)
     if (!have_stories())
         cr_skip_test("../shared/models/stories260K.bin is absent");
     static const int w[] = {1, 2, 3, 5};
-    sparse_vs_reference(STORIES_YAML, "cpu", w, 4, 160);
+    sparse_vs_reference(STORIES_YAML, "cpu", w, 4, 2, 160);
 }
 
 Test(sparse, synthetic_cpu_matches_reference, .timeout = 600)
@@ -205,7 +211,7 @@ Test(sparse, synthetic_cpu_matches_reference, .timeout = 600)
     char *dir = test_tmp_dir("sparse-synth");
     char *y = synth_path(dir);
     static const int w[] = {1, 2, 4};
-    sparse_vs_reference(y, "cpu", w, 3, 120);
+    sparse_vs_reference(y, "cpu", w, 3, 2, 120);
     test_rm_rf(dir);
     free(y);
 }
@@ -215,7 +221,7 @@ Test(sparse, stories260K_host_cuda_matches_reference, .timeout = 900)
     if (!have_stories())
         cr_skip_test("../shared/models/stories260K.bin is absent");
     static const int w[] = {2, 3};
-    sparse_vs_reference(STORIES_YAML, "host-cuda", w, 2, 100);
+    sparse_vs_reference(STORIES_YAML, "host-cuda", w, 2, 1, 100);
 }
 
 /* Kascade's head map on `model` (its reuse layers' kv heads reading the
@@ -594,7 +600,10 @@ static const Config kv_configs[] = {
      60},
 };
 
-static void kv_dtype_vs_reference(const char *model, const char *target, const int *workers, int nw, int ntok)
+/* Each setting against the reference at `per` of the nw worker counts, in
+ * turn (harness_variants_wanted). */
+static void kv_dtype_vs_reference(const char *model, const char *target, const int *workers, int nw, int per,
+                                  int ntok)
 {
     if (harness_sanitized())
         ntok = ntok < 64 ? ntok : 64;
@@ -606,7 +615,7 @@ static void kv_dtype_vs_reference(const char *model, const char *target, const i
         ref_open(&r, model, c);
         ref_open(&r32, model, &f32);
         for (int j = 0; j < nw; j++) {
-            if (!harness_variant_wanted(i, (size_t)j, (size_t)nw))
+            if (!harness_variants_wanted(i, (size_t)j, (size_t)nw, (size_t)per))
                 continue;
             char *b = compile_with(model, target, workers[j], c, dir, c->name);
             megac_model *mm;
@@ -655,7 +664,7 @@ Test(kv_dtype, stories260K_cpu_matches_reference, .timeout = 600)
     if (!have_stories())
         cr_skip_test("../shared/models/stories260K.bin is absent");
     static const int w[] = {1, 2, 3};
-    kv_dtype_vs_reference(STORIES_YAML, "cpu", w, 3, 160);
+    kv_dtype_vs_reference(STORIES_YAML, "cpu", w, 3, 2, 160);
 }
 
 Test(kv_dtype, synthetic_cpu_matches_reference, .timeout = 600)
@@ -663,7 +672,7 @@ Test(kv_dtype, synthetic_cpu_matches_reference, .timeout = 600)
     char *dir = test_tmp_dir("kvdtype-synth");
     char *y = synth_path(dir);
     static const int w[] = {1, 4};
-    kv_dtype_vs_reference(y, "cpu", w, 2, 120);
+    kv_dtype_vs_reference(y, "cpu", w, 2, 2, 120);
     test_rm_rf(dir);
     free(y);
 }
@@ -673,5 +682,5 @@ Test(kv_dtype, stories260K_host_cuda_matches_reference, .timeout = 900)
     if (!have_stories())
         cr_skip_test("../shared/models/stories260K.bin is absent");
     static const int w[] = {3};
-    kv_dtype_vs_reference(STORIES_YAML, "host-cuda", w, 1, 100);
+    kv_dtype_vs_reference(STORIES_YAML, "host-cuda", w, 1, 1, 100);
 }
