@@ -42,6 +42,16 @@ static inline bool harness_variant_wanted(size_t i, size_t j, size_t n)
     return harness_variants_wanted(i, j, n, n);
 }
 
+/* A case's number from its name (a model's file name), for the turns of
+ * harness_variant_wanted where cases are not numbered. */
+static inline size_t harness_case_id(const char *name)
+{
+    size_t id = 0;
+    for (const char *c = name; *c; c++)
+        id = id * 31 + (unsigned char)*c;
+    return id;
+}
+
 /* Index of the largest value, lowest index on ties (as the kernels do). */
 /* topk_select's op tests (CPU and host-CUDA): row t of every kv head is
  * harness_topk_level(t) times one positive vector, and every q is

@@ -129,9 +129,7 @@ static void e2e_model(const char *model, int ntok)
     Ref r;
     ref_open(&r, model);
     char *dir = tmp_dir();
-    size_t id = 0; /* the file's name as a number, for the sanitized suite's turn (harness_variant_wanted) */
-    for (const char *c = strrchr(model, '/') ? strrchr(model, '/') + 1 : model; *c; c++)
-        id = id * 31 + (unsigned char)*c;
+    size_t id = harness_case_id(strrchr(model, '/') ? strrchr(model, '/') + 1 : model);
     for (size_t i = 0; i < sizeof workers / sizeof workers[0]; i++) {
         if (!harness_variant_wanted(id, i, sizeof workers / sizeof workers[0]))
             continue;

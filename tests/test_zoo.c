@@ -262,10 +262,7 @@ static void zoo_run(const ZooModel *z, const char *target, const int *workers, i
     char name[600];
     zoo_name(z, name, sizeof name);
     int nl = snprintf(line, sizeof line, "zoo: %s on %s, max |diff|/max|logit|:", name, target);
-    /* the case's number among the zoo's, for the sanitized suite's turn */
-    size_t id = 0;
-    for (const char *c = name; *c; c++)
-        id = id * 31 + (unsigned char)*c;
+    size_t id = harness_case_id(name);
     bool first = true;
     for (int i = 0; i < nw; i++) {
         if (!harness_variant_wanted(id, (size_t)i, (size_t)nw))
