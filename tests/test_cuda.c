@@ -373,18 +373,16 @@ static void source_check(const Schedule *s, const char *arch, const char *what)
     free(src);
 }
 
-/* models/ description `yaml` for arch, checked as c says. */
-static void model_nvrtc_check(const char *yaml, const char *arch, NvrtcCheck c)
+/* s for arch, checked as c says: true, and *info filled, when NVRTC
+ * compiled it (cubin_check); false when only its source was built. */
+static bool nvrtc_case(const Schedule *s, const char *arch, const char *what, NvrtcCheck c, CudaKernelInfo *info)
 {
-    Model r;
-    model_open(&r, yaml, false);
-    Schedule *s = model_lower(&r, arch, 0);
-    if (c == NVRTC_FULL)
-        cubin_check(s, arch, r.m.name);
-    else
-        source_check(s, arch, r.m.name);
-    sched_free(s);
-    model_close(&r);
+    if (c == NVRTC_SOURCE) {
+        source_check(s, arch, what);
+        return false;
+    }
+    *info = cubin_check(s, arch, what);
+    return true;
 }
 
 /* Every description in models/ compiles for every architecture. */
@@ -400,9 +398,18 @@ Test(cuda_nvrtc, every_model_every_arch, .timeout = 900)
             fprintf(stderr, "[WARN] %s skipped: ../shared/hf-configs is absent\n", path);
             continue;
         }
-        for (int a = 0; a < 3; a++)
-            if (nvrtc_check_for((int)m, a) != NVRTC_SKIP)
-                model_nvrtc_check(path, archs[a], nvrtc_check_for((int)m, a));
+        for (int a = 0; a < 3; a++) {
+            NvrtcCheck c = nvrtc_check_for((int)m, a);
+            if (c == NVRTC_SKIP)
+                continue;
+            Model r;
+            model_open(&r, path, false);
+            Schedule *s = model_lower(&r, archs[a], 0);
+            CudaKernelInfo info;
+            nvrtc_case(s, archs[a], r.m.name, c, &info);
+            sched_free(s);
+            model_close(&r);
+        }
     }
     globfree(&g);
 }
@@ -428,12 +435,9 @@ Test(cuda_nvrtc, stored_formats_every_arch, .timeout = 900)
             if (c == NVRTC_SKIP)
                 continue;
             Schedule *s = model_lower(&r, archs[a], 3);
-            if (c == NVRTC_SOURCE) {
-                source_check(s, archs[a], fmts[f]);
-            } else {
-                CudaKernelInfo info = cubin_check(s, archs[a], fmts[f]);
+            CudaKernelInfo info;
+            if (nvrtc_case(s, archs[a], fmts[f], c, &info))
                 cr_assert(info.vloads >= 2 && info.vloads <= CUDA_VLOADS, "%d loads in flight", info.vloads);
-            }
             sched_free(s);
         }
         model_close(&r);
@@ -467,13 +471,10 @@ Test(cuda_nvrtc, gemv_preloads_fit, .timeout = 900)
             Schedule *s = model_lower(&r, archs[a], 0);
             char what[96];
             snprintf(what, sizeof what, "%s %s", r.m.name, fmts[f]);
-            if (c == NVRTC_SOURCE) {
-                source_check(s, archs[a], what);
-            } else {
-                CudaKernelInfo info = cubin_check(s, archs[a], what);
+            CudaKernelInfo info;
+            if (nvrtc_case(s, archs[a], what, c, &info))
                 cr_assert_eq(info.preloads, f == 2 ? 0 : CUDA_PRELOADS, "%s for %s: %d weight loads before waits",
                              what, archs[a], info.preloads);
-            }
             sched_free(s);
         }
         model_close(&r);
@@ -502,10 +503,8 @@ Test(cuda_nvrtc, sparse_ops_every_arch, .timeout = 900)
             char what[64];
             snprintf(what, sizeof what, "sparse ops (hd %d, G %d)", shapes[i].head_dim,
                      shapes[i].n_heads / shapes[i].n_kv_heads);
-            if (c == NVRTC_SOURCE)
-                source_check(s, archs[a], what);
-            else
-                cubin_check(s, archs[a], what);
+            CudaKernelInfo info;
+            nvrtc_case(s, archs[a], what, c, &info);
             sched_free(s);
         }
 }
