@@ -11,6 +11,8 @@
 #include "compiler/bench.h"
 #include "compiler/cli.h"
 #include "compiler/compile.h"
+#include "compiler/driver.h"
+#include "compiler/run.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,18 +22,22 @@
 #define BENCH_STREAMS 4
 
 typedef struct {
-    const char *bundle;
-    const char *versus;         /* a second bundle timed in the same runs, or NULL */
+    const char *bundle;         /* a bundle, or a model compiled into the run cache (then replaced by its path) */
+    const char *versus;         /* a second one timed in the same runs, or NULL */
     int ntok, runs, context;
     int ceiling_mb;             /* 0: the step's weight bytes */
     bool prefill;               /* --prefill */
+    DescOverride sets[RUN_MAX_SETS];    /* --set, for the models given */
+    int nsets;
+    int workers;                /* --workers, for the models given; 0: the CPU's cores */
 } BenchOptions;
 
 static void bench_usage(FILE *out)
 {
     fprintf(out,
-            "usage: megac bench NAME.megac [-n TOKENS] [--runs R] [--context N]\n"
-            "                   [--versus OTHER.megac] [--prefill] [--ceiling-mb MB]\n\n"
+            "usage: megac bench NAME.megac|MODEL [-n TOKENS] [--runs R] [--context N]\n"
+            "                   [--versus OTHER.megac|MODEL] [--prefill] [--ceiling-mb MB]\n"
+            "                   [--set key=value]... [--workers N]\n\n"
             "Decodes TOKENS greedy tokens (default 128) R times (default 5) and reports\n"
             "the median decode rate and its spread, the weight bytes read per token,\n"
             "the effective bandwidth, and a read-bandwidth ceiling measured in the same\n"
@@ -60,7 +66,13 @@ static void bench_usage(FILE *out)
             "                       right after its decode in each run, and report\n"
             "                       that rate and its ratio to the decode rate (the\n"
             "                       median over runs of prefill/decode within each run):\n"
-            "  prefill_tok_s=... prefill_speedup=...\n",
+            "  prefill_tok_s=... prefill_speedup=...\n\n"
+            "A MODEL (a .yaml description, a GGUF file, an HF checkpoint folder, a\n"
+            "llama2.c checkpoint; 'default': the embedded model) is first compiled for\n"
+            "the cpu target, as `megac run` compiles one: into .megac-cache/, or found\n"
+            "there. For the models given (NAME, OTHER or both; not bundles):\n"
+            "  --set key=value      override a description key (repeatable)\n"
+            "  --workers N          worker count, 1..4096 (default: the CPU's cores)\n",
             BENCH_STREAMS);
 }
 
@@ -73,13 +85,21 @@ static int parse_count(const char *s, int max)
 
 static bool bench_args_parse(int argc, char **argv, BenchOptions *o)
 {
-    *o = (BenchOptions){NULL, NULL, 128, 5, 0, 0, false};
+    memset(o, 0, sizeof *o);
+    o->ntok = 128;
+    o->runs = 5;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int *dst = !strcmp(a, "-n") ? &o->ntok : !strcmp(a, "--runs") ? &o->runs
                  : !strcmp(a, "--ceiling-mb") ? &o->ceiling_mb : !strcmp(a, "--context") ? &o->context : NULL;
         if (!strcmp(a, "--versus") && i + 1 < argc) {
             o->versus = argv[++i];
+        } else if (!strcmp(a, "--set") && i + 1 < argc) {
+            if (!cli_set_add("bench", argv[++i], o->sets, &o->nsets, RUN_MAX_SETS))
+                return false;
+        } else if (!strcmp(a, "--workers") && i + 1 < argc) {
+            if (!cli_workers_parse("bench", argv[++i], &o->workers))
+                return false;
         } else if (!strcmp(a, "--prefill")) {
             o->prefill = true;
         } else if (dst && i + 1 < argc) {
@@ -90,14 +110,63 @@ static bool bench_args_parse(int argc, char **argv, BenchOptions *o)
             }
             *dst = v;
         } else if (a[0] == '-' || o->bundle) {
-            return cli_bad_arg("bench", a, dst != NULL || !strcmp(a, "--versus"));
+            return cli_bad_arg("bench", a, dst != NULL || !strcmp(a, "--versus") || !strcmp(a, "--set") ||
+                                               !strcmp(a, "--workers"));
         } else {
             o->bundle = a;
         }
     }
-    if (!o->bundle)
-        fprintf(stderr, "megac bench: no bundle given\n");
-    return o->bundle != NULL;
+    if (!o->bundle) {
+        fprintf(stderr, "megac bench: no bundle or model given\n");
+        return false;
+    }
+    bool models = !run_model_is_bundle(o->bundle) || (o->versus && !run_model_is_bundle(o->versus));
+    if ((o->nsets || o->workers) && !models) {
+        fprintf(stderr, "megac bench: %s applies to model descriptions, not bundles (compile them with it)\n",
+                o->nsets ? "--set" : "--workers");
+        return false;
+    }
+    return true;
+}
+
+/* *path as a bundle: itself, or a model compiled into the run cache (as
+ * `megac run` compiles one) and opened; NULL after reporting. *owned is
+ * the cached bundle's path, which replaces *path. */
+static megac_model *bench_open(const char **path, const BenchOptions *o, char **owned)
+{
+    megac_model *m = NULL;
+    *owned = NULL;
+    if (run_model_is_bundle(*path)) {
+        if (megac_open(*path, &m) != MEGAC_OK)
+            fprintf(stderr, "megac bench: %s\n", megac_last_open_error());
+        return m;
+    }
+    RunOptions ro;
+    memset(&ro, 0, sizeof ro);
+    ro.model = driver_is_default_model(*path) ? NULL : *path;
+    ro.engine = ENGINE_CPU;
+    memcpy(ro.sets, o->sets, sizeof(DescOverride) * (size_t)o->nsets);
+    ro.nsets = o->nsets;
+    ro.workers = o->workers;
+    bool cached;
+    char *dir = run_cache_bundle(&ro, "megac bench", false, &cached);
+    if (dir && megac_open(dir, &m) != MEGAC_OK) {
+        fprintf(stderr, "megac bench: %s\n", megac_last_open_error());
+        if (cached) {   /* damaged on disk: once more, as `megac run` does */
+            fprintf(stderr, "megac bench: discarding the cached bundle %s and recompiling\n", dir);
+            free(dir);
+            dir = run_cache_bundle(&ro, "megac bench", true, &cached);
+            if (dir && megac_open(dir, &m) != MEGAC_OK)
+                fprintf(stderr, "megac bench: %s\n", megac_last_open_error());
+        }
+    }
+    if (!m) {
+        free(dir);
+        return NULL;
+    }
+    *owned = dir;
+    *path = dir;
+    return m;
 }
 
 /* Weight bytes the kernel reads per step: what the bundle's schedule reads
@@ -220,7 +289,7 @@ static void bench_report(const BenchOptions *o, megac_model *m, unsigned long lo
     spread(rates, o->runs, &lo, &tok_s, &hi);
     spread(ceil, o->runs, &clo, &ceiling, &chi);
     double gbps = tok_s * (double)rbytes / 1e9;
-    printf("bundle: %s (%d workers)\n", o->bundle, megac_num_workers(m));
+    printf("bundle: %s (%d worker%s)\n", o->bundle, megac_num_workers(m), megac_num_workers(m) == 1 ? "" : "s");
     printf("decode: %d tokens x %d runs from position %d: median %.2f tok/s (min %.2f, max %.2f)\n", ntok, o->runs,
            ctx, tok_s, lo, hi);
     printf("weights read per token: %.3f MB (weights.bin %.3f MB, %s)\n", rbytes / 1e6, wbytes / 1e6,
@@ -249,6 +318,40 @@ static void bench_report(const BenchOptions *o, megac_model *m, unsigned long lo
     printf("tok_s=%.2f gbps=%.3f ceiling_gbps=%.3f ratio=%.3f\n", tok_s, gbps, ceiling, ratio);
 }
 
+/* Times m (and v beside it) as the options say; the exit status. */
+static int bench_bundles(const BenchOptions *o, megac_model *m, megac_model *v)
+{
+    int ctx[2], ntok[2];
+    bench_clip(m, o, &ctx[0], &ntok[0]);
+    if (v)
+        bench_clip(v, o, &ctx[1], &ntok[1]);
+    if (v && (ctx[0] != ctx[1] || ntok[0] != ntok[1])) {   /* the ratio would be of different work */
+        fprintf(stderr, "megac bench: %s times %d tokens from position %d, %s %d from %d (their contexts: %d and %d "
+                        "positions); give a --context and -n that both hold\n", o->bundle, ntok[0], ctx[0], o->versus,
+                ntok[1], ctx[1], megac_max_seq(m), megac_max_seq(v));
+        return 2;
+    }
+    unsigned long long rbytes = (unsigned long long)bench_read_bytes(o->bundle);
+    if (rbytes == 0)    /* a manifest without the figure: every weight byte */
+        rbytes = megac_weights_bytes(m);
+    size_t pass;
+    size_t size = bench_ceiling_size(rbytes, o->ntok, &pass);
+    if (o->ceiling_mb)   /* a buffer of the caller's size, read once a pass */
+        size = pass = (size_t)o->ceiling_mb << 20;
+    BenchCeiling *c = bench_ceiling_new(size, pass, 0, BENCH_STREAMS);
+    BenchRuns *br = calloc(1, sizeof *br);
+    int rc = 1;
+    if (!c || !br)
+        fprintf(stderr, "megac bench: cannot set up the read-ceiling probe (memory)\n");
+    else if (bench_runs(m, v, c, o, br)) {
+        bench_report(o, m, rbytes, c, br);
+        rc = 0;
+    }
+    free(br);
+    bench_ceiling_free(c);
+    return rc;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
@@ -257,51 +360,23 @@ int cmd_bench(int argc, char **argv)
     }
     BenchOptions o;
     if (!bench_args_parse(argc, argv, &o)) {
+        cli_sets_free(o.sets, o.nsets);
         bench_usage(stderr);
         return 2;
     }
-    megac_model *m, *v = NULL;
-    if (megac_open(o.bundle, &m) != MEGAC_OK) {
-        fprintf(stderr, "megac bench: %s\n", megac_last_open_error());
-        return 2;
-    }
-    if (o.versus && megac_open(o.versus, &v) != MEGAC_OK) {
-        fprintf(stderr, "megac bench: %s\n", megac_last_open_error());
+    char *owned[2] = {NULL, NULL};
+    megac_model *m = bench_open(&o.bundle, &o, &owned[0]), *v = NULL;
+    if (m && o.versus && !(v = bench_open(&o.versus, &o, &owned[1]))) {
         megac_close(m);
-        return 2;
+        m = NULL;
     }
-    int ctx[2], ntok[2];
-    bench_clip(m, &o, &ctx[0], &ntok[0]);
-    if (v)
-        bench_clip(v, &o, &ctx[1], &ntok[1]);
-    if (v && (ctx[0] != ctx[1] || ntok[0] != ntok[1])) {   /* the ratio would be of different work */
-        fprintf(stderr, "megac bench: %s times %d tokens from position %d, %s %d from %d (their contexts: %d and %d "
-                        "positions); give a --context and -n that both hold\n", o.bundle, ntok[0], ctx[0], o.versus,
-                ntok[1], ctx[1], megac_max_seq(m), megac_max_seq(v));
+    int rc = m ? bench_bundles(&o, m, v) : 2;
+    if (m)
         megac_close(m);
-        megac_close(v);
-        return 2;
-    }
-    unsigned long long rbytes = (unsigned long long)bench_read_bytes(o.bundle);
-    if (rbytes == 0)    /* a manifest without the figure: every weight byte */
-        rbytes = megac_weights_bytes(m);
-    size_t pass;
-    size_t size = bench_ceiling_size(rbytes, o.ntok, &pass);
-    if (o.ceiling_mb)   /* a buffer of the caller's size, read once a pass */
-        size = pass = (size_t)o.ceiling_mb << 20;
-    BenchCeiling *c = bench_ceiling_new(size, pass, 0, BENCH_STREAMS);
-    BenchRuns *br = calloc(1, sizeof *br);
-    int rc = 1;
-    if (!c || !br)
-        fprintf(stderr, "megac bench: cannot set up the read-ceiling probe (memory)\n");
-    else if (bench_runs(m, v, c, &o, br)) {
-        bench_report(&o, m, rbytes, c, br);
-        rc = 0;
-    }
-    free(br);
-    bench_ceiling_free(c);
-    megac_close(m);
     if (v)
         megac_close(v);
+    free(owned[0]);
+    free(owned[1]);
+    cli_sets_free(o.sets, o.nsets);
     return rc;
 }

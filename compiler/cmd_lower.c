@@ -105,8 +105,8 @@ static void lower_summary(const Schedule *s)
             nwait += s->workers[w].insts[i].kind == INST_WAIT;
         }
     fprintf(stderr,
-            "megac lower: %s for %s: %u workers, %llu instructions (%llu ops, %llu waits), %u buffers, %u counters\n",
-            s->name, s->target, s->nworkers, (unsigned long long)ninst, (unsigned long long)nops,
+            "megac lower: %s for %s: %u worker%s, %llu instructions (%llu ops, %llu waits), %u buffers, %u counters\n",
+            s->name, s->target, s->nworkers, s->nworkers == 1 ? "" : "s", (unsigned long long)ninst, (unsigned long long)nops,
             (unsigned long long)nwait, s->nbufs, s->nctrs);
 }
 

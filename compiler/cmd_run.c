@@ -118,10 +118,9 @@ static RunEngine run_engine_from_name(const char *s)
     return ENGINE_COUNT;
 }
 
-/* True when the model argument names a bundle: *.megac, or a directory
- * with a manifest.yaml. Any other directory is a model (an HF checkpoint
- * folder; desc_load says what one without a config.json lacks). */
-static bool run_model_is_bundle(const char *path)
+/* Any directory but a bundle is a model (an HF checkpoint folder;
+ * desc_load says what one without a config.json lacks). */
+bool run_model_is_bundle(const char *path)
 {
     size_t n = strlen(path);
     if (n >= 6 && strcmp(path + n - 6, ".megac") == 0)

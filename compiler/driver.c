@@ -315,8 +315,8 @@ static bool pass_lower_model(Compilation *c)
         die("the printed schedule does not parse back (errors above)");
     sched_layout(c->s);
     char detail[160];
-    snprintf(detail, sizeof detail, "%u workers, %u buffers, %u counters, %.1f MB weights, %.1f MB arena",
-             c->s->nworkers, c->s->nbufs, c->s->nctrs, c->s->weights_bytes / 1e6, c->s->arena_bytes / 1e6);
+    snprintf(detail, sizeof detail, "%u worker%s, %u buffers, %u counters, %.1f MB weights, %.1f MB arena",
+             c->s->nworkers, c->s->nworkers == 1 ? "" : "s", c->s->nbufs, c->s->nctrs, c->s->weights_bytes / 1e6, c->s->arena_bytes / 1e6);
     return pass_done(c, "lower_model", true, detail);
 }
 

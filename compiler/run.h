@@ -129,9 +129,20 @@ bool run_chat_known(const RunOptions *o);
 /* Decodes with the reference; returns the exit status. */
 int run_reference(const RunOptions *o);
 
+/* True when a model argument names a bundle: *.megac, or a directory
+ * with a manifest.yaml (any other directory is a model: an HF folder). */
+bool run_model_is_bundle(const char *path);
+
 /* ---- provided by the runtime side (bundle engines) ---- */
 /* Opens o->model as a bundle with engine o->engine, generates, streams the
  * text to stdout and statistics to stderr; returns the exit status. */
 int run_bundle(const RunOptions *o);
+/* The bundle the bundle engines run for model description o->model (NULL:
+ * the embedded default) with o's --set overrides and worker count, on
+ * o->engine's target (cpu or host-cuda): compiled into the run cache
+ * (.megac-cache/) unless it is there, or again when `rebuild` (the cached
+ * copy does not open). Messages start with `prog` ("megac bench"). The
+ * path, xmalloc'd, and whether it was cached; NULL after reporting. */
+char *run_cache_bundle(const RunOptions *o, const char *prog, bool rebuild, bool *cached);
 
 #endif

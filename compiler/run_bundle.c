@@ -32,6 +32,9 @@
 
 #define RUN_CACHE_DIR ".megac-cache"
 
+/* The command whose name starts the cache's messages (run_cache_bundle). */
+static const char *cache_prog = "megac run";
+
 /* The first error writing the text to stdout (errno's value; 0: none):
  * generation stops at it, and the run says so and fails (text_end). */
 static int out_errno;
@@ -70,9 +73,9 @@ static const char *engine_target(RunEngine e)
     case ENGINE_HOST_CUDA:
         return "host-cuda";
     default:
-        fprintf(stderr, "megac run: engine '%s' cannot run from a description yet; compile a bundle with "
+        fprintf(stderr, "%s: engine '%s' cannot run from a description yet; compile a bundle with "
                         "`megac compile --target sm_XX` and run that\n",
-                run_engine_name(e));
+                cache_prog, run_engine_name(e));
         return NULL;
     }
 }
@@ -112,7 +115,7 @@ static bool fnv_model_files(uint64_t *h, const RunOptions *o)
     Arena a = {0};
     Diag d;
     diag_init(&d);
-    d.prog = "megac run";
+    d.prog = cache_prog;
     ModelDesc m;
     bool ok = o->model ? desc_load(&m, &a, o->model, o->sets, o->nsets, &d)
                        : desc_parse(&m, &a, "<embedded>", desc_default_yaml, strlen(desc_default_yaml), o->sets,
@@ -144,10 +147,10 @@ static bool cache_key(const RunOptions *o, const char *target, uint64_t *key)
             Arena a = {0};
             Diag d;
             diag_init(&d);
-            d.prog = "megac run";
+            d.prog = cache_prog;
             ModelDesc m;
             if (desc_load(&m, &a, o->model, o->sets, o->nsets, &d))
-                fprintf(stderr, "megac run: %s: cannot read: %s\n", o->model, strerror(e));
+                fprintf(stderr, "%s: %s: cannot read: %s\n", cache_prog, o->model, strerror(e));
             arena_free(&a);
             return false;
         }
@@ -227,8 +230,8 @@ static void cache_trim(const char *dir)
     }
     free(v);
     if (removed)
-        fprintf(stderr, "megac run: removed %d least recently used cached bundle%s (the cache keeps %d: "
-                        "MEGAC_CACHE_KEEP)\n", removed, removed == 1 ? "" : "s", keep);
+        fprintf(stderr, "%s: removed %d least recently used cached bundle%s (the cache keeps %d: "
+                        "MEGAC_CACHE_KEEP)\n", cache_prog, removed, removed == 1 ? "" : "s", keep);
 }
 
 /* Compiles the description into the cache unless it is there (or when
@@ -251,16 +254,16 @@ static char *bundle_cached(const RunOptions *o, bool rebuild, bool *cached)
     free(manifest);
     driver_tmp_sweep(RUN_CACHE_DIR, NULL);
     if (have && !rebuild) {
-        fprintf(stderr, "megac run: using the cached bundle %s\n", dir);
+        fprintf(stderr, "%s: using the cached bundle %s\n", cache_prog, dir);
         *cached = true;
         cache_trim(dir);
         return dir;
     }
     if (!have && access(dir, F_OK) == 0)
-        fprintf(stderr, "megac run: the cached bundle %s is incomplete; recompiling it\n", dir);
+        fprintf(stderr, "%s: the cached bundle %s is incomplete; recompiling it\n", cache_prog, dir);
     driver_bundle_remove(dir);
     if (mkdir(RUN_CACHE_DIR, 0777) != 0 && errno != EEXIST) {
-        fprintf(stderr, "megac run: cannot create %s: %s\n", RUN_CACHE_DIR, strerror(errno));
+        fprintf(stderr, "%s: cannot create %s: %s\n", cache_prog, RUN_CACHE_DIR, strerror(errno));
         free(dir);
         return NULL;
     }
@@ -273,12 +276,21 @@ static char *bundle_cached(const RunOptions *o, bool rebuild, bool *cached)
     memcpy(co.sets, o->sets, sizeof(DescOverride) * (size_t)co.nsets);
     co.out = dir;
     co.keep_existing = true;
-    fprintf(stderr, "megac run: compiling %s for %s into %s\n", co.model, target, dir);
+    fprintf(stderr, "%s: compiling %s for %s into %s\n", cache_prog, co.model, target, dir);
     if (driver_compile(&co) != 0) {
         free(dir);
         return NULL;
     }
     cache_trim(dir);
+    return dir;
+}
+
+char *run_cache_bundle(const RunOptions *o, const char *prog, bool rebuild, bool *cached)
+{
+    const char *was = cache_prog;
+    cache_prog = prog;
+    char *dir = bundle_cached(o, rebuild, cached);
+    cache_prog = was;
     return dir;
 }
 
@@ -327,8 +339,8 @@ static void stats_print(const megac_stats *st, const megac_model *m)
 {
     double pre = st->prefill_s > 0 ? st->prompt_tokens / st->prefill_s : 0;
     double dec = st->decode_s > 0 ? st->generated_tokens / st->decode_s : 0;
-    fprintf(stderr, "prompt tokens: %d, generated tokens: %d, %.1f tok/s (prefill %.1f tok/s, %d workers)\n",
-            st->prompt_tokens, st->generated_tokens, dec, pre, megac_num_workers(m));
+    fprintf(stderr, "prompt tokens: %d, generated tokens: %d, %.1f tok/s (prefill %.1f tok/s, %d worker%s)\n",
+            st->prompt_tokens, st->generated_tokens, dec, pre, megac_num_workers(m), megac_num_workers(m) == 1 ? "" : "s");
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (ncpu > 0 && megac_num_workers(m) > ncpu)
         fprintf(stderr, "megac run: note: %d workers on %ld CPUs: workers take turns on the cores; "

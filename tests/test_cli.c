@@ -387,6 +387,36 @@ Test(cli, run_cache_keeps_the_most_recently_used)
     test_rm_rf(d);
 }
 
+/* `megac bench` takes a model as `megac run` does: compiled into the same
+ * cache (a run then finds it there), with --set and --workers for the
+ * models given (a model named twice is compiled once), and refused for a
+ * bundle. */
+Test(cli, bench_compiles_a_model_into_the_run_cache)
+{
+    char *d = tmp_dir(), out[16384], e[256];
+    const char *fast = "-n 4 --runs 1 --ceiling-mb 8";
+    char args[512];
+    snprintf(args, sizeof args, "bench default %s", fast);
+    cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "megac bench: compiling default for cpu into .megac-cache/") && strstr(out, "\ntok_s="),
+              "%s", out);
+    cache_entry(d, e, sizeof e);
+    cr_assert_eq(megac(d, "run -n 3 --temp 0", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "megac run: using the cached bundle .megac-cache/") && strstr(out, e), "%s", out);
+    snprintf(args, sizeof args, "bench default --versus default --set max_seq=64 --workers 1 %s", fast);
+    cr_assert_eq(megac(d, args, out, sizeof out), 0, "%s", out);
+    const char *c = strstr(out, "megac bench: compiling default"), *u = strstr(out, "megac bench: using the cached");
+    cr_assert(c && u && c < u && !strstr(c + 1, "megac bench: compiling") && strstr(out, "(1 worker)"), "%s", out);
+    cr_assert(strstr(out, "\nversus_tok_s="), "%s", out);
+    char bundle[1400];
+    snprintf(bundle, sizeof bundle, "bench .megac-cache/%s --set max_seq=64 %s", e, fast);
+    cr_assert_eq(megac(d, bundle, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "megac bench: --set applies to model descriptions, not bundles"), "%s", out);
+    cr_assert_eq(megac(d, "bench nothere.yaml", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "nothere.yaml: error: cannot read model description"), "%s", out);
+    test_rm_rf(d);
+}
+
 /* ---- option parsing ---- */
 
 /* One wording per kind of bad argument, whichever the command. */
