@@ -627,7 +627,10 @@ static void desc_weights(Ctx *c, const DocNode *w)
     m->weights_format = (WeightFormat)fmt;
     const DocNode *path = doc_get(w, "path"), *seed = doc_get(w, "seed");
     if (fmt == WFMT_SYNTHETIC) {
-        if (path)
+        if (path && ctx_doc_of(c, f) != ctx_doc_of(c, path)) /* --set weights.format=synthetic */
+            ctx_error(c, f, "'weights.path' does not apply to synthetic weights, and the description names one: "
+                            "--set 'weights={format: synthetic}' replaces the whole weights mapping");
+        else if (path)
             ctx_error(c, path, "'weights.path' does not apply to synthetic weights");
         int64_t s = 0;
         if (seed && node_int(c, seed, "weights.seed", 0, INT64_MAX, &s))
@@ -2029,6 +2032,21 @@ static bool file_is_llama2c(const char *path, const struct stat *st, int *vocab)
     return sane || name_ends(path, ".bin");
 }
 
+/* An HF checkpoint's config.json given as a file: a JSON object (a file
+ * named *.json, at most 1 MiB) with a model_type or architectures key. A
+ * YAML description holds neither: it would be refused for them. */
+static bool file_is_hf_config(const char *path, const struct stat *st)
+{
+    if (!S_ISREG(st->st_mode) || st->st_size > (1 << 20) || !name_ends(path, ".json"))
+        return false;
+    size_t len;
+    char *text = read_file(path, &len);
+    const char *t = text ? text + strspn(text, " \t\r\n") : NULL;
+    bool yes = t && *t == '{' && strlen(text) == len && (strstr(t, "\"model_type\"") || strstr(t, "\"architectures\""));
+    free(text);
+    return yes;
+}
+
 /* A safetensors file (or a sharded checkpoint's index), by its name or by
  * its start: an 8-byte little-endian header length, then the JSON header's
  * '{'. It holds weights, not a model: desc_load says what to give instead
@@ -2057,6 +2075,8 @@ static const char desc_safetensors_text[] = "# a safetensors file: weights, not 
  *  - a GGUF file: arch from its metadata, its weights and vocabulary;
  *  - a folder holding config.json (an HF checkpoint): arch from the
  *    config, the folder's safetensors, its tokenizer.json when there is one;
+ *  - such a config.json given as a file (file_is_hf_config): the same, in
+ *    its folder;
  *  - a llama2.c checkpoint: arch from its header, its weights, and the
  *    llama2.c tokenizer beside it (tok<vocab>.bin, else tokenizer.bin, as
  *    run.c's -z and default name it) when there is one;
@@ -2107,6 +2127,26 @@ static char *desc_source(const char *path, size_t *len, char **as, bool *written
         fputs("\narch: {from-config: config.json}\nweights: {format: safetensors, path: .}\n", b);
         fputs(tok ? "tokenizer: {format: hf, path: tokenizer.json}\n" : "tokenizer: {format: none}\n", b);
         *as = cfg;
+    } else if (file_is_hf_config(path, &st)) {
+        /* as its folder is read, but for the file named: X.config.json is X,
+         * a config.json its folder */
+        const char *base = slash ? slash + 1 : path;
+        size_t n = strcasecmp(base, "config.json") == 0 ? 0 : strlen(base) - strlen(".json");
+        if (n > strlen(".config") && strncasecmp(base + n - strlen(".config"), ".config", strlen(".config")) == 0)
+            n -= strlen(".config");
+        char *dir = slash ? xasprintf("%.*s", slash == path ? 1 : (int)(slash - path), path) : xstrdup(".");
+        char *tj = xasprintf("%s/tokenizer.json", dir), *real = n ? NULL : realpath(dir, NULL);
+        struct stat lst;
+        bool tok = lstat(tj, &lst) == 0;
+        fputs("# the description megac writes for an HF config.json\nname: ", b);
+        const char *rb = real && strrchr(real, '/') ? strrchr(real, '/') + 1 : base;
+        name_from(b, n ? base : rb, n ? n : strlen(rb));
+        fprintf(b, "\narch: {from-config: \"%s\"}\nweights: {format: safetensors, path: .}\n", desc_self_path);
+        fputs(tok ? "tokenizer: {format: hf, path: tokenizer.json}\n" : "tokenizer: {format: none}\n", b);
+        free(real);
+        free(tj);
+        free(dir);
+        *as = xstrdup(path);
     } else if (file_is_gguf(path, &st)) {
         const char *base = slash ? slash + 1 : path, *dot = strrchr(base, '.');
         size_t n = dot && dot != base && strcmp(dot, ".gguf") == 0 ? (size_t)(dot - base) : strlen(base);

@@ -406,7 +406,8 @@ static bool st_model_open(StModel *sm, const char *path, Diag *d)
         else if (stat(one, &st) == 0)
             path = one;
         else {
-            diag_file_error(d, path, "no model.safetensors or model.safetensors.index.json in this folder");
+            diag_file_error(d, path, "no model.safetensors or model.safetensors.index.json in this folder (for "
+                                     "the config's shapes with random weights: --set 'weights={format: synthetic}')");
             return false;
         }
         sm->path = path;

@@ -1728,6 +1728,58 @@ Test(desc, hf_checkpoint_folder_is_a_description)
     arena_free(&a);
 }
 
+/* An HF config.json named as the model is read as its folder is (a user's
+ * first try; it was parsed as a description and refused key by key): a
+ * config.json is named after its folder, X.config.json is X. Only a JSON
+ * object with model_type or architectures is taken for one; any other
+ * .json is a description. --set weights.format=synthetic on it says how
+ * to drop the folder's weights. */
+Test(desc, hf_config_file_is_a_description)
+{
+    skip_without_gguf_models();
+    ModelDesc m;
+    Arena a = {0};
+    cr_assert(load_path(&m, &a, WFIX "/hf-llama3/config.json", NULL, 0), "%s", errs);
+    cr_assert_str_eq(m.name, "hf-llama3");
+    cr_assert_eq(m.weights_format, WFMT_SAFETENSORS);
+    cr_assert_str_eq(m.weights_path, WFIX "/hf-llama3");
+    cr_assert_str_eq(m.arch_path, WFIX "/hf-llama3/config.json");
+    cr_assert_eq(m.tok_format, TOKFMT_HF);
+    cr_assert_str_eq(m.tok_path, WFIX "/hf-llama3/tokenizer.json");
+    ModelDesc f;
+    cr_assert(load_path(&f, &a, WFIX "/hf-llama3", NULL, 0), "%s", errs);
+    cr_assert(f.dim == m.dim && f.n_layers == m.n_layers && f.vocab_size == m.vocab_size && f.max_seq == m.max_seq,
+              "the file and its folder: the same model");
+
+    cr_assert(load_path(&m, &a, FIXTURES "/tiny-llama.config.json", NULL, 0), "%s", errs);
+    cr_assert_str_eq(m.name, "tiny-llama");
+    cr_assert_eq(m.dim, 64);
+    cr_assert_eq(m.n_layers, 3);
+    cr_assert_eq(m.tok_format, TOKFMT_NONE, "no tokenizer.json beside it");
+    DescOverride syn = {"weights", "{format: synthetic}"};
+    cr_assert(load_path(&m, &a, FIXTURES "/tiny-llama.config.json", &syn, 1), "%s", errs);
+    cr_assert_eq(m.weights_format, WFMT_SYNTHETIC);
+    DescOverride fmt = {"weights.format", "synthetic"};
+    cr_assert_not(load_path(&m, &a, FIXTURES "/tiny-llama.config.json", &fmt, 1));
+    cr_assert(strstr(errs, "<command line>:1:16: error: 'weights.path' does not apply to synthetic weights, and the "
+                           "description names one: --set 'weights={format: synthetic}' replaces the whole weights "
+                           "mapping"), "%s", errs);
+    cr_assert_not(load_path(&m, &a, FIXTURES "/gemma-2b.config.json", NULL, 0));
+    cr_assert(strstr(errs, "gemma-2b.config.json:8:5: error: architecture 'GemmaForCausalLM' is not supported"), "%s",
+              errs);
+
+    char *d = test_tmp_dir("desc"), *j = xasprintf("%s/x.json", d);
+    static const char desc[] = "{\"name\": \"x\", \"weights\": {\"format\": \"synthetic\"}, \"arch\": {\"dim\": 64, "
+                               "\"hidden_dim\": 128, \"n_layers\": 1, \"n_heads\": 4, \"vocab_size\": 300, "
+                               "\"max_seq\": 64}}\n";
+    put_file(j, desc, sizeof desc - 1);
+    cr_assert(load_path(&m, &a, j, NULL, 0), "a description in JSON: %s", errs);
+    cr_assert_str_eq(m.name, "x");
+    free(j);
+    test_rm_rf(d);
+    arena_free(&a);
+}
+
 /* A safetensors file (or a sharded checkpoint's index) named as the model
  * says what it is and what megac reads instead, rather than "invalid
  * UTF-8 (byte 0xb0)" from parsing its bytes as YAML; beside a config.json
