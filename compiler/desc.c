@@ -20,6 +20,7 @@
 
 #include <errno.h>
 #include <ctype.h>
+#include <dirent.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -2199,6 +2200,30 @@ char *desc_read_text(const char *path, size_t *len)
     return text;
 }
 
+/* The model files a folder without config.json holds (GGUF files, by
+ * name), for the message that refuses it: "; it holds X: give that" or
+ * "; it holds N GGUF files: give one, such as X", else "". xmalloc'd. */
+static char *dir_models_hint(const char *dir)
+{
+    DIR *d = opendir(dir);
+    char *first = NULL;
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (name_ends(e->d_name, ".gguf") && ++n && (!first || strcmp(e->d_name, first) < 0)) {
+            free(first);    /* the first by name, whatever order the folder lists them in */
+            first = xstrdup(e->d_name);
+        }
+    if (d)
+        closedir(d);
+    size_t len = strlen(dir);
+    const char *sep = len && dir[len - 1] == '/' ? "" : "/";
+    char *hint = n == 0   ? xstrdup("")
+                 : n == 1 ? xasprintf("; it holds a GGUF file: give '%s%s%s'", dir, sep, first)
+                          : xasprintf("; it holds %d GGUF files: give one, such as '%s%s%s'", n, dir, sep, first);
+    free(first);
+    return hint;
+}
+
 /* A safetensors file named as the model: what to give instead. */
 static void desc_safetensors_refuse(const char *path, Diag *d)
 {
@@ -2254,8 +2279,11 @@ bool desc_load(ModelDesc *m, Arena *a, const char *path, const DescOverride *ov,
             diag_file_error(d, path, "this folder holds a schedule.sched but no manifest.yaml: a compiled bundle "
                                      "that lost its manifest (recompile it), or not a bundle at all: "
                                      DESC_WHAT_A_MODEL_IS);
-        else if (dir)
-            diag_file_error(d, path, "this folder holds no config.json: " DESC_WHAT_A_MODEL_IS);
+        else if (dir) {
+            char *hint = dir_models_hint(path);
+            diag_file_error(d, path, "this folder holds no config.json: " DESC_WHAT_A_MODEL_IS "%s", hint);
+            free(hint);
+        }
         else if (e == ENODEV)
             diag_file_error(d, path, "not a regular file (a device): " DESC_WHAT_A_MODEL_IS);
         else

