@@ -87,6 +87,8 @@ typedef struct {
     bool from_config;           /* arch came from an HF config (HF pairing) */
     int arch_pairing;           /* arch came from a GGUF file: its RopePairing; else -1 */
     const DocNode *kv_at[MODEL_MAX_LAYERS]; /* the kv_policy entry of each layer */
+    const DocNode *attn_at[MODEL_MAX_LAYERS];   /* the attention entry of each layer */
+    const DocNode *swa_at;      /* where the sliding window was set */
     const char *self;           /* the GGUF file or HF folder megac wrote the description for; NULL for a
                                  * description read from a file */
     const char *at_key[F_COUNT];    /* the GGUF key that set a field, where one did */
@@ -94,8 +96,9 @@ typedef struct {
 
 static const char *const top_keys[] = {"name", "arch", "norm_eps", "tie_embeddings", "qkv_bias", "rope",
                                        "weights", "tokenizer", "bos", "eos", "compile", NULL};
-static const char *const arch_keys[] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "head_dim",
-                                        "vocab_size", "max_seq", "from-config", "from-checkpoint", "from-gguf", NULL};
+static const char *const arch_keys[] = {"dim",        "hidden_dim",     "n_layers",    "n_heads",
+                                        "n_kv_heads", "head_dim",       "vocab_size",  "max_seq",
+                                        "sliding_window", "from-config", "from-checkpoint", "from-gguf", NULL};
 static const char *const rope_keys[] = {"theta", "pairing", "scaling", NULL};
 static const char *const scaling_keys[] = {"type", "factor", "low_freq_factor", "high_freq_factor",
                                            "original_max_pos", "factors", NULL};
@@ -701,7 +704,8 @@ static int config_arch(Ctx *c, const DocNode *root, const DocNode *at)
 }
 
 /* Config keys whose presence (with a non-default value) needs math megac
- * does not have: refused by name rather than silently ignored. */
+ * does not have: refused by name rather than silently ignored. Mistral's
+ * sliding window is read here (Qwen2's, on some layers, is refused). */
 static void config_refuse(Ctx *c, const DocNode *root, int arch)
 {
     const DocNode *act = doc_get(root, "hidden_act");
@@ -719,13 +723,12 @@ static void config_refuse(Ctx *c, const DocNode *root, int arch)
     n = doc_get(root, sw);
     if (arch == HF_QWEN2 && n && node_bool(c, n, sw, &b) && b)
         ctx_error(c, n, "sliding window attention (use_sliding_window: true) is not supported yet");
-    if (arch == HF_MISTRAL && n && !doc_is_null(n))
-        ctx_error(c, n, "sliding window attention (sliding_window: %s) is not supported yet",
-                  n->kind == DOC_SCALAR ? ctx_quote(c, n->str) : "?");
+    if (arch == HF_MISTRAL && n && !doc_is_null(n) && node_int32(c, n, sw, 1, &c->m->sliding_window))
+        c->swa_at = n;
     n = doc_get(root, "sliding_window_size");   /* MLC presets spell it so */
-    if (arch == HF_MISTRAL && n && !doc_is_null(n))
-        ctx_error(c, n, "sliding window attention (sliding_window_size: %s) is not supported yet",
-                  n->kind == DOC_SCALAR ? ctx_quote(c, n->str) : "?");
+    if (arch == HF_MISTRAL && n && !doc_is_null(n) && node_int32(c, n, "sliding_window_size", 1,
+                                                                  &c->m->sliding_window))
+        c->swa_at = n;
 }
 
 /* rope_scaling (or transformers 5's rope_parameters): {rope_type|type:
@@ -1177,6 +1180,9 @@ static void desc_arch(Ctx *c, Doc cfg[2], const DocNode *a)
         field_int(c, a, "arch", "max_seq", 1, &m->max_seq, F_MAX_SEQ);
         c->max_pos = m->max_seq;
     }
+    const DocNode *sw = doc_get(a, "sliding_window");
+    if (sw && node_int32(c, sw, "arch.sliding_window", 1, &m->sliding_window))
+        c->swa_at = sw;
     if (!m->n_kv_heads) {
         m->n_kv_heads = m->n_heads;
         c->at[F_KV_HEADS] = c->at[F_HEADS];
@@ -1536,7 +1542,7 @@ static void desc_attention(Ctx *c, const DocNode *l)
             k = -1;
         for (int x = v[5]; k >= 0 && x <= v[6]; x++) {
             c->m->attn[x] = spec;
-            at[x] = l->items[i];
+            at[x] = c->attn_at[x] = l->items[i];
         }
     }
     int nl = c->m->n_layers < MODEL_MAX_LAYERS ? c->m->n_layers : MODEL_MAX_LAYERS;
@@ -1801,6 +1807,17 @@ static void check_io(Checker *k)
         check_fail(k, F_WORKERS, "workers must be between 0 and %d, found %d", MODEL_MAX_WORKERS, m->workers);
 }
 
+/* Whether layer l attends as a sliding window of w positions does: over
+ * the mask (sink_window with no sinks) or over a cache that keeps only
+ * those rows (streaming with no sinks, attended whole). */
+static bool layer_is_window(const ModelDesc *m, int l, int w)
+{
+    const AttnSpec *a = &m->attn[l];
+    const KvPolicy *kv = &m->kv[l];
+    return (a->kind == ATTN_SINK_WINDOW && a->sinks == 0 && a->window == w && kv->kind == KV_FULL) ||
+           (a->kind == ATTN_DENSE && kv->kind == KV_STREAMING && kv->sinks == 0 && kv->window == w);
+}
+
 /* Knobs the backends do not implement yet (parsing reports these at the
  * node, so only hand-built descriptions reach this). */
 static void check_knobs(Checker *k)
@@ -1810,10 +1827,16 @@ static void check_knobs(Checker *k)
         check_fail(k, -1, "activation dtype %s is not supported yet", dtype_name(m->act_dtype));
     if (m->kv_dtype != DT_F32 && m->kv_dtype != DT_F16 && m->kv_dtype != DT_BF16)
         check_fail(k, -1, "KV cache dtype %s is not supported (f32, f16 or bf16)", dtype_name(m->kv_dtype));
+    if (m->sliding_window < 0)
+        check_fail(k, -1, "sliding_window must be 0 (none) or more, found %d", m->sliding_window);
     for (int l = 0; l < m->n_layers && l < MODEL_MAX_LAYERS; l++) {
         if (m->kv[l].kind != KV_FULL && m->attn[l].kind != ATTN_DENSE)
             check_fail(k, -1, "layer %d: KV policy %s needs dense attention, not %s", l, kv_kinds[m->kv[l].kind],
                        attn_kinds[m->attn[l].kind]);
+        if (m->sliding_window > 0 && m->sliding_window < m->max_seq && !layer_is_window(m, l, m->sliding_window))
+            check_fail(k, -1, "layer %d: the model's sliding window of %d positions needs sink_window {sinks: 0, "
+                       "window: %d} attention (or a streaming cache of those numbers)", l, m->sliding_window,
+                       m->sliding_window);
         const AttnSpec *a = &m->attn[l];
         if (a->kind == ATTN_KASCADE_REUSE && (a->anchor < 0 || a->anchor >= l ||
                                               m->attn[a->anchor].kind != ATTN_KASCADE))
@@ -1888,6 +1911,36 @@ static void desc_name(Ctx *c, const DocNode *root)
     c->m->name = arena_strdup(c->a, s);
 }
 
+/* A model with a sliding window below its context (Mistral 7B v0.1's 4096
+ * at a longer max_seq; at most max_seq it changes nothing): each layer
+ * the description leaves alone attends sink_window {sinks: 0, window: W}
+ * (the same positions: the last W, the current one included); a layer it
+ * sets must say the same, by the mask or by a streaming cache. */
+static void desc_sliding_window(Ctx *c)
+{
+    ModelDesc *m = c->m;
+    int w = m->sliding_window, nl = m->n_layers < MODEL_MAX_LAYERS ? m->n_layers : MODEL_MAX_LAYERS;
+    if (w <= 0 || w >= m->max_seq)
+        return;
+    for (int l = 0; l < nl; l++) {
+        if (!c->attn_at[l] && !c->kv_at[l]) {
+            memset(&m->attn[l], 0, sizeof m->attn[l]);
+            m->attn[l].kind = ATTN_SINK_WINDOW, m->attn[l].window = w;
+            continue;
+        }
+        if (layer_is_window(m, l, w))
+            continue;
+        const DocNode *at = c->attn_at[l] ? c->attn_at[l] : c->kv_at[l];
+        ctx_error(c, at, "layer %d: this model attends a sliding window of %d positions, which its max_seq (%d) "
+                  "passes: the layer's attention must be {kind: sink_window, sinks: 0, window: %d} (the default), "
+                  "or dense over a cache of {policy: streaming, sinks: 0, window: %d}", l, w, m->max_seq, w, w);
+        if (c->swa_at)
+            ctx_note(c, c->swa_at, "the sliding window is set here");
+        while (l + 1 < nl && (c->attn_at[l + 1] ? c->attn_at[l + 1] : c->kv_at[l + 1]) == at)
+            l++;    /* one error per entry */
+    }
+}
+
 static void desc_walk(Ctx *c, Doc cfg[2])
 {
     ModelDesc *m = c->m;
@@ -1919,6 +1972,7 @@ static void desc_walk(Ctx *c, Doc cfg[2])
     eos_read(c, doc_get(r, "eos"), "eos");
     if ((n = doc_get(r, "compile")))
         desc_compile(c, n);
+    desc_sliding_window(c);
 }
 
 /* Keeps where the fields a weight file is compared with were set: the
@@ -2484,6 +2538,8 @@ void desc_print(const ModelDesc *m, FILE *out)
     fprintf(out, "  dim: %d\n  hidden_dim: %d\n  n_layers: %d\n  n_heads: %d\n  n_kv_heads: %d\n", m->dim,
             m->hidden_dim, m->n_layers, m->n_heads, m->n_kv_heads);
     fprintf(out, "  head_dim: %d\n  vocab_size: %d\n  max_seq: %d\n", m->head_dim, m->vocab_size, m->max_seq);
+    if (m->sliding_window)
+        fprintf(out, "  sliding_window: %d\n", m->sliding_window);
     print_double(out, "norm_eps", m->norm_eps);
     fprintf(out, "tie_embeddings: %s\nqkv_bias: %s\nrope:\n", m->tie_embeddings ? "true" : "false",
             m->qkv_bias ? "true" : "false");

@@ -159,6 +159,10 @@ typedef struct ModelDesc {
     double norm_eps;
     bool tie_embeddings;        /* lm_head shares the token embedding */
     bool qkv_bias;              /* q/k/v projections carry a bias (Qwen2) */
+    int sliding_window;         /* each position attends only the last this many (itself included): Mistral's
+                                 * sliding window; 0: all. Where it is below max_seq, every layer's attention
+                                 * is sink_window {sinks 0, window it}, or dense over a streaming cache of
+                                 * the same numbers (desc.c) */
 
     /* RoPE */
     double rope_theta;

@@ -206,7 +206,7 @@ static const struct {
     {"presets/llama3_1_8b.json", "Llama-3.1-8B"},
     {"presets/llama3_2_1b.json", "Llama-3.2-1B"},
     {"presets/llama3_2_3b.json", "Llama-3.2-3B"},
-    {"presets/mistral_7b.json", ""},        /* sliding window 4096 */
+    {"presets/mistral_7b.json", "Mistral-7B-v0.1"},     /* sliding window 4096 */
     {"presets/mistral_7b_v03.json", "Mistral-7B-v0.3"},
     {"presets/phi-3_5.json", ""},           /* Phi3: fused weights */
     {"presets/qwen2_0_5b.json", "Qwen2.5-0.5B(-Instruct)"},
@@ -307,6 +307,9 @@ Test(desc, hf_configs_match_shapes)
             const DocNode *s = shape_find(shapes.root, hf_expect[i].shape);
             cr_assert_not_null(s, "%s", hf_expect[i].shape);
             shape_compare(&m, s, hf_expect[i].file);
+            const DocNode *notes = doc_get(s, "notes");
+            int sw = notes && sscanf(notes->str, "sliding_window %d", &sw) == 1 ? sw : 0;
+            cr_assert_eq(m.sliding_window, sw, "%s", hf_expect[i].file);
         }
         arena_free(&a);
     }
@@ -387,16 +390,69 @@ Test(desc, unsupported_llama_variants_refused)
 {
     ModelDesc m;
     Arena a = {0};
-    const char *files[] = {"phi3-mini.config.json", "mistral-swa.config.json", "tiny-llama-yarn.config.json"};
+    const char *files[] = {"phi3-mini.config.json", "tiny-llama-yarn.config.json"};
     const char *why[] = {"architecture 'Phi3ForCausalLM' is not supported",
-                         "sliding window attention (sliding_window: 4096) is not supported yet",
                          "RoPE scaling 'yarn' is not supported yet (only llama3)"};
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 2; i++) {
         char text[512];
         snprintf(text, sizeof text, "name: t\narch: {from-config: %s}\nweights: {format: synthetic}\n", files[i]);
         cr_assert_not(parse(&m, &a, FIXTURES "/t.yaml", text, NULL, 0, NULL), "%s", files[i]);
         cr_assert(strstr(errs, why[i]), "%s: %s", files[i], errs);
     }
+    arena_free(&a);
+}
+
+/* Mistral 7B v0.1's sliding window (config.json's sliding_window, or
+ * arch.sliding_window): at its default max_seq (4096, the window) it
+ * changes nothing; past it, every layer attends the last 4096 positions
+ * (sink_window with no sinks), unless a layer says the same by a streaming
+ * cache; any other attention for a layer is refused at its entry, with a
+ * note at the window. desc_check refuses such a hand-built model. */
+Test(desc, mistral_sliding_window)
+{
+    ModelDesc m;
+    Arena a = {0};
+    const char *text = "name: t\narch: {from-config: mistral-swa.config.json}\nweights: {format: synthetic}\n";
+    cr_assert(parse(&m, &a, FIXTURES "/t.yaml", text, NULL, 0, NULL), "%s", errs);
+    cr_assert_eq(m.sliding_window, 4096);
+    cr_assert_eq(m.max_seq, 4096);
+    for (int l = 0; l < m.n_layers; l++)
+        cr_assert_eq(m.attn[l].kind, ATTN_DENSE, "a window as long as the context masks nothing");
+    DescOverride longer[] = {{"compile.max_seq", "8192"},
+                             {"kv_policy", "[{layers: 3, policy: streaming, sinks: 0, window: 4096}]"}};
+    cr_assert(parse(&m, &a, FIXTURES "/t.yaml", text, longer, 2, NULL), "%s", errs);
+    for (int l = 0; l < m.n_layers; l++) {
+        const AttnSpec *s = &m.attn[l];
+        if (l == 3)
+            cr_assert(s->kind == ATTN_DENSE && m.kv[l].kind == KV_STREAMING && m.kv[l].window == 4096);
+        else
+            cr_assert(s->kind == ATTN_SINK_WINDOW && s->sinks == 0 && s->window == 4096 && m.kv[l].kind == KV_FULL,
+                      "layer %d", l);
+    }
+    cr_assert(desc_check(&m, &(Diag){.out = stderr}));
+    m.attn[5].kind = ATTN_DENSE;
+    Diag quiet;
+    diag_init(&quiet);
+    quiet.silent = true;
+    cr_assert_not(desc_check(&m, &quiet), "a hand-built layer that attends past the window");
+
+    DescOverride dense[] = {{"compile.max_seq", "8192"}, {"attention", "[{layers: 2-5, kind: quest, page: 16, "
+                                                                        "budget: 256}]"}};
+    cr_assert_not(parse(&m, &a, FIXTURES "/t.yaml", text, dense, 2, NULL));
+    cr_assert(strstr(errs, "<command line>:1:12: error: layer 2: this model attends a sliding window of 4096 "
+                           "positions, which its max_seq (8192) passes: the layer's attention must be {kind: "
+                           "sink_window, sinks: 0, window: 4096} (the default), or dense over a cache of {policy: "
+                           "streaming, sinks: 0, window: 4096}\n"), "%s", errs);
+    cr_assert(strstr(errs, "mistral-swa.config.json:17:21: note: the sliding window is set here"), "%s", errs);
+    cr_assert_null(strstr(errs, "layer 3:"), "one error per entry: %s", errs);
+
+    const char *yaml = "name: t\narch: {dim: 64, hidden_dim: 128, n_layers: 2, n_heads: 4, vocab_size: 300, "
+                       "max_seq: 64, sliding_window: 8}\nweights: {format: synthetic}\n";
+    cr_assert(parse(&m, &a, FIXTURES "/t.yaml", yaml, NULL, 0, NULL), "%s", errs);
+    cr_assert(m.sliding_window == 8 && m.attn[1].kind == ATTN_SINK_WINDOW && m.attn[1].window == 8);
+    DescOverride zero = {"arch.sliding_window", "0"};
+    cr_assert_not(parse(&m, &a, FIXTURES "/t.yaml", yaml, &zero, 1, NULL));
+    cr_assert(strstr(errs, "'arch.sliding_window'"), "%s", errs);
     arena_free(&a);
 }
 
