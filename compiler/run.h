@@ -133,6 +133,11 @@ int run_reference(const RunOptions *o);
  * with a manifest.yaml (any other directory is a model: an HF folder). */
 bool run_model_is_bundle(const char *path);
 
+/* The target megac builds cubins for that a GPU of compute capability
+ * major.minor runs (sm_80 for 8.x, sm_90 for 9.x, sm_120 for 12.x), or
+ * NULL. */
+const char *run_cuda_target(int major, int minor);
+
 /* ---- provided by the runtime side (bundle engines) ---- */
 /* Opens o->model as a bundle with engine o->engine, generates, streams the
  * text to stdout and statistics to stderr; returns the exit status. */

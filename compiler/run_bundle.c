@@ -18,6 +18,7 @@
 #include "compiler/compile.h"
 #include "compiler/driver.h"
 #include "compiler/run.h"
+#include "runtime/cuda_driver.h"
 #include "runtime/megac.h"
 
 #include <dirent.h>
@@ -65,17 +66,68 @@ static bool text_end(void)
 }
 
 /* The compile target of an engine; NULL (reported) if it has none here. */
-static const char *engine_target(RunEngine e)
+const char *run_cuda_target(int major, int minor)
 {
-    switch (e) {
+    (void)minor;    /* a cubin runs on its major version at its minor or later: sm_80 on 8.6 and 8.9 */
+    return major == 8 ? "sm_80" : major == 9 ? "sm_90" : major == 12 ? "sm_120" : NULL;
+}
+
+/* The GPU the cuda engine runs on (MEGAC_CUDA_DEVICE, else 0): the target
+ * its cubins are built for, and its SM count (the blocks that are all
+ * resident at once); NULL after saying why. */
+static const char *cuda_device_target(int *sms)
+{
+    CudaDriver drv;
+    char err[256];
+    if (!cuda_driver_load(&drv, err, sizeof err)) {
+        fprintf(stderr, "%s: --engine cuda needs a GPU: %s (--engine host-cuda runs the same CUDA C on this "
+                        "CPU)\n", cache_prog, err);
+        return NULL;
+    }
+    const char *e = getenv("MEGAC_CUDA_DEVICE");
+    int ordinal = e && *e && strspn(e, "0123456789") == strlen(e) && strlen(e) <= 4 ? atoi(e) : 0, n = 0;
+    int major = 0, minor = 0;
+    char name[128] = "?";
+    CUdevice dev;
+    const char *t = NULL;
+    drv.cuDeviceGetCount(&n);
+    if (ordinal >= n) {
+        fprintf(stderr, "%s: no CUDA device %d: the driver sees %d device(s)\n", cache_prog, ordinal, n);
+    } else if (drv.cuDeviceGet(&dev, ordinal) == 0 &&
+               drv.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) == 0 &&
+               drv.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev) == 0 &&
+               drv.cuDeviceGetAttribute(sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) == 0) {
+        drv.cuDeviceGetName(name, (int)sizeof name, dev);
+        if (!(t = run_cuda_target(major, minor)))
+            fprintf(stderr, "%s: device %d (%s) is sm_%d%d: megac builds cubins for sm_80 (8.x), sm_90 (9.x) and "
+                            "sm_120 (12.x)\n", cache_prog, ordinal, name, major, minor);
+    } else {
+        fprintf(stderr, "%s: cannot read device %d's compute capability\n", cache_prog, ordinal);
+    }
+    cuda_driver_unload(&drv);
+    return t;
+}
+
+/* The target a description is compiled for to run on o's engine, and the
+ * worker count (o's, or on a GPU its SM count: every block resident). */
+static const char *engine_target(const RunOptions *o, int *workers)
+{
+    *workers = o->workers;
+    switch (o->engine) {
     case ENGINE_CPU:
         return "cpu";
     case ENGINE_HOST_CUDA:
         return "host-cuda";
+    case ENGINE_CUDA: {
+        int sms = 0;
+        const char *t = cuda_device_target(&sms);
+        const Target *tg = t ? target_lookup(t, NULL) : NULL;
+        if (tg && !*workers)    /* at most the target's SMs, whose residency the validator checks */
+            *workers = sms < tg->default_workers ? sms : tg->default_workers;
+        return t;
+    }
     default:
-        fprintf(stderr, "%s: engine '%s' cannot run from a description yet; compile a bundle with "
-                        "`megac compile --target sm_XX` and run that\n",
-                cache_prog, run_engine_name(e));
+        fprintf(stderr, "%s: engine '%s' cannot run from a description\n", cache_prog, run_engine_name(o->engine));
         return NULL;
     }
 }
@@ -243,9 +295,11 @@ static void cache_trim(const char *dir)
  * left behind are swept first. */
 static char *bundle_cached(const RunOptions *o, bool rebuild, bool *cached)
 {
-    const char *target = engine_target(o->engine);
+    RunOptions ow = *o;
+    const char *target = engine_target(o, &ow.workers);
     uint64_t key;
     *cached = false;
+    o = &ow;    /* with the worker count the engine runs */
     if (!target || !cache_key(o, target, &key))
         return NULL;
     char *dir = xasprintf(RUN_CACHE_DIR "/%016" PRIx64 ".megac", key);

@@ -151,6 +151,21 @@ if [ "${TESTS:-1}" != 0 ]; then
     log "tests: $gpu_pass cuda_gpu passed, $gpu_skip skipped, all ok: $tests_ok"
 fi
 
+# ---- a description run on the device as `megac run` compiles it (the
+# GPU's cubin, a block per SM), against the reference engine's text ----
+if [ -f "$root/../shared/models/stories260K.bin" ]; then
+    (cd "$work" && run timeout 300 "$megac" run "$root/../shared/models/stories260K.bin" --engine cuda -n 128 --temp 0 \
+        >"$out/run-cuda.txt" 2>"$out/run-cuda.log")
+    run timeout 60 "$megac" run "$root/../shared/models/stories260K.bin" --engine reference -n 128 --temp 0 \
+        >"$out/run-reference.txt" 2>/dev/null
+    if [ -s "$out/run-cuda.txt" ] && cmp -s "$out/run-cuda.txt" "$out/run-reference.txt"; then
+        log "megac run --engine cuda (stories260K.bin, compiled for the device): the reference's text"
+    else
+        tests_ok=false
+        log "megac run --engine cuda FAILED or differs from the reference (see run-cuda.log, run-cuda.txt)"
+    fi
+fi
+
 # ---- the device's read ceiling ----
 ceil=$(run timeout 60 "$gpubench" --read-gbps 4096 2>>"$out/gpubench.log" || echo '{}')
 read_gbps=$(echo "$ceil" | sed -n 's/.*"read_gbps": \([0-9.]*\).*/\1/p')

@@ -7,9 +7,11 @@
 #include "compiler/compile.h"
 #include "compiler/doc.h"
 #include "compiler/run.h"
+#include "tmpdir.h"
 
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,12 +206,40 @@ Test(run_cmd, help)
     cr_assert(strstr(out, "--engine"));
 }
 
-/* The CUDA engine needs a compiled cubin bundle (run_bundle.c). */
-Test(run_cmd, cuda_engine_needs_a_bundle)
+/* The CUDA engine compiles a description for the GPU it finds: the
+ * cubin its compute capability runs (a major version's cubin runs on its
+ * later minors), a block per SM. Without a driver it says so and names
+ * host-cuda; with one, the default model decodes on it. */
+Test(run_cmd, cuda_engine_compiles_for_the_device)
 {
-    static char out[256], err[1024];
-    cr_assert_eq(megac_run("--engine cuda", out, sizeof out, err, sizeof err), 2);
-    cr_assert(strstr(err, "engine 'cuda' cannot run from a description yet"), "stderr: %s", err);
+    cr_assert_str_eq(run_cuda_target(8, 0), "sm_80");
+    cr_assert_str_eq(run_cuda_target(8, 6), "sm_80");
+    cr_assert_str_eq(run_cuda_target(8, 9), "sm_80");
+    cr_assert_str_eq(run_cuda_target(9, 0), "sm_90");
+    cr_assert_str_eq(run_cuda_target(12, 0), "sm_120");
+    cr_assert_null(run_cuda_target(7, 5));
+    cr_assert_null(run_cuda_target(10, 0));
+    static char out[4096], err[8192];
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib) {  /* a GPU machine: compiled into a folder of its own, and run */
+        dlclose(lib);
+        char *dir = test_tmp_dir("runcuda");
+        char *cmd = xasprintf("cd '%s' && %s run --engine cuda -n 4 --temp 0 >log 2>&1", dir, MEGAC_BIN);
+        int st = system(cmd), rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        char *log = xasprintf("%s/log", dir);
+        size_t n;
+        char *text = read_all(log, &n);
+        cr_assert(rc == 0 || (text && (strstr(text, "no CUDA device") || strstr(text, "cuInit failed"))),
+                  "with a driver: %s", text ? text : "(no log)");
+        free(text);
+        free(log);
+        free(cmd);
+        test_rm_rf(dir);
+    } else {
+        cr_assert_eq(megac_run("--engine cuda", out, sizeof out, err, sizeof err), 2);
+        cr_assert(strstr(err, "megac run: --engine cuda needs a GPU: no CUDA driver: cannot load libcuda.so.1") &&
+                  strstr(err, "(--engine host-cuda runs the same CUDA C on this CPU)"), "stderr: %s", err);
+    }
 }
 
 Test(run_cmd, reference_refuses_a_bundle)
