@@ -6,7 +6,8 @@
  *
  * The template is not executed: it is recognized by the markers it writes,
  * as llama.cpp recognizes templates (ChatML's <|im_start|>, Llama 3's
- * <|start_header_id|>, Zephyr's <|user|> and <|assistant|>, Llama 2's
+ * <|start_header_id|>, Zephyr's <|user|> and <|assistant|> (Phi-3's with
+ * <|end|> too), Llama 2's
  * [INST] with <<SYS>>; Mistral's [INST] without it, whose versions write
  * turns differently, is not recognized), and `megac run --chat` then
  * writes turns in that format (compiler/cmd_run.c). A Llama 3 template
@@ -216,8 +217,8 @@ ChatKind chat_template_kind(const char *tmpl, size_t len, char **default_system)
         }
         return k;
     }
-    if (has(tmpl, len, "<|user|>") && has(tmpl, len, "<|assistant|>") && !has(tmpl, len, "<|end|>"))
-        return CHAT_ZEPHYR;
+    if (has(tmpl, len, "<|user|>") && has(tmpl, len, "<|assistant|>"))
+        return has(tmpl, len, "<|end|>") ? CHAT_PHI3 : CHAT_ZEPHYR;
     if (has(tmpl, len, "[INST]") && has(tmpl, len, "<<SYS>>"))
         return CHAT_LLAMA2;
     return CHAT_UNKNOWN;
@@ -226,6 +227,6 @@ ChatKind chat_template_kind(const char *tmpl, size_t len, char **default_system)
 const char *chat_kind_name(ChatKind k)
 {
     static const char *const names[] = {"unknown", "ChatML",  "Llama 3", "Zephyr", "Llama 2", "Llama 3.1",
-                                        "Llama 3.1 (today's date)"};
+                                        "Llama 3.1 (today's date)", "Phi-3"};
     return (unsigned)k < sizeof names / sizeof *names ? names[k] : "unknown";
 }

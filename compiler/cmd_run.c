@@ -71,7 +71,7 @@ static void run_usage(FILE *out)
             "  --workers N        workers of the bundle a model is compiled into\n"
             "                     (1..4096; a bundle given keeps its own count)\n"
             "  --chat             the prompt is a user turn in the model's chat format\n"
-            "                     (ChatML, Llama 3, Zephyr or Llama 2, as its chat template\n"
+            "                     (ChatML, Llama 3, Zephyr, Llama 2 or Phi-3, as its chat template\n"
             "                     writes, else from the tokenizer's special tokens),\n"
             "                     after the system turn the template writes when none\n"
             "                     is given (SmolLM2's, Qwen2.5's; Llama 3.1-3.3's always,\n"
@@ -261,6 +261,9 @@ static const ChatFormat chat_formats[] = {
      * followed by ' ' and EOS (the template's ' ' + reply + ' ' + eos:
      * the reply's own first token brings the space before it) */
     {CHAT_LLAMA2, NULL, "", "<<SYS>>\n%s\n<</SYS>>\n\n%.0s", "%s%.0s", "", " %s", "<s>[INST] %s [/INST]", TRIM_BLOCK},
+    /* Phi-3: Zephyr's turns, each ended by <|end|> rather than EOS */
+    {CHAT_PHI3, NULL, "", "<|system|>\n%s<|end|>\n%.0s", "<|user|>\n%s<|end|>\n%.0s", "<|assistant|>\n",
+     "<|end|>\n%.0s", NULL, TRIM_NONE},
 };
 
 static const ChatFormat *chat_format(const RunOptions *o, const RunChat *c)

@@ -680,14 +680,16 @@ static void desc_tokenizer(Ctx *c, const DocNode *t)
 
 /* ---- arch from an HF config.json ---- */
 
-typedef enum { HF_LLAMA, HF_MISTRAL, HF_QWEN2 } HfArch;
+typedef enum { HF_LLAMA, HF_MISTRAL, HF_QWEN2, HF_PHI3 } HfArch;
 
 /* The architecture a config names: architectures[0], else model_type.
- * Llama, Mistral and Qwen2 are the Llama family megac computes. */
+ * Llama, Mistral, Qwen2 and Phi-3 are the Llama family megac computes
+ * (Phi-3's q/k/v and gate/up come fused: the loaders split them). */
 static int config_arch(Ctx *c, const DocNode *root, const DocNode *at)
 {
-    static const char *const classes[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", NULL};
-    static const char *const types[] = {"llama", "mistral", "qwen2", NULL};
+    static const char *const classes[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                          "Phi3ForCausalLM", NULL};
+    static const char *const types[] = {"llama", "mistral", "qwen2", "phi3", NULL};
     const DocNode *archs = doc_get(root, "architectures"), *type = doc_get(root, "model_type");
     const DocNode *n = archs && archs->kind == DOC_SEQ && archs->n > 0 ? archs->items[0] : type;
     if (!n || n->kind != DOC_SCALAR) {
@@ -696,7 +698,7 @@ static int config_arch(Ctx *c, const DocNode *root, const DocNode *at)
     }
     int k = name_index(n->str, n == type ? types : classes);
     if (k < 0) {
-        ctx_error(c, n, "architecture '%s' is not supported (megac computes Llama, Mistral and Qwen2 models)",
+        ctx_error(c, n, "architecture '%s' is not supported (megac computes Llama, Mistral, Qwen2 and Phi-3 models)",
                   ctx_quote(c, n->str));
         ctx_note(c, at, "config named here");
     }
@@ -723,12 +725,17 @@ static void config_refuse(Ctx *c, const DocNode *root, int arch)
     n = doc_get(root, sw);
     if (arch == HF_QWEN2 && n && node_bool(c, n, sw, &b) && b)
         ctx_error(c, n, "sliding window attention (use_sliding_window: true) is not supported yet");
-    if (arch == HF_MISTRAL && n && !doc_is_null(n) && node_int32(c, n, sw, 1, &c->m->sliding_window))
+    bool swa = arch == HF_MISTRAL || arch == HF_PHI3;
+    if (swa && n && !doc_is_null(n) && node_int32(c, n, sw, 1, &c->m->sliding_window))
         c->swa_at = n;
     n = doc_get(root, "sliding_window_size");   /* MLC presets spell it so */
-    if (arch == HF_MISTRAL && n && !doc_is_null(n) && node_int32(c, n, "sliding_window_size", 1,
-                                                                  &c->m->sliding_window))
+    if (swa && n && !doc_is_null(n) && node_int32(c, n, "sliding_window_size", 1, &c->m->sliding_window))
         c->swa_at = n;
+    double prf = 1;     /* Phi-4-mini's 0.75: RoPE on part of each head */
+    n = doc_get(root, "partial_rotary_factor");
+    if (n && node_double(c, n, "partial_rotary_factor", &prf) && prf != 1)
+        ctx_error(c, n, "RoPE on part of each head (partial_rotary_factor: %s) is not supported",
+                  ctx_quote(c, n->str));
 }
 
 /* rope_scaling (or transformers 5's rope_parameters): {rope_type|type:
@@ -1058,6 +1065,9 @@ static void gguf_refuse(Ctx *c, const GgufFile *g, const char *arch)
     else if (gguf_find(g, full) && !(t.len == 4 && memcmp(t.s, "none", 4) == 0))
         diag_file_error(c->d, g->path, "RoPE scaling '%s' (%s) is not supported yet", ctx_quote_n(c, t.s, t.len),
                         full);
+    if (gguf_find_tensor(g, "rope_factors_long.weight") || gguf_find_tensor(g, "rope_factors_short.weight"))
+        diag_file_error(c->d, g->path, "LongRoPE (tensors rope_factors_long and rope_factors_short, Phi-3's 128k "
+                        "context) is not supported yet");
     static const char *const biases[] = {"blk.0.attn_output.bias", "blk.0.ffn_up.bias", "blk.0.ffn_gate.bias",
                                          "blk.0.ffn_down.bias", NULL};
     for (int i = 0; biases[i]; i++)
@@ -1083,8 +1093,11 @@ static void gguf_dims(Ctx *c, const GgufFile *g, const char *arch, const DocNode
     ok &= gguf_meta_int(c, g, arch, "rope.dimension_count", false, &rd, -1);
     ok &= gguf_meta_double(c, g, arch, "rope.freq_base", &m->rope_theta, F_THETA);
     ok &= gguf_meta_double(c, g, arch, "attention.layer_norm_rms_epsilon", &m->norm_eps, F_EPS);
+    ok &= gguf_meta_int(c, g, arch, "attention.sliding_window", false, &m->sliding_window, -1);  /* phi3's */
     if (!ok)
         return;
+    if (m->sliding_window)
+        c->swa_at = at;
     m->head_dim = kl ? kl : m->n_heads > 0 && m->dim % m->n_heads == 0 ? m->dim / m->n_heads : 0;
     if (!m->head_dim) {     /* the checks below compare with it; desc_check would say it later */
         diag_file_error(c->d, g->path, "key '%s.attention.head_count' is %d, which does not divide "

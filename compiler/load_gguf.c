@@ -81,7 +81,8 @@ static int gguf_fetch(void *ctx, const char *name, const WSlot *s, float *dst, D
     int64_t shape[4];
     for (uint32_t i = 0; i < t->ndim; i++)
         shape[i] = (int64_t)t->dims[t->ndim - 1 - i];
-    if (!wslot_shape_check(((GgufCtx *)ctx)->w->m, s, d, g->path, name, (int)t->ndim, shape))
+    WSlot whole = wslot_file_shape(s);
+    if (!wslot_shape_check(((GgufCtx *)ctx)->w->m, &whole, d, g->path, name, (int)t->ndim, shape))
         return -1;
     int dt = gguf_dtype(t->ggml_type);
     if (!t->data || dt < 0) {
@@ -93,13 +94,14 @@ static int gguf_fetch(void *ctx, const char *name, const WSlot *s, float *dst, D
     }
     int64_t cols = s->cols ? s->cols : s->rows, rows = s->cols ? s->rows : 1;
     Weights *w = ((GgufCtx *)ctx)->w;
-    int kept = weights_fetch_stored(w, s, dst, (DType)dt, t->data, g->path, name, d);
+    size_t rb = dtype_row_bytes((DType)dt, cols);
+    const unsigned char *data = (const unsigned char *)t->data + (size_t)s->row0 * rb;  /* a fused tensor's part */
+    int kept = weights_fetch_stored(w, s, dst, (DType)dt, data, g->path, name, d);
     if (kept)
         return kept;
-    size_t rb = dtype_row_bytes((DType)dt, cols);
     for (int64_t r = 0; r < rows; r++)
-        quant_row_dequant((DType)dt, (const unsigned char *)t->data + (size_t)r * rb, cols, dst + r * cols);
-    weights_keep_stored(w, s, dst, (DType)dt, t->data);
+        quant_row_dequant((DType)dt, data + (size_t)r * rb, cols, dst + r * cols);
+    weights_keep_stored(w, s, dst, (DType)dt, data);
     return 1;
 }
 
@@ -115,7 +117,12 @@ static const char *gguf_tensor_name(void *ctx, int64_t i, size_t *len)
 /* Tensors a file may hold beside the model's: rope_freqs.weight is read
  * by gguf_rope_freqs_check; blk.N.attn_rot_embd is llama.cpp's name for
  * an HF checkpoint's rotary_emb.inv_freq, which RoPE recomputes. */
-static const char *const gguf_known[] = {"rope_freqs.weight", "attn_rot_embd", NULL};
+static const char *const gguf_known[] = {"rope_freqs.weight", "attn_rot_embd", "attn_qkv.weight", NULL};
+/* Phi-3's (llama.cpp's phi3): q, k and v in attn_qkv; gate and up in
+ * ffn_up, twice the rows, with no ffn_gate */
+static const WFused gguf_fused[] = {{"attn_qkv.weight", {WK_WQ, WK_WK, WK_WV, WK_COUNT}},
+                                    {"ffn_up.weight", {WK_W_GATE, WK_W_UP, WK_COUNT}},
+                                    {NULL, {WK_COUNT}}};
 
 /* `<arch>.<key>` must be an integer equal to the description's value when
  * present. */
@@ -236,11 +243,11 @@ static bool gguf_hparams_check(const GgufFile *g, const ModelDesc *m, const char
 bool gguf_model_arch(const GgufFile *g, char *arch, size_t n, RopePairing *pairing, Diag *d)
 {
     static const struct { const char *name; RopePairing pairing; } archs[] = {
-        {"llama", ROPE_ADJACENT}, {"qwen2", ROPE_HALF},
+        {"llama", ROPE_ADJACENT}, {"qwen2", ROPE_HALF}, {"phi3", ROPE_HALF},
     };
     GgufStr a;
     if (!gguf_find(g, "general.architecture")) { /* llama.cpp refuses such a file too */
-        diag_file_error(d, g->path, "key 'general.architecture' is missing (llama or qwen2)");
+        diag_file_error(d, g->path, "key 'general.architecture' is missing (llama, qwen2 or phi3)");
         return false;
     }
     if (!gguf_get_str(g, "general.architecture", &a)) {
@@ -256,7 +263,7 @@ bool gguf_model_arch(const GgufFile *g, char *arch, size_t n, RopePairing *pairi
     if (memchr(a.s, 0, a.len))
         diag_file_error(d, g->path, "key 'general.architecture' holds a NUL character (after '%s')", arch);
     else
-        diag_file_error(d, g->path, "architecture '%s' is not supported (llama, qwen2)", arch);
+        diag_file_error(d, g->path, "architecture '%s' is not supported (llama, qwen2, phi3)", arch);
     return false;
 }
 
@@ -275,7 +282,7 @@ bool load_gguf(Weights *w, const char *path, Diag *d)
     if (ok) {
         GgufCtx c = {g, w};
         WSource src = {.ctx = &c, .path = g->path, .name = wslot_gguf_name, .fetch = gguf_fetch, .has = gguf_has,
-                       .tensor = gguf_tensor_name, .layer_prefix = "blk.", .known = gguf_known};
+                       .tensor = gguf_tensor_name, .layer_prefix = "blk.", .known = gguf_known, .fused = gguf_fused};
         ok = weights_fill(w, &src, d);
     }
     gguf_close(g);

@@ -469,7 +469,12 @@ static const char *st_tensor_name(void *ctx, int64_t i, size_t *len)
 
 /* A layer's rotary_emb.inv_freq, which old HF Llama checkpoints saved
  * (RoPE recomputes it); the parts of an AWQ or GPTQ matrix (hq_fetch). */
-static const char *const st_known[] = {"self_attn.rotary_emb.inv_freq", NULL};
+static const char *const st_known[] = {"self_attn.rotary_emb.inv_freq", "self_attn.qkv_proj.weight",
+                                       "mlp.gate_up_proj.weight", NULL};
+/* Phi-3's: q, k and v in one matrix, gate and up in another */
+static const WFused st_fused[] = {{"self_attn.qkv_proj.weight", {WK_WQ, WK_WK, WK_WV, WK_COUNT}},
+                                  {"mlp.gate_up_proj.weight", {WK_W_GATE, WK_W_UP, WK_COUNT}},
+                                  {NULL, {WK_COUNT}}};
 static const char *const st_weight_parts[] = {".qweight", ".qzeros", ".scales", ".g_idx", NULL};
 
 /* The file a fetched tensor came from (its shard, already open). */
@@ -734,6 +739,12 @@ static int st_fetch(void *ctx, const char *name, const WSlot *s, float *dst, Dia
     size_t nl = strlen(name);
     if (s->cols && nl > 7 && !strcmp(name + nl - 7, ".weight") && !st_has(sm, name)) {
         char *base = arena_printf(&sm->a, "%.*s", (int)(nl - 7), name);
+        if (st_has(sm, arena_printf(&sm->a, "%s.qweight", base)) && s->fused_rows) {
+            diag_file_error(d, sm->path, "tensor '%s': a fused %s checkpoint's matrices are read from F32, F16 or "
+                            "BF16 tensors, not AWQ or GPTQ ones", name, s->kind == WK_W_GATE || s->kind == WK_W_UP
+                                                                         ? "gate/up" : "q/k/v");
+            return -1;
+        }
         if (st_has(sm, arena_printf(&sm->a, "%s.qweight", base)))
             return hq_fetch(sm, base, s, dst, d);
     }
@@ -753,15 +764,17 @@ static int st_fetch(void *ctx, const char *name, const WSlot *s, float *dst, Dia
                         st_dtypes[e->dtype].name);
         return -1;
     }
-    if (!wslot_shape_check(sm->w->m, s, d, sf->path, name, e->ndim, e->shape))
+    WSlot whole = wslot_file_shape(s);
+    if (!wslot_shape_check(sm->w->m, &whole, d, sf->path, name, e->ndim, e->shape))
         return -1;
     SrcType st = (SrcType)st_dtypes[e->dtype].src;
     DType dt = st == SRC_F16 ? DT_F16 : st == SRC_BF16 ? DT_BF16 : DT_F32;
-    int r = weights_fetch_stored(sm->w, s, dst, dt, sf->data + e->begin, sf->path, name, d);
+    const unsigned char *data = sf->data + e->begin + (size_t)(s->row0 * s->cols) * (size_t)st_dtypes[e->dtype].size;
+    int r = weights_fetch_stored(sm->w, s, dst, dt, data, sf->path, name, d);
     if (r)
         return r;
-    convert_to_f32(dst, sf->data + e->begin, wslot_nelem(s), st);
-    weights_keep_stored(sm->w, s, dst, dt, sf->data + e->begin);
+    convert_to_f32(dst, data, wslot_nelem(s), st);
+    weights_keep_stored(sm->w, s, dst, dt, data);
     return 1;
 }
 
@@ -781,7 +794,7 @@ bool load_safetensors(Weights *w, const char *path, Diag *d)
     if (ok) {
         WSource src = {.ctx = &sm, .path = sm.path, .name = wslot_hf_name, .fetch = st_fetch, .has = st_has,
                        .file = st_file_of, .tensor = st_tensor_name, .layer_prefix = "model.layers.",
-                       .known = st_known, .weight_parts = st_weight_parts};
+                       .known = st_known, .weight_parts = st_weight_parts, .fused = st_fused};
         ok = weights_fill(w, &src, d);
     }
     st_model_close(&sm);

@@ -379,7 +379,7 @@ static void chat_set(Tokenizer *t, const char *tmpl, size_t len, const char *pat
     tok_set_chat(t, k, sys);
     free(sys);
     if (k == CHAT_UNKNOWN && len)
-        chat_warn(path, "its chat template is not one megac recognizes (ChatML, Llama 3 or 3.1, Zephyr, Llama 2)",
+        chat_warn(path, "its chat template is not one megac recognizes (ChatML, Llama 3 or 3.1, Zephyr, Llama 2, Phi-3)",
                   d);
 }
 

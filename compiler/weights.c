@@ -689,6 +689,34 @@ static bool weights_names_check(const Weights *w, const WSource *src, Diag *d)
     return true;
 }
 
+/* Where slot s of a layer that lacks its own tensor is read out of a
+ * fused one (src->fused): *f is s as a part of it, the name its tensor's;
+ * NULL where it is not (the slot's own name is then asked for). */
+static char *slot_fused(const Weights *w, const WSource *src, Arena *a, const WSlot *s, WSlot *f)
+{
+    for (const WFused *g = src->fused; g && g->name && s->layer >= 0; g++) {
+        int64_t at = 0, total = 0, rows, cols;
+        int i = -1;
+        for (int j = 0; g->kinds[j] != WK_COUNT; j++) {
+            slot_shape(w->m, g->kinds[j], &rows, &cols);
+            if (g->kinds[j] == s->kind)
+                i = j, at = total;
+            total += rows;
+        }
+        if (i < 0)
+            continue;
+        WSlot first = {.kind = g->kinds[0], .layer = s->layer};
+        char *fused = arena_printf(a, "%s%d.%s", src->layer_prefix, s->layer, g->name);
+        if (src->has(src->ctx, src->name(a, &first)) || !src->has(src->ctx, fused))
+            return NULL;
+        *f = *s;
+        f->row0 = at;
+        f->fused_rows = total;
+        return fused;
+    }
+    return NULL;
+}
+
 bool weights_fill(Weights *w, const WSource *src, Diag *d)
 {
     Arena a = {0};
@@ -696,8 +724,12 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d)
     const WSlot *slots = weights_slots(w, &a, &n);
     bool ok = weights_names_check(w, src, d);
     for (int i = 0; i < n && ok; i++) { /* stops at the first bad tensor: one error, not a cascade */
-        char *name = src->name(&a, &slots[i]);
-        int r = src->fetch(src->ctx, name, &slots[i], slots[i].dst, d);
+        WSlot part;
+        char *name = slot_fused(w, src, &a, &slots[i], &part);
+        const WSlot *s = name ? &part : &slots[i];
+        if (!name)
+            name = src->name(&a, s);
+        int r = src->fetch(src->ctx, name, s, s->dst, d);
         if (r == 0)
             diag_file_error(d, src->path, "tensor '%s' is missing", name);
         ok = r > 0 && weights_slot_done_ex(w, slots[i].kind, slots[i].layer,

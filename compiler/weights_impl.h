@@ -39,13 +39,25 @@ typedef enum {
     WK_COUNT
 } WKind;
 
-/* One tensor the model needs. cols == 0 marks a vector of `rows` floats. */
+/* One tensor the model needs. cols == 0 marks a vector of `rows` floats.
+ * A slot read out of a fused tensor (Phi-3's qkv_proj, gate_up_proj: a
+ * WFused) is its rows [row0, row0 + rows) of fused_rows (0: not fused). */
 typedef struct WSlot {
     WKind kind;
     int layer;              /* -1 for global tensors */
     int64_t rows, cols;
     float *dst;             /* rows * max(cols, 1) floats in Weights.arena */
+    int64_t row0, fused_rows;
 } WSlot;
+
+/* A layer's tensor that holds several matrices' rows one after another
+ * (q, k and v; gate and up), read where the layer lacks the first one's
+ * own tensor. name: what follows "<prefix><layer>."; kinds: in row order,
+ * WK_COUNT-terminated. */
+typedef struct WFused {
+    const char *name;
+    WKind kinds[4];
+} WFused;
 
 /* Element types a source tensor can have. */
 typedef enum { SRC_F32, SRC_F16, SRC_BF16 } SrcType;
@@ -151,7 +163,18 @@ typedef struct WSource {
      * NULL-terminated, or NULL. */
     const char *const *known;
     const char *const *weight_parts;
+    const WFused *fused;    /* terminated by a NULL name, or NULL */
 } WSource;
+
+/* The slot's shape as its tensor in the file has it: the fused tensor's
+ * rows where it is read out of one. */
+static inline WSlot wslot_file_shape(const WSlot *s)
+{
+    WSlot f = *s;
+    if (s->fused_rows)
+        f.rows = s->fused_rows;
+    return f;
+}
 /* Fills every slot of w from src, reporting each missing or bad tensor;
  * also refuses tensors the description says the model lacks (q/k/v biases
  * without qkv_bias, a separate lm_head that differs from the embedding

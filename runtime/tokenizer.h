@@ -44,7 +44,7 @@ typedef struct Tokenizer Tokenizer;     /* opaque; see tokenizer.c */
  * strftime_now); no text for the others. */
 typedef enum {
     CHAT_UNKNOWN = 0, CHAT_CHATML = 1, CHAT_LLAMA3 = 2, CHAT_ZEPHYR = 3, CHAT_LLAMA2 = 4,
-    CHAT_LLAMA31 = 5, CHAT_LLAMA31_TODAY = 6,
+    CHAT_LLAMA31 = 5, CHAT_LLAMA31_TODAY = 6, CHAT_PHI3 = 7,
     CHAT_KINDS      /* one past the last */
 } ChatKind;
 /* A Llama 3.1 kind: a system turn always, starting with its preamble. */

@@ -378,7 +378,7 @@ Test(desc, non_llama_refused)
 {
     expect_config_refused("gemma-2b.config.json",
                           "%sgemma-2b.config.json:8:5: error: architecture 'GemmaForCausalLM' is not supported "
-                          "(megac computes Llama, Mistral and Qwen2 models)\n"
+                          "(megac computes Llama, Mistral, Qwen2 and Phi-3 models)\n"
                           "    8 |     \"GemmaForCausalLM\"\n"
                           "      |     ^\n"
                           "%st.yaml:2:21: note: config named here\n"
@@ -390,8 +390,8 @@ Test(desc, unsupported_llama_variants_refused)
 {
     ModelDesc m;
     Arena a = {0};
-    const char *files[] = {"phi3-mini.config.json", "tiny-llama-yarn.config.json"};
-    const char *why[] = {"architecture 'Phi3ForCausalLM' is not supported",
+    const char *files[] = {"phi4-mini.config.json", "tiny-llama-yarn.config.json"};
+    const char *why[] = {"RoPE on part of each head (partial_rotary_factor: 0.75) is not supported",
                          "RoPE scaling 'yarn' is not supported yet (only llama3)"};
     for (int i = 0; i < 2; i++) {
         char text[512];
@@ -1294,6 +1294,26 @@ static void skip_without_gguf_models(void)
         cr_skip("fixtures absent; run tests/fixtures/weights/make_gguf_models.py");
 }
 
+/* Phi-3 (mini 4k) is read as a Llama: its config's sliding window (2047,
+ * under its 4096 positions) masks every layer, as a phi3 GGUF's
+ * attention.sliding_window does; LongRoPE (Phi-3's 128k models) and
+ * Phi-4-mini's partial rotary are refused (unsupported_llama_variants). */
+Test(desc, phi3_is_a_windowed_llama)
+{
+    ModelDesc m;
+    Arena a = {0};
+    const char *text = "name: t\narch: {from-config: phi3-mini.config.json}\nweights: {format: synthetic}\n";
+    cr_assert(parse(&m, &a, FIXTURES "/t.yaml", text, NULL, 0, NULL), "%s", errs);
+    cr_assert(m.dim == 3072 && m.n_layers == 32 && m.vocab_size == 32064 && !m.qkv_bias);
+    cr_assert(m.sliding_window == 2047 && m.max_seq == 4096 && m.attn[31].kind == ATTN_SINK_WINDOW &&
+              m.attn[31].window == 2047 && m.attn[31].sinks == 0);
+    if (access(WFIX "/phi3.gguf", R_OK) == 0) {
+        cr_assert(load_path(&m, &a, WFIX "/phi3.gguf", NULL, 0), "%s", errs);
+        cr_assert(m.sliding_window == 8 && m.rope_pairing == ROPE_HALF && m.attn[0].kind == ATTN_SINK_WINDOW);
+    }
+    arena_free(&a);
+}
+
 /* A llama2.c checkpoint named as the model: its header gives the dims,
  * the tokenizer beside it is found by run.c's names. */
 Test(desc, llama2c_file_is_a_description)
@@ -1465,7 +1485,7 @@ Test(desc, gguf_refusals_name_what)
     skip_without_gguf_models();
     static const struct { const char *file, *want; } cases[] = {
         {"bad-moe.gguf", "bad-moe.gguf: error: a mixture of experts (llama.expert_count = 8) is not supported\n"},
-        {"bad-arch.gguf", "bad-arch.gguf: error: architecture 'gemma' is not supported (llama, qwen2)\n"},
+        {"bad-arch.gguf", "bad-arch.gguf: error: architecture 'gemma' is not supported (llama, qwen2, phi3)\n"},
         {"bad-yarn.gguf", "bad-yarn.gguf: error: RoPE scaling 'yarn' (llama.rope.scaling.type) is not supported yet\n"},
         {"bad-partial-rope.gguf",
          "bad-partial-rope.gguf: error: RoPE on 4 of a head's 8 dims (partial rotary) is not supported\n"},
@@ -1518,7 +1538,7 @@ Test(desc, gguf_keys_of_another_type)
          "has 272 rows\n", 4, 100000, 4},
         {"llama3.gguf", "general.architecture", "error: key 'general.architecture' holds a NUL character (after "
          "'lla')\n", 8, 0, 0},
-        {"llama3.gguf", "general.architecture", "error: key 'general.architecture' is missing (llama or qwen2)\n", 0,
+        {"llama3.gguf", "general.architecture", "error: key 'general.architecture' is missing (llama, qwen2 or phi3)\n", 0,
          0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {

@@ -424,6 +424,31 @@ Test(e2e_cpu, gguf_and_hf_folder_match_reference, .timeout = 300)
     e2e_model(WFIX "/hf-llama3", 100);
 }
 
+/* A tiny Phi-3 (make_phi3.py: hf-llama3's matrices fused as Phi-3 ships
+ * them, a sliding window of 8 positions) as a GGUF and as an HF folder:
+ * the GGUF against the reference over 100 positions (the window masks most
+ * of them); the two print the same text, and a window as long as the
+ * context prints another. */
+Test(e2e_cpu, phi3_gguf_and_hf_folder_match_reference, .timeout = 300)
+{
+    if (!file_exists(WFIX "/phi3.gguf") || !file_exists(WFIX "/hf-phi3/model.safetensors"))
+        cr_skip("phi3 fixtures absent; run tests/fixtures/weights/make_phi3.py");
+    e2e_model(WFIX "/phi3.gguf", 100);    /* the HF folder: the same text, below */
+    char *dir = tmp_dir();
+    char cmd[4096], a[16384], b[16384];
+    const char *args = "--engine cpu --workers 2 --temp 0 -n 64 --prompt 'the quick brown fox jumps over the lazy dog'";
+    const char *models[] = {WFIX "/phi3.gguf", WFIX "/hf-phi3", WFIX "/hf-phi3 --set arch.sliding_window=256"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "cd '%s' && %s run %s %s 2>/dev/null", dir, MEGAC_BIN, models[i], args);
+        cr_assert_eq(sh(cmd, i ? b : a, sizeof a), 0, "%s", i ? b : a);
+        if (i == 1)
+            cr_assert_str_eq(b, a, "the GGUF and the HF folder");
+        if (i == 2)
+            cr_assert_str_neq(b, a, "without the window");
+    }
+    test_rm_rf(dir);
+}
+
 /* `megac run FILE.gguf` prints what the same model written as a YAML
  * description prints (llama3 scaling spelled out by hand there), and what
  * the same model as an HF checkpoint folder prints (rotate-half rows, the

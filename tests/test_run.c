@@ -848,6 +848,7 @@ Test(run_cmd, chat_templates_render_as_jinja)
         {"llama2", CHAT_LLAMA2, NULL},
         {"llama3.1", CHAT_LLAMA31, "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"},
         {"llama3.2", CHAT_LLAMA31_TODAY, "Cutting Knowledge Date: December 2023\n"},
+        {"phi3", CHAT_PHI3, NULL},
     };
     int checked = 0;
     for (int i = 0; i < doc.root->n; i++) {
@@ -884,7 +885,7 @@ Test(run_cmd, chat_templates_render_as_jinja)
         free(dsys);
         run_options_free(&o);
     }
-    cr_assert_eq(checked, 42);
+    cr_assert_eq(checked, 48);
     doc_free(&doc);
 }
 
@@ -894,7 +895,7 @@ Test(run_cmd, chat_templates_render_as_jinja)
 Test(run_cmd, chat_templates_unknown_and_ambiguous)
 {
     static const char *const unknown[] = {
-        "", "{{ messages }}", "<|user|>{{ m }}<|end|><|assistant|>",   /* Phi-3: <|end|> */
+        "", "{{ messages }}", "<|user|>{{ m }}<|end|>",   /* no <|assistant|>: not Phi-3's */
         "{{ bos_token }}{% for m in messages %}{{ '[INST] ' + m.content + ' [/INST]' }}{% endfor %}", /* Mistral */
         "{% for m in messages %}{{ m.content }}{% endfor %}",
     };

@@ -8,6 +8,7 @@
 #include "compiler/gguf.h"
 #include "compiler/quant.h"
 #include "gguf_patch.h"
+#include "runtime/half.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -1029,7 +1030,7 @@ Test(weights, gguf_bad_metadata)
                 "error: key 'llama.rope.freq_base' is 500000, but the model description says rope theta 10000\n");
     memcpy(b, raw, n);
     memcpy(memmem(b, n, "llama", 5), "gemma", 5);
-    gguf_expect("gemma.gguf", b, n, "error: architecture 'gemma' is not supported (llama, qwen2)\n");
+    gguf_expect("gemma.gguf", b, n, "error: architecture 'gemma' is not supported (llama, qwen2, phi3)\n");
 
     memcpy(b, raw, n);
     u32 = 4; /* shorter than max_seq 8: a warning, as for llama2.c */
@@ -2125,4 +2126,54 @@ Test(weights, tied_classifier_shape_checked_by_a_header_only_read)
     expect_error_both(&m, want);
     free(want), free(path), free(h);
     free(p.header), free(p.data);
+}
+
+/* Phi-3 ships q, k and v as one matrix (qkv_proj; GGUF attn_qkv) and gate
+ * and up as another (gate_up_proj; GGUF ffn_up of twice the rows, no
+ * ffn_gate): the loaders read each part out of its rows. make_phi3.py
+ * fused hf-llama3's matrices (gate and up as f16), so the parts are
+ * hf-llama3's, bit for bit (gate and up as their f16 roundings), from
+ * the HF folder and the GGUF alike, and a load for lowering sees their
+ * stored dtypes and shapes. */
+Test(weights, phi3_fused_matrices_are_split)
+{
+    if (access(FIXTURES "/phi3.gguf", R_OK) != 0 || access(FIXTURES "/hf-phi3/model.safetensors", R_OK) != 0)
+        cr_skip("phi3 fixtures absent; run tests/fixtures/weights/make_phi3.py");
+    const char *paths[3] = {FIXTURES "/hf-llama3", FIXTURES "/hf-phi3", FIXTURES "/phi3.gguf"};
+    ModelDesc m[3];
+    Weights w[3];
+    Arena a = {0};
+    char err[2048];
+    for (int i = 0; i < 3; i++) {
+        Diag d;
+        diag_init(&d);
+        cr_assert(desc_load(&m[i], &a, paths[i], NULL, 0, &d), "%s", paths[i]);
+        cr_assert(load_capture(&w[i], &m[i], err, sizeof err), "%s: %s", paths[i], err);
+    }
+    const ModelDesc *mm = &m[0];
+    size_t nq = (size_t)mm->n_heads * mm->head_dim * mm->dim, nkv = (size_t)mm->n_kv_heads * mm->head_dim * mm->dim;
+    size_t nff = (size_t)mm->hidden_dim * mm->dim;
+    for (int l = 0; l < mm->n_layers; l++) {
+        const LayerWeights *L = &w[0].layers[l];
+        for (int i = 1; i < 3; i++) {
+            const LayerWeights *P = &w[i].layers[l];
+            cr_assert(!memcmp(P->wq, L->wq, nq * 4) && !memcmp(P->wk, L->wk, nkv * 4) &&
+                      !memcmp(P->wv, L->wv, nkv * 4), "%s layer %d: q, k, v", paths[i], l);
+            for (size_t e = 0; e < nff; e++) {
+                cr_assert_eq(P->w_gate[e], half_f16_to_f32(half_f32_to_f16(L->w_gate[e])), "%s L%d gate %zu",
+                             paths[i], l, e);
+                cr_assert_eq(P->w_up[e], half_f16_to_f32(half_f32_to_f16(L->w_up[e])), "%s L%d up %zu", paths[i],
+                             l, e);
+            }
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        weights_free(&w[i]);
+    Weights lw;
+    cr_assert(load_capture_ex(&lw, &m[2], WEIGHTS_DTYPES_ONLY, err, sizeof err), "%s", err);
+    const QTensor *up = weights_qtensor(&lw, "L1.w_up"), *gate = weights_qtensor(&lw, "L1.w_gate");
+    cr_assert(up && gate && up->dtype == DT_F16 && gate->dtype == DT_F16 && up->rows == mm->hidden_dim &&
+              gate->rows == mm->hidden_dim, "as stored: f16 parts of hidden_dim rows");
+    weights_free(&lw);
+    arena_free(&a);
 }
