@@ -739,12 +739,6 @@ static int st_fetch(void *ctx, const char *name, const WSlot *s, float *dst, Dia
     size_t nl = strlen(name);
     if (s->cols && nl > 7 && !strcmp(name + nl - 7, ".weight") && !st_has(sm, name)) {
         char *base = arena_printf(&sm->a, "%.*s", (int)(nl - 7), name);
-        if (st_has(sm, arena_printf(&sm->a, "%s.qweight", base)) && s->fused_rows) {
-            diag_file_error(d, sm->path, "tensor '%s': a fused %s checkpoint's matrices are read from F32, F16 or "
-                            "BF16 tensors, not AWQ or GPTQ ones", name, s->kind == WK_W_GATE || s->kind == WK_W_UP
-                                                                         ? "gate/up" : "q/k/v");
-            return -1;
-        }
         if (st_has(sm, arena_printf(&sm->a, "%s.qweight", base)))
             return hq_fetch(sm, base, s, dst, d);
     }

@@ -689,6 +689,16 @@ static bool weights_names_check(const Weights *w, const WSource *src, Diag *d)
     return true;
 }
 
+/* The first kind of the fused group kind k belongs to (k if none). */
+static WKind weights_fused_first(const WSource *src, WKind k)
+{
+    for (const WFused *g = src->fused; g && g->name; g++)
+        for (int j = 0; g->kinds[j] != WK_COUNT; j++)
+            if (g->kinds[j] == k)
+                return g->kinds[0];
+    return k;
+}
+
 /* Where slot s of a layer that lacks its own tensor is read out of a
  * fused one (src->fused): *f is s as a part of it, the name its tensor's;
  * NULL where it is not (the slot's own name is then asked for). */
@@ -732,6 +742,13 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d)
         int r = src->fetch(src->ctx, name, s, s->dst, d);
         if (r == 0)
             diag_file_error(d, src->path, "tensor '%s' is missing", name);
+        if (r < 0 && s == &part) {  /* a damaged file may look fused where it only lacks a tensor */
+            WSlot own = slots[i];
+            SrcFile f = {.path = src->path};
+            diag_note(d, &f, 0, 0, "read as a fused tensor (Phi-3's layout: its rows %" PRId64 " to %" PRId64 "), "
+                      "since layer %d has no '%s'", part.row0, part.row0 + part.rows - 1, own.layer,
+                      src->name(&a, &(WSlot){.kind = weights_fused_first(src, own.kind), .layer = own.layer}));
+        }
         ok = r > 0 && weights_slot_done_ex(w, slots[i].kind, slots[i].layer,
                                             src->file ? src->file(src->ctx, name) : src->path, r == WFETCH_STORED, d);
     }
