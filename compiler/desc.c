@@ -707,7 +707,8 @@ static int config_arch(Ctx *c, const DocNode *root, const DocNode *at)
 
 /* Config keys whose presence (with a non-default value) needs math megac
  * does not have: refused by name rather than silently ignored. Mistral's
- * sliding window is read here (Qwen2's, on some layers, is refused). */
+ * and Phi-3's sliding windows are read here (Qwen2's, on some layers, is
+ * refused). */
 static void config_refuse(Ctx *c, const DocNode *root, int arch)
 {
     const DocNode *act = doc_get(root, "hidden_act");
