@@ -148,24 +148,9 @@ static megac_model *bench_open(const char **path, const BenchOptions *o, char **
     memcpy(ro.sets, o->sets, sizeof(DescOverride) * (size_t)o->nsets);
     ro.nsets = o->nsets;
     ro.workers = o->workers;
-    bool cached;
-    char *dir = run_cache_bundle(&ro, "megac bench", false, &cached);
-    if (dir && megac_open(dir, &m) != MEGAC_OK) {
-        fprintf(stderr, "megac bench: %s\n", megac_last_open_error());
-        if (cached) {   /* damaged on disk: once more, as `megac run` does */
-            fprintf(stderr, "megac bench: discarding the cached bundle %s and recompiling\n", dir);
-            free(dir);
-            dir = run_cache_bundle(&ro, "megac bench", true, &cached);
-            if (dir && megac_open(dir, &m) != MEGAC_OK)
-                fprintf(stderr, "megac bench: %s\n", megac_last_open_error());
-        }
-    }
-    if (!m) {
-        free(dir);
-        return NULL;
-    }
-    *owned = dir;
-    *path = dir;
+    char *dir = run_cache_open(&ro, "megac bench", &m);
+    if (dir)
+        *owned = dir, *path = dir;
     return m;
 }
 

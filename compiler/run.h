@@ -12,6 +12,8 @@
 
 #include "compiler/model.h"
 
+struct megac_model;     /* runtime/megac.h */
+
 #define RUN_ENGINE_LIST(X)              \
     X(REFERENCE, "reference")           \
     X(CPU, "cpu")                       \
@@ -144,10 +146,10 @@ const char *run_cuda_target(int major, int minor);
 int run_bundle(const RunOptions *o);
 /* The bundle the bundle engines run for model description o->model (NULL:
  * the embedded default) with o's --set overrides and worker count, on
- * o->engine's target (cpu or host-cuda): compiled into the run cache
- * (.megac-cache/) unless it is there, or again when `rebuild` (the cached
- * copy does not open). Messages start with `prog` ("megac bench"). The
- * path, xmalloc'd, and whether it was cached; NULL after reporting. */
-char *run_cache_bundle(const RunOptions *o, const char *prog, bool rebuild, bool *cached);
+ * o->engine's target: compiled into the run cache (.megac-cache/) unless
+ * it is there, and opened into *m (a cached copy that does not open is
+ * compiled once more). Messages start with `prog` ("megac bench"). The
+ * path, xmalloc'd; NULL (and *m NULL) after reporting. */
+char *run_cache_open(const RunOptions *o, const char *prog, struct megac_model **m);
 
 #endif

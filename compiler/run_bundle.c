@@ -339,14 +339,6 @@ static char *bundle_cached(const RunOptions *o, bool rebuild, bool *cached)
     return dir;
 }
 
-char *run_cache_bundle(const RunOptions *o, const char *prog, bool rebuild, bool *cached)
-{
-    const char *was = cache_prog;
-    cache_prog = prog;
-    char *dir = bundle_cached(o, rebuild, cached);
-    cache_prog = was;
-    return dir;
-}
 
 /* Tokenizes the prompt (BOS first when the tokenizer wants it, then
  * *bos = 1), or with `more` a later turn of a conversation, as the text's
@@ -410,8 +402,30 @@ static megac_model *bundle_open(const char *bundle, bool quiet)
     if (megac_open(bundle, &m) == MEGAC_OK)
         return m;
     if (!quiet)
-        fprintf(stderr, "megac run: %s\n", megac_last_open_error());
+        fprintf(stderr, "%s: %s\n", cache_prog, megac_last_open_error());
     return NULL;
+}
+
+char *run_cache_open(const RunOptions *o, const char *prog, megac_model **m)
+{
+    const char *was = cache_prog;
+    cache_prog = prog;
+    bool cached;
+    char *dir = bundle_cached(o, false, &cached);
+    *m = dir ? bundle_open(dir, cached) : NULL;
+    if (dir && !*m && cached) {  /* damaged on disk: once more, so one bad entry does not fail every later run */
+        fprintf(stderr, "%s: the cached bundle %s does not open (%s); discarding it and recompiling\n", prog, dir,
+                megac_last_open_error());
+        free(dir);
+        dir = bundle_cached(o, true, &cached);
+        *m = dir ? bundle_open(dir, false) : NULL;
+    }
+    if (!*m) {
+        free(dir);
+        dir = NULL;
+    }
+    cache_prog = was;
+    return dir;
 }
 
 /* ---- --interactive ---- */
@@ -820,25 +834,13 @@ out:
     return rc;
 }
 
-/* A description: compiled into the cache (or found there). A cached
- * bundle that does not open (damaged on disk) is discarded and compiled
- * once more, so one bad entry does not fail every later run. */
+/* A description: compiled into the cache (or found there: run_cache_open). */
 static int run_cached(const RunOptions *o)
 {
     if (!run_chat_known(o))     /* before a compile, not after it */
         return 2;
-    bool cached;
-    char *dir = bundle_cached(o, false, &cached);
-    if (!dir)
-        return 2;
-    megac_model *m = bundle_open(dir, cached);
-    if (!m && cached) {
-        fprintf(stderr, "megac run: the cached bundle %s does not open (%s); discarding it and recompiling\n", dir,
-                megac_last_open_error());
-        free(dir);
-        dir = bundle_cached(o, true, &cached);
-        m = dir ? bundle_open(dir, false) : NULL;
-    }
+    megac_model *m;
+    char *dir = run_cache_open(o, "megac run", &m);
     int rc = m ? bundle_generate(o, dir, m) : 2;
     if (m)
         megac_close(m);
