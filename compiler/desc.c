@@ -100,8 +100,9 @@ static const char *const arch_keys[] = {"dim",        "hidden_dim",     "n_layer
                                         "n_kv_heads", "head_dim",       "vocab_size",  "max_seq",
                                         "sliding_window", "from-config", "from-checkpoint", "from-gguf", NULL};
 static const char *const rope_keys[] = {"theta", "pairing", "scaling", NULL};
-static const char *const scaling_keys[] = {"type", "factor", "low_freq_factor", "high_freq_factor",
-                                           "original_max_pos", "factors", NULL};
+static const char *const scaling_keys[] = {"type",          "factor",        "low_freq_factor", "high_freq_factor",
+                                           "original_max_pos", "factors",     "short_factors",   "long_factors",
+                                           "attention_factor", NULL};
 static const char *const weights_keys[] = {"format", "path", "seed", NULL};
 static const char *const tok_keys[] = {"format", "path", NULL};
 static const char *const compile_keys[] = {"act_dtype", "kv_dtype", "quant", "attention", "kv_policy",
@@ -115,7 +116,7 @@ static const char *const kv_keys[] = {"layers", "policy", "budget", "sinks", "wi
 static const char *const weights_formats[] = {"llama2c", "safetensors", "gguf", "synthetic", NULL};
 static const char *const tok_formats[] = {"none", "llama2c", "hf", "gguf", "bytes", NULL};
 static const char *const pairings[] = {"adjacent", "half", NULL};
-static const char *const scaling_types[] = {"llama3", "factors", NULL};  /* RopeScaling - 1 */
+static const char *const scaling_types[] = {"llama3", "factors", "longrope", NULL};  /* RopeScaling - 1 */
 static const char *const act_dtypes[] = {"f32", "f16", "bf16", NULL};
 /* compile.kv_dtype: what the KV cache holds (kv_dtype_of: the DType) */
 static const char *const kv_dtypes[] = {"f32", "f16", "bf16", NULL};
@@ -678,6 +679,49 @@ static void desc_tokenizer(Ctx *c, const DocNode *t)
     }
 }
 
+/* ---- RoPE factor lists (YAML and config.json) ---- */
+
+/* A list of head_dim / 2 positive RoPE factors at `key` of s into out;
+ * false (reported) if it is not one. */
+static bool rope_factor_list(Ctx *c, const DocNode *s, const char *where, const char *key, double *out)
+{
+    const DocNode *f = doc_get(s, key);
+    const ModelDesc *m = c->m;   /* a config.json's head_dim may be its dim / heads, not yet worked out */
+    int half = (m->head_dim ? m->head_dim : m->n_heads > 0 && m->dim % m->n_heads == 0 ? m->dim / m->n_heads : 0) / 2;
+    if (!f) {
+        missing_key(c, s, where, key);
+        return false;
+    }
+    if (f->kind != DOC_SEQ || f->n != half || half > MODEL_MAX_ROPE_PAIRS) {
+        ctx_error(c, f, "expected a list of %d numbers (head_dim / 2) for '%s', found %s", half,
+                  key_path(c, where, key), f->kind == DOC_SEQ ? arena_printf(c->a, "%d", f->n) : doc_kind_name(f->kind));
+        return false;
+    }
+    bool ok = true;
+    for (int i = 0; i < half; i++) {
+        double v;
+        if (!node_double(c, f->items[i], key_path(c, where, key), &v)) {
+            ok = false;
+            continue;
+        }
+        if (!isfinite(v) || v <= 0) {
+            ctx_error(c, f->items[i], "a RoPE frequency factor must be a positive number, found %g", v);
+            ok = false;
+        }
+        out[i] = v;
+    }
+    return ok;
+}
+
+/* LongRoPE's attention factor where a config gives none (transformers'
+ * _compute_longrope_parameters): sqrt(1 + ln(max_pos / orig) / ln(orig)),
+ * 1 where the context is not longer than the original. */
+static double longrope_attn_default(int max_pos, int orig)
+{
+    double f = orig > 1 && max_pos > 0 ? (double)max_pos / orig : 1.0;
+    return f <= 1.0 ? 1.0 : sqrt(1.0 + log(f) / log((double)orig));
+}
+
 /* ---- arch from an HF config.json ---- */
 
 typedef enum { HF_LLAMA, HF_MISTRAL, HF_QWEN2, HF_PHI3 } HfArch;
@@ -742,7 +786,7 @@ static void config_refuse(Ctx *c, const DocNode *root, int arch)
 /* rope_scaling (or transformers 5's rope_parameters): {rope_type|type:
  * default|llama3, factor, low_freq_factor, high_freq_factor,
  * original_max_position_embeddings}; rope_parameters also holds rope_theta. */
-static void config_rope(Ctx *c, const DocNode *s)
+static void config_rope(Ctx *c, const DocNode *root, const DocNode *s)
 {
     ModelDesc *m = c->m;
     if (doc_is_null(s))
@@ -762,8 +806,26 @@ static void config_rope(Ctx *c, const DocNode *s)
     const char *type = t ? node_str(c, t, "rope_type") : "default";
     if (!type || strcmp(type, "default") == 0)
         return;
+    if (strcmp(type, "longrope") == 0 || strcmp(type, "su") == 0) {   /* Phi-3 128k, Phi-3.5 ("su": the old name) */
+        m->rope_scaling = ROPE_SCALING_LONGROPE;
+        c->at[F_SCALING] = s;
+        rope_factor_list(c, s, "rope_scaling", "short_factor", m->rope_freq_factors);
+        rope_factor_list(c, s, "rope_scaling", "long_factor", m->rope_long_factors);
+        /* the original context: rope_scaling's, else the config's own key */
+        const DocNode *o = doc_get(s, "original_max_position_embeddings");
+        if (!o && !(o = doc_get(root, "original_max_position_embeddings")))
+            missing_key(c, root, "", "original_max_position_embeddings");
+        else
+            node_int32(c, o, "original_max_position_embeddings", 1, &m->rope_orig_max_pos);
+        m->rope_attn_factor = longrope_attn_default(c->max_pos, m->rope_orig_max_pos);
+        const DocNode *a = doc_get(s, "attention_factor");
+        if (a && !doc_is_null(a) && node_double(c, a, "attention_factor", &m->rope_attn_factor) &&
+            !(isfinite(m->rope_attn_factor) && m->rope_attn_factor > 0))
+            ctx_error(c, a, "'attention_factor' must be a positive number, found %g", m->rope_attn_factor);
+        return;
+    }
     if (strcmp(type, "llama3") != 0) {
-        ctx_error(c, t, "RoPE scaling '%s' is not supported yet (only llama3)", ctx_quote(c, type));
+        ctx_error(c, t, "RoPE scaling '%s' is not supported yet (llama3 and longrope are)", ctx_quote(c, type));
         return;
     }
     m->rope_scaling = ROPE_SCALING_LLAMA3;
@@ -924,8 +986,8 @@ static void config_dims(Ctx *c, const DocNode *r)
     m->norm_eps = 1e-6;     /* transformers' default for all three */
     field_double(c, r, "", "rms_norm_eps", &m->norm_eps, F_EPS);
     field_double(c, r, "", "rope_theta", &m->rope_theta, F_THETA);
-    config_rope(c, doc_get(r, "rope_scaling"));
-    config_rope(c, doc_get(r, "rope_parameters"));
+    config_rope(c, r, doc_get(r, "rope_scaling"));
+    config_rope(c, r, doc_get(r, "rope_parameters"));
     m->tie_embeddings = false;
     field_bool(c, r, "", "tie_word_embeddings", &m->tie_embeddings);
     config_token_id(c, r, "bos_token_id", &m->bos_id, F_BOS);
@@ -1066,14 +1128,57 @@ static void gguf_refuse(Ctx *c, const GgufFile *g, const char *arch)
     else if (gguf_find(g, full) && !(t.len == 4 && memcmp(t.s, "none", 4) == 0))
         diag_file_error(c->d, g->path, "RoPE scaling '%s' (%s) is not supported yet", ctx_quote_n(c, t.s, t.len),
                         full);
-    if (gguf_find_tensor(g, "rope_factors_long.weight") || gguf_find_tensor(g, "rope_factors_short.weight"))
-        diag_file_error(c->d, g->path, "LongRoPE (tensors rope_factors_long and rope_factors_short, Phi-3's 128k "
-                        "context) is not supported yet");
     static const char *const biases[] = {"blk.0.attn_output.bias", "blk.0.ffn_up.bias", "blk.0.ffn_gate.bias",
                                          "blk.0.ffn_down.bias", NULL};
     for (int i = 0; biases[i]; i++)
         if (gguf_find_tensor(g, biases[i]))
             diag_file_error(c->d, g->path, "tensor '%s': biases other than q/k/v are not supported", biases[i]);
+}
+
+/* LongRoPE as llama.cpp's converter writes it for Phi-3 128k and Phi-3.5:
+ * the tensors rope_factors_short.weight and rope_factors_long.weight, the
+ * original context in rope.scaling.original_context_length and the
+ * attention factor in rope.scaling.attn_factor (else worked out as a
+ * config's is). */
+static void gguf_longrope(Ctx *c, const GgufFile *g, const char *arch)
+{
+    ModelDesc *m = c->m;
+    int half = m->head_dim / 2;
+    bool s = gguf_find_tensor(g, "rope_factors_short.weight"), l = gguf_find_tensor(g, "rope_factors_long.weight");
+    if (!s && !l)
+        return;
+    if (s != l || half > MODEL_MAX_ROPE_PAIRS) {
+        diag_file_error(c->d, g->path, "LongRoPE needs both tensors rope_factors_short.weight and "
+                        "rope_factors_long.weight (of head_dim / 2 values)");
+        return;
+    }
+    if (m->rope_scaling != ROPE_SCALING_NONE) {
+        diag_file_error(c->d, g->path, "the file has LongRoPE's factors and rope_freqs.weight both");
+        return;
+    }
+    if (gguf_factor_tensor(g, "rope_factors_short.weight", half, m->rope_freq_factors, c->d) <= 0 ||
+        gguf_factor_tensor(g, "rope_factors_long.weight", half, m->rope_long_factors, c->d) <= 0)
+        return;
+    char full[160];
+    int64_t orig;
+    double a;
+    int r = gguf_arch_int(g, arch, "rope.scaling.original_context_length", full, &orig, c->d);
+    if (r == 0)
+        diag_file_error(c->d, g->path, "key '%s' is missing (LongRoPE's original context)", full);
+    if (r <= 0)
+        return;
+    if (orig < 1 || orig > INT_MAX) {
+        diag_file_error(c->d, g->path, "key '%s' is %" PRId64 "; it must be between 1 and %d", full, orig, INT_MAX);
+        return;
+    }
+    m->rope_scaling = ROPE_SCALING_LONGROPE;
+    m->rope_orig_max_pos = (int)orig;
+    m->rope_attn_factor = longrope_attn_default(c->max_pos, m->rope_orig_max_pos);
+    r = gguf_arch_float(g, arch, "rope.scaling.attn_factor", full, &a, c->d);
+    if (r > 0 && !(isfinite(a) && a > 0))
+        diag_file_error(c->d, g->path, "key '%s' is %g, not a positive number", full, a);
+    else if (r > 0)
+        m->rope_attn_factor = a;
 }
 
 /* The dims of a llama/qwen2 GGUF, as llama.cpp reads them: head_dim is
@@ -1131,6 +1236,7 @@ static void gguf_dims(Ctx *c, const GgufFile *g, const char *arch, const DocNode
     m->qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
     if (m->head_dim / 2 <= MODEL_MAX_ROPE_PAIRS && gguf_rope_factors(g, m->head_dim / 2, m->rope_freq_factors, c->d) > 0)
         m->rope_scaling = ROPE_SCALING_FACTORS;
+    gguf_longrope(c, g, arch);
     for (int i = F_DIM; i <= F_THETA; i++)
         c->at[i] = at;
 }
@@ -1238,9 +1344,33 @@ static void desc_rope_factors(Ctx *c, const DocNode *s)
     }
 }
 
+/* scaling: {type: longrope, short_factors: [...], long_factors: [...],
+ *           original_max_pos: N, attention_factor: NUMBER} */
+static void desc_rope_longrope(Ctx *c, const DocNode *s)
+{
+    ModelDesc *m = c->m;
+    static const char *const apply[] = {"type", "short_factors", "long_factors", "original_max_pos",
+                                        "attention_factor", NULL};
+    for (int i = 0; i < s->n; i++)
+        if (name_index(s->keys[i]->str, apply) < 0)
+            ctx_error(c, s->keys[i], "'rope.scaling.%s' does not apply to type 'longrope'",
+                      ctx_quote(c, s->keys[i]->str));
+    m->rope_scaling = ROPE_SCALING_LONGROPE;
+    rope_factor_list(c, s, "rope.scaling", "short_factors", m->rope_freq_factors);
+    rope_factor_list(c, s, "rope.scaling", "long_factors", m->rope_long_factors);
+    if (!doc_get(s, "original_max_pos"))
+        missing_key(c, s, "rope.scaling", "original_max_pos");
+    field_int(c, s, "rope.scaling", "original_max_pos", 1, &m->rope_orig_max_pos, -1);
+    m->rope_attn_factor = longrope_attn_default(c->max_pos ? c->max_pos : m->max_seq, m->rope_orig_max_pos);
+    const DocNode *a = doc_get(s, "attention_factor");
+    if (a && node_double(c, a, "rope.scaling.attention_factor", &m->rope_attn_factor) &&
+        !(isfinite(m->rope_attn_factor) && m->rope_attn_factor > 0))
+        ctx_error(c, a, "'rope.scaling.attention_factor' must be a positive number, found %g", m->rope_attn_factor);
+}
+
 /* scaling: none | {type: llama3, factor: NUMBER, low_freq_factor: 1,
  *                  high_freq_factor: 4, original_max_pos: 8192}
- *        | {type: factors, factors: [...]} */
+ *        | {type: factors, factors: [...]} | {type: longrope, ...} */
 static void desc_rope_scaling(Ctx *c, const DocNode *s)
 {
     ModelDesc *m = c->m;
@@ -1261,8 +1391,17 @@ static void desc_rope_scaling(Ctx *c, const DocNode *s)
         desc_rope_factors(c, s);
         return;
     }
+    if (type + 1 == ROPE_SCALING_LONGROPE) {
+        desc_rope_longrope(c, s);
+        return;
+    }
     if (doc_get(s, "factors"))
         ctx_error(c, doc_get(s, "factors"), "'rope.scaling.factors' applies only to type 'factors'");
+    static const char *const longrope_only[] = {"short_factors", "long_factors", "attention_factor", NULL};
+    for (int i = 0; longrope_only[i]; i++)
+        if (doc_get(s, longrope_only[i]))
+            ctx_error(c, doc_get(s, longrope_only[i]), "'rope.scaling.%s' applies only to type 'longrope'",
+                      longrope_only[i]);
     if (!doc_get(s, "factor"))
         missing_key(c, s, "rope.scaling", "factor");
     m->rope_scaling = ROPE_SCALING_LLAMA3;
@@ -2565,6 +2704,19 @@ void desc_print(const ModelDesc *m, FILE *out)
         print_double(out, "    low_freq_factor", m->rope_low_freq_factor);
         print_double(out, "    high_freq_factor", m->rope_high_freq_factor);
         fprintf(out, "    original_max_pos: %d\n", m->rope_orig_max_pos);
+    } else if (m->rope_scaling == ROPE_SCALING_LONGROPE) {
+        fputs("  scaling:\n    type: longrope\n", out);
+        for (int l = 0; l < 2; l++) {
+            const double *v = l ? m->rope_long_factors : m->rope_freq_factors;
+            fprintf(out, "    %s: [", l ? "long_factors" : "short_factors");
+            for (int i = 0; i < m->head_dim / 2 && i < MODEL_MAX_ROPE_PAIRS; i++) {
+                char buf[40];
+                fprintf(out, "%s%s", i ? ", " : "", double_str(buf, v[i]));
+            }
+            fputs("]\n", out);
+        }
+        fprintf(out, "    original_max_pos: %d\n", m->rope_orig_max_pos);
+        print_double(out, "    attention_factor", m->rope_attn_factor);
     } else if (m->rope_scaling == ROPE_SCALING_FACTORS) {
         fputs("  scaling:\n    type: factors\n    factors: [", out);
         for (int i = 0; i < m->head_dim / 2 && i < MODEL_MAX_ROPE_PAIRS; i++) {

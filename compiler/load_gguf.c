@@ -117,7 +117,8 @@ static const char *gguf_tensor_name(void *ctx, int64_t i, size_t *len)
 /* Tensors a file may hold beside the model's: rope_freqs.weight is read
  * by gguf_rope_freqs_check; blk.N.attn_rot_embd is llama.cpp's name for
  * an HF checkpoint's rotary_emb.inv_freq, which RoPE recomputes. */
-static const char *const gguf_known[] = {"rope_freqs.weight", "attn_rot_embd", "attn_qkv.weight", NULL};
+static const char *const gguf_known[] = {"rope_freqs.weight",        "attn_rot_embd", "attn_qkv.weight",
+                                        "rope_factors_long.weight", "rope_factors_short.weight", NULL};
 /* Phi-3's (llama.cpp's phi3): q, k and v in attn_qkv; gate and up in
  * ffn_up, twice the rows, with no ffn_gate */
 static const WFused gguf_fused[] = {{"attn_qkv.weight", {WK_WQ, WK_WK, WK_WV, WK_COUNT}},
@@ -178,26 +179,30 @@ static bool gguf_context_check(const GgufFile *g, const char *arch, const ModelD
     return true;
 }
 
-int gguf_rope_factors(const GgufFile *g, int half, double *out, Diag *d)
+int gguf_factor_tensor(const GgufFile *g, const char *name, int half, double *out, Diag *d)
 {
-    const GgufTensor *t = gguf_find_tensor(g, "rope_freqs.weight");
+    const GgufTensor *t = gguf_find_tensor(g, name);
     if (!t)
         return 0;
     if (t->ggml_type != GGML_F32 || t->ndim != 1 || half < 1 || t->dims[0] != (uint64_t)half) {
-        diag_file_error(d, g->path, "tensor 'rope_freqs.weight' must be %d f32 values (head_dim / 2)", half);
+        diag_file_error(d, g->path, "tensor '%s' must be %d f32 values (head_dim / 2)", name, half);
         return -1;
     }
     for (int i = 0; i < half; i++) {
         float f;
         memcpy(&f, (const unsigned char *)t->data + 4 * (size_t)i, 4);
         if (!isfinite(f) || f <= 0) {
-            diag_file_error(d, g->path, "tensor 'rope_freqs.weight': element %d is %g, not a positive number", i,
-                            (double)f);
+            diag_file_error(d, g->path, "tensor '%s': element %d is %g, not a positive number", name, i, (double)f);
             return -1;
         }
         out[i] = f;
     }
     return 1;
+}
+
+int gguf_rope_factors(const GgufFile *g, int half, double *out, Diag *d)
+{
+    return gguf_factor_tensor(g, "rope_freqs.weight", half, out, d);
 }
 
 /* A file's rope_freqs.weight must give the description's frequencies

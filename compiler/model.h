@@ -25,7 +25,12 @@
 typedef enum { ROPE_ADJACENT, ROPE_HALF } RopePairing;
 /* ROPE_SCALING_FACTORS: pair i's frequency divided by rope_freq_factors[i]
  * (GGUF's rope_freqs.weight, what llama.cpp stores for Llama-3.x). */
-typedef enum { ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3, ROPE_SCALING_FACTORS } RopeScaling;
+/* ROPE_SCALING_LONGROPE (Phi-3 128k, Phi-3.5): pair i's frequency divided
+ * by rope_freq_factors[i] (the short factors) where max_seq is at most
+ * rope_orig_max_pos, else by rope_long_factors[i], chosen once for every
+ * position as llama.cpp chooses them by its context size; every cos and
+ * sin multiplied by rope_attn_factor (rope_attn_scale). */
+typedef enum { ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3, ROPE_SCALING_FACTORS, ROPE_SCALING_LONGROPE } RopeScaling;
 #define MODEL_MAX_ROPE_PAIRS 256    /* head_dim / 2 with ROPE_SCALING_FACTORS */
 
 typedef enum {
@@ -172,7 +177,9 @@ typedef struct ModelDesc {
     double rope_low_freq_factor;    /* llama3: 1 */
     double rope_high_freq_factor;   /* llama3: 4 */
     int rope_orig_max_pos;      /* llama3: 8192 */
-    double rope_freq_factors[MODEL_MAX_ROPE_PAIRS]; /* ROPE_SCALING_FACTORS: head_dim/2 divisors */
+    double rope_freq_factors[MODEL_MAX_ROPE_PAIRS]; /* ROPE_SCALING_FACTORS: head_dim/2 divisors (LONGROPE: short) */
+    double rope_long_factors[MODEL_MAX_ROPE_PAIRS]; /* ROPE_SCALING_LONGROPE: the long factors */
+    double rope_attn_factor;    /* ROPE_SCALING_LONGROPE: every cos and sin times this */
 
     /* where the weights and tokenizer come from */
     WeightFormat weights_format;
@@ -194,6 +201,14 @@ typedef struct ModelDesc {
     int workers;                /* 0 = the target's default; at most MODEL_MAX_WORKERS */
     AttnCombine attn_combine;   /* where split attention's partials are merged */
 } ModelDesc;
+
+/* What RoPE multiplies every cos and sin by: LongRoPE's attention factor,
+ * else 1 (a q.k product then grows by its square, as transformers'
+ * attention_scaling makes it). */
+static inline double rope_attn_scale(const ModelDesc *m)
+{
+    return m->rope_scaling == ROPE_SCALING_LONGROPE && m->rope_attn_factor > 0 ? m->rope_attn_factor : 1.0;
+}
 
 /* Kascade anchor layer l's budget (at most max_seq), and its list's
  * length: the most rows it picks per kv head, at max_seq rows (ir/ops.h,
@@ -354,6 +369,9 @@ bool gguf_model_arch(const struct GgufFile *g, char *arch, size_t n, RopePairing
  * out[half]: 0 when the file has none, 1 when read, -1 (error reported) when
  * it is not `half` positive f32 values. */
 int gguf_rope_factors(const struct GgufFile *g, int half, double *out, Diag *d);
+/* The same for any such tensor by name (phi3's rope_factors_long.weight
+ * and rope_factors_short.weight: LongRoPE's factors). */
+int gguf_factor_tensor(const struct GgufFile *g, const char *name, int half, double *out, Diag *d);
 
 /* ---- rope.c ---- */
 /* Per-pair inverse frequencies (head_dim/2 values), llama3 scaling applied. */

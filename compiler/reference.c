@@ -664,6 +664,11 @@ static void ref_layer_attention(RefState *s, int l, int pos)
     ref_mat_vec(s, &mat[REF_WV], lw->bv, s->xb, s->kv_dim, m->dim, s->v);
     ref_rope(s->q, m->n_heads, hd, pos, s->freq, s->w->pairing);
     ref_rope(s->k, m->n_kv_heads, hd, pos, s->freq, s->w->pairing);
+    double g = rope_attn_scale(m);  /* LongRoPE's attention factor: on q and k, as on the kernels' cos and sin */
+    for (int i = 0; g != 1.0 && i < m->n_heads * hd; i++)
+        s->q[i] *= g;
+    for (int i = 0; g != 1.0 && i < m->n_kv_heads * hd; i++)
+        s->k[i] *= g;
     size_t row = (size_t)pos * (size_t)s->kv_dim;
     ref_cache_put(m->kv_dtype, s->kc[l] + row, s->k, s->kv_dim);
     ref_cache_put(m->kv_dtype, s->vc[l] + row, s->v, s->kv_dim);

@@ -14,6 +14,14 @@
  *                            freq' = (1 - smooth) * freq/factor + smooth * freq
  *
  * Frequency factors (a GGUF's rope_freqs.weight): freq_i / factors[i].
+ *
+ * LongRoPE (Phi-3 128k, Phi-3.5; transformers' longrope): freq_i divided by
+ * the short factors where max_seq is at most the original context, else
+ * by the long ones; every cos and sin of the table times the attention
+ * factor (sqrt(1 + ln(max_pos / orig) / ln(orig)) unless the config gives
+ * one), so q.k grows by its square as transformers' attention_scaling
+ * makes it. The table's rows are then no pure rotations: a KV shift
+ * (runtime/kv_shift.c) turns keys by the row made a unit again.
  */
 #include "compiler/model.h"
 
@@ -44,6 +52,8 @@ void rope_freqs(const ModelDesc *m, double *freq)
             f = rope_llama3_scale(m, f);
         else if (m->rope_scaling == ROPE_SCALING_FACTORS)
             f /= m->rope_freq_factors[i];
+        else if (m->rope_scaling == ROPE_SCALING_LONGROPE)
+            f /= m->max_seq > m->rope_orig_max_pos ? m->rope_long_factors[i] : m->rope_freq_factors[i];
         freq[i] = f;
     }
 }
@@ -53,12 +63,13 @@ void rope_table_fill(const ModelDesc *m, float *out)
     int half = m->head_dim / 2;
     double *freq = xmalloc(sizeof(double) * (size_t)half);
     rope_freqs(m, freq);
+    double g = rope_attn_scale(m);
     for (int64_t pos = 0; pos < m->max_seq; pos++) {
         float *row = out + pos * half * 2;
         for (int i = 0; i < half; i++) {
             double a = (double)pos * freq[i];
-            row[2 * i] = (float)cos(a);
-            row[2 * i + 1] = (float)sin(a);
+            row[2 * i] = (float)(g * cos(a));
+            row[2 * i + 1] = (float)(g * sin(a));
         }
     }
     free(freq);

@@ -14,6 +14,7 @@
 #include "runtime/backend.h"
 #include "runtime/half.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,7 +84,9 @@ static void kv_set(uint64_t t, unsigned char *p, size_t i, float f)
 }
 
 /* Turns the nrows key rows at p (hd elements each) back by the angles of
- * cs (a RoPE table row: hd/2 pairs of cos, sin): R(-n) = R(n)^T. */
+ * cs (a RoPE table row: hd/2 pairs of cos, sin): R(-n) = R(n)^T. A row
+ * scaled by LongRoPE's attention factor is made a unit first: the keys
+ * carry that factor once already. */
 static void keys_turn(const uint64_t *lay, unsigned char *p, size_t nrows, const float *cs)
 {
     uint64_t t = lay[MEGAC_KVL_ELEM];
@@ -92,7 +95,9 @@ static void keys_turn(const uint64_t *lay, unsigned char *p, size_t nrows, const
     for (size_t r = 0; r < nrows; r++, p += hd * kv_elem_bytes(t))
         for (size_t i = 0; i < half; i++) {
             size_t i0 = halfpair ? i : 2 * i, i1 = halfpair ? i + half : 2 * i + 1;
-            float c = cs[2 * i], s = cs[2 * i + 1], x0 = kv_get(t, p, i0), x1 = kv_get(t, p, i1);
+            double g = hypot(cs[2 * i], cs[2 * i + 1]);
+            float c = (float)(cs[2 * i] / g), s = (float)(cs[2 * i + 1] / g), x0 = kv_get(t, p, i0),
+                  x1 = kv_get(t, p, i1);
             kv_set(t, p, i0, x0 * c + x1 * s);
             kv_set(t, p, i1, x1 * c - x0 * s);
         }

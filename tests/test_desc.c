@@ -208,7 +208,7 @@ static const struct {
     {"presets/llama3_2_3b.json", "Llama-3.2-3B"},
     {"presets/mistral_7b.json", "Mistral-7B-v0.1"},     /* sliding window 4096 */
     {"presets/mistral_7b_v03.json", "Mistral-7B-v0.3"},
-    {"presets/phi-3_5.json", ""},           /* Phi3: fused weights */
+    {"presets/phi-3_5.json", "Phi-3.5-mini-instruct"},  /* fused weights, LongRoPE */
     {"presets/qwen2_0_5b.json", "Qwen2.5-0.5B(-Instruct)"},
     {"presets/qwen2_1_5b.json", "Qwen2.5-1.5B(-Instruct)"},
     {"presets/smollm2_135m.json", "SmolLM2-135M"},
@@ -249,8 +249,11 @@ static void shape_compare(const ModelDesc *m, const DocNode *s, const char *file
     const DocNode *bias = doc_get(s, "attention_bias");
     cr_assert_eq(m->qkv_bias, strstr(bias->str, "q/k/v") != NULL, "%s", file);
     const DocNode *sc = doc_get(s, "rope_scaling");
-    cr_assert_eq(m->rope_scaling, doc_is_null(sc) ? ROPE_SCALING_NONE : ROPE_SCALING_LLAMA3, "%s", file);
-    if (!doc_is_null(sc)) {
+    const DocNode *st = doc_is_null(sc) ? NULL : doc_get(sc, "type") ? doc_get(sc, "type") : doc_get(sc, "rope_type");
+    bool longrope = st && !strcmp(st->str, "longrope");
+    cr_assert_eq(m->rope_scaling, doc_is_null(sc) ? ROPE_SCALING_NONE : longrope ? ROPE_SCALING_LONGROPE
+                                                                                   : ROPE_SCALING_LLAMA3, "%s", file);
+    if (!doc_is_null(sc) && !longrope) {
         cr_assert_float_eq(m->rope_factor, shape_num(sc, "factor"), 0, "%s", file);
         cr_assert_float_eq(m->rope_low_freq_factor, shape_num(sc, "low_freq_factor"), 0, "%s", file);
         cr_assert_float_eq(m->rope_high_freq_factor, shape_num(sc, "high_freq_factor"), 0, "%s", file);
@@ -309,7 +312,8 @@ Test(desc, hf_configs_match_shapes)
             shape_compare(&m, s, hf_expect[i].file);
             const DocNode *notes = doc_get(s, "notes");
             int sw = notes && sscanf(notes->str, "sliding_window %d", &sw) == 1 ? sw : 0;
-            cr_assert_eq(m.sliding_window, sw, "%s", hf_expect[i].file);
+            if (sw)
+                cr_assert_eq(m.sliding_window, sw, "%s", hf_expect[i].file);
         }
         arena_free(&a);
     }
@@ -392,7 +396,7 @@ Test(desc, unsupported_llama_variants_refused)
     Arena a = {0};
     const char *files[] = {"phi4-mini.config.json", "tiny-llama-yarn.config.json"};
     const char *why[] = {"RoPE on part of each head (partial_rotary_factor: 0.75) is not supported",
-                         "RoPE scaling 'yarn' is not supported yet (only llama3)"};
+                         "RoPE scaling 'yarn' is not supported yet (llama3 and longrope are)"};
     for (int i = 0; i < 2; i++) {
         char text[512];
         snprintf(text, sizeof text, "name: t\narch: {from-config: %s}\nweights: {format: synthetic}\n", files[i]);
@@ -1311,6 +1315,66 @@ Test(desc, phi3_is_a_windowed_llama)
         cr_assert(load_path(&m, &a, WFIX "/phi3.gguf", NULL, 0), "%s", errs);
         cr_assert(m.sliding_window == 8 && m.rope_pairing == ROPE_HALF && m.attn[0].kind == ATTN_SINK_WINDOW);
     }
+    arena_free(&a);
+}
+
+/* LongRoPE (Phi-3.5, Phi-3 128k), as transformers computes it: the short
+ * factors while max_seq is at most the original context, the long ones
+ * past it (chosen once, as llama.cpp chooses by its context), and every
+ * cos and sin times sqrt(1 + ln(max_pos / orig) / ln(orig)) unless the
+ * config gives attention_factor ("su" is its old name); the description
+ * prints it as YAML that reads back; a phi3 GGUF gives it as llama.cpp's
+ * converter writes it. */
+Test(desc, longrope)
+{
+    ModelDesc m, n;
+    Arena a = {0};
+    if (shared_present()) {
+        const char *text = "name: t\narch: {from-config: " SHARED "/hf-configs/presets/phi-3_5.json}\n"
+                           "weights: {format: synthetic}\n";
+        cr_assert(parse(&m, &a, "t.yaml", text, NULL, 0, NULL), "%s", errs);
+        cr_assert(m.rope_scaling == ROPE_SCALING_LONGROPE && m.rope_orig_max_pos == 4096 && m.max_seq == 4096);
+        cr_assert_float_eq(m.rope_attn_factor, sqrt(1 + log(32.0) / log(4096.0)), 1e-15);
+        cr_assert_eq(m.rope_freq_factors[1], 1.0199999809265137);
+        cr_assert_eq(m.rope_long_factors[47], 64.83999633789062);
+        double f[48];
+        rope_freqs(&m, f);
+        cr_assert_float_eq(f[47], pow(10000, -94.0 / 96) / 2.8399994373321533, 1e-18, "short factors");
+        m.max_seq = 8192;
+        rope_freqs(&m, f);
+        cr_assert_float_eq(f[47], pow(10000, -94.0 / 96) / 64.83999633789062, 1e-18, "long factors");
+        m.max_seq = 4096;
+        char *buf;
+        size_t len;
+        FILE *o = open_memstream(&buf, &len);
+        desc_print(&m, o);
+        fclose(o);
+        cr_assert(parse(&n, &a, "p.yaml", buf, NULL, 0, NULL), "%s\n%s", errs, buf);
+        cr_assert(n.rope_scaling == ROPE_SCALING_LONGROPE && n.rope_attn_factor == m.rope_attn_factor &&
+                  n.rope_orig_max_pos == 4096 && !memcmp(n.rope_freq_factors, m.rope_freq_factors, 48 * 8) &&
+                  !memcmp(n.rope_long_factors, m.rope_long_factors, 48 * 8), "printed and read back");
+        free(buf);
+    }
+    char *d = test_tmp_dir("longrope"), *cfg = xasprintf("%s/config.json", d), *y = xasprintf("%s/t.yaml", d);
+    static const char su[] = "{\"architectures\": [\"Phi3ForCausalLM\"], \"hidden_size\": 64, "
+                             "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                             "\"vocab_size\": 300, \"max_position_embeddings\": 1024, \"rope_scaling\": {\"type\": "
+                             "\"su\", \"short_factor\": [1, 1, 1, 1, 1, 1, 1, 1], \"long_factor\": [1, 2, 3, 4, 5, 6, 7, "
+                             "8], \"original_max_position_embeddings\": 256, \"attention_factor\": 1.1}}\n";
+    FILE *f = fopen(cfg, "w");
+    cr_assert(f && fputs(su, f) >= 0 && fclose(f) == 0);
+    cr_assert(parse(&m, &a, y, "name: t\narch: {from-config: config.json}\nweights: {format: synthetic}\n", NULL, 0,
+                    NULL), "%s", errs);
+    cr_assert(m.rope_scaling == ROPE_SCALING_LONGROPE && m.rope_orig_max_pos == 256 && m.rope_attn_factor == 1.1 &&
+              m.rope_long_factors[7] == 8);
+    if (access(WFIX "/phi3-longrope.gguf", R_OK) == 0) {
+        cr_assert(load_path(&m, &a, WFIX "/phi3-longrope.gguf", NULL, 0), "%s", errs);
+        cr_assert(m.rope_scaling == ROPE_SCALING_LONGROPE && m.rope_orig_max_pos == 32 && m.rope_attn_factor == 1.25 &&
+                  m.rope_long_factors[7] == 40 && m.rope_freq_factors[7] == 2);
+    }
+    free(cfg);
+    free(y);
+    test_rm_rf(d);
     arena_free(&a);
 }
 

@@ -449,6 +449,31 @@ Test(e2e_cpu, phi3_gguf_and_hf_folder_match_reference, .timeout = 300)
     test_rm_rf(dir);
 }
 
+/* LongRoPE (make_phi3.py's phi3-longrope.gguf: factors, an original
+ * context of 32 and an attention factor of 1.25, as llama.cpp's converter
+ * writes Phi-3.5): the bundle against the reference over 100 positions
+ * (max_seq 256: the long factors), and at max_seq 24 (the short ones)
+ * past the context, where the cache is shifted: the keys carry the
+ * attention factor once, and the shift turns them by unit rotations. */
+Test(e2e_cpu, longrope_matches_reference_and_shifts, .timeout = 300)
+{
+    if (!file_exists(WFIX "/phi3-longrope.gguf"))
+        cr_skip("phi3 fixtures absent; run tests/fixtures/weights/make_phi3.py");
+    e2e_model(WFIX "/phi3-longrope.gguf", 100);
+    char *dir = tmp_dir();
+    char cmd[4096], a[16384], b[16384];
+    for (int i = 0; i < 3; i++) {  /* the text on each engine, then what the cpu run said */
+        snprintf(cmd, sizeof cmd, "cd '%s' && %s run %s/phi3-longrope.gguf --set compile.max_seq=24 --engine %s "
+                 "--temp 0 -n 80 --prompt 'the quick brown fox' %s", dir, MEGAC_BIN, WFIX, i ? "cpu" : "reference",
+                 i < 2 ? "2>/dev/null" : "2>&1 >/dev/null");
+        cr_assert_eq(sh(cmd, i == 1 ? b : a, sizeof a), 0, "%s", i == 1 ? b : a);
+        if (i == 1)
+            cr_assert_str_eq(b, a, "the cpu bundle's shifted text and the reference's");
+    }
+    cr_assert(strstr(a, "the context is full (24 positions)"), "%s", a);
+    test_rm_rf(dir);
+}
+
 /* `megac run FILE.gguf` prints what the same model written as a YAML
  * description prints (llama3 scaling spelled out by hand there), and what
  * the same model as an HF checkpoint folder prints (rotate-half rows, the
