@@ -785,7 +785,9 @@ static void config_refuse(Ctx *c, const DocNode *root, int arch)
 
 /* rope_scaling (or transformers 5's rope_parameters): {rope_type|type:
  * default|llama3, factor, low_freq_factor, high_freq_factor,
- * original_max_position_embeddings}; rope_parameters also holds rope_theta. */
+ * original_max_position_embeddings} | {type: longrope|su, short_factor,
+ * long_factor, attention_factor} (the original context there or beside
+ * it); rope_parameters also holds rope_theta. */
 static void config_rope(Ctx *c, const DocNode *root, const DocNode *s)
 {
     ModelDesc *m = c->m;
