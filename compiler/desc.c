@@ -1324,26 +1324,8 @@ static void desc_rope_factors(Ctx *c, const DocNode *s)
         if (strcmp(scaling_keys[i], "factors") != 0 && doc_get(s, scaling_keys[i]))
             ctx_error(c, doc_get(s, scaling_keys[i]), "'rope.scaling.%s' does not apply to type 'factors'",
                       scaling_keys[i]);
-    const DocNode *f = doc_get(s, "factors");
-    if (!f) {
-        missing_key(c, s, "rope.scaling", "factors");
-        return;
-    }
-    int half = m->head_dim / 2;
-    if (f->kind != DOC_SEQ || f->n != half || half > MODEL_MAX_ROPE_PAIRS) {
-        ctx_error(c, f, "expected a list of %d numbers (head_dim / 2) for 'rope.scaling.factors', found %s", half,
-                  f->kind == DOC_SEQ ? arena_printf(c->a, "%d", f->n) : doc_kind_name(f->kind));
-        return;
-    }
     m->rope_scaling = ROPE_SCALING_FACTORS;
-    for (int i = 0; i < half; i++) {
-        double v;
-        if (!node_double(c, f->items[i], "rope.scaling.factors", &v))
-            continue;
-        if (!isfinite(v) || v <= 0)
-            ctx_error(c, f->items[i], "a RoPE frequency factor must be a positive number, found %g", v);
-        m->rope_freq_factors[i] = v;
-    }
+    rope_factor_list(c, s, "rope.scaling", "factors", m->rope_freq_factors);
 }
 
 /* scaling: {type: longrope, short_factors: [...], long_factors: [...],
@@ -2280,6 +2262,28 @@ static bool file_is_safetensors(const char *path, const struct stat *st)
  * cache key), which desc_load refuses before reading it. */
 static const char desc_safetensors_text[] = "# a safetensors file: weights, not a model description\n";
 
+/* The description of an HF checkpoint in folder `dir`, for `what`: named
+ * stem[0, n) (n 0: after the folder), its arch from config `cfg` (a path
+ * from the folder, or desc_self_path), the folder's safetensors, and its
+ * tokenizer.json when there is one. */
+static void hf_desc_write(FILE *b, const char *what, const char *dir, const char *stem, size_t n, const char *cfg)
+{
+    char *tj = xasprintf("%s/tokenizer.json", dir), *real = n ? NULL : realpath(dir, NULL);
+    struct stat lst;    /* there in any form: a folder, FIFO or loop is then reported at its name */
+    bool tok = lstat(tj, &lst) == 0;
+    if (!n) {           /* the folder's name: its real one, else the last part of dir */
+        const char *name = real ? real : dir, *last = strrchr(name, '/');
+        stem = last && last[1] ? last + 1 : name;
+        n = strlen(stem);
+    }
+    fprintf(b, "# the description megac writes for %s\nname: ", what);
+    name_from(b, stem, n);
+    fprintf(b, "\narch: {from-config: \"%s\"}\nweights: {format: safetensors, path: .}\n", cfg);
+    fputs(tok ? "tokenizer: {format: hf, path: tokenizer.json}\n" : "tokenizer: {format: none}\n", b);
+    free(real);
+    free(tj);
+}
+
 /* The text desc_load parses for `path` and the path it is parsed as (its
  * folder resolves relative paths), in *as (malloc'd):
  *  - a GGUF file: arch from its metadata, its weights and vocabulary;
@@ -2315,10 +2319,7 @@ static char *desc_source(const char *path, size_t *len, char **as, bool *written
         size_t n = strlen(path);
         while (n > 1 && path[n - 1] == '/')
             n--;
-        char *cfg = xasprintf("%.*s/config.json", (int)n, path), *tj = xasprintf("%.*s/tokenizer.json", (int)n, path);
-        struct stat lst;    /* there in any form: a folder, FIFO or loop is then reported at its name */
-        bool tok = lstat(tj, &lst) == 0;
-        free(tj);
+        char *cfg = xasprintf("%.*s/config.json", (int)n, path);
         if (stat(cfg, &st) != 0 || !S_ISREG(st.st_mode)) {
             free(cfg);
             fclose(b);
@@ -2326,35 +2327,19 @@ static char *desc_source(const char *path, size_t *len, char **as, bool *written
             errno = ENOENT;
             return NULL;
         }
-        const char *base = path + n;
-        while (base > path && base[-1] != '/')
-            base--;
-        fputs("# the description megac writes for an HF checkpoint folder\nname: ", b);
-        char *real = realpath(path, NULL);
-        const char *rb = real && strrchr(real, '/') ? strrchr(real, '/') + 1 : base;
-        name_from(b, rb, real ? strlen(rb) : (size_t)(path + n - base));
-        free(real);
-        fputs("\narch: {from-config: config.json}\nweights: {format: safetensors, path: .}\n", b);
-        fputs(tok ? "tokenizer: {format: hf, path: tokenizer.json}\n" : "tokenizer: {format: none}\n", b);
+        char *dir = xasprintf("%.*s", (int)n, path);
+        hf_desc_write(b, "an HF checkpoint folder", dir, NULL, 0, "config.json");
+        free(dir);
         *as = cfg;
     } else if (file_is_hf_config(path, &st)) {
-        /* as its folder is read, but for the file named: X.config.json is X,
-         * a config.json its folder */
+        /* as its folder is read, the config being the file named: X.config.json
+         * is named X, a config.json after its folder */
         const char *base = slash ? slash + 1 : path;
         size_t n = strcasecmp(base, "config.json") == 0 ? 0 : strlen(base) - strlen(".json");
         if (n > strlen(".config") && strncasecmp(base + n - strlen(".config"), ".config", strlen(".config")) == 0)
             n -= strlen(".config");
         char *dir = slash ? xasprintf("%.*s", slash == path ? 1 : (int)(slash - path), path) : xstrdup(".");
-        char *tj = xasprintf("%s/tokenizer.json", dir), *real = n ? NULL : realpath(dir, NULL);
-        struct stat lst;
-        bool tok = lstat(tj, &lst) == 0;
-        fputs("# the description megac writes for an HF config.json\nname: ", b);
-        const char *rb = real && strrchr(real, '/') ? strrchr(real, '/') + 1 : base;
-        name_from(b, n ? base : rb, n ? n : strlen(rb));
-        fprintf(b, "\narch: {from-config: \"%s\"}\nweights: {format: safetensors, path: .}\n", desc_self_path);
-        fputs(tok ? "tokenizer: {format: hf, path: tokenizer.json}\n" : "tokenizer: {format: none}\n", b);
-        free(real);
-        free(tj);
+        hf_desc_write(b, "an HF config.json", dir, base, n, desc_self_path);
         free(dir);
         *as = xstrdup(path);
     } else if (file_is_gguf(path, &st)) {
@@ -2671,6 +2656,17 @@ static void print_io(const ModelDesc *m, FILE *out)
     }
 }
 
+/* A rope.scaling list of head_dim / 2 factors, each as it reads back. */
+static void print_factors(FILE *out, const ModelDesc *m, const char *key, const double *v)
+{
+    fprintf(out, "    %s: [", key);
+    for (int i = 0; i < m->head_dim / 2 && i < MODEL_MAX_ROPE_PAIRS; i++) {
+        char buf[40];
+        fprintf(out, "%s%s", i ? ", " : "", double_str(buf, v[i]));
+    }
+    fputs("]\n", out);
+}
+
 /* Paths are printed resolved, absolute. */
 void desc_print(const ModelDesc *m, FILE *out)
 {
@@ -2708,24 +2704,13 @@ void desc_print(const ModelDesc *m, FILE *out)
         fprintf(out, "    original_max_pos: %d\n", m->rope_orig_max_pos);
     } else if (m->rope_scaling == ROPE_SCALING_LONGROPE) {
         fputs("  scaling:\n    type: longrope\n", out);
-        for (int l = 0; l < 2; l++) {
-            const double *v = l ? m->rope_long_factors : m->rope_freq_factors;
-            fprintf(out, "    %s: [", l ? "long_factors" : "short_factors");
-            for (int i = 0; i < m->head_dim / 2 && i < MODEL_MAX_ROPE_PAIRS; i++) {
-                char buf[40];
-                fprintf(out, "%s%s", i ? ", " : "", double_str(buf, v[i]));
-            }
-            fputs("]\n", out);
-        }
+        print_factors(out, m, "short_factors", m->rope_freq_factors);
+        print_factors(out, m, "long_factors", m->rope_long_factors);
         fprintf(out, "    original_max_pos: %d\n", m->rope_orig_max_pos);
         print_double(out, "    attention_factor", m->rope_attn_factor);
     } else if (m->rope_scaling == ROPE_SCALING_FACTORS) {
-        fputs("  scaling:\n    type: factors\n    factors: [", out);
-        for (int i = 0; i < m->head_dim / 2 && i < MODEL_MAX_ROPE_PAIRS; i++) {
-            char buf[40];
-            fprintf(out, "%s%s", i ? ", " : "", double_str(buf, m->rope_freq_factors[i]));
-        }
-        fputs("]\n", out);
+        fputs("  scaling:\n    type: factors\n", out);
+        print_factors(out, m, "factors", m->rope_freq_factors);
     } else {
         fputs("  scaling: none\n", out);
     }

@@ -689,20 +689,11 @@ static bool weights_names_check(const Weights *w, const WSource *src, Diag *d)
     return true;
 }
 
-/* The first kind of the fused group kind k belongs to (k if none). */
-static WKind weights_fused_first(const WSource *src, WKind k)
-{
-    for (const WFused *g = src->fused; g && g->name; g++)
-        for (int j = 0; g->kinds[j] != WK_COUNT; j++)
-            if (g->kinds[j] == k)
-                return g->kinds[0];
-    return k;
-}
-
 /* Where slot s of a layer that lacks its own tensor is read out of a
- * fused one (src->fused): *f is s as a part of it, the name its tensor's;
- * NULL where it is not (the slot's own name is then asked for). */
-static char *slot_fused(const Weights *w, const WSource *src, Arena *a, const WSlot *s, WSlot *f)
+ * fused one (src->fused): *f is s as a part of it, the name its tensor's,
+ * *lacks the name of the tensor whose absence says so; NULL where it is
+ * not (the slot's own name is then asked for). */
+static char *slot_fused(const Weights *w, const WSource *src, Arena *a, const WSlot *s, WSlot *f, char **lacks)
 {
     for (const WFused *g = src->fused; g && g->name && s->layer >= 0; g++) {
         int64_t at = 0, total = 0, rows, cols;
@@ -717,7 +708,8 @@ static char *slot_fused(const Weights *w, const WSource *src, Arena *a, const WS
             continue;
         WSlot first = {.kind = g->kinds[0], .layer = s->layer};
         char *fused = arena_printf(a, "%s%d.%s", src->layer_prefix, s->layer, g->name);
-        if (src->has(src->ctx, src->name(a, &first)) || !src->has(src->ctx, fused))
+        *lacks = src->name(a, &first);
+        if (src->has(src->ctx, *lacks) || !src->has(src->ctx, fused))
             return NULL;
         *f = *s;
         f->row0 = at;
@@ -735,7 +727,7 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d)
     bool ok = weights_names_check(w, src, d);
     for (int i = 0; i < n && ok; i++) { /* stops at the first bad tensor: one error, not a cascade */
         WSlot part;
-        char *name = slot_fused(w, src, &a, &slots[i], &part);
+        char *lacks = NULL, *name = slot_fused(w, src, &a, &slots[i], &part, &lacks);
         const WSlot *s = name ? &part : &slots[i];
         if (!name)
             name = src->name(&a, s);
@@ -743,11 +735,9 @@ bool weights_fill(Weights *w, const WSource *src, Diag *d)
         if (r == 0)
             diag_file_error(d, src->path, "tensor '%s' is missing", name);
         if (r < 0 && s == &part) {  /* a damaged file may look fused where it only lacks a tensor */
-            WSlot own = slots[i];
             SrcFile f = {.path = src->path};
             diag_note(d, &f, 0, 0, "read as a fused tensor (Phi-3's layout: its rows %" PRId64 " to %" PRId64 "), "
-                      "since layer %d has no '%s'", part.row0, part.row0 + part.rows - 1, own.layer,
-                      src->name(&a, &(WSlot){.kind = weights_fused_first(src, own.kind), .layer = own.layer}));
+                      "since layer %d has no '%s'", part.row0, part.row0 + part.rows - 1, part.layer, lacks);
         }
         ok = r > 0 && weights_slot_done_ex(w, slots[i].kind, slots[i].layer,
                                             src->file ? src->file(src->ctx, name) : src->path, r == WFETCH_STORED, d);
